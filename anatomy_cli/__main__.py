@@ -1,0 +1,3 @@
+from anatomy_cli.cli import main
+
+main()

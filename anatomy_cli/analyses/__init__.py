@@ -1,0 +1,1 @@
+"""Pure functions from captured activations / configs to frozen result dataclasses."""

@@ -1,0 +1,1 @@
+"""`anatomy drift` (not implemented yet)."""

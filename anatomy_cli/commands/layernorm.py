@@ -1,0 +1,1 @@
+"""`anatomy layernorm` (not implemented yet)."""

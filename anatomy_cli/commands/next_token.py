@@ -1,0 +1,1 @@
+"""`anatomy next_token` (not implemented yet)."""

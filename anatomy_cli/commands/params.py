@@ -1,0 +1,1 @@
+"""`anatomy params` (not implemented yet)."""

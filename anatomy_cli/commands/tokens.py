@@ -1,0 +1,1 @@
+"""`anatomy tokens` (not implemented yet)."""

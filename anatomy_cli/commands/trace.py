@@ -1,0 +1,1 @@
+"""`anatomy trace` (not implemented yet)."""

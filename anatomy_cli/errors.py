@@ -1,0 +1,41 @@
+"""User-facing errors.
+
+Every expected failure is an :class:`AnatomyError` whose message is one line
+that the CLI prints as ``error: <message>`` on stderr; ``exit_code`` is 1 for
+runtime errors and 2 for usage errors. Library layers (engine, analyses) raise
+these and never print.
+"""
+
+from __future__ import annotations
+
+
+class AnatomyError(Exception):
+    """Base class: a runtime error with a one-line, user-facing message (exit 1)."""
+
+    exit_code = 1
+
+
+class UsageError(AnatomyError):
+    """The user asked for something invalid: bad argument, empty prompt (exit 2)."""
+
+    exit_code = 2
+
+
+class ModelNotFound(AnatomyError):
+    """No preset, local directory, HF cache entry or Hub repo matches the model spec."""
+
+
+class OfflineError(ModelNotFound):
+    """The model is not in the local cache and the Hub cannot be reached."""
+
+
+class CheckpointError(AnatomyError):
+    """A checkpoint exists but cannot be read (corrupt, partial, wrong format)."""
+
+
+class UnsupportedArchitecture(AnatomyError):
+    """The model's architecture has no adapter; the message names the supported ones."""
+
+
+class PromptTooLong(UsageError):
+    """A prompt has more tokens than the model's context window."""

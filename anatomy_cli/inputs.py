@@ -1,0 +1,54 @@
+"""Reading user text: prompts from arguments or stdin. No torch here."""
+
+from __future__ import annotations
+
+import sys
+from typing import BinaryIO
+
+from anatomy_cli.errors import UsageError
+
+
+def read_text_arg(text: str, *, stdin: BinaryIO | None = None, what: str = "text") -> str:
+    """The argument itself, or all of stdin when it is ``-``.
+
+    Raises UsageError for invalid UTF-8 on stdin (naming the line number).
+    """
+    if text != "-":
+        return text
+    data = (stdin or sys.stdin.buffer).read()
+    return _decode(data, what)
+
+
+def read_prompts(prompt: str, *, stdin: BinaryIO | None = None) -> list[str]:
+    """Prompts to run: ``[prompt]``, or every non-empty line of stdin when ``prompt == "-"``.
+
+    Returns: list of str, at least one. Raises UsageError on an empty prompt, on
+    stdin with no non-empty line, or on invalid UTF-8 (naming the line number).
+    Lines keep their inner whitespace; only the line ending is removed.
+    """
+    if prompt != "-":
+        if prompt == "":
+            raise UsageError("empty prompt: give some text (or '-' to read prompts from stdin)")
+        return [prompt]
+    raw = (stdin or sys.stdin.buffer).read()
+    prompts: list[str] = []
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        line = line.removesuffix(b"\r")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"stdin line {number} is not valid UTF-8 (byte {exc.start + 1}: "
+                             f"{line[exc.start:exc.start + 1]!r})") from None
+        if text.strip():
+            prompts.append(text)
+    if not prompts:
+        raise UsageError("no prompts on stdin: every line was empty")
+    return prompts
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UsageError(f"{what} on stdin is not valid UTF-8 (line {line}, byte offset {exc.start})") from None

@@ -1,0 +1,53 @@
+"""Options shared by several commands (Typer ``Annotated`` aliases).
+
+Keep names and help texts here so every command spells them the same way.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.render import Format
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+    mps = "mps"
+
+
+class DType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Init(str, Enum):
+    pretrained = "pretrained"
+    random = "random"
+
+
+FormatOpt = Annotated[
+    Optional[Format],
+    typer.Option("--format", "-f", help="Output format. Default: table on a terminal, tsv when piped.",
+                 case_sensitive=False, show_default=False),
+]
+ModelOpt = Annotated[
+    str,
+    typer.Option("--model", "-m", help="Preset name, local directory (save_pretrained) or Hugging Face model id."),
+]
+DeviceOpt = Annotated[Device, typer.Option("--device", help="Device to run on.", case_sensitive=False)]
+DTypeOpt = Annotated[DType, typer.Option("--dtype", help="Weight and activation dtype.", case_sensitive=False)]
+InitOpt = Annotated[
+    Init,
+    typer.Option("--init", help="'random': build the model from its config with random weights "
+                 "(fixed seed; output labelled untrained). Needs no download.", case_sensitive=False),
+]
+TrustRemoteCodeOpt = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Allow a checkpoint's own Python code to run (off by default)."),
+]
