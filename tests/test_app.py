@@ -1,0 +1,65 @@
+"""Exit codes, one-line errors and quiet SIGPIPE for the CLI as a whole."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from anatomy_cli import __version__
+from anatomy_cli.cli import app
+
+runner = CliRunner()
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"anatomy {__version__}\n"
+
+
+def test_unknown_option_is_a_one_line_usage_error():
+    result = runner.invoke(app, ["--bogus"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: No such option: --bogus")
+    assert result.stderr.count("\n") == 1
+
+
+def test_unknown_command_is_a_usage_error():
+    result = runner.invoke(app, ["frobnicate"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
+
+
+def test_every_command_has_help_with_an_example():
+    names = [c.name for c in app.registered_commands]
+    assert {"params", "trace", "next", "drift", "tokens", "layernorm"} <= set(names)
+    for name in names:
+        result = runner.invoke(app, [name, "--help"])
+        assert result.exit_code == 0, (name, result.stderr)
+        assert "Example" in result.stdout, name
+
+
+def _run(args, **kw):
+    env = dict(os.environ, NO_COLOR="1")
+    return subprocess.run([sys.executable, "-m", "anatomy_cli", *args], capture_output=True, text=True,
+                          env=env, timeout=120, **kw)
+
+
+def test_broken_pipe_is_quiet():
+    # `anatomy layernorm ... | head -1`: the reader closes the pipe after one line.
+    proc = subprocess.Popen(f"{sys.executable} -m anatomy_cli layernorm 1 2 3 4 --format tsv | head -c 1",
+                            shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert out and err == b""
+
+
+def test_debug_shows_a_traceback_and_default_does_not():
+    plain = _run(["layernorm", "x"])
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert plain.stderr.startswith("error: ") and plain.stderr.count("\n") == 1
+    debug = _run(["--debug", "layernorm", "x"])
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
