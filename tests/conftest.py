@@ -62,3 +62,80 @@ def gpt2_tokenizer_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gpt2-tokenizer")
     build_gpt2_tokenizer().save_pretrained(out)
     return out
+
+
+# ---- engine: tiny random models (tests/models.py), built once per session ----
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory ``tiny_model_dir(arch) -> Path``: a save_pretrained directory (model + tokenizer).
+
+    ``arch`` is a key of ``tests/models.ARCHS`` ("gpt2", "llama", "qwen2", "gpt_neox", "bert", ...).
+    Decoders carry the real GPT-2 tokenizer, BERT the MiniLM WordPiece tokenizer. Built once.
+    """
+    import models
+
+    made: dict[str, Path] = {}
+    tokenizers: dict[str, object] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in made:
+            kind = "bert" if arch == "bert" else "gpt2"
+            if kind not in tokenizers:
+                tokenizers[kind] = models.bert_tokenizer() if kind == "bert" else build_gpt2_tokenizer()
+            made[arch] = models.save_tiny(arch, tmp_path_factory.mktemp(f"tiny-{arch}"), tokenizers[kind])
+        return made[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir):
+    """Factory ``tiny_lm(arch) -> engine.LoadedModel`` loaded from ``tiny_model_dir(arch)`` on CPU, fp32.
+
+    Shared by the whole session: do not modify the model.
+    """
+    from anatomy_cli import engine
+
+    loaded: dict[str, object] = {}
+
+    def make(arch: str):
+        if arch not in loaded:
+            loaded[arch] = engine.load(str(tiny_model_dir(arch)), device="cpu")
+        return loaded[arch]
+
+    return make
+
+
+@pytest.fixture
+def empty_hf_cache(tmp_path, monkeypatch) -> Path:
+    """Point the Hugging Face hub cache at an empty directory for one test."""
+    import huggingface_hub.constants as hf_constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache
+
+
+_LOADED: dict = {}
+
+
+@pytest.fixture
+def cached_load(monkeypatch):
+    """Make ``engine.load`` load each (spec, options) once per session, for fast CLI tests.
+
+    The loaded models are shared by every test that uses this fixture: do not modify them.
+    """
+    from anatomy_cli import engine
+
+    real = engine.load
+
+    def load(spec, **options):
+        key = (str(spec), tuple(sorted((k, str(getattr(v, "value", v))) for k, v in options.items())))
+        if key not in _LOADED:
+            _LOADED[key] = real(spec, **options)
+        return _LOADED[key]
+
+    monkeypatch.setattr(engine, "load", load)
