@@ -1,1 +1,92 @@
-"""`anatomy next_token` (not implemented yet)."""
+"""`anatomy next PROMPT`: the next-token distribution after a prompt, and a target token's rank."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.app import app
+from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
+                                          load_prompts, model_label, prompt_record)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.options import (Device, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt, ModelOpt,
+                                 TrustRemoteCodeOpt)
+from anatomy_cli.render import Column, Report, Section
+
+COLUMNS = (
+    Column("rank", "rank", "int"),
+    Column("token", "token"),
+    Column("token_id", "id", "int"),
+    Column("probability", "probability", "float", 4),
+    Column("logprob", "logprob", "float", 3),
+)
+
+
+@app.command("next")
+def next_command(
+    prompt: PromptArg,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many of the most probable tokens to list.")] = 10,
+    target: Annotated[Optional[str], typer.Option(
+        "--target", "-t", metavar="TEXT", show_default=False,
+        help="Also report this token's probability and rank; TEXT must be exactly one token "
+        "(mind the leading space: ' much').")] = None,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    bos: BosOpt = False,
+    truncate: TruncateOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    fmt: FormatOpt = None,
+) -> None:
+    """The model's next-token distribution after PROMPT: rank, token, id, probability, log-probability.
+
+    Probabilities are a float64 softmax over the whole vocabulary at the last position.
+    Needs a decoder-only model with an LM head (encoders such as BERT are refused).
+
+    Examples:
+
+    \b
+        anatomy next "Thank you very"
+        anatomy next "Thank you very" --target " much" --k 5
+        anatomy next "Thank you very" --init random --format json
+        printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
+    """
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import next_token as analysis
+
+    if target == "":
+        raise UsageError("--target is empty: give the text of one token, e.g. ' much'")
+    lm, encoded = load_prompts(prompt, model=model, device=device, dtype=dtype, init=init,
+                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate)
+    if not (lm.is_causal and lm.has_unembed):
+        raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
+                         f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
+    target_id = _target_id(lm, target) if target is not None else None
+    caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)
+    name_token = describe(lm)
+    reports = []
+    for enc, cache in zip(encoded, caches):
+        result = analysis.next_tokens(cache.logits[0], k, name_token, target_id=target_id)
+        data = {**prompt_record(lm, enc), **result.to_dict()}
+        sections = [Section(COLUMNS, data["top"], title=f"top {len(result.top)} next tokens")]
+        if result.target is not None:
+            sections.append(Section(COLUMNS, [data["target"]], title="target"))
+        heading = [f"next · {model_label(lm)}",
+                   f"prompt {enc.text!r} · {len(enc)} tokens · after {enc.pieces[-1]}"]
+        reports.append(Report(data=data, sections=sections, heading=heading))
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _target_id(lm, text: str) -> int:
+    """The id of ``text`` if it is exactly one token; UsageError saying how it tokenizes otherwise."""
+    from anatomy_cli import engine
+
+    enc = engine.encode(lm, [text])[0]
+    if len(enc) != 1:
+        split = " + ".join(enc.pieces) or "nothing"
+        raise UsageError(f"--target {text!r} is {len(enc)} tokens for {lm.name}: {split} (ids "
+                         f"{', '.join(map(str, enc.ids))}); give exactly one token, e.g. ' much' with its space")
+    return enc.ids[0]

@@ -1,1 +1,116 @@
-"""`anatomy trace` (not implemented yet)."""
+"""`anatomy trace PROMPT`: the residual stream at one position, layer by layer, with the logit lens."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from anatomy_cli.app import app
+from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
+                                          load_prompts, model_label, prompt_record)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.options import (Device, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt, ModelOpt,
+                                 TrustRemoteCodeOpt)
+from anatomy_cli.render import Column, Report, Section
+
+LAYER_COLUMNS = (
+    Column("layer", "layer", "int"),
+    Column("cos_to_embedding", "cos emb", "float", 3),
+    Column("cos_to_previous", "cos prev", "float", 3),
+    Column("resid_norm", "‖h‖", "float", 2),
+    Column("attn_norm", "‖attn‖", "float", 2),
+    Column("mlp_norm", "‖mlp‖", "float", 2),
+    Column("lens_token", "lens"),
+    Column("lens_probability", "lens p", "float", 4),
+)
+TOP_COLUMNS = (
+    Column("rank", "rank", "int"),
+    Column("token", "token"),
+    Column("token_id", "id", "int"),
+    Column("probability", "probability", "float", 4),
+)
+LAYERS_NOTE = ("layer 0 = {embedding}; layer {L} = last block's output before the final norm; "
+               "cos emb / cos prev = cosine of h to layer 0 / to the layer before; ‖attn‖, ‖mlp‖ = what that "
+               "layer's attention / MLP added; lens = top token of unembed(final_norm(h)), the norm recomputed "
+               "from h itself")
+
+
+@app.command("trace")
+def trace_command(
+    prompt: PromptArg,
+    position: Annotated[int, typer.Option(
+        "--position", "-p", metavar="N",
+        help="Token position to follow (0-based; negative counts from the end, -1 = last token).")] = -1,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many top next tokens to list.")] = 5,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    bos: BosOpt = False,
+    truncate: TruncateOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    fmt: FormatOpt = None,
+) -> None:
+    """Follow one token position through every layer: how much of the embedding survives, what each
+    layer adds, and what the model would predict if it stopped there (the logit lens).
+
+    One row per layer 0..L: cosine to the embedding and to the previous layer, the residual norm,
+    the norms of what attention and the MLP added, and the logit lens's top token and probability.
+    Then the model's own top-k next tokens. Encoders (BERT) have no next token: for them the lens
+    and top-k read the masked-LM head at the position, or are omitted when there is no head.
+
+    Examples:
+
+    \b
+        anatomy trace "Thank you very"
+        anatomy trace "Thank you very" --position 1 --k 10
+        anatomy trace "Thank you very" --init random --format json
+        printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
+    """
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import trace as analysis
+
+    lm, encoded = load_prompts(prompt, model=model, device=device, dtype=dtype, init=init,
+                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate)
+    for i, enc in enumerate(encoded, start=1):
+        if not -len(enc) <= position < len(enc):
+            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
+            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
+                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
+    names = engine.residual_names(lm) + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
+    if lm.has_unembed:
+        names.append("logits")
+    caches = engine.run(lm, encoded, names, positions=[[position]] * len(encoded), batch_size=batch_size)
+    name_token = describe(lm)
+    reports = []
+    for enc, cache in zip(encoded, caches):
+        resid = cache.residual_stream()[:, 0]
+        result = analysis.trace(
+            resid, attn_out=cache.stack("attn_out")[:, 0], mlp_out=cache.stack("mlp_out")[:, 0],
+            lens_logits=engine.unembed(lm, resid) if lm.has_unembed else None,
+            logits=cache.logits[0] if lm.has_unembed else None, k=k, describe=name_token)
+        reports.append(_report(lm, enc, cache.positions[0], result))
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _report(lm, enc, pos: int, result) -> Report:
+    predicts = None if not lm.has_unembed else ("next" if lm.is_causal else "masked")
+    data = {**prompt_record(lm, enc), "position": pos, "position_token": enc.pieces[pos],
+            "n_layers": lm.n_layers, "predicts": predicts, **result.to_dict()}
+    heading = [f"trace · {model_label(lm)} · {lm.n_layers} layers",
+               f"prompt {enc.text!r} · {len(enc)} tokens · position {pos} = {enc.pieces[pos]}"]
+    embedding = "embedding (token + position)" if lm.adapter.pos_embed else "token embedding (rotary positions)"
+    notes = [LAYERS_NOTE.format(L=lm.n_layers, embedding=embedding)]
+    sections = [Section(LAYER_COLUMNS, data["layers"], title="residual stream")]
+    if predicts == "next":
+        sections.append(Section(TOP_COLUMNS, data["top"], title=f"top {len(result.top)} next tokens"))
+    elif predicts == "masked":
+        sections.append(Section(TOP_COLUMNS, data["top"],
+                                title=f"top {len(result.top)} tokens at position {pos} (masked-LM head)"))
+        notes.append(f"{lm.name} is an encoder: the lens and the top tokens read its masked-LM head, the token "
+                     f"it predicts AT position {pos}, not a next token")
+    else:
+        notes.append(f"logit lens unavailable: {lm.name} has no LM head (unembedding)")
+    return Report(data=data, sections=sections, heading=heading, notes=notes)

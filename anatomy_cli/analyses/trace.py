@@ -1,0 +1,135 @@
+"""The residual stream at one position, layer by layer, and the logit lens.
+
+Layer numbering (see docs/engine.md): row 0 is the embedding (token + position
+embedding, the input of block 0); row l (1..L) is the output of block l-1,
+raw, before the final norm. Layer l's attention and FFN contributions are
+``blocks.{l-1}.hook_attn_out`` and ``blocks.{l-1}.hook_mlp_out``.
+
+All arithmetic is float64 on the CPU, whatever the model's dtype, so that
+``cos_to_embedding`` at layer 0 is exactly 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anatomy_cli.analyses.next_token import Describe, TokenProb, log_probs, top_k
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One layer of the trace at the chosen position.
+
+    ``cos_*`` are cosines in [-1, 1]; ``*_norm`` are Euclidean (L2) norms in the
+    model's activation units. ``cos_to_previous``, ``attn_norm`` and ``mlp_norm``
+    are None at layer 0. ``lens_*`` (the logit lens: the most probable token of
+    unembed(final_norm(h_l)) and its probability) are None when the model has
+    no LM head.
+    """
+
+    layer: int
+    cos_to_embedding: float
+    cos_to_previous: float | None
+    resid_norm: float
+    attn_norm: float | None
+    mlp_norm: float | None
+    lens_token_id: int | None
+    lens_token: str | None
+    lens_text: str | None  # None also for a partial UTF-8 piece
+    lens_probability: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))  # flat fields: no need for asdict's deep copy
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-layer rows 0..L and the model's own top-k next tokens (empty without an LM head)."""
+
+    layers: tuple[LayerRow, ...]
+    top: tuple[TokenProb, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": [r.to_dict() for r in self.layers], "top": [t.to_dict() for t in self.top]}
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity along the last dimension (float64, clamped to [-1, 1]; 0 for a zero vector).
+
+    ``a`` and ``b``: float [..., d]. Returns float64 [...]. Written as
+    ``a·b / sqrt(|a|² |b|²)`` so that ``cosine(x, x)`` is exactly 1.
+    """
+    a = a.to(torch.float64)
+    b = b.to(torch.float64)
+    dot = (a * b).sum(-1)
+    denom = ((a * a).sum(-1) * (b * b).sum(-1)).sqrt()
+    return torch.where(denom > 0, dot / denom.clamp_min(torch.finfo(torch.float64).tiny), 0.0).clamp(-1.0, 1.0)
+
+
+def trace(
+    resid: torch.Tensor,
+    *,
+    attn_out: torch.Tensor | None = None,
+    mlp_out: torch.Tensor | None = None,
+    lens_logits: torch.Tensor | None = None,
+    logits: torch.Tensor | None = None,
+    k: int = 5,
+    describe: Describe | None = None,
+) -> Trace:
+    """Trace one position through the layers.
+
+    Args:
+        resid: float [n_layers + 1, d_model], the residual stream (row 0 = embedding).
+        attn_out, mlp_out: float [n_layers, d_model], what block l's attention / FFN
+            added (they fill layer l + 1), or None when not captured.
+        lens_logits: float [n_layers + 1, vocab], unembed(final_norm(resid[l])) per
+            layer, or None (no LM head).
+        logits: float [vocab], the model's own logits at this position, for the top-k
+            table; None when the model has no LM head.
+        k: how many top tokens to list.
+        describe: ``token_id -> (display, text)``; required with ``lens_logits`` or ``logits``.
+
+    Raises ValueError when the shapes do not agree (a programming error, not user input).
+    """
+    if resid.ndim != 2:
+        raise ValueError(f"resid must be [n_layers + 1, d_model], got {tuple(resid.shape)}")
+    n_rows, d_model = resid.shape
+    for name, t in (("attn_out", attn_out), ("mlp_out", mlp_out)):
+        if t is not None and tuple(t.shape) != (n_rows - 1, d_model):
+            raise ValueError(f"{name} must be [{n_rows - 1}, {d_model}], got {tuple(t.shape)}")
+    if lens_logits is not None and (lens_logits.ndim != 2 or lens_logits.shape[0] != n_rows):
+        raise ValueError(f"lens_logits must be [{n_rows}, vocab], got {tuple(lens_logits.shape)}")
+    if (lens_logits is not None or logits is not None) and describe is None:
+        raise ValueError("describe is required to name tokens")
+
+    h = resid.detach().to("cpu", torch.float64)
+    to_embedding = cosine(h, h[0:1]).tolist()
+    to_previous = [None, *cosine(h[1:], h[:-1]).tolist()]
+    resid_norm = h.norm(dim=-1).tolist()
+    attn_norm = _norms(attn_out, n_rows)
+    mlp_norm = _norms(mlp_out, n_rows)
+    lens: list[TokenProb | None] = [None] * n_rows
+    if lens_logits is not None:
+        logp = log_probs(lens_logits)
+        lens = [top_k(row, 1, describe)[0] for row in logp]
+
+    rows = tuple(
+        LayerRow(layer=l, cos_to_embedding=to_embedding[l], cos_to_previous=to_previous[l],
+                 resid_norm=resid_norm[l], attn_norm=attn_norm[l], mlp_norm=mlp_norm[l],
+                 lens_token_id=lens[l].token_id if lens[l] else None,
+                 lens_token=lens[l].token if lens[l] else None,
+                 lens_text=lens[l].text if lens[l] else None,
+                 lens_probability=lens[l].probability if lens[l] else None)
+        for l in range(n_rows))
+    top = top_k(log_probs(logits), k, describe) if logits is not None else ()
+    return Trace(layers=rows, top=top)
+
+
+def _norms(contrib: torch.Tensor | None, n_rows: int) -> list[float | None]:
+    """L2 norms of per-block contributions, shifted so block l's lands on layer l + 1."""
+    if contrib is None:
+        return [None] * n_rows
+    return [None, *contrib.detach().to("cpu", torch.float64).norm(dim=-1).tolist()]
