@@ -29,6 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from anatomy_cli import hub
 from anatomy_cli.errors import (AnatomyError, CheckpointError, ModelNotFound, OfflineError, UnsupportedArchitecture,
                                 UsageError)
 
@@ -193,13 +194,6 @@ class ResolvedConfig:
     location: str = ""
 
 
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    env = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-    return env or bool(constants.is_offline_mode())
-
-
 def _first_sentence(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text.split(". ")[0].rstrip(".")
@@ -269,8 +263,8 @@ def _hub_config(spec: str, trust_remote_code: bool) -> tuple[Any, str, str]:
         raise ModelNotFound(f"model '{spec}': {known}, and not a valid Hugging Face model id") from exc
     if isinstance(cached, str):
         path = cached
-    elif _offline():
-        raise OfflineError(f"model '{spec}': {known}, and not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
+    elif hub.offline():
+        raise OfflineError(f"model '{spec}': {known}, and not in the Hugging Face cache (offline: HF_HUB_OFFLINE is set or the Hub cannot be reached)")
     else:
         try:
             path = hf_hub_download(spec, "config.json")

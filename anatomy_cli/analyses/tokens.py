@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from anatomy_cli import hub
 from anatomy_cli.display import is_partial, token_display
 from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UsageError
 
@@ -180,7 +181,8 @@ def load_hf_tokenizer(model: str):
         raise ModelNotFound(f"no such directory: {model}")
     path = os.path.expanduser(model)
     # The cache first: an online lookup re-checks the Hub, with slow retries when it is unreachable.
-    local_only = (True,) if _hub_offline() or os.path.isdir(path) else (True, False)
+    offline = hub.offline()
+    local_only = (True,) if offline or os.path.isdir(path) else (True, False)
     for local in local_only:
         try:
             return AutoTokenizer.from_pretrained(path, local_files_only=local)
@@ -191,7 +193,7 @@ def load_hf_tokenizer(model: str):
                                   f"merges, or a SentencePiece model): {_first_line(exc)}") from exc
     if os.path.isdir(path):
         raise CheckpointError(f"'{model}' has no tokenizer files: {_first_line(error)}") from error
-    if _hub_offline() or "connect" in str(error).lower():
+    if offline or "connect" in str(error).lower():
         raise OfflineError(f"no tokenizer for '{model}' in the Hugging Face cache and the Hub cannot be "
                            "reached (offline); pass a local directory") from error
     raise ModelNotFound(f"no tokenizer for '{model}': {_first_line(error)}") from error
@@ -200,10 +202,6 @@ def load_hf_tokenizer(model: str):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0].rstrip(":") if text else type(exc).__name__
-
-
-def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _looks_like_path(model: str) -> bool:
