@@ -50,6 +50,7 @@ class Column:
 
     - ``text``: str as is (whitespace already made visible by the caller).
     - ``int``: thousands separators in the table.
+    - ``id``: an identifier such as a token id: an integer without separators.
     - ``float``: ``digits`` decimals in the table.
     - ``pct``: a fraction in [0, 1] shown as a percentage with ``digits`` decimals.
     - ``bytes``: a byte count shown in human units (KiB, MiB, GiB).
@@ -234,7 +235,7 @@ def _emit_table(report: Report, out: TextIO) -> None:
         table = Table(title=Text(section.title) if section.title else None, box=box.SIMPLE_HEAD,
                       title_justify="left", pad_edge=False)
         for column in section.columns:
-            numeric = column.kind in ("int", "float", "pct", "bytes")
+            numeric = column.kind in ("int", "id", "float", "pct", "bytes")
             table.add_column(Text(column.title), justify="right" if numeric else "left",
                              style="cyan" if column.kind == "bar" else None, no_wrap=column.kind == "bar")
         for row in section.rows:

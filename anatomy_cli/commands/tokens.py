@@ -14,7 +14,7 @@ from anatomy_cli.render import Column, Report, Section, emit
 
 _COLUMNS = (
     Column("index", "#", "int"),
-    Column("token_id", "id", "int"),
+    Column("token_id", "id", "id"),
     Column("token", "token"),
     Column("bytes", "bytes"),
     Column("start", "start", "int"),
