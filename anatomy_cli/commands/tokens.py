@@ -66,6 +66,10 @@ def tokens(
     else:
         result = analysis.tokenize_tiktoken(source, encoding or "gpt2", allow_special=allow_special)
     data = result.to_dict()
-    summary = (f"{data['n_tokens']} tokens, {data['n_characters']} characters, {data['n_bytes']} bytes "
-               f"({result.tokenizer})")
+    summary = (f"{_count(data['n_tokens'], 'token')}, {_count(data['n_characters'], 'character')}, "
+               f"{_count(data['n_bytes'], 'byte')} ({result.tokenizer})")
     emit(Report(data=data, sections=[Section(columns=_COLUMNS, rows=data["tokens"])], notes=[summary]), fmt)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
