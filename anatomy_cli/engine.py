@@ -21,6 +21,7 @@ Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from anatomy_cli import adapters as _adapters
-from anatomy_cli import presets
+from anatomy_cli import bigmodel, hub, presets
 from anatomy_cli.adapters import Adapter
 from anatomy_cli.errors import (AnatomyError, CheckpointError, ModelNotFound, OfflineError, PromptTooLong,
                                 UsageError)
@@ -457,17 +458,6 @@ def _dtype(dtype: Any) -> torch.dtype:
         raise UsageError(f"unknown dtype '{dtype}'; use {', '.join(DTYPES)}") from None
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE) or _truthy(os.environ.get("HF_HUB_OFFLINE")) \
-        or _truthy(os.environ.get("TRANSFORMERS_OFFLINE"))
-
-
 def _offline_message(spec: str) -> str:
     random_hint = "try --init random" if spec in presets.PRESETS else \
         f"try a built-in preset with --init random ({', '.join(presets.preset_names())})"
@@ -527,7 +517,7 @@ def _resolve(spec: str, init: str) -> _Source:
     if not candidates:
         raise ModelNotFound(f"no model '{spec}': not a preset ({', '.join(presets.preset_names())}), "
                             f"not a local directory, and not a valid Hugging Face id")
-    offline = _offline()
+    offline = hub.offline()
     for repo in candidates:
         if _in_cache(repo):
             if any(_in_cache(repo, f) for f in _WEIGHT_FILES):
@@ -626,6 +616,12 @@ def _model_class(adapter: Adapter, config: Any) -> Any:
 def _load_weights(source: _Source, name: str, config: Any, adapter: Adapter, dtype: torch.dtype,
                   trust_remote_code: bool, local_only: bool, placement: dict[str, Any]) -> Any:
     cls = _model_class(adapter, config)
+    # accelerate warns that offloaded parameters sit on the meta device: expected, and the
+    # command says what is where (bigmodel.device_summary).
+    dispatch_log = logging.getLogger("accelerate.big_modeling")
+    level = dispatch_log.level
+    if placement:
+        dispatch_log.setLevel(logging.ERROR)
     try:
         model, info = cls.from_pretrained(source.ref, config=config, dtype=dtype, local_files_only=local_only,
                                           trust_remote_code=trust_remote_code, output_loading_info=True,
@@ -633,7 +629,15 @@ def _load_weights(source: _Source, name: str, config: Any, adapter: Adapter, dty
     except Exception as exc:  # safetensors, torch.load, size mismatches: all mean an unreadable checkpoint
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
+        if placement and "offload_folder" in str(exc):
+            # transformers re-saves offloaded weights it cannot read in place from safetensors files
+            # (.bin checkpoints; weights converted while loading, as MoE experts are).
+            raise UsageError(f"{name}: weights that do not fit --max-memory must be re-saved for disk offload "
+                             f"(not safetensors, or converted while loading, as MoE experts are): pass "
+                             f"--offload-folder DIR") from None
         raise CheckpointError(f"{name}: cannot load the weights: {_first_line(exc)}") from None
+    finally:
+        dispatch_log.setLevel(level)
     missing = sorted(info.get("missing_keys") or []) + sorted(info.get("mismatched_keys") or [])
     if missing:
         raise CheckpointError(f"{name}: the checkpoint lacks {len(missing)} weight(s) the model needs "
@@ -663,7 +667,7 @@ def _preset_tokenizer(spec: str, config: Any) -> Any:
 
 
 def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "pretrained",
-         trust_remote_code: bool = False, device_map: Any = None, max_memory: dict | None = None,
+         trust_remote_code: bool = False, device_map: Any = None, max_memory: dict | str | None = None,
          offload_folder: str | None = None) -> LoadedModel:
     """Load a model and its tokenizer.
 
@@ -672,19 +676,26 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
     Hugging Face id (presets map to their canonical id first, e.g. gpt2 ->
     openai-community/gpt2, then the name itself), from the local HF cache first, then the
     Hub unless ``HF_HUB_OFFLINE`` is set. ``device``: auto|cpu|cuda|mps; ``dtype``:
-    fp32|bf16|fp16. ``device_map``/``max_memory``/``offload_folder`` go to
-    ``from_pretrained`` (accelerate) and replace ``device``.
+    fp32|bf16|fp16. ``device_map`` (auto|balanced|sequential), ``max_memory`` (a dict or the
+    ``--max-memory`` text ``0=20GiB,cpu=60GiB``) and ``offload_folder`` go to
+    ``from_pretrained`` (accelerate) and replace ``device``; see :mod:`anatomy_cli.bigmodel`.
 
     Raises ModelNotFound, OfflineError (not cached, Hub unreachable), CheckpointError
-    (unreadable or partial checkpoint), UnsupportedArchitecture, AnatomyError (device).
+    (unreadable or partial checkpoint), UnsupportedArchitecture, AnatomyError (device),
+    UsageError (a placement with ``init="random"``, bad placement options, disk offload
+    that needs an ``offload_folder``).
     """
     spec = str(spec)
     torch_dtype = _dtype(dtype)
     init = str(getattr(init, "value", init))
     if init not in ("pretrained", "random"):
         raise UsageError(f"unknown init '{init}'; use pretrained or random")
+    placement = bigmodel.placement_kwargs(device_map, max_memory, offload_folder)
+    if placement and init == "random":
+        raise UsageError("--device-map places a checkpoint's weights as they are read; --init random builds the "
+                         "whole model in memory first: use --device, or save the model and load that directory")
     device = str(getattr(device, "value", device))
-    target = None if device_map is not None else resolve_device(device)
+    target = None if placement else resolve_device(device)
     _quiet_transformers()
     source = _resolve(spec, init)
 
@@ -705,8 +716,6 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
         return from_model(model.to(target or "cpu"), hf_tok, name=spec, untrained=True)
 
     config, adapter = _read_config(source, spec, trust_remote_code)
-    placement = {k: v for k, v in dict(device_map=device_map, max_memory=max_memory,
-                                       offload_folder=offload_folder).items() if v is not None}
     hf_tok = _load_tokenizer(source, spec, trust_remote_code, source.local_only)
     model = _load_weights(source, spec, config, adapter, torch_dtype, trust_remote_code, source.local_only,
                           placement)

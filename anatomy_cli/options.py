@@ -6,6 +6,7 @@ Keep names and help texts here so every command spells them the same way.
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -50,4 +51,32 @@ InitOpt = Annotated[
 TrustRemoteCodeOpt = Annotated[
     bool,
     typer.Option("--trust-remote-code", help="Allow a checkpoint's own Python code to run (off by default)."),
+]
+
+
+class DeviceMap(str, Enum):
+    auto = "auto"
+    balanced = "balanced"
+    sequential = "sequential"
+
+
+# Big models (accelerate's big-model inference); parsed and checked in anatomy_cli.bigmodel.
+DeviceMapOpt = Annotated[
+    Optional[DeviceMap],
+    typer.Option("--device-map", case_sensitive=False, show_default=False,
+                 help="Spread the model over GPUs, CPU and disk with accelerate: 'auto'/'balanced' even out "
+                 "the GPUs, 'sequential' fills them in order. Replaces --device. Default: one device. "
+                 "See docs/big-models.md."),
+]
+MaxMemoryOpt = Annotated[
+    Optional[str],
+    typer.Option("--max-memory", metavar="DEVICE=SIZE,...", show_default=False,
+                 help="Weight budget per device for --device-map, e.g. 0=20GiB,cpu=60GiB (GPU index, cpu, mps, "
+                 "disk). What fits no budget is offloaded to disk."),
+]
+OffloadFolderOpt = Annotated[
+    Optional[Path],
+    typer.Option("--offload-folder", metavar="DIR", file_okay=False, show_default=False,
+                 help="Where disk-offloaded weights are re-saved when they cannot be read in place from the "
+                 "checkpoint's safetensors files (.bin checkpoints, MoE experts)."),
 ]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anatomy_cli import hub
+from anatomy_cli.bigmodel import compress_names, parse_max_memory  # noqa: F401 (parse_max_memory: re-exported)
 from anatomy_cli.errors import (AnatomyError, CheckpointError, ModelNotFound, OfflineError, UnsupportedArchitecture,
                                 UsageError)
 
@@ -773,66 +774,6 @@ def _input_weight_name(model: Any) -> str | None:
 # ---------------------------------------------------------------------------
 # Placement estimate (accelerate's planner on the meta model)
 
-_DEVICE_RE = re.compile(r"^(\d+|cpu|mps|disk)$")
-
-
-def parse_max_memory(text: str) -> dict[int | str, int]:
-    """Parse ``"0=20GiB,cpu=60GiB"`` into accelerate's ``max_memory`` ({0: bytes, "cpu": bytes}).
-
-    Devices: GPU indices, ``cpu``, ``mps``, ``disk``; sizes as accelerate reads them
-    (``20GiB`` binary, ``20GB`` decimal, or plain bytes). Raises UsageError.
-    """
-    from accelerate.utils import convert_file_size_to_int
-
-    out: dict[int | str, int] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        device, sep, size = part.partition("=")
-        device, size = device.strip().lower(), size.strip()
-        if not sep or not _DEVICE_RE.match(device) or not size:
-            raise UsageError(f"--max-memory: '{part}' is not DEVICE=SIZE (DEVICE: a GPU index, cpu, mps or disk; "
-                             "e.g. 0=20GiB,cpu=60GiB)")
-        try:
-            n = int(size) if size.isdigit() else convert_file_size_to_int(size)
-        except ValueError as exc:
-            raise UsageError(f"--max-memory: '{size}' is not a size (e.g. 20GiB, 500MB)") from exc
-        if n <= 0:
-            raise UsageError(f"--max-memory: size for '{device}' must be positive")
-        key: int | str = int(device) if device.isdigit() else device
-        if key in out:
-            raise UsageError(f"--max-memory: device '{device}' given twice")
-        out[key] = n
-    if not out:
-        raise UsageError("--max-memory: give at least one DEVICE=SIZE (e.g. 0=20GiB,cpu=60GiB)")
-    return out
-
-
-def _compress(names: list[str]) -> list[str]:
-    """['h.0', 'h.1', 'h.2', 'ln_f'] -> ['h.0-2', 'ln_f'] (consecutive numbered siblings merged)."""
-    out: list[str] = []
-    run: tuple[str, int, int] | None = None
-
-    def flush():
-        if run:
-            prefix, a, b = run
-            out.append(f"{prefix}{a}" if a == b else f"{prefix}{a}-{b}")
-
-    for name in names:
-        m = re.match(r"^(.*\.)(\d+)$", name)
-        if m and run and run[0] == m.group(1) and int(m.group(2)) == run[2] + 1:
-            run = (run[0], run[1], int(m.group(2)))
-            continue
-        flush()
-        run = None
-        if m:
-            run = (m.group(1), int(m.group(2)), int(m.group(2)))
-        else:
-            out.append(name)
-    flush()
-    return out
-
 
 def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> Placement:
     """Where accelerate would put each block for ``max_memory`` at ``dtype``.
@@ -876,7 +817,7 @@ def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> 
         if not modules and device not in counts:
             continue
         budget_key: int | str = int(device) if device.isdigit() else device
-        devices.append({"device": device, "modules": _compress(modules), "parameters": counts.get(device, 0),
+        devices.append({"device": device, "modules": compress_names(modules), "parameters": counts.get(device, 0),
                         "memory_bytes": memory_bytes(counts.get(device, 0), dtype),
                         "budget_bytes": max_memory.get(budget_key)})
     return Placement(max_memory={str(k): v for k, v in max_memory.items()}, dtype=dtype, balanced=len(gpus) > 1,
@@ -904,8 +845,8 @@ def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, tru
         placement = plan_placement(model, max_memory, plan_dtype)
         no_split = ", ".join(getattr(model, "_no_split_modules", None) or []) or "none"
         note = (f"Placement: accelerate's infer_auto_device_map on the meta model at {plan_dtype} (never split: "
-                f"{no_split}); GPU budgets are taken as given; 'disk' holds what fits no budget and would be "
-                "offloaded to an offload folder.")
+                f"{no_split}); GPU budgets are taken as given; 'disk' holds what fits no budget: with --device-map it "
+                "is read from disk at every forward (docs/big-models.md).")
         result = dataclasses.replace(result, placement=placement, notes=(*result.notes, note))
     return result
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from anatomy_cli.app import warn
+from anatomy_cli.app import info, warn
 from anatomy_cli.render import Column, Format, Report, Section, emit, emit_jsonl, resolve_format
 
 if TYPE_CHECKING:
@@ -49,19 +49,20 @@ BosOpt = Annotated[bool, typer.Option(
 
 
 def load_prompts(prompt: str, *, model: str, device: Any, dtype: Any, init: Any, trust_remote_code: bool,
-                 bos: bool = False, truncate: Truncate | None = None) -> tuple[LoadedModel, list[Encoded]]:
+                 bos: bool = False, truncate: Truncate | None = None, device_map: Any = None,
+                 max_memory: str | None = None, offload_folder: Any = None) -> tuple[LoadedModel, list[Encoded]]:
     """Read PROMPT (or stdin lines), load the model, tokenize and check the context length.
 
     Returns ``(lm, encoded)``, one :class:`Encoded` per prompt. Raises UsageError for
-    an empty prompt or invalid UTF-8 (before loading), PromptTooLong unless
-    ``truncate`` is ``left``, and the engine's loading errors.
+    bad placement options or an empty prompt or invalid UTF-8 (before loading),
+    PromptTooLong unless ``truncate`` is ``left``, and the engine's loading errors.
     """
-    from anatomy_cli import engine
+    from anatomy_cli import bigmodel, engine
     from anatomy_cli.inputs import read_prompts
 
+    placement = bigmodel.placement_kwargs(device_map, max_memory, offload_folder)
     texts = read_prompts(prompt)
-    lm = engine.load(model, device=device.value, dtype=dtype.value, init=init.value,
-                     trust_remote_code=trust_remote_code)
+    lm = load_model(model, device=device, dtype=dtype, init=init, trust_remote_code=trust_remote_code, **placement)
     encoded = engine.check_length(lm, engine.encode(lm, texts, bos=bos),
                                   truncate=truncate.value if truncate else None)
     for i, enc in enumerate(encoded, start=1):
@@ -70,6 +71,40 @@ def load_prompts(prompt: str, *, model: str, device: Any, dtype: Any, init: Any,
             warn(f"{which} is {len(enc) + enc.dropped} tokens; {lm.name} takes at most {lm.n_ctx}: "
                  f"kept the last {len(enc)} (--truncate left)")
     return lm, encoded
+
+
+def load_model(model: str, *, device: Any, dtype: Any, init: Any, trust_remote_code: bool, device_map: Any = None,
+               max_memory: Any = None, offload_folder: Any = None) -> LoadedModel:
+    """``engine.load`` with the shared options; with a device map, says on stderr where the weights went."""
+    from anatomy_cli import engine
+
+    lm = engine.load(model, device=device.value, dtype=dtype.value, init=init.value,
+                     trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+                     offload_folder=offload_folder)
+    if device_map is not None:
+        info(placement_line(lm))
+    return lm
+
+
+def placement_line(lm: LoadedModel) -> str:
+    """``placement: cpu 24.6 MiB (transformer.wte, lm_head) · disk 396.5 KiB (transformer.h); ...``"""
+    from anatomy_cli import bigmodel
+    from anatomy_cli.render import human_bytes
+
+    devices = bigmodel.device_summary(lm.model)
+    parts = []
+    for d in devices:
+        names = [m or "all" for m in d["modules"][:4]] + ([f"+{len(d['modules']) - 4} more"]
+                                                          if len(d["modules"]) > 4 else [])
+        where = f"GPU {d['device']}" if d["device"].isdigit() else d["device"]
+        parts.append(f"{where} {human_bytes(d['bytes'])} ({', '.join(names)})")
+    used = {d["device"] for d in devices}
+    line = "placement: " + " · ".join(parts)
+    if "cpu" in used and lm.device.type != "cpu":
+        line += f"; cpu weights are copied to {lm.device} at every forward"
+    if "disk" in used:
+        line += "; disk weights are read from disk at every forward"
+    return line
 
 
 def model_label(lm: LoadedModel) -> str:

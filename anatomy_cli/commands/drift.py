@@ -8,17 +8,20 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.app import app, warn
-from anatomy_cli.commands._common import model_label
+from anatomy_cli.commands._common import load_model, model_label
 from anatomy_cli.errors import PromptTooLong, UsageError
 from anatomy_cli.options import (
     Device,
+    DeviceMapOpt,
     DeviceOpt,
     DType,
     DTypeOpt,
     FormatOpt,
     Init,
     InitOpt,
+    MaxMemoryOpt,
     ModelOpt,
+    OffloadFolderOpt,
     TrustRemoteCodeOpt,
 )
 
@@ -57,6 +60,9 @@ def drift_command(
     dtype: DTypeOpt = DType.fp32,
     init: InitOpt = Init.pretrained,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Cosine similarity of WORD's vector between contexts at every layer, with an anisotropy baseline.
@@ -81,8 +87,8 @@ def drift_command(
 
     from anatomy_cli import engine
 
-    lm = engine.load(model, device=device.value, dtype=dtype.value, init=init.value,
-                     trust_remote_code=trust_remote_code)
+    lm = load_model(model, device=device, dtype=dtype, init=init, trust_remote_code=trust_remote_code,
+                    device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     encoded = engine.encode(lm, contexts)
     for i, enc in enumerate(encoded, start=1):
         if lm.n_ctx is not None and len(enc) > lm.n_ctx:

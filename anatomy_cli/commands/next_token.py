@@ -10,14 +10,14 @@ from anatomy_cli.app import app
 from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
                                           load_prompts, model_label, prompt_record)
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (Device, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt, ModelOpt,
-                                 TrustRemoteCodeOpt)
+from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
+                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
 
 COLUMNS = (
     Column("rank", "rank", "int"),
     Column("token", "token"),
-    Column("token_id", "id", "int"),
+    Column("token_id", "id", "id"),
     Column("probability", "probability", "float", 4),
     Column("logprob", "logprob", "float", 3),
 )
@@ -36,6 +36,9 @@ def next_command(
     dtype: DTypeOpt = DType.fp32,
     init: InitOpt = Init.pretrained,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
     bos: BosOpt = False,
     truncate: TruncateOpt = None,
     batch_size: BatchSizeOpt = 8,
@@ -60,7 +63,8 @@ def next_command(
     if target == "":
         raise UsageError("--target is empty: give the text of one token, e.g. ' much'")
     lm, encoded = load_prompts(prompt, model=model, device=device, dtype=dtype, init=init,
-                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate)
+                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate,
+                               device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     if not (lm.is_causal and lm.has_unembed):
         raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
                          f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")

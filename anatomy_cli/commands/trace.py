@@ -10,8 +10,8 @@ from anatomy_cli.app import app
 from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
                                           load_prompts, model_label, prompt_record)
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (Device, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt, ModelOpt,
-                                 TrustRemoteCodeOpt)
+from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
+                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
 
 LAYER_COLUMNS = (
@@ -27,7 +27,7 @@ LAYER_COLUMNS = (
 TOP_COLUMNS = (
     Column("rank", "rank", "int"),
     Column("token", "token"),
-    Column("token_id", "id", "int"),
+    Column("token_id", "id", "id"),
     Column("probability", "probability", "float", 4),
 )
 LAYERS_NOTE = ("layer 0 = {embedding}; layer {L} = last block's output before the final norm; "
@@ -48,6 +48,9 @@ def trace_command(
     dtype: DTypeOpt = DType.fp32,
     init: InitOpt = Init.pretrained,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
     bos: BosOpt = False,
     truncate: TruncateOpt = None,
     batch_size: BatchSizeOpt = 8,
@@ -73,7 +76,8 @@ def trace_command(
     from anatomy_cli.analyses import trace as analysis
 
     lm, encoded = load_prompts(prompt, model=model, device=device, dtype=dtype, init=init,
-                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate)
+                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate,
+                               device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
     for i, enc in enumerate(encoded, start=1):
         if not -len(enc) <= position < len(enc):
             which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
