@@ -18,6 +18,7 @@ No torch at import time.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -78,6 +79,13 @@ def load_model(model: str, *, device: Any, dtype: Any, init: Any, trust_remote_c
     """``engine.load`` with the shared options; with a device map, says on stderr where the weights went."""
     from anatomy_cli import engine
 
+    if not sys.stderr.isatty():
+        # Progress bars are for people watching a terminal; in a pipeline or a log they are noise.
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        disable_progress_bars()
     lm = engine.load(model, device=device.value, dtype=dtype.value, init=init.value,
                      trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
                      offload_folder=offload_folder)
