@@ -53,6 +53,8 @@ class Column:
     - ``id``: an identifier such as a token id: an integer without separators.
     - ``float``: ``digits`` decimals in the table.
     - ``pct``: a fraction in [0, 1] shown as a percentage with ``digits`` decimals.
+    - ``prob``: a probability: ``digits`` decimals, or 3 significant digits in
+      scientific notation when it would otherwise round to 0 (``3.18e-05``).
     - ``bytes``: a byte count shown in human units (KiB, MiB, GiB).
     - ``bar``: a bar proportional to the fraction in ``key``; table mode only.
     """
@@ -204,6 +206,8 @@ def _human(value: Any, column: Column) -> str:
         return f"{int(value):,}"
     if kind == "float" and isinstance(value, (int, float)):
         return f"{value:.{column.digits}f}"
+    if kind == "prob" and isinstance(value, (int, float)):
+        return f"{value:.{column.digits}f}" if value == 0 or abs(value) >= 10 ** -column.digits else f"{value:.2e}"
     if kind == "pct" and isinstance(value, (int, float)):
         return f"{100 * value:.{column.digits}f}%"
     if kind == "bytes" and isinstance(value, (int, float)):
@@ -235,7 +239,7 @@ def _emit_table(report: Report, out: TextIO) -> None:
         table = Table(title=Text(section.title) if section.title else None, box=box.SIMPLE_HEAD,
                       title_justify="left", pad_edge=False)
         for column in section.columns:
-            numeric = column.kind in ("int", "id", "float", "pct", "bytes")
+            numeric = column.kind in ("int", "id", "float", "prob", "pct", "bytes")
             table.add_column(Text(column.title), justify="right" if numeric else "left",
                              style="cyan" if column.kind == "bar" else None, no_wrap=column.kind == "bar")
         for row in section.rows:

@@ -314,3 +314,37 @@ def test_encoder_without_lm_head_gives_residual_columns_only():
     assert len(rows) == 1 + 7 and rows[1][:3] == ["0", "1.0", ""]
     assert all(r[6:] == ["", ""] for r in rows[1:])  # lens columns empty
     assert "logit lens unavailable: " in result.stderr
+
+
+def test_encoder_default_position_is_the_last_text_token_not_sep(tiny_model_dir):
+    data = trace_json(tiny_model_dir("bert"), prompt="the bank of the river")
+    assert data["tokens"][-1] == "[SEP]"
+    assert data["position"] == len(data["tokens"]) - 2 and data["position_token"] == "river"
+    explicit = trace_json(tiny_model_dir("bert"), "--position", "-1", prompt="the bank of the river")
+    assert explicit["position_token"] == "[SEP]"  # an explicit -1 still means the last token
+
+
+def test_decoder_default_position_is_the_last_token(tiny_model_dir):
+    data = trace_json(tiny_model_dir("gpt2"))
+    assert data["position"] == 2 and data["position_token"] == "·very"
+
+
+def test_device_and_device_map_exclude_each_other(tiny_model_dir):
+    result = invoke("trace", PROMPT, "--model", str(tiny_model_dir("gpt2")), "--device", "cpu",
+                    "--device-map", "auto")
+    assert result.exit_code == 2
+    assert error_lines(result) == ["error: --device cpu and --device-map exclude each other: "
+                                   "the device map decides where each block goes"]
+
+
+def test_table_heading_shortens_a_long_prompt_and_shows_small_probabilities(tiny_model_dir):
+    prompt = "word " * 40 + "end"
+    result = invoke("trace", prompt, "--model", str(tiny_model_dir("gpt2")), "--device", "cpu", "--format", "table")
+    assert result.exit_code == 0, result.stderr
+    heading = " ".join(" ".join(result.stdout.splitlines()[1:3]).split())  # may wrap at 80 columns
+    assert heading.startswith("prompt 'word word") and " … " in heading and "· 41 tokens" in heading
+    assert len(result.stdout.splitlines()[1]) <= 80
+    data = trace_json(tiny_model_dir("gpt2"), prompt=prompt)
+    p = data["top"][0]["probability"]
+    assert p < 1e-3  # a random 50257-way softmax: the table must not print it as 0.0000
+    assert f"{p:.2e}" in result.stdout

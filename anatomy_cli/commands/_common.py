@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from anatomy_cli.app import info, warn
+from anatomy_cli.errors import UsageError
 from anatomy_cli.render import Column, Format, Report, Section, emit, emit_jsonl, resolve_format
 
 if TYPE_CHECKING:
@@ -79,6 +80,10 @@ def load_model(model: str, *, device: Any, dtype: Any, init: Any, trust_remote_c
     """``engine.load`` with the shared options; with a device map, says on stderr where the weights went."""
     from anatomy_cli import engine
 
+    chosen = getattr(device, "value", device)
+    if device_map is not None and chosen != "auto":
+        raise UsageError(f"--device {chosen} and --device-map exclude each other: "
+                         "the device map decides where each block goes")
     if not sys.stderr.isatty():
         # Progress bars are for people watching a terminal; in a pipeline or a log they are noise.
         from huggingface_hub.utils import disable_progress_bars
@@ -137,6 +142,12 @@ def describe(lm: LoadedModel):
         return tok.piece(token_id), text
 
     return _describe
+
+
+def prompt_line(enc: Encoded, width: int = 60) -> str:
+    """``prompt 'Thank you very' · 3 tokens`` for a heading; a long prompt is cut in the middle."""
+    text = enc.text if len(enc.text) <= width else enc.text[:width // 2 - 1] + " … " + enc.text[-(width // 2 - 2):]
+    return f"prompt {text!r} · {len(enc)} token{'' if len(enc) == 1 else 's'}"
 
 
 def prompt_record(lm: LoadedModel, enc: Encoded) -> dict[str, Any]:

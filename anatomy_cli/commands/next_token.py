@@ -8,7 +8,7 @@ import typer
 
 from anatomy_cli.app import app
 from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
-                                          load_prompts, model_label, prompt_record)
+                                          load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, TrustRemoteCodeOpt)
@@ -18,7 +18,7 @@ COLUMNS = (
     Column("rank", "rank", "int"),
     Column("token", "token"),
     Column("token_id", "id", "id"),
-    Column("probability", "probability", "float", 4),
+    Column("probability", "probability", "prob", 4),
     Column("logprob", "logprob", "float", 3),
 )
 
@@ -79,7 +79,7 @@ def next_command(
         if result.target is not None:
             sections.append(Section(COLUMNS, [data["target"]], title="target"))
         heading = [f"next · {model_label(lm)}",
-                   f"prompt {enc.text!r} · {len(enc)} tokens · after {enc.pieces[-1]}"]
+                   f"{prompt_line(enc)} · after {enc.pieces[-1]}"]
         reports.append(Report(data=data, sections=sections, heading=heading))
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 

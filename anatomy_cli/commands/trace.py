@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from anatomy_cli.app import app
 from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
-                                          load_prompts, model_label, prompt_record)
+                                          load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, TrustRemoteCodeOpt)
@@ -22,15 +22,15 @@ LAYER_COLUMNS = (
     Column("attn_norm", "‖attn‖", "float", 2),
     Column("mlp_norm", "‖mlp‖", "float", 2),
     Column("lens_token", "lens"),
-    Column("lens_probability", "lens p", "float", 4),
+    Column("lens_probability", "lens p", "prob", 4),
 )
 TOP_COLUMNS = (
     Column("rank", "rank", "int"),
     Column("token", "token"),
     Column("token_id", "id", "id"),
-    Column("probability", "probability", "float", 4),
+    Column("probability", "probability", "prob", 4),
 )
-LAYERS_NOTE = ("layer 0 = {embedding}; layer {L} = last block's output before the final norm; "
+LAYERS_NOTE = ("layer 0 = {embedding}; layer {L} = last block's output{final}; "
                "cos emb / cos prev = cosine of h to layer 0 / to the layer before; ‖attn‖, ‖mlp‖ = what that "
                "layer's attention / MLP added; lens = top token of unembed(final_norm(h)), the norm recomputed "
                "from h itself")
@@ -39,9 +39,10 @@ LAYERS_NOTE = ("layer 0 = {embedding}; layer {L} = last block's output before th
 @app.command("trace")
 def trace_command(
     prompt: PromptArg,
-    position: Annotated[int, typer.Option(
-        "--position", "-p", metavar="N",
-        help="Token position to follow (0-based; negative counts from the end, -1 = last token).")] = -1,
+    position: Annotated[Optional[int], typer.Option(
+        "--position", "-p", metavar="N", show_default=False,
+        help="Token position to follow (0-based; negative counts from the end, -1 = last token). "
+             "Default: the last token; for encoders the last one that is not [SEP]/[CLS].")] = None,
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many top next tokens to list.")] = 5,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
@@ -78,15 +79,20 @@ def trace_command(
     lm, encoded = load_prompts(prompt, model=model, device=device, dtype=dtype, init=init,
                                trust_remote_code=trust_remote_code, bos=bos, truncate=truncate,
                                device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+    if position is None:
+        # An encoder's last token is its [SEP]: follow the last token of the text instead.
+        positions = [[_last_text_token(enc)] for enc in encoded]
+    else:
+        positions = [[position]] * len(encoded)
     for i, enc in enumerate(encoded, start=1):
-        if not -len(enc) <= position < len(enc):
+        if position is not None and not -len(enc) <= position < len(enc):
             which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
             raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
                              f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
     names = engine.residual_names(lm) + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
     if lm.has_unembed:
         names.append("logits")
-    caches = engine.run(lm, encoded, names, positions=[[position]] * len(encoded), batch_size=batch_size)
+    caches = engine.run(lm, encoded, names, positions=positions, batch_size=batch_size)
     name_token = describe(lm)
     reports = []
     for enc, cache in zip(encoded, caches):
@@ -99,14 +105,22 @@ def trace_command(
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 
+def _last_text_token(enc) -> int:
+    text_positions = [i for i, special in enumerate(enc.special) if not special]
+    return text_positions[-1] if text_positions else len(enc) - 1
+
+
 def _report(lm, enc, pos: int, result) -> Report:
     predicts = None if not lm.has_unembed else ("next" if lm.is_causal else "masked")
     data = {**prompt_record(lm, enc), "position": pos, "position_token": enc.pieces[pos],
             "n_layers": lm.n_layers, "predicts": predicts, **result.to_dict()}
     heading = [f"trace · {model_label(lm)} · {lm.n_layers} layers",
-               f"prompt {enc.text!r} · {len(enc)} tokens · position {pos} = {enc.pieces[pos]}"]
+               f"{prompt_line(enc)} · position {pos} = {enc.pieces[pos]}"]
     embedding = "embedding (token + position)" if lm.adapter.pos_embed else "token embedding (rotary positions)"
-    notes = [LAYERS_NOTE.format(L=lm.n_layers, embedding=embedding)]
+    notes = [LAYERS_NOTE.format(L=lm.n_layers, embedding=embedding,
+                                final=" before the final norm" if lm.adapter.final_norm else "")]
+    if not lm.has_unembed:
+        notes = [notes[0].split("; lens = ")[0]]
     sections = [Section(LAYER_COLUMNS, data["layers"], title="residual stream")]
     if predicts == "next":
         sections.append(Section(TOP_COLUMNS, data["top"], title=f"top {len(result.top)} next tokens"))
