@@ -339,11 +339,13 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
                        position_ids=pos_ids.to(lm.device), **kwargs)
             if head is not None:
                 # The head on the kept rows only: what the LM-head model computes, without
-                # a [batch, pos, vocab] tensor for every position.
+                # a [batch, pos, vocab] tensor for every position. One call for the whole batch:
+                # a call per prompt reads the [vocab, d_model] weights once per prompt (3x slower).
                 last = _first_tensor(out)
-                for row, i in enumerate(chunk):
-                    rows = last[row, torch.tensor(kept[i], dtype=torch.long, device=last.device)]
-                    logits[i] = _first_tensor(head(rows)).to(lm.device)
+                rows = torch.cat([last[row, torch.tensor(kept[i], dtype=torch.long, device=last.device)]
+                                  for row, i in enumerate(chunk)])
+                flat = _rowwise(head, rows).to(lm.device)
+                logits = dict(zip(chunk, flat.split([len(kept[i]) for i in chunk])))
         # Cloned outside inference mode: inference tensors cannot meet parameters that require
         # grad (e.g. F.layer_norm(h, w) in an analysis); the clone also frees the batch tensor.
         for row, i in enumerate(chunk):
@@ -364,7 +366,25 @@ def _apply(lm: LoadedModel, module: Any, h: torch.Tensor) -> torch.Tensor:
     if param is not None:
         h = h.to(dtype=param.dtype, device=param.device if param.device.type != "meta" else h.device)
     with torch.inference_mode():
-        return _first_tensor(module(h))
+        return _rowwise(module, h)
+
+
+# CPU BLAS multiplies 4-15 rows by a [out, in] weight one row at a time: the logit lens of
+# GPT-2 small (13 rows x the [50257, 768] head) takes 60 ms, 16 rows take 25 ms.
+_MIN_ROWS = 16
+
+
+def _rowwise(module: Any, h: torch.Tensor) -> torch.Tensor:
+    """``module(h)`` for a module acting on each row alone (a norm, an LM head); ``h [..., d]``.
+
+    On the CPU, 4-15 rows are padded with zero rows to 16 and the result cut back.
+    """
+    flat = h.reshape(-1, h.shape[-1])
+    n = flat.shape[0]
+    if flat.device.type == "cpu" and 3 < n < _MIN_ROWS:
+        flat = torch.cat([flat, flat.new_zeros(_MIN_ROWS - n, flat.shape[-1])])
+    out = _first_tensor(module(flat))[:n]
+    return out.reshape(*h.shape[:-1], out.shape[-1])
 
 
 def final_norm(lm: LoadedModel, h: torch.Tensor) -> torch.Tensor:

@@ -197,6 +197,22 @@ def test_first_tensor_handles_tensor_and_tuple():
     assert engine._first_tensor(BaseModelOutput(last_hidden_state=batch)) is batch
 
 
+def test_rowwise_padding_keeps_rows_and_shapes(tiny_lm):
+    # engine._rowwise pads 4-15 rows to 16 on the CPU (a faster BLAS path); results must not change.
+    lm = tiny_lm("gpt2")
+    head, norm = lm.points["logits"][0], lm.points["ln_final.hook_normalized"][0]
+    torch.manual_seed(0)
+    for n in (1, 3, 4, 13, 15, 16, 17):
+        h = torch.randn(n, lm.d_model)
+        with torch.inference_mode():
+            assert_close(engine._rowwise(head, h), head(h), **TOL)
+            assert_close(engine.final_norm(lm, h), norm(h), **TOL)
+    h = torch.randn(2, 5, lm.d_model)  # leading dims are kept: [2, 5, d] -> [2, 5, vocab]
+    lens = engine.unembed(lm, h)
+    assert lens.shape == (2, 5, lm.vocab_size)
+    assert_close(lens[1, 2], engine.unembed(lm, h[1, 2:3])[0], **TOL)
+
+
 def test_block_and_attention_outputs_are_whole_batches(tiny_lm):
     lm = tiny_lm("gpt2")
     block, attn = lm.points["blocks.0.hook_resid_post"][0], lm.points["blocks.0.hook_attn_out"][0]

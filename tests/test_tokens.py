@@ -165,6 +165,34 @@ def test_offline_without_cached_files_names_tiktoken_cache_dir(tmp_path, monkeyp
     assert f"TIKTOKEN_CACHE_DIR (now: {tmp_path})" in result.stderr
 
 
+def test_gpt2_loads_as_r50k_base_written_from_the_gpt2_files(tmp_path, monkeypatch, tiktoken_cache):
+    import hashlib
+    import shutil
+
+    import tiktoken.registry
+    from tiktoken_ext import openai_public
+
+    from anatomy_cli.analyses import tokens as analysis
+
+    for url in analysis._GPT2_URLS:  # only gpt2's two data-gym files, under tiktoken's cache keys
+        name = hashlib.sha1(url.encode()).hexdigest()
+        shutil.copyfile(tiktoken_cache / name, tmp_path / name)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    assert [t.token_id for t in tokenize_tiktoken("Thank you very").tokens] == [10449, 345, 845]
+    written = tmp_path / hashlib.sha1(analysis._R50K_URL.encode()).hexdigest()
+    assert hashlib.sha256(written.read_bytes()).hexdigest() == analysis._R50K_SHA256
+    fast, slow = analysis.load_encoding("gpt2"), tiktoken.Encoding(**openai_public.gpt2())
+    assert fast.name == "r50k_base"
+    for text in SAMPLES + [CHINESE]:
+        assert fast.encode(text, allowed_special="all") == slow.encode(text, allowed_special="all")
+    assert fast.n_vocab == slow.n_vocab == 50257 and fast.special_tokens_set == slow.special_tokens_set
+    written.write_bytes(b"corrupt")  # a bad file is never used (tiktoken would try to download)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    assert analysis._gpt2_as_r50k() is None
+    assert [t.token_id for t in tokenize_tiktoken("Thank you very").tokens] == [10449, 345, 845]
+
+
 def test_hf_tokenizer_matches_tiktoken(gpt2_tokenizer_dir):
     from transformers import AutoTokenizer
 

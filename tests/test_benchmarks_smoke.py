@@ -1,0 +1,82 @@
+"""benchmarks/run.py keeps working: one tiny run produces the results table. No timing assertions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "benchmarks" / "run.py"
+GPT2_BPE = ROOT.parent / "shared" / "data" / "gpt2-bpe"
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_run", RUN)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not (GPT2_BPE / "encoder.json").is_file(), reason=f"GPT-2 BPE files not found at {GPT2_BPE}")
+def test_tiny_run_writes_the_table_and_keeps_other_sections(tmp_path):
+    out = tmp_path / "performance.md"
+    out.write_text("# Performance\n\nIntro.\n\n## Offload\n\nOffload notes.\n", encoding="utf-8")
+    raw = tmp_path / "samples.json"
+    # Each figure costs two ~5 s subprocesses (importing torch and transformers' GPT-2): params,
+    # the 70B config and cold start are skipped to keep this under 30 s.
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--sizes", "tiny", "--runs", "1", "--warmup", "0", "--inproc-runs", "1",
+         "--prompts", "16", "--skip", "params,params70b,cold", "--max-wait", "0",
+         "--out", str(out), "--json", str(raw)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# Performance\n\nIntro.\n")
+    assert "## Offload\n\nOffload notes.\n" in text  # another section survives
+    section = text[text.index("## Results"):]
+    assert "| figure | anatomy | baseline | ratio | target | pass |" in section
+    assert re.search(r"- machine: .+, \d+ cores, [\d.]+ GiB RAM", section)
+    assert re.search(r"torch [\w.+]+ \(\d+ threads\), transformers [\w.]+", section)
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| figure")
+            and not line.startswith("| ---")]
+    figures = [row.split(" | ")[0] for row in rows]
+    for prefix in ("| 1. e2e `trace` (tiny", "| 6. peak RSS `trace` (tiny", "| 2. in-process trace (tiny",
+                   "| 5. `next -` 16 prompts", "| 5b. in-process batches (tiny)"):
+        assert any(f.startswith(prefix) for f in figures), (prefix, figures)
+    for row in rows:
+        cells = row.strip("|").split(" | ")
+        assert len(cells) == 6, row
+        assert cells[5].strip() in ("pass", "**FAIL**", "—"), row
+        if cells[3].strip() != "—":
+            assert float(cells[3]) > 0, row
+
+    data = json.loads(raw.read_text())
+    by_figure = {r["figure"]: r for r in data["rows"]}
+    e2e = next(r for f, r in by_figure.items() if f.startswith("1. e2e"))
+    assert len(e2e["samples"]["anatomy"]) == len(e2e["samples"]["baseline"]) == 1
+    assert e2e["samples"]["top5_agree"] is True  # anatomy and the baseline predict the same tokens
+    batch = next(r for f, r in by_figure.items() if f.startswith("5. "))
+    assert batch["samples"]["top1_agree"] == 1.0
+    rss = next(r for f, r in by_figure.items() if f.startswith("6. "))
+    assert 50e6 < rss["samples"]["anatomy"][0] < 4e9  # the command's own RSS, not the driver's
+
+
+def test_write_section_replaces_only_results(tmp_path):
+    bench = _bench_module()
+    path = tmp_path / "p.md"
+    bench.write_section(path, "## Results\n\nfirst\n")
+    assert path.read_text().startswith("# Performance\n") and "first" in path.read_text()
+    path.write_text(path.read_text() + "\n## Offload\n\nkept\n")
+    bench.write_section(path, "## Results\n\nsecond\n")
+    text = path.read_text()
+    assert "first" not in text and "second" in text and "## Offload\n\nkept" in text
+    assert text.index("## Results") < text.index("## Offload")
+    assert text.count("## Results") == 1
