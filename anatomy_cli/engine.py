@@ -254,11 +254,14 @@ def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, 
     return tok.encode([texts] if isinstance(texts, str) else list(texts), bos=bos)
 
 
-def check_length(lm: LoadedModel, encoded: list[Encoded], *, truncate: str | None = None) -> list[Encoded]:
+def check_length(lm: LoadedModel, encoded: list[Encoded], *, truncate: str | None = None,
+                 what: str = "prompt", truncate_hint: bool = True) -> list[Encoded]:
     """Check every prompt fits ``lm.n_ctx``.
 
     ``truncate="left"`` keeps the last ``n_ctx`` tokens (see ``Encoded.dropped``; the caller
-    says so on stderr). Raises PromptTooLong "prompt is N tokens; <model> takes at most M".
+    says so on stderr). Raises PromptTooLong "<what> [i] is N tokens; <model> takes at most M",
+    followed by a pointer to ``--truncate left`` when ``truncate_hint`` (commands without
+    that option pass False).
     """
     if truncate not in (None, "left"):
         raise UsageError(f"unknown truncation '{truncate}'; use 'left'")
@@ -270,9 +273,9 @@ def check_length(lm: LoadedModel, encoded: list[Encoded], *, truncate: str | Non
         elif truncate == "left":
             out.append(enc.keep_last(limit))
         else:
-            which = f"prompt {i + 1}" if len(encoded) > 1 else "prompt"
-            raise PromptTooLong(f"{which} is {len(enc)} tokens; {lm.name} takes at most {limit} "
-                                f"(--truncate left keeps the last {limit})")
+            which = f"{what} {i + 1}" if len(encoded) > 1 else what
+            hint = f" (--truncate left keeps the last {limit})" if truncate_hint else ""
+            raise PromptTooLong(f"{which} is {len(enc)} tokens; {lm.name} takes at most {limit}{hint}")
     return out
 
 

@@ -427,6 +427,12 @@ def test_formats(gpt2_dir):
     assert json.loads(_drift("bank", "--model", gpt2_dir, "-f", "jsonl").stdout) == data
 
 
+def test_long_context_names_the_limit_and_no_truncate_option(gpt2_dir):
+    result = _drift("bank", "-c", MONEY, "-c", "the bank " * 40, "--model", gpt2_dir)
+    assert result.exit_code == 2
+    assert _messages(result.stderr) == f"error: context 2 is 81 tokens; {gpt2_dir} takes at most 64\n"
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["bank", "-c", MONEY], "at least two contexts"),
     (["river"], "the built-in pair is for 'bank'"),
@@ -437,7 +443,7 @@ def test_formats(gpt2_dir):
     (["bank", "--occurrence", "0"], "'-n': Input should be greater than or equal to 1"),
     (["bank", "--pool", "max"], "Invalid value for '--pool'"),
     (["bank", "-c", "\udcff bank", "-c", MONEY], "context 1 is not valid UTF-8 (character 1)"),
-    (["bank", "-c", MONEY, "-c", "the bank " * 40], "context 2 is 81 tokens; "),  # takes at most 64
+    (["bank", "-c", MONEY, "-c", "the bank " * 40], "context 2 is 81 tokens; "),
 ])
 def test_usage_errors_exit_2(gpt2_dir, args, message):
     result = _drift(*args, "--model", gpt2_dir)

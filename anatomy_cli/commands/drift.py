@@ -9,7 +9,7 @@ import typer
 
 from anatomy_cli.app import app, warn
 from anatomy_cli.commands._common import load_model, model_label
-from anatomy_cli.errors import PromptTooLong, UsageError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (
     Device,
     DeviceMapOpt,
@@ -89,10 +89,7 @@ def drift_command(
 
     lm = load_model(model, device=device, dtype=dtype, init=init, trust_remote_code=trust_remote_code,
                     device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
-    encoded = engine.encode(lm, contexts)
-    for i, enc in enumerate(encoded, start=1):
-        if lm.n_ctx is not None and len(enc) > lm.n_ctx:
-            raise PromptTooLong(f"context {i} is {len(enc)} tokens; {lm.name} takes at most {lm.n_ctx}")
+    encoded = engine.check_length(lm, engine.encode(lm, contexts), what="context", truncate_hint=False)
     locations = [
         analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, word, special=e.special,
                         occurrence=occurrence, ignore_case=ignore_case)
