@@ -50,6 +50,7 @@ class Adapter:
     attn_out: Tap                  # what attention adds to the residual (post-LN: before Add & Norm)
     mlp_out: Tap                   # what the feed-forward adds to the residual
     resid_mid: Tap | None          # residual between attention and feed-forward; None: no such point
+    attn_o: str                    # attention's output projection (its input, per head, is hook_z)
     post_ln: bool = False          # Add & Norm after each sub-layer (BERT): resid_post != pre + attn + mlp
     parallel_flag: str | None = None  # config attribute; when true, attention and MLP both read
     # resid_pre (GPT-NeoX parallel residual) and there is no resid_mid
@@ -59,7 +60,7 @@ GPT2 = Adapter(
     name="gpt2", model_types=("gpt2",), causal=True, prefix="transformer",
     embed="wte", pos_embed="wpe", blocks="h", final_norm="ln_f", unembed="lm_head",
     attn=("attn",), mlp=("mlp",), norms=("ln_1", "ln_2"),
-    attn_out=Tap("attn"), mlp_out=Tap("mlp"), resid_mid=Tap("ln_2", "input"),
+    attn_out=Tap("attn"), mlp_out=Tap("mlp"), resid_mid=Tap("ln_2", "input"), attn_o="attn.c_proj",
 )
 
 # Llama, Mistral, Qwen2/3 and Mixtral share one layout (Mixtral's `mlp` is its MoE block).
@@ -68,6 +69,7 @@ LLAMA = Adapter(
     embed="embed_tokens", pos_embed=None, blocks="layers", final_norm="norm", unembed="lm_head",
     attn=("self_attn",), mlp=("mlp",), norms=("input_layernorm", "post_attention_layernorm"),
     attn_out=Tap("self_attn"), mlp_out=Tap("mlp"), resid_mid=Tap("post_attention_layernorm", "input"),
+    attn_o="self_attn.o_proj",
 )
 
 # Pythia checkpoints name the head `embed_out`; transformers v5 loads it as `lm_head`.
@@ -76,7 +78,7 @@ GPT_NEOX = Adapter(
     embed="embed_in", pos_embed=None, blocks="layers", final_norm="final_layer_norm", unembed="lm_head",
     attn=("attention",), mlp=("mlp",), norms=("input_layernorm", "post_attention_layernorm"),
     attn_out=Tap("attention"), mlp_out=Tap("mlp"), resid_mid=Tap("post_attention_layernorm", "input"),
-    parallel_flag="use_parallel_residual",
+    attn_o="attention.dense", parallel_flag="use_parallel_residual",
 )
 
 # Post-LN encoder: each sub-layer's output goes through Add & Norm. attn_out/mlp_out are the
@@ -87,7 +89,7 @@ BERT = Adapter(
     final_norm=None, unembed="cls",
     attn=("attention",), mlp=("intermediate", "output"), norms=("attention.output.LayerNorm", "output.LayerNorm"),
     attn_out=Tap("attention.output.dropout"), mlp_out=Tap("output.dropout"),
-    resid_mid=Tap("attention.output.LayerNorm"), post_ln=True,
+    resid_mid=Tap("attention.output.LayerNorm"), attn_o="attention.output.dense", post_ln=True,
 )
 
 ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, GPT_NEOX, BERT)

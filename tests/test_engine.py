@@ -56,11 +56,30 @@ def test_loaded_shapes(tiny_lm):
     assert not bert.is_causal and bert.has_unembed and bert.vocab_size == 30522
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox", "bert"])
+def test_hook_z_is_the_output_projection_input(tiny_lm, arch):
+    # attn.hook_z, split into heads, is what the output projection mixes: o_proj(z) == attn_out,
+    # and the per-head pieces z_h @ W_O[h] plus the bias add up to it.
+    lm = tiny_lm(arch)
+    assert (lm.n_heads, lm.d_head) == (4, 8)
+    cache = engine.run(lm, engine.encode(lm, ["The cat sat on the mat"]), ["blocks.1.attn.hook_z",
+                                                                          "blocks.1.hook_attn_out"])[0]
+    z, out = cache["blocks.1.attn.hook_z"], cache["attn_out", 1]
+    assert z.shape == (len(cache.encoded), lm.n_heads * lm.d_head)
+    o_proj = lm.model.base_model.get_submodule(lm.adapter.blocks)[1].get_submodule(lm.adapter.attn_o)
+    with torch.no_grad():
+        torch.testing.assert_close(o_proj(z), out, atol=1e-5, rtol=1e-5)
+        weight = o_proj.weight if arch != "gpt2" else o_proj.weight.T  # GPT-2's Conv1D is [in, out]
+        heads = [z[:, h * 8:(h + 1) * 8] @ weight[:, h * 8:(h + 1) * 8].T for h in range(4)]
+        bias = o_proj.bias if o_proj.bias is not None else 0
+        torch.testing.assert_close(sum(heads) + bias, out, atol=1e-5, rtol=1e-5)
+
+
 def test_hook_names(tiny_lm):
     names = engine.hook_names(tiny_lm("gpt2"))
     assert names[:3] == ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
     assert names[-2:] == ["ln_final.hook_normalized", "logits"]
-    assert len(names) == 2 + 5 * 2 + 2
+    assert len(names) == 2 + 6 * 2 + 2
     llama = engine.hook_names(tiny_lm("llama"))
     assert "hook_pos_embed" not in llama and "blocks.1.hook_resid_mid" in llama
     neox = engine.hook_names(tiny_lm("gpt_neox"))

@@ -57,7 +57,7 @@ def next_command(
         anatomy next "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
     """
-    from anatomy_cli import engine
+    from anatomy_cli import engine, targets
     from anatomy_cli.analyses import next_token as analysis
 
     if target == "":
@@ -68,7 +68,7 @@ def next_command(
     if not (lm.is_causal and lm.has_unembed):
         raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
                          f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
-    target_id = _target_id(lm, target) if target is not None else None
+    target_id = targets.token_id(lm, target) if target is not None else None
     caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)
     name_token = describe(lm)
     reports = []
@@ -82,15 +82,3 @@ def next_command(
                    f"{prompt_line(enc)} · after {enc.pieces[-1]}"]
         reports.append(Report(data=data, sections=sections, heading=heading))
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
-
-
-def _target_id(lm, text: str) -> int:
-    """The id of ``text`` if it is exactly one token; UsageError saying how it tokenizes otherwise."""
-    from anatomy_cli import engine
-
-    enc = engine.encode(lm, [text])[0]
-    if len(enc) != 1:
-        split = " + ".join(enc.pieces) or "nothing"
-        raise UsageError(f"--target {text!r} is {len(enc)} tokens for {lm.name}: {split} (ids "
-                         f"{', '.join(map(str, enc.ids))}); give exactly one token, e.g. ' much' with its space")
-    return enc.ids[0]

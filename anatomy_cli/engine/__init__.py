@@ -1,0 +1,42 @@
+"""The forward engine: load a model, tokenize, run it with hooks, keep what was asked for.
+
+Library layer: no rich, no typer, never prints; errors are :mod:`anatomy_cli.errors`
+with one-line messages. See ``docs/engine.md`` for the hook points and the residual
+stream's definition.
+
+Hook points (TransformerLens names). In a forward they are ``[batch, pos, d_model]``
+(``logits``: ``[batch, pos, vocab]``); a :class:`Cache` holds one prompt, so
+``[pos, d_model]``:
+
+* ``hook_embed`` token embedding; ``hook_pos_embed`` learned position embedding (GPT-2, BERT)
+* ``blocks.{l}.hook_resid_pre`` block input; ``blocks.{l}.hook_attn_out`` what attention adds;
+  ``blocks.{l}.hook_resid_mid`` between attention and MLP (not in parallel-residual blocks);
+  ``blocks.{l}.hook_mlp_out`` what the MLP adds; ``blocks.{l}.hook_resid_post`` block output
+* ``blocks.{l}.attn.hook_z`` the input of attention's output projection, ``[batch, pos, n_heads * d_head]``:
+  head h is columns ``h * d_head : (h + 1) * d_head`` (TransformerLens keeps the heads on their own axis)
+* ``ln_final.hook_normalized`` the final norm's output (absent for BERT); ``logits``.
+
+Modules: ``model`` (LoadedModel), ``hooks`` (hook points, :func:`capture`), ``cache``,
+``run`` (encode, check_length, run), ``lens`` (final norm, unembed), ``load`` (where a model comes from), ``wrap`` (:func:`from_model`).
+
+Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =
+``blocks.{l-1}.hook_resid_post``, raw, before the final norm.
+"""
+
+from __future__ import annotations
+
+from anatomy_cli.engine.cache import Cache
+from anatomy_cli.engine.hooks import (_check_names, _first_tensor, _points, capture, hook_names, layer_names,
+                                      residual_names)
+from anatomy_cli.engine.lens import _rowwise, final_norm, unembed
+from anatomy_cli.engine.load import load, resolve_device
+from anatomy_cli.engine.model import DTYPES, LoadedModel
+from anatomy_cli.engine.run import check_length, encode, run
+from anatomy_cli.engine.wrap import from_model
+from anatomy_cli.tokenization import Encoded, Tokenizer
+
+__all__ = [
+    "DTYPES", "_check_names", "_first_tensor", "_points", "_rowwise", "resolve_device",
+    "Cache", "Encoded", "LoadedModel", "Tokenizer", "capture", "check_length", "encode", "final_norm",
+    "from_model", "hook_names", "layer_names", "load", "residual_names", "run", "unembed",
+]

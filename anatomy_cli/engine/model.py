@@ -1,0 +1,43 @@
+"""The loaded model: what :func:`~anatomy_cli.engine.load` returns and every engine function takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from anatomy_cli.adapters import Adapter
+from anatomy_cli.tokenization import Tokenizer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for :func:`run`. Build with :func:`load` (or :func:`from_model`).
+
+    ``device`` is where inputs go and where every captured tensor is moved (the
+    embedding's device, also under a ``device_map``); ``dtype`` the weights' dtype.
+    ``untrained`` is True for ``init="random"``: outputs must say so.
+    ``n_ctx`` is the longest prompt the model takes (None: no limit known).
+    ``points`` maps each hook name to ``(module, "input" | "output")``.
+    """
+
+    model: Any = field(repr=False)
+    tokenizer: Tokenizer = field(repr=False)
+    adapter: Adapter = field(repr=False)
+    name: str
+    untrained: bool
+    device: torch.device
+    dtype: torch.dtype
+    n_layers: int
+    d_model: int
+    n_heads: int                   # query heads per layer
+    d_head: int                    # width of one head (hook_z is [batch, pos, n_heads * d_head])
+    n_ctx: int | None
+    vocab_size: int
+    is_causal: bool
+    has_unembed: bool
+    has_resid_mid: bool
+    points: dict[str, tuple[torch.nn.Module, str]] = field(repr=False, default_factory=dict)

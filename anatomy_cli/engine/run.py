@@ -1,0 +1,134 @@
+"""Tokenize, check the context length, and run prompts in padded batches with hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from anatomy_cli.engine.cache import Cache
+from anatomy_cli.engine.hooks import _check_names, _first_tensor, capture
+from anatomy_cli.engine.lens import _rowwise
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.errors import AnatomyError, PromptTooLong, UsageError
+from anatomy_cli.tokenization import Encoded, Tokenizer
+
+def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, bos: bool = False) -> list[Encoded]:
+    """Tokenize ``texts`` (see :mod:`anatomy_cli.tokenization`).
+
+    Decoders get no BOS unless ``bos=True``; encoders (BERT) keep their [CLS]/[SEP].
+    Accepts a LoadedModel, a :class:`Tokenizer` or a raw HF fast tokenizer.
+    """
+    tok = lm_or_tokenizer.tokenizer if isinstance(lm_or_tokenizer, LoadedModel) else lm_or_tokenizer
+    if not isinstance(tok, Tokenizer):
+        tok = Tokenizer(tok)
+    return tok.encode([texts] if isinstance(texts, str) else list(texts), bos=bos)
+
+
+def check_length(lm: LoadedModel, encoded: list[Encoded], *, truncate: str | None = None,
+                 what: str = "prompt", truncate_hint: bool = True) -> list[Encoded]:
+    """Check every prompt fits ``lm.n_ctx``.
+
+    ``truncate="left"`` keeps the last ``n_ctx`` tokens (see ``Encoded.dropped``; the caller
+    says so on stderr). Raises PromptTooLong "<what> [i] is N tokens; <model> takes at most M",
+    followed by a pointer to ``--truncate left`` when ``truncate_hint`` (commands without
+    that option pass False).
+    """
+    if truncate not in (None, "left"):
+        raise UsageError(f"unknown truncation '{truncate}'; use 'left'")
+    limit = lm.n_ctx
+    out = []
+    for i, enc in enumerate(encoded):
+        if limit is None or len(enc) <= limit:
+            out.append(enc)
+        elif truncate == "left":
+            out.append(enc.keep_last(limit))
+        else:
+            which = f"{what} {i + 1}" if len(encoded) > 1 else what
+            hint = f" (--truncate left keeps the last {limit})" if truncate_hint else ""
+            raise PromptTooLong(f"{which} is {len(enc)} tokens; {lm.name} takes at most {limit}{hint}")
+    return out
+
+
+def _positions(enc: Encoded, wanted: list[int] | None) -> list[int]:
+    n = len(enc)
+    if wanted is None:
+        return list(range(n))
+    out = []
+    for p in wanted:
+        q = p + n if p < 0 else p
+        if not 0 <= q < n:
+            raise UsageError(f"position {p} is out of range for a prompt of {n} tokens")
+        out.append(q)
+    return out
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
+        positions: list[list[int]] | None = None, batch_size: int = 8) -> list[Cache]:
+    """Run the prompts and keep the requested hook points; one :class:`Cache` per prompt, input order.
+
+    Prompts are batched (``batch_size``), right-padded with the pad token (EOS for GPT-2,
+    padding only), with an attention mask and explicit position ids, so each prompt's
+    results equal a one-prompt run. ``positions[i]`` lists the token positions to keep for
+    prompt i (negative counts from the end); default all real tokens. ``logits`` are
+    computed for kept positions only. Raises UsageError for an empty prompt, a position out
+    of range or an unknown name.
+    """
+    names = _check_names(lm, names)
+    want_logits = "logits" in names
+    hooked = [n for n in names if n != "logits"]
+    if positions is not None and len(positions) != len(encoded):
+        raise UsageError(f"{len(positions)} position lists for {len(encoded)} prompts")
+    kept = []
+    for i, enc in enumerate(encoded):
+        if len(enc) == 0:
+            raise UsageError(f"prompt {i + 1} is empty" if len(encoded) > 1 else "empty prompt")
+        if max(enc.ids) >= lm.vocab_size:
+            raise AnatomyError(f"token id {max(enc.ids)} is outside {lm.name}'s vocabulary ({lm.vocab_size})")
+        kept.append(_positions(enc, None if positions is None else positions[i]))
+
+    lm.model.eval()
+    base = lm.model.base_model
+    head = lm.points["logits"][0] if want_logits else None
+    results: list[Cache | None] = [None] * len(encoded)
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
+    for start in range(0, len(order), max(1, batch_size)):
+        chunk = order[start:start + max(1, batch_size)]
+        width = max(len(encoded[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), lm.tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            ids[row, :len(encoded[i])] = torch.tensor(encoded[i].ids)
+            mask[row, :len(encoded[i])] = 1
+        pos_ids = torch.arange(width).expand(len(chunk), -1)
+        index = None
+        if positions is not None:
+            k = max(1, max(len(kept[i]) for i in chunk))
+            index = torch.tensor([kept[i] + [0] * (k - len(kept[i])) for i in chunk], dtype=torch.long,
+                                 device=lm.device)
+        logits = {}
+        with torch.inference_mode(), capture(lm, hooked, positions=index) as store:
+            kwargs = {"use_cache": False} if lm.is_causal else {}
+            out = base(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device),
+                       position_ids=pos_ids.to(lm.device), **kwargs)
+            if head is not None:
+                # The head on the kept rows only: what the LM-head model computes, without
+                # a [batch, pos, vocab] tensor for every position. One call for the whole batch:
+                # a call per prompt reads the [vocab, d_model] weights once per prompt (3x slower).
+                last = _first_tensor(out)
+                rows = torch.cat([last[row, torch.tensor(kept[i], dtype=torch.long, device=last.device)]
+                                  for row, i in enumerate(chunk)])
+                flat = _rowwise(head, rows).to(lm.device)
+                logits = dict(zip(chunk, flat.split([len(kept[i]) for i in chunk])))
+        # Cloned outside inference mode: inference tensors cannot meet parameters that require
+        # grad (e.g. F.layer_norm(h, w) in an analysis); the clone also frees the batch tensor.
+        for row, i in enumerate(chunk):
+            n_keep = len(kept[i]) if positions is not None else len(encoded[i])
+            tensors = {name: store[name][row if store[name].shape[0] > 1 else 0, :n_keep].clone()
+                       for name in hooked}
+            if head is not None:
+                tensors["logits"] = logits[i].clone()
+            results[i] = Cache(tensors, encoded=encoded[i], positions=kept[i], n_layers=lm.n_layers)
+        del store, out, logits
+    return results  # type: ignore[return-value]
