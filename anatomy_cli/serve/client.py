@@ -1,0 +1,126 @@
+"""The client side of `anatomy serve`: forward a command line to a running server.
+
+Standard library only, so a forwarded command starts without typer, rich, torch or transformers.
+The console script (:mod:`anatomy_cli.entry`) calls :func:`forward` first; it returns None when the
+command should run in-process: ``--no-server`` was given, the command loads no weights, or no server
+answers on the default socket. With ``$ANATOMY_SERVER`` set, a server that does not answer is an error.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import sys
+
+from anatomy_cli.serve import protocol
+
+# Commands that load weights; `tokens` only with --model.
+FORWARDED = {"trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "tokens"}
+NO_SERVER = "--no-server"
+_ROOT_FLAGS = {"--debug", NO_SERVER}
+# What rendering and loading read from the environment; the server runs each request under the client's.
+ENV_KEYS = ("COLUMNS", "LINES", "TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "ANATOMY_DEBUG",
+            "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TIKTOKEN_CACHE_DIR",
+            "ANATOMY_CACHE_DIR", "PYTHONIOENCODING")
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand name in ``argv`` (after root flags such as --debug), or None."""
+    for arg in argv:
+        if arg in _ROOT_FLAGS:
+            continue
+        return None if arg.startswith("-") else arg
+    return None
+
+
+def wants_server(argv: list[str]) -> bool:
+    """True when ``argv`` names a weight-loading command without --no-server or --help."""
+    command = command_of(argv)
+    if command not in FORWARDED or NO_SERVER in argv or "--help" in argv or "-h" in argv:
+        return False
+    if command == "tokens":
+        return any(a in ("--model", "-m") or a.startswith("--model=") for a in argv)
+    return True
+
+
+def build_request(argv: list[str]) -> dict:
+    """The ``run`` request: arguments, working directory, terminal facts, environment and stdin (for '-')."""
+    env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
+    stdout_tty = sys.stdout.isatty()
+    if stdout_tty and "COLUMNS" not in env:
+        # In-process, rich asks the terminal; the server has none, so it gets the answer instead.
+        size = shutil.get_terminal_size()
+        env["COLUMNS"], env["LINES"] = str(size.columns), str(size.lines)
+    stdin = b""
+    if "-" in argv[1:] and not sys.stdin.isatty():
+        stdin = sys.stdin.buffer.read()
+    return {"op": "run", "argv": argv, "cwd": os.getcwd(), "env": env,
+            "stdout_isatty": stdout_tty, "stderr_isatty": sys.stderr.isatty(),
+            "stdout_encoding": sys.stdout.encoding or "utf-8", "stderr_encoding": sys.stderr.encoding or "utf-8",
+            "stdin": base64.b64encode(stdin).decode("ascii")}
+
+
+def forward(argv: list[str]) -> int | None:
+    """Run ``argv`` on the server and write its output here; the exit code, or None to run in-process."""
+    if not wants_server(argv):
+        return None
+    path, explicit = protocol.socket_path()
+    try:
+        if not explicit:
+            protocol.check_private(path.parent)
+        conn = protocol.connect(path)
+    except (OSError, PermissionError) as exc:
+        if not explicit:
+            return None  # no server (or a stale socket): run in-process
+        print(f"error: no anatomy server answers at {path} ({protocol.ENV_SOCKET}): {exc.strerror or exc}; "
+              f"start one with `anatomy serve` or unset {protocol.ENV_SOCKET}", file=sys.stderr)
+        return 1
+    try:
+        timeout = protocol.timeout()
+    except ValueError as exc:
+        conn.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        conn.settimeout(timeout)
+        protocol.send(conn, build_request(argv))
+        answer = protocol.receive(conn)
+    except socket.timeout:
+        print(f"error: the anatomy server at {path} did not answer within {timeout:g} s "
+              f"({protocol.ENV_TIMEOUT}); rerun with --no-server", file=sys.stderr)
+        return 1
+    except (protocol.ProtocolError, OSError):
+        print(f"error: the anatomy server at {path} closed the connection before answering (did it stop or "
+              f"crash?); rerun with --no-server", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    if "error" in answer:
+        print(f"error: {answer['error']}", file=sys.stderr)
+        return int(answer.get("exit_code", 1))
+    return write_answer(answer)
+
+
+def write_answer(answer: dict) -> int:
+    """Write the server's stdout and stderr bytes here; the command's exit code."""
+    for key, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        data = base64.b64decode(answer.get(key) or "")
+        if data:
+            try:
+                stream.flush()
+                stream.buffer.write(data)
+                stream.buffer.flush()
+            except BrokenPipeError:
+                _quiet_stdout()
+                return 0
+    return int(answer.get("exit_code", 1))
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,139 @@
+"""The wire between client and server: where the socket lives, how messages are framed, who may connect.
+
+Standard library only: the client imports this before anything heavy.
+
+A message is an 8-byte big-endian length followed by that many bytes of UTF-8 JSON. The socket is a Unix
+domain socket in a directory only its owner can enter (0700); the socket itself is 0600, and the server
+checks each peer's uid (SO_PEERCRED) against its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+ENV_SOCKET = "ANATOMY_SERVER"
+ENV_TIMEOUT = "ANATOMY_SERVER_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0        # seconds a client waits for an answer (a first load of a big model is slow)
+MAX_MESSAGE = 256 * 1024 * 1024
+_HEADER = struct.Struct(">Q")
+
+
+class ProtocolError(Exception):
+    """The peer closed the connection or sent something that is not a message."""
+
+
+def default_socket() -> Path:
+    """``$XDG_RUNTIME_DIR/anatomy/anatomy.sock``, else ``/tmp/anatomy-<uid>/anatomy.sock``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) / "anatomy" if runtime else Path(f"/tmp/anatomy-{os.getuid()}")
+    return base / "anatomy.sock"
+
+
+def socket_path() -> tuple[Path, bool]:
+    """``(path, explicit)``: ``$ANATOMY_SERVER`` (explicit) or the default socket."""
+    env = os.environ.get(ENV_SOCKET)
+    return (Path(env).expanduser(), True) if env else (default_socket(), False)
+
+
+def private_dir(path: Path) -> None:
+    """Create the socket's directory 0700, or check an existing one is ours and 0700.
+
+    Raises PermissionError when the directory belongs to another user or others can enter it:
+    a socket there could be someone else's.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(path)
+
+
+def check_private(path: Path) -> None:
+    """Raise PermissionError unless ``path`` is owned by us and closed to group and others."""
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to uid {info.st_uid}, not to this user")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise PermissionError(f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); "
+                              f"it must be 0700")
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The connecting process's uid (Linux SO_PEERCRED); None where the platform cannot say."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    return uid
+
+
+def send(conn: socket.socket, message: dict[str, Any]) -> None:
+    """Write one framed JSON message."""
+    data = json.dumps(message, ensure_ascii=False).encode("utf-8")
+    # MSG_NOSIGNAL: a peer that went away is a BrokenPipeError here, not a SIGPIPE that ends the process.
+    conn.sendall(_HEADER.pack(len(data)) + data, getattr(socket, "MSG_NOSIGNAL", 0))
+
+
+def receive(conn: socket.socket) -> dict[str, Any]:
+    """Read one framed JSON message. Raises ProtocolError on EOF or garbage, socket.timeout on a timeout."""
+    (size,) = _HEADER.unpack(_read(conn, _HEADER.size))
+    if size > MAX_MESSAGE:
+        raise ProtocolError(f"message of {size} bytes is over the {MAX_MESSAGE}-byte limit")
+    try:
+        message = json.loads(_read(conn, size).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"not a JSON message: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("not a JSON object")
+    return message
+
+
+def _read(conn: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = conn.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ProtocolError("connection closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def connect(path: Path, timeout: float = 2.0) -> socket.socket:
+    """A connected client socket. Raises OSError (FileNotFoundError, ConnectionRefusedError, ...)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        raise
+    return conn
+
+
+def timeout() -> float:
+    """Seconds a client waits for an answer: ``$ANATOMY_SERVER_TIMEOUT`` or 600. Raises ValueError if invalid."""
+    raw = os.environ.get(ENV_TIMEOUT)
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{ENV_TIMEOUT}={raw!r} is not a positive number of seconds")
+    return value
+
+
+def request(path: Path, message: dict[str, Any], wait: float | None = None) -> dict[str, Any]:
+    """Send one request and wait ``wait`` seconds for its answer (default :func:`timeout`)."""
+    conn = connect(path)
+    try:
+        conn.settimeout(wait if wait is not None else timeout())
+        send(conn, message)
+        return receive(conn)
+    finally:
+        conn.close()

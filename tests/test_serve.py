@@ -1,0 +1,280 @@
+"""`anatomy serve`: forwarded commands print exactly what they print in-process.
+
+One real server subprocess (tiny GPT-2) serves the module; clients are real `anatomy` processes.
+Fault cases use small in-process servers or fake peers so they need no second model load.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from anatomy_cli.cli import app
+from anatomy_cli.serve import client, protocol
+
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+ENV.pop("COLUMNS", None)
+
+
+def anatomy(*args: str, sock: Path | None, stdin: str | None = None, timeout: float = 120,
+            extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**ENV, **(extra_env or {})}
+    env.pop(protocol.ENV_SOCKET, None)
+    if sock is not None:
+        env[protocol.ENV_SOCKET] = str(sock)
+    return subprocess.run([sys.executable, "-m", "anatomy_cli", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stderr.read()}")
+        try:
+            protocol.connect(path, timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("server did not start")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model_dir):
+    """``(socket path, model dir)``: a real `anatomy serve` subprocess with the tiny GPT-2 preloaded."""
+    model = tiny_model_dir("gpt2")
+    folder = tmp_path_factory.mktemp("serve")
+    os.chmod(folder, 0o700)
+    sock = folder / "run" / "anatomy.sock"
+    env = {k: v for k, v in ENV.items() if k != protocol.ENV_SOCKET}
+    proc = subprocess.Popen([sys.executable, "-m", "anatomy_cli", "serve", "--socket", str(sock), "--model",
+                             str(model), "--idle-timeout", "10"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(sock, proc)
+        yield sock, model
+    finally:
+        if proc.poll() is None:
+            anatomy("serve", "--stop", "--socket", str(sock), sock=None)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+runner = CliRunner()
+
+
+def in_process(args: list[str], stdin: str | None = None):
+    result = runner.invoke(app, args, input=stdin)
+    return result.exit_code, result.stdout
+
+
+def mixed_commands(model: Path) -> list[tuple[list[str], str | None]]:
+    m = ["--model", str(model)]
+    return [
+        (["trace", "Thank you very", *m], None),
+        (["trace", "Thank you very", *m, "--format", "json"], None),
+        (["next", "The capital of France is", *m, "--k", "3"], None),
+        (["next", "-", *m, "--format", "jsonl"], "Thank you very\nOne, two, three,\n"),
+        (["tokens", "Hello world", *m], None),
+        (["drift", "bank", *m, "--format", "json"], None),
+        (["trace", "a b c d", *m, "--position", "1", "--format", "csv"], None),
+        (["next", "x", *m, "--target", "much more"], None),   # a usage error: exit 2, stdout empty
+    ]
+
+
+# ---------------------------------------------------------------- the socket and its permissions
+
+def test_socket_and_directory_are_private(server):
+    sock, _ = server
+    assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+
+
+def test_open_directory_is_refused(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    os.chmod(open_dir, 0o755)
+    with pytest.raises(PermissionError, match="open to other users"):
+        protocol.private_dir(open_dir)
+
+
+def test_other_users_are_refused(monkeypatch, tmp_path):
+    from anatomy_cli.serve.server import Server
+
+    srv = Server(tmp_path / "s.sock")
+    monkeypatch.setattr(protocol, "peer_uid", lambda conn: os.getuid() + 1)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    worker = threading.Thread(target=srv._handle, args=(ours,))
+    worker.start()
+    answer = protocol.receive(theirs)  # refused before any request is read
+    worker.join(5)
+    assert answer == {"error": "refused: this anatomy server serves its own user only", "exit_code": 1}
+
+
+# ---------------------------------------------------------------- forwarded == in-process
+
+def test_forwarded_output_is_byte_identical(server, cached_load):
+    sock, model = server
+    for args, stdin in mixed_commands(model):
+        remote = anatomy(*args, sock=sock, stdin=stdin)
+        code, out = in_process(args, stdin)
+        assert (remote.returncode, remote.stdout) == (code, out), args
+    err = anatomy("next", "x", "--model", str(model), "--target", "much more", sock=sock)
+    assert err.returncode == 2 and err.stderr.count("\n") == 1
+    assert err.stderr.startswith("error: --target 'much more' is 2 tokens")
+
+
+def test_bad_requests_fail_as_in_process(server):
+    sock, model = server
+    for args in (["trace", "", "--model", str(model)], ["trace", "x", "--model", str(model / "missing")]):
+        remote = anatomy(*args, sock=sock)
+        local = anatomy(*args, "--no-server", sock=sock)
+        assert (remote.returncode, remote.stdout, remote.stderr) == (local.returncode, local.stdout, local.stderr)
+        assert remote.returncode in (1, 2) and remote.stderr.startswith("error: ")
+
+
+def test_sixteen_concurrent_clients(server, cached_load):
+    sock, model = server
+    jobs = mixed_commands(model) * 2
+    with ThreadPoolExecutor(16) as pool:
+        remote = list(pool.map(lambda job: anatomy(*job[0], sock=sock, stdin=job[1]), jobs))
+    for (args, stdin), got in zip(jobs, remote):
+        assert (got.returncode, got.stdout) == in_process(args, stdin), args
+
+
+def test_no_hooks_survive_an_intervention(server):
+    sock, model = server
+    m = ["--model", str(model)]
+    first = anatomy("trace", "Thank you very", *m, "--format", "json", sock=sock)
+    if "ablate" in app.registered_commands.__repr__() or any(c.name == "ablate" for c in app.registered_commands):
+        ablate = anatomy("ablate", "Thank you very", *m, "--target", " much", sock=sock)
+        assert ablate.returncode == 0, ablate.stderr
+    # A command that raises mid-forward must not leave hooks either.
+    anatomy("trace", "x" * 10, *m, "--position", "99", sock=sock)
+    again = anatomy("trace", "Thank you very", *m, "--format", "json", sock=sock)
+    assert first.returncode == 0 and again.stdout == first.stdout
+
+
+def test_status_lists_the_loaded_model(server):
+    import json
+
+    sock, model = server
+    out = anatomy("serve", "--status", "--socket", str(sock), "--format", "json", sock=None)
+    assert out.returncode == 0, out.stderr
+    status = json.loads(out.stdout)
+    assert status["pid"] > 0 and status["uptime_s"] >= 0 and status["requests"] >= 0
+    assert [m["model"] for m in status["models"]] == [str(model.resolve())]
+    assert status["models"][0]["bytes"] == 4 * 1_635_744   # tiny GPT-2 (tests/models.py), fp32
+
+
+def test_client_path_imports_no_torch(server):
+    sock, model = server
+    code = ("import sys\nfrom anatomy_cli.entry import main\n"
+            f"sys.argv = ['anatomy', 'trace', 'Thank you very', '--model', {str(model)!r}]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'typer', 'rich') if m in sys.modules)\n"
+            "print('HEAVY', heavy, code, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**ENV, protocol.ENV_SOCKET: str(sock)}, timeout=60)
+    assert "HEAVY [] 0" in out.stderr, out.stderr
+    assert out.stdout.startswith("layer\tcos_to_embedding")
+
+
+# ---------------------------------------------------------------- faults
+
+def _fake_server(path: Path, behaviour: str) -> threading.Thread:
+    """A peer that accepts one request and then closes (``die``) or never answers (``hang``)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        protocol.receive(conn)
+        if behaviour == "hang":
+            time.sleep(3)
+        conn.close()
+        listener.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("behaviour", ["die", "hang"])
+def test_server_gone_mid_request_is_one_line(tmp_path, behaviour):
+    sock = tmp_path / "fake.sock"
+    _fake_server(sock, behaviour)
+    out = anatomy("trace", "hello", sock=sock, extra_env={protocol.ENV_TIMEOUT: "1"})
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: the anatomy server at ")
+    assert ("did not answer within 1 s" if behaviour == "hang" else "closed the connection") in out.stderr
+
+
+def test_explicit_server_that_is_not_there(tmp_path):
+    out = anatomy("trace", "hello", sock=tmp_path / "none.sock")
+    assert out.returncode == 1 and out.stderr.startswith("error: no anatomy server answers at ")
+
+
+def test_client_that_vanishes_does_not_stop_the_server(server):
+    sock, model = server
+    half = protocol.connect(sock)
+    half.sendall(b"\x00\x00\x00\x00\x00\x00\x01\x00{")  # a header promising 256 bytes, then gone
+    half.close()
+    gone = protocol.connect(sock)
+    protocol.send(gone, client.build_request(["trace", "Thank you very", "--model", str(model)]))
+    gone.close()  # before the answer
+    out = anatomy("trace", "Thank you very", "--model", str(model), sock=sock)
+    assert out.returncode == 0 and out.stdout.startswith("layer\t")
+
+
+def test_stale_socket_is_replaced_and_idle_server_stops(tmp_path):
+    from anatomy_cli.serve.server import Server
+
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    path = folder / "a.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # a socket file nobody listens on: what a crashed server leaves
+    srv = Server(path, idle_timeout=0.5, log=lambda msg: None)
+    srv.bind()
+    t0 = time.monotonic()
+    srv.serve_forever()
+    assert 0.4 < time.monotonic() - t0 < 10
+    assert not path.exists()
+
+
+def test_live_server_is_not_replaced(server):
+    from anatomy_cli.serve.server import Server
+
+    sock, _ = server
+    with pytest.raises(OSError, match="already listening"):
+        Server(sock, log=lambda msg: None).bind()
+
+
+def test_which_commands_are_forwarded(monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"one\ntwo\n")))
+    assert client.wants_server(["trace", "x"]) and client.wants_server(["--debug", "next", "x"])
+    assert not client.wants_server(["trace", "x", "--no-server"])
+    assert not client.wants_server(["params"]) and not client.wants_server(["trace", "--help"])
+    assert not client.wants_server(["tokens", "hi"]) and client.wants_server(["tokens", "hi", "--model", "gpt2"])
+    request = client.build_request(["next", "-"])
+    assert request["op"] == "run" and base64.b64decode(request["stdin"]) == b"one\ntwo\n"
+    assert client.build_request(["next", "x"])["stdin"] == ""  # stdin is read only for '-'
