@@ -17,7 +17,7 @@ parameter names into parts. Plain data: importable without torch.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from anatomy_cli.errors import UnsupportedArchitecture
@@ -25,10 +25,17 @@ from anatomy_cli.errors import UnsupportedArchitecture
 
 @dataclass(frozen=True)
 class Tap:
-    """A hook point: the ``input`` (first positional argument) or ``output`` of ``module``."""
+    """A hook point: the ``input`` (first positional argument) or ``output`` of ``module``.
+
+    ``copy``: the block later changes the tensor in place (Falcon's ``mlp_output += attention_output``),
+    so the hook keeps a copy. ``flat``: the module sees ``[batch * pos, d]`` (OPT reshapes before its
+    MLP); the hook gives it back its ``[batch, pos, d]`` shape from the block's input.
+    """
 
     module: str
     side: Literal["input", "output"] = "output"
+    copy: bool = False
+    flat: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,14 @@ class Adapter:
     resid_mid: Tap | None          # residual between attention and feed-forward; None: no such point
     attn_o: str                    # attention's output projection (its input, per head, is hook_z)
     post_ln: bool = False          # Add & Norm after each sub-layer (BERT): resid_post != pre + attn + mlp
-    parallel_flag: str | None = None  # config attribute; when true, attention and MLP both read
-    # resid_pre (GPT-NeoX parallel residual) and there is no resid_mid
+    parallel_flag: str | tuple[str, ...] | None = None  # config attribute(s); when any is true, attention
+    # and MLP both read resid_pre (GPT-NeoX parallel residual) and there is no resid_mid
+    when: tuple[str, Any] | None = None  # (config attribute, value): this row serves only such configs
+    embed_proj: str | None = None  # base-relative projection from the embedding width to d_model, when the
+    # model has it (OPT-350m's project_in): hook_embed is its output
+    unembed_proj: str | None = None  # base-relative projection after the final norm, before the LM head
+    # (OPT-350m's project_out), when the model has it; the lens applies it
+    positions_after_pad: bool = False  # position ids start at config.pad_token_id + 1 (RoBERTa)
 
 
 GPT2 = Adapter(
@@ -63,14 +76,46 @@ GPT2 = Adapter(
     attn_out=Tap("attn"), mlp_out=Tap("mlp"), resid_mid=Tap("ln_2", "input"), attn_o="attn.c_proj",
 )
 
-# Llama, Mistral, Qwen2/3 and Mixtral share one layout (Mixtral's `mlp` is its MoE block).
+# One pre-norm layout: Llama, Mistral, Qwen2/3, Gemma (its embedding module multiplies by sqrt(d_model):
+# hook_embed is already scaled), OLMo (LayerNorm without weights), Starcoder2 (LayerNorm, c_fc/c_proj),
+# and the MoE models Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, whose `mlp` is the whole MoE block (router,
+# experts and Qwen2-MoE's gated shared expert), so mlp_out is its output.
 LLAMA = Adapter(
-    name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "mixtral"), causal=True, prefix="model",
+    name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+                               "gemma", "olmo", "starcoder2"), causal=True, prefix="model",
     embed="embed_tokens", pos_embed=None, blocks="layers", final_norm="norm", unembed="lm_head",
     attn=("self_attn",), mlp=("mlp",), norms=("input_layernorm", "post_attention_layernorm"),
     attn_out=Tap("self_attn"), mlp_out=Tap("mlp"), resid_mid=Tap("post_attention_layernorm", "input"),
     attn_o="self_attn.o_proj",
 )
+
+# Phi-3: fused qkv_proj and gate_up_proj; what is added to the residual leaves through a dropout module.
+PHI3 = replace(LLAMA, name="phi3", model_types=("phi3",),
+               attn_out=Tap("resid_attn_dropout"), mlp_out=Tap("resid_mlp_dropout"))
+
+# StableLM: LayerNorm; with use_parallel_residual the MLP reads the attention's norm output and the block
+# has no post_attention_layernorm.
+STABLELM = replace(LLAMA, name="stablelm", model_types=("stablelm",), mlp_out=Tap("dropout"),
+                   parallel_flag="use_parallel_residual")
+
+# Sandwich norms (Gemma 2, Gemma 3 text): each sub-layer's output is normed again before it is added,
+# so attn_out/mlp_out are the post-norms' outputs. Final logits are soft-capped (config).
+GEMMA2 = replace(LLAMA, name="gemma2", model_types=("gemma2", "gemma3_text"),
+                 norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                        "post_feedforward_layernorm"),
+                 attn_out=Tap("post_attention_layernorm"), mlp_out=Tap("post_feedforward_layernorm"),
+                 resid_mid=Tap("pre_feedforward_layernorm", "input"))
+
+# Gemma 3 multimodal checkpoints (4B and up): the same text decoder inside Gemma3Model, next to a vision
+# tower that text prompts never reach.
+GEMMA3 = replace(GEMMA2, name="gemma3", model_types=("gemma3",), embed="language_model.embed_tokens",
+                 blocks="language_model.layers", final_norm="language_model.norm")
+
+# OLMo 2/3: no norm before a sub-layer, one after it (post_attention_layernorm, post_feedforward_layernorm).
+OLMO2 = replace(LLAMA, name="olmo2", model_types=("olmo2", "olmo3"),
+                norms=("post_attention_layernorm", "post_feedforward_layernorm"),
+                attn_out=Tap("post_attention_layernorm"), mlp_out=Tap("post_feedforward_layernorm"),
+                resid_mid=Tap("mlp", "input"))
 
 # Pythia checkpoints name the head `embed_out`; transformers v5 loads it as `lm_head`.
 GPT_NEOX = Adapter(
@@ -80,6 +125,40 @@ GPT_NEOX = Adapter(
     attn_out=Tap("attention"), mlp_out=Tap("mlp"), resid_mid=Tap("post_attention_layernorm", "input"),
     attn_o="attention.dense", parallel_flag="use_parallel_residual",
 )
+
+# GPT-J: attention and MLP both read ln_1's output (parallel, always): no resid_mid.
+GPTJ = Adapter(
+    name="gptj", model_types=("gptj",), causal=True, prefix="transformer",
+    embed="wte", pos_embed=None, blocks="h", final_norm="ln_f", unembed="lm_head",
+    attn=("attn",), mlp=("mlp",), norms=("ln_1",),
+    attn_out=Tap("attn"), mlp_out=Tap("mlp"), resid_mid=None, attn_o="attn.out_proj",
+)
+
+# Falcon: parallel attention and MLP (parallel_attn, or the new decoder architecture with ln_attn/ln_mlp);
+# falcon-rw is sequential. The block adds attention's output to the MLP's output in place: keep a copy.
+FALCON = Adapter(
+    name="falcon", model_types=("falcon",), causal=True, prefix="transformer",
+    embed="word_embeddings", pos_embed=None, blocks="h", final_norm="ln_f", unembed="lm_head",
+    attn=("self_attention",), mlp=("mlp",), norms=("input_layernorm", "post_attention_layernorm", "ln_attn", "ln_mlp"),
+    attn_out=Tap("self_attention"), mlp_out=Tap("mlp", copy=True), resid_mid=Tap("post_attention_layernorm", "input"),
+    attn_o="self_attention.dense", parallel_flag=("parallel_attn", "new_decoder_architecture"),
+)
+
+# OPT: learned positions stored with an offset of 2 (the module adds it to the position ids); the MLP
+# works on [batch * pos, d] rows. OPT-350m projects 512 -> 1024 (project_in) and back (project_out).
+OPT = Adapter(
+    name="opt", model_types=("opt",), causal=True, prefix="model",
+    embed="decoder.embed_tokens", pos_embed="decoder.embed_positions", blocks="decoder.layers",
+    final_norm="decoder.final_layer_norm", unembed="lm_head",
+    attn=("self_attn",), mlp=("fc1", "fc2"), norms=("self_attn_layer_norm", "final_layer_norm"),
+    attn_out=Tap("self_attn"), mlp_out=Tap("fc2", flat=True), resid_mid=Tap("final_layer_norm", "input", flat=True),
+    attn_o="self_attn.out_proj", when=("do_layer_norm_before", True),
+    embed_proj="decoder.project_in", unembed_proj="decoder.project_out",
+)
+
+# OPT-350m is post-LN (do_layer_norm_before=False): Add & Norm after each sub-layer, no final norm.
+OPT_POST_LN = replace(OPT, name="opt_post_ln", when=("do_layer_norm_before", False), final_norm=None,
+                      resid_mid=Tap("self_attn_layer_norm"), post_ln=True)
 
 # Post-LN encoder: each sub-layer's output goes through Add & Norm. attn_out/mlp_out are the
 # sub-layer outputs before that Add & Norm; resid_mid is the attention's Add & Norm output.
@@ -92,16 +171,22 @@ BERT = Adapter(
     resid_mid=Tap("attention.output.LayerNorm"), attn_o="attention.output.dense", post_ln=True,
 )
 
-ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, GPT_NEOX, BERT)
+# RoBERTa: BERT's layout under `roberta`, head `lm_head`; position ids start after the padding index.
+ROBERTA = replace(BERT, name="roberta", model_types=("roberta",), prefix="roberta", unembed="lm_head",
+                  positions_after_pad=True)
+
+ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, PHI3, STABLELM, GEMMA2, GEMMA3, OLMO2, GPT_NEOX, GPTJ, FALCON, OPT,
+                                 OPT_POST_LN, BERT, ROBERTA)
 
 
 def supported_model_types() -> list[str]:
-    """Every ``config.model_type`` with an adapter, e.g. ``['gpt2', 'llama', ...]``."""
-    return [t for a in ADAPTERS for t in a.model_types]
+    """Every ``config.model_type`` with an adapter, once each, e.g. ``['gpt2', 'llama', ...]``."""
+    return list(dict.fromkeys(t for a in ADAPTERS for t in a.model_types))
 
 
 def for_model_type(model_type: str | None) -> Adapter:
-    """The adapter for ``model_type``. Raises UnsupportedArchitecture naming the supported ones."""
+    """The (first) adapter for ``model_type``; enough to know it is supported before a config is
+    built. Raises UnsupportedArchitecture naming the supported ones."""
     for adapter in ADAPTERS:
         if model_type in adapter.model_types:
             return adapter
@@ -110,15 +195,22 @@ def for_model_type(model_type: str | None) -> Adapter:
 
 
 def for_config(config: Any) -> Adapter:
-    """The adapter for a ``transformers`` config (by ``config.model_type``)."""
-    return for_model_type(getattr(config, "model_type", None))
+    """The adapter for a ``transformers`` config: by ``config.model_type``, then the row whose
+    ``when`` condition the config meets (OPT pre-LN or post-LN)."""
+    model_type = getattr(config, "model_type", None)
+    rows = [a for a in ADAPTERS if model_type in a.model_types]
+    for adapter in rows:
+        if adapter.when is None or getattr(config, adapter.when[0], None) == adapter.when[1]:
+            return adapter
+    return for_model_type(model_type) if not rows else rows[0]
 
 
 def has_resid_mid(adapter: Adapter, config: Any) -> bool:
     """False for a parallel-residual block (attention and MLP both read resid_pre)."""
     if adapter.resid_mid is None:
         return False
-    return not (adapter.parallel_flag and getattr(config, adapter.parallel_flag, False))
+    flags = (adapter.parallel_flag,) if isinstance(adapter.parallel_flag, str) else adapter.parallel_flag or ()
+    return not any(getattr(config, flag, False) for flag in flags)
 
 
 _LAYER = re.compile(r"^(\d+)\.(.*)$")
@@ -140,8 +232,10 @@ def component(adapter: Adapter, name: str) -> tuple[str, int | None]:
     if _under(name, adapter.unembed):
         return "unembed", None
     path = name[len(adapter.prefix) + 1:] if name.startswith(adapter.prefix + ".") else name
-    if _under(path, adapter.embed):
+    if _under(path, adapter.embed) or _under(path, adapter.embed_proj):
         return "embed", None
+    if _under(path, adapter.unembed_proj):
+        return "unembed", None
     if _under(path, adapter.pos_embed):
         return "pos_embed", None
     if _under(path, adapter.final_norm):

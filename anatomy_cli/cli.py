@@ -12,10 +12,17 @@ import signal
 
 from anatomy_cli.app import app
 from anatomy_cli.commands import (  # noqa: F401  (registration by import)
+    ablate,
+    attn,
+    dla,
     drift,
+    heads,
     layernorm,
+    lens,
     next_token,
     params,
+    patch,
+    serve,
     tokens,
     trace,
 )

@@ -6,12 +6,25 @@ that prints a token.
 
 from __future__ import annotations
 
+import unicodedata
+
 _VISIBLE = {" ": "·", "\n": "↵", "\t": "→", "\r": "\\r"}
+# Characters that print as nothing or as a blank: controls (Cc), format characters such as the
+# zero-width joiner U+200D (Cf), spaces other than " " (Zs, Zl, Zp), and variation selectors
+# (U+FE0E/U+FE0F pick text or emoji style; they are combining marks, Mn).
+_INVISIBLE_CATEGORIES = ("Cc", "Cf", "Zs", "Zl", "Zp")
+
+
+def _invisible(ch: str) -> bool:
+    code = ord(ch)
+    return (unicodedata.category(ch) in _INVISIBLE_CATEGORIES or 0xFE00 <= code <= 0xFE0F
+            or 0xE0100 <= code <= 0xE01EF or code == 0x180E)
 
 
 def visible(text: str) -> str:
-    """``" much"`` -> ``"·much"``; newline -> ``↵``, tab -> ``→``; other characters unchanged."""
-    return "".join(_VISIBLE.get(ch, ch) for ch in text)
+    """``" much"`` -> ``"·much"``; newline -> ``↵``, tab -> ``→``; a character that would print
+    as nothing (U+FE0F, the zero-width joiner, a no-break space) -> ``<U+FE0F>``; others unchanged."""
+    return "".join(_VISIBLE.get(ch) or (f"<U+{ord(ch):04X}>" if _invisible(ch) else ch) for ch in text)
 
 
 def token_display(piece: bytes) -> str:

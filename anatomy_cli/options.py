@@ -37,9 +37,19 @@ FormatOpt = Annotated[
     typer.Option("--format", "-f", help="Output format. Default: table on a terminal, tsv when piped.",
                  case_sensitive=False, show_default=False),
 ]
+def _model_exists(value: str | None) -> str | None:
+    # A model path that does not exist fails while the options are parsed, before torch is imported.
+    if value:
+        from anatomy_cli.resolve import check_path
+
+        check_path(value)
+    return value
+
+
 ModelOpt = Annotated[
     str,
-    typer.Option("--model", "-m", help="Preset name, local directory (save_pretrained) or Hugging Face model id."),
+    typer.Option("--model", "-m", callback=_model_exists,
+                 help="Preset name, .gguf file, local directory (save_pretrained) or Hugging Face model id."),
 ]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Device to run on.", case_sensitive=False)]
 DTypeOpt = Annotated[DType, typer.Option("--dtype", help="Weight and activation dtype.", case_sensitive=False)]
@@ -79,4 +89,20 @@ OffloadFolderOpt = Annotated[
     typer.Option("--offload-folder", metavar="DIR", file_okay=False, show_default=False,
                  help="Where disk-offloaded weights are re-saved when they cannot be read in place from the "
                  "checkpoint's safetensors files (.bin checkpoints, MoE experts)."),
+]
+
+def _plot_path(value: Path | None) -> Path | None:
+    # Checked while the options are parsed: a bad suffix or directory fails before any model loads.
+    from anatomy_cli.plots import check_path
+
+    return check_path(value)
+
+
+# Pictures (anatomy_cli.plots): the suffix and the directory are checked by plots.check_path.
+PlotOpt = Annotated[
+    Optional[Path],
+    typer.Option("--plot", metavar="FILE", show_default=False, callback=_plot_path,
+                 help="Also draw the result to FILE; its suffix picks the format: .png, .svg or .pdf. Results "
+                 "still go to stdout. With '-' (stdin) prompts: one file per prompt, FILE-1.png, FILE-2.png, "
+                 "... See docs/plots.md."),
 ]

@@ -6,7 +6,9 @@ A command builds a :class:`Report` — the JSON document (``data``, the result's
 Formats (:class:`Format`):
 
 - ``table``: a rich table, the default when stdout is a terminal. Cells are
-  :class:`rich.text.Text`, so user text is never parsed as markup.
+  :class:`rich.text.Text`, so user text is never parsed as markup. Numbers are never
+  cut: on a narrow terminal the text columns wrap, or each row becomes a block
+  (:mod:`anatomy_cli.tables`).
 - ``tsv``: the default when stdout is not a terminal. A header row of column
   keys, then raw values; no colour, no box characters. Several sections are
   separated by one blank line. Tabs/newlines inside values are escaped as
@@ -14,6 +16,9 @@ Formats (:class:`Format`):
 - ``csv``: RFC 4180 (``csv`` module, CRLF line ends), same layout as tsv.
 - ``json``: ``data`` as one document, snake_case keys, raw numbers.
 - ``jsonl``: one JSON object per line (:func:`emit_jsonl`, for per-prompt streams).
+
+On a stream whose encoding lacks some characters (``PYTHONIOENCODING=ascii``),
+JSON uses ``\\u`` escapes and the other formats Python escapes (``\\u21b5``); output never fails.
 
 Report ``notes`` (context such as "untrained weights" or footnotes) are printed
 under the table in table mode; in tsv/csv mode they go to stderr so that stdout
@@ -55,6 +60,7 @@ class Column:
     - ``pct``: a fraction in [0, 1] shown as a percentage with ``digits`` decimals.
     - ``prob``: a probability: ``digits`` decimals, or 3 significant digits in
       scientific notation when it would otherwise round to 0 (``3.18e-05``).
+    - ``number``: any number, shown as ``prob`` is: a nonzero value never reads 0 (``1.00e-12``).
     - ``bytes``: a byte count shown in human units (KiB, MiB, GiB).
     - ``bar``: a bar proportional to the fraction in ``key``; table mode only.
     """
@@ -98,15 +104,20 @@ def resolve_format(fmt: Format | None, stream: TextIO | None = None) -> Format:
 
 
 def emit(report: Report, fmt: Format | None = None, *, out: TextIO | None = None) -> None:
-    """Write ``report`` to stdout (or ``out``) in ``fmt`` (see :func:`resolve_format`)."""
+    """Write ``report`` to stdout (or ``out``) in ``fmt`` (see :func:`resolve_format`).
+
+    Never fails on the stream's encoding: on a stream that cannot encode every character
+    (``PYTHONIOENCODING=ascii``, a cp1252 file on Windows) JSON uses ``\\u`` escapes and the
+    other formats write what the stream lacks as Python escapes (``↵`` -> ``\\u21b5``).
+    """
     out = out or sys.stdout
     fmt = resolve_format(fmt, out)
     if fmt is Format.json:
-        out.write(to_json(report.data, indent=2) + "\n")
+        out.write(to_json(report.data, indent=2, ascii=not is_unicode(out)) + "\n")
     elif fmt is Format.jsonl:
-        out.write(to_json(report.data) + "\n")
+        out.write(to_json(report.data, ascii=not is_unicode(out)) + "\n")
     elif fmt in (Format.tsv, Format.csv):
-        _emit_delimited(report.sections, fmt, out)
+        _emit_delimited(report.sections, fmt, out if is_unicode(out) else _Escaping(out))
         for line in (*report.heading, *report.notes):
             print(line, file=sys.stderr)
     else:
@@ -115,16 +126,54 @@ def emit(report: Report, fmt: Format | None = None, *, out: TextIO | None = None
 
 
 def emit_jsonl(records: Iterable[Any], *, out: TextIO | None = None) -> None:
-    """Write one compact JSON document per line, flushing after each."""
+    """Write one compact JSON document per line, flushing after each (``\\u`` escapes as in :func:`emit`)."""
     out = out or sys.stdout
+    ascii_only = not is_unicode(out)
     for record in records:
-        out.write(to_json(record) + "\n")
+        out.write(to_json(record, ascii=ascii_only) + "\n")
         out.flush()
 
 
-def to_json(data: Any, indent: int | None = None) -> str:
-    """JSON with raw numbers; NaN/inf become null so the output stays valid JSON."""
-    return json.dumps(_jsonable(data), indent=indent, ensure_ascii=False)
+def to_json(data: Any, indent: int | None = None, *, ascii: bool = False) -> str:
+    """JSON with raw numbers; NaN/inf become null so the output stays valid JSON.
+
+    ``ascii``: every non-ASCII character as a ``\\u`` escape (the same JSON value).
+    """
+    return json.dumps(_jsonable(data), indent=indent, ensure_ascii=ascii)
+
+
+def is_unicode(stream: Any) -> bool:
+    """True when ``stream`` encodes every character: a UTF encoding, or no encoding (StringIO)."""
+    import codecs
+
+    encoding = getattr(stream, "encoding", None)
+    if not encoding:
+        return True
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
+
+
+def fit(text: str, stream: Any) -> str:
+    """``text`` with what ``stream``'s encoding lacks written as escapes (``\\u21b5``, ``\\xe9``)."""
+    if is_unicode(stream):
+        return text
+    encoding = stream.encoding
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+class _Escaping:
+    """A text stream that escapes what the underlying stream cannot encode (for csv/tsv)."""
+
+    def __init__(self, out: TextIO):
+        self._out = out
+
+    def write(self, text: str) -> int:
+        return self._out.write(fit(text, self._out))
+
+    def flush(self) -> None:
+        self._out.flush()
 
 
 def _jsonable(value: Any) -> Any:
@@ -206,7 +255,7 @@ def _human(value: Any, column: Column) -> str:
         return f"{int(value):,}"
     if kind == "float" and isinstance(value, (int, float)):
         return f"{value:.{column.digits}f}"
-    if kind == "prob" and isinstance(value, (int, float)):
+    if kind in ("prob", "number") and isinstance(value, (int, float)):
         return f"{value:.{column.digits}f}" if value == 0 or abs(value) >= 10 ** -column.digits else f"{value:.2e}"
     if kind == "pct" and isinstance(value, (int, float)):
         return f"{100 * value:.{column.digits}f}%"
@@ -228,22 +277,23 @@ def stdout_console(out: TextIO | None = None):
 
 
 def _emit_table(report: Report, out: TextIO) -> None:
-    from rich import box
-    from rich.table import Table
     from rich.text import Text
 
+    from anatomy_cli.tables import render_section
+
     console = stdout_console(out)
+    unicode = is_unicode(out)
+
+    def cell(value: Any, column: Column) -> str:
+        if column.kind == "bar" and not unicode:
+            return _human(value, column).replace("█", "#").replace("▌", "+")
+        return fit(_human(value, column), out)
+
     for line in report.heading:
-        console.print(Text(line, style="bold"))
-    for section in report.sections:
-        table = Table(title=Text(section.title) if section.title else None, box=box.SIMPLE_HEAD,
-                      title_justify="left", pad_edge=False)
-        for column in section.columns:
-            numeric = column.kind in ("int", "id", "float", "prob", "pct", "bytes")
-            table.add_column(Text(column.title), justify="right" if numeric else "left",
-                             style="cyan" if column.kind == "bar" else None, no_wrap=column.kind == "bar")
-        for row in section.rows:
-            table.add_row(*(Text(_human(row.get(c.key), c)) for c in section.columns))
-        console.print(table)
+        console.print(Text(fit(line, out), style="bold"))
+    for i, section in enumerate(report.sections):
+        if i:  # between sections; never before the first table (nor after the last)
+            console.print()
+        render_section(console, section, cell, safe=lambda text: fit(text, out), unicode=unicode)
     for note in report.notes:
-        console.print(Text(note, style="dim"))
+        console.print(Text(fit(note, out), style="dim"))

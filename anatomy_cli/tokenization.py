@@ -8,7 +8,8 @@ Token bytes depend on the tokenizer family (found from its decoder):
   inverse of GPT-2's ``bytes_to_unicode``; a multi-byte character may be split into
   byte pieces (shown as ``<e4 bd>``). Concatenating all tokens' bytes gives back
   the exact input (for tokenizers without a normalizer).
-* SentencePiece-style BPE (Llama 2, Mistral): ``▁`` is a space and ``<0xNN>`` a byte.
+* SentencePiece-style BPE (Llama 2, Mistral): ``▁`` is a space and ``<0xNN>`` a byte; the bare
+  ``▁`` the tokenizer prepends itself covers no character (:func:`own_span`).
 * anything else (BERT's WordPiece): the input text the token covers (WordPiece drops
   whitespace and may lower-case, so pieces show the vocabulary string, e.g. ``##ing``).
 
@@ -19,13 +20,9 @@ bytes; a special token written in the text (e.g. ``<|endoftext|>``) covers its t
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from anatomy_cli.display import token_display
@@ -97,6 +94,20 @@ def _decoder_kind(hf: Any) -> str:
     return "text"
 
 
+def own_span(token: str, text: str, span: tuple[int, int]) -> tuple[int, int]:
+    """A SentencePiece token's own character span: ``span`` (the tokenizer's offsets), except for
+    a bare ``▁`` whose offsets cover a character that is not a space.
+
+    That ``▁`` is the space the tokenizer prepends itself (Llama 2, Mistral), which HF maps onto
+    the next character, e.g. the emoji a byte-fallback run spells; it covers no character of
+    ``text``: ``(start, start)``.
+    """
+    start, end = span
+    if token == "▁" and end > start and not text[start:end].isspace():
+        return (start, start)
+    return span
+
+
 class Tokenizer:
     """A fast Hugging Face tokenizer plus the rules above.
 
@@ -159,19 +170,25 @@ class Tokenizer:
             return self.hf.convert_ids_to_tokens(int(token_id))
         return token_display(self.token_bytes(token_id))
 
-    def encode(self, texts: list[str], *, bos: bool = False) -> list[Encoded]:
+    def encode(self, texts: list[str], *, bos: bool = False, allow_special: bool = False) -> list[Encoded]:
         """Tokenize each text; see the module docstring for bytes, pieces and specials.
 
-        ``bos=True`` prepends the BOS token (decoders; no-op when the tokenizer already adds
-        its specials or has no BOS). Returns one :class:`Encoded` per text.
+        Special-token text in the input (``<|endoftext|>``, ``<s>``) is plain text, split like
+        any other text, unless ``allow_special``: then it becomes the special id (one rule for
+        every command, as tiktoken's ``disallowed_special=()``). ``bos=True`` prepends the BOS
+        token (decoders; no-op when the tokenizer already adds its specials or has no BOS, and
+        when the text already starts with the BOS token: see :func:`starts_with_bos`).
+        Returns one :class:`Encoded` per text.
         """
         batch = self.hf(list(texts), add_special_tokens=self.add_special_tokens,
                         return_offsets_mapping=True, return_attention_mask=False,
-                        return_token_type_ids=False)
+                        return_token_type_ids=False, split_special_tokens=not allow_special)
         out = []
         for text, ids, offsets in zip(texts, batch["input_ids"], batch["offset_mapping"]):
             ids, offsets = list(ids), [tuple(o) for o in offsets]
-            if bos and not self.add_special_tokens and self.bos_id is not None:
+            if self.kind == "sentencepiece":
+                offsets = [own_span(t, text, o) for t, o in zip(self.hf.convert_ids_to_tokens(ids), offsets)]
+            if bos and not self.add_special_tokens and self.bos_id is not None and ids[:1] != [self.bos_id]:
                 ids, offsets = [self.bos_id] + ids, [(0, 0)] + offsets
             special = [i in self.special_ids for i in ids]
             raw, pieces = [], []
@@ -190,27 +207,15 @@ class Tokenizer:
         return out
 
 
-# tiktoken's gpt2 encoding is these two files (data-gym format), cached under sha1(url).
-_TIKTOKEN_GPT2 = {
-    "vocab.bpe": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-                  "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
-    "encoder.json": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-                     "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"),
-}
+def starts_with_bos(enc: Encoded, bos_id: int | None) -> bool:
+    """True when the prompt's TEXT begins with the BOS token (written in it, ``--allow-special``).
+
+    ``encode(bos=True)`` then adds no second one; the command says so on stderr.
+    """
+    return bos_id is not None and enc.ids[:1] == [bos_id] and enc.offsets[0] != (0, 0)
+
+
 GPT2_HUB_IDS = ("openai-community/gpt2", "gpt2")
-
-
-def _tiktoken_gpt2_files() -> dict[str, Path] | None:
-    """The cached gpt2 files if tiktoken's cache holds both (never downloads)."""
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or \
-        os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    found = {}
-    for name, (url, sha256) in _TIKTOKEN_GPT2.items():
-        path = Path(cache) / hashlib.sha1(url.encode()).hexdigest()
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != sha256:
-            return None
-        found[name] = path
-    return found
 
 
 def hf_cached_tokenizer(repo_ids: tuple[str, ...]) -> Any | None:
@@ -229,23 +234,17 @@ def hf_cached_tokenizer(repo_ids: tuple[str, ...]) -> Any | None:
 
 
 def gpt2_tokenizer() -> Any:
-    """GPT-2's BPE tokenizer (HF fast) without network.
+    """GPT-2's BPE tokenizer (HF fast, 50,257 tokens) without network.
 
-    Looks in the local Hugging Face cache (openai-community/gpt2, gpt2), then in tiktoken's
-    cache (TIKTOKEN_CACHE_DIR) for its gpt2 files. Raises AnatomyError saying how to get it.
+    From the local Hugging Face cache (openai-community/gpt2, gpt2) when it is there, else
+    built from the BPE files inside the package (:mod:`anatomy_cli.data`): it always works.
     """
     hf = hf_cached_tokenizer(GPT2_HUB_IDS)
     if hf is not None:
         return hf
-    files = _tiktoken_gpt2_files()
-    if files is None:
-        raise AnatomyError(
-            "the GPT-2 tokenizer is not available offline: it is neither in the Hugging Face cache "
-            "(openai-community/gpt2) nor in tiktoken's cache; run `python -c \"import tiktoken; "
-            "tiktoken.get_encoding('gpt2')\"` once on a connected machine, or set TIKTOKEN_CACHE_DIR")
     from transformers import GPT2TokenizerFast
 
-    vocab = json.loads(files["encoder.json"].read_text(encoding="utf-8"))
-    lines = files["vocab.bpe"].read_text(encoding="utf-8").split("\n")
-    merges = [tuple(line.split(" ")) for line in lines[1:] if line.strip()]  # line 0: #version
-    return GPT2TokenizerFast(vocab=vocab, merges=merges)
+    from anatomy_cli.data import gpt2_merges, gpt2_vocab
+
+    # vocab=/merges= as data: transformers 5 turns file paths given there into a one-token tokenizer.
+    return GPT2TokenizerFast(vocab=dict(gpt2_vocab()), merges=gpt2_merges())

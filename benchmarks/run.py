@@ -5,7 +5,7 @@
     python benchmarks/run.py --sizes tiny --runs 1 --warmup 0 --max-wait 0 --out /tmp/perf.md   # smoke
 
 Creates full-size random GPT-2 checkpoints (save_pretrained, with the real GPT-2
-tokenizer built from ../shared/data/gpt2-bpe) in a temporary directory (``--workdir`` keeps
+tokenizer built from the package's anatomy_cli/data/gpt2) in a temporary directory (``--workdir`` keeps
 them), then times each anatomy command and its baseline (``benchmarks/baseline.py``)
 alternately: ``--warmup`` unrecorded runs of each, then ``--runs`` recorded pairs; the
 table shows medians. Subprocess figures are wall-clock seconds from spawn to exit; peak
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GPT2_BPE = ROOT.parent / "shared" / "data" / "gpt2-bpe"
+GPT2_BPE = ROOT / "anatomy_cli" / "data" / "gpt2"  # GPT-2's BPE files, shipped in the package
 BASELINE = Path(__file__).resolve().with_name("baseline.py")
 PYTHON = sys.executable
 # The console script next to this Python (as a user runs it), else the module.

@@ -1,57 +1,41 @@
-"""Shared fixtures: the real GPT-2 tokenizer files from ../shared, offline only.
+"""Shared fixtures, offline only.
 
-No test touches the network: HF_HUB_OFFLINE is forced on and TIKTOKEN_CACHE_DIR
-points at a session cache seeded from ../shared/data/gpt2-bpe.
+No test touches the network: HF_HUB_OFFLINE is forced on. The real GPT-2 tokenizer comes
+from the BPE files inside the package (anatomy_cli/data/gpt2), as it does for users.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GPT2_BPE = ROOT.parent / "shared" / "data" / "gpt2-bpe"
-_TIKTOKEN_URLS = {
-    "vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-    "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-}
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _need_bpe() -> Path:
-    if not (GPT2_BPE / "encoder.json").is_file():
-        pytest.skip(f"GPT-2 BPE files not found at {GPT2_BPE} (../shared/data/gpt2-bpe)")
-    return GPT2_BPE
+# anatomy's own cache (params counts per config) goes to a fresh directory, never the real home.
+os.environ["ANATOMY_CACHE_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-cache-")
 
 
 @pytest.fixture(scope="session")
 def tiktoken_cache(tmp_path_factory) -> Path:
-    """A TIKTOKEN_CACHE_DIR holding the gpt2 encoding's two files; set in the environment."""
-    src = _need_bpe()
+    """An empty TIKTOKEN_CACHE_DIR for the session, set in the environment (keeps /tmp's cache out of tests)."""
     cache = tmp_path_factory.mktemp("tiktoken-cache")
-    for name, url in _TIKTOKEN_URLS.items():
-        shutil.copyfile(src / name, cache / hashlib.sha1(url.encode()).hexdigest())
     os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
     return cache
 
 
 def build_gpt2_tokenizer():
-    """The real GPT-2 tokenizer (transformers, fast) built from the shared BPE files."""
+    """The real GPT-2 tokenizer (transformers, fast), built from the package's bundled BPE files."""
     from transformers import GPT2TokenizerFast
 
-    src = _need_bpe()
-    vocab = json.loads((src / "encoder.json").read_text(encoding="utf-8"))
-    lines = (src / "vocab.bpe").read_text(encoding="utf-8").split("\n")
-    merges = [tuple(line.split(" ")) for line in lines[1:] if line.strip()]
-    tok = GPT2TokenizerFast(vocab=vocab, merges=merges)
+    from anatomy_cli.data import gpt2_merges, gpt2_vocab
+
+    tok = GPT2TokenizerFast(vocab=dict(gpt2_vocab()), merges=gpt2_merges())
     assert len(tok) == 50257, len(tok)
     return tok
 
@@ -70,8 +54,9 @@ def gpt2_tokenizer_dir(tmp_path_factory) -> Path:
 def tiny_model_dir(tmp_path_factory):
     """Factory ``tiny_model_dir(arch) -> Path``: a save_pretrained directory (model + tokenizer).
 
-    ``arch`` is a key of ``tests/models.ARCHS`` ("gpt2", "llama", "qwen2", "gpt_neox", "bert", ...).
-    Decoders carry the real GPT-2 tokenizer, BERT the MiniLM WordPiece tokenizer. Built once.
+    ``arch`` is a key of ``tests/models.ARCHS`` ("gpt2", "llama", "qwen2", "gpt_neox", "bert", ...) or
+    ``SPECIAL_ARCHS``. Decoders carry the real GPT-2 tokenizer, BERT the MiniLM WordPiece tokenizer,
+    RoBERTa GPT-2's BPE with RoBERTa's specials (``models.TOKENIZER_KIND``). Built once.
     """
     import models
 
@@ -80,9 +65,10 @@ def tiny_model_dir(tmp_path_factory):
 
     def make(arch: str) -> Path:
         if arch not in made:
-            kind = "bert" if arch == "bert" else "gpt2"
+            kind = models.TOKENIZER_KIND.get(arch, "gpt2")
             if kind not in tokenizers:
-                tokenizers[kind] = models.bert_tokenizer() if kind == "bert" else build_gpt2_tokenizer()
+                tokenizers[kind] = {"bert": models.bert_tokenizer, "roberta": models.roberta_tokenizer,
+                                    "gpt2": build_gpt2_tokenizer}[kind]()
             made[arch] = models.save_tiny(arch, tmp_path_factory.mktemp(f"tiny-{arch}"), tokenizers[kind])
         return made[arch]
 
@@ -132,10 +118,13 @@ def cached_load(monkeypatch):
 
     real = engine.load
 
-    def load(spec, **options):
+    def load(spec, before_weights=None, **options):
         key = (str(spec), tuple(sorted((k, str(getattr(v, "value", v))) for k, v in options.items())))
         if key not in _LOADED:
-            _LOADED[key] = real(spec, **options)
+            _LOADED[key] = real(spec, before_weights=before_weights, **options)
+        elif before_weights is not None:  # the command's pre-load checks still run, on the cached tokenizer
+            lm = _LOADED[key]
+            before_weights(lm.tokenizer, lm.model.config)
         return _LOADED[key]
 
     monkeypatch.setattr(engine, "load", load)
@@ -167,28 +156,25 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_hf(smollm2_gguf):
-    """``(model, tokenizer)``: SmolLM2 dequantized to fp32 by transformers' own GGUF loader, eval mode.
+def smollm2_lm(smollm2_gguf):
+    """``engine.LoadedModel`` of the GGUF file: ``engine.load`` (transformers' own GGUF loader, weights
+    dequantized to fp32), named ``SmolLM2-135M-Instruct``, ``dequantized_from == "Q4_1"``. Loaded once
+    per session (~10-15 s). Do not modify it."""
+    import dataclasses
 
-    The independent reference for tests; loaded once per session (~10 s). Do not modify it.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from anatomy_cli import engine
 
-    folder, name = str(smollm2_gguf.parent), smollm2_gguf.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    return model, tok
+    lm = engine.load(str(smollm2_gguf), device="cpu", dtype="fp32")
+    assert sum(p.numel() for p in lm.model.parameters()) == 134_515_008
+    return dataclasses.replace(lm, name="SmolLM2-135M-Instruct")
 
 
 @pytest.fixture(scope="session")
-def smollm2_lm(smollm2_hf):
-    """``engine.LoadedModel`` over the same SmolLM2 model object as :func:`smollm2_hf`. Do not modify it."""
-    from anatomy_cli import engine
-
-    model, tok = smollm2_hf
-    return engine.from_model(model, tok, name="SmolLM2-135M-Instruct")
+def smollm2_hf(smollm2_lm):
+    """``(model, tokenizer)``: the transformers model and tokenizer behind :func:`smollm2_lm` (the same
+    objects, loaded once), for independent reference computations with transformers' own forward
+    (``output_hidden_states``, ``output_attentions``). Do not modify them."""
+    return smollm2_lm.model, smollm2_lm.tokenizer.hf
 
 
 @pytest.fixture(scope="session")
@@ -196,6 +182,18 @@ def smollm2_dir(smollm2_hf, tmp_path_factory) -> Path:
     """SmolLM2 (fp32) and its tokenizer saved by save_pretrained: a directory ``--model`` loads."""
     out = tmp_path_factory.mktemp("smollm2")
     model, tok = smollm2_hf
-    model.save_pretrained(out)
+    # The weights are dequantized already; transformers refuses to save a model that still carries the
+    # GGUF quantizer, and config.json would name it. Detach both for the save, then put them back.
+    quantizer, qconfig = getattr(model, "hf_quantizer", None), getattr(model.config, "quantization_config", None)
+    model.hf_quantizer = None
+    if qconfig is not None:
+        del model.config.quantization_config
+    try:
+        model.save_pretrained(out)
+    finally:
+        model.hf_quantizer = quantizer
+        if qconfig is not None:
+            model.config.quantization_config = qconfig
     tok.save_pretrained(out)
+    assert "quantization_config" not in (out / "config.json").read_text()
     return out

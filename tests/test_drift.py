@@ -153,7 +153,7 @@ def test_drift_synthetic_three_contexts():
     assert res.identical == () and res.same_tokenization
     data = res.to_dict()
     assert list(data) == ["word", "model", "untrained", "is_causal", "n_layers", "pool", "occurrence",
-                          "ignore_case", "same_tokenization", "identical_pairs", "contexts", "layers",
+                          "ignore_case", "match", "same_tokenization", "identical_pairs", "contexts", "layers",
                           "baseline_by_context", "pairs", "matrix"]
     assert data["layers"][0] == {"layer": 0, "similarity": 1.0, "baseline": res.baseline[0]}
     assert data["matrix"]["layer"] == 2

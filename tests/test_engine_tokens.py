@@ -46,11 +46,33 @@ def test_pieces_concatenate_back(gpt2_tok, text):
     assert len(enc.pieces) == len(enc.ids) == len(enc.offsets) == len(enc.special)
 
 
-def test_special_token_in_text_is_special_and_covers_its_text(gpt2_tok):
+def test_special_token_text_is_plain_text_by_default(gpt2_tok):
     enc = engine.encode(gpt2_tok, ["a<|endoftext|>b"])[0]
+    assert enc.ids == [64, 27, 91, 437, 1659, 5239, 91, 29, 65]  # what tiktoken's gpt2 gives (tokens)
+    assert not any(enc.special)
+
+
+def test_special_token_in_text_with_allow_special_is_special_and_covers_its_text(gpt2_tok):
+    enc = engine.encode(gpt2_tok, ["a<|endoftext|>b"], allow_special=True)[0]
     assert enc.ids == [64, 50256, 65]
     assert enc.special == [False, True, False]
     assert enc.pieces[1] == "<|endoftext|>" and enc.offsets[1] == (1, 14)
+
+
+def test_bos_on_a_prompt_that_starts_with_bos_keeps_one(gpt2_tok):
+    from anatomy_cli.tokenization import starts_with_bos
+
+    enc = engine.encode(gpt2_tok, ["<|endoftext|>Hi"], bos=True, allow_special=True)[0]
+    assert enc.ids == [50256, 17250] and starts_with_bos(enc, gpt2_tok.bos_id)
+    plain = engine.encode(gpt2_tok, ["<|endoftext|>Hi"], bos=True)[0]  # plain text: the BOS is added
+    assert plain.ids[0] == 50256 and plain.ids[1:3] == [27, 91] and not starts_with_bos(plain, gpt2_tok.bos_id)
+
+
+def test_bert_specials_stay_with_plain_special_text(tiny_lm):
+    lm = tiny_lm("bert")
+    enc = engine.encode(lm, ["a [SEP] b"])[0]
+    assert enc.ids[0] == 101 and enc.ids[-1] == 102 and enc.ids.count(102) == 1
+    assert engine.encode(lm, ["a [SEP] b"], allow_special=True)[0].ids.count(102) == 2
 
 
 def test_no_bos_unless_asked(gpt2_tok):
@@ -78,18 +100,12 @@ def test_bert_keeps_cls_and_sep(tiny_lm):
     assert lm.tokenizer.kind == "text" and lm.tokenizer.pad_id == 0
 
 
-def test_gpt2_tokenizer_from_tiktoken_cache(tiktoken_cache, empty_hf_cache):
+def test_gpt2_tokenizer_offline_from_the_bundled_files(tiktoken_cache, empty_hf_cache):
     tok = Tokenizer(gpt2_tokenizer())
     assert len(tok) == 50257
     assert engine.encode(tok, ["Thank you very"])[0].ids == [10449, 345, 845]
+    assert engine.encode(tok, [" much"])[0].ids == [881]
     assert tok.pad_id == 50256  # GPT-2 has no pad token: EOS, only as padding
-
-
-def test_gpt2_tokenizer_missing_is_one_line_error(tmp_path, monkeypatch, empty_hf_cache):
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    with pytest.raises(AnatomyError) as err:
-        gpt2_tokenizer()
-    assert "\n" not in str(err.value) and "tiktoken" in str(err.value)
 
 
 def test_prompt_too_long_and_truncate_left(tiny_lm):

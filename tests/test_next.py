@@ -117,7 +117,7 @@ def test_target_that_is_not_one_token_is_a_usage_error(tiny_model_dir):
     assert result.exit_code == 2 and result.stdout == ""
     assert error_lines(result) == [
         f"error: --target 'much more' is 2 tokens for {model}: much + ·more (ids 29482, 517); "
-        "give exactly one token, e.g. ' much' with its space"]
+        "give exactly one token, e.g. ' much' with its space, or --first-token to take the first"]
     result = invoke("next", PROMPT, "--model", model, "--target", "")
     assert result.exit_code == 2 and error_lines(result)[0].startswith("error: --target is empty")
 

@@ -307,8 +307,8 @@ def test_unknown_model_offline_is_one_line(monkeypatch):
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("error: model 'no-such/model'")
-    assert "not in the Hugging Face cache" in result.stderr and "HF_HUB_OFFLINE" in result.stderr
+    assert result.stderr.startswith("error: no-such/model is not in the local Hugging Face cache")
+    assert "HF_HUB_OFFLINE" in result.stderr
 
 
 def test_hub_id_resolves_from_the_hf_cache_offline(tmp_path, monkeypatch):
@@ -334,19 +334,19 @@ def test_hub_id_resolves_from_the_hf_cache_offline(tmp_path, monkeypatch):
 def test_invalid_model_id_is_one_line():
     result = run("not a model!")
     assert result.exit_code == 1
-    assert result.stderr.startswith("error: model 'not a model!'") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: no model 'not a model!'") and result.stderr.count("\n") == 1
 
 
 def test_missing_local_directory(tmp_path):
     result = run(str(tmp_path / "nope"))
     assert result.exit_code == 1
-    assert result.stderr == f"error: model '{tmp_path / 'nope'}': no such directory\n"
+    assert result.stderr == f"error: no such directory: {tmp_path / 'nope'}\n"
 
 
 def test_directory_without_config(tmp_path):
     result = run(str(tmp_path))
     assert result.exit_code == 1
-    assert result.stderr == f"error: model '{tmp_path}': directory has no config.json\n"
+    assert result.stderr == f"error: {tmp_path} has no config.json; expected a directory written by save_pretrained\n"
 
 
 def test_broken_config_json(tmp_path):

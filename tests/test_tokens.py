@@ -140,7 +140,7 @@ def test_csv_and_jsonl():
 def test_table_is_markup_safe_and_has_the_summary():
     result = runner.invoke(app, ["tokens", "[bold]x[/bold]", "--format", "table"])
     assert result.exit_code == 0 and result.stderr == ""
-    rows = [line.split() for line in result.stdout.splitlines()[3:10]]
+    rows = [line.split() for line in result.stdout.splitlines()[2:9]]  # header, rule, rows: no blank line first
     # index, id, token, start, end (bytes is empty): every piece printed literally, none eaten as markup
     assert rows == [["0", "58", "[", "0", "1"], ["1", "36575", "bold", "1", "5"], ["2", "60", "]", "5", "6"],
                     ["3", "87", "x", "6", "7"], ["4", "13412", "[/", "7", "9"], ["5", "36575", "bold", "9", "13"],
@@ -148,49 +148,73 @@ def test_table_is_markup_safe_and_has_the_summary():
     assert result.stdout.splitlines()[-1] == "7 tokens, 14 characters, 14 bytes (tiktoken:gpt2)"
 
 
-def test_offline_without_cached_files_names_tiktoken_cache_dir(tmp_path, monkeypatch):
+def _dead_network(monkeypatch, cache):
     import tiktoken.registry
 
     # Forget encodings already loaded in this process; refuse any connection through a dead proxy.
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
     for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
         monkeypatch.setenv(var, "http://127.0.0.1:9")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    result = runner.invoke(app, ["tokens", "Thank you very"])
-    assert result.exit_code == 1 and result.stdout == ""
-    assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("error: tiktoken encoding 'gpt2' is not cached")
-    assert f"TIKTOKEN_CACHE_DIR (now: {tmp_path})" in result.stderr
 
 
-def test_gpt2_loads_as_r50k_base_written_from_the_gpt2_files(tmp_path, monkeypatch, tiktoken_cache):
+def test_gpt2_works_offline_with_an_empty_cache_from_the_bundled_files(tmp_path, monkeypatch):
     import hashlib
-    import shutil
 
-    import tiktoken.registry
     from tiktoken_ext import openai_public
 
-    from anatomy_cli.analyses import tokens as analysis
+    from anatomy_cli import encodings
 
-    for url in analysis._GPT2_URLS:  # only gpt2's two data-gym files, under tiktoken's cache keys
-        name = hashlib.sha1(url.encode()).hexdigest()
-        shutil.copyfile(tiktoken_cache / name, tmp_path / name)
-    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    _dead_network(monkeypatch, tmp_path)
     assert [t.token_id for t in tokenize_tiktoken("Thank you very").tokens] == [10449, 345, 845]
-    written = tmp_path / hashlib.sha1(analysis._R50K_URL.encode()).hexdigest()
-    assert hashlib.sha256(written.read_bytes()).hexdigest() == analysis._R50K_SHA256
-    fast, slow = analysis.load_encoding("gpt2"), tiktoken.Encoding(**openai_public.gpt2())
-    assert fast.name == "r50k_base"
+    # The first run wrote r50k_base's file: byte for byte the published one (tiktoken's hash).
+    written = tmp_path / hashlib.sha1(encodings.R50K_URL.encode()).hexdigest()
+    assert hashlib.sha256(written.read_bytes()).hexdigest() == encodings.R50K_SHA256
+    assert openai_public.r50k_base()["mergeable_ranks"] == encodings.gpt2_encoding()._mergeable_ranks
+    assert [t.token_id for t in tokenize_tiktoken("Thank you very").tokens] == [10449, 345, 845]
+
+
+def test_bundled_gpt2_equals_tiktokens_own_gpt2_encoding(monkeypatch, tmp_path):
+    import shutil
+
+    import tiktoken
+    from tiktoken_ext import openai_public
+
+    from anatomy_cli import encodings
+    from anatomy_cli.data import GPT2_ENCODER, GPT2_MERGES
+
+    # tiktoken's own gpt2 (merges replayed from vocab.bpe, checked against encoder.json) from a seeded cache.
+    for name, url in (("vocab.bpe", "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"),
+                      ("encoder.json",
+                       "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json")):
+        shutil.copyfile(GPT2_MERGES if name == "vocab.bpe" else GPT2_ENCODER, tmp_path / encodings.cache_name(url))
+    _dead_network(monkeypatch, tmp_path)
+    ours, theirs = encodings.gpt2_encoding(), tiktoken.Encoding(**openai_public.gpt2())
     for text in SAMPLES + [CHINESE]:
-        assert fast.encode(text, allowed_special="all") == slow.encode(text, allowed_special="all")
-    assert fast.n_vocab == slow.n_vocab == 50257 and fast.special_tokens_set == slow.special_tokens_set
-    written.write_bytes(b"corrupt")  # a bad file is never used (tiktoken would try to download)
-    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
-    assert analysis._gpt2_as_r50k() is None
+        assert ours.encode(text, allowed_special="all") == theirs.encode(text, allowed_special="all")
+    assert ours.n_vocab == theirs.n_vocab == 50257 and ours.special_tokens_set == theirs.special_tokens_set
+
+
+def test_corrupt_cached_r50k_file_is_never_used(tmp_path, monkeypatch):
+    from anatomy_cli import encodings
+
+    _dead_network(monkeypatch, tmp_path)
+    (tmp_path / encodings.cache_name(encodings.R50K_URL)).write_bytes(b"corrupt")
     assert [t.token_id for t in tokenize_tiktoken("Thank you very").tokens] == [10449, 345, 845]
+
+
+def test_other_encoding_offline_names_the_file_tiktoken_wants(tmp_path, monkeypatch):
+    _dead_network(monkeypatch, tmp_path)
+    result = runner.invoke(app, ["tokens", "Thank you very", "--encoding", "cl100k_base"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    url = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    assert result.stderr.startswith("error: tiktoken encoding 'cl100k_base' is not cached")
+    assert f"tiktoken reads {url}; save that file once as TIKTOKEN_CACHE_DIR (now: {tmp_path})/" \
+           f"9b5ad71b2ce5302211f9c61530b329a4922fc6a4" in result.stderr
+    assert "docs/commands/tokens.md#offline" in result.stderr
 
 
 def test_hf_tokenizer_matches_tiktoken(gpt2_tokenizer_dir):

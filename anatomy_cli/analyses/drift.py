@@ -9,7 +9,8 @@ Definitions used throughout:
 - Layers are the engine's residual stream: row 0 is the embedding output (the
   input of block 0), row ``l`` is the output of block ``l - 1``, raw (before the
   final norm). A model with ``L`` blocks has rows ``0..L``.
-- The word is found by character offsets (whole word, see :func:`word_spans`);
+- The word is found by character offsets (whole word, or its characters in a script
+  written without spaces, see :func:`word_spans`);
   its tokens are every non-special token whose character span overlaps the word.
 - Its vector at a layer is the pooled vector of those tokens (:func:`pool`).
 - Similarity is cosine similarity, computed in float64 so that two identical
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -48,23 +50,59 @@ DEFAULT_CONTEXTS = (
 )
 
 
+# Scripts written without spaces between words: there a word has no boundary to match, so its
+# characters are matched wherever they occur (unicodedata names start with these).
+_UNSPACED = ("CJK UNIFIED IDEOGRAPH", "CJK COMPATIBILITY IDEOGRAPH", "HIRAGANA", "KATAKANA", "HALFWIDTH KATAKANA",
+             "THAI", "LAO", "KHMER", "MYANMAR", "TIBETAN")
+
+
+def unspaced(ch: str) -> bool:
+    """True for a character of a script written without spaces between words (Chinese, Japanese kana, Thai, ...)."""
+    return unicodedata.name(ch, "").startswith(_UNSPACED)
+
+
+def matched_as_characters(word: str) -> bool:
+    """True when ``word`` begins or ends in such a script: it is matched as characters, not as a whole word."""
+    return bool(word) and (unspaced(word[0]) or unspaced(word[-1]))
+
+
+def has_case(word: str) -> bool:
+    """True when some character of ``word`` has an upper and a lower case (``--ignore-case`` can matter)."""
+    return word.lower() != word.upper()
+
+
 def word_spans(text: str, word: str, *, ignore_case: bool = False) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of every whole-word occurrence of ``word`` in ``text``.
 
     Whole word: when the word begins (ends) with a letter, digit or underscore, the
     character before (after) the match must not be one, so "bank" is not found in
-    "banks" or "embankment" but is found in "bank's" and "(bank)". Case-sensitive
-    unless ``ignore_case``. Raises UsageError for an empty or blank word.
+    "banks" or "embankment" but is found in "bank's" and "(bank)". Scripts written
+    without spaces (Chinese, Japanese, Thai: :func:`unspaced`) have no such boundary:
+    there the characters match wherever they are ("银行" in "我去银行取钱。"), and a
+    neighbour from such a script is no boundary for a spaced word either. Case-sensitive
+    unless ``ignore_case``. Occurrences do not overlap. Raises UsageError for an empty or
+    blank word.
     """
     if not word.strip():
         raise UsageError("empty word: give the word to follow, e.g. 'anatomy drift bank'")
-    pattern = re.escape(word)
-    if re.match(r"\w", word[0]):
-        pattern = r"(?<!\w)" + pattern
-    if re.match(r"\w", word[-1]):
-        pattern += r"(?!\w)"
     flags = re.IGNORECASE if ignore_case else 0
-    return [m.span() for m in re.finditer(pattern, text, flags)]
+    spans: list[tuple[int, int]] = []
+    for m in re.finditer(f"(?=({re.escape(word)}))", text, flags):
+        start, end = m.span(1)
+        if spans and start < spans[-1][1]:
+            continue
+        if _joined(text[start - 1:start], text[start]) or _joined(text[end - 1], text[end:end + 1]):
+            continue
+        spans.append((start, end))
+    return spans
+
+
+def _joined(left: str, right: str) -> bool:
+    """True when ``left`` and ``right`` (one character each, or empty at the text's ends) belong to one word."""
+    if not left or not right:
+        return False
+    word_chars = re.match(r"\w", left) and re.match(r"\w", right)
+    return bool(word_chars) and not (unspaced(left) or unspaced(right))
 
 
 def tokens_in_span(offsets: Sequence[tuple[int, int]], span: tuple[int, int],
@@ -121,8 +159,9 @@ def locate(context: int, text: str, ids: Sequence[int], offsets: Sequence[tuple[
         raise UsageError(f"--occurrence must be 1 or more, got {occurrence}")
     spans = word_spans(text, word, ignore_case=ignore_case)
     if not spans:
-        hint = "" if ignore_case else " (matching is case-sensitive; try --ignore-case)"
-        raise UsageError(f"{word!r} does not occur as a whole word in context {context} {text!r}{hint}; "
+        hint = "" if ignore_case or not has_case(word) else " (matching is case-sensitive; try --ignore-case)"
+        how = "" if matched_as_characters(word) else " as a whole word"
+        raise UsageError(f"{word!r} does not occur{how} in context {context} {text!r}{hint}; "
                          f"it tokenized as: {_shown_tokens(pieces)}")
     if occurrence > len(spans):
         times = "once" if len(spans) == 1 else f"{len(spans)} times"
@@ -248,6 +287,11 @@ class DriftResult:
     matrix_layer: int | None = None
     matrix: tuple[tuple[float, ...], ...] | None = field(default=None)
 
+    @property
+    def match(self) -> str:
+        """``word`` (whole-word matching) or ``characters`` (a script without spaces, see :func:`word_spans`)."""
+        return "characters" if matched_as_characters(self.word) else "word"
+
     def __post_init__(self) -> None:
         rows = self.n_layers + 1
         if len(self.similarity) != rows or len(self.baseline) != rows:
@@ -270,6 +314,7 @@ class DriftResult:
             "pool": self.pool,
             "occurrence": self.occurrence,
             "ignore_case": self.ignore_case,
+            "match": self.match,
             "same_tokenization": self.same_tokenization,
             "identical_pairs": [list(p) for p in self.identical],
             "contexts": [loc.to_dict() for loc in self.contexts],

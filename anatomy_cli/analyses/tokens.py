@@ -2,8 +2,8 @@
 
 Two tokenizers produce the same :class:`Tokenization`:
 
-- :func:`tokenize_tiktoken` — a tiktoken encoding (``gpt2`` by default). Needs only
-  tiktoken and its cached BPE files (``TIKTOKEN_CACHE_DIR``).
+- :func:`tokenize_tiktoken` — a tiktoken encoding (``gpt2`` by default, built from the
+  BPE files inside the package; others from tiktoken's cache, see :mod:`anatomy_cli.encodings`).
 - :func:`tokenize_hf` — a Hugging Face tokenizer (``AutoTokenizer``: local
   directory or HF cache). Imports transformers, which imports torch; only called
   for ``--model``.
@@ -17,7 +17,6 @@ This is also what Hugging Face byte-level tokenizers report as offsets.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,9 @@ from typing import Any
 
 from anatomy_cli import hub
 from anatomy_cli.display import is_partial, token_display
+from anatomy_cli.encodings import encoding_names, load_encoding  # noqa: F401  (re-exported)
 from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UsageError
+from anatomy_cli.tokenization import _decoder_kind, own_span
 
 
 @dataclass(frozen=True)
@@ -112,93 +113,6 @@ def _require_text(text: str) -> None:
         raise UsageError("empty text: give some text to tokenize (or '-' to read it from stdin)")
 
 
-def encoding_names() -> list[str]:
-    """Names of the tiktoken encodings installed (``gpt2``, ``cl100k_base``, ...)."""
-    import tiktoken
-
-    return tiktoken.list_encoding_names()
-
-
-def load_encoding(name: str):
-    """The tiktoken ``Encoding`` called ``name``.
-
-    Raises UsageError for an unknown name (listing the available ones) and
-    OfflineError when its BPE files are neither in ``TIKTOKEN_CACHE_DIR`` nor
-    downloadable.
-    """
-    import tiktoken
-
-    names = encoding_names()
-    if name not in names:
-        raise UsageError(f"unknown tiktoken encoding '{name}'; available: {', '.join(names)}")
-    if name == "gpt2":
-        fast = _gpt2_as_r50k()
-        if fast is not None:
-            return fast
-    try:
-        return tiktoken.get_encoding(name)
-    except OSError as exc:  # requests' ConnectionError/HTTPError are OSErrors; so are cache-dir errors
-        cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "unset"
-        raise OfflineError(
-            f"tiktoken encoding '{name}' is not cached and could not be downloaded "
-            f"({type(exc).__name__}); put its files in TIKTOKEN_CACHE_DIR (now: {cache}) or go online"
-        ) from exc
-    except ValueError as exc:  # tiktoken's hash check on a downloaded file
-        raise AnatomyError(f"tiktoken encoding '{name}' could not be loaded: {str(exc).splitlines()[0]}") from exc
-
-
-_GPT2_URLS = ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-              "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json")
-_R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
-_R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-
-
-def _gpt2_as_r50k():
-    """tiktoken's gpt2 encoding, loaded as r50k_base: the same ranks, pattern and special token.
-
-    tiktoken builds gpt2 from its data-gym files in pure Python (0.2 s, most of `anatomy
-    tokens`) but reads r50k_base's .tiktoken file in 0.03 s. When only gpt2's files are
-    cached, r50k_base's file is written from them once: byte for byte the published file
-    (its sha256 is checked here and by tiktoken). None when neither is cached or the cache
-    cannot be written; the caller then takes tiktoken's own gpt2 path.
-    """
-    import base64
-    import hashlib
-    import tempfile
-    from pathlib import Path
-
-    import tiktoken
-    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
-
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR"))
-    cache = Path(os.path.join(tempfile.gettempdir(), "data-gym-cache") if cache is None else cache)
-    if str(cache) in ("", "."):  # an empty TIKTOKEN_CACHE_DIR switches tiktoken's cache off
-        return None
-    key = lambda url: cache / hashlib.sha1(url.encode()).hexdigest()  # noqa: E731  (tiktoken's cache key)
-    target = key(_R50K_URL)
-    try:
-        if not target.is_file():
-            if not all(key(url).is_file() for url in _GPT2_URLS):
-                return None
-            # Reads the cached files (tiktoken checks their hashes); no network.
-            ranks = data_gym_to_mergeable_bpe_ranks(
-                vocab_bpe_file=_GPT2_URLS[0], encoder_json_file=_GPT2_URLS[1],
-                vocab_bpe_hash="1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-                encoder_json_hash="196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783")
-            data = b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
-                            for token, rank in sorted(ranks.items(), key=lambda item: item[1]))
-            if hashlib.sha256(data).hexdigest() != _R50K_SHA256:
-                return None
-            partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-            partial.write_bytes(data)
-            os.replace(partial, target)
-        elif hashlib.sha256(target.read_bytes()).hexdigest() != _R50K_SHA256:
-            return None  # tiktoken would delete it and download again
-        return tiktoken.get_encoding("r50k_base")
-    except (OSError, ValueError):
-        return None
-
-
 def tokenize_tiktoken(text: str, encoding: str = "gpt2", *, allow_special: bool = False) -> Tokenization:
     """Tokenize ``text`` with a tiktoken encoding.
 
@@ -225,33 +139,37 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def load_hf_tokenizer(model: str):
-    """``AutoTokenizer.from_pretrained(model)`` with one-line errors.
+    """The Hugging Face tokenizer of ``model``, with one-line errors.
 
-    ``model`` is a local directory or a Hub id found in the HF cache (downloads
-    only when online and HF_HUB_OFFLINE is unset). Raises ModelNotFound,
-    OfflineError or CheckpointError.
+    ``model`` is resolved by :func:`anatomy_cli.resolve.resolve` (``need="tokenizer"``): a
+    ``.gguf`` file (the tokenizer stored in it, through transformers' GGUF support), a local
+    directory, or a Hub id found in the HF cache (downloads only when online and
+    HF_HUB_OFFLINE is unset). Raises ModelNotFound, OfflineError, CheckpointError,
+    UnsupportedArchitecture (a GGUF architecture transformers cannot read).
     """
+    from anatomy_cli.resolve import resolve
+
+    source = resolve(model, need="tokenizer")
+    if source.kind == "gguf":
+        from anatomy_cli.engine import load_gguf
+
+        load_gguf.check_header(source)
+        return load_gguf.load_tokenizer(source)
     from transformers import AutoTokenizer
 
-    if _looks_like_path(model) and not os.path.isdir(os.path.expanduser(model)):
-        raise ModelNotFound(f"no such directory: {model}")
-    path = os.path.expanduser(model)
-    # The cache first: an online lookup re-checks the Hub, with slow retries when it is unreachable.
-    offline = hub.offline()
-    local_only = (True,) if offline or os.path.isdir(path) else (True, False)
-    for local in local_only:
-        try:
-            return AutoTokenizer.from_pretrained(path, local_files_only=local)
-        except OSError as exc:
-            error = exc
-        except ValueError as exc:  # files present but no tokenizer can be built from them
-            raise CheckpointError(f"'{model}' has no usable tokenizer files (tokenizer.json, vocab and "
-                                  f"merges, or a SentencePiece model): {_first_line(exc)}") from exc
-    if os.path.isdir(path):
+    is_dir = source.kind == "dir"
+    try:
+        return AutoTokenizer.from_pretrained(source.ref, local_files_only=source.local_only)
+    except OSError as exc:
+        error = exc
+    except ValueError as exc:  # files present but no tokenizer can be built from them
+        raise CheckpointError(f"'{model}' has no usable tokenizer files (tokenizer.json, vocab and "
+                              f"merges, or a SentencePiece model): {_first_line(exc)}") from exc
+    if is_dir:
         raise CheckpointError(f"'{model}' has no tokenizer files: {_first_line(error)}") from error
-    if offline or "connect" in str(error).lower():
+    if hub.offline() or "connect" in str(error).lower():
         raise OfflineError(f"no tokenizer for '{model}' in the Hugging Face cache and the Hub cannot be "
-                           "reached (offline); pass a local directory") from error
+                           "reached (offline); pass a local directory or a .gguf file") from error
     raise ModelNotFound(f"no tokenizer for '{model}': {_first_line(error)}") from error
 
 
@@ -261,28 +179,15 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(text.split()).rstrip(":").rstrip() if text else type(exc).__name__
 
 
-def _looks_like_path(model: str) -> bool:
-    # "org/name" is a Hub id; "./x", "/x", "~/x" can only be directories.
-    return model.startswith((".", "/", "~"))
-
-
-def _byte_level(tokenizer) -> bool:
-    """True when the backend decodes with ByteLevel (GPT-2, LLaMA 3, ...): token strings encode bytes."""
-    import json
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return False
-    return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder"))
-
-
 def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer=None) -> Tokenization:
     """Tokenize ``text`` with a Hugging Face tokenizer (no BOS/EOS or other added special tokens).
 
     Pieces: byte-level tokenizers map token strings back to bytes (``Ġmuch`` ->
-    ``b" much"``); SentencePiece byte-fallback tokens (``<0xE4>``) are that byte;
-    other tokens are the input characters their offsets cover. Spans are the
-    tokenizer's offsets. Special-token names in the text are plain text unless
+    ``b" much"``); SentencePiece tokens are their own text (``▁`` is a space, so the bare
+    ``▁`` piece shows as ``·``) and byte-fallback tokens (``<0xE4>``) that byte; other
+    tokens (WordPiece) are the input characters their offsets cover. Spans are the
+    tokenizer's offsets, except that the space a SentencePiece tokenizer prepends itself
+    covers no character (``(0, 0)``; see ``tokenization.own_span``). Special-token names in the text are plain text unless
     ``allow_special``. Raises UsageError for empty text and the errors of
     :func:`load_hf_tokenizer`.
     """
@@ -297,8 +202,9 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     strings = tok.convert_ids_to_tokens(ids)
     specials = set(tok.added_tokens_decoder) if allow_special else set()
+    kind = _decoder_kind(tok) if getattr(tok, "backend_tokenizer", None) is not None else "text"
     byte_decoder = None
-    if _byte_level(tok):
+    if kind == "byte_level":
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
         byte_decoder = {ch: b for b, ch in bytes_to_unicode().items()}
@@ -312,6 +218,9 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer
             piece = bytes(byte_decoder[ch] for ch in string)
         elif fallback:
             piece = bytes([int(fallback.group(1), 16)])
+        elif kind == "sentencepiece":
+            piece = string.replace("▁", " ").encode("utf-8")
+            start, end = own_span(string, text, (start, end))
         else:
             piece = text[start:end].encode("utf-8")
         tokens.append(Token(i, tid, piece, start, end, special))

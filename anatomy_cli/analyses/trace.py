@@ -11,12 +11,13 @@ All arithmetic is float64 on the CPU, whatever the model's dtype, so that
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from anatomy_cli.analyses.next_token import Describe, TokenProb, log_probs, top_k
+from anatomy_cli.analyses.next_token import Describe, TokenProb, log_probs, rank_of, top_k
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class LayerRow:
     model's activation units. ``cos_to_previous``, ``attn_norm`` and ``mlp_norm``
     are None at layer 0. ``lens_*`` (the logit lens: the most probable token of
     unembed(final_norm(h_l)) and its probability) are None when the model has
-    no LM head.
+    no LM head. ``target_rank`` (1-based) and ``target_probability``: a target
+    token in the same lens distribution, None without a target.
     """
 
     layer: int
@@ -40,6 +42,8 @@ class LayerRow:
     lens_token: str | None
     lens_text: str | None  # None also for a partial UTF-8 piece
     lens_probability: float | None
+    target_rank: int | None = None
+    target_probability: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))  # flat fields: no need for asdict's deep copy
@@ -78,6 +82,7 @@ def trace(
     logits: torch.Tensor | None = None,
     k: int = 5,
     describe: Describe | None = None,
+    target_id: int | None = None,
 ) -> Trace:
     """Trace one position through the layers.
 
@@ -91,6 +96,8 @@ def trace(
             table; None when the model has no LM head.
         k: how many top tokens to list.
         describe: ``token_id -> (display, text)``; required with ``lens_logits`` or ``logits``.
+        target_id: a token whose rank and probability in each layer's lens distribution the
+            rows report (needs ``lens_logits``).
 
     Raises ValueError when the shapes do not agree (a programming error, not user input).
     """
@@ -112,9 +119,12 @@ def trace(
     attn_norm = _norms(attn_out, n_rows)
     mlp_norm = _norms(mlp_out, n_rows)
     lens: list[TokenProb | None] = [None] * n_rows
+    target: list[tuple[int, float] | tuple[None, None]] = [(None, None)] * n_rows
     if lens_logits is not None:
         logp = log_probs(lens_logits)
         lens = [top_k(row, 1, describe)[0] for row in logp]
+        if target_id is not None:
+            target = [(rank_of(row, target_id), math.exp(float(row[target_id]))) for row in logp]
 
     rows = tuple(
         LayerRow(layer=l, cos_to_embedding=to_embedding[l], cos_to_previous=to_previous[l],
@@ -122,7 +132,8 @@ def trace(
                  lens_token_id=lens[l].token_id if lens[l] else None,
                  lens_token=lens[l].token if lens[l] else None,
                  lens_text=lens[l].text if lens[l] else None,
-                 lens_probability=lens[l].probability if lens[l] else None)
+                 lens_probability=lens[l].probability if lens[l] else None,
+                 target_rank=target[l][0], target_probability=target[l][1])
         for l in range(n_rows))
     top = top_k(log_probs(logits), k, describe) if logits is not None else ()
     return Trace(layers=rows, top=top)

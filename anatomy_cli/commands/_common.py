@@ -1,10 +1,12 @@
 """The prompt pipeline shared by commands that run prompts through a model (`trace`, `next`).
 
 PROMPT is one text, or ``-`` for one prompt per non-empty stdin line. Steps:
-:func:`load_prompts` reads the prompts (before the model loads, so bad input
-fails fast), loads the model, tokenizes, checks the context length (and says
-on stderr what ``--truncate left`` cut); the command runs the engine in
-batches; :func:`emit_prompts` prints one report per prompt:
+:func:`load_prompts` reads the prompts, then (:func:`load_texts`) once the tokenizer
+and config are read and BEFORE the weights load tokenizes them (special-token text
+is plain text unless ``--allow-special``), checks the context length (saying on
+stderr what ``--truncate left`` cut) and runs the command's ``check(Preflight)``, so
+bad input fails fast; a status line shows on a terminal while the model loads. The
+command runs the engine in batches; :func:`emit_prompts` prints one report per prompt:
 
 * ``jsonl``: one object per prompt, always;
 * ``json``: the object for a PROMPT argument, ``{"results": [...]}`` for stdin
@@ -19,13 +21,14 @@ No torch at import time.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from anatomy_cli.app import info, warn
+from anatomy_cli.app import info, status, warn
 from anatomy_cli.errors import UsageError
 from anatomy_cli.render import Column, Format, Report, Section, emit, emit_jsonl, resolve_format
 
@@ -47,53 +50,141 @@ TruncateOpt = Annotated[Optional[Truncate], typer.Option(
 BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
 BosOpt = Annotated[bool, typer.Option(
-    "--bos", help="Prepend the tokenizer's BOS token (decoders get none by default).")]
+    "--bos", help="Prepend the tokenizer's BOS token (decoders get none by default; "
+    "a prompt that already starts with it keeps one).")]
+AllowSpecialOpt = Annotated[bool, typer.Option(
+    "--allow-special", help="Read special-token text in prompts, such as <|endoftext|>, as that special token. "
+    "Default: it is plain text, split like any other text.")]
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What is known once the tokenizer and config are read, before any weight loads.
+
+    ``encoded``: the prompts, tokenized and length-checked (truncated with ``--truncate left``).
+    ``tokenizer``: the :class:`~anatomy_cli.tokenization.Tokenizer` the model will use;
+    ``config``: the transformers config. A command's ``check`` reads these to refuse bad
+    arguments (``--position``, ``--layer``, target tokens) without waiting for the weights.
+    """
+
+    name: str
+    tokenizer: Any
+    config: Any
+    encoded: list[Any]
+
+    @property
+    def n_ctx(self) -> int | None:
+        # The same rule as engine.from_model (LoadedModel.n_ctx).
+        n = getattr(self.config, "max_position_embeddings", None)
+        return int(n) if n else None
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def adapter(self) -> Any:
+        """The architecture's :class:`~anatomy_cli.adapters.Adapter` (``.causal``: a decoder)."""
+        from anatomy_cli import adapters
+
+        return adapters.for_config(self.config)
 
 
 def load_prompts(prompt: str, *, model: str, device: Any, dtype: Any, init: Any, trust_remote_code: bool,
-                 bos: bool = False, truncate: Truncate | None = None, device_map: Any = None,
-                 max_memory: str | None = None, offload_folder: Any = None) -> tuple[LoadedModel, list[Encoded]]:
-    """Read PROMPT (or stdin lines), load the model, tokenize and check the context length.
+                 bos: bool = False, allow_special: bool = False, truncate: Truncate | None = None,
+                 device_map: Any = None, max_memory: str | None = None, offload_folder: Any = None,
+                 check: Callable[[Preflight], None] | None = None) -> tuple[LoadedModel, list[Encoded]]:
+    """Read PROMPT (or stdin lines), then :func:`load_texts`.
 
-    Returns ``(lm, encoded)``, one :class:`Encoded` per prompt. Raises UsageError for
-    bad placement options or an empty prompt or invalid UTF-8 (before loading),
-    PromptTooLong unless ``truncate`` is ``left``, and the engine's loading errors.
+    Returns ``(lm, encoded)``, one :class:`Encoded` per prompt. Raises UsageError for an
+    empty prompt or invalid UTF-8 (before anything loads) and whatever :func:`load_texts` raises.
     """
-    from anatomy_cli import bigmodel, engine
     from anatomy_cli.inputs import read_prompts
 
+    return load_texts(read_prompts(prompt), model=model, device=device, dtype=dtype, init=init,
+                      trust_remote_code=trust_remote_code, bos=bos, allow_special=allow_special,
+                      truncate=truncate, device_map=device_map, max_memory=max_memory,
+                      offload_folder=offload_folder, check=check)
+
+
+def load_texts(texts: list[str], *, model: str, device: Any, dtype: Any, init: Any, trust_remote_code: bool,
+               bos: bool = False, allow_special: bool = False, truncate: Truncate | None = None,
+               device_map: Any = None, max_memory: str | None = None, offload_folder: Any = None,
+               check: Callable[[Preflight], None] | None = None, what: str = "prompt",
+               truncate_hint: bool = True) -> tuple[LoadedModel, list[Encoded]]:
+    """Tokenize ``texts``, check the context length, run ``check``, load the weights.
+
+    Special-token text is plain text unless ``allow_special`` (see ``Tokenizer.encode``);
+    ``bos`` on a text that already starts with the BOS token keeps one and warns.
+    Everything up to ``check(preflight)`` runs once the tokenizer and config are read and
+    BEFORE the weights load, so a bad prompt or argument fails in a second, not after the load.
+    ``what`` names the texts in messages ("prompt", "context"). Returns ``(lm, encoded)``.
+    Raises bad placement options as UsageError, PromptTooLong unless ``truncate`` is
+    ``left``, what ``check`` raises, and the engine's loading errors.
+    """
+    from anatomy_cli.resolve import check_path
+
+    check_path(model)  # a model path that does not exist fails here, before torch is imported
+    from anatomy_cli import bigmodel, engine
+    from anatomy_cli.tokenization import starts_with_bos
+
     placement = bigmodel.placement_kwargs(device_map, max_memory, offload_folder)
-    texts = read_prompts(prompt)
-    lm = load_model(model, device=device, dtype=dtype, init=init, trust_remote_code=trust_remote_code, **placement)
-    encoded = engine.check_length(lm, engine.encode(lm, texts, bos=bos),
-                                  truncate=truncate.value if truncate else None)
-    for i, enc in enumerate(encoded, start=1):
-        if enc.dropped:
-            which = f"prompt {i}" if len(encoded) > 1 else "prompt"
-            warn(f"{which} is {len(enc) + enc.dropped} tokens; {lm.name} takes at most {lm.n_ctx}: "
-                 f"kept the last {len(enc)} (--truncate left)")
-    return lm, encoded
+    found: list[Encoded] = []
+
+    def before_weights(tokenizer: Any, config: Any) -> None:
+        encoded = tokenizer.encode(texts, bos=bos, allow_special=allow_special)
+        encoded = engine.check_length(Preflight(model, tokenizer, config, encoded), encoded,
+                                      truncate=truncate.value if truncate else None, what=what,
+                                      truncate_hint=truncate_hint)
+        pre = Preflight(name=model, tokenizer=tokenizer, config=config, encoded=encoded)
+        for i, enc in enumerate(encoded, start=1):
+            which = f"{what} {i}" if len(encoded) > 1 else what
+            if bos and starts_with_bos(enc, tokenizer.bos_id):
+                warn(f"{which} already starts with the BOS token {enc.pieces[0]}: --bos adds no second one")
+            if enc.dropped:
+                warn(f"{which} is {len(enc) + enc.dropped} tokens; {model} takes at most {pre.n_ctx}: "
+                     f"kept the last {len(enc)} (--truncate left)")
+        if check is not None:
+            check(pre)
+        found[:] = encoded
+
+    lm = load_model(model, device=device, dtype=dtype, init=init, trust_remote_code=trust_remote_code,
+                    before_weights=before_weights, **placement)
+    if not found:  # an engine.load stand-in that skipped the callback (tests' caching loader)
+        before_weights(lm.tokenizer, lm.model.config)
+    return lm, found
 
 
 def load_model(model: str, *, device: Any, dtype: Any, init: Any, trust_remote_code: bool, device_map: Any = None,
-               max_memory: Any = None, offload_folder: Any = None) -> LoadedModel:
-    """``engine.load`` with the shared options; with a device map, says on stderr where the weights went."""
+               max_memory: Any = None, offload_folder: Any = None,
+               before_weights: Callable[[Any, Any], None] | None = None) -> LoadedModel:
+    """``engine.load`` with the shared options and a status line on a terminal's stderr.
+
+    ``before_weights(tokenizer, config)`` goes to ``engine.load`` (called before any weight
+    loads). With a device map, says on stderr where the weights went.
+    """
+    from anatomy_cli.resolve import check_path
+
+    check_path(model)  # a model path that does not exist fails here, before torch is imported
     from anatomy_cli import engine
 
     chosen = getattr(device, "value", device)
     if device_map is not None and chosen != "auto":
         raise UsageError(f"--device {chosen} and --device-map exclude each other: "
                          "the device map decides where each block goes")
-    if not sys.stderr.isatty():
-        # Progress bars are for people watching a terminal; in a pipeline or a log they are noise.
-        from huggingface_hub.utils import disable_progress_bars
-        from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+    # The status line says the model is loading; transformers' own weight-loading bar would fight with it.
+    hf_logging.disable_progress_bar()
+    if not sys.stderr.isatty():
+        # Download bars are for people watching a terminal; in a pipeline or a log they are noise.
+        from huggingface_hub.utils import disable_progress_bars
+
         disable_progress_bars()
-    lm = engine.load(model, device=device.value, dtype=dtype.value, init=init.value,
-                     trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
-                     offload_folder=offload_folder)
+    with status(f"loading {model}"):
+        lm = engine.load(model, device=device.value, dtype=dtype.value, init=init.value,
+                         trust_remote_code=trust_remote_code, device_map=device_map, max_memory=max_memory,
+                         offload_folder=offload_folder, before_weights=before_weights)
     if device_map is not None:
         info(placement_line(lm))
     return lm
@@ -121,8 +212,11 @@ def placement_line(lm: LoadedModel) -> str:
 
 
 def model_label(lm: LoadedModel) -> str:
-    """``gpt2`` or ``gpt2 (untrained: random weights)``."""
-    return f"{lm.name} (untrained: random weights)" if lm.untrained else lm.name
+    """``gpt2``, ``gpt2 (untrained: random weights)`` or ``x.gguf (weights dequantized from Q4_1)``."""
+    if lm.untrained:
+        return f"{lm.name} (untrained: random weights)"
+    quantized = getattr(lm, "dequantized_from", None)
+    return f"{lm.name} (weights dequantized from {quantized})" if quantized else lm.name
 
 
 def describe(lm: LoadedModel):

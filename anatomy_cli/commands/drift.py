@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.app import app, warn
-from anatomy_cli.commands._common import load_model, model_label
+from anatomy_cli.app import app, status, warn
+from anatomy_cli.commands._common import AllowSpecialOpt, Preflight, load_texts, model_label
 from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (
     Device,
@@ -22,6 +22,7 @@ from anatomy_cli.options import (
     MaxMemoryOpt,
     ModelOpt,
     OffloadFolderOpt,
+    PlotOpt,
     TrustRemoteCodeOpt,
 )
 
@@ -39,8 +40,10 @@ BASELINE_NOTE = ("baseline: mean cosine between the word and every other token o
 
 @app.command("drift")
 def drift_command(
-    word: Annotated[str, typer.Argument(metavar="WORD", show_default=False,
-                                                help="The word to follow (matched as a whole word).")],
+    word: Annotated[str, typer.Argument(
+        metavar="WORD", show_default=False,
+        help="The word to follow: matched as a whole word; in scripts written without spaces (Chinese, Japanese, "
+        "Thai) as characters.")],
     context: Annotated[Optional[list[str]], typer.Option(
         "--context", "-c", metavar="TEXT", show_default=False,
         help="A context containing WORD; repeat, at least two. Default (for 'bank'): a money and a river sentence.",
@@ -63,6 +66,8 @@ def drift_command(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_folder: OffloadFolderOpt = None,
+    allow_special: AllowSpecialOpt = False,
+    plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Cosine similarity of WORD's vector between contexts at every layer, with an anisotropy baseline.
@@ -79,23 +84,31 @@ def drift_command(
 
         anatomy drift bank -c TEXT -c TEXT -c TEXT --matrix 6 --format json
     """
+    from anatomy_cli import plots
     from anatomy_cli.analyses import drift as analysis
 
     analysis.word_spans("", word)  # rejects an empty word before the model loads
     _check_utf8(word, "WORD")
     contexts = _contexts(word, context, ignore_case)
+    locations = []
+
+    def check(pre: Preflight) -> None:
+        # Before the weights load: the word must be in every context, --matrix within the layers.
+        if matrix is not None and matrix > pre.n_layers:
+            raise UsageError(f"--matrix layer must be in 0..{pre.n_layers}, got {matrix}")
+        locations[:] = [analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, word, special=e.special,
+                                        occurrence=occurrence, ignore_case=ignore_case)
+                        for i, e in enumerate(pre.encoded)]
+
+    lm, encoded = load_texts(contexts, model=model, device=device, dtype=dtype, init=init,
+                             trust_remote_code=trust_remote_code, allow_special=allow_special,
+                             device_map=device_map, max_memory=max_memory, offload_folder=offload_folder,
+                             check=check, what="context", truncate_hint=False)
 
     from anatomy_cli import engine
 
-    lm = load_model(model, device=device, dtype=dtype, init=init, trust_remote_code=trust_remote_code,
-                    device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
-    encoded = engine.check_length(lm, engine.encode(lm, contexts), what="context", truncate_hint=False)
-    locations = [
-        analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, word, special=e.special,
-                        occurrence=occurrence, ignore_case=ignore_case)
-        for i, e in enumerate(encoded)
-    ]
-    caches = engine.run(lm, encoded, engine.residual_names(lm))
+    with status("running the contexts"):
+        caches = engine.run(lm, encoded, engine.residual_names(lm))
     result = analysis.drift(
         word, [c.residual_stream() for c in caches], locations, [e.ids for e in encoded],
         [e.special for e in encoded], pool_how=pool.value, is_causal=lm.is_causal, model=lm.name,
@@ -110,6 +123,11 @@ def drift_command(
     from anatomy_cli.render import emit
 
     emit(_report(result, model_label(lm)), fmt)
+    if plot:
+        from anatomy_cli.plots import drift as picture
+
+        detail = f"{word!r} in {len(result.contexts)} contexts · pool {result.pool}"
+        plots.save(picture.figure(result, plots.Caption.of("drift", lm, detail=detail)), plot)
 
 
 def _contexts(word: str, given: list[str] | None, ignore_case: bool) -> list[str]:
@@ -149,6 +167,9 @@ def _report(result, label: str):
         heading.append(f"context {loc.context}: {where} {', '.join(map(str, loc.positions))} "
                        f"({'|'.join(loc.pieces)}) in {loc.text!r}")
     notes = []
+    if result.match == "characters":
+        notes.append(f"{result.word!r} is in a script written without spaces between words: matched as characters "
+                     f"(not as a whole word); its vector pools the tokens that cover them")
     if not result.same_tokenization:
         notes.append("the word tokenized differently across contexts: "
                      + "; ".join(f"context {loc.context} {'|'.join(loc.pieces)} {list(loc.ids)}"

@@ -61,7 +61,7 @@ def layernorm(
 
         anatomy layernorm 100 0.001 -50 25
 
-        anatomy layernorm -50 25 --gamma 1,2,1,1 --beta 0,0,0.5,0
+        anatomy layernorm 100 0.001 -50 25 --gamma 1,2,1,1 --beta 0,0,0.5,0
 
         anatomy layernorm 3 1 2 --eps 0 --format json
     """
@@ -78,13 +78,13 @@ def layernorm(
              "and the output is β" + (" (all 0)" if beta is None else ""))
     data = result.to_dict()
     stats = Section(
-        columns=(Column("quantity"), Column("value", kind="float", digits=6)),
+        columns=(Column("quantity"), Column("value", kind="number", digits=6)),
         rows=[{"quantity": k, "value": data[k]} for k in ("mean", "variance", "std", "eps", "denominator")],
     )
     vector = Section(
-        columns=(Column("index", "#", "int"), Column("x", "x", "float"), Column("centered", "x - mean", "float"),
-                 Column("normalized", "normalized", "float"), Column("gamma", "γ", "float"),
-                 Column("beta", "β", "float"), Column("output", "output", "float")),
+        columns=(Column("index", "#", "int"), Column("x", "x", "number"), Column("centered", "x - mean", "number"),
+                 Column("normalized", "normalized", "number"), Column("gamma", "γ", "number"),
+                 Column("beta", "β", "number"), Column("output", "output", "number")),
         rows=[{"index": i, "x": data["values"][i], "centered": data["centered"][i],
                "normalized": data["normalized"][i], "gamma": data["gamma"][i], "beta": data["beta"][i],
                "output": data["output"][i]} for i in range(data["n"])],

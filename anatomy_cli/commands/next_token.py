@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from anatomy_cli.app import app
-from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
-                                          load_prompts, model_label, prompt_line, prompt_record)
+from anatomy_cli import targets
+from anatomy_cli.app import app, status
+from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
+                                          emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, TrustRemoteCodeOpt)
@@ -27,10 +28,9 @@ COLUMNS = (
 def next_command(
     prompt: PromptArg,
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many of the most probable tokens to list.")] = 10,
-    target: Annotated[Optional[str], typer.Option(
-        "--target", "-t", metavar="TEXT", show_default=False,
-        help="Also report this token's probability and rank; TEXT must be exactly one token "
-        "(mind the leading space: ' much').")] = None,
+    target: targets.TargetOpt = None,
+    target_id: targets.TargetIdOpt = None,
+    first_token: targets.FirstTokenOpt = False,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,
@@ -40,6 +40,7 @@ def next_command(
     max_memory: MaxMemoryOpt = None,
     offload_folder: OffloadFolderOpt = None,
     bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
     truncate: TruncateOpt = None,
     batch_size: BatchSizeOpt = 8,
     fmt: FormatOpt = None,
@@ -54,22 +55,34 @@ def next_command(
     \b
         anatomy next "Thank you very"
         anatomy next "Thank you very" --target " much" --k 5
+        anatomy next "Thank you very" --target-id 881
         anatomy next "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
     """
-    from anatomy_cli import engine, targets
+    from anatomy_cli import engine
     from anatomy_cli.analyses import next_token as analysis
 
-    if target == "":
-        raise UsageError("--target is empty: give the text of one token, e.g. ' much'")
+    wanted = targets.choice(target, target_id, first_token=first_token)  # fails before anything loads
+    target_ids: list[int] = []
+
+    def check(pre) -> None:
+        # Before the weights load: the architecture and the target token need only config and tokenizer.
+        if not pre.adapter.causal:
+            raise UsageError(f"{model} is an encoder ({pre.adapter.name}), not a next-token predictor; "
+                             f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
+        if wanted is not None:
+            target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=model, vocab_size=pre.config.vocab_size)]
+
     lm, encoded = load_prompts(prompt, model=model, device=device, dtype=dtype, init=init,
-                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate,
-                               device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+                               trust_remote_code=trust_remote_code, bos=bos, allow_special=allow_special,
+                               truncate=truncate, device_map=device_map, max_memory=max_memory,
+                               offload_folder=offload_folder, check=check)
     if not (lm.is_causal and lm.has_unembed):
         raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
                          f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
-    target_id = targets.token_id(lm, target) if target is not None else None
-    caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)
+    target_id = target_ids[0] if target_ids else None
+    with status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+        caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)
     name_token = describe(lm)
     reports = []
     for enc, cache in zip(encoded, caches):

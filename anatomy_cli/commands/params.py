@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.app import app
-from anatomy_cli.options import FormatOpt, TrustRemoteCodeOpt
+from anatomy_cli.options import FormatOpt, PlotOpt, TrustRemoteCodeOpt
 
 
 class WeightDType(str, Enum):
@@ -19,14 +19,18 @@ class WeightDType(str, Enum):
     int4 = "int4"
 
 
-_SOURCES = {"preset": "built-in preset", "directory": "local directory", "hub": "Hugging Face config.json"}
+_SOURCES = {"preset": "built-in preset", "directory": "local directory", "hub": "Hugging Face config.json",
+            "gguf": "GGUF file"}
+_READ_FROM = {"meta": "counted on the meta device", "gguf_header": "read from the GGUF header",
+              "safetensors_header": "read from the safetensors headers"}
 
 
 @app.command("params")
 def params_command(
     model: Annotated[str, typer.Argument(
         metavar="MODEL", help="Preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b, mixtral-8x7b), "
-        "a local directory with config.json, or a Hugging Face model id (only config.json is fetched).",
+        "a .gguf file or a checkpoint directory (read from their headers), a directory with only "
+        "config.json, or a Hugging Face model id (only config.json is fetched).",
     )] = "gpt2",
     per_layer: Annotated[bool, typer.Option(
         "--per-layer", help="One row per block (attention, FFN, norms), plus the embeddings and the head.",
@@ -41,15 +45,19 @@ def params_command(
         "0=20GiB,cpu=60GiB (GPU index, cpu, mps, disk). No GPU needs to be present.",
     )] = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
+    plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
-    """Count a model's parameters exactly, by component, from its config alone.
+    """Count a model's parameters exactly, by component, without loading weights.
 
-    The model is built on the meta device: no weights are downloaded or
-    allocated, so a 70B config takes seconds. Tied weights count once (a
-    footnote says so), buffers never; rows sum to the total. For
-    mixture-of-experts models an Active column gives the parameters one token
-    uses (top-k of n routed experts).
+    A .gguf file or a directory with safetensors files is read from its
+    headers (no tensor data, no torch): each row also gives its storage
+    types, bytes on disk and bits per weight, and the notes the memory once
+    dequantized. Presets and config-only models are built on the meta device
+    (no weights downloaded or allocated; cached per config). Tied weights
+    count once (a footnote says so), buffers never; rows sum to the total.
+    For mixture-of-experts configs an Active column gives the parameters one
+    token uses (top-k of n routed experts).
 
     Examples:
 
@@ -58,8 +66,10 @@ def params_command(
         anatomy params gpt2-medium --dtype bf16
         anatomy params mixtral-8x7b --per-layer
         anatomy params ./my-checkpoint --format json
+        anatomy params SmolLM2-135M-Instruct.Q4_1.gguf
         anatomy params llama-7b --max-memory 0=8GiB,cpu=16GiB --dtype fp16
     """
+    from anatomy_cli import plots
     from anatomy_cli.analyses import params as analysis
     from anatomy_cli.render import emit
 
@@ -67,6 +77,10 @@ def params_command(
     result = analysis.analyse(model, dtype=dtype.value if dtype else None, per_layer=per_layer,
                               trust_remote_code=trust_remote_code, max_memory=budget)
     emit(build_report(result, fmt), fmt)
+    if plot:
+        from anatomy_cli.plots import params as picture
+
+        plots.save(picture.figure(result, plots.Caption("params", result.model, detail=result.architecture)), plot)
 
 
 def _share_digits(shares: list[float]) -> int:
@@ -86,13 +100,20 @@ def build_report(result, fmt=None):
         tail.append(Column("active", "Active", "int"))
     if result.dtype:
         tail.append(Column("memory_bytes", f"Memory ({result.dtype})", "bytes"))
+    on_disk = result.disk_bytes is not None
+    if on_disk:
+        tail += [Column("dtypes", "Stored as"), Column("disk_bytes", "On disk", "bytes"),
+                 Column("bits_per_weight", "Bits/weight", "float", 2)]
     total_row = {"key": "total", "component": "Total", "parameters": result.total, "share": 1.0,
-                 "active": result.moe.active if moe else None, "memory_bytes": result.memory_bytes}
+                 "active": result.moe.active if moe else None, "memory_bytes": result.memory_bytes,
+                 **(_disk_cells(data, data["rows"]) if on_disk else {})}
     lead = [Column("key", "key")] if machine else []
 
     if result.layers is None:
         rows = [{"key": r.key, "component": r.label, "parameters": r.parameters, "share": r.share,
-                 "active": r.active, "memory_bytes": r.memory_bytes} for r in result.rows] + [total_row]
+                 "active": r.active, "memory_bytes": r.memory_bytes, "dtypes": ", ".join(r.dtypes),
+                 "disk_bytes": r.disk_bytes, "bits_per_weight": r.bits_per_weight}
+                for r in result.rows] + [total_row]
         columns = [*lead, Column("component", "Component"), Column("parameters", "Parameters", "int"),
                    Column("share", "Share", "pct", _share_digits([r.share for r in result.rows])),
                    Column("share", "", "bar"), *tail]
@@ -103,16 +124,27 @@ def build_report(result, fmt=None):
         sections = [_fit_bar(s) for s in sections]
     if result.placement is not None:
         sections.append(_placement_section(result.placement, machine))
+    if result.dequantized_bytes is not None and not machine:
+        sections.append(Section([Column("dtype", "Loaded as"), Column("memory_bytes", "Weights", "bytes")],
+                                [{"dtype": d, "memory_bytes": b} for d, b in result.dequantized_bytes.items()],
+                                title="Memory once loaded (dequantized)"))
 
     heading = [f"{result.model} · {result.architecture} (model_type {result.model_type}) · "
                f"{_SOURCES.get(result.source, result.source)}"
                + (f" {result.location}" if result.source == "directory" else "")
-               + f" · {result.n_layers} layers"]
+               + f" · {result.n_layers} layers"
+               + (f" · {result.quantization}" if result.quantization else "")
+               + f" · {_READ_FROM.get(result.read_from, result.read_from)}"]
     if machine:
         # Issue 2: `anatomy params --format tsv | head -1` prints nothing on stderr. The heading and
         # footnotes are in the JSON (`notes`) and under the table.
         return Report(data=data, sections=sections)
     return Report(data=data, sections=sections, heading=heading, notes=list(result.notes))
+
+
+def _disk_cells(data, rows) -> dict:
+    types = list(dict.fromkeys(t for r in rows for t in r["dtypes"]))
+    return {"dtypes": ", ".join(types), "disk_bytes": data["disk_bytes"], "bits_per_weight": data["bits_per_weight"]}
 
 
 def _fit_bar(section):

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.app import app
+from anatomy_cli.commands._common import AllowSpecialOpt
 from anatomy_cli.errors import UsageError
 from anatomy_cli.options import FormatOpt
 from anatomy_cli.render import Column, Report, Section, emit
@@ -30,11 +31,9 @@ def tokens(
         "--encoding", "-e", help="tiktoken encoding: gpt2 (default), r50k_base, p50k_base, cl100k_base, "
         "o200k_base, ...", show_default=False)] = None,
     model: Annotated[Optional[str], typer.Option(
-        "--model", "-m", help="Use this Hugging Face model's tokenizer instead of tiktoken (local directory "
-        "or Hub id in the HF cache; loads transformers).", show_default=False)] = None,
-    allow_special: Annotated[bool, typer.Option(
-        "--allow-special", help="Encode special-token names such as <|endoftext|> as special tokens "
-        "(default: they are plain text).")] = False,
+        "--model", "-m", help="Use this model's tokenizer instead of tiktoken (a .gguf file, a local "
+        "directory or a Hub id in the HF cache; loads transformers).", show_default=False)] = None,
+    allow_special: AllowSpecialOpt = False,
     fmt: FormatOpt = None,
 ) -> None:
     """Show the tokens of TEXT: index, id, token, bytes of partial characters, character span.

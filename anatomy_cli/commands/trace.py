@@ -6,12 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.app import app
-from anatomy_cli.commands._common import (BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe, emit_prompts,
-                                          load_prompts, model_label, prompt_line, prompt_record)
+from anatomy_cli import targets
+from anatomy_cli.app import app, status
+from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
+                                          emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
-                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, TrustRemoteCodeOpt)
+                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
 
 LAYER_COLUMNS = (
@@ -23,6 +24,10 @@ LAYER_COLUMNS = (
     Column("mlp_norm", "‖mlp‖", "float", 2),
     Column("lens_token", "lens"),
     Column("lens_probability", "lens p", "prob", 4),
+)
+TARGET_COLUMNS = (  # --target: the target token in each layer's lens distribution
+    Column("target_rank", "target rank", "int"),
+    Column("target_probability", "target p", "prob", 4),
 )
 TOP_COLUMNS = (
     Column("rank", "rank", "int"),
@@ -44,6 +49,9 @@ def trace_command(
         help="Token position to follow (0-based; negative counts from the end, -1 = last token). "
              "Default: the last token; for encoders the last one that is not [SEP]/[CLS].")] = None,
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many top next tokens to list.")] = 5,
+    target: targets.TargetOpt = None,
+    target_id: targets.TargetIdOpt = None,
+    first_token: targets.FirstTokenOpt = False,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,
@@ -53,8 +61,10 @@ def trace_command(
     max_memory: MaxMemoryOpt = None,
     offload_folder: OffloadFolderOpt = None,
     bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
     truncate: TruncateOpt = None,
     batch_size: BatchSizeOpt = 8,
+    plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Follow one token position through every layer: how much of the embedding survives, what each
@@ -74,25 +84,34 @@ def trace_command(
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
     """
     from anatomy_cli import engine
+    from anatomy_cli import plots
     from anatomy_cli.analyses import trace as analysis
 
+    wanted = targets.choice(target, target_id, first_token=first_token)
+    target_ids: list[int] = []
+
+    def check(pre) -> None:
+        _check_position(position, pre.encoded)
+        if wanted is not None:
+            target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=model,
+                                             vocab_size=getattr(pre.config, "vocab_size", None))]
+
     lm, encoded = load_prompts(prompt, model=model, device=device, dtype=dtype, init=init,
-                               trust_remote_code=trust_remote_code, bos=bos, truncate=truncate,
-                               device_map=device_map, max_memory=max_memory, offload_folder=offload_folder)
+                               trust_remote_code=trust_remote_code, bos=bos, allow_special=allow_special,
+                               truncate=truncate, device_map=device_map, max_memory=max_memory,
+                               offload_folder=offload_folder, check=check)
+    if wanted is not None and not lm.has_unembed:
+        raise UsageError(f"--target needs the logit lens, and {lm.name} has no LM head (unembedding)")
     if position is None:
         # An encoder's last token is its [SEP]: follow the last token of the text instead.
         positions = [[_last_text_token(enc)] for enc in encoded]
     else:
         positions = [[position]] * len(encoded)
-    for i, enc in enumerate(encoded, start=1):
-        if position is not None and not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
-                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
     names = engine.residual_names(lm) + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
     if lm.has_unembed:
         names.append("logits")
-    caches = engine.run(lm, encoded, names, positions=positions, batch_size=batch_size)
+    with status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+        caches = engine.run(lm, encoded, names, positions=positions, batch_size=batch_size)
     name_token = describe(lm)
     reports = []
     for enc, cache in zip(encoded, caches):
@@ -100,9 +119,27 @@ def trace_command(
         result = analysis.trace(
             resid, attn_out=cache.stack("attn_out")[:, 0], mlp_out=cache.stack("mlp_out")[:, 0],
             lens_logits=engine.unembed(lm, resid) if lm.has_unembed else None,
-            logits=cache.logits[0] if lm.has_unembed else None, k=k, describe=name_token)
-        reports.append(_report(lm, enc, cache.positions[0], result))
+            logits=cache.logits[0] if lm.has_unembed else None, k=k, describe=name_token,
+            target_id=target_ids[0] if target_ids else None)
+        target_info = {"token_id": target_ids[0], "token": name_token(target_ids[0])[0]} if target_ids else None
+        reports.append(_report(lm, enc, cache.positions[0], result, target=target_info))
+        if plot:
+            from anatomy_cli.plots import trace as picture
+
+            detail = f"position {cache.positions[0]} = {enc.pieces[cache.positions[0]]}"
+            plots.save(picture.figure(result, plots.Caption.of("trace", lm, enc.text, detail)), plot,
+                       len(reports) if prompt == "-" else None)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _check_position(position: int | None, encoded) -> None:
+    # Runs before the weights load (load_prompts' check): a bad --position fails at once.
+    for i, enc in enumerate(encoded, start=1):
+        if position is not None and not -len(enc) <= position < len(enc):
+            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
+            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} "
+                             f"token{'' if len(enc) == 1 else 's'} "
+                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
 
 
 def _last_text_token(enc) -> int:
@@ -110,10 +147,10 @@ def _last_text_token(enc) -> int:
     return text_positions[-1] if text_positions else len(enc) - 1
 
 
-def _report(lm, enc, pos: int, result) -> Report:
+def _report(lm, enc, pos: int, result, target: dict | None = None) -> Report:
     predicts = None if not lm.has_unembed else ("next" if lm.is_causal else "masked")
     data = {**prompt_record(lm, enc), "position": pos, "position_token": enc.pieces[pos],
-            "n_layers": lm.n_layers, "predicts": predicts, **result.to_dict()}
+            "n_layers": lm.n_layers, "predicts": predicts, "target": target, **result.to_dict()}
     heading = [f"trace · {model_label(lm)} · {lm.n_layers} layers",
                f"{prompt_line(enc)} · position {pos} = {enc.pieces[pos]}"]
     embedding = "embedding (token + position)" if lm.adapter.pos_embed else "token embedding (rotary positions)"
@@ -121,7 +158,8 @@ def _report(lm, enc, pos: int, result) -> Report:
                                 final=" before the final norm" if lm.adapter.final_norm else "")]
     if not lm.has_unembed:
         notes = [notes[0].split("; lens = ")[0]]
-    sections = [Section(LAYER_COLUMNS, data["layers"], title="residual stream")]
+    columns = LAYER_COLUMNS + (TARGET_COLUMNS if target else ())
+    sections = [Section(columns, data["layers"], title="residual stream")]
     if predicts == "next":
         sections.append(Section(TOP_COLUMNS, data["top"], title=f"top {len(result.top)} next tokens"))
     elif predicts == "masked":

@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.hooks import _first_tensor
+from anatomy_cli.engine.hooks import _first_tensor, _optional
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError
+
 
 def _apply(lm: LoadedModel, module: Any, h: torch.Tensor) -> torch.Tensor:
     param = next(module.parameters(), None)
@@ -42,18 +43,26 @@ def final_norm(lm: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     Returns ``[..., d_model]`` on ``h``'s device. Identity for models without a final
     norm (BERT: post-LN, each block already ends in a LayerNorm).
     """
-    if not lm.adapter.final_norm:
+    if "ln_final.hook_normalized" not in lm.points:
         return h
     return _apply(lm, lm.points["ln_final.hook_normalized"][0], h).to(h.device)
 
 
-def unembed(lm: LoadedModel, h: torch.Tensor) -> torch.Tensor:
+def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True) -> torch.Tensor:
     """The logit lens: the LM head applied to ``final_norm(h)``; ``h [..., d_model]`` -> ``[..., vocab]``.
 
-    At the last layer this equals the model's own logits. For BERT the head is the whole
-    MLM head (dense, GELU, LayerNorm, decoder). Raises AnatomyError when the model has no
-    unembedding (e.g. a bare ``BertModel`` checkpoint).
+    At the last layer this equals the model's own logits: OPT-350m's ``project_out`` runs
+    between the final norm and the head, and Gemma 2's final soft-capping
+    (``lm.cap_logits``) is applied unless ``softcap=False`` (the raw head output, linear in
+    the normed vector: what a direct logit attribution decomposes). For BERT the head is
+    the whole MLM head (dense, GELU, LayerNorm, decoder). Raises AnatomyError when the
+    model has no unembedding (e.g. a bare ``BertModel`` checkpoint).
     """
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read tokens from")
-    return _apply(lm, lm.points["logits"][0], final_norm(lm, h)).to(h.device)
+    normed = final_norm(lm, h)
+    proj = _optional(lm.model.base_model, lm.adapter.unembed_proj)
+    if proj is not None:
+        normed = _apply(lm, proj, normed)
+    logits = _apply(lm, lm.points["logits"][0], normed).to(h.device)
+    return lm.cap_logits(logits) if softcap else logits

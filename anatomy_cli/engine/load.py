@@ -1,23 +1,28 @@
-"""Loading: where a model comes from (preset, directory, HF cache, Hub), its config, tokenizer and weights."""
+"""Loading a model's config, tokenizer and weights (where it comes from: :mod:`anatomy_cli.resolve`; GGUF files:
+:mod:`anatomy_cli.engine.load_gguf`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from anatomy_cli import adapters as _adapters
-from anatomy_cli import bigmodel, hub, presets
+from anatomy_cli import bigmodel, presets
 from anatomy_cli.adapters import Adapter
-from anatomy_cli.engine.wrap import from_model
+from anatomy_cli.engine import load_gguf
 from anatomy_cli.engine.model import DTYPES, LoadedModel
-from anatomy_cli.errors import (AnatomyError, CheckpointError, ModelNotFound, OfflineError, UsageError)
-from anatomy_cli.tokenization import gpt2_tokenizer, hf_cached_tokenizer
+from anatomy_cli.engine.wrap import from_model
+from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
+from anatomy_cli.resolve import TOKENIZER_FILES, Source, config_path, first_line, in_cache, resolve
+from anatomy_cli.tokenization import Tokenizer, gpt2_tokenizer, hf_cached_tokenizer
+
+BeforeWeights = Callable[[Tokenizer, Any], None]
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` -> cuda, else mps, else cpu. Raises AnatomyError for an unavailable device."""
@@ -47,112 +52,11 @@ def _dtype(dtype: Any) -> torch.dtype:
         raise UsageError(f"unknown dtype '{dtype}'; use {', '.join(DTYPES)}") from None
 
 
-def _offline_message(spec: str) -> str:
-    random_hint = "try --init random" if spec in presets.PRESETS else \
-        f"try a built-in preset with --init random ({', '.join(presets.preset_names())})"
-    return (f"{spec} is not in the local Hugging Face cache and the Hub cannot be reached; pass --model PATH "
-            f"to a local checkpoint, fetch it once on a connected machine, or {random_hint}")
-
-
-@dataclass(frozen=True)
-class _Source:
-    kind: str            # "preset" | "dir" | "hub"
-    ref: str             # preset name, directory, or repo id
-    local_only: bool     # hub: load from the cache without contacting the Hub
-
-
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
-                    "spiece.model")
-
-
-def _in_cache(repo: str, filename: str = "config.json") -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo, filename)
-    return found if isinstance(found, str) else None
-
-
-def _resolve(spec: str, init: str) -> _Source:
-    """Where ``spec`` comes from: a local directory, a preset (random init) or a Hub repo."""
-    path = Path(spec).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ModelNotFound(f"{spec} is a file; --model takes a directory written by save_pretrained, "
-                                f"a preset or a Hugging Face id")
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"{spec} has no config.json; expected a directory written by save_pretrained")
-        return _Source("dir", str(path), True)
-    if spec.startswith((".", "/", "~")) or spec.endswith("/"):
-        raise ModelNotFound(f"no such directory: {spec}")
-    if init == "random":
-        if spec in presets.PRESETS:
-            return _Source("preset", spec, True)
-        raise ModelNotFound(f"--init random needs a built-in preset ({', '.join(presets.preset_names())}) "
-                            f"or a local directory; got '{spec}'")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
-                                        OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError)
-    from huggingface_hub.utils import validate_repo_id
-
-    candidates = []
-    for repo in dict.fromkeys([presets.HUB_IDS.get(spec, spec), spec]):
-        try:
-            validate_repo_id(repo)
-        except HFValidationError:
-            continue
-        candidates.append(repo)
-    if not candidates:
-        raise ModelNotFound(f"no model '{spec}': not a preset ({', '.join(presets.preset_names())}), "
-                            f"not a local directory, and not a valid Hugging Face id")
-    offline = hub.offline()
-    for repo in candidates:
-        if _in_cache(repo):
-            if any(_in_cache(repo, f) for f in _WEIGHT_FILES):
-                return _Source("hub", repo, True)
-            if offline:  # config cached, weights not
-                raise OfflineError(_offline_message(spec))
-            return _Source("hub", repo, False)
-    if offline:
-        raise OfflineError(_offline_message(spec))
-    for repo in candidates:
-        try:
-            hf_hub_download(repo, "config.json")
-        except GatedRepoError:
-            raise ModelNotFound(f"{repo} is gated on the Hugging Face Hub: accept its license on the Hub and "
-                                f"log in (hf auth login)") from None
-        except (RepositoryNotFoundError, RevisionNotFoundError):
-            continue
-        except (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError, TimeoutError):
-            raise OfflineError(_offline_message(spec)) from None
-        except OSError as exc:  # EntryNotFoundError: a repo without config.json, or an HTTP error
-            raise ModelNotFound(f"{repo} on the Hugging Face Hub is not a transformers checkpoint: "
-                                f"{_first_line(exc)}") from None
-        return _Source("hub", repo, False)
-    raise ModelNotFound(f"no model '{spec}': not a preset, not a local directory, and not on the Hugging Face "
-                        f"Hub (tried {', '.join(candidates)})")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def _config_file(source: _Source) -> Path:
-    if source.kind == "dir":
-        return Path(source.ref) / "config.json"
-    found = _in_cache(source.ref)
-    if found is None:  # the probe in _resolve fetched it; only a racing cache cleanup gets here
-        raise CheckpointError(f"{source.ref}: config.json vanished from the Hugging Face cache")
-    return Path(found)
-
-
-def _read_config(source: _Source, name: str, trust_remote_code: bool) -> tuple[Any, Adapter]:
+def _read_config(source: Source, name: str, trust_remote_code: bool) -> tuple[Any, Adapter]:
     """The config, after checking the raw file (valid JSON, a supported model_type)."""
     from transformers import AutoConfig
 
-    path = _config_file(source)
+    path = config_path(source)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -167,42 +71,45 @@ def _read_config(source: _Source, name: str, trust_remote_code: bool) -> tuple[A
         config = AutoConfig.from_pretrained(str(path.parent) if source.kind == "dir" else source.ref,
                                             local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{name}: cannot read config.json: {_first_line(exc)}") from None
+        raise CheckpointError(f"{name}: cannot read config.json: {first_line(exc)}") from None
     return config, adapter
 
 
-def _load_tokenizer(source: _Source, name: str, trust_remote_code: bool, local_only: bool) -> Any:
+def _load_tokenizer(source: Source, name: str, trust_remote_code: bool, local_only: bool) -> Any:
     from transformers import AutoTokenizer
 
     if source.kind == "dir":
-        present = any((Path(source.ref) / f).is_file() for f in _TOKENIZER_FILES)
+        present = any((Path(source.ref) / f).is_file() for f in TOKENIZER_FILES)
     else:
-        present = not local_only or any(_in_cache(source.ref, f) for f in _TOKENIZER_FILES)
+        present = not local_only or any(in_cache(source.ref, f) for f in TOKENIZER_FILES)
     if not present:
-        raise CheckpointError(f"{name} has no tokenizer files ({', '.join(_TOKENIZER_FILES[:4])}, ...)")
+        raise CheckpointError(f"{name} has no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...)")
     try:
         hf = AutoTokenizer.from_pretrained(source.ref, local_files_only=local_only,
                                            trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{name}: cannot load its tokenizer: {_first_line(exc)}") from None
+        raise CheckpointError(f"{name}: cannot load its tokenizer: {first_line(exc)}") from None
     if not getattr(hf, "vocab_size", 0):
         raise CheckpointError(f"{name}: its tokenizer files define no vocabulary")
     return hf
 
 
-def _model_class(adapter: Adapter, config: Any) -> Any:
-    """CausalLM for decoders; for encoders MaskedLM when the checkpoint has that head, else the bare model."""
+def _model_class(adapter: Adapter, config: Any, random: bool = False) -> Any:
+    """CausalLM for decoders; for encoders MaskedLM when the checkpoint has that head (or when built
+    at random), else the bare model."""
     import transformers
 
     if adapter.causal:
         return transformers.AutoModelForCausalLM
+    if random:
+        return transformers.AutoModelForMaskedLM
     archs = getattr(config, "architectures", None) or []
     if any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
         return transformers.AutoModelForMaskedLM
     return transformers.AutoModel
 
 
-def _load_weights(source: _Source, name: str, config: Any, adapter: Adapter, dtype: torch.dtype,
+def _load_weights(source: Source, name: str, config: Any, adapter: Adapter, dtype: torch.dtype,
                   trust_remote_code: bool, local_only: bool, placement: dict[str, Any]) -> Any:
     cls = _model_class(adapter, config)
     # accelerate warns that offloaded parameters sit on the meta device: expected, and the
@@ -224,7 +131,7 @@ def _load_weights(source: _Source, name: str, config: Any, adapter: Adapter, dty
             raise UsageError(f"{name}: weights that do not fit --max-memory must be re-saved for disk offload "
                              f"(not safetensors, or converted while loading, as MoE experts are): pass "
                              f"--offload-folder DIR") from None
-        raise CheckpointError(f"{name}: cannot load the weights: {_first_line(exc)}") from None
+        raise CheckpointError(f"{name}: cannot load the weights: {first_line(exc)}") from None
     finally:
         dispatch_log.setLevel(level)
     missing = sorted(info.get("missing_keys") or []) + sorted(info.get("mismatched_keys") or [])
@@ -255,12 +162,23 @@ def _preset_tokenizer(spec: str, config: Any) -> Any:
     return hf
 
 
+def _wrap_tokenizer(hf_tok: Any, adapter: Adapter, config: Any, before_weights: BeforeWeights | None) -> Tokenizer:
+    # The same wrapping from_model applies: encoders keep their [CLS]/[SEP], decoders add none.
+    tok = Tokenizer(hf_tok, add_special_tokens=not adapter.causal)
+    if before_weights is not None:
+        before_weights(tok, config)
+    return tok
+
+
 def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "pretrained",
          trust_remote_code: bool = False, device_map: Any = None, max_memory: dict | str | None = None,
-         offload_folder: str | None = None) -> LoadedModel:
+         offload_folder: str | None = None, before_weights: BeforeWeights | None = None) -> LoadedModel:
     """Load a model and its tokenizer.
 
-    ``spec``: a local directory written by ``save_pretrained``; else with ``init="random"``
+    ``spec``: a ``.gguf`` file (config, tokenizer and weights from the one file through
+    transformers' GGUF support, weights dequantized to ``dtype``; ``dequantized_from`` names
+    the file's main quantization type), or a local directory written by ``save_pretrained``;
+    else with ``init="random"``
     a built-in preset (random weights, ``torch.manual_seed(0)``, ``untrained=True``); else a
     Hugging Face id (presets map to their canonical id first, e.g. gpt2 ->
     openai-community/gpt2, then the name itself), from the local HF cache first, then the
@@ -269,8 +187,19 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
     ``--max-memory`` text ``0=20GiB,cpu=60GiB``) and ``offload_folder`` go to
     ``from_pretrained`` (accelerate) and replace ``device``; see :mod:`anatomy_cli.bigmodel`.
 
+    ``before_weights(tokenizer, config)``, when given, is called once the config and the
+    tokenizer are read and before any weight is loaded or built (every source, also
+    ``init="random"``): ``tokenizer`` is the wrapped :class:`Tokenizer` that becomes
+    ``LoadedModel.tokenizer``, ``config`` the transformers config. Commands use it to check
+    arguments that need only tokens (``--position``, target tokens) before the slow load;
+    whatever it raises propagates and no weights are loaded.
+
+    Where a spec comes from is :func:`anatomy_cli.resolve.resolve`.
+
     Raises ModelNotFound, OfflineError (not cached, Hub unreachable), CheckpointError
-    (unreadable or partial checkpoint), UnsupportedArchitecture, AnatomyError (device),
+    (unreadable or partial checkpoint; a truncated GGUF file or one with a tensor type gguf
+    cannot dequantize), UnsupportedArchitecture (also a GGUF architecture transformers
+    cannot read), AnatomyError (device),
     UsageError (a placement with ``init="random"``, bad placement options, disk offload
     that needs an ``offload_folder``).
     """
@@ -286,28 +215,34 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
     device = str(getattr(device, "value", device))
     target = None if placement else resolve_device(device)
     _quiet_transformers()
-    source = _resolve(spec, init)
+    source = resolve(spec, need="weights", init=init)
+    header = load_gguf.check_header(source) if source.kind == "gguf" else None
+
+    if source.kind == "preset":
+        config = presets.preset_config(spec)
+        adapter = _adapters.for_config(config)
+        hf_tok = _preset_tokenizer(spec, config)
+    elif header is not None:
+        config, adapter = load_gguf.read_config(source)
+        hf_tok = load_gguf.load_tokenizer(source)
+    else:
+        config, adapter = _read_config(source, spec, trust_remote_code)
+        hf_tok = _load_tokenizer(source, spec, trust_remote_code, source.local_only or init == "random")
+    tok = _wrap_tokenizer(hf_tok, adapter, config, before_weights)
 
     if init == "random":
-        import transformers
-
-        if source.kind == "preset":
-            config = presets.preset_config(spec)
-            adapter = _adapters.for_config(config)
-            hf_tok = _preset_tokenizer(spec, config)
-        else:
-            config, adapter = _read_config(source, spec, trust_remote_code)
-            hf_tok = _load_tokenizer(source, spec, trust_remote_code, True)
-        cls = transformers.AutoModelForMaskedLM if not adapter.causal else transformers.AutoModelForCausalLM
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            model = cls.from_config(config, dtype=torch_dtype)
-        return from_model(model.to(target or "cpu"), hf_tok, name=spec, untrained=True)
-
-    config, adapter = _read_config(source, spec, trust_remote_code)
-    hf_tok = _load_tokenizer(source, spec, trust_remote_code, source.local_only)
-    model = _load_weights(source, spec, config, adapter, torch_dtype, trust_remote_code, source.local_only,
-                          placement)
+            model = _model_class(adapter, config, random=True).from_config(config, dtype=torch_dtype)
+        return from_model(model.to(target or "cpu"), tok, name=spec, untrained=True)
+    if header is not None:
+        model = load_gguf.load_weights(source, config, _model_class(adapter, config), torch_dtype, placement)
+    else:
+        model = _load_weights(source, spec, config, adapter, torch_dtype, trust_remote_code, source.local_only,
+                              placement)
     if target is not None:
         model = model.to(target)
-    return from_model(model, hf_tok, name=spec, untrained=False)
+    lm = from_model(model, tok, name=spec, untrained=False)
+    if header is not None:
+        lm.dequantized_from = header.quantization
+    return lm

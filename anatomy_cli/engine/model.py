@@ -22,6 +22,10 @@ class LoadedModel:
     ``untrained`` is True for ``init="random"``: outputs must say so.
     ``n_ctx`` is the longest prompt the model takes (None: no limit known).
     ``points`` maps each hook name to ``(module, "input" | "output")``.
+    ``logit_softcap``, ``embed_scale``, ``position_offset``: family quirks the engine applies
+    (see ``docs/engine.md``, Architectures); ``hook_embed`` already includes ``embed_scale``.
+    ``dequantized_from`` is the GGUF quantization type the weights were dequantized from
+    (``Q4_1``; None when the weights were not quantized on disk).
     """
 
     model: Any = field(repr=False)
@@ -41,3 +45,16 @@ class LoadedModel:
     has_unembed: bool
     has_resid_mid: bool
     points: dict[str, tuple[torch.nn.Module, str]] = field(repr=False, default_factory=dict)
+    logit_softcap: float | None = None  # Gemma 2: logits = c * tanh(raw / c); see cap_logits
+    embed_scale: float = 1.0       # what the embedding module multiplies table rows by (Gemma: sqrt(d_model))
+    position_offset: int = 0       # position id of the first token (RoBERTa: pad_token_id + 1)
+    dequantized_from: str | None = None
+
+    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Final logit soft-capping, ``c * tanh(logits / c)`` (Gemma 2), as the model's own head applies it.
+
+        ``logits [..., vocab]`` -> same shape; returned unchanged when ``logit_softcap`` is None.
+        """
+        if not self.logit_softcap:
+            return logits
+        return torch.tanh(logits / self.logit_softcap) * self.logit_softcap

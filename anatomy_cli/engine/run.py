@@ -14,16 +14,18 @@ from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, PromptTooLong, UsageError
 from anatomy_cli.tokenization import Encoded, Tokenizer
 
-def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, bos: bool = False) -> list[Encoded]:
+def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, bos: bool = False,
+           allow_special: bool = False) -> list[Encoded]:
     """Tokenize ``texts`` (see :mod:`anatomy_cli.tokenization`).
 
     Decoders get no BOS unless ``bos=True``; encoders (BERT) keep their [CLS]/[SEP].
+    Special-token text (``<|endoftext|>``) is plain text unless ``allow_special``.
     Accepts a LoadedModel, a :class:`Tokenizer` or a raw HF fast tokenizer.
     """
     tok = lm_or_tokenizer.tokenizer if isinstance(lm_or_tokenizer, LoadedModel) else lm_or_tokenizer
     if not isinstance(tok, Tokenizer):
         tok = Tokenizer(tok)
-    return tok.encode([texts] if isinstance(texts, str) else list(texts), bos=bos)
+    return tok.encode([texts] if isinstance(texts, str) else list(texts), bos=bos, allow_special=allow_special)
 
 
 def check_length(lm: LoadedModel, encoded: list[Encoded], *, truncate: str | None = None,
@@ -101,7 +103,9 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
         for row, i in enumerate(chunk):
             ids[row, :len(encoded[i])] = torch.tensor(encoded[i].ids)
             mask[row, :len(encoded[i])] = 1
-        pos_ids = torch.arange(width).expand(len(chunk), -1)
+        # RoBERTa's position ids start after its padding index (lm.position_offset); given explicitly
+        # they are not shifted by the model, so the offset is added here.
+        pos_ids = (torch.arange(width) + lm.position_offset).expand(len(chunk), -1)
         index = None
         if positions is not None:
             k = max(1, max(len(kept[i]) for i in chunk))
@@ -119,7 +123,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
                 last = _first_tensor(out)
                 rows = torch.cat([last[row, torch.tensor(kept[i], dtype=torch.long, device=last.device)]
                                   for row, i in enumerate(chunk)])
-                flat = _rowwise(head, rows).to(lm.device)
+                flat = lm.cap_logits(_rowwise(head, rows)).to(lm.device)  # Gemma 2's final soft-capping
                 logits = dict(zip(chunk, flat.split([len(kept[i]) for i in chunk])))
         # Cloned outside inference mode: inference tensors cannot meet parameters that require
         # grad (e.g. F.layer_norm(h, w) in an analysis); the clone also frees the batch tensor.

@@ -108,13 +108,18 @@ def _model_bytes(lm: Any) -> int:
 
 
 def _clear_stray_hooks(cache: ModelCache) -> int:
-    """Remove hooks a request left behind (there should be none); how many were removed."""
+    """Remove anatomy hooks a request left behind (there should be none); how many were removed.
+
+    Only anatomy's own: transformers installs output-capturing hooks once per model and relies on them.
+    """
     removed = 0
     for lm in list(cache.models.values()):
         for module in lm.model.modules():
             for hooks in (module._forward_hooks, module._forward_pre_hooks):
-                removed += len(hooks)
-                hooks.clear()
+                for key, fn in list(hooks.items()):
+                    if getattr(getattr(fn, "func", fn), "__module__", "").startswith("anatomy_cli"):
+                        del hooks[key]
+                        removed += 1
     return removed
 
 

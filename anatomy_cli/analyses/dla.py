@@ -1,0 +1,176 @@
+"""Direct logit attribution: each component's share of a target's logit at one position.
+
+In a pre-norm model the final residual is a sum, h_L = embedding (+ position embedding) + sum over
+blocks of attention output + MLP output, and the logit of token t is
+``W_U[t] . norm(h_L) + b_U[t]``. With the final norm's scale frozen at its value for h_L, the norm
+is linear, so the logit splits into one term per component plus a constant::
+
+    norm(h) = gain * P(h) / s + beta          (P: subtract the mean for LayerNorm; identity for RMSNorm)
+    logit_t = sum_c  W_U[t] . (gain * P(c) / s)  +  (W_U[t] . beta + b_U[t])
+
+This is TransformerLens's ``apply_ln_to_stack`` with the final residual's scale (each LayerNorm
+contribution centred). The rows add up to the model's own logit up to float rounding; the result
+carries both numbers. With a foil token f, the direction is ``W_U[t] - W_U[f]`` and the rows add
+up to ``logit_t - logit_f``. Per head: head h's contribution is its slice of the attention output
+projection's input through that projection, ``z[h] @ W_O[:, h]^T``; the projection's bias is a row
+of its own.
+
+Pure functions over captured tensors and weights; float64 on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anatomy_cli.errors import AnatomyError
+
+# The residual stream and the heads must add up to this relative precision (fp32 rounding is ~1e-6).
+SUM_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A final norm with its scale frozen: ``x -> gain * P(x)`` (no bias), and its bias.
+
+    ``centred``: P subtracts each vector's mean (LayerNorm) or not (RMSNorm, or no norm).
+    ``gain``: float64 [d_model], the norm's weight divided by ``scale``. ``scale``: the final
+    residual's standard deviation (LayerNorm) or RMS (RMSNorm), eps included. ``bias``: float64
+    [d_model], the norm's bias (zeros for RMSNorm).
+    """
+
+    centred: bool
+    gain: torch.Tensor
+    bias: torch.Tensor
+    scale: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., d_model]`` -> float64 ``[..., d_model]``: the frozen, bias-free norm."""
+        x = x.to(torch.float64)
+        if self.centred:
+            x = x - x.mean(-1, keepdim=True)
+        return x * self.gain
+
+
+def freeze_norm(norm: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor) -> FrozenNorm:
+    """The final norm ``norm`` (``[n, d] -> [n, d]``, e.g. ``engine.final_norm``) frozen at ``h [d_model]``.
+
+    The norm is treated as a black box of the form ``gain * P(x) / s(x) + beta`` (LayerNorm, RMSNorm,
+    Gemma's ``1 + weight``, no norm at all) and read from four probes: ``beta = norm(0)``; the norm
+    centres when ``norm(v + 3) == norm(v)``; ``gain`` from ``norm(v)`` with v = +-1 (mean 0, RMS 1);
+    ``s`` by least squares from ``norm(h)``. Raises AnatomyError when ``norm(h)`` is not of that form.
+    """
+    d = h.shape[-1]
+    v = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat((d + 1) // 2)[:d]
+    v = v - v.mean()
+    v = v / v.pow(2).mean().sqrt()
+    probes = torch.stack([torch.zeros(d, dtype=torch.float64), v, v + 3.0, h.to(torch.float64)])
+    out = norm(probes.to(h.dtype)).detach().to(torch.float64)
+    beta, at_v, at_shifted, at_h = out
+    centred = bool(torch.allclose(at_v, at_shifted, rtol=1e-3, atol=1e-3 * float(at_v.abs().max())))
+    gain = (at_v - beta) / v                  # up to the factor 1 / sqrt(1 + eps), which s absorbs
+    hp = h.to(torch.float64)
+    if centred:
+        hp = hp - hp.mean()
+    a, b = gain * hp, at_h - beta
+    scale = float(a @ a / (a @ b))
+    if not math.isfinite(scale) or float((b - a / scale).norm()) > SUM_TOLERANCE * float(b.norm()):
+        raise AnatomyError("the final norm is not a LayerNorm or RMSNorm (gain * (x - mean) / scale + bias): "
+                           "its scale cannot be frozen for direct logit attribution")
+    return FrozenNorm(centred=centred, gain=gain / scale, bias=beta, scale=scale)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One row's name: ``embed``, ``pos_embed``, ``L3.attn``, ``L3.mlp``, ``L3.H5``, ``L3.attn_bias``, ``bias``.
+
+    ``layer`` is the block index (``blocks.{layer}.*``, 0-based), None for the embeddings and
+    the final bias; ``head`` the head index for a head row.
+    """
+
+    name: str
+    layer: int | None = None
+    head: int | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    component: str
+    layer: int | None
+    head: int | None
+    contribution: float  # logit units (natural-log odds scale of the softmax)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The rows, their sum ``total`` and the model's own ``logit`` (or logit difference) to compare with."""
+
+    rows: tuple[Row, ...]
+    total: float
+    logit: float
+    norm_scale: float
+    centred: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [r.to_dict() for r in self.rows], "total": self.total, "logit": self.logit,
+                "norm_scale": self.norm_scale, "centred": self.centred}
+
+
+def head_outputs(z: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],
+                 n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each head's output: the attention output projection applied to that head's slice of its input.
+
+    ``z``: float [n_heads * d_head], the projection's input at one position (``attn.hook_z``);
+    ``project``: the projection (``[n, n_heads * d_head] -> [n, d_model]``, e.g. the ``o_proj``
+    module; any layout of its weight, GPT-2's Conv1D included). Returns ``(heads, bias)``: float64
+    [n_heads, d_model], each head's slice alone through the projection minus its bias, and float64
+    [d_model], the projection of zeros (its bias). ``heads.sum(0) + bias`` is the projection of z.
+    """
+    d_head = z.shape[-1] // n_heads
+    rows = z.new_zeros(n_heads + 1, z.shape[-1])
+    for h in range(n_heads):
+        rows[h, h * d_head:(h + 1) * d_head] = z[h * d_head:(h + 1) * d_head]
+    with torch.inference_mode():
+        out = project(rows)
+    out = (out[0] if isinstance(out, tuple) else out).to("cpu", torch.float64)
+    return out[:-1] - out[-1], out[-1]
+
+
+def check_sum(parts: torch.Tensor, whole: torch.Tensor, what: str) -> None:
+    """Raise AnatomyError unless ``parts [n, d]`` add up to ``whole [d]`` within :data:`SUM_TOLERANCE`."""
+    diff = float((parts.to(torch.float64).sum(0) - whole.to(torch.float64)).norm())
+    if diff > SUM_TOLERANCE * max(float(whole.to(torch.float64).norm()), 1e-12):
+        raise AnatomyError(f"{what} (relative difference {diff / float(whole.norm()):.1e}); "
+                           "direct logit attribution needs that sum")
+
+
+def attribute(components: torch.Tensor, names: Sequence[Component], *, norm: FrozenNorm,
+              direction: torch.Tensor, head_bias: float, logit: float) -> Attribution:
+    """Each component's contribution to ``direction . norm(sum of components) + head_bias``.
+
+    Args:
+        components: float [n, d_model], the vectors that add up to the final residual (check that
+            with :func:`check_sum` first).
+        names: one :class:`Component` per row of ``components``.
+        norm: the final norm frozen at the final residual (:func:`freeze_norm`).
+        direction: float [d_model], the unembedding row of the target (minus the foil's).
+        head_bias: the LM head's bias for the target (minus the foil's); 0 without a bias.
+        logit: the model's own logit (or logit difference), reported next to the sum.
+
+    Returns the rows in ``names`` order plus a final ``bias`` row (``direction . beta + head_bias``).
+    """
+    if components.ndim != 2 or components.shape[0] != len(names):
+        raise ValueError(f"components must be [{len(names)}, d_model], got {list(components.shape)}")
+    u = direction.to("cpu", torch.float64)
+    values = (norm(components.to("cpu")) @ u).tolist()
+    bias = float(norm.bias @ u) + float(head_bias)
+    rows = tuple(Row(n.name, n.layer, n.head, v) for n, v in zip(names, values)) + (Row("bias", None, None, bias),)
+    return Attribution(rows=rows, total=math.fsum(values + [bias]), logit=float(logit), norm_scale=norm.scale,
+                       centred=norm.centred)

@@ -1,0 +1,461 @@
+"""Counting parameters from a config: the model built on PyTorch's meta device.
+
+The model is instantiated under ``torch.device("meta")`` (shapes, no storage), so a 70B
+config costs a few hundred MB of RSS and a few seconds; every unique parameter tensor
+(``model.named_parameters()``, which yields a tied tensor once) is classified by
+:mod:`anatomy_cli.analyses.params`'s rules. Also accelerate's placement plan for
+``--max-memory``. Used for presets, config-only directories and Hub ids; a checkpoint on disk
+is read from its headers instead (:mod:`params_headers`).
+
+Entry points: :func:`resolve_config` (through :func:`anatomy_cli.resolve.resolve`),
+:func:`build_meta_model`, :func:`count_parameters`, :func:`plan_placement`,
+:func:`analyse_meta` which chains them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from anatomy_cli.analyses.params import (_N_EXPERTS_ATTRS, _TOP_K_ATTRS, BLOCK_CATEGORIES, CATEGORIES, DTYPE_BITS,
+                                         EMBEDDINGS, FFN, GENERIC, HEAD, LABELS, NORM, ROUTED, TOKEN, ATTENTION,
+                                         POSITION, TOKEN_TYPE, MoEInfo, ParamsResult, Placement, Row,
+                                         _EXPERT_INDEX_RE, _LAYER_RE, _fmt, _layer_rows, _outside_rows, _plural,
+                                         _short_list, _Tensor, Family, classify, family_for, memory_bytes)
+from anatomy_cli.bigmodel import compress_names
+from anatomy_cli.errors import AnatomyError, CheckpointError, UnsupportedArchitecture, UsageError
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A ``transformers`` config and where it came from.
+
+    ``source`` is ``preset``, ``directory`` or ``hub``; ``location`` is the
+    directory or cached config.json path (empty for presets).
+    """
+
+    spec: str
+    config: Any
+    source: str
+    location: str = ""
+
+
+def _first_sentence(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text.split(". ")[0].rstrip(".")
+
+
+def _config_from_file(spec: str, path: str, trust_remote_code: bool):
+    import transformers
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{spec}: config.json is not valid JSON ({exc})") from exc
+    except OSError as exc:  # transformers reports invalid JSON as OSError
+        raise CheckpointError(f"{spec}: cannot read config.json: {_first_sentence(exc)}") from exc
+    except StrictDataclassError as exc:  # v5 configs validate their fields (e.g. hidden % heads)
+        raise CheckpointError(f"{spec}: config.json is inconsistent: {_first_sentence(exc.__cause__ or exc)}") from exc
+    except (ValueError, KeyError) as exc:
+        m = re.search(r"model type `([^`]*)`", str(exc))
+        if "Should have a `model_type`" in str(exc):
+            raise UnsupportedArchitecture(f"{spec}: config.json has no model_type") from exc
+        if m:
+            raise UnsupportedArchitecture(
+                f"{spec}: model_type '{m.group(1)}' is unknown to transformers {transformers.__version__} "
+                "(try a newer transformers, or --trust-remote-code if the repository ships its own code)") from exc
+        raise UnsupportedArchitecture(f"{spec}: config.json is not a known transformers architecture: "
+                                      f"{_first_sentence(exc)}") from exc
+
+
+def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Any = None) -> ResolvedConfig:
+    """Find the config for ``spec`` (:func:`anatomy_cli.resolve.resolve` with ``need="config"``):
+    a built-in preset, a local directory with config.json, or a Hugging Face model id (only
+    config.json is fetched; the local cache first; ``HF_HUB_OFFLINE`` respected).
+
+    Raises ModelNotFound (nothing matches), OfflineError (offline and not cached),
+    CheckpointError (config.json missing or unreadable), UnsupportedArchitecture (unknown model_type).
+    """
+    from anatomy_cli import presets
+    from anatomy_cli.resolve import config_path, resolve
+
+    source = source or resolve(spec, need="config")
+    if source.kind == "preset":
+        return ResolvedConfig(spec, presets.preset_config(spec), "preset")
+    if source.kind == "dir":
+        return ResolvedConfig(spec, _config_from_file(spec, source.ref, trust_remote_code), "directory", source.ref)
+    if source.kind == "gguf":
+        raise UsageError(f"{spec} is a GGUF file: its parameters are read from its header (analyse)")
+    path = str(config_path(source))
+    # Remote code needs the repository id so transformers can fetch its .py files.
+    target = source.ref if trust_remote_code else path
+    return ResolvedConfig(spec, _config_from_file(spec, target, trust_remote_code), "hub", path)
+
+
+def _auto_class_for(config: Any, trust_remote_code: bool):
+    """The Auto class whose mapping holds this config's first listed architecture, or a sensible default head."""
+    import transformers
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+    from transformers.models.auto import modeling_auto as ma
+
+    heads = (
+        (AutoModelForCausalLM, ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        (AutoModelForMaskedLM, ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+        (AutoModelForSeq2SeqLM, ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+        (AutoModel, ma.MODEL_MAPPING_NAMES),
+    )
+    model_type = getattr(config, "model_type", "")
+    auto_map = getattr(config, "auto_map", None) or {}
+    if trust_remote_code and auto_map:
+        for auto, _ in heads:
+            if auto.__name__ in auto_map:
+                return auto, None
+    for arch in getattr(config, "architectures", None) or ():
+        for auto, mapping in heads:
+            names = mapping.get(model_type)
+            if arch == names or (isinstance(names, (list, tuple)) and arch in names):
+                return auto, None
+        cls = getattr(transformers, arch, None)
+        if cls is not None and hasattr(cls, "_from_config"):
+            return None, cls  # e.g. a classification head: count what the checkpoint holds
+    causal = model_type in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    masked = model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if causal and (not masked or getattr(config, "is_decoder", False)):
+        return AutoModelForCausalLM, None
+    for auto, mapping in heads[1:]:
+        if model_type in mapping:
+            return auto, None
+    return AutoModelForCausalLM, None
+
+
+def build_meta_model(config: Any, *, trust_remote_code: bool = False):
+    """Instantiate the model for ``config`` on the meta device (no weight memory).
+
+    Uses ``torch.device("meta")``: unlike accelerate's ``init_empty_weights`` in
+    transformers 5.x it keeps tied weights tied. Raises AnatomyError when the config
+    cannot be built.
+    """
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    auto, cls = _auto_class_for(config, trust_remote_code)
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # construction chatter is not a result
+    try:
+        with torch.device("meta"):
+            if cls is not None:
+                model = cls._from_config(config)
+            else:
+                model = auto.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, TypeError, AttributeError, KeyError, RuntimeError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AnatomyError(f"cannot build {type(config).__name__} on the meta device: {first}") from exc
+    finally:
+        hf_logging.set_verbosity(previous)
+    return model
+
+
+def _classify_all(model: Any, family: Family, n_experts: int | None) -> list[_Tensor]:
+    input_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    try:
+        output_emb = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        output_emb = None
+    by_identity: dict[int, str] = {}
+    if output_emb is not None:
+        for p in output_emb.parameters():
+            by_identity[id(p)] = HEAD
+    if input_emb is not None and getattr(input_emb, "weight", None) is not None:
+        by_identity[id(input_emb.weight)] = TOKEN
+    tensors = []
+    for name, p in model.named_parameters():  # remove_duplicate=True: a tied tensor appears once
+        category = classify(name, family)
+        recognised = category is not None
+        if category is None and id(p) in by_identity:
+            category, recognised = by_identity[id(p)], True
+        if category is None:
+            category = NORM
+        m = _LAYER_RE.search(name)
+        t = _Tensor(name, p.numel(), category, m.group(1) if m else None, int(m.group(2)) if m else None,
+                    recognised)
+        if category == ROUTED:
+            t.per_expert = _per_expert(name, p, n_experts)
+        tensors.append(t)
+    return tensors
+
+
+def _per_expert(name: str, p: Any, n_experts: int | None) -> dict[int, int]:
+    """Parameters each routed expert holds in tensor ``p``: one expert per
+    ``experts.<i>.`` module, or a slice along dim 0 of a fused [n_experts, ...] tensor.
+    A fused tensor whose dim 0 is not the config's expert count (e.g. [n_experts * d_ff, d])
+    is split evenly into that many experts."""
+    m = _EXPERT_INDEX_RE.search(name)
+    if m:
+        return {int(m.group(1)): p.numel()}
+    if p.dim() == 0:
+        return {0: p.numel()}
+    if n_experts and p.shape[0] != n_experts and p.numel() % n_experts == 0:
+        return dict.fromkeys(range(n_experts), p.numel() // n_experts)
+    per = p[0].numel()  # one slice along the expert dimension (meta: no data touched)
+    return dict.fromkeys(range(p.shape[0]), per)
+
+
+def _config_int(config: Any, attrs: tuple[str, ...]) -> int | None:
+    for attr in attrs:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _top_k(config: Any, model: Any) -> int | None:
+    value = _config_int(config, _TOP_K_ATTRS)
+    if value is not None:
+        return value
+    for module in model.modules():  # e.g. routers that keep their own top_k
+        value = getattr(module, "top_k", None)
+        if isinstance(value, int) and value > 0 and hasattr(module, "num_experts"):
+            return value
+    return None
+
+
+def _tied_pairs(model: Any) -> list[tuple[str, str]]:
+    seen: dict[int, str] = {}
+    pairs = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            pairs.append((name, seen[id(p)]))
+        else:
+            seen[id(p)] = name
+    return pairs
+
+
+def count_parameters(model: Any, resolved: ResolvedConfig, *, dtype: str | None = None,
+                     per_layer: bool = False) -> ParamsResult:
+    """Break ``model``'s unique parameters into rows (see the module docstring).
+
+    ``dtype`` (a key of :data:`DTYPE_BITS`) adds memory in bytes for the resident
+    weights (all parameters, every expert included). ``per_layer`` adds one
+    :class:`LayerRow` per block. Raises UsageError for an unknown dtype.
+    """
+    if dtype is not None and dtype not in DTYPE_BITS:
+        raise UsageError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPE_BITS)})")
+    config = resolved.config
+    model_type = getattr(config, "model_type", "") or ""
+    family = family_for(model_type)
+    tensors = _classify_all(model, family, _config_int(config, _N_EXPERTS_ATTRS))
+    total = sum(t.numel for t in tensors)
+
+    sums: dict[str, int] = defaultdict(int)
+    layers_of: dict[str, set[str]] = defaultdict(set)
+    for t in tensors:
+        sums[t.category] += t.numel
+        if t.layer is not None:
+            layers_of[t.category].add(t.layer)
+
+    # Routed experts: per layer, the top-k experts run; the rest are idle for this token.
+    moe = None
+    routed_active_by_layer: dict[str | None, int] = {}
+    expert_sizes: dict[str | None, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for t in tensors:
+        if t.per_expert:
+            for e, n in t.per_expert.items():
+                expert_sizes[t.layer][e] += n
+    if expert_sizes:
+        k = _top_k(config, model)
+        n_experts = max(len(sizes) for sizes in expert_sizes.values())
+        unselected = None
+        if k is not None:
+            for layer, sizes in expert_sizes.items():
+                routed_active_by_layer[layer] = sum(sorted(sizes.values(), reverse=True)[:k])
+            unselected = sums[ROUTED] - sum(routed_active_by_layer.values())
+        dense_layers = len(layers_of[FFN] - set(expert_sizes))
+        moe = MoEInfo(n_experts=n_experts, top_k=k, moe_layers=len(expert_sizes), dense_layers=dense_layers,
+                      active=None if unselected is None else total - unselected, unselected=unselected)
+
+    def active_of(category: str, n: int) -> int | None:
+        if moe is None or moe.active is None:
+            return None
+        return sum(routed_active_by_layer.values()) if category == ROUTED else n
+
+    def mem(n: int) -> int | None:
+        return memory_bytes(n, dtype) if dtype else None
+
+    rows = []
+    for category in CATEGORIES:
+        n = sums.get(category, 0)
+        if n == 0 and category not in (TOKEN, ATTENTION, NORM) and not (category == FFN and moe is None):
+            continue
+        label = LABELS[category]
+        n_layers = len(layers_of[category]) or None
+        if category in BLOCK_CATEGORIES and n_layers:
+            detail = _plural(n_layers, "layer")
+            if category == FFN and moe is not None:
+                detail = _plural(n_layers, "dense layer")
+            if category == ROUTED and moe is not None and moe.top_k is not None:
+                detail += f", top-{moe.top_k} of {moe.n_experts}"
+            label = f"{label} ({detail})"
+        if category == HEAD and family.name == "bert" and _is_tied_head(model):
+            label = "LM head (untied parts)"
+        rows.append(Row(category, label, n, n / total if total else 0.0,
+                        n_layers if category in BLOCK_CATEGORIES else None, active_of(category, n), mem(n)))
+
+    n_layers = (int(getattr(config, "num_hidden_layers", 0) or 0)
+                or len({t.layer for t in tensors if t.layer is not None}))
+    excluded = [t for t in tensors if t.category in (*EMBEDDINGS, HEAD)]
+    non_embedding = total - sum(t.numel for t in excluded)
+    tied = _tied_pairs(model)
+    unrecognised = [t.name for t in tensors if not t.recognised]
+
+    layer_rows = outside = None
+    if per_layer:
+        layer_rows = tuple(_layer_rows(tensors, total, routed_active_by_layer, moe, mem))
+        outside = tuple(_outside_rows(tensors, total, routed_active_by_layer, moe, mem))
+
+    notes = _notes(resolved, family, total, non_embedding, excluded, tied, unrecognised, moe, dtype, model)
+    return ParamsResult(
+        model=resolved.spec, source=resolved.source, location=resolved.location, model_type=model_type,
+        architecture=type(model).__name__, family=family.name, n_layers=n_layers, total=total, rows=tuple(rows),
+        non_embedding=non_embedding, non_embedding_excludes=tuple(t.name for t in excluded), tied=tuple(tied),
+        unrecognised=tuple(unrecognised), moe=moe, dtype=dtype, memory_bytes=mem(total), layers=layer_rows,
+        outside_layers=outside,
+        notes=tuple(notes),
+    )
+
+
+def _is_tied_head(model: Any) -> bool:
+    try:
+        out = model.get_output_embeddings()
+        inp = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return False
+    return out is not None and inp is not None and getattr(out, "weight", None) is getattr(inp, "weight", False)
+
+
+def _notes(resolved, family, total, non_embedding, excluded, tied, unrecognised, moe, dtype, model) -> list[str]:
+    notes = ["Counted on the meta device from the config alone (no weights): every unique parameter tensor "
+             "once, buffers never."]
+    if _is_tied_head(model):
+        notes.append("The LM head shares the token embedding (tied weights); it is counted once, under "
+                     "Token Embedding.")
+    other_ties = [(a, b) for a, b in tied if not (_is_tied_head(model) and b == _input_weight_name(model))]
+    if other_ties:
+        notes.append("Also tied (counted once): " + _short_list([f"{a} = {b}" for a, b in other_ties]) + ".")
+    if excluded:
+        tied_head = _is_tied_head(model)
+        roles = {TOKEN: "token embedding" + (", also the LM head" if tied_head else ""),
+                 POSITION: "position embedding", TOKEN_TYPE: "token-type embedding", HEAD: "LM head"}
+        names = [f"{t.name} ({roles[t.category]})" for t in excluded]
+        notes.append(f"Non-embedding parameters: {_fmt(non_embedding)} = the total minus {_short_list(names, 6)}.")
+    if unrecognised:
+        n = len(unrecognised)
+        notes.append(f"{_plural(n, 'tensor')} matched no rule of the '{family.name}' table and "
+                     f"{'is' if n == 1 else 'are'} counted in LayerNorm + other: {_short_list(unrecognised)}.")
+    if family is GENERIC:
+        notes.append(f"model_type '{getattr(resolved.config, 'model_type', '')}' has no rule table: the total is "
+                     "exact, the split into rows is best effort.")
+    if moe is not None:
+        if moe.top_k is None:
+            notes.append("Mixture of experts: the config does not say how many experts a token uses, "
+                         "so no active count.")
+        else:
+            dense = f"; {_plural(moe.dense_layers, 'dense FFN layer')}" if moe.dense_layers else ""
+            notes.append(f"Active = parameters used for one token: everything except the routed experts the "
+                         f"router does not pick (top-{moe.top_k} of {moe.n_experts} in each of "
+                         f"{_plural(moe.moe_layers, 'MoE layer')}{dense}). Active {_fmt(moe.active)} of "
+                         f"{_fmt(total)}.")
+    if dtype:
+        note = (f"Memory: parameters x {DTYPE_BITS[dtype] / 8:g} bytes ({dtype}); the weights that must be resident"
+                f"{', every expert included' if moe is not None else ''}; no activations, KV cache or "
+                "optimizer state")
+        if dtype in ("int8", "int4"):
+            note += ", and no quantization scales"
+        notes.append(note + ".")
+    return notes
+
+
+def _input_weight_name(model: Any) -> str | None:
+    inp = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(inp, "weight", None)
+    for name, p in model.named_parameters():
+        if p is weight:
+            return name
+    return None
+
+
+def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> Placement:
+    """Where accelerate would put each block for ``max_memory`` at ``dtype``.
+
+    Uses ``accelerate.utils.infer_auto_device_map`` with the model's
+    ``_no_split_modules`` (and ``get_balanced_memory`` first when more than one GPU
+    is given, as ``device_map="auto"`` does). GPU budgets are taken as given: no GPU
+    needs to be present. Modules that fit nowhere go to ``disk``.
+    """
+    import torch
+    from accelerate.utils import CustomDtype, get_balanced_memory, infer_auto_device_map
+
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8,
+                   "int4": CustomDtype.INT4}[dtype]
+    no_split = list(getattr(model, "_no_split_modules", None) or [])
+    budget = dict(max_memory)
+    gpus = [k for k in budget if isinstance(k, int)]
+    # accelerate warns that absent GPUs are "not available"; for an estimate that is expected.
+    acc_logger = logging.getLogger("accelerate.utils.modeling")
+    level = acc_logger.level
+    acc_logger.setLevel(logging.ERROR)
+    try:
+        if len(gpus) > 1:
+            budget = get_balanced_memory(model, max_memory=dict(budget), no_split_module_classes=no_split,
+                                         dtype=torch_dtype, low_zero=False)
+        device_map = infer_auto_device_map(model, max_memory=dict(budget), no_split_module_classes=no_split,
+                                           dtype=torch_dtype)
+    finally:
+        acc_logger.setLevel(level)
+
+    keys = sorted(device_map, key=len, reverse=True)
+    counts: dict[str, int] = defaultdict(int)
+    for name, p in model.named_parameters():
+        owner = next((k for k in keys if k == "" or name == k or name.startswith(k + ".")), None)
+        device = str(device_map[owner]) if owner is not None else "unplaced"
+        counts[device] += p.numel()
+    order = [str(k) for k in max_memory] + ["disk"]
+    devices = []
+    for device in dict.fromkeys(order + list(counts)):
+        modules = [m for m, d in device_map.items() if str(d) == device]
+        if not modules and device not in counts:
+            continue
+        budget_key: int | str = int(device) if device.isdigit() else device
+        devices.append({"device": device, "modules": compress_names(modules), "parameters": counts.get(device, 0),
+                        "memory_bytes": memory_bytes(counts.get(device, 0), dtype),
+                        "budget_bytes": max_memory.get(budget_key)})
+    return Placement(max_memory={str(k): v for k, v in max_memory.items()}, dtype=dtype, balanced=len(gpus) > 1,
+                     device_map={k: str(v) for k, v in device_map.items()}, devices=tuple(devices))
+
+
+def analyse_meta(spec, source, dtype, per_layer, trust_remote_code, max_memory) -> ParamsResult:
+    import dataclasses
+
+    resolved = resolve_config(spec, trust_remote_code=trust_remote_code, source=source)
+    model = build_meta_model(resolved.config, trust_remote_code=trust_remote_code)
+    result = count_parameters(model, resolved, dtype=dtype, per_layer=per_layer)
+    if max_memory is not None:
+        plan_dtype = dtype or _config_dtype(resolved.config)
+        placement = plan_placement(model, max_memory, plan_dtype)
+        no_split = ", ".join(getattr(model, "_no_split_modules", None) or []) or "none"
+        note = (f"Placement: accelerate's infer_auto_device_map on the meta model at {plan_dtype} (never split: "
+                f"{no_split}); GPU budgets are taken as given; 'disk' holds what fits no budget: with --device-map it "
+                "is read from disk at every forward (docs/big-models.md).")
+        result = dataclasses.replace(result, placement=placement, notes=(*result.notes, note))
+    return result
+
+
+def _config_dtype(config: Any) -> str:
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(value).replace("torch.", "") if value is not None else ""
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(name, "fp32")

@@ -1,0 +1,319 @@
+"""Interventions: forward runs of one prompt with activations replaced, zeroed or mean-ablated.
+
+One patching core for ``ablate`` and ``patch`` (after TransformerLens's ``patching.py``):
+a *site* is data (:data:`SITES`: which hook point, whether it is a head's slice), an
+:class:`Edit` says what to do at one site of one layer, and :func:`run_edits` runs many
+edited copies of the prompt ("rows"), each with its own edits, in a few batched forwards.
+
+Batching. Rows are sorted by the first layer they edit, and a forward starts as ONE row,
+the unedited prompt. At the input of block l, the rows whose first edit is in block l join
+the batch as copies of that unedited row. So the blocks below a row's first edit run once
+per forward for all rows (at batch 1), and a grid of L layers x P positions costs about
+``L * P / 2`` row-blocks instead of ``L * P`` full forwards. ``batch_size`` bounds the edited
+rows of one forward. The attention mask and rotary tables are built for batch 1 and
+broadcast over the grown batch (every row is the same token sequence, no padding).
+
+Hooks are registered in a context manager and removed in ``finally``, also when the
+forward raises.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from anatomy_cli.engine.hooks import _first_tensor, capture
+from anatomy_cli.engine.lens import _rowwise
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.errors import AnatomyError, UsageError
+
+
+@dataclass(frozen=True)
+class Site:
+    """A kind of place to intervene: the hook point ``blocks.{l}.<hook>``; per-head sites edit
+    the columns ``h * d_head : (h + 1) * d_head`` of ``blocks.{l}.attn.hook_z``."""
+
+    name: str
+    hook: str
+    per_head: bool = False
+
+
+SITES: dict[str, Site] = {s.name: s for s in (
+    Site("resid_pre", "hook_resid_pre"),      # input of block l
+    Site("attn_out", "hook_attn_out"),        # what block l's attention adds
+    Site("mlp_out", "hook_mlp_out"),          # what block l's MLP adds
+    Site("resid_post", "hook_resid_post"),    # output of block l
+    Site("head", "attn.hook_z", per_head=True),  # head h's slice of the output projection's input
+)}
+
+Mode = Literal["patch", "zero", "mean"]
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One intervention in one row.
+
+    ``site`` is a key of :data:`SITES`; ``head`` is required for per-head sites.
+    ``positions``: absolute token positions to edit (None: all). ``mode``:
+
+    * ``patch``: write ``value``, float ``[len(positions) or pos, width]`` (width ``d_model``,
+      or ``d_head`` for a head), e.g. another prompt's activation;
+    * ``zero``: write zeros;
+    * ``mean``: write the activation's mean over all the prompt's positions (in this row).
+    """
+
+    site: str
+    layer: int
+    head: int | None = None
+    positions: tuple[int, ...] | None = None
+    mode: Mode = "patch"
+    value: torch.Tensor | None = None
+
+    def hook_name(self) -> str:
+        return f"blocks.{self.layer}.{SITES[self.site].hook}"
+
+
+def check_edit(lm: LoadedModel, edit: Edit, n_tokens: int) -> None:
+    """Raise UsageError for an edit ``lm`` cannot do (unknown site, layer/head/position out of range)."""
+    if edit.site not in SITES:
+        raise UsageError(f"unknown site '{edit.site}'; use one of {', '.join(SITES)}")
+    if not 0 <= edit.layer < lm.n_layers:
+        raise UsageError(f"layer {edit.layer} is out of range: {lm.name} has layers 0..{lm.n_layers - 1}")
+    if SITES[edit.site].per_head and (edit.head is None or not 0 <= edit.head < lm.n_heads):
+        raise UsageError(f"head {edit.head} is out of range: {lm.name} has heads 0..{lm.n_heads - 1}")
+    for p in edit.positions or ():
+        if not 0 <= p < n_tokens:
+            raise UsageError(f"position {p} is out of range for a prompt of {n_tokens} tokens")
+    if edit.mode == "patch" and edit.value is None:
+        raise ValueError("a patch edit needs a value")
+    if edit.hook_name() not in lm.points:
+        raise UsageError(f"{lm.name} has no hook point '{edit.hook_name()}'")
+
+
+def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]], *, position: int = -1,
+              batch_size: int = 32,
+              reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the prompt ``ids`` once per row of edits; read the logits at ``position``.
+
+    ``rows[i]`` is the list of edits of row i (an empty list: the unedited prompt).
+    ``reduce`` maps logits ``[n, vocab]`` (model dtype) to what is kept per row, e.g. a
+    metric ``[n]``; default: the logits themselves.
+
+    Returns ``(base, edited)``: ``reduce`` of the unedited run's logits ``[1, ...]`` and of
+    every row ``[len(rows), ...]``, input order, on ``lm.device``. Raises UsageError for an
+    edit out of range, AnatomyError for a model without an LM head.
+    """
+    if not lm.has_unembed:
+        raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read logits from")
+    n_tokens = len(ids)
+    if n_tokens == 0:
+        raise UsageError("empty prompt")
+    pos = position + n_tokens if position < 0 else position
+    if not 0 <= pos < n_tokens:
+        raise UsageError(f"position {position} is out of range for a prompt of {n_tokens} tokens")
+    for row in rows:
+        for edit in row:
+            check_edit(lm, edit, n_tokens)
+    reduce = reduce or (lambda logits: logits)
+
+    starts = [min((e.layer for e in row), default=lm.n_layers) for row in rows]
+    order = sorted(range(len(rows)), key=lambda i: starts[i])
+    head = lm.points["logits"][0]
+    base_out = None
+    results: list[torch.Tensor | None] = [None] * len(rows)
+    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
+    lm.model.eval()
+    for first in range(0, max(1, len(order)), max(1, batch_size)):
+        chunk = order[first:first + max(1, batch_size)]
+        with torch.inference_mode(), _hooks(lm, [rows[i] for i in chunk], [starts[i] for i in chunk]):
+            kwargs = {"use_cache": False} if lm.is_causal else {}
+            out = lm.model.base_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                      position_ids=torch.arange(n_tokens, device=lm.device)[None], **kwargs)
+            hidden = _first_tensor(out)[:, pos]               # [1 + len(chunk), d_model]
+            reduced = reduce(_rowwise(head, hidden).to(lm.device))
+        if base_out is None:
+            base_out = reduced[:1].clone()
+        for row, i in enumerate(chunk, start=1):
+            # A row without edits never joined the batch (it sorts last): it is the unedited run.
+            results[i] = reduced[row if starts[i] < lm.n_layers else 0].clone()
+    edited = torch.stack(results) if rows else base_out[:0]  # type: ignore[arg-type]
+    return base_out, edited
+
+
+@dataclass(frozen=True)
+class PatchRun:
+    """What :func:`patch_grid` returns (tensors on ``lm.device``, ``reduce``'s dtype).
+
+    ``clean``/``corrupt``: ``reduce`` of each unedited run's logits at the last position
+    (computed in one batch), ``[...]``; ``grid``: ``[len(layers), len(columns), ...]``, cell (i, j) the corrupt run
+    with layer ``layers[i]``'s site at column ``columns[j]`` (a position, or a head at all
+    positions) taken from the clean run.
+    """
+
+    site: str
+    layers: tuple[int, ...]
+    columns: tuple[int, ...]
+    clean: torch.Tensor
+    corrupt: torch.Tensor
+    grid: torch.Tensor
+
+
+def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[int], site: str, *,
+               reduce: Callable[[torch.Tensor], torch.Tensor], layers: Sequence[int] | None = None,
+               source_ids: Sequence[int] | None = None, batch_size: int = 32) -> PatchRun:
+    """Activation patching: run ``corrupt_ids`` with one site of one layer (at one position, or one
+    head at every position) replaced by its activation in the run of ``clean_ids``.
+
+    ``site``: a key of :data:`SITES`; ``layers``: default all. The patched values come from
+    ``source_ids`` when given (default ``clean_ids``; the corrupt prompt itself gives an
+    unchanged grid). ``reduce`` maps logits ``[n, vocab]`` to a metric ``[n]``. The clean run
+    is one forward; the grid ``ceil(cells / batch_size)`` batched forwards (see the module
+    docstring). Raises UsageError when the prompts' token counts differ, or for an unknown site.
+    """
+    if site not in SITES:
+        raise UsageError(f"unknown site '{site}'; use one of {', '.join(SITES)}")
+    source_ids = list(clean_ids if source_ids is None else source_ids)
+    if not (len(clean_ids) == len(corrupt_ids) == len(source_ids)):
+        raise UsageError(f"the prompts have different token counts: {len(clean_ids)} and {len(corrupt_ids)}")
+    if not lm.has_unembed:
+        raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read logits from")
+    layers = tuple(range(lm.n_layers)) if layers is None else tuple(layers)
+    names = [f"blocks.{layer}.{SITES[site].hook}" for layer in layers]
+    # The clean, corrupt and source runs: one forward of equally long prompts (no padding). Both
+    # metrics come from the same batch, so identical prompts give identical metrics.
+    ids = torch.tensor([list(clean_ids), list(corrupt_ids), source_ids], dtype=torch.long, device=lm.device)
+    with torch.inference_mode(), capture(lm, names) as source:
+        kwargs = {"use_cache": False} if lm.is_causal else {}
+        out = lm.model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        clean, corrupt = reduce(_rowwise(lm.points["logits"][0], _first_tensor(out)[:2, -1]).to(lm.device))
+    n = len(corrupt_ids)
+    columns = tuple(range(lm.n_heads)) if SITES[site].per_head else tuple(range(n))
+    rows = []
+    for layer, name in zip(layers, names):
+        act = source[name][2]                                 # [pos, width]
+        for c in columns:
+            if SITES[site].per_head:
+                value = act[:, c * lm.d_head:(c + 1) * lm.d_head]
+                rows.append([Edit(site, layer, head=c, value=value)])
+            else:
+                rows.append([Edit(site, layer, positions=(c,), value=act[c:c + 1])])
+    _, edited = run_edits(lm, corrupt_ids, rows, position=-1, batch_size=batch_size, reduce=reduce)
+    grid = edited.reshape(len(layers), len(columns), *edited.shape[1:])
+    return PatchRun(site=site, layers=layers, columns=columns, clean=clean, corrupt=corrupt, grid=grid)
+
+
+def ablation_rows(lm: LoadedModel, *, components: Sequence[str], mode: Mode,
+                  layers: Sequence[int] | None = None) -> list[tuple[int, str, int | None, list[Edit]]]:
+    """One row per (layer, component) knocking that component out at every position.
+
+    ``components``: ``attn`` (site attn_out), ``mlp`` (mlp_out), ``head`` (every head of the
+    layer separately, site head). ``mode``: ``zero`` or ``mean``. Returns
+    ``[(layer, component, head or None, [edit])]`` in layer order, ready for :func:`run_edits`.
+    """
+    if mode not in ("zero", "mean"):
+        raise UsageError(f"unknown ablation mode '{mode}'; use zero or mean")
+    layers = tuple(range(lm.n_layers)) if layers is None else tuple(layers)
+    out = []
+    for layer in layers:
+        for component in components:
+            if component == "head":
+                out += [(layer, "head", h, [Edit("head", layer, head=h, mode=mode)]) for h in range(lm.n_heads)]
+            else:
+                site = {"attn": "attn_out", "mlp": "mlp_out"}[component]
+                out.append((layer, component, None, [Edit(site, layer, mode=mode)]))
+    return out
+
+
+@contextmanager
+def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit]], starts: Sequence[int]) -> Iterator[None]:
+    """Hooks for one forward: grow the batch at each row's first layer, then apply the edits.
+
+    ``rows`` are sorted by ``starts``; row j of the chunk is batch row ``j + 1`` (row 0 is the
+    unedited prompt). Grow hooks are registered first: PyTorch runs a module's pre-hooks in
+    registration order, so a resid_pre edit of block l sees the grown batch.
+    """
+    blocks = lm.model.base_model.get_submodule(lm.adapter.blocks)
+    joining: dict[int, int] = defaultdict(int)
+    for s in starts:
+        if s < lm.n_layers:
+            joining[s] += 1
+    by_point: dict[str, list[tuple[int, Edit]]] = defaultdict(list)
+    for j, row in enumerate(rows, start=1):
+        for edit in row:
+            by_point[edit.hook_name()].append((j, edit))
+    handles = []
+    try:
+        for layer, n_new in sorted(joining.items()):
+            handles.append(blocks[layer].register_forward_pre_hook(_grow_hook(n_new), with_kwargs=True))
+        for name, edits in by_point.items():
+            module, side = lm.points[name]
+            if side == "input":
+                handles.append(module.register_forward_pre_hook(_input_hook(lm, edits), with_kwargs=True))
+            else:
+                handles.append(module.register_forward_hook(_output_hook(lm, edits)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _with_hidden(args: tuple, kwargs: dict, fn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[tuple, dict]:
+    if args:
+        return (fn(args[0]), *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
+
+
+def _grow_hook(n_new: int):
+    def hook(_mod, args, kwargs):
+        # Row 0 is the unedited prompt: new rows start as copies of it at this block's input.
+        def grow(h: torch.Tensor) -> torch.Tensor:
+            return torch.cat([h, h[:1].expand(n_new, *h.shape[1:])])
+        return _with_hidden(args, kwargs, grow)
+    return hook
+
+
+def _apply(lm: LoadedModel, t: torch.Tensor, edits: list[tuple[int, Edit]]) -> torch.Tensor:
+    """``t [batch, pos, width]`` with each (batch row, edit) applied; a new tensor."""
+    t = t.clone()
+    for row, edit in edits:
+        cols = slice(None)
+        if SITES[edit.site].per_head:
+            cols = slice(edit.head * lm.d_head, (edit.head + 1) * lm.d_head)
+        where = list(edit.positions) if edit.positions is not None else slice(None)
+        if edit.mode == "patch":
+            t[row, where, cols] = edit.value.to(t.device, t.dtype)
+        elif edit.mode == "zero":
+            t[row, where, cols] = 0
+        elif edit.mode == "mean":
+            t[row, where, cols] = t[row, :, cols].mean(dim=0, keepdim=True)
+        else:
+            raise ValueError(f"unknown mode {edit.mode!r}")
+    return t
+
+
+def _input_hook(lm: LoadedModel, edits: list[tuple[int, Edit]]):
+    def hook(_mod, args, kwargs):
+        return _with_hidden(args, kwargs, lambda h: _apply(lm, h, edits))
+    return hook
+
+
+def _output_hook(lm: LoadedModel, edits: list[tuple[int, Edit]]):
+    def hook(_mod, _args, output):
+        return _replace_first(output, _apply(lm, _first_tensor(output), edits))
+    return hook
+
+
+def _replace_first(value: Any, new: torch.Tensor) -> Any:
+    """``value`` with its activation (see :func:`_first_tensor`) replaced by ``new``."""
+    if isinstance(value, torch.Tensor):
+        return new
+    if isinstance(value, tuple):
+        return (new, *value[1:])
+    if isinstance(value, list):
+        return [new, *value[1:]]
+    raise AnatomyError(f"cannot replace the activation in a module value of type {type(value).__name__}")

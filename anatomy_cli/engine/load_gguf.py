@@ -1,0 +1,116 @@
+"""Loading a GGUF file (llama.cpp) through transformers' own GGUF support.
+
+``from_pretrained(folder, gguf_file=name)`` reads the config, the tokenizer and the weights
+from the one file; the weights are dequantized (by the ``gguf`` package) to the dtype asked
+for. Before any of that, the header (:func:`anatomy_cli.headers.read_gguf`) is checked so
+that each failure is one line: a truncated or corrupt file, an architecture transformers
+cannot read from GGUF (the message names those it can), a tensor type ``gguf`` cannot
+dequantize.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from anatomy_cli import adapters as _adapters
+from anatomy_cli.adapters import Adapter
+from anatomy_cli.errors import CheckpointError, UnsupportedArchitecture
+from anatomy_cli.headers import GGUFHeader, read_gguf
+from anatomy_cli.resolve import Source, first_line
+
+
+def readable_architectures() -> list[str]:
+    """GGUF ``general.architecture`` values transformers can turn into a config."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return sorted(GGUF_SUPPORTED_ARCHITECTURES)
+
+
+def _dequantizable(dtype: str) -> bool:
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+
+    kind = GGMLQuantizationType[dtype]
+    _, type_size = GGML_QUANT_SIZES[kind]
+    try:
+        dequantize(np.zeros((1, type_size), dtype=np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def check_header(source: Source) -> GGUFHeader:
+    """The header of ``source`` (a ``gguf`` Source), checked for what loading needs.
+
+    Raises CheckpointError (truncated, corrupt, a tensor type gguf cannot dequantize),
+    UnsupportedArchitecture (transformers cannot read the architecture from GGUF).
+    """
+    header = read_gguf(source.ref)
+    arch = header.architecture
+    readable = readable_architectures()
+    if not arch:
+        raise CheckpointError(f"{source.spec}: the GGUF header has no general.architecture")
+    if arch not in readable and arch.replace("moe", "_moe") not in readable and arch.replace("-", "_") not in readable:
+        raise UnsupportedArchitecture(f"{source.spec}: GGUF architecture '{arch}' cannot be read by transformers; "
+                                      f"it reads {', '.join(readable)}")
+    for dtype in dict.fromkeys(t.dtype for t in header.tensors):
+        if not _dequantizable(dtype):
+            import gguf.quants
+
+            names = ["F32", "F16"] + sorted(t.name for t in gguf.quants._type_traits)
+            raise CheckpointError(f"{source.spec}: tensor type {dtype} cannot be dequantized by the gguf package "
+                                  f"(it dequantizes {', '.join(names)})")
+    return header
+
+
+def _where(source: Source) -> tuple[str, str]:
+    path = Path(source.ref).resolve()
+    return str(path.parent), path.name
+
+
+def read_config(source: Source) -> tuple[Any, Adapter]:
+    """The transformers config built from the GGUF metadata, and its adapter."""
+    from transformers import AutoConfig
+
+    folder, name = _where(source)
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{source.spec}: cannot read a config from the GGUF metadata: "
+                              f"{first_line(exc)}") from None
+    return config, _adapters.for_config(config)
+
+
+def load_tokenizer(source: Source) -> Any:
+    """The tokenizer stored in the GGUF file (transformers converts it to a fast tokenizer)."""
+    from transformers import AutoTokenizer
+
+    folder, name = _where(source)
+    try:
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
+        raise CheckpointError(f"{source.spec}: cannot build its tokenizer from the GGUF metadata: "
+                              f"{first_line(exc)}") from None
+
+
+def load_weights(source: Source, config: Any, cls: Any, dtype: Any, placement: dict[str, Any]) -> Any:
+    """The model, its weights dequantized to ``dtype``."""
+    import functools
+    import sys
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    folder, name = _where(source)
+    bar = gguf_utils.tqdm
+    if not sys.stderr.isatty():  # as for transformers' own progress bars: none in a pipeline or a log
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        return cls.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype, local_files_only=True,
+                                   **placement)
+    except Exception as exc:
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise CheckpointError(f"{source.spec}: cannot load the GGUF weights: {first_line(exc)}") from None
+    finally:
+        gguf_utils.tqdm = bar

@@ -1,0 +1,251 @@
+"""`anatomy lens`: the logit lens at every layer and position.
+
+The analysis on synthetic tensors against an independent computation; the CLI on tiny random
+models and on the real SmolLM2 against hooks on the transformers model plus a hand-written final
+norm and unembedding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from anatomy_cli.analyses.lens import lens_grid
+from anatomy_cli.cli import app
+
+runner = CliRunner()
+PROMPT = "Thank you very"  # GPT-2 ids [10449, 345, 845]
+
+
+def _describe(token_id: int) -> tuple[str, str]:
+    return f"t{token_id}", f"t{token_id}"
+
+
+def _reference(logits: torch.Tensor, target: int | None = None) -> dict[str, torch.Tensor]:
+    """Statistics of logits [rows, pos, vocab] by torch.distributions and F.kl_div (not the analysis's code)."""
+    logits = logits.double()
+    dist = torch.distributions.Categorical(logits=logits)
+    final = dist.probs[-1]
+    kl = torch.stack([torch.nn.functional.kl_div(torch.log_softmax(row, -1), final, reduction="none").sum(-1)
+                      for row in logits])
+    out = {"probs": dist.probs, "entropy": dist.entropy(), "kl": kl}
+    if target is not None:
+        order = torch.argsort(logits, dim=-1, descending=True)
+        out["rank"] = (order == target).int().argmax(-1) + 1
+        # The bounds of a rank computed in another precision: tokens within 1e-4 of the target may swap.
+        t = logits[..., target:target + 1]
+        out["rank_lo"] = (logits > t + 1e-4).sum(-1) + 1
+        out["rank_hi"] = (logits > t - 1e-4).sum(-1) + 1
+    return out
+
+
+# ---------------------------------------------------------------- analysis (synthetic tensors)
+
+def test_grid_statistics_equal_an_independent_computation():
+    g = torch.Generator().manual_seed(0)
+    rows, pos, d, vocab = 4, 3, 8, 50
+    resid = torch.randn(rows, pos, d, generator=g)
+    weight = torch.randn(vocab, d, generator=g)
+    calls = []
+
+    def unembed(h):
+        calls.append(h.shape[0])
+        return h @ weight.T
+
+    grid = lens_grid(resid, unembed, describe=_describe, k=3, target_id=7)
+    ref = _reference(resid @ weight.T, target=7)
+    top_p, top_i = torch.topk(ref["probs"], 3)
+    assert torch.equal(grid.top_ids, top_i)
+    torch.testing.assert_close(grid.probability(), top_p[..., 0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(grid.entropy(), ref["entropy"], atol=1e-10, rtol=0)
+    torch.testing.assert_close(grid.kl(), ref["kl"], atol=1e-10, rtol=0)
+    assert torch.equal(grid.kl()[-1], torch.zeros(pos, dtype=torch.float64))
+    assert torch.equal(grid.rank(), ref["rank"])
+    torch.testing.assert_close(grid.target_logprobs.exp(), ref["probs"][..., 7], atol=1e-12, rtol=0)
+    top1 = top_i[..., 0] == 7
+    assert grid.target_first_layer == tuple(int(top1[:, p].nonzero()[0]) if top1[:, p].any() else None
+                                            for p in range(pos))
+    # All rows go through the lens in a few calls: the last layer first, then the rest at once.
+    assert calls == [pos, (rows - 1) * pos]
+    # Chunking changes nothing.
+    small = lens_grid(resid, lambda h: h @ weight.T, describe=_describe, k=3, target_id=7, max_elements=1)
+    assert torch.equal(small.top_ids, grid.top_ids) and torch.allclose(small.kls, grid.kls, atol=1e-12)
+
+    cells = json.loads(json.dumps(grid.to_dict()))["cells"]
+    assert len(cells) == rows * pos
+    assert [(c["layer"], c["position"]) for c in cells[:4]] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert cells[5]["token_id"] == int(top_i[1, 2, 0]) and cells[5]["token"] == f"t{int(top_i[1, 2, 0])}"
+    assert cells[5]["probability"] == pytest.approx(float(top_p[1, 2, 0]), abs=1e-12)
+    assert [t["rank"] for t in cells[5]["top"]] == [1, 2, 3]
+    assert set(cells[0]) >= {"layer", "position", "token", "token_id", "probability", "entropy", "kl",
+                             "target_rank", "target_probability", "top"}
+
+
+def test_select_keeps_the_statistics_of_its_rows():
+    g = torch.Generator().manual_seed(1)
+    resid, weight = torch.randn(5, 2, 4, generator=g), torch.randn(9, 4, generator=g)
+    grid = lens_grid(resid, lambda h: h @ weight.T, describe=_describe, target_id=3)
+    thin = grid.select([0, 4])
+    assert thin.layers == (0, 4) and thin.target_first_layer == grid.target_first_layer
+    assert torch.equal(thin.entropy(), grid.entropy()[[0, 4]])
+    assert "top" not in thin.to_dict()["cells"][0]  # no --k: no top lists
+    with pytest.raises(ValueError, match="rank needs a target"):
+        lens_grid(resid, lambda h: h @ weight.T, describe=_describe).stat("rank")
+    with pytest.raises(ValueError, match="unknown statistic"):
+        grid.stat("median")
+
+
+# ---------------------------------------------------------------- CLI on tiny models vs hooks + hand-written lens
+
+def invoke(*args, input=None):
+    return runner.invoke(app, list(args), input=input)
+
+
+def lens_json(model, *args, prompt=PROMPT):
+    result = invoke("lens", prompt, "--model", str(model), "--device", "cpu", "--format", "json", *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _hand_lens(model, ids: list[int], blocks_path: str, norm: str) -> torch.Tensor:
+    """Logits [L + 1, pos, vocab] of the lens, from block-input hooks + a hand-written final norm and head."""
+    blocks = model.get_submodule(blocks_path)
+    seen: dict[int, torch.Tensor] = {}
+    handles = [b.register_forward_pre_hook(lambda _m, args, kw, i=i: seen.__setitem__(i, (args or
+                                           (kw["hidden_states"],))[0][0].double()), with_kwargs=True)
+               for i, b in enumerate(blocks)]
+    handles.append(blocks[-1].register_forward_hook(
+        lambda _m, _a, out: seen.__setitem__(len(blocks), (out[0] if isinstance(out, tuple) else out)[0].double())))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        for h in handles:
+            h.remove()
+    resid = torch.stack([seen[i] for i in range(len(blocks) + 1)])
+    cfg = model.config
+    with torch.no_grad():
+        return _hand_norm_and_head(model, resid, norm, cfg)
+
+
+def _hand_norm_and_head(model, resid, norm, cfg):
+    w = model.get_submodule(norm).weight.double()
+    if norm.endswith("ln_f"):  # LayerNorm: mean and (population) variance of each vector
+        mu = resid.mean(-1, keepdim=True)
+        var = ((resid - mu) ** 2).mean(-1, keepdim=True)
+        normed = (resid - mu) / torch.sqrt(var + cfg.layer_norm_epsilon) * w + model.get_submodule(norm).bias.double()
+    else:  # RMSNorm
+        normed = resid / torch.sqrt((resid ** 2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w
+    return normed @ model.get_output_embeddings().weight.double().T
+
+
+def _check_cells(data, logits, target):
+    ref = _reference(logits, target=target)
+    n_pos = logits.shape[1]
+    for cell in data["cells"]:
+        l, p = cell["layer"], cell["position"]
+        probs = ref["probs"][l, p]
+        assert cell["token_id"] == int(probs.argmax())
+        assert cell["probability"] == pytest.approx(float(probs.max()), abs=1e-5)
+        assert cell["entropy"] == pytest.approx(float(ref["entropy"][l, p]), abs=1e-4)
+        assert cell["kl"] == pytest.approx(float(ref["kl"][l, p]), abs=1e-4)
+        assert cell["target_probability"] == pytest.approx(float(probs[target]), abs=1e-6, rel=1e-4)
+        assert int(ref["rank_lo"][l, p]) <= cell["target_rank"] <= int(ref["rank_hi"][l, p])
+    assert len(data["cells"]) == len(data["layers"]) * n_pos
+
+
+@pytest.mark.usefixtures("cached_load")
+@pytest.mark.parametrize("arch, blocks, norm", [("gpt2", "transformer.h", "transformer.ln_f"),
+                                                ("llama", "model.layers", "model.norm")])
+def test_lens_equals_hooks_plus_a_hand_written_norm_and_head(arch, blocks, norm, tiny_model_dir):
+    import models
+
+    data = lens_json(tiny_model_dir(arch), "--target", " much", "--k", "2")
+    assert data["layers"] == [0, 1, 2] and data["positions"] == [0, 1, 2] and data["stat"] == "prob"
+    logits = _hand_lens(models.build_model(arch), [10449, 345, 845], blocks, norm)
+    _check_cells(data, logits, target=881)
+    assert data["target"]["token_id"] == 881 and len(data["target"]["first_layer"]) == 3
+    assert all(len(c["top"]) == 2 for c in data["cells"])
+
+
+def test_real_smollm2_lens(smollm2_hf, smollm2_lm, monkeypatch):
+    from anatomy_cli import engine
+
+    monkeypatch.setattr(engine, "load", lambda spec, **kw: smollm2_lm)
+    data = lens_json("smollm2", "--target", " Berlin", prompt="The capital of Germany is")
+    model, tok = smollm2_hf
+    ids = tok("The capital of Germany is")["input_ids"]
+    assert data["token_ids"] == ids and data["layers"] == list(range(31))
+    _check_cells(data, _hand_lens(model, ids, "model.layers", "model.norm"), target=data["target"]["token_id"])
+    last = data["cells"][-1]
+    assert (last["layer"], last["position"], last["token"]) == (30, 4, "·Berlin")
+    assert last["probability"] == pytest.approx(0.796, abs=0.005) and last["kl"] == 0.0
+    assert data["target"]["first_layer"][-1] == 30  # " Berlin" becomes the top token only at the last layer
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_thinning_formats_and_batches(tiny_model_dir):
+    model = str(tiny_model_dir("gpt2"))
+    assert lens_json(model, "--layers", "1")["layers"] == [1, 2]  # the last layer is always kept
+    assert lens_json(model, "--stride", "2")["layers"] == [0, 2]
+    full = lens_json(model)
+    stat = lens_json(model, "--stat", "kl")
+    assert stat["cells"] == full["cells"] and "target" in full and full["target"] is None
+
+    tsv = invoke("lens", PROMPT, "--model", model, "--format", "tsv", "--target", " much")
+    lines = tsv.stdout.splitlines()
+    assert lines[0].split("\t") == ["layer", "position", "token", "token_id", "probability", "logprob", "entropy",
+                                    "kl", "target_rank", "target_probability"]
+    assert len(lines) == 1 + 3 * 3
+    table = invoke("lens", PROMPT, "--model", model, "--format", "table", "--target", " much", "--stat", "rank")
+    assert table.exit_code == 0, table.stderr
+    assert "logit lens: top token · rank" in table.stdout and "target ·much: rank · probability" in table.stdout
+    assert "2 ·very" in table.stdout  # position headers name the input token
+
+    batch = invoke("lens", "-", "--model", model, "--format", "jsonl", input="Thank you very\nThe cat\n")
+    first, second = (json.loads(line) for line in batch.stdout.splitlines())
+    assert first["cells"] == full["cells"] and len(second["cells"]) == 3 * 2
+
+
+def test_bad_options_fail_before_the_model_loads(tiny_model_dir):
+    # "no/such-model" would fail to load: these errors come first.
+    for args, message in [(["--stat", "rank"], "--stat rank is the target's rank"),
+                          (["--layers", "0,x"], "give layer numbers separated by commas"),
+                          (["--layers", "-1"], "layer -1 is negative"),
+                          (["--layers", "1", "--stride", "2"], "give one of them")]:
+        result = invoke("lens", PROMPT, "--model", "no/such-model", *args)
+        assert result.exit_code == 2 and message in result.stderr, (args, result.stderr)
+    result = invoke("lens", PROMPT, "--model", str(tiny_model_dir("gpt2")), "--layers", "0,3")
+    assert result.exit_code == 2
+    assert "layer 3 is out of range; this model has layers 0..2" in result.stderr
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_encoder_lens_reads_the_masked_lm_head(tiny_model_dir):
+    result = invoke("lens", "paris is nice", "--model", str(tiny_model_dir("bert")), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["predicts"] == "masked" and len(data["cells"]) == 3 * len(data["tokens"])
+    assert all(0 <= c["probability"] <= 1 and c["entropy"] <= math.log(30522) + 1e-9 for c in data["cells"])
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_trace_target_columns_equal_the_lens_cells_at_its_position(tiny_model_dir):
+    model = str(tiny_model_dir("llama"))
+    grid = lens_json(model, "--target", " much")
+    result = invoke("trace", PROMPT, "--model", model, "--format", "json", "--target", " much", "--position", "1")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["target"] == {"token_id": 881, "token": "·much"}
+    cells = [c for c in grid["cells"] if c["position"] == 1]
+    assert [r["target_rank"] for r in data["layers"]] == [c["target_rank"] for c in cells]
+    assert [r["target_probability"] for r in data["layers"]] == pytest.approx(
+        [c["target_probability"] for c in cells], rel=1e-6)
+    tsv = invoke("trace", PROMPT, "--model", model, "--format", "tsv", "--target-id", "881")
+    assert tsv.stdout.splitlines()[0].endswith("\ttarget_rank\ttarget_probability")
+    plain = json.loads(invoke("trace", PROMPT, "--model", model, "--format", "json").stdout)
+    assert plain["target"] is None and plain["layers"][0]["target_rank"] is None

@@ -1,0 +1,115 @@
+"""`anatomy params` from safetensors headers and the per-config cache: the same counts as the meta
+device, without importing torch.
+
+Each header count is checked against the meta-device count of the same config (a copy of the
+directory with config.json only) and against tests/models.py's formula.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import models
+from anatomy_cli.cli import app
+
+runner = CliRunner()
+
+
+def _json(*args: str) -> dict:
+    result = runner.invoke(app, ["params", *args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2_moe", "gpt_neox", "bert"])
+def test_safetensors_header_equals_meta_count(arch, tiny_model_dir, tmp_path):
+    d = tiny_model_dir(arch)
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(d / "config.json", config_only / "config.json")
+    header, meta = _json(str(d)), _json(str(config_only))
+    assert header["read_from"] == "safetensors_header" and meta["read_from"] == "meta"
+    assert header["total"] == meta["total"] == models.expected_params(arch)
+    assert {r["key"]: r["parameters"] for r in header["rows"]} == {r["key"]: r["parameters"] for r in meta["rows"]}
+    assert header["non_embedding"] == meta["non_embedding"]
+    assert header["disk_bytes"] == 4 * header["total"]  # fp32 on disk, each unique tensor once
+    assert all(r["dtypes"] in (["F32"], []) for r in header["rows"])
+
+
+def test_sharded_checkpoint_and_stored_buffers(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("gpt2"))
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="500KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    data = _json(str(sharded))
+    shards = len(set(json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"].values()))
+    assert shards > 1 and data["total"] == models.expected_params("gpt2")
+    assert data["notes"][0].startswith(f"Read from the safetensors headers ({shards} files)")
+    # An old-style checkpoint: causal-mask buffers and the tied head stored as tensors of their own.
+    old = tmp_path / "old"
+    shutil.copytree(tiny_model_dir("gpt2"), old)
+    state = load_file(old / "model.safetensors")
+    state["transformer.h.0.attn.bias"] = __import__("torch").ones(1, 1, 64, 64)
+    state["lm_head.weight"] = state["transformer.wte.weight"].clone()
+    save_file(state, old / "model.safetensors", metadata={"format": "pt"})
+    data = _json(str(old))
+    assert data["total"] == models.expected_params("gpt2")
+
+
+def test_truncated_safetensors_header_is_one_line(tiny_model_dir, tmp_path):
+    d = tmp_path / "cut"
+    shutil.copytree(tiny_model_dir("llama"), d)
+    weights = d / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    result = runner.invoke(app, ["params", str(d)])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {weights}: ")
+
+
+def _no_torch(args: list[str], env: dict) -> str:
+    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli import app\n"
+            f"r = CliRunner().invoke(app, {args!r})\n"
+            "assert r.exit_code == 0, r.stderr\n"
+            "print(r.stdout, end='')\n"
+            "print('TORCH' if 'torch' in sys.modules or 'transformers' in sys.modules else 'NO TORCH')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_headers_and_cache_hits_import_no_torch(tiny_model_dir, tmp_path):
+    env = {**os.environ, "ANATOMY_CACHE_DIR": str(tmp_path / "cache")}
+    out = _no_torch(["params", str(tiny_model_dir("llama")), "--format", "json"], env)
+    assert out.endswith("NO TORCH\n") and json.loads(out.rsplit("\n", 2)[0])["total"] == models.expected_params("llama")
+    first = _no_torch(["params", "gpt2-medium", "--format", "json"], env)
+    assert first.endswith("\nTORCH\n")  # counted on the meta device, then cached
+    assert list((tmp_path / "cache" / "params").glob("*.pickle"))
+    again = _no_torch(["params", "gpt2-medium", "--format", "json"], env)
+    assert again.endswith("NO TORCH\n")
+    assert json.loads(again.rsplit("\n", 2)[0]) == json.loads(first.rsplit("\n", 2)[0])
+    assert json.loads(again.rsplit("\n", 2)[0])["total"] == 354_823_168
+
+
+def test_cache_is_keyed_by_config_content(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    monkeypatch.setenv("ANATOMY_CACHE_DIR", str(tmp_path / "cache"))
+    d = tmp_path / "cfg"
+    LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=64, vocab_size=100).save_pretrained(d)
+    first = _json(str(d))
+    LlamaConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=64, vocab_size=100).save_pretrained(d)
+    second = _json(str(d))
+    assert second["total"] - first["total"] == 2 * 1024 + 2 * 512 + 3 * 32 * 64 + 64
+    assert len(list((tmp_path / "cache" / "params").glob("*.pickle"))) == 2
