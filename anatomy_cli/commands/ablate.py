@@ -72,7 +72,7 @@ def ablate_command(
     Examples:
 
     \b
-        anatomy ablate "The capital of Germany is" --target " Berlin" -m ./SmolLM2
+        anatomy ablate "The capital of Germany is" --target " Berlin" -m SmolLM2-135M-Instruct.Q4_1.gguf
         anatomy ablate "The capital of Germany is" --target " Berlin" --foil " Paris" --mode mean
         anatomy ablate "Thank you very" --target " much" --heads --layer -1 --format json
     """

@@ -72,7 +72,7 @@ def patch_command(
 
     \b
         anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
-            --target " Paris" --foil " Rome" -m ./SmolLM2
+            --target " Paris" --foil " Rome" -m SmolLM2-135M-Instruct.Q4_1.gguf
         anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
             --target " Paris" --foil " Rome" --site head --format json
     """

@@ -47,6 +47,7 @@ def serve_command(
 
     Examples:
 
+    \b
         anatomy serve --model gpt2 &
         anatomy trace "Thank you very"          # answered by the server
         anatomy serve --status

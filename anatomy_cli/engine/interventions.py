@@ -135,7 +135,8 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
             out = lm.model.base_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                                       position_ids=torch.arange(n_tokens, device=lm.device)[None], **kwargs)
             hidden = _first_tensor(out)[:, pos]               # [1 + len(chunk), d_model]
-            reduced = reduce(_rowwise(head, hidden).to(lm.device))
+            # Soft-capped (Gemma 2) as the model's own head does, so metrics are the model's logits.
+            reduced = reduce(lm.cap_logits(_rowwise(head, hidden)).to(lm.device))
         if base_out is None:
             base_out = reduced[:1].clone()
         for row, i in enumerate(chunk, start=1):
@@ -190,7 +191,8 @@ def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[
     with torch.inference_mode(), capture(lm, names) as source:
         kwargs = {"use_cache": False} if lm.is_causal else {}
         out = lm.model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        clean, corrupt = reduce(_rowwise(lm.points["logits"][0], _first_tensor(out)[:2, -1]).to(lm.device))
+        last = _rowwise(lm.points["logits"][0], _first_tensor(out)[:2, -1])
+        clean, corrupt = reduce(lm.cap_logits(last).to(lm.device))
     n = len(corrupt_ids)
     columns = tuple(range(lm.n_heads)) if SITES[site].per_head else tuple(range(n))
     rows = []

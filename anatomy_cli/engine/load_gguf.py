@@ -101,10 +101,16 @@ def load_weights(source: Source, config: Any, cls: Any, dtype: Any, placement: d
 
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
+    import logging
+
     folder, name = _where(source)
     bar = gguf_utils.tqdm
     if not sys.stderr.isatty():  # as for transformers' own progress bars: none in a pipeline or a log
         gguf_utils.tqdm = functools.partial(bar, disable=True)
+    # Its advice for --dtype bf16/fp16 ("pass dtype=torch.float32 ...") names an API the user never sees.
+    quantizer_log = logging.getLogger("transformers.quantizers.quantizer_gguf")
+    level = quantizer_log.level
+    quantizer_log.setLevel(logging.ERROR)
     try:
         return cls.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype, local_files_only=True,
                                    **placement)
@@ -114,3 +120,4 @@ def load_weights(source: Source, config: Any, cls: Any, dtype: Any, placement: d
         raise CheckpointError(f"{source.spec}: cannot load the GGUF weights: {first_line(exc)}") from None
     finally:
         gguf_utils.tqdm = bar
+        quantizer_log.setLevel(level)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import inspect
 import io
 import os
@@ -79,7 +80,8 @@ class ModelCache:
             check = options.get("before_weights")
             if check is not None:  # the request's own checks still run, as they would before a load
                 check(lm.tokenizer, lm.model.config)
-            return lm
+            # Named as this request names it (headings, titles), not as the first request did.
+            return dataclasses.replace(lm, name=str(spec))
         lm = self._load(spec, **options)
         with self.lock:
             self.models[key] = lm
@@ -153,8 +155,13 @@ class Server:
 
     def __init__(self, path: Path, *, max_bytes: int | None = None, idle_timeout: float = 1800.0,
                  log: Callable[[str], None] | None = None):
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
         from anatomy_cli import engine
 
+        hf_logging.disable_progress_bar()  # the server's stderr is a log, not a terminal to animate
+        disable_progress_bars()
         self.path = Path(path)
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))

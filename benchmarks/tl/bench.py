@@ -462,7 +462,10 @@ def render(table: Table, info: dict, notes: list[str], *, runs: int, inproc_runs
               "2. The same two computations in one process on loaded models, warm: anatomy's `engine.run` + "
               "logit lens + `analyses.trace` (as `benchmarks/run.py` figure 2) vs the TL function of figure 1 "
               "(`run_with_cache` with only those hooks).",
-              "6. Peak RSS (`/usr/bin/time`'s maximum resident set size) of the figure-1 runs."]
+              "3. `anatomy heads PROMPT` vs `tl_side.py heads`: `run_with_cache` of every layer's `attn.hook_pattern` on the prompt and on the 50 random tokens anatomy drew, repeated, then the five scores (entropy, first_token, prev_token, induction, duplicate_token) per head; end to end and warm in one process.",
+              "4. `anatomy dla PROMPT --target-id T --foil-id F` (by layer) vs `tl_side.py dla`: the bridge in compatibility mode, `decompose_resid(layer=-1, pos_slice=-1)` + `logit_attrs(..., incorrect_tokens=F)`; T, F = \" the\", \" a\".",
+              "5. `anatomy patch CLEAN CORRUPT --target-id T --foil-id F` (site resid_pre, every layer × position) vs `tl_side.py patch`: `patching.get_act_patch_resid_pre`, one forward per cell, the same normalized logit-difference metric; the ratio column is the speed-up, TL time / anatomy time (pairwise, median).",
+              "6. Peak RSS (`/usr/bin/time`'s maximum resident set size) of the end-to-end runs of figures 1, 3, 4 and 5."]
     return "\n".join(lines) + "\n"
 
 
