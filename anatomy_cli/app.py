@@ -27,7 +27,7 @@ except ImportError:  # older typer on real click
     from click import exceptions as _cx
 
 from anatomy_cli import __version__
-from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import AnatomyError, quiet_broken_pipe
 
 _state = {"debug": bool(os.environ.get("ANATOMY_DEBUG"))}
 
@@ -91,15 +91,6 @@ def status(message: str) -> Iterator[None]:
             yield
         finally:
             _live.pop()
-
-
-def _quiet_broken_pipe() -> None:
-    # Python flushes stdout at exit; point it at devnull so that flush cannot raise again.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 def _plain_metavars(command: Any) -> None:
@@ -216,7 +207,7 @@ class AnatomyGroup(TyperGroup):
             error_line(str(exc))
             code = exc.exit_code
         except BrokenPipeError:
-            _quiet_broken_pipe()
+            quiet_broken_pipe()
             code = 0
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)

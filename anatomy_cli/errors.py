@@ -8,6 +8,9 @@ these and never print.
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 class AnatomyError(Exception):
     """Base class: a runtime error with a one-line, user-facing message (exit 1)."""
@@ -39,3 +42,15 @@ class UnsupportedArchitecture(AnatomyError):
 
 class PromptTooLong(UsageError):
     """A prompt has more tokens than the model's context window."""
+
+
+def quiet_broken_pipe() -> None:
+    """After a closed stdout (``| head -1``): point stdout at devnull so Python's flush at exit cannot raise again.
+
+    Standard library only: the `serve` client uses it before anything heavy is imported.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

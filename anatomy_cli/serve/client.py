@@ -14,6 +14,7 @@ import shutil
 import socket
 import sys
 
+from anatomy_cli.errors import quiet_broken_pipe
 from anatomy_cli.serve import protocol
 
 # Commands that load weights; `tokens` only with --model.
@@ -113,14 +114,6 @@ def write_answer(answer: dict) -> int:
                 stream.buffer.write(data)
                 stream.buffer.flush()
             except BrokenPipeError:
-                _quiet_stdout()
+                quiet_broken_pipe()
                 return 0
     return int(answer.get("exit_code", 1))
-
-
-def _quiet_stdout() -> None:
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
