@@ -106,3 +106,19 @@ PlotOpt = Annotated[
                  "still go to stdout. With '-' (stdin) prompts: one file per prompt, FILE-1.png, FILE-2.png, "
                  "... See docs/plots.md."),
 ]
+
+# --target/--foil (next, trace, lens, dla, ablate, patch); turned into token ids by anatomy_cli.targets.
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", "-t", metavar="TEXT", show_default=False,
+    help="A token to follow: its probability and rank. TEXT must be exactly one token "
+    "(mind the leading space: ' much').")]
+TargetIdOpt = Annotated[Optional[int], typer.Option(
+    "--target-id", metavar="N", min=0, show_default=False, help="The target given by its token id instead of text.")]
+FoilOpt = Annotated[Optional[str], typer.Option(
+    "--foil", metavar="TEXT", show_default=False,
+    help="A second token: report logit(target) - logit(foil). One token, like --target.")]
+FoilIdOpt = Annotated[Optional[int], typer.Option(
+    "--foil-id", metavar="N", min=0, show_default=False, help="The foil given by its token id instead of text.")]
+FirstTokenOpt = Annotated[bool, typer.Option(
+    "--first-token", help="A target/foil TEXT of several tokens stands for its first token (said on stderr) "
+    "instead of being an error.")]

@@ -9,7 +9,7 @@ A spec is, in this order:
 * a path that does not exist (starts with ``.``, ``/``, ``~``, ends with ``/`` or ``.gguf``):
   :class:`ModelNotFound` at once;
 * a built-in preset, when only its config is needed (``need="config"``) or with
-  ``init="random"``: kind ``preset``;
+  ``init="random"``, or for its tokenizer when the Hub's is neither cached nor reachable: kind ``preset``;
 * a Hugging Face id (a preset's canonical id first, e.g. gpt2 -> openai-community/gpt2):
   from the local cache, else the Hub unless offline (``HF_HUB_OFFLINE``, or the Hub's
   name does not resolve): kind ``hub``.
@@ -94,6 +94,11 @@ def resolve(spec: str, *, need: str = "weights", init: str = "pretrained") -> So
         return local
     if spec in presets.PRESETS and (need == "config" or init == "random"):
         return Source("preset", spec, spec)
+    if need == "tokenizer" and spec in presets.PRESETS:
+        try:  # the real tokenizer when it is cached or reachable, else the preset's (GPT-2's ships with anatomy)
+            return _hub(spec, need)
+        except OfflineError:
+            return Source("preset", spec, spec)
     if init == "random":
         raise ModelNotFound(f"--init random needs a built-in preset ({', '.join(presets.preset_names())}), "
                             f"a local directory or a .gguf file; got '{spec}'")

@@ -8,37 +8,20 @@ gets one before the weights load). :func:`token_id` does both for a loaded model
 Rules: TEXT must be exactly one token (no BOS, no [CLS]/[SEP]); with ``--first-token`` a longer TEXT
 stands for its first token (said on stderr). TEXT without a leading space whose spaced version is one
 token gets a note on stderr (GPT-2's ``much`` 29482 is not the word after a space, `` much`` 881 is).
-``--target-id N`` takes an id in ``0 .. vocabulary - 1``. No torch at import time.
+``--target-id N`` takes an id in ``0 .. vocabulary - 1``. The options themselves are in
+:mod:`anatomy_cli.options`. No torch and no typer at import time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Optional
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.tokenization import Tokenizer
-
-TargetOpt = Annotated[Optional[str], typer.Option(
-    "--target", "-t", metavar="TEXT", show_default=False,
-    help="A token to follow: its probability and rank. TEXT must be exactly one token "
-    "(mind the leading space: ' much').")]
-TargetIdOpt = Annotated[Optional[int], typer.Option(
-    "--target-id", metavar="N", min=0, show_default=False, help="The target given by its token id instead of text.")]
-FoilOpt = Annotated[Optional[str], typer.Option(
-    "--foil", metavar="TEXT", show_default=False,
-    help="A second token: report logit(target) - logit(foil). One token, like --target.")]
-FoilIdOpt = Annotated[Optional[int], typer.Option(
-    "--foil-id", metavar="N", min=0, show_default=False, help="The foil given by its token id instead of text.")]
-FirstTokenOpt = Annotated[bool, typer.Option(
-    "--first-token", help="A target/foil TEXT of several tokens stands for its first token (said on stderr) "
-    "instead of being an error.")]
-
 
 @dataclass(frozen=True)
 class TokenChoice:

@@ -213,38 +213,3 @@ def starts_with_bos(enc: Encoded, bos_id: int | None) -> bool:
     ``encode(bos=True)`` then adds no second one; the command says so on stderr.
     """
     return bos_id is not None and enc.ids[:1] == [bos_id] and enc.offsets[0] != (0, 0)
-
-
-GPT2_HUB_IDS = ("openai-community/gpt2", "gpt2")
-
-
-def hf_cached_tokenizer(repo_ids: tuple[str, ...]) -> Any | None:
-    """An AutoTokenizer for the first repo whose tokenizer is in the local HF cache, else None."""
-    from huggingface_hub import try_to_load_from_cache
-    from transformers import AutoTokenizer
-
-    for repo in repo_ids:
-        if any(isinstance(try_to_load_from_cache(repo, f), str)
-               for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-            try:
-                return AutoTokenizer.from_pretrained(repo, local_files_only=True)
-            except (OSError, ValueError):
-                continue
-    return None
-
-
-def gpt2_tokenizer() -> Any:
-    """GPT-2's BPE tokenizer (HF fast, 50,257 tokens) without network.
-
-    From the local Hugging Face cache (openai-community/gpt2, gpt2) when it is there, else
-    built from the BPE files inside the package (:mod:`anatomy_cli.data`): it always works.
-    """
-    hf = hf_cached_tokenizer(GPT2_HUB_IDS)
-    if hf is not None:
-        return hf
-    from transformers import GPT2TokenizerFast
-
-    from anatomy_cli.data import gpt2_merges, gpt2_vocab
-
-    # vocab=/merges= as data: transformers 5 turns file paths given there into a one-token tokenizer.
-    return GPT2TokenizerFast(vocab=dict(gpt2_vocab()), merges=gpt2_merges())

@@ -207,7 +207,7 @@ def make_checkpoint(size: str, out: Path, log) -> tuple[Path, int]:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from anatomy_cli.tokenization import gpt2_tokenizer
+    from anatomy_cli.model_files import gpt2_tokenizer
 
     config = GPT2Config(vocab_size=50257, n_positions=1024, bos_token_id=50256, eos_token_id=50256,
                         **SIZES[size])

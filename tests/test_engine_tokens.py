@@ -6,7 +6,8 @@ import pytest
 
 from anatomy_cli import engine
 from anatomy_cli.errors import AnatomyError, PromptTooLong, UsageError
-from anatomy_cli.tokenization import Tokenizer, gpt2_tokenizer
+from anatomy_cli.tokenization import Tokenizer
+from anatomy_cli.model_files import gpt2_tokenizer
 from conftest import build_gpt2_tokenizer
 
 

@@ -32,8 +32,9 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path):
-    """tests/models.py's tiny llama as a GGUF file (F32 tensors, GPT-2 BPE vocabulary)."""
+def write_tiny_gguf(path, quant: str = "F32"):
+    """tests/models.py's tiny llama as a GGUF file (GPT-2 BPE vocabulary): F32 tensors, or with
+    ``quant="Q8_0"`` the 2-D weights quantized to Q8_0 as llama.cpp does (norms stay F32)."""
     import gguf
 
     from conftest import build_gpt2_tokenizer
@@ -56,7 +57,7 @@ def write_tiny_gguf(path):
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]) if getattr(cfg, "rope_parameters", None)
                          else 10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(vocab)
@@ -79,7 +80,12 @@ def write_tiny_gguf(path):
             data = _permute(data, cfg.num_attention_heads)
         elif gg.endswith("attn_k.weight"):
             data = _permute(data, cfg.num_key_value_heads)
-        w.add_tensor(gg, np.ascontiguousarray(data, dtype=np.float32))
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        if quant == "Q8_0" and data.ndim == 2:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(gg, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        else:
+            w.add_tensor(gg, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -133,6 +139,35 @@ def test_tiny_header_counts_equal_the_model(tiny_gguf):
 
 
 # --- loading the tiny file --------------------------------------------------------------------------
+
+
+def test_quantized_gguf_is_dequantized_to_the_dtype_asked_for(tmp_path, monkeypatch):
+    """Q8_0 weights come back as dense bf16 tensors equal to gguf's own dequantization, and transformers is
+    told to dequantize (it would keep the blocks packed for the architectures of its new GGUF path when a
+    GGUF matmul kernel, `kernels`, is installed)."""
+    import gguf
+    import transformers.quantizers.quantizer_gguf as qg
+
+    asked = []
+    read_header = qg.GgufHfQuantizer.read_header
+
+    def spy(self, gguf_file):
+        asked.append(self.quantization_config.dequantize)
+        return read_header(self, gguf_file)
+
+    monkeypatch.setattr(qg.GgufHfQuantizer, "read_header", spy)
+    path = write_tiny_gguf(tmp_path / "tiny-llama.Q8_0.gguf", quant="Q8_0")
+    assert read_gguf(path).quantization == "Q8_0"
+    lm = engine.load(str(path), device="cpu", dtype="bf16")
+    assert lm.dequantized_from == "Q8_0" and lm.dtype == torch.bfloat16 and asked == [True]
+    assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
+    reader = gguf.GGUFReader(str(path))
+    stored = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
+    want = torch.from_numpy(gguf.quants.dequantize(stored.data, stored.tensor_type).copy())
+    got = lm.model.model.layers[0].mlp.down_proj.weight.detach().float()
+    assert_close(got, want.to(torch.bfloat16).float(), atol=0, rtol=0)
+    ref = models.build_model("llama").model.layers[0].mlp.down_proj.weight.detach().float()
+    assert 0 < float((got - ref).abs().max()) < 0.02  # quantized: close to the original, not equal
 
 
 def test_tiny_gguf_loads_to_the_same_model(tiny_gguf_lm, tiny_lm):
@@ -312,5 +347,6 @@ def test_smollm2_trace_from_gguf_equals_trace_from_saved_directory(smollm2_gguf,
     assert from_gguf.exit_code == 0, from_gguf.stderr
     a, b = json.loads(from_gguf.stdout), json.loads(from_dir.stdout)
     a.pop("model"), b.pop("model")
+    assert (a.pop("dequantized_from"), b.pop("dequantized_from")) == ("Q4_1", None)
     _close(a, b)
     assert a["top"][0]["token"] == "·Berlin" and a["top"][0]["probability"] == pytest.approx(0.796, abs=5e-3)

@@ -252,8 +252,44 @@ def test_model_errors_are_one_line(model, code, message):
 def test_directory_without_tokenizer_is_a_checkpoint_error(tmp_path):
     result = runner.invoke(app, ["tokens", "x", "--model", str(tmp_path)])
     assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: '{tmp_path}' has no tokenizer files")
+    assert result.stderr.count("\n") == 1
+
+
+def test_directory_with_unusable_tokenizer_files(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    result = runner.invoke(app, ["tokens", "x", "--model", str(tmp_path)])
+    assert result.exit_code == 1
     assert result.stderr.startswith(f"error: '{tmp_path}' has no usable tokenizer files")
     assert result.stderr.count("\n") == 1
+
+
+def test_gpt2_preset_tokenizer_offline(empty_hf_cache):
+    # Nothing cached and no network: the BPE files inside the package, as the engine's preset path uses.
+    data = _json(["Thank you very", "--model", "gpt2"])
+    assert [t["token_id"] for t in data["tokens"]] == [10449, 345, 845]
+
+
+def test_tokens_and_the_engine_share_one_tokenizer_loader(monkeypatch, tiny_model_dir):
+    import importlib
+
+    from anatomy_cli import engine, model_files
+
+    engine_load = importlib.import_module("anatomy_cli.engine.load")  # the module, not engine.load()
+
+    seen = []
+    real = model_files.load_tokenizer
+
+    def spy(source, **kw):
+        seen.append((source.kind, source.ref))
+        return real(source, **kw)
+
+    monkeypatch.setattr(model_files, "load_tokenizer", spy)
+    monkeypatch.setattr(engine_load, "load_tokenizer", spy)
+    d = str(tiny_model_dir("gpt2"))
+    assert _json(["Thank you very", "--model", d])["tokens"][0]["token_id"] == 10449
+    assert engine.load(d, device="cpu").tokenizer.encode(["Thank you very"])[0].ids == [10449, 345, 845]
+    assert seen == [("dir", d), ("dir", d)]
 
 
 def test_help_tokens_and_layernorm_do_not_import_torch():

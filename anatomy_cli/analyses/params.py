@@ -13,13 +13,15 @@ the router does not pick (top-k of n).
 The counting itself has three rooms:
 
 * :mod:`params_headers`: from what is on disk, without torch (a GGUF header; safetensors headers);
-* :mod:`params_meta`: from a config, the model built on PyTorch's meta device (shapes, no
-  storage; a 70B config costs a few hundred MB of RSS and a few seconds), and accelerate's
-  placement plan; :mod:`params_cache` keeps those results per config;
+* from a config: :mod:`params_build` reads it and builds the model on PyTorch's meta device
+  (shapes, no storage; a 70B config costs a few hundred MB of RSS and a few seconds),
+  :mod:`params_meta` counts it, :mod:`params_placement` is accelerate's placement plan, and
+  :mod:`params_cache` keeps those results per config;
 * this module: what both produce (:class:`ParamsResult`) and :func:`analyse`, which picks.
 
-``resolve_config``, ``build_meta_model``, ``count_parameters``, ``plan_placement`` and
-``ResolvedConfig`` live in :mod:`params_meta` and are re-exported here.
+``ResolvedConfig``, ``resolve_config``, ``build_meta_model`` (:mod:`params_build`),
+``count_parameters`` (:mod:`params_meta`) and ``plan_placement`` (:mod:`params_placement`) are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -293,13 +295,15 @@ def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, tru
     return result
 
 
-_META_NAMES = ("ResolvedConfig", "resolve_config", "build_meta_model", "count_parameters", "plan_placement")
+_META_NAMES = {"ResolvedConfig": "params_build", "resolve_config": "params_build",
+               "build_meta_model": "params_build", "count_parameters": "params_meta",
+               "plan_placement": "params_placement"}
 
 
 def __getattr__(name: str):
-    # Re-exports from params_meta, imported on first use (it imports this module).
+    # Re-exports, imported on first use (those modules import this one).
     if name in _META_NAMES:
-        from anatomy_cli.analyses import params_meta
+        import importlib
 
-        return getattr(params_meta, name)
+        return getattr(importlib.import_module(f"anatomy_cli.analyses.{_META_NAMES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,164 +1,28 @@
-"""Counting parameters from a config: the model built on PyTorch's meta device.
+"""Counting parameters on a model built on PyTorch's meta device (:mod:`params_build`).
 
-The model is instantiated under ``torch.device("meta")`` (shapes, no storage), so a 70B
-config costs a few hundred MB of RSS and a few seconds; every unique parameter tensor
-(``model.named_parameters()``, which yields a tied tensor once) is classified by
-:mod:`anatomy_cli.analyses.params`'s rules. Also accelerate's placement plan for
-``--max-memory``. Used for presets, config-only directories and Hub ids; a checkpoint on disk
-is read from its headers instead (:mod:`params_headers`).
+Every unique parameter tensor (``model.named_parameters()``, which yields a tied tensor once)
+is classified by :mod:`anatomy_cli.analyses.params`'s rules into the breakdown's rows, with
+per-layer rows, mixture-of-experts active counts and notes. Used for presets, config-only
+directories and Hub ids; a checkpoint on disk is read from its headers instead
+(:mod:`params_headers`); ``--max-memory`` adds accelerate's plan (:mod:`params_placement`).
 
-Entry points: :func:`resolve_config` (through :func:`anatomy_cli.resolve.resolve`),
-:func:`build_meta_model`, :func:`count_parameters`, :func:`plan_placement`,
-:func:`analyse_meta` which chains them.
+Entry points: :func:`count_parameters`, and :func:`analyse_meta`, which chains
+:func:`params_build.resolve_config`, :func:`params_build.build_meta_model`, :func:`count_parameters`
+and :func:`params_placement.plan_placement`.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import re
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 from anatomy_cli.analyses.params import (_N_EXPERTS_ATTRS, _TOP_K_ATTRS, BLOCK_CATEGORIES, CATEGORIES, DTYPE_BITS,
                                          EMBEDDINGS, FFN, GENERIC, HEAD, LABELS, NORM, ROUTED, TOKEN, ATTENTION,
-                                         POSITION, TOKEN_TYPE, MoEInfo, ParamsResult, Placement, Row,
+                                         POSITION, TOKEN_TYPE, MoEInfo, ParamsResult, Row,
                                          _EXPERT_INDEX_RE, _LAYER_RE, _fmt, _layer_rows, _outside_rows, _plural,
                                          _short_list, _Tensor, Family, classify, family_for, memory_bytes)
-from anatomy_cli.bigmodel import compress_names
-from anatomy_cli.errors import AnatomyError, CheckpointError, UnsupportedArchitecture, UsageError
-
-
-@dataclass(frozen=True)
-class ResolvedConfig:
-    """A ``transformers`` config and where it came from.
-
-    ``source`` is ``preset``, ``directory`` or ``hub``; ``location`` is the
-    directory or cached config.json path (empty for presets).
-    """
-
-    spec: str
-    config: Any
-    source: str
-    location: str = ""
-
-
-def _first_sentence(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text.split(". ")[0].rstrip(".")
-
-
-def _config_from_file(spec: str, path: str, trust_remote_code: bool):
-    import transformers
-    from huggingface_hub.errors import StrictDataclassError
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{spec}: config.json is not valid JSON ({exc})") from exc
-    except OSError as exc:  # transformers reports invalid JSON as OSError
-        raise CheckpointError(f"{spec}: cannot read config.json: {_first_sentence(exc)}") from exc
-    except StrictDataclassError as exc:  # v5 configs validate their fields (e.g. hidden % heads)
-        raise CheckpointError(f"{spec}: config.json is inconsistent: {_first_sentence(exc.__cause__ or exc)}") from exc
-    except (ValueError, KeyError) as exc:
-        m = re.search(r"model type `([^`]*)`", str(exc))
-        if "Should have a `model_type`" in str(exc):
-            raise UnsupportedArchitecture(f"{spec}: config.json has no model_type") from exc
-        if m:
-            raise UnsupportedArchitecture(
-                f"{spec}: model_type '{m.group(1)}' is unknown to transformers {transformers.__version__} "
-                "(try a newer transformers, or --trust-remote-code if the repository ships its own code)") from exc
-        raise UnsupportedArchitecture(f"{spec}: config.json is not a known transformers architecture: "
-                                      f"{_first_sentence(exc)}") from exc
-
-
-def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Any = None) -> ResolvedConfig:
-    """Find the config for ``spec`` (:func:`anatomy_cli.resolve.resolve` with ``need="config"``):
-    a built-in preset, a local directory with config.json, or a Hugging Face model id (only
-    config.json is fetched; the local cache first; ``HF_HUB_OFFLINE`` respected).
-
-    Raises ModelNotFound (nothing matches), OfflineError (offline and not cached),
-    CheckpointError (config.json missing or unreadable), UnsupportedArchitecture (unknown model_type).
-    """
-    from anatomy_cli import presets
-    from anatomy_cli.resolve import config_path, resolve
-
-    source = source or resolve(spec, need="config")
-    if source.kind == "preset":
-        return ResolvedConfig(spec, presets.preset_config(spec), "preset")
-    if source.kind == "dir":
-        return ResolvedConfig(spec, _config_from_file(spec, source.ref, trust_remote_code), "directory", source.ref)
-    if source.kind == "gguf":
-        raise UsageError(f"{spec} is a GGUF file: its parameters are read from its header (analyse)")
-    path = str(config_path(source))
-    # Remote code needs the repository id so transformers can fetch its .py files.
-    target = source.ref if trust_remote_code else path
-    return ResolvedConfig(spec, _config_from_file(spec, target, trust_remote_code), "hub", path)
-
-
-def _auto_class_for(config: Any, trust_remote_code: bool):
-    """The Auto class whose mapping holds this config's first listed architecture, or a sensible default head."""
-    import transformers
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
-    from transformers.models.auto import modeling_auto as ma
-
-    heads = (
-        (AutoModelForCausalLM, ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-        (AutoModelForMaskedLM, ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
-        (AutoModelForSeq2SeqLM, ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
-        (AutoModel, ma.MODEL_MAPPING_NAMES),
-    )
-    model_type = getattr(config, "model_type", "")
-    auto_map = getattr(config, "auto_map", None) or {}
-    if trust_remote_code and auto_map:
-        for auto, _ in heads:
-            if auto.__name__ in auto_map:
-                return auto, None
-    for arch in getattr(config, "architectures", None) or ():
-        for auto, mapping in heads:
-            names = mapping.get(model_type)
-            if arch == names or (isinstance(names, (list, tuple)) and arch in names):
-                return auto, None
-        cls = getattr(transformers, arch, None)
-        if cls is not None and hasattr(cls, "_from_config"):
-            return None, cls  # e.g. a classification head: count what the checkpoint holds
-    causal = model_type in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    masked = model_type in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    if causal and (not masked or getattr(config, "is_decoder", False)):
-        return AutoModelForCausalLM, None
-    for auto, mapping in heads[1:]:
-        if model_type in mapping:
-            return auto, None
-    return AutoModelForCausalLM, None
-
-
-def build_meta_model(config: Any, *, trust_remote_code: bool = False):
-    """Instantiate the model for ``config`` on the meta device (no weight memory).
-
-    Uses ``torch.device("meta")``: unlike accelerate's ``init_empty_weights`` in
-    transformers 5.x it keeps tied weights tied. Raises AnatomyError when the config
-    cannot be built.
-    """
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    auto, cls = _auto_class_for(config, trust_remote_code)
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # construction chatter is not a result
-    try:
-        with torch.device("meta"):
-            if cls is not None:
-                model = cls._from_config(config)
-            else:
-                model = auto.from_config(config, trust_remote_code=trust_remote_code)
-    except (ValueError, TypeError, AttributeError, KeyError, RuntimeError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AnatomyError(f"cannot build {type(config).__name__} on the meta device: {first}") from exc
-    finally:
-        hf_logging.set_verbosity(previous)
-    return model
+from anatomy_cli.analyses.params_build import ResolvedConfig
+from anatomy_cli.errors import UsageError
 
 
 def _classify_all(model: Any, family: Family, n_experts: int | None) -> list[_Tensor]:
@@ -389,63 +253,17 @@ def _input_weight_name(model: Any) -> str | None:
     return None
 
 
-def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> Placement:
-    """Where accelerate would put each block for ``max_memory`` at ``dtype``.
-
-    Uses ``accelerate.utils.infer_auto_device_map`` with the model's
-    ``_no_split_modules`` (and ``get_balanced_memory`` first when more than one GPU
-    is given, as ``device_map="auto"`` does). GPU budgets are taken as given: no GPU
-    needs to be present. Modules that fit nowhere go to ``disk``.
-    """
-    import torch
-    from accelerate.utils import CustomDtype, get_balanced_memory, infer_auto_device_map
-
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8,
-                   "int4": CustomDtype.INT4}[dtype]
-    no_split = list(getattr(model, "_no_split_modules", None) or [])
-    budget = dict(max_memory)
-    gpus = [k for k in budget if isinstance(k, int)]
-    # accelerate warns that absent GPUs are "not available"; for an estimate that is expected.
-    acc_logger = logging.getLogger("accelerate.utils.modeling")
-    level = acc_logger.level
-    acc_logger.setLevel(logging.ERROR)
-    try:
-        if len(gpus) > 1:
-            budget = get_balanced_memory(model, max_memory=dict(budget), no_split_module_classes=no_split,
-                                         dtype=torch_dtype, low_zero=False)
-        device_map = infer_auto_device_map(model, max_memory=dict(budget), no_split_module_classes=no_split,
-                                           dtype=torch_dtype)
-    finally:
-        acc_logger.setLevel(level)
-
-    keys = sorted(device_map, key=len, reverse=True)
-    counts: dict[str, int] = defaultdict(int)
-    for name, p in model.named_parameters():
-        owner = next((k for k in keys if k == "" or name == k or name.startswith(k + ".")), None)
-        device = str(device_map[owner]) if owner is not None else "unplaced"
-        counts[device] += p.numel()
-    order = [str(k) for k in max_memory] + ["disk"]
-    devices = []
-    for device in dict.fromkeys(order + list(counts)):
-        modules = [m for m, d in device_map.items() if str(d) == device]
-        if not modules and device not in counts:
-            continue
-        budget_key: int | str = int(device) if device.isdigit() else device
-        devices.append({"device": device, "modules": compress_names(modules), "parameters": counts.get(device, 0),
-                        "memory_bytes": memory_bytes(counts.get(device, 0), dtype),
-                        "budget_bytes": max_memory.get(budget_key)})
-    return Placement(max_memory={str(k): v for k, v in max_memory.items()}, dtype=dtype, balanced=len(gpus) > 1,
-                     device_map={k: str(v) for k, v in device_map.items()}, devices=tuple(devices))
-
-
 def analyse_meta(spec, source, dtype, per_layer, trust_remote_code, max_memory) -> ParamsResult:
     import dataclasses
+
+    from anatomy_cli.analyses.params_build import build_meta_model, resolve_config
+    from anatomy_cli.analyses.params_placement import config_dtype, plan_placement
 
     resolved = resolve_config(spec, trust_remote_code=trust_remote_code, source=source)
     model = build_meta_model(resolved.config, trust_remote_code=trust_remote_code)
     result = count_parameters(model, resolved, dtype=dtype, per_layer=per_layer)
     if max_memory is not None:
-        plan_dtype = dtype or _config_dtype(resolved.config)
+        plan_dtype = dtype or config_dtype(resolved.config)
         placement = plan_placement(model, max_memory, plan_dtype)
         no_split = ", ".join(getattr(model, "_no_split_modules", None) or []) or "none"
         note = (f"Placement: accelerate's infer_auto_device_map on the meta model at {plan_dtype} (never split: "
@@ -455,7 +273,3 @@ def analyse_meta(spec, source, dtype, per_layer, trust_remote_code, max_memory) 
     return result
 
 
-def _config_dtype(config: Any) -> str:
-    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    name = str(value).replace("torch.", "") if value is not None else ""
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(name, "fp32")

@@ -22,10 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from anatomy_cli import hub
 from anatomy_cli.display import is_partial, token_display
 from anatomy_cli.encodings import encoding_names, load_encoding  # noqa: F401  (re-exported)
-from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UsageError
+from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.tokenization import _decoder_kind, own_span
 
 
@@ -141,42 +140,23 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 def load_hf_tokenizer(model: str):
     """The Hugging Face tokenizer of ``model``, with one-line errors.
 
-    ``model`` is resolved by :func:`anatomy_cli.resolve.resolve` (``need="tokenizer"``): a
-    ``.gguf`` file (the tokenizer stored in it, through transformers' GGUF support), a local
-    directory, or a Hub id found in the HF cache (downloads only when online and
-    HF_HUB_OFFLINE is unset). Raises ModelNotFound, OfflineError, CheckpointError,
-    UnsupportedArchitecture (a GGUF architecture transformers cannot read).
+    ``model`` is resolved by :func:`anatomy_cli.resolve.resolve` (``need="tokenizer"``) and loaded
+    by :func:`anatomy_cli.model_files.load_tokenizer`, the engine's own path: a ``.gguf`` file
+    (the tokenizer stored in it, through transformers' GGUF support; the header is checked first),
+    a local directory, a GPT-2 preset (its BPE files ship with anatomy), or a Hub id found in the
+    HF cache (downloads only when online and HF_HUB_OFFLINE is unset). Raises ModelNotFound,
+    OfflineError, CheckpointError, UnsupportedArchitecture (a GGUF architecture transformers
+    cannot read).
     """
     from anatomy_cli.resolve import resolve
+    from anatomy_cli.model_files import load_tokenizer
 
     source = resolve(model, need="tokenizer")
     if source.kind == "gguf":
         from anatomy_cli.engine import load_gguf
 
         load_gguf.check_header(source)
-        return load_gguf.load_tokenizer(source)
-    from transformers import AutoTokenizer
-
-    is_dir = source.kind == "dir"
-    try:
-        return AutoTokenizer.from_pretrained(source.ref, local_files_only=source.local_only)
-    except OSError as exc:
-        error = exc
-    except ValueError as exc:  # files present but no tokenizer can be built from them
-        raise CheckpointError(f"'{model}' has no usable tokenizer files (tokenizer.json, vocab and "
-                              f"merges, or a SentencePiece model): {_first_line(exc)}") from exc
-    if is_dir:
-        raise CheckpointError(f"'{model}' has no tokenizer files: {_first_line(error)}") from error
-    if hub.offline() or "connect" in str(error).lower():
-        raise OfflineError(f"no tokenizer for '{model}' in the Hugging Face cache and the Hub cannot be "
-                           "reached (offline); pass a local directory or a .gguf file") from error
-    raise ModelNotFound(f"no tokenizer for '{model}': {_first_line(error)}") from error
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    # transformers' messages often end their first line with ':' and list files after it.
-    return " ".join(text.split()).rstrip(":").rstrip() if text else type(exc).__name__
+    return load_tokenizer(source)
 
 
 def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer=None) -> Tokenization:

@@ -246,8 +246,9 @@ def prompt_line(enc: Encoded, width: int = 60) -> str:
 
 def prompt_record(lm: LoadedModel, enc: Encoded) -> dict[str, Any]:
     """The per-prompt keys every record starts with (see docs/commands/trace.md)."""
-    return {"model": lm.name, "untrained": lm.untrained, "prompt": enc.text, "token_ids": list(enc.ids),
-            "tokens": list(enc.pieces), "truncated_tokens": enc.dropped}
+    return {"model": lm.name, "untrained": lm.untrained, "dequantized_from": lm.dequantized_from,
+            "prompt": enc.text, "token_ids": list(enc.ids), "tokens": list(enc.pieces),
+            "truncated_tokens": enc.dropped}
 
 
 def emit_prompts(reports: Sequence[Report], fmt: Format | None, *, from_stdin: bool) -> None:

@@ -15,7 +15,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
-from anatomy_cli.targets import FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt
+from anatomy_cli.options import FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt
 
 
 class AblateMode(str, Enum):

@@ -12,7 +12,7 @@ from anatomy_cli.app import app, warn
 from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
                                           emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
+from anatomy_cli.options import (FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt, Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
 
@@ -34,11 +34,11 @@ NOTE = ("contribution = unembedding direction · final_norm_frozen(component), t
 @app.command("dla")
 def dla_command(
     prompt: PromptArg,
-    target: targets.TargetOpt = None,
-    target_id: targets.TargetIdOpt = None,
-    foil: targets.FoilOpt = None,
-    foil_id: targets.FoilIdOpt = None,
-    first_token: targets.FirstTokenOpt = False,
+    target: TargetOpt = None,
+    target_id: TargetIdOpt = None,
+    foil: FoilOpt = None,
+    foil_id: FoilIdOpt = None,
+    first_token: FirstTokenOpt = False,
     position: Annotated[Optional[int], typer.Option(
         "--position", "-p", metavar="N", show_default=False,
         help="The position whose logit is decomposed (0-based; negative counts from the end). Default: the last.")] = None,

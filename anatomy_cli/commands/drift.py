@@ -122,7 +122,7 @@ def drift_command(
 
     from anatomy_cli.render import emit
 
-    emit(_report(result, model_label(lm)), fmt)
+    emit(_report(result, model_label(lm), lm.dequantized_from), fmt)
     if plot:
         from anatomy_cli.plots import drift as picture
 
@@ -156,9 +156,12 @@ def _check_utf8(text: str, what: str) -> None:
         raise UsageError(f"{what} is not valid UTF-8 (character {exc.start + 1})") from None
 
 
-def _report(result, label: str):
+def _report(result, label: str, dequantized_from: str | None = None):
     from anatomy_cli.render import Column, Report, Section
 
+    data = result.to_dict()
+    # The same key, in the same place, as every command's prompt record.
+    data = {**{k: data[k] for k in ("word", "model", "untrained")}, "dequantized_from": dequantized_from, **data}
     n = len(result.contexts)
     heading = [f"{result.word!r} in {n} contexts · {label} · pool {result.pool}"
                + (f" · occurrence {result.occurrence}" if result.occurrence != 1 else "")]
@@ -180,11 +183,11 @@ def _report(result, label: str):
         rows = [{"context": loc.context, **{f"c{j + 1}": v for j, v in enumerate(values)}}
                 for loc, values in zip(result.contexts, result.matrix)]
         heading.append(f"pairwise cosine similarity at layer {result.matrix_layer} of {result.n_layers}")
-        return Report(data=result.to_dict(), sections=[Section(columns, rows)], heading=heading, notes=notes)
+        return Report(data=data, sections=[Section(columns, rows)], heading=heading, notes=notes)
     similarity = "similarity" if n == 2 else f"similarity (mean of {n * (n - 1) // 2} pairs)"
     columns = [Column("layer", "layer", "int"), Column("similarity", similarity, "float", 3),
                Column("baseline", "baseline", "float", 3)]
-    rows = result.to_dict()["layers"]
+    rows = data["layers"]
     notes = [f"layer 0 = embeddings; layer {result.n_layers} = last block output, before any final norm",
              BASELINE_NOTE, *notes]
-    return Report(data=result.to_dict(), sections=[Section(columns, rows)], heading=heading, notes=notes)
+    return Report(data=data, sections=[Section(columns, rows)], heading=heading, notes=notes)

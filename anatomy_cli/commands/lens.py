@@ -12,7 +12,7 @@ from anatomy_cli.app import app
 from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
                                           emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
+from anatomy_cli.options import (FirstTokenOpt, TargetIdOpt, TargetOpt, Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Format, Report, Section, resolve_format
 
@@ -44,9 +44,9 @@ def lens_command(
     prompt: PromptArg,
     stat: Annotated[Stat, typer.Option("--stat", "-s", case_sensitive=False,
                                        help="The number shown in each cell ('rank' needs --target).")] = Stat.prob,
-    target: targets.TargetOpt = None,
-    target_id: targets.TargetIdOpt = None,
-    first_token: targets.FirstTokenOpt = False,
+    target: TargetOpt = None,
+    target_id: TargetIdOpt = None,
+    first_token: FirstTokenOpt = False,
     layers: Annotated[Optional[str], typer.Option(
         "--layers", metavar="L,L,...", show_default=False,
         help="Show only these layers (0 = embedding .. L = last block); the last layer is always kept.")] = None,

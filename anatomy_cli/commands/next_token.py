@@ -11,7 +11,7 @@ from anatomy_cli.app import app, status
 from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
                                           emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
+from anatomy_cli.options import (FirstTokenOpt, TargetIdOpt, TargetOpt, Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
 
@@ -28,9 +28,9 @@ COLUMNS = (
 def next_command(
     prompt: PromptArg,
     k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many of the most probable tokens to list.")] = 10,
-    target: targets.TargetOpt = None,
-    target_id: targets.TargetIdOpt = None,
-    first_token: targets.FirstTokenOpt = False,
+    target: TargetOpt = None,
+    target_id: TargetIdOpt = None,
+    first_token: FirstTokenOpt = False,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,

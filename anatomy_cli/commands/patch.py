@@ -14,7 +14,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
                                  MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Format, Report, Section, emit, resolve_format
-from anatomy_cli.targets import FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt
+from anatomy_cli.options import FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt
 
 
 class PatchSite(str, Enum):
@@ -130,7 +130,8 @@ def _prompt(enc) -> dict:
 def _report(lm, clean, corrupt, ids: dict, result, *, wide: bool) -> Report:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     differ = [i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b]
-    data = {"model": lm.name, "untrained": lm.untrained, "clean": _prompt(clean), "corrupt": _prompt(corrupt),
+    data = {"model": lm.name, "untrained": lm.untrained, "dequantized_from": lm.dequantized_from,
+            "clean": _prompt(clean), "corrupt": _prompt(corrupt),
             "differing_positions": differ, "target": target, "foil": foil, **result.to_dict()}
     what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
     heading = [f"patch · {model_label(lm)} · site {result.site} · {len(result.cells)} patched runs",

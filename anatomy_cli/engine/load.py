@@ -3,24 +3,23 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from anatomy_cli import adapters as _adapters
-from anatomy_cli import bigmodel, presets
+from anatomy_cli import bigmodel
 from anatomy_cli.adapters import Adapter
 from anatomy_cli.engine import load_gguf
 from anatomy_cli.engine.model import DTYPES, LoadedModel
 from anatomy_cli.engine.wrap import from_model
 from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
-from anatomy_cli.resolve import TOKENIZER_FILES, Source, config_path, first_line, in_cache, resolve
-from anatomy_cli.tokenization import Tokenizer, gpt2_tokenizer, hf_cached_tokenizer
+from anatomy_cli.resolve import Source, first_line, resolve
+from anatomy_cli.tokenization import Tokenizer
+from anatomy_cli.model_files import load_tokenizer, read_config
 
 BeforeWeights = Callable[[Tokenizer, Any], None]
 
@@ -50,48 +49,6 @@ def _dtype(dtype: Any) -> torch.dtype:
         return DTYPES[str(getattr(dtype, "value", dtype))]
     except KeyError:
         raise UsageError(f"unknown dtype '{dtype}'; use {', '.join(DTYPES)}") from None
-
-
-def _read_config(source: Source, name: str, trust_remote_code: bool) -> tuple[Any, Adapter]:
-    """The config, after checking the raw file (valid JSON, a supported model_type)."""
-    from transformers import AutoConfig
-
-    path = config_path(source)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{name}: config.json is not valid JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{name}: config.json is not a JSON object")
-    model_type = raw.get("model_type")
-    if model_type is None:
-        raise CheckpointError(f"{name}: config.json has no model_type")
-    adapter = _adapters.for_model_type(model_type)
-    try:
-        config = AutoConfig.from_pretrained(str(path.parent) if source.kind == "dir" else source.ref,
-                                            local_files_only=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{name}: cannot read config.json: {first_line(exc)}") from None
-    return config, adapter
-
-
-def _load_tokenizer(source: Source, name: str, trust_remote_code: bool, local_only: bool) -> Any:
-    from transformers import AutoTokenizer
-
-    if source.kind == "dir":
-        present = any((Path(source.ref) / f).is_file() for f in TOKENIZER_FILES)
-    else:
-        present = not local_only or any(in_cache(source.ref, f) for f in TOKENIZER_FILES)
-    if not present:
-        raise CheckpointError(f"{name} has no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...)")
-    try:
-        hf = AutoTokenizer.from_pretrained(source.ref, local_files_only=local_only,
-                                           trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{name}: cannot load its tokenizer: {first_line(exc)}") from None
-    if not getattr(hf, "vocab_size", 0):
-        raise CheckpointError(f"{name}: its tokenizer files define no vocabulary")
-    return hf
 
 
 def _model_class(adapter: Adapter, config: Any, random: bool = False) -> Any:
@@ -150,18 +107,6 @@ def _quiet_transformers() -> None:
             hf_logging.set_verbosity_warning()
 
 
-def _preset_tokenizer(spec: str, config: Any) -> Any:
-    if config.model_type == "gpt2":
-        return gpt2_tokenizer()
-    repo = presets.HUB_IDS.get(spec, spec)
-    hf = hf_cached_tokenizer((repo,))
-    if hf is None:
-        raise AnatomyError(f"no tokenizer for the {spec} preset offline: {repo}'s tokenizer is not in the local "
-                           f"Hugging Face cache; fetch it once on a connected machine "
-                           f"(hf download {repo} --include 'tokenizer*')")
-    return hf
-
-
 def _wrap_tokenizer(hf_tok: Any, adapter: Adapter, config: Any, before_weights: BeforeWeights | None) -> Tokenizer:
     # The same wrapping from_model applies: encoders keep their [CLS]/[SEP], decoders add none.
     tok = Tokenizer(hf_tok, add_special_tokens=not adapter.causal)
@@ -218,17 +163,10 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
     source = resolve(spec, need="weights", init=init)
     header = load_gguf.check_header(source) if source.kind == "gguf" else None
 
-    if source.kind == "preset":
-        config = presets.preset_config(spec)
-        adapter = _adapters.for_config(config)
-        hf_tok = _preset_tokenizer(spec, config)
-    elif header is not None:
-        config, adapter = load_gguf.read_config(source)
-        hf_tok = load_gguf.load_tokenizer(source)
-    else:
-        config, adapter = _read_config(source, spec, trust_remote_code)
-        hf_tok = _load_tokenizer(source, spec, trust_remote_code, source.local_only or init == "random")
-    tok = _wrap_tokenizer(hf_tok, adapter, config, before_weights)
+    config = read_config(source, trust_remote_code=trust_remote_code, check_model_type=_adapters.for_model_type)
+    adapter = _adapters.for_config(config)
+    tok = _wrap_tokenizer(load_tokenizer(source, trust_remote_code=trust_remote_code), adapter, config,
+                          before_weights)
 
     if init == "random":
         with torch.random.fork_rng(devices=[]):

@@ -1,7 +1,7 @@
-"""Loading a GGUF file (llama.cpp) through transformers' own GGUF support.
+"""Loading a GGUF file's weights (llama.cpp) through transformers' own GGUF support.
 
-``from_pretrained(folder, gguf_file=name)`` reads the config, the tokenizer and the weights
-from the one file; the weights are dequantized (by the ``gguf`` package) to the dtype asked
+``from_pretrained(folder, gguf_file=name)`` reads the config, the tokenizer
+(:mod:`anatomy_cli.model_files`, as for every source) and the weights from the one file; the weights are dequantized (by the ``gguf`` package) to the dtype asked
 for. Before any of that, the header (:func:`anatomy_cli.headers.read_gguf`) is checked so
 that each failure is one line: a truncated or corrupt file, an architecture transformers
 cannot read from GGUF (the message names those it can), a tensor type ``gguf`` cannot
@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli import adapters as _adapters
-from anatomy_cli.adapters import Adapter
 from anatomy_cli.errors import CheckpointError, UnsupportedArchitecture
 from anatomy_cli.headers import GGUFHeader, read_gguf
 from anatomy_cli.resolve import Source, first_line
@@ -69,31 +67,6 @@ def _where(source: Source) -> tuple[str, str]:
     return str(path.parent), path.name
 
 
-def read_config(source: Source) -> tuple[Any, Adapter]:
-    """The transformers config built from the GGUF metadata, and its adapter."""
-    from transformers import AutoConfig
-
-    folder, name = _where(source)
-    try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{source.spec}: cannot read a config from the GGUF metadata: "
-                              f"{first_line(exc)}") from None
-    return config, _adapters.for_config(config)
-
-
-def load_tokenizer(source: Source) -> Any:
-    """The tokenizer stored in the GGUF file (transformers converts it to a fast tokenizer)."""
-    from transformers import AutoTokenizer
-
-    folder, name = _where(source)
-    try:
-        return AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
-        raise CheckpointError(f"{source.spec}: cannot build its tokenizer from the GGUF metadata: "
-                              f"{first_line(exc)}") from None
-
-
 def load_weights(source: Source, config: Any, cls: Any, dtype: Any, placement: dict[str, Any]) -> Any:
     """The model, its weights dequantized to ``dtype``."""
     import functools
@@ -111,9 +84,13 @@ def load_weights(source: Source, config: Any, cls: Any, dtype: Any, placement: d
     quantizer_log = logging.getLogger("transformers.quantizers.quantizer_gguf")
     level = quantizer_log.level
     quantizer_log.setLevel(logging.ERROR)
+    # Always dequantized: the hooks and the analyses read dense weights, and the heading says so. Without
+    # this, transformers keeps the blocks packed wherever a GGUF matmul kernel (`kernels`) is installed.
+    from transformers import GgufConfig
+
     try:
         return cls.from_pretrained(folder, gguf_file=name, config=config, dtype=dtype, local_files_only=True,
-                                   **placement)
+                                   quantization_config=GgufConfig(dequantize=True), **placement)
     except Exception as exc:
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
