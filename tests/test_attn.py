@@ -143,12 +143,25 @@ def test_rows_sum_to_one_and_causal_models_see_no_future(arch, tiny_lm):
 def test_batched_with_padding_equals_one_prompt_at_a_time(arch, tiny_lm):
     lm = tiny_lm(arch)
     encoded = engine.encode(lm, PROMPTS)
-    assert len({len(e) for e in encoded}) == 3  # different lengths: the batch is padded
+    assert len({len(e) for e in encoded}) == 3
+    from anatomy_cli.engine.attention import batches
+
+    # prompts of different lengths share a batch: it is padded
+    assert any(len({len(encoded[i]) for i in b}) > 1 for b in batches([len(e) for e in encoded], 3))
     batched = engine.attention_patterns(lm, encoded, batch_size=3)
     for enc, pattern in zip(encoded, batched):
         [single] = engine.attention_patterns(lm, [enc])
         assert pattern.shape == single.shape == (lm.n_layers, lm.n_heads, len(enc), len(enc))
         torch.testing.assert_close(pattern, single, atol=1e-6, rtol=1e-5)
+
+
+def test_batches_group_similar_lengths_longest_first():
+    from anatomy_cli.engine.attention import batches
+
+    assert batches([5, 9, 7], 3) == [[1, 2, 0]]
+    assert batches([5, 201], 8) == [[1], [0]]  # heads PROMPT: 5 tokens are not padded to 201
+    assert batches([10, 10, 10, 10, 3], 2) == [[0, 1], [2, 3], [4]]
+    assert batches([4], 0) == [[0]]
 
 
 def test_reduce_keeps_only_what_it_returns_and_layers_select(tiny_lm):

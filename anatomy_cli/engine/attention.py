@@ -70,8 +70,8 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
     returns any tensor of the same shape for every layer; the default keeps the whole pattern.
     Returns one tensor per prompt (input order): ``[len(layers), *reduce's shape]``, on CPU.
 
-    Prompts run right-padded in batches of ``batch_size`` with an attention mask and explicit
-    position ids, as in :func:`~anatomy_cli.engine.run`, so batched patterns equal one-prompt
+    Prompts run right-padded in batches of at most ``batch_size`` (:func:`batches`: similar
+    lengths together) with an attention mask and explicit position ids, as in :func:`~anatomy_cli.engine.run`, so batched patterns equal one-prompt
     patterns. Raises UsageError for an empty prompt or a layer out of range, AnatomyError when
     the model's attention returns no weights.
     """
@@ -100,14 +100,13 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
 
     lm.model.eval()
     handles = []
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     try:
         for layer in layers:
             handles.append(attention_module(lm, layer).register_forward_hook(
                 lambda mod, args, out, layer=layer: hook(mod, args, out, layer)))
         with eager_attention(lm), torch.inference_mode():
-            for start in range(0, len(order), max(1, batch_size)):
-                chunk[:] = order[start:start + max(1, batch_size)]
+            for batch in batches([len(e) for e in encoded], batch_size):
+                chunk[:] = batch
                 ids, mask, pos = _batch(lm, [encoded[i] for i in chunk])
                 kwargs = {"use_cache": False} if lm.is_causal else {}
                 lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
@@ -115,6 +114,20 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
         for handle in handles:
             handle.remove()
     return [torch.stack([kept[i][layer] for layer in layers]) for i in range(len(encoded))]
+
+
+def batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Prompt indices in batches of at most ``batch_size``, longest first. A prompt that would be
+    padded to more than twice its length starts a new batch: eager attention costs grow with the
+    square of the padded width, so a short prompt beside a long one (``heads PROMPT`` with its
+    random sequence) costs more padded than in a forward of its own."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if out and len(out[-1]) < max(1, batch_size) and 2 * lengths[i] >= lengths[out[-1][0]]:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
 
 
 def _batch(lm: LoadedModel, encs: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
