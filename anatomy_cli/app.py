@@ -161,7 +161,8 @@ def _usage_message(message: str) -> str:
     message = message.replace("Value error, ", "").rstrip(".")
     word = message.removeprefix("No such option: ")
     if word != message and _is_number(word):
-        message += f": a negative number is a value, not an option; put -- before it (-- {word})"
+        message += (f": a negative number is a value, not an option; put -- before it, after every option "
+                    f"(-- {word})")
     return message
 
 

@@ -30,10 +30,8 @@ def parse_max_memory(text: str) -> dict[int | str, int]:
     Devices: GPU indices, ``cpu``, ``mps``, ``disk``; sizes as accelerate reads them
     (``20GiB`` binary, ``20GB`` decimal, or plain bytes). Raises UsageError naming the bad part.
     """
-    from accelerate.utils import convert_file_size_to_int
-
-    out: dict[int | str, int] = {}
-    for part in text.split(","):
+    parts = []
+    for part in text.split(","):  # the form first: accelerate (which imports torch) only for the sizes
         part = part.strip()
         if not part:
             continue
@@ -42,6 +40,15 @@ def parse_max_memory(text: str) -> dict[int | str, int]:
         if not sep or not _DEVICE_RE.match(device) or not size:
             raise UsageError(f"--max-memory: '{part}' is not DEVICE=SIZE (DEVICE: a GPU index, cpu, mps or disk; "
                              "e.g. 0=20GiB,cpu=60GiB)")
+        if size.startswith("-"):
+            raise UsageError(f"--max-memory: size for '{device}' must be positive")
+        parts.append((device, size))
+    if not parts:
+        raise UsageError("--max-memory: give at least one DEVICE=SIZE (e.g. 0=20GiB,cpu=60GiB)")
+    from accelerate.utils import convert_file_size_to_int
+
+    out: dict[int | str, int] = {}
+    for device, size in parts:
         try:
             n = int(size) if size.isdigit() else convert_file_size_to_int(size)
         except ValueError as exc:
@@ -52,8 +59,6 @@ def parse_max_memory(text: str) -> dict[int | str, int]:
         if key in out:
             raise UsageError(f"--max-memory: device '{device}' given twice")
         out[key] = n
-    if not out:
-        raise UsageError("--max-memory: give at least one DEVICE=SIZE (e.g. 0=20GiB,cpu=60GiB)")
     return out
 
 

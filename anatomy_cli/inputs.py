@@ -8,7 +8,7 @@ from typing import BinaryIO
 from anatomy_cli.errors import UsageError
 
 
-def read_text_arg(text: str, *, stdin: BinaryIO | None = None, what: str = "text") -> str:
+def read_text_arg(text: str, *, stdin: BinaryIO | None = None) -> str:
     """The argument itself, or all of stdin when it is ``-``.
 
     Raises UsageError for invalid UTF-8 on stdin (naming the line number).
@@ -16,7 +16,7 @@ def read_text_arg(text: str, *, stdin: BinaryIO | None = None, what: str = "text
     if text != "-":
         return text
     data = (stdin or sys.stdin.buffer).read()
-    return _decode(data, what)
+    return _decode(data)
 
 
 def read_prompts(prompt: str, *, stdin: BinaryIO | None = None) -> list[str]:
@@ -37,8 +37,7 @@ def read_prompts(prompt: str, *, stdin: BinaryIO | None = None) -> list[str]:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise UsageError(f"stdin line {number} is not valid UTF-8 (byte {exc.start + 1}: "
-                             f"{line[exc.start:exc.start + 1]!r})") from None
+            raise _not_utf8(number, line, exc.start) from None
         if text.strip():
             prompts.append(text)
     if not prompts:
@@ -46,9 +45,15 @@ def read_prompts(prompt: str, *, stdin: BinaryIO | None = None) -> list[str]:
     return prompts
 
 
-def _decode(data: bytes, what: str) -> str:
+def _decode(data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise UsageError(f"{what} on stdin is not valid UTF-8 (line {line}, byte offset {exc.start})") from None
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        line = data[start:data.find(b"\n", exc.start) if b"\n" in data[exc.start:] else len(data)]
+        raise _not_utf8(data.count(b"\n", 0, exc.start) + 1, line, exc.start - start) from None
+
+
+def _not_utf8(number: int, line: bytes, at: int) -> UsageError:
+    """The one message for invalid UTF-8 on stdin: 1-based line, 1-based byte within that line."""
+    return UsageError(f"stdin line {number} is not valid UTF-8 (byte {at + 1}: {line[at:at + 1]!r})")

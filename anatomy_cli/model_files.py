@@ -33,9 +33,9 @@ def read_config(source: Source, *, trust_remote_code: bool = False,
     """
     if source.kind == "preset":
         return presets.preset_config(source.spec)
-    from transformers import AutoConfig
-
     if source.kind == "gguf":
+        from transformers import AutoConfig
+
         path = Path(source.ref).resolve()
         try:
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
@@ -123,8 +123,9 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> Any:
             raise OfflineError(offline_message(name, "tokenizer")) from None
         raise ModelNotFound(f"no tokenizer for '{name}': {first_line(exc)}") from None
     except (ValueError, TypeError, KeyError) as exc:  # files present but no tokenizer can be built from them
+        why = f"a required field is missing: {exc}" if isinstance(exc, KeyError) else first_line(exc)
         raise CheckpointError(f"'{name}' has no usable tokenizer files (tokenizer.json, vocab and merges, or a "
-                              f"SentencePiece model): {first_line(exc)}") from None
+                              f"SentencePiece model): {why}") from None
     if not getattr(hf, "vocab_size", 0):
         raise CheckpointError(f"'{name}': its tokenizer files define no vocabulary")
     return hf

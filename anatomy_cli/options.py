@@ -120,5 +120,8 @@ FoilOpt = Annotated[Optional[str], typer.Option(
 FoilIdOpt = Annotated[Optional[int], typer.Option(
     "--foil-id", metavar="N", min=0, show_default=False, help="The foil given by its token id instead of text.")]
 FirstTokenOpt = Annotated[bool, typer.Option(
-    "--first-token", help="A target/foil TEXT of several tokens stands for its first token (said on stderr) "
+    "--first-token", help="A --target TEXT of several tokens stands for its first token (said on stderr) "
     "instead of being an error.")]
+FirstTokenFoilOpt = Annotated[bool, typer.Option(
+    "--first-token", help="A --target or --foil TEXT of several tokens stands for its first token (said on "
+    "stderr) instead of being an error.")]

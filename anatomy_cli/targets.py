@@ -46,12 +46,19 @@ def choice(text: str | None, id: int | None = None, *, option: str = "--target",
     if text is None and id is None:
         return None
     if text is not None and id is not None:
-        raise UsageError(f"{option} and {option}-id name the same token: give one of them")
+        raise UsageError(f"both {option} and {option}-id were given: name the token one way, by its text or "
+                         f"by its id")
     if text == "":
         raise UsageError(f"{option} is empty: give the text of one token, e.g. ' much'")
     if id is not None and id < 0:
         raise UsageError(f"{option}-id {id} is negative: token ids start at 0")
     return TokenChoice(option=option, text=text, id=id, first_token=first_token)
+
+
+def check_first_token(first_token: bool, *chosen: TokenChoice | None, options: str = "--target") -> None:
+    """UsageError for ``--first-token`` with no TEXT to apply it to (no token option, or only ids)."""
+    if first_token and not any(c is not None and c.text is not None for c in chosen):
+        raise UsageError(f"--first-token applies to a {options} TEXT of several tokens, and none was given")
 
 
 def _tokenizer(source: Any) -> Tokenizer:

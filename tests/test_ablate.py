@@ -125,7 +125,7 @@ def test_tsv_and_table(tiny_model_dir):
 
 def test_errors(tiny_model_dir):
     model_dir = tiny_model_dir("gpt2")
-    for args, message in [((), "--target is required"), (("--target", TARGET, "--layer", "2"), "--layer 2 is out"),
+    for args, message in [((), "--target TEXT or --target-id N is required"), (("--target", TARGET, "--layer", "2"), "--layer 2 is out"),
                           (("--target", TARGET, "--position", "7"), "--position 7 is out of range"),
                           (("--target", TARGET, "--foil", TARGET), "same token"),
                           (("--target", TARGET, "--mode", "median"), "")]:

@@ -186,3 +186,14 @@ def test_bos_is_prepended_only_when_asked(tiny_model_dir):
     assert next_json(model, "--k", "1")["token_ids"] == [10449, 345, 845]
     data = next_json(model, "--k", "1", "--bos")
     assert data["token_ids"] == [50256, 10449, 345, 845] and data["tokens"][0] == "<|endoftext|>"
+
+
+def test_dtype_is_in_the_record_and_in_a_heading_that_is_not_fp32(tiny_model_dir):
+    model = str(tiny_model_dir("gpt2"))
+    for dtype, label in (("fp32", model), ("bf16", f"{model} (bf16)")):
+        data = json.loads(runner.invoke(app, ["next", "Thank you very", "--model", model, "--device", "cpu",
+                                              "--dtype", dtype, "--format", "json"]).stdout)
+        assert (data["dtype"], data["dequantized_from"]) == (dtype, None)
+        table = runner.invoke(app, ["next", "Thank you very", "--model", model, "--device", "cpu", "--dtype", dtype,
+                                    "--format", "table"], env={"COLUMNS": "200"}).stdout
+        assert table.splitlines()[0].startswith(f"next · {label}") and (("bf16" in table) == (dtype == "bf16"))

@@ -264,6 +264,7 @@ def test_placement_everything_fits_one_gpu():
     assert placement["device_map"] == {"": "0"}
     assert placement["max_memory"] == {"0": 2**30, "cpu": 2 * 2**30}
     assert [(d["device"], d["parameters"]) for d in placement["devices"]] == [("0", GPT2_TOTAL)]
+    assert placement["devices"][0]["modules"] == ["(whole model)"]  # accelerate's "" named
 
 
 def test_placement_spills_blocks_to_cpu_and_disk():

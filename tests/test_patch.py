@@ -191,7 +191,7 @@ def test_cli_errors(tiny_model_dir):
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.strip() == ("error: CLEAN and CORRUPT must have the same number of tokens: CLEAN is 6 "
                                      "(The ·cat ·sat ·on ·the ·mat), CORRUPT is 7 (The ·dog ·sat ·on ·a ·red ·rug)")
-    for args, message in [((), "--target is required"), (("--target", " mat", "--foil", " mat"), "same token"),
+    for args, message in [((), "--target TEXT or --target-id N is required"), (("--target", " mat", "--foil", " mat"), "same token"),
                           (("--target", "mat rug"), "is 2 tokens"), (("--target", " mat", "--site", "nope"), "")]:
         result = patch_cli(model, *args)
         assert result.exit_code == 2 and message in result.stderr, (args, result.stderr)

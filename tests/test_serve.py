@@ -7,6 +7,7 @@ Fault cases use small in-process servers or fake peers so they need no second mo
 from __future__ import annotations
 
 import base64
+import json
 import os
 import socket
 import stat
@@ -278,3 +279,39 @@ def test_which_commands_are_forwarded(monkeypatch):
     request = client.build_request(["next", "-"])
     assert request["op"] == "run" and base64.b64decode(request["stdin"]) == b"one\ntwo\n"
     assert client.build_request(["next", "x"])["stdin"] == ""  # stdin is read only for '-'
+
+
+def test_tokenizers_are_cached_by_source_and_file_time(tmp_path):
+    import os
+
+    from anatomy_cli.resolve import Source
+    from anatomy_cli.serve.server import TokenizerCache
+
+    calls = []
+    cache = TokenizerCache(lambda source, **kw: calls.append(source.ref) or object(), max_items=2)
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    a = cache.load(Source("gguf", "m.gguf", str(f)))
+    assert cache.load(Source("gguf", "./m.gguf", str(f))) is a and calls == [str(f)]  # one file, two spellings
+    os.utime(f, ns=(1, 1))  # the file changed: build again
+    assert cache.load(Source("gguf", "m.gguf", str(f))) is not a and len(calls) == 2
+    cache.load(Source("hub", "x/y", "x/y"))
+    cache.load(Source("hub", "x/z", "x/z"))
+    assert len(cache.items) == 2  # the least recently used went
+
+
+def test_stop_answers_in_json_when_asked(tmp_path):
+    from anatomy_cli.serve.server import Server
+
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    path = folder / "s.sock"
+    srv = Server(path, log=lambda msg: None)
+    srv.bind()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    result = runner.invoke(app, ["serve", "--stop", "--socket", str(path), "--format", "json"])
+    thread.join(timeout=10)
+    assert result.exit_code == 0 and not thread.is_alive()
+    assert json.loads(result.stdout) == {"stopped": True, "pid": os.getpid(), "socket": str(path)}
+    assert result.stderr.startswith("stopped the anatomy server")

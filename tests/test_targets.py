@@ -65,12 +65,34 @@ def test_ids_and_bad_choices(tiny_lm):
     with pytest.raises(UsageError, match=r"--target-id 50257 is outside .* vocabulary \(ids 0\.\.50256\)"):
         _resolve(lm, id=50257)
     assert targets.choice(None, None) is None
-    with pytest.raises(UsageError, match="--target and --target-id name the same token"):
+    with pytest.raises(UsageError, match="both --target and --target-id were given"):
         targets.choice(" much", 881)
     with pytest.raises(UsageError, match="--foil is empty"):
         targets.choice("", option="--foil")
     with pytest.raises(UsageError, match="negative"):
         targets.choice(None, -1)
+
+
+def test_first_token_needs_a_text_to_apply_to():
+    targets.check_first_token(False)
+    targets.check_first_token(True, targets.choice(" much here", first_token=True))
+    targets.check_first_token(True, None, targets.choice(" x", option="--foil"), options="--target or --foil")
+    with pytest.raises(UsageError, match="^--first-token applies to a --target TEXT of several tokens, and none"):
+        targets.check_first_token(True, None)
+    with pytest.raises(UsageError, match="--target or --foil TEXT"):
+        targets.check_first_token(True, targets.choice(None, 881), None, options="--target or --foil")
+
+
+@pytest.mark.parametrize("command", ["next", "trace", "lens", "dla", "ablate", "patch"])
+def test_first_token_alone_is_a_usage_error_before_any_load(command):
+    # dla, ablate and patch need a token: give it by id, which --first-token cannot apply to either
+    extra = {"patch": ["x", "--target-id", "5"], "dla": ["--target-id", "5"], "ablate": ["--target-id", "5"]}
+    result = runner.invoke(app, [command, "Thank you very", *extra.get(command, []), "--first-token",
+                                 "--model", "gpt2"])  # nothing loads: the check comes first
+    assert result.exit_code == 2 and result.stderr.startswith("error: --first-token applies to a --target")
+    assert result.stderr.count("\n") == 1
+    help_text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).stdout
+    assert ("--foil TEXT of several tokens" in help_text) == (command in ("dla", "ablate", "patch"))
 
 
 def test_encoder_targets_leave_out_cls_and_sep(tiny_lm):
@@ -97,7 +119,7 @@ def test_next_target_id_equals_target_text_and_notes_go_to_stderr(tiny_model_dir
     assert spaced.exit_code == 0 and json.loads(spaced.stdout)["target"]["token_id"] == 29482
     assert "note: --target 'much' is much (29482)" in spaced.stderr and "note" not in spaced.stdout
     both = invoke("next", PROMPT, "--model", model, "--target", " much", "--target-id", "881")
-    assert both.exit_code == 2 and "name the same token" in both.stderr
+    assert both.exit_code == 2 and "both --target and --target-id were given" in both.stderr
 
 
 def test_a_bad_target_fails_before_the_weights_load(tiny_model_dir, tmp_path):

@@ -115,7 +115,8 @@ def test_stdin_text_is_taken_verbatim():
 def test_invalid_utf8_on_stdin_names_the_line():
     result = runner.invoke(app, ["tokens", "-"], input=b"fine\nbad \xff here\n")
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: text on stdin is not valid UTF-8 (line 2")
+    # the same words as every prompt command's: line 2, its 5th byte
+    assert result.stderr == "error: stdin line 2 is not valid UTF-8 (byte 5: b'\\xff')\n"
 
 
 def test_tsv_rows_on_stdout_summary_on_stderr():
@@ -261,6 +262,7 @@ def test_directory_with_unusable_tokenizer_files(tmp_path):
     result = runner.invoke(app, ["tokens", "x", "--model", str(tmp_path)])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: '{tmp_path}' has no usable tokenizer files")
+    assert result.stderr.rstrip().endswith("a required field is missing: 'added_tokens'")
     assert result.stderr.count("\n") == 1
 
 

@@ -337,7 +337,7 @@ def test_usage_errors_carry_no_pydantic_prefix():
     assert result.stderr.startswith("error: Invalid value for '--format' / '-f': 'bad' is not one of 'table'")
     assert "Value error" not in result.stderr
     negative = invoke("tokens", "-5")
-    assert negative.exit_code == 2 and "put -- before it (-- -5)" in negative.stderr
+    assert negative.exit_code == 2 and "put -- before it, after every option (-- -5)" in negative.stderr
 
 
 def test_help_shows_plain_metavars_for_every_command():

@@ -52,7 +52,9 @@ def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> 
         if not modules and device not in counts:
             continue
         budget_key: int | str = int(device) if device.isdigit() else device
-        devices.append({"device": device, "modules": compress_names(modules), "parameters": counts.get(device, 0),
+        # accelerate names the root module "": the whole model went to this one device.
+        names = [m or "(whole model)" for m in compress_names(modules)]
+        devices.append({"device": device, "modules": names, "parameters": counts.get(device, 0),
                         "memory_bytes": memory_bytes(counts.get(device, 0), dtype),
                         "budget_bytes": max_memory.get(budget_key)})
     return Placement(max_memory={str(k): v for k, v in max_memory.items()}, dtype=dtype, balanced=len(gpus) > 1,

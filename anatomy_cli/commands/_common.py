@@ -211,12 +211,22 @@ def placement_line(lm: LoadedModel) -> str:
     return line
 
 
+def dtype_name(lm: LoadedModel) -> str:
+    """``fp32``, ``bf16`` or ``fp16``: the weights' dtype as ``--dtype`` names it."""
+    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(lm.dtype),
+                                                                                          str(lm.dtype))
+
+
 def model_label(lm: LoadedModel) -> str:
-    """``gpt2``, ``gpt2 (untrained: random weights)`` or ``x.gguf (weights dequantized from Q4_1)``."""
-    if lm.untrained:
-        return f"{lm.name} (untrained: random weights)"
+    """``gpt2``, ``gpt2 (untrained: random weights)``, ``x.gguf (weights dequantized from Q4_1)``; a dtype
+    other than fp32 is said too: ``gpt2 (bf16)``, ``x.gguf (weights dequantized from Q4_1 to bf16)``."""
+    dtype = dtype_name(lm)
     quantized = getattr(lm, "dequantized_from", None)
-    return f"{lm.name} (weights dequantized from {quantized})" if quantized else lm.name
+    if lm.untrained:
+        return f"{lm.name} (untrained: random weights" + (f", {dtype})" if dtype != "fp32" else ")")
+    if quantized:
+        return f"{lm.name} (weights dequantized from {quantized}" + (f" to {dtype})" if dtype != "fp32" else ")")
+    return f"{lm.name} ({dtype})" if dtype != "fp32" else lm.name
 
 
 def describe(lm: LoadedModel):
@@ -246,9 +256,9 @@ def prompt_line(enc: Encoded, width: int = 60) -> str:
 
 def prompt_record(lm: LoadedModel, enc: Encoded) -> dict[str, Any]:
     """The per-prompt keys every record starts with (see docs/commands/trace.md)."""
-    return {"model": lm.name, "untrained": lm.untrained, "dequantized_from": lm.dequantized_from,
-            "prompt": enc.text, "token_ids": list(enc.ids), "tokens": list(enc.pieces),
-            "truncated_tokens": enc.dropped}
+    return {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
+            "dequantized_from": lm.dequantized_from, "prompt": enc.text, "token_ids": list(enc.ids),
+            "tokens": list(enc.pieces), "truncated_tokens": enc.dropped}
 
 
 def emit_prompts(reports: Sequence[Report], fmt: Format | None, *, from_stdin: bool) -> None:

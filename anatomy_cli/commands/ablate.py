@@ -12,10 +12,10 @@ from anatomy_cli.app import app
 from anatomy_cli.commands._common import (AllowSpecialOpt, BosOpt, PromptArg, TruncateOpt, emit_prompts,
                                           load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
-                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
+from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FirstTokenFoilOpt, FoilIdOpt,
+                                 FoilOpt, FormatOpt, Init, InitOpt, MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt,
+                                 TargetIdOpt, TargetOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
-from anatomy_cli.options import FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt
 
 
 class AblateMode(str, Enum):
@@ -36,7 +36,7 @@ def ablate_command(
     target_id: TargetIdOpt = None,
     foil: FoilOpt = None,
     foil_id: FoilIdOpt = None,
-    first_token: FirstTokenOpt = False,
+    first_token: FirstTokenFoilOpt = False,
     position: Annotated[int, typer.Option(
         "--position", "-p", metavar="N", help="Where to read the metric (0-based; negative from the end).")] = -1,
     heads: Annotated[bool, typer.Option(
@@ -82,8 +82,10 @@ def ablate_command(
 
     wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
     unwanted = targets.choice(foil, foil_id, option="--foil", first_token=first_token)
+    targets.check_first_token(first_token, wanted, unwanted, options="--target or --foil")
     if wanted is None:
-        raise UsageError("--target is required: the token whose log-probability ablations change, e.g. ' much'")
+        raise UsageError("--target TEXT or --target-id N is required: the token whose log-probability ablations "
+                         "change, e.g. --target ' much'")
     ids: dict[str, int | None] = {}
 
     def check(pre) -> None:

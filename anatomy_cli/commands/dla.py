@@ -12,8 +12,9 @@ from anatomy_cli.app import app, warn
 from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
                                           emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.options import (FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt, Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
-                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
+from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FirstTokenFoilOpt, FoilIdOpt,
+                                 FoilOpt, FormatOpt, Init, InitOpt, MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt,
+                                 TargetIdOpt, TargetOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
 
 
@@ -38,7 +39,7 @@ def dla_command(
     target_id: TargetIdOpt = None,
     foil: FoilOpt = None,
     foil_id: FoilIdOpt = None,
-    first_token: FirstTokenOpt = False,
+    first_token: FirstTokenFoilOpt = False,
     position: Annotated[Optional[int], typer.Option(
         "--position", "-p", metavar="N", show_default=False,
         help="The position whose logit is decomposed (0-based; negative counts from the end). Default: the last.")] = None,
@@ -81,6 +82,7 @@ def dla_command(
     if wanted is None:
         raise UsageError("dla needs a token: give --target TEXT or --target-id N")
     foiled = targets.choice(foil, foil_id, option="--foil", first_token=first_token)
+    targets.check_first_token(first_token, wanted, foiled, options="--target or --foil")
     ids: dict[str, int] = {}
 
     def check(pre) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.app import app, status, warn
-from anatomy_cli.commands._common import AllowSpecialOpt, Preflight, load_texts, model_label
+from anatomy_cli.commands._common import AllowSpecialOpt, Preflight, dtype_name, load_texts, model_label
 from anatomy_cli.errors import UsageError
 from anatomy_cli.options import (
     Device,
@@ -122,7 +122,7 @@ def drift_command(
 
     from anatomy_cli.render import emit
 
-    emit(_report(result, model_label(lm), lm.dequantized_from), fmt)
+    emit(_report(result, model_label(lm), dtype_name(lm), lm.dequantized_from), fmt)
     if plot:
         from anatomy_cli.plots import drift as picture
 
@@ -156,12 +156,13 @@ def _check_utf8(text: str, what: str) -> None:
         raise UsageError(f"{what} is not valid UTF-8 (character {exc.start + 1})") from None
 
 
-def _report(result, label: str, dequantized_from: str | None = None):
+def _report(result, label: str, dtype: str = "fp32", dequantized_from: str | None = None):
     from anatomy_cli.render import Column, Report, Section
 
     data = result.to_dict()
     # The same key, in the same place, as every command's prompt record.
-    data = {**{k: data[k] for k in ("word", "model", "untrained")}, "dequantized_from": dequantized_from, **data}
+    data = {**{k: data[k] for k in ("word", "model", "untrained")}, "dtype": dtype,
+            "dequantized_from": dequantized_from, **data}
     n = len(result.contexts)
     heading = [f"{result.word!r} in {n} contexts · {label} · pool {result.pool}"
                + (f" · occurrence {result.occurrence}" if result.occurrence != 1 else "")]

@@ -12,8 +12,9 @@ from anatomy_cli.app import app
 from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
                                           emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (FirstTokenOpt, TargetIdOpt, TargetOpt, Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
-                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
+from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FirstTokenOpt, FormatOpt, Init,
+                                 InitOpt, MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TargetIdOpt, TargetOpt,
+                                 TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Format, Report, Section, resolve_format
 
 
@@ -90,6 +91,7 @@ def lens_command(
     from anatomy_cli.analyses import lens as analysis
 
     wanted = targets.choice(target, target_id, first_token=first_token)
+    targets.check_first_token(first_token, wanted)
     if stat is Stat.rank and wanted is None:
         raise UsageError("--stat rank is the target's rank: give --target TEXT or --target-id N")
     if layers is not None and stride is not None:

@@ -129,7 +129,10 @@ def build_report(result, fmt=None):
                                 [{"dtype": d, "memory_bytes": b} for d, b in result.dequantized_bytes.items()],
                                 title="Memory once loaded (dequantized)"))
 
-    heading = [f"{result.model} · {result.architecture} (model_type {result.model_type}) · "
+    # config.json may name no architecture class (only a model_type): then say just that.
+    what = f"{result.architecture} (model_type {result.model_type})" if result.architecture else \
+        f"model_type {result.model_type}"
+    heading = [f"{result.model} · {what} · "
                f"{_SOURCES.get(result.source, result.source)}"
                + (f" {result.location}" if result.source == "directory" else "")
                + f" · {result.n_layers} layers"

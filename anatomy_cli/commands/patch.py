@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 
 from anatomy_cli.app import app
-from anatomy_cli.commands._common import AllowSpecialOpt, BosOpt, load_texts, model_label, prompt_line
+from anatomy_cli.commands._common import AllowSpecialOpt, BosOpt, dtype_name, load_texts, model_label, prompt_line
 from anatomy_cli.commands.ablate import _check_decoder, token_record
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
-                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
+from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FirstTokenFoilOpt, FoilIdOpt,
+                                 FoilOpt, FormatOpt, Init, InitOpt, MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt,
+                                 TargetIdOpt, TargetOpt, TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Format, Report, Section, emit, resolve_format
-from anatomy_cli.options import FirstTokenOpt, FoilIdOpt, FoilOpt, TargetIdOpt, TargetOpt
 
 
 class PatchSite(str, Enum):
@@ -40,7 +40,7 @@ def patch_command(
     target_id: TargetIdOpt = None,
     foil: FoilOpt = None,
     foil_id: FoilIdOpt = None,
-    first_token: FirstTokenOpt = False,
+    first_token: FirstTokenFoilOpt = False,
     site: Annotated[PatchSite, typer.Option(
         "--site", case_sensitive=False, help="resid_pre: input of block l; attn_out / mlp_out: what block l's "
         "attention / MLP adds; head: one head at all positions (layer x head grid); resid_post: output of "
@@ -85,8 +85,10 @@ def patch_command(
             raise UsageError(f"{name} is empty: give some text")
     wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
     unwanted = targets.choice(foil, foil_id, option="--foil", first_token=first_token)
+    targets.check_first_token(first_token, wanted, unwanted, options="--target or --foil")
     if wanted is None:
-        raise UsageError("--target is required: the token whose logit patching moves, e.g. ' Paris'")
+        raise UsageError("--target TEXT or --target-id N is required: the token whose logit patching moves, "
+                         "e.g. --target ' Paris'")
     ids: dict[str, int | None] = {}
 
     def check(pre) -> None:
@@ -130,7 +132,8 @@ def _prompt(enc) -> dict:
 def _report(lm, clean, corrupt, ids: dict, result, *, wide: bool) -> Report:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     differ = [i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b]
-    data = {"model": lm.name, "untrained": lm.untrained, "dequantized_from": lm.dequantized_from,
+    data = {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
+            "dequantized_from": lm.dequantized_from,
             "clean": _prompt(clean), "corrupt": _prompt(corrupt),
             "differing_positions": differ, "target": target, "foil": foil, **result.to_dict()}
     what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"

@@ -66,6 +66,10 @@ def serve_command(
                 from None
         if stop:
             info(f"stopped the anatomy server at {path} (pid {answer.get('pid')})")
+            if fmt is not None:  # asked for a format: the answer as a result too
+                row = {"stopped": True, "pid": answer.get("pid"), "socket": str(path)}
+                emit(Report(data=row, sections=[Section([Column("stopped"), Column("pid", "pid", "int"),
+                                                          Column("socket")], [row])]), fmt)
             return
         emit(_status_report(answer), fmt)
         return

@@ -11,8 +11,9 @@ from anatomy_cli.app import app, status
 from anatomy_cli.commands._common import (AllowSpecialOpt, BatchSizeOpt, BosOpt, PromptArg, TruncateOpt, describe,
                                           emit_prompts, load_prompts, model_label, prompt_line, prompt_record)
 from anatomy_cli.errors import UsageError
-from anatomy_cli.options import (FirstTokenOpt, TargetIdOpt, TargetOpt, Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FormatOpt, Init, InitOpt,
-                                 MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TrustRemoteCodeOpt)
+from anatomy_cli.options import (Device, DeviceMapOpt, DeviceOpt, DType, DTypeOpt, FirstTokenOpt, FormatOpt, Init,
+                                 InitOpt, MaxMemoryOpt, ModelOpt, OffloadFolderOpt, PlotOpt, TargetIdOpt, TargetOpt,
+                                 TrustRemoteCodeOpt)
 from anatomy_cli.render import Column, Report, Section
 
 LAYER_COLUMNS = (
@@ -88,6 +89,7 @@ def trace_command(
     from anatomy_cli.analyses import trace as analysis
 
     wanted = targets.choice(target, target_id, first_token=first_token)
+    targets.check_first_token(first_token, wanted)
     target_ids: list[int] = []
 
     def check(pre) -> None:

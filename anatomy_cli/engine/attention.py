@@ -71,9 +71,10 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
     Returns one tensor per prompt (input order): ``[len(layers), *reduce's shape]``, on CPU.
 
     Prompts run right-padded in batches of at most ``batch_size`` (:func:`batches`: similar
-    lengths together) with an attention mask and explicit position ids, as in :func:`~anatomy_cli.engine.run`, so batched patterns equal one-prompt
-    patterns. Raises UsageError for an empty prompt or a layer out of range, AnatomyError when
-    the model's attention returns no weights.
+    lengths together) with an attention mask and explicit position ids, as in
+    :func:`~anatomy_cli.engine.run`, so batched patterns equal one-prompt patterns. Raises
+    UsageError for an empty prompt or a layer out of range, AnatomyError when the model's
+    attention returns no weights.
     """
     layers = list(range(lm.n_layers)) if layers is None else [int(x) for x in layers]
     for layer in layers:

@@ -1,9 +1,10 @@
 """Loading a GGUF file's weights (llama.cpp) through transformers' own GGUF support.
 
 ``from_pretrained(folder, gguf_file=name)`` reads the config, the tokenizer
-(:mod:`anatomy_cli.model_files`, as for every source) and the weights from the one file; the weights are dequantized (by the ``gguf`` package) to the dtype asked
-for. Before any of that, the header (:func:`anatomy_cli.headers.read_gguf`) is checked so
-that each failure is one line: a truncated or corrupt file, an architecture transformers
+(:mod:`anatomy_cli.model_files`, as for every source) and the weights from the one file;
+the weights are dequantized (by the ``gguf`` package) to the dtype asked for. Before any of
+that, the header (:func:`anatomy_cli.headers.read_gguf`) is checked so that each failure is
+one line: a truncated or corrupt file, an architecture transformers
 cannot read from GGUF (the message names those it can), a tensor type ``gguf`` cannot
 dequantize.
 """

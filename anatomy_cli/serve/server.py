@@ -8,8 +8,9 @@ in-process, and every command (tables, json, --plot) works through the server wi
 Requests run one at a time on one worker thread (a queue): the forward engine, the working directory and
 ``sys.stdout`` are process-wide. Connections are accepted on their own threads, so a slow or vanished
 client never blocks others. Models are cached by what was asked for (spec, device, dtype, init, ...),
-least recently used first out when ``max_bytes`` is passed. After every request the server checks that no
-hook is left on any cached model (and removes one if a bug left it).
+least recently used first out when ``max_bytes`` is passed; ``tokens --model`` tokenizers by their
+source. After every request the server checks that no hook is left on any cached model (and removes
+one if a bug left it).
 """
 
 from __future__ import annotations
@@ -101,6 +102,30 @@ class ModelCache:
                     for k in reversed(self.models)]
 
 
+class TokenizerCache:
+    """``tokens --model`` tokenizers by source (a local path also by its modification time), the
+    ``max_items`` most recently used kept: building one from a GGUF file's vocabulary takes seconds."""
+
+    def __init__(self, load: Callable[..., Any], max_items: int = 8):
+        self._load = load
+        self.max_items = max_items
+        self.items: OrderedDict[tuple, Any] = OrderedDict()
+
+    def load(self, source: Any, **options: Any) -> Any:
+        path = Path(source.ref)
+        stamp = path.stat().st_mtime_ns if source.kind in ("dir", "gguf") and path.exists() else None
+        key = (source.kind, str(path.resolve()) if stamp is not None else source.ref, stamp,
+               tuple(sorted((k, str(v)) for k, v in options.items())))
+        if key in self.items:
+            self.items.move_to_end(key)
+            return self.items[key]
+        tok = self._load(source, **options)
+        self.items[key] = tok
+        while len(self.items) > self.max_items:
+            self.items.popitem(last=False)
+        return tok
+
+
 def _model_bytes(lm: Any) -> int:
     model = getattr(lm, "model", None)
     if model is None:
@@ -166,6 +191,9 @@ class Server:
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))
         self.cache = ModelCache(engine.load, max_bytes)
+        from anatomy_cli import model_files
+
+        self.tokenizers = TokenizerCache(model_files.load_tokenizer)
         self.started = time.time()
         self.last_activity = time.monotonic()
         self.requests = 0
@@ -212,8 +240,11 @@ class Server:
         """Accept until stopped, idle for ``idle_timeout`` s, or interrupted; then remove the socket."""
         from anatomy_cli import engine
 
-        real_load = engine.load
+        from anatomy_cli import model_files
+
+        real_load, real_tokenizer = engine.load, model_files.load_tokenizer
         engine.load = self.cache.load  # every command loads through engine.load
+        model_files.load_tokenizer = self.tokenizers.load  # and `tokens --model` through this
         worker = threading.Thread(target=self._work, name="anatomy-worker", daemon=True)
         worker.start()
         try:
@@ -234,7 +265,7 @@ class Server:
             self.stopping.set()
             self.jobs.put(None)
             worker.join(timeout=5)  # a request in flight finishes (or is abandoned) before the process ends
-            engine.load = real_load
+            engine.load, model_files.load_tokenizer = real_load, real_tokenizer
             self.close()
 
     def close(self) -> None:
