@@ -83,6 +83,7 @@ def _first_sentence(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text.split(". ")[0].rstrip(".")
 
+
 GPT2_HUB_IDS = ("openai-community/gpt2", "gpt2")
 
 
@@ -134,7 +135,7 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> Any:
 def _gguf_tokenizer(source: Source) -> Any:
     from transformers import AutoTokenizer
 
-    path = Path(source.ref)
+    path = Path(source.ref).resolve()
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:

@@ -148,8 +148,8 @@ def load_hf_tokenizer(model: str):
     OfflineError, CheckpointError, UnsupportedArchitecture (a GGUF architecture transformers
     cannot read).
     """
-    from anatomy_cli.resolve import resolve
     from anatomy_cli.model_files import load_tokenizer
+    from anatomy_cli.resolve import resolve
 
     source = resolve(model, need="tokenizer")
     if source.kind == "gguf":
@@ -167,8 +167,8 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer
     ``▁`` piece shows as ``·``) and byte-fallback tokens (``<0xE4>``) that byte; other
     tokens (WordPiece) are the input characters their offsets cover. Spans are the
     tokenizer's offsets, except that the space a SentencePiece tokenizer prepends itself
-    covers no character (``(0, 0)``; see ``tokenization.own_span``). Special-token names in the text are plain text unless
-    ``allow_special``. Raises UsageError for empty text and the errors of
+    covers no character (``(0, 0)``; see ``tokenization.own_span``). Special-token names in the
+    text are plain text unless ``allow_special``. Raises UsageError for empty text and the errors of
     :func:`load_hf_tokenizer`.
     """
     _require_text(text)

@@ -17,9 +17,9 @@ from anatomy_cli.engine import load_gguf
 from anatomy_cli.engine.model import DTYPES, LoadedModel
 from anatomy_cli.engine.wrap import from_model
 from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
+from anatomy_cli.model_files import load_tokenizer, read_config
 from anatomy_cli.resolve import Source, first_line, resolve
 from anatomy_cli.tokenization import Tokenizer
-from anatomy_cli.model_files import load_tokenizer, read_config
 
 BeforeWeights = Callable[[Tokenizer, Any], None]
 
