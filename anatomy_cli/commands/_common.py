@@ -212,21 +212,24 @@ def placement_line(lm: LoadedModel) -> str:
 
 
 def dtype_name(lm: LoadedModel) -> str:
-    """``fp32``, ``bf16`` or ``fp16``: the weights' dtype as ``--dtype`` names it."""
-    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(lm.dtype),
-                                                                                          str(lm.dtype))
+    """``fp32``, ``bf16`` or ``fp16``: the weights' dtype as ``--dtype`` names it (engine.DTYPES)."""
+    from anatomy_cli.engine.model import DTYPES  # torch is loaded already: lm holds its tensors
+
+    return next((name for name, dtype in DTYPES.items() if dtype == lm.dtype), str(lm.dtype))
 
 
 def model_label(lm: LoadedModel) -> str:
     """``gpt2``, ``gpt2 (untrained: random weights)``, ``x.gguf (weights dequantized from Q4_1)``; a dtype
     other than fp32 is said too: ``gpt2 (bf16)``, ``x.gguf (weights dequantized from Q4_1 to bf16)``."""
     dtype = dtype_name(lm)
-    quantized = getattr(lm, "dequantized_from", None)
+    extra = "" if dtype == "fp32" else dtype
     if lm.untrained:
-        return f"{lm.name} (untrained: random weights" + (f", {dtype})" if dtype != "fp32" else ")")
-    if quantized:
-        return f"{lm.name} (weights dequantized from {quantized}" + (f" to {dtype})" if dtype != "fp32" else ")")
-    return f"{lm.name} ({dtype})" if dtype != "fp32" else lm.name
+        what = "untrained: random weights" + (f", {extra}" if extra else "")
+    elif lm.dequantized_from:
+        what = f"weights dequantized from {lm.dequantized_from}" + (f" to {extra}" if extra else "")
+    else:
+        what = extra
+    return f"{lm.name} ({what})" if what else lm.name
 
 
 def describe(lm: LoadedModel):

@@ -156,7 +156,7 @@ def _check_utf8(text: str, what: str) -> None:
         raise UsageError(f"{what} is not valid UTF-8 (character {exc.start + 1})") from None
 
 
-def _report(result, label: str, dtype: str = "fp32", dequantized_from: str | None = None):
+def _report(result, label: str, dtype: str, dequantized_from: str | None):
     from anatomy_cli.render import Column, Report, Section
 
     data = result.to_dict()

@@ -238,9 +238,7 @@ class Server:
 
     def serve_forever(self) -> None:
         """Accept until stopped, idle for ``idle_timeout`` s, or interrupted; then remove the socket."""
-        from anatomy_cli import engine
-
-        from anatomy_cli import model_files
+        from anatomy_cli import engine, model_files
 
         real_load, real_tokenizer = engine.load, model_files.load_tokenizer
         engine.load = self.cache.load  # every command loads through engine.load
