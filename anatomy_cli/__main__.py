@@ -1,3 +1,3 @@
-from anatomy_cli.entry import main
+from anatomy_cli.cli.entry import main
 
 main()

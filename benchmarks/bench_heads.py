@@ -1,6 +1,7 @@
 """`anatomy heads` against one eager forward with ``output_attentions`` on the same tokens (issue 15).
 
-    python benchmarks/bench_heads.py [--runs 10] [--warmup 2] [--workdir DIR] [--max-wait 15] [--mem-seq-len 512] [--skip-time]
+    python benchmarks/bench_heads.py [--runs 10] [--warmup 2] [--workdir DIR] [--max-wait 15]
+                                      [--mem-seq-len 512] [--skip-time]
 
 Figure 1, time (medians of in-process wall times, one loaded model, the two sides alternating): what
 `anatomy heads` computes minus rendering (50 random ordinary tokens of seed 0 repeated, one forward
@@ -27,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as bench  # noqa: E402  (the shared measuring helpers)
+import run as bench
 
 
 def heads_in_process(lm, seq_len: int = 50, seed: int = 0):
@@ -92,12 +93,12 @@ def child(kind: str, ckpt: str, seq_len: int, ids_file: str) -> None:
     if kind in ("baseline", "eager"):  # transformers only: the model natively eager, the ids the parent drew
         model = eager_model(Path(ckpt))
         ids = json.loads(Path(ids_file).read_text())
-        run = lambda: eager_forward(model, ids, output_attentions=kind == "baseline")  # noqa: E731
+        run = lambda: eager_forward(model, ids, output_attentions=kind == "baseline")
     else:
         from anatomy_cli import engine
 
         lm = engine.load(ckpt, device="cpu")
-        run = lambda: heads_in_process(lm, seq_len)  # noqa: E731
+        run = lambda: heads_in_process(lm, seq_len)
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (peak RSS) to the current RSS
     after_load = _status_bytes("VmRSS")

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as bench  # noqa: E402  (the shared measuring helpers)
+import run as bench
 
 PROMPT = bench.TRACE_PROMPT  # 15 GPT-2 tokens
 
@@ -29,7 +29,7 @@ def lens_in_process(lm, prompt: str):
     """What `anatomy lens PROMPT` computes, minus rendering (mirrors commands/lens.py)."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis
-    from anatomy_cli.commands._common import describe
+    from anatomy_cli.cli.commands._common import describe
 
     encoded = engine.check_length(lm, engine.encode(lm, [prompt]))
     [cache] = engine.run(lm, encoded, engine.residual_names(lm))

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as bench  # noqa: E402  (the shared measuring helpers)
+import run as bench
 
 
 def wait_socket(path: Path, seconds: float = 300) -> None:
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                          "pass" if w <= 0.3 and w / c <= 0.1 else "FAIL"))
             rows.append((f"1. the same warm trace after {args.idle:g} s idle, {label}", f"{i:.3f} s vs {c:.2f} s",
                          f"{i / c:.3f}", "reported", "-"))
-        client = [bench.PYTHON, "-c", "import anatomy_cli.entry, anatomy_cli.serve.client"]
+        client = [bench.PYTHON, "-c", "import anatomy_cli.cli.entry, anatomy_cli.serve.client"]
         torch_cmd = [bench.PYTHON, "-c", "import torch"]
         a, b = bench.alternate(lambda: bench.run_proc(client, env), lambda: bench.run_proc(torch_cmd, env),
                                args.runs, 1)

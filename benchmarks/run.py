@@ -207,7 +207,7 @@ def make_checkpoint(size: str, out: Path, log) -> tuple[Path, int]:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from anatomy_cli.model_files import gpt2_tokenizer
+    from anatomy_cli.models.model_files import gpt2_tokenizer
 
     config = GPT2Config(vocab_size=50257, n_positions=1024, bos_token_id=50256, eos_token_id=50256,
                         **SIZES[size])
@@ -303,7 +303,7 @@ def trace_in_process(lm, prompt: str):
     """What `anatomy trace PROMPT` computes, minus rendering (mirrors commands/trace.py)."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import trace as analysis
-    from anatomy_cli.commands._common import describe
+    from anatomy_cli.cli.commands._common import describe
 
     encoded = engine.check_length(lm, engine.encode(lm, [prompt]))
     names = engine.residual_names(lm) + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
@@ -329,7 +329,7 @@ def next_in_process(lm, prompts: list[str], batch_size: int):
     """What `anatomy next -` computes for stdin prompts, minus rendering (mirrors commands/next_token.py)."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import next_token as analysis
-    from anatomy_cli.commands._common import describe
+    from anatomy_cli.cli.commands._common import describe
 
     encoded = engine.check_length(lm, engine.encode(lm, prompts))
     caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("cached_load")
@@ -54,7 +54,8 @@ def hand_ablation(model, adapter, ids, layer, component, head, mode, position, d
 @pytest.mark.parametrize("arch,mode", [("gpt2", "zero"), ("llama", "mean"), ("gpt_neox", "zero")])
 def test_rows_equal_hand_written_hooks(tiny_model_dir, arch, mode):
     import models
-    from anatomy_cli import adapters
+
+    from anatomy_cli.models import adapters
 
     data = ablate_json(tiny_model_dir(arch), "--target", TARGET, "--mode", mode, "--position", "-2")
     model = models.build_model(arch)
@@ -77,7 +78,8 @@ def test_rows_equal_hand_written_hooks(tiny_model_dir, arch, mode):
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
 def test_heads_with_a_foil_equal_hand_written_hooks_and_batched_equals_single(tiny_model_dir, arch):
     import models
-    from anatomy_cli import adapters
+
+    from anatomy_cli.models import adapters
 
     model_dir = tiny_model_dir(arch)
     data = ablate_json(model_dir, "--target", TARGET, "--foil", FOIL, "--heads", "--mode", "mean")

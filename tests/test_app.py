@@ -9,7 +9,7 @@ import sys
 from typer.testing import CliRunner
 
 from anatomy_cli import __version__
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 

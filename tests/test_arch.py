@@ -20,9 +20,10 @@ import torch
 from torch.testing import assert_close
 from typer.testing import CliRunner
 
-from anatomy_cli import adapters, engine
-from anatomy_cli.cli import app
+from anatomy_cli import engine
+from anatomy_cli.cli.main import app
 from anatomy_cli.errors import PromptTooLong, UsageError
+from anatomy_cli.models import adapters
 
 # arch -> (adapter row, has resid_mid, post-LN)
 FAMILIES = {

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 ARTICLE = Path(__file__).resolve().parents[1] / "docs" / "article.md"
 WEIGHT_COMMANDS = {"trace", "drift", "next"}
@@ -240,7 +240,7 @@ def test_the_guide_has_its_commands_and_outputs():
 
 def test_no_output_is_pasted_for_real_weights():
     """Outputs we cannot check (they need GPT-2's weights) are not shown as ours."""
-    for i, block in OUTPUTS.items():
+    for i in OUTPUTS:
         [command] = commands_of(BLOCKS[i])
         assert not needs_weights(command.argv) or is_random(command.argv) or is_smollm2(command.argv), command.line
 

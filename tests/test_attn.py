@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from anatomy_cli import engine
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 PROMPTS = ["The cat sat on the mat", "Thank you very", "A long prompt, with a comma, and more words in it"]
 runner = CliRunner()
@@ -105,7 +105,6 @@ def test_patterns_equal_transformers_eager_output_attentions(arch):
     switched for the run) equal output_attentions of the same weights built natively eager."""
     import models
     import transformers
-
     from conftest import build_gpt2_tokenizer
 
     config_cls, model_cls, _ = models.ARCHS[arch]

@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from anatomy_cli.analyses.dla import FrozenNorm, freeze_norm, head_outputs
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 from anatomy_cli.errors import AnatomyError
 
 runner = CliRunner()
@@ -222,9 +222,10 @@ def test_soft_capped_logits_are_decomposed_before_the_cap_and_post_norm_heads_re
 
     if "gemma2" not in models.ARCHS:
         pytest.skip("no tiny Gemma 2 in tests/models.py")
-    from anatomy_cli import engine
-    from anatomy_cli.commands import dla as command
     from conftest import build_gpt2_tokenizer
+
+    from anatomy_cli import engine
+    from anatomy_cli.cli.commands import dla as command
 
     model = models.build_model("gemma2")
     lm = engine.from_model(model, build_gpt2_tokenizer(), name="gemma2")

@@ -201,7 +201,7 @@ def test_drift_reports_identical_prefix_pairs():
 
 from typer.testing import CliRunner  # noqa: E402
 
-from anatomy_cli.cli import app  # noqa: E402
+from anatomy_cli.cli.main import app  # noqa: E402
 
 runner = CliRunner()
 MONEY, RIVER = D.DEFAULT_CONTEXTS

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import models
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-import models
 from anatomy_cli import engine
 from anatomy_cli.errors import AnatomyError, UsageError
 
@@ -211,23 +211,27 @@ def test_cache_access(full_runs):
 
 
 def test_first_tensor_handles_tensor_and_tuple():
+    from anatomy_cli.engine.hooks import _first_tensor
+
     batch = torch.randn(3, 4, 5)
-    assert engine._first_tensor(batch) is batch  # a block's plain tensor: not batch item 0
-    assert engine._first_tensor((batch, None)) is batch  # an attention module's tuple
+    assert _first_tensor(batch) is batch  # a block's plain tensor: not batch item 0
+    assert _first_tensor((batch, None)) is batch  # an attention module's tuple
     from transformers.modeling_outputs import BaseModelOutput
 
-    assert engine._first_tensor(BaseModelOutput(last_hidden_state=batch)) is batch
+    assert _first_tensor(BaseModelOutput(last_hidden_state=batch)) is batch
 
 
 def test_rowwise_padding_keeps_rows_and_shapes(tiny_lm):
-    # engine._rowwise pads 4-15 rows to 16 on the CPU (a faster BLAS path); results must not change.
+    from anatomy_cli.engine.lens import _rowwise
+
+    # _rowwise pads 4-15 rows to 16 on the CPU (a faster BLAS path); results must not change.
     lm = tiny_lm("gpt2")
     head, norm = lm.points["logits"][0], lm.points["ln_final.hook_normalized"][0]
     torch.manual_seed(0)
     for n in (1, 3, 4, 13, 15, 16, 17):
         h = torch.randn(n, lm.d_model)
         with torch.inference_mode():
-            assert_close(engine._rowwise(head, h), head(h), **TOL)
+            assert_close(_rowwise(head, h), head(h), **TOL)
             assert_close(engine.final_norm(lm, h), norm(h), **TOL)
     h = torch.randn(2, 5, lm.d_model)  # leading dims are kept: [2, 5, d] -> [2, 5, vocab]
     lens = engine.unembed(lm, h)

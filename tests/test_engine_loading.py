@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import shutil
 
+import models
 import pytest
 import torch
 from torch.testing import assert_close
 
-import models
-from anatomy_cli import adapters, engine
-from anatomy_cli.errors import (AnatomyError, CheckpointError, ModelNotFound, OfflineError,
-                                UnsupportedArchitecture)
+from anatomy_cli import engine
+from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UnsupportedArchitecture
+from anatomy_cli.models import adapters
 
 
 def _one_line(exc) -> str:

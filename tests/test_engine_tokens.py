@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from conftest import build_gpt2_tokenizer
 
 from anatomy_cli import engine
-from anatomy_cli.errors import AnatomyError, PromptTooLong, UsageError
-from anatomy_cli.tokenization import Tokenizer
-from anatomy_cli.model_files import gpt2_tokenizer
-from conftest import build_gpt2_tokenizer
+from anatomy_cli.errors import PromptTooLong, UsageError
+from anatomy_cli.models.model_files import gpt2_tokenizer
+from anatomy_cli.text.tokenization import Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_special_token_in_text_with_allow_special_is_special_and_covers_its_text
 
 
 def test_bos_on_a_prompt_that_starts_with_bos_keeps_one(gpt2_tok):
-    from anatomy_cli.tokenization import starts_with_bos
+    from anatomy_cli.text.tokenization import starts_with_bos
 
     enc = engine.encode(gpt2_tok, ["<|endoftext|>Hi"], bos=True, allow_special=True)[0]
     assert enc.ids == [50256, 17250] and starts_with_bos(enc, gpt2_tok.bos_id)

@@ -12,17 +12,17 @@ import json
 import subprocess
 import sys
 
+import models
 import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
 from typer.testing import CliRunner
 
-import models
 from anatomy_cli import engine
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 from anatomy_cli.errors import CheckpointError, ModelNotFound, UnsupportedArchitecture
-from anatomy_cli.headers import read_gguf
+from anatomy_cli.models.headers import read_gguf
 
 runner = CliRunner()
 
@@ -36,7 +36,6 @@ def write_tiny_gguf(path, quant: str = "F32"):
     """tests/models.py's tiny llama as a GGUF file (GPT-2 BPE vocabulary): F32 tensors, or with
     ``quant="Q8_0"`` the 2-D weights quantized to Q8_0 as llama.cpp does (norms stay F32)."""
     import gguf
-
     from conftest import build_gpt2_tokenizer
 
     model = models.build_model("llama")
@@ -245,7 +244,7 @@ def test_missing_gguf_path_fails_before_torch(tmp_path):
     missing = tmp_path / "nope.gguf"
     with pytest.raises(ModelNotFound, match=f"no such file: {missing}"):
         engine.load(str(missing), device="cpu")
-    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli import app\n"
+    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli.main import app\n"
             f"r = CliRunner().invoke(app, ['next', 'hi', '--model', {str(missing)!r}])\n"
             "assert r.exit_code == 1, r.stderr\n"
             f"assert r.stderr == 'error: no such file: {missing}\\n', r.stderr\n"

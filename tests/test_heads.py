@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from anatomy_cli.analyses.heads import heads, pattern_scores, random_repeat, repeat_scores
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 from anatomy_cli.errors import UsageError
 
 runner = CliRunner()
@@ -205,7 +205,7 @@ def test_trained_smollm2_has_induction_heads_and_a_random_init_copy_does_not(smo
     from anatomy_cli import engine
 
     models = {"smollm2": smollm2_lm, "smollm2-random": smollm2_random}
-    monkeypatch.setattr(engine, "load", lambda spec, **_options: models[spec])
+    monkeypatch.setattr(engine, "load", lambda spec, **_options: models[spec.model])
     best = {}
     for spec in models:
         result = invoke("heads", "-m", spec, "--sort", "induction", "--top", "1", "-f", "json")

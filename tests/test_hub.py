@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anatomy_cli import hub
+from anatomy_cli.models import hub
 
 
 @pytest.fixture

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from anatomy_cli.analyses.layernorm import layer_norm, parse_list
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 ARTICLE = [100, 0.001, -50, 25]

@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from anatomy_cli.analyses.lens import lens_grid
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 PROMPT = "Thank you very"  # GPT-2 ids [10449, 345, 845]

@@ -61,7 +61,7 @@ def test_target_rank_and_probability():
 
 from typer.testing import CliRunner  # noqa: E402
 
-from anatomy_cli.cli import app  # noqa: E402
+from anatomy_cli.cli.main import app  # noqa: E402
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("cached_load")  # each tiny model loads once

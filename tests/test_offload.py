@@ -20,9 +20,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from anatomy_cli import bigmodel, engine
-from anatomy_cli.cli import app
+from anatomy_cli import engine
+from anatomy_cli.cli.main import app
 from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.models import bigmodel
 
 # cpu budget -> the expected split (checked below, so a change in the tiny models shows up here)
 BUDGETS = {

@@ -17,7 +17,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 

@@ -13,11 +13,11 @@ import shutil
 import subprocess
 import sys
 
+import models
 import pytest
 from typer.testing import CliRunner
 
-import models
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 
@@ -77,7 +77,7 @@ def test_truncated_safetensors_header_is_one_line(tiny_model_dir, tmp_path):
 
 
 def _no_torch(args: list[str], env: dict) -> str:
-    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli import app\n"
+    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli.main import app\n"
             f"r = CliRunner().invoke(app, {args!r})\n"
             "assert r.exit_code == 0, r.stderr\n"
             "print(r.stdout, end='')\n"

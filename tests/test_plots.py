@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from anatomy_cli import plots
 from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.output import plots
 
 HEADERS = {".png": b"\x89PNG\r\n\x1a\n", ".pdf": b"%PDF-", ".svg": b"<?xml"}
 
@@ -85,7 +85,7 @@ def test_numbered_paths_for_a_batch():
 
 
 def test_the_package_does_not_import_matplotlib():
-    code = "import sys, anatomy_cli.plots, anatomy_cli.cli; print('matplotlib' in sys.modules)"  # every command
+    code = "import sys, anatomy_cli.output.plots, anatomy_cli.cli.main; print('matplotlib' in sys.modules)"  # every command
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -108,7 +108,7 @@ def _lens_grid(n_layers: int, n_pos: int):
 
 
 def _lens_figure(n_layers=4, n_pos=5, untrained=False, stat="prob"):
-    from anatomy_cli.plots import lens
+    from anatomy_cli.output.plots import lens
 
     grid = _lens_grid(n_layers, n_pos)
     tokens = [_describe(i + 2)[0] for i in range(n_pos)]
@@ -122,7 +122,7 @@ def test_lens_image_is_the_grid_statistic():
     assert image.shape == (5, 5)
     assert torch.allclose(torch.as_tensor(image.filled(float("nan"))), grid.stat("prob").double(), atol=1e-12)
     # each cell names its top token, as the table does
-    from anatomy_cli.plots._base import drawable
+    from anatomy_cli.output.plots._base import drawable
 
     cell_texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in fig.axes[0].texts}
     assert len(cell_texts) == 25
@@ -161,7 +161,7 @@ def test_title_prompt_and_untrained_label():
 
 
 def test_token_labels_use_the_table_escapes():
-    from anatomy_cli.plots._base import drawable, shorten, token_label
+    from anatomy_cli.output.plots._base import drawable, shorten, token_label
 
     assert token_label("·much") == "·much"
     assert token_label(" much\n") == "·much↵"
@@ -174,8 +174,8 @@ def test_token_labels_use_the_table_escapes():
 
 def test_cjk_never_becomes_empty_boxes(tmp_path):
     """Either a CJK font is installed and draws the characters, or they are written as <U+4E2D>."""
-    from anatomy_cli.plots._base import drawable, new_figure
-    from anatomy_cli.plots._text import fonts
+    from anatomy_cli.output.plots._base import drawable, new_figure
+    from anatomy_cli.output.plots._text import fonts
 
     _, covered = fonts()
     label = drawable("·中文")

@@ -13,8 +13,8 @@ import pytest
 from test_plots import file_type
 from typer.testing import CliRunner
 
-from anatomy_cli import plots
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
+from anatomy_cli.output import plots
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("cached_load")  # each tiny model loads once
@@ -90,7 +90,7 @@ def test_trace_lines_are_the_json_columns(tmp_path, tiny_model_dir, figures):
         close(nan_to_none(line.get_ydata()), [r[key] for r in rows])
     lens_axis = top.child_axes[0]  # the secondary x axis along the top: the lens's top tokens
     labels = {round(t.get_position()[0]): t.get_text() for t in lens_axis.get_xticklabels()}
-    from anatomy_cli.plots._base import token_label
+    from anatomy_cli.output.plots._base import token_label
 
     assert labels and all(labels[l] == token_label(rows[l]["lens_token"]) for l in labels)
     assert "trace · " in figures[0]._suptitle.get_text() and "'Thank you very'" in figures[0]._suptitle.get_text()
@@ -135,7 +135,7 @@ def test_bad_plot_paths_fail_before_the_model_loads(tmp_path, tiny_model_dir, mo
     if command[0] not in {c.name for c in app.registered_commands}:
         pytest.skip(f"no {command[0]} command")
     from anatomy_cli import engine
-    from anatomy_cli.analyses import params
+    from anatomy_cli.analyses import params as params
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
@@ -182,7 +182,7 @@ def test_lens_heatmap_is_the_cells(tmp_path, tiny_model_dir, figures, stat, key)
     layers, positions = data["layers"], data["positions"]
     expected = np.array([c[key] for c in data["cells"]], dtype=float).reshape(len(layers), len(positions))
     assert np.allclose(image(ax), expected, rtol=1e-12, atol=0)
-    from anatomy_cli.plots._base import drawable
+    from anatomy_cli.output.plots._base import drawable
 
     texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
     for c in data["cells"]:  # each cell names its top token (cut with "…" only when too long)

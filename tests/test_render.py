@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from anatomy_cli.render import Column, Format, Report, Section, emit, human_bytes, resolve_format
+from anatomy_cli.output.render import Column, Format, Report, Section, emit, human_bytes, resolve_format
 
 COLUMNS = [Column("name", "Name"), Column("count", "Count", kind="int"),
            Column("share", "Share", kind="pct", digits=1), Column("share", "", kind="bar")]

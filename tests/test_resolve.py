@@ -1,4 +1,4 @@
-"""The one resolver (anatomy_cli.resolve): what a spec is, for weights, a config or a tokenizer.
+"""The one resolver (anatomy_cli.models.resolve): what a spec is, for weights, a config or a tokenizer.
 
 No torch here: the resolver must not import it, and bad paths fail before it loads.
 """
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from anatomy_cli.errors import CheckpointError, ModelNotFound, OfflineError
-from anatomy_cli.resolve import check_path, resolve
+from anatomy_cli.models.resolve import check_path, resolve
 
 
 def test_kinds(tmp_path, tiny_model_dir):
@@ -78,7 +78,7 @@ def test_hub_ids_offline(empty_hf_cache, tiny_model_dir):
 
 
 def test_resolver_imports_no_torch():
-    code = ("import sys; from anatomy_cli.resolve import resolve\n"
+    code = ("import sys; from anatomy_cli.models.resolve import resolve\n"
             "from anatomy_cli.errors import ModelNotFound\n"
             "try:\n    resolve('./nope.gguf')\nexcept ModelNotFound as e:\n    print(e)\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
@@ -90,7 +90,7 @@ def test_resolver_imports_no_torch():
 def test_every_command_fails_fast_on_a_missing_path(argv, tmp_path):
     missing = str(tmp_path / "gone")
     args = argv + ([missing] if argv == ["params"] else ["--model", missing])
-    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli import app\n"
+    code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli.main import app\n"
             f"r = CliRunner().invoke(app, {args!r})\n"
             "print(r.exit_code, r.stderr, end='')\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")

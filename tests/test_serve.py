@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from anatomy_cli.cli import app
+from anatomy_cli.cli.app import click_command
+from anatomy_cli.cli.main import app
 from anatomy_cli.serve import client, protocol
 
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
@@ -116,7 +117,7 @@ def test_open_directory_is_refused(tmp_path):
 def test_other_users_are_refused(monkeypatch, tmp_path):
     from anatomy_cli.serve.server import Server
 
-    srv = Server(tmp_path / "s.sock")
+    srv = Server(tmp_path / "s.sock", commands=click_command)
     monkeypatch.setattr(protocol, "peer_uid", lambda conn: os.getuid() + 1)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     worker = threading.Thread(target=srv._handle, args=(ours,))
@@ -184,7 +185,7 @@ def test_status_lists_the_loaded_model(server):
 
 def test_client_path_imports_no_torch(server):
     sock, model = server
-    code = ("import sys\nfrom anatomy_cli.entry import main\n"
+    code = ("import sys\nfrom anatomy_cli.cli.entry import main\n"
             f"sys.argv = ['anatomy', 'trace', 'Thank you very', '--model', {str(model)!r}]\n"
             "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
             "heavy = sorted(m for m in ('torch', 'transformers', 'typer', 'rich') if m in sys.modules)\n"
@@ -252,7 +253,7 @@ def test_stale_socket_is_replaced_and_idle_server_stops(tmp_path):
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(str(path))
     dead.close()  # a socket file nobody listens on: what a crashed server leaves
-    srv = Server(path, idle_timeout=0.5, log=lambda msg: None)
+    srv = Server(path, commands=click_command, idle_timeout=0.5, log=lambda msg: None)
     srv.bind()
     t0 = time.monotonic()
     srv.serve_forever()
@@ -265,7 +266,7 @@ def test_live_server_is_not_replaced(server):
 
     sock, _ = server
     with pytest.raises(OSError, match="already listening"):
-        Server(sock, log=lambda msg: None).bind()
+        Server(sock, commands=click_command, log=lambda msg: None).bind()
 
 
 def test_which_commands_are_forwarded(monkeypatch):
@@ -284,7 +285,7 @@ def test_which_commands_are_forwarded(monkeypatch):
 def test_tokenizers_are_cached_by_source_and_file_time(tmp_path):
     import os
 
-    from anatomy_cli.resolve import Source
+    from anatomy_cli.models.resolve import Source
     from anatomy_cli.serve.server import TokenizerCache
 
     calls = []
@@ -306,7 +307,7 @@ def test_stop_answers_in_json_when_asked(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir(mode=0o700)
     path = folder / "s.sock"
-    srv = Server(path, log=lambda msg: None)
+    srv = Server(path, commands=click_command, log=lambda msg: None)
     srv.bind()
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()

@@ -1,4 +1,4 @@
-"""Target and foil tokens (`anatomy_cli.targets`): one token, its id, the leading-space note, --first-token.
+"""Target and foil tokens (`anatomy_cli.text.targets`): one token, its id, the leading-space note, --first-token.
 
 GPT-2 facts used below (the real tokenizer): ' much' 881, 'much' 29482, ' Berlin' 11307,
 'Berlin' = 'Ber' + 'lin' (24814, 2815), 'much more' = 29482 + 517.
@@ -11,9 +11,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from anatomy_cli import targets
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 from anatomy_cli.errors import UsageError
+from anatomy_cli.text import targets
 
 runner = CliRunner()
 PROMPT = "Thank you very"

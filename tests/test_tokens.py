@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from anatomy_cli.analyses.tokens import byte_spans, tokenize_hf, tokenize_tiktoken
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]  # subprocesses import anatomy_cli from this tree
@@ -105,9 +105,9 @@ def test_empty_text_is_a_usage_error():
 
 
 def test_stdin_text_is_taken_verbatim():
-    data = _json(["-"], input="Thank you very".encode())
+    data = _json(["-"], input=b"Thank you very")
     assert [t["token_id"] for t in data["tokens"]] == [10449, 345, 845]
-    data = _json(["-"], input="Thank you very\n".encode())
+    data = _json(["-"], input=b"Thank you very\n")
     assert [t["token_id"] for t in data["tokens"]] == [10449, 345, 845, 198]
     assert data["tokens"][-1]["token"] == "↵"
 
@@ -166,7 +166,7 @@ def test_gpt2_works_offline_with_an_empty_cache_from_the_bundled_files(tmp_path,
 
     from tiktoken_ext import openai_public
 
-    from anatomy_cli import encodings
+    from anatomy_cli.text import encodings
 
     _dead_network(monkeypatch, tmp_path)
     assert [t.token_id for t in tokenize_tiktoken("Thank you very").tokens] == [10449, 345, 845]
@@ -183,8 +183,8 @@ def test_bundled_gpt2_equals_tiktokens_own_gpt2_encoding(monkeypatch, tmp_path):
     import tiktoken
     from tiktoken_ext import openai_public
 
-    from anatomy_cli import encodings
     from anatomy_cli.data import GPT2_ENCODER, GPT2_MERGES
+    from anatomy_cli.text import encodings
 
     # tiktoken's own gpt2 (merges replayed from vocab.bpe, checked against encoder.json) from a seeded cache.
     for name, url in (("vocab.bpe", "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"),
@@ -199,7 +199,7 @@ def test_bundled_gpt2_equals_tiktokens_own_gpt2_encoding(monkeypatch, tmp_path):
 
 
 def test_corrupt_cached_r50k_file_is_never_used(tmp_path, monkeypatch):
-    from anatomy_cli import encodings
+    from anatomy_cli.text import encodings
 
     _dead_network(monkeypatch, tmp_path)
     (tmp_path / encodings.cache_name(encodings.R50K_URL)).write_bytes(b"corrupt")
@@ -275,7 +275,8 @@ def test_gpt2_preset_tokenizer_offline(empty_hf_cache):
 def test_tokens_and_the_engine_share_one_tokenizer_loader(monkeypatch, tiny_model_dir):
     import importlib
 
-    from anatomy_cli import engine, model_files
+    from anatomy_cli import engine
+    from anatomy_cli.models import model_files
 
     engine_load = importlib.import_module("anatomy_cli.engine.load")  # the module, not engine.load()
 
@@ -299,7 +300,7 @@ def test_help_tokens_and_layernorm_do_not_import_torch():
     script = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from anatomy_cli.cli import app\n"
+        "from anatomy_cli.cli.main import app\n"
         "r = CliRunner().invoke(app, ['--help'])\n"
         "assert r.exit_code == 0, r.stderr\n"
         "r = CliRunner().invoke(app, ['tokens', 'Thank you very', '-f', 'tsv'])\n"

@@ -90,13 +90,13 @@ def test_shape_mismatch_is_a_value_error(kwargs):
 
 from typer.testing import CliRunner  # noqa: E402
 
-from anatomy_cli.cli import app  # noqa: E402
+from anatomy_cli.cli.main import app  # noqa: E402
 
 runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("cached_load")  # each tiny model loads once
 PROMPT = "Thank you very"  # GPT-2 ids [10449, 345, 845]
 
-# Where the test reads the raw tensors itself, independently of anatomy_cli.adapters:
+# Where the test reads the raw tensors itself, independently of anatomy_cli.models.adapters:
 # (blocks, attention, mlp, final norm) module paths per architecture.
 HF_PATHS = {
     "gpt2": ("transformer.h", "attn", "mlp", "transformer.ln_f"),

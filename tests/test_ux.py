@@ -16,7 +16,7 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
-from anatomy_cli.cli import app
+from anatomy_cli.cli.main import app
 
 PLAIN_ENDOFTEXT = [64, 27, 91, 437, 1659, 5239, 91, 29, 65]  # 'a<|endoftext|>b' as text (tiktoken gpt2)
 PROMPT = "café ↵\nnaïve"  # non-ASCII letters, a symbol, and a newline token shown as ↵
@@ -152,7 +152,7 @@ def test_sentencepiece_bare_space_piece_is_shown_as_itself(sentencepiece_dir):
 def test_engine_offsets_of_the_prepended_space_are_empty(sentencepiece_dir):
     from transformers import AutoTokenizer
 
-    from anatomy_cli.tokenization import Tokenizer
+    from anatomy_cli.text.tokenization import Tokenizer
 
     enc = Tokenizer(AutoTokenizer.from_pretrained(sentencepiece_dir)).encode(["😀"])[0]
     assert enc.offsets[0] == (0, 0) and enc.pieces[0] == "·" and b"".join(enc.token_bytes) == " 😀".encode()
@@ -202,7 +202,7 @@ class _Tty(io.StringIO):
 
 
 def test_status_line_only_on_a_terminal(monkeypatch):
-    from anatomy_cli import app as app_module
+    from anatomy_cli.cli import app as app_module
 
     quiet = io.StringIO()
     monkeypatch.setattr("sys.stderr", quiet)
@@ -219,7 +219,7 @@ def test_status_line_only_on_a_terminal(monkeypatch):
 
 
 def test_no_blank_line_before_or_inside_the_table():
-    from anatomy_cli.render import Column, Format, Report, Section, emit
+    from anatomy_cli.output.render import Column, Format, Report, Section, emit
 
     out = io.StringIO()
     emit(Report(data=None, sections=[Section([Column("a"), Column("n", kind="int")], [{"a": "x", "n": 5}])]),
@@ -258,8 +258,8 @@ def test_params_at_narrow_widths_keeps_every_number_whole(columns, tiktoken_cach
 def test_vertical_layout_when_nothing_fits():
     from rich.console import Console
 
-    from anatomy_cli import tables
-    from anatomy_cli.render import Column, Section, _human
+    from anatomy_cli.output import tables
+    from anatomy_cli.output.render import Column, Section, _human
 
     cols = [Column(f"n{i}", kind="int") for i in range(6)]
     row = {f"n{i}": 131_072 * (i + 1) for i in range(6)}
@@ -351,7 +351,7 @@ def test_help_shows_plain_metavars_for_every_command():
 
 
 def test_invisible_characters_are_shown_by_code_point():
-    from anatomy_cli.display import visible
+    from anatomy_cli.text.display import visible
 
     assert visible("\ufe0f") == "<U+FE0F>" and visible("a\u200db") == "a<U+200D>b"
     assert visible("\u00a0x") == "<U+00A0>x" and visible(" é\n") == "·é↵"
@@ -360,7 +360,7 @@ def test_invisible_characters_are_shown_by_code_point():
 
 
 def test_library_deprecation_notices_stay_quiet():
-    from anatomy_cli.app import quiet_library_warnings
+    from anatomy_cli.cli.app import quiet_library_warnings
 
     quiet_library_warnings()
     log = logging.getLogger("transformers.configuration_utils")

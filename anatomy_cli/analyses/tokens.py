@@ -3,7 +3,7 @@
 Two tokenizers produce the same :class:`Tokenization`:
 
 - :func:`tokenize_tiktoken` — a tiktoken encoding (``gpt2`` by default, built from the
-  BPE files inside the package; others from tiktoken's cache, see :mod:`anatomy_cli.encodings`).
+  BPE files inside the package; others from tiktoken's cache, see :mod:`anatomy_cli.text.encodings`).
 - :func:`tokenize_hf` — a Hugging Face tokenizer (``AutoTokenizer``: local
   directory or HF cache). Imports transformers, which imports torch; only called
   for ``--model``.
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from anatomy_cli.display import is_partial, token_display
-from anatomy_cli.encodings import encoding_names, load_encoding  # noqa: F401  (re-exported)
 from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.tokenization import _decoder_kind, own_span
+from anatomy_cli.text.display import is_partial, token_display
+from anatomy_cli.text.encodings import encoding_names, load_encoding  # noqa: F401  (re-exported)
+from anatomy_cli.text.tokenization import _decoder_kind, own_span
 
 
 @dataclass(frozen=True)
@@ -140,16 +140,16 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 def load_hf_tokenizer(model: str):
     """The Hugging Face tokenizer of ``model``, with one-line errors.
 
-    ``model`` is resolved by :func:`anatomy_cli.resolve.resolve` (``need="tokenizer"``) and loaded
-    by :func:`anatomy_cli.model_files.load_tokenizer`, the engine's own path: a ``.gguf`` file
+    ``model`` is resolved by :func:`anatomy_cli.models.resolve.resolve` (``need="tokenizer"``) and loaded
+    by :func:`anatomy_cli.models.model_files.load_tokenizer`, the engine's own path: a ``.gguf`` file
     (the tokenizer stored in it, through transformers' GGUF support; the header is checked first),
     a local directory, a GPT-2 preset (its BPE files ship with anatomy), or a Hub id found in the
     HF cache (downloads only when online and HF_HUB_OFFLINE is unset). Raises ModelNotFound,
     OfflineError, CheckpointError, UnsupportedArchitecture (a GGUF architecture transformers
     cannot read).
     """
-    from anatomy_cli.model_files import load_tokenizer
-    from anatomy_cli.resolve import resolve
+    from anatomy_cli.models.model_files import load_tokenizer
+    from anatomy_cli.models.resolve import resolve
 
     source = resolve(model, need="tokenizer")
     if source.kind == "gguf":

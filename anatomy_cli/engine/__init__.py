@@ -17,7 +17,9 @@ Hook points (TransformerLens names). In a forward they are ``[batch, pos, d_mode
 * ``ln_final.hook_normalized`` the final norm's output (absent for BERT); ``logits``.
 
 Modules: ``model`` (LoadedModel), ``hooks`` (hook points, :func:`capture`), ``cache``,
-``run`` (encode, check_length, run), ``interventions`` (patching and ablation: :func:`run_edits`, :func:`patch_grid`), ``lens`` (final norm, unembed), ``load`` (where a model comes from), ``wrap`` (:func:`from_model`).
+``run`` (encode, check_length, run), ``interventions`` (patching and ablation: :func:`run_edits`,
+:func:`patch_grid`), ``lens`` (final norm, unembed), ``load`` (a :class:`ModelSpec` to a LoadedModel),
+``load_gguf`` (a .gguf file's weights), ``attention`` (attention patterns), ``wrap`` (:func:`from_model`).
 
 Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =
 ``blocks.{l-1}.hook_resid_post``, raw, before the final norm.
@@ -27,18 +29,17 @@ from __future__ import annotations
 
 from anatomy_cli.engine.attention import attention_patterns, eager_attention, encode_ids, ordinary_token_ids
 from anatomy_cli.engine.cache import Cache
+from anatomy_cli.engine.hooks import capture, hook_names, layer_names, residual_names
 from anatomy_cli.engine.interventions import Edit, ablation_rows, patch_grid, run_edits
-from anatomy_cli.engine.hooks import (_check_names, _first_tensor, _points, capture, hook_names, layer_names,
-                                      residual_names)
-from anatomy_cli.engine.lens import _rowwise, final_norm, unembed
+from anatomy_cli.engine.lens import final_norm, unembed
 from anatomy_cli.engine.load import load, resolve_device
 from anatomy_cli.engine.model import DTYPES, LoadedModel
 from anatomy_cli.engine.run import check_length, encode, run
 from anatomy_cli.engine.wrap import from_model
-from anatomy_cli.tokenization import Encoded, Tokenizer
+from anatomy_cli.text.tokenization import Encoded, Tokenizer
 
 __all__ = [
-    "DTYPES", "_check_names", "_first_tensor", "_points", "_rowwise", "resolve_device",
+    "DTYPES", "resolve_device",
     "Cache", "Encoded", "LoadedModel", "Tokenizer", "capture", "check_length", "encode", "final_norm",
     "attention_patterns", "eager_attention", "encode_ids", "ordinary_token_ids",
     "from_model", "hook_names", "layer_names", "load", "residual_names", "run", "unembed",

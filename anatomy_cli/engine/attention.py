@@ -18,7 +18,7 @@ import torch
 
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.tokenization import Encoded
+from anatomy_cli.text.tokenization import Encoded
 
 Reduce = Callable[[int, int, torch.Tensor], torch.Tensor]
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.tokenization import Encoded
+from anatomy_cli.text.tokenization import Encoded
+
 
 class Cache:
     """The activations of one prompt, real tokens only.

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.adapters import Adapter, Tap
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.models.adapters import Adapter, Tap
 
 
 def hook_names(lm: LoadedModel) -> list[str]:

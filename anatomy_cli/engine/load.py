@@ -1,4 +1,4 @@
-"""Loading a model's config, tokenizer and weights (where it comes from: :mod:`anatomy_cli.resolve`; GGUF files:
+"""Loading a model's config, tokenizer and weights (where it comes from: :mod:`anatomy_cli.models.resolve`; GGUF files:
 :mod:`anatomy_cli.engine.load_gguf`)."""
 
 from __future__ import annotations
@@ -10,16 +10,17 @@ from typing import Any
 
 import torch
 
-from anatomy_cli import adapters as _adapters
-from anatomy_cli import bigmodel
-from anatomy_cli.adapters import Adapter
 from anatomy_cli.engine import load_gguf
 from anatomy_cli.engine.model import DTYPES, LoadedModel
 from anatomy_cli.engine.wrap import from_model
 from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
-from anatomy_cli.model_files import load_tokenizer, read_config
-from anatomy_cli.resolve import Source, first_line, resolve
-from anatomy_cli.tokenization import Tokenizer
+from anatomy_cli.models import adapters as _adapters
+from anatomy_cli.models import bigmodel
+from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.model_files import load_tokenizer, read_config
+from anatomy_cli.models.resolve import Source, first_line, resolve
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.text.tokenization import Tokenizer
 
 BeforeWeights = Callable[[Tokenizer, Any], None]
 
@@ -115,13 +116,12 @@ def _wrap_tokenizer(hf_tok: Any, adapter: Adapter, config: Any, before_weights: 
     return tok
 
 
-def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "pretrained",
-         trust_remote_code: bool = False, device_map: Any = None, max_memory: dict | str | None = None,
-         offload_folder: str | None = None, before_weights: BeforeWeights | None = None) -> LoadedModel:
-    """Load a model and its tokenizer.
+def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, **options: Any) -> LoadedModel:
+    """Load a model and its tokenizer, as a :class:`~anatomy_cli.models.spec.ModelSpec` says.
 
-    ``spec``: a ``.gguf`` file (config, tokenizer and weights from the one file through
-    transformers' GGUF support, weights dequantized to ``dtype``; ``dequantized_from`` names
+    ``spec`` is a ModelSpec, or a model name with the ModelSpec fields as keywords
+    (``load("gpt2", dtype="bf16")``). Its ``model``: a ``.gguf`` file (config, tokenizer and weights
+    from the one file through transformers' GGUF support, weights dequantized to ``dtype``; ``dequantized_from`` names
     the file's main quantization type), or a local directory written by ``save_pretrained``;
     else with ``init="random"``
     a built-in preset (random weights, ``torch.manual_seed(0)``, ``untrained=True``); else a
@@ -130,7 +130,7 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
     Hub unless ``HF_HUB_OFFLINE`` is set. ``device``: auto|cpu|cuda|mps; ``dtype``:
     fp32|bf16|fp16. ``device_map`` (auto|balanced|sequential), ``max_memory`` (a dict or the
     ``--max-memory`` text ``0=20GiB,cpu=60GiB``) and ``offload_folder`` go to
-    ``from_pretrained`` (accelerate) and replace ``device``; see :mod:`anatomy_cli.bigmodel`.
+    ``from_pretrained`` (accelerate) and replace ``device``; see :mod:`anatomy_cli.models.bigmodel`.
 
     ``before_weights(tokenizer, config)``, when given, is called once the config and the
     tokenizer are read and before any weight is loaded or built (every source, also
@@ -139,7 +139,7 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
     arguments that need only tokens (``--position``, target tokens) before the slow load;
     whatever it raises propagates and no weights are loaded.
 
-    Where a spec comes from is :func:`anatomy_cli.resolve.resolve`.
+    Where a spec comes from is :func:`anatomy_cli.models.resolve.resolve`.
 
     Raises ModelNotFound, OfflineError (not cached, Hub unreachable), CheckpointError
     (unreadable or partial checkpoint; a truncated GGUF file or one with a tensor type gguf
@@ -148,7 +148,13 @@ def load(spec: str, *, device: str = "auto", dtype: str = "fp32", init: str = "p
     UsageError (a placement with ``init="random"``, bad placement options, disk offload
     that needs an ``offload_folder``).
     """
-    spec = str(spec)
+    if not isinstance(spec, ModelSpec):
+        spec = ModelSpec(str(spec), **options)
+    elif options:
+        raise TypeError(f"load(ModelSpec, ...) takes no loading keywords; got {', '.join(options)}")
+    device, dtype, init, trust_remote_code = spec.device, spec.dtype, spec.init, spec.trust_remote_code
+    device_map, max_memory, offload_folder = spec.device_map, spec.max_memory, spec.offload_folder
+    spec = spec.model
     torch_dtype = _dtype(dtype)
     init = str(getattr(init, "value", init))
     if init not in ("pretrained", "random"):

@@ -1,9 +1,9 @@
 """Loading a GGUF file's weights (llama.cpp) through transformers' own GGUF support.
 
 ``from_pretrained(folder, gguf_file=name)`` reads the config, the tokenizer
-(:mod:`anatomy_cli.model_files`, as for every source) and the weights from the one file;
+(:mod:`anatomy_cli.models.model_files`, as for every source) and the weights from the one file;
 the weights are dequantized (by the ``gguf`` package) to the dtype asked for. Before any of
-that, the header (:func:`anatomy_cli.headers.read_gguf`) is checked so that each failure is
+that, the header (:func:`anatomy_cli.models.headers.read_gguf`) is checked so that each failure is
 one line: a truncated or corrupt file, an architecture transformers
 cannot read from GGUF (the message names those it can), a tensor type ``gguf`` cannot
 dequantize.
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import CheckpointError, UnsupportedArchitecture
-from anatomy_cli.headers import GGUFHeader, read_gguf
-from anatomy_cli.resolve import Source, first_line
+from anatomy_cli.models.headers import GGUFHeader, read_gguf
+from anatomy_cli.models.resolve import Source, first_line
 
 
 def readable_architectures() -> list[str]:
@@ -71,11 +71,10 @@ def _where(source: Source) -> tuple[str, str]:
 def load_weights(source: Source, config: Any, cls: Any, dtype: Any, placement: dict[str, Any]) -> Any:
     """The model, its weights dequantized to ``dtype``."""
     import functools
+    import logging
     import sys
 
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-    import logging
 
     folder, name = _where(source)
     bar = gguf_utils.tqdm

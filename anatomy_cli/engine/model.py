@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.adapters import Adapter
-from anatomy_cli.tokenization import Tokenizer
+from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.text.tokenization import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

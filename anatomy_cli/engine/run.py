@@ -12,11 +12,12 @@ from anatomy_cli.engine.hooks import _check_names, _first_tensor, capture
 from anatomy_cli.engine.lens import _rowwise
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, PromptTooLong, UsageError
-from anatomy_cli.tokenization import Encoded, Tokenizer
+from anatomy_cli.text.tokenization import Encoded, Tokenizer
+
 
 def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, bos: bool = False,
            allow_special: bool = False) -> list[Encoded]:
-    """Tokenize ``texts`` (see :mod:`anatomy_cli.tokenization`).
+    """Tokenize ``texts`` (see :mod:`anatomy_cli.text.tokenization`).
 
     Decoders get no BOS unless ``bos=True``; encoders (BERT) keep their [CLS]/[SEP].
     Special-token text (``<|endoftext|>``) is plain text unless ``allow_special``.

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from anatomy_cli import adapters as _adapters
 from anatomy_cli.engine.hooks import _points
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.tokenization import Tokenizer
+from anatomy_cli.models import adapters as _adapters
+from anatomy_cli.text.tokenization import Tokenizer
 
 
 def _input_device(model: Any) -> torch.device:

@@ -1,7 +1,7 @@
 """The client side of `anatomy serve`: forward a command line to a running server.
 
 Standard library only, so a forwarded command starts without typer, rich, torch or transformers.
-The console script (:mod:`anatomy_cli.entry`) calls :func:`forward` first; it returns None when the
+The console script (:mod:`anatomy_cli.cli.entry`) calls :func:`forward` first; it returns None when the
 command should run in-process: ``--no-server`` was given, the command loads no weights, or no server
 answers on the default socket. With ``$ANATOMY_SERVER`` set, a server that does not answer is an error.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import socket
 import sys
 
 from anatomy_cli.errors import quiet_broken_pipe
@@ -88,7 +87,7 @@ def forward(argv: list[str]) -> int | None:
         conn.settimeout(timeout)
         protocol.send(conn, build_request(argv))
         answer = protocol.receive(conn)
-    except socket.timeout:
+    except TimeoutError:
         print(f"error: the anatomy server at {path} did not answer within {timeout:g} s "
               f"({protocol.ENV_TIMEOUT}); rerun with --no-server", file=sys.stderr)
         return 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import inspect
 import io
 import os
 import queue
@@ -27,10 +26,12 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.serve import protocol
 
 
@@ -54,36 +55,33 @@ class ModelCache:
 
     def __init__(self, load: Callable[..., Any], max_bytes: int | None):
         self._load = load
-        self._signature = inspect.signature(load)
         self.max_bytes = max_bytes
         self.models: OrderedDict[tuple, Any] = OrderedDict()
         self.sizes: dict[tuple, int] = {}
         self.lock = threading.Lock()
 
-    def key(self, spec: Any, **options: Any) -> tuple:
-        bound = self._signature.bind(str(spec), **options)
-        bound.apply_defaults()
-        # Callbacks (before_weights) are per request, not part of what was loaded.
-        args = {k: str(getattr(v, "value", v)) for k, v in bound.arguments.items()
-                if k != "before_weights" and not callable(v)}
-        path = Path(args["spec"]).expanduser()
+    def key(self, spec: ModelSpec) -> tuple:
+        args = spec.to_dict()
+        path = Path(spec.model).expanduser()
         if path.exists():  # a relative path means the client's directory: key by the absolute one
-            args["spec"] = f"{path.resolve()}@{path.stat().st_mtime_ns}"
-        return tuple(sorted(args.items()))
+            args["model"] = f"{path.resolve()}@{path.stat().st_mtime_ns}"
+        return tuple(sorted((k, str(v)) for k, v in args.items()))
 
-    def load(self, spec: Any, **options: Any) -> Any:
-        key = self.key(spec, **options)
+    def load(self, spec: ModelSpec | str, *, before_weights: Callable[[Any, Any], None] | None = None,
+             **options: Any) -> Any:
+        """``engine.load`` with the cache in front; the same signature."""
+        spec = spec if isinstance(spec, ModelSpec) else ModelSpec(str(spec), **options)
+        key = self.key(spec)
         with self.lock:
             lm = self.models.get(key)
             if lm is not None:
                 self.models.move_to_end(key)
         if lm is not None:
-            check = options.get("before_weights")
-            if check is not None:  # the request's own checks still run, as they would before a load
-                check(lm.tokenizer, lm.model.config)
+            if before_weights is not None:  # the request's own checks still run, as they would before a load
+                before_weights(lm.tokenizer, lm.model.config)
             # Named as this request names it (headings, titles), not as the first request did.
-            return dataclasses.replace(lm, name=str(spec))
-        lm = self._load(spec, **options)
+            return dataclasses.replace(lm, name=spec.model)
+        lm = self._load(spec, before_weights=before_weights)
         with self.lock:
             self.models[key] = lm
             self.sizes[key] = _model_bytes(lm)
@@ -97,7 +95,7 @@ class ModelCache:
 
     def summary(self) -> list[dict[str, Any]]:
         with self.lock:
-            return [{"model": dict(k)["spec"].split("@")[0], "dtype": dict(k).get("dtype"),
+            return [{"model": dict(k)["model"].split("@")[0], "dtype": dict(k).get("dtype"),
                      "device": dict(k).get("device"), "init": dict(k).get("init"), "bytes": self.sizes[k]}
                     for k in reversed(self.models)]
 
@@ -178,8 +176,8 @@ def _client_context(req: dict[str, Any]):
 class Server:
     """Listens on a Unix socket; see the module docstring. ``serve_forever`` blocks until stop or idle."""
 
-    def __init__(self, path: Path, *, max_bytes: int | None = None, idle_timeout: float = 1800.0,
-                 log: Callable[[str], None] | None = None):
+    def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
+                 idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None):
         from huggingface_hub.utils import disable_progress_bars
         from transformers.utils import logging as hf_logging
 
@@ -191,7 +189,7 @@ class Server:
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))
         self.cache = ModelCache(engine.load, max_bytes)
-        from anatomy_cli import model_files
+        from anatomy_cli.models import model_files
 
         self.tokenizers = TokenizerCache(model_files.load_tokenizer)
         self.started = time.time()
@@ -200,6 +198,7 @@ class Server:
         self.jobs: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
         self.sock: socket.socket | None = None
+        self._commands = commands  # the registry: returns the click command that runs a command line
         self._command: Any = None
 
     # -------------------------------------------------------------- lifecycle
@@ -233,12 +232,13 @@ class Server:
     def preload(self, specs: list[str]) -> None:
         for spec in specs:
             t0 = time.perf_counter()
-            self.cache.load(spec, device="auto", dtype="fp32", init="pretrained")
+            self.cache.load(ModelSpec(spec))
             self.log(f"loaded {spec} in {time.perf_counter() - t0:.1f} s")
 
     def serve_forever(self) -> None:
         """Accept until stopped, idle for ``idle_timeout`` s, or interrupted; then remove the socket."""
-        from anatomy_cli import engine, model_files
+        from anatomy_cli import engine
+        from anatomy_cli.models import model_files
 
         real_load, real_tokenizer = engine.load, model_files.load_tokenizer
         engine.load = self.cache.load  # every command loads through engine.load
@@ -252,7 +252,7 @@ class Server:
                     break
                 try:
                     conn, _ = self.sock.accept()  # type: ignore[union-attr]
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 except OSError:
                     if self.stopping.is_set():
@@ -323,11 +323,7 @@ class Server:
         """Run one command line as the console script would; stdout/stderr bytes and the exit code."""
         if self._command is None:
             # Built once: typer rebuilds the click command on every app() call (~0.1 s).
-            from typer.main import get_command
-
-            from anatomy_cli.cli import app
-
-            self._command = get_command(app)
+            self._command = self._commands()
         argv = [str(a) for a in req.get("argv") or []]
         with _client_context(req) as (out, err):
             try:

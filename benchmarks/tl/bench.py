@@ -108,7 +108,7 @@ def compare_patch(ours: dict, theirs: dict) -> dict:
 
 
 # ---------------------------------------------------------------- anatomy in process
-# Mirrors of the command bodies (anatomy_cli/commands/*.py) without the rendering.
+# Mirrors of the command bodies (anatomy_cli/cli/commands/*.py) without the rendering.
 
 def anatomy_trace(lm, prompt: str) -> dict:
     """What `anatomy trace PROMPT` computes, minus rendering (benchmarks/run.py's mirror of commands/trace.py)."""
@@ -142,7 +142,7 @@ def anatomy_heads(lm, prompt: str, seq_len: int = 50, seed: int = 0) -> dict:
 def anatomy_dla(lm, prompt: str, target: int, foil: int) -> dict:
     """What `anatomy dla PROMPT --target-id T --foil-id F` computes (commands/dla.py), by layer."""
     from anatomy_cli import engine
-    from anatomy_cli.commands import dla as cmd
+    from anatomy_cli.cli.commands import dla as cmd
 
     encoded = engine.check_length(lm, engine.encode(lm, [prompt]))
     [cache] = engine.run(lm, encoded, cmd._names(lm, cmd.By.layer), positions=[[-1]])

@@ -1,0 +1,266 @@
+"""The Typer application and the one place that turns errors into exit codes.
+
+Exit codes: 0 success, 1 runtime error (:class:`AnatomyError`), 2 usage error
+(click's usage errors and :class:`UsageError`). Expected errors print one line
+``error: ...`` on stderr; ``--debug`` (or ``ANATOMY_DEBUG=1``) adds the traceback.
+A closed stdout (``| head -1``) ends the process quietly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+# Typer >= 0.20 vendors click as typer._click; its exception classes live there.
+try:
+    from typer._click import exceptions as _cx
+except ImportError:  # older typer on real click
+    from click import exceptions as _cx
+
+from anatomy_cli import __version__
+from anatomy_cli.errors import AnatomyError, quiet_broken_pipe
+
+_state = {"debug": bool(os.environ.get("ANATOMY_DEBUG"))}
+
+
+def debug_enabled() -> bool:
+    return _state["debug"]
+
+
+def error_line(message: str) -> None:
+    """Print ``error: message`` as one line on stderr (newlines folded)."""
+    text = " ".join(str(message).split("\n")).strip()
+    print(f"error: {text}", file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: message`` on stderr."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def info(message: str) -> None:
+    """Print an informational line on stderr."""
+    print(message, file=sys.stderr)
+
+
+_live: list[Any] = []  # the one status line being shown (rich allows one live display at a time)
+
+
+@contextmanager
+def status(message: str) -> Iterator[None]:
+    """Show ``message`` with a spinner on stderr while the block runs, when stderr is a terminal.
+
+    Nothing at all when stderr is not a terminal (pipelines, logs, tests). Nested calls
+    replace the text and restore it on exit. Lines printed to stderr meanwhile (warnings)
+    appear above the spinner; the spinner line is erased at the end, so no blank line is left.
+    stdout is never touched.
+    """
+    if _live:
+        from rich.text import Text
+
+        spinner, before = _live[-1], _live[-1].text
+        spinner.update(text=Text(message))
+        try:
+            yield
+        finally:
+            spinner.update(text=before)
+        return
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+    from rich.live import Live
+    from rich.spinner import Spinner
+    from rich.text import Text
+
+    spinner = Spinner("dots", text=Text(message), style="dim")
+    console = Console(file=sys.stderr, highlight=False, markup=False, emoji=False)
+    with Live(spinner, console=console, transient=True, refresh_per_second=8, redirect_stdout=False,
+              redirect_stderr=True):
+        _live.append(spinner)
+        try:
+            yield
+        finally:
+            _live.pop()
+
+
+def _plain_metavars(command: Any) -> None:
+    """Help shows ``PROMPT``, ``TEXT``, ``N``, ``PATH`` rather than typer's ``<str>``, ``<int range>``, ``{PROMPT}``.
+
+    Arguments: their upper-case name (or metavar), ``[NAME]`` when optional, ``NAME...`` for
+    several; options without a metavar: one from their type (choices keep ``<a|b|c>``).
+    """
+    for sub in getattr(command, "commands", {}).values():
+        _plain_metavars(sub)
+    for param in getattr(command, "params", ()):
+        desc = getattr(param, "type_descriptor", None)
+        if desc is None:  # not typer's parameter classes: nothing to fix
+            continue
+        if param.param_type_name == "argument":
+            label = param.metavar or param.name.upper()
+            optional = not param.required and not label.startswith("[")
+            usage = (f"[{label}]" if optional else label) + ("..." if param.nargs != 1 else "")
+            param.metavar = label
+            # Instance attributes shadow typer's methods: the name alone, no type after it.
+            param.display_type_rich = lambda ctx: None
+            param._usage_display_name = lambda usage=usage: usage
+        elif param.metavar is None and not getattr(param, "is_flag", False) and not desc.is_choice:
+            param.metavar = _metavar(desc)
+
+
+def _metavar(desc: Any) -> str:
+    if desc.is_path:
+        return "PATH"
+    kind = getattr(desc, "ranged_type_name", None) if desc.is_ranged else None
+    annotation = desc.annotation
+    if kind == "int" or annotation is int:
+        return "N"
+    if kind == "float" or annotation is float:
+        return "NUMBER"
+    return "TEXT"
+
+
+class _NoDeprecations(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "deprecated" not in str(record.msg).lower()
+
+
+# Modules whose deprecation notices reach users through our own calls (``torch_dtype is deprecated``
+# when a config is read); they are about library internals, not about anything the user typed.
+_LIBRARY_LOGGERS = ("transformers.configuration_utils", "transformers.modeling_utils",
+                    "transformers.tokenization_utils_base", "transformers.utils.generic", "accelerate.utils.modeling")
+
+
+def quiet_library_warnings() -> None:
+    """Silence library warnings that say nothing to the user (deprecations, future changes).
+
+    Python's DeprecationWarning/FutureWarning, and deprecation notices that transformers logs.
+    ``--debug`` (ANATOMY_DEBUG) keeps them. Imports no library: the filters sit on the loggers by name.
+    """
+    if _state["debug"]:
+        return
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
+    for name in _LIBRARY_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _NoDeprecations) for f in log.filters):
+            log.addFilter(_NoDeprecations())
+
+
+def _usage_message(message: str) -> str:
+    # typer validates with pydantic, whose messages carry its error class ("Value error, 'x' is not one of ...").
+    message = message.replace("Value error, ", "").rstrip(".")
+    word = message.removeprefix("No such option: ")
+    if word != message and _is_number(word):
+        message += (f": a negative number is a value, not an option; put -- before it, after every option "
+                    f"(-- {word})")
+    return message
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class AnatomyGroup(TyperGroup):
+    """Runs click non-standalone and maps every outcome to one exit code."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        _state["debug"] = bool(os.environ.get("ANATOMY_DEBUG")) or "--debug" in (args or sys.argv[1:])
+        quiet_library_warnings()
+        _plain_metavars(self)
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "anatomy", complete_var=complete_var,
+                              standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) else 0
+        except _cx.NoArgsIsHelpError as exc:
+            # typer raises this (exit 2) for a bare `anatomy`; show help on stderr.
+            print(exc.ctx.get_help() if exc.ctx else str(exc), file=sys.stderr)
+            code = 2
+        except _cx.UsageError as exc:
+            if _state["debug"]:
+                traceback.print_exc()
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            error_line(_usage_message(exc.format_message()) + hint)
+            code = exc.exit_code
+        except _cx.ClickException as exc:
+            error_line(exc.format_message())
+            code = exc.exit_code
+        except typer.Abort:
+            print("aborted", file=sys.stderr)
+            code = 130
+        except AnatomyError as exc:
+            if _state["debug"]:
+                traceback.print_exc()
+            error_line(str(exc))
+            code = exc.exit_code
+        except BrokenPipeError:
+            quiet_broken_pipe()
+            code = 0
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            code = 130
+        except Exception as exc:  # an unexpected failure is still one line unless --debug
+            if _state["debug"]:
+                traceback.print_exc()
+                code = 1
+            else:
+                error_line(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)")
+                code = 1
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+app = typer.Typer(
+    cls=AnatomyGroup,
+    name="anatomy",
+    help="Inspect the anatomy of transformer language models: parameters, residual stream, "
+    "logit lens, next-token probabilities, word drift, tokens and LayerNorm.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"anatomy {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    no_server: Annotated[bool, typer.Option(
+        "--no-server", help="Run in this process even when `anatomy serve` is running (also accepted after the "
+        "command name).")] = False,
+) -> None:
+    if debug:
+        _state["debug"] = True
+
+
+def click_command() -> Any:
+    """The app as one click command, with every command registered by then: the registry that
+    `anatomy serve` runs forwarded command lines on (handed to :class:`anatomy_cli.serve.server.Server`,
+    which imports no CLI module)."""
+    from typer.main import get_command
+
+    return get_command(app)

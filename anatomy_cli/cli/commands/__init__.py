@@ -1,0 +1,1 @@
+"""One module per command; each registers on anatomy_cli.cli.app.app when imported."""

@@ -1,0 +1,279 @@
+"""The prompt pipeline shared by commands that run prompts through a model (`trace`, `next`).
+
+PROMPT is one text, or ``-`` for one prompt per non-empty stdin line. Steps:
+:func:`load_prompts` reads the prompts, then (:func:`load_texts`) once the tokenizer
+and config are read and BEFORE the weights load tokenizes them (special-token text
+is plain text unless ``--allow-special``), checks the context length (saying on
+stderr what ``--truncate left`` cut) and runs the command's ``check(Preflight)``, so
+bad input fails fast; a status line shows on a terminal while the model loads. The
+command runs the engine in batches; :func:`emit_prompts` prints one report per prompt:
+
+* ``jsonl``: one object per prompt, always;
+* ``json``: the object for a PROMPT argument, ``{"results": [...]}`` for stdin
+  (decided by the source, not by how many lines it had, so scripts get one shape);
+* ``tsv``/``csv``: for stdin, each section's rows of all prompts together with a
+  leading ``prompt`` column; the model line and the notes go to stderr once;
+* ``table``: one report after the other, each with its own heading.
+
+No torch at import time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from anatomy_cli.cli.app import info, status, warn
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Format, Report, Section, emit, emit_jsonl, resolve_format
+from anatomy_cli.text.options import PromptOptions
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+
+class Truncate(str, Enum):
+    left = "left"
+
+
+PromptArg = Annotated[str, typer.Argument(
+    metavar="PROMPT", show_default=False,
+    help="The prompt text, or '-' to read one prompt per non-empty line of stdin.")]
+TruncateOpt = Annotated[Optional[Truncate], typer.Option(
+    "--truncate", case_sensitive=False, show_default=False,
+    help="'left': keep the last tokens of a prompt longer than the model's context (said on stderr). "
+    "Default: such a prompt is an error.")]
+BatchSizeOpt = Annotated[int, typer.Option(
+    "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
+BosOpt = Annotated[bool, typer.Option(
+    "--bos", help="Prepend the tokenizer's BOS token (decoders get none by default; "
+    "a prompt that already starts with it keeps one).")]
+AllowSpecialOpt = Annotated[bool, typer.Option(
+    "--allow-special", help="Read special-token text in prompts, such as <|endoftext|>, as that special token. "
+    "Default: it is plain text, split like any other text.")]
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What is known once the tokenizer and config are read, before any weight loads.
+
+    ``encoded``: the prompts, tokenized and length-checked (truncated with ``--truncate left``).
+    ``tokenizer``: the :class:`~anatomy_cli.text.tokenization.Tokenizer` the model will use;
+    ``config``: the transformers config. A command's ``check`` reads these to refuse bad
+    arguments (``--position``, ``--layer``, target tokens) without waiting for the weights.
+    """
+
+    name: str
+    tokenizer: Any
+    config: Any
+    encoded: list[Any]
+
+    @property
+    def n_ctx(self) -> int | None:
+        # The same rule as engine.from_model (LoadedModel.n_ctx).
+        n = getattr(self.config, "max_position_embeddings", None)
+        return int(n) if n else None
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def adapter(self) -> Any:
+        """The architecture's :class:`~anatomy_cli.models.adapters.Adapter` (``.causal``: a decoder)."""
+        from anatomy_cli.models import adapters
+
+        return adapters.for_config(self.config)
+
+
+def load_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,
+                 check: Callable[[Preflight], None] | None = None) -> tuple[LoadedModel, list[Encoded]]:
+    """Read PROMPT (or stdin lines), then :func:`load_texts`.
+
+    Returns ``(lm, encoded)``, one :class:`Encoded` per prompt. Raises UsageError for an
+    empty prompt or invalid UTF-8 (before anything loads) and whatever :func:`load_texts` raises.
+    """
+    from anatomy_cli.text.inputs import read_prompts
+
+    return load_texts(read_prompts(prompt), spec, prompts, check=check)
+
+
+def load_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,
+               check: Callable[[Preflight], None] | None = None, what: str = "prompt",
+               truncate_hint: bool = True) -> tuple[LoadedModel, list[Encoded]]:
+    """Tokenize ``texts`` as ``prompts`` says, check the context length, run ``check``, load ``spec``.
+
+    Special-token text is plain text unless ``prompts.allow_special`` (see ``Tokenizer.encode``);
+    ``prompts.bos`` on a text that already starts with the BOS token keeps one and warns.
+    Everything up to ``check(preflight)`` runs once the tokenizer and config are read and
+    BEFORE the weights load, so a bad prompt or argument fails in a second, not after the load.
+    ``what`` names the texts in messages ("prompt", "context"). Returns ``(lm, encoded)``.
+    Raises bad placement options as UsageError, PromptTooLong unless ``prompts.truncate`` is
+    ``left``, what ``check`` raises, and the engine's loading errors.
+    """
+    from anatomy_cli.models.resolve import check_path
+
+    check_path(spec.model)  # a model path that does not exist fails here, before torch is imported
+    from anatomy_cli import engine
+    from anatomy_cli.text.tokenization import starts_with_bos
+
+    model = spec.model
+    found: list[Encoded] = []
+
+    def before_weights(tokenizer: Any, config: Any) -> None:
+        encoded = tokenizer.encode(texts, bos=prompts.bos, allow_special=prompts.allow_special)
+        encoded = engine.check_length(Preflight(model, tokenizer, config, encoded), encoded,
+                                      truncate=prompts.truncate, what=what, truncate_hint=truncate_hint)
+        pre = Preflight(name=model, tokenizer=tokenizer, config=config, encoded=encoded)
+        for i, enc in enumerate(encoded, start=1):
+            which = f"{what} {i}" if len(encoded) > 1 else what
+            if prompts.bos and starts_with_bos(enc, tokenizer.bos_id):
+                warn(f"{which} already starts with the BOS token {enc.pieces[0]}: --bos adds no second one")
+            if enc.dropped:
+                warn(f"{which} is {len(enc) + enc.dropped} tokens; {model} takes at most {pre.n_ctx}: "
+                     f"kept the last {len(enc)} (--truncate left)")
+        if check is not None:
+            check(pre)
+        found[:] = encoded
+
+    lm = load_model(spec, before_weights=before_weights)
+    if not found:  # an engine.load stand-in that skipped the callback (tests' caching loader)
+        before_weights(lm.tokenizer, lm.model.config)
+    return lm, found
+
+
+def load_model(spec: ModelSpec, *, before_weights: Callable[[Any, Any], None] | None = None) -> LoadedModel:
+    """``engine.load(spec)`` with a status line on a terminal's stderr.
+
+    ``before_weights(tokenizer, config)`` goes to ``engine.load`` (called before any weight
+    loads). With a device map, says on stderr where the weights went. Raises UsageError for
+    bad placement options (before torch is imported) and the engine's loading errors.
+    """
+    from anatomy_cli.models.resolve import check_path
+
+    check_path(spec.model)  # a model path that does not exist fails here, before torch is imported
+    from anatomy_cli.models import bigmodel
+
+    bigmodel.placement_kwargs(spec.device_map, spec.max_memory, spec.offload_folder)  # bad forms: usage errors
+    if spec.device_map is not None and spec.device != "auto":
+        raise UsageError(f"--device {spec.device} and --device-map exclude each other: "
+                         "the device map decides where each block goes")
+    from transformers.utils import logging as hf_logging
+
+    from anatomy_cli import engine
+
+    # The status line says the model is loading; transformers' own weight-loading bar would fight with it.
+    hf_logging.disable_progress_bar()
+    if not sys.stderr.isatty():
+        # Download bars are for people watching a terminal; in a pipeline or a log they are noise.
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    with status(f"loading {spec.model}"):
+        lm = engine.load(spec, before_weights=before_weights)
+    if spec.device_map is not None:
+        info(placement_line(lm))
+    return lm
+
+
+def placement_line(lm: LoadedModel) -> str:
+    """``placement: cpu 24.6 MiB (transformer.wte, lm_head) · disk 396.5 KiB (transformer.h); ...``"""
+    from anatomy_cli.models import bigmodel
+    from anatomy_cli.output.render import human_bytes
+
+    devices = bigmodel.device_summary(lm.model)
+    parts = []
+    for d in devices:
+        names = [m or "all" for m in d["modules"][:4]] + ([f"+{len(d['modules']) - 4} more"]
+                                                          if len(d["modules"]) > 4 else [])
+        where = f"GPU {d['device']}" if d["device"].isdigit() else d["device"]
+        parts.append(f"{where} {human_bytes(d['bytes'])} ({', '.join(names)})")
+    used = {d["device"] for d in devices}
+    line = "placement: " + " · ".join(parts)
+    if "cpu" in used and lm.device.type != "cpu":
+        line += f"; cpu weights are copied to {lm.device} at every forward"
+    if "disk" in used:
+        line += "; disk weights are read from disk at every forward"
+    return line
+
+
+def dtype_name(lm: LoadedModel) -> str:
+    """``fp32``, ``bf16`` or ``fp16``: the weights' dtype as ``--dtype`` names it (engine.DTYPES)."""
+    from anatomy_cli.engine.model import DTYPES  # torch is loaded already: lm holds its tensors
+
+    return next((name for name, dtype in DTYPES.items() if dtype == lm.dtype), str(lm.dtype))
+
+
+def model_label(lm: LoadedModel) -> str:
+    """``gpt2``, ``gpt2 (untrained: random weights)``, ``x.gguf (weights dequantized from Q4_1)``; a dtype
+    other than fp32 is said too: ``gpt2 (bf16)``, ``x.gguf (weights dequantized from Q4_1 to bf16)``."""
+    dtype = dtype_name(lm)
+    extra = "" if dtype == "fp32" else dtype
+    if lm.untrained:
+        what = "untrained: random weights" + (f", {extra}" if extra else "")
+    elif lm.dequantized_from:
+        what = f"weights dequantized from {lm.dequantized_from}" + (f" to {extra}" if extra else "")
+    else:
+        what = extra
+    return f"{lm.name} ({what})" if what else lm.name
+
+
+def describe(lm: LoadedModel):
+    """``token_id -> (display, text)`` for the analyses.
+
+    display: ``·much``, hex bytes for a partial UTF-8 piece, a special token's name;
+    text: the token's decoded string, None when its bytes are not whole UTF-8 characters.
+    """
+    tok = lm.tokenizer
+
+    def _describe(token_id: int) -> tuple[str, str | None]:
+        raw = tok.token_bytes(token_id)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return tok.piece(token_id), text
+
+    return _describe
+
+
+def prompt_line(enc: Encoded, width: int = 60) -> str:
+    """``prompt 'Thank you very' · 3 tokens`` for a heading; a long prompt is cut in the middle."""
+    text = enc.text if len(enc.text) <= width else enc.text[:width // 2 - 1] + " … " + enc.text[-(width // 2 - 2):]
+    return f"prompt {text!r} · {len(enc)} token{'' if len(enc) == 1 else 's'}"
+
+
+def prompt_record(lm: LoadedModel, enc: Encoded) -> dict[str, Any]:
+    """The per-prompt keys every record starts with (see docs/commands/trace.md)."""
+    return {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
+            "dequantized_from": lm.dequantized_from, "prompt": enc.text, "token_ids": list(enc.ids),
+            "tokens": list(enc.pieces), "truncated_tokens": enc.dropped}
+
+
+def emit_prompts(reports: Sequence[Report], fmt: Format | None, *, from_stdin: bool) -> None:
+    """Print one report per prompt in ``fmt`` (see the module docstring for the layout)."""
+    fmt = resolve_format(fmt)
+    if fmt is Format.jsonl:
+        emit_jsonl(r.data for r in reports)
+    elif from_stdin and fmt is Format.json:
+        emit(Report(data={"results": [r.data for r in reports]}, sections=()), fmt)
+    elif from_stdin and fmt in (Format.tsv, Format.csv):
+        # The first heading line names the model (and "untrained"); the others are per prompt.
+        emit(Report(data=None, sections=_with_prompt_column(reports), heading=reports[0].heading[:1],
+                    notes=list(dict.fromkeys(n for r in reports for n in r.notes))), fmt)
+    else:
+        for report in reports:
+            emit(report, fmt)
+
+def _with_prompt_column(reports: Sequence[Report]) -> list[Section]:
+    merged = []
+    for i, first in enumerate(reports[0].sections):
+        rows = [{"prompt": r.data["prompt"], **row} for r in reports for row in r.sections[i].rows]
+        merged.append(Section(columns=[Column("prompt"), *first.columns], rows=rows, title=first.title))
+    return merged

@@ -1,0 +1,187 @@
+"""`anatomy ablate PROMPT --target TOKEN`: knock out each layer's attention / MLP (or each head) and
+see what happens to the target."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands._common import (
+    AllowSpecialOpt,
+    BosOpt,
+    PromptArg,
+    TruncateOpt,
+    emit_prompts,
+    load_prompts,
+    model_label,
+    prompt_line,
+    prompt_record,
+)
+from anatomy_cli.cli.options import (
+    Device,
+    DeviceMapOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    FirstTokenFoilOpt,
+    FoilIdOpt,
+    FoilOpt,
+    FormatOpt,
+    Init,
+    InitOpt,
+    MaxMemoryOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    PlotOpt,
+    TargetIdOpt,
+    TargetOpt,
+    TrustRemoteCodeOpt,
+)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.text.options import PromptOptions
+
+
+class AblateMode(str, Enum):
+    zero = "zero"
+    mean = "mean"
+
+
+COLUMNS = (Column("layer", "layer", "int"), Column("component", "component"), Column("head", "head", "int"),
+           Column("metric", "metric", "float", 4), Column("effect", "effect", "float", 4))
+RunsPerForwardOpt = Annotated[int, typer.Option(
+    "--batch-size", min=1, help="Ablated runs per forward pass (more: faster, more memory).")]
+
+
+@app.command("ablate")
+def ablate_command(
+    prompt: PromptArg,
+    target: TargetOpt = None,
+    target_id: TargetIdOpt = None,
+    foil: FoilOpt = None,
+    foil_id: FoilIdOpt = None,
+    first_token: FirstTokenFoilOpt = False,
+    position: Annotated[int, typer.Option(
+        "--position", "-p", metavar="N", help="Where to read the metric (0-based; negative from the end).")] = -1,
+    heads: Annotated[bool, typer.Option(
+        "--heads", help="Ablate every attention head separately (its slice of the output projection's input) "
+        "instead of whole attention and MLP outputs.")] = False,
+    mode: Annotated[AblateMode, typer.Option(
+        "--mode", case_sensitive=False, help="zero: replace the output by zeros; mean: by its mean over the "
+        "prompt's positions.")] = AblateMode.zero,
+    layer: Annotated[Optional[int], typer.Option(
+        "--layer", "-l", metavar="L", show_default=False,
+        help="Only layer L (0-based; negative from the end).")] = None,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
+    bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
+    truncate: TruncateOpt = None,
+    batch_size: RunsPerForwardOpt = 32,
+    plot: PlotOpt = None,
+    fmt: FormatOpt = None,
+) -> None:
+    """Knock out each layer's attention output, then its MLP output (or, with --heads, each head), and
+    report the target's log-probability at --position, or logit(target) - logit(foil) with --foil,
+    and its change from the intact run.
+
+    The knocked-out output is replaced at every position: by zeros (--mode zero) or by its mean
+    over the prompt's positions (--mode mean). All ablations of a prompt run in a few batched forwards.
+
+    Examples:
+
+    \b
+        anatomy ablate "The capital of Germany is" --target " Berlin" -m SmolLM2-135M-Instruct.Q4_1.gguf
+        anatomy ablate "The capital of Germany is" --target " Berlin" --foil " Paris" --mode mean
+        anatomy ablate "Thank you very" --target " much" --heads --layer -1 --format json
+    """
+    from anatomy_cli.analyses import ablate as analysis
+    from anatomy_cli.engine import interventions
+    from anatomy_cli.text import targets
+
+    wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
+    unwanted = targets.choice(foil, foil_id, option="--foil", first_token=first_token)
+    targets.check_first_token(first_token, wanted, unwanted, options="--target or --foil")
+    if wanted is None:
+        raise UsageError("--target TEXT or --target-id N is required: the token whose log-probability ablations "
+                         "change, e.g. --target ' much'")
+    ids: dict[str, int | None] = {}
+
+    def check(pre) -> None:
+        _check_decoder(pre.name, pre.adapter.causal)
+        if layer is not None and not -pre.n_layers <= layer < pre.n_layers:
+            raise UsageError(f"--layer {layer} is out of range: {pre.name} has layers 0..{pre.n_layers - 1}")
+        for i, enc in enumerate(pre.encoded, start=1):
+            if not -len(enc) <= position < len(enc):
+                which = f"prompt {i}" if len(pre.encoded) > 1 else "the prompt"
+                raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens")
+        vocab = getattr(pre.config, "vocab_size", None)
+        ids["target"] = targets.resolve(pre.tokenizer, wanted, model=pre.name, vocab_size=vocab)
+        ids["foil"] = targets.resolve(pre.tokenizer, unwanted, model=pre.name, vocab_size=vocab) if unwanted else None
+        if ids["foil"] == ids["target"]:
+            raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+
+    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
+    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
+    layers = None if layer is None else [layer % lm.n_layers]
+    plan = interventions.ablation_rows(lm, components=["head"] if heads else ["attn", "mlp"], mode=mode.value,
+                                       layers=layers)
+    metric = analysis.metric_fn(ids["target"], ids["foil"])
+    reports = []
+    for enc in encoded:
+        base, edited = interventions.run_edits(lm, enc.ids, [edits for *_, edits in plan], position=position,
+                                               batch_size=batch_size, reduce=metric)
+        result = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", mode.value,
+                                   [key for *key, _ in plan], edited, float(base[0]))
+        reports.append(_report(lm, enc, position % len(enc), ids, result))
+        if plot:
+            from anatomy_cli.output import plots
+            from anatomy_cli.output.plots import ablate as picture
+
+            what = _metric_name(lm, ids)
+            cap = plots.Caption.of("ablate", lm, enc.text, f"{result.mode} ablation · position "
+                                   f"{position % len(enc)} = {enc.pieces[position % len(enc)]}")
+            plots.save(picture.figure(result, lm.n_heads, what, cap), plot, len(reports) if prompt == "-" else None)
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _metric_name(lm, ids: dict) -> str:
+    """``log p(·much)`` or ``logit(·much) - logit(·so)``, as in the heading."""
+    target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
+    return f"logit({target['token']}) - logit({foil['token']})" if foil else f"log p({target['token']})"
+
+
+def _check_decoder(name: str, ok: bool) -> None:
+    if not ok:
+        raise UsageError(f"{name} is an encoder, not a next-token predictor; ablate and patch need a decoder-only "
+                         "model with an LM head")
+
+
+def token_record(lm, token_id: int | None) -> dict | None:
+    """``{"token_id": 881, "token": "·much"}`` (None for None)."""
+    return None if token_id is None else {"token_id": token_id, "token": lm.tokenizer.piece(token_id)}
+
+
+def _report(lm, enc, pos: int, ids: dict, result) -> Report:
+    target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
+    data = {**prompt_record(lm, enc), "position": pos, "position_token": enc.pieces[pos], "target": target,
+            "foil": foil, **result.to_dict()}
+    what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"log p({target['token']})"
+    heading = [f"ablate · {model_label(lm)} · {result.mode} ablation",
+               f"{prompt_line(enc)} · metric at position {pos} = {enc.pieces[pos]}",
+               f"metric {what}; intact run: {result.clean_metric:.4f}"]
+    by = "zeros" if result.mode == "zero" else "its mean over the prompt's positions"
+    notes = [(f"each row replaces one component's output at every position by {by}; "
+              "effect = metric - intact metric (negative: the component helped the target)")]
+    return Report(data=data, sections=[Section(COLUMNS, data["rows"])], heading=heading, notes=notes)

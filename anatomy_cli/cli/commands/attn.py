@@ -1,0 +1,204 @@
+"""`anatomy attn PROMPT`: attention patterns, one head's full pattern or every head at one query position."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands._common import (
+    AllowSpecialOpt,
+    BatchSizeOpt,
+    BosOpt,
+    PromptArg,
+    TruncateOpt,
+    emit_prompts,
+    load_prompts,
+    model_label,
+    prompt_line,
+    prompt_record,
+)
+from anatomy_cli.cli.options import (
+    Device,
+    DeviceMapOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    FormatOpt,
+    Init,
+    InitOpt,
+    MaxMemoryOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    PlotOpt,
+    TrustRemoteCodeOpt,
+)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Format, Report, Section, resolve_format
+from anatomy_cli.text.options import PromptOptions
+
+LONG_COLUMNS = (
+    Column("layer", "layer", "int"), Column("head", "head", "int"),
+    Column("query_position", "query", "int"), Column("key_position", "key", "int"),
+    Column("query_token", "query token"), Column("key_token", "key token"),
+    Column("weight", "weight", "float", 3),
+)
+CELL = 6  # table characters per weight column ("0.123" plus a gap)
+
+
+@app.command("attn")
+def attn_command(
+    prompt: PromptArg,
+    layer: Annotated[Optional[int], typer.Option(
+        "--layer", "-l", metavar="L", show_default=False,
+        help="Layer (0-based; negative counts from the end). Default: every layer.")] = None,
+    head: Annotated[Optional[int], typer.Option(
+        "--head", metavar="H", show_default=False,
+        help="Head within --layer: show its full pattern, query position x key position.")] = None,
+    position: Annotated[Optional[int], typer.Option(
+        "--position", "-p", metavar="N", show_default=False,
+        help="Query position when showing several heads (negative counts from the end). Default: the last "
+             "token; for encoders the last one that is not [SEP]/[CLS].")] = None,
+    k: Annotated[int, typer.Option("--k", "-k", min=1,
+                                   help="Top keys per row in a table too wide for the terminal.")] = 3,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
+    bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
+    truncate: TruncateOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    plot: PlotOpt = None,
+    fmt: FormatOpt = None,
+) -> None:
+    """Attention patterns: how much each query position attends to each key position.
+
+    --layer L --head H: the full pattern of one head (query x key). --layer L alone: every head of
+    layer L, from one query position (--position) to every key. Neither: the same for every layer.
+    JSON, JSONL, TSV and CSV give one row per weight (layer, head, query_position, key_position,
+    query_token, key_token, weight); causal models leave out the keys after the query (weight 0).
+    The table shows a matrix when it fits the terminal, else each row's top --k keys.
+    Patterns come from one forward with eager attention (every other command keeps sdpa).
+
+    Examples:
+
+    \b
+        anatomy attn "The cat sat on the mat" --layer 5 --head 1
+        anatomy attn "The cat sat on the mat" --layer 5 --position 3
+        anatomy attn "The cat sat on the mat" --format json | jq '.weights[0]'
+    """
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import attention as analysis
+
+    if head is not None and layer is None:
+        raise UsageError("--head needs --layer: give the layer the head belongs to")
+    if head is not None and position is not None:
+        raise UsageError("--position picks the query row when showing several heads; with --head every row is shown")
+    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
+    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate),
+                               check=lambda pre: _check(pre.config, pre.encoded, layer, head, position, model))
+    n_layers, n_heads = _check(lm.model.config, encoded, layer, head, position, lm.name)
+    layers = [layer % n_layers] if layer is not None else list(range(n_layers))
+    heads = [head % n_heads] if head is not None else list(range(n_heads))
+    queries = [list(range(len(e))) if head is not None else [_query(e, position)] for e in encoded]
+    grids = engine.attention_patterns(
+        lm, encoded, layers=layers, batch_size=batch_size,
+        reduce=lambda i, _layer, p: p[heads][:, queries[i]])
+    fmt = resolve_format(fmt)
+    reports = []
+    for enc, grid, q in zip(encoded, grids, queries):
+        result = analysis.attention(grid, layers=layers, heads=heads, queries=q, tokens=enc.pieces,
+                                    causal=lm.is_causal)
+        reports.append(_report(lm, enc, result, fmt, k, one_head=head is not None))
+        if plot:
+            from anatomy_cli.output import plots
+            from anatomy_cli.output.plots import attn as picture
+
+            where = (f"layer {layers[0]} head {heads[0]}" if head is not None else
+                     f"query position {q[0]} = {enc.pieces[q[0]]}")
+            plots.save(picture.figure(result, plots.Caption.of("attn", lm, enc.text, where),
+                                      one_head=head is not None), plot, len(reports) if prompt == "-" else None)
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _check(config: Any, encoded: list, layer: int | None, head: int | None, position: int | None,
+           name: str) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` from the config; UsageError for --layer/--head/--position out of range."""
+    n_layers = int(config.num_hidden_layers)
+    n_heads = int(config.num_attention_heads)
+    if layer is not None and not -n_layers <= layer < n_layers:
+        raise UsageError(f"--layer {layer} is out of range: {name} has {n_layers} layers "
+                         f"(use 0..{n_layers - 1}, or -{n_layers}..-1 from the end)")
+    if head is not None and not -n_heads <= head < n_heads:
+        raise UsageError(f"--head {head} is out of range: {name} has {n_heads} heads per layer "
+                         f"(use 0..{n_heads - 1}, or -{n_heads}..-1 from the end)")
+    for i, enc in enumerate(encoded, start=1):
+        if position is not None and not -len(enc) <= position < len(enc):
+            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
+            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
+                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
+    return n_layers, n_heads
+
+
+def _query(enc, position: int | None) -> int:
+    if position is not None:
+        return position % len(enc)
+    text = [i for i, special in enumerate(enc.special) if not special]  # an encoder's last token is [SEP]
+    return text[-1] if text else len(enc) - 1
+
+
+def _report(lm, enc, result, fmt: Format, k: int, *, one_head: bool) -> Report:
+    data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
+    where = (f"layer {result.layers[0]} head {result.heads[0]}" if one_head else
+             f"query position {result.queries[0]} = {enc.pieces[result.queries[0]]}")
+    heading = [f"attn · {model_label(lm)} · {lm.n_layers} layers × {lm.n_heads} heads",
+               f"{prompt_line(enc)} · {where}"]
+    notes = ["weight = softmax(QKᵀ/√d_head + mask) of the head, eager attention; each query row sums to 1"]
+    if fmt is not Format.table:
+        sections = [Section(LONG_COLUMNS, data["weights"])]
+    else:
+        sections = _tables(result, k, one_head, _width())
+    return Report(data=data, sections=sections, heading=heading, notes=notes)
+
+
+def _width() -> int:
+    from anatomy_cli.output.render import stdout_console
+
+    return stdout_console().width
+
+
+def _tables(result, k: int, one_head: bool, width: int) -> list[Section]:
+    """A matrix (rows: queries or heads; columns: keys) when it fits ``width``, else top-k keys per row."""
+    tokens, n = result.tokens, len(result.tokens)
+    label = max(len(t) for t in tokens) + 12
+    fits = label + CELL * n <= width
+    g = result.grid
+    if one_head:
+        rows = [(c, {"query_position": q, "query_token": tokens[q]}) for c, q in enumerate(result.queries)]
+        lead = [Column("query_position", "query", "int"), Column("query_token", "token")]
+        at = lambda c: (0, 0, c)
+    else:
+        rows = [(a * len(result.heads) + b, {"layer": layer, "head": head})
+                for a, layer in enumerate(result.layers) for b, head in enumerate(result.heads)]
+        lead = [Column("layer", "layer", "int"), Column("head", "head", "int")]
+        at = lambda r: (r // len(result.heads), r % len(result.heads), 0)
+    out = []
+    for r, row in rows:
+        a, b, c = at(r)
+        q = result.queries[c]
+        if fits:
+            row.update({f"k{j}": (float(g[a, b, c, j]) if not (result.causal and j > q) else None)
+                        for j in range(n)})
+        else:
+            row["top"] = "  ".join(f"{tokens[j]} {w:.2f}" for j, w in result.top_keys(a, b, c, k))
+        out.append(row)
+    cols = [Column(f"k{j}", tokens[j], "float", 2) for j in range(n)] if fits else [Column("top", f"top {k} keys")]
+    title = "query × key" if one_head else "every head → key"
+    return [Section([*lead, *cols], out, title=title)]

@@ -1,0 +1,92 @@
+"""`anatomy layernorm VALUE...`: LayerNorm worked by hand on a few numbers (numpy; no torch)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+from typer.core import TyperCommand
+
+from anatomy_cli.cli.app import app, warn
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.output.render import Column, Report, Section, emit
+
+
+def _negative_number(arg: str) -> bool:
+    if len(arg) < 2 or arg[0] != "-" or arg[1] == "-":
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True
+
+
+class NumbersCommand(TyperCommand):
+    """A command whose arguments may be negative numbers: ``-50``, ``-1e-3``, ``-.5``, ``-inf``.
+
+    click treats every word that starts with ``-`` as an option (``-inf`` even as
+    ``-i -n -f``). A leading space makes such a word positional, and ``float()``
+    ignores it; everything else (``-h``, ``-f json``, ``--eps``) parses as usual,
+    and an option that takes a value still takes the next word (``--eps -1``).
+    """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, [" " + a if _negative_number(a) else a for a in args])
+
+
+@app.command("layernorm", cls=NumbersCommand)
+def layernorm(
+    values: Annotated[Optional[list[str]], typer.Argument(
+        metavar="VALUE", help="The vector to normalise; negative numbers need no '--'.",
+        show_default=False)] = None,
+    gamma: Annotated[Optional[str], typer.Option(
+        "--gamma", help="Scale γ, one number per value, comma-separated (e.g. 1,2,1,1). Default: all 1.",
+        show_default=False)] = None,
+    beta: Annotated[Optional[str], typer.Option(
+        "--beta", help="Shift β, one number per value, comma-separated (e.g. 0,0,0.5,0). Default: all 0.",
+        show_default=False)] = None,
+    eps: Annotated[float, typer.Option(
+        "--eps", help="Added to the variance before the square root (torch and GPT-2 use 1e-5).")] = 1e-5,
+    fmt: FormatOpt = None,
+) -> None:
+    """Normalise VALUE... as LayerNorm does: mean, population variance, std, eps, output.
+
+    y = (x - mean) / sqrt(variance + eps) * γ + β, with variance = mean of
+    (x - mean)², i.e. divided by n (as torch.nn.LayerNorm), in float64. If all
+    values are equal (one value, for instance) the output is β; a warning on
+    stderr says so.
+
+    Examples:
+
+        anatomy layernorm 100 0.001 -50 25
+
+        anatomy layernorm 100 0.001 -50 25 --gamma 1,2,1,1 --beta 0,0,0.5,0
+
+        anatomy layernorm 3 1 2 --eps 0 --format json
+    """
+    from anatomy_cli.analyses.layernorm import layer_norm, parse_list, parse_number
+
+    result = layer_norm(
+        [parse_number(v) for v in values or []],
+        gamma=parse_list(gamma, "--gamma") if gamma is not None else None,
+        beta=parse_list(beta, "--beta") if beta is not None else None,
+        eps=eps,
+    )
+    if result.constant:
+        warn("all values are equal, so variance = 0 and x - mean = 0: the normalised vector is 0 "
+             "and the output is β" + (" (all 0)" if beta is None else ""))
+    data = result.to_dict()
+    stats = Section(
+        columns=(Column("quantity"), Column("value", kind="number", digits=6)),
+        rows=[{"quantity": k, "value": data[k]} for k in ("mean", "variance", "std", "eps", "denominator")],
+    )
+    vector = Section(
+        columns=(Column("index", "#", "int"), Column("x", "x", "number"), Column("centered", "x - mean", "number"),
+                 Column("normalized", "normalized", "number"), Column("gamma", "γ", "number"),
+                 Column("beta", "β", "number"), Column("output", "output", "number")),
+        rows=[{"index": i, "x": data["values"][i], "centered": data["centered"][i],
+               "normalized": data["normalized"][i], "gamma": data["gamma"][i], "beta": data["beta"][i],
+               "output": data["output"][i]} for i in range(data["n"])],
+    )
+    emit(Report(data=data, sections=[stats, vector]), fmt)

@@ -1,0 +1,124 @@
+"""`anatomy next PROMPT`: the next-token distribution after a prompt, and a target token's rank."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from anatomy_cli.cli.app import app, status
+from anatomy_cli.cli.commands._common import (
+    AllowSpecialOpt,
+    BatchSizeOpt,
+    BosOpt,
+    PromptArg,
+    TruncateOpt,
+    describe,
+    emit_prompts,
+    load_prompts,
+    model_label,
+    prompt_line,
+    prompt_record,
+)
+from anatomy_cli.cli.options import (
+    Device,
+    DeviceMapOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    FirstTokenOpt,
+    FormatOpt,
+    Init,
+    InitOpt,
+    MaxMemoryOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    TargetIdOpt,
+    TargetOpt,
+    TrustRemoteCodeOpt,
+)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.text import targets
+from anatomy_cli.text.options import PromptOptions
+
+COLUMNS = (
+    Column("rank", "rank", "int"),
+    Column("token", "token"),
+    Column("token_id", "id", "id"),
+    Column("probability", "probability", "prob", 4),
+    Column("logprob", "logprob", "float", 3),
+)
+
+
+@app.command("next")
+def next_command(
+    prompt: PromptArg,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many of the most probable tokens to list.")] = 10,
+    target: TargetOpt = None,
+    target_id: TargetIdOpt = None,
+    first_token: FirstTokenOpt = False,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
+    bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
+    truncate: TruncateOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    fmt: FormatOpt = None,
+) -> None:
+    """The model's next-token distribution after PROMPT: rank, token, id, probability, log-probability.
+
+    Probabilities are a float64 softmax over the whole vocabulary at the last position.
+    Needs a decoder-only model with an LM head (encoders such as BERT are refused).
+
+    Examples:
+
+    \b
+        anatomy next "Thank you very"
+        anatomy next "Thank you very" --target " much" --k 5
+        anatomy next "Thank you very" --target-id 881
+        anatomy next "Thank you very" --init random --format json
+        printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
+    """
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import next_token as analysis
+
+    wanted = targets.choice(target, target_id, first_token=first_token)  # fails before anything loads
+    targets.check_first_token(first_token, wanted)
+    target_ids: list[int] = []
+
+    def check(pre) -> None:
+        # Before the weights load: the architecture and the target token need only config and tokenizer.
+        if not pre.adapter.causal:
+            raise UsageError(f"{model} is an encoder ({pre.adapter.name}), not a next-token predictor; "
+                             f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
+        if wanted is not None:
+            target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=model, vocab_size=pre.config.vocab_size)]
+
+    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
+    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    if not (lm.is_causal and lm.has_unembed):
+        raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
+                         f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
+    target_id = target_ids[0] if target_ids else None
+    with status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+        caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)
+    name_token = describe(lm)
+    reports = []
+    for enc, cache in zip(encoded, caches):
+        result = analysis.next_tokens(cache.logits[0], k, name_token, target_id=target_id)
+        data = {**prompt_record(lm, enc), **result.to_dict()}
+        sections = [Section(COLUMNS, data["top"], title=f"top {len(result.top)} next tokens")]
+        if result.target is not None:
+            sections.append(Section(COLUMNS, [data["target"]], title="target"))
+        heading = [f"next · {model_label(lm)}",
+                   f"{prompt_line(enc)} · after {enc.pieces[-1]}"]
+        reports.append(Report(data=data, sections=sections, heading=heading))
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")

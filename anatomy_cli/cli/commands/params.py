@@ -1,0 +1,207 @@
+"""`anatomy params [MODEL]`: the exact parameter breakdown from the config alone (meta device)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.options import FormatOpt, PlotOpt, TrustRemoteCodeOpt
+
+
+class WeightDType(str, Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+    int8 = "int8"
+    int4 = "int4"
+
+
+_SOURCES = {"preset": "built-in preset", "directory": "local directory", "hub": "Hugging Face config.json",
+            "gguf": "GGUF file"}
+_READ_FROM = {"meta": "counted on the meta device", "gguf_header": "read from the GGUF header",
+              "safetensors_header": "read from the safetensors headers"}
+
+
+@app.command("params")
+def params_command(
+    model: Annotated[str, typer.Argument(
+        metavar="MODEL", help="Preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b, mixtral-8x7b), "
+        "a .gguf file or a checkpoint directory (read from their headers), a directory with only "
+        "config.json, or a Hugging Face model id (only config.json is fetched).",
+    )] = "gpt2",
+    per_layer: Annotated[bool, typer.Option(
+        "--per-layer", help="One row per block (attention, FFN, norms), plus the embeddings and the head.",
+    )] = False,
+    dtype: Annotated[Optional[WeightDType], typer.Option(
+        "--dtype", case_sensitive=False, show_default=False,
+        help="Add a memory column: parameters x bytes per parameter in this dtype (all resident weights).",
+    )] = None,
+    max_memory: Annotated[Optional[str], typer.Option(
+        "--max-memory", metavar="DEVICE=SIZE,...", show_default=False,
+        help="Also estimate where accelerate would place each block with these budgets, e.g. "
+        "0=20GiB,cpu=60GiB (GPU index, cpu, mps, disk). No GPU needs to be present.",
+    )] = None,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    plot: PlotOpt = None,
+    fmt: FormatOpt = None,
+) -> None:
+    """Count a model's parameters exactly, by component, without loading weights.
+
+    A .gguf file or a directory with safetensors files is read from its
+    headers (no tensor data, no torch): each row also gives its storage
+    types, bytes on disk and bits per weight, and the notes the memory once
+    dequantized. Presets and config-only models are built on the meta device
+    (no weights downloaded or allocated; cached per config). Tied weights
+    count once (a footnote says so), buffers never; rows sum to the total.
+    For mixture-of-experts configs an Active column gives the parameters one
+    token uses (top-k of n routed experts).
+
+    Examples:
+
+    \b
+        anatomy params
+        anatomy params gpt2-medium --dtype bf16
+        anatomy params mixtral-8x7b --per-layer
+        anatomy params ./my-checkpoint --format json
+        anatomy params SmolLM2-135M-Instruct.Q4_1.gguf
+        anatomy params llama-7b --max-memory 0=8GiB,cpu=16GiB --dtype fp16
+    """
+    from anatomy_cli.analyses import params as analysis
+    from anatomy_cli.output import plots
+    from anatomy_cli.output.render import emit
+
+    budget = analysis.parse_max_memory(max_memory) if max_memory is not None else None
+    result = analysis.analyse(model, dtype=dtype.value if dtype else None, per_layer=per_layer,
+                              trust_remote_code=trust_remote_code, max_memory=budget)
+    emit(build_report(result, fmt), fmt)
+    if plot:
+        from anatomy_cli.output.plots import params as picture
+
+        plots.save(picture.figure(result, plots.Caption("params", result.model, detail=result.architecture)), plot)
+
+
+def _share_digits(shares: list[float]) -> int:
+    """One decimal, or two when a row between 1% and 10% would otherwise show fewer than 3 digits."""
+    return 2 if any(0.01 <= s < 0.1 for s in shares) else 1
+
+
+def build_report(result, fmt=None):
+    """The render.Report for a ParamsResult: the summary (or per-layer) table and the placement table."""
+    from anatomy_cli.output.render import Column, Format, Report, Section, resolve_format
+
+    data = result.to_dict()
+    machine = resolve_format(fmt) is not Format.table
+    moe = result.moe is not None and result.moe.active is not None
+    tail = []
+    if moe:
+        tail.append(Column("active", "Active", "int"))
+    if result.dtype:
+        tail.append(Column("memory_bytes", f"Memory ({result.dtype})", "bytes"))
+    on_disk = result.disk_bytes is not None
+    if on_disk:
+        tail += [Column("dtypes", "Stored as"), Column("disk_bytes", "On disk", "bytes"),
+                 Column("bits_per_weight", "Bits/weight", "float", 2)]
+    total_row = {"key": "total", "component": "Total", "parameters": result.total, "share": 1.0,
+                 "active": result.moe.active if moe else None, "memory_bytes": result.memory_bytes,
+                 **(_disk_cells(data, data["rows"]) if on_disk else {})}
+    lead = [Column("key", "key")] if machine else []
+
+    if result.layers is None:
+        rows = [{"key": r.key, "component": r.label, "parameters": r.parameters, "share": r.share,
+                 "active": r.active, "memory_bytes": r.memory_bytes, "dtypes": ", ".join(r.dtypes),
+                 "disk_bytes": r.disk_bytes, "bits_per_weight": r.bits_per_weight}
+                for r in result.rows] + [total_row]
+        columns = [*lead, Column("component", "Component"), Column("parameters", "Parameters", "int"),
+                   Column("share", "Share", "pct", _share_digits([r.share for r in result.rows])),
+                   Column("share", "", "bar"), *tail]
+        sections = [Section(columns, rows)]
+    else:
+        sections = [_per_layer_section(result, lead, tail, total_row)]
+    if not machine:
+        sections = [_fit_bar(s) for s in sections]
+    if result.placement is not None:
+        sections.append(_placement_section(result.placement, machine))
+    if result.dequantized_bytes is not None and not machine:
+        sections.append(Section([Column("dtype", "Loaded as"), Column("memory_bytes", "Weights", "bytes")],
+                                [{"dtype": d, "memory_bytes": b} for d, b in result.dequantized_bytes.items()],
+                                title="Memory once loaded (dequantized)"))
+
+    # config.json may name no architecture class (only a model_type): then say just that.
+    what = f"{result.architecture} (model_type {result.model_type})" if result.architecture else \
+        f"model_type {result.model_type}"
+    heading = [f"{result.model} · {what} · "
+               f"{_SOURCES.get(result.source, result.source)}"
+               + (f" {result.location}" if result.source == "directory" else "")
+               + f" · {result.n_layers} layers"
+               + (f" · {result.quantization}" if result.quantization else "")
+               + f" · {_READ_FROM.get(result.read_from, result.read_from)}"]
+    if machine:
+        # Issue 2: `anatomy params --format tsv | head -1` prints nothing on stderr. The heading and
+        # footnotes are in the JSON (`notes`) and under the table.
+        return Report(data=data, sections=sections)
+    return Report(data=data, sections=sections, heading=heading, notes=list(result.notes))
+
+
+def _disk_cells(data, rows) -> dict:
+    types = list(dict.fromkeys(t for r in rows for t in r["dtypes"]))
+    return {"dtypes": ", ".join(types), "disk_bytes": data["disk_bytes"], "bits_per_weight": data["bits_per_weight"]}
+
+
+def _fit_bar(section):
+    """Drop the bar column when the table would not fit the terminal with it: rich
+    would otherwise shrink every column and cut the counts short."""
+    from anatomy_cli.output.render import Section, stdout_console
+
+    def width(column) -> int:
+        if column.kind == "bar":
+            return 0
+        if column.key == "component":
+            return min(24, max(len(str(r.get("component", ""))) for r in section.rows))
+        if column.kind == "bytes":
+            return 10
+        if column.kind == "pct":
+            return 8
+        values = [r.get(column.key) for r in section.rows if isinstance(r.get(column.key), int)]
+        return max([len(f"{v:,}") for v in values] + [len(column.title.split()[0]) if column.title else 0])
+
+    needed = sum(width(c) + 3 for c in section.columns if c.kind != "bar") + 24 + 3
+    if needed <= stdout_console().width:
+        return section
+    return Section([c for c in section.columns if c.kind != "bar"], section.rows, section.title)
+
+
+def _per_layer_section(result, lead, tail, total_row):
+    from anatomy_cli.analyses.params import ATTENTION, LABELS, LAYER_CATEGORIES, NORM
+    from anatomy_cli.output.render import Column, Section
+
+    present = {c for lr in result.layers for c, n in lr.parameters.items() if n}
+    cats = [c for c in LAYER_CATEGORIES if c in present or c in (ATTENTION, NORM)]
+    stacks = {lr.name.rsplit(".", 1)[0] for lr in result.layers}
+    rows = [{"key": f"layer_{lr.index}" if len(stacks) == 1 else lr.name,
+             "component": f"layer {lr.index}" if len(stacks) == 1 else lr.name, **lr.parameters,
+             "parameters": lr.total, "share": lr.share, "active": lr.active, "memory_bytes": lr.memory_bytes}
+            for lr in result.layers]
+    rows += [{"key": r.key, "component": r.label, "parameters": r.parameters, "share": r.share,
+              "active": r.active, "memory_bytes": r.memory_bytes} for r in result.outside_layers]
+    rows.append(total_row)
+    shares = [lr.share for lr in result.layers] + [r.share for r in result.outside_layers]
+    columns = [*lead, Column("component", "Component"),
+               *(Column(c, "Norms + other" if c == NORM else LABELS[c], "int") for c in cats),
+               Column("parameters", "Parameters", "int"), Column("share", "Share", "pct", _share_digits(shares)),
+               Column("share", "", "bar"), *tail]
+    return Section(columns, rows, title="Per layer")
+
+
+def _placement_section(placement, machine):
+    from anatomy_cli.output.render import Column, Section
+
+    rows = [{"device": d["device"], "modules": ", ".join(d["modules"]), "parameters": d["parameters"],
+             "memory_bytes": d["memory_bytes"], "budget_bytes": d["budget_bytes"]} for d in placement.devices]
+    how = "balanced over GPUs, then " if placement.balanced else ""
+    title = f"Placement ({how}accelerate infer_auto_device_map, {placement.dtype})"
+    columns = [Column("device", "Device"), Column("modules", "Modules"), Column("parameters", "Parameters", "int"),
+               Column("memory_bytes", "Memory", "bytes"), Column("budget_bytes", "Budget", "bytes")]
+    return Section(columns, rows, title=None if machine else title)

@@ -1,0 +1,176 @@
+"""`anatomy patch CLEAN CORRUPT --target TOKEN`: activation patching, one site x layer x position grid."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt, dtype_name, load_texts, model_label, prompt_line
+from anatomy_cli.cli.commands.ablate import _check_decoder, token_record
+from anatomy_cli.cli.options import (
+    Device,
+    DeviceMapOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    FirstTokenFoilOpt,
+    FoilIdOpt,
+    FoilOpt,
+    FormatOpt,
+    Init,
+    InitOpt,
+    MaxMemoryOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    PlotOpt,
+    TargetIdOpt,
+    TargetOpt,
+    TrustRemoteCodeOpt,
+)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Format, Report, Section, emit, resolve_format
+from anatomy_cli.text.options import PromptOptions
+
+
+class PatchSite(str, Enum):
+    resid_pre = "resid_pre"
+    attn_out = "attn_out"
+    mlp_out = "mlp_out"
+    head = "head"
+    resid_post = "resid_post"
+
+
+CELL_COLUMNS = (Column("layer", "layer", "int"), Column("position", "position", "int"),
+                Column("head", "head", "int"), Column("value", "value", "float", 3),
+                Column("metric", "metric", "float", 4))
+
+
+@app.command("patch")
+def patch_command(
+    clean: Annotated[str, typer.Argument(metavar="CLEAN", show_default=False,
+                                         help="The prompt whose activations are copied in.")],
+    corrupt: Annotated[str, typer.Argument(metavar="CORRUPT", show_default=False,
+                                           help="The prompt that is run and patched; same token count as CLEAN.")],
+    target: TargetOpt = None,
+    target_id: TargetIdOpt = None,
+    foil: FoilOpt = None,
+    foil_id: FoilIdOpt = None,
+    first_token: FirstTokenFoilOpt = False,
+    site: Annotated[PatchSite, typer.Option(
+        "--site", case_sensitive=False, help="resid_pre: input of block l; attn_out / mlp_out: what block l's "
+        "attention / MLP adds; head: one head at all positions (layer x head grid); resid_post: output of "
+        "block l.")] = PatchSite.resid_pre,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
+    bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Patched runs per forward pass (more: faster, more memory).")] = 32,
+    plot: PlotOpt = None,
+    fmt: FormatOpt = None,
+) -> None:
+    """Activation patching: run CORRUPT, and at one site, layer and position replace the activation
+    with CLEAN's; one patched run per cell of the grid.
+
+    Each cell is (m - m_corrupt) / (m_clean - m_corrupt) at the last position, where m is
+    logit(target) - logit(foil), or the target's logit without --foil: 0 = the corrupt run,
+    1 = the clean run. The patched runs go in batches of --batch-size, each starting from the
+    corrupt run's activations at the patched layer.
+
+    Examples:
+
+    \b
+        anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
+            --target " Paris" --foil " Rome" -m SmolLM2-135M-Instruct.Q4_1.gguf
+        anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
+            --target " Paris" --foil " Rome" --site head --format json
+    """
+    from anatomy_cli.analyses import patch as analysis
+    from anatomy_cli.engine import interventions
+    from anatomy_cli.text import targets
+
+    for name, text in (("CLEAN", clean), ("CORRUPT", corrupt)):
+        if text == "":
+            raise UsageError(f"{name} is empty: give some text")
+    wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
+    unwanted = targets.choice(foil, foil_id, option="--foil", first_token=first_token)
+    targets.check_first_token(first_token, wanted, unwanted, options="--target or --foil")
+    if wanted is None:
+        raise UsageError("--target TEXT or --target-id N is required: the token whose logit patching moves, "
+                         "e.g. --target ' Paris'")
+    ids: dict[str, int | None] = {}
+
+    def check(pre) -> None:
+        _check_decoder(pre.name, pre.adapter.causal)
+        a, b = pre.encoded
+        if len(a) != len(b):
+            raise UsageError(f"CLEAN and CORRUPT must have the same number of tokens: CLEAN is {len(a)} "
+                             f"({' '.join(a.pieces)}), CORRUPT is {len(b)} ({' '.join(b.pieces)})")
+        vocab = getattr(pre.config, "vocab_size", None)
+        ids["target"] = targets.resolve(pre.tokenizer, wanted, model=pre.name, vocab_size=vocab)
+        ids["foil"] = targets.resolve(pre.tokenizer, unwanted, model=pre.name, vocab_size=vocab) if unwanted else None
+        if ids["foil"] == ids["target"]:
+            raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+
+    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
+    lm, (enc_clean, enc_corrupt) = load_texts([clean, corrupt], spec, PromptOptions(bos, allow_special),
+                                              check=check, truncate_hint=False)
+    _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
+    run = interventions.patch_grid(lm, enc_clean.ids, enc_corrupt.ids, site.value, batch_size=batch_size,
+                                   reduce=analysis.logit_metric(ids["target"], ids["foil"]))
+    result = analysis.patching(site.value, "logit_diff" if ids["foil"] is not None else "logit", run.layers,
+                               run.columns, run.grid, float(run.clean), float(run.corrupt))
+    fmt = resolve_format(fmt)
+    emit(_report(lm, enc_clean, enc_corrupt, ids, result, wide=fmt is Format.table), fmt)
+    if plot:
+        from anatomy_cli.output import plots
+        from anatomy_cli.output.plots import patch as picture
+        from anatomy_cli.output.plots._text import shorten
+
+        target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
+        what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
+        cap = plots.Caption.of("patch", lm, clean, f"corrupt '{shorten(corrupt, 40)}' · site {result.site}")
+        plots.save(picture.figure(result, enc_clean.pieces, enc_corrupt.pieces, what, cap), plot)
+
+
+def _prompt(enc) -> dict:
+    return {"prompt": enc.text, "token_ids": list(enc.ids), "tokens": list(enc.pieces)}
+
+
+def _report(lm, clean, corrupt, ids: dict, result, *, wide: bool) -> Report:
+    target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
+    differ = [i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b]
+    data = {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
+            "dequantized_from": lm.dequantized_from,
+            "clean": _prompt(clean), "corrupt": _prompt(corrupt),
+            "differing_positions": differ, "target": target, "foil": foil, **result.to_dict()}
+    what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
+    heading = [f"patch · {model_label(lm)} · site {result.site} · {len(result.cells)} patched runs",
+               f"clean   {prompt_line(clean)}", f"corrupt {prompt_line(corrupt)}",
+               (f"metric {what} at the last position: clean {result.clean_metric:.4f}, "
+                f"corrupt {result.corrupt_metric:.4f}")]
+    notes = ["value = (m - m_corrupt) / (m_clean - m_corrupt): 0 = corrupt run, 1 = clean run"]
+    if result.clean_metric == result.corrupt_metric:
+        notes.append("the clean and corrupt metrics are equal: the normalized values are undefined (empty)")
+    if not wide:
+        return Report(data=data, sections=[Section(CELL_COLUMNS, data["cells"])], heading=heading, notes=notes)
+    per_head = result.site == "head"
+    columns = [Column("layer", "layer", "int")]
+    for c in result.columns:
+        title = f"h{c}" if per_head else f"{c} {clean.pieces[c]}" + ("*" if c in differ else "")
+        columns.append(Column(f"c{c}", title, "float", 2))
+    rows = [{"layer": layer, **{f"c{c}": result.value(layer, c) for c in result.columns}} for layer in result.layers]
+    if not per_head:
+        notes.append("columns: position and CLEAN's token; * = CLEAN and CORRUPT differ there")
+    title = "layer x head (each head patched at every position)" if per_head else "layer x position"
+    return Report(data=data, sections=[Section(columns, rows, title=title)], heading=heading, notes=notes)

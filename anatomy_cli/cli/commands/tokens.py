@@ -1,0 +1,74 @@
+"""`anatomy tokens TEXT`: how a tokenizer splits text. Imports neither torch nor transformers
+unless ``--model`` is given (the analysis module is imported inside the command body)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands._common import AllowSpecialOpt
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.errors import UsageError
+from anatomy_cli.output.render import Column, Report, Section, emit
+
+_COLUMNS = (
+    Column("index", "#", "int"),
+    Column("token_id", "id", "id"),
+    Column("token", "token"),
+    Column("bytes", "bytes"),
+    Column("start", "start", "int"),
+    Column("end", "end", "int"),
+)
+
+
+@app.command("tokens")
+def tokens(
+    text: Annotated[str, typer.Argument(help="Text to tokenize, exactly as given; '-' reads all of stdin "
+                                        "(a trailing newline is part of the text).", show_default=False)],
+    encoding: Annotated[Optional[str], typer.Option(
+        "--encoding", "-e", help="tiktoken encoding: gpt2 (default), r50k_base, p50k_base, cl100k_base, "
+        "o200k_base, ...", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="Use this model's tokenizer instead of tiktoken (a .gguf file, a local "
+        "directory or a Hub id in the HF cache; loads transformers).", show_default=False)] = None,
+    allow_special: AllowSpecialOpt = False,
+    fmt: FormatOpt = None,
+) -> None:
+    """Show the tokens of TEXT: index, id, token, bytes of partial characters, character span.
+
+    Whitespace is made visible (·much). A token that is only part of a UTF-8
+    character (GPT-2 splits most Chinese characters into 2-3 tokens) is shown
+    as hex bytes, and its span is the whole character it belongs to. The
+    summary (tokens, characters, bytes) goes under the table, into the JSON, or
+    to stderr for tsv/csv.
+
+    Examples:
+
+        anatomy tokens "Thank you very"
+
+        anatomy tokens "你好" --format json
+
+        anatomy tokens "a<|endoftext|>b" --allow-special
+
+        printf 'line one\\nline two' | anatomy tokens - --encoding cl100k_base
+    """
+    from anatomy_cli.analyses import tokens as analysis
+    from anatomy_cli.text.inputs import read_text_arg
+
+    if model is not None and encoding is not None:
+        raise UsageError("give either --encoding (tiktoken) or --model (Hugging Face tokenizer), not both")
+    source = read_text_arg(text)
+    if model is not None:
+        result = analysis.tokenize_hf(source, model, allow_special=allow_special)
+    else:
+        result = analysis.tokenize_tiktoken(source, encoding or "gpt2", allow_special=allow_special)
+    data = result.to_dict()
+    summary = (f"{_count(data['n_tokens'], 'token')}, {_count(data['n_characters'], 'character')}, "
+               f"{_count(data['n_bytes'], 'byte')} ({result.tokenizer})")
+    emit(Report(data=data, sections=[Section(columns=_COLUMNS, rows=data["tokens"])], notes=[summary]), fmt)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -1,0 +1,38 @@
+"""Entry point: the `anatomy` console script.
+
+Each command lives in ``anatomy_cli/cli/commands/<name>.py`` and registers itself on
+:data:`anatomy_cli.cli.app.app` when imported. Command modules import torch and
+transformers lazily (inside the command body) so ``anatomy --help`` and
+``anatomy tokens`` start without them.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
+    ablate,
+    attn,
+    dla,
+    drift,
+    heads,
+    layernorm,
+    lens,
+    next_token,
+    params,
+    patch,
+    serve,
+    tokens,
+    trace,
+)
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Console-script entry: default SIGPIPE so `| head -1` ends quietly."""
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    app()
+

@@ -1,1 +1,0 @@
-"""One module per command; each registers on anatomy_cli.app.app when imported."""

@@ -1,0 +1,79 @@
+"""Text in pictures: fonts, and tokens written as the tables write them.
+
+``drawable`` is the one gate for text that came from the user or the model (tokens, prompts, model
+names): characters no installed font can draw become ``<U+4E2D>``, ``$`` stays a dollar sign.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from matplotlib import font_manager
+
+from anatomy_cli.text.display import visible
+
+BASE_FONT = "DejaVu Sans"  # ships with matplotlib: Latin, Greek, Cyrillic, arrows (· ↵ →)
+# Families that carry CJK glyphs on common systems; the installed ones become fallbacks.
+_CJK_FONTS = re.compile(r"CJK|Source Han|WenQuanYi|Droid Sans Fallback|Noto Sans (SC|TC|JP|KR|HK)|"
+                        r"IPA(ex)?Gothic|Takao|Hiragino|PingFang|Microsoft YaHei|SimHei|Malgun|Unifont", re.IGNORECASE)
+_PARTIAL_ESCAPE = re.compile(r"(<(U(\+[0-9A-F]{0,5})?)?)?$")
+TOKEN_CHARS = 8  # longest token shown in full in a label; longer ones end in "…"
+
+
+@lru_cache(maxsize=1)
+def fonts() -> tuple[tuple[str, ...], frozenset[int]]:
+    """The font family list (DejaVu Sans, then any installed CJK fonts) and the code points they cover."""
+    from matplotlib.ft2font import FT2Font
+
+    families = [BASE_FONT]
+    files = [font_manager.findfont(BASE_FONT, fallback_to_default=True)]
+    for entry in sorted(font_manager.fontManager.ttflist, key=lambda f: (f.name, f.fname)):
+        if _CJK_FONTS.search(entry.name) and entry.name not in families:
+            families.append(entry.name)
+            files.append(entry.fname)
+    covered: set[int] = set()
+    for path in files:
+        try:
+            covered.update(FT2Font(path).get_charmap())
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return tuple(families), frozenset(covered)
+
+
+def drawable(text: str) -> str:
+    """``text`` with each character no installed font can draw written as ``<U+4E2D>`` (the tables' form
+    for invisible characters), and control characters likewise, instead of an empty box; ``$`` is escaped
+    so that matplotlib draws a dollar sign instead of reading mathtext."""
+    _, covered = fonts()
+    out = []
+    for ch in text:
+        cp = ord(ch)
+        if ch == "$":
+            out.append(r"\$")
+        elif cp in covered and (cp >= 0x20 and not 0x7F <= cp < 0xA0):
+            out.append(ch)
+        else:
+            out.append(f"<U+{cp:04X}>")
+    return "".join(out)
+
+
+def token_label(piece: str | None, limit: int = TOKEN_CHARS) -> str:
+    """A token's display string (already ``·much``, ``↵`` from the tables) fit for a label:
+    visible whitespace for anything left, undrawable characters escaped, long ones cut with ``…``."""
+    if piece is None:
+        return "–"
+    text = drawable(visible(piece))
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    return cut[:_PARTIAL_ESCAPE.search(cut).start()] + "…"  # never half an escape
+
+
+def shorten(text: str, width: int = 60) -> str:
+    """One line of at most ``width`` characters, cut in the middle (the same rule as the table headings);
+    newlines and tabs shown as ``↵`` and ``→``."""
+    text = text.replace("\n", "↵").replace("\t", "→").replace("\r", "\\r")
+    if len(text) <= width:
+        return text
+    return text[:width // 2 - 1] + " … " + text[-(width // 2 - 2):]

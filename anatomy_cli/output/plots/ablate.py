@@ -1,0 +1,65 @@
+"""`ablate --plot`: the effect of knocking out each layer's attention and MLP as bars, or each head as a grid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.plots import Caption
+from anatomy_cli.output.plots._base import (
+    ATTN_COLOUR,
+    MLP_COLOUR,
+    as_array,
+    caption,
+    grouped_bars,
+    heatmap,
+    new_figure,
+    set_ticks,
+    symmetric_limit,
+)
+
+
+def figure(result: Any, n_heads: int, what: str, cap: Caption) -> Any:
+    """Draw an :class:`anatomy_cli.analyses.ablate.Ablation` (``what``: the metric, e.g. ``log p(·much)``).
+
+    Rows with component ``attn``/``mlp``: the ``effect`` per layer as side-by-side bars (negative: the
+    component helped the target). Rows with component ``head``: a layer x head heatmap of ``effect``,
+    diverging and centred at 0. Returns a matplotlib Figure.
+    """
+    rows = result.rows
+    layers = sorted({r.layer for r in rows})
+    unit = "nats" if result.metric == "logprob" else "logits"
+    label = f"effect on {what} ({unit}): ablated − intact"
+    what_ablated = "head" if _heads(rows) else "component"
+    by = "zeros" if result.mode == "zero" else "its mean over the positions"
+    notes = [f"intact run: {what} = {result.clean_metric:.4f}; each {what_ablated} replaced at every position by {by}"]
+    if _heads(rows):
+        grid = [[float("nan")] * n_heads for _ in layers]
+        for r in rows:
+            grid[layers.index(r.layer)][r.head] = r.effect
+        values = as_array(grid)
+        limit = symmetric_limit(values)
+        cw = min(0.6, max(0.2, 9.0 / n_heads))
+        ch = min(0.45, max(0.2, 8.0 / len(layers)))
+        fig = new_figure(max(6.0, n_heads * cw + 3.4), max(3.8, len(layers) * ch + 2.8))
+        ax = fig.subplots()
+        notes += heatmap(fig, ax, values, cell=(cw, ch), xlabels=[str(h) for h in range(n_heads)],
+                         ylabels=[str(l) for l in layers], cmap="RdBu_r", vmin=-limit, vmax=limit, colorbar=label,
+                         xlabel="head", ylabel="layer", x_rotation=0)
+    else:
+        width = min(17.0, max(8.0, 0.32 * len(layers) + 3.0))
+        fig = new_figure(width, 5.4)
+        ax = fig.subplots()
+        effect = {(r.layer, r.component): r.effect for r in rows}
+        grouped_bars(ax, layers, [("attention ablated", [effect.get((l, "attn")) for l in layers], ATTN_COLOUR),
+                                  ("MLP ablated", [effect.get((l, "mlp")) for l in layers], MLP_COLOUR)])
+        set_ticks(ax.xaxis, [str(l) for l in layers], (width - 1.5) * 72 / max(len(layers), 1), need_pt=14,
+                  positions=layers)
+        ax.set_xlabel("layer (block)")
+        ax.set_ylabel(label)
+        ax.legend(loc="best")
+    caption(fig, cap, notes)
+    return fig
+
+
+def _heads(rows: Any) -> bool:
+    return any(r.component == "head" for r in rows)

@@ -1,0 +1,62 @@
+"""`heads --plot`: a layer x head heatmap of the chosen score (--sort), or of all five scores side by side."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from anatomy_cli.output.plots import Caption
+from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figure
+
+SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
+_LABELS = {"entropy": "entropy (nats)", "first_token": "first token (sink) mass", "prev_token": "previous-token weight",
+           "induction": "induction score", "duplicate_token": "duplicate-token weight"}
+
+
+def figure(result: Any, n_layers: int, n_heads: int, cap: Caption) -> Any:
+    """Draw an :class:`anatomy_cli.analyses.heads.Heads`: for ``result.sort`` (or, without one, for each
+    of the five scores) a heatmap with layer 0..n_layers-1 as rows (0 at the bottom) and head
+    0..n_heads-1 as columns. Heads that ``--top`` left out are blank. Weights share the scale [0, 1];
+    entropy runs from 0 to its largest value. Returns a matplotlib Figure.
+    """
+    scores = (result.sort,) if result.sort else SCORES
+    grids = {s: [[math.nan] * n_heads for _ in range(n_layers)] for s in scores}
+    for row in result.rows:
+        for s in scores:
+            grids[s][row.layer][row.head] = getattr(row, s)
+    panels = len(scores)
+    cw = min(0.5, max(0.12, (2.2 if panels > 1 else 9.0) / n_heads), (12.0 / panels) / n_heads)
+    ch = min(0.4, max(0.12, 7.5 / n_layers), 10.0 / n_layers)
+    width = panels * (n_heads * cw + 0.45) + 2.6
+    height = n_layers * ch + 2.8
+    fig = new_figure(width, height)
+    axes = list(fig.subplots(1, panels, squeeze=False, sharey=True)[0])
+    weights = [ax for ax, s in zip(axes, scores) if s != "entropy"]
+    for ax, s in zip(axes, scores):
+        values = as_array(grids[s])
+        if s == "entropy":
+            finite = values[np.isfinite(values)]
+            vmax = float(finite.max()) if finite.size else 1.0
+            limits, cmap, bar = (0.0, vmax or 1.0), "viridis_r", _LABELS[s]
+        else:
+            # The weights share one scale, [0, 1], and one colour bar.
+            limits, cmap, bar = (0.0, 1.0), "viridis", None
+        heatmap(fig, ax, values, cell=(cw, ch), xlabels=[str(h) for h in range(n_heads)],
+                ylabels=[str(layer) for layer in range(n_layers)], cmap=cmap, vmin=limits[0], vmax=limits[1],
+                colorbar=bar, xlabel="head", ylabel="layer" if ax is axes[0] else "", x_rotation=0)
+        ax.set_title(s)
+    if weights:
+        label = _LABELS[scores[0]] if len(scores) == 1 else "mean attention weight (first_token … duplicate_token)"
+        fig.colorbar(weights[0].images[0], ax=weights, label=label, shrink=0.8, pad=0.01)
+    shown = len(result.rows)
+    notes = []
+    if shown < result.n_heads_total:
+        notes.append(f"only the top {shown} of {result.n_heads_total} heads by {result.sort or 'layer, head'} "
+                     "(--top); the others are blank")
+    on = "the prompt" if result.measured_on == "prompt" else "the random sequence"
+    notes.append(f"entropy, first token, previous token measured on {on}; induction and duplicate token on "
+                 f"{result.seq_len} random tokens repeated twice (seed {result.seed})")
+    caption(fig, cap, notes)
+    return fig

@@ -1,0 +1,63 @@
+"""`lens --plot`: the logit-lens grid as nostalgebraist drew it, layers x positions, each cell naming its top token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from anatomy_cli.output.plots import Caption
+from anatomy_cli.output.plots._base import (
+    as_array,
+    caption,
+    grid_size,
+    heatmap,
+    new_figure,
+    token_label,
+)
+
+# Colour scale per --stat: (colour map, label, fixed limits or None). Bright = confident, for every stat.
+_SCALES = {
+    "prob": ("viridis", "probability of the top token", (0.0, 1.0)),
+    "logprob": ("viridis", "log-probability of the top token (nats)", None),
+    "entropy": ("viridis_r", "entropy of the distribution (nats)", None),
+    "kl": ("viridis_r", "KL(final layer ‖ this layer) (nats)", None),
+    "rank": ("viridis_r", "rank of the target (1 = top), log scale", None),
+}
+
+
+def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
+    """Draw a :class:`anatomy_cli.analyses.lens.LensGrid`: ``grid.stat(stat)`` as colour, layer 0 at the
+    bottom, one column per position of ``grid.positions`` labelled with ``tokens`` (the input pieces
+    at those positions), each cell naming its top-1 token (``grid.top_tokens[r][c][0]``). With a target,
+    cells whose top token is the target get a white frame. Returns a matplotlib Figure.
+    """
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+
+    values = as_array(grid.stat(stat).tolist())
+    n_rows, n_cols = values.shape
+    width, height, cw, ch = grid_size(n_rows, n_cols)
+    fig = new_figure(width, height)
+    ax = fig.subplots()
+    cmap, label, limits = _SCALES[stat]
+    norm = None
+    if stat == "rank":
+        norm = LogNorm(vmin=1, vmax=max(2.0, float(values.max())))
+        limits = (None, None)
+    elif limits is None:
+        limits = (float(values.min()), float(values.max()))
+    notes = heatmap(fig, ax, values, cell=(cw, ch), xlabels=[token_label(t) for t in tokens],
+                    ylabels=[str(layer) for layer in grid.layers], cmap=cmap, vmin=limits[0], vmax=limits[1],
+                    norm=norm, colorbar=label, cells=[[row[c][0] for c in range(n_cols)] for row in grid.top_tokens],
+                    xlabel="input token at each position", ylabel="layer (0 = embedding)")
+    if grid.target_id is not None:
+        top = grid.top_ids[..., 0].tolist()
+        for r in range(n_rows):
+            for c in range(n_cols):
+                if top[r][c] == grid.target_id:
+                    ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="white", lw=1.6))
+        notes.append(f"framed: cells whose top token is the target {token_label(grid.target_token, 24)}")
+    notes.insert(0, "each cell: the top token of softmax(unembed(final_norm(h))) at that layer and position; "
+                    "its colour: " + label)
+    caption(fig, cap, notes)
+    return fig

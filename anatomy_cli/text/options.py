@@ -1,0 +1,26 @@
+"""How prompts become token ids: one frozen :class:`PromptOptions`, built once from a command's options."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PromptOptions:
+    """``bos``: prepend the tokenizer's BOS token (a text that already starts with it keeps one).
+    ``allow_special``: read special-token text such as ``<|endoftext|>`` as that token (else plain text).
+    ``truncate``: ``"left"`` keeps the last tokens of a text longer than the context; None refuses it."""
+
+    bos: bool = False
+    allow_special: bool = False
+    truncate: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.truncate, Enum):  # typer's choice: its value
+            object.__setattr__(self, "truncate", self.truncate.value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
