@@ -43,6 +43,11 @@ def _reference(logits: torch.Tensor, target: int | None = None) -> dict[str, tor
     return out
 
 
+def _approx_cell(cell: dict) -> dict:
+    """``cell`` with its floats compared to float32 rounding, everything else exactly."""
+    return {k: pytest.approx(v, rel=1e-5, abs=1e-7) if isinstance(v, float) else v for k, v in cell.items()}
+
+
 # ---------------------------------------------------------------- analysis (synthetic tensors)
 
 def test_grid_statistics_equal_an_independent_computation():
@@ -60,12 +65,14 @@ def test_grid_statistics_equal_an_independent_computation():
     ref = _reference(resid @ weight.T, target=7)
     top_p, top_i = torch.topk(ref["probs"], 3)
     assert torch.equal(grid.top_ids, top_i)
-    torch.testing.assert_close(grid.probability(), top_p[..., 0], atol=1e-12, rtol=0)
-    torch.testing.assert_close(grid.entropy(), ref["entropy"], atol=1e-10, rtol=0)
-    torch.testing.assert_close(grid.kl(), ref["kl"], atol=1e-10, rtol=0)
+    # The logits are float32 and the grid unembeds in chunks of rows: BLAS may round a chunk's matmul
+    # differently from the whole one's (seen: 5e-8 on a 2-core VM), so float32 rounding is the tolerance.
+    torch.testing.assert_close(grid.probability(), top_p[..., 0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(grid.entropy(), ref["entropy"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(grid.kl(), ref["kl"], atol=1e-5, rtol=0)
     assert torch.equal(grid.kl()[-1], torch.zeros(pos, dtype=torch.float64))
     assert torch.equal(grid.rank(), ref["rank"])
-    torch.testing.assert_close(grid.target_logprobs.exp(), ref["probs"][..., 7], atol=1e-12, rtol=0)
+    torch.testing.assert_close(grid.target_logprobs.exp(), ref["probs"][..., 7], atol=1e-6, rtol=0)
     top1 = top_i[..., 0] == 7
     assert grid.target_first_layer == tuple(int(top1[:, p].nonzero()[0]) if top1[:, p].any() else None
                                             for p in range(pos))
@@ -73,7 +80,7 @@ def test_grid_statistics_equal_an_independent_computation():
     assert calls == [pos, (rows - 1) * pos]
     # Chunking changes nothing.
     small = lens_grid(resid, lambda h: h @ weight.T, describe=_describe, k=3, target_id=7, max_elements=1)
-    assert torch.equal(small.top_ids, grid.top_ids) and torch.allclose(small.kls, grid.kls, atol=1e-12)
+    assert torch.equal(small.top_ids, grid.top_ids) and torch.allclose(small.kls, grid.kls, atol=1e-5)
 
     cells = json.loads(json.dumps(grid.to_dict()))["cells"]
     assert len(cells) == rows * pos
@@ -194,7 +201,9 @@ def test_thinning_formats_and_batches(tiny_model_dir):
     assert lens_json(model, "--stride", "2")["layers"] == [0, 2]
     full = lens_json(model)
     stat = lens_json(model, "--stat", "kl")
-    assert stat["cells"] == full["cells"] and "target" in full and full["target"] is None
+    # Same cells; floats equal to float32 rounding (the two runs may batch the LM head's rows differently).
+    assert stat["cells"] == [_approx_cell(c) for c in full["cells"]]
+    assert "target" in full and full["target"] is None
 
     tsv = invoke("lens", PROMPT, "--model", model, "--format", "tsv", "--target", " much")
     lines = tsv.stdout.splitlines()
@@ -208,7 +217,8 @@ def test_thinning_formats_and_batches(tiny_model_dir):
 
     batch = invoke("lens", "-", "--model", model, "--format", "jsonl", input="Thank you very\nThe cat\n")
     first, second = (json.loads(line) for line in batch.stdout.splitlines())
-    assert first["cells"] == full["cells"] and len(second["cells"]) == 3 * 2
+    assert first["cells"] == [_approx_cell(c) for c in full["cells"]]
+    assert len(second["cells"]) == 3 * 2
 
 
 def test_bad_options_fail_before_the_model_loads(tiny_model_dir):

@@ -175,7 +175,10 @@ def test_cli_table_tsv_and_batch_size(tiny_model_dir):
     lines = tsv.stdout.splitlines()
     assert lines[0] == "layer\tposition\thead\tvalue\tmetric" and len(lines) == 1 + 2 * 6
     one = patch_cli(model, "--target", " mat", "--foil", " rug", "--site", "mlp_out", "--batch-size", "1")
-    assert [line.split("\t")[:4] for line in one.stdout.splitlines()] == [line.split("\t")[:4] for line in lines]
+    # The same cells, one patched run per forward: equal to float32 rounding (batch shapes change BLAS blocking).
+    assert [line.split("\t")[:3] for line in one.stdout.splitlines()] == [line.split("\t")[:3] for line in lines]
+    assert [float(line.split("\t")[3]) for line in one.stdout.splitlines()[1:]] == pytest.approx(
+        [float(line.split("\t")[3]) for line in lines[1:]], abs=1e-6)
     table = patch_cli(model, "--target", " mat", "--format", "table", "--init", "random")
     text = " ".join(table.stdout.split())
     assert table.exit_code == 0 and "layer x position" in text and "1 ·cat*" in text and "untrained" in text
