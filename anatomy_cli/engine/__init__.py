@@ -1,6 +1,7 @@
 """The forward engine: load a model, tokenize, run it with hooks, keep what was asked for.
 
-Library layer: no rich, no typer, never prints; errors are :mod:`anatomy_cli.errors`
+Library layer: may import models, text, errors and units; never analyses, serve, corpus, output or cli;
+no rich, no typer, never prints; errors are :mod:`anatomy_cli.errors`
 with one-line messages. See ``docs/engine.md`` for the hook points and the residual
 stream's definition.
 
