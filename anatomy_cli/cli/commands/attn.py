@@ -108,23 +108,31 @@ def attn_command(
     layers = [layer % n_layers] if layer is not None else list(range(n_layers))
     heads = [head % n_heads] if head is not None else list(range(n_heads))
     queries = [list(range(len(e))) if head is not None else [_query(e, position)] for e in encoded]
-    grids = engine.attention_patterns(
-        lm, encoded, layers=layers, batch_size=batch_size,
-        reduce=lambda i, _layer, p: p[heads][:, queries[i]])
+    from anatomy_cli.output import plots
+
+    html = plots.is_html(plot)
+    if html:  # the page switches between every layer and head: all of them, every query
+        full = engine.attention_patterns(lm, encoded, batch_size=batch_size)
+        grids = [f[layers][:, heads][:, :, q] for f, q in zip(full, queries)]
+    else:
+        grids = engine.attention_patterns(lm, encoded, layers=layers, batch_size=batch_size,
+                                          reduce=lambda i, _layer, p: p[heads][:, queries[i]])
     fmt = resolve_format(fmt)
     reports = []
-    for enc, grid, q in zip(encoded, grids, queries):
+    for i, (enc, grid, q) in enumerate(zip(encoded, grids, queries)):
         result = analysis.attention(grid, layers=layers, heads=heads, queries=q, tokens=enc.pieces,
                                     causal=lm.is_causal)
         reports.append(_report(lm, enc, result, fmt, k, one_head=head is not None))
         if plot:
-            from anatomy_cli.output import plots
-            from anatomy_cli.output.plots import attn as picture
-
             where = (f"layer {layers[0]} head {heads[0]}" if head is not None else
                      f"query position {q[0]} = {enc.pieces[q[0]]}")
-            plots.save(picture.figure(result, plots.Caption.of("attn", lm, enc.text, where),
-                                      one_head=head is not None), plot, len(reports) if prompt == "-" else None)
+            cap = plots.Caption.of("attn", lm, enc.text, where)
+            index = len(reports) if prompt == "-" else None
+            if html:
+                plots.draw("attn", plot, index, full[i], enc.pieces, cap, causal=lm.is_causal, layer=layers[0],
+                           head=heads[0])
+            else:
+                plots.draw("attn", plot, index, result, cap, one_head=head is not None)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 
