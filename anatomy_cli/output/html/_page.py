@@ -66,7 +66,7 @@ def plot(fig: go.Figure, *, div_id: str | None = None, script: str = "", height:
     if script:
         html += (f"<script>(function(){{var gd=document.getElementById('{div_id}');"
                  f"function go(){{{script}}}"
-                 "if(gd&&gd._fullLayout){go();}else{window.addEventListener('load',go);}}})();</script>")
+                 "if(gd&&gd._fullLayout){go();}else{window.addEventListener('load',go);}})();</script>")
     return Part(f'<div class="figure">{html}</div>')
 
 
