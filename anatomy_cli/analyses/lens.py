@@ -114,7 +114,8 @@ class LensGrid:
         n = k or 1
         return replace(self, top_ids=self.top_ids[..., :n], top_logprobs=self.top_logprobs[..., :n],
                        top_tokens=tuple(tuple(cell[:n] for cell in row) for row in self.top_tokens),
-                       top_texts=tuple(tuple(cell[:n] for cell in row) for row in self.top_texts), k_given=k is not None)
+                       top_texts=tuple(tuple(cell[:n] for cell in row) for row in self.top_texts),
+                       k_given=k is not None)
 
     def cells(self) -> list[dict[str, Any]]:
         """One dict per (layer, position), layer-major: the JSON ``cells`` (see docs/commands/lens.md)."""

@@ -125,7 +125,6 @@ def drift_command(
 
     emit(_report(result, model_label(lm), dtype_name(lm), lm.dequantized_from), fmt)
     if plot:
-
         detail = f"{word!r} in {len(result.contexts)} contexts · pool {result.pool}"
         plots.draw("drift", plot, None, result, plots.Caption.of("drift", lm, detail=detail))
 

@@ -78,7 +78,6 @@ def params_command(
                               trust_remote_code=trust_remote_code, max_memory=budget)
     emit(build_report(result, fmt), fmt)
     if plot:
-
         plots.draw("params", plot, None, result, plots.Caption("params", result.model, detail=result.architecture))
 
 

@@ -10,6 +10,7 @@ import typer
 
 from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt, TruncateOpt, dtype_name, load_texts, model_label
+from anatomy_cli.cli.commands._report_run import SECTIONS
 from anatomy_cli.cli.options import (
     Device,
     DeviceMapOpt,
@@ -23,7 +24,6 @@ from anatomy_cli.cli.options import (
     OffloadFolderOpt,
     TrustRemoteCodeOpt,
 )
-from anatomy_cli.cli.report_run import SECTIONS
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
@@ -74,7 +74,7 @@ def report_command(
         anatomy report "The capital of Germany is" --model model.Q4_1.gguf -o report.html
         anatomy report "Thank you very" --sections tokens,lens,next -o small.html
     """
-    from anatomy_cli.cli import report_run
+    from anatomy_cli.cli.commands import _report_run as report_run
     from anatomy_cli.output.html import report as page
 
     chosen = _sections(sections)

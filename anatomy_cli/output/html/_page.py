@@ -21,7 +21,8 @@ _ids = itertools.count(1)
 STYLE = """
 body { font-family: DejaVu Sans, Verdana, sans-serif; margin: 1.2em 2em; color: #222; max-width: 1400px; }
 h1 { font-size: 1.3em; margin-bottom: 0.2em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
-p.line { margin: 0.1em 0; color: #333; white-space: pre-wrap; } p.note { color: #555; font-size: 0.85em; margin: 0.2em 0; }
+p.line { margin: 0.1em 0; color: #333; white-space: pre-wrap; }
+p.note { color: #555; font-size: 0.85em; margin: 0.2em 0; }
 p.explain { max-width: 60em; line-height: 1.4; } p.untrained { color: #c00000; font-weight: bold; }
 table.data { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
 table.data td, table.data th { border: 1px solid #ccc; padding: 2px 8px; text-align: left; white-space: pre; }

@@ -34,14 +34,16 @@ def figure(result: Any, cap: Any) -> Page:
                                  hovertemplate=f"{name} · layer %{{x}}<br>cosine %{{y:.4f}}<extra></extra>"),
                       row=1, col=1)
     if len(result.pairs) > 1:
-        fig.add_trace(go.Scatter(x=layers, y=clean(result.similarity), mode="lines", line={"color": "black", "width": 3},
+        fig.add_trace(go.Scatter(x=layers, y=clean(result.similarity), mode="lines",
+                                 line={"color": "black", "width": 3},
                                  name=f"mean of {len(result.pairs)} pairs",
                                  hovertemplate="mean · layer %{x}<br>cosine %{y:.4f}<extra></extra>"), row=1, col=1)
     if matrix:
         names = [str(loc.context) for loc in result.contexts]
         fig.add_trace(go.Heatmap(z=result.matrix, x=names, y=names, colorscale="Viridis", zmax=1.0,
                                  texttemplate="%{z:.2f}", showscale=False,
-                                 hovertemplate="contexts %{y} and %{x}<br>cosine %{z:.4f}<extra></extra>"), row=1, col=2)
+                                 hovertemplate="contexts %{y} and %{x}<br>cosine %{z:.4f}<extra></extra>"),
+                      row=1, col=2)
         fig.update_yaxes(autorange="reversed", title_text="context", row=1, col=2)
         fig.update_xaxes(title_text=f"layer {result.matrix_layer}: every pair", row=1, col=2)
     fig.update_layout(**layout(width=1100 if matrix else 900, height=560, legend={"orientation": "h", "y": -0.2}))

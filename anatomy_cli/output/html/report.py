@@ -57,7 +57,7 @@ EXPLAIN = {
 
 def page(an: Any, sections: Sequence[str], *, title: str, facts: Sequence[tuple[str, str]],
          params_note: str | None = None) -> Page:
-    """The report page for an :class:`anatomy_cli.cli.report_run.Anatomy`: ``facts`` (label, value) pairs and
+    """The report page for an :class:`anatomy_cli.cli.commands._report_run.Anatomy`: ``facts`` (label, value) pairs and
     the parameter table in the header, then ``sections`` in the article's order."""
     result = Page(title=title, lines=[f"prompt: {an.enc.text}"], untrained=bool(an.lm.untrained))
     result.add(table(["", ""], facts))

@@ -29,7 +29,8 @@ def part(result: Any, *, div_id: str | None = None) -> Any:
     lens = [(f"{token(r.lens_token, 24)} {r.lens_probability:.4f}" if r.lens_token is not None else "–")
             for r in rows]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.55, 0.45])
-    for key, label in (("cos_to_embedding", "cos to embedding (layer 0)"), ("cos_to_previous", "cos to previous layer")):
+    for key, label in (("cos_to_embedding", "cos to embedding (layer 0)"),
+                       ("cos_to_previous", "cos to previous layer")):
         fig.add_trace(go.Scatter(x=layers, y=clean([getattr(r, key) for r in rows]), mode="lines+markers",
                                  name=esc(label), customdata=lens,
                                  hovertemplate=f"layer %{{x}}<br>{esc(label)}: %{{y:.4f}}<br>lens: %{{customdata}}"
@@ -40,7 +41,8 @@ def part(result: Any, *, div_id: str | None = None) -> Any:
         values = clean([getattr(r, key) for r in rows])
         norms += [v for v in values if v]
         fig.add_trace(go.Scatter(x=layers, y=values, mode="lines+markers", name=esc(label),
-                                 hovertemplate=f"layer %{{x}}<br>{esc(label)}: %{{y:.4f}}<extra></extra>"), row=2, col=1)
+                                 hovertemplate=f"layer %{{x}}<br>{esc(label)}: %{{y:.4f}}<extra></extra>"),
+                      row=2, col=1)
     fig.update_layout(**layout(width=max(700, min(1300, 36 * len(layers) + 300)), height=640))
     fig.update_yaxes(title_text="cosine similarity", row=1, col=1)
     fig.update_yaxes(title_text="L2 norm", type="log" if norms and max(norms) / min(norms) > 30 else "linear",

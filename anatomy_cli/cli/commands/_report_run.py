@@ -71,7 +71,8 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10) -
         out.embedding = resid[0].detach().float().cpu()
         if lm.has_unembed:
             last = resid[:, -1]
-            out.trace = trace.trace(last, attn_out=cache.stack("attn_out")[:, -1], mlp_out=cache.stack("mlp_out")[:, -1],
+            out.trace = trace.trace(last, attn_out=cache.stack("attn_out")[:, -1],
+                                    mlp_out=cache.stack("mlp_out")[:, -1],
                                     lens_logits=engine.unembed(lm, last), logits=cache.logits[-1], k=k,
                                     describe=name_token)
             out.lens = lens_analysis.lens_grid(resid, lambda h: engine.unembed(lm, h), describe=name_token,
