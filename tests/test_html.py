@@ -113,14 +113,18 @@ def test_every_head_is_in_the_page_to_four_decimals(tmp_path):
     from anatomy_cli.output.html import attn
 
     torch.manual_seed(0)
-    patterns = torch.softmax(torch.randn(2, 3, 6, 6) + torch.triu(torch.full((6, 6), -1e9), 1), -1)
-    page = attn.figure(patterns, ["a", "<b>", "c", "d", "e", "f"], plots.Caption("attn", "m", "p"), causal=True)
+    n = 200  # long enough that the base64 holds every pair of letters (a placeholder must not clash)
+    patterns = torch.softmax(torch.randn(2, 3, n, n) + torch.triu(torch.full((n, n), -1e9), 1), -1)
+    tokens = ["a", "<b>"] + [f"t{i}" for i in range(n - 2)]
+    page = attn.figure(patterns, tokens, plots.Caption("attn", "m", "p"), causal=True)
     page.write(tmp_path / "a.html")
     text = (tmp_path / "a.html").read_text()
     data = json.loads(re.search(r"var D = (\{.*?\});\n", text).group(1))
-    raw = np.frombuffer(base64.b64decode(data["data"][1][2]), dtype="<u2") / data["scale"]
-    expected = patterns[1, 2].numpy()[np.tril_indices(6)]
-    assert np.abs(raw - expected).max() < 1e-4
+    for layer in range(2):
+        for head in range(3):
+            raw = np.frombuffer(base64.b64decode(data["data"][layer][head]), dtype="<u2") / data["scale"]
+            expected = patterns[layer, head].numpy()[np.tril_indices(n)]
+            assert np.abs(raw - expected).max() < 1e-4
     assert "\\u003cb\\u003e" in text and "<b>" not in outside_plotlyjs(tmp_path / "a.html")
 
 

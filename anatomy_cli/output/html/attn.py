@@ -82,10 +82,9 @@ def part(patterns: torch.Tensor, tokens: Sequence[str], *, causal: bool, layer: 
     labels = [token(tokens[b * f], 16) if f == 1 else f"{b * f}–{min(n, (b + 1) * f) - 1}" for b in range(m)]
     data = {"n": m, "f": f, "tri": tri, "scale": SCALE, "tokens": [tokens[i] for i in range(n)], "total": n,
             "data": [[_encode(pooled[a, b], tri) for b in range(n_heads)] for a in range(n_layers)]}
-    first = pooled[layer, head].astype(float)
-    z = [[(float(first[q, k]) if not (tri and k > q) else None) for k in range(m)] for q in range(m)]
-    heat = go.Heatmap(z=z, colorscale="Blues", zmin=0.0, zmax=1.0, colorbar={"title": {"text": "attention weight",
-                                                                                        "side": "right"}},
+    # The first head is drawn by the page's script from the same base64 data: no second copy as JSON.
+    heat = go.Heatmap(z=[[None]], colorscale="Blues", zmin=0.0, zmax=1.0,
+                      colorbar={"title": {"text": "attention weight", "side": "right"}},
                       hovertemplate="query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>", hoverongaps=False)
     fig = go.Figure(heat)
     side = max(16, min(40, 700 // max(m, 1)))
@@ -108,14 +107,15 @@ def part(patterns: torch.Tensor, tokens: Sequence[str], *, causal: bool, layer: 
         warning = (f'<p class="note"><b>{n} tokens: shown in blocks of {f} positions</b> (query rows averaged, key '
                    f"weights summed, so each row still sums to 1). For every weight use --format json, or "
                    f"--layer/--head with a shorter prompt.</p>")
-    script = _SCRIPT.replace("DATA", script_json(data)).replace("ID", div_id)
+    # The id first: the data (base64) may contain any letters, never an underscore.
+    script = _SCRIPT.replace("__ID__", div_id).replace("__DATA__", script_json(data))
     return Part(controls + warning + plot(fig, div_id=div_id, script=script).html)
 
 
 # The page's script: decode a head's weights (base64 little-endian uint16), show them, and describe
 # the hovered cell. Token text is written with textContent, never as HTML.
 _SCRIPT = """
-var D = DATA;
+var D = __DATA__;
 function matrix(l, h) {
   var s = atob(D.data[l][h]), u = new Uint16Array(s.length / 2);
   for (var i = 0; i < u.length; i++) { u[i] = s.charCodeAt(2 * i) | (s.charCodeAt(2 * i + 1) << 8); }
@@ -129,8 +129,8 @@ function matrix(l, h) {
   }
   return z;
 }
-var L = document.getElementById('ID-layer'), H = document.getElementById('ID-head');
-var R = document.getElementById('ID-readout');
+var L = document.getElementById('__ID__-layer'), H = document.getElementById('__ID__-head');
+var R = document.getElementById('__ID__-readout');
 function show() {
   var l = +L.value, h = +H.value;
   Plotly.update(gd, {z: [matrix(l, h)]}, {'title.text': 'layer ' + l + ' head ' + h});
@@ -146,5 +146,6 @@ gd.on('plotly_hover', function (ev) {
   R.textContent = 'layer ' + L.value + ' head ' + H.value + ' · query ' + where(p.y) + ' → key ' + where(p.x)
     + ' · weight ' + (p.z === null ? '–' : p.z.toFixed(4));
 });
-R.textContent = 'layer ' + L.value + ' head ' + H.value;
+gd.on('plotly_unhover', function () { R.textContent = 'layer ' + L.value + ' head ' + H.value; });
+show();
 """
