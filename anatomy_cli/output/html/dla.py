@@ -47,7 +47,9 @@ def part(result: Any, n_layers: int, n_heads: int, what: str, *, div_id: str | N
         fig.update_xaxes(title_text="head", row=1, col=3)
         fig.update_yaxes(title_text="layer", row=1, col=3)
     fig.update_layout(**layout(width=1200 if heads else 1000, height=max(460, min(900, 18 * n_layers + 200)),
-                               barmode="group"))
+                               barmode="group", legend={"orientation": "h", "x": 0.15, "y": -0.12,
+                                                        "yanchor": "top"}))
+    fig.update_yaxes(matches="y2", row=1, col=1)  # one scale: a small embedding term looks small
     fig.update_yaxes(title_text=esc(f"contribution to {what} (logits)"), row=1, col=1)
     fig.update_xaxes(title_text="layer (block)", row=1, col=2)
     return plot(fig, div_id=div_id)

@@ -43,7 +43,9 @@ def part(result: Any, *, div_id: str | None = None) -> Any:
         fig.add_trace(go.Scatter(x=layers, y=values, mode="lines+markers", name=esc(label),
                                  hovertemplate=f"layer %{{x}}<br>{esc(label)}: %{{y:.4f}}<extra></extra>"),
                       row=2, col=1)
-    fig.update_layout(**layout(width=max(700, min(1300, 36 * len(layers) + 300)), height=640))
+    fig.update_layout(**layout(width=max(700, min(1300, 36 * len(layers) + 300)), height=680,
+                               legend={"orientation": "h", "x": 0, "y": -0.12, "yanchor": "top"},
+                               margin={"l": 70, "r": 30, "t": 90, "b": 60}))
     fig.update_yaxes(title_text="cosine similarity", row=1, col=1)
     fig.update_yaxes(title_text="L2 norm", type="log" if norms and max(norms) / min(norms) > 30 else "linear",
                      row=2, col=1)
