@@ -195,3 +195,23 @@ def test_report_numbers_are_the_commands_numbers(tmp_path, tiny):
     assert dla_bars[0]["y"] == pytest.approx([mlp[f"L{layer}.mlp"] for layer in range(len(dla_bars[0]["y"]))],
                                              abs=1e-6)
     assert f"logit({top})" in out.read_text()
+
+
+def test_a_long_prompt_is_pooled_during_the_run(tmp_path, tiny, monkeypatch):
+    from anatomy_cli.output.html import attn
+
+    monkeypatch.setattr(attn, "MAX_SHOWN", 8)  # the tiny model's context is 64: make 15 tokens "long"
+    out = tmp_path / "a.html"
+    plain = runner.invoke(app, ["attn", EVIL, "--model", tiny, "--layer", "1", "--head", "2", "--format", "json"])
+    result = runner.invoke(app, ["attn", EVIL, "--model", tiny, "--layer", "1", "--head", "2", "--format", "json",
+                                 "--plot", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(plain.stdout)      # the table's rows stay exact
+    text = out.read_text()
+    data = json.loads(re.search(r"var D = (\{.*?\});\n", text).group(1))
+    assert (data["f"], data["n"], data["tri"], data["total"]) == (2, 8, False, 15)
+    weights = {(w["query_position"], w["key_position"]): w["weight"] for w in json.loads(plain.stdout)["weights"]}
+    block = np.frombuffer(base64.b64decode(data["data"][1][2]), dtype="<u2").reshape(8, 8) / data["scale"]
+    expected = (sum(weights.get((q, k), 0.0) for q in (4, 5) for k in (2, 3)) / 2)   # queries 4-5, keys 2-3
+    assert block[2, 1] == pytest.approx(expected, abs=1e-4)
+    assert "15 tokens: shown in blocks of 2 positions" in text

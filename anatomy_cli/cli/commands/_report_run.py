@@ -29,7 +29,8 @@ class Anatomy:
     embedding: Any = None        # float [pos, d_model] on the CPU: the residual stream's row 0
     trace: Any = None            # analyses.trace.Trace at the last position
     lens: Any = None             # analyses.lens.LensGrid, top 5 per cell
-    patterns: Any = None         # float [n_layers, n_heads, pos, pos]
+    patterns: Any = None         # float [n_layers, n_heads, m, m]: pos x pos in blocks of `block` positions
+    block: int = 1
     heads: Any = None            # analyses.heads.Heads
     dla: Any = None              # analyses.dla.Attribution of the top prediction
     dla_what: str | None = None
@@ -47,6 +48,7 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10) -
     from anatomy_cli.analyses import lens as lens_analysis
     from anatomy_cli.analyses import next_token, trace
     from anatomy_cli.cli.commands._common import describe
+    from anatomy_cli.output.html.attn import block_factor, pool
 
     out = Anatomy(lm=lm, enc=enc)
     name_token = describe(lm)
@@ -86,13 +88,21 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10) -
         ids = heads_analysis.random_repeat(engine.ordinary_token_ids(lm), seq_len, 0)
         rand = engine.encode_ids(lm, ids, text=f"<{seq_len} random tokens, seed 0, repeated>")
         start = rand.special.index(False)
-        full, scores = engine.attention_patterns(
-            lm, [enc, rand], reduce=lambda i, _layer, p: p if i == 0 else torch.cat([
-                heads_analysis.pattern_scores(p), heads_analysis.repeat_scores(p, start=start, seq_len=seq_len)]))
+        out.block = block_factor(len(enc), lm.n_layers * lm.n_heads, lm.is_causal)
+        on_prompt: dict[int, torch.Tensor] = {}
+
+        def reduce(i: int, layer: int, p: torch.Tensor) -> torch.Tensor:
+            if i == 1:
+                return torch.cat([heads_analysis.pattern_scores(p),
+                                  heads_analysis.repeat_scores(p, start=start, seq_len=seq_len)])
+            if len(enc) >= 2:
+                on_prompt[layer] = heads_analysis.pattern_scores(p).cpu()
+            return pool(p, out.block)  # the page's blocks: a long prompt's full patterns never stay in memory
+
+        out.patterns, scores = engine.attention_patterns(lm, [enc, rand], reduce=reduce)
         out.forwards += 1
-        out.patterns = full
         if len(enc) >= 2:
-            prompt_scores = torch.stack([heads_analysis.pattern_scores(full[layer]) for layer in range(len(full))])
+            prompt_scores = torch.stack([on_prompt[layer] for layer in range(lm.n_layers)])
             out.heads = heads_analysis.heads(prompt_scores, scores[:, 3:], measured_on="prompt", seq_len=seq_len,
                                              seed=0, random_token_ids=ids[:seq_len])
     return out

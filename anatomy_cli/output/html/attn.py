@@ -61,23 +61,26 @@ def _encode(matrix: np.ndarray, tri: bool) -> str:
 
 
 def figure(patterns: torch.Tensor, tokens: Sequence[str], cap: Any, *, causal: bool, layer: int = 0,
-           head: int = 0) -> Page:
+           head: int = 0, block: int | None = None) -> Page:
     """A page with every head's pattern: ``patterns`` float ``[n_layers, n_heads, n, n]`` (query x key),
-    ``tokens`` the n display pieces; ``layer``/``head`` are shown first. Returns a :class:`Page`."""
+    ``tokens`` the n display pieces; ``layer``/``head`` are shown first. ``block``: the patterns are
+    already :func:`pool`-ed with that block size (None: pooled here as :func:`block_factor` says).
+    Returns a :class:`Page`."""
     page = caption_page(cap)
-    page.add(part(patterns, tokens, causal=causal, layer=layer, head=head))
+    page.add(part(patterns, tokens, causal=causal, layer=layer, head=head, block=block))
     page.add(notes(["weight = softmax(QKᵀ/√d_head + mask) of the head, eager attention; each query row sums to 1",
                     "hover a cell to read the query, the key and the weight; pick a layer and a head above the plot"]))
     return page
 
 
 def part(patterns: torch.Tensor, tokens: Sequence[str], *, causal: bool, layer: int = 0, head: int = 0,
-         div_id: str = "attn") -> Part:
+         block: int | None = None, div_id: str = "attn") -> Part:
     """The picker, the heatmap and its script (for ``anatomy report``)."""
-    n_layers, n_heads, n, _ = patterns.shape
-    f = block_factor(n, n_layers * n_heads, causal)
+    n_layers, n_heads = patterns.shape[:2]
+    n = len(tokens)
+    f = block if block is not None else block_factor(n, n_layers * n_heads, causal)
     tri = causal and f == 1
-    pooled = pool(patterns.float(), f).numpy()
+    pooled = (patterns.float() if block is not None else pool(patterns.float(), f)).numpy()
     m = pooled.shape[-1]
     labels = [token(tokens[b * f], 16) if f == 1 else f"{b * f}–{min(n, (b + 1) * f) - 1}" for b in range(m)]
     data = {"n": m, "f": f, "tri": tri, "scale": SCALE, "tokens": [tokens[i] for i in range(n)], "total": n,

@@ -119,7 +119,7 @@ def _lens(an: Any, pieces: Sequence[str]) -> Part | None:
 def _attention(an: Any, pieces: Sequence[str]) -> Part | None:
     if an.patterns is None:
         return None
-    return attn_html.part(an.patterns, pieces, causal=an.lm.is_causal)
+    return attn_html.part(an.patterns, pieces, causal=an.lm.is_causal, block=an.block)
 
 
 def _heads(an: Any, pieces: Sequence[str]) -> Part | None:
