@@ -246,15 +246,18 @@ def test_a_512_token_attention_page_opens(browser, tmp_path, record_property):
 
 @pytest.mark.skipif(not os.environ.get("ANATOMY_REPORT_SCREENSHOT"), reason="set ANATOMY_REPORT_SCREENSHOT=FILE.png "
                     "to render the README's report screenshot")
-def test_report_screenshot_of_a_real_model(browser, smollm2_gguf, tmp_path):
+def test_report_screenshot_of_a_real_model(browser, smollm2_gguf, tmp_path, monkeypatch):
+    target = Path(os.environ["ANATOMY_REPORT_SCREENSHOT"]).resolve()
+    (tmp_path / smollm2_gguf.name).symlink_to(smollm2_gguf)
+    monkeypatch.chdir(tmp_path)  # the page names the model as given: the file name, not a venv path
     out = tmp_path / "report.html"
-    result = runner.invoke(app, ["report", "The capital of Germany is the city of", "--model", str(smollm2_gguf),
+    result = runner.invoke(app, ["report", "The capital of Germany is the city of", "--model", smollm2_gguf.name,
                                  "-o", str(out)])
     assert result.exit_code == 0, result.stderr
-    opened = Opened(browser, out, viewport=(1100, 2500))
+    opened = Opened(browser, out, viewport=(1360, 2500))
     try:
         opened.clean()
-        opened.page.screenshot(path=os.environ["ANATOMY_REPORT_SCREENSHOT"])  # the top: header to the lens grid
+        opened.page.screenshot(path=str(target))  # the top of the page: the header to the lens grid
         opened.screenshot_is_not_blank()
     finally:
         opened.page.close()
