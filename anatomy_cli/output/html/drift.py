@@ -7,7 +7,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from anatomy_cli.output.html import Page, caption_page, esc, notes
+from anatomy_cli.output.html import Page, caption_page, notes
 from anatomy_cli.output.html._charts import clean
 from anatomy_cli.output.html._page import layout, plot
 
@@ -56,4 +56,3 @@ def figure(result: Any, cap: Any) -> Page:
     return page
 
 
-_ = esc  # names in hover templates are escaped where they are built

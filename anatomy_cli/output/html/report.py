@@ -13,7 +13,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from anatomy_cli.output.html import Page, Part, esc, notes, table, text, token
+from anatomy_cli.output.html import Page, Part, notes, table, text, token
 from anatomy_cli.output.html import attn as attn_html
 from anatomy_cli.output.html import dla as dla_html
 from anatomy_cli.output.html import heads as heads_html
@@ -155,4 +155,3 @@ def _next(an: Any, pieces: Sequence[str]) -> Part | None:
 
 _SECTIONS = {"tokens": _tokens, "embedding": _embedding, "residual": _residual, "lens": _lens,
              "attention": _attention, "heads": _heads, "dla": _dla, "next": _next}
-_ = esc
