@@ -35,7 +35,7 @@ def file_type(path: Path) -> str:
 
 @pytest.mark.parametrize("name", ["out.jpg", "out", "out.png.txt", "out.eps"])
 def test_an_unknown_suffix_is_a_usage_error(tmp_path, name):
-    with pytest.raises(UsageError, match=r"\.png, \.svg or \.pdf"):
+    with pytest.raises(UsageError, match=r"\.png, \.svg, \.pdf or \.html"):
         plots.check_path(tmp_path / name)
 
 

@@ -146,7 +146,7 @@ def test_bad_plot_paths_fail_before_the_model_loads(tmp_path, tiny_model_dir, mo
     result = runner.invoke(app, [*command, *extra, "--plot", str(tmp_path / "out.jpg")])
     assert result.exit_code == 2, result.stderr
     assert result.stderr.strip() == (f"error: --plot '{tmp_path / 'out.jpg'}': the suffix chooses the format and "
-                                     "must be .png, .svg or .pdf ('.jpg')")
+                                     "must be .png, .svg, .pdf or .html ('.jpg')")
     result = runner.invoke(app, [*command, *extra, "--plot", str(tmp_path / "nowhere" / "out.png")])
     assert result.exit_code == 1, result.stderr
     assert result.stderr.strip() == (f"error: cannot write --plot '{tmp_path / 'nowhere' / 'out.png'}': the "

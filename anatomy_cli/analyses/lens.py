@@ -108,6 +108,15 @@ class LensGrid:
                        top_texts=tuple(self.top_texts[i] for i in index),
                        target_logprobs=pick(self.target_logprobs), target_ranks=pick(self.target_ranks))
 
+    def keep_top(self, k: int | None) -> LensGrid:
+        """The grid with the first ``k`` top tokens per cell (None: 1, and no ``top`` lists in :meth:`to_dict`),
+        e.g. the table's view of a grid computed with more tokens for an HTML page's hover text."""
+        n = k or 1
+        return replace(self, top_ids=self.top_ids[..., :n], top_logprobs=self.top_logprobs[..., :n],
+                       top_tokens=tuple(tuple(cell[:n] for cell in row) for row in self.top_tokens),
+                       top_texts=tuple(tuple(cell[:n] for cell in row) for row in self.top_texts),
+                       k_given=k is not None)
+
     def cells(self) -> list[dict[str, Any]]:
         """One dict per (layer, position), layer-major: the JSON ``cells`` (see docs/commands/lens.md)."""
         ids, lps = self.top_ids.tolist(), self.top_logprobs.tolist()

@@ -22,6 +22,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     next_token,
     params,
     patch,
+    report,
     serve,
     tokens,
     trace,

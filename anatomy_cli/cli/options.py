@@ -102,7 +102,8 @@ def _plot_path(value: Path | None) -> Path | None:
 PlotOpt = Annotated[
     Optional[Path],
     typer.Option("--plot", metavar="FILE", show_default=False, callback=_plot_path,
-                 help="Also draw the result to FILE; its suffix picks the format: .png, .svg or .pdf. Results "
+                 help="Also draw the result to FILE; its suffix picks the format: .png, .svg, .pdf or .html (an "
+                 "interactive page with hover values that opens offline). Results "
                  "still go to stdout. With '-' (stdin) prompts: one file per prompt, FILE-1.png, FILE-2.png, "
                  "... See docs/plots.md."),
 ]

@@ -147,12 +147,11 @@ def ablate_command(
         reports.append(_report(lm, enc, position % len(enc), ids, result))
         if plot:
             from anatomy_cli.output import plots
-            from anatomy_cli.output.plots import ablate as picture
 
             what = _metric_name(lm, ids)
             cap = plots.Caption.of("ablate", lm, enc.text, f"{result.mode} ablation · position "
                                    f"{position % len(enc)} = {enc.pieces[position % len(enc)]}")
-            plots.save(picture.figure(result, lm.n_heads, what, cap), plot, len(reports) if prompt == "-" else None)
+            plots.draw("ablate", plot, len(reports) if prompt == "-" else None, result, lm.n_heads, what, cap)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 

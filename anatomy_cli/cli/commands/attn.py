@@ -108,24 +108,53 @@ def attn_command(
     layers = [layer % n_layers] if layer is not None else list(range(n_layers))
     heads = [head % n_heads] if head is not None else list(range(n_heads))
     queries = [list(range(len(e))) if head is not None else [_query(e, position)] for e in encoded]
-    grids = engine.attention_patterns(
-        lm, encoded, layers=layers, batch_size=batch_size,
-        reduce=lambda i, _layer, p: p[heads][:, queries[i]])
+    from anatomy_cli.output import plots
+
+    html = plots.is_html(plot)
+    if html:  # the page switches between every layer and head: all of them, every query
+        full, blocks, grids = _all_heads(lm, encoded, layers, heads, queries, batch_size)
+    else:
+        grids = engine.attention_patterns(lm, encoded, layers=layers, batch_size=batch_size,
+                                          reduce=lambda i, _layer, p: p[heads][:, queries[i]])
     fmt = resolve_format(fmt)
     reports = []
-    for enc, grid, q in zip(encoded, grids, queries):
+    for i, (enc, grid, q) in enumerate(zip(encoded, grids, queries)):
         result = analysis.attention(grid, layers=layers, heads=heads, queries=q, tokens=enc.pieces,
                                     causal=lm.is_causal)
         reports.append(_report(lm, enc, result, fmt, k, one_head=head is not None))
         if plot:
-            from anatomy_cli.output import plots
-            from anatomy_cli.output.plots import attn as picture
-
             where = (f"layer {layers[0]} head {heads[0]}" if head is not None else
                      f"query position {q[0]} = {enc.pieces[q[0]]}")
-            plots.save(picture.figure(result, plots.Caption.of("attn", lm, enc.text, where),
-                                      one_head=head is not None), plot, len(reports) if prompt == "-" else None)
+            cap = plots.Caption.of("attn", lm, enc.text, where)
+            index = len(reports) if prompt == "-" else None
+            if html:
+                plots.draw("attn", plot, index, full[i], enc.pieces, cap, causal=lm.is_causal, layer=layers[0],
+                           head=heads[0], block=blocks[i])
+            else:
+                plots.draw("attn", plot, index, result, cap, one_head=head is not None)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _all_heads(lm, encoded, layers, heads, queries, batch_size):
+    """For an HTML page, from one forward: every head's pattern ``[n_layers, n_heads, m, m]`` per prompt,
+    pooled into blocks when the prompt is long (``anatomy_cli.output.html.attn``), the block size per
+    prompt, and the exact rows the table shows (``[layers, heads, queries, pos]``)."""
+    import torch
+
+    from anatomy_cli import engine
+    from anatomy_cli.output.html.attn import block_factor, pool
+
+    blocks = [block_factor(len(e), lm.n_layers * lm.n_heads, lm.is_causal) for e in encoded]
+    exact: dict[tuple[int, int], Any] = {}
+
+    def reduce(i, layer, pattern):
+        if layer in layers:
+            exact[i, layer] = pattern[heads][:, queries[i]].to("cpu", copy=True)
+        return pool(pattern, blocks[i])  # a long prompt's full patterns never stay in memory
+
+    full = engine.attention_patterns(lm, encoded, batch_size=batch_size, reduce=reduce)
+    grids = [torch.stack([exact[i, layer] for layer in layers]) for i in range(len(encoded))]
+    return full, blocks, grids
 
 
 def _check(config: Any, encoded: list, layer: int | None, head: int | None, position: int | None,

@@ -147,14 +147,12 @@ def dla_command(
         reports.append(_report(lm, enc, cache.positions[0], result, ids, name_token, by))
         if plot:
             from anatomy_cli.output import plots
-            from anatomy_cli.output.plots import dla as picture
 
             what = f"logit({name_token(ids['target'])[0]})" + (
                 f" − logit({name_token(ids['foil'])[0]})" if ids.get("foil") is not None else "")
             cap = plots.Caption.of("dla", lm, enc.text, f"position {cache.positions[0]} = "
                                    f"{enc.pieces[cache.positions[0]]}")
-            plots.save(picture.figure(result, lm.n_layers, lm.n_heads, what, cap), plot,
-                       len(reports) if prompt == "-" else None)
+            plots.draw("dla", plot, len(reports) if prompt == "-" else None, result, lm.n_layers, lm.n_heads, what, cap)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 

@@ -125,10 +125,8 @@ def drift_command(
 
     emit(_report(result, model_label(lm), dtype_name(lm), lm.dequantized_from), fmt)
     if plot:
-        from anatomy_cli.output.plots import drift as picture
-
         detail = f"{word!r} in {len(result.contexts)} contexts · pool {result.pool}"
-        plots.save(picture.figure(result, plots.Caption.of("drift", lm, detail=detail)), plot)
+        plots.draw("drift", plot, None, result, plots.Caption.of("drift", lm, detail=detail))
 
 
 def _contexts(word: str, given: list[str] | None, ignore_case: bool) -> list[str]:

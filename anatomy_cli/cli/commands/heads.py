@@ -139,12 +139,11 @@ def heads_command(
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
     if plot:
         from anatomy_cli.output import plots
-        from anatomy_cli.output.plots import heads as picture
 
         for i, (enc, result) in enumerate(results, start=1):
             detail = f"induction, duplicate on {seq_len} random tokens × 2, seed {seed}"
             cap = plots.Caption.of("heads", lm, enc.text if encoded else None, detail)
-            plots.save(picture.figure(result, lm.n_layers, lm.n_heads, cap), plot, i if prompt == "-" else None)
+            plots.draw("heads", plot, i if prompt == "-" else None, result, lm.n_layers, lm.n_heads, cap)
 
 
 def _check(config: Any, encoded: list, seq_len: int, name: str) -> None:

@@ -45,6 +45,8 @@ from anatomy_cli.output.render import Column, Format, Report, Section, resolve_f
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
 
+HOVER_TOP = 5  # top tokens per cell in an HTML page's hover text
+
 
 class Stat(str, Enum):
     prob = "prob"
@@ -142,19 +144,20 @@ def lens_command(
     caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=batch_size)
     name_token = describe(lm)
     as_grid = resolve_format(fmt) is Format.table
+    from anatomy_cli.output import plots
+
+    # An HTML page's hover text lists each cell's top 5 tokens, whatever --k the table shows.
+    k_run = max(k or 1, HOVER_TOP) if plots.is_html(plot) else k
     reports = []
     for enc, cache in zip(encoded, caches):
         grid = analysis.lens_grid(cache.residual_stream(), lambda h: engine.unembed(lm, h), describe=name_token,
-                                  positions=cache.positions, k=k, target_id=found.get("target"))
+                                  positions=cache.positions, k=k_run, target_id=found.get("target"))
         grid = grid.select(found["rows"])
-        reports.append(_report(lm, enc, grid, stat.value, as_grid))
+        reports.append(_report(lm, enc, grid.keep_top(k) if k_run != k else grid, stat.value, as_grid))
         if plot:
-            from anatomy_cli.output import plots
-            from anatomy_cli.output.plots import lens as picture
-
             cap = plots.Caption.of("lens", lm, enc.text, f"--stat {stat.value}")
-            plots.save(picture.figure(grid, stat.value, [enc.pieces[p] for p in grid.positions], cap), plot,
-                       len(reports) if prompt == "-" else None)
+            plots.draw("lens", plot, len(reports) if prompt == "-" else None,
+                       grid, stat.value, [enc.pieces[p] for p in grid.positions], cap)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 

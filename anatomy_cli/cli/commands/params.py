@@ -78,9 +78,7 @@ def params_command(
                               trust_remote_code=trust_remote_code, max_memory=budget)
     emit(build_report(result, fmt), fmt)
     if plot:
-        from anatomy_cli.output.plots import params as picture
-
-        plots.save(picture.figure(result, plots.Caption("params", result.model, detail=result.architecture)), plot)
+        plots.draw("params", plot, None, result, plots.Caption("params", result.model, detail=result.architecture))
 
 
 def _share_digits(shares: list[float]) -> int:

@@ -134,13 +134,12 @@ def patch_command(
     emit(_report(lm, enc_clean, enc_corrupt, ids, result, wide=fmt is Format.table), fmt)
     if plot:
         from anatomy_cli.output import plots
-        from anatomy_cli.output.plots import patch as picture
         from anatomy_cli.output.plots._text import shorten
 
         target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
         what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
         cap = plots.Caption.of("patch", lm, clean, f"corrupt '{shorten(corrupt, 40)}' · site {result.site}")
-        plots.save(picture.figure(result, enc_clean.pieces, enc_corrupt.pieces, what, cap), plot)
+        plots.draw("patch", plot, None, result, enc_clean.pieces, enc_corrupt.pieces, what, cap)
 
 
 def _prompt(enc) -> dict:

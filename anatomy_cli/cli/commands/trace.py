@@ -152,11 +152,9 @@ def trace_command(
         target_info = {"token_id": target_ids[0], "token": name_token(target_ids[0])[0]} if target_ids else None
         reports.append(_report(lm, enc, cache.positions[0], result, target=target_info))
         if plot:
-            from anatomy_cli.output.plots import trace as picture
-
             detail = f"position {cache.positions[0]} = {enc.pieces[cache.positions[0]]}"
-            plots.save(picture.figure(result, plots.Caption.of("trace", lm, enc.text, detail)), plot,
-                       len(reports) if prompt == "-" else None)
+            plots.draw("trace", plot, len(reports) if prompt == "-" else None, result,
+                       plots.Caption.of("trace", lm, enc.text, detail))
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 

@@ -7,12 +7,19 @@ that was given ``--plot`` imports a picture module (``anatomy_cli.output.plots.t
 function that reads the same result object as the table and returns a
 ``matplotlib.figure.Figure``; :func:`save` writes it and names the file on stderr.
 
+``FILE.html`` is an interactive page drawn with plotly (:mod:`anatomy_cli.output.html`), and no
+matplotlib is imported for it: :func:`draw` imports ``anatomy_cli.output.html.<command>`` for
+``.html`` and ``anatomy_cli.output.plots.<command>`` otherwise, both with a ``figure(...)`` of the
+same arguments. A command whose HTML module does not exist yet still writes a page: :func:`save`
+given a matplotlib figure and an ``.html`` path embeds the PNG (no hover values) and says so.
+
 A stdin batch writes one file per prompt: ``PATH`` with ``-1``, ``-2``, ... before
 the suffix (``lens.png`` -> ``lens-1.png``, ``lens-2.png``), see :func:`numbered`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import tempfile
@@ -22,7 +29,7 @@ from typing import Any
 
 from anatomy_cli.errors import AnatomyError, UsageError
 
-SUFFIXES = (".png", ".svg", ".pdf")
+SUFFIXES = (".png", ".svg", ".pdf", ".html")
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:
     if path.suffix.lower() not in SUFFIXES:
         got = f"'{path.suffix}'" if path.suffix else "no suffix"
         raise UsageError(f"{option} {str(path)!r}: the suffix chooses the format and must be "
-                         f".png, .svg or .pdf ({got})")
+                         f".png, .svg, .pdf or .html ({got})")
     if path.is_dir():
         raise UsageError(f"{option} {str(path)!r} is a directory: give a file name such as {path / 'plot.png'}")
     folder = path.parent
@@ -83,18 +90,58 @@ def numbered(path: Path, index: int | None) -> Path:
     return path if index is None else path.with_name(f"{path.stem}-{index}{path.suffix}")
 
 
+def is_html(path: Path | str | None) -> bool:
+    """True when ``path`` asks for an interactive HTML page (suffix ``.html``)."""
+    return path is not None and Path(path).suffix.lower() == ".html"
+
+
+def module(command: str, path: Path) -> Any:
+    """The picture module of ``command`` for ``path``'s format: ``anatomy_cli.output.html.<command>`` for
+    ``.html``, else ``anatomy_cli.output.plots.<command>``."""
+    return importlib.import_module(f"anatomy_cli.output.{'html' if is_html(path) else 'plots'}.{command}")
+
+
+def draw(command: str, path: Path, index: int | None, *args: Any, **kwargs: Any) -> Path:
+    """``save(module(command, path).figure(*args, **kwargs), path, index)``: the picture of ``command``
+    in the format of ``path``'s suffix. Returns the file written."""
+    return save(module(command, path).figure(*args, **kwargs), path, index)
+
+
 def save(fig: Any, path: Path, index: int | None = None) -> Path:
     """Write ``fig`` to ``numbered(path, index)`` in the format its suffix names; one stderr line names it.
 
-    SVG and PDF carry no date and SVG ids come from a fixed salt, so the same input gives the
-    same bytes. Raises AnatomyError when the file cannot be written.
+    ``fig`` is a matplotlib Figure or, for ``.html``, an :class:`anatomy_cli.output.html.Page` (a
+    matplotlib Figure with an ``.html`` path is embedded as a PNG in a page). SVG and PDF carry no
+    date and SVG ids come from a fixed salt, so the same input gives the same bytes. Raises
+    AnatomyError when the file cannot be written.
     """
-    from anatomy_cli.output.plots._base import write
-
     target = numbered(path, index)
     try:
-        write(fig, target)
+        if is_html(target):
+            _page(fig).write(target)
+        else:
+            from anatomy_cli.output.plots._base import write
+
+            write(fig, target)
     except OSError as exc:
         raise AnatomyError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
     print(f"wrote {target}", file=sys.stderr)
     return target
+
+
+def _page(fig: Any) -> Any:
+    """A Page as it is; a matplotlib Figure (a command without an HTML module) as a page around its PNG."""
+    from anatomy_cli.output import html
+
+    if isinstance(fig, html.Page):
+        return fig
+    import base64
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else "anatomy"
+    page = html.Page(title=title.split("\n")[0], lines=title.split("\n")[1:])
+    page.add(html.Part('<img alt="plot" src="data:image/png;base64,'
+                       + base64.b64encode(buffer.getvalue()).decode("ascii") + '">'))
+    return page.add(html.notes(["a picture without hover values: this command has no interactive HTML module yet"]))

@@ -1,0 +1,119 @@
+"""`anatomy report PROMPT -o report.html`: the anatomy of one prompt on one model as one interactive page."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app, status
+from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt, TruncateOpt, dtype_name, load_texts, model_label
+from anatomy_cli.cli.commands._report_run import SECTIONS
+from anatomy_cli.cli.options import (
+    Device,
+    DeviceMapOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    Init,
+    InitOpt,
+    MaxMemoryOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    TrustRemoteCodeOpt,
+)
+from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.text.options import PromptOptions
+
+
+def _output(value: Path) -> Path:
+    if str(value) == "-":
+        return value
+    if value.suffix.lower() != ".html":
+        raise UsageError(f"-o {str(value)!r}: the report is an HTML page; give a file name ending in .html, or '-'")
+    from anatomy_cli.output.plots import check_path
+
+    return check_path(value, "-o")
+
+
+@app.command("report")
+def report_command(
+    prompt: Annotated[str, typer.Argument(metavar="PROMPT", show_default=False, help="The prompt text.")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.html", callback=_output,
+                                         help="Where to write the page ('-': stdout).")],
+    sections: Annotated[Optional[str], typer.Option(
+        "--sections", metavar="NAME,...", show_default=False,
+        help=f"Only these sections, in the page's order: {', '.join(SECTIONS)}. Default: all.")] = None,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
+    bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
+    truncate: TruncateOpt = None,
+) -> None:
+    """The anatomy of one prompt as one interactive HTML page, in the order of the GPT-2 article.
+
+    A header (model, parameter table, dtype, BOS convention, quantization), then: the tokens; the
+    embedding; the residual stream layer by layer with the logit lens grid; attention (a layer/head
+    picker) with the head scores; the direct logit attribution of the top prediction; the next-token
+    distribution. Each section has a paragraph saying what it shows. One forward with hooks serves
+    everything but attention, which needs one eager-attention forward. plotly.js is inside the page:
+    it opens from disk with no network.
+
+    Examples:
+
+    \b
+        anatomy report "The capital of Germany is" --model model.Q4_1.gguf -o report.html
+        anatomy report "Thank you very" --sections tokens,lens,next -o small.html
+    """
+    from anatomy_cli.cli.commands import _report_run as report_run
+    from anatomy_cli.output.html import report as page
+
+    chosen = _sections(sections)
+    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
+    lm, (enc,) = load_texts([prompt], spec, PromptOptions(bos, allow_special, truncate))
+    with status("running the analyses"):
+        an = report_run.analyse(lm, enc, set(chosen), model=model)
+    html = page.page(an, chosen, title=f"anatomy · {model_label(lm)}", facts=_facts(lm, enc, an, bos),
+                     params_note="parameter table unavailable for this model").render()
+    if str(output) == "-":
+        sys.stdout.write(html)
+        return
+    try:
+        output.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise AnatomyError(f"cannot write {str(output)!r}: {exc.strerror or exc}") from None
+    print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB, {an.forwards} forward passes)", file=sys.stderr)
+
+
+def _sections(text: str | None) -> list[str]:
+    if text is None:
+        return list(SECTIONS)
+    wanted = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown or not wanted:
+        raise UsageError(f"--sections {text!r}: use names from {', '.join(SECTIONS)}, separated by commas")
+    return [s for s in SECTIONS if s in wanted]
+
+
+def _facts(lm, enc, an, bos: bool) -> list[tuple[str, str]]:
+    tok = lm.tokenizer
+    bos_piece = tok.piece(tok.bos_id) if tok.bos_id is not None else None
+    starts = bool(enc.ids) and tok.bos_id is not None and enc.ids[0] == tok.bos_id
+    bos_text = ("this tokenizer has no BOS token" if bos_piece is None else
+                f"BOS {bos_piece} (id {tok.bos_id}); this prompt {'starts' if starts else 'does not start'} with it"
+                + (" (--bos)" if bos and starts else "" if starts else "; --bos prepends it"))
+    return [("model", model_label(lm)), ("architecture", type(lm.model).__name__),
+            ("shape", f"{lm.n_layers} layers × {lm.n_heads} heads, d_model {lm.d_model}"),
+            ("dtype", dtype_name(lm)),
+            ("quantization", f"GGUF {lm.dequantized_from}, dequantized to {dtype_name(lm)}" if lm.dequantized_from
+             else "none (weights as stored)"),
+            ("BOS convention", bos_text), ("prompt", f"{len(enc)} tokens")]

@@ -1,0 +1,116 @@
+"""Interactive pictures: ``--plot FILE.html`` and ``anatomy report``, drawn with plotly.
+
+One self-contained page per file: plotly.js is written into the page (no CDN), so the file opens
+from disk with no network. Each picture module (``anatomy_cli.output.html.lens``, ``.attn``, ...) has
+one ``figure(...)`` function taking the same arguments as its PNG twin in
+:mod:`anatomy_cli.output.plots` and returning a :class:`Page`; ``anatomy report`` concatenates the
+``parts`` of several pages into one. :func:`anatomy_cli.output.plots.draw` picks the module by
+command name and the file's suffix, so a new command gets an HTML picture by adding one module here
+with a ``figure`` of its PNG module's signature (docs/plots.md, "Adding a command").
+
+Escaping, the one rule: text from the user or the model (prompts, tokens, model names) goes into
+the page only through :func:`esc` (for HTML and for plotly strings, which plotly renders as a small
+subset of HTML) or as JSON data that scripts write with ``textContent``; :func:`script_json`
+writes JSON that cannot close its ``<script>``. No HTML is built from user text any other way.
+
+Importing this package imports no plotly; the picture modules do.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anatomy_cli.text.display import visible
+
+UNTRAINED = "untrained (random weights)"
+
+
+def esc(text: Any) -> str:
+    """``text`` as HTML text (``<`` ``>`` ``&`` escaped): safe in the page and in plotly labels and hover text.
+    Quotes stay as they are (plotly shows ``&quot;`` literally); never put the result in an attribute."""
+    return html.escape(str(text), quote=False)
+
+
+def token(piece: str | None, limit: int | None = None) -> str:
+    """A token as the tables show it (``·much``, ``<e6 88>``, ``↵``), cut to ``limit`` characters, escaped."""
+    if piece is None:
+        return "–"
+    text = visible(piece)
+    if limit is not None and len(text) > limit:
+        text = text[:limit - 1] + "…"
+    return esc(text)
+
+
+def script_json(value: Any) -> str:
+    """JSON for inside a ``<script>``: ``<``, ``>`` and ``&`` as ``\\u003c`` ..., so no user text ends the script."""
+    return (json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+@dataclass(frozen=True)
+class Part:
+    """A piece of a page: ``html`` is already safe (built with :func:`esc`)."""
+
+    html: str
+
+
+@dataclass
+class Page:
+    """One HTML page: a title, caption lines, parts. ``render()`` gives the whole file as text."""
+
+    title: str
+    lines: Sequence[str] = ()
+    parts: list[Part] = field(default_factory=list)
+    untrained: bool = False
+
+    def add(self, part: Part) -> Page:
+        self.parts.append(part)
+        return self
+
+    def render(self) -> str:
+        from anatomy_cli.output.html._page import render
+
+        return render(self)
+
+    def write(self, path: Path) -> None:
+        """Write the page as UTF-8. Raises OSError."""
+        Path(path).write_text(self.render(), encoding="utf-8")
+
+
+def caption_page(cap: Any, notes: Sequence[str] = ()) -> Page:
+    """A page for a :class:`anatomy_cli.output.plots.Caption`: the command, model, prompt and detail as
+    the PNG's title says them; ``notes`` as a footer paragraph (added by the caller with :func:`notes`)."""
+    lines = []
+    if cap.prompt is not None:
+        lines.append(f"prompt: {cap.prompt}")
+    if cap.detail:
+        lines.append(cap.detail)
+    return Page(title=f"{cap.command} · {cap.model}", lines=lines, untrained=cap.untrained)
+
+
+def notes(lines: Sequence[str]) -> Part:
+    """A footer of notes in grey, one per line (escaped)."""
+    return Part("".join(f'<p class="note">{esc(line)}</p>' for line in lines))
+
+
+def text(title: str | None, paragraph: str | None = None) -> Part:
+    """A section heading and one paragraph of explanation (both escaped)."""
+    out = f"<h2>{esc(title)}</h2>" if title else ""
+    if paragraph:
+        out += f'<p class="explain">{esc(paragraph)}</p>'
+    return Part(out)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Sequence[bool] = ()) -> Part:
+    """A plain HTML table; every header and cell escaped. ``numeric[i]``: right-align column i."""
+    right = list(numeric) + [False] * (len(columns) - len(numeric))
+    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f'<td class="{"num" if right[i] else ""}">{esc(v)}</td>'
+                                    for i, v in enumerate(row)) + "</tr>" for row in rows)
+    return Part(f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')

@@ -1,0 +1,41 @@
+"""`ablate --plot FILE.html`: the effect of knocking out each layer's attention and MLP, or each head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from anatomy_cli.output.html import Page, caption_page, esc, notes
+from anatomy_cli.output.html._charts import ATTN_COLOUR, MLP_COLOUR, bars, diverging
+from anatomy_cli.output.html._page import layout, plot
+
+
+def figure(result: Any, n_heads: int, what: str, cap: Any) -> Page:
+    """A page with an :class:`anatomy_cli.analyses.ablate.Ablation` drawn as the PNG: bars per layer, or a
+    layer x head grid (diverging, centred at 0); hover values are the effects (ablated − intact)."""
+    rows = result.rows
+    layers = sorted({r.layer for r in rows})
+    unit = "nats" if result.metric == "logprob" else "logits"
+    label = f"effect on {what} ({unit}): ablated − intact"
+    fig = go.Figure()
+    if any(r.component == "head" for r in rows):
+        grid: list[list[float | None]] = [[None] * n_heads for _ in layers]
+        for r in rows:
+            grid[layers.index(r.layer)][r.head] = r.effect
+        fig.add_trace(diverging(grid, y=layers, title=label))
+        fig.update_xaxes(title_text="head")
+        fig.update_yaxes(title_text="layer")
+    else:
+        effect = {(r.layer, r.component): r.effect for r in rows}
+        fig.add_trace(bars(layers, [effect.get((l, "attn")) for l in layers], "attention ablated", ATTN_COLOUR, unit))
+        fig.add_trace(bars(layers, [effect.get((l, "mlp")) for l in layers], "MLP ablated", MLP_COLOUR, unit))
+        fig.update_xaxes(title_text="layer (block)")
+        fig.update_yaxes(title_text=esc(label))
+    fig.update_layout(**layout(width=1000, height=520, barmode="group"))
+    by = "zeros" if result.mode == "zero" else "its mean over the positions"
+    page = caption_page(cap)
+    page.add(plot(fig))
+    page.add(notes([f"intact run: {what} = {result.clean_metric:.4f}; each component replaced at every position by "
+                    f"{by}"]))
+    return page
