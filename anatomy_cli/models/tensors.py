@@ -206,6 +206,21 @@ def _open_safetensors(spec: str, folder: Path, config: Any) -> TensorReader:
                         head_name, read, handles.clear)
 
 
+def _weights_map(build: Any, model: Any, processor: Any) -> dict[str, str]:
+    """transformers' GGUF -> transformers name map. It walks every submodule and rebuilds gguf's name table
+    for each (SmolLM2: 397 times, 6.5 s); the table depends only on (architecture, layers), so it is built once."""
+    import functools
+
+    import gguf
+
+    real = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(real)
+    try:
+        return build(model, processor)
+    finally:
+        gguf.get_tensor_name_map = real
+
+
 def _open_gguf(source: Source, config: Any) -> TensorReader:
     import numpy as np
     import torch
@@ -225,7 +240,7 @@ def _open_gguf(source: Source, config: Any) -> TensorReader:
     tied, emb_name, head_name = _tying(model)
     # transformers' processor takes the config as a dict of its own keys (num_attention_heads, ...).
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
-    mapping = get_gguf_hf_weights_map(model, processor)
+    mapping = _weights_map(get_gguf_hf_weights_map, model, processor)
     by_gguf = {t.name: t for t in reader.tensors}
     sources: dict[str, list[str]] = {}
     for gguf_name in by_gguf:
