@@ -113,7 +113,7 @@ def _weights(a: str, b: str, trust_remote_code: bool, plot: Path | None, fmt: An
     if plot:
         from anatomy_cli.output.plots import diff as picture
 
-        plots.save(picture.weights_figure(result, plots.Caption("diff", f"{a} vs {b}", detail="weights")), plot)
+        plots.save(picture.weights_figure(result, plots.Caption("diff", _pair(a, b), detail="weights")), plot)
     emit_prompts([render.weights_report(result)], fmt, from_stdin=False)
 
 
@@ -155,7 +155,13 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
         if plot:
             from anatomy_cli.output.plots import diff as picture
 
-            cap = plots.Caption("diff", f"{spec_a.model} vs {spec_b.model}", enc.text,
+            cap = plots.Caption("diff", _pair(spec_a.model, spec_b.model), enc.text,
                                 f"position {result.position} = {enc.pieces[result.position]}")
             plots.save(picture.activations_figure(result, cap), plot, i if prompt == "-" else None)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _pair(a: str, b: str) -> str:
+    """``A.gguf vs B.gguf`` for a picture's title: file names without their directories."""
+    short = lambda spec: Path(spec).name if Path(spec).exists() else spec
+    return f"{short(a)} vs {short(b)}"
