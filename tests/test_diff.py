@@ -122,6 +122,24 @@ def test_a_tied_head_is_compared_once(tiny_model_dir):
     assert not any(n.endswith((".attn.bias", ".attn.masked_bias")) for n in names)  # buffers are not weights
 
 
+def test_a_tied_head_against_an_untied_one_is_the_embedding(tiny_model_dir, tmp_path):
+    import models
+    from safetensors.numpy import load_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(3)
+    untied = GPT2LMHeadModel(GPT2Config(**models.config_kwargs("gpt2"), tie_word_embeddings=False))
+    untied.save_pretrained(tmp_path)
+    tied = tiny_model_dir("gpt2")
+    data = diff_json(tied, tmp_path)
+    assert data["tied_head"] is False
+    [head] = [r for r in data["rows"] if r["component"] == "lm_head"]
+    a, b = load_file(str(tied / "model.safetensors")), load_file(str(tmp_path / "model.safetensors"))
+    x, y = a["transformer.wte.weight"].astype(np.float64), b["lm_head.weight"].astype(np.float64)
+    assert head["rel_change"] == pytest.approx(np.linalg.norm(y - x) / np.linalg.norm(x), rel=1e-12)
+    assert head["n_tensors"] == 1 and head["layer"] is None
+
+
 def test_different_architectures_or_shapes_fail_in_one_line(tiny_model_dir, tmp_path):
     result = invoke(tiny_model_dir("llama"), tiny_model_dir("gpt2"))
     assert result.exit_code == 2
