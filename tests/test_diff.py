@@ -194,6 +194,7 @@ def _hf_reference(arch_dir: Path, ids: list[int]):
     return [h[0].double() for h in out.hidden_states], torch.log_softmax(out.logits[0, -1].double(), -1)
 
 
+@pytest.mark.usefixtures("cached_load")  # each tiny model loads once
 def test_activations_against_itself_are_identical(tiny_model_dir):
     d = tiny_model_dir("llama")
     data = diff_json(d, d, PROMPT, "--target", " much")
@@ -205,6 +206,7 @@ def test_activations_against_itself_are_identical(tiny_model_dir):
     assert data["top_a"] == data["top_b"] and data["target_a"] == data["target_b"]
 
 
+@pytest.mark.usefixtures("cached_load")  # each tiny model loads once
 def test_activations_equal_transformers_hidden_states_of_both_models(tiny_model_dir, llama_seed1):
     d = tiny_model_dir("llama")
     data = diff_json(d, llama_seed1, PROMPT, "--target", " much", "--k", "3")
@@ -248,6 +250,7 @@ def test_a_is_freed_before_b_loads(tiny_model_dir, llama_seed1, monkeypatch):
     assert len(seen) == 2 and data["layers"]
 
 
+@pytest.mark.usefixtures("cached_load")  # each tiny model loads once
 def test_stdin_prompts_and_different_tokenizers(tiny_model_dir, tmp_path):
     import shutil
 
@@ -270,6 +273,7 @@ def test_stdin_prompts_and_different_tokenizers(tiny_model_dir, tmp_path):
                            f"{other}: ")
 
 
+@pytest.mark.usefixtures("cached_load")  # each tiny model loads once
 def test_activations_plot(tiny_model_dir, llama_seed1, tmp_path):
     png = tmp_path / "a.png"
     result = invoke(tiny_model_dir("llama"), llama_seed1, PROMPT, "--device", "cpu", "--plot", png)
