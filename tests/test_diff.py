@@ -166,6 +166,14 @@ def test_usage_errors(tiny_model_dir, tmp_path):
     result = invoke(d, d, "--target", " much")
     assert result.exit_code == 2 and error_lines(result) == [
         "error: --target needs a PROMPT (it compares next-token probabilities)"]
+    result = invoke(d, d, PROMPT, "--position", "3", "--device", "cpu")
+    assert result.exit_code == 2 and error_lines(result) == [
+        "error: --position 3 is out of range: the prompt has 3 tokens"]
+    bert = tiny_model_dir("bert")
+    result = invoke(bert, bert, PROMPT, "--device", "cpu")
+    assert result.exit_code == 2 and error_lines(result) == [
+        f"error: {bert} is an encoder (bert); `diff` on a prompt compares next-token predictors (the weights of "
+        f"any two models: drop the PROMPT)"]
     result = invoke(d, tmp_path / "missing")
     assert result.exit_code != 0 and len(error_lines(result)) == 1
     result = invoke(d, "gpt2", "--format", "json")  # not cached here, and a preset has no weight files

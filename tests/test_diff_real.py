@@ -60,8 +60,9 @@ def smollm2_reader(smollm2_gguf):
     return diff.open_weights(str(smollm2_gguf))
 
 
-def _numpy_rows(path_a: Path, path_b: Path) -> dict[tuple[int | None, str], dict[str, float]]:
-    """The weight rows from the raw GGUF tensors with numpy, grouped by llama.cpp's own tensor names.
+def _numpy_rows(path_a: Path, path_b: Path, layers: set) -> dict[tuple[int | None, str], dict[str, float]]:
+    """The weight rows of ``layers`` (None: outside the blocks) from the raw GGUF tensors with numpy, grouped by
+    llama.cpp's own tensor names.
 
     llama.cpp permutes Llama's q/k rows; that permutation moves the elements of A and B alike, so the
     norms and dot products here equal those of transformers' layout."""
@@ -83,6 +84,8 @@ def _numpy_rows(path_a: Path, path_b: Path) -> dict[tuple[int | None, str], dict
     tb = {t.name: t for t in b.tensors}
     sums: dict = {}
     for t in a.tensors:
+        if group(t.name)[0] not in layers:
+            continue
         x = dequantize(t.data, t.tensor_type).astype(np.float64).ravel()
         u = tb[t.name]
         y = dequantize(u.data, u.tensor_type).astype(np.float64).ravel()
@@ -111,13 +114,16 @@ def test_requantized_copy_small_nonzero_and_equal_to_numpy(smollm2_gguf, smollm2
 
     with diff.open_weights(str(smollm2_q8)) as q8:
         result = diff.diff_weights(smollm2_reader, q8)
-    reference = _numpy_rows(smollm2_gguf, smollm2_q8)
-    assert {(r.layer, r.component) for r in result.rows} == set(reference)
+    layers = {0, 11, 23, 29, None}  # numpy on every tensor would double the test's time; these cover each kind
+    reference = _numpy_rows(smollm2_gguf, smollm2_q8, layers)
+    assert {(r.layer, r.component) for r in result.rows if r.layer in layers} == set(reference)
+    assert len(result.rows) == 30 * 3 + 2
     for row in result.rows:
-        ref = reference[(row.layer, row.component)]
-        assert row.rel_change == pytest.approx(ref["rel_change"], rel=1e-9, abs=1e-15)
-        assert row.cosine == pytest.approx(ref["cosine"], abs=1e-12)
-        assert row.max_abs_delta == pytest.approx(ref["max_abs_delta"], rel=1e-6)
+        ref = reference.get((row.layer, row.component))
+        if ref is not None:
+            assert row.rel_change == pytest.approx(ref["rel_change"], rel=1e-9, abs=1e-15)
+            assert row.cosine == pytest.approx(ref["cosine"], abs=1e-12)
+            assert row.max_abs_delta == pytest.approx(ref["max_abs_delta"], rel=1e-6)
         if row.a_types == row.b_types:  # F32 norms copied; the embedding was Q8_0 already: one rounding, no change
             assert (row.rel_change, row.max_abs_delta) == (0.0, 0.0), row
         else:  # Q4_1 values rounded to Q8_0: small, never zero
