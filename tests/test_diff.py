@@ -287,3 +287,17 @@ def test_activations_plot(tiny_model_dir, llama_seed1, tmp_path):
     result = invoke(tiny_model_dir("llama"), llama_seed1, PROMPT, "--device", "cpu", "--plot", png)
     assert result.exit_code == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_activations_of_another_width_fail_before_b_loads(tiny_model_dir, tmp_path):
+    import conftest
+    import models
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = tiny_model_dir("llama")
+    LlamaForCausalLM(LlamaConfig(**{**models.config_kwargs("llama"), "hidden_size": 48})).save_pretrained(tmp_path)
+    conftest.build_gpt2_tokenizer().save_pretrained(tmp_path)
+    result = invoke(d, tmp_path, PROMPT, "--device", "cpu")
+    assert result.exit_code == 2
+    assert error_lines(result) == [f"error: the residual streams differ in shape: {d} has {models.LAYERS} layers of "
+                                   f"width 32, {tmp_path} {models.LAYERS} of width 48"]

@@ -86,6 +86,15 @@ def check_same_tokens(a: list[Any], b: list[Any], name_a: str, name_b: str) -> N
                              f"{name_b}: {show(eb)}")
 
 
+def check_same_shape(shape_a: tuple[int, int], config: Any, name_a: str, name_b: str) -> None:
+    """Raise UsageError when B's (layers, d_model) from its config differ from A's ``shape_a``."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    shape_b = (getattr(text, "num_hidden_layers", None), getattr(text, "hidden_size", None))
+    if None not in shape_b and tuple(shape_b) != tuple(shape_a):
+        raise UsageError(f"the residual streams differ in shape: {name_a} has {shape_a[0]} layers of width "
+                         f"{shape_a[1]}, {name_b} {shape_b[0]} of width {shape_b[1]}")
+
+
 def weights_report(result: Any) -> Report:
     data = {"mode": "weights", **result.to_dict()}
     rows = [{**r, "b_types": "+".join(r["b_types"])} for r in data["rows"]]

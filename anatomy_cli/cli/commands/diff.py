@@ -138,13 +138,17 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
     lm, encoded = load_texts(texts, spec_a, options, check=check)
     with status(f"running {spec_a.model}"):
         kept_a = analysis.keep(lm, encoded, position, batch_size=batch_size)
-    label_a = model_label(lm)
+    label_a, shape_a = model_label(lm), (lm.n_layers, lm.d_model)
+
+    def check_b(tok, config) -> None:  # before B's weights: the same tokens, the same residual stream shape
+        render.check_same_tokens(encoded, tok.encode(texts, bos=options.bos, allow_special=options.allow_special),
+                                 spec_a.model, spec_b.model)
+        render.check_same_shape(shape_a, config, spec_a.model, spec_b.model)
+
     if spec_b != spec_a:
         del lm  # A's weights go before B's load: the two models are never in memory together
         gc.collect()
-        lm = load_model(spec_b, before_weights=lambda tok, config: render.check_same_tokens(
-            encoded, tok.encode(texts, bos=options.bos, allow_special=options.allow_special), spec_a.model,
-            spec_b.model))
+        lm = load_model(spec_b, before_weights=check_b)
     with status(f"running {spec_b.model}"):
         kept_b = analysis.keep(lm, encoded, position, batch_size=batch_size)
     name_token = describe(lm)
