@@ -1,0 +1,130 @@
+"""`diff`'s checks (before any weight loads) and its reports: the tables, notes and JSON of both modes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.cli.commands._common import prompt_line
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.text.options import PromptOptions
+
+WEIGHT_COLUMNS = (
+    Column("layer", "layer", "int"),
+    Column("component", "component"),
+    Column("n_tensors", "tensors", "int"),
+    Column("n_params", "params", "int"),
+    Column("rel_change", "rel Δ", "number", 4),
+    Column("cosine", "cosine", "float", 6),
+    Column("max_abs_delta", "max |Δ|", "number", 4),
+    Column("b_types", "B stored as"),
+)
+LAYER_COLUMNS = (
+    Column("layer", "layer", "int"),
+    Column("cos", "cos", "float", 5),
+    Column("cos_mean", "cos mean", "float", 5),
+    Column("rel_delta", "rel Δ", "number", 4),
+    Column("lens_kl_nats", "lens KL nats", "number", 4),
+    Column("lens_agree", "agree"),
+    Column("lens_a", "lens A"),
+    Column("lens_b", "lens B"),
+)
+TOP_COLUMNS = (
+    Column("rank", "rank", "int"),
+    Column("token_a", "A token"),
+    Column("probability_a", "A p", "prob", 4),
+    Column("token_b", "B token"),
+    Column("probability_b", "B p", "prob", 4),
+)
+TARGET_COLUMNS = (
+    Column("model", "model"),
+    Column("token", "token"),
+    Column("token_id", "id", "id"),
+    Column("rank", "rank", "int"),
+    Column("probability", "probability", "prob", 4),
+)
+WEIGHTS_NOTE = ("rel Δ = ‖W_B − W_A‖ / ‖W_A‖ and cosine over the group's tensors as one vector; max |Δ| over "
+                "every element; layer empty = outside the blocks")
+LAYERS_NOTE = ("layer 0 = embedding, L = last block's output; cos / rel Δ = h_A vs h_B at the position "
+               "(rel Δ = ‖h_A − h_B‖ / ‖h_A‖), cos mean over all positions; lens KL = KL(lens_A ‖ lens_B) "
+               "at the position, lens = unembed(final_norm(h)) with each model's own norm and head")
+
+
+def check_decoder(name: str, adapter: Any) -> None:
+    if not adapter.causal:
+        raise UsageError(f"{name} is an encoder ({adapter.name}); `diff` on a prompt compares next-token "
+                         f"predictors (the weights of any two models: drop the PROMPT)")
+
+
+def check_position(position: int, encoded: list[Any]) -> None:
+    for i, enc in enumerate(encoded, start=1):
+        if not -len(enc) <= position < len(enc):
+            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
+            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} "
+                             f"token{'' if len(enc) == 1 else 's'}")
+
+
+def tokens_of(spec: ModelSpec, texts: list[str], options: PromptOptions) -> list[Any]:
+    """``texts`` tokenized by ``spec``'s own tokenizer (no weights), as the engine will tokenize them."""
+    from anatomy_cli.models.model_files import load_tokenizer
+    from anatomy_cli.models.resolve import resolve
+    from anatomy_cli.text.tokenization import Tokenizer
+
+    hf = load_tokenizer(resolve(spec.model, need="tokenizer"), trust_remote_code=spec.trust_remote_code)
+    return Tokenizer(hf).encode(texts, bos=options.bos, allow_special=options.allow_special)
+
+
+def check_same_tokens(a: list[Any], b: list[Any], name_a: str, name_b: str) -> None:
+    """Raise UsageError (one line, both tokenizations) when B's ids differ from A's for any prompt."""
+    for i, (ea, eb) in enumerate(zip(a, b), start=1):
+        ids_b = eb.ids[-len(ea):] if ea.dropped else eb.ids
+        if list(ea.ids) != list(ids_b):
+            which = f"prompt {i}" if len(a) > 1 else "the prompt"
+            show = lambda e: " ".join(f"{p}({t})" for p, t in zip(e.pieces, e.ids))
+            raise UsageError(f"the two tokenizers split {which} differently: {name_a}: {show(ea)}; "
+                             f"{name_b}: {show(eb)}")
+
+
+def check_same_shape(shape_a: tuple[int, int], config: Any, name_a: str, name_b: str) -> None:
+    """Raise UsageError when B's (layers, d_model) from its config differ from A's ``shape_a``."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    shape_b = (getattr(text, "num_hidden_layers", None), getattr(text, "hidden_size", None))
+    if None not in shape_b and tuple(shape_b) != tuple(shape_a):
+        raise UsageError(f"the residual streams differ in shape: {name_a} has {shape_a[0]} layers of width "
+                         f"{shape_a[1]}, {name_b} {shape_b[0]} of width {shape_b[1]}")
+
+
+def weights_report(result: Any) -> Report:
+    data = {"mode": "weights", **result.to_dict()}
+    rows = [{**r, "b_types": "+".join(r["b_types"])} for r in data["rows"]]
+    total = {**data["total"], "component": "total", "b_types": "+".join(data["total"]["b_types"])}
+    heading = [f"diff · weights · A {result.a} → B {result.b}",
+               f"{len(result.tensors)} tensor pairs · {result.total.n_params:,} parameters · "
+               f"rel Δ {result.total.rel_change:.4g} · cosine {_fmt(result.total.cosine)}"]
+    notes = [WEIGHTS_NOTE]
+    if result.tied_head:
+        notes.append("the LM head is tied to the token embedding in both: compared once, as token_embedding")
+    return Report(data=data, sections=[Section(WEIGHT_COLUMNS, rows + [total], title="weights")],
+                  heading=heading, notes=notes)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.6f}"
+
+
+def activations_report(label_a: str, label_b: str, enc: Any, result: Any) -> Report:
+    data = {"mode": "activations", "a": label_a, "b": label_b, "prompt": enc.text, "token_ids": list(enc.ids),
+            "tokens": list(enc.pieces), "truncated_tokens": enc.dropped, **result.to_dict()}
+    pos = result.position
+    heading = [f"diff · A {label_a} → B {label_b}", f"{prompt_line(enc)} · position {pos} = {enc.pieces[pos]}",
+               f"next token: KL(A ‖ B) {result.kl_nats:.4g} nats · A's top token {result.top_a[0].token} is "
+               f"rank {result.a_top1_rank_in_b} in B"]
+    tops = [{"rank": ta.rank, "token_a": ta.token, "probability_a": ta.probability, "token_b": tb.token,
+             "probability_b": tb.probability} for ta, tb in zip(result.top_a, result.top_b)]
+    sections = [Section(LAYER_COLUMNS, data["layers"], title="residual stream"),
+                Section(TOP_COLUMNS, tops, title=f"top {len(tops)} next tokens")]
+    if result.target_a is not None:
+        rows = [{"model": "A", **result.target_a.to_dict()}, {"model": "B", **result.target_b.to_dict()}]
+        sections.append(Section(TARGET_COLUMNS, rows, title="target"))
+    return Report(data=data, sections=sections, heading=heading, notes=[LAYERS_NOTE])

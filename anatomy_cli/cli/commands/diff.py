@@ -1,0 +1,171 @@
+"""`anatomy diff A B [PROMPT]`: two models side by side, weights tensor by tensor or activations layer by layer."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app, status
+from anatomy_cli.cli.commands._common import (
+    AllowSpecialOpt,
+    BatchSizeOpt,
+    BosOpt,
+    TruncateOpt,
+    describe,
+    emit_prompts,
+    load_model,
+    load_texts,
+    model_label,
+)
+from anatomy_cli.cli.options import (
+    Device,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    FormatOpt,
+    PlotOpt,
+    TargetIdOpt,
+    TargetOpt,
+    TrustRemoteCodeOpt,
+)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.text import targets
+from anatomy_cli.text.options import PromptOptions
+
+ModelArg = Annotated[str, typer.Argument(metavar="A", show_default=False,
+                                         help="The first model: .gguf file, directory, preset or Hugging Face id.")]
+OtherArg = Annotated[str, typer.Argument(metavar="B", show_default=False, help="The second model, as A.")]
+OptionalPrompt = Annotated[Optional[str], typer.Argument(
+    metavar="[PROMPT]", show_default=False,
+    help="Compare activations on this prompt ('-': one prompt per stdin line). Without it: the weights.")]
+
+
+@app.command("diff")
+def diff_command(
+    a: ModelArg,
+    b: OtherArg,
+    prompt: OptionalPrompt = None,
+    weights: Annotated[bool, typer.Option("--weights", help="Compare the weights (the default without a PROMPT).")]
+    = False,
+    position: Annotated[int, typer.Option("--position", "-p", metavar="N", help="Token position whose lens and "
+                                          "residual are compared (negative counts from the end).")] = -1,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many next tokens of each model to list.")] = 5,
+    target: TargetOpt = None,
+    target_id: TargetIdOpt = None,
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    bos: BosOpt = False,
+    allow_special: AllowSpecialOpt = False,
+    truncate: TruncateOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    plot: PlotOpt = None,
+    fmt: FormatOpt = None,
+) -> None:
+    """Compare two models of one shape: a quantized file against its source, a fine-tune against its base.
+
+    Weights (no PROMPT, or --weights): per block and component (the `params` rows), the relative change
+    ‖W_B − W_A‖/‖W_A‖, the cosine and max |Δ|, read one tensor pair at a time (never a whole model in
+    memory); for a GGUF B, the quantization types of B's tensors.
+
+    Activations (a PROMPT): per layer, the cosine of h_A and h_B at the position and its mean over
+    positions, ‖h_A − h_B‖/‖h_A‖, KL(lens_A ‖ lens_B) and whether the lenses agree on the top token; then
+    both next-token distributions, their KL and the rank of A's top token in B. A runs first and only
+    its activations are kept; B loads after A is freed.
+
+    Examples:
+
+    \b
+        anatomy diff model.Q4_1.gguf model.Q8_0.gguf
+        anatomy diff ./base ./finetuned --format json
+        anatomy diff model.Q4_1.gguf ./source "The capital of Germany is" --target " Berlin"
+    """
+    from anatomy_cli.models.resolve import check_path
+
+    for spec in (a, b):
+        check_path(spec)  # a path that does not exist fails before torch loads
+    if prompt is not None and weights:
+        raise UsageError("--weights compares the files and takes no PROMPT; drop one of them")
+    if prompt is None:
+        if target is not None or target_id is not None:
+            raise UsageError("--target needs a PROMPT (it compares next-token probabilities)")
+        return _weights(a, b, trust_remote_code, plot, fmt)
+    spec_a = ModelSpec(a, device, dtype, trust_remote_code=trust_remote_code)
+    _activations(spec_a, spec_a.replace(model=b), prompt, PromptOptions(bos, allow_special, truncate),
+                 targets.choice(target, target_id), position, k, batch_size, plot, fmt)
+
+
+def _weights(a: str, b: str, trust_remote_code: bool, plot: Path | None, fmt: Any) -> None:
+    from anatomy_cli.analyses import diff as analysis
+    from anatomy_cli.cli.commands import _diff_render as render
+    from anatomy_cli.output import plots
+
+    with status(f"reading {a}"):
+        reader_a = analysis.open_weights(a, trust_remote_code=trust_remote_code)
+    with status(f"reading {b}"):
+        reader_b = analysis.open_weights(b, trust_remote_code=trust_remote_code)
+    with reader_a, reader_b, status("comparing weights"):
+        result = analysis.diff_weights(reader_a, reader_b)
+    if plot:
+        from anatomy_cli.output.plots import diff as picture
+
+        plots.save(picture.weights_figure(result, plots.Caption("diff", _pair(a, b), detail="weights")), plot)
+    emit_prompts([render.weights_report(result)], fmt, from_stdin=False)
+
+
+def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: PromptOptions, wanted: Any,
+                 position: int, k: int, batch_size: int, plot: Path | None, fmt: Any) -> None:
+    from anatomy_cli.analyses import diff as analysis
+    from anatomy_cli.cli.commands import _diff_render as render
+    from anatomy_cli.output import plots
+    from anatomy_cli.text.inputs import read_prompts
+
+    texts = read_prompts(prompt)
+    target_ids: list[int] = []
+
+    def check(pre) -> None:  # before A's weights: shapes of the question, and B's tokenizer agrees
+        render.check_decoder(pre.name, pre.adapter)
+        render.check_position(position, pre.encoded)
+        render.check_same_tokens(pre.encoded, render.tokens_of(spec_b, texts, options), spec_a.model, spec_b.model)
+        if wanted is not None:
+            target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=spec_a.model,
+                                             vocab_size=getattr(pre.config, "vocab_size", None))]
+
+    lm, encoded = load_texts(texts, spec_a, options, check=check)
+    with status(f"running {spec_a.model}"):
+        kept_a = analysis.keep(lm, encoded, position, batch_size=batch_size)
+    label_a, shape_a = model_label(lm), (lm.n_layers, lm.d_model)
+
+    def check_b(tok, config) -> None:  # before B's weights: the same tokens, the same residual stream shape
+        render.check_same_tokens(encoded, tok.encode(texts, bos=options.bos, allow_special=options.allow_special),
+                                 spec_a.model, spec_b.model)
+        render.check_same_shape(shape_a, config, spec_a.model, spec_b.model)
+
+    if spec_b != spec_a:
+        del lm  # A's weights go before B's load: the two models are never in memory together
+        gc.collect()
+        lm = load_model(spec_b, before_weights=check_b)
+    with status(f"running {spec_b.model}"):
+        kept_b = analysis.keep(lm, encoded, position, batch_size=batch_size)
+    name_token = describe(lm)
+    reports = []
+    for i, (enc, ka, kb) in enumerate(zip(encoded, kept_a, kept_b), start=1):
+        result = analysis.compare(ka, kb, name_token, k=k, target_id=target_ids[0] if target_ids else None)
+        reports.append(render.activations_report(label_a, model_label(lm), enc, result))
+        if plot:
+            from anatomy_cli.output.plots import diff as picture
+
+            cap = plots.Caption("diff", _pair(spec_a.model, spec_b.model), enc.text,
+                                f"position {result.position} = {enc.pieces[result.position]}")
+            plots.save(picture.activations_figure(result, cap), plot, i if prompt == "-" else None)
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def _pair(a: str, b: str) -> str:
+    """``A.gguf vs B.gguf`` for a picture's title: file names without their directories."""
+    short = lambda spec: Path(spec).name if Path(spec).exists() else spec
+    return f"{short(a)} vs {short(b)}"
