@@ -70,7 +70,7 @@ def _tokenizer(source: Any) -> Tokenizer:
 
 def _pieces(tok: Tokenizer, text: str) -> tuple[list[int], list[str]]:
     """``text`` alone, without the specials the tokenizer inserts itself (BOS, [CLS], [SEP])."""
-    enc = tok.encode([text])[0]
+    enc = tok.encode([text], bos=False)[0]
     keep = [i for i in range(len(enc))
             if not (enc.special[i] and enc.offsets[i] == (0, 0) and enc.token_bytes[i] == b"")]
     return [enc.ids[i] for i in keep], [enc.pieces[i] for i in keep]
