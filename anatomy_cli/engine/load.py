@@ -18,7 +18,7 @@ from anatomy_cli.models import adapters as _adapters
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.model_files import load_tokenizer, read_config
-from anatomy_cli.models.resolve import Source, first_line, resolve
+from anatomy_cli.models.resolve import Source, first_line, label, resolve
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.tokenization import Tokenizer
 
@@ -181,7 +181,9 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = _model_class(adapter, config, random=True).from_config(config, dtype=torch_dtype)
-        return from_model(model.to(target or "cpu"), tok, name=spec, untrained=True)
+        lm = from_model(model.to(target or "cpu"), tok, name=spec, untrained=True)
+        lm.label = label(source, header.fields if header is not None else None)
+        return lm
     if header is not None:
         model = load_gguf.load_weights(source, config, _model_class(adapter, config), torch_dtype, placement)
     else:
@@ -190,6 +192,7 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
     if target is not None:
         model = model.to(target)
     lm = from_model(model, tok, name=spec, untrained=False)
+    lm.label = label(source, header.fields if header is not None else None)
     if header is not None:
         lm.dequantized_from = header.quantization
     return lm

@@ -198,6 +198,33 @@ def config_path(source: Source) -> Path:
     return Path(found)
 
 
+def label(source: Source, fields: dict | None = None) -> str:
+    """A short name for headings and plot titles (JSON keeps the spec as given).
+
+    A GGUF file: its ``general.name`` (``fields``: its header's metadata, else the header is read),
+    else the file's stem; a directory: its own name; a preset or a Hub id: itself.
+    """
+    if source.kind == "gguf":
+        if fields is None:
+            from anatomy_cli.models.headers import read_gguf
+
+            try:
+                fields = read_gguf(source.ref).fields
+            except CheckpointError:
+                fields = {}
+        name = str(fields.get("general.name") or "").strip()
+        return name or Path(source.ref).name.removesuffix(".gguf")
+    if source.kind == "dir":
+        return Path(source.ref).expanduser().resolve().name or source.spec
+    return source.spec
+
+
+def short_name(spec: str) -> str:
+    """:func:`label` of ``spec`` without loading anything: a local file's or directory's short name, else ``spec``."""
+    source = check_path(spec)
+    return label(source) if source is not None else spec
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

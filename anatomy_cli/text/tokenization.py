@@ -182,11 +182,17 @@ class Tokenizer:
                 return tid
         return 0
 
+    def known(self, token_id: int) -> bool:
+        """False for an id the tokenizer has no token for: a padded LM head has more rows than the
+        tokenizer has tokens (Pythia: 50,304 rows, 50,277 tokens), and the model still scores those rows."""
+        return self.hf.convert_ids_to_tokens(int(token_id)) is not None
+
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes token ``token_id`` stands for (specials: their literal string)."""
+        """The bytes token ``token_id`` stands for (specials: their literal string; an id past the
+        tokenizer, see :meth:`known`: none)."""
         token = self.hf.convert_ids_to_tokens(int(token_id))
         if token is None:
-            raise AnatomyError(f"token id {token_id} is outside the vocabulary ({len(self)} tokens)")
+            return b""
         if token_id in self.special_ids:
             return token.encode("utf-8")
         if self.kind == "byte_level":
@@ -201,7 +207,10 @@ class Tokenizer:
         return token.encode("utf-8")
 
     def piece(self, token_id: int) -> str:
-        """Display string of one token id: ``·much``, ``<e4 bd>``, ``<|endoftext|>``, ``##ing``."""
+        """Display string of one token id: ``·much``, ``<e4 bd>``, ``<|endoftext|>``, ``##ing``; an id the
+        tokenizer has no token for (a padded LM head's extra rows): ``<unused id 50290>``."""
+        if not self.known(token_id):
+            return f"<unused id {int(token_id)}>"
         if token_id in self.special_ids:
             return self.hf.convert_ids_to_tokens(int(token_id))
         return token_display(self.token_bytes(token_id))

@@ -215,8 +215,9 @@ def dtype_name(lm: LoadedModel) -> str:
 
 
 def model_label(lm: LoadedModel) -> str:
-    """``gpt2``, ``gpt2 (untrained: random weights)``, ``x.gguf (weights dequantized from Q4_1)``; a dtype
-    other than fp32 is said too: ``gpt2 (bf16)``, ``x.gguf (weights dequantized from Q4_1 to bf16)``."""
+    """``gpt2``, ``gpt2 (untrained: random weights)``, ``Gemma 3 270m (weights dequantized from Q4_K)``; a dtype
+    other than fp32 is said too: ``gpt2 (bf16)``. The model's short name (``lm.label``: a GGUF file's
+    general.name, a directory's name, a Hub id); JSON's ``model`` keeps the spec as given."""
     dtype = dtype_name(lm)
     extra = "" if dtype == "fp32" else dtype
     if lm.untrained:
@@ -225,18 +226,22 @@ def model_label(lm: LoadedModel) -> str:
         what = f"weights dequantized from {lm.dequantized_from}" + (f" to {extra}" if extra else "")
     else:
         what = extra
-    return f"{lm.name} ({what})" if what else lm.name
+    name = lm.label or lm.name
+    return f"{name} ({what})" if what else name
 
 
 def describe(lm: LoadedModel):
     """``token_id -> (display, text)`` for the analyses.
 
-    display: ``·much``, hex bytes for a partial UTF-8 piece, a special token's name;
-    text: the token's decoded string, None when its bytes are not whole UTF-8 characters.
+    display: ``·much``, hex bytes for a partial UTF-8 piece, a special token's name, ``<unused id 50290>``
+    for a padded LM head's row past the tokenizer; text: the token's decoded string, None when its bytes
+    are not whole UTF-8 characters or the id has no token.
     """
     tok = lm.tokenizer
 
     def _describe(token_id: int) -> tuple[str, str | None]:
+        if not tok.known(token_id):
+            return tok.piece(token_id), None
         raw = tok.token_bytes(token_id)
         try:
             text = raw.decode("utf-8")
