@@ -157,7 +157,6 @@ def padded_dir(tmp_path_factory) -> Path:
     row 50290 made the most probable next token everywhere."""
     import models
     import transformers
-
     from conftest import build_gpt2_tokenizer
 
     config = transformers.GPTNeoXConfig(**{**models.config_kwargs("gpt_neox"), "vocab_size": PADDED})

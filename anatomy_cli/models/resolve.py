@@ -4,6 +4,8 @@ No torch, no transformers: a path that does not exist fails before either is imp
 
 A spec is, in this order:
 
+* ``ollama:NAME[:TAG]`` or ``lmstudio:PUBLISHER/REPO[/FILE.gguf]``: the GGUF file that tool keeps
+  (:mod:`anatomy_cli.models.local`): kind ``gguf``;
 * a ``.gguf`` file (any file that starts with the GGUF magic): kind ``gguf``;
 * a local directory (``save_pretrained``; for a tokenizer, any directory): kind ``dir``;
 * a path that does not exist (starts with ``.``, ``/``, ``~``, ends with ``/`` or ``.gguf``):
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anatomy_cli.errors import CheckpointError, ModelNotFound, OfflineError
-from anatomy_cli.models import hub, presets
+from anatomy_cli.models import hub, local, presets
 from anatomy_cli.models.headers import GGUF_MAGIC
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -55,12 +57,18 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def check_path(spec: str) -> Source | None:
-    """The local answer for ``spec``, cheaply: a Source for an existing .gguf file or directory,
-    None when ``spec`` is not a path (a preset or a Hub id). Imports nothing heavy.
+    """The local answer for ``spec``, cheaply: a Source for an existing .gguf file or directory, or an
+    Ollama / LM Studio model; None when ``spec`` is not a path (a preset or a Hub id). Imports nothing heavy.
 
     Raises ModelNotFound for a path that does not exist or a file that is not GGUF, and
-    CheckpointError for a ``.gguf`` file without the GGUF magic.
+    CheckpointError for a ``.gguf`` file without the GGUF magic; the errors of
+    :func:`anatomy_cli.models.local.resolve`.
     """
+    if local.is_named(spec):  # ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO: a GGUF file another tool keeps
+        found = local.resolve(spec)
+        if _kind_of_path(found) != "gguf":
+            raise CheckpointError(f"{spec}: {found} is not a GGUF file (it does not start with 'GGUF')")
+        return Source("gguf", spec, str(found))
     path = Path(spec).expanduser()
     if path.is_file():
         if _kind_of_path(path) == "gguf":
