@@ -78,6 +78,13 @@ def test_bos_default_follows_the_tokenizer(bos_llama_dir, cached_load):
         == no["token_ids"]
 
 
+def test_drift_contexts_follow_the_same_rule(bos_llama_dir, cached_load):
+    data = run_json("drift", "bank", "-m", bos_llama_dir)
+    assert (data["bos"], data["bos_source"]) == (True, "model default")
+    assert "bos: true (model default)" in table("drift", "bank", "-m", bos_llama_dir)
+    assert run_json("drift", "bank", "-m", bos_llama_dir, "--no-bos")["bos"] is False
+
+
 def test_a_prompt_that_starts_with_the_bos_keeps_one(bos_llama_dir, cached_load):
     data = run_json("next", "<|endoftext|>Thank", "-m", bos_llama_dir, "--allow-special")
     assert data["token_ids"] == [50256, 10449] and data["bos"] is True
