@@ -153,6 +153,27 @@ def test_gemma_bos_default_gives_a_sensible_continuation(gemma_lm):
     assert top[False][0] != "·much"  # without its BOS, Gemma repeats the last word
 
 
+def test_gemma_commands_say_which_bos_applied(gemma_lm, monkeypatch):
+    from anatomy_cli import engine
+    from anatomy_cli.models import model_files
+
+    def loaded(spec, before_weights=None, **options):  # the module's model, not a second 80-second load
+        if before_weights is not None:
+            before_weights(gemma_lm.tokenizer, gemma_lm.model.config)
+        return gemma_lm
+
+    monkeypatch.setattr(engine, "load", loaded)
+    data = run_json("next", PROMPT, "-m", gemma_lm.name, "--k", "1")
+    assert data["token_ids"][0] == 2 and (data["bos"], data["bos_source"]) == (True, "model default")
+    assert data["top"][0]["token"] == "·much" and data["top"][0]["probability"] > 0.9
+    assert data["model"] == gemma_lm.name  # the path; the heading has the short name
+    assert table("next", PROMPT, "-m", gemma_lm.name).startswith("next · Gemma 3 270m (weights dequantized from ")
+    # tokens --model reads the BOS convention from the file's metadata, and shows the ids next ran
+    monkeypatch.setattr(model_files, "load_tokenizer", lambda source, **kw: gemma_lm.tokenizer.hf)
+    toks = run_json("tokens", PROMPT, "--model", gemma_lm.name)
+    assert [t["token_id"] for t in toks["tokens"]] == data["token_ids"] and toks["tokens"][0]["token"] == "<bos>"
+
+
 # ---------------------------------------------------------------- padded vocabularies
 
 PADDED, UNUSED = 50304, 50290  # Pythia's LM head rows; an id past GPT-2's 50,257 tokens

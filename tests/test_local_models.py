@@ -106,7 +106,7 @@ def test_ollama_errors_are_one_line(ollama, tmp_path, monkeypatch):
     assert result.stderr.count("\n") == 1
 
 
-def test_ollama_model_runs_like_its_file(ollama, tiny_file):
+def test_ollama_model_runs_like_its_file(ollama, tiny_file, cached_load):
     args = ["next", "Thank you very", "--k", "3", "--device", "cpu", "--format", "json"]
     by_name = runner.invoke(app, [*args, "--model", "ollama:tiny"])
     assert by_name.exit_code == 0, by_name.stderr
