@@ -55,5 +55,7 @@ def models(
     notes = [f"searched {', '.join(result.searched)}"]
     if not result.models:
         notes.insert(0, "no models found")
-    emit(Report(data=data, sections=[Section(_COLUMNS, data["models"])], heading=["models on this machine"],
+    # The note column only when some entry has one: it is empty for every readable file.
+    columns = _COLUMNS if any(m.note for m in result.models) else _COLUMNS[:-1]
+    emit(Report(data=data, sections=[Section(columns, data["models"])], heading=["models on this machine"],
                 notes=notes), fmt)
