@@ -146,6 +146,7 @@ def test_models_lists_every_place(ollama, lmstudio, tiny_file, tmp_path, empty_h
     folder.mkdir()
     shutil.copy(tiny_file, folder / "copy.gguf")
     (folder / "notes.gguf").write_text("not a model")
+    (folder / "broken.gguf").write_bytes(tiny_file.read_bytes()[:200])  # a truncated header
     checkpoint = shutil.copytree(tiny_model_dir("llama"), folder / "llama-dir")
     result = runner.invoke(app, ["models", str(folder), "--format", "json"])
     assert result.exit_code == 0, result.stderr
@@ -160,6 +161,8 @@ def test_models_lists_every_place(ollama, lmstudio, tiny_file, tmp_path, empty_h
         assert (entry["source"], entry["format"], entry["architecture"]) == (source, "gguf", "llama"), name
         assert entry["parameters"] == n_params and entry["size_bytes"] == tiny_file.stat().st_size
     assert "lmstudio:pub/one/mmproj-tiny.gguf" not in by_name and str(folder / "notes.gguf") not in by_name
+    broken = by_name[str(folder / "broken.gguf")]
+    assert broken["parameters"] is None and "truncated" in broken["note"] and broken["size_bytes"] == 200
     ckpt = by_name[str(checkpoint)]
     assert (ckpt["format"], ckpt["architecture"], ckpt["parameters"]) == \
         ("safetensors", "LlamaForCausalLM", tiny.expected_params("llama"))
