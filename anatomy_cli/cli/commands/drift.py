@@ -176,12 +176,13 @@ def _report(result, label: str, dtype: str, dequantized_from: str | None, first=
             "dequantized_from": dequantized_from, **bos, **data}
     n = len(result.contexts)
     heading = [f"{result.word!r} in {n} contexts · {label} · pool {result.pool}"
-               + (f" · occurrence {result.occurrence}" if result.occurrence != 1 else "")
-               + (f" · {bos_text(first)}" if first is not None and first.bos is not None else "")]
+               + (f" · occurrence {result.occurrence}" if result.occurrence != 1 else "")]
     for loc in result.contexts:
         where = "token" if len(loc.positions) == 1 else "tokens"
         heading.append(f"context {loc.context}: {where} {', '.join(map(str, loc.positions))} "
                        f"({'|'.join(loc.pieces)}) in {loc.text!r}")
+    if first is not None and first.bos is not None:
+        heading.append(f"every context: {bos_text(first)}")
     notes = []
     if result.match == "characters":
         notes.append(f"{result.word!r} is in a script written without spaces between words: matched as characters "
