@@ -203,7 +203,8 @@ def test_next_heading_says_dequantized_from(tiny_gguf, tiny_gguf_lm, monkeypatch
     monkeypatch.setattr(engine, "load", lambda spec, **options: tiny_gguf_lm)
     result = runner.invoke(app, ["next", "Thank you very", "--model", str(tiny_gguf), "--format", "table"])
     assert result.exit_code == 0, result.stderr
-    assert f"{tiny_gguf} (weights dequantized from F32)" in " ".join(result.stdout.split())
+    # named by the file's general.name (the path stays in JSON)
+    assert "next · tiny-llama (weights dequantized from F32)" in " ".join(result.stdout.split())
 
 
 def test_tokens_and_params_take_a_gguf_file(tiny_gguf):

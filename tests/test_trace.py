@@ -214,7 +214,7 @@ def test_table_labels_untrained_and_prints_markup_literally(tiny_model_dir):
     assert result.exit_code == 0, result.stderr
     text = " ".join(result.stdout.split())  # rich wraps the long model path
     assert text.startswith("trace · ") and " (untrained: random weights) · 2 layers " in text
-    assert " prompt '[bold]Thank[/bold] you' · 8 tokens · position 7 = ·you " in text
+    assert " prompt '[bold]Thank[/bold] you' · 8 tokens · bos: false (model default) · position 7 = ·you " in text
     assert "top 5 next tokens" in result.stdout
     data = trace_json(tiny_model_dir("gpt2"), "--init", "random")
     assert data["untrained"] is True
@@ -263,7 +263,7 @@ def test_stdin_prompts_json_and_tsv_layout(tiny_model_dir):
     assert [line.split("\t")[0] for line in layers.splitlines()[1:]] == ["Thank you very"] * 3 + ["Hi"] * 3
     assert [line.split("\t")[:2] for line in top.splitlines()] == [
         ["prompt", "rank"], ["Thank you very", "1"], ["Hi", "1"]]
-    assert f"trace · {model} · 2 layers\n" in result.stderr  # the model line once, on stderr
+    assert f"trace · {tiny_model_dir('gpt2').name} · 2 layers\n" in result.stderr  # the model line once, on stderr
 
 
 def test_bad_prompts(tiny_model_dir):

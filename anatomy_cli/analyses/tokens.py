@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError, UsageError
@@ -65,6 +65,8 @@ class Tokenization:
     tokenizer: str  # "tiktoken:gpt2" or "hf:<model>"
     text: str
     tokens: tuple[Token, ...]
+    bos: bool | None = None  # a decoder's tokens start with its BOS (None: tiktoken, encoders)
+    bos_source: str | None = None  # "model default", "--bos" or "--no-bos"
 
     @property
     def n_characters(self) -> int:
@@ -80,6 +82,8 @@ class Tokenization:
             "n_tokens": len(self.tokens),
             "n_characters": self.n_characters,
             "n_bytes": self.n_bytes,
+            "bos": self.bos,
+            "bos_source": self.bos_source,
             "tokens": [t.to_dict() for t in self.tokens],
         }
 
@@ -148,19 +152,48 @@ def load_hf_tokenizer(model: str):
     OfflineError, CheckpointError, UnsupportedArchitecture (a GGUF architecture transformers
     cannot read).
     """
+    return _load_hf(model)[0]
+
+
+def _load_hf(model: str) -> tuple[Any, bool, bool | None]:
+    """``(tokenizer, decoder, add_bos)``: the tokenizer of ``model``, whether the model is a decoder (its
+    config.json's model_type; a GGUF file, a preset or a tokenizer without a config: yes), and the BOS
+    convention a GGUF file's metadata states (``tokenizer.ggml.add_bos_token``; else None: the tokenizer's)."""
     from anatomy_cli.models.model_files import load_tokenizer
     from anatomy_cli.models.resolve import resolve
 
     source = resolve(model, need="tokenizer")
+    add_bos = None
     if source.kind == "gguf":
         from anatomy_cli.engine import load_gguf
 
-        load_gguf.check_header(source)
-    return load_tokenizer(source)
+        add_bos = load_gguf.check_header(source).fields.get("tokenizer.ggml.add_bos_token")
+    return load_tokenizer(source), _is_decoder(source), add_bos
 
 
-def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer=None) -> Tokenization:
-    """Tokenize ``text`` with a Hugging Face tokenizer (no BOS/EOS or other added special tokens).
+def _is_decoder(source: Any) -> bool:
+    import json
+    from pathlib import Path
+
+    from anatomy_cli.models import adapters
+    from anatomy_cli.models.resolve import in_cache
+
+    if source.kind not in ("dir", "hub"):
+        return True
+    path = Path(source.ref) / "config.json" if source.kind == "dir" else in_cache(source.ref)
+    try:
+        return adapters.for_model_type(json.loads(Path(path).read_text(encoding="utf-8"))["model_type"]).causal
+    except Exception:  # no or an unreadable config.json, an unknown architecture: as a decoder
+        return True
+
+
+def tokenize_hf(text: str, model: str, *, allow_special: bool = False, bos: bool | None = None,
+                tokenizer=None) -> Tokenization:
+    """Tokenize ``text`` with a Hugging Face tokenizer: the ids the other commands run.
+
+    A decoder's BOS as its tokenizer's convention says (``bos=None``; see
+    :func:`anatomy_cli.text.tokenization.adds_bos`), or as ``bos`` says (no second one when the
+    text starts with it); no EOS, [CLS]/[SEP] or other added special tokens.
 
     Pieces: byte-level tokenizers map token strings back to bytes (``Ġmuch`` ->
     ``b" much"``); SentencePiece tokens are their own text (``▁`` is a space, so the bare
@@ -171,8 +204,10 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer
     text are plain text unless ``allow_special``. Raises UsageError for empty text and the errors of
     :func:`load_hf_tokenizer`.
     """
+    from anatomy_cli.text.tokenization import adds_bos
+
     _require_text(text)
-    tok = tokenizer if tokenizer is not None else load_hf_tokenizer(model)
+    tok, decoder, add_bos = (tokenizer, True, None) if tokenizer is not None else _load_hf(model)
     try:
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True,
                   split_special_tokens=not allow_special)
@@ -204,4 +239,13 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, tokenizer
         else:
             piece = text[start:end].encode("utf-8")
         tokens.append(Token(i, tid, piece, start, end, special))
-    return Tokenization(f"hf:{model}", text, tuple(tokens))
+    if not decoder:
+        return Tokenization(f"hf:{model}", text, tuple(tokens))
+    bos_id = getattr(tok, "bos_token_id", None)
+    want = (adds_bos(tok) if add_bos is None else bool(add_bos)) if bos is None else bos
+    applied = want and bos_id is not None
+    if applied and ids[:1] != [bos_id]:
+        first = Token(0, bos_id, str(tok.convert_ids_to_tokens(bos_id)).encode("utf-8"), 0, 0, True)
+        tokens = [first] + [replace(t, index=t.index + 1) for t in tokens]
+    source = "model default" if bos is None else "--bos" if bos else "--no-bos"
+    return Tokenization(f"hf:{model}", text, tuple(tokens), bos=bool(applied), bos_source=source)

@@ -20,6 +20,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     heads,
     layernorm,
     lens,
+    models,
     next_token,
     params,
     patch,

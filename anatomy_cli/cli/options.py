@@ -49,7 +49,8 @@ def _model_exists(value: str | None) -> str | None:
 ModelOpt = Annotated[
     str,
     typer.Option("--model", "-m", callback=_model_exists,
-                 help="Preset name, .gguf file, local directory (save_pretrained) or Hugging Face model id."),
+                 help="Preset name, .gguf file, local directory (save_pretrained), Hugging Face model id, "
+                 "ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO (`anatomy models` lists them)."),
 ]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Device to run on.", case_sensitive=False)]
 DTypeOpt = Annotated[DType, typer.Option("--dtype", help="Weight and activation dtype.", case_sensitive=False)]

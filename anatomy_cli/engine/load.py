@@ -18,7 +18,7 @@ from anatomy_cli.models import adapters as _adapters
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.model_files import load_tokenizer, read_config
-from anatomy_cli.models.resolve import Source, first_line, resolve
+from anatomy_cli.models.resolve import Source, first_line, label, resolve
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.tokenization import Tokenizer
 
@@ -108,9 +108,11 @@ def _quiet_transformers() -> None:
             hf_logging.set_verbosity_warning()
 
 
-def _wrap_tokenizer(hf_tok: Any, adapter: Adapter, config: Any, before_weights: BeforeWeights | None) -> Tokenizer:
-    # The same wrapping from_model applies: encoders keep their [CLS]/[SEP], decoders add none.
-    tok = Tokenizer(hf_tok, add_special_tokens=not adapter.causal)
+def _wrap_tokenizer(hf_tok: Any, adapter: Adapter, config: Any, before_weights: BeforeWeights | None,
+                    add_bos: bool | None = None) -> Tokenizer:
+    # The same wrapping from_model applies: encoders keep their [CLS]/[SEP], decoders add only the BOS, as
+    # their convention says (``add_bos``: a GGUF file's tokenizer.ggml.add_bos_token; None: the tokenizer's).
+    tok = Tokenizer(hf_tok, add_special_tokens=not adapter.causal, add_bos=add_bos)
     if before_weights is not None:
         before_weights(tok, config)
     return tok
@@ -171,14 +173,17 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
 
     config = read_config(source, trust_remote_code=trust_remote_code, check_model_type=_adapters.for_model_type)
     adapter = _adapters.for_config(config)
+    add_bos = header.fields.get("tokenizer.ggml.add_bos_token") if header is not None else None
     tok = _wrap_tokenizer(load_tokenizer(source, trust_remote_code=trust_remote_code), adapter, config,
-                          before_weights)
+                          before_weights, add_bos)
 
     if init == "random":
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = _model_class(adapter, config, random=True).from_config(config, dtype=torch_dtype)
-        return from_model(model.to(target or "cpu"), tok, name=spec, untrained=True)
+        lm = from_model(model.to(target or "cpu"), tok, name=spec, untrained=True)
+        lm.label = label(source, header.fields if header is not None else None)
+        return lm
     if header is not None:
         model = load_gguf.load_weights(source, config, _model_class(adapter, config), torch_dtype, placement)
     else:
@@ -187,6 +192,7 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
     if target is not None:
         model = model.to(target)
     lm = from_model(model, tok, name=spec, untrained=False)
+    lm.label = label(source, header.fields if header is not None else None)
     if header is not None:
         lm.dequantized_from = header.quantization
     return lm

@@ -25,7 +25,8 @@ class LoadedModel:
     ``logit_softcap``, ``embed_scale``, ``position_offset``: family quirks the engine applies
     (see ``docs/engine.md``, Architectures); ``hook_embed`` already includes ``embed_scale``.
     ``dequantized_from`` is the GGUF quantization type the weights were dequantized from
-    (``Q4_1``; None when the weights were not quantized on disk).
+    (``Q4_1``; None when the weights were not quantized on disk). ``label``: the short name headings and plot
+    titles use (:func:`anatomy_cli.models.resolve.label`; None: ``name``).
     """
 
     model: Any = field(repr=False)
@@ -49,6 +50,7 @@ class LoadedModel:
     embed_scale: float = 1.0       # what the embedding module multiplies table rows by (Gemma: sqrt(d_model))
     position_offset: int = 0       # position id of the first token (RoBERTa: pad_token_id + 1)
     dequantized_from: str | None = None
+    label: str | None = None       # short name for headings and titles (GGUF general.name, a directory's name)
 
     def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Final logit soft-capping, ``c * tanh(logits / c)`` (Gemma 2), as the model's own head applies it.

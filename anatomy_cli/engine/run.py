@@ -15,11 +15,12 @@ from anatomy_cli.errors import AnatomyError, PromptTooLong, UsageError
 from anatomy_cli.text.tokenization import Encoded, Tokenizer
 
 
-def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, bos: bool = False,
+def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, bos: bool | None = None,
            allow_special: bool = False) -> list[Encoded]:
     """Tokenize ``texts`` (see :mod:`anatomy_cli.text.tokenization`).
 
-    Decoders get no BOS unless ``bos=True``; encoders (BERT) keep their [CLS]/[SEP].
+    Decoders get a BOS as their tokenizer's convention says (``bos=None``: Gemma, Llama and Mistral
+    yes, GPT-2 and SmolLM2 no), or as ``bos=True/False`` says; encoders (BERT) keep their [CLS]/[SEP].
     Special-token text (``<|endoftext|>``) is plain text unless ``allow_special``.
     Accepts a LoadedModel, a :class:`Tokenizer` or a raw HF fast tokenizer.
     """

@@ -4,6 +4,8 @@ No torch, no transformers: a path that does not exist fails before either is imp
 
 A spec is, in this order:
 
+* ``ollama:NAME[:TAG]`` or ``lmstudio:PUBLISHER/REPO[/FILE.gguf]``: the GGUF file that tool keeps
+  (:mod:`anatomy_cli.models.local`): kind ``gguf``;
 * a ``.gguf`` file (any file that starts with the GGUF magic): kind ``gguf``;
 * a local directory (``save_pretrained``; for a tokenizer, any directory): kind ``dir``;
 * a path that does not exist (starts with ``.``, ``/``, ``~``, ends with ``/`` or ``.gguf``):
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anatomy_cli.errors import CheckpointError, ModelNotFound, OfflineError
-from anatomy_cli.models import hub, presets
+from anatomy_cli.models import hub, local, presets
 from anatomy_cli.models.headers import GGUF_MAGIC
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -55,12 +57,18 @@ def _looks_like_path(spec: str) -> bool:
 
 
 def check_path(spec: str) -> Source | None:
-    """The local answer for ``spec``, cheaply: a Source for an existing .gguf file or directory,
-    None when ``spec`` is not a path (a preset or a Hub id). Imports nothing heavy.
+    """The local answer for ``spec``, cheaply: a Source for an existing .gguf file or directory, or an
+    Ollama / LM Studio model; None when ``spec`` is not a path (a preset or a Hub id). Imports nothing heavy.
 
     Raises ModelNotFound for a path that does not exist or a file that is not GGUF, and
-    CheckpointError for a ``.gguf`` file without the GGUF magic.
+    CheckpointError for a ``.gguf`` file without the GGUF magic; the errors of
+    :func:`anatomy_cli.models.local.resolve`.
     """
+    if local.is_named(spec):  # ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO: a GGUF file another tool keeps
+        found = local.resolve(spec)
+        if _kind_of_path(found) != "gguf":
+            raise CheckpointError(f"{spec}: {found} is not a GGUF file (it does not start with 'GGUF')")
+        return Source("gguf", spec, str(found))
     path = Path(spec).expanduser()
     if path.is_file():
         if _kind_of_path(path) == "gguf":
@@ -196,6 +204,33 @@ def config_path(source: Source) -> Path:
     if found is None:  # resolve() fetched it; only a racing cache cleanup gets here
         raise CheckpointError(f"{source.ref}: config.json vanished from the Hugging Face cache")
     return Path(found)
+
+
+def label(source: Source, fields: dict | None = None) -> str:
+    """A short name for headings and plot titles (JSON keeps the spec as given).
+
+    A GGUF file: its ``general.name`` (``fields``: its header's metadata, else the header is read),
+    else the file's stem; a directory: its own name; a preset or a Hub id: itself.
+    """
+    if source.kind == "gguf":
+        if fields is None:
+            from anatomy_cli.models.headers import read_gguf
+
+            try:
+                fields = read_gguf(source.ref).fields
+            except CheckpointError:
+                fields = {}
+        name = str(fields.get("general.name") or "").strip()
+        return name or Path(source.ref).name.removesuffix(".gguf")
+    if source.kind == "dir":
+        return Path(source.ref).expanduser().resolve().name or source.spec
+    return source.spec
+
+
+def short_name(spec: str) -> str:
+    """:func:`label` of ``spec`` without loading anything: a local file's or directory's short name, else ``spec``."""
+    source = check_path(spec)
+    return label(source) if source is not None else spec
 
 
 def first_line(exc: BaseException) -> str:

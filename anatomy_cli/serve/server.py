@@ -31,6 +31,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.models import local
+from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.serve import protocol
 
@@ -63,6 +65,8 @@ class ModelCache:
     def key(self, spec: ModelSpec) -> tuple:
         args = spec.to_dict()
         path = Path(spec.model).expanduser()
+        if local.is_named(spec.model):  # ollama:/lmstudio: names: keyed by the file they name now
+            path = Path(check_path(spec.model).ref)
         if path.exists():  # a relative path means the client's directory: key by the absolute one
             args["model"] = f"{path.resolve()}@{path.stat().st_mtime_ns}"
         return tuple(sorted((k, str(v)) for k, v in args.items()))

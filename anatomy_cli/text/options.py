@@ -10,11 +10,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class PromptOptions:
-    """``bos``: prepend the tokenizer's BOS token (a text that already starts with it keeps one).
+    """``bos``: None follows the model's own convention (its tokenizer's ``add_bos_token``; GGUF:
+    ``tokenizer.ggml.add_bos_token``), True prepends the tokenizer's BOS token (a text that already
+    starts with it keeps one), False adds none.
     ``allow_special``: read special-token text such as ``<|endoftext|>`` as that token (else plain text).
     ``truncate``: ``"left"`` keeps the last tokens of a text longer than the context; None refuses it."""
 
-    bos: bool = False
+    bos: bool | None = None
     allow_special: bool = False
     truncate: str | None = None
 

@@ -8,7 +8,8 @@ gets one before the weights load). :func:`token_id` does both for a loaded model
 Rules: TEXT must be exactly one token (no BOS, no [CLS]/[SEP]); with ``--first-token`` a longer TEXT
 stands for its first token (said on stderr). TEXT without a leading space whose spaced version is one
 token gets a note on stderr (GPT-2's ``much`` 29482 is not the word after a space, `` much`` 881 is).
-``--target-id N`` takes an id in ``0 .. vocabulary - 1``. The options themselves are in
+``--target-id N`` takes an id in ``0 .. vocabulary - 1``, the LM head's rows (a padded head has more than
+the tokenizer has tokens). The options themselves are in
 :mod:`anatomy_cli.cli.options`. No torch and no typer at import time.
 """
 
@@ -70,7 +71,7 @@ def _tokenizer(source: Any) -> Tokenizer:
 
 def _pieces(tok: Tokenizer, text: str) -> tuple[list[int], list[str]]:
     """``text`` alone, without the specials the tokenizer inserts itself (BOS, [CLS], [SEP])."""
-    enc = tok.encode([text])[0]
+    enc = tok.encode([text], bos=False)[0]
     keep = [i for i in range(len(enc))
             if not (enc.special[i] and enc.offsets[i] == (0, 0) and enc.token_bytes[i] == b"")]
     return [enc.ids[i] for i in keep], [enc.pieces[i] for i in keep]
@@ -80,8 +81,9 @@ def resolve(source: LoadedModel | Tokenizer, wanted: TokenChoice, *, model: str 
             vocab_size: int | None = None, note: Any = None) -> int:
     """The token id ``wanted`` stands for in ``source``'s tokenizer (a LoadedModel or a Tokenizer).
 
-    ``model`` names the model in messages (default: ``source.name``); ``vocab_size`` bounds an id
-    (default: the smaller of the tokenizer's and the model's vocabulary). ``note(text)`` receives
+    ``model`` names the model in messages (default: ``source.name``); ``vocab_size`` bounds an id: the
+    LM head's rows (default: the model's ``vocab_size``, else the tokenizer's size). A padded head's rows
+    past the tokenizer are ids too (shown as ``<unused id N>``). ``note(text)`` receives
     the stderr notes (default: printed on stderr). Raises UsageError for TEXT that is not one token
     (showing the split; with the spaced version when that is one token) unless ``first_token``,
     and for an id outside the vocabulary.
@@ -90,7 +92,7 @@ def resolve(source: LoadedModel | Tokenizer, wanted: TokenChoice, *, model: str 
     tok = _tokenizer(source)
     model = model or getattr(source, "name", "the model")
     if wanted.id is not None:
-        limit = min(len(tok), vocab_size or getattr(source, "vocab_size", None) or len(tok))
+        limit = vocab_size or getattr(source, "vocab_size", None) or len(tok)
         if wanted.id >= limit:
             raise UsageError(f"{wanted.id_option} {wanted.id} is outside {model}'s vocabulary (ids 0..{limit - 1})")
         return wanted.id

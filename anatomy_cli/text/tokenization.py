@@ -38,6 +38,9 @@ class Encoded:
     ``pieces[i]`` is the display string (``·much``, ``<e4 bd>``); ``token_bytes[i]`` the
     raw bytes. ``dropped`` counts tokens cut from the left by ``check_length(truncate="left")``;
     ``text`` is then still the full input and offsets still index into it.
+    ``bos``: the sequence starts with the BOS token (decoders; None for encoders, whose tokenizer adds
+    its own specials); ``bos_source`` says who decided: ``model default`` (the tokenizer's own
+    convention, :attr:`Tokenizer.add_bos`), ``--bos`` or ``--no-bos``.
     """
 
     text: str
@@ -47,6 +50,8 @@ class Encoded:
     special: list[bool]
     token_bytes: list[bytes]
     dropped: int = 0
+    bos: bool | None = None
+    bos_source: str | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -108,20 +113,51 @@ def own_span(token: str, text: str, span: tuple[int, int]) -> tuple[int, int]:
     return span
 
 
+def adds_bos(hf: Any) -> bool:
+    """True when the tokenizer's own convention is to prepend its BOS token.
+
+    Its ``add_bos_token`` (from tokenizer_config.json, or ``tokenizer.ggml.add_bos_token`` when
+    transformers built it from a GGUF file), or its post-processor putting the BOS first when asked
+    for its special tokens (Llama 3's template has no ``add_bos_token``). GPT-2 and SmolLM2: False;
+    Llama 2/3, Mistral, Gemma: True.
+    """
+    bos_id = getattr(hf, "bos_token_id", None)
+    if bos_id is None:
+        return False
+    if getattr(hf, "add_bos_token", None) is True:
+        return True
+    try:
+        ids = hf("a", add_special_tokens=True)["input_ids"]
+    except Exception:  # a tokenizer that cannot say: no BOS, as before
+        return False
+    return list(ids[:1]) == [bos_id]
+
+
 class Tokenizer:
     """A fast Hugging Face tokenizer plus the rules above.
 
     ``add_special_tokens``: keep the tokenizer's own specials ([CLS]/[SEP] for encoders,
-    which were trained with them); decoders get none (no BOS unless asked).
+    which were trained with them). Decoders get no special token but the BOS, and that one as the
+    model's own convention says (:attr:`add_bos`) unless ``encode(bos=...)`` overrides it.
+    ``add_bos``: that convention when the caller knows it (a GGUF file's ``tokenizer.ggml.add_bos_token``);
+    None: read it from the tokenizer (:func:`adds_bos`).
     """
 
-    def __init__(self, hf: Any, *, add_special_tokens: bool = False):
+    def __init__(self, hf: Any, *, add_special_tokens: bool = False, add_bos: bool | None = None):
         if not getattr(hf, "is_fast", False):
             raise AnatomyError(f"{type(hf).__name__} is not a fast tokenizer; character offsets need one")
         self.hf = hf
         self.add_special_tokens = add_special_tokens
         self.kind = _decoder_kind(hf)
         self.special_ids = frozenset(hf.all_special_ids)
+        self._add_bos = add_bos
+
+    @cached_property
+    def add_bos(self) -> bool:
+        """The model's own BOS convention for decoders (False for encoders and without a BOS token)."""
+        if self.add_special_tokens or self.bos_id is None:
+            return False
+        return bool(self._add_bos) if self._add_bos is not None else adds_bos(self.hf)
 
     @cached_property
     def _byte_map(self) -> dict[str, int]:
@@ -146,11 +182,17 @@ class Tokenizer:
                 return tid
         return 0
 
+    def known(self, token_id: int) -> bool:
+        """False for an id the tokenizer has no token for: a padded LM head has more rows than the
+        tokenizer has tokens (Pythia: 50,304 rows, 50,277 tokens), and the model still scores those rows."""
+        return self.hf.convert_ids_to_tokens(int(token_id)) is not None
+
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes token ``token_id`` stands for (specials: their literal string)."""
+        """The bytes token ``token_id`` stands for (specials: their literal string; an id past the
+        tokenizer, see :meth:`known`: none)."""
         token = self.hf.convert_ids_to_tokens(int(token_id))
         if token is None:
-            raise AnatomyError(f"token id {token_id} is outside the vocabulary ({len(self)} tokens)")
+            return b""
         if token_id in self.special_ids:
             return token.encode("utf-8")
         if self.kind == "byte_level":
@@ -165,21 +207,29 @@ class Tokenizer:
         return token.encode("utf-8")
 
     def piece(self, token_id: int) -> str:
-        """Display string of one token id: ``·much``, ``<e4 bd>``, ``<|endoftext|>``, ``##ing``."""
+        """Display string of one token id: ``·much``, ``<e4 bd>``, ``<|endoftext|>``, ``##ing``; an id the
+        tokenizer has no token for (a padded LM head's extra rows): ``<unused id 50290>``."""
+        if not self.known(token_id):
+            return f"<unused id {int(token_id)}>"
         if token_id in self.special_ids:
             return self.hf.convert_ids_to_tokens(int(token_id))
         return token_display(self.token_bytes(token_id))
 
-    def encode(self, texts: list[str], *, bos: bool = False, allow_special: bool = False) -> list[Encoded]:
+    def encode(self, texts: list[str], *, bos: bool | None = None, allow_special: bool = False) -> list[Encoded]:
         """Tokenize each text; see the module docstring for bytes, pieces and specials.
 
         Special-token text in the input (``<|endoftext|>``, ``<s>``) is plain text, split like
         any other text, unless ``allow_special``: then it becomes the special id (one rule for
-        every command, as tiktoken's ``disallowed_special=()``). ``bos=True`` prepends the BOS
-        token (decoders; no-op when the tokenizer already adds its specials or has no BOS, and
-        when the text already starts with the BOS token: see :func:`starts_with_bos`).
-        Returns one :class:`Encoded` per text.
+        every command, as tiktoken's ``disallowed_special=()``). ``bos``: None follows the
+        model's convention (:attr:`add_bos`), True prepends the BOS token, False does not
+        (decoders; no-op when the tokenizer already adds its specials or has no BOS, and no
+        second one when the text already starts with the BOS token: see :func:`starts_with_bos`).
+        Returns one :class:`Encoded` per text (``bos``, ``bos_source`` say what applied).
         """
+        want = self.add_bos if bos is None else bos
+        decoder = not self.add_special_tokens
+        applied = bool(want) and decoder and self.bos_id is not None
+        source = None if not decoder else "model default" if bos is None else "--bos" if bos else "--no-bos"
         batch = self.hf(list(texts), add_special_tokens=self.add_special_tokens,
                         return_offsets_mapping=True, return_attention_mask=False,
                         return_token_type_ids=False, split_special_tokens=not allow_special)
@@ -188,7 +238,7 @@ class Tokenizer:
             ids, offsets = list(ids), [tuple(o) for o in offsets]
             if self.kind == "sentencepiece":
                 offsets = [own_span(t, text, o) for t, o in zip(self.hf.convert_ids_to_tokens(ids), offsets)]
-            if bos and not self.add_special_tokens and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            if applied and ids[:1] != [self.bos_id]:
                 ids, offsets = [self.bos_id] + ids, [(0, 0)] + offsets
             special = [i in self.special_ids for i in ids]
             raw, pieces = [], []
@@ -203,7 +253,7 @@ class Tokenizer:
                     raw.append(self.token_bytes(tid))
                     pieces.append(token_display(raw[-1]))
             out.append(Encoded(text=text, ids=ids, offsets=offsets, pieces=pieces, special=special,
-                               token_bytes=raw))
+                               token_bytes=raw, bos=applied if decoder else None, bos_source=source))
         return out
 
 

@@ -51,9 +51,11 @@ TruncateOpt = Annotated[Optional[Truncate], typer.Option(
     "Default: such a prompt is an error.")]
 BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
-BosOpt = Annotated[bool, typer.Option(
-    "--bos", help="Prepend the tokenizer's BOS token (decoders get none by default; "
-    "a prompt that already starts with it keeps one).")]
+BosOpt = Annotated[Optional[bool], typer.Option(
+    "--bos/--no-bos", show_default=False,
+    help="Prepend the tokenizer's BOS token, or not. Default: as the model's own tokenizer does "
+    "(add_bos_token; GGUF: tokenizer.ggml.add_bos_token): Gemma, Llama and Mistral yes, GPT-2 and SmolLM2 no. "
+    "A prompt that already starts with it keeps one.")]
 AllowSpecialOpt = Annotated[bool, typer.Option(
     "--allow-special", help="Read special-token text in prompts, such as <|endoftext|>, as that special token. "
     "Default: it is plain text, split like any other text.")]
@@ -138,6 +140,8 @@ def load_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = Promp
             if enc.dropped:
                 warn(f"{which} is {len(enc) + enc.dropped} tokens; {model} takes at most {pre.n_ctx}: "
                      f"kept the last {len(enc)} (--truncate left)")
+        if prompts.bos and encoded and encoded[0].bos is False:
+            warn(f"{model}'s tokenizer has no BOS token: --bos adds nothing")
         if check is not None:
             check(pre)
         found[:] = encoded
@@ -211,8 +215,9 @@ def dtype_name(lm: LoadedModel) -> str:
 
 
 def model_label(lm: LoadedModel) -> str:
-    """``gpt2``, ``gpt2 (untrained: random weights)``, ``x.gguf (weights dequantized from Q4_1)``; a dtype
-    other than fp32 is said too: ``gpt2 (bf16)``, ``x.gguf (weights dequantized from Q4_1 to bf16)``."""
+    """``gpt2``, ``gpt2 (untrained: random weights)``, ``Gemma 3 270m (weights dequantized from Q4_K)``; a dtype
+    other than fp32 is said too: ``gpt2 (bf16)``. The model's short name (``lm.label``: a GGUF file's
+    general.name, a directory's name, a Hub id); JSON's ``model`` keeps the spec as given."""
     dtype = dtype_name(lm)
     extra = "" if dtype == "fp32" else dtype
     if lm.untrained:
@@ -221,18 +226,22 @@ def model_label(lm: LoadedModel) -> str:
         what = f"weights dequantized from {lm.dequantized_from}" + (f" to {extra}" if extra else "")
     else:
         what = extra
-    return f"{lm.name} ({what})" if what else lm.name
+    name = lm.label or lm.name
+    return f"{name} ({what})" if what else name
 
 
 def describe(lm: LoadedModel):
     """``token_id -> (display, text)`` for the analyses.
 
-    display: ``·much``, hex bytes for a partial UTF-8 piece, a special token's name;
-    text: the token's decoded string, None when its bytes are not whole UTF-8 characters.
+    display: ``·much``, hex bytes for a partial UTF-8 piece, a special token's name, ``<unused id 50290>``
+    for a padded LM head's row past the tokenizer; text: the token's decoded string, None when its bytes
+    are not whole UTF-8 characters or the id has no token.
     """
     tok = lm.tokenizer
 
     def _describe(token_id: int) -> tuple[str, str | None]:
+        if not tok.known(token_id):
+            return tok.piece(token_id), None
         raw = tok.token_bytes(token_id)
         try:
             text = raw.decode("utf-8")
@@ -244,16 +253,24 @@ def describe(lm: LoadedModel):
 
 
 def prompt_line(enc: Encoded, width: int = 60) -> str:
-    """``prompt 'Thank you very' · 3 tokens`` for a heading; a long prompt is cut in the middle."""
+    """``prompt 'Thank you very' · 3 tokens · bos: false (model default)`` for a heading; a long prompt is
+    cut in the middle. The BOS part is left out for encoders (their tokenizer adds its own specials)."""
     text = enc.text if len(enc.text) <= width else enc.text[:width // 2 - 1] + " … " + enc.text[-(width // 2 - 2):]
-    return f"prompt {text!r} · {len(enc)} token{'' if len(enc) == 1 else 's'}"
+    line = f"prompt {text!r} · {len(enc)} token{'' if len(enc) == 1 else 's'}"
+    return line if enc.bos is None else f"{line} · {bos_text(enc)}"
+
+
+def bos_text(enc: Encoded) -> str:
+    """``bos: true (model default)``, ``bos: false (--no-bos)``: which BOS rule applied to ``enc``."""
+    return f"bos: {'true' if enc.bos else 'false'} ({enc.bos_source})"
 
 
 def prompt_record(lm: LoadedModel, enc: Encoded) -> dict[str, Any]:
     """The per-prompt keys every record starts with (see docs/commands/trace.md)."""
     return {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
             "dequantized_from": lm.dequantized_from, "prompt": enc.text, "token_ids": list(enc.ids),
-            "tokens": list(enc.pieces), "truncated_tokens": enc.dropped}
+            "tokens": list(enc.pieces), "truncated_tokens": enc.dropped, "bos": enc.bos,
+            "bos_source": enc.bos_source}
 
 
 def emit_prompts(reports: Sequence[Report], fmt: Format | None, *, from_stdin: bool) -> None:

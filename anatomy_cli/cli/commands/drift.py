@@ -8,7 +8,15 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app, status, warn
-from anatomy_cli.cli.commands._common import AllowSpecialOpt, Preflight, dtype_name, load_texts, model_label
+from anatomy_cli.cli.commands._common import (
+    AllowSpecialOpt,
+    BosOpt,
+    Preflight,
+    bos_text,
+    dtype_name,
+    load_texts,
+    model_label,
+)
 from anatomy_cli.cli.options import (
     Device,
     DeviceMapOpt,
@@ -68,6 +76,7 @@ def drift_command(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_folder: OffloadFolderOpt = None,
+    bos: BosOpt = None,
     allow_special: AllowSpecialOpt = False,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -103,8 +112,8 @@ def drift_command(
                         for i, e in enumerate(pre.encoded)]
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_texts(contexts, spec, PromptOptions(allow_special=allow_special), check=check, what="context",
-                             truncate_hint=False)
+    lm, encoded = load_texts(contexts, spec, PromptOptions(bos=bos, allow_special=allow_special), check=check,
+                             what="context", truncate_hint=False)
 
     from anatomy_cli import engine
 
@@ -123,7 +132,7 @@ def drift_command(
 
     from anatomy_cli.output.render import emit
 
-    emit(_report(result, model_label(lm), dtype_name(lm), lm.dequantized_from), fmt)
+    emit(_report(result, model_label(lm), dtype_name(lm), lm.dequantized_from, encoded[0]), fmt)
     if plot:
         detail = f"{word!r} in {len(result.contexts)} contexts · pool {result.pool}"
         plots.draw("drift", plot, None, result, plots.Caption.of("drift", lm, detail=detail))
@@ -155,13 +164,14 @@ def _check_utf8(text: str, what: str) -> None:
         raise UsageError(f"{what} is not valid UTF-8 (character {exc.start + 1})") from None
 
 
-def _report(result, label: str, dtype: str, dequantized_from: str | None):
+def _report(result, label: str, dtype: str, dequantized_from: str | None, first=None):
     from anatomy_cli.output.render import Column, Report, Section
 
     data = result.to_dict()
-    # The same key, in the same place, as every command's prompt record.
+    # The same key, in the same place, as every command's prompt record; the BOS rule is one for all contexts.
+    bos = {"bos": first.bos, "bos_source": first.bos_source} if first is not None else {}
     data = {**{k: data[k] for k in ("word", "model", "untrained")}, "dtype": dtype,
-            "dequantized_from": dequantized_from, **data}
+            "dequantized_from": dequantized_from, **bos, **data}
     n = len(result.contexts)
     heading = [f"{result.word!r} in {n} contexts · {label} · pool {result.pool}"
                + (f" · occurrence {result.occurrence}" if result.occurrence != 1 else "")]
@@ -169,6 +179,8 @@ def _report(result, label: str, dtype: str, dequantized_from: str | None):
         where = "token" if len(loc.positions) == 1 else "tokens"
         heading.append(f"context {loc.context}: {where} {', '.join(map(str, loc.positions))} "
                        f"({'|'.join(loc.pieces)}) in {loc.text!r}")
+    if first is not None and first.bos is not None:
+        heading.append(f"every context: {bos_text(first)}")
     notes = []
     if result.match == "characters":
         notes.append(f"{result.word!r} is in a script written without spaces between words: matched as characters "

@@ -9,6 +9,7 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.options import FormatOpt, PlotOpt, TrustRemoteCodeOpt
+from anatomy_cli.models.resolve import short_name
 
 
 class WeightDType(str, Enum):
@@ -78,7 +79,8 @@ def params_command(
                               trust_remote_code=trust_remote_code, max_memory=budget)
     emit(build_report(result, fmt), fmt)
     if plot:
-        plots.draw("params", plot, None, result, plots.Caption("params", result.model, detail=result.architecture))
+        plots.draw("params", plot, None, result,
+                   plots.Caption("params", short_name(result.model), detail=result.architecture))
 
 
 def _share_digits(shares: list[float]) -> int:
@@ -130,7 +132,7 @@ def build_report(result, fmt=None):
     # config.json may name no architecture class (only a model_type): then say just that.
     what = f"{result.architecture} (model_type {result.model_type})" if result.architecture else \
         f"model_type {result.model_type}"
-    heading = [f"{result.model} · {what} · "
+    heading = [f"{short_name(result.model)} · {what} · "
                f"{_SOURCES.get(result.source, result.source)}"
                + (f" {result.location}" if result.source == "directory" else "")
                + f" · {result.n_layers} layers"

@@ -72,7 +72,7 @@ def patch_command(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = False,
+    bos: BosOpt = None,
     allow_special: AllowSpecialOpt = False,
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Patched runs per forward pass (more: faster, more memory).")] = 32,
@@ -150,7 +150,7 @@ def _report(lm, clean, corrupt, ids: dict, result, *, wide: bool) -> Report:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     differ = [i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b]
     data = {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
-            "dequantized_from": lm.dequantized_from,
+            "dequantized_from": lm.dequantized_from, "bos": clean.bos, "bos_source": clean.bos_source,
             "clean": _prompt(clean), "corrupt": _prompt(corrupt),
             "differing_positions": differ, "target": target, "foil": foil, **result.to_dict()}
     what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import AllowSpecialOpt
+from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column, Report, Section, emit
@@ -34,6 +34,7 @@ def tokens(
         "--model", "-m", help="Use this model's tokenizer instead of tiktoken (a .gguf file, a local "
         "directory or a Hub id in the HF cache; loads transformers).", show_default=False)] = None,
     allow_special: AllowSpecialOpt = False,
+    bos: BosOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Show the tokens of TEXT: index, id, token, bytes of partial characters, character span.
@@ -42,7 +43,9 @@ def tokens(
     character (GPT-2 splits most Chinese characters into 2-3 tokens) is shown
     as hex bytes, and its span is the whole character it belongs to. The
     summary (tokens, characters, bytes) goes under the table, into the JSON, or
-    to stderr for tsv/csv.
+    to stderr for tsv/csv. With --model, the ids are those the other commands run:
+    a decoder's BOS as its tokenizer adds it (Gemma, Llama: yes; GPT-2: no), or as
+    --bos / --no-bos say.
 
     Examples:
 
@@ -59,14 +62,18 @@ def tokens(
 
     if model is not None and encoding is not None:
         raise UsageError("give either --encoding (tiktoken) or --model (Hugging Face tokenizer), not both")
+    if model is None and bos is not None:
+        raise UsageError("--bos and --no-bos apply to a model's tokenizer (--model); tiktoken adds no BOS")
     source = read_text_arg(text)
     if model is not None:
-        result = analysis.tokenize_hf(source, model, allow_special=allow_special)
+        result = analysis.tokenize_hf(source, model, allow_special=allow_special, bos=bos)
     else:
         result = analysis.tokenize_tiktoken(source, encoding or "gpt2", allow_special=allow_special)
     data = result.to_dict()
     summary = (f"{_count(data['n_tokens'], 'token')}, {_count(data['n_characters'], 'character')}, "
                f"{_count(data['n_bytes'], 'byte')} ({result.tokenizer})")
+    if result.bos is not None:
+        summary += f"; bos: {'true' if result.bos else 'false'} ({result.bos_source})"
     emit(Report(data=data, sections=[Section(columns=_COLUMNS, rows=data["tokens"])], notes=[summary]), fmt)
 
 

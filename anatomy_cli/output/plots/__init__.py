@@ -45,8 +45,8 @@ class Caption:
 
     @classmethod
     def of(cls, command: str, lm: Any, prompt: str | None = None, detail: str | None = None) -> Caption:
-        """The caption for a loaded model (``lm.name``, ``lm.untrained``)."""
-        return cls(command, lm.name, prompt, detail, bool(lm.untrained))
+        """The caption for a loaded model: its short name (``lm.label``, else ``lm.name``), ``lm.untrained``."""
+        return cls(command, getattr(lm, "label", None) or lm.name, prompt, detail, bool(lm.untrained))
 
 
 def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:
