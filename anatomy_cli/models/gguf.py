@@ -197,8 +197,10 @@ def _values(raw: Any, info: TensorInfo, rows: int) -> Any:
     import numpy as np
 
     row_length = info.shape[0]
-    if info.dtype in ("F32", "F16"):
-        return raw.view(np.float32 if info.dtype == "F32" else np.float16).reshape(rows, row_length)
+    if info.dtype == "F32":
+        return raw.view(np.float32).reshape(rows, row_length)
+    if info.dtype == "F16":  # float32 as gguf's dequantize gives it: processors (norm - 1) then round alike
+        return raw.view(np.float16).astype(np.float32).reshape(rows, row_length)
     import gguf
 
     kind = gguf.GGMLQuantizationType[info.dtype]
@@ -207,8 +209,8 @@ def _values(raw: Any, info: TensorInfo, rows: int) -> Any:
 
 def row_blocks(f: Any, header: GGUFHeader, info: TensorInfo,
                chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[tuple[int, Any]]:
-    """``(first_row, values)`` for consecutive blocks of the tensor's rows, dequantized to numpy (float32 for
-    quantized types, the stored float type otherwise). A row is the fastest ggml axis; ``f`` is the file opened
+    """``(first_row, values)`` for consecutive blocks of the tensor's rows, dequantized to float32 numpy
+    arrays ``[rows, row_length]``. A row is the fastest ggml axis; ``f`` is the file opened
     in binary mode. Raises CheckpointError for a file that ends early."""
     row_length = info.shape[0] if info.shape else 1
     n_rows = info.n_params // row_length if row_length else 0
