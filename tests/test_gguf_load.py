@@ -250,3 +250,13 @@ def test_gemma_params_from_the_header_equal_the_dequantized_model(gemma3_gguf, g
     data = json.loads(result.stdout)
     assert data["total"] == sum(p.numel() for p in gemma3_lm.model.parameters()) == 268_098_176
     assert data["read_from"] == "gguf_header"
+
+
+def test_device_map_goes_through_transformers_and_gives_the_same_weights(tiny_gguf):
+    """A placement is transformers' from_pretrained(gguf_file=...) with anatomy's config: the same weights as the
+    streamed load."""
+    streamed = engine.load(str(tiny_gguf), device="cpu")
+    placed = engine.load(str(tiny_gguf), device_map="auto")
+    a, b = dict(streamed.model.named_parameters()), dict(placed.model.named_parameters())
+    assert sorted(a) == sorted(b) and all(torch.equal(a[n], b[n]) for n in a)
+    assert placed.dequantized_from == streamed.dequantized_from == "F32"
