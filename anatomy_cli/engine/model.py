@@ -24,9 +24,12 @@ class LoadedModel:
     ``points`` maps each hook name to ``(module, "input" | "output")``.
     ``logit_softcap``, ``embed_scale``, ``position_offset``: family quirks the engine applies
     (see ``docs/engine.md``, Architectures); ``hook_embed`` already includes ``embed_scale``.
-    ``dequantized_from`` is the GGUF quantization type the weights were dequantized from
-    (``Q4_1``; None when the weights were not quantized on disk). ``label``: the short name headings and plot
-    titles use (:func:`anatomy_cli.models.resolve.label`; None: ``name``).
+    ``dequantized_from`` is the GGUF quantization the weights were dequantized from: ``general.file_type``, then
+    the types the file's matrices are stored in when they are not just that one (``Q4_K_M (Q4_K, Q5_0, Q6_K,
+    Q8_0)``, ``Q4_1 (Q4_1, Q8_0)``, ``F32``; 1-D tensors, always F32, are left out). None when the weights were
+    not quantized on disk.
+    ``label``: the short name headings and plot titles use (:func:`anatomy_cli.models.resolve.label`;
+    None: ``name``).
     """
 
     model: Any = field(repr=False)

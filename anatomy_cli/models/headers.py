@@ -37,19 +37,22 @@ GGUF_MAGIC = b"GGUF"
 @dataclass(frozen=True)
 class TensorInfo:
     """One stored tensor: ``name`` as in the file, ``shape`` (GGUF: ggml order, fastest axis first),
-    ``dtype`` (``Q4_1``, ``F32``, ``BF16`` ...), ``n_params`` elements and ``n_bytes`` on disk."""
+    ``dtype`` (``Q4_1``, ``F32``, ``BF16`` ...), ``n_params`` elements and ``n_bytes`` on disk;
+    ``offset``: GGUF, where its data starts, from the start of the data section (safetensors: 0)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     n_params: int
     n_bytes: int
+    offset: int = 0
 
 
 @dataclass(frozen=True)
 class GGUFHeader:
     """A GGUF file's header. ``fields`` holds every key; an array value longer than 64 entries
-    is kept as its length only (``array_lengths``), e.g. ``tokenizer.ggml.tokens``."""
+    is kept as its length only (``array_lengths``), e.g. ``tokenizer.ggml.tokens``. ``data_start``: the byte
+    where the tensor data section begins (everything before it is the header)."""
 
     path: str
     version: int
@@ -57,6 +60,7 @@ class GGUFHeader:
     array_lengths: dict[str, int]
     tensors: tuple[TensorInfo, ...]
     file_size: int
+    data_start: int = 0
 
     @property
     def architecture(self) -> str:
@@ -219,8 +223,8 @@ def read_gguf(path: str | Path) -> GGUFHeader:
         if data_start + offset + n_bytes > size:
             raise CheckpointError(f"{path}: truncated: tensor {name} ends at byte {data_start + offset + n_bytes:,}, "
                                   f"the file at {size:,}")
-        tensors.append(TensorInfo(name, tuple(int(d) for d in dims), kind.name, n, n_bytes))
-    return GGUFHeader(path, version, fields, lengths, tuple(tensors), size)
+        tensors.append(TensorInfo(name, tuple(int(d) for d in dims), kind.name, n, n_bytes, int(offset)))
+    return GGUFHeader(path, version, fields, lengths, tuple(tensors), size, data_start)
 
 
 # ---------------------------------------------------------------------------- safetensors

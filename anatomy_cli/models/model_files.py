@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UnsupportedArchitecture
-from anatomy_cli.models import hub, presets
+from anatomy_cli.models import gguf, gguf_tokenizer, hub, presets
+from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.resolve import TOKENIZER_FILES, Source, config_path, first_line, in_cache, offline_message
 
 
@@ -34,14 +35,7 @@ def read_config(source: Source, *, trust_remote_code: bool = False,
     if source.kind == "preset":
         return presets.preset_config(source.spec)
     if source.kind == "gguf":
-        from transformers import AutoConfig
-
-        path = Path(source.ref).resolve()
-        try:
-            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise CheckpointError(f"{source.spec}: cannot read a config from the GGUF metadata: "
-                                  f"{first_line(exc)}") from None
+        return gguf.read_config(read_gguf(source.ref), source.spec)
     spec, path = source.spec, config_path(source)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -90,7 +84,8 @@ GPT2_HUB_IDS = ("openai-community/gpt2", "gpt2")
 def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> Any:
     """The transformers (fast) tokenizer of ``source``.
 
-    * ``gguf``: the tokenizer stored in the file, converted by transformers' GGUF support;
+    * ``gguf``: the tokenizer stored in the file, converted by transformers' GGUF support once and then read
+      from the user cache (:mod:`anatomy_cli.models.gguf_tokenizer`);
     * ``preset``: GPT-2's BPE (HF cache, else the files inside the package: always offline);
       another preset's tokenizer from the local HF cache;
     * ``dir`` / ``hub``: ``AutoTokenizer.from_pretrained`` (the Hub only when
@@ -133,14 +128,8 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> Any:
 
 
 def _gguf_tokenizer(source: Source) -> Any:
-    from transformers import AutoTokenizer
-
-    path = Path(source.ref).resolve()
-    try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    except (OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
-        raise CheckpointError(f"{source.spec}: cannot build its tokenizer from the GGUF metadata: "
-                              f"{first_line(exc)}") from None
+    header = read_gguf(source.ref)
+    return gguf_tokenizer.load(header, gguf.read_config(header, source.spec), source.spec)
 
 
 def _preset_tokenizer(spec: str) -> Any:

@@ -19,18 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.models.cachedir import cache_dir
 from anatomy_cli.models.resolve import Source, config_path
 
+__all__ = ["cache_dir", "get", "key", "put"]
+
 _FORMAT = 1
-
-
-def cache_dir() -> Path:
-    """Where anatomy caches results (see the module docstring)."""
-    root = os.environ.get("ANATOMY_CACHE_DIR")
-    if root:
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "anatomy"
 
 
 def _version(package: str) -> str:

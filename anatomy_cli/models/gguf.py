@@ -1,0 +1,230 @@
+"""A GGUF file read once: its quantization label, its identity, the transformers config from its metadata, and its
+tensors dequantized a block of rows at a time.
+
+Everything here starts from the header :func:`anatomy_cli.models.headers.read_gguf` parsed (tens of milliseconds,
+where ``gguf.GGUFReader`` takes 4 s on SmolLM2 and 18 s on Gemma 3 because it makes a numpy view of every vocabulary
+string). The config is built by transformers' own tables (``GGUF_CONFIG_MAPPING``, ``GGUF_CONFIG_DEFAULTS_MAPPING``,
+and ``get_gguf_config`` for the architectures of its newer GGUF path) from those metadata, with the same
+per-architecture adjustments ``transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint`` makes; a test checks
+the result against ``AutoConfig.from_pretrained(gguf_file=...)``. Tensor data are read with ``pread`` into a buffer
+that lives for one block of rows, so the file's pages never count towards the process's memory.
+
+No torch; transformers and numpy are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.models.headers import GGUFHeader, TensorInfo, gguf_constants
+
+# llama.cpp's LlamaFileType values carry this bit when the type was guessed from the tensors.
+_GUESSED = 1024
+
+
+def file_type_name(header: GGUFHeader) -> str | None:
+    """``general.file_type`` as llama.cpp names it (``Q4_K_M``, ``Q4_1``, ``F32``); None when absent or unknown."""
+    value = header.fields.get("general.file_type")
+    if not isinstance(value, int):
+        return None
+    try:
+        name = gguf_constants().LlamaFileType(value & ~_GUESSED).name
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def quantization_label(header: GGUFHeader) -> str:
+    """What the weights were quantized as: the file type, then the set of types its matrices are stored in
+    when that set is not just the file type: ``Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)``, ``Q4_1 (Q4_1, Q8_0)``, ``F32``.
+
+    Only tensors of two or more dimensions count: llama.cpp keeps every 1-D tensor (norms, biases) in F32
+    whatever the file type, so listing F32 would say nothing about the choice made. Without a known
+    ``general.file_type`` the label is the set alone.
+    """
+    mix = sorted({t.dtype for t in header.tensors if len(t.shape) >= 2} or {t.dtype for t in header.tensors})
+    name = file_type_name(header)
+    if name is None:
+        return ", ".join(mix)
+    return name if mix in ([], [name]) else f"{name} ({', '.join(mix)})"
+
+
+def identity(header: GGUFHeader) -> str:
+    """A key that changes whenever the file does: size, mtime (ns) and a SHA-256 of the header bytes (vocabulary
+    included). Raises CheckpointError when the file cannot be read."""
+    import os
+
+    try:
+        st = os.stat(header.path)
+        with open(header.path, "rb") as f:
+            digest = hashlib.sha256(f.read(header.data_start or st.st_size)).hexdigest()
+    except OSError as exc:
+        raise CheckpointError(f"{header.path}: cannot read: {exc.strerror or exc}") from None
+    return f"{st.st_size}-{st.st_mtime_ns}-{digest}"
+
+
+def _metadata(header: GGUFHeader) -> dict[str, Any]:
+    # The long arrays (vocabulary, merges, scores) are their lengths, as transformers' own fast reader leaves them.
+    return {**header.fields, **header.array_lengths}
+
+
+def config_dict(header: GGUFHeader) -> dict[str, Any]:
+    """The transformers config dict of the file (``model_type`` included), from the parsed header alone.
+
+    Raises ValueError for an architecture transformers cannot read from GGUF.
+    """
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING
+    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS, get_gguf_config
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, GGUF_TO_TRANSFORMERS_MAPPING
+
+    metadata, names = _metadata(header), [t.name for t in header.tensors]
+    architecture = str(metadata["general.architecture"])
+    if architecture in GGUF_CONFIG_ARCHS:
+        return get_gguf_config(metadata, tuple(names))
+    # From here on: load_gguf_checkpoint(return_tensors=False)["config"], step by step, on these metadata.
+    model_name = [metadata["general.name"]] if "general.name" in metadata else []
+    config: dict[str, Any] = {}
+    updated = architecture
+    if "llama" in architecture and "mistral" in model_name:
+        updated = "mistral"
+    elif "t5" in architecture:
+        config["is_gated_act"] = True
+        umt5 = bool(model_name) and "umt5" in str(model_name[0]).lower()
+        updated = "umt5" if umt5 else "t5"
+        if "t5encoder" in architecture:
+            config["architectures"] = ["UMT5EncoderModel" if umt5 else "T5EncoderModel"]
+    for old, new in (("qwen2moe", "qwen2_moe"), ("gpt_oss", "gpt_oss"), ("gpt-oss", "gpt_oss"),
+                     ("qwen3moe", "qwen3_moe"), ("minimax-m2", "minimax_m2")):
+        if old in architecture:
+            updated = new
+            break
+    if "stablelm" in architecture:
+        config["use_qkv_bias"] = any(b in n for n in names for b in ("attn_q.bias", "attn_k.bias", "attn_v.bias"))
+        config["use_parallel_residual"] = not any("ffn_norm" in n for n in names)
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES and updated not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"GGUF model with architecture {architecture} is not supported yet.")
+    config["tie_word_embeddings"] = "output.weight" not in names or architecture in ("falcon", "bloom")
+    for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(updated, GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {}
+                                                       ).items():
+        config.setdefault(key, value)
+    renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    for gguf_key, value in metadata.items():
+        prefix, _, config_key = gguf_key.replace(architecture, updated).partition(".")
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if isinstance(value, str) and architecture in value:
+            value = value.replace(architecture, updated)
+        target = renames.get(prefix, {}).get(config_key, -1)
+        if target not in (-1, None):
+            config[target] = value
+    _adjust(config, metadata)
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in metadata:
+        config["vocab_size"] = metadata["tokenizer.ggml.tokens"]
+    return config
+
+
+def _adjust(config: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """load_gguf_checkpoint's per-architecture fixes after the renaming."""
+    model_type = config.get("model_type")
+    if model_type == "gemma3":  # the file holds the text backbone only
+        config["model_type"] = "gemma3_text"
+    elif model_type == "gemma4":
+        config["model_type"] = "gemma4_text"
+        config["eos_token_id"] = [1, 106, 50]
+    elif model_type == "minimax_m2" and isinstance(config.get("scoring_func"), int):
+        config["scoring_func"] = {0: "none", 1: "softmax", 2: "sigmoid"}.get(config["scoring_func"], "softmax")
+    elif model_type == "lfm2":
+        heads = config["num_key_value_heads"]
+        config["num_key_value_heads"] = max(heads)
+        config["block_auto_adjust_ff_dim"] = False
+        config["full_attn_idxs"] = [i for i, n in enumerate(heads) if n > 0]
+    rope = {k.removeprefix("gpt-oss.rope.scaling."): v for k, v in metadata.items()
+            if k.startswith("gpt-oss.rope.scaling.")}
+    if model_type == "gpt_oss" and "type" in rope:
+        scaling: dict[str, Any] = {"rope_type": rope.pop("type")}
+        for key, value in rope.items():
+            if key in ("factor", "attention_factor", "beta_fast", "beta_slow"):
+                value = float(value)
+            elif key in ("original_context_length", "original_max_position_embeddings"):
+                key, value = "original_max_position_embeddings", int(value)
+            scaling[key] = value
+        config["rope_scaling"] = scaling
+
+
+def read_config(header: GGUFHeader, spec: str) -> Any:
+    """The transformers config of the file. Raises CheckpointError when transformers cannot build one."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    try:
+        d = config_dict(header)
+        model_type = d.pop("model_type")
+        config = AutoConfig.for_model(model_type, **d)
+    except (ValueError, TypeError, KeyError) as exc:
+        first = " ".join(str(exc).split()).split(". ")[0] or type(exc).__name__
+        raise CheckpointError(f"{spec}: cannot read a config from the GGUF metadata: {first}") from None
+    config._name_or_path = str(Path(header.path).resolve().parent)  # as from_pretrained(folder, gguf_file=) sets it
+    return config
+
+
+# ----------------------------------------------------------------------------------------- tensor data
+
+CHUNK_ELEMENTS = 1 << 22  # rows dequantized together: ~4M values, 16 MB of float32 at most
+
+
+def tensor_shape(info: TensorInfo) -> tuple[int, ...]:
+    """The tensor's shape in torch (row-major) order: ggml lists the fastest axis first."""
+    return tuple(reversed(info.shape))
+
+
+def _read(f: Any, header: GGUFHeader, info: TensorInfo, start: int, n_bytes: int) -> Any:
+    import numpy as np
+
+    at = header.data_start + info.offset + start
+    raw = np.empty(n_bytes, dtype=np.uint8)
+    got = f.readinto(memoryview(raw)) if f.seek(at) == at else 0
+    if got != n_bytes:
+        raise CheckpointError(f"{header.path}: truncated: tensor {info.name} ends past the end of the file")
+    return raw
+
+
+def _values(raw: Any, info: TensorInfo, rows: int) -> Any:
+    """``rows`` rows of ``info`` as float32 numpy values ``[rows, row_length]``."""
+    import numpy as np
+
+    row_length = info.shape[0]
+    if info.dtype == "F32":
+        return raw.view(np.float32).reshape(rows, row_length)
+    if info.dtype == "F16":  # float32 as gguf's dequantize gives it: processors (norm - 1) then round alike
+        return raw.view(np.float16).astype(np.float32).reshape(rows, row_length)
+    import gguf
+
+    kind = gguf.GGMLQuantizationType[info.dtype]
+    return gguf.quants.dequantize(raw.reshape(rows, -1), kind).reshape(rows, row_length)
+
+
+def row_blocks(f: Any, header: GGUFHeader, info: TensorInfo,
+               chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[tuple[int, Any]]:
+    """``(first_row, values)`` for consecutive blocks of the tensor's rows, dequantized to float32 numpy
+    arrays ``[rows, row_length]``. A row is the fastest ggml axis; ``f`` is the file opened
+    in binary mode. Raises CheckpointError for a file that ends early."""
+    row_length = info.shape[0] if info.shape else 1
+    n_rows = info.n_params // row_length if row_length else 0
+    row_bytes = info.n_bytes // n_rows if n_rows else 0
+    step = max(1, chunk_elements // max(row_length, 1))
+    for first in range(0, n_rows, step):
+        rows = min(step, n_rows - first)
+        yield first, _values(_read(f, header, info, first * row_bytes, rows * row_bytes), info, rows)
+
+
+def read_tensor(f: Any, header: GGUFHeader, info: TensorInfo) -> Any:
+    """The whole tensor dequantized to a numpy array of :func:`tensor_shape` (one full-size float32 copy)."""
+    import numpy as np
+
+    blocks = [values for _, values in row_blocks(f, header, info, chunk_elements=max(info.n_params, 1))]
+    out = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    return out.reshape(tensor_shape(info))
