@@ -75,7 +75,8 @@ def own_memory(model: Any) -> int:
 
     safetensors (and a GGUF's unquantized tensors) are memory-mapped from the checkpoint: a file rewritten
     in place under the mapping ends the process with SIGBUS at the next touch. Tied weights stay tied
-    (``parameters()`` yields a shared tensor once and the copy replaces its data in place).
+    (``parameters()`` yields a shared tensor once and the copy replaces its data in place). Each copy keeps
+    its original's alignment, so results stay bit-identical to an in-process run on the mapped file.
     """
     import torch
 
@@ -83,9 +84,27 @@ def own_memory(model: Any) -> int:
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
             if tensor.device.type == "cpu":
-                tensor.data = tensor.data.clone()
+                tensor.data = _copy_aligned_as(tensor.data)
                 copied += 1
     return copied
+
+
+def _copy_aligned_as(t: Any) -> Any:
+    """A copy of ``t`` in fresh memory at the same address modulo 64 bytes as ``t``.
+
+    CPU matrix kernels pick their code path by the operands' alignment, and the last bits of a float32 result
+    with it; a copy aligned as the mapped original computes exactly what an in-process run computes.
+    """
+    import torch
+
+    if not t.is_contiguous() or t.numel() == 0:
+        return t.clone()
+    size = t.element_size()
+    buf = torch.empty(t.numel() + 64 // size, dtype=t.dtype)
+    shift = ((t.data_ptr() - buf.data_ptr()) % 64) // size
+    out = buf[shift:shift + t.numel()].view(t.shape)
+    out.copy_(t)
+    return out
 
 
 @dataclasses.dataclass
