@@ -104,7 +104,8 @@ def thread_server(path: Path, **options) -> tuple:
     return srv, thread
 
 
-def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float = 120, **fields) -> list[dict]:
+def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float = 120, stdin: str = "",
+            **fields) -> list[dict]:
     """Every message the server sends for one ``run`` request (statuses, then the answer), over a raw socket."""
     conn = protocol.connect(sock)
     conn.settimeout(timeout)
@@ -112,7 +113,7 @@ def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float =
         if hello:
             protocol.send(conn, {"op": "hello", **protocol.identity()})
             assert protocol.receive(conn)["op"] == "hello"
-        request = {**client.build_request(argv), **fields}
+        request = {**client.build_request(argv, stdin.encode()), **fields}
         protocol.send(conn, request)
         messages = [protocol.receive(conn)]
         while "status" in messages[-1]:
@@ -123,8 +124,9 @@ def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float =
 
 
 def decoded(answer: dict) -> tuple[int, str, str]:
-    return (answer["exit_code"], base64.b64decode(answer["stdout"]).decode(),
-            base64.b64decode(answer["stderr"]).decode())
+    """Exit code, stdout and stderr of an answer, with line ends as click's test runner reports them."""
+    text = [base64.b64decode(answer[k]).decode().replace("\r\n", "\n") for k in ("stdout", "stderr")]
+    return answer["exit_code"], text[0], text[1]
 
 
 def run_with_tty_stderr(args: list[str], sock: Path, timeout: float = 120) -> tuple[int, str, str]:

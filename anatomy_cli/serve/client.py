@@ -46,17 +46,17 @@ def wants_server(argv: list[str]) -> bool:
     return True
 
 
-def build_request(argv: list[str]) -> dict:
-    """The ``run`` request: arguments, working directory, terminal facts, environment and stdin (for '-')."""
+def build_request(argv: list[str], stdin: bytes | None = None) -> dict:
+    """The ``run`` request: arguments, working directory, terminal facts, environment and stdin (for '-';
+    read from this process's stdin unless given)."""
     env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
     stdout_tty = sys.stdout.isatty()
     if stdout_tty and "COLUMNS" not in env:
         # In-process, rich asks the terminal; the server has none, so it gets the answer instead.
         size = shutil.get_terminal_size()
         env["COLUMNS"], env["LINES"] = str(size.columns), str(size.lines)
-    stdin = b""
-    if "-" in argv[1:] and not sys.stdin.isatty():
-        stdin = sys.stdin.buffer.read()
+    if stdin is None:
+        stdin = sys.stdin.buffer.read() if "-" in argv[1:] and not sys.stdin.isatty() else b""
     return {"op": "run", "argv": argv, "cwd": os.getcwd(), "env": env,
             "stdout_isatty": stdout_tty, "stderr_isatty": sys.stderr.isatty(),
             "stdout_encoding": sys.stdout.encoding or "utf-8", "stderr_encoding": sys.stderr.encoding or "utf-8",
