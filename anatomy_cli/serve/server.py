@@ -182,6 +182,11 @@ class Server:
                 if isinstance(exc, protocol.ProtocolError):
                     with contextlib.suppress(OSError):
                         protocol.send(conn, {"error": f"bad request: {exc}", "exit_code": 2})
+            except Exception as exc:  # a bug here must not end the server, nor reach another client's stderr
+                self.log(f"internal error answering a client: {type(exc).__name__}: {exc}")
+                with contextlib.suppress(OSError):
+                    protocol.send(conn, {"error": f"internal error in the server: {type(exc).__name__}: {exc}",
+                                         "exit_code": 1})
             finally:
                 self.last_activity = time.monotonic()
 
@@ -207,7 +212,8 @@ class Server:
 
     def _waiting_for(self) -> str | None:
         """The status line for a request queued behind a load, or None."""
-        loading = [s.model for s in self.cache.loading.values()] + [s.model for s in self.queued]
+        with self.cache.lock:
+            loading = [s.model for s in self.cache.loading.values()] + [s.model for s in self.queued]
         if loading:
             return f"waiting for the server to load {loading[0]}…"
         if self._engine_load is None:
@@ -243,15 +249,17 @@ class Server:
         if kind == "preload":
             t0 = time.perf_counter()
             key = ModelCache.key(payload)
-            self.cache.loading[key] = payload  # listed as loading before it leaves the queue: never missing
-            self.queued.remove(payload)
+            with self.cache.lock:  # listed as loading before it leaves the queue: never missing from --status
+                self.cache.loading[key] = payload
+                self.queued.remove(payload)
             try:
                 self.cache.load(payload)
                 self.log(f"loaded {payload.model} in {time.perf_counter() - t0:.1f} s")
             except Exception as exc:  # a bad --model must not stop the server: say so in its log
                 self.log(f"could not load {payload.model}: {exc}")
             finally:
-                self.cache.loading.pop(key, None)
+                with self.cache.lock:
+                    self.cache.loading.pop(key, None)
             return
         done, notify = reply
         try:
@@ -286,8 +294,10 @@ class Server:
         import resource
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        with self.cache.lock:
+            waiting = list(self.queued)
         queued = [{"model": s.model, "state": "queued", "dtype": s.dtype, "device": s.device, "init": s.init,
-                   "bytes": None, "reloads": 0, "last_reload": None, "spec": s.to_dict()} for s in list(self.queued)]
+                   "bytes": None, "reloads": 0, "last_reload": None, "spec": s.to_dict()} for s in waiting]
         return {"pid": os.getpid(), "socket": str(self.path), "uptime_s": round(time.time() - self.started, 1),
                 "requests": self.requests, "peak_rss_bytes": rss, "max_bytes": self.cache.max_bytes,
                 "idle_timeout_s": self.idle_timeout, "version": self.identity["version"],

@@ -138,5 +138,6 @@ def _status_report(answer: dict) -> Report:
     heading = [f"anatomy server {answer.get('version', '?')} · pid {answer['pid']} · {answer['socket']}",
                f"up {answer['uptime_s']:.0f} s · {answer['requests']} requests · peak RSS "
                f"{human_bytes(answer['peak_rss_bytes'])}"]
-    return Report(data=answer, sections=[Section(STATUS_COLUMNS, answer["models"], title="loaded models")],
-                  heading=heading)
+    # A server from before the handshake lists its models without state or reloads.
+    rows = [{"state": "ready", "reloads": None, "last_reload": None, **m} for m in answer["models"]]
+    return Report(data=answer, sections=[Section(STATUS_COLUMNS, rows, title="models")], heading=heading)
