@@ -67,8 +67,11 @@ def twin(args: list[str], stdin: str | None) -> tuple[int, str]:
 
 def client(args: list[str], stdin: str | None, env: dict) -> tuple[float, int, str]:
     t0 = time.perf_counter()
-    proc = subprocess.run([bench.PYTHON, "-m", "anatomy_cli", *args], input=stdin or "", capture_output=True,
-                          text=True, env=env, timeout=600)
+    try:
+        proc = subprocess.run([bench.PYTHON, "-m", "anatomy_cli", *args], input=stdin or "", capture_output=True,
+                              text=True, env=env, timeout=1200)
+    except subprocess.TimeoutExpired:  # counted as lost
+        return time.perf_counter() - t0, -1, ""
     return time.perf_counter() - t0, proc.returncode, proc.stdout
 
 
@@ -80,7 +83,7 @@ def percentile(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="anatomy-serve-load-"))

@@ -6,9 +6,12 @@ Standard library only (no torch): ``serve --detach`` and ``serve --stop`` are as
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +102,11 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def on_sigterm(stop: Callable[[], None]) -> Callable[[], None]:
+    """Make SIGTERM call ``stop`` (from the main thread only; elsewhere nothing); returns what puts it back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop())
+    return lambda: signal.signal(signal.SIGTERM, previous)

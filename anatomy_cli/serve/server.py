@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import signal
 import socket
 import sys
 import threading
@@ -30,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.serve import protocol
+from anatomy_cli.serve import lifecycle, protocol
 from anatomy_cli.serve.cache import ModelCache, TokenizerCache, clear_stray_hooks
-from anatomy_cli.serve.session import BadRequest, check_run, client_context, library_bars_silenced
+from anatomy_cli.serve.session import BadRequest, check_run, client_context, library_bars_silenced, notifier
 
 
 class Server:
@@ -100,7 +99,7 @@ class Server:
 
         The worker starts (imports, preloads) while connections are already answered.
         """
-        restore = self._on_sigterm()
+        restore = lifecycle.on_sigterm(self.stopping.set)  # SIGINT: Python's KeyboardInterrupt, same finally
         self.busy = True  # until the worker has imported the engine
         worker = threading.Thread(target=self._work, name="anatomy-worker", daemon=True)
         worker.start()
@@ -126,13 +125,6 @@ class Server:
             worker.join(timeout=0.5)  # an idle worker puts engine.load back; a busy one is abandoned
             restore()
             self.exited.set()
-
-    def _on_sigterm(self) -> Callable[[], None]:
-        """SIGTERM ends the server as ``stop`` does (SIGINT is Python's KeyboardInterrupt: also the finally)."""
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.stopping.set())
-        return lambda: signal.signal(signal.SIGTERM, previous)
 
     def close(self) -> None:
         if self.sock is not None:
@@ -202,7 +194,7 @@ class Server:
             check_run(req)
         except BadRequest as exc:
             return {"error": str(exc), "exit_code": 2}
-        notify = _notifier(conn)
+        notify = notifier(conn)
         waiting = self._waiting_for()
         if waiting and req.get("stderr_isatty"):
             notify(waiting)
@@ -304,13 +296,3 @@ class Server:
                 "location": self.identity["location"], "digest": self.identity["digest"],
                 "models": self.cache.summary() + queued}
 
-
-def _notifier(conn: socket.socket) -> Callable[[str], None]:
-    """Send ``{"status": text}`` to a client; a client that went away is not an error (its answer is lost)."""
-    lock = threading.Lock()
-
-    def notify(text: str) -> None:
-        with lock, contextlib.suppress(OSError):
-            protocol.send(conn, {"status": text})
-
-    return notify

@@ -14,9 +14,11 @@ import functools
 import io
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from anatomy_cli.serve import protocol
 from anatomy_cli.serve.client import ENV_KEYS
 
 
@@ -134,3 +136,14 @@ def library_bars_silenced() -> Iterator[None]:
             os.environ["TQDM_DISABLE"] = saved_env
         hf_logging.enable_progress_bar()
         enable_progress_bars()
+
+
+def notifier(conn: Any) -> Callable[[str], None]:
+    """Send ``{"status": text}`` to a client; a client that went away is not an error (its answer is lost)."""
+    lock = threading.Lock()
+
+    def notify(text: str) -> None:
+        with lock, contextlib.suppress(OSError):
+            protocol.send(conn, {"status": text})
+
+    return notify
