@@ -226,3 +226,10 @@ def test_shutdown_removes_the_socket_and_a_new_server_starts_at_once(tmp_path, h
     again.bind()  # at once: no live server, no stale socket in the way
     again.close()
     assert logged == []
+
+
+def test_detach_beside_a_live_server_is_one_error_line(served):
+    sock, _, _ = served
+    out = anatomy("serve", "-d", "--socket", str(sock), sock=None)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == f"error: cannot serve at {sock}: an anatomy server is already listening at {sock}\n"

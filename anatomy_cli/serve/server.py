@@ -147,7 +147,8 @@ class Server:
                                          "exit_code": 1})
                     return
                 while True:
-                    conn.settimeout(30)
+                    # After the handshake the client reads its stdin (a slow pipe, for '-') before it asks.
+                    conn.settimeout(None if greeted else 30)
                     try:
                         req = protocol.receive(conn)
                     except protocol.Closed:

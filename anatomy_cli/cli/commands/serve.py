@@ -96,8 +96,10 @@ def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_min
     log = path.parent / "anatomy.log"
     try:
         pid = lifecycle.detach(argv, path, log)
-    except (OSError, RuntimeError) as exc:
-        raise AnatomyError(f"cannot serve at {path}: {exc}") from None
+    except (OSError, RuntimeError) as exc:  # the server's own error line, when it gave one
+        message = str(exc)
+        raise AnatomyError(message if message.startswith("cannot serve") else f"cannot serve at {path}: {message}") \
+            from None
     info(f"anatomy server listening on {path} (pid {pid}, log {log}); stop it with `anatomy serve --stop`")
 
 
