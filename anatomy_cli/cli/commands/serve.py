@@ -21,7 +21,7 @@ STATUS_COLUMNS = (Column("model", "model"), Column("state", "state"), Column("dt
 def serve_command(
     model: Annotated[Optional[list[str]], typer.Option(
         "--model", "-m", metavar="MODEL", show_default=False,
-        help="Load this model at start (repeatable); others load on first use.")] = None,
+        help="Load this model once listening (repeatable); others load on first use.")] = None,
     socket_path: Annotated[Optional[Path], typer.Option(
         "--socket", metavar="PATH", show_default=False,
         help="Socket to listen on. Default: $ANATOMY_SERVER, else $XDG_RUNTIME_DIR/anatomy/anatomy.sock, "
