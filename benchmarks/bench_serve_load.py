@@ -83,7 +83,7 @@ def percentile(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="anatomy-serve-load-"))
