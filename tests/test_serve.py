@@ -172,15 +172,20 @@ def test_no_hooks_survive_an_intervention(server):
 
 
 def test_status_lists_the_loaded_model(server):
-    import json
-
     sock, model = server
+    anatomy("trace", "x", "--model", str(model), sock=sock)  # the preload has finished once this is answered
     out = anatomy("serve", "--status", "--socket", str(sock), "--format", "json", sock=None)
     assert out.returncode == 0, out.stderr
     status = json.loads(out.stdout)
-    assert status["pid"] > 0 and status["uptime_s"] >= 0 and status["requests"] >= 0
+    assert status["pid"] > 0 and status["uptime_s"] >= 0 and status["requests"] >= 1
     assert [m["model"] for m in status["models"]] == [str(model.resolve())]
-    assert status["models"][0]["bytes"] == 4 * 1_635_744   # tiny GPT-2 (tests/models.py), fp32
+    row = status["models"][0]
+    assert row["bytes"] == 4 * 1_635_744   # tiny GPT-2 (tests/models.py), fp32
+    # Where it actually runs, not the option's value ("auto"); the spec in its JSON form.
+    assert (row["state"], row["device"], row["reloads"]) == ("ready", "cpu", 0)
+    assert row["spec"] == {"model": str(model), "device": "auto", "dtype": "fp32", "init": "pretrained",
+                           "trust_remote_code": False, "device_map": None, "max_memory": None, "offload_folder": None}
+    assert status["version"] == protocol.identity()["version"] and status["digest"] == protocol.identity()["digest"]
 
 
 def test_client_path_imports_no_torch(server):
@@ -286,7 +291,7 @@ def test_tokenizers_are_cached_by_source_and_file_time(tmp_path):
     import os
 
     from anatomy_cli.models.resolve import Source
-    from anatomy_cli.serve.server import TokenizerCache
+    from anatomy_cli.serve.cache import TokenizerCache
 
     calls = []
     cache = TokenizerCache(lambda source, **kw: calls.append(source.ref) or object(), max_items=2)

@@ -77,6 +77,11 @@ def status(message: str) -> Iterator[None]:
     if not sys.stderr.isatty():
         yield
         return
+    remote = getattr(sys.stderr, "remote_status", None)
+    if remote is not None:  # a command run by `anatomy serve`: its client shows the line while the work happens
+        with remote(message):
+            yield
+        return
     from rich.console import Console
     from rich.live import Live
     from rich.spinner import Spinner

@@ -3,7 +3,8 @@
 Standard library only, so a forwarded command starts without typer, rich, torch or transformers.
 The console script (:mod:`anatomy_cli.cli.entry`) calls :func:`forward` first; it returns None when the
 command should run in-process: ``--no-server`` was given, the command loads no weights, or no server
-answers on the default socket. With ``$ANATOMY_SERVER`` set, a server that does not answer is an error.
+answers on the default socket, or the server that answers is another build (the handshake). With
+``$ANATOMY_SERVER`` set, a server that does not answer is an error.
 """
 
 from __future__ import annotations
@@ -45,17 +46,17 @@ def wants_server(argv: list[str]) -> bool:
     return True
 
 
-def build_request(argv: list[str]) -> dict:
-    """The ``run`` request: arguments, working directory, terminal facts, environment and stdin (for '-')."""
+def build_request(argv: list[str], stdin: bytes | None = None) -> dict:
+    """The ``run`` request: arguments, working directory, terminal facts, environment and stdin (for '-';
+    read from this process's stdin unless given)."""
     env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
     stdout_tty = sys.stdout.isatty()
     if stdout_tty and "COLUMNS" not in env:
         # In-process, rich asks the terminal; the server has none, so it gets the answer instead.
         size = shutil.get_terminal_size()
         env["COLUMNS"], env["LINES"] = str(size.columns), str(size.lines)
-    stdin = b""
-    if "-" in argv[1:] and not sys.stdin.isatty():
-        stdin = sys.stdin.buffer.read()
+    if stdin is None:
+        stdin = sys.stdin.buffer.read() if "-" in argv[1:] and not sys.stdin.isatty() else b""
     return {"op": "run", "argv": argv, "cwd": os.getcwd(), "env": env,
             "stdout_isatty": stdout_tty, "stderr_isatty": sys.stderr.isatty(),
             "stdout_encoding": sys.stdout.encoding or "utf-8", "stderr_encoding": sys.stderr.encoding or "utf-8",
@@ -63,7 +64,12 @@ def build_request(argv: list[str]) -> dict:
 
 
 def forward(argv: list[str]) -> int | None:
-    """Run ``argv`` on the server and write its output here; the exit code, or None to run in-process."""
+    """Run ``argv`` on the server and write its output here; the exit code, or None to run in-process.
+
+    In-process (None) when the command loads no weights, ``--no-server`` was given, no server answers on the
+    default socket, or the server that answers is another build (:func:`protocol.mismatch`; one line on
+    stderr says so).
+    """
     if not wants_server(argv):
         return None
     path, explicit = protocol.socket_path()
@@ -83,24 +89,71 @@ def forward(argv: list[str]) -> int | None:
         conn.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    line = StatusLine(sys.stderr)
     try:
+        conn.settimeout(min(timeout, 30.0))
+        ours = protocol.identity()
+        protocol.send(conn, {"op": "hello", **ours})
+        theirs = protocol.receive(conn)
+        why = protocol.mismatch(ours, theirs) if theirs.get("op") == "hello" else "answers no handshake (an " \
+            "older anatomy)"
+        if why:
+            print(f"anatomy serve at {path} {why}; running in-process", file=sys.stderr)
+            return None
         conn.settimeout(timeout)
         protocol.send(conn, build_request(argv))
         answer = protocol.receive(conn)
+        while "status" in answer:  # what the server is doing for us now: a terminal's status line
+            line.show(str(answer["status"]))
+            answer = protocol.receive(conn)
     except TimeoutError:
+        line.clear()
         print(f"error: the anatomy server at {path} did not answer within {timeout:g} s "
               f"({protocol.ENV_TIMEOUT}); rerun with --no-server", file=sys.stderr)
         return 1
     except (protocol.ProtocolError, OSError):
+        line.clear()
         print(f"error: the anatomy server at {path} closed the connection before answering (did it stop or "
               f"crash?); rerun with --no-server", file=sys.stderr)
         return 1
     finally:
+        line.clear()
         conn.close()
     if "error" in answer:
         print(f"error: {answer['error']}", file=sys.stderr)
         return int(answer.get("exit_code", 1))
-    return write_answer(answer)
+    code = write_answer(answer)
+    line.note(f"answered by anatomy serve (pid {theirs.get('pid')})")
+    return code
+
+
+class StatusLine:
+    """One dim, self-erasing line on a terminal's stderr; nothing at all when stderr is not a terminal."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.dim = ("\x1b[2m", "\x1b[0m") if not os.environ.get("NO_COLOR") else ("", "")
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if not self.tty:
+            return
+        width = shutil.get_terminal_size().columns - 1  # a wrapped line could not be erased with \r
+        text = text if len(text) <= width else text[:max(width - 1, 0)] + "…"
+        self.stream.write(f"\r\x1b[2K{self.dim[0]}{text}{self.dim[1]}" if text else "\r\x1b[2K")
+        self.stream.flush()
+        self.shown = bool(text)
+
+    def clear(self) -> None:
+        if self.shown:
+            self.show("")
+
+    def note(self, text: str) -> None:
+        """A dim line that stays (after the answer)."""
+        if self.tty:
+            self.stream.write(f"{self.dim[0]}{text}{self.dim[1]}\n")
+            self.stream.flush()
 
 
 def write_answer(answer: dict) -> int:

@@ -5,10 +5,17 @@ Standard library only: the client imports this before anything heavy.
 A message is an 8-byte big-endian length followed by that many bytes of UTF-8 JSON. The socket is a Unix
 domain socket in a directory only its owner can enter (0700); the socket itself is 0600, and the server
 checks each peer's uid (SO_PEERCRED) against its own.
+
+A conversation starts with a handshake: the client sends ``{"op": "hello", ...}`` with :func:`identity`
+(protocol version, package version, install location, a digest of the package's source) and the server
+answers with its own plus its pid. A client runs a command on the server only when both identities agree
+(:func:`mismatch`). Then ``run`` streams zero or more ``{"status": TEXT}`` messages (what the command is
+doing now, for a terminal's status line) before the one answer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -17,6 +24,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+PROTOCOL = 2                   # bump when a message changes meaning
 ENV_SOCKET = "ANATOMY_SERVER"
 ENV_TIMEOUT = "ANATOMY_SERVER_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0        # seconds a client waits for an answer (a first load of a big model is slow)
@@ -26,6 +34,42 @@ _HEADER = struct.Struct(">Q")
 
 class ProtocolError(Exception):
     """The peer closed the connection or sent something that is not a message."""
+
+
+class Closed(ProtocolError):
+    """The peer closed the connection between two messages."""
+
+
+def identity() -> dict[str, Any]:
+    """This install: ``{"protocol", "version", "location", "digest"}``.
+
+    ``location`` is the package's directory; ``digest`` the first 16 hex digits of a SHA-256 over every
+    ``.py`` file of the package (relative path and bytes), so an edited or rebuilt source is a different
+    server even under the same version number. About 10 ms.
+    """
+    from anatomy_cli import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return {"protocol": PROTOCOL, "version": __version__, "location": str(root),
+            "digest": digest.hexdigest()[:16]}
+
+
+def mismatch(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+    """Why a peer's identity would answer differently from ours (one phrase), or None when it would not.
+
+    Protocol, package version and source digest must agree; two installs of the same source may serve
+    each other.
+    """
+    if theirs.get("protocol") != ours["protocol"]:
+        return f"speaks protocol {theirs.get('protocol', 1)}, not {ours['protocol']}"
+    if theirs.get("version") != ours["version"] or theirs.get("digest") != ours["digest"]:
+        return (f"is version {theirs.get('version')} from {theirs.get('location')} (source {theirs.get('digest')}), "
+                f"not this version {ours['version']} from {ours['location']} (source {ours['digest']})")
+    return None
 
 
 def default_socket() -> Path:
@@ -79,7 +123,7 @@ def send(conn: socket.socket, message: dict[str, Any]) -> None:
 
 def receive(conn: socket.socket) -> dict[str, Any]:
     """Read one framed JSON message. Raises ProtocolError on EOF or garbage, socket.timeout on a timeout."""
-    (size,) = _HEADER.unpack(_read(conn, _HEADER.size))
+    (size,) = _HEADER.unpack(_read(conn, _HEADER.size, first=True))
     if size > MAX_MESSAGE:
         raise ProtocolError(f"message of {size} bytes is over the {MAX_MESSAGE}-byte limit")
     try:
@@ -91,12 +135,13 @@ def receive(conn: socket.socket) -> dict[str, Any]:
     return message
 
 
-def _read(conn: socket.socket, n: int) -> bytes:
+def _read(conn: socket.socket, n: int, first: bool = False) -> bytes:
     chunks = []
     while n:
         chunk = conn.recv(min(n, 1 << 20))
         if not chunk:
-            raise ProtocolError("connection closed")
+            raise Closed("connection closed") if first and not chunks else ProtocolError("connection closed "
+                                                                                         "mid-message")
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
@@ -137,3 +182,4 @@ def request(path: Path, message: dict[str, Any], wait: float | None = None) -> d
         return receive(conn)
     finally:
         conn.close()
+

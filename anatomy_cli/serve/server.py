@@ -1,180 +1,37 @@
 """The `anatomy serve` server: keeps models loaded and runs forwarded command lines on them.
 
-Each request is a command line; the server runs it through the same Typer app as the console script,
-with the client's working directory, environment, terminal facts and stdin, and returns the bytes it
-wrote to stdout and stderr and its exit code. So a forwarded command prints exactly what it prints
-in-process, and every command (tables, json, --plot) works through the server with no second code path.
+Each request is a command line; the server runs it through the same Typer app as the console script
+(the command registry it is handed: it never imports the CLI), with the client's working directory,
+environment, terminal facts and stdin (:mod:`.session`), and returns the bytes the command wrote to stdout
+and stderr and its exit code. So a forwarded command prints exactly what it prints in-process.
 
-Requests run one at a time on one worker thread (a queue): the forward engine, the working directory and
-``sys.stdout`` are process-wide. Connections are accepted on their own threads, so a slow or vanished
-client never blocks others. Models are cached by what was asked for (spec, device, dtype, init, ...),
-least recently used first out when ``max_bytes`` is passed; ``tokens --model`` tokenizers by their
-source. After every request the server checks that no hook is left on any cached model (and removes
-one if a bug left it).
+It listens first and loads afterwards: :meth:`Server.serve_forever` answers handshakes and ``status`` at once
+while the worker imports torch and preloads. Requests run one at a time on that one worker thread (a
+queue): the forward engine, the working directory and ``sys.stdout`` are process-wide. Connections are
+handled on their own threads, so a slow or vanished client never blocks others, and a request queued
+behind a load tells its client so (``waiting for the server to load M…``). Models are cached by spec and
+file identity (:mod:`.cache`). SIGTERM, SIGINT, ``stop`` and the idle timeout all end it the same way:
+the socket is removed.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import dataclasses
-import io
 import os
 import queue
 import socket
 import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.models import local
-from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.serve import protocol
-
-
-class _Tty(io.TextIOWrapper):
-    """A captured stream that answers ``isatty()`` as the client's stream did."""
-
-    def __init__(self, encoding: str, tty: bool):
-        super().__init__(io.BytesIO(), encoding=encoding, errors="strict", write_through=True)
-        self._tty = tty
-
-    def isatty(self) -> bool:
-        return self._tty
-
-    def value(self) -> bytes:
-        self.flush()
-        return self.buffer.getvalue()  # type: ignore[attr-defined]
-
-
-class ModelCache:
-    """Loaded models by request key, least recently used evicted first beyond ``max_bytes``."""
-
-    def __init__(self, load: Callable[..., Any], max_bytes: int | None):
-        self._load = load
-        self.max_bytes = max_bytes
-        self.models: OrderedDict[tuple, Any] = OrderedDict()
-        self.sizes: dict[tuple, int] = {}
-        self.lock = threading.Lock()
-
-    def key(self, spec: ModelSpec) -> tuple:
-        args = spec.to_dict()
-        path = Path(spec.model).expanduser()
-        if local.is_named(spec.model):  # ollama:/lmstudio: names: keyed by the file they name now
-            path = Path(check_path(spec.model).ref)
-        if path.exists():  # a relative path means the client's directory: key by the absolute one
-            args["model"] = f"{path.resolve()}@{path.stat().st_mtime_ns}"
-        return tuple(sorted((k, str(v)) for k, v in args.items()))
-
-    def load(self, spec: ModelSpec | str, *, before_weights: Callable[[Any, Any], None] | None = None,
-             **options: Any) -> Any:
-        """``engine.load`` with the cache in front; the same signature."""
-        spec = spec if isinstance(spec, ModelSpec) else ModelSpec(str(spec), **options)
-        key = self.key(spec)
-        with self.lock:
-            lm = self.models.get(key)
-            if lm is not None:
-                self.models.move_to_end(key)
-        if lm is not None:
-            if before_weights is not None:  # the request's own checks still run, as they would before a load
-                before_weights(lm.tokenizer, lm.model.config)
-            # Named as this request names it (headings, titles), not as the first request did.
-            return dataclasses.replace(lm, name=spec.model)
-        lm = self._load(spec, before_weights=before_weights)
-        with self.lock:
-            self.models[key] = lm
-            self.sizes[key] = _model_bytes(lm)
-            self._evict()
-        return lm
-
-    def _evict(self) -> None:
-        while self.max_bytes is not None and len(self.models) > 1 and sum(self.sizes.values()) > self.max_bytes:
-            old, _ = self.models.popitem(last=False)
-            del self.sizes[old]
-
-    def summary(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return [{"model": dict(k)["model"].split("@")[0], "dtype": dict(k).get("dtype"),
-                     "device": dict(k).get("device"), "init": dict(k).get("init"), "bytes": self.sizes[k]}
-                    for k in reversed(self.models)]
-
-
-class TokenizerCache:
-    """``tokens --model`` tokenizers by source (a local path also by its modification time), the
-    ``max_items`` most recently used kept: building one from a GGUF file's vocabulary takes seconds."""
-
-    def __init__(self, load: Callable[..., Any], max_items: int = 8):
-        self._load = load
-        self.max_items = max_items
-        self.items: OrderedDict[tuple, Any] = OrderedDict()
-
-    def load(self, source: Any, **options: Any) -> Any:
-        path = Path(source.ref)
-        stamp = path.stat().st_mtime_ns if source.kind in ("dir", "gguf") and path.exists() else None
-        key = (source.kind, str(path.resolve()) if stamp is not None else source.ref, stamp,
-               tuple(sorted((k, str(v)) for k, v in options.items())))
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key]
-        tok = self._load(source, **options)
-        self.items[key] = tok
-        while len(self.items) > self.max_items:
-            self.items.popitem(last=False)
-        return tok
-
-
-def _model_bytes(lm: Any) -> int:
-    model = getattr(lm, "model", None)
-    if model is None:
-        return 0
-    tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
-
-
-def _clear_stray_hooks(cache: ModelCache) -> int:
-    """Remove anatomy hooks a request left behind (there should be none); how many were removed.
-
-    Only anatomy's own: transformers installs output-capturing hooks once per model and relies on them.
-    """
-    removed = 0
-    for lm in list(cache.models.values()):
-        for module in lm.model.modules():
-            for hooks in (module._forward_hooks, module._forward_pre_hooks):
-                for key, fn in list(hooks.items()):
-                    if getattr(getattr(fn, "func", fn), "__module__", "").startswith("anatomy_cli"):
-                        del hooks[key]
-                        removed += 1
-    return removed
-
-
-@contextlib.contextmanager
-def _client_context(req: dict[str, Any]):
-    """The client's cwd, environment, stdin and stdout/stderr for the length of one request."""
-    out = _Tty(req.get("stdout_encoding") or "utf-8", bool(req.get("stdout_isatty")))
-    err = _Tty(req.get("stderr_encoding") or "utf-8", bool(req.get("stderr_isatty")))
-    stdin = io.TextIOWrapper(io.BytesIO(base64.b64decode(req.get("stdin") or "")), encoding="utf-8")
-    saved_env = dict(os.environ)
-    saved_cwd = os.getcwd()
-    saved = sys.stdin, sys.stdout, sys.stderr
-    from anatomy_cli.serve.client import ENV_KEYS
-
-    try:
-        for key in ENV_KEYS:
-            os.environ.pop(key, None)
-        os.environ.update({k: str(v) for k, v in (req.get("env") or {}).items() if k in ENV_KEYS})
-        os.chdir(req.get("cwd") or saved_cwd)
-        sys.stdin, sys.stdout, sys.stderr = stdin, out, err
-        yield out, err
-    finally:
-        sys.stdin, sys.stdout, sys.stderr = saved
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
+from anatomy_cli.serve import lifecycle, protocol
+from anatomy_cli.serve.cache import ModelCache, TokenizerCache, clear_stray_hooks
+from anatomy_cli.serve.session import BadRequest, check_run, client_context, library_bars_silenced, notifier
 
 
 class Server:
@@ -182,33 +39,30 @@ class Server:
 
     def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
                  idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None):
-        from huggingface_hub.utils import disable_progress_bars
-        from transformers.utils import logging as hf_logging
-
-        from anatomy_cli import engine
-
-        hf_logging.disable_progress_bar()  # the server's stderr is a log, not a terminal to animate
-        disable_progress_bars()
         self.path = Path(path)
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))
-        self.cache = ModelCache(engine.load, max_bytes)
-        from anatomy_cli.models import model_files
-
-        self.tokenizers = TokenizerCache(model_files.load_tokenizer)
+        self.identity = protocol.identity()  # the source as it is now, before the heavy imports
+        self.cache = ModelCache(lambda spec, **kw: self._engine_load(spec, **kw), max_bytes, self.log)
+        self.tokenizers = TokenizerCache(lambda source, **kw: self._tokenizer_load(source, **kw))
         self.started = time.time()
         self.last_activity = time.monotonic()
         self.requests = 0
         self.jobs: queue.Queue = queue.Queue()
+        self.queued: list[ModelSpec] = []   # preloads not started yet
+        self.busy = False                   # the worker is running a job (or still starting)
         self.stopping = threading.Event()
+        self.exited = threading.Event()
         self.sock: socket.socket | None = None
         self._commands = commands  # the registry: returns the click command that runs a command line
         self._command: Any = None
+        self._engine_load: Callable[..., Any] = None  # type: ignore[assignment]  # set by the worker
+        self._tokenizer_load: Callable[..., Any] = None  # type: ignore[assignment]
 
     # -------------------------------------------------------------- lifecycle
 
     def bind(self) -> None:
-        """Create the private directory and the 0600 socket; replace a stale socket from a crashed server.
+        """Create the private directory and the 0600 socket and listen; replace a stale socket from a crash.
 
         Raises OSError (EADDRINUSE) when a live server already listens there, PermissionError for a
         directory that is not private.
@@ -230,28 +84,29 @@ class Server:
             os.umask(old)
         os.chmod(self.path, 0o600)
         sock.listen(64)
-        sock.settimeout(0.5)
+        sock.settimeout(0.2)
         self.sock = sock
 
-    def preload(self, specs: list[str]) -> None:
+    def preload(self, specs: list[ModelSpec | str]) -> None:
+        """Queue these models for loading on the worker (after anything queued before); returns at once."""
         for spec in specs:
-            t0 = time.perf_counter()
-            self.cache.load(ModelSpec(spec))
-            self.log(f"loaded {spec} in {time.perf_counter() - t0:.1f} s")
+            spec = spec if isinstance(spec, ModelSpec) else ModelSpec(str(spec))
+            self.queued.append(spec)
+            self.jobs.put(("preload", spec, None))
 
     def serve_forever(self) -> None:
-        """Accept until stopped, idle for ``idle_timeout`` s, or interrupted; then remove the socket."""
-        from anatomy_cli import engine
-        from anatomy_cli.models import model_files
+        """Accept until stopped, idle for ``idle_timeout`` s, SIGTERM or SIGINT; then remove the socket.
 
-        real_load, real_tokenizer = engine.load, model_files.load_tokenizer
-        engine.load = self.cache.load  # every command loads through engine.load
-        model_files.load_tokenizer = self.tokenizers.load  # and `tokens --model` through this
+        The worker starts (imports, preloads) while connections are already answered.
+        """
+        restore = lifecycle.on_sigterm(self.stopping.set)  # SIGINT: Python's KeyboardInterrupt, same finally
+        self.busy = True  # until the worker has imported the engine
         worker = threading.Thread(target=self._work, name="anatomy-worker", daemon=True)
         worker.start()
         try:
             while not self.stopping.is_set():
-                if self.jobs.empty() and time.monotonic() - self.last_activity > self.idle_timeout:
+                idle = time.monotonic() - self.last_activity
+                if not self.busy and self.jobs.empty() and idle > self.idle_timeout:
                     self.log(f"idle for {self.idle_timeout:g} s: stopping")
                     break
                 try:
@@ -265,10 +120,11 @@ class Server:
                 threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
         finally:
             self.stopping.set()
+            self.close()  # first: no new client connects to a server that is going away
             self.jobs.put(None)
-            worker.join(timeout=5)  # a request in flight finishes (or is abandoned) before the process ends
-            engine.load, model_files.load_tokenizer = real_load, real_tokenizer
-            self.close()
+            worker.join(timeout=0.5)  # an idle worker puts engine.load back; a busy one is abandoned
+            restore()
+            self.exited.set()
 
     def close(self) -> None:
         if self.sock is not None:
@@ -277,9 +133,11 @@ class Server:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    # -------------------------------------------------------------- requests
+    # -------------------------------------------------------------- connections
 
     def _handle(self, conn: socket.socket) -> None:
+        """One connection: a handshake, then requests (``hello`` must come before ``run``)."""
+        greeted = False
         with conn:
             try:
                 uid = protocol.peer_uid(conn)
@@ -288,64 +146,154 @@ class Server:
                     protocol.send(conn, {"error": "refused: this anatomy server serves its own user only",
                                          "exit_code": 1})
                     return
-                conn.settimeout(30)
-                req = protocol.receive(conn)
-                conn.settimeout(None)
-                self.last_activity = time.monotonic()
-                op = req.get("op")
-                if op == "status":
-                    answer = self.status()
-                elif op == "stop":
-                    self.stopping.set()
-                    answer = {"stopped": True, "pid": os.getpid()}
-                elif op == "run":
-                    done: Future = Future()
-                    self.jobs.put((req, done))
-                    answer = done.result()
-                else:
-                    answer = {"error": f"unknown request '{op}'", "exit_code": 2}
-                protocol.send(conn, answer)
+                while True:
+                    # After the handshake the client reads its stdin (a slow pipe, for '-') before it asks.
+                    conn.settimeout(None if greeted else 30)
+                    try:
+                        req = protocol.receive(conn)
+                    except protocol.Closed:
+                        return  # the client is done (or only checked that a server listens)
+                    conn.settimeout(None)
+                    self.last_activity = time.monotonic()
+                    op = req.get("op")
+                    if op == "hello":
+                        greeted = True
+                        protocol.send(conn, {**self.identity, "op": "hello", "pid": os.getpid()})
+                        continue
+                    if op == "run" and not greeted:
+                        answer = {"error": "this anatomy server needs a handshake first (an older anatomy client?); "
+                                           "rerun with --no-server", "exit_code": 1}
+                    else:
+                        answer = self._answer(op, req, conn)
+                    protocol.send(conn, answer)
+                    if op == "stop":
+                        self.exited.wait(30)  # the stopping client returns once the server is gone
+                        return
             except (protocol.ProtocolError, OSError) as exc:
-                # A client that went away mid-request: its answer has nowhere to go; others carry on.
+                # A client that went away mid-request, or sent garbage: its answer has nowhere to go.
                 self.log(f"a client connection ended early: {exc}")
+                if isinstance(exc, protocol.ProtocolError):
+                    with contextlib.suppress(OSError):
+                        protocol.send(conn, {"error": f"bad request: {exc}", "exit_code": 2})
+            except Exception as exc:  # a bug here must not end the server, nor reach another client's stderr
+                self.log(f"internal error answering a client: {type(exc).__name__}: {exc}")
+                with contextlib.suppress(OSError):
+                    protocol.send(conn, {"error": f"internal error in the server: {type(exc).__name__}: {exc}",
+                                         "exit_code": 1})
             finally:
                 self.last_activity = time.monotonic()
 
-    def _work(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            req, done = job
-            try:
-                done.set_result(self.run(req))
-            except BaseException as exc:  # never let the worker die: answer with the failure
-                done.set_result({"error": f"internal error in the server: {type(exc).__name__}: {exc}",
-                                 "exit_code": 1})
+    def _answer(self, op: Any, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+        if op == "status":
+            return self.status()
+        if op == "stop":
+            self.stopping.set()
+            return {"stopped": True, "pid": os.getpid()}
+        if op != "run":
+            return {"error": f"unknown request '{op}'", "exit_code": 2}
+        try:
+            check_run(req)
+        except BadRequest as exc:
+            return {"error": str(exc), "exit_code": 2}
+        notify = notifier(conn)
+        waiting = self._waiting_for()
+        if waiting and req.get("stderr_isatty"):
+            notify(waiting)
+        done: Future = Future()
+        self.jobs.put(("run", req, (done, notify)))
+        return done.result()
 
-    def run(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _waiting_for(self) -> str | None:
+        """The status line for a request queued behind a load, or None."""
+        with self.cache.lock:
+            loading = [s.model for s in self.cache.loading.values()] + [s.model for s in self.queued]
+        if loading:
+            return f"waiting for the server to load {loading[0]}…"
+        if self._engine_load is None:
+            return "waiting for the server to start…"
+        return None
+
+    # -------------------------------------------------------------- the worker
+
+    def _work(self) -> None:
+        from anatomy_cli import engine
+        from anatomy_cli.models import model_files
+
+        self._engine_load, self._tokenizer_load = engine.load, model_files.load_tokenizer
+        engine.load = self.cache.load  # every command loads through engine.load
+        model_files.load_tokenizer = self.tokenizers.load  # and `tokens --model` through this
+        try:
+            with library_bars_silenced():
+                self.busy = False
+                while True:
+                    job = self.jobs.get()
+                    if job is None:
+                        return
+                    self.busy = True
+                    try:
+                        self._job(*job)
+                    finally:
+                        self.busy = False
+                        self.last_activity = time.monotonic()
+        finally:
+            engine.load, model_files.load_tokenizer = self._engine_load, self._tokenizer_load
+
+    def _job(self, kind: str, payload: Any, reply: Any) -> None:
+        if kind == "preload":
+            t0 = time.perf_counter()
+            key = ModelCache.key(payload)
+            with self.cache.lock:  # listed as loading before it leaves the queue: never missing from --status
+                self.cache.loading[key] = payload
+                self.queued.remove(payload)
+            try:
+                self.cache.load(payload)
+                self.log(f"loaded {payload.model} in {time.perf_counter() - t0:.1f} s")
+            except Exception as exc:  # a bad --model must not stop the server: say so in its log
+                self.log(f"could not load {payload.model}: {exc}")
+            finally:
+                with self.cache.lock:
+                    self.cache.loading.pop(key, None)
+            return
+        done, notify = reply
+        try:
+            done.set_result(self.run(payload, notify))
+        except BaseException as exc:  # never let the worker die: answer with the failure
+            done.set_result({"error": f"internal error in the server: {type(exc).__name__}: {exc}",
+                             "exit_code": 1})
+
+    def run(self, req: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Run one command line as the console script would; stdout/stderr bytes and the exit code."""
+        import base64
+
         if self._command is None:
             # Built once: typer rebuilds the click command on every app() call (~0.1 s).
             self._command = self._commands()
         argv = [str(a) for a in req.get("argv") or []]
-        with _client_context(req) as (out, err):
+        with client_context(req, notify) as (out, err):
             try:
                 code = self._command.main(args=argv, prog_name="anatomy", standalone_mode=False)
             except SystemExit as exc:  # typer.Exit paths that escape the group
                 code = exc.code if isinstance(exc.code, int) else 1
             code = code if isinstance(code, int) else 0
         self.requests += 1
-        stray = _clear_stray_hooks(self.cache)
+        stray = clear_stray_hooks(self.cache)
         if stray:
             self.log(f"removed {stray} hook(s) left on a model by: {' '.join(argv)}")
         return {"stdout": base64.b64encode(out.value()).decode("ascii"),
                 "stderr": base64.b64encode(err.value()).decode("ascii"), "exit_code": code}
 
     def status(self) -> dict[str, Any]:
+        """Answered on the connection's thread, at once, also while the worker loads."""
         import resource
 
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        with self.cache.lock:
+            waiting = list(self.queued)
+        queued = [{"model": s.model, "state": "queued", "dtype": s.dtype, "device": s.device, "init": s.init,
+                   "bytes": None, "reloads": 0, "last_reload": None, "spec": s.to_dict()} for s in waiting]
         return {"pid": os.getpid(), "socket": str(self.path), "uptime_s": round(time.time() - self.started, 1),
                 "requests": self.requests, "peak_rss_bytes": rss, "max_bytes": self.cache.max_bytes,
-                "idle_timeout_s": self.idle_timeout, "models": self.cache.summary()}
+                "idle_timeout_s": self.idle_timeout, "version": self.identity["version"],
+                "location": self.identity["location"], "digest": self.identity["digest"],
+                "models": self.cache.summary() + queued}
+

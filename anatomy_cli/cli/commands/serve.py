@@ -12,15 +12,16 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.output.render import Column, Report, Section, emit
 
-STATUS_COLUMNS = (Column("model", "model"), Column("dtype", "dtype"), Column("device", "device"),
-                  Column("init", "init"), Column("bytes", "memory", "bytes"))
+STATUS_COLUMNS = (Column("model", "model"), Column("state", "state"), Column("dtype", "dtype"),
+                  Column("device", "device"), Column("init", "init"), Column("bytes", "memory", "bytes"),
+                  Column("reloads", "reloads", "int"), Column("last_reload", "last reload"))
 
 
 @app.command("serve")
 def serve_command(
     model: Annotated[Optional[list[str]], typer.Option(
         "--model", "-m", metavar="MODEL", show_default=False,
-        help="Load this model at start (repeatable); others load on first use.")] = None,
+        help="Load this model once listening (repeatable); others load on first use.")] = None,
     socket_path: Annotated[Optional[Path], typer.Option(
         "--socket", metavar="PATH", show_default=False,
         help="Socket to listen on. Default: $ANATOMY_SERVER, else $XDG_RUNTIME_DIR/anatomy/anatomy.sock, "
@@ -34,7 +35,11 @@ def serve_command(
         help="Stop after this many minutes without a request.")] = 30.0,
     status: Annotated[bool, typer.Option("--status", help="Show the running server's models, memory and "
                                          "uptime, then exit.")] = False,
-    stop: Annotated[bool, typer.Option("--stop", help="Stop the running server, then exit.")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the running server; returns once it has "
+                                       "exited.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Run the server in the background (its log: "
+                                         "anatomy.log beside the socket); return as soon as it listens, "
+                                         "before the models have loaded.")] = False,
     fmt: FormatOpt = None,
 ) -> None:
     """Start a local server that keeps models loaded. While it runs, trace, next, drift, lens, dla, attn,
@@ -42,45 +47,70 @@ def serve_command(
     in-process; --no-server runs a command in-process anyway.
 
     The server listens only on a Unix socket in a directory only you can enter (0700), the socket is 0600,
-    and connections from other users are refused. It runs in the foreground: Ctrl-C or
-    `anatomy serve --stop` stops it.
+    and connections from other users are refused. It listens at once and loads the models after: a command
+    for a model still loading waits for it. It runs in the foreground unless --detach: Ctrl-C, SIGTERM or
+    `anatomy serve --stop` stops it and removes the socket.
 
     Examples:
 
     \b
-        anatomy serve --model gpt2 &
+        anatomy serve -d --model gpt2
         anatomy trace "Thank you very"          # answered by the server
         anatomy serve --status
         anatomy serve --stop
     """
-    from anatomy_cli.serve import protocol
+    from anatomy_cli.serve import lifecycle, protocol
 
     path = socket_path.expanduser() if socket_path else protocol.socket_path()[0]
-    if status and stop:
-        raise UsageError("--status and --stop exclude each other")
-    if status or stop:
-        try:
-            answer = protocol.request(path, {"op": "status" if status else "stop"}, wait=30)
-        except (OSError, protocol.ProtocolError) as exc:
-            raise AnatomyError(f"no anatomy server answers at {path} ({getattr(exc, 'strerror', None) or exc})") \
-                from None
-        if stop:
+    if sum((status, stop, detach)) > 1:
+        raise UsageError("--status, --stop and --detach exclude each other")
+    try:
+        if status:
+            emit(_status_report(protocol.request(path, {"op": "status"}, wait=30)), fmt)
+        elif stop:
+            answer = lifecycle.stop(path)
             info(f"stopped the anatomy server at {path} (pid {answer.get('pid')})")
             if fmt is not None:  # asked for a format: the answer as a result too
                 row = {"stopped": True, "pid": answer.get("pid"), "socket": str(path)}
                 emit(Report(data=row, sections=[Section([Column("stopped"), Column("pid", "pid", "int"),
                                                           Column("socket")], [row])]), fmt)
-            return
-        emit(_status_report(answer), fmt)
+    except (OSError, protocol.ProtocolError) as exc:
+        raise AnatomyError(f"no anatomy server answers at {path} ({getattr(exc, 'strerror', None) or exc})") \
+            from None
+    if status or stop:
         return
-    _run_server(path, model or [], max_memory_gb, idle_timeout)
+    limit = None if max_memory_gb is None else int(max_memory_gb * 1e9)
+    if detach:
+        _detach(path, model or [], max_memory_gb, idle_timeout)
+        return
+    _run_server(path, model or [], limit, idle_timeout)
 
 
-def _run_server(path: Path, models: list[str], max_memory_gb: float | None, idle_minutes: float) -> None:
+def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_minutes: float) -> None:
+    from anatomy_cli.serve import lifecycle
+
+    argv = ["serve", "--socket", str(path), "--idle-timeout", repr(idle_minutes)]
+    argv += [] if max_memory_gb is None else ["--max-memory-gb", repr(max_memory_gb)]
+    argv += [a for m in models for a in ("--model", str(Path(m).expanduser().resolve()) if Path(m).expanduser()
+                                          .exists() else m)]
+    log = path.parent / "anatomy.log"
+    try:
+        pid = lifecycle.detach(argv, path, log)
+    except (OSError, RuntimeError) as exc:  # the server's own error line, when it gave one
+        message = str(exc)
+        raise AnatomyError(message if message.startswith("cannot serve") else f"cannot serve at {path}: {message}") \
+            from None
+    info(f"anatomy server listening on {path} (pid {pid}, log {log}); stop it with `anatomy serve --stop`")
+
+
+def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minutes: float) -> None:
+    import os
+    import sys
+
     from anatomy_cli.serve.server import Server
 
-    server = Server(path, commands=click_command, max_bytes=None if max_memory_gb is None else int(max_memory_gb * 1e9),
-                    idle_timeout=idle_minutes * 60, log=info)
+    # The server's log is the real stderr: while a request runs, sys.stderr is that client's.
+    server = Server(path, commands=click_command, max_bytes=max_bytes, idle_timeout=idle_minutes * 60)
     try:
         server.bind()
     except PermissionError as exc:
@@ -88,21 +118,28 @@ def _run_server(path: Path, models: list[str], max_memory_gb: float | None, idle
     except OSError as exc:
         raise AnatomyError(f"cannot serve at {path}: {exc.strerror or exc}") from None
     try:
-        server.preload(models)
-        info(f"anatomy server listening on {path} (pid {__import__('os').getpid()}); "
-             f"stop it with `anatomy serve --stop` or Ctrl-C")
+        server.preload(models)  # loaded by the worker once the server listens
+        info(f"anatomy server listening on {path} (pid {os.getpid()}); stop it with `anatomy serve --stop` "
+             f"or Ctrl-C")
         server.serve_forever()
+        info("stopped")
     except KeyboardInterrupt:
         info("stopped (interrupted)")
     finally:
         server.close()
+    # The socket is gone and nothing is left to save: skip the interpreter's teardown of torch and
+    # transformers (seconds), so `serve --stop`, which waits for this process to exit, returns at once.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _status_report(answer: dict) -> Report:
     from anatomy_cli.output.render import human_bytes
 
-    heading = [f"anatomy server · pid {answer['pid']} · {answer['socket']}",
+    heading = [f"anatomy server {answer.get('version', '?')} · pid {answer['pid']} · {answer['socket']}",
                f"up {answer['uptime_s']:.0f} s · {answer['requests']} requests · peak RSS "
                f"{human_bytes(answer['peak_rss_bytes'])}"]
-    return Report(data=answer, sections=[Section(STATUS_COLUMNS, answer["models"], title="loaded models")],
-                  heading=heading)
+    # A server from before the handshake lists its models without state or reloads.
+    rows = [{"state": "ready", "reloads": None, "last_reload": None, **m} for m in answer["models"]]
+    return Report(data=answer, sections=[Section(STATUS_COLUMNS, rows, title="models")], heading=heading)

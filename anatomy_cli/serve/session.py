@@ -1,0 +1,149 @@
+"""One forwarded request inside the server: the client's cwd, environment, stdin and terminal, for its length.
+
+The command writes into :class:`Captured` streams that answer ``isatty()`` as the client's streams did.
+A status line (``cli.app.status``) on a captured terminal stderr goes to the client at once through
+``remote_status`` instead of being drawn into the captured bytes: the client shows it while the work
+happens, and the answer carries only what the command printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import io
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from anatomy_cli.serve import protocol
+from anatomy_cli.serve.client import ENV_KEYS
+
+
+class Captured(io.TextIOWrapper):
+    """A captured stream that answers ``isatty()`` as the client's stream did.
+
+    ``notify(text)`` sends a status line to the client (``""`` clears it); :meth:`remote_status` is what
+    ``cli.app.status`` uses in place of its spinner when it finds it on ``sys.stderr``.
+    """
+
+    def __init__(self, encoding: str, tty: bool, notify: Callable[[str], None] | None = None):
+        super().__init__(io.BytesIO(), encoding=encoding, errors="strict", write_through=True)
+        self._tty = tty
+        self._notify = notify or (lambda text: None)
+        self._shown: list[str] = []
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def value(self) -> bytes:
+        self.flush()
+        return self.buffer.getvalue()  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def remote_status(self, message: str) -> Iterator[None]:
+        """Show ``message`` on the client's status line while the block runs; nested calls stack."""
+        self._shown.append(message)
+        self._notify(message)
+        try:
+            yield
+        finally:
+            self._shown.pop()
+            self._notify(self._shown[-1] if self._shown else "")
+
+
+class BadRequest(ValueError):
+    """A request the server cannot run as sent (its message is the one-line answer)."""
+
+
+def check_run(req: dict[str, Any]) -> None:
+    """Raise BadRequest for a ``run`` request with unknown fields or fields of the wrong type."""
+    fields = {"op": str, "argv": list, "cwd": str, "env": dict, "stdout_isatty": bool, "stderr_isatty": bool,
+              "stdout_encoding": str, "stderr_encoding": str, "stdin": str}
+    unknown = sorted(set(req) - set(fields))
+    if unknown:
+        raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
+    for name, kind in fields.items():
+        if name in req and not isinstance(req[name], kind):
+            raise BadRequest(f"request field '{name}' must be a JSON {kind.__name__}")
+    if not all(isinstance(a, str) for a in req.get("argv") or []):
+        raise BadRequest("request field 'argv' must be a list of strings")
+    cwd = req.get("cwd")
+    if cwd is not None and not (os.path.isdir(cwd) and os.access(cwd, os.X_OK)):
+        raise BadRequest(f"the client's working directory {cwd} is not a directory the server can enter")
+    for name in ("stdout_encoding", "stderr_encoding"):
+        try:
+            "".encode(req.get(name) or "utf-8")
+        except LookupError:
+            raise BadRequest(f"unknown encoding {req[name]!r} in '{name}'") from None
+    try:
+        base64.b64decode(req.get("stdin") or "", validate=True)
+    except ValueError:
+        raise BadRequest("request field 'stdin' is not base64") from None
+
+
+@contextlib.contextmanager
+def client_context(req: dict[str, Any], notify: Callable[[str], None] | None = None):
+    """The client's cwd, environment, stdin and stdout/stderr for the length of one request."""
+    out = Captured(req.get("stdout_encoding") or "utf-8", bool(req.get("stdout_isatty")))
+    err = Captured(req.get("stderr_encoding") or "utf-8", bool(req.get("stderr_isatty")), notify)
+    stdin = io.TextIOWrapper(io.BytesIO(base64.b64decode(req.get("stdin") or "")), encoding="utf-8")
+    saved_env = dict(os.environ)
+    saved_cwd = os.getcwd()
+    saved = sys.stdin, sys.stdout, sys.stderr
+    try:
+        for key in ENV_KEYS:
+            os.environ.pop(key, None)
+        os.environ.update({k: str(v) for k, v in (req.get("env") or {}).items() if k in ENV_KEYS})
+        os.chdir(req.get("cwd") or saved_cwd)
+        sys.stdin, sys.stdout, sys.stderr = stdin, out, err
+        yield out, err
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+@contextlib.contextmanager
+def library_bars_silenced() -> Iterator[None]:
+    """No tqdm bar (transformers' weight loading, GGUF de-quantizing) draws into a client's stream meanwhile.
+
+    The client sees the command's own status line instead. ``TQDM_DISABLE`` covers tqdm imported later; an
+    already imported tqdm gets ``disable=True`` as its default. Both are put back at the end.
+    """
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    saved_env = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    std = sys.modules.get("tqdm.std")
+    saved_init = std.tqdm.__dict__["__init__"] if std is not None else None
+    if std is not None:
+        std.tqdm.__init__ = functools.partialmethod(saved_init, disable=True)
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if std is not None:
+            std.tqdm.__init__ = saved_init
+        if saved_env is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = saved_env
+        hf_logging.enable_progress_bar()
+        enable_progress_bars()
+
+
+def notifier(conn: Any) -> Callable[[str], None]:
+    """Send ``{"status": text}`` to a client; a client that went away is not an error (its answer is lost)."""
+    lock = threading.Lock()
+
+    def notify(text: str) -> None:
+        with lock, contextlib.suppress(OSError):
+            protocol.send(conn, {"status": text})
+
+    return notify
