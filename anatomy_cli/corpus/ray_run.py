@@ -35,7 +35,7 @@ def run_on_ray(shards: Iterator[Any], spec: Any, settings: Any, finished: Callab
     """
     import dataclasses
 
-    from anatomy_cli.corpus.runner import Worker
+    from anatomy_cli.corpus.worker import Worker
 
     ray = ray_module()
     if workers < 1:

@@ -160,7 +160,7 @@ def _jsonl(path: Path, column: str) -> Iterator[str]:
 def _csv(path: Path, column: str) -> Iterator[str]:
     try:
         with path.open(newline="", encoding="utf-8") as fh:
-            for number, row in enumerate(csv.DictReader(fh), start=2):
+            for row in csv.DictReader(fh):
                 text = _field(row, column, f"{path}")
                 if text is not None:
                     yield text

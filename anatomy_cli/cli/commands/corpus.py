@@ -60,18 +60,19 @@ def corpus_command(
         metavar="SOURCE", show_default=False,
         help="A text file, a directory of .txt/.md files, '-' (stdin), a .jsonl/.csv/.parquet file (--column), "
              "or a datasets save_to_disk directory.")],
-    ctx: Annotated[Optional[int], typer.Option("--ctx", min=2, show_default=False,
-                                               help="Tokens per window. Default: min(512, the model's context).")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", min=2, show_default=False,
-                                                      help="Stop after this many tokens (all of them by default).")] = None,
+    ctx: Annotated[Optional[int], typer.Option(
+        "--ctx", min=2, show_default=False, help="Tokens per window. Default: min(512, the model's context).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        "--max-tokens", min=2, show_default=False, help="Stop after this many tokens (default: all).")] = None,
     column: Annotated[str, typer.Option("--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")]
     = "text",
     bos: Annotated[Optional[bool], typer.Option(
         "--bos/--no-bos", show_default=False,
         help="Start each window with the BOS token. Default: when the tokenizer itself adds one (LLaMA, Gemma).")]
     = None,
-    heads: Annotated[bool, typer.Option("--heads", help="Also per head: attention entropy, sink (first-token) "
-                                                        "mass, previous-token mass (a second forward, eager).")] = False,
+    heads: Annotated[bool, typer.Option(
+        "--heads", help="Also per head: attention entropy, sink (first-token) mass, previous-token mass (a second "
+        "forward, with eager attention).")] = False,
     lens_every: Annotated[int, typer.Option(
         "--lens-every", min=1, metavar="N",
         help="Measure the logit lens at every N-th position only (it costs (L+1)·d·vocab per position).")] = 1,
