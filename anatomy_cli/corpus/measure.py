@@ -13,7 +13,7 @@ row l the output of block l-1, raw, before the final norm. For every position of
 * with heads, per (layer, head) the scores of :func:`anatomy_cli.analyses.heads.pattern_scores` (entropy in
   nats, first-token mass, previous-token mass; queries 1..n-1).
 
-Log-probabilities are float64 (as ``lens``), every sum float64. ``lens_every = N`` measures the lens at the
+Log-probabilities are float64 (as ``lens``; the logits themselves are the model's dtype), every sum float64. ``lens_every = N`` measures the lens at the
 positions p with ``p ≡ w (mod N)`` in window w (global index), so every position in a window is
 measured equally often over N consecutive windows.
 """
@@ -114,15 +114,26 @@ def _lens(lm, resid, ids, first_window, every) -> dict[str, tuple[np.ndarray, np
     win_cpu, ok_cpu = window.cpu(), ce_ok.cpu()
     for start in range(0, n, chunk):
         sl = slice(start, min(start + chunk, n))
-        final = torch.log_softmax(engine.unembed(lm, flat[-1][sl]).to(torch.float64), dim=-1)
-        p_final, final_top = final.exp(), final.argmax(-1)
         w, ok, tgt = win_cpu[sl], ok_cpu[sl], nxt[sl]
+        final = engine.unembed(lm, flat[-1][sl])
+        final_top = final.argmax(-1)
+        final = final.to(torch.float64)
+        final_lse = torch.logsumexp(final, -1)
+        p_final = torch.exp(final - final_lse[:, None])
+        # KL(final || lens) = Σ p_f (log p_f - log q) with log q = x - logsumexp(x) and Σ p_f = 1:
+        # (p_f·x_f - lse_f) - (p_f·x - lse), no [n, vocab] log-softmax per layer (a BLAS dot instead).
+        self_dot = _rowdot(p_final, final) - final_lse
         for l in range(rows):
-            logp = final if l == rows - 1 else torch.log_softmax(
-                engine.unembed(lm, flat[l][sl]).to(torch.float64), dim=-1)
-            kl[l].index_add_(0, w, (p_final * (final - logp)).sum(-1).clamp_min(0.0).cpu())
-            top1[l].index_add_(0, w, (logp.argmax(-1) == final_top).to(torch.float64).cpu())
-            nll = -logp.gather(1, tgt[:, None])[:, 0].cpu() / LN2
+            x = final if l == rows - 1 else engine.unembed(lm, flat[l][sl])
+            if l < rows - 1:
+                top1[l].index_add_(0, w, (x.argmax(-1) == final_top).to(torch.float64).cpu())
+                x = x.to(torch.float64)
+                lse = torch.logsumexp(x, -1)
+                kl[l].index_add_(0, w, (self_dot - (_rowdot(p_final, x) - lse)).clamp_min(0.0).cpu())
+            else:
+                lse = final_lse
+                top1[l].index_add_(0, w, torch.ones(len(w), dtype=torch.float64))
+            nll = (lse - x.gather(1, tgt[:, None])[:, 0]).cpu() / LN2
             ce[l].index_add_(0, w[ok], nll[ok])
     counts = torch.zeros(b, dtype=torch.int64).index_add_(0, win_cpu, torch.ones(n, dtype=torch.int64))
     ce_counts = torch.zeros(b, dtype=torch.int64).index_add_(0, win_cpu[ok_cpu], torch.ones(int(ok_cpu.sum()),
@@ -130,6 +141,11 @@ def _lens(lm, resid, ids, first_window, every) -> dict[str, tuple[np.ndarray, np
     lens_n = counts[None].expand(rows, b).numpy()
     ce_n = ce_counts[None].expand(rows, b).numpy()
     return {"kl_nats": (kl.numpy(), lens_n), "top1_agree": (top1.numpy(), lens_n), "ce_bits": (ce.numpy(), ce_n)}
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``[n]``: the dot product of each row of ``a [n, v]`` with the same row of ``b [n, v]`` (batched BLAS)."""
+    return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
 
 
 def _heads(lm, ids) -> dict[str, list[np.ndarray]]:
