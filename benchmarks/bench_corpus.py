@@ -83,7 +83,8 @@ def baseline(model, wins, *, lens: bool, batch: int = 4) -> None:
                     for l, h in enumerate(hs):
                         lp = final if l == len(hs) - 1 else torch.log_softmax(head(norm(h)).double(), -1)
                         sums[("kl", l)] = sums.get(("kl", l), 0.0) + (pf * (final - lp)).sum().item()
-                        sums[("top1", l)] = sums.get(("top1", l), 0.0) + (lp.argmax(-1) == final.argmax(-1)).sum().item()
+                        agree = (lp.argmax(-1) == final.argmax(-1)).sum().item()
+                        sums[("top1", l)] = sums.get(("top1", l), 0.0) + agree
                         ce = -lp[:, :-1].gather(2, x[:, 1:, None]).sum().item() / math.log(2)
                         sums[("ce", l)] = sums.get(("ce", l), 0.0) + ce
     finally:

@@ -13,9 +13,9 @@ row l the output of block l-1, raw, before the final norm. For every position of
 * with heads, per (layer, head) the scores of :func:`anatomy_cli.analyses.heads.pattern_scores` (entropy in
   nats, first-token mass, previous-token mass; queries 1..n-1).
 
-Log-probabilities are float64 (as ``lens``; the logits themselves are the model's dtype), every sum float64. ``lens_every = N`` measures the lens at the
-positions p with ``p ≡ w (mod N)`` in window w (global index), so every position in a window is
-measured equally often over N consecutive windows.
+Log-probabilities are float64 (as ``lens``; the logits themselves are in the model's dtype), every sum
+float64. ``lens_every = N`` measures the lens at the positions p with ``p ≡ w (mod N)`` in window w (global
+index), so every position in a window is measured equally often over N consecutive windows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`corpus --plot`: the classic logit-lens curve (KL and cross-entropy against layer) and, with --heads, the head grid."""
+"""`corpus --plot`: the logit-lens curve (KL and cross-entropy against layer) and, with --heads, the head grid."""
 
 from __future__ import annotations
 
