@@ -334,6 +334,10 @@ def test_cli_errors_are_one_line(tiny_model_dir, tmp_path, cached_load, monkeypa
     assert res.exit_code == 2 and res.stderr.strip() == "error: the corpus has no text: nothing to measure (it needs at least 2 tokens)"
     res = invoke("corpus", empty, "--model", model, "--ctx", 100000)
     assert res.exit_code == 2 and "--ctx 100000 is more than" in res.stderr
+    res = invoke("corpus", ARTICLE, "--model", tiny_model_dir("bert"))
+    assert res.exit_code == 2 and "is not a causal language model" in res.stderr
+    res = invoke("corpus", tmp_path / "nope.txt", "--model", model)
+    assert res.exit_code == 2 and res.stderr.strip().endswith("nope.txt' does not exist")
     monkeypatch.setitem(sys.modules, "ray", None)
     res = invoke("corpus", ARTICLE, "--model", model, "--ray")
     assert res.exit_code == 1
