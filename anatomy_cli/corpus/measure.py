@@ -44,8 +44,9 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
     t0 = time.perf_counter()
     names = [*engine.residual_names(lm), *engine.layer_names(lm, "attn_out"), *engine.layer_names(lm, "mlp_out")]
     with torch.inference_mode(), engine.capture(lm, names) as store:
-        pos = torch.arange(t, device=lm.device).expand(b, -1) + lm.position_offset
-        lm.model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=pos, use_cache=False)
+        # Windows of one batch have one length: no padding, so no mask and default positions (causal LMs only),
+        # which keeps sdpa on its causal fast path.
+        lm.model.base_model(input_ids=ids, use_cache=False)
     resid = [store[n] for n in engine.residual_names(lm)]
     rows = lm.n_layers + 1
     layer = {m: np.zeros((rows, b)) for m in ("resid_norm", "cos_to_embedding", "attn_out_norm", "mlp_out_norm")}
