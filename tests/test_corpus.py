@@ -294,7 +294,8 @@ def test_interrupted_run_resumes_to_the_same_result(tiny_model_dir, tmp_path, ca
     proc = subprocess.Popen([*args, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline:
-        if (out / "shards").is_dir() and len(list((out / "shards").glob("*.parquet"))) >= 3:
+        manifest = out / "manifest.json"  # replaced atomically: always whole
+        if manifest.exists() and len(json.loads(manifest.read_text())["shards"]) >= 3:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
