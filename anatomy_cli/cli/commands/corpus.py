@@ -1,0 +1,235 @@
+"""`anatomy corpus SOURCE`: per-layer (and per-head) statistics over a whole corpus, resumable, on Ray if asked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app, info
+from anatomy_cli.cli.commands._common import AllowSpecialOpt, load_model, model_label
+from anatomy_cli.cli.options import (
+    Device,
+    DeviceMapOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    FormatOpt,
+    Init,
+    InitOpt,
+    MaxMemoryOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    PlotOpt,
+    TrustRemoteCodeOpt,
+)
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Report, Section, emit
+
+LAYER_COLUMNS = (
+    Column("layer", "layer", "int"),
+    Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4),
+    Column("top1_agree", "top-1 agree", "pct", 1), Column("top1_agree_se", "±", "pct", 1),
+    Column("ce_bits", "CE bits", "float", 3), Column("ce_bits_se", "±", "float", 3),
+    Column("resid_norm", "|resid|", "float", 2), Column("resid_norm_se", "±", "float", 2),
+    Column("cos_to_embedding", "cos emb", "float", 3), Column("cos_to_embedding_se", "±", "float", 3),
+    Column("attn_out_norm", "|attn_out|", "float", 2), Column("attn_out_norm_se", "±", "float", 2),
+    Column("mlp_out_norm", "|mlp_out|", "float", 2), Column("mlp_out_norm_se", "±", "float", 2),
+    Column("max_abs", "max |h|", "float", 1), Column("max_abs_dim", "dim", "id"),
+    Column("max_abs_dim_share", "dim share", "pct", 1),
+    Column("lens_positions", "lens pos", "int"), Column("ce_positions", "CE pos", "int"),
+)
+HEAD_COLUMNS = (
+    Column("layer", "layer", "int"), Column("head", "head", "int"),
+    Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3),
+    Column("first_token", "first tok", "float", 3), Column("first_token_se", "±", "float", 3),
+    Column("prev_token", "prev tok", "float", 3), Column("prev_token_se", "±", "float", 3),
+)
+NOTE = ("mean over every measured position of every window, ± its standard error over windows; row 0 the embedding, "
+        "row L the model's output. KL(final || lens) in nats; CE: -log2 p(next token) through the lens (row L: the "
+        "model's loss); max |h|: the largest |activation| seen, dim share: how often that dimension holds a "
+        "position's largest |activation|. See docs/commands/corpus.md")
+
+
+@app.command("corpus")
+def corpus_command(
+    source: Annotated[str, typer.Argument(
+        metavar="SOURCE", show_default=False,
+        help="A text file, a directory of .txt/.md files, '-' (stdin), a .jsonl/.csv/.parquet file (--column), "
+             "or a datasets save_to_disk directory.")],
+    ctx: Annotated[Optional[int], typer.Option(
+        "--ctx", min=2, show_default=False, help="Tokens per window. Default: min(512, the model's context).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        "--max-tokens", min=2, show_default=False, help="Stop after this many tokens (default: all).")] = None,
+    column: Annotated[str, typer.Option("--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")]
+    = "text",
+    bos: Annotated[Optional[bool], typer.Option(
+        "--bos/--no-bos", show_default=False,
+        help="Start each window with the BOS token. Default: when the tokenizer itself adds one (LLaMA, Gemma).")]
+    = None,
+    heads: Annotated[bool, typer.Option(
+        "--heads", help="Also per head: attention entropy, sink (first-token) mass, previous-token mass (a second "
+        "forward, with eager attention).")] = False,
+    lens_every: Annotated[int, typer.Option(
+        "--lens-every", min=1, metavar="N",
+        help="Measure the logit lens at every N-th position only (it costs (L+1)·d·vocab per position).")] = 1,
+    no_lens: Annotated[bool, typer.Option("--no-lens", help="Skip the logit lens (KL, top-1, CE).")] = False,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", metavar="DIR", file_okay=False, show_default=False,
+        help="Write shards, manifest and summary Parquet here; running again resumes.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a run of other settings in --out.")] = False,
+    shard_windows: Annotated[int, typer.Option("--shard-windows", min=1, help="Windows per shard.")] = 16,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Windows per forward pass.")] = 4,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="Run the shards on Ray workers: at --ray-address, else RAY_ADDRESS, else a local Ray "
+        "started for the run. Needs pip install 'anatomy-cli[ray]'.")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="ADDRESS", show_default=False,
+        help="The Ray cluster for --ray (ray://host:10001, auto).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Ray workers (actors), one model each.")] = 2,
+    gpus_per_worker: Annotated[float, typer.Option("--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")] = 0.0,
+    allow_special: AllowSpecialOpt = False,
+    model: ModelOpt = "gpt2",
+    device: DeviceOpt = Device.auto,
+    dtype: DTypeOpt = DType.fp32,
+    init: InitOpt = Init.pretrained,
+    trust_remote_code: TrustRemoteCodeOpt = False,
+    device_map: DeviceMapOpt = None,
+    max_memory: MaxMemoryOpt = None,
+    offload_folder: OffloadFolderOpt = None,
+    plot: PlotOpt = None,
+    fmt: FormatOpt = None,
+) -> None:
+    """Logit lens quality, residual stream and massive activations per layer (and heads) over a whole corpus.
+
+    Documents are packed into windows of --ctx tokens; every position of every window is measured and
+    summed in float64 (mean ± standard error over windows). With --out DIR each shard of windows is saved
+    as Parquet, and running the same command again skips finished shards. See docs/corpus.md.
+
+    Examples:
+
+    \b
+        anatomy corpus docs/ --model model.gguf --max-tokens 20000
+        anatomy corpus data.jsonl --column body --heads --out run1
+        anatomy corpus docs/ --lens-every 4 --ray --workers 2 --format json
+    """
+    from anatomy_cli.corpus.runner import Settings, run
+    from anatomy_cli.corpus.sources import open_source
+
+    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
+    src = open_source(source, column=column)
+    try:
+        identity = src.identity()
+        lm, tokenizer, config = _load(spec, ray)
+        settings = Settings(ctx=_ctx(ctx, config, spec.model), bos=_bos(bos, tokenizer), max_tokens=max_tokens,
+                            lens=not no_lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
+                            allow_special=allow_special, batch_size=batch_size)
+        ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
+        with _Status(max_tokens) as progress:
+            result = run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=out, overwrite=overwrite,
+                         identity=identity, ray=ray_opts, progress=progress)
+    finally:
+        if source == "-":
+            src.path.unlink(missing_ok=True)
+    name = model_label(lm) if lm is not None else spec.model
+    emit(_report(name, identity, settings, result), fmt)
+    if plot:
+        from anatomy_cli.output import plots
+        from anatomy_cli.output.plots import corpus as picture
+
+        cap = plots.Caption("corpus", spec.model, None, f"{identity['path']} · {result.stats.tokens:,} tokens",
+                            untrained=spec.init == "random")
+        plots.save(picture.figure(result.stats, cap), plot)
+
+
+def _load(spec: ModelSpec, on_ray: bool) -> tuple[Any, Any, Any]:
+    """``(lm, tokenizer, config)``; with Ray the driver reads only the tokenizer and config (lm None)."""
+    if on_ray:
+        from anatomy_cli.corpus import read_tokenizer
+        from anatomy_cli.corpus.ray_run import ray_module
+
+        ray_module()  # not installed: the one-line error before anything loads
+        tokenizer, config = read_tokenizer(spec)
+        _causal(config, spec.model)
+        return None, tokenizer, config
+    lm = load_model(spec, before_weights=lambda _tok, config: _causal(config, spec.model))
+    return lm, lm.tokenizer, lm.model.config
+
+
+def _causal(config: Any, name: str) -> None:
+    from anatomy_cli.models.adapters import for_config
+
+    if not for_config(config).causal:
+        raise UsageError(f"corpus measures next-token prediction; {name} is not a causal language model")
+
+
+def _ctx(ctx: int | None, config: Any, name: str) -> int:
+    n_ctx = getattr(config, "max_position_embeddings", None)
+    if ctx is None:
+        return min(512, int(n_ctx)) if n_ctx else 512
+    if n_ctx and ctx > int(n_ctx):
+        raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
+    return ctx
+
+
+def _bos(bos: bool | None, tokenizer: Any) -> bool:
+    from anatomy_cli.corpus.windows import tokenizer_adds_bos
+
+    return bool(bos) or (bos is None and tokenizer_adds_bos(tokenizer.hf))
+
+
+class _Status:
+    """A status line on a terminal's stderr: tokens, tokens/s, the time split (forward, lens, heads), ETA."""
+
+    def __init__(self, budget: int | None):
+        self.budget, self.live = budget, None
+
+    def __enter__(self):
+        if not sys.stderr.isatty():
+            return None
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        self.text = Text("corpus: planning the first shard", style="dim")
+        self.live = Live(self.text, console=Console(file=sys.stderr, markup=False, highlight=False),
+                         transient=True, refresh_per_second=4, redirect_stdout=False)
+        self.live.__enter__()
+        return self
+
+    def __call__(self, p: Any) -> None:
+        rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
+        total = sum(p.seconds.values()) or 1.0
+        split = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in p.seconds.items() if v)
+        line = f"corpus: {p.tokens:,} tokens · {rate:,.0f} tokens/s · {split}"
+        if self.budget and rate > 0:
+            left = max(0, self.budget - p.tokens) / rate
+            line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
+        self.text.plain = line
+        self.live.update(self.text)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+
+def _report(name: str, identity: dict[str, Any], settings: Any, result: Any) -> Report:
+    stats = result.stats
+    data = {"model": name, "source": identity, "settings": settings.to_dict(), "shards": result.shards,
+            "resumed_shards": result.resumed, **stats.to_dict()}
+    loss = f" · loss {stats.loss_bits:.4f} bits/token, perplexity {stats.perplexity:.2f}" \
+        if stats.loss_bits is not None else ""
+    heading = [f"corpus · {name} · {identity['path']} · {stats.tokens:,} tokens in {stats.windows:,} windows of "
+               f"≤ {settings.ctx}{' (BOS first)' if settings.bos else ''}{loss}"]
+    notes = [NOTE]
+    if settings.lens_every > 1:
+        notes.append(f"logit lens at every {settings.lens_every}th position only (--lens-every)")
+    if result.resumed:
+        info(f"resumed: {result.resumed} of {result.shards} shards were read from the output directory")
+    sections = [Section(LAYER_COLUMNS, list(stats.layers), title="per layer")]
+    if stats.heads:
+        sections.append(Section(HEAD_COLUMNS, list(stats.heads), title="per head"))
+    return Report(data=data, sections=sections, heading=heading, notes=notes)

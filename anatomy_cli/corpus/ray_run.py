@@ -1,0 +1,83 @@
+"""Shards on Ray: one actor per worker, each holding a :class:`~anatomy_cli.corpus.runner.Worker`.
+
+The driver keeps at most two shards in flight per actor and hands the next shard to whichever actor
+finished. Actors are created with ``max_restarts=-1`` and ``max_task_retries=-1``: when an actor's process
+dies mid-shard, Ray starts it again (its ``__init__`` loads the model again) and runs the same shard on
+it. The driver receives exactly one result per shard, so nothing is lost or counted twice; results go to
+the caller as they arrive and are merged in shard order there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from anatomy_cli.errors import AnatomyError, UsageError
+
+
+def ray_module() -> Any:
+    """``ray``, or AnatomyError naming the extra when it is not installed."""
+    try:
+        import ray
+    except ImportError:
+        raise AnatomyError("--ray needs Ray: pip install 'anatomy-cli[ray]'") from None
+    return ray
+
+
+def run_on_ray(shards: Iterator[Any], spec: Any, settings: Any, finished: Callable[[Any, Any], None], *,
+               address: str | None = None, workers: int = 2, gpus_per_worker: float = 0.0,
+               crash_once: tuple[str, int] | None = None) -> None:
+    """Measure ``shards`` on ``workers`` Ray actors; ``finished(shard, partial)`` once per shard.
+
+    ``address``: a Ray cluster (``ray://host:10001`` or ``auto``); None: ``RAY_ADDRESS`` if set, else a
+    local Ray started for this run (and stopped after it). Joins a Ray already initialised in this process.
+    """
+    import dataclasses
+
+    from anatomy_cli.corpus.worker import Worker
+
+    ray = ray_module()
+    if workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {workers}")
+    started = False
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS")
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        if address is None:
+            kwargs["num_cpus"] = max(workers, os.cpu_count() or 1)
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise AnatomyError(f"cannot reach Ray at {address}: {str(exc).splitlines()[0]}") from None
+        started = True
+    try:
+        actor = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1, max_task_retries=-1)(Worker)
+        pool = [actor.remote(spec.to_dict(), dataclasses.asdict(settings), crash_once=crash_once)
+                for _ in range(workers)]
+        busy: dict[Any, tuple[Any, Any]] = {}            # object ref -> (shard, actor)
+        load = {i: 0 for i in range(len(pool))}
+        pending = iter(shards)
+        exhausted = False
+        while True:
+            while not exhausted and len(busy) < 2 * len(pool):
+                shard = next(pending, None)
+                if shard is None:
+                    exhausted = True
+                    break
+                i = min(load, key=load.get)
+                load[i] += 1
+                busy[pool[i].run.remote(shard)] = (shard, i)
+            if not busy:
+                break
+            ready, _ = ray.wait(list(busy), num_returns=1)
+            shard, i = busy.pop(ready[0])
+            load[i] -= 1
+            try:
+                part = ray.get(ready[0])
+            except ray.exceptions.RayError as exc:
+                raise AnatomyError(f"shard {shard.index} failed on Ray: {str(exc).splitlines()[0]}") from None
+            finished(shard, part)
+    finally:
+        if started:
+            ray.shutdown()

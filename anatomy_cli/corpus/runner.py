@@ -1,0 +1,127 @@
+"""Run a corpus: plan the shards, measure each with a :class:`Worker`, merge in shard order, store.
+
+In-process, one :class:`Worker` measures every shard; with Ray (:mod:`anatomy_cli.corpus.ray_run`) each
+Ray actor holds its own :class:`Worker`, so both run the same code on the same shards. The driver plans
+the shards (tokenizing the source as a stream), hands out the ones not finished yet, writes each
+result as it arrives and merges all of them in shard order at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from anatomy_cli.corpus.partial import Partial
+from anatomy_cli.corpus.sources import Source
+from anatomy_cli.corpus.store import Store
+from anatomy_cli.corpus.summary import CorpusStats, summarize
+from anatomy_cli.corpus.windows import Shard, shards, token_stream, windows
+from anatomy_cli.corpus.worker import Settings, Worker
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+
+__all__ = ["Progress", "Result", "Settings", "Worker", "plan", "run"]
+
+
+def plan(source: Source, tokenizer: Any, settings: Settings) -> Iterator[Shard]:
+    """The shards of ``source`` (lazily; see :mod:`anatomy_cli.corpus.windows`)."""
+    hf = tokenizer.hf
+    bos = hf.bos_token_id if settings.bos and hf.bos_token_id is not None else None
+    stream = token_stream(source.pieces(), hf, allow_special=settings.allow_special, eos=hf.eos_token_id)
+    return shards(windows(stream, ctx=settings.ctx, bos=bos, max_tokens=settings.max_tokens),
+                  settings.shard_windows)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a progress callback sees after each shard: tokens so far (``done`` of them this run), the
+    token budget (None: unknown), seconds elapsed this run and the time split (forward, lens, heads)."""
+
+    tokens: int
+    done: int
+    budget: int | None
+    elapsed: float
+    seconds: dict[str, float]
+    shards: int
+    resumed: int
+
+
+@dataclass(frozen=True)
+class Result:
+    stats: CorpusStats
+    shards: int
+    resumed: int
+    seconds: dict[str, float]
+    elapsed: float
+
+
+def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, lm: Any = None,
+        out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
+        ray: dict[str, Any] | None = None, progress: Callable[[Progress], None] | None = None,
+        crash_once: tuple[str, int] | None = None) -> Result:
+    """Measure every shard of ``source`` and merge them in shard order.
+
+    ``lm``: the loaded model for an in-process run (None with ``ray``). ``out``: the directory for shards,
+    manifest and summary; finished shards there are loaded, not recomputed. ``ray``: ``{"address",
+    "workers", "gpus_per_worker"}`` to run on Ray instead. Raises UsageError for an empty corpus or an
+    ``out`` that holds another run (unless ``overwrite``).
+    """
+    store = None
+    if out is not None:
+        store = Store(out)
+        store.open(spec.to_dict(), identity or source.identity(), settings.to_dict(), overwrite=overwrite)
+    parts: dict[int, Partial] = {}
+    resumed = 0
+    if store is not None:
+        for index in sorted(store.done):
+            parts[index] = store.load(index)
+            resumed += 1
+    t0 = time.perf_counter()
+    state = {"tokens": sum(p.tokens for p in parts.values()), "done": 0, "shards": 0, "seconds": {}}
+
+    def finished(shard: Shard, part: Partial) -> None:
+        parts[shard.index] = part
+        if store is not None:
+            store.save(shard.index, part)
+        state["tokens"] += part.tokens
+        state["done"] += part.tokens
+        state["shards"] += 1
+        for k, v in part.seconds.items():
+            state["seconds"][k] = state["seconds"].get(k, 0.0) + v
+        if progress is not None:
+            progress(Progress(state["tokens"], state["done"], settings.max_tokens, time.perf_counter() - t0,
+                              dict(state["seconds"]), state["shards"], resumed))
+
+    todo = (shard for shard in plan(source, tokenizer, settings) if shard.index not in parts)
+    n_seen = [0]
+
+    def counted(it: Iterator[Shard]) -> Iterator[Shard]:
+        for shard in it:
+            n_seen[0] = max(n_seen[0], shard.index + 1)
+            yield shard
+
+    if ray is not None:
+        from anatomy_cli.corpus.ray_run import run_on_ray
+
+        run_on_ray(counted(todo), spec, settings, finished, crash_once=crash_once, **ray)
+    else:
+        worker = Worker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, crash_once=crash_once)
+        for shard in counted(todo):
+            finished(shard, worker(shard))
+    total = max(n_seen[0], max(parts, default=-1) + 1)
+    if not parts:
+        raise UsageError("the corpus has no text: nothing to measure (it needs at least 2 tokens)")
+    missing = [i for i in range(total) if i not in parts]
+    if missing:  # an out dir with shards beyond the plan, or a bug: never merge around a hole
+        raise UsageError(f"shards {missing[:5]} are missing from the run")
+    merged = Partial(parts[0].n_layers, parts[0].n_heads, parts[0].d_model)
+    for index in range(total):
+        merged.merge(parts[index])
+    stats = summarize(merged)
+    if store is not None:
+        store.finish(stats, total)
+    return Result(stats, total, resumed, state["seconds"], time.perf_counter() - t0)

@@ -1,0 +1,85 @@
+"""The merged :class:`Partial` as figures: means with standard errors over windows, per layer and per head.
+
+For a figure with values x over positions, summed over windows w with n_w values each:
+``mean = Σ x / Σ n_w`` (every position weighs the same) and ``se`` is the standard error of the mean of
+the window means, ``sqrt(var(m_w) / W)`` with the sample variance over the W windows (None for W < 2).
+Windows, not positions, are the independent units: neighbouring positions are correlated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from anatomy_cli.corpus.partial import HEAD_METRICS, LAYER_METRICS, Partial
+
+LAYER_COLUMNS = ("layer", "kl_nats", "kl_nats_se", "top1_agree", "top1_agree_se", "ce_bits", "ce_bits_se",
+                 "resid_norm", "resid_norm_se", "cos_to_embedding", "cos_to_embedding_se", "attn_out_norm",
+                 "attn_out_norm_se", "mlp_out_norm", "mlp_out_norm_se", "max_abs", "max_abs_dim",
+                 "max_abs_dim_share", "lens_positions", "ce_positions")
+HEAD_COLUMNS = ("layer", "head", "entropy_nats", "entropy_nats_se", "first_token", "first_token_se",
+                "prev_token", "prev_token_se")
+
+
+def _mean_se(sums: dict[str, np.ndarray]) -> tuple[list[float | None], list[float | None]]:
+    means, ses = [], []
+    for n, s, w, sw, sw2 in zip(*(sums[k].tolist() for k in ("n", "sum", "n_windows", "sum_w", "sumsq_w"))):
+        means.append(s / n if n else None)
+        if w >= 2:
+            var = max(0.0, (sw2 - sw * sw / w) / (w - 1))
+            ses.append(math.sqrt(var / w))
+        else:
+            ses.append(None)
+    return means, ses
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """Per-layer rows (``LAYER_COLUMNS``; row 0 the embedding, row L the last block's output) and, when
+    measured, per-head rows (``HEAD_COLUMNS``). ``loss_bits`` is the last layer's ``ce_bits`` (the model's
+    own cross-entropy on the windows) and ``perplexity`` ``2 ** loss_bits``; None without the lens."""
+
+    layers: tuple[dict[str, Any], ...]
+    heads: tuple[dict[str, Any], ...]
+    windows: int
+    tokens: int
+    loss_bits: float | None
+    perplexity: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"windows": self.windows, "tokens": self.tokens, "loss_bits": self.loss_bits,
+                "perplexity": self.perplexity, "layers": [dict(r) for r in self.layers],
+                "heads": [dict(r) for r in self.heads]}
+
+
+def summarize(part: Partial) -> CorpusStats:
+    """The figures of ``part`` (usually every shard merged in order)."""
+    figures = {m: _mean_se(part.sums[m]) for m in (*LAYER_METRICS, *HEAD_METRICS)}
+    total = part.argmax.sum(-1)
+    layers = []
+    for l in range(part.n_layers + 1):
+        row: dict[str, Any] = {"layer": l}
+        for m in LAYER_METRICS:
+            row[m], row[f"{m}_se"] = figures[m][0][l], figures[m][1][l]
+        dim = int(part.max_dim[l])
+        row["max_abs"] = float(part.max_abs[l]) if dim >= 0 else None
+        row["max_abs_dim"] = dim if dim >= 0 else None
+        row["max_abs_dim_share"] = float(part.argmax[l, dim] / total[l]) if dim >= 0 and total[l] else None
+        row["lens_positions"] = int(part.sums["kl_nats"]["n"][l])
+        row["ce_positions"] = int(part.sums["ce_bits"]["n"][l])
+        layers.append({k: row[k] for k in LAYER_COLUMNS})
+    heads = []
+    if part.sums["head_entropy_nats"]["n"].any():
+        names = {"head_entropy_nats": "entropy_nats", "head_first_token": "first_token",
+                 "head_prev_token": "prev_token"}
+        for i in range(part.n_layers * part.n_heads):
+            row = {"layer": i // part.n_heads, "head": i % part.n_heads}
+            for m, key in names.items():
+                row[key], row[f"{key}_se"] = figures[m][0][i], figures[m][1][i]
+            heads.append(row)
+    loss = figures["ce_bits"][0][-1]
+    return CorpusStats(layers=tuple(layers), heads=tuple(heads), windows=part.windows, tokens=part.tokens,
+                       loss_bits=loss, perplexity=2.0 ** loss if loss is not None else None)

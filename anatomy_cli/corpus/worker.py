@@ -1,0 +1,84 @@
+"""The unit of work: a :class:`Worker` measures one shard of windows into a :class:`Partial`; :class:`Settings`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from anatomy_cli.corpus.partial import Partial
+from anatomy_cli.corpus.windows import Shard
+from anatomy_cli.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What decides the figures: ``ctx`` tokens per window, ``bos`` (each window starts with BOS),
+    ``max_tokens`` (None: all), ``lens`` (measure the logit lens) every ``lens_every`` positions, ``heads``,
+    ``shard_windows`` windows per shard, ``allow_special``. ``batch_size`` (windows per forward) is not
+    part of the run's identity: it changes float rounding only."""
+
+    ctx: int
+    bos: bool
+    max_tokens: int | None = None
+    lens: bool = True
+    lens_every: int = 1
+    heads: bool = False
+    shard_windows: int = 16
+    allow_special: bool = False
+    batch_size: int = 4
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("batch_size")
+        return out
+
+
+class Worker:
+    """Loads the model once (or takes a loaded one); ``worker(shard)`` measures one shard into a :class:`Partial`.
+
+    The callable-class pattern of Ray Data's ``map_batches``: a Ray actor wraps exactly this class.
+    ``crash_once = (marker_path, shard_index)`` is fault injection for tests: the first worker process to
+    reach that shard creates the marker and exits at once (as a killed worker would).
+    """
+
+    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: Any = None,
+                 crash_once: tuple[str, int] | None = None):
+        from anatomy_cli import engine
+
+        self.settings = Settings(**settings)
+        self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
+        self.crash_once = crash_once
+
+    def __call__(self, shard: Shard) -> Partial:
+        import torch
+
+        from anatomy_cli.corpus.measure import measure
+
+        if self.crash_once and shard.index == self.crash_once[1]:
+            try:
+                fd = os.open(self.crash_once[0], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+                os._exit(1)
+        lm, s = self.lm, self.settings
+        part = Partial(lm.n_layers, lm.n_heads, lm.d_model)
+        start = 0
+        group = list(shard.windows)
+        while start < len(group):
+            # Consecutive windows of one length (only the corpus' last window is shorter), batch_size at a time.
+            end = start + 1
+            while end < len(group) and end - start < s.batch_size and len(group[end]) == len(group[start]):
+                end += 1
+            ids = torch.tensor(group[start:end], dtype=torch.long)
+            measure(lm, ids, part, first_window=shard.first_window + start, lens=s.lens, lens_every=s.lens_every,
+                    heads=s.heads)
+            start = end
+        return part
+
+    def run(self, shard: Shard) -> Partial:
+        """``self(shard)``, under a name a Ray actor handle exposes."""
+        return self(shard)
