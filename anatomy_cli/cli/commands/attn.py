@@ -61,7 +61,7 @@ def attn_command(
         "--position", "-p", metavar="N", show_default=False,
         help="Query position when showing several heads (negative counts from the end). Default: the last "
              "token; for encoders the last one that is not [SEP]/[CLS].")] = None,
-    k: Annotated[int, typer.Option("--k", "-k", min=1,
+    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
                                    help="Top keys per row in a table too wide for the terminal.")] = 3,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
@@ -84,7 +84,7 @@ def attn_command(
     layer L, from one query position (--position) to every key. Neither: the same for every layer.
     JSON, JSONL, TSV and CSV give one row per weight (layer, head, query_position, key_position,
     query_token, key_token, weight); causal models leave out the keys after the query (weight 0).
-    The table shows a matrix when it fits the terminal, else each row's top --k keys.
+    The table shows a matrix when it fits the terminal, else each row's --top keys.
     Patterns come from one forward with eager attention (every other command keeps sdpa).
 
     Examples:

@@ -74,7 +74,7 @@ def heads_command(
         "--sort", case_sensitive=False, show_default=False,
         help="Order by this score, highest first (entropy: lowest first). Default: layer, head.")] = None,
     top: Annotated[Optional[int], typer.Option(
-        "--top", "-n", min=1, metavar="N", show_default=False, help="Show only the first N heads.")] = None,
+        "--top", "-k", "-n", min=1, metavar="N", show_default=False, help="Show only the first N heads.")] = None,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,

@@ -84,7 +84,7 @@ def lens_command(
         "--stride", min=1, metavar="N", show_default=False,
         help="Show every N-th layer (0, N, 2N, ...) and the last.")] = None,
     k: Annotated[Optional[int], typer.Option(
-        "--k", "-k", min=1, metavar="N", show_default=False,
+        "--top", "-k", "--k", min=1, metavar="N", show_default=False,
         help="The N most probable tokens per cell (JSON 'top'; the table lists them in the cell).")] = None,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
@@ -114,7 +114,7 @@ def lens_command(
         anatomy lens "The capital of Germany is"
         anatomy lens "The capital of Germany is" --target " Berlin" --stat rank
         anatomy lens "Thank you very" --stride 4 --stat entropy
-        anatomy lens "Thank you very" --layers 0,6,12 --k 3 --format json
+        anatomy lens "Thank you very" --layers 0,6,12 --top 3 --format json
     """
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis

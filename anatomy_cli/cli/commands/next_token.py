@@ -55,7 +55,8 @@ COLUMNS = (
 @app.command("next")
 def next_command(
     prompt: PromptArg,
-    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many of the most probable tokens to list.")] = 10,
+    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
+                                   help="How many of the most probable tokens to list.")] = 10,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
@@ -82,7 +83,7 @@ def next_command(
 
     \b
         anatomy next "Thank you very"
-        anatomy next "Thank you very" --target " much" --k 5
+        anatomy next "Thank you very" --target " much" --top 5
         anatomy next "Thank you very" --target-id 881
         anatomy next "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl

@@ -77,7 +77,8 @@ def trace_command(
         "--position", "-p", metavar="N", show_default=False,
         help="Token position to follow (0-based; negative counts from the end, -1 = last token). "
              "Default: the last token; for encoders the last one that is not [SEP]/[CLS].")] = None,
-    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many top next tokens to list.")] = 5,
+    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
+                                   help="How many top next tokens to list.")] = 5,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
@@ -108,7 +109,7 @@ def trace_command(
 
     \b
         anatomy trace "Thank you very"
-        anatomy trace "Thank you very" --position 1 --k 10
+        anatomy trace "Thank you very" --position 1 --top 10
         anatomy trace "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
     """
