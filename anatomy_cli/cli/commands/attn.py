@@ -94,8 +94,6 @@ def attn_command(
         anatomy attn "The cat sat on the mat" --layer 5 --position 3
         anatomy attn "The cat sat on the mat" --format json | jq '.weights[0]'
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import attention as analysis
 
     if head is not None and layer is None:
         raise UsageError("--head needs --layer: give the layer the head belongs to")
@@ -104,6 +102,8 @@ def attn_command(
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate),
                                check=lambda pre: _check(pre.config, pre.encoded, layer, head, position, model))
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import attention as analysis
     n_layers, n_heads = _check(lm.model.config, encoded, layer, head, position, lm.name)
     layers = [layer % n_layers] if layer is not None else list(range(n_layers))
     heads = [head % n_heads] if head is not None else list(range(n_heads))

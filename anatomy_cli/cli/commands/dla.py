@@ -122,7 +122,6 @@ def dla_command(
         anatomy dla "Thank you very" --target-id 881 --format json
         anatomy dla "The capital of Germany is" --target " Berlin" --by head --top 10 --sort abs
     """
-    from anatomy_cli import engine
 
     wanted = targets.choice(target, target_id, first_token=first_token)
     if wanted is None:
@@ -147,6 +146,7 @@ def dla_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    from anatomy_cli import engine
     if not lm.has_unembed:
         raise UsageError(f"{lm.name} has no LM head (unembedding): there is no logit to attribute")
     if ids.get("foil") is not None and ids["foil"] == ids["target"]:

@@ -116,8 +116,6 @@ def lens_command(
         anatomy lens "Thank you very" --stride 4 --stat entropy
         anatomy lens "Thank you very" --layers 0,6,12 --top 3 --format json
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import lens as analysis
 
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
@@ -137,6 +135,8 @@ def lens_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import lens as analysis
     if not lm.has_unembed:
         raise UsageError(f"{lm.name} has no LM head (unembedding): the logit lens has nothing to read tokens from")
     caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=batch_size)

@@ -88,8 +88,6 @@ def next_command(
         anatomy next "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import next_token as analysis
 
     wanted = targets.choice(target, target_id, first_token=first_token)  # fails before anything loads
     targets.check_first_token(first_token, wanted)
@@ -105,6 +103,8 @@ def next_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import next_token as analysis
     if not (lm.is_causal and lm.has_unembed):
         raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
                          f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")

@@ -113,9 +113,6 @@ def trace_command(
         anatomy trace "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import trace as analysis
-    from anatomy_cli.output import plots
 
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
@@ -129,6 +126,9 @@ def trace_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import trace as analysis
+    from anatomy_cli.output import plots
     if wanted is not None and not lm.has_unembed:
         raise UsageError(f"--target needs the logit lens, and {lm.name} has no LM head (unembedding)")
     if position is None:
