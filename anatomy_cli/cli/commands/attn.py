@@ -102,6 +102,7 @@ def attn_command(
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate),
                                check=lambda pre: _check(pre.config, pre.encoded, layer, head, position, model))
+    # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import attention as analysis
     n_layers, n_heads = _check(lm.model.config, encoded, layer, head, position, lm.name)

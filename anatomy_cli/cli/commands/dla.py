@@ -122,7 +122,6 @@ def dla_command(
         anatomy dla "Thank you very" --target-id 881 --format json
         anatomy dla "The capital of Germany is" --target " Berlin" --by head --top 10 --sort abs
     """
-
     wanted = targets.choice(target, target_id, first_token=first_token)
     if wanted is None:
         raise UsageError("dla needs a token: give --target TEXT or --target-id N")
@@ -146,6 +145,7 @@ def dla_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     if not lm.has_unembed:
         raise UsageError(f"{lm.name} has no LM head (unembedding): there is no logit to attribute")

@@ -116,7 +116,6 @@ def lens_command(
         anatomy lens "Thank you very" --stride 4 --stat entropy
         anatomy lens "Thank you very" --layers 0,6,12 --top 3 --format json
     """
-
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
     if stat is Stat.rank and wanted is None:
@@ -135,6 +134,7 @@ def lens_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis
     if not lm.has_unembed:

@@ -88,7 +88,6 @@ def next_command(
         anatomy next "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
     """
-
     wanted = targets.choice(target, target_id, first_token=first_token)  # fails before anything loads
     targets.check_first_token(first_token, wanted)
     target_ids: list[int] = []
@@ -103,6 +102,7 @@ def next_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import next_token as analysis
     if not (lm.is_causal and lm.has_unembed):

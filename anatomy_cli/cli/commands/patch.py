@@ -123,6 +123,7 @@ def patch_command(
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, (enc_clean, enc_corrupt) = load_texts([clean, corrupt], spec, PromptOptions(bos, allow_special),
                                               check=check, truncate_hint=False)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)

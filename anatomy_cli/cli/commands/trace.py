@@ -113,7 +113,6 @@ def trace_command(
         anatomy trace "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
     """
-
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
     target_ids: list[int] = []
@@ -126,6 +125,7 @@ def trace_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import trace as analysis
     from anatomy_cli.output import plots
