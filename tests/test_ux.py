@@ -347,7 +347,7 @@ def test_help_shows_plain_metavars_for_every_command():
             assert python_type not in text, (command.name, python_type)
         assert "{" not in text.splitlines()[0], command.name  # typer's {PROMPT} for a required argument
     assert "Usage: anatomy trace [OPTIONS] PROMPT\n" in invoke("trace", "--help").stdout
-    assert "-k, --k N " in invoke("trace", "--help").stdout
+    assert "-k, --top N " in invoke("trace", "--help").stdout
 
 
 def test_invisible_characters_are_shown_by_code_point():

@@ -110,17 +110,48 @@ class Row:
 
 @dataclass(frozen=True)
 class Attribution:
-    """The rows, their sum ``total`` and the model's own ``logit`` (or logit difference) to compare with."""
+    """The rows, their sum ``total`` and the model's own ``logit`` (or logit difference) to compare with.
+
+    ``other_rows``: how many rows :meth:`select` summed into the final ``other`` row (0: none).
+    """
 
     rows: tuple[Row, ...]
     total: float
     logit: float
     norm_scale: float
     centred: bool
+    other_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [r.to_dict() for r in self.rows], "total": self.total, "logit": self.logit,
-                "norm_scale": self.norm_scale, "centred": self.centred}
+                "norm_scale": self.norm_scale, "centred": self.centred, "other_rows": self.other_rows}
+
+    def select(self, top: int | None = None, sort: str = "model") -> Attribution:
+        """The rows in ``sort`` order, only the ``top`` largest by |contribution| plus one ``other`` row.
+
+        ``sort``: ``model`` (embedding, blocks in order, bias), ``abs`` (largest |contribution| first) or
+        ``value`` (most positive first). ``top``: keep that many rows (ties: model order) and sum the rest
+        into a last row ``other`` (layer and head None), so the rows still add up to ``total``.
+        Raises ValueError for an unknown ``sort`` or ``top`` < 1.
+        """
+        keys = {"model": None, "abs": lambda r: -abs(r.contribution), "value": lambda r: -r.contribution}
+        if sort not in keys:
+            raise ValueError(f"sort must be one of {', '.join(keys)}, got {sort!r}")
+        if top is not None and top < 1:
+            raise ValueError(f"top must be at least 1, got {top}")
+        rows = list(self.rows)
+        rest: list[Row] = []
+        if top is not None and top < len(rows):
+            largest = sorted(range(len(rows)), key=lambda i: -abs(rows[i].contribution))[:top]
+            kept = set(largest)
+            rest = [r for i, r in enumerate(rows) if i not in kept]
+            rows = [r for i, r in enumerate(rows) if i in kept]
+        if keys[sort] is not None:
+            rows.sort(key=keys[sort])
+        if rest:
+            rows.append(Row("other", None, None, math.fsum(r.contribution for r in rest)))
+        return Attribution(rows=tuple(rows), total=self.total, logit=self.logit, norm_scale=self.norm_scale,
+                           centred=self.centred, other_rows=len(rest))
 
 
 def head_outputs(z: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],

@@ -161,6 +161,78 @@ def quiet_library_warnings() -> None:
             log.addFilter(_NoDeprecations())
 
 
+def _hide_aliases(command: Any) -> None:
+    """One spelling per option in ``--help``: an option shows its first long and first short name; any
+    later spelling in its declaration (``typer.Option("--top", "-k", "--k")``) is a hidden alias that
+    still parses (kept in ``param.aliases``). Idempotent: the server runs it on every request."""
+    for sub in getattr(command, "commands", {}).values():
+        _hide_aliases(sub)
+    for param in getattr(command, "params", ()):
+        if param.param_type_name != "option" or hasattr(param, "aliases"):
+            continue
+        longs = [o for o in param.opts if o.startswith("--")]
+        shorts = [o for o in param.opts if not o.startswith("--")]
+        param.aliases = longs[1:] + shorts[1:]
+        if param.aliases:
+            param.opts = [o for o in param.opts if o not in param.aliases]
+            param.add_to_parser = _parsing_aliases(param)
+
+
+def _parsing_aliases(param: Any) -> Any:
+    original = type(param).add_to_parser
+
+    def add_to_parser(parser: Any, ctx: Any) -> None:
+        shown = param.opts
+        param.opts = [*shown, *param.aliases]  # the parser knows every spelling; help reads opts afterwards
+        try:
+            original(param, parser, ctx)
+        finally:
+            param.opts = shown
+
+    return add_to_parser
+
+
+def suggest_options(typed: str, command: Any) -> list[str]:
+    """The options of ``command`` a mistyped ``typed`` most likely meant, as ``git`` suggests commands.
+
+    Names are compared without their dashes (``--top`` and ``--bos`` share only ``--``), by difflib's
+    ratio (at least 0.6) or as a prefix of at least 3 characters (``--pos`` -> ``--position``); hidden
+    aliases count and are answered with the shown name (``--kk`` -> ``--top`` through ``--k``).
+    Best match first, at most 3.
+    """
+    import difflib
+
+    word = typed.lstrip("-")
+    canonical: dict[str, str] = {}
+    for param in getattr(command, "params", ()):
+        if param.param_type_name != "option" or getattr(param, "hidden", False):
+            continue
+        names = [*param.opts, *getattr(param, "aliases", ()), *getattr(param, "secondary_opts", ())]
+        shown = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        for name in names:
+            if name.startswith("--"):
+                canonical.setdefault(name[2:], name if name in param.secondary_opts else shown)
+    if not word or not canonical:
+        return []
+    scored = {name: difflib.SequenceMatcher(None, word, name).ratio() for name in canonical}
+    for name in canonical:
+        if len(word) >= 3 and (name.startswith(word) or word.startswith(name) and len(name) >= 3):
+            scored[name] = max(scored[name], 0.75)
+    best = sorted((n for n, r in scored.items() if r >= 0.6), key=lambda n: -scored[n])
+    return list(dict.fromkeys(canonical[n] for n in best))[:3]
+
+
+def _did_you_mean(exc: Any) -> str:
+    """click's NoSuchOption message with our suggestions instead of its own (difflib on the raw names)."""
+    message = exc.message
+    if exc.ctx is None or not exc.option_name.startswith("--"):
+        return exc.format_message()
+    found = suggest_options(exc.option_name, exc.ctx.command)
+    if found:
+        message += f" (did you mean {' or '.join(found)}?)"
+    return message
+
+
 def _usage_message(message: str) -> str:
     # typer validates with pydantic, whose messages carry its error class ("Value error, 'x' is not one of ...").
     message = message.replace("Value error, ", "").rstrip(".")
@@ -187,6 +259,7 @@ class AnatomyGroup(TyperGroup):
         _state["debug"] = bool(os.environ.get("ANATOMY_DEBUG")) or "--debug" in (args or sys.argv[1:])
         quiet_library_warnings()
         _plain_metavars(self)
+        _hide_aliases(self)
         try:
             rv = super().main(args=args, prog_name=prog_name or "anatomy", complete_var=complete_var,
                               standalone_mode=False, **extra)
@@ -199,7 +272,8 @@ class AnatomyGroup(TyperGroup):
             if _state["debug"]:
                 traceback.print_exc()
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-            error_line(_usage_message(exc.format_message()) + hint)
+            text = _did_you_mean(exc) if isinstance(exc, _cx.NoSuchOption) else exc.format_message()
+            error_line(_usage_message(text) + hint)
             code = exc.exit_code
         except _cx.ClickException as exc:
             error_line(exc.format_message())

@@ -11,7 +11,8 @@ from anatomy_cli.engine.cache import Cache
 from anatomy_cli.engine.hooks import _check_names, _first_tensor, capture
 from anatomy_cli.engine.lens import _rowwise
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import AnatomyError, PromptTooLong, UsageError
+from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.text.length import check_length  # noqa: F401  (engine.check_length)
 from anatomy_cli.text.tokenization import Encoded, Tokenizer
 
 
@@ -28,31 +29,6 @@ def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, 
     if not isinstance(tok, Tokenizer):
         tok = Tokenizer(tok)
     return tok.encode([texts] if isinstance(texts, str) else list(texts), bos=bos, allow_special=allow_special)
-
-
-def check_length(lm: LoadedModel, encoded: list[Encoded], *, truncate: str | None = None,
-                 what: str = "prompt", truncate_hint: bool = True) -> list[Encoded]:
-    """Check every prompt fits ``lm.n_ctx``.
-
-    ``truncate="left"`` keeps the last ``n_ctx`` tokens (see ``Encoded.dropped``; the caller
-    says so on stderr). Raises PromptTooLong "<what> [i] is N tokens; <model> takes at most M",
-    followed by a pointer to ``--truncate left`` when ``truncate_hint`` (commands without
-    that option pass False).
-    """
-    if truncate not in (None, "left"):
-        raise UsageError(f"unknown truncation '{truncate}'; use 'left'")
-    limit = lm.n_ctx
-    out = []
-    for i, enc in enumerate(encoded):
-        if limit is None or len(enc) <= limit:
-            out.append(enc)
-        elif truncate == "left":
-            out.append(enc.keep_last(limit))
-        else:
-            which = f"{what} {i + 1}" if len(encoded) > 1 else what
-            hint = f" (--truncate left keeps the last {limit})" if truncate_hint else ""
-            raise PromptTooLong(f"{which} is {len(enc)} tokens; {lm.name} takes at most {limit}{hint}")
-    return out
 
 
 def _positions(enc: Encoded, wanted: list[int] | None) -> list[int]:

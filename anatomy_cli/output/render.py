@@ -65,6 +65,8 @@ class Column:
     - ``number``: any number, shown as ``prob`` is: a nonzero value never reads 0 (``1.00e-12``).
     - ``bytes``: a byte count shown in human units (KiB, MiB, GiB).
     - ``bar``: a bar proportional to the fraction in ``key``; table mode only.
+    - ``signed_bar``: a value in [-1, 1] as a bar growing left (negative) or right (positive) from a
+      centre line ``│``, so the sign reads without colour (``NO_COLOR``, a pipe); table mode only.
     """
 
     key: str
@@ -192,8 +194,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+BAR_KINDS = ("bar", "signed_bar")  # table-only columns: never in tsv/csv/json
+
+
 def _machine_columns(section: Section) -> list[Column]:
-    return [c for c in section.columns if c.kind != "bar"]
+    return [c for c in section.columns if c.kind not in BAR_KINDS]
 
 
 def _raw(value: Any) -> str:
@@ -256,7 +261,25 @@ def _human(value: Any, column: Column) -> str:
         cells = max(0.0, min(1.0, float(value))) * _BAR_WIDTH
         full = int(cells)
         return "█" * full + ("▌" if cells - full >= 0.5 else "")
+    if kind == "signed_bar" and isinstance(value, (int, float)):
+        return signed_bar(float(value))
     return _raw(value)
+
+
+def signed_bar(value: float, half: int = _BAR_WIDTH // 2) -> str:
+    """``value`` in [-1, 1] as ``half`` cells either side of a centre ``│``: ``    ██▐│`` or ``│██▌``.
+
+    Negative values grow left, positive right; the position alone carries the sign (no colour needed).
+    Every bar has the same width (``2 * half + 1``), so the centre lines up down a column.
+    """
+    cells = max(-1.0, min(1.0, value)) * half
+    full = int(abs(cells))
+    part = abs(cells) - full >= 0.5
+    if cells < 0:
+        left = ("▐" if part else "") + "█" * full
+        return " " * (half - len(left)) + left + "│" + " " * half
+    right = "█" * full + ("▌" if part else "")
+    return " " * half + "│" + right + " " * (half - len(right))
 
 
 def stdout_console(out: TextIO | None = None):
@@ -276,8 +299,8 @@ def _emit_table(report: Report, out: TextIO) -> None:
     unicode = is_unicode(out)
 
     def cell(value: Any, column: Column) -> str:
-        if column.kind == "bar" and not unicode:
-            return _human(value, column).replace("█", "#").replace("▌", "+")
+        if column.kind in BAR_KINDS and not unicode:
+            return _human(value, column).replace("█", "#").replace("▌", "+").replace("▐", "+").replace("│", "|")
         return fit(_human(value, column), out)
 
     for line in report.heading:

@@ -47,7 +47,7 @@ def render_section(console: Console, section: Any, cells: Callable[[Any, Any], s
         if sum(natural) + gap * (len(columns) - 1) <= width:
             console.print(_table(columns, rows, natural, title, gap, unicode))
             return
-    keep = [i for i, c in enumerate(columns) if c.kind != "bar"]
+    keep = [i for i, c in enumerate(columns) if c.kind not in ("bar", "signed_bar")]
     columns, rows = [columns[i] for i in keep], [[r[i] for i in keep] for r in rows]
     natural = [natural[i] for i in keep]
     widths = _fold_text(columns, natural, width - (len(columns) - 1))
@@ -76,12 +76,23 @@ def _table(columns: Sequence[Any], rows: list[list[str]], widths: list[int], tit
                   pad_edge=False, show_edge=False, padding=(0, 1 if gap == 3 else 0))
     for column, w in zip(columns, widths):
         numeric = column.kind in NUMERIC
+        bar = column.kind in ("bar", "signed_bar")
         table.add_column(Text(column.title), justify="right" if numeric else "left", width=w,
-                         style="cyan" if column.kind == "bar" else None, no_wrap=numeric or column.kind == "bar",
-                         overflow="fold")
+                         style="cyan" if column.kind == "bar" else None, no_wrap=numeric or bar, overflow="fold")
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(_signed(cell) if c.kind == "signed_bar" else Text(cell) for c, cell in zip(columns, row)))
     return table
+
+
+def _signed(cell: str) -> Text:
+    """A signed bar: red left of the centre line (negative), blue right of it (positive). The colour
+    only repeats what the side already says."""
+    centre = max(cell.find("│"), cell.find("|"))
+    text = Text(cell)
+    if centre >= 0:
+        text.stylize("red", 0, centre)
+        text.stylize("blue", centre + 1)
+    return text
 
 
 def _vertical(console: Console, columns: Sequence[Any], rows: list[list[str]], title: Text | None) -> None:

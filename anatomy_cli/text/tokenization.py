@@ -78,9 +78,12 @@ class Encoded:
 
 
 def _bytes_decoder() -> dict[str, int]:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return {ch: b for b, ch in bytes_to_unicode().items()}
+    """The inverse of GPT-2's ``bytes_to_unicode`` (written out: transformers' module costs 1.5 s to import):
+    printable Latin-1 bytes stand for themselves, the other 68 for ``chr(256 + n)`` in byte order."""
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in set(printable))})
+    return table
 
 
 def _decoder_kind(hf: Any) -> str:

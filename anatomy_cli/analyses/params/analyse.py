@@ -15,7 +15,8 @@ def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, tru
     files: their headers (:func:`params_headers.from_safetensors`). Otherwise (presets,
     config-only directories, Hub ids, ``max_memory``, ``trust_remote_code``) the model is built
     on the meta device and counted (:func:`count_parameters`); that result is cached per
-    config content (:mod:`params_cache`). With ``max_memory``, also plan the placement (at
+    config content (:mod:`params_cache`); the built-in presets' counts ship with the package
+    (:mod:`.shipped`). With ``max_memory``, also plan the placement (at
     ``dtype``, else the config's dtype, else fp32). Neither torch nor transformers is
     imported for a header or a cache hit.
 
@@ -35,6 +36,12 @@ def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, tru
                              "read from its header: load it with --device-map instead")
         return params_headers.from_gguf(spec, source.ref, dtype=dtype, per_layer=per_layer)
     if max_memory is None and not trust_remote_code:
+        if source.kind == "preset":  # fixed shapes: their breakdowns ship with the package (no torch)
+            from anatomy_cli.analyses.params.shipped import breakdown
+
+            shipped = breakdown(source.ref, dtype=dtype, per_layer=per_layer)
+            if shipped is not None:
+                return shipped
         if source.kind == "dir":
             result = params_headers.from_safetensors(spec, source.ref, dtype=dtype, per_layer=per_layer)
             if result is not None:

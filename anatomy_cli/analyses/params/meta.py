@@ -263,12 +263,9 @@ def _notes(resolved, family, total, non_embedding, excluded, tied, unrecognised,
                          f"{_plural(moe.moe_layers, 'MoE layer')}{dense}). Active {_fmt(moe.active)} of "
                          f"{_fmt(total)}.")
     if dtype:
-        note = (f"Memory: parameters x {DTYPE_BITS[dtype] / 8:g} bytes ({dtype}); the weights that must be resident"
-                f"{', every expert included' if moe is not None else ''}; no activations, KV cache or "
-                "optimizer state")
-        if dtype in ("int8", "int4"):
-            note += ", and no quantization scales"
-        notes.append(note + ".")
+        from anatomy_cli.analyses.params.shipped import dtype_note
+
+        notes.append(dtype_note(dtype, moe is not None))
     return notes
 
 

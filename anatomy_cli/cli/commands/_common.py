@@ -122,7 +122,7 @@ def load_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = Promp
     from anatomy_cli.models.resolve import check_path
 
     check_path(spec.model)  # a model path that does not exist fails here, before torch is imported
-    from anatomy_cli import engine
+    from anatomy_cli.text.length import check_length
     from anatomy_cli.text.tokenization import starts_with_bos
 
     model = spec.model
@@ -130,8 +130,8 @@ def load_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = Promp
 
     def before_weights(tokenizer: Any, config: Any) -> None:
         encoded = tokenizer.encode(texts, bos=prompts.bos, allow_special=prompts.allow_special)
-        encoded = engine.check_length(Preflight(model, tokenizer, config, encoded), encoded,
-                                      truncate=prompts.truncate, what=what, truncate_hint=truncate_hint)
+        encoded = check_length(Preflight(model, tokenizer, config, encoded), encoded,
+                               truncate=prompts.truncate, what=what, truncate_hint=truncate_hint)
         pre = Preflight(name=model, tokenizer=tokenizer, config=config, encoded=encoded)
         for i, enc in enumerate(encoded, start=1):
             which = f"{what} {i}" if len(encoded) > 1 else what
@@ -146,6 +146,10 @@ def load_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = Promp
             check(pre)
         found[:] = encoded
 
+    from anatomy_cli.cli.commands._preflight import before_torch
+
+    before_torch(spec, before_weights)  # usage errors before torch is imported, where the files allow
+    found.clear()
     lm = load_model(spec, before_weights=before_weights)
     if not found:  # an engine.load stand-in that skipped the callback (tests' caching loader)
         before_weights(lm.tokenizer, lm.model.config)

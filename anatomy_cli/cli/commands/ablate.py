@@ -105,8 +105,6 @@ def ablate_command(
         anatomy ablate "The capital of Germany is" --target " Berlin" --foil " Paris" --mode mean
         anatomy ablate "Thank you very" --target " much" --heads --layer -1 --format json
     """
-    from anatomy_cli.analyses import ablate as analysis
-    from anatomy_cli.engine import interventions
     from anatomy_cli.text import targets
 
     wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
@@ -133,6 +131,9 @@ def ablate_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
+    from anatomy_cli.analyses import ablate as analysis
+    from anatomy_cli.engine import interventions
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
     layers = None if layer is None else [layer % lm.n_layers]
     plan = interventions.ablation_rows(lm, components=["head"] if heads else ["attn", "mlp"], mode=mode.value,

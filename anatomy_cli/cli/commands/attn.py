@@ -61,7 +61,7 @@ def attn_command(
         "--position", "-p", metavar="N", show_default=False,
         help="Query position when showing several heads (negative counts from the end). Default: the last "
              "token; for encoders the last one that is not [SEP]/[CLS].")] = None,
-    k: Annotated[int, typer.Option("--k", "-k", min=1,
+    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
                                    help="Top keys per row in a table too wide for the terminal.")] = 3,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
@@ -84,7 +84,7 @@ def attn_command(
     layer L, from one query position (--position) to every key. Neither: the same for every layer.
     JSON, JSONL, TSV and CSV give one row per weight (layer, head, query_position, key_position,
     query_token, key_token, weight); causal models leave out the keys after the query (weight 0).
-    The table shows a matrix when it fits the terminal, else each row's top --k keys.
+    The table shows a matrix when it fits the terminal, else each row's --top keys.
     Patterns come from one forward with eager attention (every other command keeps sdpa).
 
     Examples:
@@ -94,8 +94,6 @@ def attn_command(
         anatomy attn "The cat sat on the mat" --layer 5 --position 3
         anatomy attn "The cat sat on the mat" --format json | jq '.weights[0]'
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import attention as analysis
 
     if head is not None and layer is None:
         raise UsageError("--head needs --layer: give the layer the head belongs to")
@@ -104,6 +102,9 @@ def attn_command(
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate),
                                check=lambda pre: _check(pre.config, pre.encoded, layer, head, position, model))
+    # torch from here on: the prompt checks above ran without it where the model's files allow
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import attention as analysis
     n_layers, n_heads = _check(lm.model.config, encoded, layer, head, position, lm.name)
     layers = [layer % n_layers] if layer is not None else list(range(n_layers))
     heads = [head % n_heads] if head is not None else list(range(n_heads))

@@ -53,9 +53,15 @@ class By(str, Enum):
     head = "head"
 
 
+class Sort(str, Enum):
+    model = "model"
+    abs = "abs"
+    value = "value"
+
+
 COLUMNS = (
     Column("component", "component"), Column("layer", "layer", "int"), Column("head", "head", "int"),
-    Column("contribution", "contribution", "float", 4), Column("magnitude", "", "bar"),
+    Column("contribution", "contribution", "float", 4), Column("bar", "", "signed_bar"),
 )
 NOTE = ("contribution = unembedding direction · final_norm_frozen(component), the final norm's scale frozen at its "
         "value for the final residual{centred} (TransformerLens's apply_ln_to_stack); L3 = block 3 (blocks.3.*); "
@@ -77,6 +83,14 @@ def dla_command(
     by: Annotated[By, typer.Option("--by", case_sensitive=False,
                                    help="'head': one row per attention head (plus the output projection's "
                                    "bias) instead of one per attention layer.")] = By.layer,
+    top: Annotated[Optional[int], typer.Option(
+        "--top", "-k", min=1, metavar="N", show_default=False,
+        help="Keep the N rows of largest |contribution|; the rest are summed into one 'other' row, so the "
+        "rows still add up to the logit. Default: every row.")] = None,
+    sort: Annotated[Sort, typer.Option(
+        "--sort", case_sensitive=False,
+        help="Row order: 'model' (embedding, blocks in order, bias), 'abs' (largest |contribution| first) or "
+        "'value' (most positive first).")] = Sort.model,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,
@@ -106,9 +120,8 @@ def dla_command(
         anatomy dla "The capital of Germany is" --target " Berlin"
         anatomy dla "The capital of Germany is" --target " Berlin" --foil " Paris" --by head
         anatomy dla "Thank you very" --target-id 881 --format json
+        anatomy dla "The capital of Germany is" --target " Berlin" --by head --top 10 --sort abs
     """
-    from anatomy_cli import engine
-
     wanted = targets.choice(target, target_id, first_token=first_token)
     if wanted is None:
         raise UsageError("dla needs a token: give --target TEXT or --target-id N")
@@ -132,6 +145,8 @@ def dla_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
+    from anatomy_cli import engine
     if not lm.has_unembed:
         raise UsageError(f"{lm.name} has no LM head (unembedding): there is no logit to attribute")
     if ids.get("foil") is not None and ids["foil"] == ids["target"]:
@@ -144,7 +159,7 @@ def dla_command(
     reports = []
     for enc, cache in zip(encoded, caches):
         result = _attribute(lm, cache, by, direction, head_bias, ids["target"], ids.get("foil"))
-        reports.append(_report(lm, enc, cache.positions[0], result, ids, name_token, by))
+        reports.append(_report(lm, enc, cache.positions[0], result.select(top, sort.value), ids, name_token, by))
         if plot:
             from anatomy_cli.output import plots
 
@@ -270,9 +285,11 @@ def _report(lm, enc, pos: int, result, ids: dict[str, int], name_token, by: By) 
     heading = [f"dla · {model_label(lm)} · {lm.n_layers} layers",
                f"{prompt_line(enc)} · position {pos} = {enc.pieces[pos]} · {what}"]
     biggest = max((abs(r["contribution"]) for r in data["rows"]), default=0.0) or 1.0
-    rows = [{**r, "magnitude": abs(r["contribution"]) / biggest} for r in data["rows"]]
+    rows = [{**r, "bar": r["contribution"] / biggest} for r in data["rows"]]
     notes = [NOTE.format(centred=", each contribution centred (LayerNorm)" if result.centred else "",
                          what="logit difference" if foil else "logit"),
              f"sum of rows {result.total:.6f} · model's {what} {result.logit:.6f}"]
+    if result.other_rows:
+        notes.insert(1, f"other = the sum of the {result.other_rows} rows outside the --top {len(rows) - 1}")
     return Report(data=data, sections=[Section(COLUMNS, rows, title="direct logit attribution")],
                   heading=heading, notes=notes)

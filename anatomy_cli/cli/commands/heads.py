@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from typing import Annotated, Any, Optional
 
@@ -74,7 +75,8 @@ def heads_command(
         "--sort", case_sensitive=False, show_default=False,
         help="Order by this score, highest first (entropy: lowest first). Default: layer, head.")] = None,
     top: Annotated[Optional[int], typer.Option(
-        "--top", "-n", min=1, metavar="N", show_default=False, help="Show only the first N heads.")] = None,
+        "--top", "-k", "-n", min=1, metavar="N", show_default=False,
+        help="Show only the first N heads (--plot still colours every head and frames these N).")] = None,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,
@@ -128,14 +130,15 @@ def heads_command(
                           analysis.repeat_scores(pattern, start=start, seq_len=seq_len)])
 
     scores = engine.attention_patterns(lm, [*encoded, rand], reduce=reduce, batch_size=batch_size)
-    options = dict(seq_len=seq_len, seed=seed, random_token_ids=ids[:seq_len],
-                   sort=sort.value if sort else None, top=top)
+    options = dict(seq_len=seq_len, seed=seed, random_token_ids=ids[:seq_len], sort=sort.value if sort else None)
     repeat = scores[-1][:, 3:]
     if not encoded:
         results = [(rand, analysis.heads(scores[-1][:, :3], repeat, measured_on="random", **options))]
     else:
         results = [(enc, analysis.heads(s, repeat, measured_on="prompt", **options)) for enc, s in zip(encoded, scores)]
-    reports = [_report(lm, enc, result) for enc, result in results]
+    # Every head is scored; --top cuts the rows printed, while the picture colours every head and frames the top.
+    reports = [_report(lm, enc, dataclasses.replace(result, rows=result.rows[:top] if top else result.rows))
+               for enc, result in results]
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
     if plot:
         from anatomy_cli.output import plots
@@ -143,7 +146,8 @@ def heads_command(
         for i, (enc, result) in enumerate(results, start=1):
             detail = f"induction, duplicate on {seq_len} random tokens × 2, seed {seed}"
             cap = plots.Caption.of("heads", lm, enc.text if encoded else None, detail)
-            plots.draw("heads", plot, i if prompt == "-" else None, result, lm.n_layers, lm.n_heads, cap)
+            plots.draw("heads", plot, i if prompt == "-" else None, result, lm.n_layers, lm.n_heads, cap,
+                       top=top)
 
 
 def _check(config: Any, encoded: list, seq_len: int, name: str) -> None:

@@ -86,7 +86,7 @@ def lens_command(
         "--stride", min=1, metavar="N", show_default=False,
         help="Show every N-th layer (0, N, 2N, ...) and the last.")] = None,
     k: Annotated[Optional[int], typer.Option(
-        "--k", "-k", min=1, metavar="N", show_default=False,
+        "--top", "-k", "--k", min=1, metavar="N", show_default=False,
         help="The N most probable tokens per cell (JSON 'top'; the table lists them in the cell).")] = None,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
@@ -116,11 +116,8 @@ def lens_command(
         anatomy lens "The capital of Germany is"
         anatomy lens "The capital of Germany is" --target " Berlin" --stat rank
         anatomy lens "Thank you very" --stride 4 --stat entropy
-        anatomy lens "Thank you very" --layers 0,6,12 --k 3 --format json
+        anatomy lens "Thank you very" --layers 0,6,12 --top 3 --format json
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import lens as analysis
-
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
     if stat is Stat.rank and wanted is None:
@@ -139,6 +136,9 @@ def lens_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import lens as analysis
     if not lm.has_unembed:
         raise UsageError(f"{lm.name} has no LM head (unembedding): the logit lens has nothing to read tokens from")
     caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=batch_size)

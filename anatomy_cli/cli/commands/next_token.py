@@ -55,7 +55,8 @@ COLUMNS = (
 @app.command("next")
 def next_command(
     prompt: PromptArg,
-    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many of the most probable tokens to list.")] = 10,
+    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
+                                   help="How many of the most probable tokens to list.")] = 10,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
@@ -82,14 +83,11 @@ def next_command(
 
     \b
         anatomy next "Thank you very"
-        anatomy next "Thank you very" --target " much" --k 5
+        anatomy next "Thank you very" --target " much" --top 5
         anatomy next "Thank you very" --target-id 881
         anatomy next "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import next_token as analysis
-
     wanted = targets.choice(target, target_id, first_token=first_token)  # fails before anything loads
     targets.check_first_token(first_token, wanted)
     target_ids: list[int] = []
@@ -104,6 +102,9 @@ def next_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import next_token as analysis
     if not (lm.is_causal and lm.has_unembed):
         raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
                          f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")

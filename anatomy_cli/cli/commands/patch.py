@@ -95,8 +95,6 @@ def patch_command(
         anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
             --target " Paris" --foil " Rome" --site head --format json
     """
-    from anatomy_cli.analyses import patch as analysis
-    from anatomy_cli.engine import interventions
     from anatomy_cli.text import targets
 
     for name, text in (("CLEAN", clean), ("CORRUPT", corrupt)):
@@ -125,6 +123,9 @@ def patch_command(
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, (enc_clean, enc_corrupt) = load_texts([clean, corrupt], spec, PromptOptions(bos, allow_special),
                                               check=check, truncate_hint=False)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
+    from anatomy_cli.analyses import patch as analysis
+    from anatomy_cli.engine import interventions
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
     run = interventions.patch_grid(lm, enc_clean.ids, enc_corrupt.ids, site.value, batch_size=batch_size,
                                    reduce=analysis.logit_metric(ids["target"], ids["foil"]))

@@ -77,7 +77,8 @@ def trace_command(
         "--position", "-p", metavar="N", show_default=False,
         help="Token position to follow (0-based; negative counts from the end, -1 = last token). "
              "Default: the last token; for encoders the last one that is not [SEP]/[CLS].")] = None,
-    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many top next tokens to list.")] = 5,
+    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
+                                   help="How many top next tokens to list.")] = 5,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
@@ -108,14 +109,10 @@ def trace_command(
 
     \b
         anatomy trace "Thank you very"
-        anatomy trace "Thank you very" --position 1 --k 10
+        anatomy trace "Thank you very" --position 1 --top 10
         anatomy trace "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
     """
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import trace as analysis
-    from anatomy_cli.output import plots
-
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
     target_ids: list[int] = []
@@ -128,6 +125,10 @@ def trace_command(
 
     spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    # torch from here on: the prompt checks above ran without it where the model's files allow
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import trace as analysis
+    from anatomy_cli.output import plots
     if wanted is not None and not lm.has_unembed:
         raise UsageError(f"--target needs the logit lens, and {lm.name} has no LM head (unembedding)")
     if position is None:

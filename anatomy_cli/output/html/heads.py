@@ -15,10 +15,11 @@ _LABELS = {"entropy": "entropy (nats)", "first_token": "first token (sink) mass"
            "induction": "induction score", "duplicate_token": "duplicate-token weight"}
 
 
-def figure(result: Any, n_layers: int, n_heads: int, cap: Any) -> Page:
+def figure(result: Any, n_layers: int, n_heads: int, cap: Any, top: int | None = None) -> Page:
     """A page with an :class:`anatomy_cli.analyses.heads.Heads`: one layer x head heatmap per score (layer 0
     at the bottom), the buttons above it switching between scores; ``result.sort`` (or entropy) first.
-    Heads that ``--top`` left out are blank. Weights on [0, 1]; entropy from 0 to its largest value."""
+    Every head is coloured (``top``, the PNG's marker of the best N, is accepted and not drawn: hover gives
+    each head's value). Weights on [0, 1]; entropy from 0 to its largest value."""
     page = caption_page(cap)
     page.add(part(result, n_layers, n_heads))
     lines = []

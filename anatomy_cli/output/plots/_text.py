@@ -11,8 +11,6 @@ from functools import lru_cache
 
 from matplotlib import font_manager
 
-from anatomy_cli.text.display import visible
-
 BASE_FONT = "DejaVu Sans"  # ships with matplotlib: Latin, Greek, Cyrillic, arrows (· ↵ →)
 # Families that carry CJK glyphs on common systems; the installed ones become fallbacks.
 _CJK_FONTS = re.compile(r"CJK|Source Han|WenQuanYi|Droid Sans Fallback|Noto Sans (SC|TC|JP|KR|HK)|"
@@ -59,11 +57,12 @@ def drawable(text: str) -> str:
 
 
 def token_label(piece: str | None, limit: int = TOKEN_CHARS) -> str:
-    """A token's display string (already ``·much``, ``↵`` from the tables) fit for a label:
-    visible whitespace for anything left, undrawable characters escaped, long ones cut with ``…``."""
+    """A token's display string, exactly as the tables show it (:func:`anatomy_cli.text.display.token_display`:
+    ``·much``, ``↵``, byte pieces ``<e6 88>``), fit for a label: undrawable characters escaped, long ones cut
+    with ``…``. The piece is not made visible a second time (that turned ``<e6 88>`` into ``<e6·88>``)."""
     if piece is None:
         return "–"
-    text = drawable(visible(piece))
+    text = drawable(piece)
     if len(text) <= limit:
         return text
     cut = text[:limit - 1]

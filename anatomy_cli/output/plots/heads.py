@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import numpy as np
+from matplotlib.patches import Rectangle
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figure
@@ -15,11 +16,12 @@ _LABELS = {"entropy": "entropy (nats)", "first_token": "first token (sink) mass"
            "induction": "induction score", "duplicate_token": "duplicate-token weight"}
 
 
-def figure(result: Any, n_layers: int, n_heads: int, cap: Caption) -> Any:
+def figure(result: Any, n_layers: int, n_heads: int, cap: Caption, top: int | None = None) -> Any:
     """Draw an :class:`anatomy_cli.analyses.heads.Heads`: for ``result.sort`` (or, without one, for each
     of the five scores) a heatmap with layer 0..n_layers-1 as rows (0 at the bottom) and head
-    0..n_heads-1 as columns. Heads that ``--top`` left out are blank. Weights share the scale [0, 1];
-    entropy runs from 0 to its largest value. Returns a matplotlib Figure.
+    0..n_heads-1 as columns, every head coloured by its score. ``top``: the first ``top`` rows of
+    ``result`` (the ``--top`` heads, in ``--sort`` order) are framed and numbered by rank. Weights share
+    the scale [0, 1]; entropy runs from 0 to its largest value. Returns a matplotlib Figure.
     """
     scores = (result.sort,) if result.sort else SCORES
     grids = {s: [[math.nan] * n_heads for _ in range(n_layers)] for s in scores}
@@ -47,14 +49,19 @@ def figure(result: Any, n_layers: int, n_heads: int, cap: Caption) -> Any:
                 ylabels=[str(layer) for layer in range(n_layers)], cmap=cmap, vmin=limits[0], vmax=limits[1],
                 colorbar=bar, xlabel="head", ylabel="layer" if ax is axes[0] else "", x_rotation=0)
         ax.set_title(s)
+        for rank, row in enumerate(result.rows[:top] if top else (), start=1):
+            ax.add_patch(Rectangle((row.head - 0.5, row.layer - 0.5), 1, 1, fill=False, edgecolor="#e4572e",
+                                   linewidth=1.6, label=f"top {rank}"))
+            if cw >= 0.2 and ch >= 0.2:
+                ax.text(row.head, row.layer, str(rank), ha="center", va="center", fontsize=7, color="white",
+                        fontweight="bold")
     if weights:
         label = _LABELS[scores[0]] if len(scores) == 1 else "mean attention weight (first_token … duplicate_token)"
         fig.colorbar(weights[0].images[0], ax=weights, label=label, shrink=0.8, pad=0.01)
-    shown = len(result.rows)
     notes = []
-    if shown < result.n_heads_total:
-        notes.append(f"only the top {shown} of {result.n_heads_total} heads by {result.sort or 'layer, head'} "
-                     "(--top); the others are blank")
+    if top and top < result.n_heads_total:
+        notes.append(f"framed: the top {top} of {result.n_heads_total} heads by {result.sort or 'layer, head'} "
+                     "(--top), numbered by rank")
     on = "the prompt" if result.measured_on == "prompt" else "the random sequence"
     notes.append(f"entropy, first token, previous token measured on {on}; induction and duplicate token on "
                  f"{result.seq_len} random tokens repeated twice (seed {result.seed})")
