@@ -156,7 +156,8 @@ def attribute_command(
             from anatomy_cli.output.plots import attribute as picture
 
             cap = plots.Caption.of("attribute", lm, enc.text, _method_line(result))
-            plots.save(picture.figure(result, _metric_name(lm, ids), cap), plot, len(reports) if prompt == "-" else None)
+            index = len(reports) if prompt == "-" else None
+            plots.save(picture.figure(result, _metric_name(lm, ids), cap), plot, index)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 
