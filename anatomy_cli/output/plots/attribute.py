@@ -28,7 +28,7 @@ def figure(result: Any, what: str, cap: Caption) -> Any:
     cmap = colormaps["RdBu_r"]
     labels = [drawable(token_label(r.token, 24)) for r in result.rows]
     # Lay out by character count (monospace-like estimate), then draw: wrap when a line is full.
-    per_line = 70
+    per_line = 100  # characters of 10 pt monospace (6 pt each) across the 10-inch axes, with padding
     lines: list[list[int]] = [[]]
     used = 0
     for i, label in enumerate(labels):
