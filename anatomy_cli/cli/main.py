@@ -14,6 +14,7 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     ablate,
     attn,
+    attribute,
     corpus,
     diff,
     dla,

@@ -19,7 +19,9 @@ Hook points (TransformerLens names). In a forward they are ``[batch, pos, d_mode
 
 Modules: ``model`` (LoadedModel), ``hooks`` (hook points, :func:`capture`), ``cache``,
 ``run`` (encode, check_length, run), ``interventions`` (patching and ablation: :func:`run_edits`,
-:func:`patch_grid`), ``lens`` (final norm, unembed), ``load`` (a :class:`ModelSpec` to a LoadedModel),
+:func:`patch_grid`), ``gradients`` (gradients at hook points, attribution patching: only inside
+:func:`~anatomy_cli.engine.gradients.grad_mode`), ``token_attribution`` (Captum), ``lens`` (final norm, unembed),
+``load`` (a :class:`ModelSpec` to a LoadedModel),
 ``load_gguf`` (a .gguf file's weights), ``attention`` (attention patterns), ``wrap`` (:func:`from_model`).
 
 Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =

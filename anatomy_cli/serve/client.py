@@ -18,7 +18,7 @@ from anatomy_cli.errors import quiet_broken_pipe
 from anatomy_cli.serve import protocol
 
 # Commands that load weights; `tokens` only with --model.
-FORWARDED = {"trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "tokens"}
+FORWARDED = {"trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "tokens", "attribute"}
 NO_SERVER = "--no-server"
 _ROOT_FLAGS = {"--debug", NO_SERVER}
 # What rendering and loading read from the environment; the server runs each request under the client's.

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands import _attribution
+from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
 from anatomy_cli.cli.commands._common import (
     AllowSpecialOpt,
     BosOpt,
@@ -73,6 +75,8 @@ def ablate_command(
     mode: Annotated[AblateMode, typer.Option(
         "--mode", case_sensitive=False, help="zero: replace the output by zeros; mean: by its mean over the "
         "prompt's positions.")] = AblateMode.zero,
+    method: MethodOpt = Method.exact,
+    check_n: CheckOpt = 0,
     layer: Annotated[Optional[int], typer.Option(
         "--layer", "-l", metavar="L", show_default=False,
         help="Only layer L (0-based; negative from the end).")] = None,
@@ -96,7 +100,9 @@ def ablate_command(
     and its change from the intact run.
 
     The knocked-out output is replaced at every position: by zeros (--mode zero) or by its mean
-    over the prompt's positions (--mode mean). All ablations of a prompt run in a few batched forwards.
+    over the prompt's positions (--mode mean). All ablations of a prompt run in a few batched forwards;
+    --method attribution estimates them all from one backward, (a_ablated - a) . dm/da; --check N reruns
+    the N largest exactly.
 
     Examples:
 
@@ -104,12 +110,14 @@ def ablate_command(
         anatomy ablate "The capital of Germany is" --target " Berlin" -m SmolLM2-135M-Instruct.Q4_1.gguf
         anatomy ablate "The capital of Germany is" --target " Berlin" --foil " Paris" --mode mean
         anatomy ablate "Thank you very" --target " much" --heads --layer -1 --format json
+        anatomy ablate "Thank you very" --target " much" --heads --method attribution --check 8
     """
     from anatomy_cli.text import targets
 
     wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
     unwanted = targets.choice(foil, foil_id, option="--foil", first_token=first_token)
     targets.check_first_token(first_token, wanted, unwanted, options="--target or --foil")
+    _attribution.check_options(method, check_n)
     if wanted is None:
         raise UsageError("--target TEXT or --target-id N is required: the token whose log-probability ablations "
                          "change, e.g. --target ' much'")
@@ -141,16 +149,23 @@ def ablate_command(
     metric = analysis.metric_fn(ids["target"], ids["foil"])
     reports = []
     for enc in encoded:
-        base, edited = interventions.run_edits(lm, enc.ids, [edits for *_, edits in plan], position=position,
-                                               batch_size=batch_size, reduce=metric)
+        extra = None
+        if method is Method.attribution:
+            base, edited, extra = _attribution.ablate(lm, enc.ids, plan, metric, position=position, check=check_n,
+                                                      batch_size=batch_size)
+        else:
+            base, edited = interventions.run_edits(lm, enc.ids, [edits for *_, edits in plan], position=position,
+                                                   batch_size=batch_size, reduce=metric)
+            base = float(base[0])
         result = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", mode.value,
-                                   [key for *key, _ in plan], edited, float(base[0]))
-        reports.append(_report(lm, enc, position % len(enc), ids, result))
+                                   [key for *key, _ in plan], edited, base)
+        reports.append(_attribution.extend(_report(lm, enc, position % len(enc), ids, result), extra))
         if plot:
             from anatomy_cli.output import plots
 
             what = _metric_name(lm, ids)
-            cap = plots.Caption.of("ablate", lm, enc.text, f"{result.mode} ablation · position "
+            how = "attribution estimate of the " if extra else ""
+            cap = plots.Caption.of("ablate", lm, enc.text, f"{how}{result.mode} ablation · position "
                                    f"{position % len(enc)} = {enc.pieces[position % len(enc)]}")
             plots.draw("ablate", plot, len(reports) if prompt == "-" else None, result, lm.n_heads, what, cap)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")

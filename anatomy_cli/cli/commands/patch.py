@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands import _attribution
+from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
 from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt, dtype_name, load_texts, model_label, prompt_line
 from anatomy_cli.cli.commands.ablate import _check_decoder, token_record
 from anatomy_cli.cli.options import (
@@ -64,6 +66,8 @@ def patch_command(
         "--site", case_sensitive=False, help="resid_pre: input of block l; attn_out / mlp_out: what block l's "
         "attention / MLP adds; head: one head at all positions (layer x head grid); resid_post: output of "
         "block l.")] = PatchSite.resid_pre,
+    method: MethodOpt = Method.exact,
+    check_n: CheckOpt = 0,
     model: ModelOpt = "gpt2",
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,
@@ -85,7 +89,8 @@ def patch_command(
     Each cell is (m - m_corrupt) / (m_clean - m_corrupt) at the last position, where m is
     logit(target) - logit(foil), or the target's logit without --foil: 0 = the corrupt run,
     1 = the clean run. The patched runs go in batches of --batch-size, each starting from the
-    corrupt run's activations at the patched layer.
+    corrupt run's activations at the patched layer. --method attribution estimates every cell
+    at once from one backward (attribution patching); --check N reruns the N largest exactly.
 
     Examples:
 
@@ -94,6 +99,7 @@ def patch_command(
             --target " Paris" --foil " Rome" -m SmolLM2-135M-Instruct.Q4_1.gguf
         anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
             --target " Paris" --foil " Rome" --site head --format json
+        anatomy patch CLEAN CORRUPT --target " Paris" --foil " Rome" --site head --method attribution --check 10
     """
     from anatomy_cli.text import targets
 
@@ -103,6 +109,7 @@ def patch_command(
     wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
     unwanted = targets.choice(foil, foil_id, option="--foil", first_token=first_token)
     targets.check_first_token(first_token, wanted, unwanted, options="--target or --foil")
+    _attribution.check_options(method, check_n)
     if wanted is None:
         raise UsageError("--target TEXT or --target-id N is required: the token whose logit patching moves, "
                          "e.g. --target ' Paris'")
@@ -127,19 +134,25 @@ def patch_command(
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
-    run = interventions.patch_grid(lm, enc_clean.ids, enc_corrupt.ids, site.value, batch_size=batch_size,
-                                   reduce=analysis.logit_metric(ids["target"], ids["foil"]))
-    result = analysis.patching(site.value, "logit_diff" if ids["foil"] is not None else "logit", run.layers,
-                               run.columns, run.grid, float(run.clean), float(run.corrupt))
+    extra = None
+    if method is Method.attribution:
+        result, extra = _attribution.patch(lm, enc_clean.ids, enc_corrupt.ids, site.value, ids, check_n, batch_size)
+    else:
+        run = interventions.patch_grid(lm, enc_clean.ids, enc_corrupt.ids, site.value, batch_size=batch_size,
+                                       reduce=analysis.logit_metric(ids["target"], ids["foil"]))
+        result = analysis.patching(site.value, "logit_diff" if ids["foil"] is not None else "logit", run.layers,
+                                   run.columns, run.grid, float(run.clean), float(run.corrupt))
     fmt = resolve_format(fmt)
-    emit(_report(lm, enc_clean, enc_corrupt, ids, result, wide=fmt is Format.table), fmt)
+    emit(_attribution.extend(_report(lm, enc_clean, enc_corrupt, ids, result, wide=fmt is Format.table), extra,
+                             grid=True), fmt)
     if plot:
         from anatomy_cli.output import plots
         from anatomy_cli.output.plots._text import shorten
 
         target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
         what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
-        cap = plots.Caption.of("patch", lm, clean, f"corrupt '{shorten(corrupt, 40)}' · site {result.site}")
+        how = " · attribution patching (estimates)" if extra else ""
+        cap = plots.Caption.of("patch", lm, clean, f"corrupt '{shorten(corrupt, 40)}' · site {result.site}{how}")
         plots.draw("patch", plot, None, result, enc_clean.pieces, enc_corrupt.pieces, what, cap)
 
 
