@@ -91,13 +91,23 @@ def test_headers_and_cache_hits_import_no_torch(tiny_model_dir, tmp_path):
     env = {**os.environ, "ANATOMY_CACHE_DIR": str(tmp_path / "cache")}
     out = _no_torch(["params", str(tiny_model_dir("llama")), "--format", "json"], env)
     assert out.endswith("NO TORCH\n") and json.loads(out.rsplit("\n", 2)[0])["total"] == models.expected_params("llama")
-    first = _no_torch(["params", "gpt2-medium", "--format", "json"], env)
+    # Presets answer from the counts shipped with the package; a config-only directory of the same shape is
+    # counted on the meta device once, then cached.
+    preset = _no_torch(["params", "gpt2-medium", "--format", "json"], env)
+    assert preset.endswith("NO TORCH\n")
+    cfg = tmp_path / "gpt2-medium-config"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+                                                 "n_embd": 1024, "n_layer": 24, "n_head": 16, "vocab_size": 50257,
+                                                 "n_positions": 1024}))
+    first = _no_torch(["params", str(cfg), "--format", "json"], env)
     assert first.endswith("\nTORCH\n")  # counted on the meta device, then cached
     assert list((tmp_path / "cache" / "params").glob("*.pickle"))
-    again = _no_torch(["params", "gpt2-medium", "--format", "json"], env)
+    again = _no_torch(["params", str(cfg), "--format", "json"], env)
     assert again.endswith("NO TORCH\n")
     assert json.loads(again.rsplit("\n", 2)[0]) == json.loads(first.rsplit("\n", 2)[0])
     assert json.loads(again.rsplit("\n", 2)[0])["total"] == 354_823_168
+    assert json.loads(preset.rsplit("\n", 2)[0])["total"] == 354_823_168
 
 
 def test_cache_is_keyed_by_config_content(tmp_path, monkeypatch):

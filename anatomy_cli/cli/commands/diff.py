@@ -53,7 +53,8 @@ def diff_command(
     = False,
     position: Annotated[int, typer.Option("--position", "-p", metavar="N", help="Token position whose lens and "
                                           "residual are compared (negative counts from the end).")] = -1,
-    k: Annotated[int, typer.Option("--k", "-k", min=1, help="How many next tokens of each model to list.")] = 5,
+    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
+                                  help="How many next tokens of each model to list.")] = 5,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     device: DeviceOpt = Device.auto,
