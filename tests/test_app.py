@@ -63,3 +63,19 @@ def test_debug_shows_a_traceback_and_default_does_not():
     assert plain.stderr.startswith("error: ") and plain.stderr.count("\n") == 1
     debug = _run(["--debug", "layernorm", "x"])
     assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error_before_any_server(tmp_path):
+    """Bytes that are not UTF-8 on the command line: one line, exit 2, no traceback (the serve protocol is JSON and
+    used to crash on them) and nothing loaded."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}  # no server there: the check comes first anyway
+    for args in ([b"tokens", b"ab\xffcd"], [b"next", b"ab\xffcd", b"--model", b"gpt2"], [b"trace", b"x", b"--target", b"\xff"]):
+        proc = subprocess.run([sys.executable, b"-m", b"anatomy_cli", *args], capture_output=True, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stdout == b""
+        assert proc.stderr.decode().startswith("error: argument ") and proc.stderr.count(b"\n") == 1, proc.stderr
+        assert b"not valid UTF-8" in proc.stderr

@@ -285,3 +285,15 @@ def test_plot_caption_uses_the_label(tiny_model_dir, cached_load, tmp_path, monk
     result = invoke("lens", PROMPT, "-m", d, "--plot", tmp_path / "lens.png")
     assert result.exit_code == 0, result.stderr
     assert seen and seen[0].model == d.name
+
+
+def test_attribute_report_and_diff_follow_the_model_default_too(bos_llama_dir, cached_load, tmp_path):
+    # These three commands defaulted to --no-bos once (a new user found it on Gemma).
+    att = run_json("attribute", PROMPT, "-m", bos_llama_dir, "--target", " much", "--method", "saliency")
+    assert (att["bos"], att["bos_source"]) == (True, "model default") and att["token_ids"][0] == 50256
+    diff = run_json("diff", bos_llama_dir, bos_llama_dir, PROMPT)
+    assert diff["token_ids"][0] == 50256, diff.get("token_ids")
+    out = tmp_path / "r.html"
+    result = invoke("report", PROMPT, "-m", bos_llama_dir, "-o", out, "--sections", "tokens")
+    assert result.exit_code == 0, result.stderr
+    assert "bos: true (model default)" in out.read_text(encoding="utf-8")

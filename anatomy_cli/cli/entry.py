@@ -14,6 +14,10 @@ def main() -> None:
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head -1` ends quietly
     argv = sys.argv[1:]
+    bad = _not_utf8(argv)
+    if bad is not None:  # before the server: its protocol is JSON (UTF-8), and in-process text must be too
+        print(f"error: {bad}", file=sys.stderr)
+        sys.exit(2)
     from anatomy_cli.serve.client import NO_SERVER, forward
 
     code = forward(argv)
@@ -26,3 +30,16 @@ def main() -> None:
     from anatomy_cli.cli.main import app
 
     app(args=argv)
+
+
+def _not_utf8(argv: list[str]) -> str | None:
+    """The message for the first argument that is not valid UTF-8 (the OS hands its bytes to Python as
+    surrogate escapes), else None."""
+    for i, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raw = arg.encode("utf-8", "surrogateescape")
+            return (f"argument {i} is not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
+                    f"pass text as UTF-8, or a prompt on stdin with '-'")
+    return None

@@ -96,7 +96,7 @@ def attribute_command(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = False,
+    bos: BosOpt = None,
     allow_special: AllowSpecialOpt = False,
     truncate: TruncateOpt = None,
     batch_size: Annotated[int, typer.Option(

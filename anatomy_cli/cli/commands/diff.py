@@ -60,7 +60,7 @@ def diff_command(
     device: DeviceOpt = Device.auto,
     dtype: DTypeOpt = DType.fp32,
     trust_remote_code: TrustRemoteCodeOpt = False,
-    bos: BosOpt = False,
+    bos: BosOpt = None,
     allow_special: AllowSpecialOpt = False,
     truncate: TruncateOpt = None,
     batch_size: BatchSizeOpt = 8,

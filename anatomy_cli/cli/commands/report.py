@@ -55,7 +55,7 @@ def report_command(
     device_map: DeviceMapOpt = None,
     max_memory: MaxMemoryOpt = None,
     offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = False,
+    bos: BosOpt = None,
     allow_special: AllowSpecialOpt = False,
     truncate: TruncateOpt = None,
 ) -> None:
@@ -104,13 +104,13 @@ def _sections(text: str | None) -> list[str]:
     return [s for s in SECTIONS if s in wanted]
 
 
-def _facts(lm, enc, an, bos: bool) -> list[tuple[str, str]]:
+def _facts(lm, enc, an, bos: bool | None) -> list[tuple[str, str]]:
     tok = lm.tokenizer
     bos_piece = tok.piece(tok.bos_id) if tok.bos_id is not None else None
     starts = bool(enc.ids) and tok.bos_id is not None and enc.ids[0] == tok.bos_id
     bos_text = ("this tokenizer has no BOS token" if bos_piece is None else
                 f"BOS {bos_piece} (id {tok.bos_id}); this prompt {'starts' if starts else 'does not start'} with it"
-                + (" (--bos)" if bos and starts else "" if starts else "; --bos prepends it"))
+                + (f"; bos: {'true' if enc.bos else 'false'} ({enc.bos_source})" if enc.bos_source else ""))
     return [("model", model_label(lm)), ("architecture", type(lm.model).__name__),
             ("shape", f"{lm.n_layers} layers × {lm.n_heads} heads, d_model {lm.d_model}"),
             ("dtype", dtype_name(lm)),
