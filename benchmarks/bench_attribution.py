@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import print_figures
+
 CLEAN = "The Eiffel Tower is in the city of"
 CORRUPT = "The Colosseum is in the city of"
 TARGET, FOIL = " Paris", " Rome"
@@ -133,11 +135,7 @@ def main() -> None:
             figures["correlation"][site] = {"pearson": r, "by_layers": by_layer,
                                             "clean": est.clean, "corrupt": est.corrupt}
             print(site, json.dumps(figures["correlation"][site]), file=sys.stderr, flush=True)
-    figures["load_after"] = os.getloadavg()
-    text = json.dumps(figures, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    print_figures(figures, args.json)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import print_figures
+
 CLEAN = "The Eiffel Tower is in the city of"
 CORRUPT = "The Colosseum is in the city of"
 TARGET, FOIL = " Paris", " Rome"
@@ -136,11 +138,7 @@ def main() -> None:
         figures["e2e"] = {"patch_s": statistics.median(tp), "trace_s": statistics.median(tt),
                           "ratio": statistics.median(tp) / statistics.median(tt), "patch_runs": tp, "trace_runs": tt}
         print(json.dumps(figures["e2e"]), file=sys.stderr)
-    figures["load_after"] = os.getloadavg()
-    text = json.dumps(figures, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    print_figures(figures, args.json)
 
 
 if __name__ == "__main__":

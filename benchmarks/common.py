@@ -309,3 +309,15 @@ class Context:
     def proc(self, cmd: list[str], stdin: str | None = None):
         """A zero-argument callable running ``cmd`` once (for :func:`alternate`)."""
         return lambda: run_proc(cmd, self.env, stdin)
+
+
+def print_figures(figures: dict[str, Any], path: Path | None) -> None:
+    """The end of a ``bench_*.py`` script: the load average after, the figures as JSON on stdout, and in
+    ``path`` when given."""
+    import json
+
+    figures["load_after"] = os.getloadavg()
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if path:
+        path.write_text(text + "\n")

@@ -15,6 +15,7 @@ from anatomy_cli.analyses.ablate import metric_fn
 from anatomy_cli.analyses.patch import logit_metric
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import gradients, interventions
+from anatomy_cli.errors import UsageError
 
 runner = CliRunner()
 CLEAN, CORRUPT = "The cat sat on the mat", "The dog sat on the rug"   # GPT-2: 6 tokens each
@@ -56,6 +57,30 @@ def test_hook_gradients_equal_autograd_on_a_hand_written_metric(tiny_lm, arch):
         assert float(g_resid.abs().max()) > 0
         torch.testing.assert_close(run.grads[names[0]], g_resid.float(), atol=1e-6, rtol=1e-4)
         torch.testing.assert_close(run.grads[names[1]], g_z.float(), atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_companion_row_changes_nothing_and_gives_its_own_activations(tiny_lm, arch):
+    # attribution_patch_grid runs CLEAN as a second batch row of CORRUPT's forward. CORRUPT's metric and
+    # gradients must still equal autograd on CORRUPT alone, and CLEAN's activations and metric must be
+    # CLEAN's own: transformers' hidden_states and the hand-written logit difference of a CLEAN-only forward.
+    lm = tiny_lm(arch)
+    clean, corrupt = ids(lm, CLEAN), ids(lm, CORRUPT)
+    for layer in range(lm.n_layers):
+        names = [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z"]
+        run = gradients.metric_gradients(lm, corrupt, names, logit_metric(TARGET, FOIL), companion=clean)
+        m, g_resid, g_z = reference_grads(lm, corrupt, layer)
+        assert run.metric == pytest.approx(m, abs=1e-5)
+        torch.testing.assert_close(run.grads[names[0]], g_resid.float(), atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(run.grads[names[1]], g_z.float(), atol=1e-6, rtol=1e-4)
+        with torch.no_grad():
+            out = lm.model(torch.tensor([clean]), output_hidden_states=True, use_cache=False)
+        logits = out.logits[0, -1].double()
+        assert run.companion_metric == pytest.approx(float(logits[TARGET] - logits[FOIL]), abs=1e-5)
+        torch.testing.assert_close(run.companion_acts[names[0]], out.hidden_states[layer][0], atol=1e-5, rtol=1e-4)
+        assert not torch.equal(run.companion_acts[names[0]], run.acts[names[0]])
+    with pytest.raises(UsageError, match="different token counts"):
+        gradients.metric_gradients(lm, corrupt, names, logit_metric(TARGET, FOIL), companion=clean[:-1])
 
 
 def test_hook_gradients_equal_autograd_on_smollm2(smollm2_lm):

@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,7 +71,38 @@ print("matplotlib" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    assert (tmp_path / "l.html").stat().st_size > 3_000_000  # plotly.js is inside
+    page = (tmp_path / "l.html").read_text(encoding="utf-8")
+    assert "plotly.js (cartesian - minified) v4.1.1" in page and len(page) > 1_400_000  # plotly.js is inside
+
+
+def test_the_shipped_plotly_bundle_is_the_npm_file_and_is_used_for_its_major_version(monkeypatch):
+    # The file of plotly.js-cartesian-dist-min 4.1.1, unchanged (sha256 of the published file), and the trace
+    # types the pages draw are in it. A plotly.py that writes another plotly.js major version's JSON gets
+    # its own full bundle instead.
+    import hashlib
+
+    import plotly.offline
+
+    from anatomy_cli.data import PLOTLY_CARTESIAN
+    from anatomy_cli.output.html import _page
+
+    data = PLOTLY_CARTESIAN.read_bytes()
+    assert hashlib.sha256(data).hexdigest() == "79542150855a52c567260e3137095dbe2b744e6d702a5cabe67da246942fba7a"
+    assert b"</script" not in data.lower()
+    html_dir = Path(_page.__file__).parent
+    used = {t.lower() for f in html_dir.glob("*.py") for t in re.findall(r"\bgo\.([A-Z][A-Za-z]+)\(", f.read_text())}
+    assert used - {"figure"} == {"heatmap", "bar", "scatter"}
+    for trace in used - {"figure"}:
+        assert f'moduleType:"trace",name:"{trace}"'.encode() in data
+    _page.plotly_js.cache_clear()
+    try:
+        monkeypatch.setattr(_page, "get_plotlyjs_version", lambda: "4.9.0")
+        assert _page.plotly_js() == data.decode("utf-8")
+        _page.plotly_js.cache_clear()
+        monkeypatch.setattr(_page, "get_plotlyjs_version", lambda: "5.0.0")
+        assert _page.plotly_js() == plotly.offline.get_plotlyjs()
+    finally:
+        _page.plotly_js.cache_clear()
 
 
 def test_a_matplotlib_figure_becomes_a_page_with_its_png(tmp_path):

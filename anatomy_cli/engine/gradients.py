@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from anatomy_cli.engine.hooks import _check_names, _first_tensor, capture
+from anatomy_cli.engine.hooks import _check_names, _first_tensor
 from anatomy_cli.engine.interventions import SITES, Edit, _replace_first, _with_hidden, run_edits
 from anatomy_cli.engine.lens import _rowwise
 from anatomy_cli.engine.model import LoadedModel
@@ -51,21 +51,30 @@ def grad_mode(lm: LoadedModel) -> Iterator[None]:
 class Gradients:
     """One run of a prompt: ``metric`` (float), and per hook name the activation ``acts[name]`` and
     ``grads[name] = dm/d acts[name]``, both ``[pos, width]`` (width ``d_model``, or ``n_heads * d_head``
-    for ``attn.hook_z``), detached, float32 on ``lm.device``."""
+    for ``attn.hook_z``), detached, float32 on ``lm.device``. With a ``companion`` prompt (see
+    :func:`metric_gradients`): its metric ``companion_metric`` and activations ``companion_acts[name]``
+    ``[pos, width]`` from the same forward, without gradients; otherwise None and empty."""
 
     metric: float
     acts: dict[str, torch.Tensor]
     grads: dict[str, torch.Tensor]
+    companion_metric: float | None = None
+    companion_acts: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], metric: Metric, *,
-                     position: int = -1) -> Gradients:
+                     position: int = -1, companion: Sequence[int] | None = None) -> Gradients:
     """One forward and one backward of the prompt ``ids``: the gradient of ``metric(logits at position)``
     with respect to the activation at each hook point in ``names``.
 
-    ``metric`` maps logits ``[1, vocab]`` to ``[1]`` (differentiably; e.g. ``analyses.patch.logit_metric``).
-    Raises UsageError for an unknown name, an empty prompt or a position out of range, AnatomyError for a
-    model without an LM head.
+    ``metric`` maps logits ``[rows, vocab]`` to ``[rows]`` row by row (differentiably; e.g.
+    ``analyses.patch.logit_metric``). ``companion``: another prompt of the same token count run in the same
+    forward as a second batch row (no padding), whose activations and metric are returned too; batch rows
+    are independent, so its gradient is zero and ``ids``' figures are those of a run alone, to float
+    rounding. On a CPU a 2-row forward of a short prompt costs little more than a 1-row one (the weights
+    are read once), which is why attribution patching runs CLEAN this way.
+    Raises UsageError for an unknown name, an empty prompt, a position out of range or a companion of
+    another length, AnatomyError for a model without an LM head.
     """
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read logits from")
@@ -73,9 +82,13 @@ def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], 
     n = len(ids)
     if n == 0:
         raise UsageError("empty prompt")
+    if companion is not None and len(companion) != n:
+        raise UsageError(f"the prompts have different token counts: {len(companion)} and {n}")
     pos = position + n if position < 0 else position
     if not 0 <= pos < n:
         raise UsageError(f"position {position} is out of range for a prompt of {n} tokens")
+    batch = [list(ids)] if companion is None else [list(companion), list(ids)]
+    row = len(batch) - 1                                               # the row whose gradient is taken
     deltas: dict[str, torch.Tensor] = {}
     acts: dict[str, torch.Tensor] = {}
 
@@ -84,11 +97,11 @@ def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], 
             raise AnatomyError(f"hook point {name} ran twice in one forward; gradients need it once")
         delta = torch.zeros_like(t, requires_grad=True)
         deltas[name] = delta
-        acts[name] = t.detach().reshape(n, t.shape[-1]).to(lm.device, torch.float32)  # flat taps: [pos, d]
+        acts[name] = t.detach().reshape(len(batch), n, t.shape[-1]).to(lm.device, torch.float32)  # [rows, pos, d]
         return t + delta
 
     handles = []
-    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
+    input_ids = torch.tensor(batch, dtype=torch.long, device=lm.device)
     lm.model.eval()
     try:
         with grad_mode(lm):
@@ -103,22 +116,26 @@ def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], 
                         return _replace_first(output, tap(name, _first_tensor(output)))
                     handles.append(module.register_forward_hook(hook))
             kwargs = {"use_cache": False} if lm.is_causal else {}
+            positions = torch.arange(n, device=lm.device)[None].expand(len(batch), n)
             out = lm.model.base_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                      position_ids=torch.arange(n, device=lm.device)[None], **kwargs)
-            hidden = _first_tensor(out)[:, pos]                        # [1, d_model]
+                                      position_ids=positions, **kwargs)
+            hidden = _first_tensor(out)[:, pos]                        # [rows, d_model]
             m = metric(lm.cap_logits(_rowwise(lm.points["logits"][0], hidden)).to(lm.device))
             wrt = [deltas[name] for name in names]
-            grads = torch.autograd.grad(m.sum(), wrt, allow_unused=True)
-            value = float(m.detach()[0])
+            grads = torch.autograd.grad(m[row], wrt, allow_unused=True)
+            values = [float(v) for v in m.detach()]
             del out, hidden, m
     finally:
         for handle in handles:
             handle.remove()
     # A point with no path to the metric (allow_unused) has gradient 0.
-    grad = {name: (torch.zeros_like(deltas[name]) if g is None else g).detach().reshape(n, -1)
-            .to(lm.device, torch.float32) for name, g in zip(names, grads)}
+    grad = {name: (torch.zeros_like(deltas[name]) if g is None else g).detach()
+            .reshape(len(batch), n, -1)[row].to(lm.device, torch.float32) for name, g in zip(names, grads)}
     deltas.clear()
-    return Gradients(metric=value, acts=acts, grads=grad)
+    if companion is None:
+        return Gradients(metric=values[row], acts={k: v[row] for k, v in acts.items()}, grads=grad)
+    return Gradients(metric=values[row], acts={k: v[row] for k, v in acts.items()}, grads=grad,
+                     companion_metric=values[0], companion_acts={k: v[0] for k, v in acts.items()})
 
 
 @dataclass(frozen=True)
@@ -143,7 +160,8 @@ class AttributionPatchRun:
 def attribution_patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[int], site: str, *,
                            reduce: Metric, layers: Sequence[int] | None = None) -> AttributionPatchRun:
     """Attribution patching: every cell of :func:`~anatomy_cli.engine.interventions.patch_grid` estimated
-    from one forward of CLEAN and one forward and backward of CORRUPT, whatever the grid size.
+    from one forward of CLEAN and CORRUPT together (two batch rows) and one backward of CORRUPT's metric,
+    whatever the grid size.
 
     Same sites and cells as the exact grid: a position per column (layer x position), or for ``head`` a
     head at every position (layer x head). Raises UsageError for an unknown site or prompts of different
@@ -155,19 +173,11 @@ def attribution_patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_id
         raise UsageError(f"the prompts have different token counts: {len(clean_ids)} and {len(corrupt_ids)}")
     layers = tuple(range(lm.n_layers)) if layers is None else tuple(layers)
     names = [f"blocks.{layer}.{SITES[site].hook}" for layer in layers]
-    n = len(clean_ids)
-    clean_in = torch.tensor([list(clean_ids)], dtype=torch.long, device=lm.device)
-    with torch.inference_mode(), capture(lm, names) as store:
-        kwargs = {"use_cache": False} if lm.is_causal else {}
-        out = lm.model.base_model(input_ids=clean_in, attention_mask=torch.ones_like(clean_in),
-                                  position_ids=torch.arange(n, device=lm.device)[None], **kwargs)
-        clean = float(reduce(lm.cap_logits(_rowwise(lm.points["logits"][0], _first_tensor(out)[:, -1]))
-                             .to(lm.device))[0])
-    sources = {name: store[name][0].reshape(n, -1).to(torch.float32).clone() for name in names}
-    del store, out
-    run = metric_gradients(lm, corrupt_ids, names, reduce)
+    # CLEAN rides along as the companion row of CORRUPT's forward: one forward and one backward in all.
+    run = metric_gradients(lm, corrupt_ids, names, reduce, companion=clean_ids)
+    sources, clean = run.companion_acts, run.companion_metric
     per_head = SITES[site].per_head
-    columns = tuple(range(lm.n_heads)) if per_head else tuple(range(n))
+    columns = tuple(range(lm.n_heads)) if per_head else tuple(range(len(corrupt_ids)))
     rows = []
     for name in names:
         contrib = ((sources[name] - run.acts[name]) * run.grads[name]).to(torch.float64)   # [pos, width]

@@ -1,18 +1,25 @@
 """The page around the pictures: plotly.js inline, a small stylesheet, plotly figures as parts.
 
+plotly.js is the cartesian bundle shipped in ``anatomy_cli/data/plotly`` (every trace type the pages
+draw) when plotly.py's own plotly.js has the same major version, else plotly.py's full bundle: a page
+opens in a third less time with the smaller file (docs/performance.md, "HTML").
+
 Importing this module imports plotly.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
+from functools import lru_cache
 from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.offline import get_plotlyjs
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-from anatomy_cli.output.html import UNTRAINED, Page, Part, esc
+from anatomy_cli.data import PLOTLY_CARTESIAN, PLOTLY_CARTESIAN_VERSION
+from anatomy_cli.output.html import UNTRAINED, Page, Part, esc, script_json
 
 CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
 FONT = "DejaVu Sans, Verdana, sans-serif"
@@ -35,6 +42,15 @@ span.tok sub { color: #777; }
 """
 
 
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """The plotly.js written into every page: the shipped cartesian bundle when plotly.py targets the same
+    plotly.js major version (its figures' JSON is that version's), else plotly.py's full bundle."""
+    if get_plotlyjs_version().split(".")[0] == PLOTLY_CARTESIAN_VERSION.split(".")[0] and PLOTLY_CARTESIAN.is_file():
+        return PLOTLY_CARTESIAN.read_text(encoding="utf-8")
+    return get_plotlyjs()
+
+
 def render(page: Page) -> str:
     """The whole HTML file: plotly.js in the head, the heading, then every part in order."""
     head = f"<h1>{esc(page.title)}</h1>" + "".join(f'<p class="line">{esc(line)}</p>' for line in page.lines)
@@ -44,7 +60,7 @@ def render(page: Page) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{esc(page.title)}</title><style>{STYLE}</style>"
-            f'<script type="text/javascript">{get_plotlyjs()}</script></head>\n'
+            f'<script type="text/javascript">{plotly_js()}</script></head>\n'
             f"<body>{head}\n{body}\n</body></html>\n")
 
 
@@ -56,12 +72,25 @@ def layout(**extra: Any) -> dict[str, Any]:
     return base
 
 
-def plot(fig: go.Figure, *, div_id: str | None = None, script: str = "", height: int | None = None) -> Part:
+def plot(fig: go.Figure, *, div_id: str | None = None, script: str = "", height: int | None = None,
+         prepare: str = "") -> Part:
     """A plotly figure as a part (no plotly.js: the page has it once). ``script`` runs after the figure
-    is drawn, with ``gd`` bound to its div. Returns the part; its div id is ``div_id`` or a fresh one."""
+    is drawn, with ``gd`` bound to its div. ``prepare``: script run before the figure is first drawn, with
+    the figure as ``F`` (``F.data``, ``F.layout``) to fill in, e.g. a heatmap's ``z`` decoded from the page's
+    own data, so the figure is drawn once (``script`` shares its variables). Returns the part; its div id
+    is ``div_id`` or a fresh one."""
     div_id = div_id or f"plot{next(_ids)}"
     if height is not None:
         fig.update_layout(height=height)
+    if prepare:
+        figure = json.loads(pio.to_json(fig, validate=False))
+        width, height = figure["layout"].get("width"), figure["layout"].get("height")
+        size = "".join(f"{k}:{v}px;" for k, v in (("width", width), ("height", height)) if v)
+        return Part(f'<div class="figure"><div id="{div_id}" class="plotly-graph-div" style="{size}"></div>'
+                    f"<script>(function(){{var gd=document.getElementById('{div_id}');"
+                    f"var F={script_json(figure)};{prepare}\n"
+                    f"Plotly.newPlot(gd,F.data,F.layout,{script_json(CONFIG)}).then(function(){{{script}\n}});"
+                    "})();</script></div>")
     html = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=CONFIG,
                        validate=False)
     if script:
@@ -79,8 +108,11 @@ def heat_size(n_rows: int, n_cols: int, *, cell_w: int = 56, cell_h: int = 26, e
     return w, h
 
 
-def ticks(labels: list[str], limit: int = 60) -> dict[str, Any]:
-    """Axis ticks at 0..n-1 with ``labels`` (escaped already); thinned to at most ``limit`` labels."""
+def ticks(labels: list[str], limit: int = 32) -> dict[str, Any]:
+    """Axis ticks at 0..n-1 with ``labels`` (escaped already); thinned to at most ``limit`` labels.
+
+    plotly measures every tick label in the page (a few ms each in a browser): 60 labels per axis
+    took a 512-token attention page 0.25 s to draw, 32 take half that; hover names every cell."""
     step = max(1, -(-len(labels) // limit))
     keep = list(range(0, len(labels), step))
     return {"tickmode": "array", "tickvals": keep, "ticktext": [labels[i] for i in keep]}

@@ -111,13 +111,15 @@ def part(patterns: torch.Tensor, tokens: Sequence[str], *, causal: bool, layer: 
                    f"weights summed, so each row still sums to 1). For every weight use --format json, or "
                    f"--layer/--head with a shorter prompt.</p>")
     # The id first: the data (base64) may contain any letters, never an underscore.
-    script = _SCRIPT.replace("__ID__", div_id).replace("__DATA__", script_json(data))
-    return Part(controls + warning + plot(fig, div_id=div_id, script=script).html)
+    prepare = _PREPARE.replace("__ID__", div_id).replace("__DATA__", script_json(data))
+    return Part(controls + warning + plot(fig, div_id=div_id, prepare=prepare, script=_SCRIPT).html)
 
 
 # The page's script: decode a head's weights (base64 little-endian uint16), show them, and describe
-# the hovered cell. Token text is written with textContent, never as HTML.
-_SCRIPT = """
+# the hovered cell. Token text is written with textContent, never as HTML. _PREPARE runs before the
+# figure is first drawn and puts the picked head into it (one draw, not an empty one and a redraw);
+# _SCRIPT runs once it is drawn.
+_PREPARE = """
 var D = __DATA__;
 function matrix(l, h) {
   var s = atob(D.data[l][h]), u = new Uint16Array(s.length / 2);
@@ -134,10 +136,14 @@ function matrix(l, h) {
 }
 var L = document.getElementById('__ID__-layer'), H = document.getElementById('__ID__-head');
 var R = document.getElementById('__ID__-readout');
+function title() { return 'layer ' + L.value + ' head ' + H.value; }
+F.data[0].z = matrix(+L.value, +H.value);
+R.textContent = title();
+"""
+_SCRIPT = """
 function show() {
-  var l = +L.value, h = +H.value;
-  Plotly.update(gd, {z: [matrix(l, h)]}, {'title.text': 'layer ' + l + ' head ' + h});
-  R.textContent = 'layer ' + l + ' head ' + h;
+  Plotly.update(gd, {z: [matrix(+L.value, +H.value)]}, {'title.text': title()});
+  R.textContent = title();
 }
 function where(b) {
   if (D.f === 1) { return b + ' ' + D.tokens[b]; }
@@ -146,9 +152,8 @@ function where(b) {
 L.addEventListener('change', show); H.addEventListener('change', show);
 gd.on('plotly_hover', function (ev) {
   var p = ev.points[0];
-  R.textContent = 'layer ' + L.value + ' head ' + H.value + ' · query ' + where(p.y) + ' → key ' + where(p.x)
+  R.textContent = title() + ' · query ' + where(p.y) + ' → key ' + where(p.x)
     + ' · weight ' + (p.z === null ? '–' : p.z.toFixed(4));
 });
-gd.on('plotly_unhover', function () { R.textContent = 'layer ' + L.value + ' head ' + H.value; });
-show();
+gd.on('plotly_unhover', function () { R.textContent = title(); });
 """
