@@ -20,18 +20,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # anatomy's own cache (params counts per config) goes to a fresh directory, never the real home.
 os.environ["ANATOMY_CACHE_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-cache-")
 
-# Fixtures that cost a whole model load (or a browser, a Ray cluster, a server) are module- or session-scoped,
-# and each xdist worker builds its own. pytest's ``--dist loadgroup`` (pyproject) sends a group to one worker,
-# so every module is one group (its module fixtures built once, as with ``--dist loadscope``), and the tests of
-# every module that use Gemma 3 share a group (transformers' reference load of it alone takes 40 s).
-GEMMA3_FIXTURES = {"gemma3_gguf", "gemma3_lm", "gemma3_hf"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        uses_gemma = GEMMA3_FIXTURES & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("gemma3" if uses_gemma else item.nodeid.split("::")[0]))
-
 
 @pytest.fixture(scope="session")
 def tiktoken_cache(tmp_path_factory) -> Path:
@@ -277,3 +265,4 @@ def gemma3_hf(gemma3_gguf):
         str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, config=config, dtype=torch.float32,
         attn_implementation="eager", quantization_config=GgufConfig(dequantize=True), local_files_only=True)
     return model.eval()
+

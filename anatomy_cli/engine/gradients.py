@@ -12,6 +12,7 @@ with respect to ``a`` (every path downstream of the point, later hooked points i
 Attribution patching (AtP; Nanda 2023, Kramar et al. 2024) estimates each cell of an exact
 patching grid from one backward: patching CORRUPT's activation ``a`` with CLEAN's ``a'`` changes
 the metric by about ``(a' - a) . dm/da`` at the corrupt run, a first-order Taylor expansion.
+CLEAN and CORRUPT share one forward as two batch rows (:func:`metric_gradients`' ``companion``).
 """
 
 from __future__ import annotations
