@@ -149,7 +149,7 @@ def main() -> None:
             for side, samples in rows.items():
                 opens = [o for o, _ in samples]
                 out[side] = {"open_median_s": statistics.median(opens), "open_min_s": min(opens),
-                             "open_max_s": max(opens)}
+                             "open_max_s": max(opens), "open_s": opens}
                 if switch:
                     out[side]["switch_median_s"] = statistics.median(s for _, s in samples)
             figures["pages"][name] = out
