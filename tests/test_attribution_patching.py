@@ -196,6 +196,9 @@ def test_compare_scores():
     assert check.cells[1].estimate_value == -1.5 and check.cells[1].exact_value == -0.5
     assert ap.pearson([1.0], [2.0]) is None and ap.pearson([1.0, 1.0], [1.0, 2.0]) is None
     assert ap.largest(torch.tensor([[1.0, -5.0], [3.0, 0.5]]), 3) == [1, 2, 0]
+    # CLEAN = CORRUPT: every estimate and every exact change is 0, so no top k exists (was "1.00")
+    same = ap.compare([{"layer": i} for i in range(3)], [0.0, 0.0, 0.0], [0.0, -0.0, 0.0], scale=None)
+    assert same.top_agreement is None and same.pearson is None
 
 
 def test_patch_cli_attribution_json_and_check(tiny_model_dir, tiny_lm, cached_load):

@@ -247,3 +247,7 @@ def test_a_long_prompt_is_pooled_during_the_run(tmp_path, tiny, monkeypatch):
     expected = (sum(weights.get((q, k), 0.0) for q in (4, 5) for k in (2, 3)) / 2)   # queries 4-5, keys 2-3
     assert block[2, 1] == pytest.approx(expected, abs=1e-4)
     assert "15 tokens: shown in blocks of 2 positions" in text
+    # Blocks wholly after their query block are masked (the page draws them blank, not 0), and plotly's own
+    # tooltip names no position (x, y are block numbers there; the line above the plot gives the positions).
+    assert data["causal"] is True and np.all(block[np.triu_indices(8, 1)] == 0) and "(D.causal && k > q) ? null" in text
+    assert '"hovertemplate":"weight %{z:.4f}' in text and "query %{y}" not in text

@@ -161,6 +161,10 @@ def test_every_page_opens_offline_and_runs_no_script(browser, pages, kind):
         if kind not in ("drift", "params"):
             assert "<script>alert(1)</script> cat </div> sat" in body   # shown as text
         opened.screenshot_is_not_blank()
+        # No button that leaves the page (plotly.js 4 shows "Share chart..." to Plotly Cloud unless told not to).
+        titles = opened.page.evaluate("[...document.querySelectorAll('.modebar-btn')].map(b => b.dataset.title)")
+        assert "Download plot as a PNG" in titles
+        assert not [t for t in titles if re.search(r"cloud|share|chart studio|edit", t, re.I)], titles
     finally:
         opened.page.close()
 

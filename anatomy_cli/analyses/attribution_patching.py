@@ -85,7 +85,8 @@ def compare(keys: Sequence[dict[str, Any]], estimates: Sequence[float], exacts: 
                   for k, e, x in zip(keys, estimates, exacts))
     k = math.ceil(len(cells) / 2)
     agreement = None
-    if cells:
+    # No ranking where one side is all zeros (e.g. CLEAN = CORRUPT): the top k would be any k, "1.00" a fluke.
+    if cells and any(c.estimate for c in cells) and any(c.exact for c in cells):
         by_est = set(sorted(range(len(cells)), key=lambda i: -abs(cells[i].estimate))[:k])
         by_exact = set(sorted(range(len(cells)), key=lambda i: -abs(cells[i].exact))[:k])
         agreement = len(by_est & by_exact) / k

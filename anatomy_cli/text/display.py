@@ -47,3 +47,12 @@ def is_partial(piece: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+def shorten(text: str, width: int = 60) -> str:
+    """One line of at most ``width`` characters, cut in the middle (the same rule as the table headings);
+    newlines and tabs shown as ``↵`` and ``→``."""
+    text = text.replace("\n", "↵").replace("\t", "→").replace("\r", "\\r")
+    if len(text) <= width:
+        return text
+    return text[:width // 2 - 1] + " … " + text[-(width // 2 - 2):]

@@ -25,7 +25,8 @@ class Method(str, Enum):
 MethodOpt = Annotated[Method, typer.Option(
     "--method", case_sensitive=False,
     help="exact: one edited run per cell; attribution: every cell estimated at once from one backward, "
-    "(a_new - a) . dm/da (attribution patching), at the cost of about three forwards.")]
+    "(a_new - a) . dm/da (attribution patching), at the cost of one forward and one backward (patch runs "
+    "CLEAN and CORRUPT in that forward as two batch rows).")]
 CheckOpt = Annotated[int, typer.Option(
     "--check", metavar="N", min=0,
     help="With --method attribution: rerun the N cells with the largest |estimate| exactly and print them "
@@ -68,7 +69,7 @@ def patch(lm, clean_ids, corrupt_ids, site: str, ids: dict, check: int, batch_si
                            scale=run.clean - run.corrupt)
     n = len(result.cells)
     return result, Extra("attribution", found, f"{n} cells estimated by attribution patching "
-                                                 "(1 forward + 1 backward of CORRUPT, 1 forward of CLEAN)")
+                                                 "(1 forward of CLEAN and CORRUPT as 2 batch rows, 1 backward)")
 
 
 def ablate(lm, ids, plan, metric, *, position: int, check: int, batch_size: int):

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.text.display import visible
+from anatomy_cli.text.display import shorten, visible
 
 UNTRAINED = "untrained (random weights)"
+PROMPT_CHARS = 120  # a page's caption shows the prompt cut in the middle to this many characters
 
 
 def esc(text: Any) -> str:
@@ -87,8 +88,8 @@ def caption_page(cap: Any, notes: Sequence[str] = ()) -> Page:
     """A page for a :class:`anatomy_cli.output.plots.Caption`: the command, model, prompt and detail as
     the PNG's title says them; ``notes`` as a footer paragraph (added by the caller with :func:`notes`)."""
     lines = []
-    if cap.prompt is not None:
-        lines.append(f"prompt: {cap.prompt}")
+    if cap.prompt is not None:  # one line, as the PNG's title has it; the JSON has the whole prompt
+        lines.append(f"prompt: {shorten(cap.prompt, PROMPT_CHARS)}")
     if cap.detail:
         lines.append(cap.detail)
     return Page(title=f"{cap.command} · {cap.model}", lines=lines, untrained=cap.untrained)

@@ -21,7 +21,10 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from anatomy_cli.data import PLOTLY_CARTESIAN, PLOTLY_CARTESIAN_VERSION
 from anatomy_cli.output.html import UNTRAINED, Page, Part, esc, script_json
 
-CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["sendDataToCloud"]}
+# No button that leaves the page: plotly.js 4 calls its upload button "sendChartToCloud" (shown by default, it
+# offers to upload the figure to Plotly Cloud), older versions "sendDataToCloud"; "Edit in Chart Studio" too.
+CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": False, "showEditInChartStudio": False,
+          "modeBarButtonsToRemove": ["sendChartToCloud", "sendDataToCloud", "editInChartStudio"]}
 FONT = "DejaVu Sans, Verdana, sans-serif"
 _ids = itertools.count(1)
 

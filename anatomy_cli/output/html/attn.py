@@ -83,12 +83,15 @@ def part(patterns: torch.Tensor, tokens: Sequence[str], *, causal: bool, layer: 
     pooled = (patterns.float() if block is not None else pool(patterns.float(), f)).numpy()
     m = pooled.shape[-1]
     labels = [token(tokens[b * f], 16) if f == 1 else f"{b * f}–{min(n, (b + 1) * f) - 1}" for b in range(m)]
-    data = {"n": m, "f": f, "tri": tri, "scale": SCALE, "tokens": [tokens[i] for i in range(n)], "total": n,
+    data = {"n": m, "f": f, "tri": tri, "causal": causal, "scale": SCALE, "tokens": [tokens[i] for i in range(n)],
+            "total": n,
             "data": [[_encode(pooled[a, b], tri) for b in range(n_heads)] for a in range(n_layers)]}
     # The first head is drawn by the page's script from the same base64 data: no second copy as JSON.
     heat = go.Heatmap(z=[[None]], colorscale="Blues", zmin=0.0, zmax=1.0,
                       colorbar={"title": {"text": "attention weight", "side": "right"}},
-                      hovertemplate="query %{y} → key %{x}<br>weight %{z:.4f}<extra></extra>", hoverongaps=False)
+                      # in blocks, x and y are block numbers: the line above the plot names the positions
+                      hovertemplate=("query %{y} → key %{x}<br>" if f == 1 else "") + "weight %{z:.4f}<extra></extra>",
+                      hoverongaps=False)
     fig = go.Figure(heat)
     side = max(16, min(40, 700 // max(m, 1)))
     width, height = heat_size(m, m, cell_w=side, cell_h=side, max_w=1100, max_h=1000)
@@ -128,7 +131,8 @@ function matrix(l, h) {
   for (var q = 0; q < D.n; q++) {
     var row = new Array(D.n);
     for (var k = 0; k < D.n; k++) {
-      if (D.tri) { row[k] = k <= q ? u[idx++] / D.scale : null; } else { row[k] = u[q * D.n + k] / D.scale; }
+      if (D.tri) { row[k] = k <= q ? u[idx++] / D.scale : null; }
+      else { row[k] = (D.causal && k > q) ? null : u[q * D.n + k] / D.scale; }  // a block all in the future: masked
     }
     z.push(row);
   }

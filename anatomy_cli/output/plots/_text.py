@@ -11,6 +11,8 @@ from functools import lru_cache
 
 from matplotlib import font_manager
 
+from anatomy_cli.text.display import shorten  # noqa: F401  (used by the picture modules from here)
+
 BASE_FONT = "DejaVu Sans"  # ships with matplotlib: Latin, Greek, Cyrillic, arrows (· ↵ →)
 # Families that carry CJK glyphs on common systems; the installed ones become fallbacks.
 _CJK_FONTS = re.compile(r"CJK|Source Han|WenQuanYi|Droid Sans Fallback|Noto Sans (SC|TC|JP|KR|HK)|"
@@ -69,10 +71,3 @@ def token_label(piece: str | None, limit: int = TOKEN_CHARS) -> str:
     return cut[:_PARTIAL_ESCAPE.search(cut).start()] + "…"  # never half an escape
 
 
-def shorten(text: str, width: int = 60) -> str:
-    """One line of at most ``width`` characters, cut in the middle (the same rule as the table headings);
-    newlines and tabs shown as ``↵`` and ``→``."""
-    text = text.replace("\n", "↵").replace("\t", "→").replace("\r", "\\r")
-    if len(text) <= width:
-        return text
-    return text[:width // 2 - 1] + " … " + text[-(width // 2 - 2):]
