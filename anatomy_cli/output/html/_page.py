@@ -2,7 +2,7 @@
 
 plotly.js is the cartesian bundle shipped in ``anatomy_cli/data/plotly`` (every trace type the pages
 draw) when plotly.py's own plotly.js has the same major version, else plotly.py's full bundle: a page
-opens in a third less time with the smaller file (docs/performance.md, "HTML").
+opens in about half the time with the smaller file (docs/performance.md, "HTML pages").
 
 Importing this module imports plotly.
 """
@@ -22,8 +22,9 @@ from anatomy_cli.data import PLOTLY_CARTESIAN, PLOTLY_CARTESIAN_VERSION
 from anatomy_cli.output.html import UNTRAINED, Page, Part, esc, script_json
 
 # No button that leaves the page: plotly.js 4 calls its upload button "sendChartToCloud" (shown by default, it
-# offers to upload the figure to Plotly Cloud), older versions "sendDataToCloud"; "Edit in Chart Studio" too.
-CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": False, "showEditInChartStudio": False,
+# offers to upload the figure to Plotly Cloud), older versions "sendDataToCloud"; "Edit in Chart Studio" too
+# (plotly.py warns about showEditInChartStudio, so that one goes by the button list only).
+CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": False,
           "modeBarButtonsToRemove": ["sendChartToCloud", "sendDataToCloud", "editInChartStudio"]}
 FONT = "DejaVu Sans, Verdana, sans-serif"
 _ids = itertools.count(1)
