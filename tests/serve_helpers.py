@@ -35,18 +35,11 @@ def anatomy(*args: str, sock: Path | None, stdin: str | None = None, timeout: fl
 
 def in_process(args: list[str], stdin: str | None = None, stderr: bool = False) -> tuple:
     """The in-process twin: exit code and stdout (and stderr) of the same command line, loading from disk
-    even while an in-thread server has put its cache in ``engine.load``'s place."""
-    from anatomy_cli import engine
-    from anatomy_cli.serve.cache import ModelCache
+    (an in-thread server hands its cache to its own worker thread only)."""
+    from anatomy_cli.engine.loader import DIRECT, using_loader
 
-    patched = engine.load
-    cache = getattr(patched, "__self__", None)
-    if isinstance(cache, ModelCache):
-        engine.load = cache._load
-    try:
+    with using_loader(DIRECT):
         result = CliRunner().invoke(app, args, input=stdin)
-    finally:
-        engine.load = patched
     return (result.exit_code, result.stdout, result.stderr) if stderr else (result.exit_code, result.stdout)
 
 

@@ -1,13 +1,22 @@
-"""Options shared by several commands (Typer ``Annotated`` aliases).
+"""Options shared by several commands (Typer ``Annotated`` aliases), and the two option groups.
 
-Keep names and help texts here so every command spells them the same way.
+Keep names and help texts here so every command spells them the same way. The model options (``--model``,
+``--device``, ``--dtype``, ``--init``, ``--trust-remote-code``, ``--device-map``, ``--max-memory``,
+``--offload-folder``) are declared once, in :data:`MODEL_OPTIONS`; :func:`model_options` puts them into a
+command's signature in place of its ``spec`` parameter and hands the command one validated
+:class:`~anatomy_cli.models.spec.ModelSpec`. :func:`prompt_options` does the same for ``--bos``,
+``--allow-special`` and ``--truncate`` and a :class:`~anatomy_cli.text.options.PromptOptions`.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
@@ -127,3 +136,92 @@ FirstTokenOpt = Annotated[bool, typer.Option(
 FirstTokenFoilOpt = Annotated[bool, typer.Option(
     "--first-token", help="A --target or --foil TEXT of several tokens stands for its first token (said on "
     "stderr) instead of being an error.")]
+
+
+class Truncate(str, Enum):
+    left = "left"
+
+
+TruncateOpt = Annotated[Optional[Truncate], typer.Option(
+    "--truncate", case_sensitive=False, show_default=False,
+    help="'left': keep the last tokens of a prompt longer than the model's context (said on stderr). "
+    "Default: such a prompt is an error.")]
+BosOpt = Annotated[Optional[bool], typer.Option(
+    "--bos/--no-bos", show_default=False,
+    help="Prepend the tokenizer's BOS token, or not. Default: as the model's own tokenizer does "
+    "(add_bos_token; GGUF: tokenizer.ggml.add_bos_token): Gemma, Llama and Mistral yes, GPT-2 and SmolLM2 no. "
+    "A prompt that already starts with it keeps one.")]
+AllowSpecialOpt = Annotated[bool, typer.Option(
+    "--allow-special", help="Read special-token text in prompts, such as <|endoftext|>, as that special token. "
+    "Default: it is plain text, split like any other text.")]
+
+# (parameter, annotation, default): the one declaration of each group, in --help order.
+MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("model", ModelOpt, "gpt2"),
+    ("device", DeviceOpt, Device.auto),
+    ("dtype", DTypeOpt, DType.fp32),
+    ("init", InitOpt, Init.pretrained),
+    ("trust_remote_code", TrustRemoteCodeOpt, False),
+    ("device_map", DeviceMapOpt, None),
+    ("max_memory", MaxMemoryOpt, None),
+    ("offload_folder", OffloadFolderOpt, None),
+)
+PROMPT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("bos", BosOpt, None),
+    ("allow_special", AllowSpecialOpt, False),
+    ("truncate", TruncateOpt, None),
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def model_options(*, fields: tuple[str, ...] | None = None, param: str = "spec") -> Callable[[F], F]:
+    """Replace the command's ``param`` parameter by the model options and pass it a ``ModelSpec``.
+
+    ``fields``: the options to offer (default: all of :data:`MODEL_OPTIONS`); those left out keep the
+    ModelSpec's defaults (``diff`` names its two models as arguments: ``fields=("device", "dtype",
+    "trust_remote_code")`` and ``spec.replace(model=...)``).
+    """
+    from anatomy_cli.models.spec import ModelSpec
+
+    chosen = [o for o in MODEL_OPTIONS if fields is None or o[0] in fields]
+    return _group(param, chosen, ModelSpec)
+
+
+def prompt_options(*, truncate: bool = True, param: str = "prompts") -> Callable[[F], F]:
+    """Replace the command's ``param`` parameter by ``--bos/--no-bos``, ``--allow-special`` and (unless
+    ``truncate=False``) ``--truncate``, and pass it a ``PromptOptions``."""
+    from anatomy_cli.text.options import PromptOptions
+
+    chosen = [o for o in PROMPT_OPTIONS if truncate or o[0] != "truncate"]
+    return _group(param, chosen, PromptOptions)
+
+
+def _group(param: str, options: list[tuple[str, Any, Any]], build: Callable[..., Any]) -> Callable[[F], F]:
+    names = [name for name, _, _ in options]
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)
+        if param not in sig.parameters:
+            raise TypeError(f"{fn.__name__} has no parameter '{param}' for its options")
+        params: list[inspect.Parameter] = []
+        for p in sig.parameters.values():
+            if p.name == param:
+                params += [inspect.Parameter(n, p.kind, default=d, annotation=a)
+                           for n, a, d in options]
+            else:
+                params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs[param] = build(**{n: kwargs.pop(n) for n in names if n in kwargs})
+            return fn(*args, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        if "return" in hints:
+            wrapper.__annotations__["return"] = hints["return"]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

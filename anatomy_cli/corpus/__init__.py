@@ -9,26 +9,3 @@ See docs/corpus.md.
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-
-class _Stop(Exception):
-    pass
-
-
-def read_tokenizer(spec: Any) -> tuple[Any, Any]:
-    """``(tokenizer, config)`` of a ModelSpec without loading any weight (the Ray driver needs no model)."""
-    from anatomy_cli import engine
-
-    found: list[Any] = []
-
-    def stop(tokenizer: Any, config: Any) -> None:
-        found[:] = [tokenizer, config]
-        raise _Stop
-
-    try:
-        engine.load(spec, before_weights=stop)
-    except _Stop:
-        pass
-    return found[0], found[1]

@@ -30,18 +30,6 @@ class Shard:
         return sum(len(w) for w in self.windows)
 
 
-def tokenizer_adds_bos(hf: Any) -> bool:
-    """Whether the tokenizer itself starts a text with its BOS token (LLaMA, Gemma), i.e. the model's convention."""
-    bos = getattr(hf, "bos_token_id", None)
-    if bos is None:
-        return False
-    try:
-        ids = hf("a", add_special_tokens=True)["input_ids"]
-    except Exception:  # a tokenizer that cannot say: no BOS
-        return False
-    return bool(ids) and ids[0] == bos
-
-
 def token_stream(pieces: Iterable[tuple[str, bool]], hf: Any, *, allow_special: bool = False,
                  eos: int | None = None) -> Iterator[list[int]]:
     """Token ids of each piece of text (no specials added); ``eos`` (when given) after a piece that ends a document."""

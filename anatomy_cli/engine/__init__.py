@@ -21,7 +21,8 @@ Modules: ``model`` (LoadedModel), ``hooks`` (hook points, :func:`capture`), ``ca
 ``run`` (encode, check_length, run), ``interventions`` (patching and ablation: :func:`run_edits`,
 :func:`patch_grid`), ``gradients`` (gradients at hook points, attribution patching: only inside
 :func:`~anatomy_cli.engine.gradients.grad_mode`), ``token_attribution`` (Captum), ``lens`` (final norm, unembed),
-``load`` (a :class:`ModelSpec` to a LoadedModel),
+``opening`` (a :class:`ModelSpec` to an OpenedModel: config, tokenizer, ModelInfo), ``loader`` (who opens),
+``load`` (its weights: a LoadedModel),
 ``load_gguf`` (a .gguf file's weights), ``attention`` (attention patterns), ``wrap`` (:func:`from_model`).
 
 Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =
@@ -30,21 +31,100 @@ Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =
 
 from __future__ import annotations
 
-from anatomy_cli.engine.attention import attention_patterns, eager_attention, encode_ids, ordinary_token_ids
-from anatomy_cli.engine.cache import Cache
-from anatomy_cli.engine.hooks import capture, hook_names, layer_names, residual_names
-from anatomy_cli.engine.interventions import Edit, ablation_rows, patch_grid, run_edits
-from anatomy_cli.engine.lens import final_norm, unembed
-from anatomy_cli.engine.load import load, resolve_device
-from anatomy_cli.engine.model import DTYPES, LoadedModel
-from anatomy_cli.engine.run import check_length, encode, run
-from anatomy_cli.engine.wrap import from_model
-from anatomy_cli.text.tokenization import Encoded, Tokenizer
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "DTYPES", "resolve_device",
-    "Cache", "Encoded", "LoadedModel", "Tokenizer", "capture", "check_length", "encode", "final_norm",
-    "attention_patterns", "eager_attention", "encode_ids", "ordinary_token_ids",
-    "from_model", "hook_names", "layer_names", "load", "residual_names", "run", "unembed",
-    "Edit", "ablation_rows", "patch_grid", "run_edits",
+# Public names -> the module that defines them. Imported on first use (PEP 562), so ``engine.open_model``
+# and ``engine.current_loader`` (anatomy_cli.engine.opening) run before torch is imported.
+_EXPORTS = {
+    "attention": ("attention_patterns", "eager_attention", "encode_ids", "ordinary_token_ids"),
+    "cache": ("Cache",),
+    "hooks": ("capture", "hook_names", "layer_names", "residual_names"),
+    "interventions": ("Edit", "ablation_rows", "patch_grid", "run_edits"),
+    "lens": ("final_norm", "unembed"),
+    "load": ("load", "load_weights", "resolve_device"),
+    "model": ("DTYPES", "LoadedModel"),
+    "loader": ("Loader", "current_loader", "using_loader"),
+    "opening": ("OpenedModel", "open_model"),
+    "run": ("check_length", "encode", "run"),
+    "wrap": ("from_model",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+_TEXT = {"Encoded", "Tokenizer"}
+
+__all__ = [  # the public names (_EXPORTS and _TEXT)
+    "Cache",
+    "DTYPES",
+    "Edit",
+    "Encoded",
+    "LoadedModel",
+    "Loader",
+    "OpenedModel",
+    "Tokenizer",
+    "ablation_rows",
+    "attention_patterns",
+    "capture",
+    "check_length",
+    "current_loader",
+    "eager_attention",
+    "encode",
+    "encode_ids",
+    "final_norm",
+    "from_model",
+    "hook_names",
+    "layer_names",
+    "load",
+    "load_weights",
+    "open_model",
+    "ordinary_token_ids",
+    "patch_grid",
+    "residual_names",
+    "resolve_device",
+    "run",
+    "run_edits",
+    "unembed",
+    "using_loader",
 ]
+
+
+class _Engine(types.ModuleType):
+    """The package's module: importing the submodules ``engine.load`` and ``engine.run`` (the import system then
+    sets them as attributes of the package) leaves ``engine.load`` and ``engine.run`` the functions."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _WHERE and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Engine
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TEXT:
+        from anatomy_cli.text import tokenization
+
+        return getattr(tokenization, name)
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'anatomy_cli.engine' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"anatomy_cli.engine.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.attention import attention_patterns, eager_attention, encode_ids, ordinary_token_ids
+    from anatomy_cli.engine.cache import Cache
+    from anatomy_cli.engine.hooks import capture, hook_names, layer_names, residual_names
+    from anatomy_cli.engine.interventions import Edit, ablation_rows, patch_grid, run_edits
+    from anatomy_cli.engine.lens import final_norm, unembed
+    from anatomy_cli.engine.load import load, load_weights, resolve_device
+    from anatomy_cli.engine.loader import Loader, current_loader, using_loader
+    from anatomy_cli.engine.model import DTYPES, LoadedModel
+    from anatomy_cli.engine.opening import OpenedModel, open_model
+    from anatomy_cli.engine.run import check_length, encode, run
+    from anatomy_cli.engine.wrap import from_model
+    from anatomy_cli.text.tokenization import Encoded, Tokenizer

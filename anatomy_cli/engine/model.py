@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.text.tokenization import Tokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -15,15 +16,17 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class LoadedModel:
-    """A model ready for :func:`run`. Build with :func:`load` (or :func:`from_model`).
+    """A model ready for :func:`run`. Build with :func:`load` / :func:`load_weights` (or :func:`from_model`).
 
+    ``info`` is the model's one description (:class:`~anatomy_cli.models.info.ModelInfo`): its shape,
+    context and vocabulary are read from there (``n_layers``, ``d_model``, ``n_ctx``, ``vocab_size`` below
+    are its fields, not facts worked out again).
     ``device`` is where inputs go and where every captured tensor is moved (the
     embedding's device, also under a ``device_map``); ``dtype`` the weights' dtype.
     ``untrained`` is True for ``init="random"``: outputs must say so.
-    ``n_ctx`` is the longest prompt the model takes (None: no limit known).
     ``points`` maps each hook name to ``(module, "input" | "output")``.
-    ``logit_softcap``, ``embed_scale``, ``position_offset``: family quirks the engine applies
-    (see ``docs/engine.md``, Architectures); ``hook_embed`` already includes ``embed_scale``.
+    ``embed_scale``: what the embedding module multiplies table rows by (Gemma: sqrt(d_model));
+    ``hook_embed`` already includes it.
     ``dequantized_from`` is the GGUF quantization the weights were dequantized from: ``general.file_type``, then
     the types the file's matrices are stored in when they are not just that one (``Q4_K_M (Q4_K, Q5_0, Q6_K,
     Q8_0)``, ``Q4_1 (Q4_1, Q8_0)``, ``F32``; 1-D tensors, always F32, are left out). None when the weights were
@@ -34,26 +37,66 @@ class LoadedModel:
 
     model: Any = field(repr=False)
     tokenizer: Tokenizer = field(repr=False)
-    adapter: Adapter = field(repr=False)
+    info: ModelInfo = field(repr=False)
     name: str
     untrained: bool
     device: torch.device
     dtype: torch.dtype
-    n_layers: int
-    d_model: int
-    n_heads: int                   # query heads per layer
-    d_head: int                    # width of one head (hook_z is [batch, pos, n_heads * d_head])
-    n_ctx: int | None
-    vocab_size: int
-    is_causal: bool
     has_unembed: bool
-    has_resid_mid: bool
     points: dict[str, tuple[torch.nn.Module, str]] = field(repr=False, default_factory=dict)
-    logit_softcap: float | None = None  # Gemma 2: logits = c * tanh(raw / c); see cap_logits
-    embed_scale: float = 1.0       # what the embedding module multiplies table rows by (Gemma: sqrt(d_model))
-    position_offset: int = 0       # position id of the first token (RoBERTa: pad_token_id + 1)
+    embed_scale: float = 1.0
     dequantized_from: str | None = None
-    label: str | None = None       # short name for headings and titles (GGUF general.name, a directory's name)
+    label: str | None = None
+
+    @property
+    def adapter(self) -> Adapter:
+        return self.info.adapter
+
+    @property
+    def n_layers(self) -> int:
+        return self.info.n_layers
+
+    @property
+    def d_model(self) -> int:
+        return self.info.d_model
+
+    @property
+    def n_heads(self) -> int:
+        """Query heads per layer."""
+        return self.info.n_heads
+
+    @property
+    def d_head(self) -> int:
+        """Width of one head (hook_z is ``[batch, pos, n_heads * d_head]``)."""
+        return self.info.d_head
+
+    @property
+    def n_ctx(self) -> int | None:
+        """The longest prompt the model takes (None: no limit known)."""
+        return self.info.n_ctx
+
+    @property
+    def vocab_size(self) -> int:
+        """The LM head's rows: the width of the logits."""
+        return self.info.lm_head_rows
+
+    @property
+    def is_causal(self) -> bool:
+        return self.info.is_causal
+
+    @property
+    def has_resid_mid(self) -> bool:
+        return self.info.has_resid_mid
+
+    @property
+    def logit_softcap(self) -> float | None:
+        """Gemma 2: logits = c * tanh(raw / c); see :meth:`cap_logits`."""
+        return self.info.logit_softcap
+
+    @property
+    def position_offset(self) -> int:
+        """Position id of the first token (RoBERTa: pad_token_id + 1)."""
+        return self.info.position_offset
 
     def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Final logit soft-capping, ``c * tanh(logits / c)`` (Gemma 2), as the model's own head applies it.

@@ -17,40 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.models import presets
+from anatomy_cli.models.info import JsonConfig
 from anatomy_cli.models.resolve import check_path
 
 # Tokenizer classes whose transformers tokenizer is the tokenizer.json it was saved with, unchanged
 # (checked by tests/test_preflight.py); others (Llama's, Gemma's) may rebuild parts of it.
 TOKENIZER_CLASSES = frozenset({"GPT2Tokenizer", "GPT2TokenizerFast", "TokenizersBackend", "PreTrainedTokenizerFast",
                                "BertTokenizer", "BertTokenizerFast", "RobertaTokenizer", "RobertaTokenizerFast"})
-
-# transformers' attribute_map for the architectures whose config.json uses other names.
-_ALIASES = {
-    "gpt2": {"num_hidden_layers": "n_layer", "max_position_embeddings": "n_positions", "hidden_size": "n_embd",
-             "num_attention_heads": "n_head"},
-    "gptj": {"num_hidden_layers": "n_layer", "max_position_embeddings": "n_positions", "hidden_size": "n_embd",
-             "num_attention_heads": "n_head"},
-}
-
-
-class JsonConfig:
-    """config.json's values as attributes (``config.model_type``, ``config.num_hidden_layers``), with the
-    architecture's own names mapped as transformers maps them (GPT-2's ``n_layer``). A key config.json
-    does not hold raises AttributeError (transformers' class default is not known here), so
-    ``getattr(config, key, None)`` is None: checks that need it are left to the full load."""
-
-    def __init__(self, values: dict[str, Any]):
-        self.__dict__["_values"] = dict(values)
-
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__["_values"]
-        if name in values:
-            return values[name]
-        alias = _ALIASES.get(values.get("model_type"), {}).get(name)
-        if alias is not None and alias in values:
-            return values[alias]
-        raise AttributeError(name)
-
 
 def _json(path: Path) -> dict[str, Any] | None:
     try:

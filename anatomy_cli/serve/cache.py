@@ -135,17 +135,21 @@ class Entry:
 
 
 class ModelCache:
-    """Loaded models by request key, least recently used evicted first beyond ``max_bytes``.
+    """A :class:`~anatomy_cli.engine.loader.Loader` with a cache in front: opened models (config, tokenizer,
+    ModelInfo) and loaded models by request key and file identity, least recently used loaded models evicted
+    first beyond ``max_bytes``.
 
-    ``load`` has ``engine.load``'s signature; the server puts it in ``engine.load``'s place. ``loading`` holds
-    the specs being loaded right now (``serve --status`` lists them). ``log`` gets one line per reload.
+    ``loader`` does the real work (``engine.loader.DIRECT`` in the server); the server hands the cache to the
+    commands it runs (``engine.loader.using_loader``). ``loading`` holds the specs being loaded right now
+    (``serve --status`` lists them). ``log`` gets one line per reload.
     """
 
-    def __init__(self, load: Callable[..., Any], max_bytes: int | None, log: Callable[[str], None] = print):
-        self._load = load
+    def __init__(self, loader: Any, max_bytes: int | None, log: Callable[[str], None] = print):
+        self.loader = loader
         self.max_bytes = max_bytes
         self.log = log
         self.models: OrderedDict[tuple, Entry] = OrderedDict()
+        self.opened: dict[tuple, tuple[tuple[FileId, ...], Any]] = {}
         self.loading: dict[tuple, ModelSpec] = {}
         self.lock = threading.Lock()
 
@@ -158,10 +162,26 @@ class ModelCache:
             args["model"] = str(path.resolve())
         return tuple(sorted((k, str(v)) for k, v in args.items()))
 
-    def load(self, spec: ModelSpec | str, *, before_weights: Callable[[Any, Any], None] | None = None,
-             **options: Any) -> Any:
-        """``engine.load`` with the cache in front; the same signature."""
-        spec = spec if isinstance(spec, ModelSpec) else ModelSpec(str(spec), **options)
+    def open(self, spec: ModelSpec) -> Any:
+        """The opened model (no weights), from the cache while the model's files are unchanged."""
+        key, files = self.key(spec), file_identity(spec.model)
+        with self.lock:
+            cached = self.opened.get(key)
+        if cached is not None and cached[0] == files:
+            return dataclasses.replace(cached[1], spec=spec)  # named as this request names it
+        opened = self.loader.open(spec)
+        with self.lock:
+            self.opened[key] = (files, opened)
+        return opened
+
+    def load(self, spec: ModelSpec) -> Any:
+        """Both phases (``serve --model`` preloads)."""
+        return self.load_weights(self.open(spec))
+
+    def load_weights(self, opened: Any) -> Any:
+        """The loaded model for ``opened``, from the cache while its files are unchanged (else reloaded, said in
+        the log)."""
+        spec = opened.spec
         key, files = self.key(spec), file_identity(spec.model)
         with self.lock:
             entry = self.models.get(key)
@@ -177,14 +197,12 @@ class ModelCache:
                 self.models.pop(key, None)
             entry = None
         if entry is not None:
-            if before_weights is not None:  # the request's own checks still run, as they would before a load
-                before_weights(entry.lm.tokenizer, entry.lm.model.config)
             # Named as this request names it (headings, titles), not as the first request did.
             return dataclasses.replace(entry.lm, name=spec.model)
         with self.lock:
             self.loading[key] = spec
         try:
-            lm = self._load(spec, before_weights=before_weights)
+            lm = self.loader.load_weights(opened)
             if getattr(lm, "model", None) is not None:
                 own_memory(lm.model)
         finally:

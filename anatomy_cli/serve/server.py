@@ -38,12 +38,14 @@ class Server:
     """Listens on a Unix socket; see the module docstring. ``serve_forever`` blocks until stop or idle."""
 
     def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
-                 idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None):
+                 idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None, loader: Any = None):
         self.path = Path(path)
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))
         self.identity = protocol.identity()  # the source as it is now, before the heavy imports
-        self.cache = ModelCache(lambda spec, **kw: self._engine_load(spec, **kw), max_bytes, self.log)
+        # ``loader``: who really opens and loads (None: engine.loader.DIRECT, imported by the worker: the
+        # server listens before torch is imported).
+        self.cache = ModelCache(loader, max_bytes, self.log)
         self.tokenizers = TokenizerCache(lambda source, **kw: self._tokenizer_load(source, **kw))
         self.started = time.time()
         self.last_activity = time.monotonic()
@@ -56,8 +58,7 @@ class Server:
         self.sock: socket.socket | None = None
         self._commands = commands  # the registry: returns the click command that runs a command line
         self._command: Any = None
-        self._engine_load: Callable[..., Any] = None  # type: ignore[assignment]  # set by the worker
-        self._tokenizer_load: Callable[..., Any] = None  # type: ignore[assignment]
+        self._tokenizer_load: Callable[..., Any] | None = None  # set by the worker
 
     # -------------------------------------------------------------- lifecycle
 
@@ -209,21 +210,22 @@ class Server:
             loading = [s.model for s in self.cache.loading.values()] + [s.model for s in self.queued]
         if loading:
             return f"waiting for the server to load {loading[0]}…"
-        if self._engine_load is None:
+        if self._tokenizer_load is None:  # the worker has not started
             return "waiting for the server to start…"
         return None
 
     # -------------------------------------------------------------- the worker
 
     def _work(self) -> None:
-        from anatomy_cli import engine
+        from anatomy_cli.engine.loader import DIRECT, using_loader
         from anatomy_cli.models import model_files
 
-        self._engine_load, self._tokenizer_load = engine.load, model_files.load_tokenizer
-        engine.load = self.cache.load  # every command loads through engine.load
-        model_files.load_tokenizer = self.tokenizers.load  # and `tokens --model` through this
+        if self.cache.loader is None:
+            self.cache.loader = DIRECT
+        self._tokenizer_load = model_files.load_tokenizer
+        model_files.load_tokenizer = self.tokenizers.load  # `tokens --model` through this
         try:
-            with library_bars_silenced():
+            with library_bars_silenced(), using_loader(self.cache):  # every command opens and loads through it
                 self.busy = False
                 while True:
                     job = self.jobs.get()
@@ -236,7 +238,7 @@ class Server:
                         self.busy = False
                         self.last_activity = time.monotonic()
         finally:
-            engine.load, model_files.load_tokenizer = self._engine_load, self._tokenizer_load
+            model_files.load_tokenizer = self._tokenizer_load
 
     def _job(self, kind: str, payload: Any, reply: Any) -> None:
         if kind == "preload":

@@ -23,6 +23,10 @@ class PromptOptions:
     def __post_init__(self) -> None:
         if isinstance(self.truncate, Enum):  # typer's choice: its value
             object.__setattr__(self, "truncate", self.truncate.value)
+        if self.truncate not in (None, "left"):
+            from anatomy_cli.errors import UsageError
+
+            raise UsageError(f"unknown truncation '{self.truncate}'; use 'left'")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

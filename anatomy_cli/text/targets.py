@@ -2,7 +2,7 @@
 
 Used by ``next``, ``trace``, ``lens``, ``dla``, ``ablate`` and ``patch``. Two steps, so that bad
 input fails fast: :func:`choice` checks the options before anything loads (both given, empty text),
-:func:`resolve` tokenizes once a tokenizer is at hand (``engine.load``'s ``before_weights`` callback
+:func:`resolve` tokenizes once a tokenizer is at hand (an opened model's tokenizer: it
 gets one before the weights load). :func:`token_id` does both for a loaded model.
 
 Rules: TEXT must be exactly one token (no BOS, no [CLS]/[SEP]); with ``--first-token`` a longer TEXT

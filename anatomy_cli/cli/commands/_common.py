@@ -1,12 +1,19 @@
-"""The prompt pipeline shared by commands that run prompts through a model (`trace`, `next`).
+"""The prompt pipeline shared by commands that run prompts through a model (`trace`, `next`, ...).
 
-PROMPT is one text, or ``-`` for one prompt per non-empty stdin line. Steps:
-:func:`load_prompts` reads the prompts, then (:func:`load_texts`) once the tokenizer
-and config are read and BEFORE the weights load tokenizes them (special-token text
-is plain text unless ``--allow-special``), checks the context length (saying on
-stderr what ``--truncate left`` cut) and runs the command's ``check(Preflight)``, so
-bad input fails fast; a status line shows on a terminal while the model loads. The
-command runs the engine in batches; :func:`emit_prompts` prints one report per prompt:
+A command reads its options as two objects (:func:`anatomy_cli.cli.options.model_options` hands it a
+``ModelSpec``, :func:`~anatomy_cli.cli.options.prompt_options` a ``PromptOptions``), then, in this order:
+
+1. :func:`open_prompts` (or :func:`open_texts`, :func:`open_model`): the model's config, tokenizer and
+   :class:`~anatomy_cli.models.info.ModelInfo`, without any weight (and without torch where the files
+   allow); PROMPT (one text, or ``-`` for one prompt per non-empty stdin line) tokenized (special-token
+   text is plain text unless ``--allow-special``) and checked against the context length (``--truncate
+   left`` cuts, said on stderr);
+2. its own checks on ``opened.info`` and ``opened.tokenizer`` (``--layer``, ``--position``, target tokens),
+   so bad input fails in a second;
+3. :func:`load_weights`: the weights, with a status line on a terminal.
+
+Both phases go through the current :class:`~anatomy_cli.engine.opening.Loader` (``anatomy serve`` hands
+its cache). The command runs the engine; :func:`emit_prompts` prints one report per prompt:
 
 * ``jsonl``: one object per prompt, always;
 * ``json``: the object for a PROMPT argument, ``{"results": [...]}`` for stdin
@@ -21,160 +28,81 @@ No torch at import time.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from anatomy_cli.cli.app import info, status, warn
-from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Format, Report, Section, emit, emit_jsonl, resolve_format
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
-    from anatomy_cli.engine import Encoded, LoadedModel
-
-
-class Truncate(str, Enum):
-    left = "left"
+    from anatomy_cli.engine import Encoded, LoadedModel, OpenedModel
 
 
 PromptArg = Annotated[str, typer.Argument(
     metavar="PROMPT", show_default=False,
     help="The prompt text, or '-' to read one prompt per non-empty line of stdin.")]
-TruncateOpt = Annotated[Optional[Truncate], typer.Option(
-    "--truncate", case_sensitive=False, show_default=False,
-    help="'left': keep the last tokens of a prompt longer than the model's context (said on stderr). "
-    "Default: such a prompt is an error.")]
 BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
-BosOpt = Annotated[Optional[bool], typer.Option(
-    "--bos/--no-bos", show_default=False,
-    help="Prepend the tokenizer's BOS token, or not. Default: as the model's own tokenizer does "
-    "(add_bos_token; GGUF: tokenizer.ggml.add_bos_token): Gemma, Llama and Mistral yes, GPT-2 and SmolLM2 no. "
-    "A prompt that already starts with it keeps one.")]
-AllowSpecialOpt = Annotated[bool, typer.Option(
-    "--allow-special", help="Read special-token text in prompts, such as <|endoftext|>, as that special token. "
-    "Default: it is plain text, split like any other text.")]
 
 
-@dataclass(frozen=True)
-class Preflight:
-    """What is known once the tokenizer and config are read, before any weight loads.
+def open_model(spec: ModelSpec) -> OpenedModel:
+    """The first phase: ``spec``'s config, tokenizer and ModelInfo through the current loader, no weights.
 
-    ``encoded``: the prompts, tokenized and length-checked (truncated with ``--truncate left``).
-    ``tokenizer``: the :class:`~anatomy_cli.text.tokenization.Tokenizer` the model will use;
-    ``config``: the transformers config. A command's ``check`` reads these to refuse bad
-    arguments (``--position``, ``--layer``, target tokens) without waiting for the weights.
+    Raises the engine's opening errors (ModelNotFound, OfflineError, CheckpointError, UnsupportedArchitecture).
     """
+    from anatomy_cli.engine.loader import current_loader
 
-    name: str
-    tokenizer: Any
-    config: Any
-    encoded: list[Any]
-
-    @property
-    def n_ctx(self) -> int | None:
-        # The same rule as engine.from_model (LoadedModel.n_ctx).
-        n = getattr(self.config, "max_position_embeddings", None)
-        return int(n) if n else None
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.config.num_hidden_layers)
-
-    @property
-    def adapter(self) -> Any:
-        """The architecture's :class:`~anatomy_cli.models.adapters.Adapter` (``.causal``: a decoder)."""
-        from anatomy_cli.models import adapters
-
-        return adapters.for_config(self.config)
+    with status(f"opening {spec.model}"):
+        return current_loader().open(spec)
 
 
-def load_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,
-                 check: Callable[[Preflight], None] | None = None) -> tuple[LoadedModel, list[Encoded]]:
-    """Read PROMPT (or stdin lines), then :func:`load_texts`.
-
-    Returns ``(lm, encoded)``, one :class:`Encoded` per prompt. Raises UsageError for an
-    empty prompt or invalid UTF-8 (before anything loads) and whatever :func:`load_texts` raises.
-    """
+def open_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOptions()
+                 ) -> tuple[OpenedModel, list[Encoded]]:
+    """Read PROMPT (or stdin lines), then :func:`open_texts`. Raises UsageError for an empty prompt or
+    invalid UTF-8 (before anything is opened) and whatever :func:`open_texts` raises."""
     from anatomy_cli.text.inputs import read_prompts
 
-    return load_texts(read_prompts(prompt), spec, prompts, check=check)
+    return open_texts(read_prompts(prompt), spec, prompts)
 
 
-def load_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,
-               check: Callable[[Preflight], None] | None = None, what: str = "prompt",
-               truncate_hint: bool = True) -> tuple[LoadedModel, list[Encoded]]:
-    """Tokenize ``texts`` as ``prompts`` says, check the context length, run ``check``, load ``spec``.
+def open_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,
+               what: str = "prompt", truncate_hint: bool = True) -> tuple[OpenedModel, list[Encoded]]:
+    """Open ``spec`` and tokenize ``texts`` as ``prompts`` says, checking the context length.
 
-    Special-token text is plain text unless ``prompts.allow_special`` (see ``Tokenizer.encode``);
-    ``prompts.bos`` on a text that already starts with the BOS token keeps one and warns.
-    Everything up to ``check(preflight)`` runs once the tokenizer and config are read and
-    BEFORE the weights load, so a bad prompt or argument fails in a second, not after the load.
-    ``what`` names the texts in messages ("prompt", "context"). Returns ``(lm, encoded)``.
-    Raises bad placement options as UsageError, PromptTooLong unless ``prompts.truncate`` is
-    ``left``, what ``check`` raises, and the engine's loading errors.
+    ``prompts.bos`` on a text that already starts with the BOS token keeps one and warns. ``what`` names the
+    texts in messages ("prompt", "context"). Returns ``(opened, encoded)``, one Encoded per text. Raises
+    PromptTooLong unless ``prompts.truncate`` is ``left``, and what :func:`open_model` raises.
     """
-    from anatomy_cli.models.resolve import check_path
-
-    check_path(spec.model)  # a model path that does not exist fails here, before torch is imported
     from anatomy_cli.text.length import check_length
     from anatomy_cli.text.tokenization import starts_with_bos
 
-    model = spec.model
-    found: list[Encoded] = []
-
-    def before_weights(tokenizer: Any, config: Any) -> None:
-        encoded = tokenizer.encode(texts, bos=prompts.bos, allow_special=prompts.allow_special)
-        encoded = check_length(Preflight(model, tokenizer, config, encoded), encoded,
-                               truncate=prompts.truncate, what=what, truncate_hint=truncate_hint)
-        pre = Preflight(name=model, tokenizer=tokenizer, config=config, encoded=encoded)
-        for i, enc in enumerate(encoded, start=1):
-            which = f"{what} {i}" if len(encoded) > 1 else what
-            if prompts.bos and starts_with_bos(enc, tokenizer.bos_id):
-                warn(f"{which} already starts with the BOS token {enc.pieces[0]}: --bos adds no second one")
-            if enc.dropped:
-                warn(f"{which} is {len(enc) + enc.dropped} tokens; {model} takes at most {pre.n_ctx}: "
-                     f"kept the last {len(enc)} (--truncate left)")
-        if prompts.bos and encoded and encoded[0].bos is False:
-            warn(f"{model}'s tokenizer has no BOS token: --bos adds nothing")
-        if check is not None:
-            check(pre)
-        found[:] = encoded
-
-    from anatomy_cli.cli.commands._preflight import before_torch
-
-    before_torch(spec, before_weights)  # usage errors before torch is imported, where the files allow
-    found.clear()
-    lm = load_model(spec, before_weights=before_weights)
-    if not found:  # an engine.load stand-in that skipped the callback (tests' caching loader)
-        before_weights(lm.tokenizer, lm.model.config)
-    return lm, found
+    opened = open_model(spec)
+    tokenizer = opened.tokenizer
+    encoded = tokenizer.encode(texts, bos=prompts.bos, allow_special=prompts.allow_special)
+    encoded = check_length(opened, encoded, truncate=prompts.truncate, what=what, truncate_hint=truncate_hint)
+    for i, enc in enumerate(encoded, start=1):
+        which = f"{what} {i}" if len(encoded) > 1 else what
+        if prompts.bos and starts_with_bos(enc, tokenizer.bos_id):
+            warn(f"{which} already starts with the BOS token {enc.pieces[0]}: --bos adds no second one")
+        if enc.dropped:
+            warn(f"{which} is {len(enc) + enc.dropped} tokens; {opened.name} takes at most {opened.info.n_ctx}: "
+                 f"kept the last {len(enc)} (--truncate left)")
+    if prompts.bos and encoded and encoded[0].bos is False:
+        warn(f"{opened.name}'s tokenizer has no BOS token: --bos adds nothing")
+    return opened, encoded
 
 
-def load_model(spec: ModelSpec, *, before_weights: Callable[[Any, Any], None] | None = None) -> LoadedModel:
-    """``engine.load(spec)`` with a status line on a terminal's stderr.
-
-    ``before_weights(tokenizer, config)`` goes to ``engine.load`` (called before any weight
-    loads). With a device map, says on stderr where the weights went. Raises UsageError for
-    bad placement options (before torch is imported) and the engine's loading errors.
-    """
-    from anatomy_cli.models.resolve import check_path
-
-    check_path(spec.model)  # a model path that does not exist fails here, before torch is imported
-    from anatomy_cli.models import bigmodel
-
-    bigmodel.placement_kwargs(spec.device_map, spec.max_memory, spec.offload_folder)  # bad forms: usage errors
-    if spec.device_map is not None and spec.device != "auto":
-        raise UsageError(f"--device {spec.device} and --device-map exclude each other: "
-                         "the device map decides where each block goes")
+def load_weights(opened: OpenedModel) -> LoadedModel:
+    """The second phase: the weights of ``opened`` through the current loader, with a status line on a
+    terminal's stderr. With a device map, says on stderr where the weights went. Raises the engine's
+    loading errors."""
     from transformers.utils import logging as hf_logging
 
-    from anatomy_cli import engine
+    from anatomy_cli.engine.loader import current_loader
 
     # The status line says the model is loading; transformers' own weight-loading bar would fight with it.
     hf_logging.disable_progress_bar()
@@ -183,11 +111,16 @@ def load_model(spec: ModelSpec, *, before_weights: Callable[[Any, Any], None] | 
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
-    with status(f"loading {spec.model}"):
-        lm = engine.load(spec, before_weights=before_weights)
-    if spec.device_map is not None:
+    with status(f"loading {opened.name}"):
+        lm = current_loader().load_weights(opened)
+    if opened.spec.device_map is not None:
         info(placement_line(lm))
     return lm
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    """Both phases at once, for commands with no input to check before the weights."""
+    return load_weights(open_model(spec))
 
 
 def placement_line(lm: LoadedModel) -> str:

@@ -6,9 +6,8 @@ from typing import Any
 
 from anatomy_cli.cli.commands._common import prompt_line
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.output.render import Column, Report, Section
-from anatomy_cli.text.options import PromptOptions
 
 WEIGHT_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -65,16 +64,6 @@ def check_position(position: int, encoded: list[Any]) -> None:
                              f"token{'' if len(enc) == 1 else 's'}")
 
 
-def tokens_of(spec: ModelSpec, texts: list[str], options: PromptOptions) -> list[Any]:
-    """``texts`` tokenized by ``spec``'s own tokenizer (no weights), as the engine will tokenize them."""
-    from anatomy_cli.models.model_files import load_tokenizer
-    from anatomy_cli.models.resolve import resolve
-    from anatomy_cli.text.tokenization import Tokenizer
-
-    hf = load_tokenizer(resolve(spec.model, need="tokenizer"), trust_remote_code=spec.trust_remote_code)
-    return Tokenizer(hf).encode(texts, bos=options.bos, allow_special=options.allow_special)
-
-
 def check_same_tokens(a: list[Any], b: list[Any], name_a: str, name_b: str) -> None:
     """Raise UsageError (one line, both tokenizations) when B's ids differ from A's for any prompt."""
     for i, (ea, eb) in enumerate(zip(a, b), start=1):
@@ -86,13 +75,11 @@ def check_same_tokens(a: list[Any], b: list[Any], name_a: str, name_b: str) -> N
                              f"{name_b}: {show(eb)}")
 
 
-def check_same_shape(shape_a: tuple[int, int], config: Any, name_a: str, name_b: str) -> None:
-    """Raise UsageError when B's (layers, d_model) from its config differ from A's ``shape_a``."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    shape_b = (getattr(text, "num_hidden_layers", None), getattr(text, "hidden_size", None))
-    if None not in shape_b and tuple(shape_b) != tuple(shape_a):
-        raise UsageError(f"the residual streams differ in shape: {name_a} has {shape_a[0]} layers of width "
-                         f"{shape_a[1]}, {name_b} {shape_b[0]} of width {shape_b[1]}")
+def check_same_shape(a: ModelInfo, b: ModelInfo, name_a: str, name_b: str) -> None:
+    """Raise UsageError when B's residual stream (layers, d_model) differs from A's."""
+    if (a.n_layers, a.d_model) != (b.n_layers, b.d_model):
+        raise UsageError(f"the residual streams differ in shape: {name_a} has {a.n_layers} layers of width "
+                         f"{a.d_model}, {name_b} {b.n_layers} of width {b.d_model}")
 
 
 def weights_report(result: Any) -> Report:

@@ -12,35 +12,24 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands import _attribution
 from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
-    BosOpt,
     PromptArg,
-    TruncateOpt,
     emit_prompts,
-    load_prompts,
+    load_weights,
     model_label,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -60,6 +49,8 @@ RunsPerForwardOpt = Annotated[int, typer.Option(
 
 
 @app.command("ablate")
+@model_options()
+@prompt_options()
 def ablate_command(
     prompt: PromptArg,
     target: TargetOpt = None,
@@ -80,17 +71,8 @@ def ablate_command(
     layer: Annotated[Optional[int], typer.Option(
         "--layer", "-l", metavar="L", show_default=False,
         help="Only layer L (0-based; negative from the end).")] = None,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: RunsPerForwardOpt = 32,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -123,22 +105,20 @@ def ablate_command(
                          "change, e.g. --target ' much'")
     ids: dict[str, int | None] = {}
 
-    def check(pre) -> None:
-        _check_decoder(pre.name, pre.adapter.causal)
-        if layer is not None and not -pre.n_layers <= layer < pre.n_layers:
-            raise UsageError(f"--layer {layer} is out of range: {pre.name} has layers 0..{pre.n_layers - 1}")
-        for i, enc in enumerate(pre.encoded, start=1):
-            if not -len(enc) <= position < len(enc):
-                which = f"prompt {i}" if len(pre.encoded) > 1 else "the prompt"
-                raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens")
-        vocab = getattr(pre.config, "vocab_size", None)
-        ids["target"] = targets.resolve(pre.tokenizer, wanted, model=pre.name, vocab_size=vocab)
-        ids["foil"] = targets.resolve(pre.tokenizer, unwanted, model=pre.name, vocab_size=vocab) if unwanted else None
-        if ids["foil"] == ids["target"]:
-            raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    opened, encoded = open_prompts(prompt, spec, prompts)
+    _check_decoder(spec.model, opened.adapter.causal)
+    if layer is not None and not -opened.info.n_layers <= layer < opened.info.n_layers:
+        raise UsageError(f"--layer {layer} is out of range: {spec.model} has layers 0..{opened.info.n_layers - 1}")
+    for i, enc in enumerate(encoded, start=1):
+        if not -len(enc) <= position < len(enc):
+            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
+            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens")
+    vocab = opened.info.lm_head_rows
+    ids["target"] = targets.resolve(opened.tokenizer, wanted, model=spec.model, vocab_size=vocab)
+    ids["foil"] = targets.resolve(opened.tokenizer, unwanted, model=spec.model, vocab_size=vocab) if unwanted else None
+    if ids["foil"] == ids["target"]:
+        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+    lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli.analyses import ablate as analysis
     from anatomy_cli.engine import interventions

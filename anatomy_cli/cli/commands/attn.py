@@ -8,33 +8,23 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
     BatchSizeOpt,
-    BosOpt,
     PromptArg,
-    TruncateOpt,
     emit_prompts,
-    load_prompts,
+    load_weights,
     model_label,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Format, Report, Section, resolve_format
 from anatomy_cli.text.options import PromptOptions
@@ -49,6 +39,8 @@ CELL = 6  # table characters per weight column ("0.123" plus a gap)
 
 
 @app.command("attn")
+@model_options()
+@prompt_options()
 def attn_command(
     prompt: PromptArg,
     layer: Annotated[Optional[int], typer.Option(
@@ -63,17 +55,8 @@ def attn_command(
              "token; for encoders the last one that is not [SEP]/[CLS].")] = None,
     k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
                                    help="Top keys per row in a table too wide for the terminal.")] = 3,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -99,13 +82,12 @@ def attn_command(
         raise UsageError("--head needs --layer: give the layer the head belongs to")
     if head is not None and position is not None:
         raise UsageError("--position picks the query row when showing several heads; with --head every row is shown")
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate),
-                               check=lambda pre: _check(pre.config, pre.encoded, layer, head, position, model))
+    opened, encoded = open_prompts(prompt, spec, prompts)
+    n_layers, n_heads = _check(opened.info, encoded, layer, head, position, spec.model)
+    lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import attention as analysis
-    n_layers, n_heads = _check(lm.model.config, encoded, layer, head, position, lm.name)
     layers = [layer % n_layers] if layer is not None else list(range(n_layers))
     heads = [head % n_heads] if head is not None else list(range(n_heads))
     queries = [list(range(len(e))) if head is not None else [_query(e, position)] for e in encoded]
@@ -158,11 +140,10 @@ def _all_heads(lm, encoded, layers, heads, queries, batch_size):
     return full, blocks, grids
 
 
-def _check(config: Any, encoded: list, layer: int | None, head: int | None, position: int | None,
+def _check(info: ModelInfo, encoded: list, layer: int | None, head: int | None, position: int | None,
            name: str) -> tuple[int, int]:
-    """``(n_layers, n_heads)`` from the config; UsageError for --layer/--head/--position out of range."""
-    n_layers = int(config.num_hidden_layers)
-    n_heads = int(config.num_attention_heads)
+    """``(n_layers, n_heads)`` of the model; UsageError for --layer/--head/--position out of range."""
+    n_layers, n_heads = info.n_layers, info.n_heads
     if layer is not None and not -n_layers <= layer < n_layers:
         raise UsageError(f"--layer {layer} is out of range: {name} has {n_layers} layers "
                          f"(use 0..{n_layers - 1}, or -{n_layers}..-1 from the end)")

@@ -9,36 +9,25 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
-    BosOpt,
     PromptArg,
-    TruncateOpt,
     emit_prompts,
-    load_prompts,
+    load_weights,
     model_label,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.commands.ablate import _check_decoder, _metric_name, token_record
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -71,6 +60,8 @@ HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the tok
 
 
 @app.command("attribute")
+@model_options()
+@prompt_options()
 def attribute_command(
     prompt: PromptArg,
     target: TargetOpt = None,
@@ -88,17 +79,8 @@ def attribute_command(
         "--baseline", case_sensitive=False, show_default=False,
         help="Integrated gradients: zero (default), pad or unk embeddings at every position. Occlusion: drop "
         "(default: the token is removed), or its embedding replaced by zero, pad or unk.")] = None,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Integrated-gradient steps or occluded prompts per forward pass.")] = 32,
     plot: PlotOpt = None,
@@ -131,16 +113,14 @@ def attribute_command(
     _check_baseline(method.value, baseline)
     ids: dict[str, int | None] = {}
 
-    def check(pre) -> None:
-        _check_decoder(pre.name, pre.adapter.causal)
-        vocab = getattr(pre.config, "vocab_size", None)
-        ids["target"] = targets.resolve(pre.tokenizer, wanted, model=pre.name, vocab_size=vocab)
-        ids["foil"] = targets.resolve(pre.tokenizer, unwanted, model=pre.name, vocab_size=vocab) if unwanted else None
-        if ids["foil"] == ids["target"]:
-            raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    opened, encoded = open_prompts(prompt, spec, prompts)
+    _check_decoder(spec.model, opened.adapter.causal)
+    vocab = opened.info.lm_head_rows
+    ids["target"] = targets.resolve(opened.tokenizer, wanted, model=spec.model, vocab_size=vocab)
+    ids["foil"] = targets.resolve(opened.tokenizer, unwanted, model=spec.model, vocab_size=vocab) if unwanted else None
+    if ids["foil"] == ids["target"]:
+        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+    lm = load_weights(opened)
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
     metric = analysis.metric_fn(ids["target"], ids["foil"])
     reports = []

@@ -4,30 +4,25 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from anatomy_cli.cli.app import app, info
-from anatomy_cli.cli.commands._common import AllowSpecialOpt, load_model, model_label
+from anatomy_cli.cli.commands._common import load_weights, model_label, open_model
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
+    AllowSpecialOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
-    TrustRemoteCodeOpt,
+    model_options,
 )
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section, emit
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.opening import OpenedModel
 
 LAYER_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -55,6 +50,7 @@ NOTE = ("mean over every measured position of every window, ± its standard erro
 
 
 @app.command("corpus")
+@model_options()
 def corpus_command(
     source: Annotated[str, typer.Argument(
         metavar="SOURCE", show_default=False,
@@ -92,14 +88,7 @@ def corpus_command(
     workers: Annotated[int, typer.Option("--workers", min=1, help="Ray workers (actors), one model each.")] = 2,
     gpus_per_worker: Annotated[float, typer.Option("--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")] = 0.0,
     allow_special: AllowSpecialOpt = False,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
+    spec: ModelSpec = ModelSpec(),
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
@@ -119,12 +108,12 @@ def corpus_command(
     from anatomy_cli.corpus.runner import Settings, run
     from anatomy_cli.corpus.sources import open_source
 
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
     src = open_source(source, column=column)
     try:
         identity = src.identity()
-        lm, tokenizer, config = _load(spec, ray)
-        settings = Settings(ctx=_ctx(ctx, config, spec.model), bos=_bos(bos, tokenizer), max_tokens=max_tokens,
+        lm, opened, tokenizer = _load(spec, ray)
+        settings = Settings(ctx=_ctx(ctx, opened.info, spec.model), bos=opened.info.add_bos if bos is None else bos,
+                            max_tokens=max_tokens,
                             lens=not no_lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
                             allow_special=allow_special, batch_size=batch_size)
         ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
@@ -145,40 +134,33 @@ def corpus_command(
         plots.save(picture.figure(result.stats, cap), plot)
 
 
-def _load(spec: ModelSpec, on_ray: bool) -> tuple[Any, Any, Any]:
-    """``(lm, tokenizer, config)``; with Ray the driver reads only the tokenizer and config (lm None)."""
+def _load(spec: ModelSpec, on_ray: bool) -> tuple[Any, OpenedModel, Any]:
+    """``(lm, opened, tokenizer)``; with Ray the driver opens the model only (lm None: the workers load the
+    weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
     if on_ray:
-        from anatomy_cli.corpus import read_tokenizer
         from anatomy_cli.corpus.ray_run import ray_module
 
         ray_module()  # not installed: the one-line error before anything loads
-        tokenizer, config = read_tokenizer(spec)
-        _causal(config, spec.model)
-        return None, tokenizer, config
-    lm = load_model(spec, before_weights=lambda _tok, config: _causal(config, spec.model))
-    return lm, lm.tokenizer, lm.model.config
+    opened = open_model(spec)
+    if not opened.info.is_causal:
+        raise UsageError(f"corpus measures next-token prediction; {spec.model} is not a causal language model")
+    if not on_ray:
+        lm = load_weights(opened)
+        return lm, opened, lm.tokenizer
+    if opened.light:
+        from anatomy_cli.engine.opening import open_exact
+
+        return None, opened, open_exact(spec).tokenizer
+    return None, opened, opened.tokenizer
 
 
-def _causal(config: Any, name: str) -> None:
-    from anatomy_cli.models.adapters import for_config
-
-    if not for_config(config).causal:
-        raise UsageError(f"corpus measures next-token prediction; {name} is not a causal language model")
-
-
-def _ctx(ctx: int | None, config: Any, name: str) -> int:
-    n_ctx = getattr(config, "max_position_embeddings", None)
+def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
+    n_ctx = info.n_ctx
     if ctx is None:
-        return min(512, int(n_ctx)) if n_ctx else 512
-    if n_ctx and ctx > int(n_ctx):
+        return min(512, n_ctx) if n_ctx else 512
+    if n_ctx and ctx > n_ctx:
         raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
     return ctx
-
-
-def _bos(bos: bool | None, tokenizer: Any) -> bool:
-    from anatomy_cli.corpus.windows import tokenizer_adds_bos
-
-    return bool(bos) or (bos is None and tokenizer_adds_bos(tokenizer.hf))
 
 
 class _Status:

@@ -10,26 +10,21 @@ import typer
 
 from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
     BatchSizeOpt,
-    BosOpt,
-    TruncateOpt,
     describe,
     emit_prompts,
-    load_model,
-    load_texts,
+    load_weights,
     model_label,
+    open_model,
+    open_texts,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FormatOpt,
     PlotOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -45,6 +40,8 @@ OptionalPrompt = Annotated[Optional[str], typer.Argument(
 
 
 @app.command("diff")
+@model_options(fields=("device", "dtype", "trust_remote_code"))
+@prompt_options()
 def diff_command(
     a: ModelArg,
     b: OtherArg,
@@ -57,12 +54,8 @@ def diff_command(
                                   help="How many next tokens of each model to list.")] = 5,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -94,10 +87,9 @@ def diff_command(
     if prompt is None:
         if target is not None or target_id is not None:
             raise UsageError("--target needs a PROMPT (it compares next-token probabilities)")
-        return _weights(a, b, trust_remote_code, plot, fmt)
-    spec_a = ModelSpec(a, device, dtype, trust_remote_code=trust_remote_code)
-    _activations(spec_a, spec_a.replace(model=b), prompt, PromptOptions(bos, allow_special, truncate),
-                 targets.choice(target, target_id), position, k, batch_size, plot, fmt)
+        return _weights(a, b, spec.trust_remote_code, plot, fmt)
+    _activations(spec.replace(model=a), spec.replace(model=b), prompt, prompts, targets.choice(target, target_id),
+                 position, k, batch_size, plot, fmt)
 
 
 def _weights(a: str, b: str, trust_remote_code: bool, plot: Path | None, fmt: Any) -> None:
@@ -126,36 +118,31 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
     from anatomy_cli.text.inputs import read_prompts
 
     texts = read_prompts(prompt)
-    target_ids: list[int] = []
-
-    def check(pre) -> None:  # before A's weights: shapes of the question, and B's tokenizer agrees
-        render.check_decoder(pre.name, pre.adapter)
-        render.check_position(position, pre.encoded)
-        render.check_same_tokens(pre.encoded, render.tokens_of(spec_b, texts, options), spec_a.model, spec_b.model)
-        if wanted is not None:
-            target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=spec_a.model,
-                                             vocab_size=getattr(pre.config, "vocab_size", None))]
-
-    lm, encoded = load_texts(texts, spec_a, options, check=check)
+    # Before either model's weights: the shape of the question, and B reads the prompts as A does.
+    opened_a, encoded = open_texts(texts, spec_a, options)
+    render.check_decoder(spec_a.model, opened_a.adapter)
+    render.check_position(position, encoded)
+    target_id = None if wanted is None else targets.resolve(opened_a.tokenizer, wanted, model=spec_a.model,
+                                                             vocab_size=opened_a.info.lm_head_rows)
+    opened_b = open_model(spec_b) if spec_b != spec_a else opened_a
+    render.check_same_tokens(encoded, opened_b.tokenizer.encode(texts, bos=options.bos,
+                                                                allow_special=options.allow_special),
+                             spec_a.model, spec_b.model)
+    render.check_same_shape(opened_a.info, opened_b.info, spec_a.model, spec_b.model)
+    lm = load_weights(opened_a)
     with status(f"running {spec_a.model}"):
         kept_a = analysis.keep(lm, encoded, position, batch_size=batch_size)
-    label_a, shape_a = model_label(lm), (lm.n_layers, lm.d_model)
-
-    def check_b(tok, config) -> None:  # before B's weights: the same tokens, the same residual stream shape
-        render.check_same_tokens(encoded, tok.encode(texts, bos=options.bos, allow_special=options.allow_special),
-                                 spec_a.model, spec_b.model)
-        render.check_same_shape(shape_a, config, spec_a.model, spec_b.model)
-
+    label_a = model_label(lm)
     if spec_b != spec_a:
         del lm  # A's weights go before B's load: the two models are never in memory together
         gc.collect()
-        lm = load_model(spec_b, before_weights=check_b)
+        lm = load_weights(opened_b)
     with status(f"running {spec_b.model}"):
         kept_b = analysis.keep(lm, encoded, position, batch_size=batch_size)
     name_token = describe(lm)
     reports = []
     for i, (enc, ka, kb) in enumerate(zip(encoded, kept_a, kept_b), start=1):
-        result = analysis.compare(ka, kb, name_token, k=k, target_id=target_ids[0] if target_ids else None)
+        result = analysis.compare(ka, kb, name_token, k=k, target_id=target_id)
         reports.append(render.activations_report(label_a, model_label(lm), enc, result))
         if plot:
             from anatomy_cli.output.plots import diff as picture

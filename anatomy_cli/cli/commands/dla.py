@@ -9,37 +9,26 @@ import typer
 
 from anatomy_cli.cli.app import app, warn
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
     BatchSizeOpt,
-    BosOpt,
     PromptArg,
-    TruncateOpt,
     describe,
     emit_prompts,
-    load_prompts,
+    load_weights,
     model_label,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -69,6 +58,8 @@ NOTE = ("contribution = unembedding direction · final_norm_frozen(component), t
 
 
 @app.command("dla")
+@model_options()
+@prompt_options()
 def dla_command(
     prompt: PromptArg,
     target: TargetOpt = None,
@@ -91,17 +82,8 @@ def dla_command(
         "--sort", case_sensitive=False,
         help="Row order: 'model' (embedding, blocks in order, bias), 'abs' (largest |contribution| first) or "
         "'value' (most positive first).")] = Sort.model,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -129,22 +111,18 @@ def dla_command(
     targets.check_first_token(first_token, wanted, foiled, options="--target or --foil")
     ids: dict[str, int] = {}
 
-    def check(pre) -> None:
-        from anatomy_cli.models.adapters import for_config
-
-        adapter = for_config(pre.config)
-        if not adapter.causal or adapter.post_ln:
-            raise UsageError(f"dla needs a linear path from the residual stream to the logits; {pre.name} "
-                             f"({adapter.name}) has a non-linear masked-LM head (dense, GELU, LayerNorm) after "
-                             "post-LN blocks, so its logits are not a sum of per-component terms")
-        _check_position(pre.encoded, position)
-        vocab = getattr(pre.config, "vocab_size", None)
-        for key, choice in (("target", wanted), ("foil", foiled)):
-            if choice is not None:
-                ids[key] = targets.resolve(pre.tokenizer, choice, model=pre.name, vocab_size=vocab)
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    opened, encoded = open_prompts(prompt, spec, prompts)
+    adapter = opened.adapter
+    if not adapter.causal or adapter.post_ln:
+        raise UsageError(f"dla needs a linear path from the residual stream to the logits; {spec.model} "
+                         f"({adapter.name}) has a non-linear masked-LM head (dense, GELU, LayerNorm) after "
+                         "post-LN blocks, so its logits are not a sum of per-component terms")
+    _check_position(encoded, position)
+    vocab = opened.info.lm_head_rows
+    for key, choice in (("target", wanted), ("foil", foiled)):
+        if choice is not None:
+            ids[key] = targets.resolve(opened.tokenizer, choice, model=spec.model, vocab_size=vocab)
+    lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     if not lm.has_unembed:

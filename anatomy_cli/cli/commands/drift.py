@@ -9,28 +9,17 @@ import typer
 
 from anatomy_cli.cli.app import app, status, warn
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
-    BosOpt,
-    Preflight,
     bos_text,
     dtype_name,
-    load_texts,
+    load_weights,
     model_label,
+    open_texts,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -49,6 +38,8 @@ BASELINE_NOTE = ("baseline: mean cosine between the word and every other token o
 
 
 @app.command("drift")
+@model_options()
+@prompt_options(truncate=False)
 def drift_command(
     word: Annotated[str, typer.Argument(
         metavar="WORD", show_default=False,
@@ -68,16 +59,8 @@ def drift_command(
                                             help="Which occurrence of WORD to use in each context (1-based).")] = 1,
     ignore_case: Annotated[bool, typer.Option("--ignore-case", "-i",
                                               help="Match WORD regardless of case.")] = False,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
@@ -101,19 +84,15 @@ def drift_command(
     analysis.word_spans("", word)  # rejects an empty word before the model loads
     _check_utf8(word, "WORD")
     contexts = _contexts(word, context, ignore_case)
-    locations = []
-
-    def check(pre: Preflight) -> None:
-        # Before the weights load: the word must be in every context, --matrix within the layers.
-        if matrix is not None and matrix > pre.n_layers:
-            raise UsageError(f"--matrix layer must be in 0..{pre.n_layers}, got {matrix}")
-        locations[:] = [analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, word, special=e.special,
-                                        occurrence=occurrence, ignore_case=ignore_case)
-                        for i, e in enumerate(pre.encoded)]
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_texts(contexts, spec, PromptOptions(bos=bos, allow_special=allow_special), check=check,
-                             what="context", truncate_hint=False)
+    opened, encoded = open_texts(contexts, spec, prompts, what="context", truncate_hint=False)
+    # Before the weights load: the word must be in every context, --matrix within the layers.
+    n_layers = opened.info.n_layers
+    if matrix is not None and matrix > n_layers:
+        raise UsageError(f"--matrix layer must be in 0..{n_layers}, got {matrix}")
+    locations = [analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, word, special=e.special,
+                                 occurrence=occurrence, ignore_case=ignore_case)
+                 for i, e in enumerate(encoded)]
+    lm = load_weights(opened)
 
     from anatomy_cli import engine
 

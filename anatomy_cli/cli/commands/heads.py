@@ -4,39 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
     BatchSizeOpt,
-    BosOpt,
-    TruncateOpt,
     emit_prompts,
-    load_model,
-    load_prompts,
+    load_weights,
     model_label,
+    open_model,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import PromptTooLong, UsageError
+from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text.options import PromptOptions
@@ -63,6 +53,8 @@ NOTE = ("entropy: nats, mean over queries 1..n-1; first tok / prev tok: mean wei
 
 
 @app.command("heads")
+@model_options()
+@prompt_options()
 def heads_command(
     prompt: Annotated[Optional[str], typer.Argument(
         metavar="[PROMPT]", show_default=False,
@@ -77,17 +69,8 @@ def heads_command(
     top: Annotated[Optional[int], typer.Option(
         "--top", "-k", "-n", min=1, metavar="N", show_default=False,
         help="Show only the first N heads (--plot still colours every head and frames these N).")] = None,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -107,18 +90,16 @@ def heads_command(
         anatomy heads "The cat sat on the mat. The cat" --sort prev_token
         anatomy heads --seq-len 100 --seed 1 --format json
     """
+    if prompt is not None:
+        opened, encoded = open_prompts(prompt, spec, prompts)
+    else:
+        opened, encoded = open_model(spec), []
+    _check(opened.info, encoded, seq_len, spec.model)
+    lm = load_weights(opened)
     import torch
 
     from anatomy_cli import engine
     from anatomy_cli.analyses import heads as analysis
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    if prompt is not None:
-        lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate),
-                                   check=lambda pre: _check(pre.config, pre.encoded, seq_len, model))
-    else:
-        lm, encoded = load_model(spec, before_weights=lambda _tok, config: _check(config, [], seq_len, model)), []
-    _check(lm.model.config, encoded, seq_len, lm.name)
     ids = analysis.random_repeat(engine.ordinary_token_ids(lm), seq_len, seed)
     rand = engine.encode_ids(lm, ids, text=f"<{seq_len} random tokens, seed {seed}, repeated>")
     start = rand.special.index(False)
@@ -150,23 +131,17 @@ def heads_command(
                        top=top)
 
 
-def _check(config: Any, encoded: list, seq_len: int, name: str) -> None:
+def _check(info: ModelInfo, encoded: list, seq_len: int, name: str) -> None:
     """UsageError when the random sequence does not fit the context or a prompt has fewer than 2 tokens."""
-    n_ctx = getattr(config, "max_position_embeddings", None)
-    extra = 0 if _causal(config) else 2  # an encoder's [CLS] ... [SEP]
-    if n_ctx and 2 * seq_len + extra > int(n_ctx):
+    n_ctx = info.n_ctx
+    extra = 0 if info.is_causal else 2  # an encoder's [CLS] ... [SEP]
+    if n_ctx and 2 * seq_len + extra > n_ctx:
         raise PromptTooLong(f"--seq-len {seq_len} makes a random sequence of {2 * seq_len + extra} tokens; {name} "
-                            f"takes at most {n_ctx} (use --seq-len {(int(n_ctx) - extra) // 2} or less)")
+                            f"takes at most {n_ctx} (use --seq-len {(n_ctx - extra) // 2} or less)")
     for i, enc in enumerate(encoded, start=1):
         if len(enc) < 2:
             which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
             raise UsageError(f"{which} is {len(enc)} token: heads measures queries 1..n-1 and needs at least 2")
-
-
-def _causal(config: Any) -> bool:
-    from anatomy_cli.models.adapters import for_config
-
-    return for_config(config).causal
 
 
 def _report(lm, enc, result) -> Report:

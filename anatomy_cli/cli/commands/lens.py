@@ -9,35 +9,24 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
     BatchSizeOpt,
-    BosOpt,
     PromptArg,
-    TruncateOpt,
     describe,
     emit_prompts,
-    load_prompts,
+    load_weights,
     model_label,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FirstTokenOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -72,6 +61,8 @@ STAT_NOTE = {"prob": "number = its probability", "logprob": "number = its natura
 
 
 @app.command("lens")
+@model_options()
+@prompt_options()
 def lens_command(
     prompt: PromptArg,
     stat: Annotated[Stat, typer.Option("--stat", "-s", case_sensitive=False,
@@ -88,17 +79,8 @@ def lens_command(
     k: Annotated[Optional[int], typer.Option(
         "--top", "-k", "--k", min=1, metavar="N", show_default=False,
         help="The N most probable tokens per cell (JSON 'top'; the table lists them in the cell).")] = None,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -125,17 +107,11 @@ def lens_command(
     if layers is not None and stride is not None:
         raise UsageError("--layers and --stride both thin the rows: give one of them")
     chosen = _parse_layers(layers) if layers is not None else None
-    found: dict[str, Any] = {}
-
-    def check(pre) -> None:
-        rows = _rows(pre.n_layers, chosen, stride)
-        found["rows"] = rows
-        if wanted is not None:
-            found["target"] = targets.resolve(pre.tokenizer, wanted, model=pre.name,
-                                              vocab_size=getattr(pre.config, "vocab_size", None))
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    opened, encoded = open_prompts(prompt, spec, prompts)
+    rows = _rows(opened.info.n_layers, chosen, stride)
+    target_token = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
+                                                               vocab_size=opened.info.lm_head_rows)
+    lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis
@@ -151,8 +127,8 @@ def lens_command(
     reports = []
     for enc, cache in zip(encoded, caches):
         grid = analysis.lens_grid(cache.residual_stream(), lambda h: engine.unembed(lm, h), describe=name_token,
-                                  positions=cache.positions, k=k_run, target_id=found.get("target"))
-        grid = grid.select(found["rows"])
+                                  positions=cache.positions, k=k_run, target_id=target_token)
+        grid = grid.select(rows)
         reports.append(_report(lm, enc, grid.keep_top(k) if k_run != k else grid, stat.value, as_grid))
         if plot:
             cap = plots.Caption.of("lens", lm, enc.text, f"--stat {stat.value}")

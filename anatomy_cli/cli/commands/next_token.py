@@ -8,34 +8,23 @@ import typer
 
 from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
     BatchSizeOpt,
-    BosOpt,
     PromptArg,
-    TruncateOpt,
     describe,
     emit_prompts,
-    load_prompts,
+    load_weights,
     model_label,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FirstTokenOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -53,6 +42,8 @@ COLUMNS = (
 
 
 @app.command("next")
+@model_options()
+@prompt_options()
 def next_command(
     prompt: PromptArg,
     k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
@@ -60,17 +51,8 @@ def next_command(
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
     fmt: FormatOpt = None,
 ) -> None:
@@ -90,25 +72,19 @@ def next_command(
     """
     wanted = targets.choice(target, target_id, first_token=first_token)  # fails before anything loads
     targets.check_first_token(first_token, wanted)
-    target_ids: list[int] = []
-
-    def check(pre) -> None:
-        # Before the weights load: the architecture and the target token need only config and tokenizer.
-        if not pre.adapter.causal:
-            raise UsageError(f"{model} is an encoder ({pre.adapter.name}), not a next-token predictor; "
-                             f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
-        if wanted is not None:
-            target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=model, vocab_size=pre.config.vocab_size)]
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    opened, encoded = open_prompts(prompt, spec, prompts)
+    if not opened.info.is_causal:  # before the weights: the architecture and the target need no weights
+        raise UsageError(f"{spec.model} is an encoder ({opened.adapter.name}), not a next-token predictor; "
+                         f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
+    target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
+                                                             vocab_size=opened.info.lm_head_rows)
+    lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import next_token as analysis
-    if not (lm.is_causal and lm.has_unembed):
+    if not lm.has_unembed:
         raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor; "
                          f"`next` needs a decoder-only model such as gpt2 (`trace` works with encoders)")
-    target_id = target_ids[0] if target_ids else None
     with status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
         caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)
     name_token = describe(lm)

@@ -10,27 +10,24 @@ import typer
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands import _attribution
 from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
-from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt, dtype_name, load_texts, model_label, prompt_line
+from anatomy_cli.cli.commands._common import (
+    dtype_name,
+    load_weights,
+    model_label,
+    open_texts,
+    prompt_line,
+)
 from anatomy_cli.cli.commands.ablate import _check_decoder, token_record
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -52,6 +49,8 @@ CELL_COLUMNS = (Column("layer", "layer", "int"), Column("position", "position", 
 
 
 @app.command("patch")
+@model_options()
+@prompt_options(truncate=False)
 def patch_command(
     clean: Annotated[str, typer.Argument(metavar="CLEAN", show_default=False,
                                          help="The prompt whose activations are copied in.")],
@@ -68,16 +67,8 @@ def patch_command(
         "block l.")] = PatchSite.resid_pre,
     method: MethodOpt = Method.exact,
     check_n: CheckOpt = 0,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Patched runs per forward pass (more: faster, more memory).")] = 32,
     plot: PlotOpt = None,
@@ -113,23 +104,19 @@ def patch_command(
     if wanted is None:
         raise UsageError("--target TEXT or --target-id N is required: the token whose logit patching moves, "
                          "e.g. --target ' Paris'")
-    ids: dict[str, int | None] = {}
-
-    def check(pre) -> None:
-        _check_decoder(pre.name, pre.adapter.causal)
-        a, b = pre.encoded
-        if len(a) != len(b):
-            raise UsageError(f"CLEAN and CORRUPT must have the same number of tokens: CLEAN is {len(a)} "
-                             f"({' '.join(a.pieces)}), CORRUPT is {len(b)} ({' '.join(b.pieces)})")
-        vocab = getattr(pre.config, "vocab_size", None)
-        ids["target"] = targets.resolve(pre.tokenizer, wanted, model=pre.name, vocab_size=vocab)
-        ids["foil"] = targets.resolve(pre.tokenizer, unwanted, model=pre.name, vocab_size=vocab) if unwanted else None
-        if ids["foil"] == ids["target"]:
-            raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, (enc_clean, enc_corrupt) = load_texts([clean, corrupt], spec, PromptOptions(bos, allow_special),
-                                              check=check, truncate_hint=False)
+    opened, (enc_clean, enc_corrupt) = open_texts([clean, corrupt], spec, prompts, truncate_hint=False)
+    _check_decoder(spec.model, opened.info.is_causal)
+    if len(enc_clean) != len(enc_corrupt):
+        raise UsageError(f"CLEAN and CORRUPT must have the same number of tokens: CLEAN is {len(enc_clean)} "
+                         f"({' '.join(enc_clean.pieces)}), CORRUPT is {len(enc_corrupt)} "
+                         f"({' '.join(enc_corrupt.pieces)})")
+    vocab = opened.info.lm_head_rows
+    ids: dict[str, int | None] = {
+        "target": targets.resolve(opened.tokenizer, wanted, model=spec.model, vocab_size=vocab),
+        "foil": targets.resolve(opened.tokenizer, unwanted, model=spec.model, vocab_size=vocab) if unwanted else None}
+    if ids["foil"] == ids["target"]:
+        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+    lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions

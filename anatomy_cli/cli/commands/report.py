@@ -9,21 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app, status
-from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt, TruncateOpt, dtype_name, load_texts, model_label
-from anatomy_cli.cli.commands._report_run import SECTIONS
-from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
-    TrustRemoteCodeOpt,
+from anatomy_cli.cli.commands._common import (
+    dtype_name,
+    load_weights,
+    model_label,
+    open_texts,
 )
+from anatomy_cli.cli.commands._report_run import SECTIONS
+from anatomy_cli.cli.options import model_options, prompt_options
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
@@ -40,6 +33,8 @@ def _output(value: Path) -> Path:
 
 
 @app.command("report")
+@model_options()
+@prompt_options()
 def report_command(
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", show_default=False, help="The prompt text.")],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.html", callback=_output,
@@ -47,17 +42,8 @@ def report_command(
     sections: Annotated[Optional[str], typer.Option(
         "--sections", metavar="NAME,...", show_default=False,
         help=f"Only these sections, in the page's order: {', '.join(SECTIONS)}. Default: all.")] = None,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
 ) -> None:
     """The anatomy of one prompt as one interactive HTML page, in the order of the GPT-2 article.
 
@@ -78,11 +64,11 @@ def report_command(
     from anatomy_cli.output.html import report as page
 
     chosen = _sections(sections)
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, (enc,) = load_texts([prompt], spec, PromptOptions(bos, allow_special, truncate))
+    opened, (enc,) = open_texts([prompt], spec, prompts)
+    lm = load_weights(opened)
     with status("running the analyses"):
-        an = report_run.analyse(lm, enc, set(chosen), model=model)
-    html = page.page(an, chosen, title=f"anatomy · {model_label(lm)}", facts=_facts(lm, enc, an, bos),
+        an = report_run.analyse(lm, enc, set(chosen), model=spec.model)
+    html = page.page(an, chosen, title=f"anatomy · {model_label(lm)}", facts=_facts(lm, enc, an, prompts.bos),
                      params_note="parameter table unavailable for this model").render()
     if str(output) == "-":
         sys.stdout.write(html)

@@ -8,8 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import AllowSpecialOpt, BosOpt
-from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import AllowSpecialOpt, BosOpt, FormatOpt
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column, Report, Section, emit
 

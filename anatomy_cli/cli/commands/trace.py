@@ -8,35 +8,24 @@ import typer
 
 from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import (
-    AllowSpecialOpt,
     BatchSizeOpt,
-    BosOpt,
     PromptArg,
-    TruncateOpt,
     describe,
     emit_prompts,
-    load_prompts,
+    load_weights,
     model_label,
+    open_prompts,
     prompt_line,
     prompt_record,
 )
 from anatomy_cli.cli.options import (
-    Device,
-    DeviceMapOpt,
-    DeviceOpt,
-    DType,
-    DTypeOpt,
     FirstTokenOpt,
     FormatOpt,
-    Init,
-    InitOpt,
-    MaxMemoryOpt,
-    ModelOpt,
-    OffloadFolderOpt,
     PlotOpt,
     TargetIdOpt,
     TargetOpt,
-    TrustRemoteCodeOpt,
+    model_options,
+    prompt_options,
 )
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -71,6 +60,8 @@ LAYERS_NOTE = ("layer 0 = {embedding}; layer {L} = last block's output{final}; "
 
 
 @app.command("trace")
+@model_options()
+@prompt_options()
 def trace_command(
     prompt: PromptArg,
     position: Annotated[Optional[int], typer.Option(
@@ -82,17 +73,8 @@ def trace_command(
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = Device.auto,
-    dtype: DTypeOpt = DType.fp32,
-    init: InitOpt = Init.pretrained,
-    trust_remote_code: TrustRemoteCodeOpt = False,
-    device_map: DeviceMapOpt = None,
-    max_memory: MaxMemoryOpt = None,
-    offload_folder: OffloadFolderOpt = None,
-    bos: BosOpt = None,
-    allow_special: AllowSpecialOpt = False,
-    truncate: TruncateOpt = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
@@ -115,16 +97,11 @@ def trace_command(
     """
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
-    target_ids: list[int] = []
-
-    def check(pre) -> None:
-        _check_position(position, pre.encoded)
-        if wanted is not None:
-            target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=model,
-                                             vocab_size=getattr(pre.config, "vocab_size", None))]
-
-    spec = ModelSpec(model, device, dtype, init, trust_remote_code, device_map, max_memory, offload_folder)
-    lm, encoded = load_prompts(prompt, spec, PromptOptions(bos, allow_special, truncate), check=check)
+    opened, encoded = open_prompts(prompt, spec, prompts)
+    _check_position(position, encoded)
+    target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
+                                                             vocab_size=opened.info.lm_head_rows)
+    lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
     from anatomy_cli.analyses import trace as analysis
@@ -149,8 +126,8 @@ def trace_command(
             resid, attn_out=cache.stack("attn_out")[:, 0], mlp_out=cache.stack("mlp_out")[:, 0],
             lens_logits=engine.unembed(lm, resid) if lm.has_unembed else None,
             logits=cache.logits[0] if lm.has_unembed else None, k=k, describe=name_token,
-            target_id=target_ids[0] if target_ids else None)
-        target_info = {"token_id": target_ids[0], "token": name_token(target_ids[0])[0]} if target_ids else None
+            target_id=target_id)
+        target_info = {"token_id": target_id, "token": name_token(target_id)[0]} if target_id is not None else None
         reports.append(_report(lm, enc, cache.positions[0], result, target=target_info))
         if plot:
             detail = f"position {cache.positions[0]} = {enc.pieces[cache.positions[0]]}"
@@ -160,7 +137,7 @@ def trace_command(
 
 
 def _check_position(position: int | None, encoded) -> None:
-    # Runs before the weights load (load_prompts' check): a bad --position fails at once.
+    # Runs before the weights load: a bad --position fails at once.
     for i, enc in enumerate(encoded, start=1):
         if position is not None and not -len(enc) <= position < len(enc):
             which = f"prompt {i}" if len(encoded) > 1 else "the prompt"

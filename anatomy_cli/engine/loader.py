@@ -1,0 +1,59 @@
+"""Who opens models and loads their weights: a :class:`Loader`, chosen per thread.
+
+Commands open and load through :func:`current_loader`: :data:`DIRECT` (the files, every time) unless a
+caller hands another with :func:`using_loader`: ``anatomy serve`` hands its cache (the same two methods,
+models kept by file identity), and tests a caching loader. No monkeypatching: the choice is this thread's
+context. No torch at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Protocol
+
+from anatomy_cli.engine.opening import OpenedModel, open_model
+from anatomy_cli.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.model import LoadedModel
+
+
+class Loader(Protocol):
+    """Opens models and loads their weights: :data:`DIRECT`, or a server's cache."""
+
+    def open(self, spec: ModelSpec) -> OpenedModel: ...
+
+    def load_weights(self, opened: OpenedModel) -> LoadedModel: ...
+
+
+class DirectLoader:
+    """Reads the files every time."""
+
+    def open(self, spec: ModelSpec) -> OpenedModel:
+        return open_model(spec)
+
+    def load_weights(self, opened: OpenedModel) -> LoadedModel:
+        from anatomy_cli.engine.load import load_weights
+
+        return load_weights(opened)
+
+
+DIRECT = DirectLoader()
+_LOADER: ContextVar[Loader] = ContextVar("anatomy_loader", default=DIRECT)
+
+
+def current_loader() -> Loader:
+    """The loader commands open and load through (:data:`DIRECT` unless :func:`using_loader` says else)."""
+    return _LOADER.get()
+
+
+@contextmanager
+def using_loader(loader: Loader) -> Iterator[Loader]:
+    """Open and load through ``loader`` inside the block (this thread's context only)."""
+    token = _LOADER.set(loader)
+    try:
+        yield loader
+    finally:
+        _LOADER.reset(token)

@@ -1,0 +1,139 @@
+"""One description of a model, decided once: :class:`ModelInfo`, built from a config (and a tokenizer).
+
+Every fact about a model's shape that a command, the engine or a renderer needs (layers, widths, heads,
+context length, vocabulary, the BOS convention) is read here from the config, once, and nowhere else: the
+checks that run before the weights load (:func:`anatomy_cli.engine.open`), the loaded model
+(:class:`~anatomy_cli.engine.model.LoadedModel` holds its ``info``), ``corpus`` and ``heads`` all read this
+object. A multimodal config (Gemma 3's ``Gemma3ForConditionalGeneration``) keeps the decoder's sizes in its
+``text_config``: they are read from there. The config may be transformers' own or :class:`JsonConfig`
+(config.json read as JSON, no torch). No torch, no transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from anatomy_cli.models import adapters
+from anatomy_cli.models.adapters import Adapter
+
+# transformers' attribute_map for the architectures whose config.json uses other names.
+_ALIASES = {
+    "gpt2": {"num_hidden_layers": "n_layer", "max_position_embeddings": "n_positions", "hidden_size": "n_embd",
+             "num_attention_heads": "n_head"},
+    "gptj": {"num_hidden_layers": "n_layer", "max_position_embeddings": "n_positions", "hidden_size": "n_embd",
+             "num_attention_heads": "n_head"},
+}
+
+
+class JsonConfig:
+    """config.json's values as attributes (``config.model_type``, ``config.num_hidden_layers``), with the
+    architecture's own names mapped as transformers maps them (GPT-2's ``n_layer``). A key config.json
+    does not hold raises AttributeError (transformers' class default is not known here), so
+    ``getattr(config, key, None)`` is None. ``get_text_config()`` answers as transformers' does: the nested
+    ``text_config`` when there is one, else the config itself."""
+
+    def __init__(self, values: dict[str, Any]):
+        self.__dict__["_values"] = dict(values)
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__["_values"]
+        if name in values:
+            return values[name]
+        alias = _ALIASES.get(values.get("model_type"), {}).get(name)
+        if alias is not None and alias in values:
+            return values[alias]
+        raise AttributeError(name)
+
+    def get_text_config(self) -> JsonConfig:
+        nested = self.__dict__["_values"].get("text_config")
+        return JsonConfig(nested) if isinstance(nested, dict) else self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__["_values"])
+
+
+class TokenizerFacts(Protocol):
+    """What :class:`ModelInfo` reads from a tokenizer (:class:`anatomy_cli.text.tokenization.Tokenizer`)."""
+
+    @property
+    def add_bos(self) -> bool: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
+
+    def __len__(self) -> int: ...
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's own config: ``text_config`` of a multimodal config, else ``config``."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model's shape and conventions.
+
+    ``n_ctx``: the longest prompt the model takes, in tokens (None: no limit known): its position table minus
+    ``position_offset`` (RoBERTa numbers positions from ``pad_token_id + 1``, so its 514 rows take 512 tokens).
+    ``lm_head_rows``: the LM head's rows, the width of the logits (a padded head has more rows than the
+    tokenizer has tokens); ``tokenizer_vocab``: the tokenizer's tokens, special ones included.
+    ``add_bos``: the model's own BOS convention (its tokenizer's ``add_bos_token``; GGUF:
+    ``tokenizer.ggml.add_bos_token``); ``bos_id`` the BOS token (None: the tokenizer has none).
+    ``n_kv_heads``: key/value heads (grouped-query attention; ``n_heads`` without it).
+    ``logit_softcap``: Gemma 2's final soft-capping (None: none).
+    """
+
+    model_type: str
+    adapter: Adapter
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    n_ctx: int | None
+    position_offset: int
+    lm_head_rows: int
+    tokenizer_vocab: int
+    is_causal: bool
+    has_resid_mid: bool
+    add_bos: bool
+    bos_id: int | None
+    logit_softcap: float | None
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: TokenizerFacts | None = None) -> ModelInfo:
+        """Read the facts from ``config`` (transformers' or :class:`JsonConfig`) and ``tokenizer``.
+
+        Raises UnsupportedArchitecture (no adapter), AttributeError when the config lacks a size it must
+        have (a JsonConfig that leaves a class default out: the caller reads transformers' config instead).
+        """
+        adapter = adapters.for_config(config)
+        text = text_config(config)
+        d_model = int(text.hidden_size)
+        n_heads = int(getattr(text, "num_attention_heads", None) or text.n_head)
+        offset = int(text.pad_token_id) + 1 if adapter.positions_after_pad else 0
+        positions = getattr(text, "max_position_embeddings", None)
+        rows = int(text.vocab_size)
+        return cls(
+            model_type=str(config.model_type), adapter=adapter,
+            n_layers=int(text.num_hidden_layers), d_model=d_model, n_heads=n_heads,
+            n_kv_heads=int(getattr(text, "num_key_value_heads", None) or n_heads),
+            d_head=int(getattr(text, "head_dim", None) or d_model // n_heads),
+            n_ctx=int(positions) - offset if positions else None, position_offset=offset,
+            lm_head_rows=rows, tokenizer_vocab=len(tokenizer) if tokenizer is not None else rows,
+            is_causal=adapter.causal, has_resid_mid=adapters.has_resid_mid(adapter, text),
+            add_bos=bool(tokenizer.add_bos) if tokenizer is not None else False,
+            bos_id=tokenizer.bos_id if tokenizer is not None else None,
+            logit_softcap=float(getattr(text, "final_logit_softcapping", None) or 0) or None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (the adapter by its name)."""
+        return {"model_type": self.model_type, "family": self.adapter.name, "n_layers": self.n_layers,
+                "d_model": self.d_model, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                "d_head": self.d_head, "n_ctx": self.n_ctx, "position_offset": self.position_offset,
+                "lm_head_rows": self.lm_head_rows, "tokenizer_vocab": self.tokenizer_vocab,
+                "is_causal": self.is_causal, "has_resid_mid": self.has_resid_mid, "add_bos": self.add_bos,
+                "bos_id": self.bos_id, "logit_softcap": self.logit_softcap}
