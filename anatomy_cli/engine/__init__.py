@@ -17,8 +17,11 @@ Hook points (TransformerLens names). In a forward they are ``[batch, pos, d_mode
   head h is columns ``h * d_head : (h + 1) * d_head`` (TransformerLens keeps the heads on their own axis)
 * ``ln_final.hook_normalized`` the final norm's output (absent for BERT); ``logits``.
 
-Modules: ``model`` (LoadedModel), ``hooks`` (hook points, :func:`capture`), ``cache``,
-``run`` (encode, check_length, run), ``interventions`` (patching and ablation: :func:`run_edits`,
+Modules: ``model`` (LoadedModel), ``hooks`` (hook points; :func:`attach`, the one context manager that
+registers and removes hooks; :func:`capture`), ``cache``, ``forward`` (:func:`forward`, the one model call;
+``pad_batch``, the one padding), ``tensors`` (module values and tensors: ``first_tensor``, ``rowwise``, ...),
+``run`` (encode, check_length, run), ``decompose`` (the final residual's parts and the unembedding direction
+for direct logit attribution), ``interventions`` (patching and ablation: :func:`run_edits`,
 :func:`patch_grid`), ``gradients`` (gradients at hook points, attribution patching: only inside
 :func:`~anatomy_cli.engine.gradients.grad_mode`), ``token_attribution`` (Captum), ``lens`` (final norm, unembed),
 ``load`` (a :class:`ModelSpec` to a LoadedModel),
@@ -32,7 +35,8 @@ from __future__ import annotations
 
 from anatomy_cli.engine.attention import attention_patterns, eager_attention, encode_ids, ordinary_token_ids
 from anatomy_cli.engine.cache import Cache
-from anatomy_cli.engine.hooks import capture, hook_names, layer_names, residual_names
+from anatomy_cli.engine.forward import forward, pad_batch
+from anatomy_cli.engine.hooks import attach, attach_modules, capture, hook_names, layer_names, residual_names
 from anatomy_cli.engine.interventions import Edit, ablation_rows, patch_grid, run_edits
 from anatomy_cli.engine.lens import final_norm, unembed
 from anatomy_cli.engine.load import load, resolve_device
@@ -47,4 +51,5 @@ __all__ = [
     "attention_patterns", "eager_attention", "encode_ids", "ordinary_token_ids",
     "from_model", "hook_names", "layer_names", "load", "residual_names", "run", "unembed",
     "Edit", "ablation_rows", "patch_grid", "run_edits",
+    "attach", "attach_modules", "forward", "pad_batch",
 ]

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.hooks import _points
+from anatomy_cli.engine.hooks import build_points
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.models import adapters as _adapters
 from anatomy_cli.text.tokenization import Tokenizer
@@ -32,7 +32,7 @@ def from_model(model: Any, tokenizer: Any, *, name: str, untrained: bool = False
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer, add_special_tokens=not adapter.causal)
     has_mid = _adapters.has_resid_mid(adapter, config)
     has_unembed = bool(adapter.unembed) and model is not model.base_model and _has_module(model, adapter.unembed)
-    points = _points(model, adapter, has_mid, has_unembed)
+    points = build_points(model, adapter, has_mid, has_unembed)
     # RoBERTa numbers positions from pad_token_id + 1, so its table of 514 takes 512 tokens.
     offset = int(config.pad_token_id) + 1 if adapter.positions_after_pad else 0
     n_ctx = getattr(text, "max_position_embeddings", None)
