@@ -14,8 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from anatomy_cli.analyses.dla import FrozenNorm, freeze_norm, head_outputs
+from anatomy_cli.analyses.dla import FrozenNorm, freeze_norm
 from anatomy_cli.cli.main import app
+from anatomy_cli.engine.decompose import head_outputs
 from anatomy_cli.errors import AnatomyError
 
 runner = CliRunner()
@@ -218,6 +219,35 @@ def test_refusals_and_bad_input(tiny_model_dir):
     assert "sum of rows" in table.stdout
 
 
+@pytest.mark.usefixtures("cached_load")
+def test_dla_and_report_give_the_same_rows_through_one_function(tiny_model_dir, monkeypatch):
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import dla as analysis
+    from anatomy_cli.cli.commands import _report_run
+
+    calls = []
+    real = analysis.logit_attribution
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("by_head"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "logit_attribution", spy)
+    path = str(tiny_model_dir("gpt2"))
+    lm = engine.load(path, device="cpu")
+    (enc,) = engine.encode(lm, [PROMPT])
+    an = _report_run.analyse(lm, enc, {"dla", "next"}, model=path)
+    top = an.next.top[0].token_id
+    data = dla_json(path, "--target-id", str(top), "--by", "head")
+    assert calls == [True, True]  # report (by head where the model allows it), then dla --by head
+    reported = {r.component: r.contribution for r in an.dla.rows}
+    rows = {r["component"]: r["contribution"] for r in data["rows"]}
+    assert len(rows) == 1 + 1 + 2 * (4 + 1 + 1) + 1  # embed, pos_embed, per layer 4 heads + bias + mlp, bias
+    assert reported.keys() == rows.keys()
+    assert [reported[k] for k in rows] == pytest.approx(list(rows.values()), abs=1e-6)
+    assert an.dla.total == pytest.approx(data["total"], abs=1e-6) and an.dla.logit == pytest.approx(data["logit"])
+
+
 def test_soft_capped_logits_are_decomposed_before_the_cap_and_post_norm_heads_refused():
     import models
 
@@ -226,14 +256,14 @@ def test_soft_capped_logits_are_decomposed_before_the_cap_and_post_norm_heads_re
     from conftest import build_gpt2_tokenizer
 
     from anatomy_cli import engine
-    from anatomy_cli.cli.commands import dla as command
+    from anatomy_cli.analyses.dla import logit_attribution
+    from anatomy_cli.engine import decompose
 
     model = models.build_model("gemma2")
     lm = engine.from_model(model, build_gpt2_tokenizer(), name="gemma2")
     enc = engine.encode(lm, [PROMPT])
-    cache = engine.run(lm, enc, command._names(lm, command.By.layer), positions=[[-1]])[0]
-    direction, bias = command._unembedding(lm, 881, None)
-    result = command._attribute(lm, cache, command.By.layer, direction, bias, 881, None)
+    cache = engine.run(lm, enc, decompose.names(lm), positions=[[-1]])[0]
+    result = logit_attribution(lm, cache, 881)
     with torch.no_grad():
         hidden = model.model(torch.tensor([IDS])).last_hidden_state[0, -1]
         raw = float(model.lm_head(hidden)[881])                     # before final_logit_softcapping
@@ -241,6 +271,6 @@ def test_soft_capped_logits_are_decomposed_before_the_cap_and_post_norm_heads_re
     cap = model.config.final_logit_softcapping
     assert capped == pytest.approx(cap * float(torch.tanh(torch.tensor(raw / cap))), rel=1e-5)
     assert result.logit == pytest.approx(raw, rel=1e-5) and result.total == pytest.approx(raw, rel=1e-4)
-    heads = engine.run(lm, enc, command._names(lm, command.By.head), positions=[[-1]])[0]
+    heads = engine.run(lm, enc, decompose.names(lm, by_head=True), positions=[[-1]])[0]
     with pytest.raises(AnatomyError, match="not the sum of its heads"):
-        command._attribute(lm, heads, command.By.head, direction, bias, 881, None)
+        logit_attribution(lm, heads, 881, by_head=True)

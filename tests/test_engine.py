@@ -211,7 +211,7 @@ def test_cache_access(full_runs):
 
 
 def test_first_tensor_handles_tensor_and_tuple():
-    from anatomy_cli.engine.hooks import _first_tensor
+    from anatomy_cli.engine.tensors import first_tensor as _first_tensor
 
     batch = torch.randn(3, 4, 5)
     assert _first_tensor(batch) is batch  # a block's plain tensor: not batch item 0
@@ -222,7 +222,7 @@ def test_first_tensor_handles_tensor_and_tuple():
 
 
 def test_rowwise_padding_keeps_rows_and_shapes(tiny_lm):
-    from anatomy_cli.engine.lens import _rowwise
+    from anatomy_cli.engine.tensors import rowwise as _rowwise
 
     # _rowwise pads 4-15 rows to 16 on the CPU (a faster BLAS path); results must not change.
     lm = tiny_lm("gpt2")
@@ -274,6 +274,40 @@ def test_no_hooks_remain_after_run_or_exception(tiny_lm, monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         engine.run(lm, enc, engine.hook_names(lm))
     assert _hook_count(lm.model) == before
+
+
+def test_attach_removes_every_hook_after_an_exception():
+    # engine.attach (hook points by name) and attach_modules (any module) register in one place and remove
+    # every handle in `finally`: a raise inside the block leaves no hook on any module. A model of its own:
+    # transformers keeps hooks of its own on a model once output_hidden_states has been asked for.
+    from conftest import build_gpt2_tokenizer
+
+    lm = engine.from_model(models.build_model("gpt2"), build_gpt2_tokenizer(), name="gpt2")
+    enc = engine.encode(lm, [PROMPT])[0]
+    ids = torch.tensor([enc.ids])
+    seen = []
+    hooks = [("blocks.0.hook_resid_post", lambda t: t + 1.0),           # two on one point, in order:
+             ("blocks.0.hook_resid_post", lambda t: seen.append(t.clone())),   # the second sees the first's
+             ("blocks.1.hook_resid_pre", lambda t: seen.append(t.clone())),
+             ("blocks.1.attn.hook_z", lambda t: None)]                  # an input-side point
+    attn = lm.model.base_model.get_submodule(lm.adapter.blocks)[1].get_submodule(lm.adapter.attn[0])
+    raw = []
+    with pytest.raises(RuntimeError, match="inside the block"):
+        with engine.attach(lm, hooks), engine.attach_modules([(attn, "output", raw.append)], raw=True):
+            assert _hook_count(lm.model) == 5
+            with torch.no_grad():
+                engine.forward(lm, ids)
+            raise RuntimeError("raised inside the block")
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in lm.model.modules())
+    with pytest.raises(UsageError, match="no hook point"):
+        with engine.attach(lm, {"blocks.0.hook_nothing": lambda t: None}):
+            pass
+    assert _hook_count(lm.model) == 0
+    assert isinstance(raw[0], tuple)                    # attach_modules(raw=True): the module's whole output
+    with torch.no_grad():  # (transformers installs hooks of its own for output_hidden_states: last)
+        plain = lm.model(ids, output_hidden_states=True).hidden_states[1][0]
+    assert_close(seen[0][0], plain + 1.0, **TOL)        # block 0's output, replaced
+    assert_close(seen[1][0], plain + 1.0, **TOL)        # what block 1 then read
 
 
 def test_inference_mode_and_no_grad(full_runs):

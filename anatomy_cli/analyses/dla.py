@@ -15,7 +15,9 @@ up to ``logit_t - logit_f``. Per head: head h's contribution is its slice of the
 projection's input through that projection, ``z[h] @ W_O[:, h]^T``; the projection's bias is a row
 of its own.
 
-Pure functions over captured tensors and weights; float64 on the CPU.
+The parts come from :mod:`anatomy_cli.engine.decompose` (the residual decomposition, the unembedding
+direction); :func:`logit_attribution` is the one call of ``dla`` and ``report``. The rest are pure functions
+over tensors; float64 on the CPU.
 """
 
 from __future__ import annotations
@@ -27,10 +29,8 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.engine.decompose import SUM_TOLERANCE, Component, check_sum, head_outputs  # noqa: F401
 from anatomy_cli.errors import AnatomyError
-
-# The residual stream and the heads must add up to this relative precision (fp32 rounding is ~1e-6).
-SUM_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -85,19 +85,6 @@ def freeze_norm(norm: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor) -
 
 
 @dataclass(frozen=True)
-class Component:
-    """One row's name: ``embed``, ``pos_embed``, ``L3.attn``, ``L3.mlp``, ``L3.H5``, ``L3.attn_bias``, ``bias``.
-
-    ``layer`` is the block index (``blocks.{layer}.*``, 0-based), None for the embeddings and
-    the final bias; ``head`` the head index for a head row.
-    """
-
-    name: str
-    layer: int | None = None
-    head: int | None = None
-
-
-@dataclass(frozen=True)
 class Row:
     component: str
     layer: int | None
@@ -125,6 +112,13 @@ class Attribution:
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [r.to_dict() for r in self.rows], "total": self.total, "logit": self.logit,
                 "norm_scale": self.norm_scale, "centred": self.centred, "other_rows": self.other_rows}
+
+    def mismatch(self) -> str | None:
+        """A warning when the rows and the model's logit are more than 1e-4 (relative) apart, else None."""
+        if abs(self.total - self.logit) > 1e-4 * max(abs(self.logit), 1.0):
+            return (f"the rows add up to {self.total:.6g}, the model's logit is {self.logit:.6g}: "
+                    "more than 1e-4 apart")
+        return None
 
     def select(self, top: int | None = None, sort: str = "model") -> Attribution:
         """The rows in ``sort`` order, only the ``top`` largest by |contribution| plus one ``other`` row.
@@ -154,34 +148,6 @@ class Attribution:
                            centred=self.centred, other_rows=len(rest))
 
 
-def head_outputs(z: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor],
-                 n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each head's output: the attention output projection applied to that head's slice of its input.
-
-    ``z``: float [n_heads * d_head], the projection's input at one position (``attn.hook_z``);
-    ``project``: the projection (``[n, n_heads * d_head] -> [n, d_model]``, e.g. the ``o_proj``
-    module; any layout of its weight, GPT-2's Conv1D included). Returns ``(heads, bias)``: float64
-    [n_heads, d_model], each head's slice alone through the projection minus its bias, and float64
-    [d_model], the projection of zeros (its bias). ``heads.sum(0) + bias`` is the projection of z.
-    """
-    d_head = z.shape[-1] // n_heads
-    rows = z.new_zeros(n_heads + 1, z.shape[-1])
-    for h in range(n_heads):
-        rows[h, h * d_head:(h + 1) * d_head] = z[h * d_head:(h + 1) * d_head]
-    with torch.inference_mode():
-        out = project(rows)
-    out = (out[0] if isinstance(out, tuple) else out).to("cpu", torch.float64)
-    return out[:-1] - out[-1], out[-1]
-
-
-def check_sum(parts: torch.Tensor, whole: torch.Tensor, what: str) -> None:
-    """Raise AnatomyError unless ``parts [n, d]`` add up to ``whole [d]`` within :data:`SUM_TOLERANCE`."""
-    diff = float((parts.to(torch.float64).sum(0) - whole.to(torch.float64)).norm())
-    if diff > SUM_TOLERANCE * max(float(whole.to(torch.float64).norm()), 1e-12):
-        raise AnatomyError(f"{what} (relative difference {diff / float(whole.norm()):.1e}); "
-                           "direct logit attribution needs that sum")
-
-
 def attribute(components: torch.Tensor, names: Sequence[Component], *, norm: FrozenNorm,
               direction: torch.Tensor, head_bias: float, logit: float) -> Attribution:
     """Each component's contribution to ``direction . norm(sum of components) + head_bias``.
@@ -205,3 +171,25 @@ def attribute(components: torch.Tensor, names: Sequence[Component], *, norm: Fro
     rows = tuple(Row(n.name, n.layer, n.head, v) for n, v in zip(names, values)) + (Row("bias", None, None, bias),)
     return Attribution(rows=rows, total=math.fsum(values + [bias]), logit=float(logit), norm_scale=norm.scale,
                        centred=norm.centred)
+
+
+def logit_attribution(lm: Any, cache: Any, target: int, foil: int | None = None, *, by_head: bool = False,
+                      row: int = 0, unembedding: tuple[torch.Tensor, float] | None = None) -> Attribution:
+    """Direct logit attribution of ``target`` (minus ``foil``) at the cache's kept position ``row``.
+
+    ``lm``: a LoadedModel; ``cache``: an engine Cache with :func:`anatomy_cli.engine.decompose.names`
+    (``by_head``: one row per head instead of per attention layer). ``unembedding``: the
+    :func:`~anatomy_cli.engine.decompose.unembedding_direction` of target and foil when already computed
+    (several prompts). The final norm is frozen at the final residual; ``logit`` is the model's own head
+    output there before any soft-capping. Raises AnatomyError when the parts do not add up or the head or
+    the final norm is not of the linear form the attribution needs.
+    """
+    from anatomy_cli.engine import decompose, final_norm, unembed
+
+    parts = decompose.decompose_resid(lm, cache, by_head=by_head, row=row)
+    direction, head_bias = unembedding or decompose.unembedding_direction(lm, target, foil)
+    norm = freeze_norm(lambda h: final_norm(lm, h), parts.final)
+    logit = unembed(lm, parts.final[None], softcap=False)[0]
+    own = float(logit[target]) - (float(logit[foil]) if foil is not None else 0.0)
+    return attribute(parts.components, parts.names, norm=norm, direction=direction, head_bias=head_bias, logit=own)
+

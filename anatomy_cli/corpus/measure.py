@@ -46,7 +46,7 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
     with torch.inference_mode(), engine.capture(lm, names) as store:
         # Windows of one batch have one length: no padding, so no mask and default positions (causal LMs only),
         # which keeps sdpa on its causal fast path.
-        lm.model.base_model(input_ids=ids, use_cache=False)
+        engine.forward(lm, ids)
     resid = [store[n] for n in engine.residual_names(lm)]
     rows = lm.n_layers + 1
     layer = {m: np.zeros((rows, b)) for m in ("resid_norm", "cos_to_embedding", "attn_out_norm", "mlp_out_norm")}

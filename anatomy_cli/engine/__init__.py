@@ -17,8 +17,11 @@ Hook points (TransformerLens names). In a forward they are ``[batch, pos, d_mode
   head h is columns ``h * d_head : (h + 1) * d_head`` (TransformerLens keeps the heads on their own axis)
 * ``ln_final.hook_normalized`` the final norm's output (absent for BERT); ``logits``.
 
-Modules: ``model`` (LoadedModel), ``hooks`` (hook points, :func:`capture`), ``cache``,
-``run`` (encode, check_length, run), ``interventions`` (patching and ablation: :func:`run_edits`,
+Modules: ``model`` (LoadedModel), ``hooks`` (hook points; :func:`attach`, the one context manager that
+registers and removes hooks; :func:`capture`), ``cache``, ``forward`` (:func:`forward`, the one model call;
+``pad_batch``, the one padding), ``tensors`` (module values and tensors: ``first_tensor``, ``rowwise``, ...),
+``run`` (encode, check_length, run), ``decompose`` (the final residual's parts and the unembedding direction
+for direct logit attribution), ``interventions`` (patching and ablation: :func:`run_edits`,
 :func:`patch_grid`), ``gradients`` (gradients at hook points, attribution patching: only inside
 :func:`~anatomy_cli.engine.gradients.grad_mode`), ``token_attribution`` (Captum), ``lens`` (final norm, unembed),
 ``opening`` (a :class:`ModelSpec` to an OpenedModel: config, tokenizer, ModelInfo), ``loader`` (who opens),
@@ -41,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "attention": ("attention_patterns", "eager_attention", "encode_ids", "ordinary_token_ids"),
     "cache": ("Cache",),
-    "hooks": ("capture", "hook_names", "layer_names", "residual_names"),
+    "forward": ("forward", "pad_batch"),
+    "hooks": ("attach", "attach_modules", "capture", "hook_names", "layer_names", "residual_names"),
     "interventions": ("Edit", "ablation_rows", "patch_grid", "run_edits"),
     "lens": ("final_norm", "unembed"),
     "load": ("load", "load_weights", "resolve_device"),
@@ -64,6 +68,8 @@ __all__ = [  # the public names (_EXPORTS and _TEXT)
     "OpenedModel",
     "Tokenizer",
     "ablation_rows",
+    "attach",
+    "attach_modules",
     "attention_patterns",
     "capture",
     "check_length",
@@ -72,6 +78,7 @@ __all__ = [  # the public names (_EXPORTS and _TEXT)
     "encode",
     "encode_ids",
     "final_norm",
+    "forward",
     "from_model",
     "hook_names",
     "layer_names",
@@ -79,6 +86,7 @@ __all__ = [  # the public names (_EXPORTS and _TEXT)
     "load_weights",
     "open_model",
     "ordinary_token_ids",
+    "pad_batch",
     "patch_grid",
     "residual_names",
     "resolve_device",
@@ -118,7 +126,8 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from anatomy_cli.engine.attention import attention_patterns, eager_attention, encode_ids, ordinary_token_ids
     from anatomy_cli.engine.cache import Cache
-    from anatomy_cli.engine.hooks import capture, hook_names, layer_names, residual_names
+    from anatomy_cli.engine.forward import forward, pad_batch
+    from anatomy_cli.engine.hooks import attach, attach_modules, capture, hook_names, layer_names, residual_names
     from anatomy_cli.engine.interventions import Edit, ablation_rows, patch_grid, run_edits
     from anatomy_cli.engine.lens import final_norm, unembed
     from anatomy_cli.engine.load import load, load_weights, resolve_device

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 import torch
 
+from anatomy_cli.engine.forward import pad_batch, run_batch
+from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.text.tokenization import Encoded
@@ -90,7 +92,7 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
     kept: list[dict[int, torch.Tensor]] = [{} for _ in encoded]
     chunk: list[int] = []
 
-    def hook(_module, _args, output, layer):
+    def hook(output, layer: int) -> None:
         weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
         if not isinstance(weights, torch.Tensor) or weights.dim() != 4:
             raise AnatomyError(f"{lm.name}'s attention (layer {layer}) returned no attention weights under eager "
@@ -100,20 +102,12 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
             kept[i][layer] = keep(i, layer, weights[row, :, :n, :n].float()).detach().to("cpu", copy=True)
 
     lm.model.eval()
-    handles = []
-    try:
-        for layer in layers:
-            handles.append(attention_module(lm, layer).register_forward_hook(
-                lambda mod, args, out, layer=layer: hook(mod, args, out, layer)))
-        with eager_attention(lm), torch.inference_mode():
-            for batch in batches([len(e) for e in encoded], batch_size):
-                chunk[:] = batch
-                ids, mask, pos = _batch(lm, [encoded[i] for i in chunk])
-                kwargs = {"use_cache": False} if lm.is_causal else {}
-                lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    hooks = [(attention_module(lm, layer), "output", lambda out, layer=layer: hook(out, layer)) for layer in layers]
+    # The attention modules are no hook points: their whole output (raw), weights included, is what is read.
+    with attach_modules(hooks, raw=True), eager_attention(lm), torch.inference_mode():
+        for batch in batches([len(e) for e in encoded], batch_size):
+            chunk[:] = batch
+            run_batch(lm, pad_batch(lm, [encoded[i].ids for i in chunk]))
     return [torch.stack([kept[i][layer] for layer in layers]) for i in range(len(encoded))]
 
 
@@ -129,19 +123,6 @@ def batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
         else:
             out.append([i])
     return out
-
-
-def _batch(lm: LoadedModel, encs: list[Encoded]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``position_ids``, each ``[batch, width]``."""
-    width = max(len(e) for e in encs)
-    ids = torch.full((len(encs), width), lm.tokenizer.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(encs), width), dtype=torch.long)
-    for row, enc in enumerate(encs):
-        ids[row, :len(enc)] = torch.tensor(enc.ids)
-        mask[row, :len(enc)] = 1
-    # RoBERTa's positions start after its padding index, as in engine.run.
-    pos = (torch.arange(width) + getattr(lm, "position_offset", 0)).expand(len(encs), -1)
-    return ids.to(lm.device), mask.to(lm.device), pos.to(lm.device)
 
 
 def ordinary_token_ids(lm: LoadedModel) -> list[int]:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anatomy_cli.engine.hooks import _check_names, _first_tensor
-from anatomy_cli.engine.interventions import SITES, Edit, _replace_first, _with_hidden, run_edits
-from anatomy_cli.engine.lens import _rowwise
+from anatomy_cli.engine.forward import head_logits, pad_batch, run_batch
+from anatomy_cli.engine.hooks import attach, check_names
+from anatomy_cli.engine.interventions import SITES, Edit, run_edits
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
 
@@ -79,7 +79,7 @@ def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], 
     """
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read logits from")
-    names = _check_names(lm, names)
+    names = check_names(lm, names)
     n = len(ids)
     if n == 0:
         raise UsageError("empty prompt")
@@ -101,34 +101,15 @@ def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], 
         acts[name] = t.detach().reshape(len(batch), n, t.shape[-1]).to(lm.device, torch.float32)  # [rows, pos, d]
         return t + delta
 
-    handles = []
-    input_ids = torch.tensor(batch, dtype=torch.long, device=lm.device)
+    padded = pad_batch(lm, batch)                                      # equal lengths: no padding
     lm.model.eval()
-    try:
-        with grad_mode(lm):
-            for name in names:
-                module, side = lm.points[name]
-                if side == "input":
-                    def pre_hook(_mod, args, kwargs, name=name):
-                        return _with_hidden(args, kwargs, lambda t: tap(name, t))
-                    handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-                else:
-                    def hook(_mod, _args, output, name=name):
-                        return _replace_first(output, tap(name, _first_tensor(output)))
-                    handles.append(module.register_forward_hook(hook))
-            kwargs = {"use_cache": False} if lm.is_causal else {}
-            positions = torch.arange(n, device=lm.device)[None].expand(len(batch), n)
-            out = lm.model.base_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                      position_ids=positions, **kwargs)
-            hidden = _first_tensor(out)[:, pos]                        # [rows, d_model]
-            m = metric(lm.cap_logits(_rowwise(lm.points["logits"][0], hidden)).to(lm.device))
-            wrt = [deltas[name] for name in names]
-            grads = torch.autograd.grad(m[row], wrt, allow_unused=True)
-            values = [float(v) for v in m.detach()]
-            del out, hidden, m
-    finally:
-        for handle in handles:
-            handle.remove()
+    with grad_mode(lm), attach(lm, [(name, lambda t, name=name: tap(name, t)) for name in names]):
+        hidden = run_batch(lm, padded)[:, pos]                         # [rows, d_model]
+        m = metric(head_logits(lm, hidden))
+        wrt = [deltas[name] for name in names]
+        grads = torch.autograd.grad(m[row], wrt, allow_unused=True)
+        values = [float(v) for v in m.detach()]
+        del hidden, m
     # A point with no path to the metric (allow_unused) has gradient 0.
     grad = {name: (torch.zeros_like(deltas[name]) if g is None else g).detach()
             .reshape(len(batch), n, -1)[row].to(lm.device, torch.float32) for name, g in zip(names, grads)}

@@ -1,19 +1,26 @@
 """Hook points and the one context manager that registers (and always removes) hooks.
 
-See the package docstring for the names and shapes.
+Every hook the engine puts on a model goes through :func:`attach_modules` (hook points by name:
+:func:`attach`; activations kept: :func:`capture`), which removes them all in ``finally``, also when the
+forward raises. See the package docstring for the names and shapes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.engine.tensors import first_tensor, optional_module, replace_first
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.adapters import Adapter, Tap
+
+Side = Literal["input", "output"]
+# A hook's function: the activation [batch, pos, width] in, None (leave it) or its replacement out.
+HookFn = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 
 def hook_names(lm: LoadedModel) -> list[str]:
@@ -29,11 +36,12 @@ def residual_names(lm: LoadedModel) -> list[str]:
 def layer_names(lm: LoadedModel, kind: str) -> list[str]:
     """``blocks.{l}.hook_{kind}`` for every layer. Raises UsageError if ``lm`` has no such point."""
     names = [f"blocks.{layer}.hook_{kind}" for layer in range(lm.n_layers)]
-    _check_names(lm, names)
+    check_names(lm, names)
     return names
 
 
-def _check_names(lm: LoadedModel, names: Iterable[str]) -> list[str]:
+def check_names(lm: LoadedModel, names: Iterable[str]) -> list[str]:
+    """``names`` without repeats, in order. Raises UsageError for a name ``lm`` has no hook point for."""
     names = list(dict.fromkeys(names))
     for name in names:
         if name not in lm.points:
@@ -43,20 +51,10 @@ def _check_names(lm: LoadedModel, names: Iterable[str]) -> list[str]:
     return names
 
 
-def _optional(root: Any, path: str | None) -> Any:
-    """The module at ``path`` under ``root``, or None when the path is unset or the model leaves it out
-    (OPT's ``project_in`` is None unless the embedding width differs from d_model)."""
-    if not path:
-        return None
-    try:
-        return root.get_submodule(path)
-    except AttributeError:
-        return None
-
-
-def _points(model: Any, adapter: Adapter, has_mid: bool, has_unembed: bool) -> dict[str, tuple[Any, str]]:
+def build_points(model: Any, adapter: Adapter, has_mid: bool, has_unembed: bool) -> dict[str, tuple[Any, str]]:
+    """``{hook point name: (module, "input" | "output")}`` of a built model, in forward order (``lm.points``)."""
     base = model.base_model
-    embed = _optional(base, adapter.embed_proj) or base.get_submodule(adapter.embed)
+    embed = optional_module(base, adapter.embed_proj) or base.get_submodule(adapter.embed)
     points: dict[str, tuple[Any, str]] = {"hook_embed": (embed, "output")}
     if adapter.pos_embed:
         points["hook_pos_embed"] = (base.get_submodule(adapter.pos_embed), "output")
@@ -69,7 +67,7 @@ def _points(model: Any, adapter: Adapter, has_mid: bool, has_unembed: bool) -> d
             points[p + "hook_resid_mid"] = (block.get_submodule(adapter.resid_mid.module), adapter.resid_mid.side)
         points[p + "hook_mlp_out"] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)
         points[p + "hook_resid_post"] = (block, "output")
-    final = _optional(base, adapter.final_norm)
+    final = optional_module(base, adapter.final_norm)
     if final is not None:
         points["ln_final.hook_normalized"] = (final, "output")
     if has_unembed:
@@ -95,20 +93,66 @@ def _tap(lm: LoadedModel, name: str) -> Tap | None:
     return None
 
 
-def _first_tensor(value: Any) -> torch.Tensor:
-    """The activation in a module's input or output.
+@contextmanager
+def attach_modules(hooks: Iterable[tuple[torch.nn.Module, Side, HookFn]], *, raw: bool = False) -> Iterator[None]:
+    """Register ``(module, side, fn)`` hooks for the block; every one is removed on exit, also when it raises.
 
-    A plain tensor is the activation itself (a GPT-2 block returns ``[batch, pos, d]``:
-    indexing it with ``[0]`` would pick batch item 0); a tuple/list (attention modules
-    return ``(output, weights)``) or a ModelOutput holds it first.
+    ``side`` ``"input"``: a forward pre-hook (with kwargs) on the module's first argument (or its
+    ``hidden_states`` keyword); ``"output"``: a forward hook on what it returns. ``fn`` gets the activation
+    (:func:`~anatomy_cli.engine.tensors.first_tensor`; with ``raw``, the module's whole value, e.g. an
+    attention module's ``(output, weights)``) and returns None or what replaces it. Hooks of one module run in
+    the order given. The one place the engine registers and removes hooks.
     """
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
-        return value[0]
-    raise AnatomyError(f"cannot find the activation in a module value of type {type(value).__name__}")
+    handles = []
+    try:
+        for module, side, fn in hooks:
+            if side == "input":
+                handles.append(module.register_forward_pre_hook(_pre_hook(fn, raw), with_kwargs=True))
+            elif side == "output":
+                handles.append(module.register_forward_hook(_post_hook(fn, raw)))
+            else:
+                raise ValueError(f"side must be 'input' or 'output', got {side!r}")
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _pre_hook(fn: HookFn, raw: bool):
+    def hook(_mod, args, kwargs):
+        value = args[0] if args else kwargs["hidden_states"]
+        new = fn(value if raw else first_tensor(value))
+        if new is None:
+            return None
+        if not raw:
+            new = replace_first(value, new)
+        if args:
+            return (new, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": new}
+    return hook
+
+
+def _post_hook(fn: HookFn, raw: bool):
+    def hook(_mod, _args, output):
+        new = fn(output if raw else first_tensor(output))
+        if new is None or raw:
+            return new
+        return replace_first(output, new)
+    return hook
+
+
+@contextmanager
+def attach(lm: LoadedModel, hooks: Mapping[str, HookFn] | Iterable[tuple[str, HookFn]]) -> Iterator[None]:
+    """Hooks at hook points for the block: ``fn`` runs on the activation at ``name`` (``[batch, pos, width]``)
+    at every forward, on the input or output side of its module as ``lm.points[name]`` says, and a tensor it
+    returns replaces the activation. ``hooks``: ``{name: fn}``, or ``(name, fn)`` pairs when several target one
+    point (they run in the order given). Removed on exit, also when the block raises. Raises UsageError for an
+    unknown name, before any hook is registered.
+    """
+    pairs = list(hooks.items() if isinstance(hooks, Mapping) else hooks)
+    check_names(lm, [name for name, _ in pairs])
+    with attach_modules((*lm.points[name], fn) for name, fn in pairs):
+        yield
 
 
 @contextmanager
@@ -126,11 +170,10 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
     Raises UsageError for an unknown name. Prefer :func:`run`.
     """
     store: dict[str, torch.Tensor] = {}
-    handles = []
     shapes: dict[int, torch.Size] = {}  # block index -> its input's [batch, pos], for flat taps
 
-    def keep(name: str, value: Any) -> None:
-        t = _first_tensor(value).detach()
+    def keep(name: str, t: torch.Tensor) -> None:
+        t = t.detach()
         tap = _tap(lm, name)
         if tap is not None and tap.flat and t.dim() == 2:
             t = t.view(*shapes[_layer(name)], t.shape[-1])
@@ -145,24 +188,13 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
             t = t.gather(1, idx[:, :, None].expand(-1, -1, t.shape[-1]))
         store[name] = t.to(lm.device)
 
-    try:
-        names = _check_names(lm, names)
-        for layer in sorted({_layer(n) for n in names if (_tap(lm, n) or _NO_TAP).flat}):
-            def shape_hook(_mod, args, kwargs, layer=layer):
-                shapes[layer] = _first_tensor(args[0] if args else kwargs["hidden_states"]).shape[:2]
-            block = lm.points[f"blocks.{layer}.hook_resid_pre"][0]
-            handles.append(block.register_forward_pre_hook(shape_hook, with_kwargs=True))
-        for name in names:
-            module, side = lm.points[name]
-            if side == "input":
-                def pre_hook(_mod, args, kwargs, name=name):
-                    keep(name, args[0] if args else kwargs["hidden_states"])
-                handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-            else:
-                def hook(_mod, _args, output, name=name):
-                    keep(name, output)
-                handles.append(module.register_forward_hook(hook))
+    def shape(layer: int, t: torch.Tensor) -> None:
+        shapes[layer] = t.shape[:2]
+
+    names = check_names(lm, names)
+    hooks: list[tuple[str, HookFn]] = [
+        (f"blocks.{layer}.hook_resid_pre", lambda t, layer=layer: shape(layer, t))
+        for layer in sorted({_layer(n) for n in names if (_tap(lm, n) or _NO_TAP).flat})]
+    hooks += [(name, lambda t, name=name: keep(name, t)) for name in names]
+    with attach(lm, hooks):
         yield store
-    finally:
-        for handle in handles:
-            handle.remove()

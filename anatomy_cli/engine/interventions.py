@@ -13,8 +13,8 @@ per forward for all rows (at batch 1), and a grid of L layers x P positions cost
 rows of one forward. The attention mask and rotary tables are built for batch 1 and
 broadcast over the grown batch (every row is the same token sequence, no padding).
 
-Hooks are registered in a context manager and removed in ``finally``, also when the
-forward raises.
+Hooks go through :func:`~anatomy_cli.engine.hooks.attach`, which removes them in ``finally``, also
+when the forward raises.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from anatomy_cli.engine.hooks import _first_tensor, capture
-from anatomy_cli.engine.lens import _rowwise
+from anatomy_cli.engine.forward import head_logits, pad_batch, run_batch
+from anatomy_cli.engine.hooks import HookFn, attach, capture
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
 
@@ -123,20 +123,16 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
 
     starts = [min((e.layer for e in row), default=lm.n_layers) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: starts[i])
-    head = lm.points["logits"][0]
     base_out = None
     results: list[torch.Tensor | None] = [None] * len(rows)
-    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
+    batch = pad_batch(lm, [ids])                              # one row, no padding
     lm.model.eval()
     for first in range(0, max(1, len(order)), max(1, batch_size)):
         chunk = order[first:first + max(1, batch_size)]
         with torch.inference_mode(), _hooks(lm, [rows[i] for i in chunk], [starts[i] for i in chunk]):
-            kwargs = {"use_cache": False} if lm.is_causal else {}
-            out = lm.model.base_model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                      position_ids=torch.arange(n_tokens, device=lm.device)[None], **kwargs)
-            hidden = _first_tensor(out)[:, pos]               # [1 + len(chunk), d_model]
+            hidden = run_batch(lm, batch)[:, pos]             # [1 + len(chunk), d_model]
             # Soft-capped (Gemma 2) as the model's own head does, so metrics are the model's logits.
-            reduced = reduce(lm.cap_logits(_rowwise(head, hidden)).to(lm.device))
+            reduced = reduce(head_logits(lm, hidden))
         if base_out is None:
             base_out = reduced[:1].clone()
         for row, i in enumerate(chunk, start=1):
@@ -187,12 +183,9 @@ def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[
     names = [f"blocks.{layer}.{SITES[site].hook}" for layer in layers]
     # The clean, corrupt and source runs: one forward of equally long prompts (no padding). Both
     # metrics come from the same batch, so identical prompts give identical metrics.
-    ids = torch.tensor([list(clean_ids), list(corrupt_ids), source_ids], dtype=torch.long, device=lm.device)
+    batch = pad_batch(lm, [clean_ids, corrupt_ids, source_ids])
     with torch.inference_mode(), capture(lm, names) as source:
-        kwargs = {"use_cache": False} if lm.is_causal else {}
-        out = lm.model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
-        last = _rowwise(lm.points["logits"][0], _first_tensor(out)[:2, -1])
-        clean, corrupt = reduce(lm.cap_logits(last).to(lm.device))
+        clean, corrupt = reduce(head_logits(lm, run_batch(lm, batch)[:2, -1]))
     n = len(corrupt_ids)
     columns = tuple(range(lm.n_heads)) if SITES[site].per_head else tuple(range(n))
     rows = []
@@ -236,10 +229,9 @@ def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit]], starts: Sequence[int
     """Hooks for one forward: grow the batch at each row's first layer, then apply the edits.
 
     ``rows`` are sorted by ``starts``; row j of the chunk is batch row ``j + 1`` (row 0 is the
-    unedited prompt). Grow hooks are registered first: PyTorch runs a module's pre-hooks in
-    registration order, so a resid_pre edit of block l sees the grown batch.
+    unedited prompt). Grow hooks come first: PyTorch runs a module's pre-hooks in registration
+    order, so a resid_pre edit of block l sees the grown batch.
     """
-    blocks = lm.model.base_model.get_submodule(lm.adapter.blocks)
     joining: dict[int, int] = defaultdict(int)
     for s in starts:
         if s < lm.n_layers:
@@ -248,35 +240,18 @@ def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit]], starts: Sequence[int
     for j, row in enumerate(rows, start=1):
         for edit in row:
             by_point[edit.hook_name()].append((j, edit))
-    handles = []
-    try:
-        for layer, n_new in sorted(joining.items()):
-            handles.append(blocks[layer].register_forward_pre_hook(_grow_hook(n_new), with_kwargs=True))
-        for name, edits in by_point.items():
-            module, side = lm.points[name]
-            if side == "input":
-                handles.append(module.register_forward_pre_hook(_input_hook(lm, edits), with_kwargs=True))
-            else:
-                handles.append(module.register_forward_hook(_output_hook(lm, edits)))
+    hooks: list[tuple[str, HookFn]] = [(f"blocks.{layer}.hook_resid_pre", _grow(n_new))
+                                       for layer, n_new in sorted(joining.items())]
+    hooks += [(name, lambda t, edits=edits: _apply(lm, t, edits)) for name, edits in by_point.items()]
+    with attach(lm, hooks):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _with_hidden(args: tuple, kwargs: dict, fn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[tuple, dict]:
-    if args:
-        return (fn(args[0]), *args[1:]), kwargs
-    return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
-
-
-def _grow_hook(n_new: int):
-    def hook(_mod, args, kwargs):
+def _grow(n_new: int) -> HookFn:
+    def grow(h: torch.Tensor) -> torch.Tensor:
         # Row 0 is the unedited prompt: new rows start as copies of it at this block's input.
-        def grow(h: torch.Tensor) -> torch.Tensor:
-            return torch.cat([h, h[:1].expand(n_new, *h.shape[1:])])
-        return _with_hidden(args, kwargs, grow)
-    return hook
+        return torch.cat([h, h[:1].expand(n_new, *h.shape[1:])])
+    return grow
 
 
 def _apply(lm: LoadedModel, t: torch.Tensor, edits: list[tuple[int, Edit]]) -> torch.Tensor:
@@ -296,26 +271,3 @@ def _apply(lm: LoadedModel, t: torch.Tensor, edits: list[tuple[int, Edit]]) -> t
         else:
             raise ValueError(f"unknown mode {edit.mode!r}")
     return t
-
-
-def _input_hook(lm: LoadedModel, edits: list[tuple[int, Edit]]):
-    def hook(_mod, args, kwargs):
-        return _with_hidden(args, kwargs, lambda h: _apply(lm, h, edits))
-    return hook
-
-
-def _output_hook(lm: LoadedModel, edits: list[tuple[int, Edit]]):
-    def hook(_mod, _args, output):
-        return _replace_first(output, _apply(lm, _first_tensor(output), edits))
-    return hook
-
-
-def _replace_first(value: Any, new: torch.Tensor) -> Any:
-    """``value`` with its activation (see :func:`_first_tensor`) replaced by ``new``."""
-    if isinstance(value, torch.Tensor):
-        return new
-    if isinstance(value, tuple):
-        return (new, *value[1:])
-    if isinstance(value, list):
-        return [new, *value[1:]]
-    raise AnatomyError(f"cannot replace the activation in a module value of type {type(value).__name__}")

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.hooks import _first_tensor, _optional
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.tensors import optional_module, rowwise
 from anatomy_cli.errors import AnatomyError
 
 
@@ -16,25 +16,7 @@ def _apply(lm: LoadedModel, module: Any, h: torch.Tensor) -> torch.Tensor:
     if param is not None:
         h = h.to(dtype=param.dtype, device=param.device if param.device.type != "meta" else h.device)
     with torch.inference_mode():
-        return _rowwise(module, h)
-
-
-# CPU BLAS multiplies 4-15 rows by a [out, in] weight one row at a time: the logit lens of
-# GPT-2 small (13 rows x the [50257, 768] head) takes 60 ms, 16 rows take 25 ms.
-_MIN_ROWS = 16
-
-
-def _rowwise(module: Any, h: torch.Tensor) -> torch.Tensor:
-    """``module(h)`` for a module acting on each row alone (a norm, an LM head); ``h [..., d]``.
-
-    On the CPU, 4-15 rows are padded with zero rows to 16 and the result cut back.
-    """
-    flat = h.reshape(-1, h.shape[-1])
-    n = flat.shape[0]
-    if flat.device.type == "cpu" and 3 < n < _MIN_ROWS:
-        flat = torch.cat([flat, flat.new_zeros(_MIN_ROWS - n, flat.shape[-1])])
-    out = _first_tensor(module(flat))[:n]
-    return out.reshape(*h.shape[:-1], out.shape[-1])
+        return rowwise(module, h)
 
 
 def final_norm(lm: LoadedModel, h: torch.Tensor) -> torch.Tensor:
@@ -61,7 +43,7 @@ def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True) -> torch.
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read tokens from")
     normed = final_norm(lm, h)
-    proj = _optional(lm.model.base_model, lm.adapter.unembed_proj)
+    proj = optional_module(lm.model.base_model, lm.adapter.unembed_proj)
     if proj is not None:
         normed = _apply(lm, proj, normed)
     logits = _apply(lm, lm.points["logits"][0], normed).to(h.device)

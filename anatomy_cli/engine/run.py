@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from anatomy_cli.engine.cache import Cache
-from anatomy_cli.engine.hooks import _check_names, _first_tensor, capture
-from anatomy_cli.engine.lens import _rowwise
+from anatomy_cli.engine.forward import head_logits, pad_batch, run_batch
+from anatomy_cli.engine.hooks import capture, check_names
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.text.length import check_length  # noqa: F401  (engine.check_length)
@@ -55,7 +55,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
     computed for kept positions only. Raises UsageError for an empty prompt, a position out
     of range or an unknown name.
     """
-    names = _check_names(lm, names)
+    names = check_names(lm, names)
     want_logits = "logits" in names
     hooked = [n for n in names if n != "logits"]
     if positions is not None and len(positions) != len(encoded):
@@ -69,21 +69,11 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
         kept.append(_positions(enc, None if positions is None else positions[i]))
 
     lm.model.eval()
-    base = lm.model.base_model
-    head = lm.points["logits"][0] if want_logits else None
     results: list[Cache | None] = [None] * len(encoded)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     for start in range(0, len(order), max(1, batch_size)):
         chunk = order[start:start + max(1, batch_size)]
-        width = max(len(encoded[i]) for i in chunk)
-        ids = torch.full((len(chunk), width), lm.tokenizer.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            ids[row, :len(encoded[i])] = torch.tensor(encoded[i].ids)
-            mask[row, :len(encoded[i])] = 1
-        # RoBERTa's position ids start after its padding index (lm.position_offset); given explicitly
-        # they are not shifted by the model, so the offset is added here.
-        pos_ids = (torch.arange(width) + lm.position_offset).expand(len(chunk), -1)
+        batch = pad_batch(lm, [encoded[i].ids for i in chunk])
         index = None
         if positions is not None:
             k = max(1, max(len(kept[i]) for i in chunk))
@@ -91,17 +81,14 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
                                  device=lm.device)
         logits = {}
         with torch.inference_mode(), capture(lm, hooked, positions=index) as store:
-            kwargs = {"use_cache": False} if lm.is_causal else {}
-            out = base(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device),
-                       position_ids=pos_ids.to(lm.device), **kwargs)
-            if head is not None:
+            last = run_batch(lm, batch)                                       # [batch, width, d_model]
+            if want_logits:
                 # The head on the kept rows only: what the LM-head model computes, without
                 # a [batch, pos, vocab] tensor for every position. One call for the whole batch:
                 # a call per prompt reads the [vocab, d_model] weights once per prompt (3x slower).
-                last = _first_tensor(out)
                 rows = torch.cat([last[row, torch.tensor(kept[i], dtype=torch.long, device=last.device)]
                                   for row, i in enumerate(chunk)])
-                flat = lm.cap_logits(_rowwise(head, rows)).to(lm.device)  # Gemma 2's final soft-capping
+                flat = head_logits(lm, rows)                                  # Gemma 2's final soft-capping
                 logits = dict(zip(chunk, flat.split([len(kept[i]) for i in chunk])))
         # Cloned outside inference mode: inference tensors cannot meet parameters that require
         # grad (e.g. F.layer_norm(h, w) in an analysis); the clone also frees the batch tensor.
@@ -109,8 +96,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
             n_keep = len(kept[i]) if positions is not None else len(encoded[i])
             tensors = {name: store[name][row if store[name].shape[0] > 1 else 0, :n_keep].clone()
                        for name in hooked}
-            if head is not None:
+            if want_logits:
                 tensors["logits"] = logits[i].clone()
             results[i] = Cache(tensors, encoded=encoded[i], positions=kept[i], n_layers=lm.n_layers)
-        del store, out, logits
+        del store, last, logits
     return results  # type: ignore[return-value]

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from anatomy_cli.engine.forward import forward as model_forward
+from anatomy_cli.engine.forward import head_logits
 from anatomy_cli.engine.gradients import Metric, grad_mode
-from anatomy_cli.engine.hooks import _first_tensor
-from anatomy_cli.engine.lens import _rowwise
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
 
@@ -54,15 +54,13 @@ def embed_forward(lm: LoadedModel, metric: Metric) -> Callable[[torch.Tensor], t
     """``embeds [b, pos, d_model] -> metric [b]`` of the logits at the last position (no padding)."""
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read logits from")
-    head = lm.points["logits"][0]
-    kwargs = {"use_cache": False} if lm.is_causal else {}
 
     def forward(embeds: torch.Tensor) -> torch.Tensor:
         b, n = embeds.shape[:2]
         mask = torch.ones(b, n, dtype=torch.long, device=embeds.device)
         positions = (torch.arange(n, device=embeds.device) + lm.position_offset)[None].expand(b, -1)
-        out = lm.model.base_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, **kwargs)
-        return metric(lm.cap_logits(_rowwise(head, _first_tensor(out)[:, -1])).to(lm.device))
+        hidden = model_forward(lm, inputs_embeds=embeds, attention_mask=mask, position_ids=positions)
+        return metric(head_logits(lm, hidden[:, -1]))
 
     return forward
 

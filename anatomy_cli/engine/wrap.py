@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.hooks import _points
+from anatomy_cli.engine.hooks import build_points
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.models import adapters as _adapters
 from anatomy_cli.models.info import ModelInfo
@@ -39,7 +39,7 @@ def from_model(model: Any, tokenizer: Any, *, name: str, untrained: bool = False
     return LoadedModel(
         model=model, tokenizer=tok, info=info, name=name, untrained=untrained,
         device=_input_device(model), dtype=next(model.parameters()).dtype,
-        has_unembed=has_unembed, points=_points(model, adapter, info.has_resid_mid, has_unembed),
+        has_unembed=has_unembed, points=build_points(model, adapter, info.has_resid_mid, has_unembed),
         embed_scale=float(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0)),
     )
 

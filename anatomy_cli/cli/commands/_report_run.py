@@ -110,18 +110,22 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10) -
 
 def _dla(lm: Any, cache: Any, top: Any) -> tuple[Any, str]:
     """Direct logit attribution of the top prediction at the last position, by head where the architecture
-    allows it (else by layer), from the shared cache."""
-    from anatomy_cli.cli.commands import dla as command
-    from anatomy_cli.engine import Cache
+    allows it (else by layer), from the shared cache: the same :func:`analyses.dla.logit_attribution` as
+    ``anatomy dla``."""
+    from anatomy_cli.analyses.dla import logit_attribution
+    from anatomy_cli.cli.app import warn
+    from anatomy_cli.engine import decompose
     from anatomy_cli.errors import AnatomyError
 
-    last = Cache({name: cache[name][-1:] for name in cache.names}, encoded=cache.encoded,
-                 positions=cache.positions[-1:], n_layers=cache.n_layers)
-    direction, bias = command._unembedding(lm, top.token_id, None)
-    what = f"logit({top.token})"
-    if "blocks.0.attn.hook_z" in last:
+    unembedding = decompose.unembedding_direction(lm, top.token_id, None)
+    result = None
+    if "blocks.0.attn.hook_z" in cache:
         try:
-            return command._attribute(lm, last, command.By.head, direction, bias, top.token_id, None), what
+            result = logit_attribution(lm, cache, top.token_id, by_head=True, row=-1, unembedding=unembedding)
         except AnatomyError:
             pass
-    return command._attribute(lm, last, command.By.layer, direction, bias, top.token_id, None), what
+    if result is None:
+        result = logit_attribution(lm, cache, top.token_id, by_head=False, row=-1, unembedding=unembedding)
+    if (mismatch := result.mismatch()) is not None:
+        warn(mismatch)
+    return result, f"logit({top.token})"

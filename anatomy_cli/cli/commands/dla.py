@@ -30,7 +30,7 @@ from anatomy_cli.cli.options import (
     model_options,
     prompt_options,
 )
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
@@ -125,18 +125,23 @@ def dla_command(
     lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli import engine
+    from anatomy_cli.analyses import dla as analysis
+    from anatomy_cli.engine import decompose
     if not lm.has_unembed:
         raise UsageError(f"{lm.name} has no LM head (unembedding): there is no logit to attribute")
     if ids.get("foil") is not None and ids["foil"] == ids["target"]:
         raise UsageError("--foil is the same token as --target: their logit difference is 0 by definition")
-    names = _names(lm, by)
+    names = decompose.names(lm, by_head=by is By.head)
     pos = -1 if position is None else position
     caches = engine.run(lm, encoded, names, positions=[[pos]] * len(encoded), batch_size=batch_size)
-    direction, head_bias = _unembedding(lm, ids["target"], ids.get("foil"))
+    unembedding = decompose.unembedding_direction(lm, ids["target"], ids.get("foil"))
     name_token = describe(lm)
     reports = []
     for enc, cache in zip(encoded, caches):
-        result = _attribute(lm, cache, by, direction, head_bias, ids["target"], ids.get("foil"))
+        result = analysis.logit_attribution(lm, cache, ids["target"], ids.get("foil"), by_head=by is By.head,
+                                            unembedding=unembedding)
+        if (mismatch := result.mismatch()) is not None:
+            warn(mismatch)
         reports.append(_report(lm, enc, cache.positions[0], result.select(top, sort.value), ids, name_token, by))
         if plot:
             from anatomy_cli.output import plots
@@ -155,98 +160,6 @@ def _check_position(encoded, position: int | None) -> None:
             which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
             raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
                              f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
-
-
-def _names(lm, by: By) -> list[str]:
-    from anatomy_cli import engine
-
-    names = engine.residual_names(lm)[:1] + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
-    names += engine.residual_names(lm)[-1:]
-    if "hook_pos_embed" in lm.points:
-        names.append("hook_pos_embed")
-    if by is By.head:
-        names += [f"blocks.{layer}.attn.hook_z" for layer in range(lm.n_layers)]
-    return names
-
-
-def _unembedding(lm, target: int, foil: int | None):
-    """The LM head as ``direction . x + bias`` on the final norm's output, for target (minus foil).
-
-    The head (with OPT's project_out before it) is linear, so its row for a token is the gradient of
-    that token's logit with respect to its input, and its bias is its output at 0. Returns
-    (float64 [d_model], float). Raises AnatomyError when the head is not linear (soft-capping aside).
-    """
-    import torch
-
-    head = lm.points["logits"][0]
-    proj_path = getattr(lm.adapter, "unembed_proj", None)
-    proj = None
-    if proj_path:
-        try:
-            proj = lm.model.base_model.get_submodule(proj_path)
-        except AttributeError:
-            proj = None
-    param = next(head.parameters())
-    x = torch.zeros(2, lm.d_model, dtype=param.dtype, device=param.device if param.device.type != "meta" else lm.device)
-    x[1].normal_(generator=torch.Generator(device=x.device).manual_seed(0))
-    x.requires_grad_(True)
-    with torch.enable_grad():
-        out = head(proj(x) if proj is not None else x)
-        out = out[0] if isinstance(out, tuple) else out
-        score = out[:, target] - (out[:, foil] if foil is not None else 0)
-        (grad,) = torch.autograd.grad(score[1], x)
-    direction = grad[1].detach().to("cpu", torch.float64)
-    bias = float(score[0].detach())
-    linear = float(direction @ x[1].detach().to("cpu", torch.float64)) + bias
-    if abs(linear - float(score[1].detach())) > 1e-3 * max(1.0, abs(linear)):
-        raise AnatomyError(f"{lm.name}'s LM head is not linear: its logits are not a sum of per-component terms")
-    return direction, bias
-
-
-def _attribute(lm, cache, by: By, direction, head_bias: float, target: int, foil: int | None):
-    import torch
-
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import dla as analysis
-
-    comps, names = [], []
-    embed = cache["resid_pre", 0][0]
-    if "hook_pos_embed" in cache:
-        pos_embed = cache["hook_pos_embed"][0]
-        comps += [embed - pos_embed, pos_embed]
-        names += [analysis.Component("embed"), analysis.Component("pos_embed")]
-    else:
-        comps.append(embed)
-        names.append(analysis.Component("embed"))
-    for layer in range(lm.n_layers):
-        attn = cache["attn_out", layer][0]
-        if by is By.head:
-            o_proj = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer].get_submodule(lm.adapter.attn_o)
-            heads, bias = analysis.head_outputs(cache[f"blocks.{layer}.attn.hook_z"][0], o_proj, lm.n_heads)
-            has_bias = getattr(o_proj, "bias", None) is not None
-            parts = torch.cat([heads, bias[None]]) if has_bias else heads
-            analysis.check_sum(parts, attn, f"{lm.name}'s attention output in block {layer} is not the sum of "
-                               "its heads through the output projection (a norm after attention?)")
-            comps += list(parts)
-            names += [analysis.Component(f"L{layer}.H{h}", layer, h) for h in range(lm.n_heads)]
-            if has_bias:
-                names.append(analysis.Component(f"L{layer}.attn_bias", layer))
-        else:
-            comps.append(attn)
-            names.append(analysis.Component(f"L{layer}.attn", layer))
-        comps.append(cache["mlp_out", layer][0])
-        names.append(analysis.Component(f"L{layer}.mlp", layer))
-    final = cache["resid_post", -1][0]
-    stack = torch.stack([c.to("cpu", torch.float64) for c in comps])
-    analysis.check_sum(stack, final, f"{lm.name}'s final residual is not the sum of the embedding and the "
-                       "attention and MLP outputs (a norm after each sub-layer?)")
-    norm = analysis.freeze_norm(lambda h: engine.final_norm(lm, h), final)
-    logit = engine.unembed(lm, final[None], softcap=False)[0]
-    own = float(logit[target]) - (float(logit[foil]) if foil is not None else 0.0)
-    result = analysis.attribute(stack, names, norm=norm, direction=direction, head_bias=head_bias, logit=own)
-    if abs(result.total - result.logit) > 1e-4 * max(abs(result.logit), 1.0):
-        warn(f"the rows add up to {result.total:.6g}, the model's logit is {result.logit:.6g}: more than 1e-4 apart")
-    return result
 
 
 def _report(lm, enc, pos: int, result, ids: dict[str, int], name_token, by: By) -> Report:

@@ -1,0 +1,161 @@
+"""The final residual as a sum of its parts, and the LM head as one direction: what a direct logit
+attribution needs from the model (after TransformerLens's ``decompose_resid`` and ``stack_head_results``).
+
+In a pre-norm model the final residual ``h_L`` (``blocks.{L-1}.hook_resid_post``) is the embedding
+(``blocks.0.hook_resid_pre``: token embedding, or token + position embedding) plus every block's
+``hook_attn_out`` and ``hook_mlp_out``. Per head, block l's attention output is each head's slice of the
+output projection's input (``attn.hook_z``) through that projection, plus the projection's bias.
+:func:`decompose_resid` returns those parts from a :class:`~anatomy_cli.engine.cache.Cache` and checks that
+they add up; :func:`unembedding_direction` the LM head's row for a target (minus a foil's) and its bias.
+The reduction through the frozen final norm is :mod:`anatomy_cli.analyses.dla`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anatomy_cli.engine.cache import Cache
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.tensors import first_tensor, optional_module
+from anatomy_cli.errors import AnatomyError
+
+# The residual stream and the heads must add up to this relative precision (fp32 rounding is ~1e-6).
+SUM_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class Component:
+    """One part's name: ``embed``, ``pos_embed``, ``L3.attn``, ``L3.mlp``, ``L3.H5``, ``L3.attn_bias``, ``bias``.
+
+    ``layer`` is the block index (``blocks.{layer}.*``, 0-based), None for the embeddings and
+    the final bias; ``head`` the head index for a head row.
+    """
+
+    name: str
+    layer: int | None = None
+    head: int | None = None
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """The final residual at one position and its parts.
+
+    ``components``: float64 ``[n, d_model]`` on the CPU, adding up to ``final``; ``names``: one
+    :class:`Component` per row; ``final``: ``[d_model]``, the final residual (model dtype, ``lm.device``).
+    """
+
+    components: torch.Tensor
+    names: tuple[Component, ...]
+    final: torch.Tensor
+
+
+def names(lm: LoadedModel, *, by_head: bool = False) -> list[str]:
+    """The hook points :func:`decompose_resid` reads: the embedding, every attention and MLP output, the final
+    residual, the position embedding where there is one, and with ``by_head`` every ``attn.hook_z``."""
+    from anatomy_cli.engine.hooks import layer_names, residual_names
+
+    out = residual_names(lm)[:1] + layer_names(lm, "attn_out") + layer_names(lm, "mlp_out")
+    out += residual_names(lm)[-1:]
+    if "hook_pos_embed" in lm.points:
+        out.append("hook_pos_embed")
+    if by_head:
+        out += [f"blocks.{layer}.attn.hook_z" for layer in range(lm.n_layers)]
+    return out
+
+
+def head_outputs(z: torch.Tensor, project: Any, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each head's output: the attention output projection applied to that head's slice of its input.
+
+    ``z``: float [n_heads * d_head], the projection's input at one position (``attn.hook_z``);
+    ``project``: the projection (``[n, n_heads * d_head] -> [n, d_model]``, e.g. the ``o_proj``
+    module; any layout of its weight, GPT-2's Conv1D included). Returns ``(heads, bias)``: float64
+    [n_heads, d_model], each head's slice alone through the projection minus its bias, and float64
+    [d_model], the projection of zeros (its bias). ``heads.sum(0) + bias`` is the projection of z.
+    """
+    d_head = z.shape[-1] // n_heads
+    rows = z.new_zeros(n_heads + 1, z.shape[-1])
+    for h in range(n_heads):
+        rows[h, h * d_head:(h + 1) * d_head] = z[h * d_head:(h + 1) * d_head]
+    with torch.inference_mode():
+        out = project(rows)
+    out = (out[0] if isinstance(out, tuple) else out).to("cpu", torch.float64)
+    return out[:-1] - out[-1], out[-1]
+
+
+def check_sum(parts: torch.Tensor, whole: torch.Tensor, what: str) -> None:
+    """Raise AnatomyError unless ``parts [n, d]`` add up to ``whole [d]`` within :data:`SUM_TOLERANCE`."""
+    diff = float((parts.to(torch.float64).sum(0) - whole.to(torch.float64)).norm())
+    if diff > SUM_TOLERANCE * max(float(whole.to(torch.float64).norm()), 1e-12):
+        raise AnatomyError(f"{what} (relative difference {diff / float(whole.norm()):.1e}); "
+                           "direct logit attribution needs that sum")
+
+
+def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, row: int = 0) -> Decomposition:
+    """The final residual at the cache's kept position ``row`` (default the first) as a sum of parts.
+
+    Parts, in model order: ``embed`` (the token embedding; with a learned position embedding, ``embed`` and
+    ``pos_embed``), then per block ``L{l}.attn`` (``by_head``: ``L{l}.H{h}`` per head, and ``L{l}.attn_bias``
+    when the output projection has a bias) and ``L{l}.mlp``. The cache needs :func:`names`. Raises
+    AnatomyError when the heads do not add up to the attention output or the parts to the final residual
+    (a norm after each sub-layer: post-LN, sandwich norms).
+    """
+    comps, labels = [], []
+    embed = cache["resid_pre", 0][row]
+    if "hook_pos_embed" in cache:
+        pos_embed = cache["hook_pos_embed"][row]
+        comps += [embed - pos_embed, pos_embed]
+        labels += [Component("embed"), Component("pos_embed")]
+    else:
+        comps.append(embed)
+        labels.append(Component("embed"))
+    for layer in range(lm.n_layers):
+        attn = cache["attn_out", layer][row]
+        if by_head:
+            o_proj = lm.points[f"blocks.{layer}.attn.hook_z"][0]
+            heads, bias = head_outputs(cache[f"blocks.{layer}.attn.hook_z"][row], o_proj, lm.n_heads)
+            has_bias = getattr(o_proj, "bias", None) is not None
+            parts = torch.cat([heads, bias[None]]) if has_bias else heads
+            check_sum(parts, attn, f"{lm.name}'s attention output in block {layer} is not the sum of "
+                      "its heads through the output projection (a norm after attention?)")
+            comps += list(parts)
+            labels += [Component(f"L{layer}.H{h}", layer, h) for h in range(lm.n_heads)]
+            if has_bias:
+                labels.append(Component(f"L{layer}.attn_bias", layer))
+        else:
+            comps.append(attn)
+            labels.append(Component(f"L{layer}.attn", layer))
+        comps.append(cache["mlp_out", layer][row])
+        labels.append(Component(f"L{layer}.mlp", layer))
+    final = cache["resid_post", -1][row]
+    stack = torch.stack([c.to("cpu", torch.float64) for c in comps])
+    check_sum(stack, final, f"{lm.name}'s final residual is not the sum of the embedding and the "
+              "attention and MLP outputs (a norm after each sub-layer?)")
+    return Decomposition(components=stack, names=tuple(labels), final=final)
+
+
+def unembedding_direction(lm: LoadedModel, target: int, foil: int | None = None) -> tuple[torch.Tensor, float]:
+    """The LM head as ``direction . x + bias`` on the final norm's output, for target (minus foil).
+
+    The head (with OPT's project_out before it) is linear, so its row for a token is the gradient of
+    that token's logit with respect to its input, and its bias is its output at 0. Returns
+    (float64 [d_model], float). Raises AnatomyError when the head is not linear (soft-capping aside).
+    """
+    head = lm.points["logits"][0]
+    proj = optional_module(lm.model.base_model, getattr(lm.adapter, "unembed_proj", None))
+    param = next(head.parameters())
+    x = torch.zeros(2, lm.d_model, dtype=param.dtype, device=param.device if param.device.type != "meta" else lm.device)
+    x[1].normal_(generator=torch.Generator(device=x.device).manual_seed(0))
+    x.requires_grad_(True)
+    with torch.enable_grad():
+        out = first_tensor(head(proj(x) if proj is not None else x))
+        score = out[:, target] - (out[:, foil] if foil is not None else 0)
+        (grad,) = torch.autograd.grad(score[1], x)
+    direction = grad[1].detach().to("cpu", torch.float64)
+    bias = float(score[0].detach())
+    linear = float(direction @ x[1].detach().to("cpu", torch.float64)) + bias
+    if abs(linear - float(score[1].detach())) > 1e-3 * max(1.0, abs(linear)):
+        raise AnatomyError(f"{lm.name}'s LM head is not linear: its logits are not a sum of per-component terms")
+    return direction, bias

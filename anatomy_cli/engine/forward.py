@@ -1,0 +1,71 @@
+"""The one forward primitive and the one place a batch of prompts is padded.
+
+Every model call of the engine goes through :func:`forward`: the base model (no LM head; the head is applied
+to the rows a caller keeps, :func:`head_logits`), with ``use_cache=False`` for causal models (no key/value
+cache is built for a single pass) and nothing added for encoders. :func:`pad_batch` right-pads token id lists
+with the pad token (EOS for GPT-2, padding only) and gives the attention mask and explicit position ids, so
+each prompt's results equal a one-prompt run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.tensors import first_tensor, rowwise
+
+
+def forward(lm: LoadedModel, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+            inputs_embeds: torch.Tensor | None = None, **kw: Any) -> torch.Tensor:
+    """One forward of ``lm``'s base model; returns its final hidden state ``[batch, pos, d_model]``.
+
+    ``input_ids`` ``[batch, pos]`` (or ``inputs_embeds`` ``[batch, pos, d_model]``), ``attention_mask``
+    ``[batch, pos]`` and any other keyword (``position_ids``) are passed as given; an argument left None is
+    not passed. Causal models run with ``use_cache=False``. Hooks attached around the call see every module.
+    """
+    args = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
+                              ("inputs_embeds", inputs_embeds)) if v is not None}
+    if lm.is_causal:
+        kw.setdefault("use_cache", False)
+    return first_tensor(lm.model.base_model(**args, **kw))
+
+
+def head_logits(lm: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head on rows of the final hidden state, ``[..., d_model] -> [..., vocab]`` on ``lm.device``,
+    soft-capped as the model's own logits (Gemma 2; ``lm.cap_logits``). What the LM-head model computes, for
+    the kept rows only. Needs ``lm.has_unembed``."""
+    return lm.cap_logits(rowwise(lm.points["logits"][0], hidden)).to(lm.device)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Prompts right-padded to one width, on ``lm.device``: ``ids`` ``[batch, width]`` (the pad token after each
+    prompt), ``mask`` ``[batch, width]`` (1 on real tokens), ``positions`` ``[batch, width]`` (``arange`` plus
+    ``lm.position_offset``: RoBERTa's positions start after its padding index) and each prompt's length."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    lengths: tuple[int, ...]
+
+
+def pad_batch(lm: LoadedModel, rows: Sequence[Sequence[int]]) -> Batch:
+    """``rows`` (token id lists, at least one token each) as one right-padded :class:`Batch`."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), lm.tokenizer.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, r in enumerate(rows):
+        ids[row, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        mask[row, :len(r)] = 1
+    # Given explicitly, position ids are not shifted by the model, so RoBERTa's offset is added here.
+    pos = (torch.arange(width) + lm.position_offset).expand(len(rows), -1)
+    return Batch(ids.to(lm.device), mask.to(lm.device), pos.to(lm.device), tuple(len(r) for r in rows))
+
+
+def run_batch(lm: LoadedModel, batch: Batch, **kw: Any) -> torch.Tensor:
+    """:func:`forward` of a padded :class:`Batch` (its ids, mask and position ids)."""
+    return forward(lm, batch.ids, batch.mask, position_ids=batch.positions, **kw)
