@@ -116,3 +116,21 @@ def test_a_good_command_prints_its_notes_once(tiny_model_dir, tmp_path):
                  "--model", str(tiny_model_dir("gpt2"))], tmp_path)
     assert done.stderr.splitlines()[-1] == "exit 0 True", done.stderr
     assert done.stderr.count("note: --target 'much' is much (29482), with no leading space") == 1
+
+
+def test_backend_tokenizer_reads_the_bos_convention_of_its_post_processor():
+    # One text (a str) gives flat lists as transformers does, so adds_bos sees a template that puts BOS first.
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import models, pre_tokenizers, processors
+
+    from anatomy_cli.text.fast import BackendTokenizer
+    from anatomy_cli.text.tokenization import Tokenizer, adds_bos
+
+    rust = RustTokenizer(models.WordLevel({"<s>": 0, "a": 1, "b": 2}, unk_token="<s>"))
+    rust.pre_tokenizer = pre_tokenizers.Whitespace()
+    rust.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    backend = BackendTokenizer(rust, {"bos_token": "<s>"})
+    assert backend("a", add_special_tokens=True)["input_ids"] == [0, 1]
+    assert backend(["a b"], add_special_tokens=True)["input_ids"] == [[0, 1, 2]]
+    assert adds_bos(backend) is True
+    assert Tokenizer(backend).encode(["a b"])[0].ids == [0, 1, 2]

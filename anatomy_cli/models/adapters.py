@@ -18,9 +18,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from anatomy_cli.errors import UnsupportedArchitecture
+
+if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
+
+    from anatomy_cli.models.light import JsonConfig
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class Adapter:
     post_ln: bool = False          # Add & Norm after each sub-layer (BERT): resid_post != pre + attn + mlp
     parallel_flag: str | tuple[str, ...] | None = None  # config attribute(s); when any is true, attention
     # and MLP both read resid_pre (GPT-NeoX parallel residual) and there is no resid_mid
-    when: tuple[str, Any] | None = None  # (config attribute, value): this row serves only such configs
+    when: tuple[str, object] | None = None  # (config attribute, value): this row serves only such configs
     embed_proj: str | None = None  # base-relative projection from the embedding width to d_model, when the
     # model has it (OPT-350m's project_in): hook_embed is its output
     unembed_proj: str | None = None  # base-relative projection after the final norm, before the LM head
@@ -194,7 +199,7 @@ def for_model_type(model_type: str | None) -> Adapter:
         f"architecture '{model_type}' is not supported; supported: {', '.join(supported_model_types())}")
 
 
-def for_config(config: Any) -> Adapter:
+def for_config(config: PreTrainedConfig | JsonConfig) -> Adapter:
     """The adapter for a ``transformers`` config: by ``config.model_type``, then the row whose
     ``when`` condition the config meets (OPT pre-LN or post-LN)."""
     model_type = getattr(config, "model_type", None)
@@ -205,7 +210,7 @@ def for_config(config: Any) -> Adapter:
     return for_model_type(model_type) if not rows else rows[0]
 
 
-def has_resid_mid(adapter: Adapter, config: Any) -> bool:
+def has_resid_mid(adapter: Adapter, config: PreTrainedConfig | JsonConfig) -> bool:
     """False for a parallel-residual block (attention and MLP both read resid_pre)."""
     if adapter.resid_mid is None:
         return False

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import AnatomyError, UsageError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 DEVICE_MAPS = ("auto", "balanced", "sequential")
 
@@ -67,7 +71,7 @@ def compress_names(names: list[str]) -> list[str]:
     out: list[str] = []
     run: tuple[str, int, int] | None = None
 
-    def flush():
+    def flush() -> None:
         if run:
             prefix, a, b = run
             out.append(f"{prefix}{a}" if a == b else f"{prefix}{a}-{b}")
@@ -87,7 +91,8 @@ def compress_names(names: list[str]) -> list[str]:
     return out
 
 
-def placement_kwargs(device_map: Any = None, max_memory: str | dict | None = None,
+def placement_kwargs(device_map: str | Enum | dict[str, int | str] | None = None,
+                     max_memory: str | dict[int | str, int] | None = None,
                      offload_folder: str | Path | None = None) -> dict[str, Any]:
     """The validated ``from_pretrained`` keywords for a placement; ``{}`` without ``device_map``.
 
@@ -97,7 +102,8 @@ def placement_kwargs(device_map: Any = None, max_memory: str | dict | None = Non
     ``offload_folder`` without a device map, bad ``--max-memory`` syntax, an offload folder
     that is a file; AnatomyError for a GPU index or ``mps`` this machine does not have.
     """
-    device_map = getattr(device_map, "value", device_map)
+    if isinstance(device_map, Enum):
+        device_map = device_map.value
     if device_map is None:
         given = [opt for opt, v in (("--max-memory", max_memory), ("--offload-folder", offload_folder))
                  if v is not None]
@@ -135,7 +141,7 @@ def _check_devices(budget: dict[int | str, int]) -> None:
         raise AnatomyError("--max-memory names mps but MPS is not available on this machine")
 
 
-def device_summary(model: Any, device_map: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def device_summary(model: nn.Module, device_map: dict[str, int | str] | None = None) -> list[dict[str, Any]]:
     """Where ``device_map`` (default: the model's ``hf_device_map``) puts the weights, per device.
 
     Returns ``[{"device": "0" | "mps" | "cpu" | "disk", "modules": [names in model order,
@@ -147,12 +153,12 @@ def device_summary(model: Any, device_map: dict[str, Any] | None = None) -> list
     """
     device_map = device_map or getattr(model, "hf_device_map", None)
     if not device_map:
-        device = next(model.parameters()).device
-        device_map = {"": (device.index or 0) if device.type == "cuda" else device.type}
+        first = next(model.parameters()).device
+        device_map = {"": (first.index or 0) if first.type == "cuda" else first.type}
     keys = sorted(device_map, key=len, reverse=True)
     params: dict[str, int] = defaultdict(int)
     size: dict[str, int] = defaultdict(int)
-    holders: dict[str, None] = {}
+    holders: dict[str | None, None] = {}
     for name, p in model.named_parameters():
         owner = next((k for k in keys if k == "" or name == k or name.startswith(k + ".")), None)
         device = str(device_map[owner]) if owner is not None else "unplaced"

@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from typing import Any
+from io import BufferedIOBase
+from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models.headers import GGUFHeader, TensorInfo, gguf_constants
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    from transformers.configuration_utils import PreTrainedConfig
 
 # llama.cpp's LlamaFileType values carry this bit when the type was guessed from the tensors.
 _GUESSED = 1024
@@ -31,7 +37,7 @@ def file_type_name(header: GGUFHeader) -> str | None:
     if not isinstance(value, int):
         return None
     try:
-        name = gguf_constants().LlamaFileType(value & ~_GUESSED).name
+        name: str = gguf_constants().LlamaFileType(value & ~_GUESSED).name
     except ValueError:
         return None
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
@@ -83,7 +89,8 @@ def config_dict(header: GGUFHeader) -> dict[str, Any]:
     metadata, names = _metadata(header), [t.name for t in header.tensors]
     architecture = str(metadata["general.architecture"])
     if architecture in GGUF_CONFIG_ARCHS:
-        return get_gguf_config(metadata, tuple(names))
+        built: dict[str, Any] = get_gguf_config(metadata, tuple(names))
+        return built
     # From here on: load_gguf_checkpoint(return_tensors=False)["config"], step by step, on these metadata.
     model_name = [metadata["general.name"]] if "general.name" in metadata else []
     config: dict[str, Any] = {}
@@ -154,7 +161,7 @@ def _adjust(config: dict[str, Any], metadata: dict[str, Any]) -> None:
         config["rope_scaling"] = scaling
 
 
-def read_config(header: GGUFHeader, spec: str) -> Any:
+def read_config(header: GGUFHeader, spec: str) -> PreTrainedConfig:
     """The transformers config of the file. Raises CheckpointError when transformers cannot build one."""
     from pathlib import Path
 
@@ -163,7 +170,7 @@ def read_config(header: GGUFHeader, spec: str) -> Any:
     try:
         d = config_dict(header)
         model_type = d.pop("model_type")
-        config = AutoConfig.for_model(model_type, **d)
+        config: PreTrainedConfig = AutoConfig.for_model(model_type, **d)
     except (ValueError, TypeError, KeyError) as exc:
         first = " ".join(str(exc).split()).split(". ")[0] or type(exc).__name__
         raise CheckpointError(f"{spec}: cannot read a config from the GGUF metadata: {first}") from None
@@ -181,18 +188,18 @@ def tensor_shape(info: TensorInfo) -> tuple[int, ...]:
     return tuple(reversed(info.shape))
 
 
-def _read(f: Any, header: GGUFHeader, info: TensorInfo, start: int, n_bytes: int) -> Any:
+def _read(f: BufferedIOBase, header: GGUFHeader, info: TensorInfo, start: int, n_bytes: int) -> npt.NDArray[np.uint8]:
     import numpy as np
 
     at = header.data_start + info.offset + start
     raw = np.empty(n_bytes, dtype=np.uint8)
-    got = f.readinto(memoryview(raw)) if f.seek(at) == at else 0
+    got = f.readinto(raw.data) if f.seek(at) == at else 0
     if got != n_bytes:
         raise CheckpointError(f"{header.path}: truncated: tensor {info.name} ends past the end of the file")
     return raw
 
 
-def _values(raw: Any, info: TensorInfo, rows: int) -> Any:
+def _values(raw: npt.NDArray[np.uint8], info: TensorInfo, rows: int) -> npt.NDArray[np.float32]:
     """``rows`` rows of ``info`` as float32 numpy values ``[rows, row_length]``."""
     import numpy as np
 
@@ -207,8 +214,8 @@ def _values(raw: Any, info: TensorInfo, rows: int) -> Any:
     return gguf.quants.dequantize(raw.reshape(rows, -1), kind).reshape(rows, row_length)
 
 
-def row_blocks(f: Any, header: GGUFHeader, info: TensorInfo,
-               chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[tuple[int, Any]]:
+def row_blocks(f: BufferedIOBase, header: GGUFHeader, info: TensorInfo,
+               chunk_elements: int = CHUNK_ELEMENTS) -> Iterator[tuple[int, npt.NDArray[np.float32]]]:
     """``(first_row, values)`` for consecutive blocks of the tensor's rows, dequantized to float32 numpy
     arrays ``[rows, row_length]``. A row is the fastest ggml axis; ``f`` is the file opened
     in binary mode. Raises CheckpointError for a file that ends early."""
@@ -221,7 +228,7 @@ def row_blocks(f: Any, header: GGUFHeader, info: TensorInfo,
         yield first, _values(_read(f, header, info, first * row_bytes, rows * row_bytes), info, rows)
 
 
-def read_tensor(f: Any, header: GGUFHeader, info: TensorInfo) -> Any:
+def read_tensor(f: BufferedIOBase, header: GGUFHeader, info: TensorInfo) -> npt.NDArray[np.float32]:
     """The whole tensor dequantized to a numpy array of :func:`tensor_shape` (one full-size float32 copy)."""
     import numpy as np
 

@@ -22,12 +22,16 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models import gguf
 from anatomy_cli.models.cachedir import cache_dir
 from anatomy_cli.models.headers import GGUFHeader
+
+if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 _FORMAT = 1
 # init keywords that name where the tokenizer came from, not what it is.
@@ -52,7 +56,7 @@ def entry_paths(header: GGUFHeader) -> tuple[Path, Path]:
     return folder / f"{key}.tokenizer.json", folder / f"{key}.entry.json"
 
 
-def load(header: GGUFHeader, config: Any, spec: str) -> Any:
+def load(header: GGUFHeader, config: PreTrainedConfig, spec: str) -> PreTrainedTokenizerBase:
     """The transformers fast tokenizer of the GGUF file ``header`` describes (``config``: its transformers config).
 
     From the cache when its entry is whole; else converted by transformers and stored. Raises CheckpointError
@@ -75,7 +79,7 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _from_cache(tokenizer_json: Path, entry: Path, header: GGUFHeader) -> Any | None:
+def _from_cache(tokenizer_json: Path, entry: Path, header: GGUFHeader) -> PreTrainedTokenizerBase | None:
     try:
         meta = json.loads(entry.read_text(encoding="utf-8"))
         if meta.get("format") != _FORMAT or meta.get("sha256") != _digest(tokenizer_json):
@@ -83,33 +87,35 @@ def _from_cache(tokenizer_json: Path, entry: Path, header: GGUFHeader) -> Any | 
         from transformers.models.auto.tokenization_auto import TokenizersBackend, tokenizer_class_from_name
 
         cls = tokenizer_class_from_name(meta["class"]) or TokenizersBackend
-        return cls(tokenizer_file=str(tokenizer_json), name_or_path=str(Path(header.path).resolve().parent),
-                   **meta["kwargs"])
+        hf: PreTrainedTokenizerBase = cls(tokenizer_file=str(tokenizer_json),
+                                          name_or_path=str(Path(header.path).resolve().parent), **meta["kwargs"])
+        return hf
     except Exception:  # a partial, corrupt or foreign entry: rebuilt from the file
         return None
 
 
-def tokenizer_class(config: Any) -> Any:
+def tokenizer_class(config: PreTrainedConfig) -> type[PreTrainedTokenizerBase]:
     """The class ``AutoTokenizer`` picks for a GGUF file's config (its last resort for a file with no tokenizer
     files: the class registered for the config, else ``TokenizersBackend``)."""
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING, TokenizersBackend
 
-    cls = TOKENIZER_MAPPING.get(type(config), TokenizersBackend)
+    cls: type[PreTrainedTokenizerBase] = TOKENIZER_MAPPING.get(type(config), TokenizersBackend)
     return TokenizersBackend if getattr(cls, "__name__", "") == "MistralCommonBackend" else cls
 
 
-def _convert(header: GGUFHeader, config: Any, spec: str) -> Any:
+def _convert(header: GGUFHeader, config: PreTrainedConfig, spec: str) -> PreTrainedTokenizerBase:
     path = Path(header.path).resolve()
     try:
-        hf = tokenizer_class(config).from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        hf: PreTrainedTokenizerBase = tokenizer_class(config).from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                               local_files_only=True)
     except (OSError, ValueError, TypeError, KeyError, NotImplementedError) as exc:
         first = " ".join(str(exc).split()).split(". ")[0] or type(exc).__name__
         raise CheckpointError(f"{spec}: cannot build its tokenizer from the GGUF metadata: {first}") from None
     return hf
 
 
-def _kwargs(hf: Any) -> dict[str, Any]:
-    out = {}
+def _kwargs(hf: PreTrainedTokenizerBase) -> dict[str, Any]:
+    out: dict[str, Any] = {}  # JSON values: what the tokenizer class takes as keywords
     for name, value in hf.init_kwargs.items():
         if name in _WHERE:
             continue
@@ -136,7 +142,7 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
-def _store(hf: Any, tokenizer_json: Path, entry: Path) -> None:
+def _store(hf: PreTrainedTokenizerBase, tokenizer_json: Path, entry: Path) -> None:
     try:
         tokenizer_json.parent.mkdir(parents=True, exist_ok=True)
         text = hf.backend_tokenizer.to_str()

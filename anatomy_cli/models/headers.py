@@ -27,6 +27,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from anatomy_cli.errors import CheckpointError
@@ -72,7 +73,7 @@ class GGUFHeader:
         counts: dict[str, int] = {}
         for t in self.tensors:
             counts[t.dtype] = counts.get(t.dtype, 0) + t.n_params
-        return max(counts, key=counts.get) if counts else ""
+        return max(counts, key=counts.__getitem__) if counts else ""
 
     def field(self, suffix: str, default: Any = None) -> Any:
         """``{architecture}.{suffix}``, e.g. ``field("block_count")``."""
@@ -80,10 +81,10 @@ class GGUFHeader:
 
 
 class _Cursor:
-    def __init__(self, buf: Any, path: str):
+    def __init__(self, buf: mmap.mmap, path: str):
         self.buf, self.pos, self.path = buf, 0, path
 
-    def unpack(self, fmt: str) -> tuple:
+    def unpack(self, fmt: str) -> tuple[Any, ...]:
         size = struct.calcsize(fmt)
         if self.pos + size > len(self.buf):
             raise CheckpointError(f"{self.path}: the GGUF header is truncated (file ends at byte {len(self.buf)})")
@@ -140,7 +141,7 @@ def _value(cur: _Cursor, vtype: int, key: str, lengths: dict[str, int]) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def gguf_constants() -> Any:
+def gguf_constants() -> ModuleType:
     """The ``gguf`` package's ``constants`` module (``GGMLQuantizationType``, ``GGML_QUANT_SIZES``).
 
     Executed on its own when the package is not imported yet: ``import gguf`` imports numpy and
@@ -154,6 +155,8 @@ def gguf_constants() -> Any:
         raise CheckpointError("reading GGUF files needs the gguf package (pip install gguf)")
     path = os.path.join(list(spec.submodule_search_locations)[0], "constants.py")
     loader_spec = importlib.util.spec_from_file_location("_anatomy_gguf_constants", path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise CheckpointError(f"reading GGUF files needs the gguf package, and {path} cannot be loaded")
     module = importlib.util.module_from_spec(loader_spec)
     loader_spec.loader.exec_module(module)
     return module

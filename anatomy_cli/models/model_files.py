@@ -11,16 +11,20 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UnsupportedArchitecture
 from anatomy_cli.models import gguf, gguf_tokenizer, hub, presets
 from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.resolve import TOKENIZER_FILES, Source, config_path, first_line, in_cache, offline_message
 
+if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
 
 def read_config(source: Source, *, trust_remote_code: bool = False,
-                check_model_type: Callable[[str], Any] | None = None) -> Any:
+                check_model_type: Callable[[str], object] | None = None) -> PreTrainedConfig:
     """The transformers config of ``source``: a preset's built-in config, the config stored in a GGUF
     file's metadata, or config.json of a directory or a Hub id (the cached file; a Hub repository's
     own code only with ``trust_remote_code``).
@@ -52,13 +56,15 @@ def read_config(source: Source, *, trust_remote_code: bool = False,
     return _auto_config(spec, target, trust_remote_code, local_only=source.local_only)
 
 
-def _auto_config(spec: str, target: str, trust_remote_code: bool, local_only: bool) -> Any:
+def _auto_config(spec: str, target: str, trust_remote_code: bool, local_only: bool) -> PreTrainedConfig:
     import transformers
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code, local_files_only=local_only)
+        config: PreTrainedConfig = AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code,
+                                                              local_files_only=local_only)
+        return config
     except OSError as exc:
         raise CheckpointError(f"{spec}: cannot read config.json: {_first_sentence(exc)}") from None
     except StrictDataclassError as exc:  # v5 configs validate their fields (e.g. hidden % heads)
@@ -81,7 +87,7 @@ def _first_sentence(exc: BaseException) -> str:
 GPT2_HUB_IDS = ("openai-community/gpt2", "gpt2")
 
 
-def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The transformers (fast) tokenizer of ``source``.
 
     * ``gguf``: the tokenizer stored in the file, converted by transformers' GGUF support once and then read
@@ -110,8 +116,8 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        hf = AutoTokenizer.from_pretrained(source.ref, local_files_only=source.local_only,
-                                           trust_remote_code=trust_remote_code)
+        hf: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(source.ref, local_files_only=source.local_only,
+                                                                    trust_remote_code=trust_remote_code)
     except OSError as exc:
         if source.kind == "dir":
             raise CheckpointError(f"'{name}' has no usable tokenizer files: {first_line(exc)}") from None
@@ -127,12 +133,12 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> Any:
     return hf
 
 
-def _gguf_tokenizer(source: Source) -> Any:
+def _gguf_tokenizer(source: Source) -> PreTrainedTokenizerBase:
     header = read_gguf(source.ref)
     return gguf_tokenizer.load(header, gguf.read_config(header, source.spec), source.spec)
 
 
-def _preset_tokenizer(spec: str) -> Any:
+def _preset_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     if presets.PRESETS[spec][0] == "gpt2":
         return gpt2_tokenizer()
     repo = presets.HUB_IDS.get(spec, spec)
@@ -144,20 +150,21 @@ def _preset_tokenizer(spec: str) -> Any:
     return hf
 
 
-def hf_cached_tokenizer(repo_ids: tuple[str, ...]) -> Any | None:
+def hf_cached_tokenizer(repo_ids: tuple[str, ...]) -> PreTrainedTokenizerBase | None:
     """An AutoTokenizer for the first repo whose tokenizer is in the local HF cache, else None."""
     from transformers import AutoTokenizer
 
     for repo in repo_ids:
         if any(in_cache(repo, f) for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
             try:
-                return AutoTokenizer.from_pretrained(repo, local_files_only=True)
+                found: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(repo, local_files_only=True)
+                return found
             except (OSError, ValueError):
                 continue
     return None
 
 
-def gpt2_tokenizer() -> Any:
+def gpt2_tokenizer() -> PreTrainedTokenizerBase:
     """GPT-2's BPE tokenizer (HF fast, 50,257 tokens) without network.
 
     From the local Hugging Face cache (openai-community/gpt2, gpt2) when it is there, else
@@ -166,9 +173,10 @@ def gpt2_tokenizer() -> Any:
     hf = hf_cached_tokenizer(GPT2_HUB_IDS)
     if hf is not None:
         return hf
-    from transformers import GPT2TokenizerFast
+    from transformers import GPT2Tokenizer  # GPT2TokenizerFast is v5's alias of this (fast) class
 
     from anatomy_cli.data import gpt2_merges, gpt2_vocab
 
     # vocab=/merges= as data: transformers 5 turns file paths given there into a one-token tokenizer.
-    return GPT2TokenizerFast(vocab=dict(gpt2_vocab()), merges=gpt2_merges())
+    built: PreTrainedTokenizerBase = GPT2Tokenizer(vocab=dict(gpt2_vocab()), merges=gpt2_merges())
+    return built

@@ -8,11 +8,14 @@ original checkpoints. Used by ``params`` (counting on the meta device) and by
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
 
 _GPT2 = dict(vocab_size=50257, n_positions=1024, bos_token_id=50256, eos_token_id=50256)
 
-PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+PRESETS: dict[str, tuple[str, dict[str, int | float | bool]]] = {
     "gpt2": ("gpt2", dict(_GPT2, n_embd=768, n_layer=12, n_head=12)),
     "gpt2-medium": ("gpt2", dict(_GPT2, n_embd=1024, n_layer=24, n_head=16)),
     "gpt2-large": ("gpt2", dict(_GPT2, n_embd=1280, n_layer=36, n_head=20)),
@@ -45,9 +48,10 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
-def preset_config(name: str):
+def preset_config(name: str) -> PreTrainedConfig:
     """The ``transformers`` config for preset ``name``. Raises KeyError when unknown."""
     from transformers import AutoConfig
 
     model_type, kwargs = PRESETS[name]
-    return AutoConfig.for_model(model_type, **kwargs)
+    config: PreTrainedConfig = AutoConfig.for_model(model_type, **kwargs)
+    return config

@@ -20,6 +20,7 @@ A spec is, in this order:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,7 +207,7 @@ def config_path(source: Source) -> Path:
     return Path(found)
 
 
-def label(source: Source, fields: dict | None = None) -> str:
+def label(source: Source, fields: Mapping[str, object] | None = None) -> str:
     """A short name for headings and plot titles (JSON keeps the spec as given).
 
     A GGUF file: its ``general.name`` (``fields``: its header's metadata, else the header is read),

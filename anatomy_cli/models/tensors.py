@@ -24,12 +24,19 @@ an unreadable file, a tensor whose type gguf cannot dequantize.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models.resolve import Source, first_line
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.configuration_utils import PreTrainedConfig
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor
+    from transformers.modeling_utils import PreTrainedModel
 
 _BUFFERS = re.compile(r"\.attn\.(?:masked_)?bias$|\.inv_freq$|(?:^|\.)position_ids$|(?:^|\.)rope_freqs\.")
 
@@ -62,14 +69,14 @@ class TensorReader:
     tied: bool
     embed_name: str | None
     head_name: str | None
-    _read: Any = field(repr=False, default=None)
-    _close: Any = field(repr=False, default=None)
+    _read: Callable[[str], torch.Tensor] | None = field(repr=False, default=None)
+    _close: Callable[[], None] | None = field(repr=False, default=None)
 
-    def read(self, name: str) -> Any:
+    def read(self, name: str) -> torch.Tensor:
         """The tensor ``name`` as a float32 torch tensor (dequantized for GGUF). Raises CheckpointError."""
         import torch
 
-        if name not in self.tensors:
+        if name not in self.tensors or self._read is None:
             raise CheckpointError(f"{self.spec}: no tensor {name}")
         try:
             return self._read(name).to(torch.float32)
@@ -88,11 +95,11 @@ class TensorReader:
     def __enter__(self) -> TensorReader:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def open_tensors(source: Source, config: Any) -> TensorReader:
+def open_tensors(source: Source, config: PreTrainedConfig) -> TensorReader:
     """A :class:`TensorReader` over ``source`` (kind ``gguf``, ``dir`` or a cached ``hub`` id) whose
     transformers config is ``config`` (:func:`anatomy_cli.models.model_files.read_config`).
 
@@ -121,7 +128,7 @@ def _hub_snapshot(source: Source) -> Path:
         raise CheckpointError(f"{source.spec}: cannot find its safetensors files: {first_line(exc)}") from None
 
 
-def _meta_model(config: Any) -> Any:
+def _meta_model(config: PreTrainedConfig) -> PreTrainedModel:
     """The model for ``config`` on the meta device (names, tying; no storage)."""
     import torch
     import transformers
@@ -131,22 +138,25 @@ def _meta_model(config: Any) -> Any:
 
     causal = adapters.for_config(config).causal
     archs = getattr(config, "architectures", None) or []
+    auto: type[transformers.AutoModel | transformers.AutoModelForCausalLM | transformers.AutoModelForMaskedLM]
     if causal:
         auto = transformers.AutoModelForCausalLM
     elif any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
         auto = transformers.AutoModelForMaskedLM
     else:
         auto = transformers.AutoModel
+    auto_model: PreTrainedModel
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         with torch.device("meta"):
-            return auto.from_config(config)
+            auto_model = auto.from_config(config)
+            return auto_model
     finally:
         hf_logging.set_verbosity(previous)
 
 
-def _tying(model: Any) -> tuple[bool, str | None, str | None]:
+def _tying(model: PreTrainedModel) -> tuple[bool, str | None, str | None]:
     """(tied, embedding name, head name) of a meta model, by parameter identity."""
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -156,20 +166,23 @@ def _tying(model: Any) -> tuple[bool, str | None, str | None]:
         head = model.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         head = None
-    emb_name = names.get(id(emb.weight), [None])[0] if emb is not None else None
+    emb_names = names.get(id(emb.weight), []) if emb is not None else []
+    emb_name = emb_names[0] if emb_names else None
     head_names = names.get(id(head.weight), []) if head is not None and hasattr(head, "weight") else []
     tied = head is not None and emb is not None and head.weight is emb.weight
-    head_name = next((n for n in head_names if n != emb_name), None) if tied else (head_names or [None])[0]
+    if tied:
+        head_name = next((n for n in head_names if n != emb_name), None)
+    else:
+        head_name = head_names[0] if head_names else None
     return tied, emb_name, head_name
 
 
-def _n_layers(config: Any) -> int:
+def _n_layers(config: PreTrainedConfig) -> int:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer", 0) or 0)
 
 
-def _open_safetensors(spec: str, folder: Path, config: Any) -> TensorReader:
-    import torch
+def _open_safetensors(spec: str, folder: Path, config: PreTrainedConfig) -> TensorReader:
     from safetensors import safe_open
 
     from anatomy_cli.models.headers import read_safetensors, safetensors_files
@@ -194,19 +207,21 @@ def _open_safetensors(spec: str, folder: Path, config: Any) -> TensorReader:
                 continue  # the head is the embedding: compared once
             where[name] = (path, info.name)
             tensors[name] = StoredTensor(name, info.shape, info.dtype, info.n_params)
-    handles: dict[Path, Any] = {}
+    handles: dict[Path, safe_open] = {}
 
     def read(name: str) -> torch.Tensor:
         path, stored = where[name]
         if path not in handles:
             handles[path] = safe_open(str(path), framework="pt")
-        return handles[path].get_tensor(stored)
+        tensor: torch.Tensor = handles[path].get_tensor(stored)
+        return tensor
 
     return TensorReader(spec, "safetensors", config.model_type, _n_layers(config), tensors, tied, emb_name,
                         head_name, read, handles.clear)
 
 
-def _weights_map(build: Any, model: Any, processor: Any) -> dict[str, str]:
+def _weights_map(build: Callable[[PreTrainedModel, TensorProcessor], dict[str, str]], model: PreTrainedModel,
+                 processor: TensorProcessor) -> dict[str, str]:
     """transformers' GGUF -> transformers name map. It walks every submodule and rebuilds gguf's name table
     for each (SmolLM2: 397 times, 6.5 s); the table depends only on (architecture, layers), so it is built once."""
     import functools
@@ -221,7 +236,7 @@ def _weights_map(build: Any, model: Any, processor: Any) -> dict[str, str]:
         gguf.get_tensor_name_map = real
 
 
-def _open_gguf(source: Source, config: Any) -> TensorReader:
+def _open_gguf(source: Source, config: PreTrainedConfig) -> TensorReader:
     import numpy as np
     import torch
     from gguf import GGUFReader, dequantize
@@ -239,7 +254,8 @@ def _open_gguf(source: Source, config: Any) -> TensorReader:
     model = _meta_model(config)
     tied, emb_name, head_name = _tying(model)
     # transformers' processor takes the config as a dict of its own keys (num_attention_heads, ...).
-    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
+    processor_class: type[TensorProcessor] = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)
+    processor = processor_class(config=config.to_dict())
     mapping = _weights_map(get_gguf_hf_weights_map, model, processor)
     by_gguf = {t.name: t for t in reader.tensors}
     sources: dict[str, list[str]] = {}

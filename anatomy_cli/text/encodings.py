@@ -14,8 +14,12 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import AnatomyError, OfflineError, UsageError
+
+if TYPE_CHECKING:
+    import tiktoken
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -43,7 +47,7 @@ def cache_name(url: str) -> str:
     return hashlib.sha1(url.encode()).hexdigest()
 
 
-def load_encoding(name: str):
+def load_encoding(name: str) -> tiktoken.Encoding:
     """The tiktoken ``Encoding`` called ``name``.
 
     Raises UsageError for an unknown name (listing the available ones); OfflineError when a
@@ -75,7 +79,7 @@ def _offline_message(name: str, exc: OSError) -> str:
             f"{wants} (see {DOCS}); gpt2 works offline")
 
 
-def gpt2_encoding():
+def gpt2_encoding() -> tiktoken.Encoding:
     """tiktoken's gpt2 encoding (ids, pattern and ``<|endoftext|>`` = 50256), never downloaded.
 
     gpt2 and r50k_base are the same encoding. A valid r50k_base file in tiktoken's cache is

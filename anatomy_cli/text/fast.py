@@ -11,7 +11,11 @@ offsets are those of the transformers tokenizer; its special tokens are the name
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -29,7 +33,7 @@ class BackendTokenizer:
 
     is_fast = True
 
-    def __init__(self, backend: Any, special: dict[str, Any]):
+    def __init__(self, backend: Tokenizer, special: dict[str, Any]):
         backend.no_truncation()
         backend.no_padding()
         self.backend_tokenizer = backend
@@ -63,15 +67,25 @@ class BackendTokenizer:
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def convert_ids_to_tokens(self, ids: Any) -> Any:
+    @overload
+    def convert_ids_to_tokens(self, ids: int) -> str | None: ...
+
+    @overload
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]: ...
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | None | list[str | None]:
         if isinstance(ids, int):
             return self.backend_tokenizer.id_to_token(ids)
         return [self.backend_tokenizer.id_to_token(int(i)) for i in ids]
 
-    def __call__(self, texts: list[str], *, add_special_tokens: bool = False, split_special_tokens: bool = True,
-                 **_: Any) -> dict[str, list]:
-        """``{"input_ids": [[id, ...], ...], "offset_mapping": [[(start, end), ...], ...]}`` per text."""
+    def __call__(self, text: str | list[str], *, add_special_tokens: bool = False, split_special_tokens: bool = True,
+                 **_: Any) -> dict[str, list[Any]]:
+        """``{"input_ids": [[id, ...], ...], "offset_mapping": [[(start, end), ...], ...]}`` per text; for one
+        text (a ``str``) the two lists of that text, as transformers answers."""
         backend = self.backend_tokenizer
         backend.encode_special_tokens = split_special_tokens
-        found = backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        found = backend.encode_batch([text] if isinstance(text, str) else list(text),
+                                     add_special_tokens=add_special_tokens)
+        if isinstance(text, str):
+            return {"input_ids": found[0].ids, "offset_mapping": found[0].offsets}
         return {"input_ids": [e.ids for e in found], "offset_mapping": [e.offsets for e in found]}

@@ -16,8 +16,9 @@ the tokenizer has tokens). The options themselves are in
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import UsageError
 
@@ -63,7 +64,7 @@ def check_first_token(first_token: bool, *chosen: TokenChoice | None, options: s
         raise UsageError(f"--first-token applies to a {options} TEXT of several tokens, and none was given")
 
 
-def _tokenizer(source: Any) -> Tokenizer:
+def _tokenizer(source: LoadedModel | Tokenizer) -> Tokenizer:
     from anatomy_cli.text.tokenization import Tokenizer
 
     return source if isinstance(source, Tokenizer) else source.tokenizer
@@ -78,7 +79,7 @@ def _pieces(tok: Tokenizer, text: str) -> tuple[list[int], list[str]]:
 
 
 def resolve(source: LoadedModel | Tokenizer, wanted: TokenChoice, *, model: str | None = None,
-            vocab_size: int | None = None, note: Any = None) -> int:
+            vocab_size: int | None = None, note: Callable[[str], object] | None = None) -> int:
     """The token id ``wanted`` stands for in ``source``'s tokenizer (a LoadedModel or a Tokenizer).
 
     ``model`` names the model in messages (default: ``source.name``); ``vocab_size`` bounds an id: the

@@ -23,10 +23,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.text.display import token_display
+
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    from anatomy_cli.text.protocol import HFTokenizer
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,10 @@ class Encoded:
         if body < 1:
             raise AnatomyError(f"cannot keep {n} tokens: {lead + trail} are special tokens")
         keep = list(range(lead)) + list(range(len(self) - trail - body, len(self)))
-        pick = lambda xs: [xs[i] for i in keep]
+
+        def pick(xs: list[_T]) -> list[_T]:
+            return [xs[i] for i in keep]
+
         return replace(self, ids=pick(self.ids), offsets=pick(self.offsets), pieces=pick(self.pieces),
                        special=pick(self.special), token_bytes=pick(self.token_bytes),
                        dropped=self.dropped + len(self) - len(keep))
@@ -86,7 +96,7 @@ def _bytes_decoder() -> dict[str, int]:
     return table
 
 
-def _decoder_kind(hf: Any) -> str:
+def _decoder_kind(hf: HFTokenizer) -> str:
     """'byte_level', 'sentencepiece' or 'text', from the fast tokenizer's decoder."""
     decoder = hf.backend_tokenizer.decoder
     if decoder is None:
@@ -102,7 +112,7 @@ def _decoder_kind(hf: Any) -> str:
     return "text"
 
 
-def own_span(token: str, text: str, span: tuple[int, int]) -> tuple[int, int]:
+def own_span(token: str | None, text: str, span: tuple[int, int]) -> tuple[int, int]:
     """A SentencePiece token's own character span: ``span`` (the tokenizer's offsets), except for
     a bare ``▁`` whose offsets cover a character that is not a space.
 
@@ -116,7 +126,7 @@ def own_span(token: str, text: str, span: tuple[int, int]) -> tuple[int, int]:
     return span
 
 
-def adds_bos(hf: Any) -> bool:
+def adds_bos(hf: HFTokenizer) -> bool:
     """True when the tokenizer's own convention is to prepend its BOS token.
 
     Its ``add_bos_token`` (from tokenizer_config.json, or ``tokenizer.ggml.add_bos_token`` when
@@ -146,13 +156,15 @@ class Tokenizer:
     None: read it from the tokenizer (:func:`adds_bos`).
     """
 
-    def __init__(self, hf: Any, *, add_special_tokens: bool = False, add_bos: bool | None = None):
+    def __init__(self, hf: HFTokenizer | PreTrainedTokenizerBase, *, add_special_tokens: bool = False,
+                 add_bos: bool | None = None):
         if not getattr(hf, "is_fast", False):
             raise AnatomyError(f"{type(hf).__name__} is not a fast tokenizer; character offsets need one")
-        self.hf = hf
+        # A fast tokenizer (the check above) has a Rust backend: what HFTokenizer describes.
+        self.hf = cast("HFTokenizer", hf)
         self.add_special_tokens = add_special_tokens
-        self.kind = _decoder_kind(hf)
-        self.special_ids = frozenset(hf.all_special_ids)
+        self.kind = _decoder_kind(self.hf)
+        self.special_ids = frozenset(self.hf.all_special_ids)
         self._add_bos = add_bos
 
     @cached_property
@@ -215,7 +227,7 @@ class Tokenizer:
         if not self.known(token_id):
             return f"<unused id {int(token_id)}>"
         if token_id in self.special_ids:
-            return self.hf.convert_ids_to_tokens(int(token_id))
+            return self.hf.convert_ids_to_tokens(int(token_id)) or ""  # known: never None
         return token_display(self.token_bytes(token_id))
 
     def encode(self, texts: list[str], *, bos: bool | None = None, allow_special: bool = False) -> list[Encoded]:
