@@ -46,7 +46,7 @@ class Server:
         # ``loader``: who really opens and loads (None: engine.loader.DIRECT, imported by the worker: the
         # server listens before torch is imported).
         self.cache = ModelCache(loader, max_bytes, self.log)
-        self.tokenizers = TokenizerCache(lambda source, **kw: self._tokenizer_load(source, **kw))
+        self.tokenizers = TokenizerCache(self._load_tokenizer)
         self.started = time.time()
         self.last_activity = time.monotonic()
         self.requests = 0
@@ -59,6 +59,10 @@ class Server:
         self._commands = commands  # the registry: returns the click command that runs a command line
         self._command: Any = None
         self._tokenizer_load: Callable[..., Any] | None = None  # set by the worker
+
+    def _load_tokenizer(self, source: Any, **options: Any) -> Any:
+        assert self._tokenizer_load is not None  # set by the worker before any request runs
+        return self._tokenizer_load(source, **options)
 
     # -------------------------------------------------------------- lifecycle
 

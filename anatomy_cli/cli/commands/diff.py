@@ -80,8 +80,8 @@ def diff_command(
     """
     from anatomy_cli.models.resolve import check_path
 
-    for spec in (a, b):
-        check_path(spec)  # a path that does not exist fails before torch loads
+    for name in (a, b):
+        check_path(name)  # a path that does not exist fails before torch loads
     if prompt is not None and weights:
         raise UsageError("--weights compares the files and takes no PROMPT; drop one of them")
     if prompt is None:
