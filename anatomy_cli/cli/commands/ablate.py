@@ -46,6 +46,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
 
 
 class AblateMode(str, Enum):
@@ -127,10 +128,7 @@ def ablate_command(
         _check_decoder(pre.name, pre.adapter.causal)
         if layer is not None and not -pre.n_layers <= layer < pre.n_layers:
             raise UsageError(f"--layer {layer} is out of range: {pre.name} has layers 0..{pre.n_layers - 1}")
-        for i, enc in enumerate(pre.encoded, start=1):
-            if not -len(enc) <= position < len(enc):
-                which = f"prompt {i}" if len(pre.encoded) > 1 else "the prompt"
-                raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens")
+        check_position(position, pre.encoded)
         vocab = getattr(pre.config, "vocab_size", None)
         ids["target"] = targets.resolve(pre.tokenizer, wanted, model=pre.name, vocab_size=vocab)
         ids["foil"] = targets.resolve(pre.tokenizer, unwanted, model=pre.name, vocab_size=vocab) if unwanted else None

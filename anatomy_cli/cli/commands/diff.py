@@ -35,6 +35,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
 
 ModelArg = Annotated[str, typer.Argument(metavar="A", show_default=False,
                                          help="The first model: .gguf file, directory, preset or Hugging Face id.")]
@@ -130,7 +131,7 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
 
     def check(pre) -> None:  # before A's weights: shapes of the question, and B's tokenizer agrees
         render.check_decoder(pre.name, pre.adapter)
-        render.check_position(position, pre.encoded)
+        check_position(position, pre.encoded)
         render.check_same_tokens(pre.encoded, render.tokens_of(spec_b, texts, options), spec_a.model, spec_b.model)
         if wanted is not None:
             target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=spec_a.model,

@@ -46,6 +46,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
 
 
 class By(str, Enum):
@@ -137,7 +138,7 @@ def dla_command(
             raise UsageError(f"dla needs a linear path from the residual stream to the logits; {pre.name} "
                              f"({adapter.name}) has a non-linear masked-LM head (dense, GELU, LayerNorm) after "
                              "post-LN blocks, so its logits are not a sum of per-component terms")
-        _check_position(pre.encoded, position)
+        check_position(position, pre.encoded)
         vocab = getattr(pre.config, "vocab_size", None)
         for key, choice in (("target", wanted), ("foil", foiled)):
             if choice is not None:
@@ -169,14 +170,6 @@ def dla_command(
                                    f"{enc.pieces[cache.positions[0]]}")
             plots.draw("dla", plot, len(reports) if prompt == "-" else None, result, lm.n_layers, lm.n_heads, what, cap)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
-
-
-def _check_position(encoded, position: int | None) -> None:
-    for i, enc in enumerate(encoded, start=1):
-        if position is not None and not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
-                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
 
 
 def _names(lm, by: By) -> list[str]:

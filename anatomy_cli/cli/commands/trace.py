@@ -43,6 +43,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
 
 LAYER_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -118,7 +119,7 @@ def trace_command(
     target_ids: list[int] = []
 
     def check(pre) -> None:
-        _check_position(position, pre.encoded)
+        check_position(position, pre.encoded)
         if wanted is not None:
             target_ids[:] = [targets.resolve(pre.tokenizer, wanted, model=model,
                                              vocab_size=getattr(pre.config, "vocab_size", None))]
@@ -157,16 +158,6 @@ def trace_command(
             plots.draw("trace", plot, len(reports) if prompt == "-" else None, result,
                        plots.Caption.of("trace", lm, enc.text, detail))
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
-
-
-def _check_position(position: int | None, encoded) -> None:
-    # Runs before the weights load (load_prompts' check): a bad --position fails at once.
-    for i, enc in enumerate(encoded, start=1):
-        if position is not None and not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} "
-                             f"token{'' if len(enc) == 1 else 's'} "
-                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
 
 
 def _last_text_token(enc) -> int:
