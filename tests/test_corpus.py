@@ -327,6 +327,18 @@ def test_cli_formats_heads_and_stdin(tiny_model_dir, cached_load):
     assert data["perplexity"] == pytest.approx(2 ** data["loss_bits"])
 
 
+@pytest.mark.parametrize("options", [[], ["--dtype", "bf16"], ["--init", "random"]])
+def test_corpus_and_trace_name_the_model_the_same_way(tiny_model_dir, cached_load, options):
+    model = str(tiny_model_dir("gpt2"))
+    keys = ("model", "untrained", "dtype", "dequantized_from")
+    corpus = json.loads(invoke("corpus", "-", "--model", model, "--ctx", 16, "--max-tokens", 32, "--no-lens",
+                               "--format", "json", *options, input=ARTICLE.read_text()[:500]).stdout)
+    trace = json.loads(invoke("trace", "Thank you", "--model", model, "--format", "json", *options).stdout)
+    assert {k: corpus[k] for k in keys} == {k: trace[k] for k in keys}
+    assert corpus["model"] == model and corpus["dtype"] == (options[1] if options[:1] == ["--dtype"] else "fp32")
+    assert corpus["untrained"] is (options == ["--init", "random"])
+
+
 def test_cli_errors_are_one_line(tiny_model_dir, tmp_path, cached_load, monkeypatch):
     model = tiny_model_dir("gpt2")
     empty = tmp_path / "empty.txt"

@@ -16,6 +16,7 @@ from anatomy_cli.cli.commands._common import (
     BosOpt,
     PromptArg,
     TruncateOpt,
+    describe,
     emit_prompts,
     load_prompts,
     model_label,
@@ -45,6 +46,7 @@ from anatomy_cli.cli.options import (
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.text import records as text_records
 from anatomy_cli.text.options import PromptOptions
 from anatomy_cli.text.positions import check_position
 
@@ -182,8 +184,8 @@ def _check_decoder(name: str, ok: bool) -> None:
 
 
 def token_record(lm, token_id: int | None) -> dict | None:
-    """``{"token_id": 881, "token": "·much"}`` (None for None)."""
-    return None if token_id is None else {"token_id": token_id, "token": lm.tokenizer.piece(token_id)}
+    """``{"token_id": 881, "token": "·much", "text": " much"}`` (None for None): the one token record."""
+    return None if token_id is None else text_records.token_record(token_id, *describe(lm)(token_id))
 
 
 def _report(lm, enc, pos: int, ids: dict, result) -> Report:

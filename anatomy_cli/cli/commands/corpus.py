@@ -25,6 +25,7 @@ from anatomy_cli.cli.options import (
     PlotOpt,
     TrustRemoteCodeOpt,
 )
+from anatomy_cli.cli.records import model_record, spec_record
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section, emit
@@ -135,7 +136,7 @@ def corpus_command(
         if source == "-":
             src.path.unlink(missing_ok=True)
     name = model_label(lm) if lm is not None else spec.model
-    emit(_report(name, identity, settings, result), fmt)
+    emit(_report(name, model_record(lm) if lm is not None else spec_record(spec), identity, settings, result), fmt)
     if plot:
         from anatomy_cli.output import plots
         from anatomy_cli.output.plots import corpus as picture
@@ -216,9 +217,9 @@ class _Status:
             self.live.__exit__(*exc)
 
 
-def _report(name: str, identity: dict[str, Any], settings: Any, result: Any) -> Report:
+def _report(name: str, model: dict[str, Any], identity: dict[str, Any], settings: Any, result: Any) -> Report:
     stats = result.stats
-    data = {"model": name, "source": identity, "settings": settings.to_dict(), "shards": result.shards,
+    data = {**model, "source": identity, "settings": settings.to_dict(), "shards": result.shards,
             "resumed_shards": result.resumed, **stats.to_dict()}
     loss = f" · loss {stats.loss_bits:.4f} bits/token, perplexity {stats.perplexity:.2f}" \
         if stats.loss_bits is not None else ""

@@ -47,6 +47,7 @@ from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
 from anatomy_cli.text.positions import check_position
+from anatomy_cli.text.records import token_record
 
 
 class By(str, Enum):
@@ -266,10 +267,7 @@ def _attribute(lm, cache, by: By, direction, head_bias: float, target: int, foil
 
 def _report(lm, enc, pos: int, result, ids: dict[str, int], name_token, by: By) -> Report:
     def token(i: int | None) -> dict[str, Any] | None:
-        if i is None:
-            return None
-        display, text = name_token(i)
-        return {"token_id": i, "token": display, "text": text}
+        return None if i is None else token_record(i, *name_token(i))
 
     target, foil = token(ids["target"]), token(ids.get("foil"))
     data = {**prompt_record(lm, enc), "position": pos, "position_token": enc.pieces[pos], "target": target,

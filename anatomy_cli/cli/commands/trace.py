@@ -44,6 +44,7 @@ from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
 from anatomy_cli.text.positions import check_position
+from anatomy_cli.text.records import token_record
 
 LAYER_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -151,7 +152,7 @@ def trace_command(
             lens_logits=engine.unembed(lm, resid) if lm.has_unembed else None,
             logits=cache.logits[0] if lm.has_unembed else None, k=k, describe=name_token,
             target_id=target_ids[0] if target_ids else None)
-        target_info = {"token_id": target_ids[0], "token": name_token(target_ids[0])[0]} if target_ids else None
+        target_info = token_record(target_ids[0], *name_token(target_ids[0])) if target_ids else None
         reports.append(_report(lm, enc, cache.positions[0], result, target=target_info))
         if plot:
             detail = f"position {cache.positions[0]} = {enc.pieces[cache.positions[0]]}"
