@@ -339,6 +339,31 @@ def test_corpus_and_trace_name_the_model_the_same_way(tiny_model_dir, cached_loa
     assert corpus["untrained"] is (options == ["--init", "random"])
 
 
+def test_the_progress_line_goes_through_the_one_stderr_sink(tiny_model_dir, cached_load, monkeypatch):
+    # corpus (a layer below the CLI) gets a callable; the CLI's one status line shows what it reports.
+    import contextlib
+
+    from anatomy_cli.cli.commands import corpus as command
+
+    shown = []
+
+    class Line:
+        def update(self, text):
+            shown.append(text)
+
+    @contextlib.contextmanager
+    def status(message):
+        shown.append(message)
+        yield Line()
+
+    monkeypatch.setattr(command, "status", status)
+    res = invoke("corpus", "-", "--model", tiny_model_dir("gpt2"), "--ctx", 16, "--max-tokens", 64,
+                 "--shard-windows", 2, "--no-lens", "--format", "json", input=ARTICLE.read_text()[:3000])
+    assert res.exit_code == 0, res.stderr
+    assert shown[0] == "corpus: planning the first shard" and len(shown) == 3   # 64 tokens: 4 windows, 2 shards
+    assert shown[-1].startswith("corpus: 64 tokens · ") and "tokens/s" in shown[-1] and "ETA 0:00" in shown[-1]
+
+
 def test_cli_errors_are_one_line(tiny_model_dir, tmp_path, cached_load, monkeypatch):
     model = tiny_model_dir("gpt2")
     empty = tmp_path / "empty.txt"
