@@ -335,8 +335,21 @@ def test_corpus_and_trace_name_the_model_the_same_way(tiny_model_dir, cached_loa
                                "--format", "json", *options, input=ARTICLE.read_text()[:500]).stdout)
     trace = json.loads(invoke("trace", "Thank you", "--model", model, "--format", "json", *options).stdout)
     assert {k: corpus[k] for k in keys} == {k: trace[k] for k in keys}
+    from anatomy_cli.cli.records import spec_record  # `corpus --ray`: the driver loads no model, the spec says it
+
+    spec = ModelSpec(model, dtype=options[1] if options[:1] == ["--dtype"] else "fp32",
+                     init="random" if options[:1] == ["--init"] else "pretrained")
+    assert spec_record(spec) == {k: trace[k] for k in keys}
     assert corpus["model"] == model and corpus["dtype"] == (options[1] if options[:1] == ["--dtype"] else "fp32")
     assert corpus["untrained"] is (options == ["--init", "random"])
+
+
+def test_a_gguf_spec_names_its_quantization_as_loading_it_does(smollm2_lm, smollm2_gguf):
+    from anatomy_cli.cli.records import model_record, spec_record
+
+    # (the session's model is renamed; its file is the same)
+    assert spec_record(ModelSpec(str(smollm2_gguf))) == {**model_record(smollm2_lm), "model": str(smollm2_gguf)}
+    assert model_record(smollm2_lm)["dequantized_from"] == "Q4_1 (Q4_1, Q8_0)"
 
 
 def test_the_progress_line_goes_through_the_one_stderr_sink(tiny_model_dir, cached_load, monkeypatch):
