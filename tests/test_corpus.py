@@ -327,6 +327,56 @@ def test_cli_formats_heads_and_stdin(tiny_model_dir, cached_load):
     assert data["perplexity"] == pytest.approx(2 ** data["loss_bits"])
 
 
+@pytest.mark.parametrize("options", [[], ["--dtype", "bf16"], ["--init", "random"]])
+def test_corpus_and_trace_name_the_model_the_same_way(tiny_model_dir, cached_load, options):
+    model = str(tiny_model_dir("gpt2"))
+    keys = ("model", "untrained", "dtype", "dequantized_from")
+    corpus = json.loads(invoke("corpus", "-", "--model", model, "--ctx", 16, "--max-tokens", 32, "--no-lens",
+                               "--format", "json", *options, input=ARTICLE.read_text()[:500]).stdout)
+    trace = json.loads(invoke("trace", "Thank you", "--model", model, "--format", "json", *options).stdout)
+    assert {k: corpus[k] for k in keys} == {k: trace[k] for k in keys}
+    from anatomy_cli.cli.records import spec_record  # `corpus --ray`: the driver loads no model, the spec says it
+
+    spec = ModelSpec(model, dtype=options[1] if options[:1] == ["--dtype"] else "fp32",
+                     init="random" if options[:1] == ["--init"] else "pretrained")
+    assert spec_record(spec) == {k: trace[k] for k in keys}
+    assert corpus["model"] == model and corpus["dtype"] == (options[1] if options[:1] == ["--dtype"] else "fp32")
+    assert corpus["untrained"] is (options == ["--init", "random"])
+
+
+def test_a_gguf_spec_names_its_quantization_as_loading_it_does(smollm2_lm, smollm2_gguf):
+    from anatomy_cli.cli.records import model_record, spec_record
+
+    # (the session's model is renamed; its file is the same)
+    assert spec_record(ModelSpec(str(smollm2_gguf))) == {**model_record(smollm2_lm), "model": str(smollm2_gguf)}
+    assert model_record(smollm2_lm)["dequantized_from"] == "Q4_1 (Q4_1, Q8_0)"
+
+
+def test_the_progress_line_goes_through_the_one_stderr_sink(tiny_model_dir, cached_load, monkeypatch):
+    # corpus (a layer below the CLI) gets a callable; the CLI's one status line shows what it reports.
+    import contextlib
+
+    from anatomy_cli.cli.commands import corpus as command
+
+    shown = []
+
+    class Line:
+        def update(self, text):
+            shown.append(text)
+
+    @contextlib.contextmanager
+    def status(message):
+        shown.append(message)
+        yield Line()
+
+    monkeypatch.setattr(command, "status", status)
+    res = invoke("corpus", "-", "--model", tiny_model_dir("gpt2"), "--ctx", 16, "--max-tokens", 64,
+                 "--shard-windows", 2, "--no-lens", "--format", "json", input=ARTICLE.read_text()[:3000])
+    assert res.exit_code == 0, res.stderr
+    assert shown[0] == "corpus: planning the first shard" and len(shown) == 3   # 64 tokens: 4 windows, 2 shards
+    assert shown[-1].startswith("corpus: 64 tokens · ") and "tokens/s" in shown[-1] and "ETA 0:00" in shown[-1]
+
+
 def test_cli_errors_are_one_line(tiny_model_dir, tmp_path, cached_load, monkeypatch):
     model = tiny_model_dir("gpt2")
     empty = tmp_path / "empty.txt"

@@ -168,7 +168,7 @@ def test_usage_errors(tiny_model_dir, tmp_path):
         "error: --target needs a PROMPT (it compares next-token probabilities)"]
     result = invoke(d, d, PROMPT, "--position", "3", "--device", "cpu")
     assert result.exit_code == 2 and error_lines(result) == [
-        "error: --position 3 is out of range: the prompt has 3 tokens"]
+        "error: --position 3 is out of range: the prompt has 3 tokens (use 0..2, or -3..-1 from the end)"]
     bert = tiny_model_dir("bert")
     result = invoke(bert, bert, PROMPT, "--device", "cpu")
     assert result.exit_code == 2 and error_lines(result) == [

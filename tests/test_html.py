@@ -251,3 +251,20 @@ def test_a_long_prompt_is_pooled_during_the_run(tmp_path, tiny, monkeypatch):
     # tooltip names no position (x, y are block numbers there; the line above the plot gives the positions).
     assert data["causal"] is True and np.all(block[np.triu_indices(8, 1)] == 0) and "(D.causal && k > q) ? null" in text
     assert '"hovertemplate":"weight %{z:.4f}' in text and "query %{y}" not in text
+
+
+def test_byte_pieces_read_as_in_the_table(tmp_path, tiny):
+    # GPT-2 splits 我 (e6 88 91) into the byte pieces <e6 88> and <91>: the page names them as the JSON does, made
+    # visible once (not <e6·88>: the space of the display piece is not a leading space of the token).
+    out = tmp_path / "lens.html"
+    result = runner.invoke(app, ["lens", "我 cat", "--model", tiny, "--format", "json", "--plot", str(out)])
+    assert result.exit_code == 0, result.stderr
+    tokens = json.loads(result.stdout)["tokens"]
+    assert "<e6 88>" in tokens
+    shown = [t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") for t in tokens]
+    (traces,) = figure_data(out)
+    firsts = [row.split("<br>")[0] for row in traces[0]["customdata"][0]]
+    assert firsts == [f"position {i}: {t}" for i, t in enumerate(shown)]
+    page = outside_plotlyjs(out)
+    axis = re.search(r'"xaxis":\{"title":\{"text":"input token at each position"\},.*?"ticktext":(\[[^\]]*\])', page)
+    assert json.loads(axis.group(1)) == shown and "e6·88" not in page and "e6\\u00b788" not in page

@@ -250,7 +250,7 @@ def test_trace_target_columns_equal_the_lens_cells_at_its_position(tiny_model_di
     result = invoke("trace", PROMPT, "--model", model, "--format", "json", "--target", " much", "--position", "1")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["target"] == {"token_id": 881, "token": "·much"}
+    assert data["target"] == {"token_id": 881, "token": "·much", "text": " much"}
     cells = [c for c in grid["cells"] if c["position"] == 1]
     assert [r["target_rank"] for r in data["layers"]] == [c["target_rank"] for c in cells]
     assert [r["target_probability"] for r in data["layers"]] == pytest.approx(

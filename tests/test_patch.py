@@ -149,7 +149,7 @@ def test_cli_json_equals_the_core(tiny_model_dir, tiny_lm):
     target, foil = ids(lm, " mat")[0], ids(lm, " rug")[0]
     run = iv.patch_grid(lm, ids(lm, CLEAN), ids(lm, CORRUPT), "resid_pre", reduce=logit_metric(target, foil))
     assert data["site"] == "resid_pre" and data["metric"] == "logit_diff"
-    assert data["target"] == {"token_id": target, "token": "·mat"} and data["foil"]["token"] == "·rug"
+    assert data["target"] == {"token_id": target, "token": "·mat", "text": " mat"} and data["foil"]["token"] == "·rug"
     assert data["clean"]["tokens"] == ["The", "·cat", "·sat", "·on", "·the", "·mat"]
     assert data["differing_positions"] == [1, 5]
     assert data["clean_metric"] == pytest.approx(float(run.clean), abs=1e-9)

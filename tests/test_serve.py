@@ -287,6 +287,24 @@ def test_which_commands_are_forwarded(monkeypatch):
     assert client.build_request(["next", "x"])["stdin"] == ""  # stdin is read only for '-'
 
 
+def test_the_forwarded_commands_are_one_list_that_the_docs_and_the_help_name():
+    # docs/serve.md names the weight-loading commands a server answers; they are client.FORWARDED, in order.
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text(encoding="utf-8")
+    listed = re.search(r"the\s+weight-loading\s+commands\s+\(([^)]*)\)", doc).group(1)
+    named = re.findall(r"`([^`]+)`", listed)
+    expected = [f"{c} {client.ONLY_WITH[c][0]}" if c in client.ONLY_WITH else c for c in client.FORWARDED]
+    assert named == expected
+    commands = click_command().commands
+    assert set(client.FORWARDED) <= set(commands)  # each one is a command of the app
+    for c in client.FORWARDED:
+        assert client.wants_server([c, "x", *((client.ONLY_WITH[c][0], "m") if c in client.ONLY_WITH else ())])
+    assert not any(client.wants_server([c, "x"]) for c in set(commands) - set(client.FORWARDED))
+    shown = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert client.forwarded_names() in " ".join(shown.stdout.split())  # `serve --help` names them from the list
+
+
 def test_tokenizers_are_cached_by_source_and_file_time(tmp_path):
     import os
 

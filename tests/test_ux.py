@@ -189,6 +189,18 @@ def test_bad_arguments_fail_before_the_weights_load(no_weights, args, message):
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1
 
 
+POSITION_99 = "error: --position 99 is out of range: the prompt has 3 tokens (use 0..2, or -3..-1 from the end)"
+
+
+@pytest.mark.parametrize("args", [
+    ["trace", "Thank you very"], ["dla", "Thank you very", "--target", " much"],
+    ["attn", "Thank you very", "--layer", "0"], ["ablate", "Thank you very", "--target", " much"],
+])
+def test_every_command_says_an_out_of_range_position_the_same_way(no_weights, args):
+    result = invoke(*args, "--position", "99", "-m", no_weights)
+    assert result.exit_code == 2 and result.stderr == POSITION_99 + "\n"
+
+
 def test_too_long_prompt_fails_before_the_weights_load(no_weights):
     result = invoke("next", " ".join(["w"] * 70), "-m", no_weights)  # the tiny model's context is 64
     assert result.exit_code == 2 and "takes at most 64" in result.stderr

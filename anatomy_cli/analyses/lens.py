@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from anatomy_cli.analyses.next_token import Describe
+from anatomy_cli.text.records import token_record
 
 STATS = ("prob", "logprob", "rank", "entropy", "kl")
 """What :meth:`LensGrid.stat` returns per cell: the top token's probability or natural-log
@@ -127,15 +128,17 @@ class LensGrid:
         for r, layer in enumerate(self.layers):
             for c, pos in enumerate(self.positions):
                 cell: dict[str, Any] = {
-                    "layer": layer, "position": pos, "token": self.top_tokens[r][c][0], "token_id": ids[r][c][0],
-                    "text": self.top_texts[r][c][0], "probability": math.exp(lps[r][c][0]),
+                    "layer": layer, "position": pos,
+                    **token_record(ids[r][c][0], self.top_tokens[r][c][0], self.top_texts[r][c][0]),
+                    "probability": math.exp(lps[r][c][0]),
                     "logprob": lps[r][c][0], "entropy": ent[r][c], "kl": kl[r][c]}
                 if t_lp is not None and t_rank is not None:
                     cell["target_rank"] = t_rank[r][c]
                     cell["target_probability"] = math.exp(t_lp[r][c])
                 if self.k_given:
-                    cell["top"] = [{"rank": i + 1, "token_id": tid, "token": self.top_tokens[r][c][i],
-                                    "text": self.top_texts[r][c][i], "probability": math.exp(lp), "logprob": lp}
+                    tops, texts = self.top_tokens[r][c], self.top_texts[r][c]
+                    cell["top"] = [{"rank": i + 1, **token_record(tid, tops[i], texts[i]),
+                                    "probability": math.exp(lp), "logprob": lp}
                                    for i, (tid, lp) in enumerate(zip(ids[r][c], lps[r][c]))]
                 out.append(cell)
         return out
@@ -143,7 +146,7 @@ class LensGrid:
     def to_dict(self) -> dict[str, Any]:
         target = None
         if self.target_id is not None:
-            target = {"token_id": self.target_id, "token": self.target_token, "text": self.target_text,
+            target = {**token_record(self.target_id, self.target_token, self.target_text),
                       "first_layer": list(self.target_first_layer or ())}
         return {"layers": list(self.layers), "positions": list(self.positions), "target": target,
                 "cells": self.cells()}

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.text.records import token_record
+
 Describe = Callable[[int], tuple[str, "str | None"]]
 """``token_id -> (display, text)``: display has visible whitespace (``·much``); text is the decoded
 string, None for a piece that is not whole UTF-8 characters."""
@@ -34,7 +36,8 @@ class TokenProb:
     logprob: float
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))  # flat fields: no need for asdict's deep copy
+        return {"rank": self.rank, **token_record(self.token_id, self.token, self.text),
+                "probability": self.probability, "logprob": self.logprob}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.text.display import is_partial, token_display
 from anatomy_cli.text.encodings import encoding_names, load_encoding  # noqa: F401  (re-exported)
+from anatomy_cli.text.records import token_record
 from anatomy_cli.text.tokenization import _decoder_kind, own_span
 
 
@@ -48,9 +49,7 @@ class Token:
         partial = self.partial
         return {
             "index": self.index,
-            "token_id": self.token_id,
-            "token": token_display(self.piece),
-            "text": None if partial else self.piece.decode("utf-8"),
+            **token_record(self.token_id, token_display(self.piece), None if partial else self.piece.decode("utf-8")),
             "bytes": self.piece.hex(" ") if partial else None,
             "start": self.start,
             "end": self.end,

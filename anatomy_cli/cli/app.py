@@ -13,8 +13,6 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -28,74 +26,13 @@ except ImportError:  # older typer on real click
 
 from anatomy_cli import __version__
 from anatomy_cli.errors import AnatomyError, quiet_broken_pipe
+from anatomy_cli.output.sink import error_line, info, status, warn, wrote  # noqa: F401  (the one stderr sink)
 
 _state = {"debug": bool(os.environ.get("ANATOMY_DEBUG"))}
 
 
 def debug_enabled() -> bool:
     return _state["debug"]
-
-
-def error_line(message: str) -> None:
-    """Print ``error: message`` as one line on stderr (newlines folded)."""
-    text = " ".join(str(message).split("\n")).strip()
-    print(f"error: {text}", file=sys.stderr)
-
-
-def warn(message: str) -> None:
-    """Print ``warning: message`` on stderr."""
-    print(f"warning: {message}", file=sys.stderr)
-
-
-def info(message: str) -> None:
-    """Print an informational line on stderr."""
-    print(message, file=sys.stderr)
-
-
-_live: list[Any] = []  # the one status line being shown (rich allows one live display at a time)
-
-
-@contextmanager
-def status(message: str) -> Iterator[None]:
-    """Show ``message`` with a spinner on stderr while the block runs, when stderr is a terminal.
-
-    Nothing at all when stderr is not a terminal (pipelines, logs, tests). Nested calls
-    replace the text and restore it on exit. Lines printed to stderr meanwhile (warnings)
-    appear above the spinner; the spinner line is erased at the end, so no blank line is left.
-    stdout is never touched.
-    """
-    if _live:
-        from rich.text import Text
-
-        spinner, before = _live[-1], _live[-1].text
-        spinner.update(text=Text(message))
-        try:
-            yield
-        finally:
-            spinner.update(text=before)
-        return
-    if not sys.stderr.isatty():
-        yield
-        return
-    remote = getattr(sys.stderr, "remote_status", None)
-    if remote is not None:  # a command run by `anatomy serve`: its client shows the line while the work happens
-        with remote(message):
-            yield
-        return
-    from rich.console import Console
-    from rich.live import Live
-    from rich.spinner import Spinner
-    from rich.text import Text
-
-    spinner = Spinner("dots", text=Text(message), style="dim")
-    console = Console(file=sys.stderr, highlight=False, markup=False, emoji=False)
-    with Live(spinner, console=console, transient=True, refresh_per_second=8, redirect_stdout=False,
-              redirect_stderr=True):
-        _live.append(spinner)
-        try:
-            yield
-        finally:
-            _live.pop()
 
 
 def _plain_metavars(command: Any) -> None:
@@ -266,7 +203,7 @@ class AnatomyGroup(TyperGroup):
             code = rv if isinstance(rv, int) else 0
         except _cx.NoArgsIsHelpError as exc:
             # typer raises this (exit 2) for a bare `anatomy`; show help on stderr.
-            print(exc.ctx.get_help() if exc.ctx else str(exc), file=sys.stderr)
+            info(exc.ctx.get_help() if exc.ctx else str(exc))
             code = 2
         except _cx.UsageError as exc:
             if _state["debug"]:
@@ -279,7 +216,7 @@ class AnatomyGroup(TyperGroup):
             error_line(exc.format_message())
             code = exc.exit_code
         except typer.Abort:
-            print("aborted", file=sys.stderr)
+            info("aborted")
             code = 130
         except AnatomyError as exc:
             if _state["debug"]:
@@ -290,7 +227,7 @@ class AnatomyGroup(TyperGroup):
             quiet_broken_pipe()
             code = 0
         except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
+            info("interrupted")
             code = 130
         except Exception as exc:  # an unexpected failure is still one line unless --debug
             if _state["debug"]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TextIO
 
+from anatomy_cli.output import sink
 from anatomy_cli.units import human_bytes
 
 
@@ -123,7 +124,7 @@ def emit(report: Report, fmt: Format | None = None, *, out: TextIO | None = None
     elif fmt in (Format.tsv, Format.csv):
         _emit_delimited(report.sections, fmt, out if is_unicode(out) else _Escaping(out))
         for line in (*report.heading, *report.notes):
-            print(line, file=sys.stderr)
+            sink.info(line)
     else:
         _emit_table(report, out)
     out.flush()

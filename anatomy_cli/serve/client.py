@@ -17,8 +17,10 @@ import sys
 from anatomy_cli.errors import quiet_broken_pipe
 from anatomy_cli.serve import protocol
 
-# Commands that load weights; `tokens` only with --model.
-FORWARDED = {"trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "tokens", "attribute"}
+# The one list of the weight-loading commands a running server answers, in the order the docs name them:
+# the client forwards them, `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
+FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens")
+ONLY_WITH = {"tokens": ("--model", "-m")}  # forwarded only with one of these options (without: no weights)
 NO_SERVER = "--no-server"
 _ROOT_FLAGS = {"--debug", NO_SERVER}
 # What rendering and loading read from the environment; the server runs each request under the client's.
@@ -41,9 +43,14 @@ def wants_server(argv: list[str]) -> bool:
     command = command_of(argv)
     if command not in FORWARDED or NO_SERVER in argv or "--help" in argv or "-h" in argv:
         return False
-    if command == "tokens":
-        return any(a in ("--model", "-m") or a.startswith("--model=") for a in argv)
-    return True
+    needed = ONLY_WITH.get(command)
+    return needed is None or any(a.split("=", 1)[0] in needed for a in argv)
+
+
+def forwarded_names() -> str:
+    """``trace, next, ..., attribute and tokens --model``: the forwarded commands in words, for help text."""
+    names = [f"{c} {ONLY_WITH[c][0]}" if c in ONLY_WITH else c for c in FORWARDED]
+    return ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def build_request(argv: list[str], stdin: bytes | None = None) -> dict:

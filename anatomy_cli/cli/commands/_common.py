@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from anatomy_cli.cli import records
 from anatomy_cli.cli.app import info, status, warn
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Format, Report, Section, emit, emit_jsonl, resolve_format
@@ -146,9 +147,7 @@ def placement_line(lm: LoadedModel) -> str:
 
 def dtype_name(lm: LoadedModel) -> str:
     """``fp32``, ``bf16`` or ``fp16``: the weights' dtype as ``--dtype`` names it (engine.DTYPES)."""
-    from anatomy_cli.engine.model import DTYPES  # torch is loaded already: lm holds its tensors
-
-    return next((name for name, dtype in DTYPES.items() if dtype == lm.dtype), str(lm.dtype))
+    return records.dtype_name(lm)
 
 
 def model_label(lm: LoadedModel) -> str:
@@ -203,9 +202,8 @@ def bos_text(enc: Encoded) -> str:
 
 
 def prompt_record(lm: LoadedModel, enc: Encoded) -> dict[str, Any]:
-    """The per-prompt keys every record starts with (see docs/commands/trace.md)."""
-    return {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
-            "dequantized_from": lm.dequantized_from, "prompt": enc.text, "token_ids": list(enc.ids),
+    """The per-prompt keys every record starts with (see docs/commands/trace.md): the model, then the prompt."""
+    return {**records.model_record(lm), "prompt": enc.text, "token_ids": list(enc.ids),
             "tokens": list(enc.pieces), "truncated_tokens": enc.dropped, "bos": enc.bos,
             "bos_source": enc.bos_source}
 

@@ -56,12 +56,6 @@ def check_decoder(name: str, adapter: Any) -> None:
                          f"predictors (the weights of any two models: drop the PROMPT)")
 
 
-def check_position(position: int, encoded: list[Any]) -> None:
-    for i, enc in enumerate(encoded, start=1):
-        if not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} "
-                             f"token{'' if len(enc) == 1 else 's'}")
 
 
 def check_same_tokens(a: list[Any], b: list[Any], name_a: str, name_b: str) -> None:

@@ -13,6 +13,7 @@ from anatomy_cli.cli.commands import _attribution
 from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
 from anatomy_cli.cli.commands._common import (
     PromptArg,
+    describe,
     emit_prompts,
     load_weights,
     model_label,
@@ -34,7 +35,9 @@ from anatomy_cli.cli.options import (
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.text import records as text_records
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
 
 
 class AblateMode(str, Enum):
@@ -109,10 +112,7 @@ def ablate_command(
     _check_decoder(spec.model, opened.adapter.causal)
     if layer is not None and not -opened.info.n_layers <= layer < opened.info.n_layers:
         raise UsageError(f"--layer {layer} is out of range: {spec.model} has layers 0..{opened.info.n_layers - 1}")
-    for i, enc in enumerate(encoded, start=1):
-        if not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens")
+    check_position(position, encoded)
     vocab = opened.info.lm_head_rows
     ids["target"] = targets.resolve(opened.tokenizer, wanted, model=spec.model, vocab_size=vocab)
     ids["foil"] = targets.resolve(opened.tokenizer, unwanted, model=spec.model, vocab_size=vocab) if unwanted else None
@@ -164,8 +164,8 @@ def _check_decoder(name: str, ok: bool) -> None:
 
 
 def token_record(lm, token_id: int | None) -> dict | None:
-    """``{"token_id": 881, "token": "·much"}`` (None for None)."""
-    return None if token_id is None else {"token_id": token_id, "token": lm.tokenizer.piece(token_id)}
+    """``{"token_id": 881, "token": "·much", "text": " much"}`` (None for None): the one token record."""
+    return None if token_id is None else text_records.token_record(token_id, *describe(lm)(token_id))
 
 
 def _report(lm, enc, pos: int, ids: dict, result) -> Report:

@@ -28,6 +28,7 @@ from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Format, Report, Section, resolve_format
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
 
 LONG_COLUMNS = (
     Column("layer", "layer", "int"), Column("head", "head", "int"),
@@ -150,11 +151,7 @@ def _check(info: ModelInfo, encoded: list, layer: int | None, head: int | None, 
     if head is not None and not -n_heads <= head < n_heads:
         raise UsageError(f"--head {head} is out of range: {name} has {n_heads} heads per layer "
                          f"(use 0..{n_heads - 1}, or -{n_heads}..-1 from the end)")
-    for i, enc in enumerate(encoded, start=1):
-        if position is not None and not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
-                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
+    check_position(position, encoded)
     return n_layers, n_heads
 
 

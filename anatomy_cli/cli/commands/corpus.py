@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, info
+from anatomy_cli.cli.app import app, info, status
 from anatomy_cli.cli.commands._common import load_weights, model_label, open_model
 from anatomy_cli.cli.options import (
     AllowSpecialOpt,
@@ -16,6 +15,7 @@ from anatomy_cli.cli.options import (
     PlotOpt,
     model_options,
 )
+from anatomy_cli.cli.records import model_record, spec_record
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.spec import ModelSpec
@@ -117,14 +117,14 @@ def corpus_command(
                             lens=not no_lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
                             allow_special=allow_special, batch_size=batch_size)
         ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
-        with _Status(max_tokens) as progress:
+        with status("corpus: planning the first shard") as line:
             result = run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=out, overwrite=overwrite,
-                         identity=identity, ray=ray_opts, progress=progress)
+                         identity=identity, ray=ray_opts, progress=lambda p: line.update(_progress(p, max_tokens)))
     finally:
         if source == "-":
             src.path.unlink(missing_ok=True)
     name = model_label(lm) if lm is not None else spec.model
-    emit(_report(name, identity, settings, result), fmt)
+    emit(_report(name, model_record(lm) if lm is not None else spec_record(spec), identity, settings, result), fmt)
     if plot:
         from anatomy_cli.output import plots
         from anatomy_cli.output.plots import corpus as picture
@@ -163,44 +163,22 @@ def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
     return ctx
 
 
-class _Status:
-    """A status line on a terminal's stderr: tokens, tokens/s, the time split (forward, lens, heads), ETA."""
-
-    def __init__(self, budget: int | None):
-        self.budget, self.live = budget, None
-
-    def __enter__(self):
-        if not sys.stderr.isatty():
-            return None
-        from rich.console import Console
-        from rich.live import Live
-        from rich.text import Text
-
-        self.text = Text("corpus: planning the first shard", style="dim")
-        self.live = Live(self.text, console=Console(file=sys.stderr, markup=False, highlight=False),
-                         transient=True, refresh_per_second=4, redirect_stdout=False)
-        self.live.__enter__()
-        return self
-
-    def __call__(self, p: Any) -> None:
-        rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
-        total = sum(p.seconds.values()) or 1.0
-        split = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in p.seconds.items() if v)
-        line = f"corpus: {p.tokens:,} tokens · {rate:,.0f} tokens/s · {split}"
-        if self.budget and rate > 0:
-            left = max(0, self.budget - p.tokens) / rate
-            line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
-        self.text.plain = line
-        self.live.update(self.text)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.live is not None:
-            self.live.__exit__(*exc)
+def _progress(p: Any, budget: int | None) -> str:
+    """The status line after a shard (a :class:`anatomy_cli.corpus.runner.Progress`): tokens, tokens/s, the
+    time split (forward, lens, heads), ETA."""
+    rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
+    total = sum(p.seconds.values()) or 1.0
+    split = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in p.seconds.items() if v)
+    line = f"corpus: {p.tokens:,} tokens · {rate:,.0f} tokens/s · {split}"
+    if budget and rate > 0:
+        left = max(0, budget - p.tokens) / rate
+        line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
+    return line
 
 
-def _report(name: str, identity: dict[str, Any], settings: Any, result: Any) -> Report:
+def _report(name: str, model: dict[str, Any], identity: dict[str, Any], settings: Any, result: Any) -> Report:
     stats = result.stats
-    data = {"model": name, "source": identity, "settings": settings.to_dict(), "shards": result.shards,
+    data = {**model, "source": identity, "settings": settings.to_dict(), "shards": result.shards,
             "resumed_shards": result.resumed, **stats.to_dict()}
     loss = f" · loss {stats.loss_bits:.4f} bits/token, perplexity {stats.perplexity:.2f}" \
         if stats.loss_bits is not None else ""

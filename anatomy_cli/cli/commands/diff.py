@@ -30,6 +30,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
 
 ModelArg = Annotated[str, typer.Argument(metavar="A", show_default=False,
                                          help="The first model: .gguf file, directory, preset or Hugging Face id.")]
@@ -121,7 +122,7 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
     # Before either model's weights: the shape of the question, and B reads the prompts as A does.
     opened_a, encoded = open_texts(texts, spec_a, options)
     render.check_decoder(spec_a.model, opened_a.adapter)
-    render.check_position(position, encoded)
+    check_position(position, encoded)
     target_id = None if wanted is None else targets.resolve(opened_a.tokenizer, wanted, model=spec_a.model,
                                                              vocab_size=opened_a.info.lm_head_rows)
     opened_b = open_model(spec_b) if spec_b != spec_a else opened_a

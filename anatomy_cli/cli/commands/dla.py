@@ -35,6 +35,8 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
+from anatomy_cli.text.records import token_record
 
 
 class By(str, Enum):
@@ -117,7 +119,7 @@ def dla_command(
         raise UsageError(f"dla needs a linear path from the residual stream to the logits; {spec.model} "
                          f"({adapter.name}) has a non-linear masked-LM head (dense, GELU, LayerNorm) after "
                          "post-LN blocks, so its logits are not a sum of per-component terms")
-    _check_position(encoded, position)
+    check_position(position, encoded)
     vocab = opened.info.lm_head_rows
     for key, choice in (("target", wanted), ("foil", foiled)):
         if choice is not None:
@@ -154,20 +156,11 @@ def dla_command(
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
 
 
-def _check_position(encoded, position: int | None) -> None:
-    for i, enc in enumerate(encoded, start=1):
-        if position is not None and not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} tokens "
-                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
 
 
 def _report(lm, enc, pos: int, result, ids: dict[str, int], name_token, by: By) -> Report:
     def token(i: int | None) -> dict[str, Any] | None:
-        if i is None:
-            return None
-        display, text = name_token(i)
-        return {"token_id": i, "token": display, "text": text}
+        return None if i is None else token_record(i, *name_token(i))
 
     target, foil = token(ids["target"]), token(ids.get("foil"))
     data = {**prompt_record(lm, enc), "position": pos, "position_token": enc.pieces[pos], "target": target,

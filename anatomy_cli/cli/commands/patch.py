@@ -11,7 +11,6 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands import _attribution
 from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
 from anatomy_cli.cli.commands._common import (
-    dtype_name,
     load_weights,
     model_label,
     open_texts,
@@ -29,6 +28,7 @@ from anatomy_cli.cli.options import (
     model_options,
     prompt_options,
 )
+from anatomy_cli.cli.records import model_record
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Format, Report, Section, emit, resolve_format
@@ -150,8 +150,7 @@ def _prompt(enc) -> dict:
 def _report(lm, clean, corrupt, ids: dict, result, *, wide: bool) -> Report:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     differ = [i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b]
-    data = {"model": lm.name, "untrained": lm.untrained, "dtype": dtype_name(lm),
-            "dequantized_from": lm.dequantized_from, "bos": clean.bos, "bos_source": clean.bos_source,
+    data = {**model_record(lm), "bos": clean.bos, "bos_source": clean.bos_source,
             "clean": _prompt(clean), "corrupt": _prompt(corrupt),
             "differing_positions": differ, "target": target, "foil": foil, **result.to_dict()}
     what = f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, status
+from anatomy_cli.cli.app import app, status, wrote
 from anatomy_cli.cli.commands._common import (
     dtype_name,
     load_weights,
@@ -77,7 +77,7 @@ def report_command(
         output.write_text(html, encoding="utf-8")
     except OSError as exc:
         raise AnatomyError(f"cannot write {str(output)!r}: {exc.strerror or exc}") from None
-    print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB, {an.forwards} forward passes)", file=sys.stderr)
+    wrote(output, f"{len(html.encode()) / 1e6:.1f} MB, {an.forwards} forward passes")
 
 
 def _sections(text: str | None) -> list[str]:

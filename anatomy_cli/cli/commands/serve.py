@@ -11,6 +11,7 @@ from anatomy_cli.cli.app import app, click_command, info
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.serve import client
 
 STATUS_COLUMNS = (Column("model", "model"), Column("state", "state"), Column("dtype", "dtype"),
                   Column("device", "device"), Column("init", "init"), Column("bytes", "memory", "bytes"),
@@ -42,9 +43,8 @@ def serve_command(
                                          "before the models have loaded.")] = False,
     fmt: FormatOpt = None,
 ) -> None:
-    """Start a local server that keeps models loaded. While it runs, trace, next, drift, lens, dla, attn,
-    heads, ablate, patch and tokens --model send their work to it and print exactly what they print
-    in-process; --no-server runs a command in-process anyway.
+    """Start a local server that keeps models loaded. While it runs, FORWARDED send their work to it and
+    print exactly what they print in-process; --no-server runs a command in-process anyway.
 
     The server listens only on a Unix socket in a directory only you can enter (0700), the socket is 0600,
     and connections from other users are refused. It listens at once and loads the models after: a command
@@ -84,6 +84,10 @@ def serve_command(
         _detach(path, model or [], max_memory_gb, idle_timeout)
         return
     _run_server(path, model or [], limit, idle_timeout)
+
+
+# The forwarded commands, named from the one list the client forwards by (serve/client.py).
+serve_command.__doc__ = (serve_command.__doc__ or "").replace("FORWARDED", client.forwarded_names())
 
 
 def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_minutes: float) -> None:

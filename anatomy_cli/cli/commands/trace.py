@@ -32,6 +32,8 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.positions import check_position
+from anatomy_cli.text.records import token_record
 
 LAYER_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -98,7 +100,7 @@ def trace_command(
     wanted = targets.choice(target, target_id, first_token=first_token)
     targets.check_first_token(first_token, wanted)
     opened, encoded = open_prompts(prompt, spec, prompts)
-    _check_position(position, encoded)
+    check_position(position, encoded)
     target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
                                                              vocab_size=opened.info.lm_head_rows)
     lm = load_weights(opened)
@@ -127,23 +129,13 @@ def trace_command(
             lens_logits=engine.unembed(lm, resid) if lm.has_unembed else None,
             logits=cache.logits[0] if lm.has_unembed else None, k=k, describe=name_token,
             target_id=target_id)
-        target_info = {"token_id": target_id, "token": name_token(target_id)[0]} if target_id is not None else None
+        target_info = token_record(target_id, *name_token(target_id)) if target_id is not None else None
         reports.append(_report(lm, enc, cache.positions[0], result, target=target_info))
         if plot:
             detail = f"position {cache.positions[0]} = {enc.pieces[cache.positions[0]]}"
             plots.draw("trace", plot, len(reports) if prompt == "-" else None, result,
                        plots.Caption.of("trace", lm, enc.text, detail))
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
-
-
-def _check_position(position: int | None, encoded) -> None:
-    # Runs before the weights load: a bad --position fails at once.
-    for i, enc in enumerate(encoded, start=1):
-        if position is not None and not -len(enc) <= position < len(enc):
-            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"--position {position} is out of range: {which} has {len(enc)} "
-                             f"token{'' if len(enc) == 1 else 's'} "
-                             f"(use 0..{len(enc) - 1}, or -{len(enc)}..-1 from the end)")
 
 
 def _last_text_token(enc) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.text.display import shorten, visible
+from anatomy_cli.text.display import shorten
 
 UNTRAINED = "untrained (random weights)"
 PROMPT_CHARS = 120  # a page's caption shows the prompt cut in the middle to this many characters
@@ -38,10 +38,12 @@ def esc(text: Any) -> str:
 
 
 def token(piece: str | None, limit: int | None = None) -> str:
-    """A token as the tables show it (``·much``, ``<e6 88>``, ``↵``), cut to ``limit`` characters, escaped."""
+    """A token's display piece exactly as the tables show it (``·much``, ``<e6 88>``, ``↵``: made visible once, by
+    :func:`anatomy_cli.text.display.token_display`, when the tokenizer built it), cut to ``limit`` characters,
+    escaped. The piece is not made visible a second time (that turned ``<e6 88>`` into ``<e6·88>``)."""
     if piece is None:
         return "–"
-    text = visible(piece)
+    text = piece
     if limit is not None and len(text) > limit:
         text = text[:limit - 1] + "…"
     return esc(text)

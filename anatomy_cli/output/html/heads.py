@@ -7,12 +7,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from anatomy_cli.output import statistics
 from anatomy_cli.output.html import Page, caption_page, esc, notes
 from anatomy_cli.output.html._page import heat_size, layout, plot
 
 SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
-_LABELS = {"entropy": "entropy (nats)", "first_token": "first token (sink) mass", "prev_token": "previous-token weight",
-           "induction": "induction score", "duplicate_token": "duplicate-token weight"}
+_LABELS = {key: s.label for key, s in statistics.HEADS.items()}
 
 
 def figure(result: Any, n_layers: int, n_heads: int, cap: Any, top: int | None = None) -> Page:
@@ -46,7 +46,7 @@ def part(result: Any, n_layers: int, n_heads: int, *, div_id: str | None = None)
         top = (max(finite) if finite else 1.0) or 1.0
         fig.add_trace(go.Heatmap(
             z=grid, visible=s == first, name=s, zmin=0.0, zmax=top if s == "entropy" else 1.0,
-            colorscale="Viridis_r" if s == "entropy" else "Viridis", xgap=1, ygap=1, hoverongaps=False,
+            colorscale=statistics.HEADS[s].colorscale, xgap=1, ygap=1, hoverongaps=False,
             colorbar={"title": {"text": esc(_LABELS[s]), "side": "right"}},
             hovertemplate=f"layer %{{y}} head %{{x}}<br>{s}: %{{z:.4f}}<extra></extra>"))
     buttons = [{"label": s, "method": "update",

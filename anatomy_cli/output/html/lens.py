@@ -13,19 +13,12 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from anatomy_cli.output import statistics
 from anatomy_cli.output.html import Page, caption_page, esc, notes, token
 from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
 
 TOP = 5  # tokens listed per cell in the hover text
 CELL_TEXT_COLUMNS = 40  # beyond this many positions the cells are too narrow to name their token
-
-_SCALES = {  # colour scale, colour bar title, fixed limits
-    "prob": ("Viridis", "probability of the top token", (0.0, 1.0)),
-    "logprob": ("Viridis", "log-probability of the top token (nats)", None),
-    "entropy": ("Viridis_r", "entropy (nats)", None),
-    "kl": ("Viridis_r", "KL(final ‖ layer) (nats)", None),
-    "rank": ("Viridis_r", "rank of the target (log scale)", None),
-}
 
 
 def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Any) -> Page:
@@ -35,7 +28,7 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Any) -> Page:
     page = caption_page(cap)
     page.add(part(grid, stat, tokens))
     lines = ["each cell: the top token of softmax(unembed(final_norm(h))) at that layer and position; colour: "
-             + _SCALES[stat][1] + "; hover a cell for its top tokens"]
+             + statistics.LENS[stat].label + "; hover a cell for its top tokens"]
     if grid.target_id is not None:
         lines.append(f"framed: cells whose top token is the target {grid.target_token}")
     page.add(notes(lines))
@@ -49,10 +42,11 @@ def part(grid: Any, stat: str, tokens: Sequence[str], *, div_id: str | None = No
     n_rows, n_cols = len(grid.layers), len(grid.positions)
     hover = [[_hover(grid, stat, tokens, r, c, values[r][c], probs[r][c]) for c in range(n_cols)]
              for r in range(n_rows)]
-    colours, title, limits = _SCALES[stat]
-    z = [[math.log10(v) for v in row] for row in values] if stat == "rank" else values
+    described = statistics.LENS[stat]
+    colours, title, limits = described.colorscale, described.label, described.limits
+    z = [[math.log10(v) for v in row] for row in values] if described.log else values
     bar: dict[str, Any] = {"title": {"text": esc(title), "side": "right"}}
-    if stat == "rank":
+    if described.log:
         top = max(max(row) for row in values)
         vals = [10 ** e for e in range(0, int(math.log10(max(top, 1))) + 1)]
         bar.update(tickvals=[math.log10(v) for v in vals], ticktext=[f"{v:,}" for v in vals])

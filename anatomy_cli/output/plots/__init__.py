@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.output import sink
 
 SUFFIXES = (".png", ".svg", ".pdf", ".html")
 
@@ -125,7 +125,7 @@ def save(fig: Any, path: Path, index: int | None = None) -> Path:
             write(fig, target)
     except OSError as exc:
         raise AnatomyError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
-    print(f"wrote {target}", file=sys.stderr)
+    sink.wrote(target)
     return target
 
 

@@ -10,7 +10,7 @@ from matplotlib.colors import Normalize
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import _luminance, caption, new_figure, symmetric_limit
-from anatomy_cli.output.plots._text import drawable, token_label
+from anatomy_cli.output.plots._text import token_label
 
 WIDTH = 10.0       # inches
 LINE = 0.42        # inches per line of tokens
@@ -26,7 +26,7 @@ def figure(result: Any, what: str, cap: Caption) -> Any:
     limit = symmetric_limit(values[None, :]) if values.size else 1.0
     norm = Normalize(vmin=-limit, vmax=limit)
     cmap = colormaps["RdBu_r"]
-    labels = [drawable(token_label(r.token, 24)) for r in result.rows]
+    labels = [token_label(r.token, 24) for r in result.rows]
     # Lay out by character count (monospace-like estimate), then draw: wrap when a line is full.
     per_line = 100  # characters of 10 pt monospace (6 pt each) across the 10-inch axes, with padding
     lines: list[list[int]] = [[]]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figure
 
-HEAD_SCORES = (("entropy_nats", "entropy (nats)", "viridis_r"), ("first_token", "first-token (sink) mass", "viridis"),
-               ("prev_token", "previous-token mass", "viridis"))
+# Each head grid: (its key in the corpus rows, the statistic it is)
+HEAD_SCORES = (("entropy_nats", statistics.HEADS["entropy"]), ("first_token", statistics.HEADS["first_token"]),
+               ("prev_token", statistics.HEADS["prev_token"]))
 
 
 def figure(stats: Any, cap: Caption) -> Any:
@@ -25,7 +27,7 @@ def figure(stats: Any, cap: Caption) -> Any:
     has_heads = bool(stats.heads)
     fig = new_figure(12.0, 8.6 if has_heads else 4.8)
     grid = fig.subplots(2 if has_heads else 1, 3 if has_heads else 2, squeeze=False)
-    panels = (("kl_nats", "KL(final ‖ lens), nats", "C0"), ("ce_bits", "cross-entropy, bits per token", "C1"))
+    panels = (("kl_nats", statistics.LENS["kl"].label, "C0"), ("ce_bits", statistics.LENS["ce"].label, "C1"))
     for ax, (key, label, colour) in zip(grid[0], panels):
         mean = [math.nan if r[key] is None else r[key] for r in rows]
         se = [0.0 if r[f"{key}_se"] is None else r[f"{key}_se"] for r in rows]
@@ -43,7 +45,8 @@ def figure(stats: Any, cap: Caption) -> Any:
         grid[0][2].set_visible(False)
         n_layers = max(r["layer"] for r in stats.heads) + 1
         n_heads = max(r["head"] for r in stats.heads) + 1
-        for ax, (key, label, cmap) in zip(grid[1], HEAD_SCORES):
+        for ax, (key, score) in zip(grid[1], HEAD_SCORES):
+            label, cmap = score.label, score.cmap
             values = [[math.nan] * n_heads for _ in range(n_layers)]
             for r in stats.heads:
                 values[r["layer"]][r["head"]] = r[key]

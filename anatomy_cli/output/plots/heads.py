@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 from matplotlib.patches import Rectangle
 
+from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figure
 
 SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
-_LABELS = {"entropy": "entropy (nats)", "first_token": "first token (sink) mass", "prev_token": "previous-token weight",
-           "induction": "induction score", "duplicate_token": "duplicate-token weight"}
+_LABELS = {key: s.label for key, s in statistics.HEADS.items()}
 
 
 def figure(result: Any, n_layers: int, n_heads: int, cap: Caption, top: int | None = None) -> Any:
@@ -41,10 +41,10 @@ def figure(result: Any, n_layers: int, n_heads: int, cap: Caption, top: int | No
         if s == "entropy":
             finite = values[np.isfinite(values)]
             vmax = float(finite.max()) if finite.size else 1.0
-            limits, cmap, bar = (0.0, vmax or 1.0), "viridis_r", _LABELS[s]
+            limits, cmap, bar = (0.0, vmax or 1.0), statistics.HEADS[s].cmap, _LABELS[s]
         else:
             # The weights share one scale, [0, 1], and one colour bar.
-            limits, cmap, bar = (0.0, 1.0), "viridis", None
+            limits, cmap, bar = statistics.HEADS[s].limits, statistics.HEADS[s].cmap, None
         heatmap(fig, ax, values, cell=(cw, ch), xlabels=[str(h) for h in range(n_heads)],
                 ylabels=[str(layer) for layer in range(n_layers)], cmap=cmap, vmin=limits[0], vmax=limits[1],
                 colorbar=bar, xlabel="head", ylabel="layer" if ax is axes[0] else "", x_rotation=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import (
     as_array,
@@ -14,15 +15,6 @@ from anatomy_cli.output.plots._base import (
     new_figure,
     token_label,
 )
-
-# Colour scale per --stat: (colour map, label, fixed limits or None). Bright = confident, for every stat.
-_SCALES = {
-    "prob": ("viridis", "probability of the top token", (0.0, 1.0)),
-    "logprob": ("viridis", "log-probability of the top token (nats)", None),
-    "entropy": ("viridis_r", "entropy of the distribution (nats)", None),
-    "kl": ("viridis_r", "KL(final layer ‖ this layer) (nats)", None),
-    "rank": ("viridis_r", "rank of the target (1 = top), log scale", None),
-}
 
 
 def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
@@ -39,9 +31,10 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
     width, height, cw, ch = grid_size(n_rows, n_cols)
     fig = new_figure(width, height)
     ax = fig.subplots()
-    cmap, label, limits = _SCALES[stat]
+    described = statistics.LENS[stat]  # colour scale, label, fixed limits: bright = confident, for every stat
+    cmap, label, limits = described.cmap, described.label, described.limits
     norm = None
-    if stat == "rank":
+    if described.log:
         norm = LogNorm(vmin=1, vmax=max(2.0, float(values.max())))
         limits = (None, None)
     elif limits is None:

@@ -1,0 +1,59 @@
+"""The statistics pictures colour or plot, described once: label, unit, colour direction, limits.
+
+The PNG renderers (``plots/lens.py``, ``plots/heads.py``, ``plots/corpus.py``) and the HTML ones
+(``html/lens.py``, ``html/heads.py``) read their axis and colour-bar labels and their colour scales from here,
+so one statistic reads the same in every picture. Bright = confident for every lens statistic: a scale is
+reversed where a low value is the confident one (entropy, KL, rank). No matplotlib or plotly here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """``name`` and ``unit`` (None: a probability, weight or count) make the ``label``; ``high_is_bright``:
+    the colour scale's bright end is at high values (False: reversed); ``limits``: fixed colour limits, else
+    None (the data's range); ``log``: drawn on a log scale."""
+
+    name: str
+    unit: str | None = None
+    high_is_bright: bool = True
+    limits: tuple[float, float] | None = None
+    log: bool = False
+
+    @property
+    def label(self) -> str:
+        """``entropy of the distribution (nats)``, ``rank of the target (1 = top), log scale``."""
+        return self.name + (f" ({self.unit})" if self.unit else "") + (", log scale" if self.log else "")
+
+    @property
+    def cmap(self) -> str:
+        """matplotlib's name of the colour scale: ``viridis`` or ``viridis_r``."""
+        return "viridis" if self.high_is_bright else "viridis_r"
+
+    @property
+    def colorscale(self) -> str:
+        """plotly's name of the same scale: ``Viridis`` or ``Viridis_r``."""
+        return "Viridis" if self.high_is_bright else "Viridis_r"
+
+
+# `lens --stat` (one value per layer and position) and the per-layer curves of `corpus`.
+LENS = {
+    "prob": Statistic("probability of the top token", limits=(0.0, 1.0)),
+    "logprob": Statistic("log-probability of the top token", "nats"),
+    "entropy": Statistic("entropy of the distribution", "nats", high_is_bright=False),
+    "kl": Statistic("KL(final layer ‖ this layer)", "nats", high_is_bright=False),
+    "rank": Statistic("rank of the target (1 = top)", high_is_bright=False, log=True),
+    "ce": Statistic("cross-entropy", "bits per token", high_is_bright=False),
+}
+
+# `heads` scores (one value per layer and head), also `corpus --heads`. Weights share the scale [0, 1].
+HEADS = {
+    "entropy": Statistic("entropy", "nats", high_is_bright=False),
+    "first_token": Statistic("first token (sink) mass", limits=(0.0, 1.0)),
+    "prev_token": Statistic("previous-token weight", limits=(0.0, 1.0)),
+    "induction": Statistic("induction score", limits=(0.0, 1.0)),
+    "duplicate_token": Statistic("duplicate-token weight", limits=(0.0, 1.0)),
+}
