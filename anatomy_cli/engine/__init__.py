@@ -35,6 +35,7 @@ Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -117,6 +118,8 @@ def __getattr__(name: str) -> Any:
         return getattr(tokenization, name)
     module = _WHERE.get(name)
     if module is None:
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")  # a submodule: engine.attention, engine.hooks
         raise AttributeError(f"module 'anatomy_cli.engine' has no attribute '{name}'")
     value = getattr(importlib.import_module(f"anatomy_cli.engine.{module}"), name)
     globals()[name] = value
