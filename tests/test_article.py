@@ -162,7 +162,7 @@ def is_smollm2(argv: list[str]) -> bool:
 
 
 @pytest.fixture
-def run(tiktoken_cache, tiny_model_dir, cached_load, request, monkeypatch):
+def run(tiktoken_cache, tiny_model_dir, cached_load, request, monkeypatch, fixed_load):
     """``run(command, table=False) -> Result``, with a tiny GPT-2 where the guide needs GPT-2's weights.
 
     ``--model SmolLM2-135M-Instruct.Q4_1.gguf`` runs on the real file: the session's ``smollm2_lm``
@@ -173,11 +173,10 @@ def run(tiktoken_cache, tiny_model_dir, cached_load, request, monkeypatch):
         if is_smollm2(argv):
             import dataclasses
 
-            from anatomy_cli import engine
 
             path = str(request.getfixturevalue("smollm2_gguf"))
             lm = dataclasses.replace(request.getfixturevalue("smollm2_lm"), name=SMOLLM2_FILE)
-            monkeypatch.setattr(engine, "load", lambda spec, **options: lm)
+            fixed_load(lm)
             argv = with_model(argv, path)
         elif needs_weights(argv):
             if not is_random(argv):

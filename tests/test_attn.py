@@ -8,6 +8,7 @@ padding (BERT) and the CLI's long form and errors.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -244,9 +245,8 @@ def test_out_of_range_is_a_usage_error_with_the_valid_range(args, message, tiny_
 
 
 def test_layer_out_of_range_fails_before_the_weights_load(tiny_model_dir, monkeypatch):
-    import sys
 
-    load_module = sys.modules["anatomy_cli.engine.load"]
+    load_module = importlib.import_module("anatomy_cli.engine.load")
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were loaded")

@@ -142,16 +142,10 @@ def test_gemma_bos_default_gives_a_sensible_continuation(gemma_lm):
     assert top[False][0] != "·much"  # without its BOS, Gemma repeats the last word
 
 
-def test_gemma_commands_say_which_bos_applied(gemma_lm, monkeypatch):
-    from anatomy_cli import engine
+def test_gemma_commands_say_which_bos_applied(gemma_lm, monkeypatch, fixed_load):
     from anatomy_cli.models import model_files
 
-    def loaded(spec, before_weights=None, **options):  # the module's model, not a second 80-second load
-        if before_weights is not None:
-            before_weights(gemma_lm.tokenizer, gemma_lm.model.config)
-        return gemma_lm
-
-    monkeypatch.setattr(engine, "load", loaded)
+    fixed_load(gemma_lm)  # the module's model, not a second 80-second load
     data = run_json("next", PROMPT, "-m", gemma_lm.name, "--k", "1")
     assert data["token_ids"][0] == 2 and (data["bos"], data["bos_source"]) == (True, "model default")
     assert data["top"][0]["token"] == "·much" and data["top"][0]["probability"] > 0.9

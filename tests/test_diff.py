@@ -241,19 +241,19 @@ def test_activations_equal_transformers_hidden_states_of_both_models(tiny_model_
     assert data["target_b"]["probability"] == pytest.approx(float(lb[881].exp()), rel=1e-5)
 
 
-def test_a_is_freed_before_b_loads(tiny_model_dir, llama_seed1, monkeypatch):
-    from anatomy_cli import engine
+def test_a_is_freed_before_b_loads(tiny_model_dir, llama_seed1, fixed_load):
+    from anatomy_cli.engine.loader import DIRECT
 
-    real, seen = engine.load, []
+    seen = []
 
-    def load(spec, before_weights=None, **options):
+    def load(spec):
         if seen:  # loading B: A's model must be gone already
             assert seen[0]() is None, "model A is still in memory while B loads"
-        lm = real(spec, before_weights=before_weights, **options)
+        lm = DIRECT.load_weights(DIRECT.open(spec))
         seen.append(weakref.ref(lm.model))
         return lm
 
-    monkeypatch.setattr(engine, "load", load)
+    fixed_load(load)
     data = diff_json(tiny_model_dir("llama"), llama_seed1, PROMPT)
     assert len(seen) == 2 and data["layers"]
 

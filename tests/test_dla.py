@@ -180,10 +180,9 @@ def test_llama_rows_equal_a_hand_written_frozen_rmsnorm(tiny_model_dir):
     assert rows["bias"] == 0.0
 
 
-def test_real_smollm2_identity_by_layer_and_by_head(smollm2_hf, smollm2_lm, monkeypatch):
-    from anatomy_cli import engine
+def test_real_smollm2_identity_by_layer_and_by_head(smollm2_hf, smollm2_lm, monkeypatch, fixed_load):
 
-    monkeypatch.setattr(engine, "load", lambda spec, **kw: smollm2_lm)
+    fixed_load(smollm2_lm)
     model, tok = smollm2_hf
     prompt = "The capital of Germany is"
     logits = hf_logits(model, tok(prompt)["input_ids"])

@@ -225,11 +225,11 @@ def _json(*args: str) -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def _load_once():
     """Each CLI run loads its model; the same tiny model loaded again is the same model, so keep it."""
-    from anatomy_cli import engine
+    from conftest import CachingLoader
 
-    load = functools.cache(engine.load)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(engine, "load", lambda spec, **kw: load(spec, **kw))
+    from anatomy_cli.engine.loader import using_loader
+
+    with using_loader(CachingLoader()):
         yield
 
 

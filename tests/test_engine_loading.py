@@ -205,31 +205,22 @@ def test_adapters_component_classifies_parameters(tiny_lm):
     assert adapters.component(adapters.BERT, "bert.encoder.layer.0.output.dense.weight") == ("mlp", 0)
 
 
-class _Stop(Exception):
-    pass
+def test_open_reads_tokenizer_and_config_before_any_weight(copy_of, tiny_lm, tiktoken_cache, empty_hf_cache):
+    from anatomy_cli.errors import CheckpointError
 
-
-def test_before_weights_sees_tokenizer_and_config_before_any_weight(copy_of, tiny_lm, tiktoken_cache,
-                                                                      empty_hf_cache):
-    seen = []
-
-    def check(tok, config):
-        assert isinstance(tok, engine.Tokenizer)
-        seen.append((tok.encode(["Thank you very"])[0].ids, config.model_type))
-
-    lm = engine.load(str(copy_of("llama")), device="cpu", before_weights=check)
-    assert seen == [(tiny_lm("llama").tokenizer.encode(["Thank you very"])[0].ids, "llama")]
-    assert lm.tokenizer.add_special_tokens is False
-    # A hook that raises stops the load before the weights are read: a truncated weights file
-    # would otherwise be a CheckpointError.
+    opened = engine.open_model(str(copy_of("llama")), device="cpu")
+    assert isinstance(opened.tokenizer, engine.Tokenizer) and opened.config.model_type == "llama"
+    assert opened.tokenizer.encode(["Thank you very"])[0].ids == tiny_lm("llama").tokenizer.encode(
+        ["Thank you very"])[0].ids
+    lm = engine.load_weights(opened)
+    assert lm.tokenizer.add_special_tokens is False and lm.info == opened.info
+    # Opening reads no weight: a truncated weights file opens, and only the second phase fails on it.
     d = copy_of("gpt2")
     weights = d / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-
-    def stop(tok, config):
-        raise _Stop(config.model_type)
-
-    with pytest.raises(_Stop, match="gpt2"):
-        engine.load(str(d), device="cpu", before_weights=stop)
-    with pytest.raises(_Stop, match="gpt2"):  # --init random: before the model is built
-        engine.load("gpt2", device="cpu", init="random", before_weights=stop)
+    opened = engine.open_model(str(d), device="cpu")
+    assert opened.info.n_layers == tiny_lm("gpt2").n_layers
+    with pytest.raises(CheckpointError):
+        engine.load_weights(opened)
+    # --init random: opened before the model is built
+    assert engine.open_model("gpt2", device="cpu", init="random").info.n_layers == 12

@@ -175,23 +175,20 @@ def test_tiny_gguf_loads_to_the_same_model(tiny_gguf_lm, tiny_lm):
     assert_close(cache.logits, want.logits[0], atol=1e-4, rtol=1e-4)
 
 
-def test_before_weights_runs_for_gguf(tiny_gguf):
-    class Stop(Exception):
-        pass
+def test_open_reads_no_weight_of_a_gguf(tiny_gguf, monkeypatch):
+    from anatomy_cli.engine import load_gguf
 
-    seen = []
+    def no_weights(*args, **kwargs):
+        raise AssertionError("opening must read no weight")
 
-    def check(tok, config):
-        seen.append((type(tok).__name__, config.model_type, config.num_hidden_layers))
-        raise Stop
-
-    with pytest.raises(Stop):
-        engine.load(str(tiny_gguf), device="cpu", before_weights=check)
-    assert seen == [("Tokenizer", "llama", models.LAYERS)]
+    monkeypatch.setattr(load_gguf, "load_weights", no_weights)
+    opened = engine.open_model(str(tiny_gguf), device="cpu")
+    assert (type(opened.tokenizer).__name__, opened.config.model_type, opened.info.n_layers) == (
+        "Tokenizer", "llama", models.LAYERS)
 
 
-def test_next_heading_says_dequantized_from(tiny_gguf, tiny_gguf_lm, monkeypatch):
-    monkeypatch.setattr(engine, "load", lambda spec, **options: tiny_gguf_lm)
+def test_next_heading_says_dequantized_from(tiny_gguf, tiny_gguf_lm, monkeypatch, fixed_load):
+    fixed_load(tiny_gguf_lm)
     result = runner.invoke(app, ["next", "Thank you very", "--model", str(tiny_gguf), "--format", "table"])
     assert result.exit_code == 0, result.stderr
     # named by the file's general.name (the path stays in JSON)
@@ -329,11 +326,11 @@ def _close(a, b, path="", tol=1e-5):
 
 
 def test_smollm2_trace_from_gguf_equals_trace_from_saved_directory(smollm2_gguf, smollm2_lm, smollm2_dir,
-                                                                    monkeypatch):
+                                                                    monkeypatch, fixed_load):
     args = ["trace", "The capital of Germany is", "--device", "cpu", "--format", "json"]
     from_dir = runner.invoke(app, [*args, "--model", str(smollm2_dir)])  # a real load of the directory
     assert from_dir.exit_code == 0, from_dir.stderr
-    monkeypatch.setattr(engine, "load", lambda spec, **options: smollm2_lm)
+    fixed_load(smollm2_lm)
     from_gguf = runner.invoke(app, [*args, "--model", str(smollm2_gguf)])
     assert from_gguf.exit_code == 0, from_gguf.stderr
     a, b = json.loads(from_gguf.stdout), json.loads(from_dir.stdout)

@@ -4,6 +4,7 @@ computed here with plain loops, and the induction contrast on the real SmolLM2 v
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import math
 
@@ -175,12 +176,11 @@ def test_bad_input_is_a_usage_error(args, message, tiny_model_dir):
 
 
 def test_seq_len_is_checked_before_the_weights_load(tiny_model_dir, monkeypatch):
-    import sys
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were loaded")
 
-    monkeypatch.setattr(sys.modules["anatomy_cli.engine.load"], "_load_weights", no_weights)
+    monkeypatch.setattr(importlib.import_module("anatomy_cli.engine.load"), "_load_weights", no_weights)
     result = invoke("heads", "-m", str(tiny_model_dir("gpt2")), "--device", "cpu", "--seq-len", "33")
     assert result.exit_code == 2 and "--seq-len 33 makes a random sequence of 66 tokens" in result.stderr
 
@@ -202,11 +202,10 @@ def smollm2_random(smollm2_hf):
 
 
 def test_trained_smollm2_has_induction_heads_and_a_random_init_copy_does_not(smollm2_lm, smollm2_random,
-                                                                              monkeypatch):
-    from anatomy_cli import engine
+                                                                              monkeypatch, fixed_load):
 
     models = {"smollm2": smollm2_lm, "smollm2-random": smollm2_random}
-    monkeypatch.setattr(engine, "load", lambda spec, **_options: models[spec.model])
+    fixed_load(lambda spec: models[spec.model])
     best = {}
     for spec in models:
         result = invoke("heads", "-m", spec, "--sort", "induction", "--top", "1", "-f", "json")

@@ -117,11 +117,12 @@ def pages(tiny_model_dir, tmp_path_factory):
 
     model = str(tiny_model_dir("gpt2"))
     folder = tmp_path_factory.mktemp("html")
+    from conftest import FixedLoader
+
+    from anatomy_cli.engine.loader import using_loader
+
     lm = engine.load(model)
-    real = engine.load
-    engine.load = lambda *a, before_weights=None, **k: (before_weights and before_weights(
-        lm.tokenizer, lm.model.config), lm)[1]
-    try:
+    with using_loader(FixedLoader(lm)):
         runs = {
             "lens": ["lens", EVIL],
             "attn": ["attn", EVIL, "--layer", "1", "--head", "2"],
@@ -147,8 +148,6 @@ def pages(tiny_model_dir, tmp_path_factory):
         data["lens_k"] = json.loads(lens_k.stdout)
         attn = runner.invoke(app, ["attn", EVIL, "--model", model, "--layer", "0", "--head", "3", "--format", "json"])
         data["attn_0_3"] = json.loads(attn.stdout)
-    finally:
-        engine.load = real
     return out, data
 
 

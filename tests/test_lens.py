@@ -179,10 +179,9 @@ def test_lens_equals_hooks_plus_a_hand_written_norm_and_head(arch, blocks, norm,
     assert all(len(c["top"]) == 2 for c in data["cells"])
 
 
-def test_real_smollm2_lens(smollm2_hf, smollm2_lm, monkeypatch):
-    from anatomy_cli import engine
+def test_real_smollm2_lens(smollm2_hf, smollm2_lm, monkeypatch, fixed_load):
 
-    monkeypatch.setattr(engine, "load", lambda spec, **kw: smollm2_lm)
+    fixed_load(smollm2_lm)
     data = lens_json("smollm2", "--target", " Berlin", prompt="The capital of Germany is")
     model, tok = smollm2_hf
     ids = tok("The capital of Germany is")["input_ids"]

@@ -131,16 +131,15 @@ def test_a_stdin_batch_writes_one_numbered_file_per_prompt(tmp_path, tiny_model_
     ["dla", PROMPT, "--target", " much"], ["ablate", PROMPT, "--target", " much"],
     ["patch", "Thank you very", "Thank you so", "--target", " much"],
 ])
-def test_bad_plot_paths_fail_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch, command):
+def test_bad_plot_paths_fail_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch, command, fixed_load):
     if command[0] not in {c.name for c in app.registered_commands}:
         pytest.skip(f"no {command[0]} command")
-    from anatomy_cli import engine
     from anatomy_cli.analyses import params as params
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(engine, "load", never)
+    fixed_load(never)
     monkeypatch.setattr(params, "analyse", never)
     extra = [] if command[0] == "params" else ["--model", str(tiny_model_dir("gpt2"))]
     result = runner.invoke(app, [*command, *extra, "--plot", str(tmp_path / "out.jpg")])

@@ -141,20 +141,23 @@ def test_a_piped_client_prints_what_in_process_prints(served, tmp_path):
 
 # ---------------------------------------------------------------- 3. ready when started
 
-def test_status_answers_while_a_model_loads_and_requests_wait(tmp_path, tiny_model_dir, monkeypatch):
-    from anatomy_cli import engine
+def test_status_answers_while_a_model_loads_and_requests_wait(tmp_path, tiny_model_dir):
+    from anatomy_cli.engine.loader import DIRECT
 
     model = fresh_copy(tiny_model_dir("gpt2"), tmp_path)
-    gate, loads, real = threading.Event(), [], engine.load
+    gate, loads = threading.Event(), []
 
-    def slow_load(spec, **kw):
-        loads.append(spec)
-        assert gate.wait(60)
-        return real(spec, **kw)
+    class SlowLoader:  # the server is handed a loader: this one waits at the weights
+        open = staticmethod(DIRECT.open)
 
-    monkeypatch.setattr(engine, "load", slow_load)
+        @staticmethod
+        def load_weights(opened):
+            loads.append(opened.spec)
+            assert gate.wait(60)
+            return DIRECT.load_weights(opened)
+
     sock = private_dir(tmp_path) / "s.sock"
-    srv, thread = thread_server(sock)
+    srv, thread = thread_server(sock, loader=SlowLoader())
     srv.preload([str(model)])
     try:
         t0 = time.monotonic()

@@ -273,12 +273,10 @@ def test_gpt2_preset_tokenizer_offline(empty_hf_cache):
 
 
 def test_tokens_and_the_engine_share_one_tokenizer_loader(monkeypatch, tiny_model_dir):
-    import importlib
 
     from anatomy_cli import engine
     from anatomy_cli.models import model_files
 
-    engine_load = importlib.import_module("anatomy_cli.engine.load")  # the module, not engine.load()
 
     seen = []
     real = model_files.load_tokenizer
@@ -288,7 +286,6 @@ def test_tokens_and_the_engine_share_one_tokenizer_loader(monkeypatch, tiny_mode
         return real(source, **kw)
 
     monkeypatch.setattr(model_files, "load_tokenizer", spy)
-    monkeypatch.setattr(engine_load, "load_tokenizer", spy)
     d = str(tiny_model_dir("gpt2"))
     assert _json(["Thank you very", "--model", d])["tokens"][0]["token_id"] == 10449
     assert engine.load(d, device="cpu").tokenizer.encode(["Thank you very"])[0].ids == [10449, 345, 845]
