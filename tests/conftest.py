@@ -152,20 +152,25 @@ def cached_load():
 
 
 class FixedLoader:
-    """A loader whose load_weights answers ``what`` (a LoadedModel, or ``what(spec)``) instead of reading weights;
-    opening still reads the files. ``loaded`` lists the specs asked for."""
+    """A loader that answers ``what`` (a LoadedModel, or ``what(spec)``) instead of reading any file: the opened
+    model is the loaded one's tokenizer, config and info (as a server's cached model is). ``loaded`` lists the
+    specs whose weights were asked for."""
 
     def __init__(self, what):
         self.what, self.loaded = what, []
 
-    def open(self, spec):
-        from anatomy_cli.engine.loader import DIRECT
+    def _lm(self, spec):
+        return self.what(spec) if callable(self.what) else self.what
 
-        return DIRECT.open(spec)
+    def open(self, spec):
+        from anatomy_cli.engine.opening import OpenedModel
+
+        lm = self._lm(spec)
+        return OpenedModel(spec=spec, info=lm.info, tokenizer=lm.tokenizer, config=lm.model.config)
 
     def load_weights(self, opened):
         self.loaded.append(opened.spec)
-        return self.what(opened.spec) if callable(self.what) else self.what
+        return self._lm(opened.spec)
 
 
 @pytest.fixture

@@ -241,20 +241,24 @@ def test_activations_equal_transformers_hidden_states_of_both_models(tiny_model_
     assert data["target_b"]["probability"] == pytest.approx(float(lb[881].exp()), rel=1e-5)
 
 
-def test_a_is_freed_before_b_loads(tiny_model_dir, llama_seed1, fixed_load):
-    from anatomy_cli.engine.loader import DIRECT
+def test_a_is_freed_before_b_loads(tiny_model_dir, llama_seed1):
+    from anatomy_cli.engine.loader import DIRECT, using_loader
 
     seen = []
 
-    def load(spec):
-        if seen:  # loading B: A's model must be gone already
-            assert seen[0]() is None, "model A is still in memory while B loads"
-        lm = DIRECT.load_weights(DIRECT.open(spec))
-        seen.append(weakref.ref(lm.model))
-        return lm
+    class Watching:  # opens as usual; at B's weights, A's model must be gone already
+        open = staticmethod(DIRECT.open)
 
-    fixed_load(load)
-    data = diff_json(tiny_model_dir("llama"), llama_seed1, PROMPT)
+        @staticmethod
+        def load_weights(opened):
+            if seen:
+                assert seen[0]() is None, "model A is still in memory while B loads"
+            lm = DIRECT.load_weights(opened)
+            seen.append(weakref.ref(lm.model))
+            return lm
+
+    with using_loader(Watching()):
+        data = diff_json(tiny_model_dir("llama"), llama_seed1, PROMPT)
     assert len(seen) == 2 and data["layers"]
 
 

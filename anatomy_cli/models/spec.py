@@ -76,7 +76,7 @@ class ModelSpec:
             raise UsageError("--device-map places a checkpoint's weights as they are read; --init random builds "
                              "the whole model in memory first: use --device, or save the model and load that "
                              "directory")
-        if self.max_memory is not None:
+        if isinstance(self.max_memory, str):
             bigmodel.parse_max_memory(self.max_memory)
 
     def to_dict(self) -> dict[str, Any]:
