@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, Optional, TypeVar, cast
 
 import typer
 
@@ -218,10 +218,11 @@ def _group(param: str, options: list[tuple[str, Any, Any]], build: Callable[...,
             kwargs[param] = build(**{n: kwargs.pop(n) for n in names if n in kwargs})
             return fn(*args, **kwargs)
 
+        # A function takes any attribute; typeshed declares no __signature__ (which inspect.signature reads).
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         if "return" in hints:
             wrapper.__annotations__["return"] = hints["return"]
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)
 
     return decorate

@@ -34,7 +34,8 @@ def gpt2_vocab() -> dict[str, int]:
 def gpt2_merges() -> list[tuple[str, str]]:
     """vocab.bpe's 50,000 merges in priority order (the ``#version`` header line skipped)."""
     lines = GPT2_MERGES.read_text(encoding="utf-8").split("\n")
-    return [tuple(line.split(" ")) for line in lines[1:] if line.strip()]  # type: ignore[misc]
+    pairs = (line.split(" ") for line in lines[1:] if line.strip())
+    return [(first, second) for first, second in pairs]
 
 
 def _unicode_to_byte() -> dict[str, int]:

@@ -38,7 +38,7 @@ import importlib
 import importlib.util
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # Public names -> the module that defines them. Imported on first use (PEP 562), so ``engine.open_model``
 # and ``engine.current_loader`` (anatomy_cli.engine.opening) run before torch is imported.
@@ -102,7 +102,7 @@ class _Engine(types.ModuleType):
     """The package's module: importing the submodules ``engine.load`` and ``engine.run`` (the import system then
     sets them as attributes of the package) leaves ``engine.load`` and ``engine.run`` the functions."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in _WHERE and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
@@ -111,7 +111,7 @@ class _Engine(types.ModuleType):
 sys.modules[__name__].__class__ = _Engine
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _TEXT:
         from anatomy_cli.text import tokenization
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 
 from anatomy_cli.engine.forward import pad_batch, run_batch
-from anatomy_cli.engine.hooks import attach_modules
-from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.hooks import RawHookFn, attach_modules
+from anatomy_cli.engine.model import LoadedModel, Side
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.text.tokenization import Encoded
 
@@ -58,8 +59,8 @@ def eager_attention(lm: LoadedModel) -> Iterator[None]:
 
 def attention_module(lm: LoadedModel, layer: int) -> torch.nn.Module:
     """The attention module of block ``layer``: the one that returns ``(output, weights)``."""
-    blocks = lm.model.base_model.get_submodule(lm.adapter.blocks)
-    return blocks[layer].get_submodule(lm.adapter.attn[0])
+    block: torch.nn.Module = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer]
+    return block.get_submodule(lm.adapter.attn[0])
 
 
 def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Sequence[int] | None = None,
@@ -92,7 +93,7 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
     kept: list[dict[int, torch.Tensor]] = [{} for _ in encoded]
     chunk: list[int] = []
 
-    def hook(output, layer: int) -> None:
+    def hook(output: object, layer: int) -> None:
         weights = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
         if not isinstance(weights, torch.Tensor) or weights.dim() != 4:
             raise AnatomyError(f"{lm.name}'s attention (layer {layer}) returned no attention weights under eager "
@@ -102,7 +103,8 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
             kept[i][layer] = keep(i, layer, weights[row, :, :n, :n].float()).detach().to("cpu", copy=True)
 
     lm.model.eval()
-    hooks = [(attention_module(lm, layer), "output", lambda out, layer=layer: hook(out, layer)) for layer in layers]
+    hooks: list[tuple[torch.nn.Module, Side, RawHookFn]] = [
+        (attention_module(lm, layer), "output", partial(hook, layer=layer)) for layer in layers]
     # The attention modules are no hook points: their whole output (raw), weights included, is what is read.
     with attach_modules(hooks, raw=True), eager_attention(lm), torch.inference_mode():
         for batch in batches([len(e) for e in encoded], batch_size):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from anatomy_cli.text.tokenization import Encoded
@@ -46,9 +44,9 @@ class Cache:
                 from None
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, (str, tuple)) and self._name(key) in self._tensors  # type: ignore[arg-type]
+        return isinstance(key, (str, tuple)) and self._name(key) in self._tensors
 
-    def get(self, key: str | tuple[str, int], default: Any = None) -> Any:
+    def get(self, key: str | tuple[str, int], default: torch.Tensor | None = None) -> torch.Tensor | None:
         return self[key] if key in self else default
 
     @property

@@ -13,7 +13,6 @@ The reduction through the frozen final norm is :mod:`anatomy_cli.analyses.dla`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -66,7 +65,7 @@ def names(lm: LoadedModel, *, by_head: bool = False) -> list[str]:
     return out
 
 
-def head_outputs(z: torch.Tensor, project: Any, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def head_outputs(z: torch.Tensor, project: torch.nn.Module, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each head's output: the attention output projection applied to that head's slice of its input.
 
     ``z``: float [n_heads * d_head], the projection's input at one position (``attn.hook_z``);

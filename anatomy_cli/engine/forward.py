@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -20,14 +19,14 @@ from anatomy_cli.engine.tensors import first_tensor, rowwise
 
 
 def forward(lm: LoadedModel, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-            inputs_embeds: torch.Tensor | None = None, **kw: Any) -> torch.Tensor:
+            inputs_embeds: torch.Tensor | None = None, **kw: object) -> torch.Tensor:
     """One forward of ``lm``'s base model; returns its final hidden state ``[batch, pos, d_model]``.
 
     ``input_ids`` ``[batch, pos]`` (or ``inputs_embeds`` ``[batch, pos, d_model]``), ``attention_mask``
     ``[batch, pos]`` and any other keyword (``position_ids``) are passed as given; an argument left None is
     not passed. Causal models run with ``use_cache=False``. Hooks attached around the call see every module.
     """
-    args = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
+    args: dict[str, object] = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
                               ("inputs_embeds", inputs_embeds)) if v is not None}
     if lm.is_causal:
         kw.setdefault("use_cache", False)
@@ -66,6 +65,6 @@ def pad_batch(lm: LoadedModel, rows: Sequence[Sequence[int]]) -> Batch:
     return Batch(ids.to(lm.device), mask.to(lm.device), pos.to(lm.device), tuple(len(r) for r in rows))
 
 
-def run_batch(lm: LoadedModel, batch: Batch, **kw: Any) -> torch.Tensor:
+def run_batch(lm: LoadedModel, batch: Batch, **kw: torch.Tensor | None) -> torch.Tensor:
     """:func:`forward` of a padded :class:`Batch` (its ids, mask and position ids)."""
     return forward(lm, batch.ids, batch.mask, position_ids=batch.positions, **kw)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -103,7 +104,7 @@ def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], 
 
     padded = pad_batch(lm, batch)                                      # equal lengths: no padding
     lm.model.eval()
-    with grad_mode(lm), attach(lm, [(name, lambda t, name=name: tap(name, t)) for name in names]):
+    with grad_mode(lm), attach(lm, [(name, partial(tap, name)) for name in names]):
         hidden = run_batch(lm, padded)[:, pos]                         # [rows, d_model]
         m = metric(head_logits(lm, hidden))
         wrt = [deltas[name] for name in names]
@@ -158,6 +159,7 @@ def attribution_patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_id
     # CLEAN rides along as the companion row of CORRUPT's forward: one forward and one backward in all.
     run = metric_gradients(lm, corrupt_ids, names, reduce, companion=clean_ids)
     sources, clean = run.companion_acts, run.companion_metric
+    assert clean is not None  # run with a companion
     per_head = SITES[site].per_head
     columns = tuple(range(lm.n_heads)) if per_head else tuple(range(len(corrupt_ids)))
     rows = []
@@ -201,9 +203,7 @@ def attribution_ablation(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Seq
             if edit.mode not in ("zero", "mean"):
                 raise ValueError(f"attribution ablation takes zero or mean edits, not {edit.mode!r}")
             a, g = run.acts[edit.hook_name()], run.grads[edit.hook_name()]
-            cols = slice(None)
-            if SITES[edit.site].per_head:
-                cols = slice(edit.head * lm.d_head, (edit.head + 1) * lm.d_head)
+            cols = edit.columns(lm.d_head)
             where = list(edit.positions) if edit.positions is not None else slice(None)
             a, g = a[:, cols], g[:, cols]
             ablated = torch.zeros_like(a) if edit.mode == "zero" else a.mean(0, keepdim=True).expand_as(a)

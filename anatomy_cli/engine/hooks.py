@@ -8,19 +8,25 @@ forward raises. See the package docstring for the names and shapes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Literal
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Literal, cast, overload
 
 import torch
 
-from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.model import LoadedModel, Side
 from anatomy_cli.engine.tensors import first_tensor, optional_module, replace_first
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.adapters import Adapter, Tap
 
-Side = Literal["input", "output"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 # A hook's function: the activation [batch, pos, width] in, None (leave it) or its replacement out.
 HookFn = Callable[[torch.Tensor], "torch.Tensor | None"]
+# attach_modules(raw=True): the module's whole value in (a tensor, a tuple, a ModelOutput ...), None or its
+# replacement out.
+RawHookFn = Callable[[object], object]
 
 
 def hook_names(lm: LoadedModel) -> list[str]:
@@ -51,11 +57,12 @@ def check_names(lm: LoadedModel, names: Iterable[str]) -> list[str]:
     return names
 
 
-def build_points(model: Any, adapter: Adapter, has_mid: bool, has_unembed: bool) -> dict[str, tuple[Any, str]]:
+def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
+                 has_unembed: bool) -> dict[str, tuple[torch.nn.Module, Side]]:
     """``{hook point name: (module, "input" | "output")}`` of a built model, in forward order (``lm.points``)."""
     base = model.base_model
     embed = optional_module(base, adapter.embed_proj) or base.get_submodule(adapter.embed)
-    points: dict[str, tuple[Any, str]] = {"hook_embed": (embed, "output")}
+    points: dict[str, tuple[torch.nn.Module, Side]] = {"hook_embed": (embed, "output")}
     if adapter.pos_embed:
         points["hook_pos_embed"] = (base.get_submodule(adapter.pos_embed), "output")
     for layer, block in enumerate(base.get_submodule(adapter.blocks)):
@@ -63,7 +70,7 @@ def build_points(model: Any, adapter: Adapter, has_mid: bool, has_unembed: bool)
         points[p + "hook_resid_pre"] = (block, "input")
         points[p + "attn.hook_z"] = (block.get_submodule(adapter.attn_o), "input")
         points[p + "hook_attn_out"] = (block.get_submodule(adapter.attn_out.module), adapter.attn_out.side)
-        if has_mid:
+        if has_mid and adapter.resid_mid is not None:  # has_mid: the adapter names a resid_mid
             points[p + "hook_resid_mid"] = (block.get_submodule(adapter.resid_mid.module), adapter.resid_mid.side)
         points[p + "hook_mlp_out"] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)
         points[p + "hook_resid_post"] = (block, "output")
@@ -75,7 +82,6 @@ def build_points(model: Any, adapter: Adapter, has_mid: bool, has_unembed: bool)
     return points
 
 
-_SUBLAYER_TAPS = ("attn_out", "mlp_out", "resid_mid")
 _NO_TAP = Tap("")
 
 
@@ -87,14 +93,25 @@ def _tap(lm: LoadedModel, name: str) -> Tap | None:
     """The adapter's :class:`Tap` behind ``blocks.{l}.hook_{attn_out,mlp_out,resid_mid}``, else None."""
     parts = name.split(".")
     if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):
-        kind = parts[2][5:]
-        if kind in _SUBLAYER_TAPS:
-            return getattr(lm.adapter, kind)
+        adapter = lm.adapter
+        taps = {"attn_out": adapter.attn_out, "mlp_out": adapter.mlp_out, "resid_mid": adapter.resid_mid}
+        return taps.get(parts[2][5:])
     return None
 
 
+@overload
+def attach_modules(hooks: Iterable[tuple[torch.nn.Module, Side, HookFn]], *,
+                   raw: Literal[False] = False) -> AbstractContextManager[None]: ...
+
+
+@overload
+def attach_modules(hooks: Iterable[tuple[torch.nn.Module, Side, RawHookFn]], *,
+                   raw: Literal[True]) -> AbstractContextManager[None]: ...
+
+
 @contextmanager
-def attach_modules(hooks: Iterable[tuple[torch.nn.Module, Side, HookFn]], *, raw: bool = False) -> Iterator[None]:
+def attach_modules(hooks: Iterable[tuple[torch.nn.Module, Side, HookFn]] |
+                   Iterable[tuple[torch.nn.Module, Side, RawHookFn]], *, raw: bool = False) -> Iterator[None]:
     """Register ``(module, side, fn)`` hooks for the block; every one is removed on exit, also when it raises.
 
     ``side`` ``"input"``: a forward pre-hook (with kwargs) on the module's first argument (or its
@@ -106,10 +123,12 @@ def attach_modules(hooks: Iterable[tuple[torch.nn.Module, Side, HookFn]], *, raw
     handles = []
     try:
         for module, side, fn in hooks:
+            # The overloads pair raw with RawHookFn and not raw with HookFn.
+            on_value = cast(RawHookFn, fn) if raw else _on_activation(cast(HookFn, fn))
             if side == "input":
-                handles.append(module.register_forward_pre_hook(_pre_hook(fn, raw), with_kwargs=True))
+                handles.append(module.register_forward_pre_hook(_pre_hook(on_value), with_kwargs=True))
             elif side == "output":
-                handles.append(module.register_forward_hook(_post_hook(fn, raw)))
+                handles.append(module.register_forward_hook(_post_hook(on_value)))
             else:
                 raise ValueError(f"side must be 'input' or 'output', got {side!r}")
         yield
@@ -118,26 +137,35 @@ def attach_modules(hooks: Iterable[tuple[torch.nn.Module, Side, HookFn]], *, raw
             handle.remove()
 
 
-def _pre_hook(fn: HookFn, raw: bool):
-    def hook(_mod, args, kwargs):
-        value = args[0] if args else kwargs["hidden_states"]
-        new = fn(value if raw else first_tensor(value))
+def _on_activation(fn: HookFn) -> RawHookFn:
+    """``fn`` on the activation in a module value (:func:`first_tensor`), its result put back in that value."""
+    def on_value(value: object) -> object:
+        new = fn(first_tensor(value))
+        return None if new is None else replace_first(value, new)
+    return on_value
+
+
+# torch's hook signatures: (module, args, kwargs) -> None | (args, kwargs); (module, args, output) -> None | output.
+PreHook = Callable[[torch.nn.Module, tuple[object, ...], dict[str, object]],
+                   "tuple[tuple[object, ...], dict[str, object]] | None"]
+PostHook = Callable[[torch.nn.Module, tuple[object, ...], object], object]
+
+
+def _pre_hook(fn: RawHookFn) -> PreHook:
+    def hook(_mod: torch.nn.Module, args: tuple[object, ...],
+             kwargs: dict[str, object]) -> tuple[tuple[object, ...], dict[str, object]] | None:
+        new = fn(args[0] if args else kwargs["hidden_states"])
         if new is None:
             return None
-        if not raw:
-            new = replace_first(value, new)
         if args:
             return (new, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": new}
     return hook
 
 
-def _post_hook(fn: HookFn, raw: bool):
-    def hook(_mod, _args, output):
-        new = fn(output if raw else first_tensor(output))
-        if new is None or raw:
-            return new
-        return replace_first(output, new)
+def _post_hook(fn: RawHookFn) -> PostHook:
+    def hook(_mod: torch.nn.Module, _args: tuple[object, ...], output: object) -> object:
+        return fn(output)
     return hook
 
 
@@ -193,8 +221,8 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
 
     names = check_names(lm, names)
     hooks: list[tuple[str, HookFn]] = [
-        (f"blocks.{layer}.hook_resid_pre", lambda t, layer=layer: shape(layer, t))
+        (f"blocks.{layer}.hook_resid_pre", partial(shape, layer))
         for layer in sorted({_layer(n) for n in names if (_tap(lm, n) or _NO_TAP).flat})]
-    hooks += [(name, lambda t, name=name: keep(name, t)) for name in names]
+    hooks += [(name, partial(keep, name)) for name in names]
     with attach(lm, hooks):
         yield store

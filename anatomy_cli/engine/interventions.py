@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -77,6 +78,15 @@ class Edit:
     def hook_name(self) -> str:
         return f"blocks.{self.layer}.{SITES[self.site].hook}"
 
+    def columns(self, d_head: int) -> slice:
+        """The columns of the hook point this edit writes: its head's ``d_head`` columns at a per-head site,
+        else all. Raises ValueError for a per-head edit without a head."""
+        if not SITES[self.site].per_head:
+            return slice(None)
+        if self.head is None:
+            raise ValueError(f"a {self.site} edit needs a head")
+        return slice(self.head * d_head, (self.head + 1) * d_head)
+
 
 def check_edit(lm: LoadedModel, edit: Edit, n_tokens: int) -> None:
     """Raise UsageError for an edit ``lm`` cannot do (unknown site, layer/head/position out of range)."""
@@ -123,8 +133,8 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
 
     starts = [min((e.layer for e in row), default=lm.n_layers) for row in rows]
     order = sorted(range(len(rows)), key=lambda i: starts[i])
-    base_out = None
-    results: list[torch.Tensor | None] = [None] * len(rows)
+    base_out: torch.Tensor | None = None
+    results: dict[int, torch.Tensor] = {}
     batch = pad_batch(lm, [ids])                              # one row, no padding
     lm.model.eval()
     for first in range(0, max(1, len(order)), max(1, batch_size)):
@@ -135,10 +145,11 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
             reduced = reduce(head_logits(lm, hidden))
         if base_out is None:
             base_out = reduced[:1].clone()
-        for row, i in enumerate(chunk, start=1):
+        for j, i in enumerate(chunk, start=1):
             # A row without edits never joined the batch (it sorts last): it is the unedited run.
-            results[i] = reduced[row if starts[i] < lm.n_layers else 0].clone()
-    edited = torch.stack(results) if rows else base_out[:0]  # type: ignore[arg-type]
+            results[i] = reduced[j if starts[i] < lm.n_layers else 0].clone()
+    assert base_out is not None  # the loop runs at least once
+    edited = torch.stack([results[i] for i in range(len(rows))]) if rows else base_out[:0]
     return base_out, edited
 
 
@@ -213,7 +224,7 @@ def ablation_rows(lm: LoadedModel, *, components: Sequence[str], mode: Mode,
     if mode not in ("zero", "mean"):
         raise UsageError(f"unknown ablation mode '{mode}'; use zero or mean")
     layers = tuple(range(lm.n_layers)) if layers is None else tuple(layers)
-    out = []
+    out: list[tuple[int, str, int | None, list[Edit]]] = []
     for layer in layers:
         for component in components:
             if component == "head":
@@ -242,7 +253,7 @@ def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit]], starts: Sequence[int
             by_point[edit.hook_name()].append((j, edit))
     hooks: list[tuple[str, HookFn]] = [(f"blocks.{layer}.hook_resid_pre", _grow(n_new))
                                        for layer, n_new in sorted(joining.items())]
-    hooks += [(name, lambda t, edits=edits: _apply(lm, t, edits)) for name, edits in by_point.items()]
+    hooks += [(name, partial(_apply, lm, edits=edits)) for name, edits in by_point.items()]
     with attach(lm, hooks):
         yield
 
@@ -258,11 +269,11 @@ def _apply(lm: LoadedModel, t: torch.Tensor, edits: list[tuple[int, Edit]]) -> t
     """``t [batch, pos, width]`` with each (batch row, edit) applied; a new tensor."""
     t = t.clone()
     for row, edit in edits:
-        cols = slice(None)
-        if SITES[edit.site].per_head:
-            cols = slice(edit.head * lm.d_head, (edit.head + 1) * lm.d_head)
+        cols = edit.columns(lm.d_head)
         where = list(edit.positions) if edit.positions is not None else slice(None)
         if edit.mode == "patch":
+            if edit.value is None:
+                raise ValueError("a patch edit needs a value")
             t[row, where, cols] = edit.value.to(t.device, t.dtype)
         elif edit.mode == "zero":
             t[row, where, cols] = 0

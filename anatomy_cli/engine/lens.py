@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from anatomy_cli.engine.model import LoadedModel
@@ -11,7 +9,7 @@ from anatomy_cli.engine.tensors import optional_module, rowwise
 from anatomy_cli.errors import AnatomyError
 
 
-def _apply(lm: LoadedModel, module: Any, h: torch.Tensor) -> torch.Tensor:
+def _apply(lm: LoadedModel, module: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     param = next(module.parameters(), None)
     if param is not None:
         h = h.to(dtype=param.dtype, device=param.device if param.device.type != "meta" else h.device)

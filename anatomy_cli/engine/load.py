@@ -4,19 +4,25 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from anatomy_cli.engine import load_gguf
+from anatomy_cli.engine.load_gguf import ModelClass
 from anatomy_cli.engine.model import DTYPES, LoadedModel
 from anatomy_cli.engine.opening import OpenedModel, open_exact, open_model
 from anatomy_cli.engine.wrap import from_model
 from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
 from anatomy_cli.models import bigmodel, gguf
 from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.info import JsonConfig
 from anatomy_cli.models.resolve import Source, first_line, label
 from anatomy_cli.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.configuration_utils import PreTrainedConfig
 
 
 def resolve_device(device: str) -> torch.device:
@@ -38,23 +44,22 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _model_class(adapter: Adapter, config: Any, random: bool = False) -> Any:
+def _model_class(adapter: Adapter, config: PreTrainedConfig, random: bool = False) -> ModelClass:
     """CausalLM for decoders; for encoders MaskedLM when the checkpoint has that head (or when built
     at random), else the bare model."""
     import transformers
 
-    if adapter.causal:
-        return transformers.AutoModelForCausalLM
-    if random:
-        return transformers.AutoModelForMaskedLM
+    cls: ModelClass = transformers.AutoModel
     archs = getattr(config, "architectures", None) or []
-    if any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
-        return transformers.AutoModelForMaskedLM
-    return transformers.AutoModel
+    if adapter.causal:
+        cls = transformers.AutoModelForCausalLM
+    elif random or any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
+        cls = transformers.AutoModelForMaskedLM
+    return cls
 
 
-def _load_weights(source: Source, name: str, config: Any, adapter: Adapter, dtype: torch.dtype,
-                  trust_remote_code: bool, local_only: bool, placement: dict[str, Any]) -> Any:
+def _load_weights(source: Source, name: str, config: PreTrainedConfig, adapter: Adapter, dtype: torch.dtype,
+                  trust_remote_code: bool, local_only: bool, placement: dict[str, object]) -> PreTrainedModel:
     cls = _model_class(adapter, config)
     # accelerate warns that offloaded parameters sit on the meta device: expected, and the
     # command says what is where (bigmodel.device_summary).
@@ -115,7 +120,7 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
     if opened.light:
         opened = open_exact(opened.spec)
     spec, source, header, config = opened.spec, opened.source, opened.header, opened.config
-    assert source is not None  # an exact open resolved it
+    assert source is not None and not isinstance(config, JsonConfig)  # an exact open: resolved, transformers' config
     torch_dtype = DTYPES[spec.dtype]
     placement = bigmodel.placement_kwargs(spec.device_map, spec.max_memory, spec.offload_folder)
     target = None if placement else resolve_device(spec.device)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -29,6 +29,20 @@ from anatomy_cli.errors import CheckpointError, UnsupportedArchitecture
 from anatomy_cli.models import gguf
 from anatomy_cli.models.headers import GGUFHeader, TensorInfo, read_gguf
 from anatomy_cli.models.resolve import Source, first_line
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.configuration_utils import PreTrainedConfig
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor
+
+
+class ModelClass(Protocol):
+    """One of transformers' ``AutoModel*`` classes: builds the model of a config, or loads its weights."""
+
+    def from_config(self, config: PreTrainedConfig, **kwargs: object) -> PreTrainedModel: ...
+
+    # The model; with ``output_loading_info=True``, ``(model, {"missing_keys": ..., ...})``.
+    def from_pretrained(self, path: str, **kwargs: object) -> Any: ...
 
 
 def readable_architectures() -> list[str]:
@@ -75,8 +89,8 @@ def check_header(source: Source) -> GGUFHeader:
     return header
 
 
-def load_weights(source: Source, header: GGUFHeader, config: Any, cls: Any, dtype: torch.dtype,
-                 placement: dict[str, Any]) -> Any:
+def load_weights(source: Source, header: GGUFHeader, config: PreTrainedConfig, cls: ModelClass, dtype: torch.dtype,
+                 placement: dict[str, object]) -> PreTrainedModel:
     """The model of ``config`` (an ``AutoModel*`` class ``cls``) in eval mode, its weights dequantized to ``dtype``.
 
     Raises CheckpointError (a tensor whose shape differs from the model's, weights the model needs that the file
@@ -96,10 +110,11 @@ def load_weights(source: Source, header: GGUFHeader, config: Any, cls: Any, dtyp
         raise CheckpointError(f"{source.spec}: cannot load the GGUF weights: {first_line(exc)}") from None
 
 
-def _processor(header: GGUFHeader) -> Any:
+def _processor(header: GGUFHeader) -> TensorProcessor:
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    return TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=gguf.config_dict(header))
+    cls: type[TensorProcessor] = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)
+    return cls(config=gguf.config_dict(header))
 
 
 # transformers' own renames of a model_type to gguf-py's architecture name (get_gguf_hf_weights_map).
@@ -107,7 +122,7 @@ _GGUF_ARCH_NAMES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe":
                     "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss"}
 
 
-def weights_map(model: Any, processor: Any) -> dict[str, str]:
+def weights_map(model: PreTrainedModel, processor: TensorProcessor) -> dict[str, str]:
     """``{gguf tensor name: model parameter name}``: what transformers' ``get_gguf_hf_weights_map`` returns, with
     gguf-py's name table built once instead of once per submodule (397 times, 7-28 s, for SmolLM2). The same
     rules: every submodule's state-dict names are looked up relative to it, in module order; within one module
@@ -142,12 +157,13 @@ def weights_map(model: Any, processor: Any) -> dict[str, str]:
     return out
 
 
-def _untouched(processor: Any, info: TensorInfo, mapping: dict[str, str]) -> bool:
+def _untouched(processor: TensorProcessor, info: TensorInfo, mapping: dict[str, str]) -> bool:
     """True when the processor hands this tensor back as it is (most weights): then it can be filled a block
     of rows at a time. Asked with a one-element stand-in; a processor that fails on it reshapes the tensor."""
     import numpy as np
 
-    probe, parsed = np.zeros((1, 1), dtype=np.float32), {"tensors": {}}
+    probe = np.zeros((1, 1), dtype=np.float32)
+    parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}
     try:
         out = processor.process(weights=probe, name=info.name, tensor_key_mapping=mapping, parsed_parameters=parsed)
     except Exception:
@@ -155,7 +171,7 @@ def _untouched(processor: Any, info: TensorInfo, mapping: dict[str, str]) -> boo
     return out.weights is probe and out.name == info.name and not parsed["tensors"]
 
 
-def _assign(model: Any, name: str, tensor: torch.Tensor, spec: str) -> None:
+def _assign(model: torch.nn.Module, name: str, tensor: torch.Tensor, spec: str) -> None:
     module_name, _, leaf = name.rpartition(".")
     module = model.get_submodule(module_name)
     old = module._parameters.get(leaf)
@@ -167,7 +183,8 @@ def _assign(model: Any, name: str, tensor: torch.Tensor, spec: str) -> None:
     module._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=old.requires_grad)
 
 
-def _stream(source: Source, header: GGUFHeader, config: Any, cls: Any, dtype: torch.dtype) -> Any:
+def _stream(source: Source, header: GGUFHeader, config: PreTrainedConfig, cls: ModelClass,
+            dtype: torch.dtype) -> PreTrainedModel:
     import numpy as np
     from accelerate import init_empty_weights
     with init_empty_weights(include_buffers=False):
@@ -175,7 +192,7 @@ def _stream(source: Source, header: GGUFHeader, config: Any, cls: Any, dtype: to
     processor = _processor(header)
     mapping = weights_map(model, processor)
     params = dict(model.named_parameters())
-    parsed: dict[str, dict] = {"tensors": {}}
+    parsed: dict[str, dict[str, torch.Tensor]] = {"tensors": {}}
     with open(header.path, "rb") as f:
         for info in header.tensors:
             if info.name in mapping and _untouched(processor, info, mapping):
@@ -192,10 +209,10 @@ def _stream(source: Source, header: GGUFHeader, config: Any, cls: Any, dtype: to
             result = processor.process(weights=gguf.read_tensor(f, header, info), name=info.name,
                                        tensor_key_mapping=mapping, parsed_parameters=parsed)
             if result.name in mapping:
-                values = torch.from_numpy(np.ascontiguousarray(result.weights))
-                _assign(model, mapping[result.name], values.to(dtype), source.spec)
-    for name, values in parsed.pop("tensors").items():  # what a processor gathered itself (MoE experts)
-        _assign(model, name, values.to(dtype), source.spec)
+                tensor = torch.from_numpy(np.ascontiguousarray(result.weights))
+                _assign(model, mapping[result.name], tensor.to(dtype), source.spec)
+    for name, tensor in parsed.pop("tensors").items():  # what a processor gathered itself (MoE experts)
+        _assign(model, name, tensor.to(dtype), source.spec)
     model.tie_weights()
     missing = sorted(n for n, p in model.named_parameters() if p.is_meta)
     if missing:
@@ -204,7 +221,8 @@ def _stream(source: Source, header: GGUFHeader, config: Any, cls: Any, dtype: to
     return model.eval()
 
 
-def _from_pretrained(source: Source, config: Any, cls: Any, dtype: torch.dtype, placement: dict[str, Any]) -> Any:
+def _from_pretrained(source: Source, config: PreTrainedConfig, cls: ModelClass, dtype: torch.dtype,
+                     placement: dict[str, object]) -> PreTrainedModel:
     """transformers' own GGUF loader (placements; its newer GGUF path), always dequantizing."""
     import functools
     import sys

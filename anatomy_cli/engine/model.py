@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -11,7 +11,12 @@ from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.text.tokenization import Tokenizer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Where a hook point sits on its module: its first argument or what it returns.
+Side = Literal["input", "output"]
 
 
 @dataclass
@@ -35,7 +40,7 @@ class LoadedModel:
     None: ``name``).
     """
 
-    model: Any = field(repr=False)
+    model: PreTrainedModel = field(repr=False)
     tokenizer: Tokenizer = field(repr=False)
     info: ModelInfo = field(repr=False)
     name: str
@@ -43,7 +48,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     has_unembed: bool
-    points: dict[str, tuple[torch.nn.Module, str]] = field(repr=False, default_factory=dict)
+    points: dict[str, tuple[torch.nn.Module, Side]] = field(repr=False, default_factory=dict)
     embed_scale: float = 1.0
     dequantized_from: str | None = None
     label: str | None = None

@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.models.adapters import Adapter
-from anatomy_cli.models.info import ModelInfo
+from anatomy_cli.models.info import JsonConfig, ModelInfo
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.tokenization import Tokenizer
 
 if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
+
     from anatomy_cli.models.headers import GGUFHeader
     from anatomy_cli.models.resolve import Source
 
@@ -45,7 +47,7 @@ class OpenedModel:
     spec: ModelSpec
     info: ModelInfo
     tokenizer: Tokenizer = field(repr=False)
-    config: Any = field(repr=False)
+    config: PreTrainedConfig | JsonConfig = field(repr=False)
     source: Source | None = None
     header: GGUFHeader | None = field(default=None, repr=False)
     light: bool = False
@@ -63,6 +65,7 @@ class OpenedModel:
         return self.info.n_ctx
 
 
+# ``**options``: ModelSpec's fields, passed on to it (its __post_init__ checks and converts them).
 def as_spec(spec: ModelSpec | str, **options: Any) -> ModelSpec:
     """``spec`` itself, or ``ModelSpec(spec, **options)`` for a name. Raises TypeError for a ModelSpec with
     loading keywords beside it, UsageError for bad options."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,12 +12,17 @@ from anatomy_cli.engine.forward import head_logits, pad_batch, run_batch
 from anatomy_cli.engine.hooks import capture, check_names
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.text.length import check_length  # noqa: F401  (engine.check_length)
+from anatomy_cli.text.length import check_length as check_length  # engine.check_length
 from anatomy_cli.text.tokenization import Encoded, Tokenizer
 
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-def encode(lm_or_tokenizer: LoadedModel | Tokenizer | Any, texts: list[str], *, bos: bool | None = None,
-           allow_special: bool = False) -> list[Encoded]:
+    from anatomy_cli.text.protocol import HFTokenizer
+
+
+def encode(lm_or_tokenizer: LoadedModel | Tokenizer | HFTokenizer | PreTrainedTokenizerBase, texts: list[str], *,
+           bos: bool | None = None, allow_special: bool = False) -> list[Encoded]:
     """Tokenize ``texts`` (see :mod:`anatomy_cli.text.tokenization`).
 
     Decoders get a BOS as their tokenizer's convention says (``bos=None``: Gemma, Llama and Mistral
@@ -69,7 +74,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
         kept.append(_positions(enc, None if positions is None else positions[i]))
 
     lm.model.eval()
-    results: list[Cache | None] = [None] * len(encoded)
+    results: dict[int, Cache] = {}
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
     for start in range(0, len(order), max(1, batch_size)):
         chunk = order[start:start + max(1, batch_size)]
@@ -89,7 +94,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
                 rows = torch.cat([last[row, torch.tensor(kept[i], dtype=torch.long, device=last.device)]
                                   for row, i in enumerate(chunk)])
                 flat = head_logits(lm, rows)                                  # Gemma 2's final soft-capping
-                logits = dict(zip(chunk, flat.split([len(kept[i]) for i in chunk])))
+                logits = dict(zip(chunk, torch.split(flat, [len(kept[i]) for i in chunk])))
         # Cloned outside inference mode: inference tensors cannot meet parameters that require
         # grad (e.g. F.layer_norm(h, w) in an analysis); the clone also frees the batch tensor.
         for row, i in enumerate(chunk):
@@ -100,4 +105,4 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
                 tensors["logits"] = logits[i].clone()
             results[i] = Cache(tensors, encoded=encoded[i], positions=kept[i], n_layers=lm.n_layers)
         del store, last, logits
-    return results  # type: ignore[return-value]
+    return [results[i] for i in range(len(encoded))]

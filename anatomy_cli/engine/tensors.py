@@ -9,14 +9,13 @@ back. :func:`rowwise` applies a row-by-row module (a norm, an LM head) to ``[...
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from anatomy_cli.errors import AnatomyError
 
 
-def first_tensor(value: Any) -> torch.Tensor:
+def first_tensor(value: object) -> torch.Tensor:
     """The activation in a module's input or output.
 
     A plain tensor is the activation itself (a GPT-2 block returns ``[batch, pos, d]``:
@@ -25,14 +24,13 @@ def first_tensor(value: Any) -> torch.Tensor:
     """
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
-        return value[0]
+    items = list(value.values()) if isinstance(value, Mapping) else value
+    if isinstance(items, (tuple, list)) and items and isinstance(items[0], torch.Tensor):
+        return items[0]
     raise AnatomyError(f"cannot find the activation in a module value of type {type(value).__name__}")
 
 
-def replace_first(value: Any, new: torch.Tensor) -> Any:
+def replace_first(value: object, new: torch.Tensor) -> torch.Tensor | tuple[object, ...] | list[object]:
     """``value`` with its activation (see :func:`first_tensor`) replaced by ``new``."""
     if isinstance(value, torch.Tensor):
         return new
@@ -43,7 +41,7 @@ def replace_first(value: Any, new: torch.Tensor) -> Any:
     raise AnatomyError(f"cannot replace the activation in a module value of type {type(value).__name__}")
 
 
-def optional_module(root: Any, path: str | None) -> Any:
+def optional_module(root: torch.nn.Module, path: str | None) -> torch.nn.Module | None:
     """The module at ``path`` under ``root``, or None when the path is unset or the model leaves it out
     (OPT's ``project_in`` is None unless the embedding width differs from d_model)."""
     if not path:
@@ -59,7 +57,7 @@ def optional_module(root: Any, path: str | None) -> Any:
 _MIN_ROWS = 16
 
 
-def rowwise(module: Any, h: torch.Tensor) -> torch.Tensor:
+def rowwise(module: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     """``module(h)`` for a module acting on each row alone (a norm, an LM head); ``h [..., d]``.
 
     On the CPU, 4-15 rows are padded with zero rows to 16 and the result cut back.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -129,14 +130,15 @@ def attribute_tokens(lm: LoadedModel, ids: Sequence[int], metric: Metric, method
         attributions, delta = ca.IntegratedGradients(forward).attribute(
             embeds.clone().requires_grad_(), baselines=fill, n_steps=steps, internal_batch_size=batch_size,
             return_convergence_delta=True)
+        assert fill is not None  # integrated gradients: baseline zero, pad or unk
         with torch.no_grad():
             at_baseline = float(forward(fill)[0])
     return TokenScores(method, baseline, steps, attributions.sum(-1)[0].detach().double().cpu(), value,
                        baseline_metric=at_baseline, delta=float(delta[0]))
 
 
-def _occlusion(ca, forward, embeds: torch.Tensor, fill: torch.Tensor | None, baseline: str, value: float,
-               batch_size: int) -> TokenScores:
+def _occlusion(ca: ModuleType, forward: Callable[[torch.Tensor], torch.Tensor], embeds: torch.Tensor,
+               fill: torch.Tensor | None, baseline: str | None, value: float, batch_size: int) -> TokenScores:
     """FeatureAblation over a keep mask ``[b, pos]`` (1 keep, 0 occlude): each row builds its prompt."""
     n = embeds.shape[1]
 
@@ -148,7 +150,7 @@ def _occlusion(ca, forward, embeds: torch.Tensor, fill: torch.Tensor | None, bas
         # Dropped: rows of equal length go in one forward (FeatureAblation drops one token per row).
         out = torch.empty(keep.shape[0], dtype=torch.float64, device=embeds.device)
         lengths = keep.sum(1)
-        for length in lengths.unique().tolist():
+        for length in torch.unique(lengths).tolist():
             which = (lengths == length).nonzero().flatten()
             out[which] = forward(torch.stack([embeds[0][keep[i]] for i in which.tolist()])).to(torch.float64)
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,8 +12,14 @@ from anatomy_cli.models import adapters as _adapters
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.text.tokenization import Tokenizer
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-def _input_device(model: Any) -> torch.device:
+    from anatomy_cli.text.protocol import HFTokenizer
+
+
+def _input_device(model: PreTrainedModel) -> torch.device:
     emb = model.get_input_embeddings()
     dev = getattr(getattr(emb, "_hf_hook", None), "execution_device", None)  # accelerate dispatch
     if dev is not None:
@@ -21,8 +27,8 @@ def _input_device(model: Any) -> torch.device:
     return emb.weight.device if emb.weight.device.type != "meta" else torch.device("cpu")
 
 
-def from_model(model: Any, tokenizer: Any, *, name: str, untrained: bool = False,
-               info: ModelInfo | None = None) -> LoadedModel:
+def from_model(model: PreTrainedModel, tokenizer: Tokenizer | HFTokenizer | PreTrainedTokenizerBase, *, name: str,
+               untrained: bool = False, info: ModelInfo | None = None) -> LoadedModel:
     """Wrap an already built ``transformers`` model and its tokenizer (HF fast or :class:`Tokenizer`).
 
     ``info``: the opened model's description (None: read from ``model.config`` and the tokenizer).
@@ -35,7 +41,7 @@ def from_model(model: Any, tokenizer: Any, *, name: str, untrained: bool = False
         tok = Tokenizer(tokenizer, add_special_tokens=not _adapters.for_config(model.config).causal)
     info = info or ModelInfo.from_config(model.config, tok)
     adapter = info.adapter
-    has_unembed = bool(adapter.unembed) and model is not model.base_model and _has_module(model, adapter.unembed)
+    has_unembed = bool(adapter.unembed and model is not model.base_model and _has_module(model, adapter.unembed))
     return LoadedModel(
         model=model, tokenizer=tok, info=info, name=name, untrained=untrained,
         device=_input_device(model), dtype=next(model.parameters()).dtype,
@@ -44,7 +50,7 @@ def from_model(model: Any, tokenizer: Any, *, name: str, untrained: bool = False
     )
 
 
-def _has_module(model: Any, path: str) -> bool:
+def _has_module(model: torch.nn.Module, path: str) -> bool:
     try:
         model.get_submodule(path)
     except AttributeError:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.models import presets
 from anatomy_cli.models.info import JsonConfig
 from anatomy_cli.models.resolve import check_path
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # Tokenizer classes whose transformers tokenizer is the tokenizer.json it was saved with, unchanged
 # (checked by tests/test_preflight.py); others (Llama's, Gemma's) may rebuild parts of it.
@@ -33,7 +36,7 @@ def _json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Any, dict[str, Any]] | None:
+def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, dict[str, Any]] | None:
     """``(config, backend, special)`` for model ``spec`` when it can be read without torch, else None.
 
     ``backend`` is a ``tokenizers.Tokenizer``, ``special`` tokenizer_config.json's entries (see
@@ -62,7 +65,7 @@ def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Any, dict[str
     return JsonConfig(config), backend, special
 
 
-def _gpt2_preset(spec: str) -> tuple[JsonConfig, Any, dict[str, Any]] | None:
+def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, Any]] | None:
     """GPT-2's tokenizer from the package's BPE files, as transformers builds it (GPT2Tokenizer), and the
     preset's shape. None when GPT-2's tokenizer is in the HF cache (that one is used by the full load)."""
     from anatomy_cli.models.model_files import GPT2_HUB_IDS
@@ -77,7 +80,10 @@ def _gpt2_preset(spec: str) -> tuple[JsonConfig, Any, dict[str, Any]] | None:
 
     backend = Tokenizer(models.BPE(vocab=dict(gpt2_vocab()), merges=gpt2_merges()))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    backend.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    # tokenizers' stub gives the ByteLevel decoder no keywords; its constructor takes (and serializes) the
+    # pre-tokenizer's, as transformers' GPT-2 converter passes them.
+    backend.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True,  # type: ignore[call-arg]
+                                         use_regex=True)
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GPT2_SPECIAL])
     model_type, shape = presets.PRESETS[spec]
     token = next(iter(GPT2_SPECIAL))

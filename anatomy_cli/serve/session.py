@@ -30,7 +30,9 @@ class Captured(io.TextIOWrapper):
     """
 
     def __init__(self, encoding: str, tty: bool, notify: Callable[[str], None] | None = None):
-        super().__init__(io.BytesIO(), encoding=encoding, errors="strict", write_through=True)
+        raw = io.BytesIO()
+        super().__init__(raw, encoding=encoding, errors="strict", write_through=True)
+        self._raw = raw
         self._tty = tty
         self._notify = notify or (lambda text: None)
         self._shown: list[str] = []
@@ -40,7 +42,7 @@ class Captured(io.TextIOWrapper):
 
     def value(self) -> bytes:
         self.flush()
-        return self.buffer.getvalue()  # type: ignore[attr-defined]
+        return self._raw.getvalue()
 
     @contextlib.contextmanager
     def remote_status(self, message: str) -> Iterator[None]:
