@@ -44,7 +44,9 @@ def figure(result: Any, n_layers: int, n_heads: int, cap: Caption, top: int | No
             limits, cmap, bar = (0.0, vmax or 1.0), statistics.HEADS[s].cmap, _LABELS[s]
         else:
             # The weights share one scale, [0, 1], and one colour bar.
-            limits, cmap, bar = statistics.HEADS[s].limits, statistics.HEADS[s].cmap, None
+            fixed = statistics.HEADS[s].limits
+            assert fixed is not None  # the weights' statistics declare [0, 1]
+            limits, cmap, bar = fixed, statistics.HEADS[s].cmap, None
         heatmap(fig, ax, values, cell=(cw, ch), xlabels=[str(h) for h in range(n_heads)],
                 ylabels=[str(layer) for layer in range(n_layers)], cmap=cmap, vmin=limits[0], vmax=limits[1],
                 colorbar=bar, xlabel="head", ylabel="layer" if ax is axes[0] else "", x_rotation=0)
