@@ -27,6 +27,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     params,
     patch,
     report,
+    sae,
     serve,
     tokens,
     trace,

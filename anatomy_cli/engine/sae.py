@@ -1,0 +1,181 @@
+"""A sparse autoencoder (or transcoder) on a loaded model: encode, decode, and the reconstruction spliced in.
+
+:class:`Dictionary` holds an :class:`~anatomy_cli.models.sae.read.SAEFile`'s tensors in its dtype and computes
+what the library that wrote it computes (SAELens' ``encode``/``decode``, sparsify's, Gemma Scope's JumpReLU):
+
+* input: ``x`` normalized (``constant_norm_rescale``: scaled to norm ``sqrt(d_in)``; ``layer_norm``: centred
+  and divided by its standard deviation), minus ``b_dec`` when ``apply_b_dec_to_input``;
+* pre-activation ``h = x W_enc + b_enc``; features: standard ``relu(h)``, JumpReLU ``relu(h) * (h >
+  threshold)``, TopK the ``k`` largest ``h`` (ties: torch.topk's choice), through a ReLU, the rest 0;
+* reconstruction ``f W_dec + b_dec`` (plus ``x W_skip^T`` with a skip connection, on the raw ``x``), the
+  normalization undone (not for a transcoder, as SAELens); TopK's ``rescale_acts_by_decoder_norm``: ``h``
+  times ``‖W_dec[i]‖`` before the top k, ``f`` divided by it before decoding.
+
+:func:`splice_run` runs one prompt three times: unmodified, with the reconstruction in place of the
+activation at the SAE's output site, and with the reconstruction plus the error term ``x - x_hat`` (which
+gives the unmodified logits back, up to float rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anatomy_cli.engine.forward import forward, head_logits
+from anatomy_cli.engine.hooks import HookFn, Side, attach_modules
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sae import names
+from anatomy_cli.models.sae.read import SAEFile
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+           "bfloat16": torch.bfloat16}
+
+
+class Dictionary:
+    """An SAE's tensors on ``device``, in the dtype its config names (float32 unless it says otherwise)."""
+
+    def __init__(self, sae: SAEFile, device: torch.device | str = "cpu"):
+        self.file = sae
+        self.dtype = _DTYPES.get(sae.dtype.replace("torch.", ""), torch.float32)
+
+        def t(a: Any) -> Any:
+            return None if a is None else torch.as_tensor(a).to(device=device, dtype=self.dtype)
+
+        self.W_enc, self.b_enc, self.W_dec, self.b_dec = t(sae.W_enc), t(sae.b_enc), t(sae.W_dec), t(sae.b_dec)
+        self.threshold, self.W_skip = t(sae.threshold), t(sae.W_skip)
+
+    def _norm_in(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        how = self.file.normalize_activations
+        if how == "constant_norm_rescale":
+            scale = math.sqrt(x.shape[-1]) / x.norm(dim=-1, keepdim=True)
+            return x * scale, scale, None
+        if how == "layer_norm":
+            mu = x.mean(dim=-1, keepdim=True)
+            std = (x - mu).std(dim=-1, keepdim=True)
+            return (x - mu) / (std + 1e-5), std, mu
+        return x, None, None
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature activations ``[..., d_sae]`` of ``x [..., d_in]``."""
+        x, _, _ = self._norm_in(x.to(self.dtype))
+        if self.file.subtract_b_dec:
+            x = x - self.b_dec
+        h = x @ self.W_enc + self.b_enc
+        if self.file.rescale_by_decoder_norm:
+            h = h * self.W_dec.norm(dim=-1)
+        arch = self.file.architecture
+        if arch == "standard":
+            return torch.relu(h)
+        if arch == "jumprelu":
+            return torch.relu(h) * (h > self.threshold)
+        assert self.file.k is not None
+        top = h.topk(self.file.k, dim=-1)
+        return torch.zeros_like(h).scatter(-1, top.indices, torch.relu(top.values))
+
+    def decode(self, f: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The reconstruction ``[..., d_out]`` from features ``f`` of input ``x [..., d_in]`` (the
+        normalization statistics and a transcoder's skip read ``x``)."""
+        x = x.to(self.dtype)
+        if self.file.rescale_by_decoder_norm:
+            f = f / self.W_dec.norm(dim=-1)
+        out = f @ self.W_dec + self.b_dec
+        if self.W_skip is not None:
+            out = out + x @ self.W_skip.T
+        if self.file.transcoder:  # SAELens' transcoders leave the output unnormalized
+            return out
+        _, scale, mu = self._norm_in(x)
+        how = self.file.normalize_activations
+        if how == "constant_norm_rescale":
+            assert scale is not None
+            out = out / scale
+        elif how == "layer_norm":
+            assert scale is not None and mu is not None
+            out = out * scale + mu
+        return out
+
+
+@dataclass(frozen=True)
+class SpliceRun:
+    """One prompt's run with an SAE, float32 on ``lm.device``: ``x [pos, d_in]`` the SAE's input,
+    ``target [pos, d_out]`` what it reconstructs (``x`` unless a transcoder), ``features [pos, d_sae]``,
+    ``recon [pos, d_out]``; ``logits``/``logits_spliced``/``logits_with_error`` ``[pos, vocab]``: the
+    unmodified run, the reconstruction in place of ``target``, and the reconstruction plus ``target - recon``."""
+
+    x: torch.Tensor
+    target: torch.Tensor
+    features: torch.Tensor
+    recon: torch.Tensor
+    logits: torch.Tensor
+    logits_spliced: torch.Tensor
+    logits_with_error: torch.Tensor
+
+
+def _module_point(lm: LoadedModel, point: str) -> tuple[torch.nn.Module, Side]:
+    """``(module, side)`` of a hook point, or of the MLP's input (``blocks.N.mlp.hook_in``)."""
+    if not point.endswith("mlp.hook_in"):
+        module, side = lm.points[point]
+        return module, "input" if side == "input" else "output"
+    layer = names.layer_of(point)
+    module, side = lm.points[f"blocks.{layer}.hook_mlp_out"]
+    if side != "output" or lm.adapter.mlp_out.flat:
+        raise UsageError(f"{lm.name}'s MLP input is not a hook point anatomy can read ({lm.adapter.name})")
+    return module, "input"
+
+
+@contextmanager
+def _hooks(lm: LoadedModel, pairs: list[tuple[str, HookFn]]) -> Iterator[None]:
+    with attach_modules((*_module_point(lm, p), fn) for p, fn in pairs):
+        yield
+
+
+def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
+    """Three forwards of one prompt (``ids``) with ``sae`` at its sites; see :class:`SpliceRun`."""
+    f = sae.file
+    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(point: str) -> HookFn:
+        def fn(t: torch.Tensor) -> None:
+            seen[point] = t.detach()[0].clone()
+        return fn
+
+    def logits_with(pairs: list[tuple[str, HookFn]]) -> torch.Tensor:
+        with torch.inference_mode(), _hooks(lm, pairs):
+            hidden = forward(lm, input_ids)
+            return head_logits(lm, hidden[0]).float()
+
+    lm.model.eval()
+    logits = logits_with([(f.site, keep("in")), (f.site_out, keep("out"))])
+    x = seen["in"].to(sae.dtype)
+    with torch.inference_mode():
+        features = sae.encode(x)
+        recon = sae.decode(features, x)
+
+    def replace(with_error: bool) -> HookFn:
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            new = recon.to(t.dtype)[None]
+            return new + (t - new) if with_error else new
+        return fn
+
+    spliced = logits_with([(f.site_out, replace(False))])
+    with_error = logits_with([(f.site_out, replace(True))])
+    return SpliceRun(x=x.float(), target=seen["out"].float(), features=features.float(), recon=recon.float(),
+                     logits=logits, logits_spliced=spliced, logits_with_error=with_error)
+
+
+def decoder_lens(lm: LoadedModel, sae: Dictionary, feature_ids: list[int]) -> torch.Tensor:
+    """The logit lens of decoder rows: ``W_dec[i]`` through the final norm and the LM head, without soft-capping,
+    ``[len(feature_ids), vocab]`` (a direction's token ranking: the norm's scale is one number per row)."""
+    from anatomy_cli.engine.lens import unembed
+
+    rows = sae.W_dec[torch.tensor(feature_ids, dtype=torch.long, device=sae.W_dec.device)]
+    return unembed(lm, rows.to(lm.device), softcap=False).float()
+
+
+__all__ = ["Dictionary", "SpliceRun", "decoder_lens", "splice_run"]

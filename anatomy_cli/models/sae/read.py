@@ -1,0 +1,282 @@
+"""An SAE (or transcoder) on disk, read into numpy arrays: SAELens, EleutherAI sparsify and Gemma Scope.
+
+* SAELens: ``cfg.json`` + ``sae_weights.safetensors`` (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec
+  [d_sae, d_in]``, ``b_dec``; JumpReLU ``threshold``, or ``log_threshold`` in older saves; TopK's ``k`` in the
+  config). The config is SAELens 6's (``architecture``, ``metadata``: ``hook_name``, ``prepend_bos``,
+  ``context_size``, ``neuronpedia_id``) or the flat one of older releases. A transcoder states
+  ``hook_name_out`` and may carry ``W_skip``.
+* sparsify: ``cfg.json`` + ``sae.safetensors`` per hook point (``encoder.weight [d_sae, d_in]``,
+  ``encoder.bias``, ``W_dec [d_sae, d_out]``, ``b_dec``, transcoders' ``W_skip [d_out, d_in]``); TopK with
+  the config's ``k``; the hook is the folder's name (``layers.10``).
+* Gemma Scope: ``params.npz`` (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``, ``threshold``): JumpReLU.
+
+Every failure is one line: a missing file or tensor, an unknown architecture, a truncated file, shapes
+that disagree. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from anatomy_cli.errors import CheckpointError, UsageError
+from anatomy_cli.models.sae import names
+
+Array = npt.NDArray[Any]
+ARCHITECTURES = ("standard", "jumprelu", "topk")
+NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm", "expected_average_only_in")
+SAELENS_WEIGHTS, SPARSIFY_WEIGHTS, GEMMA_SCOPE = "sae_weights.safetensors", "sae.safetensors", "params.npz"
+
+
+@dataclass(frozen=True)
+class SAEFile:
+    """What the files say. ``W_enc [d_in, d_sae]``, ``b_enc [d_sae]``, ``W_dec [d_sae, d_out]``, ``b_dec
+    [d_out]`` (``d_out == d_in`` unless a transcoder), ``threshold [d_sae]`` (JumpReLU), ``k`` (TopK),
+    ``W_skip [d_out, d_in]`` (a transcoder's skip connection). ``hook_name``/``hook_name_out``: as the
+    library wrote them; ``site``/``site_out``: anatomy's hook points (equal unless a transcoder).
+    ``subtract_b_dec``: ``b_dec`` is subtracted from the input before encoding (SAELens'
+    ``apply_b_dec_to_input``; sparsify's SAEs, not its transcoders). ``stated_l0``: the L0 the files or
+    the path state (TopK: k; Gemma Scope's ``average_l0_N``), else None."""
+
+    path: Path
+    format: str
+    architecture: str
+    W_enc: Array
+    b_enc: Array
+    W_dec: Array
+    b_dec: Array
+    threshold: Array | None
+    k: int | None
+    W_skip: Array | None
+    hook_name: str
+    hook_name_out: str
+    site: str
+    site_out: str
+    subtract_b_dec: bool
+    normalize_activations: str
+    prepend_bos: bool | None
+    context_size: int | None
+    dtype: str
+    neuronpedia_id: str | None
+    model_name: str | None
+    stated_l0: float | None
+    centred: bool
+    rescale_by_decoder_norm: bool = False
+
+    @property
+    def d_in(self) -> int:
+        return int(self.W_enc.shape[0])
+
+    @property
+    def d_sae(self) -> int:
+        return int(self.W_enc.shape[1])
+
+    @property
+    def d_out(self) -> int:
+        return int(self.W_dec.shape[1])
+
+    @property
+    def transcoder(self) -> bool:
+        return self.site != self.site_out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "format": self.format, "architecture": self.architecture,
+                "d_in": self.d_in, "d_sae": self.d_sae, "d_out": self.d_out, "k": self.k,
+                "hook_name": self.hook_name, "hook_name_out": self.hook_name_out, "site": self.site,
+                "site_out": self.site_out, "transcoder": self.transcoder,
+                "apply_b_dec_to_input": self.subtract_b_dec, "normalize_activations": self.normalize_activations,
+                "prepend_bos": self.prepend_bos, "context_size": self.context_size, "dtype": self.dtype,
+                "neuronpedia_id": self.neuronpedia_id, "model_name": self.model_name,
+                "stated_l0": self.stated_l0}
+
+
+def read(path: str | Path, *, hook: str | None = None) -> SAEFile:
+    """The SAE at ``path``: a folder (or a file in it) of one of the three formats, or a sparsify checkpoint
+    folder holding one folder per hook point (``hook`` picks one; alone, it is taken). ``hook`` also names
+    the hook point where the files state none (Gemma Scope) or overrides what they state. Raises UsageError
+    for a path that holds no SAE, CheckpointError for a file that cannot be read."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"no SAE at {p}: no such file or folder")
+    folder = p.parent if p.is_file() else p
+    if p.is_file() and p.name == GEMMA_SCOPE or (p.is_dir() and (p / GEMMA_SCOPE).is_file()):
+        return _gemma_scope(folder / GEMMA_SCOPE, hook)
+    if (folder / SAELENS_WEIGHTS).is_file():
+        return _saelens(folder, hook)
+    if (folder / SPARSIFY_WEIGHTS).is_file():
+        return _sparsify(folder, hook)
+    points = sorted(d.name for d in folder.iterdir() if d.is_dir() and (d / SPARSIFY_WEIGHTS).is_file()) \
+        if folder.is_dir() else []
+    if points:
+        if hook is None and len(points) == 1:
+            return _sparsify(folder / points[0], None)
+        if hook in points:
+            return _sparsify(folder / hook, None)
+        raise UsageError(f"{folder} holds SAEs for {len(points)} hook points ({', '.join(points[:8])}): "
+                         f"pick one with --hook NAME")
+    raise UsageError(f"no SAE at {p}: expected cfg.json with {SAELENS_WEIGHTS} (SAELens) or "
+                     f"{SPARSIFY_WEIGHTS} (sparsify), or {GEMMA_SCOPE} (Gemma Scope)")
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    cfg_path = folder / "cfg.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{folder} has no cfg.json beside its weights")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{cfg_path} is not a JSON config ({type(e).__name__}: {e})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_path} is not a JSON object")
+    return cfg
+
+
+def _safetensors(path: Path) -> dict[str, Array]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return dict(load_file(str(path)))
+    except (SafetensorError, OSError, ValueError) as e:
+        size = path.stat().st_size
+        raise CheckpointError(f"{path} cannot be read (truncated or not safetensors: {size} bytes; {e})") from None
+
+
+def _tensor(tensors: dict[str, Array], name: str, path: Path) -> Array:
+    if name not in tensors:
+        raise CheckpointError(f"{path} has no tensor '{name}' (it holds {', '.join(sorted(tensors)) or 'none'})")
+    return np.asarray(tensors[name])
+
+
+def _architecture(value: Any, where: Path) -> str:
+    """SAELens' architecture name as anatomy's: transcoders (``transcoder``, ``skip_transcoder``,
+    ``jumprelu_transcoder``) as the SAE they encode like."""
+    arch = str(value).lower().replace("-", "_")
+    arch = {"relu": "standard", "transcoder": "standard", "skip_transcoder": "standard",
+            "jumprelu_transcoder": "jumprelu"}.get(arch, arch)
+    if arch not in ARCHITECTURES:
+        raise UsageError(f"{where}: unknown SAE architecture '{value}' (anatomy reads standard/ReLU, jumprelu, "
+                         f"topk, batchtopk saved as jumprelu, and transcoder, skip_transcoder, jumprelu_transcoder)")
+    return arch
+
+
+def _saelens(folder: Path, hook: str | None) -> SAEFile:
+    cfg = _config(folder)
+    meta: dict[str, Any] = cfg["metadata"] if isinstance(cfg.get("metadata"), dict) else {}
+
+    def get(key: str, default: Any = None) -> Any:
+        return cfg[key] if key in cfg else meta.get(key, default)
+
+    arch = _architecture(get("architecture", "standard"), folder / "cfg.json")
+    path = folder / SAELENS_WEIGHTS
+    tensors = _safetensors(path)
+    threshold = None
+    if arch == "jumprelu":
+        threshold = np.exp(_tensor(tensors, "log_threshold", path)) if "threshold" not in tensors \
+            and "log_threshold" in tensors else _tensor(tensors, "threshold", path)
+    k = get("k") if arch == "topk" else None
+    if arch == "topk" and not isinstance(k, int):
+        raise CheckpointError(f"{folder / 'cfg.json'}: a TopK SAE with no integer 'k'")
+    hook_in = hook or get("hook_name")
+    if not hook_in:
+        raise UsageError(f"{folder / 'cfg.json'} states no hook_name: name the hook point with --hook NAME")
+    hook_out = get("hook_name_out") or hook_in
+    kwargs = get("model_from_pretrained_kwargs") or {}
+    centred = bool(kwargs.get("center_writing_weights", False)) if isinstance(kwargs, dict) else False
+    return _build(folder, "saelens", arch, tensors, path, threshold=threshold, k=k, hook_in=str(hook_in),
+                  hook_out=str(hook_out), subtract=bool(get("apply_b_dec_to_input", False)),
+                  normalize=str(get("normalize_activations") or "none"), prepend_bos=get("prepend_bos"),
+                  context_size=get("context_size"), dtype=str(get("dtype", "float32")),
+                  neuronpedia_id=get("neuronpedia_id"), model_name=get("model_name"),
+                  stated_l0=_stated_l0(k, meta), centred=centred,
+                  W_enc=_tensor(tensors, "W_enc", path), b_enc=_tensor(tensors, "b_enc", path),
+                  rescale_by_decoder_norm=bool(get("rescale_acts_by_decoder_norm", False)))
+
+
+def _stated_l0(k: Any, meta: dict[str, Any]) -> float | None:
+    """TopK's k; a BatchTopK saved as JumpReLU: the k it trained with (``training_architecture_details``)."""
+    details = meta.get("training_architecture_details")
+    trained_k = details.get("k") if isinstance(details, dict) else None
+    value = k if k is not None else trained_k
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _sparsify(folder: Path, hook: str | None) -> SAEFile:
+    cfg = _config(folder)
+    path = folder / SPARSIFY_WEIGHTS
+    tensors = _safetensors(path)
+    k = cfg.get("k")
+    if not isinstance(k, int):
+        raise CheckpointError(f"{folder / 'cfg.json'}: a sparsify SAE with no integer 'k'")
+    if cfg.get("activation", "topk") != "topk":
+        raise UsageError(f"{folder / 'cfg.json'}: unknown SAE architecture '{cfg.get('activation')}' "
+                         f"(anatomy reads sparsify's topk)")
+    transcode = bool(cfg.get("transcode", False))
+    hook_name = hook or folder.name
+    return _build(folder, "sparsify", "topk", tensors, path, threshold=None, k=k, hook_in=hook_name,
+                  hook_out=hook_name, subtract=not transcode, normalize="none", prepend_bos=None,
+                  context_size=None, dtype="float32", neuronpedia_id=None, model_name=None, stated_l0=float(k),
+                  centred=False, W_enc=_tensor(tensors, "encoder.weight", path).T,
+                  b_enc=_tensor(tensors, "encoder.bias", path), sparsify_transcoder=transcode)
+
+
+def _gemma_scope(path: Path, hook: str | None) -> SAEFile:
+    try:
+        with np.load(path) as npz:
+            tensors = {name: np.asarray(npz[name]) for name in npz.files}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise CheckpointError(f"{path} cannot be read (truncated or not an .npz: {e})") from None
+    hook_name = hook or names.gemma_scope_hook(str(path.resolve()))
+    if hook_name is None:
+        raise UsageError(f"{path}'s path names no layer and site (layer_N under a -res/-mlp/-att release): "
+                         f"name the hook point with --hook NAME")
+    return _build(path.parent, "gemma_scope", "jumprelu", tensors, path, threshold=_tensor(tensors, "threshold", path),
+                  k=None, hook_in=hook_name, hook_out=hook_name, subtract=False, normalize="none",
+                  prepend_bos=True, context_size=1024, dtype="float32", neuronpedia_id=None, model_name=None,
+                  stated_l0=names.gemma_scope_l0(str(path.resolve())), centred=False,
+                  W_enc=_tensor(tensors, "W_enc", path), b_enc=_tensor(tensors, "b_enc", path))
+
+
+def _build(folder: Path, fmt: str, arch: str, tensors: dict[str, Array], path: Path, *, hook_in: str,
+           hook_out: str, W_enc: Array, b_enc: Array, threshold: Array | None, k: int | None,
+           sparsify_transcoder: bool = False, **rest: Any) -> SAEFile:
+    W_dec, b_dec = _tensor(tensors, "W_dec", path), _tensor(tensors, "b_dec", path)
+    skip = tensors.get("W_skip")
+    transcoder = hook_out != hook_in or sparsify_transcoder
+    site = names.hook_point(hook_in, transcoder_input=transcoder)
+    site_out = names.hook_point(hook_out) if transcoder else site
+    if sparsify_transcoder and site == site_out:
+        raise UsageError(f"{folder}: a transcoder at '{hook_in}': anatomy reads transcoders of an MLP "
+                         f"(layers.N.mlp) only")
+    if rest["normalize"] not in NORMALIZATIONS:
+        raise UsageError(f"{folder}: unknown normalize_activations '{rest['normalize']}' "
+                         f"(anatomy reads {', '.join(NORMALIZATIONS)})")
+    _check_shapes(path, W_enc, b_enc, W_dec, b_dec, threshold, skip, k)
+    return SAEFile(path=folder, format=fmt, architecture=arch, W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=b_dec,
+                   threshold=threshold, k=k, W_skip=None if skip is None else np.asarray(skip),
+                   hook_name=hook_in, hook_name_out=hook_out, site=site, site_out=site_out,
+                   subtract_b_dec=rest.pop("subtract") and not transcoder,
+                   normalize_activations=rest.pop("normalize"), **rest)
+
+
+def _check_shapes(path: Path, W_enc: Array, b_enc: Array, W_dec: Array, b_dec: Array, threshold: Array | None,
+                  skip: Array | None, k: int | None) -> None:
+    if W_enc.ndim != 2 or W_dec.ndim != 2:
+        raise CheckpointError(f"{path}: W_enc {W_enc.shape} and W_dec {W_dec.shape} must be matrices")
+    d_in, d_sae = W_enc.shape
+    d_out = W_dec.shape[1]
+    wrong = [(name, tuple(t.shape), want) for name, t, want in
+             (("b_enc", b_enc, (d_sae,)), ("W_dec", W_dec, (d_sae, d_out)), ("b_dec", b_dec, (d_out,)),
+              ("threshold", threshold, (d_sae,)), ("W_skip", skip, (d_out, d_in))) if t is not None
+             and tuple(t.shape) != want]
+    if wrong:
+        name, got, want = wrong[0]
+        raise CheckpointError(f"{path}: {name} is {got}, expected {want} for d_in {d_in}, d_sae {d_sae}")
+    if k is not None and not 0 < k <= d_sae:
+        raise CheckpointError(f"{path}: k = {k} is outside 1..d_sae ({d_sae})")
