@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def _ids(lm: LoadedModel, target: str | None, target_id: int | None, foil: str | None, foil_id: int | None,
-         first_token: bool) -> dict[str, int | None]:
+         first_token: bool) -> dict[str, Any]:
     """``{"target": id, "foil": id or None}`` as ``--target``/``--foil`` resolve them; UsageError without a
     target, or a foil equal to it."""
     ids = {"target": resolve_token(lm, target, target_id, first_token=first_token),
@@ -79,7 +79,7 @@ def dla(model: Model, prompt: str | list[str], *, target: str | None = None, tar
 def ablate(model: Model, prompt: str | list[str], *, target: str | None = None, target_id: int | None = None,
            foil: str | None = None, foil_id: int | None = None, first_token: bool = False, mode: str = "zero",
            heads: bool = False, layer: int | None = None, position: int = -1, method: str = "exact",
-           check: int | None = None, prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
+           check: int = 0, prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
     """`anatomy ablate`: each attention and MLP output (``heads``: each head) zeroed or mean-ablated, and the
     change of log p(target) (or logit(target) - logit(foil)) at ``position``. ``result``: Ablation;
     rows: ``rows`` (one per component)."""
@@ -115,7 +115,7 @@ def ablate(model: Model, prompt: str | list[str], *, target: str | None = None, 
 
 def patch(model: Model, clean: str, corrupt: str, *, target: str | None = None, target_id: int | None = None,
           foil: str | None = None, foil_id: int | None = None, first_token: bool = False, site: str = "resid_pre",
-          method: str = "exact", check: int | None = None, prompts: PromptOptions = PromptOptions(),
+          method: str = "exact", check: int = 0, prompts: PromptOptions = PromptOptions(),
           batch_size: int = 8) -> Result:
     """`anatomy patch`: activation patching from CLEAN into CORRUPT at every (layer, position) of ``site``
     (``head``: every (layer, head)); value = (m - m_corrupt) / (m_clean - m_corrupt). ``result``: Patching;

@@ -44,7 +44,7 @@ class Result:
     def to_pandas(self) -> Any:
         """The rows in long form, one row per record of :attr:`rows_key` (pandas.DataFrame; pandas needed)."""
         try:
-            import pandas as pd
+            import pandas as pd  # type: ignore[import-untyped, unused-ignore]
         except ImportError:  # pragma: no cover - depends on the environment
             from anatomy_cli.errors import AnatomyError
 
