@@ -27,7 +27,8 @@ os.environ["ANATOMY_CACHE_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-cache-")
 SLOWEST_FIRST = ["test_gguf_load.py", "test_diff_real.py", "test_corpus_ray.py", "test_benchmarks_smoke.py",
                  "test_serve_lifecycle.py", "test_corpus.py", "test_html_browser.py", "test_diff.py",
                  "test_serve_reload.py", "test_serve.py", "test_gguf.py", "test_conventions.py", "test_serve_faults.py",
-                 "test_attribute.py", "test_params_headers.py"]
+                 "test_attribute.py", "test_params_headers.py",
+                 "test_api_tour.py"]  # the Python API tour on SmolLM2: ~15 s quiet (lens, drift, dla)
 
 
 def pytest_collection_modifyitems(config, items):

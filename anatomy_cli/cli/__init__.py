@@ -1,5 +1,6 @@
 """The command line: app (Typer app, errors to exit codes), entry (the console script), main (every
 command registered), options (shared options), commands/ (one module per command: parse, call, render).
 
-The top layer: may import everything below it; nothing imports it (serve gets a registry handed in).
+May import everything below it; only anatomy_cli.api (the Python API) imports it, for the commands' run
+functions (serve gets a registry handed in).
 """

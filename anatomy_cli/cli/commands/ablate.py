@@ -129,16 +129,7 @@ def ablate_command(
     metric = analysis.metric_fn(ids["target"], ids["foil"])
     reports = []
     for enc in encoded:
-        extra = None
-        if method is Method.attribution:
-            base, edited, extra = _attribution.ablate(lm, enc.ids, plan, metric, position=position, check=check_n,
-                                                      batch_size=batch_size)
-        else:
-            base, edited = interventions.run_edits(lm, enc.ids, [edits for *_, edits in plan], position=position,
-                                                   batch_size=batch_size, reduce=metric)
-            base = float(base[0])
-        result = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", mode.value,
-                                   [key for *key, _ in plan], edited, base)
+        result, extra = run(lm, enc, plan, metric, ids, mode.value, method, position, check_n, batch_size)
         reports.append(_attribution.extend(_report(lm, enc, position % len(enc), ids, result), extra))
         if plot:
             from anatomy_cli.output import plots
@@ -149,6 +140,25 @@ def ablate_command(
                                    f"{position % len(enc)} = {enc.pieces[position % len(enc)]}")
             plots.draw("ablate", plot, len(reports) if prompt == "-" else None, result, lm.n_heads, what, cap)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def run(lm, enc, plan, metric, ids: dict, mode: str, method: Method, position: int, check_n: int | None,
+        batch_size: int) -> tuple:
+    """``(Ablation, attribution extra or None)`` for one prompt: the run `ablate` renders (anatomy_cli.api
+    calls it too)."""
+    from anatomy_cli.analyses import ablate as analysis
+    from anatomy_cli.engine import interventions
+    extra = None
+    if method is Method.attribution:
+        base, edited, extra = _attribution.ablate(lm, enc.ids, plan, metric, position=position, check=check_n,
+                                                  batch_size=batch_size)
+    else:
+        base, edited = interventions.run_edits(lm, enc.ids, [edits for *_, edits in plan], position=position,
+                                               batch_size=batch_size, reduce=metric)
+        base = float(base[0])
+    result = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", mode,
+                               [key for *key, _ in plan], edited, base)
+    return result, extra
 
 
 def _metric_name(lm, ids: dict) -> str:

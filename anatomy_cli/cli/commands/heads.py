@@ -96,6 +96,24 @@ def heads_command(
         opened, encoded = open_model(spec), []
     _check(opened.info, encoded, seq_len, spec.model)
     lm = load_weights(opened)
+    results = run(lm, encoded, seq_len, seed, sort.value if sort else None, batch_size)
+    # Every head is scored; --top cuts the rows printed, while the picture colours every head and frames the top.
+    reports = [_report(lm, enc, dataclasses.replace(result, rows=result.rows[:top] if top else result.rows))
+               for enc, result in results]
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+    if plot:
+        from anatomy_cli.output import plots
+
+        for i, (enc, result) in enumerate(results, start=1):
+            detail = f"induction, duplicate on {seq_len} random tokens × 2, seed {seed}"
+            cap = plots.Caption.of("heads", lm, enc.text if encoded else None, detail)
+            plots.draw("heads", plot, i if prompt == "-" else None, result, lm.n_layers, lm.n_heads, cap,
+                       top=top)
+
+
+def run(lm, encoded: list, seq_len: int, seed: int, sort: str | None, batch_size: int) -> list[tuple]:
+    """``(Encoded, Heads)`` per prompt (the random sequence's own when there is none): the run `heads`
+    renders (anatomy_cli.api calls it too)."""
     import torch
 
     from anatomy_cli import engine
@@ -111,24 +129,13 @@ def heads_command(
                           analysis.repeat_scores(pattern, start=start, seq_len=seq_len)])
 
     scores = engine.attention_patterns(lm, [*encoded, rand], reduce=reduce, batch_size=batch_size)
-    options = dict(seq_len=seq_len, seed=seed, random_token_ids=ids[:seq_len], sort=sort.value if sort else None)
+    options = dict(seq_len=seq_len, seed=seed, random_token_ids=ids[:seq_len], sort=sort)
     repeat = scores[-1][:, 3:]
     if not encoded:
         results = [(rand, analysis.heads(scores[-1][:, :3], repeat, measured_on="random", **options))]
     else:
         results = [(enc, analysis.heads(s, repeat, measured_on="prompt", **options)) for enc, s in zip(encoded, scores)]
-    # Every head is scored; --top cuts the rows printed, while the picture colours every head and frames the top.
-    reports = [_report(lm, enc, dataclasses.replace(result, rows=result.rows[:top] if top else result.rows))
-               for enc, result in results]
-    emit_prompts(reports, fmt, from_stdin=prompt == "-")
-    if plot:
-        from anatomy_cli.output import plots
-
-        for i, (enc, result) in enumerate(results, start=1):
-            detail = f"induction, duplicate on {seq_len} random tokens × 2, seed {seed}"
-            cap = plots.Caption.of("heads", lm, enc.text if encoded else None, detail)
-            plots.draw("heads", plot, i if prompt == "-" else None, result, lm.n_layers, lm.n_heads, cap,
-                       top=top)
+    return results
 
 
 def _check(info: ModelInfo, encoded: list, seq_len: int, name: str) -> None:

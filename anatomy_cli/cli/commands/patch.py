@@ -118,17 +118,8 @@ def patch_command(
         raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
     lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
-    from anatomy_cli.analyses import patch as analysis
-    from anatomy_cli.engine import interventions
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
-    extra = None
-    if method is Method.attribution:
-        result, extra = _attribution.patch(lm, enc_clean.ids, enc_corrupt.ids, site.value, ids, check_n, batch_size)
-    else:
-        run = interventions.patch_grid(lm, enc_clean.ids, enc_corrupt.ids, site.value, batch_size=batch_size,
-                                       reduce=analysis.logit_metric(ids["target"], ids["foil"]))
-        result = analysis.patching(site.value, "logit_diff" if ids["foil"] is not None else "logit", run.layers,
-                                   run.columns, run.grid, float(run.clean), float(run.corrupt))
+    result, extra = run(lm, enc_clean, enc_corrupt, site.value, ids, method, check_n, batch_size)
     fmt = resolve_format(fmt)
     emit(_attribution.extend(_report(lm, enc_clean, enc_corrupt, ids, result, wide=fmt is Format.table), extra,
                              grid=True), fmt)
@@ -141,6 +132,22 @@ def patch_command(
         how = " · attribution patching (estimates)" if extra else ""
         cap = plots.Caption.of("patch", lm, clean, f"corrupt '{shorten(corrupt, 40)}' · site {result.site}{how}")
         plots.draw("patch", plot, None, result, enc_clean.pieces, enc_corrupt.pieces, what, cap)
+
+
+def run(lm, enc_clean, enc_corrupt, site: str, ids: dict, method: Method, check_n: int | None,
+        batch_size: int) -> tuple:
+    """``(Patching, attribution extra or None)``: the run `patch` renders (anatomy_cli.api calls it too)."""
+    from anatomy_cli.analyses import patch as analysis
+    from anatomy_cli.engine import interventions
+    extra = None
+    if method is Method.attribution:
+        result, extra = _attribution.patch(lm, enc_clean.ids, enc_corrupt.ids, site, ids, check_n, batch_size)
+    else:
+        grid = interventions.patch_grid(lm, enc_clean.ids, enc_corrupt.ids, site, batch_size=batch_size,
+                                       reduce=analysis.logit_metric(ids["target"], ids["foil"]))
+        result = analysis.patching(site, "logit_diff" if ids["foil"] is not None else "logit", grid.layers,
+                                   grid.columns, grid.grid, float(grid.clean), float(grid.corrupt))
+    return result, extra
 
 
 def _prompt(enc) -> dict:

@@ -105,11 +105,24 @@ def trace_command(
                                                              vocab_size=opened.info.lm_head_rows)
     lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import trace as analysis
     from anatomy_cli.output import plots
     if wanted is not None and not lm.has_unembed:
         raise UsageError(f"--target needs the logit lens, and {lm.name} has no LM head (unembedding)")
+    reports = []
+    for enc, (pos, result, target_info) in zip(encoded, run(lm, encoded, position, k, target_id, batch_size)):
+        reports.append(_report(lm, enc, pos, result, target=target_info))
+        if plot:
+            detail = f"position {pos} = {enc.pieces[pos]}"
+            plots.draw("trace", plot, len(reports) if prompt == "-" else None, result,
+                       plots.Caption.of("trace", lm, enc.text, detail))
+    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def run(lm, encoded: list, position: int | None, k: int, target_id: int | None, batch_size: int) -> list[tuple]:
+    """``(position, Trace, target record or None)`` per prompt: the run `trace` renders (anatomy_cli.api
+    calls it too)."""
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import trace as analysis
     if position is None:
         # An encoder's last token is its [SEP]: follow the last token of the text instead.
         positions = [[_last_text_token(enc)] for enc in encoded]
@@ -121,8 +134,8 @@ def trace_command(
     with status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
         caches = engine.run(lm, encoded, names, positions=positions, batch_size=batch_size)
     name_token = describe(lm)
-    reports = []
-    for enc, cache in zip(encoded, caches):
+    out = []
+    for cache in caches:
         resid = cache.residual_stream()[:, 0]
         result = analysis.trace(
             resid, attn_out=cache.stack("attn_out")[:, 0], mlp_out=cache.stack("mlp_out")[:, 0],
@@ -130,12 +143,8 @@ def trace_command(
             logits=cache.logits[0] if lm.has_unembed else None, k=k, describe=name_token,
             target_id=target_id)
         target_info = token_record(target_id, *name_token(target_id)) if target_id is not None else None
-        reports.append(_report(lm, enc, cache.positions[0], result, target=target_info))
-        if plot:
-            detail = f"position {cache.positions[0]} = {enc.pieces[cache.positions[0]]}"
-            plots.draw("trace", plot, len(reports) if prompt == "-" else None, result,
-                       plots.Caption.of("trace", lm, enc.text, detail))
-    emit_prompts(reports, fmt, from_stdin=prompt == "-")
+        out.append((cache.positions[0], result, target_info))
+    return out
 
 
 def _last_text_token(enc) -> int:

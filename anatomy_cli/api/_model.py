@@ -1,0 +1,93 @@
+"""The model and prompts an API function is given: :func:`load`, a LoadedModel / ModelSpec / name, prompts
+encoded by the commands' own pipeline (``cli/commands/_common.open_texts``). No torch at import time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union
+
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.text.options import PromptOptions
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded, OpenedModel
+    from anatomy_cli.engine.model import LoadedModel
+
+Model = Union["LoadedModel", ModelSpec, str]
+
+__all__ = ["LoadedModel", "ModelSpec", "PromptOptions", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LoadedModel":  # torch: only when asked for
+        from anatomy_cli.engine.model import LoadedModel
+
+        return LoadedModel
+    raise AttributeError(name)
+
+
+def load(model: ModelSpec | str, **options: Any) -> LoadedModel:
+    """The model ``model`` names (a preset, Hub id, directory, ``.gguf`` file, ``ollama:``/``lmstudio:`` name), or
+    a ModelSpec; ``options`` are ModelSpec's fields (``device``, ``dtype``, ``init``, ``trust_remote_code``,
+    ``device_map``, ``max_memory``, ``offload_folder``), as ``--device`` ... say. Opens, then loads the weights
+    (``engine.open_model``, ``engine.load_weights``) through the current loader. Raises the engine's errors."""
+    from anatomy_cli.engine.loader import current_loader
+    from anatomy_cli.engine.opening import as_spec
+
+    loader = current_loader()
+    return loader.load_weights(loader.open(as_spec(model, **options)))
+
+
+def loaded(model: Model) -> LoadedModel:
+    """``model`` itself when it is loaded, else :func:`load` of it."""
+    if isinstance(model, (ModelSpec, str)):
+        return load(model)
+    return model
+
+
+@dataclass(frozen=True)
+class _Given:
+    """A loader that hands out an already loaded model: the commands' prompt pipeline runs on it unchanged."""
+
+    lm: Any
+
+    def open(self, spec: ModelSpec) -> OpenedModel:
+        from anatomy_cli.engine.opening import OpenedModel
+
+        return OpenedModel(spec=spec, info=self.lm.info, tokenizer=self.lm.tokenizer, config=self.lm.model.config)
+
+    def load_weights(self, opened: OpenedModel) -> Any:
+        return self.lm
+
+
+def encode(lm: LoadedModel, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
+    """``texts`` tokenized and length-checked exactly as a command does (its warnings on stderr)."""
+    from anatomy_cli.cli.commands._common import open_texts
+    from anatomy_cli.engine.loader import using_loader
+
+    if not isinstance(prompts, PromptOptions):
+        raise TypeError(f"prompts= takes a PromptOptions, not {type(prompts).__name__}")
+    with using_loader(_Given(lm)):
+        _, encoded = open_texts(list(texts), ModelSpec(lm.name), prompts, **how)
+    return encoded
+
+
+def texts_of(prompt: str | list[str]) -> tuple[list[str], bool]:
+    """``([prompt], True)`` for one text, ``(list, False)`` for several; UsageError for an empty text."""
+    from anatomy_cli.errors import UsageError
+
+    texts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not texts or any(not isinstance(t, str) or t == "" for t in texts):
+        raise UsageError("give a non-empty prompt (a str, or a list of them)")
+    return texts, isinstance(prompt, str)
+
+
+def resolve_token(lm: LoadedModel, target: str | None, target_id: int | None, *, option: str = "--target",
+                  first_token: bool = False) -> int | None:
+    """The id of ``target`` (text) or ``target_id`` as the command's ``--target``/``--target-id`` resolve it."""
+    from anatomy_cli.text import targets
+
+    wanted = targets.choice(target, target_id, option=option, first_token=first_token)
+    if wanted is None:
+        return None
+    return targets.resolve(lm.tokenizer, wanted, model=lm.name, vocab_size=lm.info.lm_head_rows)

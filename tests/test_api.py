@@ -1,0 +1,155 @@
+"""The Python API (anatomy_cli.api, `import anatomy_cli as anatomy`): each function's to_dict() is the command's
+--format json for the same prompt and model; the hook context leaves no hook behind; importing stays torch-free."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import anatomy_cli as anatomy
+from anatomy_cli.cli.main import app
+from anatomy_cli.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Thank you very much"
+
+
+def cli_json(*args: str) -> dict:
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def as_json(data: dict) -> dict:
+    return json.loads(json.dumps(data))
+
+
+@pytest.mark.parametrize("module", ["anatomy_cli", "anatomy_cli.api"])
+def test_importing_the_api_loads_no_torch(module):
+    code = (f"import sys, json; import {module} as m; m.trace; m.ModelSpec; "
+            "print(json.dumps(sorted(x for x in ('torch', 'transformers', 'matplotlib', 'pandas', 'typer') "
+            "if x in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_unknown_names_are_attribute_errors():
+    with pytest.raises(AttributeError):
+        anatomy.no_such_function  # noqa: B018
+    assert set(anatomy.api.__all__) <= set(dir(anatomy))
+
+
+# (API call, CLI arguments after the model) for the same prompt and options.
+CASES = {
+    "trace": (lambda lm: anatomy.trace(lm, PROMPT, target=" much", k=3),
+              ["trace", PROMPT, "--target", " much", "-k", "3"]),
+    "next": (lambda lm: anatomy.next_token(lm, PROMPT, k=4), ["next", PROMPT, "-k", "4"]),
+    "lens": (lambda lm: anatomy.lens(lm, PROMPT, stat="rank", target=" much", stride=2, k=2),
+             ["lens", PROMPT, "--stat", "rank", "--target", " much", "--stride", "2", "-k", "2"]),
+    "dla": (lambda lm: anatomy.dla(lm, PROMPT, target=" much", foil=" Paris", by="head", top=5),
+            ["dla", PROMPT, "--target", " much", "--foil", " Paris", "--by", "head", "--top", "5"]),
+    "heads": (lambda lm: anatomy.heads(lm, PROMPT, seq_len=6, sort="induction", top=3),
+              ["heads", PROMPT, "--seq-len", "6", "--sort", "induction", "--top", "3"]),
+    "attn": (lambda lm: anatomy.attn(lm, PROMPT, layer=1, head=0), ["attn", PROMPT, "--layer", "1", "--head", "0"]),
+    "ablate": (lambda lm: anatomy.ablate(lm, PROMPT, target=" much", heads=True),
+               ["ablate", PROMPT, "--target", " much", "--heads"]),
+    "patch": (lambda lm: anatomy.patch(lm, "Thank you very much", "Thank you so much", target=" much"),
+              ["patch", "Thank you very much", "Thank you so much", "--target", " much"]),
+    "attribute": (lambda lm: anatomy.attribute(lm, PROMPT, target=" much", steps=4),
+                  ["attribute", PROMPT, "--target", " much", "--steps", "4"]),
+    "drift": (lambda lm: anatomy.drift(lm, "bank", ["I paid at the bank.", "We swam to the bank."]),
+              ["drift", "bank", "-c", "I paid at the bank.", "-c", "We swam to the bank."]),
+}
+
+
+@pytest.mark.usefixtures("cached_load")
+@pytest.mark.parametrize("command", list(CASES))
+def test_each_function_returns_the_commands_json(command, tiny_model_dir):
+    path = str(tiny_model_dir("gpt2"))
+    call, args = CASES[command]
+    lm = anatomy.load(path)
+    result = call(lm)
+    assert isinstance(result, anatomy.Result)
+    assert as_json(result.to_dict()) == cli_json(args[0], "-m", path, *args[1:])
+    assert len(result.rows) == len(result.to_dict()[result.rows_key]) > 0
+    assert "<table>" in result._repr_html_()
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_a_list_of_prompts_gives_a_list_and_the_result_object_is_the_commands(tiny_model_dir):
+    from anatomy_cli.analyses.trace import Trace
+
+    path = str(tiny_model_dir("llama"))
+    results = anatomy.trace(anatomy.ModelSpec(path), ["Thank you very", "The capital of France is"])
+    assert [r.to_dict()["prompt"] for r in results] == ["Thank you very", "The capital of France is"]
+    assert isinstance(results[0].result, Trace) and results[0].layers is results[0].result.layers
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_to_pandas_is_long_form(tiny_model_dir):
+    pd = pytest.importorskip("pandas")
+    lm = anatomy.load(str(tiny_model_dir("gpt2")))
+    grid = anatomy.lens(lm, PROMPT)
+    frame = grid.to_pandas()
+    assert isinstance(frame, pd.DataFrame)
+    assert len(frame) == (lm.n_layers + 1) * len(grid.to_dict()["tokens"])
+    assert {"layer", "position"} <= set(frame.columns)
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_plot_is_the_figure_the_command_saves(tiny_model_dir):
+    from matplotlib.figure import Figure
+
+    lm = anatomy.load(str(tiny_model_dir("gpt2")))
+    fig = anatomy.trace(lm, PROMPT).plot()
+    assert isinstance(fig, Figure)
+    assert "trace" in fig.texts[0].get_text() or fig.axes
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_bad_options_are_the_commands_errors(tiny_model_dir):
+    lm = anatomy.load(str(tiny_model_dir("gpt2")))
+    with pytest.raises(UsageError, match="--stat rank is the target's rank"):
+        anatomy.lens(lm, PROMPT, stat="rank")
+    with pytest.raises(UsageError, match="out of range"):
+        anatomy.trace(lm, PROMPT, position=40)
+    with pytest.raises(UsageError):
+        anatomy.dla(lm, PROMPT)
+    with pytest.raises(ValueError):
+        anatomy.lens(lm, PROMPT, stat="bogus")
+
+
+def _hook_count(lm) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in lm.model.modules())
+
+
+def test_hooks_edit_activations_and_leave_nothing_behind_on_error(tiny_lm):
+    import torch
+
+    lm = tiny_lm("gpt2")
+    before = _hook_count(lm)
+    ids = torch.tensor([[464, 3139, 286, 4881]])
+    clean = lm.model(ids).logits
+    with anatomy.capture(lm, ["blocks.0.hook_resid_post", "logits"]) as seen:
+        lm.model(ids)
+    assert seen["blocks.0.hook_resid_post"].shape == (1, 4, lm.d_model)
+    assert torch.allclose(seen["logits"], clean)
+    with anatomy.hooks(lm, {"blocks.0.hook_attn_out": lambda t: torch.zeros_like(t)}):
+        assert _hook_count(lm) > before
+        edited = lm.model(ids).logits
+    assert not torch.allclose(edited, clean)
+    with pytest.raises(RuntimeError, match="boom"):
+        with anatomy.hooks(lm, {"blocks.1.hook_resid_pre": lambda t: t * 2}):
+            raise RuntimeError("boom")
+    assert _hook_count(lm) == before
+    with pytest.raises(UsageError):
+        with anatomy.hooks(lm, {"blocks.99.hook_resid_pre": lambda t: t}):
+            pass
+    assert _hook_count(lm) == before
+    assert torch.equal(lm.model(ids).logits, clean)
+    assert "blocks.0.hook_resid_pre" in anatomy.hook_names(lm)
