@@ -19,6 +19,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     diff,
     dla,
     drift,
+    generate,
     heads,
     layernorm,
     lens,
@@ -28,6 +29,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     patch,
     report,
     serve,
+    steer,
     tokens,
     trace,
 )
