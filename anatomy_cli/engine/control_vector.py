@@ -48,14 +48,10 @@ def write(directions: dict[int, np.ndarray], path: Path, *, model_hint: str, sit
         raise AnatomyError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def read(path: Path):
-    """A control vector file as a :class:`~anatomy_cli.engine.steering.SteeringVector` at ``resid_post``
-    (``direction.N`` -> block N), ``meta.model.model_type`` from its model hint. Raises UsageError for a GGUF
-    file that is not a control vector."""
+def read(path: Path) -> tuple[dict[int, np.ndarray], str | None]:
+    """A control vector file's ``{block: [n_embd] float32}`` (``direction.N`` -> block N's ``resid_post``) and
+    its model hint. Raises UsageError for a GGUF file that is not a control vector."""
     import gguf
-    import torch
-
-    from anatomy_cli.engine.steering import SteeringVector
 
     try:
         reader = gguf.GGUFReader(str(path))
@@ -72,12 +68,10 @@ def read(path: Path):
                 layer = int(tensor.name.split(".", 1)[1])
             except ValueError:
                 raise UsageError(f"{path}: tensor {tensor.name} is not direction.<layer>") from None
-            directions[layer] = torch.from_numpy(np.array(tensor.data, dtype=np.float32).reshape(-1))
+            directions[layer] = np.array(tensor.data, dtype=np.float32).reshape(-1)
     if not directions:
         raise UsageError(f"{path} has no direction.N tensors")
-    hint = _string(reader, f"{ARCH}.model_hint")
-    return SteeringVector(directions=directions, site="resid_post",
-                          meta={"model": {"model_type": hint} if hint else {}, "source": "gguf"})
+    return directions, _string(reader, f"{ARCH}.model_hint")
 
 
 def _string(reader, key: str) -> str | None:

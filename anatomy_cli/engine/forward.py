@@ -11,6 +11,8 @@ each prompt's results equal a one-prompt run.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +41,16 @@ def forward_cached(lm: LoadedModel, input_ids: torch.Tensor, past: Any = None) -
     from the cache's length (the model's own rule). Causal models only."""
     if not lm.is_causal:
         raise ValueError(f"{lm.name} is not causal: it has no key/value cache to generate with")
-    out = _call(lm, input_ids, None, None, use_cache=True, past_key_values=past)
-    return first_tensor(out), out.past_key_values
+    key = _cache_keyword(type(lm.model.base_model))
+    out = _call(lm, input_ids, None, None, use_cache=True, **{key: past})
+    return first_tensor(out), getattr(out, key)
+
+
+@functools.cache
+def _cache_keyword(cls: type) -> str:
+    """``cache`` (transformers >= 5.2x: ``past_key_values`` is deprecated there) or ``past_key_values``: what the
+    model's forward and its output call the key/value cache."""
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def _call(lm: LoadedModel, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,

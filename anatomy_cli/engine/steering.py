@@ -16,7 +16,6 @@ a vector that does not fit the model.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +99,9 @@ def load(path: Path) -> SteeringVector:
     if path.suffix.lower() == ".gguf":
         from anatomy_cli.engine.control_vector import read
 
-        return read(path)
+        arrays, hint = read(path)
+        return SteeringVector({k: torch.from_numpy(v) for k, v in arrays.items()}, site="resid_post",
+                              meta={"model": {"model_type": hint} if hint else {}, "source": "gguf"})
     from safetensors import safe_open
 
     try:
@@ -145,7 +146,3 @@ def check(vector: SteeringVector, lm: LoadedModel, source: str) -> list[str]:
         return [f"{source} was made on {name}; applying it to {lm.label or lm.name} (same type and width)"]
     return []
 
-
-def finite(x: float) -> float | None:
-    """``x``, or None for NaN/inf (for JSON)."""
-    return x if math.isfinite(x) else None
