@@ -11,7 +11,6 @@ each prompt's results equal a one-prompt run.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,11 +45,16 @@ def forward_cached(lm: LoadedModel, input_ids: torch.Tensor, past: Any = None) -
     return first_tensor(out), getattr(out, key)
 
 
-@functools.cache
-def _cache_keyword(cls: type) -> str:
+_CACHE_KEYWORD: dict[type, str] = {}
+
+
+def _cache_keyword(cls: Any) -> str:
     """``cache`` (transformers >= 5.2x: ``past_key_values`` is deprecated there) or ``past_key_values``: what the
     model's forward and its output call the key/value cache."""
-    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+    if cls not in _CACHE_KEYWORD:
+        params = inspect.signature(cls.forward).parameters
+        _CACHE_KEYWORD[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KEYWORD[cls]
 
 
 def _call(lm: LoadedModel, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,

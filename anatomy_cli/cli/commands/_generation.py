@@ -67,7 +67,8 @@ def check(lm: engine.LoadedModel, g: Generation, s: Settings, coef: float) -> fl
 
 
 def decode(lm: engine.LoadedModel, tokens: tuple[int, ...]) -> str:
-    return lm.tokenizer.hf.decode(list(tokens))
+    """The continuation's text: its tokens' bytes joined, decoded as UTF-8 (a cut character: U+FFFD)."""
+    return b"".join(lm.tokenizer.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
 
 def trace_record(lm: engine.LoadedModel, g: Generation, s: Settings, describe) -> tuple[dict[str, Any], Section]:

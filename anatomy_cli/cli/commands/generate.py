@@ -86,8 +86,8 @@ def generate_command(
     opened, encoded = open_prompts(prompt, spec, prompts)
     if not opened.info.is_causal:
         raise UsageError(f"{spec.model} is an encoder ({opened.adapter.name}): `generate` needs a decoder")
-    target = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
-                                                          vocab_size=opened.info.lm_head_rows)
+    wanted_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
+                                                             vocab_size=opened.info.lm_head_rows)
     lm = load_weights(opened)
     from anatomy_cli.analyses.generate import sampler
     from anatomy_cli.cli.commands import _generation as gen
@@ -111,7 +111,7 @@ def generate_command(
                                                        "layers": vector.layers, "coef": coefs}}
         with status(f"generating ({index + 1}/{len(encoded)})"):
             if len(coefs) > 1:
-                sweep_rows, worst = gen.sweep(lm, list(enc.ids), settings, coefs, target, check)
+                sweep_rows, worst = gen.sweep(lm, list(enc.ids), settings, coefs, wanted_id, check)
                 data["sweep"] = [r.to_dict() for r in sweep_rows]
                 sections = [Section(gen.SWEEP_COLUMNS, data["sweep"], title="coefficient sweep")]
                 rows += [{"prompt": enc.text, **r} for r in data["sweep"]]
