@@ -140,8 +140,10 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     def llama_logits(cvec: bool) -> torch.Tensor:
         llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=64, logits_all=False, verbose=False, seed=0)
         if cvec:
+            written, _ = control_vector.read(path)  # the file's direction.N, as llama_control_vector_load reads it
             data = np.zeros(lm.d_model * (lm.n_layers - 1), dtype=np.float32)  # layers 1..n-1, layer 1 first
-            data[(layer - 1) * lm.d_model:layer * lm.d_model] = coef * vector.directions[layer].numpy()
+            for n, d in written.items():
+                data[(n - 1) * lm.d_model:n * lm.d_model] = d
             apply = getattr(llama_cpp, "llama_apply_adapter_cvec", None) or llama_cpp.llama_control_vector_apply
             rc = apply(llm.ctx, data.ctypes.data_as(llama_cpp.ctypes.POINTER(llama_cpp.ctypes.c_float)),
                        data.size, lm.d_model, 1, lm.n_layers - 1)
