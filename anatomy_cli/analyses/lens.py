@@ -146,7 +146,7 @@ class LensGrid:
     def to_dict(self) -> dict[str, Any]:
         target = None
         if self.target_id is not None:
-            target = {**token_record(self.target_id, self.target_token, self.target_text),
+            target = {**token_record(self.target_id, self.target_token or "", self.target_text),
                       "first_layer": list(self.target_first_layer or ())}
         return {"layers": list(self.layers), "positions": list(self.positions), "target": target,
                 "cells": self.cells()}

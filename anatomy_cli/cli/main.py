@@ -19,6 +19,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     diff,
     dla,
     drift,
+    generate,
     heads,
     layernorm,
     lens,
@@ -29,6 +30,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     report,
     sae,
     serve,
+    steer,
     tokens,
     trace,
 )

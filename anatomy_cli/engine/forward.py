@@ -2,15 +2,19 @@
 
 Every model call of the engine goes through :func:`forward`: the base model (no LM head; the head is applied
 to the rows a caller keeps, :func:`head_logits`), with ``use_cache=False`` for causal models (no key/value
-cache is built for a single pass) and nothing added for encoders. :func:`pad_batch` right-pads token id lists
+cache is built for a single pass) and nothing added for encoders. Generation is the one explicit exception:
+:func:`forward_cached` runs the same call with ``use_cache=True`` and the cache of the steps before, and gives
+the cache back (``engine/generate.py``). :func:`pad_batch` right-pads token id lists
 with the pad token (EOS for GPT-2, padding only) and gives the attention mask and explicit position ids, so
 each prompt's results equal a one-prompt run.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,11 +30,42 @@ def forward(lm: LoadedModel, input_ids: torch.Tensor | None = None, attention_ma
     ``[batch, pos]`` and any other keyword (``position_ids``) are passed as given; an argument left None is
     not passed. Causal models run with ``use_cache=False``. Hooks attached around the call see every module.
     """
-    args: dict[str, object] = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
+    return first_tensor(_call(lm, input_ids, attention_mask, inputs_embeds, **kw))
+
+
+def forward_cached(lm: LoadedModel, input_ids: torch.Tensor, past: Any = None) -> tuple[torch.Tensor, Any]:
+    """The generation path of :func:`forward`: ``input_ids`` ``[1, new]`` after the tokens ``past`` (the key/value
+    cache a previous call returned; None at the prompt) holds, with ``use_cache=True``. Returns the final hidden
+    state of the new positions ``[1, new, d_model]`` and the cache to pass to the next call. Positions continue
+    from the cache's length (the model's own rule). Causal models only."""
+    if not lm.is_causal:
+        raise ValueError(f"{lm.name} is not causal: it has no key/value cache to generate with")
+    key = _cache_keyword(type(lm.model.base_model))
+    out = _call(lm, input_ids, None, None, use_cache=True, **{key: past})
+    return first_tensor(out), getattr(out, key)
+
+
+_CACHE_KEYWORD: dict[type, str] = {}
+
+
+def _cache_keyword(cls: Any) -> str:
+    """``cache`` (transformers >= 5.2x: ``past_key_values`` is deprecated there) or ``past_key_values``: what the
+    model's forward and its output call the key/value cache."""
+    if cls not in _CACHE_KEYWORD:
+        params = inspect.signature(cls.forward).parameters
+        _CACHE_KEYWORD[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KEYWORD[cls]
+
+
+def _call(lm: LoadedModel, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+          inputs_embeds: torch.Tensor | None, **kw: Any) -> Any:
+    """The one model call: the base model, with the one ``use_cache`` rule (off for causal models unless the
+    caller is :func:`forward_cached`)."""
+    args = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
                               ("inputs_embeds", inputs_embeds)) if v is not None}
     if lm.is_causal:
         kw.setdefault("use_cache", False)
-    return first_tensor(lm.model.base_model(**args, **kw))
+    return lm.model.base_model(**args, **kw)
 
 
 def head_logits(lm: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from anatomy_cli.engine.forward import forward, head_logits
-from anatomy_cli.engine.hooks import HookFn, Side, attach_modules
-from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.hooks import HookFn, attach_modules
+from anatomy_cli.engine.model import LoadedModel, Side
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae import names
 from anatomy_cli.models.sae.read import SAEFile
@@ -44,11 +44,14 @@ class Dictionary:
         self.file = sae
         self.dtype = _DTYPES.get(sae.dtype.replace("torch.", ""), torch.float32)
 
-        def t(a: Any) -> Any:
-            return None if a is None else torch.as_tensor(a).to(device=device, dtype=self.dtype)
+        def t(a: Any) -> torch.Tensor:
+            return torch.as_tensor(a).to(device=device, dtype=self.dtype)
+
+        def maybe(a: Any) -> torch.Tensor | None:
+            return None if a is None else t(a)
 
         self.W_enc, self.b_enc, self.W_dec, self.b_dec = t(sae.W_enc), t(sae.b_enc), t(sae.W_dec), t(sae.b_dec)
-        self.threshold, self.W_skip = t(sae.threshold), t(sae.W_skip)
+        self.threshold, self.W_skip = maybe(sae.threshold), maybe(sae.W_skip)
 
     def _norm_in(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         how = self.file.normalize_activations
@@ -73,6 +76,7 @@ class Dictionary:
         if arch == "standard":
             return torch.relu(h)
         if arch == "jumprelu":
+            assert self.threshold is not None  # the loader refuses a JumpReLU file without one
             return torch.relu(h) * (h > self.threshold)
         assert self.file.k is not None
         top = h.topk(self.file.k, dim=-1)

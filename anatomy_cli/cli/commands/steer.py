@@ -1,0 +1,94 @@
+"""`anatomy steer`: a steering vector from contrastive prompts, saved for `generate --steer` and for llama.cpp."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app, info, status
+from anatomy_cli.cli.commands._common import BatchSizeOpt, load_weights, model_label, open_texts
+from anatomy_cli.cli.options import FormatOpt, model_options, prompt_options
+from anatomy_cli.cli.records import model_record
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.text.options import PromptOptions
+
+COLUMNS = (Column("layer", "layer", "int"), Column("norm", "norm", "float", 3),
+           Column("separation", "pairs separated", "pct", 1))
+SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+
+
+@app.command("steer")
+@model_options()
+@prompt_options()
+def steer_command(
+    positive: Annotated[Optional[list[str]], typer.Option("--positive", "-p", metavar="TEXT", show_default=False,
+                                                          help="A prompt of the side to steer towards "
+                                                          "(repeat the option for more).")] = None,
+    negative: Annotated[Optional[list[str]], typer.Option("--negative", "-q", metavar="TEXT", show_default=False,
+                                                          help="A prompt of the side to steer away from.")] = None,
+    pairs: Annotated[Optional[Path], typer.Option("--pairs", metavar="FILE", show_default=False,
+                                                  help="Prompt pairs, one per line: POSITIVE<TAB>NEGATIVE, or "
+                                                  "JSON lines {\"positive\": ..., \"negative\": ...}.")] = None,
+    layer: Annotated[str, typer.Option("--layer", "-l", metavar="L|A-B|L,L",
+                                       help="Block(s) whose site gets a direction.")] = "",
+    site: Annotated[str, typer.Option("--site", help=f"Hook point kind: {', '.join(SITES)}.")] = "resid_post",
+    reduce: Annotated[str, typer.Option("--reduce", help="'last': the last token's activation; 'mean': the mean "
+                                        "over the prompt's tokens.")] = "last",
+    method: Annotated[str, typer.Option("--method", help="'mean': mean(positive) - mean(negative) (ActAdd/CAA); "
+                                        "'pca': repeng's first principal component of the pair differences "
+                                        "(unit norm).")] = "mean",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE", show_default=False,
+                                                help="Save the vector (safetensors + JSON metadata).")] = None,
+    gguf_out: Annotated[Optional[Path], typer.Option("--save-control-vector", metavar="FILE.gguf",
+                                                     show_default=False,
+                                                     help="Also write llama.cpp's control-vector GGUF.")] = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
+    batch_size: BatchSizeOpt = 8,
+    fmt: FormatOpt = None,
+) -> None:
+    """A steering vector from contrastive prompts: per layer, the direction from the negative prompts'
+    activations to the positive ones' at --site (default resid_post, block L's output, where llama.cpp adds a
+    control vector), with its norm and how many pairs it separates.
+
+    Examples:
+
+    \b
+        anatomy steer -p "I love this" -p "What a joy" -q "I hate this" -q "What a pain" --layer 6 --out joy.safetensors
+        anatomy steer --pairs pairs.tsv --layer 4-8 --method pca --out joy.safetensors
+        anatomy steer --pairs pairs.tsv --layer 6 --save-control-vector joy.gguf
+    """
+    from anatomy_cli.cli.commands import _steering
+
+    pos, neg = _steering.read_pairs(positive or [], negative or [], pairs)
+    if site not in SITES:
+        raise UsageError(f"--site {site!r}: one of {', '.join(SITES)}")
+    if reduce not in ("last", "mean"):
+        raise UsageError(f"--reduce {reduce!r}: 'last' or 'mean'")
+    if method not in ("mean", "pca"):
+        raise UsageError(f"--method {method!r}: 'mean' or 'pca'")
+    if method == "pca" and (len(pos) != len(neg) or len(pos) < 2):
+        raise UsageError(f"--method pca needs pairs: as many positive as negative prompts, at least 2 "
+                         f"(got {len(pos)} and {len(neg)})")
+    if out is None and gguf_out is None:
+        info("no --out or --save-control-vector: the vector is shown, not saved")
+    opened, encoded = open_texts(pos + neg, spec, prompts)
+    layers = _steering.parse_layers(layer, opened.info.n_layers)
+    if not opened.info.is_causal:
+        raise UsageError(f"{spec.model} is an encoder: steering vectors here are for decoders that generate")
+    lm = load_weights(opened)
+    with status(f"running {len(encoded)} prompts"):
+        vector, dirs = _steering.make(lm, encoded[:len(pos)], encoded[len(pos):], layers, site, reduce, method,
+                                      batch_size, pos, neg)
+    notes = _steering.save_all(lm, vector, out, gguf_out, spec.model)
+    data = {**model_record(lm), "site": site, "reduce": reduce, "method": method,
+            "n_positive": len(pos), "n_negative": len(neg), "layers": [d.to_dict() for d in dirs],
+            "out": None if out is None else str(out), "control_vector": None if gguf_out is None else str(gguf_out)}
+    heading = [f"steer · {model_label(lm)}", f"{len(pos)} positive · {len(neg)} negative · {site} · "
+               f"{reduce} position{'s' if reduce == 'mean' else ''} · {method}"]
+    emit(Report(data=data, sections=[Section(COLUMNS, data["layers"], title="directions")], heading=heading,
+                notes=notes), fmt)

@@ -1,0 +1,162 @@
+"""`anatomy generate`: KV-cache decoding against transformers' own generate and forward, sampling, the lens,
+steering hooks against a hand-written hook, and the CLI (keys, sweep, bad vector files)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from anatomy_cli.analyses.generate import kl, sampler
+from anatomy_cli.cli.main import app
+from anatomy_cli.engine.generate import generate, replay, stop_ids
+from anatomy_cli.engine.steering import SteeringVector, save
+
+runner = CliRunner()
+PROMPT_IDS = [464, 3139, 286, 4881, 318]  # "The capital of France is" (GPT-2 BPE)
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         do_sample=False, max_new_tokens=n, min_new_tokens=0, pad_token_id=0, num_beams=1,
+                         repetition_penalty=1.0, temperature=None, top_p=None, top_k=None)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox"])
+def test_greedy_equals_transformers_generate_and_each_step_a_full_forward(tiny_lm, arch):
+    lm = tiny_lm(arch)
+    g = generate(lm, PROMPT_IDS, max_new_tokens=6, stop=stop_ids(lm))
+    assert list(g.tokens) == _hf_greedy(lm.model, PROMPT_IDS, 6)[:len(g.tokens)]
+    with torch.no_grad():
+        for s in range(len(g.tokens)):
+            ref = lm.model(torch.tensor([PROMPT_IDS + list(g.tokens[:s])]), use_cache=False).logits[0, -1]
+            torch.testing.assert_close(torch.log_softmax(g.logits[s].double(), -1),
+                                       torch.log_softmax(ref.double(), -1), atol=2e-5, rtol=0)
+
+
+def test_greedy_equals_transformers_on_smollm2(smollm2_lm):
+    ids = smollm2_lm.tokenizer.hf("The capital of France is")["input_ids"]
+    g = generate(smollm2_lm, ids, max_new_tokens=4, stop=stop_ids(smollm2_lm))
+    assert list(g.tokens) == _hf_greedy(smollm2_lm.model, ids, 4)[:len(g.tokens)]
+    assert smollm2_lm.tokenizer.hf.decode(list(g.tokens)).startswith(" Paris")
+
+
+def test_lens_last_layer_is_the_model_and_first_top1_layer(tiny_lm):
+    lm = tiny_lm("llama")
+    g = generate(lm, PROMPT_IDS, max_new_tokens=3, lens=True)
+    assert g.lens_logprob is not None and g.lens_top is not None
+    assert g.lens_logprob.shape == (3, lm.n_layers)
+    for s, token in enumerate(g.tokens):
+        ref = torch.log_softmax(g.logits[s].double(), -1)[token]
+        assert float(g.lens_logprob[s, -1]) == pytest.approx(float(ref), abs=1e-5)
+        assert int(g.lens_top[s, -1]) == token  # greedy: the last layer ranks the chosen token first
+
+
+def test_sampler_seed_nucleus_and_temperature():
+    logits = torch.tensor([4.0, 3.5, 0.0, -1.0, -2.0])
+    draws = [sampler(seed=7)(logits) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same first draw
+    s = sampler(top_p=0.9, seed=0)   # p = [.59, .36, .016, ...]: the nucleus is the first two tokens
+    assert {s(logits) for _ in range(200)} <= {0, 1}
+    tiny = sampler(top_p=1e-9, seed=0)
+    assert {tiny(logits) for _ in range(20)} == {0}
+    cold = sampler(temperature=1e-3, seed=0)
+    assert {cold(logits) for _ in range(20)} == {0}
+
+
+def _block_output_hook(coef: float, v: torch.Tensor):
+    def hook(_module, _inputs, output):
+        if isinstance(output, tuple):
+            return (output[0] + coef * v, *output[1:])
+        return output + coef * v
+    return hook
+
+
+def test_steered_step_equals_a_hand_written_hook_and_coef_zero_is_exact(tiny_lm):
+    lm = tiny_lm("llama")
+    v = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(1))
+    vector = SteeringVector({1: v, 0: -v}, site="resid_post")
+    coef = 3.0
+    g = generate(lm, PROMPT_IDS, max_new_tokens=3, hooks=vector.hooks(coef))
+    handles = [lm.model.model.layers[layer].register_forward_hook(_block_output_hook(coef, d))
+               for layer, d in vector.directions.items()]
+    try:
+        with torch.no_grad():
+            for s in range(len(g.tokens)):
+                ref = lm.model(torch.tensor([PROMPT_IDS + list(g.tokens[:s])]), use_cache=False).logits[0, -1]
+                torch.testing.assert_close(g.logits[s], ref.float(), atol=1e-4, rtol=0)
+    finally:
+        for h in handles:
+            h.remove()
+    plain = generate(lm, PROMPT_IDS, max_new_tokens=3)
+    zero = generate(lm, PROMPT_IDS, max_new_tokens=3, hooks=vector.hooks(0.0))
+    assert zero.tokens == plain.tokens and torch.equal(zero.logits, plain.logits)
+    uncached = generate(lm, PROMPT_IDS, max_new_tokens=3, hooks=vector.hooks(coef), choose=replay(g.tokens),
+                        use_cache=False)
+    assert float((uncached.logits - g.logits).abs().max()) < 1e-4
+    assert kl(g.logits[0], plain.logits[0]) > 0
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_cli_json_jsonl_and_sweep(tiny_model_dir, cached_load, tmp_path):
+    model = str(tiny_model_dir("llama"))
+    result = invoke("generate", "The capital of France is", "-m", model, "-n", "3", "--lens", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["sampling"] == {"method": "greedy"} and data["steer"] is None
+    assert len(data["steps"]) == len(data["generated_ids"]) <= 3
+    step = data["steps"][0]
+    assert {"step", "token_id", "token", "probability", "rank", "top", "lens", "first_top1_layer"} <= set(step)
+    assert step["rank"] == 1 and len(step["lens"]) == 2
+    result = invoke("generate", "The capital of France is", "-m", model, "-n", "3", "--format", "jsonl")
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["step"] for r in rows] == list(range(len(rows)))
+    path = tmp_path / "v.safetensors"
+    lm = cached_load.load_weights(cached_load.open(_spec(model)))
+    save(SteeringVector({1: torch.randn(lm.d_model)}, meta={"model": {"model_type": "llama"}}), path)
+    result = invoke("generate", "The capital of France is", "-m", model, "-n", "2", "--steer", str(path),
+                    "--coef", "-4,0,4", "--target", " Paris", "--check", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [r["coef"] for r in data["sweep"]] == [-4.0, 0.0, 4.0]
+    assert data["sweep"][1]["kl"] == 0.0 and data["sweep"][1]["target_shift"] == 0.0
+    assert data["check"]["max_abs_logit_diff"] < 1e-4
+
+
+def _spec(model: str):
+    from anatomy_cli.models.spec import ModelSpec
+
+    return ModelSpec(model=model, device="cpu")
+
+
+@pytest.mark.parametrize("case", ["d_model", "hint", "nan", "layer"])
+def test_bad_vector_files_are_one_line_errors(tiny_model_dir, cached_load, tmp_path, case):
+    model = str(tiny_model_dir("llama"))
+    v = torch.ones(32)
+    vector = {"d_model": SteeringVector({1: torch.ones(48)}),
+              "hint": SteeringVector({1: v}, meta={"model": {"model_type": "gpt2", "name": "gpt2"}}),
+              "nan": SteeringVector({1: torch.full((32,), float("nan"))}),
+              "layer": SteeringVector({7: v})}[case]
+    path = tmp_path / "bad.safetensors"
+    save(vector, path)
+    result = invoke("generate", "Hello", "-m", model, "-n", "1", "--steer", str(path))
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "Traceback" not in result.output
+    assert {"d_model": "d_model 32", "hint": "made for a gpt2 model", "nan": "NaN", "layer": "layer 7"}[case] in line
+
+
+def test_usage_errors(tiny_model_dir):
+    model = str(tiny_model_dir("llama"))
+    for args in (["--coef", "2"], ["--temperature", "0.5"], ["--steer", "missing.safetensors"]):
+        result = invoke("generate", "Hello", "-m", model, *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.strip().splitlines()[-1].startswith("error: ")
