@@ -69,15 +69,16 @@ def test_occlusion_rows_equal_reruns_without_the_token(tiny_lm, arch):
 
 
 def test_smollm2_integrated_gradients_error_falls_with_steps(smollm2_lm):
-    """On the real SmolLM2 from the pad embedding: |delta| at 64 steps is below 8 steps', and delta is
-    sum(attributions) - (f(x) - f(baseline)) computed here. (The error stays large at 64 steps on this
-    30-layer model: see docs/commands/attribute.md.)"""
+    """On the real SmolLM2 from the pad embedding at every position (--vary-first), no doubling: |delta| at 64
+    steps is below 8 steps', and delta is sum(attributions) - (f(x) - f(baseline)) computed here."""
     lm = smollm2_lm
     paris = engine.encode(lm, [" Paris"])[0].ids[0]
     token_ids = ids(lm, "The Eiffel Tower is in the city of")
     metric = metric_fn(paris)
-    few = ta.attribute_tokens(lm, token_ids, metric, "integrated-gradients", steps=8, baseline="pad")
-    many = ta.attribute_tokens(lm, token_ids, metric, "integrated-gradients", steps=64, baseline="pad")
+    few = ta.attribute_tokens(lm, token_ids, metric, "integrated-gradients", steps=8, baseline="pad", max_steps=8,
+                              keep_first=False)
+    many = ta.attribute_tokens(lm, token_ids, metric, "integrated-gradients", steps=64, baseline="pad", max_steps=64,
+                               keep_first=False)
     for got in (few, many):
         assert got.delta == pytest.approx(float(got.scores.sum()) - (got.metric - got.baseline_metric), abs=1e-4)
     with torch.no_grad():
@@ -90,12 +91,14 @@ def test_smollm2_integrated_gradients_error_falls_with_steps(smollm2_lm):
 def test_integrated_gradients_zero_and_unk_baselines(tiny_lm):
     lm = tiny_lm("gpt2")
     token_ids = ids(lm)
-    zero = ta.attribute_tokens(lm, token_ids, metric_fn(TARGET), "integrated-gradients", steps=16)
+    zero = ta.attribute_tokens(lm, token_ids, metric_fn(TARGET), "integrated-gradients", steps=16, baseline="zero",
+                               max_steps=16, keep_first=False)
     assert zero.baseline == "zero" and zero.steps == 16
     with torch.no_grad():
         embeds = torch.zeros(1, len(token_ids), lm.d_model)
         assert zero.baseline_metric == pytest.approx(float(hand_metric(lm, embeds=embeds)), abs=1e-5)
-    unk = ta.attribute_tokens(lm, token_ids, metric_fn(TARGET), "integrated-gradients", baseline="unk")
+    unk = ta.attribute_tokens(lm, token_ids, metric_fn(TARGET), "integrated-gradients", baseline="unk",
+                              keep_first=False)
     assert unk.baseline_metric == pytest.approx(float(hand_metric(lm, [50256] * len(token_ids)).detach()), abs=1e-5)
 
 
@@ -156,3 +159,183 @@ def test_cli_needs_a_target_and_two_tokens_to_drop(tiny_model_dir):
     assert result.exit_code == 2 and "--target TEXT or --target-id N is required" in result.output
     result = runner.invoke(app, ["attribute", "Hi", "--target-id", "1", "-m", path, "--method", "occlusion"])
     assert result.exit_code == 2 and "occlusion by dropping needs at least 2 tokens" in result.output
+
+
+# ---- integrated gradients that add up: defaults, step doubling, the agreement check, a layer ----
+
+def hand_logprob(lm, target, embeds):
+    """log p(target) at the last position, transformers' own forward from ``embeds [1, pos, d]``."""
+    with torch.no_grad():
+        out = lm.model(inputs_embeds=embeds, use_cache=False)
+    return float(torch.log_softmax(out.logits[0, -1].double(), -1)[target])
+
+
+def hand_baseline(lm, token_ids):
+    """The default baseline built here: the pad token's embedding at every position but the first."""
+    embed = lm.model.get_input_embeddings()
+    with torch.no_grad():
+        x = embed(torch.tensor([token_ids]))
+        b = embed(torch.tensor([[lm.tokenizer.pad_id] * len(token_ids)]))
+        b[:, 0] = x[:, 0]
+    return x, b
+
+
+def assert_complete_at_defaults(lm, token_ids, target):
+    got = ta.attribute_tokens(lm, token_ids, metric_fn(target), "integrated-gradients")
+    x, b = hand_baseline(lm, token_ids)
+    difference = hand_logprob(lm, target, x) - hand_logprob(lm, target, b)
+    assert got.baseline == "pad" and got.kept_first and got.converged
+    assert float(got.scores[0]) == 0.0
+    assert abs(float(got.scores.sum()) - difference) <= 0.05 * abs(difference), (got.tries, difference)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("prompt", [PROMPT, "The capital of France is"])
+def test_completeness_at_defaults_tiny(tiny_lm, arch, prompt):
+    lm = tiny_lm(arch)
+    assert_complete_at_defaults(lm, ids(lm, prompt), TARGET)
+
+
+@pytest.mark.parametrize("prompt, target", [("The capital of France is", " Paris"), ("Thank you very", " much")])
+def test_completeness_at_defaults_smollm2(smollm2_lm, prompt, target):
+    """The docs' prompts on the real SmolLM2: within 5% at the defaults (pad baseline, first position kept)."""
+    lm = smollm2_lm
+    assert_complete_at_defaults(lm, ids(lm, prompt), lm.tokenizer.hf.encode(target, add_special_tokens=False)[0])
+
+
+def test_step_doubling_stops_when_the_error_is_met(tiny_lm):
+    from anatomy_cli.engine.integrated import Integral, converge
+
+    errors = {4: 0.5, 8: 0.2, 16: 0.01, 32: 0.001}
+    seen = []
+
+    def run(n):
+        seen.append(n)
+        return Integral(n, torch.zeros(1), 0.0, errors[n] * 1.0)     # f(x) - f(b) = 1: relative error = delta
+    got = converge(run, 1.0, steps=4, max_steps=256, max_rel_error=0.05)
+    assert seen == [4, 8, 16] and got.converged and got.last.steps == 16
+    got = converge(run, 1.0, steps=4, max_steps=15, max_rel_error=0.05)
+    assert seen[3:] == [4, 8] and not got.converged
+    # On a model: every try but the last misses the bound, the last meets it.
+    lm = tiny_lm("llama")
+    real = ta.attribute_tokens(lm, ids(lm), metric_fn(TARGET), "integrated-gradients", baseline="mean", steps=2)
+    assert [n for n, _ in real.tries] == [2 * 2 ** i for i in range(len(real.tries))]
+    assert all(e > 0.05 for _, e in real.tries[:-1]) and real.tries[-1][1] <= 0.05 and real.converged
+
+
+def test_unconverged_exits_1_and_allow_unconverged_marks_it(tiny_model_dir, cached_load):
+    path = str(tiny_model_dir("llama"))
+    args = ["attribute", PROMPT, "--target-id", str(TARGET), "-m", path, "--steps", "2", "--max-steps", "4",
+            "--max-rel-error", "1e-9"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "error: integrated gradients did not converge" in result.output
+    assert "tried 2 steps" in result.output and "4 steps" in result.output
+    data = json.loads(runner.invoke(app, [*args, "--allow-unconverged", "--format", "json"]).stdout)
+    assert data["converged"] is False and data["completeness"]["converged"] is False
+    assert [t["steps"] for t in data["completeness"]["tries"]] == [2, 4]
+    tsv = runner.invoke(app, [*args, "--allow-unconverged", "--format", "tsv"]).stdout.splitlines()
+    assert tsv[0].split("\t")[-1] == "converged" and all(line.endswith("\tFalse") or line.endswith("\tfalse")
+                                                         for line in tsv[1:])
+    table = runner.invoke(app, [*args, "--allow-unconverged", "--format", "table"]).stdout
+    assert "UNCONVERGED" in table
+
+
+def numpy_spearman(a, b):
+    import numpy as np
+
+    def rank(v):
+        v = np.asarray(v, dtype=float)
+        order = v.argsort(kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(1, len(v) + 1)
+        for value in np.unique(v):                       # ties: their average rank
+            r[v == value] = r[v == value].mean()
+        return r
+    return float(np.corrcoef(rank(a), rank(b))[0, 1])
+
+
+def test_check_equals_an_independent_spearman(tiny_model_dir, tiny_lm, cached_load):
+    path = str(tiny_model_dir("gpt2"))
+    lm = tiny_lm("gpt2")
+    result = runner.invoke(app, ["attribute", PROMPT, "--target-id", str(TARGET), "--foil-id", str(FOIL), "-m", path,
+                                 "--check", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    check = data["check"]
+    occ = ta.attribute_tokens(lm, ids(lm), metric_fn(TARGET, FOIL), "occlusion", baseline="pad")
+    assert check["method"] == "occlusion" and check["baseline"] == "pad" and check["positions"] == [1, 2, 3, 4, 5]
+    assert check["attributions"] == pytest.approx(occ.scores.tolist(), abs=1e-6)
+    main = [r["attribution"] for r in data["rows"]][1:]
+    other = check["attributions"][1:]
+    assert check["rank_correlation"] == pytest.approx(numpy_spearman(main, other), abs=1e-12)
+    try:
+        from scipy.stats import spearmanr
+    except ImportError:
+        return
+    assert check["rank_correlation"] == pytest.approx(float(spearmanr(main, other).statistic), abs=1e-12)
+
+
+def test_spearman_ties_and_degenerate_cases():
+    from anatomy_cli.analyses.attribute import spearman
+
+    a, b = [1.0, 2.0, 2.0, 5.0, -1.0], [0.3, 0.1, 0.1, 0.9, 0.2]
+    assert spearman(a, b) == pytest.approx(numpy_spearman(a, b), abs=1e-12)
+    assert spearman([1.0, 2.0], [2.0, 1.0]) is None and spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_layer_attributions_sum_to_the_difference(tiny_lm, arch):
+    """resid_pre of block 1: the path's ends are f(x) and f(baseline) (transformers' forward here); attn_out of
+    block 0: f(x with that activation from the baseline run), patched here with a plain torch hook."""
+    lm = tiny_lm(arch)
+    token_ids = ids(lm)
+    x, b = hand_baseline(lm, token_ids)
+    got = ta.attribute_tokens(lm, token_ids, metric_fn(TARGET), "integrated-gradients", layer=1, site="resid_pre")
+    difference = hand_logprob(lm, TARGET, x) - hand_logprob(lm, TARGET, b)
+    assert got.layer == 1 and got.site == "resid_pre" and got.converged
+    assert abs(float(got.scores.sum()) - difference) <= 0.05 * abs(difference)
+    assert got.baseline_metric == pytest.approx(hand_logprob(lm, TARGET, b), abs=1e-4)
+
+    got = ta.attribute_tokens(lm, token_ids, metric_fn(TARGET), "integrated-gradients", layer=0, site="attn_out")
+    module = lm.points["blocks.0.hook_attn_out"][0]
+    saved = {}
+
+    def keep(_m, _a, out):
+        saved["b"] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+
+    def patch(_m, _a, out):
+        return (saved["b"], *out[1:]) if isinstance(out, tuple) else saved["b"]
+    handle = module.register_forward_hook(keep)
+    hand_logprob(lm, TARGET, b)
+    handle.remove()
+    handle = module.register_forward_hook(patch)
+    patched = hand_logprob(lm, TARGET, x)
+    handle.remove()
+    difference = hand_logprob(lm, TARGET, x) - patched
+    assert got.baseline_metric == pytest.approx(patched, abs=1e-4)
+    assert abs(float(got.scores.sum()) - difference) <= 0.05 * abs(difference)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--method", "saliency", "--layer", "0"], "--layer is for integrated-gradients"),
+    (["--layer", "9"], "--layer 9 is out of range"),
+    (["--method", "occlusion", "--check"], "--check compares with occlusion"),
+])
+def test_cli_attribution_option_errors(tiny_model_dir, cached_load, extra, message):
+    result = runner.invoke(app, ["attribute", PROMPT, "--target-id", "1", "-m", str(tiny_model_dir("gpt2")), *extra])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_table_bars_keep_the_sign(tiny_model_dir, cached_load):
+    from anatomy_cli.output.render import signed_bar
+
+    path = str(tiny_model_dir("gpt2"))
+    data = json.loads(runner.invoke(app, ["attribute", PROMPT, "--target-id", str(TARGET), "--foil-id", str(FOIL),
+                                          "-m", path, "--format", "json"]).stdout)
+    values = [r["attribution"] for r in data["rows"]]
+    biggest = max(abs(v) for v in values)
+    table = runner.invoke(app, ["attribute", PROMPT, "--target-id", str(TARGET), "--foil-id", str(FOIL), "-m", path,
+                                "--format", "table"]).stdout
+    negative = [v for v in values if v < 0]
+    assert negative, values
+    assert signed_bar(min(negative) / biggest).strip() in table

@@ -29,7 +29,7 @@ from anatomy_cli.cli.options import (
     model_options,
     prompt_options,
 )
-from anatomy_cli.errors import UsageError
+from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text.options import PromptOptions
@@ -43,15 +43,23 @@ class AttributionMethod(str, Enum):
 
 
 class Baseline(str, Enum):
-    zero = "zero"
     pad = "pad"
     unk = "unk"
+    mean = "mean"
+    zero = "zero"
     drop = "drop"
+
+
+class Site(str, Enum):
+    resid_pre = "resid_pre"
+    attn_out = "attn_out"
+    mlp_out = "mlp_out"
 
 
 COLUMNS = (Column("position", "position", "int"), Column("token", "token"),
            Column("attribution", "attribution", "number", 4), Column("share", "share", "float", 3),
-           Column("magnitude", "", "bar"))
+           Column("bar", "", "signed_bar"))
+CONVERGED = Column("converged", "converged")
 HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the token's embedding (Captum Saliency)",
        "input-x-gradient": "embedding · gradient, summed over the embedding (Captum InputXGradient)",
        "integrated-gradients": "integrated gradients from the baseline to the embedding, summed over the "
@@ -74,11 +82,37 @@ def attribute_command(
         "integrated-gradients (--steps, --baseline); occlusion: drop or replace one token at a time, no "
         "gradients.")] = AttributionMethod.integrated_gradients,
     steps: Annotated[int, typer.Option(
-        "--steps", min=1, help="Integrated gradients: points on the path (more: smaller completeness error).")] = 32,
+        "--steps", min=1, help="Integrated gradients: points on the path to start with (Gauss-Legendre); doubled "
+        "until --max-rel-error is met.")] = 32,
     baseline: Annotated[Optional[Baseline], typer.Option(
         "--baseline", case_sensitive=False, show_default=False,
-        help="Integrated gradients: zero (default), pad or unk embeddings at every position. Occlusion: drop "
-        "(default: the token is removed), or its embedding replaced by zero, pad or unk.")] = None,
+        help="Integrated gradients: pad (default), unk, mean (the mean embedding) or zero at every position but "
+        "the first (see --vary-first). zero converges badly on pre-norm models: their first norm divides the "
+        "embedding's scale out, so f changes almost only in a sliver of the path next to 0 that the steps miss. "
+        "Occlusion: drop (default: the token is removed), or its embedding replaced by pad, unk, mean or "
+        "zero.")] = None,
+    max_rel_error: Annotated[float, typer.Option(
+        "--max-rel-error", min=0.0, help="Integrated gradients: the completeness bound, |sum of attributions - "
+        "(f(x) - f(baseline))| / |f(x) - f(baseline)|; missed: the steps are doubled up to --max-steps, then "
+        "exit 1.")] = 0.05,
+    max_steps: Annotated[int, typer.Option(
+        "--max-steps", min=1, help="Integrated gradients: the most steps the doubling goes to.")] = 256,
+    allow_unconverged: Annotated[bool, typer.Option(
+        "--allow-unconverged", help="Print integrated gradients that missed --max-rel-error (marked "
+        "unconverged) instead of exit 1.")] = False,
+    vary_first: Annotated[bool, typer.Option(
+        "--vary-first", help="Integrated gradients: the baseline replaces the first position too. By default it "
+        "keeps its own embedding (attribution 0): the first position is the attention sink, and moving it "
+        "makes f jump along the path.")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Run occlusion too (replacing by the same baseline) and report Spearman's rank "
+        "correlation between the two per-token rankings.")] = False,
+    layer: Annotated[Optional[int], typer.Option(
+        "--layer", min=0, show_default=False, help="Integrated gradients at block L's --site activation (Captum "
+        "LayerIntegratedGradients): one row per position of that activation.")] = None,
+    site: Annotated[Site, typer.Option(
+        "--site", case_sensitive=False, help="With --layer: resid_pre (block input), attn_out or mlp_out (what "
+        "attention / the MLP adds).")] = Site.resid_pre,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: Annotated[int, typer.Option(
@@ -90,14 +124,16 @@ def attribute_command(
     position, or logit(target) - logit(foil) with --foil. One row per token: its attribution and its
     share, attribution / sum of |attributions|.
 
-    Integrated gradients also prints its completeness check: the attributions should add up to
-    f(prompt) - f(baseline); --steps brings the relative error down.
+    Integrated gradients must pass its completeness check: the attributions add up to f(prompt) -
+    f(baseline) within --max-rel-error, the steps doubled from --steps up to --max-steps, else exit 1
+    (--allow-unconverged prints the result marked unconverged).
 
     Examples:
 
     \b
         anatomy attribute "The capital of Germany is" --target " Berlin" -m SmolLM2-135M-Instruct.Q4_1.gguf
-        anatomy attribute "The Eiffel Tower is in the city of" --target " Paris" --foil " Rome" --steps 64
+        anatomy attribute "The Eiffel Tower is in the city of" --target " Paris" --foil " Rome" --check
+        anatomy attribute "The capital of France is" --target " Paris" --layer 10 --site mlp_out
         anatomy attribute "Thank you very" --target " much" --method occlusion --plot much.png
     """
     from anatomy_cli.analyses import attribute as analysis
@@ -111,6 +147,7 @@ def attribute_command(
         raise UsageError("--target TEXT or --target-id N is required: the token whose prediction is explained, "
                          "e.g. --target ' much'")
     _check_baseline(method.value, baseline)
+    _check_ig_options(method.value, check, layer)
     ids: dict[str, int | None] = {}
 
     opened, encoded = open_prompts(prompt, spec, prompts)
@@ -125,11 +162,19 @@ def attribute_command(
     metric = analysis.metric_fn(ids["target"], ids["foil"])
     reports = []
     for enc in encoded:
-        got = token_attribution.attribute_tokens(lm, enc.ids, metric, method.value, steps=steps,
-                                                 baseline=baseline.value if baseline else None, batch_size=batch_size)
+        got = token_attribution.attribute_tokens(
+            lm, enc.ids, metric, method.value, steps=steps, baseline=baseline.value if baseline else None,
+            batch_size=batch_size, max_steps=max_steps, max_rel_error=max_rel_error, keep_first=not vary_first,
+            layer=layer, site=site.value)
         result = analysis.token_attribution(
             got.method, "logit_diff" if ids["foil"] is not None else "logprob", enc.ids, enc.pieces, got.scores,
-            got.metric, baseline=got.baseline, steps=got.steps, baseline_metric=got.baseline_metric, delta=got.delta)
+            got.metric, baseline=got.baseline, steps=got.steps, baseline_metric=got.baseline_metric, delta=got.delta,
+            max_rel_error=max_rel_error if got.converged is not None else None, tries=got.tries,
+            kept_first=got.kept_first, layer=got.layer, site=got.site)
+        if result.converged is False and not allow_unconverged:
+            raise AnatomyError(_unconverged(result))
+        if check:
+            result = _with_check(lm, enc.ids, metric, result, batch_size)
         reports.append(_report(lm, enc, ids, result))
         if plot:
             from anatomy_cli.output import plots
@@ -151,9 +196,44 @@ def _check_baseline(method: str, baseline: Baseline | None) -> None:
                          "length (zero, pad or unk)")
 
 
+def _check_ig_options(method: str, check: bool, layer: int | None) -> None:
+    if layer is not None and method != "integrated-gradients":
+        raise UsageError(f"--layer is for integrated-gradients; {method} attributes to the input tokens only")
+    if check and method == "occlusion":
+        raise UsageError("--check compares with occlusion: use it with another --method")
+    if check and layer is not None:
+        raise UsageError("--check compares per-token rankings; with --layer the rows are a layer's positions")
+
+
+def _with_check(lm, token_ids, metric, result, batch_size: int):
+    """``result`` with the agreement check: occlusion by the same baseline (drop when the method has none)."""
+    import dataclasses
+
+    from anatomy_cli.analyses import attribute as analysis
+    from anatomy_cli.engine import token_attribution
+
+    baseline = result.baseline or "drop"
+    if baseline == "drop" and len(token_ids) < 2:
+        raise UsageError("--check: occlusion by dropping needs at least 2 tokens")
+    occ = token_attribution.attribute_tokens(lm, token_ids, metric, "occlusion", baseline=baseline,
+                                             batch_size=batch_size)
+    return dataclasses.replace(result, check=analysis.agreement(result, "occlusion", baseline, occ.scores))
+
+
+def _unconverged(result) -> str:
+    c = result.completeness
+    tries = ", ".join(f"{n} steps {e:.3g}" for n, e in c.tries)
+    return (f"integrated gradients did not converge: relative error {c.relative_error:.3g} > --max-rel-error "
+            f"{c.max_rel_error:g} (sum of attributions {c.sum_attributions:.4f} vs f(x) - f(baseline) "
+            f"{c.difference:.4f}; tried {tries}); raise --max-steps, try another --baseline, or pass "
+            "--allow-unconverged")
+
+
 def _method_line(result) -> str:
     if result.method == "integrated-gradients":
-        return f"integrated gradients, {result.steps} steps, baseline {result.baseline}"
+        where = "" if result.layer is None else f" at blocks.{result.layer}.hook_{result.site}"
+        first = ", first position kept" if result.kept_first else ""
+        return f"integrated gradients{where}, {result.steps} steps, baseline {result.baseline}{first}"
     if result.method == "occlusion":
         return f"occlusion ({'token dropped' if result.baseline == 'drop' else 'replaced by ' + result.baseline})"
     return result.method
@@ -166,15 +246,26 @@ def _report(lm, enc, ids: dict, result) -> Report:
     heading = [f"attribute · {model_label(lm)} · {_method_line(result)}",
                f"{prompt_line(enc)} · f = {what} at the last position = {result.value:.4f}"]
     biggest = max((abs(r.attribution) for r in result.rows), default=0.0) or 1.0
-    rows = [{**r.to_dict(), "magnitude": abs(r.attribution) / biggest} for r in result.rows]
+    mark = {} if result.converged is None else {"converged": result.converged}
+    rows = [{**r.to_dict(), "bar": r.attribution / biggest, **mark} for r in result.rows]
     occluded = "dropped" if result.baseline == "drop" else f"replaced by {result.baseline}"
     notes = [f"attribution = {HOW[result.method].format(occluded=occluded)}; share = attribution / sum of "
              "|attributions|"]
     c = result.completeness
     if c is not None:
         err = "undefined" if c.relative_error is None else f"{c.relative_error:.2e}"
+        verdict = "converged" if c.converged else "UNCONVERGED"
         notes.append(f"completeness: sum of attributions {c.sum_attributions:.6f} vs f(x) - f(baseline) = "
                      f"{result.value:.6f} - {c.baseline_metric:.6f} = {c.difference:.6f}; delta {c.delta:.2e}, "
-                     f"relative error {err} (--steps brings it down)")
-    return Report(data=data, sections=[Section(COLUMNS, rows, title="token attribution")], heading=heading,
+                     f"relative error {err}: {verdict} (bound {c.max_rel_error:g}; steps tried "
+                     f"{', '.join(str(n) for n, _ in c.tries)})")
+    if result.kept_first:
+        notes.append("position 0 keeps its own embedding in the baseline (the attention sink): attribution 0 by "
+                     "construction; --vary-first moves it too")
+    if result.check is not None:
+        rho = result.check.rank_correlation
+        notes.append(f"check: Spearman rank correlation with occlusion ({result.check.baseline}) over positions "
+                     f"{list(result.check.positions)}: {'undefined' if rho is None else f'{rho:.3f}'}")
+    columns = COLUMNS + ((CONVERGED,) if mark else ())
+    return Report(data=data, sections=[Section(columns, rows, title="token attribution")], heading=heading,
                   notes=notes)
