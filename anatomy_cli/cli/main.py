@@ -30,6 +30,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     serve,
     tokens,
     trace,
+    verify,
 )
 
 __all__ = ["app", "main"]
