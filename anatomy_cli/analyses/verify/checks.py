@@ -83,7 +83,9 @@ def _num(x: float | None) -> float | None:
 def tensor_check(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: float, *, layer: int | None = None,
                  note: str = "") -> Check:
     """``a`` against ``b``: the error is the relative error; passes when it and ``1 - cosine`` are within
-    ``tolerance`` (a NaN anywhere fails)."""
+    ``tolerance`` (a NaN anywhere fails; so do different shapes)."""
+    if a.shape != b.shape:
+        return _shapes(name, a, b, tolerance, layer)
     c = compare(a, b)
     ok = c.rel_error <= tolerance and (1.0 - c.cosine) <= tolerance
     return Check(name, layer, error=c.rel_error, tolerance=tolerance, passed=bool(ok), max_abs=c.max_abs,
@@ -93,9 +95,16 @@ def tensor_check(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: float, 
 def abs_check(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: float, *, layer: int | None = None,
               note: str = "") -> Check:
     """``a`` against ``b`` where an absolute error is meaningful (probabilities): the error is max |a - b|."""
+    if a.shape != b.shape:
+        return _shapes(name, a, b, tolerance, layer)
     c = compare(a, b)
     return Check(name, layer, error=c.max_abs, tolerance=tolerance, passed=bool(c.max_abs <= tolerance),
                  max_abs=c.max_abs, rel_error=c.rel_error, cosine=c.cosine, note=note)
+
+
+def _shapes(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: float, layer: int | None) -> Check:
+    return Check(name, layer, error=math.inf, tolerance=tolerance, passed=False,
+                 note=f"shapes differ: {list(a.shape)} against {list(b.shape)}")
 
 
 def scalar_check(name: str, error: float, tolerance: float, *, layer: int | None = None, note: str = "") -> Check:

@@ -50,7 +50,7 @@ def quiet_fds() -> Iterator[None]:
 
 def llama_logits(path: str, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
     """llama.cpp's logits of each prompt's ids (evaluated from an empty context): float32 ``[pos, vocab]``."""
-    from llama_cpp import Llama
+    from llama_cpp import Llama  # type: ignore[import-not-found, unused-ignore]
 
     n_ctx = max(len(p) for p in prompts) + 8
     out = []
