@@ -30,7 +30,7 @@ def identities(runs: Runs) -> C.SectionResult:
     if lm.has_unembed:
         rows.append(C.worst([C.tensor_check("lens == logits", lens.unembed(lm, c["resid_post", -1]), c.logits, tol,
                                             layer=lm.n_layers - 1) for c in runs.batched]))
-        rows.append(dla_sum(runs, tol))
+        rows.append(dla_sum(runs, C.RELATIVE[runs.dtype]))  # a float32 sum of some hundred rows
         rows.append(self_patch(runs, tol))
     rows.append(batched_single(runs))
     if lm.has_unembed:
