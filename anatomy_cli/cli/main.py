@@ -33,6 +33,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     steer,
     tokens,
     trace,
+    verify,
 )
 
 __all__ = ["app", "main"]

@@ -1,0 +1,204 @@
+"""`anatomy verify` (issue 37): passes on tiny families, a padded vocabulary and the real SmolLM2; fails, exit 1,
+naming the point, when a fault is injected (a tap on the wrong module, rotary skipped, the final norm twice).
+
+The references are transformers' own forward (the command's parity section) and identities; the faults are
+injected into anatomy only, so a check that still passed would be one that sees nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from anatomy_cli import engine
+from anatomy_cli.analyses.verify import checks as C
+from anatomy_cli.analyses.verify.suite import Plan, verify
+from anatomy_cli.cli.main import app
+from anatomy_cli.engine.loader import DIRECT, using_loader
+from anatomy_cli.models.adapters import Tap
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["The capital of France is", "Thank you very much for the help", "a b"]
+runner = CliRunner()
+
+
+class FixedLoader:
+    """Opens the files as users do; the weights are ``lm`` (already loaded, maybe with a fault)."""
+
+    def __init__(self, lm):
+        self.lm = lm
+
+    def open(self, spec):
+        return DIRECT.open(spec)
+
+    def load_weights(self, opened):
+        return dataclasses.replace(self.lm, name=opened.spec.model)
+
+
+def _run(lm, model: str, *args: str):
+    with using_loader(FixedLoader(lm)):
+        return runner.invoke(app, ["verify", "--model", model, "--device", "cpu", *args])
+
+
+def _verify(lm, path, *, quick=True, prompts=PROMPTS):
+    enc = engine.encode(lm, prompts)
+    return verify(lm, enc, lambda dtype, device: engine.load(str(path), dtype=dtype, device=device),
+                  Plan(against="transformers", quick=quick))
+
+
+def _failed(result) -> set[str]:
+    return {f"{s}: {c.label}" for s, c in result.failed}
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma3", "gpt_neox", "bert"])
+def test_passes_on_tiny_families(tiny_lm, tiny_model_dir, arch):
+    result = _verify(tiny_lm(arch), tiny_model_dir(arch))
+    assert result.passed, _failed(result)
+    names = {c.name for s in result.sections for c in s.checks if c.passed}
+    assert {"resid_pre", "resid_post", "attention", "batched == one by one"} <= names
+    if arch != "bert":   # post-LN: decomposition skipped, and said
+        assert {"resid_post = pre + attn + mlp", "lens == logits", "DLA rows sum to logit diff",
+                "self-patch changes nothing", "attribution patching == exact (linear metric)"} <= names
+    else:
+        skipped = [c for s in result.sections for c in s.checks if c.passed is None]
+        assert any("post-LN" in c.note for c in skipped)
+
+
+def test_numbers_are_the_comparisons(tiny_lm):
+    # A row's numbers are those of the two tensors, computed here independently.
+    a, b = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[1.0, 2.0], [3.0, 4.5]])
+    row = C.tensor_check("x", a, b, 0.1)
+    assert row.max_abs == pytest.approx(0.5) and row.rel_error == pytest.approx(0.5 / float(b.norm()))
+    assert row.cosine == pytest.approx(float(a.flatten() @ b.flatten()) / (a.norm() * b.norm()).item())
+    assert row.passed and not C.tensor_check("x", a, b, 0.01).passed
+    assert C.tensor_check("x", a, b[:1], 1.0).passed is False          # shapes differ: a failure, not a crash
+
+
+def test_padded_vocabulary_and_random_init_full_run(tmp_path, tiny_model_dir):
+    import models
+    import transformers
+    from conftest import build_gpt2_tokenizer
+
+    config = transformers.GPTNeoXConfig(**{**models.config_kwargs("gpt_neox"), "vocab_size": 50304})
+    torch.manual_seed(0)
+    transformers.GPTNeoXForCausalLM(config).eval().save_pretrained(tmp_path)
+    build_gpt2_tokenizer().save_pretrained(tmp_path)
+    lm = dataclasses.replace(engine.load(str(tmp_path), device="cpu"), untrained=True)   # random weights
+    assert lm.vocab_size == 50304 > len(lm.tokenizer)
+    # every section, --init random: the known answers are skipped, and said so, exit 0
+    out = _run(lm, str(tmp_path), "--init", "random", "--against", "transformers", "--format", "json")
+    assert out.exit_code == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["passed"] and [s["name"] for s in data["sections"]] == ["parity", "identities", "precision",
+                                                                         "devices", "known"]
+    sections = {s["name"]: s for s in data["sections"]}
+    assert sections["parity"]["status"] == "passed" and sections["identities"]["status"] == "passed"
+    assert sections["known"]["status"] == "skipped" and "untrained" in sections["known"]["checks"][0]["note"]
+    assert sections["precision"]["checks"][0]["passed"] is None       # fp32: its own control, said
+
+
+# ---------------------------------------------------------------- faults: exit 1, naming the point
+
+def test_fault_wrong_tap_fails_naming_the_point(tiny_lm, tiny_model_dir):
+    from anatomy_cli.engine.hooks import build_points
+
+    lm = tiny_lm("llama")
+    wrong = dataclasses.replace(lm.adapter, attn_out=Tap("input_layernorm"))   # attention's input norm, not it
+    bad = dataclasses.replace(lm, points=build_points(lm.model, wrong, lm.has_resid_mid, lm.has_unembed))
+    out = _run(bad, str(tiny_model_dir("llama")), "--quick", "--format", "json")
+    assert out.exit_code == 1
+    error = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "identities: resid_post = pre + attn + mlp L0" in error[0], out.stderr
+    data = json.loads(out.stdout)
+    assert data["passed"] is False and "identities: resid_mid = pre + attn L1" in data["failed"]
+    assert not any(f.startswith("parity") for f in data["failed"])      # the residual stream itself is right
+    # the same model without the fault passes, exit 0
+    ok = _run(lm, str(tiny_model_dir("llama")), "--quick", "--format", "json")
+    assert ok.exit_code == 0, ok.stderr and json.loads(ok.stdout)["passed"] is True
+
+
+def test_fault_rotary_skipped_fails_parity(tiny_lm, tiny_model_dir, monkeypatch):
+    import importlib
+
+    fwd = importlib.import_module("anatomy_cli.engine.forward")   # the module (engine.forward is the function)
+
+    real = fwd.forward
+
+    def no_rotary(lm, *args, **kw):   # every position at angle 0: the rotary embedding does nothing
+        if "position_ids" in kw:
+            kw["position_ids"] = torch.zeros_like(kw["position_ids"])
+        return real(lm, *args, **kw)
+
+    monkeypatch.setattr(fwd, "forward", no_rotary)
+    result = _verify(tiny_lm("llama"), tiny_model_dir("llama"))
+    failed = _failed(result)
+    assert "parity: resid_post L0" in failed and "parity: logits" in failed, failed
+    assert "parity: resid_pre L0" not in failed                          # the embedding has no position
+
+
+def test_fault_final_norm_twice_fails_lens_and_last_layer(tmp_path, monkeypatch):
+    import models
+    import transformers
+    from conftest import build_gpt2_tokenizer
+
+    from anatomy_cli.engine import lens
+
+    # A final norm whose weight is not uniform, so applying it twice is not the same as once.
+    model = models.build_model("llama")
+    with torch.no_grad():
+        model.model.norm.weight.copy_(1 + 0.5 * torch.randn(models.D, generator=torch.Generator().manual_seed(1)))
+    model.save_pretrained(tmp_path)
+    build_gpt2_tokenizer().save_pretrained(tmp_path)
+    assert isinstance(model, transformers.LlamaForCausalLM)
+    lm = engine.load(str(tmp_path), device="cpu")
+    assert _verify(lm, tmp_path).passed
+    once = lens.final_norm
+    monkeypatch.setattr(lens, "final_norm", lambda lm, h: once(lm, once(lm, h)))
+    out = _run(lm, str(tmp_path), "--quick")
+    assert out.exit_code == 1
+    error = next(line for line in out.stderr.splitlines() if line.startswith("error: "))
+    assert "parity: resid_post L1" in error and "identities: lens == logits L1" in error, error
+
+
+# ---------------------------------------------------------------- the real SmolLM2, the command's output
+
+def test_smollm2_quick_passes_and_json_keys_are_documented(smollm2_lm, smollm2_gguf):
+    out = _run(smollm2_lm, str(smollm2_gguf), "--quick", "--format", "json")
+    assert out.exit_code == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["passed"] is True and data["counts"]["failed"] == 0 and data["quick"] is True
+    assert [s["name"] for s in data["sections"]] == ["parity", "identities"]
+    assert len(data["prompts"]) == 2
+    parity = data["sections"][0]["checks"]
+    assert sum(c["name"] == "resid_post" for c in parity) == smollm2_lm.n_layers
+    doc = (ROOT / "docs" / "commands" / "verify.md").read_text()
+    keys = set(data) | set(data["sections"][0]) | set(parity[0]) | set(data["counts"])
+    missing = [k for k in sorted(keys) if not re.search(rf"`{re.escape(k)}`", doc)]
+    assert not missing, missing
+
+
+def test_usage_errors(tiny_lm, tiny_model_dir, tmp_path):
+    lm, model = tiny_lm("gpt2"), str(tiny_model_dir("gpt2"))
+    out = _run(lm, model, "--prompts", str(tmp_path / "nope.txt"))
+    assert out.exit_code == 2 and "no such file" in out.stderr
+    out = _run(lm, model, "--against", "vllm")
+    assert out.exit_code == 2
+    (tmp_path / "empty.txt").write_text("\n\n")
+    assert _run(lm, model, "--prompts", str(tmp_path / "empty.txt")).exit_code == 2
+
+
+def test_llamacpp_section_against_smollm2(smollm2_lm, smollm2_gguf):
+    from anatomy_cli.analyses.verify import llamacpp
+
+    if not llamacpp.available():
+        pytest.skip("llama-cpp-python is not installed (pip install 'anatomy[llamacpp]')")
+    out = _run(smollm2_lm, str(smollm2_gguf), "--against", "llama.cpp", "--format", "json")
+    assert out.exit_code == 0, out.stderr
+    section = json.loads(out.stdout)["sections"][-1]
+    assert section["name"] == "llama.cpp" and section["status"] == "passed"
+    assert "llama" not in out.stderr.lower()          # llama.cpp's log lines stay off the streams
