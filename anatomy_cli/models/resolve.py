@@ -8,6 +8,8 @@ A spec is, in this order:
   (:mod:`anatomy_cli.models.local`): kind ``gguf``;
 * a ``.gguf`` file (any file that starts with the GGUF magic): kind ``gguf``;
 * a local directory (``save_pretrained``; for a tokenizer, any directory): kind ``dir``;
+* the short name of a GGUF file an installed Python package carries (``smollm2``, ``gemma3-270m``:
+  :mod:`anatomy_cli.models.packaged`): kind ``gguf``;
 * a path that does not exist (starts with ``.``, ``/``, ``~``, ends with ``/`` or ``.gguf``):
   :class:`ModelNotFound` at once;
 * a built-in preset, when only its config is needed (``need="config"``) or with
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anatomy_cli.errors import CheckpointError, ModelNotFound, OfflineError
-from anatomy_cli.models import hub, local, presets
+from anatomy_cli.models import hub, local, packaged, presets
 from anatomy_cli.models.headers import GGUF_MAGIC
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -80,6 +82,8 @@ def check_path(spec: str) -> Source | None:
                             f"save_pretrained, a preset or a Hugging Face id")
     if path.is_dir():
         return Source("dir", spec, str(path))
+    if spec not in presets.PRESETS and (found_file := packaged.find(spec)) is not None:
+        return Source("gguf", spec, str(found_file))
     if _looks_like_path(spec):
         what = "file" if spec.lower().endswith(".gguf") else "directory"
         raise ModelNotFound(f"no such {what}: {spec}")
