@@ -76,3 +76,34 @@ def test_an_assembled_package_not_yet_assembled_says_how(monkeypatch, tmp_path):
     (tmp_path / ".cache" / "fake_mod" / "fake.gguf").write_bytes(b"GGUF" + bytes(20))
     assert check_path("fake-1m").ref == str(tmp_path / ".cache" / "fake_mod" / "fake.gguf")
     assert check_path("gpt2") is None and packaged.find("no-such-package-name") is None
+
+
+def _header(file_type: int | None, matrices: list[str]):
+    from anatomy_cli.models.headers import GGUFHeader, TensorInfo
+
+    fields = {"general.architecture": "llama"} | ({} if file_type is None else {"general.file_type": file_type})
+    tensors = tuple(TensorInfo(f"w{i}", (4, 4), t, 16, 16) for i, t in enumerate(matrices))
+    return GGUFHeader("x.gguf", 3, fields, {}, tensors + (TensorInfo("norm", (4,), "F32", 4, 16),), 0)
+
+
+def test_one_quantization_label_and_the_tensors_win():
+    import gguf
+
+    from anatomy_cli.models import headers
+
+    q4_1, q4_k_m = int(gguf.LlamaFileType.MOSTLY_Q4_1), int(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    assert headers.quantization_label(_header(q4_1, ["Q4_1", "Q8_0"])) == "Q4_1 (Q4_1, Q8_0)"
+    assert _header(q4_k_m, ["Q4_K", "Q6_K", "Q8_0"]).quantization == "Q4_K_M (Q4_K, Q6_K, Q8_0)"
+    # requantized to Q8_0 with general.file_type still saying Q4_1: the tensors win
+    assert _header(q4_1, ["Q8_0", "Q8_0"]).quantization == "Q8_0"
+    assert _header(None, ["Q8_0"]).quantization == "Q8_0"
+
+
+def test_params_models_and_next_label_the_file_alike(smollm2_gguf, cached_load):
+    want = "Q4_1 (Q4_1, Q8_0)"
+    params = json.loads(runner.invoke(app, ["params", "smollm2", "--format", "json"]).stdout)
+    listing = json.loads(runner.invoke(app, ["models", "--no-hf-cache", "--format", "json"]).stdout)
+    [row] = [m for m in listing["models"] if m["name"] == "smollm2"]
+    table = runner.invoke(app, ["next", "Hi", "--model", "smollm2", "--format", "table"]).stdout
+    assert params["quantization"] == row["quantization"] == want
+    assert table.startswith(f"next · SmolLM2-135M-Instruct.Q4_1 (weights dequantized from {want})")

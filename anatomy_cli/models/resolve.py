@@ -22,6 +22,7 @@ A spec is, in this order:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,12 +213,16 @@ def config_path(source: Source) -> Path:
 
 
 def label(source: Source, fields: Mapping[str, object] | None = None) -> str:
-    """A short name for headings and plot titles (JSON keeps the spec as given).
+    """The model's one short name, for headings, plot titles, pictures and messages (JSON keeps the spec as given).
 
-    A GGUF file: its ``general.name`` (``fields``: its header's metadata, else the header is read),
-    else the file's stem; a directory: its own name; a preset or a Hub id: itself.
+    A file: its stem (``SmolLM2-135M-Instruct.Q4_1``), or its ``general.name`` (``fields``: its header's metadata,
+    else the header is read) when the stem names nothing, as an Ollama blob's ``sha256-<hex>`` does; a directory:
+    its own name; a preset or a Hub id: itself.
     """
     if source.kind == "gguf":
+        stem = Path(source.ref).name.removesuffix(".gguf")
+        if not _BLOB.fullmatch(stem):
+            return stem
         if fields is None:
             from anatomy_cli.models.headers import read_gguf
 
@@ -225,11 +230,13 @@ def label(source: Source, fields: Mapping[str, object] | None = None) -> str:
                 fields = read_gguf(source.ref).fields
             except CheckpointError:
                 fields = {}
-        name = str(fields.get("general.name") or "").strip()
-        return name or Path(source.ref).name.removesuffix(".gguf")
+        return str(fields.get("general.name") or "").strip() or stem
     if source.kind == "dir":
         return Path(source.ref).expanduser().resolve().name or source.spec
     return source.spec
+
+
+_BLOB = re.compile(r"(sha256[-:])?[0-9a-fA-F]{32,}")
 
 
 def short_name(spec: str) -> str:
