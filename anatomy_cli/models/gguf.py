@@ -20,13 +20,9 @@ from io import BufferedIOBase
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import CheckpointError
-from anatomy_cli.models.headers import (  # noqa: F401  (the label lives with the header; re-exported)
-    GGUFHeader,
-    TensorInfo,
-    file_type_name,
-    gguf_constants,
-    quantization_label,
-)
+from anatomy_cli.models.headers import GGUFHeader, TensorInfo, gguf_constants
+from anatomy_cli.models.headers import file_type_name as file_type_name  # the label lives with the header
+from anatomy_cli.models.headers import quantization_label as quantization_label
 
 if TYPE_CHECKING:
     import numpy as np
