@@ -20,7 +20,7 @@ from io import BufferedIOBase
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import CheckpointError
-from anatomy_cli.models.headers import GGUFHeader, TensorInfo, gguf_constants
+from anatomy_cli.models.headers import GGUFHeader, TensorInfo
 from anatomy_cli.models.headers import file_type_name as file_type_name  # the label lives with the header
 from anatomy_cli.models.headers import quantization_label as quantization_label
 
