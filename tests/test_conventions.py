@@ -125,7 +125,7 @@ def test_gemma_bos_default_gives_a_sensible_continuation(gemma_lm):
 
     assert read_gguf(gemma_lm.name).fields["tokenizer.ggml.add_bos_token"] is True
     assert gemma_lm.tokenizer.add_bos and gemma_lm.tokenizer.bos_id == 2
-    assert gemma_lm.label == "Gemma 3 270m"
+    assert gemma_lm.label == "gemma-3-270m-Q4_K_M"  # the file stem (issue 42)
     top = {}
     for bos in (None, False):
         [enc] = engine.encode(gemma_lm, [PROMPT], bos=bos)
@@ -150,7 +150,7 @@ def test_gemma_commands_say_which_bos_applied(gemma_lm, monkeypatch, fixed_load)
     assert data["token_ids"][0] == 2 and (data["bos"], data["bos_source"]) == (True, "model default")
     assert data["top"][0]["token"] == "·much" and data["top"][0]["probability"] > 0.9
     assert data["model"] == gemma_lm.name  # the path; the heading has the short name
-    assert table("next", PROMPT, "-m", gemma_lm.name).startswith("next · Gemma 3 270m (weights dequantized from ")
+    assert table("next", PROMPT, "-m", gemma_lm.name).startswith("next · gemma-3-270m-Q4_K_M (weights dequantized from ")
     # tokens --model reads the BOS convention from the file's metadata, and shows the ids next ran
     monkeypatch.setattr(model_files, "load_tokenizer", lambda source, **kw: gemma_lm.tokenizer.hf)
     toks = run_json("tokens", PROMPT, "--model", gemma_lm.name)
@@ -237,10 +237,16 @@ def test_labels_are_short_and_json_keeps_the_path(tiny_model_dir, cached_load, t
     assert short_name(str(d) + "/") == d.name and short_name("gpt2") == "gpt2"
 
 
-def test_gguf_label_is_its_general_name_else_its_stem(smollm2_gguf, tmp_path):
+def test_gguf_label_is_its_stem_else_its_general_name(smollm2_gguf, tmp_path):
+    # issue 42: the file stem names a file; general.name only where the stem names nothing (an Ollama blob)
+    import shutil
+
     from anatomy_cli.models.resolve import short_name
 
-    assert short_name(str(smollm2_gguf)) == "Smollm2 135M 8k Lc100K Mix1 Ep2"
+    assert short_name(str(smollm2_gguf)) == "SmolLM2-135M-Instruct.Q4_1"
+    blob = tmp_path / ("sha256-" + "ab" * 32)
+    shutil.copy(smollm2_gguf, blob)
+    assert short_name(str(blob)) == "Smollm2 135M 8k Lc100K Mix1 Ep2"
     import gguf
 
     path = tmp_path / "nameless.Q8_0.gguf"

@@ -191,8 +191,8 @@ def test_next_heading_says_dequantized_from(tiny_gguf, tiny_gguf_lm, monkeypatch
     fixed_load(tiny_gguf_lm)
     result = runner.invoke(app, ["next", "Thank you very", "--model", str(tiny_gguf), "--format", "table"])
     assert result.exit_code == 0, result.stderr
-    # named by the file's general.name (the path stays in JSON)
-    assert "next · tiny-llama (weights dequantized from F32)" in " ".join(result.stdout.split())
+    # named by the file's stem (the path stays in JSON)
+    assert "next · tiny-llama.F32 (weights dequantized from F32)" in " ".join(result.stdout.split())
 
 
 def test_tokens_and_params_take_a_gguf_file(tiny_gguf):
@@ -285,7 +285,7 @@ def test_smollm2_params_from_the_header_equal_the_dequantized_model(smollm2_gguf
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["total"] == sum(p.numel() for p in model.parameters()) == 134_515_008
-    assert data["quantization"] == "Q4_1" and data["read_from"] == "gguf_header"
+    assert data["quantization"] == "Q4_1 (Q4_1, Q8_0)" and data["read_from"] == "gguf_header"
     rows = {r["key"]: r for r in data["rows"]}
     assert "lm_head" not in rows  # tied
     assert rows["token_embedding"]["parameters"] == model.model.embed_tokens.weight.numel()

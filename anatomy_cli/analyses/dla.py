@@ -13,7 +13,9 @@ contribution centred). The rows add up to the model's own logit up to float roun
 carries both numbers. With a foil token f, the direction is ``W_U[t] - W_U[f]`` and the rows add
 up to ``logit_t - logit_f``. Per head: head h's contribution is its slice of the attention output
 projection's input through that projection, ``z[h] @ W_O[:, h]^T``; the projection's bias is a row
-of its own.
+of its own. Where a norm follows the projection (Gemma 2/3's sandwich norm), its scale is frozen at its value
+on this prompt, as the final norm's is, so each head's share stays linear and the heads sum to the attention
+output exactly (``head_norm``).
 
 The parts come from :mod:`anatomy_cli.engine.decompose` (the residual decomposition, the unembedding
 direction); :func:`logit_attribution` is the one call of ``dla`` and ``report``. The rest are pure functions
@@ -22,66 +24,22 @@ over tensors; float64 on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from anatomy_cli.engine.decompose import SUM_TOLERANCE, Component, check_sum, head_outputs  # noqa: F401
-from anatomy_cli.errors import AnatomyError
-
-
-@dataclass(frozen=True)
-class FrozenNorm:
-    """A final norm with its scale frozen: ``x -> gain * P(x)`` (no bias), and its bias.
-
-    ``centred``: P subtracts each vector's mean (LayerNorm) or not (RMSNorm, or no norm).
-    ``gain``: float64 [d_model], the norm's weight divided by ``scale``. ``scale``: the final
-    residual's standard deviation (LayerNorm) or RMS (RMSNorm), eps included. ``bias``: float64
-    [d_model], the norm's bias (zeros for RMSNorm).
-    """
-
-    centred: bool
-    gain: torch.Tensor
-    bias: torch.Tensor
-    scale: float
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., d_model]`` -> float64 ``[..., d_model]``: the frozen, bias-free norm."""
-        x = x.to(torch.float64)
-        if self.centred:
-            x = x - x.mean(-1, keepdim=True)
-        return x * self.gain
-
-
-def freeze_norm(norm: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor) -> FrozenNorm:
-    """The final norm ``norm`` (``[n, d] -> [n, d]``, e.g. ``engine.final_norm``) frozen at ``h [d_model]``.
-
-    The norm is treated as a black box of the form ``gain * P(x) / s(x) + beta`` (LayerNorm, RMSNorm,
-    Gemma's ``1 + weight``, no norm at all) and read from four probes: ``beta = norm(0)``; the norm
-    centres when ``norm(v + 3) == norm(v)``; ``gain`` from ``norm(v)`` with v = +-1 (mean 0, RMS 1);
-    ``s`` by least squares from ``norm(h)``. Raises AnatomyError when ``norm(h)`` is not of that form.
-    """
-    d = h.shape[-1]
-    v = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat((d + 1) // 2)[:d]
-    v = v - v.mean()
-    v = v / v.pow(2).mean().sqrt()
-    probes = torch.stack([torch.zeros(d, dtype=torch.float64), v, v + 3.0, h.to(torch.float64)])
-    out = norm(probes.to(h.dtype)).detach().to(torch.float64)
-    beta, at_v, at_shifted, at_h = out
-    centred = bool(torch.allclose(at_v, at_shifted, rtol=1e-3, atol=1e-3 * float(at_v.abs().max())))
-    gain = (at_v - beta) / v                  # up to the factor 1 / sqrt(1 + eps), which s absorbs
-    hp = h.to(torch.float64)
-    if centred:
-        hp = hp - hp.mean()
-    a, b = gain * hp, at_h - beta
-    scale = float(a @ a / (a @ b))
-    if not math.isfinite(scale) or float((b - a / scale).norm()) > SUM_TOLERANCE * float(b.norm()):
-        raise AnatomyError("the final norm is not a LayerNorm or RMSNorm (gain * (x - mean) / scale + bias): "
-                           "its scale cannot be frozen for direct logit attribution")
-    return FrozenNorm(centred=centred, gain=gain / scale, bias=beta, scale=scale)
+from anatomy_cli.engine.decompose import (  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
+    SUM_TOLERANCE,
+    Component,
+    FrozenNorm,
+    check_sum,
+    freeze_norm,
+    head_outputs,
+)
 
 
 @dataclass(frozen=True)
@@ -108,10 +66,12 @@ class Attribution:
     norm_scale: float
     centred: bool
     other_rows: int = 0
+    head_norm: str | None = None  # per head: the norm after attention frozen at this prompt (Gemma 2/3)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [r.to_dict() for r in self.rows], "total": self.total, "logit": self.logit,
-                "norm_scale": self.norm_scale, "centred": self.centred, "other_rows": self.other_rows}
+                "norm_scale": self.norm_scale, "centred": self.centred, "other_rows": self.other_rows,
+                "head_norm_frozen": self.head_norm}
 
     def mismatch(self) -> str | None:
         """A warning when the rows and the model's logit are more than 1e-4 (relative) apart, else None."""
@@ -145,7 +105,7 @@ class Attribution:
         if rest:
             rows.append(Row("other", None, None, math.fsum(r.contribution for r in rest)))
         return Attribution(rows=tuple(rows), total=self.total, logit=self.logit, norm_scale=self.norm_scale,
-                           centred=self.centred, other_rows=len(rest))
+                           centred=self.centred, other_rows=len(rest), head_norm=self.head_norm)
 
 
 def attribute(components: torch.Tensor, names: Sequence[Component], *, norm: FrozenNorm,
@@ -191,5 +151,6 @@ def logit_attribution(lm: Any, cache: Any, target: int, foil: int | None = None,
     norm = freeze_norm(lambda h: final_norm(lm, h), parts.final)
     logit = unembed(lm, parts.final[None], softcap=False)[0]
     own = float(logit[target]) - (float(logit[foil]) if foil is not None else 0.0)
-    return attribute(parts.components, parts.names, norm=norm, direction=direction, head_bias=head_bias, logit=own)
+    result = attribute(parts.components, parts.names, norm=norm, direction=direction, head_bias=head_bias, logit=own)
+    return dataclasses.replace(result, head_norm=parts.head_norm)
 

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.models import local
+from anatomy_cli.models import local, packaged
 from anatomy_cli.models.headers import is_gguf, read_gguf, read_safetensors, safetensors_files
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One model: ``name`` is the ``--model`` spec; ``source`` ``hf-cache`` | ``ollama`` | ``lmstudio`` | ``dir``;
+    """One model: ``name`` is the ``--model`` spec; ``source`` ``hf-cache`` | ``ollama`` | ``lmstudio`` |
+    ``package`` | ``dir``;
     ``format`` ``gguf`` | ``safetensors`` | ``config only``; ``size_bytes`` on disk; ``parameters`` stored
     (None: unknown); ``quantization``: a GGUF file's main tensor type; ``note``: why a figure is missing."""
 
@@ -42,7 +43,7 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class Inventory:
-    """Every model found, in the order: HF cache, Ollama, LM Studio, the given folders."""
+    """Every model found, in the order: HF cache, Ollama, LM Studio, Python packages, the given folders."""
 
     models: tuple[ModelEntry, ...]
     searched: tuple[str, ...]  # what was looked at, e.g. "ollama: /home/me/.ollama/models"
@@ -137,6 +138,20 @@ def lmstudio() -> tuple[list[ModelEntry], str]:
     return out, f"lmstudio: {local.lmstudio_root()}"
 
 
+def packages() -> tuple[list[ModelEntry], str]:
+    """GGUF files installed Python packages carry (:mod:`anatomy_cli.models.packaged`), by their short name."""
+    out = []
+    for p in packaged.packaged():
+        if p.path is None:
+            entry = packaged.ASSEMBLED[p.name]
+            out.append(ModelEntry("package", p.name, "gguf", None, None, None, 0, "", f"{p.package} is installed; "
+                                  f"assemble its file: python -c 'import {entry.module} as m; m.assemble()'"))
+        else:
+            out.append(gguf_entry("package", p.name, p.path))
+    assembled = ", ".join(a.distribution for a in packaged.ASSEMBLED.values())
+    return out, f"packages: llm plugins with a .gguf file, {assembled}"
+
+
 def folder(directory: str) -> list[ModelEntry]:
     """GGUF files and ``save_pretrained`` directories under ``directory`` (recursively), named by path.
 
@@ -158,13 +173,14 @@ def folder(directory: str) -> list[ModelEntry]:
 
 def inventory(directories: list[str] = (), *, hf: bool = True) -> Inventory:
     """Everything :mod:`this module <anatomy_cli.analyses.inventory>` finds: the HF cache (unless ``hf`` is
-    False), Ollama, LM Studio, then each of ``directories``. Raises UsageError for a directory that is not one."""
+    False), Ollama, LM Studio, Python packages' files, then each of ``directories``. Raises UsageError for a
+    directory that is not one."""
     for d in directories:  # bad input fails before anything is scanned
         if not Path(d).expanduser().is_dir():
             raise UsageError(f"{d} is not a directory: give folders to search for models")
     models: list[ModelEntry] = []
     searched: list[str] = []
-    for scan in ((hf_cache,) if hf else ()) + (ollama, lmstudio):
+    for scan in ((hf_cache,) if hf else ()) + (ollama, lmstudio, packages):
         found, where = scan()
         models += found
         searched.append(where)

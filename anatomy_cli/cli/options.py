@@ -55,11 +55,21 @@ def _model_exists(value: str | None) -> str | None:
     return value
 
 
+def default_model() -> str:
+    """``--model``'s default, resolved when a command runs: ``ANATOMY_MODEL``, else the stored
+    ``anatomy models --default``, else gpt2 (:mod:`anatomy_cli.models.defaults`). The one place it is read."""
+    from anatomy_cli.models.defaults import default_model as user_default
+
+    return user_default()
+
+
 ModelOpt = Annotated[
     str,
     typer.Option("--model", "-m", callback=_model_exists,
                  help="Preset name, .gguf file, local directory (save_pretrained), Hugging Face model id, "
-                 "ollama:NAME[:TAG] or lmstudio:PUBLISHER/REPO (`anatomy models` lists them)."),
+                 "ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO or a packaged file's name such as smollm2 "
+                 "(`anatomy models` lists them). Default: $ANATOMY_MODEL, else the one set by "
+                 "`anatomy models --default NAME`, else gpt2."),
 ]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Device to run on.", case_sensitive=False)]
 DTypeOpt = Annotated[DType, typer.Option("--dtype", help="Weight and activation dtype.", case_sensitive=False)]
@@ -157,7 +167,7 @@ AllowSpecialOpt = Annotated[bool, typer.Option(
 
 # (parameter, annotation, default): the one declaration of each group, in --help order.
 MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
-    ("model", ModelOpt, "gpt2"),
+    ("model", ModelOpt, default_model),
     ("device", DeviceOpt, Device.auto),
     ("dtype", DTypeOpt, DType.fp32),
     ("init", InitOpt, Init.pretrained),

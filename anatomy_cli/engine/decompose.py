@@ -12,6 +12,8 @@ The reduction through the frozen final norm is :mod:`anatomy_cli.analyses.dla`.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +22,7 @@ from anatomy_cli.engine.cache import Cache
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.tensors import first_tensor, optional_module
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.models.adapters import heads_split
 
 # The residual stream and the heads must add up to this relative precision (fp32 rounding is ~1e-6).
 SUM_TOLERANCE = 1e-4
@@ -43,12 +46,69 @@ class Decomposition:
     """The final residual at one position and its parts.
 
     ``components``: float64 ``[n, d_model]`` on the CPU, adding up to ``final``; ``names``: one
-    :class:`Component` per row; ``final``: ``[d_model]``, the final residual (model dtype, ``lm.device``).
+    :class:`Component` per row; ``final``: ``[d_model]``, the final residual (model dtype, ``lm.device``);
+    ``head_norm``: per head, the block's norm after the attention output projection (Gemma 2/3's
+    ``post_attention_layernorm``) whose scale each head's share was taken through, frozen at its value on
+    this prompt; None when there is none.
     """
 
     components: torch.Tensor
     names: tuple[Component, ...]
     final: torch.Tensor
+    head_norm: str | None = None  # per head: the norm after attention whose scale was frozen (Gemma 2/3)
+
+
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A final norm with its scale frozen: ``x -> gain * P(x)`` (no bias), and its bias.
+
+    ``centred``: P subtracts each vector's mean (LayerNorm) or not (RMSNorm, or no norm).
+    ``gain``: float64 [d_model], the norm's weight divided by ``scale``. ``scale``: the final
+    residual's standard deviation (LayerNorm) or RMS (RMSNorm), eps included. ``bias``: float64
+    [d_model], the norm's bias (zeros for RMSNorm).
+    """
+
+    centred: bool
+    gain: torch.Tensor
+    bias: torch.Tensor
+    scale: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., d_model]`` -> float64 ``[..., d_model]``: the frozen, bias-free norm."""
+        x = x.to(torch.float64)
+        if self.centred:
+            x = x - x.mean(-1, keepdim=True)
+        return x * self.gain
+
+
+def freeze_norm(norm: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, what: str = "the final norm"
+                ) -> FrozenNorm:
+    """A norm ``norm`` (``[n, d] -> [n, d]``: ``engine.final_norm``; Gemma 2/3's norm after attention) frozen at
+    its input ``h [d_model]``; ``what`` names it in the error.
+
+    The norm is treated as a black box of the form ``gain * P(x) / s(x) + beta`` (LayerNorm, RMSNorm,
+    Gemma's ``1 + weight``, no norm at all) and read from four probes: ``beta = norm(0)``; the norm
+    centres when ``norm(v + 3) == norm(v)``; ``gain`` from ``norm(v)`` with v = +-1 (mean 0, RMS 1);
+    ``s`` by least squares from ``norm(h)``. Raises AnatomyError when ``norm(h)`` is not of that form.
+    """
+    d = h.shape[-1]
+    v = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat((d + 1) // 2)[:d]
+    v = v - v.mean()
+    v = v / v.pow(2).mean().sqrt()
+    probes = torch.stack([torch.zeros(d, dtype=torch.float64), v, v + 3.0, h.to(torch.float64)])
+    out = norm(probes.to(h.dtype)).detach().to(torch.float64)
+    beta, at_v, at_shifted, at_h = out
+    centred = bool(torch.allclose(at_v, at_shifted, rtol=1e-3, atol=1e-3 * float(at_v.abs().max())))
+    gain = (at_v - beta) / v                  # up to the factor 1 / sqrt(1 + eps), which s absorbs
+    hp = h.to(torch.float64)
+    if centred:
+        hp = hp - hp.mean()
+    a, b = gain * hp, at_h - beta
+    scale = float(a @ a / (a @ b))
+    if not math.isfinite(scale) or float((b - a / scale).norm()) > SUM_TOLERANCE * float(b.norm()):
+        raise AnatomyError(f"{what} is not a LayerNorm or RMSNorm (gain * (x - mean) / scale + bias): "
+                           "its scale cannot be frozen for direct logit attribution")
+    return FrozenNorm(centred=centred, gain=gain / scale, bias=beta, scale=scale)
 
 
 def names(lm: LoadedModel, *, by_head: bool = False) -> list[str]:
@@ -102,6 +162,7 @@ def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, row
     (a norm after each sub-layer: post-LN, sandwich norms).
     """
     comps, labels = [], []
+    head_norm = lm.adapter.attn_out.module if by_head and heads_split(lm.adapter) == "norm" else None
     embed = cache["resid_pre", 0][row]
     if "hook_pos_embed" in cache:
         pos_embed = cache["hook_pos_embed"][row]
@@ -114,8 +175,11 @@ def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, row
         attn = cache["attn_out", layer][row]
         if by_head:
             o_proj = lm.points[f"blocks.{layer}.attn.hook_z"][0]
-            heads, bias = head_outputs(cache[f"blocks.{layer}.attn.hook_z"][row], o_proj, lm.n_heads)
+            z = cache[f"blocks.{layer}.attn.hook_z"][row]
+            heads, bias = head_outputs(z, o_proj, lm.n_heads)
             has_bias = getattr(o_proj, "bias", None) is not None
+            if head_norm is not None:  # Gemma 2/3: attn_out = norm(o_proj(z)); each head through the frozen norm
+                heads, bias, has_bias = _through_frozen_norm(lm, layer, heads, bias, z.dtype, has_bias)
             parts = torch.cat([heads, bias[None]]) if has_bias else heads
             check_sum(parts, attn, f"{lm.name}'s attention output in block {layer} is not the sum of "
                       "its heads through the output projection (a norm after attention?)")
@@ -132,7 +196,20 @@ def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, row
     stack = torch.stack([c.to("cpu", torch.float64) for c in comps])
     check_sum(stack, final, f"{lm.name}'s final residual is not the sum of the embedding and the "
               "attention and MLP outputs (a norm after each sub-layer?)")
-    return Decomposition(components=stack, names=tuple(labels), final=final)
+    return Decomposition(components=stack, names=tuple(labels), final=final, head_norm=head_norm)
+
+
+def _through_frozen_norm(lm: LoadedModel, layer: int, heads: torch.Tensor, bias: torch.Tensor,
+                         dtype: torch.dtype, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Heads and bias through block ``layer``'s norm after attention, its scale frozen at its input on this
+    prompt (the projection's output, ``heads.sum(0) + bias``): the heads then sum to ``attn_out`` exactly.
+    The norm's own bias (LayerNorm) joins the projection's bias row."""
+    norm = lm.points[f"blocks.{layer}.hook_attn_out"][0]
+    x = heads.sum(0) + bias
+    with torch.inference_mode():
+        frozen = freeze_norm(lambda v: norm(v.to(dtype)), x.to(dtype), f"{lm.name}'s norm after attention")
+    bias_row = frozen(bias) + frozen.bias
+    return frozen(heads), bias_row, has_bias or bool(frozen.bias.abs().max() > 0)
 
 
 def unembedding_direction(lm: LoadedModel, target: int, foil: int | None = None) -> tuple[torch.Tensor, float]:

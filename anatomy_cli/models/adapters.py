@@ -180,6 +180,20 @@ BERT = Adapter(
 ROBERTA = replace(BERT, name="roberta", model_types=("roberta",), prefix="roberta", unembed="lm_head",
                   positions_after_pad=True)
 
+
+def heads_split(adapter: Adapter) -> str | None:
+    """How a family's attention output splits into heads: ``projection`` (the output projection's output is
+    ``attn_out``, or a dropout after it), ``norm`` (a norm after the projection, Gemma 2/3's sandwich norm:
+    its scale is frozen), None (neither: ``--by head`` cannot be decomposed; ``--by layer`` can). Pure: needs
+    only the adapter table (``opened.adapter``), so a command can refuse before the weights load."""
+    tap = adapter.attn_out.module
+    if tap in adapter.norms:
+        return "norm"
+    if tap in adapter.attn or tap.rsplit(".", 1)[-1].endswith("dropout"):
+        return "projection"
+    return None
+
+
 ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, PHI3, STABLELM, GEMMA2, GEMMA3, OLMO2, GPT_NEOX, GPTJ, FALCON, OPT,
                                  OPT_POST_LN, BERT, ROBERTA)
 

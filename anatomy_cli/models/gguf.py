@@ -20,43 +20,14 @@ from io import BufferedIOBase
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import CheckpointError
-from anatomy_cli.models.headers import GGUFHeader, TensorInfo, gguf_constants
+from anatomy_cli.models.headers import GGUFHeader, TensorInfo
+from anatomy_cli.models.headers import file_type_name as file_type_name  # the label lives with the header
+from anatomy_cli.models.headers import quantization_label as quantization_label
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     from transformers.configuration_utils import PreTrainedConfig
-
-# llama.cpp's LlamaFileType values carry this bit when the type was guessed from the tensors.
-_GUESSED = 1024
-
-
-def file_type_name(header: GGUFHeader) -> str | None:
-    """``general.file_type`` as llama.cpp names it (``Q4_K_M``, ``Q4_1``, ``F32``); None when absent or unknown."""
-    value = header.fields.get("general.file_type")
-    if not isinstance(value, int):
-        return None
-    try:
-        name: str = gguf_constants().LlamaFileType(value & ~_GUESSED).name
-    except ValueError:
-        return None
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
-
-
-def quantization_label(header: GGUFHeader) -> str:
-    """What the weights were quantized as: the file type, then the set of types its matrices are stored in
-    when that set is not just the file type: ``Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)``, ``Q4_1 (Q4_1, Q8_0)``, ``F32``.
-
-    Only tensors of two or more dimensions count: llama.cpp keeps every 1-D tensor (norms, biases) in F32
-    whatever the file type, so listing F32 would say nothing about the choice made. Without a known
-    ``general.file_type`` the label is the set alone.
-    """
-    mix = sorted({t.dtype for t in header.tensors if len(t.shape) >= 2} or {t.dtype for t in header.tensors})
-    name = file_type_name(header)
-    if name is None:
-        return ", ".join(mix)
-    return name if mix in ([], [name]) else f"{name} ({', '.join(mix)})"
-
 
 def identity(header: GGUFHeader) -> str:
     """A key that changes whenever the file does: size, mtime (ns) and a SHA-256 of the header bytes (vocabulary

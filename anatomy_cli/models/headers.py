@@ -23,6 +23,7 @@ import json
 import math
 import mmap
 import os
+import re
 import struct
 import sys
 from dataclasses import dataclass
@@ -69,15 +70,50 @@ class GGUFHeader:
 
     @property
     def quantization(self) -> str:
-        """The type that holds most of the weights' parameters (``Q4_1`` for SmolLM2's Q4_1 file)."""
-        counts: dict[str, int] = {}
-        for t in self.tensors:
-            counts[t.dtype] = counts.get(t.dtype, 0) + t.n_params
-        return max(counts, key=counts.__getitem__) if counts else ""
+        """The one quantization label every command shows (``params``, ``models``, the ``dequantized from`` of
+        the weight commands): :func:`quantization_label`."""
+        return quantization_label(self)
 
     def field(self, suffix: str, default: Any = None) -> Any:
         """``{architecture}.{suffix}``, e.g. ``field("block_count")``."""
         return self.fields.get(f"{self.architecture}.{suffix}", default)
+
+
+# llama.cpp's LlamaFileType values carry this bit when the type was guessed from the tensors.
+_GUESSED = 1024
+
+
+def file_type_name(header: GGUFHeader) -> str | None:
+    """``general.file_type`` as llama.cpp names it (``Q4_K_M``, ``Q4_1``, ``F32``); None when absent or unknown."""
+    value = header.fields.get("general.file_type")
+    if not isinstance(value, int):
+        return None
+    try:
+        name: str = gguf_constants().LlamaFileType(value & ~_GUESSED).name
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def _file_type_base(name: str) -> str:
+    # The tensor type a file type is named after: Q4_K_M and Q4_K_S -> Q4_K; Q4_1, F16, IQ2_XS -> themselves.
+    return re.sub(r"^(Q\d_K)_[SML]$", r"\1", name)
+
+
+def quantization_label(header: GGUFHeader) -> str:
+    """What the weights were quantized as: the file type, then the set of types its matrices are stored in
+    when that set is not just the file type: ``Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)``, ``Q4_1 (Q4_1, Q8_0)``, ``F32``.
+
+    Only tensors of two or more dimensions count: llama.cpp keeps every 1-D tensor (norms, biases) in F32
+    whatever the file type, so listing F32 would say nothing about the choice made. Without a known
+    ``general.file_type``, or when no matrix is stored in the type the file type is named after (a file
+    requantized without updating it), the tensors win: the label is the set alone (``Q8_0``).
+    """
+    mix = sorted({t.dtype for t in header.tensors if len(t.shape) >= 2} or {t.dtype for t in header.tensors})
+    name = file_type_name(header)
+    if name is None or (mix and _file_type_base(name) not in mix):
+        return ", ".join(mix)
+    return name if mix in ([], [name]) else f"{name} ({', '.join(mix)})"
 
 
 class _Cursor:

@@ -8,6 +8,8 @@ A spec is, in this order:
   (:mod:`anatomy_cli.models.local`): kind ``gguf``;
 * a ``.gguf`` file (any file that starts with the GGUF magic): kind ``gguf``;
 * a local directory (``save_pretrained``; for a tokenizer, any directory): kind ``dir``;
+* the short name of a GGUF file an installed Python package carries (``smollm2``, ``gemma3-270m``:
+  :mod:`anatomy_cli.models.packaged`): kind ``gguf``;
 * a path that does not exist (starts with ``.``, ``/``, ``~``, ends with ``/`` or ``.gguf``):
   :class:`ModelNotFound` at once;
 * a built-in preset, when only its config is needed (``need="config"``) or with
@@ -20,12 +22,13 @@ A spec is, in this order:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from anatomy_cli.errors import CheckpointError, ModelNotFound, OfflineError
-from anatomy_cli.models import hub, local, presets
+from anatomy_cli.models import hub, local, packaged, presets
 from anatomy_cli.models.headers import GGUF_MAGIC
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -80,6 +83,8 @@ def check_path(spec: str) -> Source | None:
                             f"save_pretrained, a preset or a Hugging Face id")
     if path.is_dir():
         return Source("dir", spec, str(path))
+    if spec not in presets.PRESETS and (found_file := packaged.find(spec)) is not None:
+        return Source("gguf", spec, str(found_file))
     if _looks_like_path(spec):
         what = "file" if spec.lower().endswith(".gguf") else "directory"
         raise ModelNotFound(f"no such {what}: {spec}")
@@ -208,12 +213,16 @@ def config_path(source: Source) -> Path:
 
 
 def label(source: Source, fields: Mapping[str, object] | None = None) -> str:
-    """A short name for headings and plot titles (JSON keeps the spec as given).
+    """The model's one short name, for headings, plot titles, pictures and messages (JSON keeps the spec as given).
 
-    A GGUF file: its ``general.name`` (``fields``: its header's metadata, else the header is read),
-    else the file's stem; a directory: its own name; a preset or a Hub id: itself.
+    A file: its stem (``SmolLM2-135M-Instruct.Q4_1``), or its ``general.name`` (``fields``: its header's metadata,
+    else the header is read) when the stem names nothing, as an Ollama blob's ``sha256-<hex>`` does; a directory:
+    its own name; a preset or a Hub id: itself.
     """
     if source.kind == "gguf":
+        stem = Path(source.ref).name.removesuffix(".gguf")
+        if not _BLOB.fullmatch(stem):
+            return stem
         if fields is None:
             from anatomy_cli.models.headers import read_gguf
 
@@ -221,11 +230,13 @@ def label(source: Source, fields: Mapping[str, object] | None = None) -> str:
                 fields = read_gguf(source.ref).fields
             except CheckpointError:
                 fields = {}
-        name = str(fields.get("general.name") or "").strip()
-        return name or Path(source.ref).name.removesuffix(".gguf")
+        return str(fields.get("general.name") or "").strip() or stem
     if source.kind == "dir":
         return Path(source.ref).expanduser().resolve().name or source.spec
     return source.spec
+
+
+_BLOB = re.compile(r"(sha256[-:])?[0-9a-fA-F]{32,}")
 
 
 def short_name(spec: str) -> str:

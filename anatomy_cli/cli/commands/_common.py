@@ -151,9 +151,9 @@ def dtype_name(lm: LoadedModel) -> str:
 
 
 def model_label(lm: LoadedModel) -> str:
-    """``gpt2``, ``gpt2 (untrained: random weights)``, ``Gemma 3 270m (weights dequantized from Q4_K)``; a dtype
-    other than fp32 is said too: ``gpt2 (bf16)``. The model's short name (``lm.label``: a GGUF file's
-    general.name, a directory's name, a Hub id); JSON's ``model`` keeps the spec as given."""
+    """``gpt2``, ``gpt2 (untrained: random weights)``, ``gemma-3-270m-Q4_K_M (weights dequantized from Q4_K_M
+    (...))``; a dtype other than fp32 is said too: ``gpt2 (bf16)``. The model's short name (``lm.label``:
+    :func:`anatomy_cli.models.resolve.label`); JSON's ``model`` keeps the spec as given."""
     dtype = dtype_name(lm)
     extra = "" if dtype == "fp32" else dtype
     if lm.untrained:

@@ -126,10 +126,12 @@ def corpus_command(
     name = model_label(lm) if lm is not None else spec.model
     emit(_report(name, model_record(lm) if lm is not None else spec_record(spec), identity, settings, result), fmt)
     if plot:
+        from anatomy_cli.models.resolve import short_name
         from anatomy_cli.output import plots
         from anatomy_cli.output.plots import corpus as picture
 
-        cap = plots.Caption("corpus", spec.model, None, f"{identity['path']} · {result.stats.tokens:,} tokens",
+        cap = plots.Caption("corpus", short_name(spec.model), None,
+                            f"{identity['path']} · {result.stats.tokens:,} tokens",
                             untrained=spec.init == "random")
         plots.save(picture.figure(result.stats, cap), plot)
 

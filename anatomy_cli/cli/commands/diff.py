@@ -155,6 +155,7 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
 
 
 def _pair(a: str, b: str) -> str:
-    """``A.gguf vs B.gguf`` for a picture's title: file names without their directories."""
-    short = lambda spec: Path(spec).name if Path(spec).exists() else spec
-    return f"{short(a)} vs {short(b)}"
+    """``A vs B`` for a picture's title: each model's one short name (models.resolve.label)."""
+    from anatomy_cli.models.resolve import short_name
+
+    return f"{short_name(a)} vs {short_name(b)}"

@@ -31,6 +31,7 @@ from anatomy_cli.cli.options import (
     prompt_options,
 )
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.adapters import heads_split as decompose_heads
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section
 from anatomy_cli.text import targets
@@ -119,6 +120,10 @@ def dla_command(
         raise UsageError(f"dla needs a linear path from the residual stream to the logits; {spec.model} "
                          f"({adapter.name}) has a non-linear masked-LM head (dense, GELU, LayerNorm) after "
                          "post-LN blocks, so its logits are not a sum of per-component terms")
+    if by is By.head and decompose_heads(adapter) is None:
+        raise UsageError(f"dla --by head: {spec.model} ({adapter.name}) adds its attention output through a "
+                         "module that is neither the output projection nor a norm, so it does not split into "
+                         "heads; use --by layer")
     check_position(position, encoded)
     vocab = opened.info.lm_head_rows
     for key, choice in (("target", wanted), ("foil", foiled)):
@@ -173,6 +178,9 @@ def _report(lm, enc, pos: int, result, ids: dict[str, int], name_token, by: By) 
     notes = [NOTE.format(centred=", each contribution centred (LayerNorm)" if result.centred else "",
                          what="logit difference" if foil else "logit"),
              f"sum of rows {result.total:.6f} · model's {what} {result.logit:.6f}"]
+    if result.head_norm:
+        notes.insert(1, f"per head: each head's output through {result.head_norm} (the norm after attention), "
+                     "its scale frozen at its value on this prompt, so the heads add up to the attention output")
     if result.other_rows:
         notes.insert(1, f"other = the sum of the {result.other_rows} rows outside the --top {len(rows) - 1}")
     return Report(data=data, sections=[Section(COLUMNS, rows, title="direct logit attribution")],

