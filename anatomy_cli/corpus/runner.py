@@ -57,6 +57,7 @@ class Result:
     resumed: int
     seconds: dict[str, float]
     elapsed: float
+    recomputed: tuple[str, ...] = ()  # "shard 3: damaged (...)" for each listed shard that was computed again
 
 
 def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, lm: Any = None,
@@ -73,12 +74,18 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     store = None
     if out is not None:
         store = Store(out)
-        store.open(spec.to_dict(), identity or source.identity(), settings.to_dict(), overwrite=overwrite)
+        store.open(model_identity(spec, tokenizer), identity or source.identity(), settings.to_dict(),
+                   overwrite=overwrite)
     parts: dict[int, Partial] = {}
     resumed = 0
+    recomputed = []
     if store is not None:
         for index in sorted(store.done):
-            parts[index] = store.load(index)
+            part = store.load(index)
+            if isinstance(part, str):
+                recomputed.append(f"shard {index}: {part}")
+                continue
+            parts[index] = part
             resumed += 1
     t0 = time.perf_counter()
     state = {"tokens": sum(p.tokens for p in parts.values()), "done": 0, "shards": 0, "seconds": {}}
@@ -124,4 +131,15 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     stats = summarize(merged)
     if store is not None:
         store.finish(stats, total)
-    return Result(stats, total, resumed, state["seconds"], time.perf_counter() - t0)
+    return Result(stats, total, resumed, state["seconds"], time.perf_counter() - t0, tuple(recomputed))
+
+
+def model_identity(spec: ModelSpec, tokenizer: Any) -> dict[str, Any]:
+    """What a run's manifest keys the model by: the spec, the identity of the files it is read from
+    (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest."""
+    from anatomy_cli.models.identity import file_records, tokenizer_digest
+
+    path = Path(spec.model).expanduser()
+    resolved = str(path.resolve()) if path.exists() else spec.model
+    return {**spec.to_dict(), "resolved": resolved, "files": file_records(spec.model),
+            "tokenizer": tokenizer_digest(tokenizer.hf)}

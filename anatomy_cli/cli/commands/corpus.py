@@ -187,6 +187,8 @@ def _report(name: str, model: dict[str, Any], identity: dict[str, Any], settings
     notes = [NOTE]
     if settings.lens_every > 1:
         notes.append(f"logit lens at every {settings.lens_every}th position only (--lens-every)")
+    for why in result.recomputed:
+        info(f"{why}; computed again")
     if result.resumed:
         info(f"resumed: {result.resumed} of {result.shards} shards were read from the output directory")
     sections = [Section(LAYER_COLUMNS, list(stats.layers), title="per layer")]
