@@ -86,7 +86,9 @@ def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Ca
             raise AnatomyError(f"cannot reach Ray at {address}: {str(exc).splitlines()[0]}") from None
         started = True
     try:
-        actor = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1, max_task_retries=-1)(Worker)
+        # SPREAD: the workers go to as many nodes as the cluster has, not all to the first with room.
+        actor = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1, max_task_retries=-1,
+                           scheduling_strategy="SPREAD")(Worker)
         pool = [actor.remote(spec.to_dict(), dataclasses.asdict(settings), crash_once=crash_once)
                 for _ in range(workers)]
         busy: dict[Any, tuple[Any, Any]] = {}            # object ref -> (shard, actor)
