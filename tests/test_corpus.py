@@ -373,8 +373,31 @@ def test_the_progress_line_goes_through_the_one_stderr_sink(tiny_model_dir, cach
     res = invoke("corpus", "-", "--model", tiny_model_dir("gpt2"), "--ctx", 16, "--max-tokens", 64,
                  "--shard-windows", 2, "--no-lens", "--format", "json", input=ARTICLE.read_text()[:3000])
     assert res.exit_code == 0, res.stderr
-    assert shown[0] == "corpus: planning the first shard" and len(shown) == 3   # 64 tokens: 4 windows, 2 shards
+    # 64 tokens: 4 windows in 2 shards of one batch each; a line when the first shard is planned (issue 41 item 9)
+    assert shown[0] == "corpus: planning the first shard" and len(shown) == 4
     assert shown[-1].startswith("corpus: 64 tokens · ") and "tokens/s" in shown[-1] and "ETA 0:00" in shown[-1]
+
+
+def test_the_status_line_comes_at_once_and_per_window(tiny_model_dir, cached_load, monkeypatch):
+    """Issue 41 item 9: the first line as soon as the first shard is planned, then one per batch of windows."""
+    import contextlib
+
+    from anatomy_cli.cli.commands import corpus as command
+
+    shown = []
+
+    class Line:
+        def update(self, text):
+            shown.append(text)
+
+    monkeypatch.setattr(command, "status", contextlib.contextmanager(lambda message: (yield Line())))
+    res = invoke("corpus", "-", "--model", tiny_model_dir("gpt2"), "--ctx", 16, "--max-tokens", 64,
+                 "--shard-windows", 4, "--batch-size", 1, "--no-lens", "--format", "json",
+                 input=ARTICLE.read_text()[:3000])
+    assert res.exit_code == 0, res.stderr
+    assert shown[0] == "corpus: 4 windows planned · 0 tokens · measuring the first window"
+    assert [line.split(" · ")[:2] for line in shown[1:]] == [
+        [f"corpus: {16 * n} tokens", f"{n} windows (4 planned)"] for n in (1, 2, 3, 4)]
 
 
 def test_cli_errors_are_one_line(tiny_model_dir, tmp_path, cached_load, monkeypatch):

@@ -54,3 +54,33 @@ def test_a_worker_killed_mid_run_is_retried(ray_session, in_process, tmp_path):
     assert marker.exists(), "no worker died: the test proves nothing"
     assert result.shards == 6 and result.stats.windows == 12 and result.stats.tokens == 192
     assert result.stats.to_dict() == expected.stats.to_dict()
+
+
+DRIVER = """
+import functools, sys
+from anatomy_cli.corpus import runner
+runner.run = functools.partial(runner.run, crash_once=(sys.argv[1], 2))  # a worker dies at shard 2
+from anatomy_cli.cli.main import app
+app(args=sys.argv[2:])
+"""
+
+
+def test_ray_never_writes_to_stdout_when_a_worker_dies(tiny_model_dir, tmp_path):
+    """`--ray --format json | jq` keeps working exactly when a retry did its job (issue 41 item 3): Ray's
+    ``(raylet) A worker died…`` goes to stderr."""
+    import json
+    import subprocess
+    import sys
+
+    marker = tmp_path / "crashed"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), "corpus", str(ROOT / "docs" / "article.md"),
+                          "--model", str(tiny_model_dir("gpt2")), "--ctx", "16", "--max-tokens", "96",
+                          "--shard-windows", "2", "--ray", "--workers", "2", "--format", "json"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert marker.exists(), "no worker died: the test proves nothing"
+    assert json.loads(res.stdout)["tokens"] == 96  # the whole of stdout is the JSON document
+    check = subprocess.run([sys.executable, "-m", "json.tool"], input=res.stdout, capture_output=True, text=True)
+    assert check.returncode == 0
+    assert "A worker died" in res.stderr

@@ -305,3 +305,33 @@ def test_activations_of_another_width_fail_before_b_loads(tiny_model_dir, tmp_pa
     assert result.exit_code == 2
     assert error_lines(result) == [f"error: the residual streams differ in shape: {d} has {models.LAYERS} layers of "
                                    f"width 32, {tmp_path} {models.LAYERS} of width 48"]
+
+
+def test_padded_lm_heads_compare_over_the_shared_rows(tiny_model_dir, tmp_path):
+    """50,257 and 50,304 rows, one tokenizer (issue 41 item 6): KL over the shared rows, mass on the extra ones."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = tiny_model_dir("llama")
+    model = AutoModelForCausalLM.from_pretrained(d)
+    torch.manual_seed(3)
+    model.resize_token_embeddings(50304, mean_resizing=False)
+    with torch.no_grad():
+        model.lm_head.weight[50257:].normal_(0, 0.2)  # the padding rows carry some probability
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.5)  # and the shared rows differ too
+    padded = tmp_path / "padded"
+    model.save_pretrained(padded)
+    AutoTokenizer.from_pretrained(d).save_pretrained(padded)
+    data = diff_json(d, padded, PROMPT, "--k", "3")
+    _, la = _hf_reference(d, data["token_ids"])
+    _, lb = _hf_reference(padded, data["token_ids"])
+    assert la.shape[0] == 50257 and lb.shape[0] == 50304
+    extra_b = float(lb[50257:].exp().sum())
+    assert data["shared_rows"] == 50257 and data["extra_mass_a"] == 0.0
+    assert data["extra_mass_b"] == pytest.approx(extra_b, rel=1e-5) and extra_b > 1e-4
+    shared = lb[:50257] - torch.logsumexp(lb[:50257], 0)
+    kl = float((la.exp() * (la - shared)).sum())
+    assert data["kl_nats"] == pytest.approx(kl, rel=1e-4) and kl > 0
+    assert [t["token_id"] for t in data["top_b"]] == torch.topk(lb[:50257], 3).indices.tolist()
+    assert data["top_b"][0]["probability"] == pytest.approx(float(lb[:50257].max().exp()), rel=1e-5)
+    table = invoke(d, padded, PROMPT, "--device", "cpu", "--format", "table")
+    assert table.exit_code == 0 and "the LM heads differ in size" in table.stdout

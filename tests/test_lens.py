@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,8 +80,9 @@ def test_grid_statistics_equal_an_independent_computation():
     top1 = top_i[..., 0] == 7
     assert grid.target_first_layer == tuple(int(top1[:, p].nonzero()[0]) if top1[:, p].any() else None
                                             for p in range(pos))
-    # All rows go through the lens in a few calls: the last layer first, then the rest at once.
-    assert calls == [pos, (rows - 1) * pos]
+    # All rows go through the lens in a few calls: one row (the vocabulary's size), then per block of
+    # positions (here one block) the last layer first, then the rest at once.
+    assert calls == [1, pos, (rows - 1) * pos]
     # Chunking changes nothing.
     small = lens_grid(resid, lambda h: h @ weight.T, describe=_describe, k=3, target_id=7, max_elements=1)
     assert torch.equal(small.top_ids, grid.top_ids) and torch.allclose(small.kls, grid.kls, atol=1e-5)
@@ -258,3 +263,28 @@ def test_trace_target_columns_equal_the_lens_cells_at_its_position(tiny_model_di
     assert tsv.stdout.splitlines()[0].endswith("\ttarget_rank\ttarget_probability")
     plain = json.loads(invoke("trace", PROMPT, "--model", model, "--format", "json").stdout)
     assert plain["target"] is None and plain["layers"][0]["target_rank"] is None
+
+
+MEMORY_PROBE = """
+import resource, sys, torch
+from anatomy_cli.analyses.lens import lens_grid
+pos, vocab, d = int(sys.argv[1]), 8192, 32
+g = torch.Generator().manual_seed(0)
+resid, weight = torch.randn(3, pos, d, generator=g), torch.randn(vocab, d, generator=g)
+describe = lambda i: (f"t{i}", f"t{i}")
+lens_grid(resid[:, :600], lambda h: h @ weight.T, describe=describe, max_elements=1 << 20)  # a shorter prompt first
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+grid = lens_grid(resid, lambda h: h @ weight.T, describe=describe, max_elements=1 << 20)
+assert grid.kls.shape == (3, pos)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)  # MiB above the baseline
+"""
+
+
+def test_the_peak_memory_is_bounded_by_a_block_of_positions():
+    """A 4000-position prompt after a 600-position one (issue 41 item 7): the peak does not grow with the
+    prompt (blocks of 1 Mi logits), where holding the final layer's distributions alone would add
+    3400 x 8192 x 8 B = 212 MiB (measured before the fix: +1.2 GB over the baseline)."""
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, "4000"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 80, f"peak grew by {out.stdout.strip()} MiB"

@@ -7,8 +7,9 @@ statistics recomputed from that vector) and the unembedding. The grid is data, a
 divergence from the final layer and a target token's rank, and offers them as statistics
 (:meth:`LensGrid.stat`); tables and pictures read the same object.
 
-All (L + 1) x positions rows go through the lens in a few batched products (chunks of at most
-``max_elements`` logits); the statistics are float64 on the CPU, whatever the model's dtype.
+The grid is computed in blocks of positions, every layer of a block in one batched product of at most
+``max_elements`` logits (at least one position), so the peak memory is bounded by a block whatever
+the prompt's length; the statistics are float64 on the CPU, whatever the model's dtype.
 """
 
 from __future__ import annotations
@@ -165,31 +166,35 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
         resid: float [n_layers + 1, pos, d_model], the residual stream (row 0 = embedding, row L =
             the last block's output before the final norm); the last row is the KL reference.
         unembed: ``h [n, d_model] -> logits [n, vocab]``: final norm (statistics from each row)
-            and LM head, e.g. ``lambda h: engine.unembed(lm, h)``. Called on a few large chunks,
-            the last layer's rows first.
+            and LM head, e.g. ``lambda h: engine.unembed(lm, h)``. Called once on one row (the
+            vocabulary's size), then per block of positions: the last layer's rows, then the others.
         describe: ``token_id -> (display, text)``.
         positions: the absolute positions of ``resid``'s columns (default 0..pos-1).
         k: how many top tokens per cell to keep and report (None: 1, and no ``top`` lists).
         target_id: a token whose rank and probability every cell reports.
-        max_elements: at most this many logits per ``unembed`` call.
+        max_elements: at most this many logits per ``unembed`` call (at least one position's
+            ``n_layers + 1`` rows): the peak memory is a few times this many float64 values.
 
     Raises ValueError for a resid that is not 3-D (a programming error).
     """
     if resid.ndim != 3:
         raise ValueError(f"resid must be [n_layers + 1, pos, d_model], got {list(resid.shape)}")
     n_rows, n_pos, d_model = resid.shape
-    flat = resid.reshape(n_rows * n_pos, d_model)
-    final = _log_softmax(unembed(flat[-n_pos:]))                    # [pos, vocab]
-    vocab = final.shape[-1]
+    vocab = unembed(resid[-1, :1]).shape[-1]
     kk = min(k or 1, vocab)
-    chunk = max(n_pos, max_elements // vocab // n_pos * n_pos)      # whole layers per chunk
-    parts: list[dict[str, torch.Tensor]] = []
-    for start in range(0, (n_rows - 1) * n_pos, chunk):
-        logp = _log_softmax(unembed(flat[start:min(start + chunk, (n_rows - 1) * n_pos)]))
-        parts.append(_stats(logp, final, kk, target_id))
-    parts.append(_stats(final, final, kk, target_id))
-    stats = {key: torch.cat([p[key] for p in parts]).reshape(n_rows, n_pos, *parts[0][key].shape[1:])
-             for key in parts[0]}
+    step = max(1, max_elements // (vocab * n_rows))  # positions per block, every layer of them in one product
+    blocks: list[dict[str, torch.Tensor]] = []
+    for start in range(0, n_pos, step):
+        # The peak is one block's logits and statistics, whatever the prompt's length.
+        end = min(start + step, n_pos)
+        final = _log_softmax(unembed(resid[-1, start:end]))                 # [block, vocab]: the last layer first
+        part = [_stats(final, final, kk, target_id)]
+        if n_rows > 1:
+            rows = resid[:-1, start:end].reshape(-1, d_model)               # layer-major [L * block, d_model]
+            part.insert(0, _stats(_log_softmax(unembed(rows)), final, kk, target_id))
+        blocks.append({key: torch.cat([q[key] for q in part]).reshape(n_rows, end - start, *part[0][key].shape[1:])
+                       for key in part[0]})
+    stats = {key: torch.cat([b[key] for b in blocks], dim=1) for key in blocks[0]}
 
     ids = stats["top_ids"].tolist()
     names = {i: describe(i) for i in {i for row in ids for cell in row for i in cell} | (

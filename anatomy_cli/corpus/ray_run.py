@@ -5,11 +5,17 @@ finished. Actors are created with ``max_restarts=-1`` and ``max_task_retries=-1`
 dies mid-shard, Ray starts it again (its ``__init__`` loads the model again) and runs the same shard on
 it. The driver receives exactly one result per shard, so nothing is lost or counted twice; results go to
 the caller as they arrive and are merged in shard order there.
+
+Ray never writes to stdout (the command's results go there): workers' output is not sent to the driver
+(``log_to_driver=False``), and while Ray runs the driver's stdout, both ``sys.stdout`` and file
+descriptor 1, points at stderr, where Ray's own messages (``(raylet) A worker died…``) then go.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,13 +39,41 @@ def run_on_ray(shards: Iterator[Any], spec: Any, settings: Any, finished: Callab
     ``address``: a Ray cluster (``ray://host:10001`` or ``auto``); None: ``RAY_ADDRESS`` if set, else a
     local Ray started for this run (and stopped after it). Joins a Ray already initialised in this process.
     """
+    ray = ray_module()
+    if workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {workers}")
+    with stdout_to_stderr():
+        _run(ray, shards, spec, settings, finished, address=address, workers=workers,
+             gpus_per_worker=gpus_per_worker, crash_once=crash_once)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Inside: ``sys.stdout`` is ``sys.stderr`` and file descriptor 1 a copy of 2 (for threads and native
+    code that write to the descriptor); both restored after, with stdout flushed first."""
+    sys.stdout.flush()
+    saved = None
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptors 1/2 (an embedding host): sys.stdout alone
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Callable[[Any, Any], None], *,
+         address: str | None, workers: int, gpus_per_worker: float, crash_once: tuple[str, int] | None) -> None:
     import dataclasses
 
     from anatomy_cli.corpus.worker import Worker
 
-    ray = ray_module()
-    if workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {workers}")
     started = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
@@ -52,7 +86,9 @@ def run_on_ray(shards: Iterator[Any], spec: Any, settings: Any, finished: Callab
             raise AnatomyError(f"cannot reach Ray at {address}: {str(exc).splitlines()[0]}") from None
         started = True
     try:
-        actor = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1, max_task_retries=-1)(Worker)
+        # SPREAD: the workers go to as many nodes as the cluster has, not all to the first with room.
+        actor = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1, max_task_retries=-1,
+                           scheduling_strategy="SPREAD")(Worker)
         pool = [actor.remote(spec.to_dict(), dataclasses.asdict(settings), crash_once=crash_once)
                 for _ in range(workers)]
         busy: dict[Any, tuple[Any, Any]] = {}            # object ref -> (shard, actor)

@@ -38,8 +38,10 @@ def plan(source: Source, tokenizer: Any, settings: Settings) -> Iterator[Shard]:
 
 @dataclass(frozen=True)
 class Progress:
-    """What a progress callback sees after each shard: tokens so far (``done`` of them this run), the
-    token budget (None: unknown), seconds elapsed this run and the time split (forward, lens, heads)."""
+    """What a progress callback sees: once when the first shard is planned, then after each batch of
+    windows in-process (each shard on Ray): tokens so far (``done`` of them this run), the token budget
+    (None: unknown), seconds elapsed this run, the time split of finished shards (forward, lens, heads),
+    shards finished this run, shards resumed, windows measured this run and windows planned so far."""
 
     tokens: int
     done: int
@@ -48,6 +50,8 @@ class Progress:
     seconds: dict[str, float]
     shards: int
     resumed: int
+    windows: int = 0
+    planned: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Result:
     resumed: int
     seconds: dict[str, float]
     elapsed: float
+    recomputed: tuple[str, ...] = ()  # "shard 3: damaged (...)" for each listed shard that was computed again
 
 
 def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, lm: Any = None,
@@ -73,15 +78,33 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     store = None
     if out is not None:
         store = Store(out)
-        store.open(spec.to_dict(), identity or source.identity(), settings.to_dict(), overwrite=overwrite)
+        store.open(model_identity(spec, tokenizer), identity or source.identity(), settings.to_dict(),
+                   overwrite=overwrite)
     parts: dict[int, Partial] = {}
     resumed = 0
+    recomputed = []
     if store is not None:
         for index in sorted(store.done):
-            parts[index] = store.load(index)
+            part = store.load(index)
+            if isinstance(part, str):
+                recomputed.append(f"shard {index}: {part}")
+                continue
+            parts[index] = part
             resumed += 1
     t0 = time.perf_counter()
-    state = {"tokens": sum(p.tokens for p in parts.values()), "done": 0, "shards": 0, "seconds": {}}
+    state: dict[str, Any] = {"tokens": sum(p.tokens for p in parts.values()), "done": 0, "shards": 0,
+                             "seconds": {}, "windows": 0, "planned": 0, "live": 0, "live_windows": 0}
+
+    def report() -> None:
+        if progress is not None:
+            progress(Progress(state["tokens"] + state["live"], state["done"] + state["live"], settings.max_tokens,
+                              time.perf_counter() - t0, dict(state["seconds"]), state["shards"], resumed,
+                              state["windows"] + state["live_windows"], state["planned"]))
+
+    def on_window(n_windows: int, n_tokens: int) -> None:
+        state["live"] += n_tokens
+        state["live_windows"] += n_windows
+        report()
 
     def finished(shard: Shard, part: Partial) -> None:
         parts[shard.index] = part
@@ -89,12 +112,13 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
             store.save(shard.index, part)
         state["tokens"] += part.tokens
         state["done"] += part.tokens
+        state["windows"] += part.windows
+        state["live"] = state["live_windows"] = 0
         state["shards"] += 1
         for k, v in part.seconds.items():
             state["seconds"][k] = state["seconds"].get(k, 0.0) + v
-        if progress is not None:
-            progress(Progress(state["tokens"], state["done"], settings.max_tokens, time.perf_counter() - t0,
-                              dict(state["seconds"]), state["shards"], resumed))
+        if ray is not None:
+            report()
 
     todo = (shard for shard in plan(source, tokenizer, settings) if shard.index not in parts)
     n_seen = [0]
@@ -102,6 +126,10 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     def counted(it: Iterator[Shard]) -> Iterator[Shard]:
         for shard in it:
             n_seen[0] = max(n_seen[0], shard.index + 1)
+            first = state["planned"] == 0
+            state["planned"] = max(state["planned"], shard.first_window + len(shard.windows))
+            if first:
+                report()  # within seconds: the windows planned so far, before the first is measured
             yield shard
 
     if ray is not None:
@@ -111,7 +139,7 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     else:
         worker = Worker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, crash_once=crash_once)
         for shard in counted(todo):
-            finished(shard, worker(shard))
+            finished(shard, worker(shard, on_window))
     total = max(n_seen[0], max(parts, default=-1) + 1)
     if not parts:
         raise UsageError("the corpus has no text: nothing to measure (it needs at least 2 tokens)")
@@ -124,4 +152,15 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     stats = summarize(merged)
     if store is not None:
         store.finish(stats, total)
-    return Result(stats, total, resumed, state["seconds"], time.perf_counter() - t0)
+    return Result(stats, total, resumed, state["seconds"], time.perf_counter() - t0, tuple(recomputed))
+
+
+def model_identity(spec: ModelSpec, tokenizer: Any) -> dict[str, Any]:
+    """What a run's manifest keys the model by: the spec, the identity of the files it is read from
+    (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest."""
+    from anatomy_cli.models.identity import file_records, tokenizer_digest
+
+    path = Path(spec.model).expanduser()
+    resolved = str(path.resolve()) if path.exists() else spec.model
+    return {**spec.to_dict(), "resolved": resolved, "files": file_records(spec.model),
+            "tokenizer": tokenizer_digest(tokenizer.hf)}

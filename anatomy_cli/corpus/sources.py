@@ -38,8 +38,10 @@ class Source:
     label: str = ""
 
     def identity(self) -> dict[str, Any]:
-        """``{"path", "kind", "column", "files", "size", "mtime", "digest"}``: size in bytes (all files),
-        the latest mtime, and the SHA-256 of every file's relative name and bytes, in order."""
+        """``{"path", "resolved", "kind", "column", "files", "size", "mtime", "digest"}``: ``path`` as given,
+        ``resolved`` the absolute path with links resolved (``-`` for stdin: a run is the same run whatever
+        spelling of the path names it), size in bytes (all files), the latest mtime, and the SHA-256 of every
+        file's relative name and bytes, in order."""
         digest = hashlib.sha256()
         size, mtime = 0, 0.0
         for f in self.files:
@@ -50,7 +52,8 @@ class Source:
             with f.open("rb") as fh:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     digest.update(block)
-        return {"path": self.label or str(self.path), "kind": self.kind, "column": self.column,
+        return {"path": self.label or str(self.path), "resolved": self.label or str(self.path.resolve()),
+                "kind": self.kind, "column": self.column,
                 "files": len(self.files), "size": size, "mtime": mtime, "digest": digest.hexdigest()}
 
     def pieces(self) -> Iterator[tuple[str, bool]]:

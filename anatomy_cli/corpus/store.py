@@ -2,17 +2,20 @@
 
 Layout::
 
-    DIR/manifest.json          model (ModelSpec.to_dict()), source identity, settings, finished shards
+    DIR/manifest.json          model (ModelSpec.to_dict(), its files' identity, the tokenizer's digest),
+                               source identity, settings, finished shards (rows, SHA-256 of the file)
     DIR/shards/shard-00000.parquet   one shard's partial sums (:meth:`Partial.to_table`)
-    DIR/summary.parquet        per-layer figures (summary.LAYER_COLUMNS)
-    DIR/heads.parquet          per-head figures (summary.HEAD_COLUMNS), with --heads
+    DIR/summary.parquet        per-layer figures (summary.LAYER_COLUMNS, :data:`LAYER_SCHEMA`)
+    DIR/heads.parquet          per-head figures (summary.HEAD_COLUMNS, :data:`HEAD_SCHEMA`), with --heads
 
 Every file is written to a temporary name in DIR and renamed into place, so a killed run leaves either
-a whole file or none. The manifest lists a shard only after its file is in place.
+a whole file or none. The manifest lists a shard only after its file is in place. A shard read back is
+checked against the manifest (its SHA-256 and row count): a damaged or missing one is computed again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -22,10 +25,29 @@ from typing import Any
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.summary import HEAD_COLUMNS, LAYER_COLUMNS, CorpusStats
 from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.models.identity import files_changed
 
-VERSION = 1
-# Fields of the model spec that change the figures (placement options do not).
-MODEL_KEYS = ("model", "dtype", "init", "trust_remote_code")
+VERSION = 2
+# Fields of the model spec that change the figures (placement options do not); "resolved" is the model
+# path with links resolved (the spec's own spelling may differ between two runs of one model).
+MODEL_KEYS = ("resolved", "dtype", "init", "trust_remote_code")
+INT_COLUMNS = ("layer", "head", "max_abs_dim", "lens_positions", "ce_positions")
+
+
+def schema(columns: tuple[str, ...]) -> Any:
+    """The Arrow schema of a summary table: int64 for counts and indices, float64 for every figure
+    (null where not measured, never a null-typed column)."""
+    import pyarrow as pa
+
+    return pa.schema([(c, pa.int64() if c in INT_COLUMNS else pa.float64()) for c in columns])
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _atomic(path: Path, write: Any) -> None:
@@ -67,7 +89,7 @@ class Store:
             if why:
                 raise UsageError(f"--out '{self.root}' holds another run ({why}); use --overwrite to replace it, "
                                  "or another directory")
-            fresh["shards"] = [s for s in old.get("shards", []) if (self.root / s["file"]).exists()]
+            fresh["shards"] = old.get("shards", [])
             fresh["source"]["mtime"] = source["mtime"]
         elif self.root.exists() and not path.exists() and any(self.root.iterdir()) and not overwrite:
             raise UsageError(f"--out '{self.root}' is not empty and holds no anatomy corpus run; "
@@ -82,19 +104,41 @@ class Store:
         self.manifest = fresh
         self._write_manifest()
 
-    def load(self, index: int) -> Partial:
+    def load(self, index: int) -> Partial | str:
+        """Shard ``index`` as listed in the manifest, or why it cannot be used (missing, damaged: its SHA-256
+        or row count is not the manifest's, or it does not parse); such a shard is dropped from the manifest."""
         import pyarrow.parquet as pq
 
-        return Partial.from_table(pq.read_table(self.root / self.done[index]["file"]))
+        entry = self.done[index]
+        path = self.root / entry["file"]
+        why = None
+        if not path.is_file():
+            why = "missing"
+        elif entry.get("sha256") is None or sha256(path) != entry["sha256"]:
+            why = "damaged (its checksum is not the manifest's)"
+        else:
+            try:
+                table = pq.read_table(path)
+                if table.num_rows != entry.get("rows"):
+                    why = f"damaged ({table.num_rows} rows, the manifest says {entry.get('rows')})"
+                else:
+                    return Partial.from_table(table)
+            except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a damaged file
+                why = f"damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        self.manifest["shards"] = [s for s in self.manifest["shards"] if s["index"] != index]
+        self._write_manifest()
+        return why
 
     def save(self, index: int, part: Partial) -> None:
-        """Write shard ``index``'s file, then list it in the manifest."""
+        """Write shard ``index``'s file, then list it in the manifest with its row count and SHA-256."""
         import pyarrow.parquet as pq
 
         name = f"shards/shard-{index:05d}.parquet"
-        _atomic(self.root / name, lambda tmp: pq.write_table(part.to_table(), tmp))
+        table = part.to_table()
+        _atomic(self.root / name, lambda tmp: pq.write_table(table, tmp))
         shards = [s for s in self.manifest["shards"] if s["index"] != index]
-        shards.append({"index": index, "file": name, "windows": part.windows, "tokens": part.tokens})
+        shards.append({"index": index, "file": name, "windows": part.windows, "tokens": part.tokens,
+                       "rows": table.num_rows, "sha256": sha256(self.root / name)})
         self.manifest["shards"] = sorted(shards, key=lambda s: s["index"])
         self._write_manifest()
 
@@ -103,10 +147,10 @@ class Store:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        layers = pa.table({c: [r[c] for r in stats.layers] for c in LAYER_COLUMNS})
+        layers = pa.Table.from_pylist(list(stats.layers), schema=schema(LAYER_COLUMNS))
         _atomic(self.root / "summary.parquet", lambda tmp: pq.write_table(layers, tmp))
         if stats.heads:
-            heads = pa.table({c: [r[c] for r in stats.heads] for c in HEAD_COLUMNS})
+            heads = pa.Table.from_pylist(list(stats.heads), schema=schema(HEAD_COLUMNS))
             _atomic(self.root / "heads.parquet", lambda tmp: pq.write_table(heads, tmp))
         self.manifest["complete"] = {"shards": total_shards, "windows": stats.windows, "tokens": stats.tokens}
         self._write_manifest()
@@ -123,7 +167,13 @@ def _difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     for key in MODEL_KEYS:
         if old.get("model", {}).get(key) != new["model"].get(key):
             return f"model {key} {old.get('model', {}).get(key)!r}, now {new['model'].get(key)!r}"
-    for key in ("path", "kind", "column", "files", "size", "digest"):
+    changed = files_changed(old.get("model", {}).get("files", []), new["model"].get("files", []))
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return f"the model's files changed: {', '.join(changed[:3])}{more}"
+    if old.get("model", {}).get("tokenizer") != new["model"].get("tokenizer"):
+        return "the model's tokenizer changed"
+    for key in ("resolved", "kind", "column", "files", "size", "digest"):
         if old.get("source", {}).get(key) != new["source"].get(key):
             return f"the source changed: {key} {old.get('source', {}).get(key)!r}, now {new['source'].get(key)!r}"
     for key in sorted(set(old.get("settings", {})) | set(new["settings"])):

@@ -51,7 +51,8 @@ class Worker:
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
         self.crash_once = crash_once
 
-    def __call__(self, shard: Shard) -> Partial:
+    def __call__(self, shard: Shard, on_window: Any = None) -> Partial:
+        """``on_window(windows, tokens)``: called after each batch of windows is measured (progress)."""
         import torch
 
         from anatomy_cli.corpus.measure import measure
@@ -76,6 +77,8 @@ class Worker:
             ids = torch.tensor(group[start:end], dtype=torch.long)
             measure(lm, ids, part, first_window=shard.first_window + start, lens=s.lens, lens_every=s.lens_every,
                     heads=s.heads)
+            if on_window is not None:
+                on_window(end - start, int(ids.numel()))
             start = end
         return part
 

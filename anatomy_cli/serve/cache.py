@@ -1,6 +1,7 @@
 """What the server keeps loaded: models and ``tokens --model`` tokenizers, each keyed by the files it came from.
 
-A cached entry remembers the identity of every file it was built from (:func:`file_identity`: path, size,
+A cached entry remembers the identity of every file it was built from
+(:func:`anatomy_cli.models.identity.file_identity`: path, size,
 mtime_ns and inode; a directory's files, a GGUF file, a Hub id's cached snapshot). Every request compares
 that identity with the files as they are now and reloads when they differ, so a checkpoint re-saved in
 place (``save_pretrained`` over a served directory, a new ``model.safetensors`` copied in, a tokenizer
@@ -19,64 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.models.identity import FileId, file_identity
+from anatomy_cli.models.identity import named_file as _named_file
 from anatomy_cli.models.spec import ModelSpec
-
-FileId = tuple[str, int, int, int]  # (absolute path, size, mtime_ns, inode)
-
-
-def file_identity(model: str) -> tuple[FileId, ...]:
-    """The identity of the files ``model`` is read from; ``()`` for a preset or an id not cached locally.
-
-    A file (GGUF): that file. A directory: every regular file in it (symlinks followed, hidden files and
-    subdirectories skipped). A Hugging Face id: the files of its cached snapshot.
-    """
-    path = _named_file(model) or Path(model).expanduser()
-    if not path.exists():
-        path = _hub_snapshot(model)
-        if path is None:
-            return ()
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if not p.name.startswith("."))
-    out = []
-    for f in files:
-        try:
-            st = f.stat()
-        except OSError:  # vanished while listed, or a dangling link: its absence is the identity
-            continue
-        if f.is_file():
-            out.append((str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(out)
-
-
-def _named_file(model: str) -> Path | None:
-    """The GGUF file an ``ollama:``/``lmstudio:`` name points to now; None for other specs or a name that
-    no longer resolves (the command itself then says why)."""
-    from anatomy_cli.errors import AnatomyError
-    from anatomy_cli.models import local
-    from anatomy_cli.models.resolve import check_path
-
-    if not local.is_named(model):
-        return None
-    try:
-        return Path(check_path(model).ref)
-    except AnatomyError:
-        return None
-
-
-def _hub_snapshot(model: str) -> Path | None:
-    if model.count("/") > 1 or not model.strip():
-        return None
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        from anatomy_cli.models import presets
-
-        for repo in (presets.HUB_IDS.get(model, model), model):
-            found = try_to_load_from_cache(repo, "config.json")
-            if isinstance(found, str):
-                return Path(found).parent
-    except Exception:  # an id the Hub library rejects: nothing cached under it
-        return None
-    return None
 
 
 def changed_files(old: tuple[FileId, ...], new: tuple[FileId, ...]) -> list[str]:

@@ -10,6 +10,12 @@ model's own norm and head, and at layer L it is the model's next-token distribut
 Per layer: ``cos`` (h_A, h_B at the position), ``cos_mean`` (the mean over positions),
 ``rel_delta`` = ‖h_A − h_B‖ / ‖h_A‖ at the position, ``lens_kl_nats`` = KL(lens_A ‖ lens_B) in nats,
 ``lens_agree`` (the same top-1 token). Probabilities are float64.
+
+LM heads of different sizes (one padded to a multiple of 64, say: 50,257 and 50,304 rows) are compared
+over the rows they share (the first ``min`` of the two): KL, agreement and ranks are those of each
+distribution conditioned on the shared rows, the top tokens and targets carry each model's own
+probabilities, and ``extra_mass_a``/``extra_mass_b`` say how much probability each model puts on the
+rows the other lacks (the next-token distributions at the followed position).
 """
 
 from __future__ import annotations
@@ -82,9 +88,13 @@ class ActivationDiff:
     a_top1_rank_in_b: int
     target_a: TokenProb | None = None
     target_b: TokenProb | None = None
+    shared_rows: int | None = None  # None: both heads have the same rows
+    extra_mass_a: float = 0.0
+    extra_mass_b: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"position": self.position, "layers": [r.to_dict() for r in self.layers],
+                "shared_rows": self.shared_rows, "extra_mass_a": self.extra_mass_a, "extra_mass_b": self.extra_mass_b,
                 "top_a": [t.to_dict() for t in self.top_a], "top_b": [t.to_dict() for t in self.top_b],
                 "kl_nats": self.kl_nats, "a_top1_rank_in_b": self.a_top1_rank_in_b,
                 "target_a": self.target_a.to_dict() if self.target_a else None,
@@ -119,16 +129,30 @@ def compare(a: Kept, b: Kept, describe: Describe, *, k: int = 5, target_id: int 
     na = ha[:, p].norm(dim=-1)
     nd = (ha[:, p] - hb[:, p]).norm(dim=-1)
     rel = torch.where(na > 0, nd / na.clamp_min(1e-300), torch.where(nd > 0, math.inf, 0.0))
-    kls = kl(a.lens, b.lens)
-    top1_a, top1_b = a.lens.argmax(-1), b.lens.argmax(-1)
+    rows = min(a.lens.shape[-1], b.lens.shape[-1])
+    la, lb = a.lens[:, :rows], b.lens[:, :rows]            # each model's own log-probabilities, shared rows
+    extra_a, extra_b = _extra_mass(a.lens[-1], rows), _extra_mass(b.lens[-1], rows)  # the final distributions
+    kls = kl(la - la.logsumexp(-1, keepdim=True), lb - lb.logsumexp(-1, keepdim=True))
+    top1_a, top1_b = la.argmax(-1), lb.argmax(-1)
     layers = tuple(LayerDiff(layer, float(cos_at[layer]), float(cos_mean[layer]), float(rel[layer]),
                              float(kls[layer]), bool(top1_a[layer] == top1_b[layer]),
                              describe(int(top1_a[layer]))[0], describe(int(top1_b[layer]))[0])
                    for layer in range(ha.shape[0]))
-    final_a, final_b = a.lens[-1], b.lens[-1]
+    final_a, final_b = la[-1], lb[-1]
     target_a = target_b = None
+    if target_id is not None and target_id >= rows:
+        raise UsageError(f"target id {target_id} is beyond the {rows} LM-head rows the two models share")
     if target_id is not None:
         target_a = _token_prob(rank_of(final_a, target_id), target_id, float(final_a[target_id]), describe)
         target_b = _token_prob(rank_of(final_b, target_id), target_id, float(final_b[target_id]), describe)
+    padded = a.lens.shape[-1] != b.lens.shape[-1]
     return ActivationDiff(p, layers, top_k(final_a, k, describe), top_k(final_b, k, describe), float(kls[-1]),
-                          rank_of(final_b, int(top1_a[-1])), target_a, target_b)
+                          rank_of(final_b, int(top1_a[-1])), target_a, target_b, rows if padded else None,
+                          float(extra_a), float(extra_b))
+
+
+def _extra_mass(logp: torch.Tensor, rows: int) -> torch.Tensor:
+    """Probability on the rows at and after ``rows`` of float64 log-probabilities ``[..., vocab]``: ``[...]``."""
+    if logp.shape[-1] <= rows:
+        return torch.zeros(logp.shape[:-1], dtype=torch.float64)
+    return logp[..., rows:].logsumexp(-1).exp()

@@ -108,4 +108,9 @@ def activations_report(label_a: str, label_b: str, enc: Any, result: Any) -> Rep
     if result.target_a is not None:
         rows = [{"model": "A", **result.target_a.to_dict()}, {"model": "B", **result.target_b.to_dict()}]
         sections.append(Section(TARGET_COLUMNS, rows, title="target"))
-    return Report(data=data, sections=sections, heading=heading, notes=[LAYERS_NOTE])
+    notes = [LAYERS_NOTE]
+    if result.shared_rows is not None:
+        notes.append(f"the LM heads differ in size: compared over the {result.shared_rows:,} rows both have (KL of "
+                     f"the distributions conditioned on them); the other rows hold {result.extra_mass_a:.3g} of A's "
+                     f"and {result.extra_mass_b:.3g} of B's next-token probability (extra_mass_a/_b)")
+    return Report(data=data, sections=sections, heading=heading, notes=notes)

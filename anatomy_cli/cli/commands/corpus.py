@@ -166,12 +166,15 @@ def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
 
 
 def _progress(p: Any, budget: int | None) -> str:
-    """The status line after a shard (a :class:`anatomy_cli.corpus.runner.Progress`): tokens, tokens/s, the
-    time split (forward, lens, heads), ETA."""
+    """The status line (a :class:`anatomy_cli.corpus.runner.Progress`, per batch of windows): tokens,
+    windows measured of those planned so far, tokens/s, the time split (forward, lens, heads), ETA."""
+    if p.done == 0:
+        return f"corpus: {p.planned:,} windows planned · {p.tokens:,} tokens · measuring the first window"
     rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
     total = sum(p.seconds.values()) or 1.0
     split = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in p.seconds.items() if v)
-    line = f"corpus: {p.tokens:,} tokens · {rate:,.0f} tokens/s · {split}"
+    line = f"corpus: {p.tokens:,} tokens · {p.windows:,} windows ({p.planned:,} planned) · {rate:,.0f} tokens/s"
+    line += f" · {split}" if split else ""
     if budget and rate > 0:
         left = max(0, budget - p.tokens) / rate
         line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
@@ -189,6 +192,8 @@ def _report(name: str, model: dict[str, Any], identity: dict[str, Any], settings
     notes = [NOTE]
     if settings.lens_every > 1:
         notes.append(f"logit lens at every {settings.lens_every}th position only (--lens-every)")
+    for why in result.recomputed:
+        info(f"{why}; computed again")
     if result.resumed:
         info(f"resumed: {result.resumed} of {result.shards} shards were read from the output directory")
     sections = [Section(LAYER_COLUMNS, list(stats.layers), title="per layer")]
