@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 LIMIT_S = 240  # per line, on a loaded 2-core machine (corpus took 170 s there); a quiet one needs a fraction
 # Files a tour line names that the README does not say how to make: those lines are skipped.
-UNMADE = ("model.Q4_1.gguf", "model.Q8_0.gguf", "./source", "./my-sae")
+UNMADE = ("model.Q4_1.gguf", "model.Q8_0.gguf", "./my-sae")
 
 
 def tour_lines() -> list[str]:

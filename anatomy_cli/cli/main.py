@@ -15,6 +15,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     ablate,
     attn,
     attribute,
+    convert,
     corpus,
     diff,
     dla,

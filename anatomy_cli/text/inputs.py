@@ -22,12 +22,13 @@ def read_text_arg(text: str, *, stdin: BinaryIO | None = None) -> str:
 def read_prompts(prompt: str, *, stdin: BinaryIO | None = None) -> list[str]:
     """Prompts to run: ``[prompt]``, or every non-empty line of stdin when ``prompt == "-"``.
 
-    Returns: list of str, at least one. Raises UsageError on an empty prompt, on
+    Returns: list of str, at least one. Raises UsageError on a prompt that is empty or only whitespace, on
     stdin with no non-empty line, or on invalid UTF-8 (naming the line number).
     Lines keep their inner whitespace; only the line ending is removed.
     """
     if prompt != "-":
-        if prompt == "":
+        if not prompt.strip():
+            # One rule with stdin, where blank lines are skipped: a prompt has some non-space text.
             raise UsageError("empty prompt: give some text (or '-' to read prompts from stdin)")
         return [prompt]
     raw = (stdin or sys.stdin.buffer).read()
