@@ -24,7 +24,7 @@ SETTINGS = Settings(ctx=16, bos=False, max_tokens=16 * 12, heads=True, shard_win
 def ray_session():
     # Workers import anatomy_cli from this tree, as the test process does.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield
     ray.shutdown()
 

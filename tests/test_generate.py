@@ -108,7 +108,7 @@ def test_steered_step_equals_a_hand_written_hook_and_coef_zero_is_exact(tiny_lm)
 
 def test_cli_json_jsonl_and_sweep(tiny_model_dir, cached_load, tmp_path):
     model = str(tiny_model_dir("llama"))
-    result = invoke("generate", "The capital of France is", "-m", model, "-n", "3", "--lens", "--format", "json")
+    result = invoke("generate", "The capital of France is", "-m", model, "--max-new-tokens", "3", "--lens", "--format", "json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["sampling"] == {"method": "greedy"} and data["steer"] is None
@@ -116,13 +116,13 @@ def test_cli_json_jsonl_and_sweep(tiny_model_dir, cached_load, tmp_path):
     step = data["steps"][0]
     assert {"step", "token_id", "token", "probability", "rank", "top", "lens", "first_top1_layer"} <= set(step)
     assert step["rank"] == 1 and len(step["lens"]) == 2
-    result = invoke("generate", "The capital of France is", "-m", model, "-n", "3", "--format", "jsonl")
+    result = invoke("generate", "The capital of France is", "-m", model, "--max-new-tokens", "3", "--format", "jsonl")
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["step"] for r in rows] == list(range(len(rows)))
     path = tmp_path / "v.safetensors"
     lm = cached_load.load_weights(cached_load.open(_spec(model)))
     save(SteeringVector({1: torch.randn(lm.d_model)}, meta={"model": {"model_type": "llama"}}), path)
-    result = invoke("generate", "The capital of France is", "-m", model, "-n", "2", "--steer", str(path),
+    result = invoke("generate", "The capital of France is", "-m", model, "--max-new-tokens", "2", "--steer", str(path),
                     "--coef", "-4,0,4", "--target", " Paris", "--check", "--format", "json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -147,7 +147,7 @@ def test_bad_vector_files_are_one_line_errors(tiny_model_dir, cached_load, tmp_p
               "layer": SteeringVector({7: v})}[case]
     path = tmp_path / "bad.safetensors"
     save(vector, path)
-    result = invoke("generate", "Hello", "-m", model, "-n", "1", "--steer", str(path))
+    result = invoke("generate", "Hello", "-m", model, "--max-new-tokens", "1", "--steer", str(path))
     assert result.exit_code == 2, result.output
     line = result.output.strip().splitlines()[-1]
     assert line.startswith("error: ") and "Traceback" not in result.output

@@ -25,7 +25,7 @@ def invoke(*args):
 
 
 def _sides(flag_pos=POS, flag_neg=NEG):
-    return [a for p in flag_pos for a in ("-p", p)] + [a for n in flag_neg for a in ("-q", n)]
+    return [a for p in flag_pos for a in ("--positive", p)] + [a for n in flag_neg for a in ("--negative", n)]
 
 
 def _hidden(model, tok, text: str, layer: int, reduce: str) -> torch.Tensor:
@@ -92,7 +92,7 @@ def test_control_vector_gguf_reads_back_and_steers_like_the_safetensors(tiny_mod
     assert [(t.name, tuple(int(x) for x in t.shape)) for t in reader.tensors] == [("direction.1", (32,))]
     np.testing.assert_array_equal(np.asarray(reader.tensors[0].data),
                                   steering.load(out).directions[1].numpy())
-    runs = [json.loads(invoke("generate", "I think", "-m", model, "-n", "2", "--steer", str(f), "--coef", "4",
+    runs = [json.loads(invoke("generate", "I think", "-m", model, "--max-new-tokens", "2", "--steer", str(f), "--coef", "4",
                               "--format", "json").stdout)["steps"] for f in (out, cv)]
     assert runs[0] == runs[1]
 
@@ -105,7 +105,7 @@ def test_usage_errors(tiny_model_dir, tmp_path):
         ([*_sides(), "--layer", "5"], "blocks are 0..1"),
         ([*_sides(), "--layer", "x"], "--layer"),
         ([*_sides(NEG[:1]), "--layer", "1", "--method", "pca"], "needs pairs"),
-        (["-p", "a", "--layer", "1"], "give both sides"),
+        (["--positive", "a", "--layer", "1"], "give both sides"),
         (["--pairs", str(bad_pairs), "--layer", "1"], "POSITIVE<TAB>NEGATIVE"),
         ([*_sides(), "--layer", "0", "--save-control-vector", str(tmp_path / "x.gguf")], "layer 0"),
     ]
@@ -123,7 +123,13 @@ SENTIMENT_NEG = ["I hate this. It is terrible", "What a sad, miserable day", "Th
 
 
 def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smollm2_lm, tmp_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    from anatomy_cli.analyses.verify.llamacpp import unusable
+
+    why = unusable(str(smollm2_gguf))  # a build this CPU cannot run dies with SIGILL: only in a child process
+    if why is not None:
+        pytest.skip(why)
+    import llama_cpp
+
     from anatomy_cli.analyses.generate import kl
     from anatomy_cli.cli.commands._steering import make
     from anatomy_cli.engine import control_vector

@@ -195,8 +195,9 @@ def test_usage_errors(tiny_lm, tiny_model_dir, tmp_path):
 def test_llamacpp_section_against_smollm2(smollm2_lm, smollm2_gguf):
     from anatomy_cli.analyses.verify import llamacpp
 
-    if not llamacpp.available():
-        pytest.skip("llama-cpp-python is not installed (pip install 'anatomy[llamacpp]')")
+    why = llamacpp.unusable(str(smollm2_gguf))
+    if why is not None:
+        pytest.skip(why)
     out = _run(smollm2_lm, str(smollm2_gguf), "--against", "llama.cpp", "--format", "json")
     assert out.exit_code == 0, out.stderr
     section = json.loads(out.stdout)["sections"][-1]

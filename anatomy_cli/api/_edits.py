@@ -148,9 +148,7 @@ def attribute(model: Model, prompt: str | list[str], *, target: str | None = Non
     """`anatomy attribute`: how much each input token drove log p(target) at the last position (or
     logit(target) - logit(foil)), by Captum's ``method``. ``result``: TokenAttribution; rows: ``rows``
     (one per token)."""
-    from anatomy_cli.analyses import attribute as analysis
     from anatomy_cli.cli.commands import attribute as command
-    from anatomy_cli.engine import token_attribution
 
     kind = command.AttributionMethod(method)
     base = None if baseline is None else command.Baseline(baseline)
@@ -160,14 +158,10 @@ def attribute(model: Model, prompt: str | list[str], *, target: str | None = Non
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
     ids = _ids(lm, target, target_id, foil, foil_id, first_token)
-    metric = analysis.metric_fn(ids["target"], ids["foil"])
     out = []
     for enc in encoded:
-        got = token_attribution.attribute_tokens(lm, enc.ids, metric, kind.value, steps=steps,
-                                                 baseline=base.value if base else None, batch_size=batch_size)
-        result = analysis.token_attribution(
-            got.method, "logit_diff" if ids["foil"] is not None else "logprob", enc.ids, enc.pieces, got.scores,
-            got.metric, baseline=got.baseline, steps=got.steps, baseline_metric=got.baseline_metric, delta=got.delta)
+        result = command.run(lm, enc, ids, kind.value, steps=steps, baseline=base.value if base else None,
+                             batch_size=batch_size)
         cap = _caption("attribute", lm, enc.text, command._method_line(result))
         out.append(Result("attribute", result, command._report(lm, enc, ids, result).data, "rows",
                           (result, command._metric_name(lm, ids), cap)))

@@ -81,7 +81,8 @@ def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Ca
         if address is None:
             kwargs["num_cpus"] = max(workers, os.cpu_count() or 1)
         try:
-            ray.init(address=address, **kwargs)
+            # "local": a new Ray of this process's own, never a cluster a `ray start` left on this machine.
+            ray.init(address=address or "local", **kwargs)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise AnatomyError(f"cannot reach Ray at {address}: {str(exc).splitlines()[0]}") from None
         started = True

@@ -12,8 +12,11 @@ docs/commands/verify.md. llama.cpp's own log lines are kept off stdout and stder
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -28,6 +31,35 @@ KL_NATS, DELTA_P, CE_NATS, TOP1_FLIPS = 0.02, 0.05, 0.02, 0.34  # tolerances (mo
 
 def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
+
+
+_PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=16, verbose=False)
+llm.eval([llm.token_bos() if llm.token_bos() >= 0 else 0, 1])
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def unusable(path: str) -> str | None:
+    """Why llama.cpp cannot run ``path`` here, or None when it can: not installed, or it dies in a child
+    process on a two-token eval (a build for instructions this CPU lacks dies with SIGILL, which would take
+    this process with it)."""
+    if not available():
+        return ("llama-cpp-python is not installed (pip install 'anatomy[llamacpp]'; docs/commands/verify.md has "
+                "the build recipe)")
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "llama.cpp did not answer a two-token eval within 300 s"
+    if done.returncode == 0:
+        return None
+    if done.returncode in (-signal.SIGILL, 128 + signal.SIGILL):
+        return ("llama.cpp died with SIGILL: it was built for instructions this CPU lacks; rebuild it with "
+                "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=OFF ...' (docs/commands/verify.md)")
+    tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+    return f"llama.cpp failed on a two-token eval: {tail[0]}"
 
 
 @contextlib.contextmanager
@@ -78,10 +110,9 @@ def against_llamacpp(runs: Runs, path: str | None) -> C.SectionResult:
     title = "GGUF against llama.cpp"
     if path is None or not path.endswith(".gguf"):
         return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", "the model is not a .gguf file"),))
-    if not available():
-        return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", "llama-cpp-python is not installed "
-                                                              "(pip install 'anatomy[llamacpp]'; docs/commands/"
-                                                              "verify.md has the build recipe)"),))
+    why = unusable(path)
+    if why is not None:
+        return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", why),))
     theirs = llama_logits(path, [e.ids for e in runs.encoded])
     rows, kls, dps, flips, ce = [], [], [], 0, []
     for enc, cache, ref in zip(runs.encoded, runs.batched, theirs):

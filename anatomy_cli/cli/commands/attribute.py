@@ -136,8 +136,6 @@ def attribute_command(
         anatomy attribute "The capital of France is" --target " Paris" --layer 10 --site mlp_out
         anatomy attribute "Thank you very" --target " much" --method occlusion --plot much.png
     """
-    from anatomy_cli.analyses import attribute as analysis
-    from anatomy_cli.engine import token_attribution
     from anatomy_cli.text import targets
 
     wanted = targets.choice(target, target_id, option="--target", first_token=first_token)
@@ -159,22 +157,11 @@ def attribute_command(
         raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
     lm = load_weights(opened)
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
-    metric = analysis.metric_fn(ids["target"], ids["foil"])
     reports = []
     for enc in encoded:
-        got = token_attribution.attribute_tokens(
-            lm, enc.ids, metric, method.value, steps=steps, baseline=baseline.value if baseline else None,
-            batch_size=batch_size, max_steps=max_steps, max_rel_error=max_rel_error, keep_first=not vary_first,
-            layer=layer, site=site.value)
-        result = analysis.token_attribution(
-            got.method, "logit_diff" if ids["foil"] is not None else "logprob", enc.ids, enc.pieces, got.scores,
-            got.metric, baseline=got.baseline, steps=got.steps, baseline_metric=got.baseline_metric, delta=got.delta,
-            max_rel_error=max_rel_error if got.converged is not None else None, tries=got.tries,
-            kept_first=got.kept_first, layer=got.layer, site=got.site)
-        if result.converged is False and not allow_unconverged:
-            raise AnatomyError(_unconverged(result))
-        if check:
-            result = _with_check(lm, enc.ids, metric, result, batch_size)
+        result = run(lm, enc, ids, method.value, steps=steps, baseline=baseline.value if baseline else None,
+                     batch_size=batch_size, max_steps=max_steps, max_rel_error=max_rel_error, vary_first=vary_first,
+                     layer=layer, site=site.value, check=check, allow_unconverged=allow_unconverged)
         reports.append(_report(lm, enc, ids, result))
         if plot:
             from anatomy_cli.output import plots
@@ -184,6 +171,30 @@ def attribute_command(
             index = len(reports) if prompt == "-" else None
             plots.save(picture.figure(result, _metric_name(lm, ids), cap), plot, index)
     emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def run(lm, enc, ids: dict, method: str, *, steps: int = 32, baseline: str | None = None, batch_size: int = 32,
+        max_steps: int = 256, max_rel_error: float = 0.05, vary_first: bool = False, layer: int | None = None,
+        site: str = "resid_pre", check: bool = False, allow_unconverged: bool = False):
+    """The attribution of one prompt as the command computes it (the command and the Python API call this):
+    Captum's ``method`` (integrated gradients doubled up to ``max_steps`` until within ``max_rel_error``),
+    ``check``: occlusion's agreement. Raises AnatomyError when integrated gradients stays unconverged and not
+    ``allow_unconverged``."""
+    from anatomy_cli.analyses import attribute as analysis
+    from anatomy_cli.engine import token_attribution
+
+    metric = analysis.metric_fn(ids["target"], ids["foil"])
+    got = token_attribution.attribute_tokens(
+        lm, enc.ids, metric, method, steps=steps, baseline=baseline, batch_size=batch_size, max_steps=max_steps,
+        max_rel_error=max_rel_error, keep_first=not vary_first, layer=layer, site=site)
+    result = analysis.token_attribution(
+        got.method, "logit_diff" if ids["foil"] is not None else "logprob", enc.ids, enc.pieces, got.scores,
+        got.metric, baseline=got.baseline, steps=got.steps, baseline_metric=got.baseline_metric, delta=got.delta,
+        max_rel_error=max_rel_error if got.converged is not None else None, tries=got.tries,
+        kept_first=got.kept_first, layer=got.layer, site=got.site)
+    if result.converged is False and not allow_unconverged:
+        raise AnatomyError(_unconverged(result))
+    return _with_check(lm, enc.ids, metric, result, batch_size) if check else result
 
 
 def _check_baseline(method: str, baseline: Baseline | None) -> None:

@@ -32,7 +32,7 @@ from anatomy_cli.text.options import PromptOptions
 @prompt_options()
 def generate_command(
     prompt: PromptArg,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, metavar="N",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, metavar="N",
                                                 help="Stop after N new tokens (or at the model's EOS).")] = 20,
     sample: Annotated[bool, typer.Option("--sample", help="Sample instead of greedy decoding.")] = False,
     temperature: Annotated[float, typer.Option("--temperature", help="With --sample: divide the logits by T.")] = 1.0,
@@ -67,9 +67,9 @@ def generate_command(
     Examples:
 
     \b
-        anatomy generate "The capital of France is" -n 8
+        anatomy generate "The capital of France is" --max-new-tokens 8
         anatomy generate "Once upon a time" --sample --temperature 0.8 --top-p 0.95 --seed 1
-        anatomy generate "The capital of France is" -n 4 --lens --format jsonl
+        anatomy generate "The capital of France is" --max-new-tokens 4 --lens --format jsonl
         anatomy generate "I think that" --steer happy.safetensors --coef 4 --check
         anatomy generate "I think that" --steer happy.safetensors --coef -8,-4,0,4,8 --target " love"
     """

@@ -25,10 +25,10 @@ SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 @model_options()
 @prompt_options()
 def steer_command(
-    positive: Annotated[Optional[list[str]], typer.Option("--positive", "-p", metavar="TEXT", show_default=False,
+    positive: Annotated[Optional[list[str]], typer.Option("--positive", metavar="TEXT", show_default=False,
                                                           help="A prompt of the side to steer towards "
                                                           "(repeat the option for more).")] = None,
-    negative: Annotated[Optional[list[str]], typer.Option("--negative", "-q", metavar="TEXT", show_default=False,
+    negative: Annotated[Optional[list[str]], typer.Option("--negative", metavar="TEXT", show_default=False,
                                                           help="A prompt of the side to steer away from.")] = None,
     pairs: Annotated[Optional[Path], typer.Option("--pairs", metavar="FILE", show_default=False,
                                                   help="Prompt pairs, one per line: POSITIVE<TAB>NEGATIVE, or "
@@ -41,7 +41,7 @@ def steer_command(
     method: Annotated[str, typer.Option("--method", help="'mean': mean(positive) - mean(negative) (ActAdd/CAA); "
                                         "'pca': repeng's first principal component of the pair differences "
                                         "(unit norm).")] = "mean",
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE", show_default=False,
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", show_default=False,
                                                 help="Save the vector (safetensors + JSON metadata).")] = None,
     gguf_out: Annotated[Optional[Path], typer.Option("--save-control-vector", metavar="FILE.gguf",
                                                      show_default=False,
@@ -58,7 +58,8 @@ def steer_command(
     Examples:
 
     \b
-        anatomy steer -p "I love this" -p "What a joy" -q "I hate this" -q "What a pain" --layer 6 --out joy.safetensors
+        anatomy steer --positive "I love this" --positive "What a joy" --negative "I hate this" \\
+            --negative "What a pain" --layer 6 --out joy.safetensors
         anatomy steer --pairs pairs.tsv --layer 4-8 --method pca --out joy.safetensors
         anatomy steer --pairs pairs.tsv --layer 6 --save-control-vector joy.gguf
     """
