@@ -129,3 +129,14 @@ def token_id(lm: LoadedModel, text: str, *, option: str = "--target", first_toke
     wanted = choice(text, option=option, first_token=first_token)
     assert wanted is not None
     return resolve(lm, wanted)
+
+
+def resolve_pair(tokenizer: Tokenizer, wanted: TokenChoice, unwanted: TokenChoice | None, *, model: str,
+                 vocab_size: int | None = None) -> dict[str, int | None]:
+    """``{"target": id, "foil": id or None}`` for ``--target`` and ``--foil`` (see :func:`resolve`). Raises
+    UsageError when the foil is the target: the logit difference would be 0 everywhere."""
+    target = resolve(tokenizer, wanted, model=model, vocab_size=vocab_size)
+    foil = resolve(tokenizer, unwanted, model=model, vocab_size=vocab_size) if unwanted else None
+    if foil == target:
+        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+    return {"target": target, "foil": foil}

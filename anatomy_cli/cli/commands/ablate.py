@@ -106,18 +106,14 @@ def ablate_command(
     if wanted is None:
         raise UsageError("--target TEXT or --target-id N is required: the token whose log-probability ablations "
                          "change, e.g. --target ' much'")
-    ids: dict[str, int | None] = {}
 
     opened, encoded = open_prompts(prompt, spec, prompts)
     _check_decoder(spec.model, opened.adapter.causal)
     if layer is not None and not -opened.info.n_layers <= layer < opened.info.n_layers:
         raise UsageError(f"--layer {layer} is out of range: {spec.model} has layers 0..{opened.info.n_layers - 1}")
     check_position(position, encoded)
-    vocab = opened.info.lm_head_rows
-    ids["target"] = targets.resolve(opened.tokenizer, wanted, model=spec.model, vocab_size=vocab)
-    ids["foil"] = targets.resolve(opened.tokenizer, unwanted, model=spec.model, vocab_size=vocab) if unwanted else None
-    if ids["foil"] == ids["target"]:
-        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+    ids = targets.resolve_pair(opened.tokenizer, wanted, unwanted, model=spec.model,
+                               vocab_size=opened.info.lm_head_rows)
     lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     from anatomy_cli.analyses import ablate as analysis

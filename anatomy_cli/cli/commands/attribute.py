@@ -146,15 +146,11 @@ def attribute_command(
                          "e.g. --target ' much'")
     _check_baseline(method.value, baseline)
     _check_ig_options(method.value, check, layer)
-    ids: dict[str, int | None] = {}
 
     opened, encoded = open_prompts(prompt, spec, prompts)
     _check_decoder(spec.model, opened.adapter.causal)
-    vocab = opened.info.lm_head_rows
-    ids["target"] = targets.resolve(opened.tokenizer, wanted, model=spec.model, vocab_size=vocab)
-    ids["foil"] = targets.resolve(opened.tokenizer, unwanted, model=spec.model, vocab_size=vocab) if unwanted else None
-    if ids["foil"] == ids["target"]:
-        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+    ids = targets.resolve_pair(opened.tokenizer, wanted, unwanted, model=spec.model,
+                               vocab_size=opened.info.lm_head_rows)
     lm = load_weights(opened)
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
     reports = []

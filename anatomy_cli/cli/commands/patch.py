@@ -110,12 +110,8 @@ def patch_command(
         raise UsageError(f"CLEAN and CORRUPT must have the same number of tokens: CLEAN is {len(enc_clean)} "
                          f"({' '.join(enc_clean.pieces)}), CORRUPT is {len(enc_corrupt)} "
                          f"({' '.join(enc_corrupt.pieces)})")
-    vocab = opened.info.lm_head_rows
-    ids: dict[str, int | None] = {
-        "target": targets.resolve(opened.tokenizer, wanted, model=spec.model, vocab_size=vocab),
-        "foil": targets.resolve(opened.tokenizer, unwanted, model=spec.model, vocab_size=vocab) if unwanted else None}
-    if ids["foil"] == ids["target"]:
-        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
+    ids = targets.resolve_pair(opened.tokenizer, wanted, unwanted, model=spec.model,
+                               vocab_size=opened.info.lm_head_rows)
     lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
