@@ -20,6 +20,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # anatomy's own cache (params counts per config) goes to a fresh directory, never the real home.
 os.environ["ANATOMY_CACHE_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-cache-")
+# The user's own default model (`anatomy models --default`, $ANATOMY_MODEL) must not change what a test runs.
+os.environ["ANATOMY_CONFIG_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-config-")
+os.environ.pop("ANATOMY_MODEL", None)
 
 # The slowest modules first (seconds measured with --durations on 2 cores, most first). With --dist loadscope
 # (pyproject) each module goes to one worker whole, in collection order: starting with the longest leaves the
