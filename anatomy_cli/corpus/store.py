@@ -15,7 +15,6 @@ checked against the manifest (its SHA-256 and row count): a damaged or missing o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.summary import HEAD_COLUMNS, LAYER_COLUMNS, CorpusStats
 from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.models.identity import files_changed
+from anatomy_cli.models.identity import file_sha256, files_changed
 
 VERSION = 2
 # Fields of the model spec that change the figures (placement options do not); "resolved" is the model
@@ -40,14 +39,6 @@ def schema(columns: tuple[str, ...]) -> Any:
     import pyarrow as pa
 
     return pa.schema([(c, pa.int64() if c in INT_COLUMNS else pa.float64()) for c in columns])
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _atomic(path: Path, write: Any) -> None:
@@ -114,7 +105,7 @@ class Store:
         why = None
         if not path.is_file():
             why = "missing"
-        elif entry.get("sha256") is None or sha256(path) != entry["sha256"]:
+        elif entry.get("sha256") is None or file_sha256(path) != entry["sha256"]:
             why = "damaged (its checksum is not the manifest's)"
         else:
             try:
@@ -138,7 +129,7 @@ class Store:
         _atomic(self.root / name, lambda tmp: pq.write_table(table, tmp))
         shards = [s for s in self.manifest["shards"] if s["index"] != index]
         shards.append({"index": index, "file": name, "windows": part.windows, "tokens": part.tokens,
-                       "rows": table.num_rows, "sha256": sha256(self.root / name)})
+                       "rows": table.num_rows, "sha256": file_sha256(self.root / name)})
         self.manifest["shards"] = sorted(shards, key=lambda s: s["index"])
         self._write_manifest()
 

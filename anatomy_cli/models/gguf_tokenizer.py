@@ -28,6 +28,7 @@ from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models import gguf
 from anatomy_cli.models.cachedir import cache_dir
 from anatomy_cli.models.headers import GGUFHeader
+from anatomy_cli.models.identity import file_sha256
 
 if TYPE_CHECKING:
     from transformers.configuration_utils import PreTrainedConfig
@@ -71,18 +72,10 @@ def load(header: GGUFHeader, config: PreTrainedConfig, spec: str) -> PreTrainedT
     return hf
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _from_cache(tokenizer_json: Path, entry: Path, header: GGUFHeader) -> PreTrainedTokenizerBase | None:
     try:
         meta = json.loads(entry.read_text(encoding="utf-8"))
-        if meta.get("format") != _FORMAT or meta.get("sha256") != _digest(tokenizer_json):
+        if meta.get("format") != _FORMAT or meta.get("sha256") != file_sha256(tokenizer_json):
             return None
         from transformers.models.auto.tokenization_auto import TokenizersBackend, tokenizer_class_from_name
 

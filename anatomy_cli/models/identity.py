@@ -43,18 +43,21 @@ def file_identity(model: str) -> tuple[FileId, ...]:
     return tuple(out)
 
 
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def file_records(model: str) -> list[dict[str, Any]]:
     """:func:`file_identity` as JSON records ``{"path", "size", "mtime_ns", "inode", "sha256"}``;
     ``sha256`` is None for a file over :data:`DIGEST_BYTES` (its size, mtime and inode identify it)."""
     out = []
     for path, size, mtime_ns, inode in file_identity(model):
-        digest = None
-        if size <= DIGEST_BYTES:
-            h = hashlib.sha256()
-            with open(path, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            digest = h.hexdigest()
+        digest = file_sha256(path) if size <= DIGEST_BYTES else None
         out.append({"path": path, "size": size, "mtime_ns": mtime_ns, "inode": inode, "sha256": digest})
     return out
 
