@@ -48,6 +48,12 @@ def generate_command(
     coef: Annotated[Optional[str], typer.Option("--coef", metavar="C[,C...]", show_default=False,
                                                 help="With --steer: the coefficient (default 1), or a "
                                                 "comma-separated sweep such as -8,-4,0,4,8.")] = None,
+    steer_feature: Annotated[Optional[int], typer.Option(
+        "--steer-feature", metavar="ID", min=0, show_default=False,
+        help="Add C times this SAE feature's decoder row (--sae PATH) at the SAE's hook point.")] = None,
+    sae_path: Annotated[Optional[Path], typer.Option("--sae", metavar="PATH", show_default=False,
+                                                     help="With --steer-feature: the SAE (as `anatomy sae`).")]
+    = None,
     check: Annotated[bool, typer.Option("--check", help="Replay the tokens without the KV cache (a full forward "
                                         "per step) and report the largest logit difference.")] = False,
     target: TargetOpt = None,
@@ -75,8 +81,8 @@ def generate_command(
     """
     from anatomy_cli.analyses.generate import parse_coefs
 
-    if coef is not None and steer is None:
-        raise UsageError("--coef needs --steer FILE")
+    if coef is not None and steer is None and steer_feature is None:
+        raise UsageError("--coef needs --steer FILE (or --steer-feature ID --sae PATH)")
     coefs = parse_coefs(coef) if coef is not None else [1.0]
     if (target is not None or target_id is not None) and len(coefs) < 2:
         raise UsageError("--target is for a coefficient sweep (--steer FILE --coef -4,0,4)")
@@ -88,16 +94,19 @@ def generate_command(
         raise UsageError(f"{spec.model} is an encoder ({opened.adapter.name}): `generate` needs a decoder")
     wanted_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
                                                              vocab_size=opened.info.lm_head_rows)
+    from anatomy_cli.cli.commands.sae import feature_steering
+
+    vector, steer_notes = feature_steering(steer, steer_feature, sae_path, opened, spec.model)
     lm = load_weights(opened)
     from anatomy_cli.analyses.generate import sampler
     from anatomy_cli.cli.commands import _generation as gen
     from anatomy_cli.engine import steering
     from anatomy_cli.engine.generate import greedy, stop_ids
 
-    vector = None
     if steer is not None:
         vector = steering.load(steer)
-        for line in steering.check(vector, lm, str(steer)):
+    if vector is not None:
+        for line in steering.check(vector, lm, str(steer or sae_path)) + steer_notes:
             warn(line)
     choose = (lambda: sampler(temperature=temperature, top_p=top_p, seed=seed)) if sample else (lambda: greedy)
     if sample:
@@ -107,8 +116,9 @@ def generate_command(
     for index, enc in enumerate(encoded):
         heading = [f"generate · {model_label(lm)}", prompt_line(enc)]
         data = {**prompt_record(lm, enc), "sampling": _sampling(sample, temperature, top_p, seed),
-                "steer": None if vector is None else {"file": str(steer), "site": vector.site,
-                                                       "layers": vector.layers, "coef": coefs}}
+                "steer": None if vector is None else {"file": str(steer or sae_path), "site": vector.site,
+                                                       "layers": vector.layers, "coef": coefs,
+                                                       **({"feature": steer_feature} if steer is None else {})}}
         with status(f"generating ({index + 1}/{len(encoded)})"):
             if len(coefs) > 1:
                 sweep_rows, worst = gen.sweep(lm, list(enc.ids), settings, coefs, wanted_id, check)
