@@ -16,16 +16,16 @@ def figure(reading: Any, cap: Caption) -> Any:
     column per feature of ``reading.matrix()`` (the followed features, then the top-features table's by
     their largest activation), colour = activation (0 to the largest shown). Returns a matplotlib Figure."""
     ids, rows = reading.matrix()
-    values = as_array(rows)
-    n_rows, n_cols = len(reading.pieces), len(ids)
-    width, height, cw, ch = grid_size(n_rows, max(n_cols, 1))
+    n_rows = len(reading.pieces)
+    values = as_array(rows) if ids else as_array([[None]] * n_rows)  # no active feature: one blank column
+    top = float(values.max()) if ids else 0.0
+    width, height, cw, ch = grid_size(n_rows, values.shape[1])
     fig = new_figure(width, height)
     ax = fig.subplots()
-    top = float(values.max()) if values.size else 0.0
-    notes = heatmap(fig, ax, values.reshape(n_rows, n_cols), cell=(cw, ch), xlabels=[str(f) for f in ids],
+    notes = heatmap(fig, ax, values, cell=(cw, ch), xlabels=[str(f) for f in ids] or [""],
                     ylabels=[token_label(p, 12) for p in reading.pieces], cmap="viridis", vmin=0.0,
                     vmax=top if top > 0 else 1.0, colorbar="feature activation (the SAE's units)",
-                    xlabel="feature", ylabel="token", origin="upper", x_rotation=90 if n_cols > 12 else 0)
+                    xlabel="feature", ylabel="token", origin="upper", x_rotation=90 if len(ids) > 12 else 0)
     notes.insert(0, "columns: " + ("the followed features, then " if reading.followed else "")
                  + f"each token's top {reading.top} features, by their largest activation over the prompt")
     if not ids:
