@@ -13,8 +13,10 @@ import torch
 from test_html import figure_data
 from typer.testing import CliRunner
 
+from anatomy_cli.cli.commands import _generation as gen
 from anatomy_cli.cli.main import app
-from anatomy_cli.engine.sae import Dictionary
+from anatomy_cli.engine.generate import greedy, stop_ids
+from anatomy_cli.engine.sae import Dictionary, feature_vector
 from anatomy_cli.models.sae.read import read
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sae"
@@ -81,7 +83,7 @@ def _steered_logits(hf, ids, layer, add):
         handle.remove()
 
 
-def test_steer_feature_adds_c_times_the_decoder_row(tiny_model_dir, cached_load):
+def test_steer_feature_adds_c_times_the_decoder_row(tiny_model_dir, cached_load, tiny_lm):
     model_dir = tiny_model_dir("gpt2")
     base = ("generate", PROMPT, "--model", model_dir, "--max-new-tokens", "1", "--top", "5", "--format", "json")
     result = invoke(*base, "--steer-feature", "5", "--coef", "4", "--sae", SAE)
@@ -95,6 +97,11 @@ def test_steer_feature_adds_c_times_the_decoder_row(tiny_model_dir, cached_load)
     step = data["steps"][0]
     assert [t["token_id"] for t in step["top"]] == top.indices.tolist()
     assert [t["probability"] for t in step["top"]] == pytest.approx(top.values.tolist(), rel=1e-5)
+    # the whole logit vector, through generate's own steering path with the feature's vector
+    lm = tiny_lm("gpt2")
+    settings = gen.Settings(lambda: greedy, 1, 5, False, feature_vector(read(SAE), 5), stop_ids(lm))
+    torch.testing.assert_close(gen.run_one(lm, data["token_ids"], settings, 4.0).logits[0].float(), logits,
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_coef_0_is_plain_generation(tiny_model_dir, cached_load):
