@@ -74,3 +74,61 @@ def test_sum64_accumulates_runs_in_float64():
     x = torch.full((2, n), 257.0, dtype=torch.float32)
     assert sum64(x).tolist() == [257.0 * n] * 2
     assert float(x[0].sum()) != 257.0 * n                                 # what an fp32 sum gives
+
+
+def test_the_expected_cost_comes_from_the_first_windows_timing():
+    from anatomy_cli.cli.commands._corpus_status import _cost
+    from anatomy_cli.corpus.runner import Progress
+
+    first = Progress(tokens=1024, done=1024, budget=20000, elapsed=128.0, seconds={}, shards=0, resumed=0,
+                     windows=2, planned=16)
+    assert _cost(first, 20000) == ("corpus: expected cost: about 40 min for the 18,976 tokens left "
+                                   "(from the first 2 windows' timing: 8.0 tokens/s)")
+    assert _cost(first, 1500) is None                                       # 476 tokens left: a minute at most
+    assert _cost(first, None).startswith("corpus: expected cost: 2 min per 1,000 tokens (from the first 2 windows'")
+
+
+def test_status_and_cost_lines_go_to_stderr_and_stdout_stays_json(tiny_model_dir, tmp_path, cached_load, monkeypatch):
+    """On a terminal the status line and the expected-cost line are drawn on stderr; stdout is the JSON alone."""
+    import io
+    import json
+    import os
+    import pty
+    import sys
+    import threading
+    from pathlib import Path
+
+    from anatomy_cli.cli.main import app
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "c.txt"
+    src.write_text((root / "docs" / "article.md").read_text()[:600])
+    master, slave = pty.openpty()
+    seen = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:                                     # EIO: the terminal's other end is closed
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    out = io.StringIO()
+    with os.fdopen(slave, "w", buffering=1) as terminal:
+        monkeypatch.setattr(sys, "stdout", out)
+        monkeypatch.setattr(sys, "stderr", terminal)
+        app(["corpus", str(src), "--model", str(tiny_model_dir("gpt2")), "--ctx", "16", "--no-lens",
+             "--format", "json"], standalone_mode=False)
+        monkeypatch.undo()
+    reader.join(timeout=10)
+    os.close(master)
+    drawn = seen.decode(errors="replace")
+    assert json.loads(out.getvalue())["tokens"] > 16                       # stdout: the JSON and nothing else
+    assert "expected cost" not in out.getvalue() and "tokens/s" not in out.getvalue()
+    assert "corpus: expected cost: " in drawn and "per 1,000 tokens" in drawn
+    assert "corpus: planning the first shard" in drawn or "windows planned" in drawn
