@@ -9,6 +9,7 @@ import typer
 
 from anatomy_cli.cli.app import app, info, status
 from anatomy_cli.cli.commands._common import load_weights, model_label, open_model
+from anatomy_cli.cli.commands._corpus_status import CorpusStatus
 from anatomy_cli.cli.options import (
     AllowSpecialOpt,
     FormatOpt,
@@ -119,7 +120,7 @@ def corpus_command(
         ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
         with status("corpus: planning the first shard") as line:
             result = run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=out, overwrite=overwrite,
-                         identity=identity, ray=ray_opts, progress=lambda p: line.update(_progress(p, max_tokens)))
+                         identity=identity, ray=ray_opts, progress=CorpusStatus(line, max_tokens))
     finally:
         if source == "-":
             src.path.unlink(missing_ok=True)
@@ -163,22 +164,6 @@ def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
     if n_ctx and ctx > n_ctx:
         raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
     return ctx
-
-
-def _progress(p: Any, budget: int | None) -> str:
-    """The status line (a :class:`anatomy_cli.corpus.runner.Progress`, per batch of windows): tokens,
-    windows measured of those planned so far, tokens/s, the time split (forward, lens, heads), ETA."""
-    if p.done == 0:
-        return f"corpus: {p.planned:,} windows planned · {p.tokens:,} tokens · measuring the first window"
-    rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
-    total = sum(p.seconds.values()) or 1.0
-    split = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in p.seconds.items() if v)
-    line = f"corpus: {p.tokens:,} tokens · {p.windows:,} windows ({p.planned:,} planned) · {rate:,.0f} tokens/s"
-    line += f" · {split}" if split else ""
-    if budget and rate > 0:
-        left = max(0, budget - p.tokens) / rate
-        line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
-    return line
 
 
 def _report(name: str, model: dict[str, Any], identity: dict[str, Any], settings: Any, result: Any) -> Report:
