@@ -83,6 +83,8 @@ def test_control_vector_gguf_reads_back_and_steers_like_the_safetensors(tiny_mod
                     "--save-control-vector", str(cv))
     assert result.exit_code == 0, result.output
     assert "--control-vector-scaled" in result.output and "--control-vector-layer-range 1 1" in result.output
+    assert "Ollama Modelfile (released Ollama does NOT apply control vectors" in result.output
+    assert "  FROM MODEL.gguf" in result.output and "ollama/ollama#8148 (open, unmerged)" in result.output
     reader = gguf.GGUFReader(str(cv))
     field = reader.get_field("general.architecture")
     assert bytes(field.parts[field.data[0]]).decode() == "controlvector"

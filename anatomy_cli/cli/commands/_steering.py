@@ -150,11 +150,30 @@ def save_all(lm: LoadedModel, vector: SteeringVector, out: Path | None, gguf_out
         control_vector.write({k: v.numpy() for k, v in vector.directions.items()}, gguf_out,
                              model_hint=lm.info.model_type, site=vector.site)
         first, last = vector.layers[0], vector.layers[-1]
-        gguf_model = model if model.lower().endswith(".gguf") else "MODEL.gguf"
+        gguf_model = _gguf_model(model)
         notes += [f"saved {gguf_out} (llama.cpp control vector: block L = direction.L)",
                   f"llama.cpp: llama-cli -m {gguf_model} --control-vector-scaled {gguf_out} C "
-                  f"--control-vector-layer-range {first} {last}  (C: the coefficient of anatomy generate --coef)",
-                  f"Ollama: released Ollama has no Modelfile instruction for control vectors (open pull "
-                  f"request ollama/ollama#8148 proposes one); run it through llama.cpp, e.g. llama-server -m "
-                  f"{gguf_model} --control-vector-scaled {gguf_out} C"]
+                  f"--control-vector-layer-range {first} {last}  (C: the coefficient of anatomy generate --coef; "
+                  f"llama-server takes the same options)",
+                  *ollama_modelfile(gguf_model, gguf_out, first, last)]
     return notes
+
+
+def _gguf_model(model: str) -> str:
+    """The GGUF file for the llama.cpp command line: ``model`` itself, a packaged model's file, else MODEL.gguf."""
+    if model.lower().endswith(".gguf"):
+        return model
+    from anatomy_cli.models import packaged
+
+    found = packaged.find(model)
+    return str(found) if found is not None else "MODEL.gguf"
+
+
+def ollama_modelfile(gguf_model: str, gguf_out: Path, first: int, last: int) -> list[str]:
+    """The Ollama Modelfile lines, honest about what released Ollama does: it loads the model from the GGUF but
+    has no Modelfile instruction for a control vector (ollama/ollama#8148, open and unmerged, proposes one), so
+    the vector is named in a comment only."""
+    return ["Ollama Modelfile (released Ollama does NOT apply control vectors; the vector below is a comment):",
+            f"  FROM {gguf_model}",
+            f"  # control vector {gguf_out}, blocks {first}-{last}, coefficient C: not supported by released Ollama;",
+            "  # ollama/ollama#8148 (open, unmerged) proposes a Modelfile instruction for it. Use llama.cpp above."]
