@@ -146,13 +146,15 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     ours = {c: generate(lm, ids, max_new_tokens=1, hooks=vector.hooks(c)).logits[0] for c in (0.0, coef)}
 
     def llama_logits(cvec: bool) -> torch.Tensor:
-        llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=64, logits_all=False, verbose=False, seed=0)
+        # logits_all: llama-cpp-python 0.3.x keeps llm.scores only then (sampling happens inside its sampler)
+        llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=64, logits_all=True, verbose=False, seed=0)
         if cvec:
             written, _ = control_vector.read(path)  # the file's direction.N, as llama_control_vector_load reads it
             data = np.zeros(lm.d_model * (lm.n_layers - 1), dtype=np.float32)  # layers 1..n-1, layer 1 first
             for n, d in written.items():
                 data[(n - 1) * lm.d_model:n * lm.d_model] = d
-            apply = getattr(llama_cpp, "llama_apply_adapter_cvec", None) or llama_cpp.llama_control_vector_apply
+            # llama.h's name since 0.3.3x; llama_apply_adapter_cvec before that (now a deprecated wrapper)
+            apply = getattr(llama_cpp, "llama_set_adapter_cvec", None) or llama_cpp.llama_apply_adapter_cvec
             rc = apply(llm.ctx, data.ctypes.data_as(llama_cpp.ctypes.POINTER(llama_cpp.ctypes.c_float)),
                        data.size, lm.d_model, 1, lm.n_layers - 1)
             assert rc == 0
