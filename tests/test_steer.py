@@ -136,6 +136,7 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     from anatomy_cli.cli.commands._steering import make
     from anatomy_cli.engine import control_vector
     from anatomy_cli.engine.generate import generate
+    from anatomy_cli.engine.steering import SteeringVector
 
     lm, layer, coef = smollm2_lm, 15, 8.0
     enc = lm.tokenizer.encode(SENTIMENT_POS + SENTIMENT_NEG)
@@ -167,3 +168,7 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     assert int(ours[coef].argmax()) == int(theirs[coef].argmax())
     assert kl(ours[coef], ours[0.0]) > 10 * max(base_kl, 1e-4)   # the vector moves the distribution
     assert steered_kl < 5 * max(base_kl, 1e-3)                   # and llama.cpp moves it the same way
+    # the numbering: the same vector one block later in anatomy is much further from llama.cpp's direction.L
+    shifted = SteeringVector({layer + 1: vector.directions[layer]}, site="resid_post")
+    off_by_one = generate(lm, ids, max_new_tokens=1, hooks=shifted.hooks(coef)).logits[0]
+    assert kl(off_by_one, theirs[coef]) > 10 * steered_kl
