@@ -27,6 +27,7 @@ _EXPORTS = {
     "_prompts": ("trace", "next_token", "lens", "heads", "attn"),
     "_edits": ("dla", "ablate", "patch", "attribute", "drift"),
     "_sae": ("sae",),
+    "_generation": ("generate", "steer"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
