@@ -5,7 +5,8 @@ documents, its identity), ``windows`` (documents to token windows to shards), ``
 windows through the model; its logit lens in ``lens_sums``), ``partial`` (a shard's sums and their Parquet
 form), ``summary`` (means and standard errors), ``store`` (``--out DIR``), ``worker``
 (:class:`~anatomy_cli.corpus.worker.Worker`: one shard), ``runner`` (plan, in-process runs, merging in shard
-order), ``ray_run`` (the same workers as Ray actors).
+order), ``ray_run`` (the same workers as Ray actors), ``activations`` (``--save-activations``: safetensors
+shards and their index).
 See docs/corpus.md.
 """
 

@@ -88,6 +88,13 @@ def corpus_command(
         help="The Ray cluster for --ray (ray://host:10001, auto).")] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Ray workers (actors), one model each.")] = 2,
     gpus_per_worker: Annotated[float, typer.Option("--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")] = 0.0,
+    save_activations: Annotated[Optional[str], typer.Option(
+        "--save-activations", metavar="SITE[,SITE]", show_default=False,
+        help="Also save the activations at these hook points (blocks.6.hook_resid_post, ...) under --out DIR/"
+             "activations as safetensors shards with a Parquet index, for training SAEs. See docs/corpus.md.")]
+    = None,
+    activation_dtype: Annotated[str, typer.Option(
+        "--activation-dtype", metavar="fp32|fp16", help="The saved activations' dtype.")] = "fp32",
     allow_special: AllowSpecialOpt = False,
     spec: ModelSpec = ModelSpec(),
     plot: PlotOpt = None,
@@ -109,14 +116,16 @@ def corpus_command(
     from anatomy_cli.corpus.runner import Settings, run
     from anatomy_cli.corpus.sources import open_source
 
+    sites = _sites(save_activations, activation_dtype, out, ray)
     src = open_source(source, column=column)
     try:
         identity = src.identity()
-        lm, opened, tokenizer = _load(spec, ray)
+        lm, opened, tokenizer = _load(spec, ray, sites)
         settings = Settings(ctx=_ctx(ctx, opened.info, spec.model), bos=opened.info.add_bos if bos is None else bos,
                             max_tokens=max_tokens,
                             lens=not no_lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
-                            allow_special=allow_special, batch_size=batch_size)
+                            allow_special=allow_special, batch_size=batch_size, save_activations=sites,
+                            activation_dtype=activation_dtype)
         ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
         with status("corpus: planning the first shard") as line:
             result = run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=out, overwrite=overwrite,
@@ -137,7 +146,20 @@ def corpus_command(
         plots.save(picture.figure(result.stats, cap), plot)
 
 
-def _load(spec: ModelSpec, on_ray: bool) -> tuple[Any, OpenedModel, Any]:
+def _sites(text: str | None, dtype: str, out: Path | None, on_ray: bool) -> tuple[str, ...]:
+    """``--save-activations``' hook points, checked before anything loads."""
+    if text is None:
+        return ()
+    from anatomy_cli.corpus.activations import DTYPES, parse_sites
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--activation-dtype is fp32 or fp16, not '{dtype}'")
+    if out is None or on_ray:
+        raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
+    return parse_sites(text)
+
+
+def _load(spec: ModelSpec, on_ray: bool, sites: tuple[str, ...] = ()) -> tuple[Any, OpenedModel, Any]:
     """``(lm, opened, tokenizer)``; with Ray the driver opens the model only (lm None: the workers load the
     weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
     if on_ray:
@@ -147,6 +169,10 @@ def _load(spec: ModelSpec, on_ray: bool) -> tuple[Any, OpenedModel, Any]:
     opened = open_model(spec)
     if not opened.info.is_causal:
         raise UsageError(f"corpus measures next-token prediction; {spec.model} is not a causal language model")
+    if sites:
+        from anatomy_cli.corpus.activations import check_sites
+
+        check_sites(sites, opened.info, spec.model)
     if not on_ray:
         lm = load_weights(opened)
         return lm, opened, lm.tokenizer
