@@ -28,6 +28,7 @@ _EXPORTS = {
     "_edits": ("dla", "ablate", "patch", "attribute", "drift"),
     "_sae": ("sae",),
     "_generation": ("generate", "steer"),
+    "_corpus": ("corpus_stats",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

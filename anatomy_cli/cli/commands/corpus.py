@@ -113,8 +113,33 @@ def corpus_command(
         anatomy corpus data.jsonl --column body --heads --out run1
         anatomy corpus docs/ --lens-every 4 --ray --workers 2 --format json
     """
+    report, result, caption = measure(
+        source, spec, ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every,
+        lens=not no_lens, out=out, overwrite=overwrite, shard_windows=shard_windows, batch_size=batch_size,
+        ray=ray, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker,
+        save_activations=save_activations, activation_dtype=activation_dtype, allow_special=allow_special)
+    emit(report, fmt)
+    if plot:
+        from anatomy_cli.output import plots
+        from anatomy_cli.output.plots import corpus as picture
+
+        plots.save(picture.figure(result.stats, caption), plot)
+
+
+def measure(source: str, spec: ModelSpec, *, ctx: int | None = None, max_tokens: int | None = None,
+            column: str = "text", bos: bool | None = None, heads: bool = False, lens_every: int = 1,
+            lens: bool = True, out: Path | None = None, overwrite: bool = False, shard_windows: int = 16,
+            batch_size: int = 4, ray: bool = False, ray_address: str | None = None, workers: int = 2,
+            gpus_per_worker: float = 0.0, save_activations: str | None = None, activation_dtype: str = "fp32",
+            allow_special: bool = False) -> tuple[Report, Any, Any]:
+    """The whole run of `anatomy corpus` (the command's options as keywords; ``lens`` is not ``--no-lens``):
+    ``(report, result, caption)``, the report the command emits, the runner's
+    :class:`~anatomy_cli.corpus.runner.Result` and the picture's caption. The model is opened and loaded through
+    the current loader. The command and ``anatomy.corpus`` both run this."""
     from anatomy_cli.corpus.runner import Settings, run
     from anatomy_cli.corpus.sources import open_source
+    from anatomy_cli.models.resolve import short_name
+    from anatomy_cli.output import plots
 
     sites = _sites(save_activations, activation_dtype, out, ray)
     src = open_source(source, column=column)
@@ -123,7 +148,7 @@ def corpus_command(
         lm, opened, tokenizer = _load(spec, ray, sites)
         settings = Settings(ctx=_ctx(ctx, opened.info, spec.model), bos=opened.info.add_bos if bos is None else bos,
                             max_tokens=max_tokens,
-                            lens=not no_lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
+                            lens=lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
                             allow_special=allow_special, batch_size=batch_size, save_activations=sites,
                             activation_dtype=activation_dtype)
         ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
@@ -134,16 +159,10 @@ def corpus_command(
         if source == "-":
             src.path.unlink(missing_ok=True)
     name = model_label(lm) if lm is not None else spec.model
-    emit(_report(name, model_record(lm) if lm is not None else spec_record(spec), identity, settings, result), fmt)
-    if plot:
-        from anatomy_cli.models.resolve import short_name
-        from anatomy_cli.output import plots
-        from anatomy_cli.output.plots import corpus as picture
-
-        cap = plots.Caption("corpus", short_name(spec.model), None,
-                            f"{identity['path']} · {result.stats.tokens:,} tokens",
-                            untrained=spec.init == "random")
-        plots.save(picture.figure(result.stats, cap), plot)
+    report = _report(name, model_record(lm) if lm is not None else spec_record(spec), identity, settings, result)
+    caption = plots.Caption("corpus", short_name(spec.model), None,
+                            f"{identity['path']} · {result.stats.tokens:,} tokens", untrained=spec.init == "random")
+    return report, result, caption
 
 
 def _sites(text: str | None, dtype: str, out: Path | None, on_ray: bool) -> tuple[str, ...]:
