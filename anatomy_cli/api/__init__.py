@@ -26,6 +26,7 @@ _EXPORTS = {
     "_hooks": ("hooks", "capture", "hook_names"),
     "_prompts": ("trace", "next_token", "lens", "heads", "attn"),
     "_edits": ("dla", "ablate", "patch", "attribute", "drift"),
+    "_verify": ("verify",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
