@@ -34,8 +34,7 @@ def verify(model: Model, prompt: str | list[str] | None = None, *, against: str 
     def reload(dtype: str, device: str) -> LoadedModel:
         return load(lm.name, dtype=dtype, device=device, init="random" if lm.untrained else "pretrained")
 
-    gguf = lm.name if str(lm.name).endswith(".gguf") and not lm.untrained else None
-    plan = Plan(against=against, quick=quick, gguf=gguf)
+    plan = Plan(against=against, quick=quick, gguf=command.gguf_file(lm.name, lm.untrained))
     result = command.run(lm, encoded, reload, plan)
     data = command.report(lm, result, encoded, plan).data
     return Result("verify", result, data, "sections", (result, command.caption(lm, result, encoded)))

@@ -148,7 +148,7 @@ def _width(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def against_llamacpp(runs: Runs, path: str | None) -> C.SectionResult:
     title = "GGUF against llama.cpp"
-    if path is None or not path.endswith(".gguf"):
+    if path is None:
         return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", "the model is not a .gguf file"),))
     why = unusable(path)
     if why is not None:

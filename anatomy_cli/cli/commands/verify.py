@@ -120,8 +120,7 @@ def verify_command(
         return load_weights(open_model(dataclasses.replace(spec, dtype=dtype, device=device, device_map=None,
                                                            max_memory=None, offload_folder=None)))
 
-    gguf = spec.model if str(spec.model).endswith(".gguf") and spec.init != "random" else None
-    plan = Plan(against=against.value, quick=quick, gguf=gguf)
+    plan = Plan(against=against.value, quick=quick, gguf=gguf_file(spec.model, lm.untrained))
     result = run(lm, encoded, reload, plan)
     emit(report(lm, result, encoded, plan), fmt)
     if plot:
@@ -133,6 +132,20 @@ def verify_command(
         names = "; ".join(f"{section}: {c.label}" for section, c in failed[:12])
         more = f" and {len(failed) - 12} more" if len(failed) > 12 else ""
         raise AnatomyError(f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: {names}{more}")
+
+
+def gguf_file(model: str, untrained: bool) -> str | None:
+    """The .gguf file ``model`` names (a path, a packaged short name such as ``smollm2``, ``ollama:NAME``), for
+    the llama.cpp section; None for any other model or random weights."""
+    from anatomy_cli.models.resolve import check_path
+
+    if untrained:
+        return None
+    try:
+        source = check_path(str(model))
+    except AnatomyError:
+        return None
+    return source.ref if source is not None and source.kind == "gguf" else None
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], reload: Any, plan: Plan) -> Verification:
