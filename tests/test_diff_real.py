@@ -20,8 +20,21 @@ PROMPT = "The capital of Germany is"
 
 @pytest.fixture(scope="session")
 def smollm2_q8(smollm2_gguf, tmp_path_factory) -> Path:
-    """SmolLM2 requantized to Q8_0 by docs/quantization.md's recipe (written once per session, ~9 s CPU)."""
-    return requantize(smollm2_gguf, tmp_path_factory.mktemp("smollm2-q8") / "SmolLM2-135M-Instruct.Q8_0.gguf")
+    """SmolLM2 requantized to Q8_0 by docs/quantization.md's recipe (~10 s CPU; built once per machine, keyed by
+    the source file's and the recipe's digests), copied into this session's directory under its usual name."""
+    import hashlib
+    import shutil
+
+    from conftest import cached_file
+    from test_requantize import recipe
+
+    from anatomy_cli.models.identity import file_sha256
+
+    key = f"smollm2-q8_0-{file_sha256(smollm2_gguf)[:16]}-{hashlib.sha256(recipe().encode()).hexdigest()[:16]}"
+    built = cached_file(key, ".gguf", lambda path: requantize(smollm2_gguf, path))
+    out = tmp_path_factory.mktemp("smollm2-q8") / "SmolLM2-135M-Instruct.Q8_0.gguf"
+    shutil.copyfile(built, out)
+    return out
 
 
 @pytest.fixture(scope="session")
