@@ -119,6 +119,15 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
     return lm
 
 
+def warn_cost(what: str, lm: LoadedModel, flops: float) -> None:
+    """One ``warning:`` line before a run whose estimate (:mod:`anatomy_cli.models.cost`) is long."""
+    from anatomy_cli.models import cost
+
+    line = cost.warning(what, flops, lm.device.type)
+    if line is not None:
+        warn(line)
+
+
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Both phases at once, for commands with no input to check before the weights."""
     return load_weights(open_model(spec))
