@@ -20,10 +20,15 @@ from anatomy_cli.serve import protocol
 # The one list of the weight-loading commands a running server answers, in the order the docs name them:
 # the client forwards them, `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
 FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens",
-             "report", "diff", "corpus", "verify", "generate", "steer", "sae", "convert")
+             "report", "diff", "corpus", "verify", "generate", "steer", "sae")
 ONLY_WITH = {"tokens": ("--model", "-m")}  # forwarded only with one of these options (without: no weights)
-# Forwarded except with one of these options, and why (`serve --status` and docs/serve.md say so).
-NOT_WITH = {"corpus": (("--ray", "--ray-address"), "its Ray workers load their own copies of the model")}
+NOT_WITH = {"corpus": ("--ray", "--ray-address")}  # forwarded except with one of these options
+# The weight-loading commands a server never answers, and why (`serve --status` and docs/serve.md say so).
+NOT_FORWARDED = {
+    "corpus --ray": "its Ray workers load their own copies of the model",
+    "convert": "it saves the weights, and the server's copies of tied weights share one buffer, which safetensors "
+               "refuses to save; a one-off conversion gains nothing from a loaded model",
+}
 NO_SERVER = "--no-server"
 _ROOT_FLAGS = {"--debug", NO_SERVER}
 # What rendering and loading read from the environment; the server runs each request under the client's.
@@ -48,13 +53,12 @@ def wants_server(argv: list[str]) -> bool:
         return False
     options = {a.split("=", 1)[0] for a in argv}
     needed = ONLY_WITH.get(command)
-    refused = NOT_WITH.get(command, ((), ""))[0]
-    return (needed is None or bool(options & set(needed))) and not options & set(refused)
+    return (needed is None or bool(options & set(needed))) and not options & set(NOT_WITH.get(command, ()))
 
 
 def not_forwarded() -> list[str]:
     """``corpus --ray: its Ray workers load their own copies of the model``: what a server never answers."""
-    return [f"{c} {opts[0]}: {why}" for c, (opts, why) in NOT_WITH.items()]
+    return [f"{what}: {why}" for what, why in NOT_FORWARDED.items()]
 
 
 def forwarded_names() -> str:
