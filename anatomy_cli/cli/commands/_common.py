@@ -78,12 +78,13 @@ def open_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = Promp
     texts in messages ("prompt", "context"). Returns ``(opened, encoded)``, one Encoded per text. Raises
     PromptTooLong unless ``prompts.truncate`` is ``left``, and what :func:`open_model` raises.
     """
+    from anatomy_cli.text import chat
     from anatomy_cli.text.length import check_length
     from anatomy_cli.text.tokenization import starts_with_bos
 
     opened = open_model(spec)
     tokenizer = opened.tokenizer
-    encoded = tokenizer.encode(texts, bos=prompts.bos, allow_special=prompts.allow_special)
+    encoded = chat.encode(tokenizer, texts, prompts, opened.name)
     encoded = check_length(opened, encoded, truncate=prompts.truncate, what=what, truncate_hint=truncate_hint)
     for i, enc in enumerate(encoded, start=1):
         which = f"{what} {i}" if len(encoded) > 1 else what

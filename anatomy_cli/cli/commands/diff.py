@@ -120,6 +120,7 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
     from anatomy_cli.analyses import diff as analysis
     from anatomy_cli.cli.commands import _diff_render as render
     from anatomy_cli.output import plots
+    from anatomy_cli.text import chat
     from anatomy_cli.text.inputs import read_prompts
 
     texts = read_prompts(prompt)
@@ -130,8 +131,7 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
     target_id = None if wanted is None else targets.resolve(opened_a.tokenizer, wanted, model=spec_a.model,
                                                              vocab_size=opened_a.info.lm_head_rows)
     opened_b = open_model(spec_b) if spec_b != spec_a else opened_a
-    render.check_same_tokens(encoded, opened_b.tokenizer.encode(texts, bos=options.bos,
-                                                                allow_special=options.allow_special),
+    render.check_same_tokens(encoded, chat.encode(opened_b.tokenizer, texts, options, opened_b.name),
                              spec_a.model, spec_b.model)
     render.check_same_shape(opened_a.info, opened_b.info, spec_a.model, spec_b.model)
     lm = load_weights(opened_a)
