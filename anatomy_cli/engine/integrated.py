@@ -141,7 +141,7 @@ def integrate(lm: LoadedModel, forward: Forward, embeds: torch.Tensor, fill: tor
 
 def _counted(forward: Forward, counts: list[int], progress: Callable[[int, int], None]) -> Forward:
     """``forward`` that adds the rows it runs to ``counts[0]`` (at most ``counts[1]``) and reports them."""
-    def run(x: torch.Tensor, *args, **kwargs):
+    def run(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         out = forward(x, *args, **kwargs)
         counts[0] = min(counts[0] + int(x.shape[0]), counts[1])
         progress(counts[0], counts[1])

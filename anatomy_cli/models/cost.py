@@ -17,18 +17,18 @@ RATES = {"cpu": 2e10, "mps": 5e11, "cuda": 5e12}
 def params(info: Any) -> float:
     """The multiply-accumulate weights one token meets: ~12 d_model² per block (attention 4, MLP 8) plus
     the LM head (``lm_head_rows`` × ``d_model``)."""
-    return 12.0 * info.n_layers * info.d_model ** 2 + float(info.lm_head_rows) * info.d_model
+    return float(12.0 * info.n_layers * info.d_model ** 2 + float(info.lm_head_rows) * info.d_model)
 
 
 def forward_flops(info: Any, tokens: int) -> float:
     """One forward of a ``tokens``-token prompt: 2 FLOP per weight per token, plus attention's
     ``2 · n_layers · tokens² · d_model`` (scores and the weighted sum, causal half counted in full)."""
-    return 2.0 * params(info) * tokens + 2.0 * info.n_layers * tokens ** 2 * info.d_model
+    return float(2.0 * params(info) * tokens + 2.0 * info.n_layers * tokens ** 2 * info.d_model)
 
 
 def lens_flops(info: Any, positions: int) -> float:
     """The logit lens of every layer (embedding included) at ``positions`` positions: one LM-head product each."""
-    return 2.0 * (info.n_layers + 1) * positions * float(info.lm_head_rows) * info.d_model
+    return float(2.0 * (info.n_layers + 1) * positions * float(info.lm_head_rows) * info.d_model)
 
 
 def seconds(flops: float, device: str) -> float:
@@ -37,7 +37,7 @@ def seconds(flops: float, device: str) -> float:
 
 
 def warning(what: str, flops: float, device: str) -> str | None:
-    """``lens on 5,000 tokens: about 8.8e+12 FLOP, roughly 7 min on cpu (a rough estimate)``, or None when the
+    """``lens on 5,000 tokens: about 1.1e+13 FLOP, roughly 9 min on cpu (a rough estimate)``, or None when the
     estimate is under :data:`WARN_SECONDS`."""
     s = seconds(flops, device)
     if s < WARN_SECONDS:

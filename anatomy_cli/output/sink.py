@@ -81,9 +81,13 @@ def progress_line(what: str, done: int, total: int, unit: str, elapsed: float) -
     """``lens: 120/5,000 positions · ETA 1:23`` (no ETA before the first step is done, nor after the last)."""
     line = f"{what}: {done:,}/{total:,} {unit}"
     if 0 < done < total:
-        left = elapsed / done * (total - done)
-        line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
+        line += f" · ETA {minutes(elapsed / done * (total - done))}"
     return line
+
+
+def minutes(seconds: float) -> str:
+    """``2:41``: seconds as minutes and seconds (an ETA)."""
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 def _forced() -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text.options import PromptOptions
-from anatomy_cli.text.tokenization import Encoded
+from anatomy_cli.text.tokenization import Encoded, Tokenizer
 
 SOURCE = "chat template"  # Encoded.bos_source under --chat when --bos was not given
 
@@ -33,7 +33,7 @@ def render(hf: Any, texts: list[str], model: str) -> list[str]:
         raise UsageError(f"{model}'s chat template fails on the prompt: {exc}") from None
 
 
-def encode(tokenizer: Any, texts: list[str], options: PromptOptions, model: str) -> list[Encoded]:
+def encode(tokenizer: Tokenizer, texts: list[str], options: PromptOptions, model: str) -> list[Encoded]:
     """``texts`` tokenized as ``options`` say (:meth:`~anatomy_cli.text.tokenization.Tokenizer.encode`),
     wrapped in the chat template first with ``options.chat``."""
     if not options.chat:

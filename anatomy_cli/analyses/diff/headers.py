@@ -40,6 +40,8 @@ def check_headers(a: Header, b: Header) -> None:
     from anatomy_cli.models.resolve import short_name
 
     name_a, name_b = short_name(a.spec), short_name(b.spec)
+    info_a: ModelInfo | None
+    info_b: ModelInfo | None
     try:
         info_a, info_b = ModelInfo.from_config(a.config), ModelInfo.from_config(b.config)
     except (UnsupportedArchitecture, AttributeError, TypeError, ValueError):
@@ -47,7 +49,8 @@ def check_headers(a: Header, b: Header) -> None:
     family_a, family_b = ((info_a.adapter.name, info_b.adapter.name) if info_a and info_b
                           else (str(a.config.model_type), str(b.config.model_type)))
     if family_a != family_b:
-        raise UsageError(f"{name_a} is a {family_a} model and {name_b} a {family_b} model (from their headers): "
+        type_a, type_b = a.config.model_type, b.config.model_type
+        raise UsageError(f"{name_a} is a {type_a} model and {name_b} a {type_b} model (from their headers): "
                          f"the two models differ in architecture")
     for field, words in _SHAPES if info_a and info_b else ():
         va, vb = getattr(info_a, field), getattr(info_b, field)

@@ -20,6 +20,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.output.sink import minutes
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.opening import OpenedModel
@@ -176,8 +177,7 @@ def _progress(p: Any, budget: int | None) -> str:
     line = f"corpus: {p.tokens:,} tokens · {p.windows:,} windows ({p.planned:,} planned) · {rate:,.0f} tokens/s"
     line += f" · {split}" if split else ""
     if budget and rate > 0:
-        left = max(0, budget - p.tokens) / rate
-        line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
+        line += f" · ETA {minutes(max(0, budget - p.tokens) / rate)}"
     return line
 
 
