@@ -81,3 +81,25 @@ def test_diff_of_two_families_reads_no_tensor(tiny_model_dir, monkeypatch):
     assert result.stderr.count("\n") == 1
     assert "is a gpt2 model and" in result.stderr and "a llama model (from their headers)" in result.stderr
     assert "differ in architecture" in result.stderr
+
+
+def test_a_served_commands_progress_reaches_its_client():
+    # In `anatomy serve`, the status line goes to the client: an update replaces the line of its own block.
+    from anatomy_cli.output import sink
+    from anatomy_cli.serve.session import Captured
+
+    sent = []
+    err = Captured("utf-8", True, sent.append)
+    import sys
+    saved, sys.stderr = sys.stderr, err
+    try:
+        with sink.status("patch") as line:
+            line.counter("patch", "patched runs")(3, 3)
+            with sink.status("inner"):
+                line.update("patch: hidden while inner shows")
+            line.update("patch: 4/4 patched runs")
+    finally:
+        sys.stderr = saved
+    assert sent == ["patch", "patch: 3/3 patched runs", "inner", "patch: hidden while inner shows",
+                    "patch: 4/4 patched runs", ""]
+    assert err.value() == b""  # nothing drawn into the answer's stderr
