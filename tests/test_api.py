@@ -38,6 +38,14 @@ def test_importing_the_api_loads_no_torch(module):
     assert json.loads(out.stdout) == []
 
 
+def test_no_public_name_is_shadowed_by_a_subpackage():
+    # Importing anatomy_cli.corpus sets the package's attribute `corpus` to that module: a public function of the
+    # same name would be unreachable as anatomy.corpus after the first run.
+    subpackages = {p.name for p in (ROOT / "anatomy_cli").iterdir() if (p / "__init__.py").is_file()}
+    subpackages |= {p.stem for p in (ROOT / "anatomy_cli").glob("*.py")}
+    assert not set(anatomy.api.__all__) & subpackages
+
+
 def test_unknown_names_are_attribute_errors():
     with pytest.raises(AttributeError):
         anatomy.no_such_function  # noqa: B018
@@ -153,3 +161,22 @@ def test_hooks_edit_activations_and_leave_nothing_behind_on_error(tiny_lm):
     assert _hook_count(lm) == before
     assert torch.equal(lm.model(ids).logits, clean)
     assert "blocks.0.hook_resid_pre" in anatomy.hook_names(lm)
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_corpus_returns_the_commands_json_and_draws_its_picture(tiny_model_dir, tmp_path):
+    from matplotlib.figure import Figure
+
+    path = str(tiny_model_dir("gpt2"))
+    source = tmp_path / "text.txt"
+    source.write_text("The cat sat on the mat. " * 12 + "\n\nA second paragraph, about dogs. " * 6, encoding="utf-8")
+    lm = anatomy.load(path)
+    result = anatomy.corpus_stats(lm, source, ctx=16, max_tokens=96, heads=True)
+    expected = cli_json("corpus", str(source), "-m", path, "--ctx", "16", "--max-tokens", "96", "--heads")
+    assert as_json(result.to_dict()) == expected
+    assert result.stats.tokens == expected["tokens"] > 0 and len(result.rows) == lm.n_layers + 1
+    assert len(expected["heads"]) == lm.n_layers * lm.info.n_heads
+    assert isinstance(result.plot(), Figure)
+    by_name = anatomy.corpus_stats(path, source, ctx=16, max_tokens=96, lens=False)  # a name: opened and loaded
+    assert all(row["kl_nats"] is None for row in by_name.rows)
+    assert [r["resid_norm"] for r in by_name.rows] == [r["resid_norm"] for r in expected["layers"]]

@@ -260,3 +260,23 @@ def test_check_needs_the_attribution_method(tiny_model_dir, cmd):
     result = runner.invoke(app, [*cmd, "--target-id", "1", "-m", str(tiny_model_dir("gpt2")), "--check", "3"])
     assert result.exit_code == 2
     assert "--check N compares attribution estimates with exact runs: it needs --method attribution" in result.output
+
+
+def test_metric_logits_computes_only_the_metric_columns(tiny_lm):
+    from anatomy_cli.engine.forward import head_logits, metric_logits
+    lm = tiny_lm("llama")
+    hidden = torch.randn(5, lm.d_model, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+    weight = lm.points["logits"][0].weight
+    for metric in (logit_metric(TARGET, FOIL), logit_metric(TARGET)):
+        assert metric.token_ids == ((TARGET, FOIL) if len(metric.token_ids) == 2 else (TARGET,))
+        m = metric_logits(lm, hidden, metric)
+        by_hand = (hidden.double() @ weight.double().T)[:, TARGET]
+        if len(metric.token_ids) == 2:
+            by_hand = by_hand - (hidden.double() @ weight.double().T)[:, FOIL]
+        torch.testing.assert_close(m, by_hand, atol=1e-5, rtol=1e-5)
+        (grad,) = torch.autograd.grad(m.sum(), hidden)
+        want = weight[TARGET] - (weight[FOIL] if len(metric.token_ids) == 2 else 0)
+        torch.testing.assert_close(grad, want.expand_as(grad), atol=1e-6, rtol=1e-5)
+    def whole(logits):                    # names no columns: the whole head, as head_logits
+        return logits.sum(-1)
+    assert torch.equal(metric_logits(lm, hidden, whole), head_logits(lm, hidden).sum(-1))

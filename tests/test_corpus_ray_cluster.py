@@ -112,3 +112,35 @@ def test_a_two_node_cluster_equals_in_process_and_survives_a_node(tiny_model_dir
     finally:
         kill(processes(temp, f"--gcs_server_port={port}", f"--node_manager_port={node_port}"))
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_ray_job_submit_runs_the_command_on_the_cluster(tiny_model_dir, tmp_path):
+    """`ray job submit` of the same command against a `ray start --head` with its dashboard (loopback): the job
+    succeeds and its JSON (redirected to a file by the entrypoint) equals the in-process run's figures."""
+    pytest.importorskip("aiohttp", reason="ray job submit needs the dashboard: pip install 'ray[default]'")
+    ray_cli = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    temp = tempfile.mkdtemp(prefix="anatomy-ray-", dir="/tmp")
+    port, dash = free_port(), free_port()
+    args = ["corpus", str(ROOT / "docs" / "article.md"), "--model", str(tiny_model_dir("gpt2")), "--ctx", "16",
+            "--max-tokens", "128", "--shard-windows", "2", "--format", "json"]
+    whole = subprocess.run([sys.executable, "-m", "anatomy_cli", *args], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert whole.returncode == 0, whole.stderr
+    result = tmp_path / "result.json"
+    command = " ".join([sys.executable, "-m", "anatomy_cli", *args, "--ray", "--workers", "2", ">", str(result)])
+    try:
+        subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                        f"--temp-dir={temp}", "--disable-usage-stats"], env=env, check=True, capture_output=True,
+                       timeout=300)
+        job = subprocess.run([ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--", "sh", "-c",
+                              command], env=env, capture_output=True, text=True, timeout=600)
+        assert job.returncode == 0 and "succeeded" in job.stdout, (job.stdout + job.stderr)[-3000:]
+        a, b = json.loads(result.read_text()), json.loads(whole.stdout)
+        assert (a["layers"], a["tokens"]) == (b["layers"], b["tokens"])
+    finally:
+        kill(processes(temp, f"--gcs_server_port={port}", f"--dashboard-port={dash}", f"--dashboard_port={dash}"))
+        shutil.rmtree(temp, ignore_errors=True)

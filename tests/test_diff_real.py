@@ -1,5 +1,5 @@
 """`diff` on the real SmolLM2-135M-Instruct (Q4_1 GGUF): against its own weights saved by save_pretrained,
-against a Q8_0 copy requantized here with gguf's writer and quantizer, against random weights of its shape.
+against a Q8_0 copy requantized by docs/quantization.md's recipe (gguf's writer and quantizer), against random weights of its shape.
 
 Each real model loads at most once per session (fixtures); the weight figures are checked against numpy
 on the raw files, the activation figures against transformers' ``output_hidden_states`` of both models.
@@ -13,43 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_requantize import requantize
 
 PROMPT = "The capital of Germany is"
 
 
-def requantize(src: Path, out: Path) -> Path:
-    """Every quantized tensor of ``src`` dequantized and quantized again as Q8_0 (F32/F16 tensors copied),
-    the metadata copied key by key: the same model, one more rounding."""
-    import gguf
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-    from gguf.quants import dequantize, quantize
-
-    reader = GGUFReader(src)
-    writer = GGUFWriter(out, reader.fields["general.architecture"].contents())
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.alignment",
-                                                           "general.file_type"):
-            continue
-        vtype = field.types[0]
-        writer.add_key_value(field.name, field.contents(), vtype,
-                             sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    for t in reader.tensors:
-        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-        else:
-            writer.add_tensor(t.name, quantize(dequantize(t.data, t.tensor_type), GGMLQuantizationType.Q8_0),
-                              raw_dtype=GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
-
-
 @pytest.fixture(scope="session")
 def smollm2_q8(smollm2_gguf, tmp_path_factory) -> Path:
-    """SmolLM2 requantized to Q8_0 (written once per session, ~6 s)."""
+    """SmolLM2 requantized to Q8_0 by docs/quantization.md's recipe (written once per session, ~9 s CPU)."""
     return requantize(smollm2_gguf, tmp_path_factory.mktemp("smollm2-q8") / "SmolLM2-135M-Instruct.Q8_0.gguf")
 
 

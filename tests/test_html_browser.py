@@ -204,7 +204,7 @@ def test_attention_picker_switches_heads(browser, pages):
         assert readout.inner_text().startswith(f"layer 1 head 2 · query 5 {tokens[5]} → key 2 {tokens[2]} ·")
         opened.page.select_option("#attn-layer", "0")
         opened.page.select_option("#attn-head", "3")
-        assert opened.page.evaluate("document.getElementById('attn').layout.title.text") == "layer 0 head 3"
+        assert opened.page.evaluate("document.getElementById('attn-readout').textContent") == "layer 0 head 3"
         for q, k in ((5, 2), (12, 0), (14, 14)):
             opened.hover_cell("attn", k, q)
             assert readout.inner_text().endswith(f"weight {weights[(q, k)]:.4f}"), (q, k)
@@ -230,7 +230,7 @@ def test_a_512_token_attention_page_opens(browser, tmp_path, record_property):
     try:
         start = time.perf_counter()
         opened.page.select_option("#attn-head", "3")
-        opened.page.wait_for_function("document.getElementById('attn').layout.title.text === 'layer 0 head 3'")
+        opened.page.wait_for_function("document.getElementById('attn-readout').textContent === 'layer 0 head 3'")
         switch = time.perf_counter() - start
         opened.hover_cell("attn", 100, 400)  # cells are 1-2 pixels: read which cell the mouse landed on
         shown = opened.page.locator("#attn-readout").inner_text()

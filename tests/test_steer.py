@@ -83,6 +83,8 @@ def test_control_vector_gguf_reads_back_and_steers_like_the_safetensors(tiny_mod
                     "--save-control-vector", str(cv))
     assert result.exit_code == 0, result.output
     assert "--control-vector-scaled" in result.output and "--control-vector-layer-range 1 1" in result.output
+    assert "Ollama Modelfile (released Ollama does NOT apply control vectors" in result.output
+    assert "  FROM MODEL.gguf" in result.output and "ollama/ollama#8148 (open, unmerged)" in result.output
     reader = gguf.GGUFReader(str(cv))
     field = reader.get_field("general.architecture")
     assert bytes(field.parts[field.data[0]]).decode() == "controlvector"
@@ -134,6 +136,7 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     from anatomy_cli.cli.commands._steering import make
     from anatomy_cli.engine import control_vector
     from anatomy_cli.engine.generate import generate
+    from anatomy_cli.engine.steering import SteeringVector
 
     lm, layer, coef = smollm2_lm, 15, 8.0
     enc = lm.tokenizer.encode(SENTIMENT_POS + SENTIMENT_NEG)
@@ -144,13 +147,15 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     ours = {c: generate(lm, ids, max_new_tokens=1, hooks=vector.hooks(c)).logits[0] for c in (0.0, coef)}
 
     def llama_logits(cvec: bool) -> torch.Tensor:
-        llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=64, logits_all=False, verbose=False, seed=0)
+        # logits_all: llama-cpp-python 0.3.x keeps llm.scores only then (sampling happens inside its sampler)
+        llm = llama_cpp.Llama(model_path=str(smollm2_gguf), n_ctx=64, logits_all=True, verbose=False, seed=0)
         if cvec:
             written, _ = control_vector.read(path)  # the file's direction.N, as llama_control_vector_load reads it
             data = np.zeros(lm.d_model * (lm.n_layers - 1), dtype=np.float32)  # layers 1..n-1, layer 1 first
             for n, d in written.items():
                 data[(n - 1) * lm.d_model:n * lm.d_model] = d
-            apply = getattr(llama_cpp, "llama_apply_adapter_cvec", None) or llama_cpp.llama_control_vector_apply
+            # llama.h's name since 0.3.3x; llama_apply_adapter_cvec before that (now a deprecated wrapper)
+            apply = getattr(llama_cpp, "llama_set_adapter_cvec", None) or llama_cpp.llama_apply_adapter_cvec
             rc = apply(llm.ctx, data.ctypes.data_as(llama_cpp.ctypes.POINTER(llama_cpp.ctypes.c_float)),
                        data.size, lm.d_model, 1, lm.n_layers - 1)
             assert rc == 0
@@ -163,3 +168,7 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     assert int(ours[coef].argmax()) == int(theirs[coef].argmax())
     assert kl(ours[coef], ours[0.0]) > 10 * max(base_kl, 1e-4)   # the vector moves the distribution
     assert steered_kl < 5 * max(base_kl, 1e-3)                   # and llama.cpp moves it the same way
+    # the numbering: the same vector one block later in anatomy is much further from llama.cpp's direction.L
+    shifted = SteeringVector({layer + 1: vector.directions[layer]}, site="resid_post")
+    off_by_one = generate(lm, ids, max_new_tokens=1, hooks=shifted.hooks(coef)).logits[0]
+    assert kl(off_by_one, theirs[coef]) > 10 * steered_kl

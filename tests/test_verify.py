@@ -203,3 +203,75 @@ def test_llamacpp_section_against_smollm2(smollm2_lm, smollm2_gguf):
     section = json.loads(out.stdout)["sections"][-1]
     assert section["name"] == "llama.cpp" and section["status"] == "passed"
     assert "llama" not in out.stderr.lower()          # llama.cpp's log lines stay off the streams
+
+
+# ---------------------------------------------------------------- --plot: the page and the picture of the rows
+
+def _synthetic():
+    rows = (C.scalar_check("a", 0.0, 1e-5), C.scalar_check("b", 3e-3, 1e-3), C.skipped("c", "no device"),
+            C.score_check("induction", 0.9, 0.3))
+    return C.Verification((C.SectionResult("one", "one", rows[:2]), C.SectionResult("two", "two", rows[2:])))
+
+
+def test_plot_pages_carry_every_row_with_its_colour(tmp_path):
+    from test_html import figure_data
+
+    from anatomy_cli.output import plots
+    from anatomy_cli.output.verify_rows import COLOURS
+
+    result, cap = _synthetic(), plots.Caption("verify", "m", None, "fp32 on cpu")
+    page = plots.draw("verify", tmp_path / "v.html", None, result, cap)
+    traces = figure_data(page)
+    assert len(traces) == 2                                      # one figure per section with a measured row
+    (one, one_limit), (two, two_limit) = traces
+    assert one["x"] == [1e-6, 3e-3] and one_limit["x"] == [1e-5, 1e-3]   # 0 drawn a decade below the smallest
+    assert one["marker"]["color"] == [COLOURS["pass"], COLOURS["FAIL"]]
+    assert two["x"] == [None, 0.9] and two["marker"]["color"] == [COLOURS["skip"], COLOURS["pass"]]
+    text = page.read_text(encoding="utf-8")
+    assert "no device" in text and "≥ 0.3" in text            # the table under the figure has the skipped row
+    png = plots.draw("verify", tmp_path / "v.png", None, result, cap)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_api_is_the_commands_json_and_plot_writes_its_rows(tiny_model_dir, tmp_path):
+    # anatomy.verify(...).to_dict() is `anatomy verify --format json`; the same run's --plot page has its rows.
+    from test_html import figure_data
+
+    import anatomy_cli as anatomy
+
+    path = str(tiny_model_dir("gpt2"))
+    api = anatomy.verify(anatomy.load(path), quick=True, against="transformers")
+    out = runner.invoke(app, ["verify", "-m", path, "--quick", "--against", "transformers", "--format", "json",
+                              "--plot", str(tmp_path / "v.html")])
+    assert out.exit_code == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert json.loads(json.dumps(api.to_dict())) == data and api.passed is True
+    assert [s["name"] for s in api.rows] == ["parity", "identities"]
+    assert f"wrote {tmp_path / 'v.html'}" in out.stderr
+    measured = [fig[0]["x"] for fig in figure_data(tmp_path / "v.html")]
+    assert len(measured) == len(data["sections"]) == 2
+    for section, xs in zip(data["sections"], measured):
+        errors = [c["error"] for c in section["checks"]]
+        assert len(xs) == len(errors) and all(x > 0 for x in xs)   # zeros drawn at the floor, on the log axis
+        assert [x for x, e in zip(xs, errors) if e > 0] == [e for e in errors if e > 0]
+
+
+def test_devices_section_says_skipped_and_why_in_every_format(tiny_lm, tiny_model_dir, monkeypatch):
+    # Without CUDA or MPS the devices section is one skipped row whose reason every format carries.
+    from anatomy_cli.analyses.verify import precision, suite
+    from anatomy_cli.analyses.verify.runs import Runs
+
+    monkeypatch.setattr(precision, "other_device", lambda lm: None)
+    monkeypatch.setattr(suite, "verify", lambda lm, enc, reload, plan, progress: C.Verification(
+        (precision.devices(Runs(lm, list(enc)), reload),)))
+    lm, model = tiny_lm("gpt2"), str(tiny_model_dir("gpt2"))
+    for fmt in ("table", "tsv", "csv", "json", "jsonl"):
+        out = _run(lm, model, "--quick", "--format", fmt)
+        assert out.exit_code == 0, out.stderr
+        text = " ".join(out.stdout.split())
+        assert "skip" in text and "no CUDA or MPS device here" in text, (fmt, out.stdout)
+        if fmt.startswith("json"):
+            section = json.loads(out.stdout)["sections"][0]
+            assert section["status"] == "skipped" and section["checks"][0]["passed"] is None
+            assert "no CUDA or MPS device here" in section["note"]

@@ -124,3 +124,42 @@ def parse_coefs(text: str) -> list[float]:
     if not coefs or not all(math.isfinite(c) for c in coefs):
         raise UsageError(f"--coef takes finite numbers, got {text!r}")
     return coefs
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One prompt's generation as ``generate`` reports it: the text, the generated ids, why it stopped
+    (``eos``, ``max_new_tokens``, ``context``) and the :class:`Step` records (with ``--lens``, each step's
+    ``lens`` is the chosen token's probability per block: the layer x step grid ``--plot`` draws)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    stopped: str
+    steps: tuple[Step, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"continuation": self.text, "generated_ids": list(self.token_ids), "stopped": self.stopped,
+                "steps": [st.to_dict() for st in self.steps]}
+
+    def lens_grid(self) -> list[list[float]]:
+        """``[blocks][steps]``: the chosen token's lens probability at block l's output, step s (needs ``--lens``)."""
+        if not self.steps or self.steps[0].lens is None:
+            raise ValueError("this generation ran without the lens (--lens)")
+        return [list(col) for col in zip(*(st.lens or () for st in self.steps))]
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A coefficient sweep: one :class:`SweepRow` per coefficient (in the order given) and the display form of
+    the ``--target`` token (None without one)."""
+
+    rows: tuple[SweepRow, ...]
+    target: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sweep": [r.to_dict() for r in self.rows]}
+
+    def points(self) -> tuple[list[float], list[float], list[float | None]]:
+        """The coefficients in increasing order with their KL and target shift (what ``--plot`` draws)."""
+        rows = sorted(self.rows, key=lambda r: r.coef)
+        return [r.coef for r in rows], [r.kl for r in rows], [r.target_shift for r in rows]

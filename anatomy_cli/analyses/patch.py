@@ -17,10 +17,12 @@ import torch
 
 
 def logit_metric(target_id: int, foil_id: int | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``logits [n, vocab] -> float64 [n]``: ``logit[target] - logit[foil]``, or ``logit[target]``."""
+    """``logits [n, vocab] -> float64 [n]``: ``logit[target] - logit[foil]``, or ``logit[target]``. It reads only
+    those columns and says so in ``metric.token_ids`` (the engine then computes only them: ``metric_logits``)."""
     def metric(logits: torch.Tensor) -> torch.Tensor:
         m = logits[:, target_id].to(torch.float64)
         return m - logits[:, foil_id].to(torch.float64) if foil_id is not None else m
+    metric.token_ids = (target_id,) if foil_id is None else (target_id, foil_id)  # type: ignore[attr-defined]
     return metric
 
 

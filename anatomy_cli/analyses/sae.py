@@ -160,6 +160,42 @@ def logit_lens(lens: torch.Tensor, ids: Sequence[int], describe: Describe, k: in
     return rows
 
 
+PLOT_FEATURES = 32  # columns of the tokens x features heatmap at most
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One prompt read through an SAE: what `anatomy sae` renders and ``--plot`` draws. ``pieces``: the
+    prompt's tokens as the tables show them; ``activations [pos, d_sae]`` float32 on the CPU; rows as in
+    :func:`top_features`, :func:`follow` and :func:`logit_lens` (``summary``: one per followed feature);
+    ``followed``: the ``--feature`` ids; ``labels``: feature id -> label when ``--labels`` was given, else
+    None; ``top``: the features listed per token (``--top``)."""
+
+    pieces: tuple[str, ...]
+    activations: torch.Tensor
+    health: Health
+    warnings: tuple[str, ...]
+    top_rows: tuple[dict[str, Any], ...]
+    follow_rows: tuple[dict[str, Any], ...]
+    summary: tuple[dict[str, Any], ...]
+    lens_rows: tuple[dict[str, Any], ...]
+    followed: tuple[int, ...]
+    labels: dict[int, str] | None
+    top: int = 5
+
+    def plotted(self, limit: int = PLOT_FEATURES) -> list[int]:
+        """The heatmap's features: the followed ones, then those of the top-features table ordered by their
+        largest activation over the prompt (ties: the lower id), ``limit`` at most."""
+        best = self.activations.max(0).values.tolist() if self.activations.shape[0] else []
+        listed = sorted({r["feature"] for r in self.top_rows} - set(self.followed), key=lambda f: (-best[f], f))
+        return [*self.followed, *listed][:limit]
+
+    def matrix(self, limit: int = PLOT_FEATURES) -> tuple[list[int], list[list[float]]]:
+        """``(features, values [pos][len(features)])``: the heatmap, the activations of :meth:`plotted`."""
+        ids = self.plotted(limit)
+        return ids, self.activations[:, ids].tolist() if ids else [[] for _ in self.pieces]
+
+
 def centring(x: torch.Tensor) -> float:
     """The mean over positions of ``|mean_d x| / rms(x)``: about 0 for TransformerLens' centred residuals."""
     x = x.double()

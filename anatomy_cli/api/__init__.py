@@ -26,6 +26,10 @@ _EXPORTS = {
     "_hooks": ("hooks", "capture", "hook_names"),
     "_prompts": ("trace", "next_token", "lens", "heads", "attn"),
     "_edits": ("dla", "ablate", "patch", "attribute", "drift"),
+    "_sae": ("sae",),
+    "_generation": ("generate", "steer"),
+    "_corpus": ("corpus_stats",),
+    "_verify": ("verify",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -13,14 +13,14 @@ row l the output of block l-1, raw, before the final norm. For every position of
 * with heads, per (layer, head) the scores of :func:`anatomy_cli.analyses.heads.pattern_scores` (entropy in
   nats, first-token mass, previous-token mass; queries 1..n-1).
 
-Log-probabilities are float64 (as ``lens``; the logits themselves are in the model's dtype), every sum
-float64. ``lens_every = N`` measures the lens at the positions p with ``p ≡ w (mod N)`` in window w (global
-index), so every position in a window is measured equally often over N consecutive windows.
+The lens is :func:`anatomy_cli.corpus.lens_sums.lens_sums`: fp32 logits and softmax, every sum over the
+vocabulary and over positions accumulated in float64. ``lens_every = N`` measures the lens at the positions
+p with ``p ≡ w (mod N)`` in window w (global index), so every position in a window is measured equally
+often over N consecutive windows.
 """
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -29,11 +29,8 @@ import torch
 from anatomy_cli import engine
 from anatomy_cli.analyses.heads import pattern_scores
 from anatomy_cli.analyses.trace import cosine
+from anatomy_cli.corpus.lens_sums import lens_sums
 from anatomy_cli.corpus.partial import Partial
-
-# Logits per lens chunk: 2**23 float64 values are 64 MiB (GPT-2 small: 166 positions).
-MAX_ELEMENTS = 2 ** 23
-LN2 = math.log(2.0)
 
 
 def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_window: int, lens: bool = True,
@@ -67,7 +64,7 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
         win_dim[:, l] = dims.gather(1, at[:, None])[:, 0].numpy(force=True)
     del store
     t1 = time.perf_counter()
-    lens_sums = _lens(lm, resid, ids, first_window, lens_every) if lens else None
+    lens_out = lens_sums(lm, resid, ids, first_window, lens_every) if lens else None
     t2 = time.perf_counter()
     head_sums = _heads(lm, ids) if heads else None
     t3 = time.perf_counter()
@@ -80,8 +77,8 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
         part.add_window("attn_out_norm", layer["attn_out_norm"][:, w], blocks)
         part.add_window("mlp_out_norm", layer["mlp_out_norm"][:, w], blocks)
         part.add_max(win_max[w], win_dim[w])
-        if lens_sums is not None:
-            for metric, (sums, counts) in lens_sums.items():
+        if lens_out is not None:
+            for metric, (sums, counts) in lens_out.items():
                 part.add_window(metric, sums[:, w], counts[:, w])
         if head_sums is not None:
             for metric, sums in head_sums.items():
@@ -90,63 +87,6 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
     part.tokens += b * t
     for key, dt in (("forward", t1 - t0), ("lens", t2 - t1), ("heads", t3 - t2)):
         part.seconds[key] = part.seconds.get(key, 0.0) + dt
-
-
-def lens_mask(b: int, t: int, first_window: int, every: int) -> torch.Tensor:
-    """``[b, t]`` bool: the positions whose logit lens is measured (see the module docstring)."""
-    p = torch.arange(t)
-    w = torch.arange(first_window, first_window + b)
-    return (p[None, :] - w[:, None]) % every == 0
-
-
-def _lens(lm, resid, ids, first_window, every) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    b, t = ids.shape
-    rows = len(resid)
-    sel = lens_mask(b, t, first_window, every).to(lm.device)
-    has_next = sel.clone()
-    has_next[:, -1] = False
-    window = torch.arange(b, device=lm.device)[:, None].expand(b, t)[sel]           # [n]
-    nxt = torch.cat([ids[:, 1:], ids[:, :1]], dim=1)[sel]                          # next token (last: unused)
-    ce_ok = has_next[sel]
-    kl, top1, ce = (torch.zeros(rows, b, dtype=torch.float64) for _ in range(3))
-    flat = [r[sel] for r in resid]                                                  # [n, d] per row
-    n = len(window)
-    chunk = max(1, MAX_ELEMENTS // lm.vocab_size)
-    win_cpu, ok_cpu = window.cpu(), ce_ok.cpu()
-    for start in range(0, n, chunk):
-        sl = slice(start, min(start + chunk, n))
-        w, ok, tgt = win_cpu[sl], ok_cpu[sl], nxt[sl]
-        final = engine.unembed(lm, flat[-1][sl])
-        final_top = final.argmax(-1)
-        final = final.to(torch.float64)
-        final_lse = torch.logsumexp(final, -1)
-        p_final = torch.exp(final - final_lse[:, None])
-        # KL(final || lens) = Σ p_f (log p_f - log q) with log q = x - logsumexp(x) and Σ p_f = 1:
-        # (p_f·x_f - lse_f) - (p_f·x - lse), no [n, vocab] log-softmax per layer (a BLAS dot instead).
-        self_dot = _rowdot(p_final, final) - final_lse
-        for l in range(rows):
-            x = final if l == rows - 1 else engine.unembed(lm, flat[l][sl])
-            if l < rows - 1:
-                top1[l].index_add_(0, w, (x.argmax(-1) == final_top).to(torch.float64).cpu())
-                x = x.to(torch.float64)
-                lse = torch.logsumexp(x, -1)
-                kl[l].index_add_(0, w, (self_dot - (_rowdot(p_final, x) - lse)).clamp_min(0.0).cpu())
-            else:
-                lse = final_lse
-                top1[l].index_add_(0, w, torch.ones(len(w), dtype=torch.float64))
-            nll = (lse - x.gather(1, tgt[:, None])[:, 0]).cpu() / LN2
-            ce[l].index_add_(0, w[ok], nll[ok])
-    counts = torch.zeros(b, dtype=torch.int64).index_add_(0, win_cpu, torch.ones(n, dtype=torch.int64))
-    ce_counts = torch.zeros(b, dtype=torch.int64).index_add_(0, win_cpu[ok_cpu], torch.ones(int(ok_cpu.sum()),
-                                                                                          dtype=torch.int64))
-    lens_n = counts[None].expand(rows, b).numpy()
-    ce_n = ce_counts[None].expand(rows, b).numpy()
-    return {"kl_nats": (kl.numpy(), lens_n), "top1_agree": (top1.numpy(), lens_n), "ce_bits": (ce.numpy(), ce_n)}
-
-
-def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[n]``: the dot product of each row of ``a [n, v]`` with the same row of ``b [n, v]`` (batched BLAS)."""
-    return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]
 
 
 def _heads(lm, ids) -> dict[str, list[np.ndarray]]:

@@ -75,19 +75,26 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     "workers", "gpus_per_worker"}`` to run on Ray instead. Raises UsageError for an empty corpus or an
     ``out`` that holds another run (unless ``overwrite``).
     """
-    store = None
+    store = acts = None
     if out is not None:
         store = Store(out)
         store.open(model_identity(spec, tokenizer), identity or source.identity(), settings.to_dict(),
                    overwrite=overwrite)
+    if settings.save_activations:
+        from anatomy_cli.corpus.activations import ActivationStore
+
+        if out is None or ray is not None:
+            raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
+        acts = ActivationStore(out, settings, overwrite=overwrite)
     parts: dict[int, Partial] = {}
     resumed = 0
     recomputed = []
     if store is not None:
         for index in sorted(store.done):
             part = store.load(index)
-            if isinstance(part, str):
-                recomputed.append(f"shard {index}: {part}")
+            why = part if isinstance(part, str) else acts.check(index) if acts is not None else None
+            if why:
+                recomputed.append(f"shard {index}: {why}")
                 continue
             parts[index] = part
             resumed += 1
@@ -120,7 +127,8 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
         if ray is not None:
             report()
 
-    todo = (shard for shard in plan(source, tokenizer, settings) if shard.index not in parts)
+    planned = acts.plan(source, tokenizer, settings) if acts is not None else plan(source, tokenizer, settings)
+    todo = (shard for shard in planned if shard.index not in parts)
     n_seen = [0]
 
     def counted(it: Iterator[Shard]) -> Iterator[Shard]:
@@ -139,7 +147,10 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     else:
         worker = Worker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, crash_once=crash_once)
         for shard in counted(todo):
-            finished(shard, worker(shard, on_window))
+            part = worker(shard, on_window)
+            if acts is not None:
+                acts.save(shard, worker.saved)
+            finished(shard, part)
     total = max(n_seen[0], max(parts, default=-1) + 1)
     if not parts:
         raise UsageError("the corpus has no text: nothing to measure (it needs at least 2 tokens)")

@@ -28,10 +28,16 @@ class Settings:
     shard_windows: int = 16
     allow_special: bool = False
     batch_size: int = 4
+    save_activations: tuple[str, ...] = ()  # hook points whose activations are saved (corpus/activations.py)
+    activation_dtype: str = "fp32"
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out.pop("batch_size")
+        if self.save_activations:
+            out["save_activations"] = list(self.save_activations)
+        else:
+            del out["save_activations"], out["activation_dtype"]
         return out
 
 
@@ -50,11 +56,13 @@ class Worker:
         self.settings = Settings(**settings)
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
         self.crash_once = crash_once
+        self.saved: dict[str, list[Any]] = {}  # with save_activations: the last shard's, per site and batch
 
     def __call__(self, shard: Shard, on_window: Any = None) -> Partial:
         """``on_window(windows, tokens)``: called after each batch of windows is measured (progress)."""
         import torch
 
+        from anatomy_cli.corpus.activations import recording
         from anatomy_cli.corpus.measure import measure
 
         if self.crash_once and shard.index == self.crash_once[1]:
@@ -69,14 +77,16 @@ class Worker:
         part = Partial(lm.n_layers, lm.n_heads, lm.d_model)
         start = 0
         group = list(shard.windows)
+        self.saved = {site: [] for site in s.save_activations}
         while start < len(group):
             # Consecutive windows of one length (only the corpus' last window is shorter), batch_size at a time.
             end = start + 1
             while end < len(group) and end - start < s.batch_size and len(group[end]) == len(group[start]):
                 end += 1
             ids = torch.tensor(group[start:end], dtype=torch.long)
-            measure(lm, ids, part, first_window=shard.first_window + start, lens=s.lens, lens_every=s.lens_every,
-                    heads=s.heads)
+            with recording(lm, s.save_activations, self.saved, (ids.shape[0], ids.shape[1])):
+                measure(lm, ids, part, first_window=shard.first_window + start, lens=s.lens,
+                        lens_every=s.lens_every, heads=s.heads)
             if on_window is not None:
                 on_window(end - start, int(ids.numel()))
             start = end

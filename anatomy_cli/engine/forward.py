@@ -12,8 +12,9 @@ each prompt's results equal a one-prompt run.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -73,6 +74,23 @@ def head_logits(lm: LoadedModel, hidden: torch.Tensor) -> torch.Tensor:
     soft-capped as the model's own logits (Gemma 2; ``lm.cap_logits``). What the LM-head model computes, for
     the kept rows only. Needs ``lm.has_unembed``."""
     return lm.cap_logits(rowwise(lm.points["logits"][0], hidden)).to(lm.device)
+
+
+def metric_logits(lm: LoadedModel, hidden: torch.Tensor,
+                  metric: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``metric(head_logits(lm, hidden))`` for rows ``hidden [n, d_model]``, computing only the logit columns the
+    metric reads when it names them (``metric.token_ids``, e.g. ``analyses.patch.logit_metric``) and the head is
+    a plain linear layer: the other columns are left 0, and the metric must not read them. A logit difference
+    needs 2 of the vocabulary's rows (SmolLM2's head is a fifth of its weights, read again by a backward)."""
+    ids = getattr(metric, "token_ids", None)
+    head = lm.points["logits"][0]
+    if ids is None or type(head) is not torch.nn.Linear:
+        return metric(head_logits(lm, hidden))
+    cols = torch.tensor(list(ids), dtype=torch.long, device=head.weight.device)
+    weight, bias = head.weight[cols], None if head.bias is None else head.bias[cols]
+    part = lm.cap_logits(rowwise(partial(torch.nn.functional.linear, weight=weight, bias=bias), hidden))
+    logits = part.new_zeros(*part.shape[:-1], head.weight.shape[0]).index_copy(-1, cols, part)
+    return metric(logits.to(lm.device))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from anatomy_cli.engine.forward import head_logits, pad_batch, run_batch
+from anatomy_cli.engine.forward import metric_logits, pad_batch, run_batch
 from anatomy_cli.engine.hooks import attach, check_names
 from anatomy_cli.engine.interventions import SITES, Edit, run_edits
 from anatomy_cli.engine.model import LoadedModel
@@ -106,7 +106,7 @@ def metric_gradients(lm: LoadedModel, ids: Sequence[int], names: Sequence[str], 
     lm.model.eval()
     with grad_mode(lm), attach(lm, [(name, partial(tap, name)) for name in names]):
         hidden = run_batch(lm, padded)[:, pos]                         # [rows, d_model]
-        m = metric(head_logits(lm, hidden))
+        m = metric_logits(lm, hidden, metric)
         wrt = [deltas[name] for name in names]
         grads = torch.autograd.grad(m[row], wrt, allow_unused=True)
         values = [float(v) for v in m.detach()]

@@ -28,7 +28,7 @@ from typing import Literal
 
 import torch
 
-from anatomy_cli.engine.forward import head_logits, pad_batch, run_batch
+from anatomy_cli.engine.forward import metric_logits, pad_batch, run_batch
 from anatomy_cli.engine.hooks import HookFn, attach, capture
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
@@ -142,7 +142,7 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
         with torch.inference_mode(), _hooks(lm, [rows[i] for i in chunk], [starts[i] for i in chunk]):
             hidden = run_batch(lm, batch)[:, pos]             # [1 + len(chunk), d_model]
             # Soft-capped (Gemma 2) as the model's own head does, so metrics are the model's logits.
-            reduced = reduce(head_logits(lm, hidden))
+            reduced = metric_logits(lm, hidden, reduce)
         if base_out is None:
             base_out = reduced[:1].clone()
         for j, i in enumerate(chunk, start=1):
@@ -200,7 +200,7 @@ def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[
     # metrics come from the same batch, so identical prompts give identical metrics.
     batch = pad_batch(lm, [clean_ids, corrupt_ids, source_ids])
     with torch.inference_mode(), capture(lm, names) as source:
-        clean, corrupt = reduce(head_logits(lm, run_batch(lm, batch)[:2, -1]))
+        clean, corrupt = metric_logits(lm, run_batch(lm, batch)[:2, -1], reduce)
     n = len(corrupt_ids)
     columns = tuple(range(lm.n_heads)) if SITES[site].per_head else tuple(range(n))
     rows = []

@@ -28,7 +28,7 @@ def final_norm(lm: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     return _apply(lm, lm.points["ln_final.hook_normalized"][0], h).to(h.device)
 
 
-def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True) -> torch.Tensor:
+def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True, normed: bool = False) -> torch.Tensor:
     """The logit lens: the LM head applied to ``final_norm(h)``; ``h [..., d_model]`` -> ``[..., vocab]``.
 
     At the last layer this equals the model's own logits: OPT-350m's ``project_out`` runs
@@ -36,13 +36,14 @@ def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True) -> torch.
     (``lm.cap_logits``) is applied unless ``softcap=False`` (the raw head output, linear in
     the normed vector: what a direct logit attribution decomposes). For BERT the head is
     the whole MLM head (dense, GELU, LayerNorm, decoder). Raises AnatomyError when the
-    model has no unembedding (e.g. a bare ``BertModel`` checkpoint).
+    model has no unembedding (e.g. a bare ``BertModel`` checkpoint). ``normed=True``: ``h`` is
+    already :func:`final_norm`'s output (the norm applied once to many rows, then the head in blocks).
     """
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read tokens from")
-    normed = final_norm(lm, h)
+    x = h if normed else final_norm(lm, h)
     proj = optional_module(lm.model.base_model, lm.adapter.unembed_proj)
     if proj is not None:
-        normed = _apply(lm, proj, normed)
-    logits = _apply(lm, lm.points["logits"][0], normed).to(h.device)
+        x = _apply(lm, proj, x)
+    logits = _apply(lm, lm.points["logits"][0], x).to(h.device)
     return lm.cap_logits(logits) if softcap else logits

@@ -8,7 +8,7 @@ back. :func:`rowwise` applies a row-by-row module (a norm, an LM head) to ``[...
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -57,7 +57,7 @@ def optional_module(root: torch.nn.Module, path: str | None) -> torch.nn.Module 
 _MIN_ROWS = 16
 
 
-def rowwise(module: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+def rowwise(module: Callable[[torch.Tensor], object], h: torch.Tensor) -> torch.Tensor:
     """``module(h)`` for a module acting on each row alone (a norm, an LM head); ``h [..., d]``.
 
     On the CPU, 4-15 rows are padded with zero rows to 16 and the result cut back.

@@ -2,8 +2,8 @@
 same token ids.
 
 Per prompt, at the last position: top-1 agreement, |Δp| of llama.cpp's top token, KL(llama.cpp || anatomy) in
-float64 over the whole vocabulary; and the cross-entropy of the prompts' next tokens (all positions, one window
-each) under both. llama.cpp rounds activations to 8 bits before its quantized matrix multiplies, so anatomy's
+float64 over the whole vocabulary; and the cross-entropy of a built-in text (:data:`TEXT`) in one window under
+both. llama.cpp rounds activations to 8 bits before its quantized matrix multiplies, so anatomy's
 dequantized fp32 forward differs from it by a KL of order 1e-3 nats, |Δp| up to a few hundredths, and top-1
 flips only at near-ties: the tolerances below were measured on SmolLM2-135M (Q4_1) and Gemma-3-270M (Q4_K_M),
 docs/commands/verify.md. llama.cpp's own log lines are kept off stdout and stderr.
@@ -19,14 +19,28 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from anatomy_cli import engine
 from anatomy_cli.analyses.verify import checks as C
 from anatomy_cli.analyses.verify.precision import kl
 from anatomy_cli.analyses.verify.runs import Runs
 
-KL_NATS, DELTA_P, CE_NATS, TOP1_FLIPS = 0.02, 0.05, 0.02, 0.34  # tolerances (module docstring)
+# Tolerances, from measurements on SmolLM2-135M Q4_1 and Gemma-3-270M Q4_K_M (12 prompts and a 100-token text
+# each, docs/commands/verify.md): worst KL 0.015 nats, |Δp| 0.052, |ΔCE| 0.012 nats/token; about 2x margin.
+# A top-1 flip is a failure only beyond a near-tie: anatomy's own probabilities of the two tokens more than
+# NEAR_TIE apart (Gemma 3 flipped one prompt at a gap of GAP_MEASURED).
+KL_NATS, DELTA_P, CE_NATS, NEAR_TIE = 0.05, 0.1, 0.03, 0.1
+NOTE = ("llama.cpp rounds activations to 8 bits before its quantized matrix multiplies: a KL of order 1e-3 nats "
+        "is expected, not a bug")
+# The text whose cross-entropy both compute, in one window (about 120 tokens of plain English prose).
+TEXT = ("The river runs through the middle of the old town, and on market days the bridges are crowded with "
+        "people carrying baskets of bread, fish and vegetables. In the morning the farmers arrive early to set "
+        "up their stalls along the water, while the children of the town walk to school past the bakery. By "
+        "noon the square is full, and the sound of bargaining mixes with the bells of the church on the hill. "
+        "When the sun goes down, the traders pack their carts and return home along the narrow roads.")
 
 
 def available() -> bool:
@@ -106,32 +120,57 @@ def cross_entropy(logits: torch.Tensor, ids: Sequence[int]) -> float:
     return float(-logp.gather(1, nxt[:, None]).mean())
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """One prompt at its last position: llama.cpp's top token, anatomy's, |Δp| of llama.cpp's top token and
+    KL(llama.cpp || anatomy) in nats (float64, the whole vocabulary); ``gap``: anatomy's p(its top) - p(llama.cpp's
+    top), 0 when they agree."""
+
+    top_llama: int
+    top_anatomy: int
+    delta_p: float
+    kl: float
+    gap: float = 0.0
+
+
+def agreement(ref: torch.Tensor, mine: torch.Tensor) -> Agreement:
+    """llama.cpp's last-position logits ``ref`` against anatomy's ``mine`` (``[vocab]`` each)."""
+    top, p = int(ref.argmax()), mine.double().softmax(-1)
+    dp = abs(float(ref.double().softmax(-1)[top] - p[top]))
+    return Agreement(top, int(p.argmax()), dp, kl(ref, mine), float(p.max() - p[top]))
+
+
+def _width(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both logits cut to the common vocabulary (a padded embedding matrix has more rows than tokens)."""
+    width = min(a.shape[-1], b.shape[-1])
+    return a[..., :width].to("cpu", torch.float32), b[..., :width].to("cpu", torch.float32)
+
+
 def against_llamacpp(runs: Runs, path: str | None) -> C.SectionResult:
     title = "GGUF against llama.cpp"
-    if path is None or not path.endswith(".gguf"):
+    if path is None:
         return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", "the model is not a .gguf file"),))
     why = unusable(path)
     if why is not None:
         return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", why),))
-    theirs = llama_logits(path, [e.ids for e in runs.encoded])
-    rows, kls, dps, flips, ce = [], [], [], 0, []
-    for enc, cache, ref in zip(runs.encoded, runs.batched, theirs):
-        mine = cache.logits.detach().to("cpu", torch.float32)
-        width = min(mine.shape[-1], ref.shape[-1])
-        mine, ref = mine[:, :width], ref[:, :width]
-        top = int(ref[-1].argmax())
-        flips += int(mine[-1].argmax()) != top
-        kls.append(kl(ref[-1], mine[-1]))
-        dps.append(abs(float(ref[-1].double().softmax(-1)[top] - mine[-1].double().softmax(-1)[top])))
-        if len(enc) > 1:
-            ce.append(abs(cross_entropy(ref, enc.ids) - cross_entropy(mine, enc.ids)))
-    n = len(runs.encoded)
-    rows.append(C.scalar_check("KL(llama.cpp || anatomy)", max(kls), KL_NATS,
-                               note=f"nats, last position, worst of {n}; mean {sum(kls) / n:.2e}"))
-    rows.append(C.scalar_check("|Δp| of llama.cpp's top token", max(dps), DELTA_P, note=f"worst of {n}"))
-    rows.append(C.scalar_check("top-1 flips", flips / n, TOP1_FLIPS, note=f"{n - flips}/{n} prompts agree"))
-    if ce:
-        rows.append(C.scalar_check("|Δ cross-entropy|", max(ce), CE_NATS, note="nats per token, worst prompt"))
-    return C.SectionResult("llama.cpp", title, tuple(rows),
-                           note="llama.cpp rounds activations to 8 bits before quantized matmuls: KL ~1e-3 nats "
-                                "is expected, not a bug")
+    text = engine.encode(runs.lm, [TEXT])[0]
+    *theirs, their_text = llama_logits(path, [e.ids for e in runs.encoded] + [text.ids])
+    per = [agreement(*_width(ref[-1], cache.logits[-1].detach())) for ref, cache in zip(theirs, runs.batched)]
+    ref, mine = _width(their_text, engine.run(runs.lm, [text], ["logits"])[0].logits.detach())
+    ce_llama, ce_mine = cross_entropy(ref, text.ids), cross_entropy(mine, text.ids)
+    n, flips = len(per), sum(a.top_llama != a.top_anatomy for a in per)
+    beyond = sum(a.gap > NEAR_TIE for a in per)
+    kls, dps = [a.kl for a in per], [a.delta_p for a in per]
+    rows = (
+        C.scalar_check("KL(llama.cpp || anatomy)", max(kls), KL_NATS,
+                       note=f"nats, last position, worst of {n} prompts; mean {sum(kls) / n:.2e}"),
+        C.scalar_check("|Δp| of llama.cpp's top token", max(dps), DELTA_P, note=f"worst of {n} prompts"),
+        C.scalar_check("top-1 flips beyond a near-tie", beyond, 0,
+                       note=f"{n - flips}/{n} prompts agree; a flip where anatomy's p of the two tokens are within "
+                            f"{NEAR_TIE:g} is a near-tie" + (f" (largest gap {max(a.gap for a in per):.3f})"
+                                                            if flips else "")),
+        C.scalar_check("|Δ cross-entropy|", abs(ce_llama - ce_mine), CE_NATS,
+                       note=f"nats per token, a {len(text)}-token text in one window: llama.cpp {ce_llama:.4f}, "
+                            f"anatomy {ce_mine:.4f}"),
+    )
+    return C.SectionResult("llama.cpp", title, rows, note=NOTE)

@@ -74,11 +74,18 @@ def other_device(lm: LoadedModel) -> str | None:
     return None
 
 
+def no_accelerator() -> str:
+    """Why this machine has no accelerator for torch: no CUDA in this torch build, or none visible; no MPS."""
+    cuda = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+    return f"no CUDA or MPS device here ({cuda}; no MPS)"
+
+
 def devices(runs: Runs, reload: Reload) -> C.SectionResult:
     other = other_device(runs.lm)
     title = "devices"
     if other is None:
-        return C.SectionResult("devices", title, (C.skipped("cpu vs accelerator", "no CUDA or MPS device here"),))
+        why = f"skipped: {no_accelerator()}, so there is nothing to compare the CPU with"
+        return C.SectionResult("devices", title, (C.skipped("cpu vs accelerator", why),), note=why)
     lm2 = reload(runs.dtype, other)
     twin = Runs(lm2, runs.encoded, runs.batch_size)
     tol = C.RELATIVE[runs.dtype] * 10  # other kernels, other summation orders

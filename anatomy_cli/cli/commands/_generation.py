@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +16,8 @@ from anatomy_cli import engine
 from anatomy_cli.analyses import generate as analysis
 from anatomy_cli.engine.generate import Generation, generate, replay
 from anatomy_cli.engine.steering import SteeringVector
-from anatomy_cli.output.render import Column, Section
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.text.tokenization import Encoded
 
 STEP_COLUMNS = (
     Column("step", "step", "int"),
@@ -48,6 +50,40 @@ class Settings:
     stop: tuple[int, ...]
 
 
+def prepare(lm: engine.LoadedModel, steer: Path | None, *, sample: bool, temperature: float, top_p: float,
+            seed: int | None, max_new_tokens: int, k: int, lens: bool, feature: SteeringVector | None = None,
+            notes: list[str] | None = None) -> tuple[SteeringVector | None, Settings]:
+    """The steering vector read from ``steer`` (or ``feature``'s, an SAE decoder row: ``generate
+    --steer-feature``, with its ``notes``) and checked against ``lm`` (warnings on stderr), and the run
+    settings. Raises UsageError for a bad vector file or bad sampling values."""
+    from anatomy_cli.cli.app import warn
+    from anatomy_cli.engine import steering
+    from anatomy_cli.engine.generate import greedy, stop_ids
+
+    vector = steering.load(Path(steer)) if steer is not None else feature
+    if vector is not None:
+        for line in steering.check(vector, lm, str(steer or "the SAE feature")) + list(notes or ()):
+            warn(line)
+    if sample:
+        analysis.sampler(temperature=temperature, top_p=top_p)  # bad values fail before the first run
+
+    def choose() -> Callable[[torch.Tensor], int]:
+        return analysis.sampler(temperature=temperature, top_p=top_p, seed=seed) if sample else greedy
+
+    return vector, Settings(choose, max_new_tokens, k, lens, vector, stop_ids(lm))
+
+
+def header(lm: engine.LoadedModel, enc: Encoded, sampling: dict[str, Any], steer: Path | None,
+           vector: SteeringVector | None, coefs: list[float], feature: int | None = None) -> dict[str, Any]:
+    """The first keys of one prompt's record: the prompt record, ``sampling``, ``steer`` (``file``: the
+    vector's, or the SAE's with ``feature``, its id)."""
+    from anatomy_cli.cli.commands._common import prompt_record
+
+    steering = None if vector is None else {"file": str(steer), "site": vector.site, "layers": vector.layers,
+                                            "coef": coefs, **({"feature": feature} if feature is not None else {})}
+    return {**prompt_record(lm, enc), "sampling": sampling, "steer": steering}
+
+
 def run_one(lm: engine.LoadedModel, ids: list[int], s: Settings, coef: float, *, lens: bool | None = None,
             use_cache: bool = True) -> Generation:
     hooks = s.vector.hooks(coef) if s.vector is not None else None
@@ -71,22 +107,25 @@ def decode(lm: engine.LoadedModel, tokens: tuple[int, ...]) -> str:
     return b"".join(lm.tokenizer.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
 
-def trace_record(lm: engine.LoadedModel, g: Generation, s: Settings, describe) -> tuple[dict[str, Any], Section]:
-    """The JSON keys and the table section of one generation's steps."""
+def continuation(lm: engine.LoadedModel, g: Generation, s: Settings, describe) -> analysis.Continuation:
+    """The :class:`~anatomy_cli.analyses.generate.Continuation` of one generation."""
     steps = analysis.steps(g.logits, g.tokens, s.k, describe, lens_logprob=g.lens_logprob, lens_top=g.lens_top)
+    return analysis.Continuation(decode(lm, g.tokens), tuple(g.tokens), g.stopped, tuple(steps))
+
+
+def trace_section(c: analysis.Continuation, s: Settings) -> Section:
+    """The table section of one generation's steps."""
     rows = []
-    for st in steps:
+    for st in c.steps:
         row = st.to_dict()
         row["top_text"] = ", ".join(f"{t.token} {t.probability:.3f}" for t in st.top)
         rows.append(row)
     columns = (*STEP_COLUMNS, LENS_COLUMN) if s.lens else STEP_COLUMNS
-    data = {"continuation": decode(lm, g.tokens), "generated_ids": list(g.tokens), "stopped": g.stopped,
-            "steps": [st.to_dict() for st in steps]}
-    return data, Section(columns, rows, title=f"{len(steps)} generated tokens")
+    return Section(columns, rows, title=f"{len(c.steps)} generated tokens")
 
 
 def sweep(lm: engine.LoadedModel, ids: list[int], s: Settings, coefs: list[float], target_id: int | None,
-          do_check: bool) -> tuple[list[analysis.SweepRow], float | None]:
+          do_check: bool, target: str | None = None) -> tuple[analysis.Sweep, float | None]:
     """Every coefficient's continuation, KL and target shift (the first step against coefficient 0), and the
     largest cache-check difference over all runs (None without ``do_check``)."""
     base = run_one(lm, ids, s, 0.0, lens=False)
@@ -98,4 +137,61 @@ def sweep(lm: engine.LoadedModel, ids: list[int], s: Settings, coefs: list[float
             worst = max(worst or 0.0, check(lm, g, s, coef))
         rows.append(analysis.sweep_row(coef, decode(lm, g.tokens), len(g.tokens), g.logits[0], base.logits[0],
                                        target_id))
-    return rows, worst
+    return analysis.Sweep(tuple(rows), target), worst
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One prompt's result: the report the command prints, the result object (a Continuation, or a Sweep for
+    several coefficients), the JSON lines of ``--format jsonl``, and the picture's caption detail."""
+
+    report: Report
+    result: analysis.Continuation | analysis.Sweep
+    rows: list[dict[str, Any]]
+
+
+def one_prompt(lm: engine.LoadedModel, enc: Encoded, s: Settings, coefs: list[float], target_id: int | None,
+               do_check: bool, header: dict[str, Any]) -> Outcome:
+    """Everything `generate` computes and reports for one prompt (``header``: the record's first keys: the
+    prompt record, ``sampling``, ``steer``)."""
+    from anatomy_cli.cli.commands._common import describe, model_label, prompt_line
+
+    described = describe(lm)
+    heading = [f"generate · {model_label(lm)}", prompt_line(enc)]
+    data = dict(header)
+    result: analysis.Continuation | analysis.Sweep
+    if len(coefs) > 1:
+        target = None if target_id is None else described(target_id)[0]
+        result, worst = sweep(lm, list(enc.ids), s, coefs, target_id, do_check, target)
+        data.update(result.to_dict())
+        sections = [Section(SWEEP_COLUMNS, data["sweep"], title="coefficient sweep")]
+        rows = [{"prompt": enc.text, **r} for r in data["sweep"]]
+    else:
+        g = run_one(lm, list(enc.ids), s, coefs[0])
+        worst = check(lm, g, s, coefs[0]) if do_check else None
+        result = continuation(lm, g, s, described)
+        data.update(result.to_dict())
+        sections = [trace_section(result, s)]
+        rows = [{"prompt": enc.text, **st} for st in data["steps"]]
+        heading.append(f"continuation {result.text!r} · stopped: {result.stopped}")
+    notes = []
+    if do_check:
+        data["check"] = {"max_abs_logit_diff": worst}
+        notes.append(f"cache check: largest |logit difference| cached vs uncached {worst:.3g}")
+    return Outcome(Report(data=data, sections=sections, heading=heading, notes=notes), result, rows)
+
+
+def caption(lm: engine.LoadedModel, enc: Encoded, result: analysis.Continuation | analysis.Sweep,
+            vector: SteeringVector | None, coefs: list[float]) -> Any:
+    """The picture's caption: the prompt and what is drawn (the steered blocks and coefficients, or the lens)."""
+    from anatomy_cli.output.plots import Caption
+
+    if isinstance(result, analysis.Sweep):
+        where = "" if vector is None else f"{vector.site} of block{'s' if len(vector.layers) > 1 else ''} " \
+                                          f"{', '.join(map(str, vector.layers))}"
+        detail = f"steering {where} · coefficients {', '.join(f'{c:g}' for c in coefs)}"
+    else:
+        detail = f"logit lens of every block at each of {len(result.steps)} steps"
+        if vector is not None:
+            detail += f" · steered, coefficient {coefs[0]:g}"
+    return Caption.of("generate", lm, enc.text, detail)

@@ -9,6 +9,7 @@ import typer
 
 from anatomy_cli.cli.app import app, info, status
 from anatomy_cli.cli.commands._common import load_weights, model_label, open_model
+from anatomy_cli.cli.commands._corpus_status import CorpusStatus
 from anatomy_cli.cli.options import (
     AllowSpecialOpt,
     FormatOpt,
@@ -20,7 +21,6 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section, emit
-from anatomy_cli.output.sink import minutes
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.opening import OpenedModel
@@ -88,6 +88,13 @@ def corpus_command(
         help="The Ray cluster for --ray (ray://host:10001, auto).")] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Ray workers (actors), one model each.")] = 2,
     gpus_per_worker: Annotated[float, typer.Option("--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")] = 0.0,
+    save_activations: Annotated[Optional[str], typer.Option(
+        "--save-activations", metavar="SITE[,SITE]", show_default=False,
+        help="Also save the activations at these hook points (blocks.6.hook_resid_post, ...) under --out DIR/"
+             "activations as safetensors shards with a Parquet index, for training SAEs. See docs/corpus.md.")]
+    = None,
+    activation_dtype: Annotated[str, typer.Option(
+        "--activation-dtype", metavar="fp32|fp16", help="The saved activations' dtype.")] = "fp32",
     allow_special: AllowSpecialOpt = False,
     spec: ModelSpec = ModelSpec(),
     plot: PlotOpt = None,
@@ -106,38 +113,72 @@ def corpus_command(
         anatomy corpus data.jsonl --column body --heads --out run1
         anatomy corpus docs/ --lens-every 4 --ray --workers 2 --format json
     """
+    report, result, caption = measure(
+        source, spec, ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every,
+        lens=not no_lens, out=out, overwrite=overwrite, shard_windows=shard_windows, batch_size=batch_size,
+        ray=ray, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker,
+        save_activations=save_activations, activation_dtype=activation_dtype, allow_special=allow_special)
+    emit(report, fmt)
+    if plot:
+        from anatomy_cli.output import plots
+        from anatomy_cli.output.plots import corpus as picture
+
+        plots.save(picture.figure(result.stats, caption), plot)
+
+
+def measure(source: str, spec: ModelSpec, *, ctx: int | None = None, max_tokens: int | None = None,
+            column: str = "text", bos: bool | None = None, heads: bool = False, lens_every: int = 1,
+            lens: bool = True, out: Path | None = None, overwrite: bool = False, shard_windows: int = 16,
+            batch_size: int = 4, ray: bool = False, ray_address: str | None = None, workers: int = 2,
+            gpus_per_worker: float = 0.0, save_activations: str | None = None, activation_dtype: str = "fp32",
+            allow_special: bool = False) -> tuple[Report, Any, Any]:
+    """The whole run of `anatomy corpus` (the command's options as keywords; ``lens`` is not ``--no-lens``):
+    ``(report, result, caption)``, the report the command emits, the runner's
+    :class:`~anatomy_cli.corpus.runner.Result` and the picture's caption. The model is opened and loaded through
+    the current loader. The command and ``anatomy.corpus`` both run this."""
     from anatomy_cli.corpus.runner import Settings, run
     from anatomy_cli.corpus.sources import open_source
+    from anatomy_cli.models.resolve import short_name
+    from anatomy_cli.output import plots
 
+    sites = _sites(save_activations, activation_dtype, out, ray)
     src = open_source(source, column=column)
     try:
         identity = src.identity()
-        lm, opened, tokenizer = _load(spec, ray)
+        lm, opened, tokenizer = _load(spec, ray, sites)
         settings = Settings(ctx=_ctx(ctx, opened.info, spec.model), bos=opened.info.add_bos if bos is None else bos,
                             max_tokens=max_tokens,
-                            lens=not no_lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
-                            allow_special=allow_special, batch_size=batch_size)
+                            lens=lens, lens_every=lens_every, heads=heads, shard_windows=shard_windows,
+                            allow_special=allow_special, batch_size=batch_size, save_activations=sites,
+                            activation_dtype=activation_dtype)
         ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
         with status("corpus: planning the first shard") as line:
             result = run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=out, overwrite=overwrite,
-                         identity=identity, ray=ray_opts, progress=lambda p: line.update(_progress(p, max_tokens)))
+                         identity=identity, ray=ray_opts, progress=CorpusStatus(line, max_tokens))
     finally:
         if source == "-":
             src.path.unlink(missing_ok=True)
     name = model_label(lm) if lm is not None else spec.model
-    emit(_report(name, model_record(lm) if lm is not None else spec_record(spec), identity, settings, result), fmt)
-    if plot:
-        from anatomy_cli.models.resolve import short_name
-        from anatomy_cli.output import plots
-        from anatomy_cli.output.plots import corpus as picture
-
-        cap = plots.Caption("corpus", short_name(spec.model), None,
-                            f"{identity['path']} · {result.stats.tokens:,} tokens",
-                            untrained=spec.init == "random")
-        plots.save(picture.figure(result.stats, cap), plot)
+    report = _report(name, model_record(lm) if lm is not None else spec_record(spec), identity, settings, result)
+    caption = plots.Caption("corpus", short_name(spec.model), None,
+                            f"{identity['path']} · {result.stats.tokens:,} tokens", untrained=spec.init == "random")
+    return report, result, caption
 
 
-def _load(spec: ModelSpec, on_ray: bool) -> tuple[Any, OpenedModel, Any]:
+def _sites(text: str | None, dtype: str, out: Path | None, on_ray: bool) -> tuple[str, ...]:
+    """``--save-activations``' hook points, checked before anything loads."""
+    if text is None:
+        return ()
+    from anatomy_cli.corpus.activations import DTYPES, parse_sites
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--activation-dtype is fp32 or fp16, not '{dtype}'")
+    if out is None or on_ray:
+        raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
+    return parse_sites(text)
+
+
+def _load(spec: ModelSpec, on_ray: bool, sites: tuple[str, ...] = ()) -> tuple[Any, OpenedModel, Any]:
     """``(lm, opened, tokenizer)``; with Ray the driver opens the model only (lm None: the workers load the
     weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
     if on_ray:
@@ -147,6 +188,10 @@ def _load(spec: ModelSpec, on_ray: bool) -> tuple[Any, OpenedModel, Any]:
     opened = open_model(spec)
     if not opened.info.is_causal:
         raise UsageError(f"corpus measures next-token prediction; {spec.model} is not a causal language model")
+    if sites:
+        from anatomy_cli.corpus.activations import check_sites
+
+        check_sites(sites, opened.info, spec.model)
     if not on_ray:
         lm = load_weights(opened)
         return lm, opened, lm.tokenizer
@@ -164,21 +209,6 @@ def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
     if n_ctx and ctx > n_ctx:
         raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
     return ctx
-
-
-def _progress(p: Any, budget: int | None) -> str:
-    """The status line (a :class:`anatomy_cli.corpus.runner.Progress`, per batch of windows): tokens,
-    windows measured of those planned so far, tokens/s, the time split (forward, lens, heads), ETA."""
-    if p.done == 0:
-        return f"corpus: {p.planned:,} windows planned · {p.tokens:,} tokens · measuring the first window"
-    rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
-    total = sum(p.seconds.values()) or 1.0
-    split = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in p.seconds.items() if v)
-    line = f"corpus: {p.tokens:,} tokens · {p.windows:,} windows ({p.planned:,} planned) · {rate:,.0f} tokens/s"
-    line += f" · {split}" if split else ""
-    if budget and rate > 0:
-        line += f" · ETA {minutes(max(0, budget - p.tokens) / rate)}"
-    return line
 
 
 def _report(name: str, model: dict[str, Any], identity: dict[str, Any], settings: Any, result: Any) -> Report:

@@ -8,21 +8,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, status, warn
+from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import (
     PromptArg,
-    describe,
     emit_prompts,
     load_weights,
-    model_label,
     open_prompts,
-    prompt_line,
-    prompt_record,
 )
-from anatomy_cli.cli.options import FormatOpt, TargetIdOpt, TargetOpt, model_options, prompt_options
+from anatomy_cli.cli.options import FormatOpt, PlotOpt, TargetIdOpt, TargetOpt, model_options, prompt_options
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output.render import Format, Report, Section, emit_jsonl, resolve_format
+from anatomy_cli.output.render import Format, emit_jsonl, resolve_format
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
 
@@ -48,8 +44,15 @@ def generate_command(
     coef: Annotated[Optional[str], typer.Option("--coef", metavar="C[,C...]", show_default=False,
                                                 help="With --steer: the coefficient (default 1), or a "
                                                 "comma-separated sweep such as -8,-4,0,4,8.")] = None,
+    steer_feature: Annotated[Optional[int], typer.Option(
+        "--steer-feature", metavar="ID", min=0, show_default=False,
+        help="Add C times this SAE feature's decoder row (--sae PATH) at the SAE's hook point.")] = None,
+    sae_path: Annotated[Optional[Path], typer.Option("--sae", metavar="PATH", show_default=False,
+                                                     help="With --steer-feature: the SAE (as `anatomy sae`).")]
+    = None,
     check: Annotated[bool, typer.Option("--check", help="Replay the tokens without the KV cache (a full forward "
                                         "per step) and report the largest logit difference.")] = False,
+    plot: PlotOpt = None,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     spec: ModelSpec = ModelSpec(),
@@ -72,66 +75,67 @@ def generate_command(
         anatomy generate "The capital of France is" --max-new-tokens 4 --lens --format jsonl
         anatomy generate "I think that" --steer happy.safetensors --coef 4 --check
         anatomy generate "I think that" --steer happy.safetensors --coef -8,-4,0,4,8 --target " love"
+        anatomy generate "I think that" --steer happy.safetensors --coef -2,-1,0,1,2 --plot sweep.png
+        anatomy generate "I think that" --steer-feature 123 --sae sae_dir/ --coef 4
     """
-    from anatomy_cli.analyses.generate import parse_coefs
-
-    if coef is not None and steer is None:
-        raise UsageError("--coef needs --steer FILE")
-    coefs = parse_coefs(coef) if coef is not None else [1.0]
-    if (target is not None or target_id is not None) and len(coefs) < 2:
-        raise UsageError("--target is for a coefficient sweep (--steer FILE --coef -4,0,4)")
-    if not sample and (temperature != 1.0 or top_p != 1.0 or seed is not None):
-        raise UsageError("--temperature, --top-p and --seed need --sample")
+    steering = steer if steer is not None else steer_feature
+    coefs = check_options(coef=coef, steer=steering, targeted=target is not None or target_id is not None,
+                          plot=plot, lens=lens, sample=sample, temperature=temperature, top_p=top_p, seed=seed)
     wanted = targets.choice(target, target_id)
     opened, encoded = open_prompts(prompt, spec, prompts)
     if not opened.info.is_causal:
         raise UsageError(f"{spec.model} is an encoder ({opened.adapter.name}): `generate` needs a decoder")
     wanted_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
                                                              vocab_size=opened.info.lm_head_rows)
-    lm = load_weights(opened)
-    from anatomy_cli.analyses.generate import sampler
-    from anatomy_cli.cli.commands import _generation as gen
-    from anatomy_cli.engine import steering
-    from anatomy_cli.engine.generate import greedy, stop_ids
+    from anatomy_cli.cli.commands.sae import feature_steering
 
-    vector = None
-    if steer is not None:
-        vector = steering.load(steer)
-        for line in steering.check(vector, lm, str(steer)):
-            warn(line)
-    choose = (lambda: sampler(temperature=temperature, top_p=top_p, seed=seed)) if sample else (lambda: greedy)
-    if sample:
-        sampler(temperature=temperature, top_p=top_p)  # bad values fail before the first run
-    settings = gen.Settings(choose, max_new_tokens, k, lens, vector, stop_ids(lm))
+    feature, notes = feature_steering(steer, steer_feature, sae_path, opened, spec.model)
+    lm = load_weights(opened)
+    from anatomy_cli.cli.commands import _generation as gen
+
+    vector, settings = gen.prepare(lm, steer, feature=feature, notes=notes, sample=sample, temperature=temperature,
+                                   top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, k=k, lens=lens)
     reports, rows = [], []
     for index, enc in enumerate(encoded):
-        heading = [f"generate · {model_label(lm)}", prompt_line(enc)]
-        data = {**prompt_record(lm, enc), "sampling": _sampling(sample, temperature, top_p, seed),
-                "steer": None if vector is None else {"file": str(steer), "site": vector.site,
-                                                       "layers": vector.layers, "coef": coefs}}
+        header = gen.header(lm, enc, _sampling(sample, temperature, top_p, seed), steer or sae_path, vector, coefs,
+                            feature=steer_feature)
         with status(f"generating ({index + 1}/{len(encoded)})"):
-            if len(coefs) > 1:
-                sweep_rows, worst = gen.sweep(lm, list(enc.ids), settings, coefs, wanted_id, check)
-                data["sweep"] = [r.to_dict() for r in sweep_rows]
-                sections = [Section(gen.SWEEP_COLUMNS, data["sweep"], title="coefficient sweep")]
-                rows += [{"prompt": enc.text, **r} for r in data["sweep"]]
-            else:
-                g = gen.run_one(lm, list(enc.ids), settings, coefs[0])
-                worst = gen.check(lm, g, settings, coefs[0]) if check else None
-                trace, section = gen.trace_record(lm, g, settings, describe(lm))
-                data.update(trace)
-                sections = [section]
-                rows += [{"prompt": enc.text, **st} for st in trace["steps"]]
-                heading.append(f"continuation {trace['continuation']!r} · stopped: {g.stopped}")
-        notes = []
-        if check:
-            data["check"] = {"max_abs_logit_diff": worst}
-            notes.append(f"cache check: largest |logit difference| cached vs uncached {worst:.3g}")
-        reports.append(Report(data=data, sections=sections, heading=heading, notes=notes))
+            outcome = gen.one_prompt(lm, enc, settings, coefs, wanted_id, check, header)
+        reports.append(outcome.report)
+        rows += outcome.rows
+        if plot:
+            from anatomy_cli.output import plots
+
+            plots.draw("generate", plot, len(reports) if prompt == "-" else None, outcome.result,
+                       gen.caption(lm, enc, outcome.result, vector, coefs))
     if resolve_format(fmt) is Format.jsonl:
         emit_jsonl(rows)
     else:
         emit_prompts(reports, fmt, from_stdin=prompt == "-")
+
+
+def check_options(*, coef: str | float | list[float] | None, steer: object, targeted: bool, plot: object,
+                  lens: bool, sample: bool, temperature: float, top_p: float, seed: int | None) -> list[float]:
+    """The coefficients (``--coef`` text, a number or a list; default [1]) once the options agree with each
+    other; UsageError otherwise. Runs before anything is opened."""
+    from anatomy_cli.analyses.generate import parse_coefs
+
+    if coef is not None and steer is None:
+        raise UsageError("--coef needs --steer FILE (or --steer-feature ID --sae PATH)")
+    if coef is None:
+        coefs = [1.0]
+    elif isinstance(coef, str):
+        coefs = parse_coefs(coef)
+    else:
+        coefs = parse_coefs(",".join(repr(float(c)) for c in (coef if isinstance(coef, (list, tuple)) else [coef])))
+    if targeted and len(coefs) < 2:
+        raise UsageError("--target is for a coefficient sweep (--steer FILE --coef -4,0,4)")
+    if plot is not None and not lens and len(coefs) < 2:
+        raise UsageError("--plot draws a coefficient sweep (--steer FILE --coef -2,0,2) or the --lens grid: "
+                         "give one of them")
+    if not sample and (temperature != 1.0 or top_p != 1.0 or seed is not None):
+        raise UsageError("--temperature, --top-p and --seed need --sample")
+    return coefs
 
 
 def _sampling(sample: bool, temperature: float, top_p: float, seed: int | None) -> dict[str, object]:

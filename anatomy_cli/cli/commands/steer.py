@@ -7,18 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, info, status
-from anatomy_cli.cli.commands._common import BatchSizeOpt, load_weights, model_label, open_texts
+from anatomy_cli.cli.app import app, info
+from anatomy_cli.cli.commands._common import BatchSizeOpt, load_weights, open_texts
+from anatomy_cli.cli.commands._steering import SITES
 from anatomy_cli.cli.options import FormatOpt, model_options, prompt_options
-from anatomy_cli.cli.records import model_record
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.output.render import emit
 from anatomy_cli.text.options import PromptOptions
-
-COLUMNS = (Column("layer", "layer", "int"), Column("norm", "norm", "float", 3),
-           Column("separation", "pairs separated", "pct", 1))
-SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 
 
 @app.command("steer")
@@ -65,16 +61,7 @@ def steer_command(
     """
     from anatomy_cli.cli.commands import _steering
 
-    pos, neg = _steering.read_pairs(positive or [], negative or [], pairs)
-    if site not in SITES:
-        raise UsageError(f"--site {site!r}: one of {', '.join(SITES)}")
-    if reduce not in ("last", "mean"):
-        raise UsageError(f"--reduce {reduce!r}: 'last' or 'mean'")
-    if method not in ("mean", "pca"):
-        raise UsageError(f"--method {method!r}: 'mean' or 'pca'")
-    if method == "pca" and (len(pos) != len(neg) or len(pos) < 2):
-        raise UsageError(f"--method pca needs pairs: as many positive as negative prompts, at least 2 "
-                         f"(got {len(pos)} and {len(neg)})")
+    pos, neg = _steering.check_options(positive or [], negative or [], pairs, site, reduce, method)
     if out is None and gguf_out is None:
         info("no --out or --save-control-vector: the vector is shown, not saved")
     opened, encoded = open_texts(pos + neg, spec, prompts)
@@ -82,14 +69,6 @@ def steer_command(
     if not opened.info.is_causal:
         raise UsageError(f"{spec.model} is an encoder: steering vectors here are for decoders that generate")
     lm = load_weights(opened)
-    with status(f"running {len(encoded)} prompts"):
-        vector, dirs = _steering.make(lm, encoded[:len(pos)], encoded[len(pos):], layers, site, reduce, method,
-                                      batch_size, pos, neg)
-    notes = _steering.save_all(lm, vector, out, gguf_out, spec.model)
-    data = {**model_record(lm), "site": site, "reduce": reduce, "method": method,
-            "n_positive": len(pos), "n_negative": len(neg), "layers": [d.to_dict() for d in dirs],
-            "out": None if out is None else str(out), "control_vector": None if gguf_out is None else str(gguf_out)}
-    heading = [f"steer · {model_label(lm)}", f"{len(pos)} positive · {len(neg)} negative · {site} · "
-               f"{reduce} position{'s' if reduce == 'mean' else ''} · {method}"]
-    emit(Report(data=data, sections=[Section(COLUMNS, data["layers"], title="directions")], heading=heading,
-                notes=notes), fmt)
+    _, report = _steering.run(lm, encoded, pos, neg, layers, site, reduce, method, batch_size, out, gguf_out,
+                              spec.model)
+    emit(report, fmt)

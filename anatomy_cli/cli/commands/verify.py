@@ -12,7 +12,7 @@ import typer
 from anatomy_cli.cli import records
 from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import load_weights, model_label, open_model, open_texts
-from anatomy_cli.cli.options import FormatOpt, model_options, prompt_options
+from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Column, Report, Section, emit
@@ -20,6 +20,9 @@ from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.verify.checks import Check, Verification
+    from anatomy_cli.analyses.verify.suite import Plan
+    from anatomy_cli.engine.model import LoadedModel
+    from anatomy_cli.text.tokenization import Encoded
 
 # The built-in prompts: a fact, a collocation, an IOI sentence, a longer clause (--quick takes the first two).
 PROMPTS = ("The capital of France is", "Thank you very much for the help with the",
@@ -81,6 +84,7 @@ def verify_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
+    plot: PlotOpt = None,
 ) -> None:
     """Check anatomy's numbers on this model: each row a check, its error, its tolerance, pass or fail.
 
@@ -98,6 +102,7 @@ def verify_command(
     \b
         anatomy verify --model model.Q4_1.gguf
         anatomy verify --model model.Q4_1.gguf --quick
+        anatomy verify --model model.Q4_1.gguf --plot verify.html
         anatomy verify --model ./my-checkpoint --dtype bf16 --format json
         anatomy verify --init random --against transformers
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy verify --prompts - --quick
@@ -109,17 +114,19 @@ def verify_command(
     if any(len(e) == 0 for e in encoded):
         raise UsageError("a prompt has no tokens")
     lm = load_weights(opened)
-    from anatomy_cli.analyses.verify.suite import Plan, verify
+    from anatomy_cli.analyses.verify.suite import Plan
 
-    def reload(dtype: str, device: str):
+    def reload(dtype: str, device: str) -> LoadedModel:
         return load_weights(open_model(dataclasses.replace(spec, dtype=dtype, device=device, device_map=None,
                                                            max_memory=None, offload_folder=None)))
 
-    gguf = spec.model if str(spec.model).endswith(".gguf") and spec.init != "random" else None
-    plan = Plan(against=against.value, quick=quick, gguf=gguf)
-    with status("verifying") as line:
-        result = verify(lm, encoded, reload, plan, progress=lambda what: line.update(f"verifying: {what}"))
-    _emit(lm, result, encoded, plan, fmt)
+    plan = Plan(against=against.value, quick=quick, gguf=gguf_file(spec.model, lm.untrained))
+    result = run(lm, encoded, reload, plan)
+    emit(report(lm, result, encoded, plan), fmt)
+    if plot:
+        from anatomy_cli.output import plots
+
+        plots.draw("verify", plot, None, result, caption(lm, result, encoded))
     if not result.passed:
         failed = result.failed
         names = "; ".join(f"{section}: {c.label}" for section, c in failed[:12])
@@ -127,7 +134,40 @@ def verify_command(
         raise AnatomyError(f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: {names}{more}")
 
 
-def _emit(lm: Any, result: Verification, encoded: list, plan: Any, fmt: Any) -> None:
+def gguf_file(model: str, untrained: bool) -> str | None:
+    """The .gguf file ``model`` names (a path, a packaged short name such as ``smollm2``, ``ollama:NAME``), for
+    the llama.cpp section; None for any other model or random weights."""
+    from anatomy_cli.models.resolve import check_path
+
+    if untrained:
+        return None
+    try:
+        source = check_path(str(model))
+    except AnatomyError:
+        return None
+    return source.ref if source is not None and source.kind == "gguf" else None
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], reload: Any, plan: Plan) -> Verification:
+    """Every section ``plan`` asks for, with a status line on a terminal's stderr."""
+    from anatomy_cli.analyses.verify.suite import verify
+
+    with status("verifying") as line:
+        return verify(lm, encoded, reload, plan, progress=lambda what: line.update(f"verifying: {what}"))
+
+
+def caption(lm: LoadedModel, result: Verification, encoded: list[Encoded]) -> Any:
+    """The pictures' caption: the model, dtype and device, and the counts."""
+    from anatomy_cli.output import plots
+
+    counts = result.counts()
+    return plots.Caption.of("verify", lm, None, f"{records.dtype_name(lm)} on {lm.device} · {counts['passed']} "
+                            f"passed, {counts['failed']} failed, {counts['skipped']} skipped on {len(encoded)} "
+                            f"prompt{'s' if len(encoded) != 1 else ''}")
+
+
+def report(lm: LoadedModel, result: Verification, encoded: list[Encoded], plan: Plan) -> Report:
+    """The report the command prints: one table section per verify section; ``data`` is its JSON."""
     data = {**records.model_record(lm), "device": str(lm.device), "against": plan.against, "quick": plan.quick,
             "prompts": [e.text for e in encoded], **result.to_dict()}
     sections = [Section(COLUMNS, [_row(c) for c in s.checks], title=f"{i}. {s.title}" + (f" · {s.note}" if s.note
@@ -138,4 +178,4 @@ def _emit(lm: Any, result: Verification, encoded: list, plan: Any, fmt: Any) -> 
                f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
                f"on {len(encoded)} prompt{'s' if len(encoded) != 1 else ''}"]
     notes = ["untrained weights (--init random): known answers are skipped"] if lm.untrained else []
-    emit(Report(data=data, sections=sections, heading=heading, notes=notes), fmt)
+    return Report(data=data, sections=sections, heading=heading, notes=notes)

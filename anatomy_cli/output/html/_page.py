@@ -27,6 +27,9 @@ from anatomy_cli.output.html import UNTRAINED, Page, Part, esc, script_json
 CONFIG = {"displaylogo": False, "responsive": True, "showSendToCloud": False,
           "modeBarButtonsToRemove": ["sendChartToCloud", "sendDataToCloud", "editInChartStudio"]}
 FONT = "DejaVu Sans, Verdana, sans-serif"
+# plotly's toolbar (the modebar) sits in the top right corner of each figure, in its top ~30 px: a title, a
+# panel title or a row of buttons placed there is covered by it. Our own pieces go below this band.
+TOOLBAR_PX = 36
 _ids = itertools.count(1)
 
 STYLE = """

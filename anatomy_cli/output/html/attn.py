@@ -11,6 +11,7 @@ rows averaged, key weights summed, so every row still sums to 1), and the page s
 from __future__ import annotations
 
 import base64
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -66,7 +67,8 @@ def figure(patterns: torch.Tensor, tokens: Sequence[str], cap: Any, *, causal: b
     ``tokens`` the n display pieces; ``layer``/``head`` are shown first. ``block``: the patterns are
     already :func:`pool`-ed with that block size (None: pooled here as :func:`block_factor` says).
     Returns a :class:`Page`."""
-    page = caption_page(cap)
+    # No detail line: the line under the pickers names the layer and head shown, and follows them.
+    page = caption_page(dataclasses.replace(cap, detail=None))
     page.add(part(patterns, tokens, causal=causal, layer=layer, head=head, block=block))
     page.add(notes(["weight = softmax(QKᵀ/√d_head + mask) of the head, eager attention; each query row sums to 1",
                     "hover a cell to read the query, the key and the weight; pick a layer and a head above the plot"]))
@@ -95,7 +97,7 @@ def part(patterns: torch.Tensor, tokens: Sequence[str], *, causal: bool, layer: 
     fig = go.Figure(heat)
     side = max(16, min(40, 700 // max(m, 1)))
     width, height = heat_size(m, m, cell_w=side, cell_h=side, max_w=1100, max_h=1000)
-    fig.update_layout(**layout(width=width, height=height, title={"text": f"layer {layer} head {head}"}))
+    fig.update_layout(**layout(width=width, height=height))  # the readout under the pickers names the head
     axis_title = "position block" if f > 1 else "token"
     fig.update_xaxes(title_text=f"key {axis_title} (attended to)", **ticks(labels), tickangle=-60 if m > 8 else 0,
                      showgrid=False)
@@ -146,8 +148,7 @@ R.textContent = title();
 """
 _SCRIPT = """
 function show() {
-  Plotly.update(gd, {z: [matrix(+L.value, +H.value)]}, {'title.text': title()});
-  R.textContent = title();
+  Plotly.restyle(gd, {z: [matrix(+L.value, +H.value)]}).then(function () { R.textContent = title(); });
 }
 function where(b) {
   if (D.f === 1) { return b + ' ' + D.tokens[b]; }

@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from anatomy_cli.output.html import Page, caption_page, esc, notes
 from anatomy_cli.output.html._charts import ATTN_COLOUR, MLP_COLOUR, OTHER_COLOUR, bars, diverging
-from anatomy_cli.output.html._page import layout, plot
+from anatomy_cli.output.html._page import TOOLBAR_PX, layout, plot
 
 
 def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Any) -> Page:
@@ -47,6 +47,7 @@ def part(result: Any, n_layers: int, n_heads: int, what: str, *, div_id: str | N
         fig.update_xaxes(title_text="head", row=1, col=3)
         fig.update_yaxes(title_text="layer", row=1, col=3)
     fig.update_layout(**layout(width=1200 if heads else 1000, height=max(460, min(900, 18 * n_layers + 200)),
+                               margin={"l": 70, "r": 30, "t": TOOLBAR_PX + 28, "b": 60},  # titles under the toolbar
                                barmode="group", legend={"orientation": "h", "x": 0.15, "y": -0.12,
                                                         "yanchor": "top"}))
     fig.update_yaxes(matches="y2", row=1, col=1)  # one scale: a small embedding term looks small

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from anatomy_cli.output import statistics
 from anatomy_cli.output.html import Page, caption_page, esc, notes
-from anatomy_cli.output.html._page import heat_size, layout, plot
+from anatomy_cli.output.html._page import TOOLBAR_PX, heat_size, layout, plot
 
 SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
 _LABELS = {key: s.label for key, s in statistics.HEADS.items()}
@@ -52,11 +52,16 @@ def part(result: Any, n_layers: int, n_heads: int, *, div_id: str | None = None)
     buttons = [{"label": s, "method": "update",
                 "args": [{"visible": [t == s for t in order]}, {"title.text": _LABELS[s]}]} for s in order]
     width, height = heat_size(n_layers, n_heads, cell_w=34, cell_h=22)
-    fig.update_layout(**layout(width=max(width, 640), height=height + 40, title={"text": _LABELS[first]},
-                               margin={"l": 70, "r": 30, "t": 90, "b": 60},
+    # Top down: plotly's toolbar band (right), the score's name (left), the buttons, then the plot.
+    height, top, buttons_px = height + 62, 112, TOOLBAR_PX + 26
+    plot_h = height - top - 60
+    fig.update_layout(**layout(width=max(width, 640), height=height,
+                               title={"text": _LABELS[first], "x": 0.01, "xanchor": "left", "yref": "container",
+                                      "y": 1 - TOOLBAR_PX / height, "yanchor": "top"},
+                               margin={"l": 70, "r": 30, "t": top, "b": 60},
                                updatemenus=[{"type": "buttons", "direction": "right", "buttons": buttons,
-                                             "x": 0, "y": 1.12, "xanchor": "left", "yanchor": "bottom",
-                                             "showactive": True}]))
+                                             "x": 0, "y": 1 + (top - buttons_px) / plot_h, "xanchor": "left",
+                                             "yanchor": "top", "pad": {"t": 0, "b": 0}, "showactive": True}]))
     fig.update_xaxes(title_text="head", dtick=1 if n_heads <= 32 else None, showgrid=False)
     fig.update_yaxes(title_text="layer", dtick=1 if n_layers <= 40 else None, showgrid=False)
     return plot(fig, div_id=div_id)

@@ -1,4 +1,5 @@
-"""`corpus --plot`: the logit-lens curve (KL and cross-entropy against layer) and, with --heads, the head grid."""
+"""`corpus --plot`: the logit-lens curves (KL and cross-entropy against layer), the residual stream's size and its
+largest activation, and, with --heads, the head grid."""
 
 from __future__ import annotations
 
@@ -12,51 +13,81 @@ from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figur
 # Each head grid: (its key in the corpus rows, the statistic it is)
 HEAD_SCORES = (("entropy_nats", statistics.HEADS["entropy"]), ("first_token", statistics.HEADS["first_token"]),
                ("prev_token", statistics.HEADS["prev_token"]))
+BAND_ALPHA = 0.35  # the ± SE band; error bars with caps on every point too, so a narrow band still shows
 
 
 def figure(stats: Any, cap: Caption) -> Any:
     """Draw a :class:`anatomy_cli.corpus.summary.CorpusStats`.
 
-    Top row: KL(final || lens) in nats and the lens' cross-entropy in bits per token against layer
-    (0 = embedding, L = the model's output), each with a band of ± one standard error over windows, and the
-    model's own loss as a dashed line. With per-head rows, a second row of layer x head heatmaps
-    (entropy, first-token mass, previous-token mass; layer 0 at the bottom). Returns a matplotlib Figure.
+    Top row, against layer (0 = embedding, L = the model's output), each mean with ± one standard error over
+    windows as a band and error bars: KL(final || lens) in nats on a log scale (it falls by orders of magnitude
+    from the embedding to the last blocks, so a linear axis set by layer 0 squashes the rest; layer L is 0 by
+    definition and not drawn), the lens' cross-entropy in bits per token with the model's own loss dashed, and
+    the residual stream's mean norm with the largest |activation| seen (log). Legends sit below their panels.
+    With per-head rows, a second row of layer x head heatmaps (entropy, first-token mass, previous-token mass;
+    layer 0 at the bottom). Returns a matplotlib Figure.
     """
     rows = stats.layers
-    layers = [r["layer"] for r in rows]
     has_heads = bool(stats.heads)
-    fig = new_figure(12.0, 8.6 if has_heads else 4.8)
-    grid = fig.subplots(2 if has_heads else 1, 3 if has_heads else 2, squeeze=False)
-    panels = (("kl_nats", statistics.LENS["kl"].label, "C0"), ("ce_bits", statistics.LENS["ce"].label, "C1"))
-    for ax, (key, label, colour) in zip(grid[0], panels):
-        mean = [math.nan if r[key] is None else r[key] for r in rows]
-        se = [0.0 if r[f"{key}_se"] is None else r[f"{key}_se"] for r in rows]
-        ax.plot(layers, mean, marker="o", ms=3, color=colour, label=label)
-        ax.fill_between(layers, [m - s for m, s in zip(mean, se)], [m + s for m, s in zip(mean, se)],
-                        color=colour, alpha=0.25, lw=0, label="± 1 standard error")
-        if key == "ce_bits" and stats.loss_bits is not None:
-            ax.axhline(stats.loss_bits, ls="--", color="grey", lw=1,
-                       label=f"model's loss {stats.loss_bits:.3f} bits (perplexity {stats.perplexity:.1f})")
+    fig = new_figure(13.0, 9.4 if has_heads else 5.4)
+    grid = fig.subplots(2 if has_heads else 1, 3, squeeze=False)
+    kl, ce, resid = grid[0]
+    last = rows[-1]["layer"] if rows else 0
+    _curve(kl, rows, "kl_nats", statistics.LENS["kl"].label, "C0", skip=last, log=True)
+    kl.set_title(f"logit lens: KL to the output (log; layer {last} is 0)")
+    _curve(ce, rows, "ce_bits", statistics.LENS["ce"].label, "C1")
+    if stats.loss_bits is not None:
+        ce.axhline(stats.loss_bits, ls="--", color="grey", lw=1,
+                   label=f"model's loss {stats.loss_bits:.3f} bits (perplexity {stats.perplexity:.1f})")
+    ce.set_title("logit lens: cross-entropy of the next token")
+    _curve(resid, rows, "resid_norm", "‖h‖, mean norm of the residual stream", "C2", log=True)
+    layers = [r["layer"] for r in rows]
+    resid.plot(layers, [math.nan if r.get("max_abs") is None else r["max_abs"] for r in rows], marker="^", ms=4,
+               color="C3", label="largest |activation| seen (one dimension)")
+    resid.set_ylabel("size (log scale)")
+    resid.set_title("residual stream: norm and largest activation")
+    for ax in grid[0]:
         ax.set_xlabel("layer (0 = embedding, L = output)")
-        ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(loc="best")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below: never on a curve
     if has_heads:
-        grid[0][2].set_visible(False)
-        n_layers = max(r["layer"] for r in stats.heads) + 1
-        n_heads = max(r["head"] for r in stats.heads) + 1
-        for ax, (key, score) in zip(grid[1], HEAD_SCORES):
-            label, cmap = score.label, score.cmap
-            values = [[math.nan] * n_heads for _ in range(n_layers)]
-            for r in stats.heads:
-                values[r["layer"]][r["head"]] = r[key]
-            array = as_array(values)
-            top = float(max(1e-9, array.max())) if key == "entropy_nats" else 1.0
-            cw = min(0.5, 3.2 / n_heads)
-            ch = min(0.4, 3.4 / n_layers)
-            heatmap(fig, ax, array, cell=(cw, ch), xlabels=[str(h) for h in range(n_heads)],
-                    ylabels=[str(layer) for layer in range(n_layers)], cmap=cmap, vmin=0.0, vmax=top,
-                    colorbar=label, xlabel="head", ylabel="layer", x_rotation=0)
-            ax.set_title(label)
+        _head_grids(fig, grid[1], stats.heads)
     caption(fig, cap, [f"{stats.tokens:,} tokens in {stats.windows:,} windows; means over every measured position"])
     return fig
+
+
+def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | None = None, log: bool = False) -> None:
+    """``key``'s mean against layer with its ± 1 SE as a band and as error bars (``skip``: a layer not drawn).
+    ``log``: a log y axis, the band's lower edge kept above a tenth of the mean (a log axis has no 0)."""
+    points = [(r["layer"], r[key], r[f"{key}_se"] or 0.0) for r in rows
+              if r[key] is not None and r["layer"] != skip and (r[key] > 0 or not log)]
+    if not points:
+        return
+    layers, mean, se = zip(*points)
+    low = [max(m - s, m / 10) if log else m - s for m, s in zip(mean, se)]
+    high = [m + s for m, s in zip(mean, se)]
+    ax.plot(layers, mean, marker="o", ms=3, color=colour, label=label)
+    ax.fill_between(layers, low, high, color=colour, alpha=BAND_ALPHA, lw=0,
+                    label=f"± 1 standard error over windows (largest {max(se):.3g})")
+    ax.errorbar(layers, mean, yerr=[[m - lo for m, lo in zip(mean, low)], [h - m for m, h in zip(mean, high)]],
+                fmt="none", ecolor=colour, elinewidth=1, capsize=3)
+    ax.set_ylabel(label)
+    if log:
+        ax.set_yscale("log")
+
+
+def _head_grids(fig: Any, axes: Any, heads: Any) -> None:
+    n_layers = max(r["layer"] for r in heads) + 1
+    n_heads = max(r["head"] for r in heads) + 1
+    for ax, (key, score) in zip(axes, HEAD_SCORES):
+        values = [[math.nan] * n_heads for _ in range(n_layers)]
+        for r in heads:
+            values[r["layer"]][r["head"]] = r[key]
+        array = as_array(values)
+        top = float(max(1e-9, array.max())) if key == "entropy_nats" else 1.0
+        cw = min(0.5, 3.2 / n_heads)
+        ch = min(0.4, 3.4 / n_layers)
+        heatmap(fig, ax, array, cell=(cw, ch), xlabels=[str(h) for h in range(n_heads)],
+                ylabels=[str(layer) for layer in range(n_layers)], cmap=score.cmap, vmin=0.0, vmax=top,
+                colorbar=score.label, xlabel="head", ylabel="layer", x_rotation=0)
+        ax.set_title(score.label)

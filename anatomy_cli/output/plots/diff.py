@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from matplotlib.colors import LogNorm
+from matplotlib.ticker import MaxNLocator
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array, caption, grid_size, heatmap, new_figure, set_ticks
@@ -19,14 +20,17 @@ def weights_figure(result: Any, cap: Caption) -> Any:
 
     Left: ``rel_change`` of each block's components (rows = layers, block 0 at the bottom; columns = the
     components present), log colour scale, a blank cell where there is no such group or the change is 0.
-    Right: the same figures as one line per component, x = layer, log y. The rows outside the blocks
-    (embeddings, final norm, head) are written in the footer. Returns a matplotlib Figure.
+    A component unchanged in every block (e.g. norms copied as they are by a requantization) has no column and
+    no line: the footer names it. Right: the same figures as one line per component, x = layer, log y. The
+    rows outside the blocks (embeddings, final norm, head) are written in the footer. Returns a matplotlib Figure.
     """
     blocks = [r for r in result.rows if r.layer is not None]
-    components = [c for c in _LABELS if any(r.component == c for r in blocks)]
-    components += sorted({r.component for r in blocks} - set(components))
+    present = [c for c in _LABELS if any(r.component == c for r in blocks)]
+    present += sorted({r.component for r in blocks} - set(present))
     layers = sorted({r.layer for r in blocks})
     cell = {(r.layer, r.component): r.rel_change for r in blocks}
+    components = [c for c in present if any(cell.get((layer, c)) for layer in layers)] or present
+    unchanged = [_LABELS.get(c, c) for c in present if c not in components]
     values = as_array([[cell.get((layer, c)) or None for c in components] for layer in layers])
     finite = values[(values > 0) & ~(values != values)] if values.size else values
     width, height, cw, ch = grid_size(len(layers), len(components), extra_w=8.0)
@@ -46,11 +50,14 @@ def weights_figure(result: Any, cap: Caption) -> Any:
     if finite.size:
         right.set_yscale("log")
     right.set_xlabel("block")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))  # blocks are whole numbers
     right.set_ylabel("relative change ‖W_B − W_A‖ / ‖W_A‖")
     right.grid(alpha=0.3)
     right.legend(loc="best")
     outside = [f"{r.component} {r.rel_change:.3g}" for r in result.rows if r.layer is None]
-    notes = [f"outside the blocks (rel Δ): {', '.join(outside)}"] if outside else []
+    notes = [f"{', '.join(unchanged)}: unchanged in every block (rel Δ 0), so not drawn"] if unchanged else []
+    if outside:
+        notes.append(f"outside the blocks (rel Δ): {', '.join(outside)}")
     notes.append(f"all weights: rel Δ {result.total.rel_change:.4g}, cosine "
                  f"{'-' if result.total.cosine is None else f'{result.total.cosine:.6f}'}")
     caption(fig, cap, notes)

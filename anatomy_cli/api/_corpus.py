@@ -1,0 +1,44 @@
+"""`anatomy corpus` as a function: per-layer (and per-head) statistics over a whole corpus. Runs the command's
+own ``measure`` and returns its JSON with the runner's result (``stats``: the
+:class:`~anatomy_cli.corpus.summary.CorpusStats` the command renders). No torch at import time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anatomy_cli.api._model import Model
+from anatomy_cli.api._results import Result
+from anatomy_cli.models.spec import ModelSpec
+
+
+def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, max_tokens: int | None = None,
+                 column: str = "text", bos: bool | None = None, heads: bool = False, lens_every: int = 1,
+                 lens: bool = True, out: str | Path | None = None, overwrite: bool = False, shard_windows: int = 16,
+                 batch_size: int = 4, ray: bool = False, ray_address: str | None = None, workers: int = 2,
+                 gpus_per_worker: float = 0.0, save_activations: str | None = None, activation_dtype: str = "fp32",
+                 allow_special: bool = False) -> Result:
+    """`anatomy corpus SOURCE` (not named ``corpus``: ``anatomy_cli.corpus`` is a subpackage, which would shadow
+    it): SOURCE a text file, a directory of .txt/.md files, a .jsonl/.csv/.parquet file with ``column``, a
+    datasets directory: windows of ``ctx`` tokens measured at every position, means ± standard
+    errors over windows; ``out`` a directory to write shards to and resume from; ``lens=False`` is
+    ``--no-lens``; the other keywords as the command's options. ``model``: a LoadedModel (used as it is; the
+    run's manifest keys it by its name), a ModelSpec or a name (opened and loaded; with ``ray`` the workers
+    load it). ``result``: the runner's Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1);
+    ``to_dict()["heads"]`` with ``heads``."""
+    from anatomy_cli.api._model import _Given
+    from anatomy_cli.cli.commands import corpus as command
+    from anatomy_cli.engine.loader import using_loader
+
+    options = dict(ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every,
+                   lens=lens, out=None if out is None else Path(out), overwrite=overwrite,
+                   shard_windows=shard_windows, batch_size=batch_size, ray=ray, ray_address=ray_address,
+                   workers=workers, gpus_per_worker=gpus_per_worker, save_activations=save_activations,
+                   activation_dtype=activation_dtype, allow_special=allow_special)
+    if isinstance(model, (ModelSpec, str)):
+        spec = model if isinstance(model, ModelSpec) else ModelSpec(model)
+        report, result, caption = command.measure(str(source), spec, **options)  # type: ignore[arg-type]
+    else:
+        with using_loader(_Given(model)):
+            spec = ModelSpec(model.name)
+            report, result, caption = command.measure(str(source), spec, **options)  # type: ignore[arg-type]
+    return Result("corpus", result, report.data, "layers", (result.stats, caption))

@@ -1,0 +1,71 @@
+"""`corpus`'s progress on stderr: the status line per batch of windows, and once the expected cost.
+
+The corpus runner (a layer below) reports :class:`anatomy_cli.corpus.runner.Progress`; :class:`CorpusStatus` is
+the callback `corpus` hands it: it updates the one status line (drawn on a terminal only) and, at the first
+report with measured windows, prints the expected cost as a plain line through the stderr sink. stdout is
+never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.cli.app import info
+from anatomy_cli.models.cost import WARN_SECONDS as LONG_RUN_S  # one threshold for every cost line
+from anatomy_cli.output.sink import minutes
+
+
+class CorpusStatus:
+    """The progress callback: the status line (:func:`_progress`) per report, and once, at the first report with
+    measured windows, the expected cost (:func:`_cost`) as a line on stderr that stays."""
+
+    def __init__(self, line: Any, budget: int | None):
+        self.line, self.budget, self.costed = line, budget, False
+
+    def __call__(self, p: Any) -> None:
+        self.line.update(_progress(p, self.budget))
+        if not self.costed and p.done > 0:
+            self.costed = True
+            cost = _cost(p, self.budget)
+            if cost:
+                info(cost)
+
+
+def _cost(p: Any, budget: int | None) -> str | None:
+    """The expected cost from the first measured windows' timing (their tokens/s, model loading excluded):
+    the time for the tokens left of ``--max-tokens`` when that is at least :data:`LONG_RUN_S`, else None;
+    without ``--max-tokens`` (the corpus' length is not known before it is read) the time per 1,000 tokens."""
+    rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
+    if rate <= 0:
+        return None
+    basis = f"from the first {p.windows:,} window{'s' if p.windows != 1 else ''}' timing: {rate:,.1f} tokens/s"
+    if budget is None:
+        return (f"corpus: expected cost: {_duration(1000 / rate)} per 1,000 tokens ({basis}); the corpus' length "
+                "is not known until it is read (--max-tokens bounds it)")
+    left = max(0, budget - p.tokens)
+    if left / rate < LONG_RUN_S:
+        return None
+    return f"corpus: expected cost: about {_duration(left / rate)} for the {left:,} tokens left ({basis})"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _progress(p: Any, budget: int | None) -> str:
+    """The status line (a :class:`anatomy_cli.corpus.runner.Progress`, per batch of windows): tokens,
+    windows measured of those planned so far, tokens/s, the time split (forward, lens, heads), ETA."""
+    if p.done == 0:
+        return f"corpus: {p.planned:,} windows planned · {p.tokens:,} tokens · measuring the first window"
+    rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
+    total = sum(p.seconds.values()) or 1.0
+    split = " ".join(f"{k} {100 * v / total:.0f}%" for k, v in p.seconds.items() if v)
+    line = f"corpus: {p.tokens:,} tokens · {p.windows:,} windows ({p.planned:,} planned) · {rate:,.0f} tokens/s"
+    line += f" · {split}" if split else ""
+    if budget and rate > 0:
+        line += f" · ETA {minutes(max(0, budget - p.tokens) / rate)}"
+    return line

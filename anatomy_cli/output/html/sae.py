@@ -1,0 +1,46 @@
+"""`sae --plot FILE.html`: tokens x features as in the PNG; hovering a cell shows the feature, its label, the
+activation and the token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from anatomy_cli.output.html import Page, caption_page, esc, notes, token
+from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+
+
+def figure(reading: Any, cap: Any) -> Page:
+    """A page with :class:`anatomy_cli.analyses.sae.Reading`'s heatmap: one row per token (the first at the
+    top), one column per feature of ``reading.matrix()``, colour = activation."""
+    ids, rows = reading.matrix()
+    pieces = reading.pieces
+    labels = reading.labels or {}
+    hover = [[_hover(pos, pieces[pos], fid, labels.get(fid), rows[pos][c]) for c, fid in enumerate(ids)]
+             for pos in range(len(pieces))]
+    heat = go.Heatmap(z=rows, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+                      colorscale="Viridis", zmin=0, colorbar={"title": {"text": "activation", "side": "right"}},
+                      xgap=1, ygap=1)
+    fig = go.Figure(heat)
+    width, height = heat_size(len(pieces), max(len(ids), 1), cell_w=34)
+    fig.update_layout(**layout(width=width, height=height))
+    fig.update_xaxes(title_text="feature", **ticks([str(f) for f in ids]), showgrid=False)
+    fig.update_yaxes(title_text="token", **ticks([f"{i} {token(p, 12)}" for i, p in enumerate(pieces)], 40),
+                     autorange="reversed", showgrid=False)
+    page = caption_page(cap)
+    page.add(plot(fig))
+    lines = ["columns: " + ("the followed features, then " if reading.followed else "")
+             + f"each token's top {reading.top} features, by their largest activation over the prompt; "
+             "colour: the feature's activation (the SAE's units); hover a cell for the feature and its label"]
+    if not ids:
+        lines.append("no feature is active on this prompt")
+    return page.add(notes(lines))
+
+
+def _hover(pos: int, piece: str, fid: int, label: str | None, value: float) -> str:
+    lines = [f"feature {fid}"]
+    if label is not None:
+        lines.append(f"label: {esc(label)}")
+    lines += [f"activation: {value:.4f}", f"token {pos}: {token(piece, 24)}"]
+    return "<br>".join(lines)

@@ -1,0 +1,54 @@
+"""`verify --plot FILE.html`: every section's rows, the measured error (or score) against its limit on a log
+axis, green pass, red FAIL, grey skip; the rows again as a table under each section's figure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from anatomy_cli.output.html import Page, caption_page, esc, notes, table, text
+from anatomy_cli.output.html._page import layout, plot
+from anatomy_cli.output.verify_rows import COLOURS, LIMIT_COLOUR, drawn, floor, points
+
+
+def figure(result: Any, cap: Any) -> Page:
+    """A page with a :class:`anatomy_cli.analyses.verify.checks.Verification`: one figure and one table per
+    section. A 0 is drawn a decade below the smallest positive number (the hover says 0)."""
+    page = caption_page(cap)
+    low = floor(result)
+    for i, section in enumerate(result.sections, start=1):
+        rows = points(section)
+        page.add(text(f"{i}. {section.title}", section.note or None))
+        if any(p.value is not None for p in rows):
+            page.add(plot(_figure(rows, low)))
+        page.add(table(["check", "measured", "limit", "result", "note"],
+                       [[p.label, "" if p.value is None else f"{p.value:.3g}",
+                         "" if p.limit is None else f"{'≥' if p.at_least else '≤'} {p.limit:g}", p.result, p.note]
+                        for p in rows], numeric=[False, True, True]))
+    page.add(notes(["x: the measured error (≤ its tolerance passes) or a known answer's score (≥ its threshold "
+                    f"passes), log scale; a 0 is drawn at {low:.0e}; | marks the limit"]))
+    return page
+
+
+def _figure(rows: list[Any], low: float) -> go.Figure:
+    labels = [esc(p.label) for p in rows]   # y: the row's index (labels may repeat), named by the ticks
+    y = list(range(len(rows)))
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=[drawn(p.value, low) for p in rows], y=y, mode="markers", name="measured",
+        marker={"color": [COLOURS[p.result] for p in rows], "size": 9},
+        customdata=[[p.result, "–" if p.value is None else f"{p.value:.4g}", label]
+                    for p, label in zip(rows, labels)],
+        hovertemplate="%{customdata[2]}<br>measured %{customdata[1]} · %{customdata[0]}<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=[drawn(p.limit, low) for p in rows], y=y, mode="markers", name="limit",
+        marker={"color": LIMIT_COLOUR, "symbol": "line-ns-open", "size": 14, "line": {"width": 2}},
+        customdata=[[("≥ " if p.at_least else "≤ ") + ("–" if p.limit is None else f"{p.limit:g}"), label]
+                    for p, label in zip(rows, labels)],
+        hovertemplate="%{customdata[1]}<br>limit %{customdata[0]}<extra></extra>"))
+    fig.update_xaxes(type="log", title_text="measured error or score (log scale)", showgrid=True)
+    fig.update_yaxes(tickmode="array", tickvals=y, ticktext=labels, range=[len(rows) - 0.5, -0.5])  # first on top
+    fig.update_layout(**layout(width=1000, height=90 + 18 * len(rows), showlegend=False,
+                               margin={"l": 260, "r": 30, "t": 20, "b": 50}))
+    return fig

@@ -1,0 +1,39 @@
+"""`verify --plot FILE.png|svg|pdf`: every section's rows, the measured error (or score) against its limit on a
+log axis, green pass, red FAIL, grey skip; one panel per section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.plots import Caption
+from anatomy_cli.output.plots._base import caption, drawable, new_figure
+from anatomy_cli.output.verify_rows import COLOURS, LIMIT_COLOUR, drawn, floor, points
+
+ROW_INCHES = 0.17
+
+
+def figure(result: Any, cap: Caption) -> Any:
+    """Draw a :class:`anatomy_cli.analyses.verify.checks.Verification`: per section a panel, one line per row,
+    a dot at the measured number (log x) and a bar at its limit. Returns a matplotlib Figure."""
+    sections = [(i, s, points(s)) for i, s in enumerate(result.sections, start=1)]
+    heights = [max(len(rows), 1) for _i, _s, rows in sections]
+    fig = new_figure(10.0, ROW_INCHES * sum(heights) + 0.55 * len(sections) + 1.6)
+    axes = fig.subplots(len(sections), 1, height_ratios=heights, squeeze=False, sharex=True)[:, 0]
+    low = floor(result)
+    for ax, (i, section, rows) in zip(axes, sections):
+        y = list(range(len(rows)))
+        ax.scatter([drawn(p.limit, low) or float("nan") for p in rows], y, marker="|", s=120, color=LIMIT_COLOUR,
+                   zorder=2)
+        ax.scatter([drawn(p.value, low) or float("nan") for p in rows], y, s=22, zorder=3,
+                   color=[COLOURS[p.result] for p in rows])
+        ax.set_xscale("log")
+        ax.set_yticks(y, [drawable(p.label) + ("  (skipped)" if p.result == "skip" else "") for p in rows],
+                      fontsize=6.5)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_title(drawable(f"{i}. {section.title}"), fontsize=8.5, loc="left")
+        ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    axes[-1].set_xlabel("measured error (≤ limit passes) or score (≥ limit passes), log scale")
+    counts = result.counts()
+    caption(fig, cap, [f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; green "
+                       f"pass, red FAIL, grey skip; | the limit; a 0 is drawn at {low:.0e}"])
+    return fig
