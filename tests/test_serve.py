@@ -339,3 +339,37 @@ def test_stop_answers_in_json_when_asked(tmp_path):
     assert result.exit_code == 0 and not thread.is_alive()
     assert json.loads(result.stdout) == {"stopped": True, "pid": os.getpid(), "socket": str(path)}
     assert result.stderr.startswith("stopped the anatomy server")
+
+
+def test_every_weight_command_is_answered_as_in_process(server, cached_load, tmp_path, monkeypatch):
+    # report, diff, corpus, verify, generate, steer and sae (issue 42 item 5): served == in-process,
+    # stdout and the files they write.
+    sock, model = server
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.txt").write_text("Hi there\n", encoding="utf-8")
+    (tmp_path / "corpus.txt").write_text("The cat sat on the mat. " * 8, encoding="utf-8")
+    sae = Path(__file__).parent / "fixtures" / "sae" / "saelens-standard"
+    m = ["--model", str(model)]
+    jobs = [
+        (["report", "Thank you very", *m, "-o", "page.html", "--sections", "tokens"], ["page.html"]),
+        (["diff", str(model), str(model), "Thank you very", "--format", "json"], []),
+        (["corpus", "corpus.txt", *m, "--ctx", "16", "--max-tokens", "48", "--format", "json"], []),
+        (["verify", *m, "--device", "cpu", "--quick", "--prompts", "one.txt", "--format", "json"], []),
+        (["generate", "Once upon a", *m, "--max-new-tokens", "3"], []),
+        (["steer", *m, "--positive", "I love it", "--negative", "I hate it", "--layer", "1", "--out", "v.safetensors"],
+         ["v.safetensors"]),
+        (["sae", "Hi there", "--sae", str(sae), *m], []),
+    ]
+    for args, files in jobs:
+        assert client.wants_server(args), args
+        remote = anatomy(*args, sock=sock)
+        assert remote.returncode == 0, (args, remote.stderr)
+        written = {f: (tmp_path / f).read_bytes() for f in files}
+        code, out = in_process(args)
+        assert (remote.returncode, remote.stdout) == (code, out), args
+        assert written == {f: (tmp_path / f).read_bytes() for f in files}, args
+    assert not client.wants_server(["corpus", "corpus.txt", *m, "--ray"])  # Ray workers load their own copies
+    assert not client.wants_server(["convert", "x.gguf", "--to", "dir"])
+    status = anatomy("serve", "--status", "--socket", str(sock), sock=None)
+    assert "not forwarded: corpus --ray: its Ray workers load their own copies of the model" in status.stdout + \
+        status.stderr

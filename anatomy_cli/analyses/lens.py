@@ -159,7 +159,7 @@ MAX_ELEMENTS = 2 ** 24
 
 def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tensor], *, describe: Describe,
               positions: Sequence[int] | None = None, k: int | None = None, target_id: int | None = None,
-              max_elements: int = MAX_ELEMENTS) -> LensGrid:
+              max_elements: int = MAX_ELEMENTS, progress: Callable[[int, int], None] | None = None) -> LensGrid:
     """The logit lens of every row of ``resid``.
 
     Args:
@@ -174,6 +174,7 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
         target_id: a token whose rank and probability every cell reports.
         max_elements: at most this many logits per ``unembed`` call (at least one position's
             ``n_layers + 1`` rows): the peak memory is a few times this many float64 values.
+        progress: ``(positions done, positions)`` after each block.
 
     Raises ValueError for a resid that is not 3-D (a programming error).
     """
@@ -194,6 +195,8 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
             part.insert(0, _stats(_log_softmax(unembed(rows)), final, kk, target_id))
         blocks.append({key: torch.cat([q[key] for q in part]).reshape(n_rows, end - start, *part[0][key].shape[1:])
                        for key in part[0]})
+        if progress is not None:
+            progress(end, n_pos)
     stats = {key: torch.cat([b[key] for b in blocks], dim=1) for key in blocks[0]}
 
     ids = stats["top_ids"].tolist()

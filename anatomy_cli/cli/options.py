@@ -164,6 +164,9 @@ BosOpt = Annotated[Optional[bool], typer.Option(
 AllowSpecialOpt = Annotated[bool, typer.Option(
     "--allow-special", help="Read special-token text in prompts, such as <|endoftext|>, as that special token. "
     "Default: it is plain text, split like any other text.")]
+ChatOpt = Annotated[bool, typer.Option(
+    "--chat", help="Wrap each prompt in the model's chat template as one user turn and the assistant's opening "
+    "(apply_chat_template, add_generation_prompt): for instruct models. An error when the model has none.")]
 
 # (parameter, annotation, default): the one declaration of each group, in --help order.
 MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -180,6 +183,7 @@ PROMPT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("bos", BosOpt, None),
     ("allow_special", AllowSpecialOpt, False),
     ("truncate", TruncateOpt, None),
+    ("chat", ChatOpt, False),
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -199,8 +203,8 @@ def model_options(*, fields: tuple[str, ...] | None = None, param: str = "spec")
 
 
 def prompt_options(*, truncate: bool = True, param: str = "prompts") -> Callable[[F], F]:
-    """Replace the command's ``param`` parameter by ``--bos/--no-bos``, ``--allow-special`` and (unless
-    ``truncate=False``) ``--truncate``, and pass it a ``PromptOptions``."""
+    """Replace the command's ``param`` parameter by ``--bos/--no-bos``, ``--allow-special``, (unless
+    ``truncate=False``) ``--truncate`` and ``--chat``, and pass it a ``PromptOptions``."""
     from anatomy_cli.text.options import PromptOptions
 
     chosen = [o for o in PROMPT_OPTIONS if truncate or o[0] != "truncate"]

@@ -117,10 +117,18 @@ def hook_point(lm: LoadedModel, layer: int, site: str) -> str:
 
 def integrate(lm: LoadedModel, forward: Forward, embeds: torch.Tensor, fill: torch.Tensor, metric: float, *,
               steps: int, max_steps: int, max_rel_error: float, batch_size: int, layer: int | None = None,
-              site: str = "resid_pre") -> Converged:
+              site: str = "resid_pre", progress: Callable[[int, int], None] | None = None) -> Converged:
     """Integrated gradients from ``fill`` to ``embeds`` (at the embeddings, or with ``layer`` at a hook point),
-    steps doubled until completeness holds (:func:`converge`). Gradients only inside ``grad_mode``."""
+    steps doubled until completeness holds (:func:`converge`). Gradients only inside ``grad_mode``.
+    ``progress(steps done, steps planned so far)`` as the batches of steps run (each doubling plans more)."""
+    counts = [0, 0]  # steps done, steps planned
+    if progress is not None:
+        forward = _counted(forward, counts, progress)
+
     def run(n: int) -> Integral:
+        counts[1] += n
+        if progress is not None:
+            progress(counts[0], counts[1])
         with grad_mode(lm):
             if layer is None:
                 return embedding_integral(forward, embeds, fill, n, batch_size)
@@ -129,3 +137,14 @@ def integrate(lm: LoadedModel, forward: Forward, embeds: torch.Tensor, fill: tor
     if layer is not None:
         hook_point(lm, layer, site)
     return converge(run, metric, steps=steps, max_steps=max_steps, max_rel_error=max_rel_error)
+
+
+def _counted(forward: Forward, counts: list[int], progress: Callable[[int, int], None]) -> Forward:
+    """``forward`` that adds the rows it runs to ``counts[0]`` (at most ``counts[1]``) and reports them."""
+    def run(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        out = forward(x, *args, **kwargs)
+        counts[0] = min(counts[0] + int(x.shape[0]), counts[1])
+        progress(counts[0], counts[1])
+        return out
+
+    return run

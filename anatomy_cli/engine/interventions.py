@@ -106,13 +106,13 @@ def check_edit(lm: LoadedModel, edit: Edit, n_tokens: int) -> None:
 
 
 def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]], *, position: int = -1,
-              batch_size: int = 32,
-              reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              batch_size: int = 32, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              progress: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the prompt ``ids`` once per row of edits; read the logits at ``position``.
 
     ``rows[i]`` is the list of edits of row i (an empty list: the unedited prompt).
     ``reduce`` maps logits ``[n, vocab]`` (model dtype) to what is kept per row, e.g. a
-    metric ``[n]``; default: the logits themselves.
+    metric ``[n]``; default: the logits themselves. ``progress(rows done, rows)`` after each batch.
 
     Returns ``(base, edited)``: ``reduce`` of the unedited run's logits ``[1, ...]`` and of
     every row ``[len(rows), ...]``, input order, on ``lm.device``. Raises UsageError for an
@@ -148,6 +148,8 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
         for j, i in enumerate(chunk, start=1):
             # A row without edits never joined the batch (it sorts last): it is the unedited run.
             results[i] = reduced[j if starts[i] < lm.n_layers else 0].clone()
+        if progress is not None:
+            progress(first + len(chunk), len(rows))
     assert base_out is not None  # the loop runs at least once
     edited = torch.stack([results[i] for i in range(len(rows))]) if rows else base_out[:0]
     return base_out, edited
@@ -173,7 +175,8 @@ class PatchRun:
 
 def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[int], site: str, *,
                reduce: Callable[[torch.Tensor], torch.Tensor], layers: Sequence[int] | None = None,
-               source_ids: Sequence[int] | None = None, batch_size: int = 32) -> PatchRun:
+               source_ids: Sequence[int] | None = None, batch_size: int = 32,
+               progress: Callable[[int, int], None] | None = None) -> PatchRun:
     """Activation patching: run ``corrupt_ids`` with one site of one layer (at one position, or one
     head at every position) replaced by its activation in the run of ``clean_ids``.
 
@@ -181,7 +184,8 @@ def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[
     ``source_ids`` when given (default ``clean_ids``; the corrupt prompt itself gives an
     unchanged grid). ``reduce`` maps logits ``[n, vocab]`` to a metric ``[n]``. The clean run
     is one forward; the grid ``ceil(cells / batch_size)`` batched forwards (see the module
-    docstring). Raises UsageError when the prompts' token counts differ, or for an unknown site.
+    docstring); ``progress(runs done, runs)`` after each. Raises UsageError when the prompts' token
+    counts differ, or for an unknown site.
     """
     if site not in SITES:
         raise UsageError(f"unknown site '{site}'; use one of {', '.join(SITES)}")
@@ -208,7 +212,8 @@ def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[
                 rows.append([Edit(site, layer, head=c, value=value)])
             else:
                 rows.append([Edit(site, layer, positions=(c,), value=act[c:c + 1])])
-    _, edited = run_edits(lm, corrupt_ids, rows, position=-1, batch_size=batch_size, reduce=reduce)
+    _, edited = run_edits(lm, corrupt_ids, rows, position=-1, batch_size=batch_size, reduce=reduce,
+                          progress=progress)
     grid = edited.reshape(len(layers), len(columns), *edited.shape[1:])
     return PatchRun(site=site, layers=layers, columns=columns, clean=clean, corrupt=corrupt, grid=grid)
 

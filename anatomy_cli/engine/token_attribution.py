@@ -95,7 +95,7 @@ def baseline_id(lm: LoadedModel, baseline: str) -> int:
 def attribute_tokens(lm: LoadedModel, ids: Sequence[int], metric: Metric, method: str, *, steps: int = STEPS,
                      baseline: str | None = None, batch_size: int = 32, max_steps: int = MAX_STEPS,
                      max_rel_error: float = MAX_REL_ERROR, keep_first: bool = True, layer: int | None = None,
-                     site: str = "resid_pre") -> TokenScores:
+                     site: str = "resid_pre", progress: Callable[[int, int], None] | None = None) -> TokenScores:
     """Attribute ``metric`` (logits ``[n, vocab] -> [n]``) at the last position to each token of ``ids``.
 
     ``baseline``: integrated gradients ``pad`` (default), ``unk``, ``mean`` or ``zero`` (that embedding at every
@@ -105,6 +105,7 @@ def attribute_tokens(lm: LoadedModel, ids: Sequence[int], metric: Metric, method
     within ``max_rel_error`` (``converged`` says whether it was), ``batch_size`` steps per forward; with
     ``layer`` at ``blocks.{layer}.hook_{site}`` (Captum's LayerIntegratedGradients). Raises UsageError for an
     unknown method or a baseline the method does not take.
+    ``progress(steps done, steps planned)``: integrated gradients' steps.
     """
     baseline = _check(lm, ids, method, baseline, layer)
     import captum.attr as ca
@@ -126,7 +127,8 @@ def attribute_tokens(lm: LoadedModel, ids: Sequence[int], metric: Metric, method
             fill[:, 0] = embeds[:, 0]
         with torch.inference_mode(False):
             got = integrate(lm, forward, embeds, fill, value, steps=steps, max_steps=max_steps,
-                            max_rel_error=max_rel_error, batch_size=batch_size, layer=layer, site=site)
+                            max_rel_error=max_rel_error, batch_size=batch_size, layer=layer, site=site,
+                            progress=progress)
         last = got.last
         return TokenScores(method, baseline, last.steps, last.scores, value, baseline_metric=last.baseline_metric,
                            delta=last.delta, tries=got.tries, converged=got.converged, kept_first=kept,

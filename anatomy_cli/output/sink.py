@@ -9,8 +9,10 @@ rich is imported only when a status line is drawn.
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,17 +39,63 @@ def wrote(path: str | Path, detail: str | None = None) -> None:
     info(f"wrote {path}" + (f" ({detail})" if detail else ""))
 
 
-class Status:
-    """The status line being shown: :meth:`update` replaces its text (nothing when no line is shown)."""
+FORCE_ENV = "ANATOMY_STATUS"  # set (not 0/empty) to get the status lines on a stderr that is not a terminal
 
-    def __init__(self, spinner: Any = None):
+
+class Status:
+    """The status line being shown: :meth:`update` replaces its text (nothing when no line is shown).
+
+    ``show(text)``: how a line is shown other than by a spinner (a served command's client, or a plain
+    stderr line when ``$ANATOMY_STATUS`` asks for them off a terminal).
+    """
+
+    def __init__(self, spinner: Any = None, show: Callable[[str], None] | None = None, every: float = 0.25):
         self._spinner = spinner
+        self._show = show
+        self._every = every
 
     def update(self, text: str) -> None:
         if self._spinner is not None:
             from rich.text import Text
 
             self._spinner.update(text=Text(text))
+        elif self._show is not None:
+            self._show(text)
+
+    def counter(self, what: str, unit: str) -> Callable[[int, int], None]:
+        """A progress callback ``(done, total)`` for the layers below: ``what: done/total unit · ETA m:ss``,
+        redrawn at most every quarter second (a plain line: every second), and at the end."""
+        start, shown = time.monotonic(), [0.0]
+
+        def step(done: int, total: int) -> None:
+            now = time.monotonic()
+            if done < total and now - shown[0] < self._every:
+                return
+            shown[0] = now
+            self.update(progress_line(what, done, total, unit, now - start))
+
+        return step
+
+
+def progress_line(what: str, done: int, total: int, unit: str, elapsed: float) -> str:
+    """``lens: 120/5,000 positions · ETA 1:23`` (no ETA before the first step is done, nor after the last)."""
+    line = f"{what}: {done:,}/{total:,} {unit}"
+    if 0 < done < total:
+        line += f" · ETA {minutes(elapsed / done * (total - done))}"
+    return line
+
+
+def minutes(seconds: float) -> str:
+    """``2:41``: seconds as minutes and seconds (an ETA)."""
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def _forced() -> bool:
+    return os.environ.get(FORCE_ENV, "") not in ("", "0")
+
+
+def _plain(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 _live: list[Any] = []  # the one status line being shown (rich allows one live display at a time)
@@ -58,7 +106,8 @@ def status(message: str) -> Iterator[Status]:
     """Show ``message`` with a spinner on stderr while the block runs, when stderr is a terminal; yields a
     :class:`Status` whose ``update(text)`` changes the line.
 
-    Nothing at all when stderr is not a terminal (pipelines, logs, tests). Nested calls
+    Nothing at all when stderr is not a terminal (pipelines, logs, tests), unless ``$ANATOMY_STATUS`` asks
+    for the lines: then each is a plain stderr line (an update at most once a second). Nested calls
     replace the text and restore it on exit. Lines printed to stderr meanwhile (warnings)
     appear above the spinner; the spinner line is erased at the end, so no blank line is left.
     stdout is never touched. In a command run by `anatomy serve`, the client shows the line.
@@ -73,13 +122,17 @@ def status(message: str) -> Iterator[Status]:
         finally:
             spinner.update(text=before)
         return
-    if not sys.stderr.isatty():
-        yield Status()
-        return
     remote = getattr(sys.stderr, "remote_status", None)
-    if remote is not None:  # a command run by `anatomy serve`: its client shows the line while the work happens
-        with remote(message):
+    if not sys.stderr.isatty():
+        if _forced():  # asked for ($ANATOMY_STATUS): plain lines, also in a served command's piped stderr
+            _plain(message)
+            yield Status(show=_plain, every=1.0)
+        else:
             yield Status()
+        return
+    if remote is not None:  # a command run by `anatomy serve`: its client shows the line while the work happens
+        with remote(message) as show:
+            yield Status(show=show)
         return
     from rich.console import Console
     from rich.live import Live

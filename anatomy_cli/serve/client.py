@@ -19,14 +19,22 @@ from anatomy_cli.serve import protocol
 
 # The one list of the weight-loading commands a running server answers, in the order the docs name them:
 # the client forwards them, `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
-FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens")
+FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens",
+             "report", "diff", "corpus", "verify", "generate", "steer", "sae")
 ONLY_WITH = {"tokens": ("--model", "-m")}  # forwarded only with one of these options (without: no weights)
+NOT_WITH = {"corpus": ("--ray", "--ray-address")}  # forwarded except with one of these options
+# The weight-loading commands a server never answers, and why (`serve --status` and docs/serve.md say so).
+NOT_FORWARDED = {
+    "corpus --ray": "its Ray workers load their own copies of the model",
+    "convert": "it saves the weights, and the server's copies of tied weights share one buffer, which safetensors "
+               "refuses to save; a one-off conversion gains nothing from a loaded model",
+}
 NO_SERVER = "--no-server"
 _ROOT_FLAGS = {"--debug", NO_SERVER}
 # What rendering and loading read from the environment; the server runs each request under the client's.
-ENV_KEYS = ("COLUMNS", "LINES", "TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "ANATOMY_DEBUG",
+ENV_KEYS = ("COLUMNS", "LINES", "TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "ANATOMY_DEBUG", "ANATOMY_STATUS",
             "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TIKTOKEN_CACHE_DIR",
-            "ANATOMY_CACHE_DIR", "PYTHONIOENCODING")
+            "ANATOMY_CACHE_DIR", "PYTHONIOENCODING", "ANATOMY_MODEL", "ANATOMY_CONFIG_DIR", "XDG_CONFIG_HOME")
 
 
 def command_of(argv: list[str]) -> str | None:
@@ -43,8 +51,14 @@ def wants_server(argv: list[str]) -> bool:
     command = command_of(argv)
     if command not in FORWARDED or NO_SERVER in argv or "--help" in argv or "-h" in argv:
         return False
+    options = {a.split("=", 1)[0] for a in argv}
     needed = ONLY_WITH.get(command)
-    return needed is None or any(a.split("=", 1)[0] in needed for a in argv)
+    return (needed is None or bool(options & set(needed))) and not options & set(NOT_WITH.get(command, ()))
+
+
+def not_forwarded() -> list[str]:
+    """``corpus --ray: its Ray workers load their own copies of the model``: what a server never answers."""
+    return [f"{what}: {why}" for what, why in NOT_FORWARDED.items()]
 
 
 def forwarded_names() -> str:

@@ -45,12 +45,20 @@ class Captured(io.TextIOWrapper):
         return self._raw.getvalue()
 
     @contextlib.contextmanager
-    def remote_status(self, message: str) -> Iterator[None]:
-        """Show ``message`` on the client's status line while the block runs; nested calls stack."""
+    def remote_status(self, message: str) -> Iterator[Callable[[str], None]]:
+        """Show ``message`` on the client's status line while the block runs; nested calls stack. Yields
+        ``show(text)``, which replaces this block's line (progress)."""
         self._shown.append(message)
         self._notify(message)
+        depth = len(self._shown)
+
+        def show(text: str) -> None:
+            self._shown[depth - 1] = text
+            if len(self._shown) == depth:
+                self._notify(text)
+
         try:
-            yield
+            yield show
         finally:
             self._shown.pop()
             self._notify(self._shown[-1] if self._shown else "")

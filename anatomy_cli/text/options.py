@@ -14,11 +14,13 @@ class PromptOptions:
     ``tokenizer.ggml.add_bos_token``), True prepends the tokenizer's BOS token (a text that already
     starts with it keeps one), False adds none.
     ``allow_special``: read special-token text such as ``<|endoftext|>`` as that token (else plain text).
-    ``truncate``: ``"left"`` keeps the last tokens of a text longer than the context; None refuses it."""
+    ``truncate``: ``"left"`` keeps the last tokens of a text longer than the context; None refuses it.
+    ``chat``: wrap each text in the model's chat template first (:mod:`anatomy_cli.text.chat`)."""
 
     bos: bool | None = None
     allow_special: bool = False
     truncate: str | None = None
+    chat: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.truncate, Enum):  # typer's choice: its value

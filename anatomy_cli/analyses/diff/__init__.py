@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from anatomy_cli.analyses.diff.activations import ActivationDiff, Kept, LayerDiff, compare, keep, kl
+from anatomy_cli.analyses.diff.headers import Header, check_headers, read_header
 from anatomy_cli.analyses.diff.weights import (
     Sums,
     TensorDiff,
@@ -19,5 +20,6 @@ from anatomy_cli.analyses.diff.weights import (
     pair_names,
 )
 
-__all__ = ["ActivationDiff", "Kept", "LayerDiff", "compare", "keep", "kl", "Sums", "TensorDiff", "WeightRow",
+__all__ = ["Header", "check_headers", "read_header",
+           "ActivationDiff", "Kept", "LayerDiff", "compare", "keep", "kl", "Sums", "TensorDiff", "WeightRow",
            "WeightsDiff", "diff_weights", "open_weights", "pair_names"]

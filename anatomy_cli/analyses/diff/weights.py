@@ -227,13 +227,12 @@ def _row(layer: int | None, component: str, items: list[tuple[TensorDiff, Sums]]
                      _types(items, "b_type"), _types(items, "a_type"))
 
 
-def open_weights(spec: str, *, trust_remote_code: bool = False) -> Any:
+def open_weights(spec: str, *, trust_remote_code: bool = False, header: Any = None) -> Any:
     """A :class:`~anatomy_cli.models.tensors.TensorReader` for a ``--model`` spec (a directory, a .gguf file,
-    a cached Hub id). Raises what resolving and reading the config raise, and CheckpointError for a
-    source without weight files."""
-    from anatomy_cli.models.model_files import read_config
-    from anatomy_cli.models.resolve import resolve
+    a cached Hub id); ``header`` (:func:`.headers.read_header`) when already read. Raises what resolving and
+    reading the config raise, and CheckpointError for a source without weight files."""
+    from anatomy_cli.analyses.diff.headers import read_header
     from anatomy_cli.models.tensors import open_tensors
 
-    source = resolve(spec, need="weights")
-    return open_tensors(source, read_config(source, trust_remote_code=trust_remote_code))
+    header = header or read_header(spec, trust_remote_code=trust_remote_code)
+    return open_tensors(header.source, header.config)

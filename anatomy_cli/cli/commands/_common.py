@@ -78,12 +78,13 @@ def open_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = Promp
     texts in messages ("prompt", "context"). Returns ``(opened, encoded)``, one Encoded per text. Raises
     PromptTooLong unless ``prompts.truncate`` is ``left``, and what :func:`open_model` raises.
     """
+    from anatomy_cli.text import chat
     from anatomy_cli.text.length import check_length
     from anatomy_cli.text.tokenization import starts_with_bos
 
     opened = open_model(spec)
     tokenizer = opened.tokenizer
-    encoded = tokenizer.encode(texts, bos=prompts.bos, allow_special=prompts.allow_special)
+    encoded = chat.encode(tokenizer, texts, prompts, opened.name)
     encoded = check_length(opened, encoded, truncate=prompts.truncate, what=what, truncate_hint=truncate_hint)
     for i, enc in enumerate(encoded, start=1):
         which = f"{what} {i}" if len(encoded) > 1 else what
@@ -117,6 +118,15 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
     if opened.spec.device_map is not None:
         info(placement_line(lm))
     return lm
+
+
+def warn_cost(what: str, lm: LoadedModel, flops: float) -> None:
+    """One ``warning:`` line before a run whose estimate (:mod:`anatomy_cli.models.cost`) is long."""
+    from anatomy_cli.models import cost
+
+    line = cost.warning(what, flops, lm.device.type)
+    if line is not None:
+        warn(line)
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from anatomy_cli.cli.app import info
-
-LONG_RUN_S = 60.0  # a run expected to take longer than this gets an expected-cost line
+from anatomy_cli.models.cost import WARN_SECONDS as LONG_RUN_S  # one threshold for every cost line
+from anatomy_cli.output.sink import minutes
 
 
 class CorpusStatus:
@@ -67,6 +67,5 @@ def _progress(p: Any, budget: int | None) -> str:
     line = f"corpus: {p.tokens:,} tokens · {p.windows:,} windows ({p.planned:,} planned) · {rate:,.0f} tokens/s"
     line += f" · {split}" if split else ""
     if budget and rate > 0:
-        left = max(0, budget - p.tokens) / rate
-        line += f" · ETA {int(left // 60)}:{int(left % 60):02d}"
+        line += f" · ETA {minutes(max(0, budget - p.tokens) / rate)}"
     return line

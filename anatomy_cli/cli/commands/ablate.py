@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands import _attribution
 from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
 from anatomy_cli.cli.commands._common import (
@@ -20,6 +20,7 @@ from anatomy_cli.cli.commands._common import (
     open_prompts,
     prompt_line,
     prompt_record,
+    warn_cost,
 )
 from anatomy_cli.cli.options import (
     FirstTokenFoilOpt,
@@ -123,9 +124,15 @@ def ablate_command(
     plan = interventions.ablation_rows(lm, components=["head"] if heads else ["attn", "mlp"], mode=mode.value,
                                        layers=layers)
     metric = analysis.metric_fn(ids["target"], ids["foil"])
+    if method is Method.exact:
+        from anatomy_cli.models import cost
+        warn_cost(f"ablate: {len(plan) * len(encoded):,} ablated runs", lm,
+                  sum((len(plan) + 1) * cost.forward_flops(lm.info, len(e)) for e in encoded))
     reports = []
     for enc in encoded:
-        result, extra = run(lm, enc, plan, metric, ids, mode.value, method, position, check_n, batch_size)
+        with status("ablate") as line:
+            result, extra = run(lm, enc, plan, metric, ids, mode.value, method, position, check_n, batch_size,
+                                progress=line.counter("ablate", "ablated runs"))
         reports.append(_attribution.extend(_report(lm, enc, position % len(enc), ids, result), extra))
         if plot:
             from anatomy_cli.output import plots
@@ -139,9 +146,9 @@ def ablate_command(
 
 
 def run(lm, enc, plan, metric, ids: dict, mode: str, method: Method, position: int, check_n: int | None,
-        batch_size: int) -> tuple:
+        batch_size: int, progress=None) -> tuple:
     """``(Ablation, attribution extra or None)`` for one prompt: the run `ablate` renders (anatomy_cli.api
-    calls it too)."""
+    calls it too). ``progress(runs done, runs)``: the ablated runs (not the attribution estimate)."""
     from anatomy_cli.analyses import ablate as analysis
     from anatomy_cli.engine import interventions
     extra = None
@@ -150,7 +157,7 @@ def run(lm, enc, plan, metric, ids: dict, mode: str, method: Method, position: i
                                                   batch_size=batch_size)
     else:
         base, edited = interventions.run_edits(lm, enc.ids, [edits for *_, edits in plan], position=position,
-                                               batch_size=batch_size, reduce=metric)
+                                               batch_size=batch_size, reduce=metric, progress=progress)
         base = float(base[0])
     result = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", mode,
                                [key for *key, _ in plan], edited, base)

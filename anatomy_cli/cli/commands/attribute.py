@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import (
     PromptArg,
     emit_prompts,
@@ -16,6 +16,7 @@ from anatomy_cli.cli.commands._common import (
     open_prompts,
     prompt_line,
     prompt_record,
+    warn_cost,
 )
 from anatomy_cli.cli.commands.ablate import _check_decoder, _metric_name, token_record
 from anatomy_cli.cli.options import (
@@ -153,11 +154,18 @@ def attribute_command(
                                vocab_size=opened.info.lm_head_rows)
     lm = load_weights(opened)
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
+    from anatomy_cli.models import cost
+    # A forward and a backward (about twice a forward) per integrated-gradients step; occlusion one forward per token.
+    passes = {"integrated-gradients": 3 * steps, "occlusion": max((len(e) for e in encoded), default=0)}
+    warn_cost(f"attribute: {method.value}", lm,
+              sum(passes.get(method.value, 3) * cost.forward_flops(lm.info, len(e)) for e in encoded))
     reports = []
     for enc in encoded:
-        result = run(lm, enc, ids, method.value, steps=steps, baseline=baseline.value if baseline else None,
-                     batch_size=batch_size, max_steps=max_steps, max_rel_error=max_rel_error, vary_first=vary_first,
-                     layer=layer, site=site.value, check=check, allow_unconverged=allow_unconverged)
+        with status(f"attribute: {method.value}") as line:
+            result = run(lm, enc, ids, method.value, steps=steps, baseline=baseline.value if baseline else None,
+                         batch_size=batch_size, max_steps=max_steps, max_rel_error=max_rel_error,
+                         vary_first=vary_first, layer=layer, site=site.value, check=check,
+                         allow_unconverged=allow_unconverged, progress=line.counter("attribute", "steps"))
         reports.append(_report(lm, enc, ids, result))
         if plot:
             from anatomy_cli.output import plots
@@ -171,18 +179,18 @@ def attribute_command(
 
 def run(lm, enc, ids: dict, method: str, *, steps: int = 32, baseline: str | None = None, batch_size: int = 32,
         max_steps: int = 256, max_rel_error: float = 0.05, vary_first: bool = False, layer: int | None = None,
-        site: str = "resid_pre", check: bool = False, allow_unconverged: bool = False):
+        site: str = "resid_pre", check: bool = False, allow_unconverged: bool = False, progress=None):
     """The attribution of one prompt as the command computes it (the command and the Python API call this):
     Captum's ``method`` (integrated gradients doubled up to ``max_steps`` until within ``max_rel_error``),
     ``check``: occlusion's agreement. Raises AnatomyError when integrated gradients stays unconverged and not
-    ``allow_unconverged``."""
+    ``allow_unconverged``. ``progress(steps done, steps planned)``: integrated gradients' steps."""
     from anatomy_cli.analyses import attribute as analysis
     from anatomy_cli.engine import token_attribution
 
     metric = analysis.metric_fn(ids["target"], ids["foil"])
     got = token_attribution.attribute_tokens(
         lm, enc.ids, metric, method, steps=steps, baseline=baseline, batch_size=batch_size, max_steps=max_steps,
-        max_rel_error=max_rel_error, keep_first=not vary_first, layer=layer, site=site)
+        max_rel_error=max_rel_error, keep_first=not vary_first, layer=layer, site=site, progress=progress)
     result = analysis.token_attribution(
         got.method, "logit_diff" if ids["foil"] is not None else "logprob", enc.ids, enc.pieces, got.scores,
         got.metric, baseline=got.baseline, steps=got.steps, baseline_metric=got.baseline_metric, delta=got.delta,

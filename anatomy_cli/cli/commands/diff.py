@@ -98,12 +98,16 @@ def _weights(a: str, b: str, trust_remote_code: bool, plot: Path | None, fmt: An
     from anatomy_cli.cli.commands import _diff_render as render
     from anatomy_cli.output import plots
 
+    with status(f"reading the headers of {a} and {b}"):
+        header_a = analysis.read_header(a, trust_remote_code=trust_remote_code)
+        header_b = analysis.read_header(b, trust_remote_code=trust_remote_code)
+        analysis.check_headers(header_a, header_b)  # two families or shapes: said before any tensor is listed
     with status(f"reading {a}"):
-        reader_a = analysis.open_weights(a, trust_remote_code=trust_remote_code)
+        reader_a = analysis.open_weights(a, header=header_a)
     with status(f"reading {b}"):
-        reader_b = analysis.open_weights(b, trust_remote_code=trust_remote_code)
-    with reader_a, reader_b, status("comparing weights"):
-        result = analysis.diff_weights(reader_a, reader_b)
+        reader_b = analysis.open_weights(b, header=header_b)
+    with reader_a, reader_b, status("comparing weights") as line:
+        result = analysis.diff_weights(reader_a, reader_b, progress=line.counter("comparing weights", "tensor pairs"))
     if plot:
         from anatomy_cli.output.plots import diff as picture
 
@@ -116,6 +120,7 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
     from anatomy_cli.analyses import diff as analysis
     from anatomy_cli.cli.commands import _diff_render as render
     from anatomy_cli.output import plots
+    from anatomy_cli.text import chat
     from anatomy_cli.text.inputs import read_prompts
 
     texts = read_prompts(prompt)
@@ -126,8 +131,7 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
     target_id = None if wanted is None else targets.resolve(opened_a.tokenizer, wanted, model=spec_a.model,
                                                              vocab_size=opened_a.info.lm_head_rows)
     opened_b = open_model(spec_b) if spec_b != spec_a else opened_a
-    render.check_same_tokens(encoded, opened_b.tokenizer.encode(texts, bos=options.bos,
-                                                                allow_special=options.allow_special),
+    render.check_same_tokens(encoded, chat.encode(opened_b.tokenizer, texts, options, opened_b.name),
                              spec_a.model, spec_b.model)
     render.check_same_shape(opened_a.info, opened_b.info, spec_a.model, spec_b.model)
     lm = load_weights(opened_a)

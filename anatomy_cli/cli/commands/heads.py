@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import (
     BatchSizeOpt,
     emit_prompts,
@@ -18,6 +18,7 @@ from anatomy_cli.cli.commands._common import (
     open_prompts,
     prompt_line,
     prompt_record,
+    warn_cost,
 )
 from anatomy_cli.cli.options import (
     FormatOpt,
@@ -96,7 +97,12 @@ def heads_command(
         opened, encoded = open_model(spec), []
     _check(opened.info, encoded, seq_len, spec.model)
     lm = load_weights(opened)
-    results = run(lm, encoded, seq_len, seed, sort.value if sort else None, batch_size)
+    from anatomy_cli.models import cost
+    warn_cost(f"heads on {len(encoded) + 1} prompts", lm,
+              sum(cost.forward_flops(lm.info, n) for n in [*(len(e) for e in encoded), 2 * seq_len]))
+    with status("heads") as line:
+        results = run(lm, encoded, seq_len, seed, sort.value if sort else None, batch_size,
+                      progress=line.counter("heads", "prompt layers"))
     # Every head is scored; --top cuts the rows printed, while the picture colours every head and frames the top.
     reports = [_report(lm, enc, dataclasses.replace(result, rows=result.rows[:top] if top else result.rows))
                for enc, result in results]
@@ -111,9 +117,9 @@ def heads_command(
                        top=top)
 
 
-def run(lm, encoded: list, seq_len: int, seed: int, sort: str | None, batch_size: int) -> list[tuple]:
+def run(lm, encoded: list, seq_len: int, seed: int, sort: str | None, batch_size: int, progress=None) -> list[tuple]:
     """``(Encoded, Heads)`` per prompt (the random sequence's own when there is none): the run `heads`
-    renders (anatomy_cli.api calls it too)."""
+    renders (anatomy_cli.api calls it too). ``progress(done, total)``: patterns scored, one per prompt and layer."""
     import torch
 
     from anatomy_cli import engine
@@ -122,7 +128,12 @@ def run(lm, encoded: list, seq_len: int, seed: int, sort: str | None, batch_size
     rand = engine.encode_ids(lm, ids, text=f"<{seq_len} random tokens, seed {seed}, repeated>")
     start = rand.special.index(False)
 
+    done, total = [0], (len(encoded) + 1) * lm.n_layers
+
     def reduce(i, _layer, pattern):
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
         if i < len(encoded):
             return analysis.pattern_scores(pattern)
         return torch.cat([analysis.pattern_scores(pattern),

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands._common import (
     BatchSizeOpt,
     PromptArg,
@@ -18,6 +18,7 @@ from anatomy_cli.cli.commands._common import (
     open_prompts,
     prompt_line,
     prompt_record,
+    warn_cost,
 )
 from anatomy_cli.cli.options import (
     FirstTokenOpt,
@@ -117,7 +118,12 @@ def lens_command(
     from anatomy_cli.analyses import lens as analysis
     if not lm.has_unembed:
         raise UsageError(f"{lm.name} has no LM head (unembedding): the logit lens has nothing to read tokens from")
-    caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=batch_size)
+    from anatomy_cli.models import cost
+    n_tokens = sum(len(e) for e in encoded)
+    warn_cost(f"lens on {n_tokens:,} tokens", lm,
+              sum(cost.forward_flops(lm.info, len(e)) + cost.lens_flops(lm.info, len(e)) for e in encoded))
+    with status(f"running {lm.name}"):
+        caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=batch_size)
     name_token = describe(lm)
     as_grid = resolve_format(fmt) is Format.table
     from anatomy_cli.output import plots
@@ -125,9 +131,12 @@ def lens_command(
     # An HTML page's hover text lists each cell's top 5 tokens, whatever --k the table shows.
     k_run = max(k or 1, HOVER_TOP) if plots.is_html(plot) else k
     reports = []
-    for enc, cache in zip(encoded, caches):
-        grid = analysis.lens_grid(cache.residual_stream(), lambda h: engine.unembed(lm, h), describe=name_token,
-                                  positions=cache.positions, k=k_run, target_id=target_token)
+    for i, (enc, cache) in enumerate(zip(encoded, caches), start=1):
+        what = f"lens · prompt {i}/{len(encoded)}" if len(encoded) > 1 else "lens"
+        with status(what) as line:
+            grid = analysis.lens_grid(cache.residual_stream(), lambda h: engine.unembed(lm, h), describe=name_token,
+                                      positions=cache.positions, k=k_run, target_id=target_token,
+                                      progress=line.counter(what, "positions"))
         grid = grid.select(rows)
         reports.append(_report(lm, enc, grid.keep_top(k) if k_run != k else grid, stat.value, as_grid))
         if plot:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import app, status
 from anatomy_cli.cli.commands import _attribution
 from anatomy_cli.cli.commands._attribution import CheckOpt, Method, MethodOpt
 from anatomy_cli.cli.commands._common import (
@@ -15,6 +15,7 @@ from anatomy_cli.cli.commands._common import (
     model_label,
     open_texts,
     prompt_line,
+    warn_cost,
 )
 from anatomy_cli.cli.commands.ablate import _check_decoder, token_record
 from anatomy_cli.cli.options import (
@@ -115,7 +116,14 @@ def patch_command(
     lm = load_weights(opened)
     # torch from here on: the prompt checks above ran without it where the model's files allow
     _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
-    result, extra = run(lm, enc_clean, enc_corrupt, site.value, ids, method, check_n, batch_size)
+    if method is Method.exact:
+        from anatomy_cli.models import cost
+        runs = lm.n_layers * (lm.n_heads if site is PatchSite.head else len(enc_corrupt))
+        warn_cost(f"patch: {runs:,} patched runs of {len(enc_corrupt):,} tokens", lm,
+                  (runs + 1) * cost.forward_flops(lm.info, len(enc_corrupt)))
+    with status("patch") as line:
+        result, extra = run(lm, enc_clean, enc_corrupt, site.value, ids, method, check_n, batch_size,
+                            progress=line.counter("patch", "patched runs"))
     fmt = resolve_format(fmt)
     emit(_attribution.extend(_report(lm, enc_clean, enc_corrupt, ids, result, wide=fmt is Format.table), extra,
                              grid=True), fmt)
@@ -131,8 +139,9 @@ def patch_command(
 
 
 def run(lm, enc_clean, enc_corrupt, site: str, ids: dict, method: Method, check_n: int | None,
-        batch_size: int) -> tuple:
-    """``(Patching, attribution extra or None)``: the run `patch` renders (anatomy_cli.api calls it too)."""
+        batch_size: int, progress=None) -> tuple:
+    """``(Patching, attribution extra or None)``: the run `patch` renders (anatomy_cli.api calls it too).
+    ``progress(runs done, runs)``: the patched runs (not the attribution estimate)."""
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions
     extra = None
@@ -140,7 +149,7 @@ def run(lm, enc_clean, enc_corrupt, site: str, ids: dict, method: Method, check_
         result, extra = _attribution.patch(lm, enc_clean.ids, enc_corrupt.ids, site, ids, check_n, batch_size)
     else:
         grid = interventions.patch_grid(lm, enc_clean.ids, enc_corrupt.ids, site, batch_size=batch_size,
-                                       reduce=analysis.logit_metric(ids["target"], ids["foil"]))
+                                       reduce=analysis.logit_metric(ids["target"], ids["foil"]), progress=progress)
         result = analysis.patching(site, "logit_diff" if ids["foil"] is not None else "logit", grid.layers,
                                    grid.columns, grid.grid, float(grid.clean), float(grid.corrupt))
     return result, extra

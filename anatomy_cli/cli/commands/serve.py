@@ -44,7 +44,8 @@ def serve_command(
     fmt: FormatOpt = None,
 ) -> None:
     """Start a local server that keeps models loaded. While it runs, FORWARDED send their work to it and
-    print exactly what they print in-process; --no-server runs a command in-process anyway.
+    print exactly what they print in-process (not forwarded: NOT_FORWARDED); --no-server runs a command
+    in-process anyway.
 
     The server listens only on a Unix socket in a directory only you can enter (0700), the socket is 0600,
     and connections from other users are refused. It listens at once and loads the models after: a command
@@ -87,7 +88,8 @@ def serve_command(
 
 
 # The forwarded commands, named from the one list the client forwards by (serve/client.py).
-serve_command.__doc__ = (serve_command.__doc__ or "").replace("FORWARDED", client.forwarded_names())
+serve_command.__doc__ = (serve_command.__doc__ or "").replace("NOT_FORWARDED", "; ".join(client.not_forwarded())
+                                                            ).replace("FORWARDED", client.forwarded_names())
 
 
 def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_minutes: float) -> None:
@@ -146,4 +148,6 @@ def _status_report(answer: dict) -> Report:
                f"{human_bytes(answer['peak_rss_bytes'])}"]
     # A server from before the handshake lists its models without state or reloads.
     rows = [{"state": "ready", "reloads": None, "last_reload": None, **m} for m in answer["models"]]
-    return Report(data=answer, sections=[Section(STATUS_COLUMNS, rows, title="models")], heading=heading)
+    notes = [f"not forwarded: {line}" for line in client.not_forwarded()]
+    return Report(data={**answer, "not_forwarded": client.not_forwarded()},
+                  sections=[Section(STATUS_COLUMNS, rows, title="models")], heading=heading, notes=notes)

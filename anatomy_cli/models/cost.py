@@ -1,0 +1,46 @@
+"""How long a run will take, roughly: the one rule behind the cost warning commands print before long work.
+
+The work is counted in floating-point operations from a model's :class:`~anatomy_cli.models.info.ModelInfo`
+and the token counts (no weights needed), and turned into seconds by one assumed rate per device type.
+Both are rough (within a few times): enough to say "this will take minutes" before it does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WARN_SECONDS = 60.0  # a run estimated to take longer than this is announced on stderr
+# Assumed sustained rates (FLOP/s) of a float32 forward: a few CPU cores, a GPU.
+RATES = {"cpu": 2e10, "mps": 5e11, "cuda": 5e12}
+
+
+def params(info: Any) -> float:
+    """The multiply-accumulate weights one token meets: ~12 d_model² per block (attention 4, MLP 8) plus
+    the LM head (``lm_head_rows`` × ``d_model``)."""
+    return float(12.0 * info.n_layers * info.d_model ** 2 + float(info.lm_head_rows) * info.d_model)
+
+
+def forward_flops(info: Any, tokens: int) -> float:
+    """One forward of a ``tokens``-token prompt: 2 FLOP per weight per token, plus attention's
+    ``2 · n_layers · tokens² · d_model`` (scores and the weighted sum, causal half counted in full)."""
+    return float(2.0 * params(info) * tokens + 2.0 * info.n_layers * tokens ** 2 * info.d_model)
+
+
+def lens_flops(info: Any, positions: int) -> float:
+    """The logit lens of every layer (embedding included) at ``positions`` positions: one LM-head product each."""
+    return float(2.0 * (info.n_layers + 1) * positions * float(info.lm_head_rows) * info.d_model)
+
+
+def seconds(flops: float, device: str) -> float:
+    """``flops`` at the assumed rate of ``device`` (``cpu``, ``cuda``, ``mps``; others as cpu)."""
+    return flops / RATES.get(device, RATES["cpu"])
+
+
+def warning(what: str, flops: float, device: str) -> str | None:
+    """``lens on 5,000 tokens: about 1.1e+13 FLOP, roughly 9 min on cpu (a rough estimate)``, or None when the
+    estimate is under :data:`WARN_SECONDS`."""
+    s = seconds(flops, device)
+    if s < WARN_SECONDS:
+        return None
+    took = f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
+    return f"{what}: about {flops:.2g} FLOP, roughly {took} on {device} (a rough estimate)"
