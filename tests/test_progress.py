@@ -66,7 +66,7 @@ def test_cost_rule():
     assert cost.lens_flops(Info, 5000) == 2 * 31 * 5000 * 49152 * 576
     assert cost.warning("x", 1e9, "cpu") is None
     assert cost.warning("lens", cost.lens_flops(Info, 5000), "cpu") == \
-        "lens: about 8.8e+12 FLOP, roughly 7 min on cpu (a rough estimate)"
+        "lens: about 8.8e+12 FLOP, roughly 3 min on cpu (a rough estimate)"
 
 
 def test_diff_of_two_families_reads_no_tensor(tiny_model_dir, monkeypatch):

@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 WARN_SECONDS = 60.0  # a run estimated to take longer than this is announced on stderr
-# Assumed sustained rates (FLOP/s) of a float32 forward: a few CPU cores, a GPU.
-RATES = {"cpu": 2e10, "mps": 5e11, "cuda": 5e12}
+# Sustained rates (FLOP/s) of float32 work. CPU: measured on the 2-core test machine (SmolLM2, torch's 2 threads;
+# docs/performance.md): 4e10 for a 9-token forward, 1e11 for the lens's [tokens, d] x [d, vocab] products.
+# MPS and CUDA: assumed (no device measured).
+RATES = {"cpu": 5e10, "mps": 5e11, "cuda": 5e12}
 
 
 def params(info: Any) -> float:
@@ -37,7 +39,7 @@ def seconds(flops: float, device: str) -> float:
 
 
 def warning(what: str, flops: float, device: str) -> str | None:
-    """``lens on 5,000 tokens: about 1.1e+13 FLOP, roughly 9 min on cpu (a rough estimate)``, or None when the
+    """``lens on 5,000 tokens: about 1.1e+13 FLOP, roughly 4 min on cpu (a rough estimate)``, or None when the
     estimate is under :data:`WARN_SECONDS`."""
     s = seconds(flops, device)
     if s < WARN_SECONDS:
