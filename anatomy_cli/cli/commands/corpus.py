@@ -153,8 +153,13 @@ def measure(source: str, spec: ModelSpec, *, ctx: int | None = None, max_tokens:
                             activation_dtype=activation_dtype)
         ray_opts = {"address": ray_address, "workers": workers, "gpus_per_worker": gpus_per_worker} if ray else None
         with status("corpus: planning the first shard") as line:
-            result = run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=out, overwrite=overwrite,
-                         identity=identity, ray=ray_opts, progress=CorpusStatus(line, max_tokens))
+            progress = CorpusStatus(line, max_tokens)
+            try:
+                result = run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=out, overwrite=overwrite,
+                             identity=identity, ray=ray_opts, progress=progress)
+            except KeyboardInterrupt:
+                info(progress.interrupted(out))
+                raise
     finally:
         if source == "-":
             src.path.unlink(missing_ok=True)
