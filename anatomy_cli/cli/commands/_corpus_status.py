@@ -13,6 +13,7 @@ from typing import Any
 from anatomy_cli.cli.app import info
 from anatomy_cli.models.cost import WARN_SECONDS as LONG_RUN_S  # one threshold for every cost line
 from anatomy_cli.output.sink import minutes
+from anatomy_cli.units import human_seconds
 
 
 class CorpusStatus:
@@ -51,20 +52,12 @@ def _cost(p: Any, budget: int | None) -> str | None:
         return None
     basis = f"from the first {p.windows:,} window{'s' if p.windows != 1 else ''}' timing: {rate:,.1f} tokens/s"
     if budget is None:
-        return (f"corpus: expected cost: {_duration(1000 / rate)} per 1,000 tokens ({basis}); the corpus' length "
+        return (f"corpus: expected cost: {human_seconds(1000 / rate)} per 1,000 tokens ({basis}); the corpus' length "
                 "is not known until it is read (--max-tokens bounds it)")
     left = max(0, budget - p.tokens)
     if left / rate < LONG_RUN_S:
         return None
-    return f"corpus: expected cost: about {_duration(left / rate)} for the {left:,} tokens left ({basis})"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"corpus: expected cost: about {human_seconds(left / rate)} for the {left:,} tokens left ({basis})"
 
 
 def _progress(p: Any, budget: int | None) -> str:
