@@ -177,8 +177,9 @@ def test_prompt_that_looks_like_an_option_after_double_dash(tiny_model_dir):
 def test_encoders_are_refused(tiny_model_dir):
     result = invoke("next", "the bank", "--model", str(tiny_model_dir("bert")))
     assert result.exit_code == 2
-    assert error_lines(result)[0].endswith("is an encoder (bert), not a next-token predictor; `next` needs a "
-                                           "decoder-only model such as gpt2 (`trace` works with encoders)")
+    assert error_lines(result)[0].endswith("is an encoder (bert), not a next-token predictor: `next` needs a "
+                                           "decoder-only model such as gpt2 (`trace`, `lens` and `attn` work "
+                                           "with encoders)")
 
 
 def test_bos_is_prepended_only_when_asked(tiny_model_dir):

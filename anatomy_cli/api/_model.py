@@ -1,16 +1,15 @@
 """The model and prompts an API function is given: :func:`load`, a LoadedModel / ModelSpec / name, prompts
-encoded by the commands' own pipeline (``cli/commands/_common.open_texts``). No torch at import time."""
+encoded by the commands' own pipeline (:mod:`anatomy_cli.tasks.session`). No torch at import time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
-    from anatomy_cli.engine import Encoded, OpenedModel
+    from anatomy_cli.engine import Encoded
     from anatomy_cli.engine.model import LoadedModel
 
 Model = Union["LoadedModel", ModelSpec, str]
@@ -45,41 +44,19 @@ def loaded(model: Model) -> LoadedModel:
     return model
 
 
-@dataclass(frozen=True)
-class _Given:
-    """A loader that hands out an already loaded model: the commands' prompt pipeline runs on it unchanged."""
-
-    lm: Any
-
-    def open(self, spec: ModelSpec) -> OpenedModel:
-        from anatomy_cli.engine.opening import OpenedModel
-
-        return OpenedModel(spec=spec, info=self.lm.info, tokenizer=self.lm.tokenizer, config=self.lm.model.config)
-
-    def load_weights(self, opened: OpenedModel) -> Any:
-        return self.lm
-
-
 def encode(lm: LoadedModel, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
-    """``texts`` tokenized and length-checked exactly as a command does (its warnings on stderr)."""
-    from anatomy_cli.cli.commands._common import open_texts
-    from anatomy_cli.engine.loader import using_loader
+    """``texts`` tokenized and length-checked exactly as a command does (:func:`anatomy_cli.tasks.session.encode`;
+    its warnings on stderr)."""
+    from anatomy_cli.tasks.session import encode as session_encode
 
-    if not isinstance(prompts, PromptOptions):
-        raise TypeError(f"prompts= takes a PromptOptions, not {type(prompts).__name__}")
-    with using_loader(_Given(lm)):
-        _, encoded = open_texts(list(texts), ModelSpec(lm.name), prompts, **how)
-    return encoded
+    return session_encode(lm, list(texts), prompts, **how)
 
 
 def texts_of(prompt: str | list[str]) -> tuple[list[str], bool]:
     """``([prompt], True)`` for one text, ``(list, False)`` for several; UsageError for an empty text."""
-    from anatomy_cli.errors import UsageError
+    from anatomy_cli.tasks.session import texts_of as session_texts_of
 
-    texts = [prompt] if isinstance(prompt, str) else list(prompt)
-    if not texts or any(not isinstance(t, str) or t == "" for t in texts):
-        raise UsageError("give a non-empty prompt (a str, or a list of them)")
-    return texts, isinstance(prompt, str)
+    return session_texts_of(prompt)
 
 
 def resolve_token(lm: LoadedModel, target: str | None, target_id: int | None, *, option: str = "--target",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from anatomy_cli.api._model import Model, encode, loaded, resolve_token, texts_of
 from anatomy_cli.api._results import Result
+from anatomy_cli.api._run import run_prompts
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text.options import PromptOptions
 
@@ -56,22 +57,12 @@ def next_token(model: Model, prompt: str | list[str], *, k: int = 10, target: st
                prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
     """`anatomy next`: the next-token distribution after the prompt (float64 softmax at the last position).
     ``result``: NextTokens; rows: ``top`` (k)."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import next_token as analysis
-    from anatomy_cli.cli.commands._common import describe, prompt_record
+    from anatomy_cli.output.views import next as view
+    from anatomy_cli.tasks import next_token as task
 
-    lm = loaded(model)
-    if not lm.is_causal or not lm.has_unembed:
-        raise UsageError(f"{lm.name} is an encoder ({lm.adapter.name}), not a next-token predictor")
-    texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    wanted = resolve_token(lm, target, target_id, first_token=first_token)
-    caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=batch_size)
-    out = []
-    for enc, cache in zip(encoded, caches):
-        result = analysis.next_tokens(cache.logits[0], k, describe(lm), target_id=wanted)
-        out.append(Result("next", result, {**prompt_record(lm, enc), **result.to_dict()}, "top"))
-    return _one(out, single)
+    opts = task.NextOptions(k=k, target=target, target_id=target_id, first_token=first_token,
+                            batch_size=batch_size)
+    return run_prompts(task, view, model, prompt, opts, prompts)
 
 
 def lens(model: Model, prompt: str | list[str], *, stat: str = "prob", target: str | None = None,

@@ -197,9 +197,13 @@ class AnatomyGroup(TyperGroup):
         quiet_library_warnings()
         _plain_metavars(self)
         _hide_aliases(self)
+        from anatomy_cli.output.sink import STDERR
+        from anatomy_cli.tasks.notes import using_notes
+
         try:
-            rv = super().main(args=args, prog_name=prog_name or "anatomy", complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            with using_notes(STDERR):  # what the tasks below say goes to stderr
+                rv = super().main(args=args, prog_name=prog_name or "anatomy", complete_var=complete_var,
+                                  standalone_mode=False, **extra)
             code = rv if isinstance(rv, int) else 0
         except _cx.NoArgsIsHelpError as exc:
             # typer raises this (exit 2) for a bare `anatomy`; show help on stderr.

@@ -14,10 +14,10 @@ from anatomy_cli.engine.model import DTYPES, LoadedModel
 from anatomy_cli.engine.opening import OpenedModel, open_exact, open_model
 from anatomy_cli.engine.wrap import from_model
 from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
-from anatomy_cli.models import bigmodel, gguf
+from anatomy_cli.models import bigmodel
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.info import JsonConfig
-from anatomy_cli.models.resolve import Source, first_line, label
+from anatomy_cli.models.resolve import Source, first_line
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -49,11 +49,12 @@ def _model_class(adapter: Adapter, config: PreTrainedConfig, random: bool = Fals
     at random), else the bare model."""
     import transformers
 
+    from anatomy_cli.models.info import has_lm_head
+
     cls: ModelClass = transformers.AutoModel
-    archs = getattr(config, "architectures", None) or []
     if adapter.causal:
         cls = transformers.AutoModelForCausalLM
-    elif random or any(a.endswith(("ForMaskedLM", "ForPreTraining")) for a in archs):
+    elif has_lm_head(adapter, config, random):  # the rule ModelInfo.has_lm_head states before the load
         cls = transformers.AutoModelForMaskedLM
     return cls
 
@@ -138,7 +139,6 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
     if target is not None and spec.init != "random":
         model = model.to(target)
     lm = from_model(model, opened.tokenizer, name=spec.model, untrained=spec.init == "random", info=opened.info)
-    lm.label = label(source, header.fields if header is not None else None)
-    if header is not None and spec.init != "random":
-        lm.dequantized_from = gguf.quantization_label(header)
+    lm.label = opened.info.label  # decided once, by engine.open
+    lm.dequantized_from = opened.info.quantization
     return lm

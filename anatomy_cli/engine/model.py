@@ -54,6 +54,11 @@ class LoadedModel:
     label: str | None = None
 
     @property
+    def display(self) -> str:
+        """The model's one display name (``info.label``; the spec where none was decided)."""
+        return self.label or self.name
+
+    @property
     def adapter(self) -> Adapter:
         return self.info.adapter
 

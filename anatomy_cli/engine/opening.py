@@ -94,7 +94,7 @@ def _open_light(spec: ModelSpec) -> OpenedModel | None:
     try:
         causal = adapters.for_config(config).causal  # unsupported: the exact open says so
         tokenizer = Tokenizer(BackendTokenizer(backend, special), add_special_tokens=not causal)
-        info = ModelInfo.from_config(config, tokenizer)
+        info = described(ModelInfo.from_config(config, tokenizer, random=spec.init == "random"), spec, None)
     except Exception:  # a size config.json leaves to transformers' defaults, an odd tokenizer: read exactly
         return None
     return OpenedModel(spec=spec, info=info, tokenizer=tokenizer, config=config, light=True)
@@ -129,8 +129,25 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
     adapter = _adapters.for_config(config)
     # Encoders keep their [CLS]/[SEP]; decoders add only the BOS, as their convention says.
     tokenizer = Tokenizer(hf_tok, add_special_tokens=not adapter.causal, add_bos=add_bos)
-    info = ModelInfo.from_config(config, tokenizer)
+    info = described(ModelInfo.from_config(config, tokenizer, random=spec.init == "random"), spec, source, header)
     return OpenedModel(spec=spec, info=info, tokenizer=tokenizer, config=config, source=source, header=header)
+
+
+def described(info: ModelInfo, spec: ModelSpec, source: Source | None, header: GGUFHeader | None = None) -> ModelInfo:
+    """``info`` with the facts decided here, once: its label (:func:`anatomy_cli.models.resolve.label`), the file
+    or directory behind the spec, and a GGUF file's quantization label (none for ``--init random``)."""
+    from dataclasses import replace
+
+    from anatomy_cli.models import gguf
+    from anatomy_cli.models.resolve import check_path, label
+
+    if source is None:
+        source = check_path(spec.model)
+    if source is None:
+        return replace(info, label=spec.model)
+    quant = gguf.quantization_label(header) if header is not None and spec.init != "random" else None
+    return replace(info, label=label(source, header.fields if header is not None else None),
+                   source=source.ref if source.kind in ("gguf", "dir") else None, quantization=quant)
 
 
 def _quiet_transformers() -> None:

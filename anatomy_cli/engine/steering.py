@@ -73,7 +73,7 @@ class SteeringVector:
 
 def model_identity(lm: LoadedModel) -> dict[str, Any]:
     """What a vector file records about the model it was made on."""
-    return {"name": lm.label or lm.name, "model_type": lm.info.model_type, "n_layers": lm.n_layers,
+    return {"name": lm.display, "model_type": lm.info.model_type, "n_layers": lm.n_layers,
             "d_model": lm.d_model}
 
 
@@ -130,19 +130,19 @@ def check(vector: SteeringVector, lm: LoadedModel, source: str) -> list[str]:
     hint = made.get("model_type")
     if hint and hint != lm.info.model_type:
         raise UsageError(f"{source} was made for a {hint} model ({made.get('name', '?')}), "
-                         f"not {lm.label or lm.name} ({lm.info.model_type})")
+                         f"not {lm.display} ({lm.info.model_type})")
     for layer, v in sorted(vector.directions.items()):
         if v.dim() != 1 or v.shape[0] != lm.d_model:
             raise UsageError(f"{source}: direction.{layer} has shape {tuple(v.shape)}; "
-                             f"{lm.label or lm.name} has d_model {lm.d_model}")
+                             f"{lm.display} has d_model {lm.d_model}")
         if not 0 <= layer < lm.n_layers:
-            raise UsageError(f"{source}: layer {layer} is outside {lm.label or lm.name}'s 0..{lm.n_layers - 1}")
+            raise UsageError(f"{source}: layer {layer} is outside {lm.display}'s 0..{lm.n_layers - 1}")
         if not bool(torch.isfinite(v).all()):
             raise UsageError(f"{source}: direction.{layer} has NaN or infinite values")
     if vector.site == "resid_mid" and not lm.has_resid_mid:
-        raise UsageError(f"{source}: site resid_mid, but {lm.label or lm.name} has parallel attention and MLP")
+        raise UsageError(f"{source}: site resid_mid, but {lm.display} has parallel attention and MLP")
     name = made.get("name")
-    if name and name != (lm.label or lm.name):
-        return [f"{source} was made on {name}; applying it to {lm.label or lm.name} (same type and width)"]
+    if name and name != (lm.display):
+        return [f"{source} was made on {name}; applying it to {lm.display} (same type and width)"]
     return []
 

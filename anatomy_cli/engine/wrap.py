@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,11 +43,14 @@ def from_model(model: PreTrainedModel, tokenizer: Tokenizer | HFTokenizer | PreT
     info = info or ModelInfo.from_config(model.config, tok)
     adapter = info.adapter
     has_unembed = bool(adapter.unembed and model is not model.base_model and _has_module(model, adapter.unembed))
+    # The built model decides: a bare encoder handed in has no head, whatever its config names.
+    info = replace(info, has_lm_head=has_unembed, label=info.label or name)
     return LoadedModel(
         model=model, tokenizer=tok, info=info, name=name, untrained=untrained,
         device=_input_device(model), dtype=next(model.parameters()).dtype,
         has_unembed=has_unembed, points=build_points(model, adapter, info.has_resid_mid, has_unembed),
         embed_scale=float(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0)),
+        label=info.label, dequantized_from=info.quantization,
     )
 
 

@@ -83,6 +83,15 @@ class ModelInfo:
     ``tokenizer.ggml.add_bos_token``); ``bos_id`` the BOS token (None: the tokenizer has none).
     ``n_kv_heads``: key/value heads (grouped-query attention; ``n_heads`` without it).
     ``logit_softcap``: Gemma 2's final soft-capping (None: none).
+
+    The capability record (what commands ask before any weight loads; :func:`anatomy_cli.models.capabilities.require`
+    words every refusal): ``has_lm_head`` (the model built has an LM head: a decoder's, or an encoder checkpoint's
+    masked-LM head), ``logits_linear`` (the logits are a linear map of the final norm's output: a decoder's LM
+    head without soft-capping), ``heads_separable`` (attention's output is a sum over heads of their slices of
+    the output projection: every adapter here). ``label``: the model's one display name; ``source``: the file
+    or directory behind the spec (the ``.gguf`` behind ``ollama:``/``lmstudio:``/packaged names); ``quantization``:
+    a GGUF file's quantization label (``Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)``). The three are set by
+    :func:`anatomy_cli.engine.open` (None before).
     """
 
     model_type: str
@@ -101,13 +110,29 @@ class ModelInfo:
     add_bos: bool
     bos_id: int | None
     logit_softcap: float | None
+    has_lm_head: bool = True
+    heads_separable: bool = True
+    label: str | None = None
+    source: str | None = None
+    quantization: str | None = None
+
+    @property
+    def is_decoder(self) -> bool:
+        """Decoder-only (causal): predicts the next token."""
+        return self.is_causal
+
+    @property
+    def logits_linear(self) -> bool:
+        """The logits are a linear map of the final norm's output (DLA's premise)."""
+        return self.is_causal and self.has_lm_head and self.logit_softcap is None
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: TokenizerFacts | None = None) -> ModelInfo:
+    def from_config(cls, config: Any, tokenizer: TokenizerFacts | None = None, *, random: bool = False) -> ModelInfo:
         """Read the facts from ``config`` (transformers' or :class:`JsonConfig`) and ``tokenizer``.
 
         Raises UnsupportedArchitecture (no adapter), AttributeError when the config lacks a size it must
         have (a JsonConfig that leaves a class default out: the caller reads transformers' config instead).
+        ``random``: the model is built from its shape (``--init random``), with the head of its kind.
         """
         adapter = adapters.for_config(config)
         text = text_config(config)
@@ -127,6 +152,7 @@ class ModelInfo:
             add_bos=bool(tokenizer.add_bos) if tokenizer is not None else False,
             bos_id=tokenizer.bos_id if tokenizer is not None else None,
             logit_softcap=float(getattr(text, "final_logit_softcapping", None) or 0) or None,
+            has_lm_head=has_lm_head(adapter, config, random),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,4 +162,17 @@ class ModelInfo:
                 "d_head": self.d_head, "n_ctx": self.n_ctx, "position_offset": self.position_offset,
                 "lm_head_rows": self.lm_head_rows, "tokenizer_vocab": self.tokenizer_vocab,
                 "is_causal": self.is_causal, "has_resid_mid": self.has_resid_mid, "add_bos": self.add_bos,
-                "bos_id": self.bos_id, "logit_softcap": self.logit_softcap}
+                "bos_id": self.bos_id, "logit_softcap": self.logit_softcap, "has_lm_head": self.has_lm_head,
+                "logits_linear": self.logits_linear, "heads_separable": self.heads_separable}
+
+
+def has_lm_head(adapter: Adapter, config: Any, random: bool = False) -> bool:
+    """Whether the model anatomy builds for ``config`` has an LM head: a decoder always (its CausalLM class);
+    an encoder when its checkpoint names a masked-LM head (``...ForMaskedLM``, ``...ForPreTraining``) or it is
+    built at random (the engine's loader picks the class by the same rule)."""
+    if adapter.unembed is None:
+        return False
+    if adapter.causal:
+        return True
+    archs = getattr(config, "architectures", None) or []
+    return random or any(str(a).endswith(("ForMaskedLM", "ForPreTraining")) for a in archs)

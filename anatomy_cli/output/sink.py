@@ -148,3 +148,20 @@ def status(message: str) -> Iterator[Status]:
             yield Status(spinner)
         finally:
             _live.pop()
+
+
+class StderrNotes:
+    """The task layer's :class:`~anatomy_cli.tasks.notes.Notes` on this sink: warnings, lines and status lines
+    on stderr, as the CLI and the Python API show them."""
+
+    def warn(self, message: str) -> None:
+        warn(message)
+
+    def info(self, message: str) -> None:
+        info(message)
+
+    def status(self, message: str) -> Any:
+        return status(message)
+
+
+STDERR = StderrNotes()

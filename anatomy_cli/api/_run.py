@@ -1,0 +1,38 @@
+"""One task run from the API: the same options object, check and run as the command, the same view.
+
+:func:`run_prompts` is every prompt-reading API function's body: build the task's options from the keywords,
+encode the prompts (:mod:`anatomy_cli.tasks.session`), ``check`` (every refusal, worded as the CLI words it),
+``run``, and wrap each result with its view's JSON (:class:`~anatomy_cli.api._results.Result`). No torch at
+import time; nothing from cli/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from anatomy_cli.api._model import Model, encode, loaded, texts_of
+from anatomy_cli.api._results import Result
+from anatomy_cli.text.options import PromptOptions
+
+One = Result | list[Result]
+
+
+def run_prompts(task: ModuleType, view: ModuleType, model: Model, prompt: str | list[str], opts: Any,
+                prompts: PromptOptions = PromptOptions(),
+                figure: Callable[[Any, Any, Any], tuple[tuple[Any, ...], dict[str, Any]]] | None = None) -> One:
+    """``task.check`` then ``task.run`` on ``prompt`` (one text → one Result; a list → a list). ``figure(lm,
+    enc, result)`` gives the picture's ``(args, kwargs)`` for :meth:`Result.plot` (None: the view's
+    ``figure`` if it has one)."""
+    lm = loaded(model)
+    texts, single = texts_of(prompt)
+    encoded = encode(lm, texts, prompts)
+    plan = task.check(lm, opts)
+    results = task.run(lm, encoded, opts, plan)
+    figure = figure or getattr(view, "figure", None)
+    out = []
+    for enc, result in zip(encoded, results):
+        args, kwargs = figure(lm, enc, result) if figure is not None else ((), {})
+        out.append(Result(task.COMMAND, result, view.report(lm, enc, result).data, view.ROWS, args, kwargs))
+    return out[0] if single else out

@@ -1,0 +1,139 @@
+"""One vocabulary for where in a model: hook sites, block numbers and residual-stream rows (no torch).
+
+**A layer is a block, 0..L−1**, in every option, JSON key, table and picture (as TransformerLens, llama.cpp's
+control vectors and the Jacobian lens count). The residual stream has L + 1 readings: the first is the
+embedding, named ``embed`` (``blocks.0.hook_resid_pre``, transformers' ``hidden_states[0]``); the reading named
+N is the output of block N (``blocks.N.hook_resid_post``, ``hidden_states[N + 1]``). docs/engine.md states the
+rule once; every command page links it.
+
+Sites (TransformerLens' hook names): :class:`Site` names each one, :func:`hook_name` builds the hook point,
+:func:`parse_blocks` is the one parser of a block list (``--layer 3``, ``--layers 0,6,11``, ``--blocks 2-5``).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+from anatomy_cli.errors import UsageError
+
+EMBED = "embed"
+"""The name of the residual stream's first reading, the embedding (before block 0)."""
+
+
+class Site(str, Enum):
+    """A hook site inside block ``l``; ``hook_name(l, site)`` is its hook point."""
+
+    resid_pre = "resid_pre"    # the input of block l (block 0's: the embedding)
+    resid_mid = "resid_mid"    # after block l's attention, before its MLP (sequential blocks only)
+    resid_post = "resid_post"  # the output of block l
+    attn_out = "attn_out"      # what block l's attention adds to the residual stream
+    mlp_out = "mlp_out"        # what block l's MLP adds
+    head = "head"              # head h's slice of the attention output projection's input (attn.hook_z)
+    mlp_in = "mlp_in"          # the MLP's input (a transcoder's input site)
+
+    @property
+    def hook(self) -> str:
+        """The hook's name inside ``blocks.{l}.``: ``hook_resid_pre``, ``attn.hook_z``, ``mlp.hook_in``."""
+        return _HOOK[self]
+
+    @property
+    def per_head(self) -> bool:
+        return self is Site.head
+
+
+_HOOK = {Site.resid_pre: "hook_resid_pre", Site.resid_mid: "hook_resid_mid", Site.resid_post: "hook_resid_post",
+         Site.attn_out: "hook_attn_out", Site.mlp_out: "hook_mlp_out", Site.head: "attn.hook_z",
+         Site.mlp_in: "mlp.hook_in"}
+
+RESIDUAL_SITES = (Site.resid_pre, Site.resid_mid, Site.resid_post)
+WRITE_SITES = (Site.resid_pre, Site.resid_mid, Site.resid_post, Site.attn_out, Site.mlp_out)
+"""The sites a vector of width d_model can be added at (steering vectors, SAE outputs, saved activations)."""
+
+DESCRIPTION = {Site.resid_pre: "residual stream into block l", Site.resid_mid: "residual stream between attention "
+               "and MLP of block l", Site.resid_post: "residual stream out of block l",
+               Site.attn_out: "attention output of block l", Site.mlp_out: "MLP output of block l",
+               Site.head: "each head's output (attn.hook_z) of block l", Site.mlp_in: "MLP input of block l"}
+
+_POINT = re.compile(r"^blocks\.(\d+)\.(" + "|".join(re.escape(h) for h in _HOOK.values()) + r")$")
+
+
+def hook_name(block: int, site: Site | str) -> str:
+    """``blocks.{block}.hook_{site}`` (``blocks.3.attn.hook_z`` for ``head``, ``blocks.3.mlp.hook_in``)."""
+    return f"blocks.{block}.{Site(site).hook}"
+
+
+def parse_point(name: str, sites: tuple[Site, ...] = tuple(Site)) -> tuple[int, Site] | None:
+    """``(block, site)`` of a hook point ``blocks.N.hook_…`` among ``sites``; None for any other name."""
+    m = _POINT.match(name)
+    if m is None:
+        return None
+    site = next(s for s, h in _HOOK.items() if h == m.group(2))
+    return (int(m.group(1)), site) if site in sites else None
+
+
+def residual_label(row: int) -> str | int:
+    """The name of residual-stream reading ``row`` (0..L): ``embed`` for 0, else the block whose output it is
+    (``row - 1``)."""
+    return EMBED if row == 0 else row - 1
+
+
+def residual_row(label: str | int) -> int:
+    """The inverse of :func:`residual_label`: ``embed`` → 0, block N → N + 1."""
+    return 0 if label == EMBED else int(label) + 1
+
+
+def block_range_text(n_layers: int) -> str:
+    """``blocks 0..11`` for a 12-block model (the words every out-of-range message uses)."""
+    return f"blocks 0..{n_layers - 1}"
+
+
+def check_block(block: int, n_layers: int, option: str = "--layer", *, negative: bool = True) -> int:
+    """``block`` as a block number 0..L−1 (``negative``: −1 = the last block). Raises UsageError naming
+    ``option`` and the model's range."""
+    if negative and -n_layers <= block < 0:
+        return block + n_layers
+    if 0 <= block < n_layers:
+        return block
+    raise UsageError(f"{option} {block} is out of range: this model has {block_range_text(n_layers)}"
+                     + (" (negative counts from the last)" if negative else ""))
+
+
+def parse_blocks(text: str, n_layers: int | None = None, option: str = "--layers", *, embed: bool = False,
+                 negative: bool = True) -> list[int | str]:
+    """The one block-list parser: ``3``, ``0,6,11``, ``2-5``, ``-1``, and with ``embed`` the name ``embed``.
+
+    Returns the blocks in the order given without repeats (``embed`` kept as the string). With ``n_layers``
+    each block is checked (and a negative one counted from the last); without it only the syntax is.
+    Raises UsageError naming ``option``.
+    """
+    example = "embed,0,6,11" if embed else "0,6,11"
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise UsageError(f"{option} is empty: give block numbers separated by commas, e.g. {example}")
+    out: list[int | str] = []
+    for part in parts:
+        if part == "":
+            raise UsageError(f"{option} {text!r}: an empty item; give block numbers separated by commas, "
+                             f"e.g. {example}")
+        if embed and part == EMBED:
+            values: list[int | str] = [EMBED]
+        else:
+            m = re.fullmatch(r"(-?\d+)(?:-(\d+))?", part)
+            if m is None:
+                what = "block numbers (or embed)" if embed else "block numbers"
+                raise UsageError(f"{option} {text!r}: give {what} separated by commas, e.g. {example}")
+            lo = int(m.group(1))
+            hi = int(m.group(2)) if m.group(2) is not None else lo
+            if m.group(2) is not None and (lo < 0 or hi < lo):
+                raise UsageError(f"{option} {part!r}: a range is LOW-HIGH with 0 <= LOW <= HIGH")
+            values = list(range(lo, hi + 1))
+        for v in values:
+            if isinstance(v, int):
+                if not negative and v < 0:
+                    raise UsageError(f"{option}: block {v} is negative; blocks count from 0")
+                if n_layers is not None:
+                    v = check_block(v, n_layers, option, negative=negative)
+            if v not in out:
+                out.append(v)
+    return out

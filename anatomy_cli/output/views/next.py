@@ -1,0 +1,26 @@
+"""`next`'s view: the top tokens and the target as a table, the record as JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.tasks.session import model_label, prompt_line, prompt_record
+
+COLUMNS = (
+    Column("rank", "rank", "int"),
+    Column("token", "token"),
+    Column("token_id", "id", "id"),
+    Column("probability", "probability", "prob", 4),
+    Column("logprob", "logprob", "float", 3),
+)
+ROWS = "top"
+
+
+def report(lm: Any, enc: Any, result: Any) -> Report:
+    data = {**prompt_record(lm, enc), **result.to_dict()}
+    sections = [Section(COLUMNS, data["top"], title=f"top {len(result.top)} next tokens")]
+    if result.target is not None:
+        sections.append(Section(COLUMNS, [data["target"]], title="target"))
+    heading = [f"next · {model_label(lm)}", f"{prompt_line(enc)} · after {enc.pieces[-1]}"]
+    return Report(data=data, sections=sections, heading=heading)

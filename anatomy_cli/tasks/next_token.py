@@ -1,0 +1,72 @@
+"""`next`: the next-token distribution after each prompt, and a target token's rank (the task).
+
+The pattern every task follows: a frozen options dataclass whose ``__post_init__`` refuses what needs no model;
+:func:`check` makes every refusal that needs the opened model (its capability record, its tokenizer) before any
+weight loads and returns what it resolved; :func:`run` computes the result objects. The CLI parses its options
+into :class:`NextOptions`; the API builds the same object from its keywords.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+from anatomy_cli.text import targets
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.next_token import NextTokens
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "next"
+
+
+@dataclass(frozen=True)
+class NextOptions:
+    """``k``: how many of the most probable tokens to list; ``target``/``target_id``: a token whose rank and
+    probability are reported (``first_token``: the first token of a several-token TEXT)."""
+
+    k: int = 10
+    target: str | None = None
+    target_id: int | None = None
+    first_token: bool = False
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        from anatomy_cli.errors import UsageError
+
+        if self.k < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        if self.batch_size < 1:
+            raise UsageError("--batch-size takes a whole number of at least 1")
+        targets.check_first_token(self.first_token, self.wanted)
+
+    @property
+    def wanted(self) -> targets.TokenChoice | None:
+        return targets.choice(self.target, self.target_id, first_token=self.first_token)
+
+
+@dataclass(frozen=True)
+class NextPlan:
+    target_id: int | None
+
+
+def check(opened: Any, opts: NextOptions) -> NextPlan:
+    """``opened``: an OpenedModel or a LoadedModel (anything with ``info``, ``tokenizer``, ``name``)."""
+    require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
+    wanted = opts.wanted
+    target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
+                                                            vocab_size=opened.info.lm_head_rows)
+    return NextPlan(target_id)
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: NextOptions, plan: NextPlan) -> list[NextTokens]:
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import next_token as analysis
+    from anatomy_cli.tasks.session import describe
+
+    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+        caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=opts.batch_size)
+    name_token = describe(lm)
+    return [analysis.next_tokens(cache.logits[0], opts.k, name_token, target_id=plan.target_id) for cache in caches]

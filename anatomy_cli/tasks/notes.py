@@ -1,0 +1,97 @@
+"""Warnings, informational lines and progress as data: what a task says goes to the current :class:`Notes`.
+
+Below the CLI nothing prints. A task calls :func:`warn`, :func:`info` or :func:`status` (a context manager
+yielding a :class:`Progress` with ``update(text)`` and ``counter(what, unit)``); whoever runs the task decides
+where they go by installing a Notes with :func:`using_notes`: the CLI and the Python API hand the stderr sink
+(:mod:`anatomy_cli.output.sink`), a test or a notebook can collect them (:class:`Collected`, the default, keeps
+them in a list and shows nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Progress(Protocol):
+    def update(self, text: str) -> None: ...
+
+    def counter(self, what: str, unit: str) -> Callable[[int, int], None]: ...
+
+
+class Notes(Protocol):
+    """Where a task's words go: ``warn`` (``warning: …``), ``info`` (a plain line), ``status`` (a status line
+    while a block runs, updatable)."""
+
+    def warn(self, message: str) -> None: ...
+
+    def info(self, message: str) -> None: ...
+
+    def status(self, message: str) -> AbstractContextManager[Progress]: ...
+
+
+class _Quiet:
+    def update(self, text: str) -> None:
+        return None
+
+    def counter(self, what: str, unit: str) -> Callable[[int, int], None]:
+        return lambda done, total: None
+
+
+@dataclass
+class Collected:
+    """Notes kept as data: ``warnings`` and ``infos`` in order; status lines are not shown."""
+
+    warnings: list[str] = field(default_factory=list)
+    infos: list[str] = field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def info(self, message: str) -> None:
+        self.infos.append(message)
+
+    @contextmanager
+    def status(self, message: str) -> Iterator[Progress]:
+        yield _Quiet()
+
+
+_current: ContextVar[Notes | None] = ContextVar("anatomy_notes", default=None)
+_fallback: Notes = Collected()
+
+
+def set_default(notes: Notes) -> None:
+    """Where notes go when no :func:`using_notes` block is active (the Python API: the stderr sink)."""
+    global _fallback
+    _fallback = notes
+
+
+def current() -> Notes:
+    """The Notes installed by :func:`using_notes` (else one that collects)."""
+    notes = _current.get()
+    return notes if notes is not None else _fallback
+
+
+@contextmanager
+def using_notes(notes: Notes) -> Iterator[Notes]:
+    """Send what tasks say inside the block to ``notes``."""
+    token = _current.set(notes)
+    try:
+        yield notes
+    finally:
+        _current.reset(token)
+
+
+def warn(message: str) -> None:
+    current().warn(message)
+
+
+def info(message: str) -> None:
+    current().info(message)
+
+
+def status(message: str) -> AbstractContextManager[Progress]:
+    return current().status(message)
