@@ -25,8 +25,8 @@ def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, ma
     run's manifest keys it by its name), a ModelSpec or a name (opened and loaded; with ``ray`` the workers
     load it). ``result``: the runner's Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1);
     ``to_dict()["heads"]`` with ``heads``."""
-    from anatomy_cli.api._model import _Given
     from anatomy_cli.cli.commands import corpus as command
+    from anatomy_cli.engine.loader import GivenLoader as _Given
     from anatomy_cli.engine.loader import using_loader
 
     options = dict(ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from anatomy_cli.engine.opening import OpenedModel, open_model
@@ -57,3 +58,19 @@ def using_loader(loader: Loader) -> Iterator[Loader]:
         yield loader
     finally:
         _LOADER.reset(token)
+
+
+@dataclass(frozen=True)
+class GivenLoader:
+    """A loader that hands out an already loaded model (the Python API's LoadedModel): a task's pipeline runs on
+    it unchanged, whatever spec it is asked for."""
+
+    lm: LoadedModel
+
+    def open(self, spec: ModelSpec) -> OpenedModel:
+        from anatomy_cli.engine.opening import OpenedModel
+
+        return OpenedModel(spec=spec, info=self.lm.info, tokenizer=self.lm.tokenizer, config=self.lm.model.config)
+
+    def load_weights(self, opened: OpenedModel) -> LoadedModel:
+        return self.lm
