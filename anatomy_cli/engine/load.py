@@ -16,7 +16,7 @@ from anatomy_cli.engine.wrap import from_model
 from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models.adapters import Adapter
-from anatomy_cli.models.info import JsonConfig
+from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.resolve import Source, first_line
 from anatomy_cli.models.spec import ModelSpec
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.models.adapters import Adapter
-from anatomy_cli.models.info import JsonConfig, ModelInfo
+from anatomy_cli.models.info import ModelInfo
+from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.tokenization import Tokenizer
 

@@ -25,7 +25,7 @@ from anatomy_cli.errors import UnsupportedArchitecture
 if TYPE_CHECKING:
     from transformers.configuration_utils import PreTrainedConfig
 
-    from anatomy_cli.models.info import JsonConfig
+    from anatomy_cli.models.json_config import JsonConfig
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.models import presets
-from anatomy_cli.models.info import JsonConfig
+from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.resolve import check_path
 
 if TYPE_CHECKING:

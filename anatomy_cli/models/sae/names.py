@@ -12,23 +12,33 @@ prefix is dropped. Gemma Scope's ``params.npz`` states no hook: its folder (``la
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sites import Site, hook_name, parse_point
 
 if TYPE_CHECKING:
     from anatomy_cli.models.info import ModelInfo
-    from anatomy_cli.models.sae.read import SAEFile
 
-# The MLP's input (the input of the module behind blocks.{l}.hook_mlp_out): a transcoder's input site.
-MLP_IN = "blocks.{layer}.mlp.hook_in"
 
-_TL = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|hook_mlp_out"
-                 r"|attn\.hook_z|mlp\.hook_in)$")
+class SAESites(Protocol):
+    """What :func:`check_fits` reads of an SAE (:class:`anatomy_cli.models.sae.read.SAEFile`)."""
+
+    @property
+    def hook_name(self) -> str: ...
+    @property
+    def site(self) -> str: ...
+    @property
+    def site_out(self) -> str: ...
+    @property
+    def d_in(self) -> int: ...
+    @property
+    def d_out(self) -> int: ...
+
+
 _TL_OTHER = re.compile(r"^blocks\.(\d+)\.(\S+)$")
 _SPARSIFY = re.compile(r"^(?:model\.|gpt_neox\.|transformer\.)?(?:layers|h)\.(\d+)(\.mlp|\.self_attn|\.attn)?$")
-_SPARSIFY_KIND = {None: "hook_resid_post", ".mlp": "hook_mlp_out", ".self_attn": "hook_attn_out",
-                  ".attn": "hook_attn_out"}
+_SPARSIFY_SITE = {None: Site.resid_post, ".mlp": Site.mlp_out, ".self_attn": Site.attn_out, ".attn": Site.attn_out}
 # TransformerLens names that mean "the MLP's input" (what a TL transcoder reads).
 _TL_MLP_IN = ("ln2.hook_normalized", "hook_mlp_in")
 
@@ -37,17 +47,16 @@ def hook_point(name: str, *, transcoder_input: bool = False) -> str:
     """Anatomy's hook point for an SAE's ``name`` (see the module docstring). ``transcoder_input``: the name
     is a transcoder's input, so sparsify's ``layers.N.mlp`` means the MLP's input. Raises UsageError for a
     name anatomy has no hook point for."""
-    m = _TL.match(name)
-    if m:
+    if parse_point(name) is not None:  # a TransformerLens hook point anatomy has (models/sites.py)
         return name
     m = _TL_OTHER.match(name)
     if m and m.group(2) in _TL_MLP_IN:
-        return MLP_IN.format(layer=m.group(1))
+        return hook_name(int(m.group(1)), Site.mlp_in)
     m = _SPARSIFY.match(name)
     if m:
         if transcoder_input and m.group(2) == ".mlp":
-            return MLP_IN.format(layer=m.group(1))
-        return f"blocks.{m.group(1)}.{_SPARSIFY_KIND[m.group(2)]}"
+            return hook_name(int(m.group(1)), Site.mlp_in)
+        return hook_name(int(m.group(1)), _SPARSIFY_SITE[m.group(2)])
     raise UsageError(f"the SAE's hook '{name}' has no anatomy hook point: anatomy reads blocks.N.hook_resid_pre, "
                      f"hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out, attn.hook_z, and an MLP's "
                      f"input (--hook NAME overrides)")
@@ -65,10 +74,9 @@ def gemma_scope_hook(path: str) -> str | None:
     layer = re.search(r"layer_(\d+)", path)
     if layer is None:
         return None
-    kinds = [("-res", "hook_resid_post"), ("-mlp", "hook_mlp_out"), ("-att", "attn.hook_z")]
-    for tag, kind in kinds:
+    for tag, site in (("-res", Site.resid_post), ("-mlp", Site.mlp_out), ("-att", Site.head)):
         if re.search(re.escape(tag) + r"(?:[-_/]|$)", path):
-            return f"blocks.{layer.group(1)}.{kind}"
+            return hook_name(int(layer.group(1)), site)
     return None
 
 
@@ -78,14 +86,14 @@ def gemma_scope_l0(path: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def check_fits(info: ModelInfo, name: str, sae: SAEFile) -> None:
+def check_fits(info: ModelInfo, name: str, sae: SAESites) -> None:
     """Raise UsageError unless the model ``info`` describes has the SAE's layers and its sites are ``d_in`` /
     ``d_out`` wide (the MLP's input is ``d_model`` wide). Before any weight loads."""
     for point, width, what in ((sae.site, sae.d_in, "d_in"), (sae.site_out, sae.d_out, "d_out")):
         layer = layer_of(point)
         if not 0 <= layer < info.n_layers:
             raise UsageError(f"the SAE reads {point} ({sae.hook_name}), but {name} has {info.n_layers} layers")
-        site_width = info.n_heads * info.d_head if point.endswith("attn.hook_z") else info.d_model
+        site_width = info.n_heads * info.d_head if point.endswith(Site.head.hook) else info.d_model
         if width != site_width:
             raise UsageError(f"the SAE's {what} is {width}, but {point} of {name} is {site_width} wide: "
                              f"the SAE was trained on another model or site")
