@@ -28,8 +28,9 @@ for direct logit attribution), ``interventions`` (patching and ablation: :func:`
 ``load`` (its weights: a LoadedModel),
 ``load_gguf`` (a .gguf file's weights), ``attention`` (attention patterns), ``wrap`` (:func:`from_model`).
 
-Residual stream: row 0 = ``blocks.0.hook_resid_pre`` (the embedding), row l =
-``blocks.{l-1}.hook_resid_post``, raw, before the final norm.
+Residual stream (``Cache.residual_stream()``): index 0 is the reading named ``embed``
+(``blocks.0.hook_resid_pre``), index i the output of block i − 1 (``blocks.{i-1}.hook_resid_post``), raw, before
+the final norm; docs/engine.md#layers, :mod:`anatomy_cli.models.sites`.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class Cache:
         return torch.stack([self[kind, layer] for layer in range(self.n_layers)])
 
     def residual_stream(self) -> torch.Tensor:
-        """``[n_layers + 1, pos, d_model]``: row 0 the embedding (``blocks.0.hook_resid_pre``),
-        row l the output of block l-1 (raw, before the final norm).
+        """``[n_layers + 1, pos, d_model]``: index 0 the reading named ``embed`` (``blocks.0.hook_resid_pre``),
+        index i the output of block i - 1 (raw, before the final norm); names: ``sites.residual_label(i)``.
         Needs the names from :func:`residual_names`."""
         return torch.stack([self["resid_pre", 0]] + [self["resid_post", layer] for layer in range(self.n_layers)])
