@@ -4,27 +4,27 @@ Each line of the tour block runs in-process in a fresh directory (the tour's own
 `docs/` is the clone's), with a fresh user config directory where the tour's `anatomy models --default smollm2`
 lines have run. The lines without `--model` run on the default model: here `$ANATOMY_MODEL`, which overrides the
 stored default, names a tiny random Llama of SmolLM2's tour-relevant shape (6 layers, 4 heads: every layer and
-head the tour names exists) with GPT-2's tokenizer, so the whole tour takes seconds; one test checks that the
-stored default alone is SmolLM2 (" Berlin", as the tour says). Each line must exit 0 within its time limit.
-Lines whose files the README does not say how to make are skipped, by name, below.
+head the tour names exists) with GPT-2's tokenizer, so the whole tour takes seconds. The line whose comment
+states the default model's own figure (`next "The capital of Germany is"`: " Berlin", p ≈ 0.796) runs on the
+stored default, SmolLM2. Each line must exit 0 and print the figures, rows and files it promises
+(tests/tour_checks.py: the tiny model's lines against transformers' own forward of it). Lines whose files the
+README does not say how to make are skipped, by name, below. Timings are benchmarks' business, not this test's.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-import signal
-import time
 from pathlib import Path
 
 import pytest
+from tour_checks import Reference, check
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-LIMIT_S = 240  # per line, on a loaded 2-core machine (corpus took 170 s there); a quiet one needs a fraction
 # Files a tour line names that the README does not say how to make: those lines are skipped.
 UNMADE = ("./my-sae",)
 # The `diff` lines, after the requantizing recipe and `convert`: tests/test_requantize.py runs them as written with
@@ -73,31 +73,31 @@ def tour_dir(tmp_path_factory, smollm2_gguf):
         yield work
 
 
-def _alarm(signum, frame):
-    raise TimeoutError(f"over {LIMIT_S} s")
+@pytest.fixture(scope="module")
+def reference(tour_dir):
+    """The tiny Llama in plain transformers (eager attention, so its attention weights are returned)."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(tour_dir / "tiny-llama", attn_implementation="eager").eval()
+    return Reference(model, AutoTokenizer.from_pretrained(tour_dir / "tiny-llama"))
+
+
+# The lines whose comment states the default model's own figures run on it (the stored default, SmolLM2).
+ON_THE_DEFAULT = ('anatomy next "The capital of Germany is"',)
 
 
 @pytest.mark.parametrize("line", tour_lines())
-def test_tour_line_runs_as_written(line, tour_dir, cached_load):
+def test_tour_line_does_what_it_says(line, tour_dir, reference, cached_load, monkeypatch):
     args = shlex.split(line, comments=True)[1:]
     if unmade := [a for a in args if a in UNMADE]:
         pytest.skip(f"names {', '.join(unmade)}, which the README does not say how to make")
     if args[0] == "diff" and any(a in ON_A_TINY_GGUF for a in args):
         pytest.skip("runs in tests/test_requantize.py, on a tiny GGUF standing for smollm2")
-    before = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(LIMIT_S)
-    start = time.monotonic()
-    try:
-        result = CliRunner().invoke(app, args)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, before)
-    took = time.monotonic() - start
+    if line.startswith(ON_THE_DEFAULT):
+        monkeypatch.delenv("ANATOMY_MODEL")
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, f"{line}\n{result.stderr}"
-    written = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-o", "--plot", "--out")]
-    assert result.stdout.strip() or "--default" in line or written, line
-    assert all((tour_dir / w).exists() for w in written), (line, written)
-    assert took < LIMIT_S, f"{line}: {took:.0f} s"
+    check(line, args, result.stdout, result.stderr, tour_dir, reference)
 
 
 def test_the_stored_default_is_smollm2(tour_dir, cached_load, monkeypatch):
