@@ -303,13 +303,37 @@ def test_the_smollm2_figures_are_labelled_with_their_model():
 
 # ---------------------------------------------------------------- every command runs
 
+@pytest.fixture(scope="module")
+def gpt2_reference(tiny_model_dir):
+    """The tiny GPT-2 the guide's weight commands run on, in plain transformers."""
+    from tour_checks import Reference
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    path = tiny_model_dir("gpt2")
+    return Reference(GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval(),
+                     AutoTokenizer.from_pretrained(path))
+
+
 @pytest.mark.parametrize("item", [c for c in COMMANDS if c[0] not in OUTPUTS], ids=_id)
-def test_command_runs(run, item):
+def test_command_does_what_it_says(run, item, gpt2_reference):
+    # The commands shown without their output run on the tiny GPT-2; what each computes is checked against
+    # transformers' own forward of it (tests/tour_checks.py): trace's norms and top-k, drift's cosines (its
+    # first reading exactly 1.000, as the guide says: the same token at the same position), next's distribution
+    # and ` much`'s rank.
+    import models
+    import tour_checks
+
     _, command = item
     result = run(command)
-    assert result.stdout.strip()
     if is_random(command.argv):
         assert "untrained" in result.stdout + result.stderr
+    argv, out = command.argv, result.stdout
+    checks = {"trace": lambda: tour_checks.check_trace(out, gpt2_reference, models.LAYERS),
+              "drift": lambda: tour_checks.check_drift(out, gpt2_reference, models.LAYERS),
+              "next": lambda: (tour_checks.check_next_target(out, gpt2_reference) if "--target" in argv
+                               else tour_checks.check_next_top(out, gpt2_reference, argv[1]))}
+    assert argv[0] in checks, f"docs/article.md line {command.line_no}: no check for `{argv[0]}`: add one"
+    checks[argv[0]]()
 
 
 @pytest.mark.parametrize("item", [c for c in COMMANDS if c[0] in OUTPUTS], ids=_id)

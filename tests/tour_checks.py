@@ -99,6 +99,13 @@ def check_next_target(out: str, ref: Reference) -> None:
     assert close(top[0]["probability"], lp.max().exp())
 
 
+def check_next_top(out: str, ref: Reference, prompt: str) -> None:
+    top = tables(out)[0]
+    lp = ref.log_probs(prompt)
+    assert [int(r["token_id"]) for r in top] == lp.topk(len(top)).indices.tolist()
+    assert all(close(r["probability"], lp[int(r["token_id"])].exp()) for r in top)
+
+
 def check_drift(out: str, ref: Reference, n_layers: int) -> None:
     (rows,) = tables(out)
     assert len(rows) == n_layers + 1
@@ -108,7 +115,7 @@ def check_drift(out: str, ref: Reference, n_layers: int) -> None:
 
     for row, ha, hb in zip(rows[:n_layers], a, b):  # token 6, " bank", in both contexts
         assert close(row["similarity"], torch.cosine_similarity(ha[0, 6], hb[0, 6], dim=0), 1e-3)
-    assert close(rows[0]["similarity"], 1.0)  # rotary positions: the same token's embedding
+    assert close(rows[0]["similarity"], 1.0)  # the same token at the same position: the same embedding
 
 
 def check_lens(out: str, ref: Reference, n_layers: int, target: str | None) -> None:
