@@ -1,0 +1,97 @@
+"""Every CLI option of a command has an API keyword of the same name, and vice versa (issue 47): both are the
+fields of the command's task options dataclass (anatomy_cli/tasks/<command>.py).
+
+The three lists are derived, not written down: the CLI's from the click command the app registers
+(``anatomy_cli.cli.app.click_command()``), the API's from ``inspect.signature`` of its function, the task's from
+``dataclasses.fields``. Left out on every side: the model (``spec``, the model option group), the prompt options
+(``prompts``: --bos/--no-bos, --allow-special, --truncate, --chat), ``--format`` and ``--plot``, and the command's
+positional arguments (PROMPT, CLEAN CORRUPT, ...: the API's positional parameters). A command without a task
+module yet is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import anatomy_cli.tasks
+
+# The API function of a command, where its name is not the command's.
+API_NAME = {"next": "next_token", "corpus": "corpus_stats"}
+NOT_A_TASK = {"notes", "session", "records"}  # the task layer's shared modules
+
+
+def task_modules() -> dict[str, object]:
+    """``{command: task module}`` for every module of anatomy_cli/tasks/ with a ``COMMAND``."""
+    out = {}
+    for info in pkgutil.iter_modules(anatomy_cli.tasks.__path__):
+        if info.name.startswith("_") or info.name in NOT_A_TASK:
+            continue
+        module = importlib.import_module(f"anatomy_cli.tasks.{info.name}")
+        if hasattr(module, "COMMAND"):
+            out[module.COMMAND] = module
+    return out
+
+
+def options_class(module) -> type:
+    """The module's options dataclass: the frozen dataclass named ``...Options`` it defines."""
+    found = [v for k, v in vars(module).items() if k.endswith("Options") and dataclasses.is_dataclass(v)
+             and isinstance(v, type) and v.__module__ == module.__name__]
+    assert len(found) == 1, f"{module.__name__}: one ...Options dataclass, found {[c.__name__ for c in found]}"
+    assert found[0].__dataclass_params__.frozen, f"{found[0].__name__} is not frozen"
+    return found[0]
+
+
+def commands() -> dict[str, object]:
+    import anatomy_cli.cli.main  # noqa: F401  registers every command
+    from anatomy_cli.cli.app import click_command
+
+    return dict(click_command().commands)
+
+
+def cli_names(command) -> tuple[set[str], set[str]]:
+    """The command's option names (python names, ``target_id``) without the shared groups, and its arguments
+    (``param_type_name``: typer carries its own copy of click, whose classes are not ``click.Option``)."""
+    from anatomy_cli.cli.options import MODEL_OPTIONS, PROMPT_OPTIONS
+
+    shared = {o[0] for o in MODEL_OPTIONS} | {o[0] for o in PROMPT_OPTIONS} | {"fmt", "format", "plot"}
+    options = {p.name for p in command.params if p.param_type_name == "option"} - shared
+    arguments = {p.name for p in command.params if p.param_type_name == "argument"}
+    return options, arguments
+
+
+def api_names(function, arguments: set[str]) -> set[str]:
+    params = list(inspect.signature(function).parameters.values())[1:]  # after the model
+    return {p.name for p in params if p.name not in {"prompts", "spec"} | arguments
+            and p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+
+ALL = sorted(commands())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_cli_options_api_keywords_and_task_fields_are_one_list(name):
+    tasks = task_modules()
+    if name not in tasks:
+        pytest.skip(f"`{name}` has no task module (anatomy_cli/tasks/) yet")
+    fields = {f.name for f in dataclasses.fields(options_class(tasks[name]))}
+    options, arguments = cli_names(commands()[name])
+    assert options == fields, (f"`anatomy {name}`: CLI options without a field {sorted(options - fields)}, "
+                               f"fields without a CLI option {sorted(fields - options)}")
+    from anatomy_cli import api as anatomy
+
+    api = API_NAME.get(name, name)
+    if api not in anatomy.__all__:
+        pytest.skip(f"`{name}` has no API function")
+    keywords = api_names(getattr(anatomy, api), arguments)
+    assert keywords == fields, (f"anatomy.{api}: keywords without a field {sorted(keywords - fields)}, "
+                                f"fields without a keyword {sorted(fields - keywords)}")
+
+
+def test_next_has_its_task():
+    # the exemplar: the parity test is not vacuous
+    assert "next" in task_modules() and "next" in ALL
