@@ -168,31 +168,20 @@ def attribute(model: Model, prompt: str | list[str], *, target: str | None = Non
     return _one(out, single)
 
 
-def drift(model: Model, word: str, contexts: list[str] | None = None, *, matrix: int | None = None,
+def drift(model: Model, word: str, contexts: list[str] | None = None, *, matrix: int | str | None = None,
           pool: str = "mean", occurrence: int = 1, ignore_case: bool = False,
           prompts: PromptOptions = PromptOptions()) -> Result:
-    """`anatomy drift`: the cosine of WORD's vector between contexts at every layer, with the anisotropy
-    baseline. ``result``: DriftResult; rows: ``layers`` (n_layers + 1)."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import drift as analysis
-    from anatomy_cli.cli.commands import drift as command
-    from anatomy_cli.cli.commands._common import dtype_name, model_label
+    """`anatomy drift`: the cosine of WORD's vector between contexts at every residual row (``embed``, then
+    blocks 0..L-1), with the anisotropy baseline. ``matrix``: ``"embed"`` or a block. ``result``:
+    DriftResult; rows: ``layers`` (n_layers + 1)."""
+    from anatomy_cli.output.views import drift as view
+    from anatomy_cli.tasks import drift as task
 
-    how = command.Pool(pool)
-    analysis.word_spans("", word)
-    texts = command._contexts(word, contexts, ignore_case)
+    opts = task.DriftOptions(word=word, contexts=None if contexts is None else tuple(contexts), matrix=matrix,
+                             pool=task.Pool(pool), occurrence=occurrence, ignore_case=ignore_case)
     lm = loaded(model)
-    if matrix is not None and not 0 <= matrix <= lm.n_layers:
-        raise UsageError(f"--matrix layer must be in 0..{lm.n_layers}, got {matrix}")
-    encoded = encode(lm, texts, prompts, what="context", truncate_hint=False)
-    locations = [analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, word, special=e.special,
-                                 occurrence=occurrence, ignore_case=ignore_case) for i, e in enumerate(encoded)]
-    caches = engine.run(lm, encoded, engine.residual_names(lm))
-    result = analysis.drift(word, [c.residual_stream() for c in caches], locations, [e.ids for e in encoded],
-                            [e.special for e in encoded], pool_how=how.value, is_causal=lm.is_causal, model=lm.name,
-                            untrained=lm.untrained, occurrence=occurrence, ignore_case=ignore_case,
-                            matrix_layer=matrix)
-    data: dict[str, Any] = command._report(result, model_label(lm), dtype_name(lm), lm.dequantized_from,
-                                           encoded[0]).data
-    detail = f"{word!r} in {len(result.contexts)} contexts · pool {result.pool}"
-    return Result("drift", result, data, "layers", (result, _caption("drift", lm, None, detail)))
+    encoded = encode(lm, opts.texts(), prompts, what="context", truncate_hint=False)
+    plan = task.check(lm, opts, encoded)
+    result = task.run(lm, encoded, opts, plan)
+    args, kwargs = view.figure(lm, encoded, result)
+    return Result(task.COMMAND, result, view.report(lm, encoded, result).data, view.ROWS, args, kwargs)
