@@ -41,38 +41,21 @@ def dla(model: Model, prompt: str | list[str], *, target: str | None = None, tar
         position: int | None = None, by: str = "layer", top: int | None = None, sort: str = "model",
         prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
     """`anatomy dla`: direct logit attribution of logit(target) (minus logit(foil)) at ``position``; the rows add
-    up to the model's own logit. ``result``: Attribution; rows: ``rows`` (one per component)."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import dla as analysis
-    from anatomy_cli.cli.commands import dla as command
-    from anatomy_cli.cli.commands._common import describe
-    from anatomy_cli.engine import decompose
-    from anatomy_cli.text.positions import check_position
+    up to the model's own logit. ``result``: Attribution (the rows ``top``/``sort`` keep); rows: ``rows`` (one per
+    component)."""
+    from anatomy_cli.output.views import dla as view
+    from anatomy_cli.tasks import dla as task
 
-    how, order = command.By(by), command.Sort(sort)
+    opts = task.DlaOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+                           position=position, by=task.By(by), top=top, sort=task.Sort(sort), batch_size=batch_size)
     lm = loaded(model)
-    if not lm.adapter.causal or lm.adapter.post_ln or not lm.has_unembed:
-        raise UsageError(f"dla needs a linear path from the residual stream to the logits; {lm.name} has none")
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    check_position(position, encoded)
-    ids = _ids(lm, target, target_id, foil, foil_id, first_token)
-    pos = -1 if position is None else position
-    caches = engine.run(lm, encoded, decompose.names(lm, by_head=how is command.By.head),
-                        positions=[[pos]] * len(encoded), batch_size=batch_size)
-    unembedding = decompose.unembedding_direction(lm, ids["target"], ids["foil"])
-    name_token = describe(lm)
-    what = f"logit({name_token(ids['target'])[0]})" + (
-        f" − logit({name_token(ids['foil'])[0]})" if ids["foil"] is not None else "")
+    plan = task.check(lm, opts, encoded)
     out = []
-    for enc, cache in zip(encoded, caches):
-        full = analysis.logit_attribution(lm, cache, ids["target"], ids["foil"], by_head=how is command.By.head,
-                                          unembedding=unembedding)
-        shown = full.select(top, order.value)
-        p = cache.positions[0]
-        data = command._report(lm, enc, p, shown, ids, name_token, how).data
-        cap = _caption("dla", lm, enc.text, f"position {p} = {enc.pieces[p]}")
-        out.append(Result("dla", shown, data, "rows", (full, lm.n_layers, lm.n_heads, what, cap)))
+    for enc, result in zip(encoded, task.run(lm, encoded, opts, plan)):
+        args, kwargs = view.figure(lm, enc, result)
+        out.append(Result(task.COMMAND, result.shown, view.report(lm, enc, result).data, view.ROWS, args, kwargs))
     return _one(out, single)
 
 
