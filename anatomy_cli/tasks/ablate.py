@@ -118,7 +118,9 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
 
     rows = interventions.ablation_rows(lm, components=["head"] if opts.heads else ["attn", "mlp"],
                                        mode=opts.mode.value, layers=None if plan.layer is None else [plan.layer])
-    metric = analysis.metric_fn(plan.ids["target"], plan.ids["foil"])
+    target = plan.ids["target"]
+    assert target is not None  # resolve_pair always gives the target
+    metric = analysis.metric_fn(target, plan.ids["foil"])
     if opts.method is Method.exact:
         from anatomy_cli.models import cost
 

@@ -113,7 +113,9 @@ def run_one(lm: LoadedModel, enc: Encoded, ids: dict[str, int | None], opts: Att
     from anatomy_cli.analyses import attribute as analysis
     from anatomy_cli.engine import token_attribution
 
-    metric = analysis.metric_fn(ids["target"], ids["foil"])
+    target = ids["target"]
+    assert target is not None  # resolve_pair always gives the target
+    metric = analysis.metric_fn(target, ids["foil"])
     got = token_attribution.attribute_tokens(
         lm, enc.ids, metric, opts.method.value, steps=opts.steps,
         baseline=opts.baseline.value if opts.baseline else None, batch_size=opts.batch_size,

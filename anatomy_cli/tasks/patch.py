@@ -93,8 +93,14 @@ def run(lm: LoadedModel, clean: Encoded, corrupt: Encoded, opts: PatchOptions,
             result, extra = _attribution.patch(lm, clean.ids, corrupt.ids, site, ids, opts.check, opts.batch_size)
         else:
             grid = interventions.patch_grid(lm, clean.ids, corrupt.ids, site, batch_size=opts.batch_size,
-                                           reduce=analysis.logit_metric(ids["target"], ids["foil"]),
+                                           reduce=analysis.logit_metric(_target(ids), ids["foil"]),
                                            progress=line.counter("patch", "patched runs"))
             result = analysis.patching(site, "logit_diff" if ids["foil"] is not None else "logit", grid.layers,
                                        grid.columns, grid.grid, float(grid.clean), float(grid.corrupt))
     return PatchResult(result, extra, ids)
+
+
+def _target(ids: dict[str, int | None]) -> int:
+    target = ids["target"]
+    assert target is not None  # resolve_pair always gives the target
+    return target
