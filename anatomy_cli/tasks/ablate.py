@@ -10,8 +10,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._attribution import Extra, Method, check_options
-from anatomy_cli.text import targets
+from anatomy_cli.tasks._attribution import Extra, Method, TokenPair, check_options
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -24,43 +23,6 @@ COMMAND = "ablate"
 class AblateMode(str, Enum):
     zero = "zero"
     mean = "mean"
-
-
-@dataclass(frozen=True)
-class TokenPair:
-    """``--target``/``--foil`` (and ``--first-token``) as given; :meth:`resolve` is the one place they become ids
-    (:func:`targets.resolve_pair`: a foil equal to the target is refused there)."""
-
-    target: str | None = None
-    target_id: int | None = None
-    foil: str | None = None
-    foil_id: int | None = None
-    first_token: bool = False
-
-    @property
-    def wanted(self) -> targets.TokenChoice | None:
-        return targets.choice(self.target, self.target_id, option="--target", first_token=self.first_token)
-
-    @property
-    def foiled(self) -> targets.TokenChoice | None:
-        return targets.choice(self.foil, self.foil_id, option="--foil", first_token=self.first_token)
-
-    def check_tokens(self) -> None:
-        """Refuse what needs no model: ``--first-token`` without a TEXT, both TEXT and id."""
-        targets.check_first_token(self.first_token, self.wanted, self.foiled, options="--target or --foil")
-
-    def require_target(self, missing: str) -> targets.TokenChoice:
-        """The target as given; UsageError ``missing`` without one."""
-        wanted = self.wanted
-        if wanted is None:
-            raise UsageError(missing)
-        return wanted
-
-    def resolve(self, opened: Any) -> dict[str, int | None]:
-        wanted = self.wanted
-        assert wanted is not None
-        return targets.resolve_pair(opened.tokenizer, wanted, self.foiled, model=opened.name,
-                                    vocab_size=opened.info.lm_head_rows)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks.ablate import TokenPair
+from anatomy_cli.tasks._attribution import TokenPair
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.attribute import TokenAttribution

@@ -10,7 +10,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.adapters import heads_split
 from anatomy_cli.models.capabilities import Need, refusal, require
 from anatomy_cli.tasks import notes
-from anatomy_cli.text import targets
+from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -32,15 +32,10 @@ class Sort(str, Enum):
 
 
 @dataclass(frozen=True)
-class DlaOptions:
+class DlaOptions(TokenPair):
     """The target (and foil) whose logit is decomposed at ``position`` (None: the last); ``by`` layer or head;
     ``top``/``sort``: which rows the report keeps and their order (the sum stays the logit)."""
 
-    target: str | None = None
-    target_id: int | None = None
-    foil: str | None = None
-    foil_id: int | None = None
-    first_token: bool = False
     position: int | None = None
     by: By = By.layer
     top: int | None = None
@@ -54,17 +49,8 @@ class DlaOptions:
             raise UsageError("--top takes a whole number of at least 1")
         if self.batch_size < 1:
             raise UsageError("--batch-size takes a whole number of at least 1")
-        if self.wanted is None:
-            raise UsageError("dla needs a token: give --target TEXT or --target-id N")
-        targets.check_first_token(self.first_token, self.wanted, self.foiled, options="--target or --foil")
-
-    @property
-    def wanted(self) -> targets.TokenChoice | None:
-        return targets.choice(self.target, self.target_id, first_token=self.first_token)
-
-    @property
-    def foiled(self) -> targets.TokenChoice | None:
-        return targets.choice(self.foil, self.foil_id, option="--foil", first_token=self.first_token)
+        self.require_target("dla needs a token: give --target TEXT or --target-id N")
+        self.check_tokens()
 
 
 @dataclass(frozen=True)
@@ -96,10 +82,7 @@ def check(opened: Any, opts: DlaOptions, encoded: list[Encoded]) -> DlaPlan:
     if opts.by is By.head and heads_split(adapter) is None:
         raise UsageError(refusal(opened.info, Need.separable_heads, f"{COMMAND} --by head") + "; use --by layer")
     check_position(opts.position, encoded)
-    wanted = opts.wanted
-    assert wanted is not None  # DlaOptions refuses a missing target
-    return DlaPlan(targets.resolve_pair(opened.tokenizer, wanted, opts.foiled, model=opened.name,
-                                        vocab_size=opened.info.lm_head_rows))
+    return DlaPlan(opts.resolve(opened))
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: DlaOptions, plan: DlaPlan) -> list[DlaResult]:

@@ -10,8 +10,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._attribution import Extra, Method, check_options
-from anatomy_cli.tasks.ablate import TokenPair
+from anatomy_cli.tasks._attribution import Extra, Method, TokenPair, check_options
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.patch import Patching
