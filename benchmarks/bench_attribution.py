@@ -9,7 +9,7 @@ loaded once. CLEAN "The Eiffel Tower is in the city of", CORRUPT "The Colosseum 
 each), target " Paris", foil " Rome". Figures, medians of ``--runs`` after one warm-up of each side:
 
 1. ``head``: ``patch --site head --method attribution`` vs exact ``--site head`` end to end after the load, in
-   one process: ``cli.commands.patch.run`` (what ``anatomy patch`` and ``anatomy_cli.api`` run on the loaded
+   one process: ``tasks.patch.run`` (what ``anatomy patch`` and ``anatomy_cli.api`` run on the loaded
    model: ``engine.gradients.attribution_patch_grid`` vs ``engine.interventions.patch_grid``, 30 layers x 9
    heads = 270 patched runs, ``--batch-size 32``, and the result). Target: >= 10x faster. Printed: the ratio of
    the medians and of each alternating pair, the load average before and after, and what one run of each side
@@ -134,12 +134,12 @@ class Passes:
 def head_figure(lm, clean: str, corrupt: str, target: int, foil: int, runs: int) -> dict:
     """Figure 1: ``patch.run`` by attribution vs exact, alternating; ratio, load averages, passes of each side."""
     from anatomy_cli import engine
-    from anatomy_cli.cli.commands._attribution import Method
-    from anatomy_cli.cli.commands.patch import run
+    from anatomy_cli.tasks.patch import Method, PatchOptions, run
 
     enc_clean, enc_corrupt = engine.encode(lm, [clean, corrupt])
     ids = {"target": target, "foil": foil}
-    sides = {m: (lambda m=m: run(lm, enc_clean, enc_corrupt, "head", ids, m, 0, 32))
+    sides = {m: (lambda m=m: run(lm, enc_clean, enc_corrupt, PatchOptions(target_id=target, foil_id=foil,
+                                                                          site="head", method=m), ids))
              for m in (Method.attribution, Method.exact)}
     passes = {}
     for method, side in sides.items():

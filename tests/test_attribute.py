@@ -339,3 +339,16 @@ def test_table_bars_keep_the_sign(tiny_model_dir, cached_load):
     negative = [v for v in values if v < 0]
     assert negative, values
     assert signed_bar(min(negative) / biggest).strip() in table
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_an_encoder_is_refused_in_attributes_own_words_before_the_weights_load(tiny_model_dir, monkeypatch):
+    """The one refusal (capabilities.require) names `attribute`, not ablate or patch; no weight loads."""
+    from anatomy_cli.engine import loader
+
+    monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("weights loaded"))
+    result = CliRunner().invoke(app, ["attribute", "the cat", "--model", str(tiny_model_dir("bert")),
+                                      "--target", "it"])
+    assert result.exit_code == 2
+    assert "is an encoder (bert), not a next-token predictor: `attribute` needs a decoder-only model" in result.stderr
+    assert "ablate and patch" not in result.stderr

@@ -203,7 +203,7 @@ def test_refusals_and_bad_input(tiny_model_dir):
     bert = invoke("dla", "paris is nice", "--model", str(tiny_model_dir("bert")), "--target", "paris")
     assert bert.exit_code == 2 and bert.stdout == ""
     errors = [line for line in bert.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "non-linear masked-LM head" in errors[0]
+    assert len(errors) == 1 and "is an encoder (bert), not a next-token predictor: `dla` needs a decoder-only" in errors[0]
     model = str(tiny_model_dir("gpt2"))
     for args, message in [([], "dla needs a token"),
                           (["--target", " much", "--foil-id", "881"], "--foil is the same token as --target"),

@@ -63,12 +63,13 @@ def test_a_family_whose_attention_does_not_split_into_heads_is_named():
 
 
 def test_dla_by_head_refuses_such_a_family_before_the_weights_load(tiny_model_dir, monkeypatch):
-    from anatomy_cli.cli.commands import dla as command
     from anatomy_cli.engine import loader
+    from anatomy_cli.tasks import dla as task
 
-    monkeypatch.setattr(command, "decompose_heads", lambda adapter: None)
+    monkeypatch.setattr(task, "heads_split", lambda adapter: None)
     monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("weights loaded"))
     result = runner.invoke(app, ["dla", PROMPT, "--model", str(tiny_model_dir("llama")), "--target", " Berlin",
                                  "--by", "head"])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert result.stderr.startswith("error: dla --by head: ") and result.stderr.rstrip().endswith("use --by layer")
+    assert result.stderr.startswith("error: ") and result.stderr.rstrip().endswith(
+        "attention output does not split into heads: `dla --by head` needs each head's part; use --by layer")

@@ -155,8 +155,9 @@ def test_drift_synthetic_three_contexts():
     assert list(data) == ["word", "model", "untrained", "is_causal", "n_layers", "pool", "occurrence",
                           "ignore_case", "match", "same_tokenization", "identical_pairs", "contexts", "layers",
                           "baseline_by_context", "pairs", "matrix"]
-    assert data["layers"][0] == {"layer": 0, "similarity": 1.0, "baseline": res.baseline[0]}
-    assert data["matrix"]["layer"] == 2
+    assert data["layers"][0] == {"layer": "embed", "similarity": 1.0, "baseline": res.baseline[0]}
+    assert [r["layer"] for r in data["layers"]] == ["embed", 0, 1, 2]
+    assert data["matrix"]["layer"] == 1  # residual row 2 = block 1's output
     json.dumps(data)  # plain lists and floats only
 
 
@@ -283,6 +284,25 @@ def test_default_pair_layer0_is_exactly_one_on_random_gpt2(gpt2_dir):
                                                                           abs=1e-6)
 
 
+def test_rows_are_named_embed_then_blocks_as_hf_hidden_states(gpt2_dir):
+    """Row ``embed`` = hidden_states[0]; row N = block N's output = hidden_states[N + 1] (the last one taken
+    before the final norm, by a hook on the last block); ``--matrix embed`` and ``--matrix 0`` pick them."""
+    tok, model = _hf_model(gpt2_dir)
+    with torch.no_grad():
+        hs = [model(**tok(t, return_tensors="pt"), output_hidden_states=True).hidden_states for t in (MONEY, RIVER)]
+    data = _json("bank", "--model", gpt2_dir)
+    assert [r["layer"] for r in data["layers"]] == ["embed", 0, 1]
+    by_label = {r["layer"]: r["similarity"] for r in data["layers"]}
+    assert by_label["embed"] == pytest.approx(D.cosine(hs[0][0][0, 6], hs[1][0][0, 6]).item(), abs=1e-6)
+    assert by_label[0] == pytest.approx(D.cosine(hs[0][1][0, 6], hs[1][1][0, 6]).item(), abs=1e-6)
+    last = [_hf_stream(gpt2_dir, t)[-1, 6] for t in (MONEY, RIVER)]  # block 1's output, before ln_f
+    assert by_label[1] == pytest.approx(D.cosine(*last).item(), abs=1e-6)
+    for label in ("embed", "0"):
+        picked = _json("bank", "--model", gpt2_dir, "--matrix", label)["matrix"]
+        want = "embed" if label == "embed" else 0
+        assert picked["layer"] == want and picked["values"][0][1] == by_label[want]
+
+
 def test_similarity_is_symmetric(gpt2_dir):
     ab = _json("bank", "--model", gpt2_dir, "-c", MONEY, "-c", RIVER)
     ba = _json("bank", "--model", gpt2_dir, "-c", RIVER, "-c", MONEY)
@@ -391,21 +411,21 @@ THREE = (MONEY, RIVER, "She works as a teller at the bank.")
 
 
 def test_three_contexts_mean_and_matrix(gpt2_dir):
-    data = _json("bank", "--model", gpt2_dir, "-c", THREE[0], "-c", THREE[1], "-c", THREE[2], "--matrix", "2")
+    data = _json("bank", "--model", gpt2_dir, "-c", THREE[0], "-c", THREE[1], "-c", THREE[2], "--matrix", "1")
     pairs = {(p["context_a"], p["context_b"]): p["similarity"] for p in data["pairs"]}
     assert list(pairs) == [(1, 2), (1, 3), (2, 3)]
     for layer, row in enumerate(data["layers"]):
         assert row["similarity"] == pytest.approx(sum(v[layer] for v in pairs.values()) / 3, abs=1e-12)
     m = data["matrix"]["values"]
-    assert data["matrix"]["layer"] == 2
+    assert data["matrix"]["layer"] == 1
     assert [m[i][i] for i in range(3)] == [1.0, 1.0, 1.0]
     assert m[0][2] == m[2][0] == pairs[(1, 3)][2]
-    tsv = _drift("bank", "--model", gpt2_dir, "-c", THREE[0], "-c", THREE[1], "-c", THREE[2], "--matrix", "2",
+    tsv = _drift("bank", "--model", gpt2_dir, "-c", THREE[0], "-c", THREE[1], "-c", THREE[2], "--matrix", "1",
                  "-f", "tsv")
     lines = tsv.stdout.splitlines()
     assert lines[0] == "context\tc1\tc2\tc3"
     assert lines[3].split("\t")[:2] == ["3", repr(pairs[(1, 3)][2])]
-    assert "pairwise cosine similarity at layer 2 of 2" in tsv.stderr
+    assert "pairwise cosine similarity at layer 1 (of embed, blocks 0..1)" in tsv.stderr
 
 
 def test_formats(gpt2_dir):
@@ -415,10 +435,10 @@ def test_formats(gpt2_dir):
     assert tsv.exit_code == 0
     rows = [line.split("\t") for line in tsv.stdout.splitlines()]
     assert rows[0] == ["layer", "similarity", "baseline"]
-    assert [float(r[1]) for r in rows[1:]] == sims and [r[0] for r in rows[1:]] == ["0", "1", "2"]
+    assert [float(r[1]) for r in rows[1:]] == sims and [r[0] for r in rows[1:]] == ["embed", "0", "1"]
     assert "context 1: token 6 (·bank)" in tsv.stderr  # header lines go to stderr in tsv
     csv_out = _drift("bank", "--model", gpt2_dir, "-f", "csv").stdout_bytes
-    assert csv_out.startswith(b"layer,similarity,baseline\r\n0,1.0,")
+    assert csv_out.startswith(b"layer,similarity,baseline\r\nembed,1.0,")
     table = _drift("bank", "--model", gpt2_dir, "-f", "table")
     assert table.exit_code == 0 and _messages(table.stderr) == ""
     out = table.stdout
@@ -438,8 +458,9 @@ def test_long_context_names_the_limit_and_no_truncate_option(gpt2_dir):
     (["river"], "the built-in pair is for 'bank'"),
     (["", "-c", "a", "-c", "b"], "empty word"),
     (["bank", "-c", MONEY, "-c", " "], "context 2 is empty"),
-    (["bank", "--matrix", "3"], "--matrix layer must be in 0..2, got 3"),
-    (["bank", "--matrix", "-1"], "'--matrix': Input should be greater than or equal to 0"),
+    (["bank", "--matrix", "2"], "--matrix 2 is out of range: this model has blocks 0..1"),
+    (["bank", "--matrix", "-1"], "--matrix: block -1 is negative; blocks count from 0"),
+    (["bank", "--matrix", "0,1"], "--matrix takes one residual row (embed or a block), got '0,1'"),
     (["bank", "--occurrence", "0"], "'-n': Input should be greater than or equal to 1"),
     (["bank", "--pool", "max"], "Invalid value for '--pool'"),
     (["bank", "-c", "\udcff bank", "-c", MONEY], "context 1 is not valid UTF-8 (character 1)"),

@@ -180,7 +180,7 @@ def no_weights(monkeypatch, tiny_model_dir, tiktoken_cache):
     (["trace", "Hi", "--position", "-2"],
      "error: --position -2 is out of range: the prompt has 1 token (use 0..0, or -1..-1 from the end)"),
     (["next", "Thank you very", "--target", "much more"], "error: --target 'much more' is 2 tokens"),
-    (["drift", "bank", "-c", "the bank", "-c", "a bank", "--matrix", "99"], "error: --matrix layer must be in 0..2"),
+    (["drift", "bank", "-c", "the bank", "-c", "a bank", "--matrix", "99"], "error: --matrix 99 is out of range: this model has blocks 0..1"),
     (["drift", "bank", "-c", "the bank", "-c", "a river"], "error: 'bank' does not occur as a whole word in context 2"),
 ])
 def test_bad_arguments_fail_before_the_weights_load(no_weights, args, message):

@@ -35,6 +35,7 @@ import torch
 
 from anatomy_cli.analyses.trace import cosine  # float64, exactly 1.0 for identical vectors, 0 for a zero vector
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sites import residual_label
 
 # word_spans and tokens_in_span stay importable from here (the drift command and its tests use them).
 from anatomy_cli.text.words import find_word, matched_as_characters, tokens_in_span, word_spans  # noqa: F401
@@ -174,7 +175,7 @@ class PairDrift:
 
 @dataclass(frozen=True)
 class DriftResult:
-    """The drift of one word across contexts, layer 0..n_layers.
+    """The drift of one word across contexts, residual rows 0..n_layers (named embed, blocks 0..L−1).
 
     ``similarity[l]``: cosine between the word's pooled vectors at layer ``l``
     (the mean over all pairs when there are more than two contexts).
@@ -214,6 +215,15 @@ class DriftResult:
             raise ValueError("drift needs at least two contexts")
 
     @property
+    def labels(self) -> list[str | int]:
+        """The residual rows' names: ``embed``, then blocks 0..L−1 (docs/engine.md#layers)."""
+        return [residual_label(row) for row in range(self.n_layers + 1)]
+
+    @property
+    def matrix_label(self) -> str | int | None:
+        return None if self.matrix_layer is None else residual_label(self.matrix_layer)
+
+    @property
     def same_tokenization(self) -> bool:
         """True when the word is the same token ids in every context."""
         return len({loc.ids for loc in self.contexts}) == 1
@@ -233,10 +243,10 @@ class DriftResult:
             "identical_pairs": [list(p) for p in self.identical],
             "contexts": [loc.to_dict() for loc in self.contexts],
             "layers": [{"layer": layer, "similarity": s, "baseline": b}
-                       for layer, (s, b) in enumerate(zip(self.similarity, self.baseline))],
+                       for layer, s, b in zip(self.labels, self.similarity, self.baseline)],
             "baseline_by_context": [list(b) for b in self.baseline_by_context],
             "pairs": [p.to_dict() for p in self.pairs],
-            "matrix": None if self.matrix is None else {"layer": self.matrix_layer,
+            "matrix": None if self.matrix is None else {"layer": self.matrix_label,
                                                           "values": [list(r) for r in self.matrix]},
         }
 

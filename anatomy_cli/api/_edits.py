@@ -1,39 +1,19 @@
-"""Analyses of a target token: dla, ablate, patch, attribute; and drift (a word across contexts). Each runs the
-code its command runs (the command module's ``run`` where it has one, else the same engine and analysis
-calls: dla and attribute call their analyses directly) and returns the command's JSON with its result object.
-No torch at import time."""
+"""Analyses of a target token: dla, ablate, patch, attribute; and drift (a word across contexts). Each builds
+its command's options object (:mod:`anatomy_cli.tasks`), runs the same ``check`` and ``run`` and returns the
+view's JSON (:mod:`anatomy_cli.output.views`) with the result object. No torch at import time; nothing from
+cli/."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from anatomy_cli.api._model import Model, encode, loaded, resolve_token, texts_of
-from anatomy_cli.api._prompts import One, _caption, _one
+from anatomy_cli.api._model import Model, encode, loaded, texts_of
+from anatomy_cli.api._prompts import One, _one
 from anatomy_cli.api._results import Result
-from anatomy_cli.errors import UsageError
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
-    from anatomy_cli.engine.model import LoadedModel
-
-
-def _ids(lm: LoadedModel, target: str | None, target_id: int | None, foil: str | None, foil_id: int | None,
-         first_token: bool) -> dict[str, Any]:
-    """``{"target": id, "foil": id or None}`` as ``--target``/``--foil`` resolve them; UsageError without a
-    target, or a foil equal to it."""
-    ids = {"target": resolve_token(lm, target, target_id, first_token=first_token),
-           "foil": resolve_token(lm, foil, foil_id, option="--foil", first_token=first_token)}
-    if ids["target"] is None:
-        raise UsageError("give target= (a text) or target_id= (a token id): the token the analysis explains")
-    if ids["foil"] == ids["target"]:
-        raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
-    return ids
-
-
-def _decoder(lm: LoadedModel) -> None:
-    from anatomy_cli.cli.commands.ablate import _check_decoder
-
-    _check_decoder(lm.name, lm.is_causal and lm.has_unembed)
+    pass
 
 
 def dla(model: Model, prompt: str | list[str], *, target: str | None = None, target_id: int | None = None,
@@ -41,38 +21,21 @@ def dla(model: Model, prompt: str | list[str], *, target: str | None = None, tar
         position: int | None = None, by: str = "layer", top: int | None = None, sort: str = "model",
         prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
     """`anatomy dla`: direct logit attribution of logit(target) (minus logit(foil)) at ``position``; the rows add
-    up to the model's own logit. ``result``: Attribution; rows: ``rows`` (one per component)."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import dla as analysis
-    from anatomy_cli.cli.commands import dla as command
-    from anatomy_cli.cli.commands._common import describe
-    from anatomy_cli.engine import decompose
-    from anatomy_cli.text.positions import check_position
+    up to the model's own logit. ``result``: Attribution (the rows ``top``/``sort`` keep); rows: ``rows`` (one per
+    component)."""
+    from anatomy_cli.output.views import dla as view
+    from anatomy_cli.tasks import dla as task
 
-    how, order = command.By(by), command.Sort(sort)
+    opts = task.DlaOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+                           position=position, by=task.By(by), top=top, sort=task.Sort(sort), batch_size=batch_size)
     lm = loaded(model)
-    if not lm.adapter.causal or lm.adapter.post_ln or not lm.has_unembed:
-        raise UsageError(f"dla needs a linear path from the residual stream to the logits; {lm.name} has none")
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    check_position(position, encoded)
-    ids = _ids(lm, target, target_id, foil, foil_id, first_token)
-    pos = -1 if position is None else position
-    caches = engine.run(lm, encoded, decompose.names(lm, by_head=how is command.By.head),
-                        positions=[[pos]] * len(encoded), batch_size=batch_size)
-    unembedding = decompose.unembedding_direction(lm, ids["target"], ids["foil"])
-    name_token = describe(lm)
-    what = f"logit({name_token(ids['target'])[0]})" + (
-        f" − logit({name_token(ids['foil'])[0]})" if ids["foil"] is not None else "")
+    plan = task.check(lm, opts, encoded)
     out = []
-    for enc, cache in zip(encoded, caches):
-        full = analysis.logit_attribution(lm, cache, ids["target"], ids["foil"], by_head=how is command.By.head,
-                                          unembedding=unembedding)
-        shown = full.select(top, order.value)
-        p = cache.positions[0]
-        data = command._report(lm, enc, p, shown, ids, name_token, how).data
-        cap = _caption("dla", lm, enc.text, f"position {p} = {enc.pieces[p]}")
-        out.append(Result("dla", shown, data, "rows", (full, lm.n_layers, lm.n_heads, what, cap)))
+    for enc, result in zip(encoded, task.run(lm, encoded, opts, plan)):
+        args, kwargs = view.figure(lm, enc, result)
+        out.append(Result(task.COMMAND, result.shown, view.report(lm, enc, result).data, view.ROWS, args, kwargs))
     return _one(out, single)
 
 
@@ -83,33 +46,21 @@ def ablate(model: Model, prompt: str | list[str], *, target: str | None = None, 
     """`anatomy ablate`: each attention and MLP output (``heads``: each head) zeroed or mean-ablated, and the
     change of log p(target) (or logit(target) - logit(foil)) at ``position``. ``result``: Ablation;
     rows: ``rows`` (one per component)."""
-    from anatomy_cli.analyses import ablate as analysis
-    from anatomy_cli.cli.commands import _attribution
-    from anatomy_cli.cli.commands import ablate as command
-    from anatomy_cli.engine import interventions
-    from anatomy_cli.text.positions import check_position
+    from anatomy_cli.output.views import ablate as view
+    from anatomy_cli.tasks import ablate as task
 
-    how, kind = command.AblateMode(mode), _attribution.Method(method)
-    _attribution.check_options(kind, check)
+    opts = task.AblateOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+                              position=position, heads=heads, mode=task.AblateMode(mode), method=task.Method(method),
+                              check=check, layer=layer, batch_size=batch_size)
     lm = loaded(model)
-    _decoder(lm)
-    if layer is not None and not -lm.n_layers <= layer < lm.n_layers:
-        raise UsageError(f"--layer {layer} is out of range: {lm.name} has layers 0..{lm.n_layers - 1}")
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    check_position(position, encoded)
-    ids = _ids(lm, target, target_id, foil, foil_id, first_token)
-    plan = interventions.ablation_rows(lm, components=["head"] if heads else ["attn", "mlp"], mode=how.value,
-                                       layers=None if layer is None else [layer % lm.n_layers])
-    metric = analysis.metric_fn(ids["target"], ids["foil"])
+    plan = task.check(lm, opts, encoded)
     out = []
-    for enc in encoded:
-        result, extra = command.run(lm, enc, plan, metric, ids, how.value, kind, position, check, batch_size)
-        p = position % len(enc)
-        data = _attribution.extend(command._report(lm, enc, p, ids, result), extra).data
-        cap = _caption("ablate", lm, enc.text, f"{'attribution estimate of the ' if extra else ''}{result.mode} "
-                       f"ablation · position {p} = {enc.pieces[p]}")
-        out.append(Result("ablate", result, data, "rows", (result, lm.n_heads, command._metric_name(lm, ids), cap)))
+    for enc, result in zip(encoded, task.run(lm, encoded, opts, plan)):
+        args, kwargs = view.figure(lm, enc, result)
+        out.append(Result(task.COMMAND, result.ablation, view.report(lm, enc, result).data, view.ROWS, args,
+                          kwargs))
     return _one(out, single)
 
 
@@ -120,79 +71,65 @@ def patch(model: Model, clean: str, corrupt: str, *, target: str | None = None, 
     """`anatomy patch`: activation patching from CLEAN into CORRUPT at every (layer, position) of ``site``
     (``head``: every (layer, head)); value = (m - m_corrupt) / (m_clean - m_corrupt). ``result``: Patching;
     rows: ``cells``."""
-    from anatomy_cli.cli.commands import _attribution
-    from anatomy_cli.cli.commands import patch as command
+    from anatomy_cli.output.views import patch as view
+    from anatomy_cli.tasks import patch as task
 
-    where, kind = command.PatchSite(site), _attribution.Method(method)
-    _attribution.check_options(kind, check)
+    task.check_texts(clean, corrupt)
+    opts = task.PatchOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+                             site=task.PatchSite(site), method=task.Method(method), check=check,
+                             batch_size=batch_size)
     lm = loaded(model)
-    _decoder(lm)
     enc_clean, enc_corrupt = encode(lm, [clean, corrupt], prompts, truncate_hint=False)
-    if len(enc_clean) != len(enc_corrupt):
-        raise UsageError(f"CLEAN and CORRUPT must have the same number of tokens: CLEAN is {len(enc_clean)}, "
-                         f"CORRUPT is {len(enc_corrupt)}")
-    ids = _ids(lm, target, target_id, foil, foil_id, first_token)
-    result, extra = command.run(lm, enc_clean, enc_corrupt, where.value, ids, kind, check, batch_size)
-    data = _attribution.extend(command._report(lm, enc_clean, enc_corrupt, ids, result, wide=False), extra,
-                               grid=True).data
-    target_r, foil_r = data["target"], data["foil"]
-    what = f"logit({target_r['token']}) - logit({foil_r['token']})" if foil_r else f"logit({target_r['token']})"
-    cap = _caption("patch", lm, clean, f"corrupt {corrupt[:40]!r} · site {result.site}")
-    return Result("patch", result, data, "cells", (result, enc_clean.pieces, enc_corrupt.pieces, what, cap))
+    ids = task.check(lm, opts, enc_clean, enc_corrupt)
+    result = task.run(lm, enc_clean, enc_corrupt, opts, ids)
+    data = view.report(lm, enc_clean, enc_corrupt, result, wide=False).data
+    args, kwargs = view.figure(lm, enc_clean, enc_corrupt, result)
+    return Result(task.COMMAND, result.patching, data, view.ROWS, args, kwargs)
 
 
 def attribute(model: Model, prompt: str | list[str], *, target: str | None = None, target_id: int | None = None,
               foil: str | None = None, foil_id: int | None = None, first_token: bool = False,
               method: str = "integrated-gradients", steps: int = 32, baseline: str | None = None,
+              max_rel_error: float = 0.05, max_steps: int = 256, allow_unconverged: bool = False,
+              vary_first: bool = False, check: bool = False, layer: int | None = None, site: str = "resid_pre",
               prompts: PromptOptions = PromptOptions(), batch_size: int = 32) -> One:
     """`anatomy attribute`: how much each input token drove log p(target) at the last position (or
     logit(target) - logit(foil)), by Captum's ``method``. ``result``: TokenAttribution; rows: ``rows``
     (one per token)."""
-    from anatomy_cli.cli.commands import attribute as command
+    from anatomy_cli.output.views import attribute as view
+    from anatomy_cli.tasks import attribute as task
 
-    kind = command.AttributionMethod(method)
-    base = None if baseline is None else command.Baseline(baseline)
-    command._check_baseline(kind.value, base)
+    opts = task.AttributeOptions(
+        target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+        method=task.AttributionMethod(method), steps=steps,
+        baseline=None if baseline is None else task.Baseline(baseline), max_rel_error=max_rel_error,
+        max_steps=max_steps, allow_unconverged=allow_unconverged, vary_first=vary_first, check=check, layer=layer,
+        site=task.Site(site), batch_size=batch_size)
     lm = loaded(model)
-    _decoder(lm)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    ids = _ids(lm, target, target_id, foil, foil_id, first_token)
+    ids = task.check(lm, opts)
     out = []
-    for enc in encoded:
-        result = command.run(lm, enc, ids, kind.value, steps=steps, baseline=base.value if base else None,
-                             batch_size=batch_size)
-        cap = _caption("attribute", lm, enc.text, command._method_line(result))
-        out.append(Result("attribute", result, command._report(lm, enc, ids, result).data, "rows",
-                          (result, command._metric_name(lm, ids), cap)))
+    for enc, result in zip(encoded, task.run(lm, encoded, opts, ids)):
+        args, kwargs = view.figure(lm, enc, result, ids)
+        out.append(Result(task.COMMAND, result, view.report(lm, enc, result, ids).data, view.ROWS, args, kwargs))
     return _one(out, single)
 
 
-def drift(model: Model, word: str, contexts: list[str] | None = None, *, matrix: int | None = None,
+def drift(model: Model, word: str, contexts: list[str] | None = None, *, matrix: int | str | None = None,
           pool: str = "mean", occurrence: int = 1, ignore_case: bool = False,
           prompts: PromptOptions = PromptOptions()) -> Result:
-    """`anatomy drift`: the cosine of WORD's vector between contexts at every layer, with the anisotropy
-    baseline. ``result``: DriftResult; rows: ``layers`` (n_layers + 1)."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import drift as analysis
-    from anatomy_cli.cli.commands import drift as command
-    from anatomy_cli.cli.commands._common import dtype_name, model_label
+    """`anatomy drift`: the cosine of WORD's vector between contexts at every residual row (``embed``, then
+    blocks 0..L-1), with the anisotropy baseline. ``matrix``: ``"embed"`` or a block. ``result``:
+    DriftResult; rows: ``layers`` (n_layers + 1)."""
+    from anatomy_cli.output.views import drift as view
+    from anatomy_cli.tasks import drift as task
 
-    how = command.Pool(pool)
-    analysis.word_spans("", word)
-    texts = command._contexts(word, contexts, ignore_case)
+    opts = task.DriftOptions(word=word, contexts=None if contexts is None else tuple(contexts), matrix=matrix,
+                             pool=task.Pool(pool), occurrence=occurrence, ignore_case=ignore_case)
     lm = loaded(model)
-    if matrix is not None and not 0 <= matrix <= lm.n_layers:
-        raise UsageError(f"--matrix layer must be in 0..{lm.n_layers}, got {matrix}")
-    encoded = encode(lm, texts, prompts, what="context", truncate_hint=False)
-    locations = [analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, word, special=e.special,
-                                 occurrence=occurrence, ignore_case=ignore_case) for i, e in enumerate(encoded)]
-    caches = engine.run(lm, encoded, engine.residual_names(lm))
-    result = analysis.drift(word, [c.residual_stream() for c in caches], locations, [e.ids for e in encoded],
-                            [e.special for e in encoded], pool_how=how.value, is_causal=lm.is_causal, model=lm.name,
-                            untrained=lm.untrained, occurrence=occurrence, ignore_case=ignore_case,
-                            matrix_layer=matrix)
-    data: dict[str, Any] = command._report(result, model_label(lm), dtype_name(lm), lm.dequantized_from,
-                                           encoded[0]).data
-    detail = f"{word!r} in {len(result.contexts)} contexts · pool {result.pool}"
-    return Result("drift", result, data, "layers", (result, _caption("drift", lm, None, detail)))
+    encoded = encode(lm, opts.texts(), prompts, what="context", truncate_hint=False)
+    plan = task.check(lm, opts, encoded)
+    result = task.run(lm, encoded, opts, plan)
+    args, kwargs = view.figure(lm, encoded, result)
+    return Result(task.COMMAND, result, view.report(lm, encoded, result).data, view.ROWS, args, kwargs)

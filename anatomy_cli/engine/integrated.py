@@ -24,8 +24,10 @@ from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sites import Site, check_block, hook_name
 
-SITES = ("resid_pre", "attn_out", "mlp_out")
+SITES = (Site.resid_pre, Site.attn_out, Site.mlp_out)
+"""The sites integrated gradients runs at with a layer (of :class:`anatomy_cli.models.sites.Site`)."""
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
@@ -108,11 +110,9 @@ def layer_integral(lm: LoadedModel, forward: Forward, embeds: torch.Tensor, fill
 
 def hook_point(lm: LoadedModel, layer: int, site: str) -> str:
     """``blocks.{layer}.hook_{site}``; UsageError for a site not in :data:`SITES` or a layer out of range."""
-    if site not in SITES:
-        raise UsageError(f"unknown site '{site}'; use one of {', '.join(SITES)}")
-    if not 0 <= layer < lm.n_layers:
-        raise UsageError(f"--layer {layer} is out of range: {lm.name} has layers 0..{lm.n_layers - 1}")
-    return f"blocks.{layer}.hook_{site}"
+    if site not in [s.value for s in SITES]:
+        raise UsageError(f"unknown site '{site}'; use one of {', '.join(s.value for s in SITES)}")
+    return hook_name(check_block(layer, lm.n_layers, "--layer", negative=False), site)
 
 
 def integrate(lm: LoadedModel, forward: Forward, embeds: torch.Tensor, fill: torch.Tensor, metric: float, *,

@@ -32,25 +32,12 @@ from anatomy_cli.engine.forward import metric_logits, pad_batch, run_batch
 from anatomy_cli.engine.hooks import HookFn, attach, capture
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.models.sites import Site, hook_name
 
-
-@dataclass(frozen=True)
-class Site:
-    """A kind of place to intervene: the hook point ``blocks.{l}.<hook>``; per-head sites edit
-    the columns ``h * d_head : (h + 1) * d_head`` of ``blocks.{l}.attn.hook_z``."""
-
-    name: str
-    hook: str
-    per_head: bool = False
-
-
-SITES: dict[str, Site] = {s.name: s for s in (
-    Site("resid_pre", "hook_resid_pre"),      # input of block l
-    Site("attn_out", "hook_attn_out"),        # what block l's attention adds
-    Site("mlp_out", "hook_mlp_out"),          # what block l's MLP adds
-    Site("resid_post", "hook_resid_post"),    # output of block l
-    Site("head", "attn.hook_z", per_head=True),  # head h's slice of the output projection's input
-)}
+SITES: dict[str, Site] = {s.value: s for s in (Site.resid_pre, Site.attn_out, Site.mlp_out, Site.resid_post,
+                                               Site.head)}
+"""The sites one can intervene at (:class:`anatomy_cli.models.sites.Site`: its ``hook`` inside ``blocks.{l}.``;
+``head`` edits the columns ``h * d_head : (h + 1) * d_head`` of ``blocks.{l}.attn.hook_z``)."""
 
 Mode = Literal["patch", "zero", "mean"]
 
@@ -76,7 +63,7 @@ class Edit:
     value: torch.Tensor | None = None
 
     def hook_name(self) -> str:
-        return f"blocks.{self.layer}.{SITES[self.site].hook}"
+        return hook_name(self.layer, self.site)
 
     def columns(self, d_head: int) -> slice:
         """The columns of the hook point this edit writes: its head's ``d_head`` columns at a per-head site,
@@ -195,7 +182,7 @@ def patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_ids: Sequence[
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read logits from")
     layers = tuple(range(lm.n_layers)) if layers is None else tuple(layers)
-    names = [f"blocks.{layer}.{SITES[site].hook}" for layer in layers]
+    names = [hook_name(layer, site) for layer in layers]
     # The clean, corrupt and source runs: one forward of equally long prompts (no padding). Both
     # metrics come from the same batch, so identical prompts give identical metrics.
     batch = pad_batch(lm, [clean_ids, corrupt_ids, source_ids])

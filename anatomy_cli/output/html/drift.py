@@ -15,7 +15,7 @@ from anatomy_cli.output.html._page import layout, plot
 def figure(result: Any, cap: Any) -> Page:
     """A page with a :class:`anatomy_cli.analyses.drift.DriftResult` drawn as the PNG: one line per pair, the
     mean of the pairs, the baseline inside its range over contexts, and with ``--matrix`` the pairwise grid."""
-    layers = list(range(result.n_layers + 1))
+    layers = [str(label) for label in result.labels]
     matrix = result.matrix is not None
     fig = make_subplots(rows=1, cols=2 if matrix else 1, column_widths=[0.65, 0.35] if matrix else None)
     low = [min((v for v in col if v is not None), default=None) for col in zip(*result.baseline_by_context)]
@@ -45,9 +45,10 @@ def figure(result: Any, cap: Any) -> Page:
                                  hovertemplate="contexts %{y} and %{x}<br>cosine %{z:.4f}<extra></extra>"),
                       row=1, col=2)
         fig.update_yaxes(autorange="reversed", title_text="context", row=1, col=2)
-        fig.update_xaxes(title_text=f"layer {result.matrix_layer}: every pair", row=1, col=2)
+        fig.update_xaxes(title_text=f"layer {result.matrix_label}: every pair", row=1, col=2)
     fig.update_layout(**layout(width=1100 if matrix else 900, height=560, legend={"orientation": "h", "y": -0.2}))
-    fig.update_xaxes(title_text="layer (0 = embedding, L = last block's output, before the final norm)", row=1, col=1)
+    fig.update_xaxes(title_text="layer (embed = the embedding, N = block N's output, the last before the final "
+                     "norm)", type="category", row=1, col=1)
     fig.update_yaxes(title_text="cosine similarity", row=1, col=1)
     page = caption_page(cap)
     page.add(plot(fig))

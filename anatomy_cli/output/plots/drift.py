@@ -19,13 +19,13 @@ from anatomy_cli.output.plots._base import (
 def figure(result: Any, cap: Caption) -> Any:
     """Draw a :class:`anatomy_cli.analyses.drift.DriftResult`.
 
-    One line per pair of contexts (``pairs[i].similarity``, x = layer 0..L), a thicker line for the mean
+    One line per pair of contexts (``pairs[i].similarity``, x = embed, blocks 0..L−1), a thicker line for the mean
     over pairs when there are several (``similarity``), the baseline (``baseline``, dashed) inside a band
     from the lowest to the highest context's own baseline (``baseline_by_context``). With ``--matrix`` a
     second panel shows the pairwise matrix at that layer. The contexts are listed under the picture.
     Returns a matplotlib Figure.
     """
-    layers = list(range(result.n_layers + 1))
+    layers = list(range(result.n_layers + 1))  # x positions; their names are result.labels
     n_ctx = len(result.contexts)
     matrix = result.matrix is not None
     width = min(14.0, max(7.5, 0.26 * len(layers) + 3.5)) + (4.5 if matrix else 0)
@@ -46,12 +46,12 @@ def figure(result: Any, cap: Caption) -> Any:
                     label="baseline range over contexts" if n_ctx > 1 else None)
     ax.plot(layers, _nan(result.baseline), color="grey", ls="--", lw=1.4,
             label="baseline: mean cosine to the other tokens of its context")
-    ax.set_xlabel("layer (0 = embedding, L = last block's output, before the final norm)")
+    ax.set_xlabel("layer (embed = the embedding, N = block N's output, the last before the final norm)")
     ax.set_ylabel("cosine similarity")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     pitch = (width - (4.5 if matrix else 0) - 1.6) * 72 / len(layers)
-    set_ticks(ax.xaxis, [str(x) for x in layers], pitch, need_pt=14)
+    set_ticks(ax.xaxis, [str(x) for x in result.labels], pitch, need_pt=14)
 
     if matrix:
         values = as_array(result.matrix)
@@ -62,7 +62,7 @@ def figure(result: Any, cap: Caption) -> Any:
                 cells=[[f"{v:.2f}" for v in row] for row in result.matrix], xlabel="context", ylabel="context",
                 x_rotation=0)
         mat_ax.invert_yaxis()  # context 1 at the top, like the table
-        mat_ax.set_title(f"layer {result.matrix_layer}: every pair")
+        mat_ax.set_title(f"layer {result.matrix_label}: every pair")
 
     notes = [f"context {loc.context}: {shorten(loc.text, 90)} (token{'s' if len(loc.positions) > 1 else ''} "
              f"{', '.join(map(str, loc.positions))})"

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from anatomy_cli.models.sites import DESCRIPTION, Site
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import (
     as_array,
@@ -16,10 +17,6 @@ from anatomy_cli.output.plots._base import (
     new_figure,
     token_label,
 )
-
-_SITES = {"resid_pre": "residual stream into block l", "resid_post": "residual stream out of block l",
-          "attn_out": "attention output of block l", "mlp_out": "MLP output of block l",
-          "head": "one head's output, at every position"}
 
 
 def figure(result: Any, clean: Sequence[str], corrupt: Sequence[str], what: str, cap: Caption) -> Any:
@@ -47,7 +44,7 @@ def figure(result: Any, clean: Sequence[str], corrupt: Sequence[str], what: str,
                     colorbar="(m − m_corrupt) / (m_clean − m_corrupt): 0 corrupt, 1 clean",
                     xlabel="head" if per_head else "position: clean token (→ corrupt token where they differ)",
                     ylabel="layer", x_rotation=0 if per_head else 90)
-    ax.set_title(f"patched: {_SITES.get(result.site, result.site)}")
+    ax.set_title(f"patched: {DESCRIPTION[Site(result.site)]}")
     notes.insert(0, f"m = {what} at the last position: clean {result.clean_metric:.4f}, "
                     f"corrupt {result.corrupt_metric:.4f}")
     caption(fig, cap, notes)

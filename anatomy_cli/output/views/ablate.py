@@ -1,0 +1,50 @@
+"""`ablate`'s view: one row per knocked-out component, its metric and effect; the check table with --check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.views._attribution import extend
+from anatomy_cli.tasks.session import describe, model_label, prompt_line, prompt_record
+from anatomy_cli.text import records as text_records
+
+COLUMNS = (Column("layer", "layer", "int"), Column("component", "component"), Column("head", "head", "int"),
+           Column("metric", "metric", "float", 4), Column("effect", "effect", "float", 4))
+ROWS = "rows"
+
+
+def token_record(lm: Any, token_id: int | None) -> dict[str, Any] | None:
+    """``{"token_id": 881, "token": "·much", "text": " much"}`` (None for None): the one token record."""
+    return None if token_id is None else text_records.token_record(token_id, *describe(lm)(token_id))
+
+
+def metric_name(lm: Any, ids: dict[str, Any]) -> str:
+    """``log p(·much)`` or ``logit(·much) - logit(·so)``, as in the heading."""
+    target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
+    assert target is not None
+    return f"logit({target['token']}) - logit({foil['token']})" if foil else f"log p({target['token']})"
+
+
+def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    from anatomy_cli.output.plots import Caption
+
+    pos, how = result.position, "attribution estimate of the " if result.extra else ""
+    cap = Caption.of("ablate", lm, enc.text, f"{how}{result.ablation.mode} ablation · position {pos} = "
+                     f"{enc.pieces[pos]}")
+    return (result.ablation, lm.n_heads, metric_name(lm, result.ids), cap), {}
+
+
+def report(lm: Any, enc: Any, result: Any) -> Report:
+    pos, ablation, ids = result.position, result.ablation, result.ids
+    target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
+    data = {**prompt_record(lm, enc), "position": pos, "position_token": enc.pieces[pos], "target": target,
+            "foil": foil, **ablation.to_dict()}
+    heading = [f"ablate · {model_label(lm)} · {ablation.mode} ablation",
+               f"{prompt_line(enc)} · metric at position {pos} = {enc.pieces[pos]}",
+               f"metric {metric_name(lm, ids)}; intact run: {ablation.clean_metric:.4f}"]
+    by = "zeros" if ablation.mode == "zero" else "its mean over the prompt's positions"
+    notes = [(f"each row replaces one component's output at every position by {by}; "
+              "effect = metric - intact metric (negative: the component helped the target)")]
+    base = Report(data=data, sections=[Section(COLUMNS, data["rows"])], heading=heading, notes=notes)
+    return extend(base, result.extra)

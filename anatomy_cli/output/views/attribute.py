@@ -1,0 +1,69 @@
+"""`attribute`'s view: one row per token (or per position of a block's activation), its attribution, share and
+bar; the completeness check and occlusion's agreement in the footer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.views.ablate import metric_name, token_record
+from anatomy_cli.tasks.session import model_label, prompt_line, prompt_record
+
+COLUMNS = (Column("position", "position", "int"), Column("token", "token"),
+           Column("attribution", "attribution", "number", 4), Column("share", "share", "float", 3),
+           Column("bar", "", "signed_bar"))
+CONVERGED = Column("converged", "converged")
+ROWS = "rows"
+HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the token's embedding (Captum Saliency)",
+       "input-x-gradient": "embedding · gradient, summed over the embedding (Captum InputXGradient)",
+       "integrated-gradients": "integrated gradients from the baseline to the embedding, summed over the "
+                               "embedding (Captum IntegratedGradients)",
+       "occlusion": "metric - metric with the token {occluded} (Captum FeatureAblation)"}
+
+
+def figure(lm: Any, enc: Any, result: Any, ids: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    from anatomy_cli.output.plots import Caption
+
+    return (result, metric_name(lm, ids), Caption.of("attribute", lm, enc.text, method_line(result))), {}
+
+
+def method_line(result: Any) -> str:
+    if result.method == "integrated-gradients":
+        where = "" if result.layer is None else f" at blocks.{result.layer}.hook_{result.site}"
+        first = ", first position kept" if result.kept_first else ""
+        return f"integrated gradients{where}, {result.steps} steps, baseline {result.baseline}{first}"
+    if result.method == "occlusion":
+        return f"occlusion ({'token dropped' if result.baseline == 'drop' else 'replaced by ' + result.baseline})"
+    return result.method
+
+
+def report(lm: Any, enc: Any, result: Any, ids: dict[str, Any]) -> Report:
+    target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
+    data = {**prompt_record(lm, enc), "target": target, "foil": foil, **result.to_dict()}
+    what = metric_name(lm, ids)
+    heading = [f"attribute · {model_label(lm)} · {method_line(result)}",
+               f"{prompt_line(enc)} · f = {what} at the last position = {result.value:.4f}"]
+    biggest = max((abs(r.attribution) for r in result.rows), default=0.0) or 1.0
+    mark = {} if result.converged is None else {"converged": result.converged}
+    rows = [{**r.to_dict(), "bar": r.attribution / biggest, **mark} for r in result.rows]
+    occluded = "dropped" if result.baseline == "drop" else f"replaced by {result.baseline}"
+    notes = [f"attribution = {HOW[result.method].format(occluded=occluded)}; share = attribution / sum of "
+             "|attributions|"]
+    c = result.completeness
+    if c is not None:
+        err = "undefined" if c.relative_error is None else f"{c.relative_error:.2e}"
+        verdict = "converged" if c.converged else "UNCONVERGED"
+        notes.append(f"completeness: sum of attributions {c.sum_attributions:.6f} vs f(x) - f(baseline) = "
+                     f"{result.value:.6f} - {c.baseline_metric:.6f} = {c.difference:.6f}; delta {c.delta:.2e}, "
+                     f"relative error {err}: {verdict} (bound {c.max_rel_error:g}; steps tried "
+                     f"{', '.join(str(n) for n, _ in c.tries)})")
+    if result.kept_first:
+        notes.append("position 0 keeps its own embedding in the baseline (the attention sink): attribution 0 by "
+                     "construction; --vary-first moves it too")
+    if result.check is not None:
+        rho = result.check.rank_correlation
+        notes.append(f"check: Spearman rank correlation with occlusion ({result.check.baseline}) over positions "
+                     f"{list(result.check.positions)}: {'undefined' if rho is None else f'{rho:.3f}'}")
+    columns = COLUMNS + ((CONVERGED,) if mark else ())
+    return Report(data=data, sections=[Section(columns, rows, title="token attribution")], heading=heading,
+                  notes=notes)

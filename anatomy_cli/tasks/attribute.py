@@ -1,0 +1,174 @@
+"""`attribute`: which input tokens drove the prediction (Captum), with the completeness check (the task)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.models import sites
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._attribution import TokenPair
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.attribute import TokenAttribution
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "attribute"
+
+
+class AttributionMethod(str, Enum):
+    saliency = "saliency"
+    input_x_gradient = "input-x-gradient"
+    integrated_gradients = "integrated-gradients"
+    occlusion = "occlusion"
+
+
+class Baseline(str, Enum):
+    pad = "pad"
+    unk = "unk"
+    mean = "mean"
+    zero = "zero"
+    drop = "drop"
+
+
+class Site(str, Enum):
+    """``--site``: the sites of :mod:`anatomy_cli.models.sites` integrated gradients runs at with ``--layer``
+    (:data:`anatomy_cli.engine.integrated.SITES`)."""
+
+    resid_pre = sites.Site.resid_pre.value
+    attn_out = sites.Site.attn_out.value
+    mlp_out = sites.Site.mlp_out.value
+
+
+@dataclass(frozen=True)
+class AttributeOptions(TokenPair):
+    """Captum's ``method`` (integrated gradients from ``steps`` doubled to ``max_steps`` until within
+    ``max_rel_error``; ``layer``/``site``: at a block's activation instead of the embeddings), ``baseline``,
+    ``check``: occlusion's rank agreement."""
+
+    method: AttributionMethod = AttributionMethod.integrated_gradients
+    steps: int = 32
+    baseline: Baseline | None = None
+    max_rel_error: float = 0.05
+    max_steps: int = 256
+    allow_unconverged: bool = False
+    vary_first: bool = False
+    check: bool = False
+    layer: int | None = None
+    site: Site = Site.resid_pre
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", AttributionMethod(self.method))
+        object.__setattr__(self, "site", Site(getattr(self.site, "value", self.site)))
+        if self.baseline is not None:
+            object.__setattr__(self, "baseline", Baseline(self.baseline))
+        for name, least in (("steps", 1), ("max_steps", 1), ("batch_size", 1)):
+            if getattr(self, name) < least:
+                raise UsageError(f"--{name.replace('_', '-')} takes a whole number of at least {least}")
+        if self.max_rel_error < 0:
+            raise UsageError("--max-rel-error takes a number of at least 0")
+        if self.layer is not None and self.layer < 0:
+            raise UsageError(f"--layer {self.layer} is negative: blocks count from 0")
+        self.check_tokens()
+        self.require_target("--target TEXT or --target-id N is required: the token whose prediction is explained, "
+                            "e.g. --target ' much'")
+        _check_baseline(self.method.value, self.baseline)
+        _check_ig_options(self.method.value, self.check, self.layer)
+
+
+def check(opened: Any, opts: AttributeOptions) -> dict[str, int | None]:
+    """Every refusal before the weights load; returns the token ids ``{"target": id, "foil": id or None}``."""
+    require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
+    if opts.layer is not None:
+        sites.check_block(opts.layer, opened.info.n_layers, "--layer", negative=False)
+    return opts.resolve(opened)
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: AttributeOptions,
+        ids: dict[str, int | None]) -> list[TokenAttribution]:
+    from anatomy_cli.models import cost
+    from anatomy_cli.tasks.session import warn_cost
+
+    method = opts.method.value
+    # A forward and a backward (about twice a forward) per integrated-gradients step; occlusion one forward per token.
+    passes = {"integrated-gradients": 3 * opts.steps, "occlusion": max((len(e) for e in encoded), default=0)}
+    warn_cost(f"attribute: {method}", lm,
+              sum(passes.get(method, 3) * cost.forward_flops(lm.info, len(e)) for e in encoded))
+    out = []
+    for enc in encoded:
+        with notes.status(f"attribute: {method}") as line:
+            out.append(run_one(lm, enc, ids, opts, progress=line.counter("attribute", "steps")))
+    return out
+
+
+def run_one(lm: LoadedModel, enc: Encoded, ids: dict[str, int | None], opts: AttributeOptions,
+            progress: Any = None) -> TokenAttribution:
+    """The attribution of one prompt. Raises AnatomyError when integrated gradients stays unconverged and not
+    ``allow_unconverged``. ``progress(steps done, steps planned)``: integrated gradients' steps."""
+    from anatomy_cli.analyses import attribute as analysis
+    from anatomy_cli.engine import token_attribution
+
+    target = ids["target"]
+    assert target is not None  # resolve_pair always gives the target
+    metric = analysis.metric_fn(target, ids["foil"])
+    got = token_attribution.attribute_tokens(
+        lm, enc.ids, metric, opts.method.value, steps=opts.steps,
+        baseline=opts.baseline.value if opts.baseline else None, batch_size=opts.batch_size,
+        max_steps=opts.max_steps, max_rel_error=opts.max_rel_error, keep_first=not opts.vary_first,
+        layer=opts.layer, site=opts.site.value, progress=progress)
+    result = analysis.token_attribution(
+        got.method, "logit_diff" if ids["foil"] is not None else "logprob", enc.ids, enc.pieces, got.scores,
+        got.metric, baseline=got.baseline, steps=got.steps, baseline_metric=got.baseline_metric, delta=got.delta,
+        max_rel_error=opts.max_rel_error if got.converged is not None else None, tries=got.tries,
+        kept_first=got.kept_first, layer=got.layer, site=got.site)
+    if result.converged is False and not opts.allow_unconverged:
+        raise AnatomyError(_unconverged(result))
+    return _with_check(lm, enc.ids, metric, result, opts.batch_size) if opts.check else result
+
+
+def _check_baseline(method: str, baseline: Baseline | None) -> None:
+    if baseline is None:
+        return
+    if method in ("saliency", "input-x-gradient"):
+        raise UsageError(f"--baseline is for integrated-gradients and occlusion; {method} takes none")
+    if method == "integrated-gradients" and baseline is Baseline.drop:
+        raise UsageError("--baseline drop is for occlusion: integrated gradients needs a baseline of the same "
+                         "length (zero, pad or unk)")
+
+
+def _check_ig_options(method: str, check: bool, layer: int | None) -> None:
+    if layer is not None and method != "integrated-gradients":
+        raise UsageError(f"--layer is for integrated-gradients; {method} attributes to the input tokens only")
+    if check and method == "occlusion":
+        raise UsageError("--check compares with occlusion: use it with another --method")
+    if check and layer is not None:
+        raise UsageError("--check compares per-token rankings; with --layer the rows are a layer's positions")
+
+
+def _with_check(lm: LoadedModel, token_ids: Any, metric: Any, result: TokenAttribution,
+                batch_size: int) -> TokenAttribution:
+    """``result`` with the agreement check: occlusion by the same baseline (drop when the method has none)."""
+    from anatomy_cli.analyses import attribute as analysis
+    from anatomy_cli.engine import token_attribution
+
+    baseline = result.baseline or "drop"
+    if baseline == "drop" and len(token_ids) < 2:
+        raise UsageError("--check: occlusion by dropping needs at least 2 tokens")
+    occ = token_attribution.attribute_tokens(lm, token_ids, metric, "occlusion", baseline=baseline,
+                                             batch_size=batch_size)
+    return dataclasses.replace(result, check=analysis.agreement(result, "occlusion", baseline, occ.scores))
+
+
+def _unconverged(result: TokenAttribution) -> str:
+    c = result.completeness
+    assert c is not None
+    tries = ", ".join(f"{n} steps {e:.3g}" for n, e in c.tries)
+    return (f"integrated gradients did not converge: relative error {c.relative_error:.3g} > --max-rel-error "
+            f"{c.max_rel_error:g} (sum of attributions {c.sum_attributions:.4f} vs f(x) - f(baseline) "
+            f"{c.difference:.4f}; tried {tries}); raise --max-steps, try another --baseline, or pass "
+            "--allow-unconverged")

@@ -1,0 +1,107 @@
+"""`dla`: direct logit attribution of a target's logit (minus a foil's) to the embedding, layers and heads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.adapters import heads_split
+from anatomy_cli.models.capabilities import Need, refusal, require
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.text.positions import check_position
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.dla import Attribution
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "dla"
+
+
+class By(str, Enum):
+    layer = "layer"
+    head = "head"
+
+
+class Sort(str, Enum):
+    model = "model"
+    abs = "abs"
+    value = "value"
+
+
+@dataclass(frozen=True)
+class DlaOptions(TokenPair):
+    """The target (and foil) whose logit is decomposed at ``position`` (None: the last); ``by`` layer or head;
+    ``top``/``sort``: which rows the report keeps and their order (the sum stays the logit)."""
+
+    position: int | None = None
+    by: By = By.layer
+    top: int | None = None
+    sort: Sort = Sort.model
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by", By(self.by))
+        object.__setattr__(self, "sort", Sort(self.sort))
+        if self.top is not None and self.top < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        if self.batch_size < 1:
+            raise UsageError("--batch-size takes a whole number of at least 1")
+        self.require_target("dla needs a token: give --target TEXT or --target-id N")
+        self.check_tokens()
+
+
+@dataclass(frozen=True)
+class DlaPlan:
+    ids: dict[str, int | None]  # {"target": id, "foil": id or None}
+
+
+@dataclass(frozen=True)
+class DlaResult:
+    """One prompt's attribution at ``position``: ``full`` (every row, what the picture draws) and ``shown`` (the
+    rows ``--top``/``--sort`` keep, what the report lists; 'other' sums the rest)."""
+
+    position: int
+    full: Attribution
+    shown: Attribution
+    ids: dict[str, int | None]
+    by: By
+
+
+def check(opened: Any, opts: DlaOptions, encoded: list[Encoded]) -> DlaPlan:
+    """Every refusal before the weights load: an encoder or a model without LM head, a post-LN model, heads that
+    do not split (``--by head``), a position outside a prompt, the tokens (a foil equal to the target)."""
+    require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
+    adapter = opened.info.adapter
+    if adapter.post_ln:
+        raise UsageError(f"dla needs a linear path from the residual stream to the logits; {opened.name} "
+                         f"({adapter.name}) is post-LN (a norm after every block's residual sum), so its logits "
+                         "are not a sum of per-component terms")
+    if opts.by is By.head and heads_split(adapter) is None:
+        raise UsageError(refusal(opened.info, Need.separable_heads, f"{COMMAND} --by head") + "; use --by layer")
+    check_position(opts.position, encoded)
+    return DlaPlan(opts.resolve(opened))
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: DlaOptions, plan: DlaPlan) -> list[DlaResult]:
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import dla as analysis
+    from anatomy_cli.engine import decompose
+
+    by_head = opts.by is By.head
+    pos = -1 if opts.position is None else opts.position
+    target, foil = plan.ids["target"], plan.ids["foil"]
+    assert target is not None
+    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+        caches = engine.run(lm, encoded, decompose.names(lm, by_head=by_head), positions=[[pos]] * len(encoded),
+                            batch_size=opts.batch_size)
+    unembedding = decompose.unembedding_direction(lm, target, foil)
+    out = []
+    for cache in caches:
+        full = analysis.logit_attribution(lm, cache, target, foil, by_head=by_head, unembedding=unembedding)
+        if (mismatch := full.mismatch()) is not None:
+            notes.warn(mismatch)
+        out.append(DlaResult(cache.positions[0], full, full.select(opts.top, opts.sort.value), plan.ids, opts.by))
+    return out

@@ -1,0 +1,123 @@
+"""`drift`: how one word's vector diverges across contexts, residual reading by residual reading (the task).
+
+The residual rows are named as everywhere else (docs/engine.md#layers): ``embed`` (the embedding), then block
+N's output for N = 0..L−1 (the last before any final norm). ``--matrix`` takes one of those names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.drift import DriftResult, WordLocation
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "drift"
+
+
+class Pool(str, Enum):
+    mean = "mean"
+    first = "first"
+    last = "last"
+
+
+@dataclass(frozen=True)
+class DriftOptions:
+    """``word`` and its ``contexts`` (None: the built-in pair for 'bank'); ``matrix``: the residual row
+    (``embed`` or a block) whose full pairwise matrix replaces the per-layer table."""
+
+    word: str
+    contexts: tuple[str, ...] | None = None
+    matrix: str | int | None = None
+    pool: Pool = Pool.mean
+    occurrence: int = 1
+    ignore_case: bool = False
+
+    def __post_init__(self) -> None:
+        from anatomy_cli.analyses.drift import word_spans
+
+        object.__setattr__(self, "pool", Pool(self.pool))
+        if self.contexts is not None:
+            object.__setattr__(self, "contexts", tuple(self.contexts))
+        if self.occurrence < 1:
+            raise UsageError("--occurrence takes a whole number of at least 1")
+        word_spans("", self.word)  # rejects an empty word before the model loads
+        _check_utf8(self.word, "WORD")
+        if self.matrix is not None:
+            sites.parse_blocks(str(self.matrix), None, "--matrix", embed=True, negative=False)
+        self.texts()
+
+    def texts(self) -> list[str]:
+        """The contexts to run (the built-in pair for the default word); UsageError for fewer than two."""
+        from anatomy_cli.analyses.drift import DEFAULT_CONTEXTS, DEFAULT_WORD
+
+        if not self.contexts:
+            word = self.word.casefold() if self.ignore_case else self.word
+            if word != DEFAULT_WORD:
+                raise UsageError(f"no contexts given: the built-in pair is for {DEFAULT_WORD!r}; pass at least "
+                                 f"two --context/-c TEXT containing {self.word!r}")
+            return list(DEFAULT_CONTEXTS)
+        if len(self.contexts) < 2:
+            raise UsageError("drift needs at least two contexts: repeat --context/-c TEXT")
+        for i, text in enumerate(self.contexts, start=1):
+            if not text.strip():
+                raise UsageError(f"context {i} is empty")
+            _check_utf8(text, f"context {i}")
+        return list(self.contexts)
+
+
+@dataclass(frozen=True)
+class DriftPlan:
+    locations: list[WordLocation]
+    matrix_row: int | None  # the residual row 0..L (0 = embed) of --matrix
+
+
+def check(opened: Any, opts: DriftOptions, encoded: list[Encoded]) -> DriftPlan:
+    """Before the weights load: ``--matrix`` names a residual row of this model, the word is in every context."""
+    from anatomy_cli.analyses import drift as analysis
+
+    row = None
+    if opts.matrix is not None:
+        labels = sites.parse_blocks(str(opts.matrix), opened.info.n_layers, "--matrix", embed=True,
+                                    negative=False)
+        if len(labels) != 1:
+            raise UsageError(f"--matrix takes one residual row ({sites.EMBED} or a block), got {opts.matrix!r}")
+        row = sites.residual_row(labels[0])
+    locations = [analysis.locate(i + 1, e.text, e.ids, e.offsets, e.pieces, opts.word, special=e.special,
+                                 occurrence=opts.occurrence, ignore_case=opts.ignore_case)
+                 for i, e in enumerate(encoded)]
+    return DriftPlan(locations, row)
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: DriftOptions, plan: DriftPlan) -> DriftResult:
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import drift as analysis
+
+    with notes.status("running the contexts"):
+        caches = engine.run(lm, encoded, engine.residual_names(lm))
+    result = analysis.drift(
+        opts.word, [c.residual_stream() for c in caches], plan.locations, [e.ids for e in encoded],
+        [e.special for e in encoded], pool_how=opts.pool.value, is_causal=lm.is_causal, model=lm.name,
+        untrained=lm.untrained, occurrence=opts.occurrence, ignore_case=opts.ignore_case,
+        matrix_layer=plan.matrix_row,
+    )
+    for a, b in result.identical:
+        why = ("the model is decoder-only and sees only the left context"
+               if lm.is_causal else "the two texts tokenize identically")
+        notes.warn(f"contexts {a} and {b} are identical up to and including {opts.word!r} and {why}: "
+                   f"the word's vectors are identical in every layer, whatever follows")
+    return result
+
+
+def _check_utf8(text: str, what: str) -> None:
+    # Undecodable argv bytes arrive as lone surrogates, which tokenizers reject with a TypeError.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{what} is not valid UTF-8 (character {exc.start + 1})") from None

@@ -1,0 +1,105 @@
+"""`patch`: activation patching from CLEAN into CORRUPT over one site's layer x position (or head) grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._attribution import Extra, Method, TokenPair, check_options
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.patch import Patching
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "patch"
+
+
+class PatchSite(str, Enum):
+    """``--site``: the sites of :mod:`anatomy_cli.models.sites` one can patch (``interventions.SITES``)."""
+
+    resid_pre = sites.Site.resid_pre.value
+    attn_out = sites.Site.attn_out.value
+    mlp_out = sites.Site.mlp_out.value
+    head = sites.Site.head.value
+    resid_post = sites.Site.resid_post.value
+
+
+@dataclass(frozen=True)
+class PatchOptions(TokenPair):
+    """``site``: where CLEAN's activation replaces CORRUPT's; ``method``/``check``: exact runs, or attribution
+    patching with the N largest estimates checked exactly."""
+
+    site: PatchSite = PatchSite.resid_pre
+    method: Method = Method.exact
+    check: int = 0
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "site", PatchSite(self.site))
+        object.__setattr__(self, "method", Method(self.method))
+        self.check_tokens()
+        check_options(self.method, self.check)
+        if self.batch_size < 1:
+            raise UsageError("--batch-size takes a whole number of at least 1")
+        self.require_target("--target TEXT or --target-id N is required: the token whose logit patching moves, "
+                            "e.g. --target ' Paris'")
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    patching: Patching
+    extra: Extra | None
+    ids: dict[str, int | None]
+
+
+def check_texts(clean: str, corrupt: str) -> None:
+    for name, text in (("CLEAN", clean), ("CORRUPT", corrupt)):
+        if text == "":
+            raise UsageError(f"{name} is empty: give some text")
+
+
+def check(opened: Any, opts: PatchOptions, clean: Encoded, corrupt: Encoded) -> dict[str, int | None]:
+    """Every refusal before the weights load; returns the token ids."""
+    require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
+    if len(clean) != len(corrupt):
+        raise UsageError(f"CLEAN and CORRUPT must have the same number of tokens: CLEAN is {len(clean)} "
+                         f"({' '.join(clean.pieces)}), CORRUPT is {len(corrupt)} ({' '.join(corrupt.pieces)})")
+    return opts.resolve(opened)
+
+
+def run(lm: LoadedModel, clean: Encoded, corrupt: Encoded, opts: PatchOptions,
+        ids: dict[str, int | None]) -> PatchResult:
+    from anatomy_cli.analyses import patch as analysis
+    from anatomy_cli.engine import interventions
+    from anatomy_cli.tasks import _attribution
+    from anatomy_cli.tasks.session import warn_cost
+
+    site = opts.site.value
+    if opts.method is Method.exact:
+        from anatomy_cli.models import cost
+
+        runs = lm.n_layers * (lm.n_heads if opts.site is PatchSite.head else len(corrupt))
+        warn_cost(f"patch: {runs:,} patched runs of {len(corrupt):,} tokens", lm,
+                  (runs + 1) * cost.forward_flops(lm.info, len(corrupt)))
+    extra = None
+    with notes.status("patch") as line:
+        if opts.method is Method.attribution:
+            result, extra = _attribution.patch(lm, clean.ids, corrupt.ids, site, ids, opts.check, opts.batch_size)
+        else:
+            grid = interventions.patch_grid(lm, clean.ids, corrupt.ids, site, batch_size=opts.batch_size,
+                                           reduce=analysis.logit_metric(_target(ids), ids["foil"]),
+                                           progress=line.counter("patch", "patched runs"))
+            result = analysis.patching(site, "logit_diff" if ids["foil"] is not None else "logit", grid.layers,
+                                       grid.columns, grid.grid, float(grid.clean), float(grid.corrupt))
+    return PatchResult(result, extra, ids)
+
+
+def _target(ids: dict[str, int | None]) -> int:
+    target = ids["target"]
+    assert target is not None  # resolve_pair always gives the target
+    return target
