@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from anatomy_cli.analyses.steering import directions
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import steering
+from anatomy_cli.errors import UsageError
 
 runner = CliRunner()
 POS = ["I love this so much", "What a joy it is"]
@@ -226,3 +227,21 @@ def test_the_llama_cpp_line_names_the_gguf_behind_the_spec(tiny_model_dir):
     blob = "/home/u/.ollama/models/blobs/sha256-0123"  # a GGUF file without the suffix
     behind = types.SimpleNamespace(info=dataclasses.replace(opened.info, source=blob), name="ollama:smollm2")
     assert task.check(behind, opts).gguf_model == blob
+
+
+def test_a_control_vector_with_direction_0_is_refused(tmp_path):
+    # issue 51 item 5: llama.cpp keeps no vector for layer 0 and refuses such a file; so does `generate --steer`
+    import gguf
+
+    path = tmp_path / "zero.gguf"
+    writer = gguf.GGUFWriter(str(path), "controlvector")
+    writer.add_string("controlvector.model_hint", "llama")
+    writer.add_uint32("controlvector.layer_count", 2)
+    for layer in (0, 1):
+        writer.add_tensor(f"direction.{layer}", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UsageError, match="has a direction.0"):
+        steering.load(path)

@@ -89,13 +89,17 @@ def save(vector: SteeringVector, path: Path) -> None:
 
 def load(path: Path) -> SteeringVector:
     """Read a vector file: anatomy's safetensors, or a llama.cpp control vector (``.gguf``, ``direction.N`` ->
-    block N's ``resid_post``). Raises UsageError for a missing or unreadable file, or one without directions."""
+    block N's ``resid_post``; a ``direction.0`` is refused, as llama.cpp refuses it). Raises UsageError for a
+    missing or unreadable file, or one without directions."""
     if not path.is_file():
         raise UsageError(f"steering vector file {path} does not exist")
     if path.suffix.lower() == ".gguf":
         from anatomy_cli.engine.control_vector import read
 
         arrays, hint = read(path)
+        if 0 in arrays:  # llama.cpp itself refuses such a file, and `steer --save-control-vector` never writes one
+            raise UsageError(f"{path} has a direction.0: llama.cpp has no control vector for layer 0 (its "
+                             f"directions start at 1), so the file is not one llama.cpp would apply")
         return SteeringVector({k: torch.from_numpy(v) for k, v in arrays.items()}, site="resid_post",
                               meta={"model": {"model_type": hint} if hint else {}, "source": "gguf"})
     from safetensors import safe_open
