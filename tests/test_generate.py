@@ -226,3 +226,13 @@ def test_first_token_is_a_flag_and_a_keyword(tiny_model_dir, cached_load, tmp_pa
     api = anatomy.generate(model, "Hello", max_new_tokens=1, steer=path, coef=[-1, 0, 1], target=" Paris France",
                            first_token=True)
     assert json.loads(result.stdout) == json.loads(json.dumps(api.to_dict()))
+
+
+def test_a_zero_vector_is_said(tiny_model_dir, tmp_path):
+    # issue 51 item 5: a vector of zeros is applied (it is coefficient 0 in effect) with a warning
+    path = tmp_path / "zero.safetensors"
+    save(SteeringVector({1: torch.zeros(32)}), path)
+    result = invoke("generate", "Hello", "-m", str(tiny_model_dir("llama")), "--max-new-tokens", "1", "--steer",
+                    str(path))
+    assert result.exit_code == 0, result.output
+    assert "warning: " in result.stderr and "direction.1 is all zeros" in result.stderr

@@ -123,7 +123,7 @@ def load(path: Path) -> SteeringVector:
 def check(vector: SteeringVector, info: ModelInfo, name: str, source: str) -> list[str]:
     """Refuse (UsageError) a vector that does not fit the model ``info`` describes (``name``: its spec): another
     d_model, a layer past the model, a NaN or infinite value, a site the model has no hook point for, or a file
-    made for another model type. Returns warnings (made on a model with another name). Needs no weights."""
+    made for another model type. Returns warnings (made on a model with another name, a direction of zeros)."""
     display = info.label or name
     sites = [s.value for s in WRITE_SITES]
     if vector.site not in sites:
@@ -142,7 +142,9 @@ def check(vector: SteeringVector, info: ModelInfo, name: str, source: str) -> li
             raise UsageError(f"{source}: direction.{layer} has NaN or infinite values")
     if vector.site == "resid_mid" and not info.has_resid_mid:
         raise UsageError(f"{source}: site resid_mid, but {display} has parallel attention and MLP")
+    warnings = [f"{source}: direction.{layer} is all zeros: it steers nothing"
+                for layer, v in sorted(vector.directions.items()) if not bool(v.any())]
     made_on = made.get("name")
     if made_on and made_on != display:
-        return [f"{source} was made on {made_on}; applying it to {display} (same type and width)"]
-    return []
+        warnings.insert(0, f"{source} was made on {made_on}; applying it to {display} (same type and width)")
+    return warnings
