@@ -17,6 +17,7 @@ from anatomy_cli.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Thank you very much"
+SAE = ROOT / "tests" / "fixtures" / "sae" / "saelens-standard"  # blocks.1.hook_resid_post, d_sae 64
 
 
 def cli_json(*args: str) -> dict:
@@ -72,6 +73,16 @@ CASES = {
                   ["attribute", PROMPT, "--target", " much", "--steps", "4"]),
     "drift": (lambda lm: anatomy.drift(lm, "bank", ["I paid at the bank.", "We swam to the bank."]),
               ["drift", "bank", "-c", "I paid at the bank.", "-c", "We swam to the bank."]),
+    "generate": (lambda lm: anatomy.generate(lm, PROMPT, max_new_tokens=3, k=2, lens=True, check=True),
+                 ["generate", PROMPT, "--max-new-tokens", "3", "-k", "2", "--lens", "--check"]),
+    "generate-feature": (lambda lm: anatomy.generate(lm, PROMPT, max_new_tokens=2, steer_feature=5, sae=SAE,
+                                                     coef=[-2, 0, 2], target=" much"),
+                         ["generate", PROMPT, "--max-new-tokens", "2", "--steer-feature", "5", "--sae", str(SAE),
+                          "--coef", "-2,0,2", "--target", " much"]),
+    "steer": (lambda lm: anatomy.steer(lm, "I love it", "I hate it", layer="0-1", reduce="mean"),
+              ["steer", "--positive", "I love it", "--negative", "I hate it", "--layer", "0-1", "--reduce", "mean"]),
+    "sae": (lambda lm: anatomy.sae(lm, PROMPT, sae=SAE, features=[3, 5], top=2, lens_top=2),
+            ["sae", PROMPT, "--sae", str(SAE), "--feature", "3", "--feature", "5", "--top", "2", "--lens-top", "2"]),
 }
 
 
@@ -180,3 +191,55 @@ def test_corpus_returns_the_commands_json_and_draws_its_picture(tiny_model_dir, 
     by_name = anatomy.corpus_stats(path, source, ctx=16, max_tokens=96, lens=False)  # a name: opened and loaded
     assert all(row["kl_nats"] is None for row in by_name.rows)
     assert [r["resid_norm"] for r in by_name.rows] == [r["resid_norm"] for r in expected["layers"]]
+
+
+def _cli_options(command: str) -> set[str]:
+    """The long options of a command, as option-dataclass field names (``--top-p`` -> ``top_p``)."""
+    import typer.main
+
+    from anatomy_cli.cli.main import app as cli
+
+    click = typer.main.get_command(cli).commands[command]  # type: ignore[attr-defined]
+    names = set()
+    for param in click.params:
+        longs = [o for o in param.opts if o.startswith("--")]
+        if longs:
+            names.add(longs[0][2:].replace("-", "_"))
+    return names
+
+
+# the options every prompt command has, outside the task's options dataclass (ModelSpec, PromptOptions,
+# --format, --plot); the API takes the model and prompts= instead
+_COMMON = {"model", "device", "dtype", "revision", "trust_remote_code", "init", "seed_init", "device_map",
+           "offline", "gguf_dequant", "bos", "allow_special", "truncate", "chat", "format", "plot", "help"}
+
+
+@pytest.mark.parametrize("command, function, options", [
+    ("generate", "generate", "GenerateOptions"), ("steer", "steer", "SteerOptions"), ("sae", "sae", "SaeOptions")])
+def test_every_option_is_a_keyword_and_a_field(command, function, options):
+    # Issue 47: every CLI option has an API keyword of the same name, built into the same options dataclass.
+    import dataclasses
+    import importlib
+    import inspect
+
+    task = importlib.import_module(f"anatomy_cli.tasks.{command}")
+    fields = set()
+    for f in dataclasses.fields(getattr(task, options)):
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        fields |= {g.name for g in dataclasses.fields(value)} if dataclasses.is_dataclass(value) else {f.name}
+    fields -= {"sides"}
+    keywords = set(inspect.signature(getattr(anatomy, function)).parameters) - {"model", "prompt", "prompts"}
+    cli = _cli_options(command) - _COMMON
+    cli = {{"top": "k"}.get(o, o) if command == "generate" else o for o in cli}
+    cli = {{"feature": "features"}.get(o, o) for o in cli}
+    spec = {f.name for f in dataclasses.fields(anatomy.ModelSpec)}
+    assert keywords == fields, keywords ^ fields
+    assert cli - spec == fields, (cli - spec) ^ fields
+
+
+def test_calling_generate_imports_no_typer(tiny_model_dir):
+    code = ("import sys, json, anatomy_cli as anatomy; "
+            f"anatomy.generate({str(tiny_model_dir('gpt2'))!r}, 'Hi', max_new_tokens=1); "
+            "print(json.dumps([x for x in ('typer', 'rich') if x in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

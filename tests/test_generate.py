@@ -160,3 +160,79 @@ def test_usage_errors(tiny_model_dir):
         result = invoke("generate", "Hello", "-m", model, *args)
         assert result.exit_code == 2, (args, result.output)
         assert result.output.strip().splitlines()[-1].startswith("error: ")
+
+
+def _no_weights(monkeypatch, module):
+    def refuse(*_a, **_k):
+        raise AssertionError("the weights were loaded before the usage error")
+    monkeypatch.setattr(module, "load_weights", refuse)
+
+
+def test_usage_errors_come_before_the_weights(tiny_model_dir, tmp_path, monkeypatch):
+    # Issue 47 / 51 item 4: what needs no weights is refused before they load, with one error line.
+    from anatomy_cli.cli.commands import generate as command
+
+    _no_weights(monkeypatch, command)
+    model = str(tiny_model_dir("llama"))
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"not safetensors")
+    save(SteeringVector({1: torch.ones(48)}), tmp_path / "wide.safetensors")
+    cases = [
+        (["--sample", "--temperature", "0"], "--temperature must be > 0"),
+        (["--sample", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--max-new-tokens", "100000"], "is past"),
+        (["--steer", str(tmp_path / "missing.safetensors")], "does not exist"),
+        (["--steer", str(broken)], "is not a steering vector file"),
+        (["--steer", str(tmp_path / "wide.safetensors")], "d_model 32"),
+        (["--steer", str(tmp_path / "wide.safetensors"), "--coef", "1,,2"], "--coef takes a number"),
+        (["--first-token"], "--first-token applies to a --target TEXT"),
+    ]
+    for args, text in cases:
+        result = invoke("generate", "Hello", "-m", model, *args)
+        assert result.exit_code == 2, (args, result.output)
+        line = result.output.strip().splitlines()[-1]
+        assert line.startswith("error: ") and text in line, (args, line)
+
+
+def test_an_encoder_is_refused_with_the_one_wording(tiny_model_dir, monkeypatch):
+    from anatomy_cli.cli.commands import generate as command
+
+    _no_weights(monkeypatch, command)
+    result = invoke("generate", "Hello", "-m", str(tiny_model_dir("bert")))
+    assert result.exit_code == 2, result.output
+    # capabilities.require's sentence
+    assert "is an encoder" in result.output and "`generate` needs a decoder-only model" in result.output
+
+
+def test_sampling_never_touches_the_global_rng():
+    # Issue 51 item 10: a sampler with no seed has its own generator; torch's global state is left alone.
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    sampler()(torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_first_token_is_a_flag_and_a_keyword(tiny_model_dir, cached_load, tmp_path):
+    # `--first-token` (the API's first_token=): a several-token --target TEXT stands for its first token.
+    import anatomy_cli as anatomy
+
+    model = str(tiny_model_dir("gpt2"))
+    path = tmp_path / "v.safetensors"
+    save(SteeringVector({1: torch.ones(32)}), path)
+    args = ["--max-new-tokens", "1", "--steer", str(path), "--coef", "-1,0,1", "--target", " Paris France"]
+    result = invoke("generate", "Hello", "-m", model, *args, "--first-token", "--format", "json")
+    assert result.exit_code == 0, result.output
+    api = anatomy.generate(model, "Hello", max_new_tokens=1, steer=path, coef=[-1, 0, 1], target=" Paris France",
+                           first_token=True)
+    assert json.loads(result.stdout) == json.loads(json.dumps(api.to_dict()))
+
+
+def test_a_zero_vector_is_said(tiny_model_dir, tmp_path):
+    # issue 51 item 5: a vector of zeros is applied (it is coefficient 0 in effect) with a warning
+    path = tmp_path / "zero.safetensors"
+    save(SteeringVector({1: torch.zeros(32)}), path)
+    result = invoke("generate", "Hello", "-m", str(tiny_model_dir("llama")), "--max-new-tokens", "1", "--steer",
+                    str(path))
+    assert result.exit_code == 0, result.output
+    assert "warning: " in result.stderr and "direction.1 is all zeros" in result.stderr

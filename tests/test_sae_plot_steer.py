@@ -13,11 +13,11 @@ import torch
 from test_html import figure_data
 from typer.testing import CliRunner
 
-from anatomy_cli.cli.commands import _generation as gen
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine.generate import greedy, stop_ids
 from anatomy_cli.engine.sae import Dictionary, feature_vector
 from anatomy_cli.models.sae.read import read
+from anatomy_cli.tasks import generate as gen
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sae"
 SAE = FIXTURES / "saelens-standard"            # blocks.1.hook_resid_post, d_sae 64

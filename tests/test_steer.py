@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from anatomy_cli.analyses.steering import directions
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import steering
+from anatomy_cli.errors import UsageError
 
 runner = CliRunner()
 POS = ["I love this so much", "What a joy it is"]
@@ -104,7 +105,7 @@ def test_usage_errors(tiny_model_dir, tmp_path):
     bad_pairs = tmp_path / "pairs.tsv"
     bad_pairs.write_text("only one side\n")
     cases = [
-        ([*_sides(), "--layer", "5"], "blocks are 0..1"),
+        ([*_sides(), "--layer", "5"], "blocks 0..1"),
         ([*_sides(), "--layer", "x"], "--layer"),
         ([*_sides(NEG[:1]), "--layer", "1", "--method", "pca"], "needs pairs"),
         (["--positive", "a", "--layer", "1"], "give both sides"),
@@ -133,10 +134,10 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     import llama_cpp
 
     from anatomy_cli.analyses.generate import kl
-    from anatomy_cli.cli.commands._steering import make
     from anatomy_cli.engine import control_vector
     from anatomy_cli.engine.generate import generate
     from anatomy_cli.engine.steering import SteeringVector
+    from anatomy_cli.tasks.steer import make
 
     lm, layer, coef = smollm2_lm, 15, 8.0
     enc = lm.tokenizer.encode(SENTIMENT_POS + SENTIMENT_NEG)
@@ -172,3 +173,75 @@ def test_llama_cpp_applies_the_control_vector_as_anatomy_does(smollm2_gguf, smol
     shifted = SteeringVector({layer + 1: vector.directions[layer]}, site="resid_post")
     off_by_one = generate(lm, ids, max_new_tokens=1, hooks=shifted.hooks(coef)).logits[0]
     assert kl(off_by_one, theirs[coef]) > 10 * steered_kl
+
+
+def test_usage_errors_come_before_the_weights(tiny_model_dir, tmp_path, monkeypatch):
+    # Issue 47 / 51 item 4: what needs no weights is refused before they load.
+    from anatomy_cli.cli.commands import steer as command
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the weights were loaded before the usage error")
+    monkeypatch.setattr(command, "load_weights", refuse)
+    model = str(tiny_model_dir("llama"))
+    cases = [
+        ([*_sides(), "--layer", "1", "--out", str(tmp_path / "no" / "v.safetensors")], "no such directory"),
+        ([*_sides(), "--layer", "0", "--save-control-vector", str(tmp_path / "x.gguf")], "layer 0"),
+        ([*_sides(), "--layer", "1", "--site", "attn_out", "--save-control-vector", str(tmp_path / "x.gguf")],
+         "resid_post"),
+        ([*_sides(), "--layer", "5"], "blocks 0..1"),
+        ([*_sides(), "--layer", "1", "--site", "head"], "--site 'head'"),
+    ]
+    for args, text in cases:
+        result = invoke("steer", "-m", model, *args)
+        assert result.exit_code == 2, (args, result.output)
+        line = result.output.strip().splitlines()[-1]
+        assert line.startswith("error: ") and text in line, (args, line)
+    result = invoke("steer", "-m", str(tiny_model_dir("bert")), *_sides(), "--layer", "1")
+    assert result.exit_code == 2 and "`steer` needs a decoder-only model" in result.output, result.output
+
+
+def test_a_string_is_one_prompt(tiny_model_dir, tiny_lm, cached_load):
+    # anatomy.steer(lm, "I love it", "I hate it") takes each string as one prompt (issue 51 item 5); the direction
+    # is the difference of the two prompts' last-token outputs of block 0 (HF's hidden_states[1]).
+    import anatomy_cli as anatomy
+
+    got = anatomy.steer(str(tiny_model_dir("llama")), "I love it", "I hate it", layer=[0])
+    assert got.to_dict()["n_positive"] == got.to_dict()["n_negative"] == 1
+    lm = tiny_lm("llama")
+    want = _hidden(lm.model, lm.tokenizer.hf, "I love it", 0, "last") - _hidden(lm.model, lm.tokenizer.hf,
+                                                                               "I hate it", 0, "last")
+    torch.testing.assert_close(got.result.vector.directions[0].double(), want, atol=1e-5, rtol=0)
+
+
+def test_the_llama_cpp_line_names_the_gguf_behind_the_spec(tiny_model_dir):
+    # (issue 47 e) the .gguf behind an ollama:/lmstudio:/packaged name is ModelInfo.source, set by engine.open
+    import dataclasses
+    import types
+
+    from anatomy_cli.engine import open_model
+    from anatomy_cli.tasks import steer as task
+
+    opened = open_model(str(tiny_model_dir("llama")))
+    opts = task.SteerOptions(positive=POS, negative=NEG, layer="1")
+    assert task.check(opened, opts).gguf_model == "MODEL.gguf"  # a directory: no .gguf to name
+    blob = "/home/u/.ollama/models/blobs/sha256-0123"  # a GGUF file without the suffix
+    behind = types.SimpleNamespace(info=dataclasses.replace(opened.info, source=blob), name="ollama:smollm2")
+    assert task.check(behind, opts).gguf_model == blob
+
+
+def test_a_control_vector_with_direction_0_is_refused(tmp_path):
+    # issue 51 item 5: llama.cpp keeps no vector for layer 0 and refuses such a file; so does `generate --steer`
+    import gguf
+
+    path = tmp_path / "zero.gguf"
+    writer = gguf.GGUFWriter(str(path), "controlvector")
+    writer.add_string("controlvector.model_hint", "llama")
+    writer.add_uint32("controlvector.layer_count", 2)
+    for layer in (0, 1):
+        writer.add_tensor(f"direction.{layer}", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UsageError, match="has a direction.0"):
+        steering.load(path)

@@ -18,18 +18,26 @@ from anatomy_cli.analyses.next_token import Describe, TokenProb, _token_prob, lo
 from anatomy_cli.errors import UsageError
 
 
-def sampler(*, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None
-            ) -> Callable[[torch.Tensor], int]:
-    """A token rule that samples from ``softmax(logits / temperature)`` restricted to the nucleus: the most
-    probable tokens whose probabilities sum to at least ``top_p`` (always the top one). ``seed`` fixes the
-    draws (a torch.Generator of its own; None: a random seed). Raises UsageError for temperature <= 0 or
-    top_p outside (0, 1]."""
+def check_sampling(temperature: float, top_p: float) -> None:
+    """UsageError for temperature <= 0 or top_p outside (0, 1] (needs no model)."""
     if not temperature > 0:
         raise UsageError(f"--temperature must be > 0 (got {temperature}); greedy decoding is the default")
     if not 0 < top_p <= 1:
         raise UsageError(f"--top-p must be in (0, 1] (got {top_p})")
+
+
+def sampler(*, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None
+            ) -> Callable[[torch.Tensor], int]:
+    """A token rule that samples from ``softmax(logits / temperature)`` restricted to the nucleus: the most
+    probable tokens whose probabilities sum to at least ``top_p`` (always the top one). ``seed`` fixes the
+    draws (a torch.Generator of its own; None: a random seed; torch's global generator is never touched).
+    Raises UsageError for temperature <= 0 or top_p outside (0, 1]."""
+    check_sampling(temperature, top_p)
     gen = torch.Generator()
-    gen.manual_seed(seed if seed is not None else int(torch.seed()))
+    if seed is not None:
+        gen.manual_seed(seed)
+    else:
+        gen.seed()
 
     def choose(logits: torch.Tensor) -> int:
         probs = torch.softmax(logits.to("cpu", torch.float64) / temperature, dim=-1)
@@ -113,17 +121,6 @@ def sweep_row(coef: float, text: str, n_tokens: int, first: torch.Tensor, base_f
         tlp = float(lp[target_id])
         shift = tlp - float(log_probs(base_first)[target_id])
     return SweepRow(coef, text, n_tokens, kl(first, base_first), tlp, shift)
-
-
-def parse_coefs(text: str) -> list[float]:
-    """``"-8,-4,0,4,8"`` -> floats. Raises UsageError for anything else or a non-finite value."""
-    try:
-        coefs = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--coef takes a number or a comma-separated list (-8,-4,0,4,8), got {text!r}") from None
-    if not coefs or not all(math.isfinite(c) for c in coefs):
-        raise UsageError(f"--coef takes finite numbers, got {text!r}")
-    return coefs
 
 
 @dataclass(frozen=True)

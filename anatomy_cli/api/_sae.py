@@ -1,5 +1,5 @@
-"""`anatomy sae` as a function: a sparse autoencoder (or transcoder) from local files on prompts. Runs the
-command's own ``prepare``/``run``/``_report`` and returns its JSON with the
+"""`anatomy sae` as a function: a sparse autoencoder (or transcoder) from local files on prompts. Builds the
+command's :class:`~anatomy_cli.tasks.sae.SaeOptions`, runs its task and view, and returns its JSON with the
 :class:`~anatomy_cli.analyses.sae.Reading` it renders. No torch at import time."""
 
 from __future__ import annotations
@@ -18,22 +18,20 @@ def sae(model: Model, prompt: str | list[str], *, sae: str | Path, hook: str | N
         prompts: PromptOptions = PromptOptions()) -> One:
     """`anatomy sae`: the SAE at ``sae`` (a SAELens or sparsify folder, or a Gemma Scope params.npz; ``hook``
     as ``--hook``) on the prompt: its health (L0, FVE, MSE, CE and KL with the reconstruction spliced in),
-    the ``top`` features per token, the followed ``features`` with their logit lens (``lens_top`` tokens at
-    each end), ``labels`` joined from Neuronpedia's explanations export. ``result``: Reading
-    (``activations``: [pos, d_sae]); rows: ``top_features``."""
-    from anatomy_cli.cli.commands import sae as command
-    from anatomy_cli.models.sae import names
+    the ``top`` features per token, the followed ``features`` (``--feature``, repeatable) with their logit lens
+    (``lens_top`` tokens at each end), ``labels`` joined from Neuronpedia's explanations export. ``result``:
+    Reading (``activations``: [pos, d_sae]); rows: ``top_features``."""
+    from anatomy_cli.output.views import sae as view
+    from anatomy_cli.tasks import sae as task
 
-    sae_file, wanted, label_map = command.prepare(Path(sae), hook, features, None if labels is None else Path(labels))
+    opts = task.SaeOptions(sae=sae, hook=hook, top=top, features=features, lens_top=lens_top, labels=labels)
     lm = loaded(model)
-    names.check_fits(lm.info, lm.name, sae_file)
+    plan = task.check(lm, opts)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    dictionary = command.dictionary_for(lm, sae_file)
     out = []
-    for enc in encoded:
-        reading = command.run(lm, enc, sae_file, dictionary, top=top, wanted=wanted, lens_k=lens_top,
-                              labels=label_map)
-        data = command._report(lm, enc, sae_file, reading).data
-        out.append(Result("sae", reading, data, "top_features", (reading, command.caption(lm, enc, sae_file))))
+    for enc, reading in zip(encoded, task.run(lm, encoded, opts, plan)):
+        args, kwargs = view.figure(lm, enc, reading, plan.sae_file)
+        out.append(Result(task.COMMAND, reading, view.report(lm, enc, reading, plan.sae_file).data, view.ROWS,
+                          args, kwargs))
     return out[0] if single else out

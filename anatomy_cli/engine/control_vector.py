@@ -23,6 +23,15 @@ from anatomy_cli.errors import AnatomyError, UsageError
 ARCH = "controlvector"
 
 
+def check_exportable(layers: list[int], site: str) -> None:
+    """UsageError unless blocks ``layers`` at ``site`` have a llama.cpp control vector (resid_post, block >= 1)."""
+    if site != "resid_post":
+        raise UsageError(f"llama.cpp adds control vectors at block outputs (resid_post); this vector is at {site}")
+    if 0 in layers:
+        raise UsageError("llama.cpp has no control vector for layer 0 (its directions start at 1): "
+                         "make the vector at --layer 1 or later")
+
+
 def write(directions: dict[int, np.ndarray], path: Path, *, model_hint: str, site: str = "resid_post") -> None:
     """Write ``{block: [d_model] vector}`` (already scaled as llama.cpp should add it) to ``path``.
 
@@ -30,11 +39,7 @@ def write(directions: dict[int, np.ndarray], path: Path, *, model_hint: str, sit
     cannot be written."""
     import gguf
 
-    if site != "resid_post":
-        raise UsageError(f"llama.cpp adds control vectors at block outputs (resid_post); this vector is at {site}")
-    if 0 in directions:
-        raise UsageError("llama.cpp has no control vector for layer 0 (its directions start at 1): "
-                         "make the vector at --layer 1 or later")
+    check_exportable(list(directions), site)
     try:
         writer = gguf.GGUFWriter(str(path), ARCH)
         writer.add_string(f"{ARCH}.model_hint", model_hint)

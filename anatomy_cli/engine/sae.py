@@ -19,7 +19,6 @@ gives the unmodified logits back, up to float rounding).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,10 +29,11 @@ import torch
 from anatomy_cli.engine.forward import forward, head_logits
 from anatomy_cli.engine.hooks import HookFn, attach_modules
 from anatomy_cli.engine.model import LoadedModel, Side
-from anatomy_cli.engine.steering import SITES, SteeringVector
+from anatomy_cli.engine.steering import SteeringVector
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae import names
 from anatomy_cli.models.sae.read import SAEFile
+from anatomy_cli.models.sites import WRITE_SITES, parse_point
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "bfloat16": torch.bfloat16}
@@ -184,9 +184,6 @@ def decoder_lens(lm: LoadedModel, sae: Dictionary, feature_ids: list[int]) -> to
     return unembed(lm, rows.to(lm.device), softcap=False).float()
 
 
-_STEER_SITE = re.compile(r"^blocks\.(\d+)\.hook_(" + "|".join(SITES) + r")$")
-
-
 def feature_vector(sae: SAEFile, feature: int) -> SteeringVector:
     """The steering vector of one feature: its decoder row ``W_dec[feature]`` (float32, in the SAE's output
     units) at the site the SAE writes to (``site_out``: a transcoder's output), for ``generate
@@ -194,13 +191,13 @@ def feature_vector(sae: SAEFile, feature: int) -> SteeringVector:
     (attn.hook_z, an MLP's input)."""
     if not 0 <= feature < sae.d_sae:
         raise UsageError(f"--steer-feature {feature} is out of range: the SAE has {sae.d_sae} features")
-    m = _STEER_SITE.match(sae.site_out)
-    if m is None:
+    point = parse_point(sae.site_out, WRITE_SITES)
+    if point is None:
         raise UsageError(f"--steer-feature: the SAE writes to {sae.site_out} ({sae.hook_name_out}); steering "
-                         f"adds to blocks.N.hook_{{{','.join(SITES)}}}")
+                         f"adds to blocks.N.hook_{{{','.join(s.value for s in WRITE_SITES)}}}")
     row = torch.as_tensor(sae.W_dec[feature]).to(torch.float32).clone()
     meta = {"source": "sae", "sae": str(sae.path), "feature": feature, "model": {}}
-    return SteeringVector({int(m.group(1)): row}, site=m.group(2), meta=meta)
+    return SteeringVector({point[0]: row}, site=point[1].value, meta=meta)
 
 
 __all__ = ["Dictionary", "SpliceRun", "decoder_lens", "feature_vector", "splice_run"]

@@ -27,22 +27,18 @@ from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.run import run
 from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.models.info import ModelInfo
+from anatomy_cli.models.sites import WRITE_SITES, check_block, hook_name
 from anatomy_cli.text.tokenization import Encoded
 
-SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 METADATA_KEY = "anatomy.steering"
-
-
-def site_name(layer: int, site: str) -> str:
-    """``blocks.{layer}.hook_{site}``."""
-    return f"blocks.{layer}.hook_{site}"
 
 
 def site_activations(lm: LoadedModel, encoded: list[Encoded], layers: Sequence[int], site: str, *,
                      reduce: str = "last", batch_size: int = 8) -> torch.Tensor:
     """The activations of each prompt at ``site`` of each layer: ``[prompts, len(layers), d_model]`` float64 on
     the CPU. ``reduce`` ``"last"``: the last token's; ``"mean"``: the mean over the prompt's tokens."""
-    names = [site_name(layer, site) for layer in layers]
+    names = [hook_name(layer, site) for layer in layers]
     positions = [[-1]] * len(encoded) if reduce == "last" else None
     caches = run(lm, encoded, names, positions=positions, batch_size=batch_size)
     return torch.stack([torch.stack([c[n].to("cpu", torch.float64).mean(0) for n in names]) for c in caches])
@@ -68,7 +64,7 @@ class SteeringVector:
         activation's dtype and device)."""
         def add(v: torch.Tensor) -> HookFn:
             return lambda t: t + coef * v.to(device=t.device, dtype=t.dtype)
-        return {site_name(layer, self.site): add(self.directions[layer]) for layer in self.layers}
+        return {hook_name(layer, self.site): add(self.directions[layer]) for layer in self.layers}
 
 
 def model_identity(lm: LoadedModel) -> dict[str, Any]:
@@ -93,13 +89,17 @@ def save(vector: SteeringVector, path: Path) -> None:
 
 def load(path: Path) -> SteeringVector:
     """Read a vector file: anatomy's safetensors, or a llama.cpp control vector (``.gguf``, ``direction.N`` ->
-    block N's ``resid_post``). Raises UsageError for a missing or unreadable file, or one without directions."""
+    block N's ``resid_post``; a ``direction.0`` is refused, as llama.cpp refuses it). Raises UsageError for a
+    missing or unreadable file, or one without directions."""
     if not path.is_file():
         raise UsageError(f"steering vector file {path} does not exist")
     if path.suffix.lower() == ".gguf":
         from anatomy_cli.engine.control_vector import read
 
         arrays, hint = read(path)
+        if 0 in arrays:  # llama.cpp itself refuses such a file, and `steer --save-control-vector` never writes one
+            raise UsageError(f"{path} has a direction.0: llama.cpp has no control vector for layer 0 (its "
+                             f"directions start at 1), so the file is not one llama.cpp would apply")
         return SteeringVector({k: torch.from_numpy(v) for k, v in arrays.items()}, site="resid_post",
                               meta={"model": {"model_type": hint} if hint else {}, "source": "gguf"})
     from safetensors import safe_open
@@ -120,29 +120,31 @@ def load(path: Path) -> SteeringVector:
                           site=str(meta.get("site", "resid_post")), meta=meta)
 
 
-def check(vector: SteeringVector, lm: LoadedModel, source: str) -> list[str]:
-    """Refuse (UsageError) a vector that does not fit ``lm``: another d_model, a layer past the model, a NaN or
-    infinite value, a site the model has no hook point for, or a file made for another model type. Returns
-    warnings (made on a model with another name)."""
-    if vector.site not in SITES:
-        raise UsageError(f"{source}: unknown site {vector.site!r} (one of {', '.join(SITES)})")
+def check(vector: SteeringVector, info: ModelInfo, name: str, source: str) -> list[str]:
+    """Refuse (UsageError) a vector that does not fit the model ``info`` describes (``name``: its spec): another
+    d_model, a layer past the model, a NaN or infinite value, a site the model has no hook point for, or a file
+    made for another model type. Returns warnings (made on a model with another name, a direction of zeros)."""
+    display = info.label or name
+    sites = [s.value for s in WRITE_SITES]
+    if vector.site not in sites:
+        raise UsageError(f"{source}: unknown site {vector.site!r} (one of {', '.join(sites)})")
     made = vector.meta.get("model") or {}
     hint = made.get("model_type")
-    if hint and hint != lm.info.model_type:
+    if hint and hint != info.model_type:
         raise UsageError(f"{source} was made for a {hint} model ({made.get('name', '?')}), "
-                         f"not {lm.display} ({lm.info.model_type})")
+                         f"not {display} ({info.model_type})")
     for layer, v in sorted(vector.directions.items()):
-        if v.dim() != 1 or v.shape[0] != lm.d_model:
+        if v.dim() != 1 or v.shape[0] != info.d_model:
             raise UsageError(f"{source}: direction.{layer} has shape {tuple(v.shape)}; "
-                             f"{lm.display} has d_model {lm.d_model}")
-        if not 0 <= layer < lm.n_layers:
-            raise UsageError(f"{source}: layer {layer} is outside {lm.display}'s 0..{lm.n_layers - 1}")
+                             f"{display} has d_model {info.d_model}")
+        check_block(layer, info.n_layers, f"{source}: layer", negative=False)
         if not bool(torch.isfinite(v).all()):
             raise UsageError(f"{source}: direction.{layer} has NaN or infinite values")
-    if vector.site == "resid_mid" and not lm.has_resid_mid:
-        raise UsageError(f"{source}: site resid_mid, but {lm.display} has parallel attention and MLP")
-    name = made.get("name")
-    if name and name != (lm.display):
-        return [f"{source} was made on {name}; applying it to {lm.display} (same type and width)"]
-    return []
-
+    if vector.site == "resid_mid" and not info.has_resid_mid:
+        raise UsageError(f"{source}: site resid_mid, but {display} has parallel attention and MLP")
+    warnings = [f"{source}: direction.{layer} is all zeros: it steers nothing"
+                for layer, v in sorted(vector.directions.items()) if not bool(v.any())]
+    made_on = made.get("name")
+    if made_on and made_on != display:
+        warnings.insert(0, f"{source} was made on {made_on}; applying it to {display} (same type and width)")
+    return warnings

@@ -8,18 +8,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, status
-from anatomy_cli.cli.commands._common import (
-    PromptArg,
-    emit_prompts,
-    load_weights,
-    open_prompts,
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands._common import PromptArg, emit_prompts, load_weights, open_prompts
+from anatomy_cli.cli.options import (
+    FirstTokenOpt,
+    FormatOpt,
+    PlotOpt,
+    TargetIdOpt,
+    TargetOpt,
+    model_options,
+    prompt_options,
 )
-from anatomy_cli.cli.options import FormatOpt, PlotOpt, TargetIdOpt, TargetOpt, model_options, prompt_options
-from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format, emit_jsonl, resolve_format
-from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -55,6 +56,7 @@ def generate_command(
     plot: PlotOpt = None,
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
+    first_token: FirstTokenOpt = False,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
@@ -78,67 +80,28 @@ def generate_command(
         anatomy generate "I think that" --steer happy.safetensors --coef -2,-1,0,1,2 --plot sweep.png
         anatomy generate "I think that" --steer-feature 123 --sae sae_dir/ --coef 4
     """
-    steering = steer if steer is not None else steer_feature
-    coefs = check_options(coef=coef, steer=steering, targeted=target is not None or target_id is not None,
-                          plot=plot, lens=lens, sample=sample, temperature=temperature, top_p=top_p, seed=seed)
-    wanted = targets.choice(target, target_id)
+    from anatomy_cli.output.views import generate as view
+    from anatomy_cli.tasks import generate as task
+
+    opts = task.GenerateOptions(  # fails before anything opens
+        max_new_tokens=max_new_tokens, k=k, lens=lens, check=check, target=target, target_id=target_id,
+        first_token=first_token,
+        sampling=task.SamplingOptions(sample=sample, temperature=temperature, top_p=top_p, seed=seed),
+        steering=task.SteeringOptions(steer=steer, coef=coef, steer_feature=steer_feature, sae=sae_path))
+    if plot:
+        task.check_plot(opts)
     opened, encoded = open_prompts(prompt, spec, prompts)
-    if not opened.info.is_causal:
-        raise UsageError(f"{spec.model} is an encoder ({opened.adapter.name}): `generate` needs a decoder")
-    wanted_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=spec.model,
-                                                             vocab_size=opened.info.lm_head_rows)
-    from anatomy_cli.cli.commands.sae import feature_steering
-
-    feature, notes = feature_steering(steer, steer_feature, sae_path, opened, spec.model)
+    plan = task.check(opened, opts)
     lm = load_weights(opened)
-    from anatomy_cli.cli.commands import _generation as gen
+    outs = task.run(lm, encoded, opts, plan)
+    reports = [view.report(lm, enc, out, opts, plan) for enc, out in zip(encoded, outs)]
+    if plot:
+        from anatomy_cli.output import plots
 
-    vector, settings = gen.prepare(lm, steer, feature=feature, notes=notes, sample=sample, temperature=temperature,
-                                   top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, k=k, lens=lens)
-    reports, rows = [], []
-    for index, enc in enumerate(encoded):
-        header = gen.header(lm, enc, _sampling(sample, temperature, top_p, seed), steer or sae_path, vector, coefs,
-                            feature=steer_feature)
-        with status(f"generating ({index + 1}/{len(encoded)})"):
-            outcome = gen.one_prompt(lm, enc, settings, coefs, wanted_id, check, header)
-        reports.append(outcome.report)
-        rows += outcome.rows
-        if plot:
-            from anatomy_cli.output import plots
-
-            plots.draw("generate", plot, len(reports) if prompt == "-" else None, outcome.result,
-                       gen.caption(lm, enc, outcome.result, vector, coefs))
+        for index, (enc, out) in enumerate(zip(encoded, outs), start=1):
+            args, kwargs = view.figure(lm, enc, out, opts, plan)
+            plots.draw("generate", plot, index if prompt == "-" else None, *args, **kwargs)
     if resolve_format(fmt) is Format.jsonl:
-        emit_jsonl(rows)
+        emit_jsonl([row for enc, r in zip(encoded, reports) for row in view.jsonl_rows(enc, r.data, opts)])
     else:
         emit_prompts(reports, fmt, from_stdin=prompt == "-")
-
-
-def check_options(*, coef: str | float | list[float] | None, steer: object, targeted: bool, plot: object,
-                  lens: bool, sample: bool, temperature: float, top_p: float, seed: int | None) -> list[float]:
-    """The coefficients (``--coef`` text, a number or a list; default [1]) once the options agree with each
-    other; UsageError otherwise. Runs before anything is opened."""
-    from anatomy_cli.analyses.generate import parse_coefs
-
-    if coef is not None and steer is None:
-        raise UsageError("--coef needs --steer FILE (or --steer-feature ID --sae PATH)")
-    if coef is None:
-        coefs = [1.0]
-    elif isinstance(coef, str):
-        coefs = parse_coefs(coef)
-    else:
-        coefs = parse_coefs(",".join(repr(float(c)) for c in (coef if isinstance(coef, (list, tuple)) else [coef])))
-    if targeted and len(coefs) < 2:
-        raise UsageError("--target is for a coefficient sweep (--steer FILE --coef -4,0,4)")
-    if plot is not None and not lens and len(coefs) < 2:
-        raise UsageError("--plot draws a coefficient sweep (--steer FILE --coef -2,0,2) or the --lens grid: "
-                         "give one of them")
-    if not sample and (temperature != 1.0 or top_p != 1.0 or seed is not None):
-        raise UsageError("--temperature, --top-p and --seed need --sample")
-    return coefs
-
-
-def _sampling(sample: bool, temperature: float, top_p: float, seed: int | None) -> dict[str, object]:
-    if not sample:
-        return {"method": "greedy"}
-    return {"method": "sample", "temperature": temperature, "top_p": top_p, "seed": seed}

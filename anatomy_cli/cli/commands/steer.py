@@ -7,13 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, info
+from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import BatchSizeOpt, load_weights, open_texts
-from anatomy_cli.cli.commands._steering import SITES
 from anatomy_cli.cli.options import FormatOpt, model_options, prompt_options
-from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
+from anatomy_cli.tasks.steer import SITES
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -59,16 +58,13 @@ def steer_command(
         anatomy steer --pairs pairs.tsv --layer 4-8 --method pca --out joy.safetensors
         anatomy steer --pairs pairs.tsv --layer 6 --save-control-vector joy.gguf
     """
-    from anatomy_cli.cli.commands import _steering
+    from anatomy_cli.output.views import steer as view
+    from anatomy_cli.tasks import steer as task
 
-    pos, neg = _steering.check_options(positive or [], negative or [], pairs, site, reduce, method)
-    if out is None and gguf_out is None:
-        info("no --out or --save-control-vector: the vector is shown, not saved")
-    opened, encoded = open_texts(pos + neg, spec, prompts)
-    layers = _steering.parse_layers(layer, opened.info.n_layers)
-    if not opened.info.is_causal:
-        raise UsageError(f"{spec.model} is an encoder: steering vectors here are for decoders that generate")
+    opts = task.SteerOptions(positive=positive, negative=negative, pairs=pairs, layer=layer, site=site,
+                             reduce=reduce, method=method, out=out, save_control_vector=gguf_out,
+                             batch_size=batch_size)  # fails before anything opens
+    opened, encoded = open_texts(task.texts(opts), spec, prompts)
+    plan = task.check(opened, opts)
     lm = load_weights(opened)
-    _, report = _steering.run(lm, encoded, pos, neg, layers, site, reduce, method, batch_size, out, gguf_out,
-                              spec.model)
-    emit(report, fmt)
+    emit(view.report(lm, task.run(lm, encoded, opts, plan), opts), fmt)

@@ -1,0 +1,86 @@
+"""`generate`'s view: the steps (or the coefficient sweep) as a table, the record as JSON, one JSON line per step
+(per coefficient) for ``--format jsonl``, and the picture's caption."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.tasks.session import model_label, prompt_line, prompt_record
+
+STEP_COLUMNS = (
+    Column("step", "step", "int"),
+    Column("token", "token"),
+    Column("token_id", "id", "id"),
+    Column("probability", "probability", "prob", 4),
+    Column("rank", "rank", "int"),
+    Column("top_text", "top tokens"),
+)
+LENS_COLUMN = Column("first_top1_layer", "first top-1 layer", "int")
+SWEEP_COLUMNS = (
+    Column("coef", "coef", "float", 2),
+    Column("continuation", "continuation"),
+    Column("kl", "KL from coef 0 (nats)", "number", 4),
+    Column("target_logprob", "target logprob", "float", 3),
+    Column("target_shift", "target shift", "float", 3),
+)
+
+
+def rows_key(opts: Any) -> str:
+    """The key of the JSON rows: ``sweep`` for several coefficients, else ``steps``."""
+    return "sweep" if opts.sweep else "steps"
+
+
+def _steps_section(c: Any, lens: bool) -> Section:
+    rows = []
+    for st in c.steps:
+        row = st.to_dict()
+        row["top_text"] = ", ".join(f"{t.token} {t.probability:.3f}" for t in st.top)
+        rows.append(row)
+    return Section((*STEP_COLUMNS, LENS_COLUMN) if lens else STEP_COLUMNS, rows,
+                   title=f"{len(c.steps)} generated tokens")
+
+
+def report(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> Report:
+    """One prompt's report: the prompt record, ``sampling``, ``steer``, then the steps or the sweep (and
+    ``check`` with ``opts.check``). ``out``: the task's Generated."""
+    data = {**prompt_record(lm, enc), "sampling": opts.sampling.record(), "steer": plan.steer}
+    data.update(out.result.to_dict())
+    heading = [f"generate · {model_label(lm)}", prompt_line(enc)]
+    if opts.sweep:
+        sections = [Section(SWEEP_COLUMNS, data["sweep"], title="coefficient sweep")]
+    else:
+        sections = [_steps_section(out.result, opts.lens)]
+        heading.append(f"continuation {out.result.text!r} · stopped: {out.result.stopped}")
+    lines = []
+    if opts.check:
+        data["check"] = {"max_abs_logit_diff": out.max_abs_logit_diff}
+        lines.append(f"cache check: largest |logit difference| cached vs uncached {out.max_abs_logit_diff:.3g}")
+    return Report(data=data, sections=sections, heading=heading, notes=lines)
+
+
+def jsonl_rows(enc: Any, data: dict[str, Any], opts: Any) -> list[dict[str, Any]]:
+    """``--format jsonl``'s lines of one prompt: one per step (per coefficient for a sweep)."""
+    return [{"prompt": enc.text, **row} for row in data[rows_key(opts)]]
+
+
+def drawable(opts: Any) -> bool:
+    return opts.sweep or opts.lens
+
+
+def figure(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``plots.draw("generate", ...)``'s arguments: the sweep or the lens grid and the caption (the steered
+    blocks and coefficients, or the lens)."""
+    from anatomy_cli.analyses.generate import Sweep
+    from anatomy_cli.output.plots import Caption
+
+    vector, coefs, result = plan.vector, opts.coefs, out.result
+    if isinstance(result, Sweep):
+        where = "" if vector is None else f"{vector.site} of block{'s' if len(vector.layers) > 1 else ''} " \
+                                          f"{', '.join(map(str, vector.layers))}"
+        detail = f"steering {where} · coefficients {', '.join(f'{c:g}' for c in coefs)}"
+    else:
+        detail = f"logit lens of every block at each of {len(result.steps)} steps"
+        if vector is not None:
+            detail += f" · steered, coefficient {coefs[0]:g}"
+    return (result, Caption.of("generate", lm, enc.text, detail)), {}

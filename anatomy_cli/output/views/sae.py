@@ -1,0 +1,64 @@
+"""`sae`'s view: the SAE's health, L0 per token, the top features per token and the followed features as tables;
+the record as JSON; the tokens x features picture's caption."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.tasks.session import model_label, prompt_line, prompt_record
+
+HEALTH = (Column("statistic", "statistic"), Column("value", "value", "number"), Column("unit", "unit"))
+TOKENS = (Column("position", "pos", "int"), Column("token", "token"), Column("l0", "L0", "int"))
+TOP = (Column("position", "pos", "int"), Column("token", "token"), Column("rank", "rank", "int"),
+       Column("feature", "feature", "id"), Column("activation", "activation", "float", 3),
+       Column("share", "share", "pct", 1), Column("label", "label"))
+FOLLOW = (Column("position", "pos", "int"), Column("token", "token"), Column("feature", "feature", "id"),
+          Column("activation", "activation", "float", 3), Column("share", "share", "pct", 1))
+SUMMARY = (Column("feature", "feature", "id"), Column("max_activation", "max", "float", 3),
+           Column("max_position", "at", "int"), Column("max_token", "token"),
+           Column("active_tokens", "active", "int"), Column("label", "label"), Column("url", "url"))
+LENS = (Column("feature", "feature", "id"), Column("side", "side"), Column("rank", "rank", "int"),
+        Column("token", "token"), Column("token_id", "id", "id"), Column("logit", "logit", "float", 3))
+_UNITS = {"l0_mean": "features", "stated_l0": "features", "fve": "fraction", "mse": "activation²",
+          "error_ratio": "‖x−x̂‖/‖x‖", "norm_ratio": "‖x̂‖/‖x‖", "max_logit_diff_with_error": "logit"}
+ROWS = "top_features"
+
+
+def site(sae_file: Any) -> str:
+    return sae_file.site if not sae_file.transcoder else f"{sae_file.site} → {sae_file.site_out}"
+
+
+def figure(lm: Any, enc: Any, reading: Any, sae_file: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``plots.draw("sae", ...)``'s arguments: the reading and its caption."""
+    from anatomy_cli.output.plots import Caption
+
+    cap = Caption.of("sae", lm, enc.text, f"{sae_file.format} {sae_file.architecture} · {site(sae_file)}")
+    return (reading, cap), {}
+
+
+def report(lm: Any, enc: Any, reading: Any, sae_file: Any) -> Report:
+    labelled = reading.labels is not None
+    health, pieces = reading.health, reading.pieces
+    top_rows, summary = list(reading.top_rows), list(reading.summary)
+    health_dict = health.to_dict()
+    data = {**prompt_record(lm, enc), "sae": sae_file.to_dict(), "health": health_dict,
+            "warnings": list(reading.warnings), "top_features": top_rows, "features": summary,
+            "feature_activations": list(reading.follow_rows), "logit_lens": list(reading.lens_rows)}
+    stats = [{"statistic": key, "value": value, "unit": _UNITS.get(key, "nats" if key.endswith("nats") else "")}
+             for key, value in health_dict.items() if key != "l0"]
+    sections = [Section(HEALTH, stats, title="health on this prompt"),
+                Section(TOKENS, [{"position": i, "token": p, "l0": v}
+                                 for i, (p, v) in enumerate(zip(pieces, health.l0))], title="L0 per token"),
+                Section(TOP if labelled else TOP[:-1], top_rows, title=f"top {reading.top} features per token")]
+    if reading.followed:
+        has_url = sae_file.neuronpedia_id is not None
+        cols = [c for c in SUMMARY if (c.key != "label" or labelled) and (c.key != "url" or has_url)]
+        sections += [Section(cols, summary, title="followed features"),
+                     Section(FOLLOW, list(reading.follow_rows), title="followed features per token")]
+        if reading.lens_rows:
+            sections.append(Section(LENS, list(reading.lens_rows), title="logit lens of the decoder rows"))
+    heading = [f"sae · {model_label(lm)}",
+               f"{sae_file.format} {sae_file.architecture} · d_sae {sae_file.d_sae} · {site(sae_file)}",
+               prompt_line(enc)]
+    return Report(data=data, sections=sections, heading=heading)

@@ -1,0 +1,238 @@
+"""`generate`: the continuation token by token through the KV cache, a per-step trace, optionally steered (the
+task).
+
+:class:`GenerateOptions` holds the lengths, the lens, the cache check and the sweep's target, with the sampling
+options (:class:`SamplingOptions`) and the steering options (:class:`~anatomy_cli.tasks._steering.SteeringOptions`)
+as one dataclass each; :func:`check` refuses, before any weight loads, a model that cannot generate and a vector
+that does not fit; :func:`run` computes one :class:`Generated` per prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._steering import SteeringOptions
+from anatomy_cli.tasks._steering import record as steering_record
+from anatomy_cli.tasks._steering import vector as steering_vector
+from anatomy_cli.text import targets
+
+if TYPE_CHECKING:
+    import torch
+
+    from anatomy_cli.analyses.generate import Continuation, Sweep
+    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine.generate import Generation
+    from anatomy_cli.engine.steering import SteeringVector
+
+COMMAND = "generate"
+
+__all__ = ["COMMAND", "GenerateOptions", "SamplingOptions", "SteeringOptions", "check", "check_plot", "run"]
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Greedy decoding unless ``sample``: then ``softmax(logits / temperature)`` within the ``top_p`` nucleus,
+    ``seed`` fixing the draws."""
+
+    sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        from anatomy_cli.analyses.generate import check_sampling
+
+        if not self.sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.seed is not None):
+            raise UsageError("--temperature, --top-p and --seed need --sample")
+        check_sampling(self.temperature, self.top_p)
+
+    def record(self) -> dict[str, Any]:
+        """The record's ``sampling`` key."""
+        if not self.sample:
+            return {"method": "greedy"}
+        return {"method": "sample", "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+
+    def chooser(self) -> Callable[[], Callable[[torch.Tensor], int]]:
+        """A factory of the token rule: a fresh sampler per run, so every coefficient of a sweep draws the same
+        random numbers."""
+        from anatomy_cli.analyses.generate import sampler
+        from anatomy_cli.engine.generate import greedy
+
+        if not self.sample:
+            return lambda: greedy
+        return lambda: sampler(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """``max_new_tokens``: stop after N (or at EOS); ``k``: top tokens per step; ``lens``: the chosen token under
+    the logit lens of every block; ``check``: replay without the KV cache; ``target``/``target_id``/
+    ``first_token``: a sweep's token whose log-probability shift is reported."""
+
+    max_new_tokens: int = 20
+    k: int = 5
+    lens: bool = False
+    check: bool = False
+    target: str | None = None
+    target_id: int | None = None
+    first_token: bool = False
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    steering: SteeringOptions = field(default_factory=SteeringOptions)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise UsageError("--max-new-tokens takes a whole number of at least 1")
+        if self.k < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        targets.check_first_token(self.first_token, self.wanted)
+        if self.wanted is not None and len(self.coefs) < 2:
+            raise UsageError("--target is for a coefficient sweep (--steer FILE --coef -4,0,4)")
+
+    @property
+    def wanted(self) -> targets.TokenChoice | None:
+        return targets.choice(self.target, self.target_id, first_token=self.first_token)
+
+    @property
+    def coefs(self) -> list[float]:
+        return self.steering.coefs
+
+    @property
+    def sweep(self) -> bool:
+        return len(self.coefs) > 1
+
+
+def check_plot(opts: GenerateOptions) -> None:
+    """``--plot`` draws a coefficient sweep or the ``--lens`` grid: UsageError when there is neither."""
+    if not opts.lens and not opts.sweep:
+        raise UsageError("--plot draws a coefficient sweep (--steer FILE --coef -2,0,2) or the --lens grid: "
+                         "give one of them")
+
+
+@dataclass(frozen=True)
+class GeneratePlan:
+    """What :func:`check` resolved: the target's id and the steering vector (checked against the model)."""
+
+    target_id: int | None
+    vector: SteeringVector | None
+    steer: dict[str, Any] | None  # the record's ``steer`` key
+
+
+def check(opened: Any, opts: GenerateOptions) -> GeneratePlan:
+    """``opened``: an OpenedModel or a LoadedModel. Every refusal before the weights: a model that cannot
+    generate, more new tokens than the context holds, a target that is not a token, a vector that does not fit."""
+    require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
+    n_ctx = opened.info.n_ctx
+    if n_ctx is not None and opts.max_new_tokens > n_ctx:
+        raise UsageError(f"--max-new-tokens {opts.max_new_tokens} is past {opened.name}'s context of {n_ctx} "
+                         f"tokens")
+    wanted = opts.wanted
+    target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
+                                                            vocab_size=opened.info.lm_head_rows)
+    found = steering_vector(opened, opts.steering)
+    return GeneratePlan(target_id, found, steering_record(opts.steering, found))
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One prompt's outcome: ``result`` (a Continuation, or a Sweep for several coefficients) and the largest
+    cache-check difference (None without ``check``)."""
+
+    result: Continuation | Sweep
+    max_abs_logit_diff: float | None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run's settings: the token rule factory, the lengths, the lens, the steering vector, the stop ids."""
+
+    choose: Callable[[], Callable[[torch.Tensor], int]]
+    max_new_tokens: int
+    k: int
+    lens: bool
+    vector: SteeringVector | None
+    stop: tuple[int, ...]
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: GeneratePlan) -> list[Generated]:
+    from anatomy_cli.engine.generate import stop_ids
+    from anatomy_cli.tasks.session import describe
+
+    s = Settings(opts.sampling.chooser(), opts.max_new_tokens, opts.k, opts.lens, plan.vector, stop_ids(lm))
+    described = describe(lm)
+    out = []
+    for index, enc in enumerate(encoded):
+        with notes.status(f"generating ({index + 1}/{len(encoded)})"):
+            out.append(one_prompt(lm, list(enc.ids), s, opts, plan, described))
+    return out
+
+
+def one_prompt(lm: LoadedModel, ids: list[int], s: Settings, opts: GenerateOptions, plan: GeneratePlan,
+               described: Callable[[int], tuple[str, str | None]]) -> Generated:
+    """A sweep (several coefficients) or one continuation, with the cache check when asked."""
+    result: Continuation | Sweep
+    if opts.sweep:
+        target = None if plan.target_id is None else described(plan.target_id)[0]
+        result, worst = sweep(lm, ids, s, opts.coefs, plan.target_id, opts.check, target)
+    else:
+        g = run_one(lm, ids, s, opts.coefs[0])
+        worst = cache_check(lm, g, s, opts.coefs[0]) if opts.check else None
+        result = continuation(lm, g, s, described)
+    return Generated(result, worst)
+
+
+def run_one(lm: LoadedModel, ids: list[int], s: Settings, coef: float, *, lens: bool | None = None,
+            use_cache: bool = True) -> Generation:
+    from anatomy_cli.engine.generate import generate
+
+    hooks = s.vector.hooks(coef) if s.vector is not None else None
+    return generate(lm, ids, max_new_tokens=s.max_new_tokens, choose=s.choose(), stop=s.stop, hooks=hooks,
+                    lens=s.lens if lens is None else lens, use_cache=use_cache)
+
+
+def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> float:
+    """Largest |logit| difference between ``g`` (cached) and the same tokens replayed with a full forward per
+    step and no cache (the same steering hooks)."""
+    from anatomy_cli.engine.generate import generate, replay
+
+    if not g.tokens:
+        return 0.0
+    hooks = s.vector.hooks(coef) if s.vector is not None else None
+    again = generate(lm, list(g.prompt), max_new_tokens=len(g.tokens), choose=replay(g.tokens), hooks=hooks,
+                     use_cache=False)
+    return float((again.logits.double() - g.logits.double()).abs().max())
+
+
+def decode(lm: LoadedModel, tokens: tuple[int, ...]) -> str:
+    """The continuation's text: its tokens' bytes joined, decoded as UTF-8 (a cut character: U+FFFD)."""
+    return b"".join(lm.tokenizer.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def continuation(lm: LoadedModel, g: Generation, s: Settings, describe: Any) -> Continuation:
+    """The :class:`~anatomy_cli.analyses.generate.Continuation` of one generation."""
+    from anatomy_cli.analyses import generate as analysis
+
+    steps = analysis.steps(g.logits, g.tokens, s.k, describe, lens_logprob=g.lens_logprob, lens_top=g.lens_top)
+    return analysis.Continuation(decode(lm, g.tokens), tuple(g.tokens), g.stopped, tuple(steps))
+
+
+def sweep(lm: LoadedModel, ids: list[int], s: Settings, coefs: list[float], target_id: int | None,
+          do_check: bool, target: str | None = None) -> tuple[Sweep, float | None]:
+    """Every coefficient's continuation, KL and target shift (the first step against coefficient 0), and the
+    largest cache-check difference over all runs (None without ``do_check``)."""
+    from anatomy_cli.analyses import generate as analysis
+
+    base = run_one(lm, ids, s, 0.0, lens=False)
+    worst = cache_check(lm, base, s, 0.0) if do_check else None
+    rows = []
+    for coef in coefs:
+        g = base if coef == 0 else run_one(lm, ids, s, coef, lens=False)
+        if do_check and coef != 0:
+            worst = max(worst or 0.0, cache_check(lm, g, s, coef))
+        rows.append(analysis.sweep_row(coef, decode(lm, g.tokens), len(g.tokens), g.logits[0], base.logits[0],
+                                       target_id))
+    return analysis.Sweep(tuple(rows), target), worst

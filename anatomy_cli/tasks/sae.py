@@ -1,0 +1,123 @@
+"""`sae`: does a sparse autoencoder (or transcoder) fit this model, and which features fire (the task).
+
+:class:`SaeOptions` holds the SAE's path and what to list; :func:`check` reads the SAE (and the labels), refuses
+a feature out of range and an SAE of another model before any weight loads; :func:`run` gives one
+:class:`~anatomy_cli.analyses.sae.Reading` per prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.sae import Reading
+    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.models.sae.read import SAEFile
+
+COMMAND = "sae"
+
+
+@dataclass(frozen=True)
+class SaeOptions:
+    """``sae``: a SAELens or sparsify folder or a Gemma Scope params.npz; ``hook``: its hook point where the
+    files state none; ``top``: features per token; ``features``: ids followed across the prompt (``--feature``,
+    repeatable); ``lens_top``: tokens at each end of a followed feature's logit lens; ``labels``: Neuronpedia's
+    explanations."""
+
+    sae: Path | str
+    hook: str | None = None
+    top: int = 5
+    features: Sequence[int] | None = None
+    lens_top: int = 5
+    labels: Path | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.top < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        if self.lens_top < 1:
+            raise UsageError("--lens-top takes a whole number of at least 1")
+        if any(f < 0 for f in self.wanted):
+            raise UsageError("--feature takes feature ids of at least 0")
+
+    @property
+    def wanted(self) -> list[int]:
+        """The followed feature ids, without repeats."""
+        return list(dict.fromkeys(int(f) for f in self.features or ()))
+
+
+@dataclass(frozen=True)
+class SaePlan:
+    sae_file: SAEFile
+    labels: dict[int, str] | None
+
+
+def check(opened: Any, opts: SaeOptions) -> SaePlan:
+    """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
+    ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
+    from anatomy_cli.models.sae import labels as labelling
+    from anatomy_cli.models.sae import names, read
+
+    sae_file = read.read(Path(opts.sae), hook=opts.hook)
+    bad = [f for f in opts.wanted if f >= sae_file.d_sae]
+    if bad:
+        raise UsageError(f"--feature {bad[0]} is out of range: the SAE has {sae_file.d_sae} features")
+    labels = labelling.read_labels(Path(opts.labels), sae_file.neuronpedia_id) if opts.labels is not None else None
+    names.check_fits(opened.info, opened.name, sae_file)
+    return SaePlan(sae_file, labels)
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: SaeOptions, plan: SaePlan) -> list[Reading]:
+    from anatomy_cli.engine import sae as engine_sae
+    from anatomy_cli.engine.hooks import check_names
+
+    sae_file = plan.sae_file
+    check_names(lm, [p for p in (sae_file.site, sae_file.site_out) if not p.endswith("mlp.hook_in")])
+    dictionary = engine_sae.Dictionary(sae_file, lm.device)
+    out = []
+    for enc in encoded:
+        with notes.status("running the prompt with the SAE"):
+            reading = read_one(lm, enc, sae_file, dictionary, opts, plan.labels)
+        for line in reading.warnings:
+            notes.warn(line)
+        out.append(reading)
+    return out
+
+
+def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Any, opts: SaeOptions,
+             labels: dict[int, str] | None) -> Reading:
+    """One prompt through the SAE: the splice run, its health and warnings, the top features per token and the
+    followed ones."""
+    from anatomy_cli.analyses import sae as analysis
+    from anatomy_cli.engine import sae as engine_sae
+    from anatomy_cli.models.sae.labels import feature_url
+    from anatomy_cli.tasks.session import describe
+
+    wanted = opts.wanted
+    run = engine_sae.splice_run(lm, list(enc.ids), dictionary)
+    health = analysis.health(run, enc.ids, sae_file.stated_l0)
+    warnings = analysis.warnings(health, n_tokens=len(enc), context_size=sae_file.context_size,
+                                 sae_bos=sae_file.prepend_bos, prompt_bos=enc.bos, centred=sae_file.centred,
+                                 centred_now=analysis.centring(run.target))
+    dec_norms = dictionary.W_dec.float().norm(dim=-1).to(run.features.device)
+    pieces = list(enc.pieces)
+
+    def label(fid: int) -> str | None:
+        return labels.get(fid) if labels is not None else None
+
+    top_rows = [{**r, "label": label(r["feature"])}
+                for r in analysis.top_features(run.features, dec_norms, pieces, opts.top)]
+    follow_rows, summary = analysis.follow(run.features, dec_norms, pieces, wanted)
+    summary = [{**s, "label": label(s["feature"]), "url": feature_url(sae_file.neuronpedia_id, s["feature"])}
+               for s in summary]
+    lens_rows = analysis.logit_lens(engine_sae.decoder_lens(lm, dictionary, wanted), wanted, describe(lm),
+                                    opts.lens_top) if wanted and lm.has_unembed else []
+    return analysis.Reading(pieces=tuple(pieces), activations=run.features.detach().float().cpu(), health=health,
+                            warnings=tuple(warnings), top_rows=tuple(top_rows), follow_rows=tuple(follow_rows),
+                            summary=tuple(summary), lens_rows=tuple(lens_rows), followed=tuple(wanted),
+                            labels=labels, top=opts.top)
