@@ -87,10 +87,7 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10,
     """Run ``lm`` on ``enc`` once (plus one eager-attention forward when attention is asked for) and compute
     every analysis ``sections`` needs (``pooling``: see :data:`Pooling`). Raises what the engine and the
     analyses raise."""
-    import torch
-
     from anatomy_cli import engine
-    from anatomy_cli.analyses import heads as heads_analysis
     from anatomy_cli.analyses import lens as lens_analysis
     from anatomy_cli.analyses import next_token, trace
     from anatomy_cli.tasks.session import describe
@@ -128,30 +125,41 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10,
             if "dla" in sections and lm.is_causal and not lm.adapter.post_ln:
                 out.dla, out.dla_what = _dla(lm, cache, out.next.top[0])
     if sections & NEEDS_ATTENTION:
-        n_ctx = lm.n_ctx or 2 * HEADS_SEQ_LEN + 2
-        seq_len = max(2, min(HEADS_SEQ_LEN, (n_ctx - 2) // 2))
-        ids = heads_analysis.random_repeat(engine.ordinary_token_ids(lm), seq_len, 0)
-        rand = engine.encode_ids(lm, ids, text=f"<{seq_len} random tokens, seed 0, repeated>")
-        start = rand.special.index(False)
-        out.block = 1 if pooling is None else pooling[0](len(enc), lm.n_layers * lm.n_heads, lm.is_causal)
-        on_prompt: dict[int, torch.Tensor] = {}
-
-        def reduce(i: int, layer: int, p: torch.Tensor) -> torch.Tensor:
-            if i == 1:
-                return torch.cat([heads_analysis.pattern_scores(p),
-                                  heads_analysis.repeat_scores(p, start=start, seq_len=seq_len)])
-            if len(enc) >= 2:
-                on_prompt[layer] = heads_analysis.pattern_scores(p).cpu()
-            # the page's blocks: a long prompt's full patterns never stay in memory
-            return p if pooling is None else pooling[1](p, out.block)
-
-        out.patterns, scores = engine.attention_patterns(lm, [enc, rand], reduce=reduce)
-        out.forwards += 1
-        if len(enc) >= 2:
-            prompt_scores = torch.stack([on_prompt[layer] for layer in range(lm.n_layers)])
-            out.heads = heads_analysis.heads(prompt_scores, scores[:, 3:], measured_on="prompt", seq_len=seq_len,
-                                             seed=0, random_token_ids=ids[:seq_len])
+        _attention(lm, enc, out, pooling)
     return out
+
+
+def _attention(lm: Any, enc: Any, out: Anatomy, pooling: Pooling | None) -> None:
+    """The eager-attention forward of the prompt and the repeated random sequence: ``out.patterns`` (pooled
+    for the page), ``out.heads`` (the head scores; prompts of two tokens or more)."""
+    import torch
+
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import heads as heads_analysis
+
+    n_ctx = lm.n_ctx or 2 * HEADS_SEQ_LEN + 2
+    seq_len = max(2, min(HEADS_SEQ_LEN, (n_ctx - 2) // 2))
+    ids = heads_analysis.random_repeat(engine.ordinary_token_ids(lm), seq_len, 0)
+    rand = engine.encode_ids(lm, ids, text=f"<{seq_len} random tokens, seed 0, repeated>")
+    start = rand.special.index(False)
+    out.block = 1 if pooling is None else pooling[0](len(enc), lm.n_layers * lm.n_heads, lm.is_causal)
+    on_prompt: dict[int, torch.Tensor] = {}
+
+    def reduce(i: int, layer: int, p: torch.Tensor) -> torch.Tensor:
+        if i == 1:
+            return torch.cat([heads_analysis.pattern_scores(p),
+                              heads_analysis.repeat_scores(p, start=start, seq_len=seq_len)])
+        if len(enc) >= 2:
+            on_prompt[layer] = heads_analysis.pattern_scores(p).cpu()
+        # the page's blocks: a long prompt's full patterns never stay in memory
+        return p if pooling is None else pooling[1](p, out.block)
+
+    out.patterns, scores = engine.attention_patterns(lm, [enc, rand], reduce=reduce)
+    out.forwards += 1
+    if len(enc) >= 2:
+        prompt_scores = torch.stack([on_prompt[layer] for layer in range(lm.n_layers)])
+        out.heads = heads_analysis.heads(prompt_scores, scores[:, 3:], measured_on="prompt", seq_len=seq_len,
+                                         seed=0, random_token_ids=ids[:seq_len])
 
 
 def _dla(lm: Any, cache: Any, top: Any) -> tuple[Any, str]:
