@@ -451,3 +451,15 @@ def test_plot_draws_a_png(tiny_model_dir, tmp_path, cached_load):
                  "--plot", tmp_path / "c.png")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_picture_names_its_rows_embed_then_blocks(tiny_model_dir, tmp_path, cached_load):
+    """The API's Result.plot() draws what --plot draws: x at rows 0..L, their tick labels embed, 0, 1."""
+    from anatomy_cli import api as anatomy
+
+    result = anatomy.corpus_stats(str(tiny_model_dir("gpt2")), ARTICLE, ctx=16, max_tokens=48)
+    assert [r["layer"] for r in result.rows] == ["embed", 0, 1]
+    fig = result.plot()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["embed", "0", "1"]
+    assert list(ax.get_xticks()) == [0, 1, 2]
