@@ -463,3 +463,37 @@ def test_the_picture_names_its_rows_embed_then_blocks(tiny_model_dir, tmp_path, 
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["embed", "0", "1"]
     assert list(ax.get_xticks()) == [0, 1, 2]
+
+
+def test_the_options_refuse_before_anything_opens():
+    """CorpusOptions (the CLI's and anatomy.corpus_stats's one options object) refuses what needs no model."""
+    from anatomy_cli.errors import UsageError
+    from anatomy_cli.tasks.corpus import CorpusOptions
+
+    for kwargs, words in (({"ctx": 1}, "--ctx takes a whole number of at least 2"),
+                          ({"lens_every": 0}, "--lens-every takes"),
+                          ({"save_activations": "blocks.0.hook_resid_post"}, "--save-activations needs --out DIR"),
+                          ({"save_activations": "x", "out": "o", "activation_dtype": "bf16"}, "fp32 or fp16"),
+                          ({"save_activations": "blocks.0.resid", "out": "o"}, "is not a hook point")):
+        with pytest.raises(UsageError, match=words):
+            CorpusOptions(**kwargs)
+    assert CorpusOptions(out="o").out == Path("o")
+    assert CorpusOptions(save_activations="blocks.1.attn.hook_z,blocks.0.hook_mlp_out", out="o").sites == (
+        "blocks.1.attn.hook_z", "blocks.0.hook_mlp_out")
+
+
+def test_the_lens_needs_an_lm_head_and_says_so_in_the_one_wording(tiny_model_dir):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from anatomy_cli.errors import UsageError
+    from anatomy_cli.models.capabilities import Need, refusal
+    from anatomy_cli.tasks import corpus as task
+    from anatomy_cli.tasks.session import open_model
+
+    opened = open_model(ModelSpec(str(tiny_model_dir("gpt2"))))
+    headless = SimpleNamespace(info=dataclasses.replace(opened.info, has_lm_head=False), name=opened.name)
+    with pytest.raises(UsageError) as caught:
+        task.check(headless, task.CorpusOptions())
+    assert str(caught.value) == refusal(headless.info, Need.lm_head, "corpus")
+    assert task.check(headless, task.CorpusOptions(lens=False)).ctx == min(512, opened.info.n_ctx)

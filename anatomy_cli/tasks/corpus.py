@@ -53,6 +53,13 @@ class CorpusOptions:
     def __post_init__(self) -> None:
         if self.out is not None and not isinstance(self.out, Path):
             object.__setattr__(self, "out", Path(self.out))
+        for option, value, least in (("--ctx", self.ctx, 2), ("--max-tokens", self.max_tokens, 2),
+                                     ("--lens-every", self.lens_every, 1), ("--shard-windows", self.shard_windows, 1),
+                                     ("--batch-size", self.batch_size, 1), ("--workers", self.workers, 1)):
+            if value is not None and value < least:
+                raise UsageError(f"{option} takes a whole number of at least {least}")
+        if self.gpus_per_worker < 0:
+            raise UsageError("--gpus-per-worker takes a number of at least 0")
         _ = self.sites  # --save-activations' syntax, --activation-dtype: refused before anything opens
 
     @property
