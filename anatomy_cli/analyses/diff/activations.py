@@ -79,9 +79,9 @@ class LayerDiff:
 
 @dataclass(frozen=True)
 class ActivationDiff:
-    """The comparison of two models on one prompt at ``position``: ``layers`` (0..L), the final next-token
-    distributions (``top_a``, ``top_b``: top-k of each), ``kl_nats`` = KL(final_A ‖ final_B),
-    ``a_top1_rank_in_b`` (1 = B agrees), and with a target its probability and rank in both."""
+    """The comparison of two models on one prompt at ``position``: ``layers`` (L + 1 rows: ``embed``, then the
+    blocks 0..L−1), the final next-token distributions (``top_a``, ``top_b``: top-k of each), ``kl_nats`` =
+    KL(final_A ‖ final_B), ``a_top1_rank_in_b`` (1 = B agrees), and with a target its probability and rank in both."""
 
     position: int
     layers: tuple[LayerDiff, ...]
