@@ -21,3 +21,8 @@ def human_seconds(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def minutes(seconds: float) -> str:
+    """``2:41``: seconds as minutes and seconds (an ETA)."""
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"

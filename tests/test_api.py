@@ -175,6 +175,20 @@ def test_hooks_edit_activations_and_leave_nothing_behind_on_error(tiny_lm):
 
 
 @pytest.mark.usefixtures("cached_load")
+def test_diff_returns_the_commands_json(tiny_model_dir):
+    path = str(tiny_model_dir("llama"))
+    weights = anatomy.diff(path, path)
+    assert as_json(weights.to_dict()) == cli_json("diff", path, path)
+    spec = anatomy.ModelSpec(path, device="cpu")
+    acts = anatomy.diff(spec, spec, "Thank you very", target=" much", k=3)
+    expected = cli_json("diff", path, path, "Thank you very", "--device", "cpu", "--target", " much", "--k", "3")
+    assert as_json(acts.to_dict()) == expected
+    assert [r["layer"] for r in acts.rows] == ["embed", *range(len(acts.rows) - 1)]
+    with pytest.raises(UsageError, match="--target needs a PROMPT"):
+        anatomy.diff(path, path, target=" much")
+
+
+@pytest.mark.usefixtures("cached_load")
 def test_corpus_returns_the_commands_json_and_draws_its_picture(tiny_model_dir, tmp_path):
     from matplotlib.figure import Figure
 

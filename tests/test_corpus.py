@@ -164,6 +164,30 @@ def test_every_figure_equals_a_hand_written_loop(tiny_lm, tiny_model_dir, tmp_pa
     assert len(result.stats.heads) == lm.n_layers * lm.n_heads
 
 
+def test_the_row_named_n_is_block_n_output(tiny_lm, tiny_model_dir, tmp_path):
+    """The residual rows are named embed, 0..L-1: the row named N holds block N's output (a hand-written forward
+    hook on block N; HF hidden_states[N + 1] before the final norm), the row named embed the embedding."""
+    lm = tiny_lm("gpt2")
+    result, wins = measure(lm, ModelSpec(str(tiny_model_dir("gpt2"))), tmp_path, ctx=16, n=2)
+    rows = result.stats.layers
+    assert [r["layer"] for r in rows] == ["embed", *range(lm.n_layers)]
+    blocks = _modules(lm.model)[0]
+    outs: dict = {}
+    hooks = [b.register_forward_hook(lambda _m, _a, out, i=i: outs.setdefault(i, []).append(
+        (out[0] if isinstance(out, tuple) else out)[0].double().norm(dim=-1))) for i, b in enumerate(blocks)]
+    try:
+        with torch.no_grad():
+            embeds = [lm.model(torch.tensor([w]), output_hidden_states=True).hidden_states[0][0].double().norm(dim=-1)
+                      for w in wins]
+    finally:
+        for h in hooks:
+            h.remove()
+    by_name = {r["layer"]: r["resid_norm"] for r in rows}
+    assert by_name["embed"] == pytest.approx(torch.cat(embeds).mean().item(), rel=1e-5)
+    for n in range(lm.n_layers):
+        assert by_name[n] == pytest.approx(torch.cat(outs[n]).mean().item(), rel=1e-5), n
+
+
 def test_smollm2_figures_and_loss_on_real_text(smollm2_lm, smollm2_gguf, tmp_path):
     result, wins = measure(smollm2_lm, ModelSpec(str(smollm2_gguf)), tmp_path, ctx=32, n=2)
     ref = reference(smollm2_lm.model, wins)
@@ -268,7 +292,10 @@ def test_out_dir_resume_and_changes(tiny_model_dir, tmp_path, cached_load):
     assert [s["index"] for s in manifest["shards"]] == list(range(7)) and manifest["complete"]["tokens"] == 400
     summary = pq.read_table(out / "summary.parquet").to_pylist()
     data = json.loads(first.stdout)
-    assert summary == data["layers"]
+    # Parquet: an int64 `row` (0..L) and the label as a string; JSON: "embed", then the blocks 0..L-1
+    assert [r["layer"] for r in data["layers"]] == ["embed", 0, 1]
+    assert [r.pop("row") for r in summary] == [0, 1, 2] and [r["layer"] for r in summary] == ["embed", "0", "1"]
+    assert summary == [{**r, "layer": str(r["layer"])} for r in data["layers"]]
     # drop two finished shards: the rerun computes them again and reads the others
     for i in (2, 5):
         (out / f"shards/shard-0000{i}.parquet").unlink()
@@ -356,7 +383,7 @@ def test_the_progress_line_goes_through_the_one_stderr_sink(tiny_model_dir, cach
     # corpus (a layer below the CLI) gets a callable; the CLI's one status line shows what it reports.
     import contextlib
 
-    from anatomy_cli.cli.commands import corpus as command
+    from anatomy_cli.tasks import corpus as command
 
     shown = []
 
@@ -382,7 +409,7 @@ def test_the_status_line_comes_at_once_and_per_window(tiny_model_dir, cached_loa
     """Issue 41 item 9: the first line as soon as the first shard is planned, then one per batch of windows."""
     import contextlib
 
-    from anatomy_cli.cli.commands import corpus as command
+    from anatomy_cli.tasks import corpus as command
 
     shown = []
 
@@ -409,7 +436,7 @@ def test_cli_errors_are_one_line(tiny_model_dir, tmp_path, cached_load, monkeypa
     res = invoke("corpus", empty, "--model", model, "--ctx", 100000)
     assert res.exit_code == 2 and "--ctx 100000 is more than" in res.stderr
     res = invoke("corpus", ARTICLE, "--model", tiny_model_dir("bert"))
-    assert res.exit_code == 2 and "is not a causal language model" in res.stderr
+    assert res.exit_code == 2 and "is an encoder (bert), not a next-token predictor: `corpus` needs" in res.stderr
     res = invoke("corpus", tmp_path / "nope.txt", "--model", model)
     assert res.exit_code == 2 and res.stderr.strip().endswith("nope.txt' does not exist")
     monkeypatch.setitem(sys.modules, "ray", None)
@@ -424,3 +451,49 @@ def test_plot_draws_a_png(tiny_model_dir, tmp_path, cached_load):
                  "--plot", tmp_path / "c.png")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_picture_names_its_rows_embed_then_blocks(tiny_model_dir, tmp_path, cached_load):
+    """The API's Result.plot() draws what --plot draws: x at rows 0..L, their tick labels embed, 0, 1."""
+    from anatomy_cli import api as anatomy
+
+    result = anatomy.corpus_stats(str(tiny_model_dir("gpt2")), ARTICLE, ctx=16, max_tokens=48)
+    assert [r["layer"] for r in result.rows] == ["embed", 0, 1]
+    fig = result.plot()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["embed", "0", "1"]
+    assert list(ax.get_xticks()) == [0, 1, 2]
+
+
+def test_the_options_refuse_before_anything_opens():
+    """CorpusOptions (the CLI's and anatomy.corpus_stats's one options object) refuses what needs no model."""
+    from anatomy_cli.errors import UsageError
+    from anatomy_cli.tasks.corpus import CorpusOptions
+
+    for kwargs, words in (({"ctx": 1}, "--ctx takes a whole number of at least 2"),
+                          ({"lens_every": 0}, "--lens-every takes"),
+                          ({"save_activations": "blocks.0.hook_resid_post"}, "--save-activations needs --out DIR"),
+                          ({"save_activations": "x", "out": "o", "activation_dtype": "bf16"}, "fp32 or fp16"),
+                          ({"save_activations": "blocks.0.resid", "out": "o"}, "is not a hook point")):
+        with pytest.raises(UsageError, match=words):
+            CorpusOptions(**kwargs)
+    assert CorpusOptions(out="o").out == Path("o")
+    assert CorpusOptions(save_activations="blocks.1.attn.hook_z,blocks.0.hook_mlp_out", out="o").sites == (
+        "blocks.1.attn.hook_z", "blocks.0.hook_mlp_out")
+
+
+def test_the_lens_needs_an_lm_head_and_says_so_in_the_one_wording(tiny_model_dir):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from anatomy_cli.errors import UsageError
+    from anatomy_cli.models.capabilities import Need, refusal
+    from anatomy_cli.tasks import corpus as task
+    from anatomy_cli.tasks.session import open_model
+
+    opened = open_model(ModelSpec(str(tiny_model_dir("gpt2"))))
+    headless = SimpleNamespace(info=dataclasses.replace(opened.info, has_lm_head=False), name=opened.name)
+    with pytest.raises(UsageError) as caught:
+        task.check(headless, task.CorpusOptions())
+    assert str(caught.value) == refusal(headless.info, Need.lm_head, "corpus")
+    assert task.check(headless, task.CorpusOptions(lens=False)).ctx == min(512, opened.info.n_ctx)

@@ -77,8 +77,8 @@ def test_sum64_accumulates_runs_in_float64():
 
 
 def test_the_expected_cost_comes_from_the_first_windows_timing():
-    from anatomy_cli.cli.commands._corpus_status import _cost
     from anatomy_cli.corpus.runner import Progress
+    from anatomy_cli.tasks._corpus_status import _cost
 
     first = Progress(tokens=1024, done=1024, budget=20000, elapsed=128.0, seconds={}, shards=0, resumed=0,
                      windows=2, planned=16)

@@ -103,7 +103,8 @@ def test_summary_columns_are_float64_never_null_typed(tiny_model_dir, tmp_path, 
         table = pq.read_table(tmp_path / "a" / name)
         assert pa.types.is_null(table.schema.field(f"{key}_se").type) is False
         for field in table.schema:
-            assert field.type in (pa.int64(), pa.float64()), (name, field)
+            assert field.type in (pa.int64(), pa.float64()) or (name, field.name) == ("summary.parquet", "layer")
+        assert name == "heads.parquet" or table.schema.field("layer").type == pa.string()
         assert table.schema.field(f"{key}_se").type == pa.float64()
     layers = pq.read_table(tmp_path / "a" / "summary.parquet")
     assert layers.schema.field("kl_nats").type == pa.float64() and layers.column("kl_nats").null_count == 3
@@ -136,3 +137,24 @@ def test_a_damaged_shard_is_computed_again(tiny_model_dir, tmp_path, cached_load
     manifest = json.loads((out / "manifest.json").read_text())
     assert all(len(s["sha256"]) == 64 and s["rows"] > 0 for s in manifest["shards"])
     assert corpus(src, model, out).stderr.count("computed again") == 0
+
+
+def test_a_run_directory_of_the_old_numbering_resumes_with_the_new_labels(tiny_model_dir, tmp_path, cached_load):
+    """Issue 47: summary.parquet once held `layer` int64 0..L (0 the embedding). Shards hold partial sums by row
+    index, which did not change: a directory written then resumes, reads every shard, and its summary is written
+    again with `row` (int64) and the string `layer` (embed, 0..L-1), never the old numbers under the new name."""
+    model = tiny_model_dir("gpt2")
+    src = tmp_path / "c.txt"
+    src.write_text(TEXT)
+    first = corpus(src, model, tmp_path / "a")
+    assert first.exit_code == 0, first.output
+    path = tmp_path / "a" / "summary.parquet"
+    old = pq.read_table(path).drop(["layer"]).rename_columns(["layer", *pq.read_table(path).column_names[2:]])
+    pq.write_table(old, path)  # the old form: layer = row, int64
+    assert pq.read_table(path).column("layer").to_pylist() == [0, 1, 2]
+    again = corpus(src, model, tmp_path / "a")
+    assert again.exit_code == 0, again.output
+    assert "resumed: 5 of 5 shards" in again.stderr
+    table = pq.read_table(path)
+    assert table.column("row").to_pylist() == [0, 1, 2] and table.column("layer").to_pylist() == ["embed", "0", "1"]
+    assert json.loads(again.stdout)["layers"] == json.loads(first.stdout)["layers"]

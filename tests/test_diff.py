@@ -172,9 +172,9 @@ def test_usage_errors(tiny_model_dir, tmp_path):
         "error: --position 3 is out of range: the prompt has 3 tokens (use 0..2, or -3..-1 from the end)"]
     bert = tiny_model_dir("bert")
     result = invoke(bert, bert, PROMPT, "--device", "cpu")
-    assert result.exit_code == 2 and error_lines(result) == [
-        f"error: {bert} is an encoder (bert); `diff` on a prompt compares next-token predictors (the weights of "
-        f"any two models: drop the PROMPT)"]
+    assert result.exit_code == 2 and len(error_lines(result)) == 1 and error_lines(result)[0].endswith(
+        " is an encoder (bert), not a next-token predictor: `diff` needs a decoder-only model such as "
+        "gpt2 (`trace`, `lens` and `attn` work with encoders)")  # the one wording (models.capabilities)
     result = invoke(d, tmp_path / "missing")
     assert result.exit_code != 0 and len(error_lines(result)) == 1
     result = invoke(d, "gpt2", "--format", "json")  # not cached here, and a preset has no weight files
@@ -223,9 +223,12 @@ def test_activations_equal_transformers_hidden_states_of_both_models(tiny_model_
     ha, la = _hf_reference(d, ids)
     hb, lb = _hf_reference(llama_seed1, ids)
     cos = torch.nn.functional.cosine_similarity
-    # transformers' last hidden state is after the final norm; the engine's layer L is before it
+    # rows named embed, 0..L-1: the row named N is block N's output, transformers' hidden_states[N + 1]
+    # (transformers' last hidden state is after the final norm; the engine's last row is before it)
+    assert [r["layer"] for r in data["layers"]] == ["embed", *range(len(ha) - 1)]
+    by_name = {r["layer"]: r for r in data["layers"]}
     for layer in range(len(ha) - 1):
-        row = data["layers"][layer]
+        row = by_name["embed" if layer == 0 else layer - 1]
         assert row["cos"] == pytest.approx(float(cos(ha[layer][-1], hb[layer][-1], dim=0)), abs=1e-5)
         assert row["cos_mean"] == pytest.approx(float(cos(ha[layer], hb[layer], dim=-1).mean()), abs=1e-5)
         rel = float((ha[layer][-1] - hb[layer][-1]).norm() / ha[layer][-1].norm())

@@ -275,3 +275,17 @@ def test_devices_section_says_skipped_and_why_in_every_format(tiny_lm, tiny_mode
             section = json.loads(out.stdout)["sections"][0]
             assert section["status"] == "skipped" and section["checks"][0]["passed"] is None
             assert "no CUDA or MPS device here" in section["note"]
+
+
+def test_the_llamacpp_file_is_the_one_behind_the_spec(smollm2_gguf, tiny_model_dir):
+    """The llama.cpp section's file is ModelInfo.source, resolved once when the model is opened (a path or the
+    packaged short name), not the spec re-resolved; none for a directory or random weights."""
+    from anatomy_cli.models.spec import ModelSpec
+    from anatomy_cli.tasks.session import open_model
+    from anatomy_cli.tasks.verify import gguf_file
+
+    for name in (str(smollm2_gguf), "smollm2"):
+        info = open_model(ModelSpec(name)).info
+        assert Path(gguf_file(info, untrained=False)).resolve() == Path(smollm2_gguf).resolve(), name
+        assert gguf_file(info, untrained=True) is None
+    assert gguf_file(open_model(ModelSpec(str(tiny_model_dir("llama")))).info, untrained=False) is None

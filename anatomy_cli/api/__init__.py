@@ -29,6 +29,7 @@ _EXPORTS = {
     "_sae": ("sae",),
     "_generation": ("generate", "steer"),
     "_corpus": ("corpus_stats",),
+    "_diff": ("diff",),
     "_verify": ("verify",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -1,5 +1,6 @@
 """`anatomy corpus` as a function: per-layer (and per-head) statistics over a whole corpus. Runs the command's
-own ``measure`` and returns its JSON with the runner's result (``stats``: the
+task (:func:`anatomy_cli.tasks.corpus.measure`) with the same :class:`~anatomy_cli.tasks.corpus.CorpusOptions`
+and returns its view's JSON with the runner's result (``stats``: the
 :class:`~anatomy_cli.corpus.summary.CorpusStats` the command renders). No torch at import time."""
 
 from __future__ import annotations
@@ -23,22 +24,22 @@ def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, ma
     errors over windows; ``out`` a directory to write shards to and resume from; ``lens=False`` is
     ``--no-lens``; the other keywords as the command's options. ``model``: a LoadedModel (used as it is; the
     run's manifest keys it by its name), a ModelSpec or a name (opened and loaded; with ``ray`` the workers
-    load it). ``result``: the runner's Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1);
-    ``to_dict()["heads"]`` with ``heads``."""
-    from anatomy_cli.cli.commands import corpus as command
+    load it). ``result``: the runner's Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1,
+    ``layer`` ``"embed"`` then the blocks 0..L−1); ``to_dict()["heads"]`` with ``heads``."""
     from anatomy_cli.engine.loader import GivenLoader as _Given
     from anatomy_cli.engine.loader import using_loader
+    from anatomy_cli.output.views import corpus as view
+    from anatomy_cli.tasks import corpus as task
 
-    options = dict(ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every,
-                   lens=lens, out=None if out is None else Path(out), overwrite=overwrite,
-                   shard_windows=shard_windows, batch_size=batch_size, ray=ray, ray_address=ray_address,
-                   workers=workers, gpus_per_worker=gpus_per_worker, save_activations=save_activations,
-                   activation_dtype=activation_dtype, allow_special=allow_special)
+    opts = task.CorpusOptions(
+        ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every, lens=lens,
+        out=None if out is None else Path(out), overwrite=overwrite, shard_windows=shard_windows,
+        batch_size=batch_size, ray=ray, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker,
+        save_activations=save_activations, activation_dtype=activation_dtype, allow_special=allow_special)
     if isinstance(model, (ModelSpec, str)):
-        spec = model if isinstance(model, ModelSpec) else ModelSpec(model)
-        report, result, caption = command.measure(str(source), spec, **options)  # type: ignore[arg-type]
+        run = task.measure(str(source), model if isinstance(model, ModelSpec) else ModelSpec(model), opts)
     else:
         with using_loader(_Given(model)):
-            spec = ModelSpec(model.name)
-            report, result, caption = command.measure(str(source), spec, **options)  # type: ignore[arg-type]
-    return Result("corpus", result, report.data, "layers", (result.stats, caption))
+            run = task.measure(str(source), ModelSpec(model.name), opts)
+    args, kwargs = view.figure(run)
+    return Result(task.COMMAND, run.result, view.report(run).data, view.ROWS, args, kwargs)

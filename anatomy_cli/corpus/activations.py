@@ -24,7 +24,6 @@ renamed, and the index lists a file only once it is in place, so a killed run re
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from anatomy_cli.corpus.store import _atomic
 from anatomy_cli.corpus.windows import Shard, shards, token_stream, windows
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.identity import file_sha256
+from anatomy_cli.models.sites import WRITE_SITES, Site, parse_point
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
     from anatomy_cli.models.info import ModelInfo
 
-SITE = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|hook_mlp_out"
-                  r"|attn\.hook_z)$")
+SITES = (*WRITE_SITES, Site.head)
+"""The hook points ``--save-activations`` takes (:func:`anatomy_cli.models.sites.parse_point`)."""
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 COLUMNS = ("shard", "site", "file", "rows", "first_window", "first_document", "first_token", "sha256")
 _ID_BITS = 32  # a token id packed with its (document, offset) into one int for the window planner
@@ -59,7 +59,7 @@ def parse_sites(text: str) -> tuple[str, ...]:
     if not sites:
         raise UsageError("--save-activations needs at least one hook point, e.g. blocks.6.hook_resid_post")
     for site in sites:
-        if not SITE.match(site):
+        if parse_point(site, SITES) is None:
             raise UsageError(f"--save-activations: '{site}' is not a hook point; use blocks.N.hook_resid_pre, "
                              "hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out or attn.hook_z")
     return sites
@@ -68,8 +68,8 @@ def parse_sites(text: str) -> tuple[str, ...]:
 def check_sites(sites: tuple[str, ...], info: ModelInfo, name: str) -> None:
     """Raise UsageError for a site past the model's layers (from its config, before any weight loads)."""
     for site in sites:
-        layer = int(site.split(".")[1])
-        if layer >= info.n_layers:
+        point = parse_point(site, SITES)
+        if point is not None and point[0] >= info.n_layers:
             raise UsageError(f"--save-activations: {name} has {info.n_layers} layers (blocks.0 to "
                              f"blocks.{info.n_layers - 1}), not {site}")
 

@@ -1,7 +1,8 @@
 """One batch of equal-length windows through the model: every per-layer and per-head figure, per window.
 
-Layer rows follow ``trace``/``lens`` (docs/engine.md): row 0 is the embedding (``blocks.0.hook_resid_pre``),
-row l the output of block l-1, raw, before the final norm. For every position of every window:
+Layer rows are indexed 0..L here (in the sums; the tables name them ``embed``, then block N for row N + 1,
+docs/engine.md#layers): row 0 is the embedding (``blocks.0.hook_resid_pre``), row l the output of block l-1,
+raw, before the final norm. For every position of every window:
 
 * the logit lens of row l is ``engine.unembed(lm, h_l)`` (the final norm with statistics from h_l, then the
   LM head); the model's final distribution is row L's. ``kl_nats``: KL(final || lens) in nats,

@@ -5,7 +5,9 @@ Layout::
     DIR/manifest.json          model (ModelSpec.to_dict(), its files' identity, the tokenizer's digest),
                                source identity, settings, finished shards (rows, SHA-256 of the file)
     DIR/shards/shard-00000.parquet   one shard's partial sums (:meth:`Partial.to_table`)
-    DIR/summary.parquet        per-layer figures (summary.LAYER_COLUMNS, :data:`LAYER_SCHEMA`)
+    DIR/summary.parquet        per-layer figures: ``row`` (int64, 0..L: 0 the embedding, N + 1 block N's output),
+                               then summary.LAYER_COLUMNS with ``layer`` the row's name as a string
+                               ("embed", "0", …, "L-1"; :func:`summary_rows`)
     DIR/heads.parquet          per-head figures (summary.HEAD_COLUMNS, :data:`HEAD_SCHEMA`), with --heads
 
 Every file is written to a temporary name in DIR and renamed into place, so a killed run leaves either
@@ -30,15 +32,32 @@ VERSION = 2
 # Fields of the model spec that change the figures (placement options do not); "resolved" is the model
 # path with links resolved (the spec's own spelling may differ between two runs of one model).
 MODEL_KEYS = ("resolved", "dtype", "init", "trust_remote_code")
-INT_COLUMNS = ("layer", "head", "max_abs_dim", "lens_positions", "ce_positions")
+INT_COLUMNS = ("row", "layer", "head", "max_abs_dim", "lens_positions", "ce_positions")
+
+
+SUMMARY_COLUMNS = ("row", *LAYER_COLUMNS)
+"""summary.parquet's columns: the residual row's index, then the JSON rows' columns."""
 
 
 def schema(columns: tuple[str, ...]) -> Any:
     """The Arrow schema of a summary table: int64 for counts and indices, float64 for every figure
-    (null where not measured, never a null-typed column)."""
+    (null where not measured, never a null-typed column); in summary.parquet ``row`` int64 and ``layer`` (the
+    row's name, ``embed`` or a block number) a string."""
     import pyarrow as pa
 
-    return pa.schema([(c, pa.int64() if c in INT_COLUMNS else pa.float64()) for c in columns])
+    def kind(c: str) -> Any:
+        return pa.string() if c == "layer" and "row" in columns else pa.int64() if c in INT_COLUMNS \
+            else pa.float64()
+
+    return pa.schema([(c, kind(c)) for c in columns])
+
+
+def summary_rows(layers: Any) -> list[dict[str, Any]]:
+    """The JSON rows (``layer``: ``"embed"`` or block N) as summary.parquet's rows: ``row`` 0..L and the
+    label as a string."""
+    from anatomy_cli.models.sites import residual_row
+
+    return [{"row": residual_row(r["layer"]), **r, "layer": str(r["layer"])} for r in layers]
 
 
 def _atomic(path: Path, write: Any) -> None:
@@ -138,7 +157,7 @@ class Store:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        layers = pa.Table.from_pylist(list(stats.layers), schema=schema(LAYER_COLUMNS))
+        layers = pa.Table.from_pylist(summary_rows(stats.layers), schema=schema(SUMMARY_COLUMNS))
         _atomic(self.root / "summary.parquet", lambda tmp: pq.write_table(layers, tmp))
         if stats.heads:
             heads = pa.Table.from_pylist(list(stats.heads), schema=schema(HEAD_COLUMNS))

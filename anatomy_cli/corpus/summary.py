@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from anatomy_cli.corpus.partial import HEAD_METRICS, LAYER_METRICS, Partial
+from anatomy_cli.models.sites import residual_label
 
 LAYER_COLUMNS = ("layer", "kl_nats", "kl_nats_se", "top1_agree", "top1_agree_se", "ce_bits", "ce_bits_se",
                  "resid_norm", "resid_norm_se", "cos_to_embedding", "cos_to_embedding_se", "attn_out_norm",
@@ -38,7 +39,8 @@ def _mean_se(sums: dict[str, np.ndarray]) -> tuple[list[float | None], list[floa
 
 @dataclass(frozen=True)
 class CorpusStats:
-    """Per-layer rows (``LAYER_COLUMNS``; row 0 the embedding, row L the last block's output) and, when
+    """Residual-stream rows (``LAYER_COLUMNS``; ``layer`` ``"embed"`` for the embedding, then N for block N's
+    output, the last row block L−1's: docs/engine.md#layers) and, when
     measured, per-head rows (``HEAD_COLUMNS``). ``loss_bits`` is the last layer's ``ce_bits`` (the model's
     own cross-entropy on the windows) and ``perplexity`` ``2 ** loss_bits``; None without the lens."""
 
@@ -61,7 +63,7 @@ def summarize(part: Partial) -> CorpusStats:
     total = part.argmax.sum(-1)
     layers = []
     for l in range(part.n_layers + 1):
-        row: dict[str, Any] = {"layer": l}
+        row: dict[str, Any] = {"layer": residual_label(l)}
         for m in LAYER_METRICS:
             row[m], row[f"{m}_se"] = figures[m][0][l], figures[m][1][l]
         dim = int(part.max_dim[l])

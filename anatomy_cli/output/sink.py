@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.units import minutes
+
 
 def error_line(message: str) -> None:
     """Print ``error: message`` as one line on stderr (newlines folded)."""
@@ -83,11 +85,6 @@ def progress_line(what: str, done: int, total: int, unit: str, elapsed: float) -
     if 0 < done < total:
         line += f" · ETA {minutes(elapsed / done * (total - done))}"
     return line
-
-
-def minutes(seconds: float) -> str:
-    """``2:41``: seconds as minutes and seconds (an ETA)."""
-    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 def _forced() -> bool:

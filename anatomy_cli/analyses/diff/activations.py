@@ -3,9 +3,10 @@
 Model A runs first and :func:`keep` holds only what the comparison needs (the residual stream at every
 position, ``[L+1, pos, d_model]``, and the lens log-probabilities at the followed position,
 ``[L+1, vocab]``); the caller frees A before B loads and runs, so the two models are never in memory
-together. :func:`compare` then reads the two :class:`Kept` records. Layer 0 is the embedding, layer L
-the last block's output (before the final norm); the lens is ``unembed(final_norm(h))`` with each
-model's own norm and head, and at layer L it is the model's next-token distribution.
+together. :func:`compare` then reads the two :class:`Kept` records. The rows are named ``embed`` (the
+embedding), then N for block N's output (before the final norm; docs/engine.md#layers); the lens is
+``unembed(final_norm(h))`` with each model's own norm and head, and at the last row (block L−1) it is the
+model's next-token distribution.
 
 Per layer: ``cos`` (h_A, h_B at the position), ``cos_mean`` (the mean over positions),
 ``rel_delta`` = ‖h_A − h_B‖ / ‖h_A‖ at the position, ``lens_kl_nats`` = KL(lens_A ‖ lens_B) in nats,
@@ -28,6 +29,7 @@ import torch
 
 from anatomy_cli.analyses.next_token import Describe, TokenProb, _token_prob, log_probs, rank_of, top_k
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sites import residual_label
 
 
 @dataclass(frozen=True)
@@ -59,9 +61,10 @@ def keep(lm: Any, encoded: list[Any], position: int = -1, *, batch_size: int = 8
 
 @dataclass(frozen=True)
 class LayerDiff:
-    """One layer (0 = embedding): cosines, relative difference, lens KL (nats) and top-1 tokens of A and B."""
+    """One residual reading (``layer``: ``"embed"`` or block N's output, docs/engine.md#layers): cosines, relative
+    difference, lens KL (nats) and top-1 tokens of A and B."""
 
-    layer: int
+    layer: int | str
     cos: float
     cos_mean: float
     rel_delta: float
@@ -76,9 +79,9 @@ class LayerDiff:
 
 @dataclass(frozen=True)
 class ActivationDiff:
-    """The comparison of two models on one prompt at ``position``: ``layers`` (0..L), the final next-token
-    distributions (``top_a``, ``top_b``: top-k of each), ``kl_nats`` = KL(final_A ‖ final_B),
-    ``a_top1_rank_in_b`` (1 = B agrees), and with a target its probability and rank in both."""
+    """The comparison of two models on one prompt at ``position``: ``layers`` (L + 1 rows: ``embed``, then the
+    blocks 0..L−1), the final next-token distributions (``top_a``, ``top_b``: top-k of each), ``kl_nats`` =
+    KL(final_A ‖ final_B), ``a_top1_rank_in_b`` (1 = B agrees), and with a target its probability and rank in both."""
 
     position: int
     layers: tuple[LayerDiff, ...]
@@ -134,7 +137,7 @@ def compare(a: Kept, b: Kept, describe: Describe, *, k: int = 5, target_id: int 
     extra_a, extra_b = _extra_mass(a.lens[-1], rows), _extra_mass(b.lens[-1], rows)  # the final distributions
     kls = kl(la - la.logsumexp(-1, keepdim=True), lb - lb.logsumexp(-1, keepdim=True))
     top1_a, top1_b = la.argmax(-1), lb.argmax(-1)
-    layers = tuple(LayerDiff(layer, float(cos_at[layer]), float(cos_mean[layer]), float(rel[layer]),
+    layers = tuple(LayerDiff(residual_label(layer), float(cos_at[layer]), float(cos_mean[layer]), float(rel[layer]),
                              float(kls[layer]), bool(top1_a[layer] == top1_b[layer]),
                              describe(int(top1_a[layer]))[0], describe(int(top1_b[layer]))[0])
                    for layer in range(ha.shape[0]))

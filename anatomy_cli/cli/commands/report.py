@@ -9,16 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app, status, wrote
-from anatomy_cli.cli.commands._common import (
-    dtype_name,
-    load_weights,
-    model_label,
-    open_texts,
-)
-from anatomy_cli.cli.commands._report_run import SECTIONS
+from anatomy_cli.cli.commands._common import load_weights, model_label, open_texts
 from anatomy_cli.cli.options import model_options, prompt_options
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks.report import SECTIONS
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -60,15 +55,18 @@ def report_command(
         anatomy report "The capital of Germany is" --model model.Q4_1.gguf -o report.html
         anatomy report "Thank you very" --sections tokens,lens,next -o small.html
     """
-    from anatomy_cli.cli.commands import _report_run as report_run
+    from anatomy_cli.output.html import attn as attn_html
     from anatomy_cli.output.html import report as page
+    from anatomy_cli.tasks import report as task
 
-    chosen = _sections(sections)
+    opts = task.ReportOptions.parse(sections)  # fails before anything opens
+    chosen = opts.chosen
     opened, (enc,) = open_texts([prompt], spec, prompts)
     lm = load_weights(opened)
     with status("running the analyses"):
-        an = report_run.analyse(lm, enc, set(chosen), model=spec.model)
-    html = page.page(an, chosen, title=f"anatomy · {model_label(lm)}", facts=_facts(lm, enc, an, prompts.bos),
+        an = task.analyse(lm, enc, set(chosen), model=spec.model, k=opts.k,
+                          pooling=(attn_html.block_factor, attn_html.pool))
+    html = page.page(an, chosen, title=f"anatomy · {model_label(lm)}", facts=page.facts(lm, enc),
                      params_note="parameter table unavailable for this model").render()
     if str(output) == "-":
         sys.stdout.write(html)
@@ -78,28 +76,3 @@ def report_command(
     except OSError as exc:
         raise AnatomyError(f"cannot write {str(output)!r}: {exc.strerror or exc}") from None
     wrote(output, f"{len(html.encode()) / 1e6:.1f} MB, {an.forwards} forward passes")
-
-
-def _sections(text: str | None) -> list[str]:
-    if text is None:
-        return list(SECTIONS)
-    wanted = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in SECTIONS]
-    if unknown or not wanted:
-        raise UsageError(f"--sections {text!r}: use names from {', '.join(SECTIONS)}, separated by commas")
-    return [s for s in SECTIONS if s in wanted]
-
-
-def _facts(lm, enc, an, bos: bool | None) -> list[tuple[str, str]]:
-    tok = lm.tokenizer
-    bos_piece = tok.piece(tok.bos_id) if tok.bos_id is not None else None
-    starts = bool(enc.ids) and tok.bos_id is not None and enc.ids[0] == tok.bos_id
-    bos_text = ("this tokenizer has no BOS token" if bos_piece is None else
-                f"BOS {bos_piece} (id {tok.bos_id}); this prompt {'starts' if starts else 'does not start'} with it"
-                + (f"; bos: {'true' if enc.bos else 'false'} ({enc.bos_source})" if enc.bos_source else ""))
-    return [("model", model_label(lm)), ("architecture", type(lm.model).__name__),
-            ("shape", f"{lm.n_layers} layers × {lm.n_heads} heads, d_model {lm.d_model}"),
-            ("dtype", dtype_name(lm)),
-            ("quantization", f"GGUF {lm.dequantized_from}, dequantized to {dtype_name(lm)}" if lm.dequantized_from
-             else "none (weights as stored)"),
-            ("BOS convention", bos_text), ("prompt", f"{len(enc)} tokens")]

@@ -57,7 +57,7 @@ EXPLAIN = {
 
 def page(an: Any, sections: Sequence[str], *, title: str, facts: Sequence[tuple[str, str]],
          params_note: str | None = None) -> Page:
-    """The report page for an :class:`anatomy_cli.cli.commands._report_run.Anatomy`: ``facts`` (label, value) pairs and
+    """The report page for an :class:`anatomy_cli.tasks.report.Anatomy`: ``facts`` (label, value) pairs and
     the parameter table in the header, then ``sections`` in the article's order."""
     result = Page(title=title, lines=[f"prompt: {an.enc.text}"], untrained=bool(an.lm.untrained))
     result.add(table(["", ""], facts))
@@ -155,3 +155,22 @@ def _next(an: Any, pieces: Sequence[str]) -> Part | None:
 
 _SECTIONS = {"tokens": _tokens, "embedding": _embedding, "residual": _residual, "lens": _lens,
              "attention": _attention, "heads": _heads, "dla": _dla, "next": _next}
+
+
+def facts(lm: Any, enc: Any) -> list[tuple[str, str]]:
+    """The page header's (label, value) pairs: model, architecture, shape, dtype, quantization, BOS, prompt."""
+    from anatomy_cli.tasks.records import dtype_name
+    from anatomy_cli.tasks.session import model_label
+
+    tok = lm.tokenizer
+    bos_piece = tok.piece(tok.bos_id) if tok.bos_id is not None else None
+    starts = bool(enc.ids) and tok.bos_id is not None and enc.ids[0] == tok.bos_id
+    bos_text = ("this tokenizer has no BOS token" if bos_piece is None else
+                f"BOS {bos_piece} (id {tok.bos_id}); this prompt {'starts' if starts else 'does not start'} with it"
+                + (f"; bos: {'true' if enc.bos else 'false'} ({enc.bos_source})" if enc.bos_source else ""))
+    return [("model", model_label(lm)), ("architecture", type(lm.model).__name__),
+            ("shape", f"{lm.n_layers} layers × {lm.n_heads} heads, d_model {lm.d_model}"),
+            ("dtype", dtype_name(lm)),
+            ("quantization", f"GGUF {lm.dequantized_from}, dequantized to {dtype_name(lm)}" if lm.dequantized_from
+             else "none (weights as stored)"),
+            ("BOS convention", bos_text), ("prompt", f"{len(enc)} tokens")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from anatomy_cli.models.sites import residual_row
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figure
@@ -19,7 +20,8 @@ BAND_ALPHA = 0.35  # the ± SE band; error bars with caps on every point too, so
 def figure(stats: Any, cap: Caption) -> Any:
     """Draw a :class:`anatomy_cli.corpus.summary.CorpusStats`.
 
-    Top row, against layer (0 = embedding, L = the model's output), each mean with ± one standard error over
+    Top row, against the residual row (``embed``, then block N's output N; the last the model's output;
+    docs/engine.md#layers), each mean with ± one standard error over
     windows as a band and error bars: KL(final || lens) in nats on a log scale (it falls by orders of magnitude
     from the embedding to the last blocks, so a linear axis set by layer 0 squashes the rest; layer L is 0 by
     definition and not drawn), the lens' cross-entropy in bits per token with the model's own loss dashed, and
@@ -41,13 +43,14 @@ def figure(stats: Any, cap: Caption) -> Any:
                    label=f"model's loss {stats.loss_bits:.3f} bits (perplexity {stats.perplexity:.1f})")
     ce.set_title("logit lens: cross-entropy of the next token")
     _curve(resid, rows, "resid_norm", "‖h‖, mean norm of the residual stream", "C2", log=True)
-    layers = [r["layer"] for r in rows]
+    layers = [residual_row(r["layer"]) for r in rows]
     resid.plot(layers, [math.nan if r.get("max_abs") is None else r["max_abs"] for r in rows], marker="^", ms=4,
                color="C3", label="largest |activation| seen (one dimension)")
     resid.set_ylabel("size (log scale)")
     resid.set_title("residual stream: norm and largest activation")
     for ax in grid[0]:
-        ax.set_xlabel("layer (0 = embedding, L = output)")
+        _row_ticks(ax, rows)
+        ax.set_xlabel("layer (embed = the embedding; N = block N's output)")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below: never on a curve
     if has_heads:
@@ -59,7 +62,7 @@ def figure(stats: Any, cap: Caption) -> Any:
 def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | None = None, log: bool = False) -> None:
     """``key``'s mean against layer with its ± 1 SE as a band and as error bars (``skip``: a layer not drawn).
     ``log``: a log y axis, the band's lower edge kept above a tenth of the mean (a log axis has no 0)."""
-    points = [(r["layer"], r[key], r[f"{key}_se"] or 0.0) for r in rows
+    points = [(residual_row(r["layer"]), r[key], r[f"{key}_se"] or 0.0) for r in rows
               if r[key] is not None and r["layer"] != skip and (r[key] > 0 or not log)]
     if not points:
         return
@@ -74,6 +77,13 @@ def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | No
     ax.set_ylabel(label)
     if log:
         ax.set_yscale("log")
+
+
+def _row_ticks(ax: Any, rows: Any) -> None:
+    """The x axis at the residual rows' positions 0..L, named ``embed``, 0, …, L−1 (at most ~13 ticks)."""
+    step = max(1, math.ceil(len(rows) / 13))
+    shown = rows[::step]
+    ax.set_xticks([residual_row(r["layer"]) for r in shown], [str(r["layer"]) for r in shown])
 
 
 def _head_grids(fig: Any, axes: Any, heads: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import MaxNLocator
 
+from anatomy_cli.models.sites import residual_row
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array, caption, grid_size, heatmap, new_figure, set_ticks
 
@@ -65,14 +66,16 @@ def weights_figure(result: Any, cap: Caption) -> Any:
 
 
 def activations_figure(result: Any, cap: Caption) -> Any:
-    """Draw a :class:`anatomy_cli.analyses.diff.ActivationDiff`: three panels over layers 0..L.
+    """Draw a :class:`anatomy_cli.analyses.diff.ActivationDiff`: three panels over the residual rows
+    (``embed``, then block N's output N; docs/engine.md#layers).
 
     Top: ``cos`` (at the position) and ``cos_mean`` (over positions). Middle: ``rel_delta``. Bottom:
     ``lens_kl_nats``, with a cross where the two lenses' top tokens differ. Log y for the middle and
     bottom panels when every value is positive. Returns a matplotlib Figure.
     """
     rows = result.layers
-    layers = [r.layer for r in rows]
+    labels = [r.layer for r in rows]
+    layers = [residual_row(r.layer) for r in rows]
     width = min(16.0, max(7.0, 0.42 * len(layers) + 3))
     fig = new_figure(width, 8.0)
     top, middle, bottom = fig.subplots(3, 1, sharex=True)
@@ -85,7 +88,7 @@ def activations_figure(result: Any, cap: Caption) -> Any:
     middle.set_ylabel("‖h_A − h_B‖ / ‖h_A‖")
     kls = [r.lens_kl_nats for r in rows]
     bottom.plot(layers, kls, marker="o", ms=3, color="#55a868", label="KL(lens_A ‖ lens_B)")
-    off = [(r.layer, r.lens_kl_nats) for r in rows if not r.lens_agree]
+    off = [(residual_row(r.layer), r.lens_kl_nats) for r in rows if not r.lens_agree]
     if off:
         bottom.scatter([x for x, _ in off], [y for _, y in off], marker="x", color="#c44e52", zorder=3,
                        label="top-1 differs")
@@ -95,9 +98,9 @@ def activations_figure(result: Any, cap: Caption) -> Any:
         if values and min(values) > 0 and max(values) / min(values) > 30:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    bottom.set_xlabel("layer (0 = embedding, L = last block's output)")
+    bottom.set_xlabel("layer (embed = the embedding; N = block N's output)")
     pitch = (width - 1.8) * 72 / max(len(layers), 1)
-    set_ticks(bottom.xaxis, [str(x) for x in layers], pitch, need_pt=14, positions=layers)
+    set_ticks(bottom.xaxis, [str(x) for x in labels], pitch, need_pt=14, positions=layers)
     caption(fig, cap, [f"next token: KL(A ‖ B) {result.kl_nats:.4g} nats; A's top token "
                        f"{result.top_a[0].token} is rank {result.a_top1_rank_in_b} in B"])
     return fig

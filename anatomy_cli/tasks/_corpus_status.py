@@ -2,18 +2,17 @@
 
 The corpus runner (a layer below) reports :class:`anatomy_cli.corpus.runner.Progress`; :class:`CorpusStatus` is
 the callback `corpus` hands it: it updates the one status line (drawn on a terminal only) and, at the first
-report with measured windows, prints the expected cost as a plain line through the stderr sink. stdout is
-never touched.
+report with measured windows, says the expected cost as a plain line (:func:`anatomy_cli.tasks.notes.info`;
+the CLI's stderr sink shows it). Nothing is printed here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.cli.app import info
 from anatomy_cli.models.cost import WARN_SECONDS as LONG_RUN_S  # one threshold for every cost line
-from anatomy_cli.output.sink import minutes
-from anatomy_cli.units import human_seconds
+from anatomy_cli.tasks.notes import info
+from anatomy_cli.units import human_seconds, minutes
 
 
 class CorpusStatus:
@@ -31,7 +30,6 @@ class CorpusStatus:
             cost = _cost(p, self.budget)
             if cost:
                 info(cost)
-
 
     def interrupted(self, out: Any) -> str:
         """What an interrupted run (Ctrl-C) says on its way out: what is kept, and how to go on."""

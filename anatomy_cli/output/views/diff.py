@@ -1,13 +1,11 @@
-"""`diff`'s checks (before any weight loads) and its reports: the tables, notes and JSON of both modes."""
+"""`diff`'s view: the tables, notes and JSON of both modes, and the pictures' arguments."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.cli.commands._common import prompt_line
-from anatomy_cli.errors import UsageError
-from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.tasks.session import prompt_line
 
 WEIGHT_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -45,35 +43,10 @@ TARGET_COLUMNS = (
 )
 WEIGHTS_NOTE = ("rel Δ = ‖W_B − W_A‖ / ‖W_A‖ and cosine over the group's tensors as one vector; max |Δ| over "
                 "every element; layer empty = outside the blocks")
-LAYERS_NOTE = ("layer 0 = embedding, L = last block's output; cos / rel Δ = h_A vs h_B at the position "
-               "(rel Δ = ‖h_A − h_B‖ / ‖h_A‖), cos mean over all positions; lens KL = KL(lens_A ‖ lens_B) "
+LAYERS_NOTE = ("layer embed = the embedding, N = block N's output (the last: the model's output); "
+               "cos / rel Δ = h_A vs h_B at the position (rel Δ = ‖h_A − h_B‖ / ‖h_A‖), cos mean over all positions; "
+               "lens KL = KL(lens_A ‖ lens_B) "
                "at the position, lens = unembed(final_norm(h)) with each model's own norm and head")
-
-
-def check_decoder(name: str, adapter: Any) -> None:
-    if not adapter.causal:
-        raise UsageError(f"{name} is an encoder ({adapter.name}); `diff` on a prompt compares next-token "
-                         f"predictors (the weights of any two models: drop the PROMPT)")
-
-
-
-
-def check_same_tokens(a: list[Any], b: list[Any], name_a: str, name_b: str) -> None:
-    """Raise UsageError (one line, both tokenizations) when B's ids differ from A's for any prompt."""
-    for i, (ea, eb) in enumerate(zip(a, b), start=1):
-        ids_b = eb.ids[-len(ea):] if ea.dropped else eb.ids
-        if list(ea.ids) != list(ids_b):
-            which = f"prompt {i}" if len(a) > 1 else "the prompt"
-            show = lambda e: " ".join(f"{p}({t})" for p, t in zip(e.pieces, e.ids))
-            raise UsageError(f"the two tokenizers split {which} differently: {name_a}: {show(ea)}; "
-                             f"{name_b}: {show(eb)}")
-
-
-def check_same_shape(a: ModelInfo, b: ModelInfo, name_a: str, name_b: str) -> None:
-    """Raise UsageError when B's residual stream (layers, d_model) differs from A's."""
-    if (a.n_layers, a.d_model) != (b.n_layers, b.d_model):
-        raise UsageError(f"the residual streams differ in shape: {name_a} has {a.n_layers} layers of width "
-                         f"{a.d_model}, {name_b} {b.n_layers} of width {b.d_model}")
 
 
 def weights_report(result: Any) -> Report:
@@ -114,3 +87,25 @@ def activations_report(label_a: str, label_b: str, enc: Any, result: Any) -> Rep
                      f"the distributions conditioned on them); the other rows hold {result.extra_mass_a:.3g} of A's "
                      f"and {result.extra_mass_b:.3g} of B's next-token probability (extra_mass_a/_b)")
     return Report(data=data, sections=sections, heading=heading, notes=notes)
+
+
+def pair(a: str, b: str) -> str:
+    """``A vs B`` for a picture's title: each model's one short name (models.resolve.short_name)."""
+    from anatomy_cli.models.resolve import short_name
+
+    return f"{short_name(a)} vs {short_name(b)}"
+
+
+def weights_figure(result: Any, a: str, b: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`anatomy_cli.output.plots.diff.weights_figure`'s arguments."""
+    from anatomy_cli.output import plots
+
+    return (result, plots.Caption("diff", pair(a, b), detail="weights")), {}
+
+
+def activations_figure(a: str, b: str, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`anatomy_cli.output.plots.diff.activations_figure`'s arguments."""
+    from anatomy_cli.output import plots
+
+    cap = plots.Caption("diff", pair(a, b), enc.text, f"position {result.position} = {enc.pieces[result.position]}")
+    return (result, cap), {}

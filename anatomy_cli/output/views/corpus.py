@@ -1,0 +1,66 @@
+"""`corpus`'s view: the per-layer and per-head tables, the JSON record, the picture's arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.tasks import records
+from anatomy_cli.tasks.session import model_label
+
+LAYER_COLUMNS = (
+    Column("layer", "layer", "int"),
+    Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4),
+    Column("top1_agree", "top-1 agree", "pct", 1), Column("top1_agree_se", "±", "pct", 1),
+    Column("ce_bits", "CE bits", "float", 3), Column("ce_bits_se", "±", "float", 3),
+    Column("resid_norm", "|resid|", "float", 2), Column("resid_norm_se", "±", "float", 2),
+    Column("cos_to_embedding", "cos emb", "float", 3), Column("cos_to_embedding_se", "±", "float", 3),
+    Column("attn_out_norm", "|attn_out|", "float", 2), Column("attn_out_norm_se", "±", "float", 2),
+    Column("mlp_out_norm", "|mlp_out|", "float", 2), Column("mlp_out_norm_se", "±", "float", 2),
+    Column("max_abs", "max |h|", "float", 1), Column("max_abs_dim", "dim", "id"),
+    Column("max_abs_dim_share", "dim share", "pct", 1),
+    Column("lens_positions", "lens pos", "int"), Column("ce_positions", "CE pos", "int"),
+)
+HEAD_COLUMNS = (
+    Column("layer", "layer", "int"), Column("head", "head", "int"),
+    Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3),
+    Column("first_token", "first tok", "float", 3), Column("first_token_se", "±", "float", 3),
+    Column("prev_token", "prev tok", "float", 3), Column("prev_token_se", "±", "float", 3),
+)
+NOTE = ("mean over every measured position of every window, ± its standard error over windows; row embed the "
+        "embedding, row N block N's output (the last: the model's output). KL(final || lens) in nats; CE: "
+        "-log2 p(next token) through the lens (the last row: the model's loss); max |h|: the largest |activation| "
+        "seen, dim share: how often that dimension holds a position's largest |activation|. "
+        "See docs/commands/corpus.md")
+ROWS = "layers"
+
+
+def report(run: Any) -> Report:
+    """``run``: a :class:`anatomy_cli.tasks.corpus.CorpusRun`."""
+    stats, settings, identity, result = run.result.stats, run.settings, run.identity, run.result
+    model = records.model_record(run.lm) if run.lm is not None else records.spec_record(run.spec)
+    name = model_label(run.lm) if run.lm is not None else run.spec.model
+    data = {**model, "source": identity, "settings": settings.to_dict(), "shards": result.shards,
+            "resumed_shards": result.resumed, **stats.to_dict()}
+    loss = f" · loss {stats.loss_bits:.4f} bits/token, perplexity {stats.perplexity:.2f}" \
+        if stats.loss_bits is not None else ""
+    heading = [f"corpus · {name} · {identity['path']} · {stats.tokens:,} tokens in {stats.windows:,} windows of "
+               f"≤ {settings.ctx}{' (BOS first)' if settings.bos else ''}{loss}"]
+    notes = [NOTE]
+    if settings.lens_every > 1:
+        notes.append(f"logit lens at every {settings.lens_every}th position only (--lens-every)")
+    sections = [Section(LAYER_COLUMNS, list(stats.layers), title="per layer")]
+    if stats.heads:
+        sections.append(Section(HEAD_COLUMNS, list(stats.heads), title="per head"))
+    return Report(data=data, sections=sections, heading=heading, notes=notes)
+
+
+def figure(run: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """:func:`anatomy_cli.output.plots.corpus.figure`'s arguments: the stats and the caption."""
+    from anatomy_cli.models.resolve import short_name
+    from anatomy_cli.output import plots
+
+    stats = run.result.stats
+    cap = plots.Caption("corpus", short_name(run.spec.model), None,
+                        f"{run.identity['path']} · {stats.tokens:,} tokens", untrained=run.spec.init == "random")
+    return (stats, cap), {}

@@ -1,0 +1,178 @@
+"""`corpus`: per-layer (and per-head) statistics over a whole corpus, resumable, on Ray if asked (the task).
+
+:class:`CorpusOptions` holds every option of the command (the CLI parses into it, ``anatomy.corpus_stats``
+builds it from its keywords); :func:`check` makes the refusals that need the opened model, before any weight
+loads; :func:`measure` is the whole run (open, check, load, measure every shard, merge) and returns a
+:class:`CorpusRun`, which :mod:`anatomy_cli.output.views.corpus` renders. Residual rows are named ``embed``,
+then 0..L−1 (block N's output; docs/engine.md#layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.notes import status
+
+if TYPE_CHECKING:
+    from anatomy_cli.corpus.runner import Result, Settings
+    from anatomy_cli.engine.opening import OpenedModel
+    from anatomy_cli.models.info import ModelInfo
+
+COMMAND = "corpus"
+
+
+@dataclass(frozen=True)
+class CorpusOptions:
+    """The command's options (``lens`` is not ``--no-lens``; ``out`` the ``--out`` directory)."""
+
+    ctx: int | None = None
+    max_tokens: int | None = None
+    column: str = "text"
+    bos: bool | None = None
+    heads: bool = False
+    lens_every: int = 1
+    lens: bool = True
+    out: Path | None = None
+    overwrite: bool = False
+    shard_windows: int = 16
+    batch_size: int = 4
+    ray: bool = False
+    ray_address: str | None = None
+    workers: int = 2
+    gpus_per_worker: float = 0.0
+    save_activations: str | None = None
+    activation_dtype: str = "fp32"
+    allow_special: bool = False
+
+    def __post_init__(self) -> None:
+        if self.out is not None and not isinstance(self.out, Path):
+            object.__setattr__(self, "out", Path(self.out))
+        for option, value, least in (("--ctx", self.ctx, 2), ("--max-tokens", self.max_tokens, 2),
+                                     ("--lens-every", self.lens_every, 1), ("--shard-windows", self.shard_windows, 1),
+                                     ("--batch-size", self.batch_size, 1), ("--workers", self.workers, 1)):
+            if value is not None and value < least:
+                raise UsageError(f"{option} takes a whole number of at least {least}")
+        if self.gpus_per_worker < 0:
+            raise UsageError("--gpus-per-worker takes a number of at least 0")
+        _ = self.sites  # --save-activations' syntax, --activation-dtype: refused before anything opens
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        """``--save-activations``' hook points (UsageError for a bad one, or without ``--out``, or with Ray)."""
+        if self.save_activations is None:
+            return ()
+        from anatomy_cli.corpus.activations import DTYPES, parse_sites
+
+        if self.activation_dtype not in DTYPES:
+            raise UsageError(f"--activation-dtype is fp32 or fp16, not '{self.activation_dtype}'")
+        if self.out is None or self.ray:
+            raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
+        return parse_sites(self.save_activations)
+
+
+@dataclass(frozen=True)
+class CorpusPlan:
+    ctx: int
+    bos: bool
+
+
+@dataclass(frozen=True)
+class CorpusRun:
+    """What :func:`measure` returns: the runner's :class:`~anatomy_cli.corpus.runner.Result`, the source's
+    identity, the run's settings, the loaded model (None on Ray: the workers load it) and the spec."""
+
+    result: Result
+    identity: dict[str, Any]
+    settings: Settings
+    lm: Any
+    spec: ModelSpec
+
+
+def check(opened: Any, opts: CorpusOptions) -> CorpusPlan:
+    """Every refusal that needs the opened model: a decoder (with the lens, an LM head), the saved sites within
+    its blocks, ``--ctx`` within its context."""
+    info: ModelInfo = opened.info
+    require(info, Need.decoder, *([Need.lm_head] if opts.lens else []), command=COMMAND)
+    if opts.sites:
+        from anatomy_cli.corpus.activations import check_sites
+
+        check_sites(opts.sites, info, opened.name)
+    return CorpusPlan(ctx=_ctx(opts.ctx, info, opened.name), bos=info.add_bos if opts.bos is None else opts.bos)
+
+
+def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
+    """The whole run: the model opened and loaded through the current loader (with Ray only opened: the
+    workers load it), every shard measured or read back from ``opts.out``, merged in shard order."""
+    from anatomy_cli.corpus.runner import Settings, run
+    from anatomy_cli.corpus.sources import open_source
+
+    sites = opts.sites
+    src = open_source(source, column=opts.column)
+    try:
+        identity = src.identity()
+        lm, opened, tokenizer, plan = _load(spec, opts)
+        settings = Settings(ctx=plan.ctx, bos=plan.bos, max_tokens=opts.max_tokens, lens=opts.lens,
+                            lens_every=opts.lens_every, heads=opts.heads, shard_windows=opts.shard_windows,
+                            allow_special=opts.allow_special, batch_size=opts.batch_size, save_activations=sites,
+                            activation_dtype=opts.activation_dtype)
+        ray_opts = {"address": opts.ray_address, "workers": opts.workers,
+                    "gpus_per_worker": opts.gpus_per_worker} if opts.ray else None
+        result = _run(run, src, spec, settings, tokenizer, lm, identity, ray_opts, opts)
+    finally:
+        if source == "-":
+            src.path.unlink(missing_ok=True)
+    for why in result.recomputed:
+        notes.info(f"{why}; computed again")
+    if result.resumed:
+        notes.info(f"resumed: {result.resumed} of {result.shards} shards were read from the output directory")
+    return CorpusRun(result=result, identity=identity, settings=settings, lm=lm, spec=spec)
+
+
+def _run(run: Any, src: Any, spec: ModelSpec, settings: Any, tokenizer: Any, lm: Any, identity: dict[str, Any],
+         ray_opts: dict[str, Any] | None, opts: CorpusOptions) -> Result:
+    from anatomy_cli.tasks._corpus_status import CorpusStatus
+
+    with status("corpus: planning the first shard") as line:
+        progress = CorpusStatus(line, opts.max_tokens)
+        try:
+            return run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=opts.out, overwrite=opts.overwrite,
+                       identity=identity, ray=ray_opts, progress=progress)
+        except KeyboardInterrupt:
+            notes.info(progress.interrupted(opts.out))
+            raise
+
+
+def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[Any, OpenedModel, Any, CorpusPlan]:
+    """``(lm, opened, tokenizer, plan)``; with Ray the driver opens the model only (lm None: the workers load
+    the weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
+    from anatomy_cli.tasks.session import load_weights, open_model
+
+    if opts.ray:
+        from anatomy_cli.corpus.ray_run import ray_module
+
+        ray_module()  # not installed: the one-line error before anything loads
+    opened = open_model(spec)
+    plan = check(opened, opts)
+    if not opts.ray:
+        lm = load_weights(opened)
+        return lm, opened, lm.tokenizer, plan
+    if opened.light:
+        from anatomy_cli.engine.opening import open_exact
+
+        return None, opened, open_exact(spec).tokenizer, plan
+    return None, opened, opened.tokenizer, plan
+
+
+def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
+    n_ctx = info.n_ctx
+    if ctx is None:
+        return min(512, n_ctx) if n_ctx else 512
+    if n_ctx and ctx > n_ctx:
+        raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
+    return ctx
