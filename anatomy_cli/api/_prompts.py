@@ -5,12 +5,24 @@ torch at import time; nothing from cli/."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from anatomy_cli.api._model import Model, encode, loaded, texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
 from anatomy_cli.text.options import PromptOptions
 
+if TYPE_CHECKING:
+    from anatomy_cli.engine.model import LoadedModel
+
 One = Result | list[Result]
+
+
+def _caption(command: str, lm: LoadedModel, text: str | None, detail: str | None = None):
+    """A picture's caption (the other API modules' figures; this module's come from their views)."""
+    from anatomy_cli.output.plots import Caption
+
+    return Caption.of(command, lm, text, detail)
 
 
 def _one(results: list[Result], single: bool) -> One:
