@@ -231,7 +231,7 @@ def test_table_is_a_matrix_when_it_fits_and_top_keys_when_not(tiny_model_dir, mo
 
 @pytest.mark.usefixtures("cached_load")
 @pytest.mark.parametrize("args, message", [
-    (["--layer", "2"], "--layer 2 is out of range: {m} has 2 layers (use 0..1, or -2..-1 from the end)"),
+    (["--layer", "2"], "--layer 2 is out of range: this model has blocks 0..1 (negative counts from the last)"),
     (["--layer", "-3"], "--layer -3 is out of range"),
     (["--layer", "0", "--head", "4"], "--head 4 is out of range: {m} has 4 heads per layer (use 0..3"),
     (["--head", "1"], "--head needs --layer"),

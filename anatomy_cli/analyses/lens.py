@@ -1,7 +1,8 @@
 """The logit lens at every layer and position: a grid of next-token distributions.
 
-Row l of the grid is the residual stream after layer l (0 = the embedding, L = the last block's
-output, raw, before the final norm; see docs/engine.md), read through the final norm (its
+The grid's rows are the residual stream's readings, named as everywhere (docs/engine.md#layers): ``embed``
+(the embedding), then N = block N's output (raw, before the final norm), the last being block L−1; each is
+read through the final norm (its
 statistics recomputed from that vector) and the unembedding. The grid is data, as tuned-lens's
 ``PredictionTrajectory``: :class:`LensGrid` keeps, per cell, the top tokens, the entropy, the KL
 divergence from the final layer and a target token's rank, and offers them as statistics
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from anatomy_cli.analyses.next_token import Describe
+from anatomy_cli.models.sites import residual_label
 from anatomy_cli.text.records import token_record
 
 STATS = ("prob", "logprob", "rank", "entropy", "kl")
@@ -32,18 +34,19 @@ probability, the target's 1-based rank, the entropy (nats), KL(final || layer) (
 @dataclass(frozen=True)
 class LensGrid:
     """The logit lens over ``layers`` x ``positions``; tensors are ``[rows, pos]`` (``[rows, pos, k]``).
+    ``layers`` names the rows (:func:`anatomy_cli.models.sites.residual_label`: ``embed``, then blocks 0..L−1).
 
     ``top_ids``/``top_logprobs``: the k most probable tokens of each cell, best first (natural log).
     ``entropies``: entropy of each cell's distribution in nats. ``kls``: KL(final || layer) in nats,
-    the final distribution being layer L's at the same position (0 on layer L). ``target_*``: the
+    the final distribution being the last block's at the same position (0 on that row). ``target_*``: the
     target token's natural-log probability and 1-based rank (1 + the number of strictly more
-    probable tokens), None without a target. ``target_first_layer[p]``: the first layer (over all
-    layers, also those :meth:`select` leaves out) whose top-1 token is the target, None if none.
+    probable tokens), None without a target. ``target_first_layer[p]``: the first row's name (``embed`` or a
+    block; over all rows, also those :meth:`select` leaves out) whose top-1 token is the target, None if none.
     ``top_tokens[r][p][i]``: the display form of ``top_ids[r, p, i]``; ``top_texts`` the decoded text
     (None for a partial UTF-8 piece). ``k_given``: whether ``top`` lists belong in :meth:`to_dict`.
     """
 
-    layers: tuple[int, ...]
+    layers: tuple[int | str, ...]
     positions: tuple[int, ...]
     top_ids: torch.Tensor
     top_logprobs: torch.Tensor
@@ -56,7 +59,7 @@ class LensGrid:
     target_text: str | None = None
     target_logprobs: torch.Tensor | None = None
     target_ranks: torch.Tensor | None = None
-    target_first_layer: tuple[int | None, ...] | None = None
+    target_first_layer: tuple[int | str | None, ...] | None = None
     k_given: bool = False
 
     def __post_init__(self) -> None:
@@ -100,8 +103,8 @@ class LensGrid:
             raise ValueError(f"unknown statistic {name!r}; use one of {', '.join(STATS)}")
         return methods[name]()
 
-    def select(self, layers: Sequence[int]) -> LensGrid:
-        """The rows of ``layers`` (values of :attr:`layers`, in the order given)."""
+    def select(self, layers: Sequence[int | str]) -> LensGrid:
+        """The rows named ``layers`` (values of :attr:`layers`: ``embed`` or blocks, in the order given)."""
         index = [self.layers.index(l) for l in layers]
         pick = lambda t: None if t is None else t[index]
         return replace(self, layers=tuple(layers), top_ids=self.top_ids[index], top_logprobs=self.top_logprobs[index],
@@ -163,8 +166,9 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
     """The logit lens of every row of ``resid``.
 
     Args:
-        resid: float [n_layers + 1, pos, d_model], the residual stream (row 0 = embedding, row L =
-            the last block's output before the final norm); the last row is the KL reference.
+        resid: float [n_layers + 1, pos, d_model], the residual stream (row 0 = the embedding, named
+            ``embed``; row N + 1 = block N's output before the final norm, named N); the last row is the
+            KL reference.
         unembed: ``h [n, d_model] -> logits [n, vocab]``: final norm (statistics from each row)
             and LM head, e.g. ``lambda h: engine.unembed(lm, h)``. Called once on one row (the
             vocabulary's size), then per block of positions: the last layer's rows, then the others.
@@ -205,9 +209,11 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
     first = None
     if target_id is not None:
         top1 = stats["top_ids"][..., 0] == target_id                # [rows, pos]
-        first = tuple(int(top1[:, p].nonzero()[0]) if bool(top1[:, p].any()) else None for p in range(n_pos))
+        first = tuple(residual_label(int(top1[:, p].nonzero()[0])) if bool(top1[:, p].any()) else None
+                      for p in range(n_pos))
     return LensGrid(
-        layers=tuple(range(n_rows)), positions=tuple(positions) if positions is not None else tuple(range(n_pos)),
+        layers=tuple(residual_label(r) for r in range(n_rows)),
+        positions=tuple(positions) if positions is not None else tuple(range(n_pos)),
         top_ids=stats["top_ids"], top_logprobs=stats["top_logprobs"], entropies=stats["entropy"],
         kls=stats["kl"],
         top_tokens=tuple(tuple(tuple(names[i][0] for i in cell) for cell in row) for row in ids),

@@ -1,12 +1,12 @@
 """The residual stream at one position, layer by layer, and the logit lens.
 
-Layer numbering (see docs/engine.md): row 0 is the embedding (token + position
-embedding, the input of block 0); row l (1..L) is the output of block l-1,
-raw, before the final norm. Layer l's attention and FFN contributions are
-``blocks.{l-1}.hook_attn_out`` and ``blocks.{l-1}.hook_mlp_out``.
+Rows (docs/engine.md#layers): the first, named ``embed``, is the embedding
+(token + position embedding, the input of block 0); the row named N is the
+output of block N, raw, before the final norm, and its attention and FFN
+contributions are ``blocks.N.hook_attn_out`` and ``blocks.N.hook_mlp_out``.
 
 All arithmetic is float64 on the CPU, whatever the model's dtype, so that
-``cos_to_embedding`` at layer 0 is exactly 1.
+``cos_to_embedding`` on the ``embed`` row is exactly 1.
 """
 
 from __future__ import annotations
@@ -18,21 +18,22 @@ from typing import Any
 import torch
 
 from anatomy_cli.analyses.next_token import Describe, TokenProb, log_probs, rank_of, top_k
+from anatomy_cli.models.sites import residual_label
 
 
 @dataclass(frozen=True)
 class LayerRow:
-    """One layer of the trace at the chosen position.
+    """One row of the trace at the chosen position: ``layer`` is ``embed`` or the block whose output it is.
 
     ``cos_*`` are cosines in [-1, 1]; ``*_norm`` are Euclidean (L2) norms in the
     model's activation units. ``cos_to_previous``, ``attn_norm`` and ``mlp_norm``
-    are None at layer 0. ``lens_*`` (the logit lens: the most probable token of
+    are None on the ``embed`` row. ``lens_*`` (the logit lens: the most probable token of
     unembed(final_norm(h_l)) and its probability) are None when the model has
     no LM head. ``target_rank`` (1-based) and ``target_probability``: a target
     token in the same lens distribution, None without a target.
     """
 
-    layer: int
+    layer: int | str
     cos_to_embedding: float
     cos_to_previous: float | None
     resid_norm: float
@@ -51,7 +52,7 @@ class LayerRow:
 
 @dataclass(frozen=True)
 class Trace:
-    """Per-layer rows 0..L and the model's own top-k next tokens (empty without an LM head)."""
+    """Rows ``embed``, 0..L−1 and the model's own top-k next tokens (empty without an LM head)."""
 
     layers: tuple[LayerRow, ...]
     top: tuple[TokenProb, ...]
@@ -89,7 +90,7 @@ def trace(
     Args:
         resid: float [n_layers + 1, d_model], the residual stream (row 0 = embedding).
         attn_out, mlp_out: float [n_layers, d_model], what block l's attention / FFN
-            added (they fill layer l + 1), or None when not captured.
+            added (they fill block l's row), or None when not captured.
         lens_logits: float [n_layers + 1, vocab], unembed(final_norm(resid[l])) per
             layer, or None (no LM head).
         logits: float [vocab], the model's own logits at this position, for the top-k
@@ -127,7 +128,7 @@ def trace(
             target = [(rank_of(row, target_id), math.exp(float(row[target_id]))) for row in logp]
 
     rows = tuple(
-        LayerRow(layer=l, cos_to_embedding=to_embedding[l], cos_to_previous=to_previous[l],
+        LayerRow(layer=residual_label(l), cos_to_embedding=to_embedding[l], cos_to_previous=to_previous[l],
                  resid_norm=resid_norm[l], attn_norm=attn_norm[l], mlp_norm=mlp_norm[l],
                  lens_token_id=lens[l].token_id if lens[l] else None,
                  lens_token=lens[l].token if lens[l] else None,
@@ -140,7 +141,7 @@ def trace(
 
 
 def _norms(contrib: torch.Tensor | None, n_rows: int) -> list[float | None]:
-    """L2 norms of per-block contributions, shifted so block l's lands on layer l + 1."""
+    """L2 norms of per-block contributions, shifted so block l's lands on its row (after ``embed``)."""
     if contrib is None:
         return [None] * n_rows
     return [None, *contrib.detach().to("cpu", torch.float64).norm(dim=-1).tolist()]

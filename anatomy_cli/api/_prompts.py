@@ -1,16 +1,15 @@
-"""Prompt-reading analyses: trace, next_token, lens, heads, attn. Each runs the code its command runs (the
-command module's ``run`` where it has one, else the same engine and analysis calls) and returns the command's
-JSON with its result object (:class:`~anatomy_cli.api._results.Result`). No torch at import time."""
+"""Prompt-reading analyses: trace, next_token, lens, heads, attn. Each builds its command's options object from
+its keywords and runs the same task (:mod:`anatomy_cli.tasks`) and view (:mod:`anatomy_cli.output.views`) as the
+command, returning the command's JSON with its result object (:class:`~anatomy_cli.api._results.Result`). No
+torch at import time; nothing from cli/."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
-from anatomy_cli.api._model import Model, encode, loaded, resolve_token, texts_of
+from anatomy_cli.api._model import Model, encode, loaded, texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
-from anatomy_cli.errors import UsageError
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -20,6 +19,7 @@ One = Result | list[Result]
 
 
 def _caption(command: str, lm: LoadedModel, text: str | None, detail: str | None = None):
+    """A picture's caption (the other API modules' figures; this module's come from their views)."""
     from anatomy_cli.output.plots import Caption
 
     return Caption.of(command, lm, text, detail)
@@ -32,23 +32,22 @@ def _one(results: list[Result], single: bool) -> One:
 def trace(model: Model, prompt: str | list[str], *, position: int | None = None, k: int = 5,
           target: str | None = None, target_id: int | None = None, first_token: bool = False,
           prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
-    """`anatomy trace`: one position followed through every layer (cosines, norms, the logit lens), and the
-    model's top ``k`` next tokens. ``result``: Trace; rows: ``layers`` (n_layers + 1)."""
-    from anatomy_cli.cli.commands import trace as command
-    from anatomy_cli.text.positions import check_position
+    """`anatomy trace`: one position followed through the residual stream (rows ``embed``, then blocks 0..L−1:
+    cosines, norms, the logit lens), and the model's top ``k`` next tokens. ``result``: Trace; rows: ``layers``
+    (n_layers + 1)."""
+    from anatomy_cli.output.views import trace as view
+    from anatomy_cli.tasks import trace as task
 
+    opts = task.TraceOptions(position=position, k=k, target=target, target_id=target_id, first_token=first_token,
+                             batch_size=batch_size)
     lm = loaded(model)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    check_position(position, encoded)
-    wanted = resolve_token(lm, target, target_id, first_token=first_token)
-    if wanted is not None and not lm.has_unembed:
-        raise UsageError(f"--target needs the logit lens, and {lm.name} has no LM head (unembedding)")
+    plan = task.check(lm, opts, encoded)
     out = []
-    for enc, (pos, result, record) in zip(encoded, command.run(lm, encoded, position, k, wanted, batch_size)):
-        data = command._report(lm, enc, pos, result, target=record).data
-        cap = _caption("trace", lm, enc.text, f"position {pos} = {enc.pieces[pos]}")
-        out.append(Result("trace", result, data, "layers", (result, cap)))
+    for enc, traced in zip(encoded, task.run(lm, encoded, opts, plan)):
+        args, kwargs = view.figure(lm, enc, traced)
+        out.append(Result(task.COMMAND, traced.trace, view.report(lm, enc, traced).data, view.ROWS, args, kwargs))
     return _one(out, single)
 
 
@@ -66,36 +65,25 @@ def next_token(model: Model, prompt: str | list[str], *, k: int = 10, target: st
 
 
 def lens(model: Model, prompt: str | list[str], *, stat: str = "prob", target: str | None = None,
-         target_id: int | None = None, first_token: bool = False, layers: list[int] | None = None,
+         target_id: int | None = None, first_token: bool = False, layers: list[int | str] | str | None = None,
          stride: int | None = None, k: int | None = None, prompts: PromptOptions = PromptOptions(),
          batch_size: int = 8) -> One:
-    """`anatomy lens`: the logit lens at every layer and position. ``result``: LensGrid; rows: ``cells``
-    (one per layer x position)."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import lens as analysis
-    from anatomy_cli.cli.commands import lens as command
-    from anatomy_cli.cli.commands._common import describe
+    """`anatomy lens`: the logit lens at every residual-stream row (``embed``, then blocks 0..L−1) and position.
+    ``layers``: the rows to show (``["embed", 0, 6]`` or ``"embed,0,6"``). ``result``: LensGrid; rows: ``cells``
+    (one per row x position)."""
+    from anatomy_cli.output.views import lens as view
+    from anatomy_cli.tasks import lens as task
 
-    command.Stat(stat)  # ValueError for an unknown statistic
+    opts = task.LensOptions(stat=stat, target=target, target_id=target_id, first_token=first_token,
+                            layers=layers, stride=stride, k=k, batch_size=batch_size)
     lm = loaded(model)
-    wanted = resolve_token(lm, target, target_id, first_token=first_token)
-    if stat == "rank" and wanted is None:
-        raise UsageError("--stat rank is the target's rank: give --target TEXT or --target-id N")
-    if layers is not None and stride is not None:
-        raise UsageError("--layers and --stride both thin the rows: give one of them")
-    if not lm.has_unembed:
-        raise UsageError(f"{lm.name} has no LM head (unembedding): the logit lens has nothing to read tokens from")
-    rows = command._rows(lm.n_layers, list(layers) if layers is not None else None, stride)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=batch_size)
+    plan = task.check(lm, opts)
     out = []
-    for enc, cache in zip(encoded, caches):
-        grid = analysis.lens_grid(cache.residual_stream(), lambda h: engine.unembed(lm, h), describe=describe(lm),
-                                  positions=cache.positions, k=k, target_id=wanted).select(rows)
-        data = command._report(lm, enc, grid, stat, False).data
-        cap = _caption("lens", lm, enc.text, f"--stat {stat}")
-        out.append(Result("lens", grid, data, "cells", (grid, stat, [enc.pieces[p] for p in grid.positions], cap)))
+    for enc, grid in zip(encoded, task.run(lm, encoded, opts, plan)):
+        args, kwargs = view.figure(lm, enc, grid, opts.stat)
+        out.append(Result(task.COMMAND, grid, view.report(lm, enc, grid, opts.stat).data, view.ROWS, args, kwargs))
     return _one(out, single)
 
 
@@ -105,54 +93,39 @@ def heads(model: Model, prompt: str | list[str] | None = None, *, seq_len: int =
     """`anatomy heads`: five scores per attention head; entropy, first_token, prev_token on the prompt (or the
     random sequence without one), induction and duplicate_token on ``seq_len`` random tokens repeated.
     ``result``: Heads; rows: ``heads`` (n_layers x n_heads, or ``top``)."""
-    from anatomy_cli.cli.commands import heads as command
+    from anatomy_cli.output.views import heads as view
+    from anatomy_cli.tasks import heads as task
 
+    opts = task.HeadsOptions(seq_len=seq_len, seed=seed, sort=sort, top=top, batch_size=batch_size)
     lm = loaded(model)
-    if sort is not None:
-        command.Score(sort)  # ValueError for an unknown score
     single = prompt is None or isinstance(prompt, str)
     encoded = [] if prompt is None else encode(lm, texts_of(prompt)[0], prompts)
-    command._check(lm.info, encoded, seq_len, lm.name)
+    task.check(lm, opts, encoded)
     out = []
-    for enc, full in command.run(lm, encoded, seq_len, seed, sort, batch_size):
-        shown = dataclasses.replace(full, rows=full.rows[:top] if top else full.rows)
-        detail = f"induction, duplicate on {seq_len} random tokens × 2, seed {seed}"
-        cap = _caption("heads", lm, enc.text if encoded else None, detail)
-        out.append(Result("heads", shown, command._report(lm, enc, shown).data, "heads",
-                          (full, lm.n_layers, lm.n_heads, cap), {"top": top}))
+    for enc, full in task.run(lm, encoded, opts):
+        part = view.shown(full, top)
+        args, kwargs = view.figure(lm, enc, full, top, prompted=bool(encoded))
+        out.append(Result(task.COMMAND, part, view.report(lm, enc, part).data, view.ROWS, args, kwargs))
     return _one(out, single)
 
 
 def attn(model: Model, prompt: str | list[str], *, layer: int | None = None, head: int | None = None,
-         position: int | None = None, prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
-    """`anatomy attn`: attention weights, eager attention. ``layer`` and ``head``: one head's query x key
-    pattern; ``layer``: every head of it from one query (``position``); neither: every layer. ``result``:
-    Attention (``grid``: [layers, heads, queries, keys]); rows: ``weights`` (one per weight)."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import attention as analysis
-    from anatomy_cli.cli.commands import attn as command
-    from anatomy_cli.output.render import Format
+         position: int | None = None, k: int = 3, prompts: PromptOptions = PromptOptions(),
+         batch_size: int = 8) -> One:
+    """`anatomy attn`: attention weights, eager attention. ``layer`` (a block, 0..L−1) and ``head``: one head's
+    query x key pattern; ``layer``: every head of it from one query (``position``); neither: every block.
+    ``result``: Attention (``grid``: [layers, heads, queries, keys]); rows: ``weights`` (one per weight)."""
+    from anatomy_cli.output.views import attn as view
+    from anatomy_cli.tasks import attn as task
 
+    opts = task.AttnOptions(layer=layer, head=head, position=position, k=k, batch_size=batch_size)
     lm = loaded(model)
-    if head is not None and layer is None:
-        raise UsageError("--head needs --layer: give the layer the head belongs to")
-    if head is not None and position is not None:
-        raise UsageError("--position picks the query row when showing several heads; with --head every row is shown")
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    n_layers, n_heads = command._check(lm.info, encoded, layer, head, position, lm.name)
-    layers = [layer % n_layers] if layer is not None else list(range(n_layers))
-    heads_ = [head % n_heads] if head is not None else list(range(n_heads))
-    queries = [list(range(len(e))) if head is not None else [command._query(e, position)] for e in encoded]
-    grids = engine.attention_patterns(lm, encoded, layers=layers, batch_size=batch_size,
-                                      reduce=lambda i, _layer, p: p[heads_][:, queries[i]])
+    plan = task.check(lm, opts, encoded)
     out = []
-    for enc, grid, q in zip(encoded, grids, queries):
-        result = analysis.attention(grid, layers=layers, heads=heads_, queries=q, tokens=enc.pieces,
-                                    causal=lm.is_causal)
-        data = command._report(lm, enc, result, Format.json, 3, one_head=head is not None).data
-        where = (f"layer {layers[0]} head {heads_[0]}" if head is not None else
-                 f"query position {q[0]} = {enc.pieces[q[0]]}")
-        out.append(Result("attn", result, data, "weights", (result, _caption("attn", lm, enc.text, where)),
-                          {"one_head": head is not None}))
+    for enc, result in zip(encoded, task.run(lm, encoded, opts, plan)):
+        args, kwargs = view.figure(lm, enc, result, opts.one_head)
+        data = view.report(lm, enc, result, k=k, one_head=opts.one_head).data
+        out.append(Result(task.COMMAND, result, data, view.ROWS, args, kwargs))
     return _one(out, single)

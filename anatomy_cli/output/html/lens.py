@@ -23,7 +23,7 @@ CELL_TEXT_COLUMNS = 40  # beyond this many positions the cells are too narrow to
 
 def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Any) -> Page:
     """A page with a :class:`anatomy_cli.analyses.lens.LensGrid` drawn as in the PNG: ``grid.stat(stat)``
-    as colour, layer 0 at the bottom, columns labelled with ``tokens`` (the input pieces at
+    as colour, the embed row at the bottom, columns labelled with ``tokens`` (the input pieces at
     ``grid.positions``), each cell naming its top token; the hover text gives the exact numbers."""
     page = caption_page(cap)
     page.add(part(grid, stat, tokens))
@@ -61,8 +61,8 @@ def part(grid: Any, stat: str, tokens: Sequence[str], *, div_id: str | None = No
     fig.update_layout(**layout(width=width, height=height))
     fig.update_xaxes(title_text="input token at each position", **ticks([token(t, 12) for t in tokens]),
                      tickangle=-60 if n_cols > 8 else 0, showgrid=False)
-    fig.update_yaxes(title_text="layer (0 = embedding)", **ticks([str(layer) for layer in grid.layers], 40),
-                     showgrid=False)
+    fig.update_yaxes(title_text="layer (embed, then block N's output)",
+                     **ticks([str(layer) for layer in grid.layers], 40), showgrid=False)
     if grid.target_id is not None:
         top = grid.top_ids[..., 0].tolist()
         for r in range(n_rows):

@@ -18,7 +18,7 @@ from anatomy_cli.output.plots._base import (
 
 
 def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
-    """Draw a :class:`anatomy_cli.analyses.lens.LensGrid`: ``grid.stat(stat)`` as colour, layer 0 at the
+    """Draw a :class:`anatomy_cli.analyses.lens.LensGrid`: ``grid.stat(stat)`` as colour, the embed row at the
     bottom, one column per position of ``grid.positions`` labelled with ``tokens`` (the input pieces
     at those positions), each cell naming its top-1 token (``grid.top_tokens[r][c][0]``). With a target,
     cells whose top token is the target get a white frame. Returns a matplotlib Figure.
@@ -42,7 +42,7 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
     notes = heatmap(fig, ax, values, cell=(cw, ch), xlabels=[token_label(t) for t in tokens],
                     ylabels=[str(layer) for layer in grid.layers], cmap=cmap, vmin=limits[0], vmax=limits[1],
                     norm=norm, colorbar=label, cells=[[row[c][0] for c in range(n_cols)] for row in grid.top_tokens],
-                    xlabel="input token at each position", ylabel="layer (0 = embedding)")
+                    xlabel="input token at each position", ylabel="layer (embed, then block N's output)")
     if grid.target_id is not None:
         top = grid.top_ids[..., 0].tolist()
         for r in range(n_rows):

@@ -12,14 +12,15 @@ from anatomy_cli.output.plots._base import caption, new_figure, set_ticks, thin,
 def figure(result: Any, cap: Caption) -> Any:
     """Draw a :class:`anatomy_cli.analyses.trace.Trace`.
 
-    Top panel: ``cos_to_embedding`` and ``cos_to_previous`` (lines, x = layer 0..L, None as a gap),
+    Top panel: ``cos_to_embedding`` and ``cos_to_previous`` (lines, x = the rows ``embed``, 0..L−1, None as a gap),
     with each layer's lens token (``lens_token``) along the top edge. Bottom panel: ``resid_norm``,
     ``attn_norm``, ``mlp_norm`` (lines; log scale when they span more than 30x).
     Returns a matplotlib Figure.
     """
     rows = result.layers
-    layers = [r.layer for r in rows]
-    n = len(layers)
+    labels = [str(r.layer) for r in rows]  # embed, then block numbers
+    n = len(labels)
+    layers = list(range(n))  # the x position of each row
     width = min(16.0, max(7.0, 0.42 * n + 3))
     fig = new_figure(width, 7.2)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(1.15, 1))
@@ -28,8 +29,8 @@ def figure(result: Any, cap: Caption) -> Any:
     def series(key: str) -> list[float]:
         return [math.nan if getattr(r, key) is None else getattr(r, key) for r in rows]
 
-    top.plot(layers, series("cos_to_embedding"), marker="o", ms=3, label="cos to embedding (layer 0)")
-    top.plot(layers, series("cos_to_previous"), marker="s", ms=3, label="cos to previous layer")
+    top.plot(layers, series("cos_to_embedding"), marker="o", ms=3, label="cos to embedding (embed row)")
+    top.plot(layers, series("cos_to_previous"), marker="s", ms=3, label="cos to previous row")
     top.set_ylabel("cosine similarity")
     top.set_ylim(min(-0.05, min((v for v in series("cos_to_embedding") if not math.isnan(v)), default=0) - 0.05),
                  1.05)
@@ -49,9 +50,9 @@ def figure(result: Any, cap: Caption) -> Any:
     if norms and max(norms) / min(norms) > 30:
         bottom.set_yscale("log")
     bottom.set_ylabel("L2 norm (activation units)")
-    bottom.set_xlabel("layer (0 = embedding, L = last block's output)")
+    bottom.set_xlabel("layer (embed, then block N's output)")
     bottom.grid(alpha=0.3)
     bottom.legend(loc="best")
-    set_ticks(bottom.xaxis, [str(x) for x in layers], pitch, need_pt=14, positions=layers)
+    set_ticks(bottom.xaxis, labels, pitch, need_pt=14, positions=layers)
     caption(fig, cap)
     return fig

@@ -1,0 +1,78 @@
+"""`attn`'s view: one row per weight (machine formats), or a matrix / top keys per row (the table)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anatomy_cli.output.render import Column, Format, Report, Section
+from anatomy_cli.tasks.session import model_label, prompt_line, prompt_record
+
+LONG_COLUMNS = (
+    Column("layer", "layer", "int"), Column("head", "head", "int"),
+    Column("query_position", "query", "int"), Column("key_position", "key", "int"),
+    Column("query_token", "query token"), Column("key_token", "key token"),
+    Column("weight", "weight", "float", 3),
+)
+CELL = 6  # table characters per weight column ("0.123" plus a gap)
+ROWS = "weights"
+
+
+def report(lm: Any, enc: Any, result: Any, fmt: Format = Format.json, k: int = 3, *, one_head: bool = False) -> Report:
+    """``fmt``: the table's layout for ``Format.table``, else one row per weight."""
+    data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
+    heading = [f"attn · {model_label(lm)} · {lm.n_layers} layers × {lm.n_heads} heads",
+               f"{prompt_line(enc)} · {where(enc, result, one_head)}"]
+    notes = ["weight = softmax(QKᵀ/√d_head + mask) of the head, eager attention; each query row sums to 1"]
+    if fmt is not Format.table:
+        sections = [Section(LONG_COLUMNS, data["weights"])]
+    else:
+        sections = _tables(result, k, one_head, _width())
+    return Report(data=data, sections=sections, heading=heading, notes=notes)
+
+
+def _width() -> int:
+    from anatomy_cli.output.render import stdout_console
+
+    return stdout_console().width
+
+
+def _tables(result: Any, k: int, one_head: bool, width: int) -> list[Section]:
+    """A matrix (rows: queries or heads; columns: keys) when it fits ``width``, else top-k keys per row."""
+    tokens, n = result.tokens, len(result.tokens)
+    label = max(len(t) for t in tokens) + 12
+    fits = label + CELL * n <= width
+    g = result.grid
+    if one_head:
+        rows = [(c, {"query_position": q, "query_token": tokens[q]}) for c, q in enumerate(result.queries)]
+        lead = [Column("query_position", "query", "int"), Column("query_token", "token")]
+        at = lambda c: (0, 0, c)
+    else:
+        rows = [(a * len(result.heads) + b, {"layer": layer, "head": head})
+                for a, layer in enumerate(result.layers) for b, head in enumerate(result.heads)]
+        lead = [Column("layer", "layer", "int"), Column("head", "head", "int")]
+        at = lambda r: (r // len(result.heads), r % len(result.heads), 0)
+    out = []
+    for r, row in rows:
+        a, b, c = at(r)
+        q = result.queries[c]
+        if fits:
+            row.update({f"k{j}": (float(g[a, b, c, j]) if not (result.causal and j > q) else None)
+                        for j in range(n)})
+        else:
+            row["top"] = "  ".join(f"{tokens[j]} {w:.2f}" for j, w in result.top_keys(a, b, c, k))
+        out.append(row)
+    cols = [Column(f"k{j}", tokens[j], "float", 2) for j in range(n)] if fits else [Column("top", f"top {k} keys")]
+    title = "query × key" if one_head else "every head → key"
+    return [Section([*lead, *cols], out, title=title)]
+
+
+def where(enc: Any, result: Any, one_head: bool) -> str:
+    return (f"layer {result.layers[0]} head {result.heads[0]}" if one_head else
+            f"query position {result.queries[0]} = {enc.pieces[result.queries[0]]}")
+
+
+def figure(lm: Any, enc: Any, result: Any, one_head: bool = False) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``plots.draw("attn", ...)``'s arguments for a PNG."""
+    from anatomy_cli.output.plots import Caption
+
+    return (result, Caption.of("attn", lm, enc.text, where(enc, result, one_head))), {"one_head": one_head}

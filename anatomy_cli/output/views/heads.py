@@ -1,0 +1,56 @@
+"""`heads`'s view: one row per (layer, head) with five scores."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.tasks.session import model_label, prompt_line, prompt_record
+
+COLUMNS = (
+    Column("layer", "layer", "int"), Column("head", "head", "int"),
+    Column("entropy", "entropy", "float", 3), Column("first_token", "first tok", "float", 3),
+    Column("prev_token", "prev tok", "float", 3), Column("induction", "induction", "float", 3),
+    Column("duplicate_token", "duplicate", "float", 3),
+)
+NOTE = ("entropy: nats, mean over queries 1..n-1; first tok / prev tok: mean weight on position 0 / on q-1 over "
+        "queries 1..n-1; induction / duplicate: on the random tokens repeated, mean weight from each token of the "
+        "second copy to the token after its earlier occurrence / to that occurrence (Olsson et al. 2022; "
+        "TransformerLens head detector)")
+ROWS = "heads"
+
+
+def shown(result: Any, top: int | None) -> Any:
+    """``result`` with its first ``top`` rows (None: all): what the table and the JSON list."""
+    return dataclasses.replace(result, rows=result.rows[:top] if top else result.rows)
+
+
+def report(lm: Any, enc: Any, result: Any) -> Report:
+    """``result``: a Heads whose rows are those to list (see :func:`shown`)."""
+    data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
+    if result.measured_on == "random":  # token_ids / tokens are then the random sequence's
+        data["prompt"] = None
+    on = prompt_line(enc) if result.measured_on == "prompt" else "the random sequence"
+    # The random sequence is on the first line: stdin tsv keeps only that one for all prompts.
+    heading = [f"heads · {model_label(lm)} · {lm.n_layers} layers × {lm.n_heads} heads · induction, duplicate on "
+               f"{result.seq_len} random tokens × 2, seed {result.seed}",
+               f"entropy, first tok, prev tok on {on}"]
+    count = f"top {len(result.rows)} of {result.n_heads_total} heads" if len(result.rows) < result.n_heads_total \
+        else f"{result.n_heads_total} heads"
+    title = count + (f" by {result.sort}" if result.sort else "")
+    notes = [NOTE]
+    if not lm.is_causal:
+        notes.append(f"{lm.name} is bidirectional: prev_token and induction are the weight on those keys among all "
+                     f"positions, before and after the query")
+    return Report(data=data, sections=[Section(COLUMNS, data["heads"], title=title)], heading=heading, notes=notes)
+
+
+def figure(lm: Any, enc: Any, result: Any, top: int | None = None, *, prompted: bool = True
+           ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``plots.draw("heads", ...)``'s arguments for every head's ``result`` (``top``: the heads framed)."""
+    from anatomy_cli.output.plots import Caption
+
+    detail = f"induction, duplicate on {result.seq_len} random tokens × 2, seed {result.seed}"
+    cap = Caption.of("heads", lm, enc.text if prompted else None, detail)
+    return (result, lm.n_layers, lm.n_heads, cap), {"top": top}

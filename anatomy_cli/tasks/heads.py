@@ -1,0 +1,113 @@
+"""`heads`: five scores per attention head, on a prompt (or the random sequence) and on random tokens repeated
+(the task). Heads are numbered by their block, 0..L−1 (docs/engine.md#layers)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.heads import Heads
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "heads"
+
+
+class Score(str, Enum):
+    entropy = "entropy"
+    first_token = "first_token"
+    prev_token = "prev_token"
+    induction = "induction"
+    duplicate_token = "duplicate_token"
+
+
+@dataclass(frozen=True)
+class HeadsOptions:
+    """``seq_len``: random tokens per copy of the repeated sequence, drawn with ``seed``; ``sort``: a
+    :class:`Score` to order by; ``top``: how many heads the rows keep (a picture colours them all)."""
+
+    seq_len: int = 50
+    seed: int = 0
+    sort: str | None = None
+    top: int | None = None
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        from anatomy_cli.errors import UsageError
+
+        if self.sort is not None:
+            object.__setattr__(self, "sort", Score(self.sort).value)  # ValueError for an unknown score
+        if self.seq_len < 2:
+            raise UsageError("--seq-len takes a whole number of at least 2")
+        if self.seed < 0:
+            raise UsageError("--seed takes a whole number of at least 0")
+        if self.top is not None and self.top < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        if self.batch_size < 1:
+            raise UsageError("--batch-size takes a whole number of at least 1")
+
+
+class Scored(NamedTuple):
+    """One prompt's scores (``encoded``: the random sequence when no prompt was given); every head."""
+
+    encoded: Encoded
+    heads: Heads
+
+
+def check(opened: Any, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
+    """UsageError when the random sequence does not fit the context or a prompt has fewer than 2 tokens."""
+    from anatomy_cli.errors import PromptTooLong, UsageError
+
+    info, seq_len = opened.info, opts.seq_len
+    n_ctx = info.n_ctx
+    extra = 0 if info.is_causal else 2  # an encoder's [CLS] ... [SEP]
+    if n_ctx and 2 * seq_len + extra > n_ctx:
+        raise PromptTooLong(f"--seq-len {seq_len} makes a random sequence of {2 * seq_len + extra} tokens; "
+                            f"{opened.name} takes at most {n_ctx} (use --seq-len {(n_ctx - extra) // 2} or less)")
+    for i, enc in enumerate(encoded, start=1):
+        if len(enc) < 2:
+            which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
+            raise UsageError(f"{which} is {len(enc)} token: heads measures queries 1..n-1 and needs at least 2")
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, plan: None = None) -> list[Scored]:
+    """Every head's scores per prompt (the random sequence's own when there is none), sorted by ``opts.sort``."""
+    from anatomy_cli.models import cost
+    from anatomy_cli.tasks.session import warn_cost
+
+    warn_cost(f"heads on {len(encoded) + 1} prompts", lm,
+              sum(cost.forward_flops(lm.info, n) for n in [*(len(e) for e in encoded), 2 * opts.seq_len]))
+    with notes.status("heads") as line:
+        return _score(lm, encoded, opts, line.counter("heads", "prompt layers"))
+
+
+def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, progress: Any) -> list[Scored]:
+    import torch
+
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import heads as analysis
+
+    seq_len, seed = opts.seq_len, opts.seed
+    ids = analysis.random_repeat(engine.ordinary_token_ids(lm), seq_len, seed)
+    rand = engine.encode_ids(lm, ids, text=f"<{seq_len} random tokens, seed {seed}, repeated>")
+    start = rand.special.index(False)
+    done, total = [0], (len(encoded) + 1) * lm.n_layers
+
+    def reduce(i: int, _layer: int, pattern: torch.Tensor) -> torch.Tensor:
+        done[0] += 1
+        progress(done[0], total)
+        if i < len(encoded):
+            return analysis.pattern_scores(pattern)
+        return torch.cat([analysis.pattern_scores(pattern),
+                          analysis.repeat_scores(pattern, start=start, seq_len=seq_len)])
+
+    scores = engine.attention_patterns(lm, [*encoded, rand], reduce=reduce, batch_size=opts.batch_size)
+    options: dict[str, Any] = dict(seq_len=seq_len, seed=seed, random_token_ids=ids[:seq_len], sort=opts.sort)
+    repeat = scores[-1][:, 3:]
+    if not encoded:
+        return [Scored(rand, analysis.heads(scores[-1][:, :3], repeat, measured_on="random", **options))]
+    return [Scored(enc, analysis.heads(s, repeat, measured_on="prompt", **options)) for enc, s in zip(encoded, scores)]

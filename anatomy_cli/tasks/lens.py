@@ -1,0 +1,122 @@
+"""`lens`: the logit lens at every residual-stream row and position, optionally following a target (the task).
+
+Rows are named as everywhere (docs/engine.md#layers): ``embed``, then block N's output as N; ``layers`` picks
+rows by those names (the last block always kept), ``stride`` every N-th row (``embed``, then every N-th after
+it) and the last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.models import sites
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+from anatomy_cli.text import targets
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.lens import LensGrid
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "lens"
+
+
+class Stat(str, Enum):
+    prob = "prob"
+    logprob = "logprob"
+    rank = "rank"
+    entropy = "entropy"
+    kl = "kl"
+
+
+@dataclass(frozen=True)
+class LensOptions:
+    """``stat``: the number each cell shows; ``layers``: the rows to show (``embed`` or block numbers, a list or
+    the text ``embed,0,6,11``); ``stride``: every N-th row; ``k``: top tokens per cell (None: 1, no lists)."""
+
+    stat: str = "prob"
+    target: str | None = None
+    target_id: int | None = None
+    first_token: bool = False
+    layers: Any = None
+    stride: int | None = None
+    k: int | None = None
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        from anatomy_cli.errors import UsageError
+
+        object.__setattr__(self, "stat", Stat(self.stat).value)  # ValueError for an unknown statistic
+        targets.check_first_token(self.first_token, self.wanted)
+        if self.stat == "rank" and self.wanted is None:
+            raise UsageError("--stat rank is the target's rank: give --target TEXT or --target-id N")
+        if self.layers is not None and self.stride is not None:
+            raise UsageError("--layers and --stride both thin the rows: give one of them")
+        if self.stride is not None and self.stride < 1:
+            raise UsageError("--stride takes a whole number of at least 1")
+        if self.k is not None and self.k < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        if self.batch_size < 1:
+            raise UsageError("--batch-size takes a whole number of at least 1")
+        if self.layers is not None:
+            text = self.layers if isinstance(self.layers, str) else ",".join(str(v) for v in self.layers)
+            object.__setattr__(self, "layers", tuple(sites.parse_blocks(text, None, "--layers", embed=True)))
+
+    @property
+    def wanted(self) -> targets.TokenChoice | None:
+        return targets.choice(self.target, self.target_id, first_token=self.first_token)
+
+
+@dataclass(frozen=True)
+class LensPlan:
+    rows: tuple[int | str, ...]  # the row names to show, in stream order, the last block always included
+    target_id: int | None
+
+
+def rows(n_layers: int, layers: tuple[int | str, ...] | None, stride: int | None) -> tuple[int | str, ...]:
+    """The row names to show, in stream order: ``layers`` (checked against the model) or every ``stride``-th
+    row, and the last block always."""
+    if layers is not None:
+        picked = {sites.residual_row(v if v == sites.EMBED else sites.check_block(int(v), n_layers, "--layers"))
+                  for v in layers}
+    else:
+        picked = set(range(0, n_layers + 1, stride or 1))
+    return tuple(sites.residual_label(r) for r in sorted(picked | {n_layers}))
+
+
+def check(opened: Any, opts: LensOptions) -> LensPlan:
+    """``opened``: an OpenedModel or a LoadedModel. Refuses a model without an LM head, bad rows, a bad target."""
+    require(opened.info, Need.lm_head, command=COMMAND)
+    shown = rows(opened.info.n_layers, opts.layers, opts.stride)
+    wanted = opts.wanted
+    target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
+                                                            vocab_size=opened.info.lm_head_rows)
+    return LensPlan(shown, target_id)
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPlan,
+        k: int | None = None) -> list[LensGrid]:
+    """One grid per prompt, thinned to ``plan.rows``. ``k``: top tokens per cell to compute when more than
+    ``opts.k`` are wanted (an HTML page's hover text); the grid then lists ``k`` (see ``LensGrid.keep_top``)."""
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import lens as analysis
+    from anatomy_cli.models import cost
+    from anatomy_cli.tasks.session import describe, warn_cost
+
+    n_tokens = sum(len(e) for e in encoded)
+    warn_cost(f"lens on {n_tokens:,} tokens", lm,
+              sum(cost.forward_flops(lm.info, len(e)) + cost.lens_flops(lm.info, len(e)) for e in encoded))
+    with notes.status(f"running {lm.name}"):
+        caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=opts.batch_size)
+    name_token = describe(lm)
+    grids = []
+    for i, cache in enumerate(caches, start=1):
+        what = f"lens · prompt {i}/{len(encoded)}" if len(encoded) > 1 else "lens"
+        with notes.status(what) as line:
+            grid = analysis.lens_grid(cache.residual_stream(), lambda h: engine.unembed(lm, h), describe=name_token,
+                                      positions=cache.positions, k=k or opts.k, target_id=plan.target_id,
+                                      progress=line.counter(what, "positions"))
+        grids.append(grid.select(plan.rows))
+    return grids

@@ -1,0 +1,109 @@
+"""`trace`: one position followed through the residual stream, row by row, with the logit lens (the task).
+
+Rows are named as everywhere (docs/engine.md#layers): ``embed``, then block N's output as N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+from anatomy_cli.text import targets
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.trace import Trace
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "trace"
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """``position``: the token to follow (None: the last, an encoder's last text token); ``k``: how many of the
+    model's top next tokens to list; ``target``/``target_id``: a token ranked in every row's lens."""
+
+    position: int | None = None
+    k: int = 5
+    target: str | None = None
+    target_id: int | None = None
+    first_token: bool = False
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        from anatomy_cli.errors import UsageError
+
+        if self.k < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        if self.batch_size < 1:
+            raise UsageError("--batch-size takes a whole number of at least 1")
+        targets.check_first_token(self.first_token, self.wanted)
+
+    @property
+    def wanted(self) -> targets.TokenChoice | None:
+        return targets.choice(self.target, self.target_id, first_token=self.first_token)
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    target_id: int | None
+
+
+class Traced(NamedTuple):
+    """One prompt's run: the position followed, the Trace, the target's token record (None without one)."""
+
+    position: int
+    trace: Trace
+    target: dict[str, Any] | None
+
+
+def check(opened: Any, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -> TracePlan:
+    """``opened``: an OpenedModel or a LoadedModel. Refuses a position outside a prompt of ``encoded`` and a
+    target on a model without an LM head (the lens reads tokens through it)."""
+    from anatomy_cli.text.positions import check_position
+
+    check_position(opts.position, encoded)
+    wanted = opts.wanted
+    if wanted is None:
+        return TracePlan(None)
+    require(opened.info, Need.lm_head, command="trace --target")
+    return TracePlan(targets.resolve(opened.tokenizer, wanted, model=opened.name,
+                                     vocab_size=opened.info.lm_head_rows))
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: TracePlan) -> list[Traced]:
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import trace as analysis
+    from anatomy_cli.tasks.session import describe
+    from anatomy_cli.text.records import token_record
+
+    if opts.position is None:
+        # An encoder's last token is its [SEP]: follow the last token of the text instead.
+        positions = [[_last_text_token(enc)] for enc in encoded]
+    else:
+        positions = [[opts.position]] * len(encoded)
+    names = engine.residual_names(lm) + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
+    if lm.has_unembed:
+        names.append("logits")
+    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+        caches = engine.run(lm, encoded, names, positions=positions, batch_size=opts.batch_size)
+    name_token = describe(lm)
+    target_id = plan.target_id
+    out = []
+    for cache in caches:
+        resid = cache.residual_stream()[:, 0]
+        result = analysis.trace(
+            resid, attn_out=cache.stack("attn_out")[:, 0], mlp_out=cache.stack("mlp_out")[:, 0],
+            lens_logits=engine.unembed(lm, resid) if lm.has_unembed else None,
+            logits=cache.logits[0] if lm.has_unembed else None, k=opts.k, describe=name_token,
+            target_id=target_id)
+        target_info = token_record(target_id, *name_token(target_id)) if target_id is not None else None
+        out.append(Traced(cache.positions[0], result, target_info))
+    return out
+
+
+def _last_text_token(enc: Encoded) -> int:
+    text_positions = [i for i, special in enumerate(enc.special) if not special]
+    return text_positions[-1] if text_positions else len(enc) - 1
