@@ -23,6 +23,7 @@ import anatomy_cli.tasks
 # The API function of a command, where its name is not the command's.
 API_NAME = {"next": "next_token", "corpus": "corpus_stats"}
 NOT_A_TASK = {"notes", "session", "records"}  # the task layer's shared modules
+PROMPT_FIELDS = {"bos", "allow_special", "truncate", "chat"}  # the prompt option group, wherever it is kept
 
 
 def task_modules() -> dict[str, object]:
@@ -41,6 +42,8 @@ def options_class(module) -> type:
     """The module's options dataclass: the frozen dataclass named ``...Options`` it defines."""
     found = [v for k, v in vars(module).items() if k.endswith("Options") and dataclasses.is_dataclass(v)
              and isinstance(v, type) and v.__module__ == module.__name__]
+    named = [c for c in found if c.__name__.lower() == module.COMMAND.replace("-", "") + "options"]
+    found = named or found
     assert len(found) == 1, f"{module.__name__}: one ...Options dataclass, found {[c.__name__ for c in found]}"
     assert found[0].__dataclass_params__.frozen, f"{found[0].__name__} is not frozen"
     return found[0]
@@ -59,9 +62,41 @@ def cli_names(command) -> tuple[set[str], set[str]]:
     from anatomy_cli.cli.options import MODEL_OPTIONS, PROMPT_OPTIONS
 
     shared = {o[0] for o in MODEL_OPTIONS} | {o[0] for o in PROMPT_OPTIONS} | {"fmt", "format", "plot"}
-    options = {p.name for p in command.params if p.param_type_name == "option"} - shared
+    options = {p for p in command.params if p.param_type_name == "option" and p.name not in shared
+               and p.name not in {"output"}}  # report's -o FILE: where the page goes, as --plot
     arguments = {p.name for p in command.params if p.param_type_name == "argument"}
     return options, arguments
+
+
+def spellings(param) -> list[str]:
+    """The option as the user types it, each spelling as a python name: ``--top``/``-k`` → ``top``, ``k``;
+    ``--target-id`` → ``target_id``; a flag ``--no-lens`` is the field ``lens``; a repeatable ``--feature``
+    fills the field ``features``."""
+    names = [*param.opts, *getattr(param, "aliases", ()), *getattr(param, "secondary_opts", ())]
+    out = [n.lstrip("-").removeprefix("no-").replace("-", "_") for n in names]
+    if getattr(param, "multiple", False):
+        out += [n + "s" for n in out]
+    return out
+
+
+def matched(options, fields: set[str]) -> set[str]:
+    """Each option by the spelling that names a field (else its first)."""
+    return {next((n for n in spellings(p) if n in fields), spellings(p)[0]) for p in options}
+
+
+def fields_of(cls) -> set[str]:
+    """The options dataclass's fields, a nested options dataclass (generate's sampling, steering) by its own."""
+    out = set()
+    for f in dataclasses.fields(cls):
+        if not f.init:  # derived in __post_init__ (steer's sides)
+            continue
+        kind = f.type if isinstance(f.type, type) else getattr(importlib.import_module(cls.__module__), str(f.type),
+                                                                None)
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            out |= fields_of(kind)
+        else:
+            out.add(f.name)
+    return out
 
 
 def api_names(function, arguments: set[str]) -> set[str]:
@@ -78,8 +113,12 @@ def test_cli_options_api_keywords_and_task_fields_are_one_list(name):
     tasks = task_modules()
     if name not in tasks:
         pytest.skip(f"`{name}` has no task module (anatomy_cli/tasks/) yet")
-    fields = {f.name for f in dataclasses.fields(options_class(tasks[name]))}
-    options, arguments = cli_names(commands()[name])
+    # A task's INPUTS are the command's inputs, not options: {field: the CLI option that reads it, or None for a
+    # positional argument} (drift's WORD and CONTEXT..., verify's --prompts FILE → prompt).
+    inputs = getattr(tasks[name], "INPUTS", {})
+    fields = fields_of(options_class(tasks[name])) - set(inputs) - PROMPT_FIELDS
+    params, arguments = cli_names(commands()[name])
+    options = matched([p for p in params if not set(spellings(p)) & set(inputs.values())], fields)
     assert options == fields, (f"`anatomy {name}`: CLI options without a field {sorted(options - fields)}, "
                                f"fields without a CLI option {sorted(fields - options)}")
     from anatomy_cli import api as anatomy
@@ -87,7 +126,7 @@ def test_cli_options_api_keywords_and_task_fields_are_one_list(name):
     api = API_NAME.get(name, name)
     if api not in anatomy.__all__:
         pytest.skip(f"`{name}` has no API function")
-    keywords = api_names(getattr(anatomy, api), arguments)
+    keywords = api_names(getattr(anatomy, api), arguments | set(inputs)) - PROMPT_FIELDS
     assert keywords == fields, (f"anatomy.{api}: keywords without a field {sorted(keywords - fields)}, "
                                 f"fields without a keyword {sorted(fields - keywords)}")
 

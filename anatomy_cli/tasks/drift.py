@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded, LoadedModel
 
 COMMAND = "drift"
+INPUTS = {"word": "word", "contexts": "context"}  # the arguments WORD and CONTEXT...
 
 
 class Pool(str, Enum):

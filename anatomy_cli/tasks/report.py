@@ -36,6 +36,8 @@ class ReportOptions:
     k: int = 10
 
     def __post_init__(self) -> None:
+        if self.k < 1:
+            raise UsageError("--top takes a whole number of at least 1")
         if self.sections is not None:
             unknown = [s for s in self.sections if s not in SECTIONS]
             if unknown or not self.sections:
@@ -43,14 +45,14 @@ class ReportOptions:
                                  "separated by commas")
 
     @classmethod
-    def parse(cls, text: str | None) -> ReportOptions:
-        """``--sections NAME,...`` (None: all)."""
+    def parse(cls, text: str | None, k: int = 10) -> ReportOptions:
+        """``--sections NAME,...`` (None: all) and ``--top``."""
         if text is None:
-            return cls()
+            return cls(k=k)
         wanted = tuple(s.strip() for s in text.split(",") if s.strip())
         if not wanted or any(s not in SECTIONS for s in wanted):
             raise UsageError(f"--sections {text!r}: use names from {', '.join(SECTIONS)}, separated by commas")
-        return cls(sections=wanted)
+        return cls(sections=wanted, k=k)
 
     @property
     def chosen(self) -> list[str]:

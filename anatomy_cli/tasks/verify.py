@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from anatomy_cli.models.info import ModelInfo
 
 COMMAND = "verify"
+INPUTS = {"prompt": "prompts"}  # the API's prompt, the CLI's --prompts FILE
 # The built-in prompts: a fact, a collocation, an IOI sentence, a longer clause (--quick takes the first two).
 PROMPTS = ("The capital of France is", "Thank you very much for the help with the",
            "When Mary and John went to the store, John gave a drink to",

@@ -37,6 +37,8 @@ def report_command(
     sections: Annotated[Optional[str], typer.Option(
         "--sections", metavar="NAME,...", show_default=False,
         help=f"Only these sections, in the page's order: {', '.join(SECTIONS)}. Default: all.")] = None,
+    k: Annotated[int, typer.Option("--top", "-k", min=1, metavar="N",
+                                   help="The next tokens listed and the trace's top tokens.")] = 10,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
 ) -> None:
@@ -59,7 +61,7 @@ def report_command(
     from anatomy_cli.output.html import report as page
     from anatomy_cli.tasks import report as task
 
-    opts = task.ReportOptions.parse(sections)  # fails before anything opens
+    opts = task.ReportOptions.parse(sections, k)  # fails before anything opens
     chosen = opts.chosen
     opened, (enc,) = open_texts([prompt], spec, prompts)
     lm = load_weights(opened)
