@@ -75,6 +75,33 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     "workers", "gpus_per_worker"}`` to run on Ray instead. Raises UsageError for an empty corpus or an
     ``out`` that holds another run (unless ``overwrite``).
     """
+    store, acts = _stores(source, spec, settings, tokenizer, out, overwrite, identity, ray)
+    parts, recomputed = _resume(store, acts)
+    track = _Tracker(parts, settings, store, progress, on_ray=ray is not None)
+    planned = acts.plan(source, tokenizer, settings) if acts is not None else plan(source, tokenizer, settings)
+    todo = track.counted(shard for shard in planned if shard.index not in parts)
+    if ray is not None:
+        from anatomy_cli.corpus.ray_run import run_on_ray
+
+        run_on_ray(todo, spec, settings, track.finished, crash_once=crash_once, **ray)
+    else:
+        worker = Worker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, crash_once=crash_once)
+        for shard in todo:
+            part = worker(shard, track.on_window)
+            if acts is not None:
+                acts.save(shard, worker.saved)
+            track.finished(shard, part)
+    total = max(track.seen, max(parts, default=-1) + 1)
+    stats = summarize(_merge(parts, total))
+    if store is not None:
+        store.finish(stats, total)
+    return Result(stats, total, track.resumed, track.seconds, time.perf_counter() - track.t0, tuple(recomputed))
+
+
+def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Any, out: Path | None,
+            overwrite: bool, identity: dict[str, Any] | None, ray: dict[str, Any] | None) -> tuple[Any, Any]:
+    """The run directory's Store (None without ``out``) and the ActivationStore (None without
+    ``--save-activations``)."""
     store = acts = None
     if out is not None:
         store = Store(out)
@@ -86,72 +113,27 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
         if out is None or ray is not None:
             raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
         acts = ActivationStore(out, settings, overwrite=overwrite)
+    return store, acts
+
+
+def _resume(store: Store | None, acts: Any) -> tuple[dict[int, Partial], list[str]]:
+    """The finished shards a run directory holds, and ``shard N: why`` for each that must be computed again."""
     parts: dict[int, Partial] = {}
-    resumed = 0
-    recomputed = []
-    if store is not None:
-        for index in sorted(store.done):
-            part = store.load(index)
-            why = part if isinstance(part, str) else acts.check(index) if acts is not None else None
-            if why:
-                recomputed.append(f"shard {index}: {why}")
-                continue
-            parts[index] = part
-            resumed += 1
-    t0 = time.perf_counter()
-    state: dict[str, Any] = {"tokens": sum(p.tokens for p in parts.values()), "done": 0, "shards": 0,
-                             "seconds": {}, "windows": 0, "planned": 0, "live": 0, "live_windows": 0}
+    recomputed: list[str] = []
+    if store is None:
+        return parts, recomputed
+    for index in sorted(store.done):
+        part = store.load(index)
+        why = part if isinstance(part, str) else acts.check(index) if acts is not None else None
+        if why:
+            recomputed.append(f"shard {index}: {why}")
+            continue
+        parts[index] = part
+    return parts, recomputed
 
-    def report() -> None:
-        if progress is not None:
-            progress(Progress(state["tokens"] + state["live"], state["done"] + state["live"], settings.max_tokens,
-                              time.perf_counter() - t0, dict(state["seconds"]), state["shards"], resumed,
-                              state["windows"] + state["live_windows"], state["planned"]))
 
-    def on_window(n_windows: int, n_tokens: int) -> None:
-        state["live"] += n_tokens
-        state["live_windows"] += n_windows
-        report()
-
-    def finished(shard: Shard, part: Partial) -> None:
-        parts[shard.index] = part
-        if store is not None:
-            store.save(shard.index, part)
-        state["tokens"] += part.tokens
-        state["done"] += part.tokens
-        state["windows"] += part.windows
-        state["live"] = state["live_windows"] = 0
-        state["shards"] += 1
-        for k, v in part.seconds.items():
-            state["seconds"][k] = state["seconds"].get(k, 0.0) + v
-        if ray is not None:
-            report()
-
-    planned = acts.plan(source, tokenizer, settings) if acts is not None else plan(source, tokenizer, settings)
-    todo = (shard for shard in planned if shard.index not in parts)
-    n_seen = [0]
-
-    def counted(it: Iterator[Shard]) -> Iterator[Shard]:
-        for shard in it:
-            n_seen[0] = max(n_seen[0], shard.index + 1)
-            first = state["planned"] == 0
-            state["planned"] = max(state["planned"], shard.first_window + len(shard.windows))
-            if first:
-                report()  # within seconds: the windows planned so far, before the first is measured
-            yield shard
-
-    if ray is not None:
-        from anatomy_cli.corpus.ray_run import run_on_ray
-
-        run_on_ray(counted(todo), spec, settings, finished, crash_once=crash_once, **ray)
-    else:
-        worker = Worker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, crash_once=crash_once)
-        for shard in counted(todo):
-            part = worker(shard, on_window)
-            if acts is not None:
-                acts.save(shard, worker.saved)
-            finished(shard, part)
-    total = max(n_seen[0], max(parts, default=-1) + 1)
+def _merge(parts: dict[int, Partial], total: int) -> Partial:
+    """Every shard's sums, in shard order. Raises UsageError for no text or a hole in the shards."""
     if not parts:
         raise UsageError("the corpus has no text: nothing to measure (it needs at least 2 tokens)")
     missing = [i for i in range(total) if i not in parts]
@@ -160,10 +142,54 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     merged = Partial(parts[0].n_layers, parts[0].n_heads, parts[0].d_model)
     for index in range(total):
         merged.merge(parts[index])
-    stats = summarize(merged)
-    if store is not None:
-        store.finish(stats, total)
-    return Result(stats, total, resumed, state["seconds"], time.perf_counter() - t0, tuple(recomputed))
+    return merged
+
+
+class _Tracker:
+    """A run's bookkeeping: tokens, windows and shards done, the time split, and the progress callback."""
+
+    def __init__(self, parts: dict[int, Partial], settings: Settings, store: Store | None,
+                 progress: Callable[[Progress], None] | None, *, on_ray: bool):
+        self.parts, self.settings, self.store, self.progress, self.on_ray = parts, settings, store, progress, on_ray
+        self.resumed = len(parts)
+        self.t0 = time.perf_counter()
+        self.tokens = sum(p.tokens for p in parts.values())
+        self.done = self.shards = self.windows = self.planned = self.live = self.live_windows = self.seen = 0
+        self.seconds: dict[str, float] = {}
+
+    def report(self) -> None:
+        if self.progress is not None:
+            self.progress(Progress(self.tokens + self.live, self.done + self.live, self.settings.max_tokens,
+                                   time.perf_counter() - self.t0, dict(self.seconds), self.shards, self.resumed,
+                                   self.windows + self.live_windows, self.planned))
+
+    def on_window(self, n_windows: int, n_tokens: int) -> None:
+        self.live += n_tokens
+        self.live_windows += n_windows
+        self.report()
+
+    def finished(self, shard: Shard, part: Partial) -> None:
+        self.parts[shard.index] = part
+        if self.store is not None:
+            self.store.save(shard.index, part)
+        self.tokens += part.tokens
+        self.done += part.tokens
+        self.windows += part.windows
+        self.live = self.live_windows = 0
+        self.shards += 1
+        for k, v in part.seconds.items():
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
+        if self.on_ray:
+            self.report()
+
+    def counted(self, it: Iterator[Shard]) -> Iterator[Shard]:
+        for shard in it:
+            self.seen = max(self.seen, shard.index + 1)
+            first = self.planned == 0
+            self.planned = max(self.planned, shard.first_window + len(shard.windows))
+            if first:
+                self.report()  # within seconds: the windows planned so far, before the first is measured
+            yield shard
 
 
 def model_identity(spec: ModelSpec, tokenizer: Any) -> dict[str, Any]:

@@ -151,52 +151,12 @@ def count_parameters(model: Any, resolved: ResolvedConfig, *, dtype: str | None 
         if t.layer is not None:
             layers_of[t.category].add(t.layer)
 
-    # Routed experts: per layer, the top-k experts run; the rest are idle for this token.
-    moe = None
-    routed_active_by_layer: dict[str | None, int] = {}
-    expert_sizes: dict[str | None, dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    for t in tensors:
-        if t.per_expert:
-            for e, n in t.per_expert.items():
-                expert_sizes[t.layer][e] += n
-    if expert_sizes:
-        k = _top_k(config, model)
-        n_experts = max(len(sizes) for sizes in expert_sizes.values())
-        unselected = None
-        if k is not None:
-            for layer, sizes in expert_sizes.items():
-                routed_active_by_layer[layer] = sum(sorted(sizes.values(), reverse=True)[:k])
-            unselected = sums[ROUTED] - sum(routed_active_by_layer.values())
-        dense_layers = len(layers_of[FFN] - set(expert_sizes))
-        moe = MoEInfo(n_experts=n_experts, top_k=k, moe_layers=len(expert_sizes), dense_layers=dense_layers,
-                      active=None if unselected is None else total - unselected, unselected=unselected)
-
-    def active_of(category: str, n: int) -> int | None:
-        if moe is None or moe.active is None:
-            return None
-        return sum(routed_active_by_layer.values()) if category == ROUTED else n
+    moe, routed_active_by_layer = _moe(tensors, config, model, sums, layers_of, total)
 
     def mem(n: int) -> int | None:
         return memory_bytes(n, dtype) if dtype else None
 
-    rows = []
-    for category in CATEGORIES:
-        n = sums.get(category, 0)
-        if n == 0 and category not in (TOKEN, ATTENTION, NORM) and not (category == FFN and moe is None):
-            continue
-        label = LABELS[category]
-        n_layers = len(layers_of[category]) or None
-        if category in BLOCK_CATEGORIES and n_layers:
-            detail = _plural(n_layers, "layer")
-            if category == FFN and moe is not None:
-                detail = _plural(n_layers, "dense layer")
-            if category == ROUTED and moe is not None and moe.top_k is not None:
-                detail += f", top-{moe.top_k} of {moe.n_experts}"
-            label = f"{label} ({detail})"
-        if category == HEAD and family.name == "bert" and _is_tied_head(model):
-            label = "LM head (untied parts)"
-        rows.append(Row(category, label, n, n / total if total else 0.0,
-                        n_layers if category in BLOCK_CATEGORIES else None, active_of(category, n), mem(n)))
+    rows = _category_rows(sums, layers_of, moe, routed_active_by_layer, total, mem, family, model)
 
     n_layers = (int(getattr(config, "num_hidden_layers", 0) or 0)
                 or len({t.layer for t in tensors if t.layer is not None}))
@@ -220,6 +180,58 @@ def count_parameters(model: Any, resolved: ResolvedConfig, *, dtype: str | None 
         notes=tuple(notes),
     )
 
+
+
+def _moe(tensors: Any, config: Any, model: Any, sums: dict[str, int], layers_of: dict[str, set[str]],
+         total: int) -> tuple[MoEInfo | None, dict[str | None, int]]:
+    """Routed experts: per layer, the top-k experts run; the rest are idle for this token. The MoE summary
+    (None for a dense model) and the routed parameters active per layer."""
+    routed_active_by_layer: dict[str | None, int] = {}
+    expert_sizes: dict[str | None, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for t in tensors:
+        if t.per_expert:
+            for e, n in t.per_expert.items():
+                expert_sizes[t.layer][e] += n
+    if not expert_sizes:
+        return None, routed_active_by_layer
+    k = _top_k(config, model)
+    n_experts = max(len(sizes) for sizes in expert_sizes.values())
+    unselected = None
+    if k is not None:
+        for layer, sizes in expert_sizes.items():
+            routed_active_by_layer[layer] = sum(sorted(sizes.values(), reverse=True)[:k])
+        unselected = sums[ROUTED] - sum(routed_active_by_layer.values())
+    dense_layers = len(layers_of[FFN] - set(expert_sizes))
+    moe = MoEInfo(n_experts=n_experts, top_k=k, moe_layers=len(expert_sizes), dense_layers=dense_layers,
+                  active=None if unselected is None else total - unselected, unselected=unselected)
+    return moe, routed_active_by_layer
+
+
+def _category_rows(sums: dict[str, int], layers_of: dict[str, set[str]], moe: MoEInfo | None,
+                   routed_active_by_layer: dict[str | None, int], total: int, mem: Any, family: Any,
+                   model: Any) -> list[Row]:
+    """One row per category, in :data:`CATEGORIES` order (empty ones left out, but the always-shown)."""
+    rows = []
+    for category in CATEGORIES:
+        n = sums.get(category, 0)
+        if n == 0 and category not in (TOKEN, ATTENTION, NORM) and not (category == FFN and moe is None):
+            continue
+        label = LABELS[category]
+        n_layers = len(layers_of[category]) or None
+        if category in BLOCK_CATEGORIES and n_layers:
+            detail = _plural(n_layers, "layer")
+            if category == FFN and moe is not None:
+                detail = _plural(n_layers, "dense layer")
+            if category == ROUTED and moe is not None and moe.top_k is not None:
+                detail += f", top-{moe.top_k} of {moe.n_experts}"
+            label = f"{label} ({detail})"
+        if category == HEAD and family.name == "bert" and _is_tied_head(model):
+            label = "LM head (untied parts)"
+        active = (None if moe is None or moe.active is None else
+                  sum(routed_active_by_layer.values()) if category == ROUTED else n)
+        rows.append(Row(category, label, n, n / total if total else 0.0,
+                        n_layers if category in BLOCK_CATEGORIES else None, active, mem(n)))
+    return rows
 
 def _is_tied_head(model: Any) -> bool:
     try:
