@@ -17,7 +17,7 @@ p = "The cat sat on the mat"
 anatomy.trace(lm, p)
 anatomy.next_token(lm, p, k=2)
 anatomy.lens(lm, p, k=1)
-anatomy.heads(lm, p)
+anatomy.heads(lm, p, seq_len=8)
 anatomy.attn(lm, p, layer=0, head=0)
 anatomy.dla(lm, p, target=" the")
 anatomy.ablate(lm, p, target=" the")
