@@ -61,8 +61,8 @@ def unusable(path: str) -> str | None:
     process on a two-token eval (a build for instructions this CPU lacks dies with SIGILL, which would take
     this process with it)."""
     if not available():
-        return ("llama-cpp-python is not installed (pip install 'anatomy[llamacpp]'; docs/commands/verify.md has "
-                "the build recipe)")
+        return ("llama-cpp-python is not installed (in a clone of anatomy: pip install -e '.[llamacpp]'; "
+                "docs/commands/verify.md has the build recipe)")
     try:
         done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:
