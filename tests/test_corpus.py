@@ -442,7 +442,7 @@ def test_cli_errors_are_one_line(tiny_model_dir, tmp_path, cached_load, monkeypa
     monkeypatch.setitem(sys.modules, "ray", None)
     res = invoke("corpus", ARTICLE, "--model", model, "--ray")
     assert res.exit_code == 1
-    assert res.stderr.strip() == "error: --ray needs Ray: pip install 'anatomy-cli[ray]'"
+    assert res.stderr.strip() == "error: --ray needs Ray: in a clone of anatomy, pip install -e '.[ray]'"
 
 
 def test_plot_draws_a_png(tiny_model_dir, tmp_path, cached_load):

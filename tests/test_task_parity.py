@@ -4,7 +4,9 @@ fields of the command's task options dataclass (anatomy_cli/tasks/<command>.py).
 The three lists are derived, not written down: the CLI's from the click command the app registers
 (``anatomy_cli.cli.app.click_command()``), the API's from ``inspect.signature`` of its function, the task's from
 ``dataclasses.fields``. Left out on every side: the model (``spec``, the model option group), the prompt options
-(``prompts``: --bos/--no-bos, --allow-special, --truncate, --chat), ``--format`` and ``--plot``, and the command's
+(``prompts``: --bos/--no-bos, --allow-special, --truncate, --chat), ``--format`` and ``--plot``, the view-only
+``--detail`` (verify: the table's rows instead of its one-line-per-section summary; the JSON and the API's result
+are the same either way, so it is no API keyword and no task field), and the command's
 positional arguments (PROMPT, CLEAN CORRUPT, ...: the API's positional parameters). A command without a task
 module yet is skipped.
 """
@@ -61,7 +63,7 @@ def cli_names(command) -> tuple[set[str], set[str]]:
     (``param_type_name``: typer carries its own copy of click, whose classes are not ``click.Option``)."""
     from anatomy_cli.cli.options import MODEL_OPTIONS, PROMPT_OPTIONS
 
-    shared = {o[0] for o in MODEL_OPTIONS} | {o[0] for o in PROMPT_OPTIONS} | {"fmt", "format", "plot"}
+    shared = {o[0] for o in MODEL_OPTIONS} | {o[0] for o in PROMPT_OPTIONS} | {"fmt", "format", "plot", "detail"}
     options = {p for p in command.params if p.param_type_name == "option" and p.name not in shared
                and p.name not in {"output"}}  # report's -o FILE: where the page goes, as --plot
     arguments = {p.name for p in command.params if p.param_type_name == "argument"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,8 +189,106 @@ def test_usage_errors(tiny_lm, tiny_model_dir, tmp_path):
     assert out.exit_code == 2 and "no such file" in out.stderr
     out = _run(lm, model, "--against", "vllm")
     assert out.exit_code == 2
-    (tmp_path / "empty.txt").write_text("\n\n")
-    assert _run(lm, model, "--prompts", str(tmp_path / "empty.txt")).exit_code == 2
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    out = _run(lm, model, "--prompts", str(tmp_path / "empty.txt"))
+    # the file is named, not stdin (issue 51)
+    assert out.exit_code == 2 and out.stderr.strip() == (f"error: --prompts {tmp_path / 'empty.txt'}: no prompts in "
+                                                         "the file: every line was empty"), out.stderr
+
+
+class NoWeights(FixedLoader):
+    """Opens the files; loading the weights is a test failure (a refusal must come before it)."""
+
+    def load_weights(self, opened):
+        raise AssertionError("the weights were loaded")
+
+
+def test_against_llamacpp_that_cannot_run_fails_before_the_weights(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    # issue 51: `--against llama.cpp` without llama-cpp-python (or on a model that is not a .gguf file) exited 0
+    # having checked nothing. A section asked for by name that cannot run is a failure: exit 1, one line.
+    from test_gguf import write_tiny_gguf
+
+    def run(model, *args):
+        with using_loader(NoWeights(None)):
+            return runner.invoke(app, ["verify", "--model", model, "--device", "cpu", "--against", "llama.cpp",
+                                       *args])
+
+    out = run(str(tiny_model_dir("llama")))
+    assert out.exit_code == 1, (out.stdout, out.stderr)
+    assert out.stderr.strip() == "error: --against llama.cpp checks nothing here: the model is not a .gguf file"
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)           # `import llama_cpp` fails
+    out = run(str(gguf))
+    assert out.exit_code == 1 and out.stdout == "", (out.stdout, out.stderr)
+    assert out.stderr.strip() == ("error: --against llama.cpp checks nothing here: llama-cpp-python is not installed "
+                                  "(in a clone of anatomy: pip install -e '.[llamacpp]'; docs/commands/verify.md has "
+                                  "the build recipe)")
+    out = run(str(gguf), "--init", "random")
+    assert out.exit_code == 1 and "random weights (--init random)" in out.stderr
+    # the API refuses the same way (its result would check nothing)
+    import anatomy_cli as anatomy
+    from anatomy_cli.errors import AnatomyError
+
+    with pytest.raises(AnatomyError, match=r"^--against llama.cpp checks nothing here: the model is not a .gguf"):
+        anatomy.verify(anatomy.load(str(tiny_model_dir("llama"))), against="llama.cpp")
+    # --against all keeps it a skipped row (llama.cpp "where it is installed"); asked for by name, a failed one
+    from anatomy_cli.analyses.verify.llamacpp import against_llamacpp
+
+    assert [c.passed for c in against_llamacpp(None, None).checks] == [None]
+    row = against_llamacpp(None, None, required=True).checks[0]
+    assert row.passed is False and row.note == "the model is not a .gguf file"
+
+
+def _sections():
+    """Three sections as a run would give them: a failure among passes, a known answer, nothing that ran."""
+    return C.Verification((
+        C.SectionResult("parity", "parity", (C.scalar_check("a", 0.0, 1e-5), C.scalar_check("b", 3e-3, 1e-3),
+                                             C.scalar_check("c", 9e-6, 1e-5))),
+        C.SectionResult("known", "known", (C.skipped("prev", "no heads"), C.score_check("induction", 0.9, 0.3),
+                                           C.score_check("ioi", 0.8, 0.7))),
+        C.SectionResult("llama.cpp", "GGUF against llama.cpp", (C.skipped("llama.cpp", "not a gguf"),)),
+    ))
+
+
+def test_summary_is_one_line_per_section_and_detail_the_rows(tiny_lm, tiny_model_dir, monkeypatch):
+    # issue 51: one line per section on a terminal (the table), with --detail every row; tsv and json keep the
+    # rows; json gains the summary. The worst row of each section is picked here by hand.
+    from anatomy_cli.analyses.verify import suite
+
+    monkeypatch.setattr(suite, "verify", lambda lm, enc, reload, plan, progress: _sections())
+    lm, model = tiny_lm("gpt2"), str(tiny_model_dir("gpt2"))
+    out = _run(lm, model, "--quick", "--format", "table")
+    assert out.exit_code == 1 and "1 check failed: parity: b" in out.stderr
+    lines = [" ".join(line.split()) for line in out.stdout.splitlines()]
+    # parity: b failed (3e-3 against 1e-3); known: ioi is nearest its threshold (0.7 / 0.8 > 0.3 / 0.9)
+    assert any(line.startswith("1. parity failed 2 1 0 b 0.0030 ≤ 0.001") for line in lines), lines
+    assert any(line.startswith("5. known passed 2 0 1 ioi 0.8000 ≥ 0.7") for line in lines), lines
+    assert any(line.startswith("6.") and "skipped 0 0 1" in line and line.endswith("not a gguf") for line in lines)
+    assert not any(line.startswith(("a ", "c ", "induction")) for line in lines)      # no row of its own
+    assert "--detail for every row" in out.stdout
+    detail = _run(lm, model, "--quick", "--format", "table", "--detail").stdout
+    titles = [line.strip() for line in detail.splitlines() if re.match(r"\s*\d\. ", line)]
+    assert titles == ["1. parity", "5. known", "6. GGUF against llama.cpp"]         # the docs' numbers
+    assert sum(line.split()[:1] in (["a"], ["b"], ["c"], ["induction"], ["ioi"]) for line in detail.splitlines()) == 5
+    tsv = _run(lm, model, "--quick").stdout                        # piped: tsv, every row as before
+    assert [line.split("\t")[0] for line in tsv.splitlines() if line and not line.startswith("check")] == [
+        "a", "b", "c", "prev", "induction", "ioi", "llama.cpp"]
+    data = json.loads(_run(lm, model, "--quick", "--format", "json").stdout)
+    assert [len(s["checks"]) for s in data["sections"]] == [3, 3, 1]
+    assert [(s["name"], s["status"], s["counts"], s["worst"] and s["worst"]["name"], s["note"])
+            for s in data["summary"]] == [
+        ("parity", "failed", {"passed": 2, "failed": 1, "skipped": 0}, "b", ""),
+        ("known", "passed", {"passed": 2, "failed": 0, "skipped": 1}, "ioi", ""),
+        ("llama.cpp", "skipped", {"passed": 0, "failed": 0, "skipped": 1}, None, "not a gguf")]
+
+
+def test_docs_number_the_sections_as_the_output_does():
+    # issue 51: the output numbered 6 sections where the page said 5.
+    from anatomy_cli.output.views.verify import NUMBERS
+
+    doc = (ROOT / "docs" / "commands" / "verify.md").read_text()
+    listed = {name: int(n) for n, name in re.findall(r"^(\d)\. \*\*([\w.]+)\*\*", doc, re.M)}
+    assert listed == NUMBERS and "six sections" in doc
 
 
 def test_llamacpp_section_against_smollm2(smollm2_lm, smollm2_gguf):

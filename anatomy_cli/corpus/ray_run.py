@@ -27,7 +27,7 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError:
-        raise AnatomyError("--ray needs Ray: pip install 'anatomy-cli[ray]'") from None
+        raise AnatomyError("--ray needs Ray: in a clone of anatomy, pip install -e '.[ray]'") from None
     return ray
 
 

@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anatomy_cli.errors import UsageError
+from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -66,12 +66,30 @@ def gguf_file(info: ModelInfo, untrained: bool) -> str | None:
 
 
 def check(opened: Any, encoded: list[Encoded], opts: VerifyOptions, untrained: bool) -> Plan:
-    """A prompt without tokens is refused; the plan of sections (before any weight loads)."""
+    """A prompt without tokens is refused; so is ``--against llama.cpp`` where that section cannot run (a model
+    that is not a .gguf file, random weights, llama-cpp-python missing or unusable on this CPU): a section asked
+    for by name that checks nothing is a failure (exit 1), said before any weight loads. The plan of sections."""
     from anatomy_cli.analyses.verify.suite import Plan
 
     if any(len(e) == 0 for e in encoded):
         raise UsageError("a prompt has no tokens")
-    return Plan(against=opts.against, quick=opts.quick, gguf=gguf_file(opened.info, untrained))
+    gguf = gguf_file(opened.info, untrained)
+    if opts.against == Against.llamacpp.value:
+        why = cannot_run_llamacpp(gguf, untrained)
+        if why is not None:
+            raise AnatomyError(f"--against llama.cpp checks nothing here: {why}")
+    return Plan(against=opts.against, quick=opts.quick, gguf=gguf)
+
+
+def cannot_run_llamacpp(gguf: str | None, untrained: bool) -> str | None:
+    """Why the llama.cpp section cannot run on this model here, or None."""
+    if untrained:
+        return "random weights (--init random) are not the .gguf file's"
+    if gguf is None:
+        return "the model is not a .gguf file"
+    from anatomy_cli.analyses.verify.llamacpp import unusable
+
+    return unusable(gguf)
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], reload: Any, plan: Plan) -> Verification:

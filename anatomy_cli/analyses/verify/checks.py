@@ -69,6 +69,20 @@ class Check:
     def label(self) -> str:
         return self.name if self.layer is None else f"{self.name} L{self.layer}"
 
+    @property
+    def margin(self) -> float:
+        """How close the row came to its limit: error / tolerance, or threshold / score for a known answer (1 is
+        at the limit, above 1 failed; 0 for an exact 0 against a 0 tolerance; inf for a NaN); nan when skipped."""
+        if self.passed is None:
+            return math.nan
+        if self.score is not None:
+            return (self.threshold or 0.0) / self.score if self.score > 0 else math.inf
+        if self.error is None or math.isnan(self.error):
+            return math.inf
+        if not self.tolerance:
+            return 0.0 if self.error == 0 else math.inf
+        return self.error / self.tolerance
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "layer": self.layer, "passed": self.passed, "error": _num(self.error),
                 "tolerance": self.tolerance, "max_abs": _num(self.max_abs), "rel_error": _num(self.rel_error),
@@ -140,10 +154,35 @@ class SectionResult:
     def failed(self) -> list[Check]:
         return [c for c in self.checks if c.passed is False]
 
+    @property
+    def status(self) -> str:
+        """``passed``, ``failed``, or ``skipped`` (no row ran)."""
+        if not any(c.passed is not None for c in self.checks):
+            return "skipped"
+        return "failed" if self.failed else "passed"
+
+    def counts(self) -> dict[str, int]:
+        return {"passed": sum(c.passed is True for c in self.checks),
+                "failed": sum(c.passed is False for c in self.checks),
+                "skipped": sum(c.passed is None for c in self.checks)}
+
+    @property
+    def worst(self) -> Check | None:
+        """The row that came closest to (or went furthest past) its limit: a failure first, then the largest
+        :attr:`Check.margin`; None when every row was skipped."""
+        ran = [c for c in self.checks if c.passed is not None]
+        return max(ran, key=lambda c: (c.passed is False, c.margin)) if ran else None
+
+    def summary(self) -> dict[str, Any]:
+        """The section in one line: ``name``, ``status``, ``counts``, the ``worst`` row (its :meth:`Check.to_dict`,
+        or None), ``note`` (why it was skipped, for a section with no row that ran)."""
+        worst = self.worst
+        why = "" if worst is not None else (self.note or next((c.note for c in self.checks if c.note), ""))
+        return {"name": self.name, "status": self.status, "counts": self.counts(),
+                "worst": None if worst is None else worst.to_dict(), "note": why}
+
     def to_dict(self) -> dict[str, Any]:
-        status = "skipped" if not any(c.passed is not None for c in self.checks) else \
-            ("failed" if self.failed else "passed")
-        return {"name": self.name, "title": self.title, "status": status, "note": self.note,
+        return {"name": self.name, "title": self.title, "status": self.status, "note": self.note,
                 "checks": [c.to_dict() for c in self.checks]}
 
 
@@ -162,10 +201,10 @@ class Verification:
         return not self.failed
 
     def counts(self) -> dict[str, int]:
-        checks = [c for s in self.sections for c in s.checks]
-        return {"passed": sum(c.passed is True for c in checks), "failed": sum(c.passed is False for c in checks),
-                "skipped": sum(c.passed is None for c in checks)}
+        per = [s.counts() for s in self.sections]
+        return {k: sum(c[k] for c in per) for k in ("passed", "failed", "skipped")}
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "counts": self.counts(), "sections": [s.to_dict() for s in self.sections],
+                "summary": [s.summary() for s in self.sections],
                 "failed": [f"{section}: {c.label}" for section, c in self.failed]}

@@ -1,4 +1,4 @@
-"""Section 5 of `anatomy verify`: a GGUF file through llama.cpp (``llama-cpp-python``) against anatomy, on the
+"""Section 6 of `anatomy verify`: a GGUF file through llama.cpp (``llama-cpp-python``) against anatomy, on the
 same token ids.
 
 Per prompt, at the last position: top-1 agreement, |Δp| of llama.cpp's top token, KL(llama.cpp || anatomy) in
@@ -44,7 +44,8 @@ TEXT = ("The river runs through the middle of the old town, and on market days t
 
 
 def available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
+    """``llama_cpp`` can be imported (not imported here: it loads llama.cpp's library)."""
+    return importlib.util.find_spec("llama_cpp") is not None  # None too where sys.modules["llama_cpp"] is None
 
 
 _PROBE = """
@@ -61,8 +62,8 @@ def unusable(path: str) -> str | None:
     process on a two-token eval (a build for instructions this CPU lacks dies with SIGILL, which would take
     this process with it)."""
     if not available():
-        return ("llama-cpp-python is not installed (pip install 'anatomy[llamacpp]'; docs/commands/verify.md has "
-                "the build recipe)")
+        return ("llama-cpp-python is not installed (in a clone of anatomy: pip install -e '.[llamacpp]'; "
+                "docs/commands/verify.md has the build recipe)")
     try:
         done = subprocess.run([sys.executable, "-c", _PROBE, path], capture_output=True, timeout=300)
     except subprocess.TimeoutExpired:
@@ -146,13 +147,14 @@ def _width(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return a[..., :width].to("cpu", torch.float32), b[..., :width].to("cpu", torch.float32)
 
 
-def against_llamacpp(runs: Runs, path: str | None) -> C.SectionResult:
+def against_llamacpp(runs: Runs, path: str | None, *, required: bool = False) -> C.SectionResult:
+    """The section on ``path``; where it cannot run (not a .gguf file, llama.cpp unusable here) one skipped row
+    saying why, or a failed one when the section was asked for by name (``required``: ``--against llama.cpp``)."""
     title = "GGUF against llama.cpp"
-    if path is None:
-        return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", "the model is not a .gguf file"),))
-    why = unusable(path)
-    if why is not None:
-        return C.SectionResult("llama.cpp", title, (C.skipped("llama.cpp", why),))
+    why = "the model is not a .gguf file" if path is None else unusable(path)
+    if path is None or why is not None:
+        row = C.Check("llama.cpp", passed=False, note=why or "") if required else C.skipped("llama.cpp", why or "")
+        return C.SectionResult("llama.cpp", title, (row,))
     text = engine.encode(runs.lm, [TEXT])[0]
     *theirs, their_text = llama_logits(path, [e.ids for e in runs.encoded] + [text.ids])
     per = [agreement(*_width(ref[-1], cache.logits[-1].detach())) for ref, cache in zip(theirs, runs.batched)]

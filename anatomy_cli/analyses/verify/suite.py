@@ -20,8 +20,10 @@ AGAINST = ("transformers", "llama.cpp", "all")
 
 @dataclass(frozen=True)
 class Plan:
-    """What to run: ``against`` transformers (sections 1-4), llama.cpp (section 5) or all; ``quick``: sections
-    1-2 only (with ``against`` llama.cpp: section 5 only). ``gguf``: the model's .gguf path (None: not a GGUF file)."""
+    """What to run: ``against`` transformers (sections 1-5: parity, identities, precision, devices, known
+    answers), llama.cpp (section 6) or all; ``quick``: sections 1-2 only (with ``against`` llama.cpp: section 6
+    only). ``gguf``: the model's .gguf path (None: not a GGUF file). With ``against`` llama.cpp the section is
+    required: one that cannot run is a failed row, not a skipped one (the task refuses it before weights load)."""
 
     against: str = "all"
     quick: bool = False
@@ -55,5 +57,5 @@ def verify(lm: LoadedModel, encoded: Sequence[Encoded], reload: Reload, plan: Pl
             sections.append(known_answers(lm))
     if plan.against == "llama.cpp" or (plan.against == "all" and not plan.quick):
         progress("llama.cpp")
-        sections.append(against_llamacpp(control or runs, plan.gguf))
+        sections.append(against_llamacpp(control or runs, plan.gguf, required=plan.against == "llama.cpp"))
     return C.Verification(tuple(sections))

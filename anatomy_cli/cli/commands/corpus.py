@@ -50,7 +50,7 @@ def corpus_command(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Windows per forward pass.")] = 4,
     ray: Annotated[bool, typer.Option(
         "--ray", help="Run the shards on Ray workers: at --ray-address, else RAY_ADDRESS, else a local Ray "
-        "started for the run. Needs pip install 'anatomy-cli[ray]'.")] = False,
+        "started for the run. Needs Ray (in a clone: pip install -e '.[ray]').")] = False,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", metavar="ADDRESS", show_default=False,
         help="The Ray cluster for --ray (ray://host:10001, auto).")] = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -13,7 +14,7 @@ from anatomy_cli.cli.commands._common import load_weights, open_model, open_text
 from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
 from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output.render import emit
+from anatomy_cli.output.render import Format, emit, resolve_format
 from anatomy_cli.tasks.verify import Against
 from anatomy_cli.text.options import PromptOptions
 
@@ -31,8 +32,11 @@ def _read_prompts(path: str | None) -> list[str] | None:
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"--prompts {path}: no such file")
-    with file.open("rb") as f:
-        return read_prompts("-", stdin=f)
+    try:
+        return read_prompts("-", stdin=io.BytesIO(file.read_bytes()))
+    except UsageError as exc:  # the reader names stdin: name the file
+        raise UsageError(f"--prompts {path}: " + str(exc).replace("stdin line", "line").replace(
+            "no prompts on stdin", "no prompts in the file")) from None
 
 
 @app.command("verify")
@@ -43,10 +47,13 @@ def verify_command(
         "--prompts", metavar="FILE|-", help="Prompts to check on, one per line ('-': stdin); default four "
         "built-in ones.")] = None,
     against: Annotated[Against, typer.Option(
-        "--against", help="The reference: transformers' own forward (sections 1-4), llama.cpp (a .gguf "
-        "file, section 5), or all.", case_sensitive=False)] = Against.all,
+        "--against", help="The reference: transformers' own forward (sections 1-5), llama.cpp (a .gguf "
+        "file, section 6: exit 1 where it cannot run), or all.", case_sensitive=False)] = Against.all,
     quick: Annotated[bool, typer.Option(
         "--quick", help="Parity and identities only, on two prompts.")] = False,
+    detail: Annotated[bool, typer.Option(
+        "--detail", help="Every check's row in the table (the default on a terminal is one line per section; "
+        "tsv, csv and json always carry every row).")] = False,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
@@ -58,16 +65,18 @@ def verify_command(
     output_hidden_states, the final norm, the logits, attention patterns against output_attentions);
     2 identities exact up to rounding (the residual decomposition, the lens at the last layer, DLA rows,
     self-patching, batched against one by one, attribution patching on a linear metric); 3 precision
-    (the fp32 control for --dtype bf16/fp16) and devices (CPU against CUDA/MPS when present); 4 known
-    answers of trained models (induction and previous-token heads, IOI, capitals); 5 a .gguf file against
-    llama.cpp when llama-cpp-python is installed. Exit 0 when every check passes, 1 when any fails (named on
-    stderr), 2 on a usage error.
+    (the fp32 control for --dtype bf16/fp16); 4 devices (CPU against CUDA/MPS when present); 5 known
+    answers of trained models (induction and previous-token heads, IOI, capitals); 6 a .gguf file against
+    llama.cpp when llama-cpp-python is installed (with --against llama.cpp: required). On a terminal one line
+    per section (--detail: every row). Exit 0 when every check passes, 1 when any fails (named on stderr) or
+    when --against llama.cpp cannot run, 2 on a usage error.
 
     Examples:
 
     \b
         anatomy verify --model model.Q4_1.gguf
         anatomy verify --model model.Q4_1.gguf --quick
+        anatomy verify --model model.Q4_1.gguf --detail
         anatomy verify --model model.Q4_1.gguf --plot verify.html
         anatomy verify --model ./my-checkpoint --dtype bf16 --format json
         anatomy verify --init random --against transformers
@@ -87,7 +96,8 @@ def verify_command(
                                                            max_memory=None, offload_folder=None)))
 
     result = task.run(lm, encoded, reload, plan)
-    emit(view.report(lm, result, encoded, plan), fmt)
+    summary = not detail and resolve_format(fmt) is Format.table
+    emit(view.report(lm, result, encoded, plan, summary=summary), fmt)
     if plot:
         from anatomy_cli.output import plots
 
