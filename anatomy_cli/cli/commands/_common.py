@@ -27,8 +27,9 @@ No torch at import time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -77,3 +78,15 @@ def _with_prompt_column(reports: Sequence[Report]) -> list[Section]:
         rows = [{"prompt": r.data["prompt"], **row} for r in reports for row in r.sections[i].rows]
         merged.append(Section(columns=[Column("prompt"), *first.columns], rows=rows, title=first.title))
     return merged
+
+
+def draw_each(command: str, plot: Path | None, prompt: str, figures: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
+              ) -> None:
+    """``--plot FILE``: one picture per prompt (``FILE-1.png``, ... for a stdin batch) from the view's
+    ``figure(...) -> (args, kwargs)``; nothing without ``plot`` (the figures are not computed then)."""
+    if not plot:
+        return
+    from anatomy_cli.output import plots
+
+    for i, (args, kwargs) in enumerate(figures, start=1):
+        plots.draw(command, plot, i if prompt == "-" else None, *args, **kwargs)

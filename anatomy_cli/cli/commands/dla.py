@@ -10,6 +10,7 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import (
     BatchSizeOpt,
     PromptArg,
+    draw_each,
     emit_prompts,
     load_weights,
     open_prompts,
@@ -86,10 +87,5 @@ def dla_command(
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
-    if plot:
-        from anatomy_cli.output import plots
-
-        for i, (enc, result) in enumerate(zip(encoded, results), start=1):
-            args, kwargs = view.figure(lm, enc, result)
-            plots.draw("dla", plot, i if prompt == "-" else None, *args, **kwargs)
+    draw_each("dla", plot, prompt, (view.figure(lm, enc, r) for enc, r in zip(encoded, results)))
     emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")

@@ -7,7 +7,14 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt, emit_prompts, load_weights, open_model, open_prompts
+from anatomy_cli.cli.commands._common import (
+    BatchSizeOpt,
+    draw_each,
+    emit_prompts,
+    load_weights,
+    open_model,
+    open_prompts,
+)
 from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks.heads import Score
@@ -67,9 +74,5 @@ def heads_command(
     # Every head is scored; --top cuts the rows printed, while the picture colours every head and frames the top.
     emit_prompts([view.report(lm, enc, view.shown(result, top)) for enc, result in results], fmt,
                  from_stdin=prompt == "-")
-    if plot:
-        from anatomy_cli.output import plots
-
-        for i, (enc, result) in enumerate(results, start=1):
-            args, kwargs = view.figure(lm, enc, result, top, prompted=bool(encoded))
-            plots.draw("heads", plot, i if prompt == "-" else None, *args, **kwargs)
+    draw_each("heads", plot, prompt, (view.figure(lm, enc, result, top, prompted=bool(encoded))
+                                      for enc, result in results))

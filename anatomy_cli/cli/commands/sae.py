@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import PromptArg, emit_prompts, load_weights, open_prompts
+from anatomy_cli.cli.commands._common import PromptArg, draw_each, emit_prompts, load_weights, open_prompts
 from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
@@ -66,11 +66,6 @@ def sae_command(
     plan = task.check(opened, opts)
     lm = load_weights(opened)
     readings = task.run(lm, encoded, opts, plan)
-    if plot:
-        from anatomy_cli.output import plots
-
-        for index, (enc, reading) in enumerate(zip(encoded, readings), start=1):
-            args, kwargs = view.figure(lm, enc, reading, plan.sae_file)
-            plots.draw("sae", plot, index if prompt == "-" else None, *args, **kwargs)
+    draw_each("sae", plot, prompt, (view.figure(lm, enc, r, plan.sae_file) for enc, r in zip(encoded, readings)))
     emit_prompts([view.report(lm, enc, r, plan.sae_file) for enc, r in zip(encoded, readings)], fmt,
                  from_stdin=prompt == "-")
