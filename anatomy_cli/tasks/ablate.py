@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import Extra, Method, TokenPair, check_options
+from anatomy_cli.tasks._checks import at_least
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -43,8 +43,7 @@ class AblateOptions(TokenPair):
         object.__setattr__(self, "method", Method(self.method))
         self.check_tokens()
         check_options(self.method, self.check)
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        at_least("--batch-size", self.batch_size)
         self.require_target("--target TEXT or --target-id N is required: the token whose log-probability "
                             "ablations change, e.g. --target ' much'")
 

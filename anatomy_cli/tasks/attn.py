@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.models import sites
+from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.attention import Attention
@@ -38,10 +39,8 @@ class AttnOptions:
         if self.head is not None and self.position is not None:
             raise UsageError("--position picks the query row when showing several heads; with --head every row "
                              "is shown")
-        if self.k < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        at_least("--top", self.k)
+        at_least("--batch-size", self.batch_size)
 
     @property
     def one_head(self) -> bool:

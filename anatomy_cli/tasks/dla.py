@@ -11,6 +11,7 @@ from anatomy_cli.models.adapters import heads_split
 from anatomy_cli.models.capabilities import Need, refusal, require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks._checks import at_least
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -45,10 +46,8 @@ class DlaOptions(TokenPair):
     def __post_init__(self) -> None:
         object.__setattr__(self, "by", By(self.by))
         object.__setattr__(self, "sort", Sort(self.sort))
-        if self.top is not None and self.top < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        at_least("--top", self.top)
+        at_least("--batch-size", self.batch_size)
         self.require_target("dla needs a token: give --target TEXT or --target-id N")
         self.check_tokens()
 

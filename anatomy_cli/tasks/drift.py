@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.drift import DriftResult, WordLocation
@@ -46,8 +47,7 @@ class DriftOptions:
         object.__setattr__(self, "pool", Pool(self.pool))
         if self.contexts is not None:
             object.__setattr__(self, "contexts", tuple(self.contexts))
-        if self.occurrence < 1:
-            raise UsageError("--occurrence takes a whole number of at least 1")
+        at_least("--occurrence", self.occurrence)
         word_spans("", self.word)  # rejects an empty word before the model loads
         _check_utf8(self.word, "WORD")
         if self.matrix is not None:

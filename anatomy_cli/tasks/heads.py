@@ -9,6 +9,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.heads import Heads
@@ -37,18 +38,13 @@ class HeadsOptions:
     batch_size: int = 8
 
     def __post_init__(self) -> None:
-        from anatomy_cli.errors import UsageError
 
         if self.sort is not None:
             object.__setattr__(self, "sort", Score(self.sort).value)  # ValueError for an unknown score
-        if self.seq_len < 2:
-            raise UsageError("--seq-len takes a whole number of at least 2")
-        if self.seed < 0:
-            raise UsageError("--seed takes a whole number of at least 0")
-        if self.top is not None and self.top < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        at_least("--seq-len", self.seq_len, 2)
+        at_least("--seed", self.seed, 0)
+        at_least("--top", self.top)
+        at_least("--batch-size", self.batch_size)
 
 
 class Scored(NamedTuple):

@@ -11,6 +11,7 @@ from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import Extra, Method, TokenPair, check_options
+from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.patch import Patching
@@ -44,8 +45,7 @@ class PatchOptions(TokenPair):
         object.__setattr__(self, "method", Method(self.method))
         self.check_tokens()
         check_options(self.method, self.check)
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        at_least("--batch-size", self.batch_size)
         self.require_target("--target TEXT or --target-id N is required: the token whose logit patching moves, "
                             "e.g. --target ' Paris'")
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import at_least
 
 COMMAND = "report"
 SECTIONS = ("tokens", "embedding", "residual", "lens", "attention", "heads", "dla", "next")
@@ -36,8 +37,7 @@ class ReportOptions:
     k: int = 10
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise UsageError("--top takes a whole number of at least 1")
+        at_least("--top", self.k)
         if self.sections is not None:
             unknown = [s for s in self.sections if s not in SECTIONS]
             if unknown or not self.sections:

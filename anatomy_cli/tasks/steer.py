@@ -17,6 +17,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.steering import LayerDirection
@@ -65,8 +66,7 @@ class SteerOptions:
         if self.method == "pca" and (len(pos) != len(neg) or len(pos) < 2):
             raise UsageError(f"--method pca needs pairs: as many positive as negative prompts, at least 2 "
                              f"(got {len(pos)} and {len(neg)})")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        at_least("--batch-size", self.batch_size)
         for option, path in (("--out", self.out), ("--save-control-vector", self.save_control_vector)):
             if path is not None and not Path(path).parent.is_dir():
                 raise UsageError(f"{option} {path}: no such directory {Path(path).parent}")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import at_least
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
@@ -33,12 +34,9 @@ class TraceOptions:
     batch_size: int = 8
 
     def __post_init__(self) -> None:
-        from anatomy_cli.errors import UsageError
 
-        if self.k < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        at_least("--top", self.k)
+        at_least("--batch-size", self.batch_size)
         targets.check_first_token(self.first_token, self.wanted)
 
     @property
