@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from anatomy_cli.api._model import Model, encode, loaded, texts_of
 from anatomy_cli.api._prompts import One, _one
 from anatomy_cli.api._results import Result
+from anatomy_cli.api._run import run_prompts
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -28,15 +29,7 @@ def dla(model: Model, prompt: str | list[str], *, target: str | None = None, tar
 
     opts = task.DlaOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
                            position=position, by=task.By(by), top=top, sort=task.Sort(sort), batch_size=batch_size)
-    lm = loaded(model)
-    texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    plan = task.check(lm, opts, encoded)
-    out = []
-    for enc, result in zip(encoded, task.run(lm, encoded, opts, plan)):
-        args, kwargs = view.figure(lm, enc, result)
-        out.append(Result(task.COMMAND, result.shown, view.report(lm, enc, result).data, view.ROWS, args, kwargs))
-    return _one(out, single)
+    return run_prompts(task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.shown)
 
 
 def ablate(model: Model, prompt: str | list[str], *, target: str | None = None, target_id: int | None = None,
@@ -52,16 +45,7 @@ def ablate(model: Model, prompt: str | list[str], *, target: str | None = None, 
     opts = task.AblateOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
                               position=position, heads=heads, mode=task.AblateMode(mode), method=task.Method(method),
                               check=check, layer=layer, batch_size=batch_size)
-    lm = loaded(model)
-    texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    plan = task.check(lm, opts, encoded)
-    out = []
-    for enc, result in zip(encoded, task.run(lm, encoded, opts, plan)):
-        args, kwargs = view.figure(lm, enc, result)
-        out.append(Result(task.COMMAND, result.ablation, view.report(lm, enc, result).data, view.ROWS, args,
-                          kwargs))
-    return _one(out, single)
+    return run_prompts(task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.ablation)
 
 
 def patch(model: Model, clean: str, corrupt: str, *, target: str | None = None, target_id: int | None = None,

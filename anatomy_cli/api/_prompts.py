@@ -40,15 +40,7 @@ def trace(model: Model, prompt: str | list[str], *, position: int | None = None,
 
     opts = task.TraceOptions(position=position, k=k, target=target, target_id=target_id, first_token=first_token,
                              batch_size=batch_size)
-    lm = loaded(model)
-    texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    plan = task.check(lm, opts, encoded)
-    out = []
-    for enc, traced in zip(encoded, task.run(lm, encoded, opts, plan)):
-        args, kwargs = view.figure(lm, enc, traced)
-        out.append(Result(task.COMMAND, traced.trace, view.report(lm, enc, traced).data, view.ROWS, args, kwargs))
-    return _one(out, single)
+    return run_prompts(task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.trace)
 
 
 def next_token(model: Model, prompt: str | list[str], *, k: int = 10, target: str | None = None,

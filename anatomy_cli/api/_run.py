@@ -20,19 +20,24 @@ One = Result | list[Result]
 
 
 def run_prompts(task: ModuleType, view: ModuleType, model: Model, prompt: str | list[str], opts: Any,
-                prompts: PromptOptions = PromptOptions(),
+                prompts: PromptOptions = PromptOptions(), *, check_encoded: bool = False,
+                unwrap: Callable[[Any], Any] | None = None,
                 figure: Callable[[Any, Any, Any], tuple[tuple[Any, ...], dict[str, Any]]] | None = None) -> One:
-    """``task.check`` then ``task.run`` on ``prompt`` (one text → one Result; a list → a list). ``figure(lm,
-    enc, result)`` gives the picture's ``(args, kwargs)`` for :meth:`Result.plot` (None: the view's
+    """``task.check`` then ``task.run`` on ``prompt`` (one text → one Result; a list → a list).
+
+    ``check_encoded``: the task's check reads the encoded prompts too (``check(lm, opts, encoded)``);
+    ``unwrap(result)``: the object the Result carries, where the task's result wraps it (dla's ``shown``);
+    ``figure(lm, enc, result)``: the picture's ``(args, kwargs)`` for :meth:`Result.plot` (None: the view's
     ``figure`` if it has one)."""
     lm = loaded(model)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    plan = task.check(lm, opts)
+    plan = task.check(lm, opts, encoded) if check_encoded else task.check(lm, opts)
     results = task.run(lm, encoded, opts, plan)
     figure = figure or getattr(view, "figure", None)
     out = []
     for enc, result in zip(encoded, results):
         args, kwargs = figure(lm, enc, result) if figure is not None else ((), {})
-        out.append(Result(task.COMMAND, result, view.report(lm, enc, result).data, view.ROWS, args, kwargs))
+        carried = unwrap(result) if unwrap is not None else result
+        out.append(Result(task.COMMAND, carried, view.report(lm, enc, result).data, view.ROWS, args, kwargs))
     return out[0] if single else out
