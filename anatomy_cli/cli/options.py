@@ -14,6 +14,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar, cast
@@ -186,6 +187,21 @@ PROMPT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("chat", ChatOpt, False),
 )
 
+OUTPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("plot", PlotOpt, None),
+    ("fmt", FormatOpt, None),
+)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a command's result goes: ``fmt`` (``--format``; None: table on a terminal, tsv piped) and ``plot``
+    (``--plot FILE``; None: no picture)."""
+
+    plot: Path | None = None
+    fmt: Format | None = None
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -209,6 +225,13 @@ def prompt_options(*, truncate: bool = True, param: str = "prompts") -> Callable
 
     chosen = [o for o in PROMPT_OPTIONS if truncate or o[0] != "truncate"]
     return _group(param, chosen, PromptOptions)
+
+
+def output_options(*, plot: bool = True, param: str = "out") -> Callable[[F], F]:
+    """Replace the command's ``param`` parameter by ``--plot FILE`` (unless ``plot=False``) and ``--format``, and
+    pass it an :class:`Output`."""
+    chosen = [o for o in OUTPUT_OPTIONS if plot or o[0] != "plot"]
+    return _group(param, chosen, Output)
 
 
 def _group(param: str, options: list[tuple[str, Any, Any]], build: Callable[..., Any]) -> Callable[[F], F]:

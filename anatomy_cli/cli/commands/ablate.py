@@ -20,11 +20,11 @@ from anatomy_cli.cli.options import (
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
-    FormatOpt,
-    PlotOpt,
+    Output,
     TargetIdOpt,
     TargetOpt,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -39,6 +39,7 @@ RunsPerForwardOpt = Annotated[int, typer.Option(
 @app.command("ablate")
 @model_options()
 @prompt_options()
+@output_options()
 def ablate_command(
     prompt: PromptArg,
     target: TargetOpt = None,
@@ -62,8 +63,7 @@ def ablate_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: RunsPerForwardOpt = 32,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Knock out each layer's attention output, then its MLP output (or, with --heads, each head), and
     report the target's log-probability at --position, or logit(target) - logit(foil) with --foil,
@@ -82,6 +82,7 @@ def ablate_command(
         anatomy ablate "Thank you very" --target " much" --heads --layer -1 --format json
         anatomy ablate "Thank you very" --target " much" --heads --method attribution --check 8
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import ablate as view
     from anatomy_cli.tasks import ablate as task
 

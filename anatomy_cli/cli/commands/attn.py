@@ -8,7 +8,7 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, emit_prompts, load_weights, open_prompts
-from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
+from anatomy_cli.cli.options import Output, model_options, output_options, prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
@@ -16,6 +16,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("attn")
 @model_options()
 @prompt_options()
+@output_options()
 def attn_command(
     prompt: PromptArg,
     layer: Annotated[Optional[int], typer.Option(
@@ -33,8 +34,7 @@ def attn_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Attention patterns: how much each query position attends to each key position.
 
@@ -52,6 +52,7 @@ def attn_command(
         anatomy attn "The cat sat on the mat" --layer 5 --position 3
         anatomy attn "The cat sat on the mat" --format json | jq '.weights[0]'
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output import plots
     from anatomy_cli.output.render import resolve_format
     from anatomy_cli.output.views import attn as view

@@ -17,11 +17,11 @@ from anatomy_cli.cli.options import (
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
-    FormatOpt,
-    PlotOpt,
+    Output,
     TargetIdOpt,
     TargetOpt,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -32,6 +32,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("attribute")
 @model_options()
 @prompt_options()
+@output_options()
 def attribute_command(
     prompt: PromptArg,
     target: TargetOpt = None,
@@ -79,8 +80,7 @@ def attribute_command(
     prompts: PromptOptions = PromptOptions(),
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Integrated-gradient steps or occluded prompts per forward pass.")] = 32,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Token attribution: how much each input token drove the target's log-probability at the last
     position, or logit(target) - logit(foil) with --foil. One row per token: its attribution and its
@@ -98,6 +98,7 @@ def attribute_command(
         anatomy attribute "The capital of France is" --target " Paris" --layer 10 --site mlp_out
         anatomy attribute "Thank you very" --target " much" --method occlusion --plot much.png
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import attribute as view
     from anatomy_cli.tasks import attribute as task
 

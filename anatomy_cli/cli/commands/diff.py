@@ -10,11 +10,11 @@ import typer
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import BatchSizeOpt, emit_prompts, model_label
 from anatomy_cli.cli.options import (
-    FormatOpt,
-    PlotOpt,
+    Output,
     TargetIdOpt,
     TargetOpt,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -31,6 +31,7 @@ OptionalPrompt = Annotated[Optional[str], typer.Argument(
 @app.command("diff")
 @model_options(fields=("device", "dtype", "trust_remote_code"))
 @prompt_options()
+@output_options()
 def diff_command(
     a: ModelArg,
     b: OtherArg,
@@ -46,8 +47,7 @@ def diff_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Compare two models of one shape: a quantized file against its source, a fine-tune against its base.
 
@@ -67,6 +67,7 @@ def diff_command(
         anatomy diff ./base ./finetuned --format json
         anatomy diff model.Q4_1.gguf ./source "The capital of Germany is" --target " Berlin"
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.models.resolve import check_path
     from anatomy_cli.tasks import diff as task
 

@@ -19,11 +19,11 @@ from anatomy_cli.cli.options import (
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
-    FormatOpt,
-    PlotOpt,
+    Output,
     TargetIdOpt,
     TargetOpt,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -34,6 +34,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("dla")
 @model_options()
 @prompt_options()
+@output_options()
 def dla_command(
     prompt: PromptArg,
     target: TargetOpt = None,
@@ -59,8 +60,7 @@ def dla_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Direct logit attribution: how much each component wrote the target's logit at one position.
 
@@ -78,6 +78,7 @@ def dla_command(
         anatomy dla "Thank you very" --target-id 881 --format json
         anatomy dla "The capital of Germany is" --target " Berlin" --by head --top 10 --sort abs
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import dla as view
     from anatomy_cli.tasks import dla as task
 

@@ -9,9 +9,9 @@ import typer
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import load_weights, open_texts
 from anatomy_cli.cli.options import (
-    FormatOpt,
-    PlotOpt,
+    Output,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -22,6 +22,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("drift")
 @model_options()
 @prompt_options(truncate=False)
+@output_options()
 def drift_command(
     word: Annotated[str, typer.Argument(
         metavar="WORD", show_default=False,
@@ -44,8 +45,7 @@ def drift_command(
                                               help="Match WORD regardless of case.")] = False,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Cosine similarity of WORD's vector between contexts at every layer, with an anisotropy baseline.
 
@@ -62,6 +62,7 @@ def drift_command(
 
         anatomy drift bank -c TEXT -c TEXT -c TEXT --matrix 5 --format json
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output import plots
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import drift as view

@@ -15,7 +15,7 @@ from anatomy_cli.cli.commands._common import (
     open_model,
     open_prompts,
 )
-from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
+from anatomy_cli.cli.options import Output, model_options, output_options, prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks.heads import Score
 from anatomy_cli.text.options import PromptOptions
@@ -24,6 +24,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("heads")
 @model_options()
 @prompt_options()
+@output_options()
 def heads_command(
     prompt: Annotated[Optional[str], typer.Argument(
         metavar="[PROMPT]", show_default=False,
@@ -41,8 +42,7 @@ def heads_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """What each attention head does: one row per (layer, head) with five scores.
 
@@ -59,6 +59,7 @@ def heads_command(
         anatomy heads "The cat sat on the mat. The cat" --sort prev_token
         anatomy heads --seq-len 100 --seed 1 --format json
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import heads as view
     from anatomy_cli.tasks import heads as task
 

@@ -10,11 +10,11 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, emit_prompts, load_weights, open_prompts
 from anatomy_cli.cli.options import (
     FirstTokenOpt,
-    FormatOpt,
-    PlotOpt,
+    Output,
     TargetIdOpt,
     TargetOpt,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -25,6 +25,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("lens")
 @model_options()
 @prompt_options()
+@output_options()
 def lens_command(
     prompt: PromptArg,
     stat: Annotated[Stat, typer.Option("--stat", "-s", case_sensitive=False,
@@ -44,8 +45,7 @@ def lens_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """The logit lens at every layer and position: what the model would predict if it stopped there.
 
@@ -63,6 +63,7 @@ def lens_command(
         anatomy lens "Thank you very" --stride 4 --stat entropy
         anatomy lens "Thank you very" --layers embed,5,11 --top 3 --format json
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output import plots
     from anatomy_cli.output.render import Format, resolve_format
     from anatomy_cli.output.views import lens as view

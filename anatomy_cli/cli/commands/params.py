@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.options import FormatOpt, PlotOpt, TrustRemoteCodeOpt
+from anatomy_cli.cli.options import Output, TrustRemoteCodeOpt, output_options
 from anatomy_cli.models.resolve import short_name
 
 
@@ -27,6 +27,7 @@ _READ_FROM = {"meta": "counted on the meta device", "gguf_header": "read from th
 
 
 @app.command("params")
+@output_options()
 def params_command(
     model: Annotated[str, typer.Argument(
         metavar="MODEL", help="Preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-7b, mixtral-8x7b), "
@@ -46,8 +47,7 @@ def params_command(
         "0=20GiB,cpu=60GiB (GPU index, cpu, mps, disk). No GPU needs to be present.",
     )] = None,
     trust_remote_code: TrustRemoteCodeOpt = False,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Count a model's parameters exactly, by component, without loading weights.
 
@@ -70,6 +70,7 @@ def params_command(
         anatomy params SmolLM2-135M-Instruct.Q4_1.gguf
         anatomy params llama-7b --max-memory 0=8GiB,cpu=16GiB --dtype fp16
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.analyses import params as analysis
     from anatomy_cli.output import plots
     from anatomy_cli.output.render import emit

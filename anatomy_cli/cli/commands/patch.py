@@ -13,11 +13,11 @@ from anatomy_cli.cli.options import (
     FirstTokenFoilOpt,
     FoilIdOpt,
     FoilOpt,
-    FormatOpt,
-    PlotOpt,
+    Output,
     TargetIdOpt,
     TargetOpt,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -30,6 +30,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("patch")
 @model_options()
 @prompt_options(truncate=False)
+@output_options()
 def patch_command(
     clean: Annotated[str, typer.Argument(metavar="CLEAN", show_default=False,
                                          help="The prompt whose activations are copied in.")],
@@ -50,8 +51,7 @@ def patch_command(
     prompts: PromptOptions = PromptOptions(),
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Patched runs per forward pass (more: faster, more memory).")] = 32,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Activation patching: run CORRUPT, and at one site, layer and position replace the activation
     with CLEAN's; one patched run per cell of the grid.
@@ -71,6 +71,7 @@ def patch_command(
             --target " Paris" --foil " Rome" --site head --format json
         anatomy patch CLEAN CORRUPT --target " Paris" --foil " Rome" --site head --method attribution --check 10
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import patch as view
     from anatomy_cli.tasks import patch as task
 

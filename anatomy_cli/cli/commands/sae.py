@@ -9,7 +9,7 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import PromptArg, draw_each, emit_prompts, load_weights, open_prompts
-from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
+from anatomy_cli.cli.options import Output, model_options, output_options, prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
@@ -17,6 +17,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("sae")
 @model_options()
 @prompt_options()
+@output_options()
 def sae_command(
     prompt: PromptArg,
     sae_path: Annotated[Path, typer.Option(
@@ -39,8 +40,7 @@ def sae_command(
         help="Neuronpedia's exported explanations (explanations/*.jsonl.gz), joined by feature id.")] = None,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """An SAE or transcoder on PROMPT: its health first (L0, FVE, MSE, relative error, next-token CE and KL
     with the reconstruction spliced in, with and without the error term), then the top features per token.
@@ -58,6 +58,7 @@ def sae_command(
         anatomy sae "The cat" --sae ./sae --feature 123 --feature 4567 --labels ./explanations --format json
         anatomy sae "The cat sat on the mat" --sae ./sae --labels ./explanations --plot features.html
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import sae as view
     from anatomy_cli.tasks import sae as task
 

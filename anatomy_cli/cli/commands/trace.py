@@ -10,11 +10,11 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, emit_prompts, load_weights, open_prompts
 from anatomy_cli.cli.options import (
     FirstTokenOpt,
-    FormatOpt,
-    PlotOpt,
+    Output,
     TargetIdOpt,
     TargetOpt,
     model_options,
+    output_options,
     prompt_options,
 )
 from anatomy_cli.models.spec import ModelSpec
@@ -24,6 +24,7 @@ from anatomy_cli.text.options import PromptOptions
 @app.command("trace")
 @model_options()
 @prompt_options()
+@output_options()
 def trace_command(
     prompt: PromptArg,
     position: Annotated[Optional[int], typer.Option(
@@ -38,8 +39,7 @@ def trace_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
-    plot: PlotOpt = None,
-    fmt: FormatOpt = None,
+    out: Output = Output(),
 ) -> None:
     """Follow one token position through every layer: how much of the embedding survives, what each
     layer adds, and what the model would predict if it stopped there (the logit lens).
@@ -58,6 +58,7 @@ def trace_command(
         anatomy trace "Thank you very" --init random --format json
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
     """
+    plot, fmt = out.plot, out.fmt
     from anatomy_cli.output import plots
     from anatomy_cli.output.views import trace as view
     from anatomy_cli.tasks import trace as task
