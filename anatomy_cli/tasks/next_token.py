@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import at_least
-from anatomy_cli.text import targets
+from anatomy_cli.tasks._checks import TargetFields, at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.next_token import NextTokens
@@ -24,25 +23,18 @@ COMMAND = "next"
 
 
 @dataclass(frozen=True)
-class NextOptions:
+class NextOptions(TargetFields):
     """``k``: how many of the most probable tokens to list; ``target``/``target_id``: a token whose rank and
     probability are reported (``first_token``: the first token of a several-token TEXT)."""
 
     k: int = 10
-    target: str | None = None
-    target_id: int | None = None
-    first_token: bool = False
     batch_size: int = 8
 
     def __post_init__(self) -> None:
 
         at_least("--top", self.k)
         at_least("--batch-size", self.batch_size)
-        targets.check_first_token(self.first_token, self.wanted)
-
-    @property
-    def wanted(self) -> targets.TokenChoice | None:
-        return targets.choice(self.target, self.target_id, first_token=self.first_token)
+        self.check_target()
 
 
 @dataclass(frozen=True)
@@ -53,10 +45,7 @@ class NextPlan:
 def check(opened: Any, opts: NextOptions) -> NextPlan:
     """``opened``: an OpenedModel or a LoadedModel (anything with ``info``, ``tokenizer``, ``name``)."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
-    wanted = opts.wanted
-    target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
-                                                            vocab_size=opened.info.lm_head_rows)
-    return NextPlan(target_id)
+    return NextPlan(opts.target_id_in(opened))
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: NextOptions, plan: NextPlan) -> list[NextTokens]:

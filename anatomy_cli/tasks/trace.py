@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from anatomy_cli.models.capabilities import Need, require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import at_least
-from anatomy_cli.text import targets
+from anatomy_cli.tasks._checks import TargetFields, at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.trace import Trace
@@ -22,26 +21,19 @@ COMMAND = "trace"
 
 
 @dataclass(frozen=True)
-class TraceOptions:
+class TraceOptions(TargetFields):
     """``position``: the token to follow (None: the last, an encoder's last text token); ``k``: how many of the
     model's top next tokens to list; ``target``/``target_id``: a token ranked in every row's lens."""
 
     position: int | None = None
     k: int = 5
-    target: str | None = None
-    target_id: int | None = None
-    first_token: bool = False
     batch_size: int = 8
 
     def __post_init__(self) -> None:
 
         at_least("--top", self.k)
         at_least("--batch-size", self.batch_size)
-        targets.check_first_token(self.first_token, self.wanted)
-
-    @property
-    def wanted(self) -> targets.TokenChoice | None:
-        return targets.choice(self.target, self.target_id, first_token=self.first_token)
+        self.check_target()
 
 
 @dataclass(frozen=True)
@@ -63,12 +55,10 @@ def check(opened: Any, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -> T
     from anatomy_cli.text.positions import check_position
 
     check_position(opts.position, encoded)
-    wanted = opts.wanted
-    if wanted is None:
+    if opts.wanted is None:
         return TracePlan(None)
     require(opened.info, Need.lm_head, command="trace --target")
-    return TracePlan(targets.resolve(opened.tokenizer, wanted, model=opened.name,
-                                     vocab_size=opened.info.lm_head_rows))
+    return TracePlan(opts.target_id_in(opened))
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: TracePlan) -> list[Traced]:
