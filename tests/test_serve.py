@@ -489,3 +489,25 @@ def test_forwarded_output_follows_the_clients_encoding(server):
         assert remote.returncode == local.returncode == 0, (args, remote.stderr)
         assert (remote.stdout, remote.stderr) == (local.stdout, local.stderr), args
         assert b" \\xb7 " in remote.stderr  # the heading's middle dot, escaped as Python's stderr does
+
+
+def test_the_cancellation_hook_stops_a_task_at_its_next_step():
+    # What the server installs around a command (tasks.notes.cancellable): every status block, update and
+    # counter step asks it; outside the block nothing is checked.
+    from anatomy_cli.tasks import notes
+
+    reason: list[str | None] = [None]
+    with notes.cancellable(lambda: reason[0]):
+        with notes.status("work") as line:
+            step = line.counter("work", "steps")
+            step(1, 3)
+            line.update("still working")
+            reason[0] = "by a test"
+            with pytest.raises(notes.Cancelled, match="^cancelled by a test$") as caught:
+                step(2, 3)
+            assert caught.value.exit_code == 130
+        with pytest.raises(notes.Cancelled):
+            notes.check_cancelled()
+        with pytest.raises(notes.Cancelled), notes.status("never shown"):
+            pass
+    notes.check_cancelled()
