@@ -429,20 +429,28 @@ def test_a_killed_client_cancels_its_job(server, long_llama):
 
 
 def test_status_lists_the_jobs_and_cancel_ends_them(server, long_llama):
+    # Two clients wait behind a running generate: one with a piped stderr (told once, in a line that stays),
+    # one on a terminal (a status line); --status lists all three, --cancel ID ends the generate.
+    from serve_helpers import run_with_tty_stderr
+
     from anatomy_cli.serve.jobs import NOTE_AFTER_S
 
     sock, _ = server
     m = str(long_llama)
     running = _client(_long(long_llama), sock)
     queued = None
+    pool = ThreadPoolExecutor(1)
     try:
         first = _wait_jobs(sock, lambda jobs: any(j["state"] == "running" for j in jobs), "a running generate")[0]
         queued = _client(["next", "Hi", "--model", m], sock)
-        # Once the queued client has waited long enough to be told so (its stderr is a pipe: one line).
-        jobs = _wait_jobs(sock, lambda jobs: len(jobs) == 2 and jobs[1]["for_s"] > NOTE_AFTER_S + 1, "a queued next")
+        _wait_jobs(sock, lambda jobs: len(jobs) == 2, "a queued next")
+        on_tty = pool.submit(run_with_tty_stderr, ["next", "Hi", "--model", m], sock, 150)
+        # Once the queued clients have waited long enough to be told so.
+        jobs = _wait_jobs(sock, lambda jobs: len(jobs) == 3 and jobs[2]["for_s"] > NOTE_AFTER_S + 1, "queued nexts")
         assert [(j["id"], j["state"], j["command"]) for j in jobs] == [
             (first["id"], "running", f"anatomy generate 'Once upon a' --model {m} --max-new-tokens 20000"),
-            (first["id"] + 1, "queued", f"anatomy next Hi --model {m}")]
+            (first["id"] + 1, "queued", f"anatomy next Hi --model {m}"),
+            (first["id"] + 2, "queued", f"anatomy next Hi --model {m}")]
         table = anatomy("serve", "--status", "--socket", str(sock), sock=None)
         assert f"\n{first['id']}\trunning\t" in table.stdout and f"\n{first['id'] + 1}\tqueued\t" in table.stdout
         cancel = anatomy("serve", "--cancel", str(first["id"]), "--socket", str(sock), "--format", "json", sock=None)
@@ -460,7 +468,12 @@ def test_status_lists_the_jobs_and_cancel_ends_them(server, long_llama):
                                f"--model ") and "`, running for " in note
         assert note.endswith(f" s (`anatomy serve --cancel {first['id']}` ends it)")
         assert rest.startswith("next · llama\n")  # then what the command itself says
+        code, out, shown = on_tty.result(timeout=150)
+        assert code == 0 and out.startswith("rank\t")
+        assert f"waiting for job {first['id']}, `anatomy generate 'Once upon a' --model " in shown  # the status line
+        assert "anatomy serve: waiting" not in shown  # and no line that stays
     finally:
+        pool.shutdown(wait=False)
         for proc in (running, queued):
             if proc is not None and proc.poll() is None:
                 proc.kill()
