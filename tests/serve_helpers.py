@@ -89,8 +89,10 @@ def stop(proc: subprocess.Popen, sock: Path) -> None:
 def thread_server(path: Path, **options) -> tuple:
     """An in-process Server serving on a thread: ``(server, thread)``."""
     from anatomy_cli.serve.server import Server
+    from anatomy_cli.tasks.notes import cancellable
 
-    srv = Server(path, commands=click_command, log=options.pop("log", lambda msg: None), **options)
+    srv = Server(path, commands=click_command, log=options.pop("log", lambda msg: None), cancellable=cancellable,
+                 **options)
     srv.bind()
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -109,7 +111,7 @@ def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float =
         request = {**client.build_request(argv, stdin.encode()), **fields}
         protocol.send(conn, request)
         messages = [protocol.receive(conn)]
-        while "status" in messages[-1]:
+        while "status" in messages[-1] or "note" in messages[-1]:
             messages.append(protocol.receive(conn))
         return messages
     finally:

@@ -373,3 +373,154 @@ def test_every_weight_command_is_answered_as_in_process(server, cached_load, tmp
     status = anatomy("serve", "--status", "--socket", str(sock), sock=None)
     assert "not forwarded: corpus --ray: its Ray workers load their own copies of the model" in status.stdout + \
         status.stderr
+
+
+# ---------------------------------------------------------------- jobs: a killed client, --status, --cancel
+
+@pytest.fixture(scope="module")
+def long_llama(tiny_model_dir, tmp_path_factory):
+    """The tiny Llama with a 200,000-token context (RoPE: no parameter grows), so a forwarded `generate
+    --max-new-tokens 20000` runs long on any machine."""
+    import shutil
+
+    model = Path(shutil.copytree(tiny_model_dir("llama"), tmp_path_factory.mktemp("long") / "llama"))
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 200_000}))
+    return model
+
+
+def _jobs(sock: Path) -> list[dict]:
+    return protocol.request(sock, {"op": "status"}, wait=30)["jobs"]
+
+
+def _wait_jobs(sock: Path, ready, what: str, seconds: float = 150) -> list[dict]:
+    """The server's jobs once ``ready(jobs)``; fails after ``seconds`` (a generous bound, not a timing claim)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        jobs = _jobs(sock)
+        if ready(jobs):
+            return jobs
+        time.sleep(0.05)
+    raise AssertionError(f"the server never had {what}: {_jobs(sock)}")
+
+
+def _client(args: list[str], sock: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "anatomy_cli", *args], env={**ENV, protocol.ENV_SOCKET: str(sock)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+
+
+def _long(model: Path) -> list[str]:
+    return ["generate", "Once upon a", "--model", str(model), "--max-new-tokens", "20000"]
+
+
+def test_a_killed_client_cancels_its_job(server, long_llama):
+    # Issue 51 item 2: the job of a killed client stopped at its next token, the next command answered at
+    # once rather than after 20,000 tokens (the timeout below is far shorter than those).
+    sock, _ = server
+    proc = _client(_long(long_llama), sock)
+    try:
+        _wait_jobs(sock, lambda jobs: any(j["state"] == "running" for j in jobs), "a running generate")
+    finally:
+        proc.kill()
+        proc.communicate()
+    out = anatomy("next", "Hi", "--model", str(long_llama), sock=sock, timeout=90)
+    assert out.returncode == 0 and out.stdout.startswith("rank\t"), out.stderr
+    assert _jobs(sock) == []
+
+
+def test_status_lists_the_jobs_and_cancel_ends_them(server, long_llama):
+    # Two clients wait behind a running generate: one with a piped stderr (told once, in a line that stays),
+    # one on a terminal (a status line); --status lists all three, --cancel ID ends the generate.
+    from serve_helpers import run_with_tty_stderr
+
+    from anatomy_cli.serve.jobs import NOTE_AFTER_S
+
+    sock, _ = server
+    m = str(long_llama)
+    running = _client(_long(long_llama), sock)
+    queued = None
+    pool = ThreadPoolExecutor(1)
+    try:
+        first = _wait_jobs(sock, lambda jobs: any(j["state"] == "running" for j in jobs), "a running generate")[0]
+        queued = _client(["next", "Hi", "--model", m], sock)
+        _wait_jobs(sock, lambda jobs: len(jobs) == 2, "a queued next")
+        on_tty = pool.submit(run_with_tty_stderr, ["next", "Hi", "--model", m], sock, 150)
+        # Once the queued clients have waited long enough to be told so.
+        jobs = _wait_jobs(sock, lambda jobs: len(jobs) == 3 and jobs[2]["for_s"] > NOTE_AFTER_S + 1, "queued nexts")
+        assert [(j["id"], j["state"], j["command"]) for j in jobs] == [
+            (first["id"], "running", f"anatomy generate 'Once upon a' --model {m} --max-new-tokens 20000"),
+            (first["id"] + 1, "queued", f"anatomy next Hi --model {m}"),
+            (first["id"] + 2, "queued", f"anatomy next Hi --model {m}")]
+        table = anatomy("serve", "--status", "--socket", str(sock), sock=None)
+        assert f"\n{first['id']}\trunning\t" in table.stdout and f"\n{first['id'] + 1}\tqueued\t" in table.stdout
+        cancel = anatomy("serve", "--cancel", str(first["id"]), "--socket", str(sock), "--format", "json", sock=None)
+        assert cancel.returncode == 0, cancel.stderr
+        answer = json.loads(cancel.stdout)
+        assert [j["id"] for j in answer["cancelled"]] == [first["id"]] and answer["not_found"] == []
+        out, err = running.communicate(timeout=90)
+        assert running.returncode == 130 and out == b""
+        assert err.decode().endswith("error: cancelled by `anatomy serve --cancel`\n")
+        out, err = queued.communicate(timeout=90)  # answered once the generate stopped
+        assert queued.returncode == 0 and out.decode().startswith("rank\t")
+        note, rest = err.decode().split("\n", 1)
+        # The command line, cut to jobs.SHOWN_CHARS characters.
+        assert note.startswith(f"anatomy serve: waiting for job {first['id']}, `anatomy generate 'Once upon a' "
+                               f"--model ") and "`, running for " in note
+        assert note.endswith(f" s (`anatomy serve --cancel {first['id']}` ends it)")
+        assert rest.startswith("next · llama\n")  # then what the command itself says
+        code, out, shown = on_tty.result(timeout=150)
+        assert code == 0 and out.startswith("rank\t")
+        assert f"waiting for job {first['id']}, `anatomy generate 'Once upon a' --model " in shown  # the status line
+        assert "anatomy serve: waiting" not in shown  # and no line that stays
+    finally:
+        pool.shutdown(wait=False)
+        for proc in (running, queued):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    none = anatomy("serve", "--cancel", "999", "--socket", str(sock), "--format", "json", sock=None)
+    assert json.loads(none.stdout) == {"cancelled": [], "not_found": [999]}
+    said = anatomy("serve", "--cancel", "999", "--socket", str(sock), sock=None)
+    assert said.returncode == 0 and said.stderr == ("cancelled 0 jobs\n"
+                                                    "no job 999 (it finished, or never was: see serve --status)\n")
+    assert _jobs(sock) == []
+    usage = anatomy("serve", "7", "--socket", str(sock), sock=None)
+    assert usage.returncode == 2 and "job ids are for --cancel" in usage.stderr
+
+
+def test_forwarded_output_follows_the_clients_encoding(server):
+    # Issue 51 item 3: with PYTHONIOENCODING=ascii, generate's and sae's headings (·) reach stderr escaped,
+    # as in-process, instead of an internal UnicodeEncodeError; stdout and stderr byte for byte.
+    sock, model = server
+    sae = Path(__file__).parent / "fixtures" / "sae" / "saelens-standard"
+    m = ["--model", str(model)]
+    env = {**ENV, "PYTHONIOENCODING": "ascii"}
+    for args in (["generate", "Once upon a", *m, "--max-new-tokens", "3"], ["sae", "Hi there", "--sae", str(sae), *m]):
+        remote, local = (subprocess.run([sys.executable, "-m", "anatomy_cli", *args, *extra], capture_output=True,
+                                        env={**env, protocol.ENV_SOCKET: str(sock)}, timeout=180)
+                         for extra in ((), ("--no-server",)))
+        assert remote.returncode == local.returncode == 0, (args, remote.stderr)
+        assert (remote.stdout, remote.stderr) == (local.stdout, local.stderr), args
+        assert b" \\xb7 " in remote.stderr  # the heading's middle dot, escaped as Python's stderr does
+
+
+def test_the_cancellation_hook_stops_a_task_at_its_next_step():
+    # What the server installs around a command (tasks.notes.cancellable): every status block, update and
+    # counter step asks it; outside the block nothing is checked.
+    from anatomy_cli.tasks import notes
+
+    reason: list[str | None] = [None]
+    with notes.cancellable(lambda: reason[0]):
+        with notes.status("work") as line:
+            step = line.counter("work", "steps")
+            step(1, 3)
+            line.update("still working")
+            reason[0] = "by a test"
+            with pytest.raises(notes.Cancelled, match="^cancelled by a test$") as caught:
+                step(2, 3)
+            assert caught.value.exit_code == 130
+        with pytest.raises(notes.Cancelled):
+            notes.check_cancelled()
+        with pytest.raises(notes.Cancelled), notes.status("never shown"):
+            pass
+    notes.check_cancelled()

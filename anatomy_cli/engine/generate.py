@@ -76,8 +76,10 @@ def stop_ids(lm: LoadedModel) -> tuple[int, ...]:
 
 def generate(lm: LoadedModel, prompt: Sequence[int], *, max_new_tokens: int, choose: Choose = greedy,
              stop: Iterable[int] = (), hooks: Mapping[str, HookFn] | None = None, lens: bool = False,
-             use_cache: bool = True) -> Generation:
+             use_cache: bool = True, progress: Callable[[int, int], None] | None = None) -> Generation:
     """Continue ``prompt`` (token ids) by up to ``max_new_tokens`` tokens; see the module docstring.
+
+    ``progress(done, max_new_tokens)`` is called after each new token (a status line; it may raise to stop).
 
     Stops after a token in ``stop``, or when the model's context is full. Raises UsageError for a model
     without an LM head or one that is not causal, and for an empty prompt; AnatomyError for an id outside the
@@ -119,6 +121,8 @@ def generate(lm: LoadedModel, prompt: Sequence[int], *, max_new_tokens: int, cho
                 lens_top.append(top)
             ids.append(token)
             new = [token]
+            if progress is not None:
+                progress(len(ids) - len(prompt), max_new_tokens)
             if token in stop_set:
                 stopped = "eos"
                 break

@@ -81,6 +81,9 @@ def build_request(argv: list[str], stdin: bytes | None = None) -> dict:
     return {"op": "run", "argv": argv, "cwd": os.getcwd(), "env": env,
             "stdout_isatty": stdout_tty, "stderr_isatty": sys.stderr.isatty(),
             "stdout_encoding": sys.stdout.encoding or "utf-8", "stderr_encoding": sys.stderr.encoding or "utf-8",
+            # What the streams do with a character their encoding lacks (stderr: backslashreplace): the server's
+            # captured streams do the same, so the bytes are the in-process ones.
+            "stdout_errors": sys.stdout.errors or "strict", "stderr_errors": sys.stderr.errors or "strict",
             "stdin": base64.b64encode(stdin).decode("ascii")}
 
 
@@ -124,8 +127,12 @@ def forward(argv: list[str]) -> int | None:
         conn.settimeout(timeout)
         protocol.send(conn, build_request(argv))
         answer = protocol.receive(conn)
-        while "status" in answer:  # what the server is doing for us now: a terminal's status line
-            line.show(str(answer["status"]))
+        while "status" in answer or "note" in answer:
+            if "status" in answer:  # what the server is doing for us now: a terminal's status line
+                line.show(str(answer["status"]))
+            else:  # a line that stays (waiting behind another client's command, said off a terminal)
+                line.clear()
+                print(str(answer["note"]), file=sys.stderr, flush=True)
             answer = protocol.receive(conn)
     except TimeoutError:
         line.clear()

@@ -9,7 +9,10 @@ It listens first and loads afterwards: :meth:`Server.serve_forever` answers hand
 while the worker imports torch and preloads. Requests run one at a time on that one worker thread (a
 queue): the forward engine, the working directory and ``sys.stdout`` are process-wide. Connections are
 handled on their own threads, so a slow or vanished client never blocks others, and a request queued
-behind a load tells its client so (``waiting for the server to load M…``). Models are cached by spec and
+behind a load tells its client so (``waiting for the server to load M…``), and one queued behind another
+client's command names that command and how long it has run (:mod:`.jobs`). A client that disconnects
+cancels its job (queued: it never runs; running: at its next reported step, through the ``cancellable`` hook
+the CLI hands in), and ``cancel`` ends jobs by id. Models are cached by spec and
 file identity (:mod:`.cache`). SIGTERM, SIGINT, ``stop`` and the idle timeout all end it the same way:
 the socket is removed.
 """
@@ -17,6 +20,7 @@ the socket is removed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import socket
@@ -25,12 +29,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.serve import lifecycle, protocol
 from anatomy_cli.serve.cache import ModelCache, TokenizerCache, clear_stray_hooks
+from anatomy_cli.serve.jobs import NOTE_AFTER_S, POLL_S, Job, client_gone, never_cancelled
 from anatomy_cli.serve.session import BadRequest, check_run, client_context, library_bars_silenced, notifier
 
 
@@ -38,7 +44,8 @@ class Server:
     """Listens on a Unix socket; see the module docstring. ``serve_forever`` blocks until stop or idle."""
 
     def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
-                 idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None, loader: Any = None):
+                 idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None, loader: Any = None,
+                 cancellable: Callable[[Callable[[], str | None]], Any] = never_cancelled):
         self.path = Path(path)
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))
@@ -59,6 +66,12 @@ class Server:
         self._commands = commands  # the registry: returns the click command that runs a command line
         self._command: Any = None
         self._tokenizer_load: Callable[..., Any] | None = None  # set by the worker
+        # ``cancellable(check)``: the context manager under which a command ends at its next step once
+        # ``check()`` gives a reason (the CLI hands in tasks.notes.cancellable; the server imports no task).
+        self._cancellable = cancellable
+        self.active: dict[int, Job] = {}  # the run requests queued or running, by id
+        self._ids = itertools.count(1)
+        self._active_lock = threading.Lock()
 
     def _load_tokenizer(self, source: Any, **options: Any) -> Any:
         assert self._tokenizer_load is not None  # set by the worker before any request runs
@@ -194,6 +207,8 @@ class Server:
         if op == "stop":
             self.stopping.set()
             return {"stopped": True, "pid": os.getpid()}
+        if op == "cancel":
+            return self.cancel(req.get("ids"))
         if op != "run":
             return {"error": f"unknown request '{op}'", "exit_code": 2}
         try:
@@ -201,12 +216,61 @@ class Server:
         except BadRequest as exc:
             return {"error": str(exc), "exit_code": 2}
         notify = notifier(conn)
+        tty = bool(req.get("stderr_isatty"))
         waiting = self._waiting_for()
-        if waiting and req.get("stderr_isatty"):
+        if waiting and tty:
             notify(waiting)
+        job = Job(next(self._ids), [str(a) for a in req.get("argv") or []])
+        with self._active_lock:
+            self.active[job.id] = job
         done: Future = Future()
-        self.jobs.put(("run", req, (done, notify)))
-        return done.result()
+        self.jobs.put(("run", req, (done, notify, job)))
+        return self._await(job, done, conn, notify, tty)
+
+    def _await(self, job: Job, done: Future, conn: socket.socket, notify: Callable[[str], None],
+               tty: bool) -> dict[str, Any]:
+        """The answer to ``job``. Meanwhile: cancel it when its client disconnects, and while it waits
+        behind another client's command say so (a terminal: a status line; else one stderr line)."""
+        shown = ""
+        while True:
+            try:
+                return done.result(timeout=POLL_S)
+            except FutureTimeout:
+                pass
+            if job.cancel is None and client_gone(conn):
+                job.cancel = "as its client disconnected"
+                self.log(f"cancelling job {job.id} ({job.command()}): its client disconnected")
+                return done.result()  # nobody reads it; the worker is free again at the job's next step
+            ahead = self._running()
+            with job.lock:  # the worker clears a shown line as the job starts
+                if job.started is not None or ahead is None or ahead is job:
+                    continue
+                text = ahead.waiting_text()
+                if tty and text != shown:
+                    notify(text)
+                    shown = job.shown = text
+                elif not tty and not job.noted and time.time() - job.queued >= NOTE_AFTER_S:
+                    with contextlib.suppress(OSError):
+                        protocol.send(conn, {"note": f"anatomy serve: {text}"})
+                    job.noted = True
+
+    def _running(self) -> Job | None:
+        with self._active_lock:
+            return next((j for j in self.active.values() if j.started is not None), None)
+
+    def cancel(self, ids: Any = None) -> dict[str, Any]:
+        """End the queued and running jobs (``ids``: those only): a queued one never runs, a running one
+        stops at its next step. Answers the jobs it cancelled and the ids it did not find."""
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+            return {"error": "request field 'ids' must be a JSON list of integers", "exit_code": 2}
+        with self._active_lock:
+            jobs = [j for j in self.active.values() if ids is None or j.id in ids]
+            missing = sorted(set(ids or ()) - {j.id for j in jobs})
+        for job in jobs:
+            if job.cancel is None:
+                job.cancel = "by `anatomy serve --cancel`"
+                self.log(f"cancelling job {job.id} ({job.command()}) as asked")
+        return {"cancelled": [j.row() for j in jobs], "not_found": missing}
 
     def _waiting_for(self) -> str | None:
         """The status line for a request queued behind a load, or None."""
@@ -260,22 +324,36 @@ class Server:
                 with self.cache.lock:
                     self.cache.loading.pop(key, None)
             return
-        done, notify = reply
+        done, notify, job = reply
         try:
-            done.set_result(self.run(payload, notify))
+            with job.lock:
+                if job.cancel is not None:  # cancelled while queued: it never runs
+                    done.set_result({"error": f"cancelled {job.cancel} before it started", "exit_code": 130})
+                    return
+                job.started = time.time()
+                if job.shown:
+                    notify("")  # the "waiting for …" line; the command's own lines follow
+            done.set_result(self.run(payload, notify, job))
         except BaseException as exc:  # never let the worker die: answer with the failure
-            done.set_result({"error": f"internal error in the server: {type(exc).__name__}: {exc}",
-                             "exit_code": 1})
+            if not done.done():
+                done.set_result({"error": f"internal error in the server: {type(exc).__name__}: {exc}",
+                                 "exit_code": 1})
+        finally:
+            with self._active_lock:
+                self.active.pop(job.id, None)
 
-    def run(self, req: dict[str, Any], notify: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Run one command line as the console script would; stdout/stderr bytes and the exit code."""
+    def run(self, req: dict[str, Any], notify: Callable[[str], None] | None = None,
+            job: Job | None = None) -> dict[str, Any]:
+        """Run one command line as the console script would; stdout/stderr bytes and the exit code (``job``:
+        it ends at its next step once cancelled)."""
         import base64
 
         if self._command is None:
             # Built once: typer rebuilds the click command on every app() call (~0.1 s).
             self._command = self._commands()
         argv = [str(a) for a in req.get("argv") or []]
-        with client_context(req, notify) as (out, err):
+        check = (lambda: job.cancel) if job is not None else (lambda: None)
+        with client_context(req, notify) as (out, err), self._cancellable(check):
             try:
                 code = self._command.main(args=argv, prog_name="anatomy", standalone_mode=False)
             except SystemExit as exc:  # typer.Exit paths that escape the group
@@ -301,5 +379,11 @@ class Server:
                 "requests": self.requests, "peak_rss_bytes": rss, "max_bytes": self.cache.max_bytes,
                 "idle_timeout_s": self.idle_timeout, "version": self.identity["version"],
                 "location": self.identity["location"], "digest": self.identity["digest"],
-                "models": self.cache.summary() + queued}
+                "models": self.cache.summary() + queued, "jobs": self.job_rows()}
+
+    def job_rows(self) -> list[dict[str, Any]]:
+        """The run requests now running (first) and queued, oldest first: id, command, state, since, for_s."""
+        with self._active_lock:
+            jobs = list(self.active.values())
+        return [j.row() for j in sorted(jobs, key=lambda j: (j.started is None, j.queued))]
 

@@ -9,6 +9,7 @@ happens, and the answer carries only what the command printed.
 from __future__ import annotations
 
 import base64
+import codecs
 import contextlib
 import functools
 import io
@@ -29,9 +30,10 @@ class Captured(io.TextIOWrapper):
     ``cli.app.status`` uses in place of its spinner when it finds it on ``sys.stderr``.
     """
 
-    def __init__(self, encoding: str, tty: bool, notify: Callable[[str], None] | None = None):
+    def __init__(self, encoding: str, tty: bool, notify: Callable[[str], None] | None = None,
+                 errors: str = "strict"):
         raw = io.BytesIO()
-        super().__init__(raw, encoding=encoding, errors="strict", write_through=True)
+        super().__init__(raw, encoding=encoding, errors=errors, write_through=True)
         self._raw = raw
         self._tty = tty
         self._notify = notify or (lambda text: None)
@@ -71,7 +73,8 @@ class BadRequest(ValueError):
 def check_run(req: dict[str, Any]) -> None:
     """Raise BadRequest for a ``run`` request with unknown fields or fields of the wrong type."""
     fields = {"op": str, "argv": list, "cwd": str, "env": dict, "stdout_isatty": bool, "stderr_isatty": bool,
-              "stdout_encoding": str, "stderr_encoding": str, "stdin": str}
+              "stdout_encoding": str, "stderr_encoding": str, "stdout_errors": str, "stderr_errors": str,
+              "stdin": str}
     unknown = sorted(set(req) - set(fields))
     if unknown:
         raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
@@ -88,6 +91,11 @@ def check_run(req: dict[str, Any]) -> None:
             "".encode(req.get(name) or "utf-8")
         except LookupError:
             raise BadRequest(f"unknown encoding {req[name]!r} in '{name}'") from None
+    for name in ("stdout_errors", "stderr_errors"):
+        try:
+            codecs.lookup_error(req.get(name) or "strict")
+        except LookupError:
+            raise BadRequest(f"unknown error handler {req[name]!r} in '{name}'") from None
     try:
         base64.b64decode(req.get("stdin") or "", validate=True)
     except ValueError:
@@ -97,8 +105,10 @@ def check_run(req: dict[str, Any]) -> None:
 @contextlib.contextmanager
 def client_context(req: dict[str, Any], notify: Callable[[str], None] | None = None):
     """The client's cwd, environment, stdin and stdout/stderr for the length of one request."""
-    out = Captured(req.get("stdout_encoding") or "utf-8", bool(req.get("stdout_isatty")))
-    err = Captured(req.get("stderr_encoding") or "utf-8", bool(req.get("stderr_isatty")), notify)
+    out = Captured(req.get("stdout_encoding") or "utf-8", bool(req.get("stdout_isatty")),
+                   errors=req.get("stdout_errors") or "strict")
+    err = Captured(req.get("stderr_encoding") or "utf-8", bool(req.get("stderr_isatty")), notify,
+                   errors=req.get("stderr_errors") or "backslashreplace")
     stdin = io.TextIOWrapper(io.BytesIO(base64.b64decode(req.get("stdin") or "")), encoding="utf-8")
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()

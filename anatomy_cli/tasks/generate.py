@@ -10,7 +10,7 @@ that does not fit; :func:`run` computes one :class:`Generated` per prompt.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from anatomy_cli.errors import UsageError
@@ -156,6 +156,7 @@ class Settings:
     lens: bool
     vector: SteeringVector | None
     stop: tuple[int, ...]
+    progress: Callable[[int, int], None] | None = None  # after each token: the status line (and cancellation)
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: GeneratePlan) -> list[Generated]:
@@ -166,8 +167,10 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: Ge
     described = describe(lm)
     out = []
     for index, enc in enumerate(encoded):
-        with notes.status(f"generating ({index + 1}/{len(encoded)})"):
-            out.append(one_prompt(lm, list(enc.ids), s, opts, plan, described))
+        what = f"generating ({index + 1}/{len(encoded)})"
+        with notes.status(what) as line:
+            step = replace(s, progress=line.counter(what, "tokens"))
+            out.append(one_prompt(lm, list(enc.ids), step, opts, plan, described))
     return out
 
 
@@ -191,7 +194,7 @@ def run_one(lm: LoadedModel, ids: list[int], s: Settings, coef: float, *, lens: 
 
     hooks = s.vector.hooks(coef) if s.vector is not None else None
     return generate(lm, ids, max_new_tokens=s.max_new_tokens, choose=s.choose(), stop=s.stop, hooks=hooks,
-                    lens=s.lens if lens is None else lens, use_cache=use_cache)
+                    lens=s.lens if lens is None else lens, use_cache=use_cache, progress=s.progress)
 
 
 def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> float:
@@ -203,7 +206,7 @@ def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> flo
         return 0.0
     hooks = s.vector.hooks(coef) if s.vector is not None else None
     again = generate(lm, list(g.prompt), max_new_tokens=len(g.tokens), choose=replay(g.tokens), hooks=hooks,
-                     use_cache=False)
+                     use_cache=False, progress=s.progress)
     return float((again.logits.double() - g.logits.double()).abs().max())
 
 

@@ -5,6 +5,11 @@ yielding a :class:`Progress` with ``update(text)`` and ``counter(what, unit)``);
 where they go by installing a Notes with :func:`using_notes`: the CLI and the Python API hand the stderr sink
 (:mod:`anatomy_cli.output.sink`), a test or a notebook can collect them (:class:`Collected`, the default, keeps
 them in a list and shows nothing).
+
+A long run can be cancelled from outside (``anatomy serve`` does so when a client disconnects or
+``serve --cancel`` asks): whoever runs the task installs a check with :func:`cancellable`; every
+:func:`status` block, each ``update`` and each ``counter`` step of its Progress, and :func:`check_cancelled`
+(called by loops that report nothing) raise :class:`Cancelled` once the check answers a reason.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from anatomy_cli.errors import AnatomyError
 
 
 class Progress(Protocol):
@@ -93,5 +100,60 @@ def info(message: str) -> None:
     current().info(message)
 
 
+class Cancelled(AnatomyError):
+    """The run was cancelled from outside (its message says by what); exit 130, as an interrupted run."""
+
+    exit_code = 130
+
+
+_cancel: ContextVar[Callable[[], str | None] | None] = ContextVar("anatomy_cancel", default=None)
+
+
+@contextmanager
+def cancellable(check: Callable[[], str | None]) -> Iterator[None]:
+    """Inside the block, ``check()`` is asked at every step a task reports; a reason (not None) ends the run
+    there with :class:`Cancelled` (``cancelled REASON``: ``by …``, ``as …``)."""
+    token = _cancel.set(check)
+    try:
+        yield
+    finally:
+        _cancel.reset(token)
+
+
+def check_cancelled() -> None:
+    """Raise :class:`Cancelled` when the installed check (:func:`cancellable`) gives a reason; else nothing."""
+    check = _cancel.get()
+    reason = check() if check is not None else None
+    if reason is not None:
+        raise Cancelled(f"cancelled {reason}")
+
+
+class _Checked:
+    """A Progress that checks for cancellation at every update and counter step."""
+
+    def __init__(self, inner: Progress):
+        self._inner = inner
+
+    def update(self, text: str) -> None:
+        check_cancelled()
+        self._inner.update(text)
+
+    def counter(self, what: str, unit: str) -> Callable[[int, int], None]:
+        step = self._inner.counter(what, unit)
+
+        def checked(done: int, total: int) -> None:
+            check_cancelled()
+            step(done, total)
+
+        return checked
+
+
+@contextmanager
+def _status(message: str) -> Iterator[Progress]:
+    check_cancelled()
+    with current().status(message) as progress:
+        yield _Checked(progress)
+
+
 def status(message: str) -> AbstractContextManager[Progress]:
-    return current().status(message)
+    return _status(message)

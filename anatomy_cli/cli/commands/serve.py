@@ -13,6 +13,8 @@ from anatomy_cli.errors import AnatomyError, UsageError
 from anatomy_cli.output.render import Column, Report, Section, emit
 from anatomy_cli.serve import client
 
+JOB_COLUMNS = (Column("id", "id", "id"), Column("state", "state"), Column("since", "since"),
+               Column("for_s", "for (s)", "float", 1), Column("command", "command"))
 STATUS_COLUMNS = (Column("model", "model"), Column("state", "state"), Column("dtype", "dtype"),
                   Column("device", "device"), Column("init", "init"), Column("bytes", "memory", "bytes"),
                   Column("reloads", "reloads", "int"), Column("last_reload", "last reload"))
@@ -38,6 +40,11 @@ def serve_command(
                                          "uptime, then exit.")] = False,
     stop: Annotated[bool, typer.Option("--stop", help="Stop the running server; returns once it has "
                                        "exited.")] = False,
+    cancel: Annotated[bool, typer.Option("--cancel", help="End the server's running and queued commands (those "
+                                         "IDs only, from serve --status): a queued one never runs, a running one "
+                                         "stops at its next step.")] = False,
+    ids: Annotated[Optional[list[int]], typer.Argument(
+        metavar="[ID]...", show_default=False, help="With --cancel: the jobs to end. Default: all.")] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Run the server in the background (its log: "
                                          "anatomy.log beside the socket); return as soon as it listens, "
                                          "before the models have loaded.")] = False,
@@ -58,15 +65,23 @@ def serve_command(
         anatomy serve -d --model gpt2
         anatomy trace "Thank you very"          # answered by the server
         anatomy serve --status
+        anatomy serve --cancel 3               # job 3 of serve --status
         anatomy serve --stop
     """
     from anatomy_cli.serve import lifecycle, protocol
 
     path = socket_path.expanduser() if socket_path else protocol.socket_path()[0]
-    if sum((status, stop, detach)) > 1:
-        raise UsageError("--status, --stop and --detach exclude each other")
+    if sum((status, stop, detach, cancel)) > 1:
+        raise UsageError("--status, --stop, --cancel and --detach exclude each other")
+    if ids and not cancel:
+        raise UsageError("job ids are for --cancel: `anatomy serve --cancel ID`")
     try:
-        if status:
+        if cancel:
+            answer = protocol.request(path, {"op": "cancel", "ids": ids or None}, wait=30)
+            if "error" in answer:
+                raise AnatomyError(str(answer["error"]))
+            emit(_cancel_report(answer), fmt)
+        elif status:
             emit(_status_report(protocol.request(path, {"op": "status"}, wait=30)), fmt)
         elif stop:
             answer = lifecycle.stop(path)
@@ -78,7 +93,7 @@ def serve_command(
     except (OSError, protocol.ProtocolError) as exc:
         raise AnatomyError(f"no anatomy server answers at {path} ({getattr(exc, 'strerror', None) or exc})") \
             from None
-    if status or stop:
+    if status or stop or cancel:
         return
     limit = None if max_memory_gb is None else int(max_memory_gb * 1e9)
     if detach:
@@ -116,7 +131,10 @@ def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minut
     from anatomy_cli.serve.server import Server
 
     # The server's log is the real stderr: while a request runs, sys.stderr is that client's.
-    server = Server(path, commands=click_command, max_bytes=max_bytes, idle_timeout=idle_minutes * 60)
+    from anatomy_cli.tasks.notes import cancellable
+
+    server = Server(path, commands=click_command, max_bytes=max_bytes, idle_timeout=idle_minutes * 60,
+                    cancellable=cancellable)
     try:
         server.bind()
     except PermissionError as exc:
@@ -149,5 +167,20 @@ def _status_report(answer: dict) -> Report:
     # A server from before the handshake lists its models without state or reloads.
     rows = [{"state": "ready", "reloads": None, "last_reload": None, **m} for m in answer["models"]]
     notes = [f"not forwarded: {line}" for line in client.not_forwarded()]
-    return Report(data={**answer, "not_forwarded": client.not_forwarded()},
-                  sections=[Section(STATUS_COLUMNS, rows, title="models")], heading=heading, notes=notes)
+    jobs = answer.get("jobs")  # None: a server from before jobs were listed
+    sections = [Section(STATUS_COLUMNS, rows, title="models")]
+    if jobs:
+        sections.append(Section(JOB_COLUMNS, jobs, title="jobs"))
+    elif jobs is not None:
+        heading.append("no command running or queued")
+    return Report(data={**answer, "not_forwarded": client.not_forwarded()}, sections=sections, heading=heading,
+                  notes=notes)
+
+
+def _cancel_report(answer: dict) -> Report:
+    jobs, missing = answer.get("cancelled", []), answer.get("not_found", [])
+    heading = [f"cancelled {len(jobs)} job{'' if len(jobs) == 1 else 's'}" + (
+        " (a running one stops at its next step)" if any(j["state"] == "running" for j in jobs) else "")]
+    notes = [f"no job {i} (it finished, or never was: see serve --status)" for i in missing]
+    return Report(data=answer, sections=[Section(JOB_COLUMNS, jobs, title="cancelled")], heading=heading,
+                  notes=notes)
