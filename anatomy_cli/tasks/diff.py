@@ -8,7 +8,6 @@ before B loads). Residual rows are named ``embed``, then 0..L−1 (block N's out
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +98,7 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
     """``(label_a, lm_b, results)``: A loaded, run and freed, then B; one ActivationDiff per prompt.
     ``label_a``: A's display label (its weights are gone); ``lm_b``: B's LoadedModel."""
     from anatomy_cli.analyses import diff as analysis
+    from anatomy_cli.engine.loader import release_memory
     from anatomy_cli.tasks.session import describe, load_weights, model_label
 
     lm = load_weights(opened_a)
@@ -107,7 +107,7 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
     label_a = model_label(lm)
     if opened_b is not opened_a:
         del lm  # A's weights go before B's load: the two models are never in memory together
-        gc.collect()
+        release_memory()  # and its pages go back to the system, so B does not load on top of them
         lm = load_weights(opened_b)
     with notes.status(f"running {opened_b.name}"):
         kept_b = analysis.keep(lm, encoded, opts.position, batch_size=opts.batch_size)

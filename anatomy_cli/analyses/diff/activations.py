@@ -135,7 +135,8 @@ def compare(a: Kept, b: Kept, describe: Describe, *, k: int = 5, target_id: int 
     rows = min(a.lens.shape[-1], b.lens.shape[-1])
     la, lb = a.lens[:, :rows], b.lens[:, :rows]            # each model's own log-probabilities, shared rows
     extra_a, extra_b = _extra_mass(a.lens[-1], rows), _extra_mass(b.lens[-1], rows)  # the final distributions
-    kls = kl(la - la.logsumexp(-1, keepdim=True), lb - lb.logsumexp(-1, keepdim=True))
+    # one row at a time: a whole [L+1, vocab] float64 temporary is 12 MB for SmolLM2, and KL makes several
+    kls = torch.stack([kl(x - x.logsumexp(-1), y - y.logsumexp(-1)) for x, y in zip(la, lb)])
     top1_a, top1_b = la.argmax(-1), lb.argmax(-1)
     layers = tuple(LayerDiff(residual_label(layer), float(cos_at[layer]), float(cos_mean[layer]), float(rel[layer]),
                              float(kls[layer]), bool(top1_a[layer] == top1_b[layer]),
