@@ -41,7 +41,7 @@ def lens_sums(lm: engine.LoadedModel, resid: list[torch.Tensor], ids: torch.Tens
               *, max_elements: int = MAX_ELEMENTS) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{metric: (sums [rows, b], counts [rows, b])}`` for ``kl_nats``, ``top1_agree``, ``ce_bits``.
 
-    ``resid``: per layer row (0 = embedding, last = the last block's output), ``[b, t, d_model]``.
+    ``resid``: per residual row (index 0 = the `embed` row, index N + 1 = block N's output), ``[b, t, d_model]``.
     """
     with torch.inference_mode():
         return _lens_sums(lm, resid, ids, first_window, every, max_elements)
