@@ -232,3 +232,30 @@ def test_route_api(tiny_lm):
     result = anatomy.route(lm, PROMPTS[1], block="0")
     assert result.to_dict()["rows"][0]["block"] == 0
     assert [type(r) for r in anatomy.route(lm, PROMPTS)] and len(anatomy.route(lm, PROMPTS)) == 2
+
+
+# ---------------------------------------------------------------- verify's identity
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_verify_moe_identity_passes_and_catches_a_wrong_rule(tiny_lm, tiny_model_dir, arch, monkeypatch):
+    from dataclasses import replace
+
+    from anatomy_cli.analyses.verify.identities import MOE_SUM
+    from anatomy_cli.analyses.verify.suite import Plan, verify
+
+    lm = tiny_lm(arch)
+    enc = engine.encode(lm, PROMPTS)
+
+    def run(model):
+        return verify(model, enc, lambda dtype, device: engine.load(str(tiny_model_dir(arch)), dtype=dtype,
+                                                                   device=device),
+                      Plan(against="transformers", quick=True))
+
+    result = run(lm)
+    rows = [c for s in result.sections for c in s.checks if c.name == MOE_SUM]
+    assert [c.layer for c in rows] == list(lm.info.moe.sparse_blocks) and all(c.passed for c in rows)
+    # The other rule (renormalise or not) gives other weights: the identity fails on every block.
+    wrong = replace(lm.info.moe, norm_topk_prob=not lm.info.moe.norm_topk_prob, rule="norm_topk_prob")
+    bad = replace(lm, info=replace(lm.info, moe=wrong))
+    rows = [c for s in run(bad).sections for c in s.checks if c.name == MOE_SUM]
+    assert rows and not any(c.passed for c in rows)

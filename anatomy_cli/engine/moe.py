@@ -22,6 +22,7 @@ block's input (:func:`expert_outputs`; tested on each family, and a ``verify`` i
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -29,8 +30,9 @@ import torch
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from anatomy_cli.engine.model import LoadedModel
+    from anatomy_cli.engine.model import LoadedModel, Side
     from anatomy_cli.models.info import MoeInfo
+    from anatomy_cli.text.tokenization import Encoded
 
 # point name inside blocks.L. -> the module of the MoE block it reads (output side)
 POINTS = {"mlp.hook_router_logits": "gate", "mlp.hook_expert_indices": "gate", "mlp.hook_expert_weights": "gate"}
@@ -120,6 +122,37 @@ def reconstruct(lm: LoadedModel, block: int, x: torch.Tensor, indices: torch.Ten
     out = (weights.double()[..., None] * expert_outputs(lm, block, x, indices).double()).sum(dim=-2)
     if shared is not None and shared_gate is not None:
         out = out + shared_gate.double() * shared.double()
+    return out
+
+
+def rebuild(lm: LoadedModel, enc: Encoded) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """One forward of the prompt ``enc``; per MoE block ``(rebuilt, mlp_out)`` ``[pos, d_model]``: the block's output
+    rebuilt by :func:`reconstruct` from its input and its hook points, and ``hook_mlp_out`` itself."""
+    from anatomy_cli.engine.hooks import HookFn, attach_modules
+    from anatomy_cli.engine.run import run
+
+    moe = lm.info.moe
+    if moe is None:
+        raise UsageError(f"{lm.name} is not a mixture-of-experts model")
+    inputs: dict[int, torch.Tensor] = {}
+
+    def keep(block: int, t: torch.Tensor) -> None:
+        inputs[block] = t.detach().clone()
+
+    hooks: list[tuple[torch.nn.Module, Side, HookFn]] = [(_moe_block(lm, b), "input", partial(keep, b))
+                                                        for b in moe.sparse_blocks]
+
+    names = [n for b in moe.sparse_blocks for n in [*point_names(moe, b), f"blocks.{b}.hook_mlp_out"]]
+    with attach_modules(hooks):
+        [cache] = run(lm, [enc], names, batch_size=1)
+    out = {}
+    with torch.inference_mode():
+        for b in moe.sparse_blocks:
+            p = f"blocks.{b}.mlp.hook_"
+            shared = ((cache[p + "shared_expert_out"], cache[p + "shared_expert_gate"]) if moe.shared_expert
+                      else (None, None))
+            out[b] = (reconstruct(lm, b, inputs[b][0].to(lm.device), cache[p + "expert_indices"],
+                                  cache[p + "expert_weights"], *shared), cache[f"blocks.{b}.hook_mlp_out"])
     return out
 
 
