@@ -91,7 +91,7 @@ def test_weighted_experts_plus_shared_equal_the_block_output(tiny_lm, arch):
               *(("mlp.hook_shared_expert_out", "mlp.hook_shared_expert_gate") if moe.shared_expert else ()))]
     with engine.attach_modules(hooks):
         [cache] = engine.run(lm, [enc], names)
-    from anatomy_cli.engine import moe as moe_engine
+    from anatomy_cli.engine import experts
 
     for b in blocks:
         x = inputs[b][0]
@@ -105,7 +105,7 @@ def test_weighted_experts_plus_shared_equal_the_block_output(tiny_lm, arch):
                 assert_close(shared, mlp.shared_expert(x), rtol=1e-5, atol=1e-6)
                 assert_close(gate, torch.sigmoid(mlp.shared_expert_gate(x)), rtol=1e-5, atol=1e-6)
         with torch.no_grad():
-            rebuilt = moe_engine.reconstruct(lm, b, x, cache[f"blocks.{b}.mlp.hook_expert_indices"],
+            rebuilt = experts.reconstruct(lm, b, x, cache[f"blocks.{b}.mlp.hook_expert_indices"],
                                              cache[f"blocks.{b}.mlp.hook_expert_weights"], shared, gate)
         assert_close(rebuilt.float(), cache[f"blocks.{b}.hook_mlp_out"], rtol=1e-4, atol=1e-5)
         if moe.shared_expert:  # the shared expert matters: without it the sum is off

@@ -9,7 +9,7 @@
   difference of the top two tokens;
 * patching a run into itself changes nothing (``engine.patch_grid`` with clean = corrupt);
 * in a mixture-of-experts block, ``mlp_out`` = the chosen experts' outputs weighted as the router weights them,
-  plus the gated shared expert (Qwen2-MoE) (:func:`anatomy_cli.engine.moe.rebuild`);
+  plus the gated shared expert (Qwen2-MoE) (:func:`anatomy_cli.engine.experts.rebuild`);
 * the prompts in one padded batch equal the prompts run one by one, at every hook point;
 * attribution patching equals exact patching on a metric linear in the patched site: the final norm's output
   (``ln_final.hook_normalized``; without a final norm the last block's output) of CORRUPT replaced by CLEAN's,
@@ -66,9 +66,9 @@ MOE_SUM = "mlp_out = Σ weight · expert (+ shared)"
 def moe_sums(runs: Runs, tol: float) -> list[C.Check]:
     """Per MoE block: its output against the chosen experts' outputs (from their weights, on the block's input)
     times the weights the router gave them, plus the gated shared expert (Qwen2-MoE)."""
-    from anatomy_cli.engine import moe
+    from anatomy_cli.engine import experts
 
-    rebuilt = [moe.rebuild(runs.lm, enc) for enc in runs.encoded]
+    rebuilt = [experts.rebuild(runs.lm, enc) for enc in runs.encoded]
     return [C.worst([C.tensor_check(MOE_SUM, r[block][0], r[block][1], tol, layer=block) for r in rebuilt])
             for block in rebuilt[0]]
 
