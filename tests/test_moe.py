@@ -259,3 +259,25 @@ def test_verify_moe_identity_passes_and_catches_a_wrong_rule(tiny_lm, tiny_model
     bad = replace(lm, info=replace(lm.info, moe=wrong))
     rows = [c for s in run(bad).sections for c in s.checks if c.name == MOE_SUM]
     assert rows and not any(c.passed for c in rows)
+
+
+def test_route_plot_cells_are_the_top_experts_and_html_hovers_the_weights(tiny_model_dir, tmp_path, monkeypatch):
+    import numpy as np
+
+    from anatomy_cli.output import plots
+
+    saved = []
+    real = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path, index=None: saved.append(fig) or real(fig, path, index))
+    model = str(tiny_model_dir("olmoe"))
+    data = _route_json(model, "--plot", str(tmp_path / "route.png"))
+    assert (tmp_path / "route.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = np.asarray(saved[0].axes[0].images[0].get_array())
+    n = len(data["token_ids"])
+    want = [[r["experts"][0] for r in data["rows"] if r["block"] == b] for b in (0, 1)]
+    assert image.shape == (2, n) and image.tolist() == want
+    _route_json(model, "--plot", str(tmp_path / "route.html"))
+    page = (tmp_path / "route.html").read_text(encoding="utf-8")
+    row = data["rows"][0]
+    assert f"expert {row['experts'][0]}: {row['weights'][0]:.4f}" in page
+    assert f"entropy {row['entropy']:.4f} nats" in page

@@ -57,3 +57,10 @@ HEADS = {
     "induction": Statistic("induction score", limits=(0.0, 1.0)),
     "duplicate_token": Statistic("duplicate-token weight", limits=(0.0, 1.0)),
 }
+
+
+EXPERT_COLOURS = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+                  "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+                  "#17becf", "#9edae5")
+"""`route --plot`: one colour per expert (matplotlib's tab20, in the PNG as its colormap, in HTML as these hex
+values); experts i and i + 20 share a colour, and each cell names its expert."""

@@ -57,6 +57,15 @@ class RouteResult:
     shared_expert: bool
     near_tie_threshold: float
 
+    def top_experts(self) -> tuple[list[int], list[list[int]]]:
+        """``(blocks, ids)``: the blocks in the rows' order and ``ids[block row][position]``, the expert with the
+        largest weight at each (the picture's cells)."""
+        blocks = list(dict.fromkeys(r.block for r in self.rows))
+        by_block: dict[int, list[int]] = {b: [] for b in blocks}
+        for r in self.rows:
+            by_block[r.block].append(r.experts[0])
+        return blocks, [by_block[b] for b in blocks]
+
     def to_dict(self) -> dict[str, Any]:
         return {"n_experts": self.n_experts, "top_k": self.top_k, "rule": self.rule,
                 "norm_topk_prob": self.norm_topk_prob, "shared_expert": self.shared_expert,

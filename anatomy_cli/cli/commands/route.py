@@ -8,7 +8,7 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, emit_prompts, load_weights, open_prompts
-from anatomy_cli.cli.options import FormatOpt, model_options, prompt_options
+from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
@@ -27,6 +27,7 @@ def route_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
+    plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Which experts each token is routed to in each mixture-of-experts block, and how close to a flip.
@@ -41,6 +42,7 @@ def route_command(
     \b
         anatomy route "Thank you very" --model ./tiny-mixtral
         anatomy route "Thank you very" --model ./tiny-mixtral --block 0 --top 1 --format json
+        anatomy route "Thank you very" --model ./tiny-mixtral --plot route.html
         printf 'Hello\\nThe capital of France is\\n' | anatomy route - --model ./tiny-olmoe --format jsonl
     """
     from anatomy_cli.output.views import route as view
@@ -51,4 +53,10 @@ def route_command(
     plan = task.check(opened, opts)
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
+    if plot:
+        from anatomy_cli.output import plots
+
+        for i, (enc, r) in enumerate(zip(encoded, results), start=1):
+            args, kwargs = view.figure(lm, enc, r)
+            plots.draw("route", plot, i if prompt == "-" else None, *args, **kwargs)
     emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")

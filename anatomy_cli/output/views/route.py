@@ -38,3 +38,10 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
     if ties:
         notes.append(f"{ties} of {len(data['rows'])} choices are near ties (margin < {result.near_tie_threshold})")
     return Report(data=data, sections=[Section(COLUMNS, rows, title="routing")], heading=heading, notes=notes)
+
+
+def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``plots.draw("route", ...)``'s arguments for ``result``."""
+    from anatomy_cli.output.plots import Caption
+
+    return (result, list(enc.pieces), Caption.of("route", lm, enc.text)), {}
