@@ -281,3 +281,31 @@ def test_route_plot_cells_are_the_top_experts_and_html_hovers_the_weights(tiny_m
     row = data["rows"][0]
     assert f"expert {row['experts'][0]}: {row['weights'][0]:.4f}" in page
     assert f"entropy {row['entropy']:.4f} nats" in page
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_bf16_points_are_what_the_block_used(tiny_model_dir, arch):
+    # Mixtral keeps its weights in float32, the Qwen/OLMoE rule casts them to the model's dtype: both as the block.
+    lm = engine.load(str(tiny_model_dir(arch)), device="cpu", dtype="bf16")
+    enc = engine.encode(lm, PROMPTS[:1])[0]
+    names = [f"blocks.0.mlp.hook_{p}" for p in POINTS]
+    _, calls = _reference(lm, arch, enc.ids)
+    [cache] = engine.run(lm, [enc], names)
+    assert cache["blocks.0.mlp.hook_router_logits"].dtype == torch.bfloat16
+    assert cache["blocks.0.mlp.hook_expert_weights"].dtype == calls[0][1].dtype == (
+        torch.float32 if arch == "mixtral" else torch.bfloat16)
+    assert torch.equal(cache["blocks.0.mlp.hook_expert_indices"], calls[0][0])
+    assert torch.equal(cache["blocks.0.mlp.hook_expert_weights"], calls[0][1])
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_moe_info_from_config_json_alone_equals_transformers(tiny_model_dir, arch):
+    from transformers import AutoConfig
+
+    from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.models.json_config import JsonConfig
+
+    path = tiny_model_dir(arch)
+    light = ModelInfo.from_config(JsonConfig(json.loads((path / "config.json").read_text()))).moe
+    assert light == ModelInfo.from_config(AutoConfig.from_pretrained(path)).moe
+    assert light.to_dict()["sparse_blocks"] == ([0] if arch == "qwen2_moe" else [0, 1])
