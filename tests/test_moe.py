@@ -309,3 +309,36 @@ def test_moe_info_from_config_json_alone_equals_transformers(tiny_model_dir, arc
     light = ModelInfo.from_config(JsonConfig(json.loads((path / "config.json").read_text()))).moe
     assert light == ModelInfo.from_config(AutoConfig.from_pretrained(path)).moe
     assert light.to_dict()["sparse_blocks"] == ([0] if arch == "qwen2_moe" else [0, 1])
+
+
+# ---------------------------------------------------------------- dla --by expert
+
+def _dla_json(model, *args):
+    result = invoke("dla", PROMPTS[1], "--model", model, "--target", " much", "--format", "json", *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_dla_by_expert_rows_add_up_to_the_mlp_row(tiny_model_dir, arch):
+    model = str(tiny_model_dir(arch))
+    by_layer = {r["component"]: r["contribution"] for r in _dla_json(model)["rows"]}
+    data = _dla_json(model, "--by", "expert")
+    route = _route_json(model)
+    last = len(route["token_ids"]) - 1
+    sparse = [0] if arch == "qwen2_moe" else [0, 1]
+    for block in range(2):
+        rows = [r for r in data["rows"] if r["layer"] == block and not r["component"].endswith(".attn")]
+        if block not in sparse:  # Qwen2-MoE's dense block keeps its MLP row
+            assert [r["component"] for r in rows] == [f"L{block}.mlp"]
+            continue
+        chosen = next(r["experts"] for r in route["rows"] if r["block"] == block and r["position"] == last)
+        names = [f"L{block}.E{e}" for e in chosen] + ([f"L{block}.shared_expert"] if arch == "qwen2_moe" else [])
+        assert [r["component"] for r in rows] == names
+        assert sum(r["contribution"] for r in rows) == pytest.approx(by_layer[f"L{block}.mlp"], rel=1e-6, abs=1e-9)
+    assert data["total"] == pytest.approx(data["logit"], rel=1e-4, abs=1e-6)
+
+
+def test_dla_by_expert_on_a_dense_model_is_refused(tiny_model_dir):
+    result = invoke("dla", "Hi", "--model", str(tiny_model_dir("llama")), "--target", " much", "--by", "expert")
+    assert result.exit_code == 2 and "`dla --by expert` reads the routers" in result.stderr

@@ -77,6 +77,7 @@ def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
         if has_mid and adapter.resid_mid is not None:  # has_mid: the adapter names a resid_mid
             points[p + "hook_resid_mid"] = (block.get_submodule(adapter.resid_mid.module), adapter.resid_mid.side)
         if moe is not None and layer in moe.sparse_blocks:
+            points[p + "mlp.hook_in"] = (block.get_submodule(adapter.mlp_out.module), "input")
             for point, path in _moe.module_paths(moe).items():
                 points[p + point] = (block.get_submodule(path), "output")
         points[p + "hook_mlp_out"] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)

@@ -5,8 +5,11 @@ An MoE block (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE in transformers v5) computes 
 experts and their weights (:func:`route`: softmax over every expert, top k, the family's normalisation), runs
 ``experts(x, indices, weights)`` and, in Qwen2-MoE, adds ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``.
 
-Hook points of an MoE block ``L`` (only blocks in ``info.moe.sparse_blocks``), all read-only:
+Hook points of an MoE block ``L`` (only blocks in ``info.moe.sparse_blocks``); all but ``mlp.hook_in`` are
+read-only:
 
+* ``blocks.L.mlp.hook_in`` ``[batch, pos, d_model]``: the MoE block's input (the post-attention norm's output),
+  what the router and every expert read;
 * ``blocks.L.mlp.hook_router_logits`` ``[batch, pos, n_experts]``: the gate module's output;
 * ``blocks.L.mlp.hook_expert_indices`` ``[batch, pos, k]`` (int64) and ``blocks.L.mlp.hook_expert_weights``
   ``[batch, pos, k]``: computed from the router logits by :func:`route`, the rule the block applies, in
@@ -39,7 +42,7 @@ def point_names(moe: MoeInfo, block: int) -> list[str]:
     """The MoE hook points of ``block`` (none for a dense block), in forward order."""
     if block not in moe.sparse_blocks:
         return []
-    names = list(POINTS) + (list(SHARED_POINTS) if moe.shared_expert else [])
+    names = ["mlp.hook_in", *POINTS] + (list(SHARED_POINTS) if moe.shared_expert else [])
     return [f"blocks.{block}.{n}" for n in names]
 
 

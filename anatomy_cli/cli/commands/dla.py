@@ -46,7 +46,9 @@ def dla_command(
         "Default: the last.")] = None,
     by: Annotated[By, typer.Option("--by", case_sensitive=False,
                                    help="'head': one row per attention head (plus the output projection's "
-                                   "bias) instead of one per attention layer.")] = By.layer,
+                                   "bias) instead of one per attention layer; 'expert' (MoE models): one row "
+                                   "per chosen expert (and the shared expert) of each MoE block instead of "
+                                   "its MLP row.")] = By.layer,
     top: Annotated[Optional[int], typer.Option(
         "--top", "-k", min=1, metavar="N", show_default=False,
         help="Keep the N rows of largest |contribution|; the rest are summed into one 'other' row, so the "
