@@ -28,7 +28,8 @@ No torch at import time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -54,6 +55,19 @@ PromptArg = Annotated[str, typer.Argument(
     help="The prompt text, or '-' to read one prompt per non-empty line of stdin.")]
 BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
+
+
+def draw_and_emit(command: str, view: Any, lm: Any, encoded: Sequence[Any], results: Sequence[Any],
+                  plot: Path | None, fmt: Format | None, prompt: str) -> None:
+    """``--plot``'s picture of each prompt (``view.figure``; one numbered file per prompt from stdin), then the
+    reports (``view.report``) as :func:`emit_prompts` prints them."""
+    if plot:
+        from anatomy_cli.output import plots
+
+        for i, (enc, result) in enumerate(zip(encoded, results), start=1):
+            args, kwargs = view.figure(lm, enc, result)
+            plots.draw(command, plot, i if prompt == "-" else None, *args, **kwargs)
+    emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")
 
 
 def emit_prompts(reports: Sequence[Report], fmt: Format | None, *, from_stdin: bool) -> None:

@@ -10,7 +10,7 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import (
     BatchSizeOpt,
     PromptArg,
-    emit_prompts,
+    draw_and_emit,
     load_weights,
     open_prompts,
 )
@@ -88,10 +88,4 @@ def dla_command(
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
-    if plot:
-        from anatomy_cli.output import plots
-
-        for i, (enc, result) in enumerate(zip(encoded, results), start=1):
-            args, kwargs = view.figure(lm, enc, result)
-            plots.draw("dla", plot, i if prompt == "-" else None, *args, **kwargs)
-    emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")
+    draw_and_emit("dla", view, lm, encoded, results, plot, fmt, prompt)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, emit_prompts, load_weights, open_prompts
+from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, draw_and_emit, load_weights, open_prompts
 from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
@@ -53,10 +53,4 @@ def route_command(
     plan = task.check(opened, opts)
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
-    if plot:
-        from anatomy_cli.output import plots
-
-        for i, (enc, r) in enumerate(zip(encoded, results), start=1):
-            args, kwargs = view.figure(lm, enc, r)
-            plots.draw("route", plot, i if prompt == "-" else None, *args, **kwargs)
-    emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")
+    draw_and_emit("route", view, lm, encoded, results, plot, fmt, prompt)
