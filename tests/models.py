@@ -118,7 +118,8 @@ def config_kwargs(arch: str) -> dict:
         kw.update(num_experts=EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_FFN,
                   shared_expert_intermediate_size=SHARED_FFN, mlp_only_layers=[1])
     if arch == "qwen3_moe":
-        kw.update(num_experts=EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_FFN)
+        kw.update(num_experts=EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_FFN,
+                  norm_topk_prob=True)  # OLMoE and Qwen2-MoE keep the default (False)
     if arch == "olmoe":
         kw.update(num_experts=EXPERTS, num_experts_per_tok=2)
     if arch == "gemma2":

@@ -26,7 +26,7 @@ from anatomy_cli.cli.main import app
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Files a tour line names that the README does not say how to make: those lines are skipped.
-UNMADE = ("./my-sae",)
+UNMADE = ("./my-sae", "./my-moe")
 # The `diff` lines, after the requantizing recipe and `convert`: tests/test_requantize.py runs them as written with
 # a tiny GGUF standing for smollm2 (on SmolLM2 itself the weights diff alone took about 55 s).
 ON_A_TINY_GGUF = ("smollm2.Q8_0.gguf", "./source")

@@ -134,11 +134,13 @@ def attribute(components: torch.Tensor, names: Sequence[Component], *, norm: Fro
 
 
 def logit_attribution(lm: Any, cache: Any, target: int, foil: int | None = None, *, by_head: bool = False,
-                      row: int = 0, unembedding: tuple[torch.Tensor, float] | None = None) -> Attribution:
+                      by_expert: bool = False, row: int = 0,
+                      unembedding: tuple[torch.Tensor, float] | None = None) -> Attribution:
     """Direct logit attribution of ``target`` (minus ``foil``) at the cache's kept position ``row``.
 
     ``lm``: a LoadedModel; ``cache``: an engine Cache with :func:`anatomy_cli.engine.decompose.names`
-    (``by_head``: one row per head instead of per attention layer). ``unembedding``: the
+    (``by_head``: one row per head instead of per attention layer; ``by_expert``: in each MoE block one row per
+    chosen expert and the shared expert instead of the block's MLP row). ``unembedding``: the
     :func:`~anatomy_cli.engine.decompose.unembedding_direction` of target and foil when already computed
     (several prompts). The final norm is frozen at the final residual; ``logit`` is the model's own head
     output there before any soft-capping. Raises AnatomyError when the parts do not add up or the head or
@@ -146,7 +148,7 @@ def logit_attribution(lm: Any, cache: Any, target: int, foil: int | None = None,
     """
     from anatomy_cli.engine import decompose, final_norm, unembed
 
-    parts = decompose.decompose_resid(lm, cache, by_head=by_head, row=row)
+    parts = decompose.decompose_resid(lm, cache, by_head=by_head, by_expert=by_expert, row=row)
     direction, head_bias = unembedding or decompose.unembedding_direction(lm, target, foil)
     norm = freeze_norm(lambda h: final_norm(lm, h), parts.final)
     logit = unembed(lm, parts.final[None], softcap=False)[0]

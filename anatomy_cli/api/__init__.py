@@ -24,7 +24,7 @@ _EXPORTS = {
     "_model": ("load", "ModelSpec", "PromptOptions", "LoadedModel"),
     "_results": ("Result",),
     "_hooks": ("hooks", "capture", "hook_names"),
-    "_prompts": ("trace", "next_token", "lens", "heads", "attn"),
+    "_prompts": ("trace", "next_token", "lens", "heads", "attn", "route"),
     "_edits": ("dla", "ablate", "patch", "attribute", "drift"),
     "_sae": ("sae",),
     "_generation": ("generate", "steer"),

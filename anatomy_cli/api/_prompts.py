@@ -56,6 +56,18 @@ def next_token(model: Model, prompt: str | list[str], *, k: int = 10, target: st
     return run_prompts(task, view, model, prompt, opts, prompts)
 
 
+def route(model: Model, prompt: str | list[str], *, block: str | int | None = None, top: int | None = None,
+          prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
+    """`anatomy route`: per MoE block and position, the chosen experts (heaviest first), the weights the block
+    applies, the router's entropy (nats) and the margin between the k-th and (k+1)-th router probability.
+    ``block``: ``"0,2"``, ``1`` (None: every MoE block). ``result``: RouteResult; rows: ``rows``."""
+    from anatomy_cli.output.views import route as view
+    from anatomy_cli.tasks import route as task
+
+    opts = task.RouteOptions(block=block, top=top, batch_size=batch_size)
+    return run_prompts(task, view, model, prompt, opts, prompts)
+
+
 def lens(model: Model, prompt: str | list[str], *, stat: str = "prob", target: str | None = None,
          target_id: int | None = None, first_token: bool = False, layers: list[int | str] | str | None = None,
          stride: int | None = None, k: int | None = None, prompts: PromptOptions = PromptOptions(),

@@ -29,6 +29,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     params,
     patch,
     report,
+    route,
     sae,
     serve,
     steer,

@@ -111,9 +111,10 @@ def freeze_norm(norm: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, w
     return FrozenNorm(centred=centred, gain=gain / scale, bias=beta, scale=scale)
 
 
-def names(lm: LoadedModel, *, by_head: bool = False) -> list[str]:
+def names(lm: LoadedModel, *, by_head: bool = False, by_expert: bool = False) -> list[str]:
     """The hook points :func:`decompose_resid` reads: the embedding, every attention and MLP output, the final
-    residual, the position embedding where there is one, and with ``by_head`` every ``attn.hook_z``."""
+    residual, the position embedding where there is one, with ``by_head`` every ``attn.hook_z``, and with
+    ``by_expert`` every MoE block's input, chosen experts, weights (and shared expert)."""
     from anatomy_cli.engine.hooks import layer_names, residual_names
 
     out = residual_names(lm)[:1] + layer_names(lm, "attn_out") + layer_names(lm, "mlp_out")
@@ -122,6 +123,11 @@ def names(lm: LoadedModel, *, by_head: bool = False) -> list[str]:
         out.append("hook_pos_embed")
     if by_head:
         out += [f"blocks.{layer}.attn.hook_z" for layer in range(lm.n_layers)]
+    if by_expert and lm.info.moe is not None:
+        from anatomy_cli.engine.moe import point_names
+
+        out += [n for b in lm.info.moe.sparse_blocks for n in point_names(lm.info.moe, b)
+                if not n.endswith("hook_router_logits")]
     return out
 
 
@@ -152,12 +158,15 @@ def check_sum(parts: torch.Tensor, whole: torch.Tensor, what: str) -> None:
                            "direct logit attribution needs that sum")
 
 
-def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, row: int = 0) -> Decomposition:
+def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, by_expert: bool = False,
+                    row: int = 0) -> Decomposition:
     """The final residual at the cache's kept position ``row`` (default the first) as a sum of parts.
 
     Parts, in model order: ``embed`` (the token embedding; with a learned position embedding, ``embed`` and
     ``pos_embed``), then per block ``L{l}.attn`` (``by_head``: ``L{l}.H{h}`` per head, and ``L{l}.attn_bias``
-    when the output projection has a bias) and ``L{l}.mlp``. The cache needs :func:`names`. Raises
+    when the output projection has a bias) and ``L{l}.mlp`` (``by_expert``, in an MoE block: ``L{l}.E{e}`` per
+    chosen expert e, heaviest first, its output times its weight, and ``L{l}.shared_expert``, the gated shared
+    expert, where there is one). The cache needs :func:`names` (with the same flags). Raises
     AnatomyError when the heads do not add up to the attention output or the parts to the final residual
     (a norm after each sub-layer: post-LN, sandwich norms).
     """
@@ -190,13 +199,38 @@ def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, row
         else:
             comps.append(attn)
             labels.append(Component(f"L{layer}.attn", layer))
-        comps.append(cache["mlp_out", layer][row])
-        labels.append(Component(f"L{layer}.mlp", layer))
+        moe = lm.info.moe
+        if by_expert and moe is not None and layer in moe.sparse_blocks:
+            parts, names_ = _experts(lm, cache, layer, row)
+            check_sum(parts, cache["mlp_out", layer][row], f"{lm.name}'s MoE block {layer} output is not the sum "
+                      "of its weighted experts")
+            comps += list(parts)
+            labels += [Component(n, layer) for n in names_]
+        else:
+            comps.append(cache["mlp_out", layer][row])
+            labels.append(Component(f"L{layer}.mlp", layer))
     final = cache["resid_post", -1][row]
     stack = torch.stack([c.to("cpu", torch.float64) for c in comps])
     check_sum(stack, final, f"{lm.name}'s final residual is not the sum of the embedding and the "
               "attention and MLP outputs (a norm after each sub-layer?)")
     return Decomposition(components=stack, names=tuple(labels), final=final, head_norm=head_norm)
+
+
+def _experts(lm: LoadedModel, cache: Cache, layer: int, row: int) -> tuple[torch.Tensor, list[str]]:
+    """MoE block ``layer``'s output at ``row`` as float64 ``[k (+ 1), d_model]``: each chosen expert's output
+    times its weight, then the gated shared expert; and their names."""
+    from anatomy_cli.engine.experts import expert_outputs
+
+    p = f"blocks.{layer}.mlp.hook_"
+    x, idx, w = cache[p + "in"][row], cache[p + "expert_indices"][row], cache[p + "expert_weights"][row]
+    with torch.inference_mode():
+        outs = expert_outputs(lm, layer, x, idx).to("cpu", torch.float64) * w.to("cpu", torch.float64)[:, None]
+    names = [f"L{layer}.E{int(e)}" for e in idx.tolist()]
+    if p + "shared_expert_out" in cache:
+        shared = cache[p + "shared_expert_gate"][row].double() * cache[p + "shared_expert_out"][row].double()
+        outs = torch.cat([outs, shared.to("cpu")[None]])
+        names.append(f"L{layer}.shared_expert")
+    return outs, names
 
 
 def _through_frozen_norm(lm: LoadedModel, layer: int, heads: torch.Tensor, bias: torch.Tensor,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, cast, overload
 
 import torch
 
+from anatomy_cli.engine import moe as _moe
 from anatomy_cli.engine.model import LoadedModel, Side
 from anatomy_cli.engine.tensors import first_tensor, optional_module, replace_first
 from anatomy_cli.errors import UsageError
@@ -21,6 +22,8 @@ from anatomy_cli.models.adapters import Adapter, Tap
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from anatomy_cli.models.info import MoeInfo
 
 # A hook's function: the activation [batch, pos, width] in, None (leave it) or its replacement out.
 HookFn = Callable[[torch.Tensor], "torch.Tensor | None"]
@@ -58,8 +61,9 @@ def check_names(lm: LoadedModel, names: Iterable[str]) -> list[str]:
 
 
 def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
-                 has_unembed: bool) -> dict[str, tuple[torch.nn.Module, Side]]:
-    """``{hook point name: (module, "input" | "output")}`` of a built model, in forward order (``lm.points``)."""
+                 has_unembed: bool, moe: MoeInfo | None = None) -> dict[str, tuple[torch.nn.Module, Side]]:
+    """``{hook point name: (module, "input" | "output")}`` of a built model, in forward order (``lm.points``).
+    ``moe``: the model's routing facts; its MoE blocks get the router's points (:mod:`anatomy_cli.engine.moe`)."""
     base = model.base_model
     embed = optional_module(base, adapter.embed_proj) or base.get_submodule(adapter.embed)
     points: dict[str, tuple[torch.nn.Module, Side]] = {"hook_embed": (embed, "output")}
@@ -72,6 +76,10 @@ def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
         points[p + "hook_attn_out"] = (block.get_submodule(adapter.attn_out.module), adapter.attn_out.side)
         if has_mid and adapter.resid_mid is not None:  # has_mid: the adapter names a resid_mid
             points[p + "hook_resid_mid"] = (block.get_submodule(adapter.resid_mid.module), adapter.resid_mid.side)
+        if moe is not None and layer in moe.sparse_blocks:
+            points[p + "mlp.hook_in"] = (block.get_submodule(adapter.mlp_out.module), "input")
+            for point, path in _moe.module_paths(moe).items():
+                points[p + point] = (block.get_submodule(path), "output")
         points[p + "hook_mlp_out"] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)
         points[p + "hook_resid_post"] = (block, "output")
     final = optional_module(base, adapter.final_norm)
@@ -179,8 +187,29 @@ def attach(lm: LoadedModel, hooks: Mapping[str, HookFn] | Iterable[tuple[str, Ho
     """
     pairs = list(hooks.items() if isinstance(hooks, Mapping) else hooks)
     check_names(lm, [name for name, _ in pairs])
+    pairs = _moe_views(lm, pairs)
     with attach_modules((*lm.points[name], fn) for name, fn in pairs):
         yield
+
+
+def _moe_views(lm: LoadedModel, pairs: list[tuple[str, HookFn]]) -> list[tuple[str, HookFn]]:
+    """The MoE points' functions see what the point holds (``[batch, pos, …]``, :func:`moe.view`) and may not
+    replace it; hooks at each such block's input record its ``[batch, pos]`` first."""
+    moe = lm.info.moe
+    layers = sorted({_layer(name) for name, _ in pairs if _moe.kind(name) is not None})
+    if moe is None or not layers:
+        return pairs
+    shapes: dict[int, torch.Size] = {}
+
+    def shape(layer: int, t: torch.Tensor) -> None:
+        shapes[layer] = t.shape[:2]
+
+    def wrapped(name: str, fn: HookFn, t: torch.Tensor) -> None:
+        if fn(_moe.view(moe, name, t, shapes[_layer(name)])) is not None:
+            raise _moe.read_only(name)
+
+    out: list[tuple[str, HookFn]] = [(f"blocks.{layer}.hook_resid_pre", partial(shape, layer)) for layer in layers]
+    return out + [(name, partial(wrapped, name, fn) if _moe.kind(name) is not None else fn) for name, fn in pairs]
 
 
 @contextmanager

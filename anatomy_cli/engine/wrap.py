@@ -48,7 +48,8 @@ def from_model(model: PreTrainedModel, tokenizer: Tokenizer | HFTokenizer | PreT
     return LoadedModel(
         model=model, tokenizer=tok, info=info, name=name, untrained=untrained,
         device=_input_device(model), dtype=next(model.parameters()).dtype,
-        has_unembed=has_unembed, points=build_points(model, adapter, info.has_resid_mid, has_unembed),
+        has_unembed=has_unembed, points=build_points(model, adapter, info.has_resid_mid, has_unembed,
+                                                          moe=info.moe),
         embed_scale=float(getattr(model.get_input_embeddings(), "scalar_embed_scale", 1.0)),
         label=info.label, dequantized_from=info.quantization,
     )

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.info import ROUTING
 
 if TYPE_CHECKING:
     from anatomy_cli.models.info import ModelInfo
@@ -24,6 +25,7 @@ class Need(str, Enum):
     linear_logits = "linear_logits"  # logits linear in the final norm's output (DLA)
     separable_heads = "separable_heads"  # attention's output as a sum over heads
     encoder = "encoder"              # the opposite of decoder (masked-LM commands)
+    moe = "moe"                      # a mixture-of-experts model: routers and experts to read
 
 
 def _has(info: ModelInfo, need: Need) -> bool:
@@ -35,6 +37,8 @@ def _has(info: ModelInfo, need: Need) -> bool:
         return info.logits_linear
     if need is Need.separable_heads:
         return info.heads_separable
+    if need is Need.moe:
+        return info.is_moe
     return not info.is_decoder
 
 
@@ -51,6 +55,8 @@ WORDING = {
                         "splits them into additive parts",
     Need.separable_heads: "{model}'s attention output does not split into heads: `{command}` needs each head's part",
     Need.encoder: "{model} is a decoder ({family}): `{command}` needs an encoder with a masked-LM head",
+    Need.moe: "{model} is a dense model ({model_type}), not a mixture of experts: `{command}` reads the routers of "
+              "an MoE model (" + ", ".join(ROUTING) + ")",
 }
 
 
@@ -59,7 +65,8 @@ def refusal(info: ModelInfo, need: Need | str, command: str) -> str:
     need = Need(need)
     why = ("soft-capped: c·tanh(z/c)" if info.logit_softcap is not None else
            "an encoder's masked-LM head is dense + activation + norm" if not info.is_decoder else "no LM head")
-    return WORDING[need].format(model=_name(info), family=info.adapter.name, command=command, why=why)
+    return WORDING[need].format(model=_name(info), family=info.adapter.name, command=command, why=why,
+                               model_type=info.model_type)
 
 
 def missing(info: ModelInfo, *needs: Need | str) -> Need | None:

@@ -30,6 +30,57 @@ class TokenizerFacts(Protocol):
     def __len__(self) -> int: ...
 
 
+# How each MoE family turns its router logits into the experts' weights (anatomy_cli/engine/moe.py applies the
+# rule): ``renormalize`` softmax over every expert, top k, divided by their sum always, the weights kept in
+# float32 (Mixtral); ``norm_topk_prob`` the same but divided only when the config's ``norm_topk_prob`` says so,
+# the weights cast back to the router logits' dtype (Qwen2-MoE, Qwen3-MoE, OLMoE).
+ROUTING = {"mixtral": "renormalize", "qwen2_moe": "norm_topk_prob", "qwen3_moe": "norm_topk_prob",
+           "olmoe": "norm_topk_prob"}
+SHARED_EXPERT = ("qwen2_moe",)  # families with a sigmoid-gated shared expert next to the routed ones
+
+
+@dataclass(frozen=True)
+class MoeInfo:
+    """A mixture-of-experts model's routing facts, from its config.
+
+    ``n_experts`` routed experts per MoE block, ``top_k`` chosen per token (``num_experts_per_tok``);
+    ``rule`` (:data:`ROUTING`): how the block weights the chosen experts; ``norm_topk_prob``: whether the top-k
+    probabilities are divided by their sum (always for Mixtral); ``shared_expert``: a sigmoid-gated shared
+    expert is added (Qwen2-MoE); ``sparse_blocks``: the blocks whose MLP is an MoE block (Qwen2/3-MoE's
+    ``mlp_only_layers`` and ``decoder_sparse_step`` leave plain MLPs in the others).
+    """
+
+    n_experts: int
+    top_k: int
+    rule: str
+    norm_topk_prob: bool
+    shared_expert: bool
+    sparse_blocks: tuple[int, ...]
+
+    @classmethod
+    def from_config(cls, model_type: str, text: Any) -> MoeInfo | None:
+        """None for a dense family. AttributeError when a JsonConfig leaves the expert count out."""
+        rule = ROUTING.get(model_type)
+        if rule is None:
+            return None
+        n_experts = getattr(text, "num_experts", None)
+        if n_experts is None:
+            n_experts = text.num_local_experts
+        n_layers = int(text.num_hidden_layers)
+        only = set(getattr(text, "mlp_only_layers", None) or ())
+        step = int(getattr(text, "decoder_sparse_step", None) or 1)
+        sparse = tuple(i for i in range(n_layers)
+                       if i not in only and int(n_experts) > 0 and (i + 1) % step == 0)
+        return cls(n_experts=int(n_experts), top_k=int(text.num_experts_per_tok), rule=rule,
+                   norm_topk_prob=rule == "renormalize" or bool(getattr(text, "norm_topk_prob", False)),
+                   shared_expert=model_type in SHARED_EXPERT, sparse_blocks=sparse)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_experts": self.n_experts, "top_k": self.top_k, "rule": self.rule,
+                "norm_topk_prob": self.norm_topk_prob, "shared_expert": self.shared_expert,
+                "sparse_blocks": list(self.sparse_blocks)}
+
+
 def text_config(config: Any) -> Any:
     """The decoder's own config: ``text_config`` of a multimodal config, else ``config``."""
     get = getattr(config, "get_text_config", None)
@@ -56,7 +107,8 @@ class ModelInfo:
     the output projection: every adapter here). ``label``: the model's one display name; ``source``: the file
     or directory behind the spec (the ``.gguf`` behind ``ollama:``/``lmstudio:``/packaged names); ``quantization``:
     a GGUF file's quantization label (``Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)``). The three are set by
-    :func:`anatomy_cli.engine.open` (None before).
+    :func:`anatomy_cli.engine.open` (None before). ``moe``: a mixture-of-experts model's routing facts
+    (:class:`MoeInfo`; None for a dense model).
     """
 
     model_type: str
@@ -80,6 +132,12 @@ class ModelInfo:
     label: str | None = None
     source: str | None = None
     quantization: str | None = None
+    moe: MoeInfo | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture-of-experts model (:class:`MoeInfo` in ``moe``)."""
+        return self.moe is not None
 
     @property
     def is_decoder(self) -> bool:
@@ -118,6 +176,7 @@ class ModelInfo:
             bos_id=tokenizer.bos_id if tokenizer is not None else None,
             logit_softcap=float(getattr(text, "final_logit_softcapping", None) or 0) or None,
             has_lm_head=has_lm_head(adapter, config, random),
+            moe=MoeInfo.from_config(str(config.model_type), text),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,7 +187,8 @@ class ModelInfo:
                 "lm_head_rows": self.lm_head_rows, "tokenizer_vocab": self.tokenizer_vocab,
                 "is_causal": self.is_causal, "has_resid_mid": self.has_resid_mid, "add_bos": self.add_bos,
                 "bos_id": self.bos_id, "logit_softcap": self.logit_softcap, "has_lm_head": self.has_lm_head,
-                "logits_linear": self.logits_linear, "heads_separable": self.heads_separable}
+                "logits_linear": self.logits_linear, "heads_separable": self.heads_separable,
+                "moe": None if self.moe is None else self.moe.to_dict()}
 
 
 def has_lm_head(adapter: Adapter, config: Any, random: bool = False) -> bool:

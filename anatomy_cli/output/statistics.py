@@ -9,6 +9,7 @@ reversed where a low value is the confident one (entropy, KL, rank). No matplotl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,22 @@ HEADS = {
     "induction": Statistic("induction score", limits=(0.0, 1.0)),
     "duplicate_token": Statistic("duplicate-token weight", limits=(0.0, 1.0)),
 }
+
+
+EXPERT_COLOURS = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+                  "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+                  "#17becf", "#9edae5")
+"""`route --plot`: one colour per expert (matplotlib's tab20, in the PNG as its colormap, in HTML as these hex
+values); experts i and i + 20 share a colour, and each cell names its expert."""
+
+
+def by_component(rows: Any) -> dict[str, float]:
+    """`dla`'s rows by component name, for its pictures; with ``--by expert`` each MoE block's ``L{l}.mlp`` is
+    the sum of its experts' rows (``L{l}.E{e}``, ``L{l}.shared_expert``)."""
+    out = {r.component: r.contribution for r in rows}
+    for r in rows:
+        part = r.component.split(".", 1)[-1]
+        if r.layer is not None and r.head is None and (part[:1] == "E" and part[1:].isdigit()
+                                                       or part == "shared_expert"):
+            out[f"L{r.layer}.mlp"] = out.get(f"L{r.layer}.mlp", 0.0) + r.contribution
+    return out

@@ -24,6 +24,7 @@ COMMAND = "dla"
 class By(str, Enum):
     layer = "layer"
     head = "head"
+    expert = "expert"  # MoE models: each chosen expert (and the shared expert) of every MoE block
 
 
 class Sort(str, Enum):
@@ -80,6 +81,8 @@ def check(opened: Any, opts: DlaOptions, encoded: list[Encoded]) -> DlaPlan:
                          "are not a sum of per-component terms")
     if opts.by is By.head and heads_split(adapter) is None:
         raise UsageError(refusal(opened.info, Need.separable_heads, f"{COMMAND} --by head") + "; use --by layer")
+    if opts.by is By.expert:
+        require(opened.info, Need.moe, command=f"{COMMAND} --by expert")
     check_position(opts.position, encoded)
     return DlaPlan(opts.resolve(opened))
 
@@ -89,17 +92,18 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: DlaOptions, plan: DlaPlan
     from anatomy_cli.analyses import dla as analysis
     from anatomy_cli.engine import decompose
 
-    by_head = opts.by is By.head
+    by_head, by_expert = opts.by is By.head, opts.by is By.expert
     pos = -1 if opts.position is None else opts.position
     target, foil = plan.ids["target"], plan.ids["foil"]
     assert target is not None
     with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
-        caches = engine.run(lm, encoded, decompose.names(lm, by_head=by_head), positions=[[pos]] * len(encoded),
-                            batch_size=opts.batch_size)
+        caches = engine.run(lm, encoded, decompose.names(lm, by_head=by_head, by_expert=by_expert),
+                            positions=[[pos]] * len(encoded), batch_size=opts.batch_size)
     unembedding = decompose.unembedding_direction(lm, target, foil)
     out = []
     for cache in caches:
-        full = analysis.logit_attribution(lm, cache, target, foil, by_head=by_head, unembedding=unembedding)
+        full = analysis.logit_attribution(lm, cache, target, foil, by_head=by_head, by_expert=by_expert,
+                                          unembedding=unembedding)
         if (mismatch := full.mismatch()) is not None:
             notes.warn(mismatch)
         out.append(DlaResult(cache.positions[0], full, full.select(opts.top, opts.sort.value), plan.ids, opts.by))

@@ -8,6 +8,8 @@
 * the direct logit attribution rows (``analyses.dla.logit_attribution``, by head) add up to the logit
   difference of the top two tokens;
 * patching a run into itself changes nothing (``engine.patch_grid`` with clean = corrupt);
+* in a mixture-of-experts block, ``mlp_out`` = the chosen experts' outputs weighted as the router weights them,
+  plus the gated shared expert (Qwen2-MoE) (:func:`anatomy_cli.engine.experts.rebuild`);
 * the prompts in one padded batch equal the prompts run one by one, at every hook point;
 * attribution patching equals exact patching on a metric linear in the patched site: the final norm's output
   (``ln_final.hook_normalized``; without a final norm the last block's output) of CORRUPT replaced by CLEAN's,
@@ -32,6 +34,8 @@ def identities(runs: Runs) -> C.SectionResult:
                                             layer=lm.n_layers - 1) for c in runs.batched]))
         rows.append(dla_sum(runs, C.RELATIVE[runs.dtype]))  # a float32 sum of some hundred rows
         rows.append(self_patch(runs, tol))
+    if lm.info.moe is not None:
+        rows += moe_sums(runs, tol)
     rows.append(batched_single(runs))
     if lm.has_unembed:
         rows.append(attribution_exact(runs, tol))
@@ -54,6 +58,19 @@ def decomposition(runs: Runs, tol: float) -> list[C.Check]:
                                                 c["resid_pre", layer] + c["attn_out", layer], tol, layer=layer)
                                  for c in runs.batched]))
     return rows
+
+
+MOE_SUM = "mlp_out = Σ weight · expert (+ shared)"
+
+
+def moe_sums(runs: Runs, tol: float) -> list[C.Check]:
+    """Per MoE block: its output against the chosen experts' outputs (from their weights, on the block's input)
+    times the weights the router gave them, plus the gated shared expert (Qwen2-MoE)."""
+    from anatomy_cli.engine import experts
+
+    rebuilt = [experts.rebuild(runs.lm, enc) for enc in runs.encoded]
+    return [C.worst([C.tensor_check(MOE_SUM, r[block][0], r[block][1], tol, layer=block) for r in rebuilt])
+            for block in rebuilt[0]]
 
 
 def _top2(logits: torch.Tensor) -> tuple[int, int]:

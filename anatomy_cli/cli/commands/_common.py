@@ -57,6 +57,14 @@ BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
 
 
+def draw_and_emit(command: str, view: Any, lm: Any, encoded: Sequence[Any], results: Sequence[Any],
+                  plot: Path | None, fmt: Format | None, prompt: str) -> None:
+    """``--plot``'s picture of each prompt (``view.figure``; one numbered file per prompt from stdin), then the
+    reports (``view.report``) as :func:`emit_prompts` prints them."""
+    draw_each(command, plot, prompt, (view.figure(lm, enc, r) for enc, r in zip(encoded, results)))
+    emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")
+
+
 def emit_prompts(reports: Sequence[Report], fmt: Format | None, *, from_stdin: bool) -> None:
     """Print one report per prompt in ``fmt`` (see the module docstring for the layout)."""
     fmt = resolve_format(fmt)

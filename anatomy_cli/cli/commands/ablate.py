@@ -11,8 +11,7 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._attribution import CheckOpt, MethodOpt
 from anatomy_cli.cli.commands._common import (
     PromptArg,
-    draw_each,
-    emit_prompts,
+    draw_and_emit,
     load_weights,
     open_prompts,
 )
@@ -93,5 +92,4 @@ def ablate_command(
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
-    draw_each("ablate", plot, prompt, (view.figure(lm, enc, r) for enc, r in zip(encoded, results)))
-    emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")
+    draw_and_emit("ablate", view, lm, encoded, results, plot, fmt, prompt)

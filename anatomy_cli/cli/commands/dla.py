@@ -10,8 +10,7 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import (
     BatchSizeOpt,
     PromptArg,
-    draw_each,
-    emit_prompts,
+    draw_and_emit,
     load_weights,
     open_prompts,
 )
@@ -48,7 +47,9 @@ def dla_command(
         "Default: the last.")] = None,
     by: Annotated[By, typer.Option("--by", case_sensitive=False,
                                    help="'head': one row per attention head (plus the output projection's "
-                                   "bias) instead of one per attention layer.")] = By.layer,
+                                   "bias) instead of one per attention layer; 'expert' (MoE models): one row "
+                                   "per chosen expert (and the shared expert) of each MoE block instead of "
+                                   "its MLP row.")] = By.layer,
     top: Annotated[Optional[int], typer.Option(
         "--top", "-k", min=1, metavar="N", show_default=False,
         help="Keep the N rows of largest |contribution|; the rest are summed into one 'other' row, so the "
@@ -88,5 +89,4 @@ def dla_command(
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
-    draw_each("dla", plot, prompt, (view.figure(lm, enc, r) for enc, r in zip(encoded, results)))
-    emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")
+    draw_and_emit("dla", view, lm, encoded, results, plot, fmt, prompt)

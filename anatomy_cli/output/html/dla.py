@@ -7,6 +7,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from anatomy_cli.output import statistics
 from anatomy_cli.output.html import Page, caption_page, esc, notes
 from anatomy_cli.output.html._charts import ATTN_COLOUR, MLP_COLOUR, OTHER_COLOUR, bars, diverging
 from anatomy_cli.output.html._page import TOOLBAR_PX, layout, plot
@@ -24,7 +25,7 @@ def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Any) -> Pag
 def part(result: Any, n_layers: int, n_heads: int, what: str, *, div_id: str | None = None) -> Any:
     """The bars (and head grid) alone (for ``anatomy report``)."""
     rows = result.rows
-    by_name = {r.component: r.contribution for r in rows}
+    by_name = statistics.by_component(rows)
     outside = [r for r in rows if r.layer is None]
     heads = [r for r in rows if r.head is not None]
     layers = list(range(n_layers))

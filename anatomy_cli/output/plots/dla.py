@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import (
     ATTN_COLOUR,
@@ -29,7 +30,7 @@ def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Caption) ->
     Units: logit. Returns a matplotlib Figure.
     """
     rows = result.rows
-    by_name = {r.component: r.contribution for r in rows}
+    by_name = statistics.by_component(rows)
     outside = [r for r in rows if r.layer is None]
     heads = [r for r in rows if r.head is not None]
     layers = list(range(n_layers))

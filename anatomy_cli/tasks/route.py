@@ -1,0 +1,116 @@
+"""`route`: per MoE block and position, the experts the router chose, their weights, its entropy and margin.
+
+Refused before any weight loads: a dense model (``Need.moe``, naming its family), a ``--block`` past the model or
+naming a block whose MLP is dense (Qwen2/3-MoE's ``mlp_only_layers``), ``--top`` above the model's k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.route import RouteRow
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "route"
+
+
+@dataclass(frozen=True)
+class RouteOptions:
+    """``block``: the blocks to show (``0,2``, ``1-3``, ``-1``; None: every MoE block); ``top``: list the first
+    ``top`` of the k chosen experts (None: all k)."""
+
+    block: str | int | None = None
+    top: int | None = None
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.top is not None and self.top < 1:
+            raise UsageError("--top takes a whole number of at least 1")
+        if self.batch_size < 1:
+            raise UsageError("--batch-size takes a whole number of at least 1")
+        if self.block is not None:
+            sites.parse_blocks(str(self.block), None, "--block")
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    blocks: tuple[int, ...]
+    top_k: int
+
+
+@dataclass(frozen=True)
+class RouteResult:
+    """One prompt's routing: a row per (block, position), blocks in the order asked, positions in order."""
+
+    rows: tuple[RouteRow, ...]
+    n_experts: int
+    top_k: int
+    rule: str
+    norm_topk_prob: bool
+    shared_expert: bool
+    near_tie_threshold: float
+
+    def top_experts(self) -> tuple[list[int], list[list[int]]]:
+        """``(blocks, ids)``: the blocks in the rows' order and ``ids[block row][position]``, the expert with the
+        largest weight at each (the picture's cells)."""
+        blocks = list(dict.fromkeys(r.block for r in self.rows))
+        by_block: dict[int, list[int]] = {b: [] for b in blocks}
+        for r in self.rows:
+            by_block[r.block].append(r.experts[0])
+        return blocks, [by_block[b] for b in blocks]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_experts": self.n_experts, "top_k": self.top_k, "rule": self.rule,
+                "norm_topk_prob": self.norm_topk_prob, "shared_expert": self.shared_expert,
+                "near_tie_threshold": self.near_tie_threshold, "rows": [r.to_dict() for r in self.rows]}
+
+
+def check(opened: Any, opts: RouteOptions) -> RoutePlan:
+    """``opened``: an OpenedModel or a LoadedModel (anything with ``info``)."""
+    info = opened.info
+    require(info, Need.moe, command=COMMAND)
+    moe = info.moe
+    if opts.block is None:
+        blocks = list(moe.sparse_blocks)
+    else:
+        blocks = [int(b) for b in sites.parse_blocks(str(opts.block), info.n_layers, "--block")]
+        dense = [b for b in blocks if b not in moe.sparse_blocks]
+        if dense:
+            raise UsageError(f"--block {dense[0]}: that block of {info.label or info.model_type} has a dense MLP, "
+                             f"no router; its MoE blocks are {_list(moe.sparse_blocks)}")
+    if opts.top is not None and opts.top > moe.top_k:
+        raise UsageError(f"--top {opts.top} is more than the {moe.top_k} experts this model routes each token to")
+    return RoutePlan(tuple(blocks), moe.top_k)
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: RouteOptions, plan: RoutePlan) -> list[RouteResult]:
+    from anatomy_cli import engine
+    from anatomy_cli.analyses import route as analysis
+
+    moe = lm.info.moe
+    assert moe is not None  # check() refused a dense model
+    names = [f"blocks.{b}.mlp.hook_{p}" for b in plan.blocks
+             for p in ("router_logits", "expert_indices", "expert_weights")]
+    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+        caches = engine.run(lm, encoded, names, batch_size=opts.batch_size)
+    out = []
+    for enc, cache in zip(encoded, caches):
+        rows: list[RouteRow] = []
+        for b in plan.blocks:
+            p = f"blocks.{b}.mlp.hook_"
+            rows += analysis.block_rows(b, cache[p + "router_logits"], cache[p + "expert_indices"],
+                                        cache[p + "expert_weights"], list(enc.pieces), opts.top)
+        out.append(RouteResult(tuple(rows), moe.n_experts, moe.top_k, moe.rule, moe.norm_topk_prob,
+                               moe.shared_expert, analysis.NEAR_TIE))
+    return out
+
+
+def _list(blocks: tuple[int, ...]) -> str:
+    return ", ".join(str(b) for b in blocks)
