@@ -67,15 +67,16 @@ def next_token(model: Model, prompt: str | list[str], *, k: int = 10, target: st
 def lens(model: Model, prompt: str | list[str], *, stat: str = "prob", target: str | None = None,
          target_id: int | None = None, first_token: bool = False, layers: list[int | str] | str | None = None,
          stride: int | None = None, k: int | None = None, prompts: PromptOptions = PromptOptions(),
-         batch_size: int = 8) -> One:
+         batch_size: int = 8, lens: str = "logit") -> One:
     """`anatomy lens`: the logit lens at every residual-stream row (``embed``, then blocks 0..L−1) and position.
-    ``layers``: the rows to show (``["embed", 0, 6]`` or ``"embed,0,6"``). ``result``: LensGrid; rows: ``cells``
+    ``layers``: the rows to show (``["embed", 0, 6]`` or ``"embed,0,6"``); ``lens``: ``logit``, ``tuned:DIR`` or
+    ``jacobian:FILE`` (a fitted lens, docs/commands/lens.md#fitted-lenses). ``result``: LensGrid; rows: ``cells``
     (one per row x position)."""
     from anatomy_cli.output.views import lens as view
     from anatomy_cli.tasks import lens as task
 
     opts = task.LensOptions(stat=stat, target=target, target_id=target_id, first_token=first_token,
-                            layers=layers, stride=stride, k=k, batch_size=batch_size)
+                            layers=layers, stride=stride, k=k, batch_size=batch_size, lens=lens)
     lm = loaded(model)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
