@@ -1,0 +1,197 @@
+"""`fit-lens jacobian`: fit a Jacobian lens on prompts and write it in jlens' format (the task).
+
+jlens' estimator exactly (:mod:`anatomy_cli.engine.jacobian_fit`): per prompt (its first ``max_seq_len`` tokens)
+one forward of the ids replicated ``dim_batch`` times and ``ceil(d_model / dim_batch)`` backward passes; ``J_l``
+averaged over the valid positions (``skip_first`` through the second-to-last), then over the prompts. Prompts
+too short to have a valid position are skipped and counted. Blocks are anatomy's (0..L−1, jlens' layers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from anatomy_cli.models import sites
+from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded, LoadedModel
+
+COMMAND = "fit-lens"
+INPUTS = {"kind": None, "prompt": "prompts"}  # KIND (positional), the CLI's --prompts FILE (the API's prompt)
+KINDS = ("jacobian",)
+DTYPES = {"fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class FitLensOptions:
+    """``kind``: ``jacobian`` (the only lens fitted so far); ``prompt``: the prompts; ``out``: the ``.pt`` file to
+    write; ``source_layers``: the blocks to fit (a list or the text ``0,4-8``; None: every block below the
+    target); ``target_layer``: the block whose output J maps onto (None: the last; negative: from the end);
+    ``dim_batch``: output dimensions per backward pass (the prompt's copies per forward); ``max_seq_len``: tokens
+    kept per prompt; ``skip_first``: leading positions left out of the average; ``dtype``: ``fp16`` (jlens'
+    files) or ``fp32``; ``overwrite``: replace an existing ``out``."""
+
+    kind: str = "jacobian"
+    prompt: tuple[str, ...] = ()
+    out: Path | None = None
+    source_layers: Any = None
+    target_layer: int | None = None
+    dim_batch: int = 8
+    max_seq_len: int = 128
+    skip_first: int = 16
+    dtype: str = "fp16"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        from anatomy_cli.errors import UsageError
+
+        if self.kind != "jacobian":
+            more = " (fitting a tuned lens is not built yet)" if self.kind == "tuned" else ""
+            raise UsageError(f"fit-lens {self.kind}: anatomy fits {', '.join(KINDS)} lenses{more}")
+        object.__setattr__(self, "prompt", tuple(self.prompt))
+        if not self.prompt:
+            raise UsageError("fit-lens needs prompts: --prompts FILE (one per line)")
+        if self.out is None:
+            raise UsageError("fit-lens needs --out FILE (the lens file to write)")
+        object.__setattr__(self, "out", Path(self.out).expanduser())
+        if self.out.is_dir():
+            raise UsageError(f"--out {self.out} is a directory; give the .pt file to write")
+        if self.out.exists() and not self.overwrite:
+            raise UsageError(f"--out {self.out} exists: give --overwrite to replace it")
+        if self.dtype not in DTYPES:
+            raise UsageError(f"--dtype {self.dtype!r}: use fp16 (jlens' files) or fp32")
+        for name, value, least in (("--dim-batch", self.dim_batch, 1), ("--max-seq-len", self.max_seq_len, 2),
+                                   ("--skip-first", self.skip_first, 0)):
+            if value < least:
+                raise UsageError(f"{name} takes a whole number of at least {least}")
+        if self.skip_first + 2 > self.max_seq_len:
+            raise UsageError(f"--skip-first {self.skip_first} leaves no position in --max-seq-len "
+                             f"{self.max_seq_len} tokens (a prompt needs skip_first + 2)")
+        if self.source_layers is not None:
+            text = self.source_layers if isinstance(self.source_layers, str) else ",".join(
+                str(v) for v in self.source_layers)
+            object.__setattr__(self, "source_layers", tuple(sites.parse_blocks(text, None, "--source-layers")))
+
+
+@dataclass(frozen=True)
+class FitLensPlan:
+    source_layers: tuple[int, ...]
+    target_layer: int
+
+
+@dataclass(frozen=True)
+class JacobianFit:
+    """A fitted Jacobian lens as written to ``out``: ``n_prompts`` used, ``skipped`` (too short), per source
+    block ``identity_distance`` ``‖J_l − I‖_F / √d`` and ``norms`` ``‖J_l‖_F``, and the settings."""
+
+    out: str
+    n_prompts: int
+    skipped: int
+    source_layers: tuple[int, ...]
+    target_layer: int
+    d_model: int
+    dim_batch: int
+    skip_first: int
+    max_seq_len: int
+    dtype: str
+    tokens: int
+    flops: float
+    identity_distance: tuple[float, ...]
+    norms: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": self.out, "n_prompts": self.n_prompts, "skipped": self.skipped,
+                "source_layers": list(self.source_layers), "target_layer": self.target_layer,
+                "d_model": self.d_model, "dim_batch": self.dim_batch, "skip_first": self.skip_first,
+                "max_seq_len": self.max_seq_len, "dtype": self.dtype, "tokens": self.tokens, "flops": self.flops,
+                "blocks": [{"block": b, "identity_distance": i, "frobenius": n}
+                           for b, i, n in zip(self.source_layers, self.identity_distance, self.norms)]}
+
+
+def check(opened: Any, opts: FitLensOptions) -> FitLensPlan:
+    """Resolves the target and source blocks against the model (before its weights load); refuses an encoder."""
+    from anatomy_cli.errors import UsageError
+
+    require(opened.info, Need.decoder, command=f"{COMMAND} {opts.kind}")
+    n = opened.info.n_layers
+    target = n - 1 if opts.target_layer is None else opts.target_layer
+    target = sites.check_block(target + n if target < 0 else target, n, "--target-layer")
+    if target == 0:
+        raise UsageError("--target-layer 0 leaves no block below it to fit")
+    if opts.source_layers is None:
+        sources = tuple(range(target))
+    else:
+        sources = tuple(sorted({sites.check_block(b, n, "--source-layers") for b in opts.source_layers}))
+        above = [b for b in sources if b >= target]
+        if above:
+            raise UsageError(f"--source-layers {','.join(map(str, above))}: every source block must be below the "
+                             f"target block {target}")
+    return FitLensPlan(sources, target)
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan) -> JacobianFit:
+    """Fits, writes ``opts.out`` (atomically) and returns the summary. Raises UsageError when no prompt is long
+    enough."""
+    import os
+
+    import torch
+
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.errors import UsageError
+    from anatomy_cli.models import cost
+    from anatomy_cli.units import human_seconds
+
+    ids = [list(e.ids[:opts.max_seq_len]) for e in encoded]
+    usable = [i for i in ids if jacobian_fit.valid_positions(len(i), opts.skip_first)]
+    flops = sum(cost.jacobian_fit_flops(lm.info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer)
+                for i in usable)
+    notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
+               f"{sum(map(len, usable)):,} tokens, blocks {_blocks(plan.source_layers)} -> {plan.target_layer}, "
+               f"{math.ceil(lm.info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP, "
+               f"roughly {human_seconds(cost.seconds(flops, lm.device.type))} on {lm.device.type} "
+               "(a rough estimate)")
+    sums = {b: torch.zeros(lm.info.d_model, lm.info.d_model, dtype=torch.float64) for b in plan.source_layers}
+    done = skipped = 0
+    with notes.status("fit-lens jacobian") as line:
+        for i, prompt_ids in enumerate(ids, start=1):
+            if not jacobian_fit.valid_positions(len(prompt_ids), opts.skip_first):
+                skipped += 1
+                continue
+            what = f"prompt {i}/{len(ids)}"
+            jac = jacobian_fit.jacobian_for_prompt(lm, prompt_ids, plan.source_layers, plan.target_layer,
+                                                   dim_batch=opts.dim_batch, skip_first=opts.skip_first,
+                                                   progress=line.counter(what, "backward passes"))
+            for b, m in jac.items():
+                sums[b] += m
+            done += 1
+    if skipped:
+        notes.warn(f"{skipped} prompt{'' if skipped == 1 else 's'} skipped: fewer than skip_first + 2 = "
+                   f"{opts.skip_first + 2} tokens")
+    if done == 0:
+        raise UsageError(f"no prompt is long enough to fit on: each needs at least {opts.skip_first + 2} tokens "
+                         "(--skip-first)")
+    state = jacobian_fit.lens_state({b: s.float() for b, s in sums.items()}, done, lm.info.d_model,
+                                    getattr(torch, DTYPES[opts.dtype]))
+    assert opts.out is not None  # __post_init__
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = opts.out.with_name(f"{opts.out.name}.tmp.{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, opts.out)
+    eye = torch.eye(lm.info.d_model)
+    mats = [state["J"][b].float() for b in plan.source_layers]  # type: ignore[index]
+    return JacobianFit(
+        out=str(opts.out), n_prompts=done, skipped=skipped, source_layers=plan.source_layers,
+        target_layer=plan.target_layer, d_model=lm.info.d_model, dim_batch=opts.dim_batch,
+        skip_first=opts.skip_first, max_seq_len=opts.max_seq_len, dtype=opts.dtype,
+        tokens=sum(map(len, usable)), flops=flops,
+        identity_distance=tuple(float((m - eye).norm() / math.sqrt(lm.info.d_model)) for m in mats),
+        norms=tuple(float(m.norm()) for m in mats))
+
+
+def _blocks(blocks: tuple[int, ...]) -> str:
+    return f"{blocks[0]}..{blocks[-1]}" if blocks == tuple(range(blocks[0], blocks[-1] + 1)) else ",".join(
+        map(str, blocks))

@@ -1,0 +1,103 @@
+"""`anatomy fit-lens jacobian` (issue 48): jlens' estimator against a brute-force ``torch.autograd.functional.jacobian``
+through the transformers model's own layers (hooks on the HF modules, not anatomy's), on a tiny random LLaMA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from anatomy_cli import api
+from anatomy_cli.cli.main import app
+from anatomy_cli.errors import UsageError
+
+runner = CliRunner()
+D, LAYERS = 32, 2
+TEXT = "The quick brown fox jumps over the lazy dog because it was tired of running in the sun"
+
+
+def _brute_force(lm, ids, source, target, skip_first):
+    """J[d, :] = mean over valid p of Σ_{valid p'} ∂h_target[p', d] / ∂h_source[p, :], from the full Jacobian of
+    the map (block source's output) -> (block target's output), the rest of the forward fixed."""
+    model = lm.model
+    layers = model.model.layers
+    x = torch.tensor([ids])
+    kept: dict[str, torch.Tensor] = {}
+
+    def record(name):
+        def hook(m, i, o):
+            kept[name] = o[0] if isinstance(o, tuple) else o
+        return hook
+
+    h = layers[source].register_forward_hook(record("source"))
+    with torch.no_grad():
+        model(x)
+    h.remove()
+    h_source = kept["source"][0].detach()
+
+    def f(value):
+        def replace(m, i, o):
+            return (value[None],) + tuple(o[1:]) if isinstance(o, tuple) else value[None]
+        handles = [layers[source].register_forward_hook(replace), layers[target].register_forward_hook(record("t"))]
+        try:
+            model(x)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return kept["t"][0]
+
+    full = torch.autograd.functional.jacobian(f, h_source)          # [pos, d, pos, d]
+    valid = list(range(skip_first, len(ids) - 1))
+    return full[valid][:, :, valid].sum(0).mean(1)                  # [d_out, d_in]
+
+
+def test_a_fit_on_one_prompt_equals_the_brute_force_jacobian(tiny_lm, tmp_path):
+    lm = tiny_lm("llama")
+    out = tmp_path / "lens.pt"
+    r = api.fit_lens(lm, "jacobian", [TEXT], out=out, skip_first=4, dim_batch=5, dtype="fp32")
+    state = torch.load(out, weights_only=True)
+    assert sorted(state) == ["J", "d_model", "n_prompts", "source_layers"]
+    assert state["n_prompts"] == 1 and state["source_layers"] == [0] and state["d_model"] == D
+    assert state["J"][0].dtype == torch.float32 and r.result.n_prompts == 1 and r.result.skipped == 0
+    ids = api.lens(lm, TEXT).data["token_ids"]
+    ref = _brute_force(lm, ids, 0, LAYERS - 1, 4)
+    torch.testing.assert_close(state["J"][0], ref, atol=1e-5, rtol=1e-4)
+
+
+def test_two_prompts_average_and_short_ones_are_skipped(tiny_lm, tmp_path):
+    lm = tiny_lm("llama")
+    other = "Once upon a time there was a small village at the edge of a dark forest"
+    out = tmp_path / "two.pt"
+    r = api.fit_lens(lm, "jacobian", [TEXT, "Too short", other], out=out, skip_first=4, dtype="fp16")
+    assert (r.result.n_prompts, r.result.skipped) == (2, 1)
+    state = torch.load(out, weights_only=True)
+    assert state["J"][0].dtype == torch.float16
+    refs = [_brute_force(lm, api.lens(lm, t).data["token_ids"], 0, LAYERS - 1, 4) for t in (TEXT, other)]
+    torch.testing.assert_close(state["J"][0].float(), (refs[0] + refs[1]) / 2, atol=2e-3, rtol=2e-3)
+    # the file reads back through lens --lens
+    grid = api.lens(lm, TEXT, lens=f"jacobian:{out}").result
+    assert grid.layers == (0, 1)
+
+
+def test_the_cli_prints_the_cost_and_refuses_bad_settings(tiny_model_dir, tmp_path):
+    model = str(tiny_model_dir("llama"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(TEXT + "\n\nshort\n")
+    out = tmp_path / "cli.pt"
+    res = runner.invoke(app, ["fit-lens", "jacobian", "--model", model, "--prompts", str(prompts), "--out", str(out),
+                              "--skip-first", "4", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert "backward passes per prompt: about" in res.output and "1 prompt skipped" in res.output
+    assert torch.load(out, weights_only=True)["n_prompts"] == 1
+    for args, message in [
+        (["--out", str(out)], "exists: give --overwrite"),
+        (["--out", str(tmp_path / "x.pt"), "--target-layer", "0"], "leaves no block below it"),
+        (["--out", str(tmp_path / "x.pt"), "--source-layers", "1"], "must be below the target block 1"),
+        (["--out", str(tmp_path / "x.pt"), "--dtype", "bf16"], "use fp16"),
+    ]:
+        res = runner.invoke(app, ["fit-lens", "jacobian", "--model", model, "--prompts", str(prompts), *args])
+        assert res.exit_code == 2 and message in res.output, (args, res.output)
+    res = runner.invoke(app, ["fit-lens", "tuned", "--model", model, "--prompts", str(prompts), "--out", "y"])
+    assert res.exit_code == 2 and "not built yet" in res.output
+    with pytest.raises(UsageError):
+        api.fit_lens(model, "jacobian", [TEXT], out=tmp_path / "z.pt", skip_first=40)
