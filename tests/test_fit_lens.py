@@ -101,3 +101,26 @@ def test_the_cli_prints_the_cost_and_refuses_bad_settings(tiny_model_dir, tmp_pa
     assert res.exit_code == 2 and "not built yet" in res.output
     with pytest.raises(UsageError):
         api.fit_lens(model, "jacobian", [TEXT], out=tmp_path / "z.pt", skip_first=40)
+
+
+def test_merging_two_fits_equals_one_fit_on_the_whole(tiny_lm, tiny_model_dir, tmp_path):
+    lm = tiny_lm("llama")
+    texts = [TEXT, "Once upon a time there was a small village at the edge of a dark forest",
+             "In the beginning the universe was created and this has made a lot of people very angry"]
+    kw = dict(skip_first=4, dim_batch=16, dtype="fp32", source_layers=[0])
+    api.fit_lens(lm, "jacobian", texts[:1], out=tmp_path / "a.pt", **kw)
+    api.fit_lens(lm, "jacobian", texts[1:], out=tmp_path / "b.pt", **kw)
+    api.fit_lens(lm, "jacobian", texts, out=tmp_path / "whole.pt", **kw)
+    res = runner.invoke(app, ["fit-lens", "merge", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"),
+                              "--out", str(tmp_path / "merged.pt"), "--dtype", "fp32", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    merged, whole = (torch.load(tmp_path / f, weights_only=True) for f in ("merged.pt", "whole.pt"))
+    assert merged["n_prompts"] == whole["n_prompts"] == 3 and merged["source_layers"] == [0]
+    torch.testing.assert_close(merged["J"][0], whole["J"][0], atol=1e-6, rtol=1e-6)
+    wide = tmp_path / "wide.pt"
+    torch.save({"J": {0: torch.eye(64)}, "n_prompts": 1, "source_layers": [0], "d_model": 64}, wide)
+    for args, message in [([str(tmp_path / "a.pt")], "two or more lens files"),
+                          ([str(tmp_path / "a.pt"), str(wide)], "fits of different shapes"),
+                          ([str(tmp_path / "a.pt"), str(tmp_path / "nope.pt")], "does not exist")]:
+        res = runner.invoke(app, ["fit-lens", "merge", *args, "--out", str(tmp_path / "m2.pt")])
+        assert res.exit_code == 2 and message in res.output, (args, res.output)

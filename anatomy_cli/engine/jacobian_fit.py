@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -89,3 +90,17 @@ def lens_state(sums: dict[int, torch.Tensor], n_prompts: int, d_model: int,
     """jlens' file: ``{"J": {block: mean J}, "n_prompts", "source_layers", "d_model"}`` (``torch.save`` it)."""
     return {"J": {l: (s / n_prompts).to(dtype) for l, s in sorted(sums.items())}, "n_prompts": n_prompts,
             "source_layers": sorted(sums), "d_model": d_model}
+
+
+def merge_states(states: Sequence[dict[str, Any]], dtype: torch.dtype = torch.float16) -> dict[str, object]:
+    """Several fits of one model and one set of source blocks as one: the ``n_prompts``-weighted mean of their
+    ``J`` (float64 sums), which is the fit on all their prompts together. Raises ValueError when the states'
+    ``d_model`` or blocks differ."""
+    d_model, blocks = int(states[0]["d_model"]), sorted(states[0]["J"])
+    for s in states[1:]:
+        if int(s["d_model"]) != d_model or sorted(s["J"]) != blocks:
+            raise ValueError(f"fits of different shapes: d_model {s['d_model']} and {d_model}, blocks "
+                             f"{sorted(s['J'])} and {blocks}")
+    total = sum(int(s["n_prompts"]) for s in states)
+    sums = {b: torch.stack([s["J"][b].double() * int(s["n_prompts"]) for s in states]).sum(0) for b in blocks}
+    return lens_state(sums, total, d_model, dtype)

@@ -50,7 +50,8 @@ class FitLensOptions:
         from anatomy_cli.errors import UsageError
 
         if self.kind != "jacobian":
-            more = " (fitting a tuned lens is not built yet)" if self.kind == "tuned" else ""
+            more = " (fitting a tuned lens is not built yet)" if self.kind == "tuned" else (
+                "; fit-lens merge A.pt B.pt --out C.pt merges Jacobian lens fits")
             raise UsageError(f"fit-lens {self.kind}: anatomy fits {', '.join(KINDS)} lenses{more}")
         object.__setattr__(self, "prompt", tuple(self.prompt))
         if not self.prompt:
@@ -150,7 +151,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: Fit
     flops = sum(cost.jacobian_fit_flops(lm.info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer)
                 for i in usable)
     notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
-               f"{sum(map(len, usable)):,} tokens, blocks {_blocks(plan.source_layers)} -> {plan.target_layer}, "
+               f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
+               f"{_blocks(plan.source_layers)} -> {plan.target_layer}, "
                f"{math.ceil(lm.info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP, "
                f"roughly {human_seconds(cost.seconds(flops, lm.device.type))} on {lm.device.type} "
                "(a rough estimate)")
@@ -193,5 +195,66 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: Fit
 
 
 def _blocks(blocks: tuple[int, ...]) -> str:
+    if len(blocks) == 1:
+        return str(blocks[0])
     return f"{blocks[0]}..{blocks[-1]}" if blocks == tuple(range(blocks[0], blocks[-1] + 1)) else ",".join(
         map(str, blocks))
+
+
+@dataclass(frozen=True)
+class MergedLens:
+    """``fit-lens merge``: the fits read (``inputs``, their ``counts`` of prompts) and the merged file ``out``."""
+
+    out: str
+    inputs: tuple[str, ...]
+    counts: tuple[int, ...]
+    source_layers: tuple[int, ...]
+    d_model: int
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": self.out, "n_prompts": sum(self.counts), "source_layers": list(self.source_layers),
+                "d_model": self.d_model, "dtype": self.dtype,
+                "inputs": [{"file": f, "n_prompts": n} for f, n in zip(self.inputs, self.counts)]}
+
+
+def merge(files: list[Path], out: Path, *, dtype: str = "fp16", overwrite: bool = False) -> MergedLens:
+    """Jacobian lens files (jlens' format) of one model and one set of blocks as one: the ``n_prompts``-weighted
+    mean, equal to one fit on all their prompts. Raises UsageError for fewer than two files, a file that is not a
+    lens, fits of different shapes, an existing ``out`` without ``overwrite``."""
+    import os
+
+    import torch
+
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.errors import UsageError
+
+    if len(files) < 2:
+        raise UsageError("fit-lens merge takes two or more lens files: fit-lens merge A.pt B.pt --out C.pt")
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r}: use fp16 (jlens' files) or fp32")
+    out = Path(out).expanduser()
+    if out.exists() and not overwrite:
+        raise UsageError(f"--out {out} exists: give --overwrite to replace it")
+    states = []
+    for f in files:
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        except FileNotFoundError:
+            raise UsageError(f"fit-lens merge: {f} does not exist") from None
+        except Exception as exc:
+            raise UsageError(f"fit-lens merge: {f} is not a Jacobian lens file ({type(exc).__name__})") from None
+        if not isinstance(state, dict) or not {"J", "n_prompts", "d_model"} <= set(state):
+            raise UsageError(f"fit-lens merge: {f} is not a Jacobian lens file (it needs \"J\", \"n_prompts\", "
+                             "\"d_model\")")
+        states.append(state)
+    try:
+        merged = jacobian_fit.merge_states(states, getattr(torch, DTYPES[dtype]))
+    except ValueError as exc:
+        raise UsageError(f"fit-lens merge: {exc}") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp.{os.getpid()}")
+    torch.save(merged, tmp)
+    os.replace(tmp, out)
+    return MergedLens(str(out), tuple(map(str, files)), tuple(int(s["n_prompts"]) for s in states),
+                      tuple(sorted(int(b) for b in states[0]["J"])), int(states[0]["d_model"]), dtype)

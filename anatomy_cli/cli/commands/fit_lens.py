@@ -10,6 +10,7 @@ import typer
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import load_weights, open_texts, read_prompts_file
 from anatomy_cli.cli.options import MODEL_OPTIONS, FormatOpt, model_options, prompt_options
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
@@ -19,12 +20,14 @@ from anatomy_cli.text.options import PromptOptions
 @prompt_options()
 def fit_lens_command(
     kind: Annotated[str, typer.Argument(metavar="KIND", show_default=False,
-                                        help="The lens to fit: jacobian.")],
-    prompts_file: Annotated[str, typer.Option(
-        "--prompts", metavar="FILE|-", show_default=False,
-        help="The prompts to fit on, one per non-empty line ('-': stdin).")],
+                                        help="The lens to fit: jacobian; or merge (FILES: fits to merge).")],
     out: Annotated[Path, typer.Option("--out", metavar="FILE", show_default=False,
                                       help="The lens file to write (jlens' .pt format).")],
+    files: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="[FILES]...", show_default=False, help="merge: the Jacobian lens files to merge.")] = None,
+    prompts_file: Annotated[Optional[str], typer.Option(
+        "--prompts", metavar="FILE|-", show_default=False,
+        help="The prompts to fit on, one per non-empty line ('-': stdin).")] = None,
     source_layers: Annotated[Optional[str], typer.Option(
         "--source-layers", metavar="N,...", show_default=False,
         help="The blocks to fit (0,4-8); default every block below the target.")] = None,
@@ -49,18 +52,29 @@ def fit_lens_command(
     ceil(d_model / dim-batch) backward passes, each a one-hot cotangent on one output dimension of the
     target block at every valid position; row d of J_N is the gradient at block N's output averaged over
     positions --skip-first .. n-2; J is the mean over the prompts. Prompts too short are skipped and counted.
-    The expected cost is printed before the fit starts.
+    The expected cost is printed before the fit starts. fit-lens merge A.pt B.pt --out C.pt: the
+    n_prompts-weighted mean of fits of one model (no model is loaded).
 
     Examples:
 
     \b
         anatomy fit-lens jacobian --model smollm2 --prompts prompts.txt --out smollm2-jlens.pt
         anatomy fit-lens jacobian --model gpt2 --prompts prompts.txt --out gpt2.pt --source-layers 4-9 --dtype fp32
+        anatomy fit-lens merge part1.pt part2.pt --out lens.pt
     """
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import fit_lens as view
     from anatomy_cli.tasks import fit_lens as task
 
+    if kind == "merge":
+        if prompts_file is not None:
+            raise UsageError("fit-lens merge reads lens files, not prompts: drop --prompts")
+        emit(view.merge_report(task.merge(list(files or []), out, dtype=lens_dtype, overwrite=overwrite)), fmt)
+        return
+    if files:
+        raise UsageError(f"fit-lens {kind} takes no FILES (they are for fit-lens merge): give --prompts FILE")
+    if prompts_file is None:
+        raise UsageError("fit-lens needs prompts: --prompts FILE (one per line)")
     opts = task.FitLensOptions(kind=kind, prompt=tuple(read_prompts_file(prompts_file)), out=out,
                                source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
                                max_seq_len=max_seq_len,
