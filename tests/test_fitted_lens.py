@@ -187,6 +187,18 @@ def test_lenses_of_another_model_are_refused_before_the_weights_load(tiny_model_
         api.lens(model, PROMPT, lens="jacobian")
 
 
+def test_a_tuned_lens_of_another_depth_is_refused_from_its_config_alone(tiny_model_dir, tmp_path):
+    """params.pt is not a torch file at all: the refusal comes from config.json, before any tensor is read."""
+    deep = _save_tuned(tmp_path / "deep", [torch.zeros(D, D)] * 3, [torch.zeros(D)] * 3, layers=3)
+    (deep / "params.pt").write_bytes(b"not a torch file")
+    res = runner.invoke(app, ["lens", PROMPT, "--model", str(tiny_model_dir("llama")), "--lens", f"tuned:{deep}"])
+    assert res.exit_code == 2 and "3 layers; this model has d_model 32 and 2" in res.output, res.output
+    ok = _save_tuned(tmp_path / "ok", [torch.zeros(D, D)] * LAYERS, [torch.zeros(D)] * LAYERS)
+    (ok / "params.pt").write_bytes(b"not a torch file")
+    res = runner.invoke(app, ["lens", PROMPT, "--model", str(tiny_model_dir("llama")), "--lens", f"tuned:{ok}"])
+    assert res.exit_code == 2 and "is not a tuned-lens params.pt" in res.output, res.output
+
+
 def test_the_cli_table_says_which_lens_and_what_is_not_shown(tiny_model_dir, tmp_path):
     path = _save_jacobian(tmp_path / "eye.pt", {0: torch.eye(D)})
     res = runner.invoke(app, ["lens", PROMPT, "--model", str(tiny_model_dir("llama")), "--lens", f"jacobian:{path}",
