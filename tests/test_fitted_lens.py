@@ -206,3 +206,38 @@ def test_the_cli_table_says_which_lens_and_what_is_not_shown(tiny_model_dir, tmp
     assert res.exit_code == 0, res.output
     assert "Jacobian lens: top token" in res.output
     assert "not shown: embed (no reading in the Jacobian lens)" in res.output
+
+
+def test_trace_reads_the_same_fitted_lens_as_lens(tiny_lm, tiny_model_dir, tmp_path):
+    """trace --lens at its position equals the lens grid's cell there; identity J gives the logit lens's columns;
+    a Jacobian lens leaves ``embed`` without a reading."""
+    lm = tiny_lm("llama")
+    g = torch.Generator().manual_seed(3)
+    j0 = (torch.eye(D) + 0.3 * torch.randn(D, D, generator=g)).half()
+    path = _save_jacobian(tmp_path / "j.pt", {0: j0})
+    tuned = _save_tuned(tmp_path / "tuned", [0.2 * torch.randn(D, D, generator=g) for _ in range(LAYERS)],
+                        [0.1 * torch.randn(D, generator=g) for _ in range(LAYERS)])
+    for lens in (f"jacobian:{path}", f"tuned:{tuned}"):
+        tr = api.trace(lm, PROMPT, lens=lens, target=" much")
+        grid = api.lens(lm, PROMPT, lens=lens, target=" much").result
+        last = grid.positions.index(tr.data["position"])
+        for row in tr.result.layers:
+            if row.layer not in grid.layers:
+                assert row.layer == "embed" and lens.startswith("jacobian") and row.lens_token_id is None
+                assert row.target_rank is None
+                continue
+            r = grid.layers.index(row.layer)
+            assert row.lens_token_id == int(grid.top_ids[r, last, 0]), (lens, row.layer)
+            assert row.lens_probability == pytest.approx(float(grid.probability()[r, last]), abs=1e-6)
+            assert row.target_rank == int(grid.target_ranks[r, last])
+        assert tr.data["lens"]["kind"] == lens.split(":")[0]
+    eye = _save_jacobian(tmp_path / "eye.pt", {0: torch.eye(D)})
+    plain, through = api.trace(lm, PROMPT).result, api.trace(lm, PROMPT, lens=f"jacobian:{eye}").result
+    assert [r.lens_token_id for r in through.layers[1:]] == [r.lens_token_id for r in plain.layers[1:]]
+    assert [r.lens_probability for r in through.layers[1:]] == pytest.approx(
+        [r.lens_probability for r in plain.layers[1:]], abs=1e-6)
+    model = str(tiny_model_dir("llama"))
+    res = runner.invoke(app, ["trace", PROMPT, "--model", model, "--lens", "jacobian:/nope.pt"])
+    assert res.exit_code == 2 and "/nope.pt does not exist" in res.output, res.output
+    res = runner.invoke(app, ["trace", PROMPT, "--model", model, "--lens", f"jacobian:{path}", "--format", "table"])
+    assert res.exit_code == 0 and "no reading for embed" in res.output, res.output
