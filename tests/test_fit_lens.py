@@ -124,3 +124,41 @@ def test_merging_two_fits_equals_one_fit_on_the_whole(tiny_lm, tiny_model_dir, t
                           ([str(tmp_path / "a.pt"), str(tmp_path / "nope.pt")], "does not exist")]:
         res = runner.invoke(app, ["fit-lens", "merge", *args, "--out", str(tmp_path / "m2.pt")])
         assert res.exit_code == 2 and message in res.output, (args, res.output)
+
+
+def test_an_interrupted_fit_resumes_from_its_checkpoint(tiny_lm, tmp_path, monkeypatch):
+    from anatomy_cli.engine import jacobian_fit
+
+    lm = tiny_lm("llama")
+    texts = [TEXT, "short", "Once upon a time there was a small village at the edge of a dark forest",
+             "In the beginning the universe was created and this has made a lot of people very angry"]
+    kw = dict(skip_first=4, dim_batch=16, dtype="fp32", source_layers=[0])
+    api.fit_lens(lm, "jacobian", texts, out=tmp_path / "whole.pt", **kw)
+    real = jacobian_fit.jacobian_for_prompt
+    calls = []
+
+    def dies_on_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    ckpt = tmp_path / "fit.ckpt"
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", dies_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        api.fit_lens(lm, "jacobian", texts, out=tmp_path / "resumed.pt", checkpoint=ckpt, **kw)
+    state = torch.load(ckpt, weights_only=True)
+    assert (state["n_done"], state["next_idx"], state["skipped"]) == (2, 3, 1)
+    assert not (tmp_path / "resumed.pt").exists()
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", real)
+    r = api.fit_lens(lm, "jacobian", texts, out=tmp_path / "resumed.pt", checkpoint=ckpt, **kw)
+    assert (r.result.n_prompts, r.result.skipped) == (3, 1)
+    resumed, whole = (torch.load(tmp_path / f, weights_only=True) for f in ("resumed.pt", "whole.pt"))
+    torch.testing.assert_close(resumed["J"][0], whole["J"][0], atol=1e-7, rtol=1e-6)
+    # the lens reader recognises a checkpoint; a resume with other settings is refused
+    with pytest.raises(UsageError, match="a fit checkpoint"):
+        api.lens(lm, TEXT, lens=f"jacobian:{ckpt}")
+    with pytest.raises(UsageError, match="other settings \\(skip_first\\)"):
+        api.fit_lens(lm, "jacobian", texts, out=tmp_path / "other.pt", checkpoint=ckpt, **{**kw, "skip_first": 5})
+    with pytest.raises(UsageError, match="other settings \\(prompts\\)"):
+        api.fit_lens(lm, "jacobian", texts[:3], out=tmp_path / "other.pt", checkpoint=ckpt, **kw)

@@ -33,7 +33,8 @@ class FitLensOptions:
     target); ``target_layer``: the block whose output J maps onto (None: the last; negative: from the end);
     ``dim_batch``: output dimensions per backward pass (the prompt's copies per forward); ``max_seq_len``: tokens
     kept per prompt; ``skip_first``: leading positions left out of the average; ``dtype``: ``fp16`` (jlens'
-    files) or ``fp32``; ``overwrite``: replace an existing ``out``."""
+    files) or ``fp32``; ``overwrite``: replace an existing ``out``; ``checkpoint``: a file the running sums are
+    written to after every prompt (atomically) and resumed from when it exists (same settings and prompts only)."""
 
     kind: str = "jacobian"
     prompt: tuple[str, ...] = ()
@@ -45,6 +46,7 @@ class FitLensOptions:
     skip_first: int = 16
     dtype: str = "fp16"
     overwrite: bool = False
+    checkpoint: Path | None = None
 
     def __post_init__(self) -> None:
         from anatomy_cli.errors import UsageError
@@ -65,6 +67,10 @@ class FitLensOptions:
             raise UsageError(f"--out {self.out} exists: give --overwrite to replace it")
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r}: use fp16 (jlens' files) or fp32")
+        if self.checkpoint is not None:
+            object.__setattr__(self, "checkpoint", Path(self.checkpoint).expanduser())
+            if self.checkpoint == self.out:
+                raise UsageError("--checkpoint must be another file than --out")
         for name, value, least in (("--dim-batch", self.dim_batch, 1), ("--max-seq-len", self.max_seq_len, 2),
                                    ("--skip-first", self.skip_first, 0)):
             if value < least:
@@ -137,7 +143,6 @@ def check(opened: Any, opts: FitLensOptions) -> FitLensPlan:
 def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan) -> JacobianFit:
     """Fits, writes ``opts.out`` (atomically) and returns the summary. Raises UsageError when no prompt is long
     enough."""
-    import os
 
     import torch
 
@@ -156,33 +161,36 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: Fit
                f"{math.ceil(lm.info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP, "
                f"roughly {human_seconds(cost.seconds(flops, lm.device.type))} on {lm.device.type} "
                "(a rough estimate)")
+    settings = _settings(lm, ids, opts, plan)
     sums = {b: torch.zeros(lm.info.d_model, lm.info.d_model, dtype=torch.float64) for b in plan.source_layers}
-    done = skipped = 0
+    done = skipped = start = 0
+    if opts.checkpoint is not None and opts.checkpoint.exists():
+        sums, done, skipped, start = _resume(opts.checkpoint, settings)
+        notes.info(f"resuming from {opts.checkpoint}: {start} of {len(ids)} prompts done")
     with notes.status("fit-lens jacobian") as line:
-        for i, prompt_ids in enumerate(ids, start=1):
+        for i, prompt_ids in enumerate(ids[start:], start=start + 1):
             if not jacobian_fit.valid_positions(len(prompt_ids), opts.skip_first):
                 skipped += 1
-                continue
-            what = f"prompt {i}/{len(ids)}"
-            jac = jacobian_fit.jacobian_for_prompt(lm, prompt_ids, plan.source_layers, plan.target_layer,
-                                                   dim_batch=opts.dim_batch, skip_first=opts.skip_first,
-                                                   progress=line.counter(what, "backward passes"))
-            for b, m in jac.items():
-                sums[b] += m
-            done += 1
+            else:
+                what = f"prompt {i}/{len(ids)}"
+                jac = jacobian_fit.jacobian_for_prompt(lm, prompt_ids, plan.source_layers, plan.target_layer,
+                                                       dim_batch=opts.dim_batch, skip_first=opts.skip_first,
+                                                       progress=line.counter(what, "backward passes"))
+                for b, m in jac.items():
+                    sums[b] += m
+                done += 1
+            if opts.checkpoint is not None:
+                _atomic_save({"jacobian_sum": sums, "n_done": done, "next_idx": i, "skipped": skipped,
+                              "source_layers": list(plan.source_layers), "settings": settings}, opts.checkpoint)
     if skipped:
         notes.warn(f"{skipped} prompt{'' if skipped == 1 else 's'} skipped: fewer than skip_first + 2 = "
                    f"{opts.skip_first + 2} tokens")
     if done == 0:
         raise UsageError(f"no prompt is long enough to fit on: each needs at least {opts.skip_first + 2} tokens "
                          "(--skip-first)")
-    state = jacobian_fit.lens_state({b: s.float() for b, s in sums.items()}, done, lm.info.d_model,
-                                    getattr(torch, DTYPES[opts.dtype]))
+    state = jacobian_fit.lens_state(sums, done, lm.info.d_model, getattr(torch, DTYPES[opts.dtype]))
     assert opts.out is not None  # __post_init__
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = opts.out.with_name(f"{opts.out.name}.tmp.{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, opts.out)
+    _atomic_save(state, opts.out)
     eye = torch.eye(lm.info.d_model)
     mats = [state["J"][b].float() for b in plan.source_layers]  # type: ignore[index]
     return JacobianFit(
@@ -192,6 +200,48 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: Fit
         tokens=sum(map(len, usable)), flops=flops,
         identity_distance=tuple(float((m - eye).norm() / math.sqrt(lm.info.d_model)) for m in mats),
         norms=tuple(float(m.norm()) for m in mats))
+
+
+def _settings(lm: LoadedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
+    tokens (a hash)."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(ids).encode()).hexdigest()
+    return {"d_model": lm.info.d_model, "n_layers": lm.info.n_layers, "source_layers": list(plan.source_layers),
+            "target_layer": plan.target_layer, "skip_first": opts.skip_first, "max_seq_len": opts.max_seq_len,
+            "prompts": digest}
+
+
+def _resume(path: Path, settings: dict[str, Any]) -> tuple[dict[int, Any], int, int, int]:
+    """``(sums, done, skipped, next prompt)`` from a checkpoint of these ``settings``; UsageError otherwise."""
+    import torch
+
+    from anatomy_cli.errors import UsageError
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UsageError(f"--checkpoint {path} is not a fit-lens checkpoint ({type(exc).__name__})") from None
+    theirs = state.get("settings") if isinstance(state, dict) else None
+    if theirs != settings:
+        what = ", ".join(k for k in settings if not isinstance(theirs, dict) or theirs.get(k) != settings[k])
+        raise UsageError(f"--checkpoint {path} was written with other settings ({what or 'not anatomy’s'}); "
+                         "delete it or give another --checkpoint to start over")
+    sums = {int(b): t.double() for b, t in state["jacobian_sum"].items()}
+    return sums, int(state["n_done"]), int(state.get("skipped", 0)), int(state["next_idx"])
+
+
+def _atomic_save(obj: object, path: Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then a rename: never a half-written file."""
+    import os
+
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def _blocks(blocks: tuple[int, ...]) -> str:
@@ -222,7 +272,6 @@ def merge(files: list[Path], out: Path, *, dtype: str = "fp16", overwrite: bool 
     """Jacobian lens files (jlens' format) of one model and one set of blocks as one: the ``n_prompts``-weighted
     mean, equal to one fit on all their prompts. Raises UsageError for fewer than two files, a file that is not a
     lens, fits of different shapes, an existing ``out`` without ``overwrite``."""
-    import os
 
     import torch
 
@@ -252,9 +301,6 @@ def merge(files: list[Path], out: Path, *, dtype: str = "fp16", overwrite: bool 
         merged = jacobian_fit.merge_states(states, getattr(torch, DTYPES[dtype]))
     except ValueError as exc:
         raise UsageError(f"fit-lens merge: {exc}") from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp.{os.getpid()}")
-    torch.save(merged, tmp)
-    os.replace(tmp, out)
+    _atomic_save(merged, out)
     return MergedLens(str(out), tuple(map(str, files)), tuple(int(s["n_prompts"]) for s in states),
                       tuple(sorted(int(b) for b in states[0]["J"])), int(states[0]["d_model"]), dtype)

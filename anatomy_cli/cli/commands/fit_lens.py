@@ -42,6 +42,10 @@ def fit_lens_command(
     lens_dtype: Annotated[str, typer.Option("--dtype", metavar="fp16|fp32",
                                        help="The stored matrices' precision (fp16: as jlens saves).")] = "fp16",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace FILE if it exists.")] = False,
+    checkpoint: Annotated[Optional[Path], typer.Option(
+        "--checkpoint", metavar="FILE", show_default=False,
+        help="Save the running sums here after every prompt; resume from it when it exists (same settings).")
+    ] = None,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
@@ -78,7 +82,8 @@ def fit_lens_command(
     opts = task.FitLensOptions(kind=kind, prompt=tuple(read_prompts_file(prompts_file)), out=out,
                                source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
                                max_seq_len=max_seq_len,
-                               skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite)
+                               skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite,
+                               checkpoint=checkpoint)
     opened, encoded = open_texts(list(opts.prompt), spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)
