@@ -162,3 +162,25 @@ def test_an_interrupted_fit_resumes_from_its_checkpoint(tiny_lm, tmp_path, monke
         api.fit_lens(lm, "jacobian", texts, out=tmp_path / "other.pt", checkpoint=ckpt, **{**kw, "skip_first": 5})
     with pytest.raises(UsageError, match="other settings \\(prompts\\)"):
         api.fit_lens(lm, "jacobian", texts[:3], out=tmp_path / "other.pt", checkpoint=ckpt, **kw)
+
+
+def test_shards_merged_equal_one_fit(tiny_model_dir, tmp_path):
+    model = str(tiny_model_dir("llama"))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join([TEXT, "Once upon a time there was a small village at the edge of a dark forest",
+                                  "In the beginning the universe was created and this has made a lot of people angry"]))
+    common = ["fit-lens", "jacobian", "--model", model, "--prompts", str(prompts), "--skip-first", "4",
+              "--source-layers", "0", "--dtype", "fp32", "--format", "json"]
+    for args in (["--out", str(tmp_path / "whole.pt")], ["--out", str(tmp_path / "s0.pt"), "--shard", "0/2"],
+                 ["--out", str(tmp_path / "s1.pt"), "--shard", "1/2"]):
+        res = runner.invoke(app, common + args)
+        assert res.exit_code == 0, res.output
+    shards = [torch.load(tmp_path / f"s{i}.pt", weights_only=True) for i in (0, 1)]
+    assert [s["n_prompts"] for s in shards] == [2, 1]               # prompts 0, 2 and prompt 1
+    res = runner.invoke(app, ["fit-lens", "merge", str(tmp_path / "s0.pt"), str(tmp_path / "s1.pt"),
+                              "--out", str(tmp_path / "merged.pt"), "--dtype", "fp32"])
+    assert res.exit_code == 0, res.output
+    merged, whole = (torch.load(tmp_path / f, weights_only=True) for f in ("merged.pt", "whole.pt"))
+    torch.testing.assert_close(merged["J"][0], whole["J"][0], atol=1e-6, rtol=1e-6)
+    res = runner.invoke(app, common + ["--out", str(tmp_path / "x.pt"), "--shard", "2/2"])
+    assert res.exit_code == 2 and "i must be in 0..1" in res.output

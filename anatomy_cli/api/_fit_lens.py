@@ -13,12 +13,13 @@ from anatomy_cli.text.options import PromptOptions
 def fit_lens(model: Model, kind: str, prompt: str | list[str], *, out: str | Path, source_layers: Any = None,
              target_layer: int | None = None, dim_batch: int = 8, max_seq_len: int = 128, skip_first: int = 16,
              dtype: str = "fp16", overwrite: bool = False, checkpoint: str | Path | None = None,
-             prompts: PromptOptions = PromptOptions()) -> Result:
+             shard: str | tuple[int, int] | None = None, prompts: PromptOptions = PromptOptions()) -> Result:
     """`anatomy fit-lens jacobian`: fit a Jacobian lens on ``prompt`` (a list of texts; the CLI's ``--prompts
     FILE``) and write it to ``out`` in jlens' format (read it with ``lens(..., lens=f"jacobian:{out}")``).
     ``source_layers``: blocks to fit (default every block below ``target_layer``, the last by default);
     ``dtype``: the file's precision (``fp16`` as jlens saves, or ``fp32``); ``checkpoint``: a file saved after every
-    prompt and resumed from (same settings and prompts only). ``result``: JacobianFit; rows:
+    prompt and resumed from (same settings and prompts only); ``shard``: ``"i/N"``, prompts i, i + N, ... only
+    (merge the shards' files with ``fit-lens merge``). ``result``: JacobianFit; rows:
     ``blocks`` (per fitted block ``‖J − I‖_F/√d`` and ``‖J‖_F``)."""
     from anatomy_cli.output.views import fit_lens as view
     from anatomy_cli.tasks import fit_lens as task
@@ -26,7 +27,7 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str], *, out: str | Pat
     opts = task.FitLensOptions(kind=kind, prompt=tuple(texts_of(prompt)[0]), out=Path(out),
                                source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
                                max_seq_len=max_seq_len, skip_first=skip_first, dtype=dtype, overwrite=overwrite,
-                               checkpoint=None if checkpoint is None else Path(checkpoint))
+                               checkpoint=None if checkpoint is None else Path(checkpoint), shard=shard)
     lm = loaded(model)
     plan = task.check(lm, opts)
     encoded = encode(lm, list(opts.prompt), prompts)

@@ -34,7 +34,8 @@ class FitLensOptions:
     ``dim_batch``: output dimensions per backward pass (the prompt's copies per forward); ``max_seq_len``: tokens
     kept per prompt; ``skip_first``: leading positions left out of the average; ``dtype``: ``fp16`` (jlens'
     files) or ``fp32``; ``overwrite``: replace an existing ``out``; ``checkpoint``: a file the running sums are
-    written to after every prompt (atomically) and resumed from when it exists (same settings and prompts only)."""
+    written to after every prompt (atomically) and resumed from when it exists (same settings and prompts only);
+    ``shard``: ``i/N`` (or ``(i, N)``) fits prompts i, i + N, i + 2N, ... (0-based) only, for ``fit-lens merge``."""
 
     kind: str = "jacobian"
     prompt: tuple[str, ...] = ()
@@ -47,6 +48,7 @@ class FitLensOptions:
     dtype: str = "fp16"
     overwrite: bool = False
     checkpoint: Path | None = None
+    shard: Any = None
 
     def __post_init__(self) -> None:
         from anatomy_cli.errors import UsageError
@@ -67,6 +69,8 @@ class FitLensOptions:
             raise UsageError(f"--out {self.out} exists: give --overwrite to replace it")
         if self.dtype not in DTYPES:
             raise UsageError(f"--dtype {self.dtype!r}: use fp16 (jlens' files) or fp32")
+        if self.shard is not None:
+            object.__setattr__(self, "shard", _shard(self.shard))
         if self.checkpoint is not None:
             object.__setattr__(self, "checkpoint", Path(self.checkpoint).expanduser())
             if self.checkpoint == self.out:
@@ -82,6 +86,19 @@ class FitLensOptions:
             text = self.source_layers if isinstance(self.source_layers, str) else ",".join(
                 str(v) for v in self.source_layers)
             object.__setattr__(self, "source_layers", tuple(sites.parse_blocks(text, None, "--source-layers")))
+
+
+def _shard(value: Any) -> tuple[int, int]:
+    """``"i/N"`` or ``(i, N)`` -> ``(i, N)`` with 0 <= i < N; UsageError otherwise."""
+    from anatomy_cli.errors import UsageError
+
+    try:
+        i, n = (int(v) for v in (value.split("/") if isinstance(value, str) else value))
+    except (TypeError, ValueError):
+        raise UsageError(f"--shard {value!r}: give i/N, e.g. 0/4 (shards 0..N-1)") from None
+    if not 0 <= i < n:
+        raise UsageError(f"--shard {i}/{n}: i must be in 0..{n - 1}")
+    return i, n
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,10 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: Fit
     from anatomy_cli.units import human_seconds
 
     ids = [list(e.ids[:opts.max_seq_len]) for e in encoded]
+    if opts.shard is not None:
+        first, every = opts.shard
+        ids = ids[first::every]
+        notes.info(f"shard {first}/{every}: {len(ids)} of {len(encoded)} prompts (every {every}th from {first})")
     usable = [i for i in ids if jacobian_fit.valid_positions(len(i), opts.skip_first)]
     flops = sum(cost.jacobian_fit_flops(lm.info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer)
                 for i in usable)

@@ -42,6 +42,9 @@ def fit_lens_command(
     lens_dtype: Annotated[str, typer.Option("--dtype", metavar="fp16|fp32",
                                        help="The stored matrices' precision (fp16: as jlens saves).")] = "fp16",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace FILE if it exists.")] = False,
+    shard: Annotated[Optional[str], typer.Option(
+        "--shard", metavar="i/N", show_default=False,
+        help="Fit prompts i, i+N, i+2N, ... only (0-based); merge the N files with fit-lens merge.")] = None,
     checkpoint: Annotated[Optional[Path], typer.Option(
         "--checkpoint", metavar="FILE", show_default=False,
         help="Save the running sums here after every prompt; resume from it when it exists (same settings).")
@@ -83,7 +86,7 @@ def fit_lens_command(
                                source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
                                max_seq_len=max_seq_len,
                                skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite,
-                               checkpoint=checkpoint)
+                               checkpoint=checkpoint, shard=shard)
     opened, encoded = open_texts(list(opts.prompt), spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)
