@@ -117,6 +117,9 @@ def test_merging_two_fits_equals_one_fit_on_the_whole(tiny_lm, tiny_model_dir, t
     merged, whole = (torch.load(tmp_path / f, weights_only=True) for f in ("merged.pt", "whole.pt"))
     assert merged["n_prompts"] == whole["n_prompts"] == 3 and merged["source_layers"] == [0]
     torch.testing.assert_close(merged["J"][0], whole["J"][0], atol=1e-6, rtol=1e-6)
+    r = api.merge_lenses([tmp_path / "a.pt", tmp_path / "b.pt"], out=tmp_path / "api.pt", dtype="fp32")
+    assert r.data["n_prompts"] == 3 and [i["n_prompts"] for i in r.data["inputs"]] == [1, 2]
+    assert torch.equal(torch.load(tmp_path / "api.pt", weights_only=True)["J"][0], merged["J"][0])
     wide = tmp_path / "wide.pt"
     torch.save({"J": {0: torch.eye(64)}, "n_prompts": 1, "source_layers": [0], "d_model": 64}, wide)
     for args, message in [([str(tmp_path / "a.pt")], "two or more lens files"),

@@ -33,3 +33,14 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str], *, out: str | Pat
     encoded = encode(lm, list(opts.prompt), prompts)
     result = task.run(lm, encoded, opts, plan)
     return Result(task.COMMAND, result, view.report(lm, result).data, view.ROWS)
+
+
+def merge_lenses(files: list[str | Path], *, out: str | Path, dtype: str = "fp16", overwrite: bool = False) -> Result:
+    """`anatomy fit-lens merge A.pt B.pt --out C.pt`: Jacobian lens fits of one model and one set of blocks as one
+    file, the ``n_prompts``-weighted mean (equal to one fit on all their prompts). No model is loaded.
+    ``result``: MergedLens; rows: ``inputs`` (each file and its prompt count)."""
+    from anatomy_cli.output.views import fit_lens as view
+    from anatomy_cli.tasks import fit_lens as task
+
+    result = task.merge([Path(f) for f in files], Path(out), dtype=dtype, overwrite=overwrite)
+    return Result(task.COMMAND, result, view.merge_report(result).data, "inputs")
