@@ -43,7 +43,9 @@ class LensGrid:
     probable tokens), None without a target. ``target_first_layer[p]``: the first row's name (``embed`` or a
     block; over all rows, also those :meth:`select` leaves out) whose top-1 token is the target, None if none.
     ``top_tokens[r][p][i]``: the display form of ``top_ids[r, p, i]``; ``top_texts`` the decoded text
-    (None for a partial UTF-8 piece). ``k_given``: whether ``top`` lists belong in :meth:`to_dict`.
+    (None for a partial UTF-8 piece). ``k_given``: whether ``top`` lists belong in :meth:`to_dict`. ``lens``: the
+    lens's kind (``logit``, ``jacobian``, ``tuned``), ``lens_source`` its file or directory, ``unfitted`` the rows
+    (``embed`` or blocks) a fitted lens has no reading for, which the grid leaves out.
     """
 
     layers: tuple[int | str, ...]
@@ -61,6 +63,9 @@ class LensGrid:
     target_ranks: torch.Tensor | None = None
     target_first_layer: tuple[int | str | None, ...] | None = None
     k_given: bool = False
+    lens: str = "logit"
+    lens_source: str | None = None
+    unfitted: tuple[int | str, ...] = ()
 
     def __post_init__(self) -> None:
         shape = (len(self.layers), len(self.positions))
@@ -152,7 +157,8 @@ class LensGrid:
         if self.target_id is not None:
             target = {**token_record(self.target_id, self.target_token or "", self.target_text),
                       "first_layer": list(self.target_first_layer or ())}
-        return {"layers": list(self.layers), "positions": list(self.positions), "target": target,
+        return {"lens": {"kind": self.lens, "source": self.lens_source, "unfitted": list(self.unfitted)},
+                "layers": list(self.layers), "positions": list(self.positions), "target": target,
                 "cells": self.cells()}
 
 
@@ -162,7 +168,8 @@ MAX_ELEMENTS = 2 ** 24
 
 def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tensor], *, describe: Describe,
               positions: Sequence[int] | None = None, k: int | None = None, target_id: int | None = None,
-              max_elements: int = MAX_ELEMENTS, progress: Callable[[int, int], None] | None = None) -> LensGrid:
+              max_elements: int = MAX_ELEMENTS, progress: Callable[[int, int], None] | None = None,
+              rows: Sequence[int] | None = None) -> LensGrid:
     """The logit lens of every row of ``resid``.
 
     Args:
@@ -179,12 +186,17 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
         max_elements: at most this many logits per ``unembed`` call (at least one position's
             ``n_layers + 1`` rows): the peak memory is a few times this many float64 values.
         progress: ``(positions done, positions)`` after each block.
+        rows: the residual row (0 = ``embed``, N + 1 = block N) of each row of ``resid``, in stream order, the
+            last one the last block (default ``0 .. n_layers``: every row): a fitted lens reads some rows only.
 
     Raises ValueError for a resid that is not 3-D (a programming error).
     """
     if resid.ndim != 3:
         raise ValueError(f"resid must be [n_layers + 1, pos, d_model], got {list(resid.shape)}")
     n_rows, n_pos, d_model = resid.shape
+    row_ids = tuple(rows) if rows is not None else tuple(range(n_rows))
+    if len(row_ids) != n_rows:
+        raise ValueError(f"rows names {len(row_ids)} rows; resid has {n_rows}")
     vocab = unembed(resid[-1, :1]).shape[-1]
     kk = min(k or 1, vocab)
     step = max(1, max_elements // (vocab * n_rows))  # positions per block, every layer of them in one product
@@ -195,8 +207,8 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
         final = _log_softmax(unembed(resid[-1, start:end]))                 # [block, vocab]: the last layer first
         part = [_stats(final, final, kk, target_id)]
         if n_rows > 1:
-            rows = resid[:-1, start:end].reshape(-1, d_model)               # layer-major [L * block, d_model]
-            part.insert(0, _stats(_log_softmax(unembed(rows)), final, kk, target_id))
+            flat = resid[:-1, start:end].reshape(-1, d_model)               # layer-major [L * block, d_model]
+            part.insert(0, _stats(_log_softmax(unembed(flat)), final, kk, target_id))
         blocks.append({key: torch.cat([q[key] for q in part]).reshape(n_rows, end - start, *part[0][key].shape[1:])
                        for key in part[0]})
         if progress is not None:
@@ -209,10 +221,10 @@ def lens_grid(resid: torch.Tensor, unembed: Callable[[torch.Tensor], torch.Tenso
     first = None
     if target_id is not None:
         top1 = stats["top_ids"][..., 0] == target_id                # [rows, pos]
-        first = tuple(residual_label(int(top1[:, p].nonzero()[0])) if bool(top1[:, p].any()) else None
+        first = tuple(residual_label(row_ids[int(top1[:, p].nonzero()[0])]) if bool(top1[:, p].any()) else None
                       for p in range(n_pos))
     return LensGrid(
-        layers=tuple(residual_label(r) for r in range(n_rows)),
+        layers=tuple(residual_label(r) for r in row_ids),
         positions=tuple(positions) if positions is not None else tuple(range(n_pos)),
         top_ids=stats["top_ids"], top_logprobs=stats["top_logprobs"], entropies=stats["entropy"],
         kls=stats["kl"],

@@ -12,6 +12,7 @@ All arithmetic is float64 on the CPU, whatever the model's dtype, so that
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +57,14 @@ class Trace:
 
     layers: tuple[LayerRow, ...]
     top: tuple[TokenProb, ...]
+    lens: str = "logit"  # the lens of the lens_* columns: logit, jacobian, tuned (docs/commands/lens.md)
+    lens_source: str | None = None  # a fitted lens's file or directory
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": [r.to_dict() for r in self.layers], "top": [t.to_dict() for t in self.top]}
+        out: dict[str, Any] = {"layers": [r.to_dict() for r in self.layers], "top": [t.to_dict() for t in self.top]}
+        if self.lens != "logit":
+            out["lens"] = {"kind": self.lens, "source": self.lens_source}
+        return out
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -84,6 +90,7 @@ def trace(
     k: int = 5,
     describe: Describe | None = None,
     target_id: int | None = None,
+    lens_rows: Sequence[int] | None = None,
 ) -> Trace:
     """Trace one position through the layers.
 
@@ -92,7 +99,9 @@ def trace(
         attn_out, mlp_out: float [n_layers, d_model], what block l's attention / FFN
             added (they fill block l's row), or None when not captured.
         lens_logits: float [n_layers + 1, vocab], unembed(final_norm(resid[l])) per
-            layer, or None (no LM head).
+            layer, or None (no LM head); with ``lens_rows``, one row per entry of it.
+        lens_rows: the residual rows ``lens_logits`` reads (a fitted lens's, e.g. a Jacobian lens without
+            ``embed``); the other rows' ``lens_*`` and ``target_*`` are None. Default: every row.
         logits: float [vocab], the model's own logits at this position, for the top-k
             table; None when the model has no LM head.
         k: how many top tokens to list.
@@ -108,8 +117,9 @@ def trace(
     for name, t in (("attn_out", attn_out), ("mlp_out", mlp_out)):
         if t is not None and tuple(t.shape) != (n_rows - 1, d_model):
             raise ValueError(f"{name} must be [{n_rows - 1}, {d_model}], got {tuple(t.shape)}")
-    if lens_logits is not None and (lens_logits.ndim != 2 or lens_logits.shape[0] != n_rows):
-        raise ValueError(f"lens_logits must be [{n_rows}, vocab], got {tuple(lens_logits.shape)}")
+    read = list(range(n_rows)) if lens_rows is None else list(lens_rows)
+    if lens_logits is not None and (lens_logits.ndim != 2 or lens_logits.shape[0] != len(read)):
+        raise ValueError(f"lens_logits must be [{len(read)}, vocab], got {tuple(lens_logits.shape)}")
     if (lens_logits is not None or logits is not None) and describe is None:
         raise ValueError("describe is required to name tokens")
 
@@ -123,9 +133,10 @@ def trace(
     target: list[tuple[int, float] | tuple[None, None]] = [(None, None)] * n_rows
     if lens_logits is not None:
         logp = log_probs(lens_logits)
-        lens = [top_k(row, 1, describe)[0] for row in logp]
-        if target_id is not None:
-            target = [(rank_of(row, target_id), math.exp(float(row[target_id]))) for row in logp]
+        for r, row in zip(read, logp):
+            lens[r] = top_k(row, 1, describe)[0]
+            if target_id is not None:
+                target[r] = (rank_of(row, target_id), math.exp(float(row[target_id])))
 
     rows = tuple(
         LayerRow(layer=residual_label(l), cos_to_embedding=to_embedding[l], cos_to_previous=to_previous[l],

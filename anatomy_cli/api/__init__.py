@@ -31,6 +31,7 @@ _EXPORTS = {
     "_corpus": ("corpus_stats",),
     "_diff": ("diff",),
     "_verify": ("verify",),
+    "_fit_lens": ("fit_lens", "merge_lenses"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -31,15 +31,15 @@ def _one(results: list[Result], single: bool) -> One:
 
 def trace(model: Model, prompt: str | list[str], *, position: int | None = None, k: int = 5,
           target: str | None = None, target_id: int | None = None, first_token: bool = False,
-          prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
+          prompts: PromptOptions = PromptOptions(), batch_size: int = 8, lens: str = "logit") -> One:
     """`anatomy trace`: one position followed through the residual stream (rows ``embed``, then blocks 0..L−1:
-    cosines, norms, the logit lens), and the model's top ``k`` next tokens. ``result``: Trace; rows: ``layers``
-    (n_layers + 1)."""
+    cosines, norms, the logit lens), and the model's top ``k`` next tokens. ``lens``: ``logit``, ``tuned:DIR`` or
+    ``jacobian:FILE`` (the lens columns' lens). ``result``: Trace; rows: ``layers`` (n_layers + 1)."""
     from anatomy_cli.output.views import trace as view
     from anatomy_cli.tasks import trace as task
 
     opts = task.TraceOptions(position=position, k=k, target=target, target_id=target_id, first_token=first_token,
-                             batch_size=batch_size)
+                             batch_size=batch_size, lens=lens)
     return run_prompts(task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.trace)
 
 
@@ -71,15 +71,16 @@ def route(model: Model, prompt: str | list[str], *, block: str | int | None = No
 def lens(model: Model, prompt: str | list[str], *, stat: str = "prob", target: str | None = None,
          target_id: int | None = None, first_token: bool = False, layers: list[int | str] | str | None = None,
          stride: int | None = None, k: int | None = None, prompts: PromptOptions = PromptOptions(),
-         batch_size: int = 8) -> One:
+         batch_size: int = 8, lens: str = "logit") -> One:
     """`anatomy lens`: the logit lens at every residual-stream row (``embed``, then blocks 0..L−1) and position.
-    ``layers``: the rows to show (``["embed", 0, 6]`` or ``"embed,0,6"``). ``result``: LensGrid; rows: ``cells``
+    ``layers``: the rows to show (``["embed", 0, 6]`` or ``"embed,0,6"``); ``lens``: ``logit``, ``tuned:DIR`` or
+    ``jacobian:FILE`` (a fitted lens, docs/commands/lens.md#fitted-lenses). ``result``: LensGrid; rows: ``cells``
     (one per row x position)."""
     from anatomy_cli.output.views import lens as view
     from anatomy_cli.tasks import lens as task
 
     opts = task.LensOptions(stat=stat, target=target, target_id=target_id, first_token=first_token,
-                            layers=layers, stride=stride, k=k, batch_size=batch_size)
+                            layers=layers, stride=stride, k=k, batch_size=batch_size, lens=lens)
     lm = loaded(model)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)

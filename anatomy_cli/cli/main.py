@@ -20,6 +20,7 @@ from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
     diff,
     dla,
     drift,
+    fit_lens,
     generate,
     heads,
     layernorm,

@@ -35,6 +35,17 @@ def lens_flops(info: Any, positions: int) -> float:
     return float(2.0 * (info.n_layers + 1) * positions * float(info.lm_head_rows) * info.d_model)
 
 
+def jacobian_fit_flops(info: Any, tokens: int, dim_batch: int, first_source: int, target: int) -> float:
+    """`fit-lens jacobian` on one prompt of ``tokens`` tokens: the forward of ``dim_batch`` copies, plus
+    ``ceil(d_model / dim_batch)`` backward passes through blocks ``first_source..target`` for the copies, each
+    about one forward of those blocks (activation gradients only: no weight gradient is computed)."""
+    fwd = forward_flops(info, tokens)
+    blocks = fwd - 2.0 * float(info.lm_head_rows) * info.d_model * tokens  # the blocks' share of the forward
+    span = (target - first_source + 1) / info.n_layers
+    passes = -(-info.d_model // dim_batch)
+    return float(dim_batch * (fwd + passes * span * blocks))
+
+
 def seconds(flops: float, device: str) -> float:
     """``flops`` at the assumed rate of ``device`` (``cpu``, ``cuda``, ``mps``; others as cpu)."""
     return flops / RATES.get(device, RATES["cpu"])

@@ -7,7 +7,7 @@ it) and the last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from anatomy_cli.text import targets
 if TYPE_CHECKING:
     from anatomy_cli.analyses.lens import LensGrid
     from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine.fitted_lens import FittedLens
 
 COMMAND = "lens"
 
@@ -34,7 +35,9 @@ class Stat(str, Enum):
 @dataclass(frozen=True)
 class LensOptions:
     """``stat``: the number each cell shows; ``layers``: the rows to show (``embed`` or block numbers, a list or
-    the text ``embed,0,6,11``); ``stride``: every N-th row; ``k``: top tokens per cell (None: 1, no lists)."""
+    the text ``embed,0,6,11``); ``stride``: every N-th row; ``k``: top tokens per cell (None: 1, no lists);
+    ``lens``: ``logit`` (default), ``tuned:DIR`` (a tuned-lens directory) or ``jacobian:FILE`` (a Jacobian lens
+    file): the lens each row is read through (docs/commands/lens.md#fitted-lenses)."""
 
     stat: str = "prob"
     target: str | None = None
@@ -44,10 +47,13 @@ class LensOptions:
     stride: int | None = None
     k: int | None = None
     batch_size: int = 8
+    lens: str = "logit"
 
     def __post_init__(self) -> None:
         from anatomy_cli.errors import UsageError
+        from anatomy_cli.models import lens_choice
 
+        object.__setattr__(self, "lens", lens_choice.parse(self.lens).text)  # UsageError for a bad --lens
         object.__setattr__(self, "stat", Stat(self.stat).value)  # ValueError for an unknown statistic
         targets.check_first_token(self.first_token, self.wanted)
         if self.stat == "rank" and self.wanted is None:
@@ -73,6 +79,8 @@ class LensOptions:
 class LensPlan:
     rows: tuple[int | str, ...]  # the row names to show, in stream order, the last block always included
     target_id: int | None
+    fitted: FittedLens | None = None  # a fitted lens (its tensors memory-mapped, not read yet)
+    unfitted: tuple[int | str, ...] = ()  # rows asked for (or shown by default) that the fitted lens cannot read
 
 
 def rows(n_layers: int, layers: tuple[int | str, ...] | None, stride: int | None) -> tuple[int | str, ...]:
@@ -93,7 +101,25 @@ def check(opened: Any, opts: LensOptions) -> LensPlan:
     wanted = opts.wanted
     target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
                                                             vocab_size=opened.info.lm_head_rows)
-    return LensPlan(shown, target_id)
+    fitted = fitted_lens(opened, opts.lens)
+    if fitted is None:
+        return LensPlan(shown, target_id)
+    readable = {sites.residual_label(r) for r in fitted.rows}
+    return LensPlan(tuple(r for r in shown if r in readable), target_id, fitted,
+                    tuple(r for r in shown if r not in readable))
+
+
+def fitted_lens(opened: Any, lens: str) -> FittedLens | None:
+    """The fitted lens ``lens`` names (None: the logit lens), checked against ``opened``'s width and block count
+    from its header, before the model's weights load. Refuses an encoder (a fitted lens reads next tokens)."""
+    from anatomy_cli.engine import fitted_lens as fitted
+    from anatomy_cli.models import lens_choice
+
+    choice = lens_choice.parse(lens)
+    if choice.kind == "logit":
+        return None
+    require(opened.info, Need.decoder, command=f"{COMMAND} --lens {choice.kind}")
+    return fitted.open_lens(choice, d_model=opened.info.d_model, n_layers=opened.info.n_layers)
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPlan,
@@ -111,12 +137,34 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPl
     with notes.status(f"running {lm.name}"):
         caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=opts.batch_size)
     name_token = describe(lm)
+    fitted = plan.fitted
+    if fitted is not None:
+        check_unembed_hash(lm, fitted)
     grids = []
     for i, cache in enumerate(caches, start=1):
         what = f"lens · prompt {i}/{len(encoded)}" if len(encoded) > 1 else "lens"
+        resid = cache.residual_stream()
         with notes.status(what) as line:
-            grid = analysis.lens_grid(cache.residual_stream(), lambda h: engine.unembed(lm, h), describe=name_token,
+            grid = analysis.lens_grid(resid if fitted is None else fitted.transform(resid),
+                                      lambda h: engine.unembed(lm, h), describe=name_token,
                                       positions=cache.positions, k=k or opts.k, target_id=plan.target_id,
-                                      progress=line.counter(what, "positions"))
+                                      progress=line.counter(what, "positions"),
+                                      rows=None if fitted is None else fitted.rows)
+        if fitted is not None:
+            grid = replace(grid, lens=fitted.kind, lens_source=str(fitted.path), unfitted=plan.unfitted)
         grids.append(grid.select(plan.rows))
     return grids
+
+
+def check_unembed_hash(lm: LoadedModel, fitted: FittedLens) -> None:
+    """A tuned lens records tuned-lens' hash of the LM head it was fitted with: warn when this model's differs."""
+    from anatomy_cli.engine.fitted_lens import unembed_hash
+
+    if fitted.unembed_hash is None:
+        return
+    head = lm.model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if weight is not None and unembed_hash(weight) != fitted.unembed_hash:
+        base = f" (fitted for {fitted.base_model})" if fitted.base_model else ""
+        notes.warn(f"the tuned lens {fitted.path}{base} records another LM head (unembed_hash differs from "
+                   f"{lm.name}'s): it may have been fitted on another model")

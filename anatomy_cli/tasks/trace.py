@@ -6,7 +6,7 @@ Rows are named as everywhere (docs/engine.md#layers): ``embed``, then block N's 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from anatomy_cli.models.capabilities import Need, require
@@ -16,6 +16,7 @@ from anatomy_cli.tasks._checks import TargetFields, at_least
 if TYPE_CHECKING:
     from anatomy_cli.analyses.trace import Trace
     from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine.fitted_lens import FittedLens
 
 COMMAND = "trace"
 
@@ -23,14 +24,18 @@ COMMAND = "trace"
 @dataclass(frozen=True)
 class TraceOptions(TargetFields):
     """``position``: the token to follow (None: the last, an encoder's last text token); ``k``: how many of the
-    model's top next tokens to list; ``target``/``target_id``: a token ranked in every row's lens."""
+    model's top next tokens to list; ``target``/``target_id``: a token ranked in every row's lens; ``lens``:
+    ``logit``, ``tuned:DIR`` or ``jacobian:FILE`` (docs/commands/lens.md#fitted-lenses)."""
 
     position: int | None = None
     k: int = 5
     batch_size: int = 8
+    lens: str = "logit"
 
     def __post_init__(self) -> None:
+        from anatomy_cli.models import lens_choice
 
+        object.__setattr__(self, "lens", lens_choice.parse(self.lens).text)  # UsageError for a bad --lens
         at_least("--top", self.k)
         at_least("--batch-size", self.batch_size)
         self.check_target()
@@ -39,6 +44,7 @@ class TraceOptions(TargetFields):
 @dataclass(frozen=True)
 class TracePlan:
     target_id: int | None
+    fitted: FittedLens | None = None
 
 
 class Traced(NamedTuple):
@@ -52,13 +58,17 @@ class Traced(NamedTuple):
 def check(opened: Any, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -> TracePlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a position outside a prompt of ``encoded`` and a
     target on a model without an LM head (the lens reads tokens through it)."""
+    from anatomy_cli.tasks.lens import fitted_lens
     from anatomy_cli.text.positions import check_position
 
     check_position(opts.position, encoded)
+    fitted = fitted_lens(opened, opts.lens)
+    if fitted is not None:
+        require(opened.info, Need.lm_head, command="trace --lens")
     if opts.wanted is None:
-        return TracePlan(None)
+        return TracePlan(None, fitted)
     require(opened.info, Need.lm_head, command="trace --target")
-    return TracePlan(opts.target_id_in(opened))
+    return TracePlan(opts.target_id_in(opened), fitted)
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: TracePlan) -> list[Traced]:
@@ -77,16 +87,24 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: Trace
         names.append("logits")
     with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
         caches = engine.run(lm, encoded, names, positions=positions, batch_size=opts.batch_size)
+    from anatomy_cli.tasks.lens import check_unembed_hash
+
     name_token = describe(lm)
     target_id = plan.target_id
+    fitted = plan.fitted
+    if fitted is not None:
+        check_unembed_hash(lm, fitted)
     out = []
     for cache in caches:
         resid = cache.residual_stream()[:, 0]
+        read = resid if fitted is None else fitted.transform(resid[:, None])[:, 0]
         result = analysis.trace(
             resid, attn_out=cache.stack("attn_out")[:, 0], mlp_out=cache.stack("mlp_out")[:, 0],
-            lens_logits=engine.unembed(lm, resid) if lm.has_unembed else None,
+            lens_logits=engine.unembed(lm, read) if lm.has_unembed else None,
             logits=cache.logits[0] if lm.has_unembed else None, k=opts.k, describe=name_token,
-            target_id=target_id)
+            target_id=target_id, lens_rows=None if fitted is None else fitted.rows)
+        if fitted is not None:
+            result = replace(result, lens=fitted.kind, lens_source=str(fitted.path))
         target_info = token_record(target_id, *name_token(target_id)) if target_id is not None else None
         out.append(Traced(cache.positions[0], result, target_info))
     return out

@@ -53,6 +53,29 @@ from anatomy_cli.tasks.session import (  # noqa: F401  (the pipeline lives in th
 PromptArg = Annotated[str, typer.Argument(
     metavar="PROMPT", show_default=False,
     help="The prompt text, or '-' to read one prompt per non-empty line of stdin.")]
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """``--prompts FILE``: one prompt per non-empty line of FILE (``-``: stdin). Raises UsageError for a missing
+    file, no prompt, invalid UTF-8."""
+    from pathlib import Path
+
+    from anatomy_cli.errors import UsageError
+    from anatomy_cli.text.inputs import read_prompts
+
+    if path == "-":
+        return read_prompts("-")
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"--prompts {path}: no such file")
+    try:
+        with file.open("rb") as f:
+            return read_prompts("-", stdin=f)
+    except UsageError as exc:  # the reader names stdin: name the file
+        raise UsageError(f"--prompts {path}: " + str(exc).replace("stdin line", "line").replace(
+            "no prompts on stdin", "no prompts in the file")) from None
+
+
 BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
 

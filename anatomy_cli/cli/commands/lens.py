@@ -42,6 +42,10 @@ def lens_command(
     k: Annotated[Optional[int], typer.Option(
         "--top", "-k", "--k", min=1, metavar="N", show_default=False,
         help="The N most probable tokens per cell (JSON 'top'; the table lists them in the cell).")] = None,
+    lens: Annotated[str, typer.Option(
+        "--lens", metavar="logit|tuned:DIR|jacobian:FILE",
+        help="The lens: logit, a tuned-lens directory (tuned:DIR) or a Jacobian lens file (jacobian:FILE).")
+    ] = "logit",
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
@@ -62,6 +66,7 @@ def lens_command(
         anatomy lens "The capital of Germany is" --target " Berlin" --stat rank
         anatomy lens "Thank you very" --stride 4 --stat entropy
         anatomy lens "Thank you very" --layers embed,5,11 --top 3 --format json
+        anatomy lens "The capital of Germany is" --lens jacobian:lens.pt
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output import plots
@@ -70,7 +75,8 @@ def lens_command(
     from anatomy_cli.tasks import lens as task
 
     opts = task.LensOptions(stat=stat.value, target=target, target_id=target_id, first_token=first_token,
-                            layers=layers, stride=stride, k=k, batch_size=batch_size)  # fails before anything opens
+                            layers=layers, stride=stride, k=k, batch_size=batch_size,
+                            lens=lens)  # fails before anything opens
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

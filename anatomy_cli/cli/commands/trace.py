@@ -36,6 +36,9 @@ def trace_command(
     target: TargetOpt = None,
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
+    lens: Annotated[str, typer.Option(
+        "--lens", metavar="logit|tuned:DIR|jacobian:FILE",
+        help="The lens of the lens columns: logit, a tuned-lens directory or a Jacobian lens file.")] = "logit",
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: BatchSizeOpt = 8,
@@ -64,7 +67,7 @@ def trace_command(
     from anatomy_cli.tasks import trace as task
 
     opts = task.TraceOptions(position=position, k=k, target=target, target_id=target_id, first_token=first_token,
-                             batch_size=batch_size)  # fails before anything opens
+                             batch_size=batch_size, lens=lens)  # fails before anything opens
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import io
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import load_weights, open_model, open_texts
+from anatomy_cli.cli.commands._common import load_weights, open_model, open_texts, read_prompts_file
 from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format, emit, resolve_format
 from anatomy_cli.tasks.verify import Against
@@ -23,20 +21,7 @@ if TYPE_CHECKING:
 
 
 def _read_prompts(path: str | None) -> list[str] | None:
-    from anatomy_cli.text.inputs import read_prompts
-
-    if path is None:
-        return None
-    if path == "-":
-        return read_prompts("-")
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"--prompts {path}: no such file")
-    try:
-        return read_prompts("-", stdin=io.BytesIO(file.read_bytes()))
-    except UsageError as exc:  # the reader names stdin: name the file
-        raise UsageError(f"--prompts {path}: " + str(exc).replace("stdin line", "line").replace(
-            "no prompts on stdin", "no prompts in the file")) from None
+    return None if path is None else read_prompts_file(path)
 
 
 @app.command("verify")

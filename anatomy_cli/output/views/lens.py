@@ -22,6 +22,12 @@ STAT_NOTE = {"prob": "number = its probability", "logprob": "number = its natura
              "entropy": "number = the entropy of the distribution (nats)",
              "kl": "number = KL(last block || this row) in nats"}
 ROWS = "cells"
+LENS_NOTE = {
+    "jacobian": "read through the Jacobian lens {source}: row N is unembed(final_norm(J_N h)), J_N fitted to map block "
+                "N's output to the last block's; the last block's row as it is",
+    "tuned": "read through the tuned lens {source}: row r is unembed(final_norm(h + A h + b)) with its translator "
+             "(translator 0 = embed, translator N + 1 = block N); the last block's row as it is"}
+TITLE = {"logit": "logit lens", "jacobian": "Jacobian lens", "tuned": "tuned lens"}
 
 
 def _fmt(value: float, stat: str) -> str:
@@ -35,6 +41,10 @@ def _fmt(value: float, stat: str) -> str:
 def _notes(lm: Any, grid: Any, data: dict[str, Any], stat: str) -> list[str]:
     embedding = "embedding (token + position)" if lm.adapter.pos_embed else "token embedding"
     out = [NOTE.format(embedding=embedding, stat=STAT_NOTE[stat])]
+    if grid.lens != "logit":
+        out.append(LENS_NOTE[grid.lens].format(source=grid.lens_source))
+    if grid.unfitted:
+        out.append(f"not shown: {', '.join(map(str, grid.unfitted))} (no reading in the {TITLE[grid.lens]})")
     if not lm.is_causal:
         out.append(f"{lm.name} is an encoder: each cell reads its masked-LM head, the token it predicts AT that "
                    "position, not a next token")
@@ -63,7 +73,7 @@ def _cells(grid: Any, cells: list[dict[str, Any]]) -> Section:
     if grid.k_given:
         columns.append(Column("top_tokens", "top"))
         rows = [{**c, "top_tokens": " ".join(t["token"] for t in c["top"])} for c in cells]
-    return Section(columns, rows, title="logit lens")
+    return Section(columns, rows, title=TITLE[grid.lens])
 
 
 def _grid(grid: Any, cells: list[dict[str, Any]], enc: Any, stat: str) -> list[Section]:
@@ -81,7 +91,7 @@ def _grid(grid: Any, cells: list[dict[str, Any]], enc: Any, stat: str) -> list[S
                 tokens = " ".join(grid.top_tokens[r][c])
                 row[f"p{p}"] = f"{tokens} {_fmt(values[r][c], stat)}"
         rows.append(row)
-    sections = [Section(columns, rows, title=f"logit lens: top token · {stat}")]
+    sections = [Section(columns, rows, title=f"{TITLE[grid.lens]}: top token · {stat}")]
     if grid.target_id is not None:
         ranks, probs = grid.target_ranks.tolist(), grid.target_logprobs.exp().tolist()
         target_rows = [{"layer": layer, **{f"p{p}": f"#{ranks[r][c]} {_fmt(probs[r][c], 'prob')}"

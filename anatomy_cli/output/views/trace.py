@@ -46,6 +46,10 @@ def report(lm: Any, enc: Any, traced: Any) -> Report:
     notes = [LAYERS_NOTE.format(embedding=embedding, final=" before the final norm" if lm.adapter.final_norm else "")]
     if not lm.has_unembed:
         notes = [notes[0].split("; lens = ")[0]]
+    if result.lens != "logit":
+        unread = [r.layer for r in result.layers if r.lens_token_id is None]
+        notes.append(f"lens columns read through the {result.lens} lens {result.lens_source} (docs/commands/"
+                     f"lens.md#fitted-lenses)" + (f"; no reading for {', '.join(map(str, unread))}" if unread else ""))
     columns = LAYER_COLUMNS + (TARGET_COLUMNS if target else ())
     sections = [Section(columns, data["layers"], title="residual stream")]
     if predicts == "next":

@@ -1,0 +1,93 @@
+"""`anatomy fit-lens jacobian --prompts FILE --out lens.pt`: fit a Jacobian lens (jlens' estimator and format)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.commands._common import load_weights, open_texts, read_prompts_file
+from anatomy_cli.cli.options import MODEL_OPTIONS, FormatOpt, model_options, prompt_options
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.text.options import PromptOptions
+
+
+@app.command("fit-lens")
+@model_options(fields=tuple(o[0] for o in MODEL_OPTIONS if o[0] != "dtype"))  # fitted in fp32; --dtype: the file's
+@prompt_options()
+def fit_lens_command(
+    kind: Annotated[str, typer.Argument(metavar="KIND", show_default=False,
+                                        help="The lens to fit: jacobian; or merge (FILES: fits to merge).")],
+    out: Annotated[Path, typer.Option("--out", metavar="FILE", show_default=False,
+                                      help="The lens file to write (jlens' .pt format).")],
+    files: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="[FILES]...", show_default=False, help="merge: the Jacobian lens files to merge.")] = None,
+    prompts_file: Annotated[Optional[str], typer.Option(
+        "--prompts", metavar="FILE|-", show_default=False,
+        help="The prompts to fit on, one per non-empty line ('-': stdin).")] = None,
+    source_layers: Annotated[Optional[str], typer.Option(
+        "--source-layers", metavar="N,...", show_default=False,
+        help="The blocks to fit (0,4-8); default every block below the target.")] = None,
+    target_layer: Annotated[Optional[int], typer.Option(
+        "--target-layer", metavar="N", show_default=False,
+        help="The block J maps onto (default the last; negative counts from the end).")] = None,
+    dim_batch: Annotated[int, typer.Option(
+        "--dim-batch", min=1, help="Output dimensions per backward pass (copies of the prompt per forward).")] = 8,
+    max_seq_len: Annotated[int, typer.Option("--max-seq-len", min=2, help="Tokens kept per prompt.")] = 128,
+    skip_first: Annotated[int, typer.Option(
+        "--skip-first", min=0, help="Leading positions left out of the average (attention sinks).")] = 16,
+    lens_dtype: Annotated[str, typer.Option("--dtype", metavar="fp16|fp32",
+                                       help="The stored matrices' precision (fp16: as jlens saves).")] = "fp16",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace FILE if it exists.")] = False,
+    shard: Annotated[Optional[str], typer.Option(
+        "--shard", metavar="i/N", show_default=False,
+        help="Fit prompts i, i+N, i+2N, ... only (0-based); merge the N files with fit-lens merge.")] = None,
+    checkpoint: Annotated[Optional[Path], typer.Option(
+        "--checkpoint", metavar="FILE", show_default=False,
+        help="Save the running sums here after every prompt; resume from it when it exists (same settings).")
+    ] = None,
+    spec: ModelSpec = ModelSpec(),
+    prompts: PromptOptions = PromptOptions(),
+    fmt: FormatOpt = None,
+) -> None:
+    """Fit a Jacobian lens on prompts and write it in jlens' format (read it with lens --lens jacobian:FILE).
+
+    jlens' estimator: per prompt one forward of the ids replicated --dim-batch times and
+    ceil(d_model / dim-batch) backward passes, each a one-hot cotangent on one output dimension of the
+    target block at every valid position; row d of J_N is the gradient at block N's output averaged over
+    positions --skip-first .. n-2; J is the mean over the prompts. Prompts too short are skipped and counted.
+    The expected cost is printed before the fit starts. fit-lens merge A.pt B.pt --out C.pt: the
+    n_prompts-weighted mean of fits of one model (no model is loaded).
+
+    Examples:
+
+    \b
+        anatomy fit-lens jacobian --model smollm2 --prompts prompts.txt --out smollm2-jlens.pt
+        anatomy fit-lens jacobian --model gpt2 --prompts prompts.txt --out gpt2.pt --source-layers 4-9 --dtype fp32
+        anatomy fit-lens merge part1.pt part2.pt --out lens.pt
+    """
+    from anatomy_cli.output.render import emit
+    from anatomy_cli.output.views import fit_lens as view
+    from anatomy_cli.tasks import fit_lens as task
+
+    if kind == "merge":
+        if prompts_file is not None:
+            raise UsageError("fit-lens merge reads lens files, not prompts: drop --prompts")
+        emit(view.merge_report(task.merge(list(files or []), out, dtype=lens_dtype, overwrite=overwrite)), fmt)
+        return
+    if files:
+        raise UsageError(f"fit-lens {kind} takes no FILES (they are for fit-lens merge): give --prompts FILE")
+    if prompts_file is None:
+        raise UsageError("fit-lens needs prompts: --prompts FILE (one per line)")
+    opts = task.FitLensOptions(kind=kind, prompt=tuple(read_prompts_file(prompts_file)), out=out,
+                               source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
+                               max_seq_len=max_seq_len,
+                               skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite,
+                               checkpoint=checkpoint, shard=shard)
+    opened, encoded = open_texts(list(opts.prompt), spec, prompts)
+    plan = task.check(opened, opts)
+    lm = load_weights(opened)
+    emit(view.report(lm, task.run(lm, encoded, opts, plan)), fmt)

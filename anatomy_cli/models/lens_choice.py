@@ -1,0 +1,33 @@
+"""``--lens logit|tuned:DIR|jacobian:FILE``: which lens reads the residual stream (parsed without torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from anatomy_cli.errors import UsageError
+
+KINDS = ("logit", "tuned", "jacobian")
+
+
+@dataclass(frozen=True)
+class LensChoice:
+    """``logit`` (path None), ``tuned`` with a tuned-lens directory, or ``jacobian`` with a Jacobian lens file."""
+
+    kind: str = "logit"
+    path: Path | None = None
+
+    @property
+    def text(self) -> str:
+        return self.kind if self.path is None else f"{self.kind}:{self.path}"
+
+
+def parse(text: str | None) -> LensChoice:
+    """``logit``, ``tuned:DIR``, ``jacobian:FILE`` (None: logit). Raises UsageError for anything else."""
+    if text is None or text == "logit":
+        return LensChoice()
+    kind, sep, path = text.partition(":")
+    if kind not in ("tuned", "jacobian") or not sep or not path:
+        raise UsageError(f"--lens {text!r}: use logit, tuned:DIR (a tuned-lens directory) or jacobian:FILE "
+                         "(a Jacobian lens .pt file)")
+    return LensChoice(kind, Path(path).expanduser())

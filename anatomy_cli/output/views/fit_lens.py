@@ -1,0 +1,39 @@
+"""`fit-lens`'s view: the lens written, its settings, and per fitted block how far J is from the identity."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.tasks import records
+from anatomy_cli.tasks.session import model_label
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.fit_lens import JacobianFit, MergedLens
+
+COLUMNS = (Column("block", "block", "int"), Column("identity_distance", "‖J − I‖/√d", "float", 4),
+           Column("frobenius", "‖J‖", "float", 3))
+ROWS = "blocks"
+
+
+def report(lm: LoadedModel, result: JacobianFit) -> Report:
+    data = {**records.model_record(lm), "kind": "jacobian", **result.to_dict()}
+    heading = [f"fit-lens jacobian · {model_label(lm)} · {lm.n_layers} layers",
+               f"wrote {result.out}: {result.n_prompts} prompt{'' if result.n_prompts == 1 else 's'} "
+               f"({result.tokens:,} tokens, {result.skipped} skipped), {len(result.source_layers)} block"
+               f"{'' if len(result.source_layers) == 1 else 's'} -> block {result.target_layer}, "
+               f"{result.dtype}, dim_batch {result.dim_batch}"]
+    notes = [f"J_N maps block N's output to block {result.target_layer}'s (raw, before the final norm), averaged "
+             f"over positions {result.skip_first}..n-2 and the prompts (jlens' estimator); read it with "
+             f"anatomy lens PROMPT --lens jacobian:{result.out}"]
+    return Report(data=data, sections=[Section(COLUMNS, data["blocks"], title="fitted blocks")], heading=heading,
+                  notes=notes)
+
+
+def merge_report(result: MergedLens) -> Report:
+    data = {"kind": "merge", **result.to_dict()}
+    columns = (Column("file", "file"), Column("n_prompts", "prompts", "int"))
+    heading = [f"fit-lens merge · {len(result.inputs)} fits · d_model {result.d_model}",
+               f"wrote {result.out}: {sum(result.counts)} prompts, the n_prompts-weighted mean, {result.dtype}"]
+    return Report(data=data, sections=[Section(columns, data["inputs"], title="merged fits")], heading=heading)
