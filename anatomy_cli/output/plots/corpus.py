@@ -82,7 +82,10 @@ def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | No
 def _row_ticks(ax: Any, rows: Any) -> None:
     """The x axis at the residual rows' positions 0..L, named ``embed``, 0, …, L−1 (at most ~13 ticks)."""
     step = max(1, math.ceil(len(rows) / 13))
-    shown = rows[::step]
+    blocks = rows[1:][::-1][::step][::-1]  # every step-th block, the last one always named
+    # ``embed`` is wider than a number: the first block tick keeps its distance from it.
+    blocks = [r for r in blocks if residual_row(r["layer"]) >= max(2, 1.5 * step)]
+    shown = rows[:1] + blocks
     ax.set_xticks([residual_row(r["layer"]) for r in shown], [str(r["layer"]) for r in shown])
 
 
