@@ -40,8 +40,8 @@ from anatomy_cli.models.sites import WRITE_SITES, Site, parse_point
 if TYPE_CHECKING:
     import torch
 
+    from anatomy_cli.corpus.settings import Settings
     from anatomy_cli.corpus.sources import Source
-    from anatomy_cli.corpus.worker import Settings
     from anatomy_cli.engine.model import LoadedModel
     from anatomy_cli.models.info import ModelInfo
 
