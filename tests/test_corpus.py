@@ -352,6 +352,12 @@ def test_cli_formats_heads_and_stdin(tiny_model_dir, cached_load):
                              input=text).stdout)
     assert data["tokens"] == 64 and data["source"]["path"] == "-" and data["heads"] == []
     assert data["perplexity"] == pytest.approx(2 ** data["loss_bits"])
+    # cross-entropy in nats beside bits (sae's and verify's unit), the documented bits keys kept
+    assert data["loss_nats"] == pytest.approx(data["loss_bits"] * math.log(2))
+    for row in data["layers"]:
+        assert row["ce_nats"] == pytest.approx(row["ce_bits"] * math.log(2))
+        assert row["ce_nats_se"] == pytest.approx(row["ce_bits_se"] * math.log(2))
+    assert "\tce_nats\t" in lines[0]
 
 
 @pytest.mark.parametrize("options", [[], ["--dtype", "bf16"], ["--init", "random"]])
