@@ -16,6 +16,10 @@ CONVERGED = Column("converged", "converged")
 CHECK_COLUMNS = (Column("rank", "rank", "int"), Column("occlusion", "occlusion", "number", 4),
                  Column("occlusion_rank", "occlusion rank", "int"))
 AGREE = 0.5  # a Spearman correlation below this: the two rankings are said to disagree
+ASKS = {"integrated-gradients": "shares f(x) - f(baseline) along a path on which every token moves at once from "
+                                "the baseline ({baseline}) to the prompt",
+        "saliency": "is the size of f's gradient at the prompt itself (how sensitive, not how much)",
+        "input-x-gradient": "is embedding · gradient at the prompt itself (a first-order estimate from 0)"}
 ROWS = "rows"
 HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the token's embedding (Captum Saliency)",
        "input-x-gradient": "embedding · gradient, summed over the embedding (Captum InputXGradient)",
@@ -107,10 +111,11 @@ def check_notes(result: Any) -> list[str]:
              f"{list(check.positions)}: {'undefined' if rho is None else f'{rho:.3f}'}"]
     if rho is not None and rho < AGREE:
         name = method_line(result).split(",")[0]
+        occluded = "dropped" if check.baseline == "drop" else f"replaced by {check.baseline}"
+        hint = ("" if result.metric == "logit_diff" else
+                "; --foil TOKEN asks the contrastive question (why the target rather than the foil)")
         lines.append(f"{name} and occlusion DISAGREE (ρ {rho:.3f} < {AGREE}): they answer different questions. "
-                     f"{name} sums the gradient along a path from the baseline ({result.baseline or 'none'}) to "
-                     f"this prompt; occlusion asks what f loses when one token alone is "
-                     f"{'dropped' if check.baseline == 'drop' else 'replaced by ' + str(check.baseline)}. Compare "
-                     "the rank columns; --foil TOKEN asks the contrastive question (why the target rather than "
-                     "the foil); see docs/commands/attribute.md, \"When the two disagree\"")
+                     f"{name} {ASKS[result.method].format(baseline=result.baseline)}; occlusion asks what f loses "
+                     f"when one token alone is {occluded}, the rest kept. Compare the rank columns{hint}; see "
+                     "docs/commands/attribute.md, \"When the two disagree\"")
     return lines
