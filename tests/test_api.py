@@ -126,6 +126,20 @@ def test_to_pandas_is_long_form(tiny_model_dir):
     assert {"layer", "position"} <= set(frame.columns)
 
 
+def test_to_pandas_numeric_columns_are_float64_with_nan():
+    """An all-null numeric column (a patch's value when clean = corrupt) and numbers with gaps are float64 with
+    NaN; text stays text."""
+    pd = pytest.importorskip("pandas")
+    from anatomy_cli.api._results import Result
+
+    rows = [{"layer": 0, "value": None, "shift": 1, "token": "a"},
+            {"layer": 1, "value": None, "shift": None, "token": "b"}]
+    frame = Result("patch", None, {"cells": rows}, "cells").to_pandas()
+    assert frame["value"].dtype == "float64" and frame["value"].isna().all()
+    assert frame["shift"].dtype == "float64" and frame["shift"].tolist()[0] == 1.0 and pd.isna(frame["shift"][1])
+    assert frame["layer"].dtype == "int64" and not pd.api.types.is_numeric_dtype(frame["token"])
+
+
 @pytest.mark.usefixtures("cached_load")
 def test_plot_is_the_figure_the_command_saves(tiny_model_dir):
     from matplotlib.figure import Figure

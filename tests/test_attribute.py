@@ -275,6 +275,50 @@ def test_check_equals_an_independent_spearman(tiny_model_dir, tiny_lm, cached_lo
     assert check["rank_correlation"] == pytest.approx(float(spearmanr(main, other).statistic), abs=1e-12)
 
 
+def _descending_ranks(values):
+    """1 = the largest (no ties in these tests), by sorting."""
+    order = sorted(range(len(values)), key=lambda i: -values[i])
+    return {i: order.index(i) + 1 for i in range(len(values))}
+
+
+def test_check_shows_both_rankings_and_says_when_they_disagree(tiny_model_dir, tiny_lm, cached_load):
+    # issue 51 item 14: the occlusion ranking beside integrated gradients', and a disagreement (ρ < 0.5) said
+    import dataclasses
+
+    from anatomy_cli.analyses.attribute import Agreement
+    from anatomy_cli.output.views import attribute as view
+
+    path = str(tiny_model_dir("gpt2"))
+    args = ["attribute", PROMPT, "--target-id", str(TARGET), "-m", path, "--check"]
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    tsv = runner.invoke(app, args).stdout.splitlines()
+    header = tsv[0].split("\t")
+    assert header[-3:] == ["rank", "occlusion", "occlusion_rank"]
+    table = [dict(zip(header, line.split("\t"))) for line in tsv[1:]]
+    main = _descending_ranks([r["attribution"] for r in data["rows"]][1:])
+    occ = _descending_ranks(data["check"]["attributions"][1:])
+    assert table[0]["rank"] == "" and table[0]["occlusion_rank"] == ""  # position 0: kept, not compared
+    for p in range(1, len(table)):
+        assert int(table[p]["rank"]) == main[p - 1] and int(table[p]["occlusion_rank"]) == occ[p - 1]
+        assert float(table[p]["occlusion"]) == pytest.approx(data["check"]["attributions"][p], rel=1e-6)
+    rho = numpy_spearman([r["attribution"] for r in data["rows"]][1:], data["check"]["attributions"][1:])
+    assert data["check"]["agrees"] is (rho >= 0.5)
+    # the disagreeing case: occlusion's scores reversed against integrated gradients' (ρ = -1)
+    lm = tiny_lm("gpt2")
+    enc = engine.encode(lm, [PROMPT])[0]
+    from anatomy_cli.tasks.attribute import AttributeOptions, run_one
+    result = run_one(lm, enc, {"target": TARGET, "foil": None}, AttributeOptions(target_id=TARGET, check=True))
+    attributions = [r.attribution for r in result.rows]
+    reverse = [0.0] + [-a for a in attributions[1:]]
+    assert numpy_spearman(attributions[1:], reverse[1:]) == pytest.approx(-1.0)
+    against = dataclasses.replace(result, check=Agreement("occlusion", "pad", tuple(range(1, len(reverse))),
+                                                          tuple(reverse), -1.0))
+    notes = " ".join(view.check_notes(against))
+    assert "DISAGREE (ρ -1.000 < 0.5)" in notes and "--foil" in notes
+    assert not any("DISAGREE" in line for line in view.check_notes(
+        dataclasses.replace(result, check=dataclasses.replace(against.check, rank_correlation=0.8))))
+
+
 def test_spearman_ties_and_degenerate_cases():
     from anatomy_cli.analyses.attribute import spearman
 

@@ -295,7 +295,9 @@ def test_out_dir_resume_and_changes(tiny_model_dir, tmp_path, cached_load):
     # Parquet: an int64 `row` (0..L) and the label as a string; JSON: "embed", then the blocks 0..L-1
     assert [r["layer"] for r in data["layers"]] == ["embed", 0, 1]
     assert [r.pop("row") for r in summary] == [0, 1, 2] and [r["layer"] for r in summary] == ["embed", "0", "1"]
-    assert summary == [{**r, "layer": str(r["layer"])} for r in data["layers"]]
+    # the JSON adds ce_nats/ce_nats_se (= ce_bits × ln 2) beside the measured columns the Parquet file keeps
+    assert summary == [{**{k: v for k, v in r.items() if k not in ("ce_nats", "ce_nats_se")},
+                        "layer": str(r["layer"])} for r in data["layers"]]
     # drop two finished shards: the rerun computes them again and reads the others
     for i in (2, 5):
         (out / f"shards/shard-0000{i}.parquet").unlink()
@@ -352,6 +354,12 @@ def test_cli_formats_heads_and_stdin(tiny_model_dir, cached_load):
                              input=text).stdout)
     assert data["tokens"] == 64 and data["source"]["path"] == "-" and data["heads"] == []
     assert data["perplexity"] == pytest.approx(2 ** data["loss_bits"])
+    # cross-entropy in nats beside bits (sae's and verify's unit), the documented bits keys kept
+    assert data["loss_nats"] == pytest.approx(data["loss_bits"] * math.log(2))
+    for row in data["layers"]:
+        assert row["ce_nats"] == pytest.approx(row["ce_bits"] * math.log(2))
+        assert row["ce_nats_se"] == pytest.approx(row["ce_bits_se"] * math.log(2))
+    assert "\tce_nats\t" in lines[0]
 
 
 @pytest.mark.parametrize("options", [[], ["--dtype", "bf16"], ["--init", "random"]])

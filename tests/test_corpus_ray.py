@@ -57,7 +57,9 @@ def test_a_worker_killed_mid_run_is_retried_and_ray_never_writes_to_stdout(in_pr
     assert marker.exists(), "no worker died: the test proves nothing"
     data = json.loads(res.stdout)  # the whole of stdout is the JSON document
     assert data["shards"] == 6 and data["windows"] == 12 and data["tokens"] == 192
-    expected = json.loads(json.dumps(in_process[2].stats.to_dict()))
+    from anatomy_cli.output.views.corpus import with_nats  # the JSON's ce_nats beside ce_bits
+
+    expected = json.loads(json.dumps(with_nats(in_process[2].stats.to_dict())))
     assert {k: data[k] for k in expected} == expected
     check = subprocess.run([sys.executable, "-m", "json.tool"], input=res.stdout, capture_output=True, text=True)
     assert check.returncode == 0

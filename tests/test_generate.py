@@ -236,3 +236,23 @@ def test_a_zero_vector_is_said(tiny_model_dir, tmp_path):
                     str(path))
     assert result.exit_code == 0, result.output
     assert "warning: " in result.stderr and "direction.1 is all zeros" in result.stderr
+
+
+def test_a_steered_heading_names_the_vector_and_an_overflow_is_said(tiny_model_dir, tmp_path):
+    # issue 51 item 5: the heading says what steered (file, site, block, coefficient); --coef 1e30 makes the
+    # residual's mean square overflow in float32 (the next norm turns it into zeros: a uniform distribution)
+    path = tmp_path / "v.safetensors"
+    v = torch.randn(32, generator=torch.Generator().manual_seed(0))
+    save(SteeringVector({1: v}), path)
+    assert not torch.isfinite((1e30 * v).float().pow(2).mean())  # the overflow, computed apart
+    base = ["generate", "Hello", "-m", str(tiny_model_dir("llama")), "--max-new-tokens", "2", "--steer", str(path)]
+    result = invoke(*base, "--coef", "2", "--format", "table")
+    assert result.exit_code == 0, result.output
+    assert f"steered by vector {path} · resid_post of block 1 · coefficient 2" in " ".join(result.stdout.split())
+    assert "non-finite" not in result.stderr
+    result = invoke(*base, "--coef", "1e30")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("non-finite") == 1 and "coefficient 1e+30 made the activations non-finite" in result.stderr
+    result = invoke(*base, "--coef", "-1e30,0,1e30", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("non-finite") == 1 and "coefficients -1e+30, 1e+30" in result.stderr

@@ -5,6 +5,7 @@ the API's to_dict() is the command's --format json."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -78,6 +79,20 @@ def test_lens_grid_png_and_html_are_the_steps_and_the_api_is_the_cli(model, tmp_
     grid = [[st["lens"][b] for st in steps] for b in range(len(steps[0]["lens"]))]  # [blocks][steps]
     (heat,) = figure_data(tmp_path / "g.html")[0]
     assert heat["z"] == grid
+    # issue 51 item 9: the cells the footer calls framed are framed, not shaded (the simple_white template's
+    # shape defaults fill a rectangle black at opacity 0.3 unless the shape says otherwise)
+    page = (tmp_path / "g.html").read_text(encoding="utf-8")
+    layout = json.loads(re.search(r'Plotly\.newPlot\(\s*"[^"]+",\s*\[.*?\],\s*(\{.*?\}),\s*\{"displaylogo"',
+                                  page, re.S).group(1))
+    shapes = layout["shapes"]
+    assert {(round(sh["x0"] + 0.5), round(sh["y0"] + 0.5)) for sh in shapes} == \
+        {(s, st["first_top1_layer"]) for s, st in enumerate(steps) if st["first_top1_layer"] is not None}
+    defaults = layout["template"]["layout"].get("shapedefaults", {})
+    for sh in shapes:
+        fill = sh.get("fillcolor", defaults.get("fillcolor"))
+        assert fill == "rgba(0,0,0,0)" or sh.get("opacity", defaults.get("opacity", 1)) == 0, sh
+        assert sh["line"]["width"] > 0
+    assert "framed: the first block" in page
 
     r = anatomy.generate(model, PROMPT, max_new_tokens=4, lens=True)
     assert r.to_dict() == data and r.rows_key == "steps" and r.text == data["continuation"]

@@ -268,3 +268,35 @@ def test_byte_pieces_read_as_in_the_table(tmp_path, tiny):
     page = outside_plotlyjs(out)
     axis = re.search(r'"xaxis":\{"title":\{"text":"input token at each position"\},.*?"ticktext":(\[[^\]]*\])', page)
     assert json.loads(axis.group(1)) == shown and "e6·88" not in page and "e6\\u00b788" not in page
+
+
+def figure_layouts(path) -> list[dict]:
+    """The plotly layout of every figure in a page, read back from the file."""
+    text = path.read_text(encoding="utf-8")
+    return [json.loads(m.group(1)) for m in
+            re.finditer(r'Plotly\.newPlot\(\s*"[^"]+",\s*\[.*?\],\s*(\{.*?\}),\s*\{"displaylogo"', text, re.S)]
+
+
+@pytest.mark.usefixtures("cached_load")
+def test_the_residual_chart_makes_room_for_its_rotated_lens_labels(tiny_model_dir, tmp_path):
+    # issue 51 item 9: the report's residual chart (trace's HTML part) clipped its rotated lens tokens and put the
+    # axis title under the toolbar; the margins now hold the longest label at 60° below the toolbar's band
+    import dataclasses
+    import math
+
+    import anatomy_cli as anatomy
+    from anatomy_cli.output.html import Page
+    from anatomy_cli.output.html import trace as trace_html
+
+    got = anatomy.trace(str(tiny_model_dir("gpt2")), "The capital of Germany is").result
+    long = dataclasses.replace(got, layers=tuple(dataclasses.replace(r, lens_token="·responsibilities")
+                                                 for r in got.layers))
+    for result, chars in ((got, max(len(r.lens_token[:10]) for r in got.layers)), (long, 10)):
+        path = tmp_path / "t.html"
+        path.write_text(Page(title="t", lines=[]).add(trace_html.part(result)).render(), encoding="utf-8")
+        (lay,) = figure_layouts(path)
+        rise = chars * 7 * math.sin(math.radians(60))   # 7 px a character at 12 px, generously 7.5 in the code
+        assert lay["margin"]["t"] >= 36 + 20 + rise       # the toolbar's band, the axis title, the labels
+        assert lay["margin"]["r"] >= chars * 7 * math.cos(math.radians(60))
+        plot_height = lay["height"] - lay["margin"]["t"] - lay["margin"]["b"]
+        assert plot_height >= 680 - 90 - 60               # the panels keep their height

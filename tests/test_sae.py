@@ -4,6 +4,7 @@ separate environment), read back; then the command on a tiny model against trans
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -189,6 +190,11 @@ def test_features_and_splices_equal_transformers_own(tiny_model_dir, cached_load
     assert h["ce_clean_nats"] == pytest.approx(float(-logp[:-1].gather(1, nxt[:, None]).mean()), rel=1e-5)
     assert h["ce_spliced_nats"] == pytest.approx(float(-logq[:-1].gather(1, nxt[:, None]).mean()), rel=1e-5)
     assert h["ce_with_error_nats"] == pytest.approx(h["ce_clean_nats"], abs=1e-5)
+    # the same cross-entropies in bits (corpus's unit): -log2 p, computed apart
+    assert h["ce_clean_bits"] == pytest.approx(float(-(logp[:-1].gather(1, nxt[:, None]) / math.log(2)).mean()),
+                                               rel=1e-5)
+    assert h["ce_spliced_bits"] == pytest.approx(float(-(logq[:-1].gather(1, nxt[:, None]) / math.log(2)).mean()),
+                                                 rel=1e-5)
     assert h["kl_spliced_nats"] == pytest.approx(float((logp.exp() * (logp - logq)).sum(-1).mean()), rel=1e-4)
     err = (x - recon).double()
     assert h["fve"] == pytest.approx(float(1 - err.pow(2).sum() / (x - x.mean(0)).double().pow(2).sum()), rel=1e-5)

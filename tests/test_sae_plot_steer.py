@@ -72,6 +72,36 @@ def test_plot_draws_the_activations_and_the_api_gives_the_command_s_json(tiny_mo
     assert (label is None) == (len(hover) == 3)
 
 
+def test_an_attention_sink_does_not_saturate_the_heatmap(tiny_model_dir, cached_load, tmp_path):
+    # issue 51 item 9: position 0 at about 3,600 against about 20 elsewhere (SmolLM2) made a linear colour scale
+    # one bright row; the scale now ends at the later positions' largest, position 0 clipped, said in the caption
+    import dataclasses
+
+    import anatomy_cli as anatomy
+
+    got = anatomy.sae(str(tiny_model_dir("gpt2")), PROMPT, sae=SAE, features=[3])
+    act = got.result.activations.clone()
+    act[0] = act[0] + 1000.0 * float(act[1:].max())     # a sink: position 0 dwarfs every other
+    sink = dataclasses.replace(got.result, activations=act)
+    ids = sink.plotted()
+    later_max = float(act[1:, ids].max())
+    assert later_max > 0
+    fig = type(got)(got.command, sink, got.data, got.rows_key, (sink, *got.figure_args[1:])).plot()
+    assert fig.axes[0].images[0].get_clim() == pytest.approx((0.0, later_max), rel=1e-6)
+    caption = " ".join(t.get_text() for t in fig.texts)
+    assert "attention sink" in caption and "clipped" in caption
+    fig.savefig(tmp_path / "sink.png")
+    page = type(got)(got.command, sink, got.data, got.rows_key, (sink, *got.figure_args[1:])).plot(html=True)
+    (tmp_path / "sink.html").write_text(page.render(), encoding="utf-8")
+    (trace,) = figure_data(tmp_path / "sink.html")[0]
+    assert trace["zmax"] == pytest.approx(later_max, rel=1e-6) and trace["zmin"] == 0
+    assert "attention sink" in (tmp_path / "sink.html").read_text(encoding="utf-8")
+    # without a sink the scale is the largest value, nothing clipped
+    plain = got.plot()
+    assert plain.axes[0].images[0].get_clim()[1] == pytest.approx(float(got.result.activations[:, ids].max()))
+    assert "attention sink" not in " ".join(t.get_text() for t in plain.texts)
+
+
 def _steered_logits(hf, ids, layer, add):
     def hook(module, args, out):
         return (out[0] + add, *out[1:]) if isinstance(out, tuple) else out + add

@@ -119,3 +119,35 @@ def test_the_tour_uses_the_default_model_and_names_no_placeholder():
     weight_lines = [ln for ln in lines if ln.split()[1] in ("next", "trace", "lens", "dla", "attn", "ablate")]
     assert weight_lines and not [ln for ln in weight_lines if "--model" in ln]  # the default does it
     assert "CLEAN" not in " ".join(lines) and "~/models" not in " ".join(lines)
+
+
+OUTPUT_OPTIONS = ("--out", "-o", "--to", "--plot", "--save-control-vector")
+
+
+def tour_outputs() -> list[str]:
+    """The files and folders the tour's lines write into the clone: every output option's argument and the
+    requantizing recipe's output file."""
+    found = []
+    for line in tour_lines("anatomy ") + tour_lines("python "):
+        words = shlex.split(line.split("#")[0])
+        found += [words[i + 1] for i, w in enumerate(words[:-1]) if w in OUTPUT_OPTIONS]
+        if words[:2] == ["python", "docs/examples/requantize.py"]:
+            found.append(words[3])
+    return found
+
+
+def test_what_the_tour_writes_is_ignored_by_git():
+    """Following the README from a clone leaves `git status` clean: its outputs (538 MB under source/, GGUFs,
+    run folders, pictures) are in .gitignore."""
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git clone")
+    outputs = tour_outputs()
+    assert {"./source", "smollm2.Q8_0.gguf", "run1", "report.html", "lens.png", "joy.gguf"} <= set(outputs)
+    for path in outputs:
+        probe = path.rstrip("/") + ("/x" if path in ("./source", "run1") else "")
+        done = subprocess.run([git, "check-ignore", "-q", "--no-index", probe], cwd=ROOT, check=False)
+        assert done.returncode == 0, f"{path} (the tour writes it) is not in .gitignore"

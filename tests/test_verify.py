@@ -388,3 +388,21 @@ def test_the_llamacpp_file_is_the_one_behind_the_spec(smollm2_gguf, tiny_model_d
         assert Path(gguf_file(info, untrained=False)).resolve() == Path(smollm2_gguf).resolve(), name
         assert gguf_file(info, untrained=True) is None
     assert gguf_file(open_model(ModelSpec(str(tiny_model_dir("llama")))).info, untrained=False) is None
+
+
+def test_a_tall_section_has_its_x_axis_ticks_on_the_first_screen_too(tmp_path):
+    # issue 51 item 9: on SmolLM2 section 1 has about 95 rows (1,800 px): its x axis, at the bottom, was below the
+    # first screen. A figure taller than a screen gets the same log axis on top as well.
+    from test_html import figure_layouts
+
+    from anatomy_cli.output import plots
+
+    rows = tuple(C.scalar_check(f"resid_post L{i}", 10.0 ** (-8 + i % 5), 1e-4) for i in range(95))
+    result = C.Verification((C.SectionResult("parity", "parity", rows), C.SectionResult("two", "two", rows[:3])))
+    page = plots.draw("verify", tmp_path / "v.html", None, result, plots.Caption("verify", "m", None, "fp32"))
+    tall, short = figure_layouts(page)
+    assert tall["height"] > 1000                                 # taller than a first screen
+    top = tall["xaxis2"]
+    assert top["side"] == "top" and top["overlaying"] == "x" and top["matches"] == "x" and top["type"] == "log"
+    assert tall["margin"]["t"] >= 40                             # room for the top tick labels
+    assert "xaxis2" not in short                                 # a short figure keeps one axis

@@ -49,7 +49,7 @@ class Result:
             from anatomy_cli.errors import AnatomyError
 
             raise AnatomyError("to_pandas() needs pandas: pip install pandas") from None
-        return pd.DataFrame(self.rows)
+        return _numeric(pd.DataFrame(self.rows))
 
     def plot(self, html: bool = False) -> Any:
         """The figure ``--plot FILE`` saves: a matplotlib Figure, or with ``html`` the plotly page object that
@@ -75,6 +75,21 @@ class Result:
     def __repr__(self) -> str:
         return f"Result({self.command!r}, model={self.data.get('model')!r}, {len(self.data[self.rows_key])} " \
                f"{self.rows_key})"
+
+
+def _numeric(frame: Any) -> Any:
+    """``frame`` with every column of numbers and gaps as float64 (a gap: NaN): pandas keeps an all-null column
+    (a patch's ``value`` when clean = corrupt) or numbers mixed with None as ``object``."""
+    import numbers
+
+    for name in frame.columns:
+        column = frame[name]
+        if column.dtype != object:
+            continue
+        values = [v for v in column if v is not None and v == v]  # v != v: NaN
+        if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+            frame[name] = column.astype("float64")
+    return frame
 
 
 def _cell(value: Any) -> str:

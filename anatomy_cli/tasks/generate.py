@@ -148,7 +148,8 @@ class Generated:
 
 @dataclass(frozen=True)
 class Settings:
-    """One run's settings: the token rule factory, the lengths, the lens, the steering vector, the stop ids."""
+    """One run's settings: the token rule factory, the lengths, the lens, the steering vector, the stop ids;
+    ``overflowed``: the coefficients whose steered run went non-finite (filled as the runs go)."""
 
     choose: Callable[[], Callable[[torch.Tensor], int]]
     max_new_tokens: int
@@ -157,6 +158,7 @@ class Settings:
     vector: SteeringVector | None
     stop: tuple[int, ...]
     progress: Callable[[int, int], None] | None = None  # after each token: the status line (and cancellation)
+    overflowed: set[float] = field(default_factory=set)
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: GeneratePlan) -> list[Generated]:
@@ -169,9 +171,45 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: Ge
     for index, enc in enumerate(encoded):
         what = f"generating ({index + 1}/{len(encoded)})"
         with notes.status(what) as line:
-            step = replace(s, progress=line.counter(what, "tokens"))
+            step = replace(s, progress=line.counter(what, "tokens"))  # shares s.overflowed
             out.append(one_prompt(lm, list(enc.ids), step, opts, plan, described))
+    if s.overflowed:
+        notes.warn(overflow_warning(sorted(s.overflowed)))
     return out
+
+
+def overflow_warning(coefs: list[float]) -> str:
+    """The one warning of a run whose steering made the activations non-finite."""
+    which = ", ".join(f"{c:g}" for c in coefs)
+    return (f"steering with coefficient{'s' if len(coefs) > 1 else ''} {which} made the activations non-finite "
+            f"(inf or NaN, or too large for the next norm's mean square in float32): the logits after it are "
+            f"meaningless (often a uniform distribution); use a smaller --coef")
+
+
+def finite(t: torch.Tensor) -> bool:
+    """True when ``t`` and its mean square over the last dimension (what RMSNorm and LayerNorm compute, in
+    float32) are finite: a residual of 1e30s is finite but its norm divides by inf."""
+    import torch
+
+    wide = t.float()
+    return bool(torch.isfinite(wide).all()) and bool(torch.isfinite(wide.pow(2).mean(-1)).all())
+
+
+def steering_hooks(s: Settings, coef: float) -> dict[str, Any] | None:
+    """The vector's hooks at ``coef``, each noting in ``s.overflowed`` when its steered activation is not
+    :func:`finite` (None without a vector)."""
+    if s.vector is None:
+        return None
+
+    def watched(fn: Any) -> Any:
+        def hook(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            if coef not in s.overflowed and not finite(out):
+                s.overflowed.add(coef)
+            return out
+        return hook
+
+    return {name: watched(fn) for name, fn in s.vector.hooks(coef).items()}
 
 
 def one_prompt(lm: LoadedModel, ids: list[int], s: Settings, opts: GenerateOptions, plan: GeneratePlan,
@@ -190,11 +228,16 @@ def one_prompt(lm: LoadedModel, ids: list[int], s: Settings, opts: GenerateOptio
 
 def run_one(lm: LoadedModel, ids: list[int], s: Settings, coef: float, *, lens: bool | None = None,
             use_cache: bool = True) -> Generation:
+    import torch
+
     from anatomy_cli.engine.generate import generate
 
-    hooks = s.vector.hooks(coef) if s.vector is not None else None
-    return generate(lm, ids, max_new_tokens=s.max_new_tokens, choose=s.choose(), stop=s.stop, hooks=hooks,
-                    lens=s.lens if lens is None else lens, use_cache=use_cache, progress=s.progress)
+    g = generate(lm, ids, max_new_tokens=s.max_new_tokens, choose=s.choose(), stop=s.stop,
+                 hooks=steering_hooks(s, coef), lens=s.lens if lens is None else lens, use_cache=use_cache,
+                 progress=s.progress)
+    if s.vector is not None and not bool(torch.isfinite(g.logits).all()):
+        s.overflowed.add(coef)
+    return g
 
 
 def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> float:
@@ -204,9 +247,8 @@ def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> flo
 
     if not g.tokens:
         return 0.0
-    hooks = s.vector.hooks(coef) if s.vector is not None else None
-    again = generate(lm, list(g.prompt), max_new_tokens=len(g.tokens), choose=replay(g.tokens), hooks=hooks,
-                     use_cache=False, progress=s.progress)
+    again = generate(lm, list(g.prompt), max_new_tokens=len(g.tokens), choose=replay(g.tokens),
+                     hooks=steering_hooks(s, coef), use_cache=False, progress=s.progress)
     return float((again.logits.double() - g.logits.double()).abs().max())
 
 

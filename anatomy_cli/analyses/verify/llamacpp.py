@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import math
 import os
 import signal
 import subprocess
@@ -173,6 +174,7 @@ def against_llamacpp(runs: Runs, path: str | None, *, required: bool = False) ->
                                                             if flips else "")),
         C.scalar_check("|Δ cross-entropy|", abs(ce_llama - ce_mine), CE_NATS,
                        note=f"nats per token, a {len(text)}-token text in one window: llama.cpp {ce_llama:.4f}, "
-                            f"anatomy {ce_mine:.4f}"),
+                            f"anatomy {ce_mine:.4f} (in bits, corpus's unit: {ce_llama / math.log(2):.4f}, "
+                            f"{ce_mine / math.log(2):.4f})"),
     )
     return C.SectionResult("llama.cpp", title, rows, note=NOTE)

@@ -69,8 +69,9 @@ def _lens(c: Any) -> Any:
     for s, st in enumerate(c.steps):
         if st.first_top1_layer is not None:
             b = st.first_top1_layer
-            fig.add_shape(type="rect", x0=s - 0.5, x1=s + 0.5, y0=b - 0.5, y1=b + 0.5,
-                          line={"color": "white", "width": 2})
+            # a frame, not a fill: the template's shape defaults shade a rectangle (black, opacity 0.3)
+            fig.add_shape(type="rect", x0=s - 0.5, x1=s + 0.5, y0=b - 0.5, y1=b + 0.5, layer="above",
+                          fillcolor="rgba(0,0,0,0)", opacity=1, line={"color": "white", "width": 3})
     width, height = heat_size(n_rows, n_cols)
     fig.update_layout(**layout(width=width, height=height))
     fig.update_xaxes(title_text="token generated at each step", **ticks(labels), showgrid=False,

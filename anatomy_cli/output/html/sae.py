@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from anatomy_cli.output.html import Page, caption_page, esc, notes, token
 from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+from anatomy_cli.output.sae_scale import ColourScale, colour_scale
 
 
 def figure(reading: Any, cap: Any) -> Page:
@@ -19,9 +20,11 @@ def figure(reading: Any, cap: Any) -> Page:
     labels = reading.labels or {}
     hover = [[_hover(pos, pieces[pos], fid, labels.get(fid), rows[pos][c]) for c, fid in enumerate(ids)]
              for pos in range(len(pieces))]
+    scale = colour_scale(rows) if ids else ColourScale(1.0)
+    title = "activation" if scale.clipped is None else f"activation (position {scale.clipped} clipped)"
     heat = go.Heatmap(z=rows, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-                      colorscale="Viridis", zmin=0, colorbar={"title": {"text": "activation", "side": "right"}},
-                      xgap=1, ygap=1)
+                      colorscale="Viridis", zmin=0, zmax=scale.top,
+                      colorbar={"title": {"text": title, "side": "right"}}, xgap=1, ygap=1)
     fig = go.Figure(heat)
     width, height = heat_size(len(pieces), max(len(ids), 1), cell_w=34)
     fig.update_layout(**layout(width=width, height=height))
@@ -35,6 +38,8 @@ def figure(reading: Any, cap: Any) -> Page:
              "colour: the feature's activation (the SAE's units); hover a cell for the feature and its label"]
     if not ids:
         lines.append("no feature is active on this prompt")
+    if scale.note():
+        lines.append(f"{scale.note()}: hover its cells for their values")
     return page.add(notes(lines))
 
 

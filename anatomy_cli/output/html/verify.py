@@ -11,6 +11,8 @@ from anatomy_cli.output.html import Page, caption_page, esc, notes, table, text
 from anatomy_cli.output.html._page import layout, plot
 from anatomy_cli.output.verify_rows import COLOURS, LIMIT_COLOUR, drawn, floor, points
 
+TALL_PX = 600  # a section's figure taller than this gets its x axis on top too
+
 
 def figure(result: Any, cap: Any) -> Page:
     """A page with a :class:`anatomy_cli.analyses.verify.checks.Verification`: one figure and one table per
@@ -49,6 +51,17 @@ def _figure(rows: list[Any], low: float) -> go.Figure:
         hovertemplate="%{customdata[1]}<br>limit %{customdata[0]}<extra></extra>"))
     fig.update_xaxes(type="log", title_text="measured error or score (log scale)", showgrid=True)
     fig.update_yaxes(tickmode="array", tickvals=y, ticktext=labels, range=[len(rows) - 0.5, -0.5])  # first on top
-    fig.update_layout(**layout(width=1000, height=90 + 18 * len(rows), showlegend=False,
-                               margin={"l": 260, "r": 30, "t": 20, "b": 50}))
+    height = 90 + 18 * len(rows)
+    top = 20
+    if height > TALL_PX:
+        # a figure taller than a screen has its x axis below the first screen: the same ticks on top as well
+        # (an overlaid axis bound to the first one, carried by an invisible point)
+        top = 50
+        fig.add_trace(go.Scatter(x=[drawn(rows[0].value, low) if rows[0].value is not None else low], y=[0],
+                                 xaxis="x2", mode="markers", marker={"opacity": 0}, hoverinfo="skip",
+                                 showlegend=False))
+        fig.update_layout(xaxis2={"type": "log", "overlaying": "x", "side": "top", "matches": "x",
+                                  "showgrid": False, "ticks": "outside", "tick0": 0, "dtick": "D2"})
+    fig.update_layout(**layout(width=1000, height=height + top - 20, showlegend=False,
+                               margin={"l": 260, "r": 30, "t": top, "b": 50}))
     return fig

@@ -13,6 +13,13 @@ COLUMNS = (Column("position", "position", "int"), Column("token", "token"),
            Column("attribution", "attribution", "number", 4), Column("share", "share", "float", 3),
            Column("bar", "", "signed_bar"))
 CONVERGED = Column("converged", "converged")
+CHECK_COLUMNS = (Column("rank", "rank", "int"), Column("occlusion", "occlusion", "number", 4),
+                 Column("occlusion_rank", "occlusion rank", "int"))
+AGREE = 0.5  # a Spearman correlation below this: the two rankings are said to disagree
+ASKS = {"integrated-gradients": "shares f(x) - f(baseline) along a path on which every token moves at once from "
+                                "the baseline ({baseline}) to the prompt",
+        "saliency": "is the size of f's gradient at the prompt itself (how sensitive, not how much)",
+        "input-x-gradient": "is embedding · gradient at the prompt itself (a first-order estimate from 0)"}
 ROWS = "rows"
 HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the token's embedding (Captum Saliency)",
        "input-x-gradient": "embedding · gradient, summed over the embedding (Captum InputXGradient)",
@@ -60,10 +67,55 @@ def report(lm: Any, enc: Any, result: Any, ids: dict[str, Any]) -> Report:
     if result.kept_first:
         notes.append("position 0 keeps its own embedding in the baseline (the attention sink): attribution 0 by "
                      "construction; --vary-first moves it too")
-    if result.check is not None:
-        rho = result.check.rank_correlation
-        notes.append(f"check: Spearman rank correlation with occlusion ({result.check.baseline}) over positions "
-                     f"{list(result.check.positions)}: {'undefined' if rho is None else f'{rho:.3f}'}")
     columns = COLUMNS + ((CONVERGED,) if mark else ())
+    if result.check is not None:
+        notes += check_notes(result)
+        data["check"]["agrees"] = agrees(result.check.rank_correlation)
+        if result.method != "occlusion":
+            rows = with_ranks(rows, result.check)
+            columns += CHECK_COLUMNS
     return Report(data=data, sections=[Section(columns, rows, title="token attribution")], heading=heading,
                   notes=notes)
+
+
+def agrees(rho: float | None) -> bool | None:
+    """Whether the method's ranking and occlusion's agree (Spearman ρ ≥ 0.5); None when ρ is undefined."""
+    return None if rho is None else rho >= AGREE
+
+
+def with_ranks(rows: list[dict[str, Any]], check: Any) -> list[dict[str, Any]]:
+    """The table's rows with each compared position's rank by attribution (1: the largest), occlusion's score
+    and its rank by that score (the positions ``check`` leaves out: empty)."""
+    from anatomy_cli.analyses.attribute import ranks
+
+    keep = list(check.positions)
+    n = len(keep)
+    mine = ranks([rows[p]["attribution"] for p in keep])
+    theirs = ranks([check.scores[p] for p in keep])
+    rank = {p: _whole(n + 1 - r) for p, r in zip(keep, mine)}
+    occ_rank = {p: _whole(n + 1 - r) for p, r in zip(keep, theirs)}
+    return [{**row, "rank": rank.get(row["position"]), "occlusion": check.scores[row["position"]],
+             "occlusion_rank": occ_rank.get(row["position"])} for row in rows]
+
+
+def _whole(rank: float) -> int | float:
+    """A rank as a whole number (a tie's average rank stays a float: 2.5)."""
+    return int(rank) if rank == int(rank) else rank
+
+
+def check_notes(result: Any) -> list[str]:
+    """The footer's agreement line and, when the rankings disagree, what that means."""
+    check = result.check
+    rho = check.rank_correlation
+    lines = [f"check: Spearman rank correlation with occlusion ({check.baseline}) over positions "
+             f"{list(check.positions)}: {'undefined' if rho is None else f'{rho:.3f}'}"]
+    if rho is not None and rho < AGREE:
+        name = method_line(result).split(",")[0]
+        occluded = "dropped" if check.baseline == "drop" else f"replaced by {check.baseline}"
+        hint = ("" if result.metric == "logit_diff" else
+                "; --foil TOKEN asks the contrastive question (why the target rather than the foil)")
+        lines.append(f"{name} and occlusion DISAGREE (ρ {rho:.3f} < {AGREE}): they answer different questions. "
+                     f"{name} {ASKS[result.method].format(baseline=result.baseline)}; occlusion asks what f loses "
+                     f"when one token alone is {occluded}, the rest kept. Compare the rank columns{hint}; see "
+                     "docs/commands/attribute.md, \"When the two disagree\"")
+    return lines

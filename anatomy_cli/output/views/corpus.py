@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from anatomy_cli.output.render import Column, Report, Section
@@ -13,6 +14,7 @@ LAYER_COLUMNS = (
     Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4),
     Column("top1_agree", "top-1 agree", "pct", 1), Column("top1_agree_se", "±", "pct", 1),
     Column("ce_bits", "CE bits", "float", 3), Column("ce_bits_se", "±", "float", 3),
+    Column("ce_nats", "CE nats", "float", 3),
     Column("resid_norm", "|resid|", "float", 2), Column("resid_norm_se", "±", "float", 2),
     Column("cos_to_embedding", "cos emb", "float", 3), Column("cos_to_embedding_se", "±", "float", 3),
     Column("attn_out_norm", "|attn_out|", "float", 2), Column("attn_out_norm_se", "±", "float", 2),
@@ -29,10 +31,34 @@ HEAD_COLUMNS = (
 )
 NOTE = ("mean over every measured position of every window, ± its standard error over windows; row embed the "
         "embedding, row N block N's output (the last: the model's output). KL(final || lens) in nats; CE: "
-        "-log2 p(next token) through the lens (the last row: the model's loss); max |h|: the largest |activation| "
+        "-log2 p(next token) through the lens in bits (ce_bits; ce_nats = ce_bits × ln 2, the unit of sae and verify; "
+        "the last row: the model's loss); max |h|: the largest |activation| "
         "seen, dim share: how often that dimension holds a position's largest |activation|. "
         "See docs/commands/corpus.md")
 ROWS = "layers"
+LN2 = math.log(2.0)
+
+
+def with_nats(stats: dict[str, Any]) -> dict[str, Any]:
+    """``stats`` (CorpusStats.to_dict()) with the cross-entropy in nats beside bits: ``ce_nats``/``ce_nats_se``
+    after each row's ``ce_bits_se`` and ``loss_nats`` after ``loss_bits`` (the documented keys stay)."""
+    def nats(bits: Any) -> Any:
+        return None if bits is None else bits * LN2
+
+    layers = []
+    for row in stats["layers"]:
+        out: dict[str, Any] = {}
+        for key, value in row.items():
+            out[key] = value
+            if key == "ce_bits_se":
+                out["ce_nats"], out["ce_nats_se"] = nats(row.get("ce_bits")), nats(value)
+        layers.append(out)
+    top: dict[str, Any] = {}
+    for key, value in stats.items():
+        top[key] = layers if key == "layers" else value
+        if key == "loss_bits":
+            top["loss_nats"] = nats(value)
+    return top
 
 
 def report(run: Any) -> Report:
@@ -41,15 +67,15 @@ def report(run: Any) -> Report:
     model = records.model_record(run.lm) if run.lm is not None else records.spec_record(run.spec)
     name = model_label(run.lm) if run.lm is not None else run.spec.model
     data = {**model, "source": identity, "settings": settings.to_dict(), "shards": result.shards,
-            "resumed_shards": result.resumed, **stats.to_dict()}
-    loss = f" · loss {stats.loss_bits:.4f} bits/token, perplexity {stats.perplexity:.2f}" \
-        if stats.loss_bits is not None else ""
+            "resumed_shards": result.resumed, **with_nats(stats.to_dict())}
+    loss = f" · loss {stats.loss_bits:.4f} bits/token ({stats.loss_bits * LN2:.4f} nats), " \
+        f"perplexity {stats.perplexity:.2f}" if stats.loss_bits is not None else ""
     heading = [f"corpus · {name} · {identity['path']} · {stats.tokens:,} tokens in {stats.windows:,} windows of "
                f"≤ {settings.ctx}{' (BOS first)' if settings.bos else ''}{loss}"]
     notes = [NOTE]
     if settings.lens_every > 1:
         notes.append(f"logit lens at every {settings.lens_every}th position only (--lens-every)")
-    sections = [Section(LAYER_COLUMNS, list(stats.layers), title="per layer")]
+    sections = [Section(LAYER_COLUMNS, data["layers"], title="per layer")]
     if stats.heads:
         sections.append(Section(HEAD_COLUMNS, list(stats.heads), title="per head"))
     return Report(data=data, sections=sections, heading=heading, notes=notes)

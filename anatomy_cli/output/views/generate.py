@@ -47,6 +47,8 @@ def report(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> Report:
     data = {**prompt_record(lm, enc), "sampling": opts.sampling.record(), "steer": plan.steer}
     data.update(out.result.to_dict())
     heading = [f"generate · {model_label(lm)}", prompt_line(enc)]
+    if plan.steer is not None:
+        heading.append(steered_line(plan.steer))
     if opts.sweep:
         sections = [Section(SWEEP_COLUMNS, data["sweep"], title="coefficient sweep")]
     else:
@@ -57,6 +59,16 @@ def report(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> Report:
         data["check"] = {"max_abs_logit_diff": out.max_abs_logit_diff}
         lines.append(f"cache check: largest |logit difference| cached vs uncached {out.max_abs_logit_diff:.3g}")
     return Report(data=data, sections=sections, heading=heading, notes=lines)
+
+
+def steered_line(steer: dict[str, Any]) -> str:
+    """The heading's line of a steered run: the vector (file or SAE feature), its site and block(s), the
+    coefficient(s). ``steer``: the record's ``steer`` key."""
+    source = f"SAE feature {steer['feature']} of {steer['file']}" if "feature" in steer else f"vector {steer['file']}"
+    layers, coefs = steer["layers"], steer["coef"]
+    blocks = f"block{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
+    values = f"coefficient{'s' if len(coefs) > 1 else ''} {', '.join(f'{c:g}' for c in coefs)}"
+    return f"steered by {source} · {steer['site']} of {blocks} · {values}"
 
 
 def jsonl_rows(enc: Any, data: dict[str, Any], opts: Any) -> list[dict[str, Any]]:

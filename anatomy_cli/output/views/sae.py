@@ -23,6 +23,26 @@ LENS = (Column("feature", "feature", "id"), Column("side", "side"), Column("rank
 _UNITS = {"l0_mean": "features", "stated_l0": "features", "fve": "fraction", "mse": "activation²",
           "error_ratio": "‖x−x̂‖/‖x‖", "norm_ratio": "‖x̂‖/‖x‖", "max_logit_diff_with_error": "logit"}
 ROWS = "top_features"
+_CE = ("ce_clean_nats", "ce_spliced_nats", "ce_with_error_nats")
+
+
+def with_bits(health: dict[str, Any]) -> dict[str, Any]:
+    """The health record with each cross-entropy in bits beside nats (``ce_clean_bits`` after
+    ``ce_clean_nats``, ...: the unit of ``corpus``); the documented nats keys stay."""
+    import math
+
+    out: dict[str, Any] = {}
+    for key, value in health.items():
+        out[key] = value
+        if key in _CE:
+            out[key[:-len("nats")] + "bits"] = None if value is None else value / math.log(2.0)
+    return out
+
+
+def _unit(key: str) -> str:
+    if key in _UNITS:
+        return _UNITS[key]
+    return "nats" if key.endswith("nats") else "bits" if key.endswith("bits") else ""
 
 
 def site(sae_file: Any) -> str:
@@ -41,11 +61,11 @@ def report(lm: Any, enc: Any, reading: Any, sae_file: Any) -> Report:
     labelled = reading.labels is not None
     health, pieces = reading.health, reading.pieces
     top_rows, summary = list(reading.top_rows), list(reading.summary)
-    health_dict = health.to_dict()
+    health_dict = with_bits(health.to_dict())
     data = {**prompt_record(lm, enc), "sae": sae_file.to_dict(), "health": health_dict,
             "warnings": list(reading.warnings), "top_features": top_rows, "features": summary,
             "feature_activations": list(reading.follow_rows), "logit_lens": list(reading.lens_rows)}
-    stats = [{"statistic": key, "value": value, "unit": _UNITS.get(key, "nats" if key.endswith("nats") else "")}
+    stats = [{"statistic": key, "value": value, "unit": _unit(key)}
              for key, value in health_dict.items() if key != "l0"]
     sections = [Section(HEALTH, stats, title="health on this prompt"),
                 Section(TOKENS, [{"position": i, "token": p, "l0": v}
