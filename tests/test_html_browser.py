@@ -174,7 +174,7 @@ def test_lens_hover_shows_the_json_top_token(browser, pages):
     opened = Opened(browser, paths["lens"])
     try:
         div = opened.page.evaluate("document.querySelector('.js-plotly-plot').id")
-        for layer, position in ((1, 3), (2, 10)):
+        for layer, position in ((0, 3), (1, 10)):  # blocks 0 and 1 of the tiny model (rows: embed, 0, 1)
             opened.hover_cell(div, position, data["lens"]["layers"].index(layer))
             lines = opened.hover_lines()
             assert lines[1] == f"layer {layer}"
