@@ -124,9 +124,10 @@ def test_multimodal_gemma3_refuses_out_of_range_and_too_long_before_the_weights(
     monkeypatch.setattr(loader.DIRECT, "load_weights", no_weights)
     d = tiny_model_dir("gemma3_mm")
     code, _, err = invoke("ablate", "Thank you very", "--target", " much", "--layer", "5", "--model", d)
-    assert code == 2 and err.strip() == f"error: --layer 5 is out of range: {d} has layers 0..{models.LAYERS - 1}"
+    assert code == 2 and err.strip() == (f"error: --layer 5 is out of range: this model has blocks 0..{models.LAYERS - 1} "
+                                            "(negative counts from the last)")
     code, _, err = invoke("drift", "bank", "--matrix", "9", "--model", d)
-    assert code == 2 and err.strip() == f"error: --matrix layer must be in 0..{models.LAYERS}, got 9"
+    assert code == 2 and err.strip() == f"error: --matrix 9 is out of range: this model has blocks 0..{models.LAYERS - 1}"
     code, _, err = invoke("lens", _words(models.CTX + 1), "--model", d)
     assert code == 2 and f"takes at most {models.CTX}" in err
 

@@ -222,5 +222,5 @@ def test_a_big_grid_has_no_overlapping_labels(n_layers, n_pos):
         # every layer and every position keeps its label at this size
         assert len([t for t in ax.get_yticklabels() if t.get_text()]) >= (n_layers + 1) // 2
         assert len([t for t in ax.get_xticklabels() if t.get_text()]) == n_pos
-    # the last layer is always labelled
-    assert ax.get_yticklabels()[-1].get_text() == str(n_layers)
+    # the last block is always labelled (rows: embed, 0..L-1)
+    assert ax.get_yticklabels()[-1].get_text() == str(n_layers - 1)

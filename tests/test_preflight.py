@@ -94,7 +94,7 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     (["trace", "x y z", "--position", "99"], "--position 99 is out of range: the prompt has 3 tokens"),
     (["patch", "a b c", "a b", "--target", " much"], "CLEAN and CORRUPT must have the same number of tokens"),
     (["next", "hi", "--target", "much more"], "--target 'much more' is 2 tokens"),
-    (["lens", "hi", "--layers", "0,9"], "--layers: layer 9 is out of range"),
+    (["lens", "hi", "--layers", "0,9"], "--layers 9 is out of range"),
     (["dla", "hi", "--target", " much", "--position", "5"], "--position 5 is out of range"),
     (["attn", "hi", "--layer", "7"], "--layer 7 is out of range"),
     (["ablate", "hi", "--target", " much", "--layer", "5"], "--layer 5 is out of range"),

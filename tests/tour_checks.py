@@ -131,6 +131,24 @@ def check_lens(out: str, ref: Reference, n_layers: int, target: str | None) -> N
             assert close(cell["target_probability"], logits[pos, ref.ids(target)[0]].exp())
 
 
+def check_fit(args: list[str], work: Path, ref: Reference) -> None:
+    """The file is jlens' format: one d_model x d_model matrix per source block (every block below the last)."""
+    import torch
+
+    saved = torch.load(work / args[args.index("--out") + 1], weights_only=True)
+    d = ref.model.config.hidden_size
+    n_layers = ref.model.config.num_hidden_layers
+    assert saved["d_model"] == d and sorted(saved["J"]) == list(range(n_layers - 1)), sorted(saved["J"])
+    assert all(tuple(j.shape) == (d, d) and bool(torch.isfinite(j).all()) for j in saved["J"].values())
+
+
+def check_fitted_lens(out: str, work: Path, n_layers: int) -> None:
+    """Read through the fitted file: the fitted blocks' rows and the last block's, no embed row."""
+    (cells,) = tables(out)
+    shown = sorted({c["layer"] for c in cells}, key=int)
+    assert shown == [str(b) for b in range(n_layers)], shown
+
+
 def check_dla(out: str, ref: Reference, err: str) -> None:
     (rows,) = tables(out)
     total = sum(float(r["contribution"]) for r in rows)
@@ -264,7 +282,9 @@ def check(line: str, args: list[str], out: str, err: str, work: Path, ref: Refer
         "layernorm": lambda: bool(stated(line)),
         "trace": lambda: check_trace(out, ref, n_layers),
         "drift": lambda: check_drift(out, ref, n_layers),
-        "lens": lambda: check_lens(out, ref, n_layers, " Berlin" if "--target" in line else None),
+        "lens": lambda: (check_fitted_lens(out, work, n_layers) if "--lens" in args else
+                         check_lens(out, ref, n_layers, " Berlin" if "--target" in line else None)),
+        "fit-lens": lambda: check_fit(args, work, ref),
         "dla": lambda: check_dla(out, ref, err),
         "attn": lambda: check_attn(out, ref),
         "heads": lambda: check_heads(out, n_layers),
