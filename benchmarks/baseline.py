@@ -18,7 +18,8 @@ import sys
 def trace(model_dir: str, prompt: str) -> None:
     """Load DIR, run PROMPT once with ``output_hidden_states=True``, print the top-5 next tokens as JSON."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -39,7 +40,8 @@ def next_tokens(model_dir: str, batch_size: int) -> None:
     last real position only (the cheapest correct way, and what anatomy does).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
 
     prompts = [line.rstrip("\n") for line in sys.stdin if line.strip()]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -64,7 +66,8 @@ def next_tokens(model_dir: str, batch_size: int) -> None:
 def params() -> None:
     """Build GPT-2 small on the meta device and print its parameter count (tied weights once)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config
+    from transformers import GPT2LMHeadModel
 
     with torch.device("meta"):
         model = GPT2LMHeadModel(GPT2Config())

@@ -134,7 +134,9 @@ class Passes:
 def head_figure(lm, clean: str, corrupt: str, target: int, foil: int, runs: int) -> dict:
     """Figure 1: ``patch.run`` by attribution vs exact, alternating; ratio, load averages, passes of each side."""
     from anatomy_cli import engine
-    from anatomy_cli.tasks.patch import Method, PatchOptions, run
+    from anatomy_cli.tasks.patch import Method
+    from anatomy_cli.tasks.patch import PatchOptions
+    from anatomy_cli.tasks.patch import run
 
     enc_clean, enc_corrupt = engine.encode(lm, [clean, corrupt])
     ids = {"target": target, "foil": foil}
@@ -174,7 +176,9 @@ def main() -> None:
     from anatomy_cli.analyses.ablate import metric_fn
     from anatomy_cli.analyses.attribution_patching import pearson
     from anatomy_cli.analyses.patch import logit_metric
-    from anatomy_cli.engine import gradients, interventions, token_attribution
+    from anatomy_cli.engine import gradients
+    from anatomy_cli.engine import interventions
+    from anatomy_cli.engine import token_attribution
 
     figures = {"date": time.strftime("%Y-%m-%dT%H:%M%z"), "machine": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,

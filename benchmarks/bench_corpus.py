@@ -93,7 +93,9 @@ def baseline(model, wins, *, lens: bool, batch: int = 4) -> None:
 
 
 def throughput(lm, path: Path, ctx: int, tokens: int, lens: bool, runs: int) -> tuple[float, float]:
-    from anatomy_cli.corpus.runner import Settings, Worker, plan
+    from anatomy_cli.corpus.runner import Settings
+    from anatomy_cli.corpus.runner import Worker
+    from anatomy_cli.corpus.runner import plan
     from anatomy_cli.corpus.sources import open_source
 
     settings = Settings(ctx=ctx, bos=False, max_tokens=tokens, lens=lens, shard_windows=8, batch_size=4)
@@ -164,7 +166,8 @@ def main() -> None:
         print(f"| peak RSS, corpus x1 / x10 ({len(text):,} / {10 * len(text):,} chars, tiny GPT-2, --no-lens) | "
               f"{small / 2**20:.0f} MiB | {big / 2**20:.0f} MiB | {big / small:.3f}x |", flush=True)
     if not args.skip_ray:
-        from anatomy_cli.corpus.runner import Settings, run
+        from anatomy_cli.corpus.runner import Settings
+        from anatomy_cli.corpus.runner import run
         from anatomy_cli.corpus.sources import open_source
         from anatomy_cli.models.spec import ModelSpec
 

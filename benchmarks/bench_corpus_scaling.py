@@ -58,7 +58,8 @@ def main() -> None:
     import ray
 
     from anatomy_cli import engine
-    from anatomy_cli.corpus.runner import Settings, run
+    from anatomy_cli.corpus.runner import Settings
+    from anatomy_cli.corpus.runner import run
     from anatomy_cli.corpus.sources import open_source
     from anatomy_cli.models.spec import ModelSpec
 

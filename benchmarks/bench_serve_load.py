@@ -29,7 +29,8 @@ import run as bench
 def tiny_llama(out: Path) -> Path:
     """A random 2-layer Llama (d_model 64) with GPT-2's tokenizer, saved with save_pretrained; reused."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM
 
     from anatomy_cli.models.model_files import gpt2_tokenizer
 
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [job for model in models for job in mixed(model)]
     twins = {tuple(a): twin(a, s) for a, s in jobs}
 
-    from anatomy_cli.serve import lifecycle, protocol
+    from anatomy_cli.serve import lifecycle
+    from anatomy_cli.serve import protocol
 
     sock = work / "run" / "anatomy.sock"
     log = work / "server.log"

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import json
 
-from common import ANATOMY, BASELINE, PYTHON, Context, Row, alternate, ratio_row, timed
-from workloads import make_prompts, next_in_process, raw_batches
+from common import ANATOMY
+from common import BASELINE
+from common import PYTHON
+from common import Context
+from common import Row
+from common import alternate
+from common import ratio_row
+from common import timed
+from workloads import make_prompts
+from workloads import next_in_process
+from workloads import raw_batches
 
 
 def measure(ctx: Context) -> list[Row]:

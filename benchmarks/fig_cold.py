@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from common import ANATOMY, PYTHON, Context, Row, alternate, ratio_row
+from common import ANATOMY
+from common import PYTHON
+from common import Context
+from common import Row
+from common import alternate
+from common import ratio_row
 
 
 def measure(ctx: Context) -> list[Row]:

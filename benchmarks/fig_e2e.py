@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import json
 
-from common import ANATOMY, BASELINE, PYTHON, TRACE_PROMPT, Context, Row, alternate, fmt_mb, median, ratio_row
+from common import ANATOMY
+from common import BASELINE
+from common import PYTHON
+from common import TRACE_PROMPT
+from common import Context
+from common import Row
+from common import alternate
+from common import fmt_mb
+from common import median
+from common import ratio_row
 
 
 def measure(ctx: Context) -> list[Row]:

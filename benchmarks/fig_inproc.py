@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from common import TRACE_PROMPT, Context, Row, alternate, ratio_row, timed
-from workloads import SHORT_PROMPT, hf_forward, trace_in_process
+from common import TRACE_PROMPT
+from common import Context
+from common import Row
+from common import alternate
+from common import ratio_row
+from common import timed
+from workloads import SHORT_PROMPT
+from workloads import hf_forward
+from workloads import trace_in_process
 
 
 def measure(ctx: Context) -> list[Row]:

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import json
 
-from common import (
-    ANATOMY,
-    BASELINE,
-    PYTHON,
-    Context,
-    Row,
-    alternate,
-    fmt_mb,
-    fmt_s,
-    median,
-    ratio_row,
-    run_proc,
-    wait_quiet,
-)
+from common import ANATOMY
+from common import BASELINE
+from common import PYTHON
+from common import Context
+from common import Row
+from common import alternate
+from common import fmt_mb
+from common import fmt_s
+from common import median
+from common import ratio_row
+from common import run_proc
+from common import wait_quiet
 from workloads import LLAMA_70B
 
 

@@ -39,9 +39,19 @@ import fig_e2e
 import fig_inproc
 import fig_params
 from common import *  # noqa: F403  (the other benchmarks import their helpers from here: `import run as bench`)
-from common import BUSY, GPT2_BPE, ROOT, Context, Row, loadavg, machine, render_section, write_section
+from common import BUSY
+from common import GPT2_BPE
+from common import ROOT
+from common import Context
+from common import Row
+from common import loadavg
+from common import machine
+from common import render_section
+from common import write_section
 from workloads import *  # noqa: F403
-from workloads import SIZES, make_checkpoint, seed_tiktoken
+from workloads import SIZES
+from workloads import make_checkpoint
+from workloads import seed_tiktoken
 
 FIGURES = (("e2e", fig_e2e.measure), ("inproc", fig_inproc.measure), ("cold", fig_cold.measure),
            ("params", fig_params.measure), ("params70b", fig_params.measure_70b), ("batch", fig_batch.measure))

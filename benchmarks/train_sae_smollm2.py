@@ -36,7 +36,8 @@ def train(run: str, site: str, out: str, d_sae: int, k: int, epochs: int, batch:
 
     import torch
     from safetensors.torch import load_file
-    from sparsify import SparseCoder, SparseCoderConfig
+    from sparsify import SparseCoder
+    from sparsify import SparseCoderConfig
 
     torch.manual_seed(0)
     files = sorted(glob.glob(f"{run}/activations/{site}/shard-*.safetensors"))

@@ -67,7 +67,8 @@ def make_checkpoint(size: str, out: Path, log) -> tuple[Path, int]:
 
     Returns (directory, parameter count)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config
+    from transformers import GPT2LMHeadModel
 
     from anatomy_cli.models.model_files import gpt2_tokenizer
 

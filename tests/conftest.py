@@ -55,7 +55,8 @@ def build_gpt2_tokenizer():
     """The real GPT-2 tokenizer (transformers, fast), built from the package's bundled BPE files."""
     from transformers import GPT2TokenizerFast
 
-    from anatomy_cli.data import gpt2_merges, gpt2_vocab
+    from anatomy_cli.data import gpt2_merges
+    from anatomy_cli.data import gpt2_vocab
 
     tok = GPT2TokenizerFast(vocab=dict(gpt2_vocab()), merges=gpt2_merges())
     assert len(tok) == 50257, len(tok)
@@ -374,7 +375,8 @@ def gemma3_hf(gemma3_gguf):
     transformers' config reader (18 s). Slow (40 s) the first time on a machine, then read back from
     :func:`transformers_reference`'s cache. Do not modify it."""
     import torch
-    from transformers import AutoModelForCausalLM, GgufConfig
+    from transformers import AutoModelForCausalLM
+    from transformers import GgufConfig
 
     from anatomy_cli.models import gguf
     from anatomy_cli.models.headers import read_gguf

@@ -241,7 +241,8 @@ def roberta_tokenizer():
     """A RoBERTa tokenizer: GPT-2's BPE with <s>=0, <pad>=1, </s>=2, <unk>=3 in front and <mask> last."""
     from transformers import RobertaTokenizerFast
 
-    from anatomy_cli.data import gpt2_merges, gpt2_vocab
+    from anatomy_cli.data import gpt2_merges
+    from anatomy_cli.data import gpt2_vocab
 
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
     vocab.update({t: i + 4 for t, i in gpt2_vocab().items() if t != "<|endoftext|>"})

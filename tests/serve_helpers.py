@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 
 from anatomy_cli.cli.app import click_command
 from anatomy_cli.cli.main import app
-from anatomy_cli.serve import client, lifecycle, protocol
+from anatomy_cli.serve import client
+from anatomy_cli.serve import lifecycle
+from anatomy_cli.serve import protocol
 
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 ENV.pop("COLUMNS", None)
@@ -36,7 +38,8 @@ def anatomy(*args: str, sock: Path | None, stdin: str | None = None, timeout: fl
 def in_process(args: list[str], stdin: str | None = None, stderr: bool = False) -> tuple:
     """The in-process twin: exit code and stdout (and stderr) of the same command line, loading from disk
     (an in-thread server hands its cache to its own worker thread only)."""
-    from anatomy_cli.engine.loader import DIRECT, using_loader
+    from anatomy_cli.engine.loader import DIRECT
+    from anatomy_cli.engine.loader import using_loader
 
     with using_loader(DIRECT):
         result = CliRunner().invoke(app, args, input=stdin)

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from anatomy_cli import engine
 from anatomy_cli.cli.main import app
-from anatomy_cli.errors import PromptTooLong, UsageError
+from anatomy_cli.errors import PromptTooLong
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import adapters
 
 # arch -> (adapter row, has resid_mid, post-LN)

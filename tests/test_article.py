@@ -307,7 +307,8 @@ def test_the_smollm2_figures_are_labelled_with_their_model():
 def gpt2_reference(tiny_model_dir):
     """The tiny GPT-2 the guide's weight commands run on, in plain transformers."""
     from tour_checks import Reference
-    from transformers import AutoTokenizer, GPT2LMHeadModel
+    from transformers import AutoTokenizer
+    from transformers import GPT2LMHeadModel
 
     path = tiny_model_dir("gpt2")
     return Reference(GPT2LMHeadModel.from_pretrained(path, attn_implementation="eager").eval(),

@@ -204,7 +204,8 @@ def test_completeness_at_defaults_smollm2(smollm2_lm, prompt, target):
 
 
 def test_step_doubling_stops_when_the_error_is_met(tiny_lm):
-    from anatomy_cli.engine.integrated import Integral, converge
+    from anatomy_cli.engine.integrated import Integral
+    from anatomy_cli.engine.integrated import converge
 
     errors = {4: 0.5, 8: 0.2, 16: 0.01, 32: 0.001}
     seen = []
@@ -306,7 +307,8 @@ def test_check_shows_both_rankings_and_says_when_they_disagree(tiny_model_dir, t
     # the disagreeing case: occlusion's scores reversed against integrated gradients' (ρ = -1)
     lm = tiny_lm("gpt2")
     enc = engine.encode(lm, [PROMPT])[0]
-    from anatomy_cli.tasks.attribute import AttributeOptions, run_one
+    from anatomy_cli.tasks.attribute import AttributeOptions
+    from anatomy_cli.tasks.attribute import run_one
     result = run_one(lm, enc, {"target": TARGET, "foil": None}, AttributeOptions(target_id=TARGET, check=True))
     attributions = [r.attribution for r in result.rows]
     reverse = [0.0] + [-a for a in attributions[1:]]

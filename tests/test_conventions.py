@@ -39,7 +39,8 @@ def bos_llama_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny LLaMA model with a tokenizer whose convention is to add its BOS (add_bos_token=True)."""
     from transformers import GPT2TokenizerFast
 
-    from anatomy_cli.data import gpt2_merges, gpt2_vocab
+    from anatomy_cli.data import gpt2_merges
+    from anatomy_cli.data import gpt2_vocab
 
     out = tmp_path_factory.mktemp("tiny-llama-bos")
     for f in Path(tiny_model_dir("llama")).iterdir():
@@ -231,7 +232,9 @@ def test_labels_are_short_and_json_keeps_the_path(tiny_model_dir, cached_load, t
     text = table("next", PROMPT, "-m", d)
     assert text.startswith(f"next · {d.name} prompt ") and str(d) not in text
     assert run_json("next", PROMPT, "-m", d)["model"] == str(d)
-    from anatomy_cli.models.resolve import Source, label, short_name
+    from anatomy_cli.models.resolve import Source
+    from anatomy_cli.models.resolve import label
+    from anatomy_cli.models.resolve import short_name
 
     assert label(Source("hub", "openai-community/gpt2", "openai-community/gpt2")) == "openai-community/gpt2"
     assert short_name(str(d) + "/") == d.name and short_name("gpt2") == "gpt2"

@@ -17,7 +17,8 @@ import torch
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
-from anatomy_cli.corpus.runner import Settings, run
+from anatomy_cli.corpus.runner import Settings
+from anatomy_cli.corpus.runner import run
 from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.corpus.windows import windows
 from anatomy_cli.models.spec import ModelSpec
@@ -380,7 +381,8 @@ def test_corpus_and_trace_name_the_model_the_same_way(tiny_model_dir, cached_loa
 
 
 def test_a_gguf_spec_names_its_quantization_as_loading_it_does(smollm2_lm, smollm2_gguf):
-    from anatomy_cli.cli.records import model_record, spec_record
+    from anatomy_cli.cli.records import model_record
+    from anatomy_cli.cli.records import spec_record
 
     # (the session's model is renamed; its file is the same)
     assert spec_record(ModelSpec(str(smollm2_gguf))) == {**model_record(smollm2_lm), "model": str(smollm2_gguf)}
@@ -495,7 +497,8 @@ def test_the_lens_needs_an_lm_head_and_says_so_in_the_one_wording(tiny_model_dir
     from types import SimpleNamespace
 
     from anatomy_cli.errors import UsageError
-    from anatomy_cli.models.capabilities import Need, refusal
+    from anatomy_cli.models.capabilities import Need
+    from anatomy_cli.models.capabilities import refusal
     from anatomy_cli.tasks import corpus as task
     from anatomy_cli.tasks.session import open_model
 

@@ -37,7 +37,8 @@ def _run(model, src, out):
 def _expected(model_dir):
     """Windows cut by hand (BOS, then 7 tokens of the documents joined with EOS) and transformers' activations
     at the two sites, read with forward hooks on the blocks."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     stream = []  # (token, document, offset)

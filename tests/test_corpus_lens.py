@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from anatomy_cli import engine
-from anatomy_cli.corpus.lens_sums import lens_mask, lens_sums, sum64
+from anatomy_cli.corpus.lens_sums import lens_mask
+from anatomy_cli.corpus.lens_sums import lens_sums
+from anatomy_cli.corpus.lens_sums import sum64
 
 
 def reference(model, ids: torch.Tensor, every: int, first_window: int) -> dict[str, np.ndarray]:

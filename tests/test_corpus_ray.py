@@ -12,7 +12,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from anatomy_cli.corpus.runner import Settings, run  # noqa: E402
+from anatomy_cli.corpus.runner import Settings  # noqa: E402
+from anatomy_cli.corpus.runner import run  # noqa: E402
 from anatomy_cli.corpus.sources import open_source  # noqa: E402
 from anatomy_cli.models.spec import ModelSpec  # noqa: E402
 

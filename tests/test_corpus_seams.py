@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from anatomy_cli.corpus import sources, windows
+from anatomy_cli.corpus import sources
+from anatomy_cli.corpus import windows
 from anatomy_cli.corpus.sources import open_source
 
 ROOT = Path(__file__).resolve().parents[1]

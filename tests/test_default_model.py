@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
 from anatomy_cli.errors import ModelNotFound
-from anatomy_cli.models import defaults, packaged
+from anatomy_cli.models import defaults
+from anatomy_cli.models import packaged
 from anatomy_cli.models.resolve import check_path
 
 runner = CliRunner()
@@ -79,7 +80,8 @@ def test_an_assembled_package_not_yet_assembled_says_how(monkeypatch, tmp_path):
 
 
 def _header(file_type: int | None, matrices: list[str]):
-    from anatomy_cli.models.headers import GGUFHeader, TensorInfo
+    from anatomy_cli.models.headers import GGUFHeader
+    from anatomy_cli.models.headers import TensorInfo
 
     fields = {"general.architecture": "llama"} | ({} if file_type is None else {"general.file_type": file_type})
     tensors = tuple(TensorInfo(f"w{i}", (4, 4), t, 16, 16) for i, t in enumerate(matrices))

@@ -129,7 +129,8 @@ def test_a_tied_head_is_compared_once(tiny_model_dir):
 def test_a_tied_head_against_an_untied_one_is_the_embedding(tiny_model_dir, tmp_path):
     import models
     from safetensors.numpy import load_file
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config
+    from transformers import GPT2LMHeadModel
 
     torch.manual_seed(3)
     untied = GPT2LMHeadModel(GPT2Config(**models.config_kwargs("gpt2"), tie_word_embeddings=False))
@@ -152,7 +153,8 @@ def test_different_architectures_or_shapes_fail_in_one_line(tiny_model_dir, tmp_
         f"error: {tiny_model_dir('llama').name} is a llama model and {tiny_model_dir('gpt2').name} a gpt2 model "
         f"(from their headers): the two models differ in architecture"]
     import models
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM
 
     wider = LlamaForCausalLM(LlamaConfig(**{**models.config_kwargs("llama"), "intermediate_size": 80}))
     wider.save_pretrained(tmp_path)
@@ -253,7 +255,8 @@ def test_a_is_freed_before_b_loads(tiny_model_dir, llama_seed1, monkeypatch):
     """Issue 51 item 13: at B's load nothing of A is alive (its LoadedModel, its model, any of its parameters: what
     A leaves is the residual stream and the lens, copies), and A's pages have been handed back to the system."""
     from anatomy_cli.engine import loader
-    from anatomy_cli.engine.loader import DIRECT, using_loader
+    from anatomy_cli.engine.loader import DIRECT
+    from anatomy_cli.engine.loader import using_loader
 
     events: list[str] = []
     alive_at_b: list[int] = []
@@ -340,7 +343,8 @@ def test_activations_plot(tiny_model_dir, llama_seed1, tmp_path):
 def test_activations_of_another_width_fail_before_b_loads(tiny_model_dir, tmp_path):
     import conftest
     import models
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM
 
     d = tiny_model_dir("llama")
     LlamaForCausalLM(LlamaConfig(**{**models.config_kwargs("llama"), "hidden_size": 48})).save_pretrained(tmp_path)
@@ -353,7 +357,8 @@ def test_activations_of_another_width_fail_before_b_loads(tiny_model_dir, tmp_pa
 
 def test_padded_lm_heads_compare_over_the_shared_rows(tiny_model_dir, tmp_path):
     """50,257 and 50,304 rows, one tokenizer (issue 41 item 6): KL over the shared rows, mass on the extra ones."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
 
     d = tiny_model_dir("llama")
     model = AutoModelForCausalLM.from_pretrained(d)

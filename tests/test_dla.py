@@ -14,7 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from anatomy_cli.analyses.dla import FrozenNorm, freeze_norm
+from anatomy_cli.analyses.dla import FrozenNorm
+from anatomy_cli.analyses.dla import freeze_norm
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine.decompose import head_outputs
 from anatomy_cli.errors import AnatomyError

@@ -8,7 +8,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from anatomy_cli.analyses.dla import Attribution, Row
+from anatomy_cli.analyses.dla import Attribution
+from anatomy_cli.analyses.dla import Row
 from anatomy_cli.cli.main import app
 from anatomy_cli.output.render import signed_bar
 

@@ -19,7 +19,8 @@ PROMPT = "The capital of Germany is"
 @pytest.mark.usefixtures("cached_load")
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
 def test_heads_sum_to_the_logit_difference_through_the_frozen_norm(arch, tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
 
     path = tiny_model_dir(arch)
     args = ["dla", PROMPT, "--model", str(path), "--device", "cpu", "--target", " Berlin", "--foil", " Paris"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from anatomy_cli.analyses import drift as D
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 # ---------------------------------------------------------------------------
 # Locating the word
@@ -246,7 +247,8 @@ def bert_dir(tiny_model_dir):
 
 @functools.cache
 def _hf_model(model_dir: str):
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
+    from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from anatomy_cli import engine
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 # The engine's generic identities on the first families; tests/test_arch.py checks every other family
 # (Gemma, Phi-3, the MoEs, OLMo, GPT-J, Falcon, OPT, RoBERTa, ...) against transformers the same way.

@@ -11,7 +11,11 @@ import torch
 from torch.testing import assert_close
 
 from anatomy_cli import engine
-from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UnsupportedArchitecture
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import OfflineError
+from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.models import adapters
 
 
@@ -94,7 +98,8 @@ def test_config_not_json(copy_of):
 
 
 def test_missing_weight_is_partial_checkpoint(copy_of):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
 
     d = copy_of("llama")
     state = load_file(d / "model.safetensors")

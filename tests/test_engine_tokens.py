@@ -6,7 +6,8 @@ import pytest
 from conftest import build_gpt2_tokenizer
 
 from anatomy_cli import engine
-from anatomy_cli.errors import PromptTooLong, UsageError
+from anatomy_cli.errors import PromptTooLong
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.model_files import gpt2_tokenizer
 from anatomy_cli.text.tokenization import Tokenizer
 
@@ -142,7 +143,9 @@ def test_truncate_left_keeps_inserted_specials(tiny_lm):
 def _sentencepiece_style_tokenizer():
     """A tiny Llama-2-style BPE: ▁ for spaces, a dummy prefix space, <0xNN> byte fallback."""
     from tokenizers import Tokenizer as RawTokenizer
-    from tokenizers import decoders, models, normalizers
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import normalizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}

@@ -9,10 +9,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from anatomy_cli.analyses.generate import kl, sampler
+from anatomy_cli.analyses.generate import kl
+from anatomy_cli.analyses.generate import sampler
 from anatomy_cli.cli.main import app
-from anatomy_cli.engine.generate import generate, replay, stop_ids
-from anatomy_cli.engine.steering import SteeringVector, save
+from anatomy_cli.engine.generate import generate
+from anatomy_cli.engine.generate import replay
+from anatomy_cli.engine.generate import stop_ids
+from anatomy_cli.engine.steering import SteeringVector
+from anatomy_cli.engine.steering import save
 
 runner = CliRunner()
 PROMPT_IDS = [464, 3139, 286, 4881, 318]  # "The capital of France is" (GPT-2 BPE)

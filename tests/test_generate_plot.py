@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 import anatomy_cli as anatomy
 from anatomy_cli.cli.main import app
-from anatomy_cli.engine.steering import SteeringVector, save
+from anatomy_cli.engine.steering import SteeringVector
+from anatomy_cli.engine.steering import save
 from anatomy_cli.output import plots
 
 runner = CliRunner()

@@ -21,7 +21,9 @@ from typer.testing import CliRunner
 
 from anatomy_cli import engine
 from anatomy_cli.cli.main import app
-from anatomy_cli.errors import CheckpointError, ModelNotFound, UnsupportedArchitecture
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.models.headers import read_gguf
 
 runner = CliRunner()

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from anatomy_cli import engine
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import load_gguf
-from anatomy_cli.models import gguf, gguf_tokenizer
+from anatomy_cli.models import gguf
+from anatomy_cli.models import gguf_tokenizer
 from anatomy_cli.models.headers import read_gguf
 
 runner = CliRunner()
@@ -199,7 +200,8 @@ def _same_weights(model, ref):
 
 def test_smollm2_weights_and_trace_equal_transformers(smollm2_gguf, smollm2_lm):
     from conftest import transformers_reference
-    from transformers import AutoModelForCausalLM, GgufConfig
+    from transformers import AutoModelForCausalLM
+    from transformers import GgufConfig
 
     def load():
         return AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,

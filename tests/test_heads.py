@@ -12,7 +12,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from anatomy_cli.analyses.heads import heads, pattern_scores, random_repeat, repeat_scores
+from anatomy_cli.analyses.heads import heads
+from anatomy_cli.analyses.heads import pattern_scores
+from anatomy_cli.analyses.heads import random_repeat
+from anatomy_cli.analyses.heads import repeat_scores
 from anatomy_cli.cli.main import app
 from anatomy_cli.errors import UsageError
 

@@ -131,7 +131,8 @@ def test_attention_blocks_keep_rows_summing_to_one():
 
 
 def test_block_factor_limits():
-    from anatomy_cli.output.html.attn import MAX_CELLS, block_factor
+    from anatomy_cli.output.html.attn import MAX_CELLS
+    from anatomy_cli.output.html.attn import block_factor
 
     assert block_factor(15, 8, causal=True) == 1
     assert block_factor(512, 8, causal=True) == 1

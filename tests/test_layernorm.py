@@ -8,7 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from anatomy_cli.analyses.layernorm import layer_norm, parse_list
+from anatomy_cli.analyses.layernorm import layer_norm
+from anatomy_cli.analyses.layernorm import parse_list
 from anatomy_cli.cli.main import app
 
 runner = CliRunner()

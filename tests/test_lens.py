@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from anatomy_cli.analyses.lens import lens_grid
 from anatomy_cli.cli.main import app
-from anatomy_cli.models.sites import residual_label, residual_row
+from anatomy_cli.models.sites import residual_label
+from anatomy_cli.models.sites import residual_row
 
 runner = CliRunner()
 PROMPT = "Thank you very"  # GPT-2 ids [10449, 345, 845]

@@ -18,8 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
-from anatomy_cli.errors import CheckpointError, ModelNotFound, UsageError
-from anatomy_cli.models.resolve import check_path, resolve
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.resolve import check_path
+from anatomy_cli.models.resolve import resolve
 
 runner = CliRunner()
 MODEL_MEDIA = "application/vnd.ollama.image.model"

@@ -36,7 +36,8 @@ def _words(n: int) -> str:
 def test_info_equals_transformers_config_and_model(arch, tiny_model_dir):
     import transformers
 
-    from anatomy_cli.engine.opening import open_exact, open_model
+    from anatomy_cli.engine.opening import open_exact
+    from anatomy_cli.engine.opening import open_model
     from anatomy_cli.models.spec import ModelSpec
 
     d = tiny_model_dir(arch)

@@ -241,7 +241,8 @@ def test_verify_moe_identity_passes_and_catches_a_wrong_rule(tiny_lm, tiny_model
     from dataclasses import replace
 
     from anatomy_cli.analyses.verify.identities import MOE_SUM
-    from anatomy_cli.analyses.verify.suite import Plan, verify
+    from anatomy_cli.analyses.verify.suite import Plan
+    from anatomy_cli.analyses.verify.suite import verify
 
     lm = tiny_lm(arch)
     enc = engine.encode(lm, PROMPTS)

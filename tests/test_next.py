@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
-from anatomy_cli.analyses.next_token import log_probs, next_tokens, rank_of, top_k
+from anatomy_cli.analyses.next_token import log_probs
+from anatomy_cli.analyses.next_token import next_tokens
+from anatomy_cli.analyses.next_token import rank_of
+from anatomy_cli.analyses.next_token import top_k
 
 
 def _describe(token_id: int) -> tuple[str, str]:

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from anatomy_cli import engine
 from anatomy_cli.cli.main import app
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import bigmodel
 
 # cpu budget -> the expected split (checked below, so a change in the tiny models shows up here)
@@ -228,7 +229,8 @@ LLAMA_70B = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_
 def test_params_placement_of_a_70b_config_agrees_with_accelerate(tmp_path):
     import transformers
     from accelerate import init_empty_weights
-    from accelerate.utils import get_balanced_memory, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+    from accelerate.utils import infer_auto_device_map
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_70B))
     gib = 2**30

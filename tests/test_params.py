@@ -239,7 +239,8 @@ def test_help_has_an_example():
 
 
 def test_trust_remote_code_reaches_autoconfig(tmp_path, monkeypatch):
-    from transformers import AutoConfig, GPT2Config
+    from transformers import AutoConfig
+    from transformers import GPT2Config
 
     GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100).save_pretrained(tmp_path)
     seen = []

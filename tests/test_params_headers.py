@@ -44,7 +44,8 @@ def test_safetensors_header_equals_meta_count(arch, tiny_model_dir, tmp_path):
 
 
 def test_sharded_checkpoint_and_stored_buffers(tiny_model_dir, tmp_path):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir("gpt2"))

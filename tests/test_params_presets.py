@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_shipped_breakdowns_equal_the_meta_device_count(name):
-    from anatomy_cli.analyses.params.build import build_meta_model, resolve_config
+    from anatomy_cli.analyses.params.build import build_meta_model
+    from anatomy_cli.analyses.params.build import resolve_config
     from anatomy_cli.analyses.params.meta import count_parameters
     from anatomy_cli.models.resolve import resolve
 

@@ -10,7 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from anatomy_cli import engine
-from anatomy_cli.analyses.patch import logit_metric, normalize
+from anatomy_cli.analyses.patch import logit_metric
+from anatomy_cli.analyses.patch import normalize
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import interventions as iv
 

@@ -73,7 +73,8 @@ def test_png_and_html_name_each_lens_statistic_alike(stat):
 def test_png_and_html_name_each_head_score_alike():
     from anatomy_cli.output import statistics
     from anatomy_cli.output.html import heads as html_heads
-    from anatomy_cli.output.plots import corpus, heads
+    from anatomy_cli.output.plots import corpus
+    from anatomy_cli.output.plots import heads
 
     assert set(heads.SCORES) == set(html_heads.SCORES) == set(statistics.HEADS)
     assert heads._LABELS == html_heads._LABELS == {k: s.label for k, s in statistics.HEADS.items()}

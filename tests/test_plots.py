@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.output import plots
 
 HEADERS = {".png": b"\x89PNG\r\n\x1a\n", ".pdf": b"%PDF-", ".svg": b"<?xml"}
@@ -161,7 +162,9 @@ def test_title_prompt_and_untrained_label():
 
 
 def test_token_labels_use_the_table_escapes():
-    from anatomy_cli.output.plots._base import drawable, shorten, token_label
+    from anatomy_cli.output.plots._base import drawable
+    from anatomy_cli.output.plots._base import shorten
+    from anatomy_cli.output.plots._base import token_label
 
     assert token_label("·much") == "·much"
     assert token_label("·much↵") == "·much↵"  # the piece as the tables show it, not made visible twice
@@ -174,7 +177,8 @@ def test_token_labels_use_the_table_escapes():
 
 def test_cjk_never_becomes_empty_boxes(tmp_path):
     """Either a CJK font is installed and draws the characters, or they are written as <U+4E2D>."""
-    from anatomy_cli.output.plots._base import drawable, new_figure
+    from anatomy_cli.output.plots._base import drawable
+    from anatomy_cli.output.plots._base import new_figure
     from anatomy_cli.output.plots._text import fonts
 
     _, covered = fonts()

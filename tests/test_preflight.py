@@ -33,7 +33,8 @@ def _same_encodings(ours: Tokenizer, theirs: Tokenizer) -> None:
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "bert", "roberta"])
 def test_tokenizer_json_through_tokenizers_equals_transformers(arch, tiny_model_dir):
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
+    from transformers import AutoTokenizer
 
     from anatomy_cli.models.adapters import for_config
 
@@ -121,10 +122,13 @@ def test_a_good_command_prints_its_notes_once(tiny_model_dir, tmp_path):
 def test_backend_tokenizer_reads_the_bos_convention_of_its_post_processor():
     # One text (a str) gives flat lists as transformers does, so adds_bos sees a template that puts BOS first.
     from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import models, pre_tokenizers, processors
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
+    from tokenizers import processors
 
     from anatomy_cli.text.fast import BackendTokenizer
-    from anatomy_cli.text.tokenization import Tokenizer, adds_bos
+    from anatomy_cli.text.tokenization import Tokenizer
+    from anatomy_cli.text.tokenization import adds_bos
 
     rust = RustTokenizer(models.WordLevel({"<s>": 0, "a": 1, "b": 2}, unk_token="<s>"))
     rust.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -42,7 +42,8 @@ def info(roberta):
 
 
 def sentence(info, command: str) -> str:
-    from anatomy_cli.models.capabilities import Need, refusal
+    from anatomy_cli.models.capabilities import Need
+    from anatomy_cli.models.capabilities import refusal
 
     return refusal(info, Need.decoder, command)
 

@@ -8,7 +8,13 @@ import json
 
 import pytest
 
-from anatomy_cli.output.render import Column, Format, Report, Section, emit, human_bytes, resolve_format
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Format
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import emit
+from anatomy_cli.output.render import human_bytes
+from anatomy_cli.output.render import resolve_format
 
 COLUMNS = [Column("name", "Name"), Column("count", "Count", kind="int"),
            Column("share", "Share", kind="pct", digits=1), Column("share", "", kind="bar")]

@@ -77,7 +77,8 @@ def tour(tmp_path_factory):
 
 def test_the_recipe_writes_a_q8_0_file_that_loads_close_to_the_source(tour, capsys):
     import gguf
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
+    from gguf import GGUFReader
 
     from anatomy_cli import engine
     from anatomy_cli.models.headers import read_gguf

@@ -11,8 +11,11 @@ import sys
 
 import pytest
 
-from anatomy_cli.errors import CheckpointError, ModelNotFound, OfflineError
-from anatomy_cli.models.resolve import check_path, resolve
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import OfflineError
+from anatomy_cli.models.resolve import check_path
+from anatomy_cli.models.resolve import resolve
 
 
 def test_kinds(tmp_path, tiny_model_dir):

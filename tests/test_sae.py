@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
+from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app

@@ -14,8 +14,10 @@ from test_html import figure_data
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
-from anatomy_cli.engine.generate import greedy, stop_ids
-from anatomy_cli.engine.sae import Dictionary, feature_vector
+from anatomy_cli.engine.generate import greedy
+from anatomy_cli.engine.generate import stop_ids
+from anatomy_cli.engine.sae import Dictionary
+from anatomy_cli.engine.sae import feature_vector
 from anatomy_cli.models.sae.read import read
 from anatomy_cli.tasks import generate as gen
 

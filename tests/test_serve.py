@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 from anatomy_cli.cli.app import click_command
 from anatomy_cli.cli.main import app
-from anatomy_cli.serve import client, protocol
+from anatomy_cli.serve import client
+from anatomy_cli.serve import protocol
 
 ENV = {**os.environ, "PYTHONIOENCODING": "utf-8"}
 ENV.pop("COLUMNS", None)

@@ -15,20 +15,19 @@ import threading
 import time
 
 import pytest
-from serve_helpers import (
-    anatomy,
-    decoded,
-    fresh_copy,
-    in_process,
-    private_dir,
-    raw_run,
-    run_with_tty_stderr,
-    start_server,
-    stop,
-    thread_server,
-)
+from serve_helpers import anatomy
+from serve_helpers import decoded
+from serve_helpers import fresh_copy
+from serve_helpers import in_process
+from serve_helpers import private_dir
+from serve_helpers import raw_run
+from serve_helpers import run_with_tty_stderr
+from serve_helpers import start_server
+from serve_helpers import stop
+from serve_helpers import thread_server
 
-from anatomy_cli.serve import lifecycle, protocol
+from anatomy_cli.serve import lifecycle
+from anatomy_cli.serve import protocol
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from serve_helpers import decoded, in_process, private_dir, raw_run, thread_server
+from serve_helpers import decoded
+from serve_helpers import in_process
+from serve_helpers import private_dir
+from serve_helpers import raw_run
+from serve_helpers import thread_server
 
 
 def mixed(model) -> list[tuple[list[str], str | None]]:

@@ -12,7 +12,12 @@ import shutil
 
 import models
 import pytest
-from serve_helpers import anatomy, fresh_copy, in_process, private_dir, start_server, stop
+from serve_helpers import anatomy
+from serve_helpers import fresh_copy
+from serve_helpers import in_process
+from serve_helpers import private_dir
+from serve_helpers import start_server
+from serve_helpers import stop
 
 from anatomy_cli.serve import protocol
 

@@ -61,7 +61,8 @@ def commands() -> dict[str, object]:
 def cli_names(command) -> tuple[set[str], set[str]]:
     """The command's option names (python names, ``target_id``) without the shared groups, and its arguments
     (``param_type_name``: typer carries its own copy of click, whose classes are not ``click.Option``)."""
-    from anatomy_cli.cli.options import MODEL_OPTIONS, PROMPT_OPTIONS
+    from anatomy_cli.cli.options import MODEL_OPTIONS
+    from anatomy_cli.cli.options import PROMPT_OPTIONS
 
     shared = {o[0] for o in MODEL_OPTIONS} | {o[0] for o in PROMPT_OPTIONS} | {"fmt", "format", "plot", "detail"}
     options = {p for p in command.params if p.param_type_name == "option" and p.name not in shared

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from anatomy_cli.analyses.tokens import byte_spans, tokenize_hf, tokenize_tiktoken
+from anatomy_cli.analyses.tokens import byte_spans
+from anatomy_cli.analyses.tokens import tokenize_hf
+from anatomy_cli.analyses.tokens import tokenize_tiktoken
 from anatomy_cli.cli.main import app
 
 runner = CliRunner()
@@ -183,7 +185,8 @@ def test_bundled_gpt2_equals_tiktokens_own_gpt2_encoding(monkeypatch, tmp_path):
     import tiktoken
     from tiktoken_ext import openai_public
 
-    from anatomy_cli.data import GPT2_ENCODER, GPT2_MERGES
+    from anatomy_cli.data import GPT2_ENCODER
+    from anatomy_cli.data import GPT2_MERGES
     from anatomy_cli.text import encodings
 
     # tiktoken's own gpt2 (merges replayed from vocab.bpe, checked against encoder.json) from a seeded cache.

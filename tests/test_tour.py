@@ -18,7 +18,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-from tour_checks import Reference, check
+from tour_checks import Reference
+from tour_checks import check
 from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
@@ -43,7 +44,8 @@ def tiny_llama(out: Path) -> Path:
     """A random Llama, 6 layers x 4 heads (2 KV heads), d_model 32, with GPT-2's tokenizer, saved to ``out``."""
     import torch
     from conftest import build_gpt2_tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=50257, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
@@ -76,7 +78,8 @@ def tour_dir(tmp_path_factory, smollm2_gguf):
 @pytest.fixture(scope="module")
 def reference(tour_dir):
     """The tiny Llama in plain transformers (eager attention, so its attention weights are returned)."""
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoTokenizer
+    from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(tour_dir / "tiny-llama", attn_implementation="eager").eval()
     return Reference(model, AutoTokenizer.from_pretrained(tour_dir / "tiny-llama"))

@@ -11,7 +11,8 @@ import json
 import pytest
 import torch
 
-from anatomy_cli.analyses.trace import cosine, trace
+from anatomy_cli.analyses.trace import cosine
+from anatomy_cli.analyses.trace import trace
 
 
 def _describe(token_id: int) -> tuple[str, str]:

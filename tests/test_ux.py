@@ -121,7 +121,10 @@ def test_bos_on_a_prompt_starting_with_bos_warns_and_keeps_one(gpt2_dir):
 @pytest.fixture(scope="module")
 def sentencepiece_dir(tmp_path_factory):
     """A Llama-2-style tokenizer: ▁ for spaces, a prepended ▁, byte fallback for what is not in its vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, normalizers
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import normalizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
@@ -231,7 +234,11 @@ def test_status_line_only_on_a_terminal(monkeypatch):
 
 
 def test_no_blank_line_before_or_inside_the_table():
-    from anatomy_cli.output.render import Column, Format, Report, Section, emit
+    from anatomy_cli.output.render import Column
+    from anatomy_cli.output.render import Format
+    from anatomy_cli.output.render import Report
+    from anatomy_cli.output.render import Section
+    from anatomy_cli.output.render import emit
 
     out = io.StringIO()
     emit(Report(data=None, sections=[Section([Column("a"), Column("n", kind="int")], [{"a": "x", "n": 5}])]),
@@ -271,7 +278,9 @@ def test_vertical_layout_when_nothing_fits():
     from rich.console import Console
 
     from anatomy_cli.output import tables
-    from anatomy_cli.output.render import Column, Section, _human
+    from anatomy_cli.output.render import Column
+    from anatomy_cli.output.render import Section
+    from anatomy_cli.output.render import _human
 
     cols = [Column(f"n{i}", kind="int") for i in range(6)]
     row = {f"n{i}": 131_072 * (i + 1) for i in range(6)}

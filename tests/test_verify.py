@@ -18,9 +18,11 @@ from typer.testing import CliRunner
 
 from anatomy_cli import engine
 from anatomy_cli.analyses.verify import checks as C
-from anatomy_cli.analyses.verify.suite import Plan, verify
+from anatomy_cli.analyses.verify.suite import Plan
+from anatomy_cli.analyses.verify.suite import verify
 from anatomy_cli.cli.main import app
-from anatomy_cli.engine.loader import DIRECT, using_loader
+from anatomy_cli.engine.loader import DIRECT
+from anatomy_cli.engine.loader import using_loader
 from anatomy_cli.models.adapters import Tap
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -358,7 +360,8 @@ def test_api_is_the_commands_json_and_plot_writes_its_rows(tiny_model_dir, tmp_p
 
 def test_devices_section_says_skipped_and_why_in_every_format(tiny_lm, tiny_model_dir, monkeypatch):
     # Without CUDA or MPS the devices section is one skipped row whose reason every format carries.
-    from anatomy_cli.analyses.verify import precision, suite
+    from anatomy_cli.analyses.verify import precision
+    from anatomy_cli.analyses.verify import suite
     from anatomy_cli.analyses.verify.runs import Runs
 
     monkeypatch.setattr(precision, "other_device", lambda lm: None)

@@ -6,7 +6,8 @@ Pure: tensors in (from :func:`anatomy_cli.engine.attention_patterns`), frozen re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch

@@ -32,14 +32,12 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.decompose import (  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
-    SUM_TOLERANCE,
-    Component,
-    FrozenNorm,
-    check_sum,
-    freeze_norm,
-    head_outputs,
-)
+from anatomy_cli.engine.decompose import SUM_TOLERANCE  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
+from anatomy_cli.engine.decompose import Component
+from anatomy_cli.engine.decompose import FrozenNorm
+from anatomy_cli.engine.decompose import check_sum  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
+from anatomy_cli.engine.decompose import freeze_norm
+from anatomy_cli.engine.decompose import head_outputs  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,9 @@ def logit_attribution(lm: Any, cache: Any, target: int, foil: int | None = None,
     output there before any soft-capping. Raises AnatomyError when the parts do not add up or the head or
     the final norm is not of the linear form the attribution needs.
     """
-    from anatomy_cli.engine import decompose, final_norm, unembed
+    from anatomy_cli.engine import decompose
+    from anatomy_cli.engine import final_norm
+    from anatomy_cli.engine import unembed
 
     parts = decompose.decompose_resid(lm, cache, by_head=by_head, by_expert=by_expert, row=row)
     direction, head_bias = unembedding or decompose.unembedding_direction(lm, target, foil)

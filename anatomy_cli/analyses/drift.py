@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from itertools import combinations
 from typing import Any
 
@@ -38,7 +39,10 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sites import residual_label
 
 # word_spans and tokens_in_span stay importable from here (the drift command and its tests use them).
-from anatomy_cli.text.words import find_word, matched_as_characters, tokens_in_span, word_spans  # noqa: F401
+from anatomy_cli.text.words import find_word
+from anatomy_cli.text.words import matched_as_characters
+from anatomy_cli.text.words import tokens_in_span  # noqa: F401
+from anatomy_cli.text.words import word_spans  # noqa: F401
 
 POOLS = ("mean", "first", "last")
 

@@ -8,13 +8,19 @@ Pure functions over logits; no model. Probabilities are a float64 softmax over t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from anatomy_cli.analyses.next_token import Describe, TokenProb, _token_prob, log_probs, rank_of, top_k
+from anatomy_cli.analyses.next_token import Describe
+from anatomy_cli.analyses.next_token import TokenProb
+from anatomy_cli.analyses.next_token import _token_prob
+from anatomy_cli.analyses.next_token import log_probs
+from anatomy_cli.analyses.next_token import rank_of
+from anatomy_cli.analyses.next_token import top_k
 from anatomy_cli.errors import UsageError
 
 

@@ -21,7 +21,8 @@ Pure: tensors in, frozen results out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch

@@ -11,13 +11,19 @@ a note rather than failing the listing.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.models import local, packaged
-from anatomy_cli.models.headers import is_gguf, read_gguf, read_safetensors, safetensors_files
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models import local
+from anatomy_cli.models import packaged
+from anatomy_cli.models.headers import is_gguf
+from anatomy_cli.models.headers import read_gguf
+from anatomy_cli.models.headers import read_safetensors
+from anatomy_cli.models.headers import safetensors_files
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,8 @@ def _size(path: Path) -> int:
 def hf_cache() -> tuple[list[ModelEntry], str]:
     """Models in the Hugging Face cache (``huggingface_hub.scan_cache_dir``): one entry per repository
     (its newest snapshot's config and safetensors, or its GGUF files)."""
-    from huggingface_hub import constants, scan_cache_dir
+    from huggingface_hub import constants
+    from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
     where = f"hf-cache: {constants.HF_HUB_CACHE}"

@@ -16,8 +16,10 @@ the prompt's length; the statistics are float64 on the CPU, whatever the model's
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import torch

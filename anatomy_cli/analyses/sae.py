@@ -17,8 +17,10 @@ and KL in nats (natural log). Definitions:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 import torch

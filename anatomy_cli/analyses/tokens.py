@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
-from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.text.display import is_partial, token_display
-from anatomy_cli.text.encodings import encoding_names, load_encoding  # noqa: F401  (re-exported)
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
+from anatomy_cli.text.display import is_partial
+from anatomy_cli.text.display import token_display
+from anatomy_cli.text.encodings import encoding_names  # noqa: F401  (re-exported)
+from anatomy_cli.text.encodings import load_encoding
 from anatomy_cli.text.records import token_record
-from anatomy_cli.text.tokenization import _decoder_kind, own_span
+from anatomy_cli.text.tokenization import _decoder_kind
+from anatomy_cli.text.tokenization import own_span
 
 
 @dataclass(frozen=True)

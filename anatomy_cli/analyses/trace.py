@@ -18,7 +18,11 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.analyses.next_token import Describe, TokenProb, log_probs, rank_of, top_k
+from anatomy_cli.analyses.next_token import Describe
+from anatomy_cli.analyses.next_token import TokenProb
+from anatomy_cli.analyses.next_token import log_probs
+from anatomy_cli.analyses.next_token import rank_of
+from anatomy_cli.analyses.next_token import top_k
 from anatomy_cli.models.sites import residual_label
 
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from anatomy_cli.api._model import Model, encode, loaded, texts_of
-from anatomy_cli.api._prompts import One, _one
+from anatomy_cli.api._model import Model
+from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._prompts import One
+from anatomy_cli.api._prompts import _one
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
 from anatomy_cli.text.options import PromptOptions

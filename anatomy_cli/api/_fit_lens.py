@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.api._model import Model, encode, loaded, texts_of
+from anatomy_cli.api._model import Model
+from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.text.options import PromptOptions
 

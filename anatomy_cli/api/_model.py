@@ -3,7 +3,9 @@ encoded by the commands' own pipeline (:mod:`anatomy_cli.tasks.session`). No tor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Union
 
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions

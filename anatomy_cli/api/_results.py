@@ -4,7 +4,8 @@ its rows as a table and its picture. pandas and matplotlib are imported only whe
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 

@@ -12,7 +12,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from anatomy_cli.api._model import Model, encode, loaded, texts_of
+from anatomy_cli.api._model import Model
+from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.text.options import PromptOptions
 

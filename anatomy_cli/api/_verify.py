@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from anatomy_cli.api._model import Model, encode, load, loaded, texts_of
+from anatomy_cli.api._model import Model
+from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import load
+from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.text.options import PromptOptions
 

@@ -13,7 +13,8 @@ import os
 import sys
 import traceback
 import warnings
-from typing import Annotated, Any
+from typing import Annotated
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
@@ -25,8 +26,13 @@ except ImportError:  # older typer on real click
     from click import exceptions as _cx
 
 from anatomy_cli import __version__
-from anatomy_cli.errors import AnatomyError, quiet_broken_pipe
-from anatomy_cli.output.sink import error_line, info, status, warn, wrote  # noqa: F401  (the one stderr sink)
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import quiet_broken_pipe
+from anatomy_cli.output.sink import error_line
+from anatomy_cli.output.sink import info
+from anatomy_cli.output.sink import status  # noqa: F401  (the one stderr sink)
+from anatomy_cli.output.sink import warn  # noqa: F401  (the one stderr sink)
+from anatomy_cli.output.sink import wrote  # noqa: F401  (the one stderr sink)
 
 _state = {"debug": bool(os.environ.get("ANATOMY_DEBUG"))}
 

@@ -18,7 +18,8 @@ def main() -> None:
     if bad is not None:  # before the server: its protocol is JSON (UTF-8), and in-process text must be too
         print(f"error: {bad}", file=sys.stderr)
         sys.exit(2)
-    from anatomy_cli.serve.client import NO_SERVER, forward
+    from anatomy_cli.serve.client import NO_SERVER
+    from anatomy_cli.serve.client import forward
 
     code = forward(argv)
     if code is not None:

@@ -11,33 +11,31 @@ from __future__ import annotations
 import signal
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands import (  # noqa: F401  (registration by import)
-    ablate,
-    attn,
-    attribute,
-    convert,
-    corpus,
-    diff,
-    dla,
-    drift,
-    fit_lens,
-    generate,
-    heads,
-    layernorm,
-    lens,
-    models,
-    next_token,
-    params,
-    patch,
-    report,
-    route,
-    sae,
-    serve,
-    steer,
-    tokens,
-    trace,
-    verify,
-)
+from anatomy_cli.cli.commands import ablate  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import attn  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import attribute  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import convert  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import corpus  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import diff  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import dla  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import drift  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import fit_lens  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import generate  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import heads  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import layernorm  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import lens  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import models  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import next_token  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import params  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import patch  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import report  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import route  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import sae  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import serve  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import steer  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import tokens  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import trace  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import verify  # noqa: F401  (registration by import)
 
 __all__ = ["app", "main"]
 

@@ -17,7 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar, cast
+from typing import Annotated
+from typing import Any
+from typing import Optional
+from typing import TypeVar
+from typing import cast
 
 import typer
 
@@ -193,6 +197,15 @@ OUTPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
+TOKEN_PAIR_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("target", TargetOpt, None),
+    ("target_id", TargetIdOpt, None),
+    ("foil", FoilOpt, None),
+    ("foil_id", FoilIdOpt, None),
+    ("first_token", FirstTokenFoilOpt, False),
+)
+
+
 @dataclass(frozen=True)
 class Output:
     """Where a command's result goes: ``fmt`` (``--format``; None: table on a terminal, tsv piped) and ``plot``
@@ -225,6 +238,14 @@ def prompt_options(*, truncate: bool = True, param: str = "prompts") -> Callable
 
     chosen = [o for o in PROMPT_OPTIONS if truncate or o[0] != "truncate"]
     return _group(param, chosen, PromptOptions)
+
+
+def token_pair_options(*, param: str = "pair") -> Callable[[F], F]:
+    """Replace the command's ``param`` parameter by the target and foil options (dla, ablate, patch, attribute)
+    and pass it the task layer's :class:`~anatomy_cli.tasks._attribution.TokenPair` (its fields: ``vars(pair)``)."""
+    from anatomy_cli.tasks._attribution import TokenPair
+
+    return _group(param, list(TOKEN_PAIR_OPTIONS), TokenPair)
 
 
 def output_options(*, plot: bool = True, param: str = "out") -> Callable[[F], F]:

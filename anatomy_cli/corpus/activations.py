@@ -29,13 +29,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.corpus.store import _atomic
-from anatomy_cli.corpus.windows import Shard, shards, token_stream, windows
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.corpus.windows import Shard
+from anatomy_cli.corpus.windows import shards
+from anatomy_cli.corpus.windows import token_stream
+from anatomy_cli.corpus.windows import windows
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.identity import file_sha256
-from anatomy_cli.models.sites import WRITE_SITES, Site, parse_point
+from anatomy_cli.models.sites import WRITE_SITES
+from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import parse_point
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,8 @@ shard order, the result does not depend on how shards were spread over workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import numpy as np

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,14 @@ from typing import Any
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.sources import Source
 from anatomy_cli.corpus.store import Store
-from anatomy_cli.corpus.summary import CorpusStats, summarize
-from anatomy_cli.corpus.windows import Shard, shards, token_stream, windows
-from anatomy_cli.corpus.worker import Settings, Worker
+from anatomy_cli.corpus.summary import CorpusStats
+from anatomy_cli.corpus.summary import summarize
+from anatomy_cli.corpus.windows import Shard
+from anatomy_cli.corpus.windows import shards
+from anatomy_cli.corpus.windows import token_stream
+from anatomy_cli.corpus.windows import windows
+from anatomy_cli.corpus.worker import Settings
+from anatomy_cli.corpus.worker import Worker
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 
@@ -195,7 +201,8 @@ class _Tracker:
 def model_identity(spec: ModelSpec, tokenizer: Any) -> dict[str, Any]:
     """What a run's manifest keys the model by: the spec, the identity of the files it is read from
     (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest."""
-    from anatomy_cli.models.identity import file_records, tokenizer_digest
+    from anatomy_cli.models.identity import file_records
+    from anatomy_cli.models.identity import tokenizer_digest
 
     path = Path(spec.model).expanduser()
     resolved = str(path.resolve()) if path.exists() else spec.model

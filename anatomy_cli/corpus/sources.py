@@ -19,9 +19,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
+from typing import BinaryIO
 
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 TEXT_SUFFIXES = (".txt", ".md")
 TABLE_SUFFIXES = (".jsonl", ".csv", ".parquet")

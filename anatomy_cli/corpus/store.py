@@ -24,9 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.corpus.partial import Partial
-from anatomy_cli.corpus.summary import HEAD_COLUMNS, LAYER_COLUMNS, CorpusStats
-from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.models.identity import file_sha256, files_changed
+from anatomy_cli.corpus.summary import HEAD_COLUMNS
+from anatomy_cli.corpus.summary import LAYER_COLUMNS
+from anatomy_cli.corpus.summary import CorpusStats
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.identity import file_sha256
+from anatomy_cli.models.identity import files_changed
 
 VERSION = 2
 # Fields of the model spec that change the figures (placement options do not); "resolved" is the model

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from anatomy_cli.corpus.partial import HEAD_METRICS, LAYER_METRICS, Partial
+from anatomy_cli.corpus.partial import HEAD_METRICS
+from anatomy_cli.corpus.partial import LAYER_METRICS
+from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.models.sites import residual_label
 
 LAYER_COLUMNS = ("layer", "kl_nats", "kl_nats_se", "top1_agree", "top1_agree_se", "ce_bits", "ce_bits_se",

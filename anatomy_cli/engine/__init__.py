@@ -128,16 +128,38 @@ def __getattr__(name: str) -> object:
 
 
 if TYPE_CHECKING:
-    from anatomy_cli.engine.attention import attention_patterns, eager_attention, encode_ids, ordinary_token_ids
+    from anatomy_cli.engine.attention import attention_patterns
+    from anatomy_cli.engine.attention import eager_attention
+    from anatomy_cli.engine.attention import encode_ids
+    from anatomy_cli.engine.attention import ordinary_token_ids
     from anatomy_cli.engine.cache import Cache
-    from anatomy_cli.engine.forward import forward, pad_batch
-    from anatomy_cli.engine.hooks import attach, attach_modules, capture, hook_names, layer_names, residual_names
-    from anatomy_cli.engine.interventions import Edit, ablation_rows, patch_grid, run_edits
-    from anatomy_cli.engine.lens import final_norm, unembed
-    from anatomy_cli.engine.load import load, load_weights, resolve_device
-    from anatomy_cli.engine.loader import Loader, current_loader, using_loader
-    from anatomy_cli.engine.model import DTYPES, LoadedModel
-    from anatomy_cli.engine.opening import OpenedModel, open_model
-    from anatomy_cli.engine.run import check_length, encode, run
+    from anatomy_cli.engine.forward import forward
+    from anatomy_cli.engine.forward import pad_batch
+    from anatomy_cli.engine.hooks import attach
+    from anatomy_cli.engine.hooks import attach_modules
+    from anatomy_cli.engine.hooks import capture
+    from anatomy_cli.engine.hooks import hook_names
+    from anatomy_cli.engine.hooks import layer_names
+    from anatomy_cli.engine.hooks import residual_names
+    from anatomy_cli.engine.interventions import Edit
+    from anatomy_cli.engine.interventions import ablation_rows
+    from anatomy_cli.engine.interventions import patch_grid
+    from anatomy_cli.engine.interventions import run_edits
+    from anatomy_cli.engine.lens import final_norm
+    from anatomy_cli.engine.lens import unembed
+    from anatomy_cli.engine.load import load
+    from anatomy_cli.engine.load import load_weights
+    from anatomy_cli.engine.load import resolve_device
+    from anatomy_cli.engine.loader import Loader
+    from anatomy_cli.engine.loader import current_loader
+    from anatomy_cli.engine.loader import using_loader
+    from anatomy_cli.engine.model import DTYPES
+    from anatomy_cli.engine.model import LoadedModel
+    from anatomy_cli.engine.opening import OpenedModel
+    from anatomy_cli.engine.opening import open_model
+    from anatomy_cli.engine.run import check_length
+    from anatomy_cli.engine.run import encode
+    from anatomy_cli.engine.run import run
     from anatomy_cli.engine.wrap import from_model
-    from anatomy_cli.text.tokenization import Encoded, Tokenizer
+    from anatomy_cli.text.tokenization import Encoded
+    from anatomy_cli.text.tokenization import Tokenizer

@@ -11,16 +11,22 @@ is never requested: transformers would then collect every layer's weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 from functools import partial
 
 import torch
 
-from anatomy_cli.engine.forward import pad_batch, run_batch
-from anatomy_cli.engine.hooks import RawHookFn, attach_modules
-from anatomy_cli.engine.model import LoadedModel, Side
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.engine.forward import pad_batch
+from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.hooks import RawHookFn
+from anatomy_cli.engine.hooks import attach_modules
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.model import Side
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.text.tokenization import Encoded
 
 Reduce = Callable[[int, int, torch.Tensor], torch.Tensor]

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 ARCH = "controlvector"
 

@@ -20,7 +20,8 @@ import torch
 
 from anatomy_cli.engine.cache import Cache
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.engine.tensors import first_tensor, optional_module
+from anatomy_cli.engine.tensors import first_tensor
+from anatomy_cli.engine.tensors import optional_module
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models.adapters import heads_split
 
@@ -115,7 +116,8 @@ def names(lm: LoadedModel, *, by_head: bool = False, by_expert: bool = False) ->
     """The hook points :func:`decompose_resid` reads: the embedding, every attention and MLP output, the final
     residual, the position embedding where there is one, with ``by_head`` every ``attn.hook_z``, and with
     ``by_expert`` every MoE block's input, chosen experts, weights (and shared expert)."""
-    from anatomy_cli.engine.hooks import layer_names, residual_names
+    from anatomy_cli.engine.hooks import layer_names
+    from anatomy_cli.engine.hooks import residual_names
 
     out = residual_names(lm)[:1] + layer_names(lm, "attn_out") + layer_names(lm, "mlp_out")
     out += residual_names(lm)[-1:]

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
+from typing import cast
 
 import torch
 
-from anatomy_cli.engine.hooks import HookFn, attach_modules
+from anatomy_cli.engine.hooks import HookFn
+from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.moe import point_names
 from anatomy_cli.engine.run import run
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from anatomy_cli.engine.model import LoadedModel, Side
+    from anatomy_cli.engine.model import LoadedModel
+    from anatomy_cli.engine.model import Side
     from anatomy_cli.text.tokenization import Encoded
 
 

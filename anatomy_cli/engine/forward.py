@@ -12,7 +12,8 @@ each prompt's results equal a one-prompt run.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -20,7 +21,8 @@ from typing import Any
 import torch
 
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.engine.tensors import first_tensor, rowwise
+from anatomy_cli.engine.tensors import first_tensor
+from anatomy_cli.engine.tensors import rowwise
 
 
 def forward(lm: LoadedModel, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

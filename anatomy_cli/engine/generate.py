@@ -13,18 +13,27 @@ and the lens's top-1 token per layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from anatomy_cli.engine.forward import forward, forward_cached, head_logits
-from anatomy_cli.engine.hooks import HookFn, attach, capture, layer_names
+from anatomy_cli.engine.forward import forward
+from anatomy_cli.engine.forward import forward_cached
+from anatomy_cli.engine.forward import head_logits
+from anatomy_cli.engine.hooks import HookFn
+from anatomy_cli.engine.hooks import attach
+from anatomy_cli.engine.hooks import capture
+from anatomy_cli.engine.hooks import layer_names
 from anatomy_cli.engine.lens import unembed
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 Choose = Callable[[torch.Tensor], int]
 """``logits [vocab]`` (float32, soft-capped as the model's own) -> the next token id."""

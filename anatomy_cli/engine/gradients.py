@@ -17,18 +17,27 @@ CLEAN and CORRUPT share one forward as two batch rows (:func:`metric_gradients`'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from functools import partial
 
 import torch
 
-from anatomy_cli.engine.forward import metric_logits, pad_batch, run_batch
-from anatomy_cli.engine.hooks import attach, check_names
-from anatomy_cli.engine.interventions import SITES, Edit, run_edits
+from anatomy_cli.engine.forward import metric_logits
+from anatomy_cli.engine.forward import pad_batch
+from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.hooks import attach
+from anatomy_cli.engine.hooks import check_names
+from anatomy_cli.engine.interventions import SITES
+from anatomy_cli.engine.interventions import Edit
+from anatomy_cli.engine.interventions import run_edits
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [n, vocab] -> [n]
 

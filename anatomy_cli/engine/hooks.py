@@ -7,18 +7,29 @@ forward raises. See the package docstring for the names and shapes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Literal, cast, overload
+from typing import TYPE_CHECKING
+from typing import Literal
+from typing import cast
+from typing import overload
 
 import torch
 
 from anatomy_cli.engine import moe as _moe
-from anatomy_cli.engine.model import LoadedModel, Side
-from anatomy_cli.engine.tensors import first_tensor, optional_module, replace_first
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.model import Side
+from anatomy_cli.engine.tensors import first_tensor
+from anatomy_cli.engine.tensors import optional_module
+from anatomy_cli.engine.tensors import replace_first
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.adapters import Adapter, Tap
+from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.adapters import Tap
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -24,7 +24,9 @@ from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.sites import Site, check_block, hook_name
+from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import check_block
+from anatomy_cli.models.sites import hook_name
 
 SITES = (Site.resid_pre, Site.attn_out, Site.mlp_out)
 """The sites integrated gradients runs at with a layer (of :class:`anatomy_cli.models.sites.Site`)."""

@@ -20,7 +20,9 @@ when the forward raises.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -28,11 +30,17 @@ from typing import Literal
 
 import torch
 
-from anatomy_cli.engine.forward import metric_logits, pad_batch, run_batch
-from anatomy_cli.engine.hooks import HookFn, attach, capture
+from anatomy_cli.engine.forward import metric_logits
+from anatomy_cli.engine.forward import pad_batch
+from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.hooks import HookFn
+from anatomy_cli.engine.hooks import attach
+from anatomy_cli.engine.hooks import capture
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.models.sites import Site, hook_name
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import hook_name
 
 SITES: dict[str, Site] = {s.value: s for s in (Site.resid_pre, Site.attn_out, Site.mlp_out, Site.resid_post,
                                                Site.head)}

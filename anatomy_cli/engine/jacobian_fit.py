@@ -16,12 +16,14 @@ tensor that requires grad. No weight requires grad, so the backward graph starts
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from anatomy_cli.engine.forward import pad_batch, run_batch
+from anatomy_cli.engine.forward import pad_batch
+from anatomy_cli.engine.forward import run_batch
 from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.model import LoadedModel

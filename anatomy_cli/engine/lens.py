@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.engine.tensors import optional_module, rowwise
+from anatomy_cli.engine.tensors import optional_module
+from anatomy_cli.engine.tensors import rowwise
 from anatomy_cli.errors import AnatomyError
 
 

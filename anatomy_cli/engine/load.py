@@ -4,20 +4,27 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from anatomy_cli.engine import load_gguf
 from anatomy_cli.engine.load_gguf import ModelClass
-from anatomy_cli.engine.model import DTYPES, LoadedModel
-from anatomy_cli.engine.opening import OpenedModel, open_exact, open_model
+from anatomy_cli.engine.model import DTYPES
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.opening import OpenedModel
+from anatomy_cli.engine.opening import open_exact
+from anatomy_cli.engine.opening import open_model
 from anatomy_cli.engine.wrap import from_model
-from anatomy_cli.errors import AnatomyError, CheckpointError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.json_config import JsonConfig
-from anatomy_cli.models.resolve import Source, first_line
+from anatomy_cli.models.resolve import Source
+from anatomy_cli.models.resolve import first_line
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:

@@ -21,14 +21,20 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Protocol
 
 import torch
 
-from anatomy_cli.errors import CheckpointError, UnsupportedArchitecture
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.models import gguf
-from anatomy_cli.models.headers import GGUFHeader, TensorInfo, read_gguf
-from anatomy_cli.models.resolve import Source, first_line
+from anatomy_cli.models.headers import GGUFHeader
+from anatomy_cli.models.headers import TensorInfo
+from anatomy_cli.models.headers import read_gguf
+from anatomy_cli.models.resolve import Source
+from anatomy_cli.models.resolve import first_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -54,7 +60,9 @@ def readable_architectures() -> list[str]:
 
 def _dequantizable(dtype: str) -> bool:
     import numpy as np
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType
+    from gguf import dequantize
 
     kind = GGMLQuantizationType[dtype]
     _, type_size = GGML_QUANT_SIZES[kind]
@@ -111,7 +119,8 @@ def load_weights(source: Source, header: GGUFHeader, config: PreTrainedConfig, c
 
 
 def _processor(header: GGUFHeader) -> TensorProcessor:
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor
 
     cls: type[TensorProcessor] = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)
     return cls(config=gguf.config_dict(header))
@@ -127,7 +136,8 @@ def weights_map(model: PreTrainedModel, processor: TensorProcessor) -> dict[str,
     gguf-py's name table built once instead of once per submodule (397 times, 7-28 s, for SmolLM2). The same
     rules: every submodule's state-dict names are looked up relative to it, in module order; within one module
     the last name wins, across modules the first; names the table lacks go to the processor's fallback."""
-    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+    from gguf import MODEL_ARCH_NAMES
+    from gguf import get_tensor_name_map
 
     model_type = _GGUF_ARCH_NAMES.get(model.config.model_type, model.config.model_type)
     arch = next((key for key, value in MODEL_ARCH_NAMES.items() if value == model_type), None)

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
+from typing import Protocol
 
-from anatomy_cli.engine.opening import OpenedModel, open_model
+from anatomy_cli.engine.opening import OpenedModel
+from anatomy_cli.engine.opening import open_model
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:

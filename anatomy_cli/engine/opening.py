@@ -20,8 +20,10 @@ No torch at import time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from dataclasses import field
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.info import ModelInfo
@@ -85,7 +87,8 @@ def open_model(spec: ModelSpec | str, **options: Any) -> OpenedModel:
 
 
 def _open_light(spec: ModelSpec) -> OpenedModel | None:
-    from anatomy_cli.models import adapters, light
+    from anatomy_cli.models import adapters
+    from anatomy_cli.models import light
     from anatomy_cli.text.fast import BackendTokenizer
 
     found = light.read(spec.model, spec.init)  # a missing path: ModelNotFound, before anything heavy
@@ -108,8 +111,10 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
     UnsupportedArchitecture.
     """
     from anatomy_cli.models import adapters as _adapters
-    from anatomy_cli.models import gguf, gguf_tokenizer
-    from anatomy_cli.models.model_files import load_tokenizer, read_config
+    from anatomy_cli.models import gguf
+    from anatomy_cli.models import gguf_tokenizer
+    from anatomy_cli.models.model_files import load_tokenizer
+    from anatomy_cli.models.model_files import read_config
     from anatomy_cli.models.resolve import resolve
 
     _quiet_transformers()
@@ -140,7 +145,8 @@ def described(info: ModelInfo, spec: ModelSpec, source: Source | None, header: G
     from dataclasses import replace
 
     from anatomy_cli.models import gguf
-    from anatomy_cli.models.resolve import check_path, label
+    from anatomy_cli.models.resolve import check_path
+    from anatomy_cli.models.resolve import label
 
     if source is None:
         source = check_path(spec.model)

@@ -8,12 +8,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from anatomy_cli.engine.cache import Cache
-from anatomy_cli.engine.forward import head_logits, pad_batch, run_batch
-from anatomy_cli.engine.hooks import capture, check_names
+from anatomy_cli.engine.forward import head_logits
+from anatomy_cli.engine.forward import pad_batch
+from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.hooks import capture
+from anatomy_cli.engine.hooks import check_names
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.text.length import check_length as check_length  # engine.check_length
-from anatomy_cli.text.tokenization import Encoded, Tokenizer
+from anatomy_cli.text.tokenization import Encoded
+from anatomy_cli.text.tokenization import Tokenizer
 
 if TYPE_CHECKING:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase

@@ -26,14 +26,18 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.forward import forward, head_logits
-from anatomy_cli.engine.hooks import HookFn, attach_modules
-from anatomy_cli.engine.model import LoadedModel, Side
+from anatomy_cli.engine.forward import forward
+from anatomy_cli.engine.forward import head_logits
+from anatomy_cli.engine.hooks import HookFn
+from anatomy_cli.engine.hooks import attach_modules
+from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.model import Side
 from anatomy_cli.engine.steering import SteeringVector
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae import names
 from anatomy_cli.models.sae.read import SAEFile
-from anatomy_cli.models.sites import WRITE_SITES, parse_point
+from anatomy_cli.models.sites import WRITE_SITES
+from anatomy_cli.models.sites import parse_point
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
            "bfloat16": torch.bfloat16}

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,12 @@ import torch
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.run import run
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.info import ModelInfo
-from anatomy_cli.models.sites import WRITE_SITES, check_block, hook_name
+from anatomy_cli.models.sites import WRITE_SITES
+from anatomy_cli.models.sites import check_block
+from anatomy_cli.models.sites import hook_name
 from anatomy_cli.text.tokenization import Encoded
 
 METADATA_KEY = "anatomy.steering"

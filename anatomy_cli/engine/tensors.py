@@ -8,7 +8,8 @@ back. :func:`rowwise` applies a row-by-row module (a norm, an LM head) to ``[...
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 
 import torch
 

@@ -25,7 +25,8 @@ Gradients only inside ``engine.gradients.grad_mode`` (weights' requires_grad off
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -33,10 +34,12 @@ import torch
 
 from anatomy_cli.engine.forward import forward as model_forward
 from anatomy_cli.engine.forward import head_logits
-from anatomy_cli.engine.gradients import Metric, grad_mode
+from anatomy_cli.engine.gradients import Metric
+from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.integrated import integrate
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 METHODS = ("saliency", "input-x-gradient", "integrated-gradients", "occlusion")
 BASELINES = ("pad", "unk", "mean", "zero", "drop")

@@ -17,8 +17,10 @@ parameter names into parts. Plain data: importable without torch.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from dataclasses import replace
+from typing import TYPE_CHECKING
+from typing import Literal
 
 from anatomy_cli.errors import UnsupportedArchitecture
 

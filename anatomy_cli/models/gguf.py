@@ -17,10 +17,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from io import BufferedIOBase
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import CheckpointError
-from anatomy_cli.models.headers import GGUFHeader, TensorInfo
+from anatomy_cli.models.headers import GGUFHeader
+from anatomy_cli.models.headers import TensorInfo
 from anatomy_cli.models.headers import file_type_name as file_type_name  # the label lives with the header
 from anatomy_cli.models.headers import quantization_label as quantization_label
 
@@ -54,8 +56,10 @@ def config_dict(header: GGUFHeader) -> dict[str, Any]:
     Raises ValueError for an architecture transformers cannot read from GGUF.
     """
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING
-    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS, get_gguf_config
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, GGUF_TO_TRANSFORMERS_MAPPING
+    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
+    from transformers.integrations.gguf import get_gguf_config
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING
 
     metadata, names = _metadata(header), [t.name for t in header.tensors]
     architecture = str(metadata["general.architecture"])

@@ -22,7 +22,8 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models import gguf
@@ -41,7 +42,8 @@ _WHERE = {"vocab_file", "name_or_path", "is_local", "local_files_only", "gguf_fi
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version
 
     try:
         return version(package)
@@ -77,7 +79,8 @@ def _from_cache(tokenizer_json: Path, entry: Path, header: GGUFHeader) -> PreTra
         meta = json.loads(entry.read_text(encoding="utf-8"))
         if meta.get("format") != _FORMAT or meta.get("sha256") != file_sha256(tokenizer_json):
             return None
-        from transformers.models.auto.tokenization_auto import TokenizersBackend, tokenizer_class_from_name
+        from transformers.models.auto.tokenization_auto import TokenizersBackend
+        from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 
         cls = tokenizer_class_from_name(meta["class"]) or TokenizersBackend
         hf: PreTrainedTokenizerBase = cls(tokenizer_file=str(tokenizer_json),
@@ -90,7 +93,8 @@ def _from_cache(tokenizer_json: Path, entry: Path, header: GGUFHeader) -> PreTra
 def tokenizer_class(config: PreTrainedConfig) -> type[PreTrainedTokenizerBase]:
     """The class ``AutoTokenizer`` picks for a GGUF file's config (its last resort for a file with no tokenizer
     files: the class registered for the config, else ``TokenizersBackend``)."""
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING, TokenizersBackend
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+    from transformers.models.auto.tokenization_auto import TokenizersBackend
 
     cls: type[PreTrainedTokenizerBase] = TOKENIZER_MAPPING.get(type(config), TokenizersBackend)
     return TokenizersBackend if getattr(cls, "__name__", "") == "MistralCommonBackend" else cls

@@ -12,7 +12,8 @@ object. A multimodal config (Gemma 3's ``Gemma3ForConditionalGeneration``) keeps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 from anatomy_cli.models import adapters
 from anatomy_cli.models.adapters import Adapter

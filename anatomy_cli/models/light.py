@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.models import presets
 from anatomy_cli.models.json_config import JsonConfig
@@ -74,9 +75,15 @@ def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, Any]] | No
     if any(in_cache(repo, f) for repo in GPT2_HUB_IDS for f in ("tokenizer.json", "tokenizer_config.json",
                                                                  "vocab.json")):
         return None
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
 
-    from anatomy_cli.data import GPT2_SPECIAL, gpt2_merges, gpt2_vocab
+    from anatomy_cli.data import GPT2_SPECIAL
+    from anatomy_cli.data import gpt2_merges
+    from anatomy_cli.data import gpt2_vocab
 
     backend = Tokenizer(models.BPE(vocab=dict(gpt2_vocab()), merges=gpt2_merges()))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)

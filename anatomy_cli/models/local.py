@@ -21,7 +21,9 @@ import os
 import re
 from pathlib import Path
 
-from anatomy_cli.errors import CheckpointError, ModelNotFound, UsageError
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import UsageError
 
 PREFIXES = ("ollama:", "lmstudio:")
 OLLAMA_HOST = "registry.ollama.ai"

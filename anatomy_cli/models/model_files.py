@@ -13,10 +13,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anatomy_cli.errors import AnatomyError, CheckpointError, ModelNotFound, OfflineError, UnsupportedArchitecture
-from anatomy_cli.models import gguf, gguf_tokenizer, hub, presets
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import OfflineError
+from anatomy_cli.errors import UnsupportedArchitecture
+from anatomy_cli.models import gguf
+from anatomy_cli.models import gguf_tokenizer
+from anatomy_cli.models import hub
+from anatomy_cli.models import presets
 from anatomy_cli.models.headers import read_gguf
-from anatomy_cli.models.resolve import TOKENIZER_FILES, Source, config_path, first_line, in_cache, offline_message
+from anatomy_cli.models.resolve import TOKENIZER_FILES
+from anatomy_cli.models.resolve import Source
+from anatomy_cli.models.resolve import config_path
+from anatomy_cli.models.resolve import first_line
+from anatomy_cli.models.resolve import in_cache
+from anatomy_cli.models.resolve import offline_message
 
 if TYPE_CHECKING:
     from transformers.configuration_utils import PreTrainedConfig
@@ -175,7 +187,8 @@ def gpt2_tokenizer() -> PreTrainedTokenizerBase:
         return hf
     from transformers import GPT2Tokenizer  # GPT2TokenizerFast is v5's alias of this (fast) class
 
-    from anatomy_cli.data import gpt2_merges, gpt2_vocab
+    from anatomy_cli.data import gpt2_merges
+    from anatomy_cli.data import gpt2_vocab
 
     # vocab=/merges= as data: transformers 5 turns file paths given there into a one-token tokenizer.
     built: PreTrainedTokenizerBase = GPT2Tokenizer(vocab=dict(gpt2_vocab()), merges=gpt2_merges())

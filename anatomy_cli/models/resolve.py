@@ -27,8 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from anatomy_cli.errors import CheckpointError, ModelNotFound, OfflineError
-from anatomy_cli.models import hub, local, packaged, presets
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import OfflineError
+from anatomy_cli.models import hub
+from anatomy_cli.models import local
+from anatomy_cli.models import packaged
+from anatomy_cli.models import presets
 from anatomy_cli.models.headers import GGUF_MAGIC
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -175,13 +180,11 @@ def _hub(spec: str, need: str) -> Source:
 
 def _probe_hub(spec: str, candidates: list[str], need: str) -> Source:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import GatedRepoError
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import OfflineModeIsEnabled
+    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.errors import RevisionNotFoundError
 
     probe = "tokenizer_config.json" if need == "tokenizer" else "config.json"
     for repo in candidates:

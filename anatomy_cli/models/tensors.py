@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import CheckpointError
-from anatomy_cli.models.resolve import Source, first_line
+from anatomy_cli.models.resolve import Source
+from anatomy_cli.models.resolve import first_line
 
 if TYPE_CHECKING:
     import torch
@@ -185,7 +188,8 @@ def _n_layers(config: PreTrainedConfig) -> int:
 def _open_safetensors(spec: str, folder: Path, config: PreTrainedConfig) -> TensorReader:
     from safetensors import safe_open
 
-    from anatomy_cli.models.headers import read_safetensors, safetensors_files
+    from anatomy_cli.models.headers import read_safetensors
+    from anatomy_cli.models.headers import safetensors_files
 
     files = safetensors_files(folder)
     if not files:
@@ -239,8 +243,11 @@ def _weights_map(build: Callable[[PreTrainedModel, TensorProcessor], dict[str, s
 def _open_gguf(source: Source, config: PreTrainedConfig) -> TensorReader:
     import numpy as np
     import torch
-    from gguf import GGUFReader, dequantize
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+    from gguf import GGUFReader
+    from gguf import dequantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
     from anatomy_cli.models.headers import read_gguf
 

@@ -32,10 +32,14 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from enum import Enum
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
 from anatomy_cli.output import sink
 from anatomy_cli.units import human_bytes

@@ -14,7 +14,8 @@ whole. Width is the console's (``COLUMNS`` when set, else the terminal's, else 8
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.models.identity import FileId, file_identity
+from anatomy_cli.models.identity import FileId
+from anatomy_cli.models.identity import file_identity
 from anatomy_cli.models.identity import named_file as _named_file
 from anatomy_cli.models.spec import ModelSpec
 

@@ -12,8 +12,10 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 POLL_S = 0.2       # how often a connection's thread looks at its client while the job waits or runs

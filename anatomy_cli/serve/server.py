@@ -34,10 +34,21 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.serve import lifecycle, protocol
-from anatomy_cli.serve.cache import ModelCache, TokenizerCache, clear_stray_hooks
-from anatomy_cli.serve.jobs import NOTE_AFTER_S, POLL_S, Job, client_gone, never_cancelled
-from anatomy_cli.serve.session import BadRequest, check_run, client_context, library_bars_silenced, notifier
+from anatomy_cli.serve import lifecycle
+from anatomy_cli.serve import protocol
+from anatomy_cli.serve.cache import ModelCache
+from anatomy_cli.serve.cache import TokenizerCache
+from anatomy_cli.serve.cache import clear_stray_hooks
+from anatomy_cli.serve.jobs import NOTE_AFTER_S
+from anatomy_cli.serve.jobs import POLL_S
+from anatomy_cli.serve.jobs import Job
+from anatomy_cli.serve.jobs import client_gone
+from anatomy_cli.serve.jobs import never_cancelled
+from anatomy_cli.serve.session import BadRequest
+from anatomy_cli.serve.session import check_run
+from anatomy_cli.serve.session import client_context
+from anatomy_cli.serve.session import library_bars_silenced
+from anatomy_cli.serve.session import notifier
 
 
 class Server:
@@ -285,7 +296,8 @@ class Server:
     # -------------------------------------------------------------- the worker
 
     def _work(self) -> None:
-        from anatomy_cli.engine.loader import DIRECT, using_loader
+        from anatomy_cli.engine.loader import DIRECT
+        from anatomy_cli.engine.loader import using_loader
         from anatomy_cli.models import model_files
 
         if self.cache.loader is None:

@@ -16,7 +16,8 @@ import io
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 from anatomy_cli.serve import protocol
@@ -134,7 +135,8 @@ def library_bars_silenced() -> Iterator[None]:
     The client sees the command's own status line instead. ``TQDM_DISABLE`` covers tqdm imported later; an
     already imported tqdm gets ``disable=True`` as its default. Both are put back at the end.
     """
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import disable_progress_bars
+    from huggingface_hub.utils import enable_progress_bars
     from transformers.utils import logging as hf_logging
 
     saved_env = os.environ.get("TQDM_DISABLE")

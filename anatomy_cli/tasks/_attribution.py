@@ -102,7 +102,8 @@ def patch(lm, clean_ids, corrupt_ids, site: str, ids: dict, check: int, batch_si
 def ablate(lm, ids, plan, metric, *, position: int, check: int, batch_size: int):
     """Attribution ablation of one prompt: ``(intact metric, float64 [len(plan)] metrics, Extra)``."""
     from anatomy_cli.analyses import attribution_patching as ap
-    from anatomy_cli.engine import gradients, interventions
+    from anatomy_cli.engine import gradients
+    from anatomy_cli.engine import interventions
 
     rows = [edits for *_, edits in plan]
     base, estimate = gradients.attribution_ablation(lm, ids, rows, reduce=metric, position=position)

@@ -12,7 +12,8 @@ from typing import Any
 
 from anatomy_cli.models.cost import WARN_SECONDS as LONG_RUN_S  # one threshold for every cost line
 from anatomy_cli.tasks.notes import info
-from anatomy_cli.units import human_seconds, minutes
+from anatomy_cli.units import human_seconds
+from anatomy_cli.units import minutes
 
 
 class CorpusStatus:

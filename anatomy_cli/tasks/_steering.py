@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
@@ -100,7 +101,8 @@ def _feature(opened: Any, opts: SteeringOptions) -> tuple[SteeringVector, list[s
     """`--steer-feature ID --sae PATH`: the feature's decoder row at the SAE's output site
     (:func:`anatomy_cli.engine.sae.feature_vector`), checked against the model, and its warnings."""
     from anatomy_cli.engine.sae import feature_vector
-    from anatomy_cli.models.sae import names, read
+    from anatomy_cli.models.sae import names
+    from anatomy_cli.models.sae import read
 
     assert opts.sae is not None and opts.steer_feature is not None
     sae_file = read.read(Path(opts.sae))

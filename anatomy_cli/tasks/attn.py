@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.models import sites
 from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.attention import Attention
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COMMAND = "attn"
 

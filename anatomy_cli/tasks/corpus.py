@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.notes import status
 
 if TYPE_CHECKING:
-    from anatomy_cli.corpus.runner import Result, Settings
+    from anatomy_cli.corpus.runner import Result
+    from anatomy_cli.corpus.runner import Settings
     from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.models.info import ModelInfo
 
@@ -67,7 +70,8 @@ class CorpusOptions:
         """``--save-activations``' hook points (UsageError for a bad one, or without ``--out``, or with Ray)."""
         if self.save_activations is None:
             return ()
-        from anatomy_cli.corpus.activations import DTYPES, parse_sites
+        from anatomy_cli.corpus.activations import DTYPES
+        from anatomy_cli.corpus.activations import parse_sites
 
         if self.activation_dtype not in DTYPES:
             raise UsageError(f"--activation-dtype is fp32 or fp16, not '{self.activation_dtype}'")
@@ -109,7 +113,8 @@ def check(opened: Any, opts: CorpusOptions) -> CorpusPlan:
 def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
     """The whole run: the model opened and loaded through the current loader (with Ray only opened: the
     workers load it), every shard measured or read back from ``opts.out``, merged in shard order."""
-    from anatomy_cli.corpus.runner import Settings, run
+    from anatomy_cli.corpus.runner import Settings
+    from anatomy_cli.corpus.runner import run
     from anatomy_cli.corpus.sources import open_source
 
     sites = opts.sites
@@ -151,7 +156,8 @@ def _run(run: Any, src: Any, spec: ModelSpec, settings: Any, tokenizer: Any, lm:
 def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[Any, OpenedModel, Any, CorpusPlan]:
     """``(lm, opened, tokenizer, plan)``; with Ray the driver opens the model only (lm None: the workers load
     the weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
-    from anatomy_cli.tasks.session import load_weights, open_model
+    from anatomy_cli.tasks.session import load_weights
+    from anatomy_cli.tasks.session import open_model
 
     if opts.ray:
         from anatomy_cli.corpus.ray_run import ray_module

@@ -9,16 +9,20 @@ before B loads). Residual rows are named ``embed``, then 0..L−1 (block N's out
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
-    from anatomy_cli.analyses.diff import ActivationDiff, WeightsDiff
-    from anatomy_cli.engine import Encoded, OpenedModel
+    from anatomy_cli.analyses.diff import ActivationDiff
+    from anatomy_cli.analyses.diff import WeightsDiff
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import OpenedModel
     from anatomy_cli.models.info import ModelInfo
     from anatomy_cli.text.options import PromptOptions
 
@@ -99,7 +103,9 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
     ``label_a``: A's display label (its weights are gone); ``lm_b``: B's LoadedModel."""
     from anatomy_cli.analyses import diff as analysis
     from anatomy_cli.engine.loader import release_memory
-    from anatomy_cli.tasks.session import describe, load_weights, model_label
+    from anatomy_cli.tasks.session import describe
+    from anatomy_cli.tasks.session import load_weights
+    from anatomy_cli.tasks.session import model_label
 
     lm = load_weights(opened_a)
     with notes.status(f"running {opened_a.name}"):
@@ -120,7 +126,8 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
 def open_pair(spec_a: Any, spec_b: Any, texts: list[str], prompts: PromptOptions
               ) -> tuple[OpenedModel, OpenedModel, list[Encoded], list[Encoded]]:
     """Both models opened (no weights; B is A when the specs are equal) and the texts tokenized by each."""
-    from anatomy_cli.tasks.session import open_model, open_texts
+    from anatomy_cli.tasks.session import open_model
+    from anatomy_cli.tasks.session import open_texts
     from anatomy_cli.text import chat
 
     opened_a, encoded = open_texts(texts, spec_a, prompts)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.adapters import heads_split
-from anatomy_cli.models.capabilities import Need, refusal, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import refusal
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.tasks._checks import at_least
@@ -16,7 +19,8 @@ from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.dla import Attribution
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COMMAND = "dla"
 

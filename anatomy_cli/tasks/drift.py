@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
@@ -16,8 +17,10 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
-    from anatomy_cli.analyses.drift import DriftResult, WordLocation
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.analyses.drift import DriftResult
+    from anatomy_cli.analyses.drift import WordLocation
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COMMAND = "drift"
 INPUTS = {"word": "word", "contexts": "context"}  # the arguments WORD and CONTEXT...
@@ -56,7 +59,8 @@ class DriftOptions:
 
     def texts(self) -> list[str]:
         """The contexts to run (the built-in pair for the default word); UsageError for fewer than two."""
-        from anatomy_cli.analyses.drift import DEFAULT_CONTEXTS, DEFAULT_WORD
+        from anatomy_cli.analyses.drift import DEFAULT_CONTEXTS
+        from anatomy_cli.analyses.drift import DEFAULT_WORD
 
         if not self.contexts:
             word = self.word.casefold() if self.ignore_case else self.word

@@ -10,11 +10,15 @@ that does not fit; :func:`run` computes one :class:`Generated` per prompt.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._steering import SteeringOptions
 from anatomy_cli.tasks._steering import record as steering_record
@@ -24,8 +28,10 @@ from anatomy_cli.text import targets
 if TYPE_CHECKING:
     import torch
 
-    from anatomy_cli.analyses.generate import Continuation, Sweep
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.analyses.generate import Continuation
+    from anatomy_cli.analyses.generate import Sweep
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.generate import Generation
     from anatomy_cli.engine.steering import SteeringVector
 
@@ -243,7 +249,8 @@ def run_one(lm: LoadedModel, ids: list[int], s: Settings, coef: float, *, lens: 
 def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> float:
     """Largest |logit| difference between ``g`` (cached) and the same tokens replayed with a full forward per
     step and no cache (the same steering hooks)."""
-    from anatomy_cli.engine.generate import generate, replay
+    from anatomy_cli.engine.generate import generate
+    from anatomy_cli.engine.generate import replay
 
     if not g.tokens:
         return 0.0

@@ -6,14 +6,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import NamedTuple
 
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.heads import Heads
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COMMAND = "heads"
 
@@ -56,7 +59,8 @@ class Scored(NamedTuple):
 
 def check(opened: Any, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
     """UsageError when the random sequence does not fit the context or a prompt has fewer than 2 tokens."""
-    from anatomy_cli.errors import PromptTooLong, UsageError
+    from anatomy_cli.errors import PromptTooLong
+    from anatomy_cli.errors import UsageError
 
     info, seq_len = opened.info, opts.seq_len
     n_ctx = info.n_ctx

@@ -7,18 +7,22 @@ it) and the last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.models import sites
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.lens import LensGrid
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
 
 COMMAND = "lens"
@@ -129,7 +133,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPl
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis
     from anatomy_cli.models import cost
-    from anatomy_cli.tasks.session import describe, warn_cost
+    from anatomy_cli.tasks.session import describe
+    from anatomy_cli.tasks.session import warn_cost
 
     n_tokens = sum(len(e) for e in encoded)
     warn_cost(f"lens on {n_tokens:,} tokens", lm,

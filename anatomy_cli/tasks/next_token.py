@@ -9,15 +9,19 @@ into :class:`NextOptions`; the API builds the same object from its keywords.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import TargetFields, at_least
+from anatomy_cli.tasks._checks import TargetFields
+from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.next_token import NextTokens
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COMMAND = "next"
 

@@ -14,10 +14,13 @@ A long run can be cancelled from outside (``anatomy serve`` does so when a clien
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Protocol
 
 from anatomy_cli.errors import AnatomyError

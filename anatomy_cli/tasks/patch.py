@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._attribution import Extra, Method, TokenPair, check_options
+from anatomy_cli.tasks._attribution import Extra
+from anatomy_cli.tasks._attribution import Method
+from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks._attribution import check_options
 from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.patch import Patching
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COMMAND = "patch"
 

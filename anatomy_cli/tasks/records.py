@@ -9,7 +9,8 @@ No torch at import time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel

@@ -91,7 +91,8 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10,
     analyses raise."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as lens_analysis
-    from anatomy_cli.analyses import next_token, trace
+    from anatomy_cli.analyses import next_token
+    from anatomy_cli.analyses import trace
     from anatomy_cli.tasks.session import describe
 
     out = Anatomy(lm=lm, enc=enc)

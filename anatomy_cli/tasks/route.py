@@ -7,16 +7,19 @@ naming a block whose MLP is dense (Qwen2/3-MoE's ``mlp_only_layers``), ``--top``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.route import RouteRow
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COMMAND = "route"
 

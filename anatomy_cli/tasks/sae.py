@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.sae import Reading
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.models.sae.read import SAEFile
 
 COMMAND = "sae"
@@ -61,7 +63,8 @@ def check(opened: Any, opts: SaeOptions) -> SaePlan:
     """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
     ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
     from anatomy_cli.models.sae import labels as labelling
-    from anatomy_cli.models.sae import names, read
+    from anatomy_cli.models.sae import names
+    from anatomy_cli.models.sae import read
 
     sae_file = read.read(Path(opts.sae), hook=opts.hook)
     bad = [f for f in opts.wanted if f >= sae_file.d_sae]

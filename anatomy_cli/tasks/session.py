@@ -14,16 +14,20 @@ cache, the API a model it already holds). What the pipeline says (warnings, stat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks import notes, records
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks import records
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from anatomy_cli.engine import Encoded, LoadedModel, OpenedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine import OpenedModel
 
 
 def open_model(spec: ModelSpec) -> OpenedModel:

@@ -9,19 +9,23 @@ it; :func:`run` makes the vector, writes the files asked for and returns a :clas
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.steering import LayerDirection
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.steering import SteeringVector
 
 COMMAND = "steer"
@@ -149,7 +153,8 @@ def make(lm: LoadedModel, pos_enc: list[Encoded], neg_enc: list[Encoded], layers
 
 def save_all(lm: LoadedModel, vector: SteeringVector, opts: SteerOptions, gguf_model: str) -> list[str]:
     """Write the files asked for; the lines: where they went and how llama.cpp (and Ollama) use them."""
-    from anatomy_cli.engine import control_vector, steering
+    from anatomy_cli.engine import control_vector
+    from anatomy_cli.engine import steering
 
     lines = []
     if opts.out is not None:

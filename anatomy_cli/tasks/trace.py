@@ -6,16 +6,22 @@ Rows are named as everywhere (docs/engine.md#layers): ``embed``, then block N's 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from dataclasses import replace
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import NamedTuple
 
-from anatomy_cli.models.capabilities import Need, require
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import TargetFields, at_least
+from anatomy_cli.tasks._checks import TargetFields
+from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.trace import Trace
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
 
 COMMAND = "trace"

@@ -11,15 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.verify.checks import Verification
     from anatomy_cli.analyses.verify.suite import Plan
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.models.info import ModelInfo
 
 COMMAND = "verify"

@@ -14,7 +14,8 @@ from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text.options import PromptOptions
-from anatomy_cli.text.tokenization import Encoded, Tokenizer
+from anatomy_cli.text.tokenization import Encoded
+from anatomy_cli.text.tokenization import Tokenizer
 
 SOURCE = "chat template"  # Encoded.bos_source under --chat when --bos was not given
 

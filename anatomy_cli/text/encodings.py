@@ -16,7 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from anatomy_cli.errors import AnatomyError, OfflineError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import OfflineError
+from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
     import tiktoken
@@ -98,7 +100,8 @@ def gpt2_encoding() -> tiktoken.Encoding:
         pass
     from tiktoken_ext.openai_public import r50k_pat_str
 
-    from anatomy_cli.data import GPT2_SPECIAL, gpt2_ranks
+    from anatomy_cli.data import GPT2_SPECIAL
+    from anatomy_cli.data import gpt2_ranks
 
     ranks = gpt2_ranks()
     if target is not None:

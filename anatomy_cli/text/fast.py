@@ -12,7 +12,9 @@ offsets are those of the transformers tokenizer; its special tokens are the name
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import overload
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

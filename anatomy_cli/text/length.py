@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.errors import PromptTooLong, UsageError
+from anatomy_cli.errors import PromptTooLong
+from anatomy_cli.errors import UsageError
 from anatomy_cli.text.tokenization import Encoded
 
 

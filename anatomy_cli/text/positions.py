@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Sized
+from collections.abc import Sequence
+from collections.abc import Sized
 
 from anatomy_cli.errors import UsageError
 

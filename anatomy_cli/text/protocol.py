@@ -7,8 +7,12 @@ Types only: nothing here runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Protocol
+from typing import overload
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as RustTokenizer

@@ -21,9 +21,12 @@ bytes; a special token written in the text (e.g. ``<|endoftext|>``) covers its t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from functools import cached_property
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING
+from typing import TypeVar
+from typing import cast
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.text.display import token_display

@@ -12,7 +12,8 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 # Scripts written without spaces between words: there a word has no boundary to match, so its
 # characters are matched wherever they occur (unicodedata names start with these).

@@ -27,7 +27,12 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.analyses.next_token import Describe, TokenProb, _token_prob, log_probs, rank_of, top_k
+from anatomy_cli.analyses.next_token import Describe
+from anatomy_cli.analyses.next_token import TokenProb
+from anatomy_cli.analyses.next_token import _token_prob
+from anatomy_cli.analyses.next_token import log_probs
+from anatomy_cli.analyses.next_token import rank_of
+from anatomy_cli.analyses.next_token import top_k
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sites import residual_label
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from anatomy_cli.errors import UnsupportedArchitecture, UsageError
+from anatomy_cli.errors import UnsupportedArchitecture
+from anatomy_cli.errors import UsageError
 
 # The shape facts (ModelInfo fields) two models must share for their tensors to pair up, in words.
 _SHAPES = (("n_layers", "layers"), ("d_model", "width (d_model)"), ("n_heads", "attention heads"),

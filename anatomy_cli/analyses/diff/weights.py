@@ -22,7 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from anatomy_cli.analyses.params.rules import CATEGORIES, HEAD, LAYER_CATEGORIES, classify, family_for
+from anatomy_cli.analyses.params.rules import CATEGORIES
+from anatomy_cli.analyses.params.rules import HEAD
+from anatomy_cli.analyses.params.rules import LAYER_CATEGORIES
+from anatomy_cli.analyses.params.rules import classify
+from anatomy_cli.analyses.params.rules import family_for
 from anatomy_cli.errors import UsageError
 
 _LAYER_RE = re.compile(r"^(?:.*?\.)?(?:h|layers|layer|blocks|block)\.(\d+)\.")

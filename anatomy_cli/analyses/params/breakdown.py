@@ -11,38 +11,38 @@ token uses (everything except the routed experts the router does not pick, top-k
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
-from anatomy_cli.analyses.params.rules import (  # noqa: F401 (re-exported: the breakdown's vocabulary)
-    _EXPERT_INDEX_RE,
-    _LAYER_RE,
-    _N_EXPERTS_ATTRS,
-    _TOP_K_ATTRS,
-    ATTENTION,
-    BLOCK_CATEGORIES,
-    CATEGORIES,
-    DTYPE_BITS,
-    EMBEDDINGS,
-    FAMILIES,
-    FFN,
-    GENERIC,
-    HEAD,
-    LABELS,
-    LAYER_CATEGORIES,
-    NORM,
-    POSITION,
-    ROUTED,
-    ROUTER,
-    SHARED,
-    TOKEN,
-    TOKEN_TYPE,
-    Family,
-    classify,
-    family_for,
-    memory_bytes,
-)
-from anatomy_cli.models.bigmodel import compress_names, parse_max_memory  # noqa: F401 (parse_max_memory: re-exported)
+from anatomy_cli.analyses.params.rules import _EXPERT_INDEX_RE  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import _LAYER_RE  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import _N_EXPERTS_ATTRS  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import _TOP_K_ATTRS  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import ATTENTION  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import BLOCK_CATEGORIES  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import CATEGORIES
+from anatomy_cli.analyses.params.rules import DTYPE_BITS  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import EMBEDDINGS  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import FAMILIES  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import FFN  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import GENERIC  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import HEAD  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import LABELS
+from anatomy_cli.analyses.params.rules import LAYER_CATEGORIES
+from anatomy_cli.analyses.params.rules import NORM
+from anatomy_cli.analyses.params.rules import POSITION  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import ROUTED
+from anatomy_cli.analyses.params.rules import ROUTER  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import SHARED  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import TOKEN  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import TOKEN_TYPE  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import Family  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import classify  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import family_for  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.analyses.params.rules import memory_bytes  # noqa: F401 (re-exported: the breakdown's vocabulary)
+from anatomy_cli.models.bigmodel import compress_names  # noqa: F401 (parse_max_memory: re-exported)
+from anatomy_cli.models.bigmodel import parse_max_memory  # noqa: F401 (parse_max_memory: re-exported)
 
 # ---------------------------------------------------------------------------
 # The breakdown: rows, per-layer rows, the result
@@ -196,6 +196,21 @@ class _Tensor:
     index: int | None  # block number
     recognised: bool
     per_expert: dict[int, int] | None = None  # routed experts: expert index -> parameters
+
+
+def rule_notes(unrecognised: list[str], generic: bool, model_type: str, table: str | None = None) -> list[str]:
+    """The notes on tensors no rule matched (``table``: the family table they were matched against) and on a
+    model type with no table of its own; the headers and the meta count say them alike."""
+    notes = []
+    if unrecognised:
+        n = len(unrecognised)
+        against = f" of the '{table}' table" if table else ""
+        notes.append(f"{_plural(n, 'tensor')} matched no rule{against} and {'is' if n == 1 else 'are'} counted in "
+                     f"LayerNorm + other: {_short_list(unrecognised)}.")
+    if generic:
+        notes.append(f"model_type '{model_type}' has no rule table: the total is exact, the split into rows is "
+                     "best effort.")
+    return notes
 
 
 def _plural(n: int, word: str) -> str:

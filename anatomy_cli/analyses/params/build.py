@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Any = 
     CheckpointError (config.json missing or unreadable), UnsupportedArchitecture (unknown model_type).
     """
     from anatomy_cli.models.model_files import read_config
-    from anatomy_cli.models.resolve import config_path, resolve
+    from anatomy_cli.models.resolve import config_path
+    from anatomy_cli.models.resolve import resolve
 
     source = source or resolve(spec, need="config")
     if source.kind == "gguf":
@@ -53,7 +55,10 @@ def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Any = 
 def _auto_class_for(config: Any, trust_remote_code: bool):
     """The Auto class whose mapping holds this config's first listed architecture, or a sensible default head."""
     import transformers
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+    from transformers import AutoModel
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForMaskedLM
+    from transformers import AutoModelForSeq2SeqLM
     from transformers.models.auto import modeling_auto as ma
 
     heads = (

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.models.cachedir import cache_dir
-from anatomy_cli.models.resolve import Source, config_path
+from anatomy_cli.models.resolve import Source
+from anatomy_cli.models.resolve import config_path
 
 __all__ = ["cache_dir", "get", "key", "put"]
 
@@ -28,7 +29,8 @@ _FORMAT = 1
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version
 
     try:
         return version(package)

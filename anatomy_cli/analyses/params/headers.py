@@ -21,35 +21,36 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from anatomy_cli.analyses.params.breakdown import (
-    ATTENTION,
-    BLOCK_CATEGORIES,
-    CATEGORIES,
-    EMBEDDINGS,
-    FFN,
-    GENERIC,
-    HEAD,
-    LABELS,
-    NORM,
-    POSITION,
-    ROUTED,
-    ROUTER,
-    SHARED,
-    TOKEN,
-    TOKEN_TYPE,
-    ParamsResult,
-    Row,
-    _layer_rows,
-    _outside_rows,
-    _plural,
-    _short_list,
-    _Tensor,
-    classify,
-    family_for,
-    memory_bytes,
-)
+from anatomy_cli.analyses.params.breakdown import ATTENTION
+from anatomy_cli.analyses.params.breakdown import BLOCK_CATEGORIES
+from anatomy_cli.analyses.params.breakdown import CATEGORIES
+from anatomy_cli.analyses.params.breakdown import EMBEDDINGS
+from anatomy_cli.analyses.params.breakdown import FFN
+from anatomy_cli.analyses.params.breakdown import GENERIC
+from anatomy_cli.analyses.params.breakdown import HEAD
+from anatomy_cli.analyses.params.breakdown import LABELS
+from anatomy_cli.analyses.params.breakdown import NORM
+from anatomy_cli.analyses.params.breakdown import POSITION
+from anatomy_cli.analyses.params.breakdown import ROUTED
+from anatomy_cli.analyses.params.breakdown import ROUTER
+from anatomy_cli.analyses.params.breakdown import SHARED
+from anatomy_cli.analyses.params.breakdown import TOKEN
+from anatomy_cli.analyses.params.breakdown import TOKEN_TYPE
+from anatomy_cli.analyses.params.breakdown import ParamsResult
+from anatomy_cli.analyses.params.breakdown import Row
+from anatomy_cli.analyses.params.breakdown import _layer_rows
+from anatomy_cli.analyses.params.breakdown import _outside_rows
+from anatomy_cli.analyses.params.breakdown import _plural
+from anatomy_cli.analyses.params.breakdown import _Tensor
+from anatomy_cli.analyses.params.breakdown import classify
+from anatomy_cli.analyses.params.breakdown import family_for
+from anatomy_cli.analyses.params.breakdown import memory_bytes
+from anatomy_cli.analyses.params.breakdown import rule_notes
 from anatomy_cli.errors import CheckpointError
-from anatomy_cli.models.headers import TensorInfo, read_gguf, read_safetensors, safetensors_files
+from anatomy_cli.models.headers import TensorInfo
+from anatomy_cli.models.headers import read_gguf
+from anatomy_cli.models.headers import read_safetensors
+from anatomy_cli.models.headers import safetensors_files
 
 _GGUF_RULES = (
     (TOKEN, r"^token_embd\."),
@@ -183,13 +184,7 @@ def _result(spec, source, location, model_type, architecture, family_name, n_lay
     if tied:
         notes.append("The LM head shares the token embedding (tied weights): no separate head tensor; "
                      "it is counted once, under Token Embedding.")
-    if unrecognised:
-        n = len(unrecognised)
-        notes.append(f"{_plural(n, 'tensor')} matched no rule and {'is' if n == 1 else 'are'} counted in "
-                     f"LayerNorm + other: {_short_list(unrecognised)}.")
-    if family_rules is GENERIC:
-        notes.append(f"model_type '{model_type}' has no rule table: the total is exact, the split into rows is "
-                     "best effort.")
+    notes += rule_notes(unrecognised, family_rules is GENERIC, model_type)
     if any(t.category == ROUTED for t in tensors):
         notes.append("Mixture of experts: a header does not say how many experts a token uses; no active count.")
     dequantized = {d: memory_bytes(total, d) for d in DEQUANTIZED}

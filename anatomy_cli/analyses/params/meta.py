@@ -16,39 +16,38 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from anatomy_cli.analyses.params.breakdown import (
-    _EXPERT_INDEX_RE,
-    _LAYER_RE,
-    _N_EXPERTS_ATTRS,
-    _TOP_K_ATTRS,
-    ATTENTION,
-    BLOCK_CATEGORIES,
-    CATEGORIES,
-    DTYPE_BITS,
-    EMBEDDINGS,
-    FFN,
-    GENERIC,
-    HEAD,
-    LABELS,
-    NORM,
-    POSITION,
-    ROUTED,
-    TOKEN,
-    TOKEN_TYPE,
-    Family,
-    MoEInfo,
-    ParamsResult,
-    Row,
-    _fmt,
-    _layer_rows,
-    _outside_rows,
-    _plural,
-    _short_list,
-    _Tensor,
-    classify,
-    family_for,
-    memory_bytes,
-)
+from anatomy_cli.analyses.params.breakdown import _EXPERT_INDEX_RE
+from anatomy_cli.analyses.params.breakdown import _LAYER_RE
+from anatomy_cli.analyses.params.breakdown import _N_EXPERTS_ATTRS
+from anatomy_cli.analyses.params.breakdown import _TOP_K_ATTRS
+from anatomy_cli.analyses.params.breakdown import ATTENTION
+from anatomy_cli.analyses.params.breakdown import BLOCK_CATEGORIES
+from anatomy_cli.analyses.params.breakdown import CATEGORIES
+from anatomy_cli.analyses.params.breakdown import DTYPE_BITS
+from anatomy_cli.analyses.params.breakdown import EMBEDDINGS
+from anatomy_cli.analyses.params.breakdown import FFN
+from anatomy_cli.analyses.params.breakdown import GENERIC
+from anatomy_cli.analyses.params.breakdown import HEAD
+from anatomy_cli.analyses.params.breakdown import LABELS
+from anatomy_cli.analyses.params.breakdown import NORM
+from anatomy_cli.analyses.params.breakdown import POSITION
+from anatomy_cli.analyses.params.breakdown import ROUTED
+from anatomy_cli.analyses.params.breakdown import TOKEN
+from anatomy_cli.analyses.params.breakdown import TOKEN_TYPE
+from anatomy_cli.analyses.params.breakdown import Family
+from anatomy_cli.analyses.params.breakdown import MoEInfo
+from anatomy_cli.analyses.params.breakdown import ParamsResult
+from anatomy_cli.analyses.params.breakdown import Row
+from anatomy_cli.analyses.params.breakdown import _fmt
+from anatomy_cli.analyses.params.breakdown import _layer_rows
+from anatomy_cli.analyses.params.breakdown import _outside_rows
+from anatomy_cli.analyses.params.breakdown import _plural
+from anatomy_cli.analyses.params.breakdown import _short_list
+from anatomy_cli.analyses.params.breakdown import _Tensor
+from anatomy_cli.analyses.params.breakdown import classify
+from anatomy_cli.analyses.params.breakdown import family_for
+from anatomy_cli.analyses.params.breakdown import memory_bytes
+from anatomy_cli.analyses.params.breakdown import rule_notes
 from anatomy_cli.analyses.params.build import ResolvedConfig
 from anatomy_cli.errors import UsageError
 
@@ -257,13 +256,7 @@ def _notes(resolved, family, total, non_embedding, excluded, tied, unrecognised,
                  POSITION: "position embedding", TOKEN_TYPE: "token-type embedding", HEAD: "LM head"}
         names = [f"{t.name} ({roles[t.category]})" for t in excluded]
         notes.append(f"Non-embedding parameters: {_fmt(non_embedding)} = the total minus {_short_list(names, 6)}.")
-    if unrecognised:
-        n = len(unrecognised)
-        notes.append(f"{_plural(n, 'tensor')} matched no rule of the '{family.name}' table and "
-                     f"{'is' if n == 1 else 'are'} counted in LayerNorm + other: {_short_list(unrecognised)}.")
-    if family is GENERIC:
-        notes.append(f"model_type '{getattr(resolved.config, 'model_type', '')}' has no rule table: the total is "
-                     "exact, the split into rows is best effort.")
+    notes += rule_notes(unrecognised, family is GENERIC, getattr(resolved.config, "model_type", ""), family.name)
     if moe is not None:
         if moe.top_k is None:
             notes.append("Mixture of experts: the config does not say how many experts a token uses, "
@@ -293,8 +286,10 @@ def _input_weight_name(model: Any) -> str | None:
 def analyse_meta(spec, source, dtype, per_layer, trust_remote_code, max_memory) -> ParamsResult:
     import dataclasses
 
-    from anatomy_cli.analyses.params.build import build_meta_model, resolve_config
-    from anatomy_cli.analyses.params.placement import config_dtype, plan_placement
+    from anatomy_cli.analyses.params.build import build_meta_model
+    from anatomy_cli.analyses.params.build import resolve_config
+    from anatomy_cli.analyses.params.placement import config_dtype
+    from anatomy_cli.analyses.params.placement import plan_placement
 
     resolved = resolve_config(spec, trust_remote_code=trust_remote_code, source=source)
     model = build_meta_model(resolved.config, trust_remote_code=trust_remote_code)

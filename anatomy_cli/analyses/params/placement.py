@@ -6,7 +6,8 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from anatomy_cli.analyses.params.breakdown import Placement, memory_bytes
+from anatomy_cli.analyses.params.breakdown import Placement
+from anatomy_cli.analyses.params.breakdown import memory_bytes
 from anatomy_cli.models.bigmodel import compress_names
 
 
@@ -19,7 +20,9 @@ def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> 
     needs to be present. Modules that fit nowhere go to ``disk``.
     """
     import torch
-    from accelerate.utils import CustomDtype, get_balanced_memory, infer_auto_device_map
+    from accelerate.utils import CustomDtype
+    from accelerate.utils import get_balanced_memory
+    from accelerate.utils import infer_auto_device_map
 
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8,
                    "int4": CustomDtype.INT4}[dtype]

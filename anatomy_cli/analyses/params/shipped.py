@@ -17,7 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.analyses.params.breakdown import LayerRow, MoEInfo, ParamsResult, Row
+from anatomy_cli.analyses.params.breakdown import LayerRow
+from anatomy_cli.analyses.params.breakdown import MoEInfo
+from anatomy_cli.analyses.params.breakdown import ParamsResult
+from anatomy_cli.analyses.params.breakdown import Row
 from anatomy_cli.analyses.params.rules import memory_bytes
 
 DATA = Path(__file__).with_name("presets.json")

@@ -9,7 +9,8 @@ check (``passed`` None) says why in ``note``. Pure: no model, no engine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import torch

@@ -19,7 +19,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch

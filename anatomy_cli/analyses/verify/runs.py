@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from anatomy_cli import engine
-from anatomy_cli.engine.model import DTYPES, LoadedModel
+from anatomy_cli.engine.model import DTYPES
+from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.text.tokenization import Encoded
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from anatomy_cli.analyses.verify import checks as C
@@ -10,7 +11,9 @@ from anatomy_cli.analyses.verify.identities import identities
 from anatomy_cli.analyses.verify.known import known_answers
 from anatomy_cli.analyses.verify.llamacpp import against_llamacpp
 from anatomy_cli.analyses.verify.parity import parity
-from anatomy_cli.analyses.verify.precision import Reload, devices, precision
+from anatomy_cli.analyses.verify.precision import Reload
+from anatomy_cli.analyses.verify.precision import devices
+from anatomy_cli.analyses.verify.precision import precision
 from anatomy_cli.analyses.verify.runs import Runs
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.text.tokenization import Encoded

@@ -27,28 +27,34 @@ No torch at import time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
+from typing import Any
 
 import typer
 
-from anatomy_cli.output.render import Column, Format, Report, Section, emit, emit_jsonl, resolve_format
-from anatomy_cli.tasks.session import (  # noqa: F401  (the pipeline lives in the task layer)
-    bos_text,
-    describe,
-    dtype_name,
-    load_model,
-    load_weights,
-    model_label,
-    open_model,
-    open_prompts,
-    open_texts,
-    placement_line,
-    prompt_line,
-    prompt_record,
-    warn_cost,
-)
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Format
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import emit
+from anatomy_cli.output.render import emit_jsonl
+from anatomy_cli.output.render import resolve_format
+from anatomy_cli.tasks.session import bos_text  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import describe  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import dtype_name  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import load_model  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import load_weights  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import model_label  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import open_model  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import open_prompts  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import open_texts  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import placement_line  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import prompt_line  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import prompt_record  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.tasks.session import warn_cost  # noqa: F401  (the pipeline lives in the task layer)
 
 PromptArg = Annotated[str, typer.Argument(
     metavar="PROMPT", show_default=False,

@@ -3,31 +3,26 @@ see what happens to the target."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._attribution import CheckOpt, MethodOpt
-from anatomy_cli.cli.commands._common import (
-    PromptArg,
-    draw_and_emit,
-    load_weights,
-    open_prompts,
-)
-from anatomy_cli.cli.options import (
-    FirstTokenFoilOpt,
-    FoilIdOpt,
-    FoilOpt,
-    Output,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    output_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._attribution import CheckOpt
+from anatomy_cli.cli.commands._attribution import MethodOpt
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import draw_and_emit
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.cli.options import token_pair_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks._attribution import Method
+from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.tasks.ablate import AblateMode
 from anatomy_cli.text.options import PromptOptions
 
@@ -39,13 +34,10 @@ RunsPerForwardOpt = Annotated[int, typer.Option(
 @model_options()
 @prompt_options()
 @output_options()
+@token_pair_options()
 def ablate_command(
     prompt: PromptArg,
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
-    foil: FoilOpt = None,
-    foil_id: FoilIdOpt = None,
-    first_token: FirstTokenFoilOpt = False,
+    pair: TokenPair = TokenPair(),
     position: Annotated[int, typer.Option(
         "--position", "-p", metavar="N", help="Where to read the metric (0-based; negative from the end).")] = -1,
     heads: Annotated[bool, typer.Option(
@@ -85,7 +77,7 @@ def ablate_command(
     from anatomy_cli.output.views import ablate as view
     from anatomy_cli.tasks import ablate as task
 
-    opts = task.AblateOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+    opts = task.AblateOptions(**vars(pair),
                               position=position, heads=heads, mode=mode, method=method, check=check_n, layer=layer,
                               batch_size=batch_size)
     opened, encoded = open_prompts(prompt, spec, prompts)

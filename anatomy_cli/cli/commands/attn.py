@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated
+from typing import Any
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, emit_prompts, load_weights, open_prompts
-from anatomy_cli.cli.options import Output, model_options, output_options, prompt_options
+from anatomy_cli.cli.commands._common import BatchSizeOpt
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import emit_prompts
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
@@ -88,7 +97,8 @@ def _all_heads(lm, encoded, layers, heads, queries, batch_size):
     import torch
 
     from anatomy_cli import engine
-    from anatomy_cli.output.html.attn import block_factor, pool
+    from anatomy_cli.output.html.attn import block_factor
+    from anatomy_cli.output.html.attn import pool
 
     blocks = [block_factor(len(e), lm.n_layers * lm.n_heads, lm.is_causal) for e in encoded]
     exact: dict[tuple[int, int], Any] = {}

@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import (
-    PromptArg,
-    emit_prompts,
-    load_weights,
-    open_prompts,
-)
-from anatomy_cli.cli.options import (
-    FirstTokenFoilOpt,
-    FoilIdOpt,
-    FoilOpt,
-    Output,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    output_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import emit_prompts
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.cli.options import token_pair_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks.attribute import AttributionMethod, Baseline, Site
+from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks.attribute import AttributionMethod
+from anatomy_cli.tasks.attribute import Baseline
+from anatomy_cli.tasks.attribute import Site
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -33,13 +29,10 @@ from anatomy_cli.text.options import PromptOptions
 @model_options()
 @prompt_options()
 @output_options()
+@token_pair_options()
 def attribute_command(
     prompt: PromptArg,
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
-    foil: FoilOpt = None,
-    foil_id: FoilIdOpt = None,
-    first_token: FirstTokenFoilOpt = False,
+    pair: TokenPair = TokenPair(),
     method: Annotated[AttributionMethod, typer.Option(
         "--method", case_sensitive=False, help="saliency: gradient norm per token; input-x-gradient; "
         "integrated-gradients (--steps, --baseline); occlusion: drop or replace one token at a time, no "
@@ -103,7 +96,7 @@ def attribute_command(
     from anatomy_cli.tasks import attribute as task
 
     opts = task.AttributeOptions(
-        target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token, method=method,
+        **vars(pair), method=method,
         steps=steps, baseline=baseline, max_rel_error=max_rel_error, max_steps=max_steps,
         allow_unconverged=allow_unconverged, vary_first=vary_first, check=check, layer=layer, site=site,
         batch_size=batch_size)

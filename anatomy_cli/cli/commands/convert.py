@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
+from typing import Annotated
 
 import typer
 
-from anatomy_cli.cli.app import app, info, status
-from anatomy_cli.cli.commands._common import load_weights, open_model
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import info
+from anatomy_cli.cli.app import status
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_model
 from anatomy_cli.cli.options import model_options
-from anatomy_cli.errors import CheckpointError, UsageError
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:

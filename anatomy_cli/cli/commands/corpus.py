@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.options import (
-    AllowSpecialOpt,
-    FormatOpt,
-    PlotOpt,
-    model_options,
-)
+from anatomy_cli.cli.options import AllowSpecialOpt
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import PlotOpt
+from anatomy_cli.cli.options import model_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated
+from typing import Any
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt, emit_prompts, model_label
-from anatomy_cli.cli.options import (
-    Output,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    output_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._common import BatchSizeOpt
+from anatomy_cli.cli.commands._common import emit_prompts
+from anatomy_cli.cli.commands._common import model_label
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import TargetIdOpt
+from anatomy_cli.cli.options import TargetOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 

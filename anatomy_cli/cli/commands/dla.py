@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import (
-    BatchSizeOpt,
-    PromptArg,
-    draw_and_emit,
-    load_weights,
-    open_prompts,
-)
-from anatomy_cli.cli.options import (
-    FirstTokenFoilOpt,
-    FoilIdOpt,
-    FoilOpt,
-    Output,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    output_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._common import BatchSizeOpt
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import draw_and_emit
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.cli.options import token_pair_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks.dla import By, Sort
+from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks.dla import By
+from anatomy_cli.tasks.dla import Sort
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -34,13 +29,10 @@ from anatomy_cli.text.options import PromptOptions
 @model_options()
 @prompt_options()
 @output_options()
+@token_pair_options()
 def dla_command(
     prompt: PromptArg,
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
-    foil: FoilOpt = None,
-    foil_id: FoilIdOpt = None,
-    first_token: FirstTokenFoilOpt = False,
+    pair: TokenPair = TokenPair(),
     position: Annotated[Optional[int], typer.Option(
         "--position", "-p", metavar="N", show_default=False,
         help="The position whose logit is decomposed (0-based; negative counts from the end). "
@@ -83,7 +75,7 @@ def dla_command(
     from anatomy_cli.output.views import dla as view
     from anatomy_cli.tasks import dla as task
 
-    opts = task.DlaOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+    opts = task.DlaOptions(**vars(pair),
                            position=position, by=by, top=top, sort=sort, batch_size=batch_size)
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts, encoded)

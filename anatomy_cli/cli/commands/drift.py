@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import load_weights, open_texts
-from anatomy_cli.cli.options import (
-    Output,
-    model_options,
-    output_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks.drift import Pool
 from anatomy_cli.text.options import PromptOptions

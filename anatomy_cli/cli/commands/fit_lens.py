@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import load_weights, open_texts, read_prompts_file
-from anatomy_cli.cli.options import MODEL_OPTIONS, FormatOpt, model_options, prompt_options
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.commands._common import read_prompts_file
+from anatomy_cli.cli.options import MODEL_OPTIONS
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions

@@ -4,23 +4,27 @@ optionally steered by a vector (`anatomy steer`), with a coefficient sweep and a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import PromptArg, emit_prompts, load_weights, open_prompts
-from anatomy_cli.cli.options import (
-    FirstTokenOpt,
-    FormatOpt,
-    PlotOpt,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import emit_prompts
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import FirstTokenOpt
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import PlotOpt
+from anatomy_cli.cli.options import TargetIdOpt
+from anatomy_cli.cli.options import TargetOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output.render import Format, emit_jsonl, resolve_format
+from anatomy_cli.output.render import Format
+from anatomy_cli.output.render import emit_jsonl
+from anatomy_cli.output.render import resolve_format
 from anatomy_cli.text.options import PromptOptions
 
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated
+from typing import Any
+from typing import Optional
 
 import typer
 from typer.core import TyperCommand
 
-from anatomy_cli.cli.app import app, warn
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import warn
 from anatomy_cli.cli.options import FormatOpt
-from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import emit
 
 
 def _negative_number(arg: str) -> bool:
@@ -65,7 +71,9 @@ def layernorm(
 
         anatomy layernorm 3 1 2 --eps 0 --format json
     """
-    from anatomy_cli.analyses.layernorm import layer_norm, parse_list, parse_number
+    from anatomy_cli.analyses.layernorm import layer_norm
+    from anatomy_cli.analyses.layernorm import parse_list
+    from anatomy_cli.analyses.layernorm import parse_number
 
     result = layer_norm(
         [parse_number(v) for v in values or []],

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, emit_prompts, load_weights, open_prompts
-from anatomy_cli.cli.options import (
-    FirstTokenOpt,
-    Output,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    output_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._common import BatchSizeOpt
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import emit_prompts
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import FirstTokenOpt
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import TargetIdOpt
+from anatomy_cli.cli.options import TargetOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks.lens import Stat
 from anatomy_cli.text.options import PromptOptions
@@ -70,7 +73,8 @@ def lens_command(
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output import plots
-    from anatomy_cli.output.render import Format, resolve_format
+    from anatomy_cli.output.render import Format
+    from anatomy_cli.output.render import resolve_format
     from anatomy_cli.output.views import lens as view
     from anatomy_cli.tasks import lens as task
 

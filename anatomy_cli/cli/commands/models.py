@@ -3,13 +3,17 @@ transformers (the analysis reads headers only)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.options import FormatOpt
-from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import emit
 
 _COLUMNS = (
     Column("name", "model (--model)"),

@@ -7,21 +7,17 @@ from typing import Annotated
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import (
-    BatchSizeOpt,
-    PromptArg,
-    emit_prompts,
-    load_weights,
-    open_prompts,
-)
-from anatomy_cli.cli.options import (
-    FirstTokenOpt,
-    FormatOpt,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._common import BatchSizeOpt
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import emit_prompts
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import FirstTokenOpt
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import TargetIdOpt
+from anatomy_cli.cli.options import TargetOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.options import Output, TrustRemoteCodeOpt, output_options
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import TrustRemoteCodeOpt
+from anatomy_cli.cli.options import output_options
 from anatomy_cli.models.resolve import short_name
 
 
@@ -91,7 +94,11 @@ def _share_digits(shares: list[float]) -> int:
 
 def build_report(result, fmt=None):
     """The render.Report for a ParamsResult: the summary (or per-layer) table and the placement table."""
-    from anatomy_cli.output.render import Column, Format, Report, Section, resolve_format
+    from anatomy_cli.output.render import Column
+    from anatomy_cli.output.render import Format
+    from anatomy_cli.output.render import Report
+    from anatomy_cli.output.render import Section
+    from anatomy_cli.output.render import resolve_format
 
     data = result.to_dict()
     machine = resolve_format(fmt) is not Format.table
@@ -154,7 +161,8 @@ def _disk_cells(data, rows) -> dict:
 def _fit_bar(section):
     """Drop the bar column when the table would not fit the terminal with it: rich
     would otherwise shrink every column and cut the counts short."""
-    from anatomy_cli.output.render import Section, stdout_console
+    from anatomy_cli.output.render import Section
+    from anatomy_cli.output.render import stdout_console
 
     def width(column) -> int:
         if column.kind == "bar":
@@ -175,8 +183,12 @@ def _fit_bar(section):
 
 
 def _per_layer_section(result, lead, tail, total_row):
-    from anatomy_cli.analyses.params import ATTENTION, LABELS, LAYER_CATEGORIES, NORM
-    from anatomy_cli.output.render import Column, Section
+    from anatomy_cli.analyses.params import ATTENTION
+    from anatomy_cli.analyses.params import LABELS
+    from anatomy_cli.analyses.params import LAYER_CATEGORIES
+    from anatomy_cli.analyses.params import NORM
+    from anatomy_cli.output.render import Column
+    from anatomy_cli.output.render import Section
 
     present = {c for lr in result.layers for c, n in lr.parameters.items() if n}
     cats = [c for c in LAYER_CATEGORIES if c in present or c in (ATTENTION, NORM)]
@@ -197,7 +209,8 @@ def _per_layer_section(result, lead, tail, total_row):
 
 
 def _placement_section(placement, machine):
-    from anatomy_cli.output.render import Column, Section
+    from anatomy_cli.output.render import Column
+    from anatomy_cli.output.render import Section
 
     rows = [{"device": d["device"], "modules": ", ".join(d["modules"]), "parameters": d["parameters"],
              "memory_bytes": d["memory_bytes"], "budget_bytes": d["budget_bytes"]} for d in placement.devices]

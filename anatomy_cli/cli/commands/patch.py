@@ -7,22 +7,21 @@ from typing import Annotated
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._attribution import CheckOpt, MethodOpt
-from anatomy_cli.cli.commands._common import load_weights, open_texts
-from anatomy_cli.cli.options import (
-    FirstTokenFoilOpt,
-    FoilIdOpt,
-    FoilOpt,
-    Output,
-    TargetIdOpt,
-    TargetOpt,
-    model_options,
-    output_options,
-    prompt_options,
-)
+from anatomy_cli.cli.commands._attribution import CheckOpt
+from anatomy_cli.cli.commands._attribution import MethodOpt
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.options import Output
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import output_options
+from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.cli.options import token_pair_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output.render import Format, emit, resolve_format
+from anatomy_cli.output.render import Format
+from anatomy_cli.output.render import emit
+from anatomy_cli.output.render import resolve_format
 from anatomy_cli.tasks._attribution import Method
+from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.tasks.patch import PatchSite
 from anatomy_cli.text.options import PromptOptions
 
@@ -31,16 +30,13 @@ from anatomy_cli.text.options import PromptOptions
 @model_options()
 @prompt_options(truncate=False)
 @output_options()
+@token_pair_options()
 def patch_command(
     clean: Annotated[str, typer.Argument(metavar="CLEAN", show_default=False,
                                          help="The prompt whose activations are copied in.")],
     corrupt: Annotated[str, typer.Argument(metavar="CORRUPT", show_default=False,
                                            help="The prompt that is run and patched; same token count as CLEAN.")],
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
-    foil: FoilOpt = None,
-    foil_id: FoilIdOpt = None,
-    first_token: FirstTokenFoilOpt = False,
+    pair: TokenPair = TokenPair(),
     site: Annotated[PatchSite, typer.Option(
         "--site", case_sensitive=False, help="resid_pre: input of block l; attn_out / mlp_out: what block l's "
         "attention / MLP adds; head: one head at all positions (layer x head grid); resid_post: output of "
@@ -76,7 +72,7 @@ def patch_command(
     from anatomy_cli.tasks import patch as task
 
     task.check_texts(clean, corrupt)
-    opts = task.PatchOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
+    opts = task.PatchOptions(**vars(pair),
                              site=site, method=method, check=check_n, batch_size=batch_size)
     opened, (enc_clean, enc_corrupt) = open_texts([clean, corrupt], spec, prompts, truncate_hint=False)
     ids = task.check(opened, opts, enc_clean, enc_corrupt)

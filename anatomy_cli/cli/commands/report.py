@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, status, wrote
-from anatomy_cli.cli.commands._common import load_weights, model_label, open_texts
-from anatomy_cli.cli.options import model_options, prompt_options
-from anatomy_cli.errors import AnatomyError, UsageError
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import status
+from anatomy_cli.cli.app import wrote
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import model_label
+from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks.report import SECTIONS
 from anatomy_cli.text.options import PromptOptions

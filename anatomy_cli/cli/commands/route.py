@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt, PromptArg, draw_and_emit, load_weights, open_prompts
-from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
+from anatomy_cli.cli.commands._common import BatchSizeOpt
+from anatomy_cli.cli.commands._common import PromptArg
+from anatomy_cli.cli.commands._common import draw_and_emit
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import PlotOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app, click_command, info
+from anatomy_cli.cli.app import app
+from anatomy_cli.cli.app import click_command
+from anatomy_cli.cli.app import info
 from anatomy_cli.cli.options import FormatOpt
-from anatomy_cli.errors import AnatomyError, UsageError
-from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import UsageError
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import emit
 from anatomy_cli.serve import client
 
 JOB_COLUMNS = (Column("id", "id", "id"), Column("state", "state"), Column("since", "since"),
@@ -68,7 +75,8 @@ def serve_command(
         anatomy serve --cancel 3               # job 3 of serve --status
         anatomy serve --stop
     """
-    from anatomy_cli.serve import lifecycle, protocol
+    from anatomy_cli.serve import lifecycle
+    from anatomy_cli.serve import protocol
 
     path = socket_path.expanduser() if socket_path else protocol.socket_path()[0]
     if sum((status, stop, detach, cancel)) > 1:

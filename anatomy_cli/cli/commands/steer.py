@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt, load_weights, open_texts
-from anatomy_cli.cli.options import FormatOpt, model_options, prompt_options
+from anatomy_cli.cli.commands._common import BatchSizeOpt
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks.steer import SITES

@@ -3,14 +3,20 @@ unless ``--model`` is given (the analysis module is imported inside the command 
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.options import AllowSpecialOpt, BosOpt, FormatOpt
+from anatomy_cli.cli.options import AllowSpecialOpt
+from anatomy_cli.cli.options import BosOpt
+from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.errors import UsageError
-from anatomy_cli.output.render import Column, Report, Section, emit
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import emit
 
 _COLUMNS = (
     Column("index", "#", "int"),

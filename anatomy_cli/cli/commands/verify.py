@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING
+from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import load_weights, open_model, open_texts, read_prompts_file
-from anatomy_cli.cli.options import FormatOpt, PlotOpt, model_options, prompt_options
+from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_model
+from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.commands._common import read_prompts_file
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import PlotOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output.render import Format, emit, resolve_format
+from anatomy_cli.output.render import Format
+from anatomy_cli.output.render import emit
+from anatomy_cli.output.render import resolve_format
 from anatomy_cli.tasks.verify import Against
 from anatomy_cli.text.options import PromptOptions
 

@@ -14,7 +14,8 @@ import json
 import zlib
 from pathlib import Path
 
-from anatomy_cli.errors import CheckpointError, UsageError
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import UsageError
 
 NEURONPEDIA = "https://www.neuronpedia.org"
 

@@ -12,10 +12,13 @@ prefix is dropped. Gemma Scope's ``params.npz`` states no hook: its folder (``la
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
+from typing import Protocol
 
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.sites import Site, hook_name, parse_point
+from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import hook_name
+from anatomy_cli.models.sites import parse_point
 
 if TYPE_CHECKING:
     from anatomy_cli.models.info import ModelInfo

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from anatomy_cli.errors import CheckpointError, UsageError
+from anatomy_cli.errors import CheckpointError
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae import names
 
 Array = npt.NDArray[Any]

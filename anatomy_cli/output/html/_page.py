@@ -16,10 +16,16 @@ from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.offline import get_plotlyjs, get_plotlyjs_version
+from plotly.offline import get_plotlyjs
+from plotly.offline import get_plotlyjs_version
 
-from anatomy_cli.data import PLOTLY_CARTESIAN, PLOTLY_CARTESIAN_VERSION
-from anatomy_cli.output.html import UNTRAINED, Page, Part, esc, script_json
+from anatomy_cli.data import PLOTLY_CARTESIAN
+from anatomy_cli.data import PLOTLY_CARTESIAN_VERSION
+from anatomy_cli.output.html import UNTRAINED
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import Part
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import script_json
 
 # No button that leaves the page: plotly.js 4 calls its upload button "sendChartToCloud" (shown by default, it
 # offers to upload the figure to Plotly Cloud), older versions "sendDataToCloud"; "Edit in Chart Studio" too

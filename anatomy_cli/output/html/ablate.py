@@ -6,9 +6,16 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from anatomy_cli.output.html import Page, caption_page, esc, notes
-from anatomy_cli.output.html._charts import ATTN_COLOUR, MLP_COLOUR, bars, diverging
-from anatomy_cli.output.html._page import layout, plot
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html._charts import ATTN_COLOUR
+from anatomy_cli.output.html._charts import MLP_COLOUR
+from anatomy_cli.output.html._charts import bars
+from anatomy_cli.output.html._charts import diverging
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
 
 
 def figure(result: Any, n_heads: int, what: str, cap: Any) -> Page:

@@ -20,8 +20,16 @@ import numpy as np
 import plotly.graph_objects as go
 import torch
 
-from anatomy_cli.output.html import Page, Part, caption_page, notes, script_json, token
-from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import Part
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import script_json
+from anatomy_cli.output.html import token
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.html._page import ticks
 
 MAX_SHOWN = 512        # positions per axis at most; longer prompts are shown in blocks
 MAX_CELLS = 6_000_000  # stored weights over all heads (2 bytes each, 2.7 as base64): ~16 MB

@@ -7,9 +7,12 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from anatomy_cli.output.html import Page, caption_page, notes
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import notes
 from anatomy_cli.output.html._charts import clean
-from anatomy_cli.output.html._page import layout, plot
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
 
 
 def figure(result: Any, cap: Any) -> Page:

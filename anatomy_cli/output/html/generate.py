@@ -9,9 +9,16 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from anatomy_cli.output.html import Page, caption_page, esc, notes, token
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import token
 from anatomy_cli.output.html._charts import clean
-from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.html._page import ticks
 
 KL_COLOUR, SHIFT_COLOUR = "#4c72b0", "#dd8452"
 LENS_NOTE = ("each cell: the probability of the token chosen at that step under the logit lens "

@@ -8,8 +8,14 @@ from typing import Any
 import plotly.graph_objects as go
 
 from anatomy_cli.output import statistics
-from anatomy_cli.output.html import Page, caption_page, esc, notes
-from anatomy_cli.output.html._page import TOOLBAR_PX, heat_size, layout, plot
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html._page import TOOLBAR_PX
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
 
 SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
 _LABELS = {key: s.label for key, s in statistics.HEADS.items()}

@@ -14,8 +14,15 @@ from typing import Any
 import plotly.graph_objects as go
 
 from anatomy_cli.output import statistics
-from anatomy_cli.output.html import Page, caption_page, esc, notes, token
-from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import token
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.html._page import ticks
 
 TOP = 5  # tokens listed per cell in the hover text
 CELL_TEXT_COLUMNS = 40  # beyond this many positions the cells are too narrow to name their token

@@ -7,8 +7,12 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from anatomy_cli.output.html import Page, caption_page, esc, notes
-from anatomy_cli.output.html._page import layout, plot
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
 
 _COLOURS = {"token_embedding": "#4c72b0", "position_embedding": "#64b5cd", "attention": "#dd8452",
             "ffn": "#55a868", "router": "#8172b3", "routed_experts": "#55a868", "shared_experts": "#937860",

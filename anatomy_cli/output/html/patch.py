@@ -7,9 +7,15 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from anatomy_cli.output.html import Page, caption_page, notes, token
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import token
 from anatomy_cli.output.html._charts import diverging
-from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.html._page import ticks
 
 
 def figure(result: Any, clean: Sequence[str], corrupt: Sequence[str], what: str, cap: Any) -> Page:

@@ -13,13 +13,21 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from anatomy_cli.output.html import Page, Part, notes, table, text, token
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import Part
 from anatomy_cli.output.html import attn as attn_html
 from anatomy_cli.output.html import dla as dla_html
 from anatomy_cli.output.html import heads as heads_html
 from anatomy_cli.output.html import lens as lens_html
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import table
+from anatomy_cli.output.html import text
+from anatomy_cli.output.html import token
 from anatomy_cli.output.html import trace as trace_html
-from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.html._page import ticks
 
 EMBED_DIMS = 64  # dimensions of the embedding drawn (the hover gives each vector's norm over all of them)
 

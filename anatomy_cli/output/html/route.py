@@ -8,8 +8,14 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from anatomy_cli.output.html import Page, caption_page, notes, token
-from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import token
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.html._page import ticks
 from anatomy_cli.output.statistics import EXPERT_COLOURS as COLOURS
 
 PALETTE = len(COLOURS)

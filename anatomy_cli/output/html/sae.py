@@ -7,9 +7,17 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from anatomy_cli.output.html import Page, caption_page, esc, notes, token
-from anatomy_cli.output.html._page import heat_size, layout, plot, ticks
-from anatomy_cli.output.sae_scale import ColourScale, colour_scale
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import token
+from anatomy_cli.output.html._page import heat_size
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.html._page import ticks
+from anatomy_cli.output.sae_scale import ColourScale
+from anatomy_cli.output.sae_scale import colour_scale
 
 
 def figure(reading: Any, cap: Any) -> Page:

@@ -9,9 +9,15 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from anatomy_cli.output.html import Page, caption_page, esc, notes, token
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import token
 from anatomy_cli.output.html._charts import clean
-from anatomy_cli.output.html._page import TOOLBAR_PX, layout, plot
+from anatomy_cli.output.html._page import TOOLBAR_PX
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
 
 
 def figure(result: Any, cap: Any) -> Page:

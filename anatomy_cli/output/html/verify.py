@@ -7,9 +7,19 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from anatomy_cli.output.html import Page, caption_page, esc, notes, table, text
-from anatomy_cli.output.html._page import layout, plot
-from anatomy_cli.output.verify_rows import COLOURS, LIMIT_COLOUR, drawn, floor, points
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import table
+from anatomy_cli.output.html import text
+from anatomy_cli.output.html._page import layout
+from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.verify_rows import COLOURS
+from anatomy_cli.output.verify_rows import LIMIT_COLOUR
+from anatomy_cli.output.verify_rows import drawn
+from anatomy_cli.output.verify_rows import floor
+from anatomy_cli.output.verify_rows import points
 
 TALL_PX = 600  # a section's figure taller than this gets its x axis on top too
 

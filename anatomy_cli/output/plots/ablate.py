@@ -5,17 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import (
-    ATTN_COLOUR,
-    MLP_COLOUR,
-    as_array,
-    caption,
-    grouped_bars,
-    heatmap,
-    new_figure,
-    set_ticks,
-    symmetric_limit,
-)
+from anatomy_cli.output.plots._base import ATTN_COLOUR
+from anatomy_cli.output.plots._base import MLP_COLOUR
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grouped_bars
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import set_ticks
+from anatomy_cli.output.plots._base import symmetric_limit
 
 
 def figure(result: Any, n_heads: int, what: str, cap: Caption) -> Any:

@@ -6,14 +6,12 @@ import math
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import (
-    as_array,
-    caption,
-    grid_size,
-    heatmap,
-    new_figure,
-    token_label,
-)
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grid_size
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import token_label
 
 CMAP = "Blues"
 

@@ -9,7 +9,10 @@ from matplotlib import colormaps
 from matplotlib.colors import Normalize
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import _luminance, caption, new_figure, symmetric_limit
+from anatomy_cli.output.plots._base import _luminance
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import symmetric_limit
 from anatomy_cli.output.plots._text import token_label
 
 WIDTH = 10.0       # inches

@@ -9,7 +9,10 @@ from typing import Any
 from anatomy_cli.models.sites import residual_row
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figure
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
 
 # Each head grid: (its key in the corpus rows, the statistic it is)
 HEAD_SCORES = (("entropy_nats", statistics.HEADS["entropy"]), ("first_token", statistics.HEADS["first_token"]),

@@ -10,7 +10,12 @@ from matplotlib.ticker import MaxNLocator
 
 from anatomy_cli.models.sites import residual_row
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import as_array, caption, grid_size, heatmap, new_figure, set_ticks
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grid_size
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import set_ticks
 
 _LABELS = {"attention": "attention", "ffn": "FFN", "router": "router", "routed_experts": "routed experts",
            "shared_experts": "shared experts", "norm_other": "norms + other"}

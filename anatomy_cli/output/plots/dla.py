@@ -6,18 +6,16 @@ from typing import Any
 
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import (
-    ATTN_COLOUR,
-    MLP_COLOUR,
-    OTHER_COLOUR,
-    as_array,
-    caption,
-    grouped_bars,
-    heatmap,
-    new_figure,
-    set_ticks,
-    symmetric_limit,
-)
+from anatomy_cli.output.plots._base import ATTN_COLOUR
+from anatomy_cli.output.plots._base import MLP_COLOUR
+from anatomy_cli.output.plots._base import OTHER_COLOUR
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grouped_bars
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import set_ticks
+from anatomy_cli.output.plots._base import symmetric_limit
 
 
 def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Caption) -> Any:

@@ -6,14 +6,12 @@ import math
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import (
-    as_array,
-    caption,
-    heatmap,
-    new_figure,
-    set_ticks,
-    shorten,
-)
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import set_ticks
+from anatomy_cli.output.plots._base import shorten
 
 
 def figure(result: Any, cap: Caption) -> Any:

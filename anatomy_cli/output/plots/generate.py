@@ -7,7 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import as_array, caption, grid_size, heatmap, new_figure, token_label
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grid_size
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import token_label
 
 KL_COLOUR, SHIFT_COLOUR = "#4c72b0", "#dd8452"
 LENS_NOTE = ("each cell: the probability of the token chosen at that step under the logit lens "

@@ -10,7 +10,10 @@ from matplotlib.patches import Rectangle
 
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import as_array, caption, heatmap, new_figure
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
 
 SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
 _LABELS = {key: s.label for key, s in statistics.HEADS.items()}

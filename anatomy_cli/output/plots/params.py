@@ -7,7 +7,10 @@ from typing import Any
 from matplotlib.ticker import FuncFormatter
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import caption, drawable, new_figure, set_ticks
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import drawable
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import set_ticks
 
 # One colour per category of a block, the same in both panels.
 _COLOURS = {"token_embedding": "#4c72b0", "position_embedding": "#64b5cd", "attention": "#dd8452",

@@ -7,16 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from anatomy_cli.models.sites import DESCRIPTION, Site
+from anatomy_cli.models.sites import DESCRIPTION
+from anatomy_cli.models.sites import Site
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import (
-    as_array,
-    caption,
-    grid_size,
-    heatmap,
-    new_figure,
-    token_label,
-)
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grid_size
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import token_label
 
 
 def figure(result: Any, clean: Sequence[str], corrupt: Sequence[str], what: str, cap: Caption) -> Any:

@@ -6,7 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import as_array, caption, grid_size, heatmap, new_figure, token_label
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grid_size
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import token_label
 from anatomy_cli.output.statistics import EXPERT_COLOURS
 
 PALETTE = len(EXPERT_COLOURS)  # tab20: experts i and i + 20 share a colour; the cell names the expert

@@ -7,9 +7,15 @@ from typing import Any
 from matplotlib.patches import Rectangle
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import as_array, caption, grid_size, heatmap, new_figure
-from anatomy_cli.output.plots._text import shorten, token_label
-from anatomy_cli.output.sae_scale import ColourScale, colour_scale
+from anatomy_cli.output.plots._base import as_array
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import grid_size
+from anatomy_cli.output.plots._base import heatmap
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._text import shorten
+from anatomy_cli.output.plots._text import token_label
+from anatomy_cli.output.sae_scale import ColourScale
+from anatomy_cli.output.sae_scale import colour_scale
 
 LABEL_NOTES = 8  # feature labels written under the picture at most
 

@@ -6,7 +6,11 @@ import math
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import caption, new_figure, set_ticks, thin, token_label
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.plots._base import set_ticks
+from anatomy_cli.output.plots._base import thin
+from anatomy_cli.output.plots._base import token_label
 
 
 def figure(result: Any, cap: Caption) -> Any:

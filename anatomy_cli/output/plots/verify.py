@@ -6,8 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
-from anatomy_cli.output.plots._base import caption, drawable, new_figure
-from anatomy_cli.output.verify_rows import COLOURS, LIMIT_COLOUR, drawn, floor, points
+from anatomy_cli.output.plots._base import caption
+from anatomy_cli.output.plots._base import drawable
+from anatomy_cli.output.plots._base import new_figure
+from anatomy_cli.output.verify_rows import COLOURS
+from anatomy_cli.output.verify_rows import LIMIT_COLOUR
+from anatomy_cli.output.verify_rows import drawn
+from anatomy_cli.output.verify_rows import floor
+from anatomy_cli.output.verify_rows import points
 
 ROW_INCHES = 0.17
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
 
 
 def extend(report: Report, extra: Any | None, *, grid: bool = False) -> Report:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
 from anatomy_cli.output.views._attribution import extend
-from anatomy_cli.tasks.session import describe, model_label, prompt_line, prompt_record
+from anatomy_cli.tasks.session import describe
+from anatomy_cli.tasks.session import model_label
+from anatomy_cli.tasks.session import prompt_line
+from anatomy_cli.tasks.session import prompt_record
 from anatomy_cli.text import records as text_records
 
 COLUMNS = (Column("layer", "layer", "int"), Column("component", "component"), Column("head", "head", "int"),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks.session import model_label
 

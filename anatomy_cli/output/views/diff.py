@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import prompt_line
 
 WEIGHT_COLUMNS = (

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
-from anatomy_cli.tasks.session import bos_text, dtype_name, model_label
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.tasks.session import bos_text
+from anatomy_cli.tasks.session import dtype_name
+from anatomy_cli.tasks.session import model_label
 
 ROWS = "layers"
 BASELINE_NOTE = ("baseline: mean cosine between the word and every other token of its own context "

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.tasks.fit_lens import JacobianFit, MergedLens
+    from anatomy_cli.tasks.fit_lens import JacobianFit
+    from anatomy_cli.tasks.fit_lens import MergedLens
 
 COLUMNS = (Column("block", "block", "int"), Column("identity_distance", "‖J − I‖/√d", "float", 4),
            Column("frobenius", "‖J‖", "float", 3))

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
-from anatomy_cli.tasks.session import model_label, prompt_line, prompt_record
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.tasks.session import model_label
+from anatomy_cli.tasks.session import prompt_line
+from anatomy_cli.tasks.session import prompt_record
 
 HOVER_TOP = 5  # top tokens per cell in an HTML page's hover text
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
 from anatomy_cli.output.views._attribution import extend
 from anatomy_cli.output.views.ablate import token_record
 from anatomy_cli.tasks.records import model_record
-from anatomy_cli.tasks.session import model_label, prompt_line
+from anatomy_cli.tasks.session import model_label
+from anatomy_cli.tasks.session import prompt_line
 
 CELL_COLUMNS = (Column("layer", "layer", "int"), Column("position", "position", "int"),
                 Column("head", "head", "int"), Column("value", "value", "float", 3),

@@ -3,16 +3,22 @@ per verify section with every row (``--detail``; tsv and csv always), the JSON r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
-from anatomy_cli.output.render import Column, Report, Section
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
-    from anatomy_cli.analyses.verify.checks import Check, SectionResult, Verification
+    from anatomy_cli.analyses.verify.checks import Check
+    from anatomy_cli.analyses.verify.checks import SectionResult
+    from anatomy_cli.analyses.verify.checks import Verification
     from anatomy_cli.analyses.verify.suite import Plan
-    from anatomy_cli.engine import Encoded, LoadedModel
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COLUMNS = (
     Column("check", "check"),
