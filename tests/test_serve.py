@@ -343,12 +343,14 @@ def test_stop_answers_in_json_when_asked(tmp_path):
 
 
 def test_every_weight_command_is_answered_as_in_process(server, cached_load, tmp_path, monkeypatch):
-    # report, diff, corpus, verify, generate, steer and sae (issue 42 item 5): served == in-process,
+    # report, diff, corpus, verify, generate, steer, sae (issue 42 item 5) and fit-lens: served == in-process,
     # stdout and the files they write.
     sock, model = server
     monkeypatch.chdir(tmp_path)
     (tmp_path / "one.txt").write_text("Hi there\n", encoding="utf-8")
     (tmp_path / "corpus.txt").write_text("The cat sat on the mat. " * 8, encoding="utf-8")
+    (tmp_path / "long.txt").write_text("The cat sat on the mat and looked at the dog that sat by the door. " * 2,
+                                       encoding="utf-8")
     sae = Path(__file__).parent / "fixtures" / "sae" / "saelens-standard"
     m = ["--model", str(model)]
     jobs = [
@@ -360,6 +362,8 @@ def test_every_weight_command_is_answered_as_in_process(server, cached_load, tmp
         (["steer", *m, "--positive", "I love it", "--negative", "I hate it", "--layer", "1", "--out", "v.safetensors"],
          ["v.safetensors"]),
         (["sae", "Hi there", "--sae", str(sae), *m], []),
+        (["fit-lens", "jacobian", "--prompts", "long.txt", *m, "--dim-batch", "64", "--out", "j.pt", "--overwrite"],
+         []),
     ]
     for args, files in jobs:
         assert client.wants_server(args), args
