@@ -5,12 +5,8 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf import GGUFReader
-from gguf import GGUFValueType
-from gguf import GGUFWriter
-from gguf.quants import dequantize
-from gguf.quants import quantize
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import dequantize, quantize
 
 
 def requantize(src, out, type_name="Q8_0"):

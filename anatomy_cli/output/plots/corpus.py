@@ -87,8 +87,8 @@ def _row_ticks(ax: Any, rows: Any) -> None:
     step = max(1, math.ceil(len(rows) / 13))
     blocks = rows[1:][::-1][::step][::-1]  # every step-th block, the last one always named
     # ``embed`` is wider than a number: the first block tick keeps its distance from it.
-    blocks = [r for r in blocks if residual_row(r["layer"]) >= max(2, 1.5 * step)]
-    shown = rows[:1] + blocks
+    blocks = [r for r in blocks if step == 1 or residual_row(r["layer"]) >= 1.5 * step]
+    shown = [*rows[:1], *blocks]
     ax.set_xticks([residual_row(r["layer"]) for r in shown], [str(r["layer"]) for r in shown])
 
 
