@@ -241,3 +241,17 @@ def test_trace_reads_the_same_fitted_lens_as_lens(tiny_lm, tiny_model_dir, tmp_p
     assert res.exit_code == 2 and "/nope.pt does not exist" in res.output, res.output
     res = runner.invoke(app, ["trace", PROMPT, "--model", model, "--lens", f"jacobian:{path}", "--format", "table"])
     assert res.exit_code == 0 and "no reading for embed" in res.output, res.output
+
+
+def test_a_missing_lens_path_is_refused_by_the_options_before_any_model_opens(tmp_path):
+    # the options are built before the model is opened (tasks/lens.py, tasks/trace.py): no config is read first
+    from anatomy_cli.errors import UsageError
+    from anatomy_cli.tasks.lens import LensOptions
+    from anatomy_cli.tasks.trace import TraceOptions
+
+    for options in (LensOptions, TraceOptions):
+        with pytest.raises(UsageError, match="nope.pt does not exist"):
+            options(lens=f"jacobian:{tmp_path / 'nope.pt'}")
+        with pytest.raises(UsageError, match="a tuned lens is a directory"):
+            (tmp_path / "file").write_text("x")
+            options(lens=f"tuned:{tmp_path / 'file'}")

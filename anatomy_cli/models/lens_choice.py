@@ -30,4 +30,9 @@ def parse(text: str | None) -> LensChoice:
     if kind not in ("tuned", "jacobian") or not sep or not path:
         raise UsageError(f"--lens {text!r}: use logit, tuned:DIR (a tuned-lens directory) or jacobian:FILE "
                          "(a Jacobian lens .pt file)")
-    return LensChoice(kind, Path(path).expanduser())
+    where = Path(path).expanduser()
+    if kind == "jacobian" and not where.is_file() or kind == "tuned" and not where.is_dir():
+        # before anything opens: a path that is not there needs no model to be refused
+        what = "a Jacobian lens is a file" if kind == "jacobian" else "a tuned lens is a directory"
+        raise UsageError(f"--lens: {path} does not exist" if not where.exists() else f"--lens {text}: {what}")
+    return LensChoice(kind, where)
