@@ -277,3 +277,11 @@ def test_calling_generate_imports_no_typer(tiny_model_dir):
             "print(json.dumps([x for x in ('typer', 'rich') if x in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_tasks_warning_reaches_stderr_from_the_api(tiny_model_dir, capsys):
+    # the API installs the stderr sink as the CLI does: --bos on a prompt that starts with BOS is said, not swallowed
+    lm = anatomy.load(str(tiny_model_dir("gpt2")))
+    capsys.readouterr()
+    anatomy.next_token(lm, "<|endoftext|>Thank you", prompts=anatomy.PromptOptions(bos=True, allow_special=True))
+    assert "warning: prompt already starts with the BOS token" in capsys.readouterr().err

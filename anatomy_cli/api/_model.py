@@ -8,6 +8,8 @@ from typing import Any
 from typing import Union
 
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.sink import STDERR
+from anatomy_cli.tasks import notes
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -15,6 +17,10 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
 
 Model = Union["LoadedModel", ModelSpec, str]
+
+# What the tasks say (warnings, notes) reaches a notebook's stderr as it reaches the CLI's, unless a caller hands
+# its own Notes with tasks.notes.using_notes (tests/test_api.py).
+notes.set_default(STDERR)
 
 __all__ = ["LoadedModel", "ModelSpec", "PromptOptions", "load"]
 
