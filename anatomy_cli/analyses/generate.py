@@ -66,13 +66,13 @@ class Step:
     step: int
     chosen: TokenProb
     top: tuple[TokenProb, ...]
-    lens: tuple[float, ...] | None = None
+    lens: tuple[float | None, ...] | None = None  # None at a block a fitted lens was not fitted at
     first_top1_layer: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"step": self.step, **self.chosen.to_dict(), "top": [t.to_dict() for t in self.top]}
         if self.lens is not None:
-            out["lens"] = list(self.lens)
+            out["lens"] = list(self.lens)  # null where a fitted lens has no reading
             out["first_top1_layer"] = self.first_top1_layer
         return out
 
@@ -87,7 +87,7 @@ def steps(logits: torch.Tensor, tokens: Sequence[int], k: int, describe: Describ
         chosen = _token_prob(rank_of(logp, token), token, float(logp[token]), describe)
         lens = first = None
         if lens_logprob is not None and lens_top is not None:
-            lens = tuple(math.exp(x) for x in lens_logprob[s].tolist())
+            lens = tuple(None if math.isnan(x) else math.exp(x) for x in lens_logprob[s].tolist())
             hits = [layer for layer, t in enumerate(lens_top[s].tolist()) if t == token]
             first = hits[0] if hits else None
         out.append(Step(s, chosen, top_k(logp, k, describe), lens, first))

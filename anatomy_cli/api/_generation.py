@@ -18,15 +18,15 @@ One = Result | list[Result]
 
 def generate(model: Model, prompt: str | list[str], *, max_new_tokens: int = 20, sample: bool = False,
              temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, k: int = 5,
-             lens: bool = False, steer: str | Path | None = None, coef: float | list[float] | None = None,
+             lens: bool | str | None = False, steer: str | Path | None = None, coef: float | list[float] | None = None,
              steer_feature: int | None = None, sae: str | Path | None = None, check: bool = False,
              target: str | None = None, target_id: int | None = None, first_token: bool = False,
              prompts: PromptOptions = PromptOptions()) -> One:
     """`anatomy generate`: the continuation token by token through the KV cache. ``steer`` (a vector file of
     ``steer(out=...)`` or a llama.cpp control vector), or ``steer_feature`` with ``sae`` (an SAE feature's
     decoder row), adds ``coef`` times it at every position; a list of coefficients is a sweep. ``result``:
-    Continuation (rows: ``steps``) or, for a sweep, Sweep (rows: ``sweep``). ``plot()`` draws the sweep or, with
-    ``lens``, the block x step grid."""
+    Continuation (rows: ``steps``) or, for a sweep, Sweep (rows: ``sweep``). ``lens``: True (the logit lens),
+    ``"tuned:DIR"`` or ``"jacobian:FILE"``. ``plot()`` draws the sweep or, with ``lens``, the block x step grid."""
     from anatomy_cli.output.views import generate as view
     from anatomy_cli.tasks import generate as task
 

@@ -17,6 +17,7 @@ from typing import Annotated
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
 from typer.core import TyperGroup
 
 # Typer >= 0.20 vendors click as typer._click; its exception classes live there.
@@ -39,6 +40,20 @@ _state = {"debug": bool(os.environ.get("ANATOMY_DEBUG"))}
 
 def debug_enabled() -> bool:
     return _state["debug"]
+
+
+class LensValueOptional(TyperCommand):
+    """A command whose ``--lens`` may be given bare (click's ``flag_value``, which typer's parser lacks): a bare
+    ``--lens``, last or before another option, is ``--lens logit``; ``--lens tuned:DIR`` names a fitted lens."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        out = list(args)
+        for i, arg in enumerate(out):
+            if arg == "--":
+                break
+            if arg == "--lens" and (i + 1 == len(out) or out[i + 1].startswith("-") and len(out[i + 1]) > 1):
+                out[i] = "--lens=logit"
+        return super().parse_args(ctx, out)
 
 
 def _plain_metavars(command: Any) -> None:

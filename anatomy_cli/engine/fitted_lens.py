@@ -69,6 +69,17 @@ class FittedLens:
             out.append((x + y if self.residual else y).to(h.dtype))
         return torch.stack(out)
 
+    def read_blocks(self, blocks: torch.Tensor) -> torch.Tensor:
+        """``blocks [n_layers, d_model]``: each block's raw output at one position -> the same shape in the last
+        block's basis; a block the lens was not fitted at is NaN (the ``embed`` row is not read here)."""
+        full = torch.cat([torch.zeros_like(blocks[:1]), blocks])[:, None, :]  # rows 0 (embed) .. n_layers
+        mapped = self.transform(full)[:, 0]
+        out = torch.full_like(blocks, float("nan"))
+        for i, row in enumerate(self.rows):
+            if row >= 1:
+                out[row - 1] = mapped[i]
+        return out
+
 
 def open_lens(choice: LensChoice, *, d_model: int, n_layers: int) -> FittedLens | None:
     """The lens ``choice`` names, checked against a model of ``d_model`` and ``n_layers`` blocks (None for the

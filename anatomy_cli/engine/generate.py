@@ -85,8 +85,12 @@ def stop_ids(lm: LoadedModel) -> tuple[int, ...]:
 
 def generate(lm: LoadedModel, prompt: Sequence[int], *, max_new_tokens: int, choose: Choose = greedy,
              stop: Iterable[int] = (), hooks: Mapping[str, HookFn] | None = None, lens: bool = False,
-             use_cache: bool = True, progress: Callable[[int, int], None] | None = None) -> Generation:
+             use_cache: bool = True, progress: Callable[[int, int], None] | None = None,
+             lens_map: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Generation:
     """Continue ``prompt`` (token ids) by up to ``max_new_tokens`` tokens; see the module docstring.
+
+    ``lens_map``: with ``lens``, a fitted lens' reading of the block outputs ``[n_layers, d_model]`` before the
+    unembed (:meth:`FittedLens.read_blocks`; NaN rows, the blocks it was not fitted at, read NaN with top -1).
 
     ``progress(done, max_new_tokens)`` is called after each new token (a status line; it may raise to stop).
 
@@ -125,7 +129,7 @@ def generate(lm: LoadedModel, prompt: Sequence[int], *, max_new_tokens: int, cho
             token = int(choose(logits))
             rows.append(logits)
             if store is not None:
-                lp, top = _lens_step(lm, store, token)
+                lp, top = _lens_step(lm, store, token, lens_map)
                 lens_lp.append(lp)
                 lens_top.append(top)
             ids.append(token)
@@ -142,9 +146,18 @@ def generate(lm: LoadedModel, prompt: Sequence[int], *, max_new_tokens: int, cho
                       lens_top=torch.stack(lens_top) if lens else None)
 
 
-def _lens_step(lm: LoadedModel, store: dict[str, torch.Tensor], token: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logit lens of each block's output at the newest position: ``token``'s log-probability and the top-1
-    id per layer, ``[n_layers]`` each."""
+def _lens_step(lm: LoadedModel, store: dict[str, torch.Tensor], token: int,
+               lens_map: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lens of each block's output at the newest position (the logit lens, or ``lens_map`` then the
+    unembed): ``token``'s log-probability and the top-1 id per layer, ``[n_layers]`` each."""
     resid = torch.stack([store[name][0, -1] for name in layer_names(lm, "resid_post")])  # [n_layers, d_model]
-    logp = torch.log_softmax(unembed(lm, resid).to("cpu", torch.float64), dim=-1)
-    return logp[:, token], logp.argmax(dim=-1)
+    if lens_map is None:
+        logp = torch.log_softmax(unembed(lm, resid).to("cpu", torch.float64), dim=-1)
+        return logp[:, token], logp.argmax(dim=-1)
+    mapped = lens_map(resid)
+    read = torch.isfinite(mapped).all(dim=-1).cpu()
+    rows = torch.log_softmax(unembed(lm, mapped[read.to(mapped.device)]).to("cpu", torch.float64), dim=-1)
+    logp = torch.full((len(resid), rows.shape[-1]), float("nan"), dtype=torch.float64)
+    logp[read] = rows
+    top = torch.where(read, torch.nan_to_num(logp, nan=-torch.inf).argmax(dim=-1), -1)
+    return logp[:, token], top

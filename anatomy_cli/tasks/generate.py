@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.generate import Sweep
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.fitted_lens import FittedLens
     from anatomy_cli.engine.generate import Generation
     from anatomy_cli.engine.steering import SteeringVector
 
@@ -77,12 +78,13 @@ class SamplingOptions:
 @dataclass(frozen=True)
 class GenerateOptions:
     """``max_new_tokens``: stop after N (or at EOS); ``k``: top tokens per step; ``lens``: the chosen token under
-    the logit lens of every block; ``check``: replay without the KV cache; ``target``/``target_id``/
-    ``first_token``: a sweep's token whose log-probability shift is reported."""
+    the lens of every block (``logit``, ``tuned:DIR`` or ``jacobian:FILE``; True: logit; None/False: none);
+    ``check``: replay without the KV cache; ``target``/``target_id``/``first_token``: a sweep's token whose
+    log-probability shift is reported."""
 
     max_new_tokens: int = 20
     k: int = 5
-    lens: bool = False
+    lens: str | bool | None = None  # after __post_init__: the lens' text or None
     check: bool = False
     target: str | None = None
     target_id: int | None = None
@@ -91,6 +93,11 @@ class GenerateOptions:
     steering: SteeringOptions = field(default_factory=SteeringOptions)
 
     def __post_init__(self) -> None:
+        from anatomy_cli.models import lens_choice
+
+        lens = self.lens
+        text = None if lens is None or lens is False else "logit" if lens is True else lens_choice.parse(lens).text
+        object.__setattr__(self, "lens", text)  # UsageError for a bad --lens, a missing file or directory
         if self.max_new_tokens < 1:
             raise UsageError("--max-new-tokens takes a whole number of at least 1")
         if self.k < 1:
@@ -98,6 +105,11 @@ class GenerateOptions:
         targets.check_first_token(self.first_token, self.wanted)
         if self.wanted is not None and len(self.coefs) < 2:
             raise UsageError("--target is for a coefficient sweep (--steer FILE --coef -4,0,4)")
+
+    @property
+    def lens_text(self) -> str | None:
+        """``logit``, ``tuned:DIR``, ``jacobian:FILE``, or None (no lens)."""
+        return self.lens if isinstance(self.lens, str) else None
 
     @property
     def wanted(self) -> targets.TokenChoice | None:
@@ -126,6 +138,7 @@ class GeneratePlan:
     target_id: int | None
     vector: SteeringVector | None
     steer: dict[str, Any] | None  # the record's ``steer`` key
+    fitted: FittedLens | None = None  # --lens tuned:DIR / jacobian:FILE, checked against the model
 
 
 def check(opened: Any, opts: GenerateOptions) -> GeneratePlan:
@@ -140,7 +153,18 @@ def check(opened: Any, opts: GenerateOptions) -> GeneratePlan:
     target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
                                                             vocab_size=opened.info.lm_head_rows)
     found = steering_vector(opened, opts.steering)
-    return GeneratePlan(target_id, found, steering_record(opts.steering, found))
+    return GeneratePlan(target_id, found, steering_record(opts.steering, found), fitted_lens(opened, opts.lens_text))
+
+
+def fitted_lens(opened: Any, lens: str | None) -> FittedLens | None:
+    """The fitted lens ``--lens`` names (None: none, or the logit lens), checked against ``opened``'s width and
+    block count from its header before the weights load."""
+    from anatomy_cli.engine import fitted_lens as fitted
+    from anatomy_cli.models import lens_choice
+
+    if lens is None:
+        return None
+    return fitted.open_lens(lens_choice.parse(lens), d_model=opened.info.d_model, n_layers=opened.info.n_layers)
 
 
 @dataclass(frozen=True)
@@ -164,6 +188,7 @@ class Settings:
     vector: SteeringVector | None
     stop: tuple[int, ...]
     progress: Callable[[int, int], None] | None = None  # after each token: the status line (and cancellation)
+    lens_map: Callable[[torch.Tensor], torch.Tensor] | None = None  # a fitted lens' reading of the blocks
     overflowed: set[float] = field(default_factory=set)
 
 
@@ -171,7 +196,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: Ge
     from anatomy_cli.engine.generate import stop_ids
     from anatomy_cli.tasks.session import describe
 
-    s = Settings(opts.sampling.chooser(), opts.max_new_tokens, opts.k, opts.lens, plan.vector, stop_ids(lm))
+    s = Settings(opts.sampling.chooser(), opts.max_new_tokens, opts.k, opts.lens is not None, plan.vector,
+                 stop_ids(lm), lens_map=None if plan.fitted is None else plan.fitted.read_blocks)
     described = describe(lm)
     out = []
     for index, enc in enumerate(encoded):
@@ -240,7 +266,7 @@ def run_one(lm: LoadedModel, ids: list[int], s: Settings, coef: float, *, lens: 
 
     g = generate(lm, ids, max_new_tokens=s.max_new_tokens, choose=s.choose(), stop=s.stop,
                  hooks=steering_hooks(s, coef), lens=s.lens if lens is None else lens, use_cache=use_cache,
-                 progress=s.progress)
+                 progress=s.progress, lens_map=s.lens_map)
     if s.vector is not None and not bool(torch.isfinite(g.logits).all()):
         s.overflowed.add(coef)
     return g

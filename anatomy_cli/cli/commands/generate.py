@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from anatomy_cli.cli.app import LensValueOptional
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import emit_prompts
@@ -28,7 +29,7 @@ from anatomy_cli.output.render import resolve_format
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("generate")
+@app.command("generate", cls=LensValueOptional)
 @model_options()
 @prompt_options()
 def generate_command(
@@ -40,9 +41,10 @@ def generate_command(
     top_p: Annotated[float, typer.Option("--top-p", help="With --sample: nucleus sampling's mass.")] = 1.0,
     seed: Annotated[Optional[int], typer.Option("--seed", help="With --sample: fix the random draws.")] = None,
     k: Annotated[int, typer.Option("--top", "-k", min=1, metavar="N", help="Top tokens listed per step.")] = 5,
-    lens: Annotated[bool, typer.Option("--lens", help="Per step: the chosen token's probability under the "
-                                       "logit lens of every block, and the first block that ranks it first.")]
-    = False,
+    lens: Annotated[Optional[str], typer.Option(
+        "--lens", metavar="[logit|tuned:DIR|jacobian:FILE]", show_default=False,
+        help="Per step: the chosen token's probability under a lens at every block, and the first block that ranks "
+        "it first. A bare --lens is the logit lens; tuned:DIR or jacobian:FILE a fitted lens.")] = None,
     steer: Annotated[Optional[Path], typer.Option("--steer", metavar="FILE", show_default=False,
                                                   help="Add a steering vector (`anatomy steer --out`, or a "
                                                   "llama.cpp control vector .gguf) at every position.")] = None,

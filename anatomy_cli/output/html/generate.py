@@ -67,7 +67,8 @@ def _lens(c: Any) -> Any:
     z = c.lens_grid()
     n_rows, n_cols = len(z), len(c.steps)
     labels = [token(st.chosen.token, 12) for st in c.steps]
-    hover = [[f"step {s}: {token(c.steps[s].chosen.token, 24)}<br>block {b}<br>probability {z[b][s]:.4f}"
+    hover = [[f"step {s}: {token(c.steps[s].chosen.token, 24)}<br>block {b}<br>"
+              + ("not fitted: no reading" if z[b][s] is None else f"probability {z[b][s]:.4f}")
               for s in range(n_cols)] for b in range(n_rows)]
     heat = go.Heatmap(z=z, customdata=hover, hovertemplate="%{customdata}<extra></extra>", colorscale="Viridis",
                       zmin=0.0, zmax=1.0, xgap=1, ygap=1,

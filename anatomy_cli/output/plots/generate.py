@@ -15,8 +15,9 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import token_label
 
 KL_COLOUR, SHIFT_COLOUR = "#4c72b0", "#dd8452"
-LENS_NOTE = ("each cell: the probability of the token chosen at that step under the logit lens "
-             "softmax(unembed(final_norm(h))) of that block's output; the last block's is the model's own")
+LENS_NOTE = ("each cell: the probability of the token chosen at that step under the lens of that block's output "
+             "(the logit lens softmax(unembed(final_norm(h))), or a fitted lens' map first; blank: a block the "
+             "fitted lens was not fitted at); the last block's is the model's own")
 
 
 def figure(result: Any, cap: Caption) -> Any:

@@ -48,7 +48,7 @@ def _steps_section(c: Any, lens: bool) -> Section:
 def report(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> Report:
     """One prompt's report: the prompt record, ``sampling``, ``steer``, then the steps or the sweep (and
     ``check`` with ``opts.check``). ``out``: the task's Generated."""
-    data = {**prompt_record(lm, enc), "sampling": opts.sampling.record(), "steer": plan.steer}
+    data = {**prompt_record(lm, enc), "sampling": opts.sampling.record(), "steer": plan.steer, "lens": opts.lens_text}
     data.update(out.result.to_dict())
     heading = [f"generate · {model_label(lm)}", prompt_line(enc)]
     if plan.steer is not None:
@@ -56,7 +56,7 @@ def report(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> Report:
     if opts.sweep:
         sections = [Section(SWEEP_COLUMNS, data["sweep"], title="coefficient sweep")]
     else:
-        sections = [_steps_section(out.result, opts.lens)]
+        sections = [_steps_section(out.result, opts.lens is not None)]
         heading.append(f"continuation {out.result.text!r} · stopped: {out.result.stopped}")
     lines = []
     if opts.check:
@@ -81,7 +81,7 @@ def jsonl_rows(enc: Any, data: dict[str, Any], opts: Any) -> list[dict[str, Any]
 
 
 def drawable(opts: Any) -> bool:
-    return opts.sweep or opts.lens
+    return opts.sweep or opts.lens is not None
 
 
 def figure(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -96,7 +96,8 @@ def figure(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> tuple[tuple[Any
                                           f"{', '.join(map(str, vector.layers))}"
         detail = f"steering {where} · coefficients {', '.join(f'{c:g}' for c in coefs)}"
     else:
-        detail = f"logit lens of every block at each of {len(result.steps)} steps"
+        which = (opts.lens_text or "logit").partition(":")[0]
+        detail = f"{which} lens of every block at each of {len(result.steps)} steps"
         if vector is not None:
             detail += f" · steered, coefficient {coefs[0]:g}"
     return (result, Caption.of("generate", lm, enc.text, detail)), {}
