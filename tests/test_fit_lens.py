@@ -98,7 +98,9 @@ def test_the_cli_prints_the_cost_and_refuses_bad_settings(tiny_model_dir, tmp_pa
         res = runner.invoke(app, ["fit-lens", "jacobian", "--model", model, "--prompts", str(prompts), *args])
         assert res.exit_code == 2 and message in res.output, (args, res.output)
     res = runner.invoke(app, ["fit-lens", "tuned", "--model", model, "--prompts", str(prompts), "--out", "y"])
-    assert res.exit_code == 2 and "not built yet" in res.output
+    assert res.exit_code == 2 and "reads --corpus PATH, not prompts" in res.output
+    res = runner.invoke(app, ["fit-lens", "logit", "--model", model, "--prompts", str(prompts), "--out", "y"])
+    assert res.exit_code == 2 and "anatomy fits jacobian, tuned lenses" in res.output
     with pytest.raises(UsageError):
         api.fit_lens(model, "jacobian", [TEXT], out=tmp_path / "z.pt", skip_first=40)
 

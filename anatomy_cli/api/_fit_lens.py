@@ -1,4 +1,5 @@
-"""`fit-lens`: fitting a lens on prompts and writing it (the Jacobian lens, in jlens' format)."""
+"""`fit-lens`: fitting a lens and writing it (the Jacobian lens on prompts, in jlens' format; the tuned lens on a
+corpus, in tuned-lens' format)."""
 
 from __future__ import annotations
 
@@ -13,29 +14,43 @@ from anatomy_cli.api._results import Result
 from anatomy_cli.text.options import PromptOptions
 
 
-def fit_lens(model: Model, kind: str, prompt: str | list[str], *, out: str | Path, source_layers: Any = None,
-             target_layer: int | None = None, dim_batch: int = 8, max_seq_len: int = 128, skip_first: int = 16,
-             dtype: str = "fp16", overwrite: bool = False, checkpoint: str | Path | None = None,
-             shard: str | tuple[int, int] | None = None, prompts: PromptOptions = PromptOptions()) -> Result:
+def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None, *, out: str | Path,
+             source_layers: Any = None, target_layer: int | None = None, dim_batch: int = 8, max_seq_len: int = 128,
+             skip_first: int = 16, dtype: str = "fp16", overwrite: bool = False, checkpoint: str | Path | None = None,
+             shard: str | tuple[int, int] | None = None, corpus: str | Path | None = None, column: str = "text",
+             tokens: int | None = None, ctx: int | None = None, steps: int = 250, seed: int = 42,
+             prompts: PromptOptions = PromptOptions()) -> Result:
     """`anatomy fit-lens jacobian`: fit a Jacobian lens on ``prompt`` (a list of texts; the CLI's ``--prompts
     FILE``) and write it to ``out`` in jlens' format (read it with ``lens(..., lens=f"jacobian:{out}")``).
     ``source_layers``: blocks to fit (default every block below ``target_layer``, the last by default);
     ``dtype``: the file's precision (``fp16`` as jlens saves, or ``fp32``); ``checkpoint``: a file saved after every
     prompt and resumed from (same settings and prompts only); ``shard``: ``"i/N"``, prompts i, i + N, ... only
     (merge the shards' files with ``fit-lens merge``). ``result``: JacobianFit; rows:
-    ``blocks`` (per fitted block ``‖J − I‖_F/√d`` and ``‖J‖_F``)."""
+    ``blocks`` (per fitted block ``‖J − I‖_F/√d`` and ``‖J‖_F``).
+
+    `anatomy fit-lens tuned`: ``fit_lens(model, "tuned", corpus=PATH, tokens=N, out=DIR)`` fits a tuned lens
+    (tuned-lens' recipe) on the first ``tokens`` tokens of ``corpus`` (a text file, a directory of .txt/.md, a
+    .jsonl/.csv/.parquet file's ``column``) in windows of ``ctx`` tokens (default min(2048, the context)), over
+    ``steps`` SGD steps (windows shuffled with ``seed``), and writes DIR (config.json + params.pt), which
+    ``tuned_lens.TunedLens.from_model_and_pretrained`` and ``lens(..., lens=f"tuned:{DIR}")`` read. ``result``:
+    TunedFit; rows: ``translators`` (the KL to the final distribution at the first and the last step)."""
     from anatomy_cli.output.views import fit_lens as view
+    from anatomy_cli.tasks import _tuned_fit
     from anatomy_cli.tasks import fit_lens as task
 
-    opts = task.FitLensOptions(kind=kind, prompt=tuple(texts_of(prompt)[0]), out=Path(out),
-                               source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
-                               max_seq_len=max_seq_len, skip_first=skip_first, dtype=dtype, overwrite=overwrite,
-                               checkpoint=None if checkpoint is None else Path(checkpoint), shard=shard)
+    texts = tuple(texts_of(prompt)[0]) if prompt is not None else ()
+    tuned = _tuned_fit.TunedFitOptions(corpus=None if corpus is None else str(corpus), column=column, tokens=tokens,
+                                       ctx=ctx, steps=steps, seed=seed)
+    opts = task.FitLensOptions(kind=kind, prompt=texts, out=Path(out), source_layers=source_layers,
+                               target_layer=target_layer, dim_batch=dim_batch, max_seq_len=max_seq_len,
+                               skip_first=skip_first, dtype=dtype, overwrite=overwrite,
+                               checkpoint=None if checkpoint is None else Path(checkpoint), shard=shard, tuned=tuned)
     lm = loaded(model)
     plan = task.check(lm, opts)
-    encoded = encode(lm, list(opts.prompt), prompts)
+    encoded = encode(lm, list(opts.prompt), prompts) if opts.prompt else []
     result = task.run(lm, encoded, opts, plan)
-    return Result(task.COMMAND, result, view.report(lm, result).data, view.ROWS)
+    return Result(task.COMMAND, result, view.report(lm, result).data,
+                  view.TUNED_ROWS if kind == "tuned" else view.ROWS)
 
 
 def merge_lenses(files: list[str | Path], *, out: str | Path, dtype: str = "fp16", overwrite: bool = False) -> Result:

@@ -10,15 +10,15 @@ from anatomy_cli.engine.tensors import rowwise
 from anatomy_cli.errors import AnatomyError
 
 
-def _apply(lm: LoadedModel, module: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+def _apply(lm: LoadedModel, module: torch.nn.Module, h: torch.Tensor, grad: bool = False) -> torch.Tensor:
     param = next(module.parameters(), None)
     if param is not None:
         h = h.to(dtype=param.dtype, device=param.device if param.device.type != "meta" else h.device)
-    with torch.inference_mode():
+    with torch.inference_mode(not grad):
         return rowwise(module, h)
 
 
-def final_norm(lm: LoadedModel, h: torch.Tensor) -> torch.Tensor:
+def final_norm(lm: LoadedModel, h: torch.Tensor, *, grad: bool = False) -> torch.Tensor:
     """The final norm applied to ``h [..., d_model]``, its statistics computed from ``h`` itself.
 
     Returns ``[..., d_model]`` on ``h``'s device. Identity for models without a final
@@ -26,10 +26,11 @@ def final_norm(lm: LoadedModel, h: torch.Tensor) -> torch.Tensor:
     """
     if "ln_final.hook_normalized" not in lm.points:
         return h
-    return _apply(lm, lm.points["ln_final.hook_normalized"][0], h).to(h.device)
+    return _apply(lm, lm.points["ln_final.hook_normalized"][0], h, grad).to(h.device)
 
 
-def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True, normed: bool = False) -> torch.Tensor:
+def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True, normed: bool = False,
+            grad: bool = False) -> torch.Tensor:
     """The logit lens: the LM head applied to ``final_norm(h)``; ``h [..., d_model]`` -> ``[..., vocab]``.
 
     At the last layer this equals the model's own logits: OPT-350m's ``project_out`` runs
@@ -39,12 +40,14 @@ def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True, normed: b
     the whole MLM head (dense, GELU, LayerNorm, decoder). Raises AnatomyError when the
     model has no unembedding (e.g. a bare ``BertModel`` checkpoint). ``normed=True``: ``h`` is
     already :func:`final_norm`'s output (the norm applied once to many rows, then the head in blocks).
+    ``grad=True``: differentiable in ``h`` (not under ``inference_mode``; the caller enables autograd, e.g. in
+    :func:`~anatomy_cli.engine.gradients.grad_mode`): `fit-lens tuned` trains through it.
     """
     if not lm.has_unembed:
         raise AnatomyError(f"{lm.name} has no unembedding (LM head) to read tokens from")
-    x = h if normed else final_norm(lm, h)
+    x = h if normed else final_norm(lm, h, grad=grad)
     proj = optional_module(lm.model.base_model, lm.adapter.unembed_proj)
     if proj is not None:
-        x = _apply(lm, proj, x)
-    logits = _apply(lm, lm.points["logits"][0], x).to(h.device)
+        x = _apply(lm, proj, x, grad)
+    logits = _apply(lm, lm.points["logits"][0], x, grad).to(h.device)
     return lm.cap_logits(logits) if softcap else logits

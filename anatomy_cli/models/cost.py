@@ -46,6 +46,24 @@ def jacobian_fit_flops(info: Any, tokens: int, dim_batch: int, first_source: int
     return float(dim_batch * (fwd + passes * span * blocks))
 
 
+def tuned_fit_flops(info: Any, tokens: int, windows: int) -> float:
+    """`fit-lens tuned` on ``tokens`` tokens in ``windows`` windows: each window's forward of the frozen model,
+    plus per translator (``n_layers`` of them) and token the translator (2 d², its weight gradient 2 d²) and the
+    unembed with its input gradient (2 · 2 · lm_head_rows · d): the unembeds are most of the work."""
+    per_window = tokens / max(windows, 1)
+    lens = info.n_layers * tokens * (4.0 * info.d_model ** 2 + 4.0 * float(info.lm_head_rows) * info.d_model)
+    return float(windows * forward_flops(info, round(per_window)) + lens)
+
+
+def tuned_fit_bytes(info: Any, ctx: int) -> float:
+    """`fit-lens tuned`'s peak memory beyond the weights, roughly: the translators with their gradients and
+    momentum (3 · n_layers · (d² + d) float32) and one window of ``ctx`` tokens (the residual rows, and about
+    five ``[ctx, lm_head_rows]`` float32 tensors: the target and lens log-probabilities and their gradients)."""
+    translators = 3.0 * info.n_layers * (info.d_model ** 2 + info.d_model) * 4
+    window = 4.0 * ctx * (info.n_layers * info.d_model + 5.0 * float(info.lm_head_rows))
+    return float(translators + window)
+
+
 def seconds(flops: float, device: str) -> float:
     """``flops`` at the assumed rate of ``device`` (``cpu``, ``cuda``, ``mps``; others as cpu)."""
     return flops / RATES.get(device, RATES["cpu"])

@@ -1,4 +1,6 @@
-"""`fit-lens jacobian`: fit a Jacobian lens on prompts and write it in jlens' format (the task).
+"""`fit-lens jacobian`: fit a Jacobian lens on prompts and write it in jlens' format (the task). `fit-lens tuned`
+(a tuned lens on a corpus, tuned-lens' format) is :mod:`anatomy_cli.tasks._tuned_fit`; its options are the field
+``tuned`` here.
 
 jlens' estimator exactly (:mod:`anatomy_cli.engine.jacobian_fit`): per prompt (its first ``max_seq_len`` tokens)
 one forward of the ids replicated ``dim_batch`` times and ``ceil(d_model / dim_batch)`` backward passes; ``J_l``
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -18,6 +21,7 @@ from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._tuned_fit import TunedFitOptions
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
@@ -25,13 +29,14 @@ if TYPE_CHECKING:
 
 COMMAND = "fit-lens"
 INPUTS = {"kind": None, "prompt": "prompts"}  # KIND (positional), the CLI's --prompts FILE (the API's prompt)
-KINDS = ("jacobian",)
+KINDS = ("jacobian", "tuned")
 DTYPES = {"fp16": "float16", "fp32": "float32"}
 
 
 @dataclass(frozen=True)
 class FitLensOptions:
-    """``kind``: ``jacobian`` (the only lens fitted so far); ``prompt``: the prompts; ``out``: the ``.pt`` file to
+    """``kind``: ``jacobian`` or ``tuned`` (``tuned``: the corpus options, :class:`TunedFitOptions`; ``out`` the
+    directory; the Jacobian lens's options keep their defaults); ``prompt``: the prompts; ``out``: the ``.pt`` file to
     write; ``source_layers``: the blocks to fit (a list or the text ``0,4-8``; None: every block below the
     target); ``target_layer``: the block whose output J maps onto (None: the last; negative: from the end);
     ``dim_batch``: output dimensions per backward pass (the prompt's copies per forward); ``max_seq_len``: tokens
@@ -52,15 +57,21 @@ class FitLensOptions:
     overwrite: bool = False
     checkpoint: Path | None = None
     shard: Any = None
+    tuned: TunedFitOptions = field(default_factory=TunedFitOptions)
 
     def __post_init__(self) -> None:
         from anatomy_cli.errors import UsageError
+        from anatomy_cli.tasks import _tuned_fit
 
-        if self.kind != "jacobian":
-            more = " (fitting a tuned lens is not built yet)" if self.kind == "tuned" else (
-                "; fit-lens merge A.pt B.pt --out C.pt merges Jacobian lens fits")
-            raise UsageError(f"fit-lens {self.kind}: anatomy fits {', '.join(KINDS)} lenses{more}")
-        object.__setattr__(self, "prompt", tuple(self.prompt))
+        if self.kind not in KINDS:
+            raise UsageError(f"fit-lens {self.kind}: anatomy fits {', '.join(KINDS)} lenses; fit-lens merge A.pt "
+                             "B.pt --out C.pt merges Jacobian lens fits")
+        object.__setattr__(self, "prompt", tuple(self.prompt or ()))
+        if self.kind == "tuned":
+            _tuned_fit.validate(self)
+            object.__setattr__(self, "out", Path(self.out).expanduser())  # type: ignore[arg-type]
+            return
+        _tuned_fit.refuse_tuned_options(self.tuned, self.kind)
         if not self.prompt:
             raise UsageError("fit-lens needs prompts: --prompts FILE (one per line)")
         if self.out is None:
@@ -139,9 +150,15 @@ class JacobianFit:
                            for b, i, n in zip(self.source_layers, self.identity_distance, self.norms)]}
 
 
-def check(opened: Any, opts: FitLensOptions) -> FitLensPlan:
-    """Resolves the target and source blocks against the model (before its weights load); refuses an encoder."""
+def check(opened: Any, opts: FitLensOptions) -> Any:
+    """Resolves the target and source blocks against the model (before its weights load); refuses an encoder.
+    ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
     from anatomy_cli.errors import UsageError
+
+    if opts.kind == "tuned":
+        from anatomy_cli.tasks import _tuned_fit
+
+        return _tuned_fit.check(opened, opts)
 
     require(opened.info, Need.decoder, command=f"{COMMAND} {opts.kind}")
     n = opened.info.n_layers
@@ -160,9 +177,13 @@ def check(opened: Any, opts: FitLensOptions) -> FitLensPlan:
     return FitLensPlan(sources, target)
 
 
-def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan) -> JacobianFit:
-    """Fits, writes ``opts.out`` (atomically) and returns the summary. Raises UsageError when no prompt is long
-    enough."""
+def run(lm: LoadedModel, encoded: list[Encoded], opts: FitLensOptions, plan: Any) -> Any:
+    """Fits, writes ``opts.out`` (atomically) and returns the summary (a JacobianFit; ``tuned``: a TunedFit, the
+    corpus in ``plan``, ``encoded`` empty). Raises UsageError when no prompt is long enough."""
+    if opts.kind == "tuned":
+        from anatomy_cli.tasks import _tuned_fit
+
+        return _tuned_fit.run(lm, opts, plan)
 
     import torch
 

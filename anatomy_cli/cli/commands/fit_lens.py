@@ -1,4 +1,5 @@
-"""`anatomy fit-lens jacobian --prompts FILE --out lens.pt`: fit a Jacobian lens (jlens' estimator and format)."""
+"""`anatomy fit-lens jacobian --prompts FILE --out lens.pt`: fit a Jacobian lens (jlens' estimator and format);
+`anatomy fit-lens tuned --corpus PATH --tokens N --out DIR`: a tuned lens (tuned-lens' recipe and format)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import open_model
 from anatomy_cli.cli.commands._common import open_texts
 from anatomy_cli.cli.commands._common import read_prompts_file
 from anatomy_cli.cli.options import MODEL_OPTIONS
@@ -26,9 +28,9 @@ from anatomy_cli.text.options import PromptOptions
 @prompt_options()
 def fit_lens_command(
     kind: Annotated[str, typer.Argument(metavar="KIND", show_default=False,
-                                        help="The lens to fit: jacobian; or merge (FILES: fits to merge).")],
-    out: Annotated[Path, typer.Option("--out", metavar="FILE", show_default=False,
-                                      help="The lens file to write (jlens' .pt format).")],
+                                        help="The lens to fit: jacobian, tuned; or merge (FILES: fits to merge).")],
+    out: Annotated[Path, typer.Option("--out", metavar="FILE|DIR", show_default=False,
+                                      help="The lens to write: a .pt file (jacobian, merge) or a directory (tuned).")],
     files: Annotated[Optional[list[Path]], typer.Argument(
         metavar="[FILES]...", show_default=False, help="merge: the Jacobian lens files to merge.")] = None,
     prompts_file: Annotated[Optional[str], typer.Option(
@@ -55,11 +57,22 @@ def fit_lens_command(
         "--checkpoint", metavar="FILE", show_default=False,
         help="Save the running sums here after every prompt; resume from it when it exists (same settings).")
     ] = None,
+    corpus: Annotated[Optional[str], typer.Option(
+        "--corpus", metavar="PATH|-", show_default=False,
+        help="tuned: the text to train on (a file, a directory of .txt/.md, .jsonl/.csv/.parquet, '-').")] = None,
+    column: Annotated[str, typer.Option("--column", help="tuned: a table corpus's text column.")] = "text",
+    tokens: Annotated[Optional[int], typer.Option(
+        "--tokens", metavar="N", show_default=False, help="tuned: the token budget (the corpus's first N).")] = None,
+    ctx: Annotated[Optional[int], typer.Option(
+        "--ctx", metavar="N", show_default=False,
+        help="tuned: tokens per window (default min(2048, the model's context)).")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="tuned: optimizer steps (tuned-lens' num_steps).")] = 250,
+    seed: Annotated[int, typer.Option("--seed", help="tuned: the seed of the windows' shuffle.")] = 42,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
 ) -> None:
-    """Fit a Jacobian lens on prompts and write it in jlens' format (read it with lens --lens jacobian:FILE).
+    """Fit a Jacobian lens on prompts (jlens' format) or a tuned lens on a corpus (tuned-lens' format).
 
     jlens' estimator: per prompt one forward of the ids replicated --dim-batch times and
     ceil(d_model / dim-batch) backward passes, each a one-hot cotangent on one output dimension of the
@@ -68,12 +81,18 @@ def fit_lens_command(
     The expected cost is printed before the fit starts. fit-lens merge A.pt B.pt --out C.pt: the
     n_prompts-weighted mean of fits of one model (no model is loaded).
 
+    fit-lens tuned: tuned-lens' recipe: a zero-initialised translator per residual row below the last block,
+    h + A h + b, trained on KL(final || lens) at every position of the corpus's first --tokens tokens (windows
+    of --ctx), SGD with Nesterov momentum 0.9, lr 0.1 decayed linearly over --steps, weight decay 1e-3,
+    gradient norm clipped to 1. Read it with lens --lens tuned:DIR.
+
     Examples:
 
     \b
         anatomy fit-lens jacobian --model smollm2 --prompts prompts.txt --out smollm2-jlens.pt
         anatomy fit-lens jacobian --model gpt2 --prompts prompts.txt --out gpt2.pt --source-layers 4-9 --dtype fp32
         anatomy fit-lens merge part1.pt part2.pt --out lens.pt
+        anatomy fit-lens tuned --model smollm2 --corpus docs/ --tokens 100000 --ctx 512 --out smollm2-tuned
     """
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import fit_lens as view
@@ -86,13 +105,26 @@ def fit_lens_command(
         return
     if files:
         raise UsageError(f"fit-lens {kind} takes no FILES (they are for fit-lens merge): give --prompts FILE")
+    tuned = task.TunedFitOptions(corpus=corpus, column=column, tokens=tokens, ctx=ctx, steps=steps, seed=seed)
+    if kind == "tuned":
+        if prompts_file is not None:
+            raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
+        opts = task.FitLensOptions(kind=kind, out=out, source_layers=source_layers, target_layer=target_layer,
+                                   dim_batch=dim_batch, max_seq_len=max_seq_len, skip_first=skip_first,
+                                   dtype=lens_dtype, checkpoint=checkpoint, shard=shard, overwrite=overwrite,
+                                   tuned=tuned)
+        opened = open_model(spec)
+        plan = task.check(opened, opts)
+        lm = load_weights(opened)
+        emit(view.report(lm, task.run(lm, [], opts, plan)), fmt)
+        return
     if prompts_file is None:
         raise UsageError("fit-lens needs prompts: --prompts FILE (one per line)")
     opts = task.FitLensOptions(kind=kind, prompt=tuple(read_prompts_file(prompts_file)), out=out,
                                source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
                                max_seq_len=max_seq_len,
                                skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite,
-                               checkpoint=checkpoint, shard=shard)
+                               checkpoint=checkpoint, shard=shard, tuned=tuned)
     opened, encoded = open_texts(list(opts.prompt), spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

@@ -1,4 +1,5 @@
-"""`fit-lens`'s view: the lens written, its settings, and per fitted block how far J is from the identity."""
+"""`fit-lens`'s view: the lens written, its settings, and per fitted block how far J is from the identity (a tuned
+lens: per translator the KL to the final distribution at the first and the last step)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
+from anatomy_cli.tasks._tuned_fit import TunedFit
 from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
@@ -18,9 +20,14 @@ if TYPE_CHECKING:
 COLUMNS = (Column("block", "block", "int"), Column("identity_distance", "‖J − I‖/√d", "float", 4),
            Column("frobenius", "‖J‖", "float", 3))
 ROWS = "blocks"
+TUNED_COLUMNS = (Column("translator", "translator", "int"), Column("reads", "reads"),
+                 Column("kl_first", "KL first step", "float", 4), Column("kl_last", "KL last step", "float", 4))
+TUNED_ROWS = "translators"
 
 
-def report(lm: LoadedModel, result: JacobianFit) -> Report:
+def report(lm: LoadedModel, result: JacobianFit | TunedFit) -> Report:
+    if isinstance(result, TunedFit):
+        return tuned_report(lm, result)
     data = {**records.model_record(lm), "kind": "jacobian", **result.to_dict()}
     heading = [f"fit-lens jacobian · {model_label(lm)} · {lm.n_layers} layers",
                f"wrote {result.out}: {result.n_prompts} prompt{'' if result.n_prompts == 1 else 's'} "
@@ -32,6 +39,19 @@ def report(lm: LoadedModel, result: JacobianFit) -> Report:
              f"anatomy lens PROMPT --lens jacobian:{result.out}"]
     return Report(data=data, sections=[Section(COLUMNS, data["blocks"], title="fitted blocks")], heading=heading,
                   notes=notes)
+
+
+def tuned_report(lm: LoadedModel, result: TunedFit) -> Report:
+    data = {**records.model_record(lm), "kind": "tuned", **result.to_dict()}
+    heading = [f"fit-lens tuned · {model_label(lm)} · {lm.n_layers} layers",
+               f"wrote {result.out}: {result.windows} window{'' if result.windows == 1 else 's'} ({result.tokens:,} "
+               f"tokens of {result.corpus}, up to {result.ctx} each), {result.steps} step"
+               f"{'' if result.steps == 1 else 's'}, SGD lr {result.lr:g} (Nesterov 0.9, weight decay 1e-3)"]
+    notes = ["translator i reads residual row i (embed, then block i-1's output: transformers' hidden_states[i]); "
+             "KL(final ‖ lens) in nats per token, the first step's windows through the zero lens (the logit lens), "
+             f"the last step's before its update; read it with anatomy lens PROMPT --lens tuned:{result.out}"]
+    return Report(data=data, sections=[Section(TUNED_COLUMNS, data["translators"], title="translators")],
+                  heading=heading, notes=notes)
 
 
 def merge_report(result: MergedLens) -> Report:

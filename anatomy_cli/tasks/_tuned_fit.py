@@ -1,0 +1,214 @@
+"""`fit-lens tuned`: fit a tuned lens on a corpus and write it in tuned-lens' format (the task's tuned half).
+
+The recipe is tuned-lens' (:mod:`anatomy_cli.engine.tuned_fit`). The corpus is read through anatomy's corpus
+sources (a text file, a directory of .txt/.md, ``-``, a .jsonl/.csv/.parquet column) and cut as tuned-lens'
+``chunk_and_tokenize`` does: one token stream that starts with the EOS token, each document followed by EOS,
+windows of ``ctx`` tokens (default min(2048, the model's context): tuned-lens' ``max_length``), the first
+``tokens`` tokens only. The windows are shuffled (``torch.randperm`` seeded ``seed``) and split into ``steps``
+steps (tuned-lens' ``num_steps``, default 250) of as equal a number of windows as can be (at least one each: fewer
+windows than steps means fewer steps). :class:`TunedFitOptions` is nested in
+:class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` (its field ``tuned``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.corpus.sources import Source
+    from anatomy_cli.engine import LoadedModel
+
+MAX_LENGTH = 2048  # tuned-lens' Data.max_length
+JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-layer", "dim_batch": "--dim-batch",
+                 "max_seq_len": "--max-seq-len", "skip_first": "--skip-first", "dtype": "--dtype",
+                 "checkpoint": "--checkpoint", "shard": "--shard"}
+TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", "ctx": "--ctx", "steps": "--steps",
+              "seed": "--seed"}
+
+
+@dataclass(frozen=True)
+class TunedFitOptions:
+    """``corpus``: the SOURCE (a path or ``-``); ``column``: a table source's text column; ``tokens``: the token
+    budget (the corpus's first ``tokens`` tokens); ``ctx``: tokens per window (None: min(2048, the model's
+    context)); ``steps``: optimizer steps (tuned-lens' ``num_steps``); ``seed``: the windows' shuffle."""
+
+    corpus: str | None = None
+    column: str = "text"
+    tokens: int | None = None
+    ctx: int | None = None
+    steps: int = 250
+    seed: int = 42
+
+
+def validate(opts: Any) -> None:
+    """The refusals of a :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` of kind ``tuned`` (nothing opened)."""
+    tuned: TunedFitOptions = opts.tuned
+    if opts.prompt:
+        raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
+    defaults = {f.name: f.default for f in fields(opts)}
+    given = [flag for name, flag in JACOBIAN_ONLY.items() if getattr(opts, name) != defaults[name]]
+    if given:
+        raise UsageError(f"{', '.join(given)}: for fit-lens jacobian only (a tuned lens is written in the LM head's "
+                         "dtype, fp32, as tuned-lens does)")
+    if tuned.corpus is None:
+        raise UsageError("fit-lens tuned needs --corpus PATH (a text file, a directory of .txt/.md files, '-', or a "
+                         ".jsonl/.csv/.parquet file)")
+    if tuned.corpus != "-" and not Path(tuned.corpus).exists():
+        raise UsageError(f"--corpus {tuned.corpus} does not exist")
+    if tuned.tokens is None:
+        raise UsageError("fit-lens tuned needs --tokens N (the corpus's first N tokens are trained on)")
+    for flag, value, least in (("--tokens", tuned.tokens, 2), ("--ctx", tuned.ctx, 2), ("--steps", tuned.steps, 1)):
+        if value is not None and value < least:
+            raise UsageError(f"{flag} takes a whole number of at least {least}")
+    if opts.out is None:
+        raise UsageError("fit-lens tuned needs --out DIR (the tuned lens directory to write)")
+    out = Path(opts.out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; a tuned lens is a directory (config.json + params.pt)")
+    if any((out / f).exists() for f in ("config.json", "params.pt")) and not opts.overwrite:
+        raise UsageError(f"--out {out} holds a lens already: give --overwrite to replace it")
+
+
+def refuse_tuned_options(tuned: TunedFitOptions, kind: str) -> None:
+    """``--corpus`` and the rest given to another kind than ``tuned``."""
+    given = [flag for f in fields(TunedFitOptions) if getattr(tuned, f.name) != f.default
+             for flag in (TUNED_ONLY[f.name],)]
+    if given:
+        raise UsageError(f"{', '.join(given)}: for fit-lens tuned only (fit-lens {kind} reads --prompts FILE)")
+
+
+@dataclass(frozen=True)
+class TunedPlan:
+    ctx: int
+    source: Source
+
+
+def check(opened: Any, opts: Any) -> TunedPlan:
+    """A decoder with an LM head, ``ctx`` within its context, the corpus opened (a directory without text files is
+    refused here), all before the weights load."""
+    from anatomy_cli.corpus.sources import open_source
+
+    info = opened.info
+    require(info, Need.decoder, Need.lm_head, command="fit-lens tuned")
+    tuned: TunedFitOptions = opts.tuned
+    ctx = tuned.ctx if tuned.ctx is not None else min(MAX_LENGTH, info.n_ctx or MAX_LENGTH)
+    if info.n_ctx and ctx > info.n_ctx:
+        raise UsageError(f"--ctx {ctx} is more than {opened.name}'s context of {info.n_ctx} tokens")
+    assert tuned.corpus is not None  # validate()
+    return TunedPlan(ctx, open_source(tuned.corpus, column=tuned.column))
+
+
+@dataclass(frozen=True)
+class TunedFit:
+    """A fitted tuned lens as written to ``out``: the windows and tokens trained on, the steps, and per translator
+    (``reads``: the residual row, ``embed`` or a block) the mean KL(final ‖ lens) in nats over the first step's
+    windows (the zero lens: the logit lens) and over the last step's (before its update)."""
+
+    out: str
+    corpus: str
+    windows: int
+    tokens: int
+    ctx: int
+    steps: int
+    seed: int
+    lr: float
+    flops: float
+    memory_bytes: float
+    reads: tuple[str | int, ...]
+    kl_first: tuple[float, ...]
+    kl_last: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": self.out, "corpus": self.corpus, "windows": self.windows, "tokens": self.tokens,
+                "ctx": self.ctx, "steps": self.steps, "seed": self.seed, "lr": self.lr, "flops": self.flops,
+                "memory_bytes": self.memory_bytes,
+                "translators": [{"translator": i, "reads": r, "kl_first": a, "kl_last": b}
+                                for i, (r, a, b) in enumerate(zip(self.reads, self.kl_first, self.kl_last))]}
+
+
+def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[tuple[int, ...]]:
+    """The corpus as tuned-lens chunks it (the module docstring), the first ``tokens`` tokens."""
+    import itertools
+
+    from anatomy_cli.corpus.windows import token_stream
+    from anatomy_cli.corpus.windows import windows
+
+    hf = lm.tokenizer.hf
+    eos = hf.eos_token_id
+    stream = token_stream(source.pieces(), hf, eos=eos)
+    return list(windows(itertools.chain([[eos]] if eos is not None else [], stream), ctx=ctx, max_tokens=tokens))
+
+
+def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
+    """Fits, writes ``opts.out`` (config.json + params.pt) and returns the summary."""
+    import torch
+
+    from anatomy_cli.engine import tuned_fit
+    from anatomy_cli.engine.fitted_lens import unembed_hash
+    from anatomy_cli.models import sites
+
+    tuned: TunedFitOptions = opts.tuned
+    assert tuned.tokens is not None
+    try:
+        wins = windows_of(lm, plan.source, plan.ctx, tuned.tokens)
+    finally:
+        if tuned.corpus == "-":
+            plan.source.path.unlink(missing_ok=True)
+    if not wins:
+        raise UsageError(f"--corpus {tuned.corpus} has no text to train on")
+    n, used = len(wins), sum(map(len, wins))
+    if used < tuned.tokens:
+        notes.info(f"the corpus has {used:,} tokens, fewer than --tokens {tuned.tokens:,}: training on all of them")
+    steps = min(tuned.steps, n)
+    if steps < tuned.steps:
+        notes.info(f"{n} window{'' if n == 1 else 's'} of up to {plan.ctx} tokens: {steps} steps, not {tuned.steps} "
+                   "(one window per step at least)")
+    flops, memory = _announce(lm, n, used, steps, plan.ctx)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(tuned.seed)).tolist()
+    lens = tuned_fit.translators(lm.info.d_model, lm.n_layers, lm.device)
+    opt, scheduler = tuned_fit.optimizer(lens, steps)
+    first: list[float] = []
+    last: list[float] = []
+    with notes.status("fit-lens tuned") as line:
+        for s in range(steps):
+            chunk = order[s * n // steps:(s + 1) * n // steps]
+            sums = [0.0] * lm.n_layers
+            for k, w in enumerate(chunk, start=1):
+                losses = tuned_fit.window_backward(lm, lens, wins[w], 1.0 / len(chunk))
+                sums = [a + b for a, b in zip(sums, losses)]
+                line.update(f"fit-lens tuned · step {s + 1}/{steps} · window {k}/{len(chunk)} · "
+                            f"KL {sum(losses) / len(losses):.4f} nats (mean over translators)")
+            tuned_fit.step(lens, opt, scheduler)
+            last = [v / len(chunk) for v in sums]
+            first = first or last
+    assert opts.out is not None
+    head = lm.model.get_output_embeddings()
+    tuned_fit.save(lens, Path(opts.out), tuned_fit.config(lm, unembed_hash(head.weight)))
+    return TunedFit(out=str(opts.out), corpus=tuned.corpus or "", windows=n, tokens=used, ctx=plan.ctx, steps=steps,
+                    seed=tuned.seed, lr=tuned_fit.LR_SCALE * (1 - tuned_fit.MOMENTUM), flops=flops,
+                    memory_bytes=memory, reads=tuple(sites.residual_label(i) for i in range(lm.n_layers)),
+                    kl_first=tuple(first), kl_last=tuple(last))
+
+
+def _announce(lm: LoadedModel, n: int, used: int, steps: int, ctx: int) -> tuple[float, float]:
+    """The cost line before the fit: FLOPs, time at this device's rate, peak memory (weights + the fit's own)."""
+    from anatomy_cli.models import cost
+    from anatomy_cli.units import human_seconds
+
+    flops = cost.tuned_fit_flops(lm.info, used, n)
+    weights = float(sum(p.numel() * p.element_size() for p in lm.model.parameters()))
+    memory = weights + cost.tuned_fit_bytes(lm.info, min(ctx, used))
+    notes.info(f"fit-lens tuned: {n} window{'' if n == 1 else 's'}, {used:,} tokens, {steps} step"
+               f"{'' if steps == 1 else 's'}, {lm.n_layers} translators: about {flops:.2g} FLOP, roughly "
+               f"{human_seconds(cost.seconds(flops, lm.device.type))} on {lm.device.type}, about "
+               f"{memory / 2**30:.2g} GiB of memory (a rough estimate)")
+    return flops, memory
