@@ -2,7 +2,7 @@
 back with `anatomy sae` (not in the suite; its figures are in docs/commands/sae.md).
 
     python benchmarks/train_sae_smollm2.py [--out DIR] [--layer 15] [--max-tokens 40000] [--d-sae 4096] [--k 32]
-        [--epochs 8] [--sae-python /work/sae-venv/bin/python]        # in anatomy's environment
+        [--epochs 8] [--sae-python PYTHON]         # in anatomy's environment, with pip install -e '.[train]'
     python benchmarks/train_sae_smollm2.py --smoke                   # tiny sizes: checks that it runs
 
 Three steps, each a process: (1) `anatomy corpus docs/ --model smollm2 --save-activations
@@ -65,7 +65,7 @@ def _prompt() -> str:
     return " ".join(text[1].split())
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/anatomy-sae-bench")
     ap.add_argument("--model", default="smollm2")
@@ -75,9 +75,18 @@ def main() -> None:
     ap.add_argument("--d-sae", type=int, default=4096)
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--sae-python", default="/work/sae-venv/bin/python")
+    ap.add_argument("--sae-python", default=sys.executable,
+                    help="a Python with eai-sparsify (default this one: pip install -e '.[train]')")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (2,048 tokens, d_sae 256, one epoch)")
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    a = parser().parse_args()
+    found = subprocess.run([a.sae_python, "-c", "import sparsify"], capture_output=True)
+    if found.returncode != 0:
+        sys.exit(f"error: {a.sae_python} cannot import sparsify: pip install -e '.[train]' there, or pass "
+                 "--sae-python PYTHON (anatomy fit-sae trains without it)")
     if a.smoke:
         a.max_tokens, a.d_sae, a.epochs, a.out = 2048, 256, 1, a.out + "-smoke"
     out, site = Path(a.out), f"blocks.{a.layer}.hook_resid_post"

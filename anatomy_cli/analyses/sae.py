@@ -80,11 +80,16 @@ def health(run: Any, ids: Sequence[int], stated_l0: float | None) -> Health:
         max_logit_diff_with_error=float((run.logits - run.logits_with_error).abs().max()))
 
 
+FVE_LOW = 0.5  # below: warned (under 0: the SAE is worse than the mean activation)
+KL_HIGH_NATS = 1.0  # spliced KL(p_clean || p_spliced) above this: warned
+
+
 def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: bool | None, prompt_bos: bool | None,
              centred: bool, centred_now: float) -> list[str]:
     """What the figures say about the fit: a prompt past ``context_size``, another BOS rule, a reconstruction
-    far from the activation's scale, an L0 far from the stated one, a worse-than-the-mean FVE, and residuals
-    that the SAE expects centred (``centred_now``: the mean over positions of ``|mean_d x| / rms(x)``)."""
+    far from the activation's scale, an L0 far from the stated one, an FVE under :data:`FVE_LOW` (under 0: worse
+    than the mean), a spliced KL over :data:`KL_HIGH_NATS`, and residuals that the SAE expects centred
+    (``centred_now``: the mean over positions of ``|mean_d x| / rms(x)``)."""
     out = []
     if context_size is not None and n_tokens > context_size:
         out.append(f"the prompt is {n_tokens} tokens; the SAE was trained on contexts of {context_size}")
@@ -99,6 +104,12 @@ def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: boo
     if h.fve is not None and h.fve < 0:
         out.append(f"FVE {h.fve:.3f} < 0: the reconstruction is worse than the prompt's mean activation; "
                    f"the SAE does not fit this model or site")
+    elif h.fve is not None and h.fve < FVE_LOW:
+        out.append(f"FVE {h.fve:.3f} < {FVE_LOW}: the reconstruction explains less than half of the activation's "
+                   f"variance on this prompt; the SAE fits this model or site poorly")
+    if h.kl_spliced_nats > KL_HIGH_NATS:
+        out.append(f"KL {h.kl_spliced_nats:.2f} nats > {KL_HIGH_NATS:g} with the reconstruction spliced in: the "
+                   f"model's next-token predictions change a lot; the SAE does not fit this model or site")
     if centred and centred_now > 0.05:
         out.append("the SAE was trained on TransformerLens' centred residuals (center_writing_weights); "
                    "anatomy reads the raw residual stream")

@@ -20,6 +20,7 @@ from anatomy_cli.cli.commands import diff  # noqa: F401  (registration by import
 from anatomy_cli.cli.commands import dla  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import drift  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import fit_lens  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import fit_sae  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import generate  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import heads  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import layernorm  # noqa: F401  (registration by import)

@@ -1,0 +1,208 @@
+"""Fitting a TopK sparse autoencoder (or transcoder) on activations that anatomy's own hooks collect, written in
+EleutherAI sparsify's on-disk format (``cfg.json`` + ``sae.safetensors`` per hook point).
+
+The recipe is sparsify's (``SparseCoder`` and its ``Trainer``, eai-sparsify 1.3): ``encoder`` a Linear
+``d_in -> d_sae`` with zero bias, ``W_dec [d_sae, d_out]`` the encoder's weight cloned (an SAE) or zeros (a
+transcoder), an SAE's rows kept at unit norm; at the first step ``b_dec`` the target's mean (an SAE subtracts it
+from its input, a transcoder does not and its encoder bias starts at ``−mean(x) W_encᵀ``); ``pre =
+relu(encoder(x − b_dec))``, the k largest kept, ``y = top_acts @ W_dec[top_idx] + b_dec``; the loss
+is the fraction of variance unexplained ``Σ(y − target)² / Σ(target − mean)²``; Adam at ``2e-4 /
+sqrt(d_sae / 2**14)``; after every step of an SAE the decoder gradient parallel to its rows is removed and the
+rows are set to unit norm again. Left out: sparsify's AuxK loss on dead latents (the dead fraction is reported
+instead).
+
+With eai-sparsify installed (the ``train`` extra), its own ``SparseCoder`` is the model trained (its forward,
+its decoder-norm steps and ``save_to_disk``); without it, :class:`TopKCoder`, the same maths in a few lines.
+Why not sparsify's Trainer: it loads the model itself through transformers (no GGUF) and computes activations as
+it trains; here the activations come from anatomy's hooks, so any model anatomy opens works. The files are what
+``SparseCoder.save_to_disk`` writes and ``SparseCoder.load_from_disk`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+import torch
+
+from anatomy_cli.engine.forward import forward
+from anatomy_cli.engine.sae import _hooks
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.model import LoadedModel
+
+
+def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[str], *, batch: int = 8,
+            progress: Callable[[int, int], None] | None = None) -> list[torch.Tensor]:
+    """The activations at each of ``points`` (hook points, or ``blocks.N.mlp.hook_in``) over every position of
+    ``windows``: one float32 CPU tensor ``[rows, width]`` per point, rows in window order."""
+    rows: list[list[torch.Tensor]] = [[] for _ in points]
+
+    def keep(i: int) -> Callable[[torch.Tensor], None]:
+        def fn(t: torch.Tensor) -> None:
+            rows[i].append(t.detach().reshape(-1, t.shape[-1]).float().cpu())
+        return fn
+
+    lm.model.eval()
+    groups: list[list[Sequence[int]]] = []
+    for w in windows:  # consecutive windows of one length share a batch (no padding)
+        if groups and len(groups[-1]) < batch and len(groups[-1][0]) == len(w):
+            groups[-1].append(w)
+        else:
+            groups.append([w])
+    done = 0
+    with torch.inference_mode(), _hooks(lm, [(p, keep(i)) for i, p in enumerate(points)]):
+        for group in groups:
+            forward(lm, torch.tensor([list(w) for w in group], dtype=torch.long, device=lm.device))
+            done += len(group)
+            if progress is not None:
+                progress(done, len(windows))
+    return [torch.cat(r) for r in rows]
+
+
+class TopKCoder(torch.nn.Module):
+    """sparsify's ``SparseCoder`` with ``activation="topk"`` (see the module docstring). ``transcode``: the
+    input is another site than the target (no ``b_dec`` subtracted; ``W_dec`` starts at zero)."""
+
+    def __init__(self, d_in: int, d_sae: int, k: int, *, transcode: bool = False):
+        super().__init__()
+        self.k, self.transcode = k, transcode
+        self.encoder = torch.nn.Linear(d_in, d_sae)
+        self.encoder.bias.data.zero_()
+        self.W_dec = torch.nn.Parameter(torch.zeros(d_sae, d_in) if transcode else self.encoder.weight.data.clone())
+        self.b_dec = torch.nn.Parameter(torch.zeros(d_in))
+        self.set_decoder_norm_to_unit_norm()
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(top_acts, top_indices)``, each ``[rows, k]``."""
+        pre = torch.relu(self.encoder(x if self.transcode else x - self.b_dec))
+        return pre.topk(self.k, dim=-1, sorted=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The reconstruction ``[rows, d_out]``."""
+        acts, idx = self.encode(x)
+        return torch.nn.functional.embedding_bag(idx, self.W_dec, per_sample_weights=acts, mode="sum") + self.b_dec
+
+    @torch.no_grad()
+    def set_decoder_norm_to_unit_norm(self) -> None:
+        eps = torch.finfo(self.W_dec.dtype).eps
+        self.W_dec.data /= self.W_dec.data.norm(dim=1, keepdim=True) + eps
+
+    @torch.no_grad()
+    def remove_gradient_parallel_to_decoder_directions(self) -> None:
+        if self.W_dec.grad is not None:
+            parallel = (self.W_dec.grad * self.W_dec.data).sum(-1, keepdim=True)
+            self.W_dec.grad -= parallel * self.W_dec.data
+
+
+def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: bool | None = None) -> Any:
+    """sparsify's own ``SparseCoder`` where eai-sparsify is installed (``pip install -e '.[train]'``) and
+    ``use_sparsify`` is not False, else :class:`TopKCoder`; ``use_sparsify=True`` without it raises ImportError."""
+    if use_sparsify is not False:
+        try:
+            from sparsify import SparseCoder
+            from sparsify import SparseCoderConfig
+        except ImportError:
+            if use_sparsify:
+                raise
+        else:
+            return SparseCoder(d_in, SparseCoderConfig(num_latents=d_sae, k=k, transcode=transcode))
+    return TopKCoder(d_in, d_sae, k, transcode=transcode)
+
+
+def _transcodes(coder: Any) -> bool:
+    return bool(coder.transcode if isinstance(coder, TopKCoder) else coder.cfg.transcode)
+
+
+def _reconstruct(coder: Any, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = coder(x) if isinstance(coder, TopKCoder) else coder(x, target).sae_out
+    return out
+
+
+def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The fraction of variance unexplained, sparsify's loss."""
+    return (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum().clamp_min(1e-30)
+
+
+def default_lr(d_sae: int) -> float:
+    """sparsify's default learning rate for ``d_sae`` latents."""
+    return 2e-4 / math.sqrt(d_sae / 2**14)
+
+
+def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, batch: int, lr: float,
+          seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Adam on the FVU over shuffled batches of the rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs``
+    times. Returns ``{"steps", "fvu" (per step), "fired" (a bool per latent: fired at least once in the last
+    epoch)}``."""
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(coder.parameters(), lr=lr)
+    transcode = _transcodes(coder)
+    with torch.no_grad():  # sparsify's Trainer at its first step: pre-activations centred, b_dec the target's mean
+        if transcode:
+            coder.encoder.bias.data = -x.mean(0) @ coder.encoder.weight.data.T
+        coder.b_dec.data = target.mean(0)
+    steps = epochs * math.ceil(len(x) / batch)
+    curve: list[float] = []
+    fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
+    for epoch in range(epochs):
+        if epoch == epochs - 1:
+            fired.zero_()
+        order = torch.randperm(len(x), generator=g)
+        for start in range(0, len(x), batch):
+            idx = order[start:start + batch]
+            xb, yb = x[idx], target[idx]
+            loss = fvu(_reconstruct(coder, xb, yb), yb)
+            loss.backward()  # type: ignore[no-untyped-call]
+            if not transcode:  # as sparsify: a transcoder's decoder rows are free
+                coder.remove_gradient_parallel_to_decoder_directions()
+            opt.step()
+            opt.zero_grad()
+            if not transcode:
+                coder.set_decoder_norm_to_unit_norm()
+            curve.append(float(loss.detach()))
+            with torch.no_grad():
+                acts, top = coder.encode(xb)[:2]
+                fired[top[acts > 0]] = True
+            if progress is not None:
+                progress(len(curve), steps)
+    return {"steps": len(curve), "fvu": curve, "fired": fired}
+
+
+def measured_rate(d_in: int, d_sae: int, device: str | torch.device = "cpu", rows: int = 512) -> float:
+    """FLOP/s of a ``[rows, d_in] @ [d_in, d_sae]`` float32 product on ``device``, the best of three."""
+    a = torch.randn(rows, d_in, device=device)
+    b = torch.randn(d_in, d_sae, device=device)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * rows * d_in * d_sae / max(best, 1e-9)
+
+
+def save_sparsify(coder: Any, folder: Path) -> None:
+    """``folder/cfg.json`` and ``folder/sae.safetensors`` as sparsify's ``save_to_disk`` writes them (sparsify's
+    own coder: its ``save_to_disk``)."""
+    from safetensors.torch import save_file
+
+    if not isinstance(coder, TopKCoder):
+        coder.save_to_disk(folder)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    d_sae, d_in = coder.encoder.weight.shape
+    cfg = {"activation": "topk", "expansion_factor": max(1, d_sae // d_in), "normalize_decoder": True,
+           "num_latents": int(d_sae), "k": coder.k, "multi_topk": False, "skip_connection": False,
+           "transcode": coder.transcode, "d_in": int(d_in)}
+    tensors = {"encoder.weight": coder.encoder.weight, "encoder.bias": coder.encoder.bias, "W_dec": coder.W_dec,
+               "b_dec": coder.b_dec}
+    tmp = folder / f"sae.safetensors.tmp.{os.getpid()}"
+    save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, folder / "sae.safetensors")
+    (folder / "cfg.json").write_text(json.dumps(cfg), encoding="utf-8")

@@ -1,0 +1,156 @@
+"""`anatomy fit-sae`: a TopK SAE and an MLP transcoder trained on a tiny random model's activations (anatomy's
+hooks), written in sparsify's format and read back by `anatomy sae`; the health warnings of issue 51."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from anatomy_cli.analyses import sae as analysis
+from anatomy_cli.cli.main import app
+from anatomy_cli.engine import sae_fit
+from anatomy_cli.models.sae.read import read
+
+runner = CliRunner()
+# eai-sparsify is the optional [train] extra, not in the test environment: a Python that has it, named here
+SPARSIFY_PYTHON = os.environ.get("SPARSIFY_PYTHON")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    text = " ".join(f"The {w} sat on the mat and looked at the {v}." for w in ("cat", "dog", "bird", "fox")
+                    for v in ("door", "sky", "tree", "moon", "sea"))
+    path = tmp_path / "corpus.txt"
+    path.write_text((text + "\n") * 6)
+    return path
+
+
+def fit(model_dir, corpus, out, *more):
+    return runner.invoke(app, ["fit-sae", str(corpus), "--model", str(model_dir), "--layer", "1", "--out", str(out),
+                               "--ctx", "32", "--max-tokens", "640", "--d-sae", "64", "--k", "4", "--epochs", "30",
+                               "--batch-size", "64", "--lr", "0.01", "--format", "json", *more])
+
+
+@pytest.mark.parametrize("transcoder", [False, True])
+def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_model_dir, corpus, tmp_path,
+                                                                         transcoder):
+    from anatomy_cli.engine import load
+    from anatomy_cli.engine.sae import Dictionary
+
+    model = tiny_model_dir("gpt2")
+    out = tmp_path / "sae"
+    result = fit(model, corpus, out, *(["--transcoder"] if transcoder else []))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    folder = out / ("layers.1.mlp" if transcoder else "layers.1")
+    assert data["out"] == str(folder)
+    assert "fit-sae: a TopK" in result.stderr and "GFLOP/s" in result.stderr  # the cost, before the work
+    sae = read(folder)
+    assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)
+    # MSE on the training activations, computed here through anatomy's hooks: trained vs the same init
+    lm = load(str(model), device="cpu")
+    ids = lm.tokenizer.hf(corpus.read_text())["input_ids"]
+    x, y = sae_fit.collect(lm, [ids[:32], ids[32:64]], [sae.site, sae.site_out])
+    torch.manual_seed(0)  # fit-sae's --seed: the same initial coder
+    init = sae_fit.TopKCoder(x.shape[1], 64, 4, transcode=transcoder)
+    sae_fit.train(x, y, init, epochs=0, batch=64, lr=0.01)  # no step: sparsify's initial biases only
+    with torch.no_grad():
+        mse_init = float((init(x) - y).pow(2).mean())
+    d = Dictionary(sae)
+    mse_trained = float((d.decode(d.encode(x), x) - y).pow(2).mean())
+    assert mse_trained < 0.5 * mse_init, (mse_trained, mse_init)
+    # the file reads in `anatomy sae`, and its health is what fit-sae reported on the held-out window
+    shown = runner.invoke(app, ["sae", "The cat sat on the mat", "--sae", str(folder), "--model", str(model),
+                                "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["sae"]["transcoder"] is transcoder
+
+
+def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path):
+    import importlib.util
+
+    python = sys.executable if importlib.util.find_spec("sparsify") else SPARSIFY_PYTHON
+    if python is None:
+        pytest.skip("eai-sparsify is not installed here (pip install -e '.[train]') and SPARSIFY_PYTHON is unset")
+    out = tmp_path / "sae"
+    assert fit(tiny_model_dir("gpt2"), corpus, out, "--epochs", "2").exit_code == 0
+    x = torch.randn(5, 32)
+    torch.save(x, tmp_path / "x.pt")
+    code = ("import sys, torch; from sparsify import SparseCoder; "
+            f"s = SparseCoder.load_from_disk({str(out / 'layers.1')!r}); x = torch.load({str(tmp_path / 'x.pt')!r}); "
+            "e = s.encode(x); torch.save(s.decode(e.top_acts, e.top_indices), sys.argv[1])")
+    subprocess.run([python, "-c", code, str(tmp_path / "y.pt")], check=True, capture_output=True)
+    from anatomy_cli.engine.sae import Dictionary
+
+    d = Dictionary(read(out / "layers.1"))
+    torch.testing.assert_close(d.decode(d.encode(x), x), torch.load(tmp_path / "y.pt"), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layer", "1", "--out", "OUT"], "does not exist"),
+    (["--layer", "1"], "Missing option '--out'"),
+    (["--layer", "1", "--out", "OUT", "--k", "9", "--d-sae", "8"], "--d-sae 8 is below --k 9"),
+    (["--layer", "1", "--out", "OUT", "--max-tokens", "100", "--ctx", "64"], "under two --ctx 64 windows"),
+    (["--layer", "1", "--out", "FULL"], "is not empty"),
+])
+def test_bad_input_is_one_line_before_the_model_opens(tmp_path, args, message):
+    """--model nowhere would fail to open: each message comes first, from the options alone."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    args = [{"OUT": str(tmp_path / "o"), "FULL": str(tmp_path / "full")}.get(a, a) for a in args]
+    missing = str(tmp_path / "missing.txt") if message == "does not exist" else str(tmp_path / "full" / "x")
+    result = runner.invoke(app, ["fit-sae", missing, "--model", "nowhere", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_too_small_a_corpus_is_refused_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch):
+    from anatomy_cli.tasks import session
+
+    monkeypatch.setattr(session, "load_weights", lambda *a, **k: pytest.fail("weights loaded"))
+    (tmp_path / "c.txt").write_text("The cat sat.")
+    result = runner.invoke(app, ["fit-sae", str(tmp_path / "c.txt"), "--model", str(tiny_model_dir("gpt2")),
+                                 "--layer", "1", "--out", str(tmp_path / "o"), "--ctx", "8", "--max-tokens", "64"])
+    assert result.exit_code == 2 and "under two --ctx 8 windows" in result.output, result.output
+    result = runner.invoke(app, ["fit-sae", str(tmp_path / "c.txt"), "--model", str(tiny_model_dir("gpt2")),
+                                 "--layer", "7", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--layer" in result.output, result.output
+
+
+def _health(**changes):
+    base = dict(l0=(8, 8), l0_mean=8.0, stated_l0=8.0, fve=0.9, mse=1.0, error_ratio=0.3, norm_ratio=1.0,
+                ce_clean_nats=3.0, ce_spliced_nats=3.1, ce_with_error_nats=3.0, kl_spliced_nats=0.1,
+                kl_with_error_nats=0.0, max_logit_diff_with_error=0.0)
+    return analysis.Health(**{**base, **changes})
+
+
+def _warnings(h):
+    return analysis.warnings(h, n_tokens=2, context_size=None, sae_bos=None, prompt_bos=None, centred=False,
+                             centred_now=0.0)
+
+
+def test_a_spliced_kl_of_6_8_nats_and_a_low_fve_are_warned():
+    kl = _warnings(_health(kl_spliced_nats=6.8))  # the issue's SAE: no warning before
+    assert len(kl) == 1 and "KL 6.80 nats > 1" in kl[0] and "does not fit" in kl[0]
+    assert _warnings(_health()) == []
+    assert _warnings(_health(kl_spliced_nats=1.0)) == []  # the threshold itself passes
+    fve = _warnings(_health(fve=0.3))
+    assert len(fve) == 1 and "FVE 0.300 < 0.5" in fve[0]
+    assert len(_warnings(_health(fve=-0.2))) == 1  # under 0: the one, stronger, warning
+
+
+def test_the_sae_benchmark_defaults_to_this_python_not_a_path_on_one_machine():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "train_sae_smollm2.py"
+    spec = importlib.util.spec_from_file_location("train_sae_smollm2", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parser().parse_args([]).sae_python == sys.executable
