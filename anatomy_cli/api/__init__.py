@@ -33,6 +33,7 @@ _EXPORTS = {
     "_verify": ("verify",),
     "_fit_lens": ("fit_lens", "merge_lenses"),
     "_fit_sae": ("fit_sae",),
+    "_circuit": ("circuit",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
