@@ -75,7 +75,7 @@ def link_weights(weights: Path, target: Path) -> None:
     (target / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def write_transcoders(model: Path, out: Path, n_features: int, seed: int) -> Path:
+def write_transcoders(model: Path, out: Path, n_features: int, seed: int, decoder_scale: float = 0.05) -> Path:
     """Seeded random transcoders, one per block: ``out/transcoders/{config.yaml, layer_i.safetensors}``."""
     config = json.loads((model / "config.json").read_text())
     d, n_layers = config["hidden_size"], config["num_hidden_layers"]
@@ -86,7 +86,7 @@ def write_transcoders(model: Path, out: Path, n_features: int, seed: int) -> Pat
     for layer in range(n_layers):
         tensors = {
             "W_enc": torch.randn(n_features, d, generator=gen) / 3,  # pre-activations ~ N(0, 1): mlp_in norms are ~3
-            "W_dec": torch.randn(n_features, d, generator=gen) * 0.05,
+            "W_dec": torch.randn(n_features, d, generator=gen) * decoder_scale,
             "b_enc": -1.5 - 0.5 * torch.rand(n_features, generator=gen),
             "b_dec": torch.randn(d, generator=gen) * 0.01,
         }
@@ -185,6 +185,7 @@ def main(argv: list[str]) -> None:
         if name == "write":
             p.add_argument("--features", type=int, default=64)
             p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--decoder-scale", type=float, default=0.05)
         if name == "attribute":
             p.add_argument("--prompt", required=True)
             p.add_argument("--max-n-logits", type=int, default=10)
@@ -197,7 +198,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "write":
-        print(write_transcoders(args.model, args.out, args.features, args.seed))
+        print(write_transcoders(args.model, args.out, args.features, args.seed, args.decoder_scale))
     elif args.command == "attribute":
         attribute_command(args)
     else:
