@@ -162,8 +162,10 @@ def test_json_equals_circuit_tracers(ct, ours):
     *_, mine = ours
     assert mine["metadata"]["prompt_tokens"] == ct_json["metadata"]["prompt_tokens"]
     assert mine["qParams"] == ct_json["qParams"]
-    theirs = {n["node_id"]: n for n in ct_json["nodes"]}
-    got = {n["node_id"]: n for n in mine["nodes"]}
+    # keyed by (node_id, feature_type): circuit-tracer's error id 0_{layer}_{pos} can equal a block-0 feature's id
+    theirs = {(n["node_id"], n["feature_type"]): n for n in ct_json["nodes"]}
+    got = {(n["node_id"], n["feature_type"]): n for n in mine["nodes"]}
+    assert len(got) == len(mine["nodes"]) and len(theirs) == len(ct_json["nodes"])
     assert sorted(got) == sorted(theirs)
     exact = ("feature", "layer", "ctx_idx", "feature_type", "is_target_logit", "jsNodeId")
     for node_id, node in theirs.items():
