@@ -169,6 +169,8 @@ def check_command(args) -> None:
     from circuit_tracer.graph import Graph
 
     graph = Graph.from_pt(str(args.graph))
+    # create_graph_files loads the tokenizer by cfg.tokenizer_name: another tool may name the model its own way
+    graph.cfg.tokenizer_name = str(v4_model_dir(args.model, args.out))
     torch.save(plain(graph, args.node_threshold, args.edge_threshold), args.out / "check.pt")
     write_json(graph, args.out, "check", args.node_threshold, args.edge_threshold)
 
