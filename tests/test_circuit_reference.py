@@ -62,9 +62,8 @@ def ct(tmp_path_factory, smollm2_lm):
     model = tmp_path_factory.mktemp("smollm2-hf")
     write_directory(smollm2_lm, model)
     out = tmp_path_factory.mktemp("ct")
-    run_ct(python, "write", "--model", model, "--out", out, "--features", 64, "--seed", 0)
-    run_ct(python, "attribute", "--model", model, "--out", out, "--prompt", PROMPT,
-           "--max-feature-nodes", MAX_FEATURE_NODES, "--batch-size", BATCH)
+    run_ct(python, "attribute", "--model", model, "--out", out, "--prompt", PROMPT, "--features", 64, "--seed", 0,
+           "--max-feature-nodes", MAX_FEATURE_NODES, "--batch-size", BATCH)  # writes the transcoders first
     record = torch.load(out / "reference.pt", weights_only=False)
     return python, model, out, record, json.loads((out / "ct.json").read_text())
 
@@ -99,27 +98,31 @@ def test_reference_logits_are_the_models(ct, smollm2_lm):
 
 # ---- anatomy's side: `anatomy circuit` (c1's command; its interface: /work/notes/c1-interface.md) ----
 
-def anatomy_circuit(model: Path, transcoders: Path, out: Path) -> dict:
-    """Run ``anatomy circuit`` as a user would, with circuit-tracer's choices spelled out; returns its JSON."""
+def anatomy_circuit(lm, model: Path, transcoders: Path, out: Path) -> dict:
+    """Run ``anatomy circuit`` as a user would, with circuit-tracer's choices spelled out; returns its JSON. The
+    model is the session's SmolLM2 (the GGUF file ``model`` was converted from: the same weights), not read again."""
+    from conftest import FixedLoader
     from typer.testing import CliRunner
 
     from anatomy_cli.cli.main import app
+    from anatomy_cli.engine.loader import using_loader
 
     if "circuit" not in {c.name for c in app.registered_commands}:
         pytest.skip("anatomy circuit is not built on this branch yet")
-    result = CliRunner().invoke(app, [
-        "circuit", PROMPT, "--model", str(model), "--transcoders", str(transcoders), "--bos",
-        "--max-feature-nodes", str(MAX_FEATURE_NODES), "--batch-size", str(BATCH),
-        "--out", str(out / "graph.pt"), "--json", str(out / "graph.json"), "--format", "json"])
+    with using_loader(FixedLoader(lm)):
+        result = CliRunner().invoke(app, [
+            "circuit", PROMPT, "--model", str(model), "--transcoders", str(transcoders), "--bos",
+            "--max-feature-nodes", str(MAX_FEATURE_NODES), "--batch-size", str(BATCH),
+            "--out", str(out / "graph.pt"), "--json", str(out / "graph.json"), "--format", "json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
-def ours(ct, tmp_path_factory):
+def ours(ct, tmp_path_factory, smollm2_lm):
     python, model, out, ref, _ = ct
     mine = tmp_path_factory.mktemp("anatomy")
-    report = anatomy_circuit(model, out / "transcoders", mine)
+    report = anatomy_circuit(smollm2_lm, model, out / "transcoders", mine)
     run_ct(python, "check", "--model", model, "--out", mine, mine / "graph.pt")  # circuit-tracer reads anatomy's file
     return report, torch.load(mine / "check.pt", weights_only=False), json.loads((mine / "graph.json").read_text())
 

@@ -8,7 +8,7 @@ subprocess.
 (``anatomy convert`` of the SmolLM2 GGUF). The model directory is read through a copy of its config that transformers
 4.57 reads (``rope_theta`` from transformers 5's ``rope_parameters``).
 
-``attribute``: circuit-tracer's ``attribute(...)`` on the prompt, then its ``prune_graph``, ``compute_graph_scores`` and
+``attribute``: (``write`` first where OUT has no transcoders) circuit-tracer's ``attribute(...)`` on the prompt, then its ``prune_graph``, ``compute_graph_scores`` and
 ``create_graph_files``; writes ``ct-graph.pt`` (``Graph.to_pt``), ``ct.json`` (the graph JSON), and ``reference.pt``:
 every result as plain tensors, ints and strings, which torch.load reads without circuit-tracer (the test's side).
 
@@ -145,6 +145,8 @@ def attribute_command(args) -> None:
     from circuit_tracer import attribute
     from circuit_tracer.graph import Graph
 
+    if not (args.out / "transcoders" / "config.yaml").is_file():  # `write` folded in: one process start less
+        write_transcoders(args.model, args.out, args.features, args.seed, args.decoder_scale)
     start = time.perf_counter()
     model = replacement_model(args.model, args.out)
     loaded = time.perf_counter()
@@ -184,7 +186,7 @@ def main(argv: list[str]) -> None:
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--node-threshold", type=float, default=0.8)
         p.add_argument("--edge-threshold", type=float, default=0.98)
-        if name == "write":
+        if name in ("write", "attribute"):
             p.add_argument("--features", type=int, default=64)
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--decoder-scale", type=float, default=0.05)
