@@ -1,0 +1,116 @@
+"""``circuit --plot FILE.html``: the graph page, drawn from a graph JSON that circuit-tracer 0.5.0 itself wrote
+(tests/data/circuit/ct-smollm2-random.json: ``create_graph_files`` on SmolLM2 with seeded random transcoders, made by
+tests/reference/circuit_tracer_ref.py; weights rounded to 6 digits), with a script put into a token and a label.
+
+Checked against the JSON, not against the page's own code: every node is one marker at row (embed | block + 1 | logits)
+and its position's column; every link is one segment; the strongest link is the widest line; hovering a feature shows
+its id, label (as text) and activation; in the browser the page loads with no console error, no request and no dialog.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from anatomy_cli.output.html import circuit
+from anatomy_cli.output.plots import Caption
+
+DATA = Path(__file__).parent / "data" / "circuit" / "ct-smollm2-random.json"
+EVIL = "<script>alert(1)</script>"
+LABEL = 'capital <img src=x onerror="alert(2)"> & city'
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict:
+    g = copy.deepcopy(json.loads(DATA.read_text()))
+    g["metadata"]["prompt_tokens"][3] = f" {EVIL}"
+    feature = next(n for n in g["nodes"] if n["feature_type"] == "cross layer transcoder")
+    feature["clerp"] = LABEL
+    return g
+
+
+def test_nodes_sit_in_their_row_and_column(graph):
+    nodes = graph["nodes"]
+    n_layers = max(int(n["layer"]) for n in nodes if n["feature_type"] == "logit") - 1
+    assert n_layers == 30  # SmolLM2's 30 blocks; logits on layer "31" in circuit-tracer's JSON
+    at = circuit.places(nodes, n_layers)
+    assert len(at) == len(nodes)
+    for n, (x, row) in zip(nodes, at):
+        want = 0 if n["layer"] == "E" else int(n["layer"]) + (0 if n["feature_type"] == "logit" else 1)
+        assert row == want, n["node_id"]
+        assert abs(x - n["ctx_idx"]) < 0.4, n["node_id"]  # inside its position's column
+    assert len(set(at)) == len(at)  # no two nodes on the same spot
+    # circuit-tracer's own ids collide (error 0_{layer}_{pos} = block-0 feature 0_{feature}_{pos}): this file has one
+    ids = [n["node_id"] for n in nodes]
+    twice = {i for i in ids if ids.count(i) > 1}
+    assert {n["feature_type"] for n in nodes if n["node_id"] in twice} == {"cross layer transcoder",
+                                                                           "mlp reconstruction error"}
+
+
+def test_every_link_is_one_segment_and_the_strongest_is_widest(graph):
+    nodes = graph["nodes"]
+    at = circuit.by_id(nodes, circuit.places(nodes, 30))
+    traces = circuit.link_traces(graph["links"], at)
+    segments = sum(sum(1 for x in t.x if x is None) for t in traces)
+    assert len(graph["links"]) > circuit.MAX_LINKS == segments  # the cap, at the strongest links
+    ranked = sorted(graph["links"], key=lambda e: -abs(e["weight"]))
+    strongest, weakest = ranked[0], ranked[circuit.MAX_LINKS - 1]
+
+    def width_of(link):
+        (x0, y0), (x1, y1) = at[link["source"]], at[link["target"]]
+        for t in traces:
+            pts = list(zip(t.x, t.y))
+            for i in range(0, len(pts), 3):
+                if pts[i] == (x0, y0) and pts[i + 1] == (x1, y1):
+                    return t.line.width, t.line.color
+        raise AssertionError(link)
+
+    width, colour = width_of(strongest)
+    assert width == max(circuit.WIDTHS)
+    assert colour == (circuit.RAISE if strongest["weight"] >= 0 else circuit.LOWER)
+    assert width_of(weakest)[0] == min(circuit.WIDTHS)
+    with pytest.raises(AssertionError):
+        width_of(ranked[circuit.MAX_LINKS])  # the first one past the cap is not drawn
+
+
+def test_page_escapes_tokens_and_labels(graph, tmp_path):
+    page = circuit.figure(graph, Caption("circuit", "SmolLM2-135M-Instruct", f"The capital {EVIL} France is"))
+    html = page.render()
+    assert EVIL not in html and "<img src=x" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html or "\\u003cscript\\u003e" in html
+
+
+# ---- in the browser (Debian's chromium through playwright; skipped where either is missing) ----
+
+from test_html_browser import Opened  # noqa: E402
+from test_html_browser import browser  # noqa: E402,F401  (the session's browser fixture)
+
+
+def test_graph_page_in_the_browser(browser, graph, tmp_path):  # noqa: F811
+    path = tmp_path / "graph.html"
+    circuit.figure(graph, Caption("circuit", "SmolLM2-135M-Instruct", f"The capital {EVIL} France is")).write(path)
+    opened = Opened(browser, path)
+    try:
+        opened.clean()
+        assert f"The capital {EVIL} France is" in opened.page.inner_text("body")  # the prompt shown as text
+        data = opened.page.evaluate(
+            "document.getElementById('circuit-graph').data.map(t => ({mode: t.mode, n: (t.x || []).length, "
+            "ids: t.customdata || null, width: t.line ? t.line.width : null}))")
+        markers = [t for t in data if t["mode"] == "markers"]
+        assert sorted(i for t in markers for i in t["ids"]) == sorted(n["node_id"] for n in graph["nodes"])
+        feature = next(n for n in graph["nodes"] if n.get("clerp") == LABEL)
+        x, y = circuit.places(graph["nodes"], 30)[graph["nodes"].index(feature)]
+        opened.hover_cell("circuit-graph", x, y)
+        lines = opened.hover_lines()
+        text = " | ".join(lines)
+        assert feature["node_id"] in lines[0] and "transcoder feature" in lines[0]
+        assert LABEL in text  # the label shown as text, not markup
+        assert f"activation {feature['activation']:.4f}" in text
+        assert f"position {feature['ctx_idx']}:" in text
+        opened.clean()
+        opened.screenshot_is_not_blank(tmp_path / "graph.png")
+    finally:
+        opened.page.close()
