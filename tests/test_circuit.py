@@ -8,6 +8,8 @@ intervention equal their weights; pruning against a hand computation; files; ref
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -155,3 +157,141 @@ def test_prune_by_hand():
     assert not result.edge_mask[4, 2]
     rep_score, comp = prune.scores(a, probs, n_tokens=1, n_errors=0)
     assert rep_score == pytest.approx(1.0) and comp == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- files, CLI, API, refusals
+
+def write_transcoder_set(root, lm, tcs, *, gemma_scope_2=False, d_model=None):
+    """circuit-tracer's transcoder_set layout (or Gemma Scope 2's tensor names) for ``tcs``."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    files = []
+    for layer, tc in enumerate(tcs):
+        if gemma_scope_2:
+            t = {"w_enc": tc.W_enc.T.contiguous(), "w_dec": tc.W_dec, "b_enc": tc.b_enc, "b_dec": tc.b_dec,
+                 "threshold": torch.zeros(tc.W_enc.shape[0])}
+        else:
+            t = {"W_enc": tc.W_enc, "W_dec": tc.W_dec, "b_enc": tc.b_enc, "b_dec": tc.b_dec}
+        if d_model is not None:
+            t = {k: v[..., :d_model].contiguous() if v.ndim == 2 else v for k, v in t.items()}
+        save_file(t, str(root / f"layer_{layer}.safetensors"))
+        files.append(f"layer_{layer}.safetensors")
+    (root / "config.yaml").write_text(
+        "model_kind: transcoder_set\nscan: tiny-test\nfeature_input_hook: mlp.hook_in\n"
+        "feature_output_hook: mlp.hook_out\ntranscoders:\n" + "".join(f"  - {f}\n" for f in files))
+    return root
+
+
+def invoke(*args):
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli.main import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_writes_graph_pt_and_json(tiny_model_dir, tiny_lm, tmp_path):
+    lm = tiny_lm("llama")
+    tcs = random_transcoders(lm)
+    tdir = write_transcoder_set(tmp_path / "tc", lm, tcs)
+    out, js = tmp_path / "graph.pt", tmp_path / "graph.json"
+    result = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
+                    "--device", "cpu", "--transcoders", str(tdir), "--bos", "--out", str(out), "--json", str(js),
+                    "--max-feature-nodes", "20", "--batch-size", "8", "--check", "5", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    saved = torch.load(out, weights_only=False, pickle_module=_stub_pickle())
+    assert sorted(saved) == sorted(["input_string", "adjacency_matrix", "cfg", "active_features", "logit_targets",
+                                    "logit_probabilities", "vocab_size", "input_tokens", "selected_features",
+                                    "activation_values", "scan"])
+    n = saved["adjacency_matrix"].shape[0]
+    n_pos = len(saved["input_tokens"])
+    assert n == 20 + (lm.n_layers + 1) * n_pos + len(saved["logit_targets"])
+    assert saved["scan"] == "tiny-test" and data["n_selected_features"] == 20
+    # the same graph as the analysis built on the same ids, with the same transcoders
+    ids = saved["input_tokens"]
+    s = algo.setup(lm, ids, tcs)
+    targets = torch.tensor([t.args[1] for t in saved["logit_targets"]])
+    a, sel, _ = algo.attribute(lm, ids, tcs, targets, saved["logit_probabilities"], batch_size=8,
+                               max_feature_nodes=20, s=s)
+    torch.testing.assert_close(saved["adjacency_matrix"], a)
+    assert torch.equal(saved["selected_features"], sel)
+    graph = json.loads(js.read_text())
+    assert set(graph) == {"metadata", "qParams", "nodes", "links"}
+    ids_in = {nd["node_id"] for nd in graph["nodes"]}
+    assert all(link["source"] in ids_in and link["target"] in ids_in for link in graph["links"])
+    assert sum(nd["feature_type"] == "embedding" for nd in graph["nodes"]) == n_pos
+    assert data["check"]["max_abs_error"] < 1e-5
+    logit = next(nd for nd in graph["nodes"] if nd["is_target_logit"])
+    assert logit["node_id"] == f"{lm.n_layers + 1}_{int(targets[0])}_{n_pos - 1}"
+
+
+def _stub_pickle():
+    """A pickle module that reads circuit-tracer's classes without circuit-tracer: ``Foreign`` objects come back
+    as a record of their arguments."""
+    import pickle
+    import types
+
+    class Stub:
+        def __init__(self, *args):
+            self.args = args
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if module == "importlib" and name == "import_module":
+                return lambda m: types.SimpleNamespace(UnifiedConfig=Stub, LogitTarget=Stub) \
+                    if m.startswith("circuit_tracer") else __import__(m)
+            return super().find_class(module, name)
+
+    return types.SimpleNamespace(Unpickler=Unpickler, load=pickle.load, __name__="stub_pickle")
+
+
+def test_gemma_scope_2_layout_reads_the_same(tiny_lm, tmp_path):
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    lm = tiny_lm("llama")
+    tcs = random_transcoders(lm)
+    ts = files.describe(write_transcoder_set(tmp_path / "gs2", lm, tcs, gemma_scope_2=True))
+    assert ts.gemma_scope_2 and ts.d_model == lm.d_model and ts.d_transcoder == 16
+    got = load_transcoders(lm, ts)
+    torch.testing.assert_close(got[1].W_enc, tcs[1].W_enc)
+    assert got[1].threshold is not None
+
+
+def test_api_matches_cli_record(tiny_model_dir, tiny_lm, tmp_path):
+    import anatomy_cli as anatomy
+
+    lm = tiny_lm("gpt2")
+    tdir = write_transcoder_set(tmp_path / "tc", lm, random_transcoders(lm))
+    res = anatomy.circuit(lm, "The capital of France is", transcoders=str(tdir), max_feature_nodes=10, batch_size=4)
+    cli = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("gpt2")), "--device", "cpu",
+                 "--transcoders", str(tdir), "--max-feature-nodes", "10", "--batch-size", "4", "-f", "json")
+    assert cli.exit_code == 0, cli.stderr
+    assert json.loads(cli.stdout)["paths"] == res.to_dict()["paths"]
+
+
+def test_refusals_before_weights_load(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
+    import anatomy_cli.cli.commands.circuit as command
+
+    def no_load(*_a, **_k):
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(command, "load_weights", no_load)
+    lm = tiny_lm("llama")
+    model = str(tiny_model_dir("llama"))
+    missing = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tmp_path / "nope"))
+    assert missing.exit_code == 2 and "no such directory" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    narrow = write_transcoder_set(tmp_path / "narrow", lm, random_transcoders(lm), d_model=lm.d_model - 2)
+    wide = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(narrow))
+    assert wide.exit_code == 2 and f"{lm.d_model - 2} wide" in wide.stderr
+    tdir = write_transcoder_set(tmp_path / "ok", lm, random_transcoders(lm))
+    enc = invoke("circuit", "Hi there", "--model", str(tiny_model_dir("bert")), "--transcoders", str(tdir))
+    assert enc.exit_code == 2 and len(enc.stderr.strip().splitlines()) == 1
+    bad = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir), "--node-threshold", "2")
+    assert bad.exit_code == 2 and "--node-threshold" in bad.stderr
+    (tdir / "config.yaml").write_text("model_kind: cross_layer_transcoder\ntranscoders: [a]\n")
+    clt = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir))
+    assert clt.exit_code == 2 and "cross_layer_transcoder" in clt.stderr
