@@ -85,8 +85,8 @@ def main() -> None:
     a = parser().parse_args()
     found = subprocess.run([a.sae_python, "-c", "import sparsify"], capture_output=True)
     if found.returncode != 0:
-        sys.exit(f"error: {a.sae_python} cannot import sparsify: pip install -e '.[train]' there, or pass "
-                 "--sae-python PYTHON (anatomy fit-sae trains without it)")
+        sys.exit(f"error: {a.sae_python} cannot import sparsify: pass --sae-python PYTHON, or run "
+                 "`pip install -e '.[train]'` in this environment (anatomy fit-sae trains without it)")
     if a.smoke:
         a.max_tokens, a.d_sae, a.epochs, a.out = 2048, 256, 1, a.out + "-smoke"
     out, site = Path(a.out), f"blocks.{a.layer}.hook_resid_post"
