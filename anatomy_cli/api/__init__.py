@@ -32,6 +32,7 @@ _EXPORTS = {
     "_diff": ("diff",),
     "_verify": ("verify",),
     "_fit_lens": ("fit_lens", "merge_lenses"),
+    "_circuit": ("circuit",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

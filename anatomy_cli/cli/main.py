@@ -14,6 +14,7 @@ from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands import ablate  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import attn  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import attribute  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import circuit  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import convert  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import corpus  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import diff  # noqa: F401  (registration by import)

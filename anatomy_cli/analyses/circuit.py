@@ -1,0 +1,189 @@
+"""The attribution graph (circuit-tracer 0.5.0's ``attribute``): active features from one forward, direct-effect
+rows by batched backward passes on the frozen replacement model, feature rows in influence order.
+
+Node order (columns, and rows of the square adjacency): active features (layer, position, feature — sorted) |
+error nodes, layer-major (``l * n_pos + pos``) | tokens (``n_pos``) | logits. Rows are targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+
+import torch
+
+from anatomy_cli.engine import replacement as rep
+from anatomy_cli.engine.model import LoadedModel
+
+
+@dataclass
+class CircuitGraph:
+    """circuit-tracer's ``Graph`` fields, plus ``n_layers``, ``pieces`` (token strings) and ``scan``."""
+
+    input_string: str
+    input_tokens: torch.Tensor
+    adjacency_matrix: torch.Tensor
+    active_features: torch.Tensor
+    selected_features: torch.Tensor
+    activation_values: torch.Tensor
+    logit_targets: list[tuple[str, int]]
+    logit_probabilities: torch.Tensor
+    vocab_size: int
+    n_layers: int
+    pieces: list[str] = field(default_factory=list)
+    scan: str | list[str] | None = None
+
+    @property
+    def n_pos(self) -> int:
+        return int(self.input_tokens.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.selected_features.shape[0])
+
+    @property
+    def n_logits(self) -> int:
+        return len(self.logit_targets)
+
+
+@dataclass
+class Setup:
+    """What the rows need: ``active [n, 3]``, ``values [n]``, ``encoder [n, d]`` (W_enc rows), ``decoder [n, d]``
+    (act · W_dec), ``errors [L, P, d]``, ``tokens [P, d]`` (the embedding's output) and the real ``logits [V]``."""
+
+    active: torch.Tensor
+    values: torch.Tensor
+    encoder: torch.Tensor
+    decoder: torch.Tensor
+    errors: torch.Tensor
+    tokens: torch.Tensor
+    logits: torch.Tensor
+
+
+def setup(lm: LoadedModel, ids: torch.Tensor, transcoders: list[rep.Transcoder]) -> Setup:
+    """One forward: per layer the features active at positions 1.. (position 0 is kept out, as circuit-tracer
+    does) and the error ``mlp_out - reconstruction`` (zero at position 0)."""
+    with rep.frozen(lm), torch.no_grad():
+        fw = rep.forward(lm, ids, transcoders, 1)
+    sparse, errors = [], []
+    for layer, tc in enumerate(transcoders):
+        x = fw.mlp_in[layer][0].float()
+        acts = tc.encode(x)
+        acts[0] = 0
+        errors.append(fw.mlp_out[layer][0].float() - tc.decode(acts, x))
+        sparse.append(acts.to_sparse())
+    matrix = torch.stack(sparse).coalesce()
+    active, values = matrix.indices().T, matrix.values()
+    enc = torch.cat([transcoders[int(l)].W_enc[f][None] for l, _, f in active.tolist()] or
+                    [torch.zeros(0, lm.d_model)])
+    dec = torch.cat([transcoders[int(l)].W_dec[f][None] for l, _, f in active.tolist()] or
+                    [torch.zeros(0, lm.d_model)])
+    err = torch.stack(errors)
+    err[:, 0] = 0
+    return Setup(active, values, enc.float(), dec.float() * values[:, None], err,
+                 fw.embed[0].detach().float(), fw.logits[0, -1].detach().float())
+
+
+def salient_logits(logits: torch.Tensor, max_n_logits: int, desired_prob: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """circuit-tracer's salient targets: the top ``max_n_logits`` tokens, cut after the first whose cumulative
+    probability reaches ``desired_prob``. Returns (ids, probabilities)."""
+    probs = torch.softmax(logits.float(), -1)
+    top_p, top_idx = torch.topk(probs, max_n_logits)
+    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_prob)) + 1
+    return top_idx[:cutoff], top_p[:cutoff]
+
+
+def logit_vectors(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    """The unembedding rows of ``ids`` minus the mean row (circuit-tracer demeans over the whole vocabulary)."""
+    w = lm.points["logits"][0].weight.detach().float()
+    return w[ids] - w.mean(0)
+
+
+class Rows:
+    """Direct effects on batches of targets: one frozen forward of ``batch`` copies, one backward per batch."""
+
+    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: list[rep.Transcoder], s: Setup,
+                 batch: int) -> None:
+        self.lm, self.s, self.batch = lm, s, batch
+        self._ctx = rep.frozen(lm)
+        self._ctx.__enter__()
+        self.fw = rep.forward(lm, ids, transcoders, batch)
+
+    def close(self) -> None:
+        self._ctx.__exit__(None, None, None)
+
+    def compute(self, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+        """Rows ``[len(layers), n_active + L*P + P]``: target b is ``vectors[b] · resid[layers[b]][pos b]`` where
+        resid[l] is the MLP input of block l (l = L: the final norm's output)."""
+        fw, s, n = self.fw, self.s, len(layers)
+        total = fw.embed.new_zeros(())
+        for b in range(n):
+            layer = int(layers[b])
+            site = fw.final if layer == self.lm.n_layers else fw.mlp_in[layer]
+            total = total + site[b, int(positions[b])].float() @ vectors[b].to(site.device)
+        grads = torch.autograd.grad(total, [fw.embed, *fw.mlp_out], retain_graph=True, allow_unused=True)
+        g_embed = grads[0].float()
+        g_mlp = torch.stack([torch.zeros_like(g_embed) if g is None else g.float() for g in grads[1:]])[:, :n]
+        a = s.active
+        feats = torch.einsum("nbd,nd->bn", g_mlp[a[:, 0], :, a[:, 1]], s.decoder) if len(a) else \
+            g_embed.new_zeros(n, 0)
+        errs = torch.einsum("lbpd,lpd->blp", g_mlp, s.errors).reshape(n, -1)
+        toks = torch.einsum("bpd,pd->bp", g_embed[:n], s.tokens)
+        return torch.cat([feats, errs, toks], 1).cpu()
+
+
+def attribute(lm: LoadedModel, ids: torch.Tensor, transcoders: list[rep.Transcoder], targets: torch.Tensor,
+              probs: torch.Tensor, *, batch_size: int, max_feature_nodes: int | None, update_interval: int = 4,
+              s: Setup | None = None) -> tuple[torch.Tensor, torch.Tensor, Setup]:
+    """circuit-tracer's loop (attribute.py): logit rows, then feature rows in the order of their influence on the
+    logits, re-ranked every ``update_interval`` batches. Returns (the square adjacency over selected features,
+    selected feature indices, the setup)."""
+    from anatomy_cli.analyses.circuit_prune import partial_influences
+
+    s = s or setup(lm, ids, transcoders)
+    n_active, n_pos, n_layers = len(s.active), len(ids), lm.n_layers
+    logit_offset = n_active + (n_layers + 1) * n_pos
+    n_logits = len(targets)
+    total = logit_offset + n_logits
+    max_nodes = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
+    edges = torch.zeros(max_nodes + n_logits, total)
+    row_node = torch.zeros(max_nodes + n_logits, dtype=torch.long)
+    rows = Rows(lm, ids, transcoders, s, batch_size)
+    try:
+        vecs = logit_vectors(lm, targets)
+        for i in range(0, n_logits, batch_size):
+            chunk = vecs[i:i + batch_size]
+            k = len(chunk)
+            edges[i:i + k, :logit_offset] = rows.compute(torch.full((k,), n_layers), torch.full((k,), n_pos - 1),
+                                                         chunk)
+            row_node[i:i + k] = torch.arange(logit_offset + i, logit_offset + i + k)
+        visited = torch.zeros(n_active, dtype=torch.bool)
+        done, st = 0, n_logits
+        while done < max_nodes:
+            if max_nodes == n_active:
+                pending = torch.arange(n_active)
+            else:
+                infl = partial_influences(edges[:st], probs, row_node[:st])
+                rank = torch.argsort(infl[:n_active], descending=True)
+                queue = min(update_interval * batch_size, max_nodes - done)
+                pending = rank[~visited[rank]][:queue]
+            for i in range(0, len(pending), batch_size):
+                idx = pending[i:i + batch_size]
+                k = len(idx)
+                a = s.active[idx]
+                edges[st:st + k, :logit_offset] = rows.compute(a[:, 0], a[:, 1], s.encoder[idx])
+                row_node[st:st + k] = idx
+                visited[idx] = True
+                st += k
+                done += k
+    finally:
+        rows.close()
+    selected = torch.where(visited)[0]
+    if max_nodes < n_active:
+        edges = edges[:, torch.cat([selected, torch.arange(n_active, total)])]
+    edges = edges[row_node.argsort()]
+    n = edges.shape[1]
+    full = torch.zeros(n, n)
+    full[:max_nodes] = edges[:max_nodes]
+    full[n - n_logits:] = edges[max_nodes:]
+    return full, selected, s

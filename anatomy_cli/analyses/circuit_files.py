@@ -1,0 +1,125 @@
+"""An attribution graph written as circuit-tracer reads it: ``graph.pt`` (``Graph.to_pt``'s 11 keys; its
+``cfg`` and ``logit_targets`` pickle as circuit-tracer's own ``UnifiedConfig`` / ``LogitTarget`` without
+importing circuit-tracer here) and the graph JSON Neuronpedia's viewer reads (``create_graph_files``' schema).
+"""
+
+from __future__ import annotations
+
+import importlib
+import operator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from anatomy_cli.analyses.circuit import CircuitGraph
+from anatomy_cli.analyses.circuit_prune import PruneResult
+
+_MAPPING = "circuit_tracer.utils.tl_nnsight_mapping"
+_TARGETS = "circuit_tracer.attribution.targets"
+
+
+class _Module:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (importlib.import_module, (self.name,))
+
+
+class _Attr:
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = _Module(module), name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (getattr, (self.module, self.name))
+
+
+class Foreign:
+    """Pickles as ``module.name(*args)``: a circuit-tracer object built where circuit-tracer is installed."""
+
+    def __init__(self, module: str, name: str, args: tuple[Any, ...]) -> None:
+        self.ref, self.args = _Attr(module, name), args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (operator.call, (self.ref, *self.args))
+
+
+def config_args(n_layers: int, d_model: int, d_head: int, n_heads: int, d_mlp: int, d_vocab: int,
+                tokenizer_name: str, model_name: str, architecture: str, n_kv_heads: int | None) -> tuple[Any, ...]:
+    """``UnifiedConfig``'s positional fields, in its order."""
+    return (n_layers, d_model, d_head, n_heads, d_mlp, d_vocab, tokenizer_name, model_name, architecture,
+            n_kv_heads, "float32")
+
+
+def save_pt(graph: CircuitGraph, path: str | Path, cfg_args: tuple[Any, ...]) -> None:
+    """``torch.save`` of circuit-tracer's ``Graph.to_pt`` dict."""
+    torch.save({
+        "input_string": graph.input_string,
+        "adjacency_matrix": graph.adjacency_matrix.float(),
+        "cfg": Foreign(_MAPPING, "UnifiedConfig", cfg_args),
+        "active_features": graph.active_features.long(),
+        "logit_targets": [Foreign(_TARGETS, "LogitTarget", (s, int(i))) for s, i in graph.logit_targets],
+        "logit_probabilities": graph.logit_probabilities.float(),
+        "vocab_size": graph.vocab_size,
+        "input_tokens": graph.input_tokens.long(),
+        "selected_features": graph.selected_features.long(),
+        "activation_values": graph.activation_values.float(),
+        "scan": graph.scan,
+    }, str(path))
+
+
+def _cantor(layer: int, feature: int) -> int:
+    return (layer + feature) * (layer + feature + 1) // 2 + feature
+
+
+def _nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
+    n_sel, n_pos, n_layers = graph.n_features, graph.n_pos, graph.n_layers
+    n_err = n_layers * n_pos
+    infl = prune.cumulative_scores
+    nodes: list[dict[str, Any]] = []
+
+    def node(i: int, node_id: str, feature: int, layer: str, ctx: int, kind: str, js: str, **extra: Any) -> None:
+        nodes.append({"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": ctx, "feature_type": kind,
+                      "token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0,
+                      "jsNodeId": js, "clerp": "", "influence": float(infl[i]), "activation": None, **extra,
+                      "_index": i})
+
+    for i in range(n_sel):
+        layer, pos, feat = (int(v) for v in graph.active_features[graph.selected_features[i]])
+        node(i, f"{layer}_{feat}_{pos}", _cantor(layer, feat), str(layer), pos, "cross layer transcoder",
+             f"{layer}_{feat}-0", clerp=labels.get((layer, feat), ""),
+             activation=float(graph.activation_values[graph.selected_features[i]]))
+    for e in range(n_err):
+        layer, pos = divmod(e, n_pos)
+        node(n_sel + e, f"0_{layer}_{pos}", -1, str(layer), pos, "mlp reconstruction error", f"{layer}_{pos}-0")
+    for pos in range(n_pos):
+        tok = int(graph.input_tokens[pos])
+        node(n_sel + n_err + pos, f"E_{tok}_{pos}", pos, "E", pos, "embedding", f"E_{tok}-{pos}")
+    for j, ((text, vid), p) in enumerate(zip(graph.logit_targets, graph.logit_probabilities.tolist())):
+        node(n_sel + n_err + n_pos + j, f"{n_layers + 1}_{vid}_{n_pos - 1}", vid, str(n_layers + 1), n_pos - 1,
+             "logit", f"L_{vid}-{n_pos - 1}", token_prob=float(p), is_target_logit=j == 0,
+             clerp=f'Output "{text}" (p={p:.3f})', influence=None)
+    return nodes
+
+
+def graph_json(graph: CircuitGraph, prune: PruneResult, *, slug: str, node_threshold: float,
+               labels: dict[tuple[int, int], str] | None = None) -> dict[str, Any]:
+    """The Neuronpedia graph dict (``metadata``, ``qParams``, ``nodes``, ``links``) of circuit-tracer's
+    ``create_graph_files``: kept nodes (with a kept link, plus every token and logit), kept edges."""
+    every = _nodes(graph, prune, labels or {})
+    kept = {n["_index"]: n for n in every if bool(prune.node_mask[n["_index"]])}
+    links, used = [], set()
+    a = graph.adjacency_matrix
+    for dst, src in prune.edge_mask.nonzero().tolist():
+        if dst in kept and src in kept:
+            links.append({"source": kept[src]["node_id"], "target": kept[dst]["node_id"], "weight": float(a[dst, src])})
+            used.update((dst, src))
+    nodes = [{k: v for k, v in n.items() if k != "_index"} for i, n in kept.items()
+             if i in used or n["feature_type"] in ("embedding", "logit")]
+    scan = graph.scan
+    metadata = {"slug": slug, "scan": scan if not isinstance(scan, list) else "custom", "transcoder_list":
+                scan if isinstance(scan, list) else [], "prompt_tokens": list(graph.pieces),
+                "prompt": graph.input_string, "node_threshold": node_threshold, "schema_version": 1}
+    return {"metadata": metadata, "qParams": {"pinnedIds": [], "supernodes": [], "linkType": "both",
+                                              "clickedId": "", "sg_pos": ""}, "nodes": nodes, "links": links}

@@ -1,0 +1,260 @@
+"""The replacement model of an attribution graph (circuit-tracer's): the model with its attention patterns and
+normalisation denominators frozen (detached) at their values on the prompt and each MLP's output detached, so
+that what reaches the residual stream from an MLP is a constant the graph splits into transcoder features and an
+error node (plus the transcoder's skip path, which stays linear in the MLP's input).
+
+:func:`prepare` runs the real model once on the prompt (batch of ``batch``, all rows the same prompt) under the
+frozen rules and keeps what the rows need; :func:`rows` takes one backward per batch of targets.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anatomy_cli.engine.hooks import attach_modules
+from anatomy_cli.engine.model import LoadedModel
+
+FROZEN_ATTENTION = "anatomy_frozen"
+
+
+@dataclass
+class Transcoder:
+    """One layer's transcoder, circuit-tracer's layout: ``W_enc [F, d]``, ``b_enc [F]``, ``W_dec [F, d]``,
+    ``b_dec [d]``, JumpReLU ``threshold [F]`` or None, TopK ``k`` or None, ``W_skip [d, d]`` (skip = x @ W_skip.T)."""
+
+    W_enc: torch.Tensor
+    b_enc: torch.Tensor
+    W_dec: torch.Tensor
+    b_dec: torch.Tensor
+    threshold: torch.Tensor | None = None
+    k: int | None = None
+    W_skip: torch.Tensor | None = None
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., d]`` -> activations ``[..., F]`` (ReLU, JumpReLU ``x * (x > threshold)`` or TopK)."""
+        pre = torch.nn.functional.linear(x, self.W_enc, self.b_enc)
+        if self.threshold is not None:
+            return pre * (pre > self.threshold)
+        if self.k is not None:
+            top = pre.topk(self.k, dim=-1)
+            return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+        return pre.relu()
+
+    def skip(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.W_skip.T if self.W_skip is not None else torch.zeros_like(x)
+
+    def decode(self, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return acts @ self.W_dec + self.b_dec + self.skip(x)
+
+
+class Freezer:
+    """What the prompt's forward fixed: each norm call's denominator, each attention call's pattern and each
+    MLP's output less its skip path. ``replay``: later forwards use them (an intervention on the frozen model);
+    otherwise a forward records them (and its values equal the real model's)."""
+
+    def __init__(self) -> None:
+        self.scales: dict[int, list[torch.Tensor]] = {}
+        self.patterns: dict[int, list[torch.Tensor]] = {}
+        self.mlp_const: dict[int, torch.Tensor] = {}
+        self.replay = False
+        self._calls: dict[int, int] = {}
+
+    def start(self) -> None:
+        self._calls = {}
+
+    def take(self, store: dict[int, list[torch.Tensor]], module: torch.nn.Module, value: torch.Tensor
+             ) -> torch.Tensor:
+        """Record ``value`` for this call of ``module``, or give back the one recorded (replay)."""
+        key = id(module)
+        i = self._calls.get(key, 0)
+        self._calls[key] = i + 1
+        if not self.replay:
+            store.setdefault(key, []).append(value.detach())
+            return value.detach()
+        return store[key][i]
+
+
+_ACTIVE: list[Freezer] = []
+
+
+def _frozen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """The family's own eager attention, then its output again from the detached (or recorded) pattern:
+    gradients reach the values only."""
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    _, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
+    weights = _ACTIVE[-1].take(_ACTIVE[-1].patterns, module, weights)
+    groups = getattr(module, "num_key_value_groups", 1)
+    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    out = torch.matmul(weights.to(v.dtype), v).transpose(1, 2).contiguous()
+    return out, weights
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    AttentionInterface.register(FROZEN_ATTENTION, _frozen_attention)
+    AttentionMaskInterface.register(FROZEN_ATTENTION, eager_mask)
+
+
+def _eps(module: torch.nn.Module) -> float:
+    return float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6)))
+
+
+def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+    """A LayerNorm / RMSNorm's output with its denominator frozen: equal in value (recording), gradient
+    ``gain / s``; replaying, ``gain * P(x) / s + beta`` with the recorded ``s``."""
+    if not isinstance(out, torch.Tensor) or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    x = args[0]
+    freezer = _ACTIVE[-1]
+    xf = x.float()
+    centred = isinstance(module, torch.nn.LayerNorm)
+    xd = xf.detach()
+    if centred:
+        s = (xd.var(-1, unbiased=False, keepdim=True) + _eps(module)).sqrt()
+    else:
+        s = (xd.pow(2).mean(-1, keepdim=True) + _eps(module)).sqrt()
+    s = freezer.take(freezer.scales, module, s)
+    gain, beta = _gain(module, x)
+    if freezer.replay:
+        px = xf - xf.mean(-1, keepdim=True) if centred else xf
+        return (gain * px / s + beta).to(out.dtype)
+    delta = xf - xd
+    if centred:
+        delta = delta - delta.mean(-1, keepdim=True)
+    return out.detach() + (gain * delta / s).to(out.dtype)
+
+
+def _gain(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The norm's per-channel gain and bias, read by probing it with 0 and ±1 (mean 0, RMS 1): Llama's
+    ``weight``, Gemma's ``1 + weight``, LayerNorm's ``weight`` and ``bias``."""
+    cached = getattr(module, "_anatomy_gain", None)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    d = x.shape[-1]
+    v = torch.tensor([1.0, -1.0], dtype=torch.float32).repeat((d + 1) // 2)[:d].to(x.device)
+    v = v - v.mean()
+    v = v / v.pow(2).mean().sqrt()
+    with torch.no_grad():
+        beta = module.forward(torch.zeros(1, d, dtype=x.dtype, device=x.device)).float()[0]
+        gain = (module.forward(v[None].to(x.dtype)).float()[0] - beta) / v * (1.0 + _eps(module)) ** 0.5
+    object.__setattr__(module, "_anatomy_gain", (gain, beta))
+    return gain, beta
+
+
+def _norm_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if "norm" in type(m).__name__.lower() and not list(m.children())]
+
+
+@contextmanager
+def frozen(lm: LoadedModel, freezer: Freezer | None = None) -> Iterator[Freezer]:
+    """The model with frozen attention patterns and norm denominators; parameters need no gradient. Yields the
+    :class:`Freezer` (a new one, recording, unless one is given)."""
+    _register()
+    freezer = freezer or Freezer()
+    model = lm.model
+    configs = list({id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values())
+    saved = [(c, getattr(c, "_attn_implementation", None)) for c in configs]
+    grads = [(p, p.requires_grad) for p in model.parameters()]
+    norms = _norm_modules(model)
+    for m in norms:
+        if hasattr(m, "_anatomy_gain"):
+            object.__delattr__(m, "_anatomy_gain")
+    handles = [m.register_forward_hook(_norm_hook) for m in norms]
+    _ACTIVE.append(freezer)
+    try:
+        for c, _ in saved:
+            c._attn_implementation = FROZEN_ATTENTION
+        for p, _ in grads:
+            p.requires_grad_(False)
+        with torch.enable_grad():
+            yield freezer
+    finally:
+        _ACTIVE.pop()
+        for h in handles:
+            h.remove()
+        for c, impl in saved:
+            c._attn_implementation = impl
+        for p, g in grads:
+            p.requires_grad_(g)
+
+
+def mlp_module(lm: LoadedModel, layer: int) -> torch.nn.Module:
+    """The feed-forward module of block ``layer`` (its input is the transcoder's input, ``mlp.hook_in``)."""
+    block = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer]
+    return block.get_submodule(lm.adapter.mlp[0])
+
+
+@dataclass
+class Forward:
+    """One frozen forward (batch ``B`` copies of the prompt): ``mlp_in[l] [B, P, d]``, ``mlp_out[l]`` (what
+    reaches the residual: skip + detached rest), ``embed [B, P, d]`` (a leaf), ``final [B, P, d]`` (the final
+    norm's output) and ``logits [B, P, V]``."""
+
+    mlp_in: list[torch.Tensor]
+    mlp_out: list[torch.Tensor]
+    embed: torch.Tensor
+    final: torch.Tensor
+    logits: torch.Tensor
+
+
+def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: list[Transcoder], batch: int,
+            edit: Any = None) -> Forward:
+    """Run the frozen model on ``ids [P]`` repeated ``batch`` times, inside :func:`frozen`.
+    ``edit(layer, value) -> value`` changes what an MLP writes (layer -1: the embedding) (interventions, with
+    the freezer replaying)."""
+    n = lm.n_layers
+    mlp_in: list[Any] = [None] * n
+    mlp_out: list[Any] = [None] * n
+    got: dict[str, torch.Tensor] = {}
+
+    def take_in(layer: int, value: object) -> None:
+        mlp_in[layer] = value if isinstance(value, torch.Tensor) else value[0]  # type: ignore[index]
+        return None
+
+    def put_out(layer: int, value: torch.Tensor) -> torch.Tensor:
+        skip = transcoders[layer].skip(mlp_in[layer]).to(value.dtype)
+        freezer = _ACTIVE[-1]
+        if freezer.replay:
+            const = freezer.mlp_const[layer]
+        else:
+            const = freezer.mlp_const[layer] = (value - skip).detach()
+        out = skip + const
+        if not out.requires_grad and torch.is_grad_enabled():
+            out.requires_grad_(True)
+        if edit is not None:
+            out = edit(layer, out)
+        mlp_out[layer] = out
+        return out
+
+    def embed(value: torch.Tensor) -> torch.Tensor:
+        if edit is not None:
+            value = edit(-1, value)
+        got["embed"] = value.detach().requires_grad_(torch.is_grad_enabled())
+        return got["embed"]
+
+    def final(value: torch.Tensor) -> None:
+        got["final"] = value
+        return None
+
+    hooks: list[Any] = [(lm.points["hook_embed"][0], "output", embed)]
+    for layer in range(n):
+        hooks.append((mlp_module(lm, layer), "input", lambda v, layer=layer: take_in(layer, v)))
+        module, side = lm.points[f"blocks.{layer}.hook_mlp_out"]
+        hooks.append((module, side, lambda v, layer=layer: put_out(layer, v)))
+    if "ln_final.hook_normalized" in lm.points:
+        hooks.append((lm.points["ln_final.hook_normalized"][0], "output", final))
+    _ACTIVE[-1].start()
+    with attach_modules(hooks):
+        out = lm.model(input_ids=ids.to(lm.device)[None].expand(batch, -1), use_cache=False)
+    logits = out.logits
+    return Forward(mlp_in, mlp_out, got["embed"], got.get("final", got["embed"]), logits)

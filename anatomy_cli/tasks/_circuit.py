@@ -1,0 +1,140 @@
+"""`circuit`'s run for one prompt: the graph, its pruning and scores, the files, the paths table, the check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+import torch
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models import transcoders as tc_files
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.replacement import Transcoder
+    from anatomy_cli.tasks.circuit import CircuitOptions
+    from anatomy_cli.tasks.circuit import CircuitPlan
+    from anatomy_cli.tasks.circuit import CircuitResult
+
+
+def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet) -> list[Transcoder]:
+    from anatomy_cli.engine.replacement import Transcoder
+
+    out = []
+    for layer in range(ts.n_layers):
+        arrays = tc_files.load_layer(ts, layer)
+        t = {k: None if v is None else torch.as_tensor(v).to(lm.device, torch.float32) for k, v in arrays.items()}
+        out.append(Transcoder(t["W_enc"], t["b_enc"], t["W_dec"], t["b_dec"], t["threshold"], ts.k, t["W_skip"]))
+    return out
+
+
+def _targets(lm: LoadedModel, opts: CircuitOptions, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from anatomy_cli.analyses.circuit import salient_logits
+
+    if not opts.target:
+        return salient_logits(logits, opts.max_n_logits, opts.desired_logit_prob)
+    ids = []
+    for text in opts.target:
+        enc = lm.tokenizer.encode([text], bos=False)[0]
+        if len(enc.ids) != 1:
+            raise UsageError(f"--target '{text}' is {len(enc.ids)} tokens; each target must be one token")
+        ids.append(enc.ids[0])
+    idx = torch.tensor(ids)
+    return idx, torch.softmax(logits.float(), -1)[idx]
+
+
+def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: CircuitOptions,
+        plan: CircuitPlan) -> CircuitResult:
+    from anatomy_cli.analyses import circuit as algo
+    from anatomy_cli.analyses import circuit_files as files
+    from anatomy_cli.analyses import circuit_prune as prune
+    from anatomy_cli.tasks.circuit import CircuitResult
+
+    ids = torch.tensor(enc.ids)
+    if len(ids) < 2:
+        raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
+    s = algo.setup(lm, ids, transcoders)
+    targets, probs = _targets(lm, opts, s.logits)
+    adjacency, selected, s = algo.attribute(lm, ids, transcoders, targets, probs, batch_size=opts.batch_size,
+                                            max_feature_nodes=opts.max_feature_nodes,
+                                            update_interval=opts.update_interval, s=s)
+    graph = algo.CircuitGraph(lm.tokenizer.hf.decode(enc.ids), ids, adjacency, s.active, selected, s.values,
+                              [(lm.tokenizer.hf.decode([int(t)]), int(t)) for t in targets], probs.float(),
+                              len(lm.tokenizer), lm.n_layers, list(enc.pieces), plan.transcoders.scan)
+    pr = prune.prune(adjacency, graph.logit_probabilities, graph.n_pos, graph.n_features, opts.node_threshold,
+                     opts.edge_threshold)
+    replacement, completeness = prune.scores(adjacency, graph.logit_probabilities, graph.n_pos,
+                                             lm.n_layers * graph.n_pos)
+    labels = _labels(opts.labels, lm.n_layers)
+    slug = Path(opts.json_out).stem if opts.json_out else "circuit"
+    data = files.graph_json(graph, pr, slug=slug, node_threshold=opts.node_threshold, labels=labels)
+    if opts.out:
+        files.save_pt(graph, opts.out, _cfg(lm))
+    if opts.json_out:
+        import json
+
+        Path(opts.json_out).write_text(json.dumps(data, indent=2))
+    checks: tuple[Any, ...] = ()
+    if opts.check:
+        from anatomy_cli.analyses import circuit_check
+
+        fp = circuit_check.FrozenPrompt(lm, ids, transcoders, graph, s)
+        checks = tuple(circuit_check.check_edges(fp, opts.check))
+    return CircuitResult(graph, pr, data, tuple(paths(data, opts.top)), replacement, completeness, checks)
+
+
+def _cfg(lm: LoadedModel) -> tuple[Any, ...]:
+    from anatomy_cli.analyses.circuit_files import config_args
+
+    cfg = lm.model.config
+    arch = (getattr(cfg, "architectures", None) or [type(lm.model).__name__])[0]
+    return config_args(lm.n_layers, lm.d_model, lm.d_head, lm.n_heads, int(getattr(cfg, "intermediate_size", 0) or
+                       getattr(cfg, "n_inner", 0) or 4 * lm.d_model), lm.vocab_size, lm.name, lm.name, arch,
+                       getattr(cfg, "num_key_value_heads", None))
+
+
+def _labels(path: str | None, n_layers: int) -> dict[tuple[int, int], str]:
+    """``{(layer, feature): description}``: a folder of per-layer Neuronpedia exports (``{layer}.json`` or
+    ``layer_{layer}...``), or one file whose records name their layer (``"layer": "12-..."``)."""
+    if path is None:
+        return {}
+    import json
+    import re
+
+    from anatomy_cli.models.sae.labels import read_labels
+
+    p = Path(path)
+    out: dict[tuple[int, int], str] = {}
+    if p.is_dir():
+        for f in sorted(p.iterdir()):
+            m = re.search(r"(\d+)", f.stem)
+            if m and int(m.group(1)) < n_layers:
+                out.update({(int(m.group(1)), k): v for k, v in read_labels(f).items()})
+        return out
+    for r in json.loads(p.read_text()):
+        m = re.match(r"(\d+)", str(r.get("layer", "")))
+        if m and "index" in r:
+            out[(int(m.group(1)), int(r["index"]))] = str(r.get("description", ""))
+    return out
+
+
+def paths(data: dict[str, Any], top: int) -> list[Any]:
+    """The ``top`` strongest kept edges into the first target logit, each with its own strongest kept source."""
+    from anatomy_cli.tasks.circuit import PathRow
+
+    nodes = {n["node_id"]: n for n in data["nodes"]}
+    target = next((n["node_id"] for n in data["nodes"] if n["is_target_logit"]), None)
+    into: dict[str, list[tuple[str, float]]] = {}
+    for link in data["links"]:
+        into.setdefault(link["target"], []).append((link["source"], link["weight"]))
+    rows = []
+    pieces = data["metadata"]["prompt_tokens"]
+    for src, w in sorted(into.get(target or "", []), key=lambda e: -abs(e[1]))[:top]:
+        n = nodes[src]
+        via, vw = max(into.get(src, [("", 0.0)]), key=lambda e: abs(e[1]))
+        rows.append(PathRow(src, n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
+                            float(n["influence"] or 0.0), via, vw))
+    return rows
