@@ -7,6 +7,7 @@ what anatomy adds.
     python benchmarks/baseline.py trace DIR PROMPT        # load, tokenize, one forward, top-5
     python benchmarks/baseline.py next DIR BATCH < lines  # batched forward loop, top-10 per prompt (jsonl)
     python benchmarks/baseline.py params                  # GPT-2 on the meta device, sum of parameters
+    python benchmarks/baseline.py next-gguf FILE PROMPT   # a GGUF file through transformers, one forward, top-10
 """
 
 from __future__ import annotations
@@ -63,6 +64,27 @@ def next_tokens(model_dir: str, batch_size: int) -> None:
                 {"token_id": t, "token": tokenizer.decode([t]), "logprob": lp} for t, lp in zip(i, v)]}) + "\n")
 
 
+def next_gguf(path: str, prompt: str) -> None:
+    """Load a GGUF file as transformers does (``from_pretrained(folder, gguf_file=name)``: the tokenizer converted
+    from the file's vocabulary, the weights dequantized to fp32), run PROMPT once, print the top-10 next tokens."""
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
+
+    file = Path(path).resolve()
+    tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    model = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32).eval()
+    enc = tokenizer(prompt, return_tensors="pt")
+    with torch.inference_mode():
+        logits = model(**enc, use_cache=False).logits[0, -1]
+    probs = torch.softmax(logits.double(), dim=-1)
+    top = torch.topk(probs, 10)
+    print(json.dumps([{"token_id": int(i), "token": tokenizer.decode([int(i)]), "probability": float(p)}
+                      for p, i in zip(top.values, top.indices)]))
+
+
 def params() -> None:
     """Build GPT-2 small on the meta device and print its parameter count (tied weights once)."""
     import torch
@@ -80,6 +102,8 @@ if __name__ == "__main__":
         trace(args[0], args[1])
     elif command == "next":
         next_tokens(args[0], int(args[1]))
+    elif command == "next-gguf":
+        next_gguf(args[0], args[1])
     elif command == "params":
         params()
     else:

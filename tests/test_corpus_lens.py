@@ -92,46 +92,18 @@ def test_the_expected_cost_comes_from_the_first_windows_timing():
 
 def test_status_and_cost_lines_go_to_stderr_and_stdout_stays_json(tiny_model_dir, tmp_path, cached_load, monkeypatch):
     """On a terminal the status line and the expected-cost line are drawn on stderr; stdout is the JSON alone."""
-    import io
     import json
-    import os
-    import pty
-    import sys
-    import threading
     from pathlib import Path
 
-    from anatomy_cli.cli.main import app
+    from terminal import on_terminal
 
     root = Path(__file__).resolve().parents[1]
     src = tmp_path / "c.txt"
     src.write_text((root / "docs" / "article.md").read_text()[:600])
-    master, slave = pty.openpty()
-    seen = bytearray()
-
-    def drain():
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:                                     # EIO: the terminal's other end is closed
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=drain)
-    reader.start()
-    out = io.StringIO()
-    with os.fdopen(slave, "w", buffering=1) as terminal:
-        monkeypatch.setattr(sys, "stdout", out)
-        monkeypatch.setattr(sys, "stderr", terminal)
-        app(["corpus", str(src), "--model", str(tiny_model_dir("gpt2")), "--ctx", "16", "--no-lens",
-             "--format", "json"], standalone_mode=False)
-        monkeypatch.undo()
-    reader.join(timeout=10)
-    os.close(master)
-    drawn = seen.decode(errors="replace")
-    assert json.loads(out.getvalue())["tokens"] > 16                       # stdout: the JSON and nothing else
-    assert "expected cost" not in out.getvalue() and "tokens/s" not in out.getvalue()
+    stdout, drawn = on_terminal(["corpus", str(src), "--model", str(tiny_model_dir("gpt2")), "--ctx", "16", "--no-lens",
+                                 "--format", "json"], monkeypatch)
+    assert json.loads(stdout)["tokens"] > 16                       # stdout: the JSON and nothing else
+    assert "expected cost" not in stdout and "tokens/s" not in stdout
     assert "corpus: expected cost: " in drawn and "per 1,000 tokens" in drawn
     assert "corpus: planning the first shard" in drawn or "windows planned" in drawn
 

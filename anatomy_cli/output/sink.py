@@ -52,10 +52,12 @@ class Status:
     stderr line when ``$ANATOMY_STATUS`` asks for them off a terminal).
     """
 
-    def __init__(self, spinner: Any = None, show: Callable[[str], None] | None = None, every: float = 0.25):
+    def __init__(self, spinner: Any = None, show: Callable[[str], None] | None = None, every: float = 0.25,
+                 width: int | None = None):
         self._spinner = spinner
         self._show = show
         self._every = every
+        self._width = width  # the line's columns (the spinner's console); None: the terminal's
 
     def update(self, text: str) -> None:
         if self._spinner is not None:
@@ -65,9 +67,10 @@ class Status:
         elif self._show is not None:
             self._show(text)
 
-    def counter(self, what: str, unit: str) -> Callable[[int, int], None]:
+    def counter(self, what: str, unit: str, tail: Callable[[], str] | None = None) -> Callable[[int, int], None]:
         """A progress callback ``(done, total)`` for the layers below: ``what: done/total unit · ETA m:ss``,
-        redrawn at most every quarter second (a plain line: every second), and at the end."""
+        redrawn at most every quarter second (a plain line: every second), and at the end. ``tail()``: text
+        shown after it (`generate`'s continuation so far), its end kept where the line would be too wide."""
         start, shown = time.monotonic(), [0.0]
 
         def step(done: int, total: int) -> None:
@@ -75,9 +78,23 @@ class Status:
             if done < total and now - shown[0] < self._every:
                 return
             shown[0] = now
-            self.update(progress_line(what, done, total, unit, now - start))
+            line = progress_line(what, done, total, unit, now - start)
+            self.update(line if tail is None else with_tail(line, tail(), self._width))
 
         return step
+
+
+def with_tail(line: str, text: str, width: int | None = None) -> str:
+    """``line · text`` on one line of ``width`` columns (default: the terminal's), the text's newlines shown
+    as ``⏎`` and its start cut (``…``) where it does not fit."""
+    import shutil
+
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    text = text.replace("\r", "").replace("\n", "⏎")
+    room = max(width - len(line) - 6, 10)  # the spinner and the separator
+    if len(text) > room:
+        text = "…" + text[len(text) - room + 1:]
+    return f"{line} · {text}"
 
 
 def progress_line(what: str, done: int, total: int, unit: str, elapsed: float) -> str:
@@ -143,7 +160,7 @@ def status(message: str) -> Iterator[Status]:
               redirect_stderr=True):
         _live.append(spinner)
         try:
-            yield Status(spinner)
+            yield Status(spinner, width=console.width)
         finally:
             _live.pop()
 

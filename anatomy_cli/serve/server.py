@@ -8,8 +8,8 @@ and stderr and its exit code. So a forwarded command prints exactly what it prin
 It listens first and loads afterwards: :meth:`Server.serve_forever` answers handshakes and ``status`` at once
 while the worker imports torch and preloads. Requests run one at a time on that one worker thread (a
 queue): the forward engine, the working directory and ``sys.stdout`` are process-wide. Connections are
-handled on their own threads, so a slow or vanished client never blocks others, and a request queued
-behind a load tells its client so (``waiting for the server to load M…``), and one queued behind another
+handled on their own threads (:mod:`.connections`), so a slow or vanished client never blocks others, and a
+request queued behind a load tells its client so (``waiting for the server to load M…``), and one queued behind another
 client's command names that command and how long it has run (:mod:`.jobs`). A client that disconnects
 cancels its job (queued: it never runs; running: at its next reported step, through the ``cancellable`` hook
 the CLI hands in), and ``cancel`` ends jobs by id. Models are cached by spec and
@@ -28,8 +28,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +37,14 @@ from anatomy_cli.serve import protocol
 from anatomy_cli.serve.cache import ModelCache
 from anatomy_cli.serve.cache import TokenizerCache
 from anatomy_cli.serve.cache import clear_stray_hooks
-from anatomy_cli.serve.jobs import NOTE_AFTER_S
-from anatomy_cli.serve.jobs import POLL_S
+from anatomy_cli.serve.connections import Connections
 from anatomy_cli.serve.jobs import Job
-from anatomy_cli.serve.jobs import client_gone
 from anatomy_cli.serve.jobs import never_cancelled
-from anatomy_cli.serve.session import BadRequest
-from anatomy_cli.serve.session import check_run
 from anatomy_cli.serve.session import client_context
 from anatomy_cli.serve.session import library_bars_silenced
-from anatomy_cli.serve.session import notifier
 
 
-class Server:
+class Server(Connections):
     """Listens on a Unix socket; see the module docstring. ``serve_forever`` blocks until stop or idle."""
 
     def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
@@ -161,137 +154,6 @@ class Server:
             self.sock = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-
-    # -------------------------------------------------------------- connections
-
-    def _handle(self, conn: socket.socket) -> None:
-        """One connection: a handshake, then requests (``hello`` must come before ``run``)."""
-        greeted = False
-        with conn:
-            try:
-                uid = protocol.peer_uid(conn)
-                if uid is not None and uid != os.getuid():
-                    self.log(f"refused a connection from uid {uid}")
-                    protocol.send(conn, {"error": "refused: this anatomy server serves its own user only",
-                                         "exit_code": 1})
-                    return
-                while True:
-                    # After the handshake the client reads its stdin (a slow pipe, for '-') before it asks.
-                    conn.settimeout(None if greeted else 30)
-                    try:
-                        req = protocol.receive(conn)
-                    except protocol.Closed:
-                        return  # the client is done (or only checked that a server listens)
-                    conn.settimeout(None)
-                    self.last_activity = time.monotonic()
-                    op = req.get("op")
-                    if op == "hello":
-                        greeted = True
-                        protocol.send(conn, {**self.identity, "op": "hello", "pid": os.getpid()})
-                        continue
-                    if op == "run" and not greeted:
-                        answer = {"error": "this anatomy server needs a handshake first (an older anatomy client?); "
-                                           "rerun with --no-server", "exit_code": 1}
-                    else:
-                        answer = self._answer(op, req, conn)
-                    protocol.send(conn, answer)
-                    if op == "stop":
-                        self.exited.wait(30)  # the stopping client returns once the server is gone
-                        return
-            except (protocol.ProtocolError, OSError) as exc:
-                # A client that went away mid-request, or sent garbage: its answer has nowhere to go.
-                self.log(f"a client connection ended early: {exc}")
-                if isinstance(exc, protocol.ProtocolError):
-                    with contextlib.suppress(OSError):
-                        protocol.send(conn, {"error": f"bad request: {exc}", "exit_code": 2})
-            except Exception as exc:  # a bug here must not end the server, nor reach another client's stderr
-                self.log(f"internal error answering a client: {type(exc).__name__}: {exc}")
-                with contextlib.suppress(OSError):
-                    protocol.send(conn, {"error": f"internal error in the server: {type(exc).__name__}: {exc}",
-                                         "exit_code": 1})
-            finally:
-                self.last_activity = time.monotonic()
-
-    def _answer(self, op: Any, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
-        if op == "status":
-            return self.status()
-        if op == "stop":
-            self.stopping.set()
-            return {"stopped": True, "pid": os.getpid()}
-        if op == "cancel":
-            return self.cancel(req.get("ids"))
-        if op != "run":
-            return {"error": f"unknown request '{op}'", "exit_code": 2}
-        try:
-            check_run(req)
-        except BadRequest as exc:
-            return {"error": str(exc), "exit_code": 2}
-        notify = notifier(conn)
-        tty = bool(req.get("stderr_isatty"))
-        waiting = self._waiting_for()
-        if waiting and tty:
-            notify(waiting)
-        job = Job(next(self._ids), [str(a) for a in req.get("argv") or []])
-        with self._active_lock:
-            self.active[job.id] = job
-        done: Future = Future()
-        self.jobs.put(("run", req, (done, notify, job)))
-        return self._await(job, done, conn, notify, tty)
-
-    def _await(self, job: Job, done: Future, conn: socket.socket, notify: Callable[[str], None],
-               tty: bool) -> dict[str, Any]:
-        """The answer to ``job``. Meanwhile: cancel it when its client disconnects, and while it waits
-        behind another client's command say so (a terminal: a status line; else one stderr line)."""
-        shown = ""
-        while True:
-            try:
-                return done.result(timeout=POLL_S)
-            except FutureTimeout:
-                pass
-            if job.cancel is None and client_gone(conn):
-                job.cancel = "as its client disconnected"
-                self.log(f"cancelling job {job.id} ({job.command()}): its client disconnected")
-                return done.result()  # nobody reads it; the worker is free again at the job's next step
-            ahead = self._running()
-            with job.lock:  # the worker clears a shown line as the job starts
-                if job.started is not None or ahead is None or ahead is job:
-                    continue
-                text = ahead.waiting_text()
-                if tty and text != shown:
-                    notify(text)
-                    shown = job.shown = text
-                elif not tty and not job.noted and time.time() - job.queued >= NOTE_AFTER_S:
-                    with contextlib.suppress(OSError):
-                        protocol.send(conn, {"note": f"anatomy serve: {text}"})
-                    job.noted = True
-
-    def _running(self) -> Job | None:
-        with self._active_lock:
-            return next((j for j in self.active.values() if j.started is not None), None)
-
-    def cancel(self, ids: Any = None) -> dict[str, Any]:
-        """End the queued and running jobs (``ids``: those only): a queued one never runs, a running one
-        stops at its next step. Answers the jobs it cancelled and the ids it did not find."""
-        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
-            return {"error": "request field 'ids' must be a JSON list of integers", "exit_code": 2}
-        with self._active_lock:
-            jobs = [j for j in self.active.values() if ids is None or j.id in ids]
-            missing = sorted(set(ids or ()) - {j.id for j in jobs})
-        for job in jobs:
-            if job.cancel is None:
-                job.cancel = "by `anatomy serve --cancel`"
-                self.log(f"cancelling job {job.id} ({job.command()}) as asked")
-        return {"cancelled": [j.row() for j in jobs], "not_found": missing}
-
-    def _waiting_for(self) -> str | None:
-        """The status line for a request queued behind a load, or None."""
-        with self.cache.lock:
-            loading = [s.model for s in self.cache.loading.values()] + [s.model for s in self.queued]
-        if loading:
-            return f"waiting for the server to load {loading[0]}…"
-        if self._tokenizer_load is None:  # the worker has not started
-            return "waiting for the server to start…"
-        return None
 
     # -------------------------------------------------------------- the worker
 

@@ -23,6 +23,9 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._steering import SteeringOptions
 from anatomy_cli.tasks._steering import record as steering_record
 from anatomy_cli.tasks._steering import vector as steering_vector
+from anatomy_cli.tasks._stream import decode
+from anatomy_cli.tasks._stream import recording
+from anatomy_cli.tasks._stream import streamed
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
@@ -193,6 +196,8 @@ class Settings:
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: GeneratePlan) -> list[Generated]:
+    import functools
+
     from anatomy_cli.engine.generate import stop_ids
     from anatomy_cli.tasks.session import describe
 
@@ -203,7 +208,9 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: Ge
     for index, enc in enumerate(encoded):
         what = f"generating ({index + 1}/{len(encoded)})"
         with notes.status(what) as line:
-            step = replace(s, progress=line.counter(what, "tokens"))  # shares s.overflowed
+            chosen: list[int] = []
+            step = replace(s, choose=recording(s.choose, chosen),  # shares s.overflowed
+                           progress=line.counter(what, "tokens", functools.partial(streamed, lm, chosen)))
             out.append(one_prompt(lm, list(enc.ids), step, opts, plan, described))
     if s.overflowed:
         notes.warn(overflow_warning(sorted(s.overflowed)))
@@ -283,11 +290,6 @@ def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> flo
     again = generate(lm, list(g.prompt), max_new_tokens=len(g.tokens), choose=replay(g.tokens),
                      hooks=steering_hooks(s, coef), use_cache=False, progress=s.progress)
     return float((again.logits.double() - g.logits.double()).abs().max())
-
-
-def decode(lm: LoadedModel, tokens: tuple[int, ...]) -> str:
-    """The continuation's text: its tokens' bytes joined, decoded as UTF-8 (a cut character: U+FFFD)."""
-    return b"".join(lm.tokenizer.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
 
 def continuation(lm: LoadedModel, g: Generation, s: Settings, describe: Any) -> Continuation:

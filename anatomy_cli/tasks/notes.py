@@ -29,7 +29,8 @@ from anatomy_cli.errors import AnatomyError
 class Progress(Protocol):
     def update(self, text: str) -> None: ...
 
-    def counter(self, what: str, unit: str) -> Callable[[int, int], None]: ...
+    # ``tail()``: text shown after the count (generate's continuation so far), asked only when the line is drawn.
+    def counter(self, what: str, unit: str, tail: Callable[[], str] | None = None) -> Callable[[int, int], None]: ...
 
 
 class Notes(Protocol):
@@ -47,7 +48,7 @@ class _Quiet:
     def update(self, text: str) -> None:
         return None
 
-    def counter(self, what: str, unit: str) -> Callable[[int, int], None]:
+    def counter(self, what: str, unit: str, tail: Callable[[], str] | None = None) -> Callable[[int, int], None]:
         return lambda done, total: None
 
 
@@ -141,8 +142,8 @@ class _Checked:
         check_cancelled()
         self._inner.update(text)
 
-    def counter(self, what: str, unit: str) -> Callable[[int, int], None]:
-        step = self._inner.counter(what, unit)
+    def counter(self, what: str, unit: str, tail: Callable[[], str] | None = None) -> Callable[[int, int], None]:
+        step = self._inner.counter(what, unit, tail)
 
         def checked(done: int, total: int) -> None:
             check_cancelled()
