@@ -11,7 +11,7 @@ from anatomy_cli.api._results import Result
 
 def fit_sae(model: Model, corpus: str | Path | list[str | Path], *, layer: int, out: str | Path,
             transcoder: bool = False, d_sae: int | None = None, k: int = 32, max_tokens: int = 20000, ctx: int = 256,
-            epochs: int = 4, batch_size: int = 1024, lr: float | None = None, seed: int = 0,
+            epochs: int = 8, batch_size: int = 256, lr: float | None = None, seed: int = 0,
             overwrite: bool = False) -> Result:
     """`anatomy fit-sae CORPUS... --layer L --out DIR`: train a TopK SAE at block ``layer``'s output (or, with
     ``transcoder``, an MLP transcoder) on ``corpus`` (paths, as ``anatomy corpus`` reads them) and write it to

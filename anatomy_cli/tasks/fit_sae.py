@@ -42,8 +42,8 @@ class FitSaeOptions:
     k: int = 32
     max_tokens: int = 20000
     ctx: int = 256
-    epochs: int = 4
-    batch_size: int = 1024
+    epochs: int = 8
+    batch_size: int = 256
     lr: float | None = None
     seed: int = 0
     overwrite: bool = False

@@ -37,9 +37,9 @@ def fit_sae_command(
                                             help="Tokens read from the corpus (the last window is held out).")
                           ] = 20000,
     ctx: Annotated[int, typer.Option("--ctx", min=2, metavar="N", help="Tokens per window.")] = 256,
-    epochs: Annotated[int, typer.Option("--epochs", min=1, metavar="N", help="Passes over the tokens.")] = 4,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, metavar="N", help="Passes over the tokens.")] = 8,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N",
-                                            help="Rows per step.")] = 1024,
+                                            help="Rows per step.")] = 256,
     lr: Annotated[Optional[float], typer.Option(
         "--lr", metavar="X", show_default=False,
         help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14)).")] = None,
