@@ -212,7 +212,7 @@ def test_cli_writes_graph_pt_and_json(tiny_model_dir, tiny_lm, tmp_path):
     # the same graph as the analysis built on the same ids, with the same transcoders
     ids = saved["input_tokens"]
     s = algo.setup(lm, ids, tcs)
-    targets = torch.tensor([t.args[1] for t in saved["logit_targets"]])
+    targets = torch.tensor([t.vocab_idx for t in saved["logit_targets"]])
     a, sel, _ = algo.attribute(lm, ids, tcs, targets, saved["logit_probabilities"], batch_size=8,
                                max_feature_nodes=20, s=s)
     torch.testing.assert_close(saved["adjacency_matrix"], a)
@@ -228,20 +228,21 @@ def test_cli_writes_graph_pt_and_json(tiny_model_dir, tiny_lm, tmp_path):
 
 
 def _stub_pickle():
-    """A pickle module that reads circuit-tracer's classes without circuit-tracer: ``Foreign`` objects come back
-    as a record of their arguments."""
+    """A pickle module that reads circuit-tracer's classes without circuit-tracer (stand-ins of the same shape)."""
+    import collections
     import pickle
     import types
 
-    class Stub:
-        def __init__(self, *args):
-            self.args = args
+    class UnifiedConfig:
+        pass
+
+    stand_in = types.SimpleNamespace(UnifiedConfig=UnifiedConfig,
+                                     LogitTarget=collections.namedtuple("LogitTarget", "token_str vocab_idx"))
 
     class Unpickler(pickle.Unpickler):
         def find_class(self, module, name):
             if module == "importlib" and name == "import_module":
-                return lambda m: types.SimpleNamespace(UnifiedConfig=Stub, LogitTarget=Stub) \
-                    if m.startswith("circuit_tracer") else __import__(m)
+                return lambda m: stand_in if m.startswith("circuit_tracer") else __import__(m)
             return super().find_class(module, name)
 
     return types.SimpleNamespace(Unpickler=Unpickler, load=pickle.load, __name__="stub_pickle")

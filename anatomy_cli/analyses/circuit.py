@@ -95,7 +95,8 @@ def salient_logits(logits: torch.Tensor, max_n_logits: int, desired_prob: float)
 
 def logit_vectors(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     """The unembedding rows of ``ids`` minus the mean row (circuit-tracer demeans over the whole vocabulary)."""
-    w = lm.points["logits"][0].weight.detach().float()
+    head = lm.points["logits"][0]
+    w = torch.as_tensor(head.weight).detach().float()
     return w[ids] - w.mean(0)
 
 

@@ -5,8 +5,8 @@ importing circuit-tracer here) and the graph JSON Neuronpedia's viewer reads (``
 
 from __future__ import annotations
 
+import copyreg
 import importlib
-import operator
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +36,35 @@ class _Attr:
 
 
 class Foreign:
-    """Pickles as ``module.name(*args)``: a circuit-tracer object built where circuit-tracer is installed."""
+    """Pickles as circuit-tracer's ``module.name`` rebuilt where circuit-tracer is installed: a dataclass from
+    its fields (``fields``), a NamedTuple from its values (``values``), by ``copyreg._reconstructor`` (stdlib)."""
 
-    def __init__(self, module: str, name: str, args: tuple[Any, ...]) -> None:
-        self.ref, self.args = _Attr(module, name), args
+    def __init__(self, module: str, name: str, *, fields: dict[str, Any] | None = None,
+                 values: tuple[Any, ...] | None = None) -> None:
+        self.ref, self.fields, self.values = _Attr(module, name), fields, values
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (operator.call, (self.ref, *self.args))
+        if self.values is not None:
+            return (copyreg._reconstructor, (self.ref, tuple, self.values))  # type: ignore[attr-defined]
+        return (copyreg._reconstructor, (self.ref, object, None), self.fields)  # type: ignore[attr-defined]
 
 
 def config_args(n_layers: int, d_model: int, d_head: int, n_heads: int, d_mlp: int, d_vocab: int,
-                tokenizer_name: str, model_name: str, architecture: str, n_kv_heads: int | None) -> tuple[Any, ...]:
-    """``UnifiedConfig``'s positional fields, in its order."""
-    return (n_layers, d_model, d_head, n_heads, d_mlp, d_vocab, tokenizer_name, model_name, architecture,
-            n_kv_heads, "float32")
+                tokenizer_name: str, model_name: str, architecture: str, n_kv_heads: int | None) -> dict[str, Any]:
+    """``UnifiedConfig``'s fields."""
+    return {"n_layers": n_layers, "d_model": d_model, "d_head": d_head, "n_heads": n_heads, "d_mlp": d_mlp,
+            "d_vocab": d_vocab, "tokenizer_name": tokenizer_name, "model_name": model_name,
+            "original_architecture": architecture, "n_key_value_heads": n_kv_heads, "dtype": None}
 
 
-def save_pt(graph: CircuitGraph, path: str | Path, cfg_args: tuple[Any, ...]) -> None:
+def save_pt(graph: CircuitGraph, path: str | Path, cfg_args: dict[str, Any]) -> None:
     """``torch.save`` of circuit-tracer's ``Graph.to_pt`` dict."""
     torch.save({
         "input_string": graph.input_string,
         "adjacency_matrix": graph.adjacency_matrix.float(),
-        "cfg": Foreign(_MAPPING, "UnifiedConfig", cfg_args),
+        "cfg": Foreign(_MAPPING, "UnifiedConfig", fields=cfg_args),
         "active_features": graph.active_features.long(),
-        "logit_targets": [Foreign(_TARGETS, "LogitTarget", (s, int(i))) for s, i in graph.logit_targets],
+        "logit_targets": [Foreign(_TARGETS, "LogitTarget", values=(s, int(i))) for s, i in graph.logit_targets],
         "logit_probabilities": graph.logit_probabilities.float(),
         "vocab_size": graph.vocab_size,
         "input_tokens": graph.input_tokens.long(),
@@ -109,7 +114,8 @@ def graph_json(graph: CircuitGraph, prune: PruneResult, *, slug: str, node_thres
     ``create_graph_files``: kept nodes (with a kept link, plus every token and logit), kept edges."""
     every = _nodes(graph, prune, labels or {})
     kept = {n["_index"]: n for n in every if bool(prune.node_mask[n["_index"]])}
-    links, used = [], set()
+    links: list[dict[str, Any]] = []
+    used: set[int] = set()
     a = graph.adjacency_matrix
     for dst, src in prune.edge_mask.nonzero().tolist():
         if dst in kept and src in kept:

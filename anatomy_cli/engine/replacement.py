@@ -191,7 +191,8 @@ def frozen(lm: LoadedModel, freezer: Freezer | None = None) -> Iterator[Freezer]
 def mlp_module(lm: LoadedModel, layer: int) -> torch.nn.Module:
     """The feed-forward module of block ``layer`` (its input is the transcoder's input, ``mlp.hook_in``)."""
     block = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer]
-    return block.get_submodule(lm.adapter.mlp[0])
+    module: torch.nn.Module = block.get_submodule(lm.adapter.mlp[0])
+    return module
 
 
 @dataclass

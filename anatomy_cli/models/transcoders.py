@@ -63,7 +63,7 @@ def _site(name: str, what: str) -> Site:
 def _config(root: Path) -> dict[str, Any]:
     for name in ("config.yaml", "config.yml"):
         if (root / name).is_file():
-            import yaml
+            import yaml  # type: ignore[import-untyped]  # transformers' dependency
 
             try:
                 data = yaml.safe_load((root / name).read_text())

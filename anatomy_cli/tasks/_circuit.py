@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -12,12 +13,64 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
 
 if TYPE_CHECKING:
+    from anatomy_cli.analyses.circuit import CircuitGraph
+    from anatomy_cli.analyses.circuit_check import EdgeCheck
+    from anatomy_cli.analyses.circuit_prune import PruneResult
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.replacement import Transcoder
-    from anatomy_cli.tasks.circuit import CircuitOptions
-    from anatomy_cli.tasks.circuit import CircuitPlan
-    from anatomy_cli.tasks.circuit import CircuitResult
+
+# The options and plan are tasks/circuit.py's CircuitOptions and CircuitPlan (typed Any here: that module
+# imports this one).
+CircuitOptions = Any
+CircuitPlan = Any
+
+
+@dataclass(frozen=True)
+class PathRow:
+    """One of the strongest direct sources of the target logit in the pruned graph, with its strongest source."""
+
+    node: str
+    kind: str
+    layer: str
+    position: int
+    token: str
+    weight: float
+    influence: float
+    via: str
+    via_weight: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class CircuitResult:
+    graph: CircuitGraph
+    prune: PruneResult
+    json: dict[str, Any]
+    paths: tuple[PathRow, ...]
+    replacement_score: float
+    completeness_score: float
+    checks: tuple[EdgeCheck, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        g = self.graph
+        out: dict[str, Any] = {
+            "n_active_features": int(g.active_features.shape[0]), "n_selected_features": g.n_features,
+            "n_nodes": int(g.adjacency_matrix.shape[0]), "n_kept_nodes": int(self.prune.node_mask.sum()),
+            "n_kept_edges": int(self.prune.edge_mask.sum()),
+            "targets": [{"token": t, "id": i, "prob": float(p)} for (t, i), p in
+                        zip(g.logit_targets, g.logit_probabilities.tolist())],
+            "replacement_score": self.replacement_score, "completeness_score": self.completeness_score,
+            "paths": [p.to_dict() for p in self.paths]}
+        if self.checks:
+            out["check"] = {"n_edges": len(self.checks),
+                            "max_relative_error": max(c.relative_error for c in self.checks),
+                            "max_abs_error": max(abs(c.measured - c.weight) for c in self.checks)}
+        return out
+
+
 
 
 def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet) -> list[Transcoder]:
@@ -27,7 +80,8 @@ def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet) -> list[Transc
     for layer in range(ts.n_layers):
         arrays = tc_files.load_layer(ts, layer)
         t = {k: None if v is None else torch.as_tensor(v).to(lm.device, torch.float32) for k, v in arrays.items()}
-        out.append(Transcoder(t["W_enc"], t["b_enc"], t["W_dec"], t["b_dec"], t["threshold"], ts.k, t["W_skip"]))
+        w = {k: v for k, v in t.items() if v is not None}
+        out.append(Transcoder(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], t["threshold"], ts.k, t["W_skip"]))
     return out
 
 
@@ -51,8 +105,6 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: Circ
     from anatomy_cli.analyses import circuit as algo
     from anatomy_cli.analyses import circuit_files as files
     from anatomy_cli.analyses import circuit_prune as prune
-    from anatomy_cli.tasks.circuit import CircuitResult
-
     ids = torch.tensor(enc.ids)
     if len(ids) < 2:
         raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
@@ -61,22 +113,22 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: Circ
     adjacency, selected, s = algo.attribute(lm, ids, transcoders, targets, probs, batch_size=opts.batch_size,
                                             max_feature_nodes=opts.max_feature_nodes,
                                             update_interval=opts.update_interval, s=s)
-    graph = algo.CircuitGraph(lm.tokenizer.hf.decode(enc.ids), ids, adjacency, s.active, selected, s.values,
-                              [(lm.tokenizer.hf.decode([int(t)]), int(t)) for t in targets], probs.float(),
+    graph = algo.CircuitGraph(_decode(lm, enc.ids), ids, adjacency, s.active, selected, s.values,
+                              [(_decode(lm, [int(t)]), int(t)) for t in targets], probs.float(),
                               len(lm.tokenizer), lm.n_layers, list(enc.pieces), plan.transcoders.scan)
     pr = prune.prune(adjacency, graph.logit_probabilities, graph.n_pos, graph.n_features, opts.node_threshold,
                      opts.edge_threshold)
     replacement, completeness = prune.scores(adjacency, graph.logit_probabilities, graph.n_pos,
                                              lm.n_layers * graph.n_pos)
     labels = _labels(opts.labels, lm.n_layers)
-    slug = Path(opts.json_out).stem if opts.json_out else "circuit"
+    slug = Path(opts.json).stem if opts.json else "circuit"
     data = files.graph_json(graph, pr, slug=slug, node_threshold=opts.node_threshold, labels=labels)
     if opts.out:
         files.save_pt(graph, opts.out, _cfg(lm))
-    if opts.json_out:
+    if opts.json:
         import json
 
-        Path(opts.json_out).write_text(json.dumps(data, indent=2))
+        Path(opts.json).write_text(json.dumps(data, indent=2))
     checks: tuple[Any, ...] = ()
     if opts.check:
         from anatomy_cli.analyses import circuit_check
@@ -86,7 +138,7 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: Circ
     return CircuitResult(graph, pr, data, tuple(paths(data, opts.top)), replacement, completeness, checks)
 
 
-def _cfg(lm: LoadedModel) -> tuple[Any, ...]:
+def _cfg(lm: LoadedModel) -> dict[str, Any]:
     from anatomy_cli.analyses.circuit_files import config_args
 
     cfg = lm.model.config
@@ -121,10 +173,8 @@ def _labels(path: str | None, n_layers: int) -> dict[tuple[int, int], str]:
     return out
 
 
-def paths(data: dict[str, Any], top: int) -> list[Any]:
+def paths(data: dict[str, Any], top: int) -> list[PathRow]:
     """The ``top`` strongest kept edges into the first target logit, each with its own strongest kept source."""
-    from anatomy_cli.tasks.circuit import PathRow
-
     nodes = {n["node_id"]: n for n in data["nodes"]}
     target = next((n["node_id"] for n in data["nodes"] if n["is_target_logit"]), None)
     into: dict[str, list[tuple[str, float]]] = {}
@@ -138,3 +188,7 @@ def paths(data: dict[str, Any], top: int) -> list[Any]:
         rows.append(PathRow(src, n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
                             float(n["influence"] or 0.0), via, vw))
     return rows
+
+
+def _decode(lm: LoadedModel, ids: list[int]) -> str:
+    return str(lm.tokenizer.hf.decode(ids))  # type: ignore[attr-defined]

@@ -17,20 +17,20 @@ from anatomy_cli.models import transcoders as tc_files
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._circuit import CircuitResult
+from anatomy_cli.tasks._circuit import PathRow
 
 if TYPE_CHECKING:
-    from anatomy_cli.analyses.circuit import CircuitGraph
-    from anatomy_cli.analyses.circuit_check import EdgeCheck
-    from anatomy_cli.analyses.circuit_prune import PruneResult
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
 
 COMMAND = "circuit"
+__all__ = ["COMMAND", "CircuitOptions", "CircuitPlan", "CircuitResult", "PathRow", "check", "run"]
 
 
 @dataclass(frozen=True)
 class CircuitOptions:
-    """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json_out``: the
+    """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
     or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table."""
 
@@ -44,7 +44,7 @@ class CircuitOptions:
     node_threshold: float = 0.8
     edge_threshold: float = 0.98
     out: str | None = None
-    json_out: str | None = None
+    json: str | None = None
     labels: str | None = None
     check: int = 0
     top: int = 10
@@ -71,51 +71,6 @@ class CircuitOptions:
 @dataclass(frozen=True)
 class CircuitPlan:
     transcoders: tc_files.TranscoderSet
-
-
-@dataclass(frozen=True)
-class PathRow:
-    """One of the strongest direct sources of the target logit in the pruned graph, with its strongest source."""
-
-    node: str
-    kind: str
-    layer: str
-    position: int
-    token: str
-    weight: float
-    influence: float
-    via: str
-    via_weight: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class CircuitResult:
-    graph: CircuitGraph
-    prune: PruneResult
-    json: dict[str, Any]
-    paths: tuple[PathRow, ...]
-    replacement_score: float
-    completeness_score: float
-    checks: tuple[EdgeCheck, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        g = self.graph
-        out: dict[str, Any] = {
-            "n_active_features": int(g.active_features.shape[0]), "n_selected_features": g.n_features,
-            "n_nodes": int(g.adjacency_matrix.shape[0]), "n_kept_nodes": int(self.prune.node_mask.sum()),
-            "n_kept_edges": int(self.prune.edge_mask.sum()),
-            "targets": [{"token": t, "id": i, "prob": float(p)} for (t, i), p in
-                        zip(g.logit_targets, g.logit_probabilities.tolist())],
-            "replacement_score": self.replacement_score, "completeness_score": self.completeness_score,
-            "paths": [p.to_dict() for p in self.paths]}
-        if self.checks:
-            out["check"] = {"n_edges": len(self.checks),
-                            "max_relative_error": max(c.relative_error for c in self.checks),
-                            "max_abs_error": max(abs(c.measured - c.weight) for c in self.checks)}
-        return out
 
 
 def check(opened: Any, opts: CircuitOptions) -> CircuitPlan:
