@@ -78,15 +78,15 @@ def prune(a: torch.Tensor, probs: torch.Tensor, n_tokens: int, n_features: int, 
     norm = normalize_matrix(pruned)
     edge_scores = norm * (compute_influence(norm, w) + w)[:, None]
     edge_mask = edge_scores >= find_threshold(edge_scores.flatten(), edge_threshold)
-    old = node_mask.clone()
-    node_mask[:n - n_logits - n_tokens] &= edge_mask[:, :n - n_logits - n_tokens].any(0)
-    node_mask[:n_features] &= edge_mask[:n_features].any(1)
-    while not torch.equal(old, node_mask):
+    sources = n - n_logits - n_tokens
+    while True:
         old = node_mask.clone()
+        node_mask[:sources] &= edge_mask[:, :sources].any(0)
+        node_mask[:n_features] &= edge_mask[:n_features].any(1)
+        if torch.equal(old, node_mask):
+            break
         edge_mask[~node_mask] = False
         edge_mask[:, ~node_mask] = False
-        node_mask[:n - n_logits - n_tokens] &= edge_mask[:, :n - n_logits - n_tokens].any(0)
-        node_mask[:n_features] &= edge_mask[:n_features].any(1)
     ordered = torch.sort(influence, descending=True)
     cumulative = torch.zeros_like(influence)
     cumulative[ordered.indices] = torch.cumsum(ordered.values, 0) / ordered.values.sum()

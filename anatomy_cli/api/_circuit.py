@@ -12,11 +12,11 @@ def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_lo
             desired_logit_prob: float = 0.95, target: list[str] | tuple[str, ...] | None = None,
             batch_size: int = 256, max_feature_nodes: int | None = 7500, update_interval: int = 4,
             node_threshold: float = 0.8, edge_threshold: float = 0.98, out: str | None = None,
-            json_out: str | None = None, labels: str | None = None, check: int = 0, top: int = 10,
+            json: str | None = None, labels: str | None = None, check: int = 0, top: int = 10,
             prompts: PromptOptions = PromptOptions()) -> Result | list[Result]:
     """`anatomy circuit`: the attribution graph of the next-token prediction over a transcoder replacement model
     (circuit-tracer's algorithm). ``result``: CircuitResult (``.graph``, ``.prune``, ``.json`` — the Neuronpedia
-    graph dict —, ``.paths``); rows: ``paths``. ``out``: graph.pt; ``json_out``: the graph JSON."""
+    graph dict —, ``.paths``); rows: ``paths``. ``out``: graph.pt; ``json``: the graph JSON."""
     from anatomy_cli.output.views import circuit as view
     from anatomy_cli.tasks import circuit as task
 
@@ -24,6 +24,6 @@ def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_lo
                                desired_logit_prob=desired_logit_prob, target=tuple(target or ()),
                                batch_size=batch_size, max_feature_nodes=max_feature_nodes,
                                update_interval=update_interval, node_threshold=node_threshold,
-                               edge_threshold=edge_threshold, out=out, json_out=json_out, labels=labels,
+                               edge_threshold=edge_threshold, out=out, json=json, labels=labels,
                                check=check, top=top)
     return run_prompts(task, view, model, prompt, opts, prompts)

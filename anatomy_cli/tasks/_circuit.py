@@ -121,14 +121,14 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: Circ
     replacement, completeness = prune.scores(adjacency, graph.logit_probabilities, graph.n_pos,
                                              lm.n_layers * graph.n_pos)
     labels = _labels(opts.labels, lm.n_layers)
-    slug = Path(opts.json_out).stem if opts.json_out else "circuit"
+    slug = Path(opts.json).stem if opts.json else "circuit"
     data = files.graph_json(graph, pr, slug=slug, node_threshold=opts.node_threshold, labels=labels)
     if opts.out:
         files.save_pt(graph, opts.out, _cfg(lm))
-    if opts.json_out:
+    if opts.json:
         import json
 
-        Path(opts.json_out).write_text(json.dumps(data, indent=2))
+        Path(opts.json).write_text(json.dumps(data, indent=2))
     checks: tuple[Any, ...] = ()
     if opts.check:
         from anatomy_cli.analyses import circuit_check

@@ -30,7 +30,7 @@ __all__ = ["COMMAND", "CircuitOptions", "CircuitPlan", "CircuitResult", "PathRow
 
 @dataclass(frozen=True)
 class CircuitOptions:
-    """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json_out``: the
+    """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
     or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table."""
 
@@ -44,7 +44,7 @@ class CircuitOptions:
     node_threshold: float = 0.8
     edge_threshold: float = 0.98
     out: str | None = None
-    json_out: str | None = None
+    json: str | None = None
     labels: str | None = None
     check: int = 0
     top: int = 10

@@ -75,7 +75,7 @@ def circuit_command(
         transcoders=transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
         target=tuple(target or ()), batch_size=batch_size, max_feature_nodes=max_feature_nodes,
         update_interval=update_interval, node_threshold=node_threshold, edge_threshold=edge_threshold,
-        out=None if out is None else str(out), json_out=None if json_out is None else str(json_out),
+        out=None if out is None else str(out), json=None if json_out is None else str(json_out),
         labels=None if labels is None else str(labels), check=check, top=top)
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
