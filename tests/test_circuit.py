@@ -19,6 +19,7 @@ from anatomy_cli.analyses import circuit_prune as prune
 from anatomy_cli.engine import replacement as rep
 
 ARCHS = ("llama", "gemma2", "gpt2")
+MORE = ("gemma3", "qwen3", "mixtral")  # Gemma 3, Qwen3, and an MoE block with a transcoder per block
 IDS = torch.tensor([50256, 464, 3139, 286, 4881, 318])
 
 
@@ -41,7 +42,7 @@ def build(lm, tcs, max_feature_nodes=None, batch_size=8):
     return graph, s
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MORE)
 def test_replacement_model_reproduces_logits(tiny_lm, arch):
     lm = tiny_lm(arch)
     tcs = random_transcoders(lm)
@@ -107,7 +108,7 @@ def test_incoming_edges_plus_bias_equal_preactivation(tiny_lm, arch):
         assert abs(fp.value(fp.base, i) - float(pre)) < 1e-5
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + MORE)
 def test_check_by_intervention(tiny_lm, arch):
     lm = tiny_lm(arch)
     tcs = random_transcoders(lm)
