@@ -114,3 +114,26 @@ def test_graph_page_in_the_browser(browser, graph, tmp_path):  # noqa: F811
         opened.screenshot_is_not_blank(tmp_path / "graph.png")
     finally:
         opened.page.close()
+
+
+def test_cli_plot_writes_the_page_of_its_json(tiny_model_dir, tiny_lm, tmp_path):
+    """``anatomy circuit --plot graph.html`` on a tiny Llama: the page draws exactly the nodes of ``--json``;
+    a non-HTML ``--plot`` is refused before anything opens."""
+    from test_circuit import invoke
+    from test_circuit import random_transcoders
+    from test_circuit import write_transcoder_set
+
+    lm = tiny_lm("llama")
+    tdir = write_transcoder_set(tmp_path / "tc", lm, random_transcoders(lm))
+    page, js = tmp_path / "graph.html", tmp_path / "graph.json"
+    args = ["circuit", f"The capital {EVIL} France is", "--model", str(tiny_model_dir("llama")), "--device", "cpu",
+            "--transcoders", str(tdir), "--bos", "--max-feature-nodes", "20", "--batch-size", "8"]
+    result = invoke(*args, "--json", str(js), "--plot", str(page))
+    assert result.exit_code == 0, result.stderr
+    graph = json.loads(js.read_text())
+    html = page.read_text()
+    assert EVIL not in html
+    for node in graph["nodes"]:
+        assert json.dumps(node["node_id"]) in html
+    refused = invoke(*args, "--plot", str(tmp_path / "graph.png"))
+    assert refused.exit_code == 2 and "give a .html file" in refused.stderr

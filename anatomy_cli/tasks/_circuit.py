@@ -11,6 +11,7 @@ import torch
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
+from anatomy_cli.text.display import visible
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.circuit import CircuitGraph
@@ -115,7 +116,8 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: Circ
                                             update_interval=opts.update_interval, s=s)
     graph = algo.CircuitGraph(_decode(lm, enc.ids), ids, adjacency, s.active, selected, s.values,
                               [(_decode(lm, [int(t)]), int(t)) for t in targets], probs.float(),
-                              len(lm.tokenizer), lm.n_layers, list(enc.pieces), plan.transcoders.scan)
+                              len(lm.tokenizer), lm.n_layers, [_decode(lm, [int(t)]) for t in enc.ids],
+                              plan.transcoders.scan)  # decoded, as circuit-tracer's prompt_tokens
     pr = prune.prune(adjacency, graph.logit_probabilities, graph.n_pos, graph.n_features, opts.node_threshold,
                      opts.edge_threshold)
     replacement, completeness = prune.scores(adjacency, graph.logit_probabilities, graph.n_pos,
@@ -181,7 +183,7 @@ def paths(data: dict[str, Any], top: int) -> list[PathRow]:
     for link in data["links"]:
         into.setdefault(link["target"], []).append((link["source"], link["weight"]))
     rows = []
-    pieces = data["metadata"]["prompt_tokens"]
+    pieces = [visible(p) for p in data["metadata"]["prompt_tokens"]]  # decoded strings, shown as the tables show
     for src, w in sorted(into.get(target or "", []), key=lambda e: -abs(e[1]))[:top]:
         n = nodes[src]
         via, vw = max(into.get(src, [("", 0.0)]), key=lambda e: abs(e[1]))

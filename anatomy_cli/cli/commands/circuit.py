@@ -10,13 +10,16 @@ import typer
 
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import PromptArg
-from anatomy_cli.cli.commands._common import emit_prompts
+from anatomy_cli.cli.commands._common import draw_and_emit
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.plots import is_html
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -54,6 +57,7 @@ def circuit_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
+    plot: PlotOpt = None,
 ) -> None:
     """The attribution graph of the next-token prediction over a transcoder replacement model.
 
@@ -77,8 +81,10 @@ def circuit_command(
         update_interval=update_interval, node_threshold=node_threshold, edge_threshold=edge_threshold,
         out=None if out is None else str(out), json=None if json_out is None else str(json_out),
         labels=None if labels is None else str(labels), check=check, top=top)
+    if plot is not None and not is_html(plot):
+        raise UsageError(f"--plot {str(plot)!r}: circuit draws an interactive page: give a .html file")
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
-    emit_prompts([view.report(lm, enc, r) for enc, r in zip(encoded, results)], fmt, from_stdin=prompt == "-")
+    draw_and_emit("circuit", view, lm, encoded, results, plot, fmt, prompt)

@@ -43,3 +43,11 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
                      f"{c['max_abs_error']:.2e} (relative {c['max_relative_error']:.2e})")
     return Report(data=data, sections=[Section(COLUMNS, rows, title="strongest paths to the target")],
                   heading=heading, notes=notes)
+
+
+def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``plots.draw("circuit", ...)``'s arguments: the graph JSON (``--json``'s dict) and the caption
+    (anatomy_cli/output/html/circuit.py draws it; .html only)."""
+    from anatomy_cli.output.plots import Caption
+
+    return (result.json, Caption.of("circuit", lm, enc.text)), {}
