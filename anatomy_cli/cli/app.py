@@ -46,14 +46,21 @@ class LensValueOptional(TyperCommand):
     """A command whose ``--lens`` may be given bare (click's ``flag_value``, which typer's parser lacks): a bare
     ``--lens``, last or before another option, is ``--lens logit``; ``--lens tuned:DIR`` names a fitted lens."""
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        out = list(args)
-        for i, arg in enumerate(out):
-            if arg == "--":
-                break
-            if arg == "--lens" and (i + 1 == len(out) or out[i + 1].startswith("-") and len(out[i + 1]) > 1):
-                out[i] = "--lens=logit"
-        return super().parse_args(ctx, out)
+    def make_parser(self, ctx: Any) -> Any:
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def bare_lens(args: list[str]) -> Any:
+            out = list(args)
+            for i, arg in enumerate(out):
+                if arg == "--":
+                    break
+                if arg == "--lens" and (i + 1 == len(out) or out[i + 1].startswith("-") and len(out[i + 1]) > 1):
+                    out[i] = "--lens=logit"
+            return parse(args=out)
+
+        parser.parse_args = bare_lens
+        return parser
 
 
 def _plain_metavars(command: Any) -> None:
