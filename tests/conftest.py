@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -389,3 +390,24 @@ def gemma3_hf(gemma3_gguf):
 
     return transformers_reference("gemma3", gemma3_gguf, load, attn_implementation="eager").eval()
 
+
+# ---- the session's one browser (tests/test_html_browser.py, tests/test_circuit_plot.py) ----
+# One fixture definition for the whole session: two sync_playwright contexts on one xdist worker collide
+# ("Sync API inside the asyncio loop").
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no chromium on PATH: install Debian's chromium (apt-get install -y chromium; .ci/run does)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install "
+                                   "'.[test]')")
+    with sync_api.sync_playwright() as pw:
+        # --no-sandbox: CI containers run as root, where chromium's sandbox refuses to start.
+        b = pw.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()

@@ -86,10 +86,9 @@ def test_page_escapes_tokens_and_labels(graph, tmp_path):
 # ---- in the browser (Debian's chromium through playwright; skipped where either is missing) ----
 
 from test_html_browser import Opened  # noqa: E402
-from test_html_browser import browser  # noqa: E402,F401  (the session's browser fixture)
 
 
-def test_graph_page_in_the_browser(browser, graph, tmp_path):  # noqa: F811
+def test_graph_page_in_the_browser(browser, graph, tmp_path):  
     path = tmp_path / "graph.html"
     circuit.figure(graph, Caption("circuit", "SmolLM2-135M-Instruct", f"The capital {EVIL} France is")).write(path)
     opened = Opened(browser, path)

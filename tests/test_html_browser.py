@@ -17,7 +17,6 @@ import io
 import json
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -30,24 +29,6 @@ from anatomy_cli.cli.main import app
 runner = CliRunner()
 EVIL = "The <script>alert(1)</script> cat </div> sat"
 KINDS = ("heads", "trace", "dla", "ablate", "patch", "drift", "params", "report")
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-@pytest.fixture(scope="session")
-def browser():
-    exe = _chromium()
-    if exe is None:
-        pytest.skip("no chromium on PATH: install Debian's chromium (apt-get install -y chromium; .ci/run does)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install "
-                                   "'.[test]')")
-    with sync_api.sync_playwright() as pw:
-        # --no-sandbox: CI containers run as root, where chromium's sandbox refuses to start.
-        b = pw.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 class Opened:

@@ -161,7 +161,7 @@ def test_fault_final_norm_twice_fails_lens_and_last_layer(tmp_path, monkeypatch)
     lm = engine.load(str(tmp_path), device="cpu")
     assert _verify(lm, tmp_path).passed
     once = lens.final_norm
-    monkeypatch.setattr(lens, "final_norm", lambda lm, h: once(lm, once(lm, h)))
+    monkeypatch.setattr(lens, "final_norm", lambda lm, h, **kw: once(lm, once(lm, h, **kw), **kw))
     out = _run(lm, str(tmp_path), "--quick")
     assert out.exit_code == 1
     error = next(line for line in out.stderr.splitlines() if line.startswith("error: "))
