@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_corpus import ARTICLE
 from test_corpus import windows_of
 from test_moe import _reference
 from test_moe import _sparse

@@ -83,7 +83,7 @@ def corpus_command(
         anatomy corpus docs/ --model model.gguf --max-tokens 20000
         anatomy corpus data.jsonl --column body --heads --out run1
         anatomy corpus docs/ --lens-every 4 --ray --workers 2 --format json
-        anatomy corpus docs/ --model ./olmoe --experts --out run2
+        anatomy corpus docs/ --model ./my-moe --experts --out run2
     """
     from anatomy_cli.output.views import corpus as view
     from anatomy_cli.tasks import corpus as task
