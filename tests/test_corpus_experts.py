@@ -119,7 +119,9 @@ def test_shards_merge_to_one_run_exactly_and_read_back_from_parquet(tiny_lm, tin
     assert (one.shards, many.shards) == (1, 3)
     assert _expert_keys(many.stats) == _expert_keys(one.stats)  # the same batches: to the last bit
     # the shards on disk, read back and merged by hand in shard order, give the same sums
-    parts = [Partial.from_table(__import__("pyarrow.parquet").parquet.read_table(p))
+    import pyarrow.parquet as pq
+
+    parts = [Partial.from_table(pq.read_table(p))
              for p in sorted((out / "shards").glob("shard-*.parquet"))]
     merged = parts[0].experts.copy()
     for p in parts[1:]:
