@@ -8,8 +8,10 @@ For every figure (a metric at a layer, or at a (layer, head)) a :class:`Partial`
 
 Massive activations keep, per layer, the largest |h| seen (``max_abs``, first occurrence wins), its
 dimension, and ``argmax``: how often each dimension held a position's largest |h| (int64 ``[L + 1, d]``).
-Merging adds sums and counts, and keeps the larger maximum (the earlier shard on a tie): merged in
-shard order, the result does not depend on how shards were spread over workers.
+With ``--experts``, ``experts`` holds the MoE blocks' routing counts and weight sums
+(:class:`~anatomy_cli.corpus.expert_sums.ExpertSums`). Merging adds sums and counts, and keeps the larger
+maximum (the earlier shard on a tie): merged in shard order, the result does not depend on how shards were
+spread over workers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import field
 from typing import Any
 
 import numpy as np
+
+from anatomy_cli.corpus.expert_sums import ExpertSums
 
 LAYER_METRICS = ("kl_nats", "top1_agree", "ce_bits", "resid_norm", "cos_to_embedding", "attn_out_norm",
                  "mlp_out_norm")
@@ -45,6 +49,7 @@ class Partial:
     windows: int = 0
     tokens: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    experts: ExpertSums | None = None
 
     def __post_init__(self) -> None:
         rows = {m: self.n_layers + 1 for m in LAYER_METRICS} | {m: self.n_layers * self.n_heads for m in HEAD_METRICS}
@@ -80,6 +85,8 @@ class Partial:
                 self.sums[metric][key] = self.sums[metric][key] + value
         self.add_max(other.max_abs, other.max_dim)
         self.argmax = self.argmax + other.argmax
+        if other.experts is not None:
+            self.experts = other.experts.copy() if self.experts is None else self.experts.merge(other.experts)
         self.windows += other.windows
         self.tokens += other.tokens
         for key, value in other.seconds.items():
@@ -101,12 +108,22 @@ class Partial:
         layer, dim = np.nonzero(self.argmax)
         metric += ["argmax_count"] * len(layer)
         index += list(layer * self.d_model + dim)
+        n_parts, sum_parts = [*cols["n"], self.max_dim, self.argmax[layer, dim]], [*cols["sum"], self.max_abs,
+                                                                                   np.zeros(len(layer))]
+        if self.experts is not None:
+            names, at, counts, sums = self.experts.rows()
+            metric += names
+            index += list(at)
+            n_parts.append(counts)
+            sum_parts.append(sums)
         extra = len(metric) - sum(len(c) for c in cols["n"])
-        n = np.concatenate([*cols["n"], self.max_dim, self.argmax[layer, dim]])
-        total = np.concatenate([*cols["sum"], self.max_abs, np.zeros(len(layer))])
+        n = np.concatenate(n_parts)
+        total = np.concatenate(sum_parts)
         rest = {k: np.concatenate([*cols[k], np.zeros(extra, cols[k][0].dtype)]) for k in SUMS[2:]}
         meta = {"n_layers": self.n_layers, "n_heads": self.n_heads, "d_model": self.d_model, "windows": self.windows,
                 "tokens": self.tokens, "seconds": self.seconds}
+        if self.experts is not None:
+            meta["experts"] = self.experts.meta()
         import json
 
         table = pa.table({"metric": metric, "index": np.asarray(index, np.int64), "n": n, "sum": total, **rest})
@@ -134,4 +151,6 @@ class Partial:
         flat = np.zeros(part.argmax.size, np.int64)
         flat[cols["index"][rows]] = cols["n"][rows]
         part.argmax = flat.reshape(part.argmax.shape)
+        if "experts" in meta:
+            part.experts = ExpertSums.from_rows(meta["experts"], names, cols["index"], cols["n"], cols["sum"])
         return part

@@ -12,7 +12,8 @@ from typing import Any
 class Settings:
     """What decides the figures: ``ctx`` tokens per window, ``bos`` (each window starts with BOS),
     ``max_tokens`` (None: all), ``lens`` (measure the logit lens) every ``lens_every`` positions, ``heads``,
-    ``shard_windows`` windows per shard, ``allow_special``. ``batch_size`` (windows per forward) is not
+    ``shard_windows`` windows per shard, ``allow_special``, ``experts`` (the MoE blocks' routing counts; in
+the manifest only when set, so older runs resume). ``batch_size`` (windows per forward) is not
     part of the run's identity: it changes float rounding only."""
 
     ctx: int
@@ -26,6 +27,7 @@ class Settings:
     batch_size: int = 4
     save_activations: tuple[str, ...] = ()  # hook points whose activations are saved (corpus/activations.py)
     activation_dtype: str = "fp32"
+    experts: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -34,4 +36,6 @@ class Settings:
             out["save_activations"] = list(self.save_activations)
         else:
             del out["save_activations"], out["activation_dtype"]
+        if not self.experts:
+            del out["experts"]
         return out

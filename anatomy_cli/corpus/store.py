@@ -9,6 +9,9 @@ Layout::
                                then summary.LAYER_COLUMNS with ``layer`` the row's name as a string
                                ("embed", "0", …, "L-1"; :func:`summary_rows`)
     DIR/heads.parquet          per-head figures (summary.HEAD_COLUMNS, :data:`HEAD_SCHEMA`), with --heads
+    DIR/expert_blocks.parquet, DIR/experts.parquet, DIR/expert_pairs.parquet
+                               with --experts: per MoE block, per (block, expert), per co-chosen pair
+                               (expert_sums.BLOCK_COLUMNS, EXPERT_COLUMNS, PAIR_COLUMNS)
 
 Every file is written to a temporary name in DIR and renamed into place, so a killed run leaves either
 a whole file or none. The manifest lists a shard only after its file is in place. A shard read back is
@@ -23,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.corpus import expert_sums
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.summary import HEAD_COLUMNS
 from anatomy_cli.corpus.summary import LAYER_COLUMNS
@@ -36,7 +40,9 @@ VERSION = 2
 # Fields of the model spec that change the figures (placement options do not); "resolved" is the model
 # path with links resolved (the spec's own spelling may differ between two runs of one model).
 MODEL_KEYS = ("resolved", "dtype", "init", "trust_remote_code")
-INT_COLUMNS = ("row", "layer", "head", "max_abs_dim", "lens_positions", "ce_positions")
+INT_COLUMNS = ("row", "layer", "head", "max_abs_dim", "lens_positions", "ce_positions", *expert_sums.INT_COLUMNS)
+EXPERT_FILES = (("expert_blocks", expert_sums.BLOCK_COLUMNS), ("experts", expert_sums.EXPERT_COLUMNS),
+                ("expert_pairs", expert_sums.PAIR_COLUMNS))
 
 
 SUMMARY_COLUMNS = ("row", *LAYER_COLUMNS)
@@ -157,7 +163,7 @@ class Store:
         self._write_manifest()
 
     def finish(self, stats: CorpusStats, total_shards: int) -> None:
-        """Write summary.parquet (and heads.parquet) and mark the run complete in the manifest."""
+        """Write summary.parquet (and heads.parquet, the experts' files) and mark the run complete in the manifest."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -166,6 +172,10 @@ class Store:
         if stats.heads:
             heads = pa.Table.from_pylist(list(stats.heads), schema=schema(HEAD_COLUMNS))
             _atomic(self.root / "heads.parquet", lambda tmp: pq.write_table(heads, tmp))
+        if stats.expert_blocks:
+            for name, columns in EXPERT_FILES:
+                table = pa.Table.from_pylist(list(getattr(stats, name)), schema=schema(columns))
+                _atomic(self.root / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
         self.manifest["complete"] = {"shards": total_shards, "windows": stats.windows, "tokens": stats.tokens}
         self._write_manifest()
 

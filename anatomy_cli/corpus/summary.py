@@ -3,7 +3,8 @@
 For a figure with values x over positions, summed over windows w with n_w values each:
 ``mean = Σ x / Σ n_w`` (every position weighs the same) and ``se`` is the standard error of the mean of
 the window means, ``sqrt(var(m_w) / W)`` with the sample variance over the W windows (None for W < 2).
-Windows, not positions, are the independent units: neighbouring positions are correlated.
+Windows, not positions, are the independent units: neighbouring positions are correlated. With ``--experts``
+the MoE blocks' rows (:func:`anatomy_cli.corpus.expert_sums.summarize`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from anatomy_cli.corpus.expert_sums import summarize as expert_rows
 from anatomy_cli.corpus.partial import HEAD_METRICS
 from anatomy_cli.corpus.partial import LAYER_METRICS
 from anatomy_cli.corpus.partial import Partial
@@ -44,7 +46,9 @@ class CorpusStats:
     """Residual-stream rows (``LAYER_COLUMNS``; ``layer`` ``"embed"`` for the embedding, then N for block N's
     output, the last row block L−1's: docs/engine.md#layers) and, when
     measured, per-head rows (``HEAD_COLUMNS``). ``loss_bits`` is the last layer's ``ce_bits`` (the model's
-    own cross-entropy on the windows) and ``perplexity`` ``2 ** loss_bits``; None without the lens."""
+    own cross-entropy on the windows) and ``perplexity`` ``2 ** loss_bits``; None without the lens. With
+    ``--experts``: ``expert_blocks``, ``experts`` and ``expert_pairs`` (the rows of
+    :mod:`anatomy_cli.corpus.expert_sums`; empty otherwise)."""
 
     layers: tuple[dict[str, Any], ...]
     heads: tuple[dict[str, Any], ...]
@@ -52,11 +56,15 @@ class CorpusStats:
     tokens: int
     loss_bits: float | None
     perplexity: float | None
+    expert_blocks: tuple[dict[str, Any], ...] = ()
+    experts: tuple[dict[str, Any], ...] = ()
+    expert_pairs: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"windows": self.windows, "tokens": self.tokens, "loss_bits": self.loss_bits,
                 "perplexity": self.perplexity, "layers": [dict(r) for r in self.layers],
-                "heads": [dict(r) for r in self.heads]}
+                "heads": [dict(r) for r in self.heads], "expert_blocks": [dict(r) for r in self.expert_blocks],
+                "experts": [dict(r) for r in self.experts], "expert_pairs": [dict(r) for r in self.expert_pairs]}
 
 
 def summarize(part: Partial) -> CorpusStats:
@@ -85,5 +93,7 @@ def summarize(part: Partial) -> CorpusStats:
                 row[key], row[f"{key}_se"] = figures[m][0][i], figures[m][1][i]
             heads.append(row)
     loss = figures["ce_bits"][0][-1]
+    blocks, experts, pairs = expert_rows(part.experts) if part.experts is not None else ([], [], [])
     return CorpusStats(layers=tuple(layers), heads=tuple(heads), windows=part.windows, tokens=part.tokens,
-                       loss_bits=loss, perplexity=2.0 ** loss if loss is not None else None)
+                       loss_bits=loss, perplexity=2.0 ** loss if loss is not None else None,
+                       expert_blocks=tuple(blocks), experts=tuple(experts), expert_pairs=tuple(pairs))

@@ -44,7 +44,7 @@ class Worker:
                 os.close(fd)
                 os._exit(1)
         lm, s = self.lm, self.settings
-        part = Partial(lm.n_layers, lm.n_heads, lm.d_model)
+        part = Partial(lm.n_layers, lm.n_heads, lm.d_model, experts=_expert_sums(lm) if s.experts else None)
         start = 0
         group = list(shard.windows)
         self.saved = {site: [] for site in s.save_activations}
@@ -65,3 +65,17 @@ class Worker:
     def run(self, shard: Shard) -> Partial:
         """``self(shard)``, under a name a Ray actor handle exposes."""
         return self(shard)
+
+
+def _expert_sums(lm: Any) -> Any:
+    """Empty :class:`~anatomy_cli.corpus.expert_sums.ExpertSums` for ``lm``'s MoE blocks."""
+    from anatomy_cli.corpus.expert_sums import ExpertSums
+
+    moe = lm.info.moe
+    if moe is None:  # the task refused a dense model before anything loaded; a direct caller gets the same
+        from anatomy_cli.errors import UsageError
+        from anatomy_cli.models.capabilities import Need
+        from anatomy_cli.models.capabilities import refusal
+
+        raise UsageError(refusal(lm.info, Need.moe, "corpus --experts"))
+    return ExpertSums.empty(moe.sparse_blocks, moe.n_experts, moe.top_k)

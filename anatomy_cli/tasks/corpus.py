@@ -52,6 +52,7 @@ class CorpusOptions:
     save_activations: str | None = None
     activation_dtype: str = "fp32"
     allow_special: bool = False
+    experts: bool = False
 
     def __post_init__(self) -> None:
         if self.out is not None and not isinstance(self.out, Path):
@@ -99,10 +100,12 @@ class CorpusRun:
 
 
 def check(opened: Any, opts: CorpusOptions) -> CorpusPlan:
-    """Every refusal that needs the opened model: a decoder (with the lens, an LM head), the saved sites within
-    its blocks, ``--ctx`` within its context."""
+    """Every refusal that needs the opened model: a decoder (with the lens, an LM head; with ``--experts``, a
+    mixture of experts), the saved sites within its blocks, ``--ctx`` within its context."""
     info: ModelInfo = opened.info
     require(info, Need.decoder, *([Need.lm_head] if opts.lens else []), command=COMMAND)
+    if opts.experts:
+        require(info, Need.moe, command=f"{COMMAND} --experts")
     if opts.sites:
         from anatomy_cli.corpus.activations import check_sites
 
@@ -125,7 +128,7 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
         settings = Settings(ctx=plan.ctx, bos=plan.bos, max_tokens=opts.max_tokens, lens=opts.lens,
                             lens_every=opts.lens_every, heads=opts.heads, shard_windows=opts.shard_windows,
                             allow_special=opts.allow_special, batch_size=opts.batch_size, save_activations=sites,
-                            activation_dtype=opts.activation_dtype)
+                            activation_dtype=opts.activation_dtype, experts=opts.experts)
         ray_opts = {"address": opts.ray_address, "workers": opts.workers,
                     "gpus_per_worker": opts.gpus_per_worker} if opts.ray else None
         result = _run(run, src, spec, settings, tokenizer, lm, identity, ray_opts, opts)

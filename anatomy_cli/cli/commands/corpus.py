@@ -37,6 +37,10 @@ def corpus_command(
     heads: Annotated[bool, typer.Option(
         "--heads", help="Also per head: attention entropy, sink (first-token) mass, previous-token mass (a second "
         "forward, with eager attention).")] = False,
+    experts: Annotated[bool, typer.Option(
+        "--experts", help="Also per MoE block and expert (Mixtral, Qwen2/3-MoE, OLMoE): the share of token slots "
+        "routed to it, its mean weight, the load imbalance and how often pairs of experts are chosen together.")]
+    = False,
     lens_every: Annotated[int, typer.Option(
         "--lens-every", min=1, metavar="N",
         help="Measure the logit lens at every N-th position only (it costs (L+1)·d·vocab per position).")] = 1,
@@ -79,6 +83,7 @@ def corpus_command(
         anatomy corpus docs/ --model model.gguf --max-tokens 20000
         anatomy corpus data.jsonl --column body --heads --out run1
         anatomy corpus docs/ --lens-every 4 --ray --workers 2 --format json
+        anatomy corpus docs/ --model ./my-moe --experts --out run2
     """
     from anatomy_cli.output.views import corpus as view
     from anatomy_cli.tasks import corpus as task
@@ -87,7 +92,7 @@ def corpus_command(
         ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every, lens=not no_lens,
         out=out, overwrite=overwrite, shard_windows=shard_windows, batch_size=batch_size, ray=ray,
         ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker, save_activations=save_activations,
-        activation_dtype=activation_dtype, allow_special=allow_special)  # fails before anything opens
+        activation_dtype=activation_dtype, allow_special=allow_special, experts=experts)  # fails before anything opens
     run = task.measure(source, spec, opts)
     emit(view.report(run), fmt)
     if plot:
