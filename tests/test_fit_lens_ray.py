@@ -91,3 +91,29 @@ def test_ray_refusals_are_one_line(tiny_model_dir, tmp_path):
         res = runner.invoke(app, ["fit-lens", *args, "--model", model])
         assert res.exit_code == 2 and message in res.output, (args, res.output)
         assert len([line for line in res.output.splitlines() if line.strip()]) == 1, res.output
+
+
+def test_the_api_on_ray_opens_the_model_only_and_adds_shards_in_order(tiny_lm, tiny_model_dir, tmp_path, monkeypatch):
+    """`fit_lens(name, ..., ray=True)` without a Ray: the runner replaced by one that builds the workers here and
+    finishes the shards last to first; the sums are added in shard order and equal the in-process fit."""
+    pytest.importorskip("ray")
+    from anatomy_cli.corpus import ray_run
+
+    lm = tiny_lm("llama")
+    seen = []
+
+    def here(shards, spec, settings, finished, *, worker, workers, **kwargs):
+        actor = worker(spec.to_dict(), settings, lm=lm)
+        for shard in reversed(list(shards)):
+            seen.append(shard.index)
+            finished(shard, actor.run(shard))
+
+    monkeypatch.setattr(ray_run, "run_on_ray", here)
+    kw = dict(skip_first=4, dim_batch=8, dtype="fp32", source_layers=[0])
+    r = api.fit_lens(str(tiny_model_dir("llama")), "jacobian", TEXTS, out=tmp_path / "ray.pt", ray=True, workers=1,
+                     **kw)
+    assert seen == [3, 2, 1, 0] and (r.result.n_prompts, r.result.skipped) == (3, 1)
+    assert r.data["model"] == str(tiny_model_dir("llama"))
+    api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "here.pt", **kw)
+    ray_fit, in_process = (torch.load(tmp_path / f, weights_only=True) for f in ("ray.pt", "here.pt"))
+    torch.testing.assert_close(ray_fit["J"][0], in_process["J"][0], atol=1e-6, rtol=1e-6)
