@@ -283,6 +283,8 @@ def test_which_commands_are_forwarded(monkeypatch):
     assert not client.wants_server(["trace", "x", "--no-server"])
     assert not client.wants_server(["params"]) and not client.wants_server(["trace", "--help"])
     assert not client.wants_server(["tokens", "hi"]) and client.wants_server(["tokens", "hi", "--model", "gpt2"])
+    assert not client.wants_server(["fit-lens", "jacobian", "--prompts", "p.txt", "--out", "j.pt", "--ray"])
+    assert client.wants_server(["fit-lens", "jacobian", "--prompts", "p.txt", "--out", "j.pt"])
     request = client.build_request(["next", "-"])
     assert request["op"] == "run" and base64.b64decode(request["stdin"]) == b"one\ntwo\n"
     assert client.build_request(["next", "x"])["stdin"] == ""  # stdin is read only for '-'
