@@ -48,10 +48,11 @@ def report(lm: LoadedModel, result: LensEval) -> Report:
                f"{result.name}: {len(result.items)} item{'' if len(result.items) == 1 else 's'}, "
                f"{result.n_words} intermediates" + (f", {result.skipped} items without intermediates (not scored)"
                                                      if result.skipped else "")]
+    missing = len(result.no_form)
     notes = ["rank: 1-based (1 + the number of larger logits; jlens' rank + 1), the best over the lens' blocks and "
              "the word's single-token forms; pass@k: the mean over items of the fraction of intermediates with "
-             "rank <= k (jlens' pass@k); no form: a miss" + (f" ({len(result.no_form)} word{'' if len(result.no_form) == 1 else 's'})" if result.no_form
-                                                              else "")]
+             "rank <= k (jlens' pass@k); a word with no single-token form is a miss"
+             + (f" ({missing} word{'' if missing == 1 else 's'} here)" if missing else "")]
     return Report(data=data, sections=[Section(summary_columns, summary, title="pass@k per lens"),
                                        Section(word_columns, words, title="best rank per intermediate")],
                   heading=heading, notes=notes)
