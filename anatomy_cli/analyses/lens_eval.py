@@ -46,7 +46,8 @@ class ItemScore:
 
     def hits(self, lens: int, k: int) -> float:
         """The fraction of this item's intermediates whose best rank under lens ``lens`` is at most ``k``."""
-        return sum(w.ranks[lens] is not None and w.ranks[lens] <= k for w in self.words) / len(self.words)
+        ranks = [w.ranks[lens] for w in self.words]
+        return sum(r is not None and r <= k for r in ranks) / len(ranks)
 
 
 @dataclass(frozen=True)
