@@ -305,7 +305,8 @@ def test_the_forwarded_commands_are_one_list_that_the_docs_and_the_help_name():
         assert client.wants_server([c, "x", *((client.ONLY_WITH[c][0], "m") if c in client.ONLY_WITH else ())])
     assert not any(client.wants_server([c, "x"]) for c in set(commands) - set(client.FORWARDED))
     shown = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
-    assert client.forwarded_names() in " ".join(shown.stdout.split())  # `serve --help` names them from the list
+    # `serve --help` names them from the list (its wrapping may break a name at its hyphen: lens-eval)
+    assert client.forwarded_names() in " ".join(shown.stdout.split()).replace("- ", "-")
 
 
 def test_tokenizers_are_cached_by_source_and_file_time(tmp_path):
