@@ -20,7 +20,7 @@ from anatomy_cli.serve import protocol
 # The one list of the weight-loading commands a running server answers, in the order the docs name them:
 # the client forwards them, `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
 FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens",
-             "report", "diff", "corpus", "verify", "generate", "steer", "sae", "route", "fit-lens")
+             "report", "diff", "corpus", "verify", "generate", "steer", "sae", "route", "fit-lens", "circuit")
 ONLY_WITH = {"tokens": ("--model", "-m")}  # forwarded only with one of these options (without: no weights)
 NOT_WITH = {"corpus": ("--ray", "--ray-address")}  # forwarded except with one of these options
 # The weight-loading commands a server never answers, and why (`serve --status` and docs/serve.md say so).
