@@ -133,6 +133,24 @@ def test_disk_offload_keeps_only_the_skip_paths(setting):
             assert torch.equal(full.W_enc, want.W_enc) and torch.equal(full.W_dec, want.W_dec)
 
 
+def test_cpu_offload_off_the_cpu_moves_one_block_when_used(setting):
+    """With the model on another device (here "meta": no accelerator needed), --offload cpu keeps each block's
+    transcoder in host memory, its W_skip on the device, and moves the whole block there only inside weights()."""
+    from types import SimpleNamespace
+
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    _, _, tdir, tcs = setting
+    held = load_transcoders(SimpleNamespace(device=torch.device("meta")), files.describe(tdir), "cpu")
+    for t, want in zip(held, tcs):
+        assert isinstance(t, Offloaded) and t.W_skip.device.type == "meta" and t.W_skip.shape == want.W_skip.shape
+        with t.weights() as full:
+            assert full.W_enc.device.type == "meta" and full.W_enc.shape == want.W_enc.shape
+        assert torch.equal(t.load.args[0].W_enc, want.W_enc)  # the host copy: the file's values
+
+
 def test_offload_refuses_other_places(setting):
     model, _, tdir, _ = setting
     bad = invoke("circuit", PROMPT, "--model", str(model), "--transcoders", str(tdir), "--offload", "gpu")
