@@ -368,19 +368,40 @@ def test_every_weight_command_is_answered_as_in_process(server, cached_load, tmp
         (["fit-lens", "jacobian", "--prompts", "long.txt", *m, "--dim-batch", "64", "--out", "j.pt", "--overwrite"],
          []),
     ]
-    for args, files in jobs:
-        assert client.wants_server(args), args
-        remote = anatomy(*args, sock=sock)
-        assert remote.returncode == 0, (args, remote.stderr)
-        written = {f: (tmp_path / f).read_bytes() for f in files}
-        code, out = in_process(args)
-        assert (remote.returncode, remote.stdout) == (code, out), args
-        assert written == {f: (tmp_path / f).read_bytes() for f in files}, args
+    served_as_in_process(sock, tmp_path, jobs)
     assert not client.wants_server(["corpus", "corpus.txt", *m, "--ray"])  # Ray workers load their own copies
     assert not client.wants_server(["convert", "x.gguf", "--to", "dir"])
     status = anatomy("serve", "--status", "--socket", str(sock), sock=None)
     assert "not forwarded: corpus --ray: its Ray workers load their own copies of the model" in status.stdout + \
         status.stderr
+
+
+def test_circuit_is_answered_as_in_process(server, cached_load, tiny_lm, tmp_path, monkeypatch):
+    # circuit (issue 49): served == in-process, stdout and the graph JSON it writes; --estimate too (it loads
+    # nothing, in either place).
+    from test_circuit import random_transcoders
+    from test_circuit import write_transcoder_set
+
+    sock, model = server
+    monkeypatch.chdir(tmp_path)
+    write_transcoder_set(tmp_path / "tc", None, random_transcoders(tiny_lm("gpt2")))
+    base = ["circuit", "The capital of France is", "--model", str(model), "--transcoders", "tc",
+            "--max-feature-nodes", "10", "--batch-size", "4"]
+    served_as_in_process(sock, tmp_path, [(base + ["--json", "graph.json", "--format", "json"], ["graph.json"]),
+                                          (base + ["--estimate", "--format", "json"], [])])
+
+
+def served_as_in_process(sock: Path, folder: Path, jobs: list[tuple[list[str], list[str]]]) -> None:
+    """Each ``(args, files)``: forwarded, it succeeds; run in-process again, its stdout and the files it writes
+    in ``folder`` are the same bytes."""
+    for args, files in jobs:
+        assert client.wants_server(args), args
+        remote = anatomy(*args, sock=sock)
+        assert remote.returncode == 0, (args, remote.stderr)
+        written = {f: (folder / f).read_bytes() for f in files}
+        code, out = in_process(args)
+        assert (remote.returncode, remote.stdout) == (code, out), args
+        assert written == {f: (folder / f).read_bytes() for f in files}, args
 
 
 # ---------------------------------------------------------------- jobs: a killed client, --status, --cancel
