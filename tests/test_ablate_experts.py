@@ -160,3 +160,26 @@ def test_dense_model_and_reroute_without_experts_are_refused(tiny_model_dir):
     assert len(dense.stderr.strip().splitlines()) == 1
     bare = invoke(PROMPT, "--model", str(tiny_model_dir("mixtral")), "--target", TARGET, "--mode", "reroute")
     assert bare.exit_code == 2 and "--mode reroute knocks out a routed expert: it needs --experts" in bare.stderr
+
+
+def test_deepseek_routing_is_refused_in_one_line(tmp_path):
+    """DeepSeek-V3 (group-limited sigmoid routing, MLA attention) has no adapter: `route` and `ablate --experts`
+    say so in one line, naming the family, before any weight loads."""
+    from conftest import build_gpt2_tokenizer
+    from transformers import DeepseekV3Config
+    from transformers import DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(vocab_size=50257, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                              n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+                              first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=4,
+                              qk_nope_head_dim=4, v_head_dim=8, max_position_embeddings=64)
+    torch.manual_seed(0)
+    DeepseekV3ForCausalLM(config).save_pretrained(tmp_path)
+    build_gpt2_tokenizer().save_pretrained(tmp_path)
+    for args in (["route", PROMPT], ["ablate", PROMPT, "--target", TARGET, "--experts"]):
+        result = CliRunner().invoke(app, [*args, "--model", str(tmp_path)])
+        assert result.exit_code == 1, result.stdout
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: architecture 'deepseek_v3' is not supported: ")
+        assert "group-limited" in lines[0]
