@@ -103,6 +103,8 @@ def test_rows_equal_hooks_on_transformers_modules(tiny_model_dir, tiny_lm, arch,
         assert row["metric"] == pytest.approx(expected, abs=1e-5), row
         assert row["effect"] == pytest.approx(expected - intact, abs=1e-5)
     assert max(abs(r["effect"]) for r in data["rows"]) > 1e-4  # the ablations do something
+    result = invoke(PROMPT, "--model", str(tiny_model_dir(arch)), "--target", TARGET, "--experts", "--layer", "0")
+    assert ("the shared expert is always on" in result.stderr) == (arch == "qwen2_moe")
 
 
 def test_zero_of_an_expert_never_chosen_changes_nothing_and_batching_does_not_matter(tiny_model_dir, tiny_lm):

@@ -68,7 +68,9 @@ def ablate_command(
     and its change from the intact run.
 
     The knocked-out output is replaced at every position: by zeros (--mode zero) or by its mean
-    over the prompt's positions (--mode mean). All ablations of a prompt run in a few batched forwards;
+    over the prompt's positions (--mode mean); a routed expert (--experts) is removed from the router's
+    candidates before the top k (--mode reroute, its default) or its weighted output dropped (--mode zero).
+    All ablations of a prompt run in a few batched forwards;
     --method attribution estimates them all from one backward, (a_ablated - a) . dm/da; --check N reruns
     the N largest exactly.
 

@@ -60,6 +60,9 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
     else:
         what = f"each row replaces one component's output at every position by {BY[ablation.mode]}"
     notes = [f"{what}; effect = metric - intact metric (negative: the component helped the target)"]
+    if experts and lm.info.moe.shared_expert:
+        notes.append("the shared expert is always on and has no index among the routed experts: it is not knocked "
+                     "out (the mlp row of a plain ablate zeroes it with the block)")
     columns = EXPERT_COLUMNS if experts else COLUMNS
     base = Report(data=data, sections=[Section(columns, data["rows"])], heading=heading, notes=notes)
     return extend(base, result.extra)
