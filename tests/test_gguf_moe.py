@@ -10,6 +10,7 @@ import models
 import numpy as np
 import pytest
 import torch
+from test_gguf import _permute
 from test_gguf import add_gpt2_vocab
 from torch.testing import assert_close
 from typer.testing import CliRunner
@@ -18,7 +19,7 @@ from anatomy_cli import engine
 from anatomy_cli.cli.main import app
 
 runner = CliRunner()
-ARCHS = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+ARCHS = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # llama.cpp's names
 PROMPT = "The capital of France is Paris, and"
 
 
@@ -28,14 +29,16 @@ def build_source(arch: str):
     import transformers
 
     config_cls, model_cls, _ = models.ARCHS[arch]
-    config = getattr(transformers, config_cls)(**{**models.config_kwargs(arch), "mlp_only_layers": []})
+    extra = {} if arch == "mixtral" else {"mlp_only_layers": []}
+    config = getattr(transformers, config_cls)(**{**models.config_kwargs(arch), **extra})
     torch.manual_seed(0)
     return getattr(transformers, model_cls)(config).eval()
 
 
 def _tensors(model) -> dict[str, np.ndarray]:
-    """``{gguf name: float32 array}`` as convert_hf_to_gguf.py names them for Qwen2-MoE / Qwen3-MoE: the fused
-    ``gate_up_proj`` [E, 2F, D] split into ``ffn_gate_exps`` and ``ffn_up_exps`` [E, F, D]; no q/k permutation."""
+    """``{gguf name: float32 array}`` as convert_hf_to_gguf.py names them for Qwen2-MoE, Qwen3-MoE and Mixtral: the
+    fused ``gate_up_proj`` [E, 2F, D] split into ``ffn_gate_exps`` and ``ffn_up_exps`` [E, F, D]; Mixtral's
+    q/k rows permuted as for LLaMA."""
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     out = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
@@ -54,7 +57,11 @@ def _tensors(model) -> dict[str, np.ndarray]:
                     out[f"blk.{i}.{gg}.{kind}"] = sd[f"{pre}{hf}.{kind}"]
         if f"blk.{i}.ffn_gate_inp_shexp.weight" in out:  # [1, D] in transformers, [D] in llama.cpp's files
             out[f"blk.{i}.ffn_gate_inp_shexp.weight"] = out[f"blk.{i}.ffn_gate_inp_shexp.weight"][0]
-        gate_up, f = sd[f"{pre}mlp.experts.gate_up_proj"], cfg.moe_intermediate_size
+        if cfg.model_type == "mixtral":
+            out[f"blk.{i}.attn_q.weight"] = _permute(out[f"blk.{i}.attn_q.weight"], cfg.num_attention_heads)
+            out[f"blk.{i}.attn_k.weight"] = _permute(out[f"blk.{i}.attn_k.weight"], cfg.num_key_value_heads)
+        gate_up = sd[f"{pre}mlp.experts.gate_up_proj"]
+        f = gate_up.shape[1] // 2
         out[f"blk.{i}.ffn_gate_exps.weight"] = gate_up[:, :f]
         out[f"blk.{i}.ffn_up_exps.weight"] = gate_up[:, f:]
         out[f"blk.{i}.ffn_down_exps.weight"] = sd[f"{pre}mlp.experts.down_proj"]
@@ -62,8 +69,8 @@ def _tensors(model) -> dict[str, np.ndarray]:
 
 
 def write_moe_gguf(path, arch: str, model=None, quant: str = "F32"):
-    """``model`` (default :func:`build_source` of ``arch``, qwen2_moe or qwen3_moe) as a GGUF file of llama.cpp's
-    architecture name (qwen2moe, qwen3moe), GPT-2 vocabulary; F32, or with ``quant="Q8_0"`` the matrices and the
+    """``model`` (default :func:`build_source` of ``arch``: qwen2_moe, qwen3_moe, mixtral) as a GGUF file of
+    llama.cpp's architecture name (qwen2moe, qwen3moe; llama for Mixtral), GPT-2 vocabulary; F32, or with ``quant="Q8_0"`` the matrices and the
     expert stacks quantized to Q8_0 where their rows are whole blocks of 32 (the others, norms, biases and the 1-D
     shared-expert gate stay F32, as llama.cpp falls back)."""
     import gguf
@@ -80,9 +87,11 @@ def write_moe_gguf(path, arch: str, model=None, quant: str = "F32"):
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    w.add_expert_count(cfg.num_experts)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_expert_count(cfg.num_experts if arch != "mixtral" else cfg.num_local_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch != "mixtral":  # Mixtral's experts are feed_forward_length wide
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if arch == "qwen2_moe":
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if arch == "qwen3_moe":
@@ -124,7 +133,7 @@ def _routing(src, ids):
     top k, divided by their sum where ``norm_topk_prob``: ``{block: (indices [pos, k], weights [pos, k])}``."""
     with torch.no_grad():
         out = src(torch.tensor([ids]), output_router_logits=True)
-    k, norm = src.config.num_experts_per_tok, src.config.norm_topk_prob
+    k, norm = src.config.num_experts_per_tok, getattr(src.config, "norm_topk_prob", True)  # Mixtral: always
     routes = {}
     for b, logits in enumerate(out.router_logits):
         w, i = torch.topk(torch.softmax(logits.float(), -1), k, dim=-1)
@@ -149,8 +158,9 @@ def _block_inputs(src, ids) -> dict[int, torch.Tensor]:
 def _by_hand(src, b, x, idx, w):
     """Σ_k w_k · expert_{idx_k}(x) (+ sigmoid(shared_expert_gate · x) · shared_expert(x)) from the source's
     weights: expert_e(x) = down_e (silu(gate_e x) * up_e x)."""
-    mlp, f = src.model.layers[b].mlp, src.config.moe_intermediate_size
+    mlp = src.model.layers[b].mlp
     gate_up, down = mlp.experts.gate_up_proj.double(), mlp.experts.down_proj.double()
+    f = gate_up.shape[1] // 2
     x = x.double()
     out = torch.zeros_like(x)
     for p in range(x.shape[0]):

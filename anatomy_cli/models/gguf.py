@@ -115,6 +115,11 @@ def _adjust(config: dict[str, Any], metadata: dict[str, Any]) -> None:
     ``expert_shared_feed_forward_length``)."""
     model_type = config.get("model_type")
     arch = str(metadata.get("general.architecture"))
+    if model_type == "llama" and int(metadata.get("llama.expert_count") or 0) > 0:
+        # llama.cpp writes Mixtral as `llama` with experts; transformers' GGUF reader drops them (a dense LLaMA)
+        model_type = config["model_type"] = "mixtral"
+        config["num_local_experts"] = int(metadata["llama.expert_count"])
+        config["num_experts_per_tok"] = int(metadata["llama.expert_used_count"])
     for key, name in (("expert_feed_forward_length", "moe_intermediate_size"),
                       ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):
         if model_type in ("qwen2_moe", "qwen3_moe") and f"{arch}.{key}" in metadata:
