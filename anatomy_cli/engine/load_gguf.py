@@ -146,7 +146,8 @@ def _llama_moe_processor(config: dict[str, Any]) -> TensorProcessor:
                 return LlamaTensorProcessor(config=self.config).process(weights, name, **kwargs)
             return super().process(weights, name, **kwargs)
 
-    return LlamaMoe(config=config)
+    processor: TensorProcessor = LlamaMoe(config=config)  # type: ignore[no-untyped-call]
+    return processor
 
 
 # transformers' own renames of a model_type to gguf-py's architecture name (get_gguf_hf_weights_map).
