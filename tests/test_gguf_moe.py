@@ -322,3 +322,11 @@ def test_verify_against_llama_cpp_on_a_moe_gguf(moe_files):
     section = json.loads(out.stdout)["sections"][-1]
     [row] = [c for c in section["checks"] if c["name"] == NAME]
     assert row["passed"] is True and row["error"] == 0, row
+
+
+def test_a_mixtral_gguf_with_a_placement_is_refused_in_one_line(moe_files):
+    from anatomy_cli.errors import UsageError
+
+    with pytest.raises(UsageError) as exc:
+        engine.load(str(moe_files["mixtral"][1]), device_map="auto")
+    assert "\n" not in str(exc.value) and "loads on one device" in str(exc.value)
