@@ -338,3 +338,20 @@ def test_a_mixtral_gguf_with_a_placement_is_refused_in_one_line(moe_files):
     with pytest.raises(UsageError) as exc:
         engine.load(str(moe_files["mixtral"][1]), device_map="auto")
     assert "\n" not in str(exc.value) and "loads on one device" in str(exc.value)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_corpus_experts_on_a_moe_gguf_equal_its_source(moe_files, tmp_path, arch):
+    """`corpus --experts` (its counts checked against a hand count in tests/test_corpus_experts.py) on the GGUF
+    file and on the source's directory: the same slots and weights per expert."""
+    _, path, folder = moe_files[arch]
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat on the mat.\nThank you very much, said the bank of the river.\n")
+    ours, theirs = (_json("corpus", str(text), "--model", str(m), "--experts", "--out", str(tmp_path / m.name))
+                    for m in (path, folder))
+    assert ours["tokens"] == theirs["tokens"] and [r["slots"] for r in ours["experts"]] == [
+        r["slots"] for r in theirs["experts"]]
+    assert sum(r["slots"] for r in ours["experts"]) == ours["tokens"] * 2 * 2  # tokens x k x blocks
+    assert [r["mean_weight"] for r in ours["experts"]] == pytest.approx([r["mean_weight"] for r in theirs["experts"]],
+                                                                        rel=1e-5)
+    assert ours["expert_pairs"] == theirs["expert_pairs"]
