@@ -5,19 +5,16 @@ probe: ``llamacpp.unusable``)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from test_gguf_moe import ARCHS
 from test_gguf_moe import PROMPT
+from test_gguf_moe import _json
 from test_gguf_moe import make_moe_files
 from test_gguf_moe import routing
-from test_gguf_moe import runner
 from test_gguf_moe import write_moe_gguf
 
 from anatomy_cli import engine
-from anatomy_cli.cli.main import app
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +99,8 @@ def test_verify_against_llama_cpp_on_a_moe_gguf(moe_files, tmp_path, quant):
     src, path, _ = moe_files["qwen2_moe"]
     path = path if quant == "F32" else write_moe_gguf(tmp_path / "q8.gguf", "qwen2_moe", src, quant="Q8_0")
     _llama_cpp(path)
-    out = runner.invoke(app, ["verify", "--model", str(path), "--device", "cpu", "--against", "llama.cpp",
-                              "--format", "json"])
-    assert out.exit_code == 0, out.stderr
-    section = json.loads(out.stdout)["sections"][-1]
-    assert section["name"] == "llama.cpp" and section["status"] == "passed", section
+    [section] = _json("verify", "--model", str(path), "--against", "llama.cpp")["sections"]
+    assert (section["name"], section["status"]) == ("llama.cpp", "passed"), section
     [row] = [c for c in section["checks"] if c["name"] == NAME]
     assert row["passed"] is True and row["error"] == 0, row
     if quant == "F32":
