@@ -34,18 +34,31 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path, quant: str = "F32"):
-    """tests/models.py's tiny llama as a GGUF file (GPT-2 BPE vocabulary): F32 tensors, or with
-    ``quant="Q8_0"`` the 2-D weights quantized to Q8_0 as llama.cpp does (norms stay F32)."""
+def add_gpt2_vocab(w) -> None:
+    """The GPT-2 BPE vocabulary (tests/models.py's decoders use it) into GGUFWriter ``w``, as llama.cpp writes it."""
     import gguf
     from conftest import build_gpt2_tokenizer
 
-    model = models.build_model("llama")
-    cfg = model.config
     tok = build_gpt2_tokenizer()
     vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
     merges = [" ".join(m) if isinstance(m, (list, tuple)) else m
               for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(vocab)
+    w.add_token_types([gguf.TokenType.CONTROL if t == "<|endoftext|>" else gguf.TokenType.NORMAL for t in vocab])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(models.EOS)
+    w.add_eos_token_id(models.EOS)
+
+
+def write_tiny_gguf(path, quant: str = "F32"):
+    """tests/models.py's tiny llama as a GGUF file (GPT-2 BPE vocabulary): F32 tensors, or with
+    ``quant="Q8_0"`` the 2-D weights quantized to Q8_0 as llama.cpp does (norms stay F32)."""
+    import gguf
+
+    model = models.build_model("llama")
+    cfg = model.config
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-llama")
     w.add_block_count(cfg.num_hidden_layers)
@@ -59,13 +72,7 @@ def write_tiny_gguf(path, quant: str = "F32"):
                          else 10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(vocab)
-    w.add_token_types([gguf.TokenType.CONTROL if t == "<|endoftext|>" else gguf.TokenType.NORMAL for t in vocab])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(models.EOS)
-    w.add_eos_token_id(models.EOS)
+    add_gpt2_vocab(w)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}

@@ -29,6 +29,7 @@ import torch
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UnsupportedArchitecture
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import gguf
 from anatomy_cli.models.headers import GGUFHeader
 from anatomy_cli.models.headers import TensorInfo
@@ -106,6 +107,9 @@ def load_weights(source: Source, header: GGUFHeader, config: PreTrainedConfig, c
     """
     from transformers.integrations.gguf import GGUF_ARCHS
 
+    if placement and config.model_type == "mixtral" and header.architecture == "llama":
+        raise UsageError(f"{source.spec}: a Mixtral GGUF file (llama.cpp's `llama` with experts) loads on one "
+                         f"device: drop --device-map/--max-memory, or use --device")
     if placement or header.architecture in GGUF_ARCHS:
         return _from_pretrained(source, config, cls, dtype, placement)
     try:
@@ -122,13 +126,35 @@ def _processor(header: GGUFHeader) -> TensorProcessor:
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor
 
+    config = gguf.config_dict(header)
+    if config.get("model_type") == "mixtral":
+        return _llama_moe_processor(config)
     cls: type[TensorProcessor] = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)
-    return cls(config=gguf.config_dict(header))
+    return cls(config=config)
+
+
+def _llama_moe_processor(config: dict[str, Any]) -> TensorProcessor:
+    """Mixtral as llama.cpp writes it (architecture ``llama`` with ``ffn_*_exps``): LLaMA's q/k row permutation
+    undone, the expert stacks gathered into ``gate_up_proj``/``down_proj`` as for Qwen2-MoE (transformers has
+    each half, not the two together)."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+    from transformers.modeling_gguf_pytorch_utils import Qwen2MoeTensorProcessor
+
+    class LlamaMoe(Qwen2MoeTensorProcessor):
+        def process(self, weights: Any, name: str, **kwargs: Any) -> Any:
+            if ".attn_q." in name or ".attn_k." in name:
+                return LlamaTensorProcessor(config=self.config).process(weights, name, **kwargs)
+            return super().process(weights, name, **kwargs)
+
+    processor: TensorProcessor = LlamaMoe(config=config)  # type: ignore[no-untyped-call]
+    return processor
 
 
 # transformers' own renames of a model_type to gguf-py's architecture name (get_gguf_hf_weights_map).
+# Mixtral: llama.cpp writes it as `llama` (anatomy's own rename: transformers reads no Mixtral GGUF).
 _GGUF_ARCH_NAMES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3",
-                    "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss"}
+                    "gemma4_text": "gemma4", "umt5": "t5", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss",
+                    "mixtral": "llama"}
 
 
 def weights_map(model: PreTrainedModel, processor: TensorProcessor) -> dict[str, str]:

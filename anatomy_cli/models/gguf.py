@@ -109,8 +109,21 @@ def config_dict(header: GGUFHeader) -> dict[str, Any]:
 
 
 def _adjust(config: dict[str, Any], metadata: dict[str, Any]) -> None:
-    """load_gguf_checkpoint's per-architecture fixes after the renaming."""
+    """load_gguf_checkpoint's per-architecture fixes after the renaming, and the expert widths it leaves at the
+    config's defaults (Qwen2-MoE's 1408 and 5632, Qwen3-MoE's 768: right for Qwen1.5-MoE-A2.7B and
+    Qwen3-30B-A3B only; llama.cpp writes them as ``expert_feed_forward_length``,
+    ``expert_shared_feed_forward_length``)."""
     model_type = config.get("model_type")
+    arch = str(metadata.get("general.architecture"))
+    if model_type == "llama" and int(metadata.get("llama.expert_count") or 0) > 0:
+        # llama.cpp writes Mixtral as `llama` with experts; transformers' GGUF reader drops them (a dense LLaMA)
+        model_type = config["model_type"] = "mixtral"
+        config["num_local_experts"] = int(metadata["llama.expert_count"])
+        config["num_experts_per_tok"] = int(metadata["llama.expert_used_count"])
+    for key, name in (("expert_feed_forward_length", "moe_intermediate_size"),
+                      ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):
+        if model_type in ("qwen2_moe", "qwen3_moe") and f"{arch}.{key}" in metadata:
+            config[name] = int(metadata[f"{arch}.{key}"])
     if model_type == "gemma3":  # the file holds the text backbone only
         config["model_type"] = "gemma3_text"
     elif model_type == "gemma4":

@@ -29,6 +29,7 @@ from anatomy_cli import engine
 from anatomy_cli.analyses.verify import checks as C
 from anatomy_cli.analyses.verify.precision import kl
 from anatomy_cli.analyses.verify.runs import Runs
+from anatomy_cli.models.resolve import first_line
 
 # Tolerances, from measurements on SmolLM2-135M Q4_1 and Gemma-3-270M Q4_K_M (12 prompts and a 100-token text
 # each, docs/commands/verify.md): worst KL 0.015 nats, |Δp| 0.052, |ΔCE| 0.012 nats/token; about 2x margin.
@@ -165,7 +166,7 @@ def against_llamacpp(runs: Runs, path: str | None, *, required: bool = False) ->
     n, flips = len(per), sum(a.top_llama != a.top_anatomy for a in per)
     beyond = sum(a.gap > NEAR_TIE for a in per)
     kls, dps = [a.kl for a in per], [a.delta_p for a in per]
-    rows = (
+    rows: tuple[C.Check, ...] = (
         C.scalar_check("KL(llama.cpp || anatomy)", max(kls), KL_NATS,
                        note=f"nats, last position, worst of {n} prompts; mean {sum(kls) / n:.2e}"),
         C.scalar_check("|Δp| of llama.cpp's top token", max(dps), DELTA_P, note=f"worst of {n} prompts"),
@@ -178,4 +179,22 @@ def against_llamacpp(runs: Runs, path: str | None, *, required: bool = False) ->
                             f"anatomy {ce_mine:.4f} (in bits, corpus's unit: {ce_llama / math.log(2):.4f}, "
                             f"{ce_mine / math.log(2):.4f})"),
     )
+    if runs.lm.info.moe is not None:
+        rows += (_experts(runs, path),)
     return C.SectionResult("llama.cpp", title, rows, note=NOTE)
+
+
+def _experts(runs: Runs, path: str) -> C.Check:
+    """An MoE model: the experts llama.cpp chose (its graph's ``ffn_moe_topk-{il}``) against anatomy's; a
+    skipped row saying why where llama-cpp-python's graph callback cannot give them."""
+    from anatomy_cli.analyses.verify import llamacpp_moe
+
+    try:
+        with quiet_fds():
+            theirs = llamacpp_moe.llama_topk(path, [e.ids for e in runs.encoded])
+    except Exception as exc:  # ctypes, a struct layout of another version, llama.cpp: said, never a silent pass
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        return C.skipped(llamacpp_moe.NAME, f"llama.cpp's own top-k could not be read through its graph "
+                                            f"callback (cb_eval): {first_line(exc)}")
+    return llamacpp_moe.topk_check(runs, theirs)
