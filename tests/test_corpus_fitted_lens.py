@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_fitted_lens import D
 from test_fitted_lens import LAYERS
+from test_fitted_lens import D
 from test_fitted_lens import _hidden_states
 from test_fitted_lens import _save_jacobian
 from test_fitted_lens import _save_tuned

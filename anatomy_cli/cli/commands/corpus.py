@@ -72,7 +72,7 @@ def corpus_command(
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
-    """Lens quality (logit, tuned, Jacobian), residual stream and massive activations per layer (and heads) over a whole corpus.
+    """Lens quality (logit, tuned, Jacobian), residual stream, massive activations per layer (and heads) over a corpus.
 
     Documents are packed into windows of --ctx tokens; every position of every window is measured and
     summed in float64 (mean ± standard error over windows). With --out DIR each shard of windows is saved
