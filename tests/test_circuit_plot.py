@@ -88,7 +88,7 @@ def test_page_escapes_tokens_and_labels(graph, tmp_path):
 from test_html_browser import Opened  # noqa: E402
 
 
-def test_graph_page_in_the_browser(browser, graph, tmp_path):  
+def test_graph_page_in_the_browser(browser, graph, tmp_path):
     path = tmp_path / "graph.html"
     circuit.figure(graph, Caption("circuit", "SmolLM2-135M-Instruct", f"The capital {EVIL} France is")).write(path)
     opened = Opened(browser, path)

@@ -204,3 +204,47 @@ def test_bad_input_is_one_line_before_the_weights_load(tiny_model_dir, tmp_path,
     res = runner.invoke(app, ["fit-lens", "jacobian", "--model", model, "--prompts", corpus, "--out",
                               str(tmp_path / "j.pt"), "--tokens", "5"])
     assert res.exit_code == 2 and "--tokens: for fit-lens tuned only" in res.output, res.output
+
+
+def test_an_interrupted_fit_resumed_from_its_checkpoint_equals_a_straight_run(tiny_lm, tiny_model_dir, tmp_path,
+                                                                              monkeypatch):
+    """Six steps straight, against: interrupted before step 4 (the checkpoint, every 2 steps, holds step 2), then
+    resumed (step 3 run again from the saved translators, momentum and schedule): the same translators, bit for
+    bit, and the same KLs. A resume with other settings is refused in one line."""
+    from anatomy_cli.engine import tuned_fit
+    from anatomy_cli.errors import UsageError
+
+    lm = tiny_lm("llama")
+    corpus = _corpus(tmp_path, " ".join([TEXT] * 2))
+    kw = dict(corpus=corpus, tokens=192, ctx=16, steps=6)
+    straight = api.fit_lens(lm, "tuned", out=tmp_path / "straight", **kw)
+    real, calls = tuned_fit.step, []
+
+    def dies_before_the_fourth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    ckpt = tmp_path / "tuned.ckpt"
+    monkeypatch.setattr(tuned_fit, "step", dies_before_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        api.fit_lens(lm, "tuned", out=tmp_path / "resumed", checkpoint=ckpt, checkpoint_every=2, **kw)
+    state = torch.load(ckpt, weights_only=True)
+    assert state["step"] == 2 and not (tmp_path / "resumed").exists()
+    assert sorted(state) == ["kl_first", "kl_last", "optimizer", "scheduler", "settings", "step", "translators"]
+    assert state["scheduler"]["last_epoch"] == 2 and len(state["optimizer"]["state"]) == 2 * LAYERS  # momentum
+    monkeypatch.setattr(tuned_fit, "step", real)
+    resumed = api.fit_lens(lm, "tuned", out=tmp_path / "resumed", checkpoint=ckpt, checkpoint_every=2, **kw)
+    for mine, theirs in zip(*(_params(tmp_path / d) for d in ("resumed", "straight"))):
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a, b)
+    assert resumed.data["translators"] == straight.data["translators"]
+    assert torch.load(ckpt, weights_only=True)["step"] == 6  # the last step is saved too
+    with pytest.raises(UsageError, match="other settings \\(seed\\)"):
+        api.fit_lens(lm, "tuned", out=tmp_path / "other", checkpoint=ckpt, **{**kw, "seed": 7})
+    res = runner.invoke(app, ["fit-lens", "tuned", "--model", str(tiny_model_dir("llama")), "--corpus", str(corpus),
+                              "--tokens", "192", "--ctx", "16", "--steps", "5", "--out", str(tmp_path / "other"),
+                              "--checkpoint", str(ckpt)])
+    assert res.exit_code == 2 and "other settings (steps)" in res.output, res.output
+    assert len([line for line in res.output.splitlines() if line.strip().startswith("error")]) == 1, res.output

@@ -23,7 +23,8 @@ import pytest
 import anatomy_cli.tasks
 
 # The API function of a command, where its name is not the command's.
-API_NAME = {"next": "next_token", "corpus": "corpus_stats", "fit-lens": "fit_lens", "fit-sae": "fit_sae"}
+API_NAME = {"next": "next_token", "corpus": "corpus_stats", "fit-lens": "fit_lens", "fit-sae": "fit_sae",
+            "lens-eval": "lens_eval"}
 NOT_A_TASK = {"notes", "session", "records"}  # the task layer's shared modules
 PROMPT_FIELDS = {"bos", "allow_special", "truncate", "chat"}  # the prompt option group, wherever it is kept
 

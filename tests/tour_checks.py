@@ -149,6 +149,18 @@ def check_fitted_lens(out: str, work: Path, n_layers: int) -> None:
     assert shown == [str(b) for b in range(n_layers)], shown
 
 
+def check_lens_eval(out: str, n_layers: int) -> None:
+    """pass@k per lens, in the order given, each lens reading every block below the last (the tour's lens.pt is
+    fitted at all of them), pass@k a fraction that grows with k; then one rank row per intermediate."""
+    summary, words = tables(out)
+    assert [r["lens"] for r in summary] == ["logit", "jacobian"], summary
+    assert all(r["blocks"] == f"0-{n_layers - 2}" for r in summary), summary
+    for r in summary:
+        values = [float(r[f"pass_at_{k}"]) for k in (1, 5, 10)]
+        assert 0 <= values[0] <= values[1] <= values[2] <= 1, r
+    assert words and {"rank_logit", "rank_jacobian"} <= set(words[0]), words[:1]
+
+
 def check_dla(out: str, ref: Reference, err: str) -> None:
     (rows,) = tables(out)
     total = sum(float(r["contribution"]) for r in rows)
@@ -285,6 +297,7 @@ def check(line: str, args: list[str], out: str, err: str, work: Path, ref: Refer
         "lens": lambda: (check_fitted_lens(out, work, n_layers) if "--lens" in args else
                          check_lens(out, ref, n_layers, " Berlin" if "--target" in line else None)),
         "fit-lens": lambda: check_fit(args, work, ref),
+        "lens-eval": lambda: check_lens_eval(out, n_layers),
         "dla": lambda: check_dla(out, ref, err),
         "attn": lambda: check_attn(out, ref),
         "heads": lambda: check_heads(out, n_layers),

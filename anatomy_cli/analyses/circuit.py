@@ -7,6 +7,7 @@ error nodes, layer-major (``l * n_pos + pos``) | tokens (``n_pos``) | logits. Ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -60,28 +61,34 @@ class Setup:
     logits: torch.Tensor
 
 
-def setup(lm: LoadedModel, ids: torch.Tensor, transcoders: list[rep.Transcoder]) -> Setup:
+def setup(lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder]) -> Setup:
     """One forward: per layer the features active at positions 1.. (position 0 is kept out, as circuit-tracer
-    does) and the error ``mlp_out - reconstruction`` (zero at position 0)."""
+    does) and the error ``mlp_out - reconstruction`` (zero at position 0). Each layer's whole transcoder is used
+    here once (``weights()``: an offloaded one is brought in for it and dropped after); the attribution keeps
+    only the active features' encoder and decoder rows."""
     with rep.frozen(lm), torch.no_grad():
         fw = rep.forward(lm, ids, transcoders, 1)
-    sparse, errors = [], []
+    active, values, enc, dec, errors = [], [], [], [], []
     for layer, tc in enumerate(transcoders):
-        x = fw.mlp_in[layer][0].float()
-        acts = tc.encode(x)
-        acts[0] = 0
-        errors.append(fw.mlp_out[layer][0].float() - tc.decode(acts, x))
-        sparse.append(acts.to_sparse())
-    matrix = torch.stack(sparse).coalesce()
-    active, values = matrix.indices().T, matrix.values()
-    enc = torch.cat([transcoders[int(l)].W_enc[f][None] for l, _, f in active.tolist()] or
-                    [torch.zeros(0, lm.d_model)])
-    dec = torch.cat([transcoders[int(l)].W_dec[f][None] for l, _, f in active.tolist()] or
-                    [torch.zeros(0, lm.d_model)])
+        with tc.weights() as full:
+            x = fw.mlp_in[layer][0].float()
+            acts = full.encode(x)
+            acts[0] = 0
+            errors.append(fw.mlp_out[layer][0].float() - full.decode(acts, x))
+            where = acts.nonzero()  # [n, 2] (position, feature), row-major: the sparse tensor's order
+            feats = where[:, 1]
+            enc.append(full.W_enc[feats].float())
+            dec.append(full.W_dec[feats].float())
+            del full
+        values.append(acts[where[:, 0], feats])
+        active.append(torch.cat([torch.full_like(where[:, :1], layer), where], 1))
+    d = lm.d_model
     err = torch.stack(errors)
     err[:, 0] = 0
-    return Setup(active, values, enc.float(), dec.float() * values[:, None], err,
-                 fw.embed[0].detach().float(), fw.logits[0, -1].detach().float())
+    vals = torch.cat(values) if values else torch.zeros(0)
+    return Setup(torch.cat(active) if active else torch.zeros(0, 3, dtype=torch.long), vals,
+                 torch.cat(enc) if enc else torch.zeros(0, d), (torch.cat(dec) if dec else torch.zeros(0, d)) *
+                 vals[:, None], err, fw.embed[0].detach().float(), fw.logits[0, -1].detach().float())
 
 
 def salient_logits(logits: torch.Tensor, max_n_logits: int, desired_prob: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,7 +110,7 @@ def logit_vectors(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 class Rows:
     """Direct effects on batches of targets: one frozen forward of ``batch`` copies, one backward per batch."""
 
-    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: list[rep.Transcoder], s: Setup,
+    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder], s: Setup,
                  batch: int) -> None:
         self.lm, self.s, self.batch = lm, s, batch
         self._ctx = rep.frozen(lm)
@@ -133,7 +140,7 @@ class Rows:
         return torch.cat([feats, errs, toks], 1).cpu()
 
 
-def attribute(lm: LoadedModel, ids: torch.Tensor, transcoders: list[rep.Transcoder], targets: torch.Tensor,
+def attribute(lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder], targets: torch.Tensor,
               probs: torch.Tensor, *, batch_size: int, max_feature_nodes: int | None, update_interval: int = 4,
               s: Setup | None = None) -> tuple[torch.Tensor, torch.Tensor, Setup]:
     """circuit-tracer's loop (attribute.py): logit rows, then feature rows in the order of their influence on the

@@ -5,6 +5,7 @@ input by that edge's weight exactly; and the bias run (every source removed) giv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +32,8 @@ class EdgeCheck:
 class FrozenPrompt:
     """The prompt's frozen forward, recorded once; :meth:`run` replays it with sources removed."""
 
-    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: list[rep.Transcoder], graph: CircuitGraph,
-                 s: Setup) -> None:
+    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder],
+                 graph: CircuitGraph, s: Setup) -> None:
         self.lm, self.ids, self.tcs, self.graph, self.s = lm, ids, transcoders, graph, s
         with rep.frozen(lm) as fz, torch.no_grad():
             self.base = rep.forward(lm, ids, transcoders, 1)

@@ -32,6 +32,7 @@ _EXPORTS = {
     "_diff": ("diff",),
     "_verify": ("verify",),
     "_fit_lens": ("fit_lens", "merge_lenses"),
+    "_lens_eval": ("lens_eval",),
     "_fit_sae": ("fit_sae",),
     "_circuit": ("circuit",),
 }

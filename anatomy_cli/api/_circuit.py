@@ -5,6 +5,7 @@ from __future__ import annotations
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
+from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -13,10 +14,13 @@ def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_lo
             batch_size: int = 256, max_feature_nodes: int | None = 7500, update_interval: int = 4,
             node_threshold: float = 0.8, edge_threshold: float = 0.98, out: str | None = None,
             json: str | None = None, labels: str | None = None, check: int = 0, top: int = 10,
+            offload: str | None = None, estimate: bool = False,
             prompts: PromptOptions = PromptOptions()) -> Result | list[Result]:
     """`anatomy circuit`: the attribution graph of the next-token prediction over a transcoder replacement model
     (circuit-tracer's algorithm). ``result``: CircuitResult (``.graph``, ``.prune``, ``.json`` — the Neuronpedia
-    graph dict —, ``.paths``); rows: ``paths``. ``out``: graph.pt; ``json``: the graph JSON."""
+    graph dict —, ``.paths``); rows: ``paths``. ``out``: graph.pt; ``json``: the graph JSON. ``offload``: ``cpu`` or
+    ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes, seconds) and nothing is computed
+    (a model given by name is opened, not loaded)."""
     from anatomy_cli.output.views import circuit as view
     from anatomy_cli.tasks import circuit as task
 
@@ -25,5 +29,16 @@ def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_lo
                                batch_size=batch_size, max_feature_nodes=max_feature_nodes,
                                update_interval=update_interval, node_threshold=node_threshold,
                                edge_threshold=edge_threshold, out=out, json=json, labels=labels,
-                               check=check, top=top)
+                               check=check, top=top, offload=offload, estimate=estimate)
+    if estimate and isinstance(model, (str, ModelSpec)):
+        from anatomy_cli.tasks.session import open_texts
+        from anatomy_cli.tasks.session import texts_of
+
+        texts, single = texts_of(prompt)
+        spec = model if isinstance(model, ModelSpec) else ModelSpec(model)
+        opened, encoded = open_texts(texts, spec, prompts)
+        plan = task.check(opened, opts)
+        results = [Result(task.COMMAND, e, view.report(opened, enc, e).data, view.ROWS)
+               for enc, e in zip(encoded, task.estimate(opened.info, encoded, opts, plan, spec.device))]
+        return results[0] if single else results
     return run_prompts(task, view, model, prompt, opts, prompts)

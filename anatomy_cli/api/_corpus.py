@@ -18,7 +18,7 @@ def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, ma
                  lens: bool | str | Sequence[str] = True, out: str | Path | None = None, overwrite: bool = False,
                  shard_windows: int = 16, batch_size: int = 4, ray: bool = False, ray_address: str | None = None,
                  workers: int = 2, gpus_per_worker: float = 0.0, save_activations: str | None = None,
-                 activation_dtype: str = "fp32", allow_special: bool = False) -> Result:
+                 activation_dtype: str = "fp32", allow_special: bool = False, experts: bool = False) -> Result:
     """`anatomy corpus SOURCE` (not named ``corpus``: ``anatomy_cli.corpus`` is a subpackage, which would shadow
     it): SOURCE a text file, a directory of .txt/.md files, a .jsonl/.csv/.parquet file with ``column``, a
     datasets directory: windows of ``ctx`` tokens measured at every position, means ± standard
@@ -28,7 +28,8 @@ def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, ma
     keywords as the command's options. ``model``: a LoadedModel (used as it is; the run's manifest keys it by its
     name), a ModelSpec or a name (opened and loaded; with ``ray`` the workers load it). ``result``: the runner's
     Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1, ``layer`` ``"embed"`` then the blocks
-    0..L−1); ``to_dict()["heads"]`` with ``heads``."""
+    0..L−1); ``to_dict()["heads"]`` with ``heads``; ``to_dict()["experts"]``, ``["expert_blocks"]`` and
+    ``["expert_pairs"]`` with ``experts`` (an MoE model's routing counts)."""
     from anatomy_cli.engine.loader import GivenLoader as _Given
     from anatomy_cli.engine.loader import using_loader
     from anatomy_cli.output.views import corpus as view
@@ -38,7 +39,8 @@ def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, ma
         ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every, lens=lens,
         out=None if out is None else Path(out), overwrite=overwrite, shard_windows=shard_windows,
         batch_size=batch_size, ray=ray, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker,
-        save_activations=save_activations, activation_dtype=activation_dtype, allow_special=allow_special)
+        save_activations=save_activations, activation_dtype=activation_dtype, allow_special=allow_special,
+        experts=experts)
     if isinstance(model, (ModelSpec, str)):
         run = task.measure(str(source), model if isinstance(model, ModelSpec) else ModelSpec(model), opts)
     else:

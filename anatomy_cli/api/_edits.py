@@ -37,17 +37,19 @@ def dla(model: Model, prompt: str | list[str], *, target: str | None = None, tar
 
 
 def ablate(model: Model, prompt: str | list[str], *, target: str | None = None, target_id: int | None = None,
-           foil: str | None = None, foil_id: int | None = None, first_token: bool = False, mode: str = "zero",
-           heads: bool = False, layer: int | None = None, position: int = -1, method: str = "exact",
-           check: int = 0, prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
-    """`anatomy ablate`: each attention and MLP output (``heads``: each head) zeroed or mean-ablated, and the
-    change of log p(target) (or logit(target) - logit(foil)) at ``position``. ``result``: Ablation;
-    rows: ``rows`` (one per component)."""
+           foil: str | None = None, foil_id: int | None = None, first_token: bool = False, mode: str | None = None,
+           heads: bool = False, experts: bool = False, layer: int | None = None, position: int = -1,
+           method: str = "exact", check: int = 0, prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
+    """`anatomy ablate`: each attention and MLP output (``heads``: each head) zeroed or mean-ablated (``mode``,
+    default ``zero``), or with ``experts`` each routed expert of each MoE block rerouted around or zeroed (default
+    ``reroute``), and the change of log p(target) (or logit(target) - logit(foil)) at ``position``. ``result``:
+    Ablation; rows: ``rows`` (one per component)."""
     from anatomy_cli.output.views import ablate as view
     from anatomy_cli.tasks import ablate as task
 
     opts = task.AblateOptions(target=target, target_id=target_id, foil=foil, foil_id=foil_id, first_token=first_token,
-                              position=position, heads=heads, mode=task.AblateMode(mode), method=task.Method(method),
+                              position=position, heads=heads, experts=experts,
+                              mode=None if mode is None else task.AblateMode(mode), method=task.Method(method),
                               check=check, layer=layer, batch_size=batch_size)
     return run_prompts(task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.ablation)
 

@@ -11,27 +11,33 @@ from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
+from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.text.options import PromptOptions
 
 
 def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None, *, out: str | Path,
              source_layers: Any = None, target_layer: int | None = None, dim_batch: int = 8, max_seq_len: int = 128,
              skip_first: int = 16, dtype: str = "fp16", overwrite: bool = False, checkpoint: str | Path | None = None,
-             shard: str | tuple[int, int] | None = None, corpus: str | Path | None = None, column: str = "text",
-             tokens: int | None = None, ctx: int | None = None, steps: int = 250, seed: int = 42,
+             checkpoint_every: int = 1, shard: str | tuple[int, int] | None = None, ray: bool = False,
+             ray_address: str | None = None, workers: int = 2, gpus_per_worker: float = 0.0,
+             corpus: str | Path | None = None, column: str = "text", tokens: int | None = None, ctx: int | None = None,
+             steps: int = 250, seed: int = 42,
              prompts: PromptOptions = PromptOptions()) -> Result:
     """`anatomy fit-lens jacobian`: fit a Jacobian lens on ``prompt`` (a list of texts; the CLI's ``--prompts
     FILE``) and write it to ``out`` in jlens' format (read it with ``lens(..., lens=f"jacobian:{out}")``).
     ``source_layers``: blocks to fit (default every block below ``target_layer``, the last by default);
-    ``dtype``: the file's precision (``fp16`` as jlens saves, or ``fp32``); ``checkpoint``: a file saved after every
-    prompt and resumed from (same settings and prompts only); ``shard``: ``"i/N"``, prompts i, i + N, ... only
-    (merge the shards' files with ``fit-lens merge``). ``result``: JacobianFit; rows:
-    ``blocks`` (per fitted block ``‖J − I‖_F/√d`` and ``‖J‖_F``).
+    ``dtype``: the file's precision (``fp16`` as jlens saves, or ``fp32``); ``checkpoint``: a file saved every
+    ``checkpoint_every`` prompts and resumed from (same settings and prompts only); ``shard``: ``"i/N"``, prompts
+    i, i + N, ... only (merge the shards' files with ``fit-lens merge``); ``ray``: the prompts fitted on
+    ``workers`` Ray actors (at ``ray_address``, else ``RAY_ADDRESS``, else a local Ray), each loading the model
+    from its spec (a loaded ``model``: from its name). ``result``: JacobianFit; rows: ``blocks`` (per fitted
+    block ``‖J − I‖_F/√d`` and ``‖J‖_F``).
 
     `anatomy fit-lens tuned`: ``fit_lens(model, "tuned", corpus=PATH, tokens=N, out=DIR)`` fits a tuned lens
     (tuned-lens' recipe) on the first ``tokens`` tokens of ``corpus`` (a text file, a directory of .txt/.md, a
     .jsonl/.csv/.parquet file's ``column``) in windows of ``ctx`` tokens (default min(2048, the context)), over
-    ``steps`` SGD steps (windows shuffled with ``seed``), and writes DIR (config.json + params.pt), which
+    ``steps`` SGD steps (windows shuffled with ``seed``; with ``checkpoint``, the training state saved every
+    ``checkpoint_every`` steps and resumed from), and writes DIR (config.json + params.pt), which
     ``tuned_lens.TunedLens.from_model_and_pretrained`` and ``lens(..., lens=f"tuned:{DIR}")`` read. ``result``:
     TunedFit; rows: ``translators`` (the KL to the final distribution at the first and the last step)."""
     from anatomy_cli.output.views import fit_lens as view
@@ -44,13 +50,23 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None, *, 
     opts = task.FitLensOptions(kind=kind, prompt=texts, out=Path(out), source_layers=source_layers,
                                target_layer=target_layer, dim_batch=dim_batch, max_seq_len=max_seq_len,
                                skip_first=skip_first, dtype=dtype, overwrite=overwrite,
-                               checkpoint=None if checkpoint is None else Path(checkpoint), shard=shard, tuned=tuned)
-    lm = loaded(model)
+                               checkpoint=None if checkpoint is None else Path(checkpoint),
+                               checkpoint_every=checkpoint_every, shard=shard, ray=ray, ray_address=ray_address,
+                               workers=workers, gpus_per_worker=gpus_per_worker, tuned=tuned)
+    lm = _opened(model) if opts.ray else loaded(model)  # on Ray the workers load the weights
     plan = task.check(lm, opts)
     encoded = encode(lm, list(opts.prompt), prompts) if opts.prompt else []
     result = task.run(lm, encoded, opts, plan)
     return Result(task.COMMAND, result, view.report(lm, result).data,
                   view.TUNED_ROWS if kind == "tuned" else view.ROWS)
+
+
+def _opened(model: Model) -> Any:
+    """``model`` opened, not loaded (a loaded one by its name), through the current loader."""
+    from anatomy_cli.engine.loader import current_loader
+    from anatomy_cli.engine.opening import as_spec
+
+    return current_loader().open(as_spec(model) if isinstance(model, (ModelSpec, str)) else ModelSpec(model.name))
 
 
 def merge_lenses(files: list[str | Path], *, out: str | Path, dtype: str = "fp16", overwrite: bool = False) -> Result:

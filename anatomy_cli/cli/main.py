@@ -26,6 +26,7 @@ from anatomy_cli.cli.commands import generate  # noqa: F401  (registration by im
 from anatomy_cli.cli.commands import heads  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import layernorm  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import lens  # noqa: F401  (registration by import)
+from anatomy_cli.cli.commands import lens_eval  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import models  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import next_token  # noqa: F401  (registration by import)
 from anatomy_cli.cli.commands import params  # noqa: F401  (registration by import)

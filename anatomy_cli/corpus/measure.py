@@ -15,6 +15,8 @@ raw, before the final norm. For every position of every window:
 * ``resid_norm``: |h_l|; ``cos_to_embedding``: cos(h_l, h_0) (:func:`anatomy_cli.analyses.trace.cosine`);
   ``attn_out_norm`` / ``mlp_out_norm`` at row l: what block l-1's attention / MLP added (row 0: none);
 * massive activations: each position's largest |h_l| over dimensions, and its dimension;
+* with ``part.experts`` (``--experts``), per MoE block the experts chosen at every position and their weights
+  (:class:`~anatomy_cli.corpus.expert_sums.ExpertSums`, from the same forward);
 * with heads, per (layer, head) the scores of :func:`anatomy_cli.analyses.heads.pattern_scores` (entropy in
   nats, first-token mass, previous-token mass; queries 1..n-1).
 
@@ -51,11 +53,15 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
     ids = ids.to(lm.device)
     t0 = time.perf_counter()
     names = [*engine.residual_names(lm), *engine.layer_names(lm, "attn_out"), *engine.layer_names(lm, "mlp_out")]
+    if part.experts is not None:
+        names += part.experts.names()
     with torch.inference_mode(), engine.capture(lm, names) as store:
         # Windows of one batch have one length: no padding, so no mask and default positions (causal LMs only),
         # which keeps sdpa on its causal fast path.
         engine.forward(lm, ids)
     resid = [store[n] for n in engine.residual_names(lm)]
+    if part.experts is not None:
+        part.experts.add(store)
     rows = lm.n_layers + 1
     layer = {m: np.zeros((rows, b)) for m in ("resid_norm", "cos_to_embedding", "attn_out_norm", "mlp_out_norm")}
     win_max, win_dim = np.full((b, rows), -np.inf), np.zeros((b, rows), np.int64)

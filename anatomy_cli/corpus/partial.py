@@ -12,8 +12,10 @@ Each lens measured has its own figures (:data:`LENS_METRICS`): the logit lens un
 
 Massive activations keep, per layer, the largest |h| seen (``max_abs``, first occurrence wins), its
 dimension, and ``argmax``: how often each dimension held a position's largest |h| (int64 ``[L + 1, d]``).
-Merging adds sums and counts, and keeps the larger maximum (the earlier shard on a tie): merged in
-shard order, the result does not depend on how shards were spread over workers.
+With ``--experts``, ``experts`` holds the MoE blocks' routing counts and weight sums
+(:class:`~anatomy_cli.corpus.expert_sums.ExpertSums`). Merging adds sums and counts, and keeps the larger
+maximum (the earlier shard on a tie): merged in shard order, the result does not depend on how shards were
+spread over workers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import field
 from typing import Any
 
 import numpy as np
+
+from anatomy_cli.corpus.expert_sums import ExpertSums
 
 LENS_METRICS = ("kl_nats", "top1_agree", "ce_bits", "entropy_nats")
 LAYER_METRICS = (*LENS_METRICS, "resid_norm", "cos_to_embedding", "attn_out_norm", "mlp_out_norm")
@@ -57,6 +61,7 @@ class Partial:
     tokens: int = 0
     bytes: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    experts: ExpertSums | None = None
 
     def __post_init__(self) -> None:
         self.fitted = tuple(self.fitted)
@@ -95,6 +100,8 @@ class Partial:
                 self.sums[metric][key] = self.sums[metric][key] + value
         self.add_max(other.max_abs, other.max_dim)
         self.argmax = self.argmax + other.argmax
+        if other.experts is not None:
+            self.experts = other.experts.copy() if self.experts is None else self.experts.merge(other.experts)
         self.windows += other.windows
         self.tokens += other.tokens
         self.bytes += other.bytes
@@ -117,12 +124,22 @@ class Partial:
         layer, dim = np.nonzero(self.argmax)
         metric += ["argmax_count"] * len(layer)
         index += list(layer * self.d_model + dim)
+        n_parts, sum_parts = [*cols["n"], self.max_dim, self.argmax[layer, dim]], [*cols["sum"], self.max_abs,
+                                                                                   np.zeros(len(layer))]
+        if self.experts is not None:
+            names, at, counts, sums = self.experts.rows()
+            metric += names
+            index += list(at)
+            n_parts.append(counts)
+            sum_parts.append(sums)
         extra = len(metric) - sum(len(c) for c in cols["n"])
-        n = np.concatenate([*cols["n"], self.max_dim, self.argmax[layer, dim]])
-        total = np.concatenate([*cols["sum"], self.max_abs, np.zeros(len(layer))])
+        n = np.concatenate(n_parts)
+        total = np.concatenate(sum_parts)
         rest = {k: np.concatenate([*cols[k], np.zeros(extra, cols[k][0].dtype)]) for k in SUMS[2:]}
         meta = {"n_layers": self.n_layers, "n_heads": self.n_heads, "d_model": self.d_model, "windows": self.windows,
                 "tokens": self.tokens, "bytes": self.bytes, "fitted": list(self.fitted), "seconds": self.seconds}
+        if self.experts is not None:
+            meta["experts"] = self.experts.meta()
         import json
 
         table = pa.table({"metric": metric, "index": np.asarray(index, np.int64), "n": n, "sum": total, **rest})
@@ -133,6 +150,8 @@ class Partial:
         import json
 
         meta = json.loads(table.schema.metadata[b"anatomy.partial"])
+        if "bytes" not in meta:  # a shard written before entropy and bytes were measured: Store.load recomputes it
+            raise ValueError("written before the entropy and bits per byte were measured")
         part = cls(meta["n_layers"], meta["n_heads"], meta["d_model"], tuple(meta["fitted"]), windows=meta["windows"],
                    tokens=meta["tokens"], bytes=meta["bytes"], seconds=meta["seconds"])
         cols = {k: table.column(k).to_numpy() for k in ("index", *SUMS)}
@@ -150,4 +169,6 @@ class Partial:
         flat = np.zeros(part.argmax.size, np.int64)
         flat[cols["index"][rows]] = cols["n"][rows]
         part.argmax = flat.reshape(part.argmax.shape)
+        if "experts" in meta:
+            part.experts = ExpertSums.from_rows(meta["experts"], names, cols["index"], cols["n"], cols["sum"])
         return part

@@ -1,4 +1,6 @@
-"""Shards on Ray: one actor per worker, each holding a :class:`~anatomy_cli.corpus.runner.Worker`.
+"""Shards on Ray: one actor per worker, each holding a :class:`~anatomy_cli.corpus.runner.Worker` (or another
+worker class of its shape: ``Cls(spec_dict, settings_dict, crash_once=...)``, ``.run(shard)``, shards with an
+``index``; ``fit-lens jacobian --ray`` passes its own).
 
 The driver keeps at most two shards in flight per actor and hands the next shard to whichever actor
 finished. Actors are created with ``max_restarts=-1`` and ``max_task_retries=-1``: when an actor's process
@@ -35,8 +37,10 @@ def ray_module() -> Any:
 
 def run_on_ray(shards: Iterator[Any], spec: Any, settings: Any, finished: Callable[[Any, Any], None], *,
                address: str | None = None, workers: int = 2, gpus_per_worker: float = 0.0,
-               crash_once: tuple[str, int] | None = None) -> None:
+               crash_once: tuple[str, int] | None = None, worker: Any = None) -> None:
     """Measure ``shards`` on ``workers`` Ray actors; ``finished(shard, partial)`` once per shard.
+    ``settings``: a dataclass or a dict, handed to each actor as a dict; ``worker``: the actors' class (None:
+    the corpus' :class:`~anatomy_cli.corpus.worker.Worker`).
 
     ``address``: a Ray cluster (``ray://host:10001`` or ``auto``); None: ``RAY_ADDRESS`` if set, else a
     local Ray started for this run (and stopped after it). Joins a Ray already initialised in this process.
@@ -46,7 +50,7 @@ def run_on_ray(shards: Iterator[Any], spec: Any, settings: Any, finished: Callab
         raise UsageError(f"--workers must be at least 1, got {workers}")
     with stdout_to_stderr():
         _run(ray, shards, spec, settings, finished, address=address, workers=workers,
-             gpus_per_worker=gpus_per_worker, crash_once=crash_once)
+             gpus_per_worker=gpus_per_worker, crash_once=crash_once, worker=worker)
 
 
 @contextlib.contextmanager
@@ -71,11 +75,14 @@ def stdout_to_stderr() -> Iterator[None]:
 
 
 def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Callable[[Any, Any], None], *,
-         address: str | None, workers: int, gpus_per_worker: float, crash_once: tuple[str, int] | None) -> None:
+         address: str | None, workers: int, gpus_per_worker: float, crash_once: tuple[str, int] | None,
+         worker: Any) -> None:
     import dataclasses
 
-    from anatomy_cli.corpus.worker import Worker
+    if worker is None:
+        from anatomy_cli.corpus.worker import Worker as worker
 
+    init = settings if isinstance(settings, dict) else dataclasses.asdict(settings)
     started = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
@@ -91,8 +98,8 @@ def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Ca
     try:
         # SPREAD: the workers go to as many nodes as the cluster has, not all to the first with room.
         actor = ray.remote(num_cpus=1, num_gpus=gpus_per_worker, max_restarts=-1, max_task_retries=-1,
-                           scheduling_strategy="SPREAD")(Worker)
-        pool = [actor.remote(spec.to_dict(), dataclasses.asdict(settings), crash_once=crash_once)
+                           scheduling_strategy="SPREAD")(worker)
+        pool = [actor.remote(spec.to_dict(), init, crash_once=crash_once)
                 for _ in range(workers)]
         busy: dict[Any, tuple[Any, Any]] = {}            # object ref -> (shard, actor)
         load = {i: 0 for i in range(len(pool))}

@@ -13,7 +13,8 @@ class Settings:
     """What decides the figures: ``ctx`` tokens per window, ``bos`` (each window starts with BOS),
     ``max_tokens`` (None: all), ``lens`` (the lenses measured, ``logit``, ``tuned:DIR``, ``jacobian:FILE`` with
 absolute paths; ``()``: none) every ``lens_every`` positions, ``heads``,
-    ``shard_windows`` windows per shard, ``allow_special``. ``batch_size`` (windows per forward) is not
+    ``shard_windows`` windows per shard, ``allow_special``, ``experts`` (the MoE blocks' routing counts; in
+the manifest only when set, so older runs resume). ``batch_size`` (windows per forward) is not
     part of the run's identity: it changes float rounding only."""
 
     ctx: int
@@ -27,9 +28,11 @@ absolute paths; ``()``: none) every ``lens_every`` positions, ``heads``,
     batch_size: int = 4
     save_activations: tuple[str, ...] = ()  # hook points whose activations are saved (corpus/activations.py)
     activation_dtype: str = "fp32"
+    experts: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lens", tuple(self.lens))  # a list through Ray's or JSON's hands
+        lens = ("logit",) if self.lens is True else () if self.lens is False else tuple(self.lens)
+        object.__setattr__(self, "lens", lens)  # True/False as before fitted lenses; a list through Ray's hands
 
     @property
     def fitted(self) -> tuple[str, ...]:
@@ -46,4 +49,6 @@ absolute paths; ``()``: none) every ``lens_every`` positions, ``heads``,
             out["save_activations"] = list(self.save_activations)
         else:
             del out["save_activations"], out["activation_dtype"]
+        if not self.experts:
+            del out["experts"]
         return out

@@ -11,6 +11,9 @@ Layout::
     DIR/heads.parquet          per-head figures (summary.HEAD_COLUMNS), with --heads
     DIR/lenses.parquet         per lens and residual row: ``lens`` (string: logit, tuned, jacobian), ``row`` (int64),
                                then summary.LENS_COLUMNS (``layer`` a string; a row the lens does not read: nulls)
+    DIR/expert_blocks.parquet, DIR/experts.parquet, DIR/expert_pairs.parquet
+                               with --experts: per MoE block, per (block, expert), per co-chosen pair
+                               (expert_sums.BLOCK_COLUMNS, EXPERT_COLUMNS, PAIR_COLUMNS)
 
 Every file is written to a temporary name in DIR and renamed into place, so a killed run leaves either
 a whole file or none. The manifest lists a shard only after its file is in place. A shard read back is
@@ -25,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.corpus import expert_sums
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.summary import HEAD_COLUMNS
 from anatomy_cli.corpus.summary import LAYER_COLUMNS
@@ -35,11 +39,13 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.identity import file_sha256
 from anatomy_cli.models.identity import files_changed
 
-VERSION = 3  # 3: entropy, bytes and fitted lenses in the shards (a version-2 directory: --overwrite)
+VERSION = 2
 # Fields of the model spec that change the figures (placement options do not); "resolved" is the model
 # path with links resolved (the spec's own spelling may differ between two runs of one model).
 MODEL_KEYS = ("resolved", "dtype", "init", "trust_remote_code")
-INT_COLUMNS = ("row", "layer", "head", "max_abs_dim", "lens_positions", "ce_positions")
+INT_COLUMNS = ("row", "layer", "head", "max_abs_dim", "lens_positions", "ce_positions", *expert_sums.INT_COLUMNS)
+EXPERT_FILES = (("expert_blocks", expert_sums.BLOCK_COLUMNS), ("experts", expert_sums.EXPERT_COLUMNS),
+                ("expert_pairs", expert_sums.PAIR_COLUMNS))
 
 
 SUMMARY_COLUMNS = ("row", *LAYER_COLUMNS)
@@ -162,7 +168,7 @@ class Store:
         self._write_manifest()
 
     def finish(self, stats: CorpusStats, total_shards: int) -> None:
-        """Write summary.parquet (and heads.parquet) and mark the run complete in the manifest."""
+        """Write summary.parquet (and heads.parquet, the experts' files) and mark the run complete in the manifest."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -175,6 +181,10 @@ class Store:
             rows = [{"lens": lens["lens"], **r} for lens in stats.lenses for r in summary_rows(lens["layers"])]
             table = pa.Table.from_pylist(rows, schema=schema(LENS_TABLE_COLUMNS))
             _atomic(self.root / "lenses.parquet", lambda tmp: pq.write_table(table, tmp))
+        if stats.expert_blocks:
+            for name, columns in EXPERT_FILES:
+                table = pa.Table.from_pylist(list(getattr(stats, name)), schema=schema(columns))
+                _atomic(self.root / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
         self.manifest["complete"] = {"shards": total_shards, "windows": stats.windows, "tokens": stats.tokens}
         self._write_manifest()
 

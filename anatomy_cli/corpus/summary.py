@@ -7,7 +7,8 @@ Windows, not positions, are the independent units: neighbouring positions are co
 
 Per lens (:data:`LENS_COLUMNS`), KL(final || lens), cross-entropy and entropy in nats per token and in bits per
 byte, tuned-lens' conversion: ``bits/byte = (nats/token) / ln 2 · tokens / bytes``, with ``tokens`` every token
-of the measured windows and ``bytes`` the UTF-8 bytes of the text they cover (special tokens: none).
+of the measured windows and ``bytes`` the UTF-8 bytes of the text they cover (special tokens: none). With ``--experts``
+the MoE blocks' rows (:func:`anatomy_cli.corpus.expert_sums.summarize`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from anatomy_cli.corpus.expert_sums import summarize as expert_rows
 from anatomy_cli.corpus.partial import HEAD_METRICS
 from anatomy_cli.corpus.partial import LAYER_METRICS
 from anatomy_cli.corpus.partial import Partial
@@ -53,7 +55,9 @@ class CorpusStats:
     """Residual-stream rows (``LAYER_COLUMNS``; ``layer`` ``"embed"`` for the embedding, then N for block N's
     output, the last row block L−1's: docs/engine.md#layers) and, when
     measured, per-head rows (``HEAD_COLUMNS``). ``loss_bits`` is the last layer's ``ce_bits`` (the model's
-    own cross-entropy on the windows) and ``perplexity`` ``2 ** loss_bits``; None without the lens."""
+    own cross-entropy on the windows) and ``perplexity`` ``2 ** loss_bits``; None without the lens. With
+    ``--experts``: ``expert_blocks``, ``experts`` and ``expert_pairs`` (the rows of
+    :mod:`anatomy_cli.corpus.expert_sums`; empty otherwise)."""
 
     layers: tuple[dict[str, Any], ...]
     heads: tuple[dict[str, Any], ...]
@@ -63,11 +67,15 @@ class CorpusStats:
     perplexity: float | None
     bytes: int = 0
     lenses: tuple[dict[str, Any], ...] = ()  # per lens {lens, source, unfitted, layers: LENS_COLUMNS rows}
+    expert_blocks: tuple[dict[str, Any], ...] = ()
+    experts: tuple[dict[str, Any], ...] = ()
+    expert_pairs: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"windows": self.windows, "tokens": self.tokens, "bytes": self.bytes, "loss_bits": self.loss_bits,
                 "perplexity": self.perplexity, "layers": [dict(r) for r in self.layers],
-                "heads": [dict(r) for r in self.heads],
+                "heads": [dict(r) for r in self.heads], "expert_blocks": [dict(r) for r in self.expert_blocks],
+                "experts": [dict(r) for r in self.experts], "expert_pairs": [dict(r) for r in self.expert_pairs],
                 "lenses": [{**lens, "layers": [dict(r) for r in lens["layers"]]} for lens in self.lenses]}
 
 
@@ -132,6 +140,8 @@ def summarize(part: Partial, lenses: tuple[str, ...] = ("logit",)) -> CorpusStat
     # the model's loss: its last block's reading, the same through every lens (each reads that row as it is)
     last = [_mean_se(part.sums[lens_metric(lens["lens"], "ce_bits")])[0][-1] for lens in by_lens]
     loss = next((bits for bits in last if bits is not None), None)
+    blocks, experts, pairs = expert_rows(part.experts) if part.experts is not None else ([], [], [])
     return CorpusStats(layers=tuple(layers), heads=tuple(heads), windows=part.windows, tokens=part.tokens,
                        loss_bits=loss, perplexity=2.0 ** loss if loss is not None else None, bytes=part.bytes,
-                       lenses=tuple(by_lens))
+                       lenses=tuple(by_lens), expert_blocks=tuple(blocks), experts=tuple(experts),
+                       expert_pairs=tuple(pairs))

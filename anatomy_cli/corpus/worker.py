@@ -41,16 +41,10 @@ class Worker:
         from anatomy_cli.corpus.activations import recording
         from anatomy_cli.corpus.measure import measure
 
-        if self.crash_once and shard.index == self.crash_once[1]:
-            try:
-                fd = os.open(self.crash_once[0], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                pass
-            else:
-                os.close(fd)
-                os._exit(1)
+        crash_if_marked(self.crash_once, shard.index)
         lm, s = self.lm, self.settings
-        part = Partial(lm.n_layers, lm.n_heads, lm.d_model, tuple(kind for kind, fitted in self.lenses if fitted))
+        part = Partial(lm.n_layers, lm.n_heads, lm.d_model, tuple(kind for kind, fitted in self.lenses if fitted),
+                       experts=_expert_sums(lm) if s.experts else None)
         start = 0
         group = list(shard.windows)
         self.saved = {site: [] for site in s.save_activations}
@@ -93,3 +87,29 @@ def open_lenses(lm: Any, lenses: tuple[str, ...]) -> list[tuple[str, Any]]:
             fitted = dataclasses.replace(fitted, weights=weights)
         out.append((choice.kind, fitted))
     return out
+
+
+def _expert_sums(lm: Any) -> Any:
+    """Empty :class:`~anatomy_cli.corpus.expert_sums.ExpertSums` for ``lm``'s MoE blocks."""
+    from anatomy_cli.corpus.expert_sums import ExpertSums
+
+    moe = lm.info.moe
+    if moe is None:  # the task refused a dense model before anything loaded; a direct caller gets the same
+        from anatomy_cli.errors import UsageError
+        from anatomy_cli.models.capabilities import Need
+        from anatomy_cli.models.capabilities import refusal
+
+        raise UsageError(refusal(lm.info, Need.moe, "corpus --experts"))
+    return ExpertSums.empty(moe.sparse_blocks, moe.n_experts, moe.top_k)
+
+
+def crash_if_marked(crash_once: tuple[str, int] | None, index: int) -> None:
+    """Fault injection for tests: with ``crash_once = (marker_path, shard_index)``, the first process to reach
+    that shard creates the marker and exits at once (as a killed worker would); later ones go on."""
+    if crash_once and index == crash_once[1]:
+        try:
+            fd = os.open(crash_once[0], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.close(fd)
+        os._exit(1)

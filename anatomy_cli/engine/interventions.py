@@ -30,11 +30,14 @@ from typing import Literal
 
 import torch
 
+from anatomy_cli.engine import expert_edits
+from anatomy_cli.engine.expert_edits import ExpertEdit
 from anatomy_cli.engine.forward import metric_logits
 from anatomy_cli.engine.forward import pad_batch
 from anatomy_cli.engine.forward import run_batch
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.hooks import attach
+from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.hooks import capture
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError
@@ -100,12 +103,13 @@ def check_edit(lm: LoadedModel, edit: Edit, n_tokens: int) -> None:
         raise UsageError(f"{lm.name} has no hook point '{edit.hook_name()}'")
 
 
-def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]], *, position: int = -1,
-              batch_size: int = 32, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit | ExpertEdit]], *,
+              position: int = -1, batch_size: int = 32, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
               progress: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the prompt ``ids`` once per row of edits; read the logits at ``position``.
 
-    ``rows[i]`` is the list of edits of row i (an empty list: the unedited prompt).
+    ``rows[i]`` is the list of edits of row i (an empty list: the unedited prompt); an
+    :class:`~anatomy_cli.engine.expert_edits.ExpertEdit` knocks out a routed expert of an MoE block.
     ``reduce`` maps logits ``[n, vocab]`` (model dtype) to what is kept per row, e.g. a
     metric ``[n]``; default: the logits themselves. ``progress(rows done, rows)`` after each batch.
 
@@ -123,7 +127,10 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
         raise UsageError(f"position {position} is out of range for a prompt of {n_tokens} tokens")
     for row in rows:
         for edit in row:
-            check_edit(lm, edit, n_tokens)
+            if isinstance(edit, ExpertEdit):
+                expert_edits.check(lm, edit)
+            else:
+                check_edit(lm, edit, n_tokens)
     reduce = reduce or (lambda logits: logits)
 
     starts = [min((e.layer for e in row), default=lm.n_layers) for row in rows]
@@ -134,7 +141,7 @@ def run_edits(lm: LoadedModel, ids: Sequence[int], rows: Sequence[Sequence[Edit]
     lm.model.eval()
     for first in range(0, max(1, len(order)), max(1, batch_size)):
         chunk = order[first:first + max(1, batch_size)]
-        with torch.inference_mode(), _hooks(lm, [rows[i] for i in chunk], [starts[i] for i in chunk]):
+        with torch.inference_mode(), _hooks(lm, [rows[i] for i in chunk], [starts[i] for i in chunk], n_tokens):
             hidden = run_batch(lm, batch)[:, pos]             # [1 + len(chunk), d_model]
             # Soft-capped (Gemma 2) as the model's own head does, so metrics are the model's logits.
             reduced = metric_logits(lm, hidden, reduce)
@@ -236,7 +243,8 @@ def ablation_rows(lm: LoadedModel, *, components: Sequence[str], mode: Mode,
 
 
 @contextmanager
-def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit]], starts: Sequence[int]) -> Iterator[None]:
+def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit | ExpertEdit]], starts: Sequence[int],
+           n_tokens: int) -> Iterator[None]:
     """Hooks for one forward: grow the batch at each row's first layer, then apply the edits.
 
     ``rows`` are sorted by ``starts``; row j of the chunk is batch row ``j + 1`` (row 0 is the
@@ -248,13 +256,17 @@ def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit]], starts: Sequence[int
         if s < lm.n_layers:
             joining[s] += 1
     by_point: dict[str, list[tuple[int, Edit]]] = defaultdict(list)
+    experts: list[tuple[int, ExpertEdit]] = []
     for j, row in enumerate(rows, start=1):
         for edit in row:
-            by_point[edit.hook_name()].append((j, edit))
+            if isinstance(edit, ExpertEdit):
+                experts.append((j, edit))
+            else:
+                by_point[edit.hook_name()].append((j, edit))
     hooks: list[tuple[str, HookFn]] = [(f"blocks.{layer}.hook_resid_pre", _grow(n_new))
                                        for layer, n_new in sorted(joining.items())]
     hooks += [(name, partial(_apply, lm, edits=edits)) for name, edits in by_point.items()]
-    with attach(lm, hooks):
+    with attach(lm, hooks), attach_modules(expert_edits.hooks(lm, experts, n_tokens), raw=True):
         yield
 
 

@@ -87,6 +87,20 @@ def jacobian_for_prompt(lm: LoadedModel, ids: Sequence[int], source_layers: Sequ
     return jac
 
 
+def accumulate(lm: LoadedModel, sums: dict[int, torch.Tensor], ids: Sequence[int], source_layers: Sequence[int],
+               target_layer: int, *, dim_batch: int = 8, skip_first: int = 16,
+               progress: Callable[[int, int], None] | None = None) -> bool:
+    """Adds one prompt's ``J`` to ``sums`` (``{block: float64 [d_model, d_model]}``, in place) and returns True;
+    False (``sums`` untouched) for a prompt too short to have a valid position."""
+    if not valid_positions(len(ids), skip_first):
+        return False
+    jac = jacobian_for_prompt(lm, ids, source_layers, target_layer, dim_batch=dim_batch, skip_first=skip_first,
+                              progress=progress)
+    for b, m in jac.items():
+        sums[b] += m
+    return True
+
+
 def lens_state(sums: dict[int, torch.Tensor], n_prompts: int, d_model: int,
                dtype: torch.dtype = torch.float16) -> dict[str, object]:
     """jlens' file: ``{"J": {block: mean J}, "n_prompts", "source_layers", "d_model"}`` (``torch.save`` it)."""

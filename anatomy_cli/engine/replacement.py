@@ -10,10 +10,13 @@ frozen rules and keeps what the rows need; :func:`rows` takes one backward per b
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from typing import Union
 
 import torch
 
@@ -47,10 +50,44 @@ class Transcoder:
         return pre.relu()
 
     def skip(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.W_skip.T if self.W_skip is not None else torch.zeros_like(x)
+        return skip(self.W_skip, x)
 
     def decode(self, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return acts @ self.W_dec + self.b_dec + self.skip(x)
+
+    @contextmanager
+    def weights(self) -> Iterator[Transcoder]:
+        """The whole transcoder for one use (it is here already)."""
+        yield self
+
+
+def skip(w_skip: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """A skip transcoder's linear path ``x @ W_skip.T`` (zero without one)."""
+    return x @ w_skip.T if w_skip is not None else torch.zeros_like(x)
+
+
+@dataclass
+class Offloaded:
+    """A transcoder kept off the compute device (``--offload``): only ``W_skip`` (every frozen forward uses it)
+    stays there; :meth:`weights` brings the whole transcoder (``load()``: from host memory or from its file) for
+    one use, and it is dropped after. The attribution uses the encoder and decoder once, in :func:`setup`."""
+
+    load: Callable[[], Transcoder]
+    W_skip: torch.Tensor | None = None
+
+    def skip(self, x: torch.Tensor) -> torch.Tensor:
+        return skip(self.W_skip, x)
+
+    @contextmanager
+    def weights(self) -> Iterator[Transcoder]:
+        tc = self.load()
+        try:
+            yield tc
+        finally:
+            del tc
+
+
+AnyTranscoder = Union[Transcoder, Offloaded]
 
 
 class Freezer:
@@ -182,6 +219,9 @@ def frozen(lm: LoadedModel, freezer: Freezer | None = None) -> Iterator[Freezer]
         _ACTIVE.pop()
         for h in handles:
             h.remove()
+        for m in norms:  # the gains read for this run: nothing stays on the model (a served one is shared)
+            if hasattr(m, "_anatomy_gain"):
+                object.__delattr__(m, "_anatomy_gain")
         for c, impl in saved:
             c._attn_implementation = impl
         for p, g in grads:
@@ -208,7 +248,7 @@ class Forward:
     logits: torch.Tensor
 
 
-def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: list[Transcoder], batch: int,
+def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[AnyTranscoder], batch: int,
             edit: Any = None) -> Forward:
     """Run the frozen model on ``ids [P]`` repeated ``batch`` times, inside :func:`frozen`.
     ``edit(layer, value) -> value`` changes what an MLP writes (layer -1: the embedding) (interventions, with

@@ -88,6 +88,22 @@ def step(lens: torch.nn.ModuleList, opt: torch.optim.SGD, scheduler: torch.optim
     scheduler.step()
 
 
+def state(lens: torch.nn.ModuleList, opt: torch.optim.SGD,
+          scheduler: torch.optim.lr_scheduler.LambdaLR) -> dict[str, object]:
+    """What a resumed fit needs besides its step: the translators (CPU copies), the SGD momentum buffers, the
+    schedule (``torch.load(..., weights_only=True)`` reads it back)."""
+    return {"translators": {k: v.detach().cpu().clone() for k, v in lens.state_dict().items()},
+            "optimizer": opt.state_dict(), "scheduler": scheduler.state_dict()}
+
+
+def load_state(lens: torch.nn.ModuleList, opt: torch.optim.SGD, scheduler: torch.optim.lr_scheduler.LambdaLR,
+               saved: dict[str, object]) -> None:
+    """:func:`state` put back into freshly made ``lens``, ``opt``, ``scheduler`` (in place)."""
+    lens.load_state_dict(saved["translators"])  # type: ignore[arg-type]
+    opt.load_state_dict(saved["optimizer"])  # type: ignore[arg-type]
+    scheduler.load_state_dict(saved["scheduler"])  # type: ignore[arg-type]
+
+
 def save(lens: torch.nn.ModuleList, out: Path, config: dict[str, object]) -> None:
     """tuned-lens' ``TunedLens.save``: ``params.pt`` (the translators' state dict) and ``config.json``, each
     written to a temporary file in ``out`` and renamed (no half-written file)."""

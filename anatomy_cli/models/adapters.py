@@ -200,6 +200,16 @@ ADAPTERS: tuple[Adapter, ...] = (GPT2, LLAMA, PHI3, STABLELM, GEMMA2, GEMMA3, OL
                                  OPT_POST_LN, BERT, ROBERTA)
 
 
+# Families whose files `params` reads but whose forward no adapter runs, and why (the refusal of every other
+# command says it). DeepSeek-V2/V3: multi-head latent attention (the per-head value width, ``v_head_dim``, is not
+# d_model / heads) and a router whose choice is not its weights' (sigmoid scores plus ``e_score_correction_bias``,
+# top k within the best ``topk_group`` of ``n_group`` groups, weights scaled by ``routed_scaling_factor``, plus
+# ungated shared experts): `route` and `ablate --experts` would read it wrongly with the softmax rule.
+NOT_RUN = {t: "DeepSeek's multi-head latent attention and group-limited, bias-corrected routing (sigmoid scores, "
+              "routed_scaling_factor, shared experts) have no adapter, so no command runs its forward; "
+              "`anatomy params` reads its files" for t in ("deepseek_v2", "deepseek_v3")}
+
+
 def supported_model_types() -> list[str]:
     """Every ``config.model_type`` with an adapter, once each, e.g. ``['gpt2', 'llama', ...]``."""
     return list(dict.fromkeys(t for a in ADAPTERS for t in a.model_types))
@@ -211,8 +221,9 @@ def for_model_type(model_type: str | None) -> Adapter:
     for adapter in ADAPTERS:
         if model_type in adapter.model_types:
             return adapter
+    why = f": {NOT_RUN[model_type]}" if model_type in NOT_RUN else ""
     raise UnsupportedArchitecture(
-        f"architecture '{model_type}' is not supported; supported: {', '.join(supported_model_types())}")
+        f"architecture '{model_type}' is not supported{why}; supported: {', '.join(supported_model_types())}")
 
 
 def for_config(config: PreTrainedConfig | JsonConfig) -> Adapter:

@@ -11,6 +11,7 @@ safetensors (``w_enc [d, F]``, ``w_dec [F, d]``, ``b_enc``, ``b_dec``, ``thresho
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ KINDS = ("transcoder_set",)
 class TranscoderSet:
     """``paths[l]``: layer l's file; ``d_model``, ``d_transcoder`` from the shapes; ``input_site`` /
     ``output_site``: anatomy's sites (``mlp_in`` / ``mlp_out``); ``scan``: the config's; ``gemma_scope_2``: the
-    files use Gemma Scope 2's names."""
+    files use Gemma Scope 2's names; ``layer_bytes``: one layer's arrays in float32 (the first file's shapes),
+    ``skip_bytes`` its ``W_skip``'s (0: none)."""
 
     root: Path
     paths: tuple[Path, ...]
@@ -39,6 +41,8 @@ class TranscoderSet:
     scan: str | list[str] | None
     gemma_scope_2: bool
     k: int | None
+    layer_bytes: int = 0
+    skip_bytes: int = 0
 
     @property
     def n_layers(self) -> int:
@@ -119,7 +123,8 @@ def describe(root: str | Path) -> TranscoderSet:
     return TranscoderSet(root, paths, int(d_model), int(d_tc),
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
-                         cfg.get("scan"), gs2, cfg.get("k"))
+                         cfg.get("scan"), gs2, cfg.get("k"), 4 * sum(math.prod(v) for v in first.values()),
+                         4 * math.prod(first.get("affine_skip_connection" if gs2 else "W_skip", (0,))))
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:
@@ -145,3 +150,17 @@ def load_layer(ts: TranscoderSet, layer: int) -> dict[str, Any]:
                 "threshold": t.get("threshold"), "W_skip": None if skip is None else skip.T}
     return {"W_enc": t["W_enc"], "W_dec": t["W_dec"], "b_enc": t["b_enc"], "b_dec": t["b_dec"],
             "threshold": t.get("activation_function.threshold", t.get("threshold")), "W_skip": t.get("W_skip")}
+
+
+def load_array(ts: TranscoderSet, layer: int, name: str) -> Any:
+    """One array of layer ``layer`` (circuit-tracer's name and orientation: ``W_skip`` is ``[d, d]``), read
+    alone from the file (the others are not read), or None when the file has none."""
+    from safetensors import safe_open
+
+    names = {"W_skip": "affine_skip_connection"} if ts.gemma_scope_2 else {}
+    key = names.get(name, name)
+    with safe_open(str(ts.paths[layer]), framework="numpy") as f:
+        if key not in f.keys():
+            return None
+        value = f.get_tensor(key)
+    return value.T if ts.gemma_scope_2 and name == "W_skip" else value

@@ -20,12 +20,15 @@ from anatomy_cli.serve import protocol
 # The one list of the weight-loading commands a running server answers, in the order the docs name them:
 # the client forwards them, `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
 FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens",
-             "report", "diff", "corpus", "verify", "generate", "steer", "sae", "route", "fit-lens")
+             "report", "diff", "corpus", "verify", "generate", "steer", "sae", "route", "fit-lens",
+             "lens-eval", "circuit")
 ONLY_WITH = {"tokens": ("--model", "-m")}  # forwarded only with one of these options (without: no weights)
-NOT_WITH = {"corpus": ("--ray", "--ray-address")}  # forwarded except with one of these options
+NOT_WITH = {"corpus": ("--ray", "--ray-address"),  # forwarded except with one of these options
+            "fit-lens": ("--ray", "--ray-address")}
 # The weight-loading commands a server never answers, and why (`serve --status` and docs/serve.md say so).
 NOT_FORWARDED = {
     "corpus --ray": "its Ray workers load their own copies of the model",
+    "fit-lens --ray": "the same: its Ray workers load their own copies of the model",
     "convert": "it saves the weights, and the server's copies of tied weights share one buffer, which safetensors "
                "refuses to save; a one-off conversion gains nothing from a loaded model",
 }

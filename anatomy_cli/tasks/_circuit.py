@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
+from anatomy_cli.tasks import notes
 from anatomy_cli.text.display import visible
 
 if TYPE_CHECKING:
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.circuit_prune import PruneResult
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.replacement import AnyTranscoder
     from anatomy_cli.engine.replacement import Transcoder
 
 # The options and plan are tasks/circuit.py's CircuitOptions and CircuitPlan (typed Any here: that module
@@ -74,16 +77,50 @@ class CircuitResult:
 
 
 
-def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet) -> list[Transcoder]:
+def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str | None = None
+                     ) -> list[AnyTranscoder]:
+    """Every layer's transcoder on the model's device; ``offload``: ``cpu`` keeps them in host memory and moves
+    one layer at a time to the device when it is used (nothing to move when the model runs on the CPU),
+    ``disk`` reads a layer from its file when it is used and drops it after (peak memory: one layer). Either way
+    only ``W_skip`` stays on the device (every frozen forward uses it)."""
+    from anatomy_cli.engine.replacement import Offloaded
+
+    if offload == "cpu" and lm.device.type == "cpu":
+        notes.info("--offload cpu: the model runs on the CPU, so the transcoders are on it already (nothing moved)")
+        offload = None
+    if offload == "disk":
+        return [Offloaded(partial(_layer, ts, layer, lm.device), _skip(ts, layer, lm.device))
+                for layer in range(ts.n_layers)]
+    out: list[AnyTranscoder] = []
+    for layer in range(ts.n_layers):
+        if offload == "cpu":
+            host = _layer(ts, layer, torch.device("cpu"))
+            out.append(Offloaded(partial(_moved, host, lm.device),
+                                 None if host.W_skip is None else host.W_skip.to(lm.device)))
+        else:
+            out.append(_layer(ts, layer, lm.device))
+    return out
+
+
+def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> Transcoder:
     from anatomy_cli.engine.replacement import Transcoder
 
-    out = []
-    for layer in range(ts.n_layers):
-        arrays = tc_files.load_layer(ts, layer)
-        t = {k: None if v is None else torch.as_tensor(v).to(lm.device, torch.float32) for k, v in arrays.items()}
-        w = {k: v for k, v in t.items() if v is not None}
-        out.append(Transcoder(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], t["threshold"], ts.k, t["W_skip"]))
-    return out
+    arrays = tc_files.load_layer(ts, layer)
+    t = {k: None if v is None else torch.as_tensor(v).to(device, torch.float32) for k, v in arrays.items()}
+    w = {k: v for k, v in t.items() if v is not None}
+    return Transcoder(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], t["threshold"], ts.k, t["W_skip"])
+
+
+def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> torch.Tensor | None:
+    skip = tc_files.load_array(ts, layer, "W_skip")
+    return None if skip is None else torch.as_tensor(skip).to(device, torch.float32)
+
+
+def _moved(tc: Transcoder, device: torch.device) -> Transcoder:
+    import dataclasses
+
+    return dataclasses.replace(tc, **{f.name: getattr(tc, f.name).to(device) for f in dataclasses.fields(tc)
+                                      if isinstance(getattr(tc, f.name), torch.Tensor)})
 
 
 def _targets(lm: LoadedModel, opts: CircuitOptions, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +138,7 @@ def _targets(lm: LoadedModel, opts: CircuitOptions, logits: torch.Tensor) -> tup
     return idx, torch.softmax(logits.float(), -1)[idx]
 
 
-def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: CircuitOptions,
+def one(lm: LoadedModel, enc: Encoded, transcoders: list[AnyTranscoder], opts: CircuitOptions,
         plan: CircuitPlan) -> CircuitResult:
     from anatomy_cli.analyses import circuit as algo
     from anatomy_cli.analyses import circuit_files as files
@@ -122,9 +159,8 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: Circ
                      opts.edge_threshold)
     replacement, completeness = prune.scores(adjacency, graph.logit_probabilities, graph.n_pos,
                                              lm.n_layers * graph.n_pos)
-    labels = _labels(opts.labels, lm.n_layers)
     slug = Path(opts.json).stem if opts.json else "circuit"
-    data = files.graph_json(graph, pr, slug=slug, node_threshold=opts.node_threshold, labels=labels)
+    data = files.graph_json(graph, pr, slug=slug, node_threshold=opts.node_threshold, labels=plan.labels)
     if opts.out:
         files.save_pt(graph, opts.out, _cfg(lm))
     if opts.json:
@@ -148,31 +184,6 @@ def _cfg(lm: LoadedModel) -> dict[str, Any]:
     return config_args(lm.n_layers, lm.d_model, lm.d_head, lm.n_heads, int(getattr(cfg, "intermediate_size", 0) or
                        getattr(cfg, "n_inner", 0) or 4 * lm.d_model), lm.vocab_size, lm.name, lm.name, arch,
                        getattr(cfg, "num_key_value_heads", None))
-
-
-def _labels(path: str | None, n_layers: int) -> dict[tuple[int, int], str]:
-    """``{(layer, feature): description}``: a folder of per-layer Neuronpedia exports (``{layer}.json`` or
-    ``layer_{layer}...``), or one file whose records name their layer (``"layer": "12-..."``)."""
-    if path is None:
-        return {}
-    import json
-    import re
-
-    from anatomy_cli.models.sae.labels import read_labels
-
-    p = Path(path)
-    out: dict[tuple[int, int], str] = {}
-    if p.is_dir():
-        for f in sorted(p.iterdir()):
-            m = re.search(r"(\d+)", f.stem)
-            if m and int(m.group(1)) < n_layers:
-                out.update({(int(m.group(1)), k): v for k, v in read_labels(f).items()})
-        return out
-    for r in json.loads(p.read_text()):
-        m = re.match(r"(\d+)", str(r.get("layer", "")))
-        if m and "index" in r:
-            out[(int(m.group(1)), int(r["index"]))] = str(r.get("description", ""))
-    return out
 
 
 def paths(data: dict[str, Any], top: int) -> list[PathRow]:

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 MAX_LENGTH = 2048  # tuned-lens' Data.max_length
 JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-layer", "dim_batch": "--dim-batch",
                  "max_seq_len": "--max-seq-len", "skip_first": "--skip-first", "dtype": "--dtype",
-                 "checkpoint": "--checkpoint", "shard": "--shard"}
+                 "shard": "--shard", "ray": "--ray", "ray_address": "--ray-address", "workers": "--workers",
+                 "gpus_per_worker": "--gpus-per-worker"}
 TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", "ctx": "--ctx", "steps": "--steps",
               "seed": "--seed"}
 
@@ -57,8 +58,8 @@ def validate(opts: Any) -> None:
     defaults = {f.name: f.default for f in fields(opts)}
     given = [flag for name, flag in JACOBIAN_ONLY.items() if getattr(opts, name) != defaults[name]]
     if given:
-        raise UsageError(f"{', '.join(given)}: for fit-lens jacobian only (a tuned lens is written in the LM head's "
-                         "dtype, fp32, as tuned-lens does)")
+        raise UsageError(f"{', '.join(given)}: for fit-lens jacobian only (a tuned lens trains in this process "
+                         "and is written in fp32, as tuned-lens writes it)")
     if tuned.corpus is None:
         raise UsageError("fit-lens tuned needs --corpus PATH (a text file, a directory of .txt/.md files, '-', or a "
                          ".jsonl/.csv/.parquet file)")
@@ -149,12 +150,16 @@ def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[t
 
 
 def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
-    """Fits, writes ``opts.out`` (config.json + params.pt) and returns the summary."""
+    """Fits, writes ``opts.out`` (config.json + params.pt) and returns the summary. With ``opts.checkpoint`` the
+    translators, the optimizer's and the schedule's state, the step and the KLs so far are saved every
+    ``opts.checkpoint_every`` steps (and after the last), and resumed from: the same windows in the same order
+    (the seed), so a resumed fit is the uninterrupted one."""
     import torch
 
     from anatomy_cli.engine import tuned_fit
     from anatomy_cli.engine.fitted_lens import unembed_hash
     from anatomy_cli.models import sites
+    from anatomy_cli.tasks._fit_files import digest
 
     tuned: TunedFitOptions = opts.tuned
     assert tuned.tokens is not None
@@ -176,10 +181,39 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     order = torch.randperm(n, generator=torch.Generator().manual_seed(tuned.seed)).tolist()
     lens = tuned_fit.translators(lm.info.d_model, lm.n_layers, lm.device)
     opt, scheduler = tuned_fit.optimizer(lens, steps)
+    head = lm.model.get_output_embeddings()
+    config = tuned_fit.config(lm, unembed_hash(head.weight))
+    settings = {"d_model": lm.info.d_model, "n_layers": lm.n_layers, "unembed_hash": config["unembed_hash"],
+                "ctx": plan.ctx, "steps": steps, "seed": tuned.seed, "windows": digest(wins)}
+    first, last = _train(lm, lens, (opt, scheduler), wins, order, steps, opts, settings)
+    assert opts.out is not None
+    tuned_fit.save(lens, Path(opts.out), config)
+    return TunedFit(out=str(opts.out), corpus=tuned.corpus or "", windows=n, tokens=used, ctx=plan.ctx, steps=steps,
+                    seed=tuned.seed, lr=tuned_fit.LR_SCALE * (1 - tuned_fit.MOMENTUM), flops=flops,
+                    memory_bytes=memory, reads=tuple(sites.residual_label(i) for i in range(lm.n_layers)),
+                    kl_first=tuple(first), kl_last=tuple(last))
+
+
+def _train(lm: LoadedModel, lens: Any, optim: tuple[Any, Any], wins: list[tuple[int, ...]], order: list[int],
+           steps: int, opts: Any, settings: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """The steps (from the checkpoint's, when there is one to resume); each translator's mean KL over the first
+    step's windows and over the last's."""
+    from anatomy_cli.engine import tuned_fit
+    from anatomy_cli.tasks._fit_files import atomic_save
+    from anatomy_cli.tasks._fit_files import resume
+
+    opt, scheduler = optim
+    n = len(wins)
     first: list[float] = []
     last: list[float] = []
+    done = 0
+    if opts.checkpoint is not None and opts.checkpoint.exists():
+        state = resume(opts.checkpoint, settings)
+        tuned_fit.load_state(lens, opt, scheduler, state)
+        done, first, last = int(state["step"]), list(state["kl_first"]), list(state["kl_last"])
+        notes.info(f"resuming from {opts.checkpoint}: {done} of {steps} steps done")
     with notes.status("fit-lens tuned") as line:
-        for s in range(steps):
+        for s in range(done, steps):
             chunk = order[s * n // steps:(s + 1) * n // steps]
             sums = [0.0] * lm.n_layers
             for k, w in enumerate(chunk, start=1):
@@ -190,13 +224,10 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
             tuned_fit.step(lens, opt, scheduler)
             last = [v / len(chunk) for v in sums]
             first = first or last
-    assert opts.out is not None
-    head = lm.model.get_output_embeddings()
-    tuned_fit.save(lens, Path(opts.out), tuned_fit.config(lm, unembed_hash(head.weight)))
-    return TunedFit(out=str(opts.out), corpus=tuned.corpus or "", windows=n, tokens=used, ctx=plan.ctx, steps=steps,
-                    seed=tuned.seed, lr=tuned_fit.LR_SCALE * (1 - tuned_fit.MOMENTUM), flops=flops,
-                    memory_bytes=memory, reads=tuple(sites.residual_label(i) for i in range(lm.n_layers)),
-                    kl_first=tuple(first), kl_last=tuple(last))
+            if opts.checkpoint is not None and ((s + 1) % opts.checkpoint_every == 0 or s + 1 == steps):
+                atomic_save({**tuned_fit.state(lens, opt, scheduler), "step": s + 1, "kl_first": first,
+                             "kl_last": last, "settings": settings}, opts.checkpoint)
+    return first, last
 
 
 def _announce(lm: LoadedModel, n: int, used: int, steps: int, ctx: int) -> tuple[float, float]:

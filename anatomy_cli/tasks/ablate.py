@@ -1,4 +1,5 @@
-"""`ablate`: knock out each block's attention / MLP output (or each head) and measure the target (the task)."""
+"""`ablate`: knock out each block's attention / MLP output (or each head, or each routed expert of an MoE block)
+and measure the target (the task)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -29,24 +31,29 @@ COMMAND = "ablate"
 class AblateMode(str, Enum):
     zero = "zero"
     mean = "mean"
+    reroute = "reroute"  # --experts only: the expert removed from the router's candidates before top k
 
 
 @dataclass(frozen=True)
 class AblateOptions(TokenPair):
-    """What to knock out (``heads``: each head; ``layer``: only that block) and how (``mode``); ``position``: where
-    the metric is read; ``method``/``check``: exact runs, or attribution estimates with N checked exactly."""
+    """What to knock out (``heads``: each head; ``experts``: each routed expert of an MoE block; ``layer``: only
+    that block) and how (``mode``; None: ``reroute`` with ``experts``, else ``zero``); ``position``: where the
+    metric is read; ``method``/``check``: exact runs, or attribution estimates with N checked exactly."""
 
     position: int = -1
     heads: bool = False
-    mode: AblateMode = AblateMode.zero
+    experts: bool = False
+    mode: AblateMode | None = None
     method: Method = Method.exact
     check: int = 0
     layer: int | None = None
     batch_size: int = 32
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", AblateMode(self.mode))
+        default = AblateMode.reroute if self.experts else AblateMode.zero
+        object.__setattr__(self, "mode", default if self.mode is None else AblateMode(self.mode))
         object.__setattr__(self, "method", Method(self.method))
+        _check_experts(self)
         self.check_tokens()
         check_options(self.method, self.check)
         at_least("--batch-size", self.batch_size)
@@ -54,10 +61,26 @@ class AblateOptions(TokenPair):
                             "ablations change, e.g. --target ' much'")
 
 
+def _check_experts(opts: AblateOptions) -> None:
+    """The refusals of ``--experts`` (and of ``--mode reroute`` without it) that need no model."""
+    if not opts.experts:
+        if opts.mode is AblateMode.reroute:
+            raise UsageError("--mode reroute knocks out a routed expert: it needs --experts")
+        return
+    if opts.heads:
+        raise UsageError("--experts and --heads are two different ablations: pass one of them")
+    if opts.mode is AblateMode.mean:
+        raise UsageError("--experts takes --mode reroute (the default) or --mode zero, not mean")
+    if opts.method is not Method.exact:
+        raise UsageError("--experts runs each ablation exactly: --method attribution does not estimate a change "
+                         "of routing")
+
+
 @dataclass(frozen=True)
 class AblatePlan:
     ids: dict[str, int | None]
     layer: int | None  # the block (negative counted from the last), None: every block
+    blocks: tuple[int, ...] = ()  # --experts: the MoE blocks whose experts are knocked out
 
 
 @dataclass(frozen=True)
@@ -73,18 +96,39 @@ class AblateResult:
 
 def check(opened: Any, opts: AblateOptions, encoded: list[Encoded]) -> AblatePlan:
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
+    if opts.experts:
+        require(opened.info, Need.moe, command=f"{COMMAND} --experts")
     layer = None if opts.layer is None else sites.check_block(opts.layer, opened.info.n_layers, "--layer")
     check_position(opts.position, encoded)
-    return AblatePlan(opts.resolve(opened), layer)
+    blocks = _moe_blocks(opened.info, layer) if opts.experts else ()
+    return AblatePlan(opts.resolve(opened), layer, blocks)
+
+
+def _moe_blocks(info: Any, layer: int | None) -> tuple[int, ...]:
+    """``--experts``' blocks: ``layer`` (refused when its MLP is dense), else every MoE block."""
+    sparse = tuple(info.moe.sparse_blocks)
+    if layer is None:
+        return sparse
+    if layer not in sparse:
+        raise UsageError(f"--layer {layer}: that block of {info.label or info.model_type} has a dense MLP, no "
+                         f"experts; its MoE blocks are {', '.join(str(b) for b in sparse)}")
+    return (layer,)
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: AblatePlan) -> list[AblateResult]:
     from anatomy_cli.analyses import ablate as analysis
+    from anatomy_cli.engine import expert_edits
     from anatomy_cli.engine import interventions
     from anatomy_cli.tasks.session import warn_cost
 
-    rows = interventions.ablation_rows(lm, components=["head"] if opts.heads else ["attn", "mlp"],
-                                       mode=opts.mode.value, layers=None if plan.layer is None else [plan.layer])
+    assert opts.mode is not None  # __post_init__ chose it
+    rows: list[Any]
+    if opts.experts:
+        rows = expert_edits.rows(lm, plan.blocks, "zero" if opts.mode is AblateMode.zero else "reroute")
+    else:
+        rows = interventions.ablation_rows(lm, components=["head"] if opts.heads else ["attn", "mlp"],
+                                           mode="mean" if opts.mode is AblateMode.mean else "zero",
+                                           layers=None if plan.layer is None else [plan.layer])
     target = plan.ids["target"]
     assert target is not None  # resolve_pair always gives the target
     metric = analysis.metric_fn(target, plan.ids["foil"])
@@ -118,6 +162,7 @@ def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: di
         base, edited = interventions.run_edits(lm, enc.ids, [edits for *_, edits in rows], position=opts.position,
                                                batch_size=opts.batch_size, reduce=metric, progress=progress)
         base = float(base[0])
+    assert opts.mode is not None  # __post_init__ chose it
     ablation = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", opts.mode.value,
                                  [key for *key, _ in rows], edited, base)
     return ablation, extra

@@ -8,6 +8,7 @@ the model, hooks other than MLP in → MLP out, an encoder, bad thresholds or co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -16,23 +17,29 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.tasks import _circuit_estimate as _estimate
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._circuit import CircuitResult
 from anatomy_cli.tasks._circuit import PathRow
+from anatomy_cli.tasks._circuit_estimate import CircuitEstimate
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
 
 COMMAND = "circuit"
-__all__ = ["COMMAND", "CircuitOptions", "CircuitPlan", "CircuitResult", "PathRow", "check", "run"]
+OFFLOAD = (None, "cpu", "disk")
+__all__ = ["COMMAND", "CircuitEstimate", "CircuitOptions", "CircuitPlan", "CircuitResult", "PathRow", "check",
+           "estimate", "run"]
 
 
 @dataclass(frozen=True)
 class CircuitOptions:
     """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
-    or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table."""
+    or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table;
+    ``offload``: ``cpu`` or ``disk``, where the transcoders wait while not in use (tasks/_circuit.py
+    ``load_transcoders``); ``estimate``: the graph's size, memory and time from the shapes alone, nothing run."""
 
     transcoders: str
     max_n_logits: int = 10
@@ -48,6 +55,8 @@ class CircuitOptions:
     labels: str | None = None
     check: int = 0
     top: int = 10
+    offload: str | None = None
+    estimate: bool = False
 
     def __post_init__(self) -> None:
         for name, v in (("--max-n-logits", self.max_n_logits), ("--batch-size", self.batch_size),
@@ -62,6 +71,8 @@ class CircuitOptions:
                         self.node_threshold), ("--edge-threshold", self.edge_threshold)):
             if not 0.0 <= p <= 1.0:
                 raise UsageError(f"{name} takes a number between 0 and 1, not {p}")
+        if self.offload not in OFFLOAD:
+            raise UsageError(f"--offload takes cpu or disk, not {self.offload!r}")
         if not Path(self.transcoders).is_dir():
             raise UsageError(f"--transcoders {self.transcoders}: no such directory")
         if self.labels is not None and not Path(self.labels).exists():
@@ -70,23 +81,46 @@ class CircuitOptions:
 
 @dataclass(frozen=True)
 class CircuitPlan:
+    """The transcoders' description; ``labels``: ``{(block, feature): description}`` from ``--labels``."""
+
     transcoders: tc_files.TranscoderSet
+    labels: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 def check(opened: Any, opts: CircuitOptions) -> CircuitPlan:
-    """Every refusal that needs no weights: the model is a decoder with an LM head and the transcoders fit it."""
+    """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it and
+    the ``--labels`` export reads (a malformed one is a one-line error here, before the weights load)."""
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
     ts = tc_files.describe(opts.transcoders)
     tc_files.check_fits(ts, info.n_layers, info.d_model, info.label or info.model_type)
-    return CircuitPlan(ts)
+    if opts.labels is None or opts.estimate:
+        return CircuitPlan(ts)
+    from anatomy_cli.models.sae.labels import read_layer_labels
+
+    return CircuitPlan(ts, read_layer_labels(opts.labels, info.n_layers))
 
 
-def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan) -> list[CircuitResult]:
+def estimate(info: Any, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str
+             ) -> list[CircuitEstimate]:
+    """``--estimate``: per prompt the graph's size, memory and time from the model's shape (``info``: config or
+    header), the transcoders' headers and the token count; no weight is read. ``device``: ``--device``
+    (``auto`` resolved as loading resolves it)."""
+    from anatomy_cli.engine.load import resolve_device
+
+    kind = resolve_device(device).type
+    return [_estimate.estimate(info, plan.transcoders, len(enc), opts, kind) for enc in encoded]
+
+
+def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan
+        ) -> list[CircuitResult] | list[CircuitEstimate]:
+    """The graphs (``opts.estimate``: the estimates, on the loaded model's device)."""
+    if opts.estimate:
+        return estimate(lm.info, encoded, opts, plan, str(lm.device))
     from anatomy_cli.tasks import _circuit
 
     out = []
-    transcoders = _circuit.load_transcoders(lm, plan.transcoders)
+    transcoders = _circuit.load_transcoders(lm, plan.transcoders, opts.offload)
     for enc in encoded:
         with notes.status(f"attributing {len(enc)} tokens"):
             out.append(_circuit.one(lm, enc, transcoders, opts, plan))

@@ -54,6 +54,7 @@ class CorpusOptions:
     save_activations: str | None = None
     activation_dtype: str = "fp32"
     allow_special: bool = False
+    experts: bool = False
 
     def __post_init__(self) -> None:
         if self.out is not None and not isinstance(self.out, Path):
@@ -123,14 +124,16 @@ class CorpusRun:
 
 
 def check(opened: Any, opts: CorpusOptions) -> CorpusPlan:
-    """Every refusal that needs the opened model: a decoder (with a lens, an LM head), a fitted lens of another
-    width or depth (from its header, before any weight loads), the saved sites within its blocks, ``--ctx``
-    within its context."""
+    """Every refusal that needs the opened model: a decoder (with a lens, an LM head; with ``--experts``, a mixture
+    of experts), a fitted lens of another width or depth (from its header, before any weight loads), the saved sites
+    within its blocks, ``--ctx`` within its context."""
     from anatomy_cli.tasks.lens import fitted_lens
 
     info: ModelInfo = opened.info
     require(info, Need.decoder, *([Need.lm_head] if opts.lens else []), command=COMMAND)
-    fitted = tuple(f for f in (fitted_lens(opened, text) for text in opts.lens) if f is not None)
+    if opts.experts:
+        require(info, Need.moe, command=f"{COMMAND} --experts")
+    fitted = tuple(f for f in (fitted_lens(opened, text, command=COMMAND) for text in opts.lens) if f is not None)
     if opts.sites:
         from anatomy_cli.corpus.activations import check_sites
 
@@ -155,7 +158,7 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
         settings = Settings(ctx=plan.ctx, bos=plan.bos, max_tokens=opts.max_tokens, lens=opts.lens,
                             lens_every=opts.lens_every, heads=opts.heads, shard_windows=opts.shard_windows,
                             allow_special=opts.allow_special, batch_size=opts.batch_size, save_activations=sites,
-                            activation_dtype=opts.activation_dtype)
+                            activation_dtype=opts.activation_dtype, experts=opts.experts)
         ray_opts = {"address": opts.ray_address, "workers": opts.workers,
                     "gpus_per_worker": opts.gpus_per_worker} if opts.ray else None
         result = _run(run, src, spec, settings, tokenizer, lm, identity, ray_opts, opts)

@@ -26,6 +26,7 @@ from anatomy_cli.tasks._steering import vector as steering_vector
 from anatomy_cli.tasks._stream import decode
 from anatomy_cli.tasks._stream import recording
 from anatomy_cli.tasks._stream import streamed
+from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
@@ -156,18 +157,8 @@ def check(opened: Any, opts: GenerateOptions) -> GeneratePlan:
     target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
                                                             vocab_size=opened.info.lm_head_rows)
     found = steering_vector(opened, opts.steering)
-    return GeneratePlan(target_id, found, steering_record(opts.steering, found), fitted_lens(opened, opts.lens_text))
-
-
-def fitted_lens(opened: Any, lens: str | None) -> FittedLens | None:
-    """The fitted lens ``--lens`` names (None: none, or the logit lens), checked against ``opened``'s width and
-    block count from its header before the weights load."""
-    from anatomy_cli.engine import fitted_lens as fitted
-    from anatomy_cli.models import lens_choice
-
-    if lens is None:
-        return None
-    return fitted.open_lens(lens_choice.parse(lens), d_model=opened.info.d_model, n_layers=opened.info.n_layers)
+    return GeneratePlan(target_id, found, steering_record(opts.steering, found),
+                        fitted_lens(opened, opts.lens_text, command=COMMAND))
 
 
 @dataclass(frozen=True)

@@ -113,16 +113,17 @@ def check(opened: Any, opts: LensOptions) -> LensPlan:
                     tuple(r for r in shown if r not in readable))
 
 
-def fitted_lens(opened: Any, lens: str) -> FittedLens | None:
-    """The fitted lens ``lens`` names (None: the logit lens), checked against ``opened``'s width and block count
-    from its header, before the model's weights load. Refuses an encoder (a fitted lens reads next tokens)."""
+def fitted_lens(opened: Any, lens: str | None, *, command: str = COMMAND) -> FittedLens | None:
+    """The fitted lens ``lens`` names (None or ``logit``: the logit lens, None), checked against ``opened``'s
+    width and block count from its header, before the model's weights load: the one reading of ``--lens`` for
+    every command (``command`` names it in the refusal). Refuses an encoder (a fitted lens reads next tokens)."""
     from anatomy_cli.engine import fitted_lens as fitted
     from anatomy_cli.models import lens_choice
 
     choice = lens_choice.parse(lens)
     if choice.kind == "logit":
         return None
-    require(opened.info, Need.decoder, command=f"{COMMAND} --lens {choice.kind}")
+    require(opened.info, Need.decoder, command=f"{command} --lens {choice.kind}")
     return fitted.open_lens(choice, d_model=opened.info.d_model, n_layers=opened.info.n_layers)
 
 

@@ -140,3 +140,16 @@ def resolve_pair(tokenizer: Tokenizer, wanted: TokenChoice, unwanted: TokenChoic
     if foil == target:
         raise UsageError("--foil is the same token as --target: the logit difference would be 0 everywhere")
     return {"target": target, "foil": foil}
+
+
+def single_token_forms(source: LoadedModel | Tokenizer, word: str) -> tuple[int, ...]:
+    """jlens' surface forms of ``word`` that are one token each, as ids in this order without repeats: the word
+    as given, with a leading space, capitalised (``str.capitalize``), capitalised with a leading space. Empty
+    when no form is one token (an intermediate that can never be a hit, as jlens counts it)."""
+    tok = _tokenizer(source)
+    out: list[int] = []
+    for form in (word, f" {word}", word.capitalize(), f" {word.capitalize()}"):
+        ids = _pieces(tok, form)[0]
+        if len(ids) == 1 and ids[0] not in out:
+            out.append(ids[0])
+    return tuple(out)

@@ -43,25 +43,34 @@ def ablate_command(
     heads: Annotated[bool, typer.Option(
         "--heads", help="Ablate every attention head separately (its slice of the output projection's input) "
         "instead of whole attention and MLP outputs.")] = False,
-    mode: Annotated[AblateMode, typer.Option(
-        "--mode", case_sensitive=False, help="zero: replace the output by zeros; mean: by its mean over the "
-        "prompt's positions.")] = AblateMode.zero,
+    experts: Annotated[bool, typer.Option(
+        "--experts", help="Knock out each routed expert of each MoE block (with --layer: of that block) "
+        "separately, at every position (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; Qwen2-MoE's shared expert has no "
+        "index and stays).")] = False,
+    mode: Annotated[Optional[AblateMode], typer.Option(
+        "--mode", case_sensitive=False, show_default=False, help="zero (default): replace the output by zeros, "
+        "with --experts drop the expert's weighted output; mean: by its mean over the prompt's positions; "
+        "reroute (--experts, its default): the expert's router logit set to -inf before the top k, the family's "
+        "normalisation as usual.")] = None,
     method: MethodOpt = Method.exact,
     check_n: CheckOpt = 0,
     layer: Annotated[Optional[int], typer.Option(
         "--layer", "-l", metavar="L", show_default=False,
-        help="Only layer L (0-based; negative from the end).")] = None,
+        help="Only layer L (0-based; negative from the end); with --experts an MoE block.")] = None,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     batch_size: RunsPerForwardOpt = 32,
     out: Output = Output(),
 ) -> None:
-    """Knock out each layer's attention output, then its MLP output (or, with --heads, each head), and
+    """Knock out each layer's attention output, then its MLP output (or, with --heads, each head; with
+    --experts, each routed expert of each MoE block), and
     report the target's log-probability at --position, or logit(target) - logit(foil) with --foil,
     and its change from the intact run.
 
     The knocked-out output is replaced at every position: by zeros (--mode zero) or by its mean
-    over the prompt's positions (--mode mean). All ablations of a prompt run in a few batched forwards;
+    over the prompt's positions (--mode mean); a routed expert (--experts) is removed from the router's
+    candidates before the top k (--mode reroute, its default) or its weighted output dropped (--mode zero).
+    All ablations of a prompt run in a few batched forwards;
     --method attribution estimates them all from one backward, (a_ablated - a) . dm/da; --check N reruns
     the N largest exactly.
 
@@ -72,14 +81,15 @@ def ablate_command(
         anatomy ablate "The capital of Germany is" --target " Berlin" --foil " Paris" --mode mean
         anatomy ablate "Thank you very" --target " much" --heads --layer -1 --format json
         anatomy ablate "Thank you very" --target " much" --heads --method attribution --check 8
+        anatomy ablate "Thank you very" --target " much" --experts --layer 3 -m allenai/OLMoE-1B-7B-0924
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import ablate as view
     from anatomy_cli.tasks import ablate as task
 
     opts = task.AblateOptions(**vars(pair),
-                              position=position, heads=heads, mode=mode, method=method, check=check_n, layer=layer,
-                              batch_size=batch_size)
+                              position=position, heads=heads, experts=experts, mode=mode, method=method, check=check_n,
+                              layer=layer, batch_size=batch_size)
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)

@@ -11,6 +11,7 @@ import typer
 from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import draw_and_emit
+from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
 from anatomy_cli.cli.options import FormatOpt
@@ -54,6 +55,12 @@ def circuit_command(
     check: Annotated[int, typer.Option("--check", min=0, metavar="N",
                                        help="Re-measure N edges by intervention.")] = 0,
     top: Annotated[int, typer.Option("--top", min=1, help="Rows of the paths table.")] = 10,
+    offload: Annotated[Optional[str], typer.Option(
+        "--offload", metavar="cpu|disk", show_default=False,
+        help="Keep the transcoders off the device (cpu) or on disk (disk: read a block's when it is used).")] = None,
+    estimate: Annotated[bool, typer.Option(
+        "--estimate", help="Print the graph's size, memory and expected time, before any weight loads; compute "
+        "nothing.")] = False,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
@@ -64,13 +71,16 @@ def circuit_command(
     circuit-tracer's algorithm: attention patterns and norm denominators frozen at the prompt, each MLP
     replaced by its transcoder's active features plus an error node; edges are direct effects from batched
     backward passes, pruned by influence on the logits. Position 0 carries no features (as circuit-tracer);
-    --bos prepends the BOS token as circuit-tracer always does.
+    --bos prepends the BOS token as circuit-tracer always does. --estimate prints the dense graph's size
+    (an upper bound: the active features are known only after the forward), memory and time from the shapes
+    alone and exits.
 
     Examples:
 
     \b
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --out graph.pt
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --json graph.json --check 20
+        anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --estimate
     """
     from anatomy_cli.output.views import circuit as view
     from anatomy_cli.tasks import circuit as task
@@ -80,11 +90,15 @@ def circuit_command(
         target=tuple(target or ()), batch_size=batch_size, max_feature_nodes=max_feature_nodes,
         update_interval=update_interval, node_threshold=node_threshold, edge_threshold=edge_threshold,
         out=None if out is None else str(out), json=None if json_out is None else str(json_out),
-        labels=None if labels is None else str(labels), check=check, top=top)
+        labels=None if labels is None else str(labels), check=check, top=top, offload=offload, estimate=estimate)
     if plot is not None and not is_html(plot):
         raise UsageError(f"--plot {str(plot)!r}: circuit draws an interactive page: give a .html file")
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
+    if estimate:
+        estimates = task.estimate(opened.info, encoded, opts, plan, spec.device)
+        emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt, from_stdin=prompt == "-")
+        return
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts, plan)
     draw_and_emit("circuit", view, lm, encoded, results, plot, fmt, prompt)

@@ -42,6 +42,10 @@ def corpus_command(
         help="A lens to measure (repeatable, one of each kind): logit (the default), tuned:DIR (a tuned-lens "
              "directory) or jacobian:FILE (a Jacobian lens .pt file). Per layer: KL to the final distribution, "
              "CE, entropy, in nats per token and bits per byte.")] = None,
+    experts: Annotated[bool, typer.Option(
+        "--experts", help="Also per MoE block and expert (Mixtral, Qwen2/3-MoE, OLMoE): the share of token slots "
+        "routed to it, its mean weight, the load imbalance and how often pairs of experts are chosen together.")]
+    = False,
     lens_every: Annotated[int, typer.Option(
         "--lens-every", min=1, metavar="N",
         help="Measure the lenses at every N-th position only (each costs (L+1)·d·vocab per position).")] = 1,
@@ -85,6 +89,7 @@ def corpus_command(
         anatomy corpus data.jsonl --column body --heads --out run1
         anatomy corpus docs/ --lens-every 4 --ray --workers 2 --format json
         anatomy corpus docs/ --lens logit --lens jacobian:lens.pt --lens tuned:tuned/
+        anatomy corpus docs/ --model ./my-moe --experts --out run2
     """
     from anatomy_cli.errors import UsageError
     from anatomy_cli.output.views import corpus as view
@@ -97,7 +102,7 @@ def corpus_command(
         lens=() if no_lens else tuple(lens or ("logit",)),
         out=out, overwrite=overwrite, shard_windows=shard_windows, batch_size=batch_size, ray=ray,
         ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker, save_activations=save_activations,
-        activation_dtype=activation_dtype, allow_special=allow_special)  # fails before anything opens
+        activation_dtype=activation_dtype, allow_special=allow_special, experts=experts)  # fails before anything opens
     run = task.measure(source, spec, opts)
     emit(view.report(run), fmt)
     if plot:

@@ -55,8 +55,19 @@ def fit_lens_command(
         help="Fit prompts i, i+N, i+2N, ... only (0-based); merge the N files with fit-lens merge.")] = None,
     checkpoint: Annotated[Optional[Path], typer.Option(
         "--checkpoint", metavar="FILE", show_default=False,
-        help="Save the running sums here after every prompt; resume from it when it exists (same settings).")
-    ] = None,
+        help="Save the fit's state here (jacobian: the running sums; tuned: translators, optimizer, schedule, "
+             "step); resume from it when it exists (same settings only).")] = None,
+    checkpoint_every: Annotated[int, typer.Option(
+        "--checkpoint-every", min=1, metavar="N",
+        help="Write --checkpoint every N prompts (tuned: steps) and after the last.")] = 1,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="jacobian: fit the prompts on Ray workers: at --ray-address, else RAY_ADDRESS, else a local "
+        "Ray started for the run. Needs Ray (in a clone: pip install -e '.[ray]').")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", metavar="ADDRESS", show_default=False,
+        help="The Ray cluster for --ray (ray://host:10001, auto).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Ray workers (actors), one model each.")] = 2,
+    gpus_per_worker: Annotated[float, typer.Option("--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")] = 0.0,
     corpus: Annotated[Optional[str], typer.Option(
         "--corpus", metavar="PATH|-", show_default=False,
         help="tuned: the text to train on (a file, a directory of .txt/.md, .jsonl/.csv/.parquet, '-').")] = None,
@@ -78,19 +89,23 @@ def fit_lens_command(
     ceil(d_model / dim-batch) backward passes, each a one-hot cotangent on one output dimension of the
     target block at every valid position; row d of J_N is the gradient at block N's output averaged over
     positions --skip-first .. n-2; J is the mean over the prompts. Prompts too short are skipped and counted.
-    The expected cost is printed before the fit starts. fit-lens merge A.pt B.pt --out C.pt: the
-    n_prompts-weighted mean of fits of one model (no model is loaded).
+    The expected cost is printed before the fit starts. --checkpoint FILE resumes an interrupted fit;
+    --shard i/N fits every N-th prompt; --ray fits the prompts on Ray workers (as corpus --ray runs: a
+    killed worker's shard runs again). fit-lens merge A.pt B.pt --out C.pt: the n_prompts-weighted mean of
+    fits of one model (no model is loaded).
 
     fit-lens tuned: tuned-lens' recipe: a zero-initialised translator per residual row below the last block,
     h + A h + b, trained on KL(final || lens) at every position of the corpus's first --tokens tokens (windows
     of --ctx), SGD with Nesterov momentum 0.9, lr 0.1 decayed linearly over --steps, weight decay 1e-3,
-    gradient norm clipped to 1. Read it with lens --lens tuned:DIR.
+    gradient norm clipped to 1. --checkpoint FILE saves the training state every --checkpoint-every steps;
+    run the same command again to resume it. Read the lens with lens --lens tuned:DIR.
 
     Examples:
 
     \b
         anatomy fit-lens jacobian --model smollm2 --prompts prompts.txt --out smollm2-jlens.pt
         anatomy fit-lens jacobian --model gpt2 --prompts prompts.txt --out gpt2.pt --source-layers 4-9 --dtype fp32
+        anatomy fit-lens jacobian --model smollm2 --prompts prompts.txt --out lens.pt --ray --workers 4
         anatomy fit-lens merge part1.pt part2.pt --out lens.pt
         anatomy fit-lens tuned --model smollm2 --corpus docs/ --tokens 100000 --ctx 512 --out smollm2-tuned
     """
@@ -105,27 +120,22 @@ def fit_lens_command(
         return
     if files:
         raise UsageError(f"fit-lens {kind} takes no FILES (they are for fit-lens merge): give --prompts FILE")
+    if kind == "tuned" and prompts_file is not None:
+        raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
     tuned = task.TunedFitOptions(corpus=corpus, column=column, tokens=tokens, ctx=ctx, steps=steps, seed=seed)
+    opts = task.FitLensOptions(kind=kind, prompt=() if prompts_file is None else tuple(read_prompts_file(prompts_file)),
+                               out=out, source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
+                               max_seq_len=max_seq_len, skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite,
+                               checkpoint=checkpoint, checkpoint_every=checkpoint_every, shard=shard, ray=ray,
+                               ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker,
+                               tuned=tuned)  # fails before anything opens
     if kind == "tuned":
-        if prompts_file is not None:
-            raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
-        opts = task.FitLensOptions(kind=kind, out=out, source_layers=source_layers, target_layer=target_layer,
-                                   dim_batch=dim_batch, max_seq_len=max_seq_len, skip_first=skip_first,
-                                   dtype=lens_dtype, checkpoint=checkpoint, shard=shard, overwrite=overwrite,
-                                   tuned=tuned)
         opened = open_model(spec)
         plan = task.check(opened, opts)
         lm = load_weights(opened)
         emit(view.report(lm, task.run(lm, [], opts, plan)), fmt)
         return
-    if prompts_file is None:
-        raise UsageError("fit-lens needs prompts: --prompts FILE (one per line)")
-    opts = task.FitLensOptions(kind=kind, prompt=tuple(read_prompts_file(prompts_file)), out=out,
-                               source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
-                               max_seq_len=max_seq_len,
-                               skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite,
-                               checkpoint=checkpoint, shard=shard, tuned=tuned)
     opened, encoded = open_texts(list(opts.prompt), spec, prompts)
     plan = task.check(opened, opts)
-    lm = load_weights(opened)
-    emit(view.report(lm, task.run(lm, encoded, opts, plan)), fmt)
+    model = opened if ray else load_weights(opened)  # on Ray the workers load the weights
+    emit(view.report(model, task.run(model, encoded, opts, plan)), fmt)

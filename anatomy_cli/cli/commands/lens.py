@@ -13,6 +13,7 @@ from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import LENS_METAVAR
 from anatomy_cli.cli.options import FirstTokenOpt
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import TargetIdOpt
@@ -46,7 +47,7 @@ def lens_command(
         "--top", "-k", "--k", min=1, metavar="N", show_default=False,
         help="The N most probable tokens per cell (JSON 'top'; the table lists them in the cell).")] = None,
     lens: Annotated[str, typer.Option(
-        "--lens", metavar="logit|tuned:DIR|jacobian:FILE",
+        "--lens", metavar=LENS_METAVAR,
         help="The lens: logit, a tuned-lens directory (tuned:DIR) or a Jacobian lens file (jacobian:FILE).")
     ] = "logit",
     spec: ModelSpec = ModelSpec(),

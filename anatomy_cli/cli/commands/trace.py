@@ -13,6 +13,7 @@ from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import LENS_METAVAR
 from anatomy_cli.cli.options import FirstTokenOpt
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import TargetIdOpt
@@ -40,7 +41,7 @@ def trace_command(
     target_id: TargetIdOpt = None,
     first_token: FirstTokenOpt = False,
     lens: Annotated[str, typer.Option(
-        "--lens", metavar="logit|tuned:DIR|jacobian:FILE",
+        "--lens", metavar=LENS_METAVAR,
         help="The lens of the lens columns: logit, a tuned-lens directory or a Jacobian lens file.")] = "logit",
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),

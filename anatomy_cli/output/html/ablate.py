@@ -20,18 +20,19 @@ from anatomy_cli.output.html._page import plot
 
 def figure(result: Any, n_heads: int, what: str, cap: Any) -> Page:
     """A page with an :class:`anatomy_cli.analyses.ablate.Ablation` drawn as the PNG: bars per layer, or a
-    layer x head grid (diverging, centred at 0); hover values are the effects (ablated − intact)."""
+    layer x head (x expert) grid (diverging, centred at 0); hover values are the effects (ablated − intact)."""
     rows = result.rows
     layers = sorted({r.layer for r in rows})
     unit = "nats" if result.metric == "logprob" else "logits"
     label = f"effect on {what} ({unit}): ablated − intact"
     fig = go.Figure()
-    if any(r.component == "head" for r in rows):
+    kind = result.grid
+    if kind is not None:
         grid: list[list[float | None]] = [[None] * n_heads for _ in layers]
         for r in rows:
-            grid[layers.index(r.layer)][r.head] = r.effect
+            grid[layers.index(r.layer)][r.index] = r.effect
         fig.add_trace(diverging(grid, y=layers, title=label))
-        fig.update_xaxes(title_text="head")
+        fig.update_xaxes(title_text=kind)
         fig.update_yaxes(title_text="layer")
     else:
         effect = {(r.layer, r.component): r.effect for r in rows}
@@ -40,9 +41,14 @@ def figure(result: Any, n_heads: int, what: str, cap: Any) -> Page:
         fig.update_xaxes(title_text="layer (block)")
         fig.update_yaxes(title_text=esc(label))
     fig.update_layout(**layout(width=1000, height=520, barmode="group"))
-    by = "zeros" if result.mode == "zero" else "its mean over the positions"
     page = caption_page(cap)
     page.add(plot(fig))
-    page.add(notes([f"intact run: {what} = {result.clean_metric:.4f}; each component replaced at every position by "
-                    f"{by}"]))
+    if kind == "expert":
+        how = ("router logit set to −inf before the top k" if result.mode == "reroute"
+               else "weight set to 0 where chosen")
+        done = f"each routed expert's {how}, at every position"
+    else:
+        by = "zeros" if result.mode == "zero" else "its mean over the positions"
+        done = f"each component replaced at every position by {by}"
+    page.add(notes([f"intact run: {what} = {result.clean_metric:.4f}; {done}"]))
     return page

@@ -1,4 +1,5 @@
-"""`ablate --plot`: the effect of knocking out each layer's attention and MLP as bars, or each head as a grid."""
+"""`ablate --plot`: the effect of knocking out each layer's attention and MLP as bars, or each head (each routed
+expert) as a grid."""
 
 from __future__ import annotations
 
@@ -20,20 +21,27 @@ def figure(result: Any, n_heads: int, what: str, cap: Caption) -> Any:
     """Draw an :class:`anatomy_cli.analyses.ablate.Ablation` (``what``: the metric, e.g. ``log p(·much)``).
 
     Rows with component ``attn``/``mlp``: the ``effect`` per layer as side-by-side bars (negative: the
-    component helped the target). Rows with component ``head``: a layer x head heatmap of ``effect``,
-    diverging and centred at 0. Returns a matplotlib Figure.
+    component helped the target). Rows with component ``head`` (``expert``): a layer x head (x expert) heatmap
+    of ``effect``, diverging and centred at 0; ``n_heads``: the grid's columns (heads, or routed experts).
+    Returns a matplotlib Figure.
     """
     rows = result.rows
     layers = sorted({r.layer for r in rows})
     unit = "nats" if result.metric == "logprob" else "logits"
     label = f"effect on {what} ({unit}): ablated − intact"
-    what_ablated = "head" if _heads(rows) else "component"
-    by = "zeros" if result.mode == "zero" else "its mean over the positions"
-    notes = [f"intact run: {what} = {result.clean_metric:.4f}; each {what_ablated} replaced at every position by {by}"]
-    if _heads(rows):
+    kind = result.grid
+    if kind == "expert":
+        how = ("router logit set to −inf before the top k" if result.mode == "reroute"
+               else "weight set to 0 where chosen")
+        notes = [f"intact run: {what} = {result.clean_metric:.4f}; each routed expert's {how}, at every position"]
+    else:
+        by = "zeros" if result.mode == "zero" else "its mean over the positions"
+        notes = [f"intact run: {what} = {result.clean_metric:.4f}; each {kind or 'component'} replaced at every "
+                 f"position by {by}"]
+    if kind is not None:
         grid = [[float("nan")] * n_heads for _ in layers]
         for r in rows:
-            grid[layers.index(r.layer)][r.head] = r.effect
+            grid[layers.index(r.layer)][r.index] = r.effect
         values = as_array(grid)
         limit = symmetric_limit(values)
         cw = min(0.6, max(0.2, 9.0 / n_heads))
@@ -42,7 +50,7 @@ def figure(result: Any, n_heads: int, what: str, cap: Caption) -> Any:
         ax = fig.subplots()
         notes += heatmap(fig, ax, values, cell=(cw, ch), xlabels=[str(h) for h in range(n_heads)],
                          ylabels=[str(l) for l in layers], cmap="RdBu_r", vmin=-limit, vmax=limit, colorbar=label,
-                         xlabel="head", ylabel="layer", x_rotation=0)
+                         xlabel=kind, ylabel="layer", x_rotation=0)
     else:
         width = min(17.0, max(8.0, 0.32 * len(layers) + 3.0))
         fig = new_figure(width, 5.4)
@@ -57,7 +65,3 @@ def figure(result: Any, n_heads: int, what: str, cap: Caption) -> Any:
         ax.legend(loc="best")
     caption(fig, cap, notes)
     return fig
-
-
-def _heads(rows: Any) -> bool:
-    return any(r.component == "head" for r in rows)

@@ -16,6 +16,11 @@ from anatomy_cli.text import records as text_records
 
 COLUMNS = (Column("layer", "layer", "int"), Column("component", "component"), Column("head", "head", "int"),
            Column("metric", "metric", "float", 4), Column("effect", "effect", "float", 4))
+EXPERT_COLUMNS = (*COLUMNS[:2], Column("expert", "expert", "int"), *COLUMNS[3:])
+BY = {"zero": "zeros", "mean": "its mean over the prompt's positions"}
+EXPERT_BY = {"reroute": "its router logit set to -inf before the top k (the next-best expert takes its place, the "
+                        "family's normalisation as usual)",
+             "zero": "its weight set to 0 where chosen (the other experts' weights unchanged)"}
 ROWS = "rows"
 
 
@@ -37,7 +42,8 @@ def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, A
     pos, how = result.position, "attribution estimate of the " if result.extra else ""
     cap = Caption.of("ablate", lm, enc.text, f"{how}{result.ablation.mode} ablation · position {pos} = "
                      f"{enc.pieces[pos]}")
-    return (result.ablation, lm.n_heads, metric_name(lm, result.ids), cap), {}
+    width = lm.info.moe.n_experts if any(r.component == "expert" for r in result.ablation.rows) else lm.n_heads
+    return (result.ablation, width, metric_name(lm, result.ids), cap), {}
 
 
 def report(lm: Any, enc: Any, result: Any) -> Report:
@@ -48,8 +54,15 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
     heading = [f"ablate · {model_label(lm)} · {ablation.mode} ablation",
                f"{prompt_line(enc)} · metric at position {pos} = {enc.pieces[pos]}",
                f"metric {metric_name(lm, ids)}; intact run: {ablation.clean_metric:.4f}"]
-    by = "zeros" if ablation.mode == "zero" else "its mean over the prompt's positions"
-    notes = [(f"each row replaces one component's output at every position by {by}; "
-              "effect = metric - intact metric (negative: the component helped the target)")]
-    base = Report(data=data, sections=[Section(COLUMNS, data["rows"])], heading=heading, notes=notes)
+    experts = any(r.component == "expert" for r in ablation.rows)
+    if experts:
+        what = f"each row knocks one routed expert of a block out at every position: {EXPERT_BY[ablation.mode]}"
+    else:
+        what = f"each row replaces one component's output at every position by {BY[ablation.mode]}"
+    notes = [f"{what}; effect = metric - intact metric (negative: the component helped the target)"]
+    if experts and lm.info.moe.shared_expert:
+        notes.append("the shared expert is always on and has no index among the routed experts: it is not knocked "
+                     "out (the mlp row of a plain ablate zeroes it with the block)")
+    columns = EXPERT_COLUMNS if experts else COLUMNS
+    base = Report(data=data, sections=[Section(columns, data["rows"])], heading=heading, notes=notes)
     return extend(base, result.extra)

@@ -28,6 +28,8 @@ KINDS = {"cross layer transcoder": "feature", "mlp reconstruction error": "error
 
 
 def report(lm: Any, enc: Any, result: Any) -> Report:
+    if hasattr(result, "seconds_expected"):
+        return estimate_report(lm, enc, result)
     data = {**prompt_record(lm, enc), **result.to_dict()}
     rows = [{**r, "kind": KINDS.get(r["kind"], r["kind"])} for r in data["paths"]]
     first = data["targets"][0]
@@ -47,7 +49,45 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
 
 def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``plots.draw("circuit", ...)``'s arguments: the graph JSON (``--json``'s dict) and the caption
-    (anatomy_cli/output/html/circuit.py draws it; .html only)."""
+    (anatomy_cli/output/html/circuit.py draws it; .html only). An estimate draws nothing."""
     from anatomy_cli.output.plots import Caption
 
+    if hasattr(result, "seconds_expected"):
+        return (), {}
+
     return (result.json, Caption.of("circuit", lm, enc.text)), {}
+
+
+ESTIMATE = (
+    Column("quantity", "quantity"),
+    Column("value", "value", "float", 0),
+    Column("shown", "shown"),
+)
+SIZES = ("adjacency_bytes", "rows_bytes", "setup_bytes", "transcoder_bytes", "backward_bytes", "memory_bytes")
+COUNTS = ("n_tokens", "active_features_bound", "feature_rows", "n_logits", "n_nodes", "backward_passes")
+
+
+def estimate_report(model: Any, enc: Any, est: Any) -> Report:
+    """``--estimate``: the bound per quantity (bytes, counts, FLOPs, seconds), before any weight loads (``model``:
+    the opened model, or a loaded one from the API)."""
+    from anatomy_cli.tasks.records import model_record
+    from anatomy_cli.tasks.records import spec_record
+    from anatomy_cli.units import human_bytes
+    from anatomy_cli.units import human_seconds
+
+    e = est.to_dict()
+    record = model_record(model) if hasattr(model, "model") else spec_record(model.spec)  # loaded, or opened only
+    data = {**record, "prompt": enc.text, "token_ids": list(enc.ids), "bos": enc.bos, "estimate": True, **e}
+    rows = ([{"quantity": k, "value": e[k], "shown": f"{e[k]:,}"} for k in COUNTS] +
+            [{"quantity": k, "value": e[k], "shown": human_bytes(e[k])} for k in SIZES] +
+            [{"quantity": "flops", "value": e["flops"], "shown": f"{e['flops']:.2g} FLOP"},
+             {"quantity": "seconds_expected", "value": e["seconds_expected"],
+              "shown": f"{human_seconds(e['seconds_expected'])} on {e['device']}"}])
+    heading = [f"circuit --estimate · {getattr(model, 'name', '')} · {e['n_layers']} blocks × {e['d_transcoder']:,} "
+               f"transcoder features · nothing computed", prompt_line(enc)]
+    notes = [f"at most {e['active_features_bound']:,} active features (every feature of every block at positions "
+             f"1..{e['n_tokens'] - 1}): feature rows {e['feature_rows']:,} = min(--max-feature-nodes, that); "
+             f"the graph is {e['n_nodes']:,} × {e['n_nodes']:,} float32",
+             "bytes are upper bounds beyond the model's weights; the time is a rough estimate at an assumed rate"]
+    return Report(data=data, sections=[Section(ESTIMATE, rows, title="circuit --estimate")], heading=heading,
+                  notes=notes)

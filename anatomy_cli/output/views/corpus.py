@@ -41,6 +41,25 @@ HEAD_COLUMNS = (
     Column("first_token", "first tok", "float", 3), Column("first_token_se", "±", "float", 3),
     Column("prev_token", "prev tok", "float", 3), Column("prev_token_se", "±", "float", 3),
 )
+EXPERT_BLOCK_COLUMNS = (
+    Column("block", "block", "int"), Column("tokens", "tokens", "int"), Column("top_k", "k", "int"),
+    Column("n_experts", "experts", "int"), Column("load_max_over_mean", "max/mean", "float", 3),
+    Column("load_cv", "CV", "float", 3), Column("busiest_expert", "busiest", "id"),
+    Column("idle_experts", "idle", "int"),
+)
+EXPERT_COLUMNS = (
+    Column("block", "block", "int"), Column("expert", "expert", "id"), Column("slots", "slots", "int"),
+    Column("load", "load", "pct", 2), Column("mean_weight", "mean weight", "float", 4),
+)
+PAIR_COLUMNS = (
+    Column("block", "block", "int"), Column("expert_a", "expert", "id"), Column("expert_b", "with", "id"),
+    Column("count", "together", "int"), Column("share", "of tokens", "pct", 2),
+)
+PAIRS_SHOWN = 10
+EXPERT_NOTE = ("experts: load = the share of the block's token slots (tokens × k) routed to the expert; mean weight "
+               "= its mean weight as the block applied it, when chosen; max/mean and CV (std/mean) of the slots over "
+               f"experts. The table lists each block's {PAIRS_SHOWN} most frequent pairs; --format json and "
+               "expert_pairs.parquet hold every pair chosen together")
 NOTE = ("mean over every measured position of every window, ± its standard error over windows; row embed the "
         "embedding, row N block N's output (the last: the model's output). KL(final || lens) in nats; CE: "
         "-log2 p(next token) through the lens in bits (ce_bits; ce_nats = ce_bits × ln 2, the unit of sae and verify; "
@@ -94,6 +113,9 @@ def report(run: Any) -> Report:
         sections.append(Section(LENS_COLUMNS, rows, title="per lens"))
     if stats.heads:
         sections.append(Section(HEAD_COLUMNS, list(stats.heads), title="per head"))
+    if stats.expert_blocks:
+        sections += expert_sections(stats)
+        notes.append(EXPERT_NOTE)
     return Report(data=data, sections=sections, heading=heading, notes=notes)
 
 
@@ -106,6 +128,17 @@ def lens_notes(lenses: Any) -> list[str]:
             rows = ", ".join(map(str, lens["unfitted"]))
             out.append(f"the {lens['lens']} lens {lens['source']} is not fitted at {rows}: null there")
     return out
+
+
+def expert_sections(stats: Any) -> list[Section]:
+    """``--experts``: per MoE block, per expert, and each block's most frequent pairs (by count, then ids)."""
+    shown = []
+    for b in dict.fromkeys(r["block"] for r in stats.expert_pairs):
+        rows = [r for r in stats.expert_pairs if r["block"] == b]
+        shown += sorted(rows, key=lambda r: -r["count"])[:PAIRS_SHOWN]
+    return [Section(EXPERT_BLOCK_COLUMNS, list(stats.expert_blocks), title="per MoE block"),
+            Section(EXPERT_COLUMNS, list(stats.experts), title="per expert"),
+            Section(PAIR_COLUMNS, shown, title="experts chosen together")]
 
 
 def figure(run: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

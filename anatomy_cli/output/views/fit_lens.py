@@ -4,6 +4,7 @@ lens: per translator the KL to the final distribution at the first and the last 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -25,11 +26,18 @@ TUNED_COLUMNS = (Column("translator", "translator", "int"), Column("reads", "rea
 TUNED_ROWS = "translators"
 
 
-def report(lm: LoadedModel, result: JacobianFit | TunedFit) -> Report:
+def report(lm: Any, result: JacobianFit | TunedFit) -> Report:
+    """``lm``: the loaded model, or (``--ray``: the workers loaded it) the opened one, said from its spec."""
     if isinstance(result, TunedFit):
-        return tuned_report(lm, result)
-    data = {**records.model_record(lm), "kind": "jacobian", **result.to_dict()}
-    heading = [f"fit-lens jacobian · {model_label(lm)} · {lm.n_layers} layers",
+        return tuned_report(lm, result)  # type: ignore[arg-type]  # trained in this process: loaded
+    from anatomy_cli.engine.opening import OpenedModel
+
+    if isinstance(lm, OpenedModel):
+        record, label = records.spec_record(lm.spec), f"{lm.spec.model} (on Ray)"
+    else:
+        record, label = records.model_record(lm), model_label(lm)
+    data = {**record, "kind": "jacobian", **result.to_dict()}
+    heading = [f"fit-lens jacobian · {label} · {lm.info.n_layers} layers",
                f"wrote {result.out}: {result.n_prompts} prompt{'' if result.n_prompts == 1 else 's'} "
                f"({result.tokens:,} tokens, {result.skipped} skipped), {len(result.source_layers)} block"
                f"{'' if len(result.source_layers) == 1 else 's'} -> block {result.target_layer}, "

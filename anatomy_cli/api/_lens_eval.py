@@ -1,0 +1,31 @@
+"""`lens-eval`: lenses compared on jlens' evaluation sets (pass@k of intermediates at the readout position)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from anatomy_cli.api._model import Model
+from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import loaded
+from anatomy_cli.api._results import Result
+from anatomy_cli.text.options import PromptOptions
+
+
+def lens_eval(model: Model, items: str | Path | dict[str, Any] | list[dict[str, Any]], *,
+              lens: str | list[str] | tuple[str, ...] = ("logit",), prompts: PromptOptions = PromptOptions(),
+              batch_size: int = 8) -> Result:
+    """`anatomy lens-eval ITEMS`: ``items`` (jlens' evaluation file, its loaded ``{"items": [...]}`` or the list
+    of items, each ``{"prompt": TEXT, "intermediates": [WORD, ...]}``) read through each of ``lens`` (``logit``,
+    ``tuned:DIR``, ``jacobian:FILE``; one text or several): per lens pass@1/5/10, the mean over items of the
+    fraction of intermediates whose best 1-based rank (over the lens' blocks and the word's single-token forms)
+    is at most k. ``result``: LensEval (``pass_at(j, k)``); rows: ``lenses``."""
+    from anatomy_cli.output.views import lens_eval as view
+    from anatomy_cli.tasks import lens_eval as task
+
+    opts = task.LensEvalOptions(items=items, lens=(lens,) if isinstance(lens, str) else tuple(lens),
+                                batch_size=batch_size)
+    lm = loaded(model)
+    plan = task.check(lm, opts)
+    result = task.run(lm, encode(lm, opts.prompts, prompts), opts, plan)
+    return Result(task.COMMAND, result, view.report(lm, result).data, view.ROWS)

@@ -1,0 +1,76 @@
+"""`circuit --estimate`: the graph's size, memory and time from shapes alone (the model's config or header, the
+transcoders' safetensors headers, the prompt's token count), before any weight loads.
+
+The number of active features is known only after the forward, so it is bounded: every feature of every block
+at every position but the first (TopK transcoders: ``k`` per block and position). The feature rows are that bound
+capped by ``--max-feature-nodes``; each byte count is float32 and an upper bound on what the run allocates for it.
+The time is the FLOPs (:mod:`anatomy_cli.models.cost`'s rules) at its assumed rate: a rough figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from anatomy_cli.models import cost
+from anatomy_cli.models.transcoders import TranscoderSet
+
+FLOAT = 4  # bytes: the graph is built in float32
+
+
+@dataclass(frozen=True)
+class CircuitEstimate:
+    """``n_tokens`` P, ``active_features_bound`` A, ``feature_rows`` n = min(--max-feature-nodes, A), ``n_logits``
+    K (``--target``'s count, else --max-n-logits), ``n_nodes`` N = n + (L+1)·P + K; bytes: ``adjacency_bytes``
+    (the N × N result), ``rows_bytes`` (the rows buffer: (n + K) rows × every node's column, A + (L+1)·P + K),
+    ``setup_bytes`` (the active features' encoder and decoder rows, the error vectors), ``transcoder_bytes``
+    (held during the attribution: every layer, or with --offload disk one layer plus the skip matrices),
+    ``backward_bytes`` (one batch's gradients at the sources), ``memory_bytes`` (their sum; the model's weights and
+    its activations not counted); ``backward_passes``, ``flops``, ``seconds_expected`` on ``device``."""
+
+    n_tokens: int
+    n_layers: int
+    d_transcoder: int
+    active_features_bound: int
+    feature_rows: int
+    n_logits: int
+    n_nodes: int
+    adjacency_bytes: int
+    rows_bytes: int
+    setup_bytes: int
+    transcoder_bytes: int
+    backward_bytes: int
+    memory_bytes: int
+    backward_passes: int
+    flops: float
+    seconds_expected: float
+    device: str
+    offload: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str) -> CircuitEstimate:
+    """The bound for one prompt of ``n_tokens`` tokens (BOS included) on ``device``."""
+    L, P, d, B = info.n_layers, n_tokens, info.d_model, opts.batch_size
+    per_site = ts.k if ts.k is not None else ts.d_transcoder
+    A = L * max(P - 1, 0) * per_site
+    n = A if opts.max_feature_nodes is None else min(opts.max_feature_nodes, A)
+    K = len(opts.target) or opts.max_n_logits
+    N = n + (L + 1) * P + K
+    rows = FLOAT * (n + K) * (A + (L + 1) * P + K)
+    setup = FLOAT * (2 * A * d + L * P * d)
+    held = ts.layer_bytes + L * ts.skip_bytes if opts.offload == "disk" else L * ts.layer_bytes
+    backward = FLOAT * B * d * (A + 2 * L * P)
+    passes = math.ceil(K / B) + math.ceil(n / B)
+    fwd = cost.forward_flops(info, P)
+    rankings = 0 if n >= A else math.ceil(n / (opts.update_interval * B))
+    flops = (fwd + 4.0 * L * P * ts.d_transcoder * d  # the prompt's forward; encode and decode every block
+             + B * fwd  # the forward of B copies the backward passes run through
+             + passes * (B * fwd + 2.0 * B * d * (A + (L + 1) * P))  # each backward ≈ a forward, then the dots
+             + rankings * (L + 2) * 2.0 * (n + K) * (A + (L + 1) * P + K))  # re-ranking: ≤ L + 2 products each
+    return CircuitEstimate(P, L, ts.d_transcoder, A, n, K, N, FLOAT * N * N, rows, setup, held, backward,
+                           FLOAT * N * N + rows + setup + held + backward, passes, flops, cost.seconds(flops, device),
+                           device, opts.offload)

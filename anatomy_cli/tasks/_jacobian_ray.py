@@ -1,0 +1,83 @@
+"""`fit-lens jacobian --ray`: the prompts in shards on Ray actors, as `corpus --ray` runs its windows
+(:func:`anatomy_cli.corpus.ray_run.run_on_ray`: ``--workers`` actors, one model each, loaded from the spec; a
+worker that dies mid-shard is started again and the shard run again, so each shard is counted once; Ray writes
+nothing to stdout).
+
+A shard is up to ``ceil(prompts / (4 · workers))`` consecutive prompts; its worker returns the float64 sums of
+``J`` over its prompts and its counts, and the driver adds the shards' sums in shard order: the fit equals the
+in-process one up to the order of float64 additions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from anatomy_cli.tasks import notes
+
+
+@dataclass(frozen=True)
+class PromptShard:
+    """Shard ``index``: its prompts' token ids."""
+
+    index: int
+    prompts: tuple[tuple[int, ...], ...]
+
+
+class JacobianWorker:
+    """A Ray actor's state: the model, loaded once from ``spec`` (or ``lm``); ``run(shard)`` fits the shard's
+    prompts into ``{"sums": {block: float64 J sum}, "n_prompts", "skipped"}``. ``settings``: ``source_layers``,
+    ``target_layer``, ``dim_batch``, ``skip_first``. ``crash_once``: the corpus worker's fault injection."""
+
+    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: Any = None,
+                 crash_once: tuple[str, int] | None = None):
+        from anatomy_cli import engine
+        from anatomy_cli.models.spec import ModelSpec
+
+        self.settings = dict(settings)
+        self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
+        self.crash_once = crash_once
+
+    def run(self, shard: PromptShard) -> dict[str, Any]:
+        import torch
+
+        from anatomy_cli.corpus.worker import crash_if_marked
+        from anatomy_cli.engine import jacobian_fit
+
+        crash_if_marked(self.crash_once, shard.index)
+        s, d = self.settings, self.lm.info.d_model
+        sums = {b: torch.zeros(d, d, dtype=torch.float64) for b in s["source_layers"]}
+        fitted = [jacobian_fit.accumulate(self.lm, sums, ids, s["source_layers"], s["target_layer"],
+                                          dim_batch=s["dim_batch"], skip_first=s["skip_first"])
+                  for ids in shard.prompts]
+        return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
+
+
+def fit_on_ray(opened: Any, ids: list[list[int]], opts: Any, plan: Any,
+               crash_once: tuple[str, int] | None = None) -> tuple[dict[int, Any], int, int]:
+    """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
+    (``opts.ray_address``, ``opts.workers``, ``opts.gpus_per_worker``); the workers load ``opened.spec``."""
+    import torch
+
+    from anatomy_cli.corpus.ray_run import run_on_ray
+
+    size = max(1, math.ceil(len(ids) / (4 * opts.workers)))
+    shards = [PromptShard(k, tuple(tuple(p) for p in ids[i:i + size]))
+              for k, i in enumerate(range(0, len(ids), size))]
+    settings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
+                "dim_batch": opts.dim_batch, "skip_first": opts.skip_first}
+    parts: dict[int, dict[str, Any]] = {}
+    with notes.status(f"fit-lens jacobian on Ray: {len(shards)} shards of up to {size} prompts") as line:
+        def finished(shard: PromptShard, part: dict[str, Any]) -> None:
+            parts[shard.index] = part
+            line.update(f"fit-lens jacobian on Ray · shard {len(parts)}/{len(shards)} done")
+
+        run_on_ray(iter(shards), opened.spec, settings, finished, address=opts.ray_address, workers=opts.workers,
+                   gpus_per_worker=opts.gpus_per_worker, crash_once=crash_once, worker=JacobianWorker)
+    d = opened.info.d_model
+    sums = {b: torch.zeros(d, d, dtype=torch.float64) for b in plan.source_layers}
+    for k in sorted(parts):
+        for b in plan.source_layers:
+            sums[b] += parts[k]["sums"][b]
+    return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())

@@ -1,0 +1,161 @@
+"""`fit-lens jacobian`: the fit (in this process, resumable from ``--checkpoint``; or with ``--ray`` on Ray
+workers, :mod:`anatomy_cli.tasks._jacobian_ray`), the lens written in jlens' format, and its summary.
+
+Either way the running sums of ``J`` are float64 (``{block: [d_model, d_model]}``) beside the count of prompts
+fitted and skipped; the lens is their mean (:func:`anatomy_cli.engine.jacobian_fit.lens_state`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._fit_files import DTYPES
+from anatomy_cli.tasks._fit_files import atomic_save
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+
+Sums = tuple[dict[int, Any], int, int]  # (float64 sums of J per block, prompts fitted, prompts skipped)
+
+
+@dataclass(frozen=True)
+class JacobianFit:
+    """A fitted Jacobian lens as written to ``out``: ``n_prompts`` used, ``skipped`` (too short), per source
+    block ``identity_distance`` ``‖J_l − I‖_F / √d`` and ``norms`` ``‖J_l‖_F``, and the settings."""
+
+    out: str
+    n_prompts: int
+    skipped: int
+    source_layers: tuple[int, ...]
+    target_layer: int
+    d_model: int
+    dim_batch: int
+    skip_first: int
+    max_seq_len: int
+    dtype: str
+    tokens: int
+    flops: float
+    identity_distance: tuple[float, ...]
+    norms: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": self.out, "n_prompts": self.n_prompts, "skipped": self.skipped,
+                "source_layers": list(self.source_layers), "target_layer": self.target_layer,
+                "d_model": self.d_model, "dim_batch": self.dim_batch, "skip_first": self.skip_first,
+                "max_seq_len": self.max_seq_len, "dtype": self.dtype, "tokens": self.tokens, "flops": self.flops,
+                "blocks": [{"block": b, "identity_distance": i, "frobenius": n}
+                           for b, i, n in zip(self.source_layers, self.identity_distance, self.norms)]}
+
+
+def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
+    """Fits, writes ``opts.out`` (atomically) and returns the summary. ``lm``: the LoadedModel; with ``opts.ray``
+    the OpenedModel (the workers load the weights). Raises UsageError when no prompt is long enough."""
+    import torch
+
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.errors import UsageError
+
+    ids = [list(e.ids[:opts.max_seq_len]) for e in encoded]
+    if opts.shard is not None:
+        first, every = opts.shard
+        ids = ids[first::every]
+        notes.info(f"shard {first}/{every}: {len(ids)} of {len(encoded)} prompts (every {every}th from {first})")
+    usable = [i for i in ids if jacobian_fit.valid_positions(len(i), opts.skip_first)]
+    flops = _announce(lm, usable, opts, plan)
+    if opts.ray:
+        from anatomy_cli.tasks import _jacobian_ray
+
+        sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan)
+    else:
+        sums, done, skipped = _fit_here(lm, ids, opts, plan)
+    if skipped:
+        notes.warn(f"{skipped} prompt{'' if skipped == 1 else 's'} skipped: fewer than skip_first + 2 = "
+                   f"{opts.skip_first + 2} tokens")
+    if done == 0:
+        raise UsageError(f"no prompt is long enough to fit on: each needs at least {opts.skip_first + 2} tokens "
+                         "(--skip-first)")
+    d_model = lm.info.d_model
+    state = jacobian_fit.lens_state(sums, done, d_model, getattr(torch, DTYPES[opts.dtype]))
+    atomic_save(state, opts.out)
+    eye = torch.eye(d_model)
+    mats = [state["J"][b].float() for b in plan.source_layers]  # type: ignore[index]
+    return JacobianFit(
+        out=str(opts.out), n_prompts=done, skipped=skipped, source_layers=plan.source_layers,
+        target_layer=plan.target_layer, d_model=d_model, dim_batch=opts.dim_batch,
+        skip_first=opts.skip_first, max_seq_len=opts.max_seq_len, dtype=opts.dtype,
+        tokens=sum(map(len, usable)), flops=flops,
+        identity_distance=tuple(float((m - eye).norm() / math.sqrt(d_model)) for m in mats),
+        norms=tuple(float(m.norm()) for m in mats))
+
+
+def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Sums:
+    """Prompt after prompt in this process; with ``opts.checkpoint`` the sums saved every
+    ``opts.checkpoint_every`` prompts (and after the last), and resumed from."""
+    import torch
+
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.tasks._fit_files import resume
+
+    settings = _settings(lm, ids, opts, plan)
+    sums = {b: torch.zeros(lm.info.d_model, lm.info.d_model, dtype=torch.float64) for b in plan.source_layers}
+    done = skipped = start = 0
+    if opts.checkpoint is not None and opts.checkpoint.exists():
+        state = resume(opts.checkpoint, settings)
+        sums = {int(b): t.double() for b, t in state["jacobian_sum"].items()}
+        done, skipped, start = int(state["n_done"]), int(state.get("skipped", 0)), int(state["next_idx"])
+        notes.info(f"resuming from {opts.checkpoint}: {start} of {len(ids)} prompts done")
+    with notes.status("fit-lens jacobian") as line:
+        for i, prompt_ids in enumerate(ids[start:], start=start + 1):
+            if jacobian_fit.accumulate(lm, sums, prompt_ids, plan.source_layers, plan.target_layer,
+                                       dim_batch=opts.dim_batch, skip_first=opts.skip_first,
+                                       progress=line.counter(f"prompt {i}/{len(ids)}", "backward passes")):
+                done += 1
+            else:
+                skipped += 1
+            if opts.checkpoint is not None and (i % opts.checkpoint_every == 0 or i == len(ids)):
+                atomic_save({"jacobian_sum": sums, "n_done": done, "next_idx": i, "skipped": skipped,
+                             "source_layers": list(plan.source_layers), "settings": settings}, opts.checkpoint)
+    return sums, done, skipped
+
+
+def _settings(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
+    tokens (a hash)."""
+    from anatomy_cli.tasks._fit_files import digest
+
+    return {"d_model": lm.info.d_model, "n_layers": lm.info.n_layers, "source_layers": list(plan.source_layers),
+            "target_layer": plan.target_layer, "skip_first": opts.skip_first, "max_seq_len": opts.max_seq_len,
+            "prompts": digest(ids)}
+
+
+def _announce(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
+    """The cost line before the fit (FLOPs, time at the device's rate); returns the FLOPs."""
+    from anatomy_cli.models import cost
+    from anatomy_cli.units import human_seconds
+
+    info = lm.info
+    flops = sum(cost.jacobian_fit_flops(info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer)
+                for i in usable)
+    if opts.ray:
+        device = "cuda" if opts.gpus_per_worker > 0 else "cpu"
+        where = f"{device} (one worker; {opts.workers} share it)"
+    else:
+        device = where = lm.device.type
+    notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
+               f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
+               f"{_blocks(plan.source_layers)} -> {plan.target_layer}, "
+               f"{math.ceil(info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP, "
+               f"roughly {human_seconds(cost.seconds(flops, device))} on {where} (a rough estimate)")
+    return flops
+
+
+def _blocks(blocks: tuple[int, ...]) -> str:
+    if len(blocks) == 1:
+        return str(blocks[0])
+    return f"{blocks[0]}..{blocks[-1]}" if blocks == tuple(range(blocks[0], blocks[-1] + 1)) else ",".join(
+        map(str, blocks))

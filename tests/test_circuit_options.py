@@ -1,0 +1,211 @@
+"""`anatomy circuit` --estimate, --offload and --labels (issue 49), on the tiny Llama with random transcoders.
+
+--estimate: printed before any weight loads, its sizes recomputed here from the files' own headers and the
+tokenizer, and bounding the real run's graph. --offload: the same graph, bit for bit, with the transcoders in
+host memory or read from their files. --labels: a Neuronpedia export's descriptions land in ``clerp`` on the
+nodes of exactly those (block, feature) pairs; a malformed export is a one-line error before the weights load.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_circuit import invoke
+from test_circuit import random_transcoders
+from test_circuit import write_transcoder_set
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture
+def setting(tiny_model_dir, tiny_lm, tmp_path):
+    """``(model dir, lm, transcoder folder, transcoders)``: 16 features per block, a skip path on every block."""
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
+
+    lm = tiny_lm("llama")
+    tcs = random_transcoders(lm, skip=True)
+    tdir = write_transcoder_set(tmp_path / "tc", lm, tcs)
+    for layer, tc in enumerate(tcs):  # write_transcoder_set leaves W_skip out: add it to each file
+        path = tdir / f"layer_{layer}.safetensors"
+        save_file({**load_file(str(path)), "W_skip": tc.W_skip.contiguous()}, str(path))
+    return tiny_model_dir("llama"), lm, tdir, tcs
+
+
+def no_weights(monkeypatch):
+    import anatomy_cli.cli.commands.circuit as command
+
+    def refuse(*_a, **_k):
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(command, "load_weights", refuse)
+
+
+# ---------------------------------------------------------------- --estimate
+
+def test_estimate_before_weights_from_the_headers(setting, monkeypatch):
+    import numpy as np
+    from safetensors.numpy import load_file
+    from transformers import AutoTokenizer
+
+    model, lm, tdir, tcs = setting
+    no_weights(monkeypatch)
+    args = ["circuit", PROMPT, "--model", str(model), "--device", "cpu", "--transcoders", str(tdir), "--bos",
+            "--max-feature-nodes", "50", "--batch-size", "8", "--estimate"]
+    result = invoke(*args, "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    est = json.loads(result.stdout)
+    hf = AutoTokenizer.from_pretrained(model)
+    ids = [hf.bos_token_id] + hf(PROMPT, add_special_tokens=False).input_ids
+    P, L, F, K = len(ids), lm.n_layers, 16, 10
+    assert est["token_ids"] == ids and est["n_tokens"] == P and est["estimate"] is True
+    bound = L * (P - 1) * F
+    n = min(50, bound)
+    N = n + (L + 1) * P + K
+    assert (est["active_features_bound"], est["feature_rows"], est["n_nodes"]) == (bound, n, N)
+    assert est["adjacency_bytes"] == 4 * N * N
+    assert est["rows_bytes"] == 4 * (n + K) * (bound + (L + 1) * P + K)
+    files = [load_file(str(tdir / f"layer_{i}.safetensors")) for i in range(L)]
+    every = sum(a.astype(np.float32).nbytes for f in files for a in f.values())
+    assert est["transcoder_bytes"] == every
+    assert est["backward_passes"] == -(-K // 8) + -(-n // 8)
+    assert est["seconds_expected"] > 0 and est["device"] == "cpu"
+    assert sum(est[k] for k in ("adjacency_bytes", "rows_bytes", "setup_bytes", "transcoder_bytes",
+                                "backward_bytes")) == est["memory_bytes"]
+    disk = json.loads(invoke(*args, "--offload", "disk", "-f", "json").stdout)
+    skips = sum(f["W_skip"].nbytes for f in files)
+    assert disk["transcoder_bytes"] == every // L + skips  # one layer at a time, the skips stay
+    table = invoke(*args, "-f", "tsv")
+    assert table.exit_code == 0 and "adjacency_bytes\t" in table.stdout and "seconds_expected\t" in table.stdout
+
+
+def test_estimate_bounds_the_real_graph(setting, tmp_path):
+    import anatomy_cli as anatomy
+
+    _, lm, tdir, _ = setting
+    est = anatomy.circuit(lm, PROMPT, transcoders=str(tdir), max_feature_nodes=50, batch_size=8,
+                          estimate=True).to_dict()
+    res = anatomy.circuit(lm, PROMPT, transcoders=str(tdir), max_feature_nodes=50, batch_size=8,
+                          out=str(tmp_path / "g.pt"))
+    real = res.graph.adjacency_matrix
+    assert res.graph.active_features.shape[0] <= est["active_features_bound"]
+    assert real.shape[0] <= est["n_nodes"] and real.numel() * 4 <= est["adjacency_bytes"]
+    assert res.graph.n_features == est["feature_rows"] or res.graph.n_features == res.graph.active_features.shape[0]
+
+
+# ---------------------------------------------------------------- --offload
+
+def test_offload_gives_the_same_graph(setting, tmp_path):
+    model, lm, tdir, _ = setting
+    graphs = {}
+    for how in (None, "cpu", "disk"):
+        out = tmp_path / f"{how}.pt"
+        extra = [] if how is None else ["--offload", how]
+        result = invoke("circuit", PROMPT, "--model", str(model), "--device", "cpu", "--transcoders", str(tdir),
+                        "--max-feature-nodes", "30", "--batch-size", "8", "--check", "3", "--out", str(out),
+                        "-f", "json", *extra)
+        assert result.exit_code == 0, result.stderr
+        graphs[how] = (torch.load(out, weights_only=False, pickle_module=_pickle()), json.loads(result.stdout))
+        if how == "cpu":
+            assert "--offload cpu: the model runs on the CPU" in result.stderr
+    base, base_json = graphs[None]
+    for how in ("cpu", "disk"):
+        g, data = graphs[how]
+        for key in ("adjacency_matrix", "active_features", "selected_features", "activation_values"):
+            assert torch.equal(g[key], base[key]), (how, key)
+        assert data["paths"] == base_json["paths"] and data["check"] == base_json["check"]
+
+
+def test_disk_offload_keeps_only_the_skip_paths(setting):
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    _, lm, tdir, tcs = setting
+    ts = files.describe(tdir)
+    held = load_transcoders(lm, ts, "disk")
+    assert all(isinstance(t, Offloaded) and not hasattr(t, "W_enc") for t in held)
+    for t, want in zip(held, tcs):
+        assert torch.equal(t.W_skip, want.W_skip)
+        with t.weights() as full:
+            assert torch.equal(full.W_enc, want.W_enc) and torch.equal(full.W_dec, want.W_dec)
+
+
+def test_cpu_offload_off_the_cpu_moves_one_block_when_used(setting):
+    """With the model on another device (here "meta": no accelerator needed), --offload cpu keeps each block's
+    transcoder in host memory, its W_skip on the device, and moves the whole block there only inside weights()."""
+    from types import SimpleNamespace
+
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    _, _, tdir, tcs = setting
+    held = load_transcoders(SimpleNamespace(device=torch.device("meta")), files.describe(tdir), "cpu")
+    for t, want in zip(held, tcs):
+        assert isinstance(t, Offloaded) and t.W_skip.device.type == "meta" and t.W_skip.shape == want.W_skip.shape
+        with t.weights() as full:
+            assert full.W_enc.device.type == "meta" and full.W_enc.shape == want.W_enc.shape
+        assert torch.equal(t.load.args[0].W_enc, want.W_enc)  # the host copy: the file's values
+
+
+def test_offload_refuses_other_places(setting):
+    model, _, tdir, _ = setting
+    bad = invoke("circuit", PROMPT, "--model", str(model), "--transcoders", str(tdir), "--offload", "gpu")
+    assert bad.exit_code == 2 and bad.stderr.strip() == "error: --offload takes cpu or disk, not 'gpu'"
+
+
+def _pickle():
+    from test_circuit import _stub_pickle
+
+    return _stub_pickle()
+
+
+# ---------------------------------------------------------------- --labels
+
+def test_labels_fill_clerp_on_exactly_their_nodes(setting, tmp_path):
+    model, lm, tdir, _ = setting
+    base = ["circuit", PROMPT, "--model", str(model), "--device", "cpu", "--transcoders", str(tdir),
+            "--max-feature-nodes", "40", "--batch-size", "8", "--node-threshold", "1", "--edge-threshold", "1"]
+    first = invoke(*base, "--json", str(tmp_path / "plain.json"))
+    assert first.exit_code == 0, first.stderr
+    feats = [n for n in json.loads((tmp_path / "plain.json").read_text())["nodes"] if n["feature_type"] ==
+             "cross layer transcoder"]
+    assert len(feats) >= 3 and all(n["clerp"] == "" for n in feats)
+    chosen = {}
+    for n in feats:  # node_id = {block}_{feature}_{pos}: label two (block, feature) pairs
+        block, feature, _ = map(int, n["node_id"].split("_"))
+        chosen.setdefault((block, feature), f"block {block} feature {feature}: capitals")
+        if len(chosen) == 2:
+            break
+    export = [{"modelId": "tiny", "layer": f"{b}-transcoder", "index": str(f), "description": d,
+               "explanationModelName": "test"} for (b, f), d in chosen.items()]
+    export.append({"modelId": "tiny", "layer": f"{lm.n_layers + 3}-transcoder", "index": "1", "description": "no"})
+    labels = tmp_path / "explanations.json"
+    labels.write_text(json.dumps(export))
+    run = invoke(*base, "--json", str(tmp_path / "labelled.json"), "--labels", str(labels))
+    assert run.exit_code == 0, run.stderr
+    for n in json.loads((tmp_path / "labelled.json").read_text())["nodes"]:
+        if n["feature_type"] != "cross layer transcoder":
+            continue
+        block, feature, _ = map(int, n["node_id"].split("_"))
+        assert n["clerp"] == chosen.get((block, feature), ""), n["node_id"]
+    labelled = {n["node_id"] for n in json.loads((tmp_path / "labelled.json").read_text())["nodes"] if n["clerp"]
+                and n["feature_type"] == "cross layer transcoder"}
+    assert labelled == {n["node_id"] for n in feats if tuple(map(int, n["node_id"].split("_")[:2])) in chosen}
+
+
+@pytest.mark.parametrize("content,words", [("[{\"layer\": \"1-tc\", ", "cannot be read"),
+                                           ("{\"layer\": \"1-tc\"}", "not a Neuronpedia explanations export"),
+                                           ("[{\"description\": \"x\"}]", "no record names a feature")])
+def test_malformed_labels_are_one_line_before_weights(setting, tmp_path, monkeypatch, content, words):
+    model, _, tdir, _ = setting
+    no_weights(monkeypatch)
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    result = invoke("circuit", PROMPT, "--model", str(model), "--transcoders", str(tdir), "--labels", str(bad))
+    assert result.exit_code in (1, 2) and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --labels") and words in lines[0], lines
