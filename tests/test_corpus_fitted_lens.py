@@ -208,3 +208,28 @@ def test_todays_command_lines_and_refusals(tiny_model_dir, tmp_path, cached_load
     torch.save({"J": {0: torch.eye(2 * D)}, "n_prompts": 1, "source_layers": [0], "d_model": 2 * D}, wide)
     other = runner.invoke(app, [*base, "--lens", f"jacobian:{wide}"])
     assert other.exit_code == 2 and "d_model 64" in other.stderr, other.stderr
+
+
+def test_a_shard_written_before_entropy_and_bytes_is_computed_again(tmp_path):
+    """A run directory of before issue 48 resumes: its shards (no ``bytes`` in their metadata) are refused by
+    ``Partial.from_table``, which the store reports as damaged, so the runner computes them again."""
+    import pyarrow.parquet as pq
+
+    from anatomy_cli.corpus.store import Store
+    from anatomy_cli.models.identity import file_sha256
+
+    part = Partial(2, 4, 32, windows=1, tokens=9, bytes=30)
+    assert Partial.from_table(part.to_table()).bytes == 30
+    table = part.to_table()
+    meta = json.loads(table.schema.metadata[b"anatomy.partial"])
+    del meta["bytes"], meta["fitted"]
+    old = table.replace_schema_metadata({"anatomy.partial": json.dumps(meta)})
+    with pytest.raises(ValueError, match="before the entropy"):
+        Partial.from_table(old)
+    store = Store(tmp_path / "run")
+    store.open({"resolved": "m"}, {"path": "c.txt", "mtime": 0}, {"lens": True}, overwrite=False)
+    store.save(0, part)
+    pq.write_table(old, tmp_path / "run" / store.done[0]["file"])
+    store.manifest["shards"][0]["sha256"] = file_sha256(tmp_path / "run" / store.done[0]["file"])
+    why = store.load(0)
+    assert isinstance(why, str) and "before the entropy" in why
