@@ -29,7 +29,7 @@ def reference(model, ids: torch.Tensor, every: int, first_window: int) -> dict[s
     finally:
         hook.remove()
     rows = len(logp)
-    sums = {m: np.zeros((rows, b)) for m in ("kl_nats", "top1_agree", "ce_bits")}
+    sums = {m: np.zeros((rows, b)) for m in ("kl_nats", "top1_agree", "ce_bits", "entropy_nats")}
     for w in range(b):
         for p in range(t):
             if (p - (first_window + w)) % every:
@@ -39,6 +39,7 @@ def reference(model, ids: torch.Tensor, every: int, first_window: int) -> dict[s
                 lp = logp[l][w, p]
                 sums["kl_nats"][l, w] += 0.0 if l == rows - 1 else max(0.0, float((final.exp() * (final - lp)).sum()))
                 sums["top1_agree"][l, w] += float(lp.argmax() == final.argmax())
+                sums["entropy_nats"][l, w] += -float((lp.exp() * lp).sum())
                 if p + 1 < t:
                     sums["ce_bits"][l, w] += -float(lp[ids[w, p + 1]]) / math.log(2.0)
     return sums

@@ -22,10 +22,24 @@ SETTINGS = Settings(ctx=16, bos=False, max_tokens=16 * 12, heads=True, shard_win
 
 
 @pytest.fixture(scope="module")
-def in_process(tiny_model_dir, tiny_lm):
+def jacobian_lens(tmp_path_factory) -> Path:
+    """A random Jacobian lens for the tiny GPT-2 (d_model 32), fitted at block 0: Ray's workers read it too."""
+    import torch
+
+    path = tmp_path_factory.mktemp("lens") / "j.pt"
+    jac = torch.eye(32) + 0.2 * torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
+    torch.save({"J": {0: jac}, "n_prompts": 1, "source_layers": [0], "d_model": 32}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_model_dir, tiny_lm, jacobian_lens):
+    import dataclasses
+
     spec = ModelSpec(str(tiny_model_dir("gpt2")), device="cpu")
     lm = tiny_lm("gpt2")
-    result = run(open_source(str(ROOT / "docs" / "article.md")), spec, SETTINGS, tokenizer=lm.tokenizer, lm=lm)
+    settings = dataclasses.replace(SETTINGS, lens=("logit", f"jacobian:{jacobian_lens.resolve()}"))
+    result = run(open_source(str(ROOT / "docs" / "article.md")), spec, settings, tokenizer=lm.tokenizer, lm=lm)
     return spec, lm, result
 
 
@@ -38,11 +52,13 @@ app(args=sys.argv[2:])
 """
 
 
-def test_a_worker_killed_mid_run_is_retried_and_ray_never_writes_to_stdout(in_process, tiny_model_dir, tmp_path):
+def test_a_worker_killed_mid_run_is_retried_and_ray_never_writes_to_stdout(in_process, tiny_model_dir, tmp_path,
+                                                                          jacobian_lens):
     """Two Ray workers, one killed at its shard 2: the shard is retried and the figures equal the in-process run's
     to the last bit (merged in shard order); and `--ray --format json | jq` keeps working exactly when the retry
     did its job (issue 41 item 3): Ray's ``(raylet) A worker died…`` goes to stderr. One Ray (started by the
-    command, as a user's run starts it) for the module."""
+    command, as a user's run starts it) for the module. With the logit lens and a Jacobian lens (issue 48): each
+    worker reads the lens file itself."""
     import json
     import subprocess
     import sys
@@ -52,7 +68,7 @@ def test_a_worker_killed_mid_run_is_retried_and_ray_never_writes_to_stdout(in_pr
     res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), "corpus", str(ROOT / "docs" / "article.md"),
                           "--model", str(tiny_model_dir("gpt2")), "--ctx", "16", "--max-tokens", str(SETTINGS.max_tokens),
                           "--no-bos", "--heads", "--shard-windows", "2", "--batch-size", "2", "--ray", "--workers", "2",
-                          "--format", "json"],
+                          "--lens", "logit", "--lens", f"jacobian:{jacobian_lens}", "--format", "json"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert marker.exists(), "no worker died: the test proves nothing"
@@ -62,6 +78,8 @@ def test_a_worker_killed_mid_run_is_retried_and_ray_never_writes_to_stdout(in_pr
 
     expected = json.loads(json.dumps(with_nats(in_process[2].stats.to_dict())))
     assert {k: data[k] for k in expected} == expected
+    assert [lens["lens"] for lens in data["lenses"]] == ["logit", "jacobian"]
+    assert data["lenses"][1]["unfitted"] == ["embed"] and data["lenses"][1]["layers"][1]["kl_nats"] > 0
     check = subprocess.run([sys.executable, "-m", "json.tool"], input=res.stdout, capture_output=True, text=True)
     assert check.returncode == 0
     assert "A worker died" in res.stderr

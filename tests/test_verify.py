@@ -66,7 +66,8 @@ def test_passes_on_tiny_families(tiny_lm, tiny_model_dir, arch):
     assert {"resid_pre", "resid_post", "attention", "batched == one by one"} <= names
     if arch != "bert":   # post-LN: decomposition skipped, and said
         assert {"resid_post = pre + attn + mlp", "lens == logits", "DLA rows sum to logit diff",
-                "self-patch changes nothing", "attribution patching == exact (linear metric)"} <= names
+                "self-patch changes nothing", "attribution patching == exact (linear metric)",
+                "jacobian lens J = I == logit lens", "tuned lens A = 0, b = 0 == logit lens"} <= names
     else:
         skipped = [c for s in result.sections for c in s.checks if c.passed is None]
         assert any("post-LN" in c.note for c in skipped)
@@ -166,6 +167,32 @@ def test_fault_final_norm_twice_fails_lens_and_last_layer(tmp_path, monkeypatch)
     assert out.exit_code == 1
     error = next(line for line in out.stderr.splitlines() if line.startswith("error: "))
     assert "parity: resid_post L1" in error and "identities: lens == logits L1" in error, error
+
+
+def test_neutral_fitted_lenses_read_exactly_the_logit_lens_and_a_fault_fails_the_section(tiny_lm, tiny_model_dir,
+                                                                                        monkeypatch):
+    """J = identity and zero translators, built in memory, read the logit lens exactly (error 0 at fp32 on the CPU:
+    h @ I and h + h @ 0 + 0 are h); a fitted-lens reading turned off its direction (1% of its own dimensions shifted
+    by one; no norm undoes that, as it would a scale or a shift) fails both rows, named under identities."""
+    from anatomy_cli.analyses.verify.fitted import JACOBIAN
+    from anatomy_cli.analyses.verify.fitted import TUNED
+    from anatomy_cli.analyses.verify.fitted import neutral_lenses
+    from anatomy_cli.engine.fitted_lens import FittedLens
+
+    lm, path = tiny_lm("llama"), tiny_model_dir("llama")
+    lenses = neutral_lenses(lm.d_model, lm.n_layers)
+    assert lenses[JACOBIAN].rows == tuple(range(1, lm.n_layers + 1)) and lenses[TUNED].rows[0] == 0
+    rows = {c.name: c for s in _verify(lm, path).sections for c in s.checks}
+    assert rows[JACOBIAN].passed and rows[JACOBIAN].error == 0.0
+    assert rows[TUNED].passed and rows[TUNED].error == 0.0
+    right = FittedLens.transform
+    monkeypatch.setattr(FittedLens, "transform",
+                        lambda self, resid: right(self, resid) + 0.01 * right(self, resid).roll(1, dims=-1))
+    out = _run(lm, str(path), "--quick")
+    assert out.exit_code == 1
+    error = next(line for line in out.stderr.splitlines() if line.startswith("error: "))
+    assert f"identities: {JACOBIAN}" in error and f"identities: {TUNED}" in error, error
+    assert "parity" not in error and "lens == logits" not in error   # only the fitted reading is off
 
 
 # ---------------------------------------------------------------- the real SmolLM2, the command's output

@@ -5,6 +5,7 @@ and returns its view's JSON with the runner's result (``stats``: the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from anatomy_cli.api._model import Model
@@ -14,19 +15,21 @@ from anatomy_cli.models.spec import ModelSpec
 
 def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, max_tokens: int | None = None,
                  column: str = "text", bos: bool | None = None, heads: bool = False, lens_every: int = 1,
-                 lens: bool = True, out: str | Path | None = None, overwrite: bool = False, shard_windows: int = 16,
-                 batch_size: int = 4, ray: bool = False, ray_address: str | None = None, workers: int = 2,
-                 gpus_per_worker: float = 0.0, save_activations: str | None = None, activation_dtype: str = "fp32",
-                 allow_special: bool = False, experts: bool = False) -> Result:
+                 lens: bool | str | Sequence[str] = True, out: str | Path | None = None, overwrite: bool = False,
+                 shard_windows: int = 16, batch_size: int = 4, ray: bool = False, ray_address: str | None = None,
+                 workers: int = 2, gpus_per_worker: float = 0.0, save_activations: str | None = None,
+                 activation_dtype: str = "fp32", allow_special: bool = False, experts: bool = False) -> Result:
     """`anatomy corpus SOURCE` (not named ``corpus``: ``anatomy_cli.corpus`` is a subpackage, which would shadow
     it): SOURCE a text file, a directory of .txt/.md files, a .jsonl/.csv/.parquet file with ``column``, a
     datasets directory: windows of ``ctx`` tokens measured at every position, means ± standard
-    errors over windows; ``out`` a directory to write shards to and resume from; ``lens=False`` is
-    ``--no-lens``; the other keywords as the command's options. ``model``: a LoadedModel (used as it is; the
-    run's manifest keys it by its name), a ModelSpec or a name (opened and loaded; with ``ray`` the workers
-    load it). ``result``: the runner's Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1,
-    ``layer`` ``"embed"`` then the blocks 0..L−1); ``to_dict()["heads"]`` with ``heads``; ``to_dict()["experts"]``,
-    ``["expert_blocks"]`` and ``["expert_pairs"]`` with ``experts`` (an MoE model's routing counts)."""
+    errors over windows; ``out`` a directory to write shards to and resume from; ``lens``: the lenses
+    measured, ``"logit"``, ``"tuned:DIR"``, ``"jacobian:FILE"`` or a list of them (``--lens``, repeatable; True:
+    the logit lens alone, the default; False: ``--no-lens``), per lens in ``to_dict()["lenses"]``; the other
+    keywords as the command's options. ``model``: a LoadedModel (used as it is; the run's manifest keys it by its
+    name), a ModelSpec or a name (opened and loaded; with ``ray`` the workers load it). ``result``: the runner's
+    Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1, ``layer`` ``"embed"`` then the blocks
+    0..L−1); ``to_dict()["heads"]`` with ``heads``; ``to_dict()["experts"]``, ``["expert_blocks"]`` and
+    ``["expert_pairs"]`` with ``experts`` (an MoE model's routing counts)."""
     from anatomy_cli.engine.loader import GivenLoader as _Given
     from anatomy_cli.engine.loader import using_loader
     from anatomy_cli.output.views import corpus as view

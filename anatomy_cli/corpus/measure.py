@@ -7,7 +7,11 @@ raw, before the final norm. For every position of every window:
 * the logit lens of row l is ``engine.unembed(lm, h_l)`` (the final norm with statistics from h_l, then the
   LM head); the model's final distribution is row L's. ``kl_nats``: KL(final || lens) in nats,
   ``top1_agree``: 1 when the lens' and the final distribution's most probable tokens agree, ``ce_bits``:
-  -log2 p_lens(next token), at positions with a next token in the window (row L: the model's loss);
+  -log2 p_lens(next token), at positions with a next token in the window (row L: the model's loss),
+  ``entropy_nats``: the lens distribution's entropy;
+* a fitted lens (``tuned:DIR``, ``jacobian:FILE``) the same figures, from ``engine.unembed`` of its translated
+  rows (``FittedLens.transform``), under its kind's keys (``tuned.kl_nats``); the rows it does not read have none;
+* ``bytes``: the UTF-8 bytes of the text the windows' tokens cover (``token_bytes[id]`` summed);
 * ``resid_norm``: |h_l|; ``cos_to_embedding``: cos(h_l, h_0) (:func:`anatomy_cli.analyses.trace.cosine`);
   ``attn_out_norm`` / ``mlp_out_norm`` at row l: what block l-1's attention / MLP added (row 0: none);
 * massive activations: each position's largest |h_l| over dimensions, and its dimension;
@@ -25,6 +29,7 @@ often over N consecutive windows.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -34,11 +39,16 @@ from anatomy_cli.analyses.heads import pattern_scores
 from anatomy_cli.analyses.trace import cosine
 from anatomy_cli.corpus.lens_sums import lens_sums
 from anatomy_cli.corpus.partial import Partial
+from anatomy_cli.corpus.partial import lens_metric
+from anatomy_cli.engine.fitted_lens import FittedLens
 
 
-def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_window: int, lens: bool = True,
-            lens_every: int = 1, heads: bool = False) -> None:
-    """Add the figures of the windows ``ids [batch, T]`` (global indices ``first_window + b``) to ``part``."""
+def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_window: int,
+            lenses: Sequence[tuple[str, FittedLens | None]] = (("logit", None),), lens_every: int = 1,
+            heads: bool = False, token_bytes: np.ndarray | None = None) -> None:
+    """Add the figures of the windows ``ids [batch, T]`` (global indices ``first_window + b``) to ``part``.
+    ``lenses``: ``(kind, fitted lens or None for the logit lens)`` each; ``token_bytes``: int64 ``[vocab]``, the
+    bytes of text each token id covers (None: no bytes counted)."""
     b, t = ids.shape
     ids = ids.to(lm.device)
     t0 = time.perf_counter()
@@ -71,7 +81,8 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
         win_dim[:, l] = dims.gather(1, at[:, None])[:, 0].numpy(force=True)
     del store
     t1 = time.perf_counter()
-    lens_out = lens_sums(lm, resid, ids, first_window, lens_every) if lens else None
+    lens_out = {lens_metric(kind, metric): value for kind, fitted in lenses
+                for metric, value in lens_sums(lm, resid, ids, first_window, lens_every, fitted=fitted).items()}
     t2 = time.perf_counter()
     head_sums = _heads(lm, ids) if heads else None
     t3 = time.perf_counter()
@@ -84,7 +95,7 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
         part.add_window("attn_out_norm", layer["attn_out_norm"][:, w], blocks)
         part.add_window("mlp_out_norm", layer["mlp_out_norm"][:, w], blocks)
         part.add_max(win_max[w], win_dim[w])
-        if lens_out is not None:
+        if lens_out:
             for metric, (sums, counts) in lens_out.items():
                 part.add_window(metric, sums[:, w], counts[:, w])
         if head_sums is not None:
@@ -92,6 +103,8 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
                 part.add_window(metric, sums[w] * (t - 1), np.full(len(sums[w]), t - 1))
     part.windows += b
     part.tokens += b * t
+    if token_bytes is not None:
+        part.bytes += int(token_bytes[ids.cpu().numpy()].sum())
     for key, dt in (("forward", t1 - t0), ("lens", t2 - t1), ("heads", t3 - t2)):
         part.seconds[key] = part.seconds.get(key, 0.0) + dt
 

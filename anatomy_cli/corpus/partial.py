@@ -6,6 +6,10 @@ For every figure (a metric at a layer, or at a (layer, head)) a :class:`Partial`
 * ``n_windows``, ``sum_w``, ``sumsq_w``: over windows, the count, sum and sum of squares of each
   window's own mean (float64), from which the standard error over windows follows.
 
+Each lens measured has its own figures (:data:`LENS_METRICS`): the logit lens under the plain names
+(``kl_nats``, ...), a fitted lens under its kind's (``tuned.kl_nats``, ``jacobian.kl_nats``: :func:`lens_metric`).
+``bytes`` counts the UTF-8 bytes of the text the measured windows' tokens cover (bits per byte).
+
 Massive activations keep, per layer, the largest |h| seen (``max_abs``, first occurrence wins), its
 dimension, and ``argmax``: how often each dimension held a position's largest |h| (int64 ``[L + 1, d]``).
 With ``--experts``, ``experts`` holds the MoE blocks' routing counts and weight sums
@@ -24,10 +28,15 @@ import numpy as np
 
 from anatomy_cli.corpus.expert_sums import ExpertSums
 
-LAYER_METRICS = ("kl_nats", "top1_agree", "ce_bits", "resid_norm", "cos_to_embedding", "attn_out_norm",
-                 "mlp_out_norm")
+LENS_METRICS = ("kl_nats", "top1_agree", "ce_bits", "entropy_nats")
+LAYER_METRICS = (*LENS_METRICS, "resid_norm", "cos_to_embedding", "attn_out_norm", "mlp_out_norm")
 HEAD_METRICS = ("head_entropy_nats", "head_first_token", "head_prev_token")
 SUMS = ("n", "sum", "n_windows", "sum_w", "sumsq_w")
+
+
+def lens_metric(kind: str, metric: str) -> str:
+    """The key of a lens' figure: ``metric`` for the logit lens, ``kind.metric`` for a fitted lens."""
+    return metric if kind == "logit" else f"{kind}.{metric}"
 
 
 @dataclass
@@ -36,23 +45,29 @@ class Partial:
 
     ``sums[metric][key]`` is a 1-D array: int64 for ``n``/``n_windows``, float64 otherwise. ``windows`` and
     ``tokens`` count what was measured; ``seconds`` (forward, lens, heads) is timing only, never merged into
-    figures.
+    figures. ``fitted``: the kinds of the fitted lenses measured (``tuned``, ``jacobian``), each with its own
+    :data:`LENS_METRICS`; ``bytes``: the UTF-8 bytes of the measured tokens' text.
     """
 
     n_layers: int
     n_heads: int
     d_model: int
+    fitted: tuple[str, ...] = ()
     sums: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     max_abs: np.ndarray | None = None
     max_dim: np.ndarray | None = None
     argmax: np.ndarray | None = None
     windows: int = 0
     tokens: int = 0
+    bytes: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     experts: ExpertSums | None = None
 
     def __post_init__(self) -> None:
-        rows = {m: self.n_layers + 1 for m in LAYER_METRICS} | {m: self.n_layers * self.n_heads for m in HEAD_METRICS}
+        self.fitted = tuple(self.fitted)
+        fitted = [lens_metric(kind, m) for kind in self.fitted for m in LENS_METRICS]
+        rows = {m: self.n_layers + 1 for m in (*LAYER_METRICS, *fitted)} | {
+            m: self.n_layers * self.n_heads for m in HEAD_METRICS}
         for metric, size in rows.items():
             if metric not in self.sums:
                 self.sums[metric] = {k: np.zeros(size, np.int64 if k.startswith("n") else np.float64) for k in SUMS}
@@ -89,6 +104,7 @@ class Partial:
             self.experts = other.experts.copy() if self.experts is None else self.experts.merge(other.experts)
         self.windows += other.windows
         self.tokens += other.tokens
+        self.bytes += other.bytes
         for key, value in other.seconds.items():
             self.seconds[key] = self.seconds.get(key, 0.0) + value
         return self
@@ -121,7 +137,7 @@ class Partial:
         total = np.concatenate(sum_parts)
         rest = {k: np.concatenate([*cols[k], np.zeros(extra, cols[k][0].dtype)]) for k in SUMS[2:]}
         meta = {"n_layers": self.n_layers, "n_heads": self.n_heads, "d_model": self.d_model, "windows": self.windows,
-                "tokens": self.tokens, "seconds": self.seconds}
+                "tokens": self.tokens, "bytes": self.bytes, "fitted": list(self.fitted), "seconds": self.seconds}
         if self.experts is not None:
             meta["experts"] = self.experts.meta()
         import json
@@ -134,8 +150,10 @@ class Partial:
         import json
 
         meta = json.loads(table.schema.metadata[b"anatomy.partial"])
-        part = cls(meta["n_layers"], meta["n_heads"], meta["d_model"], windows=meta["windows"],
-                   tokens=meta["tokens"], seconds=meta["seconds"])
+        if "bytes" not in meta:  # a shard written before entropy and bytes were measured: Store.load recomputes it
+            raise ValueError("written before the entropy and bits per byte were measured")
+        part = cls(meta["n_layers"], meta["n_heads"], meta["d_model"], tuple(meta["fitted"]), windows=meta["windows"],
+                   tokens=meta["tokens"], bytes=meta["bytes"], seconds=meta["seconds"])
         cols = {k: table.column(k).to_numpy() for k in ("index", *SUMS)}
         names = np.asarray(table.column("metric").to_pylist())
         for name in part.sums:

@@ -98,7 +98,7 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
                 acts.save(shard, worker.saved)
             track.finished(shard, part)
     total = max(track.seen, max(parts, default=-1) + 1)
-    stats = summarize(_merge(parts, total))
+    stats = summarize(_merge(parts, total), settings.lens)
     if store is not None:
         store.finish(stats, total)
     return Result(stats, total, track.resumed, track.seconds, time.perf_counter() - track.t0, tuple(recomputed))
@@ -111,7 +111,7 @@ def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Any,
     store = acts = None
     if out is not None:
         store = Store(out)
-        store.open(model_identity(spec, tokenizer), identity or source.identity(), settings.to_dict(),
+        store.open(model_identity(spec, tokenizer, settings.fitted), identity or source.identity(), settings.to_dict(),
                    overwrite=overwrite)
     if settings.save_activations:
         from anatomy_cli.corpus.activations import ActivationStore
@@ -145,7 +145,7 @@ def _merge(parts: dict[int, Partial], total: int) -> Partial:
     missing = [i for i in range(total) if i not in parts]
     if missing:  # an out dir with shards beyond the plan, or a bug: never merge around a hole
         raise UsageError(f"shards {missing[:5]} are missing from the run")
-    merged = Partial(parts[0].n_layers, parts[0].n_heads, parts[0].d_model)
+    merged = Partial(parts[0].n_layers, parts[0].n_heads, parts[0].d_model, parts[0].fitted)
     for index in range(total):
         merged.merge(parts[index])
     return merged
@@ -198,13 +198,17 @@ class _Tracker:
             yield shard
 
 
-def model_identity(spec: ModelSpec, tokenizer: Any) -> dict[str, Any]:
+def model_identity(spec: ModelSpec, tokenizer: Any, lenses: tuple[str, ...] = ()) -> dict[str, Any]:
     """What a run's manifest keys the model by: the spec, the identity of the files it is read from
-    (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest."""
+    (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest; with fitted lenses
+    (``lenses``: their ``kind:PATH``), their files' identity as ``lens_files``."""
     from anatomy_cli.models.identity import file_records
     from anatomy_cli.models.identity import tokenizer_digest
 
     path = Path(spec.model).expanduser()
     resolved = str(path.resolve()) if path.exists() else spec.model
-    return {**spec.to_dict(), "resolved": resolved, "files": file_records(spec.model),
-            "tokenizer": tokenizer_digest(tokenizer.hf)}
+    out = {**spec.to_dict(), "resolved": resolved, "files": file_records(spec.model),
+           "tokenizer": tokenizer_digest(tokenizer.hf)}
+    if lenses:  # a fitted lens' files decide its figures as the model's do
+        out["lens_files"] = [r for text in lenses for r in file_records(text.partition(":")[2])]
+    return out

@@ -8,7 +8,9 @@ Layout::
     DIR/summary.parquet        per-layer figures: ``row`` (int64, 0..L: 0 the embedding, N + 1 block N's output),
                                then summary.LAYER_COLUMNS with ``layer`` the row's name as a string
                                ("embed", "0", …, "L-1"; :func:`summary_rows`)
-    DIR/heads.parquet          per-head figures (summary.HEAD_COLUMNS, :data:`HEAD_SCHEMA`), with --heads
+    DIR/heads.parquet          per-head figures (summary.HEAD_COLUMNS), with --heads
+    DIR/lenses.parquet         per lens and residual row: ``lens`` (string: logit, tuned, jacobian), ``row`` (int64),
+                               then summary.LENS_COLUMNS (``layer`` a string; a row the lens does not read: nulls)
     DIR/expert_blocks.parquet, DIR/experts.parquet, DIR/expert_pairs.parquet
                                with --experts: per MoE block, per (block, expert), per co-chosen pair
                                (expert_sums.BLOCK_COLUMNS, EXPERT_COLUMNS, PAIR_COLUMNS)
@@ -30,6 +32,7 @@ from anatomy_cli.corpus import expert_sums
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.summary import HEAD_COLUMNS
 from anatomy_cli.corpus.summary import LAYER_COLUMNS
+from anatomy_cli.corpus.summary import LENS_COLUMNS
 from anatomy_cli.corpus.summary import CorpusStats
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
@@ -47,6 +50,8 @@ EXPERT_FILES = (("expert_blocks", expert_sums.BLOCK_COLUMNS), ("experts", expert
 
 SUMMARY_COLUMNS = ("row", *LAYER_COLUMNS)
 """summary.parquet's columns: the residual row's index, then the JSON rows' columns."""
+LENS_TABLE_COLUMNS = ("lens", "row", *LENS_COLUMNS)
+"""lenses.parquet's columns: the lens' kind, the residual row's index, then the JSON ``lenses`` rows' columns."""
 
 
 def schema(columns: tuple[str, ...]) -> Any:
@@ -56,7 +61,7 @@ def schema(columns: tuple[str, ...]) -> Any:
     import pyarrow as pa
 
     def kind(c: str) -> Any:
-        return pa.string() if c == "layer" and "row" in columns else pa.int64() if c in INT_COLUMNS \
+        return pa.string() if c == "lens" or c == "layer" and "row" in columns else pa.int64() if c in INT_COLUMNS \
             else pa.float64()
 
     return pa.schema([(c, kind(c)) for c in columns])
@@ -172,6 +177,10 @@ class Store:
         if stats.heads:
             heads = pa.Table.from_pylist(list(stats.heads), schema=schema(HEAD_COLUMNS))
             _atomic(self.root / "heads.parquet", lambda tmp: pq.write_table(heads, tmp))
+        if stats.lenses:
+            rows = [{"lens": lens["lens"], **r} for lens in stats.lenses for r in summary_rows(lens["layers"])]
+            table = pa.Table.from_pylist(rows, schema=schema(LENS_TABLE_COLUMNS))
+            _atomic(self.root / "lenses.parquet", lambda tmp: pq.write_table(table, tmp))
         if stats.expert_blocks:
             for name, columns in EXPERT_FILES:
                 table = pa.Table.from_pylist(list(getattr(stats, name)), schema=schema(columns))
@@ -195,6 +204,9 @@ def _difference(old: dict[str, Any], new: dict[str, Any]) -> str | None:
     if changed:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         return f"the model's files changed: {', '.join(changed[:3])}{more}"
+    changed = files_changed(old.get("model", {}).get("lens_files", []), new["model"].get("lens_files", []))
+    if changed:
+        return f"the lens files changed: {', '.join(changed[:3])}"
     if old.get("model", {}).get("tokenizer") != new["model"].get("tokenizer"):
         return "the model's tokenizer changed"
     for key in ("resolved", "kind", "column", "files", "size", "digest"):

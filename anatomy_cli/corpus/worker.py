@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.settings import Settings as Settings  # re-exported: corpus.worker.Settings
 from anatomy_cli.corpus.windows import Shard
@@ -25,6 +27,10 @@ class Worker:
 
         self.settings = Settings(**settings)
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
+        self.lenses = open_lenses(self.lm, self.settings.lens)
+        covered = self.lm.tokenizer.text_bytes()
+        self.token_bytes = np.zeros(max(len(covered), self.lm.vocab_size), np.int64)  # past the tokenizer: 0
+        self.token_bytes[:len(covered)] = covered
         self.crash_once = crash_once
         self.saved: dict[str, list[Any]] = {}  # with save_activations: the last shard's, per site and batch
 
@@ -37,7 +43,8 @@ class Worker:
 
         crash_if_marked(self.crash_once, shard.index)
         lm, s = self.lm, self.settings
-        part = Partial(lm.n_layers, lm.n_heads, lm.d_model, experts=_expert_sums(lm) if s.experts else None)
+        part = Partial(lm.n_layers, lm.n_heads, lm.d_model, tuple(kind for kind, fitted in self.lenses if fitted),
+                       experts=_expert_sums(lm) if s.experts else None)
         start = 0
         group = list(shard.windows)
         self.saved = {site: [] for site in s.save_activations}
@@ -48,8 +55,8 @@ class Worker:
                 end += 1
             ids = torch.tensor(group[start:end], dtype=torch.long)
             with recording(lm, s.save_activations, self.saved, (ids.shape[0], ids.shape[1])):
-                measure(lm, ids, part, first_window=shard.first_window + start, lens=s.lens,
-                        lens_every=s.lens_every, heads=s.heads)
+                measure(lm, ids, part, first_window=shard.first_window + start, lenses=self.lenses,
+                        lens_every=s.lens_every, heads=s.heads, token_bytes=self.token_bytes)
             if on_window is not None:
                 on_window(end - start, int(ids.numel()))
             start = end
@@ -58,6 +65,28 @@ class Worker:
     def run(self, shard: Shard) -> Partial:
         """``self(shard)``, under a name a Ray actor handle exposes."""
         return self(shard)
+
+
+def open_lenses(lm: Any, lenses: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """``(kind, FittedLens or None)`` per lens text (``logit``: None), each fitted lens checked against ``lm`` and
+    its tensors moved to ``lm``'s device once, in float32 (a worker reads them for every batch)."""
+    import dataclasses
+
+    import torch
+
+    from anatomy_cli.engine.fitted_lens import open_lens
+    from anatomy_cli.models.lens_choice import parse
+
+    out: list[tuple[str, Any]] = []
+    for text in lenses:
+        choice = parse(text)
+        fitted = open_lens(choice, d_model=lm.d_model, n_layers=lm.n_layers)
+        if fitted is not None:
+            weights = {row: (a.to(lm.device, torch.float32), None if b is None else b.to(lm.device, torch.float32))
+                       for row, (a, b) in fitted.weights.items()}
+            fitted = dataclasses.replace(fitted, weights=weights)
+        out.append((choice.kind, fitted))
+    return out
 
 
 def _expert_sums(lm: Any) -> Any:

@@ -32,7 +32,9 @@ COMMAND = "corpus"
 
 @dataclass(frozen=True)
 class CorpusOptions:
-    """The command's options (``lens`` is not ``--no-lens``; ``out`` the ``--out`` directory)."""
+    """The command's options (``out`` the ``--out`` directory). ``lens``: the lenses to measure, each ``logit``,
+    ``tuned:DIR`` or ``jacobian:FILE`` (``--lens``, repeatable; a text, a list, True for the logit lens alone, the
+    default, or False/``()`` for none, ``--no-lens``); kept as a tuple of texts with absolute paths."""
 
     ctx: int | None = None
     max_tokens: int | None = None
@@ -40,7 +42,7 @@ class CorpusOptions:
     bos: bool | None = None
     heads: bool = False
     lens_every: int = 1
-    lens: bool = True
+    lens: Any = ("logit",)
     out: Path | None = None
     overwrite: bool = False
     shard_windows: int = 16
@@ -62,6 +64,7 @@ class CorpusOptions:
                                      ("--batch-size", self.batch_size, 1), ("--workers", self.workers, 1)):
             if value is not None and value < least:
                 raise UsageError(f"{option} takes a whole number of at least {least}")
+        object.__setattr__(self, "lens", lens_texts(self.lens))
         if self.gpus_per_worker < 0:
             raise UsageError("--gpus-per-worker takes a number of at least 0")
         _ = self.sites  # --save-activations' syntax, --activation-dtype: refused before anything opens
@@ -81,10 +84,31 @@ class CorpusOptions:
         return parse_sites(self.save_activations)
 
 
+def lens_texts(lens: Any) -> tuple[str, ...]:
+    """``CorpusOptions.lens`` as the tuple of lens texts (absolute paths). UsageError for a bad lens or one kind
+    given twice (a run's figures are keyed by the lens' kind)."""
+    from anatomy_cli.models import lens_choice
+
+    if lens is True or lens is None:
+        return ("logit",)
+    if lens is False:
+        return ()
+    texts = [lens] if isinstance(lens, str) else list(lens)
+    out: list[str] = []
+    for text in texts:
+        choice = lens_choice.parse(str(text))
+        path = None if choice.path is None else choice.path.resolve()
+        if any(t.partition(":")[0] == choice.kind for t in out):
+            raise UsageError(f"--lens {choice.kind} is given twice: one lens of each kind per run")
+        out.append(choice.kind if path is None else f"{choice.kind}:{path}")
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class CorpusPlan:
     ctx: int
     bos: bool
+    fitted: tuple[Any, ...] = ()  # each fitted lens (FittedLens, tensors memory-mapped), checked against the model
 
 
 @dataclass(frozen=True)
@@ -100,17 +124,22 @@ class CorpusRun:
 
 
 def check(opened: Any, opts: CorpusOptions) -> CorpusPlan:
-    """Every refusal that needs the opened model: a decoder (with the lens, an LM head; with ``--experts``, a
-    mixture of experts), the saved sites within its blocks, ``--ctx`` within its context."""
+    """Every refusal that needs the opened model: a decoder (with a lens, an LM head; with ``--experts``, a mixture
+    of experts), a fitted lens of another width or depth (from its header, before any weight loads), the saved sites
+    within its blocks, ``--ctx`` within its context."""
+    from anatomy_cli.tasks.lens import fitted_lens
+
     info: ModelInfo = opened.info
     require(info, Need.decoder, *([Need.lm_head] if opts.lens else []), command=COMMAND)
     if opts.experts:
         require(info, Need.moe, command=f"{COMMAND} --experts")
+    fitted = tuple(f for f in (fitted_lens(opened, text, command=COMMAND) for text in opts.lens) if f is not None)
     if opts.sites:
         from anatomy_cli.corpus.activations import check_sites
 
         check_sites(opts.sites, info, opened.name)
-    return CorpusPlan(ctx=_ctx(opts.ctx, info, opened.name), bos=info.add_bos if opts.bos is None else opts.bos)
+    return CorpusPlan(ctx=_ctx(opts.ctx, info, opened.name), bos=info.add_bos if opts.bos is None else opts.bos,
+                      fitted=fitted)
 
 
 def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
@@ -125,6 +154,7 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
     try:
         identity = src.identity()
         lm, opened, tokenizer, plan = _load(spec, opts)
+        _say_lenses(lm, plan)
         settings = Settings(ctx=plan.ctx, bos=plan.bos, max_tokens=opts.max_tokens, lens=opts.lens,
                             lens_every=opts.lens_every, heads=opts.heads, shard_windows=opts.shard_windows,
                             allow_special=opts.allow_special, batch_size=opts.batch_size, save_activations=sites,
@@ -176,6 +206,15 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[Any, OpenedModel, Any, 
 
         return None, opened, open_exact(spec).tokenizer, plan
     return None, opened, opened.tokenizer, plan
+
+
+def _say_lenses(lm: Any, plan: CorpusPlan) -> None:
+    """A tuned lens fitted with another LM head warns (in-process only: on Ray the driver has no weights)."""
+    from anatomy_cli.tasks.lens import check_unembed_hash
+
+    if lm is not None:
+        for fitted in plan.fitted:
+            check_unembed_hash(lm, fitted)
 
 
 def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:

@@ -224,6 +224,14 @@ class Tokenizer:
             return token.replace("▁", " ").encode("utf-8")
         return token.encode("utf-8")
 
+    def text_bytes(self) -> list[int]:
+        """Per token id ``0 .. len(self) - 1``, how many UTF-8 bytes of text it covers: :meth:`token_bytes`'
+        length, 0 for a special token (BOS, EOS: separators, no text) and an id without a token."""
+        out = []
+        for token_id in range(len(self)):
+            out.append(0 if token_id in self.special_ids else len(self.token_bytes(token_id)))
+        return out
+
     def piece(self, token_id: int) -> str:
         """Display string of one token id: ``·much``, ``<e4 bd>``, ``<|endoftext|>``, ``##ing``; an id the
         tokenizer has no token for (a padded LM head's extra rows): ``<unused id 50290>``."""

@@ -5,6 +5,8 @@
   the block has a resid_mid; post-LN blocks (BERT, RoBERTa, OPT-350m) renormalize after each add: skipped;
 * the logit lens at the last layer (``engine.unembed`` of ``blocks.{L-1}.hook_resid_post``) equals the model's
   own logits;
+* a Jacobian lens of identities and a tuned lens of zero translators read exactly the logit lens
+  (:mod:`anatomy_cli.analyses.verify.fitted`);
 * the direct logit attribution rows (``analyses.dla.logit_attribution``, by head) add up to the logit
   difference of the top two tokens;
 * patching a run into itself changes nothing (``engine.patch_grid`` with clean = corrupt);
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from anatomy_cli.analyses.verify import checks as C
+from anatomy_cli.analyses.verify.fitted import fitted_lens_checks
 from anatomy_cli.analyses.verify.runs import Runs
 from anatomy_cli.engine import lens
 from anatomy_cli.errors import AnatomyError
@@ -32,6 +35,7 @@ def identities(runs: Runs) -> C.SectionResult:
     if lm.has_unembed:
         rows.append(C.worst([C.tensor_check("lens == logits", lens.unembed(lm, c["resid_post", -1]), c.logits, tol,
                                             layer=lm.n_layers - 1) for c in runs.batched]))
+        rows += fitted_lens_checks(runs, tol)
         rows.append(dla_sum(runs, C.RELATIVE[runs.dtype]))  # a float32 sum of some hundred rows
         rows.append(self_patch(runs, tol))
     if lm.info.moe is not None:

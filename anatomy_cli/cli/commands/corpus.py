@@ -37,14 +37,19 @@ def corpus_command(
     heads: Annotated[bool, typer.Option(
         "--heads", help="Also per head: attention entropy, sink (first-token) mass, previous-token mass (a second "
         "forward, with eager attention).")] = False,
+    lens: Annotated[Optional[list[str]], typer.Option(
+        "--lens", metavar="logit|tuned:DIR|jacobian:FILE", show_default=False,
+        help="A lens to measure (repeatable, one of each kind): logit (the default), tuned:DIR (a tuned-lens "
+             "directory) or jacobian:FILE (a Jacobian lens .pt file). Per layer: KL to the final distribution, "
+             "CE, entropy, in nats per token and bits per byte.")] = None,
     experts: Annotated[bool, typer.Option(
         "--experts", help="Also per MoE block and expert (Mixtral, Qwen2/3-MoE, OLMoE): the share of token slots "
         "routed to it, its mean weight, the load imbalance and how often pairs of experts are chosen together.")]
     = False,
     lens_every: Annotated[int, typer.Option(
         "--lens-every", min=1, metavar="N",
-        help="Measure the logit lens at every N-th position only (it costs (L+1)·d·vocab per position).")] = 1,
-    no_lens: Annotated[bool, typer.Option("--no-lens", help="Skip the logit lens (KL, top-1, CE).")] = False,
+        help="Measure the lenses at every N-th position only (each costs (L+1)·d·vocab per position).")] = 1,
+    no_lens: Annotated[bool, typer.Option("--no-lens", help="Skip every lens (KL, top-1, CE, entropy).")] = False,
     out: Annotated[Optional[Path], typer.Option(
         "--out", metavar="DIR", file_okay=False, show_default=False,
         help="Write shards, manifest and summary Parquet here; running again resumes.")] = None,
@@ -71,7 +76,7 @@ def corpus_command(
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
-    """Logit lens quality, residual stream and massive activations per layer (and heads) over a whole corpus.
+    """Lens quality (logit, tuned, Jacobian), residual stream, massive activations per layer (and heads) over a corpus.
 
     Documents are packed into windows of --ctx tokens; every position of every window is measured and
     summed in float64 (mean ± standard error over windows). With --out DIR each shard of windows is saved
@@ -83,13 +88,18 @@ def corpus_command(
         anatomy corpus docs/ --model model.gguf --max-tokens 20000
         anatomy corpus data.jsonl --column body --heads --out run1
         anatomy corpus docs/ --lens-every 4 --ray --workers 2 --format json
+        anatomy corpus docs/ --lens logit --lens jacobian:lens.pt --lens tuned:tuned/
         anatomy corpus docs/ --model ./my-moe --experts --out run2
     """
+    from anatomy_cli.errors import UsageError
     from anatomy_cli.output.views import corpus as view
     from anatomy_cli.tasks import corpus as task
 
+    if no_lens and lens:
+        raise UsageError("--no-lens skips every lens: give it or --lens, not both")
     opts = task.CorpusOptions(
-        ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every, lens=not no_lens,
+        ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every,
+        lens=() if no_lens else tuple(lens or ("logit",)),
         out=out, overwrite=overwrite, shard_windows=shard_windows, batch_size=batch_size, ray=ray,
         ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker, save_activations=save_activations,
         activation_dtype=activation_dtype, allow_special=allow_special, experts=experts)  # fails before anything opens

@@ -25,6 +25,16 @@ LAYER_COLUMNS = (
     Column("max_abs_dim_share", "dim share", "pct", 1),
     Column("lens_positions", "lens pos", "int"), Column("ce_positions", "CE pos", "int"),
 )
+LENS_COLUMNS = (
+    Column("lens", "lens", "text"), Column("layer", "layer", "int"),
+    Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4),
+    Column("kl_bits_per_byte", "KL bits/byte", "float", 4),
+    Column("ce_nats", "CE nats", "float", 3), Column("ce_nats_se", "±", "float", 3),
+    Column("ce_bits_per_byte", "CE bits/byte", "float", 3),
+    Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3),
+    Column("entropy_bits_per_byte", "entropy bits/byte", "float", 3),
+    Column("top1_agree", "top-1 agree", "pct", 1), Column("lens_positions", "lens pos", "int"),
+)
 HEAD_COLUMNS = (
     Column("layer", "layer", "int"), Column("head", "head", "int"),
     Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3),
@@ -95,14 +105,29 @@ def report(run: Any) -> Report:
                f"≤ {settings.ctx}{' (BOS first)' if settings.bos else ''}{loss}"]
     notes = [NOTE]
     if settings.lens_every > 1:
-        notes.append(f"logit lens at every {settings.lens_every}th position only (--lens-every)")
+        notes.append(f"lenses at every {settings.lens_every}th position only (--lens-every)")
     sections = [Section(LAYER_COLUMNS, data["layers"], title="per layer")]
+    if len(stats.lenses) > 1 or any(lens["lens"] != "logit" for lens in stats.lenses):
+        notes += lens_notes(stats.lenses)
+        rows = [{"lens": lens["lens"], **r} for lens in stats.lenses for r in lens["layers"]]
+        sections.append(Section(LENS_COLUMNS, rows, title="per lens"))
     if stats.heads:
         sections.append(Section(HEAD_COLUMNS, list(stats.heads), title="per head"))
     if stats.expert_blocks:
         sections += expert_sections(stats)
         notes.append(EXPERT_NOTE)
     return Report(data=data, sections=sections, heading=heading, notes=notes)
+
+
+def lens_notes(lenses: Any) -> list[str]:
+    """What the per-lens table's units are, and which rows a fitted lens does not read (null there)."""
+    out = ["per lens: KL(final || lens), CE and entropy in nats per token and in bits per byte (tuned-lens' "
+           "conversion: nats / ln 2 × tokens / UTF-8 bytes of the text the windows cover)"]
+    for lens in lenses:
+        if lens["unfitted"]:
+            rows = ", ".join(map(str, lens["unfitted"]))
+            out.append(f"the {lens['lens']} lens {lens['source']} is not fitted at {rows}: null there")
+    return out
 
 
 def expert_sections(stats: Any) -> list[Section]:
