@@ -17,6 +17,8 @@ from anatomy_cli.analyses import circuit as algo
 from anatomy_cli.analyses import circuit_check as chk
 from anatomy_cli.analyses import circuit_prune as prune
 from anatomy_cli.engine import replacement as rep
+from anatomy_cli.engine.transcoder import CrossLayer
+from anatomy_cli.engine.transcoder import as_stack
 
 ARCHS = ("llama", "gemma2", "gpt2")
 MORE = ("gemma3", "qwen3", "mixtral")  # Gemma 3, Qwen3, and an MoE block with a transcoder per block
@@ -30,6 +32,23 @@ def random_transcoders(lm, n_features=16, seed=0, skip=False):
                            torch.randn(n_features, d, generator=g) / n_features ** .5, torch.randn(d, generator=g) * .1,
                            W_skip=torch.randn(d, d, generator=g) * .05 if skip else None)
             for _ in range(lm.n_layers)]
+
+
+def random_clt(lm, n_features=16, seed=0, skip=False):
+    """A cross-layer transcoder in memory: encoders as random_transcoders' (``W_dec [F, 0]``) and decoders
+    ``decs[l] [F, L - l, d]``. Returns (the CrossLayer, decs)."""
+    g = torch.Generator().manual_seed(seed)
+    n, d = lm.n_layers, lm.d_model
+    enc = [rep.Transcoder(torch.randn(n_features, d, generator=g) / d ** .5, torch.randn(n_features, generator=g) * .1,
+                          torch.zeros(n_features, 0), torch.randn(d, generator=g) * .1,
+                          W_skip=torch.randn(d, d, generator=g) * .05 if skip else None) for _ in range(n)]
+    decs = [torch.randn(n_features, n - layer, d, generator=g) / (n_features * (n - layer)) ** .5
+            for layer in range(n)]
+    return CrossLayer(enc, lambda layer, ids: decs[layer][ids]), decs
+
+
+def make(lm, kind, **kw):
+    return random_transcoders(lm, **kw) if kind == "plt" else random_clt(lm, **kw)[0]
 
 
 def build(lm, tcs, max_feature_nodes=None, batch_size=8):
@@ -88,10 +107,11 @@ def test_logit_edges_are_gradient_times_activation(tiny_lm, arch):
             torch.testing.assert_close(row[n_sel + L * P:n_sel + L * P + P], want_tok.detach(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["plt", "clt"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_incoming_edges_plus_bias_equal_preactivation(tiny_lm, arch):
+def test_incoming_edges_plus_bias_equal_preactivation(tiny_lm, arch, kind):
     lm = tiny_lm(arch)
-    tcs = random_transcoders(lm, skip=arch == "llama")
+    tcs = make(lm, kind, skip=arch == "llama")
     graph, s = build(lm, tcs)
     fp = chk.FrozenPrompt(lm, IDS, tcs, graph, s)
     n = graph.adjacency_matrix.shape[0]
@@ -104,14 +124,15 @@ def test_incoming_edges_plus_bias_equal_preactivation(tiny_lm, arch):
     # a feature's value is its pre-activation minus b_enc
     for i in range(graph.n_features):
         layer, pos, feat = s.active[graph.selected_features[i]].tolist()
-        pre = fp.base.mlp_in[layer][0, pos] @ tcs[layer].W_enc[feat]
+        pre = fp.base.mlp_in[layer][0, pos] @ as_stack(tcs).layer(layer).W_enc[feat]
         assert abs(fp.value(fp.base, i) - float(pre)) < 1e-5
 
 
+@pytest.mark.parametrize("kind", ["plt", "clt"])
 @pytest.mark.parametrize("arch", ARCHS + MORE)
-def test_check_by_intervention(tiny_lm, arch):
+def test_check_by_intervention(tiny_lm, arch, kind):
     lm = tiny_lm(arch)
-    tcs = random_transcoders(lm)
+    tcs = make(lm, kind)
     graph, s = build(lm, tcs, max_feature_nodes=20)
     fp = chk.FrozenPrompt(lm, IDS, tcs, graph, s)
     checks = chk.check_edges(fp, 30)
@@ -119,6 +140,55 @@ def test_check_by_intervention(tiny_lm, arch):
     scale = float(graph.adjacency_matrix.abs().max())
     for c in checks:
         assert abs(c.measured - c.weight) <= 1e-5 * scale, c
+
+
+@pytest.mark.parametrize("arch", ARCHS + MORE)
+def test_cross_layer_replacement_reproduces_logits(tiny_lm, arch):
+    """A cross-layer transcoder: the frozen model with error nodes gives the real logits, and per block the
+    reconstruction by hand (every earlier-or-same layer's active features times their decoder slice for this
+    block, + b_dec + skip) plus the error node equals the MLP's output."""
+    lm = tiny_lm(arch)
+    clt, decs = random_clt(lm, skip=arch == "llama")
+    with torch.no_grad():
+        real = lm.model(input_ids=IDS[None]).logits[0]
+    s = algo.setup(lm, IDS, clt)
+    with rep.frozen(lm), torch.no_grad():
+        fw = rep.forward(lm, IDS, clt, 1)
+    torch.testing.assert_close(fw.logits[0], real, rtol=0, atol=1e-5)
+    acts = []
+    for layer in range(lm.n_layers):
+        a = clt.encoders[layer].encode(fw.mlp_in[layer][0])
+        a[0] = 0
+        acts.append(a)
+    assert len(s.active) == sum(int((a != 0).sum()) for a in acts)
+    assert len(s.decoder) == sum(int((a != 0).sum()) * (lm.n_layers - l) for l, a in enumerate(acts))
+    for layer in range(lm.n_layers):
+        x = fw.mlp_in[layer][0]
+        tc = clt.encoders[layer]
+        recon = sum(acts[src] @ decs[src][:, layer - src] for src in range(layer + 1)) + tc.b_dec + tc.skip(x)
+        torch.testing.assert_close(recon[1:] + s.errors[layer, 1:], fw.mlp_out[layer][0, 1:], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cross_layer_logit_edges_are_gradient_times_activation(tiny_lm, arch):
+    """A cross-layer feature's edge into a logit is the sum over the blocks it writes to of the frozen model's
+    gradient there (torch.autograd) · activation × that block's decoder slice."""
+    lm = tiny_lm(arch)
+    clt, decs = random_clt(lm)
+    graph, s = build(lm, clt)
+    n, n_sel = graph.adjacency_matrix.shape[0], graph.n_features
+    vecs = algo.logit_vectors(lm, torch.tensor([t for _, t in graph.logit_targets]))
+    with rep.frozen(lm):
+        fw = rep.forward(lm, IDS, clt, 1)
+        for j, vec in enumerate(vecs):
+            grads = torch.autograd.grad(fw.final[0, -1] @ vec, fw.mlp_out, retain_graph=True)
+            row = graph.adjacency_matrix[n - graph.n_logits + j]
+            for i in range(n_sel):
+                layer, pos, feat = s.active[graph.selected_features[i]].tolist()
+                value = s.values[graph.selected_features[i]]
+                want = sum(float(grads[out][0, pos] @ (value * decs[layer][feat, out - layer]))
+                           for out in range(layer, lm.n_layers))
+                assert abs(float(row[i]) - want) <= 1e-5 * (1 + abs(want)), (i, float(row[i]), want)
 
 
 def test_feature_order_and_selection(tiny_lm):

@@ -2,10 +2,15 @@
 ``config.yaml`` with ``model_kind``, ``feature_input_hook``, ``feature_output_hook``, ``scan`` and ``transcoders:``
 one safetensors path per layer: ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc``, ``b_dec``, optional
 ``activation_function.threshold`` (JumpReLU) or ``threshold``, ``W_skip [d, d]``) and Gemma Scope 2's per-layer
-safetensors (``w_enc [d, F]``, ``w_dec [F, d]``, ``b_enc``, ``b_dec``, ``threshold``, ``affine_skip_connection``).
+safetensors (``w_enc [d, F]``, ``w_dec [F, d]``, ``b_enc``, ``b_dec``, ``threshold``, ``affine_skip_connection``);
+and circuit-tracer's ``cross_layer_transcoder`` folder (its ``load_clt`` layout: the config beside
+``W_enc_{l}.safetensors`` with ``W_enc_{l} [F, d]``, ``b_enc_{l}``, ``b_dec_{l}``, optional ``threshold_{l}``
+(JumpReLU) and ``W_skip_{l} [d, d]`` (skip = x @ W_skip_l), and ``W_dec_{l}.safetensors`` with
+``W_dec_{l} [F, L - l, d]``: layer l's features write to the MLP outputs of blocks l..L-1).
 
 :func:`describe` reads the config and the tensors' shapes only (no values): every refusal comes from it.
-:func:`load_layer` reads one layer's arrays (numpy, circuit-tracer's orientation).
+:func:`load_layer` reads one layer's arrays (numpy, circuit-tracer's orientation); :func:`read_decoder` reads a
+cross-layer transcoder's decoder rows for the features asked (the lazy read: ``W_dec_{l}`` is never loaded whole).
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ from anatomy_cli.models.sae.names import hook_point
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
 
-KINDS = ("transcoder_set",)
+KINDS = ("transcoder_set", "cross_layer_transcoder")
 
 
 @dataclass(frozen=True)
 class TranscoderSet:
     """``paths[l]``: layer l's file; ``d_model``, ``d_transcoder`` from the shapes; ``input_site`` /
     ``output_site``: anatomy's sites (``mlp_in`` / ``mlp_out``); ``scan``: the config's; ``gemma_scope_2``: the
-    files use Gemma Scope 2's names."""
+    files use Gemma Scope 2's names; ``cross_layer``: a cross-layer transcoder, ``paths`` its ``W_enc_{l}`` files and
+    ``decoders`` its ``W_dec_{l}`` files."""
 
     root: Path
     paths: tuple[Path, ...]
@@ -39,6 +45,8 @@ class TranscoderSet:
     scan: str | list[str] | None
     gemma_scope_2: bool
     k: int | None
+    cross_layer: bool = False
+    decoders: tuple[Path, ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -99,6 +107,8 @@ def describe(root: str | Path) -> TranscoderSet:
     if kind not in KINDS:
         raise UsageError(f"--transcoders {root}: model_kind '{kind}' is not read yet (anatomy reads "
                          f"{', '.join(KINDS)})")
+    if kind == "cross_layer_transcoder":
+        return _describe_clt(root, cfg)
     files = cfg.get("transcoders")
     if not isinstance(files, list) or not files:
         raise UsageError(f"{root}/config.yaml: 'transcoders' must list one file per layer")
@@ -122,6 +132,34 @@ def describe(root: str | Path) -> TranscoderSet:
                          cfg.get("scan"), gs2, cfg.get("k"))
 
 
+def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
+    """A cross-layer transcoder: ``W_enc_{l}`` / ``W_dec_{l}`` files for l = 0..L-1 beside the config, their
+    shapes ``[F, d]`` and ``[F, L - l, d]``."""
+    n = len(list(root.glob("W_enc_*.safetensors")))
+    if n == 0:
+        raise UsageError(f"--transcoders {root}: a cross_layer_transcoder folder holds W_enc_0.safetensors .. "
+                         f"and W_dec_0.safetensors .. (circuit-tracer's load_clt layout); none there")
+    enc = tuple(root / f"W_enc_{l}.safetensors" for l in range(n))
+    dec = tuple(root / f"W_dec_{l}.safetensors" for l in range(n))
+    for p in enc + dec:
+        if not p.is_file():
+            raise UsageError(f"--transcoders {root}: {p.name} is missing (layers 0..{n - 1} need W_enc_l and W_dec_l)")
+    first = _shapes(enc[0]).get("W_enc_0")
+    if first is None or len(first) != 2:
+        raise UsageError(f"{enc[0]}: no W_enc_0 [F, d] tensor")
+    d_tc, d_model = first
+    for layer in range(n):
+        got = (_shapes(enc[layer]).get(f"W_enc_{layer}"), _shapes(dec[layer]).get(f"W_dec_{layer}"))
+        want = ((d_tc, d_model), (d_tc, n - layer, d_model))
+        if got != want:
+            raise UsageError(f"{root}: layer {layer}'s W_enc_{layer}, W_dec_{layer} are {got[0]}, {got[1]}; "
+                             f"expected {want[0]}, {want[1]}")
+    return TranscoderSet(root, enc, int(d_model), int(d_tc),
+                         _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
+                         _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
+                         cfg.get("scan"), False, None, True, dec)
+
+
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:
     if ts.n_layers != n_layers:
         raise UsageError(f"--transcoders has {ts.n_layers} layers, but {label} has {n_layers} blocks")
@@ -135,13 +173,38 @@ def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> No
 
 def load_layer(ts: TranscoderSet, layer: int) -> dict[str, Any]:
     """Layer ``layer``'s arrays in circuit-tracer's orientation: ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc``,
-    ``b_dec``, ``threshold`` or None, ``W_skip [d, d]`` or None."""
+    ``b_dec``, ``threshold`` or None, ``W_skip [d, d]`` or None (skip = x @ W_skip.T); a cross-layer transcoder's
+    ``W_dec`` is None (:func:`read_decoder`)."""
     from safetensors.numpy import load_file
 
     t = load_file(str(ts.paths[layer]))
+    if ts.cross_layer:  # W_dec is read_decoder's; the skip turned to x @ W_skip.T as the per-layer sets have it
+        skip = t.get(f"W_skip_{layer}")
+        return {"W_enc": t[f"W_enc_{layer}"], "W_dec": None, "b_enc": t[f"b_enc_{layer}"],
+                "b_dec": t[f"b_dec_{layer}"], "threshold": t.get(f"threshold_{layer}"),
+                "W_skip": None if skip is None else skip.T}
     if ts.gemma_scope_2:
         skip = t.get("affine_skip_connection")
         return {"W_enc": t["w_enc"].T, "W_dec": t["w_dec"], "b_enc": t["b_enc"], "b_dec": t["b_dec"],
                 "threshold": t.get("threshold"), "W_skip": None if skip is None else skip.T}
     return {"W_enc": t["W_enc"], "W_dec": t["W_dec"], "b_enc": t["b_enc"], "b_dec": t["b_dec"],
             "threshold": t.get("activation_function.threshold", t.get("threshold")), "W_skip": t.get("W_skip")}
+
+
+def read_decoder(ts: TranscoderSet, layer: int, ids: Any) -> Any:
+    """Rows ``ids`` (sorted, distinct) of a cross-layer transcoder's ``W_dec_{layer}``: ``[k, L - layer, d]``
+    (numpy), each run of consecutive ids one slice of the file."""
+    import numpy as np
+    from safetensors import safe_open
+
+    ids = [int(i) for i in ids]
+    with safe_open(str(ts.decoders[layer]), framework="numpy") as f:
+        sl = f.get_slice(f"W_dec_{layer}")
+        parts, start = [], 0
+        for j in range(1, len(ids) + 1):
+            if j == len(ids) or ids[j] != ids[j - 1] + 1:
+                parts.append(sl[ids[start]:ids[j - 1] + 1])
+                start = j
+    if not parts:
+        return np.zeros((0, ts.n_layers - layer, ts.d_model), dtype=np.float32)
+    return np.concatenate(parts)

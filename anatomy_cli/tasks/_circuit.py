@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.circuit_prune import PruneResult
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.engine.replacement import Transcoder
+    from anatomy_cli.engine.transcoder import Transcoders
 
 # The options and plan are tasks/circuit.py's CircuitOptions and CircuitPlan (typed Any here: that module
 # imports this one).
@@ -74,16 +74,25 @@ class CircuitResult:
 
 
 
-def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet) -> list[Transcoder]:
-    from anatomy_cli.engine.replacement import Transcoder
+def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet) -> Transcoders:
+    """The set's tensors on the model's device, fp32: one Transcoder per layer, or for a cross-layer transcoder
+    its encoders (each ``W_dec [F, 0]``) and a reader of the decoder rows the active features need."""
+    from anatomy_cli.engine.transcoder import CrossLayer
+    from anatomy_cli.engine.transcoder import Transcoder
+
+    def tensor(v: Any) -> torch.Tensor:
+        return torch.as_tensor(v).to(lm.device, torch.float32)
 
     out = []
     for layer in range(ts.n_layers):
         arrays = tc_files.load_layer(ts, layer)
-        t = {k: None if v is None else torch.as_tensor(v).to(lm.device, torch.float32) for k, v in arrays.items()}
+        t = {k: None if v is None else tensor(v) for k, v in arrays.items()}
         w = {k: v for k, v in t.items() if v is not None}
-        out.append(Transcoder(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], t["threshold"], ts.k, t["W_skip"]))
-    return out
+        dec = w["W_enc"].new_zeros(w["W_enc"].shape[0], 0) if ts.cross_layer else w["W_dec"]
+        out.append(Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], ts.k, t["W_skip"]))
+    if not ts.cross_layer:
+        return out
+    return CrossLayer(out, lambda layer, ids: tensor(tc_files.read_decoder(ts, layer, ids.cpu().numpy())))
 
 
 def _targets(lm: LoadedModel, opts: CircuitOptions, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,7 +110,7 @@ def _targets(lm: LoadedModel, opts: CircuitOptions, logits: torch.Tensor) -> tup
     return idx, torch.softmax(logits.float(), -1)[idx]
 
 
-def one(lm: LoadedModel, enc: Encoded, transcoders: list[Transcoder], opts: CircuitOptions,
+def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOptions,
         plan: CircuitPlan) -> CircuitResult:
     from anatomy_cli.analyses import circuit as algo
     from anatomy_cli.analyses import circuit_files as files
