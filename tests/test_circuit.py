@@ -332,6 +332,67 @@ def test_gemma_scope_2_layout_reads_the_same(tiny_lm, tmp_path):
     assert got[1].threshold is not None
 
 
+def write_clt(root, clt, decs, *, threshold=True):
+    """circuit-tracer's cross_layer_transcoder layout (``CrossLayerTranscoder.to_safetensors`` + a config):
+    ``W_enc_{l}.safetensors`` (``W_enc_l``, ``b_enc_l``, ``b_dec_l``, ``threshold_l``, ``W_skip_l`` as x @ W_skip_l)
+    and ``W_dec_{l}.safetensors``."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    for layer, tc in enumerate(clt.encoders):
+        t = {f"W_enc_{layer}": tc.W_enc, f"b_enc_{layer}": tc.b_enc, f"b_dec_{layer}": tc.b_dec}
+        if threshold:
+            t[f"threshold_{layer}"] = torch.zeros(tc.W_enc.shape[0])
+        if tc.W_skip is not None:
+            t[f"W_skip_{layer}"] = tc.W_skip.T.contiguous()
+        save_file(t, str(root / f"W_enc_{layer}.safetensors"))
+        save_file({f"W_dec_{layer}": decs[layer].contiguous()}, str(root / f"W_dec_{layer}.safetensors"))
+    (root / "config.yaml").write_text("model_kind: cross_layer_transcoder\nscan: tiny-clt\n"
+                                      "feature_input_hook: mlp.hook_in\nfeature_output_hook: mlp.hook_out\n")
+    return root
+
+
+def test_cross_layer_folder_reads_lazily(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
+    """circuit-tracer's CLT files read back to the same transcoder (skip in its x @ W_skip_l orientation); the CLI's
+    graph equals the analysis on the in-memory CLT, reading only the active features' decoder rows."""
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    lm = tiny_lm("llama")
+    clt, decs = random_clt(lm, skip=True)
+    ts = files.describe(write_clt(tmp_path / "clt", clt, decs))
+    assert ts.cross_layer and ts.n_layers == lm.n_layers and (ts.d_model, ts.d_transcoder) == (lm.d_model, 16)
+    got = load_transcoders(lm, ts)
+    x = torch.randn(3, lm.d_model)
+    torch.testing.assert_close(got.layer(1).skip(x), x @ clt.encoders[1].W_skip.T)
+    torch.testing.assert_close(got.layer(1).W_enc, clt.encoders[1].W_enc)
+    ids = torch.tensor([0, 3, 4, 5, 9])
+    torch.testing.assert_close(got.decoder_rows(1, ids[[2, 0, 2]]), decs[1][ids[[2, 0, 2]]])
+    reads = []
+    read = files.read_decoder
+    monkeypatch.setattr(files, "read_decoder", lambda t, layer, i: reads.append((layer, list(i))) or read(t, layer, i))
+    out = tmp_path / "graph.pt"
+    result = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
+                    "--device", "cpu", "--transcoders", str(ts.root), "--bos", "--out", str(out),
+                    "--max-feature-nodes", "20", "--batch-size", "8", "--check", "5", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    saved = torch.load(out, weights_only=False, pickle_module=_stub_pickle())
+    assert saved["scan"] == "tiny-clt"
+    scale = float(saved["adjacency_matrix"].abs().max())
+    assert json.loads(result.stdout)["check"]["max_abs_error"] <= 1e-5 * scale
+    clt.encoders = [rep.Transcoder(t.W_enc, t.b_enc, t.W_dec, t.b_dec, torch.zeros(16), W_skip=t.W_skip)
+                    for t in clt.encoders]  # the files' JumpReLU at threshold 0 (= ReLU but for exact zeros)
+    s = algo.setup(lm, saved["input_tokens"], clt)
+    targets = torch.tensor([t.vocab_idx for t in saved["logit_targets"]])
+    a, sel, _ = algo.attribute(lm, saved["input_tokens"], clt, targets, saved["logit_probabilities"], batch_size=8,
+                               max_feature_nodes=20, s=s)
+    torch.testing.assert_close(saved["adjacency_matrix"], a)
+    assert torch.equal(saved["selected_features"], sel)
+    want = sorted({(layer, f) for layer, _, f in s.active.tolist()})
+    assert sorted({(layer, f) for layer, fs in reads for f in fs}) == want  # no other decoder row was read
+    assert len(want) < 16 * lm.n_layers
+
+
 def test_api_matches_cli_record(tiny_model_dir, tiny_lm, tmp_path):
     import anatomy_cli as anatomy
 
@@ -364,6 +425,11 @@ def test_refusals_before_weights_load(tiny_model_dir, tiny_lm, tmp_path, monkeyp
     assert enc.exit_code == 2 and len(enc.stderr.strip().splitlines()) == 1
     bad = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir), "--node-threshold", "2")
     assert bad.exit_code == 2 and "--node-threshold" in bad.stderr
-    (tdir / "config.yaml").write_text("model_kind: cross_layer_transcoder\ntranscoders: [a]\n")
-    clt = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir))
-    assert clt.exit_code == 2 and "cross_layer_transcoder" in clt.stderr
+    (tdir / "config.yaml").write_text("model_kind: mystery_transcoder\ntranscoders: [a]\n")
+    kind = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir))
+    assert kind.exit_code == 2 and "mystery_transcoder" in kind.stderr
+    clt, decs = random_clt(lm)
+    cdir = write_clt(tmp_path / "clt", clt, decs)
+    (cdir / "W_dec_1.safetensors").unlink()
+    missing_dec = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(cdir))
+    assert missing_dec.exit_code == 2 and "W_dec_1.safetensors is missing" in missing_dec.stderr

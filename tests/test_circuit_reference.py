@@ -5,7 +5,8 @@ circuit-tracer pins transformers 4.57.3 (and nnsight), so it lives in its own ve
 or the Python that ``$ANATOMY_CT_PYTHON`` names. Skipped, with the reason, where neither imports circuit_tracer.
 
 tests/reference/circuit_tracer_ref.py runs in that venv: it writes the transcoders (circuit-tracer's ``transcoder_set``
-layout: ``config.yaml`` + ``layer_i.safetensors``; JumpReLU on even blocks, ReLU on odd) for the directory that
+layout: ``config.yaml`` + ``layer_i.safetensors``; JumpReLU on even blocks, ReLU on odd; and, as the second case, a
+cross-layer transcoder in its ``load_clt`` layout: ``W_enc_l`` / ``W_dec_l [F, L - l, d]``) for the directory that
 ``anatomy convert`` makes of the GGUF file, runs ``attribute(...)`` (max_feature_nodes 64, batch 8, so the feature rows
 come in influence order with two re-rankings), ``prune_graph``, ``compute_graph_scores`` and ``create_graph_files``, and
 saves every result as plain tensors. anatomy runs the same prompt with circuit-tracer's BOS (``--bos``); then
@@ -52,18 +53,27 @@ def run_ct(python: str, *args: str | Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def ct(tmp_path_factory, smollm2_lm):
-    """circuit-tracer's run: (python, model dir, out dir, reference record, its JSON)."""
-    python = ct_python()
-    if python is None:
-        pytest.skip("circuit-tracer is not installed: .ci/run builds .venv-ct (or set ANATOMY_CT_PYTHON)")
+def smollm2_dir(tmp_path_factory, smollm2_lm):
+    """``anatomy convert``'s directory of the session's SmolLM2 (what circuit-tracer's transformers reads)."""
     from anatomy_cli.cli.commands.convert import write_directory
 
     model = tmp_path_factory.mktemp("smollm2-hf")
     write_directory(smollm2_lm, model)
-    out = tmp_path_factory.mktemp("ct")
+    return model
+
+
+@pytest.fixture(scope="module", params=["plt", "clt"])
+def ct(request, tmp_path_factory):
+    """circuit-tracer's run: (python, model dir, out dir, reference record, its JSON); once with per-layer
+    transcoders, once with a cross-layer transcoder (its ``load_clt`` folder)."""
+    python = ct_python()
+    if python is None:
+        pytest.skip("circuit-tracer is not installed: .ci/run builds .venv-ct (or set ANATOMY_CT_PYTHON)")
+    model = request.getfixturevalue("smollm2_dir")
+    out = tmp_path_factory.mktemp(f"ct-{request.param}")
     run_ct(python, "attribute", "--model", model, "--out", out, "--prompt", PROMPT, "--features", 64, "--seed", 0,
-           "--max-feature-nodes", MAX_FEATURE_NODES, "--batch-size", BATCH)  # writes the transcoders first
+           "--max-feature-nodes", MAX_FEATURE_NODES, "--batch-size", BATCH,
+           "--kind", request.param)  # writes the transcoders first
     record = torch.load(out / "reference.pt", weights_only=False)
     return python, model, out, record, json.loads((out / "ct.json").read_text())
 
