@@ -232,7 +232,7 @@ def test_prune_by_hand():
 
 # ---------------------------------------------------------------- files, CLI, API, refusals
 
-def write_transcoder_set(root, lm, tcs, *, gemma_scope_2=False, d_model=None):
+def write_transcoder_set(root, lm, tcs, *, gemma_scope_2=False, d_model=None, extra=""):
     """circuit-tracer's transcoder_set layout (or Gemma Scope 2's tensor names) for ``tcs``."""
     from safetensors.torch import save_file
 
@@ -249,7 +249,7 @@ def write_transcoder_set(root, lm, tcs, *, gemma_scope_2=False, d_model=None):
         save_file(t, str(root / f"layer_{layer}.safetensors"))
         files.append(f"layer_{layer}.safetensors")
     (root / "config.yaml").write_text(
-        "model_kind: transcoder_set\nscan: tiny-test\nfeature_input_hook: mlp.hook_in\n"
+        f"model_kind: transcoder_set\nscan: tiny-test\nfeature_input_hook: mlp.hook_in\n{extra}"
         "feature_output_hook: mlp.hook_out\ntranscoders:\n" + "".join(f"  - {f}\n" for f in files))
     return root
 
@@ -391,6 +391,72 @@ def test_cross_layer_folder_reads_lazily(tiny_model_dir, tiny_lm, tmp_path, monk
     want = sorted({(layer, f) for layer, _, f in s.active.tolist()})
     assert sorted({(layer, f) for layer, fs in reads for f in fs}) == want  # no other decoder row was read
     assert len(want) < 16 * lm.n_layers
+
+
+def write_sae_folders(root, tcs, fmt, *, k=None):
+    """``tcs`` as one library transcoder folder per block, each config the library's own (the fixtures' cfg.json,
+    written by SAELens 6 and sparsify) with this block's hooks: SAELens' ``jumprelu_transcoder`` (``W_enc [d, F]``,
+    ``threshold``, ``W_skip``) or sparsify's TopK ``layers.N.mlp`` (``encoder.weight [F, d]``)."""
+    from conftest import ROOT
+    from safetensors.torch import save_file
+
+    fixtures = ROOT / "tests" / "fixtures" / "sae"
+    for layer, tc in enumerate(tcs):
+        d_sae, d = tc.W_enc.shape
+        skip = {} if tc.W_skip is None else {"W_skip": tc.W_skip.contiguous()}
+        if fmt == "saelens":
+            cfg = json.loads((fixtures / "saelens-transcoder" / "cfg.json").read_text())
+            cfg.update(d_in=d, d_out=d, d_sae=d_sae, architecture="jumprelu_transcoder")
+            cfg["metadata"].update(hook_name=f"blocks.{layer}.ln2.hook_normalized",
+                                   hook_name_out=f"blocks.{layer}.hook_mlp_out")
+            folder, weights = root / f"blocks.{layer}.transcoder", "sae_weights.safetensors"
+            tensors = {"W_enc": tc.W_enc.T.contiguous(), "threshold": tc.threshold}
+        else:
+            cfg = json.loads((fixtures / "sparsify" / "layers.0.mlp" / "cfg.json").read_text())
+            cfg.update(d_in=d, num_latents=d_sae, k=k, skip_connection=tc.W_skip is not None)
+            folder, weights = root / f"layers.{layer}.mlp", "sae.safetensors"
+            tensors = {"encoder.weight": tc.W_enc}
+        tensors.update({"encoder.bias" if fmt == "sparsify" else "b_enc": tc.b_enc, "W_dec": tc.W_dec,
+                        "b_dec": tc.b_dec, **skip})
+        folder.mkdir(parents=True)
+        (folder / "cfg.json").write_text(json.dumps(cfg))
+        save_file({key: v.contiguous() for key, v in tensors.items()}, str(folder / weights))
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["saelens", "sparsify"])
+def test_sae_transcoder_folders_give_the_ct_sets_graph(tiny_model_dir, tiny_lm, tmp_path, fmt):
+    """The same weights as SAELens (JumpReLU, skip) or sparsify (TopK) folders, one per block, and as a circuit-tracer
+    transcoder_set (``threshold`` / ``k: 4``): the same graph.pt, edge for edge."""
+    lm = tiny_lm("llama")
+    tcs = random_transcoders(lm, skip=fmt == "saelens")
+    for tc in tcs:
+        tc.threshold = torch.full((16,), 0.05) if fmt == "saelens" else None
+    ct_set = write_transcoder_set(tmp_path / "ct", lm, tcs, extra="k: 4\n" if fmt == "sparsify" else "")
+    if fmt == "saelens":
+        from safetensors.torch import load_file
+        from safetensors.torch import save_file
+
+        for layer, tc in enumerate(tcs):  # the ct files with the threshold and skip the SAELens ones carry
+            f = ct_set / f"layer_{layer}.safetensors"
+            save_file({**load_file(str(f)), "activation_function.threshold": tc.threshold, "W_skip": tc.W_skip},
+                      str(f))
+    sae = write_sae_folders(tmp_path / fmt, tcs, fmt, k=4)
+    graphs = []
+    for folder in (ct_set, sae):
+        out = tmp_path / f"{folder.name}.pt"
+        result = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
+                        "--device", "cpu", "--transcoders", str(folder), "--bos", "--out", str(out),
+                        "--max-feature-nodes", "20", "--batch-size", "8", "-f", "json")
+        assert result.exit_code == 0, result.stderr
+        graphs.append(torch.load(out, weights_only=False, pickle_module=_stub_pickle()))
+    want, got = graphs
+    assert got["active_features"].tolist() == want["active_features"].tolist()
+    assert len(want["active_features"]) > 20
+    if fmt == "sparsify":  # TopK: 4 active per block and position (position 0 kept out)
+        assert len(want["active_features"]) == 4 * lm.n_layers * (len(want["input_tokens"]) - 1)
+    assert torch.equal(got["selected_features"], want["selected_features"])
+    torch.testing.assert_close(got["adjacency_matrix"], want["adjacency_matrix"], rtol=1e-6, atol=1e-7)
 
 
 def test_api_matches_cli_record(tiny_model_dir, tiny_lm, tmp_path):

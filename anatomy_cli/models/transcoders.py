@@ -6,7 +6,8 @@ safetensors (``w_enc [d, F]``, ``w_dec [F, d]``, ``b_enc``, ``b_dec``, ``thresho
 and circuit-tracer's ``cross_layer_transcoder`` folder (its ``load_clt`` layout: the config beside
 ``W_enc_{l}.safetensors`` with ``W_enc_{l} [F, d]``, ``b_enc_{l}``, ``b_dec_{l}``, optional ``threshold_{l}``
 (JumpReLU) and ``W_skip_{l} [d, d]`` (skip = x @ W_skip_l), and ``W_dec_{l}.safetensors`` with
-``W_dec_{l} [F, L - l, d]``: layer l's features write to the MLP outputs of blocks l..L-1).
+``W_dec_{l} [F, L - l, d]``: layer l's features write to the MLP outputs of blocks l..L-1); or, with no config,
+SAELens / sparsify transcoder folders, one per block (models/transcoder_sae.py).
 
 :func:`describe` reads the config and the tensors' shapes only (no values): every refusal comes from it.
 :func:`load_layer` reads one layer's arrays (numpy, circuit-tracer's orientation); :func:`read_decoder` reads a
@@ -34,7 +35,7 @@ class TranscoderSet:
     """``paths[l]``: layer l's file; ``d_model``, ``d_transcoder`` from the shapes; ``input_site`` /
     ``output_site``: anatomy's sites (``mlp_in`` / ``mlp_out``); ``scan``: the config's; ``gemma_scope_2``: the
     files use Gemma Scope 2's names; ``cross_layer``: a cross-layer transcoder, ``paths`` its ``W_enc_{l}`` files and
-    ``decoders`` its ``W_dec_{l}`` files."""
+    ``decoders`` its ``W_dec_{l}`` files; ``sae_format``: SAELens / sparsify folders, ``paths`` one per block."""
 
     root: Path
     paths: tuple[Path, ...]
@@ -47,6 +48,7 @@ class TranscoderSet:
     k: int | None
     cross_layer: bool = False
     decoders: tuple[Path, ...] = ()
+    sae_format: str | None = None
 
     @property
     def n_layers(self) -> int:
@@ -82,8 +84,13 @@ def _config(root: Path) -> dict[str, Any]:
             return data
     if (root / "config.json").is_file():
         return dict(json.loads((root / "config.json").read_text()))
+    from anatomy_cli.models import transcoder_sae
+
+    if transcoder_sae.folders(root):
+        return {"model_kind": "sae_folders"}
     raise UsageError(f"--transcoders {root}: no config.yaml there (circuit-tracer's transcoder_set layout: "
-                     f"model_kind, feature_input_hook, feature_output_hook, transcoders: one file per layer)")
+                     f"model_kind, feature_input_hook, feature_output_hook, transcoders: one file per layer), "
+                     f"nor SAELens / sparsify transcoder folders (cfg.json), one per block")
 
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -104,6 +111,11 @@ def describe(root: str | Path) -> TranscoderSet:
         raise UsageError(f"--transcoders {root}: no such directory")
     cfg = _config(root)
     kind = cfg.get("model_kind", "transcoder_set")
+    if kind == "sae_folders":  # SAELens / sparsify transcoders, one folder per block
+        from anatomy_cli.models import transcoder_sae
+
+        return TranscoderSet(root, input_site=Site.mlp_in, output_site=Site.mlp_out, scan=None, gemma_scope_2=False,
+                             k=None, **transcoder_sae.describe(root))
     if kind not in KINDS:
         raise UsageError(f"--transcoders {root}: model_kind '{kind}' is not read yet (anatomy reads "
                          f"{', '.join(KINDS)})")
@@ -177,6 +189,10 @@ def load_layer(ts: TranscoderSet, layer: int) -> dict[str, Any]:
     ``W_dec`` is None (:func:`read_decoder`)."""
     from safetensors.numpy import load_file
 
+    if ts.sae_format is not None:
+        from anatomy_cli.models import transcoder_sae
+
+        return transcoder_sae.load_layer(ts.paths[layer])
     t = load_file(str(ts.paths[layer]))
     if ts.cross_layer:  # W_dec is read_decoder's; the skip turned to x @ W_skip.T as the per-layer sets have it
         skip = t.get(f"W_skip_{layer}")

@@ -86,10 +86,11 @@ def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet) -> Transcoders
     out = []
     for layer in range(ts.n_layers):
         arrays = tc_files.load_layer(ts, layer)
-        t = {k: None if v is None else tensor(v) for k, v in arrays.items()}
+        t = {k: None if v is None else tensor(v) for k, v in arrays.items() if k != "k"}
         w = {k: v for k, v in t.items() if v is not None}
         dec = w["W_enc"].new_zeros(w["W_enc"].shape[0], 0) if ts.cross_layer else w["W_dec"]
-        out.append(Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], ts.k, t["W_skip"]))
+        k = arrays.get("k", ts.k)
+        out.append(Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], k, t["W_skip"]))
     if not ts.cross_layer:
         return out
     return CrossLayer(out, lambda layer, ids: tensor(tc_files.read_decoder(ts, layer, ids.cpu().numpy())))
