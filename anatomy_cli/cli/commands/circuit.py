@@ -30,7 +30,8 @@ def circuit_command(
     prompt: PromptArg,
     transcoders: Annotated[str, typer.Option(
         "--transcoders", metavar="DIR", help="circuit-tracer transcoder_set folder (config.yaml + one file per "
-        "layer; Gemma Scope 2 safetensors too) or cross_layer_transcoder folder (config.yaml + W_enc_l / W_dec_l).")],
+        "layer; Gemma Scope 2 safetensors too), cross_layer_transcoder folder (config.yaml + W_enc_l / W_dec_l), or "
+        "a folder of SAELens / sparsify transcoders, one per layer.")],
     max_n_logits: Annotated[int, typer.Option("--max-n-logits", min=1, help="At most this many logit nodes.")] = 10,
     desired_logit_prob: Annotated[float, typer.Option(
         "--desired-logit-prob", help="Logit nodes until their probabilities sum to this.")] = 0.95,
