@@ -52,8 +52,9 @@ class CircuitGraph:
 class Setup:
     """What the rows need: ``active [n, 3]``, ``values [n]``, ``encoder [n, d]`` (W_enc rows), ``decoder [m, d]``
     (act · decoder row), ``decoder_layer [m]`` (the block each row writes to) and ``decoder_owner [m]`` (its
-    active feature; per-layer sets: m = n, row i is feature i's; a cross-layer transcoder's feature at layer l has
-    L - l rows), ``errors [L, P, d]``, ``tokens [P, d]`` (the embedding's output) and the real ``logits [V]``."""
+    active feature, nondecreasing; per-layer sets: m = n, row i is feature i's; a cross-layer transcoder's feature
+    at layer l has L - l rows), ``errors [L, P, d]``, ``tokens [P, d]`` (the embedding's output) and the real
+    ``logits [V]``."""
 
     active: torch.Tensor
     values: torch.Tensor
@@ -67,9 +68,9 @@ class Setup:
 
     def writes(self, i: int) -> list[tuple[int, int, torch.Tensor]]:
         """(block, position, vector) for each MLP output active feature ``i`` writes to."""
-        rows = torch.nonzero(self.decoder_owner == i).flatten().tolist()
+        lo, hi = (int(torch.searchsorted(self.decoder_owner, i, right=r)) for r in (False, True))  # sorted owners
         pos = int(self.active[i, 1])
-        return [(int(self.decoder_layer[r]), pos, self.decoder[r]) for r in rows]
+        return [(int(self.decoder_layer[r]), pos, self.decoder[r]) for r in range(lo, hi)]
 
 
 def setup(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders) -> Setup:
