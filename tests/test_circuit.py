@@ -17,6 +17,8 @@ from anatomy_cli.analyses import circuit as algo
 from anatomy_cli.analyses import circuit_check as chk
 from anatomy_cli.analyses import circuit_prune as prune
 from anatomy_cli.engine import replacement as rep
+from anatomy_cli.engine.transcoder import CrossLayer
+from anatomy_cli.engine.transcoder import as_stack
 
 ARCHS = ("llama", "gemma2", "gpt2")
 MORE = ("gemma3", "qwen3", "mixtral")  # Gemma 3, Qwen3, and an MoE block with a transcoder per block
@@ -32,6 +34,23 @@ def random_transcoders(lm, n_features=16, seed=0, skip=False):
             for _ in range(lm.n_layers)]
 
 
+def random_clt(lm, n_features=16, seed=0, skip=False):
+    """A cross-layer transcoder in memory: encoders as random_transcoders' (``W_dec [F, 0]``) and decoders
+    ``decs[l] [F, L - l, d]``. Returns (the CrossLayer, decs)."""
+    g = torch.Generator().manual_seed(seed)
+    n, d = lm.n_layers, lm.d_model
+    enc = [rep.Transcoder(torch.randn(n_features, d, generator=g) / d ** .5, torch.randn(n_features, generator=g) * .1,
+                          torch.zeros(n_features, 0), torch.randn(d, generator=g) * .1,
+                          W_skip=torch.randn(d, d, generator=g) * .05 if skip else None) for _ in range(n)]
+    decs = [torch.randn(n_features, n - layer, d, generator=g) / (n_features * (n - layer)) ** .5
+            for layer in range(n)]
+    return CrossLayer(enc, lambda layer, ids: decs[layer][ids]), decs
+
+
+def make(lm, kind, **kw):
+    return random_transcoders(lm, **kw) if kind == "plt" else random_clt(lm, **kw)[0]
+
+
 def build(lm, tcs, max_feature_nodes=None, batch_size=8):
     s = algo.setup(lm, IDS, tcs)
     targets, probs = algo.salient_logits(s.logits, 10, 0.95)
@@ -42,16 +61,23 @@ def build(lm, tcs, max_feature_nodes=None, batch_size=8):
     return graph, s
 
 
-@pytest.mark.parametrize("arch", ARCHS + MORE)
-def test_replacement_model_reproduces_logits(tiny_lm, arch):
-    lm = tiny_lm(arch)
-    tcs = random_transcoders(lm)
+def frozen_forward_is_the_models(lm, tcs):
+    """The setup and one frozen forward of IDS, after checking that its logits are the real model's. Returns
+    (setup, forward)."""
     with torch.no_grad():
         real = lm.model(input_ids=IDS[None]).logits[0]
     s = algo.setup(lm, IDS, tcs)
     with rep.frozen(lm), torch.no_grad():
         fw = rep.forward(lm, IDS, tcs, 1)
     torch.testing.assert_close(fw.logits[0], real, rtol=0, atol=1e-5)
+    return s, fw
+
+
+@pytest.mark.parametrize("arch", ARCHS + MORE)
+def test_replacement_model_reproduces_logits(tiny_lm, arch):
+    lm = tiny_lm(arch)
+    tcs = random_transcoders(lm)
+    s, fw = frozen_forward_is_the_models(lm, tcs)
     # reconstruction + error = the MLP's output, per layer and position (position 0's error is kept out)
     for layer, tc in enumerate(tcs):
         x = fw.mlp_in[layer][0]
@@ -88,10 +114,11 @@ def test_logit_edges_are_gradient_times_activation(tiny_lm, arch):
             torch.testing.assert_close(row[n_sel + L * P:n_sel + L * P + P], want_tok.detach(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["plt", "clt"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_incoming_edges_plus_bias_equal_preactivation(tiny_lm, arch):
+def test_incoming_edges_plus_bias_equal_preactivation(tiny_lm, arch, kind):
     lm = tiny_lm(arch)
-    tcs = random_transcoders(lm, skip=arch == "llama")
+    tcs = make(lm, kind, skip=arch == "llama")
     graph, s = build(lm, tcs)
     fp = chk.FrozenPrompt(lm, IDS, tcs, graph, s)
     n = graph.adjacency_matrix.shape[0]
@@ -104,14 +131,15 @@ def test_incoming_edges_plus_bias_equal_preactivation(tiny_lm, arch):
     # a feature's value is its pre-activation minus b_enc
     for i in range(graph.n_features):
         layer, pos, feat = s.active[graph.selected_features[i]].tolist()
-        pre = fp.base.mlp_in[layer][0, pos] @ tcs[layer].W_enc[feat]
+        pre = fp.base.mlp_in[layer][0, pos] @ as_stack(tcs).layer(layer).W_enc[feat]
         assert abs(fp.value(fp.base, i) - float(pre)) < 1e-5
 
 
+@pytest.mark.parametrize("kind", ["plt", "clt"])
 @pytest.mark.parametrize("arch", ARCHS + MORE)
-def test_check_by_intervention(tiny_lm, arch):
+def test_check_by_intervention(tiny_lm, arch, kind):
     lm = tiny_lm(arch)
-    tcs = random_transcoders(lm)
+    tcs = make(lm, kind)
     graph, s = build(lm, tcs, max_feature_nodes=20)
     fp = chk.FrozenPrompt(lm, IDS, tcs, graph, s)
     checks = chk.check_edges(fp, 30)
@@ -162,7 +190,7 @@ def test_prune_by_hand():
 
 # ---------------------------------------------------------------- files, CLI, API, refusals
 
-def write_transcoder_set(root, lm, tcs, *, gemma_scope_2=False, d_model=None):
+def write_transcoder_set(root, lm, tcs, *, gemma_scope_2=False, d_model=None, extra=""):
     """circuit-tracer's transcoder_set layout (or Gemma Scope 2's tensor names) for ``tcs``."""
     from safetensors.torch import save_file
 
@@ -179,7 +207,7 @@ def write_transcoder_set(root, lm, tcs, *, gemma_scope_2=False, d_model=None):
         save_file(t, str(root / f"layer_{layer}.safetensors"))
         files.append(f"layer_{layer}.safetensors")
     (root / "config.yaml").write_text(
-        "model_kind: transcoder_set\nscan: tiny-test\nfeature_input_hook: mlp.hook_in\n"
+        f"model_kind: transcoder_set\nscan: tiny-test\nfeature_input_hook: mlp.hook_in\n{extra}"
         "feature_output_hook: mlp.hook_out\ntranscoders:\n" + "".join(f"  - {f}\n" for f in files))
     return root
 
@@ -262,6 +290,26 @@ def test_gemma_scope_2_layout_reads_the_same(tiny_lm, tmp_path):
     assert got[1].threshold is not None
 
 
+def write_clt(root, clt, decs, *, threshold=True):
+    """circuit-tracer's cross_layer_transcoder layout (``CrossLayerTranscoder.to_safetensors`` + a config):
+    ``W_enc_{l}.safetensors`` (``W_enc_l``, ``b_enc_l``, ``b_dec_l``, ``threshold_l``, ``W_skip_l`` as x @ W_skip_l)
+    and ``W_dec_{l}.safetensors``."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    for layer, tc in enumerate(clt.encoders):
+        t = {f"W_enc_{layer}": tc.W_enc, f"b_enc_{layer}": tc.b_enc, f"b_dec_{layer}": tc.b_dec}
+        if threshold:
+            t[f"threshold_{layer}"] = torch.zeros(tc.W_enc.shape[0])
+        if tc.W_skip is not None:
+            t[f"W_skip_{layer}"] = tc.W_skip.T.contiguous()
+        save_file(t, str(root / f"W_enc_{layer}.safetensors"))
+        save_file({f"W_dec_{layer}": decs[layer].contiguous()}, str(root / f"W_dec_{layer}.safetensors"))
+    (root / "config.yaml").write_text("model_kind: cross_layer_transcoder\nscan: tiny-clt\n"
+                                      "feature_input_hook: mlp.hook_in\nfeature_output_hook: mlp.hook_out\n")
+    return root
+
+
 def test_api_matches_cli_record(tiny_model_dir, tiny_lm, tmp_path):
     import anatomy_cli as anatomy
 
@@ -294,6 +342,11 @@ def test_refusals_before_weights_load(tiny_model_dir, tiny_lm, tmp_path, monkeyp
     assert enc.exit_code == 2 and len(enc.stderr.strip().splitlines()) == 1
     bad = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir), "--node-threshold", "2")
     assert bad.exit_code == 2 and "--node-threshold" in bad.stderr
-    (tdir / "config.yaml").write_text("model_kind: cross_layer_transcoder\ntranscoders: [a]\n")
-    clt = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir))
-    assert clt.exit_code == 2 and "cross_layer_transcoder" in clt.stderr
+    (tdir / "config.yaml").write_text("model_kind: mystery_transcoder\ntranscoders: [a]\n")
+    kind = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(tdir))
+    assert kind.exit_code == 2 and "mystery_transcoder" in kind.stderr
+    clt, decs = random_clt(lm)
+    cdir = write_clt(tmp_path / "clt", clt, decs)
+    (cdir / "W_dec_1.safetensors").unlink()
+    missing_dec = invoke("circuit", "Hi there", "--model", model, "--transcoders", str(cdir))
+    assert missing_dec.exit_code == 2 and "W_dec_1.safetensors is missing" in missing_dec.stderr

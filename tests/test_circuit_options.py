@@ -119,7 +119,7 @@ def test_offload_gives_the_same_graph(setting, tmp_path):
 
 
 def test_disk_offload_keeps_only_the_skip_paths(setting):
-    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.engine.transcoder import Offloaded
     from anatomy_cli.models import transcoders as files
     from anatomy_cli.tasks._circuit import load_transcoders
 
@@ -138,7 +138,7 @@ def test_cpu_offload_off_the_cpu_moves_one_block_when_used(setting):
     transcoder in host memory, its W_skip on the device, and moves the whole block there only inside weights()."""
     from types import SimpleNamespace
 
-    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.engine.transcoder import Offloaded
     from anatomy_cli.models import transcoders as files
     from anatomy_cli.tasks._circuit import load_transcoders
 

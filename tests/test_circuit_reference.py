@@ -5,7 +5,8 @@ circuit-tracer pins transformers 4.57.3 (and nnsight), so it lives in its own ve
 or the Python that ``$ANATOMY_CT_PYTHON`` names. Skipped, with the reason, where neither imports circuit_tracer.
 
 tests/reference/circuit_tracer_ref.py runs in that venv: it writes the transcoders (circuit-tracer's ``transcoder_set``
-layout: ``config.yaml`` + ``layer_i.safetensors``; JumpReLU on even blocks, ReLU on odd) for the directory that
+layout: ``config.yaml`` + ``layer_i.safetensors``; JumpReLU on even blocks, ReLU on odd; and, as the second case, a
+cross-layer transcoder in its ``load_clt`` layout: ``W_enc_l`` / ``W_dec_l [F, L - l, d]``) for the directory that
 ``anatomy convert`` makes of the GGUF file, runs ``attribute(...)`` (max_feature_nodes 64, batch 8, so the feature rows
 come in influence order with two re-rankings), ``prune_graph``, ``compute_graph_scores`` and ``create_graph_files``, and
 saves every result as plain tensors. anatomy runs the same prompt with circuit-tracer's BOS (``--bos``); then
@@ -52,19 +53,29 @@ def run_ct(python: str, *args: str | Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def ct(tmp_path_factory, smollm2_lm):
-    """circuit-tracer's run: (python, model dir, out dir, reference record, its JSON)."""
-    python = ct_python()
-    if python is None:
-        pytest.skip("circuit-tracer is not installed: .ci/run builds .venv-ct (or set ANATOMY_CT_PYTHON)")
+def smollm2_dir(tmp_path_factory, smollm2_lm):
+    """``anatomy convert``'s directory of the session's SmolLM2 (what circuit-tracer's transformers reads)."""
     from anatomy_cli.cli.commands.convert import write_directory
 
     model = tmp_path_factory.mktemp("smollm2-hf")
     write_directory(smollm2_lm, model)
-    out = tmp_path_factory.mktemp("ct")
+    return model
+
+
+@pytest.fixture(scope="module", params=["plt", "clt"])
+def ct(request, tmp_path_factory):
+    """circuit-tracer's run: (python, model dir, out dir, reference record, its JSON); once with per-layer
+    transcoders, once with a cross-layer transcoder (its ``load_clt`` folder)."""
+    python = ct_python()
+    if python is None:
+        pytest.skip("circuit-tracer is not installed: .ci/run builds .venv-ct (or set ANATOMY_CT_PYTHON)")
+    model = request.getfixturevalue("smollm2_dir")
+    out = tmp_path_factory.mktemp(f"ct-{request.param}")
     run_ct(python, "attribute", "--model", model, "--out", out, "--prompt", PROMPT, "--features", 64, "--seed", 0,
-           "--max-feature-nodes", MAX_FEATURE_NODES, "--batch-size", BATCH)  # writes the transcoders first
+           "--max-feature-nodes", MAX_FEATURE_NODES, "--batch-size", BATCH,
+           "--kind", request.param)  # writes the transcoders first
     record = torch.load(out / "reference.pt", weights_only=False)
+    record["kind"] = request.param
     return python, model, out, record, json.loads((out / "ct.json").read_text())
 
 
@@ -74,6 +85,7 @@ def test_circuit_tracer_reference_is_consistent(ct):
     added, none at the BOS position)."""
     *_, ref, _ = ct
     assert ref["roundtrip_equal"]  # Graph.from_pt(to_pt(g)) prunes and scores as g
+    assert ref["scan"] == f"random-{ref['kind']}-seed0"  # the transcoders of this case
     n_active, n_sel = len(ref["active_features"]), len(ref["selected_features"])
     assert n_active > MAX_FEATURE_NODES == n_sel  # the influence ranking chose the rows
     assert ref["input_tokens"][0].item() == 1 and ref["input_string"].startswith("<|im_start|>")  # BOS prepended
@@ -143,6 +155,11 @@ def test_graph_equals_circuit_tracers(ct, ours):
     assert got["adjacency_matrix"].dtype == torch.float32
     assert got["adjacency_matrix"].shape == ref["adjacency_matrix"].shape
     assert rel_err(got["adjacency_matrix"], ref["adjacency_matrix"]) <= REL
+    # the feature sources on their own scale (a cross-layer feature's edge sums its slices over later blocks; error
+    # and token edges, larger, would hide a wrong feature column in the whole matrix's maximum)
+    n_sel = len(ref["selected_features"])
+    assert rel_err(got["adjacency_matrix"][:, :n_sel], ref["adjacency_matrix"][:, :n_sel]) <= REL
+    assert got["scan"] == ref["scan"]
     assert got["vocab_size"] == ref["vocab_size"] and got["n_layers"] == ref["n_layers"]
 
 

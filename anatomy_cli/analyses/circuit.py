@@ -7,7 +7,6 @@ error nodes, layer-major (``l * n_pos + pos``) | tokens (``n_pos``) | logits. Ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -15,6 +14,8 @@ import torch
 
 from anatomy_cli.engine import replacement as rep
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.transcoder import Transcoders
+from anatomy_cli.engine.transcoder import as_stack
 
 
 @dataclass
@@ -49,46 +50,68 @@ class CircuitGraph:
 
 @dataclass
 class Setup:
-    """What the rows need: ``active [n, 3]``, ``values [n]``, ``encoder [n, d]`` (W_enc rows), ``decoder [n, d]``
-    (act · W_dec), ``errors [L, P, d]``, ``tokens [P, d]`` (the embedding's output) and the real ``logits [V]``."""
+    """What the rows need: ``active [n, 3]``, ``values [n]``, ``encoder [n, d]`` (W_enc rows), ``decoder [m, d]``
+    (act · decoder row), ``decoder_layer [m]`` (the block each row writes to) and ``decoder_owner [m]`` (its
+    active feature, nondecreasing; per-layer sets: m = n, row i is feature i's; a cross-layer transcoder's feature
+    at layer l has L - l rows), ``errors [L, P, d]``, ``tokens [P, d]`` (the embedding's output) and the real
+    ``logits [V]``."""
 
     active: torch.Tensor
     values: torch.Tensor
     encoder: torch.Tensor
     decoder: torch.Tensor
+    decoder_layer: torch.Tensor
+    decoder_owner: torch.Tensor
     errors: torch.Tensor
     tokens: torch.Tensor
     logits: torch.Tensor
 
+    def writes(self, i: int) -> list[tuple[int, int, torch.Tensor]]:
+        """(block, position, vector) for each MLP output active feature ``i`` writes to."""
+        lo, hi = (int(torch.searchsorted(self.decoder_owner, i, right=r)) for r in (False, True))  # sorted owners
+        pos = int(self.active[i, 1])
+        return [(int(self.decoder_layer[r]), pos, self.decoder[r]) for r in range(lo, hi)]
 
-def setup(lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder]) -> Setup:
+
+def setup(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders) -> Setup:
     """One forward: per layer the features active at positions 1.. (position 0 is kept out, as circuit-tracer
-    does) and the error ``mlp_out - reconstruction`` (zero at position 0). Each layer's whole transcoder is used
-    here once (``weights()``: an offloaded one is brought in for it and dropped after); the attribution keeps
+    does), their decoder rows (per block written to) and the error ``mlp_out - reconstruction`` (zero at
+    position 0), the reconstruction summing every decoder row that writes to the block. Each layer's encoder is
+    used here once (``weights()``: an offloaded one is brought in for it and dropped after); the attribution keeps
     only the active features' encoder and decoder rows."""
+    stack = as_stack(transcoders)
     with rep.frozen(lm), torch.no_grad():
-        fw = rep.forward(lm, ids, transcoders, 1)
-    active, values, enc, dec, errors = [], [], [], [], []
-    for layer, tc in enumerate(transcoders):
-        with tc.weights() as full:
-            x = fw.mlp_in[layer][0].float()
+        fw = rep.forward(lm, ids, stack, 1)
+    d, n_pos = lm.d_model, len(ids)
+    active, values, enc, dec, dec_layer, owner, bias = [], [], [], [], [], [], []
+    n = 0
+    for layer in range(stack.n_layers):
+        x = fw.mlp_in[layer][0].float()
+        with stack.layer(layer).weights() as full:
             acts = full.encode(x)
             acts[0] = 0
-            errors.append(fw.mlp_out[layer][0].float() - full.decode(acts, x))
-            where = acts.nonzero()  # [n, 2] (position, feature), row-major: the sparse tensor's order
+            where = acts.nonzero()  # [k, 2] (position, feature), row-major: the sparse tensor's sorted order
             feats = where[:, 1]
             enc.append(full.W_enc[feats].float())
-            dec.append(full.W_dec[feats].float())
+            rows = stack.decoder_rows(layer, feats, full).float()  # [k, n_out, d]
+            bias.append(full.b_dec.float() + full.skip(x))
             del full
-        values.append(acts[where[:, 0], feats])
+        vals = acts[where[:, 0], feats]
+        values.append(vals)
         active.append(torch.cat([torch.full_like(where[:, :1], layer), where], 1))
-    d = lm.d_model
-    err = torch.stack(errors)
-    err[:, 0] = 0
-    vals = torch.cat(values) if values else torch.zeros(0)
-    return Setup(torch.cat(active) if active else torch.zeros(0, 3, dtype=torch.long), vals,
-                 torch.cat(enc) if enc else torch.zeros(0, d), (torch.cat(dec) if dec else torch.zeros(0, d)) *
-                 vals[:, None], err, fw.embed[0].detach().float(), fw.logits[0, -1].detach().float())
+        dec.append((rows * vals.to(rows.device)[:, None, None]).reshape(-1, d))
+        dec_layer.append((layer + torch.arange(rows.shape[1], device=rows.device)).repeat(len(feats)))
+        owner.append((n + torch.arange(len(feats), device=rows.device)).repeat_interleave(rows.shape[1]))
+        n += len(feats)
+    s = Setup(torch.cat(active), torch.cat(values), torch.cat(enc), torch.cat(dec), torch.cat(dec_layer),
+              torch.cat(owner), torch.zeros(0), fw.embed[0].detach().float(), fw.logits[0, -1].detach().float())
+    recon = torch.zeros(stack.n_layers * n_pos, d, device=s.decoder.device)
+    recon.index_add_(0, s.decoder_layer * n_pos + s.active[s.decoder_owner, 1], s.decoder)
+    recon = recon.reshape(stack.n_layers, n_pos, d)
+    s.errors = torch.stack([fw.mlp_out[layer][0].float() - recon[layer] - bias[layer]
+                            for layer in range(stack.n_layers)])
+    s.errors[:, 0] = 0
+    return s
 
 
 def salient_logits(logits: torch.Tensor, max_n_logits: int, desired_prob: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +133,7 @@ def logit_vectors(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 class Rows:
     """Direct effects on batches of targets: one frozen forward of ``batch`` copies, one backward per batch."""
 
-    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder], s: Setup,
+    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, s: Setup,
                  batch: int) -> None:
         self.lm, self.s, self.batch = lm, s, batch
         self._ctx = rep.frozen(lm)
@@ -132,15 +155,27 @@ class Rows:
         grads = torch.autograd.grad(total, [fw.embed, *fw.mlp_out], retain_graph=True, allow_unused=True)
         g_embed = grads[0].float()
         g_mlp = torch.stack([torch.zeros_like(g_embed) if g is None else g.float() for g in grads[1:]])[:, :n]
-        a = s.active
-        feats = torch.einsum("nbd,nd->bn", g_mlp[a[:, 0], :, a[:, 1]], s.decoder) if len(a) else \
-            g_embed.new_zeros(n, 0)
+        feats = self.feature_edges(g_mlp)
         errs = torch.einsum("lbpd,lpd->blp", g_mlp, s.errors).reshape(n, -1)
         toks = torch.einsum("bpd,pd->bp", g_embed[:n], s.tokens)
         return torch.cat([feats, errs, toks], 1).cpu()
 
 
-def attribute(lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder], targets: torch.Tensor,
+    def feature_edges(self, g_mlp: torch.Tensor) -> torch.Tensor:
+        """``[B, n_active]``: per target, the sum over each feature's decoder rows of the gradient at the block
+        and position a row writes to · the row (chunks of rows bound the gathered gradients' memory)."""
+        s = self.s
+        out = g_mlp.new_zeros(g_mlp.shape[1], len(s.active))
+        pos = s.active[s.decoder_owner, 1]
+        step = max(1, 2 ** 26 // max(1, g_mlp.shape[1] * g_mlp.shape[-1]))
+        for i in range(0, len(s.decoder), step):
+            j = slice(i, i + step)
+            rows = torch.einsum("mbd,md->bm", g_mlp[s.decoder_layer[j], :, pos[j]], s.decoder[j])
+            out.index_add_(1, s.decoder_owner[j], rows)
+        return out
+
+
+def attribute(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, targets: torch.Tensor,
               probs: torch.Tensor, *, batch_size: int, max_feature_nodes: int | None, update_interval: int = 4,
               s: Setup | None = None) -> tuple[torch.Tensor, torch.Tensor, Setup]:
     """circuit-tracer's loop (attribute.py): logit rows, then feature rows in the order of their influence on the

@@ -5,7 +5,6 @@ input by that edge's weight exactly; and the bias run (every source removed) giv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +14,7 @@ from anatomy_cli.analyses.circuit import Setup
 from anatomy_cli.analyses.circuit import logit_vectors
 from anatomy_cli.engine import replacement as rep
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.transcoder import Transcoders
 
 
 @dataclass(frozen=True)
@@ -32,27 +32,26 @@ class EdgeCheck:
 class FrozenPrompt:
     """The prompt's frozen forward, recorded once; :meth:`run` replays it with sources removed."""
 
-    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[rep.AnyTranscoder],
-                 graph: CircuitGraph, s: Setup) -> None:
+    def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, graph: CircuitGraph,
+                 s: Setup) -> None:
         self.lm, self.ids, self.tcs, self.graph, self.s = lm, ids, transcoders, graph, s
         with rep.frozen(lm) as fz, torch.no_grad():
             self.base = rep.forward(lm, ids, transcoders, 1)
         self.freezer = fz
         self.logit_vecs = logit_vectors(lm, torch.tensor([t for _, t in graph.logit_targets]))
 
-    def source(self, node: int) -> tuple[int, int, torch.Tensor]:
-        """(layer, position, vector) a source node writes (layer -1: the embedding)."""
+    def source(self, node: int) -> list[tuple[int, int, torch.Tensor]]:
+        """(layer, position, vector) for each place a source node writes (layer -1: the embedding); a
+        cross-layer feature writes to every block from its own on."""
         g, s = self.graph, self.s
         n_sel, n_pos, n_layers = g.n_features, g.n_pos, g.n_layers
         if node < n_sel:
-            i = int(g.selected_features[node])
-            layer, pos, _ = (int(v) for v in s.active[i])
-            return layer, pos, s.decoder[i]
+            return s.writes(int(g.selected_features[node]))
         node -= n_sel
         if node < n_layers * n_pos:
-            return node // n_pos, node % n_pos, s.errors[node // n_pos, node % n_pos]
+            return [(node // n_pos, node % n_pos, s.errors[node // n_pos, node % n_pos])]
         pos = node - n_layers * n_pos
-        return -1, pos, s.tokens[pos]
+        return [(-1, pos, s.tokens[pos])]
 
     def value(self, fw: rep.Forward, node: int) -> float:
         """A target's input: a logit node's demeaned unembedding · final norm output at the last position; a
@@ -91,7 +90,7 @@ def check_edges(fp: FrozenPrompt, n: int, seed: int = 0) -> list[EdgeCheck]:
     pick = torch.randperm(len(targets), generator=torch.Generator().manual_seed(seed))[:n]
     out = []
     for t, src in zip(targets[pick].tolist(), sources[pick].tolist()):
-        measured = fp.value(fp.base, t) - fp.value(fp.run([fp.source(src)]), t)
+        measured = fp.value(fp.base, t) - fp.value(fp.run(fp.source(src)), t)
         out.append(EdgeCheck(t, src, float(a[t, src]), measured))
     return out
 
@@ -101,6 +100,6 @@ def bias_terms(fp: FrozenPrompt, rows: list[int]) -> list[float]:
     edges do not carry (biases, position embeddings, the BOS position's MLP outputs)."""
     g = fp.graph
     n_sources = g.adjacency_matrix.shape[0] - g.n_logits
-    removed = [fp.source(i) for i in range(n_sources)]
+    removed = [w for i in range(n_sources) for w in fp.source(i)]
     fw = fp.run(removed)
     return [fp.value(fw, r) for r in rows]

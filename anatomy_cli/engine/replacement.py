@@ -10,84 +10,20 @@ frozen rules and keeps what the rows need; :func:`rows` takes one backward per b
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from collections.abc import Iterator
-from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from typing import Union
 
 import torch
 
 from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.transcoder import Transcoder as Transcoder  # callers build rep.Transcoder
+from anatomy_cli.engine.transcoder import Transcoders
+from anatomy_cli.engine.transcoder import as_stack
 
 FROZEN_ATTENTION = "anatomy_frozen"
-
-
-@dataclass
-class Transcoder:
-    """One layer's transcoder, circuit-tracer's layout: ``W_enc [F, d]``, ``b_enc [F]``, ``W_dec [F, d]``,
-    ``b_dec [d]``, JumpReLU ``threshold [F]`` or None, TopK ``k`` or None, ``W_skip [d, d]`` (skip = x @ W_skip.T)."""
-
-    W_enc: torch.Tensor
-    b_enc: torch.Tensor
-    W_dec: torch.Tensor
-    b_dec: torch.Tensor
-    threshold: torch.Tensor | None = None
-    k: int | None = None
-    W_skip: torch.Tensor | None = None
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., d]`` -> activations ``[..., F]`` (ReLU, JumpReLU ``x * (x > threshold)`` or TopK)."""
-        pre = torch.nn.functional.linear(x, self.W_enc, self.b_enc)
-        if self.threshold is not None:
-            return pre * (pre > self.threshold)
-        if self.k is not None:
-            top = pre.topk(self.k, dim=-1)
-            return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
-        return pre.relu()
-
-    def skip(self, x: torch.Tensor) -> torch.Tensor:
-        return skip(self.W_skip, x)
-
-    def decode(self, acts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return acts @ self.W_dec + self.b_dec + self.skip(x)
-
-    @contextmanager
-    def weights(self) -> Iterator[Transcoder]:
-        """The whole transcoder for one use (it is here already)."""
-        yield self
-
-
-def skip(w_skip: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """A skip transcoder's linear path ``x @ W_skip.T`` (zero without one)."""
-    return x @ w_skip.T if w_skip is not None else torch.zeros_like(x)
-
-
-@dataclass
-class Offloaded:
-    """A transcoder kept off the compute device (``--offload``): only ``W_skip`` (every frozen forward uses it)
-    stays there; :meth:`weights` brings the whole transcoder (``load()``: from host memory or from its file) for
-    one use, and it is dropped after. The attribution uses the encoder and decoder once, in :func:`setup`."""
-
-    load: Callable[[], Transcoder]
-    W_skip: torch.Tensor | None = None
-
-    def skip(self, x: torch.Tensor) -> torch.Tensor:
-        return skip(self.W_skip, x)
-
-    @contextmanager
-    def weights(self) -> Iterator[Transcoder]:
-        tc = self.load()
-        try:
-            yield tc
-        finally:
-            del tc
-
-
-AnyTranscoder = Union[Transcoder, Offloaded]
 
 
 class Freezer:
@@ -248,12 +184,13 @@ class Forward:
     logits: torch.Tensor
 
 
-def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[AnyTranscoder], batch: int,
+def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch: int,
             edit: Any = None) -> Forward:
     """Run the frozen model on ``ids [P]`` repeated ``batch`` times, inside :func:`frozen`.
     ``edit(layer, value) -> value`` changes what an MLP writes (layer -1: the embedding) (interventions, with
     the freezer replaying)."""
     n = lm.n_layers
+    stack = as_stack(transcoders)
     mlp_in: list[Any] = [None] * n
     mlp_out: list[Any] = [None] * n
     got: dict[str, torch.Tensor] = {}
@@ -263,7 +200,7 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Sequence[AnyTransco
         return None
 
     def put_out(layer: int, value: torch.Tensor) -> torch.Tensor:
-        skip = transcoders[layer].skip(mlp_in[layer]).to(value.dtype)
+        skip = stack.layer(layer).skip(mlp_in[layer]).to(value.dtype)
         freezer = _ACTIVE[-1]
         if freezer.replay:
             const = freezer.mlp_const[layer]

@@ -2,10 +2,16 @@
 ``config.yaml`` with ``model_kind``, ``feature_input_hook``, ``feature_output_hook``, ``scan`` and ``transcoders:``
 one safetensors path per layer: ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc``, ``b_dec``, optional
 ``activation_function.threshold`` (JumpReLU) or ``threshold``, ``W_skip [d, d]``) and Gemma Scope 2's per-layer
-safetensors (``w_enc [d, F]``, ``w_dec [F, d]``, ``b_enc``, ``b_dec``, ``threshold``, ``affine_skip_connection``).
+safetensors (``w_enc [d, F]``, ``w_dec [F, d]``, ``b_enc``, ``b_dec``, ``threshold``, ``affine_skip_connection``);
+and circuit-tracer's ``cross_layer_transcoder`` folder (its ``load_clt`` layout: the config beside
+``W_enc_{l}.safetensors`` with ``W_enc_{l} [F, d]``, ``b_enc_{l}``, ``b_dec_{l}``, optional ``threshold_{l}``
+(JumpReLU) and ``W_skip_{l} [d, d]`` (skip = x @ W_skip_l), and ``W_dec_{l}.safetensors`` with
+``W_dec_{l} [F, L - l, d]``: layer l's features write to the MLP outputs of blocks l..L-1); or, with no config,
+SAELens / sparsify transcoder folders, one per block (models/transcoder_sae.py).
 
 :func:`describe` reads the config and the tensors' shapes only (no values): every refusal comes from it.
-:func:`load_layer` reads one layer's arrays (numpy, circuit-tracer's orientation).
+:func:`load_layer` reads one layer's arrays (numpy, circuit-tracer's orientation); :func:`read_decoder` reads a
+cross-layer transcoder's decoder rows for the features asked (the lazy read: ``W_dec_{l}`` is never loaded whole).
 """
 
 from __future__ import annotations
@@ -22,15 +28,17 @@ from anatomy_cli.models.sae.names import hook_point
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
 
-KINDS = ("transcoder_set",)
+KINDS = ("transcoder_set", "cross_layer_transcoder")
 
 
 @dataclass(frozen=True)
 class TranscoderSet:
     """``paths[l]``: layer l's file; ``d_model``, ``d_transcoder`` from the shapes; ``input_site`` /
     ``output_site``: anatomy's sites (``mlp_in`` / ``mlp_out``); ``scan``: the config's; ``gemma_scope_2``: the
-    files use Gemma Scope 2's names; ``layer_bytes``: one layer's arrays in float32 (the first file's shapes),
-    ``skip_bytes`` its ``W_skip``'s (0: none)."""
+    files use Gemma Scope 2's names; ``layer_bytes``: one layer's arrays in float32 (the first file's shapes; a
+    cross-layer transcoder's: its encoder file, the decoders read row by row), ``skip_bytes`` its ``W_skip``'s
+    (0: none); ``cross_layer``: a cross-layer transcoder, ``paths`` its ``W_enc_{l}`` files and ``decoders`` its
+    ``W_dec_{l}`` files; ``sae_format``: SAELens / sparsify folders, ``paths`` one per block."""
 
     root: Path
     paths: tuple[Path, ...]
@@ -43,6 +51,9 @@ class TranscoderSet:
     k: int | None
     layer_bytes: int = 0
     skip_bytes: int = 0
+    cross_layer: bool = False
+    decoders: tuple[Path, ...] = ()
+    sae_format: str | None = None
 
     @property
     def n_layers(self) -> int:
@@ -78,8 +89,13 @@ def _config(root: Path) -> dict[str, Any]:
             return data
     if (root / "config.json").is_file():
         return dict(json.loads((root / "config.json").read_text()))
+    from anatomy_cli.models import transcoder_sae
+
+    if transcoder_sae.folders(root):
+        return {"model_kind": "sae_folders"}
     raise UsageError(f"--transcoders {root}: no config.yaml there (circuit-tracer's transcoder_set layout: "
-                     f"model_kind, feature_input_hook, feature_output_hook, transcoders: one file per layer)")
+                     f"model_kind, feature_input_hook, feature_output_hook, transcoders: one file per layer), "
+                     f"nor SAELens / sparsify transcoder folders (cfg.json), one per block")
 
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -100,9 +116,16 @@ def describe(root: str | Path) -> TranscoderSet:
         raise UsageError(f"--transcoders {root}: no such directory")
     cfg = _config(root)
     kind = cfg.get("model_kind", "transcoder_set")
+    if kind == "sae_folders":  # SAELens / sparsify transcoders, one folder per block
+        from anatomy_cli.models import transcoder_sae
+
+        return TranscoderSet(root, input_site=Site.mlp_in, output_site=Site.mlp_out, scan=None, gemma_scope_2=False,
+                             k=None, **transcoder_sae.describe(root))
     if kind not in KINDS:
         raise UsageError(f"--transcoders {root}: model_kind '{kind}' is not read yet (anatomy reads "
                          f"{', '.join(KINDS)})")
+    if kind == "cross_layer_transcoder":
+        return _describe_clt(root, cfg)
     files = cfg.get("transcoders")
     if not isinstance(files, list) or not files:
         raise UsageError(f"{root}/config.yaml: 'transcoders' must list one file per layer")
@@ -123,8 +146,41 @@ def describe(root: str | Path) -> TranscoderSet:
     return TranscoderSet(root, paths, int(d_model), int(d_tc),
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
-                         cfg.get("scan"), gs2, cfg.get("k"), 4 * sum(math.prod(v) for v in first.values()),
-                         4 * math.prod(first.get("affine_skip_connection" if gs2 else "W_skip", (0,))))
+                         cfg.get("scan"), gs2, cfg.get("k"),
+                         *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"))
+
+
+def _bytes(shapes: dict[str, tuple[int, ...]], skip: str) -> tuple[int, int]:
+    """(layer_bytes, skip_bytes) in float32 from one file's shapes."""
+    return 4 * sum(math.prod(v) for v in shapes.values()), 4 * math.prod(shapes.get(skip, (0,)))
+
+
+def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
+    """A cross-layer transcoder: ``W_enc_{l}`` / ``W_dec_{l}`` files for l = 0..L-1 beside the config, their
+    shapes ``[F, d]`` and ``[F, L - l, d]``."""
+    n = len(list(root.glob("W_enc_*.safetensors")))
+    if n == 0:
+        raise UsageError(f"--transcoders {root}: a cross_layer_transcoder folder holds W_enc_0.safetensors .. "
+                         f"and W_dec_0.safetensors .. (circuit-tracer's load_clt layout); none there")
+    enc = tuple(root / f"W_enc_{l}.safetensors" for l in range(n))
+    dec = tuple(root / f"W_dec_{l}.safetensors" for l in range(n))
+    for p in enc + dec:
+        if not p.is_file():
+            raise UsageError(f"--transcoders {root}: {p.name} is missing (layers 0..{n - 1} need W_enc_l and W_dec_l)")
+    first = _shapes(enc[0]).get("W_enc_0")
+    if first is None or len(first) != 2:
+        raise UsageError(f"{enc[0]}: no W_enc_0 [F, d] tensor")
+    d_tc, d_model = first
+    for layer in range(n):
+        got = (_shapes(enc[layer]).get(f"W_enc_{layer}"), _shapes(dec[layer]).get(f"W_dec_{layer}"))
+        want = ((d_tc, d_model), (d_tc, n - layer, d_model))
+        if got != want:
+            raise UsageError(f"{root}: layer {layer}'s W_enc_{layer}, W_dec_{layer} are {got[0]}, {got[1]}; "
+                             f"expected {want[0]}, {want[1]}")
+    return TranscoderSet(root, enc, int(d_model), int(d_tc),
+                         _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
+                         _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
+                         cfg.get("scan"), False, None, *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec)
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:
@@ -140,10 +196,20 @@ def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> No
 
 def load_layer(ts: TranscoderSet, layer: int) -> dict[str, Any]:
     """Layer ``layer``'s arrays in circuit-tracer's orientation: ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc``,
-    ``b_dec``, ``threshold`` or None, ``W_skip [d, d]`` or None."""
+    ``b_dec``, ``threshold`` or None, ``W_skip [d, d]`` or None (skip = x @ W_skip.T); a cross-layer transcoder's
+    ``W_dec`` is None (:func:`read_decoder`)."""
     from safetensors.numpy import load_file
 
+    if ts.sae_format is not None:
+        from anatomy_cli.models import transcoder_sae
+
+        return transcoder_sae.load_layer(ts.paths[layer])
     t = load_file(str(ts.paths[layer]))
+    if ts.cross_layer:  # W_dec is read_decoder's; the skip turned to x @ W_skip.T as the per-layer sets have it
+        skip = t.get(f"W_skip_{layer}")
+        return {"W_enc": t[f"W_enc_{layer}"], "W_dec": None, "b_enc": t[f"b_enc_{layer}"],
+                "b_dec": t[f"b_dec_{layer}"], "threshold": t.get(f"threshold_{layer}"),
+                "W_skip": None if skip is None else skip.T}
     if ts.gemma_scope_2:
         skip = t.get("affine_skip_connection")
         return {"W_enc": t["w_enc"].T, "W_dec": t["w_dec"], "b_enc": t["b_enc"], "b_dec": t["b_dec"],
@@ -154,13 +220,36 @@ def load_layer(ts: TranscoderSet, layer: int) -> dict[str, Any]:
 
 def load_array(ts: TranscoderSet, layer: int, name: str) -> Any:
     """One array of layer ``layer`` (circuit-tracer's name and orientation: ``W_skip`` is ``[d, d]``), read
-    alone from the file (the others are not read), or None when the file has none."""
+    alone from the file (the others are not read), or None when the file has none. SAELens / sparsify folders:
+    read through their own reader (the whole layer, once)."""
     from safetensors import safe_open
 
-    names = {"W_skip": "affine_skip_connection"} if ts.gemma_scope_2 else {}
-    key = names.get(name, name)
+    if ts.sae_format is not None:
+        return load_layer(ts, layer)[name]
+    transposed = ts.gemma_scope_2 or ts.cross_layer  # both store the skip as x @ W
+    key = {"W_skip": "affine_skip_connection"}.get(name, name) if ts.gemma_scope_2 else \
+        f"{name}_{layer}" if ts.cross_layer else name
     with safe_open(str(ts.paths[layer]), framework="numpy") as f:
         if key not in f.keys():
             return None
         value = f.get_tensor(key)
-    return value.T if ts.gemma_scope_2 and name == "W_skip" else value
+    return value.T if transposed and name == "W_skip" else value
+
+
+def read_decoder(ts: TranscoderSet, layer: int, ids: Any) -> Any:
+    """Rows ``ids`` (sorted, distinct) of a cross-layer transcoder's ``W_dec_{layer}``: ``[k, L - layer, d]``
+    (numpy), each run of consecutive ids one slice of the file."""
+    import numpy as np
+    from safetensors import safe_open
+
+    ids = [int(i) for i in ids]
+    with safe_open(str(ts.decoders[layer]), framework="numpy") as f:
+        sl = f.get_slice(f"W_dec_{layer}")
+        parts, start = [], 0
+        for j in range(1, len(ids) + 1):
+            if j == len(ids) or ids[j] != ids[j - 1] + 1:
+                parts.append(sl[ids[start]:ids[j - 1] + 1])
+                start = j
+    if not parts:
+        return np.zeros((0, ts.n_layers - layer, ts.d_model), dtype=np.float32)
+    return np.concatenate(parts)

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.circuit_prune import PruneResult
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.engine.replacement import AnyTranscoder
-    from anatomy_cli.engine.replacement import Transcoder
+    from anatomy_cli.engine.transcoder import AnyTranscoder
+    from anatomy_cli.engine.transcoder import Transcoder
+    from anatomy_cli.engine.transcoder import Transcoders
 
 # The options and plan are tasks/circuit.py's CircuitOptions and CircuitPlan (typed Any here: that module
 # imports this one).
@@ -77,38 +78,44 @@ class CircuitResult:
 
 
 
-def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str | None = None
-                     ) -> list[AnyTranscoder]:
-    """Every layer's transcoder on the model's device; ``offload``: ``cpu`` keeps them in host memory and moves
-    one layer at a time to the device when it is used (nothing to move when the model runs on the CPU),
+def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str | None = None) -> Transcoders:
+    """Every layer's transcoder on the model's device, fp32; ``offload``: ``cpu`` keeps them in host memory and
+    moves one layer at a time to the device when it is used (nothing to move when the model runs on the CPU),
     ``disk`` reads a layer from its file when it is used and drops it after (peak memory: one layer). Either way
-    only ``W_skip`` stays on the device (every frozen forward uses it)."""
-    from anatomy_cli.engine.replacement import Offloaded
+    only ``W_skip`` stays on the device (every frozen forward uses it). A cross-layer transcoder: its encoders
+    so (each ``W_dec [F, 0]``), and a reader of the decoder rows the active features need, from the file
+    whatever the offload (``W_dec_l`` is never loaded whole)."""
+    from anatomy_cli.engine.transcoder import CrossLayer
+    from anatomy_cli.engine.transcoder import Offloaded
 
     if offload == "cpu" and lm.device.type == "cpu":
         notes.info("--offload cpu: the model runs on the CPU, so the transcoders are on it already (nothing moved)")
         offload = None
-    if offload == "disk":
-        return [Offloaded(partial(_layer, ts, layer, lm.device), _skip(ts, layer, lm.device))
-                for layer in range(ts.n_layers)]
     out: list[AnyTranscoder] = []
     for layer in range(ts.n_layers):
-        if offload == "cpu":
+        if offload == "disk":
+            out.append(Offloaded(partial(_layer, ts, layer, lm.device), _skip(ts, layer, lm.device)))
+        elif offload == "cpu":
             host = _layer(ts, layer, torch.device("cpu"))
             out.append(Offloaded(partial(_moved, host, lm.device),
                                  None if host.W_skip is None else host.W_skip.to(lm.device)))
         else:
             out.append(_layer(ts, layer, lm.device))
-    return out
+    if not ts.cross_layer:
+        return out
+    return CrossLayer(out, lambda layer, ids: torch.as_tensor(tc_files.read_decoder(ts, layer, ids.cpu().numpy()))
+                      .to(lm.device, torch.float32))
 
 
 def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> Transcoder:
-    from anatomy_cli.engine.replacement import Transcoder
+    from anatomy_cli.engine.transcoder import Transcoder
 
     arrays = tc_files.load_layer(ts, layer)
-    t = {k: None if v is None else torch.as_tensor(v).to(device, torch.float32) for k, v in arrays.items()}
+    t = {k: None if v is None else torch.as_tensor(v).to(device, torch.float32) for k, v in arrays.items()
+         if k != "k"}
     w = {k: v for k, v in t.items() if v is not None}
-    return Transcoder(w["W_enc"], w["b_enc"], w["W_dec"], w["b_dec"], t["threshold"], ts.k, t["W_skip"])
+    dec = w["W_enc"].new_zeros(w["W_enc"].shape[0], 0) if ts.cross_layer else w["W_dec"]
+    return Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], arrays.get("k", ts.k), t["W_skip"])
 
 
 def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> torch.Tensor | None:
@@ -138,7 +145,7 @@ def _targets(lm: LoadedModel, opts: CircuitOptions, logits: torch.Tensor) -> tup
     return idx, torch.softmax(logits.float(), -1)[idx]
 
 
-def one(lm: LoadedModel, enc: Encoded, transcoders: list[AnyTranscoder], opts: CircuitOptions,
+def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOptions,
         plan: CircuitPlan) -> CircuitResult:
     from anatomy_cli.analyses import circuit as algo
     from anatomy_cli.analyses import circuit_files as files

@@ -4,6 +4,8 @@ transcoders' safetensors headers, the prompt's token count), before any weight l
 The number of active features is known only after the forward, so it is bounded: every feature of every block
 at every position but the first (TopK transcoders: ``k`` per block and position). The feature rows are that bound
 capped by ``--max-feature-nodes``; each byte count is float32 and an upper bound on what the run allocates for it.
+A cross-layer transcoder's active feature at block l keeps L - l decoder rows (its ``W_dec_l [F, L - l, d]``
+rows, read from the file for the active features only), so the decoder rows are A · (L + 1) / 2, not A.
 The time is the FLOPs (:mod:`anatomy_cli.models.cost`'s rules) at its assumed rate: a rough figure.
 """
 
@@ -24,8 +26,9 @@ class CircuitEstimate:
     """``n_tokens`` P, ``active_features_bound`` A, ``feature_rows`` n = min(--max-feature-nodes, A), ``n_logits``
     K (``--target``'s count, else --max-n-logits), ``n_nodes`` N = n + (L+1)·P + K; bytes: ``adjacency_bytes``
     (the N × N result), ``rows_bytes`` (the rows buffer: (n + K) rows × every node's column, A + (L+1)·P + K),
-    ``setup_bytes`` (the active features' encoder and decoder rows, the error vectors), ``transcoder_bytes``
-    (held during the attribution: every layer, or with --offload disk one layer plus the skip matrices),
+    ``setup_bytes`` (the active features' encoder and decoder rows, the error vectors; a cross-layer
+    transcoder's feature at block l: L - l decoder rows), ``transcoder_bytes`` (held during the attribution:
+    every layer (a cross-layer transcoder: its encoders), or with --offload disk one layer plus the skip matrices),
     ``backward_bytes`` (one batch's gradients at the sources), ``memory_bytes`` (their sum; the model's weights and
     its activations not counted); ``backward_passes``, ``flops``, ``seconds_expected`` on ``device``."""
 
@@ -61,15 +64,16 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
     K = len(opts.target) or opts.max_n_logits
     N = n + (L + 1) * P + K
     rows = FLOAT * (n + K) * (A + (L + 1) * P + K)
-    setup = FLOAT * (2 * A * d + L * P * d)
+    R = A * (L + 1) // 2 if ts.cross_layer else A  # decoder rows: Σ_l A_l · (L - l) with A_l = A / L
+    setup = FLOAT * ((A + R) * d + L * P * d)
     held = ts.layer_bytes + L * ts.skip_bytes if opts.offload == "disk" else L * ts.layer_bytes
-    backward = FLOAT * B * d * (A + 2 * L * P)
+    backward = FLOAT * B * d * (R + 2 * L * P)
     passes = math.ceil(K / B) + math.ceil(n / B)
     fwd = cost.forward_flops(info, P)
     rankings = 0 if n >= A else math.ceil(n / (opts.update_interval * B))
     flops = (fwd + 4.0 * L * P * ts.d_transcoder * d  # the prompt's forward; encode and decode every block
              + B * fwd  # the forward of B copies the backward passes run through
-             + passes * (B * fwd + 2.0 * B * d * (A + (L + 1) * P))  # each backward ≈ a forward, then the dots
+             + passes * (B * fwd + 2.0 * B * d * (R + (L + 1) * P))  # each backward ≈ a forward, then the dots
              + rankings * (L + 2) * 2.0 * (n + K) * (A + (L + 1) * P + K))  # re-ranking: ≤ L + 2 products each
     return CircuitEstimate(P, L, ts.d_transcoder, A, n, K, N, FLOAT * N * N, rows, setup, held, backward,
                            FLOAT * N * N + rows + setup + held + backward, passes, flops, cost.seconds(flops, device),

@@ -2,11 +2,12 @@
 transformers 4.57.3 and nnsight), never imported by the test suite. tests/test_circuit_reference.py runs it as a
 subprocess.
 
-``write``: seeded random per-layer transcoders in circuit-tracer's ``transcoder_set`` layout (``config.yaml`` +
-``layer_{i}.safetensors`` with ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc``, ``b_dec``; JumpReLU's
-``activation_function.threshold`` on even layers, plain ReLU on odd ones), for the model directory MODEL
-(``anatomy convert`` of the SmolLM2 GGUF). The model directory is read through a copy of its config that transformers
-4.57 reads (``rope_theta`` from transformers 5's ``rope_parameters``).
+``write``: (``--kind plt``, the default) seeded random per-layer transcoders in circuit-tracer's ``transcoder_set``
+layout (``config.yaml`` + ``layer_{i}.safetensors`` with ``W_enc [F, d]``, ``W_dec [F, d]``, ``b_enc``, ``b_dec``;
+JumpReLU's ``activation_function.threshold`` on even layers, plain ReLU on odd ones), for the model directory MODEL
+(``anatomy convert`` of the SmolLM2 GGUF); ``--kind clt``: a seeded random cross-layer transcoder in circuit-tracer's
+``load_clt`` layout (JumpReLU on every layer, decoders ``W_dec_{l} [F, L - l, d]``). The model directory is read
+through a copy of its config that transformers 4.57 reads (``rope_theta`` from transformers 5's ``rope_parameters``).
 
 ``attribute``: (``write`` first where OUT has no transcoders) circuit-tracer's ``attribute(...)`` on the prompt, then its ``prune_graph``, ``compute_graph_scores`` and
 ``create_graph_files``; writes ``ct-graph.pt`` (``Graph.to_pt``), ``ct.json`` (the graph JSON), and ``reference.pt``:
@@ -15,7 +16,7 @@ every result as plain tensors, ints and strings, which torch.load reads without 
 ``check GRAPH.pt``: ``Graph.from_pt`` on a graph another tool wrote, then the same pruning, scores and JSON, into
 ``check.pt`` / ``check.json``: what circuit-tracer itself makes of anatomy's file.
 
-    python circuit_tracer_ref.py write --model DIR --out OUT [--features 64 --seed 0]
+    python circuit_tracer_ref.py write --model DIR --out OUT [--features 64 --seed 0 --kind plt|clt]
     python circuit_tracer_ref.py attribute --model DIR --out OUT --prompt TEXT [--max-feature-nodes 64 ...]
     python circuit_tracer_ref.py check --model DIR --out OUT GRAPH.pt
 """
@@ -101,12 +102,49 @@ def write_transcoders(model: Path, out: Path, n_features: int, seed: int, decode
     return folder
 
 
-def replacement_model(model: Path, out: Path):
-    from circuit_tracer import ReplacementModel
+def write_clt(model: Path, out: Path, n_features: int, seed: int, decoder_scale: float = 0.05) -> Path:
+    """A seeded random cross-layer transcoder in circuit-tracer's ``load_clt`` layout
+    (``CrossLayerTranscoder.to_safetensors``): ``out/transcoders/W_enc_{l}.safetensors`` (``W_enc_l [F, d]``,
+    ``b_enc_l``, ``b_dec_l``, JumpReLU ``threshold_l``), ``W_dec_{l}.safetensors`` (``W_dec_l [F, L - l, d]``) and a
+    config.yaml with ``model_kind: cross_layer_transcoder``."""
+    config = json.loads((model / "config.json").read_text())
+    d, n_layers = config["hidden_size"], config["num_hidden_layers"]
+    folder = out / "transcoders"
+    folder.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    for layer in range(n_layers):
+        save_file({f"W_enc_{layer}": torch.randn(n_features, d, generator=gen) / 3,
+                   f"b_enc_{layer}": -1.5 - 0.5 * torch.rand(n_features, generator=gen),
+                   f"b_dec_{layer}": torch.randn(d, generator=gen) * 0.01,
+                   f"threshold_{layer}": 0.2 * torch.rand(n_features, generator=gen)},
+                  str(folder / f"W_enc_{layer}.safetensors"))
+        w_dec = torch.randn(n_features, n_layers - layer, d, generator=gen) * decoder_scale / (n_layers - layer) ** .5
+        save_file({f"W_dec_{layer}": w_dec.contiguous()}, str(folder / f"W_dec_{layer}.safetensors"))
+    (folder / "config.yaml").write_text(yaml.safe_dump({
+        "model_name": str(model), "model_kind": "cross_layer_transcoder", "feature_input_hook": FEATURE_INPUT_HOOK,
+        "feature_output_hook": FEATURE_OUTPUT_HOOK, "scan": f"random-clt-seed{seed}"}))
+    return folder
+
+
+def load_reference_transcoders(folder: Path):
+    """circuit-tracer's own loader: ``load_transcoders`` for a transcoder_set; ``load_clt`` (lazy decoders, its
+    default) for a local cross-layer folder (``load_transcoders`` fetches CLTs from the Hub only)."""
     from circuit_tracer.utils.hf_utils import load_transcoders
 
-    config = yaml.safe_load((out / "transcoders" / "config.yaml").read_text())
-    transcoders = load_transcoders(config, device=torch.device("cpu"), dtype=torch.float32)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    if config["model_kind"] == "cross_layer_transcoder":
+        from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+
+        return load_clt(str(folder), feature_input_hook=config["feature_input_hook"],
+                        feature_output_hook=config["feature_output_hook"], scan=config["scan"],
+                        device=torch.device("cpu"), dtype=torch.float32)
+    return load_transcoders(config, device=torch.device("cpu"), dtype=torch.float32)
+
+
+def replacement_model(model: Path, out: Path):
+    from circuit_tracer import ReplacementModel
+
+    transcoders = load_reference_transcoders(out / "transcoders")
     return ReplacementModel.from_pretrained_and_transcoders(
         str(v4_model_dir(model, out)), transcoders, backend="nnsight", device=torch.device("cpu"),
         dtype=torch.float32)
@@ -146,7 +184,7 @@ def attribute_command(args) -> None:
     from circuit_tracer.graph import Graph
 
     if not (args.out / "transcoders" / "config.yaml").is_file():  # `write` folded in: one process start less
-        write_transcoders(args.model, args.out, args.features, args.seed, args.decoder_scale)
+        WRITERS[args.kind](args.model, args.out, args.features, args.seed, args.decoder_scale)
     start = time.perf_counter()
     model = replacement_model(args.model, args.out)
     loaded = time.perf_counter()
@@ -177,6 +215,9 @@ def check_command(args) -> None:
     write_json(graph, args.out, "check", args.node_threshold, args.edge_threshold)
 
 
+WRITERS = {"plt": write_transcoders, "clt": write_clt}
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,6 +231,7 @@ def main(argv: list[str]) -> None:
             p.add_argument("--features", type=int, default=64)
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--decoder-scale", type=float, default=0.05)
+            p.add_argument("--kind", choices=sorted(WRITERS), default="plt")
         if name == "attribute":
             p.add_argument("--prompt", required=True)
             p.add_argument("--max-n-logits", type=int, default=10)
@@ -202,7 +244,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "write":
-        print(write_transcoders(args.model, args.out, args.features, args.seed, args.decoder_scale))
+        print(WRITERS[args.kind](args.model, args.out, args.features, args.seed, args.decoder_scale))
     elif args.command == "attribute":
         attribute_command(args)
     else:

@@ -31,7 +31,8 @@ def circuit_command(
     prompt: PromptArg,
     transcoders: Annotated[str, typer.Option(
         "--transcoders", metavar="DIR", help="circuit-tracer transcoder_set folder (config.yaml + one file per "
-        "layer; Gemma Scope 2 safetensors too).")],
+        "layer; Gemma Scope 2 safetensors too), cross_layer_transcoder folder (config.yaml + W_enc_l / W_dec_l), or "
+        "a folder of SAELens / sparsify transcoders, one per layer.")],
     max_n_logits: Annotated[int, typer.Option("--max-n-logits", min=1, help="At most this many logit nodes.")] = 10,
     desired_logit_prob: Annotated[float, typer.Option(
         "--desired-logit-prob", help="Logit nodes until their probabilities sum to this.")] = 0.95,
@@ -57,7 +58,8 @@ def circuit_command(
     top: Annotated[int, typer.Option("--top", min=1, help="Rows of the paths table.")] = 10,
     offload: Annotated[Optional[str], typer.Option(
         "--offload", metavar="cpu|disk", show_default=False,
-        help="Keep the transcoders off the device (cpu) or on disk (disk: read a block's when it is used).")] = None,
+        help="Keep the transcoders off the device (cpu) or on disk (disk: read a block's when it is used); a "
+        "cross-layer transcoder's encoders so, its decoders read row by row either way.")] = None,
     estimate: Annotated[bool, typer.Option(
         "--estimate", help="Print the graph's size, memory and expected time, before any weight loads; compute "
         "nothing.")] = False,

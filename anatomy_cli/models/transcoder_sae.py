@@ -1,0 +1,70 @@
+"""SAELens / sparsify transcoders as a per-layer set: a folder holding one transcoder folder per block (SAELens'
+``cfg.json`` + ``sae_weights.safetensors`` with ``hook_name`` / ``hook_name_out``, or sparsify's ``layers.N.mlp``
+folders with ``transcode: true``; what ``anatomy sae`` reads, through the same reader, models/sae/read.py), turned
+to circuit-tracer's orientation (``W_enc [F, d]``, ``W_dec [F, d]``, ``W_skip [d, d]`` with skip = x @ W_skip.T).
+
+:func:`describe` reads every layer once to check it (one line per refusal) and keeps the folders and shapes only;
+``load_layer`` reads a layer again when the weights are wanted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sae import names
+from anatomy_cli.models.sae.read import SAEFile
+from anatomy_cli.models.sae.read import read
+from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import hook_name
+
+
+def folders(root: Path) -> list[Path]:
+    """The subfolders of ``root`` that hold a transcoder's ``cfg.json`` (empty: not this layout)."""
+    return sorted(d for d in root.iterdir() if d.is_dir() and (d / "cfg.json").is_file())
+
+
+def _check(f: SAEFile) -> int:
+    """The block a transcoder belongs to: it reads block L's MLP input and writes its output; refused otherwise,
+    and where its input is normalised or rescaled (circuit tracing takes the plain affine encoder)."""
+    if not f.transcoder:
+        raise UsageError(f"{f.path}: an SAE at {f.hook_name}, not a transcoder (circuit needs MLP in -> MLP out)")
+    layer = names.layer_of(f.site)
+    if (f.site, f.site_out) != (hook_name(layer, Site.mlp_in), hook_name(layer, Site.mlp_out)):
+        raise UsageError(f"{f.path}: a transcoder from {f.site} to {f.site_out}; circuit tracing needs block "
+                         f"{layer}'s mlp.hook_in -> hook_mlp_out")
+    if f.normalize_activations != "none" or f.rescale_by_decoder_norm or f.subtract_b_dec:
+        raise UsageError(f"{f.path}: normalize_activations '{f.normalize_activations}' (or a rescaled or "
+                         f"b_dec-centred input) is not read by circuit: it takes the plain encoder W_enc x + b_enc")
+    return layer
+
+
+def describe(root: Path) -> dict[str, Any]:
+    """The fields of a TranscoderSet for ``root``'s transcoder folders: one per block 0..L-1, equal shapes."""
+    by_layer: dict[int, SAEFile] = {}
+    for d in folders(root):
+        f = read(d)
+        layer = _check(f)
+        if layer in by_layer:
+            raise UsageError(f"--transcoders {root}: {by_layer[layer].path.name} and {d.name} are both block "
+                             f"{layer}'s transcoder")
+        if by_layer and (f.d_in, f.d_sae) != (next(iter(by_layer.values())).d_in,
+                                               next(iter(by_layer.values())).d_sae):
+            raise UsageError(f"{d}: {f.d_sae} features of width {f.d_in}, unlike the other blocks' transcoders")
+        by_layer[layer] = f
+    missing = sorted(set(range(max(by_layer) + 1)) - set(by_layer))
+    if missing:
+        raise UsageError(f"--transcoders {root}: no transcoder for block {missing[0]} (one folder per block)")
+    first = by_layer[0]
+    skip = 0 if first.W_skip is None else 4 * first.d_in * first.d_in
+    return {"paths": tuple(by_layer[layer].path for layer in range(len(by_layer))), "d_model": first.d_in,
+            "d_transcoder": first.d_sae, "sae_format": first.format, "skip_bytes": skip,
+            "layer_bytes": 4 * (2 * first.d_sae * first.d_in + 2 * first.d_sae + first.d_in) + skip}
+
+
+def load_layer(path: Path) -> dict[str, Any]:
+    """One block's arrays in circuit-tracer's orientation (+ its TopK ``k``)."""
+    f = read(path)
+    return {"W_enc": f.W_enc.T, "W_dec": f.W_dec, "b_enc": f.b_enc, "b_dec": f.b_dec, "threshold": f.threshold,
+            "W_skip": f.W_skip, "k": f.k}

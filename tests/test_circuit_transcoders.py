@@ -1,0 +1,240 @@
+"""`anatomy circuit` with the other transcoder kinds (issue 49, "transcoders in"): circuit-tracer's cross-layer
+transcoders (a feature of block l writes to the MLP outputs of blocks l..L-1), checked on tiny models against a
+reconstruction and gradients computed by hand, read lazily from circuit-tracer's files; and SAELens / sparsify
+transcoder folders, whose graph equals the one from the same weights as a circuit-tracer transcoder_set.
+(test_circuit.py runs the edge + bias identity and the intervention check on both kinds.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_circuit import ARCHS
+from test_circuit import IDS
+from test_circuit import MORE
+from test_circuit import _stub_pickle
+from test_circuit import build
+from test_circuit import frozen_forward_is_the_models
+from test_circuit import invoke
+from test_circuit import random_clt
+from test_circuit import random_transcoders
+from test_circuit import write_clt
+from test_circuit import write_transcoder_set
+
+from anatomy_cli.analyses import circuit as algo
+from anatomy_cli.engine import replacement as rep
+
+
+@pytest.mark.parametrize("arch", ARCHS + MORE)
+def test_cross_layer_replacement_reproduces_logits(tiny_lm, arch):
+    """A cross-layer transcoder: the frozen model with error nodes gives the real logits, and per block the
+    reconstruction by hand (every earlier-or-same layer's active features times their decoder slice for this
+    block, + b_dec + skip) plus the error node equals the MLP's output."""
+    lm = tiny_lm(arch)
+    clt, decs = random_clt(lm, skip=arch == "llama")
+    s, fw = frozen_forward_is_the_models(lm, clt)
+    acts = []
+    for layer in range(lm.n_layers):
+        a = clt.encoders[layer].encode(fw.mlp_in[layer][0])
+        a[0] = 0
+        acts.append(a)
+    assert len(s.active) == sum(int((a != 0).sum()) for a in acts)
+    assert len(s.decoder) == sum(int((a != 0).sum()) * (lm.n_layers - l) for l, a in enumerate(acts))
+    for layer in range(lm.n_layers):
+        x = fw.mlp_in[layer][0]
+        tc = clt.encoders[layer]
+        recon = sum(acts[src] @ decs[src][:, layer - src] for src in range(layer + 1)) + tc.b_dec + tc.skip(x)
+        torch.testing.assert_close(recon[1:] + s.errors[layer, 1:], fw.mlp_out[layer][0, 1:], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cross_layer_logit_edges_are_gradient_times_activation(tiny_lm, arch):
+    """A cross-layer feature's edge into a logit is the sum over the blocks it writes to of the frozen model's
+    gradient there (torch.autograd) · activation × that block's decoder slice."""
+    lm = tiny_lm(arch)
+    clt, decs = random_clt(lm)
+    graph, s = build(lm, clt)
+    n, n_sel = graph.adjacency_matrix.shape[0], graph.n_features
+    vecs = algo.logit_vectors(lm, torch.tensor([t for _, t in graph.logit_targets]))
+    with rep.frozen(lm):
+        fw = rep.forward(lm, IDS, clt, 1)
+        for j, vec in enumerate(vecs):
+            grads = torch.autograd.grad(fw.final[0, -1] @ vec, fw.mlp_out, retain_graph=True)
+            row = graph.adjacency_matrix[n - graph.n_logits + j]
+            for i in range(n_sel):
+                layer, pos, feat = s.active[graph.selected_features[i]].tolist()
+                value = s.values[graph.selected_features[i]]
+                want = sum(float(grads[out][0, pos] @ (value * decs[layer][feat, out - layer]))
+                           for out in range(layer, lm.n_layers))
+                assert abs(float(row[i]) - want) <= 1e-5 * (1 + abs(want)), (i, float(row[i]), want)
+
+
+def test_cross_layer_folder_reads_lazily(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
+    """circuit-tracer's CLT files read back to the same transcoder (skip in its x @ W_skip_l orientation); the CLI's
+    graph equals the analysis on the in-memory CLT, reading only the active features' decoder rows."""
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    lm = tiny_lm("llama")
+    clt, decs = random_clt(lm, skip=True)
+    ts = files.describe(write_clt(tmp_path / "clt", clt, decs))
+    assert ts.cross_layer and ts.n_layers == lm.n_layers and (ts.d_model, ts.d_transcoder) == (lm.d_model, 16)
+    got = load_transcoders(lm, ts)
+    x = torch.randn(3, lm.d_model)
+    torch.testing.assert_close(got.layer(1).skip(x), x @ clt.encoders[1].W_skip.T)
+    torch.testing.assert_close(got.layer(1).W_enc, clt.encoders[1].W_enc)
+    ids = torch.tensor([0, 3, 4, 5, 9])
+    torch.testing.assert_close(got.decoder_rows(1, ids[[2, 0, 2]]), decs[1][ids[[2, 0, 2]]])
+    reads = []
+    read = files.read_decoder
+    monkeypatch.setattr(files, "read_decoder", lambda t, layer, i: reads.append((layer, list(i))) or read(t, layer, i))
+    out = tmp_path / "graph.pt"
+    result = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
+                    "--device", "cpu", "--transcoders", str(ts.root), "--bos", "--out", str(out),
+                    "--max-feature-nodes", "20", "--batch-size", "8", "--check", "5", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    saved = torch.load(out, weights_only=False, pickle_module=_stub_pickle())
+    assert saved["scan"] == "tiny-clt"
+    scale = float(saved["adjacency_matrix"].abs().max())
+    assert json.loads(result.stdout)["check"]["max_abs_error"] <= 1e-5 * scale
+    clt.encoders = [rep.Transcoder(t.W_enc, t.b_enc, t.W_dec, t.b_dec, torch.zeros(16), W_skip=t.W_skip)
+                    for t in clt.encoders]  # the files' JumpReLU at threshold 0 (= ReLU but for exact zeros)
+    s = algo.setup(lm, saved["input_tokens"], clt)
+    targets = torch.tensor([t.vocab_idx for t in saved["logit_targets"]])
+    a, sel, _ = algo.attribute(lm, saved["input_tokens"], clt, targets, saved["logit_probabilities"], batch_size=8,
+                               max_feature_nodes=20, s=s)
+    torch.testing.assert_close(saved["adjacency_matrix"], a)
+    assert torch.equal(saved["selected_features"], sel)
+    want = sorted({(layer, f) for layer, _, f in s.active.tolist()})
+    assert sorted({(layer, f) for layer, fs in reads for f in fs}) == want  # no other decoder row was read
+    assert len(want) < 16 * lm.n_layers
+
+
+def test_cross_layer_offload_gives_the_same_graph(tiny_model_dir, tiny_lm, tmp_path):
+    """--offload disk / cpu with a cross-layer transcoder: its encoders wait out of the way (only W_skip_l held,
+    in the per-layer sets' x @ W_skip.T orientation), its decoders are read row by row as without; the graph, the
+    selected features and the intervention check equal those of the run without --offload, bit for bit."""
+    from anatomy_cli.engine.transcoder import Offloaded
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    lm = tiny_lm("llama")
+    clt, decs = random_clt(lm, skip=True)
+    ts = files.describe(write_clt(tmp_path / "clt", clt, decs))
+    held = load_transcoders(lm, ts, "disk")
+    for layer in range(lm.n_layers):
+        t = held.layer(layer)
+        assert isinstance(t, Offloaded) and not hasattr(t, "W_enc")
+        torch.testing.assert_close(t.W_skip, clt.encoders[layer].W_skip)
+        with t.weights() as full:
+            torch.testing.assert_close(full.W_enc, clt.encoders[layer].W_enc)
+            assert full.W_dec.shape == (16, 0)
+    graphs = {}
+    for how in (None, "disk", "cpu"):
+        out = tmp_path / f"{how}.pt"
+        extra = [] if how is None else ["--offload", how]
+        result = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
+                        "--device", "cpu", "--transcoders", str(ts.root), "--bos", "--out", str(out),
+                        "--max-feature-nodes", "20", "--batch-size", "8", "--check", "3", "-f", "json", *extra)
+        assert result.exit_code == 0, result.stderr
+        graphs[how] = (torch.load(out, weights_only=False, pickle_module=_stub_pickle()), json.loads(result.stdout))
+    base, base_json = graphs[None]
+    assert base["adjacency_matrix"].abs().max() > 0
+    for how in ("disk", "cpu"):
+        g, data = graphs[how]
+        for key in ("adjacency_matrix", "active_features", "selected_features", "activation_values"):
+            assert torch.equal(g[key], base[key]), (how, key)
+        assert data["paths"] == base_json["paths"] and data["check"] == base_json["check"]
+
+
+def test_cross_layer_estimate_counts_every_decoder_row(tiny_model_dir, tiny_lm, tmp_path):
+    """--estimate with a cross-layer transcoder: a feature active at block l keeps L - l decoder rows (summed here
+    block by block), the encoders' files are what is held (numpy on the files), --offload disk one block's plus
+    the skip matrices."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    lm = tiny_lm("llama")
+    clt, decs = random_clt(lm, skip=True)
+    root = write_clt(tmp_path / "clt", clt, decs)
+    args = ["circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")), "--device", "cpu",
+            "--transcoders", str(root), "--bos", "--estimate", "-f", "json"]
+    est = json.loads(invoke(*args).stdout)
+    L, P, F, d = lm.n_layers, est["n_tokens"], 16, lm.d_model
+    A = L * (P - 1) * F
+    rows = sum((P - 1) * F * (L - layer) for layer in range(L))
+    assert est["active_features_bound"] == A
+    assert est["setup_bytes"] == 4 * ((A + rows) * d + L * P * d)
+    enc = [load_file(str(root / f"W_enc_{layer}.safetensors")) for layer in range(L)]
+    assert est["transcoder_bytes"] == sum(a.astype(np.float32).nbytes for f in enc for a in f.values())
+    disk = json.loads(invoke(*args, "--offload", "disk").stdout)
+    skips = sum(f[f"W_skip_{layer}"].nbytes for layer, f in enumerate(enc))
+    assert disk["transcoder_bytes"] == sum(a.astype(np.float32).nbytes for a in enc[0].values()) + skips
+
+
+def write_sae_folders(root, tcs, fmt, *, k=None):
+    """``tcs`` as one library transcoder folder per block, each config the library's own (the fixtures' cfg.json,
+    written by SAELens 6 and sparsify) with this block's hooks: SAELens' ``jumprelu_transcoder`` (``W_enc [d, F]``,
+    ``threshold``, ``W_skip``) or sparsify's TopK ``layers.N.mlp`` (``encoder.weight [F, d]``)."""
+    from conftest import ROOT
+    from safetensors.torch import save_file
+
+    fixtures = ROOT / "tests" / "fixtures" / "sae"
+    for layer, tc in enumerate(tcs):
+        d_sae, d = tc.W_enc.shape
+        skip = {} if tc.W_skip is None else {"W_skip": tc.W_skip.contiguous()}
+        if fmt == "saelens":
+            cfg = json.loads((fixtures / "saelens-transcoder" / "cfg.json").read_text())
+            cfg.update(d_in=d, d_out=d, d_sae=d_sae, architecture="jumprelu_transcoder")
+            cfg["metadata"].update(hook_name=f"blocks.{layer}.ln2.hook_normalized",
+                                   hook_name_out=f"blocks.{layer}.hook_mlp_out")
+            folder, weights = root / f"blocks.{layer}.transcoder", "sae_weights.safetensors"
+            tensors = {"W_enc": tc.W_enc.T.contiguous(), "threshold": tc.threshold}
+        else:
+            cfg = json.loads((fixtures / "sparsify" / "layers.0.mlp" / "cfg.json").read_text())
+            cfg.update(d_in=d, num_latents=d_sae, k=k, skip_connection=tc.W_skip is not None)
+            folder, weights = root / f"layers.{layer}.mlp", "sae.safetensors"
+            tensors = {"encoder.weight": tc.W_enc}
+        tensors.update({"encoder.bias" if fmt == "sparsify" else "b_enc": tc.b_enc, "W_dec": tc.W_dec,
+                        "b_dec": tc.b_dec, **skip})
+        folder.mkdir(parents=True)
+        (folder / "cfg.json").write_text(json.dumps(cfg))
+        save_file({key: v.contiguous() for key, v in tensors.items()}, str(folder / weights))
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["saelens", "sparsify"])
+def test_sae_transcoder_folders_give_the_ct_sets_graph(tiny_model_dir, tiny_lm, tmp_path, fmt):
+    """The same weights as SAELens (JumpReLU, skip) or sparsify (TopK) folders, one per block, and as a circuit-tracer
+    transcoder_set (``threshold`` / ``k: 4``): the same graph.pt, edge for edge."""
+    lm = tiny_lm("llama")
+    tcs = random_transcoders(lm, skip=fmt == "saelens")
+    for tc in tcs:
+        tc.threshold = torch.full((16,), 0.05) if fmt == "saelens" else None
+    ct_set = write_transcoder_set(tmp_path / "ct", lm, tcs, extra="k: 4\n" if fmt == "sparsify" else "")
+    if fmt == "saelens":
+        from safetensors.torch import load_file
+        from safetensors.torch import save_file
+
+        for layer, tc in enumerate(tcs):  # the ct files with the threshold and skip the SAELens ones carry
+            f = ct_set / f"layer_{layer}.safetensors"
+            save_file({**load_file(str(f)), "activation_function.threshold": tc.threshold, "W_skip": tc.W_skip},
+                      str(f))
+    sae = write_sae_folders(tmp_path / fmt, tcs, fmt, k=4)
+    graphs = []
+    for folder in (ct_set, sae):
+        out = tmp_path / f"{folder.name}.pt"
+        result = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
+                        "--device", "cpu", "--transcoders", str(folder), "--bos", "--out", str(out),
+                        "--max-feature-nodes", "20", "--batch-size", "8", "-f", "json")
+        assert result.exit_code == 0, result.stderr
+        graphs.append(torch.load(out, weights_only=False, pickle_module=_stub_pickle()))
+    want, got = graphs
+    assert got["active_features"].tolist() == want["active_features"].tolist()
+    assert len(want["active_features"]) > 20
+    if fmt == "sparsify":  # TopK: 4 active per block and position (position 0 kept out)
+        assert len(want["active_features"]) == 4 * lm.n_layers * (len(want["input_tokens"]) - 1)
+    assert torch.equal(got["selected_features"], want["selected_features"])
+    torch.testing.assert_close(got["adjacency_matrix"], want["adjacency_matrix"], rtol=1e-6, atol=1e-7)
