@@ -154,3 +154,13 @@ def test_the_sae_benchmark_defaults_to_this_python_not_a_path_on_one_machine():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.parser().parse_args([]).sae_python == sys.executable
+
+
+def test_fit_sae_leaves_the_global_rng_as_it_was(tiny_model_dir, corpus, tmp_path):
+    # A served fit-sae runs in the server's process: its --seed must not reseed (or advance) the RNG that later
+    # commands there (and an API caller's own code) draw from.
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    result = fit(tiny_model_dir("gpt2"), corpus, tmp_path / "sae", "--epochs", "1")
+    assert result.exit_code == 0, result.output
+    assert torch.equal(torch.random.get_rng_state(), before)

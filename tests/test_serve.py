@@ -391,6 +391,41 @@ def test_circuit_is_answered_as_in_process(server, cached_load, tiny_lm, tmp_pat
                                           (base + ["--estimate", "--format", "json"], [])])
 
 
+# fit-sae's figures measured at run time, the only ones a served run may differ in: the wall seconds, the
+# FLOP rate measured before training and the seconds estimated from it.
+FIT_SAE_MEASURED = (("seconds",), ("cost", "rate_flops"), ("cost", "seconds"))
+
+
+def test_fit_sae_is_answered_as_in_process(server, cached_load, tmp_path, monkeypatch):
+    # fit-sae (issue 51 item 8): forwarded, the same seed writes the same SAE files, byte for byte, and the
+    # JSON is in-process' but for FIT_SAE_MEASURED; the tsv has no measured figure: identical.
+    sock, model = server
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("The cat sat on the mat and looked at the dog by the door. " * 12,
+                                         encoding="utf-8")
+    base = ["fit-sae", "corpus.txt", "--model", str(model), "--layer", "1", "--out", "sae", "--ctx", "16",
+            "--max-tokens", "64", "--d-sae", "32", "--k", "4", "--epochs", "3", "--batch-size", "16", "--seed", "3",
+            "--overwrite"]
+    files = ["sae/layers.1/cfg.json", "sae/layers.1/sae.safetensors"]
+    served_as_in_process(sock, tmp_path, [(base, files)])
+    args = [*base, "--format", "json"]
+    assert client.wants_server(args)
+    remote = anatomy(*args, sock=sock)
+    assert remote.returncode == 0, remote.stderr
+    written = {f: (tmp_path / f).read_bytes() for f in files}
+    code, out = in_process(args)
+    assert code == 0 and written == {f: (tmp_path / f).read_bytes() for f in files}
+    served, local = json.loads(remote.stdout), json.loads(out)
+    for path in FIT_SAE_MEASURED:
+        for data in (served, local):
+            *parents, last = path
+            holder = data
+            for key in parents:
+                holder = holder[key]
+            assert isinstance(holder.pop(last), float), path
+    assert served == local
+
+
 def served_as_in_process(sock: Path, folder: Path, jobs: list[tuple[list[str], list[str]]]) -> None:
     """Each ``(args, files)``: forwarded, it succeeds; run in-process again, its stdout and the files it writes
     in ``folder`` are the same bytes."""

@@ -177,8 +177,9 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
 
 def measured_rate(d_in: int, d_sae: int, device: str | torch.device = "cpu", rows: int = 512) -> float:
     """FLOP/s of a ``[rows, d_in] @ [d_in, d_sae]`` float32 product on ``device``, the best of three."""
-    a = torch.randn(rows, d_in, device=device)
-    b = torch.randn(d_in, d_sae, device=device)
+    g = torch.Generator(device).manual_seed(0)  # not the global RNG, which the caller owns
+    a = torch.randn(rows, d_in, device=device, generator=g)
+    b = torch.randn(d_in, d_sae, device=device, generator=g)
     best = float("inf")
     for _ in range(3):
         t = time.perf_counter()

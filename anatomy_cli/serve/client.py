@@ -21,7 +21,7 @@ from anatomy_cli.serve import protocol
 # the client forwards them, `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
 FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens",
              "report", "diff", "corpus", "verify", "generate", "steer", "sae", "route", "fit-lens",
-             "lens-eval", "circuit")
+             "lens-eval", "circuit", "fit-sae")
 ONLY_WITH = {"tokens": ("--model", "-m")}  # forwarded only with one of these options (without: no weights)
 NOT_WITH = {"corpus": ("--ray", "--ray-address"),  # forwarded except with one of these options
             "fit-lens": ("--ray", "--ray-address")}

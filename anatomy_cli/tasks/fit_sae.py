@@ -196,8 +196,9 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
                                progress=line.counter("collecting activations", "windows"))
     x, target = acts[0], acts[-1]
     n_train = sum(map(len, plan.windows[:-1]))
-    torch.manual_seed(opts.seed)
-    coder = sae_fit.make_coder(x.shape[1], plan.d_sae, opts.k, transcode=opts.transcoder)
+    with torch.random.fork_rng(devices=[]):  # the caller's (or a server's) global RNG is left as it was
+        torch.manual_seed(opts.seed)
+        coder = sae_fit.make_coder(x.shape[1], plan.d_sae, opts.k, transcode=opts.transcoder)
     lr = opts.lr or sae_fit.default_lr(plan.d_sae)
     with notes.status("fit-sae: training") as line:
         trained = sae_fit.train(x[:n_train], target[:n_train], coder, epochs=opts.epochs, batch=opts.batch_size,
