@@ -52,15 +52,16 @@ def add_gpt2_vocab(w) -> None:
     w.add_eos_token_id(models.EOS)
 
 
-def write_tiny_gguf(path, quant: str = "F32"):
-    """tests/models.py's tiny llama as a GGUF file (GPT-2 BPE vocabulary): F32 tensors, or with
-    ``quant="Q8_0"`` the 2-D weights quantized to Q8_0 as llama.cpp does (norms stay F32)."""
+def write_gguf(path, arch: str, name: str, cfg, tensors: dict[str, np.ndarray], quant: str = "F32", more=None):
+    """A GGUF file of llama.cpp's architecture ``arch`` holding ``tensors`` (``{gguf name: array}``), with the
+    header keys llama.cpp's convert_hf_to_gguf.py writes for every LLaMA-like ``cfg`` (a transformers config) and
+    the GPT-2 vocabulary; ``more(writer)`` adds the architecture's own keys. F32, or with ``quant="Q8_0"`` the
+    matrices whose rows are whole blocks of 32 quantized to Q8_0 (the rest, norms and biases, stay F32, as
+    llama.cpp falls back)."""
     import gguf
 
-    model = models.build_model("llama")
-    cfg = model.config
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(name)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -71,8 +72,29 @@ def write_tiny_gguf(path, quant: str = "F32"):
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]) if getattr(cfg, "rope_parameters", None)
                          else 10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    if more is not None:
+        more(w)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
     add_gpt2_vocab(w)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for gg, data in tensors.items():
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        if quant == "Q8_0" and data.ndim >= 2 and data.shape[-1] % 32 == 0:
+            w.add_tensor(gg, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        else:
+            w.add_tensor(gg, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_gguf(path, quant: str = "F32"):
+    """tests/models.py's tiny llama as a GGUF file (GPT-2 BPE vocabulary): F32 tensors, or with
+    ``quant="Q8_0"`` the 2-D weights quantized to Q8_0 as llama.cpp does (norms stay F32)."""
+    model = models.build_model("llama")
+    cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
@@ -82,23 +104,15 @@ def write_tiny_gguf(path, quant: str = "F32"):
     for i in range(cfg.num_hidden_layers):
         for hf, gg in parts.items():
             names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+    tensors = {}
     for hf, gg in names.items():
         data = sd[hf]
         if gg.endswith("attn_q.weight"):
             data = _permute(data, cfg.num_attention_heads)
         elif gg.endswith("attn_k.weight"):
             data = _permute(data, cfg.num_key_value_heads)
-        data = np.ascontiguousarray(data, dtype=np.float32)
-        if quant == "Q8_0" and data.ndim == 2:
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(gg, gguf.quants.quantize(data, q8), raw_dtype=q8)
-        else:
-            w.add_tensor(gg, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        tensors[gg] = data
+    return write_gguf(path, "llama", "tiny-llama", cfg, tensors, quant)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
-"""GGUF MoE files (issue 50): a tiny random Qwen2-MoE (shared expert) and Qwen3-MoE written as llama.cpp's
-convert_hf_to_gguf.py writes them (``ffn_gate_inp``, ``ffn_{gate,up,down}_exps``, ``ffn_*_shexp``), loaded by
-anatomy, routed as their transformers source routes."""
+"""GGUF MoE files (issue 50): a tiny random Qwen2-MoE (shared expert), Qwen3-MoE, Mixtral and OLMoE written as
+llama.cpp's convert_hf_to_gguf.py writes them (``ffn_gate_inp``, ``ffn_{gate,up,down}_exps``, ``ffn_*_shexp``,
+OLMoE's ``attn_q_norm``/``attn_k_norm``), loaded by anatomy, routed as their transformers source routes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from test_gguf import _permute
-from test_gguf import add_gpt2_vocab
+from test_gguf import write_gguf
 from torch.testing import assert_close
 from typer.testing import CliRunner
 
@@ -19,7 +19,7 @@ from anatomy_cli import engine
 from anatomy_cli.cli.main import app
 
 runner = CliRunner()
-ARCHS = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # llama.cpp's names
+ARCHS = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe"}  # llama.cpp's
 PROMPT = "The capital of France is Paris, and"
 
 
@@ -29,14 +29,14 @@ def build_source(arch: str):
     import transformers
 
     config_cls, model_cls, _ = models.ARCHS[arch]
-    extra = {} if arch == "mixtral" else {"mlp_only_layers": []}
+    extra = {"mlp_only_layers": []} if arch in ("qwen2_moe", "qwen3_moe") else {}
     config = getattr(transformers, config_cls)(**{**models.config_kwargs(arch), **extra})
     torch.manual_seed(0)
     return getattr(transformers, model_cls)(config).eval()
 
 
 def _tensors(model) -> dict[str, np.ndarray]:
-    """``{gguf name: float32 array}`` as convert_hf_to_gguf.py names them for Qwen2-MoE, Qwen3-MoE and Mixtral: the
+    """``{gguf name: float32 array}`` as convert_hf_to_gguf.py names them for Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE: the
     fused ``gate_up_proj`` [E, 2F, D] split into ``ffn_gate_exps`` and ``ffn_up_exps`` [E, F, D]; Mixtral's
     q/k rows permuted as for LLaMA."""
     cfg = model.config
@@ -68,49 +68,42 @@ def _tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_moe_gguf(path, arch: str, model=None, quant: str = "F32"):
-    """``model`` (default :func:`build_source` of ``arch``: qwen2_moe, qwen3_moe, mixtral) as a GGUF file of
-    llama.cpp's architecture name (qwen2moe, qwen3moe; llama for Mixtral), GPT-2 vocabulary; F32, or with ``quant="Q8_0"`` the matrices and the
-    expert stacks quantized to Q8_0 where their rows are whole blocks of 32 (the others, norms, biases and the 1-D
-    shared-expert gate stay F32, as llama.cpp falls back)."""
-    import gguf
+def split_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``tensors`` with each expert stack ``blk.N.ffn_{gate,up,down}_exps.weight`` [E, ...] written as older
+    llama.cpp Mixtral files write it: one tensor per expert, ``blk.N.ffn_gate.E.weight`` and so on."""
+    out = {}
+    for name, data in tensors.items():
+        block, _, rest = name.partition(".ffn_")
+        if rest.endswith("_exps.weight"):
+            kind = rest.removesuffix("_exps.weight")
+            out.update({f"{block}.ffn_{kind}.{e}.weight": data[e] for e in range(data.shape[0])})
+        else:
+            out[name] = data
+    return out
 
+
+def write_moe_gguf(path, arch: str, model=None, quant: str = "F32", per_expert: bool = False):
+    """``model`` (default :func:`build_source` of ``arch``: qwen2_moe, qwen3_moe, mixtral, olmoe) as a GGUF file
+    of llama.cpp's architecture name (qwen2moe, qwen3moe, olmoe; llama for Mixtral) through test_gguf's
+    ``write_gguf``: F32, or Q8_0 where rows are whole blocks of 32. ``per_expert``: one tensor per expert, as
+    older llama.cpp Mixtral files have them (:func:`split_experts`)."""
     model = build_source(arch) if model is None else model
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), ARCHS[arch])
-    w.add_name(f"tiny-{arch}")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_expert_count(cfg.num_experts if arch != "mixtral" else cfg.num_local_experts)
-    w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch != "mixtral":  # Mixtral's experts are feed_forward_length wide
-        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-    if arch == "qwen2_moe":
-        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
-    if arch == "qwen3_moe":
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if quant == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
-    add_gpt2_vocab(w)
-    for name, data in _tensors(model).items():
-        data = np.ascontiguousarray(data, dtype=np.float32)
-        if quant == "Q8_0" and data.ndim >= 2 and data.shape[-1] % 32 == 0:
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
-        else:
-            w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+
+    def more(w) -> None:
+        w.add_expert_count(cfg.num_local_experts if arch == "mixtral" else cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        if arch in ("qwen2_moe", "qwen3_moe"):  # Mixtral's and OLMoE's experts are feed_forward_length wide
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if arch == "qwen2_moe":
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+        if arch == "qwen3_moe":
+            w.add_key_length(cfg.head_dim)
+            w.add_value_length(cfg.head_dim)
+
+    tensors = _tensors(model)
+    return write_gguf(path, ARCHS[arch], f"tiny-{arch}", cfg, split_experts(tensors) if per_expert else tensors,
+                      quant, more)
 
 
 def make_moe_files(root) -> dict:

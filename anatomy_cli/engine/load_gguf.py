@@ -27,6 +27,8 @@ from typing import Protocol
 
 import torch
 
+from anatomy_cli.engine.gguf_moe import half_filled
+from anatomy_cli.engine.gguf_moe import moe_processor
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.errors import UsageError
@@ -53,10 +55,11 @@ class ModelClass(Protocol):
 
 
 def readable_architectures() -> list[str]:
-    """GGUF ``general.architecture`` values transformers can turn into a config."""
+    """GGUF ``general.architecture`` values transformers can turn into a config, and those anatomy reads itself
+    (:data:`anatomy_cli.models.gguf.OWN_ARCHITECTURES`: OLMoE)."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    return sorted(GGUF_SUPPORTED_ARCHITECTURES)
+    return sorted({*GGUF_SUPPORTED_ARCHITECTURES, *gguf.OWN_ARCHITECTURES})
 
 
 def _dequantizable(dtype: str) -> bool:
@@ -78,7 +81,7 @@ def check_header(source: Source) -> GGUFHeader:
     """The header of ``source`` (a ``gguf`` Source), checked for what loading needs.
 
     Raises CheckpointError (truncated, corrupt, a tensor type gguf cannot dequantize),
-    UnsupportedArchitecture (transformers cannot read the architecture from GGUF).
+    UnsupportedArchitecture (neither transformers nor anatomy reads the architecture from GGUF).
     """
     header = read_gguf(source.ref)
     arch = header.architecture
@@ -86,8 +89,8 @@ def check_header(source: Source) -> GGUFHeader:
     if not arch:
         raise CheckpointError(f"{source.spec}: the GGUF header has no general.architecture")
     if arch not in readable and arch.replace("moe", "_moe") not in readable and arch.replace("-", "_") not in readable:
-        raise UnsupportedArchitecture(f"{source.spec}: GGUF architecture '{arch}' cannot be read by transformers; "
-                                      f"it reads {', '.join(readable)}")
+        raise UnsupportedArchitecture(f"{source.spec}: GGUF architecture '{arch}' cannot be read by transformers or "
+                                      f"anatomy; they read {', '.join(readable)}")
     for dtype in dict.fromkeys(t.dtype for t in header.tensors):
         if not _dequantizable(dtype):
             import gguf.quants
@@ -110,6 +113,9 @@ def load_weights(source: Source, header: GGUFHeader, config: PreTrainedConfig, c
     if placement and config.model_type == "mixtral" and header.architecture == "llama":
         raise UsageError(f"{source.spec}: a Mixtral GGUF file (llama.cpp's `llama` with experts) loads on one "
                          f"device: drop --device-map/--max-memory, or use --device")
+    if placement and header.architecture in gguf.OWN_ARCHITECTURES:
+        raise UsageError(f"{source.spec}: a GGUF file of architecture {header.architecture} (read by anatomy, not by "
+                         f"transformers) loads on one device: drop --device-map/--max-memory, or use --device")
     if placement or header.architecture in GGUF_ARCHS:
         return _from_pretrained(source, config, cls, dtype, placement)
     try:
@@ -127,27 +133,11 @@ def _processor(header: GGUFHeader) -> TensorProcessor:
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor
 
     config = gguf.config_dict(header)
-    if config.get("model_type") == "mixtral":
-        return _llama_moe_processor(config)
+    moe = moe_processor(config)  # MoE: the experts gathered (Mixtral written as `llama`, OLMoE: anatomy's own)
+    if moe is not None:
+        return moe
     cls: type[TensorProcessor] = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)
     return cls(config=config)
-
-
-def _llama_moe_processor(config: dict[str, Any]) -> TensorProcessor:
-    """Mixtral as llama.cpp writes it (architecture ``llama`` with ``ffn_*_exps``): LLaMA's q/k row permutation
-    undone, the expert stacks gathered into ``gate_up_proj``/``down_proj`` as for Qwen2-MoE (transformers has
-    each half, not the two together)."""
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
-    from transformers.modeling_gguf_pytorch_utils import Qwen2MoeTensorProcessor
-
-    class LlamaMoe(Qwen2MoeTensorProcessor):
-        def process(self, weights: Any, name: str, **kwargs: Any) -> Any:
-            if ".attn_q." in name or ".attn_k." in name:
-                return LlamaTensorProcessor(config=self.config).process(weights, name, **kwargs)
-            return super().process(weights, name, **kwargs)
-
-    processor: TensorProcessor = LlamaMoe(config=config)  # type: ignore[no-untyped-call]
-    return processor
 
 
 # transformers' own renames of a model_type to gguf-py's architecture name (get_gguf_hf_weights_map).
@@ -247,6 +237,10 @@ def _stream(source: Source, header: GGUFHeader, config: PreTrainedConfig, cls: M
             if result.name in mapping:
                 tensor = torch.from_numpy(np.ascontiguousarray(result.weights))
                 _assign(model, mapping[result.name], tensor.to(dtype), source.spec)
+    if partial := half_filled(processor):
+        name, half = partial[0]
+        raise CheckpointError(f"{source.spec}: the GGUF file lacks the {half} half of {name} (its "
+                              f"ffn_{half}_exps or ffn_{half}.E tensors); it is partial")
     for name, tensor in parsed.pop("tensors").items():  # what a processor gathered itself (MoE experts)
         _assign(model, name, tensor.to(dtype), source.spec)
     model.tie_weights()

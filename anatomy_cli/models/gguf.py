@@ -50,6 +50,11 @@ def _metadata(header: GGUFHeader) -> dict[str, Any]:
     return {**header.fields, **header.array_lengths}
 
 
+# Architectures transformers' GGUF reader lacks that anatomy reads itself: {llama.cpp's name: the transformers
+# model type whose metadata renames they share}. OLMoE (convert_hf_to_gguf.py's OlmoeModel): Qwen3-MoE's keys.
+OWN_ARCHITECTURES = {"olmoe": "qwen3_moe"}
+
+
 def config_dict(header: GGUFHeader) -> dict[str, Any]:
     """The transformers config dict of the file (``model_type`` included), from the parsed header alone.
 
@@ -86,13 +91,17 @@ def config_dict(header: GGUFHeader) -> dict[str, Any]:
     if "stablelm" in architecture:
         config["use_qkv_bias"] = any(b in n for n in names for b in ("attn_q.bias", "attn_k.bias", "attn_v.bias"))
         config["use_parallel_residual"] = not any("ffn_norm" in n for n in names)
-    if architecture not in GGUF_SUPPORTED_ARCHITECTURES and updated not in GGUF_SUPPORTED_ARCHITECTURES:
+    if (architecture not in GGUF_SUPPORTED_ARCHITECTURES and updated not in GGUF_SUPPORTED_ARCHITECTURES
+            and architecture not in OWN_ARCHITECTURES):
         raise ValueError(f"GGUF model with architecture {architecture} is not supported yet.")
     config["tie_word_embeddings"] = "output.weight" not in names or architecture in ("falcon", "bloom")
     for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(updated, GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {}
                                                        ).items():
         config.setdefault(key, value)
     renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
+    if architecture in OWN_ARCHITECTURES:
+        renames = {**renames, architecture: {**renames[OWN_ARCHITECTURES[architecture]],
+                                             "attention.clamp_kqv": "clip_qkv", "attention.key_length": None}}
     for gguf_key, value in metadata.items():
         prefix, _, config_key = gguf_key.replace(architecture, updated).partition(".")
         if isinstance(value, list) and len(value) == 1:
@@ -124,6 +133,8 @@ def _adjust(config: dict[str, Any], metadata: dict[str, Any]) -> None:
                       ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):
         if model_type in ("qwen2_moe", "qwen3_moe") and f"{arch}.{key}" in metadata:
             config[name] = int(metadata[f"{arch}.{key}"])
+    if model_type == "olmoe":  # llama.cpp's OLMoE keeps the top-k probabilities as they are (norm_w false)
+        config["norm_topk_prob"] = False
     if model_type == "gemma3":  # the file holds the text backbone only
         config["model_type"] = "gemma3_text"
     elif model_type == "gemma4":
