@@ -215,3 +215,31 @@ def test_ray_workers_give_the_in_process_expert_sums(tiny_model_dir, tmp_path):
     assert a["shards"] == 3
     for key in ("expert_blocks", "experts", "expert_pairs"):
         assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "olmoe"])
+def test_the_expert_load_picture_draws_the_json_loads(tiny_model_dir, tmp_path, cached_load, monkeypatch, arch):
+    """`corpus --experts --plot`: the heatmap's cells (MoE block x expert) are the JSON's `load` values, a row per
+    MoE block only (Qwen2-MoE's block 1 is dense), and the PNG is written."""
+    from anatomy_cli.output import plots
+
+    drawn = []
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: (drawn.append(fig), save(fig, path))[1])
+    png = tmp_path / "load.png"
+    res = invoke("corpus", _source(tmp_path), "--model", tiny_model_dir(arch), "--ctx", CTX, "--max-tokens", CTX * N,
+                 "--no-lens", "--experts", "--plot", png, "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    [ax] = [a for a in drawn[0].axes if a.get_xlabel() == "expert"]
+    cells = np.asarray(ax.images[0].get_array())
+    blocks = sorted({r["block"] for r in data["experts"]})
+    assert blocks == ([0] if arch == "qwen2_moe" else [0, 1])
+    assert cells.shape == (len(blocks), data["expert_blocks"][0]["n_experts"])
+    for r in data["experts"]:
+        assert cells[blocks.index(r["block"]), r["expert"]] == r["load"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [str(b) for b in blocks]
+    assert np.allclose(cells.sum(axis=1), 1.0)  # each block's slots, all of them
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = [a for a in drawn[0].axes if a.get_title().startswith("logit lens")]  # --no-lens: said, not blank
+    assert len(empty) == 2 and all(t.get_text() == "no lens measured (--no-lens)" for a in empty for t in a.texts)

@@ -1,10 +1,12 @@
 """`corpus --plot`: the logit-lens curves (KL and cross-entropy against layer), the residual stream's size and its
-largest activation, and, with --heads, the head grid."""
+largest activation, with --heads the head grid, and with --experts the expert load per MoE block."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+import numpy as np
 
 from anatomy_cli.models.sites import residual_row
 from anatomy_cli.output import statistics
@@ -30,12 +32,17 @@ def figure(stats: Any, cap: Caption) -> Any:
     definition and not drawn), the lens' cross-entropy in bits per token with the model's own loss dashed, and
     the residual stream's mean norm with the largest |activation| seen (log). Legends sit below their panels.
     With per-head rows, a second row of layer x head heatmaps (entropy, first-token mass, previous-token mass;
-    layer 0 at the bottom). Returns a matplotlib Figure.
+    layer 0 at the bottom). With per-expert rows (``--experts``), a last row across the page: MoE block x expert,
+    coloured by the expert's load (:func:`expert_load`). Returns a matplotlib Figure.
     """
     rows = stats.layers
     has_heads = bool(stats.heads)
-    fig = new_figure(13.0, 9.4 if has_heads else 5.4)
-    grid = fig.subplots(2 if has_heads else 1, 3, squeeze=False)
+    experts = tuple(getattr(stats, "experts", ()))
+    expert_h = _expert_height(experts)
+    fig = new_figure(13.0, (9.4 if has_heads else 5.4) + expert_h)
+    n_rows = (2 if has_heads else 1) + bool(experts)
+    spec = fig.add_gridspec(n_rows, 3, height_ratios=[4.2] * (n_rows - bool(experts)) + ([expert_h] if experts else []))
+    grid = [[fig.add_subplot(spec[r, c]) for c in range(3)] for r in range(n_rows - bool(experts))]
     kl, ce, resid = grid[0]
     last = rows[-1]["layer"] if rows else 0
     _curve(kl, rows, "kl_nats", statistics.LENS["kl"].label, "C0", skip=last, log=True)
@@ -55,11 +62,64 @@ def figure(stats: Any, cap: Caption) -> Any:
         _row_ticks(ax, rows)
         ax.set_xlabel("layer (embed = the embedding; N = block N's output)")
         ax.grid(alpha=0.3)
+        if not ax.lines:  # --no-lens: no lens was read
+            ax.text(0.5, 0.5, "no lens measured (--no-lens)", ha="center", va="center", transform=ax.transAxes,
+                    color="grey")
+            ax.set_yticks([])
+            continue
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below: never on a curve
     if has_heads:
         _head_grids(fig, grid[1], stats.heads)
-    caption(fig, cap, [f"{stats.tokens:,} tokens in {stats.windows:,} windows; means over every measured position"])
+    notes = [f"{stats.tokens:,} tokens in {stats.windows:,} windows; means over every measured position"]
+    if experts:
+        notes += expert_load(fig, fig.add_subplot(spec[-1, :]), experts, getattr(stats, "expert_blocks", ()))
+    caption(fig, cap, notes)
     return fig
+
+
+def _expert_cells(experts: Any) -> tuple[int, int, float, float]:
+    """MoE blocks, experts, and the heatmap's cell width and height in inches (the row spans ~11 in)."""
+    n_blocks = len({r["block"] for r in experts})
+    n_experts = max(r["expert"] for r in experts) + 1
+    return n_blocks, n_experts, min(0.6, 11.0 / n_experts), min(0.32, 6.0 / n_blocks)
+
+
+def _expert_height(experts: Any) -> float:
+    """The expert row's height in inches (0 without experts): its cells, the axis labels and the title."""
+    if not experts:
+        return 0.0
+    n_blocks, _, _, ch = _expert_cells(experts)
+    return n_blocks * ch + 1.5
+
+
+def expert_load(fig: Any, ax: Any, experts: Any, blocks: Any = ()) -> list[str]:
+    """MoE block (rows, the first at the bottom; a dense block has no row) x expert, each cell the share of the
+    block's token slots (tokens x k) routed to that expert: the ``load`` of ``corpus --experts``' rows; named in
+    the cells when they are wide enough. Returns footer notes."""
+    _, n_experts, cw, ch = _expert_cells(experts)
+    order = sorted({r["block"] for r in experts})
+    row_of = {b: i for i, b in enumerate(order)}
+    values = [[None] * n_experts for _ in order]
+    for r in experts:
+        values[row_of[r["block"]]][r["expert"]] = r["load"]
+    array = as_array(values)
+    load = statistics.EXPERTS["load"]
+    named = cw >= 0.42 and ch >= 0.2
+    cells = [[None if v is None else f"{100 * v:.0f}%" for v in row] for row in values] if named else None
+    notes = heatmap(fig, ax, array, cell=(cw, ch), xlabels=[str(e) for e in range(n_experts)],
+                    ylabels=[str(b) for b in order], cmap=load.cmap, vmin=0.0,
+                    vmax=float(max(1e-9, np.nanmax(array))), colorbar=load.label, cells=cells, xlabel="expert",
+                    ylabel="MoE block", x_rotation=0)
+    from matplotlib.ticker import PercentFormatter
+
+    ax.images[0].colorbar.ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    top_k = {b["block"]: b["top_k"] for b in blocks}
+    ks = sorted(set(top_k.values()))
+    ax.set_title("expert load: the share of each MoE block's token slots (tokens × k) routed to each expert")
+    idle = sum(1 for r in experts if r["slots"] == 0)
+    return [*notes, f"expert load: an even router gives every expert 1/{n_experts} = {100 / n_experts:.1f}% of a "
+                    f"block's slots{f' (k = {ks[0]})' if len(ks) == 1 else ''}; "
+                    f"{idle} (block, expert) pair(s) never chosen, at 0"]
 
 
 def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | None = None, log: bool = False) -> None:
