@@ -97,6 +97,8 @@ def write_moe_gguf(path, arch: str, model=None, quant: str = "F32", per_expert: 
             w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
         if arch == "qwen2_moe":
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+        if getattr(cfg, "clip_qkv", None) is not None:  # OLMoE's, as convert_hf_to_gguf.py writes it
+            w.add_clamp_kqv(cfg.clip_qkv)
         if arch == "qwen3_moe":
             w.add_key_length(cfg.head_dim)
             w.add_value_length(cfg.head_dim)

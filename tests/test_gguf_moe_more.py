@@ -54,6 +54,20 @@ def test_olmoe_gguf_reads_its_header_as_the_source_config(sources, tmp_path):
     assert lm.model.get_parameter("model.layers.0.self_attn.q_norm.weight").shape == (theirs.hidden_size,)
 
 
+def test_olmoe_gguf_keeps_its_q_k_v_clip(tmp_path):
+    """OLMoE's ``clip_qkv`` (llama.cpp's ``olmoe.attention.clamp_kqv``), small enough here to change the logits."""
+    src = build_source("olmoe")
+    ids = engine.encode(engine.load(str(write_moe_gguf(tmp_path / "plain.gguf", "olmoe", src)), device="cpu"),
+                        [PROMPT])[0].ids
+    plain = _logits(src, ids)
+    src.config.clip_qkv = 0.02  # the attention layers read this config object
+    clipped = _logits(src, ids)
+    assert (clipped - plain).abs().max() > 1e-4
+    lm = engine.load(str(write_moe_gguf(tmp_path / "clip.gguf", "olmoe", src)), device="cpu")
+    assert lm.model.config.clip_qkv == pytest.approx(0.02)
+    assert_close(_logits(lm.model, ids), clipped, rtol=0, atol=1e-5)
+
+
 def test_an_olmoe_gguf_with_a_placement_is_refused_in_one_line(tmp_path):
     with pytest.raises(UsageError) as exc:
         engine.load(str(write_moe_gguf(tmp_path / "olmoe.gguf", "olmoe")), device_map="auto")
