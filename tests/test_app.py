@@ -63,6 +63,9 @@ def test_debug_shows_a_traceback_and_default_does_not():
     assert plain.stderr.startswith("error: ") and plain.stderr.count("\n") == 1
     debug = _run(["--debug", "layernorm", "x"])
     assert debug.returncode == 2 and "Traceback" in debug.stderr
+    after = _run(["layernorm", "x", "--debug"])  # after the command, as users type it (it once was no option)
+    assert after.returncode == 2 and "Traceback" in after.stderr and "No such option" not in after.stderr
+    assert after.stderr.splitlines()[-1] == debug.stderr.splitlines()[-1]
 
 
 def test_an_argument_that_is_not_utf8_is_a_usage_error_before_any_server(tmp_path):

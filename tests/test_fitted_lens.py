@@ -177,7 +177,9 @@ def test_lenses_of_another_model_are_refused_before_the_weights_load(tiny_model_
         f"tuned:{deep}": "d_model 32 and 3 layers; this model has d_model 32 and 2",
         "jacobian:" + str(tmp_path / "missing.pt"): "does not exist",
         "tuned": "use logit, tuned:DIR",
+        f"jacobian:{tmp_path / 'notes.md'}": "notes.md is not a Jacobian lens file (not a file torch.save wrote)",
     }
+    (tmp_path / "notes.md").write_text("# a text file, not a lens\n", encoding="utf-8")
     for lens, message in cases.items():
         res = runner.invoke(app, ["lens", PROMPT, "--model", model, "--lens", lens])
         assert res.exit_code == 2, (lens, res.output)

@@ -244,3 +244,14 @@ def test_bad_lenses_and_files_are_usage_errors(tiny_model_dir, tmp_path):
     assert res.exit_code == 2 and "reads no block below the last" in res.stderr, res.output
     with pytest.raises(UsageError, match="given twice"):
         api.lens_eval(str(tiny_model_dir("llama")), str(path), lens=["logit", "logit"])
+
+
+def test_no_item_with_intermediates_is_refused_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch):
+    # On a GGUF model this once reached the encoder with no prompt (IndexError); the options refuse it now.
+    from anatomy_cli.engine import loader
+
+    monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("weights loaded"))
+    path = _write(tmp_path, [{"prompt": "Hi", "intermediates": []}])
+    res = runner.invoke(app, ["lens-eval", str(path), "--model", str(tiny_model_dir("llama"))])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == "error: items: no item has intermediates: nothing to evaluate", res.stderr

@@ -323,3 +323,22 @@ def test_head_closing_the_pipe_is_quiet():
                           env=dict(os.environ), cwd=ROOT)
     assert proc.stdout == b"index\ttoken_id\ttoken\tbytes\tstart\tend\n"
     assert proc.stderr == b""
+
+
+def test_a_tokenizer_error_over_several_lines_is_kept_whole_on_one(tmp_path, monkeypatch):
+    """transformers' "Couldn't instantiate the backend tokenizer from one of:" lists the ways on the next lines: the
+    one error line keeps them (it once stopped at the colon)."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Couldn't instantiate the backend tokenizer from one of: \n(1) a serialization file, \n"
+                         "(2) a slow tokenizer instance to convert")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    (tmp_path / "vocab.json").write_text("{}")
+    result = runner.invoke(app, ["tokens", "x", "--model", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.stderr.rstrip().endswith(
+        "Couldn't instantiate the backend tokenizer from one of: (1) a serialization file, (2) a slow tokenizer "
+        "instance to convert"), result.stderr
+    assert result.stderr.count("\n") == 1

@@ -216,12 +216,22 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _debug_first(args: list[str]) -> list[str]:
+    """``--debug`` is the group's option, and users put it after the command too (as the internal-error hint reads):
+    every ``--debug`` before a ``--`` moves to the front, once."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--debug" not in args[:end]:
+        return args
+    return ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+
+
 class AnatomyGroup(TyperGroup):
     """Runs click non-standalone and maps every outcome to one exit code."""
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
-        _state["debug"] = bool(os.environ.get("ANATOMY_DEBUG")) or "--debug" in (args or sys.argv[1:])
+        args = _debug_first(list(sys.argv[1:] if args is None else args))
+        _state["debug"] = bool(os.environ.get("ANATOMY_DEBUG")) or args[:1] == ["--debug"]
         quiet_library_warnings()
         _plain_metavars(self)
         _hide_aliases(self)

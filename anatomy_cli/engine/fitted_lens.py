@@ -96,9 +96,16 @@ def _load(path: Path, what: str) -> Any:
     """``torch.load`` with ``weights_only`` and a memory map: the pickle is read, the tensors' data is not
     (until used)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        with open(path, "rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"
     except FileNotFoundError:
         raise UsageError(f"--lens: {path} does not exist") from None
+    except OSError as exc:
+        raise UsageError(f"--lens: cannot read {path} ({exc.strerror or exc})") from None
+    if not zipped:  # torch.save writes a zip archive; torch's own message for anything else speaks of mmap
+        raise UsageError(f"--lens: {path} is not a {what} (not a file torch.save wrote)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # a legacy (non-zip) or foreign file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"--lens: {path} is not a {what} ({first})") from None

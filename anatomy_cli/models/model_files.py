@@ -137,7 +137,8 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> PreTra
             raise OfflineError(offline_message(name, "tokenizer")) from None
         raise ModelNotFound(f"no tokenizer for '{name}': {first_line(exc)}") from None
     except (ValueError, TypeError, KeyError) as exc:  # files present but no tokenizer can be built from them
-        why = f"a required field is missing: {exc}" if isinstance(exc, KeyError) else first_line(exc)
+        # transformers' "Couldn't instantiate the backend tokenizer from one of:" lists the ways on the lines after
+        why = f"a required field is missing: {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())
         raise CheckpointError(f"'{name}' has no usable tokenizer files (tokenizer.json, vocab and merges, or a "
                               f"SentencePiece model): {why}") from None
     if not getattr(hf, "vocab_size", 0):

@@ -60,6 +60,8 @@ class LensEvalOptions:
         name, items = read_items(self.items)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "items", items)
+        if not any(i.intermediates for i in items):
+            raise UsageError(f"{name}: no item has intermediates: nothing to evaluate")
         given = (self.lens,) if isinstance(self.lens, str) else tuple(self.lens or ("logit",))
         lenses = tuple(lens_choice.parse(t).text for t in given)  # UsageError for a bad --lens
         twice = next((t for i, t in enumerate(lenses) if t in lenses[:i]), None)
@@ -164,9 +166,7 @@ def check(opened: Any, opts: LensEvalOptions) -> LensEvalPlan:
         shown = ", ".join(repr(w) for w in missing[:5]) + (", ..." if len(missing) > 5 else "")
         notes.warn(f"{len(missing)} of {len(forms)} intermediates have no single-token form for {opened.name} "
                    f"(as given, with a leading space, capitalised): {shown}; they count as misses, as in jlens")
-    skipped = sum(not i.intermediates for i in opts.items)
-    if skipped == len(opts.items):
-        raise UsageError("no item has intermediates: nothing to evaluate")
+    skipped = sum(not i.intermediates for i in opts.items)  # not all: the options refuse that
     if skipped:
         notes.warn(f"{skipped} of {len(opts.items)} items have no intermediates: not scored (as in jlens)")
     return LensEvalPlan(fitted, blocks, forms)
