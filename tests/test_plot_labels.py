@@ -79,3 +79,23 @@ def test_png_and_html_name_each_head_score_alike():
     assert set(heads.SCORES) == set(html_heads.SCORES) == set(statistics.HEADS)
     assert heads._LABELS == html_heads._LABELS == {k: s.label for k, s in statistics.HEADS.items()}
     assert [s for _, s in corpus.HEAD_SCORES] == [statistics.HEADS[k] for k in ("entropy", "first_token", "prev_token")]
+
+
+@pytest.mark.parametrize("kind", ["logit", "jacobian", "tuned"])
+def test_png_and_html_say_which_lens_each_cell_reads(kind):
+    # A Jacobian lens grid once carried the logit lens' formula in its footer.
+    import dataclasses
+
+    from anatomy_cli.output.html import lens as html_lens
+    from anatomy_cli.output.plots import lens as png_lens
+
+    grid = dataclasses.replace(_grid(None), lens=kind)
+    fig = png_lens.figure(grid, "prob", ["a", "b", "c", "d"], plots.Caption("lens", "m", "p"))
+    footer = " ".join(t.get_text() for t in fig.texts)
+    page = html_lens.figure(grid, "prob", ["a", "b", "c", "d"], plots.Caption("lens", "m", "p")).render()
+    want = {"logit": "final_norm(h))) (the logit lens)", "jacobian": "final_norm(J_l h))) (the Jacobian lens)",
+            "tuned": "final_norm(h + A_l h + b_l))) (the tuned lens)"}[kind]
+    assert want in footer.replace("\n", " ")
+    assert want in page
+    others = {"logit lens", "Jacobian lens", "tuned lens"} - {want.rsplit("the ", 1)[1].rstrip(")")}
+    assert not any(f"(the {o})" in footer or f"(the {o})" in page for o in others)

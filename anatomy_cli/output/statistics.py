@@ -82,3 +82,15 @@ def by_component(rows: Any) -> dict[str, float]:
                                                        or part == "shared_expert"):
             out[f"L{r.layer}.mlp"] = out.get(f"L{r.layer}.mlp", 0.0) + r.contribution
     return out
+
+
+LENS_READING = {  # what a lens grid's cell reads, per lens kind (LensGrid.lens); the PNG and the page say the same
+    "logit": "softmax(unembed(final_norm(h))) (the logit lens)",
+    "jacobian": "softmax(unembed(final_norm(J_l h))) (the Jacobian lens)",
+    "tuned": "softmax(unembed(final_norm(h + A_l h + b_l))) (the tuned lens)",
+}
+
+
+def lens_reading(kind: str) -> str:
+    """``softmax(...) (the ... lens)``: what a cell of a ``kind`` lens grid reads."""
+    return LENS_READING.get(kind, LENS_READING["logit"])

@@ -32,7 +32,7 @@ def fit_lens_command(
     out: Annotated[Path, typer.Option("--out", metavar="FILE|DIR", show_default=False,
                                       help="The lens to write: a .pt file (jacobian, merge) or a directory (tuned).")],
     files: Annotated[Optional[list[Path]], typer.Argument(
-        metavar="[FILES]...", show_default=False, help="merge: the Jacobian lens files to merge.")] = None,
+        metavar="FILES", show_default=False, help="merge: the Jacobian lens files to merge.")] = None,
     prompts_file: Annotated[Optional[str], typer.Option(
         "--prompts", metavar="FILE|-", show_default=False,
         help="The prompts to fit on, one per non-empty line ('-': stdin).")] = None,

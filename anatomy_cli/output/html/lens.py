@@ -34,7 +34,7 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Any) -> Page:
     ``grid.positions``), each cell naming its top token; the hover text gives the exact numbers."""
     page = caption_page(cap)
     page.add(part(grid, stat, tokens))
-    lines = ["each cell: the top token of softmax(unembed(final_norm(h))) at that layer and position; colour: "
+    lines = [f"each cell: the top token of {statistics.lens_reading(grid.lens)} at that layer and position; colour: "
              + statistics.LENS[stat].label + "; hover a cell for its top tokens"]
     if grid.target_id is not None:
         lines.append(f"framed: cells whose top token is the target {grid.target_token}")

@@ -1,4 +1,4 @@
-"""`lens --plot`: the logit-lens grid as nostalgebraist drew it, layers x positions, each cell naming its top token."""
+"""`lens --plot`: the lens grid (logit, Jacobian or tuned) as nostalgebraist drew it, layers x positions."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
                 if top[r][c] == grid.target_id:
                     ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="white", lw=1.6))
         notes.append(f"framed: cells whose top token is the target {token_label(grid.target_token, 24)}")
-    notes.insert(0, "each cell: the top token of softmax(unembed(final_norm(h))) at that layer and position; "
-                    "its colour: " + label)
+    notes.insert(0, f"each cell: the top token of {statistics.lens_reading(grid.lens)} at that layer and "
+                    "position; its colour: " + label)
     caption(fig, cap, notes)
     return fig
