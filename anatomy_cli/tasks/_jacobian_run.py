@@ -1,5 +1,6 @@
-"""`fit-lens jacobian`: the fit (in this process, resumable from ``--checkpoint``; or with ``--ray`` on Ray
-workers, :mod:`anatomy_cli.tasks._jacobian_ray`), the lens written in jlens' format, and its summary.
+"""`fit-lens jacobian`: the fit (in this process, or with ``--ray`` on Ray workers,
+:mod:`anatomy_cli.tasks._jacobian_ray`; either resumable from ``--checkpoint``,
+:mod:`anatomy_cli.tasks._jacobian_checkpoint`), the lens written in jlens' format, and its summary.
 
 Either way the running sums of ``J`` are float64 (``{block: [d_model, d_model]}``) beside the count of prompts
 fitted and skipped; the lens is their mean (:func:`anatomy_cli.engine.jacobian_fit.lens_state`).
@@ -70,7 +71,7 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
     if opts.ray:
         from anatomy_cli.tasks import _jacobian_ray
 
-        sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan)
+        sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan, settings_of(lm, ids, opts, plan))
     else:
         sums, done, skipped = _fit_here(lm, ids, opts, plan)
     if skipped:
@@ -95,35 +96,27 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
 
 def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Sums:
     """Prompt after prompt in this process; with ``opts.checkpoint`` the sums saved every
-    ``opts.checkpoint_every`` prompts (and after the last), and resumed from."""
-    import torch
-
+    ``opts.checkpoint_every`` prompts (and after the last), and resumed from (the prompts it holds skipped:
+    :mod:`anatomy_cli.tasks._jacobian_checkpoint`)."""
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.tasks._fit_files import resume
+    from anatomy_cli.tasks import _jacobian_checkpoint as ckpt
 
-    settings = _settings(lm, ids, opts, plan)
-    sums = {b: torch.zeros(lm.info.d_model, lm.info.d_model, dtype=torch.float64) for b in plan.source_layers}
-    done = skipped = start = 0
-    if opts.checkpoint is not None and opts.checkpoint.exists():
-        state = resume(opts.checkpoint, settings)
-        sums = {int(b): t.double() for b, t in state["jacobian_sum"].items()}
-        done, skipped, start = int(state["n_done"]), int(state.get("skipped", 0)), int(state["next_idx"])
-        notes.info(f"resuming from {opts.checkpoint}: {start} of {len(ids)} prompts done")
+    settings = settings_of(lm, ids, opts, plan)
+    progress = ckpt.start(opts.checkpoint, settings, plan.source_layers, lm.info.d_model, len(ids))
     with notes.status("fit-lens jacobian") as line:
-        for i, prompt_ids in enumerate(ids[start:], start=start + 1):
-            if jacobian_fit.accumulate(lm, sums, prompt_ids, plan.source_layers, plan.target_layer,
-                                       dim_batch=opts.dim_batch, skip_first=opts.skip_first,
-                                       progress=line.counter(f"prompt {i}/{len(ids)}", "backward passes")):
-                done += 1
-            else:
-                skipped += 1
-            if opts.checkpoint is not None and (i % opts.checkpoint_every == 0 or i == len(ids)):
-                atomic_save({"jacobian_sum": sums, "n_done": done, "next_idx": i, "skipped": skipped,
-                             "source_layers": list(plan.source_layers), "settings": settings}, opts.checkpoint)
-    return sums, done, skipped
+        for i, prompt_ids in enumerate(ids):
+            if i in progress.done:
+                continue
+            fitted = jacobian_fit.accumulate(lm, progress.sums, prompt_ids, plan.source_layers, plan.target_layer,
+                                             dim_batch=opts.dim_batch, skip_first=opts.skip_first,
+                                             progress=line.counter(f"prompt {i + 1}/{len(ids)}", "backward passes"))
+            progress.add(i, None, int(fitted), int(not fitted))
+            if opts.checkpoint is not None and ckpt.due(progress, opts.checkpoint_every, len(ids)):
+                ckpt.save(opts.checkpoint, progress, settings, len(ids))
+    return progress.sums, progress.n_done, progress.skipped
 
 
-def _settings(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> dict[str, Any]:
+def settings_of(lm: Any, ids: list[list[int]], opts: Any, plan: Any) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
     from anatomy_cli.tasks._fit_files import digest
