@@ -101,6 +101,17 @@ def accumulate(lm: LoadedModel, sums: dict[int, torch.Tensor], ids: Sequence[int
     return True
 
 
+def block_weights(lm: LoadedModel, block: int = 0) -> float | None:
+    """The multiply-accumulate weights one token meets in block ``block``: its matrices' elements (attention's
+    projections and the MLP's, as the model holds them: grouped-query K/V and gated MLPs counted as they are).
+    None for a mixture-of-experts model (a token meets only its experts) or a block without matrices."""
+    if lm.info.moe is not None:
+        return None
+    module = lm.points[f"blocks.{block}.hook_resid_post"][0]
+    n = sum(p.numel() for p in module.parameters() if p.dim() == 2)
+    return float(n) or None
+
+
 def lens_state(sums: dict[int, torch.Tensor], n_prompts: int, d_model: int,
                dtype: torch.dtype = torch.float16) -> dict[str, object]:
     """jlens' file: ``{"J": {block: mean J}, "n_prompts", "source_layers", "d_model"}`` (``torch.save`` it)."""

@@ -127,24 +127,45 @@ def settings_of(lm: Any, ids: list[list[int]], opts: Any, plan: Any) -> dict[str
 
 
 def _announce(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
-    """The cost line before the fit (FLOPs, time at the device's rate); returns the FLOPs."""
+    """The cost line before the fit (FLOPs, time at a rate measured now on the fit's device); returns the FLOPs."""
     from anatomy_cli.models import cost
     from anatomy_cli.units import human_seconds
 
     info = lm.info
-    flops = sum(cost.jacobian_fit_flops(info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer)
-                for i in usable)
+    flops = estimate(lm, usable, opts, plan)
     if opts.ray:
         device = "cuda" if opts.gpus_per_worker > 0 else "cpu"
+        rate, how = cost.RATES[device], "an assumed"
         where = f"{device} (one worker; {opts.workers} share it)"
     else:
-        device = where = lm.device.type
+        rate, how, where = fit_rate(lm, usable, opts.dim_batch), "a measured", lm.device.type
     notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
                f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
                f"{_blocks(plan.source_layers)} -> {plan.target_layer}, "
-               f"{math.ceil(info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP, "
-               f"roughly {human_seconds(cost.seconds(flops, device))} on {where} (a rough estimate)")
+               f"{math.ceil(info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP "
+               f"at {how} {rate / 1e9:.0f} GFLOP/s, roughly {human_seconds(flops / rate)} on {where} "
+               "(a rough estimate)")
     return flops
+
+
+def estimate(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
+    """The fit's FLOPs (:func:`anatomy_cli.models.cost.jacobian_fit_flops` per prompt), with the blocks' own
+    weights where they are loaded (with ``--ray`` the driver has none: ~12 d_model² per block)."""
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.models import cost
+
+    weights = jacobian_fit.block_weights(lm) if hasattr(lm, "points") else None
+    return sum(cost.jacobian_fit_flops(lm.info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer,
+                                       weights) for i in usable)
+
+
+def fit_rate(lm: Any, usable: list[list[int]], dim_batch: int) -> float:
+    """FLOP/s of a float32 product of the fit's shape on its device, measured now: the rows of one backward
+    pass (``dim_batch`` copies of a prompt's tokens) times ``[d_model, 4 d_model]`` (an MLP's matrix)."""
+    from anatomy_cli.engine.sae_fit import measured_rate
+
+    tokens = max(map(len, usable), default=1)
+    return measured_rate(lm.info.d_model, 4 * lm.info.d_model, lm.device, rows=min(dim_batch * tokens, 8192))
 
 
 def _blocks(blocks: tuple[int, ...]) -> str:
