@@ -81,4 +81,4 @@ def test_the_cost_line_names_a_measured_rate(tiny_model_dir, tmp_path):
                                    str(prompts), "--out", str(tmp_path / "j.pt"), "--skip-first", "4"])
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "backward passes per prompt" in ln)
-    assert "FLOP at a measured" in line and "GFLOP/s, roughly" in line, line
+    assert "GFLOP/s (half a matrix product's rate, measured now), roughly" in line, line

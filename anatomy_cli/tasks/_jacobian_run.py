@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
 
+# The share of a bare product's rate the fit runs its products at (norms, activations, softmax and autograd's
+# bookkeeping between them): 0.45 measured on SmolLM2 on the 2-core CPU test machine (one 32-token prompt,
+# dim_batch 64: 4.3e12 FLOP in 233 s against a measured 4.1e10 FLOP/s, load average 6.5; docs/commands/fit-lens.md).
+FIT_EFFICIENCY = 0.5
 Sums = tuple[dict[int, Any], int, int]  # (float64 sums of J per block, prompts fitted, prompts skipped)
 
 
@@ -135,15 +139,16 @@ def _announce(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
     flops = estimate(lm, usable, opts, plan)
     if opts.ray:
         device = "cuda" if opts.gpus_per_worker > 0 else "cpu"
-        rate, how = cost.RATES[device], "an assumed"
+        rate, how = cost.RATES[device], f"assumed for {device}"
         where = f"{device} (one worker; {opts.workers} share it)"
     else:
-        rate, how, where = fit_rate(lm, usable, opts.dim_batch), "a measured", lm.device.type
+        rate, how, where = fit_rate(lm, usable, opts.dim_batch), "half a matrix product's rate, measured now", \
+            lm.device.type
     notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
                f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
                f"{_blocks(plan.source_layers)} -> {plan.target_layer}, "
                f"{math.ceil(info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP "
-               f"at {how} {rate / 1e9:.0f} GFLOP/s, roughly {human_seconds(flops / rate)} on {where} "
+               f"at {rate / 1e9:.0f} GFLOP/s ({how}), roughly {human_seconds(flops / rate)} on {where} "
                "(a rough estimate)")
     return flops
 
@@ -160,12 +165,14 @@ def estimate(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
 
 
 def fit_rate(lm: Any, usable: list[list[int]], dim_batch: int) -> float:
-    """FLOP/s of a float32 product of the fit's shape on its device, measured now: the rows of one backward
-    pass (``dim_batch`` copies of a prompt's tokens) times ``[d_model, 4 d_model]`` (an MLP's matrix)."""
-    from anatomy_cli.engine.sae_fit import measured_rate
+    """FLOP/s of a float32 product of the fit's shape on its device, measured now
+    (:func:`anatomy_cli.engine.jacobian_fit.measured_rate`): the rows of one backward pass (``dim_batch`` copies
+    of the longest prompt's tokens, at most 8192) times ``[d_model, 4 d_model]`` (an MLP's matrix), times
+    :data:`FIT_EFFICIENCY`."""
+    from anatomy_cli.engine.jacobian_fit import measured_rate
 
     tokens = max(map(len, usable), default=1)
-    return measured_rate(lm.info.d_model, 4 * lm.info.d_model, lm.device, rows=min(dim_batch * tokens, 8192))
+    return FIT_EFFICIENCY * measured_rate(lm, rows=min(dim_batch * tokens, 8192))
 
 
 def _blocks(blocks: tuple[int, ...]) -> str:
