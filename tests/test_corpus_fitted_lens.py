@@ -233,3 +233,73 @@ def test_a_shard_written_before_entropy_and_bytes_is_computed_again(tmp_path):
     store.manifest["shards"][0]["sha256"] = file_sha256(tmp_path / "run" / store.done[0]["file"])
     why = store.load(0)
     assert isinstance(why, str) and "before the entropy" in why
+
+
+def _drawn(ax, label):
+    """The (x, y) of the curve labelled ``label`` in ``ax`` (NaN-free: the points matplotlib drew)."""
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == label]
+    return [float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()]
+
+
+def _expected(rows, key, scale=1.0, skip=None):
+    """The points a lens' JSON rows give: x = the residual row (embed 0, block N at N + 1), y = ``key`` × scale."""
+    return ([0.0 if r["layer"] == "embed" else r["layer"] + 1.0 for r in rows if r[key] is not None and r["layer"] != skip],
+            [r[key] * scale for r in rows if r[key] is not None and r["layer"] != skip])
+
+
+@pytest.mark.parametrize("suffix", [".png", ".html"])
+def test_the_picture_draws_every_lens_from_the_json_figures(tiny_model_dir, tmp_path, cached_load, monkeypatch,
+                                                            suffix):
+    """`corpus --lens ... --plot`: the KL and CE panels draw one curve per lens, each exactly the per-lens JSON
+    numbers (CE in bits: ce_nats / ln 2); J = I at block 0 draws the logit lens' curve there (an independent
+    check: J = I is the logit lens), and its unfitted embed row is not drawn."""
+    from anatomy_cli.output import plots
+
+    eye = _save_jacobian(tmp_path / "eye.pt", {0: torch.eye(D)}, dtype=torch.float32)
+    tuned, *_ = _lenses(tmp_path, seed=3)
+    src = tmp_path / "c.txt"
+    src.write_text(TEXT * 3)
+    drawn = []
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path, index=None: (drawn.append(fig), save(fig, path, index))[1])
+    out = tmp_path / f"c{suffix}"
+    res = runner.invoke(app, ["corpus", str(src), "--model", str(tiny_model_dir("llama")), "--ctx", "16",
+                              "--lens", "logit", "--lens", f"jacobian:{eye}", "--lens", f"tuned:{tuned}",
+                              "--format", "json", "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert out.stat().st_size > 0 and len(drawn) == 1
+    kl, ce = drawn[0].axes[:2]
+    labels = {"logit": "logit lens", "jacobian": "Jacobian lens eye.pt (not fitted: embed)",
+              "tuned": f"tuned lens {tuned.name}"}
+    last = LAYERS - 1
+    for lens in data["lenses"]:
+        label = labels[lens["lens"]]
+        x, y = _drawn(kl, label)
+        want_x, want_y = _expected(lens["layers"], "kl_nats", skip=last)
+        assert x == want_x and y == pytest.approx(want_y, rel=1e-12), label
+        x, y = _drawn(ce, label)
+        want_x, want_y = _expected(lens["layers"], "ce_nats", 1 / LN2)
+        assert x == want_x and y == pytest.approx(want_y, rel=1e-12), label
+    # J = I reads the logit lens: its drawn points are the logit lens' at every row it reads (embed not)
+    for ax in (kl, ce):
+        lx, ly = _drawn(ax, "logit lens")
+        jx, jy = _drawn(ax, labels["jacobian"])
+        assert jx == lx[1:] and jy == pytest.approx(ly[1:], rel=1e-5)
+    # the logit lens' CE curve is the per-layer table's ce_bits, as the picture drew before fitted lenses
+    assert _drawn(ce, "logit lens")[1] == pytest.approx([r["ce_bits"] for r in data["layers"]], rel=1e-12)
+    assert "lenses" in kl.get_title()
+
+
+def test_the_picture_of_the_logit_lens_alone_draws_the_per_layer_rows(tiny_model_dir, tmp_path, cached_load):
+    from anatomy_cli import api as anatomy
+    from anatomy_cli.output import statistics
+
+    src = tmp_path / "c.txt"
+    src.write_text(TEXT * 3)
+    result = anatomy.corpus_stats(str(tiny_model_dir("llama")), str(src), ctx=16)
+    kl, ce = result.plot().axes[:2]
+    assert kl.get_title().startswith("logit lens: KL")
+    rows = result.rows
+    x, y = _drawn(ce, statistics.LENS["ce"].label)
+    assert x == [0.0, 1.0, 2.0] and y == pytest.approx([r["ce_bits"] for r in rows], rel=1e-12)

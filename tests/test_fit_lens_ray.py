@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from anatomy_cli import api
 from anatomy_cli.cli.main import app
+from anatomy_cli.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["The quick brown fox jumps over the lazy dog because it was tired of running in the sun",
@@ -30,6 +31,7 @@ import functools, sys
 from anatomy_cli.tasks import _jacobian_ray
 _jacobian_ray.fit_on_ray = functools.partial(_jacobian_ray.fit_on_ray, crash_once=(sys.argv[1], 2))  # dies at shard 2
 from anatomy_cli.cli.main import app
+from anatomy_cli.errors import UsageError
 app(args=sys.argv[2:])
 """
 
@@ -78,8 +80,6 @@ def test_ray_refusals_are_one_line(tiny_model_dir, tmp_path):
     prompts.write_text(TEXTS[0] + "\n")
     model = str(tiny_model_dir("llama"))
     cases = [
-        (["jacobian", "--prompts", str(prompts), "--out", str(tmp_path / "a.pt"), "--ray", "--checkpoint",
-          str(tmp_path / "c")], "--checkpoint runs in-process (not with --ray)"),
         (["tuned", "--corpus", str(prompts), "--tokens", "64", "--out", str(tmp_path / "t"), "--ray"],
          "--ray: for fit-lens jacobian only"),
         (["tuned", "--corpus", str(prompts), "--tokens", "64", "--out", str(tmp_path / "t"), "--workers", "3"],
@@ -117,3 +117,147 @@ def test_the_api_on_ray_opens_the_model_only_and_adds_shards_in_order(tiny_lm, t
     api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "here.pt", **kw)
     ray_fit, in_process = (torch.load(tmp_path / f, weights_only=True) for f in ("ray.pt", "here.pt"))
     torch.testing.assert_close(ray_fit["J"][0], in_process["J"][0], atol=1e-6, rtol=1e-6)
+
+
+def _ray_here(monkeypatch, lm, seen, stop_after=None):
+    """``run_on_ray`` replaced by one that builds the worker here and finishes the shards last to first;
+    ``stop_after``: a KeyboardInterrupt (the driver killed) once that many shards have finished."""
+    from anatomy_cli.corpus import ray_run
+
+    def here(shards, spec, settings, finished, *, worker, workers, **kwargs):
+        actor = worker(spec.to_dict(), settings, lm=lm)
+        for shard in reversed(list(shards)):
+            if stop_after is not None and len(seen) == stop_after:
+                raise KeyboardInterrupt
+            seen.append(shard.index)
+            finished(shard, actor.run(shard))
+
+    monkeypatch.setattr(ray_run, "run_on_ray", here)
+
+
+def test_a_ray_fit_checkpoints_each_finished_prompt_and_resumes_in_either_way(tiny_lm, tiny_model_dir, tmp_path,
+                                                                             monkeypatch):
+    """`--ray --checkpoint`: a shard per prompt; the driver, interrupted after prompts 3 and 2 finished (out of
+    order, as Ray returns them), leaves a checkpoint holding exactly those; resumed on Ray it sends prompts 1 and
+    0 only, and the lens equals the uninterrupted in-process fit. The one file layout resumes across the two:
+    the Ray checkpoint in this process, and an in-process checkpoint (prompts 0 and 1) on Ray."""
+    pytest.importorskip("ray")
+    from anatomy_cli.engine import jacobian_fit
+
+    lm = tiny_lm("llama")
+    model = str(tiny_model_dir("llama"))
+    kw = dict(skip_first=4, dim_batch=8, dtype="fp32", source_layers=[0])
+    api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "whole.pt", **kw)
+    whole = torch.load(tmp_path / "whole.pt", weights_only=True)
+
+    ckpt, seen = tmp_path / "ray.ckpt", []
+    _ray_here(monkeypatch, lm, seen, stop_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        api.fit_lens(model, "jacobian", TEXTS, out=tmp_path / "a.pt", ray=True, workers=1, checkpoint=ckpt, **kw)
+    state = torch.load(ckpt, weights_only=True)
+    assert seen == [3, 2] and not (tmp_path / "a.pt").exists()
+    assert (state["done"], state["next_idx"], state["n_done"], state["skipped"]) == ([2, 3], 0, 2, 0)
+    # the sums it holds are prompts 2 and 3's J, computed here in-process
+    two = {0: torch.zeros(lm.info.d_model, lm.info.d_model, dtype=torch.float64)}
+    ids = [lm.tokenizer.hf(t)["input_ids"][:128] for t in TEXTS[2:]]
+    for i in ids:
+        assert jacobian_fit.accumulate(lm, two, i, [0], lm.info.n_layers - 1, dim_batch=8, skip_first=4)
+    torch.testing.assert_close(state["jacobian_sum"][0], two[0], atol=1e-6, rtol=1e-6)
+    import shutil
+
+    shutil.copy(ckpt, tmp_path / "copy.ckpt")
+    seen.clear()
+    _ray_here(monkeypatch, lm, seen)
+    r = api.fit_lens(model, "jacobian", TEXTS, out=tmp_path / "a.pt", ray=True, workers=1, checkpoint=ckpt, **kw)
+    assert seen == [1, 0] and (r.result.n_prompts, r.result.skipped) == (3, 1)
+    assert torch.load(ckpt, weights_only=True)["done"] == [0, 1, 2, 3]
+    torch.testing.assert_close(torch.load(tmp_path / "a.pt", weights_only=True)["J"][0], whole["J"][0],
+                               atol=1e-6, rtol=1e-6)
+    # the Ray checkpoint resumed in this process: prompts 0 and 1 fitted here
+    r = api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "b.pt", checkpoint=tmp_path / "copy.ckpt", **kw)
+    assert (r.result.n_prompts, r.result.skipped) == (3, 1)
+    torch.testing.assert_close(torch.load(tmp_path / "b.pt", weights_only=True)["J"][0], whole["J"][0],
+                               atol=1e-6, rtol=1e-6)
+    # an in-process checkpoint (interrupted at the third prompt) resumed on Ray: prompts 3 and 2 sent
+    real, calls = jacobian_fit.jacobian_for_prompt, []
+
+    def dies_on_the_second_fit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", dies_on_the_second_fit)
+    with pytest.raises(KeyboardInterrupt):
+        api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "c.pt", checkpoint=tmp_path / "here.ckpt", **kw)
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", real)
+    assert torch.load(tmp_path / "here.ckpt", weights_only=True)["done"] == [0, 1]
+    seen.clear()
+    r = api.fit_lens(model, "jacobian", TEXTS, out=tmp_path / "c.pt", ray=True, workers=1,
+                     checkpoint=tmp_path / "here.ckpt", **kw)
+    assert seen == [3, 2] and (r.result.n_prompts, r.result.skipped) == (3, 1)
+    torch.testing.assert_close(torch.load(tmp_path / "c.pt", weights_only=True)["J"][0], whole["J"][0],
+                               atol=1e-6, rtol=1e-6)
+    # other settings are refused on Ray too, before any worker starts
+    seen.clear()
+    with pytest.raises(UsageError, match="other settings \\(skip_first\\)"):
+        api.fit_lens(model, "jacobian", TEXTS, out=tmp_path / "d.pt", ray=True, checkpoint=ckpt,
+                     **{**kw, "skip_first": 5})
+    assert seen == []
+
+
+RESUME_DRIVER = """
+import functools, sys
+from anatomy_cli.tasks import _jacobian_ray
+_jacobian_ray.fit_on_ray = functools.partial(_jacobian_ray.fit_on_ray, crash_once=(sys.argv[1], 3))  # dies at prompt 3
+from anatomy_cli.cli.main import app
+from anatomy_cli.errors import UsageError
+app(args=sys.argv[2:])
+"""
+
+
+def test_a_partial_checkpoint_resumed_on_a_local_ray_equals_the_uninterrupted_fit(tiny_lm, tiny_model_dir,
+                                                                                  tmp_path, monkeypatch):
+    """A real local Ray (2 workers, the one reaching prompt 3 killed mid-prompt) resuming a checkpoint that holds
+    prompts 0 and 1 (an in-process fit interrupted at its third prompt): prompts 2 and 3 are fitted, the
+    checkpoint then holds all four, and the lens equals the uninterrupted in-process fit."""
+    pytest.importorskip("ray")
+    from anatomy_cli.engine import jacobian_fit
+
+    lm = tiny_lm("llama")
+    kw = dict(skip_first=4, dim_batch=16, dtype="fp32")
+    api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "whole.pt", **kw)
+    ckpt = tmp_path / "fit.ckpt"
+    real, calls = jacobian_fit.jacobian_for_prompt, []
+
+    def dies_on_the_second_fit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", dies_on_the_second_fit)
+    with pytest.raises(KeyboardInterrupt):
+        api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "ray.pt", checkpoint=ckpt, **kw)
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", real)
+    assert torch.load(ckpt, weights_only=True)["done"] == [0, 1]
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(TEXTS) + "\n")
+    marker = tmp_path / "crashed"
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": path}
+    res = subprocess.run([sys.executable, "-c", RESUME_DRIVER, str(marker), "fit-lens", "jacobian", "--model",
+                          str(tiny_model_dir("llama")), "--prompts", str(prompts), "--skip-first", "4", "--dim-batch",
+                          "16", "--dtype", "fp32", "--format", "json", "--out", str(tmp_path / "ray.pt"), "--ray",
+                          "--workers", "2", "--checkpoint", str(ckpt)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert marker.exists(), "no worker died: the test proves nothing"
+    assert "resuming from" in res.stderr and "2 of 4 prompts done" in res.stderr
+    data = json.loads(res.stdout)
+    assert (data["n_prompts"], data["skipped"]) == (3, 1)
+    state = torch.load(ckpt, weights_only=True)
+    assert (state["done"], state["next_idx"], state["n_done"], state["skipped"]) == ([0, 1, 2, 3], 4, 3, 1)
+    ray_fit, whole = (torch.load(tmp_path / f, weights_only=True) for f in ("ray.pt", "whole.pt"))
+    torch.testing.assert_close(ray_fit["J"][0], whole["J"][0], atol=1e-6, rtol=1e-6)

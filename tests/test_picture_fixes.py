@@ -23,7 +23,7 @@ def corpus_stats(heads: bool = True) -> SimpleNamespace:
                "resid_norm": 3.0 + 4 * l, "resid_norm_se": 0.05, "max_abs": 20.0 * (l + 1)} for l in range(5)]
     rows = [{"layer": l, "head": h, "entropy_nats": 1.0 + h, "first_token": 0.5, "prev_token": 0.1}
             for l in range(4) for h in range(2)] if heads else []
-    return SimpleNamespace(layers=tuple(layers), heads=tuple(rows), windows=12, tokens=1200, loss_bits=8.0,
+    return SimpleNamespace(layers=tuple(layers), lenses=(), heads=tuple(rows), windows=12, tokens=1200, loss_bits=8.0,
                            perplexity=256.0)
 
 

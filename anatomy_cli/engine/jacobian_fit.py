@@ -101,6 +101,37 @@ def accumulate(lm: LoadedModel, sums: dict[int, torch.Tensor], ids: Sequence[int
     return True
 
 
+def block_weights(lm: LoadedModel, block: int = 0) -> float | None:
+    """The multiply-accumulate weights one token meets in block ``block``: its matrices' elements (attention's
+    projections and the MLP's, as the model holds them: grouped-query K/V and gated MLPs counted as they are).
+    None for a mixture-of-experts model (a token meets only its experts) or a block without matrices."""
+    if lm.info.moe is not None:
+        return None
+    module = lm.points[f"blocks.{block}.hook_resid_post"][0]
+    n = sum(p.numel() for p in module.parameters() if p.dim() == 2)
+    return float(n) or None
+
+
+def measured_rate(lm: LoadedModel, rows: int, repeats: int = 5) -> float:
+    """FLOP/s of a float32 ``[rows, d_model] @ [d_model, 4 d_model]`` product (an MLP's, at the rows of one
+    backward pass) on ``lm.device``, the median of ``repeats`` timings: a median, not the best, so that a machine
+    other jobs share is measured as the fit will meet it. A generator of its own (the global RNG untouched)."""
+    import statistics
+    import time
+
+    d = lm.info.d_model
+    g = torch.Generator(lm.device).manual_seed(0)
+    a = torch.randn(rows, d, device=lm.device, generator=g)
+    b = torch.randn(d, 4 * d, device=lm.device, generator=g)
+    (a @ b).sum().item()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        (a @ b).sum().item()
+        times.append(time.perf_counter() - t)
+    return 2.0 * rows * d * 4 * d / max(statistics.median(times), 1e-9)
+
+
 def lens_state(sums: dict[int, torch.Tensor], n_prompts: int, d_model: int,
                dtype: torch.dtype = torch.float16) -> dict[str, object]:
     """jlens' file: ``{"J": {block: mean J}, "n_prompts", "source_layers", "d_model"}`` (``torch.save`` it)."""

@@ -35,15 +35,34 @@ def lens_flops(info: Any, positions: int) -> float:
     return float(2.0 * (info.n_layers + 1) * positions * float(info.lm_head_rows) * info.d_model)
 
 
-def jacobian_fit_flops(info: Any, tokens: int, dim_batch: int, first_source: int, target: int) -> float:
-    """`fit-lens jacobian` on one prompt of ``tokens`` tokens: the forward of ``dim_batch`` copies, plus
-    ``ceil(d_model / dim_batch)`` backward passes through blocks ``first_source..target`` for the copies, each
-    about one forward of those blocks (activation gradients only: no weight gradient is computed)."""
-    fwd = forward_flops(info, tokens)
-    blocks = fwd - 2.0 * float(info.lm_head_rows) * info.d_model * tokens  # the blocks' share of the forward
-    span = (target - first_source + 1) / info.n_layers
+def block_weights(info: Any) -> float:
+    """The multiply-accumulate weights one token meets in one block, ~12 d_model² (attention 4, MLP 8): the rule
+    of :func:`params`, for when the block's own weights are not at hand."""
+    return 12.0 * float(info.d_model) ** 2
+
+
+def jacobian_fit_flops(info: Any, tokens: int, dim_batch: int, first_source: int, target: int,
+                       weights: float | None = None) -> float:
+    """`fit-lens jacobian` on one prompt of ``tokens`` tokens (B = ``dim_batch`` copies, P = ``ceil(d_model / B)``
+    backward passes), counted as the fit runs it (:func:`anatomy_cli.engine.jacobian_fit.jacobian_for_prompt`):
+
+    - the forward: the base model's blocks, every one (no LM head: the fit reads block outputs), for B copies:
+      ``B · n_layers · (2 · W · tokens + A)``, with W the block's weights (``weights``, one block's
+      multiply-accumulate weights per token; None: :func:`block_weights`) and A attention's
+      ``4 · tokens² · n_heads · d_head`` (scores and the weighted sum, the causal square in full, as SDPA runs it);
+    - each backward pass: activation gradients only (no weight requires grad), so each matrix product once
+      (``2 · W · tokens``) and attention's twice (the gradients of the scores' two inputs and of the weighted
+      sum's two: ``2 · A``), through the blocks above the earliest source block up to the target,
+      ``target − first_source`` of them (the graph starts at the source block's output), for B copies.
+
+    Norms, activations and softmax are left out (a few FLOPs per element, against d_model per element of a
+    product)."""
+    w = block_weights(info) if weights is None else float(weights)
+    attention = 4.0 * tokens ** 2 * info.n_heads * info.d_head
+    forward = info.n_layers * (2.0 * w * tokens + attention)
+    backward = (target - first_source) * (2.0 * w * tokens + 2.0 * attention)
     passes = -(-info.d_model // dim_batch)
-    return float(dim_batch * (fwd + passes * span * blocks))
+    return float(dim_batch * (forward + passes * backward))
 
 
 def tuned_fit_flops(info: Any, tokens: int, windows: int) -> float:

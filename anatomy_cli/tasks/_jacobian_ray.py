@@ -5,7 +5,8 @@ nothing to stdout).
 
 A shard is up to ``ceil(prompts / (4 · workers))`` consecutive prompts; its worker returns the float64 sums of
 ``J`` over its prompts and its counts, and the driver adds the shards' sums in shard order: the fit equals the
-in-process one up to the order of float64 additions.
+in-process one up to the order of float64 additions. With ``--checkpoint`` a shard is one prompt, and the sums
+are saved as the prompts finish (:func:`_checkpointed`).
 """
 
 from __future__ import annotations
@@ -54,30 +55,59 @@ class JacobianWorker:
         return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
 
 
-def fit_on_ray(opened: Any, ids: list[list[int]], opts: Any, plan: Any,
+def fit_on_ray(opened: Any, ids: list[list[int]], opts: Any, plan: Any, checkpoint: dict[str, Any] | None = None,
                crash_once: tuple[str, int] | None = None) -> tuple[dict[int, Any], int, int]:
     """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
-    (``opts.ray_address``, ``opts.workers``, ``opts.gpus_per_worker``); the workers load ``opened.spec``."""
+    (``opts.ray_address``, ``opts.workers``, ``opts.gpus_per_worker``); the workers load ``opened.spec``. With
+    ``opts.checkpoint``: one prompt per shard, the sums saved as prompts finish and resumed from (``checkpoint``:
+    the settings the file must match), :func:`_checkpointed`."""
     import torch
 
-    from anatomy_cli.corpus.ray_run import run_on_ray
-
+    if opts.checkpoint is not None:
+        return _checkpointed(opened, ids, opts, plan, checkpoint or {}, crash_once)
     size = max(1, math.ceil(len(ids) / (4 * opts.workers)))
     shards = [PromptShard(k, tuple(tuple(p) for p in ids[i:i + size]))
               for k, i in enumerate(range(0, len(ids), size))]
-    settings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
-                "dim_batch": opts.dim_batch, "skip_first": opts.skip_first}
     parts: dict[int, dict[str, Any]] = {}
     with notes.status(f"fit-lens jacobian on Ray: {len(shards)} shards of up to {size} prompts") as line:
         def finished(shard: PromptShard, part: dict[str, Any]) -> None:
             parts[shard.index] = part
             line.update(f"fit-lens jacobian on Ray · shard {len(parts)}/{len(shards)} done")
 
-        run_on_ray(iter(shards), opened.spec, settings, finished, address=opts.ray_address, workers=opts.workers,
-                   gpus_per_worker=opts.gpus_per_worker, crash_once=crash_once, worker=JacobianWorker)
+        _run(opened, iter(shards), opts, plan, finished, crash_once)
     d = opened.info.d_model
     sums = {b: torch.zeros(d, d, dtype=torch.float64) for b in plan.source_layers}
     for k in sorted(parts):
         for b in plan.source_layers:
             sums[b] += parts[k]["sums"][b]
     return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())
+
+
+def _checkpointed(opened: Any, ids: list[list[int]], opts: Any, plan: Any, settings: dict[str, Any],
+                  crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
+    """The Ray fit with ``--checkpoint``: shard i is prompt i alone (the prompts the checkpoint holds are not
+    sent), and each finished prompt is added to the running sums, which are saved (atomically) every
+    ``checkpoint_every`` prompts and after the last. The sums are added as the prompts finish, not in prompt
+    order: the lens equals an uninterrupted fit's up to the order of float64 additions."""
+    from anatomy_cli.tasks import _jacobian_checkpoint as ckpt
+
+    progress = ckpt.start(opts.checkpoint, settings, plan.source_layers, opened.info.d_model, len(ids))
+    todo = [PromptShard(i, (tuple(p),)) for i, p in enumerate(ids) if i not in progress.done]
+    with notes.status(f"fit-lens jacobian on Ray: {len(todo)} prompts, one per shard") as line:
+        def finished(shard: PromptShard, part: dict[str, Any]) -> None:
+            progress.add(shard.index, part["sums"], part["n_prompts"], part["skipped"])
+            if ckpt.due(progress, opts.checkpoint_every, len(ids)):
+                ckpt.save(opts.checkpoint, progress, settings, len(ids))
+            line.update(f"fit-lens jacobian on Ray · prompt {len(progress.done)}/{len(ids)} done")
+
+        _run(opened, iter(todo), opts, plan, finished, crash_once)
+    return progress.sums, progress.n_done, progress.skipped
+
+
+def _run(opened: Any, shards: Any, opts: Any, plan: Any, finished: Any, crash_once: tuple[str, int] | None) -> None:
+    from anatomy_cli.corpus.ray_run import run_on_ray
+
+    settings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
+                "dim_batch": opts.dim_batch, "skip_first": opts.skip_first}
+    run_on_ray(shards, opened.spec, settings, finished, address=opts.ray_address, workers=opts.workers,
+               gpus_per_worker=opts.gpus_per_worker, crash_once=crash_once, worker=JacobianWorker)

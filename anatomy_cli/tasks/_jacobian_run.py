@@ -1,5 +1,6 @@
-"""`fit-lens jacobian`: the fit (in this process, resumable from ``--checkpoint``; or with ``--ray`` on Ray
-workers, :mod:`anatomy_cli.tasks._jacobian_ray`), the lens written in jlens' format, and its summary.
+"""`fit-lens jacobian`: the fit (in this process, or with ``--ray`` on Ray workers,
+:mod:`anatomy_cli.tasks._jacobian_ray`; either resumable from ``--checkpoint``,
+:mod:`anatomy_cli.tasks._jacobian_checkpoint`), the lens written in jlens' format, and its summary.
 
 Either way the running sums of ``J`` are float64 (``{block: [d_model, d_model]}``) beside the count of prompts
 fitted and skipped; the lens is their mean (:func:`anatomy_cli.engine.jacobian_fit.lens_state`).
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
 
+# The share of a bare product's rate the fit runs its products at (norms, activations, softmax and autograd's
+# bookkeeping between them): 0.45 measured on SmolLM2 on the 2-core CPU test machine (one 32-token prompt,
+# dim_batch 64: 4.3e12 FLOP in 233 s against a measured 4.1e10 FLOP/s, load average 6.5; docs/commands/fit-lens.md).
+FIT_EFFICIENCY = 0.5
 Sums = tuple[dict[int, Any], int, int]  # (float64 sums of J per block, prompts fitted, prompts skipped)
 
 
@@ -70,7 +75,7 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
     if opts.ray:
         from anatomy_cli.tasks import _jacobian_ray
 
-        sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan)
+        sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan, settings_of(lm, ids, opts, plan))
     else:
         sums, done, skipped = _fit_here(lm, ids, opts, plan)
     if skipped:
@@ -95,35 +100,27 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
 
 def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Sums:
     """Prompt after prompt in this process; with ``opts.checkpoint`` the sums saved every
-    ``opts.checkpoint_every`` prompts (and after the last), and resumed from."""
-    import torch
-
+    ``opts.checkpoint_every`` prompts (and after the last), and resumed from (the prompts it holds skipped:
+    :mod:`anatomy_cli.tasks._jacobian_checkpoint`)."""
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.tasks._fit_files import resume
+    from anatomy_cli.tasks import _jacobian_checkpoint as ckpt
 
-    settings = _settings(lm, ids, opts, plan)
-    sums = {b: torch.zeros(lm.info.d_model, lm.info.d_model, dtype=torch.float64) for b in plan.source_layers}
-    done = skipped = start = 0
-    if opts.checkpoint is not None and opts.checkpoint.exists():
-        state = resume(opts.checkpoint, settings)
-        sums = {int(b): t.double() for b, t in state["jacobian_sum"].items()}
-        done, skipped, start = int(state["n_done"]), int(state.get("skipped", 0)), int(state["next_idx"])
-        notes.info(f"resuming from {opts.checkpoint}: {start} of {len(ids)} prompts done")
+    settings = settings_of(lm, ids, opts, plan)
+    progress = ckpt.start(opts.checkpoint, settings, plan.source_layers, lm.info.d_model, len(ids))
     with notes.status("fit-lens jacobian") as line:
-        for i, prompt_ids in enumerate(ids[start:], start=start + 1):
-            if jacobian_fit.accumulate(lm, sums, prompt_ids, plan.source_layers, plan.target_layer,
-                                       dim_batch=opts.dim_batch, skip_first=opts.skip_first,
-                                       progress=line.counter(f"prompt {i}/{len(ids)}", "backward passes")):
-                done += 1
-            else:
-                skipped += 1
-            if opts.checkpoint is not None and (i % opts.checkpoint_every == 0 or i == len(ids)):
-                atomic_save({"jacobian_sum": sums, "n_done": done, "next_idx": i, "skipped": skipped,
-                             "source_layers": list(plan.source_layers), "settings": settings}, opts.checkpoint)
-    return sums, done, skipped
+        for i, prompt_ids in enumerate(ids):
+            if i in progress.done:
+                continue
+            fitted = jacobian_fit.accumulate(lm, progress.sums, prompt_ids, plan.source_layers, plan.target_layer,
+                                             dim_batch=opts.dim_batch, skip_first=opts.skip_first,
+                                             progress=line.counter(f"prompt {i + 1}/{len(ids)}", "backward passes"))
+            progress.add(i, None, int(fitted), int(not fitted))
+            if opts.checkpoint is not None and ckpt.due(progress, opts.checkpoint_every, len(ids)):
+                ckpt.save(opts.checkpoint, progress, settings, len(ids))
+    return progress.sums, progress.n_done, progress.skipped
 
 
-def _settings(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> dict[str, Any]:
+def settings_of(lm: Any, ids: list[list[int]], opts: Any, plan: Any) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
     from anatomy_cli.tasks._fit_files import digest
@@ -134,24 +131,48 @@ def _settings(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> di
 
 
 def _announce(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
-    """The cost line before the fit (FLOPs, time at the device's rate); returns the FLOPs."""
+    """The cost line before the fit (FLOPs, time at a rate measured now on the fit's device); returns the FLOPs."""
     from anatomy_cli.models import cost
     from anatomy_cli.units import human_seconds
 
     info = lm.info
-    flops = sum(cost.jacobian_fit_flops(info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer)
-                for i in usable)
+    flops = estimate(lm, usable, opts, plan)
     if opts.ray:
         device = "cuda" if opts.gpus_per_worker > 0 else "cpu"
+        rate, how = cost.RATES[device], f"assumed for {device}"
         where = f"{device} (one worker; {opts.workers} share it)"
     else:
-        device = where = lm.device.type
+        rate, how, where = fit_rate(lm, usable, opts.dim_batch), "half a matrix product's rate, measured now", \
+            lm.device.type
     notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
                f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
                f"{_blocks(plan.source_layers)} -> {plan.target_layer}, "
-               f"{math.ceil(info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP, "
-               f"roughly {human_seconds(cost.seconds(flops, device))} on {where} (a rough estimate)")
+               f"{math.ceil(info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP "
+               f"at {rate / 1e9:.0f} GFLOP/s ({how}), roughly {human_seconds(flops / rate)} on {where} "
+               "(a rough estimate)")
     return flops
+
+
+def estimate(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
+    """The fit's FLOPs (:func:`anatomy_cli.models.cost.jacobian_fit_flops` per prompt), with the blocks' own
+    weights where they are loaded (with ``--ray`` the driver has none: ~12 d_model² per block)."""
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.models import cost
+
+    weights = jacobian_fit.block_weights(lm) if hasattr(lm, "points") else None
+    return sum(cost.jacobian_fit_flops(lm.info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer,
+                                       weights) for i in usable)
+
+
+def fit_rate(lm: Any, usable: list[list[int]], dim_batch: int) -> float:
+    """FLOP/s of a float32 product of the fit's shape on its device, measured now
+    (:func:`anatomy_cli.engine.jacobian_fit.measured_rate`): the rows of one backward pass (``dim_batch`` copies
+    of the longest prompt's tokens, at most 8192) times ``[d_model, 4 d_model]`` (an MLP's matrix), times
+    :data:`FIT_EFFICIENCY`."""
+    from anatomy_cli.engine.jacobian_fit import measured_rate
+
+    tokens = max(map(len, usable), default=1)
+    return FIT_EFFICIENCY * measured_rate(lm, rows=min(dim_batch * tokens, 8192))
 
 
 def _blocks(blocks: tuple[int, ...]) -> str:

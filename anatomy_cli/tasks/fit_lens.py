@@ -105,9 +105,6 @@ class FitLensOptions:
             raise UsageError(f"--dtype {self.dtype!r}: use fp16 (jlens' files) or fp32")
         if self.shard is not None:
             object.__setattr__(self, "shard", _shard(self.shard))
-        if self.ray and self.checkpoint is not None:
-            raise UsageError("--checkpoint runs in-process (not with --ray): a Ray fit is resumed by --shard i/N "
-                             "runs merged with fit-lens merge")
         if self.gpus_per_worker < 0:
             raise UsageError("--gpus-per-worker takes a number of at least 0")
         for name, value, least in (("--dim-batch", self.dim_batch, 1), ("--max-seq-len", self.max_seq_len, 2),

@@ -89,10 +89,10 @@ def fit_lens_command(
     ceil(d_model / dim-batch) backward passes, each a one-hot cotangent on one output dimension of the
     target block at every valid position; row d of J_N is the gradient at block N's output averaged over
     positions --skip-first .. n-2; J is the mean over the prompts. Prompts too short are skipped and counted.
-    The expected cost is printed before the fit starts. --checkpoint FILE resumes an interrupted fit;
-    --shard i/N fits every N-th prompt; --ray fits the prompts on Ray workers (as corpus --ray runs: a
-    killed worker's shard runs again). fit-lens merge A.pt B.pt --out C.pt: the n_prompts-weighted mean of
-    fits of one model (no model is loaded).
+    The expected cost is printed before the fit starts. --checkpoint FILE resumes an interrupted fit (in
+    this process or with --ray); --shard i/N fits every N-th prompt; --ray fits the prompts on Ray workers
+    (as corpus --ray runs: a killed worker's shard runs again). fit-lens merge A.pt B.pt --out C.pt: the
+    n_prompts-weighted mean of fits of one model (no model is loaded).
 
     fit-lens tuned: tuned-lens' recipe: a zero-initialised translator per residual row below the last block,
     h + A h + b, trained on KL(final || lens) at every position of the corpus's first --tokens tokens (windows

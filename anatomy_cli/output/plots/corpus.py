@@ -1,9 +1,11 @@
-"""`corpus --plot`: the logit-lens curves (KL and cross-entropy against layer), the residual stream's size and its
-largest activation, with --heads the head grid, and with --experts the expert load per MoE block."""
+"""`corpus --plot`: the lens curves (KL and cross-entropy against layer; one per ``--lens``: the logit lens and
+each fitted lens), the residual stream's size and its largest activation, with --heads the head grid, and with
+--experts the expert load per MoE block."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,11 @@ from anatomy_cli.output.plots._base import new_figure
 HEAD_SCORES = (("entropy_nats", statistics.HEADS["entropy"]), ("first_token", statistics.HEADS["first_token"]),
                ("prev_token", statistics.HEADS["prev_token"]))
 BAND_ALPHA = 0.35  # the ± SE band; error bars with caps on every point too, so a narrow band still shows
+LENS_COLOURS = ("C0", "C1", "C4", "C5", "C6", "C8", "C9", "C7")  # one per lens (C2/C3: the residual panel's)
+# ... and a marker and line style each, so that a lens reading what another reads (J = I) still shows over it
+LENS_STYLES = (("o", "-"), ("s", "--"), ("D", ":"), ("v", "-."), ("^", "--"), ("P", ":"), ("X", "-."), ("*", "--"))
+LENS_NAMES = {"logit": "logit lens", "tuned": "tuned lens", "jacobian": "Jacobian lens"}
+LN2 = math.log(2.0)
 
 
 def figure(stats: Any, cap: Caption) -> Any:
@@ -29,7 +36,8 @@ def figure(stats: Any, cap: Caption) -> Any:
     docs/engine.md#layers), each mean with ± one standard error over
     windows as a band and error bars: KL(final || lens) in nats on a log scale (it falls by orders of magnitude
     from the embedding to the last blocks, so a linear axis set by layer 0 squashes the rest; layer L is 0 by
-    definition and not drawn), the lens' cross-entropy in bits per token with the model's own loss dashed, and
+    definition and not drawn), the lens' cross-entropy in bits per token with the model's own loss dashed (one
+    curve per lens in both panels when ``corpus --lens`` gave a fitted lens: :func:`lens_curves`), and
     the residual stream's mean norm with the largest |activation| seen (log). Legends sit below their panels.
     With per-head rows, a second row of layer x head heatmaps (entropy, first-token mass, previous-token mass;
     layer 0 at the bottom). With per-expert rows (``--experts``), a last row across the page: MoE block x expert,
@@ -45,13 +53,21 @@ def figure(stats: Any, cap: Caption) -> Any:
     grid = [[fig.add_subplot(spec[r, c]) for c in range(3)] for r in range(n_rows - bool(experts))]
     kl, ce, resid = grid[0]
     last = rows[-1]["layer"] if rows else 0
-    _curve(kl, rows, "kl_nats", statistics.LENS["kl"].label, "C0", skip=last, log=True)
-    kl.set_title(f"logit lens: KL to the output (log; layer {last} is 0)")
-    _curve(ce, rows, "ce_bits", statistics.LENS["ce"].label, "C1")
+    lenses = lens_curves(stats)
+    for (label, curve), colour, style in zip(lenses, LENS_COLOURS, LENS_STYLES):
+        name = label if len(lenses) > 1 else None
+        _curve(kl, curve, "kl_nats", statistics.LENS["kl"].label, colour, skip=last, log=True, name=name, style=style)
+        _curve(ce, curve, "ce_bits", statistics.LENS["ce"].label, colour, name=name, style=style)
+    which = "logit lens" if len(lenses) <= 1 else "lenses"
+    if len(lenses) > 1:
+        for ax in (kl, ce):
+            ax.fill_between([], [], color="grey", alpha=BAND_ALPHA, lw=0,
+                            label="± 1 standard error over windows (bands and bars)")
+    kl.set_title(f"{which}: KL to the output (log; layer {last} is 0)")
     if stats.loss_bits is not None:
         ce.axhline(stats.loss_bits, ls="--", color="grey", lw=1,
                    label=f"model's loss {stats.loss_bits:.3f} bits (perplexity {stats.perplexity:.1f})")
-    ce.set_title("logit lens: cross-entropy of the next token")
+    ce.set_title(f"{which}: cross-entropy of the next token")
     _curve(resid, rows, "resid_norm", "‖h‖, mean norm of the residual stream", "C2", log=True)
     layers = [residual_row(r["layer"]) for r in rows]
     resid.plot(layers, [math.nan if r.get("max_abs") is None else r["max_abs"] for r in rows], marker="^", ms=4,
@@ -122,9 +138,36 @@ def expert_load(fig: Any, ax: Any, experts: Any, blocks: Any = ()) -> list[str]:
                     f"{idle} (block, expert) pair(s) never chosen, at 0"]
 
 
-def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | None = None, log: bool = False) -> None:
+def lens_curves(stats: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """What the KL and cross-entropy panels draw: per lens (``stats.lenses``, in ``--lens`` order) its legend
+    label and rows ``{layer, kl_nats, kl_nats_se, ce_bits, ce_bits_se}`` (CE in bits per token: the per-lens
+    table's ``ce_nats`` / ln 2; None where the lens does not read a row). Only the logit lens (or none): the
+    per-layer rows, as the picture has always drawn them."""
+    if not stats.lenses or [lens["lens"] for lens in stats.lenses] == ["logit"]:
+        return [("logit lens", list(stats.layers))]
+
+    def bits(nats: float | None) -> float | None:
+        return None if nats is None else nats / LN2
+
+    out = []
+    for lens in stats.lenses:
+        label = LENS_NAMES.get(lens["lens"], lens["lens"])
+        if lens["source"]:
+            label += f" {Path(lens['source']).name}"
+        if lens["unfitted"]:
+            label += f" (not fitted: {', '.join(map(str, lens['unfitted']))})"
+        out.append((label, [{"layer": r["layer"], "kl_nats": r["kl_nats"], "kl_nats_se": r["kl_nats_se"],
+                             "ce_bits": bits(r["ce_nats"]), "ce_bits_se": bits(r["ce_nats_se"])}
+                            for r in lens["layers"]]))
+    return out
+
+
+def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | None = None, log: bool = False,
+           name: str | None = None, style: tuple[str, str] = ("o", "-")) -> None:
     """``key``'s mean against layer with its ± 1 SE as a band and as error bars (``skip``: a layer not drawn).
-    ``log``: a log y axis, the band's lower edge kept above a tenth of the mean (a log axis has no 0)."""
+    ``log``: a log y axis, the band's lower edge kept above a tenth of the mean (a log axis has no 0). ``name``:
+    the curve's legend label when the panel has several (then ``label`` is the axis' only, and the band unnamed);
+    ``style``: its marker and line style."""
     points = [(residual_row(r["layer"]), r[key], r[f"{key}_se"] or 0.0) for r in rows
               if r[key] is not None and r["layer"] != skip and (r[key] > 0 or not log)]
     if not points:
@@ -132,9 +175,11 @@ def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | No
     layers, mean, se = zip(*points)
     low = [max(m - s, m / 10) if log else m - s for m, s in zip(mean, se)]
     high = [m + s for m, s in zip(mean, se)]
-    ax.plot(layers, mean, marker="o", ms=3, color=colour, label=label)
-    ax.fill_between(layers, low, high, color=colour, alpha=BAND_ALPHA, lw=0,
-                    label=f"± 1 standard error over windows (largest {max(se):.3g})")
+    marker, line = style
+    ax.plot(layers, mean, marker=marker, ms=3 if marker == "o" else 5, ls=line, mfc="none" if name and marker != "o"
+            else colour, color=colour, label=name or label)
+    band = f"± 1 standard error over windows (largest {max(se):.3g})"
+    ax.fill_between(layers, low, high, color=colour, alpha=BAND_ALPHA, lw=0, label=f"_{band}" if name else band)
     ax.errorbar(layers, mean, yerr=[[m - lo for m, lo in zip(mean, low)], [h - m for m, h in zip(mean, high)]],
                 fmt="none", ecolor=colour, elinewidth=1, capsize=3)
     ax.set_ylabel(label)
