@@ -87,6 +87,31 @@ def test_replacement_model_reproduces_logits(tiny_lm, arch):
         torch.testing.assert_close(recon, fw.mlp_out[layer][0, 1:], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ARCHS + MORE)
+def test_batch_forward_with_shared_mlps_is_each_copys(tiny_lm, arch):
+    """The attribution's batch forward (each MLP run on one copy, the last logits only): every copy's MLP inputs
+    and outputs, final norm output and last logits equal the one-copy forward's, and a gradient seeded at one
+    copy's site equals the one-copy forward's gradient (autograd on both)."""
+    lm = tiny_lm(arch)
+    tcs = random_transcoders(lm, skip=True)
+    with rep.frozen(lm):
+        one = rep.forward(lm, IDS, tcs, 1)
+        many = rep.forward(lm, IDS, tcs, 3, last_logits=True, shared_mlp=True)
+        for layer in range(lm.n_layers):
+            for got, want in ((many.mlp_in[layer], one.mlp_in[layer]), (many.mlp_out[layer], one.mlp_out[layer])):
+                torch.testing.assert_close(got, want.expand_as(got), rtol=0, atol=1e-5)
+        torch.testing.assert_close(many.final, one.final.expand_as(many.final), rtol=0, atol=1e-5)
+        torch.testing.assert_close(many.logits[:, -1], one.logits[:, -1].expand(3, -1), rtol=0, atol=1e-5)
+        site = lm.n_layers // 2
+        vec = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(1))
+        want = torch.autograd.grad(one.mlp_in[site][0, 2] @ vec, [one.embed, *one.mlp_out[:site]],
+                                   retain_graph=True)
+        got = torch.autograd.grad(many.mlp_in[site][1, 2] @ vec, [many.embed, *many.mlp_out[:site]])
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g[1], w[0], rtol=1e-5, atol=1e-6)
+            assert float(g[0].abs().max()) == 0.0 and float(g[2].abs().max()) == 0.0
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logit_edges_are_gradient_times_activation(tiny_lm, arch):
     """Built by hand: the frozen model's logit (demeaned unembedding at the last position), its gradient with

@@ -95,6 +95,58 @@ def test_estimate_bounds_the_real_graph(setting, tmp_path):
     assert res.graph.n_features == est["feature_rows"] or res.graph.n_features == res.graph.active_features.shape[0]
 
 
+def test_estimate_from_the_api_has_rows(setting):
+    """The estimate's Result: ``.rows`` are its quantities (the table --estimate prints), in ``.to_dict()`` too,
+    for a loaded model and for one given by name (opened, not loaded)."""
+    import anatomy_cli as anatomy
+
+    model, lm, tdir, _ = setting
+    for given in (lm, str(model)):
+        est = anatomy.circuit(given, PROMPT, transcoders=str(tdir), max_feature_nodes=50, batch_size=8,
+                              estimate=True)
+        data = est.to_dict()
+        rows = est.rows
+        assert [r["quantity"] for r in rows][:3] == ["n_tokens", "active_features_bound", "feature_rows"]
+        assert rows == data["quantities"]
+        for r in rows:
+            assert r["value"] == data[r["quantity"]]
+        assert data["feature_rows"] == min(50, data["active_features_bound"])
+        assert "quantities" in repr(est) and est.seconds_expected == data["seconds_expected"]
+    both = anatomy.circuit(lm, [PROMPT, PROMPT + " Paris"], transcoders=str(tdir), estimate=True)
+    assert [len(b.rows) for b in both] == [len(rows)] * 2
+    assert both[1].to_dict()["n_tokens"] > both[0].to_dict()["n_tokens"]
+
+
+@pytest.mark.parametrize("flag", ["--out", "--json", "--plot"])
+def test_estimate_refuses_outputs(setting, monkeypatch, tmp_path, flag):
+    """--estimate computes no graph, so a file to write is a usage error before the model is even opened."""
+    import anatomy_cli.cli.commands.circuit as command
+
+    def refuse(*_a, **_k):
+        raise AssertionError("model opened")
+
+    monkeypatch.setattr(command, "open_prompts", refuse)
+    monkeypatch.setattr(command, "load_weights", refuse)
+    model, _, tdir, _ = setting
+    path = tmp_path / ("graph.html" if flag == "--plot" else "graph.out")
+    result = invoke("circuit", PROMPT, "--model", str(model), "--transcoders", str(tdir), "--estimate",
+                    flag, str(path))
+    assert result.exit_code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --estimate") and flag in lines[0]
+    assert result.stdout == "" and not path.exists()
+
+
+def test_api_estimate_refuses_outputs(setting, tmp_path):
+    import anatomy_cli as anatomy
+    from anatomy_cli.errors import UsageError
+
+    _, lm, tdir, _ = setting
+    for key in ("out", "json"):
+        with pytest.raises(UsageError, match=f"--{key}"):
+            anatomy.circuit(lm, PROMPT, transcoders=str(tdir), estimate=True, **{key: str(tmp_path / "g")})
+
+
 # ---------------------------------------------------------------- --offload
 
 def test_offload_gives_the_same_graph(setting, tmp_path):

@@ -131,47 +131,80 @@ def logit_vectors(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 
 
 class Rows:
-    """Direct effects on batches of targets: one frozen forward of ``batch`` copies, one backward per batch."""
+    """Direct effects on batches of targets: one frozen forward of ``batch`` copies, one backward per batch.
+
+    The decoder rows are grouped once by the (block, position) they write to (``_segments``), so each backward
+    reads a feature row's edges off one ``[B, d] @ [d, k]`` product per group instead of gathering a ``[B, d]``
+    gradient per decoder row."""
 
     def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, s: Setup,
                  batch: int) -> None:
         self.lm, self.s, self.batch = lm, s, batch
         self._ctx = rep.frozen(lm)
         self._ctx.__enter__()
-        self.fw = rep.forward(lm, ids, transcoders, batch)
+        self.fw = rep.forward(lm, ids, transcoders, batch, last_logits=True, shared_mlp=True)
+        self._segments()
 
     def close(self) -> None:
         self._ctx.__exit__(None, None, None)
 
+    def _segments(self) -> None:
+        """``self.groups``: ``(block, position, lo, hi)`` per run of decoder rows writing there, over the rows in
+        ``self.order`` (None: the setup's order is already grouped — a per-layer set); ``self.owners``: the
+        active feature of each row in that order (None: row i is feature i's)."""
+        s, n_pos = self.s, len(self.fw.embed[0])
+        key = s.decoder_layer * n_pos + s.active[s.decoder_owner, 1]
+        grouped = bool((key[1:] >= key[:-1]).all())
+        self.order = None if grouped else torch.argsort(key, stable=True)
+        key = key if self.order is None else key[self.order]
+        owners = s.decoder_owner if self.order is None else s.decoder_owner[self.order]
+        identity = len(owners) == len(s.active) and bool((owners == torch.arange(len(owners),
+                                                                                 device=owners.device)).all())
+        self.owners = None if identity else owners
+        values, counts = torch.unique_consecutive(key, return_counts=True)
+        bounds = [0, *torch.cumsum(counts, 0).tolist()]
+        self.groups = [(int(v) // n_pos, int(v) % n_pos, lo, hi)
+                       for v, lo, hi in zip(values.tolist(), bounds[:-1], bounds[1:])]
+
     def compute(self, layers: torch.Tensor, positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """Rows ``[len(layers), n_active + L*P + P]``: target b is ``vectors[b] · resid[layers[b]][pos b]`` where
-        resid[l] is the MLP input of block l (l = L: the final norm's output)."""
+        resid[l] is the MLP input of block l (l = L: the final norm's output). The gradient of that sum is put
+        straight on each site read (``grad_outputs``), one tensor per block read."""
         fw, s, n = self.fw, self.s, len(layers)
-        total = fw.embed.new_zeros(())
-        for b in range(n):
-            layer = int(layers[b])
+        sites, seeds = [], []
+        for layer in torch.unique(layers).tolist():
             site = fw.final if layer == self.lm.n_layers else fw.mlp_in[layer]
-            total = total + site[b, int(positions[b])].float() @ vectors[b].to(site.device)
-        grads = torch.autograd.grad(total, [fw.embed, *fw.mlp_out], retain_graph=True, allow_unused=True)
-        g_embed = grads[0].float()
-        g_mlp = torch.stack([torch.zeros_like(g_embed) if g is None else g.float() for g in grads[1:]])[:, :n]
-        feats = self.feature_edges(g_mlp)
-        errs = torch.einsum("lbpd,lpd->blp", g_mlp, s.errors).reshape(n, -1)
-        toks = torch.einsum("bpd,pd->bp", g_embed[:n], s.tokens)
-        return torch.cat([feats, errs, toks], 1).cpu()
+            b = torch.where(layers == layer)[0]
+            seed = torch.zeros_like(site)
+            seed[b.to(site.device), positions[b].to(site.device)] = vectors[b].to(site.device, site.dtype)
+            sites.append(site)
+            seeds.append(seed)
+        grads = torch.autograd.grad(sites, [fw.embed, *fw.mlp_out], seeds, retain_graph=True, allow_unused=True)
+        g_embed = grads[0].float()[:n]
+        g_mlp: list[torch.Tensor | None] = [None if g is None else g.float()[:n] for g in grads[1:]]
+        feats = self.feature_edges(g_mlp, n, g_embed)
+        errs = g_embed.new_zeros(n, len(g_mlp), g_embed.shape[1])
+        for layer, g in enumerate(g_mlp):
+            if g is not None:
+                errs[:, layer] = torch.einsum("bpd,pd->bp", g, s.errors[layer])
+        toks = torch.einsum("bpd,pd->bp", g_embed, s.tokens)
+        return torch.cat([feats, errs.reshape(n, -1), toks], 1).cpu()
 
-
-    def feature_edges(self, g_mlp: torch.Tensor) -> torch.Tensor:
-        """``[B, n_active]``: per target, the sum over each feature's decoder rows of the gradient at the block
-        and position a row writes to · the row (chunks of rows bound the gathered gradients' memory)."""
+    def feature_edges(self, g_mlp: list[torch.Tensor | None], n: int, like: torch.Tensor) -> torch.Tensor:
+        """``[n, n_active]``: per target, the sum over each feature's decoder rows of the gradient at the block
+        and position a row writes to · the row; ``g_mlp[l] [n, P, d]`` (None: no gradient reaches block l)."""
         s = self.s
-        out = g_mlp.new_zeros(g_mlp.shape[1], len(s.active))
-        pos = s.active[s.decoder_owner, 1]
-        step = max(1, 2 ** 26 // max(1, g_mlp.shape[1] * g_mlp.shape[-1]))
-        for i in range(0, len(s.decoder), step):
-            j = slice(i, i + step)
-            rows = torch.einsum("mbd,md->bm", g_mlp[s.decoder_layer[j], :, pos[j]], s.decoder[j])
-            out.index_add_(1, s.decoder_owner[j], rows)
+        rows = like.new_zeros(n, len(s.decoder))
+        for layer, pos, lo, hi in self.groups:
+            g = g_mlp[layer]
+            if g is None:
+                continue
+            dec = s.decoder[lo:hi] if self.order is None else s.decoder[self.order[lo:hi]]
+            rows[:, lo:hi] = g[:, pos] @ dec.T
+        if self.owners is None:
+            return rows
+        out = like.new_zeros(n, len(s.active))
+        out.index_add_(1, self.owners, rows)
         return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
@@ -30,15 +32,31 @@ def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_lo
                                update_interval=update_interval, node_threshold=node_threshold,
                                edge_threshold=edge_threshold, out=out, json=json, labels=labels,
                                check=check, top=top, offload=offload, estimate=estimate)
-    if estimate and isinstance(model, (str, ModelSpec)):
-        from anatomy_cli.tasks.session import open_texts
-        from anatomy_cli.tasks.session import texts_of
+    if estimate:
+        return _estimates(model, prompt, opts, prompts)
+    return run_prompts(task, view, model, prompt, opts, prompts)
 
-        texts, single = texts_of(prompt)
+
+def _estimates(model: Model, prompt: str | list[str], opts: Any, prompts: PromptOptions) -> Result | list[Result]:
+    """``estimate=True``: one Result per prompt whose rows are the estimate's quantities (``view.ESTIMATE_ROWS``);
+    a model given by name or spec is opened, not loaded; a loaded one gives its own device."""
+    from anatomy_cli.api._model import encode
+    from anatomy_cli.api._model import loaded
+    from anatomy_cli.output.views import circuit as view
+    from anatomy_cli.tasks import circuit as task
+    from anatomy_cli.tasks.session import open_texts
+    from anatomy_cli.tasks.session import texts_of
+
+    texts, single = texts_of(prompt)
+    shown: Any  # the opened model (given by name) or the loaded one
+    if isinstance(model, (str, ModelSpec)):
         spec = model if isinstance(model, ModelSpec) else ModelSpec(model)
         opened, encoded = open_texts(texts, spec, prompts)
-        plan = task.check(opened, opts)
-        results = [Result(task.COMMAND, e, view.report(opened, enc, e).data, view.ROWS)
-               for enc, e in zip(encoded, task.estimate(opened.info, encoded, opts, plan, spec.device))]
-        return results[0] if single else results
-    return run_prompts(task, view, model, prompt, opts, prompts)
+        shown, device = opened, spec.device
+    else:
+        lm = loaded(model)
+        encoded, shown, device = encode(lm, texts, prompts), lm, str(lm.device)
+    plan = task.check(shown, opts)
+    results = [Result(task.COMMAND, e, view.report(shown, enc, e).data, view.ESTIMATE_ROWS)
+               for enc, e in zip(encoded, task.estimate(shown.info, encoded, opts, plan, device))]
+    return results[0] if single else results

@@ -63,9 +63,10 @@ def _frozen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     eager = sys.modules[type(module).__module__].eager_attention_forward
     _, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
     weights = _ACTIVE[-1].take(_ACTIVE[-1].patterns, module, weights)
-    groups = getattr(module, "num_key_value_groups", 1)
-    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
-    out = torch.matmul(weights.to(v.dtype), v).transpose(1, 2).contiguous()
+    b, n_heads, q_len, k_len = weights.shape
+    kv_heads = value.shape[1]  # grouped-query: head h reads kv head h // (n_heads / kv_heads), so the group's
+    w = weights.to(value.dtype).reshape(b, kv_heads, n_heads // kv_heads * q_len, k_len)  # queries stack up
+    out = torch.matmul(w, value).reshape(b, n_heads, q_len, -1).transpose(1, 2).contiguous()
     return out, weights
 
 
@@ -104,7 +105,7 @@ def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
     delta = xf - xd
     if centred:
         delta = delta - delta.mean(-1, keepdim=True)
-    return out.detach() + (gain * delta / s).to(out.dtype)
+    return out.detach() + (delta * (gain / s)).to(out.dtype)  # one multiply in the backward
 
 
 def _gain(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,10 +186,13 @@ class Forward:
 
 
 def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch: int,
-            edit: Any = None) -> Forward:
+            edit: Any = None, last_logits: bool = False, shared_mlp: bool = False) -> Forward:
     """Run the frozen model on ``ids [P]`` repeated ``batch`` times, inside :func:`frozen`.
     ``edit(layer, value) -> value`` changes what an MLP writes (layer -1: the embedding) (interventions, with
-    the freezer replaying)."""
+    the freezer replaying). ``last_logits``: ``logits [B, 1, V]``, the last position's only, where the model's
+    forward takes ``logits_to_keep`` (the attribution's batch forward reads no logits). ``shared_mlp``: each MLP
+    runs on the first copy only and its output is repeated over the batch (every copy is the same prompt, and
+    the replacement model reads an MLP's output as a constant: no gradient goes through it)."""
     n = lm.n_layers
     stack = as_stack(transcoders)
     mlp_in: list[Any] = [None] * n
@@ -224,15 +228,32 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch:
         got["final"] = value
         return None
 
+    def first(value: torch.Tensor) -> torch.Tensor | None:
+        return value[:1] if batch > 1 and value.shape[0] == batch else None
+
+    def repeat(value: torch.Tensor) -> torch.Tensor | None:
+        return value.expand(batch, *value.shape[1:]).contiguous() if batch > 1 and value.shape[0] == 1 else None
+
     hooks: list[Any] = [(lm.points["hook_embed"][0], "output", embed)]
     for layer in range(n):
-        hooks.append((mlp_module(lm, layer), "input", lambda v, layer=layer: take_in(layer, v)))
+        mlp = mlp_module(lm, layer)
+        hooks.append((mlp, "input", lambda v, layer=layer: take_in(layer, v)))
+        if shared_mlp:
+            hooks += [(mlp, "input", first), (mlp, "output", repeat)]
         module, side = lm.points[f"blocks.{layer}.hook_mlp_out"]
         hooks.append((module, side, lambda v, layer=layer: put_out(layer, v)))
     if "ln_final.hook_normalized" in lm.points:
         hooks.append((lm.points["ln_final.hook_normalized"][0], "output", final))
     _ACTIVE[-1].start()
+    extra = {"logits_to_keep": 1} if last_logits and _keeps_logits(lm.model) else {}
     with attach_modules(hooks):
-        out = lm.model(input_ids=ids.to(lm.device)[None].expand(batch, -1), use_cache=False)
+        out = lm.model(input_ids=ids.to(lm.device)[None].expand(batch, -1), use_cache=False, **extra)
     logits = out.logits
     return Forward(mlp_in, mlp_out, got["embed"], got.get("final", got["embed"]), logits)
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether ``model.forward`` takes transformers' ``logits_to_keep``."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters

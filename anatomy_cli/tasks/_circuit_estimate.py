@@ -67,7 +67,7 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
     R = A * (L + 1) // 2 if ts.cross_layer else A  # decoder rows: Σ_l A_l · (L - l) with A_l = A / L
     setup = FLOAT * ((A + R) * d + L * P * d)
     held = ts.layer_bytes + L * ts.skip_bytes if opts.offload == "disk" else L * ts.layer_bytes
-    backward = FLOAT * B * d * (R + 2 * L * P)
+    backward = FLOAT * B * (R + A + 2 * L * P * d)  # the sites' gradients; a dot per decoder row, their sums
     passes = math.ceil(K / B) + math.ceil(n / B)
     fwd = cost.forward_flops(info, P)
     rankings = 0 if n >= A else math.ceil(n / (opts.update_interval * B))

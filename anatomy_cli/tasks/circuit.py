@@ -71,6 +71,10 @@ class CircuitOptions:
                         self.node_threshold), ("--edge-threshold", self.edge_threshold)):
             if not 0.0 <= p <= 1.0:
                 raise UsageError(f"{name} takes a number between 0 and 1, not {p}")
+        if self.estimate:
+            for name, given in (("--out", self.out), ("--json", self.json)):
+                if given is not None:
+                    raise UsageError(f"--estimate computes no graph: it writes no {name} file (drop one of the two)")
         if self.offload not in OFFLOAD:
             raise UsageError(f"--offload takes cpu or disk, not {self.offload!r}")
         if not Path(self.transcoders).is_dir():

@@ -93,6 +93,8 @@ def circuit_command(
         update_interval=update_interval, node_threshold=node_threshold, edge_threshold=edge_threshold,
         out=None if out is None else str(out), json=None if json_out is None else str(json_out),
         labels=None if labels is None else str(labels), check=check, top=top, offload=offload, estimate=estimate)
+    if plot is not None and estimate:
+        raise UsageError("--estimate computes no graph: it draws no --plot (drop one of the two)")
     if plot is not None and not is_html(plot):
         raise UsageError(f"--plot {str(plot)!r}: circuit draws an interactive page: give a .html file")
     opened, encoded = open_prompts(prompt, spec, prompts)

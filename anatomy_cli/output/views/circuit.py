@@ -23,6 +23,7 @@ COLUMNS = (
     Column("via_weight", "its weight", "float", 4),
 )
 ROWS = "paths"
+ESTIMATE_ROWS = "quantities"  # an estimate's rows: one per quantity (the table --estimate prints)
 KINDS = {"cross layer transcoder": "feature", "mlp reconstruction error": "error", "embedding": "token",
          "logit": "logit"}
 
@@ -77,12 +78,13 @@ def estimate_report(model: Any, enc: Any, est: Any) -> Report:
 
     e = est.to_dict()
     record = model_record(model) if hasattr(model, "model") else spec_record(model.spec)  # loaded, or opened only
-    data = {**record, "prompt": enc.text, "token_ids": list(enc.ids), "bos": enc.bos, "estimate": True, **e}
     rows = ([{"quantity": k, "value": e[k], "shown": f"{e[k]:,}"} for k in COUNTS] +
             [{"quantity": k, "value": e[k], "shown": human_bytes(e[k])} for k in SIZES] +
             [{"quantity": "flops", "value": e["flops"], "shown": f"{e['flops']:.2g} FLOP"},
              {"quantity": "seconds_expected", "value": e["seconds_expected"],
               "shown": f"{human_seconds(e['seconds_expected'])} on {e['device']}"}])
+    data = {**record, "prompt": enc.text, "token_ids": list(enc.ids), "bos": enc.bos, "estimate": True, **e,
+            ESTIMATE_ROWS: rows}
     heading = [f"circuit --estimate · {getattr(model, 'name', '')} · {e['n_layers']} blocks × {e['d_transcoder']:,} "
                f"transcoder features · nothing computed", prompt_line(enc)]
     notes = [f"at most {e['active_features_bound']:,} active features (every feature of every block at positions "
