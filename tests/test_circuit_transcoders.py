@@ -237,4 +237,6 @@ def test_sae_transcoder_folders_give_the_ct_sets_graph(tiny_model_dir, tiny_lm, 
     if fmt == "sparsify":  # TopK: 4 active per block and position (position 0 kept out)
         assert len(want["active_features"]) == 4 * lm.n_layers * (len(want["input_tokens"]) - 1)
     assert torch.equal(got["selected_features"], want["selected_features"])
-    torch.testing.assert_close(got["adjacency_matrix"], want["adjacency_matrix"], rtol=1e-6, atol=1e-7)
+    # fp32: the folders store W_skip / the decoder transposed from the ct files, so the products sum in another order
+    # (2.5e-5 relative on one AMD CPU); the bound against circuit-tracer is 1e-4
+    torch.testing.assert_close(got["adjacency_matrix"], want["adjacency_matrix"], rtol=1e-4, atol=1e-6)
