@@ -94,8 +94,8 @@ def thread_server(path: Path, **options) -> tuple:
     from anatomy_cli.serve.server import Server
     from anatomy_cli.tasks.notes import cancellable
 
-    srv = Server(path, commands=click_command, log=options.pop("log", lambda msg: None), cancellable=cancellable,
-                 **options)
+    srv = Server(path, commands=options.pop("commands", click_command), log=options.pop("log", lambda msg: None),
+                 cancellable=cancellable, **options)
     srv.bind()
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -104,7 +104,8 @@ def thread_server(path: Path, **options) -> tuple:
 
 def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float = 120, stdin: str = "",
             **fields) -> list[dict]:
-    """Every message the server sends for one ``run`` request (statuses, then the answer), over a raw socket."""
+    """Every message the server sends for one ``run`` request (statuses, then the answer), over a raw socket;
+    streamed stderr is folded into the answer's ``stderr``."""
     conn = protocol.connect(sock)
     conn.settimeout(timeout)
     try:
@@ -113,9 +114,16 @@ def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float =
             assert protocol.receive(conn)["op"] == "hello"
         request = {**client.build_request(argv, stdin.encode()), **fields}
         protocol.send(conn, request)
-        messages = [protocol.receive(conn)]
-        while "status" in messages[-1] or "note" in messages[-1]:
-            messages.append(protocol.receive(conn))
+        messages, streamed = [], b""
+        while not messages or "status" in messages[-1] or "note" in messages[-1]:
+            message = protocol.receive(conn)
+            if "stream" in message:  # stderr as it was written: folded into the answer's stderr below
+                assert message["stream"] == "stderr"
+                streamed += base64.b64decode(message["data"])
+            else:
+                messages.append(message)
+        if streamed and "stderr" in messages[-1]:
+            messages[-1]["stderr"] = base64.b64encode(streamed + base64.b64decode(messages[-1]["stderr"])).decode()
         return messages
     finally:
         conn.close()

@@ -10,6 +10,7 @@ name a command and options the CLI has. The snippets that cannot run offline are
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -184,6 +185,20 @@ def test_the_requantize_example_runs_as_written(new_user):
     assert done.returncode == 0, done.stderr
     assert (cwd / "smollm2.Q8_0.gguf").stat().st_size > 100_000_000
     (cwd / "smollm2.Q8_0.gguf").unlink()   # nothing heavy kept
+
+
+def test_the_small_moe_recipe_runs_as_written(new_user):
+    # route.md's recipe for `./my-moe` (new-user trial: route, ablate --experts and corpus --experts name it, no page
+    # said how to get one): the snippet as written, in an empty directory, then the route command it promises.
+    home, cwd = new_user
+    [recipe] = [t for w, lang, t in snippets() if w.startswith("docs/commands/route.md") and lang == "python"
+                and 'save_pretrained("my-moe")' in t]
+    done = run_as_new_user([sys.executable, "-c", recipe], home, cwd)
+    assert done.returncode == 0, done.stderr
+    done = run_as_new_user(["anatomy", "route", "The cat sat", "--model", "./my-moe", "--format", "json"], home, cwd)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["n_experts"], data["top_k"]) == (4, 2) and len(data["rows"]) == 2 * 3  # 2 blocks x 3 tokens
 
 
 def test_every_example_is_run_here():

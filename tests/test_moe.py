@@ -284,6 +284,51 @@ def test_route_plot_cells_are_the_top_experts_and_html_hovers_the_weights(tiny_m
     assert f"entropy {row['entropy']:.4f} nats" in page
 
 
+def _plotly_cell_colour(trace: dict, z: float) -> str:
+    """The colour plotly.js gives a heatmap cell of value ``z``: its colorscale, which plotly.js uses only when
+    valid (positions from 0 to 1, never decreasing; else its default), interpolated at (z - zmin) / (zmax - zmin)."""
+    scale = trace["colorscale"]
+    positions = [float(p) for p, _ in scale]
+    assert positions[0] == 0 and positions[-1] == 1 and positions == sorted(positions), positions
+    t = (z - trace["zmin"]) / (trace["zmax"] - trace["zmin"])
+    for (lo, c0), (hi, c1) in zip(scale, scale[1:]):
+        if lo <= t <= hi and hi > lo:
+            assert c0 == c1, "a cell's value must fall inside a flat band"
+            return c0.lower()
+    raise AssertionError(f"{t} is outside the colorscale")
+
+
+def test_route_html_colours_are_the_pngs(tiny_model_dir, tmp_path, monkeypatch):
+    # New-user trial: in a browser every route.html cell was a near-identical blue (plotly.js fell back to its
+    # default colorscale), while route.png colours cells by expert (tab20). The page's colours are the PNG's.
+    from matplotlib.colors import to_hex
+
+    from anatomy_cli.output import plots
+
+    saved = []
+    real = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path, index=None: saved.append(fig) or real(fig, path, index))
+    model = str(tiny_model_dir("olmoe"))
+    data = _route_json(model, "--plot", str(tmp_path / "route.png"))
+    _route_json(model, "--plot", str(tmp_path / "route.html"))
+    page = (tmp_path / "route.html").read_text(encoding="utf-8")
+    start = page.index("Plotly.newPlot(")
+    start = page.index("[", page.index(",", start))
+    [trace], _ = json.JSONDecoder().raw_decode(page, start)
+    image = saved[0].axes[0].images[0]
+    top = {r["experts"][0] for r in data["rows"]}
+    assert len(top) >= 2, top
+    rows = {(r["block"], r["position"]): r["experts"][0] for r in data["rows"]}
+    html, png = {}, {}
+    for (block, position), expert in rows.items():
+        z = trace["z"][block][position]
+        assert trace["text"][block][position] == str(expert)
+        html[expert] = _plotly_cell_colour(trace, z)
+        png[expert] = to_hex(image.cmap(image.norm(image.get_array()[block, position])))
+    assert html == png
+    assert len(set(html.values())) == len(top)  # different top experts, different colours
+
+
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
 def test_bf16_points_are_what_the_block_used(tiny_model_dir, arch):
     # Mixtral keeps its weights in float32, the Qwen/OLMoE rule casts them to the model's dtype: both as the block.

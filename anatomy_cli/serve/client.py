@@ -87,7 +87,9 @@ def build_request(argv: list[str], stdin: bytes | None = None) -> dict:
             # What the streams do with a character their encoding lacks (stderr: backslashreplace): the server's
             # captured streams do the same, so the bytes are the in-process ones.
             "stdout_errors": sys.stdout.errors or "strict", "stderr_errors": sys.stderr.errors or "strict",
-            "stdin": base64.b64encode(stdin).decode("ascii")}
+            "stdin": base64.b64encode(stdin).decode("ascii"),
+            # stderr as the command writes it (notes, warnings, the cost line), not only with the answer.
+            "stream_stderr": True}
 
 
 def forward(argv: list[str]) -> int | None:
@@ -130,9 +132,11 @@ def forward(argv: list[str]) -> int | None:
         conn.settimeout(timeout)
         protocol.send(conn, build_request(argv))
         answer = protocol.receive(conn)
-        while "status" in answer or "note" in answer:
+        while "status" in answer or "note" in answer or "stream" in answer:
             if "status" in answer:  # what the server is doing for us now: a terminal's status line
                 line.show(str(answer["status"]))
+            elif "stream" in answer:  # what the command wrote to stderr just now
+                line.write(base64.b64decode(str(answer.get("data") or "")))
             else:  # a line that stays (waiting behind another client's command, said off a terminal)
                 line.clear()
                 print(str(answer["note"]), file=sys.stderr, flush=True)
@@ -166,8 +170,10 @@ class StatusLine:
         self.tty = stream.isatty()
         self.dim = ("\x1b[2m", "\x1b[0m") if not os.environ.get("NO_COLOR") else ("", "")
         self.shown = False
+        self.text = ""  # the line's text, shown again below what the command writes meanwhile
 
     def show(self, text: str) -> None:
+        self.text = text
         if not self.tty:
             return
         width = shutil.get_terminal_size().columns - 1  # a wrapped line could not be erased with \r
@@ -179,6 +185,20 @@ class StatusLine:
     def clear(self) -> None:
         if self.shown:
             self.show("")
+
+    def write(self, data: bytes) -> None:
+        """Bytes the command wrote to stderr, above the status line (drawn again after a whole line)."""
+        if self.shown:
+            self.stream.write("\r\x1b[2K")
+            self.shown = False
+        try:
+            self.stream.flush()
+            self.stream.buffer.write(data)
+            self.stream.buffer.flush()
+        except BrokenPipeError:
+            return
+        if self.tty and self.text and data.endswith(b"\n"):
+            self.show(self.text)
 
     def note(self, text: str) -> None:
         """A dim line that stays (after the answer)."""

@@ -25,8 +25,8 @@ from anatomy_cli.serve.jobs import POLL_S
 from anatomy_cli.serve.jobs import Job
 from anatomy_cli.serve.jobs import client_gone
 from anatomy_cli.serve.session import BadRequest
+from anatomy_cli.serve.session import Channel
 from anatomy_cli.serve.session import check_run
-from anatomy_cli.serve.session import notifier
 
 
 class Connections:
@@ -110,19 +110,19 @@ class Connections:
             check_run(req)
         except BadRequest as exc:
             return {"error": str(exc), "exit_code": 2}
-        notify = notifier(conn)
+        channel = Channel(conn)  # the worker streams the command's stderr and status lines through it too
         tty = bool(req.get("stderr_isatty"))
         waiting = self._waiting_for()
         if waiting and tty:
-            notify(waiting)
+            channel.status(waiting)
         job = Job(next(self._ids), [str(a) for a in req.get("argv") or []])
         with self._active_lock:
             self.active[job.id] = job
         done: Future = Future()
-        self.jobs.put(("run", req, (done, notify, job)))
-        return self._await(job, done, conn, notify, tty)
+        self.jobs.put(("run", req, (done, channel, job)))
+        return self._await(job, done, conn, channel, tty)
 
-    def _await(self, job: Job, done: Future, conn: socket.socket, notify: Callable[[str], None],
+    def _await(self, job: Job, done: Future, conn: socket.socket, channel: Channel,
                tty: bool) -> dict[str, Any]:
         """The answer to ``job``. Meanwhile: cancel it when its client disconnects, and while it waits
         behind another client's command say so (a terminal: a status line; else one stderr line)."""
@@ -142,11 +142,10 @@ class Connections:
                     continue
                 text = ahead.waiting_text()
                 if tty and text != shown:
-                    notify(text)
+                    channel.status(text)
                     shown = job.shown = text
                 elif not tty and not job.noted and time.time() - job.queued >= NOTE_AFTER_S:
-                    with contextlib.suppress(OSError):
-                        protocol.send(conn, {"note": f"anatomy serve: {text}"})
+                    channel.note(f"anatomy serve: {text}")
                     job.noted = True
 
     def _running(self) -> Job | None:

@@ -2,8 +2,9 @@
 
 Each request is a command line; the server runs it through the same Typer app as the console script
 (the command registry it is handed: it never imports the CLI), with the client's working directory,
-environment, terminal facts and stdin (:mod:`.session`), and returns the bytes the command wrote to stdout
-and stderr and its exit code. So a forwarded command prints exactly what it prints in-process.
+environment, terminal facts and stdin (:mod:`.session`), streams what the command writes to stderr as it is
+written (when the client asks: ours does), and returns the bytes it wrote to stdout (and any stderr not
+streamed) and its exit code. So a forwarded command prints exactly what it prints in-process, and when.
 
 It listens first and loads afterwards: :meth:`Server.serve_forever` answers handshakes and ``status`` at once
 while the worker imports torch and preloads. Requests run one at a time on that one worker thread (a
@@ -40,6 +41,7 @@ from anatomy_cli.serve.cache import clear_stray_hooks
 from anatomy_cli.serve.connections import Connections
 from anatomy_cli.serve.jobs import Job
 from anatomy_cli.serve.jobs import never_cancelled
+from anatomy_cli.serve.session import Channel
 from anatomy_cli.serve.session import client_context
 from anatomy_cli.serve.session import library_bars_silenced
 
@@ -198,7 +200,7 @@ class Server(Connections):
                 with self.cache.lock:
                     self.cache.loading.pop(key, None)
             return
-        done, notify, job = reply
+        done, channel, job = reply
         try:
             with job.lock:
                 if job.cancel is not None:  # cancelled while queued: it never runs
@@ -206,8 +208,8 @@ class Server(Connections):
                     return
                 job.started = time.time()
                 if job.shown:
-                    notify("")  # the "waiting for …" line; the command's own lines follow
-            done.set_result(self.run(payload, notify, job))
+                    channel.status("")  # the "waiting for …" line; the command's own lines follow
+            done.set_result(self.run(payload, channel, job))
         except BaseException as exc:  # never let the worker die: answer with the failure
             if not done.done():
                 done.set_result({"error": f"internal error in the server: {type(exc).__name__}: {exc}",
@@ -216,10 +218,11 @@ class Server(Connections):
             with self._active_lock:
                 self.active.pop(job.id, None)
 
-    def run(self, req: dict[str, Any], notify: Callable[[str], None] | None = None,
+    def run(self, req: dict[str, Any], channel: Channel | None = None,
             job: Job | None = None) -> dict[str, Any]:
         """Run one command line as the console script would; stdout/stderr bytes and the exit code (``job``:
-        it ends at its next step once cancelled)."""
+        it ends at its next step once cancelled; ``channel``: where status lines, and stderr as it is written
+        when the request asks for ``stream_stderr``, go meanwhile)."""
         import base64
 
         if self._command is None:
@@ -227,7 +230,8 @@ class Server(Connections):
             self._command = self._commands()
         argv = [str(a) for a in req.get("argv") or []]
         check = (lambda: job.cancel) if job is not None else (lambda: None)
-        with client_context(req, notify) as (out, err), self._cancellable(check):
+        notify, stream = (channel.status, channel.stderr) if channel is not None else (None, None)
+        with client_context(req, notify, stream) as (out, err), self._cancellable(check):
             try:
                 code = self._command.main(args=argv, prog_name="anatomy", standalone_mode=False)
             except SystemExit as exc:  # typer.Exit paths that escape the group

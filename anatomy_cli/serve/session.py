@@ -1,9 +1,11 @@
 """One forwarded request inside the server: the client's cwd, environment, stdin and terminal, for its length.
 
 The command writes into :class:`Captured` streams that answer ``isatty()`` as the client's streams did.
-A status line (``cli.app.status``) on a captured terminal stderr goes to the client at once through
-``remote_status`` instead of being drawn into the captured bytes: the client shows it while the work
-happens, and the answer carries only what the command printed.
+A client that asks for it (``"stream_stderr": true``) gets stderr as it is written (``{"stream": "stderr",
+"data": BASE64}`` messages, in order): notes, warnings and cost lines arrive while the command runs, as
+in-process; the answer then carries only stdout. A status line (``cli.app.status``) on a captured terminal
+stderr goes to the client at once through ``remote_status`` instead of being drawn into the captured bytes:
+the client shows it while the work happens, and the answer carries only what the command printed.
 """
 
 from __future__ import annotations
@@ -24,16 +26,33 @@ from anatomy_cli.serve import protocol
 from anatomy_cli.serve.client import ENV_KEYS
 
 
+class _Bytes(io.BytesIO):
+    """Collects the bytes written, or hands each write to ``sink`` as it comes (then keeps none)."""
+
+    def __init__(self, sink: Callable[[bytes], None] | None = None):
+        super().__init__()
+        self.sink = sink
+
+    def write(self, data: Any) -> int:
+        if self.sink is None:
+            return super().write(data)
+        chunk = bytes(data)
+        if chunk:
+            self.sink(chunk)
+        return len(chunk)
+
+
 class Captured(io.TextIOWrapper):
     """A captured stream that answers ``isatty()`` as the client's stream did.
 
     ``notify(text)`` sends a status line to the client (``""`` clears it); :meth:`remote_status` is what
-    ``cli.app.status`` uses in place of its spinner when it finds it on ``sys.stderr``.
+    ``cli.app.status`` uses in place of its spinner when it finds it on ``sys.stderr``. ``sink(data)``: each
+    write's bytes go there at once (streamed to the client) rather than into :meth:`value`.
     """
 
     def __init__(self, encoding: str, tty: bool, notify: Callable[[str], None] | None = None,
-                 errors: str = "strict"):
-        raw = io.BytesIO()
+                 errors: str = "strict", sink: Callable[[bytes], None] | None = None):
+        raw = _Bytes(sink)
         super().__init__(raw, encoding=encoding, errors=errors, write_through=True)
         self._raw = raw
         self._tty = tty
@@ -75,7 +94,7 @@ def check_run(req: dict[str, Any]) -> None:
     """Raise BadRequest for a ``run`` request with unknown fields or fields of the wrong type."""
     fields = {"op": str, "argv": list, "cwd": str, "env": dict, "stdout_isatty": bool, "stderr_isatty": bool,
               "stdout_encoding": str, "stderr_encoding": str, "stdout_errors": str, "stderr_errors": str,
-              "stdin": str}
+              "stdin": str, "stream_stderr": bool}
     unknown = sorted(set(req) - set(fields))
     if unknown:
         raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
@@ -104,12 +123,15 @@ def check_run(req: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def client_context(req: dict[str, Any], notify: Callable[[str], None] | None = None):
-    """The client's cwd, environment, stdin and stdout/stderr for the length of one request."""
+def client_context(req: dict[str, Any], notify: Callable[[str], None] | None = None,
+                   stream: Callable[[bytes], None] | None = None):
+    """The client's cwd, environment, stdin and stdout/stderr for the length of one request (``stream``: where
+    stderr's bytes go as they are written, when the request asks for ``stream_stderr``)."""
     out = Captured(req.get("stdout_encoding") or "utf-8", bool(req.get("stdout_isatty")),
                    errors=req.get("stdout_errors") or "strict")
     err = Captured(req.get("stderr_encoding") or "utf-8", bool(req.get("stderr_isatty")), notify,
-                   errors=req.get("stderr_errors") or "backslashreplace")
+                   errors=req.get("stderr_errors") or "backslashreplace",
+                   sink=stream if req.get("stream_stderr") else None)
     stdin = io.TextIOWrapper(io.BytesIO(base64.b64decode(req.get("stdin") or "")), encoding="utf-8")
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()
@@ -160,12 +182,32 @@ def library_bars_silenced() -> Iterator[None]:
         enable_progress_bars()
 
 
+class Channel:
+    """What a running request sends its client before the answer, one message at a time (the worker and the
+    connection's thread both send): status lines and stderr bytes. A client that went away is not an error
+    (its answer is lost)."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def status(self, text: str) -> None:
+        """``{"status": text}``: the client's status line (``""`` clears it)."""
+        self._send({"status": text})
+
+    def stderr(self, data: bytes) -> None:
+        """``{"stream": "stderr", "data": BASE64}``: bytes the command wrote to stderr just now."""
+        self._send({"stream": "stderr", "data": base64.b64encode(data).decode("ascii")})
+
+    def note(self, text: str) -> None:
+        """``{"note": text}``: a stderr line the client writes at once (waiting behind another command)."""
+        self._send({"note": text})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        with self.lock, contextlib.suppress(OSError):
+            protocol.send(self.conn, message)
+
+
 def notifier(conn: Any) -> Callable[[str], None]:
-    """Send ``{"status": text}`` to a client; a client that went away is not an error (its answer is lost)."""
-    lock = threading.Lock()
-
-    def notify(text: str) -> None:
-        with lock, contextlib.suppress(OSError):
-            protocol.send(conn, {"status": text})
-
-    return notify
+    """Send ``{"status": text}`` to a client (:meth:`Channel.status`)."""
+    return Channel(conn).status

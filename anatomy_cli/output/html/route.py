@@ -21,6 +21,14 @@ from anatomy_cli.output.statistics import EXPERT_COLOURS as COLOURS
 PALETTE = len(COLOURS)
 
 
+def stepped_scale() -> list[list[Any]]:
+    """A colorscale with one flat band per colour: z = i (zmin -0.5, zmax PALETTE - 0.5) is ``COLOURS[i]``, as
+    the PNG's tab20 colormap. Band edges are ``(i + edge) / PALETTE``, one float per edge: plotly.js drops a
+    scale whose positions ever decrease (``i / 20 + 1 / 20`` is 0.9500000000000001, then 0.95) for its default,
+    which drew every cell in near-identical blues."""
+    return [[(i + edge) / PALETTE, COLOURS[i]] for i in range(PALETTE) for edge in (0, 1)]
+
+
 def figure(result: Any, tokens: Sequence[str], cap: Any) -> Page:
     page = caption_page(cap)
     blocks, ids = result.top_experts()
@@ -31,7 +39,7 @@ def figure(result: Any, tokens: Sequence[str], cap: Any) -> Page:
         hover[(r.block, r.position)] = (f"block {r.block} · position {r.position}: {token(r.token, 24)}<br>{chosen}"
                                         f"<br>entropy {r.entropy:.4f} nats<br>margin {margin}")
     n_cols = len(ids[0]) if ids else 0
-    scale = [[i / PALETTE + edge / PALETTE, COLOURS[i]] for i in range(PALETTE) for edge in (0, 1)]
+    scale = stepped_scale()
     heat = go.Heatmap(z=[[i % PALETTE for i in row] for row in ids], zmin=-0.5, zmax=PALETTE - 0.5, colorscale=scale,
                       showscale=False, xgap=1, ygap=1,
                       customdata=[[hover[(b, p)] for p in range(n_cols)] for b in blocks],
