@@ -41,7 +41,9 @@ def _check(f: SAEFile) -> int:
 
 
 def describe(root: Path) -> dict[str, Any]:
-    """The fields of a TranscoderSet for ``root``'s transcoder folders: one per block 0..L-1, equal shapes."""
+    """The fields of a TranscoderSet for ``root``'s transcoder folders: one per block 0..L-1, equal shapes;
+    ``k``: the largest TopK ``k`` when every block is TopK (sparsify), else None (each block's own ``k`` is what
+    ``load_layer`` gives the run; this one bounds the estimate)."""
     by_layer: dict[int, SAEFile] = {}
     for d in folders(root):
         f = read(d)
@@ -58,8 +60,10 @@ def describe(root: Path) -> dict[str, Any]:
         raise UsageError(f"--transcoders {root}: no transcoder for block {missing[0]} (one folder per block)")
     first = by_layer[0]
     skip = 0 if first.W_skip is None else 4 * first.d_in * first.d_in
+    ks = [f.k for f in by_layer.values()]
+    k = None if None in ks else max(k for k in ks if k is not None)  # TopK in every block: the largest k
     return {"paths": tuple(by_layer[layer].path for layer in range(len(by_layer))), "d_model": first.d_in,
-            "d_transcoder": first.d_sae, "sae_format": first.format, "skip_bytes": skip,
+            "d_transcoder": first.d_sae, "sae_format": first.format, "skip_bytes": skip, "k": k,
             "layer_bytes": 4 * (2 * first.d_sae * first.d_in + 2 * first.d_sae + first.d_in) + skip}
 
 

@@ -120,7 +120,7 @@ def describe(root: str | Path) -> TranscoderSet:
         from anatomy_cli.models import transcoder_sae
 
         return TranscoderSet(root, input_site=Site.mlp_in, output_site=Site.mlp_out, scan=None, gemma_scope_2=False,
-                             k=None, **transcoder_sae.describe(root))
+                             **transcoder_sae.describe(root))
     if kind not in KINDS:
         raise UsageError(f"--transcoders {root}: model_kind '{kind}' is not read yet (anatomy reads "
                          f"{', '.join(KINDS)})")
@@ -146,8 +146,18 @@ def describe(root: str | Path) -> TranscoderSet:
     return TranscoderSet(root, paths, int(d_model), int(d_tc),
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
-                         cfg.get("scan"), gs2, cfg.get("k"),
+                         cfg.get("scan"), gs2, _k(cfg),
                          *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"))
+
+
+def _k(cfg: dict[str, Any]) -> int | None:
+    """The config's TopK ``k`` (None: not TopK); refused unless a whole number of at least 1."""
+    k = cfg.get("k")
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise UsageError(f"the transcoders' config.yaml k: {k!r}: TopK takes a whole number of at least 1")
+    return k
 
 
 def _bytes(shapes: dict[str, tuple[int, ...]], skip: str) -> tuple[int, int]:
@@ -180,7 +190,7 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
     return TranscoderSet(root, enc, int(d_model), int(d_tc),
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
-                         cfg.get("scan"), False, None, *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec)
+                         cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec)
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:

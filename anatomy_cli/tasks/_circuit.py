@@ -43,7 +43,7 @@ class PathRow:
     weight: float
     influence: float
     via: str
-    via_weight: float
+    via_weight: float | None  # None (empty in tsv, null in JSON): no kept source (``via`` "")
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -130,18 +130,13 @@ def _moved(tc: Transcoder, device: torch.device) -> Transcoder:
                                       if isinstance(getattr(tc, f.name), torch.Tensor)})
 
 
-def _targets(lm: LoadedModel, opts: CircuitOptions, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _targets(opts: CircuitOptions, plan: CircuitPlan, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logit nodes: ``--target``'s ids (checked by tasks/circuit.py ``check``), else the salient logits."""
     from anatomy_cli.analyses.circuit import salient_logits
 
     if not opts.target:
         return salient_logits(logits, opts.max_n_logits, opts.desired_logit_prob)
-    ids = []
-    for text in opts.target:
-        enc = lm.tokenizer.encode([text], bos=False)[0]
-        if len(enc.ids) != 1:
-            raise UsageError(f"--target '{text}' is {len(enc.ids)} tokens; each target must be one token")
-        ids.append(enc.ids[0])
-    idx = torch.tensor(ids)
+    idx = torch.tensor(plan.target_ids)
     return idx, torch.softmax(logits.float(), -1)[idx]
 
 
@@ -154,7 +149,7 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
     if len(ids) < 2:
         raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
     s = algo.setup(lm, ids, transcoders)
-    targets, probs = _targets(lm, opts, s.logits)
+    targets, probs = _targets(opts, plan, s.logits)
     adjacency, selected, s = algo.attribute(lm, ids, transcoders, targets, probs, batch_size=opts.batch_size,
                                             max_feature_nodes=opts.max_feature_nodes,
                                             update_interval=opts.update_interval, s=s)
@@ -204,7 +199,7 @@ def paths(data: dict[str, Any], top: int) -> list[PathRow]:
     pieces = [visible(p) for p in data["metadata"]["prompt_tokens"]]  # decoded strings, shown as the tables show
     for src, w in sorted(into.get(target or "", []), key=lambda e: -abs(e[1]))[:top]:
         n = nodes[src]
-        via, vw = max(into.get(src, [("", 0.0)]), key=lambda e: abs(e[1]))
+        via, vw = max(into.get(src, [("", None)]), key=lambda e: abs(e[1] or 0.0))
         rows.append(PathRow(src, n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
                             float(n["influence"] or 0.0), via, vw))
     return rows

@@ -2,11 +2,15 @@
 transcoders' safetensors headers, the prompt's token count), before any weight loads.
 
 The number of active features is known only after the forward, so it is bounded: every feature of every block
-at every position but the first (TopK transcoders: ``k`` per block and position). The feature rows are that bound
+at every position but the first (TopK transcoders: ``k`` per block and position, the config's ``k:``, a
+sparsify folder's ``k``; exactly the run's count when no top value is 0). The feature rows are that bound
 capped by ``--max-feature-nodes``; each byte count is float32 and an upper bound on what the run allocates for it.
 A cross-layer transcoder's active feature at block l keeps L - l decoder rows (its ``W_dec_l [F, L - l, d]``
 rows, read from the file for the active features only), so the decoder rows are A · (L + 1) / 2, not A.
-The time is the FLOPs (:mod:`anatomy_cli.models.cost`'s rules) at its assumed rate: a rough figure.
+The time is the FLOPs (:mod:`anatomy_cli.models.cost`'s rules) at its assumed rate: a rough figure. The batch
+forward runs each MLP once (on one copy: the replacement model reads an MLP's output as a constant) and computes
+no logits; a backward passes no gradient through an MLP or the LM head (it is seeded at the blocks), so each is
+counted as a forward of ``B`` copies without the MLPs and the head, plus the dots.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ class CircuitEstimate:
     transcoder's feature at block l: L - l decoder rows), ``transcoder_bytes`` (held during the attribution:
     every layer (a cross-layer transcoder: its encoders), or with --offload disk one layer plus the skip matrices),
     ``backward_bytes`` (one batch's gradients at the sources), ``memory_bytes`` (their sum; the model's weights and
-    its activations not counted); ``backward_passes``, ``flops``, ``seconds_expected`` on ``device``."""
+    its activations not counted); ``backward_passes``, ``flops``, ``seconds_expected`` on ``device``; ``k``: the
+    TopK transcoders' active features per block and position (None: not TopK, every feature counted)."""
 
     n_tokens: int
     n_layers: int
@@ -50,6 +55,7 @@ class CircuitEstimate:
     seconds_expected: float
     device: str
     offload: str | None
+    k: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -58,7 +64,7 @@ class CircuitEstimate:
 def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str) -> CircuitEstimate:
     """The bound for one prompt of ``n_tokens`` tokens (BOS included) on ``device``."""
     L, P, d, B = info.n_layers, n_tokens, info.d_model, opts.batch_size
-    per_site = ts.k if ts.k is not None else ts.d_transcoder
+    per_site = min(ts.k, ts.d_transcoder) if ts.k is not None else ts.d_transcoder
     A = L * max(P - 1, 0) * per_site
     n = A if opts.max_feature_nodes is None else min(opts.max_feature_nodes, A)
     K = len(opts.target) or opts.max_n_logits
@@ -69,12 +75,21 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
     held = ts.layer_bytes + L * ts.skip_bytes if opts.offload == "disk" else L * ts.layer_bytes
     backward = FLOAT * B * (R + A + 2 * L * P * d)  # the sites' gradients; a dot per decoder row, their sums
     passes = math.ceil(K / B) + math.ceil(n / B)
-    fwd = cost.forward_flops(info, P)
+    fwd, mlp, core = _forward_parts(info, P)
     rankings = 0 if n >= A else math.ceil(n / (opts.update_interval * B))
     flops = (fwd + 4.0 * L * P * ts.d_transcoder * d  # the prompt's forward; encode and decode every block
-             + B * fwd  # the forward of B copies the backward passes run through
-             + passes * (B * fwd + 2.0 * B * d * (R + (L + 1) * P))  # each backward ≈ a forward, then the dots
+             + B * core + mlp  # the forward of B copies the backward passes run through: MLPs once, no logits
+             + passes * (B * core + 2.0 * B * d * (R + (L + 1) * P))  # each backward ≈ B cores, then the dots
              + rankings * (L + 2) * 2.0 * (n + K) * (A + (L + 1) * P + K))  # re-ranking: ≤ L + 2 products each
     return CircuitEstimate(P, L, ts.d_transcoder, A, n, K, N, FLOAT * N * N, rows, setup, held, backward,
                            FLOAT * N * N + rows + setup + held + backward, passes, flops, cost.seconds(flops, device),
-                           device, opts.offload)
+                           device, opts.offload, None if ts.k is None else per_site)
+
+
+def _forward_parts(info: Any, tokens: int) -> tuple[float, float, float]:
+    """(the prompt's whole forward, its MLPs' share, the rest without the MLPs and the LM head) in FLOPs, by
+    :func:`cost.forward_flops`'s rule (a block's MLP: 8 d_model² of its 12 per token)."""
+    fwd = cost.forward_flops(info, tokens)
+    mlp = 2.0 * 8.0 * info.n_layers * info.d_model ** 2 * tokens
+    head = 2.0 * float(info.lm_head_rows) * info.d_model * tokens
+    return fwd, mlp, fwd - mlp - head

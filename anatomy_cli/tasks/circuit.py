@@ -75,6 +75,11 @@ class CircuitOptions:
             for name, given in (("--out", self.out), ("--json", self.json)):
                 if given is not None:
                     raise UsageError(f"--estimate computes no graph: it writes no {name} file (drop one of the two)")
+            if self.check:
+                raise UsageError("--estimate computes no graph: it re-measures no --check edges (drop one of the two)")
+            if self.labels is not None:
+                raise UsageError("--estimate computes no graph: it labels no features with --labels (drop one of "
+                                 "the two)")
         if self.offload not in OFFLOAD:
             raise UsageError(f"--offload takes cpu or disk, not {self.offload!r}")
         if not Path(self.transcoders).is_dir():
@@ -85,24 +90,39 @@ class CircuitOptions:
 
 @dataclass(frozen=True)
 class CircuitPlan:
-    """The transcoders' description; ``labels``: ``{(block, feature): description}`` from ``--labels``."""
+    """The transcoders' description; ``labels``: ``{(block, feature): description}`` from ``--labels``;
+    ``target_ids``: ``--target``'s token ids (each one token), in order."""
 
     transcoders: tc_files.TranscoderSet
     labels: dict[tuple[int, int], str] = field(default_factory=dict)
+    target_ids: tuple[int, ...] = ()
 
 
 def check(opened: Any, opts: CircuitOptions) -> CircuitPlan:
-    """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it and
-    the ``--labels`` export reads (a malformed one is a one-line error here, before the weights load)."""
+    """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it,
+    each ``--target`` is one token of ``opened``'s tokenizer (``--estimate`` too) and the ``--labels`` export
+    reads (a malformed one is a one-line error here, before the weights load)."""
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
     ts = tc_files.describe(opts.transcoders)
     tc_files.check_fits(ts, info.n_layers, info.d_model, info.label or info.model_type)
-    if opts.labels is None or opts.estimate:
-        return CircuitPlan(ts)
+    ids = target_ids(opened.tokenizer, opts.target)
+    if opts.labels is None:
+        return CircuitPlan(ts, target_ids=ids)
     from anatomy_cli.models.sae.labels import read_layer_labels
 
-    return CircuitPlan(ts, read_layer_labels(opts.labels, info.n_layers))
+    return CircuitPlan(ts, read_layer_labels(opts.labels, info.n_layers), ids)
+
+
+def target_ids(tokenizer: Any, targets: tuple[str, ...]) -> tuple[int, ...]:
+    """``--target``'s token ids; a text that is not exactly one token is a usage error."""
+    ids = []
+    for text in targets:
+        enc = tokenizer.encode([text], bos=False)[0]
+        if len(enc.ids) != 1:
+            raise UsageError(f"--target '{text}' is {len(enc.ids)} tokens; each target must be one token")
+        ids.append(int(enc.ids[0]))
+    return tuple(ids)
 
 
 def estimate(info: Any, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str

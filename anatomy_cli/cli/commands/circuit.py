@@ -15,13 +15,29 @@ from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
 from anatomy_cli.cli.options import FormatOpt
-from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output.plots import is_html
 from anatomy_cli.text.options import PromptOptions
+
+
+def _html_plot(value: Path | None) -> Path | None:
+    # circuit draws one kind of picture, an interactive page: any other suffix is refused with that (then the
+    # shared checks of the directory).
+    from anatomy_cli.output.plots import check_path
+    from anatomy_cli.output.plots import is_html
+
+    if value is not None and not is_html(value):
+        got = f"not '{value.suffix}'" if value.suffix else "no suffix"
+        raise UsageError(f"--plot {str(value)!r}: circuit draws an interactive page: give a .html file ({got})")
+    return check_path(value)
+
+
+HtmlPlotOpt = Annotated[Optional[Path], typer.Option(
+    "--plot", metavar="FILE.html", show_default=False, callback=_html_plot,
+    help="Also draw the pruned graph to FILE.html, an interactive page (plotly, opens offline; .html only). Results "
+    "still go to stdout. With '-' (stdin) prompts: one file per prompt, FILE-1.html, FILE-2.html, ...")]
 
 
 @app.command("circuit")
@@ -66,7 +82,7 @@ def circuit_command(
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
-    plot: PlotOpt = None,
+    plot: HtmlPlotOpt = None,
 ) -> None:
     """The attribution graph of the next-token prediction over a transcoder replacement model.
 
@@ -95,8 +111,6 @@ def circuit_command(
         labels=None if labels is None else str(labels), check=check, top=top, offload=offload, estimate=estimate)
     if plot is not None and estimate:
         raise UsageError("--estimate computes no graph: it draws no --plot (drop one of the two)")
-    if plot is not None and not is_html(plot):
-        raise UsageError(f"--plot {str(plot)!r}: circuit draws an interactive page: give a .html file")
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     if estimate:

@@ -87,7 +87,9 @@ def estimate_report(model: Any, enc: Any, est: Any) -> Report:
             ESTIMATE_ROWS: rows}
     heading = [f"circuit --estimate · {getattr(model, 'name', '')} · {e['n_layers']} blocks × {e['d_transcoder']:,} "
                f"transcoder features · nothing computed", prompt_line(enc)]
-    notes = [f"at most {e['active_features_bound']:,} active features (every feature of every block at positions "
+    per_site = (f"TopK: k = {est.k:,} features of each block" if getattr(est, "k", None) is not None
+                else "every feature of every block")
+    notes = [f"at most {e['active_features_bound']:,} active features ({per_site} at positions "
              f"1..{e['n_tokens'] - 1}): feature rows {e['feature_rows']:,} = min(--max-feature-nodes, that); "
              f"the graph is {e['n_nodes']:,} × {e['n_nodes']:,} float32",
              "bytes are upper bounds beyond the model's weights; the time is a rough estimate at an assumed rate"]
