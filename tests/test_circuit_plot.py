@@ -109,6 +109,14 @@ def test_graph_page_in_the_browser(browser, graph, tmp_path):
         assert LABEL in text  # the label shown as text, not markup
         assert f"activation {feature['activation']:.4f}" in text
         assert f"position {feature['ctx_idx']}:" in text
+        boxes = opened.page.evaluate(
+            "['.legend', '.xtitle', '.cartesianlayer .xaxislayer-above'].map(s => { const r = "
+            "document.querySelector('#circuit-graph ' + s).getBoundingClientRect(); "
+            "return [r.left, r.top, r.right, r.bottom]; })")
+        legend, title, ticks = boxes
+        for other in (title, ticks):  # the legend clear of the x-axis title and tick labels (it sits above)
+            assert legend[3] <= other[1] or other[3] <= legend[1] or legend[2] <= other[0] or other[2] <= legend[0]
+        assert legend[3] <= ticks[1]
         opened.clean()
         opened.screenshot_is_not_blank(tmp_path / "graph.png")
     finally:

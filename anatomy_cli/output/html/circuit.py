@@ -32,6 +32,8 @@ from anatomy_cli.text.display import visible
 MAX_LINKS = 3000  # plotly draws a few thousand segments in well under a second
 WIDTHS = (0.5, 1.2, 2.2, 3.5, 5.5)  # line widths of the |weight| quintiles of the strongest link
 RAISE, LOWER = "#4c72b0", "#c44e52"
+# the legend on one line above the plot, clear of the x-axis title below it
+LEGEND = {"orientation": "h", "x": 0.0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
 KINDS = {  # feature_type -> (legend name, marker symbol, colour)
     "embedding": ("token embedding", "square", "#8c8c8c"),
     "cross layer transcoder": ("transcoder feature", "circle", "#55a868"),
@@ -137,8 +139,8 @@ def figure(graph: Mapping[str, Any], cap: Any) -> Page:
                 hovertemplate="%{hovertext}<extra></extra>"))
     rows = ["embed", *(str(b) for b in range(n_layers)), "logits"]
     height = min(1400, max(420, 22 * len(rows) + 160))
-    fig.update_layout(**layout(width=min(1350, max(600, 110 * len(tokens) + 220)), height=height,
-                               legend={"orientation": "h", "y": -0.12}))
+    fig.update_layout(**layout(width=min(1350, max(600, 110 * len(tokens) + 220)), height=height))
+    fig.update_layout(legend=LEGEND, margin={"t": 70})
     fig.update_xaxes(title_text="input token at each position", **ticks([token(visible(t), 14) for t in tokens]),
                      range=[-0.6, len(tokens) - 0.4], showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="block", **ticks(rows, 40), range=[-0.7, n_layers + 1.7], showgrid=True,
