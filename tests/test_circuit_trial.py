@@ -8,7 +8,9 @@ import json
 
 import pytest
 from test_circuit import invoke
+from test_circuit import random_clt
 from test_circuit import random_transcoders
+from test_circuit import write_clt
 from test_circuit import write_transcoder_set
 from test_circuit_transcoders import write_sae_folders
 
@@ -20,16 +22,21 @@ def _args(model, tdir, *more):
             "--max-feature-nodes", "20", "--batch-size", "8", *more]
 
 
-@pytest.mark.parametrize("layout", ["config", "sparsify"])
+@pytest.mark.parametrize("layout", ["config", "sparsify", "clt"])
 def test_estimate_counts_topk_k_as_the_run_does(tiny_model_dir, tiny_lm, tmp_path, layout):
     """TopK transcoders (k 4 of 16 features): the estimate's bound is L·(P−1)·k, exactly the run's active features
-    (a config.yaml ``k:`` and a sparsify folder's cfg.json ``k``), and its note says k."""
+    (a config.yaml ``k:``, a sparsify folder's cfg.json ``k``, a cross-layer transcoder's ``k:``), and its note
+    says k."""
     import anatomy_cli as anatomy
 
     lm = tiny_lm("llama")
     tcs = random_transcoders(lm)
-    tdir = (write_transcoder_set(tmp_path / "ct", lm, tcs, extra="k: 4\n") if layout == "config"
-            else write_sae_folders(tmp_path / "sp", tcs, "sparsify", k=4))
+    if layout == "clt":
+        tdir = write_clt(tmp_path / "clt", *random_clt(lm), threshold=False)
+        (tdir / "config.yaml").write_text((tdir / "config.yaml").read_text() + "k: 4\n")
+    else:
+        tdir = (write_transcoder_set(tmp_path / "ct", lm, tcs, extra="k: 4\n") if layout == "config"
+                else write_sae_folders(tmp_path / "sp", tcs, "sparsify", k=4))
     model = tiny_model_dir("llama")
     est = invoke(*_args(model, tdir, "--estimate", "-f", "json"))
     assert est.exit_code == 0, est.stderr
@@ -43,6 +50,15 @@ def test_estimate_counts_topk_k_as_the_run_does(tiny_model_dir, tiny_lm, tmp_pat
     plain = write_transcoder_set(tmp_path / "plain", lm, tcs)  # not TopK: every feature, k null
     p = json.loads(invoke(*_args(model, plain, "--estimate", "-f", "json")).stdout)
     assert p["k"] is None and p["active_features_bound"] == lm.n_layers * (p["n_tokens"] - 1) * 16
+
+
+def test_config_k_must_be_a_whole_number(tiny_model_dir, tiny_lm, tmp_path):
+    lm = tiny_lm("llama")
+    for k in ("0", "2.5", "yes"):
+        tdir = write_transcoder_set(tmp_path / f"k{k}", lm, random_transcoders(lm), extra=f"k: {k}\n")
+        result = invoke(*_args(tiny_model_dir("llama"), tdir, "--estimate"))
+        assert result.exit_code == 2 and "TopK takes a whole number of at least 1" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_estimate_checks_targets_as_the_run_does(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
