@@ -82,6 +82,10 @@ def test_estimate_checks_targets_as_the_run_does(tiny_model_dir, tiny_lm, tmp_pa
     one = hf.convert_ids_to_tokens(hf(" Paris", add_special_tokens=False).input_ids)
     ok = invoke(*_args(model, tdir, "--target", " Paris", "--estimate", "-f", "json"))
     assert ok.exit_code == 0 and len(one) == 1 and json.loads(ok.stdout)["n_logits"] == 1
+    monkeypatch.undo()
+    run = invoke(*_args(model, tdir, "--target", " Paris", "-f", "json"))
+    assert run.exit_code == 0, run.stderr
+    assert [t["id"] for t in json.loads(run.stdout)["targets"]] == hf(" Paris", add_special_tokens=False).input_ids
 
 
 @pytest.mark.parametrize("flag", ["--check", "--labels"])
