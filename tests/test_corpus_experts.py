@@ -213,8 +213,14 @@ def test_ray_workers_give_the_in_process_expert_sums(tiny_model_dir, tmp_path):
     assert local.exit_code == 0, local.output
     a, b = json.loads(ray.stdout), json.loads(local.stdout)
     assert a["shards"] == 3
+    # The counts are exact; a worker's router runs its float32 softmax on its own threads, so a weight may differ in
+    # its last bit (one mean_weight by 2e-9 relative on one machine): the weights to 1e-6.
     for key in ("expert_blocks", "experts", "expert_pairs"):
-        assert a[key] == b[key], key
+        assert len(a[key]) == len(b[key]), key
+        for x, y in zip(a[key], b[key]):
+            assert x == pytest.approx(y, rel=1e-6, abs=0), key
+        assert [{k: v for k, v in r.items() if not isinstance(v, float)} for r in a[key]] == \
+            [{k: v for k, v in r.items() if not isinstance(v, float)} for r in b[key]], key
 
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "olmoe"])
