@@ -30,6 +30,8 @@ def build_source(arch: str):
 
     config_cls, model_cls, _ = models.ARCHS[arch]
     extra = {"mlp_only_layers": []} if arch in ("qwen2_moe", "qwen3_moe") else {}
+    if arch == "olmoe":  # as OLMoE's released models: one kv head per head (llama.cpp sizes k_norm by n_embd)
+        extra = {"num_key_value_heads": models.config_kwargs(arch)["num_attention_heads"]}
     config = getattr(transformers, config_cls)(**{**models.config_kwargs(arch), **extra})
     torch.manual_seed(0)
     return getattr(transformers, model_cls)(config).eval()
