@@ -19,9 +19,9 @@ RATES = {"cpu": 5e10, "mps": 5e11, "cuda": 5e12}
 
 
 def params(info: Any) -> float:
-    """The multiply-accumulate weights one token meets: ~12 d_model² per block (attention 4, MLP 8) plus
-    the LM head (``lm_head_rows`` × ``d_model``)."""
-    return float(12.0 * info.n_layers * info.d_model ** 2 + float(info.lm_head_rows) * info.d_model)
+    """The multiply-accumulate weights one token meets: :func:`block_weights` per block plus the LM head
+    (``lm_head_rows`` × ``d_model``)."""
+    return float(info.n_layers * block_weights(info) + float(info.lm_head_rows) * info.d_model)
 
 
 def forward_flops(info: Any, tokens: int) -> float:
@@ -35,10 +35,15 @@ def lens_flops(info: Any, positions: int) -> float:
     return float(2.0 * (info.n_layers + 1) * positions * float(info.lm_head_rows) * info.d_model)
 
 
+def mlp_weights(info: Any) -> float:
+    """The multiply-accumulate weights one token meets in one block's MLP, ~8 d_model²."""
+    return 8.0 * float(info.d_model) ** 2
+
+
 def block_weights(info: Any) -> float:
-    """The multiply-accumulate weights one token meets in one block, ~12 d_model² (attention 4, MLP 8): the rule
-    of :func:`params`, for when the block's own weights are not at hand."""
-    return 12.0 * float(info.d_model) ** 2
+    """The multiply-accumulate weights one token meets in one block, ~12 d_model²: attention's 4 and
+    :func:`mlp_weights`' 8 (the rule of :func:`params`, for when the block's own weights are not at hand)."""
+    return 4.0 * float(info.d_model) ** 2 + mlp_weights(info)
 
 
 def jacobian_fit_flops(info: Any, tokens: int, dim_batch: int, first_source: int, target: int,

@@ -88,8 +88,8 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
 
 def _forward_parts(info: Any, tokens: int) -> tuple[float, float, float]:
     """(the prompt's whole forward, its MLPs' share, the rest without the MLPs and the LM head) in FLOPs, by
-    :func:`cost.forward_flops`'s rule (a block's MLP: 8 d_model² of its 12 per token)."""
+    :func:`cost.forward_flops`'s rule (a block's MLP: :func:`cost.mlp_weights`)."""
     fwd = cost.forward_flops(info, tokens)
-    mlp = 2.0 * 8.0 * info.n_layers * info.d_model ** 2 * tokens
+    mlp = 2.0 * info.n_layers * cost.mlp_weights(info) * tokens
     head = 2.0 * float(info.lm_head_rows) * info.d_model * tokens
     return fwd, mlp, fwd - mlp - head
