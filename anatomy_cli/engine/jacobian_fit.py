@@ -114,22 +114,13 @@ def block_weights(lm: LoadedModel, block: int = 0) -> float | None:
 
 def measured_rate(lm: LoadedModel, rows: int, repeats: int = 5) -> float:
     """FLOP/s of a float32 ``[rows, d_model] @ [d_model, 4 d_model]`` product (an MLP's, at the rows of one
-    backward pass) on ``lm.device``, the median of ``repeats`` timings: a median, not the best, so that a machine
-    other jobs share is measured as the fit will meet it. A generator of its own (the global RNG untouched)."""
-    import statistics
-    import time
+    backward pass) on ``lm.device``, the median of ``repeats`` timings after a warm-up: a median, not the best, so
+    that a machine other jobs share is measured as the fit will meet it
+    (:func:`anatomy_cli.engine.timing.product_rate`)."""
+    from anatomy_cli.engine.timing import product_rate
 
     d = lm.info.d_model
-    g = torch.Generator(lm.device).manual_seed(0)
-    a = torch.randn(rows, d, device=lm.device, generator=g)
-    b = torch.randn(d, 4 * d, device=lm.device, generator=g)
-    (a @ b).sum().item()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        (a @ b).sum().item()
-        times.append(time.perf_counter() - t)
-    return 2.0 * rows * d * 4 * d / max(statistics.median(times), 1e-9)
+    return product_rate(rows, d, 4 * d, lm.device, repeats=repeats, typical=True)
 
 
 def lens_state(sums: dict[int, torch.Tensor], n_prompts: int, d_model: int,

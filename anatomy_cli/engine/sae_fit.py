@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
@@ -176,16 +175,11 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
 
 
 def measured_rate(d_in: int, d_sae: int, device: str | torch.device = "cpu", rows: int = 512) -> float:
-    """FLOP/s of a ``[rows, d_in] @ [d_in, d_sae]`` float32 product on ``device``, the best of three."""
-    g = torch.Generator(device).manual_seed(0)  # not the global RNG, which the caller owns
-    a = torch.randn(rows, d_in, device=device, generator=g)
-    b = torch.randn(d_in, d_sae, device=device, generator=g)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        (a @ b).sum().item()
-        best = min(best, time.perf_counter() - t)
-    return 2.0 * rows * d_in * d_sae / max(best, 1e-9)
+    """FLOP/s of a ``[rows, d_in] @ [d_in, d_sae]`` float32 product on ``device``, the best of three
+    (:func:`anatomy_cli.engine.timing.product_rate`)."""
+    from anatomy_cli.engine.timing import product_rate
+
+    return product_rate(rows, d_in, d_sae, device)
 
 
 def save_sparsify(coder: Any, folder: Path) -> None:
