@@ -179,18 +179,8 @@ def test_a_ray_fit_checkpoints_each_finished_prompt_and_resumes_in_either_way(ti
     torch.testing.assert_close(torch.load(tmp_path / "b.pt", weights_only=True)["J"][0], whole["J"][0],
                                atol=1e-6, rtol=1e-6)
     # an in-process checkpoint (interrupted at the third prompt) resumed on Ray: prompts 3 and 2 sent
-    real, calls = jacobian_fit.jacobian_for_prompt, []
-
-    def dies_on_the_second_fit(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", dies_on_the_second_fit)
-    with pytest.raises(KeyboardInterrupt):
-        api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "c.pt", checkpoint=tmp_path / "here.ckpt", **kw)
-    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", real)
+    _interrupted_at_the_second_prompt(monkeypatch, lambda: api.fit_lens(
+        lm, "jacobian", TEXTS, out=tmp_path / "c.pt", checkpoint=tmp_path / "here.ckpt", **kw))
     assert torch.load(tmp_path / "here.ckpt", weights_only=True)["done"] == [0, 1]
     seen.clear()
     r = api.fit_lens(model, "jacobian", TEXTS, out=tmp_path / "c.pt", ray=True, workers=1,
@@ -204,6 +194,24 @@ def test_a_ray_fit_checkpoints_each_finished_prompt_and_resumes_in_either_way(ti
         api.fit_lens(model, "jacobian", TEXTS, out=tmp_path / "d.pt", ray=True, checkpoint=ckpt,
                      **{**kw, "skip_first": 5})
     assert seen == []
+
+
+def _interrupted_at_the_second_prompt(monkeypatch, fit):
+    """``fit()`` interrupted (KeyboardInterrupt) as its second prompt's fit starts; the fit function restored."""
+    from anatomy_cli.engine import jacobian_fit
+
+    real, calls = jacobian_fit.jacobian_for_prompt, []
+
+    def dies_on_the_second_fit(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", dies_on_the_second_fit)
+    with pytest.raises(KeyboardInterrupt):
+        fit()
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", real)
 
 
 RESUME_DRIVER = """
@@ -222,24 +230,13 @@ def test_a_partial_checkpoint_resumed_on_a_local_ray_equals_the_uninterrupted_fi
     prompts 0 and 1 (an in-process fit interrupted at its third prompt): prompts 2 and 3 are fitted, the
     checkpoint then holds all four, and the lens equals the uninterrupted in-process fit."""
     pytest.importorskip("ray")
-    from anatomy_cli.engine import jacobian_fit
 
     lm = tiny_lm("llama")
     kw = dict(skip_first=4, dim_batch=16, dtype="fp32")
     api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "whole.pt", **kw)
     ckpt = tmp_path / "fit.ckpt"
-    real, calls = jacobian_fit.jacobian_for_prompt, []
-
-    def dies_on_the_second_fit(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", dies_on_the_second_fit)
-    with pytest.raises(KeyboardInterrupt):
-        api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "ray.pt", checkpoint=ckpt, **kw)
-    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", real)
+    _interrupted_at_the_second_prompt(monkeypatch, lambda: api.fit_lens(
+        lm, "jacobian", TEXTS, out=tmp_path / "ray.pt", checkpoint=ckpt, **kw))
     assert torch.load(ckpt, weights_only=True)["done"] == [0, 1]
 
     prompts = tmp_path / "prompts.txt"

@@ -262,23 +262,28 @@ def test_verify_moe_identity_passes_and_catches_a_wrong_rule(tiny_lm, tiny_model
     assert rows and not any(c.passed for c in rows)
 
 
-def test_route_plot_cells_are_the_top_experts_and_html_hovers_the_weights(tiny_model_dir, tmp_path, monkeypatch):
-    import numpy as np
-
+def _route_pictures(model, tmp_path, monkeypatch):
+    """``route --plot`` of ``model`` to route.png and route.html: (the JSON rows, the PNG's matplotlib figure, the
+    page's text)."""
     from anatomy_cli.output import plots
 
     saved = []
     real = plots.save
     monkeypatch.setattr(plots, "save", lambda fig, path, index=None: saved.append(fig) or real(fig, path, index))
-    model = str(tiny_model_dir("olmoe"))
     data = _route_json(model, "--plot", str(tmp_path / "route.png"))
     assert (tmp_path / "route.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    image = np.asarray(saved[0].axes[0].images[0].get_array())
+    _route_json(model, "--plot", str(tmp_path / "route.html"))
+    return data, saved[0], (tmp_path / "route.html").read_text(encoding="utf-8")
+
+
+def test_route_plot_cells_are_the_top_experts_and_html_hovers_the_weights(tiny_model_dir, tmp_path, monkeypatch):
+    import numpy as np
+
+    data, fig, page = _route_pictures(str(tiny_model_dir("olmoe")), tmp_path, monkeypatch)
+    image = np.asarray(fig.axes[0].images[0].get_array())
     n = len(data["token_ids"])
     want = [[r["experts"][0] for r in data["rows"] if r["block"] == b] for b in (0, 1)]
     assert image.shape == (2, n) and image.tolist() == want
-    _route_json(model, "--plot", str(tmp_path / "route.html"))
-    page = (tmp_path / "route.html").read_text(encoding="utf-8")
     row = data["rows"][0]
     assert f"expert {row['experts'][0]}: {row['weights'][0]:.4f}" in page
     assert f"entropy {row['entropy']:.4f} nats" in page
@@ -303,19 +308,11 @@ def test_route_html_colours_are_the_pngs(tiny_model_dir, tmp_path, monkeypatch):
     # default colorscale), while route.png colours cells by expert (tab20). The page's colours are the PNG's.
     from matplotlib.colors import to_hex
 
-    from anatomy_cli.output import plots
-
-    saved = []
-    real = plots.save
-    monkeypatch.setattr(plots, "save", lambda fig, path, index=None: saved.append(fig) or real(fig, path, index))
-    model = str(tiny_model_dir("olmoe"))
-    data = _route_json(model, "--plot", str(tmp_path / "route.png"))
-    _route_json(model, "--plot", str(tmp_path / "route.html"))
-    page = (tmp_path / "route.html").read_text(encoding="utf-8")
+    data, fig, page = _route_pictures(str(tiny_model_dir("olmoe")), tmp_path, monkeypatch)
     start = page.index("Plotly.newPlot(")
     start = page.index("[", page.index(",", start))
     [trace], _ = json.JSONDecoder().raw_decode(page, start)
-    image = saved[0].axes[0].images[0]
+    image = fig.axes[0].images[0]
     top = {r["experts"][0] for r in data["rows"]}
     assert len(top) >= 2, top
     rows = {(r["block"], r["position"]): r["experts"][0] for r in data["rows"]}
