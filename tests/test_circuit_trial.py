@@ -52,6 +52,54 @@ def test_estimate_counts_topk_k_as_the_run_does(tiny_model_dir, tiny_lm, tmp_pat
     assert p["k"] is None and p["active_features_bound"] == lm.n_layers * (p["n_tokens"] - 1) * 16
 
 
+def _with_thresholds(tdir, value=0.0):
+    """The transcoder_set's files with a JumpReLU ``activation_function.threshold`` (``value`` everywhere)."""
+    import torch
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
+
+    for f in sorted(tdir.glob("layer_*.safetensors")):
+        t = load_file(str(f))
+        save_file({**t, "activation_function.threshold": torch.full(t["b_enc"].shape, value)}, str(f))
+    return tdir
+
+
+@pytest.mark.parametrize("kind", ["relu", "jumprelu", "topk", "jumprelu+k", "sparsify", "clt+k"])
+def test_estimate_bounds_the_runs_active_features(tiny_model_dir, tiny_lm, tmp_path, kind):
+    """For every activation kind the estimate's active_features_bound is at least the run's active features, and
+    equals them for pure TopK (a config ``k:``, sparsify): a JumpReLU file whose config also states ``k: 2`` is
+    JumpReLU in the run (its threshold wins), so it is bounded by every feature, not by k (the run here has more
+    than L·(P−1)·2 active: counting k undercounted)."""
+    import anatomy_cli as anatomy
+
+    lm = tiny_lm("llama")
+    tcs = random_transcoders(lm)
+    k = "k: 2\n" if kind.endswith("+k") or kind == "topk" else ""
+    if kind == "sparsify":
+        tdir = write_sae_folders(tmp_path / "sp", tcs, "sparsify", k=2)
+    elif kind == "clt+k":
+        tdir = write_clt(tmp_path / "clt", *random_clt(lm))  # threshold_l: JumpReLU
+        (tdir / "config.yaml").write_text((tdir / "config.yaml").read_text() + k)
+    else:
+        tdir = write_transcoder_set(tmp_path / "ct", lm, tcs, extra=k)
+        if kind.startswith("jumprelu"):
+            _with_thresholds(tdir)
+    est = invoke(*_args(tiny_model_dir("llama"), tdir, "--estimate", "-f", "json"))
+    assert est.exit_code == 0, est.stderr
+    e = json.loads(est.stdout)
+    real = anatomy.circuit(lm, PROMPT, transcoders=str(tdir), max_feature_nodes=20, batch_size=8,
+                           prompts=anatomy.PromptOptions(bos=True))
+    n_active = int(real.graph.active_features.shape[0])
+    assert e["active_features_bound"] >= n_active
+    per_topk = lm.n_layers * (e["n_tokens"] - 1) * 2
+    if kind in ("topk", "sparsify"):
+        assert e["k"] == 2 and e["active_features_bound"] == n_active == per_topk
+    else:
+        assert e["k"] is None and e["active_features_bound"] == lm.n_layers * (e["n_tokens"] - 1) * 16
+    if kind.endswith("+k"):
+        assert n_active > per_topk  # what counting k would have given: below the run's count
+
+
 def test_config_k_must_be_a_whole_number(tiny_model_dir, tiny_lm, tmp_path):
     lm = tiny_lm("llama")
     for k in ("0", "2.5", "yes"):

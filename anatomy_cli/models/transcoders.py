@@ -38,7 +38,9 @@ class TranscoderSet:
     files use Gemma Scope 2's names; ``layer_bytes``: one layer's arrays in float32 (the first file's shapes; a
     cross-layer transcoder's: its encoder file, the decoders read row by row), ``skip_bytes`` its ``W_skip``'s
     (0: none); ``cross_layer``: a cross-layer transcoder, ``paths`` its ``W_enc_{l}`` files and ``decoders`` its
-    ``W_dec_{l}`` files; ``sae_format``: SAELens / sparsify folders, ``paths`` one per block."""
+    ``W_dec_{l}`` files; ``sae_format``: SAELens / sparsify folders or Gemma Scope params.npz files, ``paths`` one
+    per block; ``thresholds``: some block carries a JumpReLU threshold, which wins over ``k`` in the run's encode
+    (engine/transcoder.py), so that block is not TopK whatever ``k`` says."""
 
     root: Path
     paths: tuple[Path, ...]
@@ -54,10 +56,17 @@ class TranscoderSet:
     cross_layer: bool = False
     decoders: tuple[Path, ...] = ()
     sae_format: str | None = None
+    thresholds: bool = False
 
     @property
     def n_layers(self) -> int:
         return len(self.paths)
+
+    @property
+    def topk(self) -> int | None:
+        """Active features per block and position when every block is TopK: ``min(k, F)``; None when some block
+        is not (no ``k``, or a JumpReLU threshold: any number of its features can be active)."""
+        return None if self.k is None or self.thresholds else min(self.k, self.d_transcoder)
 
 
 def _site(name: str, what: str) -> Site:
@@ -139,15 +148,24 @@ def describe(root: str | Path) -> TranscoderSet:
     if enc not in first:
         raise UsageError(f"{paths[0]}: no W_enc (or Gemma Scope 2's w_enc) tensor")
     d_tc, d_model = (first[enc][1], first[enc][0]) if gs2 else first[enc]
+    thresholds = _threshold(first)
     for p in paths[1:]:
-        shape = _shapes(p).get(enc)
+        shapes = _shapes(p)
+        shape = shapes.get(enc)
         if shape is None or sorted(shape) != sorted((d_tc, d_model)):
             raise UsageError(f"{p}: {enc} is {shape}, but layer 0's is {first[enc]}")
+        thresholds = thresholds or _threshold(shapes)
     return TranscoderSet(root, paths, int(d_model), int(d_tc),
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
                          cfg.get("scan"), gs2, _k(cfg),
-                         *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"))
+                         *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"), thresholds=thresholds)
+
+
+def _threshold(shapes: dict[str, tuple[int, ...]]) -> bool:
+    """A file's tensors include a JumpReLU threshold (the names :func:`load_layer` reads it under)."""
+    return any(name in ("activation_function.threshold", "threshold") or name.startswith("threshold_")
+               for name in shapes)
 
 
 def _k(cfg: dict[str, Any]) -> int | None:
@@ -181,16 +199,20 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
     if first is None or len(first) != 2:
         raise UsageError(f"{enc[0]}: no W_enc_0 [F, d] tensor")
     d_tc, d_model = first
+    thresholds = False
     for layer in range(n):
-        got = (_shapes(enc[layer]).get(f"W_enc_{layer}"), _shapes(dec[layer]).get(f"W_dec_{layer}"))
+        shapes = _shapes(enc[layer])
+        got = (shapes.get(f"W_enc_{layer}"), _shapes(dec[layer]).get(f"W_dec_{layer}"))
         want = ((d_tc, d_model), (d_tc, n - layer, d_model))
         if got != want:
             raise UsageError(f"{root}: layer {layer}'s W_enc_{layer}, W_dec_{layer} are {got[0]}, {got[1]}; "
                              f"expected {want[0]}, {want[1]}")
+        thresholds = thresholds or _threshold(shapes)
     return TranscoderSet(root, enc, int(d_model), int(d_tc),
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
-                         cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec)
+                         cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec,
+                         thresholds=thresholds)
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:

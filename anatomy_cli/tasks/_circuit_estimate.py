@@ -3,7 +3,8 @@ transcoders' safetensors headers, the prompt's token count), before any weight l
 
 The number of active features is known only after the forward, so it is bounded: every feature of every block
 at every position but the first (TopK transcoders: ``k`` per block and position, the config's ``k:``, a
-sparsify folder's ``k``; exactly the run's count when no top value is 0). The feature rows are that bound
+sparsify folder's ``k``; exactly the run's count when no top value is 0; a block whose file carries a JumpReLU
+threshold is not TopK whatever ``k:`` says, so the bound is every feature again). The feature rows are that bound
 capped by ``--max-feature-nodes``; each byte count is float32 and an upper bound on what the run allocates for it.
 A cross-layer transcoder's active feature at block l keeps L - l decoder rows (its ``W_dec_l [F, L - l, d]``
 rows, read from the file for the active features only), so the decoder rows are A · (L + 1) / 2, not A.
@@ -64,7 +65,7 @@ class CircuitEstimate:
 def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str) -> CircuitEstimate:
     """The bound for one prompt of ``n_tokens`` tokens (BOS included) on ``device``."""
     L, P, d, B = info.n_layers, n_tokens, info.d_model, opts.batch_size
-    per_site = min(ts.k, ts.d_transcoder) if ts.k is not None else ts.d_transcoder
+    per_site = ts.topk or ts.d_transcoder  # TopK in every block: k per position; else every feature may fire
     A = L * max(P - 1, 0) * per_site
     n = A if opts.max_feature_nodes is None else min(opts.max_feature_nodes, A)
     K = len(opts.target) or opts.max_n_logits
@@ -83,7 +84,7 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
              + rankings * (L + 2) * 2.0 * (n + K) * (A + (L + 1) * P + K))  # re-ranking: ≤ L + 2 products each
     return CircuitEstimate(P, L, ts.d_transcoder, A, n, K, N, FLOAT * N * N, rows, setup, held, backward,
                            FLOAT * N * N + rows + setup + held + backward, passes, flops, cost.seconds(flops, device),
-                           device, opts.offload, None if ts.k is None else per_site)
+                           device, opts.offload, ts.topk)
 
 
 def _forward_parts(info: Any, tokens: int) -> tuple[float, float, float]:
