@@ -1,7 +1,8 @@
 """`anatomy circuit` with the other transcoder kinds (issue 49, "transcoders in"): circuit-tracer's cross-layer
 transcoders (a feature of block l writes to the MLP outputs of blocks l..L-1), checked on tiny models against a
 reconstruction and gradients computed by hand, read lazily from circuit-tracer's files; and SAELens / sparsify
-transcoder folders, whose graph equals the one from the same weights as a circuit-tracer transcoder_set.
+transcoder folders and Gemma Scope params.npz files, whose graph equals the one from the same weights as a
+circuit-tracer transcoder_set.
 (test_circuit.py runs the edge + bias identity and the intervention check on both kinds.)
 """
 
@@ -205,24 +206,43 @@ def write_sae_folders(root, tcs, fmt, *, k=None):
     return root
 
 
-@pytest.mark.parametrize("fmt", ["saelens", "sparsify"])
+def write_gemma_scope(root, tcs, *, release="gemma-scope-tiny-transcoders", l0=5):
+    """``tcs`` (each with a JumpReLU ``threshold``) as Gemma Scope's published transcoders lay them out
+    (google/gemma-scope-2b-pt-transcoders): ``{release}/layer_{l}/width_{F}/average_l0_{l0}/params.npz`` with
+    ``W_enc [d, F]``, ``W_dec [F, d]``, ``b_enc``, ``b_dec``, ``threshold``; ``release`` None: no release folder."""
+    import numpy as np
+
+    base = root / release if release else root
+    for layer, tc in enumerate(tcs):
+        folder = base / f"layer_{layer}" / f"width_{tc.W_enc.shape[0]}" / f"average_l0_{l0}"
+        folder.mkdir(parents=True)
+        np.savez(folder / "params.npz", W_enc=tc.W_enc.T.numpy(), W_dec=tc.W_dec.numpy(), b_enc=tc.b_enc.numpy(),
+                 b_dec=tc.b_dec.numpy(), threshold=tc.threshold.numpy())
+    return base
+
+
+@pytest.mark.parametrize("fmt", ["saelens", "sparsify", "gemma_scope", "gemma_scope_unnamed"])
 def test_sae_transcoder_folders_give_the_ct_sets_graph(tiny_model_dir, tiny_lm, tmp_path, fmt):
-    """The same weights as SAELens (JumpReLU, skip) or sparsify (TopK) folders, one per block, and as a circuit-tracer
-    transcoder_set (``threshold`` / ``k: 4``): the same graph.pt, edge for edge."""
+    """The same weights as SAELens (JumpReLU, skip) or sparsify (TopK) folders, one per block, or as Gemma Scope
+    params.npz files (JumpReLU; under a ``-transcoders`` release folder, or under none: ``--transcoders`` says they
+    are transcoders), and as a circuit-tracer transcoder_set (``threshold`` / ``k: 4``): the same graph.pt, edge for
+    edge."""
     lm = tiny_lm("llama")
     tcs = random_transcoders(lm, skip=fmt == "saelens")
     for tc in tcs:
-        tc.threshold = torch.full((16,), 0.05) if fmt == "saelens" else None
+        tc.threshold = None if fmt == "sparsify" else torch.full((16,), 0.05)
     ct_set = write_transcoder_set(tmp_path / "ct", lm, tcs, extra="k: 4\n" if fmt == "sparsify" else "")
-    if fmt == "saelens":
+    if fmt != "sparsify":
         from safetensors.torch import load_file
         from safetensors.torch import save_file
 
         for layer, tc in enumerate(tcs):  # the ct files with the threshold and skip the SAELens ones carry
             f = ct_set / f"layer_{layer}.safetensors"
-            save_file({**load_file(str(f)), "activation_function.threshold": tc.threshold, "W_skip": tc.W_skip},
-                      str(f))
-    sae = write_sae_folders(tmp_path / fmt, tcs, fmt, k=4)
+            skip = {} if tc.W_skip is None else {"W_skip": tc.W_skip}
+            save_file({**load_file(str(f)), "activation_function.threshold": tc.threshold, **skip}, str(f))
+    sae = (write_sae_folders(tmp_path / fmt, tcs, fmt, k=4) if not fmt.startswith("gemma") else
+           write_gemma_scope(tmp_path / "gs", tcs, release=None if fmt.endswith("unnamed") else
+                             "gemma-scope-tiny-transcoders"))
     graphs = []
     for folder in (ct_set, sae):
         out = tmp_path / f"{folder.name}.pt"
@@ -240,3 +260,75 @@ def test_sae_transcoder_folders_give_the_ct_sets_graph(tiny_model_dir, tiny_lm, 
     # fp32: the folders store W_skip / the decoder transposed from the ct files, so the products sum in another order
     # (2.5e-5 relative on one AMD CPU); the issue's bound against circuit-tracer is 1e-4
     torch.testing.assert_close(got["adjacency_matrix"], want["adjacency_matrix"], rtol=1e-4, atol=1e-6)
+
+
+def _one_line_refusal(result, want):
+    assert result.exit_code == 2, (result.exit_code, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and want in lines[0], result.stderr
+
+
+def test_gemma_scope_refusals_and_variants(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
+    """Gemma Scope params.npz folders refused in one line before any weight loads: a block missing (block 0), a block with two
+    average_l0_N variants (both named), SAEs of a -res release (not transcoders); a folder of layer_N links to the
+    chosen variants reads (the documented way to pick), its graph that of the variant folder; anatomy sae's reader
+    takes a -transcoders path as block N's MLP transcoder."""
+    import shutil
+
+    import anatomy_cli.cli.commands.circuit as command
+    from anatomy_cli.models.sae.read import read
+
+    lm = tiny_lm("llama")
+    model = str(tiny_model_dir("llama"))
+    tcs = random_transcoders(lm)
+    for tc in tcs:
+        tc.threshold = torch.full((16,), 0.05)
+
+    def run(folder, *more):
+        return invoke("circuit", "The capital of France is", "--model", model, "--device", "cpu", "--transcoders",
+                      str(folder), "--bos", "--max-feature-nodes", "20", "--batch-size", "8", "-f", "json", *more)
+
+    gs = write_gemma_scope(tmp_path / "a", tcs)
+    got = read(gs / "layer_1" / "width_16" / "average_l0_5")
+    assert (got.transcoder, got.site, got.site_out) == (True, "blocks.1.mlp.hook_in", "blocks.1.hook_mlp_out")
+    write_gemma_scope(tmp_path / "a", tcs, l0=9)  # a second variant of every block
+    pick = tmp_path / "pick"
+    pick.mkdir()
+    for layer in range(lm.n_layers):
+        (pick / f"layer_{layer}").symlink_to(gs / f"layer_{layer}" / "width_16" / "average_l0_9")
+    missing = write_gemma_scope(tmp_path / "m", tcs)
+    shutil.rmtree(missing / "layer_0")  # the last one missing is "1 layers, but the model has 2 blocks"
+    res = write_gemma_scope(tmp_path / "r", tcs, release="gemma-scope-tiny-res")
+    monkeypatch.setattr(command, "load_weights", lambda *_a, **_k: (_ for _ in ()).throw(AssertionError("loaded")))
+    _one_line_refusal(run(gs), "block 0 has 2 transcoders (layer_0/width_16/average_l0_5, "
+                      "layer_0/width_16/average_l0_9); point --transcoders at a folder holding one per block")
+    _one_line_refusal(run(missing), "no transcoder for block 0")
+    _one_line_refusal(run(res), "an SAE at blocks.0.hook_resid_post, not a transcoder")
+    monkeypatch.undo()
+    out = tmp_path / "pick.pt", tmp_path / "one.pt"
+    assert run(pick, "--out", str(out[0])).exit_code == 0
+    shutil.rmtree(tmp_path / "a")
+    one = write_gemma_scope(tmp_path / "a", tcs, l0=9)
+    assert run(one, "--out", str(out[1])).exit_code == 0
+    a, b = (torch.load(p, weights_only=False, pickle_module=_stub_pickle()) for p in out)
+    assert torch.equal(a["adjacency_matrix"], b["adjacency_matrix"]) and len(a["active_features"]) > 20
+
+
+def test_gemma_scope_estimate_reads_headers_only(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
+    """--estimate on params.npz transcoders reads the npz members' headers (np.load never called): F, every block's
+    float32 bytes (W_enc, W_dec, b_enc, b_dec, threshold), the JumpReLU bound of every feature."""
+    import numpy as np
+
+    lm = tiny_lm("llama")
+    tcs = random_transcoders(lm)
+    for tc in tcs:
+        tc.threshold = torch.full((16,), 0.05)
+    gs = write_gemma_scope(tmp_path, tcs)
+    monkeypatch.setattr(np, "load", lambda *_a, **_k: (_ for _ in ()).throw(AssertionError("np.load")))
+    result = invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")), "--device", "cpu",
+                    "--transcoders", str(gs), "--bos", "--estimate", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    e = json.loads(result.stdout)
+    L, d, F = lm.n_layers, lm.d_model, 16
+    assert (e["d_transcoder"], e["k"], e["active_features_bound"]) == (F, None, L * (e["n_tokens"] - 1) * F)
+    assert e["transcoder_bytes"] == L * 4 * (2 * F * d + 2 * F + d)

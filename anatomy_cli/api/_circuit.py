@@ -13,6 +13,7 @@ from anatomy_cli.text.options import PromptOptions
 
 def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_logits: int = 10,
             desired_logit_prob: float = 0.95, target: list[str] | tuple[str, ...] | None = None,
+            target_id: list[int] | tuple[int, ...] | None = None, first_token: bool = False,
             batch_size: int = 256, max_feature_nodes: int | None = 7500, update_interval: int = 4,
             node_threshold: float = 0.8, edge_threshold: float = 0.98, out: str | None = None,
             json: str | None = None, labels: str | None = None, check: int = 0, top: int = 10,
@@ -20,14 +21,16 @@ def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_lo
             prompts: PromptOptions = PromptOptions()) -> Result | list[Result]:
     """`anatomy circuit`: the attribution graph of the next-token prediction over a transcoder replacement model
     (circuit-tracer's algorithm). ``result``: CircuitResult (``.graph``, ``.prune``, ``.json`` — the Neuronpedia
-    graph dict —, ``.paths``); rows: ``paths``. ``out``: graph.pt; ``json``: the graph JSON. ``offload``: ``cpu`` or
-    ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes, seconds) and nothing is computed
-    (a model given by name is opened, not loaded)."""
+    graph dict —, ``.paths``); rows: ``paths``. ``target`` / ``target_id``: the logit nodes by text (one token
+    each; ``first_token``: a longer text's first) and by id, texts first. ``out``: graph.pt; ``json``: the graph
+    JSON. ``offload``: ``cpu`` or ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes,
+    seconds) and nothing is computed (a model given by name is opened, not loaded)."""
     from anatomy_cli.output.views import circuit as view
     from anatomy_cli.tasks import circuit as task
 
     opts = task.CircuitOptions(transcoders=transcoders, max_n_logits=max_n_logits,
                                desired_logit_prob=desired_logit_prob, target=tuple(target or ()),
+                               target_id=tuple(target_id or ()), first_token=first_token,
                                batch_size=batch_size, max_feature_nodes=max_feature_nodes,
                                update_interval=update_interval, node_threshold=node_threshold,
                                edge_threshold=edge_threshold, out=out, json=json, labels=labels,

@@ -1,19 +1,27 @@
-"""SAELens / sparsify transcoders as a per-layer set: a folder holding one transcoder folder per block (SAELens'
-``cfg.json`` + ``sae_weights.safetensors`` with ``hook_name`` / ``hook_name_out``, or sparsify's ``layers.N.mlp``
-folders with ``transcode: true``; what ``anatomy sae`` reads, through the same reader, models/sae/read.py), turned
-to circuit-tracer's orientation (``W_enc [F, d]``, ``W_dec [F, d]``, ``W_skip [d, d]`` with skip = x @ W_skip.T).
+"""SAELens / sparsify / Gemma Scope transcoders as a per-layer set: a folder holding one transcoder folder per block
+(SAELens' ``cfg.json`` + ``sae_weights.safetensors`` with ``hook_name`` / ``hook_name_out``, or sparsify's
+``layers.N.mlp`` folders with ``transcode: true``), or Gemma Scope's ``params.npz`` files anywhere below it
+(``layer_{l}/width_16k/average_l0_{N}/params.npz``, as google/gemma-scope-2b-pt-transcoders lays them out: the block
+from the ``layer_{l}`` folder, MLP input after its norm -> MLP output); what ``anatomy sae`` reads, through the same
+reader, models/sae/read.py, turned to circuit-tracer's orientation (``W_enc [F, d]``, ``W_dec [F, d]``,
+``W_skip [d, d]`` with skip = x @ W_skip.T).
 
-:func:`describe` reads every layer once to check it (one line per refusal) and keeps the folders and shapes only;
-``load_layer`` reads a layer again when the weights are wanted.
+A block with several transcoders (Gemma Scope's ``average_l0_N`` variants of one ``layer_N``) is refused, naming
+them: the folder must hold one per block (a folder of ``layer_N`` links to the chosen variants will do).
+
+:func:`describe` reads every layer's headers once to check it (one line per refusal; no weights) and keeps the
+folders and shapes only; ``load_layer`` reads a layer's arrays when the weights are wanted.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae import names
+from anatomy_cli.models.sae.read import GEMMA_SCOPE
 from anatomy_cli.models.sae.read import SAEFile
 from anatomy_cli.models.sae.read import read
 from anatomy_cli.models.sites import Site
@@ -21,8 +29,11 @@ from anatomy_cli.models.sites import hook_name
 
 
 def folders(root: Path) -> list[Path]:
-    """The subfolders of ``root`` that hold a transcoder's ``cfg.json`` (empty: not this layout)."""
-    return sorted(d for d in root.iterdir() if d.is_dir() and (d / "cfg.json").is_file())
+    """The folders that hold one transcoder each (empty: not this layout): ``root``'s subfolders with a
+    ``cfg.json``, and every folder below ``root`` (links followed) holding a Gemma Scope ``params.npz``."""
+    found = {d for d in root.iterdir() if d.is_dir() and (d / "cfg.json").is_file()}
+    found |= {Path(d) for d, _, files in os.walk(root, followlinks=True) if GEMMA_SCOPE in files}
+    return sorted(found)
 
 
 def _check(f: SAEFile) -> int:
@@ -44,31 +55,40 @@ def describe(root: Path) -> dict[str, Any]:
     """The fields of a TranscoderSet for ``root``'s transcoder folders: one per block 0..L-1, equal shapes;
     ``k``: the largest TopK ``k`` when every block is TopK (sparsify), else None (each block's own ``k`` is what
     ``load_layer`` gives the run; this one bounds the estimate)."""
-    by_layer: dict[int, SAEFile] = {}
+    found: dict[int, list[SAEFile]] = {}
     for d in folders(root):
-        f = read(d)
-        layer = _check(f)
-        if layer in by_layer:
-            raise UsageError(f"--transcoders {root}: {by_layer[layer].path.name} and {d.name} are both block "
-                             f"{layer}'s transcoder")
-        if by_layer and (f.d_in, f.d_sae) != (next(iter(by_layer.values())).d_in,
-                                               next(iter(by_layer.values())).d_sae):
-            raise UsageError(f"{d}: {f.d_sae} features of width {f.d_in}, unlike the other blocks' transcoders")
-        by_layer[layer] = f
+        f = read(d, transcoder=True, values=False)
+        found.setdefault(_check(f), []).append(f)
+    for layer, fs in sorted(found.items()):
+        if len(fs) > 1:
+            raise UsageError(f"--transcoders {root}: block {layer} has {len(fs)} transcoders "
+                             f"({', '.join(_shown(root, f.path) for f in fs)}); point --transcoders at a folder "
+                             f"holding one per block (links to the chosen ones will do)")
+    by_layer = {layer: fs[0] for layer, fs in found.items()}
     missing = sorted(set(range(max(by_layer) + 1)) - set(by_layer))
     if missing:
         raise UsageError(f"--transcoders {root}: no transcoder for block {missing[0]} (one folder per block)")
     first = by_layer[0]
+    for f in by_layer.values():
+        if (f.d_in, f.d_sae) != (first.d_in, first.d_sae):
+            raise UsageError(f"{f.path}: {f.d_sae} features of width {f.d_in}, unlike the other blocks' "
+                             f"transcoders")
     skip = 0 if first.W_skip is None else 4 * first.d_in * first.d_in
     ks = [f.k for f in by_layer.values()]
     k = None if None in ks else max(k for k in ks if k is not None)  # TopK in every block: the largest k
     return {"paths": tuple(by_layer[layer].path for layer in range(len(by_layer))), "d_model": first.d_in,
             "d_transcoder": first.d_sae, "sae_format": first.format, "skip_bytes": skip, "k": k,
-            "layer_bytes": 4 * (2 * first.d_sae * first.d_in + 2 * first.d_sae + first.d_in) + skip}
+            "layer_bytes": 4 * (2 * first.d_sae * first.d_in + 2 * first.d_sae + first.d_in) + skip,
+            "thresholds": any(f.threshold is not None for f in by_layer.values())}
+
+
+def _shown(root: Path, path: Path) -> str:
+    """``path`` as the refusal names it: below ``root`` when it is."""
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def load_layer(path: Path) -> dict[str, Any]:
     """One block's arrays in circuit-tracer's orientation (+ its TopK ``k``)."""
-    f = read(path)
+    f = read(path, transcoder=True)
     return {"W_enc": f.W_enc.T, "W_dec": f.W_dec, "b_enc": f.b_enc, "b_dec": f.b_dec, "threshold": f.threshold,
             "W_skip": f.W_skip, "k": f.k}

@@ -7,7 +7,8 @@ and circuit-tracer's ``cross_layer_transcoder`` folder (its ``load_clt`` layout:
 ``W_enc_{l}.safetensors`` with ``W_enc_{l} [F, d]``, ``b_enc_{l}``, ``b_dec_{l}``, optional ``threshold_{l}``
 (JumpReLU) and ``W_skip_{l} [d, d]`` (skip = x @ W_skip_l), and ``W_dec_{l}.safetensors`` with
 ``W_dec_{l} [F, L - l, d]``: layer l's features write to the MLP outputs of blocks l..L-1); or, with no config,
-SAELens / sparsify transcoder folders, one per block (models/transcoder_sae.py).
+SAELens / sparsify transcoder folders or Gemma Scope ``params.npz`` files, one per block
+(models/transcoder_sae.py).
 
 :func:`describe` reads the config and the tensors' shapes only (no values): every refusal comes from it.
 :func:`load_layer` reads one layer's arrays (numpy, circuit-tracer's orientation); :func:`read_decoder` reads a
@@ -104,7 +105,8 @@ def _config(root: Path) -> dict[str, Any]:
         return {"model_kind": "sae_folders"}
     raise UsageError(f"--transcoders {root}: no config.yaml there (circuit-tracer's transcoder_set layout: "
                      f"model_kind, feature_input_hook, feature_output_hook, transcoders: one file per layer), "
-                     f"nor SAELens / sparsify transcoder folders (cfg.json), one per block")
+                     f"nor SAELens / sparsify transcoder folders (cfg.json) or Gemma Scope params.npz files, one "
+                     f"per block")
 
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -256,8 +258,8 @@ def load_array(ts: TranscoderSet, layer: int, name: str) -> Any:
     read through their own reader (the whole layer, once)."""
     from safetensors import safe_open
 
-    if ts.sae_format is not None:
-        return load_layer(ts, layer)[name]
+    if ts.sae_format is not None:  # read whole by its reader; a set without a skip needs no read for W_skip
+        return None if name == "W_skip" and not ts.skip_bytes else load_layer(ts, layer)[name]
     transposed = ts.gemma_scope_2 or ts.cross_layer  # both store the skip as x @ W
     key = {"W_skip": "affine_skip_connection"}.get(name, name) if ts.gemma_scope_2 else \
         f"{name}_{layer}" if ts.cross_layer else name

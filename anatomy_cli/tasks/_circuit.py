@@ -131,10 +131,11 @@ def _moved(tc: Transcoder, device: torch.device) -> Transcoder:
 
 
 def _targets(opts: CircuitOptions, plan: CircuitPlan, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logit nodes: ``--target``'s ids (checked by tasks/circuit.py ``check``), else the salient logits."""
+    """The logit nodes: ``--target`` / ``--target-id``'s ids (tasks/circuit.py ``check``), else the salient
+    logits."""
     from anatomy_cli.analyses.circuit import salient_logits
 
-    if not opts.target:
+    if not plan.target_ids:
         return salient_logits(logits, opts.max_n_logits, opts.desired_logit_prob)
     idx = torch.tensor(plan.target_ids)
     return idx, torch.softmax(logits.float(), -1)[idx]

@@ -29,8 +29,9 @@ FLOAT = 4  # bytes: the graph is built in float32
 @dataclass(frozen=True)
 class CircuitEstimate:
     """``n_tokens`` P, ``active_features_bound`` A, ``feature_rows`` n = min(--max-feature-nodes, A), ``n_logits``
-    K (``--target``'s count, else --max-n-logits), ``n_nodes`` N = n + (L+1)·P + K; bytes: ``adjacency_bytes``
-    (the N × N result), ``rows_bytes`` (the rows buffer: (n + K) rows × every node's column, A + (L+1)·P + K),
+    K (``--target`` and ``--target-id``'s count, else --max-n-logits), ``n_nodes`` N = n + (L+1)·P + K; bytes:
+    ``adjacency_bytes`` (the N × N result), ``rows_bytes`` (the rows buffer: (n + K) rows × every node's column,
+    A + (L+1)·P + K),
     ``setup_bytes`` (the active features' encoder and decoder rows, the error vectors; a cross-layer
     transcoder's feature at block l: L - l decoder rows), ``transcoder_bytes`` (held during the attribution:
     every layer (a cross-layer transcoder: its encoders), or with --offload disk one layer plus the skip matrices),
@@ -68,7 +69,7 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
     per_site = ts.topk or ts.d_transcoder  # TopK in every block: k per position; else every feature may fire
     A = L * max(P - 1, 0) * per_site
     n = A if opts.max_feature_nodes is None else min(opts.max_feature_nodes, A)
-    K = len(opts.target) or opts.max_n_logits
+    K = len(opts.wanted) or opts.max_n_logits
     N = n + (L + 1) * P + K
     rows = FLOAT * (n + K) * (A + (L + 1) * P + K)
     R = A * (L + 1) // 2 if ts.cross_layer else A  # decoder rows: Σ_l A_l · (L - l) with A_l = A / L

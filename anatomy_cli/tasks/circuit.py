@@ -22,6 +22,7 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._circuit import CircuitResult
 from anatomy_cli.tasks._circuit import PathRow
 from anatomy_cli.tasks._circuit_estimate import CircuitEstimate
+from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
@@ -39,12 +40,16 @@ class CircuitOptions:
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
     or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table;
     ``offload``: ``cpu`` or ``disk``, where the transcoders wait while not in use (tasks/_circuit.py
-    ``load_transcoders``); ``estimate``: the graph's size, memory and time from the shapes alone, nothing run."""
+    ``load_transcoders``); ``estimate``: the graph's size, memory and time from the shapes alone, nothing run.
+    ``target`` / ``target_id``: the logit nodes by text (each one token; ``first_token``: a longer text stands for
+    its first) and by id, texts first; none: the salient logits."""
 
     transcoders: str
     max_n_logits: int = 10
     desired_logit_prob: float = 0.95
     target: tuple[str, ...] = ()
+    target_id: tuple[int, ...] = ()
+    first_token: bool = False
     batch_size: int = 256
     max_feature_nodes: int | None = 7500
     update_interval: int = 4
@@ -80,6 +85,7 @@ class CircuitOptions:
             if self.labels is not None:
                 raise UsageError("--estimate computes no graph: it labels no features with --labels (drop one of "
                                  "the two)")
+        targets.check_first_token(self.first_token, *self.wanted)
         if self.offload not in OFFLOAD:
             raise UsageError(f"--offload takes cpu or disk, not {self.offload!r}")
         if not Path(self.transcoders).is_dir():
@@ -87,11 +93,19 @@ class CircuitOptions:
         if self.labels is not None and not Path(self.labels).exists():
             raise UsageError(f"--labels {self.labels}: no such file or directory")
 
+    @property
+    def wanted(self) -> tuple[targets.TokenChoice, ...]:
+        """The logit nodes as given, ``--target`` texts then ``--target-id`` ids (each checked: not empty, not
+        negative)."""
+        chosen = [targets.choice(t, first_token=self.first_token) for t in self.target]
+        chosen += [targets.choice(None, i) for i in self.target_id]
+        return tuple(c for c in chosen if c is not None)
+
 
 @dataclass(frozen=True)
 class CircuitPlan:
     """The transcoders' description; ``labels``: ``{(block, feature): description}`` from ``--labels``;
-    ``target_ids``: ``--target``'s token ids (each one token), in order."""
+    ``target_ids``: ``--target``'s and ``--target-id``'s token ids, in order (none: the salient logits)."""
 
     transcoders: tc_files.TranscoderSet
     labels: dict[tuple[int, int], str] = field(default_factory=dict)
@@ -100,29 +114,20 @@ class CircuitPlan:
 
 def check(opened: Any, opts: CircuitOptions) -> CircuitPlan:
     """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it,
-    each ``--target`` is one token of ``opened``'s tokenizer (``--estimate`` too) and the ``--labels`` export
-    reads (a malformed one is a one-line error here, before the weights load)."""
+    each ``--target`` is one token of ``opened``'s tokenizer and each ``--target-id`` in its LM head
+    (text/targets.py ``resolve``, as ``next`` and ``attribute`` check theirs; ``--estimate`` too) and the
+    ``--labels`` export reads (a malformed one is a one-line error here, before the weights load)."""
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
     ts = tc_files.describe(opts.transcoders)
     tc_files.check_fits(ts, info.n_layers, info.d_model, info.label or info.model_type)
-    ids = target_ids(opened.tokenizer, opts.target)
+    ids = tuple(targets.resolve(opened.tokenizer, c, model=opened.name, vocab_size=info.lm_head_rows)
+                for c in opts.wanted)
     if opts.labels is None:
         return CircuitPlan(ts, target_ids=ids)
     from anatomy_cli.models.sae.labels import read_layer_labels
 
     return CircuitPlan(ts, read_layer_labels(opts.labels, info.n_layers), ids)
-
-
-def target_ids(tokenizer: Any, targets: tuple[str, ...]) -> tuple[int, ...]:
-    """``--target``'s token ids; a text that is not exactly one token is a usage error."""
-    ids = []
-    for text in targets:
-        enc = tokenizer.encode([text], bos=False)[0]
-        if len(enc.ids) != 1:
-            raise UsageError(f"--target '{text}' is {len(enc.ids)} tokens; each target must be one token")
-        ids.append(int(enc.ids[0]))
-    return tuple(ids)
 
 
 def estimate(info: Any, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str

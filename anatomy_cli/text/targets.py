@@ -1,6 +1,6 @@
 """Target and foil tokens: the one place that turns ``--target TEXT`` / ``--target-id N`` into a token id.
 
-Used by ``next``, ``trace``, ``lens``, ``dla``, ``ablate`` and ``patch``. Two steps, so that bad
+Used by ``next``, ``trace``, ``lens``, ``dla``, ``ablate``, ``patch`` and ``circuit``. Two steps, so that bad
 input fails fast: :func:`choice` checks the options before anything loads (both given, empty text),
 :func:`resolve` tokenizes once a tokenizer is at hand (an opened model's tokenizer: it
 gets one before the weights load). :func:`token_id` does both for a loaded model.

@@ -14,6 +14,7 @@ from anatomy_cli.cli.commands._common import draw_and_emit
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.options import FirstTokenOpt
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
@@ -47,13 +48,19 @@ def circuit_command(
     prompt: PromptArg,
     transcoders: Annotated[str, typer.Option(
         "--transcoders", metavar="DIR", help="circuit-tracer transcoder_set folder (config.yaml + one file per "
-        "layer; Gemma Scope 2 safetensors too), cross_layer_transcoder folder (config.yaml + W_enc_l / W_dec_l), or "
-        "a folder of SAELens / sparsify transcoders, one per layer.")],
+        "layer; Gemma Scope 2 safetensors too), cross_layer_transcoder folder (config.yaml + W_enc_l / W_dec_l), "
+        "a folder of SAELens / sparsify transcoders, or Gemma Scope params.npz files (layer_N/.../params.npz), "
+        "one per layer.")],
     max_n_logits: Annotated[int, typer.Option("--max-n-logits", min=1, help="At most this many logit nodes.")] = 10,
     desired_logit_prob: Annotated[float, typer.Option(
         "--desired-logit-prob", help="Logit nodes until their probabilities sum to this.")] = 0.95,
     target: Annotated[Optional[list[str]], typer.Option(
-        "--target", metavar="TOKEN", show_default=False, help="These tokens as the logit nodes (repeatable).")] = None,
+        "--target", metavar="TOKEN", show_default=False, help="These tokens as the logit nodes (repeatable); each "
+        "exactly one token (mind the leading space: ' Paris').")] = None,
+    target_id: Annotated[Optional[list[int]], typer.Option(
+        "--target-id", metavar="N", min=0, show_default=False, help="Logit nodes given by token id (repeatable; "
+        "after the --target ones).")] = None,
+    first_token: FirstTokenOpt = False,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per backward pass.")] = 256,
     max_feature_nodes: Annotated[Optional[int], typer.Option(
         "--max-feature-nodes", min=1, help="Feature rows computed, in influence order.")] = 7500,
@@ -105,7 +112,8 @@ def circuit_command(
 
     opts = task.CircuitOptions(
         transcoders=transcoders, max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob,
-        target=tuple(target or ()), batch_size=batch_size, max_feature_nodes=max_feature_nodes,
+        target=tuple(target or ()), target_id=tuple(target_id or ()), first_token=first_token,
+        batch_size=batch_size, max_feature_nodes=max_feature_nodes,
         update_interval=update_interval, node_threshold=node_threshold, edge_threshold=edge_threshold,
         out=None if out is None else str(out), json=None if json_out is None else str(json_out),
         labels=None if labels is None else str(labels), check=check, top=top, offload=offload, estimate=estimate)

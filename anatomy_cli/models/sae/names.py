@@ -6,7 +6,7 @@ modules of the transformers model: ``layers.10`` (a decoder layer's output: ``bl
 ``layers.10.mlp`` (the MLP's output, ``blocks.10.hook_mlp_out``; a transcoder there reads the MLP's input),
 ``layers.10.self_attn`` (``blocks.10.hook_attn_out``); a leading ``model.``/``gpt_neox.``/``transformer.h``
 prefix is dropped. Gemma Scope's ``params.npz`` states no hook: its folder (``layer_20``, a release named
-``...-res``/``-mlp``/``-att``) or ``--hook`` says.
+``...-res``/``-mlp``/``-att``/``-transcoders``) or ``--hook`` says.
 """
 
 from __future__ import annotations
@@ -70,17 +70,23 @@ def layer_of(point: str) -> int:
     return int(point.split(".")[1])
 
 
-def gemma_scope_hook(path: str) -> str | None:
-    """A Gemma Scope ``params.npz``'s hook from its path (``.../gemma-scope-2b-pt-res/layer_20/width_16k/...``):
-    ``blocks.20.hook_resid_post`` (``-res``), ``hook_mlp_out`` (``-mlp``), ``attn.hook_z`` (``-att``);
-    None when the path does not say."""
-    layer = re.search(r"layer_(\d+)", path)
-    if layer is None:
+def gemma_scope_hooks(path: str, *, transcoder: bool = False) -> tuple[str, str] | None:
+    """A Gemma Scope ``params.npz``'s (input hook, output hook) from its path
+    (``.../gemma-scope-2b-pt-res/layer_20/width_16k/...``): ``blocks.20.hook_resid_post`` (``-res``),
+    ``hook_mlp_out`` (``-mlp``), ``attn.hook_z`` (``-att``), the same hook in and out; ``-transcoders``: block 20's
+    MLP transcoder, ``blocks.20.ln2.hook_normalized`` (the MLP's input after its pre-feedforward norm) to
+    ``blocks.20.hook_mlp_out`` (circuit-tracer's Gemma Scope configs). The layer is the last ``layer_N`` folder of
+    the path. ``transcoder``: the caller reads transcoders (``circuit --transcoders``), so a path naming no release
+    is block N's MLP transcoder too. None when the path does not say."""
+    layers = re.findall(r"(?:^|[/\\])layer_(\d+)(?=[/\\]|$)", path)
+    if not layers:
         return None
+    layer = int(layers[-1])
+    tc = (f"blocks.{layer}.ln2.hook_normalized", hook_name(layer, Site.mlp_out))
     for tag, site in (("-res", Site.resid_post), ("-mlp", Site.mlp_out), ("-att", Site.head)):
         if re.search(re.escape(tag) + r"(?:[-_/]|$)", path):
-            return hook_name(int(layer.group(1)), site)
-    return None
+            return hook_name(layer, site), hook_name(layer, site)
+    return tc if transcoder or re.search(r"-transcoders?(?:[-_/]|$)", path) else None
 
 
 def gemma_scope_l0(path: str) -> float | None:

@@ -8,7 +8,12 @@
 * sparsify: ``cfg.json`` + ``sae.safetensors`` per hook point (``encoder.weight [d_sae, d_in]``,
   ``encoder.bias``, ``W_dec [d_sae, d_out]``, ``b_dec``, transcoders' ``W_skip [d_out, d_in]``); TopK with
   the config's ``k``; the hook is the folder's name (``layers.10``).
-* Gemma Scope: ``params.npz`` (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``, ``threshold``): JumpReLU.
+* Gemma Scope: ``params.npz`` (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``, ``threshold``): JumpReLU; the hook
+  from the path (names.py ``gemma_scope_hooks``: ``layer_N`` under a ``-res``/``-mlp``/``-att``/``-transcoders``
+  release).
+
+``values=False`` reads the headers only (safetensors' header, the npz's member headers; models/sae/arrays.py):
+every array is then a zero-strided stand-in of its shape, enough for the checks and a cost estimate.
 
 Every failure is one line: a missing file or tensor, an unknown architecture, a truncated file, shapes
 that disagree. No torch.
@@ -17,19 +22,19 @@ that disagree. No torch.
 from __future__ import annotations
 
 import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae import names
+from anatomy_cli.models.sae.arrays import Array
+from anatomy_cli.models.sae.arrays import npz_arrays
+from anatomy_cli.models.sae.arrays import safetensors_arrays
 
-Array = npt.NDArray[Any]
 ARCHITECTURES = ("standard", "jumprelu", "topk")
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm", "expected_average_only_in")
 SAELENS_WEIGHTS, SPARSIFY_WEIGHTS, GEMMA_SCOPE = "sae_weights.safetensors", "sae.safetensors", "params.npz"
@@ -97,28 +102,30 @@ class SAEFile:
                 "stated_l0": self.stated_l0}
 
 
-def read(path: str | Path, *, hook: str | None = None) -> SAEFile:
+def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False, values: bool = True) -> SAEFile:
     """The SAE at ``path``: a folder (or a file in it) of one of the three formats, or a sparsify checkpoint
     folder holding one folder per hook point (``hook`` picks one; alone, it is taken). ``hook`` also names
-    the hook point where the files state none (Gemma Scope) or overrides what they state. Raises UsageError
-    for a path that holds no SAE, CheckpointError for a file that cannot be read."""
+    the hook point where the files state none (Gemma Scope) or overrides what they state. ``transcoder``: the
+    caller reads transcoders, so a Gemma Scope path naming no release is block N's MLP transcoder
+    (names.py ``gemma_scope_hooks``). ``values``: False reads the headers only (the module docstring). Raises
+    UsageError for a path that holds no SAE, CheckpointError for a file that cannot be read."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"no SAE at {p}: no such file or folder")
     folder = p.parent if p.is_file() else p
     if p.is_file() and p.name == GEMMA_SCOPE or (p.is_dir() and (p / GEMMA_SCOPE).is_file()):
-        return _gemma_scope(folder / GEMMA_SCOPE, hook)
+        return _gemma_scope(folder / GEMMA_SCOPE, hook, transcoder, values)
     if (folder / SAELENS_WEIGHTS).is_file():
-        return _saelens(folder, hook)
+        return _saelens(folder, hook, values)
     if (folder / SPARSIFY_WEIGHTS).is_file():
-        return _sparsify(folder, hook)
+        return _sparsify(folder, hook, values)
     points = sorted(d.name for d in folder.iterdir() if d.is_dir() and (d / SPARSIFY_WEIGHTS).is_file()) \
         if folder.is_dir() else []
     if points:
         if hook is None and len(points) == 1:
-            return _sparsify(folder / points[0], None)
+            return _sparsify(folder / points[0], None, values)
         if hook in points:
-            return _sparsify(folder / hook, None)
+            return _sparsify(folder / hook, None, values)
         raise UsageError(f"{folder} holds SAEs for {len(points)} hook points ({', '.join(points[:8])}): "
                          f"pick one with --hook NAME")
     raise UsageError(f"no SAE at {p}: expected cfg.json with {SAELENS_WEIGHTS} (SAELens) or "
@@ -136,17 +143,6 @@ def _config(folder: Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{cfg_path} is not a JSON object")
     return cfg
-
-
-def _safetensors(path: Path) -> dict[str, Array]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    try:
-        return dict(load_file(str(path)))
-    except (SafetensorError, OSError, ValueError) as e:
-        size = path.stat().st_size
-        raise CheckpointError(f"{path} cannot be read (truncated or not safetensors: {size} bytes; {e})") from None
 
 
 def _tensor(tensors: dict[str, Array], name: str, path: Path) -> Array:
@@ -167,7 +163,7 @@ def _architecture(value: Any, where: Path) -> str:
     return arch
 
 
-def _saelens(folder: Path, hook: str | None) -> SAEFile:
+def _saelens(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
     cfg = _config(folder)
     meta: dict[str, Any] = cfg["metadata"] if isinstance(cfg.get("metadata"), dict) else {}
 
@@ -176,7 +172,7 @@ def _saelens(folder: Path, hook: str | None) -> SAEFile:
 
     arch = _architecture(get("architecture", "standard"), folder / "cfg.json")
     path = folder / SAELENS_WEIGHTS
-    tensors = _safetensors(path)
+    tensors = safetensors_arrays(path, values)
     threshold = None
     if arch == "jumprelu":
         threshold = np.exp(_tensor(tensors, "log_threshold", path)) if "threshold" not in tensors \
@@ -208,10 +204,10 @@ def _stated_l0(k: Any, meta: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _sparsify(folder: Path, hook: str | None) -> SAEFile:
+def _sparsify(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
     cfg = _config(folder)
     path = folder / SPARSIFY_WEIGHTS
-    tensors = _safetensors(path)
+    tensors = safetensors_arrays(path, values)
     k = cfg.get("k")
     if not isinstance(k, int):
         raise CheckpointError(f"{folder / 'cfg.json'}: a sparsify SAE with no integer 'k'")
@@ -227,18 +223,14 @@ def _sparsify(folder: Path, hook: str | None) -> SAEFile:
                   b_enc=_tensor(tensors, "encoder.bias", path), sparsify_transcoder=transcode)
 
 
-def _gemma_scope(path: Path, hook: str | None) -> SAEFile:
-    try:
-        with np.load(path) as npz:
-            tensors = {name: np.asarray(npz[name]) for name in npz.files}
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise CheckpointError(f"{path} cannot be read (truncated or not an .npz: {e})") from None
-    hook_name = hook or names.gemma_scope_hook(str(path.resolve()))
-    if hook_name is None:
-        raise UsageError(f"{path}'s path names no layer and site (layer_N under a -res/-mlp/-att release): "
-                         f"name the hook point with --hook NAME")
+def _gemma_scope(path: Path, hook: str | None, transcoder: bool = False, values: bool = True) -> SAEFile:
+    tensors = npz_arrays(path, values)
+    hooks = (hook, hook) if hook else names.gemma_scope_hooks(str(path.resolve()), transcoder=transcoder)
+    if hooks is None:
+        raise UsageError(f"{path}'s path names no layer and site (layer_N under a -res/-mlp/-att/-transcoders "
+                         f"release): name the hook point with --hook NAME")
     return _build(path.parent, "gemma_scope", "jumprelu", tensors, path, threshold=_tensor(tensors, "threshold", path),
-                  k=None, hook_in=hook_name, hook_out=hook_name, subtract=False, normalize="none",
+                  k=None, hook_in=hooks[0], hook_out=hooks[1], subtract=False, normalize="none",
                   prepend_bos=True, context_size=1024, dtype="float32", neuronpedia_id=None, model_name=None,
                   stated_l0=names.gemma_scope_l0(str(path.resolve())), centred=False,
                   W_enc=_tensor(tensors, "W_enc", path), b_enc=_tensor(tensors, "b_enc", path))
