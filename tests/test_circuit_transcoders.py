@@ -332,3 +332,61 @@ def test_gemma_scope_estimate_reads_headers_only(tiny_model_dir, tiny_lm, tmp_pa
     L, d, F = lm.n_layers, lm.d_model, 16
     assert (e["d_transcoder"], e["k"], e["active_features_bound"]) == (F, None, L * (e["n_tokens"] - 1) * F)
     assert e["transcoder_bytes"] == L * 4 * (2 * F * d + 2 * F + d)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
+def test_ln2_hook_normalized_reads_before_the_norms_gain(tiny_model_dir, tmp_path, arch):
+    """Transcoders of ``ln2.hook_normalized`` (Gemma Scope's params.npz; a SAELens folder with a skip) read the
+    pre-MLP norm's normalised vector before its gain and bias, as TransformerLens hooks it and circuit-tracer maps it
+    (Gemma Scope's release folds the gain into the MLP): on a model whose pre-MLP norm has a random gain (GPT-2's
+    LayerNorm a bias too), the active features, their values and the error nodes are those computed by hand from a
+    hook on the norm's input, ``x / RMS(x)`` (Gemma 2) or ``(x - mean) / σ`` (GPT-2)."""
+    from anatomy_cli import engine
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    lm = engine.load(str(tiny_model_dir(arch)), device="cpu")  # its own copy: its norms' gains are changed
+    norm_name = {"gemma2": "pre_feedforward_layernorm", "gpt2": "ln_2"}[arch]
+    blocks = lm.model.base_model.get_submodule(lm.adapter.blocks)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for block in blocks:
+            norm = block.get_submodule(norm_name)
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=g))  # Gemma's gain is 1 + weight
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.copy_(torch.randn(norm.bias.shape, generator=g) * 0.3)
+    tcs = random_transcoders(lm, skip=arch == "gpt2")
+    for tc in tcs:
+        tc.threshold = torch.full((16,), 0.05)
+    folder = write_gemma_scope(tmp_path, tcs) if arch == "gemma2" else write_sae_folders(tmp_path / "sl", tcs, "saelens")
+    ts = files.describe(folder)
+    assert ts.before_gain
+    s = algo.setup(lm, IDS, load_transcoders(lm, ts))
+    disk = algo.setup(lm, IDS, load_transcoders(lm, ts, "disk"))  # W_skip alone, folded the same way
+    assert torch.equal(disk.values, s.values) and torch.equal(disk.errors, s.errors)
+    seen = {}
+    hooks = []
+    for layer, block in enumerate(blocks):
+        hooks.append(block.get_submodule(norm_name).register_forward_hook(
+            lambda m, a, o, layer=layer: seen.__setitem__(("x", layer), a[0][0].detach())))
+        module, side = lm.points[f"blocks.{layer}.hook_mlp_out"]
+        hooks.append(module.register_forward_hook(
+            lambda m, a, o, layer=layer, side=side: seen.__setitem__(("out", layer), (a[0] if side == "input" else o)[0]
+                                                                     .detach())))
+    with torch.no_grad():
+        lm.model(input_ids=IDS[None])
+    for h in hooks:
+        h.remove()
+    for layer, tc in enumerate(tcs):
+        x, eps = seen[("x", layer)], blocks[layer].get_submodule(norm_name).eps
+        n = ((x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt() if arch == "gpt2"
+             else x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        pre = n @ tc.W_enc.T + tc.b_enc
+        acts = pre * (pre > tc.threshold)
+        acts[0] = 0
+        mine = s.active[:, 0] == layer
+        assert s.active[mine, 1:].tolist() == acts.nonzero().tolist()
+        torch.testing.assert_close(s.values[mine], acts[acts != 0], rtol=1e-4, atol=1e-5)
+        recon = acts @ tc.W_dec + tc.b_dec + (0 if tc.W_skip is None else n @ tc.W_skip.T)
+        torch.testing.assert_close(s.errors[layer, 1:], seen[("out", layer)][1:] - recon[1:], rtol=1e-4, atol=1e-4)
+    assert len(s.active) > 10

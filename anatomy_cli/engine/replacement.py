@@ -114,15 +114,35 @@ def _gain(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch
     cached = getattr(module, "_anatomy_gain", None)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    d = x.shape[-1]
-    v = torch.tensor([1.0, -1.0], dtype=torch.float32).repeat((d + 1) // 2)[:d].to(x.device)
+    gain, beta = _probe(module, x.shape[-1], x.device, x.dtype)
+    object.__setattr__(module, "_anatomy_gain", (gain, beta))
+    return gain, beta
+
+
+def _probe(module: torch.nn.Module, d: int, device: torch.device, dtype: torch.dtype
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    v = torch.tensor([1.0, -1.0], dtype=torch.float32).repeat((d + 1) // 2)[:d].to(device)
     v = v - v.mean()
     v = v / v.pow(2).mean().sqrt()
     with torch.no_grad():
-        beta = module.forward(torch.zeros(1, d, dtype=x.dtype, device=x.device)).float()[0]
-        gain = (module.forward(v[None].to(x.dtype)).float()[0] - beta) / v * (1.0 + _eps(module)) ** 0.5
-    object.__setattr__(module, "_anatomy_gain", (gain, beta))
+        beta = module.forward(torch.zeros(1, d, dtype=dtype, device=device)).float()[0]
+        gain = (module.forward(v[None].to(dtype)).float()[0] - beta) / v * (1.0 + _eps(module)) ** 0.5
     return gain, beta
+
+
+def mlp_norm_gain(lm: LoadedModel, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gain, bias)`` (float32 ``[d]``) of the norm whose output block ``layer``'s MLP reads (Llama's
+    ``post_attention_layernorm``, Gemma 2's ``pre_feedforward_layernorm``, GPT-2's ``ln_2``), probed as the frozen
+    forward probes every norm (nothing is left on the model). UsageError where the MLP reads no norm's output."""
+    from anatomy_cli.errors import UsageError
+
+    tap = lm.adapter.resid_mid
+    if tap is None or tap.side != "input" or tap.module not in lm.adapter.norms:
+        raise UsageError(f"{lm.name}'s MLP reads no norm's output: transcoders of the normalised MLP input "
+                         f"(ln2.hook_normalized) need a norm right before the MLP")
+    block = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer]
+    param = next(lm.model.parameters())
+    return _probe(block.get_submodule(tap.module), lm.d_model, param.device, param.dtype)
 
 
 def _norm_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -59,6 +59,23 @@ class Transcoder:
         yield self
 
 
+def read_norm_output(tc: Transcoder, gain: torch.Tensor, beta: torch.Tensor) -> Transcoder:
+    """``tc``, which reads a norm's normalised vector before its gain and bias (``n = (x - beta) / gain``,
+    TransformerLens' ``ln2.hook_normalized``), as the equal transcoder reading the norm's output ``x`` (the MLP's
+    input): ``W_enc / gain`` by column and ``b_enc - (W_enc / gain) · beta``; a skip's ``W_skip / gain``, its
+    ``-(beta / gain) · W_skip`` moved into ``b_dec``. The decoder is unchanged."""
+    W_enc = tc.W_enc / gain
+    b_dec = tc.b_dec if tc.W_skip is None else tc.b_dec - tc.W_skip @ (beta / gain)
+    return Transcoder(W_enc, tc.b_enc - W_enc @ beta, tc.W_dec, b_dec, tc.threshold, tc.k,
+                      skip_after_norm(tc.W_skip, gain))
+
+
+def skip_after_norm(w_skip: torch.Tensor | None, gain: torch.Tensor) -> torch.Tensor | None:
+    """A skip ``W_skip [d, d]`` of the normalised vector before ``gain`` as one of the norm's output (its part
+    without the bias: :func:`read_norm_output` moves that into ``b_dec``)."""
+    return None if w_skip is None else w_skip / gain
+
+
 def skip(w_skip: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """A skip transcoder's linear path ``x @ W_skip.T`` (zero without one)."""
     return x @ w_skip.T if w_skip is not None else torch.zeros_like(x)

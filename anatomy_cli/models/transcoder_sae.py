@@ -74,12 +74,16 @@ def describe(root: Path) -> dict[str, Any]:
             raise UsageError(f"{f.path}: {f.d_sae} features of width {f.d_in}, unlike the other blocks' "
                              f"transcoders")
     skip = 0 if first.W_skip is None else 4 * first.d_in * first.d_in
+    gains = {names.before_gain(f.hook_name) for f in by_layer.values()}
+    if len(gains) > 1:
+        raise UsageError(f"--transcoders {root}: some blocks' transcoders read ln2.hook_normalized (before the "
+                         f"norm's gain) and others the MLP's input; one set reads one of the two")
     ks = [f.k for f in by_layer.values()]
     k = None if None in ks else max(k for k in ks if k is not None)  # TopK in every block: the largest k
     return {"paths": tuple(by_layer[layer].path for layer in range(len(by_layer))), "d_model": first.d_in,
             "d_transcoder": first.d_sae, "sae_format": first.format, "skip_bytes": skip, "k": k,
             "layer_bytes": 4 * (2 * first.d_sae * first.d_in + 2 * first.d_sae + first.d_in) + skip,
-            "thresholds": any(f.threshold is not None for f in by_layer.values())}
+            "thresholds": any(f.threshold is not None for f in by_layer.values()), "before_gain": gains == {True}}
 
 
 def _shown(root: Path, path: Path) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sae.names import before_gain
 from anatomy_cli.models.sae.names import hook_point
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
@@ -41,7 +42,9 @@ class TranscoderSet:
     (0: none); ``cross_layer``: a cross-layer transcoder, ``paths`` its ``W_enc_{l}`` files and ``decoders`` its
     ``W_dec_{l}`` files; ``sae_format``: SAELens / sparsify folders or Gemma Scope params.npz files, ``paths`` one
     per block; ``thresholds``: some block carries a JumpReLU threshold, which wins over ``k`` in the run's encode
-    (engine/transcoder.py), so that block is not TopK whatever ``k`` says."""
+    (engine/transcoder.py), so that block is not TopK whatever ``k`` says; ``before_gain``: the input hook is
+    TransformerLens' ``ln2.hook_normalized``, the pre-MLP norm's output before its gain (names.py ``before_gain``:
+    the run folds the gain into the encoders)."""
 
     root: Path
     paths: tuple[Path, ...]
@@ -58,6 +61,7 @@ class TranscoderSet:
     decoders: tuple[Path, ...] = ()
     sae_format: str | None = None
     thresholds: bool = False
+    before_gain: bool = False
 
     @property
     def n_layers(self) -> int:
@@ -161,7 +165,8 @@ def describe(root: str | Path) -> TranscoderSet:
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
                          cfg.get("scan"), gs2, _k(cfg),
-                         *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"), thresholds=thresholds)
+                         *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"), thresholds=thresholds,
+                         before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
 
 
 def _threshold(shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -214,7 +219,7 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
                          _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
                          cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec,
-                         thresholds=thresholds)
+                         thresholds=thresholds, before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:

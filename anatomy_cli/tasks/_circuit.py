@@ -84,7 +84,9 @@ def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str |
     ``disk`` reads a layer from its file when it is used and drops it after (peak memory: one layer). Either way
     only ``W_skip`` stays on the device (every frozen forward uses it). A cross-layer transcoder: its encoders
     so (each ``W_dec [F, 0]``), and a reader of the decoder rows the active features need, from the file
-    whatever the offload (``W_dec_l`` is never loaded whole)."""
+    whatever the offload (``W_dec_l`` is never loaded whole). Transcoders of ``ln2.hook_normalized``
+    (``ts.before_gain``) get each block's pre-MLP norm gain folded in, so that they read the MLP's input
+    (engine/transcoder.py ``read_norm_output``)."""
     from anatomy_cli.engine.transcoder import CrossLayer
     from anatomy_cli.engine.transcoder import Offloaded
 
@@ -93,34 +95,57 @@ def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str |
         offload = None
     out: list[AnyTranscoder] = []
     for layer in range(ts.n_layers):
+        norm = _norm(lm, layer) if ts.before_gain else None
         if offload == "disk":
-            out.append(Offloaded(partial(_layer, ts, layer, lm.device), _skip(ts, layer, lm.device)))
+            out.append(Offloaded(partial(_layer, ts, layer, lm.device, norm), _skip(ts, layer, lm.device, norm)))
         elif offload == "cpu":
-            host = _layer(ts, layer, torch.device("cpu"))
+            host = _layer(ts, layer, torch.device("cpu"), norm)
             out.append(Offloaded(partial(_moved, host, lm.device),
                                  None if host.W_skip is None else host.W_skip.to(lm.device)))
         else:
-            out.append(_layer(ts, layer, lm.device))
+            out.append(_layer(ts, layer, lm.device, norm))
     if not ts.cross_layer:
         return out
     return CrossLayer(out, lambda layer, ids: torch.as_tensor(tc_files.read_decoder(ts, layer, ids.cpu().numpy()))
                       .to(lm.device, torch.float32))
 
 
-def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> Transcoder:
+def _norm(lm: LoadedModel, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block ``layer``'s pre-MLP norm ``(gain, bias)``; UsageError where a gain is 0 (its input is lost there)."""
+    from anatomy_cli.engine.replacement import mlp_norm_gain
+
+    gain, beta = mlp_norm_gain(lm, layer)
+    if bool((gain == 0).any()):
+        raise UsageError(f"the transcoders read ln2.hook_normalized, before block {layer}'s MLP norm's gain, and "
+                         f"that gain is 0 in {int((gain == 0).sum())} channels: the MLP's input does not give it")
+    return gain.cpu(), beta.cpu()
+
+
+def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
+           norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> Transcoder:
+    """Layer ``layer``'s transcoder on ``device``; ``norm``: the pre-MLP norm's (gain, bias) folded in."""
     from anatomy_cli.engine.transcoder import Transcoder
+    from anatomy_cli.engine.transcoder import read_norm_output
 
     arrays = tc_files.load_layer(ts, layer)
     t = {k: None if v is None else torch.as_tensor(v).to(device, torch.float32) for k, v in arrays.items()
          if k != "k"}
     w = {k: v for k, v in t.items() if v is not None}
     dec = w["W_enc"].new_zeros(w["W_enc"].shape[0], 0) if ts.cross_layer else w["W_dec"]
-    return Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], arrays.get("k", ts.k), t["W_skip"])
+    tc = Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], arrays.get("k", ts.k), t["W_skip"])
+    return tc if norm is None else read_norm_output(tc, *(v.to(device) for v in norm))
 
 
-def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> torch.Tensor | None:
+def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
+          norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+    """Layer ``layer``'s ``W_skip`` alone (``norm``: divided by the gain by column, as ``read_norm_output``)."""
+    from anatomy_cli.engine.transcoder import skip_after_norm
+
     skip = tc_files.load_array(ts, layer, "W_skip")
-    return None if skip is None else torch.as_tensor(skip).to(device, torch.float32)
+    if skip is None:
+        return None
+    w = torch.as_tensor(skip).to(device, torch.float32)
+    return w if norm is None else skip_after_norm(w, norm[0].to(device))
 
 
 def _moved(tc: Transcoder, device: torch.device) -> Transcoder:

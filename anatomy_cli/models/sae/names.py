@@ -65,6 +65,15 @@ def hook_point(name: str, *, transcoder_input: bool = False) -> str:
                      f"input (--hook NAME overrides)")
 
 
+def before_gain(name: str) -> bool:
+    """``name`` is TransformerLens' ``ln2.hook_normalized`` (``blocks.N.`` or a config's template before it): the
+    pre-MLP norm's normalised vector *before* its gain and bias (``x / RMS``; TransformerLens' norms hook it before
+    ``* w``, circuit-tracer maps it there too), not the MLP's input itself. Gemma Scope's transcoders read it: their
+    release folds the gain into the MLP. :func:`hook_point` maps it to the MLP's input; a reader of it folds the
+    gain (circuit: engine/transcoder.py ``read_norm_output``)."""
+    return name.endswith("ln2.hook_normalized")
+
+
 def layer_of(point: str) -> int:
     """The layer of ``blocks.{layer}....``."""
     return int(point.split(".")[1])
