@@ -88,6 +88,22 @@ def test_gemma_scope_path_gives_the_hook_and_the_stated_l0():
     assert read(GEMMA, hook="blocks.0.hook_resid_post").site == "blocks.0.hook_resid_post"
 
 
+def test_gemma_scope_hooks_from_the_path():
+    """The last layer_N folder is the block, the last folder naming a release the kind: -transcoders (or, for a
+    caller reading transcoders, none) is the MLP transcoder ln2.hook_normalized -> hook_mlp_out."""
+    hooks = names.gemma_scope_hooks
+    tc = ("blocks.3.ln2.hook_normalized", "blocks.3.hook_mlp_out")
+    hub = "/hub/models--google--gemma-scope-2b-pt-transcoders/snapshots/abc/layer_3/width_16k/average_l0_54/params.npz"
+    assert hooks(hub) == tc
+    assert hooks("/data/my-res/gemma-scope-2b-pt-transcoders/layer_3/width_16k/average_l0_5/params.npz") == tc
+    assert hooks("/layer_7/gemma-scope-2b-pt-res-canonical/layer_3/width_16k/canonical/params.npz") == \
+        ("blocks.3.hook_resid_post",) * 2
+    assert hooks("/tmp/tc/layer_3/width_16k/average_l0_5/params.npz") is None
+    assert hooks("/tmp/tc/layer_3/width_16k/average_l0_5/params.npz", transcoder=True) == tc
+    assert hooks("/tmp/gemma-scope-2b-pt-mlp/layer_3/p", transcoder=True) == ("blocks.3.hook_mlp_out",) * 2
+    assert names.before_gain(tc[0]) and not names.before_gain("blocks.3.mlp.hook_in")
+
+
 def test_hook_names_map_to_anatomy_points():
     assert names.hook_point("blocks.10.hook_resid_post") == "blocks.10.hook_resid_post"
     assert names.hook_point("layers.10") == "blocks.10.hook_resid_post"

@@ -2,8 +2,8 @@
 (SAELens' ``cfg.json`` + ``sae_weights.safetensors`` with ``hook_name`` / ``hook_name_out``, or sparsify's
 ``layers.N.mlp`` folders with ``transcode: true``), or Gemma Scope's ``params.npz`` files anywhere below it
 (``layer_{l}/width_16k/average_l0_{N}/params.npz``, as google/gemma-scope-2b-pt-transcoders lays them out: the block
-from the ``layer_{l}`` folder, MLP input after its norm -> MLP output); what ``anatomy sae`` reads, through the same
-reader, models/sae/read.py, turned to circuit-tracer's orientation (``W_enc [F, d]``, ``W_dec [F, d]``,
+from the ``layer_{l}`` folder, ``ln2.hook_normalized`` -> ``hook_mlp_out``); what ``anatomy sae`` reads, through
+the same reader, models/sae/read.py, turned to circuit-tracer's orientation (``W_enc [F, d]``, ``W_dec [F, d]``,
 ``W_skip [d, d]`` with skip = x @ W_skip.T).
 
 A block with several transcoders (Gemma Scope's ``average_l0_N`` variants of one ``layer_N``) is refused, naming

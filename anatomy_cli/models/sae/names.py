@@ -83,19 +83,27 @@ def gemma_scope_hooks(path: str, *, transcoder: bool = False) -> tuple[str, str]
     """A Gemma Scope ``params.npz``'s (input hook, output hook) from its path
     (``.../gemma-scope-2b-pt-res/layer_20/width_16k/...``): ``blocks.20.hook_resid_post`` (``-res``),
     ``hook_mlp_out`` (``-mlp``), ``attn.hook_z`` (``-att``), the same hook in and out; ``-transcoders``: block 20's
-    MLP transcoder, ``blocks.20.ln2.hook_normalized`` (the MLP's input after its pre-feedforward norm) to
-    ``blocks.20.hook_mlp_out`` (circuit-tracer's Gemma Scope configs). The layer is the last ``layer_N`` folder of
-    the path. ``transcoder``: the caller reads transcoders (``circuit --transcoders``), so a path naming no release
-    is block N's MLP transcoder too. None when the path does not say."""
-    layers = re.findall(r"(?:^|[/\\])layer_(\d+)(?=[/\\]|$)", path)
+    MLP transcoder, ``blocks.20.ln2.hook_normalized`` (the pre-feedforward norm's vector before its gain,
+    :func:`before_gain`) to ``blocks.20.hook_mlp_out`` (circuit-tracer's Gemma Scope configs). The layer is the last
+    ``layer_N`` folder of the path, the release the last folder naming one. ``transcoder``: the caller reads
+    transcoders (``circuit --transcoders``), so a path naming no release is block N's MLP transcoder too. None when
+    the path does not say."""
+    parts = re.split(r"[/\\]", path)
+    layers = [int(p[6:]) for p in parts if re.fullmatch(r"layer_\d+", p)]
     if not layers:
         return None
-    layer = int(layers[-1])
-    tc = (f"blocks.{layer}.ln2.hook_normalized", hook_name(layer, Site.mlp_out))
-    for tag, site in (("-res", Site.resid_post), ("-mlp", Site.mlp_out), ("-att", Site.head)):
-        if re.search(re.escape(tag) + r"(?:[-_/]|$)", path):
-            return hook_name(layer, site), hook_name(layer, site)
-    return tc if transcoder or re.search(r"-transcoders?(?:[-_/]|$)", path) else None
+    layer = layers[-1]
+    tags = (("-res", Site.resid_post), ("-mlp", Site.mlp_out), ("-att", Site.head), ("-transcoders", None),
+            ("-transcoder", None))
+    for part in reversed(parts):
+        for tag, site in tags:
+            if re.search(re.escape(tag) + r"(?:[-_]|$)", part):
+                return (hook_name(layer, site),) * 2 if site else _mlp_transcoder(layer)
+    return _mlp_transcoder(layer) if transcoder else None
+
+
+def _mlp_transcoder(layer: int) -> tuple[str, str]:
+    return f"blocks.{layer}.ln2.hook_normalized", hook_name(layer, Site.mlp_out)
 
 
 def gemma_scope_l0(path: str) -> float | None:
