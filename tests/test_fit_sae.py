@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from anatomy_cli.analyses import sae as analysis
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import sae_fit
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.read import read
 
 runner = CliRunner()
@@ -32,8 +33,8 @@ def corpus(tmp_path):
     return path
 
 
-def fit(model_dir, corpus, out, *more):
-    return runner.invoke(app, ["fit-sae", str(corpus), "--model", str(model_dir), "--layer", "1", "--out", str(out),
+def fit(model_dir, corpus, out, *more, layer="1"):
+    return runner.invoke(app, ["fit-sae", str(corpus), "--model", str(model_dir), "--layer", layer, "--out", str(out),
                                "--ctx", "32", "--max-tokens", "640", "--d-sae", "64", "--k", "4", "--epochs", "30",
                                "--batch-size", "64", "--lr", "0.01", "--format", "json", *more])
 
@@ -50,7 +51,7 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     folder = out / ("layers.1.mlp" if transcoder else "layers.1")
-    assert data["out"] == str(folder)
+    assert data["out"] == str(out) and [(b["layer"], b["folder"]) for b in data["blocks"]] == [(1, str(folder))]
     assert "fit-sae: a TopK" in result.stderr and "GFLOP/s" in result.stderr  # the cost, before the work
     sae = read(folder)
     assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)
@@ -99,6 +100,8 @@ def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path)
     (["--layer", "1", "--out", "OUT", "--k", "9", "--d-sae", "8"], "--d-sae 8 is below --k 9"),
     (["--layer", "1", "--out", "OUT", "--max-tokens", "100", "--ctx", "64"], "under two --ctx 64 windows"),
     (["--layer", "1", "--out", "FULL"], "is not empty"),
+    (["--layer", "0,all", "--out", "OUT"], "'all' stands alone"),
+    (["--layer", "0", "--layer", "x", "--out", "OUT"], "--layer '0,x': give block numbers"),
 ])
 def test_bad_input_is_one_line_before_the_model_opens(tmp_path, args, message):
     """--model nowhere would fail to open: each message comes first, from the options alone."""
@@ -164,3 +167,102 @@ def test_fit_sae_leaves_the_global_rng_as_it_was(tiny_model_dir, corpus, tmp_pat
     result = fit(tiny_model_dir("gpt2"), corpus, tmp_path / "sae", "--epochs", "1")
     assert result.exit_code == 0, result.output
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def _files(folder):
+    return {f.relative_to(folder).as_posix(): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("transcoder", [False, True])
+def test_two_blocks_in_one_pass_write_the_files_of_two_single_block_runs(tiny_model_dir, corpus, tmp_path,
+                                                                          monkeypatch, cached_load, transcoder):
+    """`--layer 0,1`: the corpus is forwarded once for both blocks (as many forwards as a one-block run), and each
+    block's files are byte for byte those of a run of that block alone with the same seed: the hooks only read,
+    so the activations are the same floats, and each block's coder and shuffle start from --seed."""
+    model = tiny_model_dir("gpt2")
+    more = ["--max-tokens", "320", "--epochs", "2", *(["--transcoder"] if transcoder else [])]
+    forwards = []
+    real = sae_fit.forward
+    monkeypatch.setattr(sae_fit, "forward", lambda lm, ids: forwards.append(ids.shape) or real(lm, ids))
+    both = fit(model, corpus, tmp_path / "both", *more, layer="0,1")
+    assert both.exit_code == 0, both.output
+    n_both = len(forwards)
+    singles = {}
+    for layer in (0, 1):
+        forwards.clear()
+        one = fit(model, corpus, tmp_path / f"one{layer}", *more, layer=str(layer))
+        assert one.exit_code == 0, one.output
+        assert len(forwards) == n_both > 0  # one pass over the corpus, whatever the number of blocks
+        singles[layer] = json.loads(one.stdout)["blocks"][0]
+        singles.update(_files(tmp_path / f"one{layer}"))
+    written = _files(tmp_path / "both")
+    suffix = ".mlp" if transcoder else ""
+    assert sorted(written) == [f"layers.{i}{suffix}/{f}" for i in (0, 1) for f in ("cfg.json", "sae.safetensors")]
+    assert all(written[name] == singles[name] for name in written)
+    rows = json.loads(both.stdout)["blocks"]
+    assert [r["layer"] for r in rows] == [0, 1]
+    for r in rows:  # the health of each block is what its own run measured on the same held-out window
+        measured = ("seconds", "folder")  # the wall time; the folder: the same name under another --out
+        assert {k: v for k, v in r.items() if k not in measured} == {
+            k: v for k, v in singles[r["layer"]].items() if k not in measured}
+    assert "the activations of 4 hook points in one pass" in both.stderr if transcoder else \
+        "the activations of 2 hook points in one pass" in both.stderr
+
+
+def test_layer_all_trains_a_transcoder_per_block_that_circuit_reads(tiny_model_dir, tiny_lm, corpus, tmp_path,
+                                                                    cached_load):
+    """`--layer all --transcoder` writes layers.0.mlp .. layers.{L-1}.mlp; `anatomy circuit --transcoders DIR`
+    computes a graph whose active features are, at every block and position after the first, the positive TopK
+    of the written encoder applied to the MLP input that a plain PyTorch hook on transformers' own MLP reads."""
+    from safetensors.torch import load_file
+    from test_circuit import _stub_pickle
+
+    lm = tiny_lm("gpt2")
+    model = tiny_model_dir("gpt2")
+    out = tmp_path / "tc"
+    trained = fit(model, corpus, out, "--transcoder", "--epochs", "2", "--max-tokens", "320", layer="all")
+    assert trained.exit_code == 0, trained.output
+    prompt = "The capital of France is"
+    graph = tmp_path / "graph.pt"
+    result = runner.invoke(app, ["circuit", prompt, "--model", str(model), "--transcoders", str(out), "--bos",
+                                 "--out", str(graph), "--batch-size", "8", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    g = torch.load(graph, weights_only=False, pickle_module=_stub_pickle())
+    ids = g["input_tokens"][None]
+    seen = {}
+    hf = lm.model
+    handles = [hf.transformer.h[i].mlp.register_forward_pre_hook(
+        lambda m, args, i=i: seen.__setitem__(i, args[0][0].detach())) for i in range(lm.n_layers)]
+    try:
+        with torch.no_grad():
+            hf(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    want = set()
+    for layer in range(lm.n_layers):
+        w = load_file(str(out / f"layers.{layer}.mlp" / "sae.safetensors"))
+        acts, idx = torch.relu(seen[layer] @ w["encoder.weight"].T + w["encoder.bias"]).topk(4, dim=-1)
+        want |= {(layer, p, int(f)) for p in range(1, ids.shape[1]) for a, f in zip(acts[p], idx[p]) if a > 0}
+    assert {tuple(int(v) for v in row) for row in g["active_features"]} == want and want
+    assert json.loads(result.stdout)["paths"]
+
+
+@pytest.mark.parametrize("layer, blocks", [("all", [0, 1]), (("1", "0"), [0, 1]), ([1, 0, 1], [0, 1]), (-1, [1]),
+                                           ("0-1", [0, 1])])
+def test_the_blocks_are_read_as_every_block_list_is_before_the_weights_load(tiny_model_dir, corpus, tmp_path,
+                                                                            layer, blocks):
+    """`--layer all`, a repeated `--layer` (the CLI's tuple), an API list, a negative block, a range: the plan's
+    blocks in order without repeats, each with its sparsify folder and hook points; block 2 of 2 is refused."""
+    from anatomy_cli.models.spec import ModelSpec
+    from anatomy_cli.tasks import fit_sae as task
+    from anatomy_cli.tasks.session import open_model
+
+    opened = open_model(ModelSpec(str(tiny_model_dir("gpt2"))))
+    opts = task.FitSaeOptions(corpus=(str(corpus),), layer=layer, transcoder=True, out=tmp_path / "o", ctx=32)
+    plan = task.check(opened, opts)
+    assert [b.layer for b in plan.blocks] == blocks
+    assert [(b.folder.name, b.points) for b in plan.blocks] == [
+        (f"layers.{b}.mlp", (f"blocks.{b}.mlp.hook_in", f"blocks.{b}.hook_mlp_out")) for b in blocks]
+    with pytest.raises(UsageError, match="--layer 2 is out of range"):
+        task.check(opened, task.FitSaeOptions(corpus=(str(corpus),), layer="0,2", out=tmp_path / "o", ctx=32))

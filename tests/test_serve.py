@@ -391,9 +391,10 @@ def test_circuit_is_answered_as_in_process(server, cached_load, tiny_lm, tmp_pat
                                           (base + ["--estimate", "--format", "json"], [])])
 
 
-# fit-sae's figures measured at run time, the only ones a served run may differ in: the wall seconds, the
-# FLOP rate measured before training and the seconds estimated from it.
-FIT_SAE_MEASURED = (("seconds",), ("cost", "rate_flops"), ("cost", "seconds"))
+# fit-sae's figures measured at run time, the only ones a served run may differ in: the wall seconds (the run's,
+# the collecting pass', the block's), the FLOP rate measured before training and the seconds estimated from it.
+FIT_SAE_MEASURED = (("seconds",), ("collect_seconds",), ("blocks", 0, "seconds"), ("cost", "rate_flops"),
+                    ("cost", "seconds"))
 
 
 def test_fit_sae_is_answered_as_in_process(server, cached_load, tmp_path, monkeypatch):

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Files a tour line names that the README does not say how to make, or makes in minutes (./my-sae: the fit-sae
 # line, about 5 min on SmolLM2 on 2 busy cores; tests/test_fit_sae.py runs fit-sae then sae on a tiny model):
-# ./tc: a transcoder folder (docs/commands/circuit.md says how to lay one out; tests/test_circuit.py runs circuit on
-# tiny models): those lines are skipped.
+# ./tc: a transcoder folder (docs/commands/circuit.md says how to lay one out, and trains one with `fit-sae
+# --transcoder --layer all`: 21 min on SmolLM2 on 2 busy cores; tests/test_circuit.py runs circuit on tiny models,
+# tests/test_fit_sae.py on fit-sae's folder): those lines are skipped.
 UNMADE = ("./my-sae", "./my-moe", "./tc")
 # The `diff` lines, after the requantizing recipe and `convert`: tests/test_requantize.py runs them as written with
 # a tiny GGUF standing for smollm2 (on SmolLM2 itself the weights diff alone took about 55 s).

@@ -9,13 +9,14 @@ from anatomy_cli.api._model import loaded
 from anatomy_cli.api._results import Result
 
 
-def fit_sae(model: Model, corpus: str | Path | list[str | Path], *, layer: int, out: str | Path,
+def fit_sae(model: Model, corpus: str | Path | list[str | Path], *, layer: int | str | list[int], out: str | Path,
             transcoder: bool = False, d_sae: int | None = None, k: int = 32, max_tokens: int = 20000, ctx: int = 256,
             epochs: int = 8, batch_size: int = 256, lr: float | None = None, seed: int = 0,
             overwrite: bool = False) -> Result:
-    """`anatomy fit-sae CORPUS... --layer L --out DIR`: train a TopK SAE at block ``layer``'s output (or, with
-    ``transcoder``, an MLP transcoder) on ``corpus`` (paths, as ``anatomy corpus`` reads them) and write it to
-    ``out/layers.L`` (``out/layers.L.mlp``) in sparsify's format. ``result``: SaeFit; rows: ``figures``."""
+    """`anatomy fit-sae CORPUS... --layer L --out DIR`: train a TopK SAE at the output of each block of ``layer``
+    (``6``, ``"0-3"``, ``[2, 6]``, ``"all"``; or, with ``transcoder``, an MLP transcoder) on ``corpus`` (paths, as
+    ``anatomy corpus`` reads them), the activations collected in one pass, and write each to ``out/layers.L``
+    (``out/layers.L.mlp``) in sparsify's format. ``result``: SaeFit; rows: ``blocks`` (one per block)."""
     from anatomy_cli.output.views import fit_sae as view
     from anatomy_cli.tasks import fit_sae as task
 

@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[str], *, batch: int = 8,
             progress: Callable[[int, int], None] | None = None) -> list[torch.Tensor]:
     """The activations at each of ``points`` (hook points, or ``blocks.N.mlp.hook_in``) over every position of
-    ``windows``: one float32 CPU tensor ``[rows, width]`` per point, rows in window order."""
+    ``windows``, all in one pass: one float32 CPU tensor ``[rows, width]`` per point, rows in window order (the
+    batches' pieces of a point are freed as its tensor is joined: the peak is the activations and one point's
+    second copy)."""
     rows: list[list[torch.Tensor]] = [[] for _ in points]
 
     def keep(i: int) -> Callable[[torch.Tensor], None]:
@@ -63,7 +65,11 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
             done += len(group)
             if progress is not None:
                 progress(done, len(windows))
-    return [torch.cat(r) for r in rows]
+    out = []
+    for r in rows:
+        out.append(torch.cat(r))
+        r.clear()
+    return out
 
 
 class TopKCoder(torch.nn.Module):

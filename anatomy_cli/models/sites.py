@@ -7,18 +7,22 @@ N is the output of block N (``blocks.N.hook_resid_post``, ``hidden_states[N + 1]
 rule once; every command page links it.
 
 Sites (TransformerLens' hook names): :class:`Site` names each one, :func:`hook_name` builds the hook point,
-:func:`parse_blocks` is the one parser of a block list (``--layer 3``, ``--layers 0,6,11``, ``--blocks 2-5``).
+:func:`parse_blocks` is the one parser of a block list (``--layer 3``, ``--layers 0,6,11``, ``--blocks 2-5``,
+``--layer all`` where a command takes every block), :func:`blocks_text` the one way an API's list becomes that text.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from enum import Enum
 
 from anatomy_cli.errors import UsageError
 
 EMBED = "embed"
 """The name of the residual stream's first reading, the embedding (before block 0)."""
+ALL = "all"
+"""The block list naming every block 0..L−1 (where a command accepts it: ``parse_blocks(..., every=True)``)."""
 
 
 class Site(str, Enum):
@@ -99,14 +103,25 @@ def check_block(block: int, n_layers: int, option: str = "--layer", *, negative:
                      + (" (negative counts from the last)" if negative else ""))
 
 
+def blocks_text(value: int | str | Iterable[int | str]) -> str:
+    """A block list as :func:`parse_blocks` reads it: ``3`` -> ``"3"``, ``[0, 6]`` -> ``"0,6"``, text as is (an
+    API's keyword, a repeated CLI option's values)."""
+    if isinstance(value, (str, int)):
+        return str(value)
+    return ",".join(str(v) for v in value)
+
+
 def parse_blocks(text: str, n_layers: int | None = None, option: str = "--layers", *, embed: bool = False,
-                 negative: bool = True) -> list[int | str]:
-    """The one block-list parser: ``3``, ``0,6,11``, ``2-5``, ``-1``, and with ``embed`` the name ``embed``.
+                 negative: bool = True, every: bool = False) -> list[int | str]:
+    """The one block-list parser: ``3``, ``0,6,11``, ``2-5``, ``-1``, with ``embed`` the name ``embed``, with
+    ``every`` the word ``all`` alone (every block 0..L−1).
 
     Returns the blocks in the order given without repeats (``embed`` kept as the string). With ``n_layers``
-    each block is checked (and a negative one counted from the last); without it only the syntax is.
-    Raises UsageError naming ``option``.
+    each block is checked (and a negative one counted from the last) and ``all`` is every block; without it only
+    the syntax is (``all`` kept as the string). Raises UsageError naming ``option``.
     """
+    if every and str(text).strip() == ALL:
+        return [ALL] if n_layers is None else list(range(n_layers))
     example = "embed,0,6,11" if embed else "0,6,11"
     parts = [p.strip() for p in str(text).split(",")]
     if not any(parts):
@@ -122,6 +137,8 @@ def parse_blocks(text: str, n_layers: int | None = None, option: str = "--layers
             m = re.fullmatch(r"(-?\d+)(?:-(\d+))?", part)
             if m is None:
                 what = "block numbers (or embed)" if embed else "block numbers"
+                if every and part == ALL:
+                    raise UsageError(f"{option} {text!r}: 'all' stands alone (every block); give it without others")
                 raise UsageError(f"{option} {text!r}: give {what} separated by commas, e.g. {example}")
             lo = int(m.group(1))
             hi = int(m.group(2)) if m.group(2) is not None else lo

@@ -115,9 +115,8 @@ class FitLensOptions:
             raise UsageError(f"--skip-first {self.skip_first} leaves no position in --max-seq-len "
                              f"{self.max_seq_len} tokens (a prompt needs skip_first + 2)")
         if self.source_layers is not None:
-            text = self.source_layers if isinstance(self.source_layers, str) else ",".join(
-                str(v) for v in self.source_layers)
-            object.__setattr__(self, "source_layers", tuple(sites.parse_blocks(text, None, "--source-layers")))
+            object.__setattr__(self, "source_layers", tuple(sites.parse_blocks(sites.blocks_text(self.source_layers),
+                                                                               None, "--source-layers")))
 
 
 def _shard(value: Any) -> tuple[int, int]:

@@ -1,11 +1,12 @@
-"""`fit-sae`: train a TopK SAE (or an MLP transcoder) for this model on a corpus and write it in sparsify's format
-(the task).
+"""`fit-sae`: train a TopK SAE (or an MLP transcoder) for each chosen block of this model on a corpus and write
+them in sparsify's format (the task).
 
 The corpus is packed into ``ctx``-token windows as ``anatomy corpus`` packs it (:mod:`anatomy_cli.corpus.windows`),
 up to ``max_tokens``; the last window is held out. The activations come from anatomy's hooks (any model anatomy
-opens, GGUF files too); the trainer is :mod:`anatomy_cli.engine.sae_fit` (sparsify's ``SparseCoder`` where
-eai-sparsify is installed). The written SAE is read back as ``anatomy sae`` reads it and spliced into the
-held-out window: its health figures and warnings are the report's.
+opens, GGUF files too), every chosen block's in one pass over the corpus; the trainer is
+:mod:`anatomy_cli.engine.sae_fit` (sparsify's ``SparseCoder`` where eai-sparsify is installed), one SAE per block,
+each from ``seed`` (so a block's SAE is the one a run of that block alone writes). Each written SAE is read back
+as ``anatomy sae`` reads it and spliced into the held-out window: its health figures and warnings are its row.
 """
 
 from __future__ import annotations
@@ -16,26 +17,30 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._fit_sae_block import BlockFit
+from anatomy_cli.tasks._fit_sae_block import BlockPlan
+from anatomy_cli.tasks._fit_sae_block import fit_block
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
 
 COMMAND = "fit-sae"
 INPUTS = {"corpus": "corpus"}  # CORPUS... (positional) is the API's corpus
-DEAD_HIGH = 0.5  # a dead fraction over this is warned
 
 
 @dataclass(frozen=True)
 class FitSaeOptions:
     """``corpus``: text files, folders of .txt/.md, .jsonl/.csv/.parquet (as ``anatomy corpus`` reads them);
-    ``layer``: the block; ``transcoder``: an MLP transcoder (the MLP's input -> its output) instead of an SAE on
-    the block's output; ``out``: the folder written (``out/layers.L`` or ``out/layers.L.mlp``); ``d_sae``:
+    ``layer``: the block(s): ``6``, ``"0-3"``, ``[2, 6]``, ``"all"`` (kept as the text :func:`sites.parse_blocks`
+    reads); ``transcoder``: an MLP transcoder (the MLP's input -> its output) instead of an SAE on the block's
+    output; ``out``: the folder written (``out/layers.L`` or ``out/layers.L.mlp`` per block); ``d_sae``:
     latents (default 8 × d_model); ``k``: active latents per token; ``max_tokens``, ``ctx``: the budget and the
     window; ``epochs``, ``batch_size``, ``lr`` (default sparsify's); ``seed``; ``overwrite``."""
 
     corpus: tuple[str, ...] = ()
-    layer: int = 0
+    layer: int | str | tuple[int | str, ...] | list[int] = 0
     transcoder: bool = False
     out: Path | None = None
     d_sae: int | None = None
@@ -52,6 +57,8 @@ class FitSaeOptions:
         from anatomy_cli.corpus.sources import open_source
 
         object.__setattr__(self, "corpus", tuple(str(c) for c in self.corpus))
+        object.__setattr__(self, "layer", sites.blocks_text(self.layer))
+        sites.parse_blocks(str(self.layer), None, "--layer", every=True)  # the syntax; the range once opened
         if not self.corpus:
             raise UsageError("fit-sae needs a corpus: CORPUS... (text files, folders of .txt/.md, .jsonl)")
         if "-" in self.corpus:
@@ -79,62 +86,60 @@ class FitSaeOptions:
 
 @dataclass(frozen=True)
 class FitSaePlan:
-    layer: int
-    points: tuple[str, str]  # the input and the target hook points
-    folder: Path
+    blocks: tuple[BlockPlan, ...]  # in block order
     windows: tuple[tuple[int, ...], ...]
     d_sae: int
+
+    @property
+    def points(self) -> list[str]:
+        """Every hook point collected, once each, in block order."""
+        return list(dict.fromkeys(p for b in self.blocks for p in b.points))
 
 
 @dataclass(frozen=True)
 class SaeFit:
-    """What was written and how it fits: the sizes, the training curve's last FVU, the dead fraction (latents
-    that never fired in the last epoch), and the written SAE's health on the held-out window."""
+    """What was written and how it fits: the shared recipe (sizes, tokens, epochs, lr, trainer), the cost
+    printed first, the seconds of the one collecting pass and of the whole run, and one :class:`BlockFit` per
+    block."""
 
     out: str
     transcoder: bool
     trainer: str
-    site: str
-    site_out: str
-    d_in: int
     d_sae: int
     k: int
     tokens: int
     held_out_tokens: int
     epochs: int
-    steps: int
     lr: float
-    fvu_first: float
-    fvu_last: float
-    dead_fraction: float
+    collect_seconds: float
     seconds: float
     cost: dict[str, float]
-    health: dict[str, Any]
-    warnings: tuple[str, ...]
+    blocks: tuple[BlockFit, ...]
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return {**asdict(self), "warnings": list(self.warnings)}
+        return {**asdict(self), "blocks": [b.to_dict() for b in self.blocks]}
 
 
 def check(opened: Any, opts: FitSaeOptions) -> FitSaePlan:
-    """The block against the model, the corpus tokenized into windows (refused when under two), and the cost,
+    """The blocks against the model, the corpus tokenized into windows (refused when under two), and the cost,
     printed: all before the weights load."""
     from anatomy_cli.corpus.sources import open_source
     from anatomy_cli.corpus.windows import token_stream
     from anatomy_cli.corpus.windows import windows
-    from anatomy_cli.models import sites
     from anatomy_cli.models.capabilities import Need
     from anatomy_cli.models.capabilities import require
 
     require(opened.info, Need.decoder, command=COMMAND)
     info = opened.info
-    layer = sites.check_block(opts.layer, info.n_layers, "--layer")
-    points = (f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.hook_mlp_out") if opts.transcoder else (
-        f"blocks.{layer}.hook_resid_post",) * 2
+    layers = sorted(int(b) for b in sites.parse_blocks(str(opts.layer), info.n_layers, "--layer", every=True))
     assert opts.out is not None  # __post_init__
-    folder = opts.out / (f"layers.{layer}.mlp" if opts.transcoder else f"layers.{layer}")
+    Site = sites.Site
+    blocks = tuple(BlockPlan(layer, (sites.hook_name(layer, Site.mlp_in), sites.hook_name(layer, Site.mlp_out))
+                             if opts.transcoder else (sites.hook_name(layer, Site.resid_post),) * 2,
+                             opts.out / (f"layers.{layer}.mlp" if opts.transcoder else f"layers.{layer}"))
+                   for layer in layers)
     hf = opened.tokenizer.hf
     bos = hf.bos_token_id if info.add_bos and hf.bos_token_id is not None else None
 
@@ -151,76 +156,82 @@ def check(opened: Any, opts: FitSaeOptions) -> FitSaePlan:
     d_sae = opts.d_sae or 8 * info.d_model
     if opts.k > d_sae:
         raise UsageError(f"--k {opts.k} is above d_sae {d_sae}")
-    return FitSaePlan(layer, points, folder, wins, d_sae)
+    return FitSaePlan(blocks, wins, d_sae)
 
 
 def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str, float]:
-    """The expected cost: tokens, FLOPs (the forwards, the training), seconds at a rate measured now, memory."""
+    """The expected cost: tokens, FLOPs (one forward pass over the corpus for every block; the three forwards
+    of each block's held-out splice; the training, per block), seconds at a rate measured now, memory (every
+    collected point's activations at once, one SAE with Adam's state and a batch's latents at a time)."""
     from anatomy_cli.engine import sae_fit
     from anatomy_cli.models import cost
 
-    d = lm.info.d_model
+    d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
-    forward = sum(cost.forward_flops(lm.info, len(w)) for w in plan.windows)
-    training = opts.epochs * train_rows * (6.0 * d * plan.d_sae + 6.0 * opts.k * d)
+    rows = train_rows + len(plan.windows[-1])
+    forward = (sum(cost.forward_flops(lm.info, len(w)) for w in plan.windows)
+               + 3 * n * cost.forward_flops(lm.info, len(plan.windows[-1])))
+    training = n * opts.epochs * train_rows * (6.0 * d * plan.d_sae + 6.0 * opts.k * d)
     rate = sae_fit.measured_rate(d, plan.d_sae, lm.device)
-    memory = 4.0 * (2 * train_rows * d + 4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
-    return {"tokens": float(train_rows), "forward_flops": forward, "train_flops": training, "rate_flops": rate,
-            "seconds": (forward + training) / rate, "memory_bytes": memory}
+    activations = 4.0 * len(plan.points) * rows * d
+    memory = activations + 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
+    return {"tokens": float(train_rows), "blocks": float(n), "forward_flops": forward, "train_flops": training,
+            "rate_flops": rate, "seconds": (forward + training) / rate, "activation_bytes": activations,
+            "memory_bytes": memory}
 
 
-def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
-    """Collect, train, write, read back and splice into the held-out window."""
-    import time
+def blocks_label(layers: list[int]) -> str:
+    """``block 6``, ``blocks 0-29``, ``blocks 2,6`` (the words of the cost line and the report's heading)."""
+    if len(layers) == 1:
+        return f"block {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"blocks {layers[0]}-{layers[-1]}"
+    return "blocks " + ",".join(map(str, layers))
 
-    import torch
 
-    from anatomy_cli.analyses import sae as analysis
-    from anatomy_cli.engine import sae as engine_sae
-    from anatomy_cli.engine import sae_fit
-    from anatomy_cli.models.sae import read
+def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, float]) -> str:
     from anatomy_cli.units import human_bytes
     from anatomy_cli.units import human_seconds
 
-    cost = estimate(lm, opts, plan)
     what = "transcoder" if opts.transcoder else "SAE"
-    notes.info(f"fit-sae: a TopK {what} at {plan.points[0]}, d_sae {plan.d_sae}, k {opts.k}: "
-               f"{int(cost['tokens']):,} tokens ({len(plan.windows) - 1} windows, one more held out) x "
-               f"{opts.epochs} epochs; about {cost['forward_flops'] + cost['train_flops']:.2g} FLOP "
-               f"(forwards {cost['forward_flops']:.2g}, training {cost['train_flops']:.2g}) at a measured "
-               f"{cost['rate_flops'] / 1e9:.0f} GFLOP/s: roughly {human_seconds(cost['seconds'])}; memory about "
-               f"{human_bytes(cost['memory_bytes'])} (the activations, the SAE with Adam's state)")
+    n = len(plan.blocks)
+    where = plan.blocks[0].points[0] if n == 1 else f"{blocks_label([b.layer for b in plan.blocks])} ({n} {what}s)"
+    return (f"fit-sae: a TopK {what} at {where}, d_sae {plan.d_sae}, k {opts.k}: {int(cost['tokens']):,} tokens "
+            f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs; about "
+            f"{cost['forward_flops'] + cost['train_flops']:.2g} FLOP (forwards {cost['forward_flops']:.2g}, "
+            f"training {cost['train_flops']:.2g}) at a measured {cost['rate_flops'] / 1e9:.0f} GFLOP/s: roughly "
+            f"{human_seconds(cost['seconds'])}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
+            f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
+            f"{human_bytes(cost['activation_bytes'])}; one {what} with Adam's state at a time)")
+
+
+def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
+    """Collect every block's activations in one pass, then per block: train, write, read back and splice into
+    the held-out window."""
+    import time
+
+    from anatomy_cli.engine import sae_fit
+
+    cost = estimate(lm, opts, plan)
+    notes.info(cost_line(opts, plan, cost))
     start = time.perf_counter()
     with notes.status("fit-sae: collecting activations") as line:
-        acts = sae_fit.collect(lm, plan.windows, list(dict.fromkeys(plan.points)),
-                               progress=line.counter("collecting activations", "windows"))
-    x, target = acts[0], acts[-1]
-    n_train = sum(map(len, plan.windows[:-1]))
-    with torch.random.fork_rng(devices=[]):  # the caller's (or a server's) global RNG is left as it was
-        torch.manual_seed(opts.seed)
-        coder = sae_fit.make_coder(x.shape[1], plan.d_sae, opts.k, transcode=opts.transcoder)
+        acts = dict(zip(plan.points, sae_fit.collect(lm, plan.windows, plan.points,
+                                                     progress=line.counter("collecting activations", "windows"))))
+    collect_seconds = time.perf_counter() - start
     lr = opts.lr or sae_fit.default_lr(plan.d_sae)
-    with notes.status("fit-sae: training") as line:
-        trained = sae_fit.train(x[:n_train], target[:n_train], coder, epochs=opts.epochs, batch=opts.batch_size,
-                                lr=lr, seed=opts.seed, progress=line.counter("training", "steps"))
-    sae_fit.save_sparsify(coder, plan.folder)
-    seconds = time.perf_counter() - start
-    sae_file = read.read(plan.folder)
-    held_out = list(plan.windows[-1])
-    splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device))
-    health = analysis.health(splice, held_out, sae_file.stated_l0)
-    dead = 1.0 - float(trained["fired"].float().mean())
-    warnings = analysis.warnings(health, n_tokens=len(held_out), context_size=None, sae_bos=None, prompt_bos=None,
-                                 centred=False, centred_now=0.0)
-    if dead > DEAD_HIGH:
-        warnings.append(f"{dead:.0%} of the latents never fired in the last epoch (over {DEAD_HIGH:.0%}): "
-                        "train on more tokens, or give a smaller --d-sae")
-    for w in warnings:
-        notes.warn(w)
-    curve = trained["fvu"]
-    return SaeFit(out=str(plan.folder), transcoder=opts.transcoder,
-                  trainer="sparsify" if not isinstance(coder, sae_fit.TopKCoder) else "anatomy",
-                  site=sae_file.site, site_out=sae_file.site_out, d_in=sae_file.d_in, d_sae=sae_file.d_sae, k=opts.k,
-                  tokens=n_train, held_out_tokens=len(held_out), epochs=opts.epochs, steps=trained["steps"], lr=lr,
-                  fvu_first=curve[0], fvu_last=sum(curve[-10:]) / len(curve[-10:]), dead_fraction=dead,
-                  seconds=seconds, cost=cost, health=health.to_dict(), warnings=tuple(warnings))
+    fits, trainer = [], ""
+    for i, block in enumerate(plan.blocks):
+        x, target = acts[block.points[0]], acts[block.points[-1]]
+        for p in block.points:  # no later block reads them: freed as the run goes
+            acts.pop(p, None)
+        label = f"block {block.layer}" + (f" ({i + 1}/{len(plan.blocks)})" if len(plan.blocks) > 1 else "")
+        fit, trainer = fit_block(lm, block, x, target, plan.windows, label=label, transcoder=opts.transcoder,
+                                 d_sae=plan.d_sae, k=opts.k, epochs=opts.epochs, batch_size=opts.batch_size, lr=lr,
+                                 seed=opts.seed)
+        fits.append(fit)
+        del x, target
+    return SaeFit(out=str(opts.out), transcoder=opts.transcoder, trainer=trainer, d_sae=plan.d_sae, k=opts.k,
+                  tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
+                  lr=lr, collect_seconds=collect_seconds, seconds=time.perf_counter() - start, cost=cost,
+                  blocks=tuple(fits))

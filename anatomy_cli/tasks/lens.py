@@ -71,8 +71,8 @@ class LensOptions:
         if self.batch_size < 1:
             raise UsageError("--batch-size takes a whole number of at least 1")
         if self.layers is not None:
-            text = self.layers if isinstance(self.layers, str) else ",".join(str(v) for v in self.layers)
-            object.__setattr__(self, "layers", tuple(sites.parse_blocks(text, None, "--layers", embed=True)))
+            object.__setattr__(self, "layers", tuple(sites.parse_blocks(sites.blocks_text(self.layers), None,
+                                                                        "--layers", embed=True)))
 
     @property
     def wanted(self) -> targets.TokenChoice | None:

@@ -83,8 +83,7 @@ class SteerOptions:
 
     @property
     def layer_text(self) -> str:
-        layer = self.layer
-        return ",".join(map(str, layer)) if isinstance(layer, (list, tuple)) else str(layer)
+        return sites.blocks_text(self.layer)
 
     def blocks(self, n_layers: int) -> list[int]:
         """The blocks, in order, checked against a model of ``n_layers``."""

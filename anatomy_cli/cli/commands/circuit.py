@@ -50,7 +50,7 @@ def circuit_command(
         "--transcoders", metavar="DIR", help="circuit-tracer transcoder_set folder (config.yaml + one file per "
         "layer; Gemma Scope 2 safetensors too), cross_layer_transcoder folder (config.yaml + W_enc_l / W_dec_l), "
         "a folder of SAELens / sparsify transcoders, or Gemma Scope params.npz files (layer_N/.../params.npz), "
-        "one per layer.")],
+        "one per layer (anatomy fit-sae CORPUS --transcoder --layer all --out DIR trains one).")],
     max_n_logits: Annotated[int, typer.Option("--max-n-logits", min=1, help="At most this many logit nodes.")] = 10,
     desired_logit_prob: Annotated[float, typer.Option(
         "--desired-logit-prob", help="Logit nodes until their probabilities sum to this.")] = 0.95,
@@ -98,7 +98,8 @@ def circuit_command(
     backward passes, pruned by influence on the logits. Position 0 carries no features (as circuit-tracer);
     --bos prepends the BOS token as circuit-tracer always does. --estimate prints the dense graph's size
     (an upper bound: the active features are known only after the forward), memory and time from the shapes
-    alone and exits.
+    alone and exits. No transcoders at hand: anatomy fit-sae CORPUS --transcoder --layer all --out ./tc trains
+    one per block (docs/commands/circuit.md's example).
 
     Examples:
 

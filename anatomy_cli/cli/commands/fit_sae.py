@@ -1,5 +1,5 @@
-"""`anatomy fit-sae CORPUS... --layer L --out DIR [--transcoder]`: train a TopK SAE or transcoder (sparsify's
-format)."""
+"""`anatomy fit-sae CORPUS... --layer L|A-B|L,L|all --out DIR [--transcoder]`: train a TopK SAE or transcoder per
+block (sparsify's format)."""
 
 from __future__ import annotations
 
@@ -23,10 +23,13 @@ def fit_sae_command(
     corpus: Annotated[list[str], typer.Argument(
         metavar="CORPUS...", show_default=False,
         help="Text files, folders of .txt/.md files, .jsonl/.csv/.parquet (as anatomy corpus reads them).")],
-    layer: Annotated[int, typer.Option("--layer", metavar="N", show_default=False,
-                                       help="The block (negative counts from the end).")],
+    layer: Annotated[list[str], typer.Option(
+        "--layer", metavar="L|A-B|L,L|all", show_default=False,
+        help="The block(s), one SAE each, their activations collected in one pass: a block (negative counts from "
+        "the end), a range, a list, all; repeat the option for more.")],
     out: Annotated[Path, typer.Option("--out", metavar="DIR", show_default=False,
-                                      help="The folder written: DIR/layers.N (DIR/layers.N.mlp for a transcoder).")],
+                                      help="The folder written: DIR/layers.N per block (DIR/layers.N.mlp for a "
+                                      "transcoder).")],
     transcoder: Annotated[bool, typer.Option(
         "--transcoder", help="An MLP transcoder (the MLP's input -> its output) instead of an SAE on the "
         "block's output.")] = False,
@@ -48,28 +51,32 @@ def fit_sae_command(
     spec: ModelSpec = ModelSpec(),
     fmt: FormatOpt = None,
 ) -> None:
-    """Train a TopK sparse autoencoder (or, with --transcoder, an MLP transcoder) for this model on CORPUS and
-    write it in EleutherAI sparsify's format, which anatomy sae, generate --steer-feature and sparsify read.
+    """Train a TopK sparse autoencoder (or, with --transcoder, an MLP transcoder) for each --layer block of this
+    model on CORPUS and write them in EleutherAI sparsify's format, which anatomy sae, generate --steer-feature,
+    circuit --transcoders (a transcoder for every block) and sparsify read.
 
-    Activations come from anatomy's hooks (any model anatomy opens, GGUF files too); the training is
-    sparsify's recipe (TopK, FVU loss, Adam, unit-norm decoder rows), with sparsify's own SparseCoder when
-    eai-sparsify is installed (pip install -e '.[train]'). The expected cost (tokens, FLOPs, seconds at a rate
-    measured now, memory) is printed first. The written SAE is read back and spliced into a held-out window:
-    its health is the report, with a warning when it does not fit. See docs/commands/sae.md.
+    Activations come from anatomy's hooks (any model anatomy opens, GGUF files too), every block's in one pass
+    over the corpus; the training is sparsify's recipe (TopK, FVU loss, Adam, unit-norm decoder rows), one SAE
+    per block from the same --seed (a block's files are those a run of that block alone writes), with
+    sparsify's own SparseCoder when eai-sparsify is installed (pip install -e '.[train]'). The expected cost
+    (tokens, FLOPs, seconds at a rate measured now, memory: the activations of every block at once) is printed
+    first. Each written SAE is read back and spliced into a held-out window: its health is its row of the
+    report, with a warning when it does not fit. See docs/commands/sae.md.
 
     Examples:
 
     \b
         anatomy fit-sae docs/ --model smollm2 --layer 15 --out ./my-sae --max-tokens 20000
         anatomy fit-sae corpus.jsonl --model gpt2 --layer 6 --transcoder --out ./tc --d-sae 6144 --k 64
+        anatomy fit-sae docs/ --model smollm2 --layer all --transcoder --out ./tc --d-sae 1024 --k 16
     """
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import fit_sae as view
     from anatomy_cli.tasks import fit_sae as task
 
-    opts = task.FitSaeOptions(corpus=tuple(corpus), layer=layer, transcoder=transcoder, out=out, d_sae=d_sae, k=k,
-                              max_tokens=max_tokens, ctx=ctx, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
-                              overwrite=overwrite)
+    opts = task.FitSaeOptions(corpus=tuple(corpus), layer=tuple(layer), transcoder=transcoder, out=out, d_sae=d_sae,
+                              k=k, max_tokens=max_tokens, ctx=ctx, epochs=epochs, batch_size=batch_size, lr=lr,
+                              seed=seed, overwrite=overwrite)
     opened = open_model(spec)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

@@ -1,8 +1,9 @@
-"""`fit-sae`'s view: the SAE written, its training, and its health on the held-out window."""
+"""`fit-sae`'s view: the SAEs written, one row per block: its training and its health on the held-out window."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -14,24 +15,36 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.tasks.fit_sae import SaeFit
 
-COLUMNS = (Column("statistic", "statistic"), Column("value", "value", "float", 4))
-ROWS = "figures"
-SHOWN = ("fvu_first", "fvu_last", "dead_fraction")
+ROWS = "blocks"
 HEALTH = ("l0_mean", "fve", "error_ratio", "norm_ratio", "ce_clean_nats", "ce_spliced_nats", "kl_spliced_nats")
+COLUMNS = (Column("layer", "layer", "id"), Column("fvu_first", "fvu_first", "float", 3),
+           Column("fvu_last", "fvu_last", "float", 3), Column("dead_fraction", "dead", "pct", 0),
+           *(Column(f"held_out_{k}", f"held_out_{k}", "float", 1 if k == "l0_mean" else 3) for k in HEALTH))
+
+
+def row(block: dict[str, Any]) -> dict[str, Any]:
+    """A block's JSON record with its held-out health also flat (``held_out_fve``, ...), the table's columns."""
+    return {**block, **{f"held_out_{k}": block["health"][k] for k in HEALTH}}
 
 
 def report(lm: LoadedModel, result: SaeFit) -> Report:
+    from anatomy_cli.tasks.fit_sae import blocks_label
+
     d = result.to_dict()
-    rows = [{"statistic": k, "value": d[k]} for k in SHOWN] + [
-        {"statistic": f"held_out_{k}", "value": result.health[k]} for k in HEALTH]
+    rows = [row(b) for b in d["blocks"]]
     data = {**records.model_record(lm), **d, ROWS: rows}
     what = "transcoder" if result.transcoder else "SAE"
-    heading = [f"fit-sae · {model_label(lm)} · TopK {what} {result.site}"
-               + (f" -> {result.site_out}" if result.transcoder else ""),
-               f"wrote {result.out}: d_in {result.d_in}, d_sae {result.d_sae}, k {result.k}; {result.tokens:,} tokens "
-               f"x {result.epochs} epochs ({result.steps} steps, lr {result.lr:.2g}, trainer {result.trainer}) in "
-               f"{result.seconds:.1f} s"]
+    first = result.blocks[0]
+    n = len(result.blocks)
+    where = (f"{first.site}" + (f" -> {first.site_out}" if result.transcoder else "") if n == 1
+             else f"{blocks_label([b.layer for b in result.blocks])} ({n} {what}s)")
+    heading = [f"fit-sae · {model_label(lm)} · TopK {what} {where}",
+               f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, k {result.k}; {result.tokens:,} tokens "
+               f"x {result.epochs} epochs ({first.steps} steps per block, lr {result.lr:.2g}, trainer "
+               f"{result.trainer}) in {result.seconds:.1f} s ({result.collect_seconds:.1f} s collecting, one pass)"]
     notes = [f"health on the held-out window ({result.held_out_tokens} tokens): read it on any prompt with "
-             f"anatomy sae PROMPT --sae {result.out}"]
-    return Report(data=data, sections=[Section(COLUMNS, rows, title="training and held-out health")],
+             f"anatomy sae PROMPT --sae {first.folder}"]
+    if result.transcoder and [b.layer for b in result.blocks] == list(range(lm.info.n_layers)):
+        notes.append(f"a transcoder for every block: anatomy circuit PROMPT --transcoders {result.out}")
+    return Report(data=data, sections=[Section(COLUMNS, rows, title="training and held-out health, per block")],
                   heading=heading, notes=notes)

@@ -1,0 +1,97 @@
+"""`fit-sae`, one block: train its SAE (or transcoder) on the collected activations from ``--seed``, write it in
+sparsify's format, read it back as ``anatomy sae`` reads it and splice it into the held-out window."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    import torch
+
+    from anatomy_cli.engine import LoadedModel
+
+DEAD_HIGH = 0.5  # a dead fraction over this is warned
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    layer: int
+    points: tuple[str, str]  # the input and the target hook points (an SAE's: one point twice)
+    folder: Path
+
+
+@dataclass(frozen=True)
+class BlockFit:
+    """One block's SAE: where it was written, its training curve's first and last FVU (the mean of the last 10
+    steps), the dead fraction (latents that never fired in the last epoch), its health on the held-out window,
+    the seconds its training, writing and read-back took, and its warnings."""
+
+    layer: int
+    folder: str
+    site: str
+    site_out: str
+    d_in: int
+    d_sae: int
+    steps: int
+    fvu_first: float
+    fvu_last: float
+    dead_fraction: float
+    seconds: float
+    health: dict[str, Any]
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {**asdict(self), "warnings": list(self.warnings)}
+
+
+def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.Tensor,
+              windows: Sequence[Sequence[int]], *, label: str, transcoder: bool, d_sae: int, k: int, epochs: int,
+              batch_size: int, lr: float, seed: int) -> tuple[BlockFit, str]:
+    """``block``'s fit from its input ``x`` and ``target`` (``[rows, d]``, the rows of every window of
+    ``windows``, the last one held out); the seed rule is the run's: the coder is made and the rows shuffled from
+    ``seed`` whatever the other blocks, so a block's files equal those of a run of that block alone. Returns the
+    fit and the trainer's name (``sparsify`` or ``anatomy``); the warnings go out as notes, ``block L:`` first."""
+    import time
+
+    import torch
+
+    from anatomy_cli.analyses import sae as analysis
+    from anatomy_cli.engine import sae as engine_sae
+    from anatomy_cli.engine import sae_fit
+    from anatomy_cli.models.sae import read
+
+    start = time.perf_counter()
+    n_train = sum(map(len, windows[:-1]))
+    with torch.random.fork_rng(devices=[]):  # the caller's (or a server's) global RNG is left as it was
+        torch.manual_seed(seed)
+        coder = sae_fit.make_coder(x.shape[1], d_sae, k, transcode=transcoder)
+    with notes.status(f"fit-sae: training {label}") as line:
+        trained = sae_fit.train(x[:n_train], target[:n_train], coder, epochs=epochs, batch=batch_size, lr=lr,
+                                seed=seed, progress=line.counter(f"training {label}", "steps"))
+    sae_fit.save_sparsify(coder, block.folder)
+    sae_file = read.read(block.folder)
+    held_out = list(windows[-1])
+    splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device))
+    health = analysis.health(splice, held_out, sae_file.stated_l0)
+    dead = 1.0 - float(trained["fired"].float().mean())
+    warnings = analysis.warnings(health, n_tokens=len(held_out), context_size=None, sae_bos=None, prompt_bos=None,
+                                 centred=False, centred_now=0.0)
+    if dead > DEAD_HIGH:
+        warnings.append(f"{dead:.0%} of the latents never fired in the last epoch (over {DEAD_HIGH:.0%}): "
+                        "train on more tokens, or give a smaller --d-sae")
+    for w in warnings:
+        notes.warn(f"block {block.layer}: {w}")
+    curve = trained["fvu"]
+    fit = BlockFit(layer=block.layer, folder=str(block.folder), site=sae_file.site, site_out=sae_file.site_out,
+                   d_in=sae_file.d_in, d_sae=sae_file.d_sae, steps=trained["steps"], fvu_first=curve[0],
+                   fvu_last=sum(curve[-10:]) / len(curve[-10:]), dead_fraction=dead,
+                   seconds=time.perf_counter() - start, health=health.to_dict(), warnings=tuple(warnings))
+    return fit, "anatomy" if isinstance(coder, sae_fit.TopKCoder) else "sparsify"
