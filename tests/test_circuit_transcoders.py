@@ -390,3 +390,20 @@ def test_ln2_hook_normalized_reads_before_the_norms_gain(tiny_model_dir, tmp_pat
         recon = acts @ tc.W_dec + tc.b_dec + (0 if tc.W_skip is None else n @ tc.W_skip.T)
         torch.testing.assert_close(s.errors[layer, 1:], seen[("out", layer)][1:] - recon[1:], rtol=1e-4, atol=1e-4)
     assert len(s.active) > 10
+
+
+def test_ln2_hook_normalized_on_a_model_whose_mlp_reads_no_norm_is_refused(tiny_model_dir, tiny_lm, tmp_path,
+                                                                            monkeypatch):
+    """OLMo 2's MLP reads the residual stream itself (its norms come after the sub-layers): Gemma Scope transcoders
+    (of ``ln2.hook_normalized``) are refused in one line before any weight loads, as ``anatomy sae`` refuses them
+    (models/sae/names.py ``mlp_norm``)."""
+    import anatomy_cli.cli.commands.circuit as command
+
+    tcs = random_transcoders(tiny_lm("olmo2"))
+    for tc in tcs:
+        tc.threshold = torch.full((16,), 0.05)
+    gs = write_gemma_scope(tmp_path, tcs)
+    monkeypatch.setattr(command, "load_weights", lambda *_a, **_k: (_ for _ in ()).throw(AssertionError("loaded")))
+    _one_line_refusal(invoke("circuit", "The capital of France is", "--model", str(tiny_model_dir("olmo2")),
+                             "--device", "cpu", "--transcoders", str(gs), "-f", "json"),
+                      "MLP reads no norm's output")

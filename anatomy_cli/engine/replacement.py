@@ -19,6 +19,8 @@ import torch
 
 from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.norm_gain import eps as _eps
+from anatomy_cli.engine.norm_gain import probe as _probe
 from anatomy_cli.engine.transcoder import Transcoder as Transcoder  # callers build rep.Transcoder
 from anatomy_cli.engine.transcoder import Transcoders
 from anatomy_cli.engine.transcoder import as_stack
@@ -79,10 +81,6 @@ def _register() -> None:
     AttentionMaskInterface.register(FROZEN_ATTENTION, eager_mask)
 
 
-def _eps(module: torch.nn.Module) -> float:
-    return float(getattr(module, "eps", getattr(module, "variance_epsilon", 1e-6)))
-
-
 def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
     """A LayerNorm / RMSNorm's output with its denominator frozen: equal in value (recording), gradient
     ``gain / s``; replaying, ``gain * P(x) / s + beta`` with the recorded ``s``."""
@@ -117,32 +115,6 @@ def _gain(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch
     gain, beta = _probe(module, x.shape[-1], x.device, x.dtype)
     object.__setattr__(module, "_anatomy_gain", (gain, beta))
     return gain, beta
-
-
-def _probe(module: torch.nn.Module, d: int, device: torch.device, dtype: torch.dtype
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    v = torch.tensor([1.0, -1.0], dtype=torch.float32).repeat((d + 1) // 2)[:d].to(device)
-    v = v - v.mean()
-    v = v / v.pow(2).mean().sqrt()
-    with torch.no_grad():
-        beta = module.forward(torch.zeros(1, d, dtype=dtype, device=device)).float()[0]
-        gain = (module.forward(v[None].to(dtype)).float()[0] - beta) / v * (1.0 + _eps(module)) ** 0.5
-    return gain, beta
-
-
-def mlp_norm_gain(lm: LoadedModel, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(gain, bias)`` (float32 ``[d]``) of the norm whose output block ``layer``'s MLP reads (Llama's
-    ``post_attention_layernorm``, Gemma 2's ``pre_feedforward_layernorm``, GPT-2's ``ln_2``), probed as the frozen
-    forward probes every norm (nothing is left on the model). UsageError where the MLP reads no norm's output."""
-    from anatomy_cli.errors import UsageError
-
-    tap = lm.adapter.resid_mid
-    if tap is None or tap.side != "input" or tap.module not in lm.adapter.norms:
-        raise UsageError(f"{lm.name}'s MLP reads no norm's output: transcoders of the normalised MLP input "
-                         f"(ln2.hook_normalized) need a norm right before the MLP")
-    block = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer]
-    param = next(lm.model.parameters())
-    return _probe(block.get_submodule(tap.module), lm.d_model, param.device, param.dtype)
 
 
 def _norm_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -13,7 +13,9 @@ what the library that wrote it computes (SAELens' ``encode``/``decode``, sparsif
 
 :func:`splice_run` runs one prompt three times: unmodified, with the reconstruction in place of the
 activation at the SAE's output site, and with the reconstruction plus the error term ``x - x_hat`` (which
-gives the unmodified logits back, up to float rounding).
+gives the unmodified logits back, up to float rounding). At a hook of TransformerLens' ``ln2.hook_normalized``
+the SAE reads (and an SAE there writes) the pre-MLP norm's vector before its gain, ``(y - β) / g`` of the MLP's
+input ``y`` (:func:`site_norms`, engine/norm_gain.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.model import Side
+from anatomy_cli.engine.norm_gain import NormGain
+from anatomy_cli.engine.norm_gain import mlp_norm_gain
+from anatomy_cli.engine.replacement import mlp_module
 from anatomy_cli.engine.steering import SteeringVector
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae import names
@@ -114,8 +119,10 @@ class Dictionary:
 class SpliceRun:
     """One prompt's run with an SAE, float32 on ``lm.device``: ``x [pos, d_in]`` the SAE's input,
     ``target [pos, d_out]`` what it reconstructs (``x`` unless a transcoder), ``features [pos, d_sae]``,
-    ``recon [pos, d_out]``; ``logits``/``logits_spliced``/``logits_with_error`` ``[pos, vocab]``: the
-    unmodified run, the reconstruction in place of ``target``, and the reconstruction plus ``target - recon``."""
+    ``recon [pos, d_out]`` (at ``ln2.hook_normalized``: the vectors before the norm's gain, :func:`site_norms`;
+    the splice writes ``recon`` back through the gain); ``logits``/``logits_spliced``/``logits_with_error``
+    ``[pos, vocab]``: the unmodified run, the reconstruction in place of ``target``, and the reconstruction plus
+    ``target - recon``."""
 
     x: torch.Tensor
     target: torch.Tensor
@@ -127,21 +134,31 @@ class SpliceRun:
 
 
 def _module_point(lm: LoadedModel, point: str) -> tuple[torch.nn.Module, Side]:
-    """``(module, side)`` of a hook point, or of the MLP's input (``blocks.N.mlp.hook_in``)."""
+    """``(module, side)`` of a hook point, or of the MLP's input (``blocks.N.mlp.hook_in``: the input of the
+    block's feed-forward module, engine/replacement.py ``mlp_module``)."""
     if not point.endswith("mlp.hook_in"):
         module, side = lm.points[point]
         return module, "input" if side == "input" else "output"
-    layer = names.layer_of(point)
-    module, side = lm.points[f"blocks.{layer}.hook_mlp_out"]
-    if side != "output" or lm.adapter.mlp_out.flat:
+    if lm.adapter.mlp_out.flat:  # OPT: its MLP sees [batch * pos, d]
         raise UsageError(f"{lm.name}'s MLP input is not a hook point anatomy can read ({lm.adapter.name})")
-    return module, "input"
+    return mlp_module(lm, names.layer_of(point)), "input"  # circuit's transcoder input too (not hook_mlp_out's
+    # module: Gemma 2/3's is the norm after the MLP)
 
 
 @contextmanager
 def _hooks(lm: LoadedModel, pairs: list[tuple[str, HookFn]]) -> Iterator[None]:
     with attach_modules((*_module_point(lm, p), fn) for p, fn in pairs):
         yield
+
+
+def site_norms(lm: LoadedModel, sae: SAEFile) -> tuple[NormGain | None, NormGain | None]:
+    """The pre-MLP norm whose gain is divided out of the SAE's input and of its output (a hook of
+    ``ln2.hook_normalized``, models/sae/names.py ``before_gain``: the MLP's input ``y`` read as ``(y - β) / g``,
+    engine/norm_gain.py, the rule ``circuit`` folds into its encoders); None for every other hook."""
+    def norm(hook: str, point: str) -> NormGain | None:
+        return mlp_norm_gain(lm, names.layer_of(point)) if names.before_gain(hook) else None
+
+    return norm(sae.hook_name, sae.site), norm(sae.hook_name_out, sae.site_out)
 
 
 def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
@@ -161,21 +178,24 @@ def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
             return head_logits(lm, hidden[0]).float()
 
     lm.model.eval()
+    norm_in, norm_out = site_norms(lm, f)
     logits = logits_with([(f.site, keep("in")), (f.site_out, keep("out"))])
-    x = seen["in"].to(sae.dtype)
+    x = (seen["in"] if norm_in is None else norm_in.normalized(seen["in"])).to(sae.dtype)
+    target = seen["out"] if norm_out is None else norm_out.normalized(seen["out"])
     with torch.inference_mode():
         features = sae.encode(x)
         recon = sae.decode(features, x)
+    written = recon if norm_out is None else norm_out.output(recon)  # what the model reads at site_out
 
     def replace(with_error: bool) -> HookFn:
         def fn(t: torch.Tensor) -> torch.Tensor:
-            new = recon.to(t.dtype)[None]
+            new = written.to(t.dtype)[None]
             return new + (t - new) if with_error else new
         return fn
 
     spliced = logits_with([(f.site_out, replace(False))])
     with_error = logits_with([(f.site_out, replace(True))])
-    return SpliceRun(x=x.float(), target=seen["out"].float(), features=features.float(), recon=recon.float(),
+    return SpliceRun(x=x.float(), target=target.float(), features=features.float(), recon=recon.float(),
                      logits=logits, logits_spliced=spliced, logits_with_error=with_error)
 
 
@@ -204,4 +224,4 @@ def feature_vector(sae: SAEFile, feature: int) -> SteeringVector:
     return SteeringVector({point[0]: row}, site=point[1].value, meta=meta)
 
 
-__all__ = ["Dictionary", "SpliceRun", "decoder_lens", "feature_vector", "splice_run"]
+__all__ = ["Dictionary", "SpliceRun", "decoder_lens", "feature_vector", "site_norms", "splice_run"]

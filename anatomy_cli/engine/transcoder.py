@@ -63,7 +63,8 @@ def read_norm_output(tc: Transcoder, gain: torch.Tensor, beta: torch.Tensor) -> 
     """``tc``, which reads a norm's normalised vector before its gain and bias (``n = (x - beta) / gain``,
     TransformerLens' ``ln2.hook_normalized``), as the equal transcoder reading the norm's output ``x`` (the MLP's
     input): ``W_enc / gain`` by column and ``b_enc - (W_enc / gain) · beta``; a skip's ``W_skip / gain``, its
-    ``-(beta / gain) · W_skip`` moved into ``b_dec``. The decoder is unchanged."""
+    ``-(beta / gain) · W_skip`` moved into ``b_dec``. The decoder is unchanged. ``anatomy sae`` applies the same
+    ``(gain, beta)`` to the vector instead (engine/norm_gain.py ``NormGain.normalized``)."""
     W_enc = tc.W_enc / gain
     b_dec = tc.b_dec if tc.W_skip is None else tc.b_dec - tc.W_skip @ (beta / gain)
     return Transcoder(W_enc, tc.b_enc - W_enc @ beta, tc.W_dec, b_dec, tc.threshold, tc.k,

@@ -111,14 +111,12 @@ def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str |
 
 
 def _norm(lm: LoadedModel, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block ``layer``'s pre-MLP norm ``(gain, bias)``; UsageError where a gain is 0 (its input is lost there)."""
-    from anatomy_cli.engine.replacement import mlp_norm_gain
+    """Block ``layer``'s pre-MLP norm ``(gain, bias)`` on the CPU (engine/norm_gain.py ``mlp_norm_gain``, the rule
+    ``anatomy sae`` reads ``ln2.hook_normalized`` by)."""
+    from anatomy_cli.engine.norm_gain import mlp_norm_gain
 
-    gain, beta = mlp_norm_gain(lm, layer)
-    if bool((gain == 0).any()):
-        raise UsageError(f"the transcoders read ln2.hook_normalized, before block {layer}'s MLP norm's gain, and "
-                         f"that gain is 0 in {int((gain == 0).sum())} channels: the MLP's input does not give it")
-    return gain.cpu(), beta.cpu()
+    norm = mlp_norm_gain(lm, layer)
+    return norm.gain.cpu(), norm.beta.cpu()
 
 
 def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device,

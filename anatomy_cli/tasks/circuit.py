@@ -113,14 +113,19 @@ class CircuitPlan:
 
 
 def check(opened: Any, opts: CircuitOptions) -> CircuitPlan:
-    """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it,
-    each ``--target`` is one token of ``opened``'s tokenizer and each ``--target-id`` in its LM head
-    (text/targets.py ``resolve``, as ``next`` and ``attribute`` check theirs; ``--estimate`` too) and the
-    ``--labels`` export reads (a malformed one is a one-line error here, before the weights load)."""
+    """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it (those
+    of ``ln2.hook_normalized``: its MLP reads a norm), each ``--target`` is one token of ``opened``'s tokenizer
+    and each ``--target-id`` in its LM head (text/targets.py ``resolve``, as ``next`` and ``attribute`` check
+    theirs; ``--estimate`` too) and the ``--labels`` export reads (a malformed one is a one-line error here,
+    before the weights load)."""
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
     ts = tc_files.describe(opts.transcoders)
     tc_files.check_fits(ts, info.n_layers, info.d_model, info.label or info.model_type)
+    if ts.before_gain:  # ln2.hook_normalized: the MLP must read a norm whose gain the run divides out
+        from anatomy_cli.models.sae.names import mlp_norm
+
+        mlp_norm(info.adapter, opened.name)
     ids = tuple(targets.resolve(opened.tokenizer, c, model=opened.name, vocab_size=info.lm_head_rows)
                 for c in opts.wanted)
     if opts.labels is None:

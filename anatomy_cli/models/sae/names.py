@@ -21,6 +21,7 @@ from anatomy_cli.models.sites import hook_name
 from anatomy_cli.models.sites import parse_point
 
 if TYPE_CHECKING:
+    from anatomy_cli.models.adapters import Adapter
     from anatomy_cli.models.info import ModelInfo
 
 
@@ -29,6 +30,8 @@ class SAESites(Protocol):
 
     @property
     def hook_name(self) -> str: ...
+    @property
+    def hook_name_out(self) -> str: ...
     @property
     def site(self) -> str: ...
     @property
@@ -67,11 +70,25 @@ def hook_point(name: str, *, transcoder_input: bool = False) -> str:
 
 def before_gain(name: str) -> bool:
     """``name`` is TransformerLens' ``ln2.hook_normalized`` (``blocks.N.`` or a config's template before it): the
-    pre-MLP norm's normalised vector *before* its gain and bias (``x / RMS``; TransformerLens' norms hook it before
-    ``* w``, circuit-tracer maps it there too), not the MLP's input itself. Gemma Scope's transcoders read it: their
-    release folds the gain into the MLP. :func:`hook_point` maps it to the MLP's input; a reader of it folds the
-    gain (circuit: engine/transcoder.py ``read_norm_output``)."""
+    pre-MLP norm's normalised vector *before* its gain and bias (``x / RMS(x)``, LayerNorm's ``(x - mean) / σ``;
+    TransformerLens' norms hook it before ``* w``, circuit-tracer maps it there too), not the MLP's input itself.
+    Gemma Scope's transcoders read it: their release folds the gain into the MLP. The one rule for such a hook,
+    ``anatomy sae``'s and ``circuit``'s: :func:`hook_point` gives the MLP's input ``y`` and the reader divides the
+    gain out, ``n = (y - β) / g`` (engine/norm_gain.py ``mlp_norm_gain``; ``sae`` applies it to the vector,
+    ``circuit`` folds it into a transcoder's encoder, engine/transcoder.py ``read_norm_output``)."""
     return name.endswith("ln2.hook_normalized")
+
+
+def mlp_norm(adapter: Adapter, model: str) -> str:
+    """The block-relative module of the norm whose output the MLP reads (Llama's ``post_attention_layernorm``,
+    Gemma 2's ``pre_feedforward_layernorm``, GPT-2's ``ln_2``): what a reader of ``ln2.hook_normalized``
+    (:func:`before_gain`) divides the gain of. UsageError naming ``model`` where the MLP reads no norm's output
+    (OLMo 2: its norms come after the sub-layers). Needs no weights."""
+    tap = adapter.resid_mid
+    if tap is None or tap.side != "input" or tap.module not in adapter.norms:
+        raise UsageError(f"{model}'s MLP reads no norm's output: an SAE or transcoder of the normalised MLP input "
+                         f"(ln2.hook_normalized, before the norm's gain) needs a norm right before the MLP")
+    return tap.module
 
 
 def layer_of(point: str) -> int:
@@ -114,7 +131,10 @@ def gemma_scope_l0(path: str) -> float | None:
 
 def check_fits(info: ModelInfo, name: str, sae: SAESites) -> None:
     """Raise UsageError unless the model ``info`` describes has the SAE's layers and its sites are ``d_in`` /
-    ``d_out`` wide (the MLP's input is ``d_model`` wide). Before any weight loads."""
+    ``d_out`` wide (the MLP's input is ``d_model`` wide), and, for a hook of ``ln2.hook_normalized``
+    (:func:`before_gain`), its MLP reads a norm (:func:`mlp_norm`). Before any weight loads."""
+    if before_gain(sae.hook_name) or before_gain(sae.hook_name_out):
+        mlp_norm(info.adapter, name)
     for point, width, what in ((sae.site, sae.d_in, "d_in"), (sae.site_out, sae.d_out, "d_out")):
         layer = layer_of(point)
         if not 0 <= layer < info.n_layers:

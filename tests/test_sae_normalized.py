@@ -1,0 +1,199 @@
+"""`anatomy sae` at TransformerLens' ``ln2.hook_normalized``: the pre-MLP norm's normalised vector *before* its gain
+(and bias), ``x / RMS(x)`` or ``(x - mean) / σ`` of the norm's input ``x``, as TransformerLens hooks it and as
+``circuit`` reads it (engine/norm_gain.py, one rule for both). Checked by hand from a hook on the norm's input, on
+tiny models whose norms have random gains (a gain of 1 would hide the difference)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.numpy import load_file
+from test_sae import FIXTURES
+from test_sae import PROMPT
+from typer.testing import CliRunner
+
+from anatomy_cli.cli.main import app
+
+runner = CliRunner()
+NORM = {"gemma3": "pre_feedforward_layernorm", "llama": "post_attention_layernorm", "gpt2": "ln_2"}
+LAYER = 1
+
+
+def _random_gains(tiny_model_dir, tmp_path, arch):
+    """A copy of the tiny ``arch`` model whose pre-MLP norms have random gains (LayerNorm: and biases), and the HF
+    model itself."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / f"{arch}-gains"
+    shutil.copytree(tiny_model_dir(arch), folder)
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for block in hf.base_model.get_submodule("h" if arch == "gpt2" else "layers"):
+            norm = block.get_submodule(NORM[arch])
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=g))  # Gemma's gain is 1 + weight
+            if getattr(norm, "bias", None) is not None:
+                norm.bias.copy_(torch.randn(norm.bias.shape, generator=g) * 0.3)
+    hf.save_pretrained(folder)
+    return folder, hf
+
+
+def _sae(tmp_path, fixture, **hooks):
+    folder = tmp_path / "sae"
+    shutil.copytree(FIXTURES / fixture, folder)
+    cfg = json.loads((folder / "cfg.json").read_text())
+    cfg["metadata"].update(hooks)
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    return folder, {k: torch.from_numpy(v) for k, v in load_file(str(folder / "sae_weights.safetensors")).items()}
+
+
+def _run(folder, model, d_sae=64):
+    args = ["sae", PROMPT, "--sae", str(folder), "--model", str(model), "--format", "json"]
+    for f in range(d_sae):
+        args += ["--feature", str(f)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    n = len(data["token_ids"])
+    acts = torch.zeros(n, d_sae)
+    for r in data["feature_activations"]:
+        acts[r["position"], r["feature"]] = r["activation"]
+    return data, acts
+
+
+def _seen(hf, arch, ids, replace=None):
+    """The pre-MLP norm's input and the MLP's output in block LAYER (``replace``: the norm's output instead)."""
+    block = hf.base_model.get_submodule("h" if arch == "gpt2" else "layers")[LAYER]
+    norm = block.get_submodule(NORM[arch])
+    mlp_out = block.get_submodule("post_feedforward_layernorm" if arch == "gemma3" else "mlp")
+    seen = {}
+    handles = [norm.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0][0].detach())),
+               mlp_out.register_forward_hook(lambda m, a, o: seen.__setitem__("out", o[0].detach()))]
+    if replace is not None:
+        handles.append(norm.register_forward_hook(lambda m, a, o: replace[None].to(o.dtype)))
+    try:
+        with torch.no_grad():
+            seen["logits"] = hf(torch.tensor([ids])).logits[0]
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _normalized(x, norm, arch):
+    """TransformerLens' hook_normalized of the norm's input ``x``, by hand."""
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    if arch == "gpt2":
+        return (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_a_transcoder_of_ln2_hook_normalized_reads_before_the_gain(tiny_model_dir, tmp_path, arch):
+    """SAELens' skip transcoder of ``blocks.1.ln2.hook_normalized``: its features are ``relu(n W_enc + b_enc)`` of
+    ``n = x / RMS(x)`` (not of the MLP's input ``g · n``), its reconstruction ``f W_dec + b_dec + n W_skip^T`` of the
+    MLP's output; the same features as circuit's encoder with the gain folded in (``read_norm_output``)."""
+    from anatomy_cli import engine
+    from anatomy_cli.engine.norm_gain import mlp_norm_gain
+    from anatomy_cli.engine.transcoder import Transcoder
+    from anatomy_cli.engine.transcoder import read_norm_output
+
+    model, hf = _random_gains(tiny_model_dir, tmp_path, arch)
+    sae, w = _sae(tmp_path, "saelens-transcoder", hook_name=f"blocks.{LAYER}.ln2.hook_normalized",
+                  hook_name_out=f"blocks.{LAYER}.hook_mlp_out")
+    data, acts = _run(sae, model)
+    assert data["sae"]["site"] == f"blocks.{LAYER}.mlp.hook_in"
+    seen = _seen(hf, arch, data["token_ids"])
+    norm = hf.base_model.get_submodule("layers")[LAYER].get_submodule(NORM[arch])
+    n = _normalized(seen["x"], norm, arch)
+    f = torch.relu(n @ w["W_enc"] + w["b_enc"])
+    assert 0 < int((f > 0).sum()) < f.numel()
+    torch.testing.assert_close(acts, f, rtol=1e-4, atol=1e-5)
+    assert data["health"]["l0"] == (f > 0).sum(-1).tolist()
+    recon = f @ w["W_dec"] + w["b_dec"] + n @ w["W_skip"].T
+    assert data["health"]["mse"] == pytest.approx(float((seen["out"] - recon).double().pow(2).mean()), rel=1e-4)
+    y = norm(seen["x"][None])[0].detach()  # the MLP's input, after the gain: what anatomy read before
+    assert not torch.allclose(torch.relu(y @ w["W_enc"] + w["b_enc"]), f, atol=1e-3)
+    # circuit's reading of the same transcoder: the gain folded into the encoder, applied to the MLP's input
+    lm = engine.load(str(model), device="cpu")
+    gain = mlp_norm_gain(lm, LAYER)
+    tc = read_norm_output(Transcoder(w["W_enc"].T, w["b_enc"], w["W_dec"], w["b_dec"], W_skip=w["W_skip"]),
+                          gain.gain, gain.beta)
+    torch.testing.assert_close(tc.encode(y), f, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tc.decode(f, y), recon, rtol=1e-4, atol=1e-4)
+
+
+def test_an_sae_at_ln2_hook_normalized_reads_and_writes_before_the_gain(tiny_model_dir, tmp_path):
+    """A SAELens SAE (``apply_b_dec_to_input``) at ``blocks.1.ln2.hook_normalized`` on GPT-2, whose ``ln_2`` has a
+    random gain and bias: features of ``n = (x - mean) / σ``; its reconstruction is of ``n`` (mse), and the splice
+    writes ``g · recon + β`` as ``ln_2``'s output (the spliced cross-entropy is that run's; with the error term the
+    logits are the model's)."""
+    model, hf = _random_gains(tiny_model_dir, tmp_path, "gpt2")
+    sae, w = _sae(tmp_path, "saelens-standard", hook_name=f"blocks.{LAYER}.ln2.hook_normalized")
+    data, acts = _run(sae, model)
+    seen = _seen(hf, "gpt2", data["token_ids"])
+    norm = hf.transformer.h[LAYER].ln_2
+    n = _normalized(seen["x"], norm, "gpt2")
+    f = torch.relu((n - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
+    assert 0 < int((f > 0).sum()) < f.numel()
+    torch.testing.assert_close(acts, f, rtol=1e-4, atol=1e-5)
+    recon = f @ w["W_dec"] + w["b_dec"]
+    h = data["health"]
+    assert h["mse"] == pytest.approx(float((n - recon).double().pow(2).mean()), rel=1e-4)
+    assert h["max_logit_diff_with_error"] < 1e-4
+    spliced = _seen(hf, "gpt2", data["token_ids"], replace=recon * norm.weight.detach() + norm.bias.detach())
+    ids = torch.tensor(data["token_ids"])
+    ce = -torch.log_softmax(spliced["logits"].double(), -1)[:-1].gather(1, ids[1:, None]).mean()
+    assert h["ce_spliced_nats"] == pytest.approx(float(ce), rel=1e-5)
+
+
+def test_ln2_hook_normalized_on_a_model_whose_mlp_reads_no_norm_is_refused(tiny_model_dir, tmp_path):
+    """OLMo 2's MLP reads the residual stream itself (its norms come after the sub-layers): an SAE of
+    ``ln2.hook_normalized`` is a one-line usage error, from the config alone."""
+    sae, _ = _sae(tmp_path, "saelens-transcoder", hook_name="blocks.1.ln2.hook_normalized",
+                  hook_name_out="blocks.1.hook_mlp_out")
+    result = runner.invoke(app, ["sae", PROMPT, "--sae", str(sae), "--model", str(tiny_model_dir("olmo2"))])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "reads no norm's output" in lines[0]
+
+
+def test_mlp_hook_in_is_the_mlps_input_after_the_gain(tiny_model_dir, tmp_path):
+    """anatomy's own ``blocks.1.mlp.hook_in`` (sparsify's ``layers.1.mlp`` transcoders, ``fit-sae --transcoder``)
+    stays the MLP's input, after the norm's gain, and on Gemma 3 it is the feed-forward module's input, not that of
+    ``post_feedforward_layernorm`` (``hook_mlp_out``'s module, which reads the MLP's output)."""
+    model, hf = _random_gains(tiny_model_dir, tmp_path, "gemma3")
+    sae, w = _sae(tmp_path, "saelens-transcoder", hook_name=f"blocks.{LAYER}.mlp.hook_in",
+                  hook_name_out=f"blocks.{LAYER}.hook_mlp_out")
+    data, acts = _run(sae, model)
+    block = hf.model.layers[LAYER]
+    seen = {}
+    handle = block.mlp.register_forward_pre_hook(lambda m, a: seen.__setitem__("y", a[0][0].detach()))
+    try:
+        with torch.no_grad():
+            hf(torch.tensor([data["token_ids"]]))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(acts, torch.relu(seen["y"] @ w["W_enc"] + w["b_enc"]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_gain_of_0_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    """Where the pre-MLP norm's gain is 0 the MLP's input does not give ``ln2.hook_normalized`` (real Gemma 3 has
+    such channels, its weight -1): `anatomy sae` refuses in one line naming them, as `circuit` does."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "zero"
+    shutil.copytree(tiny_model_dir("llama"), folder)
+    hf = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        hf.model.layers[LAYER].post_attention_layernorm.weight[[3, 5]] = 0
+    hf.save_pretrained(folder)
+    sae, _ = _sae(tmp_path, "saelens-transcoder", hook_name=f"blocks.{LAYER}.ln2.hook_normalized",
+                  hook_name_out=f"blocks.{LAYER}.hook_mlp_out")
+    result = runner.invoke(app, ["sae", PROMPT, "--sae", str(sae), "--model", str(folder)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "is 0 in 2 channel(s) (3, 5)" in lines[0]
