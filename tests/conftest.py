@@ -19,6 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Each xdist worker gets its share of the cores for torch's (OpenMP's, MKL's) threads, and so do the CLI
+# children, servers and Ray workers the tests start (they inherit it): two workers with a thread per core each put
+# 4 spinning OpenMP threads on 2 cores, which made a test 2-14x slower than alone (verify's SmolLM2 run: 8 s alone,
+# 24 s beside a copy of itself, 116 s in the suite; 10 s beside a copy with 1 thread each). Set here, before any
+# test module imports torch; a value the caller gave is kept. Only in a worker (xdist sets its variables before
+# this file loads): the controller's environment would reach the workers first. Without xdist (-n 0), all cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _cores_each = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _cores_each)
 # anatomy's own cache (params counts per config) goes to a fresh directory, never the real home.
 os.environ["ANATOMY_CACHE_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-cache-")
 # The user's own default model (`anatomy models --default`, $ANATOMY_MODEL) must not change what a test runs.
