@@ -297,12 +297,17 @@ def test_gemma_scope_refusals_and_variants(tiny_model_dir, tiny_lm, tmp_path, mo
     for layer in range(lm.n_layers):
         (pick / f"layer_{layer}").symlink_to(gs / f"layer_{layer}" / "width_16" / "average_l0_9")
     missing = write_gemma_scope(tmp_path / "m", tcs)
-    shutil.rmtree(missing / "layer_0")  # the last one missing is "1 layers, but the model has 2 blocks"
+    shutil.rmtree(missing / "layer_0")
+    short = write_gemma_scope(tmp_path / "s", tcs)
+    shutil.rmtree(short / "layer_1")  # the last one missing: the folder itself cannot tell, the model's depth does
     res = write_gemma_scope(tmp_path / "r", tcs, release="gemma-scope-tiny-res")
     monkeypatch.setattr(command, "load_weights", lambda *_a, **_k: (_ for _ in ()).throw(AssertionError("loaded")))
     _one_line_refusal(run(gs), "block 0 has 2 transcoders (layer_0/width_16/average_l0_5, "
                       "layer_0/width_16/average_l0_9); point --transcoders at a folder holding one per block")
-    _one_line_refusal(run(missing), "no transcoder for block 0")
+    _one_line_refusal(run(missing), "transcoders for block 1 only, none for block 0 (one folder per block, every "
+                      "block 0..L-1)")
+    _one_line_refusal(run(short), "--transcoders has transcoders for block 0, but")
+    assert "has 2 blocks (0-1): none for block 1" in run(short).stderr
     _one_line_refusal(run(res), "an SAE at blocks.0.hook_resid_post, not a transcoder")
     monkeypatch.undo()
     out = tmp_path / "pick.pt", tmp_path / "one.pt"

@@ -160,6 +160,11 @@ def test_first_token_and_target_id(tiny_model_dir, tiny_lm, tmp_path, monkeypatc
         assert bad.exit_code == 2 and bad.stderr.strip().endswith(f"(ids 0..{rows - 1})"), bad.stderr
         alone = invoke(*_args(model, tdir, "--target-id", "5", "--first-token", *extra))
         assert alone.exit_code == 2 and "--first-token applies to a --target TEXT" in alone.stderr
+        # one token named twice (a text and its id): two logit nodes would share one JSON node id
+        twice = invoke(*_args(model, tdir, "--target", " Paris,x", "--first-token", "--target-id", str(first),
+                              *extra))
+        assert twice.exit_code == 2 and twice.stderr.strip().splitlines()[-1] == (
+            f"error: --target / --target-id name token id {first} more than once: each logit node once"), twice.stderr
     est = invoke(*_args(model, tdir, "--target", " Paris,x", "--first-token", "--target-id", "5", "--estimate",
                         "-f", "json"))
     assert est.exit_code == 0 and json.loads(est.stdout)["n_logits"] == 2, est.stderr

@@ -102,6 +102,8 @@ def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path)
     (["--layer", "1", "--out", "FULL"], "is not empty"),
     (["--layer", "0,all", "--out", "OUT"], "'all' stands alone"),
     (["--layer", "0", "--layer", "x", "--out", "OUT"], "--layer '0,x': give block numbers"),
+    # the syntax error names every form the option takes (a new user's `--layer -` was told "commas" only)
+    (["--layer", "-", "--out", "OUT"], "e.g. 0,6,11, a range 2-5, -1 (the last) or all"),
 ])
 def test_bad_input_is_one_line_before_the_model_opens(tmp_path, args, message):
     """--model nowhere would fail to open: each message comes first, from the options alone."""

@@ -103,6 +103,20 @@ def check_block(block: int, n_layers: int, option: str = "--layer", *, negative:
                      + (" (negative counts from the last)" if negative else ""))
 
 
+def block_spans(blocks: Iterable[int]) -> str:
+    """Blocks as ranges, sorted, with the word: ``block 3``, ``blocks 0-2,4,7-29`` (for messages)."""
+    blocks = sorted(set(blocks))
+    out: list[str] = []
+    for b in blocks:
+        if out and "-" not in out[-1].lstrip("-") and int(out[-1]) == b - 1:
+            out[-1] = f"{out[-1]}-{b}"
+        elif out and "-" in out[-1] and int(out[-1].rsplit("-", 1)[1]) == b - 1:
+            out[-1] = f"{out[-1].rsplit('-', 1)[0]}-{b}"
+        else:
+            out.append(str(b))
+    return ("block " if len(blocks) == 1 else "blocks ") + ",".join(out)
+
+
 def blocks_text(value: int | str | Iterable[int | str]) -> str:
     """A block list as :func:`parse_blocks` reads it: ``3`` -> ``"3"``, ``[0, 6]`` -> ``"0,6"``, text as is (an
     API's keyword, a repeated CLI option's values)."""
@@ -122,7 +136,7 @@ def parse_blocks(text: str, n_layers: int | None = None, option: str = "--layers
     """
     if every and str(text).strip() == ALL:
         return [ALL] if n_layers is None else list(range(n_layers))
-    example = "embed,0,6,11" if embed else "0,6,11"
+    example = ("embed,0,6,11" if embed else "0,6,11") + ", a range 2-5, -1 (the last)" + (" or all" if every else "")
     parts = [p.strip() for p in str(text).split(",")]
     if not any(parts):
         raise UsageError(f"{option} is empty: give block numbers separated by commas, e.g. {example}")

@@ -25,6 +25,7 @@ from anatomy_cli.models.sae.read import GEMMA_SCOPE
 from anatomy_cli.models.sae.read import SAEFile
 from anatomy_cli.models.sae.read import read
 from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import block_spans
 from anatomy_cli.models.sites import hook_name
 
 
@@ -67,7 +68,8 @@ def describe(root: Path) -> dict[str, Any]:
     by_layer = {layer: fs[0] for layer, fs in found.items()}
     missing = sorted(set(range(max(by_layer) + 1)) - set(by_layer))
     if missing:
-        raise UsageError(f"--transcoders {root}: no transcoder for block {missing[0]} (one folder per block)")
+        raise UsageError(f"--transcoders {root}: transcoders for {block_spans(by_layer)} only, none for "
+                         f"{block_spans(missing)} (one folder per block, every block 0..L-1)")
     first = by_layer[0]
     for f in by_layer.values():
         if (f.d_in, f.d_sae) != (first.d_in, first.d_sae):

@@ -28,6 +28,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import before_gain
 from anatomy_cli.models.sae.names import hook_point
 from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import block_spans
 from anatomy_cli.models.sites import hook_name
 
 KINDS = ("transcoder_set", "cross_layer_transcoder")
@@ -224,7 +225,10 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:
     if ts.n_layers != n_layers:
-        raise UsageError(f"--transcoders has {ts.n_layers} layers, but {label} has {n_layers} blocks")
+        what = (f"none for {block_spans(range(ts.n_layers, n_layers))}" if ts.n_layers < n_layers else
+                f"the model has no {block_spans(range(n_layers, ts.n_layers))}")
+        raise UsageError(f"--transcoders has transcoders for {block_spans(range(ts.n_layers))}, but {label} "
+                         f"has {n_layers} blocks (0-{n_layers - 1}): {what}")
     if ts.d_model != d_model:
         raise UsageError(f"the transcoders are {ts.d_model} wide, but {label}'s residual stream is {d_model}: "
                          f"they were trained on another model")

@@ -128,6 +128,10 @@ def check(opened: Any, opts: CircuitOptions) -> CircuitPlan:
         mlp_norm(info.adapter, opened.name)
     ids = tuple(targets.resolve(opened.tokenizer, c, model=opened.name, vocab_size=info.lm_head_rows)
                 for c in opts.wanted)
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:  # two logit nodes of one token would share a node id in the JSON (Neuronpedia refuses the file)
+        raise UsageError(f"--target / --target-id name token id {', '.join(map(str, twice))} more than once: "
+                         f"each logit node once")
     if opts.labels is None:
         return CircuitPlan(ts, target_ids=ids)
     from anatomy_cli.models.sae.labels import read_layer_labels
