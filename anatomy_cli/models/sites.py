@@ -103,18 +103,21 @@ def check_block(block: int, n_layers: int, option: str = "--layer", *, negative:
                      + (" (negative counts from the last)" if negative else ""))
 
 
-def block_spans(blocks: Iterable[int]) -> str:
-    """Blocks as ranges, sorted, with the word: ``block 3``, ``blocks 0-2,4,7-29`` (for messages)."""
-    blocks = sorted(set(blocks))
-    out: list[str] = []
+def block_runs(blocks: Iterable[int]) -> str:
+    """``0-5,8,10-11``: block numbers as runs, in the order given (consecutive ones joined)."""
+    runs: list[list[int]] = []
     for b in blocks:
-        if out and "-" not in out[-1].lstrip("-") and int(out[-1]) == b - 1:
-            out[-1] = f"{out[-1]}-{b}"
-        elif out and "-" in out[-1] and int(out[-1].rsplit("-", 1)[1]) == b - 1:
-            out[-1] = f"{out[-1].rsplit('-', 1)[0]}-{b}"
+        if runs and b == runs[-1][1] + 1:
+            runs[-1][1] = b
         else:
-            out.append(str(b))
-    return ("block " if len(blocks) == 1 else "blocks ") + ",".join(out)
+            runs.append([b, b])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def block_spans(blocks: Iterable[int]) -> str:
+    """Blocks as runs, sorted, with the word: ``block 3``, ``blocks 0-2,4,7-29`` (for messages)."""
+    ordered = sorted(set(blocks))
+    return ("block " if len(ordered) == 1 else "blocks ") + block_runs(ordered)
 
 
 def blocks_text(value: int | str | Iterable[int | str]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.models.sites import block_runs
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -18,23 +19,12 @@ if TYPE_CHECKING:
 ROWS = "lenses"
 
 
-def spans(blocks: list[int] | tuple[int, ...]) -> str:
-    """``0-5,8,10-11``: block numbers as runs."""
-    runs: list[list[int]] = []
-    for b in blocks:
-        if runs and b == runs[-1][1] + 1:
-            runs[-1][1] = b
-        else:
-            runs.append([b, b])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
 def report(lm: LoadedModel, result: LensEval) -> Report:
     data = {**records.model_record(lm), **result.to_dict()}
     ks = result.ks
     summary_columns = (Column("lens", "lens"), Column("source", "--lens"), Column("blocks", "blocks"),
                        *(Column(f"pass_at_{k}", f"pass@{k}", "float", 3) for k in ks))
-    summary = [{**row, "lens": row["label"], "source": row["lens"], "blocks": spans(row["blocks"])}
+    summary = [{**row, "lens": row["label"], "source": row["lens"], "blocks": block_runs(row["blocks"])}
                for row in data["lenses"]]
     word_columns = (Column("item", "item", "int"), Column("word", "intermediate"), Column("forms", "forms"),
                     *(c for label in result.labels for c in (Column(f"rank_{label}", f"rank {label}", "int"),
