@@ -180,22 +180,13 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
             "memory_bytes": memory}
 
 
-def blocks_label(layers: list[int]) -> str:
-    """``block 6``, ``blocks 0-29``, ``blocks 2,6`` (the words of the cost line and the report's heading)."""
-    if len(layers) == 1:
-        return f"block {layers[0]}"
-    if layers == list(range(layers[0], layers[-1] + 1)):
-        return f"blocks {layers[0]}-{layers[-1]}"
-    return "blocks " + ",".join(map(str, layers))
-
-
 def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, float]) -> str:
     from anatomy_cli.units import human_bytes
     from anatomy_cli.units import human_seconds
 
     what = "transcoder" if opts.transcoder else "SAE"
     n = len(plan.blocks)
-    where = plan.blocks[0].points[0] if n == 1 else f"{blocks_label([b.layer for b in plan.blocks])} ({n} {what}s)"
+    where = plan.blocks[0].points[0] if n == 1 else f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} {what}s)"
     return (f"fit-sae: a TopK {what} at {where}, d_sae {plan.d_sae}, k {opts.k}: {int(cost['tokens']):,} tokens "
             f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs; about "
             f"{cost['forward_flops'] + cost['train_flops']:.2g} FLOP (forwards {cost['forward_flops']:.2g}, "

@@ -28,7 +28,7 @@ def row(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def report(lm: LoadedModel, result: SaeFit) -> Report:
-    from anatomy_cli.tasks.fit_sae import blocks_label
+    from anatomy_cli.models.sites import block_spans
 
     d = result.to_dict()
     rows = [row(b) for b in d["blocks"]]
@@ -37,7 +37,7 @@ def report(lm: LoadedModel, result: SaeFit) -> Report:
     first = result.blocks[0]
     n = len(result.blocks)
     where = (f"{first.site}" + (f" -> {first.site_out}" if result.transcoder else "") if n == 1
-             else f"{blocks_label([b.layer for b in result.blocks])} ({n} {what}s)")
+             else f"{block_spans(b.layer for b in result.blocks)} ({n} {what}s)")
     heading = [f"fit-sae · {model_label(lm)} · TopK {what} {where}",
                f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, k {result.k}; {result.tokens:,} tokens "
                f"x {result.epochs} epochs ({first.steps} steps per block, lr {result.lr:.2g}, trainer "
