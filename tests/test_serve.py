@@ -297,12 +297,14 @@ def test_the_forwarded_commands_are_one_list_that_the_docs_and_the_help_name():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text(encoding="utf-8")
     listed = re.search(r"the\s+weight-loading\s+commands\s+\(([^)]*)\)", doc).group(1)
     named = re.findall(r"`([^`]+)`", listed)
-    expected = [f"{c} {client.ONLY_WITH[c][0]}" if c in client.ONLY_WITH else c for c in client.FORWARDED]
-    assert named == expected
+    from anatomy_cli.declare.commands import forwarded
+
+    assert named == [c.forwarded_name for c in forwarded()]
     commands = click_command().commands
     assert set(client.FORWARDED) <= set(commands)  # each one is a command of the app
-    for c in client.FORWARDED:
-        assert client.wants_server([c, "x", *((client.ONLY_WITH[c][0], "m") if c in client.ONLY_WITH else ())])
+    for c in forwarded():
+        only = c.serve.only_with[:1] if c.serve else ()
+        assert client.wants_server([c.name, "x", *((only[0], "m") if only else ())])
     assert not any(client.wants_server([c, "x"]) for c in set(commands) - set(client.FORWARDED))
     shown = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
     # `serve --help` names them from the list (its wrapping may break a name at its hyphen: lens-eval)

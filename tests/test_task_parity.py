@@ -21,10 +21,10 @@ import pkgutil
 import pytest
 
 import anatomy_cli.tasks
+from anatomy_cli.declare.commands import COMMANDS
 
-# The API function of a command, where its name is not the command's.
-API_NAME = {"next": "next_token", "corpus": "corpus_stats", "fit-lens": "fit_lens", "fit-sae": "fit_sae",
-            "lens-eval": "lens_eval"}
+# The API function of a command: its record's (anatomy_cli/declare/commands.py).
+API_NAME = {c.name: c.api[1] for c in COMMANDS if c.api is not None}
 NOT_A_TASK = {"notes", "session", "records"}  # the task layer's shared modules
 PROMPT_FIELDS = {"bos", "allow_special", "truncate", "chat"}  # the prompt option group, wherever it is kept
 
@@ -127,8 +127,8 @@ def test_cli_options_api_keywords_and_task_fields_are_one_list(name):
                                f"fields without a CLI option {sorted(fields - options)}")
     from anatomy_cli import api as anatomy
 
-    api = API_NAME.get(name, name)
-    if api not in anatomy.__all__:
+    api = API_NAME.get(name)
+    if api is None:
         pytest.skip(f"`{name}` has no API function")
     keywords = api_names(getattr(anatomy, api), arguments | set(inputs)) - PROMPT_FIELDS
     assert keywords == fields, (f"anatomy.{api}: keywords without a field {sorted(keywords - fields)}, "

@@ -19,24 +19,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Public name -> the module of this package that defines it.
+from anatomy_cli.declare.commands import COMMANDS
+
+# Public name -> the module of this package that defines it: the commands' functions from their records
+# (anatomy_cli/declare/commands.py), then what is no command.
 _EXPORTS = {
     "_model": ("load", "ModelSpec", "PromptOptions", "LoadedModel"),
     "_results": ("Result",),
     "_hooks": ("hooks", "capture", "hook_names"),
-    "_prompts": ("trace", "next_token", "lens", "heads", "attn", "route"),
-    "_edits": ("dla", "ablate", "patch", "attribute", "drift"),
-    "_sae": ("sae",),
-    "_generation": ("generate", "steer"),
-    "_corpus": ("corpus_stats",),
-    "_diff": ("diff",),
-    "_verify": ("verify",),
-    "_fit_lens": ("fit_lens", "merge_lenses"),
-    "_lens_eval": ("lens_eval",),
-    "_fit_sae": ("fit_sae",),
-    "_circuit": ("circuit",),
+    "_fit_lens": ("merge_lenses",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+_WHERE.update({c.api[1]: c.api[0] for c in COMMANDS if c.api is not None})
 
 __all__ = sorted(_WHERE)
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
+from anatomy_cli.tasks import next_token as next_task
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -46,17 +48,14 @@ def trace(model: Model, prompt: str | list[str], *, position: int | None = None,
     return run_prompts(task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.trace)
 
 
-def next_token(model: Model, prompt: str | list[str], *, k: int = 10, target: str | None = None,
-               target_id: int | None = None, first_token: bool = False,
-               prompts: PromptOptions = PromptOptions(), batch_size: int = 8) -> One:
+@command(next_task.NextOptions)
+def next_token(model: Model, prompt: str | list[str], opts: next_task.NextOptions, *,
+               prompts: PromptOptions = PromptOptions()) -> One:
     """`anatomy next`: the next-token distribution after the prompt (float64 softmax at the last position).
     ``result``: NextTokens; rows: ``top`` (k)."""
     from anatomy_cli.output.views import next as view
-    from anatomy_cli.tasks import next_token as task
 
-    opts = task.NextOptions(k=k, target=target, target_id=target_id, first_token=first_token,
-                            batch_size=batch_size)
-    return run_prompts(task, view, model, prompt, opts, prompts)
+    return run_prompts(next_task, view, model, prompt, opts, prompts)
 
 
 def route(model: Model, prompt: str | list[str], *, block: str | int | None = None, top: int | None = None,

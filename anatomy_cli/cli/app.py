@@ -126,6 +126,20 @@ def quiet_library_warnings() -> None:
             log.addFilter(_NoDeprecations())
 
 
+# {command name: {parameter name: its declaration}}, filled by cli/declared.py as the commands register.
+DECLARED: dict[str, dict[str, Any]] = {}
+
+
+def show_limits(group: Any) -> None:
+    """Put each declared limit on its click parameter (``--help`` reads ``min``/``max`` for ``x>=1``); parsing
+    does not check them, the options class does (anatomy_cli/declare/fields.py)."""
+    for name, sub in getattr(group, "commands", {}).items():
+        for param in getattr(sub, "params", ()):
+            declared = DECLARED.get(name, {}).get(param.name)
+            if declared is not None and hasattr(param, "min"):
+                param.min, param.max = declared.min, declared.max
+
+
 def _hide_aliases(command: Any) -> None:
     """One spelling per option in ``--help``: an option shows its first long and first short name; any
     later spelling in its declaration (``typer.Option("--top", "-k", "--k")``) is a hidden alias that
@@ -235,6 +249,7 @@ class AnatomyGroup(TyperGroup):
         quiet_library_warnings()
         _plain_metavars(self)
         _hide_aliases(self)
+        show_limits(self)
         from anatomy_cli.output.sink import STDERR
         from anatomy_cli.tasks.notes import using_notes
 

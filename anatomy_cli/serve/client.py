@@ -14,24 +14,15 @@ import os
 import shutil
 import sys
 
+from anatomy_cli.declare.commands import BY_NAME
+from anatomy_cli.declare.commands import COMMANDS
+from anatomy_cli.declare.commands import forwarded
 from anatomy_cli.errors import quiet_broken_pipe
 from anatomy_cli.serve import protocol
 
-# The one list of the weight-loading commands a running server answers, in the order the docs name them:
-# the client forwards them, `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
-FORWARDED = ("trace", "next", "drift", "lens", "dla", "attn", "heads", "ablate", "patch", "attribute", "tokens",
-             "report", "diff", "corpus", "verify", "generate", "steer", "sae", "route", "fit-lens",
-             "lens-eval", "circuit", "fit-sae")
-ONLY_WITH = {"tokens": ("--model", "-m")}  # forwarded only with one of these options (without: no weights)
-NOT_WITH = {"corpus": ("--ray", "--ray-address"),  # forwarded except with one of these options
-            "fit-lens": ("--ray", "--ray-address")}
-# The weight-loading commands a server never answers, and why (`serve --status` and docs/serve.md say so).
-NOT_FORWARDED = {
-    "corpus --ray": "its Ray workers load their own copies of the model",
-    "fit-lens --ray": "the same: its Ray workers load their own copies of the model",
-    "convert": "it saves the weights, and the server's copies of tied weights share one buffer, which safetensors "
-               "refuses to save; a one-off conversion gains nothing from a loaded model",
-}
+# Which commands a running server answers is each command's record (anatomy_cli/declare/commands.py: its
+# needs and Serve policy); `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
+FORWARDED = tuple(c.name for c in forwarded())
 NO_SERVER = "--no-server"
 _ROOT_FLAGS = {"--debug", NO_SERVER}
 # What rendering and loading read from the environment; the server runs each request under the client's.
@@ -50,23 +41,22 @@ def command_of(argv: list[str]) -> str | None:
 
 
 def wants_server(argv: list[str]) -> bool:
-    """True when ``argv`` names a weight-loading command without --no-server or --help."""
+    """True when ``argv`` names a command a server answers (its record), without --no-server or --help."""
     command = command_of(argv)
-    if command not in FORWARDED or NO_SERVER in argv or "--help" in argv or "-h" in argv:
+    record = BY_NAME.get(command or "")
+    if record is None or NO_SERVER in argv or "--help" in argv or "-h" in argv:
         return False
-    options = {a.split("=", 1)[0] for a in argv}
-    needed = ONLY_WITH.get(command)
-    return (needed is None or bool(options & set(needed))) and not options & set(NOT_WITH.get(command, ()))
+    return record.forwards({a.split("=", 1)[0] for a in argv})
 
 
 def not_forwarded() -> list[str]:
     """``corpus --ray: its Ray workers load their own copies of the model``: what a server never answers."""
-    return [f"{what}: {why}" for what, why in NOT_FORWARDED.items()]
+    return [line for line in (c.not_forwarded for c in COMMANDS) if line]
 
 
 def forwarded_names() -> str:
     """``trace, next, ..., attribute and tokens --model``: the forwarded commands in words, for help text."""
-    names = [f"{c} {ONLY_WITH[c][0]}" if c in ONLY_WITH else c for c in FORWARDED]
+    names = [c.forwarded_name for c in forwarded()]
     return ", ".join(names[:-1]) + " and " + names[-1]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from anatomy_cli.errors import UsageError
@@ -15,14 +14,13 @@ def at_least(option: str, value: int | None, least: int = 1) -> None:
         raise UsageError(f"{option} takes a whole number of at least {least}")
 
 
-@dataclass(frozen=True)
 class TargetFields:
-    """``target`` (TEXT) or ``target_id``: one token a command follows; ``first_token``: the first token of a
-    several-token TEXT. The options classes of the commands that take ``--target`` extend it."""
+    """What an options class with the fields ``target`` (TEXT), ``target_id`` and ``first_token`` (declared with
+    :mod:`anatomy_cli.declare.shared`'s factories) can do with them: one token a command follows."""
 
-    target: str | None = None
-    target_id: int | None = None
-    first_token: bool = False
+    target: str | None
+    target_id: int | None
+    first_token: bool
 
     @property
     def wanted(self) -> targets.TokenChoice | None:

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import TargetFields
-from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.next_token import NextTokens
@@ -27,17 +29,18 @@ COMMAND = "next"
 
 
 @dataclass(frozen=True)
-class NextOptions(TargetFields):
+class NextOptions(Declared, TargetFields):
     """``k``: how many of the most probable tokens to list; ``target``/``target_id``: a token whose rank and
     probability are reported (``first_token``: the first token of a several-token TEXT)."""
 
-    k: int = 10
-    batch_size: int = 8
+    k: int = option(10, "--top", "-k", "--k", min=1, metavar="N", help="How many of the most probable tokens to list.")
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    first_token: bool = shared.first_token()
+    batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
-
-        at_least("--top", self.k)
-        at_least("--batch-size", self.batch_size)
+        super().__post_init__()
         self.check_target()
 
 

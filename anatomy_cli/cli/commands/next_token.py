@@ -2,39 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
-from anatomy_cli.cli.options import FirstTokenOpt
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
-from anatomy_cli.cli.options import TargetIdOpt
-from anatomy_cli.cli.options import TargetOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import next_token as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("next")
+@command("next", task.NextOptions)
 @model_options()
 @prompt_options()
 def next_command(
     prompt: PromptArg,
-    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
-                                   help="How many of the most probable tokens to list.")] = 10,
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
-    first_token: FirstTokenOpt = False,
+    opts: task.NextOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     fmt: FormatOpt = None,
 ) -> None:
     """The model's next-token distribution after PROMPT: rank, token, id, probability, log-probability.
@@ -52,10 +40,7 @@ def next_command(
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
     """
     from anatomy_cli.output.views import next as view
-    from anatomy_cli.tasks import next_token as task
 
-    opts = task.NextOptions(k=k, target=target, target_id=target_id, first_token=first_token,
-                            batch_size=batch_size)  # fails before anything opens
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

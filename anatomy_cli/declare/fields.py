@@ -1,0 +1,130 @@
+"""A command option declared once: a field of the command's options dataclass that carries its flags, help,
+limits and how the CLI shows it (:func:`option`).
+
+The Typer command (``cli/declared.py``) and the API function (``api/_declared.py``) are generated from these
+fields, so a default, a limit or a choice is written in one place; :class:`Declared` checks the limits once, in
+the options object both front ends build. Messages name an option by its first long flag (``--batch-size``);
+the API rewrites them in its own words (:func:`api_words`: ``batch_size=``). Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+from anatomy_cli.errors import UsageError
+
+KEY = "anatomy.option"
+
+
+@dataclass(frozen=True)
+class Opt:
+    """How one field is offered on the command line.
+
+    ``flags``: its spellings, the first long one shown (``("--top", "-k", "--k")``; a boolean pair as
+    ``"--lens/--no-lens"``); ``help``; ``metavar``; ``min``/``max``: inclusive limits, checked by
+    :class:`Declared` and shown as ``x>=1``; ``show_default``; ``case_sensitive`` (choices); ``late``: shown after
+    the model and prompt option groups (the batch size); ``cli``: the CLI's annotation where it differs from the
+    field's type (a list for a repeated option whose field is a tuple); ``hidden``; ``extra``: other
+    ``typer.Option`` keywords (``file_okay``, ``dir_okay``, ``exists``, ``callback``).
+    """
+
+    flags: tuple[str, ...]
+    help: str
+    metavar: str | None = None
+    min: int | float | None = None
+    max: int | float | None = None
+    show_default: bool = True
+    case_sensitive: bool = False
+    late: bool = False
+    cli: Any = None
+    hidden: bool = False
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def flag(self) -> str:
+        """The spelling messages use: the first long flag (``--top``; ``--lens`` of ``--lens/--no-lens``)."""
+        first = next((f for f in self.flags if f.startswith("--")), self.flags[0])
+        return first.split("/")[0]
+
+
+def option(default: Any = dataclasses.MISSING, *flags: str, help: str, default_factory: Any = dataclasses.MISSING,
+           **how: Any) -> Any:
+    """A dataclass field that is also a command-line option: ``k: int = option(10, "--top", "-k", min=1,
+    metavar="N", help="...")``. ``how``: the other :class:`Opt` settings (``extra`` as a dict)."""
+    extra = tuple(sorted(how.pop("extra", {}).items()))
+    meta = {KEY: Opt(tuple(flags), help, extra=extra, **how)}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Opt]]:
+    """The fields of options class ``cls`` that are options, in declaration order, each with its :class:`Opt`."""
+    return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata]
+
+
+def opt_of(cls: type, name: str) -> Opt:
+    """The :class:`Opt` of field ``name`` of ``cls`` (KeyError when it is no option)."""
+    return next(o for f, o in declared(cls) if f.name == name)
+
+
+def flag(cls: type, name: str) -> str:
+    """The flag that names field ``name`` of ``cls`` in messages (``--batch-size``)."""
+    return opt_of(cls, name).flag
+
+
+def _number(value: int | float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def check_limits(obj: Any) -> None:
+    """UsageError for the first option field of ``obj`` outside its declared ``min``/``max`` (None: not given)."""
+    for f, o in declared(type(obj)):
+        value = getattr(obj, f.name)
+        if value is None or isinstance(value, bool) or (o.min is None and o.max is None):
+            continue
+        whole = "a whole number" if isinstance(o.min if o.min is not None else o.max, int) else "a number"
+        if o.min is not None and value < o.min:
+            bound = f"of at least {_number(o.min)}" if o.max is None else f"from {_number(o.min)} to {_number(o.max)}"
+            raise UsageError(f"{o.flag} takes {whole} {bound}")
+        if o.max is not None and value > o.max:
+            bound = f"of at most {_number(o.max)}" if o.min is None else f"from {_number(o.min)} to {_number(o.max)}"
+            raise UsageError(f"{o.flag} takes {whole} {bound}")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """Base of an options dataclass whose fields are declared with :func:`option`: ``__post_init__`` checks
+    every declared limit (a subclass's own ``__post_init__`` calls ``super().__post_init__()`` first)."""
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+
+_FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)(?:(=| )([A-Z][A-Z0-9_.|:\-]*)(?![a-z]))?")
+
+
+def api_words(message: str, classes: tuple[type, ...], extra: dict[str, str] | None = None) -> str:
+    """``message`` with each flag of ``classes``' option fields named as the API names it: ``--batch-size`` →
+    ``batch_size=``, ``--target TEXT`` → ``target=TEXT``; ``extra``: more ``{flag: keyword}`` (the prompt
+    options). Flags of no field are left as they are."""
+    words = dict(extra or {})
+    for cls in classes:
+        for f, o in declared(cls):
+            for spelling in o.flags:
+                for one in spelling.split("/"):
+                    if one.startswith("--"):
+                        words.setdefault(one, f.name)
+
+    def rename(match: re.Match[str]) -> str:
+        name = words.get(match.group(1))
+        if name is None:
+            return match.group(0)
+        value = match.group(3)
+        return f"{name}={value}" if value else f"{name}="
+
+    return _FLAG.sub(rename, message)
