@@ -45,7 +45,7 @@ def _field_types(cls: type) -> dict[str, Any]:
         module = sys.modules.get(klass.__module__)
         space = {**vars(typing), **(vars(module) if module else {})}
         for name, text in getattr(klass, "__annotations__", {}).items():
-            hints[name] = eval(text, space) if isinstance(text, str) else text  # noqa: S307  (our own annotations)
+            hints[name] = eval(text, space) if isinstance(text, str) else text  # our own annotations
     return hints
 
 
