@@ -103,7 +103,8 @@ def _circles() -> list[list[str]]:
     type-only imports counted: the strongly connected parts of each folder's import graph."""
     modules = _module_files()
     graph = {name: {m for m in _imported(path, name, modules) if m != name} for name, path in modules.items()}
-    folder = {name: path.parent for name, path in modules.items() if path.name != "__init__.py"}
+    # A package's __init__ is a file of its own folder too (output/html/__init__.py <-> output/html/_page.py).
+    folder = {name: path.parent for name, path in modules.items()}
     edges = {a: {b for b in graph[a] if b in folder and folder[b] == folder[a]} for a in folder}
     circles, seen = [], set()
     for start in sorted(edges):

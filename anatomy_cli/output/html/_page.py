@@ -21,11 +21,10 @@ from plotly.offline import get_plotlyjs_version
 
 from anatomy_cli.data import PLOTLY_CARTESIAN
 from anatomy_cli.data import PLOTLY_CARTESIAN_VERSION
-from anatomy_cli.output.html import UNTRAINED
-from anatomy_cli.output.html import Page
-from anatomy_cli.output.html import Part
-from anatomy_cli.output.html import esc
-from anatomy_cli.output.html import script_json
+from anatomy_cli.output.html.markup import UNTRAINED
+from anatomy_cli.output.html.markup import Part
+from anatomy_cli.output.html.markup import esc
+from anatomy_cli.output.html.markup import script_json
 
 # No button that leaves the page: plotly.js 4 calls its upload button "sendChartToCloud" (shown by default, it
 # offers to upload the figure to Plotly Cloud), older versions "sendDataToCloud"; "Edit in Chart Studio" too
@@ -64,8 +63,9 @@ def plotly_js() -> str:
     return get_plotlyjs()
 
 
-def render(page: Page) -> str:
-    """The whole HTML file: plotly.js in the head, the heading, then every part in order."""
+def render(page: Any) -> str:
+    """The whole HTML file of ``page`` (an :class:`anatomy_cli.output.html.Page`): plotly.js in the head, the
+    heading, then every part in order."""
     head = f"<h1>{esc(page.title)}</h1>" + "".join(f'<p class="line">{esc(line)}</p>' for line in page.lines)
     if page.untrained:
         head += f'<p class="untrained">{esc(UNTRAINED)}</p>'

@@ -22,32 +22,15 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output import sink
+from anatomy_cli.output.plots.caption import Caption  # noqa: F401  (the package's name)
 
 SUFFIXES = (".png", ".svg", ".pdf", ".html")
-
-
-@dataclass(frozen=True)
-class Caption:
-    """What every picture says about itself: the command, the model, the prompt (shortened in the title),
-    one line of detail (e.g. ``position 3 = ·very``) and whether the weights are random."""
-
-    command: str
-    model: str
-    prompt: str | None = None
-    detail: str | None = None
-    untrained: bool = False
-
-    @classmethod
-    def of(cls, command: str, lm: Any, prompt: str | None = None, detail: str | None = None) -> Caption:
-        """The caption for a loaded model: its short name (``lm.label``, else ``lm.name``), ``lm.untrained``."""
-        return cls(command, getattr(lm, "label", None) or lm.name, prompt, detail, bool(lm.untrained))
 
 
 def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:

@@ -27,11 +27,11 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._text import drawable
 from anatomy_cli.output.plots._text import fonts
 from anatomy_cli.output.plots._text import shorten
 from anatomy_cli.output.plots._text import token_label
+from anatomy_cli.output.plots.caption import Caption
 
 DPI = 100
 CELL_CHARS = 6  # a heatmap cell shows at least this many characters of its token before "…"
