@@ -114,9 +114,10 @@ def _below(cls) -> list[tuple[str, str, object]]:
 
 @pytest.mark.parametrize("name,cls", declared_commands(), ids=lambda v: v if isinstance(v, str) else "")
 def test_a_value_below_a_limit_is_refused_once_in_the_callers_words(name, cls):
+    from typer.testing import CliRunner
+
     from anatomy_cli.cli.app import app
     from anatomy_cli.declare.commands import record
-    from typer.testing import CliRunner
 
     rec = record(name)
     for field, flag, value in _below(cls):
@@ -138,3 +139,10 @@ def test_a_value_below_a_limit_is_refused_once_in_the_callers_words(name, cls):
         arguments = ["x" for p in command.params if p.param_type_name == "argument" and p.required]
         result = CliRunner().invoke(app, ["--no-server", name, *arguments, flag, str(value)])
         assert result.exit_code == 2 and f"error: {flag} takes" in result.stderr, (result.exit_code, result.stderr)
+
+
+def test_the_docs_index_is_written_from_the_records():
+    from anatomy_cli.declare.commands import docs_index
+
+    assert (ROOT / "docs" / "commands" / "README.md").read_text(encoding="utf-8") == docs_index(), \
+        "rewrite it: python -m anatomy_cli.declare.commands > docs/commands/README.md"

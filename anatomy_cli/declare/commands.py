@@ -130,3 +130,27 @@ def record(name: str) -> Command:
 def forwarded() -> tuple[Command, ...]:
     """The commands a running server answers, in the docs' order."""
     return tuple(c for c in COMMANDS if c.forwarded)
+
+
+def docs_index() -> str:
+    """docs/commands/README.md: every command with what it needs, whether a server answers it, its API function
+    and its page (tests/test_declarations.py checks the file against this; ``python -m
+    anatomy_cli.declare.commands > docs/commands/README.md`` writes it)."""
+    lines = ["# Commands", "", "Written from the command records (anatomy_cli/declare/commands.py): "
+             "`python -m anatomy_cli.declare.commands > docs/commands/README.md`.", "",
+             "| command | needs | answered by `anatomy serve` | Python API | page |", "|---|---|---|---|---|"]
+    for c in sorted(COMMANDS, key=lambda c: c.name):
+        served = "yes" if c.forwarded and not (c.serve and (c.serve.only_with or c.serve.not_with)) else "no"
+        if c.serve and c.serve.only_with:
+            served = f"with {c.serve.only_with[0]}"
+        elif c.serve and c.serve.not_with and c.forwarded:
+            served = f"yes, not with {c.serve.not_with[0]}"
+        api = f"`anatomy.{c.api[1]}`" if c.api else "–"
+        page = c.docs.removeprefix("docs/commands/").removeprefix("docs/") if c.docs else ""
+        link = f"[{page}]({page})" if c.docs and c.docs.startswith("docs/commands/") else f"[{page}](../{page})"
+        lines.append(f"| `{c.name}` | {c.needs.value} | {served} | {api} | {link} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(docs_index(), end="")
