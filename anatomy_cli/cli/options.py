@@ -25,6 +25,7 @@ from typing import cast
 
 import typer
 
+from anatomy_cli.declare import shared
 from anatomy_cli.output.render import Format
 
 
@@ -134,7 +135,7 @@ PlotOpt = Annotated[
 ]
 
 # --lens (lens, trace, generate, lens-eval): parsed by anatomy_cli.models.lens_choice.
-LENS_METAVAR = "logit|tuned:DIR|jacobian:FILE"
+LENS_METAVAR = shared.LENS_METAVAR
 LensesOpt = Annotated[Optional[list[str]], typer.Option(
     "--lens", metavar=LENS_METAVAR, show_default=False,
     help="A lens to compare; repeat for several, shown in this order (default: logit alone): logit, a tuned-lens "

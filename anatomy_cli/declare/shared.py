@@ -39,3 +39,12 @@ def first_token(*, foil: bool = False) -> Any:
 def batch_size(default: int = 8, help: str = "Prompts per forward pass when reading several from stdin.") -> Any:
     """``--batch-size N`` (at least 1), shown after the model and prompt options."""
     return option(default, "--batch-size", min=1, late=True, help=help)
+
+
+# --- decl-a
+LENS_METAVAR = "logit|tuned:DIR|jacobian:FILE"
+
+
+def lens(help: str) -> Any:
+    """``--lens`` (trace, lens): one lens, ``logit`` by default; checked by ``anatomy_cli.models.lens_choice``."""
+    return option("logit", "--lens", metavar=LENS_METAVAR, help=help)

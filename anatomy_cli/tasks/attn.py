@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.models import sites
-from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.attention import Attention
@@ -23,26 +25,31 @@ COMMAND = "attn"
 
 
 @dataclass(frozen=True)
-class AttnOptions:
+class AttnOptions(Declared):
     """``layer``/``head``/``position``: negative counts from the end; ``k``: top keys per row in a table too
     wide for the terminal."""
 
-    layer: int | None = None
-    head: int | None = None
-    position: int | None = None
-    k: int = 3
-    batch_size: int = 8
+    layer: int | None = option(None, "--layer", "-l", metavar="L", show_default=False,
+                               help="Block (0-based; negative counts from the last). Default: every block.")
+    head: int | None = option(None, "--head", metavar="H", show_default=False,
+                              help="Head within --layer: show its full pattern, query position x key position.")
+    position: int | None = option(
+        None, "--position", "-p", metavar="N", show_default=False,
+        help="Query position when showing several heads (negative counts from the end). Default: the last "
+             "token; for encoders the last one that is not [SEP]/[CLS].")
+    k: int = option(3, "--top", "-k", "--k", min=1, metavar="N",
+                    help="Top keys per row in a table too wide for the terminal.")
+    batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
         from anatomy_cli.errors import UsageError
 
+        super().__post_init__()
         if self.head is not None and self.layer is None:
             raise UsageError("--head needs --layer: give the layer the head belongs to")
         if self.head is not None and self.position is not None:
             raise UsageError("--position picks the query row when showing several heads; with --head every row "
                              "is shown")
-        at_least("--top", self.k)
-        at_least("--batch-size", self.batch_size)
 
     @property
     def one_head(self) -> bool:

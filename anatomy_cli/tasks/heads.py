@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import NamedTuple
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.heads import Heads
@@ -30,24 +32,24 @@ class Score(str, Enum):
 
 
 @dataclass(frozen=True)
-class HeadsOptions:
+class HeadsOptions(Declared):
     """``seq_len``: random tokens per copy of the repeated sequence, drawn with ``seed``; ``sort``: a
     :class:`Score` to order by; ``top``: how many heads the rows keep (a picture colours them all)."""
 
-    seq_len: int = 50
-    seed: int = 0
-    sort: str | None = None
-    top: int | None = None
-    batch_size: int = 8
+    seq_len: int = option(50, "--seq-len", min=2,
+                          help="Random tokens per copy of the repeated sequence (it is 2 x this long).")
+    seed: int = option(0, "--seed", min=0, help="Seed that draws the random tokens.")
+    sort: Score | None = option(None, "--sort", case_sensitive=False, show_default=False,
+                                help="Order by this score, highest first (entropy: lowest first). Default: layer, "
+                                "head.")
+    top: int | None = option(None, "--top", "-k", "-n", min=1, metavar="N", show_default=False,
+                             help="Show only the first N heads (--plot still colours every head and frames these N).")
+    batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
-
+        super().__post_init__()
         if self.sort is not None:
             object.__setattr__(self, "sort", Score(self.sort).value)  # ValueError for an unknown score
-        at_least("--seq-len", self.seq_len, 2)
-        at_least("--seed", self.seed, 0)
-        at_least("--top", self.top)
-        at_least("--batch-size", self.batch_size)
 
 
 class Scored(NamedTuple):

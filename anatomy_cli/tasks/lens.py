@@ -12,11 +12,16 @@ from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import TargetFields
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
@@ -37,46 +42,43 @@ class Stat(str, Enum):
 
 
 @dataclass(frozen=True)
-class LensOptions:
+class LensOptions(Declared, TargetFields):
     """``stat``: the number each cell shows; ``layers``: the rows to show (``embed`` or block numbers, a list or
     the text ``embed,0,6,11``); ``stride``: every N-th row; ``k``: top tokens per cell (None: 1, no lists);
     ``lens``: ``logit`` (default), ``tuned:DIR`` (a tuned-lens directory) or ``jacobian:FILE`` (a Jacobian lens
     file): the lens each row is read through (docs/commands/lens.md#fitted-lenses)."""
 
-    stat: str = "prob"
-    target: str | None = None
-    target_id: int | None = None
-    first_token: bool = False
-    layers: Any = None
-    stride: int | None = None
-    k: int | None = None
-    batch_size: int = 8
-    lens: str = "logit"
+    stat: Stat = option(Stat.prob, "--stat", "-s", case_sensitive=False,
+                        help="The number shown in each cell ('rank' needs --target).")
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    first_token: bool = shared.first_token()
+    layers: list[int | str] | str | None = option(
+        None, "--layers", metavar="embed,N,...", show_default=False, cli=str | None,
+        help="Show only these rows: embed and block numbers (embed,0,6,11); the last block is always kept.")
+    stride: int | None = option(None, "--stride", min=1, metavar="N", show_default=False,
+                                help="Show every N-th row (embed, block N-1, 2N-1, ...) and the last block.")
+    k: int | None = option(None, "--top", "-k", "--k", min=1, metavar="N", show_default=False,
+                           help="The N most probable tokens per cell (JSON 'top'; the table lists them in the cell).")
+    lens: str = shared.lens("The lens: logit, a tuned-lens directory (tuned:DIR) or a Jacobian lens file "
+                            "(jacobian:FILE).")
+    batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
         from anatomy_cli.errors import UsageError
         from anatomy_cli.models import lens_choice
 
+        super().__post_init__()
         object.__setattr__(self, "lens", lens_choice.parse(self.lens).text)  # UsageError for a bad --lens
         object.__setattr__(self, "stat", Stat(self.stat).value)  # ValueError for an unknown statistic
-        targets.check_first_token(self.first_token, self.wanted)
+        self.check_target()
         if self.stat == "rank" and self.wanted is None:
             raise UsageError("--stat rank is the target's rank: give --target TEXT or --target-id N")
         if self.layers is not None and self.stride is not None:
             raise UsageError("--layers and --stride both thin the rows: give one of them")
-        if self.stride is not None and self.stride < 1:
-            raise UsageError("--stride takes a whole number of at least 1")
-        if self.k is not None and self.k < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
         if self.layers is not None:
             object.__setattr__(self, "layers", tuple(sites.parse_blocks(sites.blocks_text(self.layers), None,
                                                                         "--layers", embed=True)))
-
-    @property
-    def wanted(self) -> targets.TokenChoice | None:
-        return targets.choice(self.target, self.target_id, first_token=self.first_token)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,8 @@ def rows(n_layers: int, layers: tuple[int | str, ...] | None, stride: int | None
 def check(opened: Any, opts: LensOptions) -> LensPlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a model without an LM head, bad rows, a bad target."""
     require(opened.info, Need.lm_head, command=COMMAND)
-    shown = rows(opened.info.n_layers, opts.layers, opts.stride)
+    layers = cast("tuple[int | str, ...] | None", opts.layers)  # a tuple once __post_init__ has read it
+    shown = rows(opened.info.n_layers, layers, opts.stride)
     wanted = opts.wanted
     target_id = None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,
                                                             vocab_size=opened.info.lm_head_rows)

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -25,19 +28,19 @@ COMMAND = "route"
 
 
 @dataclass(frozen=True)
-class RouteOptions:
+class RouteOptions(Declared):
     """``block``: the blocks to show (``0,2``, ``1-3``, ``-1``; None: every MoE block); ``top``: list the first
     ``top`` of the k chosen experts (None: all k)."""
 
-    block: str | int | None = None
-    top: int | None = None
-    batch_size: int = 8
+    block: str | int | None = option(
+        None, "--block", metavar="N,...", show_default=False, cli=str | None,
+        help="Only these blocks (0,2 or 1-3; negative counts from the last); default every MoE block.")
+    top: int | None = option(None, "--top", min=1, metavar="N", show_default=False,
+                             help="List the first N of the chosen experts (default all k).")
+    batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
-        if self.top is not None and self.top < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+        super().__post_init__()
         if self.block is not None:
             sites.parse_blocks(str(self.block), None, "--block")
 

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import NamedTuple
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import TargetFields
-from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.trace import Trace
@@ -28,22 +30,27 @@ COMMAND = "trace"
 
 
 @dataclass(frozen=True)
-class TraceOptions(TargetFields):
+class TraceOptions(Declared, TargetFields):
     """``position``: the token to follow (None: the last, an encoder's last text token); ``k``: how many of the
     model's top next tokens to list; ``target``/``target_id``: a token ranked in every row's lens; ``lens``:
     ``logit``, ``tuned:DIR`` or ``jacobian:FILE`` (docs/commands/lens.md#fitted-lenses)."""
 
-    position: int | None = None
-    k: int = 5
-    batch_size: int = 8
-    lens: str = "logit"
+    position: int | None = option(
+        None, "--position", "-p", metavar="N", show_default=False,
+        help="Token position to follow (0-based; negative counts from the end, -1 = last token). "
+             "Default: the last token; for encoders the last one that is not [SEP]/[CLS].")
+    k: int = option(5, "--top", "-k", "--k", min=1, metavar="N", help="How many top next tokens to list.")
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    first_token: bool = shared.first_token()
+    lens: str = shared.lens("The lens of the lens columns: logit, a tuned-lens directory or a Jacobian lens file.")
+    batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
         from anatomy_cli.models import lens_choice
 
+        super().__post_init__()
         object.__setattr__(self, "lens", lens_choice.parse(self.lens).text)  # UsageError for a bad --lens
-        at_least("--top", self.k)
-        at_least("--batch-size", self.batch_size)
         self.check_target()
 
 

@@ -2,47 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Annotated
 from typing import Any
-from typing import Optional
 
-import typer
-
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import attn as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("attn")
+@command("attn", task.AttnOptions)
 @model_options()
 @prompt_options()
 @output_options()
 def attn_command(
     prompt: PromptArg,
-    layer: Annotated[Optional[int], typer.Option(
-        "--layer", "-l", metavar="L", show_default=False,
-        help="Block (0-based; negative counts from the last). Default: every block.")] = None,
-    head: Annotated[Optional[int], typer.Option(
-        "--head", metavar="H", show_default=False,
-        help="Head within --layer: show its full pattern, query position x key position.")] = None,
-    position: Annotated[Optional[int], typer.Option(
-        "--position", "-p", metavar="N", show_default=False,
-        help="Query position when showing several heads (negative counts from the end). Default: the last "
-             "token; for encoders the last one that is not [SEP]/[CLS].")] = None,
-    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
-                                   help="Top keys per row in a table too wide for the terminal.")] = 3,
+    opts: task.AttnOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     out: Output = Output(),
 ) -> None:
     """Attention patterns: how much each query position attends to each key position.
@@ -65,20 +49,18 @@ def attn_command(
     from anatomy_cli.output import plots
     from anatomy_cli.output.render import resolve_format
     from anatomy_cli.output.views import attn as view
-    from anatomy_cli.tasks import attn as task
 
-    opts = task.AttnOptions(layer=layer, head=head, position=position, k=k, batch_size=batch_size)
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)
     html = plots.is_html(plot)
     grids = None
     if html:  # the page switches between every layer and head: all of them, every query
-        full, blocks, grids = _all_heads(lm, encoded, plan.layers, plan.heads, plan.queries, batch_size)
+        full, blocks, grids = _all_heads(lm, encoded, plan.layers, plan.heads, plan.queries, opts.batch_size)
     fmt = resolve_format(fmt)
     reports = []
     for i, (enc, result) in enumerate(zip(encoded, task.run(lm, encoded, opts, plan, grids))):
-        reports.append(view.report(lm, enc, result, fmt, k, one_head=opts.one_head))
+        reports.append(view.report(lm, enc, result, fmt, opts.k, one_head=opts.one_head))
         if plot:
             index = len(reports) if prompt == "-" else None
             args, kwargs = view.figure(lm, enc, result, opts.one_head)

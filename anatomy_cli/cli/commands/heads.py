@@ -7,23 +7,22 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import draw_each
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_model
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks.heads import Score
+from anatomy_cli.tasks import heads as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("heads")
+@command("heads", task.HeadsOptions)
 @model_options()
 @prompt_options()
 @output_options()
@@ -32,18 +31,9 @@ def heads_command(
         metavar="[PROMPT]", show_default=False,
         help="Measure entropy, first_token and prev_token on this text ('-': one prompt per stdin line). "
              "Default: on the random sequence.")] = None,
-    seq_len: Annotated[int, typer.Option(
-        "--seq-len", min=2, help="Random tokens per copy of the repeated sequence (it is 2 x this long).")] = 50,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed that draws the random tokens.")] = 0,
-    sort: Annotated[Optional[Score], typer.Option(
-        "--sort", case_sensitive=False, show_default=False,
-        help="Order by this score, highest first (entropy: lowest first). Default: layer, head.")] = None,
-    top: Annotated[Optional[int], typer.Option(
-        "--top", "-k", "-n", min=1, metavar="N", show_default=False,
-        help="Show only the first N heads (--plot still colours every head and frames these N).")] = None,
+    opts: task.HeadsOptions = task.HeadsOptions(),
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     out: Output = Output(),
 ) -> None:
     """What each attention head does: one row per (layer, head) with five scores.
@@ -63,10 +53,7 @@ def heads_command(
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import heads as view
-    from anatomy_cli.tasks import heads as task
 
-    opts = task.HeadsOptions(seq_len=seq_len, seed=seed, sort=sort.value if sort else None, top=top,
-                             batch_size=batch_size)  # fails before anything opens
     if prompt is not None:
         opened, encoded = open_prompts(prompt, spec, prompts)
     else:
@@ -75,7 +62,7 @@ def heads_command(
     lm = load_weights(opened)
     results = task.run(lm, encoded, opts)
     # Every head is scored; --top cuts the rows printed, while the picture colours every head and frames the top.
-    emit_prompts([view.report(lm, enc, view.shown(result, top)) for enc, result in results], fmt,
+    emit_prompts([view.report(lm, enc, view.shown(result, opts.top)) for enc, result in results], fmt,
                  from_stdin=prompt == "-")
-    draw_each("heads", plot, prompt, (view.figure(lm, enc, result, top, prompted=bool(encoded))
+    draw_each("heads", plot, prompt, (view.figure(lm, enc, result, opts.top, prompted=bool(encoded))
                                       for enc, result in results))

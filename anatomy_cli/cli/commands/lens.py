@@ -2,57 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-from typing import Optional
-
-import typer
-
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
-from anatomy_cli.cli.options import LENS_METAVAR
-from anatomy_cli.cli.options import FirstTokenOpt
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
-from anatomy_cli.cli.options import TargetIdOpt
-from anatomy_cli.cli.options import TargetOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks.lens import Stat
+from anatomy_cli.tasks import lens as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("lens")
+@command("lens", task.LensOptions)
 @model_options()
 @prompt_options()
 @output_options()
 def lens_command(
     prompt: PromptArg,
-    stat: Annotated[Stat, typer.Option("--stat", "-s", case_sensitive=False,
-                                       help="The number shown in each cell ('rank' needs --target).")] = Stat.prob,
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
-    first_token: FirstTokenOpt = False,
-    layers: Annotated[Optional[str], typer.Option(
-        "--layers", metavar="embed,N,...", show_default=False,
-        help="Show only these rows: embed and block numbers (embed,0,6,11); the last block is always kept.")] = None,
-    stride: Annotated[Optional[int], typer.Option(
-        "--stride", min=1, metavar="N", show_default=False,
-        help="Show every N-th row (embed, block N-1, 2N-1, ...) and the last block.")] = None,
-    k: Annotated[Optional[int], typer.Option(
-        "--top", "-k", "--k", min=1, metavar="N", show_default=False,
-        help="The N most probable tokens per cell (JSON 'top'; the table lists them in the cell).")] = None,
-    lens: Annotated[str, typer.Option(
-        "--lens", metavar=LENS_METAVAR,
-        help="The lens: logit, a tuned-lens directory (tuned:DIR) or a Jacobian lens file (jacobian:FILE).")
-    ] = "logit",
+    opts: task.LensOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     out: Output = Output(),
 ) -> None:
     """The logit lens at every layer and position: what the model would predict if it stopped there.
@@ -77,21 +49,17 @@ def lens_command(
     from anatomy_cli.output.render import Format
     from anatomy_cli.output.render import resolve_format
     from anatomy_cli.output.views import lens as view
-    from anatomy_cli.tasks import lens as task
 
-    opts = task.LensOptions(stat=stat.value, target=target, target_id=target_id, first_token=first_token,
-                            layers=layers, stride=stride, k=k, batch_size=batch_size,
-                            lens=lens)  # fails before anything opens
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)
     # An HTML page's hover text lists each cell's top 5 tokens, whatever --k the table shows.
-    k_run = max(k or 1, view.HOVER_TOP) if plots.is_html(plot) else k
+    k_run = max(opts.k or 1, view.HOVER_TOP) if plots.is_html(plot) else opts.k
     grids = task.run(lm, encoded, opts, plan, k=k_run)
     as_grid = resolve_format(fmt) is Format.table
     reports = []
     for enc, grid in zip(encoded, grids):
-        reports.append(view.report(lm, enc, grid.keep_top(k) if k_run != k else grid, opts.stat, as_grid))
+        reports.append(view.report(lm, enc, grid.keep_top(opts.k) if k_run != opts.k else grid, opts.stat, as_grid))
         if plot:
             args, kwargs = view.figure(lm, enc, grid, opts.stat)
             plots.draw("lens", plot, len(reports) if prompt == "-" else None, *args, **kwargs)

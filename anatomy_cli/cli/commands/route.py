@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-from typing import Optional
-
-import typer
-
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import draw_and_emit
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import route as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("route")
+@command("route", task.RouteOptions)
 @model_options()
 @prompt_options()
 def route_command(
     prompt: PromptArg,
-    block: Annotated[Optional[str], typer.Option(
-        "--block", metavar="N,...", show_default=False,
-        help="Only these blocks (0,2 or 1-3; negative counts from the last); default every MoE block.")] = None,
-    top: Annotated[Optional[int], typer.Option(
-        "--top", min=1, metavar="N", show_default=False,
-        help="List the first N of the chosen experts (default all k).")] = None,
+    opts: task.RouteOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
@@ -54,9 +43,7 @@ def route_command(
         printf 'Hello\\nThe capital of France is\\n' | anatomy route - --model ./tiny-olmoe --format jsonl
     """
     from anatomy_cli.output.views import route as view
-    from anatomy_cli.tasks import route as task
 
-    opts = task.RouteOptions(block=block, top=top, batch_size=batch_size)  # fails before anything opens
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

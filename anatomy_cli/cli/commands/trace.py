@@ -2,50 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-from typing import Optional
-
-import typer
-
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
-from anatomy_cli.cli.options import LENS_METAVAR
-from anatomy_cli.cli.options import FirstTokenOpt
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
-from anatomy_cli.cli.options import TargetIdOpt
-from anatomy_cli.cli.options import TargetOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import trace as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("trace")
+@command("trace", task.TraceOptions)
 @model_options()
 @prompt_options()
 @output_options()
 def trace_command(
     prompt: PromptArg,
-    position: Annotated[Optional[int], typer.Option(
-        "--position", "-p", metavar="N", show_default=False,
-        help="Token position to follow (0-based; negative counts from the end, -1 = last token). "
-             "Default: the last token; for encoders the last one that is not [SEP]/[CLS].")] = None,
-    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
-                                   help="How many top next tokens to list.")] = 5,
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
-    first_token: FirstTokenOpt = False,
-    lens: Annotated[str, typer.Option(
-        "--lens", metavar=LENS_METAVAR,
-        help="The lens of the lens columns: logit, a tuned-lens directory or a Jacobian lens file.")] = "logit",
+    opts: task.TraceOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     out: Output = Output(),
 ) -> None:
     """Follow one token position through every layer: how much of the embedding survives, what each
@@ -68,10 +47,7 @@ def trace_command(
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output import plots
     from anatomy_cli.output.views import trace as view
-    from anatomy_cli.tasks import trace as task
 
-    opts = task.TraceOptions(position=position, k=k, target=target, target_id=target_id, first_token=first_token,
-                             batch_size=batch_size, lens=lens)  # fails before anything opens
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)
