@@ -59,14 +59,30 @@ def commands() -> dict[str, object]:
     return dict(click_command().commands)
 
 
+def model_group_helps() -> dict[str, str]:
+    """``{parameter: help}`` of the model option group's declarations (cli/options.py)."""
+    import typing
+
+    from anatomy_cli.cli.options import MODEL_OPTIONS
+
+    return {name: typing.get_args(kind)[1].help for name, kind, _ in MODEL_OPTIONS}
+
+
+def in_model_group(param) -> bool:
+    """True when ``param`` is the model group's option, declared as the group declares it; a command's own
+    option of the same name (params' --dtype and --max-memory, tokens' --model) is not."""
+    helps = model_group_helps()
+    return param.name in helps and param.help == helps[param.name]
+
+
 def cli_names(command) -> tuple[set[str], set[str]]:
     """The command's option names (python names, ``target_id``) without the shared groups, and its arguments
     (``param_type_name``: typer carries its own copy of click, whose classes are not ``click.Option``)."""
-    from anatomy_cli.cli.options import MODEL_OPTIONS
     from anatomy_cli.cli.options import PROMPT_OPTIONS
 
-    shared = {o[0] for o in MODEL_OPTIONS} | {o[0] for o in PROMPT_OPTIONS} | {"fmt", "format", "plot", "detail"}
+    shared = {o[0] for o in PROMPT_OPTIONS} | {"fmt", "format", "plot", "detail"}
     options = {p for p in command.params if p.param_type_name == "option" and p.name not in shared
+               and not in_model_group(p)
                and p.name not in {"output"}}  # report's -o FILE: where the page goes, as --plot
     arguments = {p.name for p in command.params if p.param_type_name == "argument"}
     return options, arguments

@@ -50,12 +50,13 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def default_of(f: dataclasses.Field[Any]) -> Any:
-    """A field's default value (its factory called)."""
+    """A field's default value (its factory called); ``inspect.Parameter.empty`` for a field without one: a
+    required option (``convert --to``)."""
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
-    raise TypeError(f"option field {f.name} has no default")
+    return inspect.Parameter.empty
 
 
 def parameters(cls: type) -> list[tuple[inspect.Parameter, Opt]]:

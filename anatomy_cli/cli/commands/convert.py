@@ -8,33 +8,29 @@ from typing import Annotated
 
 import typer
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.app import info
 from anatomy_cli.cli.app import status
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_model
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import convert as task
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
 
 
-@app.command("convert")
+@command("convert", task.ConvertOptions)
 @model_options(fields=("dtype",))
 def convert_command(
     model: Annotated[str, typer.Argument(
         metavar="FILE.gguf", show_default=False,
         help="A .gguf file, or a model name that resolves to one (smollm2, gemma3-270m).")],
-    to: Annotated[Path, typer.Option(
-        "--to", metavar="DIR", show_default=False,
-        help="The directory to write (created; it must not exist or be empty unless --overwrite).")],
+    opts: task.ConvertOptions,
     spec: ModelSpec = ModelSpec(),
-    overwrite: Annotated[bool, typer.Option(
-        "--overwrite", help="Write into DIR even where it has files (files of the same name are replaced).",
-    )] = False,
 ) -> None:
     """Write a GGUF file's weights, dequantized, as a directory that --model loads.
 
@@ -50,7 +46,8 @@ def convert_command(
         anatomy convert smollm2 --to ./source
         anatomy convert model.gguf --to ./model-bf16 --dtype bf16
     """
-    _check_target(to, overwrite)
+    to = opts.to
+    _check_target(to, opts.overwrite)
     opened = open_model(spec.replace(model=model, device="cpu"))
     if opened.source is None or opened.source.kind != "gguf":
         raise UsageError(f"{model} is not a GGUF file: convert reads .gguf files "

@@ -9,13 +9,14 @@ from typing import Optional
 import typer
 from typer.core import TyperCommand
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.app import warn
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
+from anatomy_cli.tasks import layernorm as task
 
 
 def _negative_number(arg: str) -> bool:
@@ -41,19 +42,12 @@ class NumbersCommand(TyperCommand):
         return super().parse_args(ctx, [" " + a if _negative_number(a) else a for a in args])
 
 
-@app.command("layernorm", cls=NumbersCommand)
+@command("layernorm", task.LayernormOptions, cls=NumbersCommand)
 def layernorm(
     values: Annotated[Optional[list[str]], typer.Argument(
         metavar="VALUE", help="The vector to normalise; negative numbers need no '--'.",
         show_default=False)] = None,
-    gamma: Annotated[Optional[str], typer.Option(
-        "--gamma", help="Scale γ, one number per value, comma-separated (e.g. 1,2,1,1). Default: all 1.",
-        show_default=False)] = None,
-    beta: Annotated[Optional[str], typer.Option(
-        "--beta", help="Shift β, one number per value, comma-separated (e.g. 0,0,0.5,0). Default: all 0.",
-        show_default=False)] = None,
-    eps: Annotated[float, typer.Option(
-        "--eps", help="Added to the variance before the square root (torch and GPT-2 use 1e-5).")] = 1e-5,
+    opts: task.LayernormOptions = task.LayernormOptions(),
     fmt: FormatOpt = None,
 ) -> None:
     """Normalise VALUE... as LayerNorm does: mean, population variance, std, eps, output.
@@ -77,13 +71,13 @@ def layernorm(
 
     result = layer_norm(
         [parse_number(v) for v in values or []],
-        gamma=parse_list(gamma, "--gamma") if gamma is not None else None,
-        beta=parse_list(beta, "--beta") if beta is not None else None,
-        eps=eps,
+        gamma=parse_list(opts.gamma, "--gamma") if opts.gamma is not None else None,
+        beta=parse_list(opts.beta, "--beta") if opts.beta is not None else None,
+        eps=opts.eps,
     )
     if result.constant:
         warn("all values are equal, so variance = 0 and x - mean = 0: the normalised vector is 0 "
-             "and the output is β" + (" (all 0)" if beta is None else ""))
+             "and the output is β" + (" (all 0)" if opts.beta is None else ""))
     data = result.to_dict()
     stats = Section(
         columns=(Column("quantity"), Column("value", kind="number", digits=6)),

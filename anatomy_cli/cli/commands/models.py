@@ -8,12 +8,13 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
+from anatomy_cli.tasks import models as task
 
 _COLUMNS = (
     Column("name", "model (--model)"),
@@ -27,17 +28,12 @@ _COLUMNS = (
 )
 
 
-@app.command("models")
+@command("models", task.ModelsOptions)
 def models(
     directories: Annotated[Optional[list[str]], typer.Argument(
         metavar="DIR", show_default=False,
         help="Folders to search (recursively) for .gguf files and save_pretrained directories.")] = None,
-    hf_cache: Annotated[bool, typer.Option(
-        "--hf-cache/--no-hf-cache", help="Also list the Hugging Face cache.")] = True,
-    default: Annotated[Optional[str], typer.Option(
-        "--default", metavar="NAME", show_default=False,
-        help="Set the model every command uses when --model is not given (stored in the user config "
-        "directory; $ANATOMY_MODEL overrides it). 'gpt2' or '' goes back to the built-in default.")] = None,
+    opts: task.ModelsOptions = task.ModelsOptions(),
     fmt: FormatOpt = None,
 ) -> None:
     """List the models on this machine: name to pass as --model, format, architecture, parameters, size.
@@ -55,12 +51,12 @@ def models(
         anatomy models ~/Downloads --no-hf-cache
         anatomy models --format json | jq -r '.models[] | select(.format == "gguf") | .name'
     """
-    if default is not None:
-        _set_default(default)
+    if opts.default is not None:
+        _set_default(opts.default)
         return
     from anatomy_cli.analyses import inventory as analysis
 
-    result = analysis.inventory(list(directories or []), hf=hf_cache)
+    result = analysis.inventory(list(directories or []), hf=opts.hf_cache)
     data = result.to_dict()
     from anatomy_cli.models import defaults
 

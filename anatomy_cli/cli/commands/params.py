@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated
-from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import TrustRemoteCodeOpt
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.models.resolve import short_name
-
-
-class WeightDType(str, Enum):
-    fp32 = "fp32"
-    fp16 = "fp16"
-    bf16 = "bf16"
-    int8 = "int8"
-    int4 = "int4"
-
+from anatomy_cli.tasks import params as task
 
 _SOURCES = {"preset": "built-in preset", "directory": "local directory", "hub": "Hugging Face config.json",
             "gguf": "GGUF file"}
@@ -29,7 +19,7 @@ _READ_FROM = {"meta": "counted on the meta device", "gguf_header": "read from th
               "safetensors_header": "read from the safetensors headers"}
 
 
-@app.command("params")
+@command("params", task.ParamsOptions)
 @output_options()
 def params_command(
     model: Annotated[str, typer.Argument(
@@ -37,18 +27,7 @@ def params_command(
         "a .gguf file or a checkpoint directory (read from their headers), a directory with only "
         "config.json, or a Hugging Face model id (only config.json is fetched).",
     )] = "gpt2",
-    per_layer: Annotated[bool, typer.Option(
-        "--per-layer", help="One row per block (attention, FFN, norms), plus the embeddings and the head.",
-    )] = False,
-    dtype: Annotated[Optional[WeightDType], typer.Option(
-        "--dtype", case_sensitive=False, show_default=False,
-        help="Add a memory column: parameters x bytes per parameter in this dtype (all resident weights).",
-    )] = None,
-    max_memory: Annotated[Optional[str], typer.Option(
-        "--max-memory", metavar="DEVICE=SIZE,...", show_default=False,
-        help="Also estimate where accelerate would place each block with these budgets, e.g. "
-        "0=20GiB,cpu=60GiB (GPU index, cpu, mps, disk). No GPU needs to be present.",
-    )] = None,
+    opts: task.ParamsOptions = task.ParamsOptions(),
     trust_remote_code: TrustRemoteCodeOpt = False,
     out: Output = Output(),
 ) -> None:
@@ -78,8 +57,8 @@ def params_command(
     from anatomy_cli.output import plots
     from anatomy_cli.output.render import emit
 
-    budget = analysis.parse_max_memory(max_memory) if max_memory is not None else None
-    result = analysis.analyse(model, dtype=dtype.value if dtype else None, per_layer=per_layer,
+    budget = analysis.parse_max_memory(opts.max_memory) if opts.max_memory is not None else None
+    result = analysis.analyse(model, dtype=opts.dtype.value if opts.dtype else None, per_layer=opts.per_layer,
                               trust_remote_code=trust_remote_code, max_memory=budget)
     emit(build_report(result, fmt), fmt)
     if plot:

@@ -8,9 +8,9 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.app import click_command
 from anatomy_cli.cli.app import info
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
@@ -19,6 +19,7 @@ from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
 from anatomy_cli.serve import client
+from anatomy_cli.tasks import serve as task
 
 JOB_COLUMNS = (Column("id", "id", "id"), Column("state", "state"), Column("since", "since"),
                Column("for_s", "for (s)", "float", 1), Column("command", "command"))
@@ -27,34 +28,11 @@ STATUS_COLUMNS = (Column("model", "model"), Column("state", "state"), Column("dt
                   Column("reloads", "reloads", "int"), Column("last_reload", "last reload"))
 
 
-@app.command("serve")
+@command("serve", task.ServeOptions)
 def serve_command(
-    model: Annotated[Optional[list[str]], typer.Option(
-        "--model", "-m", metavar="MODEL", show_default=False,
-        help="Load this model once listening (repeatable); others load on first use.")] = None,
-    socket_path: Annotated[Optional[Path], typer.Option(
-        "--socket", metavar="PATH", show_default=False,
-        help="Socket to listen on. Default: $ANATOMY_SERVER, else $XDG_RUNTIME_DIR/anatomy/anatomy.sock, "
-             "else /tmp/anatomy-UID/anatomy.sock.")] = None,
-    max_memory_gb: Annotated[Optional[float], typer.Option(
-        "--max-memory-gb", metavar="GB", min=0.0, show_default=False,
-        help="Keep loaded models under this many GB of weights; the least recently used goes first. "
-             "Default: no limit.")] = None,
-    idle_timeout: Annotated[float, typer.Option(
-        "--idle-timeout", metavar="MINUTES", min=0.0,
-        help="Stop after this many minutes without a request.")] = 30.0,
-    status: Annotated[bool, typer.Option("--status", help="Show the running server's models, memory and "
-                                         "uptime, then exit.")] = False,
-    stop: Annotated[bool, typer.Option("--stop", help="Stop the running server; returns once it has "
-                                       "exited.")] = False,
-    cancel: Annotated[bool, typer.Option("--cancel", help="End the server's running and queued commands (those "
-                                         "IDs only, from serve --status): a queued one never runs, a running one "
-                                         "stops at its next step.")] = False,
+    opts: task.ServeOptions,
     ids: Annotated[Optional[list[int]], typer.Argument(
         metavar="[ID]...", show_default=False, help="With --cancel: the jobs to end. Default: all.")] = None,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="Run the server in the background (its log: "
-                                         "anatomy.log beside the socket); return as soon as it listens, "
-                                         "before the models have loaded.")] = False,
     fmt: FormatOpt = None,
 ) -> None:
     """Start a local server that keeps models loaded. While it runs, FORWARDED send their work to it and
@@ -78,20 +56,18 @@ def serve_command(
     from anatomy_cli.serve import lifecycle
     from anatomy_cli.serve import protocol
 
-    path = socket_path.expanduser() if socket_path else protocol.socket_path()[0]
-    if sum((status, stop, detach, cancel)) > 1:
-        raise UsageError("--status, --stop, --cancel and --detach exclude each other")
-    if ids and not cancel:
+    path = opts.socket.expanduser() if opts.socket else protocol.socket_path()[0]
+    if ids and not opts.cancel:
         raise UsageError("job ids are for --cancel: `anatomy serve --cancel ID`")
     try:
-        if cancel:
+        if opts.cancel:
             answer = protocol.request(path, {"op": "cancel", "ids": ids or None}, wait=30)
             if "error" in answer:
                 raise AnatomyError(str(answer["error"]))
             emit(_cancel_report(answer), fmt)
-        elif status:
+        elif opts.status:
             emit(_status_report(protocol.request(path, {"op": "status"}, wait=30)), fmt)
-        elif stop:
+        elif opts.stop:
             answer = lifecycle.stop(path)
             info(f"stopped the anatomy server at {path} (pid {answer.get('pid')})")
             if fmt is not None:  # asked for a format: the answer as a result too
@@ -101,13 +77,13 @@ def serve_command(
     except (OSError, protocol.ProtocolError) as exc:
         raise AnatomyError(f"no anatomy server answers at {path} ({getattr(exc, 'strerror', None) or exc})") \
             from None
-    if status or stop or cancel:
+    if opts.status or opts.stop or opts.cancel:
         return
-    limit = None if max_memory_gb is None else int(max_memory_gb * 1e9)
-    if detach:
-        _detach(path, model or [], max_memory_gb, idle_timeout)
+    limit = None if opts.max_memory_gb is None else int(opts.max_memory_gb * 1e9)
+    if opts.detach:
+        _detach(path, list(opts.models), opts.max_memory_gb, opts.idle_timeout)
         return
-    _run_server(path, model or [], limit, idle_timeout)
+    _run_server(path, list(opts.models), limit, opts.idle_timeout)
 
 
 # The forwarded commands, named from the one list the client forwards by (serve/client.py).

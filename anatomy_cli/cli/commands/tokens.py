@@ -4,11 +4,10 @@ unless ``--model`` is given (the analysis module is imported inside the command 
 from __future__ import annotations
 
 from typing import Annotated
-from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import AllowSpecialOpt
 from anatomy_cli.cli.options import BosOpt
 from anatomy_cli.cli.options import FormatOpt
@@ -17,6 +16,7 @@ from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
+from anatomy_cli.tasks import tokens as task
 
 _COLUMNS = (
     Column("index", "#", "int"),
@@ -28,16 +28,11 @@ _COLUMNS = (
 )
 
 
-@app.command("tokens")
+@command("tokens", task.TokensOptions)
 def tokens(
     text: Annotated[str, typer.Argument(help="Text to tokenize, exactly as given; '-' reads all of stdin "
                                         "(a trailing newline is part of the text).", show_default=False)],
-    encoding: Annotated[Optional[str], typer.Option(
-        "--encoding", "-e", help="tiktoken encoding: gpt2 (default), r50k_base, p50k_base, cl100k_base, "
-        "o200k_base, ...", show_default=False)] = None,
-    model: Annotated[Optional[str], typer.Option(
-        "--model", "-m", help="Use this model's tokenizer instead of tiktoken (a .gguf file, a local "
-        "directory or a Hub id in the HF cache; loads transformers).", show_default=False)] = None,
+    opts: task.TokensOptions,
     allow_special: AllowSpecialOpt = False,
     bos: BosOpt = None,
     fmt: FormatOpt = None,
@@ -65,15 +60,13 @@ def tokens(
     from anatomy_cli.analyses import tokens as analysis
     from anatomy_cli.text.inputs import read_text_arg
 
-    if model is not None and encoding is not None:
-        raise UsageError("give either --encoding (tiktoken) or --model (Hugging Face tokenizer), not both")
-    if model is None and bos is not None:
+    if opts.model is None and bos is not None:
         raise UsageError("--bos and --no-bos apply to a model's tokenizer (--model); tiktoken adds no BOS")
     source = read_text_arg(text)
-    if model is not None:
-        result = analysis.tokenize_hf(source, model, allow_special=allow_special, bos=bos)
+    if opts.model is not None:
+        result = analysis.tokenize_hf(source, opts.model, allow_special=allow_special, bos=bos)
     else:
-        result = analysis.tokenize_tiktoken(source, encoding or "gpt2", allow_special=allow_special)
+        result = analysis.tokenize_tiktoken(source, opts.encoding or "gpt2", allow_special=allow_special)
     data = result.to_dict()
     summary = (f"{_count(data['n_tokens'], 'token')}, {_count(data['n_characters'], 'character')}, "
                f"{_count(data['n_bytes'], 'byte')} ({result.tokenizer})")
