@@ -145,7 +145,7 @@ def test_cli_json_table_batch_and_plot(tiny_model_dir, tiny_lm, cached_load, tmp
 @pytest.mark.parametrize("extra, message", [
     (["--method", "saliency", "--baseline", "pad"], "--baseline is for integrated-gradients and occlusion"),
     (["--baseline", "drop"], "--baseline drop is for occlusion"),
-    (["--steps", "0"], "Invalid value for '--steps'"),
+    (["--steps", "0"], "error: --steps takes a whole number of at least 1"),
 ])
 def test_cli_errors(tiny_model_dir, extra, message):
     result = runner.invoke(app, ["attribute", PROMPT, "--target-id", "1", "-m", str(tiny_model_dir("gpt2")), *extra])

@@ -188,6 +188,18 @@ def test_drift_rejects_bad_matrix_layer_and_single_context():
         D.drift("w", streams[:1], locs[:1], ids[:1], special[:1], is_causal=True)
 
 
+def test_options_default_to_the_built_in_pair_and_take_their_inputs_checked():
+    # The CLI and the API build DriftOptions from its declared fields, then give it WORD and the contexts.
+    from anatomy_cli.tasks.drift import DriftOptions
+
+    opts = DriftOptions(occurrence=2)
+    assert opts.word == D.DEFAULT_WORD and opts.texts() == list(D.DEFAULT_CONTEXTS)
+    given = opts.with_inputs("cat", ["a cat", "the cat"])
+    assert (given.word, given.contexts, given.occurrence) == ("cat", ("a cat", "the cat"), 2)
+    with pytest.raises(UsageError, match="the built-in pair is for 'bank'"):
+        opts.with_inputs("cat", None)
+
+
 def test_drift_reports_identical_prefix_pairs():
     s = _stream(5)
     locs = _locations([[1], [1]])
@@ -463,7 +475,7 @@ def test_long_context_names_the_limit_and_no_truncate_option(gpt2_dir):
     (["bank", "--matrix", "2"], "--matrix 2 is out of range: this model has blocks 0..1"),
     (["bank", "--matrix", "-1"], "--matrix: block -1 is negative; blocks count from 0"),
     (["bank", "--matrix", "0,1"], "--matrix takes one residual row (embed or a block), got '0,1'"),
-    (["bank", "--occurrence", "0"], "'-n': Input should be greater than or equal to 1"),
+    (["bank", "--occurrence", "0"], "--occurrence takes a whole number of at least 1"),  # the options class's limit
     (["bank", "--pool", "max"], "Invalid value for '--pool'"),
     (["bank", "-c", "\udcff bank", "-c", MONEY], "context 1 is not valid UTF-8 (character 1)"),
     (["bank", "-c", MONEY, "-c", "the bank " * 40], "context 2 is 81 tokens; "),

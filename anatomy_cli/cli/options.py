@@ -148,17 +148,9 @@ TargetOpt = Annotated[Optional[str], typer.Option(
     "(mind the leading space: ' much').")]
 TargetIdOpt = Annotated[Optional[int], typer.Option(
     "--target-id", metavar="N", min=0, show_default=False, help="The target given by its token id instead of text.")]
-FoilOpt = Annotated[Optional[str], typer.Option(
-    "--foil", metavar="TEXT", show_default=False,
-    help="A second token: report logit(target) - logit(foil). One token, like --target.")]
-FoilIdOpt = Annotated[Optional[int], typer.Option(
-    "--foil-id", metavar="N", min=0, show_default=False, help="The foil given by its token id instead of text.")]
 FirstTokenOpt = Annotated[bool, typer.Option(
     "--first-token", help="A --target TEXT of several tokens stands for its first token (said on stderr) "
     "instead of being an error.")]
-FirstTokenFoilOpt = Annotated[bool, typer.Option(
-    "--first-token", help="A --target or --foil TEXT of several tokens stands for its first token (said on "
-    "stderr) instead of being an error.")]
 
 
 class Truncate(str, Enum):
@@ -205,15 +197,6 @@ OUTPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
-TOKEN_PAIR_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
-    ("target", TargetOpt, None),
-    ("target_id", TargetIdOpt, None),
-    ("foil", FoilOpt, None),
-    ("foil_id", FoilIdOpt, None),
-    ("first_token", FirstTokenFoilOpt, False),
-)
-
-
 @dataclass(frozen=True)
 class Output:
     """Where a command's result goes: ``fmt`` (``--format``; None: table on a terminal, tsv piped) and ``plot``
@@ -246,14 +229,6 @@ def prompt_options(*, truncate: bool = True, param: str = "prompts") -> Callable
 
     chosen = [o for o in PROMPT_OPTIONS if truncate or o[0] != "truncate"]
     return _group(param, chosen, PromptOptions)
-
-
-def token_pair_options(*, param: str = "pair") -> Callable[[F], F]:
-    """Replace the command's ``param`` parameter by the target and foil options (dla, ablate, patch, attribute)
-    and pass it the task layer's :class:`~anatomy_cli.tasks._attribution.TokenPair` (its fields: ``vars(pair)``)."""
-    from anatomy_cli.tasks._attribution import TokenPair
-
-    return _group(param, list(TOKEN_PAIR_OPTIONS), TokenPair)
 
 
 def output_options(*, plot: bool = True, param: str = "out") -> Callable[[F], F]:

@@ -1,5 +1,6 @@
 """What `dla`, `ablate`, `patch` and `attribute` share: the target/foil pair (:class:`TokenPair`), and for
-`patch` and `ablate` `--method exact|attribution` and `--check N`, their options and runs.
+`patch` and `ablate` `--method exact|attribution` and `--check N`, their options (declared once:
+:func:`method_option`, :func:`check_option`) and runs.
 
 With ``--method attribution`` every cell is estimated from one backward (``engine.gradients``);
 ``--check N`` reruns the N cells with the largest estimates exactly (``analyses.attribution_patching``).
@@ -12,20 +13,22 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text import targets
 
 
-@dataclass(frozen=True)
 class TokenPair:
-    """``--target``/``--foil`` (and ``--first-token``) as given; :meth:`resolve` is the one place they become ids
+    """What an options class with the fields ``target`` (TEXT), ``target_id``, ``foil`` (TEXT), ``foil_id`` and
+    ``first_token`` (declared with :mod:`anatomy_cli.declare.shared`'s factories, ``first_token(foil=True)``) can
+    do with them: ``--target``/``--foil`` as given; :meth:`resolve` is the one place they become ids
     (:func:`targets.resolve_pair`: a foil equal to the target is refused there)."""
 
-    target: str | None = None
-    target_id: int | None = None
-    foil: str | None = None
-    foil_id: int | None = None
-    first_token: bool = False
+    target: str | None
+    target_id: int | None
+    foil: str | None
+    foil_id: int | None
+    first_token: bool
 
     @property
     def wanted(self) -> targets.TokenChoice | None:
@@ -58,10 +61,23 @@ class Method(str, Enum):
     attribution = "attribution"
 
 
+def method_option() -> Any:
+    """``--method exact|attribution`` (patch, ablate)."""
+    return option(Method.exact, "--method", case_sensitive=False,
+                  help="exact: one edited run per cell; attribution: every cell estimated at once from one backward, "
+                  "(a_new - a) . dm/da (attribution patching), at the cost of one forward and one backward (patch "
+                  "runs CLEAN and CORRUPT in that forward as two batch rows).")
+
+
+def check_option() -> Any:
+    """``--check N`` (patch, ablate): at least 0, checked by the options class."""
+    return option(0, "--check", metavar="N", min=0,
+                  help="With --method attribution: rerun the N cells with the largest |estimate| exactly and print "
+                  "them beside the estimates (Pearson's r and top-k agreement in the footer).")
+
+
 def check_options(method: Method, check: int) -> None:
-    """UsageError for ``--check`` without ``--method attribution`` (or a negative N)."""
-    if check < 0:
-        raise UsageError("--check takes a whole number of at least 0")
+    """UsageError for ``--check`` without ``--method attribution`` (its minimum, 0, is declared)."""
     if check and method is not Method.attribution:
         raise UsageError("--check N compares attribution estimates with exact runs: it needs --method attribution")
 

@@ -8,6 +8,9 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -16,8 +19,9 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import Extra
 from anatomy_cli.tasks._attribution import Method
 from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks._attribution import check_option
 from anatomy_cli.tasks._attribution import check_options
-from anatomy_cli.tasks._checks import at_least
+from anatomy_cli.tasks._attribution import method_option
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -35,28 +39,42 @@ class AblateMode(str, Enum):
 
 
 @dataclass(frozen=True)
-class AblateOptions(TokenPair):
+class AblateOptions(Declared, TokenPair):
     """What to knock out (``heads``: each head; ``experts``: each routed expert of an MoE block; ``layer``: only
     that block) and how (``mode``; None: ``reroute`` with ``experts``, else ``zero``); ``position``: where the
     metric is read; ``method``/``check``: exact runs, or attribution estimates with N checked exactly."""
 
-    position: int = -1
-    heads: bool = False
-    experts: bool = False
-    mode: AblateMode | None = None
-    method: Method = Method.exact
-    check: int = 0
-    layer: int | None = None
-    batch_size: int = 32
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    foil: str | None = shared.foil()
+    foil_id: int | None = shared.foil_id()
+    first_token: bool = shared.first_token(foil=True)
+    position: int = option(-1, "--position", "-p", metavar="N",
+                           help="Where to read the metric (0-based; negative from the end).")
+    heads: bool = option(False, "--heads", help="Ablate every attention head separately (its slice of the output "
+                         "projection's input) instead of whole attention and MLP outputs.")
+    experts: bool = option(False, "--experts", help="Knock out each routed expert of each MoE block (with --layer: "
+                           "of that block) separately, at every position (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; "
+                           "Qwen2-MoE's shared expert has no index and stays).")
+    mode: AblateMode | None = option(None, "--mode", case_sensitive=False, show_default=False,
+                                     help="zero (default): replace the output by zeros, with --experts drop the "
+                                     "expert's weighted output; mean: by its mean over the prompt's positions; "
+                                     "reroute (--experts, its default): the expert's router logit set to -inf before "
+                                     "the top k, the family's normalisation as usual.")
+    method: Method = method_option()
+    check: int = check_option()
+    layer: int | None = option(None, "--layer", "-l", metavar="L", show_default=False,
+                               help="Only layer L (0-based; negative from the end); with --experts an MoE block.")
+    batch_size: int = shared.batch_size(32, "Ablated runs per forward pass (more: faster, more memory).")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         default = AblateMode.reroute if self.experts else AblateMode.zero
         object.__setattr__(self, "mode", default if self.mode is None else AblateMode(self.mode))
         object.__setattr__(self, "method", Method(self.method))
         _check_experts(self)
         self.check_tokens()
         check_options(self.method, self.check)
-        at_least("--batch-size", self.batch_size)
         self.require_target("--target TEXT or --target-id N is required: the token whose log-probability "
                             "ablations change, e.g. --target ' much'")
 

@@ -8,6 +8,9 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
@@ -49,35 +52,56 @@ class Site(str, Enum):
 
 
 @dataclass(frozen=True)
-class AttributeOptions(TokenPair):
+class AttributeOptions(Declared, TokenPair):
     """Captum's ``method`` (integrated gradients from ``steps`` doubled to ``max_steps`` until within
     ``max_rel_error``; ``layer``/``site``: at a block's activation instead of the embeddings), ``baseline``,
     ``check``: occlusion's rank agreement."""
 
-    method: AttributionMethod = AttributionMethod.integrated_gradients
-    steps: int = 32
-    baseline: Baseline | None = None
-    max_rel_error: float = 0.05
-    max_steps: int = 256
-    allow_unconverged: bool = False
-    vary_first: bool = False
-    check: bool = False
-    layer: int | None = None
-    site: Site = Site.resid_pre
-    batch_size: int = 32
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    foil: str | None = shared.foil()
+    foil_id: int | None = shared.foil_id()
+    first_token: bool = shared.first_token(foil=True)
+    method: AttributionMethod = option(
+        AttributionMethod.integrated_gradients, "--method", case_sensitive=False,
+        help="saliency: gradient norm per token; input-x-gradient; integrated-gradients (--steps, --baseline); "
+        "occlusion: drop or replace one token at a time, no gradients.")
+    steps: int = option(32, "--steps", min=1, help="Integrated gradients: points on the path to start with "
+                        "(Gauss-Legendre); doubled until --max-rel-error is met.")
+    baseline: Baseline | None = option(
+        None, "--baseline", case_sensitive=False, show_default=False,
+        help="Integrated gradients: pad (default), unk, mean (the mean embedding) or zero at every position but "
+        "the first (see --vary-first). zero converges badly on pre-norm models: their first norm divides the "
+        "embedding's scale out, so f changes almost only in a sliver of the path next to 0 that the steps miss. "
+        "Occlusion: drop (default: the token is removed), or its embedding replaced by pad, unk, mean or "
+        "zero.")
+    max_rel_error: float = option(
+        0.05, "--max-rel-error", min=0.0, help="Integrated gradients: the completeness bound, |sum of attributions "
+        "- (f(x) - f(baseline))| / |f(x) - f(baseline)|; missed: the steps are doubled up to --max-steps, then "
+        "exit 1.")
+    max_steps: int = option(256, "--max-steps", min=1, help="Integrated gradients: the most steps the doubling "
+                            "goes to.")
+    allow_unconverged: bool = option(False, "--allow-unconverged", help="Print integrated gradients that missed "
+                                     "--max-rel-error (marked unconverged) instead of exit 1.")
+    vary_first: bool = option(
+        False, "--vary-first", help="Integrated gradients: the baseline replaces the first position too. By default "
+        "it keeps its own embedding (attribution 0): the first position is the attention sink, and moving it makes "
+        "f jump along the path.")
+    check: bool = option(False, "--check", help="Run occlusion too (replacing by the same baseline) and report "
+                         "Spearman's rank correlation between the two per-token rankings.")
+    layer: int | None = option(None, "--layer", min=0, show_default=False,
+                               help="Integrated gradients at block L's --site activation (Captum "
+                               "LayerIntegratedGradients): one row per position of that activation.")
+    site: Site = option(Site.resid_pre, "--site", case_sensitive=False, help="With --layer: resid_pre (block "
+                        "input), attn_out or mlp_out (what attention / the MLP adds).")
+    batch_size: int = shared.batch_size(32, "Integrated-gradient steps or occluded prompts per forward pass.")
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the declared limits: --steps, --max-rel-error, --max-steps, --layer, --batch-size
         object.__setattr__(self, "method", AttributionMethod(self.method))
         object.__setattr__(self, "site", Site(getattr(self.site, "value", self.site)))
         if self.baseline is not None:
             object.__setattr__(self, "baseline", Baseline(self.baseline))
-        for name, least in (("steps", 1), ("max_steps", 1), ("batch_size", 1)):
-            if getattr(self, name) < least:
-                raise UsageError(f"--{name.replace('_', '-')} takes a whole number of at least {least}")
-        if self.max_rel_error < 0:
-            raise UsageError("--max-rel-error takes a number of at least 0")
-        if self.layer is not None and self.layer < 0:
-            raise UsageError(f"--layer {self.layer} is negative: blocks count from 0")
         self.check_tokens()
         self.require_target("--target TEXT or --target-id N is required: the token whose prediction is explained, "
                             "e.g. --target ' much'")

@@ -7,6 +7,9 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.adapters import heads_split
 from anatomy_cli.models.capabilities import Need
@@ -14,7 +17,6 @@ from anatomy_cli.models.capabilities import refusal
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
-from anatomy_cli.tasks._checks import at_least
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -38,21 +40,34 @@ class Sort(str, Enum):
 
 
 @dataclass(frozen=True)
-class DlaOptions(TokenPair):
+class DlaOptions(Declared, TokenPair):
     """The target (and foil) whose logit is decomposed at ``position`` (None: the last); ``by`` layer or head;
     ``top``/``sort``: which rows the report keeps and their order (the sum stays the logit)."""
 
-    position: int | None = None
-    by: By = By.layer
-    top: int | None = None
-    sort: Sort = Sort.model
-    batch_size: int = 8
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    foil: str | None = shared.foil()
+    foil_id: int | None = shared.foil_id()
+    first_token: bool = shared.first_token(foil=True)
+    position: int | None = option(None, "--position", "-p", metavar="N", show_default=False,
+                                  help="The position whose logit is decomposed (0-based; negative counts from the "
+                                  "end). Default: the last.")
+    by: By = option(By.layer, "--by", case_sensitive=False,
+                    help="'head': one row per attention head (plus the output projection's bias) instead of one per "
+                    "attention layer; 'expert' (MoE models): one row per chosen expert (and the shared expert) of "
+                    "each MoE block instead of its MLP row.")
+    top: int | None = option(None, "--top", "-k", min=1, metavar="N", show_default=False,
+                             help="Keep the N rows of largest |contribution|; the rest are summed into one 'other' "
+                             "row, so the rows still add up to the logit. Default: every row.")
+    sort: Sort = option(Sort.model, "--sort", case_sensitive=False,
+                        help="Row order: 'model' (embedding, blocks in order, bias), 'abs' (largest |contribution| "
+                        "first) or 'value' (most positive first).")
+    batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         object.__setattr__(self, "by", By(self.by))
         object.__setattr__(self, "sort", Sort(self.sort))
-        at_least("--top", self.top)
-        at_least("--batch-size", self.batch_size)
         self.require_target("dla needs a token: give --target TEXT or --target-id N")
         self.check_tokens()
 

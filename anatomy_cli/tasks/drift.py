@@ -6,15 +6,19 @@ N's output for N = 0..L−1 (the last before any final norm). ``--matrix`` takes
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Optional
 
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.drift import DriftResult
@@ -33,29 +37,43 @@ class Pool(str, Enum):
 
 
 @dataclass(frozen=True)
-class DriftOptions:
+class DriftOptions(Declared):
     """``word`` and its ``contexts`` (None: the built-in pair for 'bank'); ``matrix``: the residual row
-    (``embed`` or a block) whose full pairwise matrix replaces the per-layer table."""
+    (``embed`` or a block) whose full pairwise matrix replaces the per-layer table.
 
-    word: str
+    ``word`` and ``contexts`` are the command's inputs (:data:`INPUTS`: the CLI's WORD argument and ``--context``,
+    the API's positional ``word, contexts``), not declared options: the CLI and the API build the options from
+    the declared fields, then give them their inputs (:meth:`with_inputs`). Their defaults are the built-in pair
+    (``analyses.drift.DEFAULT_WORD``, written out here: that module imports torch)."""
+
+    word: str = "bank"
     contexts: tuple[str, ...] | None = None
-    matrix: str | int | None = None
-    pool: Pool = Pool.mean
-    occurrence: int = 1
-    ignore_case: bool = False
+    matrix: str | int | None = option(
+        None, "--matrix", metavar="LAYER", show_default=False, cli=Optional[str],
+        help="Print the full pairwise similarity matrix at this residual row (embed, or block N's output) instead "
+        "of the per-layer table.")
+    pool: Pool = option(Pool.mean, "--pool", case_sensitive=False, help="How to pool a word that spans several "
+                        "tokens.")
+    occurrence: int = option(1, "--occurrence", "-n", min=1, metavar="N",
+                             help="Which occurrence of WORD to use in each context (1-based).")
+    ignore_case: bool = option(False, "--ignore-case", "-i", help="Match WORD regardless of case.")
 
     def __post_init__(self) -> None:
         from anatomy_cli.analyses.drift import word_spans
 
+        super().__post_init__()
         object.__setattr__(self, "pool", Pool(self.pool))
         if self.contexts is not None:
             object.__setattr__(self, "contexts", tuple(self.contexts))
-        at_least("--occurrence", self.occurrence)
         word_spans("", self.word)  # rejects an empty word before the model loads
         _check_utf8(self.word, "WORD")
         if self.matrix is not None:
             sites.parse_blocks(str(self.matrix), None, "--matrix", embed=True, negative=False)
         self.texts()
+
+    def with_inputs(self, word: str, contexts: Sequence[str] | None) -> DriftOptions:
+        """These options for ``word`` in ``contexts`` (None: the built-in pair), checked as a whole."""
+        return dataclasses.replace(self, word=word, contexts=None if contexts is None else tuple(contexts))
 
     def texts(self) -> list[str]:
         """The contexts to run (the built-in pair for the default word); UsageError for fewer than two."""

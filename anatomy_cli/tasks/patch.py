@@ -7,6 +7,9 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -15,8 +18,9 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import Extra
 from anatomy_cli.tasks._attribution import Method
 from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks._attribution import check_option
 from anatomy_cli.tasks._attribution import check_options
-from anatomy_cli.tasks._checks import at_least
+from anatomy_cli.tasks._attribution import method_option
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.patch import Patching
@@ -37,21 +41,29 @@ class PatchSite(str, Enum):
 
 
 @dataclass(frozen=True)
-class PatchOptions(TokenPair):
+class PatchOptions(Declared, TokenPair):
     """``site``: where CLEAN's activation replaces CORRUPT's; ``method``/``check``: exact runs, or attribution
     patching with the N largest estimates checked exactly."""
 
-    site: PatchSite = PatchSite.resid_pre
-    method: Method = Method.exact
-    check: int = 0
-    batch_size: int = 32
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    foil: str | None = shared.foil()
+    foil_id: int | None = shared.foil_id()
+    first_token: bool = shared.first_token(foil=True)
+    site: PatchSite = option(PatchSite.resid_pre, "--site", case_sensitive=False,
+                             help="resid_pre: input of block l; attn_out / mlp_out: what block l's attention / MLP "
+                             "adds; head: one head at all positions (layer x head grid); resid_post: output of "
+                             "block l.")
+    method: Method = method_option()
+    check: int = check_option()
+    batch_size: int = shared.batch_size(32, "Patched runs per forward pass (more: faster, more memory).")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         object.__setattr__(self, "site", PatchSite(self.site))
         object.__setattr__(self, "method", Method(self.method))
         self.check_tokens()
         check_options(self.method, self.check)
-        at_least("--batch-size", self.batch_size)
         self.require_target("--target TEXT or --target-id N is required: the token whose logit patching moves, "
                             "e.g. --target ' Paris'")
 

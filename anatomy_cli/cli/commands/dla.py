@@ -2,57 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-from typing import Optional
-
-import typer
-
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import draw_and_emit
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
-from anatomy_cli.cli.options import token_pair_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks._attribution import TokenPair
-from anatomy_cli.tasks.dla import By
-from anatomy_cli.tasks.dla import Sort
+from anatomy_cli.tasks import dla as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("dla")
+@command("dla", task.DlaOptions)
 @model_options()
 @prompt_options()
 @output_options()
-@token_pair_options()
 def dla_command(
     prompt: PromptArg,
-    pair: TokenPair = TokenPair(),
-    position: Annotated[Optional[int], typer.Option(
-        "--position", "-p", metavar="N", show_default=False,
-        help="The position whose logit is decomposed (0-based; negative counts from the end). "
-        "Default: the last.")] = None,
-    by: Annotated[By, typer.Option("--by", case_sensitive=False,
-                                   help="'head': one row per attention head (plus the output projection's "
-                                   "bias) instead of one per attention layer; 'expert' (MoE models): one row "
-                                   "per chosen expert (and the shared expert) of each MoE block instead of "
-                                   "its MLP row.")] = By.layer,
-    top: Annotated[Optional[int], typer.Option(
-        "--top", "-k", min=1, metavar="N", show_default=False,
-        help="Keep the N rows of largest |contribution|; the rest are summed into one 'other' row, so the "
-        "rows still add up to the logit. Default: every row.")] = None,
-    sort: Annotated[Sort, typer.Option(
-        "--sort", case_sensitive=False,
-        help="Row order: 'model' (embedding, blocks in order, bias), 'abs' (largest |contribution| first) or "
-        "'value' (most positive first).")] = Sort.model,
+    opts: task.DlaOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     out: Output = Output(),
 ) -> None:
     """Direct logit attribution: how much each component wrote the target's logit at one position.
@@ -73,10 +45,7 @@ def dla_command(
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import dla as view
-    from anatomy_cli.tasks import dla as task
 
-    opts = task.DlaOptions(**vars(pair),
-                           position=position, by=by, top=top, sort=sort, batch_size=batch_size)
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts, encoded)
     lm = load_weights(opened)

@@ -7,19 +7,19 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks.drift import Pool
+from anatomy_cli.tasks import drift as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("drift")
+@command("drift", task.DriftOptions)
 @model_options()
 @prompt_options(truncate=False)
 @output_options()
@@ -32,17 +32,7 @@ def drift_command(
         "--context", "-c", metavar="TEXT", show_default=False,
         help="A context containing WORD; repeat, at least two. Default (for 'bank'): a money and a river sentence.",
     )] = None,
-    matrix: Annotated[Optional[str], typer.Option(
-        "--matrix", metavar="LAYER", show_default=False,
-        help="Print the full pairwise similarity matrix at this residual row (embed, or block N's output) "
-        "instead of the per-layer table.",
-    )] = None,
-    pool: Annotated[Pool, typer.Option("--pool", case_sensitive=False,
-                                       help="How to pool a word that spans several tokens.")] = Pool.mean,
-    occurrence: Annotated[int, typer.Option("--occurrence", "-n", min=1, metavar="N",
-                                            help="Which occurrence of WORD to use in each context (1-based).")] = 1,
-    ignore_case: Annotated[bool, typer.Option("--ignore-case", "-i",
-                                              help="Match WORD regardless of case.")] = False,
+    opts: task.DriftOptions = None,  # type: ignore[assignment]  # the declared fields take its place
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     out: Output = Output(),
@@ -66,10 +56,8 @@ def drift_command(
     from anatomy_cli.output import plots
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import drift as view
-    from anatomy_cli.tasks import drift as task
 
-    opts = task.DriftOptions(word=word, contexts=None if context is None else tuple(context), matrix=matrix,
-                             pool=pool, occurrence=occurrence, ignore_case=ignore_case)  # before anything opens
+    opts = opts.with_inputs(word, context)  # WORD and the contexts checked before anything opens
     opened, encoded = open_texts(opts.texts(), spec, prompts, what="context", truncate_hint=False)
     plan = task.check(opened, opts, encoded)  # --matrix and the word in every context, before the weights
     lm = load_weights(opened)

@@ -6,47 +6,33 @@ from typing import Annotated
 
 import typer
 
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._attribution import CheckOpt
-from anatomy_cli.cli.commands._attribution import MethodOpt
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
-from anatomy_cli.cli.options import token_pair_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import emit
 from anatomy_cli.output.render import resolve_format
-from anatomy_cli.tasks._attribution import Method
-from anatomy_cli.tasks._attribution import TokenPair
-from anatomy_cli.tasks.patch import PatchSite
+from anatomy_cli.tasks import patch as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("patch")
+@command("patch", task.PatchOptions)
 @model_options()
 @prompt_options(truncate=False)
 @output_options()
-@token_pair_options()
 def patch_command(
     clean: Annotated[str, typer.Argument(metavar="CLEAN", show_default=False,
                                          help="The prompt whose activations are copied in.")],
     corrupt: Annotated[str, typer.Argument(metavar="CORRUPT", show_default=False,
                                            help="The prompt that is run and patched; same token count as CLEAN.")],
-    pair: TokenPair = TokenPair(),
-    site: Annotated[PatchSite, typer.Option(
-        "--site", case_sensitive=False, help="resid_pre: input of block l; attn_out / mlp_out: what block l's "
-        "attention / MLP adds; head: one head at all positions (layer x head grid); resid_post: output of "
-        "block l.")] = PatchSite.resid_pre,
-    method: MethodOpt = Method.exact,
-    check_n: CheckOpt = 0,
+    opts: task.PatchOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: Annotated[int, typer.Option(
-        "--batch-size", min=1, help="Patched runs per forward pass (more: faster, more memory).")] = 32,
     out: Output = Output(),
 ) -> None:
     """Activation patching: run CORRUPT, and at one site, layer and position replace the activation
@@ -69,11 +55,8 @@ def patch_command(
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import patch as view
-    from anatomy_cli.tasks import patch as task
 
     task.check_texts(clean, corrupt)
-    opts = task.PatchOptions(**vars(pair),
-                             site=site, method=method, check=check_n, batch_size=batch_size)
     opened, (enc_clean, enc_corrupt) = open_texts([clean, corrupt], spec, prompts, truncate_hint=False)
     ids = task.check(opened, opts, enc_clean, enc_corrupt)
     lm = load_weights(opened)
