@@ -113,12 +113,14 @@ def api_words(message: str, classes: tuple[type, ...], extra: dict[str, str] | N
     ``batch_size=``, ``--target TEXT`` → ``target=TEXT``; ``extra``: more ``{flag: keyword}`` (the prompt
     options). Flags of no field are left as they are."""
     words = dict(extra or {})
+    values: dict[str, set[str]] = {}
     for cls in classes:
         for f, o in declared(cls):
             for spelling in o.flags:
                 for one in spelling.split("/"):
                     if one.startswith("--"):
                         words.setdefault(one, f.name)
+                        values.setdefault(one, choices(cls, f.name))
 
     def rename(match: re.Match[str]) -> str:
         name = words.get(match.group(1))
@@ -127,4 +129,29 @@ def api_words(message: str, classes: tuple[type, ...], extra: dict[str, str] | N
         value = match.group(3)
         return f"{name}={value}" if value else f"{name}="
 
-    return _FLAG.sub(rename, message)
+    def choice(match: re.Match[str]) -> str:  # a choice after its flag: --method attribution -> method='attribution'
+        flag, value = match.group(1), match.group(2)
+        if value in values.get(flag, ()):
+            return f"{words[flag]}={value!r}"
+        return match.group(0)
+
+    return _FLAG.sub(rename, _CHOICE.sub(choice, message))
+
+
+_CHOICE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*) ([a-z][a-z0-9_-]*)\b")
+
+
+def choices(cls: type, name: str) -> set[str]:
+    """The values of field ``name`` of ``cls`` when its type names an Enum (``Method | None``), else empty."""
+    import sys
+    from enum import Enum
+
+    text = next(f.type for f in dataclasses.fields(cls) if f.name == name)
+    if not isinstance(text, str):
+        text = getattr(text, "__name__", "")
+    space = vars(sys.modules[cls.__module__])
+    for word in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", text):
+        kind = space.get(word)
+        if isinstance(kind, type) and issubclass(kind, Enum):
+            return {str(m.value) for m in kind}
+    return set()
