@@ -154,7 +154,7 @@ def test_plot_is_the_figure_the_command_saves(tiny_model_dir):
 def test_bad_options_are_the_commands_errors(tiny_model_dir):
     lm = anatomy.load(str(tiny_model_dir("gpt2")))
     # the options class's message in the API's words (anatomy_cli.declare.fields.api_words)
-    with pytest.raises(UsageError, match="stat= rank is the target's rank: give target=TEXT or target_id=N"):
+    with pytest.raises(UsageError, match="stat='rank' is the target's rank: give target=TEXT or target_id=N"):
         anatomy.lens(lm, PROMPT, stat="rank")
     with pytest.raises(UsageError, match="out of range"):
         anatomy.trace(lm, PROMPT, position=40)

@@ -93,7 +93,8 @@ def test_every_option_is_the_same_in_the_cli_the_api_and_its_declaration(name, c
 
         api_params = inspect.signature(getattr(api, rec.api[1])).parameters
     for f, o in declared(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # None: required
         p = params.get(f.name)
         assert p is not None, f"{name}: field {f.name} has no CLI option"
         spelled = set(p.opts) | set(getattr(p, "aliases", ())) | set(p.secondary_opts)
