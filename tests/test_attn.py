@@ -246,7 +246,7 @@ def test_out_of_range_is_a_usage_error_with_the_valid_range(args, message, tiny_
 
 def test_layer_out_of_range_fails_before_the_weights_load(tiny_model_dir, monkeypatch):
 
-    load_module = importlib.import_module("anatomy_cli.engine.load")
+    load_module = importlib.import_module("anatomy_cli.engine.loading")
 
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were loaded")

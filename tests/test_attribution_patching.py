@@ -264,8 +264,8 @@ def test_check_needs_the_attribution_method(tiny_model_dir, cmd):
 
 
 def test_metric_logits_computes_only_the_metric_columns(tiny_lm):
-    from anatomy_cli.engine.forward import head_logits
-    from anatomy_cli.engine.forward import metric_logits
+    from anatomy_cli.engine.forwarding import head_logits
+    from anatomy_cli.engine.forwarding import metric_logits
     lm = tiny_lm("llama")
     hidden = torch.randn(5, lm.d_model, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
     weight = lm.points["logits"][0].weight

@@ -183,7 +183,7 @@ def test_seq_len_is_checked_before_the_weights_load(tiny_model_dir, monkeypatch)
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were loaded")
 
-    monkeypatch.setattr(importlib.import_module("anatomy_cli.engine.load"), "_load_weights", no_weights)
+    monkeypatch.setattr(importlib.import_module("anatomy_cli.engine.loading"), "_load_weights", no_weights)
     result = invoke("heads", "-m", str(tiny_model_dir("gpt2")), "--device", "cpu", "--seq-len", "33")
     assert result.exit_code == 2 and "--seq-len 33 makes a random sequence of 66 tokens" in result.stderr
 

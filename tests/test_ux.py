@@ -168,7 +168,7 @@ def no_weights(monkeypatch, tiny_model_dir, tiktoken_cache):
     """engine.load for real (no cache) but weights must never load: the check has to come first."""
     import importlib
 
-    load_module = importlib.import_module("anatomy_cli.engine.load")
+    load_module = importlib.import_module("anatomy_cli.engine.loading")
 
     def refuse(*args, **kwargs):
         raise AssertionError("weights were loaded")

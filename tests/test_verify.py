@@ -129,7 +129,7 @@ def test_fault_wrong_tap_fails_naming_the_point(tiny_lm, tiny_model_dir):
 def test_fault_rotary_skipped_fails_parity(tiny_lm, tiny_model_dir, monkeypatch):
     import importlib
 
-    fwd = importlib.import_module("anatomy_cli.engine.forward")   # the module (engine.forward is the function)
+    fwd = importlib.import_module("anatomy_cli.engine.forwarding")   # the module (engine.forward is the function)
 
     real = fwd.forward
 

@@ -18,14 +18,15 @@ Hook points (TransformerLens names). In a forward they are ``[batch, pos, d_mode
 * ``ln_final.hook_normalized`` the final norm's output (absent for BERT); ``logits``.
 
 Modules: ``model`` (LoadedModel), ``hooks`` (hook points; :func:`attach`, the one context manager that
-registers and removes hooks; :func:`capture`), ``cache``, ``forward`` (:func:`forward`, the one model call;
+registers and removes hooks; :func:`capture`), ``cache``, ``forwarding`` (:func:`forward`, the one model call;
 ``pad_batch``, the one padding), ``tensors`` (module values and tensors: ``first_tensor``, ``rowwise``, ...),
-``run`` (encode, check_length, run), ``decompose`` (the final residual's parts and the unembedding direction
+``running`` (encode, check_length, run), ``decompose`` (the final residual's parts and the unembedding direction
 for direct logit attribution), ``interventions`` (patching and ablation: :func:`run_edits`,
 :func:`patch_grid`), ``gradients`` (gradients at hook points, attribution patching: only inside
 :func:`~anatomy_cli.engine.gradients.grad_mode`), ``token_attribution`` (Captum), ``lens`` (final norm, unembed),
 ``opening`` (a :class:`ModelSpec` to an OpenedModel: config, tokenizer, ModelInfo), ``loader`` (who opens),
-``load`` (its weights: a LoadedModel),
+``loading`` (its weights: a LoadedModel; the submodules are named apart from the functions
+``engine.load``, ``engine.run`` and ``engine.forward``),
 ``load_gguf`` (a .gguf file's weights), ``attention`` (attention patterns), ``wrap`` (:func:`from_model`).
 
 Residual stream (``Cache.residual_stream()``): index 0 is the reading named ``embed``
@@ -37,8 +38,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-import types
 from typing import TYPE_CHECKING
 
 # Public names -> the module that defines them. Imported on first use (PEP 562), so ``engine.open_model``
@@ -46,15 +45,15 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "attention": ("attention_patterns", "eager_attention", "encode_ids", "ordinary_token_ids"),
     "cache": ("Cache",),
-    "forward": ("forward", "pad_batch"),
+    "forwarding": ("forward", "pad_batch"),
     "hooks": ("attach", "attach_modules", "capture", "hook_names", "layer_names", "residual_names"),
     "interventions": ("Edit", "ablation_rows", "patch_grid", "run_edits"),
     "lens": ("final_norm", "unembed"),
-    "load": ("load", "load_weights", "resolve_device"),
+    "loading": ("load", "load_weights", "resolve_device"),
     "model": ("DTYPES", "LoadedModel"),
     "loader": ("Loader", "current_loader", "using_loader"),
     "opening": ("OpenedModel", "open_model"),
-    "run": ("check_length", "encode", "run"),
+    "running": ("check_length", "encode", "run"),
     "wrap": ("from_model",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -99,19 +98,6 @@ __all__ = [  # the public names (_EXPORTS and _TEXT)
 ]
 
 
-class _Engine(types.ModuleType):
-    """The package's module: importing the submodules ``engine.load`` and ``engine.run`` (the import system then
-    sets them as attributes of the package) leaves ``engine.load`` and ``engine.run`` the functions."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _WHERE and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Engine
-
-
 def __getattr__(name: str) -> object:
     if name in _TEXT:
         from anatomy_cli.text import tokenization
@@ -133,8 +119,8 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.attention import encode_ids
     from anatomy_cli.engine.attention import ordinary_token_ids
     from anatomy_cli.engine.cache import Cache
-    from anatomy_cli.engine.forward import forward
-    from anatomy_cli.engine.forward import pad_batch
+    from anatomy_cli.engine.forwarding import forward
+    from anatomy_cli.engine.forwarding import pad_batch
     from anatomy_cli.engine.hooks import attach
     from anatomy_cli.engine.hooks import attach_modules
     from anatomy_cli.engine.hooks import capture
@@ -147,19 +133,19 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.interventions import run_edits
     from anatomy_cli.engine.lens import final_norm
     from anatomy_cli.engine.lens import unembed
-    from anatomy_cli.engine.load import load
-    from anatomy_cli.engine.load import load_weights
-    from anatomy_cli.engine.load import resolve_device
     from anatomy_cli.engine.loader import Loader
     from anatomy_cli.engine.loader import current_loader
     from anatomy_cli.engine.loader import using_loader
+    from anatomy_cli.engine.loading import load
+    from anatomy_cli.engine.loading import load_weights
+    from anatomy_cli.engine.loading import resolve_device
     from anatomy_cli.engine.model import DTYPES
     from anatomy_cli.engine.model import LoadedModel
     from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.engine.opening import open_model
-    from anatomy_cli.engine.run import check_length
-    from anatomy_cli.engine.run import encode
-    from anatomy_cli.engine.run import run
+    from anatomy_cli.engine.running import check_length
+    from anatomy_cli.engine.running import encode
+    from anatomy_cli.engine.running import run
     from anatomy_cli.engine.wrap import from_model
     from anatomy_cli.text.tokenization import Encoded
     from anatomy_cli.text.tokenization import Tokenizer

@@ -19,8 +19,8 @@ from functools import partial
 
 import torch
 
-from anatomy_cli.engine.forward import pad_batch
-from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.forwarding import pad_batch
+from anatomy_cli.engine.forwarding import run_batch
 from anatomy_cli.engine.hooks import RawHookFn
 from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.model import LoadedModel
@@ -81,7 +81,7 @@ def attention_patterns(lm: LoadedModel, encoded: list[Encoded], *, layers: Seque
 
     Prompts run right-padded in batches of at most ``batch_size`` (:func:`batches`: similar
     lengths together) with an attention mask and explicit position ids, as in
-    :func:`~anatomy_cli.engine.run`, so batched patterns equal one-prompt patterns. Raises
+    :func:`~anatomy_cli.engine.running`, so batched patterns equal one-prompt patterns. Raises
     UsageError for an empty prompt or a layer out of range, AnatomyError when the model's
     attention returns no weights.
     """

@@ -1,4 +1,4 @@
-"""The per-prompt activation cache that :func:`~anatomy_cli.engine.run` returns."""
+"""The per-prompt activation cache that :func:`~anatomy_cli.engine.running` returns."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import torch
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.moe import point_names
-from anatomy_cli.engine.run import run
+from anatomy_cli.engine.running import run
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:

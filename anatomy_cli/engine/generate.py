@@ -1,10 +1,10 @@
 """Generation: one token at a time through the key/value cache, with hooks that stay on for every step.
 
-:func:`generate` runs the prompt once (:func:`~anatomy_cli.engine.forward.forward_cached`, ``use_cache=True``),
+:func:`generate` runs the prompt once (:func:`~anatomy_cli.engine.forwarding.forward_cached`, ``use_cache=True``),
 then each new token alone against the cache; hooks given to it (``{hook name: fn}``, as
 :func:`~anatomy_cli.engine.hooks.attach` takes them: a steering vector's addition) are attached around the whole
 loop, so they act on every position of the prompt and of every generated token. ``use_cache=False`` runs a full
-forward over the prompt and the tokens so far at every step instead (:func:`~anatomy_cli.engine.forward.forward`):
+forward over the prompt and the tokens so far at every step instead (:func:`~anatomy_cli.engine.forwarding.forward`):
 the same numbers to float rounding, the reference ``--check`` compares against. Which token comes next is the
 caller's rule (``choose``: greedy, a sampler, or a fixed list to replay a run). ``lens`` also keeps, per step, the
 logit lens of every block's output (``resid_post``) at the new position: the chosen token's log-probability
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.forward import forward
-from anatomy_cli.engine.forward import forward_cached
-from anatomy_cli.engine.forward import head_logits
+from anatomy_cli.engine.forwarding import forward
+from anatomy_cli.engine.forwarding import forward_cached
+from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.hooks import capture

@@ -27,9 +27,9 @@ from functools import partial
 
 import torch
 
-from anatomy_cli.engine.forward import metric_logits
-from anatomy_cli.engine.forward import pad_batch
-from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.forwarding import metric_logits
+from anatomy_cli.engine.forwarding import pad_batch
+from anatomy_cli.engine.forwarding import run_batch
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.hooks import check_names
 from anatomy_cli.engine.interventions import SITES

@@ -32,9 +32,9 @@ import torch
 
 from anatomy_cli.engine import expert_edits
 from anatomy_cli.engine.expert_edits import ExpertEdit
-from anatomy_cli.engine.forward import metric_logits
-from anatomy_cli.engine.forward import pad_batch
-from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.forwarding import metric_logits
+from anatomy_cli.engine.forwarding import pad_batch
+from anatomy_cli.engine.forwarding import run_batch
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.hooks import attach_modules

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.forward import pad_batch
-from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.forwarding import pad_batch
+from anatomy_cli.engine.forwarding import run_batch
 from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.model import LoadedModel

@@ -38,7 +38,7 @@ class DirectLoader:
         return open_model(spec)
 
     def load_weights(self, opened: OpenedModel) -> LoadedModel:
-        from anatomy_cli.engine.load import load_weights
+        from anatomy_cli.engine.loading import load_weights
 
         return load_weights(opened)
 

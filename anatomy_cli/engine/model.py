@@ -1,4 +1,4 @@
-"""The loaded model: what :func:`~anatomy_cli.engine.load` returns and every engine function takes."""
+"""The loaded model: what :func:`~anatomy_cli.engine.loading.load` returns and every engine function takes."""
 
 from __future__ import annotations
 

@@ -2,14 +2,14 @@
 without any weight (and without torch where the files allow).
 
 :func:`open_model` answers a :class:`~anatomy_cli.models.spec.ModelSpec` with an :class:`OpenedModel`;
-:func:`anatomy_cli.engine.load.load_weights` turns that into a :class:`~anatomy_cli.engine.model.LoadedModel`.
+:func:`anatomy_cli.engine.loading.load_weights` turns that into a :class:`~anatomy_cli.engine.model.LoadedModel`.
 A command opens, encodes its prompts with ``opened.tokenizer`` and checks them against ``opened.info``, and
 only then loads the weights, so a bad prompt or argument fails in a second, not after the load.
 
 Where the files can be read exactly without transformers (a local directory whose tokenizer is its
 ``tokenizer.json`` unchanged, or a GPT-2 preset with ``--init random``: :mod:`anatomy_cli.models.light`), the
 opened model is ``light``: config.json as JSON and the ``tokenizers`` library's tokenizer, no torch;
-:func:`~anatomy_cli.engine.load.load_weights` then reads transformers' own config and tokenizer (the same
+:func:`~anatomy_cli.engine.loading.load_weights` then reads transformers' own config and tokenizer (the same
 ids: ``tests/test_preflight.py``). Everything else (GGUF files, Hub ids, SentencePiece tokenizers) is opened
 through transformers.
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.forward import forward
-from anatomy_cli.engine.forward import head_logits
+from anatomy_cli.engine.forwarding import forward
+from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.model import LoadedModel

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.forward import forward
+from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.sae import _hooks
 
 if TYPE_CHECKING:

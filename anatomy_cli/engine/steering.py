@@ -26,7 +26,7 @@ import torch
 
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.engine.run import run
+from anatomy_cli.engine.running import run
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.info import ModelInfo

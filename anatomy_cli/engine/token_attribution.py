@@ -32,8 +32,8 @@ from types import ModuleType
 
 import torch
 
-from anatomy_cli.engine.forward import forward as model_forward
-from anatomy_cli.engine.forward import head_logits
+from anatomy_cli.engine.forwarding import forward as model_forward
+from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.gradients import Metric
 from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.integrated import integrate

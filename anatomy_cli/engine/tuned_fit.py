@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from anatomy_cli.engine.forward import forward
-from anatomy_cli.engine.forward import head_logits
+from anatomy_cli.engine.forwarding import forward
+from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.hooks import capture
 from anatomy_cli.engine.lens import unembed

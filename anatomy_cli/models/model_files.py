@@ -1,6 +1,6 @@
 """A resolved model's config and tokenizer: the one reading path behind ``params``, ``tokens --model``
 and the engine (where the model comes from: :func:`anatomy_cli.models.resolve.resolve`; its weights:
-:mod:`anatomy_cli.engine.load`).
+:mod:`anatomy_cli.engine.loading`).
 
 No torch and no transformers at import time; transformers is imported when a config or a tokenizer is built.
 """

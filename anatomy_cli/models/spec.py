@@ -1,6 +1,6 @@
 """What to load and how: one frozen :class:`ModelSpec`, built once from a command's options.
 
-It travels whole: from the command to the engine (:func:`anatomy_cli.engine.load`), across the
+It travels whole: from the command to the engine (:func:`anatomy_cli.engine.loading.load`), across the
 serve protocol as its JSON form (:meth:`ModelSpec.to_dict` / :meth:`ModelSpec.from_dict`), and
 into the server's model cache as its key. Standard library only.
 """

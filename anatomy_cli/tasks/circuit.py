@@ -144,7 +144,7 @@ def estimate(info: Any, encoded: list[Encoded], opts: CircuitOptions, plan: Circ
     """``--estimate``: per prompt the graph's size, memory and time from the model's shape (``info``: config or
     header), the transcoders' headers and the token count; no weight is read. ``device``: ``--device``
     (``auto`` resolved as loading resolves it)."""
-    from anatomy_cli.engine.load import resolve_device
+    from anatomy_cli.engine.loading import resolve_device
 
     kind = resolve_device(device).type
     return [_estimate.estimate(info, plan.transcoders, len(enc), opts, kind) for enc in encoded]

@@ -148,9 +148,9 @@ def attribution_exact(runs: Runs, tol: float) -> C.Check:
     """Attribution patching (one forward and backward, ``engine.gradients.metric_gradients``) against the exact
     patched run, on the final norm's output (or the last block's output) and the logit difference."""
     from anatomy_cli.analyses.patch import logit_metric
-    from anatomy_cli.engine.forward import head_logits
-    from anatomy_cli.engine.forward import pad_batch
-    from anatomy_cli.engine.forward import run_batch
+    from anatomy_cli.engine.forwarding import head_logits
+    from anatomy_cli.engine.forwarding import pad_batch
+    from anatomy_cli.engine.forwarding import run_batch
     from anatomy_cli.engine.gradients import metric_gradients
     from anatomy_cli.engine.hooks import attach
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from anatomy_cli.engine.cache import Cache
-from anatomy_cli.engine.forward import head_logits
-from anatomy_cli.engine.forward import pad_batch
-from anatomy_cli.engine.forward import run_batch
+from anatomy_cli.engine.forwarding import head_logits
+from anatomy_cli.engine.forwarding import pad_batch
+from anatomy_cli.engine.forwarding import run_batch
 from anatomy_cli.engine.hooks import capture
 from anatomy_cli.engine.hooks import check_names
 from anatomy_cli.engine.model import LoadedModel
