@@ -85,7 +85,7 @@ CASES = {
                                                      coef=[-2, 0, 2], target=" much"),
                          ["generate", PROMPT, "--max-new-tokens", "2", "--steer-feature", "5", "--sae", str(SAE),
                           "--coef", "-2,0,2", "--target", " much"]),
-    "steer": (lambda lm: anatomy.steer(lm, "I love it", "I hate it", layer="0-1", reduce="mean"),
+    "steer": (lambda lm: anatomy.steer(lm, positive="I love it", negative="I hate it", layer="0-1", reduce="mean"),
               ["steer", "--positive", "I love it", "--negative", "I hate it", "--layer", "0-1", "--reduce", "mean"]),
     "sae": (lambda lm: anatomy.sae(lm, PROMPT, sae=SAE, features=[3, 5], top=2, lens_top=2),
             ["sae", PROMPT, "--sae", str(SAE), "--feature", "3", "--feature", "5", "--top", "2", "--lens-top", "2"]),

@@ -25,7 +25,7 @@ anatomy.patch(lm, p, "The dog sat on the mat", target=" the")
 anatomy.attribute(lm, p, target=" the")
 anatomy.drift(lm, "bank", ["the river bank", "the bank account"])
 anatomy.generate(lm, p, max_new_tokens=1)
-anatomy.steer(lm, ["I love it"], ["I hate it"], layer=0)
+anatomy.steer(lm, positive=["I love it"], negative=["I hate it"], layer=0)
 anatomy.verify(lm, quick=True)
 print(json.dumps(sorted(x for x in ("typer", "rich", "anatomy_cli.cli") if x in sys.modules)))
 """

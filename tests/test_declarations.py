@@ -16,7 +16,8 @@ from test_task_parity import task_modules
 
 from anatomy_cli.declare.commands import COMMANDS
 from anatomy_cli.declare.commands import Needs
-from anatomy_cli.declare.fields import declared
+from anatomy_cli.declare.fields import build
+from anatomy_cli.declare.fields import every
 from anatomy_cli.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +93,7 @@ def test_every_option_is_the_same_in_the_cli_the_api_and_its_declaration(name, c
         from anatomy_cli import api
 
         api_params = inspect.signature(getattr(api, rec.api[1])).parameters
-    for f, o in declared(cls):
+    for _, f, o in every(cls):  # a nested options class's (generate's sampling) too
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # None: required
         p = params.get(f.name)
@@ -105,12 +106,22 @@ def test_every_option_is_the_same_in_the_cli_the_api_and_its_declaration(name, c
         if rec.api is not None:
             k = api_params.get(f.name)
             assert k is not None and k.kind is inspect.Parameter.KEYWORD_ONLY, f"api {rec.api[1]}: no {f.name}"
-            assert _same(k.default, default), f"api {rec.api[1]} {f.name}: {k.default!r} declared {default!r}"
+            if f.name in _required(cls):  # a required keyword, as the CLI's option
+                assert k.default is inspect.Parameter.empty, f"api {rec.api[1]} {f.name}: {k.default!r}, required"
+            else:
+                assert _same(k.default, default), f"api {rec.api[1]} {f.name}: {k.default!r} declared {default!r}"
 
 
 def _below(cls) -> list[tuple[str, str, object]]:
     """(field, flag, a value below its declared minimum) for every field with a minimum."""
-    return [(f.name, o.flag, o.min - 1) for f, o in declared(cls) if o.min is not None]
+    return [(f.name, o.flag, o.min - 1) for _, f, o in every(cls) if o.min is not None]
+
+
+def _required(cls) -> dict[str, str]:
+    """``{field: "x"}`` for each field without a default (``sae --sae``, fit-sae's CORPUS): the limits are checked
+    first, so any value does."""
+    return {f.name: "x" for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING}
 
 
 @pytest.mark.parametrize("name,cls", declared_commands(), ids=lambda v: v if isinstance(v, str) else "")
@@ -123,7 +134,7 @@ def test_a_value_below_a_limit_is_refused_once_in_the_callers_words(name, cls):
     rec = record(name)
     for field, flag, value in _below(cls):
         with pytest.raises(UsageError) as raised:
-            cls(**{field: value})
+            build(cls, {**_required(cls), field: value})
         assert str(raised.value).startswith(f"{flag} takes"), str(raised.value)
         if rec.api is not None:  # the API names the keyword, in the same sentence otherwise
             from anatomy_cli import api
@@ -131,13 +142,16 @@ def test_a_value_below_a_limit_is_refused_once_in_the_callers_words(name, cls):
             fn = getattr(api, rec.api[1])
             positional = [p for p in inspect.signature(fn).parameters.values()
                           if p.default is inspect.Parameter.empty and p.kind is not p.KEYWORD_ONLY]
+            required = {k: v for k, v in _required(cls).items() if k not in {p.name for p in positional}}
             with pytest.raises(UsageError) as by_api:
-                fn(*(["x"] * len(positional)), **{field: value})
+                fn(*(["x"] * len(positional)), **{**required, field: value})
             assert str(by_api.value) == str(raised.value).replace(flag, f"{field}=", 1), str(by_api.value)
     if _below(cls):  # the CLI refuses the first with the options class's one message, exit 2, before any model
         field, flag, value = _below(cls)[0]
         command = click_commands()[name]
         arguments = ["x" for p in command.params if p.param_type_name == "argument" and p.required]
+        arguments += [one for p in command.params if p.param_type_name == "option" and p.required
+                      for one in (p.opts[0], "x")]
         result = CliRunner().invoke(app, ["--no-server", name, *arguments, flag, str(value)])
         assert result.exit_code == 2 and f"error: {flag} takes" in result.stderr, (result.exit_code, result.stderr)
 

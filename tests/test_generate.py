@@ -166,6 +166,26 @@ def test_usage_errors(tiny_model_dir):
         assert result.output.strip().splitlines()[-1].startswith("error: ")
 
 
+def test_the_nested_sampling_and_steering_options_are_declared_once(tiny_model_dir):
+    # Issue 59: generate's sampling and steering options are fields of their own dataclasses, offered by the CLI
+    # and the API at their fields' places; a declared limit or a check of theirs reads in the caller's words.
+    import inspect
+
+    import anatomy_cli as anatomy
+    from anatomy_cli.errors import UsageError
+
+    names = list(inspect.signature(anatomy.generate).parameters)
+    assert names[2:8] == ["max_new_tokens", "sample", "temperature", "top_p", "seed", "k"]
+    assert names[9:13] == ["steer", "coef", "steer_feature", "sae"]
+    model = str(tiny_model_dir("llama"))
+    result = invoke("generate", "Hello", "-m", model, "--steer-feature", "-1", "--sae", "x")
+    assert result.exit_code == 2 and "error: --steer-feature takes a whole number of at least 0" in result.output
+    with pytest.raises(UsageError, match="^temperature=, top_p= and seed= need sample=$"):
+        anatomy.generate(model, "Hello", temperature=0.5)
+    with pytest.raises(UsageError, match="^steer_feature= takes a whole number of at least 0$"):
+        anatomy.generate(model, "Hello", steer_feature=-1, sae="x")
+
+
 def _no_weights(monkeypatch, module):
     def refuse(*_a, **_k):
         raise AssertionError("the weights were loaded before the usage error")

@@ -109,6 +109,6 @@ def test_steer_api_is_the_cli(model, tmp_path):
     pairs = ["--positive", "I love this", "--positive", "What a joy", "--negative", "I hate this",
              "--negative", "What a pain"]
     data = cli_json("steer", "-m", model, *pairs, "--layer", "1", "--method", "pca")
-    r = anatomy.steer(model, ["I love this", "What a joy"], ["I hate this", "What a pain"], layer=1, method="pca")
+    r = anatomy.steer(model, positive=["I love this", "What a joy"], negative=["I hate this", "What a pain"], layer=1, method="pca")
     assert r.to_dict() == data
     assert r.vector.layers == [1] and float(r.directions[0].vector.norm()) == pytest.approx(1.0)

@@ -84,7 +84,7 @@ def test_every_command_refuses_an_encoder_in_the_same_words_before_loading(comma
 API_CALLS = {
     "next": lambda api, m: api.next_token(m, PROMPT),
     "generate": lambda api, m: api.generate(m, PROMPT, max_new_tokens=2),
-    "steer": lambda api, m: api.steer(m, ["good"], ["bad"], layer=0),
+    "steer": lambda api, m: api.steer(m, positive=["good"], negative=["bad"], layer=0),
     "ablate": lambda api, m: api.ablate(m, PROMPT, target=" world"),
     "patch": lambda api, m: api.patch(m, PROMPT, "Hello there", target=" world"),
     "attribute": lambda api, m: api.attribute(m, PROMPT, target=" world"),

@@ -201,11 +201,12 @@ def test_usage_errors_come_before_the_weights(tiny_model_dir, tmp_path, monkeypa
 
 
 def test_a_string_is_one_prompt(tiny_model_dir, tiny_lm, cached_load):
-    # anatomy.steer(lm, "I love it", "I hate it") takes each string as one prompt (issue 51 item 5); the direction
-    # is the difference of the two prompts' last-token outputs of block 0 (HF's hidden_states[1]).
+    # anatomy.steer(lm, positive="I love it", negative="I hate it") takes each string as one prompt (issue 51
+    # item 5); the direction is the difference of the two prompts' last-token outputs of block 0 (HF's
+    # hidden_states[1]).
     import anatomy_cli as anatomy
 
-    got = anatomy.steer(str(tiny_model_dir("llama")), "I love it", "I hate it", layer=[0])
+    got = anatomy.steer(str(tiny_model_dir("llama")), positive="I love it", negative="I hate it", layer=[0])
     assert got.to_dict()["n_positive"] == got.to_dict()["n_negative"] == 1
     lm = tiny_lm("llama")
     want = _hidden(lm.model, lm.tokenizer.hf, "I love it", 0, "last") - _hidden(lm.model, lm.tokenizer.hf,

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import circuit as circuit_task
 from anatomy_cli.text.options import PromptOptions
 
 
-def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_logits: int = 10,
-            desired_logit_prob: float = 0.95, target: list[str] | tuple[str, ...] | None = None,
-            target_id: list[int] | tuple[int, ...] | None = None, first_token: bool = False,
-            batch_size: int = 256, max_feature_nodes: int | None = 7500, update_interval: int = 4,
-            node_threshold: float = 0.8, edge_threshold: float = 0.98, out: str | None = None,
-            json: str | None = None, labels: str | None = None, check: int = 0, top: int = 10,
-            offload: str | None = None, estimate: bool = False,
+@command(circuit_task.CircuitOptions)
+def circuit(model: Model, prompt: str | list[str], opts: circuit_task.CircuitOptions, *,
             prompts: PromptOptions = PromptOptions()) -> Result | list[Result]:
     """`anatomy circuit`: the attribution graph of the next-token prediction over a transcoder replacement model
     (circuit-tracer's algorithm). ``result``: CircuitResult (``.graph``, ``.prune``, ``.json`` — the Neuronpedia
@@ -26,18 +23,10 @@ def circuit(model: Model, prompt: str | list[str], *, transcoders: str, max_n_lo
     JSON. ``offload``: ``cpu`` or ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes,
     seconds) and nothing is computed (a model given by name is opened, not loaded)."""
     from anatomy_cli.output.views import circuit as view
-    from anatomy_cli.tasks import circuit as task
 
-    opts = task.CircuitOptions(transcoders=transcoders, max_n_logits=max_n_logits,
-                               desired_logit_prob=desired_logit_prob, target=tuple(target or ()),
-                               target_id=tuple(target_id or ()), first_token=first_token,
-                               batch_size=batch_size, max_feature_nodes=max_feature_nodes,
-                               update_interval=update_interval, node_threshold=node_threshold,
-                               edge_threshold=edge_threshold, out=out, json=json, labels=labels,
-                               check=check, top=top, offload=offload, estimate=estimate)
-    if estimate:
+    if opts.estimate:
         return _estimates(model, prompt, opts, prompts)
-    return run_prompts(task, view, model, prompt, opts, prompts)
+    return run_prompts(circuit_task, view, model, prompt, opts, prompts)
 
 
 def _estimates(model: Model, prompt: str | list[str], opts: Any, prompts: PromptOptions) -> Result | list[Result]:

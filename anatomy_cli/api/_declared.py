@@ -18,7 +18,8 @@ from typing import TypeVar
 from typing import cast
 
 from anatomy_cli.declare.fields import api_words
-from anatomy_cli.declare.fields import declared
+from anatomy_cli.declare.fields import build
+from anatomy_cli.declare.fields import every
 from anatomy_cli.errors import AnatomyError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,13 +32,16 @@ PROMPT_WORDS = {"--bos": "bos", "--no-bos": "bos", "--allow-special": "allow_spe
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return inspect.Parameter.empty  # a required keyword
 
 
 def keywords(cls: type) -> list[inspect.Parameter]:
-    """One keyword-only parameter per option field of ``cls``, in declaration order."""
+    """One keyword-only parameter per option field of ``cls``, in declaration order (a nested options class's at
+    its field's place: ``declare.fields.every``)."""
     return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=f.type)
-            for f, _ in declared(cls)]
+            for _, f, _ in every(cls)]
 
 
 def in_api_words(exc: AnatomyError, classes: tuple[type, ...]) -> AnatomyError:
@@ -47,11 +51,14 @@ def in_api_words(exc: AnatomyError, classes: tuple[type, ...]) -> AnatomyError:
     return exc
 
 
-def command(cls: type, param: str = "opts") -> Callable[[F], F]:
+def command(cls: type, param: str = "opts", inputs: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Replace ``param`` of the decorated API function by ``cls``' option fields as keywords; the function
-    receives ``cls(**those keywords)``."""
+    receives ``cls(**those keywords)``. ``inputs``: parameters of the function (a positional one, fit_sae's
+    ``corpus``) that are also fields of ``cls``, given to both."""
     made = keywords(cls)
     names = [p.name for p in made]
+    required = [p.name for p in made if p.default is inspect.Parameter.empty]
+    classes = tuple(dict.fromkeys([cls, *(owner for owner, _, _ in every(cls))]))
 
     def decorate(fn: F) -> F:
         sig = inspect.signature(fn)
@@ -63,12 +70,18 @@ def command(cls: type, param: str = "opts") -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            missing = [n for n in required if n not in kwargs]
+            if missing:
+                raise TypeError(f"{fn.__name__}() missing required keyword argument(s): {', '.join(missing)}")
             values = {n: kwargs.pop(n) for n in names if n in kwargs}
+            if inputs:
+                given = wrapper.__signature__.bind_partial(*args, **kwargs).arguments  # type: ignore[attr-defined]
+                values.update({n: given[n] for n in inputs if n in given})
             try:
-                kwargs[param] = cls(**values)
+                kwargs[param] = build(cls, values)
                 return fn(*args, **kwargs)
             except AnatomyError as exc:
-                in_api_words(exc, (cls,))
+                in_api_words(exc, classes)
                 raise
 
         wrapper.__signature__ = sig.replace(parameters=[*before, *made, *after])  # type: ignore[attr-defined]

@@ -4,20 +4,20 @@ command's :class:`~anatomy_cli.tasks.sae.SaeOptions`, runs its task and view, an
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
+from anatomy_cli.tasks import sae as sae_task
 from anatomy_cli.text.options import PromptOptions
 
 One = Result | list[Result]
 
 
-def sae(model: Model, prompt: str | list[str], *, sae: str | Path, hook: str | None = None, top: int = 5,
-        features: list[int] | None = None, lens_top: int = 5, labels: str | Path | None = None,
+@command(sae_task.SaeOptions)
+def sae(model: Model, prompt: str | list[str], opts: sae_task.SaeOptions, *,
         prompts: PromptOptions = PromptOptions()) -> One:
     """`anatomy sae`: the SAE at ``sae`` (a SAELens or sparsify folder, or a Gemma Scope params.npz; ``hook``
     as ``--hook``) on the prompt: its health (L0, FVE, MSE, CE and KL with the reconstruction spliced in),
@@ -25,16 +25,14 @@ def sae(model: Model, prompt: str | list[str], *, sae: str | Path, hook: str | N
     (``lens_top`` tokens at each end), ``labels`` joined from Neuronpedia's explanations export. ``result``:
     Reading (``activations``: [pos, d_sae]); rows: ``top_features``."""
     from anatomy_cli.output.views import sae as view
-    from anatomy_cli.tasks import sae as task
 
-    opts = task.SaeOptions(sae=sae, hook=hook, top=top, features=features, lens_top=lens_top, labels=labels)
     lm = loaded(model)
-    plan = task.check(lm, opts)
+    plan = sae_task.check(lm, opts)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
     out = []
-    for enc, reading in zip(encoded, task.run(lm, encoded, opts, plan)):
+    for enc, reading in zip(encoded, sae_task.run(lm, encoded, opts, plan)):
         args, kwargs = view.figure(lm, enc, reading, plan.sae_file)
-        out.append(Result(task.COMMAND, reading, view.report(lm, enc, reading, plan.sae_file).data, view.ROWS,
+        out.append(Result(sae_task.COMMAND, reading, view.report(lm, enc, reading, plan.sae_file).data, view.ROWS,
                           args, kwargs))
     return out[0] if single else out

@@ -27,7 +27,8 @@ from anatomy_cli.cli.app import DECLARED
 from anatomy_cli.cli.app import app
 from anatomy_cli.declare.commands import record
 from anatomy_cli.declare.fields import Opt
-from anatomy_cli.declare.fields import declared
+from anatomy_cli.declare.fields import build
+from anatomy_cli.declare.fields import every
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,23 +61,30 @@ def default_of(f: dataclasses.Field[Any]) -> Any:
 
 
 def parameters(cls: type) -> list[tuple[inspect.Parameter, Opt]]:
-    """One Typer parameter per option field of ``cls``, in declaration order."""
-    types = _field_types(cls)
+    """One Typer parameter per option field of ``cls``, in declaration order (a nested options class's at its
+    field's place: ``declare.fields.every``)."""
     out = []
-    for f, o in declared(cls):
+    types: dict[type, dict[str, Any]] = {}
+    for owner, f, o in every(cls):
+        if owner not in types:
+            types[owner] = _field_types(owner)
         kw: dict[str, Any] = dict(o.extra)
         if o.metavar is not None:
             kw["metavar"] = o.metavar
         info = typer.Option(*o.flags, help=o.help, show_default=o.show_default, case_sensitive=o.case_sensitive,
                             hidden=o.hidden, **kw)
-        kind = o.cli if o.cli is not None else types[f.name]
+        kind = o.cli if o.cli is not None else types[owner][f.name]
         out.append((inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default_of(f),
                                       annotation=Annotated[kind, info]), o))
     return out
 
 
-def expand(fn: F, cls: type, param: str = "opts", command_name: str | None = None) -> F:
-    """``fn`` with its ``param`` parameter replaced by the option fields of ``cls``; it receives ``cls(...)``."""
+def expand(fn: F, cls: type, param: str = "opts", command_name: str | None = None, inputs: tuple[str, ...] = (),
+           before: dict[str, str] | None = None) -> F:
+    """``fn`` with its ``param`` parameter replaced by the option fields of ``cls``; it receives ``cls(...)``.
+    ``inputs``: parameters of ``fn`` (a positional argument) that are also fields of ``cls``, given to both;
+    ``before``: ``{parameter of fn: option field}``, a parameter shown just before that field (generate's
+    ``--plot`` before ``--target``)."""
     sig = inspect.signature(fn)
     hints = typing.get_type_hints(fn, include_extras=True)
     if param not in sig.parameters:
@@ -90,8 +98,12 @@ def expand(fn: F, cls: type, param: str = "opts", command_name: str | None = Non
     groups = [i for i, p in enumerate(params) if p.name in GROUP_PARAMS]
     cut = groups[-1] + 1 if groups else at + len(early)
     params = params[:cut] + late + params[cut:]
+    for moved, field_name in (before or {}).items():
+        one = next(p for p in params if p.name == moved)
+        params.remove(one)
+        params.insert([p.name for p in params].index(field_name), one)
     names = [p.name for p, _ in made]
-    tuples = {f.name for f, _ in declared(cls) if isinstance(default_of(f), tuple)}
+    tuples = {f.name for _, f, _ in every(cls) if isinstance(default_of(f), tuple)}
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -99,7 +111,8 @@ def expand(fn: F, cls: type, param: str = "opts", command_name: str | None = Non
         for n in tuples & set(values):
             if isinstance(values[n], list):
                 values[n] = tuple(values[n])
-        kwargs[param] = cls(**values)
+        values.update({n: kwargs[n] for n in inputs if n in kwargs})
+        kwargs[param] = build(cls, values)
         return fn(*args, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
@@ -109,14 +122,15 @@ def expand(fn: F, cls: type, param: str = "opts", command_name: str | None = Non
     return cast(F, wrapper)
 
 
-def command(name: str, options: type | None = None, *, param: str = "opts", **settings: Any) -> Callable[[F], F]:
+def command(name: str, options: type | None = None, *, param: str = "opts", inputs: tuple[str, ...] = (),
+            before: dict[str, str] | None = None, **settings: Any) -> Callable[[F], F]:
     """Register the decorated function as the command of record ``name``; ``options``: its options dataclass,
-    whose declared fields take the place of the ``param`` parameter. ``settings``: ``app.command``'s own
-    (``cls``, ``context_settings``)."""
+    whose declared fields take the place of the ``param`` parameter (``inputs``, ``before``: :func:`expand`'s).
+    ``settings``: ``app.command``'s own (``cls``, ``context_settings``)."""
     rec = record(name)
 
     def decorate(fn: F) -> F:
-        registered = expand(fn, options, param, rec.name) if options is not None else fn
+        registered = expand(fn, options, param, rec.name, inputs, before) if options is not None else fn
         return cast(F, app.command(rec.name, **settings)(registered))
 
     return decorate

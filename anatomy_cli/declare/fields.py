@@ -81,19 +81,25 @@ def _number(value: int | float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _bound(low: int | float | None, high: int | float | None) -> str:
+    if low is not None and high is not None:
+        return f"from {_number(low)} to {_number(high)}"
+    if low is not None:
+        return f"of at least {_number(low)}"
+    return f"of at most {_number(high)}" if high is not None else ""
+
+
 def check_limits(obj: Any) -> None:
-    """UsageError for the first option field of ``obj`` outside its declared ``min``/``max`` (None: not given)."""
+    """UsageError for the first option field of ``obj`` outside its declared ``min``/``max`` (None: not given; a
+    list or tuple, a repeated option: each of its items)."""
     for f, o in declared(type(obj)):
         value = getattr(obj, f.name)
         if value is None or isinstance(value, bool) or (o.min is None and o.max is None):
             continue
         whole = "a whole number" if isinstance(o.min if o.min is not None else o.max, int) else "a number"
-        if o.min is not None and value < o.min:
-            bound = f"of at least {_number(o.min)}" if o.max is None else f"from {_number(o.min)} to {_number(o.max)}"
-            raise UsageError(f"{o.flag} takes {whole} {bound}")
-        if o.max is not None and value > o.max:
-            bound = f"of at most {_number(o.max)}" if o.min is None else f"from {_number(o.min)} to {_number(o.max)}"
-            raise UsageError(f"{o.flag} takes {whole} {bound}")
+        for one in value if isinstance(value, (list, tuple)) else (value,):
+            if o.min is not None and one < o.min or o.max is not None and one > o.max:
+                raise UsageError(f"{o.flag} takes {whole} {_bound(o.min, o.max)}")
 
 
 @dataclass(frozen=True)
@@ -155,3 +161,45 @@ def choices(cls: type, name: str) -> set[str]:
         if isinstance(kind, type) and issubclass(kind, Enum):
             return {str(m.value) for m in kind}
     return set()
+
+
+# A field that holds a whole options class of its own (generate's ``sampling: SamplingOptions =
+# field(default_factory=SamplingOptions)``): the front ends offer its option fields at the field's place and
+# build it from them.
+
+
+def holds(f: dataclasses.Field[Any]) -> type | None:
+    """The :class:`Declared` options class field ``f`` holds whole (its ``default_factory``), else None."""
+    kind = f.default_factory
+    if KEY in f.metadata or not isinstance(kind, type) or not issubclass(kind, Declared):
+        return None
+    return kind
+
+
+def every(cls: type) -> list[tuple[type, dataclasses.Field[Any], Opt]]:
+    """Every option field of ``cls`` as ``(the class that declares it, field, Opt)``, in declaration order; those
+    of a nested options class (:func:`holds`) at its field's place."""
+    out: list[tuple[type, dataclasses.Field[Any], Opt]] = []
+    for f in dataclasses.fields(cls):
+        kind = holds(f)
+        if kind is not None:
+            out += every(kind)
+        elif KEY in f.metadata:
+            out.append((cls, f, f.metadata[KEY]))
+    names = [f.name for _, f, _ in out]
+    if len(names) != len(set(names)):
+        raise TypeError(f"{cls.__name__}: an option name given twice among its nested options")
+    return out
+
+
+def build(cls: type, values: dict[str, Any]) -> Any:
+    """``cls(...)`` from the flat ``values`` the front ends gather (one per option, as :func:`every` names them,
+    and any other field of ``cls`` given by name): a nested options class built from its own first."""
+    given: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        kind = holds(f)
+        if kind is not None:
+            given[f.name] = build(kind, values)
+        elif f.name in values:
+            given[f.name] = values[f.name]
+    return cls(**given)

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-import torch
-
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
 from anatomy_cli.tasks import notes
 from anatomy_cli.text.display import visible
 
 if TYPE_CHECKING:
+    import torch
+
     from anatomy_cli.analyses.circuit import CircuitGraph
     from anatomy_cli.analyses.circuit_check import EdgeCheck
     from anatomy_cli.analyses.circuit_prune import PruneResult
@@ -87,6 +87,8 @@ def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str |
     whatever the offload (``W_dec_l`` is never loaded whole). Transcoders of ``ln2.hook_normalized``
     (``ts.before_gain``) get each block's pre-MLP norm gain folded in, so that they read the MLP's input
     (engine/transcoder.py ``read_norm_output``)."""
+    import torch
+
     from anatomy_cli.engine.transcoder import CrossLayer
     from anatomy_cli.engine.transcoder import Offloaded
 
@@ -122,6 +124,8 @@ def _norm(lm: LoadedModel, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
            norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> Transcoder:
     """Layer ``layer``'s transcoder on ``device``; ``norm``: the pre-MLP norm's (gain, bias) folded in."""
+    import torch
+
     from anatomy_cli.engine.transcoder import Transcoder
     from anatomy_cli.engine.transcoder import read_norm_output
 
@@ -137,6 +141,8 @@ def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
 def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
           norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """Layer ``layer``'s ``W_skip`` alone (``norm``: divided by the gain by column, as ``read_norm_output``)."""
+    import torch
+
     from anatomy_cli.engine.transcoder import skip_after_norm
 
     skip = tc_files.load_array(ts, layer, "W_skip")
@@ -149,6 +155,8 @@ def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
 def _moved(tc: Transcoder, device: torch.device) -> Transcoder:
     import dataclasses
 
+    import torch
+
     return dataclasses.replace(tc, **{f.name: getattr(tc, f.name).to(device) for f in dataclasses.fields(tc)
                                       if isinstance(getattr(tc, f.name), torch.Tensor)})
 
@@ -156,6 +164,8 @@ def _moved(tc: Transcoder, device: torch.device) -> Transcoder:
 def _targets(opts: CircuitOptions, plan: CircuitPlan, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The logit nodes: ``--target`` / ``--target-id``'s ids (tasks/circuit.py ``check``), else the salient
     logits."""
+    import torch
+
     from anatomy_cli.analyses.circuit import salient_logits
 
     if not plan.target_ids:
@@ -166,6 +176,8 @@ def _targets(opts: CircuitOptions, plan: CircuitPlan, logits: torch.Tensor) -> t
 
 def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOptions,
         plan: CircuitPlan) -> CircuitResult:
+    import torch
+
     from anatomy_cli.analyses import circuit as algo
     from anatomy_cli.analyses import circuit_files as files
     from anatomy_cli.analyses import circuit_prune as prune

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 
@@ -41,16 +43,24 @@ def parse_coefs(coef: Coef) -> list[float]:
 
 
 @dataclass(frozen=True)
-class SteeringOptions:
+class SteeringOptions(Declared):
     """``steer``: a vector file (``anatomy steer --out`` or a llama.cpp control vector); ``steer_feature`` with
     ``sae``: an SAE feature's decoder row instead; ``coef``: the coefficient or a sweep (text, number, list)."""
 
-    steer: Path | str | None = None
-    coef: Coef = None
-    steer_feature: int | None = None
-    sae: Path | str | None = None
+    steer: Path | str | None = option(
+        None, "--steer", metavar="FILE", show_default=False, cli=Path | None,
+        help="Add a steering vector (`anatomy steer --out`, or a llama.cpp control vector .gguf) at every position.")
+    coef: Coef = option(None, "--coef", metavar="C[,C...]", show_default=False, cli=str | None,
+                        help="With --steer: the coefficient (default 1), or a comma-separated sweep such as "
+                        "-8,-4,0,4,8.")
+    steer_feature: int | None = option(
+        None, "--steer-feature", metavar="ID", min=0, show_default=False,
+        help="Add C times this SAE feature's decoder row (--sae PATH) at the SAE's hook point.")
+    sae: Path | str | None = option(None, "--sae", metavar="PATH", show_default=False, cli=Path | None,
+                                    help="With --steer-feature: the SAE (as `anatomy sae`).")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.coef is not None and not self.steering:
             raise UsageError("--coef needs --steer FILE (or --steer-feature ID --sae PATH)")
         parse_coefs(self.coef)
@@ -58,8 +68,6 @@ class SteeringOptions:
             raise UsageError("--steer-feature ID and --sae PATH go together")
         if self.steer is not None and self.steer_feature is not None:
             raise UsageError("--steer FILE and --steer-feature ID both steer: give one")
-        if self.steer_feature is not None and self.steer_feature < 0:
-            raise UsageError("--steer-feature takes a feature id of at least 0")
         if self.steer is not None and not Path(self.steer).is_file():
             raise UsageError(f"steering vector file {self.steer} does not exist")
 

@@ -7,12 +7,16 @@ the model, hooks other than MLP in → MLP out, an encoder, bad thresholds or co
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
 from anatomy_cli.models.capabilities import Need
@@ -35,7 +39,7 @@ __all__ = ["COMMAND", "CircuitEstimate", "CircuitOptions", "CircuitPlan", "Circu
 
 
 @dataclass(frozen=True)
-class CircuitOptions:
+class CircuitOptions(Declared):
     """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
     or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table;
@@ -44,34 +48,51 @@ class CircuitOptions:
     ``target`` / ``target_id``: the logit nodes by text (each one token; ``first_token``: a longer text stands for
     its first) and by id, texts first; none: the salient logits."""
 
-    transcoders: str
-    max_n_logits: int = 10
-    desired_logit_prob: float = 0.95
-    target: tuple[str, ...] = ()
-    target_id: tuple[int, ...] = ()
-    first_token: bool = False
-    batch_size: int = 256
-    max_feature_nodes: int | None = 7500
-    update_interval: int = 4
-    node_threshold: float = 0.8
-    edge_threshold: float = 0.98
-    out: str | None = None
-    json: str | None = None
-    labels: str | None = None
-    check: int = 0
-    top: int = 10
-    offload: str | None = None
-    estimate: bool = False
+    transcoders: str = option(
+        dataclasses.MISSING, "--transcoders", metavar="DIR",
+        help="circuit-tracer transcoder_set folder (config.yaml + one file per layer; Gemma Scope 2 safetensors "
+        "too), cross_layer_transcoder folder (config.yaml + W_enc_l / W_dec_l), a folder of SAELens / sparsify "
+        "transcoders, or Gemma Scope params.npz files (layer_N/.../params.npz), one per layer (anatomy fit-sae "
+        "CORPUS --transcoder --layer all --out DIR trains one).")
+    max_n_logits: int = option(10, "--max-n-logits", min=1, help="At most this many logit nodes.")
+    desired_logit_prob: float = option(0.95, "--desired-logit-prob",
+                                       help="Logit nodes until their probabilities sum to this.")
+    target: tuple[str, ...] = option(
+        (), "--target", metavar="TOKEN", show_default=False, cli=list[str] | None,
+        help="These tokens as the logit nodes (repeatable); each exactly one token (mind the leading space: "
+        "' Paris').")
+    target_id: tuple[int, ...] = option(
+        (), "--target-id", metavar="N", min=0, show_default=False, cli=list[int] | None,
+        help="Logit nodes given by token id (repeatable; after the --target ones).")
+    first_token: bool = shared.first_token()
+    batch_size: int = option(256, "--batch-size", min=1, help="Rows per backward pass.")
+    max_feature_nodes: int | None = option(7500, "--max-feature-nodes", min=1,
+                                           help="Feature rows computed, in influence order.")
+    update_interval: int = option(4, "--update-interval", min=1, help="Re-rank the features every this many batches.")
+    node_threshold: float = option(0.8, "--node-threshold", help="Keep nodes up to this cumulative influence.")
+    edge_threshold: float = option(0.98, "--edge-threshold", help="Keep edges up to this cumulative influence.")
+    out: str | None = option(None, "--out", metavar="FILE", show_default=False, cli=Path | None,
+                             help="Write circuit-tracer's graph.pt.")
+    json: str | None = option(None, "--json", metavar="FILE", show_default=False, cli=Path | None,
+                              help="Write the Neuronpedia graph JSON.")
+    labels: str | None = option(None, "--labels", metavar="PATH", show_default=False, cli=Path | None,
+                                help="Neuronpedia explanations export(s): fills clerp.")
+    check: int = option(0, "--check", min=0, metavar="N", help="Re-measure N edges by intervention.")
+    top: int = option(10, "--top", min=1, help="Rows of the paths table.")
+    offload: str | None = option(
+        None, "--offload", metavar="cpu|disk", show_default=False,
+        help="Keep the transcoders off the device (cpu) or on disk (disk: read a block's when it is used); a "
+        "cross-layer transcoder's encoders so, its decoders read row by row either way.")
+    estimate: bool = option(False, "--estimate", help="Print the graph's size, memory and expected time, before any "
+                            "weight loads; compute nothing.")
 
     def __post_init__(self) -> None:
-        for name, v in (("--max-n-logits", self.max_n_logits), ("--batch-size", self.batch_size),
-                        ("--update-interval", self.update_interval), ("--top", self.top)):
-            if v < 1:
-                raise UsageError(f"{name} takes a whole number of at least 1")
-        if self.max_feature_nodes is not None and self.max_feature_nodes < 1:
-            raise UsageError("--max-feature-nodes takes a whole number of at least 1")
-        if self.check < 0:
-            raise UsageError("--check takes a whole number of edges (0: none)")
+        super().__post_init__()
+        for name in ("target", "target_id"):  # a list (or None) from the API: a tuple
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        for name in ("out", "json", "labels"):  # a Path from the CLI: its text, as the API gives it
+            if isinstance(getattr(self, name), Path):
+                object.__setattr__(self, name, str(getattr(self, name)))
         for name, p in (("--desired-logit-prob", self.desired_logit_prob), ("--node-threshold",
                         self.node_threshold), ("--edge-threshold", self.edge_threshold)):
             if not 0.0 <= p <= 1.0:

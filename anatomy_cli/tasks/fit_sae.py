@@ -11,11 +11,14 @@ as ``anatomy sae`` reads it and spliced into the held-out window: its health fig
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
@@ -31,7 +34,7 @@ INPUTS = {"corpus": "corpus"}  # CORPUS... (positional) is the API's corpus
 
 
 @dataclass(frozen=True)
-class FitSaeOptions:
+class FitSaeOptions(Declared):
     """``corpus``: text files, folders of .txt/.md, .jsonl/.csv/.parquet (as ``anatomy corpus`` reads them);
     ``layer``: the block(s): ``6``, ``"0-3"``, ``[2, 6]``, ``"all"`` (kept as the text :func:`sites.parse_blocks`
     reads); ``transcoder``: an MLP transcoder (the MLP's input -> its output) instead of an SAE on the block's
@@ -39,24 +42,35 @@ class FitSaeOptions:
     latents (default 8 × d_model); ``k``: active latents per token; ``max_tokens``, ``ctx``: the budget and the
     window; ``epochs``, ``batch_size``, ``lr`` (default sparsify's); ``seed``; ``overwrite``."""
 
-    corpus: tuple[str, ...] = ()
-    layer: int | str | tuple[int | str, ...] | list[int] = 0
-    transcoder: bool = False
-    out: Path | None = None
-    d_sae: int | None = None
-    k: int = 32
-    max_tokens: int = 20000
-    ctx: int = 256
-    epochs: int = 8
-    batch_size: int = 256
-    lr: float | None = None
-    seed: int = 0
-    overwrite: bool = False
+    corpus: tuple[str, ...]  # CORPUS... (an input, no option: a path or a list of them, kept as texts)
+    layer: int | str | tuple[int | str, ...] | list[int] = option(
+        dataclasses.MISSING, "--layer", metavar="L|A-B|L,L|all", show_default=False, cli=list[str],
+        help="The block(s), one SAE each, their activations collected in one pass: a block (negative counts from "
+        "the end), a range, a list, all; repeat the option for more.")
+    out: Path = option(dataclasses.MISSING, "--out", metavar="DIR", show_default=False, cli=Path,
+                             help="The folder written: DIR/layers.N per block (DIR/layers.N.mlp for a transcoder).")
+    transcoder: bool = option(False, "--transcoder", help="An MLP transcoder (the MLP's input -> its output) instead "
+                              "of an SAE on the block's output.")
+    d_sae: int | None = option(None, "--d-sae", min=1, metavar="N", show_default=False,
+                               help="Latents (default 8 x d_model).")
+    k: int = option(32, "--k", min=1, metavar="N", help="Active latents per token (TopK).")
+    max_tokens: int = option(20000, "--max-tokens", min=4, metavar="N",
+                             help="Tokens read from the corpus (the last window is held out).")
+    ctx: int = option(256, "--ctx", min=2, metavar="N", help="Tokens per window.")
+    epochs: int = option(8, "--epochs", min=1, metavar="N", help="Passes over the tokens.")
+    batch_size: int = option(256, "--batch-size", min=1, metavar="N", help="Rows per step.")
+    lr: float | None = option(None, "--lr", metavar="X", show_default=False,
+                              help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14)).")
+    seed: int = option(0, "--seed", metavar="N", help="Initialization and shuffling.")
+    overwrite: bool = option(False, "--overwrite", help="Write into a folder that is not empty.")
 
     def __post_init__(self) -> None:
         from anatomy_cli.corpus.sources import open_source
 
-        object.__setattr__(self, "corpus", tuple(str(c) for c in self.corpus))
+        super().__post_init__()
+        given: Any = self.corpus  # a path, or several
+        paths = [given] if isinstance(given, (str, Path)) else list(given)
+        object.__setattr__(self, "corpus", tuple(str(c) for c in paths))
         object.__setattr__(self, "layer", sites.blocks_text(self.layer))
         sites.parse_blocks(str(self.layer), None, "--layer", every=True)  # the syntax; the range once opened
         if not self.corpus:
@@ -72,10 +86,6 @@ class FitSaeOptions:
             raise UsageError(f"--out {self.out} is a file; give a folder")
         if self.out.is_dir() and any(self.out.iterdir()) and not self.overwrite:
             raise UsageError(f"--out {self.out} is not empty: give --overwrite to write into it")
-        for name, value, least in (("--k", self.k, 1), ("--max-tokens", self.max_tokens, 4), ("--ctx", self.ctx, 2),
-                                   ("--epochs", self.epochs, 1), ("--batch-size", self.batch_size, 1)):
-            if value < least:
-                raise UsageError(f"{name} takes a whole number of at least {least}")
         if self.d_sae is not None and self.d_sae < self.k:
             raise UsageError(f"--d-sae {self.d_sae} is below --k {self.k}: give at least k latents")
         if self.lr is not None and not 0 < self.lr < 1:

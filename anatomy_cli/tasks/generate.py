@@ -16,6 +16,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -46,18 +49,19 @@ __all__ = ["COMMAND", "GenerateOptions", "SamplingOptions", "SteeringOptions", "
 
 
 @dataclass(frozen=True)
-class SamplingOptions:
+class SamplingOptions(Declared):
     """Greedy decoding unless ``sample``: then ``softmax(logits / temperature)`` within the ``top_p`` nucleus,
     ``seed`` fixing the draws."""
 
-    sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
+    sample: bool = option(False, "--sample", help="Sample instead of greedy decoding.")
+    temperature: float = option(1.0, "--temperature", help="With --sample: divide the logits by T.")
+    top_p: float = option(1.0, "--top-p", help="With --sample: nucleus sampling's mass.")
+    seed: int | None = option(None, "--seed", help="With --sample: fix the random draws.")
 
     def __post_init__(self) -> None:
         from anatomy_cli.analyses.generate import check_sampling
 
+        super().__post_init__()
         if not self.sample and (self.temperature != 1.0 or self.top_p != 1.0 or self.seed is not None):
             raise UsageError("--temperature, --top-p and --seed need --sample")
         check_sampling(self.temperature, self.top_p)
@@ -80,32 +84,35 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
-class GenerateOptions:
+class GenerateOptions(Declared):
     """``max_new_tokens``: stop after N (or at EOS); ``k``: top tokens per step; ``lens``: the chosen token under
     the lens of every block (``logit``, ``tuned:DIR`` or ``jacobian:FILE``; True: logit; None/False: none);
     ``check``: replay without the KV cache; ``target``/``target_id``/``first_token``: a sweep's token whose
-    log-probability shift is reported."""
+    log-probability shift is reported. The sampling and steering options are one dataclass each (their fields
+    are the command's options at these fields' places)."""
 
-    max_new_tokens: int = 20
-    k: int = 5
-    lens: str | bool | None = None  # after __post_init__: the lens' text or None
-    check: bool = False
-    target: str | None = None
-    target_id: int | None = None
-    first_token: bool = False
+    max_new_tokens: int = option(20, "--max-new-tokens", min=1, metavar="N",
+                                 help="Stop after N new tokens (or at the model's EOS).")
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    k: int = option(5, "--top", "-k", min=1, metavar="N", help="Top tokens listed per step.")
+    lens: str | bool | None = option(  # after __post_init__: the lens' text or None
+        None, "--lens", metavar="[logit|tuned:DIR|jacobian:FILE]", show_default=False, cli=str | None,
+        help="Per step: the chosen token's probability under a lens at every block, and the first block that ranks "
+        "it first. A bare --lens is the logit lens; tuned:DIR or jacobian:FILE a fitted lens.")
     steering: SteeringOptions = field(default_factory=SteeringOptions)
+    check: bool = option(False, "--check", help="Replay the tokens without the KV cache (a full forward per step) "
+                         "and report the largest logit difference.")
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    first_token: bool = shared.first_token()
 
     def __post_init__(self) -> None:
         from anatomy_cli.models import lens_choice
 
+        super().__post_init__()
         lens = self.lens
         text = None if lens is None or lens is False else "logit" if lens is True else lens_choice.parse(lens).text
         object.__setattr__(self, "lens", text)  # UsageError for a bad --lens, a missing file or directory
-        if self.max_new_tokens < 1:
-            raise UsageError("--max-new-tokens takes a whole number of at least 1")
-        if self.k < 1:
-            raise UsageError("--top takes a whole number of at least 1")
         targets.check_first_token(self.first_token, self.wanted)
         if self.wanted is not None and len(self.coefs) < 2:
             raise UsageError("--target is for a coefficient sweep (--steer FILE --coef -4,0,4)")

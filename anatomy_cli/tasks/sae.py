@@ -7,12 +7,15 @@ a feature out of range and an SAE of another model before any weight loads; :fun
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 
@@ -26,26 +29,29 @@ COMMAND = "sae"
 
 
 @dataclass(frozen=True)
-class SaeOptions:
+class SaeOptions(Declared):
     """``sae``: a SAELens or sparsify folder or a Gemma Scope params.npz; ``hook``: its hook point where the
     files state none; ``top``: features per token; ``features``: ids followed across the prompt (``--feature``,
     repeatable); ``lens_top``: tokens at each end of a followed feature's logit lens; ``labels``: Neuronpedia's
     explanations."""
 
-    sae: Path | str
-    hook: str | None = None
-    top: int = 5
-    features: Sequence[int] | None = None
-    lens_top: int = 5
-    labels: Path | str | None = None
-
-    def __post_init__(self) -> None:
-        if self.top < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.lens_top < 1:
-            raise UsageError("--lens-top takes a whole number of at least 1")
-        if any(f < 0 for f in self.wanted):
-            raise UsageError("--feature takes feature ids of at least 0")
+    sae: Path | str = option(
+        dataclasses.MISSING, "--sae", metavar="PATH", show_default=False, cli=Path,
+        help="The SAE: a SAELens folder (cfg.json, sae_weights.safetensors), a sparsify folder (cfg.json, "
+        "sae.safetensors; or its checkpoint folder with --hook), or a Gemma Scope params.npz.")
+    hook: str | None = option(
+        None, "--hook", metavar="NAME", show_default=False,
+        help="The hook point, where the files state none (Gemma Scope) or to pick one of a sparsify "
+        "checkpoint's folders (layers.3); TransformerLens names (blocks.3.hook_resid_post) or sparsify's.")
+    top: int = option(5, "--top", "-k", min=1, metavar="N", help="Features listed per token.")
+    features: Sequence[int] | None = option(
+        None, "--feature", metavar="ID", min=0, show_default=False, cli=list[int] | None,
+        help="Follow this feature across the prompt, with its summary and logit lens (repeatable).")
+    lens_top: int = option(5, "--lens-top", min=1, metavar="N",
+                           help="Tokens listed at each end of a followed feature's logit lens.")
+    labels: Path | str | None = option(
+        None, "--labels", metavar="DIR|FILE", show_default=False, cli=Path | None,
+        help="Neuronpedia's exported explanations (explanations/*.jsonl.gz), joined by feature id.")
 
     @property
     def wanted(self) -> list[int]:

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import at_least
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.steering import LayerDirection
@@ -39,25 +41,39 @@ def _prompts(given: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class SteerOptions:
+class SteerOptions(Declared):
     """``positive``/``negative``: the prompts of each side (a str is one prompt), ``pairs``: a file of more;
     ``layer``: the block(s) (``6``, ``"4-8"``, ``[2, 6]``); ``site``: one of :data:`SITES`; ``reduce``: ``last``
     or ``mean``; ``method``: ``mean`` or ``pca``; ``out``: the safetensors file; ``save_control_vector``: the
     llama.cpp GGUF."""
 
-    positive: str | list[str] | tuple[str, ...] | None = None
-    negative: str | list[str] | tuple[str, ...] | None = None
-    pairs: Path | str | None = None
-    layer: Layer = ""
-    site: str = "resid_post"
-    reduce: str = "last"
-    method: str = "mean"
-    out: Path | str | None = None
-    save_control_vector: Path | str | None = None
-    batch_size: int = 8
+    positive: str | list[str] | tuple[str, ...] | None = option(
+        None, "--positive", metavar="TEXT", show_default=False, cli=list[str] | None,
+        help="A prompt of the side to steer towards (repeat the option for more).")
+    negative: str | list[str] | tuple[str, ...] | None = option(
+        None, "--negative", metavar="TEXT", show_default=False, cli=list[str] | None,
+        help="A prompt of the side to steer away from.")
+    pairs: Path | str | None = option(
+        None, "--pairs", metavar="FILE", show_default=False, cli=Path | None,
+        help="Prompt pairs, one per line: POSITIVE<TAB>NEGATIVE, or JSON lines {\"positive\": ..., \"negative\": "
+        "...}.")
+    layer: Layer = option("", "--layer", "-l", metavar="L|A-B|L,L", cli=str,
+                          help="Block(s) whose site gets a direction.")
+    site: str = option("resid_post", "--site", help=f"Hook point kind: {', '.join(SITES)}.")
+    reduce: str = option("last", "--reduce",
+                         help="'last': the last token's activation; 'mean': the mean over the prompt's tokens.")
+    method: str = option("mean", "--method", help="'mean': mean(positive) - mean(negative) (ActAdd/CAA); 'pca': "
+                         "repeng's first principal component of the pair differences (unit norm).")
+    out: Path | str | None = option(None, "--out", metavar="FILE", show_default=False, cli=Path | None,
+                                    help="Save the vector (safetensors + JSON metadata).")
+    save_control_vector: Path | str | None = option(
+        None, "--save-control-vector", metavar="FILE.gguf", show_default=False, cli=Path | None,
+        help="Also write llama.cpp's control-vector GGUF.")
+    batch_size: int = shared.batch_size()
     sides: tuple[tuple[str, ...], tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         pos, neg = read_pairs(_prompts(self.positive), _prompts(self.negative),
                               None if self.pairs is None else Path(self.pairs))
         object.__setattr__(self, "sides", (tuple(pos), tuple(neg)))
@@ -70,10 +86,9 @@ class SteerOptions:
         if self.method == "pca" and (len(pos) != len(neg) or len(pos) < 2):
             raise UsageError(f"--method pca needs pairs: as many positive as negative prompts, at least 2 "
                              f"(got {len(pos)} and {len(neg)})")
-        at_least("--batch-size", self.batch_size)
-        for option, path in (("--out", self.out), ("--save-control-vector", self.save_control_vector)):
+        for flag, path in (("--out", self.out), ("--save-control-vector", self.save_control_vector)):
             if path is not None and not Path(path).parent.is_dir():
-                raise UsageError(f"{option} {path}: no such directory {Path(path).parent}")
+                raise UsageError(f"{flag} {path}: no such directory {Path(path).parent}")
         if self.layer_text.strip():
             blocks = [int(b) for b in sites.parse_blocks(self.layer_text, None, "--layer", negative=False)]
             if self.save_control_vector is not None:

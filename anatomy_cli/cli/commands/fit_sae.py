@@ -3,51 +3,26 @@ block (sparsify's format)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
-from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_model
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import fit_sae as task
 
 
-@app.command("fit-sae")
+@command("fit-sae", task.FitSaeOptions, inputs=("corpus",))
 @model_options()
 def fit_sae_command(
     corpus: Annotated[list[str], typer.Argument(
         metavar="CORPUS...", show_default=False,
         help="Text files, folders of .txt/.md files, .jsonl/.csv/.parquet (as anatomy corpus reads them).")],
-    layer: Annotated[list[str], typer.Option(
-        "--layer", metavar="L|A-B|L,L|all", show_default=False,
-        help="The block(s), one SAE each, their activations collected in one pass: a block (negative counts from "
-        "the end), a range, a list, all; repeat the option for more.")],
-    out: Annotated[Path, typer.Option("--out", metavar="DIR", show_default=False,
-                                      help="The folder written: DIR/layers.N per block (DIR/layers.N.mlp for a "
-                                      "transcoder).")],
-    transcoder: Annotated[bool, typer.Option(
-        "--transcoder", help="An MLP transcoder (the MLP's input -> its output) instead of an SAE on the "
-        "block's output.")] = False,
-    d_sae: Annotated[Optional[int], typer.Option("--d-sae", min=1, metavar="N", show_default=False,
-                                                 help="Latents (default 8 x d_model).")] = None,
-    k: Annotated[int, typer.Option("--k", min=1, metavar="N", help="Active latents per token (TopK).")] = 32,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=4, metavar="N",
-                                            help="Tokens read from the corpus (the last window is held out).")
-                          ] = 20000,
-    ctx: Annotated[int, typer.Option("--ctx", min=2, metavar="N", help="Tokens per window.")] = 256,
-    epochs: Annotated[int, typer.Option("--epochs", min=1, metavar="N", help="Passes over the tokens.")] = 8,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N",
-                                            help="Rows per step.")] = 256,
-    lr: Annotated[Optional[float], typer.Option(
-        "--lr", metavar="X", show_default=False,
-        help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14)).")] = None,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Initialization and shuffling.")] = 0,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Write into a folder that is not empty.")] = False,
+    opts: task.FitSaeOptions,
     spec: ModelSpec = ModelSpec(),
     fmt: FormatOpt = None,
 ) -> None:
@@ -72,11 +47,7 @@ def fit_sae_command(
     """
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import fit_sae as view
-    from anatomy_cli.tasks import fit_sae as task
 
-    opts = task.FitSaeOptions(corpus=tuple(corpus), layer=tuple(layer), transcoder=transcoder, out=out, d_sae=d_sae,
-                              k=k, max_tokens=max_tokens, ctx=ctx, epochs=epochs, batch_size=batch_size, lr=lr,
-                              seed=seed, overwrite=overwrite)
     opened = open_model(spec)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

@@ -2,50 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-from typing import Optional
-
-import typer
-
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import draw_each
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import sae as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("sae")
+@command("sae", task.SaeOptions)
 @model_options()
 @prompt_options()
 @output_options()
 def sae_command(
     prompt: PromptArg,
-    sae_path: Annotated[Path, typer.Option(
-        "--sae", metavar="PATH", show_default=False,
-        help="The SAE: a SAELens folder (cfg.json, sae_weights.safetensors), a sparsify folder (cfg.json, "
-        "sae.safetensors; or its checkpoint folder with --hook), or a Gemma Scope params.npz.")],
-    hook: Annotated[Optional[str], typer.Option(
-        "--hook", metavar="NAME", show_default=False,
-        help="The hook point, where the files state none (Gemma Scope) or to pick one of a sparsify "
-        "checkpoint's folders (layers.3); TransformerLens names (blocks.3.hook_resid_post) or sparsify's.")] = None,
-    top: Annotated[int, typer.Option("--top", "-k", min=1, metavar="N",
-                                     help="Features listed per token.")] = 5,
-    features: Annotated[Optional[list[int]], typer.Option(
-        "--feature", metavar="ID", min=0, show_default=False,
-        help="Follow this feature across the prompt, with its summary and logit lens (repeatable).")] = None,
-    lens_k: Annotated[int, typer.Option("--lens-top", min=1, metavar="N",
-                                        help="Tokens listed at each end of a followed feature's logit lens.")] = 5,
-    labels: Annotated[Optional[Path], typer.Option(
-        "--labels", metavar="DIR|FILE", show_default=False,
-        help="Neuronpedia's exported explanations (explanations/*.jsonl.gz), joined by feature id.")] = None,
+    opts: task.SaeOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     out: Output = Output(),
@@ -68,9 +46,7 @@ def sae_command(
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.output.views import sae as view
-    from anatomy_cli.tasks import sae as task
 
-    opts = task.SaeOptions(sae=sae_path, hook=hook, top=top, features=features, lens_top=lens_k, labels=labels)
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)
