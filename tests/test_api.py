@@ -205,7 +205,7 @@ def test_diff_returns_the_commands_json(tiny_model_dir):
     expected = cli_json("diff", path, path, "Thank you very", "--device", "cpu", "--target", " much", "--k", "3")
     assert as_json(acts.to_dict()) == expected
     assert [r["layer"] for r in acts.rows] == ["embed", *range(len(acts.rows) - 1)]
-    with pytest.raises(UsageError, match="--target needs a PROMPT"):
+    with pytest.raises(UsageError, match="^target= needs a PROMPT"):  # the keyword, not the flag
         anatomy.diff(path, path, target=" much")
 
 

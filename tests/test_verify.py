@@ -258,7 +258,8 @@ def test_against_llamacpp_that_cannot_run_fails_before_the_weights(tiny_lm, tiny
     import anatomy_cli as anatomy
     from anatomy_cli.errors import AnatomyError
 
-    with pytest.raises(AnatomyError, match=r"^--against llama.cpp checks nothing here: the model is not a .gguf"):
+    # in the API's words (api/_declared.py: the keyword, not the flag)
+    with pytest.raises(AnatomyError, match=r"^against= llama.cpp checks nothing here: the model is not a .gguf"):
         anatomy.verify(anatomy.load(str(tiny_model_dir("llama"))), against="llama.cpp")
     # --against all keeps it a skipped row (llama.cpp "where it is installed"); asked for by name, a failed one
     from anatomy_cli.analyses.verify.llamacpp import against_llamacpp

@@ -5,26 +5,23 @@ and returns its view's JSON with the runner's result (``stats``: the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._results import Result
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import corpus as task
 
 
-def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, max_tokens: int | None = None,
-                 column: str = "text", bos: bool | None = None, heads: bool = False, lens_every: int = 1,
-                 lens: bool | str | Sequence[str] = True, out: str | Path | None = None, overwrite: bool = False,
-                 shard_windows: int = 16, batch_size: int = 4, ray: bool = False, ray_address: str | None = None,
-                 workers: int = 2, gpus_per_worker: float = 0.0, save_activations: str | None = None,
-                 activation_dtype: str = "fp32", allow_special: bool = False, experts: bool = False) -> Result:
+@command(task.CorpusOptions)
+def corpus_stats(model: Model, source: str | Path, opts: task.CorpusOptions) -> Result:
     """`anatomy corpus SOURCE` (not named ``corpus``: ``anatomy_cli.corpus`` is a subpackage, which would shadow
     it): SOURCE a text file, a directory of .txt/.md files, a .jsonl/.csv/.parquet file with ``column``, a
     datasets directory: windows of ``ctx`` tokens measured at every position, means ± standard
     errors over windows; ``out`` a directory to write shards to and resume from; ``lens``: the lenses
-    measured, ``"logit"``, ``"tuned:DIR"``, ``"jacobian:FILE"`` or a list of them (``--lens``, repeatable; True:
-    the logit lens alone, the default; False: ``--no-lens``), per lens in ``to_dict()["lenses"]``; the other
+    measured, ``"logit"``, ``"tuned:DIR"``, ``"jacobian:FILE"`` or a list of them (``--lens``, repeatable; None
+    or True: the logit lens alone, the default; False: ``--no-lens``), per lens in ``to_dict()["lenses"]``; the other
     keywords as the command's options. ``model``: a LoadedModel (used as it is; the run's manifest keys it by its
     name), a ModelSpec or a name (opened and loaded; with ``ray`` the workers load it). ``result``: the runner's
     Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1, ``layer`` ``"embed"`` then the blocks
@@ -33,14 +30,7 @@ def corpus_stats(model: Model, source: str | Path, *, ctx: int | None = None, ma
     from anatomy_cli.engine.loader import GivenLoader as _Given
     from anatomy_cli.engine.loader import using_loader
     from anatomy_cli.output.views import corpus as view
-    from anatomy_cli.tasks import corpus as task
 
-    opts = task.CorpusOptions(
-        ctx=ctx, max_tokens=max_tokens, column=column, bos=bos, heads=heads, lens_every=lens_every, lens=lens,
-        out=None if out is None else Path(out), overwrite=overwrite, shard_windows=shard_windows,
-        batch_size=batch_size, ray=ray, ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker,
-        save_activations=save_activations, activation_dtype=activation_dtype, allow_special=allow_special,
-        experts=experts)
     if isinstance(model, (ModelSpec, str)):
         run = task.measure(str(source), model if isinstance(model, ModelSpec) else ModelSpec(model), opts)
     else:

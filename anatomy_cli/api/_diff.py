@@ -3,27 +3,27 @@ same :class:`~anatomy_cli.tasks.diff.DiffOptions` and its view. No torch at impo
 
 from __future__ import annotations
 
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._results import Result
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import diff as task
 from anatomy_cli.text.options import PromptOptions
 
 
-def diff(a: str | ModelSpec, b: str | ModelSpec, prompt: str | list[str] | None = None, *, weights: bool = False,
-         position: int = -1, k: int = 5, target: str | None = None, target_id: int | None = None,
-         batch_size: int = 8, prompts: PromptOptions = PromptOptions()) -> Result | list[Result]:
+@command(task.DiffOptions)
+def diff(a: str | ModelSpec, b: str | ModelSpec, prompt: str | list[str] | None = None,
+         opts: task.DiffOptions = task.DiffOptions(), *,
+         prompts: PromptOptions = PromptOptions()) -> Result | list[Result]:
     """`anatomy diff A B [PROMPT]`: two models of one shape. Without ``prompt`` (or ``weights``): the weights,
     tensor by tensor (``result``: WeightsDiff; rows: ``rows``). With a prompt: the residual streams and lenses
     (``result``: ActivationDiff; rows: ``layers``, named ``embed`` then the blocks 0..L−1), one Result per prompt
     for a list. ``a``, ``b``: names or ModelSpecs (opened here: A runs and is freed before B loads)."""
     from anatomy_cli.api._model import texts_of
     from anatomy_cli.output.views import diff as view
-    from anatomy_cli.tasks import diff as task
     from anatomy_cli.tasks.session import model_label
 
     spec_a = a if isinstance(a, ModelSpec) else ModelSpec(a)
     spec_b = b if isinstance(b, ModelSpec) else ModelSpec(b)
-    opts = task.DiffOptions(weights=weights, position=position, k=k, target=target, target_id=target_id,
-                            batch_size=batch_size)
     opts.check_mode(prompt is not None)
     if prompt is None:
         result = task.run_weights(spec_a.model, spec_b.model, spec_a.trust_remote_code)

@@ -3,25 +3,24 @@ corpus, in tuned-lens' format)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import fit_lens as task
 from anatomy_cli.text.options import PromptOptions
 
 
-def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None, *, out: str | Path,
-             source_layers: Any = None, target_layer: int | None = None, dim_batch: int = 8, max_seq_len: int = 128,
-             skip_first: int = 16, dtype: str = "fp16", overwrite: bool = False, checkpoint: str | Path | None = None,
-             checkpoint_every: int = 1, shard: str | tuple[int, int] | None = None, ray: bool = False,
-             ray_address: str | None = None, workers: int = 2, gpus_per_worker: float = 0.0,
-             corpus: str | Path | None = None, column: str = "text", tokens: int | None = None, ctx: int | None = None,
-             steps: int = 250, seed: int = 42,
+@command(task.FitLensOptions)
+def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None,
+             opts: task.FitLensOptions = task.FitLensOptions(), *, out: str | Path,
              prompts: PromptOptions = PromptOptions()) -> Result:
     """`anatomy fit-lens jacobian`: fit a Jacobian lens on ``prompt`` (a list of texts; the CLI's ``--prompts
     FILE``) and write it to ``out`` in jlens' format (read it with ``lens(..., lens=f"jacobian:{out}")``).
@@ -41,18 +40,9 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None, *, 
     ``tuned_lens.TunedLens.from_model_and_pretrained`` and ``lens(..., lens=f"tuned:{DIR}")`` read. ``result``:
     TunedFit; rows: ``translators`` (the KL to the final distribution at the first and the last step)."""
     from anatomy_cli.output.views import fit_lens as view
-    from anatomy_cli.tasks import _tuned_fit
-    from anatomy_cli.tasks import fit_lens as task
 
     texts = tuple(texts_of(prompt)[0]) if prompt is not None else ()
-    tuned = _tuned_fit.TunedFitOptions(corpus=None if corpus is None else str(corpus), column=column, tokens=tokens,
-                                       ctx=ctx, steps=steps, seed=seed)
-    opts = task.FitLensOptions(kind=kind, prompt=texts, out=Path(out), source_layers=source_layers,
-                               target_layer=target_layer, dim_batch=dim_batch, max_seq_len=max_seq_len,
-                               skip_first=skip_first, dtype=dtype, overwrite=overwrite,
-                               checkpoint=None if checkpoint is None else Path(checkpoint),
-                               checkpoint_every=checkpoint_every, shard=shard, ray=ray, ray_address=ray_address,
-                               workers=workers, gpus_per_worker=gpus_per_worker, tuned=tuned)
+    opts = dataclasses.replace(opts, kind=kind, prompt=texts, out=Path(out))
     lm = _opened(model) if opts.ray else loaded(model)  # on Ray the workers load the weights
     plan = task.check(lm, opts)
     encoded = encode(lm, list(opts.prompt), prompts) if opts.prompt else []
@@ -74,7 +64,6 @@ def merge_lenses(files: list[str | Path], *, out: str | Path, dtype: str = "fp16
     file, the ``n_prompts``-weighted mean (equal to one fit on all their prompts). No model is loaded.
     ``result``: MergedLens; rows: ``inputs`` (each file and its prompt count)."""
     from anatomy_cli.output.views import fit_lens as view
-    from anatomy_cli.tasks import fit_lens as task
 
     result = task.merge([Path(f) for f in files], Path(out), dtype=dtype, overwrite=overwrite)
     return Result(task.COMMAND, result, view.merge_report(result).data, "inputs")

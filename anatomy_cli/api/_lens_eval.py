@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._results import Result
+from anatomy_cli.tasks import lens_eval as task
 from anatomy_cli.text.options import PromptOptions
 
 
-def lens_eval(model: Model, items: str | Path | dict[str, Any] | list[dict[str, Any]], *,
-              lens: str | list[str] | tuple[str, ...] = ("logit",), prompts: PromptOptions = PromptOptions(),
-              batch_size: int = 8) -> Result:
+@command(task.LensEvalOptions)
+def lens_eval(model: Model, items: str | Path | dict[str, Any] | list[dict[str, Any]], opts: task.LensEvalOptions, *,
+              prompts: PromptOptions = PromptOptions()) -> Result:
     """`anatomy lens-eval ITEMS`: ``items`` (jlens' evaluation file, its loaded ``{"items": [...]}`` or the list
     of items, each ``{"prompt": TEXT, "intermediates": [WORD, ...]}``) read through each of ``lens`` (``logit``,
     ``tuned:DIR``, ``jacobian:FILE``; one text or several): per lens pass@1/5/10, the mean over items of the
     fraction of intermediates whose best 1-based rank (over the lens' blocks and the word's single-token forms)
     is at most k. ``result``: LensEval (``pass_at(j, k)``); rows: ``lenses``."""
     from anatomy_cli.output.views import lens_eval as view
-    from anatomy_cli.tasks import lens_eval as task
 
-    opts = task.LensEvalOptions(items=items, lens=(lens,) if isinstance(lens, str) else tuple(lens),
-                                batch_size=batch_size)
+    opts = dataclasses.replace(opts, items=items)
     lm = loaded(model)
     plan = task.check(lm, opts)
     result = task.run(lm, encode(lm, opts.prompts, prompts), opts, plan)

@@ -4,21 +4,25 @@ result object. No torch at import time."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
+from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import load
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
+from anatomy_cli.tasks import verify as task
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
 
 
-def verify(model: Model, prompt: str | list[str] | None = None, *, against: str = "all", quick: bool = False,
+@command(task.VerifyOptions)
+def verify(model: Model, prompt: str | list[str] | None = None, opts: task.VerifyOptions = task.VerifyOptions(), *,
            prompts: PromptOptions = PromptOptions()) -> Result:
     """`anatomy verify`: each check of anatomy's numbers on this model (parity with transformers, identities,
     precision, devices, known answers, llama.cpp for a ``.gguf`` model), its error, tolerance and pass or fail.
@@ -26,10 +30,8 @@ def verify(model: Model, prompt: str | list[str] | None = None, *, against: str 
     ``transformers``, ``llama.cpp`` or ``all``. Failing checks do not raise: ``result.passed`` and
     ``to_dict()["failed"]`` say which. ``result``: Verification; rows: ``sections`` (each with its ``checks``)."""
     from anatomy_cli.output.views import verify as view
-    from anatomy_cli.tasks import verify as task
 
-    opts = task.VerifyOptions(against=against, quick=quick,  # ValueError for an unknown reference
-                              prompt=None if prompt is None else tuple(texts_of(prompt)[0]))
+    opts = dataclasses.replace(opts, prompt=None if prompt is None else tuple(texts_of(prompt)[0]))
     lm = loaded(model)
     encoded = encode(lm, opts.texts, prompts)
     plan = task.check(lm, encoded, opts, untrained=lm.untrained)

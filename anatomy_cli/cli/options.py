@@ -134,12 +134,8 @@ PlotOpt = Annotated[
                  "... See docs/plots.md."),
 ]
 
-# --lens (lens, trace, generate, lens-eval): parsed by anatomy_cli.models.lens_choice.
+# --lens (lens, trace, generate): parsed by anatomy_cli.models.lens_choice.
 LENS_METAVAR = shared.LENS_METAVAR
-LensesOpt = Annotated[Optional[list[str]], typer.Option(
-    "--lens", metavar=LENS_METAVAR, show_default=False,
-    help="A lens to compare; repeat for several, shown in this order (default: logit alone): logit, a tuned-lens "
-    "directory (tuned:DIR) or a Jacobian lens file (jacobian:FILE).")]
 
 # --target/--foil (next, trace, lens, dla, ablate, patch); turned into token ids by anatomy_cli.text.targets.
 TargetOpt = Annotated[Optional[str], typer.Option(

@@ -48,3 +48,29 @@ LENS_METAVAR = "logit|tuned:DIR|jacobian:FILE"
 def lens(help: str) -> Any:
     """``--lens`` (trace, lens): one lens, ``logit`` by default; checked by ``anatomy_cli.models.lens_choice``."""
     return option("logit", "--lens", metavar=LENS_METAVAR, help=help)
+
+
+# --- decl-d
+# The Ray options of the commands that run on Ray workers (corpus, fit-lens), in this order.
+def ray(what: str) -> Any:
+    """``--ray``; ``what``: what runs on the workers (``Run the shards``, ``jacobian: fit the prompts``)."""
+    return option(False, "--ray", help=f"{what} on Ray workers: at --ray-address, else RAY_ADDRESS, else a local Ray "
+                  "started for the run. Needs Ray (in a clone: pip install -e '.[ray]').")
+
+
+def ray_address() -> Any:
+    return option(None, "--ray-address", metavar="ADDRESS", show_default=False,
+                  help="The Ray cluster for --ray (ray://host:10001, auto).")
+
+
+def workers() -> Any:
+    return option(2, "--workers", min=1, help="Ray workers (actors), one model each.")
+
+
+def gpus_per_worker() -> Any:
+    return option(0.0, "--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")
+
+
+def lenses(default: Any, help: str) -> Any:
+    """``--lens`` repeated (corpus, lens-eval): the lenses, each ``logit``, ``tuned:DIR`` or ``jacobian:FILE``."""
+    return option(default, "--lens", metavar=LENS_METAVAR, show_default=False, cli=list[str] | None, help=help)

@@ -6,8 +6,8 @@ sources (a text file, a directory of .txt/.md, ``-``, a .jsonl/.csv/.parquet col
 windows of ``ctx`` tokens (default min(2048, the model's context): tuned-lens' ``max_length``), the first
 ``tokens`` tokens only. The windows are shuffled (``torch.randperm`` seeded ``seed``) and split into ``steps``
 steps (tuned-lens' ``num_steps``, default 250) of as equal a number of windows as can be (at least one each: fewer
-windows than steps means fewer steps). :class:`TunedFitOptions` is nested in
-:class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` (its field ``tuned``).
+windows than steps means fewer steps). Its options (``corpus``, ``column``, ``tokens``, ``ctx``, ``steps``,
+``seed``: :data:`TUNED_ONLY`) are fields of :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions`.
 """
 
 from __future__ import annotations
@@ -36,23 +36,8 @@ TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", 
               "seed": "--seed"}
 
 
-@dataclass(frozen=True)
-class TunedFitOptions:
-    """``corpus``: the SOURCE (a path or ``-``); ``column``: a table source's text column; ``tokens``: the token
-    budget (the corpus's first ``tokens`` tokens); ``ctx``: tokens per window (None: min(2048, the model's
-    context)); ``steps``: optimizer steps (tuned-lens' ``num_steps``); ``seed``: the windows' shuffle."""
-
-    corpus: str | None = None
-    column: str = "text"
-    tokens: int | None = None
-    ctx: int | None = None
-    steps: int = 250
-    seed: int = 42
-
-
 def validate(opts: Any) -> None:
     """The refusals of a :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` of kind ``tuned`` (nothing opened)."""
-    tuned: TunedFitOptions = opts.tuned
     if opts.prompt:
         raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
     defaults = {f.name: f.default for f in fields(opts)}
@@ -60,14 +45,14 @@ def validate(opts: Any) -> None:
     if given:
         raise UsageError(f"{', '.join(given)}: for fit-lens jacobian only (a tuned lens trains in this process "
                          "and is written in fp32, as tuned-lens writes it)")
-    if tuned.corpus is None:
+    if opts.corpus is None:
         raise UsageError("fit-lens tuned needs --corpus PATH (a text file, a directory of .txt/.md files, '-', or a "
                          ".jsonl/.csv/.parquet file)")
-    if tuned.corpus != "-" and not Path(tuned.corpus).exists():
-        raise UsageError(f"--corpus {tuned.corpus} does not exist")
-    if tuned.tokens is None:
+    if opts.corpus != "-" and not Path(opts.corpus).exists():
+        raise UsageError(f"--corpus {opts.corpus} does not exist")
+    if opts.tokens is None:
         raise UsageError("fit-lens tuned needs --tokens N (the corpus's first N tokens are trained on)")
-    for flag, value, least in (("--tokens", tuned.tokens, 2), ("--ctx", tuned.ctx, 2), ("--steps", tuned.steps, 1)):
+    for flag, value, least in (("--tokens", opts.tokens, 2), ("--ctx", opts.ctx, 2), ("--steps", opts.steps, 1)):
         if value is not None and value < least:
             raise UsageError(f"{flag} takes a whole number of at least {least}")
     if opts.out is None:
@@ -79,12 +64,12 @@ def validate(opts: Any) -> None:
         raise UsageError(f"--out {out} holds a lens already: give --overwrite to replace it")
 
 
-def refuse_tuned_options(tuned: TunedFitOptions, kind: str) -> None:
+def refuse_tuned_options(opts: Any) -> None:
     """``--corpus`` and the rest given to another kind than ``tuned``."""
-    given = [flag for f in fields(TunedFitOptions) if getattr(tuned, f.name) != f.default
-             for flag in (TUNED_ONLY[f.name],)]
+    defaults = {f.name: f.default for f in fields(opts)}
+    given = [flag for name, flag in TUNED_ONLY.items() if getattr(opts, name) != defaults[name]]
     if given:
-        raise UsageError(f"{', '.join(given)}: for fit-lens tuned only (fit-lens {kind} reads --prompts FILE)")
+        raise UsageError(f"{', '.join(given)}: for fit-lens tuned only (fit-lens {opts.kind} reads --prompts FILE)")
 
 
 @dataclass(frozen=True)
@@ -100,12 +85,11 @@ def check(opened: Any, opts: Any) -> TunedPlan:
 
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command="fit-lens tuned")
-    tuned: TunedFitOptions = opts.tuned
-    ctx = tuned.ctx if tuned.ctx is not None else min(MAX_LENGTH, info.n_ctx or MAX_LENGTH)
+    ctx = opts.ctx if opts.ctx is not None else min(MAX_LENGTH, info.n_ctx or MAX_LENGTH)
     if info.n_ctx and ctx > info.n_ctx:
         raise UsageError(f"--ctx {ctx} is more than {opened.name}'s context of {info.n_ctx} tokens")
-    assert tuned.corpus is not None  # validate()
-    return TunedPlan(ctx, open_source(tuned.corpus, column=tuned.column))
+    assert opts.corpus is not None  # validate()
+    return TunedPlan(ctx, open_source(opts.corpus, column=opts.column))
 
 
 @dataclass(frozen=True)
@@ -161,35 +145,34 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     from anatomy_cli.models import sites
     from anatomy_cli.tasks._fit_files import digest
 
-    tuned: TunedFitOptions = opts.tuned
-    assert tuned.tokens is not None
+    assert opts.tokens is not None
     try:
-        wins = windows_of(lm, plan.source, plan.ctx, tuned.tokens)
+        wins = windows_of(lm, plan.source, plan.ctx, opts.tokens)
     finally:
-        if tuned.corpus == "-":
+        if opts.corpus == "-":
             plan.source.path.unlink(missing_ok=True)
     if not wins:
-        raise UsageError(f"--corpus {tuned.corpus} has no text to train on")
+        raise UsageError(f"--corpus {opts.corpus} has no text to train on")
     n, used = len(wins), sum(map(len, wins))
-    if used < tuned.tokens:
-        notes.info(f"the corpus has {used:,} tokens, fewer than --tokens {tuned.tokens:,}: training on all of them")
-    steps = min(tuned.steps, n)
-    if steps < tuned.steps:
-        notes.info(f"{n} window{'' if n == 1 else 's'} of up to {plan.ctx} tokens: {steps} steps, not {tuned.steps} "
+    if used < opts.tokens:
+        notes.info(f"the corpus has {used:,} tokens, fewer than --tokens {opts.tokens:,}: training on all of them")
+    steps = min(opts.steps, n)
+    if steps < opts.steps:
+        notes.info(f"{n} window{'' if n == 1 else 's'} of up to {plan.ctx} tokens: {steps} steps, not {opts.steps} "
                    "(one window per step at least)")
     flops, memory = _announce(lm, n, used, steps, plan.ctx)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(tuned.seed)).tolist()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(opts.seed)).tolist()
     lens = tuned_fit.translators(lm.info.d_model, lm.n_layers, lm.device)
     opt, scheduler = tuned_fit.optimizer(lens, steps)
     head = lm.model.get_output_embeddings()
     config = tuned_fit.config(lm, unembed_hash(head.weight))
     settings = {"d_model": lm.info.d_model, "n_layers": lm.n_layers, "unembed_hash": config["unembed_hash"],
-                "ctx": plan.ctx, "steps": steps, "seed": tuned.seed, "windows": digest(wins)}
+                "ctx": plan.ctx, "steps": steps, "seed": opts.seed, "windows": digest(wins)}
     first, last = _train(lm, lens, (opt, scheduler), wins, order, steps, opts, settings)
     assert opts.out is not None
     tuned_fit.save(lens, Path(opts.out), config)
-    return TunedFit(out=str(opts.out), corpus=tuned.corpus or "", windows=n, tokens=used, ctx=plan.ctx, steps=steps,
-                    seed=tuned.seed, lr=tuned_fit.LR_SCALE * (1 - tuned_fit.MOMENTUM), flops=flops,
+    return TunedFit(out=str(opts.out), corpus=opts.corpus or "", windows=n, tokens=used, ctx=plan.ctx, steps=steps,
+                    seed=opts.seed, lr=tuned_fit.LR_SCALE * (1 - tuned_fit.MOMENTUM), flops=flops,
                     memory_bytes=memory, reads=tuple(sites.residual_label(i) for i in range(lm.n_layers)),
                     kl_first=tuple(first), kl_last=tuple(last))
 

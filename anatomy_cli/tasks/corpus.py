@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -31,42 +34,53 @@ COMMAND = "corpus"
 
 
 @dataclass(frozen=True)
-class CorpusOptions:
+class CorpusOptions(Declared):
     """The command's options (``out`` the ``--out`` directory). ``lens``: the lenses to measure, each ``logit``,
-    ``tuned:DIR`` or ``jacobian:FILE`` (``--lens``, repeatable; a text, a list, True for the logit lens alone, the
-    default, or False/``()`` for none, ``--no-lens``); kept as a tuple of texts with absolute paths."""
+    ``tuned:DIR`` or ``jacobian:FILE`` (``--lens``, repeatable; a text, a list, None or True for the logit lens
+    alone, the default, or False/``()`` for none, ``--no-lens``); kept as a tuple of texts with absolute paths."""
 
-    ctx: int | None = None
-    max_tokens: int | None = None
-    column: str = "text"
-    bos: bool | None = None
-    heads: bool = False
-    lens_every: int = 1
-    lens: Any = ("logit",)
-    out: Path | None = None
-    overwrite: bool = False
-    shard_windows: int = 16
-    batch_size: int = 4
-    ray: bool = False
-    ray_address: str | None = None
-    workers: int = 2
-    gpus_per_worker: float = 0.0
-    save_activations: str | None = None
-    activation_dtype: str = "fp32"
-    allow_special: bool = False
-    experts: bool = False
+    ctx: int | None = option(None, "--ctx", min=2, show_default=False,
+                             help="Tokens per window. Default: min(512, the model's context).")
+    max_tokens: int | None = option(None, "--max-tokens", min=2, show_default=False,
+                                    help="Stop after this many tokens (default: all).")
+    column: str = option("text", "--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")
+    bos: bool | None = option(None, "--bos/--no-bos", show_default=False,
+                              help="Start each window with the BOS token. Default: when the tokenizer itself adds "
+                              "one (LLaMA, Gemma).")
+    heads: bool = option(False, "--heads", help="Also per head: attention entropy, sink (first-token) mass, "
+                         "previous-token mass (a second forward, with eager attention).")
+    lens: Any = shared.lenses(None, "A lens to measure (repeatable, one of each kind): logit (the default), tuned:DIR "
+                              "(a tuned-lens directory) or jacobian:FILE (a Jacobian lens .pt file). Per layer: KL to "
+                              "the final distribution, CE, entropy, in nats per token and bits per byte.")
+    experts: bool = option(False, "--experts", help="Also per MoE block and expert (Mixtral, Qwen2/3-MoE, OLMoE): the "
+                           "share of token slots routed to it, its mean weight, the load imbalance and how often pairs "
+                           "of experts are chosen together.")
+    lens_every: int = option(1, "--lens-every", min=1, metavar="N", help="Measure the lenses at every N-th position "
+                             "only (each costs (L+1)·d·vocab per position).")
+    out: Path | None = option(None, "--out", metavar="DIR", show_default=False, extra={"file_okay": False},
+                              help="Write shards, manifest and summary Parquet here; running again resumes.")
+    overwrite: bool = option(False, "--overwrite", help="Replace a run of other settings in --out.")
+    shard_windows: int = option(16, "--shard-windows", min=1, help="Windows per shard.")
+    batch_size: int = option(4, "--batch-size", min=1, help="Windows per forward pass.")
+    ray: bool = shared.ray("Run the shards")
+    ray_address: str | None = shared.ray_address()
+    workers: int = shared.workers()
+    gpus_per_worker: float = shared.gpus_per_worker()
+    save_activations: str | None = option(
+        None, "--save-activations", metavar="SITE[,SITE]", show_default=False,
+        help="Also save the activations at these hook points (blocks.6.hook_resid_post, ...) under --out DIR/"
+        "activations as safetensors shards with a Parquet index, for training SAEs. See docs/corpus.md.")
+    activation_dtype: str = option("fp32", "--activation-dtype", metavar="fp32|fp16",
+                                   help="The saved activations' dtype.")
+    allow_special: bool = option(False, "--allow-special", help="Read special-token text in prompts, such as "
+                                 "<|endoftext|>, as that special token. Default: it is plain text, split like any "
+                                 "other text.")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.out is not None and not isinstance(self.out, Path):
             object.__setattr__(self, "out", Path(self.out))
-        for option, value, least in (("--ctx", self.ctx, 2), ("--max-tokens", self.max_tokens, 2),
-                                     ("--lens-every", self.lens_every, 1), ("--shard-windows", self.shard_windows, 1),
-                                     ("--batch-size", self.batch_size, 1), ("--workers", self.workers, 1)):
-            if value is not None and value < least:
-                raise UsageError(f"{option} takes a whole number of at least {least}")
         object.__setattr__(self, "lens", lens_texts(self.lens))
-        if self.gpus_per_worker < 0:
-            raise UsageError("--gpus-per-worker takes a number of at least 0")
         _ = self.sites  # --save-activations' syntax, --activation-dtype: refused before anything opens
 
     @property

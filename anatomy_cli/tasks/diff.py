@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -30,23 +33,18 @@ COMMAND = "diff"
 
 
 @dataclass(frozen=True)
-class DiffOptions:
+class DiffOptions(Declared):
     """``weights``: compare the files (the default without a prompt); ``position``: the token position whose
     lens and residual are compared; ``k``: next tokens listed per model; ``target``/``target_id``: a token whose
     rank and probability in both are reported."""
 
-    weights: bool = False
-    position: int = -1
-    k: int = 5
-    target: str | None = None
-    target_id: int | None = None
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        if self.k < 1:
-            raise UsageError("--top takes a whole number of at least 1")
-        if self.batch_size < 1:
-            raise UsageError("--batch-size takes a whole number of at least 1")
+    weights: bool = option(False, "--weights", help="Compare the weights (the default without a PROMPT).")
+    position: int = option(-1, "--position", "-p", metavar="N", help="Token position whose lens and residual are "
+                           "compared (negative counts from the end).")
+    k: int = option(5, "--top", "-k", "--k", min=1, metavar="N", help="How many next tokens of each model to list.")
+    target: str | None = shared.target()
+    target_id: int | None = shared.target_id()
+    batch_size: int = shared.batch_size()
 
     @property
     def wanted(self) -> targets.TokenChoice | None:

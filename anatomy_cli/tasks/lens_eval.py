@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -43,32 +45,37 @@ class Item:
 
 
 @dataclass(frozen=True)
-class LensEvalOptions:
-    """``items``: the evaluation set: a path to jlens' JSON file, or the loaded ``{"items": [...]}`` (or its list
-    of items), checked here; ``lens``: the lenses to compare (``logit``, ``tuned:DIR``, ``jacobian:FILE``), each
-    once, in the order shown. ``name``: the set's name (the file's stem; a dict's ``"name"``, else ``eval``)."""
+class LensEvalOptions(Declared):
+    """``lens``: the lenses to compare (``logit``, ``tuned:DIR``, ``jacobian:FILE``; a text or several), each once,
+    in the order shown. ``items``: the evaluation set, the command's input: a path to jlens' JSON file, or the
+    loaded ``{"items": [...]}`` (or its list of items), checked here (None: not given yet: the CLI and the API build
+    the options alone, then add ITEMS with ``dataclasses.replace``). ``name``: the set's name (the file's stem; a
+    dict's ``"name"``, else ``eval``)."""
 
-    items: Any = ()
-    lens: tuple[str, ...] = ("logit",)
-    batch_size: int = 8
+    lens: tuple[str, ...] = shared.lenses(("logit",), "A lens to compare; repeat for several, shown in this order "
+                                          "(default: logit alone): logit, a tuned-lens directory (tuned:DIR) or a "
+                                          "Jacobian lens file (jacobian:FILE).")
+    batch_size: int = shared.batch_size()
+    items: Any = None
     name: str = field(default="eval", init=False)
 
     def __post_init__(self) -> None:
         from anatomy_cli.models import lens_choice
-        from anatomy_cli.tasks._checks import at_least
 
-        name, items = read_items(self.items)
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "items", items)
-        if not any(i.intermediates for i in items):
-            raise UsageError(f"{name}: no item has intermediates: nothing to evaluate")
+        super().__post_init__()
         given = (self.lens,) if isinstance(self.lens, str) else tuple(self.lens or ("logit",))
         lenses = tuple(lens_choice.parse(t).text for t in given)  # UsageError for a bad --lens
         twice = next((t for i, t in enumerate(lenses) if t in lenses[:i]), None)
         if twice is not None:
             raise UsageError(f"--lens {twice} is given twice: give each lens once")
         object.__setattr__(self, "lens", lenses)
-        at_least("--batch-size", self.batch_size)
+        if self.items is None:
+            return  # the options alone
+        name, items = read_items(self.items)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "items", items)
+        if not any(i.intermediates for i in items):
+            raise UsageError(f"{name}: no item has intermediates: nothing to evaluate")
 
     @property
     def prompts(self) -> list[str]:

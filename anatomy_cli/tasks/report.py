@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from typing import Optional
 
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import at_least
 
 COMMAND = "report"
 SECTIONS = ("tokens", "embedding", "residual", "lens", "attention", "heads", "dla", "next")
@@ -29,30 +31,29 @@ HEADS_SEQ_LEN = 50  # the heads command's default; shortened to fit a small cont
 
 
 @dataclass(frozen=True)
-class ReportOptions:
-    """``sections``: the page's sections, in the page's order (None: all of :data:`SECTIONS`); ``k``: the next
-    tokens listed and the trace's top tokens."""
+class ReportOptions(Declared):
+    """``sections``: the page's sections, in the page's order (None: all of :data:`SECTIONS`; the text ``NAME,...``
+    of ``--sections`` or a sequence of names); ``k``: the next tokens listed and the trace's top tokens."""
 
-    sections: tuple[str, ...] | None = None
-    k: int = 10
+    sections: tuple[str, ...] | None = option(
+        None, "--sections", metavar="NAME,...", show_default=False, cli=Optional[str],
+        help=f"Only these sections, in the page's order: {', '.join(SECTIONS)}. Default: all.")
+    k: int = option(10, "--top", "-k", min=1, metavar="N", help="The next tokens listed and the trace's top tokens.")
 
     def __post_init__(self) -> None:
-        at_least("--top", self.k)
-        if self.sections is not None:
+        super().__post_init__()
+        if isinstance(self.sections, str):
+            text = self.sections
+            wanted = tuple(s.strip() for s in text.split(",") if s.strip())
+            if not wanted or any(s not in SECTIONS for s in wanted):
+                raise UsageError(f"--sections {text!r}: use names from {', '.join(SECTIONS)}, separated by commas")
+            object.__setattr__(self, "sections", wanted)
+        elif self.sections is not None:
+            object.__setattr__(self, "sections", tuple(self.sections))
             unknown = [s for s in self.sections if s not in SECTIONS]
             if unknown or not self.sections:
                 raise UsageError(f"--sections {','.join(self.sections)!r}: use names from {', '.join(SECTIONS)}, "
                                  "separated by commas")
-
-    @classmethod
-    def parse(cls, text: str | None, k: int = 10) -> ReportOptions:
-        """``--sections NAME,...`` (None: all) and ``--top``."""
-        if text is None:
-            return cls(k=k)
-        wanted = tuple(s.strip() for s in text.split(",") if s.strip())
-        if not wanted or any(s not in SECTIONS for s in wanted):
-            raise UsageError(f"--sections {text!r}: use names from {', '.join(SECTIONS)}, separated by commas")
-        return cls(sections=wanted, k=k)
 
     @property
     def chosen(self) -> list[str]:

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
@@ -40,16 +42,21 @@ class Against(str, Enum):
 
 
 @dataclass(frozen=True)
-class VerifyOptions:
-    """``against``: ``transformers``, ``llama.cpp`` or ``all``; ``quick``: parity and identities only, on the
-    first two prompts; ``prompt``: the prompts to check on (None: :data:`PROMPTS`)."""
+class VerifyOptions(Declared):
+    """``against``: ``transformers``, ``llama.cpp`` or ``all`` (an :class:`Against` or its value); ``quick``:
+    parity and identities only, on the first two prompts; ``prompt``: the prompts to check on (None:
+    :data:`PROMPTS`), the command's input (the CLI and the API build the options alone, then add it with
+    ``dataclasses.replace``)."""
 
-    against: str = "all"
-    quick: bool = False
+    against: Against = option(Against.all, "--against", case_sensitive=False,
+                              help="The reference: transformers' own forward (sections 1-5), llama.cpp (a .gguf file, "
+                              "section 6: exit 1 where it cannot run), or all.")
+    quick: bool = option(False, "--quick", help="Parity and identities only, on two prompts.")
     prompt: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "against", Against(self.against).value)  # ValueError for an unknown reference
+        super().__post_init__()
+        object.__setattr__(self, "against", Against(self.against))  # ValueError for an unknown reference
         if self.prompt is not None:
             object.__setattr__(self, "prompt", tuple(self.prompt))
 
@@ -77,11 +84,11 @@ def check(opened: Any, encoded: list[Encoded], opts: VerifyOptions, untrained: b
     if any(len(e) == 0 for e in encoded):
         raise UsageError("a prompt has no tokens")
     gguf = gguf_file(opened.info, untrained)
-    if opts.against == Against.llamacpp.value:
+    if opts.against is Against.llamacpp:
         why = cannot_run_llamacpp(gguf, untrained)
         if why is not None:
             raise AnatomyError(f"--against llama.cpp checks nothing here: {why}")
-    return Plan(against=opts.against, quick=opts.quick, gguf=gguf)
+    return Plan(against=opts.against.value, quick=opts.quick, gguf=gguf)
 
 
 def cannot_run_llamacpp(gguf: str | None, untrained: bool) -> str | None:

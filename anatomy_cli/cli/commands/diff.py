@@ -9,17 +9,15 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import model_label
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
-from anatomy_cli.cli.options import TargetIdOpt
-from anatomy_cli.cli.options import TargetOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import diff as task
 from anatomy_cli.text.options import PromptOptions
 
 ModelArg = Annotated[str, typer.Argument(metavar="A", show_default=False,
@@ -30,7 +28,7 @@ OptionalPrompt = Annotated[Optional[str], typer.Argument(
     help="Compare activations on this prompt ('-': one prompt per stdin line). Without it: the weights.")]
 
 
-@app.command("diff")
+@command("diff", task.DiffOptions)
 @model_options(fields=("device", "dtype", "trust_remote_code"))
 @prompt_options()
 @output_options()
@@ -38,17 +36,9 @@ def diff_command(
     a: ModelArg,
     b: OtherArg,
     prompt: OptionalPrompt = None,
-    weights: Annotated[bool, typer.Option("--weights", help="Compare the weights (the default without a PROMPT).")]
-    = False,
-    position: Annotated[int, typer.Option("--position", "-p", metavar="N", help="Token position whose lens and "
-                                          "residual are compared (negative counts from the end).")] = -1,
-    k: Annotated[int, typer.Option("--top", "-k", "--k", min=1, metavar="N",
-                                  help="How many next tokens of each model to list.")] = 5,
-    target: TargetOpt = None,
-    target_id: TargetIdOpt = None,
+    opts: task.DiffOptions = task.DiffOptions(),
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     out: Output = Output(),
 ) -> None:
     """Compare two models of one shape: a quantized file against its source, a fine-tune against its base.
@@ -71,12 +61,9 @@ def diff_command(
     """
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.models.resolve import check_path
-    from anatomy_cli.tasks import diff as task
 
     for name in (a, b):
         check_path(name)  # a path that does not exist fails before torch loads
-    opts = task.DiffOptions(weights=weights, position=position, k=k, target=target, target_id=target_id,
-                            batch_size=batch_size)
     opts.check_mode(prompt is not None)
     if prompt is None:
         return _weights(a, b, spec.trust_remote_code, opts, plot, fmt)
@@ -86,7 +73,6 @@ def diff_command(
 def _weights(a: str, b: str, trust_remote_code: bool, opts: Any, plot: Path | None, fmt: Any) -> None:
     from anatomy_cli.output import plots
     from anatomy_cli.output.views import diff as view
-    from anatomy_cli.tasks import diff as task
 
     result = task.run_weights(a, b, trust_remote_code)
     if plot:
@@ -101,7 +87,6 @@ def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: Pro
                  plot: Path | None, fmt: Any) -> None:
     from anatomy_cli.output import plots
     from anatomy_cli.output.views import diff as view
-    from anatomy_cli.tasks import diff as task
     from anatomy_cli.text.inputs import read_prompts
 
     # Before either model's weights: the shape of the question, and B reads the prompts as A does.

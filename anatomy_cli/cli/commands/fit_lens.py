@@ -3,27 +3,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_model
 from anatomy_cli.cli.commands._common import open_texts
 from anatomy_cli.cli.commands._common import read_prompts_file
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import MODEL_OPTIONS
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import fit_lens as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("fit-lens")
+@command("fit-lens", task.FitLensOptions)
 @model_options(fields=tuple(o[0] for o in MODEL_OPTIONS if o[0] != "dtype"))  # fitted in fp32; --dtype: the file's
 @prompt_options()
 def fit_lens_command(
@@ -36,49 +38,7 @@ def fit_lens_command(
     prompts_file: Annotated[Optional[str], typer.Option(
         "--prompts", metavar="FILE|-", show_default=False,
         help="The prompts to fit on, one per non-empty line ('-': stdin).")] = None,
-    source_layers: Annotated[Optional[str], typer.Option(
-        "--source-layers", metavar="N,...", show_default=False,
-        help="The blocks to fit (0,4-8); default every block below the target.")] = None,
-    target_layer: Annotated[Optional[int], typer.Option(
-        "--target-layer", metavar="N", show_default=False,
-        help="The block J maps onto (default the last; negative counts from the end).")] = None,
-    dim_batch: Annotated[int, typer.Option(
-        "--dim-batch", min=1, help="Output dimensions per backward pass (copies of the prompt per forward).")] = 8,
-    max_seq_len: Annotated[int, typer.Option("--max-seq-len", min=2, help="Tokens kept per prompt.")] = 128,
-    skip_first: Annotated[int, typer.Option(
-        "--skip-first", min=0, help="Leading positions left out of the average (attention sinks).")] = 16,
-    lens_dtype: Annotated[str, typer.Option("--dtype", metavar="fp16|fp32",
-                                       help="The stored matrices' precision (fp16: as jlens saves).")] = "fp16",
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace FILE if it exists.")] = False,
-    shard: Annotated[Optional[str], typer.Option(
-        "--shard", metavar="i/N", show_default=False,
-        help="Fit prompts i, i+N, i+2N, ... only (0-based); merge the N files with fit-lens merge.")] = None,
-    checkpoint: Annotated[Optional[Path], typer.Option(
-        "--checkpoint", metavar="FILE", show_default=False,
-        help="Save the fit's state here (jacobian: the running sums; tuned: translators, optimizer, schedule, "
-             "step); resume from it when it exists (same settings only).")] = None,
-    checkpoint_every: Annotated[int, typer.Option(
-        "--checkpoint-every", min=1, metavar="N",
-        help="Write --checkpoint every N prompts (tuned: steps) and after the last.")] = 1,
-    ray: Annotated[bool, typer.Option(
-        "--ray", help="jacobian: fit the prompts on Ray workers: at --ray-address, else RAY_ADDRESS, else a local "
-        "Ray started for the run. Needs Ray (in a clone: pip install -e '.[ray]').")] = False,
-    ray_address: Annotated[Optional[str], typer.Option(
-        "--ray-address", metavar="ADDRESS", show_default=False,
-        help="The Ray cluster for --ray (ray://host:10001, auto).")] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Ray workers (actors), one model each.")] = 2,
-    gpus_per_worker: Annotated[float, typer.Option("--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")] = 0.0,
-    corpus: Annotated[Optional[str], typer.Option(
-        "--corpus", metavar="PATH|-", show_default=False,
-        help="tuned: the text to train on (a file, a directory of .txt/.md, .jsonl/.csv/.parquet, '-').")] = None,
-    column: Annotated[str, typer.Option("--column", help="tuned: a table corpus's text column.")] = "text",
-    tokens: Annotated[Optional[int], typer.Option(
-        "--tokens", metavar="N", show_default=False, help="tuned: the token budget (the corpus's first N).")] = None,
-    ctx: Annotated[Optional[int], typer.Option(
-        "--ctx", metavar="N", show_default=False,
-        help="tuned: tokens per window (default min(2048, the model's context)).")] = None,
-    steps: Annotated[int, typer.Option("--steps", help="tuned: optimizer steps (tuned-lens' num_steps).")] = 250,
-    seed: Annotated[int, typer.Option("--seed", help="tuned: the seed of the windows' shuffle.")] = 42,
+    opts: task.FitLensOptions = task.FitLensOptions(),
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
     fmt: FormatOpt = None,
@@ -111,24 +71,18 @@ def fit_lens_command(
     """
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import fit_lens as view
-    from anatomy_cli.tasks import fit_lens as task
 
     if kind == "merge":
         if prompts_file is not None:
             raise UsageError("fit-lens merge reads lens files, not prompts: drop --prompts")
-        emit(view.merge_report(task.merge(list(files or []), out, dtype=lens_dtype, overwrite=overwrite)), fmt)
+        emit(view.merge_report(task.merge(list(files or []), out, dtype=opts.dtype, overwrite=opts.overwrite)), fmt)
         return
     if files:
         raise UsageError(f"fit-lens {kind} takes no FILES (they are for fit-lens merge): give --prompts FILE")
     if kind == "tuned" and prompts_file is not None:
         raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
-    tuned = task.TunedFitOptions(corpus=corpus, column=column, tokens=tokens, ctx=ctx, steps=steps, seed=seed)
-    opts = task.FitLensOptions(kind=kind, prompt=() if prompts_file is None else tuple(read_prompts_file(prompts_file)),
-                               out=out, source_layers=source_layers, target_layer=target_layer, dim_batch=dim_batch,
-                               max_seq_len=max_seq_len, skip_first=skip_first, dtype=lens_dtype, overwrite=overwrite,
-                               checkpoint=checkpoint, checkpoint_every=checkpoint_every, shard=shard, ray=ray,
-                               ray_address=ray_address, workers=workers, gpus_per_worker=gpus_per_worker,
-                               tuned=tuned)  # fails before anything opens
+    texts = () if prompts_file is None else tuple(read_prompts_file(prompts_file))
+    opts = dataclasses.replace(opts, kind=kind, prompt=texts, out=out)  # fails before anything opens
     if kind == "tuned":
         opened = open_model(spec)
         plan = task.check(opened, opts)
@@ -137,5 +91,5 @@ def fit_lens_command(
         return
     opened, encoded = open_texts(list(opts.prompt), spec, prompts)
     plan = task.check(opened, opts)
-    model = opened if ray else load_weights(opened)  # on Ray the workers load the weights
+    model = opened if opts.ray else load_weights(opened)  # on Ray the workers load the weights
     emit(view.report(model, task.run(model, encoded, opts, plan)), fmt)

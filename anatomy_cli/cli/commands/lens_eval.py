@@ -2,33 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
 
-from anatomy_cli.cli.app import app
-from anatomy_cli.cli.commands._common import BatchSizeOpt
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
-from anatomy_cli.cli.options import LensesOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import lens_eval as task
 from anatomy_cli.text.options import PromptOptions
 
 
-@app.command("lens-eval")
+@command("lens-eval", task.LensEvalOptions)
 @model_options()
 @prompt_options()
 def lens_eval_command(
     items: Annotated[str, typer.Argument(metavar="ITEMS", show_default=False,
                                          help="jlens' evaluation file: {\"items\": [{\"prompt\": ..., "
                                          "\"intermediates\": [...]}, ...]}.")],
-    lens: LensesOpt = None,
+    opts: task.LensEvalOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
-    batch_size: BatchSizeOpt = 8,
     fmt: FormatOpt = None,
 ) -> None:
     """Compare lenses the way jlens evaluates one: pass@1, pass@5 and pass@10 per lens, side by side.
@@ -50,9 +49,8 @@ def lens_eval_command(
     """
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import lens_eval as view
-    from anatomy_cli.tasks import lens_eval as task
 
-    opts = task.LensEvalOptions(items=items, lens=tuple(lens or ("logit",)), batch_size=batch_size)
+    opts = dataclasses.replace(opts, items=items)  # fails before anything opens
     opened, encoded = open_texts(opts.prompts, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

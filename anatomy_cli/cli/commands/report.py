@@ -5,22 +5,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Annotated
-from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.app import status
 from anatomy_cli.cli.app import wrote
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import model_label
 from anatomy_cli.cli.commands._common import open_texts
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks.report import SECTIONS
+from anatomy_cli.tasks import report as task
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -34,18 +33,14 @@ def _output(value: Path) -> Path:
     return check_path(value, "-o")
 
 
-@app.command("report")
+@command("report", task.ReportOptions)
 @model_options()
 @prompt_options()
 def report_command(
     prompt: Annotated[str, typer.Argument(metavar="PROMPT", show_default=False, help="The prompt text.")],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.html", callback=_output,
                                          help="Where to write the page ('-': stdout).")],
-    sections: Annotated[Optional[str], typer.Option(
-        "--sections", metavar="NAME,...", show_default=False,
-        help=f"Only these sections, in the page's order: {', '.join(SECTIONS)}. Default: all.")] = None,
-    k: Annotated[int, typer.Option("--top", "-k", min=1, metavar="N",
-                                   help="The next tokens listed and the trace's top tokens.")] = 10,
+    opts: task.ReportOptions,
     spec: ModelSpec = ModelSpec(),
     prompts: PromptOptions = PromptOptions(),
 ) -> None:
@@ -66,9 +61,7 @@ def report_command(
     """
     from anatomy_cli.output.html import attn as attn_html
     from anatomy_cli.output.html import report as page
-    from anatomy_cli.tasks import report as task
 
-    opts = task.ReportOptions.parse(sections, k)  # fails before anything opens
     chosen = opts.chosen
     opened, (enc,) = open_texts([prompt], spec, prompts)
     lm = load_weights(opened)

@@ -9,11 +9,11 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.app import app
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_model
 from anatomy_cli.cli.commands._common import open_texts
 from anatomy_cli.cli.commands._common import read_prompts_file
+from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
@@ -23,7 +23,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import emit
 from anatomy_cli.output.render import resolve_format
-from anatomy_cli.tasks.verify import Against
+from anatomy_cli.tasks import verify as task
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -34,18 +34,14 @@ def _read_prompts(path: str | None) -> list[str] | None:
     return None if path is None else read_prompts_file(path)
 
 
-@app.command("verify")
+@command("verify", task.VerifyOptions)
 @model_options()
 @prompt_options()
 def verify_command(
     prompts_file: Annotated[Optional[str], typer.Option(
         "--prompts", metavar="FILE|-", help="Prompts to check on, one per line ('-': stdin); default four "
         "built-in ones.")] = None,
-    against: Annotated[Against, typer.Option(
-        "--against", help="The reference: transformers' own forward (sections 1-5), llama.cpp (a .gguf "
-        "file, section 6: exit 1 where it cannot run), or all.", case_sensitive=False)] = Against.all,
-    quick: Annotated[bool, typer.Option(
-        "--quick", help="Parity and identities only, on two prompts.")] = False,
+    opts: task.VerifyOptions = task.VerifyOptions(),
     detail: Annotated[bool, typer.Option(
         "--detail", help="Every check's row in the table (the default on a terminal is one line per section; "
         "tsv, csv and json always carry every row).")] = False,
@@ -78,10 +74,9 @@ def verify_command(
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy verify --prompts - --quick
     """
     from anatomy_cli.output.views import verify as view
-    from anatomy_cli.tasks import verify as task
 
     given = _read_prompts(prompts_file)
-    opts = task.VerifyOptions(against=against.value, quick=quick, prompt=tuple(given) if given else None)
+    opts = dataclasses.replace(opts, prompt=tuple(given) if given else None)
     opened, encoded = open_texts(opts.texts, spec, prompts)
     plan = task.check(opened, encoded, opts, untrained=spec.init == "random")
     lm = load_weights(opened)
