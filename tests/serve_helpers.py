@@ -105,7 +105,7 @@ def thread_server(path: Path, **options) -> tuple:
 def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float = 120, stdin: str = "",
             **fields) -> list[dict]:
     """Every message the server sends for one ``run`` request (statuses, then the answer), over a raw socket;
-    streamed stderr is folded into the answer's ``stderr``."""
+    streamed stderr is folded into the answer's ``stderr``, keep-alives are dropped."""
     conn = protocol.connect(sock)
     conn.settimeout(timeout)
     try:
@@ -120,6 +120,8 @@ def raw_run(sock: Path, argv: list[str], *, hello: bool = True, timeout: float =
             if "stream" in message:  # stderr as it was written: folded into the answer's stderr below
                 assert message["stream"] == "stderr"
                 streamed += base64.b64decode(message["data"])
+            elif "keepalive" in message:  # the job still waits or runs (when it took long enough to need one)
+                assert set(message) == {"keepalive"}
             else:
                 messages.append(message)
         if streamed and "stderr" in messages[-1]:

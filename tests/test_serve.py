@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -230,7 +231,8 @@ def test_server_gone_mid_request_is_one_line(tmp_path, behaviour):
     out = anatomy("trace", "hello", sock=sock, extra_env={protocol.ENV_TIMEOUT: "1"})
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: the anatomy server at ")
-    assert ("did not answer within 1 s" if behaviour == "hang" else "closed the connection") in out.stderr
+    assert ("sent nothing for 1 s (ANATOMY_SERVER_TIMEOUT), not even a keep-alive" if behaviour == "hang"
+            else "closed the connection") in out.stderr
 
 
 def test_explicit_server_that_is_not_there(tmp_path):
@@ -553,6 +555,51 @@ def test_status_lists_the_jobs_and_cancel_ends_them(server, long_llama):
     assert _jobs(sock) == []
     usage = anatomy("serve", "7", "--socket", str(sock), sock=None)
     assert usage.returncode == 2 and "job ids are for --cancel" in usage.stderr
+
+
+def test_a_long_job_keeps_a_piped_client_waiting(server, long_llama):
+    # Issue 61 item 1: a forwarded command whose stderr is not a terminal got no message while its job ran, so
+    # after $ANATOMY_SERVER_TIMEOUT its client gave up ("did not answer within …", exit 1) and the server
+    # cancelled the job. Now the server sends keep-alives (every timeout/4 s here) that the client does not
+    # print: the client waits as long as the job runs, and gets its end (here a --cancel) as in-process.
+    sock, _ = server
+    wait = 3.0
+    env = {**ENV, protocol.ENV_SOCKET: str(sock), protocol.ENV_TIMEOUT: f"{wait:g}"}
+    proc = subprocess.Popen([sys.executable, "-m", "anatomy_cli", *_long(long_llama)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        jobs = _wait_jobs(sock, lambda jobs: proc.poll() is not None or any(
+            j["state"] == "running" and j["for_s"] > 3 * wait for j in jobs), f"a generate running for {3 * wait:g} s")
+        assert proc.poll() is None, proc.communicate()  # still waiting, silent stderr and all
+        [job] = jobs
+        assert protocol.request(sock, {"op": "cancel", "ids": [job["id"]]})["cancelled"]
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, out) == (130, b""), err
+    assert err.decode() == "error: cancelled by `anatomy serve --cancel`\n"  # and no keep-alive shows
+    assert _jobs(sock) == []
+
+
+def test_ctrl_c_on_a_forwarded_command_is_quiet_and_cancels_its_job(server, long_llama):
+    # Issue 61 item 2: Ctrl-C while the client waited printed a KeyboardInterrupt traceback (from its recv).
+    # Now it ends as an in-process command does (`interrupted`, exit 130) and the server cancels the job.
+    sock, _ = server
+    proc = _client(_long(long_llama), sock)
+    try:
+        _wait_jobs(sock, lambda jobs: any(j["state"] == "running" for j in jobs), "a running generate")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, out) == (130, b""), err
+    assert err.decode() == "interrupted\n"  # one line, as in-process
+    # Cancelled at its next token: gone long before 20,000 tokens (a generous bound, not a timing claim).
+    _wait_jobs(sock, lambda jobs: jobs == [], "no job left", seconds=60)
 
 
 def test_forwarded_output_follows_the_clients_encoding(server):

@@ -10,6 +10,7 @@ answers on the default socket, or the server that answers is another build (the 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import sys
@@ -24,6 +25,8 @@ from anatomy_cli.serve import protocol
 # needs and Serve policy); `anatomy serve --help` names them, tests/test_serve.py checks docs/serve.md against it.
 FORWARDED = tuple(c.name for c in forwarded())
 NO_SERVER = "--no-server"
+INTERRUPTED = 130  # Ctrl-C's exit code, as in-process (cli/app.py)
+PROGRESS = ("status", "stream", "note", "keepalive")  # the messages before a run's answer
 _ROOT_FLAGS = {"--debug", NO_SERVER}
 # What rendering and loading read from the environment; the server runs each request under the client's.
 ENV_KEYS = ("COLUMNS", "LINES", "TERM", "COLORTERM", "NO_COLOR", "FORCE_COLOR", "ANATOMY_DEBUG", "ANATOMY_STATUS",
@@ -60,9 +63,10 @@ def forwarded_names() -> str:
     return ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def build_request(argv: list[str], stdin: bytes | None = None) -> dict:
+def build_request(argv: list[str], stdin: bytes | None = None, wait: float = protocol.DEFAULT_TIMEOUT) -> dict:
     """The ``run`` request: arguments, working directory, terminal facts, environment and stdin (for '-';
-    read from this process's stdin unless given)."""
+    read from this process's stdin unless given), and how often the server must send a keep-alive meanwhile
+    (for a client that gives up after ``wait`` silent seconds)."""
     env = {k: os.environ[k] for k in ENV_KEYS if k in os.environ}
     stdout_tty = sys.stdout.isatty()
     if stdout_tty and "COLUMNS" not in env:
@@ -79,7 +83,9 @@ def build_request(argv: list[str], stdin: bytes | None = None) -> dict:
             "stdout_errors": sys.stdout.errors or "strict", "stderr_errors": sys.stderr.errors or "strict",
             "stdin": base64.b64encode(stdin).decode("ascii"),
             # stderr as the command writes it (notes, warnings, the cost line), not only with the answer.
-            "stream_stderr": True}
+            "stream_stderr": True,
+            # A message at least this often while the job waits or runs (printed or not: a keep-alive is not).
+            "keepalive_s": protocol.keepalive_interval(wait)}
 
 
 def forward(argv: list[str]) -> int | None:
@@ -87,10 +93,21 @@ def forward(argv: list[str]) -> int | None:
 
     In-process (None) when the command loads no weights, ``--no-server`` was given, no server answers on the
     default socket, or the server that answers is another build (:func:`protocol.mismatch`; one line on
-    stderr says so).
+    stderr says so). Ctrl-C ends it as it ends an in-process command: ``interrupted`` on stderr, exit 130;
+    the connection closes, so the server cancels the job (at its next step).
     """
     if not wants_server(argv):
         return None
+    try:
+        return _forward(argv)
+    except KeyboardInterrupt:  # the connection is closed by now (_forward's finally): the server cancels
+        with contextlib.suppress(OSError):
+            sys.stderr.write("interrupted\n")
+            sys.stderr.flush()
+        return INTERRUPTED
+
+
+def _forward(argv: list[str]) -> int | None:
     path, explicit = protocol.socket_path()
     try:
         if not explicit:
@@ -119,22 +136,25 @@ def forward(argv: list[str]) -> int | None:
         if why:
             print(f"anatomy serve at {path} {why}; running in-process", file=sys.stderr)
             return None
+        # The timeout is for a server that went silent: while the job waits or runs, a keep-alive comes at
+        # least every keepalive_interval(timeout) seconds, so a long job never runs into it.
         conn.settimeout(timeout)
-        protocol.send(conn, build_request(argv))
+        protocol.send(conn, build_request(argv, wait=timeout))
         answer = protocol.receive(conn)
-        while "status" in answer or "note" in answer or "stream" in answer:
+        while any(key in answer for key in PROGRESS):
             if "status" in answer:  # what the server is doing for us now: a terminal's status line
                 line.show(str(answer["status"]))
             elif "stream" in answer:  # what the command wrote to stderr just now
                 line.write(base64.b64decode(str(answer.get("data") or "")))
-            else:  # a line that stays (waiting behind another client's command, said off a terminal)
+            elif "note" in answer:  # a line that stays (waiting behind another command, said off a terminal)
                 line.clear()
                 print(str(answer["note"]), file=sys.stderr, flush=True)
+            # else a keep-alive: the job still waits or runs; nothing to print
             answer = protocol.receive(conn)
     except TimeoutError:
         line.clear()
-        print(f"error: the anatomy server at {path} did not answer within {timeout:g} s "
-              f"({protocol.ENV_TIMEOUT}); rerun with --no-server", file=sys.stderr)
+        print(f"error: the anatomy server at {path} sent nothing for {timeout:g} s ({protocol.ENV_TIMEOUT}), "
+              f"not even a keep-alive: is it hung? rerun with --no-server", file=sys.stderr)
         return 1
     except (protocol.ProtocolError, OSError):
         line.clear()

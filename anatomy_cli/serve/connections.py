@@ -1,7 +1,8 @@
 """The connection side of `anatomy serve`'s :class:`~anatomy_cli.serve.server.Server`: one thread per client
 connection (the handshake, then its requests), the answers to ``status``, ``stop``, ``cancel`` and ``run``,
-and, while a ``run`` waits for the worker, what its client hears (the job it waits behind, cancellation
-when it disconnects). The server's state (its jobs, cache and worker queue) lives in the Server itself.
+and, while a ``run`` waits for the worker or runs, what its client hears (the job it waits behind, a
+keep-alive whenever it has heard nothing for its ``keepalive_s``) and cancellation when it disconnects. The
+server's state (its jobs, cache and worker queue) lives in the Server itself.
 """
 
 from __future__ import annotations
@@ -120,12 +121,16 @@ class Connections:
             self.active[job.id] = job
         done: Future = Future()
         self.jobs.put(("run", req, (done, channel, job)))
-        return self._await(job, done, conn, channel, tty)
+        every = min(max(float(req.get("keepalive_s") or protocol.KEEPALIVE_S), protocol.MIN_KEEPALIVE_S),
+                    protocol.KEEPALIVE_S)
+        return self._await(job, done, conn, channel, tty, every)
 
     def _await(self, job: Job, done: Future, conn: socket.socket, channel: Channel,
-               tty: bool) -> dict[str, Any]:
-        """The answer to ``job``. Meanwhile: cancel it when its client disconnects, and while it waits
-        behind another client's command say so (a terminal: a status line; else one stderr line)."""
+               tty: bool, every: float = protocol.KEEPALIVE_S) -> dict[str, Any]:
+        """The answer to ``job``. Meanwhile: a keep-alive whenever the client has heard nothing for ``every``
+        seconds (whatever its stderr is: it waits as long as the job waits or runs), cancel the job when its
+        client disconnects, and while it waits behind another client's command say so (a terminal: a status
+        line; else one stderr line)."""
         shown = ""
         while True:
             try:
@@ -136,6 +141,7 @@ class Connections:
                 job.cancel = "as its client disconnected"
                 self.log(f"cancelling job {job.id} ({job.command()}): its client disconnected")
                 return done.result()  # nobody reads it; the worker is free again at the job's next step
+            channel.keepalive(every, time.time() - job.queued)
             ahead = self._running()
             with job.lock:  # the worker clears a shown line as the job starts
                 if job.started is not None or ahead is None or ahead is job:

@@ -10,7 +10,10 @@ A conversation starts with a handshake: the client sends ``{"op": "hello", ...}`
 (protocol version, package version, install location, a digest of the package's source) and the server
 answers with its own plus its pid. A client runs a command on the server only when both identities agree
 (:func:`mismatch`). Then ``run`` streams zero or more ``{"status": TEXT}`` messages (what the command is
-doing now, for a terminal's status line) before the one answer.
+doing now, for a terminal's status line) before the one answer, and while the job waits or runs a
+``{"keepalive": SECONDS}`` at least every :func:`keepalive_interval` seconds (SECONDS: how long the job has
+been queued), which the client does not print: so a client waits as long as its job runs, whatever its
+stderr is, and gives up only on a server that sends nothing at all for :func:`timeout` seconds.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import struct
 from pathlib import Path
 from typing import Any
 
-PROTOCOL = 2                   # bump when a message changes meaning
+PROTOCOL = 3                   # bump when a message changes meaning (3: keep-alives)
 ENV_SOCKET = "ANATOMY_SERVER"
 ENV_TIMEOUT = "ANATOMY_SERVER_TIMEOUT"
-DEFAULT_TIMEOUT = 600.0        # seconds a client waits for an answer (a first load of a big model is slow)
+DEFAULT_TIMEOUT = 600.0        # seconds a client waits for a message (not the answer: a job runs as long as it runs)
+KEEPALIVE_S = 10.0             # the longest a running job's client waits between two messages
+MIN_KEEPALIVE_S = 0.2          # the shortest interval a client may ask for (the server looks this often)
 MAX_MESSAGE = 256 * 1024 * 1024
 _HEADER = struct.Struct(">Q")
 
@@ -160,7 +165,9 @@ def connect(path: Path, timeout: float = 2.0) -> socket.socket:
 
 
 def timeout() -> float:
-    """Seconds a client waits for an answer: ``$ANATOMY_SERVER_TIMEOUT`` or 600. Raises ValueError if invalid."""
+    """Seconds a client waits for a message from the server (a running job sends keep-alives, so this bounds
+    a server that stopped answering, not a long job): ``$ANATOMY_SERVER_TIMEOUT`` or 600. Raises ValueError
+    if invalid."""
     raw = os.environ.get(ENV_TIMEOUT)
     if not raw:
         return DEFAULT_TIMEOUT
@@ -171,6 +178,12 @@ def timeout() -> float:
     if not value > 0:
         raise ValueError(f"{ENV_TIMEOUT}={raw!r} is not a positive number of seconds")
     return value
+
+
+def keepalive_interval(wait: float) -> float:
+    """How often a client that gives up after ``wait`` silent seconds asks to hear from the server while its
+    job waits or runs: every :data:`KEEPALIVE_S` seconds, or a quarter of ``wait`` when that is shorter."""
+    return max(min(KEEPALIVE_S, wait / 4), MIN_KEEPALIVE_S)
 
 
 def request(path: Path, message: dict[str, Any], wait: float | None = None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import io
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
@@ -94,13 +95,17 @@ def check_run(req: dict[str, Any]) -> None:
     """Raise BadRequest for a ``run`` request with unknown fields or fields of the wrong type."""
     fields = {"op": str, "argv": list, "cwd": str, "env": dict, "stdout_isatty": bool, "stderr_isatty": bool,
               "stdout_encoding": str, "stderr_encoding": str, "stdout_errors": str, "stderr_errors": str,
-              "stdin": str, "stream_stderr": bool}
+              "stdin": str, "stream_stderr": bool, "keepalive_s": (int, float)}
     unknown = sorted(set(req) - set(fields))
     if unknown:
         raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
     for name, kind in fields.items():
         if name in req and not isinstance(req[name], kind):
-            raise BadRequest(f"request field '{name}' must be a JSON {kind.__name__}")
+            what = "number" if isinstance(kind, tuple) else kind.__name__
+            raise BadRequest(f"request field '{name}' must be a JSON {what}")
+    every = req.get("keepalive_s", 1)
+    if isinstance(every, bool) or not every > 0:
+        raise BadRequest("request field 'keepalive_s' must be a positive number of seconds")
     if not all(isinstance(a, str) for a in req.get("argv") or []):
         raise BadRequest("request field 'argv' must be a list of strings")
     cwd = req.get("cwd")
@@ -190,6 +195,7 @@ class Channel:
     def __init__(self, conn: Any):
         self.conn = conn
         self.lock = threading.Lock()
+        self.sent = time.monotonic()  # when the last message went (or the channel was made)
 
     def status(self, text: str) -> None:
         """``{"status": text}``: the client's status line (``""`` clears it)."""
@@ -203,9 +209,22 @@ class Channel:
         """``{"note": text}``: a stderr line the client writes at once (waiting behind another command)."""
         self._send({"note": text})
 
+    def keepalive(self, every: float, queued_s: float) -> None:
+        """``{"keepalive": queued_s}`` when nothing went to the client for ``every`` seconds (and nothing is
+        being sent now): a client does not print it; it tells the client that its job still waits or runs."""
+        if time.monotonic() - self.sent < every or not self.lock.acquire(blocking=False):
+            return
+        try:
+            with contextlib.suppress(OSError):
+                protocol.send(self.conn, {"keepalive": round(queued_s, 1)})
+            self.sent = time.monotonic()
+        finally:
+            self.lock.release()
+
     def _send(self, message: dict[str, Any]) -> None:
         with self.lock, contextlib.suppress(OSError):
             protocol.send(self.conn, message)
+            self.sent = time.monotonic()
 
 
 def notifier(conn: Any) -> Callable[[str], None]:
