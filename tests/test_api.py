@@ -286,3 +286,37 @@ def test_a_tasks_warning_reaches_stderr_from_the_api(tiny_model_dir, capsys):
     capsys.readouterr()
     anatomy.next_token(lm, "<|endoftext|>Thank you", prompts=anatomy.PromptOptions(bos=True, allow_special=True))
     assert "warning: prompt already starts with the BOS token" in capsys.readouterr().err
+
+
+def test_load_writes_no_loading_bar_on_stderr_as_the_cli_does(tiny_model_dir, capfd):
+    # issue 61 item 12: anatomy.load printed transformers' "Loading weights" progress bar on stderr; the CLI,
+    # which loads through tasks.session.load_weights, never does. The bar's switch is process-wide: turned on here
+    # as in a fresh process (a command run earlier in this one turned it off), and restored.
+    from transformers.utils import logging as hf_logging
+
+    path = str(tiny_model_dir("llama"))
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        capfd.readouterr()
+        lm = anatomy.load(path, device="cpu")
+        err = capfd.readouterr().err
+    finally:
+        (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+    assert lm.n_layers == 2
+    assert "Loading weights" not in err and "it/s]" not in err, err
+
+
+def test_python_md_documents_every_public_name():
+    # issue 61 item 11: docs/python.md had no `circuit`. Every function of __all__ has its entry (`name(` with its
+    # arguments, in the table or the hooks' example) and every class is named.
+    import re
+
+    text = (ROOT / "docs" / "python.md").read_text(encoding="utf-8")
+    from anatomy_cli import api
+
+    for name in api.__all__:
+        if name[0].isupper():
+            assert f"`{name}" in text or f"{name}(" in text, name
+        else:
+            assert re.search(rf"(`|anatomy\.){name}\(\w", text), f"docs/python.md has no `{name}(...)` entry"

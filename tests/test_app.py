@@ -20,6 +20,16 @@ def test_version():
     assert result.stdout == f"anatomy {__version__}\n"
 
 
+def test_the_root_help_summarises_what_the_tool_does_now():
+    # issue 61 item 10: the summary listed only the first commands (parameters ... LayerNorm)
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "100"})
+    assert result.exit_code == 0
+    summary = " ".join(result.stdout.split("Options:")[0].split())
+    for topic in ("attribution", "patching", "SAEs and transcoders", "circuits", "corpus", "serve", "lens"):
+        assert topic in summary, topic
+    assert "word drift, tokens and LayerNorm" not in summary
+
+
 def test_unknown_option_is_a_one_line_usage_error():
     result = runner.invoke(app, ["--bogus"])
     assert result.exit_code == 2

@@ -105,6 +105,22 @@ def test_lens_grid_png_and_html_are_the_steps_and_the_api_is_the_cli(model, tmp_
     assert framed == {(s, st["first_top1_layer"]) for s, st in enumerate(steps) if st["first_top1_layer"] is not None}
 
 
+def test_the_lens_grid_caption_stays_inside_the_picture(model, tmp_path):
+    # issue 61 item 10: docs/img/generate-lens.png's first footer line ran off the right edge; a long note now
+    # wraps between words to the figure's width, every word of it kept
+    from anatomy_cli.output.plots.generate import LENS_NOTE
+
+    fig = anatomy.generate(model, PROMPT, max_new_tokens=3, lens=True).plot()
+    fig.savefig(tmp_path / "g.png")  # lays the figure out as the file does
+    renderer = fig.canvas.get_renderer()
+    for t in fig.texts:
+        box = t.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.x1, (t.get_text(), box.x1, fig.bbox.x1)
+    footer = sorted((t for t in fig.texts if t.get_position()[1] < 0.5), key=lambda t: -t.get_position()[1])
+    assert len(footer) > 2  # the note took more than one line
+    assert LENS_NOTE in " ".join(t.get_text() for t in footer)  # top line first
+
+
 def test_steer_api_is_the_cli(model, tmp_path):
     pairs = ["--positive", "I love this", "--positive", "What a joy", "--negative", "I hate this",
              "--negative", "What a pain"]

@@ -210,6 +210,19 @@ def test_report_sections_and_errors(tmp_path, tiny):
     assert bad.exit_code == 2 and ".html" in bad.stderr
 
 
+def test_report_words_number_the_rows_as_its_charts_do(tmp_path, tiny):
+    # issue 61 item 10: the explanations said "layer 0 of the residual stream" for the embedding and "Rows are layers
+    # (0 = embedding at the bottom)", while the charts (and docs/engine.md#layers) say `embed`, then block 0
+    out = tmp_path / "r.html"
+    result = runner.invoke(app, ["report", "Thank you very", "--model", tiny, "-o", str(out),
+                                 "--sections", "embedding,residual,lens"])
+    assert result.exit_code == 0, result.stderr
+    words = " ".join(re.findall(r'<p class="explain">(.*?)</p>', outside_plotlyjs(out), re.S))
+    assert words.count("embed") >= 3 and "block 0" in words
+    for old in ("layer 0", "0 = embedding", "Rows are layers", "layer by layer", "at that layer"):
+        assert old not in words, old
+
+
 def test_report_numbers_are_the_commands_numbers(tmp_path, tiny):
     out = tmp_path / "r.html"
     result = runner.invoke(app, ["report", "Thank you very", "--model", tiny, "-o", str(out)])

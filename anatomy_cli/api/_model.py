@@ -37,12 +37,14 @@ def load(model: ModelSpec | str, **options: Any) -> LoadedModel:
     """The model ``model`` names (a preset, Hub id, directory, ``.gguf`` file, ``ollama:``/``lmstudio:`` name), or
     a ModelSpec; ``options`` are ModelSpec's fields (``device``, ``dtype``, ``init``, ``trust_remote_code``,
     ``device_map``, ``max_memory``, ``offload_folder``), as ``--device`` ... say. Opens, then loads the weights
-    (``engine.open_model``, ``engine.load_weights``) through the current loader. Raises the engine's errors."""
+    through the current loader as a command does (:func:`anatomy_cli.tasks.session.load_weights`: no transformers
+    "Loading weights" bar, download bars only on a terminal, a status line on a terminal, the device map's
+    placement said). Raises the engine's errors."""
     from anatomy_cli.engine.loader import current_loader
     from anatomy_cli.engine.opening import as_spec
+    from anatomy_cli.tasks.session import load_weights
 
-    loader = current_loader()
-    return loader.load_weights(loader.open(as_spec(model, **options)))
+    return load_weights(current_loader().open(as_spec(model, **options)))
 
 
 def loaded(model: Model) -> LoadedModel:

@@ -301,8 +301,10 @@ class AnatomyGroup(TyperGroup):
 app = typer.Typer(
     cls=AnatomyGroup,
     name="anatomy",
-    help="Inspect the anatomy of transformer language models: parameters, residual stream, "
-    "logit lens, next-token probabilities, word drift, tokens and LayerNorm.",
+    help="Inspect the anatomy of transformer language models: parameters and tokens, the residual stream and "
+    "its lenses (logit, tuned, Jacobian), attention heads, attribution, patching and ablation, steering, MoE "
+    "routing, SAEs and transcoders, attribution circuits, runs over a corpus, quantized models against their "
+    "source; `anatomy serve` keeps models loaded between commands.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -37,17 +37,20 @@ EXPLAIN = {
               "and a piece in angle brackets such as <e6 88> is some bytes of a character split across tokens.",
     "embedding": "Each token id picks one row of the embedding matrix: a vector of d_model numbers. Models with "
                  "learned positions (GPT-2) add a second vector for the position; rotary models (Llama, Gemma) "
-                 "mix positions in inside attention instead. This is layer 0 of the residual stream. Shown: the "
-                 "first dimensions of each position's vector; hover for the value and the vector's length.",
+                 "mix positions in inside attention instead. This is the residual stream's first reading, "
+                 "'embed', the input of block 0. Shown: the first dimensions of each position's vector; hover "
+                 "for the value and the vector's length.",
     "residual": "The residual stream is the one vector per position that every block reads from and adds to: "
                 "attention adds what it gathers from other positions, the MLP (feed-forward network) adds what it "
-                "computes from this position alone. Here, at the last position, layer by layer: how similar the "
-                "vector stays to the embedding and to the previous layer, how long it is, and how much each "
-                "sub-layer adds. Hover a point for the token the model would predict if it stopped at that layer.",
-    "lens": "The logit lens reads every layer as if it were the last: apply the final norm and the unembedding "
-            "to the residual stream at that layer and position and look at the most probable next token. Rows are "
-            "layers (0 = embedding at the bottom), columns the prompt's positions; colour is the top token's "
-            "probability. Hover a cell for its five most probable tokens.",
+                "computes from this position alone. Here, at the last position, from 'embed' through each "
+                "block's output (block 0 first): how similar the vector stays to the embedding and to the "
+                "previous reading, how long it is, and how much each sub-layer adds. Hover a point for the token "
+                "the model would predict if it stopped there.",
+    "lens": "The logit lens reads the residual stream at every point as if it were the model's output: apply "
+            "the final norm and the unembedding to it, at each position, and look at the most probable next "
+            "token. Rows are the "
+            "readings ('embed' at the bottom, then block 0's output, block 1's, ...), columns the prompt's "
+            "positions; colour is the top token's probability. Hover a cell for its five most probable tokens.",
     "attention": "Attention moves information between positions. Each head computes, for every query position, "
                  "weights over the earlier key positions (each row sums to 1) and adds a weighted mix of their "
                  "values. Pick a layer and a head; hover a cell for the query token, the key token and the weight.",

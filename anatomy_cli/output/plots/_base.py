@@ -9,7 +9,8 @@ Rules that hold for every picture:
 - tokens are shown as in the tables (``·`` for a leading space, ``↵`` for a newline), and a character
   that no installed font can draw (CJK without a CJK font) becomes ``<U+4E2D>`` instead of an empty box;
 - a ``$`` in a token or prompt is a dollar sign, never the start of mathtext;
-- labels are thinned (every k-th) when they would not fit, so nothing overlaps.
+- labels are thinned (every k-th) when they would not fit, so nothing overlaps;
+- a footer note wider than the figure wraps between words, so none runs off the right edge.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from anatomy_cli.output.plots.caption import Caption
 DPI = 100
 CELL_CHARS = 6  # a heatmap cell shows at least this many characters of its token before "…"
 FOOTER_COLOUR = "#555555"
+FOOTER_SIZE = 7.5  # points
+FOOTER_X = 0.005  # the footer's left edge, as a fraction of the figure's width (the same margin on the right)
 UNTRAINED = "untrained (random weights)"
 BLANK = "#e4e4e4"  # cells without a value
 
@@ -79,7 +82,7 @@ def caption(fig: Figure, cap: Caption, notes: Sequence[str] = ()) -> None:
     if second:
         lines.append(" · ".join(second))
     fig.suptitle("\n".join(lines))
-    footer = [drawable(n) for n in notes]
+    footer = [line for n in notes for line in _wrap(fig, drawable(n), FOOTER_SIZE)]
     height = fig.get_figheight() * 72
     line = 11.0  # points per footer line
     n_lines = len(footer) + (1 if cap.untrained else 0)
@@ -89,11 +92,38 @@ def caption(fig: Figure, cap: Caption, notes: Sequence[str] = ()) -> None:
     fig.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))  # (left, bottom, width, height)
     y = 3 / height
     if cap.untrained:
-        fig.text(0.005, y, UNTRAINED, ha="left", va="bottom", color="#c00000", fontsize=9, fontweight="bold")
+        fig.text(FOOTER_X, y, UNTRAINED, ha="left", va="bottom", color="#c00000", fontsize=9, fontweight="bold")
         y += line / height
     for note in reversed(footer):
-        fig.text(0.005, y, note, ha="left", va="bottom", color=FOOTER_COLOUR, fontsize=7.5)
+        fig.text(FOOTER_X, y, note, ha="left", va="bottom", color=FOOTER_COLOUR, fontsize=FOOTER_SIZE)
         y += line / height
+
+
+def _wrap(fig: Figure, text: str, size: float) -> list[str]:
+    """``text`` as lines that each fit the figure's width at ``size`` points (broken between words; a single
+    word wider than the figure stays whole): a long footer note wraps instead of running off the right edge."""
+    from matplotlib.font_manager import FontProperties
+
+    renderer = fig.canvas.get_renderer()
+    font = FontProperties(size=size)
+    room = fig.get_figwidth() * fig.dpi * (1 - 2 * FOOTER_X)
+
+    def width(s: str) -> float:
+        return renderer.get_text_width_height_descent(s, font, ismath=False)[0]
+
+    if width(text) <= room:
+        return [text]
+    lines: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        joined = f"{line} {word}" if line else word
+        if line and width(joined) > room:
+            lines.append(line)
+            line = word
+        else:
+            line = joined
+    lines.append(line)
+    return lines
 
 
 def thin(n: int, pitch_pt: float, need_pt: float = 11.0, keep_last: bool = True) -> list[int]:

@@ -35,10 +35,11 @@ def figure(stats: Any, cap: Caption) -> Any:
     Top row, against the residual row (``embed``, then block N's output N; the last the model's output;
     docs/engine.md#layers), each mean with ± one standard error over
     windows as a band and error bars: KL(final || lens) in nats on a log scale (it falls by orders of magnitude
-    from the embedding to the last blocks, so a linear axis set by layer 0 squashes the rest; layer L is 0 by
-    definition and not drawn), the lens' cross-entropy in bits per token with the model's own loss dashed (one
-    curve per lens in both panels when ``corpus --lens`` gave a fitted lens: :func:`lens_curves`), and
-    the residual stream's mean norm with the largest |activation| seen (log). Legends sit below their panels.
+    from the embedding to the last blocks, so a linear axis set by the ``embed`` row squashes the rest; the last
+    block's output is 0 by definition and not drawn), the lens' cross-entropy in bits per token with the model's
+    own loss dashed (one curve per lens in both panels when ``corpus --lens`` gave a fitted lens:
+    :func:`lens_curves`), and the residual stream's mean norm with the largest |activation| seen (log). Legends
+    sit below their panels.
     With per-head rows, a second row of layer x head heatmaps (entropy, first-token mass, previous-token mass;
     layer 0 at the bottom). With per-expert rows (``--experts``), a last row across the page: MoE block x expert,
     coloured by the expert's load (:func:`expert_load`). Returns a matplotlib Figure.
