@@ -131,6 +131,6 @@ def command(name: str, options: type | None = None, *, param: str = "opts", inpu
 
     def decorate(fn: F) -> F:
         registered = expand(fn, options, param, rec.name, inputs, before) if options is not None else fn
-        return cast(F, app.command(rec.name, **settings)(registered))
+        return app.command(rec.name, **settings)(registered)
 
     return decorate

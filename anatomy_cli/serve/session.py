@@ -93,7 +93,8 @@ class BadRequest(ValueError):
 
 def check_run(req: dict[str, Any]) -> None:
     """Raise BadRequest for a ``run`` request with unknown fields or fields of the wrong type."""
-    fields = {"op": str, "argv": list, "cwd": str, "env": dict, "stdout_isatty": bool, "stderr_isatty": bool,
+    fields: dict[str, type | tuple[type, ...]] = {
+        "op": str, "argv": list, "cwd": str, "env": dict, "stdout_isatty": bool, "stderr_isatty": bool,
               "stdout_encoding": str, "stderr_encoding": str, "stdout_errors": str, "stderr_errors": str,
               "stdin": str, "stream_stderr": bool, "keepalive_s": (int, float)}
     unknown = sorted(set(req) - set(fields))
@@ -101,7 +102,7 @@ def check_run(req: dict[str, Any]) -> None:
         raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
     for name, kind in fields.items():
         if name in req and not isinstance(req[name], kind):
-            what = "number" if isinstance(kind, tuple) else kind.__name__
+            what = kind.__name__ if isinstance(kind, type) else "number"
             raise BadRequest(f"request field '{name}' must be a JSON {what}")
     every = req.get("keepalive_s", 1)
     if isinstance(every, bool) or not every > 0:
