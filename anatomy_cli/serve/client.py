@@ -13,7 +13,9 @@ import base64
 import contextlib
 import os
 import shutil
+import socket
 import sys
+from typing import Any
 
 from anatomy_cli.declare.commands import BY_NAME
 from anatomy_cli.declare.commands import COMMANDS
@@ -140,17 +142,7 @@ def _forward(argv: list[str]) -> int | None:
         # least every keepalive_interval(timeout) seconds, so a long job never runs into it.
         conn.settimeout(timeout)
         protocol.send(conn, build_request(argv, wait=timeout))
-        answer = protocol.receive(conn)
-        while any(key in answer for key in PROGRESS):
-            if "status" in answer:  # what the server is doing for us now: a terminal's status line
-                line.show(str(answer["status"]))
-            elif "stream" in answer:  # what the command wrote to stderr just now
-                line.write(base64.b64decode(str(answer.get("data") or "")))
-            elif "note" in answer:  # a line that stays (waiting behind another command, said off a terminal)
-                line.clear()
-                print(str(answer["note"]), file=sys.stderr, flush=True)
-            # else a keep-alive: the job still waits or runs; nothing to print
-            answer = protocol.receive(conn)
+        answer = _await_answer(conn, line)
     except TimeoutError:
         line.clear()
         print(f"error: the anatomy server at {path} sent nothing for {timeout:g} s ({protocol.ENV_TIMEOUT}), "
@@ -170,6 +162,22 @@ def _forward(argv: list[str]) -> int | None:
     code = write_answer(answer)
     line.note(f"answered by anatomy serve (pid {theirs.get('pid')})")
     return code
+
+
+def _await_answer(conn: socket.socket, line: StatusLine) -> dict[str, Any]:
+    """Show the server's progress messages until the answer comes."""
+    answer = protocol.receive(conn)
+    while any(key in answer for key in PROGRESS):
+        if "status" in answer:  # what the server is doing for us now: a terminal's status line
+            line.show(str(answer["status"]))
+        elif "stream" in answer:  # what the command wrote to stderr just now
+            line.write(base64.b64decode(str(answer.get("data") or "")))
+        elif "note" in answer:  # a line that stays (waiting behind another command, said off a terminal)
+            line.clear()
+            print(str(answer["note"]), file=sys.stderr, flush=True)
+        # else a keep-alive: the job still waits or runs; nothing to print
+        answer = protocol.receive(conn)
+    return answer
 
 
 class StatusLine:
