@@ -136,3 +136,31 @@ def test_no_import_circles_between_files_counting_type_only_imports():
     # import-linter's acyclic_siblings contract skips `if TYPE_CHECKING:` imports (exclude_type_checking_imports),
     # so a circle through a type-only import passes lint-imports; this counts them.
     assert _circles() == KNOWN_CIRCLES
+
+
+def _long_functions(limit: int) -> list[str]:
+    """Every function in anatomy_cli/ whose body (its docstring aside) runs past `limit` lines."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "anatomy_cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = node.body
+            docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+            first = body[1] if docstring and len(body) > 1 else body[0]
+            lines = (node.end_lineno or first.lineno) - first.lineno + 1
+            if lines > limit:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_body_runs_past_sixty_lines():
+    # A function past ~60 lines has more than one job (issue 59).
+    assert _long_functions(60) == []
+
+
+def test_the_function_length_check_sees_a_long_body():
+    # The check above must be able to fail: at a 20-line limit it finds functions (the engine's forward has more).
+    assert len(_long_functions(20)) > 10
