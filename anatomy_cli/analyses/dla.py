@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,7 @@ class Attribution:
         into a last row ``other`` (layer and head None), so the rows still add up to ``total``.
         Raises ValueError for an unknown ``sort`` or ``top`` < 1.
         """
+        keys: dict[str, Callable[[Row], float] | None]
         keys = {"model": None, "abs": lambda r: -abs(r.contribution), "value": lambda r: -r.contribution}
         if sort not in keys:
             raise ValueError(f"sort must be one of {', '.join(keys)}, got {sort!r}")
@@ -98,8 +100,9 @@ class Attribution:
             kept = set(largest)
             rest = [r for i, r in enumerate(rows) if i not in kept]
             rows = [r for i, r in enumerate(rows) if i in kept]
-        if keys[sort] is not None:
-            rows.sort(key=keys[sort])
+        key = keys[sort]
+        if key is not None:
+            rows.sort(key=key)
         if rest:
             rows.append(Row("other", None, None, math.fsum(r.contribution for r in rest)))
         return Attribution(rows=tuple(rows), total=self.total, logit=self.logit, norm_scale=self.norm_scale,

@@ -185,6 +185,8 @@ def _is_decoder(source: Any) -> bool:
     if source.kind not in ("dir", "hub"):
         return True
     path = Path(source.ref) / "config.json" if source.kind == "dir" else in_cache(source.ref)
+    if path is None:  # not in the cache: as a decoder
+        return True
     try:
         return adapters.for_model_type(json.loads(Path(path).read_text(encoding="utf-8"))["model_type"]).causal
     except Exception:  # no or an unreadable config.json, an unknown architecture: as a decoder
@@ -248,7 +250,7 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, bos: bool
     bos_id = getattr(tok, "bos_token_id", None)
     want = (adds_bos(tok) if add_bos is None else bool(add_bos)) if bos is None else bos
     applied = want and bos_id is not None
-    if applied and ids[:1] != [bos_id]:
+    if applied and bos_id is not None and ids[:1] != [bos_id]:
         first = Token(0, bos_id, str(tok.convert_ids_to_tokens(bos_id)).encode("utf-8"), 0, 0, True)
         tokens = [first] + [replace(t, index=t.index + 1) for t in tokens]
     source = "model default" if bos is None else "--bos" if bos else "--no-bos"

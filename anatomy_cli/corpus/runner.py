@@ -131,7 +131,7 @@ def _resume(store: Store | None, acts: Any) -> tuple[dict[int, Partial], list[st
     for index in sorted(store.done):
         part = store.load(index)
         why = part if isinstance(part, str) else acts.check(index) if acts is not None else None
-        if why:
+        if isinstance(part, str) or why:
             recomputed.append(f"shard {index}: {why}")
             continue
         parts[index] = part

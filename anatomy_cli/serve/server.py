@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ class Server(Connections):
         sock.settimeout(0.2)
         self.sock = sock
 
-    def preload(self, specs: list[ModelSpec | str]) -> None:
+    def preload(self, specs: Sequence[ModelSpec | str]) -> None:
         """Queue these models for loading on the worker (after anything queued before); returns at once."""
         for spec in specs:
             spec = spec if isinstance(spec, ModelSpec) else ModelSpec(str(spec))

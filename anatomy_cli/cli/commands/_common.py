@@ -117,8 +117,8 @@ def _with_prompt_column(reports: Sequence[Report]) -> list[Section]:
     return merged
 
 
-def draw_each(command: str, plot: Path | None, prompt: str, figures: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
-              ) -> None:
+def draw_each(command: str, plot: Path | None, prompt: str | None,
+              figures: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
     """``--plot FILE``: one picture per prompt (``FILE-1.png``, ... for a stdin batch) from the view's
     ``figure(...) -> (args, kwargs)``; nothing without ``plot`` (the figures are not computed then)."""
     if not plot:

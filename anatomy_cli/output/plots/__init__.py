@@ -24,6 +24,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+from typing import overload
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
@@ -31,6 +32,14 @@ from anatomy_cli.output import sink
 from anatomy_cli.output.plots.caption import Caption  # noqa: F401  (the package's name)
 
 SUFFIXES = (".png", ".svg", ".pdf", ".html")
+
+
+@overload
+def check_path(path: None, option: str = ...) -> None: ...
+@overload
+def check_path(path: Path | str, option: str = ...) -> Path: ...
+@overload
+def check_path(path: Path | str | None, option: str = ...) -> Path | None: ...
 
 
 def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:

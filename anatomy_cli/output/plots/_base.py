@@ -27,6 +27,7 @@ matplotlib.use("Agg")  # files only; never a window
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from anatomy_cli.output.plots._text import drawable
 from anatomy_cli.output.plots._text import fonts
@@ -89,7 +90,9 @@ def caption(fig: Figure, cap: Caption, notes: Sequence[str] = ()) -> None:
     if not n_lines:
         return
     bottom = (n_lines * line + 4) / height
-    fig.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))  # (left, bottom, width, height)
+    engine = fig.get_layout_engine()
+    assert isinstance(engine, ConstrainedLayoutEngine)  # new_figure's
+    engine.set(rect=(0, bottom, 1, 1 - bottom))  # (left, bottom, width, height)
     y = 3 / height
     if cap.untrained:
         fig.text(FOOTER_X, y, UNTRAINED, ha="left", va="bottom", color="#c00000", fontsize=9, fontweight="bold")
@@ -104,7 +107,9 @@ def _wrap(fig: Figure, text: str, size: float) -> list[str]:
     word wider than the figure stays whole): a long footer note wraps instead of running off the right edge."""
     from matplotlib.font_manager import FontProperties
 
-    renderer = fig.canvas.get_renderer()
+    canvas = fig.canvas
+    assert isinstance(canvas, FigureCanvasAgg)  # new_figure's
+    renderer = canvas.get_renderer()
     font = FontProperties(size=size)
     room = fig.get_figwidth() * fig.dpi * (1 - 2 * FOOTER_X)
 
@@ -168,7 +173,7 @@ def as_array(rows: Sequence[Sequence[float | None]]) -> np.ndarray:
 
 
 def heatmap(fig: Figure, ax: Any, values: np.ndarray, *, cell: tuple[float, float], xlabels: Sequence[str],
-            ylabels: Sequence[str], cmap: str, vmin: float, vmax: float, colorbar: str | None,
+            ylabels: Sequence[str], cmap: str, vmin: float | None, vmax: float | None, colorbar: str | None,
             cells: Sequence[Sequence[str | None]] | None = None, xlabel: str = "", ylabel: str = "",
             x_rotation: float = 90, origin: str = "lower", norm: Any = None) -> list[str]:
     """Draw ``values`` (``origin`` "lower": row 0 at the bottom, as layers; "upper": at the top, as queries)

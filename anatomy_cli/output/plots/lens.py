@@ -32,13 +32,17 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
     described = statistics.LENS[stat]  # colour scale, label, fixed limits: bright = confident, for every stat
     cmap, label, limits = described.cmap, described.label, described.limits
     norm = None
+    vmin: float | None
+    vmax: float | None
     if described.log:
         norm = LogNorm(vmin=1, vmax=max(2.0, float(values.max())))
-        limits = (None, None)
+        vmin = vmax = None
     elif limits is None:
-        limits = (float(values.min()), float(values.max()))
+        vmin, vmax = float(values.min()), float(values.max())
+    else:
+        vmin, vmax = limits
     notes = heatmap(fig, ax, values, cell=(cw, ch), xlabels=[token_label(t) for t in tokens],
-                    ylabels=[str(layer) for layer in grid.layers], cmap=cmap, vmin=limits[0], vmax=limits[1],
+                    ylabels=[str(layer) for layer in grid.layers], cmap=cmap, vmin=vmin, vmax=vmax,
                     norm=norm, colorbar=label, cells=[[row[c][0] for c in range(n_cols)] for row in grid.top_tokens],
                     xlabel="input token at each position", ylabel="layer (embed, then block N's output)")
     if grid.target_id is not None:
