@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.ablate import Ablation
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "ablate"
 
@@ -112,7 +113,7 @@ class AblateResult:
     ids: dict[str, int | None]
 
 
-def check(opened: Any, opts: AblateOptions, encoded: list[Encoded]) -> AblatePlan:
+def check(opened: Opened, opts: AblateOptions, encoded: list[Encoded]) -> AblatePlan:
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     if opts.experts:
         require(opened.info, Need.moe, command=f"{COMMAND} --experts")

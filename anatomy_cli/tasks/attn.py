@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.attention import Attention
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "attn"
 
@@ -63,7 +64,7 @@ class AttnPlan:
     queries: list[list[int]]  # per prompt: the query rows shown
 
 
-def check(opened: Any, opts: AttnOptions, encoded: Sequence[Encoded] = ()) -> AttnPlan:
+def check(opened: Opened, opts: AttnOptions, encoded: Sequence[Encoded] = ()) -> AttnPlan:
     """The blocks, heads and query rows to show; UsageError for --layer/--head/--position out of range."""
     from anatomy_cli.errors import UsageError
     from anatomy_cli.text.positions import check_position

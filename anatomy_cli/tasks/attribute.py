@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.attribute import TokenAttribution
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "attribute"
 
@@ -109,7 +110,7 @@ class AttributeOptions(Declared, TokenPair):
         _check_ig_options(self.method.value, self.check, self.layer)
 
 
-def check(opened: Any, opts: AttributeOptions) -> dict[str, int | None]:
+def check(opened: Opened, opts: AttributeOptions) -> dict[str, int | None]:
     """Every refusal before the weights load; returns the token ids ``{"target": id, "foil": id or None}``."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     if opts.layer is not None:

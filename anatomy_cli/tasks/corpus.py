@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from anatomy_cli.corpus.runner import Settings
     from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "corpus"
 
@@ -137,7 +138,7 @@ class CorpusRun:
     spec: ModelSpec
 
 
-def check(opened: Any, opts: CorpusOptions) -> CorpusPlan:
+def check(opened: Opened, opts: CorpusOptions) -> CorpusPlan:
     """Every refusal that needs the opened model: a decoder (with a lens, an LM head; with ``--experts``, a mixture
     of experts), a fitted lens of another width or depth (from its header, before any weight loads), the saved sites
     within its blocks, ``--ctx`` within its context."""

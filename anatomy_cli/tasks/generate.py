@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.fitted_lens import FittedLens
     from anatomy_cli.engine.generate import Generation
     from anatomy_cli.engine.steering import SteeringVector
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "generate"
 
@@ -152,7 +153,7 @@ class GeneratePlan:
     fitted: FittedLens | None = None  # --lens tuned:DIR / jacobian:FILE, checked against the model
 
 
-def check(opened: Any, opts: GenerateOptions) -> GeneratePlan:
+def check(opened: Opened, opts: GenerateOptions) -> GeneratePlan:
     """``opened``: an OpenedModel or a LoadedModel. Every refusal before the weights: a model that cannot
     generate, more new tokens than the context holds, a target that is not a token, a vector that does not fit."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)

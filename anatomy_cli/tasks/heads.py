@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.heads import Heads
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "heads"
 
@@ -59,7 +60,7 @@ class Scored(NamedTuple):
     heads: Heads
 
 
-def check(opened: Any, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
+def check(opened: Opened, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
     """UsageError when the random sequence does not fit the context or a prompt has fewer than 2 tokens."""
     from anatomy_cli.errors import PromptTooLong
     from anatomy_cli.errors import UsageError

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "lens-eval"
 INPUTS = {"items": None}  # ITEMS (positional): the API's items
@@ -152,7 +153,7 @@ def lens_blocks(fitted: FittedLens | None, n_layers: int) -> tuple[int, ...]:
     return tuple(row - 1 for row in fitted.rows if row in fitted.weights and 1 <= row < n_layers)
 
 
-def check(opened: Any, opts: LensEvalOptions) -> LensEvalPlan:
+def check(opened: Opened, opts: LensEvalOptions) -> LensEvalPlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a model without an LM head or that is no decoder, one
     of a single block, a lens for another model, a lens reading no block below the last; says (not fatal) which
     intermediates have no single-token form and how many items have none."""

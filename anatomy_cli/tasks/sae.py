@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.models.sae.read import SAEFile
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "sae"
 
@@ -65,7 +66,7 @@ class SaePlan:
     labels: dict[int, str] | None
 
 
-def check(opened: Any, opts: SaeOptions) -> SaePlan:
+def check(opened: Opened, opts: SaeOptions) -> SaePlan:
     """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
     ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
     from anatomy_cli.models.sae import labels as labelling

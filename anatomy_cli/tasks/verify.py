@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "verify"
 INPUTS = {"prompt": "prompts"}  # the API's prompt, the CLI's --prompts FILE
@@ -75,7 +76,7 @@ def gguf_file(info: ModelInfo, untrained: bool) -> str | None:
     return str(info.source)
 
 
-def check(opened: Any, encoded: list[Encoded], opts: VerifyOptions, untrained: bool) -> Plan:
+def check(opened: Opened, encoded: list[Encoded], opts: VerifyOptions, untrained: bool) -> Plan:
     """A prompt without tokens is refused; so is ``--against llama.cpp`` where that section cannot run (a model
     that is not a .gguf file, random weights, llama-cpp-python missing or unusable on this CPU): a section asked
     for by name that checks nothing is a failure (exit 1), said before any weight loads. The plan of sections."""

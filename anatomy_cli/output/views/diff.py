@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import prompt_line
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 WEIGHT_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -69,7 +74,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.6f}"
 
 
-def activations_report(label_a: str, label_b: str, enc: Any, result: Any) -> Report:
+def activations_report(label_a: str, label_b: str, enc: Encoded, result: Any) -> Report:
     data = {"mode": "activations", "a": label_a, "b": label_b, "prompt": enc.text, "token_ids": list(enc.ids),
             "tokens": list(enc.pieces), "truncated_tokens": enc.dropped, **result.to_dict()}
     pos = result.position
@@ -98,14 +103,14 @@ def pair(a: str, b: str) -> str:
     return f"{short_name(a)} vs {short_name(b)}"
 
 
-def weights_figure(result: Any, a: str, b: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def weights_figure(result: Any, a: str, b: str) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.diff.weights_figure`'s arguments."""
     from anatomy_cli.output import plots
 
     return (result, plots.Caption("diff", pair(a, b), detail="weights")), {}
 
 
-def activations_figure(a: str, b: str, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def activations_figure(a: str, b: str, enc: Encoded, result: Any) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.diff.activations_figure`'s arguments."""
     from anatomy_cli.output import plots
 
