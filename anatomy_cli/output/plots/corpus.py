@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,11 @@ from anatomy_cli.output.plots._base import caption
 from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.corpus.summary import CorpusStats
+
 # Each head grid: (its key in the corpus rows, the statistic it is)
 HEAD_SCORES = (("entropy_nats", statistics.HEADS["entropy"]), ("first_token", statistics.HEADS["first_token"]),
                ("prev_token", statistics.HEADS["prev_token"]))
@@ -29,7 +35,7 @@ LENS_NAMES = {"logit": "logit lens", "tuned": "tuned lens", "jacobian": "Jacobia
 LN2 = math.log(2.0)
 
 
-def figure(stats: Any, cap: Caption) -> Any:
+def figure(stats: CorpusStats, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.corpus.summary.CorpusStats`.
 
     Top row, against the residual row (``embed``, then block N's output N; the last the model's output;
@@ -139,7 +145,7 @@ def expert_load(fig: Any, ax: Any, experts: Any, blocks: Any = ()) -> list[str]:
                     f"{idle} (block, expert) pair(s) never chosen, at 0"]
 
 
-def lens_curves(stats: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+def lens_curves(stats: CorpusStats) -> list[tuple[str, list[dict[str, Any]]]]:
     """What the KL and cross-entropy panels draw: per lens (``stats.lenses``, in ``--lens`` order) its legend
     label and rows ``{layer, kl_nats, kl_nats_se, ce_bits, ce_bits_se}`` (CE in bits per token: the per-lens
     table's ``ce_nats`` / ln 2; None where the lens does not read a row). Only the logit lens (or none): the

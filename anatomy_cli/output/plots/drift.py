@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.plots import Caption
@@ -13,8 +14,13 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
 from anatomy_cli.output.plots._base import shorten
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def figure(result: Any, cap: Caption) -> Any:
+    from anatomy_cli.analyses.drift import DriftResult
+
+
+def figure(result: DriftResult, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.drift.DriftResult`.
 
     One line per pair of contexts (``pairs[i].similarity``, x = embed, blocks 0..L−1), a thicker line for the mean
@@ -51,7 +57,7 @@ def figure(result: Any, cap: Caption) -> Any:
     pitch = (width - (4.5 if matrix else 0) - 1.6) * 72 / len(layers)
     set_ticks(ax.xaxis, [str(x) for x in result.labels], pitch, need_pt=14)
 
-    if matrix:
+    if result.matrix is not None:
         values = as_array(result.matrix)
         names = [str(loc.context) for loc in result.contexts]
         side = 3.6 / max(n_ctx, 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
@@ -14,8 +14,13 @@ from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import token_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
+    from anatomy_cli.analyses.lens import LensGrid
+
+
+def figure(grid: LensGrid, stat: str, tokens: Sequence[str], cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.lens.LensGrid`: ``grid.stat(stat)`` as colour, the embed row at the
     bottom, one column per position of ``grid.positions`` labelled with ``tokens`` (the input pieces
     at those positions), each cell naming its top-1 token (``grid.top_tokens[r][c][0]``). With a target,

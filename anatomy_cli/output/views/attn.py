@@ -28,7 +28,8 @@ CELL = 6  # table characters per weight column ("0.123" plus a gap)
 ROWS = "weights"
 
 
-def report(lm: LoadedModel, enc: Encoded, result: Attention, fmt: Format = Format.json, k: int = 3, *, one_head: bool = False) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: Attention,
+           fmt: Format = Format.json, k: int = 3, *, one_head: bool = False) -> Report:
     """``fmt``: the table's layout for ``Format.table``, else one row per weight."""
     data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
     heading = [f"attn · {model_label(lm)} · {lm.n_layers} layers × {lm.n_heads} heads",
