@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
@@ -39,6 +40,10 @@ from anatomy_cli.engine.decompose import FrozenNorm
 from anatomy_cli.engine.decompose import check_sum  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
 from anatomy_cli.engine.decompose import freeze_norm
 from anatomy_cli.engine.decompose import head_outputs  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.cache import Cache
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ def attribute(components: torch.Tensor, names: Sequence[Component], *, norm: Fro
                        centred=norm.centred)
 
 
-def logit_attribution(lm: Any, cache: Any, target: int, foil: int | None = None, *, by_head: bool = False,
+def logit_attribution(lm: LoadedModel, cache: Cache, target: int, foil: int | None = None, *, by_head: bool = False,
                       by_expert: bool = False, row: int = 0,
                       unembedding: tuple[torch.Tensor, float] | None = None) -> Attribution:
     """Direct logit attribution of ``target`` (minus ``foil``) at the cache's kept position ``row``.

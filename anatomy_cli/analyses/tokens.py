@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError
@@ -32,6 +33,9 @@ from anatomy_cli.text.encodings import load_encoding
 from anatomy_cli.text.records import token_record
 from anatomy_cli.text.tokenization import _decoder_kind
 from anatomy_cli.text.tokenization import own_span
+
+if TYPE_CHECKING:
+    from anatomy_cli.models.resolve import Source
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,7 @@ def _load_hf(model: str) -> tuple[Any, bool, bool | None]:
     return load_tokenizer(source), _is_decoder(source), add_bos
 
 
-def _is_decoder(source: Any) -> bool:
+def _is_decoder(source: Source) -> bool:
     import json
     from pathlib import Path
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.ablate import Ablation
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.models.info import ModelInfo
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "ablate"
@@ -123,8 +124,9 @@ def check(opened: Opened, opts: AblateOptions, encoded: list[Encoded]) -> Ablate
     return AblatePlan(opts.resolve(opened), layer, blocks)
 
 
-def _moe_blocks(info: Any, layer: int | None) -> tuple[int, ...]:
+def _moe_blocks(info: ModelInfo, layer: int | None) -> tuple[int, ...]:
     """``--experts``' blocks: ``layer`` (refused when its MLP is dense), else every MoE block."""
+    assert info.moe is not None  # check required Need.moe
     sparse = tuple(info.moe.sparse_blocks)
     if layer is None:
         return sparse

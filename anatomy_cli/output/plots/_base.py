@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import matplotlib
@@ -34,6 +35,10 @@ from anatomy_cli.output.plots._text import fonts
 from anatomy_cli.output.plots._text import shorten
 from anatomy_cli.output.plots._text import token_label
 from anatomy_cli.output.plots.caption import Caption
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
 
 DPI = 100
 CELL_CHARS = 6  # a heatmap cell shows at least this many characters of its token before "…"
@@ -145,7 +150,7 @@ def thin(n: int, pitch_pt: float, need_pt: float = 11.0, keep_last: bool = True)
     return keep
 
 
-def set_ticks(axis: Any, labels: Sequence[str], pitch_pt: float, *, need_pt: float = 11.0,
+def set_ticks(axis: Axis, labels: Sequence[str], pitch_pt: float, *, need_pt: float = 11.0,
               rotation: float = 0, keep_last: bool = True, positions: Sequence[float] | None = None) -> None:
     """Put ``labels`` on ``axis`` (ax.xaxis / ax.yaxis) at 0..n-1 (or ``positions``), thinned to fit."""
     pos = list(range(len(labels))) if positions is None else list(positions)
@@ -237,7 +242,7 @@ def write(fig: Figure, path: Path) -> None:
 ATTN_COLOUR, MLP_COLOUR, OTHER_COLOUR = "#dd8452", "#4c72b0", "#8c8c8c"
 
 
-def grouped_bars(ax: Any, x: Sequence[float], series: Sequence[tuple[str, Sequence[float | None], str]],
+def grouped_bars(ax: Axes, x: Sequence[float], series: Sequence[tuple[str, Sequence[float | None], str]],
                  width: float = 0.8) -> None:
     """Side-by-side vertical bars at each ``x``: one ``(label, values, colour)`` per series (None: no bar),
     a line at 0, a grid. Bar heights are the values as given."""

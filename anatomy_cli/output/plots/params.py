@@ -14,6 +14,7 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from anatomy_cli.analyses.params.breakdown import ParamsResult
@@ -77,7 +78,7 @@ def _count(value: float, _pos: Any = None) -> str:
     return f"{value:g}"
 
 
-def _per_layer(ax: Any, result: ParamsResult, height: float) -> None:
+def _per_layer(ax: Axes, result: ParamsResult, height: float) -> None:
     blocks = list(result.layers or ())  # --per-layer: the blocks
     categories = [c for c in _LABELS if any(b.parameters.get(c, 0) for b in blocks)]
     y = [b.index for b in blocks]

@@ -28,3 +28,9 @@ class View(Protocol[ResultT]):
     ROWS: str
 
     def report(self, lm: LoadedModel, enc: Encoded, result: ResultT, /) -> Report: ...
+
+
+class DrawnView(View[ResultT], Protocol[ResultT]):
+    """A view that also gives a prompt's picture: ``figure(lm, enc, result)``, :func:`plots.draw`'s arguments."""
+
+    def figure(self, lm: LoadedModel, enc: Encoded, result: ResultT, /) -> FigureArgs: ...
