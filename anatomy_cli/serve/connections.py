@@ -31,6 +31,8 @@ from anatomy_cli.serve.session import Channel
 from anatomy_cli.serve.session import check_run
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 
@@ -46,7 +48,7 @@ class Connections:
     queued: list[ModelSpec]
     cache: ModelCache
     active: dict[int, Job]
-    _ids: Any
+    _ids: Iterator[int]
     _active_lock: threading.Lock
     _tokenizer_load: Callable[..., PreTrainedTokenizerBase] | None
 

@@ -25,6 +25,8 @@ from anatomy_cli.tasks._attribution import method_option
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anatomy_cli.analyses.ablate import Ablation
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
@@ -168,7 +170,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
 
 
 def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: dict[str, int | None],
-            opts: AblateOptions, progress: Any = None) -> tuple[Ablation, Extra | None]:
+            opts: AblateOptions, progress: Callable[[int, int], None] | None = None) -> tuple[Ablation, Extra | None]:
     """``(Ablation, attribution extra or None)`` for one prompt. ``progress(runs done, runs)``: the ablated runs
     (not the attribution estimate)."""
     from anatomy_cli.analyses import ablate as analysis

@@ -20,6 +20,8 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anatomy_cli.analyses.attribute import TokenAttribution
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
@@ -136,7 +138,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AttributeOptions,
 
 
 def run_one(lm: LoadedModel, enc: Encoded, ids: dict[str, int | None], opts: AttributeOptions,
-            progress: Any = None) -> TokenAttribution:
+            progress: Callable[[int, int], None] | None = None) -> TokenAttribution:
     """The attribution of one prompt. Raises AnatomyError when integrated gradients stays unconverged and not
     ``allow_unconverged``. ``progress(steps done, steps planned)``: integrated gradients' steps."""
     from anatomy_cli.analyses import attribute as analysis

@@ -16,6 +16,8 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anatomy_cli.analyses.heads import Heads
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
@@ -88,7 +90,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, plan: None 
         return _score(lm, encoded, opts, line.counter("heads", "prompt layers"))
 
 
-def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, progress: Any) -> list[Scored]:
+def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, progress: Callable[[int, int], None]) -> list[Scored]:
     import torch
 
     from anatomy_cli import engine

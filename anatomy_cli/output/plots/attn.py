@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
 CMAP = "Blues"
 
 
-def figure(result: Attention, cap: Caption, *, one_head: bool) -> Any:
+def figure(result: Attention, cap: Caption, *, one_head: bool) -> Figure:
     """Draw an :class:`anatomy_cli.analyses.attention.Attention`.
 
     ``one_head``: ``result.grid[0, 0]`` as a query (rows, first at the top) x key (columns) heatmap

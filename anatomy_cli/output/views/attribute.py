@@ -96,7 +96,7 @@ def agrees(rho: float | None) -> bool | None:
     return None if rho is None else rho >= AGREE
 
 
-def with_ranks(rows: list[dict[str, Any]], check: Any) -> list[dict[str, Any]]:
+def with_ranks(rows: list[dict[str, Any]], check: Agreement) -> list[dict[str, Any]]:
     """The table's rows with each compared position's rank by attribution (1: the largest), occlusion's score
     and its rank by that score (the positions ``check`` leaves out: empty)."""
     from anatomy_cli.analyses.attribute import ranks

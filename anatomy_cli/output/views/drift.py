@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -38,7 +37,7 @@ def figure(lm: LoadedModel, encoded: list[Encoded], result: DriftResult) -> Figu
     return (result, Caption.of("drift", lm, None, detail)), {}
 
 
-def _heading(result: DriftResult, label: str, first: Any) -> list[str]:
+def _heading(result: DriftResult, label: str, first: Encoded | None) -> list[str]:
     n = len(result.contexts)
     heading = [f"{result.word!r} in {n} contexts · {label} · pool {result.pool}"
                + (f" · occurrence {result.occurrence}" if result.occurrence != 1 else "")]
@@ -51,7 +50,7 @@ def _heading(result: DriftResult, label: str, first: Any) -> list[str]:
     return heading
 
 
-def _report(result: DriftResult, label: str, dtype: str, dequantized_from: str | None, first: Any = None) -> Report:
+def _report(result: DriftResult, label: str, dtype: str, dequantized_from: str | None, first: Encoded | None = None) -> Report:
     data = result.to_dict()
     # The same key, in the same place, as every command's prompt record; the BOS rule is one for all contexts.
     bos = {"bos": first.bos, "bos_source": first.bos_source} if first is not None else {}
