@@ -25,6 +25,7 @@ from typer.core import TyperGroup
 # Typer >= 0.20 vendors click as typer._click; its exception classes live there.
 if TYPE_CHECKING:  # checked against the vendored click
     from typer._click import exceptions as _cx
+    from typer._click.core import Command
 else:
     try:
         from typer._click import exceptions as _cx
@@ -199,7 +200,7 @@ def suggest_options(typed: str, command: Any) -> list[str]:
     return list(dict.fromkeys(canonical[n] for n in best))[:3]
 
 
-def _did_you_mean(exc: Any) -> str:
+def _did_you_mean(exc: _cx.NoSuchOption) -> str:
     """click's NoSuchOption message with our suggestions instead of its own (difflib on the raw names)."""
     message = exc.message
     if exc.ctx is None or not exc.option_name.startswith("--"):
@@ -330,7 +331,7 @@ def _root(
         _state["debug"] = True
 
 
-def click_command() -> Any:
+def click_command() -> Command:
     """The app as one click command, with every command registered by then: the registry that
     `anatomy serve` runs forwarded command lines on (handed to :class:`anatomy_cli.serve.server.Server`,
     which imports no CLI module)."""

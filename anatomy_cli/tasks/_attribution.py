@@ -19,6 +19,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
+    from anatomy_cli.analyses.attribution_patching import Check
     from anatomy_cli.tasks.protocol import Opened
 
 
@@ -91,7 +92,7 @@ class Extra:
     """What ``--method attribution`` adds to a report: the check (or None), and the heading's first line."""
 
     method: str
-    check: Any | None
+    check: Check | None
     heading: str | None = None
 
 

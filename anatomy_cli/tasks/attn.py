@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -17,6 +16,8 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.models import sites
 
 if TYPE_CHECKING:
+    import torch
+
     from anatomy_cli.analyses.attention import Attention
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
@@ -88,7 +89,7 @@ def _query(enc: Encoded, position: int | None) -> int:
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: AttnOptions, plan: AttnPlan,
-        grids: list[Any] | None = None) -> list[Attention]:
+        grids: Sequence[torch.Tensor] | None = None) -> list[Attention]:
     """One Attention per prompt. ``grids``: the ``[layers, heads, queries, keys]`` weights when the caller
     already ran the forward (an HTML page keeps every head too); else this runs it."""
     from anatomy_cli import engine

@@ -90,7 +90,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, plan: None 
         return _score(lm, encoded, opts, line.counter("heads", "prompt layers"))
 
 
-def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, progress: Callable[[int, int], None]) -> list[Scored]:
+def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions,
+           progress: Callable[[int, int], None]) -> list[Scored]:
     import torch
 
     from anatomy_cli import engine

@@ -73,7 +73,8 @@ def diff_command(
     _activations(spec.replace(model=a), spec.replace(model=b), prompt, prompts, opts, plot, fmt)
 
 
-def _weights(a: str, b: str, trust_remote_code: bool, opts: task.DiffOptions, plot: Path | None, fmt: Format | None) -> None:
+def _weights(a: str, b: str, trust_remote_code: bool, opts: task.DiffOptions, plot: Path | None,
+             fmt: Format | None) -> None:
     from anatomy_cli.output import plots
     from anatomy_cli.output.views import diff as view
 

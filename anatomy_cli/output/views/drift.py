@@ -50,7 +50,8 @@ def _heading(result: DriftResult, label: str, first: Encoded | None) -> list[str
     return heading
 
 
-def _report(result: DriftResult, label: str, dtype: str, dequantized_from: str | None, first: Encoded | None = None) -> Report:
+def _report(result: DriftResult, label: str, dtype: str, dequantized_from: str | None,
+            first: Encoded | None = None) -> Report:
     data = result.to_dict()
     # The same key, in the same place, as every command's prompt record; the BOS rule is one for all contexts.
     bos = {"bos": first.bos, "bos_source": first.bos_source} if first is not None else {}
