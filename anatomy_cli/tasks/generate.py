@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from anatomy_cli.analyses.generate import Continuation
     from anatomy_cli.analyses.generate import Sweep
+    from anatomy_cli.analyses.next_token import Describe
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
@@ -291,7 +292,7 @@ def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> flo
     return float((again.logits.double() - g.logits.double()).abs().max())
 
 
-def continuation(lm: LoadedModel, g: Generation, s: Settings, describe: Any) -> Continuation:
+def continuation(lm: LoadedModel, g: Generation, s: Settings, describe: Describe) -> Continuation:
     """The :class:`~anatomy_cli.analyses.generate.Continuation` of one generation."""
     from anatomy_cli.analyses import generate as analysis
 

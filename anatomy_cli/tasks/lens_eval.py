@@ -27,6 +27,8 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.lens import fitted_lens
 
 if TYPE_CHECKING:
+    import torch
+
     from anatomy_cli.analyses.lens_eval import LensEval
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
@@ -225,7 +227,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: Le
                              skipped=len(opts.items) - len(scored))
 
 
-def _read(lm: LoadedModel, resid: Any, fitted: FittedLens | None, blocks: tuple[int, ...]) -> Any:
+def _read(lm: LoadedModel, resid: torch.Tensor, fitted: FittedLens | None, blocks: tuple[int, ...]) -> torch.Tensor:
     """``[len(blocks), vocab]`` float32 logits: each of ``blocks`` read at the kept position through the lens
     (``fitted`` None: the logit lens)."""
     from anatomy_cli import engine

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -22,6 +21,7 @@ from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.verify.checks import Verification
+    from anatomy_cli.analyses.verify.precision import Reload
     from anatomy_cli.analyses.verify.suite import Plan
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
@@ -103,7 +103,7 @@ def cannot_run_llamacpp(gguf: str | None, untrained: bool) -> str | None:
     return unusable(gguf)
 
 
-def run(lm: LoadedModel, encoded: list[Encoded], reload: Any, plan: Plan) -> Verification:
+def run(lm: LoadedModel, encoded: list[Encoded], reload: Reload, plan: Plan) -> Verification:
     """Every section ``plan`` asks for, with a status line. ``reload(dtype, device)``: the model again (the
     precision and device sections)."""
     from anatomy_cli.analyses.verify.suite import verify
