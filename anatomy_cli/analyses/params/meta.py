@@ -186,8 +186,8 @@ def count_parameters(model: PreTrainedModel, resolved: ResolvedConfig, *, dtype:
 
 
 
-def _moe(tensors: Any, config: PreTrainedConfig, model: PreTrainedModel, sums: dict[str, int], layers_of: dict[str, set[str]],
-         total: int) -> tuple[MoEInfo | None, dict[str | None, int]]:
+def _moe(tensors: Any, config: PreTrainedConfig, model: PreTrainedModel, sums: dict[str, int],
+         layers_of: dict[str, set[str]], total: int) -> tuple[MoEInfo | None, dict[str | None, int]]:
     """Routed experts: per layer, the top-k experts run; the rest are idle for this token. The MoE summary
     (None for a dense model) and the routed parameters active per layer."""
     routed_active_by_layer: dict[str | None, int] = {}
