@@ -5,7 +5,6 @@ exact numbers (and for the sweep, each coefficient's continuation)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -24,6 +23,7 @@ from anatomy_cli.output.html._page import ticks
 if TYPE_CHECKING:
     from anatomy_cli.analyses.generate import Continuation
     from anatomy_cli.analyses.generate import Sweep
+    from anatomy_cli.output.html.markup import Part
     from anatomy_cli.output.plots.caption import Caption
 
 KL_COLOUR, SHIFT_COLOUR = "#4c72b0", "#dd8452"
@@ -47,7 +47,7 @@ def figure(result: Continuation | Sweep, cap: Caption) -> Page:
     return page
 
 
-def _sweep(sweep: Sweep) -> Any:
+def _sweep(sweep: Sweep) -> Part:
     coefs, kls, shifts = sweep.points()
     by_coef = {r.coef: r for r in sweep.rows}
     texts = [esc(by_coef[c].text[:80]).replace("\n", "↵") for c in coefs]
@@ -71,7 +71,7 @@ def _sweep(sweep: Sweep) -> Any:
     return plot(fig)
 
 
-def _lens(c: Continuation) -> Any:
+def _lens(c: Continuation) -> Part:
     z = c.lens_grid()
     n_rows, n_cols = len(z), len(c.steps)
     labels = [token(st.chosen.token, 12) for st in c.steps]

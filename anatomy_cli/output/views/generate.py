@@ -46,7 +46,7 @@ def rows_key(opts: GenerateOptions) -> str:
     return "sweep" if opts.sweep else "steps"
 
 
-def _steps_section(c: Any, lens: bool) -> Section:
+def _steps_section(c: Continuation, lens: bool) -> Section:
     rows = []
     for st in c.steps:
         row = st.to_dict()
