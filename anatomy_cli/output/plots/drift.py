@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
@@ -15,6 +14,8 @@ from anatomy_cli.output.plots._base import set_ticks
 from anatomy_cli.output.plots._base import shorten
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from matplotlib.figure import Figure
 
     from anatomy_cli.analyses.drift import DriftResult
@@ -75,15 +76,15 @@ def figure(result: DriftResult, cap: Caption) -> Figure:
     return fig
 
 
-def _nan(values: Any) -> list[float]:
+def _nan(values: Iterable[float | None]) -> list[float]:
     return [math.nan if v is None else v for v in values]
 
 
-def _min(values: Any) -> float:
+def _min(values: Iterable[float | None]) -> float:
     finite = [v for v in values if v is not None and not math.isnan(v)]
     return min(finite) if finite else math.nan
 
 
-def _max(values: Any) -> float:
+def _max(values: Iterable[float | None]) -> float:
     finite = [v for v in values if v is not None and not math.isnan(v)]
     return max(finite) if finite else math.nan
