@@ -59,7 +59,8 @@ class JacobianWorker:
         return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
 
 
-def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any, checkpoint: dict[str, Any] | None = None,
+def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
+               checkpoint: dict[str, Any] | None = None,
                crash_once: tuple[str, int] | None = None) -> tuple[dict[int, Any], int, int]:
     """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
     (``opts.ray_address``, ``opts.workers``, ``opts.gpus_per_worker``); the workers load ``opened.spec``. With
@@ -108,7 +109,8 @@ def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: An
     return progress.sums, progress.n_done, progress.skipped
 
 
-def _run(opened: OpenedModel, shards: Any, opts: Any, plan: Any, finished: Any, crash_once: tuple[str, int] | None) -> None:
+def _run(opened: OpenedModel, shards: Any, opts: Any, plan: Any, finished: Any,
+         crash_once: tuple[str, int] | None) -> None:
     from anatomy_cli.corpus.ray_run import run_on_ray
 
     settings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
