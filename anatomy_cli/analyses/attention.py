@@ -68,7 +68,7 @@ def attention(grid: torch.Tensor, *, layers: Sequence[int], heads: Sequence[int]
     if tuple(grid.shape) != shape:
         raise ValueError(f"grid is {tuple(grid.shape)}, expected {shape}")
     values = grid.tolist()
-    rows = []
+    rows: list[Weight] = []
     for a, layer in enumerate(layers):
         for b, head in enumerate(heads):
             for c, q in enumerate(queries):

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
@@ -38,6 +40,10 @@ from anatomy_cli.engine.decompose import FrozenNorm
 from anatomy_cli.engine.decompose import check_sum  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
 from anatomy_cli.engine.decompose import freeze_norm
 from anatomy_cli.engine.decompose import head_outputs  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.cache import Cache
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class Attribution:
         into a last row ``other`` (layer and head None), so the rows still add up to ``total``.
         Raises ValueError for an unknown ``sort`` or ``top`` < 1.
         """
+        keys: dict[str, Callable[[Row], float] | None]
         keys = {"model": None, "abs": lambda r: -abs(r.contribution), "value": lambda r: -r.contribution}
         if sort not in keys:
             raise ValueError(f"sort must be one of {', '.join(keys)}, got {sort!r}")
@@ -98,8 +105,9 @@ class Attribution:
             kept = set(largest)
             rest = [r for i, r in enumerate(rows) if i not in kept]
             rows = [r for i, r in enumerate(rows) if i in kept]
-        if keys[sort] is not None:
-            rows.sort(key=keys[sort])
+        key = keys[sort]
+        if key is not None:
+            rows.sort(key=key)
         if rest:
             rows.append(Row("other", None, None, math.fsum(r.contribution for r in rest)))
         return Attribution(rows=tuple(rows), total=self.total, logit=self.logit, norm_scale=self.norm_scale,
@@ -131,7 +139,7 @@ def attribute(components: torch.Tensor, names: Sequence[Component], *, norm: Fro
                        centred=norm.centred)
 
 
-def logit_attribution(lm: Any, cache: Any, target: int, foil: int | None = None, *, by_head: bool = False,
+def logit_attribution(lm: LoadedModel, cache: Cache, target: int, foil: int | None = None, *, by_head: bool = False,
                       by_expert: bool = False, row: int = 0,
                       unembedding: tuple[torch.Tensor, float] | None = None) -> Attribution:
     """Direct logit attribution of ``target`` (minus ``foil``) at the cache's kept position ``row``.

@@ -11,6 +11,7 @@ a note rather than failing the listing.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,7 @@ def folder(directory: str) -> list[ModelEntry]:
     return out
 
 
-def inventory(directories: list[str] = (), *, hf: bool = True) -> Inventory:
+def inventory(directories: Sequence[str] = (), *, hf: bool = True) -> Inventory:
     """Everything :mod:`this module <anatomy_cli.analyses.inventory>` finds: the HF cache (unless ``hf`` is
     False), Ollama, LM Studio, Python packages' files, then each of ``directories``. Raises UsageError for a
     directory that is not one."""

@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError
@@ -32,6 +33,9 @@ from anatomy_cli.text.encodings import load_encoding
 from anatomy_cli.text.records import token_record
 from anatomy_cli.text.tokenization import _decoder_kind
 from anatomy_cli.text.tokenization import own_span
+
+if TYPE_CHECKING:
+    from anatomy_cli.models.resolve import Source
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,7 @@ def _load_hf(model: str) -> tuple[Any, bool, bool | None]:
     return load_tokenizer(source), _is_decoder(source), add_bos
 
 
-def _is_decoder(source: Any) -> bool:
+def _is_decoder(source: Source) -> bool:
     import json
     from pathlib import Path
 
@@ -185,6 +189,8 @@ def _is_decoder(source: Any) -> bool:
     if source.kind not in ("dir", "hub"):
         return True
     path = Path(source.ref) / "config.json" if source.kind == "dir" else in_cache(source.ref)
+    if path is None:  # not in the cache: as a decoder
+        return True
     try:
         return adapters.for_model_type(json.loads(Path(path).read_text(encoding="utf-8"))["model_type"]).causal
     except Exception:  # no or an unreadable config.json, an unknown architecture: as a decoder
@@ -248,7 +254,7 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, bos: bool
     bos_id = getattr(tok, "bos_token_id", None)
     want = (adds_bos(tok) if add_bos is None else bool(add_bos)) if bos is None else bos
     applied = want and bos_id is not None
-    if applied and ids[:1] != [bos_id]:
+    if applied and bos_id is not None and ids[:1] != [bos_id]:
         first = Token(0, bos_id, str(tok.convert_ids_to_tokens(bos_id)).encode("utf-8"), 0, 0, True)
         tokens = [first] + [replace(t, index=t.index + 1) for t in tokens]
     source = "model default" if bos is None else "--bos" if bos else "--no-bos"

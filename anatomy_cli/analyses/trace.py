@@ -136,6 +136,7 @@ def trace(
     lens: list[TokenProb | None] = [None] * n_rows
     target: list[tuple[int, float] | tuple[None, None]] = [(None, None)] * n_rows
     if lens_logits is not None:
+        assert describe is not None  # checked above
         logp = log_probs(lens_logits)
         for r, row in zip(read, logp):
             lens[r] = top_k(row, 1, describe)[0]
@@ -145,13 +146,13 @@ def trace(
     rows = tuple(
         LayerRow(layer=residual_label(l), cos_to_embedding=to_embedding[l], cos_to_previous=to_previous[l],
                  resid_norm=resid_norm[l], attn_norm=attn_norm[l], mlp_norm=mlp_norm[l],
-                 lens_token_id=lens[l].token_id if lens[l] else None,
-                 lens_token=lens[l].token if lens[l] else None,
-                 lens_text=lens[l].text if lens[l] else None,
-                 lens_probability=lens[l].probability if lens[l] else None,
+                 lens_token_id=p.token_id if p else None,
+                 lens_token=p.token if p else None,
+                 lens_text=p.text if p else None,
+                 lens_probability=p.probability if p else None,
                  target_rank=target[l][0], target_probability=target[l][1])
-        for l in range(n_rows))
-    top = top_k(log_probs(logits), k, describe) if logits is not None else ()
+        for l, p in enumerate(lens))
+    top = top_k(log_probs(logits), k, describe) if logits is not None and describe is not None else ()
     return Trace(layers=rows, top=top)
 
 

@@ -9,8 +9,11 @@ import time; nothing from cli/.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
+from typing import Literal
+from typing import TypeVar
+from typing import cast
+from typing import overload
 
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
@@ -19,13 +22,38 @@ from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.text.options import PromptOptions
 
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.output.views.protocol import View
+    from anatomy_cli.tasks.protocol import OptionsTask
+    from anatomy_cli.tasks.protocol import PromptTask
+
 One = Result | list[Result]
+O = TypeVar("O")
+P = TypeVar("P")
+R = TypeVar("R")
 
 
-def run_prompts(task: ModuleType, view: ModuleType, model: Model, prompt: str | list[str], opts: Any,
-                prompts: PromptOptions = PromptOptions(), *, check_encoded: bool = False,
-                unwrap: Callable[[Any], Any] | None = None,
-                figure: Callable[[Any, Any, Any], tuple[tuple[Any, ...], dict[str, Any]]] | None = None) -> One:
+@overload
+def run_prompts(task: PromptTask[O, P, R], view: View[R], model: Model, prompt: str | list[str], opts: O,
+                prompts: PromptOptions = ..., *, check_encoded: Literal[True],
+                unwrap: Callable[[R], object] | None = None,
+                figure: Callable[[LoadedModel, Encoded, R], FigureArgs] | None = None) -> One: ...
+
+
+@overload
+def run_prompts(task: OptionsTask[O, P, R], view: View[R], model: Model, prompt: str | list[str], opts: O,
+                prompts: PromptOptions = ..., *, check_encoded: Literal[False] = False,
+                unwrap: Callable[[R], object] | None = None,
+                figure: Callable[[LoadedModel, Encoded, R], FigureArgs] | None = None) -> One: ...
+
+
+def run_prompts(task: PromptTask[O, P, R] | OptionsTask[O, P, R], view: View[R], model: Model,
+                prompt: str | list[str], opts: O, prompts: PromptOptions = PromptOptions(), *,
+                check_encoded: bool = False, unwrap: Callable[[R], object] | None = None,
+                figure: Callable[[LoadedModel, Encoded, R], FigureArgs] | None = None) -> One:
     """``task.check`` then ``task.run`` on ``prompt`` (one text → one Result; a list → a list).
 
     ``check_encoded``: the task's check reads the encoded prompts too (``check(lm, opts, encoded)``);
@@ -35,7 +63,10 @@ def run_prompts(task: ModuleType, view: ModuleType, model: Model, prompt: str | 
     lm = loaded(model)
     texts, single = texts_of(prompt)
     encoded = encode(lm, texts, prompts)
-    plan = task.check(lm, opts, encoded) if check_encoded else task.check(lm, opts)
+    if check_encoded:  # the overloads pair the flag with the task's check
+        plan = cast("PromptTask[O, P, R]", task).check(lm, opts, encoded)
+    else:
+        plan = cast("OptionsTask[O, P, R]", task).check(lm, opts)
     results = task.run(lm, encoded, opts, plan)
     figure = figure or getattr(view, "figure", None)
     out = []

@@ -13,6 +13,8 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Any
 
@@ -21,10 +23,14 @@ from typer.core import TyperCommand
 from typer.core import TyperGroup
 
 # Typer >= 0.20 vendors click as typer._click; its exception classes live there.
-try:
+if TYPE_CHECKING:  # checked against the vendored click
     from typer._click import exceptions as _cx
-except ImportError:  # older typer on real click
-    from click import exceptions as _cx
+    from typer._click.core import Command
+else:
+    try:
+        from typer._click import exceptions as _cx
+    except ImportError:  # older typer on real click
+        from click import exceptions as _cx
 
 from anatomy_cli import __version__
 from anatomy_cli.errors import AnatomyError
@@ -46,21 +52,14 @@ class LensValueOptional(TyperCommand):
     """A command whose ``--lens`` may be given bare (click's ``flag_value``, which typer's parser lacks): a bare
     ``--lens``, last or before another option, is ``--lens logit``; ``--lens tuned:DIR`` names a fitted lens."""
 
-    def make_parser(self, ctx: Any) -> Any:
-        parser = super().make_parser(ctx)
-        parse = parser.parse_args
-
-        def bare_lens(args: list[str]) -> Any:
-            out = list(args)
-            for i, arg in enumerate(out):
-                if arg == "--":
-                    break
-                if arg == "--lens" and (i + 1 == len(out) or out[i + 1].startswith("-") and len(out[i + 1]) > 1):
-                    out[i] = "--lens=logit"
-            return parse(args=out)
-
-        parser.parse_args = bare_lens
-        return parser
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        out = list(args)
+        for i, arg in enumerate(out):
+            if arg == "--":
+                break
+            if arg == "--lens" and (i + 1 == len(out) or out[i + 1].startswith("-") and len(out[i + 1]) > 1):
+                out[i] = "--lens=logit"
+        return super().parse_args(ctx, out)
 
 
 def _plain_metavars(command: Any) -> None:
@@ -201,7 +200,7 @@ def suggest_options(typed: str, command: Any) -> list[str]:
     return list(dict.fromkeys(canonical[n] for n in best))[:3]
 
 
-def _did_you_mean(exc: Any) -> str:
+def _did_you_mean(exc: _cx.NoSuchOption) -> str:
     """click's NoSuchOption message with our suggestions instead of its own (difflib on the raw names)."""
     message = exc.message
     if exc.ctx is None or not exc.option_name.startswith("--"):
@@ -242,8 +241,8 @@ def _debug_first(args: list[str]) -> list[str]:
 class AnatomyGroup(TyperGroup):
     """Runs click non-standalone and maps every outcome to one exit code."""
 
-    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
         args = _debug_first(list(sys.argv[1:] if args is None else args))
         _state["debug"] = bool(os.environ.get("ANATOMY_DEBUG")) or args[:1] == ["--debug"]
         quiet_library_warnings()
@@ -256,7 +255,7 @@ class AnatomyGroup(TyperGroup):
         try:
             with using_notes(STDERR):  # what the tasks below say goes to stderr
                 rv = super().main(args=args, prog_name=prog_name or "anatomy", complete_var=complete_var,
-                                  standalone_mode=False, **extra)
+                                  standalone_mode=False, windows_expand_args=windows_expand_args, **extra)
             code = rv if isinstance(rv, int) else 0
         except _cx.NoArgsIsHelpError as exc:
             # typer raises this (exit 2) for a bare `anatomy`; show help on stderr.
@@ -332,7 +331,7 @@ def _root(
         _state["debug"] = True
 
 
-def click_command() -> Any:
+def click_command() -> Command:
     """The app as one click command, with every command registered by then: the registry that
     `anatomy serve` runs forwarded command lines on (handed to :class:`anatomy_cli.serve.server.Server`,
     which imports no CLI module)."""

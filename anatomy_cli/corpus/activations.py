@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine.model import LoadedModel
     from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.text.tokenization import Tokenizer
 
 SITES = (*WRITE_SITES, Site.head)
 """The hook points ``--save-activations`` takes (:func:`anatomy_cli.models.sites.parse_point`)."""
@@ -81,7 +82,7 @@ def check_sites(sites: tuple[str, ...], info: ModelInfo, name: str) -> None:
                              f"blocks.{info.n_layers - 1}), not {site}")
 
 
-def plan(source: Source, tokenizer: Any, settings: Settings, documents: dict[int, list[tuple[int, ...]]],
+def plan(source: Source, tokenizer: Tokenizer, settings: Settings, documents: dict[int, list[tuple[int, ...]]],
          ) -> Iterator[Shard]:
     """The shards :func:`anatomy_cli.corpus.runner.plan` makes, and into ``documents[shard index]`` each
     window's ``document << 32 | offset`` per position (-1 for BOS): every token id travels through the
@@ -170,7 +171,7 @@ class ActivationStore:
                 self.rows = []
         self.rows = [r for r in self.rows if r["site"] in self.sites]
 
-    def plan(self, source: Source, tokenizer: Any, settings: Settings) -> Iterator[Shard]:
+    def plan(self, source: Source, tokenizer: Tokenizer, settings: Settings) -> Iterator[Shard]:
         return plan(source, tokenizer, settings, self.documents)
 
     def check(self, index: int) -> str | None:

@@ -99,8 +99,8 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
             for metric, (sums, counts) in lens_out.items():
                 part.add_window(metric, sums[:, w], counts[:, w])
         if head_sums is not None:
-            for metric, sums in head_sums.items():
-                part.add_window(metric, sums[w] * (t - 1), np.full(len(sums[w]), t - 1))
+            for metric, per_window in head_sums.items():
+                part.add_window(metric, per_window[w] * (t - 1), np.full(len(per_window[w]), t - 1))
     part.windows += b
     part.tokens += b * t
     if token_bytes is not None:

@@ -54,9 +54,9 @@ class Partial:
     d_model: int
     fitted: tuple[str, ...] = ()
     sums: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    max_abs: np.ndarray | None = None
-    max_dim: np.ndarray | None = None
-    argmax: np.ndarray | None = None
+    max_abs: np.ndarray = field(init=False)  # set by __post_init__ (from_table: read)
+    max_dim: np.ndarray = field(init=False)
+    argmax: np.ndarray = field(init=False)
     windows: int = 0
     tokens: int = 0
     bytes: int = 0
@@ -71,10 +71,9 @@ class Partial:
         for metric, size in rows.items():
             if metric not in self.sums:
                 self.sums[metric] = {k: np.zeros(size, np.int64 if k.startswith("n") else np.float64) for k in SUMS}
-        if self.max_abs is None:
-            self.max_abs = np.full(self.n_layers + 1, -np.inf)
-            self.max_dim = np.full(self.n_layers + 1, -1, np.int64)
-            self.argmax = np.zeros((self.n_layers + 1, self.d_model), np.int64)
+        self.max_abs = np.full(self.n_layers + 1, -np.inf)
+        self.max_dim = np.full(self.n_layers + 1, -1, np.int64)
+        self.argmax = np.zeros((self.n_layers + 1, self.d_model), np.int64)
 
     def add_window(self, metric: str, sums: np.ndarray, counts: np.ndarray) -> None:
         """One window's ``sums`` (float64 ``[rows]``) of ``counts`` (int ``[rows]``) values; rows with 0 are skipped."""
@@ -105,15 +104,17 @@ class Partial:
         self.windows += other.windows
         self.tokens += other.tokens
         self.bytes += other.bytes
-        for key, value in other.seconds.items():
-            self.seconds[key] = self.seconds.get(key, 0.0) + value
+        for key, seconds in other.seconds.items():
+            self.seconds[key] = self.seconds.get(key, 0.0) + seconds
         return self
 
     # ---- Parquet form: one row per (metric, index) with the five sums; see docs/corpus.md
     def to_table(self) -> Any:
         import pyarrow as pa
 
-        metric, index, cols = [], [], {k: [] for k in SUMS}
+        metric: list[str] = []
+        index: list[int] = []
+        cols: dict[str, list[np.ndarray]] = {k: [] for k in SUMS}
         for name, sums in self.sums.items():
             metric += [name] * len(sums["n"])
             index += list(range(len(sums["n"])))
@@ -127,11 +128,11 @@ class Partial:
         n_parts, sum_parts = [*cols["n"], self.max_dim, self.argmax[layer, dim]], [*cols["sum"], self.max_abs,
                                                                                    np.zeros(len(layer))]
         if self.experts is not None:
-            names, at, counts, sums = self.experts.rows()
+            names, at, counts, totals = self.experts.rows()
             metric += names
             index += list(at)
             n_parts.append(counts)
-            sum_parts.append(sums)
+            sum_parts.append(totals)
         extra = len(metric) - sum(len(c) for c in cols["n"])
         n = np.concatenate(n_parts)
         total = np.concatenate(sum_parts)

@@ -111,7 +111,7 @@ def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Ca
                 if shard is None:
                     exhausted = True
                     break
-                i = min(load, key=load.get)
+                i = min(load, key=load.__getitem__)
                 load[i] += 1
                 busy[pool[i].run.remote(shard)] = (shard, i)
             if not busy:

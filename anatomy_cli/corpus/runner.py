@@ -14,6 +14,7 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.corpus.partial import Partial
@@ -30,10 +31,14 @@ from anatomy_cli.corpus.worker import Worker
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.text.tokenization import Tokenizer
+
 __all__ = ["Progress", "Result", "Settings", "Worker", "plan", "run"]
 
 
-def plan(source: Source, tokenizer: Any, settings: Settings) -> Iterator[Shard]:
+def plan(source: Source, tokenizer: Tokenizer, settings: Settings) -> Iterator[Shard]:
     """The shards of ``source`` (lazily; see :mod:`anatomy_cli.corpus.windows`)."""
     hf = tokenizer.hf
     bos = hf.bos_token_id if settings.bos and hf.bos_token_id is not None else None
@@ -70,7 +75,7 @@ class Result:
     recomputed: tuple[str, ...] = ()  # "shard 3: damaged (...)" for each listed shard that was computed again
 
 
-def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, lm: Any = None,
+def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Tokenizer, lm: LoadedModel | None = None,
         out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
         ray: dict[str, Any] | None = None, progress: Callable[[Progress], None] | None = None,
         crash_once: tuple[str, int] | None = None) -> Result:
@@ -104,7 +109,7 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Any, 
     return Result(stats, total, track.resumed, track.seconds, time.perf_counter() - track.t0, tuple(recomputed))
 
 
-def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Any, out: Path | None,
+def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer, out: Path | None,
             overwrite: bool, identity: dict[str, Any] | None, ray: dict[str, Any] | None) -> tuple[Any, Any]:
     """The run directory's Store (None without ``out``) and the ActivationStore (None without
     ``--save-activations``)."""
@@ -131,7 +136,7 @@ def _resume(store: Store | None, acts: Any) -> tuple[dict[int, Partial], list[st
     for index in sorted(store.done):
         part = store.load(index)
         why = part if isinstance(part, str) else acts.check(index) if acts is not None else None
-        if why:
+        if isinstance(part, str) or why:
             recomputed.append(f"shard {index}: {why}")
             continue
         parts[index] = part
@@ -198,7 +203,7 @@ class _Tracker:
             yield shard
 
 
-def model_identity(spec: ModelSpec, tokenizer: Any, lenses: tuple[str, ...] = ()) -> dict[str, Any]:
+def model_identity(spec: ModelSpec, tokenizer: Tokenizer, lenses: tuple[str, ...] = ()) -> dict[str, Any]:
     """What a run's manifest keys the model by: the spec, the identity of the files it is read from
     (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest; with fitted lenses
     (``lenses``: their ``kind:PATH``), their files' identity as ``lens_files``."""

@@ -104,6 +104,7 @@ class Store:
         if self.root.exists() and not self.root.is_dir():
             raise UsageError(f"--out '{self.root}' is a file, not a directory")
         path = self.root / "manifest.json"
+        fresh: dict[str, Any]
         fresh = {"version": VERSION, "model": model, "source": source, "settings": settings, "shards": []}
         if path.exists() and not overwrite:
             try:

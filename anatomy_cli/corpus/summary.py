@@ -39,7 +39,8 @@ HEAD_COLUMNS = ("layer", "head", "entropy_nats", "entropy_nats_se", "first_token
 
 
 def _mean_se(sums: dict[str, np.ndarray]) -> tuple[list[float | None], list[float | None]]:
-    means, ses = [], []
+    means: list[float | None] = []
+    ses: list[float | None] = []
     for n, s, w, sw, sw2 in zip(*(sums[k].tolist() for k in ("n", "sum", "n_windows", "sum_w", "sumsq_w"))):
         means.append(s / n if n else None)
         if w >= 2:
@@ -130,7 +131,7 @@ def summarize(part: Partial, lenses: tuple[str, ...] = ("logit",)) -> CorpusStat
             for m, key in names.items():
                 row[key], row[f"{key}_se"] = figures[m][0][i], figures[m][1][i]
             heads.append(row)
-    by_lens = []
+    by_lens: list[dict[str, Any]] = []
     for text in lenses:
         kind, _, source = text.partition(":")
         rows = lens_rows(part, kind)

@@ -17,7 +17,13 @@ import bisect
 from collections.abc import Iterable
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from anatomy_cli.text.protocol import HFTokenizer
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ HOLD_CHARS = 1024     # the tail of a piece whose tokens wait for the next piece
 CONTEXT_CHARS = 1024  # text already turned into ids, tokenized again in front of the next piece
 
 
-def token_stream(pieces: Iterable[tuple[str, bool]], hf: Any, *, allow_special: bool = False,
+def token_stream(pieces: Iterable[tuple[str, bool]], hf: HFTokenizer, *, allow_special: bool = False,
                  eos: int | None = None) -> Iterator[list[int]]:
     """Token ids of each document (no specials added), ``eos`` (when given) after each; a document that
     comes in pieces is tokenized as one text.
@@ -56,10 +62,10 @@ def token_stream(pieces: Iterable[tuple[str, bool]], hf: Any, *, allow_special: 
         yield ids
 
 
-def _seam(hf: Any, left: str, text: str, last: bool, allow_special: bool) -> tuple[list[int], str, str]:
+def _seam(hf: HFTokenizer, left: str, text: str, last: bool, allow_special: bool) -> tuple[list[int], str, str]:
     """``(ids, carry, left)``: the ids of ``text`` (read after the context ``left``) that are final, the
     text still to tokenize and its context."""
-    def encode(s: str, offsets: bool) -> Any:
+    def encode(s: str, offsets: bool) -> Mapping[str, Any]:
         return hf(s, add_special_tokens=False, split_special_tokens=not allow_special,
                   return_attention_mask=False, return_offsets_mapping=offsets)
 

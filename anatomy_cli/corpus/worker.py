@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,13 @@ from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.settings import Settings as Settings  # re-exported: corpus.worker.Settings
 from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from anatomy_cli.corpus.expert_sums import ExpertSums
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.fitted_lens import FittedLens
 
 
 class Worker:
@@ -21,7 +29,7 @@ class Worker:
     reach that shard creates the marker and exits at once (as a killed worker would).
     """
 
-    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: Any = None,
+    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
         from anatomy_cli import engine
 
@@ -34,7 +42,7 @@ class Worker:
         self.crash_once = crash_once
         self.saved: dict[str, list[Any]] = {}  # with save_activations: the last shard's, per site and batch
 
-    def __call__(self, shard: Shard, on_window: Any = None) -> Partial:
+    def __call__(self, shard: Shard, on_window: Callable[[int, int], None] | None = None) -> Partial:
         """``on_window(windows, tokens)``: called after each batch of windows is measured (progress)."""
         import torch
 
@@ -67,7 +75,7 @@ class Worker:
         return self(shard)
 
 
-def open_lenses(lm: Any, lenses: tuple[str, ...]) -> list[tuple[str, Any]]:
+def open_lenses(lm: LoadedModel, lenses: tuple[str, ...]) -> list[tuple[str, FittedLens | None]]:
     """``(kind, FittedLens or None)`` per lens text (``logit``: None), each fitted lens checked against ``lm`` and
     its tensors moved to ``lm``'s device once, in float32 (a worker reads them for every batch)."""
     import dataclasses
@@ -77,7 +85,7 @@ def open_lenses(lm: Any, lenses: tuple[str, ...]) -> list[tuple[str, Any]]:
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import parse
 
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, FittedLens | None]] = []
     for text in lenses:
         choice = parse(text)
         fitted = open_lens(choice, d_model=lm.d_model, n_layers=lm.n_layers)
@@ -89,7 +97,7 @@ def open_lenses(lm: Any, lenses: tuple[str, ...]) -> list[tuple[str, Any]]:
     return out
 
 
-def _expert_sums(lm: Any) -> Any:
+def _expert_sums(lm: LoadedModel) -> ExpertSums:
     """Empty :class:`~anatomy_cli.corpus.expert_sums.ExpertSums` for ``lm``'s MoE blocks."""
     from anatomy_cli.corpus.expert_sums import ExpertSums
 

@@ -7,9 +7,12 @@ Both are rough (within a few times): enough to say "this will take minutes" befo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.units import human_seconds
+
+if TYPE_CHECKING:
+    from anatomy_cli.models.info import ModelInfo
 
 WARN_SECONDS = 60.0  # a run estimated to take longer than this is announced on stderr
 # Sustained rates (FLOP/s) of float32 work. CPU: measured on the 2-core test machine (SmolLM2, torch's 2 threads;
@@ -18,35 +21,35 @@ WARN_SECONDS = 60.0  # a run estimated to take longer than this is announced on 
 RATES = {"cpu": 5e10, "mps": 5e11, "cuda": 5e12}
 
 
-def params(info: Any) -> float:
+def params(info: ModelInfo) -> float:
     """The multiply-accumulate weights one token meets: :func:`block_weights` per block plus the LM head
     (``lm_head_rows`` × ``d_model``)."""
     return float(info.n_layers * block_weights(info) + float(info.lm_head_rows) * info.d_model)
 
 
-def forward_flops(info: Any, tokens: int) -> float:
+def forward_flops(info: ModelInfo, tokens: int) -> float:
     """One forward of a ``tokens``-token prompt: 2 FLOP per weight per token, plus attention's
     ``2 · n_layers · tokens² · d_model`` (scores and the weighted sum, causal half counted in full)."""
     return float(2.0 * params(info) * tokens + 2.0 * info.n_layers * tokens ** 2 * info.d_model)
 
 
-def lens_flops(info: Any, positions: int) -> float:
+def lens_flops(info: ModelInfo, positions: int) -> float:
     """The logit lens of every layer (embedding included) at ``positions`` positions: one LM-head product each."""
     return float(2.0 * (info.n_layers + 1) * positions * float(info.lm_head_rows) * info.d_model)
 
 
-def mlp_weights(info: Any) -> float:
+def mlp_weights(info: ModelInfo) -> float:
     """The multiply-accumulate weights one token meets in one block's MLP, ~8 d_model²."""
     return 8.0 * float(info.d_model) ** 2
 
 
-def block_weights(info: Any) -> float:
+def block_weights(info: ModelInfo) -> float:
     """The multiply-accumulate weights one token meets in one block, ~12 d_model²: attention's 4 and
     :func:`mlp_weights`' 8 (the rule of :func:`params`, for when the block's own weights are not at hand)."""
     return 4.0 * float(info.d_model) ** 2 + mlp_weights(info)
 
 
-def jacobian_fit_flops(info: Any, tokens: int, dim_batch: int, first_source: int, target: int,
+def jacobian_fit_flops(info: ModelInfo, tokens: int, dim_batch: int, first_source: int, target: int,
                        weights: float | None = None) -> float:
     """`fit-lens jacobian` on one prompt of ``tokens`` tokens (B = ``dim_batch`` copies, P = ``ceil(d_model / B)``
     backward passes), counted as the fit runs it (:func:`anatomy_cli.engine.jacobian_fit.jacobian_for_prompt`):
@@ -70,7 +73,7 @@ def jacobian_fit_flops(info: Any, tokens: int, dim_batch: int, first_source: int
     return float(dim_batch * (forward + passes * backward))
 
 
-def tuned_fit_flops(info: Any, tokens: int, windows: int) -> float:
+def tuned_fit_flops(info: ModelInfo, tokens: int, windows: int) -> float:
     """`fit-lens tuned` on ``tokens`` tokens in ``windows`` windows: each window's forward of the frozen model,
     plus per translator (``n_layers`` of them) and token the translator (2 d², its weight gradient 2 d²) and the
     unembed with its input gradient (2 · 2 · lm_head_rows · d): the unembeds are most of the work."""
@@ -79,7 +82,7 @@ def tuned_fit_flops(info: Any, tokens: int, windows: int) -> float:
     return float(windows * forward_flops(info, round(per_window)) + lens)
 
 
-def tuned_fit_bytes(info: Any, ctx: int) -> float:
+def tuned_fit_bytes(info: ModelInfo, ctx: int) -> float:
     """`fit-lens tuned`'s peak memory beyond the weights, roughly: the translators with their gradients and
     momentum (3 · n_layers · (d² + d) float32) and one window of ``ctx`` tokens (the residual rows, and about
     five ``[ctx, lm_head_rows]`` float32 tensors: the target and lens log-probabilities and their gradients)."""

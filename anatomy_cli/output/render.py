@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from enum import Enum
 from typing import Any
+from typing import Protocol
 from typing import TextIO
 
 from anatomy_cli.output import sink
@@ -225,7 +226,13 @@ def _tsv_cell(value: Any) -> str:
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
-def _emit_delimited(sections: Sequence[Section], fmt: Format, out: TextIO) -> None:
+class _Writer(Protocol):
+    """What the delimited formats write to: a text stream, or :class:`_Escaping` around one."""
+
+    def write(self, text: str, /) -> int: ...
+
+
+def _emit_delimited(sections: Sequence[Section], fmt: Format, out: _Writer) -> None:
     for i, section in enumerate(sections):
         if i:
             out.write("\n")

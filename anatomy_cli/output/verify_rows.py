@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.verify.checks import Verification
 
 COLOURS = {"pass": "#2ca02c", "FAIL": "#d62728", "skip": "#9e9e9e"}
 LIMIT_COLOUR = "#222222"
@@ -38,7 +42,7 @@ def points(section: Any) -> list[Point]:
     return out
 
 
-def floor(result: Any) -> float:
+def floor(result: Verification) -> float:
     """Where a 0 is drawn on the log axis: a decade below the smallest positive number on the page."""
     values = [v for s in result.sections for p in points(s) for v in (p.value, p.limit)
               if v is not None and v > 0]

@@ -18,12 +18,22 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.models.identity import FileId
 from anatomy_cli.models.identity import file_identity
 from anatomy_cli.models.identity import named_file as _named_file
 from anatomy_cli.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.loader import Loader
+    from anatomy_cli.engine.opening import OpenedModel
+    from anatomy_cli.models.resolve import Source
 
 
 def changed_files(old: tuple[FileId, ...], new: tuple[FileId, ...]) -> list[str]:
@@ -32,7 +42,7 @@ def changed_files(old: tuple[FileId, ...], new: tuple[FileId, ...]) -> list[str]
     return sorted(Path(p).name for p in set(before) | set(after) if before.get(p) != after.get(p))
 
 
-def own_memory(model: Any) -> int:
+def own_memory(model: torch.nn.Module) -> int:
     """Copy every CPU parameter and buffer of ``model`` into memory this process owns; how many were copied.
 
     safetensors (and a GGUF's unquantized tensors) are memory-mapped from the checkpoint: a file rewritten
@@ -51,7 +61,7 @@ def own_memory(model: Any) -> int:
     return copied
 
 
-def _copy_aligned_as(t: Any) -> Any:
+def _copy_aligned_as(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` in fresh memory at the same address modulo 64 bytes as ``t``.
 
     CPU matrix kernels pick their code path by the operands' alignment, and the last bits of a float32 result
@@ -73,7 +83,7 @@ def _copy_aligned_as(t: Any) -> Any:
 class Entry:
     """One cached model: the model, what it was built from, and how often it was reloaded."""
 
-    lm: Any
+    lm: LoadedModel
     spec: ModelSpec
     files: tuple[FileId, ...]
     bytes: int
@@ -91,12 +101,12 @@ class ModelCache:
     (``serve --status`` lists them). ``log`` gets one line per reload.
     """
 
-    def __init__(self, loader: Any, max_bytes: int | None, log: Callable[[str], None] = print):
+    def __init__(self, loader: Loader | None, max_bytes: int | None, log: Callable[[str], None] = print):
         self.loader = loader
         self.max_bytes = max_bytes
         self.log = log
         self.models: OrderedDict[tuple, Entry] = OrderedDict()
-        self.opened: dict[tuple, tuple[tuple[FileId, ...], Any]] = {}
+        self.opened: dict[tuple, tuple[tuple[FileId, ...], OpenedModel]] = {}
         self.loading: dict[tuple, ModelSpec] = {}
         self.lock = threading.Lock()
 
@@ -109,23 +119,24 @@ class ModelCache:
             args["model"] = str(path.resolve())
         return tuple(sorted((k, str(v)) for k, v in args.items()))
 
-    def open(self, spec: ModelSpec) -> Any:
+    def open(self, spec: ModelSpec) -> OpenedModel:
         """The opened model (no weights), from the cache while the model's files are unchanged."""
         key, files = self.key(spec), file_identity(spec.model)
         with self.lock:
             cached = self.opened.get(key)
         if cached is not None and cached[0] == files:
             return dataclasses.replace(cached[1], spec=spec)  # named as this request names it
+        assert self.loader is not None  # the server's worker sets it before running a request
         opened = self.loader.open(spec)
         with self.lock:
             self.opened[key] = (files, opened)
         return opened
 
-    def load(self, spec: ModelSpec) -> Any:
+    def load(self, spec: ModelSpec) -> LoadedModel:
         """Both phases (``serve --model`` preloads)."""
         return self.load_weights(self.open(spec))
 
-    def load_weights(self, opened: Any) -> Any:
+    def load_weights(self, opened: OpenedModel) -> LoadedModel:
         """The loaded model for ``opened``, from the cache while its files are unchanged (else reloaded, said in
         the log)."""
         spec = opened.spec
@@ -149,6 +160,7 @@ class ModelCache:
         with self.lock:
             self.loading[key] = spec
         try:
+            assert self.loader is not None  # the server's worker sets it before running a request
             lm = self.loader.load_weights(opened)
             if getattr(lm, "model", None) is not None:
                 own_memory(lm.model)
@@ -187,12 +199,12 @@ class TokenizerCache:
     """``tokens --model`` tokenizers by source and file identity, the ``max_items`` most recently used kept:
     building one from a GGUF file's vocabulary takes seconds."""
 
-    def __init__(self, load: Callable[..., Any], max_items: int = 8):
+    def __init__(self, load: Callable[..., PreTrainedTokenizerBase], max_items: int = 8):
         self._load = load
         self.max_items = max_items
-        self.items: OrderedDict[tuple, Any] = OrderedDict()
+        self.items: OrderedDict[tuple, PreTrainedTokenizerBase] = OrderedDict()
 
-    def load(self, source: Any, **options: Any) -> Any:
+    def load(self, source: Source, **options: Any) -> PreTrainedTokenizerBase:
         path = Path(source.ref)
         local = source.kind in ("dir", "gguf") and path.exists()
         key = (source.kind, str(path.resolve()) if local else source.ref,
@@ -207,7 +219,7 @@ class TokenizerCache:
         return tok
 
 
-def _model_bytes(lm: Any) -> int:
+def _model_bytes(lm: LoadedModel) -> int:
     model = getattr(lm, "model", None)
     if model is None:
         return 0

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.models.spec import ModelSpec
@@ -28,6 +29,11 @@ from anatomy_cli.serve.jobs import client_gone
 from anatomy_cli.serve.session import BadRequest
 from anatomy_cli.serve.session import Channel
 from anatomy_cli.serve.session import check_run
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 
 class Connections:
@@ -42,9 +48,9 @@ class Connections:
     queued: list[ModelSpec]
     cache: ModelCache
     active: dict[int, Job]
-    _ids: Any
+    _ids: Iterator[int]
     _active_lock: threading.Lock
-    _tokenizer_load: Callable[..., Any] | None
+    _tokenizer_load: Callable[..., PreTrainedTokenizerBase] | None
 
     def status(self) -> dict[str, Any]:
         raise NotImplementedError

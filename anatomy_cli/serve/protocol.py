@@ -141,7 +141,7 @@ def receive(conn: socket.socket) -> dict[str, Any]:
 
 
 def _read(conn: socket.socket, n: int, first: bool = False) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while n:
         chunk = conn.recv(min(n, 1 << 20))
         if not chunk:

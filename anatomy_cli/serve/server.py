@@ -29,7 +29,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.models.spec import ModelSpec
@@ -45,12 +47,18 @@ from anatomy_cli.serve.session import Channel
 from anatomy_cli.serve.session import client_context
 from anatomy_cli.serve.session import library_bars_silenced
 
+if TYPE_CHECKING:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    from anatomy_cli.engine.loader import Loader
+    from anatomy_cli.models.resolve import Source
+
 
 class Server(Connections):
     """Listens on a Unix socket; see the module docstring. ``serve_forever`` blocks until stop or idle."""
 
     def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
-                 idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None, loader: Any = None,
+                 idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None, loader: Loader | None = None,
                  cancellable: Callable[[Callable[[], str | None]], Any] = never_cancelled):
         self.path = Path(path)
         self.idle_timeout = idle_timeout
@@ -71,7 +79,7 @@ class Server(Connections):
         self.sock: socket.socket | None = None
         self._commands = commands  # the registry: returns the click command that runs a command line
         self._command: Any = None
-        self._tokenizer_load: Callable[..., Any] | None = None  # set by the worker
+        self._tokenizer_load: Callable[..., PreTrainedTokenizerBase] | None = None  # set by the worker
         # ``cancellable(check)``: the context manager under which a command ends at its next step once
         # ``check()`` gives a reason (the CLI hands in tasks.notes.cancellable; the server imports no task).
         self._cancellable = cancellable
@@ -79,7 +87,7 @@ class Server(Connections):
         self._ids = itertools.count(1)
         self._active_lock = threading.Lock()
 
-    def _load_tokenizer(self, source: Any, **options: Any) -> Any:
+    def _load_tokenizer(self, source: Source, **options: Any) -> PreTrainedTokenizerBase:
         assert self._tokenizer_load is not None  # set by the worker before any request runs
         return self._tokenizer_load(source, **options)
 
@@ -111,7 +119,7 @@ class Server(Connections):
         sock.settimeout(0.2)
         self.sock = sock
 
-    def preload(self, specs: list[ModelSpec | str]) -> None:
+    def preload(self, specs: Sequence[ModelSpec | str]) -> None:
         """Queue these models for loading on the worker (after anything queued before); returns at once."""
         for spec in specs:
             spec = spec if isinstance(spec, ModelSpec) else ModelSpec(str(spec))

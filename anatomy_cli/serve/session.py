@@ -21,10 +21,14 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.serve import protocol
 from anatomy_cli.serve.client import ENV_KEYS
+
+if TYPE_CHECKING:
+    import socket
 
 
 class _Bytes(io.BytesIO):
@@ -193,7 +197,7 @@ class Channel:
     connection's thread both send): status lines and stderr bytes. A client that went away is not an error
     (its answer is lost)."""
 
-    def __init__(self, conn: Any):
+    def __init__(self, conn: socket.socket):
         self.conn = conn
         self.lock = threading.Lock()
         self.sent = time.monotonic()  # when the last message went (or the channel was made)
@@ -228,6 +232,6 @@ class Channel:
             self.sent = time.monotonic()
 
 
-def notifier(conn: Any) -> Callable[[str], None]:
+def notifier(conn: socket.socket) -> Callable[[str], None]:
     """Send ``{"status": text}`` to a client (:meth:`Channel.status`)."""
     return Channel(conn).status

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text import targets
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.attribution_patching import Check
+    from anatomy_cli.tasks.protocol import Opened
 
 
 class TokenPair:
@@ -49,7 +54,7 @@ class TokenPair:
             raise UsageError(missing)
         return wanted
 
-    def resolve(self, opened: Any) -> dict[str, int | None]:
+    def resolve(self, opened: Opened) -> dict[str, int | None]:
         wanted = self.wanted
         assert wanted is not None
         return targets.resolve_pair(opened.tokenizer, wanted, self.foiled, model=opened.name,
@@ -87,7 +92,7 @@ class Extra:
     """What ``--method attribution`` adds to a report: the check (or None), and the heading's first line."""
 
     method: str
-    check: Any | None
+    check: Check | None
     heading: str | None = None
 
 

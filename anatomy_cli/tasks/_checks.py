@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text import targets
+
+if TYPE_CHECKING:
+    from anatomy_cli.tasks.protocol import Opened
 
 
 def at_least(option: str, value: int | None, least: int = 1) -> None:
@@ -31,7 +34,7 @@ class TargetFields:
         """UsageError for ``--first-token`` without a TEXT to apply it to."""
         targets.check_first_token(self.first_token, self.wanted)
 
-    def target_id_in(self, opened: Any) -> int | None:
+    def target_id_in(self, opened: Opened) -> int | None:
         """The target's id in ``opened``'s tokenizer (an OpenedModel or LoadedModel), bounded by its LM head."""
         wanted = self.wanted
         return None if wanted is None else targets.resolve(opened.tokenizer, wanted, model=opened.name,

@@ -8,22 +8,29 @@ the CLI's stderr sink shows it). Nothing is printed here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.models.cost import WARN_SECONDS as LONG_RUN_S  # one threshold for every cost line
 from anatomy_cli.tasks.notes import info
 from anatomy_cli.units import human_seconds
 from anatomy_cli.units import minutes
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from anatomy_cli.corpus.runner import Progress
+    from anatomy_cli.tasks.notes import Progress as StatusLine
+
 
 class CorpusStatus:
     """The progress callback: the status line (:func:`_progress`) per report, and once, at the first report with
     measured windows, the expected cost (:func:`_cost`) as a line on stderr that stays."""
 
-    def __init__(self, line: Any, budget: int | None):
-        self.line, self.budget, self.costed, self.last = line, budget, False, None
+    def __init__(self, line: StatusLine, budget: int | None):
+        self.line, self.budget, self.costed = line, budget, False
+        self.last: Progress | None = None
 
-    def __call__(self, p: Any) -> None:
+    def __call__(self, p: Progress) -> None:
         self.last = p
         self.line.update(_progress(p, self.budget))
         if not self.costed and p.done > 0:
@@ -32,7 +39,7 @@ class CorpusStatus:
             if cost:
                 info(cost)
 
-    def interrupted(self, out: Any) -> str:
+    def interrupted(self, out: Path | None) -> str:
         """What an interrupted run (Ctrl-C) says on its way out: what is kept, and how to go on."""
         if out is None:
             return "corpus: interrupted; nothing is kept without --out DIR"
@@ -42,7 +49,7 @@ class CorpusStatus:
         return f"corpus: interrupted; {kept} kept in {out}: run the same command again to resume"
 
 
-def _cost(p: Any, budget: int | None) -> str | None:
+def _cost(p: Progress, budget: int | None) -> str | None:
     """The expected cost from the first measured windows' timing (their tokens/s, model loading excluded):
     the time for the tokens left of ``--max-tokens`` when that is at least :data:`LONG_RUN_S`, else None;
     without ``--max-tokens`` (the corpus' length is not known before it is read) the time per 1,000 tokens."""
@@ -59,7 +66,7 @@ def _cost(p: Any, budget: int | None) -> str | None:
     return f"corpus: expected cost: about {human_seconds(left / rate)} for the {left:,} tokens left ({basis})"
 
 
-def _progress(p: Any, budget: int | None) -> str:
+def _progress(p: Progress, budget: int | None) -> str:
     """The status line (a :class:`anatomy_cli.corpus.runner.Progress`, per batch of windows): tokens,
     windows measured of those planned so far, tokens/s, the time split (forward, lens, heads), ETA."""
     if p.done == 0:

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.opening import OpenedModel
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class JacobianWorker:
         return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
 
 
-def fit_on_ray(opened: Any, ids: list[list[int]], opts: Any, plan: Any, checkpoint: dict[str, Any] | None = None,
+def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
+               checkpoint: dict[str, Any] | None = None,
                crash_once: tuple[str, int] | None = None) -> tuple[dict[int, Any], int, int]:
     """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
     (``opts.ray_address``, ``opts.workers``, ``opts.gpus_per_worker``); the workers load ``opened.spec``. With
@@ -83,7 +88,7 @@ def fit_on_ray(opened: Any, ids: list[list[int]], opts: Any, plan: Any, checkpoi
     return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())
 
 
-def _checkpointed(opened: Any, ids: list[list[int]], opts: Any, plan: Any, settings: dict[str, Any],
+def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any, settings: dict[str, Any],
                   crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
     """The Ray fit with ``--checkpoint``: shard i is prompt i alone (the prompts the checkpoint holds are not
     sent), and each finished prompt is added to the running sums, which are saved (atomically) every
@@ -104,7 +109,8 @@ def _checkpointed(opened: Any, ids: list[list[int]], opts: Any, plan: Any, setti
     return progress.sums, progress.n_done, progress.skipped
 
 
-def _run(opened: Any, shards: Any, opts: Any, plan: Any, finished: Any, crash_once: tuple[str, int] | None) -> None:
+def _run(opened: OpenedModel, shards: Any, opts: Any, plan: Any, finished: Any,
+         crash_once: tuple[str, int] | None) -> None:
     from anatomy_cli.corpus.ray_run import run_on_ray
 
     settings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,

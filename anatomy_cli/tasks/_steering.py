@@ -16,6 +16,7 @@ from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.steering import SteeringVector
+    from anatomy_cli.tasks.protocol import Opened
 
 Coef = str | float | Sequence[float] | None
 
@@ -86,7 +87,7 @@ class SteeringOptions(Declared):
         return None if path is None else str(Path(path))
 
 
-def vector(opened: Any, opts: SteeringOptions) -> SteeringVector | None:
+def vector(opened: Opened, opts: SteeringOptions) -> SteeringVector | None:
     """The steering vector ``opts`` names, read and checked against ``opened`` (an OpenedModel or LoadedModel)
     before any weight loads; warnings go to the notes. None without steering. Raises UsageError for a vector
     that does not fit, an SAE feature out of range or at a site steering has no hook for."""
@@ -105,7 +106,7 @@ def vector(opened: Any, opts: SteeringOptions) -> SteeringVector | None:
     return found
 
 
-def _feature(opened: Any, opts: SteeringOptions) -> tuple[SteeringVector, list[str]]:
+def _feature(opened: Opened, opts: SteeringOptions) -> tuple[SteeringVector, list[str]]:
     """`--steer-feature ID --sae PATH`: the feature's decoder row at the SAE's output site
     (:func:`anatomy_cli.engine.sae.feature_vector`), checked against the model, and its warnings."""
     from anatomy_cli.engine.sae import feature_vector

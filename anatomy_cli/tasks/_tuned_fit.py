@@ -26,6 +26,7 @@ from anatomy_cli.tasks import notes
 if TYPE_CHECKING:
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 MAX_LENGTH = 2048  # tuned-lens' Data.max_length
 JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-layer", "dim_batch": "--dim-batch",
@@ -78,7 +79,7 @@ class TunedPlan:
     source: Source
 
 
-def check(opened: Any, opts: Any) -> TunedPlan:
+def check(opened: Opened, opts: Any) -> TunedPlan:
     """A decoder with an LM head, ``ctx`` within its context, the corpus opened (a directory without text files is
     refused here), all before the weights load."""
     from anatomy_cli.corpus.sources import open_source

@@ -25,9 +25,13 @@ from anatomy_cli.tasks._attribution import method_option
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anatomy_cli.analyses.ablate import Ablation
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "ablate"
 
@@ -112,7 +116,7 @@ class AblateResult:
     ids: dict[str, int | None]
 
 
-def check(opened: Any, opts: AblateOptions, encoded: list[Encoded]) -> AblatePlan:
+def check(opened: Opened, opts: AblateOptions, encoded: list[Encoded]) -> AblatePlan:
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     if opts.experts:
         require(opened.info, Need.moe, command=f"{COMMAND} --experts")
@@ -122,8 +126,9 @@ def check(opened: Any, opts: AblateOptions, encoded: list[Encoded]) -> AblatePla
     return AblatePlan(opts.resolve(opened), layer, blocks)
 
 
-def _moe_blocks(info: Any, layer: int | None) -> tuple[int, ...]:
+def _moe_blocks(info: ModelInfo, layer: int | None) -> tuple[int, ...]:
     """``--experts``' blocks: ``layer`` (refused when its MLP is dense), else every MoE block."""
+    assert info.moe is not None  # check required Need.moe
     sparse = tuple(info.moe.sparse_blocks)
     if layer is None:
         return sparse
@@ -165,7 +170,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
 
 
 def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: dict[str, int | None],
-            opts: AblateOptions, progress: Any = None) -> tuple[Ablation, Extra | None]:
+            opts: AblateOptions, progress: Callable[[int, int], None] | None = None) -> tuple[Ablation, Extra | None]:
     """``(Ablation, attribution extra or None)`` for one prompt. ``progress(runs done, runs)``: the ablated runs
     (not the attribution estimate)."""
     from anatomy_cli.analyses import ablate as analysis

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -17,9 +16,12 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.models import sites
 
 if TYPE_CHECKING:
+    import torch
+
     from anatomy_cli.analyses.attention import Attention
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "attn"
 
@@ -63,7 +65,7 @@ class AttnPlan:
     queries: list[list[int]]  # per prompt: the query rows shown
 
 
-def check(opened: Any, opts: AttnOptions, encoded: Sequence[Encoded] = ()) -> AttnPlan:
+def check(opened: Opened, opts: AttnOptions, encoded: Sequence[Encoded] = ()) -> AttnPlan:
     """The blocks, heads and query rows to show; UsageError for --layer/--head/--position out of range."""
     from anatomy_cli.errors import UsageError
     from anatomy_cli.text.positions import check_position
@@ -87,7 +89,7 @@ def _query(enc: Encoded, position: int | None) -> int:
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: AttnOptions, plan: AttnPlan,
-        grids: list[Any] | None = None) -> list[Attention]:
+        grids: Sequence[torch.Tensor] | None = None) -> list[Attention]:
     """One Attention per prompt. ``grids``: the ``[layers, heads, queries, keys]`` weights when the caller
     already ran the forward (an HTML page keeps every head too); else this runs it."""
     from anatomy_cli import engine

@@ -20,9 +20,12 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anatomy_cli.analyses.attribute import TokenAttribution
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "attribute"
 
@@ -109,7 +112,7 @@ class AttributeOptions(Declared, TokenPair):
         _check_ig_options(self.method.value, self.check, self.layer)
 
 
-def check(opened: Any, opts: AttributeOptions) -> dict[str, int | None]:
+def check(opened: Opened, opts: AttributeOptions) -> dict[str, int | None]:
     """Every refusal before the weights load; returns the token ids ``{"target": id, "foil": id or None}``."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     if opts.layer is not None:
@@ -135,7 +138,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AttributeOptions,
 
 
 def run_one(lm: LoadedModel, enc: Encoded, ids: dict[str, int | None], opts: AttributeOptions,
-            progress: Any = None) -> TokenAttribution:
+            progress: Callable[[int, int], None] | None = None) -> TokenAttribution:
     """The attribution of one prompt. Raises AnatomyError when integrated gradients stays unconverged and not
     ``allow_unconverged``. ``progress(steps done, steps planned)``: integrated gradients' steps."""
     from anatomy_cli.analyses import attribute as analysis

@@ -31,6 +31,7 @@ from anatomy_cli.text import targets
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "circuit"
 OFFLOAD = (None, "cpu", "disk")
@@ -133,7 +134,7 @@ class CircuitPlan:
     target_ids: tuple[int, ...] = ()
 
 
-def check(opened: Any, opts: CircuitOptions) -> CircuitPlan:
+def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
     """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it (those
     of ``ln2.hook_normalized``: its MLP reads a norm), each ``--target`` is one token of ``opened``'s tokenizer
     and each ``--target-id`` in its LM head (text/targets.py ``resolve``, as ``next`` and ``attribute`` check

@@ -25,10 +25,16 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.notes import status
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anatomy_cli.corpus.runner import Result
     from anatomy_cli.corpus.runner import Settings
+    from anatomy_cli.corpus.sources import Source
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.tasks.protocol import Opened
+    from anatomy_cli.text.tokenization import Tokenizer
 
 COMMAND = "corpus"
 
@@ -133,11 +139,11 @@ class CorpusRun:
     result: Result
     identity: dict[str, Any]
     settings: Settings
-    lm: Any
+    lm: LoadedModel | None
     spec: ModelSpec
 
 
-def check(opened: Any, opts: CorpusOptions) -> CorpusPlan:
+def check(opened: Opened, opts: CorpusOptions) -> CorpusPlan:
     """Every refusal that needs the opened model: a decoder (with a lens, an LM head; with ``--experts``, a mixture
     of experts), a fitted lens of another width or depth (from its header, before any weight loads), the saved sites
     within its blocks, ``--ctx`` within its context."""
@@ -186,7 +192,8 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
     return CorpusRun(result=result, identity=identity, settings=settings, lm=lm, spec=spec)
 
 
-def _run(run: Any, src: Any, spec: ModelSpec, settings: Any, tokenizer: Any, lm: Any, identity: dict[str, Any],
+def _run(run: Callable[..., Result], src: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer,
+         lm: LoadedModel | None, identity: dict[str, Any],
          ray_opts: dict[str, Any] | None, opts: CorpusOptions) -> Result:
     from anatomy_cli.tasks._corpus_status import CorpusStatus
 
@@ -200,7 +207,7 @@ def _run(run: Any, src: Any, spec: ModelSpec, settings: Any, tokenizer: Any, lm:
             raise
 
 
-def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[Any, OpenedModel, Any, CorpusPlan]:
+def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, OpenedModel, Tokenizer, CorpusPlan]:
     """``(lm, opened, tokenizer, plan)``; with Ray the driver opens the model only (lm None: the workers load
     the weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
     from anatomy_cli.tasks.session import load_weights
@@ -222,7 +229,7 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[Any, OpenedModel, Any, 
     return None, opened, opened.tokenizer, plan
 
 
-def _say_lenses(lm: Any, plan: CorpusPlan) -> None:
+def _say_lenses(lm: LoadedModel | None, plan: CorpusPlan) -> None:
     """A tuned lens fitted with another LM head warns (in-process only: on Ray the driver has no weights)."""
     from anatomy_cli.tasks.lens import check_unembed_hash
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -25,8 +24,10 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.diff import ActivationDiff
     from anatomy_cli.analyses.diff import WeightsDiff
     from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine import OpenedModel
     from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.models.spec import ModelSpec
     from anatomy_cli.text.options import PromptOptions
 
 COMMAND = "diff"
@@ -96,7 +97,7 @@ def check(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[Encoded], 
 
 
 def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[Encoded], opts: DiffOptions,
-                    plan: DiffPlan) -> tuple[str, Any, list[ActivationDiff]]:
+                    plan: DiffPlan) -> tuple[str, LoadedModel, list[ActivationDiff]]:
     """``(label_a, lm_b, results)``: A loaded, run and freed, then B; one ActivationDiff per prompt.
     ``label_a``: A's display label (its weights are gone); ``lm_b``: B's LoadedModel."""
     from anatomy_cli.analyses import diff as analysis
@@ -121,7 +122,7 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
     return label_a, lm, results
 
 
-def open_pair(spec_a: Any, spec_b: Any, texts: list[str], prompts: PromptOptions
+def open_pair(spec_a: ModelSpec, spec_b: ModelSpec, texts: list[str], prompts: PromptOptions
               ) -> tuple[OpenedModel, OpenedModel, list[Encoded], list[Encoded]]:
     """Both models opened (no weights; B is A when the specs are equal) and the texts tokenized by each."""
     from anatomy_cli.tasks.session import open_model
@@ -134,7 +135,7 @@ def open_pair(spec_a: Any, spec_b: Any, texts: list[str], prompts: PromptOptions
     return opened_a, opened_b, encoded, encoded_b
 
 
-def check_same_tokens(a: list[Any], b: list[Any], name_a: str, name_b: str) -> None:
+def check_same_tokens(a: list[Encoded], b: list[Encoded], name_a: str, name_b: str) -> None:
     """Raise UsageError (one line, both tokenizations) when B's ids differ from A's for any prompt."""
     for i, (ea, eb) in enumerate(zip(a, b), start=1):
         ids_b = eb.ids[-len(ea):] if ea.dropped else eb.ids

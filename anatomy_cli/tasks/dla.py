@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.dla import Attribution
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "dla"
 
@@ -89,7 +89,7 @@ class DlaResult:
     by: By
 
 
-def check(opened: Any, opts: DlaOptions, encoded: list[Encoded]) -> DlaPlan:
+def check(opened: Opened, opts: DlaOptions, encoded: list[Encoded]) -> DlaPlan:
     """Every refusal before the weights load: an encoder or a model without LM head, a post-LN model, heads that
     do not split (``--by head``), a position outside a prompt, the tokens (a foil equal to the target)."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
-from typing import Any
 from typing import Optional
 
 from anatomy_cli.declare.fields import Declared
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.drift import WordLocation
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "drift"
 INPUTS = {"word": "word", "contexts": "context"}  # the arguments WORD and CONTEXT...
@@ -101,7 +101,7 @@ class DriftPlan:
     matrix_row: int | None  # the residual row 0..L (0 = embed) of --matrix
 
 
-def check(opened: Any, opts: DriftOptions, encoded: list[Encoded]) -> DriftPlan:
+def check(opened: Opened, opts: DriftOptions, encoded: list[Encoded]) -> DriftPlan:
     """Before the weights load: ``--matrix`` names a residual row of this model, the word is in every context."""
     from anatomy_cli.analyses import drift as analysis
 

@@ -30,6 +30,7 @@ from anatomy_cli.tasks._lens_merge import merge as merge
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "fit-lens"
 # KIND (positional), the CLI's --prompts FILE (the API's prompt), --out (required: the CLI's and the API's own)
@@ -160,7 +161,7 @@ class FitLensPlan:
     target_layer: int
 
 
-def check(opened: Any, opts: FitLensOptions) -> Any:
+def check(opened: Opened, opts: FitLensOptions) -> Any:
     """Resolves the target and source blocks against the model (before its weights load); refuses an encoder, and
     ``--ray`` without Ray installed.
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""

@@ -28,6 +28,7 @@ from anatomy_cli.tasks._fit_sae_block import fit_block
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "fit-sae"
 INPUTS = {"corpus": "corpus"}  # CORPUS... (positional) is the API's corpus
@@ -132,7 +133,7 @@ class SaeFit:
         return {**asdict(self), "blocks": [b.to_dict() for b in self.blocks]}
 
 
-def check(opened: Any, opts: FitSaeOptions) -> FitSaePlan:
+def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
     """The blocks against the model, the corpus tokenized into windows (refused when under two), and the cost,
     printed: all before the weights load."""
     from anatomy_cli.corpus.sources import open_source

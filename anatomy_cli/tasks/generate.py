@@ -37,11 +37,13 @@ if TYPE_CHECKING:
 
     from anatomy_cli.analyses.generate import Continuation
     from anatomy_cli.analyses.generate import Sweep
+    from anatomy_cli.analyses.next_token import Describe
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
     from anatomy_cli.engine.generate import Generation
     from anatomy_cli.engine.steering import SteeringVector
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "generate"
 
@@ -152,7 +154,7 @@ class GeneratePlan:
     fitted: FittedLens | None = None  # --lens tuned:DIR / jacobian:FILE, checked against the model
 
 
-def check(opened: Any, opts: GenerateOptions) -> GeneratePlan:
+def check(opened: Opened, opts: GenerateOptions) -> GeneratePlan:
     """``opened``: an OpenedModel or a LoadedModel. Every refusal before the weights: a model that cannot
     generate, more new tokens than the context holds, a target that is not a token, a vector that does not fit."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
@@ -290,7 +292,7 @@ def cache_check(lm: LoadedModel, g: Generation, s: Settings, coef: float) -> flo
     return float((again.logits.double() - g.logits.double()).abs().max())
 
 
-def continuation(lm: LoadedModel, g: Generation, s: Settings, describe: Any) -> Continuation:
+def continuation(lm: LoadedModel, g: Generation, s: Settings, describe: Describe) -> Continuation:
     """The :class:`~anatomy_cli.analyses.generate.Continuation` of one generation."""
     from anatomy_cli.analyses import generate as analysis
 

@@ -16,9 +16,12 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from anatomy_cli.analyses.heads import Heads
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "heads"
 
@@ -59,7 +62,7 @@ class Scored(NamedTuple):
     heads: Heads
 
 
-def check(opened: Any, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
+def check(opened: Opened, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
     """UsageError when the random sequence does not fit the context or a prompt has fewer than 2 tokens."""
     from anatomy_cli.errors import PromptTooLong
     from anatomy_cli.errors import UsageError
@@ -87,7 +90,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, plan: None 
         return _score(lm, encoded, opts, line.counter("heads", "prompt layers"))
 
 
-def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, progress: Any) -> list[Scored]:
+def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions,
+           progress: Callable[[int, int], None]) -> list[Scored]:
     import torch
 
     from anatomy_cli import engine

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING
-from typing import Any
 from typing import cast
 
 from anatomy_cli.declare import shared
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "lens"
 
@@ -100,7 +100,7 @@ def rows(n_layers: int, layers: tuple[int | str, ...] | None, stride: int | None
     return tuple(sites.residual_label(r) for r in sorted(picked | {n_layers}))
 
 
-def check(opened: Any, opts: LensOptions) -> LensPlan:
+def check(opened: Opened, opts: LensOptions) -> LensPlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a model without an LM head, bad rows, a bad target."""
     require(opened.info, Need.lm_head, command=COMMAND)
     layers = cast("tuple[int | str, ...] | None", opts.layers)  # a tuple once __post_init__ has read it
@@ -116,7 +116,7 @@ def check(opened: Any, opts: LensOptions) -> LensPlan:
                     tuple(r for r in shown if r not in readable))
 
 
-def fitted_lens(opened: Any, lens: str | None, *, command: str = COMMAND) -> FittedLens | None:
+def fitted_lens(opened: Opened, lens: str | None, *, command: str = COMMAND) -> FittedLens | None:
     """The fitted lens ``lens`` names (None or ``logit``: the logit lens, None), checked against ``opened``'s
     width and block count from its header, before the model's weights load: the one reading of ``--lens`` for
     every command (``command`` names it in the refusal). Refuses an encoder (a fitted lens reads next tokens)."""

@@ -27,10 +27,13 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.lens import fitted_lens
 
 if TYPE_CHECKING:
+    import torch
+
     from anatomy_cli.analyses.lens_eval import LensEval
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "lens-eval"
 INPUTS = {"items": None}  # ITEMS (positional): the API's items
@@ -152,7 +155,7 @@ def lens_blocks(fitted: FittedLens | None, n_layers: int) -> tuple[int, ...]:
     return tuple(row - 1 for row in fitted.rows if row in fitted.weights and 1 <= row < n_layers)
 
 
-def check(opened: Any, opts: LensEvalOptions) -> LensEvalPlan:
+def check(opened: Opened, opts: LensEvalOptions) -> LensEvalPlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a model without an LM head or that is no decoder, one
     of a single block, a lens for another model, a lens reading no block below the last; says (not fatal) which
     intermediates have no single-token form and how many items have none."""
@@ -224,7 +227,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: Le
                              skipped=len(opts.items) - len(scored))
 
 
-def _read(lm: LoadedModel, resid: Any, fitted: FittedLens | None, blocks: tuple[int, ...]) -> Any:
+def _read(lm: LoadedModel, resid: torch.Tensor, fitted: FittedLens | None, blocks: tuple[int, ...]) -> torch.Tensor:
     """``[len(blocks), vocab]`` float32 logits: each of ``blocks`` read at the kept position through the lens
     (``fitted`` None: the logit lens)."""
     from anatomy_cli import engine

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.next_token import NextTokens
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "next"
 
@@ -49,7 +49,7 @@ class NextPlan:
     target_id: int | None
 
 
-def check(opened: Any, opts: NextOptions) -> NextPlan:
+def check(opened: Opened, opts: NextOptions) -> NextPlan:
     """``opened``: an OpenedModel or a LoadedModel (anything with ``info``, ``tokenizer``, ``name``)."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     return NextPlan(opts.target_id_in(opened))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.patch import Patching
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "patch"
 
@@ -81,7 +81,7 @@ def check_texts(clean: str, corrupt: str) -> None:
             raise UsageError(f"{name} is empty: give some text")
 
 
-def check(opened: Any, opts: PatchOptions, clean: Encoded, corrupt: Encoded) -> dict[str, int | None]:
+def check(opened: Opened, opts: PatchOptions, clean: Encoded, corrupt: Encoded) -> dict[str, int | None]:
     """Every refusal before the weights load; returns the token ids."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     if len(clean) != len(corrupt):

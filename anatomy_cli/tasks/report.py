@@ -15,13 +15,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 from typing import Optional
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    import torch
+
+    from anatomy_cli.analyses.dla import Attribution
+    from anatomy_cli.analyses.heads import Heads
+    from anatomy_cli.analyses.lens import LensGrid
+    from anatomy_cli.analyses.next_token import NextTokens
+    from anatomy_cli.analyses.next_token import TokenProb
+    from anatomy_cli.analyses.params.breakdown import ParamsResult
+    from anatomy_cli.analyses.trace import Trace
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.cache import Cache
 
 COMMAND = "report"
 SECTIONS = ("tokens", "embedding", "residual", "lens", "attention", "heads", "dla", "next")
@@ -61,7 +75,7 @@ class ReportOptions(Declared):
         return list(SECTIONS) if self.sections is None else [s for s in SECTIONS if s in self.sections]
 
 
-Pooling = tuple[Callable[[int, int, bool], int], Callable[[Any, int], Any]]
+Pooling = tuple[Callable[[int, int, bool], int], Callable[["torch.Tensor", int], "torch.Tensor"]]
 """``(block_factor(n, n_heads_total, causal), pool(pattern, f))``: how the attention patterns are shrunk for the
 page (the caller's: output.html.attn's); None keeps every position."""
 
@@ -70,22 +84,22 @@ page (the caller's: output.html.attn's); None keeps every position."""
 class Anatomy:
     """What the sections draw; a field is None when its section was not asked for or does not apply."""
 
-    lm: Any
-    enc: Any
-    params: Any = None           # analyses.params ParamsResult (None when the model's files cannot be read)
-    embedding: Any = None        # float [pos, d_model] on the CPU: the residual stream's row 0
-    trace: Any = None            # analyses.trace.Trace at the last position
-    lens: Any = None             # analyses.lens.LensGrid, top 5 per cell
-    patterns: Any = None         # float [n_layers, n_heads, m, m]: pos x pos in blocks of `block` positions
+    lm: LoadedModel
+    enc: Encoded
+    params: ParamsResult | None = None  # None when the model's files cannot be read
+    embedding: torch.Tensor | None = None  # float [pos, d_model] on the CPU: the residual stream's row 0
+    trace: Trace | None = None  # at the last position
+    lens: LensGrid | None = None  # top 5 per cell
+    patterns: torch.Tensor | None = None  # float [n_layers, n_heads, m, m]: pos x pos in blocks of `block` positions
     block: int = 1
-    heads: Any = None            # analyses.heads.Heads
-    dla: Any = None              # analyses.dla.Attribution of the top prediction
+    heads: Heads | None = None
+    dla: Attribution | None = None  # of the top prediction
     dla_what: str | None = None
-    next: Any = None             # analyses.next_token.NextTokens
+    next: NextTokens | None = None
     forwards: int = 0
 
 
-def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10,
+def analyse(lm: LoadedModel, enc: Encoded, sections: set[str], *, model: str, k: int = 10,
             pooling: Pooling | None = None) -> Anatomy:
     """Run ``lm`` on ``enc`` once (plus one eager-attention forward when attention is asked for) and compute
     every analysis ``sections`` needs (``pooling``: see :data:`Pooling`). Raises what the engine and the
@@ -133,7 +147,7 @@ def analyse(lm: Any, enc: Any, sections: set[str], *, model: str, k: int = 10,
     return out
 
 
-def _attention(lm: Any, enc: Any, out: Anatomy, pooling: Pooling | None) -> None:
+def _attention(lm: LoadedModel, enc: Encoded, out: Anatomy, pooling: Pooling | None) -> None:
     """The eager-attention forward of the prompt and the repeated random sequence: ``out.patterns`` (pooled
     for the page), ``out.heads`` (the head scores; prompts of two tokens or more)."""
     import torch
@@ -166,7 +180,7 @@ def _attention(lm: Any, enc: Any, out: Anatomy, pooling: Pooling | None) -> None
                                          seed=0, random_token_ids=ids[:seq_len])
 
 
-def _dla(lm: Any, cache: Any, top: Any) -> tuple[Any, str]:
+def _dla(lm: LoadedModel, cache: Cache, top: TokenProb) -> tuple[Attribution, str]:
     """Direct logit attribution of the top prediction at the last position, by head where the architecture
     allows it (else by layer), from the shared cache: the same :func:`analyses.dla.logit_attribution` as
     ``anatomy dla``."""

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.route import RouteRow
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "route"
 
@@ -78,11 +79,12 @@ class RouteResult:
                 "near_tie_threshold": self.near_tie_threshold, "rows": [r.to_dict() for r in self.rows]}
 
 
-def check(opened: Any, opts: RouteOptions) -> RoutePlan:
+def check(opened: Opened, opts: RouteOptions) -> RoutePlan:
     """``opened``: an OpenedModel or a LoadedModel (anything with ``info``)."""
     info = opened.info
     require(info, Need.moe, command=COMMAND)
     moe = info.moe
+    assert moe is not None  # require(Need.moe) refused a model without one
     if opts.block is None:
         blocks = list(moe.sparse_blocks)
     else:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -23,7 +22,9 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.sae import Reading
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.sae import Dictionary
     from anatomy_cli.models.sae.read import SAEFile
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "sae"
 
@@ -65,7 +66,7 @@ class SaePlan:
     labels: dict[int, str] | None
 
 
-def check(opened: Any, opts: SaeOptions) -> SaePlan:
+def check(opened: Opened, opts: SaeOptions) -> SaePlan:
     """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
     ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
     from anatomy_cli.models.sae import labels as labelling
@@ -98,7 +99,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: SaeOptions, plan: SaePlan
     return out
 
 
-def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Any, opts: SaeOptions,
+def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dictionary, opts: SaeOptions,
              labels: dict[int, str] | None) -> Reading:
     """One prompt through the SAE: the splice run, its health and warnings, the top features per token and the
     followed ones."""

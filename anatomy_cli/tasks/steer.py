@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.steering import SteeringVector
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "steer"
 SITES = tuple(s.value for s in sites.WRITE_SITES)
@@ -129,7 +130,7 @@ def texts(opts: SteerOptions) -> list[str]:
     return [*opts.sides[0], *opts.sides[1]]
 
 
-def check(opened: Any, opts: SteerOptions) -> SteerPlan:
+def check(opened: Opened, opts: SteerOptions) -> SteerPlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a model that cannot generate and blocks past it."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     layers = opts.blocks(opened.info.n_layers)

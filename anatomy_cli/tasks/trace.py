@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "trace"
 
@@ -68,7 +69,7 @@ class Traced(NamedTuple):
     target: dict[str, Any] | None
 
 
-def check(opened: Any, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -> TracePlan:
+def check(opened: Opened, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -> TracePlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a position outside a prompt of ``encoded`` and a
     target on a model without an LM head (the lens reads tokens through it)."""
     from anatomy_cli.tasks.lens import fitted_lens

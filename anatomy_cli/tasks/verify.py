@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -22,10 +21,12 @@ from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.verify.checks import Verification
+    from anatomy_cli.analyses.verify.precision import Reload
     from anatomy_cli.analyses.verify.suite import Plan
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.models.info import ModelInfo
+    from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "verify"
 INPUTS = {"prompt": "prompts"}  # the API's prompt, the CLI's --prompts FILE
@@ -75,7 +76,7 @@ def gguf_file(info: ModelInfo, untrained: bool) -> str | None:
     return str(info.source)
 
 
-def check(opened: Any, encoded: list[Encoded], opts: VerifyOptions, untrained: bool) -> Plan:
+def check(opened: Opened, encoded: list[Encoded], opts: VerifyOptions, untrained: bool) -> Plan:
     """A prompt without tokens is refused; so is ``--against llama.cpp`` where that section cannot run (a model
     that is not a .gguf file, random weights, llama-cpp-python missing or unusable on this CPU): a section asked
     for by name that checks nothing is a failure (exit 1), said before any weight loads. The plan of sections."""
@@ -102,7 +103,7 @@ def cannot_run_llamacpp(gguf: str | None, untrained: bool) -> str | None:
     return unusable(gguf)
 
 
-def run(lm: LoadedModel, encoded: list[Encoded], reload: Any, plan: Plan) -> Verification:
+def run(lm: LoadedModel, encoded: list[Encoded], reload: Reload, plan: Plan) -> Verification:
     """Every section ``plan`` asks for, with a status line. ``reload(dtype, device)``: the model again (the
     precision and device sections)."""
     from anatomy_cli.analyses.verify.suite import verify

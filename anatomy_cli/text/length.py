@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 from anatomy_cli.errors import PromptTooLong
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text.tokenization import Encoded
 
 
-def check_length(lm: Any, encoded: list[Encoded], *, truncate: str | None = None,
+class HasContext(Protocol):
+    """What the check reads of a model: its context length (None: unlimited) and its name (messages)."""
+
+    @property
+    def n_ctx(self) -> int | None: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+def check_length(lm: HasContext, encoded: list[Encoded], *, truncate: str | None = None,
                  what: str = "prompt", truncate_hint: bool = True) -> list[Encoded]:
     """Check every prompt fits ``lm.n_ctx`` (``lm``: a LoadedModel, or anything with ``n_ctx`` and ``name``).
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
@@ -36,6 +37,10 @@ from anatomy_cli.analyses.next_token import top_k
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sites import residual_label
 
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+
 
 @dataclass(frozen=True)
 class Kept:
@@ -48,7 +53,7 @@ class Kept:
     lens: torch.Tensor
 
 
-def keep(lm: Any, encoded: list[Any], position: int = -1, *, batch_size: int = 8) -> list[Kept]:
+def keep(lm: LoadedModel, encoded: list[Encoded], position: int = -1, *, batch_size: int = 8) -> list[Kept]:
     """Run ``lm`` (an engine LoadedModel with an LM head) on ``encoded`` and keep, per prompt, the
     residual stream and the lens at ``position`` (negative counts from the end). One :class:`Kept` per prompt."""
     from anatomy_cli import engine

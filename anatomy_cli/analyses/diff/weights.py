@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.analyses.params.rules import CATEGORIES
@@ -28,6 +29,11 @@ from anatomy_cli.analyses.params.rules import LAYER_CATEGORIES
 from anatomy_cli.analyses.params.rules import classify
 from anatomy_cli.analyses.params.rules import family_for
 from anatomy_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from anatomy_cli.models.tensors import TensorReader
 
 _LAYER_RE = re.compile(r"^(?:.*?\.)?(?:h|layers|layer|blocks|block)\.(\d+)\.")
 _CHUNK = 1 << 22  # elements per float64 chunk (32 MiB)
@@ -61,7 +67,7 @@ class Sums:
         return max(-1.0, min(1.0, self.ab / math.sqrt(self.aa * self.bb)))
 
 
-def compare(a: Any, b: Any) -> Sums:
+def compare(a: torch.Tensor, b: torch.Tensor) -> Sums:
     """The :class:`Sums` of two torch tensors of one shape, in float64, chunk by chunk."""
     import torch
 
@@ -135,12 +141,12 @@ class WeightsDiff:
                 "tensors": [t.to_dict() for t in self.tensors]}
 
 
-def pair_names(a: Any, b: Any) -> list[tuple[str, str]]:
+def pair_names(a: TensorReader, b: TensorReader) -> list[tuple[str, str]]:
     """``(name in A, name in B)`` for every tensor, A's order. A tied side's head is its embedding.
 
     Raises UsageError naming the first difference: a tensor one side lacks, or two shapes that differ.
     """
-    def alias(reader: Any, name: str) -> str | None:
+    def alias(reader: TensorReader, name: str) -> str | None:
         if name in reader.tensors:
             return name
         if reader.tied and name == reader.head_name and reader.embed_name in reader.tensors:
@@ -159,6 +165,7 @@ def pair_names(a: Any, b: Any) -> list[tuple[str, str]]:
             raise UsageError(f"{a.spec} has no tensor {name} (of shape {_shape(b.tensors[name].shape)} in {b.spec}): "
                              f"the two models differ in architecture")
         if name not in a.tensors:
+            assert a.embed_name is not None  # alias(a, name) found it
             pairs.append((a.embed_name, name))
     for na, nb in pairs:
         sa, sb = a.tensors[na].shape, b.tensors[nb].shape
@@ -178,7 +185,8 @@ def _place(name: str, family: Any) -> tuple[int | None, str]:
     return (int(m.group(1)) if m else None), component
 
 
-def diff_weights(a: Any, b: Any, *, progress: Callable[[int, int], None] | None = None) -> WeightsDiff:
+def diff_weights(a: TensorReader, b: TensorReader, *,
+                 progress: Callable[[int, int], None] | None = None) -> WeightsDiff:
     """Compare the tensors of two :class:`~anatomy_cli.models.tensors.TensorReader` s, one pair at a time.
 
     ``progress(done, total)`` is called after each pair. Raises UsageError when the tensor names or

@@ -236,6 +236,7 @@ def _layer_rows(tensors: list[_Tensor], total: int, routed_active: dict[str | No
     index: dict[str, int] = {}
     for t in tensors:
         if _in_layer(t):
+            assert t.layer is not None and t.index is not None  # _in_layer: a block's tensor has both
             per.setdefault(t.layer, dict.fromkeys(LAYER_CATEGORIES, 0))[t.category] += t.numel
             index[t.layer] = t.index
     out = []

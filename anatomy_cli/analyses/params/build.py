@@ -9,10 +9,15 @@ RSS and a few seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
+
+    from anatomy_cli.models.resolve import Source
 
 
 @dataclass(frozen=True)
@@ -24,12 +29,12 @@ class ResolvedConfig:
     """
 
     spec: str
-    config: Any
+    config: PreTrainedConfig
     source: str
     location: str = ""
 
 
-def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Any = None) -> ResolvedConfig:
+def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Source | None = None) -> ResolvedConfig:
     """Find the config for ``spec`` (:func:`anatomy_cli.models.resolve.resolve` with ``need="config"``):
     a built-in preset, a local directory with config.json, or a Hugging Face model id (only
     config.json is fetched; the local cache first; ``HF_HUB_OFFLINE`` respected).
@@ -52,7 +57,7 @@ def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Any = 
     return ResolvedConfig(spec, config, "hub", str(config_path(source)))
 
 
-def _auto_class_for(config: Any, trust_remote_code: bool):
+def _auto_class_for(config: PreTrainedConfig, trust_remote_code: bool):
     """The Auto class whose mapping holds this config's first listed architecture, or a sensible default head."""
     import transformers
     from transformers import AutoModel
@@ -91,7 +96,7 @@ def _auto_class_for(config: Any, trust_remote_code: bool):
     return AutoModelForCausalLM, None
 
 
-def build_meta_model(config: Any, *, trust_remote_code: bool = False):
+def build_meta_model(config: PreTrainedConfig, *, trust_remote_code: bool = False):
     """Instantiate the model for ``config`` on the meta device (no weight memory).
 
     Uses ``torch.device("meta")``: unlike accelerate's ``init_empty_weights`` in

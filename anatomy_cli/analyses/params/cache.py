@@ -17,11 +17,14 @@ import os
 import pickle
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.models.cachedir import cache_dir
 from anatomy_cli.models.resolve import Source
 from anatomy_cli.models.resolve import config_path
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.params.breakdown import ParamsResult
 
 __all__ = ["cache_dir", "get", "key", "put"]
 
@@ -68,7 +71,7 @@ def _file(k: str) -> Path:
     return cache_dir() / "params" / f"{k}.pickle"
 
 
-def get(k: str) -> Any | None:
+def get(k: str) -> ParamsResult | None:
     """The cached result for key ``k``, or None."""
     try:
         with open(_file(k), "rb") as f:
@@ -77,7 +80,7 @@ def get(k: str) -> Any | None:
         return None
 
 
-def put(k: str, result: Any) -> None:
+def put(k: str, result: ParamsResult) -> None:
     """Store ``result`` under ``k`` (atomically; errors ignored)."""
     target = _file(k)
     try:

@@ -134,7 +134,7 @@ def from_safetensors(spec: str, directory: str, *, dtype: str | None = None,
     tie = bool(raw.get("tie_word_embeddings", model_type not in _UNTIED_BY_DEFAULT))
     embed = next((disk[t.name] for t in kept if t.category == TOKEN), None)
     tied = tie and embed is not None
-    if tied:  # a head stored beside the embedding it is tied to is one parameter
+    if tied and embed is not None:  # a head stored beside the embedding it is tied to is one parameter
         kept = [t for t in kept if not (t.category == HEAD and disk[t.name].shape == embed.shape)]
     archs = raw.get("architectures") or [""]
     n_layers = int(raw.get("num_hidden_layers") or raw.get("n_layer") or raw.get("num_layers") or 0) or \

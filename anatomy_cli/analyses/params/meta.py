@@ -14,6 +14,7 @@ and :func:`params_placement.plan_placement`.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.analyses.params.breakdown import _EXPERT_INDEX_RE
@@ -51,8 +52,12 @@ from anatomy_cli.analyses.params.breakdown import rule_notes
 from anatomy_cli.analyses.params.build import ResolvedConfig
 from anatomy_cli.errors import UsageError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.configuration_utils import PreTrainedConfig
 
-def _classify_all(model: Any, family: Family, n_experts: int | None) -> list[_Tensor]:
+
+def _classify_all(model: PreTrainedModel, family: Family, n_experts: int | None) -> list[_Tensor]:
     input_emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     try:
         output_emb = model.get_output_embeddings()
@@ -97,7 +102,7 @@ def _per_expert(name: str, p: Any, n_experts: int | None) -> dict[int, int]:
     return dict.fromkeys(range(p.shape[0]), per)
 
 
-def _config_int(config: Any, attrs: tuple[str, ...]) -> int | None:
+def _config_int(config: PreTrainedConfig, attrs: tuple[str, ...]) -> int | None:
     for attr in attrs:
         value = getattr(config, attr, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -105,7 +110,7 @@ def _config_int(config: Any, attrs: tuple[str, ...]) -> int | None:
     return None
 
 
-def _top_k(config: Any, model: Any) -> int | None:
+def _top_k(config: PreTrainedConfig, model: PreTrainedModel) -> int | None:
     value = _config_int(config, _TOP_K_ATTRS)
     if value is not None:
         return value
@@ -116,7 +121,7 @@ def _top_k(config: Any, model: Any) -> int | None:
     return None
 
 
-def _tied_pairs(model: Any) -> list[tuple[str, str]]:
+def _tied_pairs(model: PreTrainedModel) -> list[tuple[str, str]]:
     seen: dict[int, str] = {}
     pairs = []
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -127,7 +132,7 @@ def _tied_pairs(model: Any) -> list[tuple[str, str]]:
     return pairs
 
 
-def count_parameters(model: Any, resolved: ResolvedConfig, *, dtype: str | None = None,
+def count_parameters(model: PreTrainedModel, resolved: ResolvedConfig, *, dtype: str | None = None,
                      per_layer: bool = False) -> ParamsResult:
     """Break ``model``'s unique parameters into rows (see the module docstring).
 
@@ -181,8 +186,8 @@ def count_parameters(model: Any, resolved: ResolvedConfig, *, dtype: str | None 
 
 
 
-def _moe(tensors: Any, config: Any, model: Any, sums: dict[str, int], layers_of: dict[str, set[str]],
-         total: int) -> tuple[MoEInfo | None, dict[str | None, int]]:
+def _moe(tensors: Any, config: PreTrainedConfig, model: PreTrainedModel, sums: dict[str, int],
+         layers_of: dict[str, set[str]], total: int) -> tuple[MoEInfo | None, dict[str | None, int]]:
     """Routed experts: per layer, the top-k experts run; the rest are idle for this token. The MoE summary
     (None for a dense model) and the routed parameters active per layer."""
     routed_active_by_layer: dict[str | None, int] = {}
@@ -208,7 +213,7 @@ def _moe(tensors: Any, config: Any, model: Any, sums: dict[str, int], layers_of:
 
 def _category_rows(sums: dict[str, int], layers_of: dict[str, set[str]], moe: MoEInfo | None,
                    routed_active_by_layer: dict[str | None, int], total: int, mem: Any, family: Any,
-                   model: Any) -> list[Row]:
+                   model: PreTrainedModel) -> list[Row]:
     """One row per category, in :data:`CATEGORIES` order (empty ones left out, but the always-shown)."""
     rows = []
     for category in CATEGORIES:
@@ -232,7 +237,7 @@ def _category_rows(sums: dict[str, int], layers_of: dict[str, set[str]], moe: Mo
                         n_layers if category in BLOCK_CATEGORIES else None, active, mem(n)))
     return rows
 
-def _is_tied_head(model: Any) -> bool:
+def _is_tied_head(model: PreTrainedModel) -> bool:
     try:
         out = model.get_output_embeddings()
         inp = model.get_input_embeddings()
@@ -274,7 +279,7 @@ def _notes(resolved, family, total, non_embedding, excluded, tied, unrecognised,
     return notes
 
 
-def _input_weight_name(model: Any) -> str | None:
+def _input_weight_name(model: PreTrainedModel) -> str | None:
     inp = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     weight = getattr(inp, "weight", None)
     for name, p in model.named_parameters():

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.analyses.params.breakdown import Placement
 from anatomy_cli.analyses.params.breakdown import memory_bytes
 from anatomy_cli.models.bigmodel import compress_names
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.configuration_utils import PreTrainedConfig
 
-def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> Placement:
+
+def plan_placement(model: PreTrainedModel, max_memory: dict[int | str, int], dtype: str) -> Placement:
     """Where accelerate would put each block for ``max_memory`` at ``dtype``.
 
     Uses ``accelerate.utils.infer_auto_device_map`` with the model's
@@ -64,7 +68,7 @@ def plan_placement(model: Any, max_memory: dict[int | str, int], dtype: str) -> 
                      device_map={k: str(v) for k, v in device_map.items()}, devices=tuple(devices))
 
 
-def config_dtype(config: Any) -> str:
+def config_dtype(config: PreTrainedConfig) -> str:
     value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     name = str(value).replace("torch.", "") if value is not None else ""
     return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(name, "fp32")

@@ -30,8 +30,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
-from typing import Any
+from typing import TypeVar
 
 import typer
 
@@ -55,6 +56,12 @@ from anatomy_cli.tasks.session import placement_line  # noqa: F401  (the pipelin
 from anatomy_cli.tasks.session import prompt_line  # noqa: F401  (the pipeline lives in the task layer)
 from anatomy_cli.tasks.session import prompt_record  # noqa: F401  (the pipeline lives in the task layer)
 from anatomy_cli.tasks.session import warn_cost  # noqa: F401  (the pipeline lives in the task layer)
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import DrawnView
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 PromptArg = Annotated[str, typer.Argument(
     metavar="PROMPT", show_default=False,
@@ -86,7 +93,10 @@ BatchSizeOpt = Annotated[int, typer.Option(
     "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
 
 
-def draw_and_emit(command: str, view: Any, lm: Any, encoded: Sequence[Any], results: Sequence[Any],
+R = TypeVar("R")
+
+
+def draw_and_emit(command: str, view: DrawnView[R], lm: LoadedModel, encoded: Sequence[Encoded], results: Sequence[R],
                   plot: Path | None, fmt: Format | None, prompt: str) -> None:
     """``--plot``'s picture of each prompt (``view.figure``; one numbered file per prompt from stdin), then the
     reports (``view.report``) as :func:`emit_prompts` prints them."""
@@ -117,8 +127,8 @@ def _with_prompt_column(reports: Sequence[Report]) -> list[Section]:
     return merged
 
 
-def draw_each(command: str, plot: Path | None, prompt: str, figures: Iterable[tuple[tuple[Any, ...], dict[str, Any]]]
-              ) -> None:
+def draw_each(command: str, plot: Path | None, prompt: str | None,
+              figures: Iterable[FigureArgs]) -> None:
     """``--plot FILE``: one picture per prompt (``FILE-1.png``, ... for a stdin batch) from the view's
     ``figure(...) -> (args, kwargs)``; nothing without ``plot`` (the figures are not computed then)."""
     if not plot:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
-from typing import Any
 from typing import Optional
 
 import typer
@@ -19,6 +19,9 @@ from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import diff as task
 from anatomy_cli.text.options import PromptOptions
+
+if TYPE_CHECKING:
+    from anatomy_cli.output.render import Format
 
 ModelArg = Annotated[str, typer.Argument(metavar="A", show_default=False,
                                          help="The first model: .gguf file, directory, preset or Hugging Face id.")]
@@ -70,7 +73,8 @@ def diff_command(
     _activations(spec.replace(model=a), spec.replace(model=b), prompt, prompts, opts, plot, fmt)
 
 
-def _weights(a: str, b: str, trust_remote_code: bool, opts: Any, plot: Path | None, fmt: Any) -> None:
+def _weights(a: str, b: str, trust_remote_code: bool, opts: task.DiffOptions, plot: Path | None,
+             fmt: Format | None) -> None:
     from anatomy_cli.output import plots
     from anatomy_cli.output.views import diff as view
 
@@ -83,8 +87,8 @@ def _weights(a: str, b: str, trust_remote_code: bool, opts: Any, plot: Path | No
     emit_prompts([view.weights_report(result)], fmt, from_stdin=False)
 
 
-def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: PromptOptions, opts: Any,
-                 plot: Path | None, fmt: Any) -> None:
+def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: PromptOptions,
+                 opts: task.DiffOptions, plot: Path | None, fmt: Format | None) -> None:
     from anatomy_cli.output import plots
     from anatomy_cli.output.views import diff as view
     from anatomy_cli.text.inputs import read_prompts

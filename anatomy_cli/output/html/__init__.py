@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.html.markup import UNTRAINED  # noqa: F401  (the package's names)
@@ -30,6 +31,9 @@ from anatomy_cli.output.html.markup import esc
 from anatomy_cli.output.html.markup import script_json  # noqa: F401  (the package's names)
 from anatomy_cli.output.html.markup import token  # noqa: F401  (the package's names)
 from anatomy_cli.text.display import shorten
+
+if TYPE_CHECKING:
+    from anatomy_cli.output.plots.caption import Caption
 
 PROMPT_CHARS = 120  # a page's caption shows the prompt cut in the middle to this many characters
 
@@ -57,7 +61,7 @@ class Page:
         Path(path).write_text(self.render(), encoding="utf-8")
 
 
-def caption_page(cap: Any, notes: Sequence[str] = ()) -> Page:
+def caption_page(cap: Caption, notes: Sequence[str] = ()) -> Page:
     """A page for a :class:`anatomy_cli.output.plots.Caption`: the command, model, prompt and detail as
     the PNG's title says them; ``notes`` as a footer paragraph (added by the caller with :func:`notes`)."""
     lines = []

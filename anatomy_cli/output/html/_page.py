@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from functools import lru_cache
+from typing import TYPE_CHECKING
 from typing import Any
 
 import plotly.graph_objects as go
@@ -25,6 +26,9 @@ from anatomy_cli.output.html.markup import UNTRAINED
 from anatomy_cli.output.html.markup import Part
 from anatomy_cli.output.html.markup import esc
 from anatomy_cli.output.html.markup import script_json
+
+if TYPE_CHECKING:
+    from anatomy_cli.output.html import Page
 
 # No button that leaves the page: plotly.js 4 calls its upload button "sendChartToCloud" (shown by default, it
 # offers to upload the figure to Plotly Cloud), older versions "sendDataToCloud"; "Edit in Chart Studio" too
@@ -63,7 +67,7 @@ def plotly_js() -> str:
     return get_plotlyjs()
 
 
-def render(page: Any) -> str:
+def render(page: Page) -> str:
     """The whole HTML file of ``page`` (an :class:`anatomy_cli.output.html.Page`): plotly.js in the head, the
     heading, then every part in order."""
     head = f"<h1>{esc(page.title)}</h1>" + "".join(f'<p class="line">{esc(line)}</p>' for line in page.lines)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
@@ -17,8 +17,12 @@ from anatomy_cli.output.html._charts import diverging
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.ablate import Ablation
+    from anatomy_cli.output.plots.caption import Caption
 
-def figure(result: Any, n_heads: int, what: str, cap: Any) -> Page:
+
+def figure(result: Ablation, n_heads: int, what: str, cap: Caption) -> Page:
     """A page with an :class:`anatomy_cli.analyses.ablate.Ablation` drawn as the PNG: bars per layer, or a
     layer x head (x expert) grid (diverging, centred at 0); hover values are the effects (ablated − intact)."""
     rows = result.rows
@@ -30,6 +34,7 @@ def figure(result: Any, n_heads: int, what: str, cap: Any) -> Page:
     if kind is not None:
         grid: list[list[float | None]] = [[None] * n_heads for _ in layers]
         for r in rows:
+            assert r.index is not None  # a grid's rows: each a head or an expert
             grid[layers.index(r.layer)][r.index] = r.effect
         fig.add_trace(diverging(grid, y=layers, title=label))
         fig.update_xaxes(title_text=kind)

@@ -14,7 +14,7 @@ import base64
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -30,6 +30,10 @@ from anatomy_cli.output.html._page import heat_size
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
+
+if TYPE_CHECKING:
+    from anatomy_cli.output.html.markup import Part
+    from anatomy_cli.output.plots.caption import Caption
 
 MAX_SHOWN = 512        # positions per axis at most; longer prompts are shown in blocks
 MAX_CELLS = 6_000_000  # stored weights over all heads (2 bytes each, 2.7 as base64): ~16 MB
@@ -69,7 +73,7 @@ def _encode(matrix: np.ndarray, tri: bool) -> str:
     return base64.b64encode(q.tobytes()).decode("ascii")
 
 
-def figure(patterns: torch.Tensor, tokens: Sequence[str], cap: Any, *, causal: bool, layer: int = 0,
+def figure(patterns: torch.Tensor, tokens: Sequence[str], cap: Caption, *, causal: bool, layer: int = 0,
            head: int = 0, block: int | None = None) -> Page:
     """A page with every head's pattern: ``patterns`` float ``[n_layers, n_heads, n, n]`` (query x key),
     ``tokens`` the n display pieces; ``layer``/``head`` are shown first. ``block``: the patterns are

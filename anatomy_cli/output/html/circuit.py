@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 
 import plotly.graph_objects as go
@@ -28,6 +29,9 @@ from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
 from anatomy_cli.text.display import visible
+
+if TYPE_CHECKING:
+    from anatomy_cli.output.plots.caption import Caption
 
 MAX_LINKS = 3000  # plotly draws a few thousand segments in well under a second
 WIDTHS = (0.5, 1.2, 2.2, 3.5, 5.5)  # line widths of the |weight| quintiles of the strongest link
@@ -120,7 +124,7 @@ def link_traces(links: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[float
     return traces
 
 
-def figure(graph: Mapping[str, Any], cap: Any) -> Page:
+def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
     """The page for one graph JSON (``--json``'s dict) under ``cap`` (a :class:`anatomy_cli.output.plots.Caption`)."""
     tokens = [str(t) for t in graph["metadata"]["prompt_tokens"]]
     nodes = list(graph["nodes"])

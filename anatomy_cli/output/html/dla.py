@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -21,8 +21,13 @@ from anatomy_cli.output.html._page import TOOLBAR_PX
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.dla import Attribution
+    from anatomy_cli.output.html.markup import Part
+    from anatomy_cli.output.plots.caption import Caption
 
-def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Any) -> Page:
+
+def figure(result: Attribution, n_layers: int, n_heads: int, what: str, cap: Caption) -> Page:
     """A page with an :class:`anatomy_cli.analyses.dla.Attribution` (``what``: e.g. ``logit(·Berlin)``) drawn as
     the PNG: rows without a layer as grey bars, attention and MLP per layer, heads as a layer x head grid."""
     page = caption_page(cap)
@@ -31,7 +36,7 @@ def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Any) -> Pag
     return page
 
 
-def part(result: Any, n_layers: int, n_heads: int, what: str, *, div_id: str | None = None) -> Any:
+def part(result: Attribution, n_layers: int, n_heads: int, what: str, *, div_id: str | None = None) -> Part:
     """The bars (and head grid) alone (for ``anatomy report``)."""
     rows = result.rows
     by_name = statistics.by_component(rows)
@@ -52,6 +57,7 @@ def part(result: Any, n_layers: int, n_heads: int, what: str, *, div_id: str | N
     if heads:
         grid: list[list[float | None]] = [[None] * n_heads for _ in layers]
         for r in heads:
+            assert r.layer is not None and r.head is not None  # heads: the rows with a head
             grid[r.layer][r.head] = r.contribution
         fig.add_trace(diverging(grid, title=f"head → {what} (logits)"), row=1, col=3)
         fig.update_xaxes(title_text="head", row=1, col=3)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -14,8 +14,12 @@ from anatomy_cli.output.html._charts import clean
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.drift import DriftResult
+    from anatomy_cli.output.plots.caption import Caption
 
-def figure(result: Any, cap: Any) -> Page:
+
+def figure(result: DriftResult, cap: Caption) -> Page:
     """A page with a :class:`anatomy_cli.analyses.drift.DriftResult` drawn as the PNG: one line per pair, the
     mean of the pairs, the baseline inside its range over contexts, and with ``--matrix`` the pairwise grid."""
     layers = [str(label) for label in result.labels]

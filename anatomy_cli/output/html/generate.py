@@ -4,7 +4,7 @@ exact numbers (and for the sweep, each coefficient's continuation)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -20,16 +20,24 @@ from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.generate import Continuation
+    from anatomy_cli.analyses.generate import Sweep
+    from anatomy_cli.output.html.markup import Part
+    from anatomy_cli.output.plots.caption import Caption
+
 KL_COLOUR, SHIFT_COLOUR = "#4c72b0", "#dd8452"
 LENS_NOTE = ("each cell: the probability of the token chosen at that step under the logit lens "
              "softmax(unembed(final_norm(h))) of that block's output; the last block's is the model's own")
 
 
-def figure(result: Any, cap: Any) -> Page:
+def figure(result: Continuation | Sweep, cap: Caption) -> Page:
     """A page with a :class:`~anatomy_cli.analyses.generate.Sweep` or a ``--lens``
     :class:`~anatomy_cli.analyses.generate.Continuation` drawn as the PNG."""
+    from anatomy_cli.analyses.generate import Sweep
+
     page = caption_page(cap)
-    if hasattr(result, "rows"):
+    if isinstance(result, Sweep):
         page.add(_sweep(result))
         page.add(notes(["both at the first generated position: the next-token distribution right after the "
                         "prompt; hover a point for its continuation"]))
@@ -39,7 +47,7 @@ def figure(result: Any, cap: Any) -> Page:
     return page
 
 
-def _sweep(sweep: Any) -> Any:
+def _sweep(sweep: Sweep) -> Part:
     coefs, kls, shifts = sweep.points()
     by_coef = {r.coef: r for r in sweep.rows}
     texts = [esc(by_coef[c].text[:80]).replace("\n", "↵") for c in coefs]
@@ -63,7 +71,7 @@ def _sweep(sweep: Any) -> Any:
     return plot(fig)
 
 
-def _lens(c: Any) -> Any:
+def _lens(c: Continuation) -> Part:
     z = c.lens_grid()
     n_rows, n_cols = len(z), len(c.steps)
     labels = [token(st.chosen.token, 12) for st in c.steps]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
@@ -17,11 +17,16 @@ from anatomy_cli.output.html._page import heat_size
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.heads import Heads
+    from anatomy_cli.output.html.markup import Part
+    from anatomy_cli.output.plots.caption import Caption
+
 SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
 _LABELS = {key: s.label for key, s in statistics.HEADS.items()}
 
 
-def figure(result: Any, n_layers: int, n_heads: int, cap: Any, top: int | None = None) -> Page:
+def figure(result: Heads, n_layers: int, n_heads: int, cap: Caption, top: int | None = None) -> Page:
     """A page with an :class:`anatomy_cli.analyses.heads.Heads`: one layer x head heatmap per score (layer 0
     at the bottom), the buttons above it switching between scores; ``result.sort`` (or entropy) first.
     Every head is coloured (``top``, the PNG's marker of the best N, is accepted and not drawn: hover gives
@@ -39,7 +44,7 @@ def figure(result: Any, n_layers: int, n_heads: int, cap: Any, top: int | None =
     return page
 
 
-def part(result: Any, n_layers: int, n_heads: int, *, div_id: str | None = None) -> Any:
+def part(result: Heads, n_layers: int, n_heads: int, *, div_id: str | None = None) -> Part:
     """The heatmaps and their score buttons (for ``anatomy report``)."""
     first = result.sort or "entropy"
     order = [first] + [s for s in SCORES if s != first]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 
 import plotly.graph_objects as go
@@ -24,11 +25,16 @@ from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.lens import LensGrid
+    from anatomy_cli.output.html.markup import Part
+    from anatomy_cli.output.plots.caption import Caption
+
 TOP = 5  # tokens listed per cell in the hover text
 CELL_TEXT_COLUMNS = 40  # beyond this many positions the cells are too narrow to name their token
 
 
-def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Any) -> Page:
+def figure(grid: LensGrid, stat: str, tokens: Sequence[str], cap: Caption) -> Page:
     """A page with a :class:`anatomy_cli.analyses.lens.LensGrid` drawn as in the PNG: ``grid.stat(stat)``
     as colour, the embed row at the bottom, columns labelled with ``tokens`` (the input pieces at
     ``grid.positions``), each cell naming its top token; the hover text gives the exact numbers."""
@@ -42,7 +48,7 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Any) -> Page:
     return page
 
 
-def part(grid: Any, stat: str, tokens: Sequence[str], *, div_id: str | None = None) -> Any:
+def part(grid: LensGrid, stat: str, tokens: Sequence[str], *, div_id: str | None = None) -> Part:
     """The lens heatmap alone (for ``anatomy report``)."""
     values = grid.stat(stat).tolist()
     probs = grid.top_logprobs.exp().tolist()
@@ -86,7 +92,7 @@ def _number(value: float, stat: str) -> str:
     return f"{value:.4f}"
 
 
-def _hover(grid: Any, stat: str, tokens: Sequence[str], r: int, c: int, value: float, probs: list[float]) -> str:
+def _hover(grid: LensGrid, stat: str, tokens: Sequence[str], r: int, c: int, value: float, probs: list[float]) -> str:
     position = grid.positions[c]
     lines = [f"position {position}: {token(tokens[c], 24)}", f"layer {grid.layers[r]}",
              f"{stat}: {_number(value, stat)}", f"top {min(TOP, len(probs))}:"]

@@ -12,7 +12,7 @@ from typing import Any
 UNTRAINED = "untrained (random weights)"
 
 
-def esc(text: Any) -> str:
+def esc(text: object) -> str:
     """``text`` as HTML text (``<`` ``>`` ``&`` escaped): safe in the page and in plotly labels and hover text.
     Quotes stay as they are (plotly shows ``&quot;`` literally); never put the result in an attribute."""
     return html.escape(str(text), quote=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -14,6 +14,11 @@ from anatomy_cli.output.html import notes
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.params.breakdown import ParamsResult
+    from anatomy_cli.output.html.markup import Part
+    from anatomy_cli.output.plots.caption import Caption
+
 _COLOURS = {"token_embedding": "#4c72b0", "position_embedding": "#64b5cd", "attention": "#dd8452",
             "ffn": "#55a868", "router": "#8172b3", "routed_experts": "#55a868", "shared_experts": "#937860",
             "norm_other": "#8c8c8c"}
@@ -21,7 +26,7 @@ _LABELS = {"attention": "attention", "ffn": "FFN", "router": "router", "routed_e
            "shared_experts": "shared experts", "norm_other": "norms + other"}
 
 
-def figure(result: Any, cap: Any) -> Page:
+def figure(result: ParamsResult, cap: Caption) -> Page:
     """A page with a :class:`anatomy_cli.analyses.params.ParamsResult` drawn as the PNG: one bar per row (count
     and share in the hover text), active parameters for MoE models, and per block with ``--per-layer``."""
     page = caption_page(cap)
@@ -30,7 +35,7 @@ def figure(result: Any, cap: Any) -> Page:
     return page
 
 
-def part(result: Any, *, div_id: str | None = None) -> Any:
+def part(result: ParamsResult, *, div_id: str | None = None) -> Part:
     """The bars alone (for ``anatomy report``)."""
     rows = list(result.rows)
     per_layer = result.layers is not None
@@ -48,7 +53,7 @@ def part(result: Any, *, div_id: str | None = None) -> Any:
                              hovertemplate="%{y}<br>active %{x:,}<extra></extra>"), row=1, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=1)
     if per_layer:
-        blocks = list(result.layers)
+        blocks = list(result.layers or ())
         for c in [c for c in _LABELS if any(b.parameters.get(c, 0) for b in blocks)]:
             fig.add_trace(go.Bar(y=[b.index for b in blocks], x=[b.parameters.get(c, 0) for b in blocks],
                                  orientation="h", name=_LABELS[c], marker_color=_COLOURS[c],

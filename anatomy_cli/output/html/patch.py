@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
@@ -17,8 +17,12 @@ from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.patch import Patching
+    from anatomy_cli.output.plots.caption import Caption
 
-def figure(result: Any, clean: Sequence[str], corrupt: Sequence[str], what: str, cap: Any) -> Page:
+
+def figure(result: Patching, clean: Sequence[str], corrupt: Sequence[str], what: str, cap: Caption) -> Page:
     """A page with a :class:`anatomy_cli.analyses.patch.Patching` drawn as the PNG: the normalized value of
     each cell (0 = corrupt run, 1 = clean run), layer 0 at the bottom; hover gives the value and tokens."""
     per_head = result.site == "head"

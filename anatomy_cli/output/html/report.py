@@ -9,7 +9,7 @@ explanation. The figures are the ``part`` functions of the ``--plot FILE.html`` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
@@ -28,6 +28,11 @@ from anatomy_cli.output.html._page import heat_size
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.report import Anatomy
 
 EMBED_DIMS = 64  # dimensions of the embedding drawn (the hover gives each vector's norm over all of them)
 
@@ -66,7 +71,7 @@ EXPLAIN = {
 }
 
 
-def page(an: Any, sections: Sequence[str], *, title: str, facts: Sequence[tuple[str, str]],
+def page(an: Anatomy, sections: Sequence[str], *, title: str, facts: Sequence[tuple[str, str]],
          params_note: str | None = None) -> Page:
     """The report page for an :class:`anatomy_cli.tasks.report.Anatomy`: ``facts`` (label, value) pairs and
     the parameter table in the header, then ``sections`` in the article's order."""
@@ -89,12 +94,12 @@ def page(an: Any, sections: Sequence[str], *, title: str, facts: Sequence[tuple[
     return result
 
 
-def _tokens(an: Any, pieces: Sequence[str]) -> Part:
+def _tokens(an: Anatomy, pieces: Sequence[str]) -> Part:
     chips = "".join(f'<span class="tok">{token(p)}<sub>{i}</sub></span>' for p, i in zip(pieces, an.enc.ids))
     return Part(f"<p>{chips}</p><p class=\"note\">{len(pieces)} tokens; the small number is the token id</p>")
 
 
-def _embedding(an: Any, pieces: Sequence[str]) -> Part | None:
+def _embedding(an: Anatomy, pieces: Sequence[str]) -> Part | None:
     if an.embedding is None:
         return None
     emb = an.embedding
@@ -115,39 +120,39 @@ def _embedding(an: Any, pieces: Sequence[str]) -> Part | None:
     return plot(fig)
 
 
-def _residual(an: Any, pieces: Sequence[str]) -> Part | None:
+def _residual(an: Anatomy, pieces: Sequence[str]) -> Part | None:
     if an.trace is None:
         return None
     return trace_html.part(an.trace)
 
 
-def _lens(an: Any, pieces: Sequence[str]) -> Part | None:
+def _lens(an: Anatomy, pieces: Sequence[str]) -> Part | None:
     if an.lens is None:
         return None
     return lens_html.part(an.lens, "prob", [pieces[p] for p in an.lens.positions])
 
 
-def _attention(an: Any, pieces: Sequence[str]) -> Part | None:
+def _attention(an: Anatomy, pieces: Sequence[str]) -> Part | None:
     if an.patterns is None:
         return None
     return attn_html.part(an.patterns, pieces, causal=an.lm.is_causal, block=an.block)
 
 
-def _heads(an: Any, pieces: Sequence[str]) -> Part | None:
+def _heads(an: Anatomy, pieces: Sequence[str]) -> Part | None:
     if an.heads is None:
         return None
     return heads_html.part(an.heads, an.lm.n_layers, an.lm.n_heads)
 
 
-def _dla(an: Any, pieces: Sequence[str]) -> Part | None:
-    if an.dla is None:
+def _dla(an: Anatomy, pieces: Sequence[str]) -> Part | None:
+    if an.dla is None or an.dla_what is None:  # set together
         return None
     body = dla_html.part(an.dla, an.lm.n_layers, an.lm.n_heads, an.dla_what)
     return Part(body.html + notes([f"{an.dla_what} at the last position: rows add up to {an.dla.total:.4f}, "
                                    f"the model's own logit is {an.dla.logit:.4f}"]).html)
 
 
-def _next(an: Any, pieces: Sequence[str]) -> Part | None:
+def _next(an: Anatomy, pieces: Sequence[str]) -> Part | None:
     if an.next is None:
         return None
     top = list(an.next.top)
@@ -168,7 +173,7 @@ _SECTIONS = {"tokens": _tokens, "embedding": _embedding, "residual": _residual, 
              "attention": _attention, "heads": _heads, "dla": _dla, "next": _next}
 
 
-def facts(lm: Any, enc: Any) -> list[tuple[str, str]]:
+def facts(lm: LoadedModel, enc: Encoded) -> list[tuple[str, str]]:
     """The page header's (label, value) pairs: model, architecture, shape, dtype, quantization, BOS, prompt."""
     from anatomy_cli.tasks.records import dtype_name
     from anatomy_cli.tasks.session import model_label

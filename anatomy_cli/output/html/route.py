@@ -4,6 +4,7 @@ experts with their weights, the router's entropy and margin."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 
 import plotly.graph_objects as go
@@ -18,6 +19,10 @@ from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
 from anatomy_cli.output.statistics import EXPERT_COLOURS as COLOURS
 
+if TYPE_CHECKING:
+    from anatomy_cli.output.plots.caption import Caption
+    from anatomy_cli.tasks.route import RouteResult
+
 PALETTE = len(COLOURS)
 
 
@@ -29,7 +34,7 @@ def stepped_scale() -> list[list[Any]]:
     return [[(i + edge) / PALETTE, COLOURS[i]] for i in range(PALETTE) for edge in (0, 1)]
 
 
-def figure(result: Any, tokens: Sequence[str], cap: Any) -> Page:
+def figure(result: RouteResult, tokens: Sequence[str], cap: Caption) -> Page:
     page = caption_page(cap)
     blocks, ids = result.top_experts()
     hover: dict[tuple[int, int], str] = {}

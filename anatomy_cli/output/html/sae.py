@@ -3,7 +3,7 @@ activation and the token."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
@@ -19,8 +19,12 @@ from anatomy_cli.output.html._page import ticks
 from anatomy_cli.output.sae_scale import ColourScale
 from anatomy_cli.output.sae_scale import colour_scale
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.sae import Reading
+    from anatomy_cli.output.plots.caption import Caption
 
-def figure(reading: Any, cap: Any) -> Page:
+
+def figure(reading: Reading, cap: Caption) -> Page:
     """A page with :class:`anatomy_cli.analyses.sae.Reading`'s heatmap: one row per token (the first at the
     top), one column per feature of ``reading.matrix()``, colour = activation."""
     ids, rows = reading.matrix()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -19,8 +19,13 @@ from anatomy_cli.output.html._page import TOOLBAR_PX
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.trace import Trace
+    from anatomy_cli.output.html.markup import Part
+    from anatomy_cli.output.plots.caption import Caption
 
-def figure(result: Any, cap: Any) -> Page:
+
+def figure(result: Trace, cap: Caption) -> Page:
     """A page with a :class:`anatomy_cli.analyses.trace.Trace` drawn as the PNG: cosines (top) and norms
     (bottom) per row (``embed``, then blocks 0..L−1); hovering a row shows its logit-lens top token and probability."""
     page = caption_page(cap)
@@ -45,7 +50,7 @@ def label_margins(labels: list[str]) -> tuple[int, int]:
     return int(TOOLBAR_PX + TITLE_PX + rise + 12), int(max(30.0, run + 12))
 
 
-def part(result: Any, *, div_id: str | None = None) -> Any:
+def part(result: Trace, *, div_id: str | None = None) -> Part:
     """The two panels alone (for ``anatomy report``)."""
     rows = result.layers
     layers = [str(r.layer) for r in rows]  # embed, then block numbers: a category axis

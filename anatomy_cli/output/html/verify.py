@@ -3,6 +3,7 @@ axis, green pass, red FAIL, grey skip; the rows again as a table under each sect
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 import plotly.graph_objects as go
@@ -21,10 +22,14 @@ from anatomy_cli.output.verify_rows import drawn
 from anatomy_cli.output.verify_rows import floor
 from anatomy_cli.output.verify_rows import points
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.verify.checks import Verification
+    from anatomy_cli.output.plots.caption import Caption
+
 TALL_PX = 600  # a section's figure taller than this gets its x axis on top too
 
 
-def figure(result: Any, cap: Any) -> Page:
+def figure(result: Verification, cap: Caption) -> Page:
     """A page with a :class:`anatomy_cli.analyses.verify.checks.Verification`: one figure and one table per
     section. A 0 is drawn a decade below the smallest positive number (the hover says 0)."""
     page = caption_page(cap)

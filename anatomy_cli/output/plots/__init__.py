@@ -23,14 +23,29 @@ import importlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import overload
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output import sink
 from anatomy_cli.output.plots.caption import Caption  # noqa: F401  (the package's name)
 
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from anatomy_cli.output.html import Page
+
 SUFFIXES = (".png", ".svg", ".pdf", ".html")
+
+
+@overload
+def check_path(path: None, option: str = ...) -> None: ...
+@overload
+def check_path(path: Path | str, option: str = ...) -> Path: ...
+@overload
+def check_path(path: Path | str | None, option: str = ...) -> Path | None: ...
 
 
 def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:
@@ -79,7 +94,7 @@ def is_html(path: Path | str | None) -> bool:
     return path is not None and Path(path).suffix.lower() == ".html"
 
 
-def module(command: str, path: Path) -> Any:
+def module(command: str, path: Path) -> ModuleType:
     """The picture module of ``command`` for ``path``'s format: ``anatomy_cli.output.html.<command>`` for
     ``.html``, else ``anatomy_cli.output.plots.<command>``."""
     return importlib.import_module(f"anatomy_cli.output.{'html' if is_html(path) else 'plots'}.{command}")
@@ -113,7 +128,7 @@ def save(fig: Any, path: Path, index: int | None = None) -> Path:
     return target
 
 
-def _page(fig: Any) -> Any:
+def _page(fig: Any) -> Page:
     """A Page as it is; a matplotlib Figure (a command without an HTML module) as a page around its PNG."""
     from anatomy_cli.output import html
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import matplotlib
@@ -27,12 +28,17 @@ matplotlib.use("Agg")  # files only; never a window
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from anatomy_cli.output.plots._text import drawable
 from anatomy_cli.output.plots._text import fonts
 from anatomy_cli.output.plots._text import shorten
 from anatomy_cli.output.plots._text import token_label
 from anatomy_cli.output.plots.caption import Caption
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
 
 DPI = 100
 CELL_CHARS = 6  # a heatmap cell shows at least this many characters of its token before "…"
@@ -89,7 +95,9 @@ def caption(fig: Figure, cap: Caption, notes: Sequence[str] = ()) -> None:
     if not n_lines:
         return
     bottom = (n_lines * line + 4) / height
-    fig.get_layout_engine().set(rect=(0, bottom, 1, 1 - bottom))  # (left, bottom, width, height)
+    engine = fig.get_layout_engine()
+    assert isinstance(engine, ConstrainedLayoutEngine)  # new_figure's
+    engine.set(rect=(0, bottom, 1, 1 - bottom))  # (left, bottom, width, height)
     y = 3 / height
     if cap.untrained:
         fig.text(FOOTER_X, y, UNTRAINED, ha="left", va="bottom", color="#c00000", fontsize=9, fontweight="bold")
@@ -104,7 +112,9 @@ def _wrap(fig: Figure, text: str, size: float) -> list[str]:
     word wider than the figure stays whole): a long footer note wraps instead of running off the right edge."""
     from matplotlib.font_manager import FontProperties
 
-    renderer = fig.canvas.get_renderer()
+    canvas = fig.canvas
+    assert isinstance(canvas, FigureCanvasAgg)  # new_figure's
+    renderer = canvas.get_renderer()
     font = FontProperties(size=size)
     room = fig.get_figwidth() * fig.dpi * (1 - 2 * FOOTER_X)
 
@@ -140,7 +150,7 @@ def thin(n: int, pitch_pt: float, need_pt: float = 11.0, keep_last: bool = True)
     return keep
 
 
-def set_ticks(axis: Any, labels: Sequence[str], pitch_pt: float, *, need_pt: float = 11.0,
+def set_ticks(axis: Axis, labels: Sequence[str], pitch_pt: float, *, need_pt: float = 11.0,
               rotation: float = 0, keep_last: bool = True, positions: Sequence[float] | None = None) -> None:
     """Put ``labels`` on ``axis`` (ax.xaxis / ax.yaxis) at 0..n-1 (or ``positions``), thinned to fit."""
     pos = list(range(len(labels))) if positions is None else list(positions)
@@ -168,7 +178,7 @@ def as_array(rows: Sequence[Sequence[float | None]]) -> np.ndarray:
 
 
 def heatmap(fig: Figure, ax: Any, values: np.ndarray, *, cell: tuple[float, float], xlabels: Sequence[str],
-            ylabels: Sequence[str], cmap: str, vmin: float, vmax: float, colorbar: str | None,
+            ylabels: Sequence[str], cmap: str, vmin: float | None, vmax: float | None, colorbar: str | None,
             cells: Sequence[Sequence[str | None]] | None = None, xlabel: str = "", ylabel: str = "",
             x_rotation: float = 90, origin: str = "lower", norm: Any = None) -> list[str]:
     """Draw ``values`` (``origin`` "lower": row 0 at the bottom, as layers; "upper": at the top, as queries)
@@ -232,7 +242,7 @@ def write(fig: Figure, path: Path) -> None:
 ATTN_COLOUR, MLP_COLOUR, OTHER_COLOUR = "#dd8452", "#4c72b0", "#8c8c8c"
 
 
-def grouped_bars(ax: Any, x: Sequence[float], series: Sequence[tuple[str, Sequence[float | None], str]],
+def grouped_bars(ax: Axes, x: Sequence[float], series: Sequence[tuple[str, Sequence[float | None], str]],
                  width: float = 0.8) -> None:
     """Side-by-side vertical bars at each ``x``: one ``(label, values, colour)`` per series (None: no bar),
     a line at 0, a grid. Bar heights are the values as given."""

@@ -27,7 +27,7 @@ def fonts() -> tuple[tuple[str, ...], frozenset[int]]:
     from matplotlib.ft2font import FT2Font
 
     families = [BASE_FONT]
-    files = [font_manager.findfont(BASE_FONT, fallback_to_default=True)]
+    files: list[str] = [font_manager.findfont(BASE_FONT, fallback_to_default=True)]
     for entry in sorted(font_manager.fontManager.ttflist, key=lambda f: (f.name, f.fname)):
         if _CJK_FONTS.search(entry.name) and entry.name not in families:
             families.append(entry.name)
@@ -68,6 +68,8 @@ def token_label(piece: str | None, limit: int = TOKEN_CHARS) -> str:
     if len(text) <= limit:
         return text
     cut = text[:limit - 1]
-    return cut[:_PARTIAL_ESCAPE.search(cut).start()] + "…"  # never half an escape
+    partial = _PARTIAL_ESCAPE.search(cut)
+    assert partial is not None  # the pattern matches the empty string at the end
+    return cut[:partial.start()] + "…"  # never half an escape
 
 

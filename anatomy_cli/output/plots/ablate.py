@@ -3,7 +3,7 @@ expert) as a grid."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import ATTN_COLOUR
@@ -16,8 +16,13 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
 from anatomy_cli.output.plots._base import symmetric_limit
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def figure(result: Any, n_heads: int, what: str, cap: Caption) -> Any:
+    from anatomy_cli.analyses.ablate import Ablation
+
+
+def figure(result: Ablation, n_heads: int, what: str, cap: Caption) -> Figure:
     """Draw an :class:`anatomy_cli.analyses.ablate.Ablation` (``what``: the metric, e.g. ``log p(·much)``).
 
     Rows with component ``attn``/``mlp``: the ``effect`` per layer as side-by-side bars (negative: the
@@ -41,6 +46,7 @@ def figure(result: Any, n_heads: int, what: str, cap: Caption) -> Any:
     if kind is not None:
         grid = [[float("nan")] * n_heads for _ in layers]
         for r in rows:
+            assert r.index is not None  # a grid's rows: each a head or an expert
             grid[layers.index(r.layer)][r.index] = r.effect
         values = as_array(grid)
         limit = symmetric_limit(values)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
@@ -13,10 +13,15 @@ from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import token_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.attention import Attention
+
 CMAP = "Blues"
 
 
-def figure(result: Any, cap: Caption, *, one_head: bool) -> Any:
+def figure(result: Attention, cap: Caption, *, one_head: bool) -> Figure:
     """Draw an :class:`anatomy_cli.analyses.attention.Attention`.
 
     ``one_head``: ``result.grid[0, 0]`` as a query (rows, first at the top) x key (columns) heatmap
@@ -30,14 +35,14 @@ def figure(result: Any, cap: Caption, *, one_head: bool) -> Any:
     return _heads(result, tokens, cap)
 
 
-def _visible(result: Any, values: list[list[float]], queries: list[int]) -> list[list[float]]:
+def _visible(result: Attention, values: list[list[float]], queries: list[int]) -> list[list[float]]:
     """Blank (NaN) the keys after the query for a causal model: their weight is 0 by construction."""
     if not result.causal:
         return values
     return [[v if k <= q else math.nan for k, v in enumerate(row)] for row, q in zip(values, queries)]
 
 
-def _one_head(result: Any, tokens: list[str], cap: Caption) -> Any:
+def _one_head(result: Attention, tokens: list[str], cap: Caption) -> Figure:
     queries = list(result.queries)
     values = as_array(_visible(result, result.grid[0, 0].tolist(), queries))
     width, height, cw, ch = grid_size(len(queries), len(tokens), extra_h=3.0)
@@ -50,7 +55,7 @@ def _one_head(result: Any, tokens: list[str], cap: Caption) -> Any:
     return fig
 
 
-def _heads(result: Any, tokens: list[str], cap: Caption) -> Any:
+def _heads(result: Attention, tokens: list[str], cap: Caption) -> Figure:
     n_layers, n_heads = len(result.layers), len(result.heads)
     q = result.queries[0]
     n = len(tokens)

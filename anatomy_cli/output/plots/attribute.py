@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -15,12 +16,17 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import symmetric_limit
 from anatomy_cli.output.plots._text import token_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.attribute import TokenAttribution
+
 WIDTH = 10.0       # inches
 LINE = 0.42        # inches per line of tokens
 MARGIN = 0.02      # axes fraction left and right
 
 
-def figure(result: Any, what: str, cap: Caption) -> Any:
+def figure(result: TokenAttribution, what: str, cap: Caption) -> Figure:
     """Draw an :class:`anatomy_cli.analyses.attribute.TokenAttribution` (``what``: the metric, e.g.
     ``log p(·much)``, named in the title). Tokens flow left to right and wrap; the background of each is
     its attribution on a diverging scale centred at 0 (red: raised the metric, blue: lowered it); a

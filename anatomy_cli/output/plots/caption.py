@@ -4,7 +4,10 @@ module of its own so that the drawing modules and the package need not import ea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,6 @@ class Caption:
     untrained: bool = False
 
     @classmethod
-    def of(cls, command: str, lm: Any, prompt: str | None = None, detail: str | None = None) -> Caption:
+    def of(cls, command: str, lm: LoadedModel, prompt: str | None = None, detail: str | None = None) -> Caption:
         """The caption for a loaded model: its short name (``lm.label``, else ``lm.name``), ``lm.untrained``."""
         return cls(command, getattr(lm, "label", None) or lm.name, prompt, detail, bool(lm.untrained))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,12 @@ from anatomy_cli.output.plots._base import caption
 from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.corpus.summary import CorpusStats
+
 # Each head grid: (its key in the corpus rows, the statistic it is)
 HEAD_SCORES = (("entropy_nats", statistics.HEADS["entropy"]), ("first_token", statistics.HEADS["first_token"]),
                ("prev_token", statistics.HEADS["prev_token"]))
@@ -29,7 +36,7 @@ LENS_NAMES = {"logit": "logit lens", "tuned": "tuned lens", "jacobian": "Jacobia
 LN2 = math.log(2.0)
 
 
-def figure(stats: Any, cap: Caption) -> Any:
+def figure(stats: CorpusStats, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.corpus.summary.CorpusStats`.
 
     Top row, against the residual row (``embed``, then block N's output N; the last the model's output;
@@ -109,7 +116,7 @@ def _expert_height(experts: Any) -> float:
     return n_blocks * ch + 1.5
 
 
-def expert_load(fig: Any, ax: Any, experts: Any, blocks: Any = ()) -> list[str]:
+def expert_load(fig: Figure, ax: Axes, experts: Any, blocks: Any = ()) -> list[str]:
     """MoE block (rows, the first at the bottom; a dense block has no row) x expert, each cell the share of the
     block's token slots (tokens x k) routed to that expert: the ``load`` of ``corpus --experts``' rows; named in
     the cells when they are wide enough. Returns footer notes."""
@@ -129,7 +136,9 @@ def expert_load(fig: Any, ax: Any, experts: Any, blocks: Any = ()) -> list[str]:
                     ylabel="MoE block", x_rotation=0)
     from matplotlib.ticker import PercentFormatter
 
-    ax.images[0].colorbar.ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    colorbar = ax.images[0].colorbar
+    assert colorbar is not None  # heatmap(colorbar=...) drew one
+    colorbar.ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     top_k = {b["block"]: b["top_k"] for b in blocks}
     ks = sorted(set(top_k.values()))
     ax.set_title("expert load: the share of each MoE block's token slots (tokens × k) routed to each expert")
@@ -139,7 +148,7 @@ def expert_load(fig: Any, ax: Any, experts: Any, blocks: Any = ()) -> list[str]:
                     f"{idle} (block, expert) pair(s) never chosen, at 0"]
 
 
-def lens_curves(stats: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+def lens_curves(stats: CorpusStats) -> list[tuple[str, list[dict[str, Any]]]]:
     """What the KL and cross-entropy panels draw: per lens (``stats.lenses``, in ``--lens`` order) its legend
     label and rows ``{layer, kl_nats, kl_nats_se, ce_bits, ce_bits_se}`` (CE in bits per token: the per-lens
     table's ``ce_nats`` / ln 2; None where the lens does not read a row). Only the logit lens (or none): the
@@ -163,7 +172,7 @@ def lens_curves(stats: Any) -> list[tuple[str, list[dict[str, Any]]]]:
     return out
 
 
-def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | None = None, log: bool = False,
+def _curve(ax: Axes, rows: Any, key: str, label: str, colour: str, skip: int | None = None, log: bool = False,
            name: str | None = None, style: tuple[str, str] = ("o", "-")) -> None:
     """``key``'s mean against layer with its ± 1 SE as a band and as error bars (``skip``: a layer not drawn).
     ``log``: a log y axis, the band's lower edge kept above a tenth of the mean (a log axis has no 0). ``name``:
@@ -188,7 +197,7 @@ def _curve(ax: Any, rows: Any, key: str, label: str, colour: str, skip: int | No
         ax.set_yscale("log")
 
 
-def _row_ticks(ax: Any, rows: Any) -> None:
+def _row_ticks(ax: Axes, rows: Any) -> None:
     """The x axis at the residual rows' positions 0..L, named ``embed``, 0, …, L−1 (at most ~13 ticks)."""
     step = max(1, math.ceil(len(rows) / 13))
     blocks = rows[1:][::-1][::step][::-1]  # every step-th block, the last one always named
@@ -198,7 +207,7 @@ def _row_ticks(ax: Any, rows: Any) -> None:
     ax.set_xticks([residual_row(r["layer"]) for r in shown], [str(r["layer"]) for r in shown])
 
 
-def _head_grids(fig: Any, axes: Any, heads: Any) -> None:
+def _head_grids(fig: Figure, axes: Any, heads: Any) -> None:
     n_layers = max(r["layer"] for r in heads) + 1
     n_heads = max(r["head"] for r in heads) + 1
     for ax, (key, score) in zip(axes, HEAD_SCORES):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import MaxNLocator
@@ -17,11 +17,17 @@ from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.diff.activations import ActivationDiff
+    from anatomy_cli.analyses.diff.weights import WeightsDiff
+
 _LABELS = {"attention": "attention", "ffn": "FFN", "router": "router", "routed_experts": "routed experts",
            "shared_experts": "shared experts", "norm_other": "norms + other"}
 
 
-def weights_figure(result: Any, cap: Caption) -> Any:
+def weights_figure(result: WeightsDiff, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.diff.WeightsDiff`.
 
     Left: ``rel_change`` of each block's components (rows = layers, block 0 at the bottom; columns = the
@@ -33,7 +39,7 @@ def weights_figure(result: Any, cap: Caption) -> Any:
     blocks = [r for r in result.rows if r.layer is not None]
     present = [c for c in _LABELS if any(r.component == c for r in blocks)]
     present += sorted({r.component for r in blocks} - set(present))
-    layers = sorted({r.layer for r in blocks})
+    layers = sorted({r.layer for r in blocks if r.layer is not None})
     cell = {(r.layer, r.component): r.rel_change for r in blocks}
     components = [c for c in present if any(cell.get((layer, c)) for layer in layers)] or present
     unchanged = [_LABELS.get(c, c) for c in present if c not in components]
@@ -70,7 +76,7 @@ def weights_figure(result: Any, cap: Caption) -> Any:
     return fig
 
 
-def activations_figure(result: Any, cap: Caption) -> Any:
+def activations_figure(result: ActivationDiff, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.diff.ActivationDiff`: three panels over the residual rows
     (``embed``, then block N's output N; docs/engine.md#layers).
 

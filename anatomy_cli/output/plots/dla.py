@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
@@ -17,8 +17,13 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
 from anatomy_cli.output.plots._base import symmetric_limit
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Caption) -> Any:
+    from anatomy_cli.analyses.dla import Attribution
+
+
+def figure(result: Attribution, n_layers: int, n_heads: int, what: str, cap: Caption) -> Figure:
     """Draw an :class:`anatomy_cli.analyses.dla.Attribution` (``what``: e.g. ``logit(·Berlin)``).
 
     Left panel: the rows without a layer (``embed``, ``pos_embed``, ``bias``) as grey bars. Right panel:
@@ -62,6 +67,7 @@ def figure(result: Any, n_layers: int, n_heads: int, what: str, cap: Caption) ->
     if heads:
         grid = [[float("nan")] * n_heads for _ in layers]
         for r in heads:
+            assert r.layer is not None and r.head is not None  # heads: the rows with a head
             grid[r.layer][r.head] = r.contribution
         values = as_array(grid)
         limit = symmetric_limit(values)

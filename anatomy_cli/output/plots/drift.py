@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
@@ -13,8 +13,15 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
 from anatomy_cli.output.plots._base import shorten
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-def figure(result: Any, cap: Caption) -> Any:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.drift import DriftResult
+
+
+def figure(result: DriftResult, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.drift.DriftResult`.
 
     One line per pair of contexts (``pairs[i].similarity``, x = embed, blocks 0..L−1), a thicker line for the mean
@@ -51,7 +58,7 @@ def figure(result: Any, cap: Caption) -> Any:
     pitch = (width - (4.5 if matrix else 0) - 1.6) * 72 / len(layers)
     set_ticks(ax.xaxis, [str(x) for x in result.labels], pitch, need_pt=14)
 
-    if matrix:
+    if result.matrix is not None:
         values = as_array(result.matrix)
         names = [str(loc.context) for loc in result.contexts]
         side = 3.6 / max(n_ctx, 1)
@@ -69,15 +76,15 @@ def figure(result: Any, cap: Caption) -> Any:
     return fig
 
 
-def _nan(values: Any) -> list[float]:
+def _nan(values: Iterable[float | None]) -> list[float]:
     return [math.nan if v is None else v for v in values]
 
 
-def _min(values: Any) -> float:
+def _min(values: Iterable[float | None]) -> float:
     finite = [v for v in values if v is not None and not math.isnan(v)]
     return min(finite) if finite else math.nan
 
 
-def _max(values: Any) -> float:
+def _max(values: Iterable[float | None]) -> float:
     finite = [v for v in values if v is not None and not math.isnan(v)]
     return max(finite) if finite else math.nan

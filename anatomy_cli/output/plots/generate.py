@@ -4,7 +4,7 @@ probability."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
@@ -14,22 +14,30 @@ from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import token_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.generate import Continuation
+    from anatomy_cli.analyses.generate import Sweep
+
 KL_COLOUR, SHIFT_COLOUR = "#4c72b0", "#dd8452"
 LENS_NOTE = ("each cell: the probability of the token chosen at that step under the lens of that block's output "
              "(the logit lens softmax(unembed(final_norm(h))), or a fitted lens' map first; blank: a block the "
              "fitted lens was not fitted at); the last block's is the model's own")
 
 
-def figure(result: Any, cap: Caption) -> Any:
+def figure(result: Continuation | Sweep, cap: Caption) -> Figure:
     """Draw an :class:`~anatomy_cli.analyses.generate.Sweep` (lines over the coefficients) or a
     :class:`~anatomy_cli.analyses.generate.Continuation` run with ``--lens`` (a heatmap, block 0 at the bottom,
     one column per generated token, the first block that ranks the token first framed). Returns a Figure."""
-    if hasattr(result, "rows"):
+    from anatomy_cli.analyses.generate import Sweep
+
+    if isinstance(result, Sweep):
         return _sweep(result, cap)
     return _lens(result, cap)
 
 
-def _sweep(sweep: Any, cap: Caption) -> Any:
+def _sweep(sweep: Sweep, cap: Caption) -> Figure:
     coefs, kls, shifts = sweep.points()
     has_target = sweep.target is not None
     fig = new_figure(10.5 if has_target else 6.5, 4.6)
@@ -53,7 +61,7 @@ def _sweep(sweep: Any, cap: Caption) -> Any:
     return fig
 
 
-def _lens(c: Any, cap: Caption) -> Any:
+def _lens(c: Continuation, cap: Caption) -> Figure:
     values = as_array(c.lens_grid())
     n_rows, n_cols = values.shape
     width, height, cw, ch = grid_size(n_rows, n_cols)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.patches import Rectangle
@@ -15,11 +15,16 @@ from anatomy_cli.output.plots._base import caption
 from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.heads import Heads
+
 SCORES = ("entropy", "first_token", "prev_token", "induction", "duplicate_token")
 _LABELS = {key: s.label for key, s in statistics.HEADS.items()}
 
 
-def figure(result: Any, n_layers: int, n_heads: int, cap: Caption, top: int | None = None) -> Any:
+def figure(result: Heads, n_layers: int, n_heads: int, cap: Caption, top: int | None = None) -> Figure:
     """Draw an :class:`anatomy_cli.analyses.heads.Heads`: for ``result.sort`` (or, without one, for each
     of the five scores) a heatmap with layer 0..n_layers-1 as rows (0 at the bottom) and head
     0..n_heads-1 as columns, every head coloured by its score. ``top``: the first ``top`` rows of

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
@@ -14,8 +14,13 @@ from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import token_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
+    from anatomy_cli.analyses.lens import LensGrid
+
+
+def figure(grid: LensGrid, stat: str, tokens: Sequence[str], cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.lens.LensGrid`: ``grid.stat(stat)`` as colour, the embed row at the
     bottom, one column per position of ``grid.positions`` labelled with ``tokens`` (the input pieces
     at those positions), each cell naming its top-1 token (``grid.top_tokens[r][c][0]``). With a target,
@@ -32,13 +37,17 @@ def figure(grid: Any, stat: str, tokens: Sequence[str], cap: Caption) -> Any:
     described = statistics.LENS[stat]  # colour scale, label, fixed limits: bright = confident, for every stat
     cmap, label, limits = described.cmap, described.label, described.limits
     norm = None
+    vmin: float | None
+    vmax: float | None
     if described.log:
         norm = LogNorm(vmin=1, vmax=max(2.0, float(values.max())))
-        limits = (None, None)
+        vmin = vmax = None
     elif limits is None:
-        limits = (float(values.min()), float(values.max()))
+        vmin, vmax = float(values.min()), float(values.max())
+    else:
+        vmin, vmax = limits
     notes = heatmap(fig, ax, values, cell=(cw, ch), xlabels=[token_label(t) for t in tokens],
-                    ylabels=[str(layer) for layer in grid.layers], cmap=cmap, vmin=limits[0], vmax=limits[1],
+                    ylabels=[str(layer) for layer in grid.layers], cmap=cmap, vmin=vmin, vmax=vmax,
                     norm=norm, colorbar=label, cells=[[row[c][0] for c in range(n_cols)] for row in grid.top_tokens],
                     xlabel="input token at each position", ylabel="layer (embed, then block N's output)")
     if grid.target_id is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 from matplotlib.ticker import FuncFormatter
@@ -12,6 +13,12 @@ from anatomy_cli.output.plots._base import drawable
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.params.breakdown import ParamsResult
+
 # One colour per category of a block, the same in both panels.
 _COLOURS = {"token_embedding": "#4c72b0", "position_embedding": "#64b5cd", "attention": "#dd8452",
             "ffn": "#55a868", "router": "#8172b3", "routed_experts": "#55a868", "shared_experts": "#937860",
@@ -20,7 +27,7 @@ _LABELS = {"attention": "attention", "ffn": "FFN", "router": "router", "routed_e
            "shared_experts": "shared experts", "norm_other": "norms + other"}
 
 
-def figure(result: Any, cap: Caption) -> Any:
+def figure(result: ParamsResult, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.params.ParamsResult`.
 
     Left (or only) panel: one bar per row of ``rows`` (``parameters``, top to bottom in table order),
@@ -30,7 +37,7 @@ def figure(result: Any, cap: Caption) -> Any:
     """
     rows = list(result.rows)
     per_layer = result.layers is not None
-    n_blocks = len(result.layers) if per_layer else 0
+    n_blocks = len(result.layers) if result.layers is not None else 0
     height = max(3.2, 0.5 * len(rows) + 2.0, (0.2 * n_blocks + 2.2) if per_layer else 0)
     fig = new_figure(14.0 if per_layer else 9.5, min(height, 13.0))
     if per_layer:
@@ -71,8 +78,8 @@ def _count(value: float, _pos: Any = None) -> str:
     return f"{value:g}"
 
 
-def _per_layer(ax: Any, result: Any, height: float) -> None:
-    blocks = list(result.layers)
+def _per_layer(ax: Axes, result: ParamsResult, height: float) -> None:
+    blocks = list(result.layers or ())  # --per-layer: the blocks
     categories = [c for c in _LABELS if any(b.parameters.get(c, 0) for b in blocks)]
     y = [b.index for b in blocks]
     left = [0] * len(blocks)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,8 +17,13 @@ from anatomy_cli.output.plots._base import heatmap
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import token_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def figure(result: Any, clean: Sequence[str], corrupt: Sequence[str], what: str, cap: Caption) -> Any:
+    from anatomy_cli.analyses.patch import Patching
+
+
+def figure(result: Patching, clean: Sequence[str], corrupt: Sequence[str], what: str, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.patch.Patching`: the normalized ``value`` of each cell,
     layer 0 at the bottom, columns = positions labelled with CLEAN's token (``clean → corrupt`` where
     the prompts differ) or heads for site ``head``. Colours diverge from 0 (the corrupt run, white) to

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
@@ -14,10 +14,15 @@ from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import token_label
 from anatomy_cli.output.statistics import EXPERT_COLOURS
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.tasks.route import RouteResult
+
 PALETTE = len(EXPERT_COLOURS)  # tab20: experts i and i + 20 share a colour; the cell names the expert
 
 
-def figure(result: Any, tokens: Sequence[str], cap: Caption) -> Any:
+def figure(result: RouteResult, tokens: Sequence[str], cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.tasks.route.RouteResult`: one row per MoE block (the first at the bottom), one
     column per position labelled with ``tokens``; colour and text: the top expert. Near ties get a black frame."""
     from matplotlib.patches import Rectangle

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from matplotlib.patches import Rectangle
 
@@ -17,10 +17,15 @@ from anatomy_cli.output.plots._text import token_label
 from anatomy_cli.output.sae_scale import ColourScale
 from anatomy_cli.output.sae_scale import colour_scale
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.sae import Reading
+
 LABEL_NOTES = 8  # feature labels written under the picture at most
 
 
-def figure(reading: Any, cap: Caption) -> Any:
+def figure(reading: Reading, cap: Caption) -> Figure:
     """Draw an :class:`anatomy_cli.analyses.sae.Reading`: one row per token (the first at the top), one
     column per feature of ``reading.matrix()`` (the followed features, then the top-features table's by
     their largest activation), colour = activation (0 to the largest shown, or to the largest after position 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import caption
@@ -12,8 +12,13 @@ from anatomy_cli.output.plots._base import set_ticks
 from anatomy_cli.output.plots._base import thin
 from anatomy_cli.output.plots._base import token_label
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def figure(result: Any, cap: Caption) -> Any:
+    from anatomy_cli.analyses.trace import Trace
+
+
+def figure(result: Trace, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.trace.Trace`.
 
     Top panel: ``cos_to_embedding`` and ``cos_to_previous`` (lines, x = the rows ``embed``, 0..L−1, None as a gap),

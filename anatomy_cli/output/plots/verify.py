@@ -3,7 +3,7 @@ log axis, green pass, red FAIL, grey skip; one panel per section."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import caption
@@ -15,10 +15,15 @@ from anatomy_cli.output.verify_rows import drawn
 from anatomy_cli.output.verify_rows import floor
 from anatomy_cli.output.verify_rows import points
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from anatomy_cli.analyses.verify.checks import Verification
+
 ROW_INCHES = 0.17
 
 
-def figure(result: Any, cap: Caption) -> Any:
+def figure(result: Verification, cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.analyses.verify.checks.Verification`: per section a panel, one line per row,
     a dot at the measured number (log x) and a bar at its limit. Returns a matplotlib Figure."""
     sections = [(i, s, points(s)) for i, s in enumerate(result.sections, start=1)]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 
+if TYPE_CHECKING:
+    from anatomy_cli.tasks._attribution import Extra
 
-def extend(report: Report, extra: Any | None, *, grid: bool = False) -> Report:
+
+def extend(report: Report, extra: Extra | None, *, grid: bool = False) -> Report:
     """``report`` with ``method`` (and ``check``) in its JSON, the check as a second table, its footer notes."""
     if extra is None:
         return replace(report, data={**report.data, "method": "exact"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
@@ -11,6 +11,12 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.attention import Attention
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 LONG_COLUMNS = (
     Column("layer", "layer", "int"), Column("head", "head", "int"),
@@ -22,7 +28,8 @@ CELL = 6  # table characters per weight column ("0.123" plus a gap)
 ROWS = "weights"
 
 
-def report(lm: Any, enc: Any, result: Any, fmt: Format = Format.json, k: int = 3, *, one_head: bool = False) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: Attention,
+           fmt: Format = Format.json, k: int = 3, *, one_head: bool = False) -> Report:
     """``fmt``: the table's layout for ``Format.table``, else one row per weight."""
     data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
     heading = [f"attn · {model_label(lm)} · {lm.n_layers} layers × {lm.n_heads} heads",
@@ -41,7 +48,7 @@ def _width() -> int:
     return stdout_console().width
 
 
-def _tables(result: Any, k: int, one_head: bool, width: int) -> list[Section]:
+def _tables(result: Attention, k: int, one_head: bool, width: int) -> list[Section]:
     """A matrix (rows: queries or heads; columns: keys) when it fits ``width``, else top-k keys per row."""
     tokens, n = result.tokens, len(result.tokens)
     label = max(len(t) for t in tokens) + 12
@@ -71,12 +78,12 @@ def _tables(result: Any, k: int, one_head: bool, width: int) -> list[Section]:
     return [Section([*lead, *cols], out, title=title)]
 
 
-def where(enc: Any, result: Any, one_head: bool) -> str:
+def where(enc: Encoded, result: Attention, one_head: bool) -> str:
     return (f"layer {result.layers[0]} head {result.heads[0]}" if one_head else
             f"query position {result.queries[0]} = {enc.pieces[result.queries[0]]}")
 
 
-def figure(lm: Any, enc: Any, result: Any, one_head: bool = False) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, result: Attention, one_head: bool = False) -> FigureArgs:
     """``plots.draw("attn", ...)``'s arguments for a PNG."""
     from anatomy_cli.output.plots import Caption
 

@@ -3,6 +3,7 @@ bar; the completeness check and occlusion's agreement in the footer."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
@@ -13,6 +14,13 @@ from anatomy_cli.output.views.ablate import token_record
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.attribute import Agreement
+    from anatomy_cli.analyses.attribute import TokenAttribution
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 COLUMNS = (Column("position", "position", "int"), Column("token", "token"),
            Column("attribution", "attribution", "number", 4), Column("share", "share", "float", 3),
@@ -33,23 +41,23 @@ HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the tok
        "occlusion": "metric - metric with the token {occluded} (Captum FeatureAblation)"}
 
 
-def figure(lm: Any, enc: Any, result: Any, ids: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, result: TokenAttribution, ids: dict[str, Any]) -> FigureArgs:
     from anatomy_cli.output.plots import Caption
 
     return (result, metric_name(lm, ids), Caption.of("attribute", lm, enc.text, method_line(result))), {}
 
 
-def method_line(result: Any) -> str:
+def method_line(result: TokenAttribution) -> str:
     if result.method == "integrated-gradients":
         where = "" if result.layer is None else f" at blocks.{result.layer}.hook_{result.site}"
         first = ", first position kept" if result.kept_first else ""
         return f"integrated gradients{where}, {result.steps} steps, baseline {result.baseline}{first}"
     if result.method == "occlusion":
-        return f"occlusion ({'token dropped' if result.baseline == 'drop' else 'replaced by ' + result.baseline})"
+        return f"occlusion ({'token dropped' if result.baseline == 'drop' else f'replaced by {result.baseline}'})"
     return result.method
 
 
-def report(lm: Any, enc: Any, result: Any, ids: dict[str, Any]) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: TokenAttribution, ids: dict[str, Any]) -> Report:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     data = {**prompt_record(lm, enc), "target": target, "foil": foil, **result.to_dict()}
     what = metric_name(lm, ids)
@@ -74,7 +82,7 @@ def report(lm: Any, enc: Any, result: Any, ids: dict[str, Any]) -> Report:
                      "construction; --vary-first moves it too")
     columns = COLUMNS + ((CONVERGED,) if mark else ())
     if result.check is not None:
-        notes += check_notes(result)
+        notes += check_notes(result, result.check)
         data["check"]["agrees"] = agrees(result.check.rank_correlation)
         if result.method != "occlusion":
             rows = with_ranks(rows, result.check)
@@ -88,7 +96,7 @@ def agrees(rho: float | None) -> bool | None:
     return None if rho is None else rho >= AGREE
 
 
-def with_ranks(rows: list[dict[str, Any]], check: Any) -> list[dict[str, Any]]:
+def with_ranks(rows: list[dict[str, Any]], check: Agreement) -> list[dict[str, Any]]:
     """The table's rows with each compared position's rank by attribution (1: the largest), occlusion's score
     and its rank by that score (the positions ``check`` leaves out: empty)."""
     from anatomy_cli.analyses.attribute import ranks
@@ -108,9 +116,8 @@ def _whole(rank: float) -> int | float:
     return int(rank) if rank == int(rank) else rank
 
 
-def check_notes(result: Any) -> list[str]:
-    """The footer's agreement line and, when the rankings disagree, what that means."""
-    check = result.check
+def check_notes(result: TokenAttribution, check: Agreement) -> list[str]:
+    """The footer's agreement line (``check``: ``result``'s) and, when the rankings disagree, what that means."""
     rho = check.rank_correlation
     lines = [f"check: Spearman rank correlation with occlusion ({check.baseline}) over positions "
              f"{list(check.positions)}: {'undefined' if rho is None else f'{rho:.3f}'}"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
@@ -10,6 +11,11 @@ from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks.session import model_label
+
+if TYPE_CHECKING:
+    from anatomy_cli.corpus.summary import CorpusStats
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.corpus import CorpusRun
 
 LAYER_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -92,7 +98,7 @@ def with_nats(stats: dict[str, Any]) -> dict[str, Any]:
     return top
 
 
-def report(run: Any) -> Report:
+def report(run: CorpusRun) -> Report:
     """``run``: a :class:`anatomy_cli.tasks.corpus.CorpusRun`."""
     stats, settings, identity, result = run.result.stats, run.settings, run.identity, run.result
     model = records.model_record(run.lm) if run.lm is not None else records.spec_record(run.spec)
@@ -130,7 +136,7 @@ def lens_notes(lenses: Any) -> list[str]:
     return out
 
 
-def expert_sections(stats: Any) -> list[Section]:
+def expert_sections(stats: CorpusStats) -> list[Section]:
     """``--experts``: per MoE block, per expert, and each block's most frequent pairs (by count, then ids)."""
     shown = []
     for b in dict.fromkeys(r["block"] for r in stats.expert_pairs):
@@ -141,7 +147,7 @@ def expert_sections(stats: Any) -> list[Section]:
             Section(PAIR_COLUMNS, shown, title="experts chosen together")]
 
 
-def figure(run: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(run: CorpusRun) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.corpus.figure`'s arguments: the stats and the caption."""
     from anatomy_cli.models.resolve import short_name
     from anatomy_cli.output import plots

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import prompt_line
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.diff.activations import ActivationDiff
+    from anatomy_cli.analyses.diff.weights import WeightsDiff
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 WEIGHT_COLUMNS = (
     Column("layer", "layer", "int"),
@@ -51,7 +57,7 @@ LAYERS_NOTE = ("layer embed = the embedding, N = block N's output (the last: the
                "at the position, lens = unembed(final_norm(h)) with each model's own norm and head")
 
 
-def weights_report(result: Any) -> Report:
+def weights_report(result: WeightsDiff) -> Report:
     data = {"mode": "weights", **result.to_dict()}
     rows = [{**r, "b_types": "+".join(r["b_types"])} for r in data["rows"]]
     total = {**data["total"], "component": "total", "b_types": "+".join(data["total"]["b_types"])}
@@ -69,7 +75,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.6f}"
 
 
-def activations_report(label_a: str, label_b: str, enc: Any, result: Any) -> Report:
+def activations_report(label_a: str, label_b: str, enc: Encoded, result: ActivationDiff) -> Report:
     data = {"mode": "activations", "a": label_a, "b": label_b, "prompt": enc.text, "token_ids": list(enc.ids),
             "tokens": list(enc.pieces), "truncated_tokens": enc.dropped, **result.to_dict()}
     pos = result.position
@@ -80,7 +86,7 @@ def activations_report(label_a: str, label_b: str, enc: Any, result: Any) -> Rep
              "probability_b": tb.probability} for ta, tb in zip(result.top_a, result.top_b)]
     sections = [Section(LAYER_COLUMNS, data["layers"], title="residual stream"),
                 Section(TOP_COLUMNS, tops, title=f"top {len(tops)} next tokens")]
-    if result.target_a is not None:
+    if result.target_a is not None and result.target_b is not None:  # a target: both
         rows = [{"model": "A", **result.target_a.to_dict()}, {"model": "B", **result.target_b.to_dict()}]
         sections.append(Section(TARGET_COLUMNS, rows, title="target"))
     notes = [LAYERS_NOTE]
@@ -98,14 +104,14 @@ def pair(a: str, b: str) -> str:
     return f"{short_name(a)} vs {short_name(b)}"
 
 
-def weights_figure(result: Any, a: str, b: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def weights_figure(result: WeightsDiff, a: str, b: str) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.diff.weights_figure`'s arguments."""
     from anatomy_cli.output import plots
 
     return (result, plots.Caption("diff", pair(a, b), detail="weights")), {}
 
 
-def activations_figure(a: str, b: str, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def activations_figure(a: str, b: str, enc: Encoded, result: ActivationDiff) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.diff.activations_figure`'s arguments."""
     from anatomy_cli.output import plots
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
@@ -13,6 +14,12 @@ from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
 from anatomy_cli.text.records import token_record
 
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.dla import DlaResult
+
 COLUMNS = (
     Column("component", "component"), Column("layer", "layer", "int"), Column("head", "head", "int"),
     Column("contribution", "contribution", "float", 4), Column("bar", "", "signed_bar"),
@@ -23,7 +30,7 @@ NOTE = ("contribution = unembedding direction · final_norm_frozen(component), t
         "bias = final norm's bias and LM head bias; the rows add up to the model's own {what}")
 
 
-def what(lm: Any, ids: dict[str, int | None]) -> str:
+def what(lm: LoadedModel, ids: dict[str, int | None]) -> str:
     """``logit(·much)`` or ``logit(·much) − logit(·Paris)``, the tokens as the tables name them."""
     name_token = describe(lm)
     target, foil = ids["target"], ids.get("foil")
@@ -31,7 +38,7 @@ def what(lm: Any, ids: dict[str, int | None]) -> str:
     return f"logit({name_token(target)[0]})" + (f" − logit({name_token(foil)[0]})" if foil is not None else "")
 
 
-def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, result: DlaResult) -> FigureArgs:
     from anatomy_cli.output.plots import Caption
 
     pos = result.position
@@ -39,7 +46,7 @@ def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, A
     return (result.full, lm.n_layers, lm.n_heads, what(lm, result.ids), cap), {}
 
 
-def report(lm: Any, enc: Any, result: Any) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: DlaResult) -> Report:
     name_token = describe(lm)
 
     def token(i: int | None) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -10,6 +10,12 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import bos_text
 from anatomy_cli.tasks.session import dtype_name
 from anatomy_cli.tasks.session import model_label
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.drift import DriftResult
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 ROWS = "layers"
 BASELINE_NOTE = ("baseline: mean cosine between the word and every other token of its own context "
@@ -19,19 +25,19 @@ LAYERS_NOTE = ("layer embed = the embeddings; layer N = block N's output (blocks
                "= the last block's output, before any final norm")
 
 
-def report(lm: Any, encoded: list[Any], result: Any) -> Report:
+def report(lm: LoadedModel, encoded: list[Encoded], result: DriftResult) -> Report:
     first = encoded[0] if encoded else None
     return _report(result, model_label(lm), dtype_name(lm), lm.dequantized_from, first)
 
 
-def figure(lm: Any, encoded: list[Any], result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, encoded: list[Encoded], result: DriftResult) -> FigureArgs:
     from anatomy_cli.output.plots import Caption
 
     detail = f"{result.word!r} in {len(result.contexts)} contexts · pool {result.pool}"
     return (result, Caption.of("drift", lm, None, detail)), {}
 
 
-def _heading(result: Any, label: str, first: Any) -> list[str]:
+def _heading(result: DriftResult, label: str, first: Encoded | None) -> list[str]:
     n = len(result.contexts)
     heading = [f"{result.word!r} in {n} contexts · {label} · pool {result.pool}"
                + (f" · occurrence {result.occurrence}" if result.occurrence != 1 else "")]
@@ -44,7 +50,8 @@ def _heading(result: Any, label: str, first: Any) -> list[str]:
     return heading
 
 
-def _report(result: Any, label: str, dtype: str, dequantized_from: str | None, first: Any = None) -> Report:
+def _report(result: DriftResult, label: str, dtype: str, dequantized_from: str | None,
+            first: Encoded | None = None) -> Report:
     data = result.to_dict()
     # The same key, in the same place, as every command's prompt record; the BOS rule is one for all contexts.
     bos = {"bos": first.bos, "bos_source": first.bos_source} if first is not None else {}

@@ -4,7 +4,6 @@ lens: per translator the KL to the final distribution at the first and the last 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -15,6 +14,7 @@ from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.tasks.fit_lens import JacobianFit
     from anatomy_cli.tasks.fit_lens import MergedLens
 
@@ -26,7 +26,7 @@ TUNED_COLUMNS = (Column("translator", "translator", "int"), Column("reads", "rea
 TUNED_ROWS = "translators"
 
 
-def report(lm: Any, result: JacobianFit | TunedFit) -> Report:
+def report(lm: LoadedModel | OpenedModel, result: JacobianFit | TunedFit) -> Report:
     """``lm``: the loaded model, or (``--ray``: the workers loaded it) the opened one, said from its spec."""
     if isinstance(result, TunedFit):
         return tuned_report(lm, result)  # type: ignore[arg-type]  # trained in this process: loaded

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -11,6 +13,15 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.generate import Continuation
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.generate import Generated
+    from anatomy_cli.tasks.generate import GenerateOptions
+    from anatomy_cli.tasks.generate import GeneratePlan
 
 STEP_COLUMNS = (
     Column("step", "step", "int"),
@@ -30,12 +41,12 @@ SWEEP_COLUMNS = (
 )
 
 
-def rows_key(opts: Any) -> str:
+def rows_key(opts: GenerateOptions) -> str:
     """The key of the JSON rows: ``sweep`` for several coefficients, else ``steps``."""
     return "sweep" if opts.sweep else "steps"
 
 
-def _steps_section(c: Any, lens: bool) -> Section:
+def _steps_section(c: Continuation, lens: bool) -> Section:
     rows = []
     for st in c.steps:
         row = st.to_dict()
@@ -45,7 +56,7 @@ def _steps_section(c: Any, lens: bool) -> Section:
                    title=f"{len(c.steps)} generated tokens")
 
 
-def report(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> Report:
+def report(lm: LoadedModel, enc: Encoded, out: Generated, opts: GenerateOptions, plan: GeneratePlan) -> Report:
     """One prompt's report: the prompt record, ``sampling``, ``steer``, then the steps or the sweep (and
     ``check`` with ``opts.check``). ``out``: the task's Generated."""
     data = {**prompt_record(lm, enc), "sampling": opts.sampling.record(), "steer": plan.steer, "lens": opts.lens_text}
@@ -56,8 +67,9 @@ def report(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> Report:
     if opts.sweep:
         sections = [Section(SWEEP_COLUMNS, data["sweep"], title="coefficient sweep")]
     else:
-        sections = [_steps_section(out.result, opts.lens is not None)]
-        heading.append(f"continuation {out.result.text!r} · stopped: {out.result.stopped}")
+        continued = cast("Continuation", out.result)  # not --sweep: one continuation
+        sections = [_steps_section(continued, opts.lens is not None)]
+        heading.append(f"continuation {continued.text!r} · stopped: {continued.stopped}")
     lines = []
     if opts.check:
         data["check"] = {"max_abs_logit_diff": out.max_abs_logit_diff}
@@ -75,16 +87,16 @@ def steered_line(steer: dict[str, Any]) -> str:
     return f"steered by {source} · {steer['site']} of {blocks} · {values}"
 
 
-def jsonl_rows(enc: Any, data: dict[str, Any], opts: Any) -> list[dict[str, Any]]:
+def jsonl_rows(enc: Encoded, data: dict[str, Any], opts: GenerateOptions) -> list[dict[str, Any]]:
     """``--format jsonl``'s lines of one prompt: one per step (per coefficient for a sweep)."""
     return [{"prompt": enc.text, **row} for row in data[rows_key(opts)]]
 
 
-def drawable(opts: Any) -> bool:
+def drawable(opts: GenerateOptions) -> bool:
     return opts.sweep or opts.lens is not None
 
 
-def figure(lm: Any, enc: Any, out: Any, opts: Any, plan: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, out: Generated, opts: GenerateOptions, plan: GeneratePlan) -> FigureArgs:
     """``plots.draw("generate", ...)``'s arguments: the sweep or the lens grid and the caption (the steered
     blocks and coefficients, or the lens)."""
     from anatomy_cli.analyses.generate import Sweep

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -11,6 +11,12 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.heads import Heads
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 COLUMNS = (
     Column("layer", "layer", "int"), Column("head", "head", "int"),
@@ -25,12 +31,12 @@ NOTE = ("entropy: nats, mean over queries 1..n-1; first tok / prev tok: mean wei
 ROWS = "heads"
 
 
-def shown(result: Any, top: int | None) -> Any:
+def shown(result: Heads, top: int | None) -> Heads:
     """``result`` with its first ``top`` rows (None: all): what the table and the JSON list."""
     return dataclasses.replace(result, rows=result.rows[:top] if top else result.rows)
 
 
-def report(lm: Any, enc: Any, result: Any) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: Heads) -> Report:
     """``result``: a Heads whose rows are those to list (see :func:`shown`)."""
     data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
     if result.measured_on == "random":  # token_ids / tokens are then the random sequence's
@@ -50,8 +56,8 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
     return Report(data=data, sections=[Section(COLUMNS, data["heads"], title=title)], heading=heading, notes=notes)
 
 
-def figure(lm: Any, enc: Any, result: Any, top: int | None = None, *, prompted: bool = True
-           ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, result: Heads, top: int | None = None, *, prompted: bool = True
+           ) -> FigureArgs:
     """``plots.draw("heads", ...)``'s arguments for every head's ``result`` (``top``: the heads framed)."""
     from anatomy_cli.output.plots import Caption
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
@@ -10,6 +11,12 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.lens import LensGrid
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 HOVER_TOP = 5  # top tokens per cell in an HTML page's hover text
 
@@ -42,7 +49,7 @@ def _fmt(value: float, stat: str) -> str:
     return f"{value:.2f}"
 
 
-def _notes(lm: Any, grid: Any, data: dict[str, Any], stat: str) -> list[str]:
+def _notes(lm: LoadedModel, grid: LensGrid, data: dict[str, Any], stat: str) -> list[str]:
     embedding = "embedding (token + position)" if lm.adapter.pos_embed else "token embedding"
     out = [NOTE.format(embedding=embedding, stat=STAT_NOTE[stat])]
     if grid.lens != "logit":
@@ -60,7 +67,7 @@ def _notes(lm: Any, grid: Any, data: dict[str, Any], stat: str) -> list[str]:
     return out
 
 
-def report(lm: Any, enc: Any, grid: Any, stat: str = "prob", as_grid: bool = False) -> Report:
+def report(lm: LoadedModel, enc: Encoded, grid: LensGrid, stat: str = "prob", as_grid: bool = False) -> Report:
     """``as_grid``: the table's layout (rows x positions); else one row per cell (tsv, csv, json)."""
     data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "predicts": "next" if lm.is_causal else "masked",
             "stat": stat, **grid.to_dict()}
@@ -71,7 +78,7 @@ def report(lm: Any, enc: Any, grid: Any, stat: str = "prob", as_grid: bool = Fal
     return Report(data=data, sections=_grid(grid, data["cells"], enc, stat), heading=heading, notes=notes)
 
 
-def _cells(grid: Any, cells: list[dict[str, Any]]) -> Section:
+def _cells(grid: LensGrid, cells: list[dict[str, Any]]) -> Section:
     columns = list(CELL_COLUMNS) + (list(TARGET_COLUMNS) if grid.target_id is not None else [])
     rows = cells
     if grid.k_given:
@@ -80,7 +87,7 @@ def _cells(grid: Any, cells: list[dict[str, Any]]) -> Section:
     return Section(columns, rows, title=TITLE[grid.lens])
 
 
-def _grid(grid: Any, cells: list[dict[str, Any]], enc: Any, stat: str) -> list[Section]:
+def _grid(grid: LensGrid, cells: list[dict[str, Any]], enc: Encoded, stat: str) -> list[Section]:
     values = grid.stat(stat).tolist()
     columns = [Column("layer", "layer")] + [Column(f"p{p}", f"{p} {enc.pieces[p]}") for p in grid.positions]
     rows = []
@@ -96,7 +103,7 @@ def _grid(grid: Any, cells: list[dict[str, Any]], enc: Any, stat: str) -> list[S
                 row[f"p{p}"] = f"{tokens} {_fmt(values[r][c], stat)}"
         rows.append(row)
     sections = [Section(columns, rows, title=f"{TITLE[grid.lens]}: top token · {stat}")]
-    if grid.target_id is not None:
+    if grid.target_id is not None and grid.target_ranks is not None and grid.target_logprobs is not None:
         ranks, probs = grid.target_ranks.tolist(), grid.target_logprobs.exp().tolist()
         target_rows = [{"layer": layer, **{f"p{p}": f"#{ranks[r][c]} {_fmt(probs[r][c], 'prob')}"
                                            for c, p in enumerate(grid.positions)}}
@@ -105,7 +112,7 @@ def _grid(grid: Any, cells: list[dict[str, Any]], enc: Any, stat: str) -> list[S
     return sections
 
 
-def figure(lm: Any, enc: Any, grid: Any, stat: str = "prob") -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, grid: LensGrid, stat: str = "prob") -> FigureArgs:
     """``plots.draw("lens", ...)``'s arguments for ``grid``."""
     from anatomy_cli.output.plots import Caption
 

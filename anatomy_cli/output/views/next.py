@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -10,6 +10,11 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.next_token import NextTokens
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
 
 COLUMNS = (
     Column("rank", "rank", "int"),
@@ -21,7 +26,7 @@ COLUMNS = (
 ROWS = "top"
 
 
-def report(lm: Any, enc: Any, result: Any) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: NextTokens) -> Report:
     data = {**prompt_record(lm, enc), **result.to_dict()}
     sections = [Section(COLUMNS, data["top"], title=f"top {len(result.top)} next tokens")]
     if result.target is not None:

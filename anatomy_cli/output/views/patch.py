@@ -3,6 +3,7 @@ table with --method attribution --check."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
@@ -14,24 +15,31 @@ from anatomy_cli.tasks.records import model_record
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.patch import Patching
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.patch import PatchResult
+
 CELL_COLUMNS = (Column("layer", "layer", "int"), Column("position", "position", "int"),
                 Column("head", "head", "int"), Column("value", "value", "float", 3),
                 Column("metric", "metric", "float", 4))
 ROWS = "cells"
 
 
-def metric_name(lm: Any, ids: dict[str, Any]) -> str:
+def metric_name(lm: LoadedModel, ids: dict[str, Any]) -> str:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     assert target is not None
     return f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
 
 
-def report(lm: Any, clean: Any, corrupt: Any, result: Any, *, wide: bool) -> Report:
+def report(lm: LoadedModel, clean: Encoded, corrupt: Encoded, result: PatchResult, *, wide: bool) -> Report:
     """``wide``: the table as a layer x column grid (the table format); else one row per cell."""
     return extend(_report(lm, clean, corrupt, result.ids, result.patching, wide=wide), result.extra, grid=True)
 
 
-def figure(lm: Any, clean: Any, corrupt: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, clean: Encoded, corrupt: Encoded, result: PatchResult) -> FigureArgs:
     from anatomy_cli.output import plots
     from anatomy_cli.output.plots._text import shorten
 
@@ -41,11 +49,12 @@ def figure(lm: Any, clean: Any, corrupt: Any, result: Any) -> tuple[tuple[Any, .
     return (result.patching, clean.pieces, corrupt.pieces, metric_name(lm, result.ids), cap), {}
 
 
-def _prompt(enc: Any) -> dict[str, Any]:
+def _prompt(enc: Encoded) -> dict[str, Any]:
     return {"prompt": enc.text, "token_ids": list(enc.ids), "tokens": list(enc.pieces)}
 
 
-def _report(lm: Any, clean: Any, corrupt: Any, ids: dict[str, Any], result: Any, *, wide: bool) -> Report:
+def _report(lm: LoadedModel, clean: Encoded, corrupt: Encoded, ids: dict[str, Any], result: Patching, *,
+            wide: bool) -> Report:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     differ = [i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b]
     data = {**model_record(lm), "bos": clean.bos, "bos_source": clean.bos_source,

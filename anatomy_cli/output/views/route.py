@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -10,6 +10,12 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.route import RouteResult
 
 COLUMNS = (
     Column("block", "block", "int"),
@@ -29,7 +35,7 @@ RULES = {"renormalize": "softmax, top {k}, renormalised over the top {k}",
          "norm_topk_prob": "softmax, top {k}, {norm}"}
 
 
-def report(lm: Any, enc: Any, result: Any) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: RouteResult) -> Report:
     data = {**prompt_record(lm, enc), **result.to_dict()}
     rows = [{**r, "weights": " ".join(f"{w:.3f}" for w in r["weights"]),
              "near_tie": "yes" if r["near_tie"] else ""} for r in data["rows"]]
@@ -44,7 +50,7 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
     return Report(data=data, sections=[Section(COLUMNS, rows, title="routing")], heading=heading, notes=notes)
 
 
-def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, result: RouteResult) -> FigureArgs:
     """``plots.draw("route", ...)``'s arguments for ``result``."""
     from anatomy_cli.output.plots import Caption
 

@@ -3,6 +3,7 @@ the record as JSON; the tokens x features picture's caption."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
@@ -11,6 +12,13 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.sae import Reading
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.models.sae.read import SAEFile
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 HEALTH = (Column("statistic", "statistic"), Column("value", "value", "number"), Column("unit", "unit"))
 TOKENS = (Column("position", "pos", "int"), Column("token", "token"), Column("l0", "L0", "int"))
@@ -49,11 +57,11 @@ def _unit(key: str) -> str:
     return "nats" if key.endswith("nats") else "bits" if key.endswith("bits") else ""
 
 
-def site(sae_file: Any) -> str:
+def site(sae_file: SAEFile) -> str:
     return sae_file.site if not sae_file.transcoder else f"{sae_file.site} → {sae_file.site_out}"
 
 
-def figure(lm: Any, enc: Any, reading: Any, sae_file: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, reading: Reading, sae_file: SAEFile) -> FigureArgs:
     """``plots.draw("sae", ...)``'s arguments: the reading and its caption."""
     from anatomy_cli.output.plots import Caption
 
@@ -61,7 +69,7 @@ def figure(lm: Any, enc: Any, reading: Any, sae_file: Any) -> tuple[tuple[Any, .
     return (reading, cap), {}
 
 
-def report(lm: Any, enc: Any, reading: Any, sae_file: Any) -> Report:
+def report(lm: LoadedModel, enc: Encoded, reading: Reading, sae_file: SAEFile) -> Report:
     labelled = reading.labels is not None
     health, pieces = reading.health, reading.pieces
     top_rows, summary = list(reading.top_rows), list(reading.summary)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -10,12 +10,17 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.records import model_record
 from anatomy_cli.tasks.session import model_label
 
+if TYPE_CHECKING:
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.tasks.steer import Steering
+    from anatomy_cli.tasks.steer import SteerOptions
+
 COLUMNS = (Column("layer", "layer", "int"), Column("norm", "norm", "float", 3),
            Column("separation", "pairs separated", "pct", 1))
 ROWS = "layers"
 
 
-def report(lm: Any, result: Any, opts: Any) -> Report:
+def report(lm: LoadedModel, result: Steering, opts: SteerOptions) -> Report:
     """The report of a :class:`~anatomy_cli.tasks.steer.Steering` made with ``opts``."""
     pos, neg = opts.sides
     out, gguf_out = opts.out, opts.save_control_vector

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -10,6 +10,12 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.trace import Traced
 
 LAYER_COLUMNS = (
     Column("layer", "layer"),
@@ -38,7 +44,7 @@ LAYERS_NOTE = ("rows: embed = {embedding}, N = block N's output{final} (docs/eng
 ROWS = "layers"
 
 
-def report(lm: Any, enc: Any, traced: Any) -> Report:
+def report(lm: LoadedModel, enc: Encoded, traced: Traced) -> Report:
     """``traced``: a :class:`anatomy_cli.tasks.trace.Traced` (position, Trace, target record)."""
     pos, result, target = traced
     predicts = None if not lm.has_unembed else ("next" if lm.is_causal else "masked")
@@ -68,7 +74,7 @@ def report(lm: Any, enc: Any, traced: Any) -> Report:
     return Report(data=data, sections=sections, heading=heading, notes=notes)
 
 
-def figure(lm: Any, enc: Any, traced: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, traced: Traced) -> FigureArgs:
     """``plots.draw("trace", ...)``'s arguments."""
     from anatomy_cli.output.plots import Caption
 

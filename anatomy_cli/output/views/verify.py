@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.verify.suite import Plan
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.plots.caption import Caption
+    from anatomy_cli.output.views.protocol import FigureArgs
 
 COLUMNS = (
     Column("check", "check"),
@@ -94,7 +96,7 @@ def report(lm: LoadedModel, result: Verification, encoded: list[Encoded], plan: 
     return Report(data=data, sections=sections, heading=heading, notes=notes)
 
 
-def caption(lm: LoadedModel, result: Verification, encoded: list[Encoded]) -> Any:
+def caption(lm: LoadedModel, result: Verification, encoded: list[Encoded]) -> Caption:
     """The pictures' caption: the model, dtype and device, and the counts."""
     from anatomy_cli.output import plots
 
@@ -104,6 +106,6 @@ def caption(lm: LoadedModel, result: Verification, encoded: list[Encoded]) -> An
                             f"prompt{'s' if len(encoded) != 1 else ''}")
 
 
-def figure(lm: LoadedModel, result: Verification, encoded: list[Encoded]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, result: Verification, encoded: list[Encoded]) -> FigureArgs:
     """``plots.draw("verify", ...)``'s arguments (PNG or HTML)."""
     return (result, caption(lm, result, encoded)), {}
