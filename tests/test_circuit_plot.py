@@ -41,8 +41,17 @@ def test_nodes_sit_in_their_row_and_column(graph):
     for n, (x, row) in zip(nodes, at):
         want = 0 if n["layer"] == "E" else int(n["layer"]) + (0 if n["feature_type"] == "logit" else 1)
         assert row == want, n["node_id"]
-        assert abs(x - n["ctx_idx"]) < 0.4, n["node_id"]  # inside its position's column
+        if n["feature_type"] != "logit":
+            assert abs(x - n["ctx_idx"]) < 0.4, n["node_id"]  # inside its position's column
     assert len(set(at)) == len(at)  # no two nodes on the same spot
+    # the logit nodes (all at the last position) spread over the row, most probable rightmost, a slot apart
+    logits = sorted((n for n in nodes if n["feature_type"] == "logit"), key=lambda n: -n["token_prob"])
+    xs = [at[nodes.index(n)][0] for n in logits]
+    last = len(graph["metadata"]["prompt_tokens"]) - 1
+    assert len(logits) == 10 and xs == sorted(xs, reverse=True)
+    assert -0.4 <= xs[-1] and xs[0] <= last + 0.4
+    gaps = [a - b for a, b in zip(xs, xs[1:])]
+    assert min(gaps) == pytest.approx(max(gaps)) and min(gaps) == pytest.approx((last + 0.8) / 10)
     # circuit-tracer's own ids collide (error 0_{layer}_{pos} = block-0 feature 0_{feature}_{pos}): this file has one
     ids = [n["node_id"] for n in nodes]
     twice = {i for i in ids if ids.count(i) > 1}
@@ -98,7 +107,7 @@ def test_graph_page_in_the_browser(browser, graph, tmp_path):
         data = opened.page.evaluate(
             "document.getElementById('circuit-graph').data.map(t => ({mode: t.mode, n: (t.x || []).length, "
             "ids: t.customdata || null, width: t.line ? t.line.width : null}))")
-        markers = [t for t in data if t["mode"] == "markers"]
+        markers = [t for t in data if t["mode"].startswith("markers")]
         assert sorted(i for t in markers for i in t["ids"]) == sorted(n["node_id"] for n in graph["nodes"])
         feature = next(n for n in graph["nodes"] if n.get("clerp") == LABEL)
         x, y = circuit.places(graph["nodes"], 30)[graph["nodes"].index(feature)]
@@ -117,10 +126,36 @@ def test_graph_page_in_the_browser(browser, graph, tmp_path):
         for other in (title, ticks):  # the legend clear of the x-axis title and tick labels (it sits above)
             assert legend[3] <= other[1] or other[3] <= legend[1] or legend[2] <= other[0] or other[2] <= legend[0]
         assert legend[3] <= ticks[1]
+        logits_apart(opened, graph)
         opened.clean()
         opened.screenshot_is_not_blank(tmp_path / "graph.png")
     finally:
         opened.page.close()
+
+
+def logits_apart(opened, graph) -> None:
+    """In the page: the logit markers' drawn centres at least a marker apart (not one clump over the last token),
+    the most probable rightmost, the LABELLED most probable labelled with their tokens as text, the rest not."""
+    drawn = opened.page.evaluate(
+        """() => { const gd = document.getElementById('circuit-graph'), r = gd.getBoundingClientRect();
+            const i = gd.data.findIndex(t => t.name === 'logit');
+            const pts = [...gd.querySelectorAll('.scatterlayer .trace')[i].querySelectorAll('.point')];
+            const txt = [...gd.querySelectorAll('.scatterlayer .trace')[i].querySelectorAll('.textpoint text')];
+            return {size: gd._fullData[i].marker.size, ids: gd.data[i].customdata,
+                    centres: pts.map(p => { const b = p.getBoundingClientRect();
+                                            return [b.left + b.width / 2, b.top + b.height / 2]; }),
+                    labels: txt.map(t => t.textContent).filter(t => t)}; }""")
+    by_id = {n["node_id"]: n for n in graph["nodes"]}
+    probs = [by_id[i]["token_prob"] for i in drawn["ids"]]
+    centres = drawn["centres"]
+    assert len(centres) == len(probs) == 10
+    assert len({round(y) for _, y in centres}) == 1  # one row
+    apart = min(abs(a[0] - b[0]) for k, a in enumerate(centres) for b in centres[k + 1:])
+    assert apart >= 2 * drawn["size"], (apart, drawn["size"])
+    order = sorted(range(10), key=lambda k: -probs[k])
+    assert [centres[k][0] for k in order] == sorted((c[0] for c in centres), reverse=True)
+    tokens = [by_id[drawn["ids"][k]]["clerp"].split('"')[1].replace(" ", "·") for k in order]
+    assert sorted(drawn["labels"]) == sorted(t[:11] + "…" if len(t) > 12 else t for t in tokens[:circuit.LABELLED])
 
 
 def test_cli_plot_writes_the_page_of_its_json(tiny_model_dir, tiny_lm, tmp_path):

@@ -124,7 +124,7 @@ def anatomy_circuit(lm, model: Path, transcoders: Path, out: Path) -> dict:
     with using_loader(FixedLoader(lm)):
         result = CliRunner().invoke(app, [
             "circuit", PROMPT, "--model", str(model), "--transcoders", str(transcoders), "--bos",
-            "--max-feature-nodes", str(MAX_FEATURE_NODES), "--batch-size", str(BATCH),
+            "--max-feature-nodes", str(MAX_FEATURE_NODES), "--batch-size", str(BATCH), "--ids", "ct-0.5",
             "--out", str(out / "graph.pt"), "--json", str(out / "graph.json"), "--format", "json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
@@ -177,17 +177,20 @@ def test_pruning_and_scores_equal_circuit_tracers(ct, ours):
 
 
 def test_json_equals_circuit_tracers(ct, ours):
-    """anatomy's ``--json`` (its own pruning) has circuit-tracer's nodes and links, field by field."""
+    """anatomy's ``--json --ids ct-0.5`` (its own pruning) has circuit-tracer 0.5.0's nodes, in its order, with its
+    ids, and its links, field by field (floats to REL: the two sum in different orders); every id names one node
+    (anatomy refuses a graph where 0.5.0's ids would collide: this one has none)."""
     *_, ct_json = ct
     *_, mine = ours
     assert mine["metadata"]["prompt_tokens"] == ct_json["metadata"]["prompt_tokens"]
     assert mine["qParams"] == ct_json["qParams"]
-    # keyed by (node_id, feature_type): circuit-tracer's error id 0_{layer}_{pos} can equal a block-0 feature's id
-    theirs = {(n["node_id"], n["feature_type"]): n for n in ct_json["nodes"]}
-    got = {(n["node_id"], n["feature_type"]): n for n in mine["nodes"]}
-    assert len(got) == len(mine["nodes"]) and len(theirs) == len(ct_json["nodes"])
-    assert sorted(got) == sorted(theirs)
-    exact = ("feature", "layer", "ctx_idx", "feature_type", "is_target_logit", "jsNodeId")
+    assert [n["node_id"] for n in mine["nodes"]] == [n["node_id"] for n in ct_json["nodes"]]
+    theirs = {n["node_id"]: n for n in ct_json["nodes"]}
+    got = {n["node_id"]: n for n in mine["nodes"]}
+    assert len(got) == len(mine["nodes"]) == len(theirs) == len(ct_json["nodes"])
+    assert [sorted(n) for n in mine["nodes"]] == [sorted(n) for n in ct_json["nodes"]]  # the same fields
+    exact = ("feature", "layer", "ctx_idx", "feature_type", "is_target_logit", "jsNodeId", "clerp", "run_idx",
+             "reverse_ctx_idx")
     for node_id, node in theirs.items():
         assert {k: got[node_id][k] for k in exact} == {k: node[k] for k in exact}, node_id
         for k in ("influence", "activation", "token_prob"):
@@ -197,7 +200,7 @@ def test_json_equals_circuit_tracers(ct, ours):
                 assert got[node_id][k] == pytest.approx(node[k], rel=REL, abs=1e-6), (node_id, k)
     links = {(e["source"], e["target"]): e["weight"] for e in ct_json["links"]}
     mine_links = {(e["source"], e["target"]): e["weight"] for e in mine["links"]}
-    assert sorted(mine_links) == sorted(links)
+    assert list(mine_links) == list(links) and len(mine_links) == len(mine["links"])  # circuit-tracer's order
     scale = max(abs(w) for w in links.values())
     assert max(abs(mine_links[k] - w) for k, w in links.items()) <= REL * scale
 

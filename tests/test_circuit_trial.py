@@ -234,8 +234,11 @@ def test_plot_names_html_alone(tiny_model_dir, tiny_lm, tmp_path, name):
 
 
 def test_path_without_source_has_no_via_weight(capsys):
-    """A kept source with no kept edge into it (a token): via "" and via_weight None, printed empty in tsv and
-    null in JSON; a source with one: its strongest."""
+    """A kept source with no edge into it (a token, an error node: the graph's inputs): via "" and via_weight None,
+    printed empty in tsv and null in JSON; a source with one: its strongest, an error node's included."""
+    from test_circuit_output import hand_graph
+
+    from anatomy_cli.analyses.circuit_files import written_nodes
     from anatomy_cli.output import render
     from anatomy_cli.output.render import Format
     from anatomy_cli.output.render import Report
@@ -243,20 +246,11 @@ def test_path_without_source_has_no_via_weight(capsys):
     from anatomy_cli.output.views.circuit import COLUMNS
     from anatomy_cli.tasks._circuit import paths
 
-    def node(i, kind, pos, target=False):
-        return {"node_id": i, "feature_type": kind, "layer": "E" if kind == "embedding" else "0", "ctx_idx": pos,
-                "influence": 0.5, "is_target_logit": target}
-
-    data = {"metadata": {"prompt_tokens": ["<s>", "a", "b"]},
-            "nodes": [node("E_5_1", "embedding", 1), node("0_3_2", "cross layer transcoder", 2),
-                      node("2_9_2", "logit", 2, True)],
-            "links": [{"source": "E_5_1", "target": "2_9_2", "weight": 0.25},
-                      {"source": "0_3_2", "target": "2_9_2", "weight": -0.5},
-                      {"source": "E_5_1", "target": "0_3_2", "weight": 0.125}]}
-    rows = [r.to_dict() for r in paths(data, 10)]
-    assert [(r["node"], r["via"], r["via_weight"]) for r in rows] == [("0_3_2", "E_5_1", 0.125),
-                                                                      ("E_5_1", "", None)]
+    graph, pr = hand_graph()
+    rows = [r.to_dict() for r in paths(graph, pr, written_nodes(graph, pr), 10)]
+    assert [(r["node"], r["via"], r["via_weight"]) for r in rows] == [("0_3_2", "0_-1_1", 0.3125),
+                                                                      ("E_5_1", "", None), ("0_-1_2", "", None)]
     assert json.loads(render.to_json(rows))[1]["via_weight"] is None
     render.emit(Report(data={}, sections=[Section(COLUMNS, rows)]), Format.tsv)
     lines = capsys.readouterr().out.rstrip("\n").splitlines()
-    assert lines[-1].split("\t")[-2:] == ["", ""] and lines[-2].split("\t")[-2:] == ["E_5_1", "0.125"]
+    assert lines[-2].split("\t")[-2:] == ["", ""] and lines[-3].split("\t")[-2:] == ["0_-1_1", "0.3125"]

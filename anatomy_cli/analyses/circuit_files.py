@@ -14,6 +14,7 @@ import torch
 
 from anatomy_cli.analyses.circuit import CircuitGraph
 from anatomy_cli.analyses.circuit_prune import PruneResult
+from anatomy_cli.errors import AnatomyError
 
 _MAPPING = "circuit_tracer.utils.tl_nnsight_mapping"
 _TARGETS = "circuit_tracer.attribution.targets"
@@ -78,7 +79,18 @@ def _cantor(layer: int, feature: int) -> int:
     return (layer + feature) * (layer + feature + 1) // 2 + feature
 
 
-def _nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
+def error_ids(layer: int, pos: int, ids: str = "current") -> tuple[str, str]:
+    """An error node's ``(node_id, jsNodeId)``: circuit-tracer's since its fix of issue #78 (``{layer}_-1_{pos}``,
+    ``{layer}_-1-{pos}``: feature slot -1, never a real feature, so the id parses back as layer, feature, position
+    and names no feature), or 0.5.0's (``ids="ct-0.5"``: ``0_{layer}_{pos}``, which equals the id of feature
+    ``layer`` of block 0 at the same position, and ``{layer}_{pos}-0``)."""
+    if ids == "ct-0.5":
+        return f"0_{layer}_{pos}", f"{layer}_{pos}-0"
+    return f"{layer}_-1_{pos}", f"{layer}_-1-{pos}"
+
+
+def _nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int], str], ids: str
+           ) -> list[dict[str, Any]]:
     n_sel, n_pos, n_layers = graph.n_features, graph.n_pos, graph.n_layers
     n_err = n_layers * n_pos
     infl = prune.cumulative_scores
@@ -97,7 +109,8 @@ def _nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int]
              activation=float(graph.activation_values[graph.selected_features[i]]))
     for e in range(n_err):
         layer, pos = divmod(e, n_pos)
-        node(n_sel + e, f"0_{layer}_{pos}", -1, str(layer), pos, "mlp reconstruction error", f"{layer}_{pos}-0")
+        node_id, js = error_ids(layer, pos, ids)
+        node(n_sel + e, node_id, -1, str(layer), pos, "mlp reconstruction error", js)
     for pos in range(n_pos):
         tok = int(graph.input_tokens[pos])
         node(n_sel + n_err + pos, f"E_{tok}_{pos}", pos, "E", pos, "embedding", f"E_{tok}-{pos}")
@@ -108,24 +121,41 @@ def _nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int]
     return nodes
 
 
-def graph_json(graph: CircuitGraph, prune: PruneResult, *, slug: str, node_threshold: float,
-               labels: dict[tuple[int, int], str] | None = None) -> dict[str, Any]:
-    """The Neuronpedia graph dict (``metadata``, ``qParams``, ``nodes``, ``links``) of circuit-tracer's
-    ``create_graph_files``: kept nodes (with a kept link, plus every token and logit), kept edges."""
-    every = _nodes(graph, prune, labels or {})
-    kept = {n["_index"]: n for n in every if bool(prune.node_mask[n["_index"]])}
-    links: list[dict[str, Any]] = []
+def written_nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int], str] | None = None,
+                  ids: str = "current") -> dict[int, dict[str, Any]]:
+    """The nodes the graph JSON holds, by their index in the adjacency matrix (in circuit-tracer's order): kept
+    nodes with a kept link between kept nodes, plus every token and logit. Refuses (AnatomyError naming it) an id
+    that two of them would share: only 0.5.0's error ids (``ids="ct-0.5"``) can."""
+    every = _nodes(graph, prune, labels or {}, ids)
+    kept = {n.pop("_index"): n for n in every if bool(prune.node_mask[n["_index"]])}
     used: set[int] = set()
-    a = graph.adjacency_matrix
     for dst, src in prune.edge_mask.nonzero().tolist():
         if dst in kept and src in kept:
-            links.append({"source": kept[src]["node_id"], "target": kept[dst]["node_id"], "weight": float(a[dst, src])})
             used.update((dst, src))
-    nodes = [{k: v for k, v in n.items() if k != "_index"} for i, n in kept.items()
-             if i in used or n["feature_type"] in ("embedding", "logit")]
+    out = {i: n for i, n in kept.items() if i in used or n["feature_type"] in ("embedding", "logit")}
+    seen: dict[str, dict[str, Any]] = {}
+    for n in out.values():
+        other = seen.setdefault(n["node_id"], n)
+        if other is not n:
+            raise AnatomyError(
+                f"--ids {ids}: node id {n['node_id']} would name two nodes of this graph ({other['feature_type']} "
+                f"of layer {other['layer']} and {n['feature_type']} of layer {n['layer']}, position {n['ctx_idx']}):"
+                f" no file written; the default --ids current gives every node its own id")
+    return out
+
+
+def graph_json(graph: CircuitGraph, prune: PruneResult, kept: dict[int, dict[str, Any]], *, slug: str,
+               node_threshold: float) -> dict[str, Any]:
+    """The Neuronpedia graph dict (``metadata``, ``qParams``, ``nodes``, ``links``) of circuit-tracer's
+    ``create_graph_files``: the nodes ``kept`` (:func:`written_nodes`: with a kept link, plus every token and
+    logit), the kept edges between them."""
+    a = graph.adjacency_matrix
+    links = [{"source": kept[src]["node_id"], "target": kept[dst]["node_id"], "weight": float(a[dst, src])}
+             for dst, src in prune.edge_mask.nonzero().tolist() if dst in kept and src in kept]
     scan = graph.scan
     metadata = {"slug": slug, "scan": scan if not isinstance(scan, list) else "custom", "transcoder_list":
                 scan if isinstance(scan, list) else [], "prompt_tokens": list(graph.pieces),
                 "prompt": graph.input_string, "node_threshold": node_threshold, "schema_version": 1}
     return {"metadata": metadata, "qParams": {"pinnedIds": [], "supernodes": [], "linkType": "both",
-                                              "clickedId": "", "sg_pos": ""}, "nodes": nodes, "links": links}
+                                              "clickedId": "", "sg_pos": ""}, "nodes": list(kept.values()),
+            "links": links}

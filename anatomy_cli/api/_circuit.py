@@ -20,8 +20,10 @@ def circuit(model: Model, prompt: str | list[str], opts: circuit_task.CircuitOpt
     (circuit-tracer's algorithm). ``result``: CircuitResult (``.graph``, ``.prune``, ``.json`` — the Neuronpedia
     graph dict —, ``.paths``); rows: ``paths``. ``target`` / ``target_id``: the logit nodes by text (one token
     each; ``first_token``: a longer text's first) and by id, texts first. ``out``: graph.pt; ``json``: the graph
-    JSON. ``offload``: ``cpu`` or ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes,
-    seconds) and nothing is computed (a model given by name is opened, not loaded)."""
+    JSON (a list of prompts: one file per prompt, ``graph-1.json``, ...); ``ids``: its node ids (``current``, or
+    ``ct-0.5``: circuit-tracer 0.5.0's, refused where two nodes would share one). ``offload``: ``cpu`` or
+    ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes, seconds) and nothing is computed
+    (a model given by name is opened, not loaded)."""
     from anatomy_cli.output.views import circuit as view
 
     if opts.estimate:

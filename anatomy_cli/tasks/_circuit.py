@@ -175,7 +175,9 @@ def _targets(opts: CircuitOptions, plan: CircuitPlan, logits: torch.Tensor) -> t
 
 
 def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOptions,
-        plan: CircuitPlan) -> CircuitResult:
+        plan: CircuitPlan, index: int | None = None) -> CircuitResult:
+    """The graph of one prompt; ``index``: its number in a batch (``--out`` / ``--json`` then name one file per
+    prompt, ``FILE-1.pt``, ... as ``--plot`` does)."""
     import torch
 
     from anatomy_cli.analyses import circuit as algo
@@ -197,21 +199,35 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
                      opts.edge_threshold)
     replacement, completeness = prune.scores(adjacency, graph.logit_probabilities, graph.n_pos,
                                              lm.n_layers * graph.n_pos)
-    slug = Path(opts.json).stem if opts.json else "circuit"
-    data = files.graph_json(graph, pr, slug=slug, node_threshold=opts.node_threshold, labels=plan.labels)
-    if opts.out:
-        files.save_pt(graph, opts.out, _cfg(lm))
-    if opts.json:
+    out, json_path = (None if f is None else numbered(f, index) for f in (opts.out, opts.json))
+    slug = Path(json_path).stem if json_path else "circuit"
+    nodes = files.written_nodes(graph, pr, plan.labels, opts.ids)  # refuses an id two nodes share: nothing written
+    data = files.graph_json(graph, pr, nodes, slug=slug, node_threshold=opts.node_threshold)
+    if out:
+        files.save_pt(graph, out, _cfg(lm))
+        notes.info(f"wrote {out}")
+    if json_path:
         import json
 
-        Path(opts.json).write_text(json.dumps(data, indent=2))
+        Path(json_path).write_text(json.dumps(data, indent=2))
+        notes.info(f"wrote {json_path}")
     checks: tuple[Any, ...] = ()
     if opts.check:
         from anatomy_cli.analyses import circuit_check
 
         fp = circuit_check.FrozenPrompt(lm, ids, transcoders, graph, s)
         checks = tuple(circuit_check.check_edges(fp, opts.check))
-    return CircuitResult(graph, pr, data, tuple(paths(data, opts.top)), replacement, completeness, checks)
+    return CircuitResult(graph, pr, data, tuple(paths(graph, pr, nodes, opts.top)), replacement, completeness,
+                         checks)
+
+
+def numbered(path: str, index: int | None) -> str:
+    """``path`` for one prompt; for prompt ``index`` of a batch, ``-index`` before its suffix (output/plots
+    ``numbered``, the rule ``--plot`` follows)."""
+    if index is None:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{index}{p.suffix}"))
 
 
 def _cfg(lm: LoadedModel) -> dict[str, Any]:
@@ -224,20 +240,24 @@ def _cfg(lm: LoadedModel) -> dict[str, Any]:
                        getattr(cfg, "num_key_value_heads", None))
 
 
-def paths(data: dict[str, Any], top: int) -> list[PathRow]:
-    """The ``top`` strongest kept edges into the first target logit, each with its own strongest kept source."""
-    nodes = {n["node_id"]: n for n in data["nodes"]}
-    target = next((n["node_id"] for n in data["nodes"] if n["is_target_logit"]), None)
-    into: dict[str, list[tuple[str, float]]] = {}
-    for link in data["links"]:
-        into.setdefault(link["target"], []).append((link["source"], link["weight"]))
+def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]], top: int) -> list[PathRow]:
+    """The ``top`` strongest kept edges into the first target logit, each source with its own strongest kept source
+    of any kind (feature, error node, token), read from the adjacency matrix by node index (``nodes``: the written
+    nodes by index, circuit_files ``written_nodes``; ids only name them). Error nodes and tokens are the graph's
+    inputs: circuit-tracer computes no edge into them, so their ``via`` is "" and ``via_weight`` None."""
+    a, mask = graph.adjacency_matrix, pr.edge_mask
+
+    def into(dst: int) -> list[tuple[float, int]]:
+        return [(float(a[dst, src]), src) for src in mask[dst].nonzero().flatten().tolist() if src in nodes]
+
+    pieces = [visible(p) for p in graph.pieces]  # decoded strings, shown as the tables show
     rows = []
-    pieces = [visible(p) for p in data["metadata"]["prompt_tokens"]]  # decoded strings, shown as the tables show
-    for src, w in sorted(into.get(target or "", []), key=lambda e: -abs(e[1]))[:top]:
+    for w, src in sorted(into(a.shape[0] - graph.n_logits), key=lambda e: -abs(e[0]))[:top]:
         n = nodes[src]
-        via, vw = max(into.get(src, [("", None)]), key=lambda e: abs(e[1] or 0.0))
-        rows.append(PathRow(src, n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
-                            float(n["influence"] or 0.0), via, vw))
+        best = max(into(src), key=lambda e: abs(e[0]), default=None)
+        rows.append(PathRow(n["node_id"], n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
+                            float(n["influence"] or 0.0), "" if best is None else nodes[best[1]]["node_id"],
+                            None if best is None else best[0]))
     return rows
 
 

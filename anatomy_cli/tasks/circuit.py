@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 COMMAND = "circuit"
 OFFLOAD = (None, "cpu", "disk")
+IDS = ("current", "ct-0.5")  # --ids (analyses/circuit_files.py error_ids)
 __all__ = ["COMMAND", "CircuitEstimate", "CircuitOptions", "CircuitPlan", "CircuitResult", "PathRow", "check",
            "estimate", "run"]
 
@@ -44,8 +45,9 @@ class CircuitOptions(Declared):
     """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
     or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table;
-    ``offload``: ``cpu`` or ``disk``, where the transcoders wait while not in use (tasks/_circuit.py
-    ``load_transcoders``); ``estimate``: the graph's size, memory and time from the shapes alone, nothing run.
+    ``ids``: the node ids (``current``: circuit-tracer's now; ``ct-0.5``: 0.5.0's); ``offload``: ``cpu`` or
+    ``disk``, where the transcoders wait while not in use (tasks/_circuit.py ``load_transcoders``); ``estimate``:
+    the graph's size, memory and time from the shapes alone, nothing run.
     ``target`` / ``target_id``: the logit nodes by text (each one token; ``first_token``: a longer text stands for
     its first) and by id, texts first; none: the salient logits."""
 
@@ -86,6 +88,11 @@ class CircuitOptions(Declared):
         "cross-layer transcoder's encoders so, its decoders read row by row either way.")
     estimate: bool = option(False, "--estimate", help="Print the graph's size, memory and expected time, before any "
                             "weight loads; compute nothing.")
+    ids: str = option(
+        "current", "--ids", metavar="current|ct-0.5",
+        help="Node ids of --json and the table: current (circuit-tracer's since its fix of issue #78: error nodes "
+        "{block}_-1_{pos}, every id unique) or ct-0.5 (circuit-tracer 0.5.0's byte for byte: error nodes "
+        "0_{block}_{pos}, which can equal a block-0 feature's id; such a graph is refused).")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,6 +115,8 @@ class CircuitOptions(Declared):
                 raise UsageError("--estimate computes no graph: it labels no features with --labels (drop one of "
                                  "the two)")
         targets.check_first_token(self.first_token, *self.wanted)
+        if self.ids not in IDS:
+            raise UsageError(f"--ids takes current or ct-0.5, not {self.ids!r}")
         if self.offload not in OFFLOAD:
             raise UsageError(f"--offload takes cpu or disk, not {self.offload!r}")
         if not Path(self.transcoders).is_dir():
@@ -172,16 +181,19 @@ def estimate(info: Any, encoded: list[Encoded], opts: CircuitOptions, plan: Circ
     return [_estimate.estimate(info, plan.transcoders, len(enc), opts, kind) for enc in encoded]
 
 
-def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan
-        ) -> list[CircuitResult] | list[CircuitEstimate]:
-    """The graphs (``opts.estimate``: the estimates, on the loaded model's device)."""
+def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, *,
+        batch: bool | None = None) -> list[CircuitResult] | list[CircuitEstimate]:
+    """The graphs (``opts.estimate``: the estimates, on the loaded model's device). ``batch``: the prompts are a
+    batch (the CLI: read from stdin; default: more than one), so ``--out`` and ``--json`` write one file per prompt,
+    ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does."""
     if opts.estimate:
         return estimate(lm.info, encoded, opts, plan, str(lm.device))
     from anatomy_cli.tasks import _circuit
 
     out = []
     transcoders = _circuit.load_transcoders(lm, plan.transcoders, opts.offload)
-    for enc in encoded:
+    numbered = len(encoded) > 1 if batch is None else batch
+    for i, enc in enumerate(encoded, start=1):
         with notes.status(f"attributing {len(enc)} tokens"):
-            out.append(_circuit.one(lm, enc, transcoders, opts, plan))
+            out.append(_circuit.one(lm, enc, transcoders, opts, plan, i if numbered else None))
     return out

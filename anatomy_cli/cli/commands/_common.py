@@ -19,7 +19,8 @@ its cache). The command runs the engine; :func:`emit_prompts` prints one report 
 * ``json``: the object for a PROMPT argument, ``{"results": [...]}`` for stdin
   (decided by the source, not by how many lines it had, so scripts get one shape);
 * ``tsv``/``csv``: for stdin, each section's rows of all prompts together with a
-  leading ``prompt`` column; the model line and the notes go to stderr once;
+  leading ``prompt`` column; on stderr the model line once, each prompt's own heading lines and notes
+  (each note naming its prompt), then the notes every prompt shares, once;
 * ``table``: one report after the other, each with its own heading.
 
 No torch at import time.
@@ -112,12 +113,25 @@ def emit_prompts(reports: Sequence[Report], fmt: Format | None, *, from_stdin: b
     elif from_stdin and fmt is Format.json:
         emit(Report(data={"results": [r.data for r in reports]}, sections=()), fmt)
     elif from_stdin and fmt in (Format.tsv, Format.csv):
-        # The first heading line names the model (and "untrained"); the others are per prompt.
-        emit(Report(data=None, sections=_with_prompt_column(reports), heading=reports[0].heading[:1],
-                    notes=list(dict.fromkeys(n for r in reports for n in r.notes))), fmt)
+        emit(Report(data=None, sections=_with_prompt_column(reports), heading=_batch_lines(reports)), fmt)
     else:
         for report in reports:
             emit(report, fmt)
+
+
+def _batch_lines(reports: Sequence[Report]) -> list[str]:
+    """The stderr lines of a stdin batch in tsv/csv: the first heading line (the model, "untrained") once where
+    every prompt has it; then each prompt's own heading lines (its prompt line, its counts) and its notes, each
+    note naming its prompt; last the notes every prompt has, once."""
+    first = reports[0].heading[:1]
+    shared_first = all(r.heading[:1] == first for r in reports)
+    shared = [n for n in dict.fromkeys(reports[0].notes) if all(n in r.notes for r in reports)]
+    lines = list(first) if shared_first else []
+    for r in reports:
+        lines += r.heading[1:] if shared_first else r.heading
+        lines += [f"prompt {r.data['prompt']!r}: {n}" for n in dict.fromkeys(r.notes) if n not in shared]
+    return lines + shared
+
 
 def _with_prompt_column(reports: Sequence[Report]) -> list[Section]:
     merged = []

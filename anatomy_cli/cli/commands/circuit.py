@@ -80,5 +80,5 @@ def circuit_command(
         emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt, from_stdin=prompt == "-")
         return
     lm = load_weights(opened)
-    results = task.run(lm, encoded, opts, plan)
+    results = task.run(lm, encoded, opts, plan, batch=prompt == "-")
     draw_and_emit("circuit", view, lm, encoded, results, plot, fmt, prompt)

@@ -3,9 +3,11 @@ schema that ``--json`` writes: ``metadata.prompt_tokens``, ``nodes``, ``links``)
 
 Rows are the residual stream's readings, bottom to top: the token embeddings (``embed``), blocks 0..L−1 (feature and
 error nodes), the logits; columns are the prompt's positions. Several nodes in one cell sit side by side, the most
-influential (lowest cumulative influence) in the middle. Each link is a line from source to target, its width
-proportional to |weight| (the strongest ``MAX_LINKS``), blue where the source raises the target, red where it lowers
-it. Hovering a node shows its id, kind, position and token, label (``clerp``), activation and influence.
+influential (lowest cumulative influence) in the middle. The logit nodes, all at the last position, spread along their
+row, the most probable over the last token, the ``LABELLED`` most probable labelled with their token. Each link is a
+line from source to target, its width proportional to |weight| (the strongest ``MAX_LINKS``), blue where the source
+raises the target, red where it lowers it. Hovering a node shows its id, kind, position and token, label (``clerp``),
+activation and influence.
 
 Labels and tokens are the user's and the model's text: they go into the page only through :func:`esc` / :func:`token`.
 """
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from anatomy_cli.output.plots.caption import Caption
 
 MAX_LINKS = 3000  # plotly draws a few thousand segments in well under a second
+LABELLED = 5  # the most probable logit nodes carry their token as a label
 WIDTHS = (0.5, 1.2, 2.2, 3.5, 5.5)  # line widths of the |weight| quintiles of the strongest link
 RAISE, LOWER = "#4c72b0", "#c44e52"
 # the legend on one line above the plot, clear of the x-axis title below it
@@ -57,10 +60,12 @@ def row_of(node: Mapping[str, Any], n_layers: int) -> int:
 
 def places(nodes: Sequence[Mapping[str, Any]], n_layers: int) -> list[tuple[float, int]]:
     """``(x, row)`` of each node, in the order of ``nodes``: nodes sharing a (row, position) cell spread over 0.8 of the
-    column, the most influential in the middle."""
+    column, the most influential in the middle; the logit nodes (all at the last position) along their row
+    (:func:`logit_xs`)."""
     cells: dict[tuple[int, int], list[int]] = defaultdict(list)
     for i, node in enumerate(nodes):
-        cells[(row_of(node, n_layers), int(node["ctx_idx"]))].append(i)
+        if node["feature_type"] != "logit":
+            cells[(row_of(node, n_layers), int(node["ctx_idx"]))].append(i)
     out: list[tuple[float, int]] = [(0.0, 0)] * len(nodes)
     for (row, pos), members in cells.items():
         members.sort(key=lambda i: (nodes[i].get("influence") is None, nodes[i].get("influence") or 0.0, i))
@@ -69,7 +74,31 @@ def places(nodes: Sequence[Mapping[str, Any]], n_layers: int) -> list[tuple[floa
         slots = [pos - 0.4 + step * (k + 0.5) for k in range(len(members))]
         for i, k in zip(members, order):
             out[i] = (slots[k], row)
+    for i, x in logit_xs(nodes).items():
+        out[i] = (x, n_layers + 1)
     return out
+
+
+def logit_xs(nodes: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """The logit nodes' x, by their index in ``nodes``, most probable first: one column apart from the last position
+    leftwards, or where they would not fit, spread evenly over the plot's width (ten logits over six positions:
+    0.58 of a column apart, rather than ten markers in one column's 0.8)."""
+    logits = sorted((i for i, n in enumerate(nodes) if n["feature_type"] == "logit"),
+                    key=lambda i: (-float(nodes[i].get("token_prob") or 0.0), i))
+    if not logits:
+        return {}
+    last = max(int(n["ctx_idx"]) for n in nodes)
+    slot = (last + 0.8) / len(logits)  # [-0.4, last + 0.4] in equal slots (the x range is [-0.6, last + 0.6])
+    if slot >= 1.0:  # few: one column apart, from the last position leftwards
+        return {i: float(last - rank) for rank, i in enumerate(logits)}
+    return {i: last + 0.4 - (rank + 0.5) * slot for rank, i in enumerate(logits)}
+
+
+def logit_label(node: Mapping[str, Any]) -> str:
+    """A logit node's token as its label (from circuit-tracer's clerp ``Output "TOKEN" (p=0.749)``), escaped."""
+    clerp = str(node.get("clerp") or "")
+    text = clerp[len('Output "'):clerp.rindex('" (p=')] if clerp.startswith('Output "') and '" (p=' in clerp else ""
+    return token(visible(text), 12) if text else esc(node["node_id"])
 
 
 def by_id(nodes: Sequence[Mapping[str, Any]], at: Sequence[tuple[float, int]]) -> dict[str, tuple[float, int]]:
@@ -131,11 +160,15 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
     n_layers = max((int(n["layer"]) for n in nodes if n["feature_type"] == "logit"), default=1) - 1
     at = places(nodes, n_layers)
     fig = go.Figure(link_traces(graph["links"], by_id(nodes, at)))
+    labelled = list(logit_xs(nodes))[:LABELLED]  # the most probable logits
     for kind, (name, symbol, colour) in KINDS.items():
         members = [i for i, n in enumerate(nodes) if n["feature_type"] == kind]
         if members:
+            text = [logit_label(nodes[i]) if i in labelled else "" for i in members] if kind == "logit" else None
             fig.add_trace(go.Scatter(
-                x=[at[i][0] for i in members], y=[at[i][1] for i in members], mode="markers",
+                x=[at[i][0] for i in members], y=[at[i][1] for i in members],
+                mode="markers+text" if text else "markers", text=text, textposition="top center",
+                textfont={"size": 10, "color": "#444"}, cliponaxis=False,
                 name=esc(name), marker={"symbol": symbol, "size": 11 if kind == "logit" else 9, "color": colour,
                                         "line": {"width": 0.5, "color": "#333"}},
                 customdata=[nodes[i]["node_id"] for i in members],
@@ -147,7 +180,7 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
     fig.update_layout(legend=LEGEND, margin={"t": 70})
     fig.update_xaxes(title_text="input token at each position", **ticks([token(visible(t), 14) for t in tokens]),
                      range=[-0.6, len(tokens) - 0.4], showgrid=False, zeroline=False)
-    fig.update_yaxes(title_text="block", **ticks(rows, 40), range=[-0.7, n_layers + 1.7], showgrid=True,
+    fig.update_yaxes(title_text="block", **ticks(rows, 40), range=[-0.7, n_layers + 2.2], showgrid=True,
                      gridcolor="#eee", zeroline=False)
     page = caption_page(cap)
     page.add(plot(fig, div_id="circuit-graph"))
@@ -158,6 +191,8 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
                     + (f"; the {shown} strongest links drawn" if shown < n_links else ""),
                     *([f"{shared} node id(s) name two nodes each (circuit-tracer's error id 0_{{block}}_{{position}} "
                        "equals a block-0 feature's id): links are drawn to the feature"] if shared else []),
+                    "the logit nodes (all at the last position) lie along their row, the most probable over the last "
+                    f"token; the {LABELLED} most probable carry their token",
                     "line width: |weight| relative to the strongest link; blue raises its target, red lowers it",
                     "hover a node for its label, activation and cumulative influence (lower = more influential)"]))
     return page

@@ -28,18 +28,25 @@ KINDS = {"cross layer transcoder": "feature", "mlp reconstruction error": "error
          "logit": "logit"}
 
 
+INPUTS = ("mlp reconstruction error", "embedding")  # the graph's inputs: circuit-tracer computes no edge into them
+
+
 def report(lm: Any, enc: Any, result: Any) -> Report:
     if hasattr(result, "seconds_expected"):
         return estimate_report(lm, enc, result)
     data = {**prompt_record(lm, enc), **result.to_dict()}
-    rows = [{**r, "kind": KINDS.get(r["kind"], r["kind"])} for r in data["paths"]]
+    rows = [{**r, "kind": KINDS.get(r["kind"], r["kind"]), **({"via": "(input)"} if r["kind"] in INPUTS else {})}
+            for r in data["paths"]]
     first = data["targets"][0]
-    heading = [f"circuit · {model_label(lm)} · {data['n_selected_features']} of {data['n_active_features']} "
-               f"active features · {data['n_kept_nodes']} nodes, {data['n_kept_edges']} edges kept",
-               prompt_line(enc)]
+    heading = [f"circuit · {model_label(lm)}", prompt_line(enc),
+               f"{data['n_selected_features']} of {data['n_active_features']} active features · "
+               f"{data['n_kept_nodes']} nodes, {data['n_kept_edges']} edges kept"]
     notes = [f"target {first['token']!r} (p={first['prob']:.3f}) of {len(data['targets'])} logit nodes; "
              f"replacement score {data['replacement_score']:.3f}, completeness {data['completeness_score']:.3f}",
              "weight: the direct effect on the target logit (demeaned) in the frozen replacement model"]
+    if any(r["kind"] in INPUTS for r in data["paths"]):
+        notes.append("strongest source: the node's strongest kept incoming edge, from a feature, error node or "
+                     "token; error nodes and tokens are the graph's inputs (no edge enters them): (input)")
     if "check" in data:
         c = data["check"]
         notes.append(f"--check: {c['n_edges']} edges re-measured by intervention, largest difference "
