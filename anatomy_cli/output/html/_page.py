@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -27,8 +28,14 @@ from anatomy_cli.output.html.markup import Part
 from anatomy_cli.output.html.markup import esc
 from anatomy_cli.output.html.markup import script_json
 
-if TYPE_CHECKING:
-    from anatomy_cli.output.html import Page
+
+class Page(Protocol):
+    """What :func:`render` reads of an :class:`anatomy_cli.output.html.Page` (the package imports this module)."""
+
+    title: str
+    lines: Sequence[str]
+    parts: list[Part]
+    untrained: bool
 
 # No button that leaves the page: plotly.js 4 calls its upload button "sendChartToCloud" (shown by default, it
 # offers to upload the figure to Plotly Cloud), older versions "sendDataToCloud"; "Edit in Chart Studio" too
