@@ -17,14 +17,16 @@ from typing import Any
 import numpy as np
 
 from anatomy_cli.corpus.feature_sums import FeatureSums
+from anatomy_cli.corpus.runner import Result
 from anatomy_cli.corpus.runner import _Tracker
+from anatomy_cli.corpus.runner import merge_in_order
 from anatomy_cli.corpus.runner import model_identity
 from anatomy_cli.corpus.runner import plan
 from anatomy_cli.corpus.sources import Source
 from anatomy_cli.corpus.store import Store
 from anatomy_cli.corpus.windows import Shard
+from anatomy_cli.corpus.windows import batches
 from anatomy_cli.corpus.worker import crash_if_marked
-from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 
 
@@ -90,11 +92,8 @@ class FeatureWorker:
         s = self.settings
         part = FeatureSums(np.asarray(s.features, np.int64), s.top_k, s.quantile_size, s.window,
                            self.dictionary.file.d_sae, s.cooccur)
-        group, start = list(shard.windows), 0
-        while start < len(group):  # windows of one length, batch_size at a time (only the last may be shorter)
-            end = start + 1
-            while end < len(group) and end - start < s.batch_size and len(group[end]) == len(group[start]):
-                end += 1
+        group = list(shard.windows)
+        for start, end in batches(shard, s.batch_size):
             ids = torch.tensor(group[start:end], dtype=torch.long)
             t0 = time.perf_counter()
             acts = window_features(self.lm, ids, self.dictionary)
@@ -104,28 +103,18 @@ class FeatureWorker:
             part.seconds["features"] = part.seconds.get("features", 0.0) + time.perf_counter() - t1
             if on_window is not None:
                 on_window(end - start, int(ids.numel()))
-            start = end
         return part
 
     def run(self, shard: Shard) -> FeatureSums:
         return self(shard)
 
 
-@dataclass(frozen=True)
-class FeatureResult:
-    sums: FeatureSums
-    shards: int
-    resumed: int
-    seconds: dict[str, float]
-    elapsed: float
-    recomputed: tuple[str, ...] = ()
-
-
 def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer: Any, lm: Any = None,
         out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
         ray: dict[str, Any] | None = None, progress: Callable[[Any], None] | None = None,
-        delphi: Any = None, crash_once: tuple[str, int] | None = None) -> FeatureResult:
-    """Measure every shard of ``source`` and merge them in shard order (as :func:`anatomy_cli.corpus.runner.run`).
+        delphi: Any = None, crash_once: tuple[str, int] | None = None) -> Result:
+    """Measure every shard of ``source`` and merge them in shard order (as :func:`anatomy_cli.corpus.runner.run`);
+    the runner's Result, ``stats`` the merged :class:`FeatureSums`.
     ``delphi``: a :class:`~anatomy_cli.corpus.delphi_cache.DelphiWriter` each shard's nonzero activations go to."""
     store = None
     if out is not None:
@@ -160,14 +149,8 @@ def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer
         for shard in todo:
             finished(shard, worker(shard, track.on_window))
     total = max(track.seen, max(parts, default=-1) + 1)
-    missing = [i for i in range(total) if i not in parts]
-    if not parts or missing:
-        raise UsageError("the corpus has no text: nothing to measure (it needs at least 2 tokens)" if not parts
-                         else f"shards {missing[:5]} are missing from the run")
-    merged = parts[0].empty()
-    for index in range(total):
-        merged.merge(parts[index])
+    merged = merge_in_order(parts, total, FeatureSums.empty)
     if store is not None:
         store.mark_complete(total, merged.windows, merged.tokens)
-    return FeatureResult(merged, total, track.resumed, track.seconds, time.perf_counter() - track.t0,
+    return Result(merged, total, track.resumed, track.seconds, time.perf_counter() - track.t0,
                          tuple(recomputed))

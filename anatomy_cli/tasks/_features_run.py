@@ -126,7 +126,7 @@ def _finish(lm: Any, opts: FeaturesOptions, plan: FeaturesPlan, done: tuple[Any,
     from anatomy_cli.tasks.session import describe
 
     result, delphi = done
-    sums = result.sums
+    sums = result.stats
     described = describe(lm)
 
     def pieces(token_id: int) -> str:

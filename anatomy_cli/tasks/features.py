@@ -58,15 +58,10 @@ class FeaturesOptions(Declared):
     logit_top: int = option(10, "--logit-top", min=1, metavar="N",
                             help="Tokens listed at each end of a feature's logit effects.")
     seed: int = option(22, "--seed", metavar="N", help="The seed of the sampled contexts (delphi's default).")
-    ctx: int | None = option(None, "--ctx", min=2, show_default=False,
-                             help="Tokens per window. Default: the dictionary's context size, else min(512, the "
-                             "model's context).")
-    max_tokens: int | None = option(None, "--max-tokens", min=2, show_default=False,
-                                    help="Stop after this many tokens (default: all).")
-    column: str = option("text", "--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")
-    bos: bool | None = option(None, "--bos/--no-bos", show_default=False,
-                              help="Start each window with the BOS token. Default: the dictionary's prepend_bos, "
-                              "else when the tokenizer adds one.")
+    ctx: int | None = shared.ctx("the dictionary's context size, else min(512, the model's context)")
+    max_tokens: int | None = shared.max_tokens()
+    column: str = shared.column()
+    bos: bool | None = shared.bos("the dictionary's prepend_bos, else when the tokenizer adds one")
     allow_special: bool = option(False, "--allow-special", help="Read special-token text in the corpus as that "
                                  "special token. Default: plain text.")
     out: Path | None = option(None, "--out", metavar="DIR", show_default=False, extra={"file_okay": False},
@@ -77,8 +72,8 @@ class FeaturesOptions(Declared):
                                  help="Also write delphi's latent cache (safetensors splits of locations, activations "
                                  "and tokens) here. Needs --out.")
     estimate: bool = option(False, "--estimate", help="Print the expected cost and stop (no weights load).")
-    shard_windows: int = option(16, "--shard-windows", min=1, help="Windows per shard.")
-    batch_size: int = option(4, "--batch-size", min=1, help="Windows per forward pass.")
+    shard_windows: int = shared.shard_windows()
+    batch_size: int = shared.window_batch()
     ray: bool = shared.ray("Run the shards")
     ray_address: str | None = shared.ray_address()
     workers: int = shared.workers()

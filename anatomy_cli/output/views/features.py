@@ -52,8 +52,8 @@ def report(run: FeaturesRun) -> Report:
     table = [{**r, "promoted": " ".join(promoted.get(r["feature"], [])), "top_context": top.get(r["feature"], "")}
              for r in run.rows]
     result = run.result
-    data: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "tokens": result.sums.tokens,
-                            "windows": result.sums.windows, "shards": result.shards, "resumed": result.resumed,
+    data: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "tokens": result.stats.tokens,
+                            "windows": result.stats.windows, "shards": result.shards, "resumed": result.resumed,
                             "ctx": run.plan.ctx, "bos": run.plan.bos, "estimate": run.cost,
                             "logit_convention": LOGIT_CONVENTION,
                             "histogram_edges": [e if e != float("inf") else None for e in hist_edges()],
@@ -62,7 +62,7 @@ def report(run: FeaturesRun) -> Report:
     dead = sum(r["status"] == "dead" for r in run.rows)
     always = sum(r["status"] == "always-on" for r in run.rows)
     heading = [f"features · {run.model} · {sae.path} at {sae.hook_name} · {len(run.rows):,} features over "
-               f"{result.sums.tokens:,} tokens ({result.sums.windows:,} windows of {run.plan.ctx})",
+               f"{result.stats.tokens:,} tokens ({result.stats.windows:,} windows of {run.plan.ctx})",
                f"{dead:,} dead, {always:,} always-on"]
     notes = [f"logit effects: {LOGIT_CONVENTION}"]
     if run.files:
