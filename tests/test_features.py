@@ -255,3 +255,33 @@ def test_the_python_api_returns_the_command_s_json(setup):
                               shard_windows=3)
     cli = run_json(model, sae, corpus, "--features", "2-3")
     assert result.to_dict()["features"] == cli["features"]
+
+
+def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(setup):
+    """SAELens' skip transcoder at blocks.0.ln2.hook_normalized: encoded from the pre-MLP LayerNorm's normalised
+    vector (x - mean) / σ, read here with a hook on the norm's input."""
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    model, _, corpus, _ = setup
+    folder = Path(__file__).parent / "fixtures" / "sae" / "saelens-transcoder"
+    data = run_json(model, folder, corpus, "--features", "0-63", "--cooccur", 0)
+    windows, _, _, _ = brute(model, folder)
+    hf = AutoModelForCausalLM.from_pretrained(model).eval()
+    w = load_file(str(folder / "sae_weights.safetensors"))
+    seen = []
+    handle = hf.transformer.h[0].ln_2.register_forward_pre_hook(lambda m, a: seen.append(a[0][0].detach()))
+    try:
+        with torch.no_grad():
+            for win in windows:
+                hf(torch.tensor([win]))
+    finally:
+        handle.remove()
+    x = torch.cat(seen).double()
+    n = ((x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()).numpy()
+    acts = np.maximum(n @ w["W_enc"] + w["b_enc"], 0)
+    assert data["dictionary"]["site"] == "blocks.0.mlp.hook_in" and data["tokens"] == len(acts)
+    for r in data["features"]:
+        f = r["feature"]
+        assert r["fires"] == int((acts[:, f] > 0).sum())
+        assert r["max_activation"] == pytest.approx(float(acts[:, f].max()), rel=1e-4, abs=1e-5)
