@@ -20,7 +20,6 @@ from typing import Any
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.sources import Source
 from anatomy_cli.corpus.store import Store
-from anatomy_cli.corpus.summary import CorpusStats
 from anatomy_cli.corpus.summary import summarize
 from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import shards
@@ -67,7 +66,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class Result:
-    stats: CorpusStats
+    stats: Any  # CorpusStats (corpus); the merged FeatureSums (features, corpus/feature_run.py)
     shards: int
     resumed: int
     seconds: dict[str, float]
@@ -144,13 +143,19 @@ def _resume(store: Store | None, acts: Any) -> tuple[dict[int, Partial], list[st
 
 
 def _merge(parts: dict[int, Partial], total: int) -> Partial:
-    """Every shard's sums, in shard order. Raises UsageError for no text or a hole in the shards."""
+    """Every shard's sums, in shard order (:func:`merge_in_order`)."""
+    return merge_in_order(parts, total, lambda p: Partial(p.n_layers, p.n_heads, p.d_model, p.fitted))
+
+
+def merge_in_order(parts: dict[int, Any], total: int, empty: Callable[[Any], Any]) -> Any:
+    """Shards ``0..total-1`` of ``parts`` merged in shard order into ``empty(parts[0])`` (a part of that shape with
+    nothing in it). Raises UsageError for no text or a hole in the shards."""
     if not parts:
         raise UsageError("the corpus has no text: nothing to measure (it needs at least 2 tokens)")
     missing = [i for i in range(total) if i not in parts]
     if missing:  # an out dir with shards beyond the plan, or a bug: never merge around a hole
         raise UsageError(f"shards {missing[:5]} are missing from the run")
-    merged = Partial(parts[0].n_layers, parts[0].n_heads, parts[0].d_model, parts[0].fitted)
+    merged = empty(parts[0])
     for index in range(total):
         merged.merge(parts[index])
     return merged

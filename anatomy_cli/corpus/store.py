@@ -87,7 +87,10 @@ def _atomic(path: Path, write: Any) -> None:
 
 
 class Store:
-    """An output directory. :meth:`open` checks an existing manifest against this run."""
+    """An output directory. :meth:`open` checks an existing manifest against this run. ``part_type``: what a shard's
+    file holds (``from_table``; `anatomy features` stores its own)."""
+
+    part_type: Any = Partial
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -130,7 +133,7 @@ class Store:
         self.manifest = fresh
         self._write_manifest()
 
-    def load(self, index: int) -> Partial | str:
+    def load(self, index: int) -> Any:
         """Shard ``index`` as listed in the manifest, or why it cannot be used (missing, damaged: its SHA-256
         or row count is not the manifest's, or it does not parse); such a shard is dropped from the manifest."""
         import pyarrow.parquet as pq
@@ -148,14 +151,14 @@ class Store:
                 if table.num_rows != entry.get("rows"):
                     why = f"damaged ({table.num_rows} rows, the manifest says {entry.get('rows')})"
                 else:
-                    return Partial.from_table(table)
+                    return self.part_type.from_table(table)
             except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a damaged file
                 why = f"damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
         self.manifest["shards"] = [s for s in self.manifest["shards"] if s["index"] != index]
         self._write_manifest()
         return why
 
-    def save(self, index: int, part: Partial) -> None:
+    def save(self, index: int, part: Any) -> None:
         """Write shard ``index``'s file, then list it in the manifest with its row count and SHA-256."""
         import pyarrow.parquet as pq
 
@@ -186,7 +189,11 @@ class Store:
             for name, columns in EXPERT_FILES:
                 table = pa.Table.from_pylist(list(getattr(stats, name)), schema=schema(columns))
                 _atomic(self.root / f"{name}.parquet", lambda tmp, t=table: pq.write_table(t, tmp))
-        self.manifest["complete"] = {"shards": total_shards, "windows": stats.windows, "tokens": stats.tokens}
+        self.mark_complete(total_shards, stats.windows, stats.tokens)
+
+    def mark_complete(self, shards: int, windows: int, tokens: int) -> None:
+        """The manifest marks the run complete."""
+        self.manifest["complete"] = {"shards": shards, "windows": windows, "tokens": tokens}
         self._write_manifest()
 
     def _write_manifest(self) -> None:

@@ -138,3 +138,15 @@ def shards(windows_iter: Iterable[tuple[int, ...]], shard_windows: int) -> Itera
             index, group = index + 1, []
     if group:
         yield Shard(index, first, tuple(group))
+
+
+def batches(shard: Shard, batch_size: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of consecutive windows of one length, ``batch_size`` at a time (only the corpus' last
+    window is shorter)."""
+    group, start = shard.windows, 0
+    while start < len(group):
+        end = start + 1
+        while end < len(group) and end - start < batch_size and len(group[end]) == len(group[start]):
+            end += 1
+        yield start, end
+        start = end

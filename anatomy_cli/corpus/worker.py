@@ -11,6 +11,7 @@ import numpy as np
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.settings import Settings as Settings  # re-exported: corpus.worker.Settings
 from anatomy_cli.corpus.windows import Shard
+from anatomy_cli.corpus.windows import batches
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -53,21 +54,15 @@ class Worker:
         lm, s = self.lm, self.settings
         part = Partial(lm.n_layers, lm.n_heads, lm.d_model, tuple(kind for kind, fitted in self.lenses if fitted),
                        experts=_expert_sums(lm) if s.experts else None)
-        start = 0
         group = list(shard.windows)
         self.saved = {site: [] for site in s.save_activations}
-        while start < len(group):
-            # Consecutive windows of one length (only the corpus' last window is shorter), batch_size at a time.
-            end = start + 1
-            while end < len(group) and end - start < s.batch_size and len(group[end]) == len(group[start]):
-                end += 1
+        for start, end in batches(shard, s.batch_size):
             ids = torch.tensor(group[start:end], dtype=torch.long)
             with recording(lm, s.save_activations, self.saved, (ids.shape[0], ids.shape[1])):
                 measure(lm, ids, part, first_window=shard.first_window + start, lenses=self.lenses,
                         lens_every=s.lens_every, heads=s.heads, token_bytes=self.token_bytes)
             if on_window is not None:
                 on_window(end - start, int(ids.numel()))
-            start = end
         return part
 
     def run(self, shard: Shard) -> Partial:

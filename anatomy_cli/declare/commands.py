@@ -102,6 +102,8 @@ COMMANDS: tuple[Command, ...] = (
             docs="docs/commands/generate.md"),
     Command("steer", "steer", Needs.decoder, api=("_generation", "steer"), docs="docs/commands/steer.md"),
     Command("sae", "sae", Needs.decoder, api=("_sae", "sae"), docs="docs/commands/sae.md"),
+    Command("features", "features", Needs.decoder, api=("_features", "features"), docs="docs/commands/features.md",
+            serve=Serve(not_with=_RAY, why="the same: its Ray workers load their own copies of the model")),
     Command("route", "route", Needs.moe, api=("_prompts", "route"), docs="docs/commands/route.md"),
     Command("fit-lens", "fit_lens", Needs.decoder, api=("_fit_lens", "fit_lens"), docs="docs/commands/fit-lens.md",
             serve=Serve(not_with=_RAY, why="the same: its Ray workers load their own copies of the model")),

@@ -74,3 +74,32 @@ def gpus_per_worker() -> Any:
 def lenses(default: Any, help: str) -> Any:
     """``--lens`` repeated (corpus, lens-eval): the lenses, each ``logit``, ``tuned:DIR`` or ``jacobian:FILE``."""
     return option(default, "--lens", metavar=LENS_METAVAR, show_default=False, cli=list[str] | None, help=help)
+
+
+# --- the corpus' window options (corpus, features), in this order
+def ctx(default: str) -> Any:
+    """``--ctx``; ``default``: what the default is, in words."""
+    return option(None, "--ctx", min=2, show_default=False, help=f"Tokens per window. Default: {default}.")
+
+
+def bos(default: str) -> Any:
+    """``--bos/--no-bos``; ``default``: when a window starts with BOS by default, in words."""
+    return option(None, "--bos/--no-bos", show_default=False,
+                  help=f"Start each window with the BOS token. Default: {default}.")
+
+
+def max_tokens() -> Any:
+    return option(None, "--max-tokens", min=2, show_default=False, help="Stop after this many tokens (default: all).")
+
+
+def column() -> Any:
+    return option("text", "--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")
+
+
+def shard_windows() -> Any:
+    return option(16, "--shard-windows", min=1, help="Windows per shard.")
+
+
+def window_batch() -> Any:
+    """``--batch-size``: windows per forward pass (the corpus' commands)."""
+    return option(4, "--batch-size", min=1, help="Windows per forward pass.")

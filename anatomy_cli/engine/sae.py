@@ -224,4 +224,42 @@ def feature_vector(sae: SAEFile, feature: int) -> SteeringVector:
     return SteeringVector({point[0]: row}, site=point[1].value, meta=meta)
 
 
-__all__ = ["Dictionary", "SpliceRun", "decoder_lens", "feature_vector", "site_norms", "splice_run"]
+def window_features(lm: LoadedModel, ids: torch.Tensor, sae: Dictionary) -> torch.Tensor:
+    """The features ``[batch, T, d_sae]`` (float32, on ``lm.device``) of windows ``ids [batch, T]``: one forward,
+    the SAE's input read at its site (before the pre-MLP norm's gain where :func:`site_norms` says so) and encoded,
+    as :func:`splice_run` encodes one prompt."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(t: torch.Tensor) -> None:
+        seen["in"] = t.detach()
+
+    lm.model.eval()
+    norm_in, _ = site_norms(lm, sae.file)
+    with torch.inference_mode(), _hooks(lm, [(sae.file.site, keep)]):
+        forward(lm, ids.to(lm.device))
+        x = seen["in"] if norm_in is None else norm_in.normalized(seen["in"])
+        return sae.encode(x.reshape(ids.shape[0], ids.shape[1], -1).to(sae.dtype)).float()
+
+
+def logit_effects(lm: LoadedModel, rows: torch.Tensor) -> torch.Tensor:
+    """Decoder directions ``rows [k, d_model]`` read as Neuronpedia reads them, ``[k, vocab]`` float32:
+    ``W_U (g ⊙ d)``, the final norm's gain ``g`` folded in and its normalization (the scale, LayerNorm's centring)
+    and bias left out (TransformerLens' ``fold_ln``), the LM head's bias left out, and each row's mean over the
+    vocabulary subtracted (``center_unembed``). A model without a final norm: ``g = 1``."""
+    from anatomy_cli.engine.lens import unembed
+    from anatomy_cli.engine.norm_gain import probe
+
+    rows = rows.to(lm.device, torch.float32)
+    point = lm.points.get("ln_final.hook_normalized")
+    if point is not None:
+        gain, _ = probe(point[0], rows.shape[-1], lm.device, lm.dtype)
+        rows = rows * gain
+    with torch.inference_mode():
+        both = unembed(lm, torch.cat([rows, torch.zeros_like(rows[:1])]).to(lm.dtype), softcap=False,
+                       normed=True).float()
+    effects = both[:-1] - both[-1:]  # the head's bias (a constant per token) left out
+    return effects - effects.mean(dim=-1, keepdim=True)
+
+
+__all__ = ["Dictionary", "SpliceRun", "decoder_lens", "feature_vector", "logit_effects", "site_norms", "splice_run",
+           "window_features"]

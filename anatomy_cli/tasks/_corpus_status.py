@@ -26,27 +26,27 @@ class CorpusStatus:
     """The progress callback: the status line (:func:`_progress`) per report, and once, at the first report with
     measured windows, the expected cost (:func:`_cost`) as a line on stderr that stays."""
 
-    def __init__(self, line: StatusLine, budget: int | None):
-        self.line, self.budget, self.costed = line, budget, False
+    def __init__(self, line: StatusLine, budget: int | None, what: str = "corpus"):
+        self.line, self.budget, self.costed, self.what = line, budget, False, what
         self.last: Progress | None = None
 
     def __call__(self, p: Progress) -> None:
         self.last = p
-        self.line.update(_progress(p, self.budget))
+        self.line.update(_progress(p, self.budget).replace("corpus:", f"{self.what}:", 1))
         if not self.costed and p.done > 0:
             self.costed = True
             cost = _cost(p, self.budget)
             if cost:
-                info(cost)
+                info(cost.replace("corpus:", f"{self.what}:", 1))
 
     def interrupted(self, out: Path | None) -> str:
         """What an interrupted run (Ctrl-C) says on its way out: what is kept, and how to go on."""
         if out is None:
-            return "corpus: interrupted; nothing is kept without --out DIR"
+            return f"{self.what}: interrupted; nothing is kept without --out DIR"
         p = self.last
         kept = f"{p.shards + p.resumed:,} finished shard{'s' if p.shards + p.resumed != 1 else ''}" if p else \
             "the finished shards"
-        return f"corpus: interrupted; {kept} kept in {out}: run the same command again to resume"
+        return f"{self.what}: interrupted; {kept} kept in {out}: run the same command again to resume"
 
 
 def _cost(p: Progress, budget: int | None) -> str | None:

@@ -45,14 +45,10 @@ class CorpusOptions(Declared):
     ``tuned:DIR`` or ``jacobian:FILE`` (``--lens``, repeatable; a text, a list, None or True for the logit lens
     alone, the default, or False/``()`` for none, ``--no-lens``); kept as a tuple of texts with absolute paths."""
 
-    ctx: int | None = option(None, "--ctx", min=2, show_default=False,
-                             help="Tokens per window. Default: min(512, the model's context).")
-    max_tokens: int | None = option(None, "--max-tokens", min=2, show_default=False,
-                                    help="Stop after this many tokens (default: all).")
-    column: str = option("text", "--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")
-    bos: bool | None = option(None, "--bos/--no-bos", show_default=False,
-                              help="Start each window with the BOS token. Default: when the tokenizer itself adds "
-                              "one (LLaMA, Gemma).")
+    ctx: int | None = shared.ctx("min(512, the model's context)")
+    max_tokens: int | None = shared.max_tokens()
+    column: str = shared.column()
+    bos: bool | None = shared.bos("when the tokenizer itself adds one (LLaMA, Gemma)")
     heads: bool = option(False, "--heads", help="Also per head: attention entropy, sink (first-token) mass, "
                          "previous-token mass (a second forward, with eager attention).")
     lens: Any = shared.lenses(None, "A lens to measure (repeatable, one of each kind): logit (the default), tuned:DIR "
@@ -66,8 +62,8 @@ class CorpusOptions(Declared):
     out: Path | None = option(None, "--out", metavar="DIR", show_default=False, extra={"file_okay": False},
                               help="Write shards, manifest and summary Parquet here; running again resumes.")
     overwrite: bool = option(False, "--overwrite", help="Replace a run of other settings in --out.")
-    shard_windows: int = option(16, "--shard-windows", min=1, help="Windows per shard.")
-    batch_size: int = option(4, "--batch-size", min=1, help="Windows per forward pass.")
+    shard_windows: int = shared.shard_windows()
+    batch_size: int = shared.window_batch()
     ray: bool = shared.ray("Run the shards")
     ray_address: str | None = shared.ray_address()
     workers: int = shared.workers()

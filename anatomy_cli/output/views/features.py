@@ -1,0 +1,71 @@
+"""`features`' view: one row per followed feature (frequency, mean and max activation, dead or always-on, the
+tokens its decoder direction promotes, its top context); JSON adds every context and the logit effects."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+
+if TYPE_CHECKING:
+    from anatomy_cli.tasks._features_run import FeaturesRun
+
+ROWS = "features"
+COLUMNS = (Column("feature", "feature", "id"), Column("frequency", "frequency", "number", 3),
+           Column("mean_activation", "mean", "float", 3), Column("max_activation", "max", "float", 3),
+           Column("status", "status"), Column("promoted", "promotes"), Column("top_context", "top context"))
+COST_COLUMNS = (Column("tokens", "tokens", "int"), Column("features", "features", "int"),
+                Column("flops", "FLOP", "number", 2), Column("seconds", "seconds", "float", 1),
+                Column("bytes", "kept", "bytes"))
+
+
+def _snippet(ctx: dict[str, Any]) -> str:
+    toks = list(ctx["tokens"])
+    at = ctx["at"]
+    toks[at] = f"[{toks[at]}]"
+    return "".join(toks).replace("\n", "⏎")
+
+
+def report(run: FeaturesRun) -> Report:
+    from anatomy_cli.tasks._features_run import LOGIT_CONVENTION
+
+    sae = run.sae_file
+    dictionary = {"path": str(sae.path), "format": sae.format, "architecture": sae.architecture,
+                  "hook": sae.hook_name, "site": sae.site, "site_out": sae.site_out, "d_sae": sae.d_sae}
+    if run.result is None:
+        only: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "estimate": run.cost}
+        return Report(data=only, sections=[Section(COST_COLUMNS, [run.cost], title="expected cost")],
+                      heading=[f"features · {run.model} · {sae.path} (estimate only)"])
+    from anatomy_cli.corpus.feature_summary import hist_edges
+
+    top = {}
+    for c in run.contexts:
+        if c["kind"] == "top" and c["rank"] == 0:
+            top[c["feature"]] = _snippet(c)
+    promoted: dict[int, list[str]] = {}
+    for r in run.logits:
+        if r["side"] == "top" and r["rank"] < 3:
+            promoted.setdefault(r["feature"], []).append(repr(r["token"]))
+    table = [{**r, "promoted": " ".join(promoted.get(r["feature"], [])), "top_context": top.get(r["feature"], "")}
+             for r in run.rows]
+    result = run.result
+    data: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "tokens": result.stats.tokens,
+                            "windows": result.stats.windows, "shards": result.shards, "resumed": result.resumed,
+                            "ctx": run.plan.ctx, "bos": run.plan.bos, "estimate": run.cost,
+                            "logit_convention": LOGIT_CONVENTION,
+                            "histogram_edges": [e if e != float("inf") else None for e in hist_edges()],
+                            ROWS: run.rows, "contexts": run.contexts, "logit_effects": run.logits,
+                            "files": list(run.files)}
+    dead = sum(r["status"] == "dead" for r in run.rows)
+    always = sum(r["status"] == "always-on" for r in run.rows)
+    heading = [f"features · {run.model} · {sae.path} at {sae.hook_name} · {len(run.rows):,} features over "
+               f"{result.stats.tokens:,} tokens ({result.stats.windows:,} windows of {run.plan.ctx})",
+               f"{dead:,} dead, {always:,} always-on"]
+    notes = [f"logit effects: {LOGIT_CONVENTION}"]
+    if run.files:
+        notes.append(f"wrote {', '.join(run.files[:3])}" + (f" and {len(run.files) - 3} more" if len(run.files) > 3
+                                                           else ""))
+    return Report(data=data, sections=[Section(COLUMNS, table, title="per feature")], heading=heading, notes=notes)

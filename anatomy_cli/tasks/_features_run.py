@@ -1,0 +1,171 @@
+"""`features`' whole run: the cost first, the pass over the corpus (progress on the status line), the summary, the
+logit effects, the files (:func:`measure`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.features import FeaturesOptions
+from anatomy_cli.tasks.features import FeaturesPlan
+from anatomy_cli.tasks.features import check
+from anatomy_cli.tasks.features import settings_of
+
+LOGIT_CONVENTION = ("W_U (g * d): the decoder row d times the final norm's gain g (its scale, centring and bias left "
+                    "out, as TransformerLens' fold_ln and Neuronpedia), through the LM head without its bias, minus "
+                    "the row's mean over the vocabulary (center_unembed)")
+
+
+@dataclass(frozen=True)
+class FeaturesRun:
+    """What :func:`measure` returns. ``cost``: the estimate (tokens, FLOP, seconds, bytes); with ``--estimate``
+    only that (``result`` None)."""
+
+    model: str
+    sae_file: Any
+    plan: FeaturesPlan
+    cost: dict[str, Any]
+    result: Any = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    contexts: list[dict[str, Any]] = field(default_factory=list)
+    logits: list[dict[str, Any]] = field(default_factory=list)
+    files: tuple[str, ...] = ()
+    lm: Any = None
+
+
+def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int) -> dict[str, Any]:
+    """The expected cost: ``tokens`` (``--max-tokens``, else the corpus' bytes / 4: ``tokens_estimated``), FLOP
+    (the forwards and the encoder), ``seconds`` at the assumed rate, ``bytes``: what the pass keeps (co-firing
+    counts twice, the histograms, at most every bin's samples and the top contexts)."""
+    from anatomy_cli.corpus.feature_sums import N_BINS
+    from anatomy_cli.models import cost
+
+    tokens = opts.max_tokens if opts.max_tokens is not None else max(2, size // 4)
+    f, d_sae = len(plan.features), plan.sae_file.d_sae
+    flops = tokens / plan.ctx * cost.forward_flops(info, plan.ctx) + 2.0 * tokens * plan.sae_file.d_in * d_sae
+    per_context = (2 * opts.window + 1) * 12 + 48
+    kept = f * (8 * N_BINS + 24) + (2 * 8 * f * d_sae if plan.cooccur else 0) \
+        + f * (opts.top_k + N_BINS * opts.quantile_size) * per_context
+    device = "cpu"
+    return {"tokens": tokens, "tokens_estimated": opts.max_tokens is None, "features": f, "flops": flops,
+            "seconds": cost.seconds(flops, device), "device": device, "bytes": kept}
+
+
+def cost_line(c: dict[str, Any]) -> str:
+    from anatomy_cli.units import human_seconds
+
+    tokens = f"about {c['tokens']:,} tokens (the corpus' bytes / 4)" if c["tokens_estimated"] else \
+        f"{c['tokens']:,} tokens"
+    return (f"features: {c['features']:,} features over {tokens}: about {c['flops']:.2g} FLOP, roughly "
+            f"{human_seconds(c['seconds'])} on {c['device']}; at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
+
+
+def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
+    """The whole run; see the module docstring."""
+    from anatomy_cli.corpus.sources import open_source
+    from anatomy_cli.tasks.session import load_weights
+    from anatomy_cli.tasks.session import open_model
+
+    src = open_source(opts.corpus, column=opts.column)
+    try:
+        identity = src.identity()
+        opened = open_model(spec)
+        plan = check(opened, opts)
+        c = estimate(opened.info, plan, opts, identity["size"])
+        c["device"] = spec.device if spec.device != "auto" else c["device"]
+        if opts.estimate:
+            return FeaturesRun(opened.name, plan.sae_file, plan, c)
+        notes.info(cost_line(c))
+        if opts.ray:
+            from anatomy_cli.corpus.ray_run import ray_module
+
+            ray_module()
+        lm = load_weights(opened)  # on Ray too: the driver reads the logit effects
+        result = _pass(src, spec, opts, plan, lm, identity)
+    finally:
+        if opts.corpus == "-":
+            src.path.unlink(missing_ok=True)
+    return _finish(lm, opts, plan, result, c)
+
+
+def _pass(src: Any, spec: ModelSpec, opts: FeaturesOptions, plan: FeaturesPlan, lm: Any,
+          identity: dict[str, Any]) -> tuple[Any, Any]:
+    """``(FeatureResult, DelphiWriter or None)``."""
+    from anatomy_cli.corpus import feature_run
+    from anatomy_cli.corpus.delphi_cache import DelphiWriter
+    from anatomy_cli.tasks._corpus_status import CorpusStatus
+
+    delphi = None if opts.delphi is None else DelphiWriter(opts.delphi, plan.sae_file.hook_name,
+                                                          overwrite=opts.overwrite)
+    ray = {"address": opts.ray_address, "workers": opts.workers,
+           "gpus_per_worker": opts.gpus_per_worker} if opts.ray else None
+    with notes.status("features: planning the first shard") as line:
+        progress = CorpusStatus(line, opts.max_tokens, what="features")
+        try:
+            result = feature_run.run(src, spec, settings_of(opts, plan), tokenizer=lm.tokenizer,
+                                     lm=None if opts.ray else lm, out=opts.out, overwrite=opts.overwrite,
+                                     identity=identity, ray=ray, progress=progress, delphi=delphi)
+        except KeyboardInterrupt:
+            notes.info(progress.interrupted(opts.out))
+            raise
+    for why in result.recomputed:
+        notes.info(f"{why}; computed again")
+    if result.resumed:
+        notes.info(f"resumed: {result.resumed} of {result.shards} shards were read from the output directory")
+    return result, delphi
+
+
+def _finish(lm: Any, opts: FeaturesOptions, plan: FeaturesPlan, done: tuple[Any, Any], c: dict[str, Any]
+            ) -> FeaturesRun:
+    from anatomy_cli.corpus import feature_summary as summary
+    from anatomy_cli.tasks import _features_files as files
+    from anatomy_cli.tasks.session import describe
+
+    result, delphi = done
+    sums = result.stats
+    described = describe(lm)
+
+    def pieces(token_id: int) -> str:
+        display, text = described(token_id)
+        return text if text is not None else display
+
+    rows = summary.feature_rows(sums, opts.cooccur)
+    contexts = summary.context_rows(sums, opts.quantiles, lambda ids: [pieces(i) for i in ids])
+    logits = logit_rows(lm, plan, opts.logit_top, pieces)
+    written: list[str] = []
+    if opts.out is not None:
+        written += files.write_tables(Path(opts.out), rows, contexts, logits)
+    if delphi is not None:
+        written += files.write_delphi(delphi, lm, opts, plan, result)
+    return FeaturesRun(lm.name, plan.sae_file, plan, c, result, rows, contexts, logits, tuple(written), lm)
+
+
+def logit_rows(lm: Any, plan: FeaturesPlan, top: int, pieces: Any) -> list[dict[str, Any]]:
+    """Per followed feature the ``top`` tokens its decoder direction promotes most (``side`` ``top``) and suppresses
+    most (``bottom``), :data:`LOGIT_CONVENTION`; none where the dictionary writes no residual-stream vector."""
+    import torch
+
+    from anatomy_cli.engine.sae import logit_effects
+
+    sae = plan.sae_file
+    if sae.d_out != lm.d_model:
+        notes.warn(f"no logit effects: the dictionary writes {sae.d_out}-wide vectors at {sae.site_out}, not the "
+                   f"residual stream's {lm.d_model}")
+        return []
+    out: list[dict[str, Any]] = []
+    ids = list(plan.features)
+    for start in range(0, len(ids), 256):
+        chunk = ids[start:start + 256]
+        rows = torch.as_tensor(sae.W_dec[chunk[0]:chunk[-1] + 1][[i - chunk[0] for i in chunk]]).float()
+        effects = logit_effects(lm, rows)
+        k = min(top, effects.shape[-1])
+        for side, (vals, idx) in (("top", effects.topk(k, dim=-1)), ("bottom", (-effects).topk(k, dim=-1))):
+            vals = vals if side == "top" else -vals
+            for r, fid in enumerate(chunk):
+                out += [{"feature": fid, "side": side, "rank": j, "token_id": int(t), "token": pieces(int(t)),
+                         "effect": float(v)} for j, (v, t) in enumerate(zip(vals[r].tolist(), idx[r].tolist()))]
+    return out

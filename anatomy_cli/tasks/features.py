@@ -1,0 +1,164 @@
+"""`features`: readable dictionary features over a corpus, in one streaming pass (the task).
+
+:class:`FeaturesOptions` holds the dictionary (DICT: what ``anatomy sae`` reads), the corpus and every option;
+:func:`check` reads the dictionary and refuses what needs no weights; :func:`measure` is the whole run (open,
+check, load, the pass through :mod:`anatomy_cli.corpus.feature_run`, the summary, the files written) and returns a
+:class:`FeaturesRun`, which :mod:`anatomy_cli.output.views.features` renders. See docs/commands/features.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.declare import shared
+from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import option
+from anatomy_cli.errors import UsageError
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
+from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    from anatomy_cli.models.sae.read import SAEFile
+
+COMMAND = "features"
+INPUTS = {"sae": None}  # DICT (positional) is the API's sae
+COOC_LIMIT = 1 << 26  # followed features x d_sae counts kept for co-firing (int64: 512 MiB)
+
+
+@dataclass(frozen=True)
+class FeaturesOptions(Declared):
+    """``sae``: the dictionary (a SAELens or sparsify folder, a Gemma Scope params.npz; SAE or transcoder);
+    ``corpus``: the text (as ``anatomy corpus`` reads it); ``feature``/``features``: the ids followed (both may be
+    given; none: every feature); the rest as their flags say."""
+
+    sae: Path | str
+    corpus: str = option(dataclasses.MISSING, "--corpus", metavar="PATH|-", show_default=False,
+                         help="The text: a file, a directory of .txt/.md, .jsonl/.csv/.parquet (--column), a "
+                         "datasets directory, '-' (stdin); as anatomy corpus reads it.")
+    hook: str | None = option(None, "--hook", metavar="NAME", show_default=False,
+                              help="The hook point, where the files state none (Gemma Scope), as anatomy sae takes it.")
+    feature: Any = option(None, "--feature", metavar="ID", min=0, show_default=False, cli=list[int] | None,
+                          help="Follow this feature (repeatable).")
+    features: str | None = option(None, "--features", metavar="RANGES", show_default=False,
+                                  help="Follow these features: 0-99, or 3,7,10-19. Default (no --feature): all.")
+    top_k: int = option(20, "--top-k", min=1, metavar="N", help="Top-activating contexts kept per feature.")
+    quantiles: int = option(10, "--quantiles", min=0, metavar="N",
+                            help="Activation intervals of equal width over [0, max] to sample contexts from "
+                            "(SAEDashboard's n_quantiles; 0: none).")
+    quantile_size: int = option(5, "--quantile-size", min=1, metavar="N",
+                                help="Contexts sampled per interval (SAEDashboard's quantile_group_size).")
+    window: int = option(10, "--window", min=0, metavar="N", help="Context tokens kept on each side of a token.")
+    cooccur: int = option(10, "--cooccur", min=0, metavar="N",
+                          help="Features listed that fire on the same tokens most often (0: not counted).")
+    logit_top: int = option(10, "--logit-top", min=1, metavar="N",
+                            help="Tokens listed at each end of a feature's logit effects.")
+    seed: int = option(22, "--seed", metavar="N", help="The seed of the sampled contexts (delphi's default).")
+    ctx: int | None = shared.ctx("the dictionary's context size, else min(512, the model's context)")
+    max_tokens: int | None = shared.max_tokens()
+    column: str = shared.column()
+    bos: bool | None = shared.bos("the dictionary's prepend_bos, else when the tokenizer adds one")
+    allow_special: bool = option(False, "--allow-special", help="Read special-token text in the corpus as that "
+                                 "special token. Default: plain text.")
+    out: Path | None = option(None, "--out", metavar="DIR", show_default=False, extra={"file_okay": False},
+                              help="Write features.parquet, contexts.parquet, logit_effects.parquet and the run's "
+                              "shards here; running again resumes.")
+    overwrite: bool = option(False, "--overwrite", help="Replace a run of other settings in --out (and --delphi).")
+    delphi: Path | None = option(None, "--delphi", metavar="DIR", show_default=False, extra={"file_okay": False},
+                                 help="Also write delphi's latent cache (safetensors splits of locations, activations "
+                                 "and tokens) here. Needs --out.")
+    estimate: bool = option(False, "--estimate", help="Print the expected cost and stop (no weights load).")
+    shard_windows: int = shared.shard_windows()
+    batch_size: int = shared.window_batch()
+    ray: bool = shared.ray("Run the shards")
+    ray_address: str | None = shared.ray_address()
+    workers: int = shared.workers()
+    gpus_per_worker: float = shared.gpus_per_worker()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "sae", Path(self.sae))
+        object.__setattr__(self, "corpus", str(self.corpus))
+        for name in ("out", "delphi"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        if self.feature is not None:
+            object.__setattr__(self, "feature", tuple(int(f) for f in self.feature))
+        _ = self.ranges  # --features' syntax, before anything opens
+        if self.delphi is not None and self.out is None:
+            raise UsageError("--delphi DIR needs --out DIR (the run's shards are kept there)")
+
+    @property
+    def ranges(self) -> list[int]:
+        """``--features``' ids (UsageError for bad syntax), without repeats."""
+        return parse_ranges(self.features) if self.features else []
+
+    def wanted(self, d_sae: int) -> list[int]:
+        """The followed ids, sorted (every feature when none is named); UsageError for one out of range."""
+        ids = sorted({*(self.feature or ()), *self.ranges})
+        bad = [f for f in ids if f >= d_sae]
+        if bad:
+            flag = "--feature" if bad[0] in (self.feature or ()) else "--features"
+            raise UsageError(f"{flag} {bad[0]} is out of range: the dictionary has {d_sae} features (0-{d_sae - 1})")
+        return ids or list(range(d_sae))
+
+
+def parse_ranges(text: str) -> list[int]:
+    """``0-99``, ``3,7,10-19`` as ids (sorted, unique); UsageError for anything else."""
+    out: set[int] = set()
+    for part in (p.strip() for p in str(text).split(",")):
+        a, dash, b = part.partition("-")
+        if not a.isdigit() or (dash and not b.isdigit()) or (dash and int(b) < int(a)):
+            raise UsageError(f"--features takes ids and ranges such as 0-99 or 3,7,10-19, not '{text}'")
+        out.update(range(int(a), int(b) + 1) if dash else (int(a),))
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class FeaturesPlan:
+    sae_file: SAEFile
+    features: tuple[int, ...]
+    ctx: int
+    bos: bool
+    cooccur: bool
+
+
+def check(opened: Any, opts: FeaturesOptions) -> FeaturesPlan:
+    """Read the dictionary; UsageError for one that does not fit the model, a feature out of range, ``--ctx`` past
+    the model's context; a decoder with an LM head (the logit effects)."""
+    from anatomy_cli.models.sae import names
+    from anatomy_cli.models.sae.read import read
+
+    info = opened.info
+    require(info, Need.decoder, Need.lm_head, command=COMMAND)
+    sae_file = read(Path(opts.sae), hook=opts.hook)
+    names.check_fits(info, opened.name, sae_file)
+    ids = tuple(opts.wanted(sae_file.d_sae))
+    n_ctx = info.n_ctx
+    ctx = opts.ctx if opts.ctx is not None else sae_file.context_size or min(512, n_ctx or 512)
+    if n_ctx:
+        if opts.ctx is not None and ctx > n_ctx:
+            raise UsageError(f"--ctx {ctx} is more than {opened.name}'s context of {n_ctx} tokens")
+        ctx = min(ctx, n_ctx)
+    bos = opts.bos if opts.bos is not None else sae_file.prepend_bos if sae_file.prepend_bos is not None \
+        else info.add_bos
+    cooccur = opts.cooccur > 0 and len(ids) * sae_file.d_sae <= COOC_LIMIT
+    if opts.cooccur > 0 and not cooccur:
+        notes.warn(f"co-firing is not counted for {len(ids):,} features x {sae_file.d_sae:,} (over "
+                   f"{COOC_LIMIT:,} counts): follow fewer with --features")
+    return FeaturesPlan(sae_file, ids, ctx, bos, cooccur)
+
+
+def settings_of(opts: FeaturesOptions, plan: FeaturesPlan) -> Any:
+    from anatomy_cli.corpus.feature_run import FeatureSettings
+
+    return FeatureSettings(ctx=plan.ctx, bos=plan.bos, sae=str(Path(opts.sae).resolve()), hook=opts.hook,
+                           features=plan.features, max_tokens=opts.max_tokens, shard_windows=opts.shard_windows,
+                           allow_special=opts.allow_special, top_k=opts.top_k, quantile_size=opts.quantile_size,
+                           window=opts.window, seed=opts.seed, cooccur=plan.cooccur, delphi=opts.delphi is not None,
+                           batch_size=opts.batch_size)

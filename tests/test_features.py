@@ -1,0 +1,287 @@
+"""`anatomy features`: per-feature statistics, contexts, logit effects and delphi's cache over a corpus, checked
+against a brute-force computation (transformers' hidden states, the SAE's encoder written out in numpy, every token
+sorted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from anatomy_cli.cli.main import app
+
+runner = CliRunner()
+D_SAE = 24
+HOOK = "blocks.0.hook_resid_post"
+TEXT = ("The cat sat on the mat because it was warm. A dog barked at the mailman, who ran away quickly. "
+        "In the morning the sun rose over the hills and the birds began to sing. Numbers like 12, 345 and 6789 "
+        "appear in tables; words like however, therefore and moreover join sentences.\n") * 3
+
+
+def write_sae(folder: Path, d_in: int = 32, seed: int = 0) -> Path:
+    """A SAELens standard SAE: random encoder; feature 0 dead (bias -1e3), feature 1 always on (no weights,
+    bias 1)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    w_enc = rng.normal(size=(d_in, D_SAE)).astype(np.float32) * 10 / np.sqrt(d_in)  # the tiny model: norm ~0.2
+    b_enc = rng.normal(scale=0.3, size=D_SAE).astype(np.float32)
+    w_enc[:, 0], b_enc[0] = 0, -1e3
+    w_enc[:, 1], b_enc[1] = 0, 1.0
+    w_dec = rng.normal(size=(D_SAE, d_in)).astype(np.float32)
+    b_dec = rng.normal(scale=0.1, size=d_in).astype(np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"W_enc": w_enc, "b_enc": b_enc, "W_dec": w_dec, "b_dec": b_dec}, str(folder / "sae_weights.safetensors"))
+    cfg = {"d_in": d_in, "d_sae": D_SAE, "dtype": "float32", "apply_b_dec_to_input": True,
+           "normalize_activations": "none", "architecture": "standard",
+           "metadata": {"hook_name": HOOK, "prepend_bos": False, "context_size": 64, "model_name": "tiny-gpt2"}}
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("features")
+    sae = write_sae(root / "sae")
+    corpus = root / "corpus.txt"
+    corpus.write_text(TEXT)
+    return tiny_model_dir("gpt2"), sae, corpus, root
+
+
+def invoke(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    return result
+
+
+def run_json(model, sae, corpus, *more):
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--shard-windows", 3, "--format", "json", *more)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def brute(model_dir, sae, ctx=16):
+    """Windows cut by hand (the text's GPT-2 tokens, EOS after the document, ctx at a time; no BOS) and every
+    token's features: relu((x - b_dec) W_enc + b_enc) at block 0's output."""
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    windows = [ids[i:i + ctx] for i in range(0, len(ids), ctx)]
+    windows = [w for w in windows if len(w) >= 2]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    w = load_file(str(sae / "sae_weights.safetensors"))
+    acts = []
+    for win in windows:
+        with torch.no_grad():
+            x = hf(torch.tensor([win]), output_hidden_states=True).hidden_states[1][0].numpy()
+        acts.append(np.maximum((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"], 0))
+    return windows, acts, hf, w
+
+
+def test_statistics_and_top_contexts_equal_a_brute_force_pass(setup):
+    model, sae, corpus, _ = setup
+    data = run_json(model, sae, corpus, "--top-k", 4, "--window", 2)
+    windows, acts, _, _ = brute(model, sae)
+    flat = np.concatenate(acts)  # [tokens, d_sae]
+    assert data["tokens"] == len(flat) and data["windows"] == len(windows)
+    rows = {r["feature"]: r for r in data["features"]}
+    assert sorted(rows) == list(range(D_SAE))
+    for f in range(D_SAE):
+        fires = flat[:, f] > 0
+        r = rows[f]
+        assert r["fires"] == int(fires.sum())
+        assert r["frequency"] == pytest.approx(fires.mean())
+        assert r["max_activation"] == pytest.approx(float(flat[:, f].max()), rel=1e-5, abs=1e-6)
+        if fires.any():
+            assert r["mean_activation"] == pytest.approx(float(flat[fires, f].mean()), rel=1e-5)
+        assert sum(r["histogram"]) == r["fires"]
+    assert rows[0]["status"] == "dead" and rows[0]["mean_activation"] is None
+    assert rows[1]["status"] == "always-on"
+    # top contexts: every token sorted by activation (then window, then position)
+    for f in (2, 14, 15, 21):
+        entries = sorted(((-float(a[p, f]), k, p) for k, a in enumerate(acts) for p in range(len(a))
+                          if a[p, f] > 0))[:4]
+        got = [c for c in data["contexts"] if c["feature"] == f and c["kind"] == "top"]
+        assert [(c["window"], c["position"]) for c in got] == [(k, p) for _, k, p in entries]
+        assert [c["activation"] for c in got] == pytest.approx([-a for a, _, _ in entries], rel=1e-5)
+        for c in got:  # the context: 2 tokens each side within the window, this feature's activation at each
+            k, p = c["window"], c["position"]
+            lo, hi = max(0, p - 2), min(len(windows[k]), p + 3)
+            assert c["token_ids"] == windows[k][lo:hi]
+            assert c["activations"] == pytest.approx(acts[k][lo:hi, f].tolist(), rel=1e-5, abs=1e-6)
+            assert c["token_ids"][c["at"]] == windows[k][p]
+
+
+def test_cofiring_counts_equal_a_brute_force_count(setup):
+    model, sae, corpus, _ = setup
+    data = run_json(model, sae, corpus, "--features", "14-17", "--cooccur", 3)
+    flat = np.concatenate(brute(model, sae)[1]) > 0
+    assert [r["feature"] for r in data["features"]] == [14, 15, 16, 17]
+    for r in data["features"]:
+        f = r["feature"]
+        counts = (flat[:, f:f + 1] & flat).sum(0)
+        counts[f] = 0
+        want = sorted(((-int(c), g) for g, c in enumerate(counts) if c > 0))[:3]
+        assert [(c["feature"], c["tokens"]) for c in r["cooccurring"]] == [(g, -c) for c, g in want]
+
+
+def test_quantile_samples_lie_in_their_intervals_and_follow_the_seed(setup):
+    model, sae, corpus, _ = setup
+    data = run_json(model, sae, corpus, "--features", "15,20", "--quantiles", 4, "--quantile-size", 2)
+    windows, acts, _, _ = brute(model, sae)
+    sampled = [c for c in data["contexts"] if c["kind"] == "quantile"]
+    assert {c["quantile"] for c in sampled if c["feature"] == 15} == {0, 1, 2, 3}
+    for c in sampled:
+        assert c["lower"] <= c["activation"] <= c["upper"]
+        assert acts[c["window"]][c["position"], c["feature"]] == pytest.approx(c["activation"], rel=1e-5)
+    again = run_json(model, sae, corpus, "--features", "15,20", "--quantiles", 4, "--quantile-size", 2)
+    other = run_json(model, sae, corpus, "--features", "15,20", "--quantiles", 4, "--quantile-size", 2, "--seed", 7)
+
+    def picked(d):
+        return [(c["window"], c["position"]) for c in d["contexts"] if c["kind"] == "quantile"]
+
+    assert picked(again) == picked(data) and picked(other) != picked(data)
+
+
+def test_logit_effects_are_the_gain_folded_decoder_rows_through_the_unembedding(setup):
+    model, sae, corpus, _ = setup
+    data = run_json(model, sae, corpus, "--feature", 3, "--logit-top", 5)
+    _, _, hf, w = brute(model, sae)
+    gamma = hf.transformer.ln_f.weight.detach().numpy()
+    effects = (w["W_dec"][3] * gamma) @ hf.lm_head.weight.detach().numpy().T
+    effects = effects - effects.mean()
+    top = [r for r in data["logit_effects"] if r["side"] == "top"]
+    bottom = [r for r in data["logit_effects"] if r["side"] == "bottom"]
+    assert [r["token_id"] for r in top] == np.argsort(-effects)[:5].tolist()
+    assert [r["effect"] for r in top] == pytest.approx(np.sort(effects)[::-1][:5].tolist(), rel=1e-4)
+    assert [r["token_id"] for r in bottom] == np.argsort(effects)[:5].tolist()
+
+
+def test_resume_after_a_lost_shard_gives_the_same_files(setup, tmp_path):
+    import pyarrow.parquet as pq
+
+    model, sae, corpus, _ = setup
+    out = tmp_path / "run"
+    first = run_json(model, sae, corpus, "--features", "0-9", "--out", out)
+    tables = {n: pq.read_table(out / n) for n in ("features.parquet", "contexts.parquet", "logit_effects.parquet")}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"]["tokens"] == first["tokens"]
+    (out / "shards" / "shard-00001.parquet").unlink()  # as a run killed before that shard was written
+    again = run_json(model, sae, corpus, "--features", "0-9", "--out", out)
+    assert again["resumed"] == first["shards"] - 1
+    for name, table in tables.items():
+        assert pq.read_table(out / name).equals(table), name
+    for key in ("features", "contexts", "logit_effects"):
+        assert again[key] == first[key]
+    plain = run_json(model, sae, corpus, "--features", "0-9")  # no --out: the same numbers
+    assert plain["features"] == first["features"] and plain["contexts"] == first["contexts"]
+
+
+def test_delphi_layout_reads_back_as_delphi_s_loader_reads_it(setup, tmp_path):
+    """delphi/latents/loader.py TensorBuffer.load (EleutherAI/delphi 3c2e139): the split's first latent from the
+    file name, ``locations[:, 2] + first_latent``, ``tokens`` as int64; config.json beside the splits."""
+    from safetensors.numpy import load_file
+
+    model, sae, corpus, _ = setup
+    out, cache = tmp_path / "run", tmp_path / "latents"
+    run_json(model, sae, corpus, "--out", out, "--delphi", cache)
+    windows, acts, _, _ = brute(model, sae)
+    module = cache / HOOK
+    config = json.loads((module / "config.json").read_text())
+    assert config["cache_ctx_len"] == 16 and config["model_name"] == str(model)
+    files = sorted(module.glob("*.safetensors"), key=lambda p: int(p.stem.split("_")[0]))
+    edges = [tuple(int(v) for v in p.stem.split("_")) for p in files]
+    assert edges[0][0] == 0 and edges[-1][1] == D_SAE - 1
+    assert all(b[0] == a[1] + 1 for a, b in zip(edges, edges[1:]))
+    got = {}
+    for p in files:
+        split = load_file(str(p))
+        assert split["locations"].dtype == np.uint16 and split["activations"].dtype == np.float16
+        locations = split["locations"].astype(np.int64)
+        locations[:, 2] += int(p.stem.split("_")[0])
+        tokens = split["tokens"].astype(np.int64)
+        assert tokens.shape == (len(windows), 16)
+        for (b, pos, f), a in zip(locations.tolist(), split["activations"].tolist()):
+            got[(b, pos, f)] = a
+    want = {(k, p, f): float(a[p, f]) for k, a in enumerate(acts) for p in range(len(a)) for f in range(D_SAE)
+            if a[p, f] > 0}
+    assert set(got) == set(want)
+    assert all(got[key] == pytest.approx(want[key], rel=2e-3, abs=1e-3) for key in want)
+    assert [tokens[k, :len(w)].tolist() for k, w in enumerate(windows)] == windows
+    assert not (cache / ".shards").exists()
+
+
+def test_estimate_loads_no_weights(setup):
+    model, sae, corpus, _ = setup
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, "--estimate", "--format", "json")
+    assert result.exit_code == 0, result.output
+    est = json.loads(result.stdout)["estimate"]
+    assert est["features"] == D_SAE and est["tokens_estimated"] and est["tokens"] == len(TEXT) // 4
+
+
+@pytest.mark.parametrize("args, code, match", [
+    (("--features", "5-2"), 2, "--features takes ids and ranges"),
+    (("--feature", "99"), 2, "--feature 99 is out of range: the dictionary has 24 features"),
+    (("--delphi", "x"), 2, "--delphi DIR needs --out DIR"),
+    (("--ctx", "1000"), 2, "--ctx 1000 is more than"),
+])
+def test_bad_input_is_a_one_line_error(setup, args, code, match):
+    model, sae, corpus, _ = setup
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, *args)
+    assert result.exit_code == code, result.output
+    assert match in result.output and "Traceback" not in result.output
+
+
+def test_a_dictionary_of_another_width_is_refused(setup, tmp_path):
+    model, _, corpus, _ = setup
+    other = write_sae(tmp_path / "wide", d_in=48)
+    result = invoke("features", other, "--corpus", corpus, "--model", model)
+    assert result.exit_code == 2 and "error:" in result.output
+
+
+def test_the_python_api_returns_the_command_s_json(setup):
+    import anatomy_cli.api as anatomy
+    from anatomy_cli.models.spec import ModelSpec
+
+    model, sae, corpus, _ = setup
+    result = anatomy.features(ModelSpec(str(model), device="cpu"), sae, corpus=str(corpus), features="2-3", ctx=16,
+                              shard_windows=3)
+    cli = run_json(model, sae, corpus, "--features", "2-3")
+    assert result.to_dict()["features"] == cli["features"]
+
+
+def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(setup):
+    """SAELens' skip transcoder at blocks.0.ln2.hook_normalized: encoded from the pre-MLP LayerNorm's normalised
+    vector (x - mean) / σ, read here with a hook on the norm's input."""
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    model, _, corpus, _ = setup
+    folder = Path(__file__).parent / "fixtures" / "sae" / "saelens-transcoder"
+    data = run_json(model, folder, corpus, "--features", "0-63", "--cooccur", 0)
+    windows, _, _, _ = brute(model, folder)
+    hf = AutoModelForCausalLM.from_pretrained(model).eval()
+    w = load_file(str(folder / "sae_weights.safetensors"))
+    seen = []
+    handle = hf.transformer.h[0].ln_2.register_forward_pre_hook(lambda m, a: seen.append(a[0][0].detach()))
+    try:
+        with torch.no_grad():
+            for win in windows:
+                hf(torch.tensor([win]))
+    finally:
+        handle.remove()
+    x = torch.cat(seen).double()
+    n = ((x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()).numpy()
+    acts = np.maximum(n @ w["W_enc"] + w["b_enc"], 0)
+    assert data["dictionary"]["site"] == "blocks.0.mlp.hook_in" and data["tokens"] == len(acts)
+    for r in data["features"]:
+        f = r["feature"]
+        assert r["fires"] == int((acts[:, f] > 0).sum())
+        assert r["max_activation"] == pytest.approx(float(acts[:, f].max()), rel=1e-4, abs=1e-5)
