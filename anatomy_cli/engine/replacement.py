@@ -24,6 +24,7 @@ from anatomy_cli.engine.norm_gain import probe as _probe
 from anatomy_cli.engine.transcoder import Transcoder as Transcoder  # callers build rep.Transcoder
 from anatomy_cli.engine.transcoder import Transcoders
 from anatomy_cli.engine.transcoder import as_stack
+from anatomy_cli.models import sites
 
 FROZEN_ATTENTION = "anatomy_frozen"
 
@@ -226,16 +227,16 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch:
     def repeat(value: torch.Tensor) -> torch.Tensor | None:
         return value.expand(batch, *value.shape[1:]).contiguous() if batch > 1 and value.shape[0] == 1 else None
 
-    hooks: list[Any] = [(lm.points["hook_embed"][0], "output", embed)]
+    hooks: list[Any] = [(lm.points[sites.Whole.embed][0], "output", embed)]
     for layer in range(n):
         mlp = mlp_module(lm, layer)
         hooks.append((mlp, "input", lambda v, layer=layer: take_in(layer, v)))
         if shared_mlp:
             hooks += [(mlp, "input", first), (mlp, "output", repeat)]
-        module, side = lm.points[f"blocks.{layer}.hook_mlp_out"]
+        module, side = lm.points[sites.name(layer, sites.Point.mlp_out)]
         hooks.append((module, side, lambda v, layer=layer: put_out(layer, v)))
-    if "ln_final.hook_normalized" in lm.points:
-        hooks.append((lm.points["ln_final.hook_normalized"][0], "output", final))
+    if sites.Whole.ln_final in lm.points:
+        hooks.append((lm.points[sites.Whole.ln_final][0], "output", final))
     _ACTIVE[-1].start()
     extra = {"logits_to_keep": 1} if last_logits and _keeps_logits(lm.model) else {}
     with attach_modules(hooks):

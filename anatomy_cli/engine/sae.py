@@ -39,6 +39,7 @@ from anatomy_cli.engine.norm_gain import mlp_norm_gain
 from anatomy_cli.engine.replacement import mlp_module
 from anatomy_cli.engine.steering import SteeringVector
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.models.sae import names
 from anatomy_cli.models.sae.read import SAEFile
 from anatomy_cli.models.sites import WRITE_SITES
@@ -136,7 +137,7 @@ class SpliceRun:
 def _module_point(lm: LoadedModel, point: str) -> tuple[torch.nn.Module, Side]:
     """``(module, side)`` of a hook point, or of the MLP's input (``blocks.N.mlp.hook_in``: the input of the
     block's feed-forward module, engine/replacement.py ``mlp_module``)."""
-    if not point.endswith("mlp.hook_in"):
+    if not sites.is_point(point, sites.Point.mlp_in):
         module, side = lm.points[point]
         return module, "input" if side == "input" else "output"
     if lm.adapter.mlp_out.flat:  # OPT: its MLP sees [batch * pos, d]

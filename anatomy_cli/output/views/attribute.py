@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from anatomy_cli.models import sites
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -41,7 +42,7 @@ def figure(lm: Any, enc: Any, result: Any, ids: dict[str, Any]) -> tuple[tuple[A
 
 def method_line(result: Any) -> str:
     if result.method == "integrated-gradients":
-        where = "" if result.layer is None else f" at blocks.{result.layer}.hook_{result.site}"
+        where = "" if result.layer is None else f" at {sites.name(result.layer, result.site)}"
         first = ", first position kept" if result.kept_first else ""
         return f"integrated gradients{where}, {result.steps} steps, baseline {result.baseline}{first}"
     if result.method == "occlusion":
