@@ -46,7 +46,7 @@ class TranscoderSet:
     per block; ``thresholds``: some block carries a JumpReLU threshold, which wins over ``k`` in the run's encode
     (engine/transcoder.py), so that block is not TopK whatever ``k`` says; ``before_gain``: the input hook is
     TransformerLens' ``ln2.hook_normalized``, the pre-MLP norm's output before its gain (names.py ``before_gain``:
-    the run folds the gain into the encoders)."""
+    the replacement model computes it from the norm's input)."""
 
     root: Path
     paths: tuple[Path, ...]

@@ -77,9 +77,9 @@ def before_gain(name: str) -> bool:
     pre-MLP norm's normalised vector *before* its gain and bias (``x / RMS(x)``, LayerNorm's ``(x - mean) / σ``;
     TransformerLens' norms hook it before ``* w``, circuit-tracer maps it there too), not the MLP's input itself.
     Gemma Scope's transcoders read it: their release folds the gain into the MLP. The one rule for such a hook,
-    ``anatomy sae``'s and ``circuit``'s: :func:`hook_point` gives the MLP's input ``y`` and the reader divides the
-    gain out, ``n = (y - β) / g`` (engine/norm_gain.py ``mlp_norm_gain``; ``sae`` applies it to the vector,
-    ``circuit`` folds it into a transcoder's encoder, engine/transcoder.py ``read_norm_output``)."""
+    ``anatomy sae``'s and ``circuit``'s: :func:`hook_point` gives the MLP's input (where it is written back) and the
+    reader computes ``n`` from the pre-MLP norm's input (engine/norm_gain.py; ``circuit``'s replacement model with
+    the norm's frozen denominator, engine/replacement.py), so a gain of 0 loses nothing."""
     return name.endswith(Point.ln2_normalized.value)
 
 
