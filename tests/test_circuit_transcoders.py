@@ -9,6 +9,7 @@ circuit-tracer transcoder_set.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -339,35 +340,52 @@ def test_gemma_scope_estimate_reads_headers_only(tiny_model_dir, tiny_lm, tmp_pa
     assert e["transcoder_bytes"] == L * 4 * (2 * F * d + 2 * F + d)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
-def test_ln2_hook_normalized_reads_before_the_norms_gain(tiny_model_dir, tmp_path, arch):
-    """Transcoders of ``ln2.hook_normalized`` (Gemma Scope's params.npz; a SAELens folder with a skip) read the
-    pre-MLP norm's normalised vector before its gain and bias, as TransformerLens hooks it and circuit-tracer maps it
-    (Gemma Scope's release folds the gain into the MLP): on a model whose pre-MLP norm has a random gain (GPT-2's
-    LayerNorm a bias too), the active features, their values and the error nodes are those computed by hand from a
-    hook on the norm's input, ``x / RMS(x)`` (Gemma 2) or ``(x - mean) / σ`` (GPT-2)."""
+ZERO = [2, 5, 7]  # channels whose pre-MLP norm gain is 0 (Gemma: weight -1, as in the real Gemma-3-270M)
+
+
+def _gained(tiny_model_dir, arch, zero=False):
+    """A fresh load of the tiny ``arch`` model whose pre-MLP norms have random gains (LayerNorm: biases too);
+    ``zero``: a gain of 0 in channels ZERO of every block. Returns (lm, its blocks, the norm's name)."""
     from anatomy_cli import engine
-    from anatomy_cli.models import transcoders as files
-    from anatomy_cli.tasks._circuit import load_transcoders
 
     lm = engine.load(str(tiny_model_dir(arch)), device="cpu")  # its own copy: its norms' gains are changed
-    norm_name = {"gemma2": "pre_feedforward_layernorm", "gpt2": "ln_2"}[arch]
+    norm_name = {"gemma2": "pre_feedforward_layernorm", "gemma3": "pre_feedforward_layernorm", "gpt2": "ln_2"}[arch]
     blocks = lm.model.base_model.get_submodule(lm.adapter.blocks)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for block in blocks:
             norm = block.get_submodule(norm_name)
             norm.weight.copy_(torch.randn(norm.weight.shape, generator=g))  # Gemma's gain is 1 + weight
+            if zero:
+                norm.weight[ZERO] = -1.0 if arch.startswith("gemma") else 0.0
             if getattr(norm, "bias", None) is not None:
                 norm.bias.copy_(torch.randn(norm.bias.shape, generator=g) * 0.3)
+    return lm, blocks, norm_name
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2", "gemma3"])
+def test_ln2_hook_normalized_reads_before_the_norms_gain(tiny_model_dir, tmp_path, arch):
+    """Transcoders of ``ln2.hook_normalized`` (Gemma Scope's params.npz; a SAELens folder with a skip) read the
+    pre-MLP norm's normalised vector before its gain and bias, as TransformerLens hooks it and circuit-tracer maps it
+    (Gemma Scope's release folds the gain into the MLP): on a model whose pre-MLP norm has a random gain (GPT-2's
+    LayerNorm a bias too; Gemma 3's a gain of 0 in some channels, as the real Gemma-3-270M's), the active features,
+    their values and the error nodes are those computed by hand from a hook on the norm's input, ``x / RMS(x)``
+    (Gemma) or ``(x - mean) / σ`` (GPT-2)."""
+    from anatomy_cli.engine.norm_gain import mlp_norm_gain
+    from anatomy_cli.models import transcoders as files
+    from anatomy_cli.tasks._circuit import load_transcoders
+
+    lm, blocks, norm_name = _gained(tiny_model_dir, arch, zero=arch == "gemma3")
+    if arch == "gemma3":
+        assert mlp_norm_gain(lm, 1).gain[ZERO].abs().max() == 0
     tcs = random_transcoders(lm, skip=arch == "gpt2")
     for tc in tcs:
         tc.threshold = torch.full((16,), 0.05)
-    folder = write_gemma_scope(tmp_path, tcs) if arch == "gemma2" else write_sae_folders(tmp_path / "sl", tcs, "saelens")
+    folder = write_gemma_scope(tmp_path, tcs) if arch != "gpt2" else write_sae_folders(tmp_path / "sl", tcs, "saelens")
     ts = files.describe(folder)
     assert ts.before_gain
     s = algo.setup(lm, IDS, load_transcoders(lm, ts))
-    disk = algo.setup(lm, IDS, load_transcoders(lm, ts, "disk"))  # W_skip alone, folded the same way
+    disk = algo.setup(lm, IDS, load_transcoders(lm, ts, "disk"))  # W_skip alone: the same
     assert torch.equal(disk.values, s.values) and torch.equal(disk.errors, s.errors)
     seen = {}
     hooks = []
@@ -395,6 +413,41 @@ def test_ln2_hook_normalized_reads_before_the_norms_gain(tiny_model_dir, tmp_pat
         recon = acts @ tc.W_dec + tc.b_dec + (0 if tc.W_skip is None else n @ tc.W_skip.T)
         torch.testing.assert_close(s.errors[layer, 1:], seen[("out", layer)][1:] - recon[1:], rtol=1e-4, atol=1e-4)
     assert len(s.active) > 10
+
+
+def test_ln2_hook_normalized_with_gains_of_0_keeps_the_graphs_identities(tiny_model_dir, tmp_path):
+    """Gemma 3 with a pre-MLP gain of 0 in some channels, transcoders of ``ln2.hook_normalized``: the graph's own
+    identities hold as for any other (circuit_check: each node's incoming edges plus its bias terms equal its value,
+    edges re-measured by intervention equal their weights), and the CLI runs and passes its --check."""
+    from anatomy_cli.analyses import circuit_check as chk
+    from anatomy_cli.engine.transcoder import PerLayer
+    from anatomy_cli.models import transcoders as files
+
+    lm, _, _ = _gained(tiny_model_dir, "gemma3", zero=True)
+    tcs = PerLayer(random_transcoders(lm, skip=True), before_gain=True)
+    graph, s = build(lm, tcs, max_feature_nodes=20)
+    fp = chk.FrozenPrompt(lm, IDS, tcs, graph, s)
+    n = graph.adjacency_matrix.shape[0]
+    rows = list(range(graph.n_features)) + list(range(n - graph.n_logits, n))
+    for r, b in zip(rows, chk.bias_terms(fp, rows)):
+        value = fp.value(fp.base, r)
+        assert abs(float(graph.adjacency_matrix[r].sum()) + b - value) <= 1e-4 * (1 + abs(value)), r
+    scale = float(graph.adjacency_matrix.abs().max())
+    for c in chk.check_edges(fp, 30):
+        assert abs(c.measured - c.weight) <= 1e-5 * scale, c
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("gemma3"), folder)  # the tokenizer; the weights with the gains of 0:
+    lm.model.save_pretrained(folder)
+    for tc in tcs.transcoders:
+        tc.threshold = torch.full((16,), 0.05)
+    ts = files.describe(write_gemma_scope(tmp_path, list(tcs.transcoders)))
+    out = tmp_path / "graph.pt"
+    result = invoke("circuit", "The capital of France is", "--model", str(folder), "--device", "cpu",
+                    "--transcoders", str(ts.root), "--bos", "--out", str(out), "--max-feature-nodes", "20",
+                    "--batch-size", "8", "--check", "5", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    scale = float(torch.load(out, weights_only=False, pickle_module=_stub_pickle())["adjacency_matrix"].abs().max())
+    assert json.loads(result.stdout)["check"]["max_abs_error"] <= 1e-5 * scale
 
 
 def test_ln2_hook_normalized_on_a_model_whose_mlp_reads_no_norm_is_refused(tiny_model_dir, tiny_lm, tmp_path,

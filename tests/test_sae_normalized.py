@@ -1,7 +1,8 @@
 """`anatomy sae` at TransformerLens' ``ln2.hook_normalized``: the pre-MLP norm's normalised vector *before* its gain
 (and bias), ``x / RMS(x)`` or ``(x - mean) / σ`` of the norm's input ``x``, as TransformerLens hooks it and as
 ``circuit`` reads it (engine/norm_gain.py, one rule for both). Checked by hand from a hook on the norm's input, on
-tiny models whose norms have random gains (a gain of 1 would hide the difference)."""
+tiny models whose norms have random gains (a gain of 1 would hide the difference), some of them 0 (the real
+Gemma-3-270M's pre-MLP norms have such channels in 17 of 18 blocks: read from the MLP's input, they would be lost)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ from anatomy_cli.cli.main import app
 runner = CliRunner()
 NORM = {"gemma3": "pre_feedforward_layernorm", "llama": "post_attention_layernorm", "gpt2": "ln_2"}
 LAYER = 1
+ZERO = [3, 5, 11]  # the channels whose gain is 0 where a test asks
 
 
-def _random_gains(tiny_model_dir, tmp_path, arch):
+def _random_gains(tiny_model_dir, tmp_path, arch, zero=False):
     """A copy of the tiny ``arch`` model whose pre-MLP norms have random gains (LayerNorm: and biases), and the HF
-    model itself."""
+    model itself; ``zero``: a gain of 0 in channels ZERO (Gemma: weight -1)."""
     from transformers import AutoModelForCausalLM
 
     folder = tmp_path / f"{arch}-gains"
@@ -35,6 +37,8 @@ def _random_gains(tiny_model_dir, tmp_path, arch):
         for block in hf.base_model.get_submodule("h" if arch == "gpt2" else "layers"):
             norm = block.get_submodule(NORM[arch])
             norm.weight.copy_(torch.randn(norm.weight.shape, generator=g))  # Gemma's gain is 1 + weight
+            if zero:
+                norm.weight[ZERO] = -1.0 if arch == "gemma3" else 0.0
             if getattr(norm, "bias", None) is not None:
                 norm.bias.copy_(torch.randn(norm.bias.shape, generator=g) * 0.3)
     hf.save_pretrained(folder)
@@ -91,17 +95,18 @@ def _normalized(x, norm, arch):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+@pytest.mark.parametrize("zero", [False, True], ids=["gains", "gains-of-0"])
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
-def test_a_transcoder_of_ln2_hook_normalized_reads_before_the_gain(tiny_model_dir, tmp_path, arch):
+def test_a_transcoder_of_ln2_hook_normalized_reads_before_the_gain(tiny_model_dir, tmp_path, arch, zero):
     """SAELens' skip transcoder of ``blocks.1.ln2.hook_normalized``: its features are ``relu(n W_enc + b_enc)`` of
     ``n = x / RMS(x)`` (not of the MLP's input ``g · n``), its reconstruction ``f W_dec + b_dec + n W_skip^T`` of the
-    MLP's output; the same features as circuit's encoder with the gain folded in (``read_norm_output``)."""
+    MLP's output, also where some gains are 0; circuit's replacement model gives its transcoders the same ``n``."""
     from anatomy_cli import engine
-    from anatomy_cli.engine.norm_gain import mlp_norm_gain
+    from anatomy_cli.engine import replacement as rep
+    from anatomy_cli.engine.transcoder import PerLayer
     from anatomy_cli.engine.transcoder import Transcoder
-    from anatomy_cli.engine.transcoder import read_norm_output
 
-    model, hf = _random_gains(tiny_model_dir, tmp_path, arch)
+    model, hf = _random_gains(tiny_model_dir, tmp_path, arch, zero)
     sae, w = _sae(tmp_path, "saelens-transcoder", hook_name=f"blocks.{LAYER}.ln2.hook_normalized",
                   hook_name_out=f"blocks.{LAYER}.hook_mlp_out")
     data, acts = _run(sae, model)
@@ -115,23 +120,27 @@ def test_a_transcoder_of_ln2_hook_normalized_reads_before_the_gain(tiny_model_di
     assert data["health"]["l0"] == (f > 0).sum(-1).tolist()
     recon = f @ w["W_dec"] + w["b_dec"] + n @ w["W_skip"].T
     assert data["health"]["mse"] == pytest.approx(float((seen["out"] - recon).double().pow(2).mean()), rel=1e-4)
-    y = norm(seen["x"][None])[0].detach()  # the MLP's input, after the gain: what anatomy read before
+    y = norm(seen["x"][None])[0].detach()  # the MLP's input, after the gain
     assert not torch.allclose(torch.relu(y @ w["W_enc"] + w["b_enc"]), f, atol=1e-3)
-    # circuit's reading of the same transcoder: the gain folded into the encoder, applied to the MLP's input
+    if zero:
+        assert float(y[:, ZERO].abs().max()) == 0 and float(n[:, ZERO].abs().min()) > 0  # y lost n there
+    # circuit's reading of the same transcoder: the replacement model's input to it is n
     lm = engine.load(str(model), device="cpu")
-    gain = mlp_norm_gain(lm, LAYER)
-    tc = read_norm_output(Transcoder(w["W_enc"].T, w["b_enc"], w["W_dec"], w["b_dec"], W_skip=w["W_skip"]),
-                          gain.gain, gain.beta)
-    torch.testing.assert_close(tc.encode(y), f, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(tc.decode(f, y), recon, rtol=1e-4, atol=1e-4)
+    tc = Transcoder(w["W_enc"].T, w["b_enc"], w["W_dec"], w["b_dec"], W_skip=w["W_skip"])
+    with rep.frozen(lm), torch.no_grad():
+        fw = rep.forward(lm, torch.tensor(data["token_ids"]), PerLayer([tc] * lm.n_layers, before_gain=True), 1)
+    torch.testing.assert_close(fw.mlp_in[LAYER][0], n, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tc.encode(fw.mlp_in[LAYER][0]), f, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(tc.decode(f, fw.mlp_in[LAYER][0]), recon, rtol=1e-4, atol=1e-4)
 
 
-def test_an_sae_at_ln2_hook_normalized_reads_and_writes_before_the_gain(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("zero", [False, True], ids=["gains", "gains-of-0"])
+def test_an_sae_at_ln2_hook_normalized_reads_and_writes_before_the_gain(tiny_model_dir, tmp_path, zero):
     """A SAELens SAE (``apply_b_dec_to_input``) at ``blocks.1.ln2.hook_normalized`` on GPT-2, whose ``ln_2`` has a
-    random gain and bias: features of ``n = (x - mean) / σ``; its reconstruction is of ``n`` (mse), and the splice
-    writes ``g · recon + β`` as ``ln_2``'s output (the spliced cross-entropy is that run's; with the error term the
-    logits are the model's)."""
-    model, hf = _random_gains(tiny_model_dir, tmp_path, "gpt2")
+    random gain (``zero``: 0 in some channels) and bias: features of ``n = (x - mean) / σ``; its reconstruction is
+    of ``n`` (mse), and the splice writes ``g · recon + β`` as ``ln_2``'s output (the spliced cross-entropy is that
+    run's; with the error term the logits are the model's)."""
+    model, hf = _random_gains(tiny_model_dir, tmp_path, "gpt2", zero)
     sae, w = _sae(tmp_path, "saelens-standard", hook_name=f"blocks.{LAYER}.ln2.hook_normalized")
     data, acts = _run(sae, model)
     seen = _seen(hf, "gpt2", data["token_ids"])
@@ -180,20 +189,69 @@ def test_mlp_hook_in_is_the_mlps_input_after_the_gain(tiny_model_dir, tmp_path):
     torch.testing.assert_close(acts, torch.relu(seen["y"] @ w["W_enc"] + w["b_enc"]), rtol=1e-4, atol=1e-5)
 
 
-def test_a_gain_of_0_is_refused_in_one_line(tiny_model_dir, tmp_path):
-    """Where the pre-MLP norm's gain is 0 the MLP's input does not give ``ln2.hook_normalized`` (real Gemma 3 has
-    such channels, its weight -1): `anatomy sae` refuses in one line naming them, as `circuit` does."""
-    from transformers import AutoModelForCausalLM
-
-    folder = tmp_path / "zero"
-    shutil.copytree(tiny_model_dir("llama"), folder)
-    hf = AutoModelForCausalLM.from_pretrained(folder)
-    with torch.no_grad():
-        hf.model.layers[LAYER].post_attention_layernorm.weight[[3, 5]] = 0
-    hf.save_pretrained(folder)
-    sae, _ = _sae(tmp_path, "saelens-transcoder", hook_name=f"blocks.{LAYER}.ln2.hook_normalized",
+def test_steer_feature_of_an_ln2_transcoder_on_gains_of_0(tiny_model_dir, tmp_path):
+    """``generate --steer-feature`` with a transcoder of ``ln2.hook_normalized`` on Gemma 3 whose pre-MLP gain is 0
+    in some channels: it adds ``C · W_dec[ID]`` at ``hook_mlp_out`` (no gain touches it); the next token's
+    probabilities are those of a hand-written hook adding it to ``post_feedforward_layernorm``'s output."""
+    model, hf = _random_gains(tiny_model_dir, tmp_path, "gemma3", zero=True)
+    sae, w = _sae(tmp_path, "saelens-transcoder", hook_name=f"blocks.{LAYER}.ln2.hook_normalized",
                   hook_name_out=f"blocks.{LAYER}.hook_mlp_out")
-    result = runner.invoke(app, ["sae", PROMPT, "--sae", str(sae), "--model", str(folder)])
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "is 0 in 2 channel(s) (3, 5)" in lines[0]
+    result = runner.invoke(app, ["generate", PROMPT, "--model", str(model), "--max-new-tokens", "1", "--top", "5",
+                                 "--steer-feature", "5", "--coef", "4", "--sae", str(sae), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    add = 4.0 * w["W_dec"][5].float()
+    handle = hf.model.layers[LAYER].post_feedforward_layernorm.register_forward_hook(lambda m, a, o: o + add)
+    try:
+        with torch.no_grad():
+            probs = torch.softmax(hf(torch.tensor([data["token_ids"]])).logits[0, -1].double(), -1)
+    finally:
+        handle.remove()
+    top = probs.topk(5)
+    step = data["steps"][0]
+    assert [t["token_id"] for t in step["top"]] == top.indices.tolist()
+    assert [t["probability"] for t in step["top"]] == pytest.approx(top.values.tolist(), rel=1e-4)
+
+
+def test_the_real_gemma_3_with_gains_of_0_reads_n_from_the_norms_input(gemma3_lm, tmp_path):
+    """The real Gemma-3-270M: block 5's pre-feedforward norm has a gain of 0 (weight -1) in 2 channels (17 of its
+    18 blocks have such). A random skip transcoder of ``blocks.5.ln2.hook_normalized``: `sae`'s input is
+    ``x / RMS(x)`` of the norm's input, captured with a hand-written hook, and so is the replacement model's."""
+    from safetensors.numpy import save_file
+
+    from anatomy_cli.engine import replacement as rep
+    from anatomy_cli.engine import sae as engine_sae
+    from anatomy_cli.engine.norm_gain import mlp_norm_gain
+    from anatomy_cli.engine.transcoder import PerLayer
+    from anatomy_cli.engine.transcoder import Transcoder
+    from anatomy_cli.models.sae.read import read
+
+    lm, layer, d, f = gemma3_lm, 5, gemma3_lm.d_model, 32
+    assert int((mlp_norm_gain(lm, layer).gain == 0).sum()) == 2
+    folder = tmp_path / "tc"
+    shutil.copytree(FIXTURES / "saelens-transcoder", folder)
+    cfg = json.loads((folder / "cfg.json").read_text())
+    cfg.update(d_in=d, d_out=d, d_sae=f)
+    cfg["metadata"].update(hook_name=f"blocks.{layer}.ln2.hook_normalized", hook_name_out=f"blocks.{layer}.hook_mlp_out")
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    w = {"W_enc": torch.randn(d, f, generator=g) / d ** .5, "b_enc": torch.randn(f, generator=g) * .1,
+         "W_dec": torch.randn(f, d, generator=g) / f ** .5, "b_dec": torch.zeros(d), "W_skip": torch.zeros(d, d)}
+    save_file({k: v.numpy() for k, v in w.items()}, str(folder / "sae_weights.safetensors"))
+    ids = lm.tokenizer.hf("The capital of France is Paris")["input_ids"]
+    norm = lm.model.base_model.layers[layer].pre_feedforward_layernorm
+    seen = {}
+    handle = norm.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0][0].detach().clone()))
+    try:
+        run = engine_sae.splice_run(lm, ids, engine_sae.Dictionary(read(folder), lm.device))
+    finally:
+        handle.remove()
+    x = seen["x"]
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+    torch.testing.assert_close(run.x, n, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(run.features, torch.relu(n @ w["W_enc"] + w["b_enc"]), rtol=1e-4, atol=1e-5)
+    assert float(run.logits_with_error.sub(run.logits).abs().max()) < 1e-3
+    tc = Transcoder(w["W_enc"].T, w["b_enc"], w["W_dec"], w["b_dec"])
+    with rep.frozen(lm), torch.no_grad():
+        fw = rep.forward(lm, torch.tensor(ids), PerLayer([tc] * lm.n_layers, before_gain=True), 1)
+    torch.testing.assert_close(fw.mlp_in[layer][0], n, rtol=1e-5, atol=1e-5)

@@ -78,8 +78,8 @@ def check_sites(sites: tuple[str, ...], info: ModelInfo, name: str) -> None:
     for site in sites:
         point = parse_point(site, SITES)
         if point is not None and point[0] >= info.n_layers:
-            raise UsageError(f"--save-activations: {name} has {info.n_layers} layers (blocks.0 to "
-                             f"blocks.{info.n_layers - 1}), not {site}")
+            raise UsageError(f"--save-activations: {name} has {info.n_layers} layers (blocks.0 to blocks."
+                             f"{info.n_layers - 1}), not {site}")
 
 
 def plan(source: Source, tokenizer: Tokenizer, settings: Settings, documents: dict[int, list[tuple[int, ...]]],

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from anatomy_cli.models import sites
+
 BLOCK_COLUMNS = ("block", "tokens", "top_k", "n_experts", "load_max_over_mean", "load_cv", "busiest_expert",
                  "idle_experts")
 EXPERT_COLUMNS = ("block", "expert", "slots", "load", "mean_weight")
@@ -57,15 +59,15 @@ class ExpertSums:
 
     def names(self) -> list[str]:
         """The hook points to capture: per MoE block its chosen experts and their weights."""
-        return [f"blocks.{b}.mlp.hook_expert_{p}" for b in self.blocks for p in ("indices", "weights")]
+        return [sites.name(b, p) for b in self.blocks for p in (sites.Point.expert_indices, sites.Point.expert_weights)]
 
     def add(self, store: dict[str, Any]) -> None:
         """Add one batch: ``store`` holds :meth:`names`, each ``[batch, pos, k]`` (every position counted)."""
         import torch
 
         for row, b in enumerate(self.blocks):
-            idx = store[f"blocks.{b}.mlp.hook_expert_indices"].detach().cpu().reshape(-1, self.top_k)
-            w = store[f"blocks.{b}.mlp.hook_expert_weights"].detach().cpu().double().reshape(-1, self.top_k)
+            idx = store[sites.name(b, sites.Point.expert_indices)].detach().cpu().reshape(-1, self.top_k)
+            w = store[sites.name(b, sites.Point.expert_weights)].detach().cpu().double().reshape(-1, self.top_k)
             chosen = torch.zeros(idx.shape[0], self.n_experts, dtype=torch.float64).scatter_(1, idx, 1.0)
             weights = torch.zeros_like(chosen).scatter_(1, idx, w)
             self.tokens[row] += idx.shape[0]

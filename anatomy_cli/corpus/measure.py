@@ -41,6 +41,7 @@ from anatomy_cli.corpus.lens_sums import lens_sums
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.partial import lens_metric
 from anatomy_cli.engine.fitted_lens import FittedLens
+from anatomy_cli.models import sites
 
 
 def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_window: int,
@@ -72,7 +73,7 @@ def measure(lm: engine.LoadedModel, ids: torch.Tensor, part: Partial, *, first_w
         layer["cos_to_embedding"][l] = cosine(h, h0).sum(-1).numpy(force=True)
         if l > 0:
             for kind in ("attn_out", "mlp_out"):
-                out = store[f"blocks.{l - 1}.hook_{kind}"].to(torch.float64)
+                out = store[sites.name(l - 1, kind)].to(torch.float64)
                 layer[f"{kind}_norm"][l] = out.norm(dim=-1).sum(-1).numpy(force=True)
         values, dims = h.abs().max(dim=-1)                               # [b, t]
         part.argmax[l] += torch.bincount(dims.flatten().cpu(), minlength=lm.d_model).numpy()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from anatomy_cli.models import sites
 from anatomy_cli.text.tokenization import Encoded
 
 
@@ -32,7 +33,10 @@ class Cache:
             kind, layer = key
             if not -self.n_layers <= layer < self.n_layers:
                 raise KeyError(f"layer {layer} is out of range for {self.n_layers} layers")
-            return f"blocks.{layer % self.n_layers}.hook_{kind}"
+            try:
+                return sites.name(layer % self.n_layers, kind)
+            except ValueError:
+                raise KeyError(f"'{kind}' is not a hook point inside a block") from None
         return key
 
     def __getitem__(self, key: str | tuple[str, int]) -> torch.Tensor:

@@ -23,6 +23,7 @@ from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.tensors import first_tensor
 from anatomy_cli.engine.tensors import optional_module
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.models import sites
 from anatomy_cli.models.adapters import heads_split
 
 # The residual stream and the heads must add up to this relative precision (fp32 rounding is ~1e-6).
@@ -121,15 +122,15 @@ def names(lm: LoadedModel, *, by_head: bool = False, by_expert: bool = False) ->
 
     out = residual_names(lm)[:1] + layer_names(lm, "attn_out") + layer_names(lm, "mlp_out")
     out += residual_names(lm)[-1:]
-    if "hook_pos_embed" in lm.points:
-        out.append("hook_pos_embed")
+    if sites.Whole.pos_embed in lm.points:
+        out.append(sites.Whole.pos_embed.value)
     if by_head:
-        out += [f"blocks.{layer}.attn.hook_z" for layer in range(lm.n_layers)]
+        out += sites.names(range(lm.n_layers), sites.Point.attn_z)
     if by_expert and lm.info.moe is not None:
         from anatomy_cli.engine.moe import point_names
 
         out += [n for b in lm.info.moe.sparse_blocks for n in point_names(lm.info.moe, b)
-                if not n.endswith("hook_router_logits")]
+                if not sites.is_point(n, sites.Point.router_logits)]
     return out
 
 
@@ -175,8 +176,8 @@ def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, by_
     comps, labels = [], []
     head_norm = lm.adapter.attn_out.module if by_head and heads_split(lm.adapter) == "norm" else None
     embed = cache["resid_pre", 0][row]
-    if "hook_pos_embed" in cache:
-        pos_embed = cache["hook_pos_embed"][row]
+    if sites.Whole.pos_embed in cache:
+        pos_embed = cache[sites.Whole.pos_embed][row]
         comps += [embed - pos_embed, pos_embed]
         labels += [Component("embed"), Component("pos_embed")]
     else:
@@ -185,8 +186,8 @@ def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, by_
     for layer in range(lm.n_layers):
         attn = cache["attn_out", layer][row]
         if by_head:
-            o_proj = lm.points[f"blocks.{layer}.attn.hook_z"][0]
-            z = cache[f"blocks.{layer}.attn.hook_z"][row]
+            o_proj = lm.points[sites.name(layer, sites.Point.attn_z)][0]
+            z = cache["attn_z", layer][row]
             heads, bias = head_outputs(z, o_proj, lm.n_heads)
             has_bias = getattr(o_proj, "bias", None) is not None
             if head_norm is not None:  # Gemma 2/3: attn_out = norm(o_proj(z)); each head through the frozen norm
@@ -223,13 +224,12 @@ def _experts(lm: LoadedModel, cache: Cache, layer: int, row: int) -> tuple[torch
     times its weight, then the gated shared expert; and their names."""
     from anatomy_cli.engine.experts import expert_outputs
 
-    p = f"blocks.{layer}.mlp.hook_"
-    x, idx, w = cache[p + "in"][row], cache[p + "expert_indices"][row], cache[p + "expert_weights"][row]
+    x, idx, w = cache["mlp_in", layer][row], cache["expert_indices", layer][row], cache["expert_weights", layer][row]
     with torch.inference_mode():
         outs = expert_outputs(lm, layer, x, idx).to("cpu", torch.float64) * w.to("cpu", torch.float64)[:, None]
     names = [f"L{layer}.E{int(e)}" for e in idx.tolist()]
-    if p + "shared_expert_out" in cache:
-        shared = cache[p + "shared_expert_gate"][row].double() * cache[p + "shared_expert_out"][row].double()
+    if ("shared_expert_out", layer) in cache:
+        shared = cache["shared_expert_gate", layer][row].double() * cache["shared_expert_out", layer][row].double()
         outs = torch.cat([outs, shared.to("cpu")[None]])
         names.append(f"L{layer}.shared_expert")
     return outs, names
@@ -240,7 +240,7 @@ def _through_frozen_norm(lm: LoadedModel, layer: int, heads: torch.Tensor, bias:
     """Heads and bias through block ``layer``'s norm after attention, its scale frozen at its input on this
     prompt (the projection's output, ``heads.sum(0) + bias``): the heads then sum to ``attn_out`` exactly.
     The norm's own bias (LayerNorm) joins the projection's bias row."""
-    norm = lm.points[f"blocks.{layer}.hook_attn_out"][0]
+    norm = lm.points[sites.name(layer, sites.Point.attn_out)][0]
     x = heads.sum(0) + bias
     with torch.inference_mode():
         frozen = freeze_norm(lambda v: norm(v.to(dtype)), x.to(dtype), f"{lm.name}'s norm after attention")

@@ -27,6 +27,7 @@ import torch
 from anatomy_cli.engine.hooks import RawHookFn
 from anatomy_cli.engine.moe import route
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
@@ -47,7 +48,7 @@ class ExpertEdit:
 
     def point(self) -> str:
         """The hook point whose module (the router) the edit hooks."""
-        return f"blocks.{self.layer}.mlp.hook_router_logits"
+        return sites.name(self.layer, sites.Point.router_logits)
 
 
 def check(lm: LoadedModel, edit: ExpertEdit) -> None:

@@ -17,6 +17,7 @@ from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.moe import point_names
 from anatomy_cli.engine.running import run
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
@@ -61,17 +62,16 @@ def rebuild(lm: LoadedModel, enc: Encoded) -> dict[int, tuple[torch.Tensor, torc
     hooks: list[tuple[torch.nn.Module, Side, HookFn]] = [(_moe_block(lm, b), "input", partial(keep, b))
                                                         for b in moe.sparse_blocks]
 
-    names = [n for b in moe.sparse_blocks for n in [*point_names(moe, b), f"blocks.{b}.hook_mlp_out"]]
+    names = [n for b in moe.sparse_blocks for n in [*point_names(moe, b), sites.name(b, sites.Point.mlp_out)]]
     with attach_modules(hooks):
         [cache] = run(lm, [enc], names, batch_size=1)
     out = {}
     with torch.inference_mode():
         for b in moe.sparse_blocks:
-            p = f"blocks.{b}.mlp.hook_"
-            shared = ((cache[p + "shared_expert_out"], cache[p + "shared_expert_gate"]) if moe.shared_expert
+            shared = ((cache["shared_expert_out", b], cache["shared_expert_gate", b]) if moe.shared_expert
                       else (None, None))
-            out[b] = (reconstruct(lm, b, inputs[b][0].to(lm.device), cache[p + "expert_indices"],
-                                  cache[p + "expert_weights"], *shared), cache[f"blocks.{b}.hook_mlp_out"])
+            out[b] = (reconstruct(lm, b, inputs[b][0].to(lm.device), cache["expert_indices", b],
+                                  cache["expert_weights", b], *shared), cache["mlp_out", b])
     return out
 
 

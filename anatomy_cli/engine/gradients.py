@@ -38,6 +38,7 @@ from anatomy_cli.engine.interventions import run_edits
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [n, vocab] -> [n]
 
@@ -164,7 +165,7 @@ def attribution_patch_grid(lm: LoadedModel, clean_ids: Sequence[int], corrupt_id
     if len(clean_ids) != len(corrupt_ids):
         raise UsageError(f"the prompts have different token counts: {len(clean_ids)} and {len(corrupt_ids)}")
     layers = tuple(range(lm.n_layers)) if layers is None else tuple(layers)
-    names = [f"blocks.{layer}.{SITES[site].hook}" for layer in layers]
+    names = sites.names(layers, SITES[site])
     # CLEAN rides along as the companion row of CORRUPT's forward: one forward and one backward in all.
     run = metric_gradients(lm, corrupt_ids, names, reduce, companion=clean_ids)
     sources, clean = run.companion_acts, run.companion_metric
@@ -186,10 +187,9 @@ def exact_patch_cells(lm: LoadedModel, corrupt_ids: Sequence[int], run: Attribut
                       cells: Sequence[tuple[int, int]], *, reduce: Metric, batch_size: int = 32) -> torch.Tensor:
     """The exact patched metric of each ``(layer, column)`` cell of ``run`` (CORRUPT with CLEAN's activation
     there), by :func:`~anatomy_cli.engine.interventions.run_edits`: float64 ``[len(cells)]``."""
-    hook = SITES[run.site].hook
     rows = []
     for layer, c in cells:
-        act = run.sources[f"blocks.{layer}.{hook}"]
+        act = run.sources[sites.name(layer, SITES[run.site])]
         if SITES[run.site].per_head:
             rows.append([Edit(run.site, layer, head=c, value=act[:, c * lm.d_head:(c + 1) * lm.d_head])])
         else:

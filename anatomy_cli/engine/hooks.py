@@ -28,6 +28,7 @@ from anatomy_cli.engine.tensors import first_tensor
 from anatomy_cli.engine.tensors import optional_module
 from anatomy_cli.engine.tensors import replace_first
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.adapters import Tap
 
@@ -50,12 +51,13 @@ def hook_names(lm: LoadedModel) -> list[str]:
 
 def residual_names(lm: LoadedModel) -> list[str]:
     """The ``n_layers + 1`` names :meth:`Cache.residual_stream` needs, row order."""
-    return ["blocks.0.hook_resid_pre"] + layer_names(lm, "resid_post")
+    return [sites.name(0, sites.Point.resid_pre)] + layer_names(lm, "resid_post")
 
 
 def layer_names(lm: LoadedModel, kind: str) -> list[str]:
-    """``blocks.{l}.hook_{kind}`` for every layer. Raises UsageError if ``lm`` has no such point."""
-    names = [f"blocks.{layer}.hook_{kind}" for layer in range(lm.n_layers)]
+    """Point ``kind`` (models/sites.py ``Point``'s key: ``resid_post``) of every layer. Raises UsageError if ``lm``
+    has no such point."""
+    names = sites.names(range(lm.n_layers), kind)
     check_names(lm, names)
     return names
 
@@ -66,7 +68,7 @@ def check_names(lm: LoadedModel, names: Iterable[str]) -> list[str]:
     for name in names:
         if name not in lm.points:
             why = " (parallel residual: attention and MLP both read resid_pre)" \
-                if name.endswith("hook_resid_mid") and not lm.has_resid_mid else ""
+                if sites.is_point(name, sites.Point.resid_mid) and not lm.has_resid_mid else ""
             raise UsageError(f"{lm.name} has no hook point '{name}'{why}")
     return names
 
@@ -74,48 +76,49 @@ def check_names(lm: LoadedModel, names: Iterable[str]) -> list[str]:
 def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
                  has_unembed: bool, moe: MoeInfo | None = None) -> dict[str, tuple[torch.nn.Module, Side]]:
     """``{hook point name: (module, "input" | "output")}`` of a built model, in forward order (``lm.points``).
-    ``moe``: the model's routing facts; its MoE blocks get the router's points (:mod:`anatomy_cli.engine.moe`)."""
+    ``moe``: the model's routing facts; its MoE blocks get the router's points (:mod:`anatomy_cli.engine.moe`).
+    Every name is models/sites.py's (``sites.name``)."""
+    P, W = sites.Point, sites.Whole
     base = model.base_model
     embed = optional_module(base, adapter.embed_proj) or base.get_submodule(adapter.embed)
-    points: dict[str, tuple[torch.nn.Module, Side]] = {"hook_embed": (embed, "output")}
+    points: dict[str, tuple[torch.nn.Module, Side]] = {W.embed.value: (embed, "output")}
     if adapter.pos_embed:
-        points["hook_pos_embed"] = (base.get_submodule(adapter.pos_embed), "output")
+        points[W.pos_embed.value] = (base.get_submodule(adapter.pos_embed), "output")
     for layer, block in enumerate(base.get_submodule(adapter.blocks)):
-        p = f"blocks.{layer}."
-        points[p + "hook_resid_pre"] = (block, "input")
-        points[p + "attn.hook_z"] = (block.get_submodule(adapter.attn_o), "input")
-        points[p + "hook_attn_out"] = (block.get_submodule(adapter.attn_out.module), adapter.attn_out.side)
+        inside: dict[sites.Point, tuple[torch.nn.Module, Side]] = {
+            P.resid_pre: (block, "input"), P.attn_z: (block.get_submodule(adapter.attn_o), "input"),
+            P.attn_out: (block.get_submodule(adapter.attn_out.module), adapter.attn_out.side)}
         if has_mid and adapter.resid_mid is not None:  # has_mid: the adapter names a resid_mid
-            points[p + "hook_resid_mid"] = (block.get_submodule(adapter.resid_mid.module), adapter.resid_mid.side)
+            inside[P.resid_mid] = (block.get_submodule(adapter.resid_mid.module), adapter.resid_mid.side)
         if moe is not None and layer in moe.sparse_blocks:
-            points[p + "mlp.hook_in"] = (block.get_submodule(adapter.mlp_out.module), "input")
+            inside[P.mlp_in] = (block.get_submodule(adapter.mlp_out.module), "input")
             for point, path in _moe.module_paths(moe).items():
-                points[p + point] = (block.get_submodule(path), "output")
-        points[p + "hook_mlp_out"] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)
-        points[p + "hook_resid_post"] = (block, "output")
+                inside[point] = (block.get_submodule(path), "output")
+        inside[P.mlp_out] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)
+        inside[P.resid_post] = (block, "output")
+        points.update({sites.name(layer, point): where for point, where in inside.items()})
     final = optional_module(base, adapter.final_norm)
     if final is not None:
-        points["ln_final.hook_normalized"] = (final, "output")
+        points[W.ln_final.value] = (final, "output")
     if has_unembed:
-        points["logits"] = (model.get_submodule(adapter.unembed), "output")
+        points[W.logits.value] = (model.get_submodule(adapter.unembed), "output")
     return points
 
 
 _NO_TAP = Tap("")
 
 
-def _layer(name: str) -> int:
-    return int(name.split(".")[1])
+_layer = sites.block_of
 
 
 def _tap(lm: LoadedModel, name: str) -> Tap | None:
     """The adapter's :class:`Tap` behind ``blocks.{l}.hook_{attn_out,mlp_out,resid_mid}``, else None."""
-    parts = name.split(".")
-    if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):
-        adapter = lm.adapter
-        taps = {"attn_out": adapter.attn_out, "mlp_out": adapter.mlp_out, "resid_mid": adapter.resid_mid}
-        return taps.get(parts[2][5:])
-    return None
+    parsed = sites.parse(name)
+    point = None if parsed is None else parsed[1]
+    adapter = lm.adapter
+    taps = {sites.Point.attn_out: adapter.attn_out, sites.Point.mlp_out: adapter.mlp_out,
+            sites.Point.resid_mid: adapter.resid_mid}
+    return taps.get(point) if isinstance(point, sites.Point) else None
 
 
 @overload
@@ -219,7 +222,8 @@ def _moe_views(lm: LoadedModel, pairs: list[tuple[str, HookFn]]) -> list[tuple[s
         if fn(_moe.view(moe, name, t, shapes[_layer(name)])) is not None:
             raise _moe.read_only(name)
 
-    out: list[tuple[str, HookFn]] = [(f"blocks.{layer}.hook_resid_pre", partial(shape, layer)) for layer in layers]
+    out: list[tuple[str, HookFn]] = [(sites.name(layer, sites.Point.resid_pre), partial(shape, layer))
+                                     for layer in layers]
     return out + [(name, partial(wrapped, name, fn) if _moe.kind(name) is not None else fn) for name, fn in pairs]
 
 
@@ -247,7 +251,7 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
             t = t.view(*shapes[_layer(name)], t.shape[-1])
         if tap is not None and tap.copy and positions is None:
             t = t.clone()
-        if name == "logits":
+        if name == sites.Whole.logits:
             t = lm.cap_logits(t)
         if positions is not None:
             if t.shape[0] == 1 and positions.shape[0] > 1:
@@ -261,7 +265,7 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
 
     names = check_names(lm, names)
     hooks: list[tuple[str, HookFn]] = [
-        (f"blocks.{layer}.hook_resid_pre", partial(shape, layer))
+        (sites.name(layer, sites.Point.resid_pre), partial(shape, layer))
         for layer in sorted({_layer(n) for n in names if (_tap(lm, n) or _NO_TAP).flat})]
     hooks += [(name, partial(keep, name)) for name in names]
     with attach(lm, hooks):

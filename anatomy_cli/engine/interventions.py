@@ -42,6 +42,7 @@ from anatomy_cli.engine.hooks import capture
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
 
@@ -263,7 +264,7 @@ def _hooks(lm: LoadedModel, rows: Sequence[Sequence[Edit | ExpertEdit]], starts:
                 experts.append((j, edit))
             else:
                 by_point[edit.hook_name()].append((j, edit))
-    hooks: list[tuple[str, HookFn]] = [(f"blocks.{layer}.hook_resid_pre", _grow(n_new))
+    hooks: list[tuple[str, HookFn]] = [(sites.name(layer, sites.Point.resid_pre), _grow(n_new))
                                        for layer, n_new in sorted(joining.items())]
     hooks += [(name, partial(_apply, lm, edits=edits)) for name, edits in by_point.items()]
     with attach(lm, hooks), attach_modules(expert_edits.hooks(lm, experts, n_tokens), raw=True):

@@ -27,6 +27,7 @@ from anatomy_cli.engine.forwarding import run_batch
 from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.hooks import attach
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.models import sites
 
 
 def valid_positions(seq_len: int, skip_first: int) -> list[int]:
@@ -44,8 +45,8 @@ def jacobian_for_prompt(lm: LoadedModel, ids: Sequence[int], source_layers: Sequ
     if not positions:
         raise ValueError(f"a prompt of {len(ids)} tokens has no valid position (skip_first {skip_first})")
     d_model = lm.info.d_model
-    names = {f"blocks.{l}.hook_resid_post": l for l in source_layers}
-    target = f"blocks.{target_layer}.hook_resid_post"
+    names = {sites.name(l, sites.Point.resid_post): l for l in source_layers}
+    target = sites.name(target_layer, sites.Point.resid_post)
     deltas: dict[int, torch.Tensor] = {}
     out: dict[str, torch.Tensor] = {}
 
@@ -107,7 +108,7 @@ def block_weights(lm: LoadedModel, block: int = 0) -> float | None:
     None for a mixture-of-experts model (a token meets only its experts) or a block without matrices."""
     if lm.info.moe is not None:
         return None
-    module = lm.points[f"blocks.{block}.hook_resid_post"][0]
+    module = lm.points[sites.name(block, sites.Point.resid_post)][0]
     n = sum(p.numel() for p in module.parameters() if p.dim() == 2)
     return float(n) or None
 

@@ -8,6 +8,7 @@ from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.tensors import optional_module
 from anatomy_cli.engine.tensors import rowwise
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.models import sites
 
 
 def _apply(lm: LoadedModel, module: torch.nn.Module, h: torch.Tensor, grad: bool = False) -> torch.Tensor:
@@ -24,9 +25,9 @@ def final_norm(lm: LoadedModel, h: torch.Tensor, *, grad: bool = False) -> torch
     Returns ``[..., d_model]`` on ``h``'s device. Identity for models without a final
     norm (BERT: post-LN, each block already ends in a LayerNorm).
     """
-    if "ln_final.hook_normalized" not in lm.points:
+    if sites.Whole.ln_final not in lm.points:
         return h
-    return _apply(lm, lm.points["ln_final.hook_normalized"][0], h, grad).to(h.device)
+    return _apply(lm, lm.points[sites.Whole.ln_final][0], h, grad).to(h.device)
 
 
 def unembed(lm: LoadedModel, h: torch.Tensor, *, softcap: bool = True, normed: bool = False,

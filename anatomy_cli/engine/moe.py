@@ -29,24 +29,24 @@ from typing import TYPE_CHECKING
 import torch
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 
 if TYPE_CHECKING:
     from anatomy_cli.models.info import MoeInfo
 
-# point name inside blocks.L. -> the module of the MoE block it reads (output side)
-POINTS = {"mlp.hook_router_logits": "gate", "mlp.hook_expert_indices": "gate", "mlp.hook_expert_weights": "gate"}
-SHARED_POINTS = {"mlp.hook_shared_expert_out": "shared_expert", "mlp.hook_shared_expert_gate": "shared_expert_gate"}
+# point inside blocks.L. -> the module of the MoE block it reads (output side)
+POINTS = dict.fromkeys(sites.ROUTER_POINTS, "gate")
+SHARED_POINTS = dict(zip(sites.SHARED_EXPERT_POINTS, ("shared_expert", "shared_expert_gate")))
 
 
 def point_names(moe: MoeInfo, block: int) -> list[str]:
     """The MoE hook points of ``block`` (none for a dense block), in forward order."""
     if block not in moe.sparse_blocks:
         return []
-    names = ["mlp.hook_in", *POINTS] + (list(SHARED_POINTS) if moe.shared_expert else [])
-    return [f"blocks.{block}.{n}" for n in names]
+    return [sites.name(block, p) for p in [sites.Point.mlp_in, *POINTS, *(SHARED_POINTS if moe.shared_expert else ())]]
 
 
-def module_paths(moe: MoeInfo) -> dict[str, str]:
+def module_paths(moe: MoeInfo) -> dict[sites.Point, str]:
     """``{point inside blocks.L.: module path inside the block}`` for this model's MoE blocks."""
     paths = {k: f"mlp.{v}" for k, v in POINTS.items()}
     if moe.shared_expert:
@@ -56,9 +56,9 @@ def module_paths(moe: MoeInfo) -> dict[str, str]:
 
 def kind(name: str) -> str | None:
     """``router_logits``, ``expert_indices``, ... for an MoE hook point ``blocks.L.mlp.hook_…``, else None."""
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blocks" and (parts[2] in POINTS or parts[2] in SHARED_POINTS):
-        return parts[2].removeprefix("mlp.hook_")
+    parsed = sites.parse(name)
+    if parsed is not None and (parsed[1] in POINTS or parsed[1] in SHARED_POINTS):
+        return parsed[1].name
     return None
 
 
@@ -98,4 +98,4 @@ def view(moe: MoeInfo, name: str, t: torch.Tensor, shape: torch.Size) -> torch.T
 
 def read_only(name: str) -> UsageError:
     return UsageError(f"{name} is read-only: a hook there cannot replace the routing (hook "
-                      f"blocks.N.hook_mlp_out to change what the block adds)")
+                      f"{sites.name('N', sites.Point.mlp_out)} to change what the block adds)")

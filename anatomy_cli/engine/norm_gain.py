@@ -1,12 +1,14 @@
-"""A norm's per-channel gain and bias, and TransformerLens' ``ln2.hook_normalized`` read from the MLP's input.
+"""A norm's per-channel gain and bias, and TransformerLens' ``ln2.hook_normalized`` read from the norm's input.
 
 TransformerLens' norms hook their normalised vector before the gain: ``blocks.L.ln2.hook_normalized`` is
-``n = x / RMS(x)`` (LayerNorm: ``(x - mean) / σ``) and the MLP reads ``y = g · n + β``. anatomy reads ``y`` (the
-MLP's input) and divides the gain out, ``n = (y - β) / g`` (models/sae/names.py ``before_gain`` names the hooks):
-``anatomy sae`` applies :meth:`NormGain.normalized` to the vector, ``circuit`` folds the same ``(g, β)`` into a
-transcoder's encoder (engine/transcoder.py ``read_norm_output``). :func:`probe` reads ``(g, β)`` off any norm
-(Llama's ``weight``, Gemma's ``1 + weight``, LayerNorm's ``weight`` and ``bias``); the frozen replacement
-model (engine/replacement.py) probes its norms the same way.
+``n = x / RMS(x)`` (LayerNorm: ``(x - mean) / σ``) of the norm's input ``x``, and the MLP reads ``y = g · n + β``.
+anatomy computes ``n`` from ``x`` (:func:`normalized`: the norm's own epsilon, in float32 as the families' norms
+compute it, given back in ``x``'s dtype), not from ``y``: where a gain is 0 (the real Gemma-3-270M, weight −1, in
+17 of its 18 blocks) ``y`` has lost ``n``. ``anatomy sae`` hooks the pre-MLP norm's input (:func:`mlp_norm_module`)
+and writes an SAE's output back through the gain (:meth:`NormGain.output`); ``circuit``'s frozen replacement model
+computes the same ``n`` from the same input with its frozen denominator (engine/replacement.py). :func:`probe` reads
+``(g, β)`` off any norm (Llama's ``weight``, Gemma's ``1 + weight``, LayerNorm's ``weight`` and ``bias``),
+:func:`centred` whether it subtracts the mean; the replacement model probes its norms the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import mlp_norm
 
 
@@ -38,33 +39,62 @@ def probe(module: torch.nn.Module, d: int, device: torch.device, dtype: torch.dt
     return gain, beta
 
 
+def centred(module: torch.nn.Module, d: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a norm subtracts the mean (LayerNorm) or not (RMSNorm): a constant input normalises to 0 in a
+    LayerNorm, so its output is the bias, its output on 0 (where every gain is 0 the two agree whatever the norm:
+    then ``torch.nn.LayerNorm`` says)."""
+    if isinstance(module, torch.nn.LayerNorm):
+        return True
+    with torch.no_grad():
+        zero = module.forward(torch.zeros(1, d, dtype=dtype, device=device)).float()
+        ones = module.forward(torch.ones(1, d, dtype=dtype, device=device)).float()
+    return bool(torch.allclose(ones, zero, rtol=0, atol=1e-6 * (1 + float(zero.abs().max()))))
+
+
+def normalized(x: torch.Tensor, centre: bool, epsilon: float, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """TransformerLens' ``hook_normalized`` of a norm's input ``x [..., d]``: ``x / sqrt(mean(x²) + eps)``
+    (``centre``: ``(x - mean) / sqrt(var + eps)``), in float32, given back in ``x``'s dtype. ``scale [..., 1]``:
+    that denominator given (circuit's frozen one) instead of computed."""
+    xf = x.float()
+    if centre:
+        xf = xf - xf.mean(-1, keepdim=True)
+    if scale is None:  # as Llama's and Gemma's RMSNorm, torch's LayerNorm: times rsqrt
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)).to(x.dtype)
+    return (xf / scale).to(x.dtype)
+
+
 @dataclass(frozen=True)
 class NormGain:
     """A norm's ``gain [d]`` and ``beta [d]`` (float32): its output is ``gain * n + beta``, ``n`` its normalised
-    vector (TransformerLens' ``hook_normalized``)."""
+    vector (TransformerLens' ``hook_normalized``, :meth:`of` its input); ``centre``: a LayerNorm's mean is
+    subtracted first; ``eps``: its epsilon."""
 
     gain: torch.Tensor
     beta: torch.Tensor
+    centre: bool = False
+    eps: float = 1e-6
 
-    def normalized(self, y: torch.Tensor) -> torch.Tensor:
-        """``n = (y - beta) / gain`` of the norm's output ``y [..., d]``, in ``y``'s dtype."""
-        return ((y.float() - self.beta.to(y.device)) / self.gain.to(y.device)).to(y.dtype)
+    def of(self, x: torch.Tensor) -> torch.Tensor:
+        """``n`` of the norm's input ``x [..., d]`` (:func:`normalized`), in ``x``'s dtype."""
+        return normalized(x, self.centre, self.eps)
 
     def output(self, n: torch.Tensor) -> torch.Tensor:
         """The norm's output ``gain * n + beta`` of a normalised vector ``n [..., d]``, in ``n``'s dtype."""
         return (n.float() * self.gain.to(n.device) + self.beta.to(n.device)).to(n.dtype)
 
 
-def mlp_norm_gain(lm: LoadedModel, layer: int) -> NormGain:
-    """The gain and bias of the norm whose output block ``layer``'s MLP reads (models/sae/names.py ``mlp_norm``),
-    on ``lm.device``. UsageError where the MLP reads no norm's output, or where a gain is 0 (the MLP's input
-    loses ``n`` there)."""
+def mlp_norm_module(lm: LoadedModel, layer: int) -> torch.nn.Module:
+    """The norm whose output block ``layer``'s MLP reads (models/sae/names.py ``mlp_norm``: UsageError where the
+    MLP reads no norm's output): the input of ``ln2.hook_normalized``."""
     block = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer]
+    module: torch.nn.Module = block.get_submodule(mlp_norm(lm.adapter, lm.name))
+    return module
+
+
+def mlp_norm_gain(lm: LoadedModel, layer: int) -> NormGain:
+    """The gain, bias, centring and epsilon of block ``layer``'s pre-MLP norm (:func:`mlp_norm_module`), on the
+    model's device. A gain of 0 is fine: ``n`` is read from the norm's input."""
+    module = mlp_norm_module(lm, layer)
     param = next(lm.model.parameters())
-    gain, beta = probe(block.get_submodule(mlp_norm(lm.adapter, lm.name)), lm.d_model, param.device, param.dtype)
-    zero = (gain == 0).nonzero().flatten().tolist()
-    if zero:
-        shown = ", ".join(str(c) for c in zero[:8]) + (", ..." if len(zero) > 8 else "")
-        raise UsageError(f"ln2.hook_normalized is block {layer}'s MLP norm's vector before its gain, and that gain "
-                         f"is 0 in {len(zero)} channel(s) ({shown}): the MLP's input does not give it there")
-    return NormGain(gain, beta)
+    gain, beta = probe(module, lm.d_model, param.device, param.dtype)
+    return NormGain(gain, beta, centred(module, lm.d_model, param.device, param.dtype), eps(module))

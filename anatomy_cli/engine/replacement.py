@@ -19,11 +19,15 @@ import torch
 
 from anatomy_cli.engine.hooks import attach_modules
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.norm_gain import centred as _centred
 from anatomy_cli.engine.norm_gain import eps as _eps
+from anatomy_cli.engine.norm_gain import mlp_norm_module
+from anatomy_cli.engine.norm_gain import normalized as _normalized
 from anatomy_cli.engine.norm_gain import probe as _probe
 from anatomy_cli.engine.transcoder import Transcoder as Transcoder  # callers build rep.Transcoder
 from anatomy_cli.engine.transcoder import Transcoders
 from anatomy_cli.engine.transcoder import as_stack
+from anatomy_cli.models import sites
 
 FROZEN_ATTENTION = "anatomy_frozen"
 
@@ -31,7 +35,8 @@ FROZEN_ATTENTION = "anatomy_frozen"
 class Freezer:
     """What the prompt's forward fixed: each norm call's denominator, each attention call's pattern and each
     MLP's output less its skip path. ``replay``: later forwards use them (an intervention on the frozen model);
-    otherwise a forward records them (and its values equal the real model's)."""
+    otherwise a forward records them (and its values equal the real model's). ``normalized``: the last call's
+    normalised vector before the gain (``P(x) / s``, linear in ``x``) of each norm :func:`forward` asks it of."""
 
     def __init__(self) -> None:
         self.scales: dict[int, list[torch.Tensor]] = {}
@@ -39,6 +44,7 @@ class Freezer:
         self.mlp_const: dict[int, torch.Tensor] = {}
         self.replay = False
         self._calls: dict[int, int] = {}
+        self.normalized: dict[int, torch.Tensor | None] = {}
 
     def start(self) -> None:
         self._calls = {}
@@ -89,14 +95,15 @@ def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
     x = args[0]
     freezer = _ACTIVE[-1]
     xf = x.float()
-    centred = isinstance(module, torch.nn.LayerNorm)
+    gain, beta, centred = _gain(module, x)
     xd = xf.detach()
     if centred:
         s = (xd.var(-1, unbiased=False, keepdim=True) + _eps(module)).sqrt()
     else:
         s = (xd.pow(2).mean(-1, keepdim=True) + _eps(module)).sqrt()
     s = freezer.take(freezer.scales, module, s)
-    gain, beta = _gain(module, x)
+    if id(module) in freezer.normalized:  # ln2.hook_normalized, as engine/norm_gain.py computes it, s frozen
+        freezer.normalized[id(module)] = _normalized(x, centred, _eps(module), s)
     if freezer.replay:
         px = xf - xf.mean(-1, keepdim=True) if centred else xf
         return (gain * px / s + beta).to(out.dtype)
@@ -106,15 +113,17 @@ def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
     return out.detach() + (delta * (gain / s)).to(out.dtype)  # one multiply in the backward
 
 
-def _gain(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _gain(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The norm's per-channel gain and bias, read by probing it with 0 and ±1 (mean 0, RMS 1): Llama's
-    ``weight``, Gemma's ``1 + weight``, LayerNorm's ``weight`` and ``bias``."""
+    ``weight``, Gemma's ``1 + weight``, LayerNorm's ``weight`` and ``bias``; and whether it subtracts the mean
+    (engine/norm_gain.py ``centred``)."""
     cached = getattr(module, "_anatomy_gain", None)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     gain, beta = _probe(module, x.shape[-1], x.device, x.dtype)
-    object.__setattr__(module, "_anatomy_gain", (gain, beta))
-    return gain, beta
+    found = (gain, beta, _centred(module, x.shape[-1], x.device, x.dtype))
+    object.__setattr__(module, "_anatomy_gain", found)
+    return found
 
 
 def _norm_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -184,15 +193,24 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch:
     the freezer replaying). ``last_logits``: ``logits [B, 1, V]``, the last position's only, where the model's
     forward takes ``logits_to_keep`` (the attribution's batch forward reads no logits). ``shared_mlp``: each MLP
     runs on the first copy only and its output is repeated over the batch (every copy is the same prompt, and
-    the replacement model reads an MLP's output as a constant: no gradient goes through it)."""
+    the replacement model reads an MLP's output as a constant: no gradient goes through it). Transcoders of
+    ``ln2.hook_normalized`` (``before_gain``) read, as ``mlp_in``, the pre-MLP norm's vector before its gain,
+    ``P(x) / s`` of the norm's input ``x`` with its frozen denominator ``s``: linear in ``x``, a gain of 0 or not."""
     n = lm.n_layers
     stack = as_stack(transcoders)
+    norms = [mlp_norm_module(lm, layer) for layer in range(n)] if stack.before_gain else []
+    normalized = _ACTIVE[-1].normalized
+    normalized.clear()
+    normalized.update({id(m): None for m in norms})
     mlp_in: list[Any] = [None] * n
     mlp_out: list[Any] = [None] * n
     got: dict[str, torch.Tensor] = {}
 
     def take_in(layer: int, value: object) -> None:
-        mlp_in[layer] = value if isinstance(value, torch.Tensor) else value[0]  # type: ignore[index]
+        if norms:
+            mlp_in[layer] = normalized[id(norms[layer])]
+        else:
+            mlp_in[layer] = value if isinstance(value, torch.Tensor) else value[0]  # type: ignore[index]
         return None
 
     def put_out(layer: int, value: torch.Tensor) -> torch.Tensor:
@@ -226,20 +244,23 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch:
     def repeat(value: torch.Tensor) -> torch.Tensor | None:
         return value.expand(batch, *value.shape[1:]).contiguous() if batch > 1 and value.shape[0] == 1 else None
 
-    hooks: list[Any] = [(lm.points["hook_embed"][0], "output", embed)]
+    hooks: list[Any] = [(lm.points[sites.Whole.embed][0], "output", embed)]
     for layer in range(n):
         mlp = mlp_module(lm, layer)
         hooks.append((mlp, "input", lambda v, layer=layer: take_in(layer, v)))
         if shared_mlp:
             hooks += [(mlp, "input", first), (mlp, "output", repeat)]
-        module, side = lm.points[f"blocks.{layer}.hook_mlp_out"]
+        module, side = lm.points[sites.name(layer, sites.Point.mlp_out)]
         hooks.append((module, side, lambda v, layer=layer: put_out(layer, v)))
-    if "ln_final.hook_normalized" in lm.points:
-        hooks.append((lm.points["ln_final.hook_normalized"][0], "output", final))
+    if sites.Whole.ln_final in lm.points:
+        hooks.append((lm.points[sites.Whole.ln_final][0], "output", final))
     _ACTIVE[-1].start()
     extra = {"logits_to_keep": 1} if last_logits and _keeps_logits(lm.model) else {}
-    with attach_modules(hooks):
-        out = lm.model(input_ids=ids.to(lm.device)[None].expand(batch, -1), use_cache=False, **extra)
+    try:
+        with attach_modules(hooks):
+            out = lm.model(input_ids=ids.to(lm.device)[None].expand(batch, -1), use_cache=False, **extra)
+    finally:
+        normalized.clear()
     logits = out.logits
     return Forward(mlp_in, mlp_out, got["embed"], got.get("final", got["embed"]), logits)
 

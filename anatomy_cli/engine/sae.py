@@ -14,8 +14,8 @@ what the library that wrote it computes (SAELens' ``encode``/``decode``, sparsif
 :func:`splice_run` runs one prompt three times: unmodified, with the reconstruction in place of the
 activation at the SAE's output site, and with the reconstruction plus the error term ``x - x_hat`` (which
 gives the unmodified logits back, up to float rounding). At a hook of TransformerLens' ``ln2.hook_normalized``
-the SAE reads (and an SAE there writes) the pre-MLP norm's vector before its gain, ``(y - β) / g`` of the MLP's
-input ``y`` (:func:`site_norms`, engine/norm_gain.py).
+the SAE reads (and an SAE there writes) the pre-MLP norm's vector before its gain, ``x / RMS(x)`` of the norm's
+input ``x`` (a gain of 0 included; :func:`site_norms`, engine/norm_gain.py), and writes back ``g · n + β``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.model import Side
 from anatomy_cli.engine.norm_gain import NormGain
 from anatomy_cli.engine.norm_gain import mlp_norm_gain
+from anatomy_cli.engine.norm_gain import mlp_norm_module
 from anatomy_cli.engine.replacement import mlp_module
 from anatomy_cli.engine.steering import SteeringVector
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.models.sae import names
 from anatomy_cli.models.sae.read import SAEFile
 from anatomy_cli.models.sites import WRITE_SITES
@@ -136,7 +138,7 @@ class SpliceRun:
 def _module_point(lm: LoadedModel, point: str) -> tuple[torch.nn.Module, Side]:
     """``(module, side)`` of a hook point, or of the MLP's input (``blocks.N.mlp.hook_in``: the input of the
     block's feed-forward module, engine/replacement.py ``mlp_module``)."""
-    if not point.endswith("mlp.hook_in"):
+    if not sites.is_point(point, sites.Point.mlp_in):
         module, side = lm.points[point]
         return module, "input" if side == "input" else "output"
     if lm.adapter.mlp_out.flat:  # OPT: its MLP sees [batch * pos, d]
@@ -145,20 +147,29 @@ def _module_point(lm: LoadedModel, point: str) -> tuple[torch.nn.Module, Side]:
     # module: Gemma 2/3's is the norm after the MLP)
 
 
+Where = tuple[torch.nn.Module, Side]
+
+
 @contextmanager
-def _hooks(lm: LoadedModel, pairs: list[tuple[str, HookFn]]) -> Iterator[None]:
-    with attach_modules((*_module_point(lm, p), fn) for p, fn in pairs):
+def _hooks(lm: LoadedModel, pairs: list[tuple[str | Where, HookFn]]) -> Iterator[None]:
+    """Hooks at hook points (or at ``(module, side)``), removed on exit."""
+    with attach_modules((*(_module_point(lm, p) if isinstance(p, str) else p), fn) for p, fn in pairs):
         yield
 
 
 def site_norms(lm: LoadedModel, sae: SAEFile) -> tuple[NormGain | None, NormGain | None]:
-    """The pre-MLP norm whose gain is divided out of the SAE's input and of its output (a hook of
-    ``ln2.hook_normalized``, models/sae/names.py ``before_gain``: the MLP's input ``y`` read as ``(y - β) / g``,
-    engine/norm_gain.py, the rule ``circuit`` folds into its encoders); None for every other hook."""
+    """The pre-MLP norm whose normalised vector the SAE reads and writes (a hook of ``ln2.hook_normalized``,
+    models/sae/names.py ``before_gain``: ``n`` computed from the norm's input, engine/norm_gain.py, as ``circuit``'s
+    replacement model reads it; written back as the MLP's input ``g · n + β``); None for every other hook."""
     def norm(hook: str, point: str) -> NormGain | None:
         return mlp_norm_gain(lm, names.layer_of(point)) if names.before_gain(hook) else None
 
     return norm(sae.hook_name, sae.site), norm(sae.hook_name_out, sae.site_out)
+
+
+def _reading(lm: LoadedModel, point: str, norm: NormGain | None) -> str | Where:
+    """Where the SAE's vector at ``point`` is read: the point, or (``norm``) the pre-MLP norm's input."""
+    return point if norm is None else (mlp_norm_module(lm, names.layer_of(point)), "input")
 
 
 def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
@@ -172,16 +183,17 @@ def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
             seen[point] = t.detach()[0].clone()
         return fn
 
-    def logits_with(pairs: list[tuple[str, HookFn]]) -> torch.Tensor:
+    def logits_with(pairs: list[tuple[str | Where, HookFn]]) -> torch.Tensor:
         with torch.inference_mode(), _hooks(lm, pairs):
             hidden = forward(lm, input_ids)
             return head_logits(lm, hidden[0]).float()
 
     lm.model.eval()
     norm_in, norm_out = site_norms(lm, f)
-    logits = logits_with([(f.site, keep("in")), (f.site_out, keep("out"))])
-    x = (seen["in"] if norm_in is None else norm_in.normalized(seen["in"])).to(sae.dtype)
-    target = seen["out"] if norm_out is None else norm_out.normalized(seen["out"])
+    logits = logits_with([(_reading(lm, f.site, norm_in), keep("in")), (_reading(lm, f.site_out, norm_out),
+                                                                          keep("out"))])
+    x = (seen["in"] if norm_in is None else norm_in.of(seen["in"])).to(sae.dtype)
+    target = seen["out"] if norm_out is None else norm_out.of(seen["out"])
     with torch.inference_mode():
         features = sae.encode(x)
         recon = sae.decode(features, x)

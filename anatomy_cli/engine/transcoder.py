@@ -59,24 +59,6 @@ class Transcoder:
         yield self
 
 
-def read_norm_output(tc: Transcoder, gain: torch.Tensor, beta: torch.Tensor) -> Transcoder:
-    """``tc``, which reads a norm's normalised vector before its gain and bias (``n = (x - beta) / gain``,
-    TransformerLens' ``ln2.hook_normalized``), as the equal transcoder reading the norm's output ``x`` (the MLP's
-    input): ``W_enc / gain`` by column and ``b_enc - (W_enc / gain) · beta``; a skip's ``W_skip / gain``, its
-    ``-(beta / gain) · W_skip`` moved into ``b_dec``. The decoder is unchanged. ``anatomy sae`` applies the same
-    ``(gain, beta)`` to the vector instead (engine/norm_gain.py ``NormGain.normalized``)."""
-    W_enc = tc.W_enc / gain
-    b_dec = tc.b_dec if tc.W_skip is None else tc.b_dec - tc.W_skip @ (beta / gain)
-    return Transcoder(W_enc, tc.b_enc - W_enc @ beta, tc.W_dec, b_dec, tc.threshold, tc.k,
-                      skip_after_norm(tc.W_skip, gain))
-
-
-def skip_after_norm(w_skip: torch.Tensor | None, gain: torch.Tensor) -> torch.Tensor | None:
-    """A skip ``W_skip [d, d]`` of the normalised vector before ``gain`` as one of the norm's output (its part
-    without the bias: :func:`read_norm_output` moves that into ``b_dec``)."""
-    return None if w_skip is None else w_skip / gain
-
-
 def skip(w_skip: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """A skip transcoder's linear path ``x @ W_skip.T`` (zero without one)."""
     return x @ w_skip.T if w_skip is not None else torch.zeros_like(x)
@@ -108,10 +90,13 @@ AnyTranscoder = Union[Transcoder, Offloaded]
 
 class PerLayer:
     """A per-layer set: ``decoder_rows(l, ids)`` is ``W_dec[ids]`` of layer l, writing to block l only
-    (``loaded``: layer l's transcoder as ``weights()`` brought it in, so an offloaded one is not read twice)."""
+    (``loaded``: layer l's transcoder as ``weights()`` brought it in, so an offloaded one is not read twice).
+    ``before_gain``: the transcoders read TransformerLens' ``ln2.hook_normalized``, the pre-MLP norm's vector
+    before its gain (the replacement model gives them that, engine/replacement.py), not the MLP's input."""
 
-    def __init__(self, transcoders: Sequence[AnyTranscoder]) -> None:
+    def __init__(self, transcoders: Sequence[AnyTranscoder], before_gain: bool = False) -> None:
         self.transcoders = transcoders
+        self.before_gain = before_gain
 
     @property
     def n_layers(self) -> int:
@@ -130,12 +115,14 @@ class PerLayer:
 class CrossLayer:
     """circuit-tracer's cross-layer transcoder. ``encoders[l]``: block l's encoder, ``b_dec`` (what the CLT adds
     to block l's MLP output) and skip; ``read_decoder(l, ids) -> [k, L - l, d]``: rows ``ids`` of ``W_dec_l``
-    (read when asked: a reader of the file's rows, so only active features' decoders are loaded)."""
+    (read when asked: a reader of the file's rows, so only active features' decoders are loaded).
+    ``before_gain``: as :class:`PerLayer`'s."""
 
     def __init__(self, encoders: Sequence[AnyTranscoder],
-                 read_decoder: Callable[[int, torch.Tensor], torch.Tensor]) -> None:
+                 read_decoder: Callable[[int, torch.Tensor], torch.Tensor], before_gain: bool = False) -> None:
         self.encoders = encoders
         self.read_decoder = read_decoder
+        self.before_gain = before_gain
 
     @property
     def n_layers(self) -> int:

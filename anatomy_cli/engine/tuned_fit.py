@@ -31,6 +31,7 @@ from anatomy_cli.engine.gradients import grad_mode
 from anatomy_cli.engine.hooks import capture
 from anatomy_cli.engine.lens import unembed
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.models import sites
 
 MOMENTUM = 0.9
 WEIGHT_DECAY = 1e-3
@@ -62,7 +63,7 @@ def window_backward(lm: LoadedModel, lens: torch.nn.ModuleList, ids: Sequence[in
     """One window: the frozen forward (no graph), then per translator ``KL(final ‖ lens)`` at each position,
     averaged over the positions, times ``scale`` (1 / windows in the step), back-propagated into ``lens``'s
     gradients (accumulated). Returns each translator's KL (nats, unscaled)."""
-    names = ["blocks.0.hook_resid_pre"] + [f"blocks.{n}.hook_resid_post" for n in range(lm.n_layers - 1)]
+    names = [sites.name(0, sites.Point.resid_pre)] + sites.names(range(lm.n_layers - 1), sites.Point.resid_post)
     x = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
     with grad_mode(lm):
         with torch.no_grad(), capture(lm, names) as kept:

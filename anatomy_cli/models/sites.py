@@ -6,9 +6,13 @@ embedding, named ``embed`` (``blocks.0.hook_resid_pre``, transformers' ``hidden_
 N is the output of block N (``blocks.N.hook_resid_post``, ``hidden_states[N + 1]``). docs/engine.md states the
 rule once; every command page links it.
 
-Sites (TransformerLens' hook names): :class:`Site` names each one, :func:`hook_name` builds the hook point,
-:func:`parse_blocks` is the one parser of a block list (``--layer 3``, ``--layers 0,6,11``, ``--blocks 2-5``,
-``--layer all`` where a command takes every block), :func:`blocks_text` the one way an API's list becomes that text.
+Hook points (TransformerLens' names, what users type in ``--hook``/``--site``): :class:`Point` is every point inside
+a block the engine registers (engine/hooks.py ``build_points`` builds its registry from it), :class:`Whole` every
+point outside the blocks; :func:`name` writes a point's name and :func:`parse` reads one, the only places a hook
+name is spelt (tests/test_sites.py checks no other module writes one). :class:`Site` names the sites a user picks
+among (a subset), :func:`hook_name` builds one's hook point. :func:`parse_blocks` is the one parser of a block
+list (``--layer 3``, ``--layers 0,6,11``, ``--blocks 2-5``, ``--layer all`` where a command takes every block),
+:func:`blocks_text` the one way an API's list becomes that text.
 """
 
 from __future__ import annotations
@@ -23,6 +27,95 @@ EMBED = "embed"
 """The name of the residual stream's first reading, the embedding (before block 0)."""
 ALL = "all"
 """The block list naming every block 0..L−1 (where a command accepts it: ``parse_blocks(..., every=True)``)."""
+
+
+class Point(str, Enum):
+    """A hook point inside block ``l``, by its key; the value is TransformerLens' name inside ``blocks.{l}.``.
+    All but ``ln2_normalized`` are registered by the engine (MoE blocks' ``mlp_in`` and router points only there;
+    ``resid_mid`` only in sequential blocks; the shared expert's only where the family has one)."""
+
+    resid_pre = "hook_resid_pre"            # the block's input (block 0's: the embedding)
+    attn_z = "attn.hook_z"                  # the heads' outputs, the attention output projection's input
+    attn_out = "hook_attn_out"              # what the attention adds to the residual stream
+    resid_mid = "hook_resid_mid"            # after the attention, before the MLP (sequential blocks)
+    mlp_in = "mlp.hook_in"                  # the MLP's input (registered in MoE blocks; a transcoder's input)
+    router_logits = "mlp.hook_router_logits"        # MoE: the gate's output [batch, pos, n_experts]
+    expert_indices = "mlp.hook_expert_indices"      # MoE: the chosen experts [batch, pos, k]
+    expert_weights = "mlp.hook_expert_weights"      # MoE: their weights [batch, pos, k]
+    shared_expert_out = "mlp.hook_shared_expert_out"    # Qwen2-MoE: the shared expert's output
+    shared_expert_gate = "mlp.hook_shared_expert_gate"  # Qwen2-MoE: its gate, sigmoid of shared_expert_gate
+    mlp_out = "hook_mlp_out"                # what the MLP adds
+    resid_post = "hook_resid_post"          # the block's output
+    ln2_normalized = "ln2.hook_normalized"  # the pre-MLP norm's vector before its gain (SAE/transcoder configs)
+
+
+class Whole(str, Enum):
+    """A hook point outside the blocks; the value is its name."""
+
+    embed = "hook_embed"                        # the token embedding's output
+    pos_embed = "hook_pos_embed"                # a learned position embedding's output (GPT-2, OPT)
+    ln_final = "ln_final.hook_normalized"       # the final norm's output
+    logits = "logits"                           # the LM head's output
+
+
+TL_MLP_IN = "hook_mlp_in"
+"""TransformerLens' other name of the MLP's input (``blocks.N.hook_mlp_in``), read at :attr:`Point.mlp_in`."""
+ROUTER_POINTS = (Point.router_logits, Point.expert_indices, Point.expert_weights)
+SHARED_EXPERT_POINTS = (Point.shared_expert_out, Point.shared_expert_gate)
+
+
+def name(block: int | str | None, point: Point | Whole | Site | str) -> str:
+    """The hook point ``point`` of block ``block``: ``name(3, "resid_post")`` is ``blocks.3.hook_resid_post``
+    (``point``: a :class:`Point`, its key, a :class:`Site` or its value; ``block`` may be ``"N"`` in messages);
+    ``name(None, Whole.logits)`` is ``logits``. The one writer of a hook name."""
+    if isinstance(point, Whole):
+        if block is not None:
+            raise ValueError(f"{point.value} is not inside a block")
+        return point.value
+    return f"blocks.{block}.{_inside(point)}"
+
+
+def _inside(point: Point | Site | str) -> str:
+    if isinstance(point, Point):
+        return point.value
+    if isinstance(point, Site):
+        return point.hook
+    if point in Point.__members__:
+        return Point[point].value
+    return Site(point).hook
+
+
+_ANY_POINT = re.compile(r"^blocks\.(\d+)\.(" + "|".join(re.escape(p.value) for p in Point) + r")$")
+
+
+def parse(text: str) -> tuple[int, Point] | tuple[None, Whole] | None:
+    """``(block, Point)`` of ``blocks.N.…``, ``(None, Whole)`` of a point outside the blocks, None for any other
+    name; ``name(*parse(n)) == n``. The one reader of a hook name."""
+    m = _ANY_POINT.match(text)
+    if m is not None:
+        return int(m.group(1)), Point(m.group(2))
+    if text in {w.value for w in Whole}:
+        return None, Whole(text)
+    return None
+
+
+def block_of(text: str) -> int:
+    """The block of a hook point ``blocks.N.…``; ValueError for another name."""
+    parsed = parse(text)
+    if parsed is None or parsed[0] is None:
+        raise ValueError(f"{text!r} is not a hook point inside a block")
+    return parsed[0]
+
+
+def is_point(text: str, point: Point) -> bool:
+    """``text`` is ``point`` of some block (``blocks.N.hook_resid_mid`` for ``Point.resid_mid``)."""
+    parsed = parse(text)
+    return parsed is not None and parsed[1] is point
+
+
+def names(blocks: Iterable[int], point: Point | Site | str) -> list[str]:
+    """``point`` of each of ``blocks``, in order."""
+    return [name(b, point) for b in blocks]
 
 
 class Site(str, Enum):
@@ -46,9 +139,8 @@ class Site(str, Enum):
         return self is Site.head
 
 
-_HOOK = {Site.resid_pre: "hook_resid_pre", Site.resid_mid: "hook_resid_mid", Site.resid_post: "hook_resid_post",
-         Site.attn_out: "hook_attn_out", Site.mlp_out: "hook_mlp_out", Site.head: "attn.hook_z",
-         Site.mlp_in: "mlp.hook_in"}
+_POINT_OF = {Site.head: Point.attn_z}
+_HOOK = {s: (_POINT_OF[s] if s in _POINT_OF else Point[s.value]).value for s in Site}
 
 RESIDUAL_SITES = (Site.resid_pre, Site.resid_mid, Site.resid_post)
 WRITE_SITES = (Site.resid_pre, Site.resid_mid, Site.resid_post, Site.attn_out, Site.mlp_out)
@@ -59,21 +151,18 @@ DESCRIPTION = {Site.resid_pre: "residual stream into block l", Site.resid_mid: "
                Site.attn_out: "attention output of block l", Site.mlp_out: "MLP output of block l",
                Site.head: "each head's output (attn.hook_z) of block l", Site.mlp_in: "MLP input of block l"}
 
-_POINT = re.compile(r"^blocks\.(\d+)\.(" + "|".join(re.escape(h) for h in _HOOK.values()) + r")$")
-
-
 def hook_name(block: int, site: Site | str) -> str:
     """``blocks.{block}.hook_{site}`` (``blocks.3.attn.hook_z`` for ``head``, ``blocks.3.mlp.hook_in``)."""
-    return f"blocks.{block}.{Site(site).hook}"
+    return name(block, Site(site))
 
 
-def parse_point(name: str, sites: tuple[Site, ...] = tuple(Site)) -> tuple[int, Site] | None:
+def parse_point(text: str, sites: tuple[Site, ...] = tuple(Site)) -> tuple[int, Site] | None:
     """``(block, site)`` of a hook point ``blocks.N.hook_…`` among ``sites``; None for any other name."""
-    m = _POINT.match(name)
-    if m is None:
+    parsed = parse(text)
+    if parsed is None or parsed[0] is None:
         return None
-    site = next(s for s, h in _HOOK.items() if h == m.group(2))
-    return (int(m.group(1)), site) if site in sites else None
+    site = next((s for s, h in _HOOK.items() if h == parsed[1].value), None)
+    return (parsed[0], site) if site in sites else None
 
 
 def residual_label(row: int) -> str | int:

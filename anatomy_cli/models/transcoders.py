@@ -26,7 +26,8 @@ from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import before_gain
-from anatomy_cli.models.sae.names import hook_point
+from anatomy_cli.models.sites import TL_MLP_IN
+from anatomy_cli.models.sites import Point
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import block_spans
 from anatomy_cli.models.sites import hook_name
@@ -45,7 +46,7 @@ class TranscoderSet:
     per block; ``thresholds``: some block carries a JumpReLU threshold, which wins over ``k`` in the run's encode
     (engine/transcoder.py), so that block is not TopK whatever ``k`` says; ``before_gain``: the input hook is
     TransformerLens' ``ln2.hook_normalized``, the pre-MLP norm's output before its gain (names.py ``before_gain``:
-    the run folds the gain into the encoders)."""
+    the replacement model computes it from the norm's input)."""
 
     root: Path
     paths: tuple[Path, ...]
@@ -79,15 +80,15 @@ def _site(name: str, what: str) -> Site:
     """``blocks.L.ln2.hook_normalized`` / ``mlp.hook_in`` -> mlp_in; ``hook_mlp_out`` / ``mlp.hook_out`` ->
     mlp_out (the layer number is the config's template, ignored)."""
     name = re.sub(r"^blocks\.\d+\.|^model\.layers\.\d+\.|^layers\.\d+\.", "", name)
-    if name in ("mlp.hook_in", "ln2.hook_normalized", "hook_mlp_in", "mlp.input"):
+    if name in (Point.mlp_in, Point.ln2_normalized, TL_MLP_IN, "mlp.input"):
         return Site.mlp_in
-    if name in ("mlp.hook_out", "hook_mlp_out", "mlp.output", "mlp"):
+    if name in ("mlp.hook_out", Point.mlp_out, "mlp.output", "mlp"):  # circuit-tracer's and sparsify's names
         return Site.mlp_out
-    try:
-        return Site(hook_point(f"blocks.0.{name}").split(".", 2)[2].replace("hook_", ""))
-    except (UsageError, ValueError):
+    site = next((s for s in Site if s.hook == name and not s.per_head), None)
+    if site is None:
         raise UsageError(f"the transcoders' {what} '{name}' has no anatomy site: circuit tracing reads the MLP's "
-                         f"input (mlp.hook_in, ln2.hook_normalized) and writes its output (hook_mlp_out)") from None
+                         f"input (mlp.hook_in, ln2.hook_normalized) and writes its output (hook_mlp_out)")
+    return site
 
 
 def _config(root: Path) -> dict[str, Any]:
@@ -163,8 +164,8 @@ def describe(root: str | Path) -> TranscoderSet:
             raise UsageError(f"{p}: {enc} is {shape}, but layer 0's is {first[enc]}")
         thresholds = thresholds or _threshold(shapes)
     return TranscoderSet(root, paths, int(d_model), int(d_tc),
-                         _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
-                         _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
+                         _site(str(cfg.get("feature_input_hook", Point.mlp_in.value)), "feature_input_hook"),
+                         _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), gs2, _k(cfg),
                          *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"), thresholds=thresholds,
                          before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
@@ -217,8 +218,8 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
                              f"expected {want[0]}, {want[1]}")
         thresholds = thresholds or _threshold(shapes)
     return TranscoderSet(root, enc, int(d_model), int(d_tc),
-                         _site(str(cfg.get("feature_input_hook", "mlp.hook_in")), "feature_input_hook"),
-                         _site(str(cfg.get("feature_output_hook", "hook_mlp_out")), "feature_output_hook"),
+                         _site(str(cfg.get("feature_input_hook", Point.mlp_in.value)), "feature_input_hook"),
+                         _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec,
                          thresholds=thresholds, before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
 

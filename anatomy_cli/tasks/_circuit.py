@@ -85,49 +85,38 @@ def load_transcoders(lm: LoadedModel, ts: tc_files.TranscoderSet, offload: str |
     only ``W_skip`` stays on the device (every frozen forward uses it). A cross-layer transcoder: its encoders
     so (each ``W_dec [F, 0]``), and a reader of the decoder rows the active features need, from the file
     whatever the offload (``W_dec_l`` is never loaded whole). Transcoders of ``ln2.hook_normalized``
-    (``ts.before_gain``) get each block's pre-MLP norm gain folded in, so that they read the MLP's input
-    (engine/transcoder.py ``read_norm_output``)."""
+    (``ts.before_gain``) come as a set that says so (``before_gain``): the replacement model gives them the pre-MLP
+    norm's vector before its gain, computed from the norm's input (engine/replacement.py), a gain of 0 included."""
     import torch
 
     from anatomy_cli.engine.transcoder import CrossLayer
     from anatomy_cli.engine.transcoder import Offloaded
+    from anatomy_cli.engine.transcoder import PerLayer
 
     if offload == "cpu" and lm.device.type == "cpu":
         notes.info("--offload cpu: the model runs on the CPU, so the transcoders are on it already (nothing moved)")
         offload = None
     out: list[AnyTranscoder] = []
     for layer in range(ts.n_layers):
-        norm = _norm(lm, layer) if ts.before_gain else None
         if offload == "disk":
-            out.append(Offloaded(partial(_layer, ts, layer, lm.device, norm), _skip(ts, layer, lm.device, norm)))
+            out.append(Offloaded(partial(_layer, ts, layer, lm.device), _skip(ts, layer, lm.device)))
         elif offload == "cpu":
-            host = _layer(ts, layer, torch.device("cpu"), norm)
+            host = _layer(ts, layer, torch.device("cpu"))
             out.append(Offloaded(partial(_moved, host, lm.device),
                                  None if host.W_skip is None else host.W_skip.to(lm.device)))
         else:
-            out.append(_layer(ts, layer, lm.device, norm))
+            out.append(_layer(ts, layer, lm.device))
     if not ts.cross_layer:
-        return out
+        return PerLayer(out, before_gain=True) if ts.before_gain else out
     return CrossLayer(out, lambda layer, ids: torch.as_tensor(tc_files.read_decoder(ts, layer, ids.cpu().numpy()))
-                      .to(lm.device, torch.float32))
+                      .to(lm.device, torch.float32), before_gain=ts.before_gain)
 
 
-def _norm(lm: LoadedModel, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block ``layer``'s pre-MLP norm ``(gain, bias)`` on the CPU (engine/norm_gain.py ``mlp_norm_gain``, the rule
-    ``anatomy sae`` reads ``ln2.hook_normalized`` by)."""
-    from anatomy_cli.engine.norm_gain import mlp_norm_gain
-
-    norm = mlp_norm_gain(lm, layer)
-    return norm.gain.cpu(), norm.beta.cpu()
-
-
-def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
-           norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> Transcoder:
-    """Layer ``layer``'s transcoder on ``device``; ``norm``: the pre-MLP norm's (gain, bias) folded in."""
+def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> Transcoder:
+    """Layer ``layer``'s transcoder on ``device``."""
     import torch
 
     from anatomy_cli.engine.transcoder import Transcoder
-    from anatomy_cli.engine.transcoder import read_norm_output
 
     arrays = tc_files.load_layer(ts, layer)
     t = {k: None if v is None else torch.as_tensor(v).to(device, torch.float32) for k, v in arrays.items()
@@ -135,21 +124,15 @@ def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
     w = {k: v for k, v in t.items() if v is not None}
     dec = w["W_enc"].new_zeros(w["W_enc"].shape[0], 0) if ts.cross_layer else w["W_dec"]
     tc = Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], arrays.get("k", ts.k), t["W_skip"])
-    return tc if norm is None else read_norm_output(tc, *(v.to(device) for v in norm))
+    return tc
 
 
-def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device,
-          norm: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
-    """Layer ``layer``'s ``W_skip`` alone (``norm``: divided by the gain by column, as ``read_norm_output``)."""
+def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> torch.Tensor | None:
+    """Layer ``layer``'s ``W_skip`` alone."""
     import torch
 
-    from anatomy_cli.engine.transcoder import skip_after_norm
-
     skip = tc_files.load_array(ts, layer, "W_skip")
-    if skip is None:
-        return None
-    w = torch.as_tensor(skip).to(device, torch.float32)
-    return w if norm is None else skip_after_norm(w, norm[0].to(device))
+    return None if skip is None else torch.as_tensor(skip).to(device, torch.float32)
 
 
 def _moved(tc: Transcoder, device: torch.device) -> Transcoder:

@@ -21,6 +21,7 @@ from typing import Optional
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -120,9 +121,9 @@ def analyse(lm: LoadedModel, enc: Encoded, sections: set[str], *, model: str, k:
         out.params = None
     if sections & NEEDS_RUN:
         names = engine.residual_names(lm) + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
-        if "hook_pos_embed" in lm.points:
-            names.append("hook_pos_embed")
-        z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(lm.n_layers)]
+        if sites.Whole.pos_embed in lm.points:
+            names.append(sites.Whole.pos_embed.value)
+        z_names = sites.names(range(lm.n_layers), sites.Point.attn_z)
         if "dla" in sections and all(n in lm.points for n in z_names):
             names += z_names
         if lm.has_unembed:
@@ -190,7 +191,7 @@ def _dla(lm: LoadedModel, cache: Cache, top: TokenProb) -> tuple[Attribution, st
 
     unembedding = decompose.unembedding_direction(lm, top.token_id, None)
     result = None
-    if "blocks.0.attn.hook_z" in cache:
+    if sites.name(0, sites.Point.attn_z) in cache:
         try:
             result = logit_attribution(lm, cache, top.token_id, by_head=True, row=-1, unembedding=unembedding)
         except AnatomyError:

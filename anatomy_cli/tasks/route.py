@@ -104,17 +104,15 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: RouteOptions, plan: Route
 
     moe = lm.info.moe
     assert moe is not None  # check() refused a dense model
-    names = [f"blocks.{b}.mlp.hook_{p}" for b in plan.blocks
-             for p in ("router_logits", "expert_indices", "expert_weights")]
+    names = [sites.name(b, p) for b in plan.blocks for p in sites.ROUTER_POINTS]
     with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
         caches = engine.run(lm, encoded, names, batch_size=opts.batch_size)
     out = []
     for enc, cache in zip(encoded, caches):
         rows: list[RouteRow] = []
         for b in plan.blocks:
-            p = f"blocks.{b}.mlp.hook_"
-            rows += analysis.block_rows(b, cache[p + "router_logits"], cache[p + "expert_indices"],
-                                        cache[p + "expert_weights"], list(enc.pieces), opts.top)
+            rows += analysis.block_rows(b, cache["router_logits", b], cache["expert_indices", b],
+                                        cache["expert_weights", b], list(enc.pieces), opts.top)
         out.append(RouteResult(tuple(rows), moe.n_experts, moe.top_k, moe.rule, moe.norm_topk_prob,
                                moe.shared_expert, analysis.NEAR_TIE))
     return out

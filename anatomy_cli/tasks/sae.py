@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: SaeOptions, plan: SaePlan
     from anatomy_cli.engine.hooks import check_names
 
     sae_file = plan.sae_file
-    check_names(lm, [p for p in (sae_file.site, sae_file.site_out) if not p.endswith("mlp.hook_in")])
+    check_names(lm, [p for p in (sae_file.site, sae_file.site_out) if not sites.is_point(p, sites.Point.mlp_in)])
     dictionary = engine_sae.Dictionary(sae_file, lm.device)
     out = []
     for enc in encoded:

@@ -27,6 +27,7 @@ from anatomy_cli.analyses.verify.fitted import fitted_lens_checks
 from anatomy_cli.analyses.verify.runs import Runs
 from anatomy_cli.engine import lens
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.models import sites
 
 
 def identities(runs: Runs) -> C.SectionResult:
@@ -158,9 +159,9 @@ def attribution_exact(runs: Runs, tol: float) -> C.Check:
     lm = runs.lm
     if lm.logit_softcap:
         return C.skipped(name, "logits are soft-capped: no metric on them is linear in the final residual")
-    point = "ln_final.hook_normalized" if "ln_final.hook_normalized" in lm.points else \
-        f"blocks.{lm.n_layers - 1}.hook_resid_post"
-    if point != "ln_final.hook_normalized" and not lm.is_causal:
+    final = sites.Whole.ln_final.value
+    point = final if final in lm.points else sites.name(lm.n_layers - 1, sites.Point.resid_post)
+    if point != final and not lm.is_causal:
         return C.skipped(name, "an encoder's MLM head is not linear in the last block's output")
     if len(runs.encoded) < 2:
         return C.skipped(name, "needs two prompts")

@@ -138,9 +138,8 @@ def topk_check(runs: Runs, theirs: list[dict[int, torch.Tensor]]) -> C.Check:
     total = agree = beyond = 0
     for cache, their, enc in zip(runs.batched, theirs, runs.encoded):
         for b in blocks:
-            mine = cache[f"blocks.{b}.mlp.hook_expert_indices"]
-            rows = block_rows(b, cache[f"blocks.{b}.mlp.hook_router_logits"], mine,
-                              cache[f"blocks.{b}.mlp.hook_expert_weights"], [""] * len(enc))
+            mine = cache["expert_indices", b]
+            rows = block_rows(b, cache["router_logits", b], mine, cache["expert_weights", b], [""] * len(enc))
             for pos, row in enumerate(rows):
                 same = set(mine[pos].tolist()) == set(their[b][pos].tolist())
                 total, agree = total + 1, agree + same

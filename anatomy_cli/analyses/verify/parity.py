@@ -19,13 +19,14 @@ from anatomy_cli.analyses.verify import checks as C
 from anatomy_cli.analyses.verify.runs import Runs
 from anatomy_cli.engine import lens
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.models import sites
 
 
 def parity(runs: Runs) -> C.SectionResult:
     """Every residual point per layer, the final norm, the logits and the attention patterns."""
     lm, tol = runs.lm, C.RELATIVE[runs.dtype]
     L = lm.n_layers
-    final = "ln_final.hook_normalized" in lm.points
+    final = sites.Whole.ln_final in lm.points
     rows: list[C.Check] = []
 
     def worst(name: str, layer: int | None, pairs, note: str = "") -> None:
@@ -41,7 +42,7 @@ def parity(runs: Runs) -> C.SectionResult:
     if final:
         worst("resid_post", L - 1, [(lens.final_norm(lm, a), h[L][0]) for a, h in zip(last, hs)],
               "final norm applied: hidden_states[L] has it")
-        worst("ln_final", None, [(c["ln_final.hook_normalized"], h[L][0]) for c, h in zip(runs.batched, hs)])
+        worst("ln_final", None, [(c[sites.Whole.ln_final], h[L][0]) for c, h in zip(runs.batched, hs)])
     else:
         worst("resid_post", L - 1, [(a, h[L][0]) for a, h in zip(last, hs)], "no final norm: hidden_states[L] is raw")
     if lm.has_unembed:

@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING
 from typing import Protocol
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.sites import TL_MLP_IN
+from anatomy_cli.models.sites import Point
 from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import block_of
 from anatomy_cli.models.sites import hook_name
+from anatomy_cli.models.sites import name as point_name
 from anatomy_cli.models.sites import parse_point
 
 if TYPE_CHECKING:
@@ -42,11 +46,11 @@ class SAESites(Protocol):
     def d_out(self) -> int: ...
 
 
-_TL_OTHER = re.compile(r"^blocks\.(\d+)\.(\S+)$")
+_TL_OTHER = re.compile(r"^blocks\.(\d+)\.(\S+)$")  # blocks.N.<a name models/sites.py does not register>
 _SPARSIFY = re.compile(r"^(?:model\.|gpt_neox\.|transformer\.)?(?:layers|h)\.(\d+)(\.mlp|\.self_attn|\.attn)?$")
 _SPARSIFY_SITE = {None: Site.resid_post, ".mlp": Site.mlp_out, ".self_attn": Site.attn_out, ".attn": Site.attn_out}
 # TransformerLens names that mean "the MLP's input" (what a TL transcoder reads).
-_TL_MLP_IN = ("ln2.hook_normalized", "hook_mlp_in")
+_TL_MLP_IN = (Point.ln2_normalized.value, TL_MLP_IN)
 
 
 def hook_point(name: str, *, transcoder_input: bool = False) -> str:
@@ -73,10 +77,10 @@ def before_gain(name: str) -> bool:
     pre-MLP norm's normalised vector *before* its gain and bias (``x / RMS(x)``, LayerNorm's ``(x - mean) / σ``;
     TransformerLens' norms hook it before ``* w``, circuit-tracer maps it there too), not the MLP's input itself.
     Gemma Scope's transcoders read it: their release folds the gain into the MLP. The one rule for such a hook,
-    ``anatomy sae``'s and ``circuit``'s: :func:`hook_point` gives the MLP's input ``y`` and the reader divides the
-    gain out, ``n = (y - β) / g`` (engine/norm_gain.py ``mlp_norm_gain``; ``sae`` applies it to the vector,
-    ``circuit`` folds it into a transcoder's encoder, engine/transcoder.py ``read_norm_output``)."""
-    return name.endswith("ln2.hook_normalized")
+    ``anatomy sae``'s and ``circuit``'s: :func:`hook_point` gives the MLP's input (where it is written back) and the
+    reader computes ``n`` from the pre-MLP norm's input (engine/norm_gain.py; ``circuit``'s replacement model with
+    the norm's frozen denominator, engine/replacement.py), so a gain of 0 loses nothing."""
+    return name.endswith(Point.ln2_normalized.value)
 
 
 def mlp_norm(adapter: Adapter, model: str) -> str:
@@ -92,8 +96,8 @@ def mlp_norm(adapter: Adapter, model: str) -> str:
 
 
 def layer_of(point: str) -> int:
-    """The layer of ``blocks.{layer}....``."""
-    return int(point.split(".")[1])
+    """The layer of ``blocks.{layer}....`` (models/sites.py ``block_of``)."""
+    return block_of(point)
 
 
 def gemma_scope_hooks(path: str, *, transcoder: bool = False) -> tuple[str, str] | None:
@@ -120,7 +124,7 @@ def gemma_scope_hooks(path: str, *, transcoder: bool = False) -> tuple[str, str]
 
 
 def _mlp_transcoder(layer: int) -> tuple[str, str]:
-    return f"blocks.{layer}.ln2.hook_normalized", hook_name(layer, Site.mlp_out)
+    return point_name(layer, Point.ln2_normalized), hook_name(layer, Site.mlp_out)
 
 
 def gemma_scope_l0(path: str) -> float | None:

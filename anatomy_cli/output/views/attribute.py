@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models import sites
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -49,7 +50,7 @@ def figure(lm: LoadedModel, enc: Encoded, result: TokenAttribution, ids: dict[st
 
 def method_line(result: TokenAttribution) -> str:
     if result.method == "integrated-gradients":
-        where = "" if result.layer is None else f" at blocks.{result.layer}.hook_{result.site}"
+        where = "" if result.layer is None else f" at {sites.name(result.layer, result.site)}"
         first = ", first position kept" if result.kept_first else ""
         return f"integrated gradients{where}, {result.steps} steps, baseline {result.baseline}{first}"
     if result.method == "occlusion":
