@@ -315,10 +315,11 @@ def test_check_shows_both_rankings_and_says_when_they_disagree(tiny_model_dir, t
     assert numpy_spearman(attributions[1:], reverse[1:]) == pytest.approx(-1.0)
     against = dataclasses.replace(result, check=Agreement("occlusion", "pad", tuple(range(1, len(reverse))),
                                                           tuple(reverse), -1.0))
-    notes = " ".join(view.check_notes(against))
+    notes = " ".join(view.check_notes(against, against.check))
     assert "DISAGREE (ρ -1.000 < 0.5)" in notes and "--foil" in notes
-    assert not any("DISAGREE" in line for line in view.check_notes(
-        dataclasses.replace(result, check=dataclasses.replace(against.check, rank_correlation=0.8))))
+    agreeing = dataclasses.replace(against.check, rank_correlation=0.8)
+    assert not any("DISAGREE" in line for line in view.check_notes(dataclasses.replace(result, check=agreeing),
+                                                                    agreeing))
 
 
 def test_spearman_ties_and_degenerate_cases():

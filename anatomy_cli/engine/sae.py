@@ -247,9 +247,9 @@ def window_features(lm: LoadedModel, ids: torch.Tensor, sae: Dictionary) -> torc
 
     lm.model.eval()
     norm_in, _ = site_norms(lm, sae.file)
-    with torch.inference_mode(), _hooks(lm, [(sae.file.site, keep)]):
+    with torch.inference_mode(), _hooks(lm, [(_reading(lm, sae.file.site, norm_in), keep)]):
         forward(lm, ids.to(lm.device))
-        x = seen["in"] if norm_in is None else norm_in.normalized(seen["in"])
+        x = seen["in"] if norm_in is None else norm_in.of(seen["in"])
         return sae.encode(x.reshape(ids.shape[0], ids.shape[1], -1).to(sae.dtype)).float()
 
 
@@ -262,7 +262,7 @@ def logit_effects(lm: LoadedModel, rows: torch.Tensor) -> torch.Tensor:
     from anatomy_cli.engine.norm_gain import probe
 
     rows = rows.to(lm.device, torch.float32)
-    point = lm.points.get("ln_final.hook_normalized")
+    point = lm.points.get(sites.name(None, sites.Whole.ln_final))
     if point is not None:
         gain, _ = probe(point[0], rows.shape[-1], lm.device, lm.dtype)
         rows = rows * gain

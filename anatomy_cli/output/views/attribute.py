@@ -50,7 +50,7 @@ def figure(lm: LoadedModel, enc: Encoded, result: TokenAttribution, ids: dict[st
 
 def method_line(result: TokenAttribution) -> str:
     if result.method == "integrated-gradients":
-        where = "" if result.layer is None else f" at {sites.name(result.layer, result.site)}"
+        where = "" if result.layer is None or result.site is None else f" at {sites.name(result.layer, result.site)}"
         first = ", first position kept" if result.kept_first else ""
         return f"integrated gradients{where}, {result.steps} steps, baseline {result.baseline}{first}"
     if result.method == "occlusion":
