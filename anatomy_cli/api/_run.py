@@ -14,8 +14,9 @@ from typing import Any
 
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.text.options import PromptOptions
 
@@ -32,10 +33,11 @@ def run_prompts(task: ModuleType, view: ModuleType, model: Model, prompt: str | 
     ``unwrap(result)``: the object the Result carries, where the task's result wraps it (dla's ``shown``);
     ``figure(lm, enc, result)``: the picture's ``(args, kwargs)`` for :meth:`Result.plot` (None: the view's
     ``figure`` if it has one)."""
-    lm = loaded(model)
     texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    plan = task.check(lm, opts, encoded) if check_encoded else task.check(lm, opts)
+    first = opened(model)
+    encoded = encode(first, texts, prompts)
+    plan = task.check(first, opts, encoded) if check_encoded else task.check(first, opts)  # before the weights
+    lm = weights(first)
     results = task.run(lm, encoded, opts, plan)
     figure = figure or getattr(view, "figure", None)
     out = []
