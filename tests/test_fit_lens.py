@@ -56,7 +56,7 @@ def test_a_fit_on_one_prompt_equals_the_brute_force_jacobian(tiny_lm, tmp_path):
     out = tmp_path / "lens.pt"
     r = api.fit_lens(lm, "jacobian", [TEXT], out=out, skip_first=4, dim_batch=5, dtype="fp32")
     state = torch.load(out, weights_only=True)
-    assert sorted(state) == ["J", "d_model", "n_prompts", "source_layers"]
+    assert sorted(state) == ["J", "d_model", "n_prompts", "prompt_hashes", "source_layers"]  # jlens' keys + ours
     assert state["n_prompts"] == 1 and state["source_layers"] == [0] and state["d_model"] == D
     assert state["J"][0].dtype == torch.float32 and r.result.n_prompts == 1 and r.result.skipped == 0
     ids = api.lens(lm, TEXT).data["token_ids"]

@@ -8,8 +8,9 @@ from __future__ import annotations
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._prompts import One
 from anatomy_cli.api._prompts import _one
 from anatomy_cli.api._results import Result
@@ -55,9 +56,10 @@ def patch(model: Model, clean: str, corrupt: str, opts: patch_task.PatchOptions,
     from anatomy_cli.output.views import patch as view
 
     patch_task.check_texts(clean, corrupt)
-    lm = loaded(model)
-    enc_clean, enc_corrupt = encode(lm, [clean, corrupt], prompts, truncate_hint=False)
-    ids = patch_task.check(lm, opts, enc_clean, enc_corrupt)
+    first = opened(model)
+    enc_clean, enc_corrupt = encode(first, [clean, corrupt], prompts, truncate_hint=False)
+    ids = patch_task.check(first, opts, enc_clean, enc_corrupt)
+    lm = weights(first)
     result = patch_task.run(lm, enc_clean, enc_corrupt, opts, ids)
     data = view.report(lm, enc_clean, enc_corrupt, result, wide=False).data
     args, kwargs = view.figure(lm, enc_clean, enc_corrupt, result)
@@ -72,10 +74,11 @@ def attribute(model: Model, prompt: str | list[str], opts: attribute_task.Attrib
     (one per token)."""
     from anatomy_cli.output.views import attribute as view
 
-    lm = loaded(model)
     texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    ids = attribute_task.check(lm, opts)
+    first = opened(model)
+    encoded = encode(first, texts, prompts)
+    ids = attribute_task.check(first, opts)
+    lm = weights(first)
     out = []
     for enc, result in zip(encoded, attribute_task.run(lm, encoded, opts, ids)):
         args, kwargs = view.figure(lm, enc, result, ids)
@@ -94,9 +97,10 @@ def drift(model: Model, word: str, contexts: list[str] | None = None,
     from anatomy_cli.output.views import drift as view
 
     opts = opts.with_inputs(word, contexts)
-    lm = loaded(model)
-    encoded = encode(lm, opts.texts(), prompts, what="context", truncate_hint=False)
-    plan = drift_task.check(lm, opts, encoded)
+    first = opened(model)
+    encoded = encode(first, opts.texts(), prompts, what="context", truncate_hint=False)
+    plan = drift_task.check(first, opts, encoded)
+    lm = weights(first)
     result = drift_task.run(lm, encoded, opts, plan)
     args, kwargs = view.figure(lm, encoded, result)
     return Result(drift_task.COMMAND, result, view.report(lm, encoded, result).data, view.ROWS, args, kwargs)

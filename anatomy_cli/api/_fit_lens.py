@@ -10,8 +10,9 @@ from typing import Any
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import fit_lens as task
@@ -43,9 +44,10 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None,
 
     texts = tuple(texts_of(prompt)[0]) if prompt is not None else ()
     opts = dataclasses.replace(opts, kind=kind, prompt=texts, out=Path(out))
-    lm = _opened(model) if opts.ray else loaded(model)  # on Ray the workers load the weights
-    plan = task.check(lm, opts)
-    encoded = encode(lm, list(opts.prompt), prompts) if opts.prompt else []
+    first = _opened(model) if opts.ray else opened(model)
+    encoded = encode(first, list(opts.prompt), prompts) if opts.prompt else []
+    plan = task.check(first, opts, encoded)  # every refusal before the weights load
+    lm = first if opts.ray else weights(first)  # on Ray the workers load the weights
     result = task.run(lm, encoded, opts, plan)
     return Result(task.COMMAND, result, view.report(lm, result).data,
                   view.TUNED_ROWS if kind == "tuned" else view.ROWS)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.tasks import fit_sae as fit_sae_task
 
@@ -19,7 +20,8 @@ def fit_sae(model: Model, corpus: str | Path | list[str | Path], opts: fit_sae_t
     (``out/layers.L.mlp``) in sparsify's format. ``result``: SaeFit; rows: ``blocks`` (one per block)."""
     from anatomy_cli.output.views import fit_sae as view
 
-    lm = loaded(model)
-    plan = fit_sae_task.check(lm, opts)
+    first = opened(model)
+    plan = fit_sae_task.check(first, opts)  # every refusal before the weights load
+    lm = weights(first)
     result = fit_sae_task.run(lm, opts, plan)
     return Result(fit_sae_task.COMMAND, result, view.report(lm, result).data, view.ROWS)

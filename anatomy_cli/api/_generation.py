@@ -7,8 +7,9 @@ from __future__ import annotations
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.tasks import generate as generate_task
 from anatomy_cli.tasks import steer as steer_task
@@ -27,10 +28,11 @@ def generate(model: Model, prompt: str | list[str], opts: generate_task.Generate
     ``"tuned:DIR"`` or ``"jacobian:FILE"``. ``plot()`` draws the sweep or, with ``lens``, the block x step grid."""
     from anatomy_cli.output.views import generate as view
 
-    lm = loaded(model)
     texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    plan = generate_task.check(lm, opts)
+    first = opened(model)
+    encoded = encode(first, texts, prompts)
+    plan = generate_task.check(first, opts)
+    lm = weights(first)
     out = []
     for enc, done in zip(encoded, generate_task.run(lm, encoded, opts, plan)):
         args, kwargs = view.figure(lm, enc, done, opts, plan) if view.drawable(opts) else ((), {})
@@ -47,8 +49,9 @@ def steer(model: Model, opts: steer_task.SteerOptions, *, prompts: PromptOptions
     ``layers``."""
     from anatomy_cli.output.views import steer as view
 
-    lm = loaded(model)
-    encoded = encode(lm, steer_task.texts(opts), prompts)
-    plan = steer_task.check(lm, opts)
+    first = opened(model)
+    encoded = encode(first, steer_task.texts(opts), prompts)
+    plan = steer_task.check(first, opts)
+    lm = weights(first)
     result = steer_task.run(lm, encoded, opts, plan)
     return Result(steer_task.COMMAND, result, view.report(lm, result, opts).data, view.ROWS)

@@ -9,7 +9,8 @@ from typing import Any
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.tasks import lens_eval as task
 from anatomy_cli.text.options import PromptOptions
@@ -26,7 +27,9 @@ def lens_eval(model: Model, items: str | Path | dict[str, Any] | list[dict[str, 
     from anatomy_cli.output.views import lens_eval as view
 
     opts = dataclasses.replace(opts, items=items)
-    lm = loaded(model)
-    plan = task.check(lm, opts)
-    result = task.run(lm, encode(lm, opts.prompts, prompts), opts, plan)
+    first = opened(model)
+    encoded = encode(first, opts.prompts, prompts)
+    plan = task.check(first, opts)  # every refusal before the weights load
+    lm = weights(first)
+    result = task.run(lm, encoded, opts, plan)
     return Result(task.COMMAND, result, view.report(lm, result).data, view.ROWS)

@@ -40,21 +40,38 @@ def load(model: ModelSpec | str, **options: Any) -> LoadedModel:
     through the current loader as a command does (:func:`anatomy_cli.tasks.session.load_weights`: no transformers
     "Loading weights" bar, download bars only on a terminal, a status line on a terminal, the device map's
     placement said). Raises the engine's errors."""
-    from anatomy_cli.engine.loader import current_loader
     from anatomy_cli.engine.opening import as_spec
-    from anatomy_cli.tasks.session import load_weights
 
-    return load_weights(current_loader().open(as_spec(model, **options)))
+    return weights(opened(as_spec(model, **options)))
 
 
 def loaded(model: Model) -> LoadedModel:
     """``model`` itself when it is loaded, else :func:`load` of it."""
+    return weights(opened(model))
+
+
+def opened(model: Model) -> Any:
+    """The first phase, as a command's: ``model`` itself when it is loaded, else its config, tokenizer and
+    ModelInfo (an OpenedModel, no weights) through the current loader: what a task's ``check`` reads, so that an
+    API call refuses bad input before the weights load, as the command does. :func:`weights` then loads them."""
     if isinstance(model, (ModelSpec, str)):
-        return load(model)
+        from anatomy_cli.engine.loader import current_loader
+        from anatomy_cli.engine.opening import as_spec
+
+        return current_loader().open(as_spec(model))
     return model
 
 
-def encode(lm: LoadedModel, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
+def weights(model: Any) -> LoadedModel:
+    """The second phase: ``model`` (what :func:`opened` returned) itself when it is loaded, else its weights
+    (:func:`anatomy_cli.tasks.session.load_weights`)."""
+    from anatomy_cli.engine.opening import OpenedModel
+    from anatomy_cli.tasks.session import load_weights
+
+    return load_weights(model) if isinstance(model, OpenedModel) else model
+
+
+def encode(lm: Any, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
     """``texts`` tokenized and length-checked exactly as a command does (:func:`anatomy_cli.tasks.session.encode`;
     its warnings on stderr)."""
     from anatomy_cli.tasks.session import encode as session_encode

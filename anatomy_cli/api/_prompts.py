@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
 from anatomy_cli.tasks import attn as attn_task
@@ -81,10 +82,11 @@ def lens(model: Model, prompt: str | list[str], opts: lens_task.LensOptions, *,
     (one per row x position)."""
     from anatomy_cli.output.views import lens as view
 
-    lm = loaded(model)
     texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    plan = lens_task.check(lm, opts)
+    first = opened(model)
+    encoded = encode(first, texts, prompts)
+    plan = lens_task.check(first, opts)
+    lm = weights(first)
     out = []
     for enc, grid in zip(encoded, lens_task.run(lm, encoded, opts, plan)):
         args, kwargs = view.figure(lm, enc, grid, opts.stat)
@@ -102,10 +104,11 @@ def heads(model: Model, prompt: str | list[str] | None = None,
     ``result``: Heads; rows: ``heads`` (n_layers x n_heads, or ``top``)."""
     from anatomy_cli.output.views import heads as view
 
-    lm = loaded(model)
     single = prompt is None or isinstance(prompt, str)
-    encoded = [] if prompt is None else encode(lm, texts_of(prompt)[0], prompts)
-    heads_task.check(lm, opts, encoded)
+    first = opened(model)
+    encoded = [] if prompt is None else encode(first, texts_of(prompt)[0], prompts)
+    heads_task.check(first, opts, encoded)
+    lm = weights(first)
     out = []
     for enc, full in heads_task.run(lm, encoded, opts):
         part = view.shown(full, opts.top)
@@ -122,10 +125,11 @@ def attn(model: Model, prompt: str | list[str], opts: attn_task.AttnOptions, *,
     ``result``: Attention (``grid``: [layers, heads, queries, keys]); rows: ``weights`` (one per weight)."""
     from anatomy_cli.output.views import attn as view
 
-    lm = loaded(model)
     texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    plan = attn_task.check(lm, opts, encoded)
+    first = opened(model)
+    encoded = encode(first, texts, prompts)
+    plan = attn_task.check(first, opts, encoded)
+    lm = weights(first)
     out = []
     for enc, result in zip(encoded, attn_task.run(lm, encoded, opts, plan)):
         args, kwargs = view.figure(lm, enc, result, opts.one_head)

@@ -17,8 +17,9 @@ from typing import overload
 
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.text.options import PromptOptions
 
@@ -60,13 +61,14 @@ def run_prompts(task: PromptTask[O, P, R] | OptionsTask[O, P, R], view: View[R],
     ``unwrap(result)``: the object the Result carries, where the task's result wraps it (dla's ``shown``);
     ``figure(lm, enc, result)``: the picture's ``(args, kwargs)`` for :meth:`Result.plot` (None: the view's
     ``figure`` if it has one)."""
-    lm = loaded(model)
     texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
-    if check_encoded:  # the overloads pair the flag with the task's check
-        plan = cast("PromptTask[O, P, R]", task).check(lm, opts, encoded)
+    first = opened(model)
+    encoded = encode(first, texts, prompts)
+    if check_encoded:  # the overloads pair the flag with the task's check (before the weights)
+        plan = cast("PromptTask[O, P, R]", task).check(first, opts, encoded)
     else:
-        plan = cast("OptionsTask[O, P, R]", task).check(lm, opts)
+        plan = cast("OptionsTask[O, P, R]", task).check(first, opts)
+    lm = weights(first)
     results = task.run(lm, encoded, opts, plan)
     figure = figure or getattr(view, "figure", None)
     out = []

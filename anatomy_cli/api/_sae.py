@@ -7,8 +7,9 @@ from __future__ import annotations
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
-from anatomy_cli.api._model import loaded
+from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
+from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.tasks import sae as sae_task
 from anatomy_cli.text.options import PromptOptions
@@ -26,10 +27,11 @@ def sae(model: Model, prompt: str | list[str], opts: sae_task.SaeOptions, *,
     Reading (``activations``: [pos, d_sae]); rows: ``top_features``."""
     from anatomy_cli.output.views import sae as view
 
-    lm = loaded(model)
-    plan = sae_task.check(lm, opts)
+    first = opened(model)
+    plan = sae_task.check(first, opts)
     texts, single = texts_of(prompt)
-    encoded = encode(lm, texts, prompts)
+    encoded = encode(first, texts, prompts)
+    lm = weights(first)
     out = []
     for enc, reading in zip(encoded, sae_task.run(lm, encoded, opts, plan)):
         args, kwargs = view.figure(lm, enc, reading, plan.sae_file)

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 DTYPES = {"fp16": "float16", "fp32": "float32"}  # --dtype: the stored matrices' precision (torch names)
+# A Jacobian lens file's key beside jlens' own: the digest of each fitted prompt's token ids, so that fit-lens merge
+# can refuse fits that share a prompt
+HASHES = "prompt_hashes"
 
 
 def atomic_save(obj: object, path: Path) -> None:

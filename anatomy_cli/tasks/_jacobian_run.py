@@ -15,6 +15,7 @@ from typing import Any
 
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
+from anatomy_cli.tasks._fit_files import HASHES
 from anatomy_cli.tasks._fit_files import atomic_save
 
 if TYPE_CHECKING:
@@ -63,14 +64,12 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
     import torch
 
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.errors import UsageError
+    from anatomy_cli.tasks._fit_files import digest
 
-    ids = [list(e.ids[:opts.max_seq_len]) for e in encoded]
+    ids, usable = fitted_prompts(encoded, opts)
     if opts.shard is not None:
         first, every = opts.shard
-        ids = ids[first::every]
         notes.info(f"shard {first}/{every}: {len(ids)} of {len(encoded)} prompts (every {every}th from {first})")
-    usable = [i for i in ids if jacobian_fit.valid_positions(len(i), opts.skip_first)]
     flops = _announce(lm, usable, opts, plan)
     if opts.ray:
         from anatomy_cli.tasks import _jacobian_ray
@@ -81,11 +80,9 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
     if skipped:
         notes.warn(f"{skipped} prompt{'' if skipped == 1 else 's'} skipped: fewer than skip_first + 2 = "
                    f"{opts.skip_first + 2} tokens")
-    if done == 0:
-        raise UsageError(f"no prompt is long enough to fit on: each needs at least {opts.skip_first + 2} tokens "
-                         "(--skip-first)")
     d_model = lm.info.d_model
     state = jacobian_fit.lens_state(sums, done, d_model, getattr(torch, DTYPES[opts.dtype]))
+    state[HASHES] = [digest(i) for i in usable]  # fit-lens merge refuses fits that share a prompt
     atomic_save(state, opts.out)
     eye = torch.eye(d_model)
     mats = [state["J"][b].float() for b in plan.source_layers]  # type: ignore[index]
@@ -96,6 +93,23 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
         tokens=sum(map(len, usable)), flops=flops,
         identity_distance=tuple(float((m - eye).norm() / math.sqrt(d_model)) for m in mats),
         norms=tuple(float(m.norm()) for m in mats))
+
+
+def fitted_prompts(encoded: list[Encoded], opts: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """``(ids, usable)``: each prompt's ids as the fit reads them (its first ``max_seq_len`` tokens; with
+    ``--shard i/N`` prompts i, i + N, ... only), and those long enough to have a valid position (the ones fitted).
+    Raises UsageError when none is: :func:`anatomy_cli.tasks.fit_lens.check` calls it before the weights load."""
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.errors import UsageError
+
+    ids = [list(e.ids[:opts.max_seq_len]) for e in encoded]
+    if opts.shard is not None:
+        ids = ids[opts.shard[0]::opts.shard[1]]
+    usable = [i for i in ids if jacobian_fit.valid_positions(len(i), opts.skip_first)]
+    if not usable:
+        raise UsageError(f"no prompt is long enough to fit on: each needs at least {opts.skip_first + 2} tokens "
+                         "(--skip-first)")
+    return ids, usable
 
 
 def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Sums:

@@ -22,6 +22,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import out_path
 
 if TYPE_CHECKING:
     from anatomy_cli.corpus.sources import Source
@@ -61,6 +62,7 @@ def validate(opts: Any) -> None:
     out = Path(opts.out).expanduser()
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; a tuned lens is a directory (config.json + params.pt)")
+    out_path("--out", out, folder=True)
     if any((out / f).exists() for f in ("config.json", "params.pt")) and not opts.overwrite:
         raise UsageError(f"--out {out} holds a lens already: give --overwrite to replace it")
 

@@ -23,6 +23,7 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._jacobian_run import JacobianFit as JacobianFit  # re-exported: the views' result types
 from anatomy_cli.tasks._lens_merge import MergedLens as MergedLens
@@ -109,11 +110,9 @@ class FitLensOptions(Declared):
                              "B.pt --out C.pt merges Jacobian lens fits")
         object.__setattr__(self, "prompt", tuple(self.prompt or ()))
         if self.checkpoint is not None:
-            object.__setattr__(self, "checkpoint", Path(self.checkpoint).expanduser())
+            object.__setattr__(self, "checkpoint", out_path("--checkpoint", self.checkpoint))
             if self.out is not None and self.checkpoint == Path(self.out).expanduser():
                 raise UsageError("--checkpoint must be another file than --out")
-            if self.checkpoint.is_dir():
-                raise UsageError(f"--checkpoint {self.checkpoint} is a directory; give the file to write")
         elif self.checkpoint_every != 1:
             raise UsageError("--checkpoint-every needs --checkpoint FILE")
         if self.kind == "tuned":
@@ -125,9 +124,7 @@ class FitLensOptions(Declared):
             raise UsageError("fit-lens needs prompts: --prompts FILE (one per line)")
         if self.out is None:
             raise UsageError("fit-lens needs --out FILE (the lens file to write)")
-        object.__setattr__(self, "out", Path(self.out).expanduser())
-        if self.out.is_dir():
-            raise UsageError(f"--out {self.out} is a directory; give the .pt file to write")
+        object.__setattr__(self, "out", out_path("--out", self.out))
         if self.out.exists() and not self.overwrite:
             raise UsageError(f"--out {self.out} exists: give --overwrite to replace it")
         if self.dtype not in DTYPES:
@@ -161,9 +158,9 @@ class FitLensPlan:
     target_layer: int
 
 
-def check(opened: Opened, opts: FitLensOptions) -> Any:
-    """Resolves the target and source blocks against the model (before its weights load); refuses an encoder, and
-    ``--ray`` without Ray installed.
+def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = None) -> Any:
+    """Resolves the target and source blocks against the model (before its weights load); refuses an encoder,
+    ``--ray`` without Ray installed, and ``encoded`` (the prompts tokenized) when no prompt is long enough.
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
     from anatomy_cli.errors import UsageError
 
@@ -190,6 +187,10 @@ def check(opened: Opened, opts: FitLensOptions) -> Any:
         if above:
             raise UsageError(f"--source-layers {','.join(map(str, above))}: every source block must be below the "
                              f"target block {target}")
+    if encoded is not None:
+        from anatomy_cli.tasks._jacobian_run import fitted_prompts
+
+        fitted_prompts(encoded, opts)
     return FitLensPlan(sources, target)
 
 

@@ -22,6 +22,7 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
 from anatomy_cli.tasks._fit_sae_block import fit_block
@@ -82,9 +83,7 @@ class FitSaeOptions(Declared):
             open_source(source)  # a missing path, an empty folder: one line
         if self.out is None:
             raise UsageError("fit-sae needs --out DIR (the folder the SAE is written to)")
-        object.__setattr__(self, "out", Path(self.out).expanduser())
-        if self.out.exists() and not self.out.is_dir():
-            raise UsageError(f"--out {self.out} is a file; give a folder")
+        object.__setattr__(self, "out", out_path("--out", self.out, folder=True))
         if self.out.is_dir() and any(self.out.iterdir()) and not self.overwrite:
             raise UsageError(f"--out {self.out} is not empty: give --overwrite to write into it")
         if self.d_sae is not None and self.d_sae < self.k:

@@ -90,6 +90,6 @@ def fit_lens_command(
         emit(view.report(lm, task.run(lm, [], opts, plan)), fmt)
         return
     opened, encoded = open_texts(list(opts.prompt), spec, prompts)
-    plan = task.check(opened, opts)
+    plan = task.check(opened, opts, encoded)
     model = opened if opts.ray else load_weights(opened)  # on Ray the workers load the weights
     emit(view.report(model, task.run(model, encoded, opts, plan)), fmt)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -31,6 +30,7 @@ from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output import sink
 from anatomy_cli.output.plots.caption import Caption  # noqa: F401  (the package's name)
+from anatomy_cli.tasks._checks import writable
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -68,20 +68,9 @@ def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:
     if not folder.is_dir():
         what = "is not a directory" if folder.exists() else "does not exist"
         raise AnatomyError(f"cannot write {option} {str(path)!r}: the directory {str(folder)!r} {what}")
-    if not _writable(folder) or (path.exists() and not os.access(path, os.W_OK)):
+    if not writable(folder) or (path.exists() and not os.access(path, os.W_OK)):
         raise AnatomyError(f"cannot write {option} {str(path)!r}: no permission to write there")
     return path
-
-
-def _writable(folder: Path) -> bool:
-    # os.access says yes to root even on read-only mounts and /proc; creating a file is the real test.
-    try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=".anatomy-plot-")
-    except OSError:
-        return False
-    os.close(fd)
-    os.unlink(name)
-    return True
 
 
 def numbered(path: Path, index: int | None) -> Path:
