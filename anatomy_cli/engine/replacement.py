@@ -186,6 +186,17 @@ class Forward:
     logits: torch.Tensor
 
 
+def _shared(mlp: torch.nn.Module, batch: int) -> list[Any]:
+    """Hooks that run ``mlp`` on the first of ``batch`` copies and repeat its output over the batch."""
+    def first(value: torch.Tensor) -> torch.Tensor | None:
+        return value[:1] if batch > 1 and value.shape[0] == batch else None
+
+    def repeat(value: torch.Tensor) -> torch.Tensor | None:
+        return value.expand(batch, *value.shape[1:]).contiguous() if batch > 1 and value.shape[0] == 1 else None
+
+    return [(mlp, "input", first), (mlp, "output", repeat)]
+
+
 def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch: int,
             edit: Any = None, last_logits: bool = False, shared_mlp: bool = False) -> Forward:
     """Run the frozen model on ``ids [P]`` repeated ``batch`` times, inside :func:`frozen`.
@@ -234,26 +245,16 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch:
         got["embed"] = value.detach().requires_grad_(torch.is_grad_enabled())
         return got["embed"]
 
-    def final(value: torch.Tensor) -> None:
-        got["final"] = value
-        return None
-
-    def first(value: torch.Tensor) -> torch.Tensor | None:
-        return value[:1] if batch > 1 and value.shape[0] == batch else None
-
-    def repeat(value: torch.Tensor) -> torch.Tensor | None:
-        return value.expand(batch, *value.shape[1:]).contiguous() if batch > 1 and value.shape[0] == 1 else None
-
     hooks: list[Any] = [(lm.points[sites.Whole.embed][0], "output", embed)]
     for layer in range(n):
         mlp = mlp_module(lm, layer)
         hooks.append((mlp, "input", lambda v, layer=layer: take_in(layer, v)))
         if shared_mlp:
-            hooks += [(mlp, "input", first), (mlp, "output", repeat)]
+            hooks += _shared(mlp, batch)
         module, side = lm.points[sites.name(layer, sites.Point.mlp_out)]
         hooks.append((module, side, lambda v, layer=layer: put_out(layer, v)))
     if sites.Whole.ln_final in lm.points:
-        hooks.append((lm.points[sites.Whole.ln_final][0], "output", final))
+        hooks.append((lm.points[sites.Whole.ln_final][0], "output", lambda v: got.__setitem__("final", v)))
     _ACTIVE[-1].start()
     extra = {"logits_to_keep": 1} if last_logits and _keeps_logits(lm.model) else {}
     try:
@@ -261,8 +262,7 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch:
             out = lm.model(input_ids=ids.to(lm.device)[None].expand(batch, -1), use_cache=False, **extra)
     finally:
         normalized.clear()
-    logits = out.logits
-    return Forward(mlp_in, mlp_out, got["embed"], got.get("final", got["embed"]), logits)
+    return Forward(mlp_in, mlp_out, got["embed"], got.get("final", got["embed"]), out.logits)
 
 
 def _keeps_logits(model: torch.nn.Module) -> bool:
