@@ -134,6 +134,25 @@ PlotOpt = Annotated[
                  "... See docs/plots.md."),
 ]
 
+
+def html_plot(command: str, help: str) -> Any:
+    """The ``--plot FILE.html`` option of a command that draws one kind of picture, an interactive page (circuit,
+    features): ``Annotated[Optional[Path], html_plot(...)]``. Any other suffix is refused, naming ``command``
+    (then the shared checks of the directory)."""
+
+    def check(value: Path | None) -> Path | None:
+        from anatomy_cli.errors import UsageError
+        from anatomy_cli.output.plots import check_path
+        from anatomy_cli.output.plots import is_html
+
+        if value is not None and not is_html(value):
+            got = f"not '{value.suffix}'" if value.suffix else "no suffix"
+            raise UsageError(f"--plot {str(value)!r}: {command} draws an interactive page: give a .html file ({got})")
+        return check_path(value)
+
+    return typer.Option("--plot", metavar="FILE.html", show_default=False, callback=check, help=help)
+
+
 # --lens (lens, trace, generate): parsed by anatomy_cli.models.lens_choice.
 LENS_METAVAR = shared.LENS_METAVAR
 

@@ -6,8 +6,6 @@ from pathlib import Path
 from typing import Annotated
 from typing import Optional
 
-import typer
-
 from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import draw_and_emit
 from anatomy_cli.cli.commands._common import emit_prompts
@@ -15,6 +13,7 @@ from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import open_prompts
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.errors import UsageError
@@ -22,23 +21,9 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import circuit as task
 from anatomy_cli.text.options import PromptOptions
 
-
-def _html_plot(value: Path | None) -> Path | None:
-    # circuit draws one kind of picture, an interactive page: any other suffix is refused with that (then the
-    # shared checks of the directory).
-    from anatomy_cli.output.plots import check_path
-    from anatomy_cli.output.plots import is_html
-
-    if value is not None and not is_html(value):
-        got = f"not '{value.suffix}'" if value.suffix else "no suffix"
-        raise UsageError(f"--plot {str(value)!r}: circuit draws an interactive page: give a .html file ({got})")
-    return check_path(value)
-
-
-HtmlPlotOpt = Annotated[Optional[Path], typer.Option(
-    "--plot", metavar="FILE.html", show_default=False, callback=_html_plot,
-    help="Also draw the pruned graph to FILE.html, an interactive page (plotly, opens offline; .html only). Results "
-    "still go to stdout. With '-' (stdin) prompts: one file per prompt, FILE-1.html, FILE-2.html, ...")]
+HtmlPlotOpt = Annotated[Optional[Path], html_plot(
+    "circuit", "Also draw the pruned graph to FILE.html, an interactive page (plotly, opens offline; .html only). "
+    "Results still go to stdout. With '-' (stdin) prompts: one file per prompt, FILE-1.html, FILE-2.html, ...")]
 
 
 @command("circuit", task.CircuitOptions)

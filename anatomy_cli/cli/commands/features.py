@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import features as task
+
+PlotOpt = Annotated[Optional[Path], html_plot(
+    "features", "Also write a dashboard of the features to FILE.html, an interactive page (opens offline; .html "
+    "only): the list (search, sort) and per feature its contexts with every token shaded by its activation, "
+    "histogram, logit effects and co-firing features. Results still go to stdout.")]
 
 
 @command("features", task.FeaturesOptions, inputs=("sae",))
@@ -23,6 +31,7 @@ def features_command(
              "transcoder), as anatomy sae reads it.")],
     opts: task.FeaturesOptions,
     spec: ModelSpec = ModelSpec(),
+    plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Per feature of a dictionary, over a corpus: how often it fires, its mean and max activation, a histogram
@@ -34,6 +43,8 @@ def features_command(
     shard is saved and running the same command again resumes; --ray runs the shards on Ray workers (the merged
     result is the one process's). The expected cost is printed before the pass, progress during it. --out DIR
     writes features.parquet, contexts.parquet and logit_effects.parquet; --delphi DIR delphi's latent cache.
+    --plot FILE.html writes a dashboard page: the feature list (search, sort) and each feature's contexts with
+    every token shaded by its activation, histogram, logit effects and co-firing features.
     See docs/commands/features.md.
 
     Examples:
@@ -42,10 +53,19 @@ def features_command(
         anatomy features ./gpt2-res-jb/blocks.6.hook_resid_post --corpus docs/ --model gpt2 --max-tokens 100000
         anatomy features ./sae --corpus data.jsonl --features 0-99 --out feats --format json
         anatomy features ./sae --corpus docs/ --feature 123 --out feats --delphi feats/latents
+        anatomy features ./sae --corpus docs/ --features 0-499 --plot features.html
         anatomy features ./sae --corpus docs/ --estimate
     """
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import features as view
     from anatomy_cli.tasks._features_run import measure
 
-    emit(view.report(measure(spec, opts)), fmt)
+    if plot is not None and opts.estimate:
+        raise UsageError("--estimate runs no pass: it draws no --plot (drop one of the two)")
+    run = measure(spec, opts)
+    emit(view.report(run), fmt)
+    if plot is not None:
+        from anatomy_cli.output import plots
+
+        args, kwargs = view.figure(run)
+        plots.draw("features", plot, None, *args, **kwargs)

@@ -11,6 +11,7 @@ from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 
 if TYPE_CHECKING:
+    from anatomy_cli.output.views.protocol import FigureArgs
     from anatomy_cli.tasks._features_run import FeaturesRun
 
 ROWS = "features"
@@ -69,3 +70,15 @@ def report(run: FeaturesRun) -> Report:
         notes.append(f"wrote {', '.join(run.files[:3])}" + (f" and {len(run.files) - 3} more" if len(run.files) > 3
                                                            else ""))
     return Report(data=data, sections=[Section(COLUMNS, table, title="per feature")], heading=heading, notes=notes)
+
+
+def figure(run: FeaturesRun) -> FigureArgs:
+    """``plots.draw("features", ...)``'s arguments: the report's data (the JSON record) and the caption."""
+    from anatomy_cli.models.resolve import short_name
+    from anatomy_cli.output import plots
+
+    data = report(run).data
+    untrained = bool(getattr(run.lm, "untrained", False))
+    detail = f"{run.sae_file.path} at {run.sae_file.hook_name} · {len(run.rows):,} features over " \
+        f"{data['tokens']:,} tokens"
+    return (data, plots.Caption("features", short_name(run.model), None, detail, untrained=untrained)), {}

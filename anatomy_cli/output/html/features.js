@@ -1,0 +1,163 @@
+// The features dashboard (anatomy_cli/output/html/features.py). D: the command's JSON record (features, contexts,
+// logits, edges), written by the page. Every piece of user or model text goes in with textContent, never as HTML.
+var byId = {}, ctxs = {}, logits = {};
+D.features.forEach(function (r) { byId[r.feature] = r; ctxs[r.feature] = []; logits[r.feature] = []; });
+D.contexts.forEach(function (c) { if (ctxs[c.feature]) ctxs[c.feature].push(c); });
+D.logits.forEach(function (l) { if (logits[l.feature]) logits[l.feature].push(l); });
+function el(tag, text, cls) {
+  var e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+function vis(t) { return String(t).replace(/\n/g, "\u21b5").replace(/\t/g, "\u2192"); }
+function num(x, d) { return x === null || x === undefined ? "\u2013" : Number(x).toPrecision(d || 4); }
+function promoted(f) {
+  return logits[f].filter(function (l) { return l.side === "top" && l.rank < 3; })
+    .map(function (l) { return vis(l.token); }).join(" ");
+}
+// Search text of a feature: its promoted/suppressed tokens and its contexts' tokens, lower case.
+var hay = {};
+D.features.forEach(function (r) {
+  var parts = logits[r.feature].map(function (l) { return l.token; });
+  ctxs[r.feature].forEach(function (c) { parts.push(c.tokens.join("")); });
+  hay[r.feature] = parts.join("\n").toLowerCase();
+});
+var search = document.getElementById("fx-search"), sort = document.getElementById("fx-sort");
+var tbody = document.querySelector("#fx-list tbody"), count = document.getElementById("fx-count");
+var panel = document.getElementById("fx-panel"), current = null;
+function shown() {
+  var q = search.value.trim().toLowerCase(), key = sort.value;
+  var rows = D.features.filter(function (r) {
+    if (!q) return true;
+    if (/^\d+$/.test(q)) return String(r.feature) === q;
+    return hay[r.feature].indexOf(q) >= 0;
+  });
+  rows.sort(function (a, b) {
+    if (key === "feature") return a.feature - b.feature;
+    return (b[key] - a[key]) || (a.feature - b.feature);  // the largest first; ties: the lower id
+  });
+  return rows;
+}
+function drawList() {
+  var rows = shown();
+  tbody.textContent = "";
+  rows.forEach(function (r) {
+    var tr = el("tr");
+    tr.dataset.feature = r.feature;
+    if (r.feature === current) tr.className = "sel";
+    [r.feature, num(r.frequency, 3), num(r.max_activation), num(r.mean_activation), r.status, promoted(r.feature)]
+      .forEach(function (v, i) {
+        var td = el("td", v, i < 4 ? "num" : (i === 4 && v ? "status-" + v : ""));
+        tr.appendChild(td);
+      });
+    tr.addEventListener("click", function () { location.hash = "f-" + r.feature; });
+    tbody.appendChild(tr);
+  });
+  count.textContent = rows.length + " of " + D.features.length + " features";
+}
+function context(c, max) {
+  var p = el("div", null, "ctx");
+  p.dataset.kind = c.kind; p.dataset.rank = c.rank;
+  p.appendChild(el("b", num(c.activation) + " "));
+  c.tokens.forEach(function (t, i) {
+    var a = c.activations[i], s = el("span", vis(t), "tok" + (i === c.at ? " at" : ""));
+    s.dataset.act = String(a);
+    s.title = JSON.stringify(t) + ": " + a;
+    if (max > 0 && a > 0) s.style.background = "rgba(255,120,0," + Math.min(1, a / max).toFixed(3) + ")";
+    p.appendChild(s);
+  });
+  return p;
+}
+function effects(f, side, title) {
+  var box = el("div"), t = el("table", null, "data");
+  box.appendChild(el("h3", title));
+  t.dataset.side = side;
+  logits[f].filter(function (l) { return l.side === side; }).forEach(function (l) {
+    var tr = el("tr");
+    tr.appendChild(el("td", vis(l.token)));
+    tr.appendChild(el("td", l.effect.toFixed(4), "num"));
+    t.appendChild(tr);
+  });
+  box.appendChild(t);
+  return box;
+}
+function histogram(r, div) {
+  var h = r.histogram, lo = h.findIndex(function (n) { return n > 0; }), hi = h.length - 1;
+  while (hi > 0 && h[hi] === 0) hi--;
+  var x = [], y = [];
+  for (var j = Math.max(lo, 0); lo >= 0 && j <= hi; j++) {
+    x.push(j === 0 ? "(0, " + num(D.edges[0], 3) + ")" : "[" + num(D.edges[j - 1], 3) + ", " +
+      (D.edges[j] === null ? "\u221e" : num(D.edges[j], 3)) + ")");
+    y.push(h[j]);
+  }
+  Plotly.react(div, [{type: "bar", x: x, y: y, marker: {color: "#e07000"},
+                      hovertemplate: "activation in %{x}<br>%{y} tokens<extra></extra>"}],
+               {template: "simple_white", font: {family: D.font, size: 12}, height: 260, width: 640,
+                margin: {l: 60, r: 20, t: 30, b: 80}, xaxis: {title: {text: "activation (log-spaced bins)"}},
+                yaxis: {title: {text: "tokens"}},
+                title: {text: lo < 0 ? "never fires" : "", font: {size: 12}}}, D.config);
+}
+function cofiring(r) {
+  var p = el("p");
+  (r.cooccurring || []).forEach(function (c) {
+    var a = el(byId[c.feature] ? "a" : "span", "#" + c.feature);
+    if (byId[c.feature]) a.href = "#f-" + c.feature;
+    p.appendChild(a);
+    p.appendChild(document.createTextNode(" (" + c.tokens + " tokens, " + (100 * c.fraction).toFixed(1) + "%)  "));
+  });
+  if (!p.childNodes.length) p.textContent = "none counted";
+  return p;
+}
+function show(f) {
+  var r = byId[f];
+  if (!r) return;
+  current = f;
+  var old = document.getElementById("fx-hist");
+  if (old) Plotly.purge(old);
+  panel.textContent = "";
+  var h = el("h2", "feature " + f + " ");
+  if (r.status) h.appendChild(el("span", r.status, "status-" + r.status));
+  panel.appendChild(h);
+  panel.appendChild(el("p", "fires at " + r.fires + " tokens (frequency " + num(r.frequency, 3) + "), mean " +
+    num(r.mean_activation) + ", max " + num(r.max_activation)));
+  var hist = el("div");
+  hist.id = "fx-hist";
+  panel.appendChild(hist);
+  histogram(r, hist);
+  panel.appendChild(el("h3", "top-activating contexts"));
+  var top = el("div");
+  top.id = "fx-top";
+  ctxs[f].filter(function (c) { return c.kind === "top"; }).forEach(function (c) {
+    top.appendChild(context(c, r.max_activation));
+  });
+  panel.appendChild(top);
+  var q = el("div");
+  q.id = "fx-quantile";
+  var last = null;
+  ctxs[f].filter(function (c) { return c.kind === "quantile"; }).forEach(function (c) {
+    if (c.quantile !== last) {
+      q.appendChild(el("h3", "interval " + c.quantile + ": [" + num(c.lower) + ", " + num(c.upper) + "]"));
+      last = c.quantile;
+    }
+    q.appendChild(context(c, r.max_activation));
+  });
+  panel.appendChild(q);
+  var fx = el("div", null, "fx-wrap");
+  fx.appendChild(effects(f, "top", "promotes"));
+  fx.appendChild(effects(f, "bottom", "suppresses"));
+  panel.appendChild(fx);
+  panel.appendChild(el("h3", "fires together with"));
+  panel.appendChild(cofiring(r));
+  drawList();
+}
+function fromHash() {
+  var m = /^#f-(\d+)$/.exec(location.hash);
+  if (m && byId[+m[1]]) { show(+m[1]); return true; }
+  return false;
+}
+search.addEventListener("input", drawList);
+sort.addEventListener("change", drawList);
+window.addEventListener("hashchange", fromHash);
+drawList();
+if (!fromHash() && D.features.length) show(shown()[0].feature);

@@ -1,0 +1,62 @@
+"""`features --plot FILE.html`: a dashboard of a dictionary's features, one page that opens from disk.
+
+A list of the followed features (search by id or by token text; sort by frequency, max activation or id), and the
+panel of the feature picked: its status, its top-activating and interval-sampled contexts with every token shaded
+by the feature's activation there, its activation histogram (plotly), its logit effects and the features firing
+with it (links to their panels, ``#f-ID``). Everything is read from the command's JSON record (the view's report
+data, the same object ``--format json`` prints), written once into the page as JSON; the page's script writes
+every token and every other piece of user or model text with ``textContent`` (the package's escaping rule).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.output.html import Page
+from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import notes
+from anatomy_cli.output.html import script_json
+from anatomy_cli.output.html._page import CONFIG
+from anatomy_cli.output.html._page import FONT
+from anatomy_cli.output.html.markup import Part
+
+if TYPE_CHECKING:
+    from anatomy_cli.output.plots.caption import Caption
+
+STYLE = """
+.fx-wrap { display: flex; gap: 1.5em; align-items: flex-start; }
+.fx-list { max-height: 80vh; overflow-y: auto; min-width: 30em; }
+.fx-list tr { cursor: pointer; } .fx-list tr.sel td { background: #ffe9c7; }
+.fx-panel { flex: 1; min-width: 0; }
+.fx-panel .ctx { margin: 2px 0; white-space: normal; } .fx-panel .ctx b { font-weight: normal; color: #555; }
+.fx-panel span.tok { background: #fff; } .fx-panel span.tok.at { outline: 2px solid #c05000; }
+.status-dead { color: #888; font-weight: bold; } .status-always-on { color: #a00; font-weight: bold; }
+"""
+
+
+def page_data(data: dict[str, Any]) -> dict[str, Any]:
+    """What the page's script reads, taken from the command's JSON record as it is (no value recomputed)."""
+    return {"edges": data["histogram_edges"], "features": data["features"], "contexts": data["contexts"],
+            "logits": data["logit_effects"], "font": FONT, "config": CONFIG}
+
+
+def figure(data: dict[str, Any], cap: Caption) -> Page:
+    """The dashboard page of ``data`` (:func:`anatomy_cli.output.views.features.report`'s data, the JSON record)."""
+    page = caption_page(cap)
+    controls = ('<div class="controls"><label>search <input id="fx-search" type="search" size="24" '
+                'placeholder="feature id or token text"></label><label>sort by <select id="fx-sort">'
+                '<option value="frequency">frequency</option><option value="max_activation">max activation</option>'
+                '<option value="feature">index</option></select></label><span id="fx-count"></span></div>')
+    body = ('<div class="fx-wrap"><div class="fx-list"><table class="data" id="fx-list"><thead><tr><th>feature</th>'
+            '<th>frequency</th><th>max</th><th>mean</th><th>status</th><th>promotes</th></tr></thead><tbody></tbody>'
+            '</table></div><div class="fx-panel" id="fx-panel"></div></div>')
+    script = resources.files("anatomy_cli.output.html").joinpath("features.js").read_text(encoding="utf-8")
+    page.add(Part(f"<style>{STYLE}</style>{controls}{body}"
+                  f"<script>(function(){{var D={script_json(page_data(data))};\n{script}\n}})();</script>"))
+    return page.add(notes([
+        "frequency: the share of the corpus' tokens where the feature fires; max and mean (over firing tokens) its "
+        "activation; a token's shade: its activation over the feature's max (the framed token is the context's own)",
+        f"logit effects: {data['logit_convention']}",
+        f"{data['tokens']:,} tokens in {data['windows']:,} windows of {data['ctx']}; see docs/commands/features.md"]))
