@@ -62,9 +62,9 @@ class LensCheck:
         weak = self.weak
         if not weak:
             return None
-        return (f"{lens} is not within {MARGIN:g}x the logit lens's KL to the model's output at {_rows(weak)} ({len(weak)} of "
-                f"{len(self.reads)} rows; mean KL on {text}, {self.tokens} tokens): too weak to read there; a "
-                f"useful fit needs more text ({DOCS})")
+        return (f"{lens} is not within {MARGIN:g}x the logit lens's KL to the model's output at {_rows(weak)} "
+                f"({len(weak)} of {len(self.reads)} rows; mean KL on {text}, {self.tokens} tokens): too weak to "
+                f"read there; a useful fit needs more text ({DOCS})")
 
 
 def _rows(rows: Sequence[str | int]) -> str:
