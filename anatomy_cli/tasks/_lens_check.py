@@ -63,8 +63,8 @@ def read_check(lm: LoadedModel, lens: Any, resids: Sequence[torch.Tensor]) -> No
 
 def probe_seconds(lm: LoadedModel, rows: Sequence[int]) -> float:
     """What :func:`fit_check` will take, timed now: the same check on the held-out paragraph's first
-    :data:`PROBE_TOKENS` tokens through a lens of zero translators at ``rows`` (the cost of any lens there),
-    scaled to the paragraph's tokens."""
+    :data:`PROBE_TOKENS` tokens and on half as many, through a lens of zero translators at ``rows`` (the cost of any
+    lens there): a fixed cost and one per token, carried to the paragraph's tokens."""
     import torch
 
     from anatomy_cli.engine.estimate import timed
@@ -76,4 +76,8 @@ def probe_seconds(lm: LoadedModel, rows: Sequence[int]) -> float:
     lens = FittedLens("probe", None, tuple(rows), {r: (zero, None) for r in rows[:-1]}, residual=True)  # type: ignore[arg-type]
     n = min(PROBE_TOKENS, len(ids))
     check_ids(lm, lens, ids[:2])  # a warm-up: a first forward pays for what later ones do not
-    return timed(lambda: check_ids(lm, lens, ids[:n])) * len(ids) / n
+    m = max(n // 2, 1)
+    half = timed(lambda: check_ids(lm, lens, ids[:m]))
+    full = timed(lambda: check_ids(lm, lens, ids[:n]))
+    per_token = max(full - half, 0.0) / max(n - m, 1)  # two sizes: a fixed cost and one per token
+    return max(full + per_token * (len(ids) - n), full) if n > 1 else full * len(ids)
