@@ -142,7 +142,7 @@ def test_the_written_lens_loads_in_tuned_lens_and_reads_as_anatomy_reads_it(tiny
     collected = notes.Collected()
     with notes.using_notes(collected):
         r = api.lens(lm, PROMPT, k=3, lens=f"tuned:{out}")
-    assert not [w for w in collected.warnings if "unembed_hash" in w]  # (a 3-step lens is said to be too weak)
+    assert not [w for w in collected.warnings if "too weak" not in w]  # a 3-step lens is said to be too weak
     with torch.no_grad():
         hs = lm.model(torch.tensor([r.data["token_ids"]]), output_hidden_states=True).hidden_states
         rows = [theirs.forward(hs[i][0], i) for i in range(LAYERS)]
