@@ -284,8 +284,10 @@ def check_params(args: list[str], out: str) -> None:
 
 def stated(line: str) -> list[str]:
     """The figures a tour line's comment states (``124,439,808``, ``0.796``, ``-0.3464``), not the digits of
-    names (``gpt2``, ``llama-7b``, ``fp32``)."""
+    names (``gpt2``, ``llama-7b``, ``fp32``), nor a fit line's cost and settings (``about 2 min``, ``100+ prompts``,
+    ``--tokens 100000``: issue 61 item 3)."""
     comment = line.partition("#")[2]
+    comment = re.sub(r"--[\w-]+ \S+|\d[\d,]*\+? (?:s|min|h|prompts?|tokens)\b", "", comment)
     return [n.rstrip(",") for n in re.findall(r"(?<![\w.-])-?\d[\d,]*(?:\.\d+)?(?![\w.])", comment)]
 
 
