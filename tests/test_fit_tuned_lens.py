@@ -142,7 +142,7 @@ def test_the_written_lens_loads_in_tuned_lens_and_reads_as_anatomy_reads_it(tiny
     collected = notes.Collected()
     with notes.using_notes(collected):
         r = api.lens(lm, PROMPT, k=3, lens=f"tuned:{out}")
-    assert collected.warnings == []
+    assert not [w for w in collected.warnings if "too weak" not in w]  # a 3-step lens is said to be too weak
     with torch.no_grad():
         hs = lm.model(torch.tensor([r.data["token_ids"]]), output_hidden_states=True).hidden_states
         rows = [theirs.forward(hs[i][0], i) for i in range(LAYERS)]
@@ -159,7 +159,7 @@ def test_the_cli_prints_the_cost_and_writes_the_lens(tiny_model_dir, tmp_path):
                               str(out), "--format", "json"])
     assert res.exit_code == 0, res.output
     assert "fit-lens tuned: 2 windows, 64 tokens, 2 steps, 2 translators: about" in res.output
-    assert "GiB of memory" in res.output
+    assert "timed on this machine now" in res.output and "memory about" in res.output
     data = json.loads(res.stdout[res.stdout.index("{"):])
     assert data["kind"] == "tuned" and data["windows"] == 2 and len(data["translators"]) == LAYERS
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "params.pt"]

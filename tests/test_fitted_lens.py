@@ -143,7 +143,7 @@ def test_tuned_lens_0_2_0_reads_the_same(tiny_lm, tmp_path):
     collected = notes.Collected()
     with notes.using_notes(collected):
         r = api.lens(lm, PROMPT, k=3, lens=f"tuned:{tmp_path / 'tl'}")
-    assert collected.warnings == []                                   # the recorded unembed_hash matches
+    assert not [w for w in collected.warnings if "too weak" not in w]  # the recorded unembed_hash matches
     hs = _hidden_states(lm, r.data["token_ids"])
     with torch.no_grad():
         theirs = [lens.forward(hs[i], i) for i in range(LAYERS)] + [lens.unembed.forward(hs[LAYERS])]
@@ -161,7 +161,8 @@ def test_an_unembed_hash_of_another_model_warns(tiny_lm, tmp_path):
     collected = notes.Collected()
     with notes.using_notes(collected):
         api.lens(lm, PROMPT, lens=f"tuned:{path}")
-    assert len(collected.warnings) == 1 and "unembed_hash differs" in collected.warnings[0]
+    hash_notes = [w for w in collected.warnings if "too weak to read" not in w]  # (the lens check: issue 61)
+    assert len(hash_notes) == 1 and "unembed_hash differs" in hash_notes[0]
 
 
 def test_lenses_of_another_model_are_refused_before_the_weights_load(tiny_model_dir, tmp_path):

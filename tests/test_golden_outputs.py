@@ -73,7 +73,7 @@ REL, ABS = 1e-5, 1e-6
 RANK_REL = 1e-3
 # The numbers that differ between two runs on one machine (found by recording twice and diffing): fit-sae's wall
 # times, its measured FLOP rate and the time it predicts from that rate. Stored as "<varies>".
-VARIES = re.compile(r'("(?:seconds|collect_seconds|rate_flops)":\s*)-?[0-9][0-9.eE+-]*')
+VARIES = re.compile(r'("(?:seconds|estimated_seconds|collect_seconds|rate_flops)":\s*)-?[0-9][0-9.eE+-]*')
 MTIME = 1_700_000_000  # the corpus file's mtime, which corpus prints
 
 runner = CliRunner()

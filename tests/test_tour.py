@@ -98,9 +98,6 @@ def test_tour_line_does_what_it_says(line, tour_dir, reference, cached_load, mon
     args = shlex.split(line, comments=True)[1:]
     if unmade := [a for a in args if a in UNMADE]:
         pytest.skip(f"names {', '.join(unmade)}, which the README does not say how to make")
-    if args[:2] == ["fit-lens", "tuned"]:
-        pytest.skip("its --ctx 512 is past the tour's tiny model's context; tests/test_fit_tuned_lens.py runs the "
-                    "tuned fit on a tiny model and tuned-lens 0.2.0 reads what it writes")
     if args[0] == "diff" and any(a in ON_A_TINY_GGUF for a in args):
         pytest.skip("runs in tests/test_requantize.py, on a tiny GGUF standing for smollm2")
     if line.startswith(ON_THE_DEFAULT):
@@ -161,3 +158,29 @@ def test_what_the_tour_writes_is_ignored_by_git():
         probe = path.rstrip("/") + ("/x" if path in ("./source", "run1") else "")
         done = subprocess.run([git, "check-ignore", "-q", "--no-index", probe], cwd=ROOT, check=False)
         assert done.returncode == 0, f"{path} (the tour writes it) is not in .gitignore"
+
+
+# ---------------------------------------------------------------- issue 61 item 3
+
+FITS = ("fit-lens", "fit-sae")
+# The tour's fits stay small (about a minute on SmolLM2 here; their comments give the full settings' cost).
+SMALL = {"--tokens": 1000, "--max-tokens": 2000, "--ctx": 128, "--epochs": 2, "--steps": 4}
+
+
+def test_each_fit_line_says_its_cost_and_its_full_settings_and_runs_small():
+    """A fit line (and the circuit line, whose ./tc a fit makes) says beside it how long it takes here, that its
+    result is too weak to read and what the full settings cost; its settings are the small ones."""
+    lines = [ln for ln in tour_lines() if ln.split()[1] in FITS or "--transcoders ./tc" in ln]
+    assert len(lines) == 4, lines
+    for line in lines:
+        comment = line.split("#", 1)[1]
+        assert re.search(r"about \d+ (s|min|h)\b.* here", comment), line
+        assert "too weak to read" in comment or "too few" in comment or "too little" in comment, line
+        words = shlex.split(line.split("#")[0])
+        for flag, most in SMALL.items():
+            if flag in words:
+                assert int(words[words.index(flag) + 1]) <= most, (line, flag)
+    sae = next(ln for ln in lines if ln.split()[1] == "fit-sae")
+    tuned = next(ln for ln in lines if ln.split()[1:3] == ["fit-lens", "tuned"])
+    assert "--max-tokens" in sae.split("#")[0] and "--tokens" in tuned.split("#")[0]
+    assert "--tokens 100000" in tuned.split("#")[1] and "--max-tokens 8000" in sae.split("#")[1]  # the full ones

@@ -132,9 +132,16 @@ def check_lens(out: str, ref: Reference, n_layers: int, target: str | None) -> N
 
 
 def check_fit(args: list[str], work: Path, ref: Reference) -> None:
-    """The file is jlens' format: one d_model x d_model matrix per source block (every block below the last)."""
+    """The file is jlens' format: one d_model x d_model matrix per source block (every block below the last); a
+    tuned lens: tuned-lens' directory, one translator per residual row below the last block."""
     import torch
 
+    if args[1] == "tuned":
+        out = work / args[args.index("--out") + 1]
+        assert sorted(p.name for p in out.iterdir()) == ["config.json", "params.pt"], list(out.iterdir())
+        params = torch.load(out / "params.pt", weights_only=True)
+        assert len(params) == 2 * ref.model.config.num_hidden_layers, sorted(params)
+        return
     saved = torch.load(work / args[args.index("--out") + 1], weights_only=True)
     d = ref.model.config.hidden_size
     n_layers = ref.model.config.num_hidden_layers
@@ -277,8 +284,10 @@ def check_params(args: list[str], out: str) -> None:
 
 def stated(line: str) -> list[str]:
     """The figures a tour line's comment states (``124,439,808``, ``0.796``, ``-0.3464``), not the digits of
-    names (``gpt2``, ``llama-7b``, ``fp32``)."""
+    names (``gpt2``, ``llama-7b``, ``fp32``), nor a fit line's cost and settings (``about 2 min``, ``100+ prompts``,
+    ``--tokens 100000``: issue 61 item 3)."""
     comment = line.partition("#")[2]
+    comment = re.sub(r"--[\w-]+ \S+|\d[\d,]*\+? (?:s|min|h|prompts?|tokens)\b", "", comment)
     return [n.rstrip(",") for n in re.findall(r"(?<![\w.-])-?\d[\d,]*(?:\.\d+)?(?![\w.])", comment)]
 
 

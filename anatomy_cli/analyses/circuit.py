@@ -53,8 +53,9 @@ class Setup:
     """What the rows need: ``active [n, 3]``, ``values [n]``, ``encoder [n, d]`` (W_enc rows), ``decoder [m, d]``
     (act · decoder row), ``decoder_layer [m]`` (the block each row writes to) and ``decoder_owner [m]`` (its
     active feature, nondecreasing; per-layer sets: m = n, row i is feature i's; a cross-layer transcoder's feature
-    at layer l has L - l rows), ``errors [L, P, d]``, ``tokens [P, d]`` (the embedding's output) and the real
-    ``logits [V]``."""
+    at layer l has L - l rows), ``errors [L, P, d]``, ``tokens [P, d]`` (the embedding's output), the real
+    ``logits [V]`` and ``fve``: per block the fraction of its MLP output's variance (positions 1..) that the
+    transcoders' reconstruction explains (None: fewer than two positions or no variance)."""
 
     active: torch.Tensor
     values: torch.Tensor
@@ -65,6 +66,7 @@ class Setup:
     errors: torch.Tensor
     tokens: torch.Tensor
     logits: torch.Tensor
+    fve: tuple[float | None, ...] = ()
 
     def writes(self, i: int) -> list[tuple[int, int, torch.Tensor]]:
         """(block, position, vector) for each MLP output active feature ``i`` writes to."""
@@ -111,7 +113,16 @@ def setup(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders) -> Setup
     s.errors = torch.stack([fw.mlp_out[layer][0].float() - recon[layer] - bias[layer]
                             for layer in range(stack.n_layers)])
     s.errors[:, 0] = 0
+    s.fve = tuple(_fve(fw.mlp_out[layer][0][1:].float(), s.errors[layer, 1:]) for layer in range(stack.n_layers))
     return s
+
+
+def _fve(target: torch.Tensor, error: torch.Tensor) -> float | None:
+    """``1 - Σ error² / Σ (target - its mean)²`` over positions (as anatomy sae's health reads it)."""
+    var = (target.double() - target.double().mean(0)).pow(2).sum()
+    if target.shape[0] < 2 or float(var) == 0.0:
+        return None
+    return float(1 - error.double().pow(2).sum() / var)
 
 
 def salient_logits(logits: torch.Tensor, max_n_logits: int, desired_prob: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,6 +84,13 @@ FVE_LOW = 0.5  # below: warned (under 0: the SAE is worse than the mean activati
 KL_HIGH_NATS = 1.0  # spliced KL(p_clean || p_spliced) above this: warned
 
 
+def too_weak(fve: float | None) -> bool:
+    """A dictionary too weak to read: its reconstruction explains under :data:`FVE_LOW` of the activation's
+    variance (None: not measured, e.g. a one-token text, is not judged). What `fit-sae` (on its held-out window)
+    and `circuit` (on its prompt, per transcoder) say."""
+    return fve is not None and fve < FVE_LOW
+
+
 def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: bool | None, prompt_bos: bool | None,
              centred: bool, centred_now: float) -> list[str]:
     """What the figures say about the fit: a prompt past ``context_size``, another BOS rule, a reconstruction

@@ -113,17 +113,6 @@ def block_weights(lm: LoadedModel, block: int = 0) -> float | None:
     return float(n) or None
 
 
-def measured_rate(lm: LoadedModel, rows: int, repeats: int = 5) -> float:
-    """FLOP/s of a float32 ``[rows, d_model] @ [d_model, 4 d_model]`` product (an MLP's, at the rows of one
-    backward pass) on ``lm.device``, the median of ``repeats`` timings after a warm-up: a median, not the best, so
-    that a machine other jobs share is measured as the fit will meet it
-    (:func:`anatomy_cli.engine.timing.product_rate`)."""
-    from anatomy_cli.engine.timing import product_rate
-
-    d = lm.info.d_model
-    return product_rate(rows, d, 4 * d, lm.device, repeats=repeats, typical=True)
-
-
 def lens_state(sums: dict[int, torch.Tensor], n_prompts: int, d_model: int,
                dtype: torch.dtype = torch.float16) -> dict[str, object]:
     """jlens' file: ``{"J": {block: mean J}, "n_prompts", "source_layers", "d_model"}`` (``torch.save`` it)."""

@@ -40,6 +40,8 @@ class LoadedModel:
     not quantized on disk.
     ``label``: the short name headings and plot titles use (:func:`anatomy_cli.models.resolve.label`;
     None: ``name``).
+    ``load_seconds``: the wall seconds the last :func:`anatomy_cli.tasks.session.load_weights` of this model took
+    (a server's cache answers in about none; 0: not loaded through it): the fits' estimates count it.
     """
 
     model: PreTrainedModel = field(repr=False)
@@ -54,6 +56,7 @@ class LoadedModel:
     embed_scale: float = 1.0
     dequantized_from: str | None = None
     label: str | None = None
+    load_seconds: float = 0.0
 
     @property
     def display(self) -> str:

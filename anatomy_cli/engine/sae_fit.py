@@ -180,12 +180,23 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
     return {"steps": len(curve), "fvu": curve, "fired": fired}
 
 
-def measured_rate(d_in: int, d_sae: int, device: str | torch.device = "cpu", rows: int = 512) -> float:
-    """FLOP/s of a ``[rows, d_in] @ [d_in, d_sae]`` float32 product on ``device``, the best of three
-    (:func:`anatomy_cli.engine.timing.product_rate`)."""
-    from anatomy_cli.engine.timing import product_rate
+def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: bool, steps: int = 4) -> float:
+    """The seconds one training step of :func:`train` takes here now: a coder of this size (made as the fit
+    makes it) trained ``steps`` steps on random rows; the median of the steps after the first (which allocates
+    Adam's state). The caller's global RNG is left alone."""
+    import statistics
 
-    return product_rate(rows, d_in, d_sae, device)
+    from anatomy_cli.engine.estimate import now
+
+    stamps: list[float] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        coder = make_coder(d_in, d_sae, k, transcode=transcode)
+        x = torch.randn(steps * batch, d_in)
+        start = now()
+        train(x, x, coder, epochs=1, batch=batch, lr=default_lr(d_sae), progress=lambda i, n: stamps.append(now()))
+    gaps = [b - a for a, b in zip([start, *stamps], stamps)]
+    return statistics.median(gaps[1:] or gaps)
 
 
 def save_sparsify(coder: Any, folder: Path) -> None:

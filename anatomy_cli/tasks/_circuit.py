@@ -170,6 +170,7 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
     if len(ids) < 2:
         raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
     s = algo.setup(lm, ids, transcoders)
+    _weak_note(s.fve)
     targets, probs = _targets(opts, plan, s.logits)
     adjacency, selected, s = algo.attribute(lm, ids, transcoders, targets, probs, batch_size=opts.batch_size,
                                             max_feature_nodes=opts.max_feature_nodes,
@@ -211,6 +212,21 @@ def numbered(path: str, index: int | None) -> str:
         return path
     p = Path(path)
     return str(p.with_name(f"{p.stem}-{index}{p.suffix}"))
+
+
+def _weak_note(fve: tuple[float | None, ...]) -> None:
+    """One line when transcoders are too weak to read on this prompt (:func:`anatomy_cli.analyses.sae.too_weak`:
+    the rule fit-sae applies on its held-out window): their features explain little, the graph is mostly error
+    nodes."""
+    from anatomy_cli.analyses.sae import FVE_LOW
+    from anatomy_cli.analyses.sae import too_weak
+    from anatomy_cli.models.sites import block_spans
+
+    weak = [layer for layer, f in enumerate(fve) if too_weak(f)]
+    if weak:
+        notes.warn(f"the transcoders are too weak to read at {len(weak)} of {len(fve)} blocks on this prompt (FVE "
+                   f"under {FVE_LOW} of the MLP output: {block_spans(weak)}): the graph is mostly error nodes; fit "
+                   "them on more text (docs/commands/sae.md#what-a-useful-fit-takes)")
 
 
 def _cfg(lm: LoadedModel) -> dict[str, Any]:

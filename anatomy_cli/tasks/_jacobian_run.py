@@ -22,10 +22,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
 
-# The share of a bare product's rate the fit runs its products at (norms, activations, softmax and autograd's
-# bookkeeping between them): 0.45 measured on SmolLM2 on the 2-core CPU test machine (one 32-token prompt,
-# dim_batch 64: 4.3e12 FLOP in 233 s against a measured 4.1e10 FLOP/s, load average 6.5; docs/commands/fit-lens.md).
-FIT_EFFICIENCY = 0.5
+PHASES = ("fitting", "writing and the held-out check")  # after the weights' load and the probes
 Sums = tuple[dict[int, Any], int, int]  # (float64 sums of J per block, prompts fitted, prompts skipped)
 
 
@@ -48,6 +45,9 @@ class JacobianFit:
     flops: float
     identity_distance: tuple[float, ...]
     norms: tuple[float, ...]
+    estimate: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"out": self.out, "n_prompts": self.n_prompts, "skipped": self.skipped,
@@ -55,7 +55,8 @@ class JacobianFit:
                 "d_model": self.d_model, "dim_batch": self.dim_batch, "skip_first": self.skip_first,
                 "max_seq_len": self.max_seq_len, "dtype": self.dtype, "tokens": self.tokens, "flops": self.flops,
                 "blocks": [{"block": b, "identity_distance": i, "frobenius": n}
-                           for b, i, n in zip(self.source_layers, self.identity_distance, self.norms)]}
+                           for b, i, n in zip(self.source_layers, self.identity_distance, self.norms)],
+                "estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
 
 
 def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
@@ -70,20 +71,24 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
     if opts.shard is not None:
         first, every = opts.shard
         notes.info(f"shard {first}/{every}: {len(ids)} of {len(encoded)} prompts (every {every}th from {first})")
-    flops = _announce(lm, usable, opts, plan)
-    if opts.ray:
-        from anatomy_cli.tasks import _jacobian_ray
+    flops, est = _announce(lm, usable, opts, plan)
+    timings = est.timings()
+    with timings.phase(PHASES[0]):
+        if opts.ray:
+            from anatomy_cli.tasks import _jacobian_ray
 
-        sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan, settings_of(lm, ids, opts, plan))
-    else:
-        sums, done, skipped = _fit_here(lm, ids, opts, plan)
+            sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan, settings_of(lm, ids, opts, plan))
+        else:
+            sums, done, skipped = _fit_here(lm, ids, opts, plan)
     if skipped:
         notes.warn(f"{skipped} prompt{'' if skipped == 1 else 's'} skipped: fewer than skip_first + 2 = "
                    f"{opts.skip_first + 2} tokens")
     d_model = lm.info.d_model
     state = jacobian_fit.lens_state(sums, done, d_model, getattr(torch, DTYPES[opts.dtype]))
     state[HASHES] = [digest(i) for i in usable]  # fit-lens merge refuses fits that share a prompt
-    atomic_save(state, opts.out)
+    with timings.phase(PHASES[1]):
+        atomic_save(state, opts.out)
+        check = None if opts.ray else _check(lm, opts)
     eye = torch.eye(d_model)
     mats = [state["J"][b].float() for b in plan.source_layers]  # type: ignore[index]
     return JacobianFit(
@@ -92,7 +97,18 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
         skip_first=opts.skip_first, max_seq_len=opts.max_seq_len, dtype=opts.dtype,
         tokens=sum(map(len, usable)), flops=flops,
         identity_distance=tuple(float((m - eye).norm() / math.sqrt(d_model)) for m in mats),
-        norms=tuple(float(m.norm()) for m in mats))
+        norms=tuple(float(m.norm()) for m in mats), estimate=est.to_dict(), timings=timings.to_dict(),
+        check=None if check is None else check.to_dict())
+
+
+def _check(lm: LoadedModel, opts: Any) -> Any:
+    """The written lens, read back as ``lens --lens jacobian:FILE`` reads it, on the held-out paragraph."""
+    from anatomy_cli.engine.fitted_lens import open_lens
+    from anatomy_cli.models.lens_choice import LensChoice
+    from anatomy_cli.tasks._lens_check import fit_check
+
+    lens = open_lens(LensChoice("jacobian", opts.out), d_model=lm.info.d_model, n_layers=lm.info.n_layers)
+    return fit_check(lm, lens, f"the Jacobian lens {opts.out}")
 
 
 def fitted_prompts(encoded: list[Encoded], opts: Any) -> tuple[list[list[int]], list[list[int]]]:
@@ -144,27 +160,38 @@ def settings_of(lm: Any, ids: list[list[int]], opts: Any, plan: Any) -> dict[str
             "prompts": digest(ids)}
 
 
-def _announce(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
-    """The cost line before the fit (FLOPs, time at a rate measured now on the fit's device); returns the FLOPs."""
+def _announce(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> tuple[float, Any]:
+    """The cost line before the fit: FLOPs, and the time of every phase (:mod:`anatomy_cli.engine.estimate`):
+    the weights' load as measured; the fit from a probe of its own code now (the first prompt's forward and two
+    backward passes, :func:`probe_prompt`), scaled by each prompt's tokens; the held-out check from its probe.
+    With ``--ray`` the driver has no weights: the fit at the assumed rate of ``cost.RATES``, no check. Returns
+    the FLOPs and the Estimate."""
+    from anatomy_cli.engine import estimate as timing
     from anatomy_cli.models import cost
-    from anatomy_cli.units import human_seconds
+    from anatomy_cli.tasks import _lens_check
 
     info = lm.info
     flops = estimate(lm, usable, opts, plan)
+    passes = math.ceil(info.d_model / opts.dim_batch)
+    begun = timing.now()
     if opts.ray:
         device = "cuda" if opts.gpus_per_worker > 0 else "cpu"
-        rate, how = cost.RATES[device], f"assumed for {device}"
-        where = f"{device} (one worker; {opts.workers} share it)"
+        fitting = timing.Phase(PHASES[0], flops / cost.RATES[device])
+        checking = timing.Phase(PHASES[1], 0.0)
+        where = f"{device} (one worker; {opts.workers} share it; at an assumed {cost.RATES[device]:.0e} FLOP/s)"
     else:
-        rate, how, where = fit_rate(lm, usable, opts.dim_batch), "half a matrix product's rate, measured now", \
-            lm.device.type
+        forward, per_pass = probe_prompt(lm, usable[0], opts, plan) if usable else (0.0, 0.0)
+        fitting = timing.scaled(PHASES[0], forward + passes * per_pass, len(usable[0]) if usable else 1,
+                                sum(map(len, usable)))
+        rows = (*(b + 1 for b in plan.source_layers), info.n_layers)
+        checking = timing.Phase(PHASES[1], _lens_check.probe_seconds(lm, rows))
+        where = lm.device.type
+    est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun), fitting, checking))
     notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
                f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
-               f"{_blocks(plan.source_layers)} -> {plan.target_layer}, "
-               f"{math.ceil(info.d_model / opts.dim_batch)} backward passes per prompt: about {flops:.2g} FLOP "
-               f"at {rate / 1e9:.0f} GFLOP/s ({how}), roughly {human_seconds(flops / rate)} on {where} "
-               "(a rough estimate)")
-    return flops
+               f"{_blocks(plan.source_layers)} -> {plan.target_layer}, {passes} backward passes per prompt: about "
+               f"{flops:.2g} FLOP; {est.describe()} on {where}")
+    return flops, est
 
 
 def estimate(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
@@ -178,15 +205,34 @@ def estimate(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
                                        weights) for i in usable)
 
 
-def fit_rate(lm: Any, usable: list[list[int]], dim_batch: int) -> float:
-    """FLOP/s of a float32 product of the fit's shape on its device, measured now
-    (:func:`anatomy_cli.engine.jacobian_fit.measured_rate`): the rows of one backward pass (``dim_batch`` copies
-    of the longest prompt's tokens, at most 8192) times ``[d_model, 4 d_model]`` (an MLP's matrix), times
-    :data:`FIT_EFFICIENCY`."""
-    from anatomy_cli.engine.jacobian_fit import measured_rate
+class _Enough(Exception):
+    """Ends a probe after the passes it times."""
 
-    tokens = max(map(len, usable), default=1)
-    return FIT_EFFICIENCY * measured_rate(lm, rows=min(dim_batch * tokens, 8192))
+
+def probe_prompt(lm: LoadedModel, ids: list[int], opts: Any, plan: Any, passes: int = 2) -> tuple[float, float]:
+    """``(forward seconds, seconds per backward pass)`` of the fit's own per-prompt code
+    (:func:`anatomy_cli.engine.jacobian_fit.jacobian_for_prompt`) on ``ids``, timed now: its forward and its
+    first ``passes + 1`` backward passes (the first pass's time is read as the later ones', the rest is the
+    forward's)."""
+    from anatomy_cli.engine import jacobian_fit
+    from anatomy_cli.engine.estimate import now
+
+    stamps: list[float] = []
+
+    def tick(done: int, total: int) -> None:
+        stamps.append(now())
+        if len(stamps) > passes:
+            raise _Enough
+
+    start = now()
+    try:
+        jacobian_fit.jacobian_for_prompt(lm, ids, plan.source_layers, plan.target_layer, dim_batch=opts.dim_batch,
+                                         skip_first=opts.skip_first, progress=tick)
+    except _Enough:
+        pass
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    per_pass = sorted(gaps)[len(gaps) // 2] if gaps else stamps[0] - start
+    return max(stamps[0] - start - per_pass, 0.0), per_pass
 
 
 def _blocks(blocks: tuple[int, ...]) -> str:

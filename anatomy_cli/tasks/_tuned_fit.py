@@ -34,6 +34,8 @@ JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-l
                  "max_seq_len": "--max-seq-len", "skip_first": "--skip-first", "dtype": "--dtype",
                  "shard": "--shard", "ray": "--ray", "ray_address": "--ray-address", "workers": "--workers",
                  "gpus_per_worker": "--gpus-per-worker"}
+PHASES = ("reading the corpus", "training", "writing and the held-out check")  # with the weights' load and probes
+PROBE_TOKENS = 64  # the training probe's window: the first window's first tokens, scaled to every token
 TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", "ctx": "--ctx", "steps": "--steps",
               "seed": "--seed"}
 
@@ -114,13 +116,17 @@ class TunedFit:
     reads: tuple[str | int, ...]
     kl_first: tuple[float, ...]
     kl_last: tuple[float, ...]
+    estimate: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"out": self.out, "corpus": self.corpus, "windows": self.windows, "tokens": self.tokens,
                 "ctx": self.ctx, "steps": self.steps, "seed": self.seed, "lr": self.lr, "flops": self.flops,
                 "memory_bytes": self.memory_bytes,
                 "translators": [{"translator": i, "reads": r, "kl_first": a, "kl_last": b}
-                                for i, (r, a, b) in enumerate(zip(self.reads, self.kl_first, self.kl_last))]}
+                                for i, (r, a, b) in enumerate(zip(self.reads, self.kl_first, self.kl_last))],
+                "estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
 
 
 def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[tuple[int, ...]]:
@@ -144,16 +150,20 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     import torch
 
     from anatomy_cli.engine import tuned_fit
+    from anatomy_cli.engine.estimate import Phase
+    from anatomy_cli.engine.estimate import now
     from anatomy_cli.engine.fitted_lens import unembed_hash
     from anatomy_cli.models import sites
     from anatomy_cli.tasks._fit_files import digest
 
     assert opts.tokens is not None
+    begun = now()
     try:
         wins = windows_of(lm, plan.source, plan.ctx, opts.tokens)
     finally:
         if opts.corpus == "-":
             plan.source.path.unlink(missing_ok=True)
+    reading = Phase(PHASES[0], now() - begun, done=True)
     if not wins:
         raise UsageError(f"--corpus {opts.corpus} has no text to train on")
     n, used = len(wins), sum(map(len, wins))
@@ -163,7 +173,8 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     if steps < opts.steps:
         notes.info(f"{n} window{'' if n == 1 else 's'} of up to {plan.ctx} tokens: {steps} steps, not {opts.steps} "
                    "(one window per step at least)")
-    flops, memory = _announce(lm, n, used, steps, plan.ctx)
+    flops, memory, est = _announce(lm, wins, steps, plan.ctx, reading)
+    timings = est.timings()
     order = torch.randperm(n, generator=torch.Generator().manual_seed(opts.seed)).tolist()
     lens = tuned_fit.translators(lm.info.d_model, lm.n_layers, lm.device)
     opt, scheduler = tuned_fit.optimizer(lens, steps)
@@ -171,13 +182,27 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     config = tuned_fit.config(lm, unembed_hash(head.weight))
     settings = {"d_model": lm.info.d_model, "n_layers": lm.n_layers, "unembed_hash": config["unembed_hash"],
                 "ctx": plan.ctx, "steps": steps, "seed": opts.seed, "windows": digest(wins)}
-    first, last = _train(lm, lens, (opt, scheduler), wins, order, steps, opts, settings)
+    with timings.phase(PHASES[1]):
+        first, last = _train(lm, lens, (opt, scheduler), wins, order, steps, opts, settings)
     assert opts.out is not None
-    tuned_fit.save(lens, Path(opts.out), config)
+    with timings.phase(PHASES[2]):
+        tuned_fit.save(lens, Path(opts.out), config)
+        check = _check(lm, opts)
     return TunedFit(out=str(opts.out), corpus=opts.corpus or "", windows=n, tokens=used, ctx=plan.ctx, steps=steps,
                     seed=opts.seed, lr=tuned_fit.LR_SCALE * (1 - tuned_fit.MOMENTUM), flops=flops,
                     memory_bytes=memory, reads=tuple(sites.residual_label(i) for i in range(lm.n_layers)),
-                    kl_first=tuple(first), kl_last=tuple(last))
+                    kl_first=tuple(first), kl_last=tuple(last), estimate=est.to_dict(), timings=timings.to_dict(),
+                    check=check.to_dict())
+
+
+def _check(lm: LoadedModel, opts: Any) -> Any:
+    """The written lens, read back as ``lens --lens tuned:DIR`` reads it, on the held-out paragraph."""
+    from anatomy_cli.engine.fitted_lens import open_lens
+    from anatomy_cli.models.lens_choice import LensChoice
+    from anatomy_cli.tasks._lens_check import fit_check
+
+    lens = open_lens(LensChoice("tuned", Path(opts.out)), d_model=lm.info.d_model, n_layers=lm.n_layers)
+    return fit_check(lm, lens, f"the tuned lens {opts.out}")
 
 
 def _train(lm: LoadedModel, lens: Any, optim: tuple[Any, Any], wins: list[tuple[int, ...]], order: list[int],
@@ -216,16 +241,34 @@ def _train(lm: LoadedModel, lens: Any, optim: tuple[Any, Any], wins: list[tuple[
     return first, last
 
 
-def _announce(lm: LoadedModel, n: int, used: int, steps: int, ctx: int) -> tuple[float, float]:
-    """The cost line before the fit: FLOPs, time at this device's rate, peak memory (weights + the fit's own)."""
+def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int,
+              reading: Any) -> tuple[float, float, Any]:
+    """The cost line before the fit: FLOPs, peak memory (weights + the fit's own), and the time of every phase
+    (:mod:`anatomy_cli.engine.estimate`): the weights' load and the corpus's reading as measured; the training
+    from probes of its own code now (one window's backward on up to :data:`PROBE_TOKENS` tokens of the first
+    window, scaled by the tokens; one optimizer step, by the steps); the held-out check from its probe."""
+    from anatomy_cli.engine import estimate as timing
+    from anatomy_cli.engine import tuned_fit
     from anatomy_cli.models import cost
-    from anatomy_cli.units import human_seconds
+    from anatomy_cli.tasks import _lens_check
+    from anatomy_cli.units import human_bytes
 
+    n, used = len(wins), sum(map(len, wins))
     flops = cost.tuned_fit_flops(lm.info, used, n)
     weights = float(sum(p.numel() * p.element_size() for p in lm.model.parameters()))
     memory = weights + cost.tuned_fit_bytes(lm.info, min(ctx, used))
+    begun = timing.now()
+    probe = tuned_fit.translators(lm.info.d_model, lm.n_layers, lm.device)
+    opt, scheduler = tuned_fit.optimizer(probe, 1)
+    ids = wins[0][:PROBE_TOKENS]
+    tuned_fit.window_backward(lm, probe, ids[:2], 1.0)  # a warm-up: the first backward allocates
+    window = timing.timed(lambda: tuned_fit.window_backward(lm, probe, ids, 1.0))
+    step = timing.timed(lambda: tuned_fit.step(probe, opt, scheduler))
+    checking = _lens_check.probe_seconds(lm, tuple(range(lm.n_layers + 1)))
+    training = timing.Phase(PHASES[1], window * used / len(ids) + step * steps)
+    est = timing.Estimate((timing.load_phase(lm), reading, timing.probes_phase(begun), training,
+                           timing.Phase(PHASES[2], checking)))
     notes.info(f"fit-lens tuned: {n} window{'' if n == 1 else 's'}, {used:,} tokens, {steps} step"
-               f"{'' if steps == 1 else 's'}, {lm.n_layers} translators: about {flops:.2g} FLOP, roughly "
-               f"{human_seconds(cost.seconds(flops, lm.device.type))} on {lm.device.type}, about "
-               f"{memory / 2**30:.2g} GiB of memory (a rough estimate)")
-    return flops, memory
+               f"{'' if steps == 1 else 's'}, {lm.n_layers} translators: about {flops:.2g} FLOP; {est.describe()} "
+               f"on {lm.device.type}; memory about {human_bytes(memory)} (a rough estimate)")
+    return flops, memory, est

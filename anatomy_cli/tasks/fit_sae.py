@@ -109,8 +109,8 @@ class FitSaePlan:
 @dataclass(frozen=True)
 class SaeFit:
     """What was written and how it fits: the shared recipe (sizes, tokens, epochs, lr, trainer), the cost
-    printed first, the seconds of the one collecting pass and of the whole run, and one :class:`BlockFit` per
-    block."""
+    printed first (``cost``: its ``phases`` estimated), the seconds of the one collecting pass and of the whole
+    run, what each phase took against its estimate (``timings``), and one :class:`BlockFit` per block."""
 
     out: str
     transcoder: bool
@@ -123,7 +123,8 @@ class SaeFit:
     lr: float
     collect_seconds: float
     seconds: float
-    cost: dict[str, float]
+    cost: dict[str, Any]
+    timings: dict[str, Any]
     blocks: tuple[BlockFit, ...]
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,39 +170,47 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
     return FitSaePlan(blocks, wins, d_sae)
 
 
-def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str, float]:
-    """The expected cost: tokens, FLOPs (one forward pass over the corpus for every block; the three forwards
-    of each block's held-out splice; the training, per block), seconds at a rate measured now, memory (every
-    collected point's activations at once, one SAE with Adam's state and a batch's latents at a time)."""
+PHASES = ("collecting activations", "training", "writing and the held-out check")  # after the weights' load
+
+
+def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str, Any]:
+    """The expected cost: tokens, blocks, the time of every phase (:mod:`anatomy_cli.engine.estimate`: the load
+    as measured; the others from probes of their own code now: one window's collecting forward, scaled by the
+    tokens; a few training steps of a coder of this size, scaled by the steps of every block; the held-out
+    check's three forwards per block, from the window's forward), memory (every collected point's activations
+    at once, one SAE with Adam's state and a batch's latents at a time)."""
+    from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import sae_fit
-    from anatomy_cli.models import cost
 
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
     rows = train_rows + len(plan.windows[-1])
-    forward = (sum(cost.forward_flops(lm.info, len(w)) for w in plan.windows)
-               + 3 * n * cost.forward_flops(lm.info, len(plan.windows[-1])))
-    training = n * opts.epochs * train_rows * (6.0 * d * plan.d_sae + 6.0 * opts.k * d)
-    rate = sae_fit.measured_rate(d, plan.d_sae, lm.device)
+    first = plan.windows[:1]
+    begun = timing.now()
+    window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
+    step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=min(opts.batch_size, train_rows),
+                                      transcode=opts.transcoder)
+    steps = opts.epochs * -(-train_rows // opts.batch_size)
+    collecting, training, checking = PHASES
+    est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
+                           timing.scaled(collecting, window, len(first[0]), rows),
+                           timing.scaled(training, step, 1, n * steps),
+                           timing.scaled(checking, window, len(first[0]), 3 * n * len(plan.windows[-1]))))
     activations = 4.0 * len(plan.points) * rows * d
     memory = activations + 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
-    return {"tokens": float(train_rows), "blocks": float(n), "forward_flops": forward, "train_flops": training,
-            "rate_flops": rate, "seconds": (forward + training) / rate, "activation_bytes": activations,
-            "memory_bytes": memory}
+    return {"tokens": float(train_rows), "blocks": float(n), "seconds": est.seconds, "estimate": est,
+            "activation_bytes": activations, "memory_bytes": memory}
 
 
-def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, float]) -> str:
+def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> str:
     from anatomy_cli.units import human_bytes
-    from anatomy_cli.units import human_seconds
 
     what = "transcoder" if opts.transcoder else "SAE"
     n = len(plan.blocks)
     where = plan.blocks[0].points[0] if n == 1 else f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} {what}s)"
     return (f"fit-sae: a TopK {what} at {where}, d_sae {plan.d_sae}, k {opts.k}: {int(cost['tokens']):,} tokens "
-            f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs; about "
-            f"{cost['forward_flops'] + cost['train_flops']:.2g} FLOP (forwards {cost['forward_flops']:.2g}, "
-            f"training {cost['train_flops']:.2g}) at a measured {cost['rate_flops'] / 1e9:.0f} GFLOP/s: roughly "
-            f"{human_seconds(cost['seconds'])}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
+            f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs: "
+            f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
             f"{human_bytes(cost['activation_bytes'])}; one {what} with Adam's state at a time)")
 
@@ -215,8 +224,9 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
 
     cost = estimate(lm, opts, plan)
     notes.info(cost_line(opts, plan, cost))
+    timings = cost["estimate"].timings()
     start = time.perf_counter()
-    with notes.status("fit-sae: collecting activations") as line:
+    with timings.phase(PHASES[0]), notes.status("fit-sae: collecting activations") as line:
         acts = dict(zip(plan.points, sae_fit.collect(lm, plan.windows, plan.points,
                                                      progress=line.counter("collecting activations", "windows"))))
     collect_seconds = time.perf_counter() - start
@@ -229,10 +239,26 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
         label = f"block {block.layer}" + (f" ({i + 1}/{len(plan.blocks)})" if len(plan.blocks) > 1 else "")
         fit, trainer = fit_block(lm, block, x, target, plan.windows, label=label, transcoder=opts.transcoder,
                                  d_sae=plan.d_sae, k=opts.k, epochs=opts.epochs, batch_size=opts.batch_size, lr=lr,
-                                 seed=opts.seed)
+                                 seed=opts.seed, timings=timings, phases=PHASES[1:])
         fits.append(fit)
         del x, target
+    weak_note(opts, fits)
     return SaeFit(out=str(opts.out), transcoder=opts.transcoder, trainer=trainer, d_sae=plan.d_sae, k=opts.k,
                   tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
-                  lr=lr, collect_seconds=collect_seconds, seconds=time.perf_counter() - start, cost=cost,
-                  blocks=tuple(fits))
+                  lr=lr, collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
+                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
+                  timings=timings.to_dict(), blocks=tuple(fits))
+
+
+def weak_note(opts: FitSaeOptions, fits: list[BlockFit]) -> None:
+    """One line when any block's dictionary is too weak to read on the held-out window
+    (:func:`anatomy_cli.analyses.sae.too_weak`), with what it takes to fit a useful one."""
+    from anatomy_cli.analyses.sae import FVE_LOW
+    from anatomy_cli.analyses.sae import too_weak
+
+    weak = [f.layer for f in fits if too_weak(f.health.get("fve"))]
+    if weak:
+        what = "transcoder" if opts.transcoder else "SAE"
+        notes.warn(f"{len(weak)} of {len(fits)} {what}s too weak to read (held-out FVE under {FVE_LOW}: "
+                   f"{sites.block_spans(weak)}): train on more tokens (--max-tokens; "
+                   "docs/commands/sae.md#what-a-useful-fit-takes)")

@@ -162,6 +162,11 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPl
         if fitted is not None:
             grid = replace(grid, lens=fitted.kind, lens_source=str(fitted.path), unfitted=plan.unfitted)
         grids.append(grid.select(plan.rows))
+    if fitted is not None:
+        from anatomy_cli.tasks._lens_check import read_check
+
+        with notes.status("checking the fitted lens against the logit lens"):
+            read_check(lm, fitted, [cache.residual_stream() for cache in caches])
     return grids
 
 

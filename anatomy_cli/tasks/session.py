@@ -102,8 +102,12 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
+    from anatomy_cli.engine.estimate import now
+
+    start = now()
     with notes.status(f"loading {opened.name}"):
         lm = current_loader().load_weights(opened)
+    lm.load_seconds = now() - start  # the fits' estimates count it (engine/estimate.py)
     if opened.spec.device_map is not None:
         notes.info(placement_line(lm))
     return lm

@@ -34,9 +34,10 @@ def fit_sae_command(
     over the corpus; the training is sparsify's recipe (TopK, FVU loss, Adam, unit-norm decoder rows), one SAE
     per block from the same --seed (a block's files are those a run of that block alone writes), with
     sparsify's own SparseCoder when eai-sparsify is installed (pip install -e '.[train]'). The expected cost
-    (tokens, FLOPs, seconds at a rate measured now, memory: the activations of every block at once) is printed
-    first. Each written SAE is read back and spliced into a held-out window: its health is its row of the
-    report, with a warning when it does not fit. See docs/commands/sae.md.
+    (tokens; every phase's time, timed on this machine now: the load, collecting, training, the held-out check;
+    memory: the activations of every block at once) is printed first. Each written SAE is read back and spliced
+    into a held-out window: its health is its row of the report, with a warning when it does not fit and one
+    line naming the blocks too weak to read. See docs/commands/sae.md.
 
     Examples:
 

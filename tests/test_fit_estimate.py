@@ -1,0 +1,149 @@
+"""The fits' estimates cover every phase of the run (issue 61, item 4): `fit-sae`, `fit-lens tuned` and
+`fit-lens jacobian` print an estimate made of probes of their own phases (anatomy_cli/engine/estimate.py), then
+record what each phase took.
+
+No timing is asserted: the clock the estimates and the runs read is replaced by a fake one that only moves when
+the phases' own work functions run (one fake second per token of a forward, per training step, per backward
+pass), so the estimate of each phase must equal what the run then took, exactly, if and only if every phase's work
+is probed and scaled to the whole run. Before the fix fit-sae counted FLOPs at a product's rate (no phase, the
+held-out check and the training's own overheads left out) and fit-lens tuned assumed a rate.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import anatomy_cli as api
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from anatomy_cli.engine import estimate
+
+    fake = FakeClock()
+    monkeypatch.setattr(estimate, "now", fake)
+    return fake
+
+
+@pytest.fixture
+def slow_check(monkeypatch, clock):
+    """A lens's held-out check costs one fake second per token of the text it is run on."""
+    from anatomy_cli.analyses import lens_check
+
+    real = lens_check.compare
+
+    def compare(resid, lens, unembed):
+        clock.t += resid.shape[1]
+        return real(resid, lens, unembed)
+
+    monkeypatch.setattr(lens_check, "compare", compare)
+
+
+def _phases_match(timings: dict) -> None:
+    assert timings["phases"], timings
+    for row in timings["phases"]:
+        assert row["seconds"] == pytest.approx(row["estimated_seconds"], rel=1e-9, abs=1e-9), row
+    assert timings["seconds"] == pytest.approx(timings["estimated_seconds"], rel=1e-9)
+
+
+def _corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(" ".join(f"The quick brown fox number {i} jumps over the lazy dog again." for i in range(60)))
+    return path
+
+
+@pytest.mark.parametrize("transcoder", [False, True])
+def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, clock, transcoder):
+    from anatomy_cli.engine import sae as engine_sae
+    from anatomy_cli.engine import sae_fit
+
+    collect, train, splice = sae_fit.collect, sae_fit.train, engine_sae.splice_run
+
+    def slow_collect(lm, windows, points, **kw):
+        clock.t += sum(map(len, windows))  # a forward: a second per token
+        return collect(lm, windows, points, **kw)
+
+    def slow_train(x, target, coder, *, progress=None, **kw):
+        def step(i, n):
+            clock.t += 1.0  # a training step: a second
+            if progress is not None:
+                progress(i, n)
+        return train(x, target, coder, progress=step, **kw)
+
+    def slow_splice(lm, ids, sae):
+        clock.t += 3 * len(ids)  # three forwards of the held-out window
+        return splice(lm, ids, sae)
+
+    monkeypatch.setattr(sae_fit, "collect", slow_collect)
+    monkeypatch.setattr(sae_fit, "train", slow_train)
+    monkeypatch.setattr(engine_sae, "splice_run", slow_splice)
+    r = api.fit_sae(tiny_lm("gpt2"), _corpus(tmp_path), layer="0-1", out=tmp_path / "sae", ctx=16, max_tokens=160,
+                    epochs=2, batch_size=32, d_sae=32, k=4, transcoder=transcoder)
+    timings = r.data["timings"]
+    assert {p["phase"] for p in timings["phases"]} >= {"collecting activations", "training",
+                                                       "writing and the held-out check", "loading the weights"}
+    _phases_match(timings)
+    assert r.data["cost"]["seconds"] == pytest.approx(timings["estimated_seconds"])
+
+
+def test_fit_lens_tuned_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, clock, slow_check):
+    from anatomy_cli.engine import tuned_fit
+
+    backward, step = tuned_fit.window_backward, tuned_fit.step
+
+    def slow_backward(lm, lens, ids, scale):
+        clock.t += len(ids)
+        return backward(lm, lens, ids, scale)
+
+    def slow_step(*args):
+        clock.t += 1.0
+        return step(*args)
+
+    monkeypatch.setattr(tuned_fit, "window_backward", slow_backward)
+    monkeypatch.setattr(tuned_fit, "step", slow_step)
+    r = api.fit_lens(tiny_lm("llama"), "tuned", corpus=_corpus(tmp_path), tokens=200, ctx=32, steps=3,
+                     out=tmp_path / "tuned")
+    assert {p["phase"] for p in r.data["timings"]["phases"]} >= {"training", "writing and the held-out check"}
+    _phases_match(r.data["timings"])
+
+
+def test_fit_lens_jacobian_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, clock, slow_check):
+    from anatomy_cli.engine import jacobian_fit
+
+    real = jacobian_fit.jacobian_for_prompt
+
+    def slow_jacobian(lm, ids, *args, progress=None, **kw):
+        clock.t += 5 * len(ids)  # the forward: five seconds per token; each backward pass: one
+
+        def tick(done, total):
+            clock.t += len(ids)
+            if progress is not None:
+                progress(done, total)
+        return real(lm, ids, *args, progress=tick, **kw)
+
+    monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", slow_jacobian)
+    texts = ["The quick brown fox jumps over the lazy dog because it was tired of running",
+             "Once upon a time there was a small village at the edge of a dark forest near the sea", "short"]
+    r = api.fit_lens(tiny_lm("llama"), "jacobian", texts, out=tmp_path / "j.pt", skip_first=4, dim_batch=8)
+    assert {p["phase"] for p in r.data["timings"]["phases"]} >= {"fitting", "writing and the held-out check"}
+    _phases_match(r.data["timings"])
+
+
+def test_a_phase_the_estimate_did_not_count_is_refused():
+    from anatomy_cli.engine.estimate import Estimate
+    from anatomy_cli.engine.estimate import Phase
+
+    timings = Estimate((Phase("training", 1.0),)).timings()
+    with timings.phase("training"):
+        pass
+    with pytest.raises(ValueError, match="not in the estimate"):
+        with timings.phase("an uncounted phase"):
+            pass
