@@ -105,6 +105,7 @@ def option_error(args: list[str]) -> str | None:
     # accepted after any command; layernorm reads negative numbers as values.
     ctx = command.context_class(command, info_name=name, **(command.context_settings or {}))
     rest = [" " + a if NEGATIVE.match(a) else a for a in args[1:] if a != "--no-server"]
+    rest = getattr(command, "bare_lens", list)(rest)  # the command's own rewrite before its parser (generate --lens)
     try:
         command.make_parser(ctx).parse_args(rest)
     except Exception as exc:  # click's UsageError family (typer's copy)

@@ -53,13 +53,18 @@ class LensValueOptional(TyperCommand):
     ``--lens``, last or before another option, is ``--lens logit``; ``--lens tuned:DIR`` names a fitted lens."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, self.bare_lens(args))
+
+    @staticmethod
+    def bare_lens(args: list[str]) -> list[str]:
+        """``args`` with a bare ``--lens`` written ``--lens=logit`` (what the parser then reads)."""
         out = list(args)
         for i, arg in enumerate(out):
             if arg == "--":
                 break
             if arg == "--lens" and (i + 1 == len(out) or out[i + 1].startswith("-") and len(out[i + 1]) > 1):
                 out[i] = "--lens=logit"
-        return super().parse_args(ctx, out)
+        return out
 
 
 def _plain_metavars(command: Any) -> None:
