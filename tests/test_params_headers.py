@@ -132,3 +132,56 @@ def test_per_layer_rows_come_in_block_order(smollm2_gguf):
 
     result = from_gguf("smollm2", str(smollm2_gguf), per_layer=True)
     assert [row.name for row in result.layers] == [f"blk.{i}" for i in range(30)]
+
+
+# ---- issue 61, item 8: --per-layer gives each block's storage from the header --------------------------------
+
+def test_per_layer_storage_of_a_gguf_block_from_the_header(smollm2_gguf):
+    """Block 3's types, bytes and bits per weight, and the token embedding's, against the gguf package's own
+    reading of the file's tensors."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(smollm2_gguf))
+    block = [t for t in reader.tensors if t.name.startswith("blk.3.")]
+    n_bytes, n_params = sum(int(t.n_bytes) for t in block), sum(int(t.n_elements) for t in block)
+    types = {t.tensor_type.name for t in block}
+    data = _json(str(smollm2_gguf), "--per-layer")
+    layer = data["layers"][3]
+    assert layer["index"] == 3 and layer["total"] == n_params
+    assert layer["disk_bytes"] == n_bytes == 2_216_448
+    assert layer["bits_per_weight"] == pytest.approx(8 * n_bytes / n_params)
+    assert set(layer["dtypes"]) == types == {"Q4_1", "F32"} and layer["dtypes"][0] == "Q4_1"  # most parameters first
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    outside = {r["key"]: r for r in data["outside_layers"]}
+    assert outside["token_embedding"]["dtypes"] == [embed.tensor_type.name]
+    assert outside["token_embedding"]["disk_bytes"] == int(embed.n_bytes)
+    # every byte once: the blocks and the rows outside them add up to the file's tensors
+    assert sum(r["disk_bytes"] for r in data["layers"] + data["outside_layers"]) == data["disk_bytes"] \
+        == sum(int(t.n_bytes) for t in reader.tensors)
+    tsv = runner.invoke(app, ["params", str(smollm2_gguf), "--per-layer", "--format", "tsv"]).stdout.splitlines()
+    header = tsv[0].split("\t")
+    row = dict(zip(header, next(line for line in tsv if line.startswith("layer_3\t")).split("\t")))
+    assert (row["dtypes"], int(row["disk_bytes"])) == ("Q4_1, F32", n_bytes)
+
+
+def test_per_layer_storage_of_a_safetensors_block(tiny_model_dir):
+    """A tiny fp32 checkpoint: each block's tensors stored as F32 (the file's own header, read with the
+    safetensors package), 4 bytes a parameter, 32 bits per weight."""
+    from safetensors import safe_open
+
+    d = tiny_model_dir("gpt2")
+    with safe_open(str(d / "model.safetensors"), framework="numpy") as f:
+        stored = {f.get_slice(name).get_dtype() for name in f.keys() if ".h.1." in name}
+    assert stored == {"F32"}
+    data = _json(str(d), "--per-layer")
+    for layer in data["layers"]:
+        assert layer["dtypes"] == ["F32"] and layer["disk_bytes"] == 4 * layer["total"]
+        assert layer["bits_per_weight"] == 32.0
+    assert all(r["disk_bytes"] == 4 * r["parameters"] for r in data["outside_layers"])
+
+
+def test_a_preset_per_layer_has_no_storage():
+    """Counted on the meta device, nothing is stored: the per-layer storage is empty, not invented."""
+    data = _json("gpt2", "--per-layer")
+    assert all(layer["dtypes"] == [] and layer["disk_bytes"] is None and layer["bits_per_weight"] is None
+               for layer in data["layers"])

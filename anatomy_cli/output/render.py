@@ -6,9 +6,10 @@ A command builds a :class:`Report` — the JSON document (``data``, the result's
 Formats (:class:`Format`):
 
 - ``table``: a rich table, the default when stdout is a terminal. Cells are
-  :class:`rich.text.Text`, so user text is never parsed as markup. Numbers are never
-  cut: on a narrow terminal the text columns wrap, or each row becomes a block
-  (:mod:`anatomy_cli.output.tables`).
+  :class:`rich.text.Text`, so user text is never parsed as markup. Fitted to the
+  terminal by one rule (:mod:`anatomy_cli.output.widths`): numbers are never cut nor
+  words split; text wraps at spaces, and the lowest-priority columns are left out,
+  named on stderr.
 - ``tsv``: the default when stdout is not a terminal. A header row of column
   keys, then raw values; no colour, no box characters. Several sections are
   separated by one blank line. Tabs/newlines inside values are escaped as
@@ -43,6 +44,7 @@ from typing import Protocol
 from typing import TextIO
 
 from anatomy_cli.output import sink
+from anatomy_cli.output.kinds import BAR_KINDS
 from anatomy_cli.units import human_bytes
 
 
@@ -73,12 +75,18 @@ class Column:
     - ``bar``: a bar proportional to the fraction in ``key``; table mode only.
     - ``signed_bar``: a value in [-1, 1] as a bar growing left (negative) or right (positive) from a
       centre line ``│``, so the sign reads without colour (``NO_COLOR``, a pipe); table mode only.
+
+    ``priority``: on a terminal too narrow for every column, the lowest priority is left out first (among
+    equal ones the rightmost; the first column never); a negative one marks an optional column (a standard
+    error, a sum's parts), left out as soon as the table is too wide (:mod:`anatomy_cli.output.widths`).
+    Machine formats print every column.
     """
 
     key: str
     header: str | None = None
     kind: str = "text"
     digits: int = 4
+    priority: int = 0
 
     @property
     def title(self) -> str:
@@ -200,8 +208,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-BAR_KINDS = ("bar", "signed_bar")  # table-only columns: never in tsv/csv/json
-
 
 def _machine_columns(section: Section) -> list[Column]:
     return [c for c in section.columns if c.kind not in BAR_KINDS]
@@ -305,6 +311,7 @@ def stdout_console(out: TextIO | None = None):
 def _emit_table(report: Report, out: TextIO) -> None:
     from rich.text import Text
 
+    from anatomy_cli.output.tables import drop_note
     from anatomy_cli.output.tables import render_section
 
     console = stdout_console(out)
@@ -317,9 +324,12 @@ def _emit_table(report: Report, out: TextIO) -> None:
 
     for line in report.heading:
         console.print(Text(fit(line, out), style="bold"))
+    dropped: list[str] = []
     for i, section in enumerate(report.sections):
         if i:  # between sections; never before the first table (nor after the last)
             console.print()
-        render_section(console, section, cell, safe=lambda text: fit(text, out), unicode=unicode)
+        dropped += render_section(console, section, cell, safe=lambda text: fit(text, out), unicode=unicode)
     for note in report.notes:
         console.print(Text(fit(note, out), style="dim"))
+    if dropped:
+        sink.info(drop_note(list(dict.fromkeys(dropped)), console.width))

@@ -67,7 +67,8 @@ class Row:
 @dataclass(frozen=True)
 class LayerRow:
     """One block (``name`` its module path, ``index`` its number in the stack): parameters
-    per category (see :data:`LAYER_CATEGORIES`), its total and active count."""
+    per category (see :data:`LAYER_CATEGORIES`), its total and active count; from a header, how its
+    tensors are stored (as :class:`Row`'s)."""
 
     name: str
     index: int
@@ -76,6 +77,9 @@ class LayerRow:
     share: float
     active: int | None = None
     memory_bytes: int | None = None
+    dtypes: tuple[str, ...] = ()
+    disk_bytes: int | None = None
+    bits_per_weight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,8 @@ class ParamsResult:
                 "dense_layers": self.moe.dense_layers, "active": self.moe.active, "unselected": self.moe.unselected},
             "layers": None if self.layers is None else [
                 {"name": lr.name, "index": lr.index, **lr.parameters, "total": lr.total, "share": lr.share,
-                 "active": lr.active, "memory_bytes": lr.memory_bytes} for lr in self.layers],
+                 "active": lr.active, "memory_bytes": lr.memory_bytes, "dtypes": list(lr.dtypes),
+                 "disk_bytes": lr.disk_bytes, "bits_per_weight": lr.bits_per_weight} for lr in self.layers],
             "outside_layers": None if self.outside_layers is None else [_row_dict(r) for r in self.outside_layers],
             "placement": None if self.placement is None else self.placement.to_dict(),
             "read_from": self.read_from,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from anatomy_cli.analyses.params.breakdown import ATTENTION
@@ -36,8 +37,10 @@ from anatomy_cli.analyses.params.breakdown import ROUTER
 from anatomy_cli.analyses.params.breakdown import SHARED
 from anatomy_cli.analyses.params.breakdown import TOKEN
 from anatomy_cli.analyses.params.breakdown import TOKEN_TYPE
+from anatomy_cli.analyses.params.breakdown import LayerRow
 from anatomy_cli.analyses.params.breakdown import ParamsResult
 from anatomy_cli.analyses.params.breakdown import Row
+from anatomy_cli.analyses.params.breakdown import _in_layer
 from anatomy_cli.analyses.params.breakdown import _layer_rows
 from anatomy_cli.analyses.params.breakdown import _outside_rows
 from anatomy_cli.analyses.params.breakdown import _plural
@@ -145,11 +148,29 @@ def from_safetensors(spec: str, directory: str, *, dtype: str | None = None,
                    tied, dtype, per_layer, notes, read_from="safetensors_header", family_rules=family)
 
 
-def _types(infos: list[TensorInfo]) -> tuple[str, ...]:
+def storage(infos: list[TensorInfo]) -> dict:
+    """How tensors are stored, as :class:`Row` and :class:`LayerRow` say it: ``dtypes`` (the types, most
+    parameters first), ``disk_bytes`` and ``bits_per_weight`` (8 x bytes / parameters)."""
     by: dict[str, int] = defaultdict(int)
     for info in infos:
         by[info.dtype] += info.n_params
-    return tuple(sorted(by, key=lambda k: -by[k]))
+    n, nbytes = sum(by.values()), sum(i.n_bytes for i in infos)
+    return {"dtypes": tuple(sorted(by, key=lambda k: -by[k])), "disk_bytes": nbytes,
+            "bits_per_weight": 8 * nbytes / n if n else None}
+
+
+def _stored(tensors: list[_Tensor], disk: dict[str, TensorInfo], layers: tuple[LayerRow, ...],
+            outside: tuple[Row, ...]) -> tuple[tuple[LayerRow, ...], tuple[Row, ...]]:
+    """The per-layer rows with their storage: each block's tensors, and outside the blocks each category's."""
+    blocks: dict[str | None, list[TensorInfo]] = defaultdict(list)
+    rest: dict[str, list[TensorInfo]] = defaultdict(list)
+    for t in tensors:
+        if _in_layer(t):
+            blocks[t.layer].append(disk[t.name])
+        else:
+            rest[t.category].append(disk[t.name])
+    return (tuple(replace(lr, **storage(blocks[lr.name])) for lr in layers),
+            tuple(replace(r, **storage(rest[r.key])) for r in outside))
 
 
 def _result(spec, source, location, model_type, architecture, family_name, n_layers, tensors, disk, tied, dtype,
@@ -172,11 +193,9 @@ def _result(spec, source, location, model_type, architecture, family_name, n_lay
         n_block = len({t.layer for t in members if t.layer is not None}) or None
         if category in BLOCK_CATEGORIES and n_block:
             label = f"{label} ({_plural(n_block, 'layer')})"
-        infos = [disk[t.name] for t in members]
-        nbytes = sum(i.n_bytes for i in infos)
         rows.append(Row(category, label, n, n / total if total else 0.0,
-                        n_block if category in BLOCK_CATEGORIES else None, None, mem(n), _types(infos), nbytes,
-                        8 * nbytes / n if n else None))
+                        n_block if category in BLOCK_CATEGORIES else None, None, mem(n),
+                        **storage([disk[t.name] for t in members])))
     excluded = [t for t in tensors if t.category in (*EMBEDDINGS, HEAD)]
     non_embedding = total - sum(t.numel for t in excluded)
     unrecognised = [t.name for t in tensors if not t.recognised]
@@ -193,8 +212,8 @@ def _result(spec, source, location, model_type, architecture, family_name, n_lay
                  f"{8 * disk_total / total:.2f} bits per weight.")
     layer_rows = outside = None
     if per_layer:
-        layer_rows = tuple(_layer_rows(tensors, total, {}, None, mem))
-        outside = tuple(_outside_rows(tensors, total, {}, None, mem))
+        layer_rows, outside = _stored(tensors, disk, tuple(_layer_rows(tensors, total, {}, None, mem)),
+                                      tuple(_outside_rows(tensors, total, {}, None, mem)))
     return ParamsResult(
         model=spec, source=source, location=location, model_type=model_type, architecture=architecture,
         family=family_name, n_layers=n_layers, total=total, rows=tuple(rows), non_embedding=non_embedding,

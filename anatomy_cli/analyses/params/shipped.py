@@ -72,7 +72,8 @@ def from_data(d: dict[str, Any]) -> ParamsResult:
         "non_embedding_excludes": tuple(d["non_embedding_excludes"]),
         "tied": tuple(tuple(pair) for pair in d["tied"]), "unrecognised": tuple(d["unrecognised"]),
         "moe": None if d["moe"] is None else MoEInfo(**d["moe"]),
-        "layers": None if d["layers"] is None else tuple(LayerRow(**lr) for lr in d["layers"]),
+        "layers": None if d["layers"] is None else tuple(LayerRow(**{**lr, "dtypes": tuple(lr.get("dtypes", ()))})
+                                                         for lr in d["layers"]),
         "outside_layers": None if d["outside_layers"] is None else tuple(row(r) for r in d["outside_layers"]),
         "notes": tuple(d["notes"])})
 

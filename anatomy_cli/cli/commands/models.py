@@ -19,12 +19,12 @@ from anatomy_cli.tasks import models as task
 _COLUMNS = (
     Column("name", "model (--model)"),
     Column("source", "source"),
-    Column("format", "format"),
+    Column("format", "format", priority=-1),  # on a narrow terminal: left out first
     Column("architecture", "architecture"),
-    Column("parameters", "parameters", "int"),
+    Column("parameters", "parameters", "int", priority=1),
     Column("quantization", "quant"),
-    Column("size_bytes", "size", "bytes"),
-    Column("note", "note"),
+    Column("size_bytes", "size", "bytes", priority=1),
+    Column("note", "note", priority=1),
 )
 
 

@@ -84,13 +84,13 @@ def build_report(result, fmt=None):
     moe = result.moe is not None and result.moe.active is not None
     tail = []
     if moe:
-        tail.append(Column("active", "Active", "int"))
+        tail.append(Column("active", "Active", "int", priority=2))
     if result.dtype:
-        tail.append(Column("memory_bytes", f"Memory ({result.dtype})", "bytes"))
+        tail.append(Column("memory_bytes", f"Memory ({result.dtype})", "bytes", priority=2))
     on_disk = result.disk_bytes is not None
     if on_disk:
-        tail += [Column("dtypes", "Stored as"), Column("disk_bytes", "On disk", "bytes"),
-                 Column("bits_per_weight", "Bits/weight", "float", 2)]
+        tail += [Column("dtypes", "Stored as", priority=1), Column("disk_bytes", "On disk", "bytes", priority=1),
+                 Column("bits_per_weight", "Bits per weight", "float", 2, priority=1)]
     total_row = {"key": "total", "component": "Total", "parameters": result.total, "share": 1.0,
                  "active": result.moe.active if moe else None, "memory_bytes": result.memory_bytes,
                  **(_disk_cells(data, data["rows"]) if on_disk else {})}
@@ -98,17 +98,13 @@ def build_report(result, fmt=None):
 
     if result.layers is None:
         rows = [{"key": r.key, "component": r.label, "parameters": r.parameters, "share": r.share,
-                 "active": r.active, "memory_bytes": r.memory_bytes, "dtypes": ", ".join(r.dtypes),
-                 "disk_bytes": r.disk_bytes, "bits_per_weight": r.bits_per_weight}
-                for r in result.rows] + [total_row]
-        columns = [*lead, Column("component", "Component"), Column("parameters", "Parameters", "int"),
+                 "active": r.active, "memory_bytes": r.memory_bytes, **_stored(r)} for r in result.rows] + [total_row]
+        columns = [*lead, Column("component", "Component"), Column("parameters", "Parameters", "int", priority=3),
                    Column("share", "Share", "pct", _share_digits([r.share for r in result.rows])),
                    Column("share", "", "bar"), *tail]
         sections = [Section(columns, rows)]
     else:
         sections = [_per_layer_section(result, lead, tail, total_row)]
-    if not machine:
-        sections = [_fit_bar(s) for s in sections]
     if result.placement is not None:
         sections.append(_placement_section(result.placement, machine))
     if result.dequantized_bytes is not None and not machine:
@@ -132,33 +128,14 @@ def build_report(result, fmt=None):
     return Report(data=data, sections=sections, heading=heading, notes=list(result.notes))
 
 
+def _stored(row) -> dict:
+    """A Row's or LayerRow's storage cells (empty where the counts did not come from a header)."""
+    return {"dtypes": ", ".join(row.dtypes), "disk_bytes": row.disk_bytes, "bits_per_weight": row.bits_per_weight}
+
+
 def _disk_cells(data, rows) -> dict:
     types = list(dict.fromkeys(t for r in rows for t in r["dtypes"]))
     return {"dtypes": ", ".join(types), "disk_bytes": data["disk_bytes"], "bits_per_weight": data["bits_per_weight"]}
-
-
-def _fit_bar(section):
-    """Drop the bar column when the table would not fit the terminal with it: rich
-    would otherwise shrink every column and cut the counts short."""
-    from anatomy_cli.output.render import Section
-    from anatomy_cli.output.render import stdout_console
-
-    def width(column) -> int:
-        if column.kind == "bar":
-            return 0
-        if column.key == "component":
-            return min(24, max(len(str(r.get("component", ""))) for r in section.rows))
-        if column.kind == "bytes":
-            return 10
-        if column.kind == "pct":
-            return 8
-        values = [r.get(column.key) for r in section.rows if isinstance(r.get(column.key), int)]
-        return max([len(f"{v:,}") for v in values] + [len(column.title.split()[0]) if column.title else 0])
-
-    needed = sum(width(c) + 3 for c in section.columns if c.kind != "bar") + 24 + 3
-    if needed <= stdout_console().width:
-        return section
-    return Section([c for c in section.columns if c.kind != "bar"], section.rows, section.title)
 
 
 def _per_layer_section(result, lead, tail, total_row):
@@ -174,15 +151,17 @@ def _per_layer_section(result, lead, tail, total_row):
     stacks = {lr.name.rsplit(".", 1)[0] for lr in result.layers}
     rows = [{"key": f"layer_{lr.index}" if len(stacks) == 1 else lr.name,
              "component": f"layer {lr.index}" if len(stacks) == 1 else lr.name, **lr.parameters,
-             "parameters": lr.total, "share": lr.share, "active": lr.active, "memory_bytes": lr.memory_bytes}
-            for lr in result.layers]
+             "parameters": lr.total, "share": lr.share, "active": lr.active, "memory_bytes": lr.memory_bytes,
+             **_stored(lr)} for lr in result.layers]
     rows += [{"key": r.key, "component": r.label, "parameters": r.parameters, "share": r.share,
-              "active": r.active, "memory_bytes": r.memory_bytes} for r in result.outside_layers]
+              "active": r.active, "memory_bytes": r.memory_bytes, **_stored(r)} for r in result.outside_layers]
     rows.append(total_row)
     shares = [lr.share for lr in result.layers] + [r.share for r in result.outside_layers]
     columns = [*lead, Column("component", "Component"),
-               *(Column(c, "Norms + other" if c == NORM else LABELS[c], "int") for c in cats),
-               Column("parameters", "Parameters", "int"), Column("share", "Share", "pct", _share_digits(shares)),
+               *(Column(c, "Norms + other" if c == NORM else LABELS[c], "int", priority=-1 if c == NORM else 0)
+                 for c in cats),
+               Column("parameters", "Parameters", "int", priority=3),
+               Column("share", "Share", "pct", _share_digits(shares)),
                Column("share", "", "bar"), *tail]
     return Section(columns, rows, title="Per layer")
 

@@ -17,35 +17,36 @@ if TYPE_CHECKING:
     from anatomy_cli.output.views.protocol import FigureArgs
     from anatomy_cli.tasks.corpus import CorpusRun
 
+# On a narrow terminal the standard errors (and CE in nats beside CE in bits) are left out first.
 LAYER_COLUMNS = (
     Column("layer", "layer", "int"),
-    Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4),
-    Column("top1_agree", "top-1 agree", "pct", 1), Column("top1_agree_se", "±", "pct", 1),
-    Column("ce_bits", "CE bits", "float", 3), Column("ce_bits_se", "±", "float", 3),
-    Column("ce_nats", "CE nats", "float", 3),
-    Column("resid_norm", "|resid|", "float", 2), Column("resid_norm_se", "±", "float", 2),
-    Column("cos_to_embedding", "cos emb", "float", 3), Column("cos_to_embedding_se", "±", "float", 3),
-    Column("attn_out_norm", "|attn_out|", "float", 2), Column("attn_out_norm_se", "±", "float", 2),
-    Column("mlp_out_norm", "|mlp_out|", "float", 2), Column("mlp_out_norm_se", "±", "float", 2),
+    Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4, priority=-1),
+    Column("top1_agree", "top-1 agree", "pct", 1), Column("top1_agree_se", "±", "pct", 1, priority=-1),
+    Column("ce_bits", "CE bits", "float", 3), Column("ce_bits_se", "±", "float", 3, priority=-1),
+    Column("ce_nats", "CE nats", "float", 3, priority=-1),  # CE bits x ln 2
+    Column("resid_norm", "|resid|", "float", 2), Column("resid_norm_se", "±", "float", 2, priority=-1),
+    Column("cos_to_embedding", "cos emb", "float", 3), Column("cos_to_embedding_se", "±", "float", 3, priority=-1),
+    Column("attn_out_norm", "|attn_out|", "float", 2), Column("attn_out_norm_se", "±", "float", 2, priority=-1),
+    Column("mlp_out_norm", "|mlp_out|", "float", 2), Column("mlp_out_norm_se", "±", "float", 2, priority=-1),
     Column("max_abs", "max |h|", "float", 1), Column("max_abs_dim", "dim", "id"),
     Column("max_abs_dim_share", "dim share", "pct", 1),
     Column("lens_positions", "lens pos", "int"), Column("ce_positions", "CE pos", "int"),
 )
 LENS_COLUMNS = (
     Column("lens", "lens", "text"), Column("layer", "layer", "int"),
-    Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4),
+    Column("kl_nats", "KL nats", "float", 4), Column("kl_nats_se", "±", "float", 4, priority=-1),
     Column("kl_bits_per_byte", "KL bits/byte", "float", 4),
-    Column("ce_nats", "CE nats", "float", 3), Column("ce_nats_se", "±", "float", 3),
+    Column("ce_nats", "CE nats", "float", 3), Column("ce_nats_se", "±", "float", 3, priority=-1),
     Column("ce_bits_per_byte", "CE bits/byte", "float", 3),
-    Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3),
+    Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3, priority=-1),
     Column("entropy_bits_per_byte", "entropy bits/byte", "float", 3),
     Column("top1_agree", "top-1 agree", "pct", 1), Column("lens_positions", "lens pos", "int"),
 )
 HEAD_COLUMNS = (
     Column("layer", "layer", "int"), Column("head", "head", "int"),
-    Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3),
-    Column("first_token", "first tok", "float", 3), Column("first_token_se", "±", "float", 3),
-    Column("prev_token", "prev tok", "float", 3), Column("prev_token_se", "±", "float", 3),
+    Column("entropy_nats", "entropy nats", "float", 3), Column("entropy_nats_se", "±", "float", 3, priority=-1),
+    Column("first_token", "first tok", "float", 3), Column("first_token_se", "±", "float", 3, priority=-1),
+    Column("prev_token", "prev tok", "float", 3), Column("prev_token_se", "±", "float", 3, priority=-1),
 )
 EXPERT_BLOCK_COLUMNS = (
     Column("block", "block", "int"), Column("tokens", "tokens", "int"), Column("top_k", "k", "int"),

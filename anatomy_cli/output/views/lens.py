@@ -89,7 +89,9 @@ def _cells(grid: LensGrid, cells: list[dict[str, Any]]) -> Section:
 
 def _grid(grid: LensGrid, cells: list[dict[str, Any]], enc: Encoded, stat: str) -> list[Section]:
     values = grid.stat(stat).tolist()
-    columns = [Column("layer", "layer")] + [Column(f"p{p}", f"{p} {enc.pieces[p]}") for p in grid.positions]
+    # on a narrow terminal the first positions are left out first: the last is the prediction
+    columns = [Column("layer", "layer")] + [Column(f"p{p}", f"{p} {enc.pieces[p]}", priority=n)
+                                            for n, p in enumerate(grid.positions)]
     rows = []
     for r, layer in enumerate(grid.layers):
         row: dict[str, Any] = {"layer": layer}

@@ -27,8 +27,9 @@ def report(lm: LoadedModel, result: LensEval) -> Report:
     summary = [{**row, "lens": row["label"], "source": row["lens"], "blocks": block_runs(row["blocks"])}
                for row in data["lenses"]]
     word_columns = (Column("item", "item", "int"), Column("word", "intermediate"), Column("forms", "forms"),
-                    *(c for label in result.labels for c in (Column(f"rank_{label}", f"rank {label}", "int"),
-                                                             Column(f"block_{label}", f"block {label}", "int"))))
+                    *(c for label in result.labels  # the blocks: optional on a narrow terminal
+                      for c in (Column(f"rank_{label}", f"rank {label}", "int"),
+                                Column(f"block_{label}", f"block {label}", "int", priority=-1))))
     show = describe(lm)
     words = [{"item": n, "word": w.word, "forms": " ".join(show(t)[0] for t in w.token_ids) or None,
               **{f"rank_{label}": r for label, r in zip(result.labels, w.ranks)},
