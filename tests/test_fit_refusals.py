@@ -135,8 +135,9 @@ def test_merge_refuses_a_fit_given_twice_and_fits_that_share_a_prompt(tiny_lm, t
     ids = [list(e.ids) for e in encode(lm, [TEXT])]
     assert torch.load(a, weights_only=True)["prompt_hashes"] == [hashlib.sha256(repr(ids[0]).encode()).hexdigest()]
     out = tmp_path / "m.pt"
-    _one_line_usage(_merge(a, a, out=out), f"fit-lens merge: {a} and {a} are the same file")
-    _one_line_usage(_merge(a, tmp_path / "." / "a.pt", out=out), "are the same file")
+    _one_line_usage(_merge(a, a, out=out), f"fit-lens merge: {a} is given twice: give each fit once")
+    _one_line_usage(_merge(a, tmp_path / "." / "a.pt", out=out), f"fit-lens merge: {a} is given twice")
+    _one_line_usage(_merge(a, tmp_path / "sub" / ".." / "a.pt", out=out), "are the same file")
     _one_line_usage(_merge(a, copy, out=out), f"fit-lens merge: {a} and {copy} share 1 prompt (their prompt hashes)")
     _one_line_usage(_merge(b, a, ab, out=out), f"fit-lens merge: {b} and {ab} share 1 prompt")
     assert not out.exists()

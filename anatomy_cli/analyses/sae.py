@@ -92,8 +92,9 @@ def too_weak(fve: float | None) -> bool:
 
 
 def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: bool | None, prompt_bos: bool | None,
-             centred: bool, centred_now: float) -> list[str]:
-    """What the figures say about the fit: a prompt past ``context_size``, another BOS rule, a reconstruction
+             centred: bool, centred_now: float, text: str = "prompt") -> list[str]:
+    """What the figures say about the fit, measured on ``text`` (`sae`: the prompt; `fit-sae`: its held-out
+    window): a prompt past ``context_size``, another BOS rule, a reconstruction
     far from the activation's scale, an L0 far from the stated one, an FVE under :data:`FVE_LOW` (under 0: worse
     than the mean), a spliced KL over :data:`KL_HIGH_NATS`, and residuals that the SAE expects centred
     (``centred_now``: the mean over positions of ``|mean_d x| / rms(x)``)."""
@@ -109,11 +110,11 @@ def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: boo
     if h.stated_l0 and not h.stated_l0 / 4 <= h.l0_mean <= h.stated_l0 * 4:
         out.append(f"mean L0 {h.l0_mean:.1f} is far from the {h.stated_l0:g} the SAE states")
     if h.fve is not None and h.fve < 0:
-        out.append(f"FVE {h.fve:.3f} < 0: the reconstruction is worse than the prompt's mean activation; "
+        out.append(f"FVE {h.fve:.3f} < 0: the reconstruction is worse than the {text}'s mean activation; "
                    f"the SAE does not fit this model or site")
     elif h.fve is not None and h.fve < FVE_LOW:
         out.append(f"FVE {h.fve:.3f} < {FVE_LOW}: the reconstruction explains less than half of the activation's "
-                   f"variance on this prompt; the SAE fits this model or site poorly")
+                   f"variance on this {text}; the SAE fits this model or site poorly")
     if h.kl_spliced_nats > KL_HIGH_NATS:
         out.append(f"KL {h.kl_spliced_nats:.2f} nats > {KL_HIGH_NATS:g} with the reconstruction spliced in: the "
                    f"model's next-token predictions change a lot; the SAE does not fit this model or site")

@@ -43,6 +43,7 @@ from anatomy_cli.models.identity import file_sha256
 from anatomy_cli.models.sites import WRITE_SITES
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import parse_point
+from anatomy_cli.models.written import as_user_file
 
 if TYPE_CHECKING:
     import torch
@@ -144,6 +145,7 @@ def _save(tensors: dict[str, torch.Tensor], meta: dict[str, str], path: str) -> 
     from safetensors.torch import save_file
 
     save_file(tensors, path, metadata=meta)
+    as_user_file(path)
 
 
 class ActivationStore:

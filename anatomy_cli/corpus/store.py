@@ -38,6 +38,7 @@ from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.identity import file_sha256
 from anatomy_cli.models.identity import files_changed
+from anatomy_cli.models.written import as_user_file
 
 VERSION = 2
 # Fields of the model spec that change the figures (placement options do not); "resolved" is the model
@@ -80,6 +81,7 @@ def _atomic(path: Path, write: Any) -> None:
     os.close(fd)
     try:
         write(tmp)
+        as_user_file(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

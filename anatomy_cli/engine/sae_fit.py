@@ -33,6 +33,7 @@ import torch
 
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.sae import _hooks
+from anatomy_cli.models.written import as_user_file
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
@@ -206,6 +207,7 @@ def save_sparsify(coder: Any, folder: Path) -> None:
 
     if not isinstance(coder, TopKCoder):
         coder.save_to_disk(folder)
+        as_user_file(folder / "sae.safetensors")
         return
     folder.mkdir(parents=True, exist_ok=True)
     d_sae, d_in = coder.encoder.weight.shape
@@ -216,5 +218,6 @@ def save_sparsify(coder: Any, folder: Path) -> None:
                "b_dec": coder.b_dec}
     tmp = folder / f"sae.safetensors.tmp.{os.getpid()}"
     save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+    as_user_file(tmp)
     os.replace(tmp, folder / "sae.safetensors")
     (folder / "cfg.json").write_text(json.dumps(cfg), encoding="utf-8")

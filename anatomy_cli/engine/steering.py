@@ -33,6 +33,7 @@ from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.sites import WRITE_SITES
 from anatomy_cli.models.sites import check_block
 from anatomy_cli.models.sites import hook_name
+from anatomy_cli.models.written import as_user_file
 from anatomy_cli.text.tokenization import Encoded
 
 METADATA_KEY = "anatomy.steering"
@@ -87,6 +88,7 @@ def save(vector: SteeringVector, path: Path) -> None:
     tensors = {f"direction.{layer}": vector.directions[layer].float().contiguous().cpu() for layer in vector.layers}
     try:
         save_file(tensors, str(path), metadata={METADATA_KEY: json.dumps(meta)})
+        as_user_file(path)
     except OSError as e:
         raise AnatomyError(f"cannot write {path}: {e.strerror or e}") from None
 

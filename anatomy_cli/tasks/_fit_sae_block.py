@@ -86,7 +86,7 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     health = analysis.health(splice, held_out, sae_file.stated_l0)
     dead = 1.0 - float(trained["fired"].float().mean())
     warnings = analysis.warnings(health, n_tokens=len(held_out), context_size=None, sae_bos=None, prompt_bos=None,
-                                 centred=False, centred_now=0.0)
+                                 centred=False, centred_now=0.0, text="held-out window")
     if dead > DEAD_HIGH:
         warnings.append(f"{dead:.0%} of the latents never fired in the last epoch (over {DEAD_HIGH:.0%}): "
                         "train on more tokens, or give a smaller --d-sae")

@@ -50,9 +50,11 @@ def merge(files: list[Path], out: Path, *, dtype: str = "fp16", overwrite: bool 
         raise UsageError(f"--out {out} exists: give --overwrite to replace it")
     seen: dict[Path, Path] = {}
     for f in files:
-        first = seen.setdefault(Path(f).expanduser().resolve(), f)
+        where = Path(f).expanduser().resolve()
+        first = seen.setdefault(where, f)
         if first is not f:
-            raise UsageError(f"fit-lens merge: {first} and {f} are the same file: give each fit once")
+            twice = f"{f} is given twice" if str(first) == str(f) else f"{first} and {f} are the same file ({where})"
+            raise UsageError(f"fit-lens merge: {twice}: give each fit once")
     states = [_read(f) for f in files]
     refuse_overlaps(files, states)
     try:
@@ -76,8 +78,8 @@ def _read(f: Path) -> dict[str, Any]:
         state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
         raise UsageError(f"fit-lens merge: {f} does not exist") from None
-    except Exception as exc:
-        raise UsageError(f"fit-lens merge: {f} is not a Jacobian lens file ({type(exc).__name__})") from None
+    except Exception:
+        raise UsageError(f"fit-lens merge: {f} is not a Jacobian lens file (torch.load cannot read it)") from None
     if not isinstance(state, dict) or not {"J", "n_prompts", "d_model"} <= set(state):
         raise UsageError(f"fit-lens merge: {f} is not a Jacobian lens file (it needs \"J\", \"n_prompts\", "
                          "\"d_model\")")
