@@ -41,7 +41,10 @@ os.environ.pop("ANATOMY_MODEL", None)
 # test_verify.py (SmolLM2's quick run and llama.cpp section, the tiny families and the fault injections: 55-100 s
 # beside the other worker on the busy machine, about 200 s in issue 51's clean clone) was not listed: it sorts near
 # the end of the alphabet, so it ran last, on one worker alone.
-SLOWEST_FIRST = ["test_gguf_load.py", "test_tour.py", "test_diff_real.py", "test_verify.py", "test_corpus_ray.py",
+# The modules of the tests on the session's one Ray (``tests/*_ray.py``, the ``ray_cluster`` fixture below) come
+# before all of them, as one work unit (the scheduler below): one worker starts Ray once and runs them all while
+# the other takes the slow modules.
+SLOWEST_FIRST = ["test_gguf_load.py", "test_tour.py", "test_diff_real.py", "test_verify.py",
                  "test_benchmarks_smoke.py",
                  "test_serve_lifecycle.py", "test_corpus.py", "test_html_browser.py", "test_diff.py",
                  "test_serve_reload.py", "test_serve.py", "test_gguf.py", "test_conventions.py", "test_serve_faults.py",
@@ -49,9 +52,36 @@ SLOWEST_FIRST = ["test_gguf_load.py", "test_tour.py", "test_diff_real.py", "test
                  "test_api_tour.py"]  # the Python API tour on SmolLM2: ~15 s quiet (lens, drift, dla)
 
 
+RAY_MODULES = "_ray.py"  # how the name of a module of tests on the session's Ray ends
+
+
+def on_ray(module: str) -> bool:
+    return module.endswith(RAY_MODULES)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    # stable: the rest keep their order
+    items.sort(key=lambda item: (not on_ray(item.path.name), rank.get(item.path.name, len(rank))))
+    stray = [item.nodeid for item in items if "ray_cluster" in item.fixturenames and not on_ray(item.path.name)]
+    if stray:  # the scheduler sees node ids only: it finds them by their module's name
+        raise pytest.UsageError(f"tests on the session's Ray go in a tests/*{RAY_MODULES} module: {stray}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope (pyproject), with the modules of the tests on the session's Ray (``*_ray.py``) as one work
+    unit: one worker starts Ray (``ray_cluster``) and runs them all; every other module goes as loadscope sends
+    it."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return RAY_MODULES if on_ray(nodeid.split("::")[0]) else super()._split_scope(nodeid)
+
+    return OneRay(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -421,3 +451,65 @@ def browser():
         b = pw.chromium.launch(executable_path=exe, args=["--no-sandbox", "--disable-gpu"])
         yield b
         b.close()
+
+
+# ---- the session's one Ray (the tests of `--ray`: tests/test_corpus_ray.py, test_features_ray.py, ...) ----
+# A local Ray started once, by a helper process that holds it until the session ends (its stdin closes), exactly
+# as a command's ``ray.init(address="local")`` starts one; each test's command joins it with --ray-address. Its
+# actors are the command's own (a new job each run, real processes): a test that kills one kills a real worker.
+# Starting Ray took 10-15 s a command; the Ray tests are one work unit, so only one xdist worker starts it.
+
+RAY_HEAD = """
+import sys, ray
+ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR", num_cpus=2)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class RayCluster:
+    """``address``: the session's Ray (for --ray-address); ``env``: the environment a test's command runs in
+    (this checkout first on PYTHONPATH, no RAY_ADDRESS, Ray's token check and usage stats off)."""
+
+    address: str
+    env: dict
+
+    def args(self, workers: int = 2) -> list[str]:
+        """The command's Ray options: ``--ray --ray-address ADDRESS --workers N``."""
+        return ["--ray", "--ray-address", self.address, "--workers", str(workers)]
+
+
+def ray_env() -> dict:
+    """The environment of the session's Ray and of the commands that join it: its workers import this checkout;
+    RAY_AUTH_MODE=disabled, or a second process is refused the token a local Ray makes for itself."""
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+        "PYTHONPATH": path, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The session's one local Ray (:class:`RayCluster`); skips where Ray is not installed."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray")
+    env = ray_env()
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: nothing the helper writes can block it
+        head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            address = head.stdout.readline().strip()
+            if not address:
+                log.seek(0)
+                pytest.fail(f"the session's Ray did not start: {log.read()[-2000:]}")
+            yield RayCluster(address=address, env=env)
+        finally:
+            head.stdin.close()  # the helper's ray.shutdown() ends the Ray processes it started
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                head.kill()
+                head.wait()

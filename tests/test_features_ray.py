@@ -1,13 +1,12 @@
-"""`anatomy features --ray`: two local Ray workers, one killed mid-run, give the in-process run's numbers exactly
-(the shards merged in shard order; each sample's key depends on the token, not on the worker)."""
+"""`anatomy features --ray`: two Ray workers (on the session's Ray, conftest's ``ray_cluster``), one killed mid-run,
+give the in-process run's numbers exactly (the shards merged in shard order; each sample's key depends on the token,
+not on the worker)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +15,6 @@ ray = pytest.importorskip("ray")
 from test_features import TEXT  # noqa: E402
 from test_features import write_sae  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 DRIVER = """
 import functools, sys
 from anatomy_cli.corpus import feature_run
@@ -26,18 +24,16 @@ app(args=sys.argv[2:])
 """
 
 
-def test_ray_workers_give_the_in_process_numbers(tiny_model_dir, tmp_path):
+def test_ray_workers_give_the_in_process_numbers(tiny_model_dir, tmp_path, ray_cluster):
     sae, corpus = write_sae(tmp_path / "sae"), tmp_path / "corpus.txt"
     corpus.write_text(TEXT)
     args = ["features", str(sae), "--corpus", str(corpus), "--model", str(tiny_model_dir("gpt2")), "--device", "cpu",
             "--ctx", "16", "--shard-windows", "2", "--batch-size", "2", "--features", "10-20", "--format", "json"]
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # this checkout first
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": path}
-    plain = subprocess.run([sys.executable, "-m", "anatomy_cli", *args], env=env, capture_output=True, text=True,
-                           timeout=600)
+    plain = subprocess.run([sys.executable, "-m", "anatomy_cli", *args], env=ray_cluster.env, capture_output=True,
+                           text=True, timeout=600)
     assert plain.returncode == 0, plain.stderr[-2000:]
     marker = tmp_path / "crashed"
-    res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), *args, "--ray", "--workers", "2"], env=env,
+    res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), *args, *ray_cluster.args()], env=ray_cluster.env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert marker.exists(), "no worker died: the test proves nothing"

@@ -1,17 +1,15 @@
 """`anatomy fit-lens jacobian --ray` (issue 48): the prompts fitted on a local Ray with 2 workers, one of them
 killed mid-run, equal the in-process fit and the merge of two ``--shard`` fits; Ray never writes to stdout.
 
-One Ray, started by the command itself in a child process (as a user's run starts it), as tests/test_corpus_ray.py
-does for `corpus --ray`.
+The command runs in a child process on the session's one Ray (conftest's ``ray_cluster``, joined with
+--ray-address), as tests/test_corpus_ray.py does for `corpus --ray`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +19,6 @@ from anatomy_cli import api
 from anatomy_cli.cli.main import app
 from anatomy_cli.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["The quick brown fox jumps over the lazy dog because it was tired of running in the sun",
          "short",
          "Once upon a time there was a small village at the edge of a dark forest",
@@ -37,8 +34,7 @@ app(args=sys.argv[2:])
 
 
 def test_a_ray_fit_with_a_killed_worker_equals_the_in_process_fit_and_the_shard_merge(tiny_lm, tiny_model_dir,
-                                                                                      tmp_path):
-    pytest.importorskip("ray")
+                                                                                      tmp_path, ray_cluster):
     lm = tiny_lm("llama")
     kw = dict(skip_first=4, dim_batch=16, dtype="fp32")
     here = api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "here.pt", **kw)
@@ -55,10 +51,8 @@ def test_a_ray_fit_with_a_killed_worker_equals_the_in_process_fit_and_the_shard_
     assert res.exit_code == 0, res.output
 
     marker = tmp_path / "crashed"
-    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": path}
     res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), *common, "--out", str(tmp_path / "ray.pt"),
-                          "--ray", "--workers", "2"], env=env, capture_output=True, text=True, timeout=600)
+                          *ray_cluster.args()], env=ray_cluster.env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert marker.exists(), "no worker died: the test proves nothing"
     data = json.loads(res.stdout)  # the whole of stdout is the JSON document: Ray wrote nothing there
@@ -225,11 +219,10 @@ app(args=sys.argv[2:])
 
 
 def test_a_partial_checkpoint_resumed_on_a_local_ray_equals_the_uninterrupted_fit(tiny_lm, tiny_model_dir,
-                                                                                  tmp_path, monkeypatch):
+                                                                                  tmp_path, monkeypatch, ray_cluster):
     """A real local Ray (2 workers, the one reaching prompt 3 killed mid-prompt) resuming a checkpoint that holds
     prompts 0 and 1 (an in-process fit interrupted at its third prompt): prompts 2 and 3 are fitted, the
     checkpoint then holds all four, and the lens equals the uninterrupted in-process fit."""
-    pytest.importorskip("ray")
 
     lm = tiny_lm("llama")
     kw = dict(skip_first=4, dim_batch=16, dtype="fp32")
@@ -242,13 +235,11 @@ def test_a_partial_checkpoint_resumed_on_a_local_ray_equals_the_uninterrupted_fi
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(TEXTS) + "\n")
     marker = tmp_path / "crashed"
-    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONPATH": path}
     res = subprocess.run([sys.executable, "-c", RESUME_DRIVER, str(marker), "fit-lens", "jacobian", "--model",
                           str(tiny_model_dir("llama")), "--prompts", str(prompts), "--skip-first", "4", "--dim-batch",
-                          "16", "--dtype", "fp32", "--format", "json", "--out", str(tmp_path / "ray.pt"), "--ray",
-                          "--workers", "2", "--checkpoint", str(ckpt)],
-                         env=env, capture_output=True, text=True, timeout=600)
+                          "16", "--dtype", "fp32", "--format", "json", "--out", str(tmp_path / "ray.pt"),
+                          *ray_cluster.args(), "--checkpoint", str(ckpt)],
+                         env=ray_cluster.env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert marker.exists(), "no worker died: the test proves nothing"
     assert "resuming from" in res.stderr and "2 of 4 prompts done" in res.stderr
