@@ -98,7 +98,7 @@ class Section:
     """One table: ``rows`` are mappings from column key to raw value (None = empty)."""
 
     columns: Sequence[Column]
-    rows: Sequence[Mapping[str, Any]]
+    rows: Sequence[Mapping[str, object]]
     title: str | None = None
 
 

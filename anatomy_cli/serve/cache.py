@@ -179,7 +179,7 @@ class ModelCache:
         while self.max_bytes is not None and len(self.models) > 1 and total() > self.max_bytes:
             self.models.popitem(last=False)
 
-    def summary(self) -> list[dict[str, Any]]:
+    def summary(self) -> list[dict[str, object]]:
         """One row per model, most recently used first, then the ones loading: ``serve --status``'s table.
 
         ``spec`` is the ModelSpec's JSON form; ``device`` where the model actually runs (``cpu``, not ``auto``).

@@ -20,6 +20,8 @@ from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.opening import OpenedModel
+    from anatomy_cli.tasks.fit_lens import FitLensOptions
+    from anatomy_cli.tasks.fit_lens import FitLensPlan
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class JacobianWorker:
         return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
 
 
-def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
+def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan,
                checkpoint: dict[str, Any] | None = None,
                crash_once: tuple[str, int] | None = None) -> tuple[dict[int, Any], int, int]:
     """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
@@ -88,28 +90,30 @@ def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
     return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())
 
 
-def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any, settings: dict[str, Any],
-                  crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
+def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan,
+                  settings: dict[str, Any], crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
     """The Ray fit with ``--checkpoint``: shard i is prompt i alone (the prompts the checkpoint holds are not
     sent), and each finished prompt is added to the running sums, which are saved (atomically) every
     ``checkpoint_every`` prompts and after the last. The sums are added as the prompts finish, not in prompt
     order: the lens equals an uninterrupted fit's up to the order of float64 additions."""
     from anatomy_cli.tasks import _jacobian_checkpoint as ckpt
 
-    progress = ckpt.start(opts.checkpoint, settings, plan.source_layers, opened.info.d_model, len(ids))
+    checkpoint = opts.checkpoint
+    assert checkpoint is not None  # called with --checkpoint only
+    progress = ckpt.start(checkpoint, settings, plan.source_layers, opened.info.d_model, len(ids))
     todo = [PromptShard(i, (tuple(p),)) for i, p in enumerate(ids) if i not in progress.done]
     with notes.status(f"fit-lens jacobian on Ray: {len(todo)} prompts, one per shard") as line:
         def finished(shard: PromptShard, part: dict[str, Any]) -> None:
             progress.add(shard.index, part["sums"], part["n_prompts"], part["skipped"])
             if ckpt.due(progress, opts.checkpoint_every, len(ids)):
-                ckpt.save(opts.checkpoint, progress, settings, len(ids))
+                ckpt.save(checkpoint, progress, settings, len(ids))
             line.update(f"fit-lens jacobian on Ray · prompt {len(progress.done)}/{len(ids)} done")
 
         _run(opened, iter(todo), opts, plan, finished, crash_once)
     return progress.sums, progress.n_done, progress.skipped
 
 
-def _run(opened: OpenedModel, shards: Any, opts: Any, plan: Any, finished: Any,
+def _run(opened: OpenedModel, shards: Any, opts: FitLensOptions, plan: FitLensPlan, finished: Any,
          crash_once: tuple[str, int] | None) -> None:
     from anatomy_cli.corpus.ray_run import run_on_ray
 
