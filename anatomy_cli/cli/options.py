@@ -270,7 +270,7 @@ def _group(param: str, options: list[tuple[str, Any, Any]], build: Callable[...,
                 params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
 
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: object, **kwargs: object) -> Any:
             kwargs[param] = build(**{n: kwargs.pop(n) for n in names if n in kwargs})
             return fn(*args, **kwargs)
 

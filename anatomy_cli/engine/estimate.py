@@ -114,7 +114,7 @@ def probes_phase(begun: float) -> Phase:
     return Phase("timing probes", now() - begun, done=True)
 
 
-def load_phase(lm: Any) -> Phase:
+def load_phase(lm: object) -> Phase:
     """The weights' load, done: the seconds :func:`anatomy_cli.tasks.session.load_weights` measured (0 for a
     model loaded before the command, as the API's callers and ``anatomy serve`` hold them)."""
     return Phase("loading the weights", float(getattr(lm, "load_seconds", 0.0) or 0.0), done=True)

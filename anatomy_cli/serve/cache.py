@@ -19,7 +19,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.models.identity import FileId
 from anatomy_cli.models.identity import file_identity
@@ -204,7 +203,7 @@ class TokenizerCache:
         self.max_items = max_items
         self.items: OrderedDict[tuple, PreTrainedTokenizerBase] = OrderedDict()
 
-    def load(self, source: Source, **options: Any) -> PreTrainedTokenizerBase:
+    def load(self, source: Source, **options: object) -> PreTrainedTokenizerBase:
         path = Path(source.ref)
         local = source.kind in ("dir", "gguf") and path.exists()
         key = (source.kind, str(path.resolve()) if local else source.ref,
