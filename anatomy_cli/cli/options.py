@@ -26,6 +26,7 @@ from typing import cast
 import typer
 
 from anatomy_cli.declare import shared
+from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Format
 
 
@@ -141,7 +142,6 @@ def html_plot(command: str, help: str) -> Any:
     (then the shared checks of the directory)."""
 
     def check(value: Path | None) -> Path | None:
-        from anatomy_cli.errors import UsageError
         from anatomy_cli.output.plots import check_path
         from anatomy_cli.output.plots import is_html
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
+from anatomy_cli.units import human_seconds
+
 
 def now() -> float:
     """The clock every probe and phase is timed with (seconds)."""
@@ -65,7 +67,6 @@ class Estimate:
     def describe(self) -> str:
         """``roughly 6 min in all (loading 12 s, done; training 5 min; held-out check 20 s; timed on this machine
         now)``."""
-        from anatomy_cli.units import human_seconds
 
         parts = "; ".join(f"{p.name} {human_seconds(p.seconds)}{', done' if p.done else ''}" for p in self.phases)
         return f"roughly {human_seconds(self.seconds)} in all ({parts}; timed on this machine now)"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
@@ -121,7 +122,6 @@ def fitted_prompts(encoded: list[Encoded], opts: FitLensOptions) -> tuple[list[l
     ``--shard i/N`` prompts i, i + N, ... only), and those long enough to have a valid position (the ones fitted).
     Raises UsageError when none is: :func:`anatomy_cli.tasks.fit_lens.check` calls it before the weights load."""
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.errors import UsageError
 
     ids = [list(e.ids[:opts.max_seq_len]) for e in encoded]
     if opts.shard is not None:

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
+from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck
@@ -155,7 +157,6 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
     from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.engine.estimate import now
     from anatomy_cli.engine.fitted_lens import unembed_hash
-    from anatomy_cli.models import sites
     from anatomy_cli.tasks._fit_files import digest
 
     assert opts.tokens is not None
@@ -254,7 +255,6 @@ def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int
     from anatomy_cli.engine import tuned_fit
     from anatomy_cli.models import cost
     from anatomy_cli.tasks import _lens_check
-    from anatomy_cli.units import human_bytes
 
     n, used = len(wins), sum(map(len, wins))
     flops = cost.tuned_fit_flops(lm.info, used, n)
