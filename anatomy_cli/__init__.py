@@ -8,6 +8,7 @@ use (PEP 562), so importing the package imports no torch and the CLI's start-up 
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 __version__ = "0.1.0"
@@ -26,6 +27,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_api().__all__))
 
 
-def _api() -> Any:
+def _api() -> ModuleType:
     # By name: the package's own modules (cli.app reads __version__) must not depend on the top layer.
     return importlib.import_module("anatomy_cli.api")

@@ -25,6 +25,7 @@ from anatomy_cli.cli.main import app
 from anatomy_cli.errors import PromptTooLong
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import adapters
+from anatomy_cli.models import sites
 
 # arch -> (adapter row, has resid_mid, post-LN)
 FAMILIES = {
@@ -169,7 +170,7 @@ def test_batched_equals_single(tiny_lm, arch):
     for i, e in enumerate(enc):
         single = engine.run(lm, [e], names, batch_size=1)[0]
         for name in names:
-            assert batched[i][name].shape[0] == len(e), name
+            assert batched[i][name].shape[sites.position_axis(name) - 1] == len(e), name
             assert_close(batched[i][name], single[name], **TOL)
     assert not torch.allclose(batched[0]["resid_post", -1][-1], batched[1]["resid_post", -1][-1])
 

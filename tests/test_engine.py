@@ -11,6 +11,7 @@ from torch.testing import assert_close
 from anatomy_cli import engine
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 
 # The engine's generic identities on the first families; tests/test_arch.py checks every other family
 # (Gemma, Phi-3, the MoEs, OLMo, GPT-J, Falcon, OPT, RoBERTa, ...) against transformers the same way.
@@ -83,7 +84,10 @@ def test_hook_names(tiny_lm):
     names = engine.hook_names(tiny_lm("gpt2"))
     assert names[:3] == ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
     assert names[-2:] == ["ln_final.hook_normalized", "logits"]
-    assert len(names) == 2 + 6 * 2 + 2
+    assert len([n for n in names if not sites.is_internal(n)]) == 2 + 6 * 2 + 2
+    assert names[3:14] == sites.names([0], "ln1_scale") + sites.names([0], "attn_q") + sites.names([0], "attn_k") \
+        + [sites.name(0, p) for p in ("attn_v", "attn_scores", "attn_pattern", "attn_z", "attn_out", "resid_mid",
+                                      "ln2_scale", "mlp_pre")]
     llama = engine.hook_names(tiny_lm("llama"))
     assert "hook_pos_embed" not in llama and "blocks.1.hook_resid_mid" in llama
     neox = engine.hook_names(tiny_lm("gpt_neox"))
@@ -181,7 +185,7 @@ def test_padded_batch_equals_single_runs(tiny_lm, arch):
         single = engine.run(lm, [e], names, batch_size=1)[0]
         assert batched[i].encoded is e and batched[i].positions == list(range(len(e)))
         for name in names:
-            assert batched[i][name].shape[0] == len(e)
+            assert batched[i][name].shape[sites.position_axis(name) - 1] == len(e)
             assert_close(batched[i][name], single[name], **TOL)
     # Different prompts really differ: batch item 0 was not copied to the others.
     assert not torch.allclose(batched[0]["resid_post", -1][0], batched[1]["resid_post", -1][0])

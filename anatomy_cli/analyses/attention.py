@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -44,7 +43,7 @@ class Attention:
     weights: tuple[Weight, ...]
     grid: torch.Tensor
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"layers": list(self.layers), "heads": list(self.heads), "query_positions": list(self.queries),
                 "causal": self.causal, "weights": [asdict(w) for w in self.weights]}
 

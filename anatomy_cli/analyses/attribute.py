@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -34,7 +33,7 @@ class TokenRow:
     attribution: float
     share: float | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(vars(self))
 
 
@@ -51,7 +50,7 @@ class Completeness:
     converged: bool | None = None
     tries: tuple[tuple[int, float], ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**vars(self), "tries": [{"steps": n, "relative_error": e} for n, e in self.tries]}
 
 
@@ -66,7 +65,7 @@ class Agreement:
     scores: tuple[float, ...]
     rank_correlation: float | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"method": self.method, "baseline": self.baseline, "positions": list(self.positions),
                 "attributions": list(self.scores), "rank_correlation": self.rank_correlation}
 
@@ -131,7 +130,7 @@ class TokenAttribution:
     def converged(self) -> bool | None:
         return None if self.completeness is None else self.completeness.converged
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"method": self.method, "metric": self.metric, "value": self.value, "baseline": self.baseline,
                 "kept_first": self.kept_first, "layer": self.layer, "site": self.site, "steps": self.steps,
                 "converged": self.converged, "rows": [r.to_dict() for r in self.rows],

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -96,7 +95,7 @@ class Heads:
     sort: str | None
     n_heads_total: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"measured_on": self.measured_on, "seq_len": self.seq_len, "seed": self.seed,
                 "random_token_ids": list(self.random_token_ids), "sort": self.sort,
                 "n_heads_total": self.n_heads_total, "heads": [asdict(r) for r in self.rows]}

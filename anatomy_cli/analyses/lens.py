@@ -20,7 +20,6 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -129,7 +128,7 @@ class LensGrid:
                        top_texts=tuple(tuple(cell[:n] for cell in row) for row in self.top_texts),
                        k_given=k is not None)
 
-    def cells(self) -> list[dict[str, Any]]:
+    def cells(self) -> list[dict[str, object]]:
         """One dict per (layer, position), layer-major: the JSON ``cells`` (see docs/commands/lens.md)."""
         ids, lps = self.top_ids.tolist(), self.top_logprobs.tolist()
         ent, kl = self.entropies.tolist(), self.kls.tolist()
@@ -138,7 +137,7 @@ class LensGrid:
         out = []
         for r, layer in enumerate(self.layers):
             for c, pos in enumerate(self.positions):
-                cell: dict[str, Any] = {
+                cell: dict[str, object] = {
                     "layer": layer, "position": pos,
                     **token_record(ids[r][c][0], self.top_tokens[r][c][0], self.top_texts[r][c][0]),
                     "probability": math.exp(lps[r][c][0]),
@@ -154,7 +153,7 @@ class LensGrid:
                 out.append(cell)
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         target = None
         if self.target_id is not None:
             target = {**token_record(self.target_id, self.target_token or "", self.target_text),

@@ -51,7 +51,7 @@ class LensCheck:
         """The rows where the fitted lens is not clearly closer to the output than the logit lens (:data:`MARGIN`)."""
         return tuple(r for r, f, g in zip(self.reads, self.kl_fitted, self.kl_logit) if f > MARGIN * g)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"tokens": self.tokens, "weak": list(self.weak),
                 "rows": [{"reads": r, "kl_fitted_nats": f, "kl_logit_nats": g}
                          for r, f, g in zip(self.reads, self.kl_fitted, self.kl_logit)]}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -35,7 +34,7 @@ class TokenProb:
     probability: float
     logprob: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"rank": self.rank, **token_record(self.token_id, self.token, self.text),
                 "probability": self.probability, "logprob": self.logprob}
 
@@ -47,7 +46,7 @@ class NextTokens:
     top: tuple[TokenProb, ...]
     target: TokenProb | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"top": [t.to_dict() for t in self.top],
                 "target": self.target.to_dict() if self.target else None}
 

@@ -10,7 +10,6 @@ near-tie: a perturbation that small (a quantized weight, another dtype) can swap
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -29,7 +28,7 @@ class RouteRow:
     margin: float | None          # p_(k) - p_(k+1) of the router probabilities; None: all experts chosen
     near_tie: bool
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"block": self.block, "position": self.position, "token": self.token,
                 "experts": list(self.experts), "weights": list(self.weights), "entropy": self.entropy,
                 "margin": self.margin, "near_tie": self.near_tie}

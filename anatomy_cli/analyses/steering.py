@@ -12,7 +12,6 @@ Pure functions over activations ``[prompts, layers, d_model]`` (float64); no mod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -32,7 +31,7 @@ class LayerDirection:
     norm: float
     separation: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"layer": self.layer, "norm": self.norm, "separation": self.separation}
 
 

@@ -1,5 +1,5 @@
 """Hooks for one's own experiments: read or edit activations at anatomy's hook points, by TransformerLens names
-(``hook_embed``, ``blocks.{l}.hook_resid_pre``, ``blocks.{l}.hook_attn_out``, ``blocks.{l}.attn.hook_z``, ...,
+(``hook_embed``, ``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_pattern``, ``blocks.{l}.attn.hook_z``, ...,
 ``ln_final.hook_normalized``, ``logits``; docs/engine.md). The engine's one hook context, made public: every
 hook is removed when the block ends, also when it raises. No torch at import time."""
 
@@ -29,7 +29,9 @@ def hooks(lm: LoadedModel, fns: Mapping[str, Callable[[Any], Any]] | Iterable[tu
           ) -> Iterator[LoadedModel]:
     """Inside the block, ``fn(activation)`` runs at hook point ``name`` in every forward of ``lm.model``;
     ``activation`` is ``[batch, pos, width]`` (``width``: d_model, ``n_heads * d_head`` for ``attn.hook_z``,
-    the vocabulary for ``logits``); a tensor ``fn`` returns replaces it, None leaves it. ``fns``: ``{name: fn}``
+    the vocabulary for ``logits``; the attention, MLP and norm internals in TransformerLens' shapes:
+    ``attn.hook_q`` ``[batch, pos, head, d_head]``, ``attn.hook_pattern`` ``[batch, head, query, key]``, ...,
+    docs/engine.md); a tensor ``fn`` returns replaces it, None leaves it. ``fns``: ``{name: fn}``
     or ``(name, fn)`` pairs. Yields ``lm``. Raises UsageError for an unknown name before any hook is attached."""
     from anatomy_cli.engine import hooks as engine_hooks
 

@@ -26,6 +26,7 @@ from typing import cast
 import typer
 
 from anatomy_cli.declare import shared
+from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Format
 
 
@@ -141,7 +142,6 @@ def html_plot(command: str, help: str) -> Any:
     (then the shared checks of the directory)."""
 
     def check(value: Path | None) -> Path | None:
-        from anatomy_cli.errors import UsageError
         from anatomy_cli.output.plots import check_path
         from anatomy_cli.output.plots import is_html
 
@@ -270,7 +270,7 @@ def _group(param: str, options: list[tuple[str, Any, Any]], build: Callable[...,
                 params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
 
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: object, **kwargs: object) -> Any:
             kwargs[param] = build(**{n: kwargs.pop(n) for n in names if n in kwargs})
             return fn(*args, **kwargs)
 

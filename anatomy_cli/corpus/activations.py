@@ -43,6 +43,7 @@ from anatomy_cli.models.identity import file_sha256
 from anatomy_cli.models.sites import WRITE_SITES
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import parse_point
+from anatomy_cli.models.sites import spelled
 from anatomy_cli.models.written import as_user_file
 
 if TYPE_CHECKING:
@@ -69,8 +70,7 @@ def parse_sites(text: str) -> tuple[str, ...]:
         raise UsageError("--save-activations needs at least one hook point, e.g. blocks.6.hook_resid_post")
     for site in sites:
         if parse_point(site, SITES) is None:
-            raise UsageError(f"--save-activations: '{site}' is not a hook point; use blocks.N.hook_resid_pre, "
-                             "hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out or attn.hook_z")
+            raise UsageError(f"--save-activations: '{site}' is not a hook point; use {spelled(SITES)}")
     return sites
 
 

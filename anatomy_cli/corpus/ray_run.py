@@ -20,13 +20,14 @@ import os
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 
 
-def ray_module() -> Any:
+def ray_module() -> ModuleType:
     """``ray``, or AnatomyError naming the extra when it is not installed."""
     try:
         import ray

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ the manifest only when set, so older runs resume). ``batch_size`` (windows per f
         """The fitted lenses measured (``kind:PATH``), in order."""
         return tuple(text for text in self.lens if text != "logit")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The manifest's settings: ``lens`` true for the logit lens alone (as before fitted lenses), false for
         none, else the list of lenses."""
         out = dataclasses.asdict(self)

@@ -12,6 +12,7 @@ from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.settings import Settings as Settings  # re-exported: corpus.worker.Settings
 from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import batches
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -98,7 +99,6 @@ def _expert_sums(lm: LoadedModel) -> ExpertSums:
 
     moe = lm.info.moe
     if moe is None:  # the task refused a dense model before anything loaded; a direct caller gets the same
-        from anatomy_cli.errors import UsageError
         from anatomy_cli.models.capabilities import Need
         from anatomy_cli.models.capabilities import refusal
 

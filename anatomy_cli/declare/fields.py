@@ -51,7 +51,7 @@ class Opt:
         return first.split("/")[0]
 
 
-def option(default: Any = dataclasses.MISSING, *flags: str, help: str, default_factory: Any = dataclasses.MISSING,
+def option(default: object = dataclasses.MISSING, *flags: str, help: str, default_factory: Any = dataclasses.MISSING,
            **how: Any) -> Any:
     """A dataclass field that is also a command-line option: ``k: int = option(10, "--top", "-k", min=1,
     metavar="N", help="...")``. ``how``: the other :class:`Opt` settings (``extra`` as a dict)."""
@@ -89,7 +89,7 @@ def _bound(low: int | float | None, high: int | float | None) -> str:
     return f"of at most {_number(high)}" if high is not None else ""
 
 
-def check_limits(obj: Any) -> None:
+def check_limits(obj: object) -> None:
     """UsageError for the first option field of ``obj`` outside its declared ``min``/``max`` (None: not given; a
     list or tuple, a repeated option: each of its items)."""
     for f, o in declared(type(obj)):

@@ -3,40 +3,42 @@ dataclass. A factory, not a constant: each class gets its own ``dataclasses.fiel
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 from anatomy_cli.declare.fields import option
 
+_L = TypeVar("_L", tuple[str, ...], None)
 
-def target() -> Any:
+
+def target() -> str | None:
     return option(None, "--target", "-t", metavar="TEXT", show_default=False,
                   help="A token to follow: its probability and rank. TEXT must be exactly one token "
                   "(mind the leading space: ' much').")
 
 
-def target_id() -> Any:
+def target_id() -> int | None:
     return option(None, "--target-id", metavar="N", min=0, show_default=False,
                   help="The target given by its token id instead of text.")
 
 
-def foil() -> Any:
+def foil() -> str | None:
     return option(None, "--foil", metavar="TEXT", show_default=False,
                   help="A second token: report logit(target) - logit(foil). One token, like --target.")
 
 
-def foil_id() -> Any:
+def foil_id() -> int | None:
     return option(None, "--foil-id", metavar="N", min=0, show_default=False,
                   help="The foil given by its token id instead of text.")
 
 
-def first_token(*, foil: bool = False) -> Any:
+def first_token(*, foil: bool = False) -> bool:
     """``--first-token``; ``foil``: the wording of the commands that also take ``--foil``."""
     what = "A --target or --foil TEXT" if foil else "A --target TEXT"
     return option(False, "--first-token", help=f"{what} of several tokens stands for its first token (said on "
                   "stderr) instead of being an error.")
 
 
-def batch_size(default: int = 8, help: str = "Prompts per forward pass when reading several from stdin.") -> Any:
+def batch_size(default: int = 8, help: str = "Prompts per forward pass when reading several from stdin.") -> int:
     """``--batch-size N`` (at least 1), shown after the model and prompt options."""
     return option(default, "--batch-size", min=1, late=True, help=help)
 
@@ -45,61 +47,61 @@ def batch_size(default: int = 8, help: str = "Prompts per forward pass when read
 LENS_METAVAR = "logit|tuned:DIR|jacobian:FILE"
 
 
-def lens(help: str) -> Any:
+def lens(help: str) -> str:
     """``--lens`` (trace, lens): one lens, ``logit`` by default; checked by ``anatomy_cli.models.lens_choice``."""
     return option("logit", "--lens", metavar=LENS_METAVAR, help=help)
 
 
 # --- decl-d
 # The Ray options of the commands that run on Ray workers (corpus, fit-lens), in this order.
-def ray(what: str) -> Any:
+def ray(what: str) -> bool:
     """``--ray``; ``what``: what runs on the workers (``Run the shards``, ``jacobian: fit the prompts``)."""
     return option(False, "--ray", help=f"{what} on Ray workers: at --ray-address, else RAY_ADDRESS, else a local Ray "
                   "started for the run. Needs Ray (in a clone: pip install -e '.[ray]').")
 
 
-def ray_address() -> Any:
+def ray_address() -> str | None:
     return option(None, "--ray-address", metavar="ADDRESS", show_default=False,
                   help="The Ray cluster for --ray (ray://host:10001, auto).")
 
 
-def workers() -> Any:
+def workers() -> int:
     return option(2, "--workers", min=1, help="Ray workers (actors), one model each.")
 
 
-def gpus_per_worker() -> Any:
+def gpus_per_worker() -> float:
     return option(0.0, "--gpus-per-worker", min=0.0, help="GPUs per Ray worker.")
 
 
-def lenses(default: Any, help: str) -> Any:
+def lenses(default: _L, help: str) -> _L:
     """``--lens`` repeated (corpus, lens-eval): the lenses, each ``logit``, ``tuned:DIR`` or ``jacobian:FILE``."""
     return option(default, "--lens", metavar=LENS_METAVAR, show_default=False, cli=list[str] | None, help=help)
 
 
 # --- the corpus' window options (corpus, features), in this order
-def ctx(default: str) -> Any:
+def ctx(default: str) -> int | None:
     """``--ctx``; ``default``: what the default is, in words."""
     return option(None, "--ctx", min=2, show_default=False, help=f"Tokens per window. Default: {default}.")
 
 
-def bos(default: str) -> Any:
+def bos(default: str) -> bool | None:
     """``--bos/--no-bos``; ``default``: when a window starts with BOS by default, in words."""
     return option(None, "--bos/--no-bos", show_default=False,
                   help=f"Start each window with the BOS token. Default: {default}.")
 
 
-def max_tokens() -> Any:
+def max_tokens() -> int | None:
     return option(None, "--max-tokens", min=2, show_default=False, help="Stop after this many tokens (default: all).")
 
 
-def column() -> Any:
+def column() -> str:
     return option("text", "--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")
 
 
-def shard_windows() -> Any:
+def shard_windows() -> int:
     return option(16, "--shard-windows", min=1, help="Windows per shard.")
 
 
-def window_batch() -> Any:
+def window_batch() -> int:
     """``--batch-size``: windows per forward pass (the corpus' commands)."""
     return option(4, "--batch-size", min=1, help="Windows per forward pass.")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
+from anatomy_cli.units import human_seconds
+
 
 def now() -> float:
     """The clock every probe and phase is timed with (seconds)."""
@@ -65,7 +67,6 @@ class Estimate:
     def describe(self) -> str:
         """``roughly 6 min in all (loading 12 s, done; training 5 min; held-out check 20 s; timed on this machine
         now)``."""
-        from anatomy_cli.units import human_seconds
 
         parts = "; ".join(f"{p.name} {human_seconds(p.seconds)}{', done' if p.done else ''}" for p in self.phases)
         return f"roughly {human_seconds(self.seconds)} in all ({parts}; timed on this machine now)"
@@ -114,7 +115,7 @@ def probes_phase(begun: float) -> Phase:
     return Phase("timing probes", now() - begun, done=True)
 
 
-def load_phase(lm: Any) -> Phase:
+def load_phase(lm: object) -> Phase:
     """The weights' load, done: the seconds :func:`anatomy_cli.tasks.session.load_weights` measured (0 for a
     model loaded before the command, as the API's callers and ``anatomy serve`` hold them)."""
     return Phase("loading the weights", float(getattr(lm, "load_seconds", 0.0) or 0.0), done=True)

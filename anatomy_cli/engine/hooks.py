@@ -21,6 +21,7 @@ from typing import overload
 
 import torch
 
+from anatomy_cli.engine import internals
 from anatomy_cli.engine import moe as _moe
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.model import Side
@@ -96,7 +97,8 @@ def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
                 inside[point] = (block.get_submodule(path), "output")
         inside[P.mlp_out] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)
         inside[P.resid_post] = (block, "output")
-        points.update({sites.name(layer, point): where for point, where in inside.items()})
+        inside.update(internals.block_points(block, adapter))
+        points.update({sites.name(layer, point): inside[point] for point in P if point in inside})  # forward order
     final = optional_module(base, adapter.final_norm)
     if final is not None:
         points[W.ln_final.value] = (final, "output")
@@ -200,9 +202,9 @@ def attach(lm: LoadedModel, hooks: Mapping[str, HookFn] | Iterable[tuple[str, Ho
     unknown name, before any hook is registered.
     """
     pairs = list(hooks.items() if isinstance(hooks, Mapping) else hooks)
-    check_names(lm, [name for name, _ in pairs])
-    pairs = _moe_views(lm, pairs)
-    with attach_modules((*lm.points[name], fn) for name, fn in pairs):
+    names = check_names(lm, [name for name, _ in pairs])
+    pairs = internals.views(lm, _moe_views(lm, pairs))
+    with internals.implementation(lm, names), attach_modules((*lm.points[name], fn) for name, fn in pairs):
         yield
 
 
@@ -232,7 +234,8 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
             positions: torch.Tensor | None = None) -> Iterator[dict[str, torch.Tensor]]:
     """Hooks for one run: every forward of ``lm.model`` inside the block fills the yielded dict.
 
-    Yields ``{name: tensor [batch, pos, d_model]}`` (``logits``: ``[batch, pos, vocab]``;
+    Yields ``{name: tensor [batch, pos, d_model]}`` (``logits``: ``[batch, pos, vocab]``; the internals'
+    own shapes, engine/internals.py;
     a point computed once for the whole batch, such as a broadcast position embedding,
     may have batch 1), detached and moved to ``lm.device``. ``positions``: LongTensor
     ``[batch, k]`` of position indices; only those are kept (``[batch, k, d_model]``).
@@ -254,10 +257,7 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
         if name == sites.Whole.logits:
             t = lm.cap_logits(t)
         if positions is not None:
-            if t.shape[0] == 1 and positions.shape[0] > 1:
-                t = t.expand(positions.shape[0], *t.shape[1:])
-            idx = positions.to(t.device)
-            t = t.gather(1, idx[:, :, None].expand(-1, -1, t.shape[-1]))
+            t = at_positions(t, positions, sites.position_axis(name))
         store[name] = t.to(lm.device)
 
     def shape(layer: int, t: torch.Tensor) -> None:
@@ -270,3 +270,16 @@ def capture(lm: LoadedModel, names: Iterable[str], *,
     hooks += [(name, partial(keep, name)) for name in names]
     with attach(lm, hooks):
         yield store
+
+
+def at_positions(t: torch.Tensor, positions: torch.Tensor, axis: int = 1) -> torch.Tensor:
+    """``t``'s rows at ``positions`` (LongTensor ``[batch, k]``) along its position axis ``axis``: ``[batch, pos,
+    …]`` → ``[batch, k, …]`` (a pattern's ``[batch, head, query, key]`` at axis 2: ``[batch, head, k, key]``); a
+    ``t`` of batch 1 (computed once for the batch) is broadcast first."""
+    if t.shape[0] == 1 and positions.shape[0] > 1:
+        t = t.expand(positions.shape[0], *t.shape[1:])
+    shape = [positions.shape[0]] + [1] * (t.dim() - 1)
+    shape[axis] = positions.shape[1]
+    size = list(t.shape)
+    size[axis] = positions.shape[1]
+    return t.gather(axis, positions.to(t.device).view(shape).expand(size))

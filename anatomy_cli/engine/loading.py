@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
-from typing import Any
 
 import torch
 
@@ -98,7 +97,7 @@ def _load_weights(source: Source, name: str, config: PreTrainedConfig, adapter: 
     return model
 
 
-def load(spec: ModelSpec | str, **options: Any) -> LoadedModel:
+def load(spec: ModelSpec | str, **options: object) -> LoadedModel:
     """``load_weights(open_model(spec))``: a model and its tokenizer, as a
     :class:`~anatomy_cli.models.spec.ModelSpec` says (or a name with the ModelSpec fields as keywords:
     ``load("gpt2", dtype="bf16")``). Commands open first and check their input before the weights load

@@ -87,7 +87,7 @@ def _register() -> None:
     AttentionMaskInterface.register(FROZEN_ATTENTION, eager_mask)
 
 
-def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: object) -> Any:
     """A LayerNorm / RMSNorm's output with its denominator frozen: equal in value (recording), gradient
     ``gain / s``; replaying, ``gain * P(x) / s + beta`` with the recorded ``s``."""
     if not isinstance(out, torch.Tensor) or not args or not isinstance(args[0], torch.Tensor):

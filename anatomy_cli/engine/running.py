@@ -16,6 +16,7 @@ from anatomy_cli.engine.hooks import check_names
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.text.length import check_length as check_length  # engine.check_length
 from anatomy_cli.text.tokenization import Encoded
 from anatomy_cli.text.tokenization import Tokenizer
@@ -104,10 +105,18 @@ def run(lm: LoadedModel, encoded: list[Encoded], names: Iterable[str], *,
         # grad (e.g. F.layer_norm(h, w) in an analysis); the clone also frees the batch tensor.
         for row, i in enumerate(chunk):
             n_keep = len(kept[i]) if positions is not None else len(encoded[i])
-            tensors = {name: store[name][row if store[name].shape[0] > 1 else 0, :n_keep].clone()
-                       for name in hooked}
+            tensors = {name: _prompt_rows(name, store[name][row if store[name].shape[0] > 1 else 0], n_keep,
+                                          len(encoded[i])).clone() for name in hooked}
             if want_logits:
                 tensors["logits"] = logits[i].clone()
             results[i] = Cache(tensors, encoded=encoded[i], positions=kept[i], n_layers=lm.n_layers)
         del store, last, logits
     return [results[i] for i in range(len(encoded))]
+
+
+def _prompt_rows(name: str, t: torch.Tensor, n_keep: int, n_tokens: int) -> torch.Tensor:
+    """One prompt's rows of a batch row ``t``: its first ``n_keep`` positions (a pattern's ``[head, query, key]``:
+    its first ``n_keep`` queries over its ``n_tokens`` keys, the padding cut)."""
+    if sites.position_axis(name) == 2:
+        return t[:, :n_keep, :n_tokens]
+    return t[:n_keep]

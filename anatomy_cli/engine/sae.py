@@ -24,7 +24,6 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -57,10 +56,10 @@ class Dictionary:
         self.file = sae
         self.dtype = _DTYPES.get(sae.dtype.replace("torch.", ""), torch.float32)
 
-        def t(a: Any) -> torch.Tensor:
+        def t(a: object) -> torch.Tensor:
             return torch.as_tensor(a).to(device=device, dtype=self.dtype)
 
-        def maybe(a: Any) -> torch.Tensor | None:
+        def maybe(a: object) -> torch.Tensor | None:
             return None if a is None else t(a)
 
         self.W_enc, self.b_enc, self.W_dec, self.b_dec = t(sae.W_enc), t(sae.b_enc), t(sae.W_dec), t(sae.b_dec)

@@ -74,6 +74,10 @@ class Adapter:
     unembed_proj: str | None = None  # base-relative projection after the final norm, before the LM head
     # (OPT-350m's project_out), when the model has it; the lens applies it
     positions_after_pad: bool = False  # position ids start at config.pad_token_id + 1 (RoBERTa)
+    qk_proj: tuple[str, str] | None = None  # rotary models' query and key projections (their outputs, per head,
+    # are attn.hook_q and attn.hook_k, before RoPE); None: fused, or no rotary embedding
+    mlp_pre: str | None = None     # the MLP's first projection (a gated MLP's gate): its output is mlp.hook_pre
+    mlp_post: str | None = None    # the MLP's output projection: its input is mlp.hook_post
 
 
 GPT2 = Adapter(
@@ -81,6 +85,7 @@ GPT2 = Adapter(
     embed="wte", pos_embed="wpe", blocks="h", final_norm="ln_f", unembed="lm_head",
     attn=("attn",), mlp=("mlp",), norms=("ln_1", "ln_2"),
     attn_out=Tap("attn"), mlp_out=Tap("mlp"), resid_mid=Tap("ln_2", "input"), attn_o="attn.c_proj",
+    mlp_pre="mlp.c_fc", mlp_post="mlp.c_proj",
 )
 
 # One pre-norm layout: Llama, Mistral, Qwen2/3, Gemma (its embedding module multiplies by sqrt(d_model):
@@ -93,7 +98,8 @@ LLAMA = Adapter(
     embed="embed_tokens", pos_embed=None, blocks="layers", final_norm="norm", unembed="lm_head",
     attn=("self_attn",), mlp=("mlp",), norms=("input_layernorm", "post_attention_layernorm"),
     attn_out=Tap("self_attn"), mlp_out=Tap("mlp"), resid_mid=Tap("post_attention_layernorm", "input"),
-    attn_o="self_attn.o_proj",
+    attn_o="self_attn.o_proj", qk_proj=("self_attn.q_proj", "self_attn.k_proj"), mlp_pre="mlp.gate_proj",
+    mlp_post="mlp.down_proj",
 )
 
 # Phi-3: fused qkv_proj and gate_up_proj; what is added to the residual leaves through a dropout module.
@@ -130,7 +136,8 @@ GPT_NEOX = Adapter(
     embed="embed_in", pos_embed=None, blocks="layers", final_norm="final_layer_norm", unembed="lm_head",
     attn=("attention",), mlp=("mlp",), norms=("input_layernorm", "post_attention_layernorm"),
     attn_out=Tap("attention"), mlp_out=Tap("mlp"), resid_mid=Tap("post_attention_layernorm", "input"),
-    attn_o="attention.dense", parallel_flag="use_parallel_residual",
+    attn_o="attention.dense", parallel_flag="use_parallel_residual", mlp_pre="mlp.dense_h_to_4h",
+    mlp_post="mlp.dense_4h_to_h",
 )
 
 # GPT-J: attention and MLP both read ln_1's output (parallel, always): no resid_mid.
@@ -139,6 +146,7 @@ GPTJ = Adapter(
     embed="wte", pos_embed=None, blocks="h", final_norm="ln_f", unembed="lm_head",
     attn=("attn",), mlp=("mlp",), norms=("ln_1",),
     attn_out=Tap("attn"), mlp_out=Tap("mlp"), resid_mid=None, attn_o="attn.out_proj",
+    qk_proj=("attn.q_proj", "attn.k_proj"), mlp_pre="mlp.fc_in", mlp_post="mlp.fc_out",
 )
 
 # Falcon: parallel attention and MLP (parallel_attn, or the new decoder architecture with ln_attn/ln_mlp);
@@ -176,6 +184,7 @@ BERT = Adapter(
     attn=("attention",), mlp=("intermediate", "output"), norms=("attention.output.LayerNorm", "output.LayerNorm"),
     attn_out=Tap("attention.output.dropout"), mlp_out=Tap("output.dropout"),
     resid_mid=Tap("attention.output.LayerNorm"), attn_o="attention.output.dense", post_ln=True,
+    mlp_pre="intermediate.dense", mlp_post="output.dense",
 )
 
 # RoBERTa: BERT's layout under `roberta`, head `lm_head`; position ids start after the padding index.

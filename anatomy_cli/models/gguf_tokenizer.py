@@ -23,7 +23,6 @@ import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models import gguf
@@ -111,8 +110,8 @@ def _convert(header: GGUFHeader, config: PreTrainedConfig, spec: str) -> PreTrai
     return hf
 
 
-def _kwargs(hf: PreTrainedTokenizerBase) -> dict[str, Any]:
-    out: dict[str, Any] = {}  # JSON values: what the tokenizer class takes as keywords
+def _kwargs(hf: PreTrainedTokenizerBase) -> dict[str, object]:
+    out: dict[str, object] = {}  # JSON values: what the tokenizer class takes as keywords
     for name, value in hf.init_kwargs.items():
         if name in _WHERE:
             continue

@@ -74,7 +74,7 @@ class GGUFHeader:
         the weight commands): :func:`quantization_label`."""
         return quantization_label(self)
 
-    def field(self, suffix: str, default: Any = None) -> Any:
+    def field(self, suffix: str, default: object = None) -> Any:
         """``{architecture}.{suffix}``, e.g. ``field("block_count")``."""
         return self.fields.get(f"{self.architecture}.{suffix}", default)
 

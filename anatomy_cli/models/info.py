@@ -76,7 +76,7 @@ class MoeInfo:
                    norm_topk_prob=rule == "renormalize" or bool(getattr(text, "norm_topk_prob", False)),
                    shared_expert=model_type in SHARED_EXPERT, sparse_blocks=sparse)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"n_experts": self.n_experts, "top_k": self.top_k, "rule": self.rule,
                 "norm_topk_prob": self.norm_topk_prob, "shared_expert": self.shared_expert,
                 "sparse_blocks": list(self.sparse_blocks)}
@@ -180,7 +180,7 @@ class ModelInfo:
             moe=MoeInfo.from_config(str(config.model_type), text),
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (the adapter by its name)."""
         return {"model_type": self.model_type, "family": self.adapter.name, "n_layers": self.n_layers,
                 "d_model": self.d_model, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,

@@ -21,7 +21,7 @@ class JsonConfig:
     ``getattr(config, key, None)`` is None. ``get_text_config()`` answers as transformers' does: the nested
     ``text_config`` when there is one, else the config itself."""
 
-    def __init__(self, values: dict[str, Any]):
+    def __init__(self, values: dict[str, object]):
         self.__dict__["_values"] = dict(values)
 
     def __getattr__(self, name: str) -> Any:
@@ -37,5 +37,5 @@ class JsonConfig:
         nested = self.__dict__["_values"].get("text_config")
         return JsonConfig(nested) if isinstance(nested, dict) else self
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__["_values"])

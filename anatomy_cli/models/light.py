@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.models import presets
 from anatomy_cli.models.json_config import JsonConfig
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 TOKENIZER_CLASSES = frozenset({"GPT2Tokenizer", "GPT2TokenizerFast", "TokenizersBackend", "PreTrainedTokenizerFast",
                                "BertTokenizer", "BertTokenizerFast", "RobertaTokenizer", "RobertaTokenizerFast"})
 
-def _json(path: Path) -> dict[str, Any] | None:
+def _json(path: Path) -> dict[str, object] | None:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -37,7 +36,7 @@ def _json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, dict[str, Any]] | None:
+def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, dict[str, object]] | None:
     """``(config, backend, special)`` for model ``spec`` when it can be read without torch, else None.
 
     ``backend`` is a ``tokenizers.Tokenizer``, ``special`` tokenizer_config.json's entries (see
@@ -66,7 +65,7 @@ def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, di
     return JsonConfig(config), backend, special
 
 
-def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, Any]] | None:
+def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, object]] | None:
     """GPT-2's tokenizer from the package's BPE files, as transformers builds it (GPT2Tokenizer), and the
     preset's shape. None when GPT-2's tokenizer is in the HF cache (that one is used by the full load)."""
     from anatomy_cli.models.model_files import GPT2_HUB_IDS

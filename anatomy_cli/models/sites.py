@@ -32,18 +32,30 @@ ALL = "all"
 class Point(str, Enum):
     """A hook point inside block ``l``, by its key; the value is TransformerLens' name inside ``blocks.{l}.``.
     All but ``ln2_normalized`` are registered by the engine (MoE blocks' ``mlp_in`` and router points only there;
-    ``resid_mid`` only in sequential blocks; the shared expert's only where the family has one)."""
+    ``resid_mid`` only in sequential blocks; the shared expert's only where the family has one; the
+    :data:`INTERNALS` where the family's modules expose them, engine/internals.py)."""
 
     resid_pre = "hook_resid_pre"            # the block's input (block 0's: the embedding)
+    ln1_scale = "ln1.hook_scale"            # the pre-attention norm's divisor sqrt(mean(x²) + eps) [batch, pos, 1]
+    attn_q = "attn.hook_q"                  # queries [batch, pos, head, d_head] (rotary models: before RoPE)
+    attn_k = "attn.hook_k"                  # keys [batch, pos, kv_head, d_head] (rotary models: before RoPE)
+    attn_v = "attn.hook_v"                  # values [batch, pos, kv_head, d_head]
+    attn_rot_q = "attn.hook_rot_q"          # rotary models: the queries after RoPE
+    attn_rot_k = "attn.hook_rot_k"          # rotary models: the keys after RoPE
+    attn_scores = "attn.hook_attn_scores"   # [batch, head, query_pos, key_pos], masked positions −inf
+    attn_pattern = "attn.hook_pattern"      # softmax of the scores [batch, head, query_pos, key_pos]
     attn_z = "attn.hook_z"                  # the heads' outputs, the attention output projection's input
     attn_out = "hook_attn_out"              # what the attention adds to the residual stream
     resid_mid = "hook_resid_mid"            # after the attention, before the MLP (sequential blocks)
+    ln2_scale = "ln2.hook_scale"            # the pre-MLP norm's divisor [batch, pos, 1]
     mlp_in = "mlp.hook_in"                  # the MLP's input (registered in MoE blocks; a transcoder's input)
     router_logits = "mlp.hook_router_logits"        # MoE: the gate's output [batch, pos, n_experts]
     expert_indices = "mlp.hook_expert_indices"      # MoE: the chosen experts [batch, pos, k]
     expert_weights = "mlp.hook_expert_weights"      # MoE: their weights [batch, pos, k]
     shared_expert_out = "mlp.hook_shared_expert_out"    # Qwen2-MoE: the shared expert's output
     shared_expert_gate = "mlp.hook_shared_expert_gate"  # Qwen2-MoE: its gate, sigmoid of shared_expert_gate
+    mlp_pre = "mlp.hook_pre"                # the MLP's hidden pre-activation [batch, pos, d_mlp] (gated: the gate's)
+    mlp_post = "mlp.hook_post"              # the MLP's hidden activation, its output projection's input
     mlp_out = "hook_mlp_out"                # what the MLP adds
     resid_post = "hook_resid_post"          # the block's output
     ln2_normalized = "ln2.hook_normalized"  # the pre-MLP norm's vector before its gain (SAE/transcoder configs)
@@ -61,6 +73,13 @@ class Whole(str, Enum):
 TL_MLP_IN = "hook_mlp_in"
 """TransformerLens' other name of the MLP's input (``blocks.N.hook_mlp_in``), read at :attr:`Point.mlp_in`."""
 ROUTER_POINTS = (Point.router_logits, Point.expert_indices, Point.expert_weights)
+ATTENTION_INTERNALS = (Point.attn_q, Point.attn_k, Point.attn_v, Point.attn_rot_q, Point.attn_rot_k,
+                       Point.attn_scores, Point.attn_pattern)
+"""Inside the attention, before ``attn.hook_z``: TransformerLens' shapes, heads on their own axis."""
+INTERNALS = (Point.ln1_scale, *ATTENTION_INTERNALS, Point.ln2_scale, Point.mlp_pre, Point.mlp_post)
+"""The points inside a sub-layer whose width is no residual stream's (engine/internals.py registers them)."""
+PATTERNS = (Point.attn_scores, Point.attn_pattern)
+"""The points whose second axis is the head and third the query position (``[batch, head, query, key]``)."""
 SHARED_EXPERT_POINTS = (Point.shared_expert_out, Point.shared_expert_gate)
 
 
@@ -113,6 +132,18 @@ def is_point(text: str, point: Point) -> bool:
     return parsed is not None and parsed[1] is point
 
 
+def is_internal(text: str) -> bool:
+    """``text`` is one of the :data:`INTERNALS` of some block."""
+    parsed = parse(text)
+    return parsed is not None and parsed[1] in INTERNALS
+
+
+def position_axis(text: str) -> int:
+    """The axis of a hook point's activation that counts (query) positions: 2 for the :data:`PATTERNS`, else 1."""
+    parsed = parse(text)
+    return 2 if parsed is not None and parsed[1] in PATTERNS else 1
+
+
 def names(blocks: Iterable[int], point: Point | Site | str) -> list[str]:
     """``point`` of each of ``blocks``, in order."""
     return [name(b, point) for b in blocks]
@@ -163,6 +194,14 @@ def parse_point(text: str, sites: tuple[Site, ...] = tuple(Site)) -> tuple[int, 
         return None
     site = next((s for s, h in _HOOK.items() if h == parsed[1].value), None)
     return (parsed[0], site) if site in sites else None
+
+
+def spelled(points: Iterable[Site | Point], last: str = " or ") -> str:
+    """The points' names for a message, the first with its block: ``blocks.N.hook_resid_pre, hook_mlp_out or
+    attn.hook_z`` (``last``: the words before the last name)."""
+    texts = [name("N", p) for p in points]
+    texts[1:] = [t.removeprefix("blocks.N.") for t in texts[1:]]
+    return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + last + texts[-1]
 
 
 def residual_label(row: int) -> str | int:

@@ -98,7 +98,7 @@ class Section:
     """One table: ``rows`` are mappings from column key to raw value (None = empty)."""
 
     columns: Sequence[Column]
-    rows: Sequence[Mapping[str, Any]]
+    rows: Sequence[Mapping[str, object]]
     title: str | None = None
 
 
@@ -143,7 +143,7 @@ def emit(report: Report, fmt: Format | None = None, *, out: TextIO | None = None
     out.flush()
 
 
-def emit_jsonl(records: Iterable[Any], *, out: TextIO | None = None) -> None:
+def emit_jsonl(records: Iterable[object], *, out: TextIO | None = None) -> None:
     """Write one compact JSON document per line, flushing after each (``\\u`` escapes as in :func:`emit`)."""
     out = out or sys.stdout
     ascii_only = not is_unicode(out)
@@ -152,7 +152,7 @@ def emit_jsonl(records: Iterable[Any], *, out: TextIO | None = None) -> None:
         out.flush()
 
 
-def to_json(data: Any, indent: int | None = None, *, ascii: bool = False) -> str:
+def to_json(data: object, indent: int | None = None, *, ascii: bool = False) -> str:
     """JSON with raw numbers; NaN/inf become null so the output stays valid JSON.
 
     ``ascii``: every non-ASCII character as a ``\\u`` escape (the same JSON value).
@@ -160,7 +160,7 @@ def to_json(data: Any, indent: int | None = None, *, ascii: bool = False) -> str
     return json.dumps(_jsonable(data), indent=indent, ensure_ascii=ascii)
 
 
-def is_unicode(stream: Any) -> bool:
+def is_unicode(stream: object) -> bool:
     """True when ``stream`` encodes every character: a UTF encoding, or no encoding (StringIO)."""
     import codecs
 
@@ -173,7 +173,7 @@ def is_unicode(stream: Any) -> bool:
         return False
 
 
-def fit(text: str, stream: Any) -> str:
+def fit(text: str, stream: TextIO) -> str:
     """``text`` with what ``stream``'s encoding lacks written as escapes (``\\u21b5``, ``\\xe9``)."""
     if is_unicode(stream):
         return text
@@ -194,7 +194,7 @@ class _Escaping:
         self._out.flush()
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
@@ -213,7 +213,7 @@ def _machine_columns(section: Section) -> list[Column]:
     return [c for c in section.columns if c.kind not in BAR_KINDS]
 
 
-def _raw(value: Any) -> str:
+def _raw(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -227,7 +227,7 @@ def _raw(value: Any) -> str:
     return str(value)
 
 
-def _tsv_cell(value: Any) -> str:
+def _tsv_cell(value: object) -> str:
     text = _raw(value)
     return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
@@ -257,7 +257,7 @@ def _emit_delimited(sections: Sequence[Section], fmt: Format, out: _Writer) -> N
 _BAR_WIDTH = 24
 
 
-def _human(value: Any, column: Column) -> str:
+def _human(value: object, column: Column) -> str:
     if value is None:
         return ""
     if hasattr(value, "item") and callable(value.item):
@@ -317,7 +317,7 @@ def _emit_table(report: Report, out: TextIO) -> None:
     console = stdout_console(out)
     unicode = is_unicode(out)
 
-    def cell(value: Any, column: Column) -> str:
+    def cell(value: object, column: Column) -> str:
         if column.kind in BAR_KINDS and not unicode:
             return _human(value, column).replace("█", "#").replace("▌", "+").replace("▐", "+").replace("│", "|")
         return fit(_human(value, column), out)

@@ -19,7 +19,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.models.identity import FileId
 from anatomy_cli.models.identity import file_identity
@@ -179,7 +178,7 @@ class ModelCache:
         while self.max_bytes is not None and len(self.models) > 1 and total() > self.max_bytes:
             self.models.popitem(last=False)
 
-    def summary(self) -> list[dict[str, Any]]:
+    def summary(self) -> list[dict[str, object]]:
         """One row per model, most recently used first, then the ones loading: ``serve --status``'s table.
 
         ``spec`` is the ModelSpec's JSON form; ``device`` where the model actually runs (``cpu``, not ``auto``).
@@ -204,7 +203,7 @@ class TokenizerCache:
         self.max_items = max_items
         self.items: OrderedDict[tuple, PreTrainedTokenizerBase] = OrderedDict()
 
-    def load(self, source: Source, **options: Any) -> PreTrainedTokenizerBase:
+    def load(self, source: Source, **options: object) -> PreTrainedTokenizerBase:
         path = Path(source.ref)
         local = source.kind in ("dir", "gguf") and path.exists()
         key = (source.kind, str(path.resolve()) if local else source.ref,

@@ -103,7 +103,7 @@ class Connections:
             finally:
                 self.last_activity = time.monotonic()
 
-    def _answer(self, op: Any, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    def _answer(self, op: object, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
         if op == "status":
             return self.status()
         if op == "stop":
@@ -164,7 +164,7 @@ class Connections:
         with self._active_lock:
             return next((j for j in self.active.values() if j.started is not None), None)
 
-    def cancel(self, ids: Any = None) -> dict[str, Any]:
+    def cancel(self, ids: object = None) -> dict[str, Any]:
         """End the queued and running jobs (``ids``: those only): a queued one never runs, a running one
         stops at its next step. Answers the jobs it cancelled and the ids it did not find."""
         if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):

@@ -13,12 +13,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from anatomy_cli.serve import protocol
 
 
-def hello(path: Path, wait: float = 2.0) -> dict[str, Any] | None:
+def hello(path: Path, wait: float = 2.0) -> dict[str, object] | None:
     """The handshake answer of the server listening at ``path``, or None when none answers."""
     try:
         conn = protocol.connect(path, timeout=wait)
@@ -66,7 +65,7 @@ def _last_line(log: Path) -> str:
     return lines[-1].removeprefix("error: ") if lines else ""
 
 
-def stop(path: Path, wait: float = 30.0) -> dict[str, Any]:
+def stop(path: Path, wait: float = 30.0) -> dict[str, object]:
     """Ask the server at ``path`` to stop and wait until its process has exited; its answer.
 
     Raises OSError or ProtocolError when no server answers.

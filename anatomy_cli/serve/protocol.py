@@ -25,7 +25,6 @@ import socket
 import stat
 import struct
 from pathlib import Path
-from typing import Any
 
 PROTOCOL = 3                   # bump when a message changes meaning (3: keep-alives)
 ENV_SOCKET = "ANATOMY_SERVER"
@@ -45,7 +44,7 @@ class Closed(ProtocolError):
     """The peer closed the connection between two messages."""
 
 
-def identity() -> dict[str, Any]:
+def identity() -> dict[str, object]:
     """This install: ``{"protocol", "version", "location", "digest"}``.
 
     ``location`` is the package's directory; ``digest`` the first 16 hex digits of a SHA-256 over every
@@ -63,7 +62,7 @@ def identity() -> dict[str, Any]:
             "digest": digest.hexdigest()[:16]}
 
 
-def mismatch(ours: dict[str, Any], theirs: dict[str, Any]) -> str | None:
+def mismatch(ours: dict[str, object], theirs: dict[str, object]) -> str | None:
     """Why a peer's identity would answer differently from ours (one phrase), or None when it would not.
 
     Protocol, package version and source digest must agree; two installs of the same source may serve
@@ -119,14 +118,14 @@ def peer_uid(conn: socket.socket) -> int | None:
     return uid
 
 
-def send(conn: socket.socket, message: dict[str, Any]) -> None:
+def send(conn: socket.socket, message: dict[str, object]) -> None:
     """Write one framed JSON message."""
     data = json.dumps(message, ensure_ascii=False).encode("utf-8")
     # MSG_NOSIGNAL: a peer that went away is a BrokenPipeError here, not a SIGPIPE that ends the process.
     conn.sendall(_HEADER.pack(len(data)) + data, getattr(socket, "MSG_NOSIGNAL", 0))
 
 
-def receive(conn: socket.socket) -> dict[str, Any]:
+def receive(conn: socket.socket) -> dict[str, object]:
     """Read one framed JSON message. Raises ProtocolError on EOF or garbage, socket.timeout on a timeout."""
     (size,) = _HEADER.unpack(_read(conn, _HEADER.size, first=True))
     if size > MAX_MESSAGE:
@@ -186,7 +185,7 @@ def keepalive_interval(wait: float) -> float:
     return max(min(KEEPALIVE_S, wait / 4), MIN_KEEPALIVE_S)
 
 
-def request(path: Path, message: dict[str, Any], wait: float | None = None) -> dict[str, Any]:
+def request(path: Path, message: dict[str, object], wait: float | None = None) -> dict[str, object]:
     """Send one request and wait ``wait`` seconds for its answer (default :func:`timeout`)."""
     conn = connect(path)
     try:

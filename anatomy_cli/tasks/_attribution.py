@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
@@ -66,7 +65,7 @@ class Method(str, Enum):
     attribution = "attribution"
 
 
-def method_option() -> Any:
+def method_option() -> Method:
     """``--method exact|attribution`` (patch, ablate)."""
     return option(Method.exact, "--method", case_sensitive=False,
                   help="exact: one edited run per cell; attribution: every cell estimated at once from one backward, "
@@ -74,7 +73,7 @@ def method_option() -> Any:
                   "runs CLEAN and CORRUPT in that forward as two batch rows).")
 
 
-def check_option() -> Any:
+def check_option() -> int:
     """``--check N`` (patch, ablate): at least 0, checked by the options class."""
     return option(0, "--check", metavar="N", min=0,
                   help="With --method attribution: rerun the N cells with the largest |estimate| exactly and print "

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.errors import UsageError
+
 DTYPES = {"fp16": "float16", "fp32": "float32"}  # --dtype: the stored matrices' precision (torch names)
 # A Jacobian lens file's key beside jlens' own: the digest of each fitted prompt's token ids, so that fit-lens merge
 # can refuse fits that share a prompt
@@ -29,7 +31,6 @@ def resume(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
     (one line, naming the settings that differ) otherwise."""
     import torch
 
-    from anatomy_cli.errors import UsageError
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

@@ -16,6 +16,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.tasks import notes
+
 
 @dataclass
 class Progress:
@@ -45,7 +47,6 @@ def start(path: Path | None, settings: dict[str, Any], blocks: tuple[int, ...], 
     UsageError otherwise, naming what differs)."""
     import torch
 
-    from anatomy_cli.tasks import notes
     from anatomy_cli.tasks._fit_files import resume
 
     if path is None or not path.exists():

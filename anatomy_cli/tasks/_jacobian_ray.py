@@ -88,21 +88,23 @@ def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
     return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())
 
 
-def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any, settings: dict[str, Any],
-                  crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
+def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
+                  settings: dict[str, Any], crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
     """The Ray fit with ``--checkpoint``: shard i is prompt i alone (the prompts the checkpoint holds are not
     sent), and each finished prompt is added to the running sums, which are saved (atomically) every
     ``checkpoint_every`` prompts and after the last. The sums are added as the prompts finish, not in prompt
     order: the lens equals an uninterrupted fit's up to the order of float64 additions."""
     from anatomy_cli.tasks import _jacobian_checkpoint as ckpt
 
-    progress = ckpt.start(opts.checkpoint, settings, plan.source_layers, opened.info.d_model, len(ids))
+    checkpoint = opts.checkpoint
+    assert checkpoint is not None  # called with --checkpoint only
+    progress = ckpt.start(checkpoint, settings, plan.source_layers, opened.info.d_model, len(ids))
     todo = [PromptShard(i, (tuple(p),)) for i, p in enumerate(ids) if i not in progress.done]
     with notes.status(f"fit-lens jacobian on Ray: {len(todo)} prompts, one per shard") as line:
         def finished(shard: PromptShard, part: dict[str, Any]) -> None:
             progress.add(shard.index, part["sums"], part["n_prompts"], part["skipped"])
             if ckpt.due(progress, opts.checkpoint_every, len(ids)):
-                ckpt.save(opts.checkpoint, progress, settings, len(ids))
+                ckpt.save(checkpoint, progress, settings, len(ids))
             line.update(f"fit-lens jacobian on Ray · prompt {len(progress.done)}/{len(ids)} done")
 
         _run(opened, iter(todo), opts, plan, finished, crash_once)

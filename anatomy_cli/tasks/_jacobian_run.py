@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
 from anatomy_cli.tasks._fit_files import atomic_save
 
 if TYPE_CHECKING:
+    from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
 
@@ -45,11 +47,11 @@ class JacobianFit:
     flops: float
     identity_distance: tuple[float, ...]
     norms: tuple[float, ...]
-    estimate: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    check: dict[str, Any] | None = None
+    estimate: dict[str, object] | None = None
+    timings: dict[str, object] | None = None
+    check: dict[str, object] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"out": self.out, "n_prompts": self.n_prompts, "skipped": self.skipped,
                 "source_layers": list(self.source_layers), "target_layer": self.target_layer,
                 "d_model": self.d_model, "dim_batch": self.dim_batch, "skip_first": self.skip_first,
@@ -59,7 +61,8 @@ class JacobianFit:
                 "estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
 
 
-def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
+def run(lm: Any, encoded: list[Encoded], opts: Any,
+        plan: Any) -> JacobianFit:
     """Fits, writes ``opts.out`` (atomically) and returns the summary. ``lm``: the LoadedModel; with ``opts.ray``
     the OpenedModel (the workers load the weights). Raises UsageError when no prompt is long enough."""
     import torch
@@ -86,6 +89,7 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
     d_model = lm.info.d_model
     state = jacobian_fit.lens_state(sums, done, d_model, getattr(torch, DTYPES[opts.dtype]))
     state[HASHES] = [digest(i) for i in usable]  # fit-lens merge refuses fits that share a prompt
+    assert opts.out is not None  # the options' check: a fit names its --out
     with timings.phase(PHASES[1]):
         atomic_save(state, opts.out)
         check = None if opts.ray else _check(lm, opts)
@@ -101,7 +105,7 @@ def run(lm: Any, encoded: list[Encoded], opts: Any, plan: Any) -> JacobianFit:
         check=None if check is None else check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: Any) -> Any:
+def _check(lm: LoadedModel, opts: Any) -> LensCheck:
     """The written lens, read back as ``lens --lens jacobian:FILE`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
@@ -116,7 +120,6 @@ def fitted_prompts(encoded: list[Encoded], opts: Any) -> tuple[list[list[int]], 
     ``--shard i/N`` prompts i, i + N, ... only), and those long enough to have a valid position (the ones fitted).
     Raises UsageError when none is: :func:`anatomy_cli.tasks.fit_lens.check` calls it before the weights load."""
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.errors import UsageError
 
     ids = [list(e.ids[:opts.max_seq_len]) for e in encoded]
     if opts.shard is not None:
@@ -150,7 +153,8 @@ def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Su
     return progress.sums, progress.n_done, progress.skipped
 
 
-def settings_of(lm: Any, ids: list[list[int]], opts: Any, plan: Any) -> dict[str, Any]:
+def settings_of(lm: Any, ids: list[list[int]], opts: Any,
+                plan: Any) -> dict[str, object]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
     from anatomy_cli.tasks._fit_files import digest
@@ -160,7 +164,8 @@ def settings_of(lm: Any, ids: list[list[int]], opts: Any, plan: Any) -> dict[str
             "prompts": digest(ids)}
 
 
-def _announce(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> tuple[float, Any]:
+def _announce(lm: Any, usable: list[list[int]], opts: Any,
+              plan: Any) -> tuple[float, Any]:
     """The cost line before the fit: FLOPs, and the time of every phase (:mod:`anatomy_cli.engine.estimate`):
     the weights' load as measured; the fit from a probe of its own code now (the first prompt's forward and two
     backward passes, :func:`probe_prompt`), scaled by each prompt's tokens; the held-out check from its probe.
@@ -209,7 +214,8 @@ class _Enough(Exception):
     """Ends a probe after the passes it times."""
 
 
-def probe_prompt(lm: LoadedModel, ids: list[int], opts: Any, plan: Any, passes: int = 2) -> tuple[float, float]:
+def probe_prompt(lm: LoadedModel, ids: list[int], opts: Any, plan: Any,
+                 passes: int = 2) -> tuple[float, float]:
     """``(forward seconds, seconds per backward pass)`` of the fit's own per-prompt code
     (:func:`anatomy_cli.engine.jacobian_fit.jacobian_for_prompt`) on ``ids``, timed now: its forward and its
     first ``passes + 1`` backward passes (the first pass's time is read as the later ones', the rest is the

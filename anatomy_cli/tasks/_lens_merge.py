@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import DTYPES
@@ -39,7 +40,6 @@ def merge(files: list[Path], out: Path, *, dtype: str = "fp16", overwrite: bool 
     import torch
 
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.errors import UsageError
 
     if len(files) < 2:
         raise UsageError("fit-lens merge takes two or more lens files: fit-lens merge A.pt B.pt --out C.pt")
@@ -72,7 +72,6 @@ def _read(f: Path) -> dict[str, Any]:
     """The lens file ``f`` (tensors memory-mapped); UsageError for a missing file or one that is not a lens."""
     import torch
 
-    from anatomy_cli.errors import UsageError
 
     try:
         state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
@@ -92,7 +91,6 @@ def refuse_overlaps(files: list[Path], states: list[dict[str, Any]]) -> None:
     hold the same fit (the same ``n_prompts`` and equal ``J``). A file without hashes is said once on stderr."""
     import torch
 
-    from anatomy_cli.errors import UsageError
 
     for f, s in zip(files, states):
         if HASHES not in s:

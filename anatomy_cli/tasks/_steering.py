@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -124,7 +123,7 @@ def _feature(opened: Opened, opts: SteeringOptions) -> tuple[SteeringVector, lis
     return found, warnings
 
 
-def record(opts: SteeringOptions, found: SteeringVector | None) -> dict[str, Any] | None:
+def record(opts: SteeringOptions, found: SteeringVector | None) -> dict[str, object] | None:
     """The record's ``steer`` key: the file, site, blocks and coefficients (and the SAE feature's id)."""
     if found is None:
         return None

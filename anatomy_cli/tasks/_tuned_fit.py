@@ -19,12 +19,15 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
+from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
+    from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.tasks.protocol import Opened
@@ -153,7 +156,6 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.engine.estimate import now
     from anatomy_cli.engine.fitted_lens import unembed_hash
-    from anatomy_cli.models import sites
     from anatomy_cli.tasks._fit_files import digest
 
     assert opts.tokens is not None
@@ -195,12 +197,13 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
                     check=check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: Any) -> Any:
+def _check(lm: LoadedModel, opts: Any) -> LensCheck:
     """The written lens, read back as ``lens --lens tuned:DIR`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
     from anatomy_cli.tasks._lens_check import fit_check
 
+    assert opts.out is not None  # the options' check: a fit names its --out
     lens = open_lens(LensChoice("tuned", Path(opts.out)), d_model=lm.info.d_model, n_layers=lm.n_layers)
     return fit_check(lm, lens, f"the tuned lens {opts.out}")
 
@@ -251,7 +254,6 @@ def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int
     from anatomy_cli.engine import tuned_fit
     from anatomy_cli.models import cost
     from anatomy_cli.tasks import _lens_check
-    from anatomy_cli.units import human_bytes
 
     n, used = len(wins), sum(map(len, wins))
     flops = cost.tuned_fit_flops(lm.info, used, n)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ class AttnOptions(Declared):
     batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
-        from anatomy_cli.errors import UsageError
 
         super().__post_init__()
         if self.head is not None and self.layer is None:
@@ -67,7 +67,6 @@ class AttnPlan:
 
 def check(opened: Opened, opts: AttnOptions, encoded: Sequence[Encoded] = ()) -> AttnPlan:
     """The blocks, heads and query rows to show; UsageError for --layer/--head/--position out of range."""
-    from anatomy_cli.errors import UsageError
     from anatomy_cli.text.positions import check_position
 
     n_layers, n_heads = opened.info.n_layers, opened.info.n_heads

@@ -20,6 +20,7 @@ from typing import Optional
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -97,7 +98,6 @@ class FitLensOptions(Declared):
     out: Path | None = None
 
     def __post_init__(self) -> None:
-        from anatomy_cli.errors import UsageError
         from anatomy_cli.tasks import _tuned_fit
 
         super().__post_init__()
@@ -141,7 +141,6 @@ class FitLensOptions(Declared):
 
 def _shard(value: Any) -> tuple[int, int]:
     """``"i/N"`` or ``(i, N)`` -> ``(i, N)`` with 0 <= i < N; UsageError otherwise."""
-    from anatomy_cli.errors import UsageError
 
     try:
         i, n = (int(v) for v in (value.split("/") if isinstance(value, str) else value))
@@ -162,7 +161,6 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
     """Resolves the target and source blocks against the model (before its weights load); refuses an encoder,
     ``--ray`` without Ray installed, and ``encoded`` (the prompts tokenized) when no prompt is long enough.
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
-    from anatomy_cli.errors import UsageError
 
     if opts.kind == "tuned":
         from anatomy_cli.tasks import _tuned_fit

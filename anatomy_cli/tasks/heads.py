@@ -13,6 +13,8 @@ from typing import NamedTuple
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.errors import PromptTooLong
+from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -64,8 +66,6 @@ class Scored(NamedTuple):
 
 def check(opened: Opened, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
     """UsageError when the random sequence does not fit the context or a prompt has fewer than 2 tokens."""
-    from anatomy_cli.errors import PromptTooLong
-    from anatomy_cli.errors import UsageError
 
     info, seq_len = opened.info, opts.seq_len
     n_ctx = info.n_ctx

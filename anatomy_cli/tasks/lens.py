@@ -16,6 +16,7 @@ from typing import cast
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -65,7 +66,6 @@ class LensOptions(Declared, TargetFields):
     batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
-        from anatomy_cli.errors import UsageError
         from anatomy_cli.models import lens_choice
 
         super().__post_init__()

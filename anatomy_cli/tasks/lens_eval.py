@@ -86,7 +86,7 @@ class LensEvalOptions(Declared):
         return [i.prompt for i in self.items if i.intermediates]
 
 
-def read_items(source: Any) -> tuple[str, tuple[Item, ...]]:
+def read_items(source: object) -> tuple[str, tuple[Item, ...]]:
     """``(name, items)`` from jlens' evaluation file (a path), its loaded dict, or its list of items. Raises
     UsageError (one line) for a missing or unreadable file, bad JSON, no ``items``, no item, an item without a
     ``prompt`` (a non-empty text) or ``intermediates`` (a list of non-empty texts)."""
@@ -118,7 +118,7 @@ def read_items(source: Any) -> tuple[str, tuple[Item, ...]]:
     return name, tuple(_item(row, i, where) for i, row in enumerate(rows, start=1))
 
 
-def _item(row: Any, i: int, where: str) -> Item:
+def _item(row: object, i: int, where: str) -> Item:
     if isinstance(row, Item):
         return row
     if not isinstance(row, dict):

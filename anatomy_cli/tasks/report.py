@@ -20,6 +20,7 @@ from typing import Optional
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
@@ -187,7 +188,6 @@ def _dla(lm: LoadedModel, cache: Cache, top: TokenProb) -> tuple[Attribution, st
     ``anatomy dla``."""
     from anatomy_cli.analyses.dla import logit_attribution
     from anatomy_cli.engine import decompose
-    from anatomy_cli.errors import AnatomyError
 
     unembedding = decompose.unembedding_direction(lm, top.token_id, None)
     result = None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -73,7 +72,7 @@ class RouteResult:
             by_block[r.block].append(r.experts[0])
         return blocks, [by_block[b] for b in blocks]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"n_experts": self.n_experts, "top_k": self.top_k, "rule": self.rule,
                 "norm_topk_prob": self.norm_topk_prob, "shared_expert": self.shared_expert,
                 "near_tie_threshold": self.near_tie_threshold, "rows": [r.to_dict() for r in self.rows]}

@@ -17,10 +17,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks import records
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -130,7 +132,6 @@ def warn_cost(what: str, lm: LoadedModel, flops: float) -> None:
 def placement_line(lm: LoadedModel) -> str:
     """``placement: cpu 24.6 MiB (transformer.wte, lm_head) · disk 396.5 KiB (transformer.h); ...``"""
     from anatomy_cli.models import bigmodel
-    from anatomy_cli.units import human_bytes
 
     devices = bigmodel.device_summary(lm.model)
     parts = []
@@ -213,7 +214,6 @@ def prompt_record(lm: LoadedModel, enc: Encoded) -> dict[str, Any]:
 def texts_of(prompt: str | list[str]) -> tuple[list[str], bool]:
     """``([prompt], True)`` for one text (the API's ``prompt=``), ``(list, False)`` for several; UsageError for an
     empty text or list."""
-    from anatomy_cli.errors import UsageError
 
     texts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not texts or any(not isinstance(t, str) or t == "" for t in texts):

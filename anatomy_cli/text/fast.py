@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
-def _content(value: Any) -> str | None:
+def _content(value: object) -> str | None:
     """A special token as tokenizer_config.json writes it: a string or ``{"content": ...}``."""
     if isinstance(value, dict):
         value = value.get("content")

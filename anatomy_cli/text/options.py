@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from anatomy_cli.errors import UsageError
+
 
 @dataclass(frozen=True)
 class PromptOptions:
@@ -26,7 +28,6 @@ class PromptOptions:
         if isinstance(self.truncate, Enum):  # typer's choice: its value
             object.__setattr__(self, "truncate", self.truncate.value)
         if self.truncate not in (None, "left"):
-            from anatomy_cli.errors import UsageError
 
             raise UsageError(f"unknown truncation '{self.truncate}'; use 'left'")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from dataclasses import field
-from typing import Any
 
 from anatomy_cli.analyses.params.rules import _EXPERT_INDEX_RE  # noqa: F401 (re-exported: the breakdown's vocabulary)
 from anatomy_cli.analyses.params.rules import _LAYER_RE  # noqa: F401 (re-exported: the breakdown's vocabulary)
@@ -106,9 +105,9 @@ class Placement:
     dtype: str
     balanced: bool
     device_map: dict[str, str]
-    devices: tuple[dict[str, Any], ...]
+    devices: tuple[dict[str, object], ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"max_memory": dict(self.max_memory), "dtype": self.dtype, "balanced": self.balanced,
                 "device_map": dict(self.device_map), "devices": [dict(d) for d in self.devices]}
 
@@ -146,7 +145,7 @@ class ParamsResult:
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "model": self.model,
             "source": self.source,
@@ -186,7 +185,7 @@ def _bpw(n_bytes: int, n_params: int) -> float | None:
     return 8 * n_bytes / n_params if n_params else None
 
 
-def _row_dict(row: Row) -> dict[str, Any]:
+def _row_dict(row: Row) -> dict[str, object]:
     return {"key": row.key, "label": row.label, "layers": row.layers, "parameters": row.parameters,
             "share": row.share, "active": row.active, "memory_bytes": row.memory_bytes,
             "dtypes": list(row.dtypes), "disk_bytes": row.disk_bytes, "bits_per_weight": row.bits_per_weight}

@@ -54,6 +54,7 @@ from anatomy_cli.models.headers import TensorInfo
 from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.headers import read_safetensors
 from anatomy_cli.models.headers import safetensors_files
+from anatomy_cli.units import human_bytes
 
 _GGUF_RULES = (
     (TOKEN, r"^token_embd\."),
@@ -223,6 +224,5 @@ def _result(spec, source, location, model_type, architecture, family_name, n_lay
 
 
 def _gib(n: int) -> str:
-    from anatomy_cli.units import human_bytes
 
     return human_bytes(n)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from dataclasses import field
-from typing import Any
 
 import torch
 
@@ -84,7 +83,7 @@ class Check:
             return 0.0 if self.error == 0 else math.inf
         return self.error / self.tolerance
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "layer": self.layer, "passed": self.passed, "error": _num(self.error),
                 "tolerance": self.tolerance, "max_abs": _num(self.max_abs), "rel_error": _num(self.rel_error),
                 "cosine": _num(self.cosine), "score": _num(self.score), "threshold": self.threshold,
@@ -174,7 +173,7 @@ class SectionResult:
         ran = [c for c in self.checks if c.passed is not None]
         return max(ran, key=lambda c: (c.passed is False, c.margin)) if ran else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """The section in one line: ``name``, ``status``, ``counts``, the ``worst`` row (its :meth:`Check.to_dict`,
         or None), ``note`` (why it was skipped, for a section with no row that ran)."""
         worst = self.worst
@@ -182,7 +181,7 @@ class SectionResult:
         return {"name": self.name, "status": self.status, "counts": self.counts(),
                 "worst": None if worst is None else worst.to_dict(), "note": why}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"name": self.name, "title": self.title, "status": self.status, "note": self.note,
                 "checks": [c.to_dict() for c in self.checks]}
 
@@ -205,7 +204,7 @@ class Verification:
         per = [s.counts() for s in self.sections]
         return {k: sum(c[k] for c in per) for k in ("passed", "failed", "skipped")}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"passed": self.passed, "counts": self.counts(), "sections": [s.to_dict() for s in self.sections],
                 "summary": [s.summary() for s in self.sections],
                 "failed": [f"{section}: {c.label}" for section, c in self.failed]}

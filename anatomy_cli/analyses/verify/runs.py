@@ -13,6 +13,7 @@ import torch
 from anatomy_cli import engine
 from anatomy_cli.engine.model import DTYPES
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.models import sites
 from anatomy_cli.text.tokenization import Encoded
 
 
@@ -34,7 +35,8 @@ class Runs:
 
     @cached_property
     def names(self) -> list[str]:
-        return engine.hook_names(self.lm)
+        """Every hook point but the internals (models/sites.py ``INTERNALS``: no residual-stream width)."""
+        return [n for n in engine.hook_names(self.lm) if not sites.is_internal(n)]
 
     @cached_property
     def batched(self) -> list[engine.Cache]:

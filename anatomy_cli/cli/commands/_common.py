@@ -37,6 +37,7 @@ from typing import TypeVar
 
 import typer
 
+from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
@@ -74,7 +75,6 @@ def read_prompts_file(path: str) -> list[str]:
     file, no prompt, invalid UTF-8."""
     from pathlib import Path
 
-    from anatomy_cli.errors import UsageError
     from anatomy_cli.text.inputs import read_prompts
 
     if path == "-":

@@ -17,12 +17,14 @@ from typing import Protocol
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sites import TL_MLP_IN
+from anatomy_cli.models.sites import WRITE_SITES
 from anatomy_cli.models.sites import Point
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import block_of
 from anatomy_cli.models.sites import hook_name
 from anatomy_cli.models.sites import name as point_name
 from anatomy_cli.models.sites import parse_point
+from anatomy_cli.models.sites import spelled
 
 if TYPE_CHECKING:
     from anatomy_cli.models.adapters import Adapter
@@ -67,9 +69,8 @@ def hook_point(name: str, *, transcoder_input: bool = False) -> str:
         if transcoder_input and m.group(2) == ".mlp":
             return hook_name(int(m.group(1)), Site.mlp_in)
         return hook_name(int(m.group(1)), _SPARSIFY_SITE[m.group(2)])
-    raise UsageError(f"the SAE's hook '{name}' has no anatomy hook point: anatomy reads blocks.N.hook_resid_pre, "
-                     f"hook_resid_mid, hook_resid_post, hook_attn_out, hook_mlp_out, attn.hook_z, and an MLP's "
-                     f"input (--hook NAME overrides)")
+    raise UsageError(f"the SAE's hook '{name}' has no anatomy hook point: anatomy reads "
+                     f"{spelled([*WRITE_SITES, Site.head], ', ')}, and an MLP's input (--hook NAME overrides)")
 
 
 def before_gain(name: str) -> bool:

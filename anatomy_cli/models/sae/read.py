@@ -151,7 +151,7 @@ def _tensor(tensors: dict[str, Array], name: str, path: Path) -> Array:
     return np.asarray(tensors[name])
 
 
-def _architecture(value: Any, where: Path) -> str:
+def _architecture(value: object, where: Path) -> str:
     """SAELens' architecture name as anatomy's: transcoders (``transcoder``, ``skip_transcoder``,
     ``jumprelu_transcoder``) as the SAE they encode like."""
     arch = str(value).lower().replace("-", "_")
@@ -167,7 +167,7 @@ def _saelens(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
     cfg = _config(folder)
     meta: dict[str, Any] = cfg["metadata"] if isinstance(cfg.get("metadata"), dict) else {}
 
-    def get(key: str, default: Any = None) -> Any:
+    def get(key: str, default: object = None) -> Any:
         return cfg[key] if key in cfg else meta.get(key, default)
 
     arch = _architecture(get("architecture", "standard"), folder / "cfg.json")
@@ -196,7 +196,7 @@ def _saelens(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
                   rescale_by_decoder_norm=bool(get("rescale_acts_by_decoder_norm", False)))
 
 
-def _stated_l0(k: Any, meta: dict[str, Any]) -> float | None:
+def _stated_l0(k: object, meta: dict[str, Any]) -> float | None:
     """TopK's k; a BatchTopK saved as JumpReLU: the k it trained with (``training_architecture_details``)."""
     details = meta.get("training_architecture_details")
     trained_k = details.get("k") if isinstance(details, dict) else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -58,7 +57,7 @@ def part(grid: LensGrid, stat: str, tokens: Sequence[str], *, div_id: str | None
     described = statistics.LENS[stat]
     colours, title, limits = described.colorscale, described.label, described.limits
     z = [[math.log10(v) for v in row] for row in values] if described.log else values
-    bar: dict[str, Any] = {"title": {"text": esc(title), "side": "right"}}
+    bar: dict[str, object] = {"title": {"text": esc(title), "side": "right"}}
     if described.log:
         top = max(max(row) for row in values)
         vals = [10 ** e for e in range(0, int(math.log10(max(top, 1))) + 1)]

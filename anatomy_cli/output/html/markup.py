@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import dataclass
-from typing import Any
 
 UNTRAINED = "untrained (random weights)"
 
@@ -30,7 +29,7 @@ def token(piece: str | None, limit: int | None = None) -> str:
     return esc(text)
 
 
-def script_json(value: Any) -> str:
+def script_json(value: object) -> str:
     """JSON for inside a ``<script>``: ``<``, ``>`` and ``&`` as ``\\u003c`` ..., so no user text ends the script."""
     return (json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             .replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

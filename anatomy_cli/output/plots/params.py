@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 from matplotlib.ticker import FuncFormatter
 
@@ -70,7 +69,7 @@ def figure(result: ParamsResult, cap: Caption) -> Figure:
     return fig
 
 
-def _count(value: float, _pos: Any = None) -> str:
+def _count(value: float, _pos: object = None) -> str:
     """Axis ticks: 0, 500k, 40M, 1.5B."""
     for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:

@@ -4,7 +4,6 @@ per verify section with every row (``--detail``; tsv and csv always), the JSON r
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -54,7 +53,7 @@ def _limit(c: Check) -> str | None:
     return None if c.tolerance is None else f"≤ {c.tolerance:g}"
 
 
-def _row(c: Check) -> dict[str, Any]:
+def _row(c: Check) -> dict[str, object]:
     score = c.score is not None
     return {"check": c.label, "measured": c.score if score else c.error, "limit": _limit(c),
             "result": {True: "pass", False: "FAIL", None: "skip"}[c.passed], "max_abs": c.max_abs,
@@ -65,7 +64,7 @@ def _number(i: int, name: str) -> int:
     return NUMBERS.get(name, i)
 
 
-def _summary_row(i: int, s: SectionResult) -> dict[str, Any]:
+def _summary_row(i: int, s: SectionResult) -> dict[str, object]:
     worst, counts = s.worst, s.counts()
     why = s.summary()["note"]
     return {"section": f"{_number(i, s.name)}. {s.name}", "status": s.status, **counts,
