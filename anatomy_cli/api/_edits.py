@@ -31,7 +31,7 @@ def dla(model: Model, prompt: str | list[str], opts: dla_task.DlaOptions, *,
     component)."""
     from anatomy_cli.output.views import dla as view
 
-    return run_prompts(dla_task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.shown)
+    return run_prompts(dla_task, view, model, prompt, opts, prompts)
 
 
 @command(ablate_task.AblateOptions)
@@ -43,8 +43,7 @@ def ablate(model: Model, prompt: str | list[str], opts: ablate_task.AblateOption
     Ablation; rows: ``rows`` (one per component)."""
     from anatomy_cli.output.views import ablate as view
 
-    return run_prompts(ablate_task, view, model, prompt, opts, prompts, check_encoded=True,
-                       unwrap=lambda r: r.ablation)
+    return run_prompts(ablate_task, view, model, prompt, opts, prompts)
 
 
 @command(patch_task.PatchOptions)

@@ -1,7 +1,8 @@
-"""Prompt-reading analyses: trace, next_token, lens, heads, attn. Each builds its command's options object from
-its keywords and runs the same task (:mod:`anatomy_cli.tasks`) and view (:mod:`anatomy_cli.output.views`) as the
-command, returning the command's JSON with its result object (:class:`~anatomy_cli.api._results.Result`). No
-torch at import time; nothing from cli/."""
+"""Prompt-reading analyses of their own shape: lens, heads, attn (the others are the prompt driver's,
+api/_driven.py). Each builds its command's options object from its keywords and runs the same task
+(:mod:`anatomy_cli.tasks`) and view (:mod:`anatomy_cli.output.views`) as the command, returning the command's
+JSON with its result object (:class:`~anatomy_cli.api._results.Result`). No torch at import time; nothing from
+cli/."""
 
 from __future__ import annotations
 
@@ -18,9 +19,7 @@ from anatomy_cli.api._run import run_prompts
 from anatomy_cli.tasks import attn as attn_task
 from anatomy_cli.tasks import heads as heads_task
 from anatomy_cli.tasks import lens as lens_task
-from anatomy_cli.tasks import next_token as next_task
 from anatomy_cli.tasks import route as route_task
-from anatomy_cli.tasks import trace as trace_task
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -39,27 +38,6 @@ def _caption(command: str, lm: LoadedModel, text: str | None, detail: str | None
 def _one(results: list[Result], single: bool) -> One:
     return results[0] if single else results
 
-
-@command(trace_task.TraceOptions)
-def trace(model: Model, prompt: str | list[str], opts: trace_task.TraceOptions, *,
-          prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy trace`: one position followed through the residual stream (rows ``embed``, then blocks 0..L−1:
-    cosines, norms, the logit lens), and the model's top ``k`` next tokens. ``lens``: ``logit``, ``tuned:DIR`` or
-    ``jacobian:FILE`` (the lens columns' lens). ``result``: Trace; rows: ``layers`` (n_layers + 1)."""
-    from anatomy_cli.output.views import trace as view
-
-    return run_prompts(trace_task, view, model, prompt, opts, prompts, check_encoded=True,
-                       unwrap=lambda r: r.trace)
-
-
-@command(next_task.NextOptions)
-def next_token(model: Model, prompt: str | list[str], opts: next_task.NextOptions, *,
-               prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy next`: the next-token distribution after the prompt (float64 softmax at the last position).
-    ``result``: NextTokens; rows: ``top`` (k)."""
-    from anatomy_cli.output.views import next as view
-
-    return run_prompts(next_task, view, model, prompt, opts, prompts)
 
 
 @command(route_task.RouteOptions)

@@ -1,10 +1,13 @@
 """The one list of commands: a :class:`Command` record each, in the order the docs name them.
 
-A record says what the command is called, where its code lives (``module``: ``anatomy_cli/tasks/<module>.py``,
-``anatomy_cli/cli/commands/<module>.py``), what it needs to run (:class:`Needs`), whether a running
-``anatomy serve`` answers it (:class:`Serve`), the Python API function that runs it (``api``: ``(module of
-anatomy_cli/api, function)``) and its docs page. Nothing else lists command names: ``cli/main.py`` registers the
-records' CLI modules, ``serve/client.py`` forwards by the records, ``api/__init__.py`` exports their functions,
+A record says what the command is called, where its code lives (``module``: ``anatomy_cli/tasks/<module>.py``),
+how it runs (``view``: the module of ``anatomy_cli/output/views`` of a command the prompt driver runs, whose CLI
+command and API function are generated from the task module's hooks, ``cli/driver.py`` and ``api/_driven.py``;
+None: a command of its own shape, ``anatomy_cli/cli/commands/<module>.py``), what it needs to run
+(:class:`Needs`), whether a running ``anatomy serve`` answers it (:class:`Serve`), the Python API function that
+runs it (``api``: ``(module of anatomy_cli/api, function)``) and its docs page. Nothing else lists command names:
+``cli/main.py`` registers the records' commands, ``serve/client.py`` forwards by the records, ``api/__init__.py``
+exports their functions,
 ``serve --status`` and docs/serve.md name the forwarded ones from them. Standard library only (the serve client
 imports this before anything heavy).
 """
@@ -45,6 +48,7 @@ class Command:
     serve: Serve | None = None  # None: forwarded when it needs weights, else not
     api: tuple[str, str] | None = None  # (module under anatomy_cli/api, function name)
     docs: str | None = None  # the page under docs/, from the repository root
+    view: str | None = None  # the prompt driver's view (output/views/<view>.py); None: cli/commands/<module>.py
 
     @property
     def forwarded(self) -> bool:
@@ -80,8 +84,9 @@ _RAY = ("--ray", "--ray-address")
 
 # In the order docs/serve.md and `serve --help` name the forwarded commands; then those that load no weights.
 COMMANDS: tuple[Command, ...] = (
-    Command("trace", "trace", Needs.decoder, api=("_prompts", "trace"), docs="docs/commands/trace.md"),
-    Command("next", "next_token", Needs.decoder, api=("_prompts", "next_token"), docs="docs/commands/next.md"),
+    Command("trace", "trace", Needs.decoder, api=("_driven", "trace"), docs="docs/commands/trace.md", view="trace"),
+    Command("next", "next_token", Needs.decoder, api=("_driven", "next_token"), docs="docs/commands/next.md",
+            view="next"),
     Command("drift", "drift", Needs.weights, api=("_edits", "drift"), docs="docs/commands/drift.md"),
     Command("lens", "lens", Needs.decoder, api=("_prompts", "lens"), docs="docs/commands/lens.md"),
     Command("dla", "dla", Needs.decoder, api=("_edits", "dla"), docs="docs/commands/dla.md"),

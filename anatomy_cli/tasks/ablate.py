@@ -189,3 +189,8 @@ def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: di
     ablation = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", opts.mode.value,
                                  [key for *key, _ in rows], edited, base)
     return ablation, extra
+
+
+def carried(result: AblateResult) -> object:
+    """What the API's Result carries of one prompt's result."""
+    return result.ablation

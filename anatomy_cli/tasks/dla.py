@@ -127,3 +127,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: DlaOptions, plan: DlaPlan
             notes.warn(mismatch)
         out.append(DlaResult(cache.positions[0], full, full.select(opts.top, opts.sort.value), plan.ids, opts.by))
     return out
+
+
+def carried(result: DlaResult) -> object:
+    """What the API's Result carries of one prompt's result."""
+    return result.shown
