@@ -14,36 +14,10 @@ from anatomy_cli.api._model import weights
 from anatomy_cli.api._prompts import One
 from anatomy_cli.api._prompts import _one
 from anatomy_cli.api._results import Result
-from anatomy_cli.api._run import run_prompts
-from anatomy_cli.tasks import ablate as ablate_task
 from anatomy_cli.tasks import attribute as attribute_task
-from anatomy_cli.tasks import dla as dla_task
 from anatomy_cli.tasks import drift as drift_task
 from anatomy_cli.tasks import patch as patch_task
 from anatomy_cli.text.options import PromptOptions
-
-
-@command(dla_task.DlaOptions)
-def dla(model: Model, prompt: str | list[str], opts: dla_task.DlaOptions, *,
-        prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy dla`: direct logit attribution of logit(target) (minus logit(foil)) at ``position``; the rows add
-    up to the model's own logit. ``result``: Attribution (the rows ``top``/``sort`` keep); rows: ``rows`` (one per
-    component)."""
-    from anatomy_cli.output.views import dla as view
-
-    return run_prompts(dla_task, view, model, prompt, opts, prompts)
-
-
-@command(ablate_task.AblateOptions)
-def ablate(model: Model, prompt: str | list[str], opts: ablate_task.AblateOptions, *,
-           prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy ablate`: each attention and MLP output (``heads``: each head) zeroed or mean-ablated (``mode``,
-    default ``zero``), or with ``experts`` each routed expert of each MoE block rerouted around or zeroed (default
-    ``reroute``), and the change of log p(target) (or logit(target) - logit(foil)) at ``position``. ``result``:
-    Ablation; rows: ``rows`` (one per component)."""
-    from anatomy_cli.output.views import ablate as view
-
-    return run_prompts(ablate_task, view, model, prompt, opts, prompts)
 
 
 @command(patch_task.PatchOptions)

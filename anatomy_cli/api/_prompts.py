@@ -15,11 +15,9 @@ from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
-from anatomy_cli.api._run import run_prompts
 from anatomy_cli.tasks import attn as attn_task
 from anatomy_cli.tasks import heads as heads_task
 from anatomy_cli.tasks import lens as lens_task
-from anatomy_cli.tasks import route as route_task
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -38,17 +36,6 @@ def _caption(command: str, lm: LoadedModel, text: str | None, detail: str | None
 def _one(results: list[Result], single: bool) -> One:
     return results[0] if single else results
 
-
-
-@command(route_task.RouteOptions)
-def route(model: Model, prompt: str | list[str], opts: route_task.RouteOptions, *,
-          prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy route`: per MoE block and position, the chosen experts (heaviest first), the weights the block
-    applies, the router's entropy (nats) and the margin between the k-th and (k+1)-th router probability.
-    ``block``: ``"0,2"``, ``1`` (None: every MoE block). ``result``: RouteResult; rows: ``rows``."""
-    from anatomy_cli.output.views import route as view
-
-    return run_prompts(route_task, view, model, prompt, opts, prompts)
 
 
 @command(lens_task.LensOptions)
