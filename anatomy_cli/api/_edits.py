@@ -9,12 +9,8 @@ from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import opened
-from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
-from anatomy_cli.api._prompts import One
-from anatomy_cli.api._prompts import _one
 from anatomy_cli.api._results import Result
-from anatomy_cli.tasks import attribute as attribute_task
 from anatomy_cli.tasks import drift as drift_task
 from anatomy_cli.tasks import patch as patch_task
 from anatomy_cli.text.options import PromptOptions
@@ -37,27 +33,6 @@ def patch(model: Model, clean: str, corrupt: str, opts: patch_task.PatchOptions,
     data = view.report(lm, enc_clean, enc_corrupt, result, wide=False).data
     args, kwargs = view.figure(lm, enc_clean, enc_corrupt, result)
     return Result(patch_task.COMMAND, result.patching, data, view.ROWS, args, kwargs)
-
-
-@command(attribute_task.AttributeOptions)
-def attribute(model: Model, prompt: str | list[str], opts: attribute_task.AttributeOptions, *,
-              prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy attribute`: how much each input token drove log p(target) at the last position (or
-    logit(target) - logit(foil)), by Captum's ``method``. ``result``: TokenAttribution; rows: ``rows``
-    (one per token)."""
-    from anatomy_cli.output.views import attribute as view
-
-    texts, single = texts_of(prompt)
-    first = opened(model)
-    encoded = encode(first, texts, prompts)
-    ids = attribute_task.check(first, opts)
-    lm = weights(first)
-    out = []
-    for enc, result in zip(encoded, attribute_task.run(lm, encoded, opts, ids)):
-        args, kwargs = view.figure(lm, enc, result, ids)
-        data = view.report(lm, enc, result, ids).data
-        out.append(Result(attribute_task.COMMAND, result, data, view.ROWS, args, kwargs))
-    return _one(out, single)
 
 
 @command(drift_task.DriftOptions)
