@@ -26,7 +26,7 @@ PROMPT = bench.TRACE_PROMPT  # 15 GPT-2 tokens
 
 
 def lens_in_process(lm, prompt: str):
-    """What `anatomy lens PROMPT` computes, minus rendering (mirrors commands/lens.py)."""
+    """What `anatomy lens PROMPT` computes, minus rendering (mirrors tasks/lens.py)."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis
     from anatomy_cli.cli.commands._common import describe

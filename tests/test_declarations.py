@@ -50,9 +50,24 @@ def test_the_records_are_the_apps_commands_with_their_files():
     assert len({c.name for c in COMMANDS}) == len(COMMANDS)
     tasks = task_modules()
     for c in COMMANDS:
-        assert (ROOT / "anatomy_cli" / "cli" / "commands" / f"{c.module}.py").is_file(), c.name
+        own = (ROOT / "anatomy_cli" / "cli" / "commands" / f"{c.module}.py").is_file()
+        assert own is (c.view is None), f"{c.name}: a CLI file of its own exactly when the driver does not run it"
         assert c.docs is not None and (ROOT / c.docs).is_file(), c.name
         assert c.name in tasks and tasks[c.name].__name__.endswith(f".{c.module}"), c.name
+
+
+def test_a_driven_command_is_its_record_its_task_module_and_its_view():
+    """The prompt driver's commands (a record with a ``view``) are written in their task module (the hooks of
+    anatomy_cli/tasks/driven.py) and their view, nowhere else: no CLI module, no API wrapper."""
+    tasks = task_modules()
+    driven = [c for c in COMMANDS if c.view is not None]
+    assert driven
+    for c in driven:
+        task = tasks[c.name]
+        assert (ROOT / "anatomy_cli" / "output" / "views" / f"{c.view}.py").is_file(), c.name
+        assert task.OPTIONS is options_class(task), c.name
+        assert callable(task.check) and callable(task.run) and task.HELP.strip(), c.name
+        assert c.api is None or (c.api[0] == "_driven" and task.API_HELP.strip()), c.name
 
 
 def test_every_weight_loading_command_is_forwarded_or_says_why_not():

@@ -206,7 +206,7 @@ def test_route_block_top_and_tsv(tiny_model_dir):
 
 
 def test_route_refusals_before_weights_load(tiny_model_dir, monkeypatch):
-    import anatomy_cli.cli.commands.route as command
+    import anatomy_cli.cli.driver as command  # route is the prompt driver's
 
     def no_load(*_a, **_k):
         raise AssertionError("weights loaded")

@@ -9,42 +9,11 @@ from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import opened
-from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
-from anatomy_cli.api._prompts import One
-from anatomy_cli.api._prompts import _one
 from anatomy_cli.api._results import Result
-from anatomy_cli.api._run import run_prompts
-from anatomy_cli.tasks import ablate as ablate_task
-from anatomy_cli.tasks import attribute as attribute_task
-from anatomy_cli.tasks import dla as dla_task
 from anatomy_cli.tasks import drift as drift_task
 from anatomy_cli.tasks import patch as patch_task
 from anatomy_cli.text.options import PromptOptions
-
-
-@command(dla_task.DlaOptions)
-def dla(model: Model, prompt: str | list[str], opts: dla_task.DlaOptions, *,
-        prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy dla`: direct logit attribution of logit(target) (minus logit(foil)) at ``position``; the rows add
-    up to the model's own logit. ``result``: Attribution (the rows ``top``/``sort`` keep); rows: ``rows`` (one per
-    component)."""
-    from anatomy_cli.output.views import dla as view
-
-    return run_prompts(dla_task, view, model, prompt, opts, prompts, check_encoded=True, unwrap=lambda r: r.shown)
-
-
-@command(ablate_task.AblateOptions)
-def ablate(model: Model, prompt: str | list[str], opts: ablate_task.AblateOptions, *,
-           prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy ablate`: each attention and MLP output (``heads``: each head) zeroed or mean-ablated (``mode``,
-    default ``zero``), or with ``experts`` each routed expert of each MoE block rerouted around or zeroed (default
-    ``reroute``), and the change of log p(target) (or logit(target) - logit(foil)) at ``position``. ``result``:
-    Ablation; rows: ``rows`` (one per component)."""
-    from anatomy_cli.output.views import ablate as view
-
-    return run_prompts(ablate_task, view, model, prompt, opts, prompts, check_encoded=True,
-                       unwrap=lambda r: r.ablation)
 
 
 @command(patch_task.PatchOptions)
@@ -64,27 +33,6 @@ def patch(model: Model, clean: str, corrupt: str, opts: patch_task.PatchOptions,
     data = view.report(lm, enc_clean, enc_corrupt, result, wide=False).data
     args, kwargs = view.figure(lm, enc_clean, enc_corrupt, result)
     return Result(patch_task.COMMAND, result.patching, data, view.ROWS, args, kwargs)
-
-
-@command(attribute_task.AttributeOptions)
-def attribute(model: Model, prompt: str | list[str], opts: attribute_task.AttributeOptions, *,
-              prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy attribute`: how much each input token drove log p(target) at the last position (or
-    logit(target) - logit(foil)), by Captum's ``method``. ``result``: TokenAttribution; rows: ``rows``
-    (one per token)."""
-    from anatomy_cli.output.views import attribute as view
-
-    texts, single = texts_of(prompt)
-    first = opened(model)
-    encoded = encode(first, texts, prompts)
-    ids = attribute_task.check(first, opts)
-    lm = weights(first)
-    out = []
-    for enc, result in zip(encoded, attribute_task.run(lm, encoded, opts, ids)):
-        args, kwargs = view.figure(lm, enc, result, ids)
-        data = view.report(lm, enc, result, ids).data
-        out.append(Result(attribute_task.COMMAND, result, data, view.ROWS, args, kwargs))
-    return _one(out, single)
 
 
 @command(drift_task.DriftOptions)

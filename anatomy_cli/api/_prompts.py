@@ -1,7 +1,8 @@
-"""Prompt-reading analyses: trace, next_token, lens, heads, attn. Each builds its command's options object from
-its keywords and runs the same task (:mod:`anatomy_cli.tasks`) and view (:mod:`anatomy_cli.output.views`) as the
-command, returning the command's JSON with its result object (:class:`~anatomy_cli.api._results.Result`). No
-torch at import time; nothing from cli/."""
+"""Prompt-reading analyses of their own shape: lens, heads, attn (the others are the prompt driver's,
+api/_driven.py). Each builds its command's options object from its keywords and runs the same task
+(:mod:`anatomy_cli.tasks`) and view (:mod:`anatomy_cli.output.views`) as the command, returning the command's
+JSON with its result object (:class:`~anatomy_cli.api._results.Result`). No torch at import time; nothing from
+cli/."""
 
 from __future__ import annotations
 
@@ -14,13 +15,7 @@ from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
-from anatomy_cli.api._run import run_prompts
-from anatomy_cli.tasks import attn as attn_task
 from anatomy_cli.tasks import heads as heads_task
-from anatomy_cli.tasks import lens as lens_task
-from anatomy_cli.tasks import next_token as next_task
-from anatomy_cli.tasks import route as route_task
-from anatomy_cli.tasks import trace as trace_task
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -39,60 +34,6 @@ def _caption(command: str, lm: LoadedModel, text: str | None, detail: str | None
 def _one(results: list[Result], single: bool) -> One:
     return results[0] if single else results
 
-
-@command(trace_task.TraceOptions)
-def trace(model: Model, prompt: str | list[str], opts: trace_task.TraceOptions, *,
-          prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy trace`: one position followed through the residual stream (rows ``embed``, then blocks 0..L−1:
-    cosines, norms, the logit lens), and the model's top ``k`` next tokens. ``lens``: ``logit``, ``tuned:DIR`` or
-    ``jacobian:FILE`` (the lens columns' lens). ``result``: Trace; rows: ``layers`` (n_layers + 1)."""
-    from anatomy_cli.output.views import trace as view
-
-    return run_prompts(trace_task, view, model, prompt, opts, prompts, check_encoded=True,
-                       unwrap=lambda r: r.trace)
-
-
-@command(next_task.NextOptions)
-def next_token(model: Model, prompt: str | list[str], opts: next_task.NextOptions, *,
-               prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy next`: the next-token distribution after the prompt (float64 softmax at the last position).
-    ``result``: NextTokens; rows: ``top`` (k)."""
-    from anatomy_cli.output.views import next as view
-
-    return run_prompts(next_task, view, model, prompt, opts, prompts)
-
-
-@command(route_task.RouteOptions)
-def route(model: Model, prompt: str | list[str], opts: route_task.RouteOptions, *,
-          prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy route`: per MoE block and position, the chosen experts (heaviest first), the weights the block
-    applies, the router's entropy (nats) and the margin between the k-th and (k+1)-th router probability.
-    ``block``: ``"0,2"``, ``1`` (None: every MoE block). ``result``: RouteResult; rows: ``rows``."""
-    from anatomy_cli.output.views import route as view
-
-    return run_prompts(route_task, view, model, prompt, opts, prompts)
-
-
-@command(lens_task.LensOptions)
-def lens(model: Model, prompt: str | list[str], opts: lens_task.LensOptions, *,
-         prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy lens`: the logit lens at every residual-stream row (``embed``, then blocks 0..L−1) and position.
-    ``layers``: the rows to show (``["embed", 0, 6]`` or ``"embed,0,6"``); ``lens``: ``logit``, ``tuned:DIR`` or
-    ``jacobian:FILE`` (a fitted lens, docs/commands/lens.md#fitted-lenses). ``result``: LensGrid; rows: ``cells``
-    (one per row x position)."""
-    from anatomy_cli.output.views import lens as view
-
-    texts, single = texts_of(prompt)
-    first = opened(model)
-    encoded = encode(first, texts, prompts)
-    plan = lens_task.check(first, opts)
-    lm = weights(first)
-    out = []
-    for enc, grid in zip(encoded, lens_task.run(lm, encoded, opts, plan)):
-        args, kwargs = view.figure(lm, enc, grid, opts.stat)
-        data = view.report(lm, enc, grid, opts.stat).data
-        out.append(Result(lens_task.COMMAND, grid, data, view.ROWS, args, kwargs))
-    return _one(out, single)
 
 
 @command(heads_task.HeadsOptions)
@@ -114,25 +55,4 @@ def heads(model: Model, prompt: str | list[str] | None = None,
         part = view.shown(full, opts.top)
         args, kwargs = view.figure(lm, enc, full, opts.top, prompted=bool(encoded))
         out.append(Result(heads_task.COMMAND, part, view.report(lm, enc, part).data, view.ROWS, args, kwargs))
-    return _one(out, single)
-
-
-@command(attn_task.AttnOptions)
-def attn(model: Model, prompt: str | list[str], opts: attn_task.AttnOptions, *,
-         prompts: PromptOptions = PromptOptions()) -> One:
-    """`anatomy attn`: attention weights, eager attention. ``layer`` (a block, 0..L−1) and ``head``: one head's
-    query x key pattern; ``layer``: every head of it from one query (``position``); neither: every block.
-    ``result``: Attention (``grid``: [layers, heads, queries, keys]); rows: ``weights`` (one per weight)."""
-    from anatomy_cli.output.views import attn as view
-
-    texts, single = texts_of(prompt)
-    first = opened(model)
-    encoded = encode(first, texts, prompts)
-    plan = attn_task.check(first, opts, encoded)
-    lm = weights(first)
-    out = []
-    for enc, result in zip(encoded, attn_task.run(lm, encoded, opts, plan)):
-        args, kwargs = view.figure(lm, enc, result, opts.one_head)
-        data = view.report(lm, enc, result, k=opts.k, one_head=opts.one_head).data
-        out.append(Result(attn_task.COMMAND, result, data, view.ROWS, args, kwargs))
     return _one(out, single)

@@ -8,12 +8,8 @@ import time; nothing from cli/.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-from typing import Literal
-from typing import TypeVar
-from typing import cast
-from typing import overload
+from types import ModuleType
+from typing import Any
 
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
@@ -21,59 +17,28 @@ from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
+from anatomy_cli.output.views import driven as views
+from anatomy_cli.tasks import driven
 from anatomy_cli.text.options import PromptOptions
 
-if TYPE_CHECKING:
-    from anatomy_cli.engine import Encoded
-    from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.output.views.protocol import FigureArgs
-    from anatomy_cli.output.views.protocol import View
-    from anatomy_cli.tasks.protocol import OptionsTask
-    from anatomy_cli.tasks.protocol import PromptTask
-
 One = Result | list[Result]
-O = TypeVar("O")
-P = TypeVar("P")
-R = TypeVar("R")
 
 
-@overload
-def run_prompts(task: PromptTask[O, P, R], view: View[R], model: Model, prompt: str | list[str], opts: O,
-                prompts: PromptOptions = ..., *, check_encoded: Literal[True],
-                unwrap: Callable[[R], object] | None = None,
-                figure: Callable[[LoadedModel, Encoded, R], FigureArgs] | None = None) -> One: ...
-
-
-@overload
-def run_prompts(task: OptionsTask[O, P, R], view: View[R], model: Model, prompt: str | list[str], opts: O,
-                prompts: PromptOptions = ..., *, check_encoded: Literal[False] = False,
-                unwrap: Callable[[R], object] | None = None,
-                figure: Callable[[LoadedModel, Encoded, R], FigureArgs] | None = None) -> One: ...
-
-
-def run_prompts(task: PromptTask[O, P, R] | OptionsTask[O, P, R], view: View[R], model: Model,
-                prompt: str | list[str], opts: O, prompts: PromptOptions = PromptOptions(), *,
-                check_encoded: bool = False, unwrap: Callable[[R], object] | None = None,
-                figure: Callable[[LoadedModel, Encoded, R], FigureArgs] | None = None) -> One:
-    """``task.check`` then ``task.run`` on ``prompt`` (one text → one Result; a list → a list).
-
-    ``check_encoded``: the task's check reads the encoded prompts too (``check(lm, opts, encoded)``);
-    ``unwrap(result)``: the object the Result carries, where the task's result wraps it (dla's ``shown``);
-    ``figure(lm, enc, result)``: the picture's ``(args, kwargs)`` for :meth:`Result.plot` (None: the view's
-    ``figure`` if it has one)."""
+def run_prompts(task: ModuleType, view: ModuleType, model: Model, prompt: str | list[str], opts: Any,
+                prompts: PromptOptions = PromptOptions()) -> One:
+    """``task.check`` then ``task.run`` on ``prompt`` (one text → one Result; a list → a list), each result with
+    its view's report and picture: the hooks of :mod:`anatomy_cli.tasks.driven` and
+    :mod:`anatomy_cli.output.views.driven`, read as the CLI's prompt driver reads them (the API's options: no
+    format, no picture path)."""
     texts, single = texts_of(prompt)
     first = opened(model)
     encoded = encode(first, texts, prompts)
-    if check_encoded:  # the overloads pair the flag with the task's check (before the weights)
-        plan = cast("PromptTask[O, P, R]", task).check(first, opts, encoded)
-    else:
-        plan = cast("OptionsTask[O, P, R]", task).check(first, opts)
+    plan = driven.check(task, first, opts, encoded)
     lm = weights(first)
-    results = task.run(lm, encoded, opts, plan)
-    figure = figure or getattr(view, "figure", None)
+    how = views.Shown(opts, plan)
     out = []
-    for enc, result in zip(encoded, results):
-        args, kwargs = figure(lm, enc, result) if figure is not None else ((), {})
-        carried = unwrap(result) if unwrap is not None else result
-        out.append(Result(task.COMMAND, carried, view.report(lm, enc, result).data, view.ROWS, args, kwargs))
+    for enc, result in zip(encoded, task.run(lm, encoded, opts, plan, **views.run_kwargs(view, how))):
+        args, kwargs = views.figure(view, lm, enc, result, how)
+        data = views.report(view, lm, enc, result, how).data
+        out.append(Result(task.COMMAND, driven.carried(task, result), data, view.ROWS, args, kwargs))
     return out[0] if single else out

@@ -1,10 +1,13 @@
 """The one list of commands: a :class:`Command` record each, in the order the docs name them.
 
-A record says what the command is called, where its code lives (``module``: ``anatomy_cli/tasks/<module>.py``,
-``anatomy_cli/cli/commands/<module>.py``), what it needs to run (:class:`Needs`), whether a running
-``anatomy serve`` answers it (:class:`Serve`), the Python API function that runs it (``api``: ``(module of
-anatomy_cli/api, function)``) and its docs page. Nothing else lists command names: ``cli/main.py`` registers the
-records' CLI modules, ``serve/client.py`` forwards by the records, ``api/__init__.py`` exports their functions,
+A record says what the command is called, where its code lives (``module``: ``anatomy_cli/tasks/<module>.py``),
+how it runs (``view``: the module of ``anatomy_cli/output/views`` of a command the prompt driver runs, whose CLI
+command and API function are generated from the task module's hooks, ``cli/driver.py`` and ``api/_driven.py``;
+None: a command of its own shape, ``anatomy_cli/cli/commands/<module>.py``), what it needs to run
+(:class:`Needs`), whether a running ``anatomy serve`` answers it (:class:`Serve`), the Python API function that
+runs it (``api``: ``(module of anatomy_cli/api, function)``) and its docs page. Nothing else lists command names:
+``cli/main.py`` registers the records' commands, ``serve/client.py`` forwards by the records, ``api/__init__.py``
+exports their functions,
 ``serve --status`` and docs/serve.md name the forwarded ones from them. Standard library only (the serve client
 imports this before anything heavy).
 """
@@ -45,6 +48,7 @@ class Command:
     serve: Serve | None = None  # None: forwarded when it needs weights, else not
     api: tuple[str, str] | None = None  # (module under anatomy_cli/api, function name)
     docs: str | None = None  # the page under docs/, from the repository root
+    view: str | None = None  # the prompt driver's view (output/views/<view>.py); None: cli/commands/<module>.py
 
     @property
     def forwarded(self) -> bool:
@@ -80,17 +84,19 @@ _RAY = ("--ray", "--ray-address")
 
 # In the order docs/serve.md and `serve --help` name the forwarded commands; then those that load no weights.
 COMMANDS: tuple[Command, ...] = (
-    Command("trace", "trace", Needs.decoder, api=("_prompts", "trace"), docs="docs/commands/trace.md"),
-    Command("next", "next_token", Needs.decoder, api=("_prompts", "next_token"), docs="docs/commands/next.md"),
+    Command("trace", "trace", Needs.decoder, api=("_driven", "trace"), docs="docs/commands/trace.md", view="trace"),
+    Command("next", "next_token", Needs.decoder, api=("_driven", "next_token"), docs="docs/commands/next.md",
+            view="next"),
     Command("drift", "drift", Needs.weights, api=("_edits", "drift"), docs="docs/commands/drift.md"),
-    Command("lens", "lens", Needs.decoder, api=("_prompts", "lens"), docs="docs/commands/lens.md"),
-    Command("dla", "dla", Needs.decoder, api=("_edits", "dla"), docs="docs/commands/dla.md"),
-    Command("attn", "attn", Needs.weights, api=("_prompts", "attn"), docs="docs/commands/attn.md"),
+    Command("lens", "lens", Needs.decoder, api=("_driven", "lens"), docs="docs/commands/lens.md", view="lens"),
+    Command("dla", "dla", Needs.decoder, api=("_driven", "dla"), docs="docs/commands/dla.md", view="dla"),
+    Command("attn", "attn", Needs.weights, api=("_driven", "attn"), docs="docs/commands/attn.md", view="attn"),
     Command("heads", "heads", Needs.weights, api=("_prompts", "heads"), docs="docs/commands/heads.md"),
-    Command("ablate", "ablate", Needs.decoder, api=("_edits", "ablate"), docs="docs/commands/ablate.md"),
+    Command("ablate", "ablate", Needs.decoder, api=("_driven", "ablate"), docs="docs/commands/ablate.md",
+            view="ablate"),
     Command("patch", "patch", Needs.decoder, api=("_edits", "patch"), docs="docs/commands/patch.md"),
-    Command("attribute", "attribute", Needs.decoder, api=("_edits", "attribute"),
-            docs="docs/commands/attribute.md"),
+    Command("attribute", "attribute", Needs.decoder, api=("_driven", "attribute"), docs="docs/commands/attribute.md",
+            view="attribute"),
     Command("tokens", "tokens", Needs.nothing, serve=Serve(only_with=("--model", "-m")),
             docs="docs/commands/tokens.md"),
     Command("report", "report", Needs.decoder, docs="docs/commands/report.md"),
@@ -104,7 +110,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("sae", "sae", Needs.decoder, api=("_sae", "sae"), docs="docs/commands/sae.md"),
     Command("features", "features", Needs.decoder, api=("_features", "features"), docs="docs/commands/features.md",
             serve=Serve(not_with=_RAY, why="the same: its Ray workers load their own copies of the model")),
-    Command("route", "route", Needs.moe, api=("_prompts", "route"), docs="docs/commands/route.md"),
+    Command("route", "route", Needs.moe, api=("_driven", "route"), docs="docs/commands/route.md", view="route"),
     Command("fit-lens", "fit_lens", Needs.decoder, api=("_fit_lens", "fit_lens"), docs="docs/commands/fit-lens.md",
             serve=Serve(not_with=_RAY, why="the same: its Ray workers load their own copies of the model")),
     Command("lens-eval", "lens_eval", Needs.decoder, api=("_lens_eval", "lens_eval"),

@@ -35,6 +35,33 @@ if TYPE_CHECKING:
 
 COMMAND = "ablate"
 
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Knock out each layer's attention output, then its MLP output (or, with --heads, each head; with
+--experts, each routed expert of each MoE block), and
+report the target's log-probability at --position, or logit(target) - logit(foil) with --foil,
+and its change from the intact run.
+
+The knocked-out output is replaced at every position: by zeros (--mode zero) or by its mean
+over the prompt's positions (--mode mean); a routed expert (--experts) is removed from the router's
+candidates before the top k (--mode reroute, its default) or its weighted output dropped (--mode zero).
+All ablations of a prompt run in a few batched forwards;
+--method attribution estimates them all from one backward, (a_ablated - a) . dm/da; --check N reruns
+the N largest exactly.
+
+Examples:
+
+\b
+    anatomy ablate "The capital of Germany is" --target " Berlin" -m SmolLM2-135M-Instruct.Q4_1.gguf
+    anatomy ablate "The capital of Germany is" --target " Berlin" --foil " Paris" --mode mean
+    anatomy ablate "Thank you very" --target " much" --heads --layer -1 --format json
+    anatomy ablate "Thank you very" --target " much" --heads --method attribution --check 8
+    anatomy ablate "Thank you very" --target " much" --experts --layer 3 -m allenai/OLMoE-1B-7B-0924
+"""
+API_HELP = """`anatomy ablate`: each attention and MLP output (``heads``: each head) zeroed or mean-ablated (``mode``,
+default ``zero``), or with ``experts`` each routed expert of each MoE block rerouted around or zeroed (default
+``reroute``), and the change of log p(target) (or logit(target) - logit(foil)) at ``position``. ``result``:
+Ablation; rows: ``rows`` (one per component)."""
+
 
 class AblateMode(str, Enum):
     zero = "zero"
@@ -189,3 +216,11 @@ def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: di
     ablation = analysis.ablation("logit_diff" if ids["foil"] is not None else "logprob", opts.mode.value,
                                  [key for *key, _ in rows], edited, base)
     return ablation, extra
+
+
+def carried(result: AblateResult) -> object:
+    """What the API's Result carries of one prompt's result."""
+    return result.ablation
+
+
+OPTIONS = AblateOptions  # the options class the driver generates the CLI options and API keywords from

@@ -6,9 +6,12 @@ query (``position``); neither: every block. Blocks count 0..L−1 (docs/engine.m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from typing import Any
+from typing import NamedTuple
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -25,6 +28,27 @@ if TYPE_CHECKING:
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "attn"
+
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Attention patterns: how much each query position attends to each key position.
+
+--layer L --head H: the full pattern of one head (query x key). --layer L alone: every head of
+layer L, from one query position (--position) to every key. Neither: the same for every layer.
+JSON, JSONL, TSV and CSV give one row per weight (layer, head, query_position, key_position,
+query_token, key_token, weight); causal models leave out the keys after the query (weight 0).
+The table shows a matrix when it fits the terminal, else each row's --top keys.
+Patterns come from one forward with eager attention (every other command keeps sdpa).
+
+Examples:
+
+\b
+    anatomy attn "The cat sat on the mat" --layer 5 --head 1
+    anatomy attn "The cat sat on the mat" --layer 5 --position 3
+    anatomy attn "The cat sat on the mat" --format json | jq '.weights[0]'
+"""
+API_HELP = """`anatomy attn`: attention weights, eager attention. ``layer`` (a block, 0..L−1) and ``head``: one head's
+query x key pattern; ``layer``: every head of it from one query (``position``); neither: every block.
+``result``: Attention (``grid``: [layers, heads, queries, keys]); rows: ``weights`` (one per weight)."""
 
 
 @dataclass(frozen=True)
@@ -87,15 +111,66 @@ def _query(enc: Encoded, position: int | None) -> int:
     return text[-1] if text else len(enc) - 1
 
 
+class AttnRun(NamedTuple):
+    """One prompt's patterns: ``attention``, what the command reports; for an HTML page (``run``'s ``pooling``)
+    every head's pattern too, ``pooled`` ``[n_layers, n_heads, m, m]`` in blocks of ``block`` positions."""
+
+    attention: Attention
+    pooled: torch.Tensor | None = None
+    block: int = 1
+
+
+# (block_factor(n, n_heads_total, causal), pool(pattern, block)): how an HTML page shrinks the patterns
+# (anatomy_cli/output/html/attn.py), handed over by the view that draws it.
+Pooling = tuple[Callable[[int, int, bool], int], Callable[["torch.Tensor", int], "torch.Tensor"]]
+
+
 def run(lm: LoadedModel, encoded: list[Encoded], opts: AttnOptions, plan: AttnPlan,
-        grids: Sequence[torch.Tensor] | None = None) -> list[Attention]:
-    """One Attention per prompt. ``grids``: the ``[layers, heads, queries, keys]`` weights when the caller
-    already ran the forward (an HTML page keeps every head too); else this runs it."""
+        pooling: Pooling | None = None) -> list[AttnRun]:
+    """One AttnRun per prompt, from one forward with eager attention. ``pooling``: an HTML page switches between
+    every layer and head, so the same forward keeps every head's pattern, pooled (a long prompt's full patterns
+    never stay in memory)."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import attention as analysis
 
-    if grids is None:
+    pooled: list[Any] = [None] * len(encoded)
+    blocks = [1] * len(encoded)
+    if pooling is not None:
+        pooled, blocks, grids = _all_heads(lm, encoded, plan, opts.batch_size, pooling)
+    else:
         grids = engine.attention_patterns(lm, encoded, layers=plan.layers, batch_size=opts.batch_size,
                                           reduce=lambda i, _layer, p: p[plan.heads][:, plan.queries[i]])
-    return [analysis.attention(grid, layers=plan.layers, heads=plan.heads, queries=q, tokens=enc.pieces,
-                               causal=lm.is_causal) for enc, grid, q in zip(encoded, grids, plan.queries)]
+    return [AttnRun(analysis.attention(grid, layers=plan.layers, heads=plan.heads, queries=q, tokens=enc.pieces,
+                                       causal=lm.is_causal), full, block)
+            for enc, grid, q, full, block in zip(encoded, grids, plan.queries, pooled, blocks)]
+
+
+def _all_heads(lm: LoadedModel, encoded: list[Encoded], plan: AttnPlan, batch_size: int,
+               pooling: Pooling) -> tuple[list[Any], list[int], list[torch.Tensor]]:
+    """From one forward: every head's pattern ``[n_layers, n_heads, m, m]`` per prompt, pooled into blocks when
+    the prompt is long, the block size per prompt, and the exact rows the table shows
+    (``[layers, heads, queries, pos]``)."""
+    import torch
+
+    from anatomy_cli import engine
+
+    block_factor, pool = pooling
+    blocks = [block_factor(len(e), lm.n_layers * lm.n_heads, lm.is_causal) for e in encoded]
+    exact: dict[tuple[int, int], Any] = {}
+
+    def reduce(i: int, layer: int, pattern: torch.Tensor) -> torch.Tensor:
+        if layer in plan.layers:
+            exact[i, layer] = pattern[plan.heads][:, plan.queries[i]].to("cpu", copy=True)
+        return pool(pattern, blocks[i])
+
+    full = engine.attention_patterns(lm, encoded, batch_size=batch_size, reduce=reduce)
+    grids = [torch.stack([exact[i, layer] for layer in plan.layers]) for i in range(len(encoded))]
+    return list(full), blocks, grids
+
+
+def carried(result: AttnRun) -> Attention:
+    """What the API's Result carries: the patterns shown."""
+    return result.attention
+
+
+OPTIONS = AttnOptions  # the options class the driver generates the CLI options and API keywords from

@@ -29,6 +29,27 @@ if TYPE_CHECKING:
 
 COMMAND = "attribute"
 
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Token attribution: how much each input token drove the target's log-probability at the last
+position, or logit(target) - logit(foil) with --foil. One row per token: its attribution and its
+share, attribution / sum of |attributions|.
+
+Integrated gradients must pass its completeness check: the attributions add up to f(prompt) -
+f(baseline) within --max-rel-error, the steps doubled from --steps up to --max-steps, else exit 1
+(--allow-unconverged prints the result marked unconverged).
+
+Examples:
+
+\b
+    anatomy attribute "The capital of Germany is" --target " Berlin" -m SmolLM2-135M-Instruct.Q4_1.gguf
+    anatomy attribute "The Eiffel Tower is in the city of" --target " Paris" --foil " Rome" --check
+    anatomy attribute "The capital of France is" --target " Paris" --layer 10 --site mlp_out
+    anatomy attribute "Thank you very" --target " much" --method occlusion --plot much.png
+"""
+API_HELP = """`anatomy attribute`: how much each input token drove log p(target) at the last position (or
+logit(target) - logit(foil)), by Captum's ``method``. ``result``: TokenAttribution; rows: ``rows``
+(one per token)."""
+
 
 class AttributionMethod(str, Enum):
     saliency = "saliency"
@@ -203,3 +224,6 @@ def _unconverged(result: TokenAttribution) -> str:
             f"{c.max_rel_error:g} (sum of attributions {c.sum_attributions:.4f} vs f(x) - f(baseline) "
             f"{c.difference:.4f}; tried {tries}); raise --max-steps, try another --baseline, or pass "
             "--allow-unconverged")
+
+
+OPTIONS = AttributeOptions  # the options class the driver generates the CLI options and API keywords from

@@ -26,6 +26,27 @@ if TYPE_CHECKING:
 
 COMMAND = "dla"
 
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Direct logit attribution: how much each component wrote the target's logit at one position.
+
+One row per contribution: the embedding (and position embedding), each layer's attention and
+MLP output (--by head: each head, plus the attention output projection's bias), and a final
+'bias' row. With --foil the rows explain logit(target) - logit(foil). The final norm's scale is
+frozen at its value for the final residual; the rows add up to the model's own logit (JSON
+'total' and 'logit'). Soft-capped models (Gemma 2) are decomposed before the soft-capping.
+
+Examples:
+
+\b
+    anatomy dla "The capital of Germany is" --target " Berlin"
+    anatomy dla "The capital of Germany is" --target " Berlin" --foil " Paris" --by head
+    anatomy dla "Thank you very" --target-id 881 --format json
+    anatomy dla "The capital of Germany is" --target " Berlin" --by head --top 10 --sort abs
+"""
+API_HELP = """`anatomy dla`: direct logit attribution of logit(target) (minus logit(foil)) at ``position``; the rows add
+up to the model's own logit. ``result``: Attribution (the rows ``top``/``sort`` keep); rows: ``rows`` (one per
+component)."""
+
 
 class By(str, Enum):
     layer = "layer"
@@ -127,3 +148,11 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: DlaOptions, plan: DlaPlan
             notes.warn(mismatch)
         out.append(DlaResult(cache.positions[0], full, full.select(opts.top, opts.sort.value), plan.ids, opts.by))
     return out
+
+
+def carried(result: DlaResult) -> object:
+    """What the API's Result carries of one prompt's result."""
+    return result.shown
+
+
+OPTIONS = DlaOptions  # the options class the driver generates the CLI options and API keywords from

@@ -33,6 +33,29 @@ if TYPE_CHECKING:
 
 COMMAND = "lens"
 
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """The logit lens at every layer and position: what the model would predict if it stopped there.
+
+A grid with rows embed, 0, ..., L-1 (the embedding, then each block's output) and the prompt's
+positions as columns; each cell is the most probable token of unembed(final_norm(h)) at that row
+and position, with --stat's number. --target adds the target's rank and probability in every cell
+and, per position, the first row (embed or block) where it is the top token. The table shows the
+grid; tsv/csv/json give one row per cell.
+
+Examples:
+
+\b
+    anatomy lens "The capital of Germany is"
+    anatomy lens "The capital of Germany is" --target " Berlin" --stat rank
+    anatomy lens "Thank you very" --stride 4 --stat entropy
+    anatomy lens "Thank you very" --layers embed,5,11 --top 3 --format json
+    anatomy lens "The capital of Germany is" --lens jacobian:lens.pt
+"""
+API_HELP = """`anatomy lens`: the logit lens at every residual-stream row (``embed``, then blocks 0..L−1) and position.
+``layers``: the rows to show (``["embed", 0, 6]`` or ``"embed,0,6"``); ``lens``: ``logit``, ``tuned:DIR`` or
+``jacobian:FILE`` (a fitted lens, docs/commands/lens.md#fitted-lenses). ``result``: LensGrid; rows: ``cells``
+(one per row x position)."""
+
 
 class Stat(str, Enum):
     prob = "prob"
@@ -182,3 +205,6 @@ def check_unembed_hash(lm: LoadedModel, fitted: FittedLens) -> None:
         base = f" (fitted for {fitted.base_model})" if fitted.base_model else ""
         notes.warn(f"the tuned lens {fitted.path}{base} records another LM head (unembed_hash differs from "
                    f"{lm.name}'s): it may have been fitted on another model")
+
+
+OPTIONS = LensOptions  # the options class the driver generates the CLI options and API keywords from

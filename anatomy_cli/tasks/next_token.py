@@ -27,6 +27,24 @@ if TYPE_CHECKING:
 
 COMMAND = "next"
 
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """The model's next-token distribution after PROMPT: rank, token, id, probability, log-probability.
+
+Probabilities are a float64 softmax over the whole vocabulary at the last position.
+Needs a decoder-only model with an LM head (encoders such as BERT are refused).
+
+Examples:
+
+\b
+    anatomy next "Thank you very"
+    anatomy next "Thank you very" --target " much" --top 5
+    anatomy next "Thank you very" --target-id 881
+    anatomy next "Thank you very" --init random --format json
+    printf 'Thank you very\\nThe capital of France is\\n' | anatomy next - --format jsonl
+"""
+API_HELP = """`anatomy next`: the next-token distribution after the prompt (float64 softmax at the last position).
+``result``: NextTokens; rows: ``top`` (k)."""
+
 
 @dataclass(frozen=True)
 class NextOptions(Declared, TargetFields):
@@ -64,3 +82,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: NextOptions, plan: NextPl
         caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=opts.batch_size)
     name_token = describe(lm)
     return [analysis.next_tokens(cache.logits[0], opts.k, name_token, target_id=plan.target_id) for cache in caches]
+
+
+OPTIONS = NextOptions  # the options class the driver generates the CLI options and API keywords from

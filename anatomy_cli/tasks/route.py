@@ -26,6 +26,26 @@ if TYPE_CHECKING:
 
 COMMAND = "route"
 
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Which experts each token is routed to in each mixture-of-experts block, and how close to a flip.
+
+One row per MoE block and position: the chosen experts, heaviest first, with the weights the block
+applies (softmax over the experts, top k, the family's normalisation), the router's entropy (nats) and
+the margin between the k-th and the (k+1)-th router probability; a margin below 0.01 is a near tie.
+Needs an MoE model (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE); a dense model is refused.
+
+Examples:
+
+\b
+    anatomy route "Thank you very" --model ./tiny-mixtral
+    anatomy route "Thank you very" --model ./tiny-mixtral --block 0 --top 1 --format json
+    anatomy route "Thank you very" --model ./tiny-mixtral --plot route.html
+    printf 'Hello\\nThe capital of France is\\n' | anatomy route - --model ./tiny-olmoe --format jsonl
+"""
+API_HELP = """`anatomy route`: per MoE block and position, the chosen experts (heaviest first), the weights the block
+applies, the router's entropy (nats) and the margin between the k-th and (k+1)-th router probability.
+``block``: ``"0,2"``, ``1`` (None: every MoE block). ``result``: RouteResult; rows: ``rows``."""
+
 
 @dataclass(frozen=True)
 class RouteOptions(Declared):
@@ -119,3 +139,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: RouteOptions, plan: Route
 
 def _list(blocks: tuple[int, ...]) -> str:
     return ", ".join(str(b) for b in blocks)
+
+
+OPTIONS = RouteOptions  # the options class the driver generates the CLI options and API keywords from

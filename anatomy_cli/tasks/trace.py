@@ -29,6 +29,28 @@ if TYPE_CHECKING:
 
 COMMAND = "trace"
 
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Follow one token position through every layer: how much of the embedding survives, what each
+layer adds, and what the model would predict if it stopped there (the logit lens).
+
+One row for the embedding (embed), then one per block's output (0..L-1): cosine to the embedding
+and to the previous row, the residual norm, the norms of what that block's attention and MLP
+added, and the logit lens's top token and probability.
+Then the model's own top-k next tokens. Encoders (BERT) have no next token: for them the lens
+and top-k read the masked-LM head at the position, or are omitted when there is no head.
+
+Examples:
+
+\b
+    anatomy trace "Thank you very"
+    anatomy trace "Thank you very" --position 1 --top 10
+    anatomy trace "Thank you very" --init random --format json
+    printf 'Thank you very\\nThe capital of France is\\n' | anatomy trace - --format jsonl
+"""
+API_HELP = """`anatomy trace`: one position followed through the residual stream (rows ``embed``, then blocks 0..L−1:
+cosines, norms, the logit lens), and the model's top ``k`` next tokens. ``lens``: ``logit``, ``tuned:DIR`` or
+``jacobian:FILE`` (the lens columns' lens). ``result``: Trace; rows: ``layers`` (n_layers + 1)."""
+
 
 @dataclass(frozen=True)
 class TraceOptions(Declared, TargetFields):
@@ -127,3 +149,11 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: Trace
 def _last_text_token(enc: Encoded) -> int:
     text_positions = [i for i, special in enumerate(enc.special) if not special]
     return text_positions[-1] if text_positions else len(enc) - 1
+
+
+OPTIONS = TraceOptions  # the options class the driver generates the CLI options and API keywords from
+
+
+def carried(result: Traced) -> object:
+    """What the API's Result carries of one prompt's result."""
+    return result.trace

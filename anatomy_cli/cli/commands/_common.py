@@ -90,10 +90,6 @@ def read_prompts_file(path: str) -> list[str]:
             "no prompts on stdin", "no prompts in the file")) from None
 
 
-BatchSizeOpt = Annotated[int, typer.Option(
-    "--batch-size", min=1, help="Prompts per forward pass when reading several from stdin.")]
-
-
 R = TypeVar("R")
 
 

@@ -20,6 +20,7 @@ the suffix (``lens.png`` -> ``lens-1.png``, ``lens-2.png``), see :func:`numbered
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,8 +86,11 @@ def is_html(path: Path | str | None) -> bool:
 
 def module(command: str, path: Path) -> ModuleType:
     """The picture module of ``command`` for ``path``'s format: ``anatomy_cli.output.html.<command>`` for
-    ``.html``, else ``anatomy_cli.output.plots.<command>``."""
-    return importlib.import_module(f"anatomy_cli.output.{'html' if is_html(path) else 'plots'}.{command}")
+    ``.html``, else ``anatomy_cli.output.plots.<command>``; a command with no HTML module (``attribute``) draws
+    its matplotlib picture for ``.html`` too (:func:`save` puts it in a page as a PNG)."""
+    if is_html(path) and importlib.util.find_spec(f"anatomy_cli.output.html.{command}") is not None:
+        return importlib.import_module(f"anatomy_cli.output.html.{command}")
+    return importlib.import_module(f"anatomy_cli.output.plots.{command}")
 
 
 def draw(command: str, path: Path, index: int | None, *args: Any, **kwargs: Any) -> Path:

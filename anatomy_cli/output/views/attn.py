@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.attention import Attention
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.driven import Shown
     from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.attn import AttnRun
 
 LONG_COLUMNS = (
     Column("layer", "layer", "int"), Column("head", "head", "int"),
@@ -28,9 +31,21 @@ CELL = 6  # table characters per weight column ("0.123" plus a gap)
 ROWS = "weights"
 
 
-def report(lm: LoadedModel, enc: Encoded, result: Attention,
-           fmt: Format = Format.json, k: int = 3, *, one_head: bool = False) -> Report:
-    """``fmt``: the table's layout for ``Format.table``, else one row per weight."""
+def run_kwargs(shown: Shown) -> dict[str, Any]:
+    """An HTML page switches between every layer and head: the run keeps them all, pooled as the page says."""
+    from anatomy_cli.output.plots import is_html
+
+    if shown.plot is None or not is_html(shown.plot):
+        return {}
+    from anatomy_cli.output.html.attn import block_factor
+    from anatomy_cli.output.html.attn import pool
+
+    return {"pooling": (block_factor, pool)}
+
+
+def report(lm: LoadedModel, enc: Encoded, run: AttnRun, shown: Shown) -> Report:
+    """The table's layout for ``Format.table``, else one row per weight."""
+    result, fmt, k, one_head = run.attention, shown.fmt or Format.json, shown.opts.k, shown.opts.one_head
     data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
     heading = [f"attn · {model_label(lm)} · {lm.n_layers} layers × {lm.n_heads} heads",
                f"{prompt_line(enc)} · {where(enc, result, one_head)}"]
@@ -83,8 +98,13 @@ def where(enc: Encoded, result: Attention, one_head: bool) -> str:
             f"query position {result.queries[0]} = {enc.pieces[result.queries[0]]}")
 
 
-def figure(lm: LoadedModel, enc: Encoded, result: Attention, one_head: bool = False) -> FigureArgs:
-    """``plots.draw("attn", ...)``'s arguments for a PNG."""
+def figure(lm: LoadedModel, enc: Encoded, run: AttnRun, shown: Shown) -> FigureArgs:
+    """``plots.draw("attn", ...)``'s arguments: the page of every head (a run with ``pooled``), else a PNG's."""
     from anatomy_cli.output.plots import Caption
 
-    return (result, Caption.of("attn", lm, enc.text, where(enc, result, one_head))), {"one_head": one_head}
+    one_head, plan = shown.opts.one_head, shown.plan
+    caption = Caption.of("attn", lm, enc.text, where(enc, run.attention, one_head))
+    if run.pooled is not None:
+        return (run.pooled, enc.pieces, caption), {"causal": lm.is_causal, "layer": plan.layers[0],
+                                                   "head": plan.heads[0], "block": run.block}
+    return (run.attention, caption), {"one_head": one_head}

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.attribute import TokenAttribution
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.driven import Shown
     from anatomy_cli.output.views.protocol import FigureArgs
 
 COLUMNS = (Column("position", "position", "int"), Column("token", "token"),
@@ -42,8 +43,11 @@ HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the tok
        "occlusion": "metric - metric with the token {occluded} (Captum FeatureAblation)"}
 
 
-def figure(lm: LoadedModel, enc: Encoded, result: TokenAttribution, ids: dict[str, Any]) -> FigureArgs:
+def figure(lm: LoadedModel, enc: Encoded, result: TokenAttribution, shown: Shown) -> FigureArgs:
+    """One picture for every format (no HTML page of its own: an .html file holds the PNG)."""
     from anatomy_cli.output.plots import Caption
+
+    ids = shown.plan
 
     return (result, metric_name(lm, ids), Caption.of("attribute", lm, enc.text, method_line(result))), {}
 
@@ -58,7 +62,8 @@ def method_line(result: TokenAttribution) -> str:
     return result.method
 
 
-def report(lm: LoadedModel, enc: Encoded, result: TokenAttribution, ids: dict[str, Any]) -> Report:
+def report(lm: LoadedModel, enc: Encoded, result: TokenAttribution, shown: Shown) -> Report:
+    ids = shown.plan  # the task's plan: the target and foil ids
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     data = {**prompt_record(lm, enc), "target": target, "foil": foil, **result.to_dict()}
     what = metric_name(lm, ids)

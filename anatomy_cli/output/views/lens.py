@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.lens import LensGrid
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.driven import Shown
     from anatomy_cli.output.views.protocol import FigureArgs
 
 HOVER_TOP = 5  # top tokens per cell in an HTML page's hover text
@@ -67,8 +68,22 @@ def _notes(lm: LoadedModel, grid: LensGrid, data: dict[str, Any], stat: str) -> 
     return out
 
 
-def report(lm: LoadedModel, enc: Encoded, grid: LensGrid, stat: str = "prob", as_grid: bool = False) -> Report:
-    """``as_grid``: the table's layout (rows x positions); else one row per cell (tsv, csv, json)."""
+def run_kwargs(shown: Shown) -> dict[str, Any]:
+    """An HTML page's hover text lists each cell's top 5 tokens, whatever --k the table shows: the run computes
+    them (``k``), the report keeps ``--k``."""
+    from anatomy_cli.output.plots import is_html
+
+    k = shown.opts.k
+    return {"k": max(k or 1, HOVER_TOP)} if shown.plot is not None and is_html(shown.plot) else {}
+
+
+def report(lm: LoadedModel, enc: Encoded, grid: LensGrid, shown: Shown) -> Report:
+    """The table's layout (rows x positions) for ``Format.table``; else one row per cell (tsv, csv, json)."""
+    from anatomy_cli.output.render import Format
+
+    if run_kwargs(shown).get("k", shown.opts.k) != shown.opts.k:
+        grid = grid.keep_top(shown.opts.k)
+    stat, as_grid = shown.opts.stat, shown.fmt is Format.table
     data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "predicts": "next" if lm.is_causal else "masked",
             "stat": stat, **grid.to_dict()}
     heading = [f"lens · {model_label(lm)} · {lm.n_layers} layers", prompt_line(enc)]
@@ -114,9 +129,11 @@ def _grid(grid: LensGrid, cells: list[dict[str, Any]], enc: Encoded, stat: str) 
     return sections
 
 
-def figure(lm: LoadedModel, enc: Encoded, grid: LensGrid, stat: str = "prob") -> FigureArgs:
+def figure(lm: LoadedModel, enc: Encoded, grid: LensGrid, shown: Shown) -> FigureArgs:
     """``plots.draw("lens", ...)``'s arguments for ``grid``."""
     from anatomy_cli.output.plots import Caption
+
+    stat = shown.opts.stat
 
     cap = Caption.of("lens", lm, enc.text, f"--stat {stat}")
     return (grid, stat, [enc.pieces[p] for p in grid.positions], cap), {}

@@ -1,0 +1,52 @@
+"""The API functions of the prompt driver's commands (the records that name a ``view``,
+anatomy_cli/declare/commands.py): ``anatomy.trace``, ``anatomy.next_token``, ... generated from the record and the
+task module's hooks (:mod:`anatomy_cli.tasks.driven`), as the CLI's ``cli/driver.py`` generates the command.
+
+Each is ``fn(model, prompt, *, <the options as keywords>, prompts=PromptOptions())`` (``api._declared.command``);
+its docstring is the task's ``API_HELP``; its body :func:`~anatomy_cli.api._run.run_prompts`. A function is made
+on first use (PEP 562) and kept. No torch at import time; nothing from cli/.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from anatomy_cli.api._declared import command
+from anatomy_cli.api._model import Model
+from anatomy_cli.api._results import Result
+from anatomy_cli.api._run import run_prompts
+from anatomy_cli.declare.commands import COMMANDS
+from anatomy_cli.declare.commands import Command
+from anatomy_cli.tasks import driven
+from anatomy_cli.text.options import PromptOptions
+
+One = Result | list[Result]
+
+# {API function name: its record}: the driven records with an API function.
+DRIVEN = {c.api[1]: c for c in COMMANDS if c.view is not None and c.api is not None}
+
+
+def function(rec: Command) -> Callable[..., One]:
+    """The API function of record ``rec``."""
+    task = driven.task_of(rec)
+
+    def fn(model: Model, prompt: str | list[str], opts: Any, *, prompts: PromptOptions = PromptOptions()) -> One:
+        view = importlib.import_module(f"anatomy_cli.output.views.{rec.view}")
+        return run_prompts(task, view, model, prompt, opts, prompts)
+
+    assert rec.api is not None
+    fn.__name__ = fn.__qualname__ = rec.api[1]
+    fn.__doc__ = task.API_HELP
+    fn.__annotations__ = {**fn.__annotations__, "opts": task.OPTIONS.__name__}
+    return command(task.OPTIONS)(fn)
+
+
+def __getattr__(name: str) -> Any:
+    rec = DRIVEN.get(name)
+    if rec is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = function(rec)
+    globals()[name] = made
+    return made

@@ -1,0 +1,48 @@
+"""What the prompt driver reads of a command's task module (the CLI's ``cli/driver.py``, the API's
+``api/_driven.py``): a command whose record names a ``view`` is run from its task module and that view, with no
+CLI or API function of its own. The task module declares, once:
+
+* ``COMMAND``: the record's name; ``OPTIONS``: its options dataclass (a ``Declared``);
+* ``HELP``: the command's ``--help`` text (a docstring: summary line, blank line, body, examples);
+  ``API_HELP``: the API function's docstring (``help(anatomy.<function>)``);
+* ``check(opened, opts[, encoded]) -> plan``: every refusal before the weights load (``encoded``, the prompts,
+  for a check with three parameters); ``run(lm, encoded, opts, plan)``: one result per prompt;
+* optionally ``carried(result)``: the object the API's ``Result`` carries where the task's result wraps it (dla's
+  ``shown``); without it, the result itself.
+
+No torch at import time; nothing from cli/ or output/.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+from typing import TYPE_CHECKING
+from typing import Any
+
+if TYPE_CHECKING:
+    from anatomy_cli.declare.commands import Command
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.tasks.protocol import Opened
+
+
+def task_of(rec: Command) -> ModuleType:
+    """The task module of record ``rec`` (``anatomy_cli/tasks/<module>.py``)."""
+    return importlib.import_module(f"anatomy_cli.tasks.{rec.module}")
+
+
+def reads_prompts(task: ModuleType) -> bool:
+    """True when the task's ``check`` reads the encoded prompts too (a third parameter)."""
+    return len(inspect.signature(task.check).parameters) >= 3
+
+
+def check(task: ModuleType, opened: Opened, opts: Any, encoded: list[Encoded]) -> Any:
+    """``task.check``, with the encoded prompts where it reads them: the plan, or the refusal."""
+    return task.check(opened, opts, encoded) if reads_prompts(task) else task.check(opened, opts)
+
+
+def carried(task: ModuleType, result: Any) -> Any:
+    """What the API's Result carries of one prompt's ``result`` (the task's ``carried`` hook, else ``result``)."""
+    unwrap = getattr(task, "carried", None)
+    return unwrap(result) if unwrap is not None else result
