@@ -131,3 +131,17 @@ def test_plot_takes_a_page_of_a_pass(made, args, match, tmp_path, monkeypatch):
     result = invoke(*(a.format(sae=root / "sae", corpus=root / "corpus.txt") for a in args), "--model", "gpt2")
     assert result.exit_code == 2 and match in result.output
     assert not list(tmp_path.iterdir())
+
+
+def test_a_panel_s_anchor_is_the_link_circuit_writes(browser, made):
+    """circuit --plot links a feature node to ``features.html#f-ID`` (models/sae/feature_labels.py ``link``): opened
+    at that address, the page shows that feature's panel, whose heading carries the id ``f-ID``."""
+    from anatomy_cli.models.sae.feature_labels import FeatureLabels
+
+    _, page, _ = made
+    link = FeatureLabels(dashboard=page.resolve().as_uri()).link(5)
+    opened = Opened(browser, page)
+    opened.page.goto(link)
+    opened.page.wait_for_function("document.querySelector('#fx-panel h2').textContent.startsWith('feature 5 ')")
+    assert opened.page.evaluate("document.getElementById('f-5').textContent").startswith("feature 5 ")
+    opened.clean()

@@ -117,6 +117,7 @@ function show(f) {
   if (old) Plotly.purge(old);
   panel.textContent = "";
   var h = el("h2", "feature " + f + " ");
+  h.id = "f-" + f;  // the panel's anchor: features.html#f-ID (circuit --plot links here)
   if (r.status) h.appendChild(el("span", r.status, "status-" + r.status));
   panel.appendChild(h);
   panel.appendChild(el("p", "fires at " + r.fires + " tokens (frequency " + num(r.frequency, 3) + "), mean " +
