@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 COMMAND = "features"
 INPUTS = {"sae": None}  # DICT (positional) is the API's sae
+SHOWN = 50  # --show's default: the table's rows (the most frequent features)
 COOC_LIMIT = 1 << 26  # followed features x d_sae counts kept for co-firing (int64: 512 MiB)
 
 
@@ -71,6 +72,9 @@ class FeaturesOptions(Declared):
     delphi: Path | None = option(None, "--delphi", metavar="DIR", show_default=False, extra={"file_okay": False},
                                  help="Also write delphi's latent cache (safetensors splits of locations, activations "
                                  "and tokens) here. Needs --out.")
+    show: int = option(SHOWN, "--show", min=0, metavar="N",
+                       help="Rows of the table (and of tsv): the N most frequent features, with a line counting the "
+                       "rest (0: every feature). --format json and --out's files always hold every feature.")
     estimate: bool = option(False, "--estimate", help="Print the expected cost and stop (no weights load).")
     shard_windows: int = shared.shard_windows()
     batch_size: int = shared.window_batch()
