@@ -76,7 +76,7 @@ def test_each_panel_shows_the_json_s_contexts_histogram_and_effects(browser, mad
         opened.page.evaluate(f"location.hash = 'f-{f}'")
         opened.page.wait_for_function(f"document.querySelector('#fx-panel h2').textContent.startsWith('feature {f} ')")
         for kind, box in (("top", "fx-top"), ("quantile", "fx-quantile")):
-            want = [[(vis(t), a) for t, a in zip(c["tokens"], c["activations"])]
+            want = [[(vis(t), float(f"{a:.4g}")) for t, a in zip(c["tokens"], c["activations"])]  # 4 digits
                     for c in data["contexts"] if c["feature"] == f and c["kind"] == kind]
             assert [[tuple(x) for x in ctx] for ctx in panel_contexts(opened, box)] == want
         row = data["features"][f]
@@ -111,7 +111,7 @@ def test_a_token_holding_script_stays_text(browser, made):
     opened = Opened(browser, page)
     opened.page.evaluate("location.hash = 'f-1'")
     opened.page.wait_for_function("document.querySelector('#fx-panel h2').textContent.startsWith('feature 1 ')")
-    assert panel_contexts(opened, "fx-top")[0][0] == [EVIL, ctx["activations"][0]]
+    assert panel_contexts(opened, "fx-top")[0][0] == [EVIL, float(f"{ctx['activations'][0]:.4g}")]
     assert opened.page.evaluate("document.querySelectorAll('body script').length") == 1  # the page's own only
     opened.clean()  # no dialog opened
 
