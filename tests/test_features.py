@@ -325,3 +325,35 @@ def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(se
         f = r["feature"]
         assert r["fires"] == int((acts[:, f] > 0).sum())
         assert r["max_activation"] == pytest.approx(float(acts[:, f].max()), rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["transcoder_set", "cross_layer_transcoder"])
+def test_a_circuit_tracer_set_is_named_and_refused_before_the_model_loads(setup, tmp_path, monkeypatch, kind):
+    """The SAE reader (`sae`, `features`) reads one dictionary; circuit-tracer's transcoder sets and cross-layer
+    transcoders are read by `circuit` only (models/transcoders.py): `features` says so, before any weight loads."""
+    from anatomy_cli.engine import loader
+
+    monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("the weights were loaded"))
+    model, _, corpus, _ = setup
+    (tmp_path / "config.yaml").write_text(f"model_kind: {kind}\nscan: tiny\nfeature_input_hook: mlp.hook_in\n")
+    (tmp_path / "layer_0.safetensors").write_bytes(b"")
+    result = invoke("features", tmp_path, "--corpus", corpus, "--model", model)
+    assert result.exit_code == 2, result.output
+    assert f"is circuit-tracer's {kind.replace('_', ' ')} (what circuit --transcoders reads)" in result.stderr
+
+
+def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp_path):
+    model, sae, corpus, _ = setup
+    named = write_sae(tmp_path / "named")
+    cfg = json.loads((named / "cfg.json").read_text())
+    cfg["metadata"]["model_name"] = str(model)
+    (named / "cfg.json").write_text(json.dumps(cfg))
+    args = ("features", named, "--corpus", corpus, "--device", "cpu", "--ctx", 16, "--max-tokens", 32,
+            "--features", "0-3", "--format", "json")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"] == str(model)
+    assert f"the model: {model} (as the dictionary's metadata names it; --model overrides)" in result.stderr
+    given = invoke(*args, "--model", model)  # given: no line, the same model
+    assert json.loads(given.stdout)["features"] == json.loads(result.stdout)["features"]
+    assert "the dictionary's metadata" not in given.stderr

@@ -62,6 +62,12 @@ def features_command(
 
     if plot is not None and opts.estimate:
         raise UsageError("--estimate runs no pass: it draws no --plot (drop one of the two)")
+    from anatomy_cli.cli.options import default_model
+
+    if spec.model == default_model():  # --model left out (or given as the default): the model the dictionary names
+        named = task.dictionary_model(opts)
+        if named is not None:
+            spec = spec.replace(model=named)
     run = measure(spec, opts)
     emit(view.report(run), fmt)
     if plot is not None:
