@@ -71,11 +71,11 @@ def cost_line(c: dict[str, Any]) -> str:
 
     tokens = f"about {c['tokens']:,} tokens (the corpus' bytes / 4)" if c["tokens_estimated"] else \
         f"{c['tokens']:,} tokens"
-    resumed = f" ({c['resumed_tokens']:,} of them already in {c['resumed_shards']:,} shards of --out: the rest" \
-        if c["resumed_shards"] else ""
-    return (f"features: {c['features']:,} features over {tokens}{resumed}: about {c['flops']:.2g} FLOP, roughly "
-            f"{human_seconds(c['seconds'])} on {c['device']}{')' if resumed else ''}; at most "
-            f"{c['bytes'] / 2 ** 20:,.0f} MiB kept")
+    shards = c["resumed_shards"]
+    left = (f", {c['resumed_tokens']:,} of them already in --out ({shards:,} shard{'s' if shards > 1 else ''}): "
+            "what is left" if shards else "")
+    return (f"features: {c['features']:,} features over {tokens}{left}: about {c['flops']:.2g} FLOP, roughly "
+            f"{human_seconds(c['seconds'])} on {c['device']}; at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
 
 
 def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
