@@ -55,7 +55,7 @@ def circuit_command(
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --out graph.pt
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --json graph.json --check 20
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --estimate
-        anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --features-dir feats14 --plot g.html
+        anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --features-dir f14 --plot g.html
     """
     from anatomy_cli.output.views import circuit as view
 
