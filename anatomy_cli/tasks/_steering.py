@@ -65,7 +65,7 @@ class SteeringOptions(Declared):
         None, "--labels", metavar="DIR|FILE", show_default=False, cli=Path | None,
         help="With --steer-feature: Neuronpedia's exported explanations, for the feature's label. Default: "
         "--features-dir's explanations.json, else explanations.json beside the SAE.")
-    features_dir: Any = shared.features_dir()
+    features_dir: Sequence[str] | None = shared.features_dir()
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -8,6 +8,7 @@ the model, hooks other than MLP in → MLP out, an encoder, bad thresholds or co
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -84,7 +85,7 @@ class CircuitOptions(Declared):
     labels: str | None = option(None, "--labels", metavar="PATH", show_default=False, cli=Path | None,
                                 help="Neuronpedia explanations export(s): fills clerp. Default: each --features-dir's "
                                 "explanations.json, explanations.json beside the transcoders or beside a block's.")
-    features_dir: Any = shared.features_dir()
+    features_dir: Sequence[str] | None = shared.features_dir()
     check: int = option(0, "--check", min=0, metavar="N", help="Re-measure N edges by intervention.")
     top: int = option(10, "--top", min=1, help="Rows of the paths table.")
     offload: str | None = option(
@@ -116,10 +117,10 @@ class CircuitOptions(Declared):
                     raise UsageError(f"--estimate computes no graph: it writes no {name} file (drop one of the two)")
             if self.check:
                 raise UsageError("--estimate computes no graph: it re-measures no --check edges (drop one of the two)")
-            for name, given in (("--labels", self.labels), ("--features-dir", self.features_dir)):
-                if given:
-                    raise UsageError(f"--estimate computes no graph: it labels no features with {name} (drop one "
-                                     f"of the two)")
+            for name in [n for n, given in (("--labels", self.labels is not None),
+                                             ("--features-dir", bool(self.features_dir))) if given][:1]:
+                raise UsageError(f"--estimate computes no graph: it labels no features with {name} (drop one of "
+                                 f"the two)")
         targets.check_first_token(self.first_token, *self.wanted)
         if self.ids not in IDS:
             raise UsageError(f"--ids takes current or ct-0.5, not {self.ids!r}")
