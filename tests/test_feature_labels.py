@@ -7,6 +7,7 @@ run's own logit effects."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -68,6 +69,19 @@ def test_sae_labels_from_features_dir_with_top_tokens_marked(made):
     table = invoke("sae", PROMPT, "--sae", sae, "--model", model, "--device", "cpu", "--feature", 2,
                    "--features-dir", feats, "--format", "table")
     assert "cats and mats" in table.stdout and "(--features-dir)" in table.stdout
+
+
+def test_sae_plot_hover_carries_the_labels_and_marked_top_tokens(made, tmp_path):
+    from anatomy_cli.output.html import esc
+
+    model, sae, feats, data = made
+    page = tmp_path / "sae.html"
+    result = invoke("sae", PROMPT, "--sae", sae, "--model", model, "--device", "cpu", "--feature", 2, "--feature", 5,
+                    "--features-dir", feats, "--plot", page, "--format", "json")
+    assert result.exit_code == 0, result.output
+    html = re.sub(r"\\u([0-9a-f]{4})", lambda m: chr(int(m.group(1), 16)), page.read_text())  # plotly's escapes
+    assert "feature 2<br>label: cats and mats<br>" in html
+    assert f"feature 5<br>label: {esc(f'top tokens: {top_tokens(data, 5)}')}<br>" in html
 
 
 def test_sae_reads_explanations_beside_the_dictionary_and_labels_wins(made, tmp_path):
