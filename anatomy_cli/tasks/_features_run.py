@@ -75,7 +75,8 @@ def cost_line(c: dict[str, Any]) -> str:
     left = (f", {c['resumed_tokens']:,} of them already in --out ({shards:,} shard{'s' if shards > 1 else ''}): "
             "what is left" if shards else "")
     return (f"features: {c['features']:,} features over {tokens}{left}: about {c['flops']:.2g} FLOP, roughly "
-            f"{human_seconds(c['seconds'])} on {c['device']}; at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
+            f"{human_seconds(c['seconds'])} on {c['device']} (the pass and the logit effects; the model's load and the "
+            f"output not counted); at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
 
 
 def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
