@@ -261,3 +261,91 @@ def test_malformed_labels_are_one_line_before_weights(setting, tmp_path, monkeyp
     assert result.exit_code in (1, 2) and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --labels") and words in lines[0], lines
+
+
+# ---------------------------------------------------------------- labels by default, --features-dir (issue 60 item 3)
+
+def _labelled_base(model, tdir):
+    return ["circuit", PROMPT, "--model", str(model), "--device", "cpu", "--transcoders", str(tdir),
+            "--max-feature-nodes", "40", "--batch-size", "8", "--node-threshold", "1", "--edge-threshold", "1",
+            "--top", "40"]
+
+
+def _feature_pairs(graph: dict) -> list[tuple[int, int]]:
+    return [tuple(map(int, n["node_id"].split("_")[:2])) for n in graph["nodes"]
+            if n["feature_type"] == "cross layer transcoder"]
+
+
+def test_labels_beside_the_transcoders_reach_the_table_json_and_plot(setting, tmp_path):
+    from anatomy_cli.output.html import esc
+
+    model, lm, tdir, _ = setting
+    base = _labelled_base(model, tdir)
+    assert invoke(*base, "--json", str(tmp_path / "plain.json")).exit_code == 0
+    pairs = _feature_pairs(json.loads((tmp_path / "plain.json").read_text()))
+    chosen = {p: f"block {p[0]} feature {p[1]} <is> labelled" for p in pairs[:3]}
+    records = [{"modelId": "tiny", "layer": f"{b}-tc", "index": str(f), "description": d} for (b, f), d in
+               chosen.items()]
+    (tdir / "explanations.json").write_text(json.dumps(records))
+    page = tmp_path / "graph.html"
+    run = invoke(*base, "--json", str(tmp_path / "beside.json"), "--plot", str(page), "-f", "json")
+    assert run.exit_code == 0, run.stderr
+    graph = json.loads((tmp_path / "beside.json").read_text())
+    for n in graph["nodes"]:
+        if n["feature_type"] == "cross layer transcoder":
+            assert n["clerp"] == chosen.get(tuple(map(int, n["node_id"].split("_")[:2])), ""), n["node_id"]
+    assert graph["metadata"]["feature_labels"]["sources"] == [f"{tdir / 'explanations.json'} (beside the transcoders)"]
+    data = json.loads(run.stdout)
+    for row in data["paths"]:
+        pair = tuple(map(int, row["node"].split("_")[:2])) if row["kind"] == "cross layer transcoder" else None
+        assert row["label"] == chosen.get(pair, ""), row["node"]
+    html = page.read_text()
+    assert all(esc(d) in html for d in chosen.values())
+    table = invoke(*base, "-f", "table")
+    assert "label: from" in table.stdout and "beside the transcoders" in table.stdout
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps([{**r, "description": "given"} for r in records]))
+    graph = json.loads(invoke(*base, "--labels", str(given), "-f", "json").stdout)
+    assert {r["label"] for r in graph["paths"] if r["kind"] == "cross layer transcoder"} <= {"given", ""}
+    assert graph["feature_labels"]["sources"] == [f"--labels {given}"]
+
+
+def test_features_dir_gives_top_tokens_and_dashboard_links(setting, tmp_path):
+    """A `features --out` run on a SAELens transcoder of block 0: circuit shows its top tokens (marked, not as
+    labels) for block 0's unlabelled features and links each block-0 node to its panel in DIR/features.html."""
+    from test_features import TEXT
+    from test_features import write_sae
+
+    model, lm, tdir, _ = setting
+    tc = write_sae(tmp_path / "tc0")
+    cfg = json.loads((tc / "cfg.json").read_text())
+    cfg["metadata"].update(hook_name="blocks.0.ln2.hook_normalized", hook_name_out="blocks.0.hook_mlp_out")
+    (tc / "cfg.json").write_text(json.dumps(cfg))
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    feats = tmp_path / "feats"
+    feats.mkdir()
+    made = invoke("features", str(tc), "--corpus", str(tmp_path / "corpus.txt"), "--model", str(model), "--device",
+                  "cpu", "--ctx", "16", "--max-tokens", "48", "--out", str(feats), "--plot",
+                  str(feats / "features.html"), "-f", "json")
+    assert made.exit_code == 0, made.output
+    effects = json.loads(made.stdout)["logit_effects"]
+    page = tmp_path / "graph.html"
+    run = invoke(*_labelled_base(model, tdir), "--features-dir", str(feats), "--json", str(tmp_path / "g.json"),
+                 "--plot", str(page), "-f", "json")
+    assert run.exit_code == 0, run.stderr
+    meta = json.loads((tmp_path / "g.json").read_text())["metadata"]["feature_labels"]
+    uri = (feats / "features.html").resolve().as_uri()
+    assert meta["dashboards"] == {"0": uri} and meta["sources"] == []
+    from anatomy_cli.text.display import visible
+
+    def tops(f: int) -> str:
+        rows = sorted((r for r in effects if r["feature"] == f and r["side"] == "top"), key=lambda r: r["rank"])
+        return " ".join(visible(r["token"]) for r in rows[:3])
+
+    block0 = {f for b, f in _feature_pairs(json.loads((tmp_path / "g.json").read_text())) if b == 0}
+    assert block0 and meta["top_tokens"] == {f"0_{f}": tops(f) for f in sorted(block0)}
+    for row in json.loads(run.stdout)["paths"]:
+        if row["kind"] == "cross layer transcoder" and row["node"].startswith("0_"):
+            assert row["label"] == f"top tokens: {tops(int(row['node'].split('_')[1]))}"
+    html = page.read_text()
+    assert all(f"{uri}#f-{f}" in html for f in block0) and "top tokens (no label)" in html

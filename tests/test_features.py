@@ -176,12 +176,52 @@ def test_resume_after_a_lost_shard_gives_the_same_files(setup, tmp_path):
     (out / "shards" / "shard-00001.parquet").unlink()  # as a run killed before that shard was written
     again = run_json(model, sae, corpus, "--features", "0-9", "--out", out)
     assert again["resumed"] == first["shards"] - 1
+    # the cost printed before the pass counts only what is left: every shard's tokens but shard 1's (windows 3-5
+    # of 16 tokens), whose FLOP the first run's estimate counted and this one's does not
+    est, was = again["estimate"], first["estimate"]
+    assert (was["resumed_shards"], was["resumed_tokens"]) == (0, 0)
+    assert (est["resumed_shards"], est["resumed_tokens"]) == (first["shards"] - 1, first["tokens"] - 3 * 16)
+    assert est["tokens"] == was["tokens"] and est["flops"] < was["flops"]
+    per_token = (was["flops"] - est["flops"]) / est["resumed_tokens"]
+    assert per_token > 2 * 32 * D_SAE  # at least the encoder's multiply-adds per token (d_in 32)
     for name, table in tables.items():
         assert pq.read_table(out / name).equals(table), name
     for key in ("features", "contexts", "logit_effects"):
         assert again[key] == first[key]
     plain = run_json(model, sae, corpus, "--features", "0-9")  # no --out: the same numbers
     assert plain["features"] == first["features"] and plain["contexts"] == first["contexts"]
+
+
+def test_the_table_is_bounded_and_json_complete(setup):
+    model, sae, corpus, _ = setup
+    data = run_json(model, sae, corpus)
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--show", 5, "--format", "tsv")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    shown = [int(line.split("\t")[0]) for line in lines[1:]]
+    busiest = sorted(data["features"], key=lambda r: (-r["fires"], r["feature"]))[:5]
+    assert shown == sorted(r["feature"] for r in busiest)
+    assert f"showing the 5 most frequent of {D_SAE} features (--show 5)" in result.stderr
+    assert len(data["features"]) == D_SAE  # JSON: every feature
+    every = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                   "--show", 0, "--format", "tsv")
+    assert len(every.stdout.strip().splitlines()) == D_SAE + 1 and "showing" not in every.stderr
+
+
+@pytest.mark.parametrize("content, match", [(b"", "has no text"), (b"  \n\n", "has no text"),
+                                            (b"good text\n\xff\xfe bad\n", "is not valid UTF-8 (line 2")])
+def test_an_empty_or_broken_corpus_is_refused_before_the_model_loads(setup, tmp_path, monkeypatch, content, match):
+    from anatomy_cli.engine import loader
+    from anatomy_cli.tasks import session
+
+    monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("the weights were loaded"))
+    monkeypatch.setattr(session, "open_model", lambda *a, **k: pytest.fail("the model was opened"))
+    model, sae, _, _ = setup
+    bad = tmp_path / "corpus.txt"
+    bad.write_bytes(content)
+    result = invoke("features", sae, "--corpus", bad, "--model", model)
+    assert result.exit_code == 2 and match in result.stderr, result.output
 
 
 def test_delphi_layout_reads_back_as_delphi_s_loader_reads_it(setup, tmp_path):
@@ -285,3 +325,35 @@ def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(se
         f = r["feature"]
         assert r["fires"] == int((acts[:, f] > 0).sum())
         assert r["max_activation"] == pytest.approx(float(acts[:, f].max()), rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["transcoder_set", "cross_layer_transcoder"])
+def test_a_circuit_tracer_set_is_named_and_refused_before_the_model_loads(setup, tmp_path, monkeypatch, kind):
+    """The SAE reader (`sae`, `features`) reads one dictionary; circuit-tracer's transcoder sets and cross-layer
+    transcoders are read by `circuit` only (models/transcoders.py): `features` says so, before any weight loads."""
+    from anatomy_cli.engine import loader
+
+    monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("the weights were loaded"))
+    model, _, corpus, _ = setup
+    (tmp_path / "config.yaml").write_text(f"model_kind: {kind}\nscan: tiny\nfeature_input_hook: mlp.hook_in\n")
+    (tmp_path / "layer_0.safetensors").write_bytes(b"")
+    result = invoke("features", tmp_path, "--corpus", corpus, "--model", model)
+    assert result.exit_code == 2, result.output
+    assert f"is circuit-tracer's {kind.replace('_', ' ')} (what circuit --transcoders reads)" in result.stderr
+
+
+def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp_path):
+    model, sae, corpus, _ = setup
+    named = write_sae(tmp_path / "named")
+    cfg = json.loads((named / "cfg.json").read_text())
+    cfg["metadata"]["model_name"] = str(model)
+    (named / "cfg.json").write_text(json.dumps(cfg))
+    args = ("features", named, "--corpus", corpus, "--device", "cpu", "--ctx", 16, "--max-tokens", 32,
+            "--features", "0-3", "--format", "json")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"] == str(model)
+    assert f"the model: {model} (as the dictionary's metadata names it; --model overrides)" in result.stderr
+    given = invoke(*args, "--model", model)  # given: no line, the same model
+    assert json.loads(given.stdout)["features"] == json.loads(result.stdout)["features"]
+    assert "the dictionary's metadata" not in given.stderr

@@ -76,7 +76,7 @@ def test_each_panel_shows_the_json_s_contexts_histogram_and_effects(browser, mad
         opened.page.evaluate(f"location.hash = 'f-{f}'")
         opened.page.wait_for_function(f"document.querySelector('#fx-panel h2').textContent.startsWith('feature {f} ')")
         for kind, box in (("top", "fx-top"), ("quantile", "fx-quantile")):
-            want = [[(vis(t), a) for t, a in zip(c["tokens"], c["activations"])]
+            want = [[(vis(t), float(f"{a:.4g}")) for t, a in zip(c["tokens"], c["activations"])]  # 4 digits
                     for c in data["contexts"] if c["feature"] == f and c["kind"] == kind]
             assert [[tuple(x) for x in ctx] for ctx in panel_contexts(opened, box)] == want
         row = data["features"][f]
@@ -111,7 +111,7 @@ def test_a_token_holding_script_stays_text(browser, made):
     opened = Opened(browser, page)
     opened.page.evaluate("location.hash = 'f-1'")
     opened.page.wait_for_function("document.querySelector('#fx-panel h2').textContent.startsWith('feature 1 ')")
-    assert panel_contexts(opened, "fx-top")[0][0] == [EVIL, ctx["activations"][0]]
+    assert panel_contexts(opened, "fx-top")[0][0] == [EVIL, float(f"{ctx['activations'][0]:.4g}")]
     assert opened.page.evaluate("document.querySelectorAll('body script').length") == 1  # the page's own only
     opened.clean()  # no dialog opened
 
@@ -131,3 +131,17 @@ def test_plot_takes_a_page_of_a_pass(made, args, match, tmp_path, monkeypatch):
     result = invoke(*(a.format(sae=root / "sae", corpus=root / "corpus.txt") for a in args), "--model", "gpt2")
     assert result.exit_code == 2 and match in result.output
     assert not list(tmp_path.iterdir())
+
+
+def test_a_panel_s_anchor_is_the_link_circuit_writes(browser, made):
+    """circuit --plot links a feature node to ``features.html#f-ID`` (models/sae/feature_labels.py ``link``): opened
+    at that address, the page shows that feature's panel, whose heading carries the id ``f-ID``."""
+    from anatomy_cli.models.sae.feature_labels import FeatureLabels
+
+    _, page, _ = made
+    link = FeatureLabels(dashboard=page.resolve().as_uri()).link(5)
+    opened = Opened(browser, page)
+    opened.page.goto(link)
+    opened.page.wait_for_function("document.querySelector('#fx-panel h2').textContent.startsWith('feature 5 ')")
+    assert opened.page.evaluate("document.getElementById('f-5').textContent").startswith("feature 5 ")
+    opened.clean()

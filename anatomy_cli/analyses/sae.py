@@ -189,8 +189,9 @@ class Reading:
     """One prompt read through an SAE: what `anatomy sae` renders and ``--plot`` draws. ``pieces``: the
     prompt's tokens as the tables show them; ``activations [pos, d_sae]`` float32 on the CPU; rows as in
     :func:`top_features`, :func:`follow` and :func:`logit_lens` (``summary``: one per followed feature);
-    ``followed``: the ``--feature`` ids; ``labels``: feature id -> label when ``--labels`` was given, else
-    None; ``top``: the features listed per token (``--top``)."""
+    ``followed``: the ``--feature`` ids; ``labels``: feature id -> label (or ``top tokens: …`` where it has none)
+    when there are labels or top tokens (models/sae/feature_labels.py), else None; ``top``: the features listed per
+    token (``--top``); ``label_source``: where the labels came from (None: no labels)."""
 
     pieces: tuple[str, ...]
     activations: torch.Tensor
@@ -203,6 +204,7 @@ class Reading:
     followed: tuple[int, ...]
     labels: dict[int, str] | None
     top: int = 5
+    label_source: str | None = None
 
     def plotted(self, limit: int = PLOT_FEATURES) -> list[int]:
         """The heatmap's features: the followed ones, then those of the top-features table ordered by their

@@ -63,12 +63,13 @@ def context_rows(s: FeatureSums, n_quantiles: int, pieces: Any) -> list[dict[str
     ``activation``, ``window``, ``position``, ``tokens``/``token_ids``/``activations`` of the context and ``at`` (the
     token's index in it). ``pieces(ids) -> list[str]`` decodes token ids."""
     out: list[dict[str, Any]] = []
+    tops, samples = _by_feature(s.top.fidx), _by_feature(s.samples.fidx)  # one sort, not a scan per feature
     for i, fid in enumerate(s.features.tolist()):
-        top = s.top.take(np.flatnonzero(s.top.fidx == i))
+        top = s.top.take(tops(i))
         out += [_context(top, j, fid, "top", pieces, rank=j) for j in range(len(top))]
         if n_quantiles <= 0 or s.maxes[i] <= 0:
             continue
-        mine = s.samples.take(np.flatnonzero(s.samples.fidx == i))
+        mine = s.samples.take(samples(i))
         bounds = np.linspace(0.0, float(s.maxes[i]), n_quantiles + 1)
         for q in range(n_quantiles - 1, -1, -1):
             lo, hi = float(bounds[q]), float(bounds[q + 1])
@@ -77,6 +78,17 @@ def context_rows(s: FeatureSums, n_quantiles: int, pieces: Any) -> list[dict[str
             for j in inside[:s.quantile_size]:
                 out.append(_context(mine, int(j), fid, "quantile", pieces, quantile=q, lower=lo, upper=hi))
     return out
+
+
+def _by_feature(fidx: np.ndarray) -> Any:
+    """``of(i)``: the indices where ``fidx == i``, ascending (``np.flatnonzero(fidx == i)``), from one stable sort."""
+    order = np.argsort(fidx, kind="stable")
+    ends = np.searchsorted(fidx[order], np.arange(int(fidx.max(initial=-1)) + 2))
+
+    def of(i: int) -> np.ndarray:
+        return order[ends[i]:ends[i + 1]] if i + 1 < len(ends) else order[:0]
+
+    return of
 
 
 def _context(c: Candidates, j: int, fid: int, kind: str, pieces: Any, **extra: Any) -> dict[str, Any]:

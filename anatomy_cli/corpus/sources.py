@@ -68,6 +68,19 @@ class Source:
             for doc in self.documents():
                 yield doc, True
 
+    def check_text(self) -> None:
+        """Refuse, before any model loads, a source that is not UTF-8 (the line :meth:`pieces` names) or holds
+        no text (UsageError): a text source is read through once (as :meth:`identity` reads it), a table up to
+        its first document."""
+        found = False
+        for text, _ in self.pieces():
+            found = found or bool(text.strip())
+            if found and self.kind not in ("text", "dir"):
+                return
+        if not found:
+            raise UsageError(f"the corpus {self.label or self.path} has no text: nothing to read (it needs at "
+                             "least 2 tokens)")
+
     def documents(self) -> Iterator[str]:
         """The documents of a table source (one per row), empty ones skipped."""
         if self.kind == "jsonl":

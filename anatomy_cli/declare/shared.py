@@ -105,3 +105,19 @@ def shard_windows() -> int:
 def window_batch() -> int:
     """``--batch-size``: windows per forward pass (the corpus' commands)."""
     return option(4, "--batch-size", min=1, help="Windows per forward pass.")
+
+
+def features_dir() -> Any:
+    """``--features-dir DIR`` (repeatable): ``features --out`` folders, for labels, top tokens and dashboard links
+    (models/sae/feature_labels.py)."""
+    from pathlib import Path
+
+    return option(None, "--features-dir", metavar="DIR", show_default=False, cli=list[Path] | None,
+                  help="A folder anatomy features --out wrote (repeatable): its explanations.json labels the "
+                  "features (--labels wins; default: explanations.json beside the dictionary); where a feature has "
+                  "no label, its top promoted tokens are shown as top tokens; DIR/features.html is linked.")
+
+
+def features_dirs(value: Any) -> tuple[str, ...]:
+    """``--features-dir``'s value as a tuple of paths (None: none)."""
+    return tuple(str(v) for v in value or ())

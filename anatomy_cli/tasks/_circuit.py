@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.transcoder import AnyTranscoder
     from anatomy_cli.engine.transcoder import Transcoder
     from anatomy_cli.engine.transcoder import Transcoders
+    from anatomy_cli.models.sae.feature_labels import BlockLabels
 
 # The options and plan are tasks/circuit.py's CircuitOptions and CircuitPlan (typed Any here: that module
 # imports this one).
@@ -44,9 +45,10 @@ class PathRow:
     influence: float
     via: str
     via_weight: float | None  # None (empty in tsv, null in JSON): no kept source (``via`` "")
+    label: str | None = None  # a feature's label, or "top tokens: …"; None (no key): the run has neither
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "label" or v is not None}
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class CircuitResult:
                         zip(g.logit_targets, g.logit_probabilities.tolist())],
             "replacement_score": self.replacement_score, "completeness_score": self.completeness_score,
             "paths": [p.to_dict() for p in self.paths]}
+        if "feature_labels" in self.json["metadata"]:  # the labels' sources, top tokens, dashboards (label_metadata)
+            out["feature_labels"] = self.json["metadata"]["feature_labels"]
         if self.checks:
             out["check"] = {"n_edges": len(self.checks),
                             "max_relative_error": max(c.relative_error for c in self.checks),
@@ -185,8 +189,9 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
                                              lm.n_layers * graph.n_pos)
     out, json_path = (None if f is None else numbered(f, index) for f in (opts.out, opts.json))
     slug = Path(json_path).stem if json_path else "circuit"
-    nodes = files.written_nodes(graph, pr, plan.labels, opts.ids)  # refuses an id two nodes share: nothing written
+    nodes = files.written_nodes(graph, pr, plan.labels.text, opts.ids)  # refuses an id two nodes share: nothing written
     data = files.graph_json(graph, pr, nodes, slug=slug, node_threshold=opts.node_threshold)
+    data["metadata"].update(label_metadata(plan.labels, nodes.values()))
     if out:
         files.save_pt(graph, out, _cfg(lm))
         notes.info(f"wrote {out}")
@@ -201,7 +206,8 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
 
         fp = circuit_check.FrozenPrompt(lm, ids, transcoders, graph, s)
         checks = tuple(circuit_check.check_edges(fp, opts.check))
-    return CircuitResult(graph, pr, data, tuple(paths(graph, pr, nodes, opts.top)), replacement, completeness,
+    return CircuitResult(graph, pr, data, tuple(paths(graph, pr, nodes, opts.top, plan.labels)), replacement,
+                         completeness,
                          checks)
 
 
@@ -239,7 +245,22 @@ def _cfg(lm: LoadedModel) -> dict[str, Any]:
                        getattr(cfg, "num_key_value_heads", None))
 
 
-def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]], top: int) -> list[PathRow]:
+def label_metadata(labels: BlockLabels, nodes: Any) -> dict[str, Any]:
+    """The graph JSON's ``metadata.feature_labels`` (none without labels, top tokens or dashboards): ``sources``
+    (where the ``clerp`` labels came from), ``top_tokens`` (``"{block}_{feature}"`` -> the feature's most promoted
+    tokens, for the kept features without a label: no label) and ``dashboards`` (block -> the features dashboard
+    page; a feature's panel is ``#f-{feature}``)."""
+    if not (labels.sources or labels.top_tokens or labels.dashboards):
+        return {}
+    feats = {_block_feature(n) for n in nodes if n["feature_type"] == "cross layer transcoder"}
+    top = {f"{b}_{f}": t for (b, f), t in sorted(labels.top_tokens.items()) if (b, f) in feats
+           and (b, f) not in labels.text}
+    return {"feature_labels": {"sources": list(labels.sources), "top_tokens": top,
+                               "dashboards": {str(b): u for b, u in sorted(labels.dashboards.items())}}}
+
+
+def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]], top: int,
+          labels: BlockLabels | None = None) -> list[PathRow]:
     """The ``top`` strongest kept edges into the first target logit, each source with its own strongest kept source
     of any kind (feature, error node, token), read from the adjacency matrix by node index (``nodes``: the written
     nodes by index, circuit_files ``written_nodes``; ids only name them). Error nodes and tokens are the graph's
@@ -256,8 +277,25 @@ def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]]
         best = max(into(src), key=lambda e: abs(e[0]), default=None)
         rows.append(PathRow(n["node_id"], n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
                             float(n["influence"] or 0.0), "" if best is None else nodes[best[1]]["node_id"],
-                            None if best is None else best[0]))
+                            None if best is None else best[0], _label(n, labels)))
     return rows
+
+
+def _block_feature(node: dict[str, Any]) -> tuple[int, int]:
+    """A feature node's (block, feature index): its ``node_id`` is ``{block}_{feature}_{position}``."""
+    block, feature, _ = str(node["node_id"]).split("_")
+    return int(block), int(feature)
+
+
+def _label(node: dict[str, Any], labels: BlockLabels | None) -> str | None:
+    """A path row's label: the node's ``clerp`` (a feature's label), else the feature's top tokens, marked; None
+    when the run has no labels and no top tokens."""
+    if labels is None or not (labels.sources or labels.top_tokens):
+        return None
+    if node["feature_type"] != "cross layer transcoder":
+        return ""
+    tops = labels.top_tokens.get(_block_feature(node))
+    return node.get("clerp") or (f"top tokens: {tops}" if tops else "")
 
 
 def _decode(lm: LoadedModel, ids: list[int]) -> str:

@@ -3,6 +3,7 @@ logit effects, the files (:func:`measure`)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -35,24 +36,34 @@ class FeaturesRun:
     logits: list[dict[str, Any]] = field(default_factory=list)
     files: tuple[str, ...] = ()
     lm: Any = None
+    show: int = 0  # the table's rows (--show; 0: every feature)
 
 
-def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int) -> dict[str, Any]:
+def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int, done: tuple[int, int] = (0, 0)
+             ) -> dict[str, Any]:
     """The expected cost: ``tokens`` (``--max-tokens``, else the corpus' bytes / 4: ``tokens_estimated``), FLOP
-    (the forwards and the encoder), ``seconds`` at the assumed rate, ``bytes``: what the pass keeps (co-firing
-    counts twice, the histograms, at most every bin's samples and the top contexts)."""
+    of what remains: the pass over the tokens not yet in ``--out`` (``done``: the shards and tokens a resumed run
+    reads back; ``resumed_tokens``), i.e. the forwards, the encoder and the co-firing counts (a [tokens, followed]
+    x [tokens, d_sae] product), and then the logit effects (each followed decoder row through the LM head);
+    ``seconds`` at the assumed rate, ``bytes``: what the pass keeps (co-firing counts twice, the histograms, at
+    most every bin's samples and the top contexts)."""
     from anatomy_cli.corpus.feature_sums import N_BINS
     from anatomy_cli.models import cost
 
     tokens = opts.max_tokens if opts.max_tokens is not None else max(2, size // 4)
+    left = max(0, tokens - done[1])
     f, d_sae = len(plan.features), plan.sae_file.d_sae
-    flops = tokens / plan.ctx * cost.forward_flops(info, plan.ctx) + 2.0 * tokens * plan.sae_file.d_in * d_sae
+    passing = left / plan.ctx * cost.forward_flops(info, plan.ctx) + 2.0 * left * plan.sae_file.d_in * d_sae \
+        + (2.0 * left * f * d_sae if plan.cooccur else 0.0)
+    vocab = info.lm_head_rows or 0
+    flops = passing + 2.0 * f * plan.sae_file.d_out * vocab
     per_context = (2 * opts.window + 1) * 12 + 48
     kept = f * (8 * N_BINS + 24) + (2 * 8 * f * d_sae if plan.cooccur else 0) \
         + f * (opts.top_k + N_BINS * opts.quantile_size) * per_context
     device = "cpu"
     return {"tokens": tokens, "tokens_estimated": opts.max_tokens is None, "features": f, "flops": flops,
-            "seconds": cost.seconds(flops, device), "device": device, "bytes": kept}
+            "seconds": cost.seconds(flops, device), "device": device, "bytes": kept, "resumed_shards": done[0],
+            "resumed_tokens": min(done[1], tokens)}
 
 
 def cost_line(c: dict[str, Any]) -> str:
@@ -60,8 +71,39 @@ def cost_line(c: dict[str, Any]) -> str:
 
     tokens = f"about {c['tokens']:,} tokens (the corpus' bytes / 4)" if c["tokens_estimated"] else \
         f"{c['tokens']:,} tokens"
-    return (f"features: {c['features']:,} features over {tokens}: about {c['flops']:.2g} FLOP, roughly "
-            f"{human_seconds(c['seconds'])} on {c['device']}; at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
+    shards = c["resumed_shards"]
+    left = (f", {c['resumed_tokens']:,} of them already in --out ({shards:,} shard{'s' if shards > 1 else ''}): "
+            "what is left" if shards else "")
+    return (f"features: {c['features']:,} features over {tokens}{left}: about {c['flops']:.2g} FLOP, roughly "
+            f"{human_seconds(c['seconds'])} on {c['device']} (the pass and the logit effects; the model's load and the "
+            f"output not counted); at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
+
+
+def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
+    """``(shards, tokens)`` that ``--out`` holds of a run with these settings (its manifest's shards, each
+    shard file's token count), read before anything loads; ``(0, 0)`` for none (another run's folder is refused
+    later, when the pass opens it)."""
+    import json
+
+    manifest = None if out is None else Path(out) / "manifest.json"
+    try:
+        held = json.loads(manifest.read_text()) if manifest is not None and manifest.is_file() else {}
+    except (OSError, ValueError):
+        return 0, 0
+    if held.get("settings") != settings:
+        return 0, 0
+    import pyarrow.parquet as pq
+
+    assert out is not None
+    shards, tokens = 0, 0
+    for entry in held.get("shards", []):
+        path = Path(out) / "shards" / f"shard-{int(entry['index']):05d}.parquet"
+        try:
+            meta = json.loads(pq.read_schema(path).metadata[b"anatomy.features"])
+        except (OSError, KeyError, ValueError, TypeError):
+            continue
+        shards, tokens = shards + 1, tokens + int(meta["tokens"])
+    return shards, tokens
 
 
 def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
@@ -73,9 +115,11 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     src = open_source(opts.corpus, column=opts.column)
     try:
         identity = src.identity()
+        src.check_text()  # an empty corpus or one that is not UTF-8: refused before the model opens
         opened = open_model(spec)
         plan = check(opened, opts)
-        c = estimate(opened.info, plan, opts, identity["size"])
+        done = (0, 0) if opts.overwrite else resumed(opts.out, settings_of(opts, plan).to_dict())
+        c = estimate(opened.info, plan, opts, identity["size"], done)
         c["device"] = spec.device if spec.device != "auto" else c["device"]
         if opts.estimate:
             return FeaturesRun(opened.name, plan.sae_file, plan, c)
@@ -129,6 +173,7 @@ def _finish(lm: Any, opts: FeaturesOptions, plan: FeaturesPlan, done: tuple[Any,
     sums = result.stats
     described = describe(lm)
 
+    @functools.lru_cache(maxsize=1 << 16)  # a context's tokens repeat: each id decoded once
     def pieces(token_id: int) -> str:
         display, text = described(token_id)
         return text if text is not None else display
@@ -141,7 +186,8 @@ def _finish(lm: Any, opts: FeaturesOptions, plan: FeaturesPlan, done: tuple[Any,
         written += files.write_tables(Path(opts.out), rows, contexts, logits)
     if delphi is not None:
         written += files.write_delphi(delphi, lm, opts, plan, result)
-    return FeaturesRun(lm.name, plan.sae_file, plan, c, result, rows, contexts, logits, tuple(written), lm)
+    return FeaturesRun(lm.name, plan.sae_file, plan, c, result, rows, contexts, logits, tuple(written), lm,
+                       opts.show)
 
 
 def logit_rows(lm: Any, plan: FeaturesPlan, top: int, pieces: Any) -> list[dict[str, Any]]:

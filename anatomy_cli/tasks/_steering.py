@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
@@ -45,7 +46,8 @@ def parse_coefs(coef: Coef) -> list[float]:
 @dataclass(frozen=True)
 class SteeringOptions(Declared):
     """``steer``: a vector file (``anatomy steer --out`` or a llama.cpp control vector); ``steer_feature`` with
-    ``sae``: an SAE feature's decoder row instead; ``coef``: the coefficient or a sweep (text, number, list)."""
+    ``sae``: an SAE feature's decoder row instead; ``coef``: the coefficient or a sweep (text, number, list);
+    ``labels`` / ``features_dir``: where the feature's label comes from (models/sae/feature_labels.py)."""
 
     steer: Path | str | None = option(
         None, "--steer", metavar="FILE", show_default=False, cli=Path | None,
@@ -58,6 +60,11 @@ class SteeringOptions(Declared):
         help="Add C times this SAE feature's decoder row (--sae PATH) at the SAE's hook point.")
     sae: Path | str | None = option(None, "--sae", metavar="PATH", show_default=False, cli=Path | None,
                                     help="With --steer-feature: the SAE (as `anatomy sae`).")
+    labels: Path | str | None = option(
+        None, "--labels", metavar="DIR|FILE", show_default=False, cli=Path | None,
+        help="With --steer-feature: Neuronpedia's exported explanations, for the feature's label. Default: "
+        "--features-dir's explanations.json, else explanations.json beside the SAE.")
+    features_dir: Sequence[str] | None = shared.features_dir()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -66,6 +73,8 @@ class SteeringOptions(Declared):
         parse_coefs(self.coef)
         if (self.steer_feature is None) != (self.sae is None):
             raise UsageError("--steer-feature ID and --sae PATH go together")
+        if (self.labels is not None or self.features_dir) and self.steer_feature is None:
+            raise UsageError("--labels and --features-dir label an SAE feature: they need --steer-feature ID")
         if self.steer is not None and self.steer_feature is not None:
             raise UsageError("--steer FILE and --steer-feature ID both steer: give one")
         if self.steer is not None and not Path(self.steer).is_file():
@@ -124,8 +133,25 @@ def _feature(opened: Opened, opts: SteeringOptions) -> tuple[SteeringVector, lis
 
 
 def record(opts: SteeringOptions, found: SteeringVector | None) -> dict[str, object] | None:
-    """The record's ``steer`` key: the file, site, blocks and coefficients (and the SAE feature's id)."""
+    """The record's ``steer`` key: the file, site, blocks and coefficients (and the SAE feature's id, its label
+    and where the label came from: ``label`` the label or ``top tokens: …``, ``label_source``; ``link``: its panel
+    in the features dashboard; all three only where there is one)."""
     if found is None:
         return None
-    feature = {"feature": opts.steer_feature} if opts.steer_feature is not None else {}
+    feature = _feature_record(opts) if opts.steer_feature is not None else {}
     return {"file": opts.file, "site": found.site, "layers": found.layers, "coef": opts.coefs, **feature}
+
+
+def _feature_record(opts: SteeringOptions) -> dict[str, object]:
+    """``feature`` and, where there are, its ``label``, ``label_source`` and ``link`` (read before any weight)."""
+    from anatomy_cli.models.sae.feature_labels import dictionary_labels
+    from anatomy_cli.models.sae.read import read
+
+    assert opts.sae is not None and opts.steer_feature is not None
+    sae_file = read(Path(opts.sae), values=False)
+    labels = dictionary_labels(sae_file.path, sae_file.site, opts.labels, shared.features_dirs(opts.features_dir),
+                               sae_file.neuronpedia_id)
+    f = opts.steer_feature
+    extra = {"label": labels.shown(f), "label_source": labels.source if f in labels.text else None,
+             "link": labels.link(f)}
+    return {"feature": f, **{k: v for k, v in extra.items() if v}}

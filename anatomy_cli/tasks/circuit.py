@@ -8,6 +8,7 @@ the model, hooks other than MLP in → MLP out, an encoder, bad thresholds or co
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -31,6 +32,7 @@ from anatomy_cli.text import targets
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.models.sae.feature_labels import BlockLabels
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "circuit"
@@ -44,7 +46,9 @@ __all__ = ["COMMAND", "CircuitEstimate", "CircuitOptions", "CircuitPlan", "Circu
 class CircuitOptions(Declared):
     """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
-    or file); ``check``: re-measure that many edges by intervention; ``top``: rows of the paths table;
+    or file; default: ``features_dir``'s and the transcoders' explanations.json, models/sae/feature_labels.py);
+    ``features_dir``: ``features --out`` folders (labels, top tokens, the dashboard pages linked); ``check``:
+    re-measure that many edges by intervention; ``top``: rows of the paths table;
     ``ids``: the node ids (``current``: circuit-tracer's now; ``ct-0.5``: 0.5.0's); ``offload``: ``cpu`` or
     ``disk``, where the transcoders wait while not in use (tasks/_circuit.py ``load_transcoders``); ``estimate``:
     the graph's size, memory and time from the shapes alone, nothing run.
@@ -79,7 +83,9 @@ class CircuitOptions(Declared):
     json: str | None = option(None, "--json", metavar="FILE", show_default=False, cli=Path | None,
                               help="Write the Neuronpedia graph JSON.")
     labels: str | None = option(None, "--labels", metavar="PATH", show_default=False, cli=Path | None,
-                                help="Neuronpedia explanations export(s): fills clerp.")
+                                help="Neuronpedia explanations export(s): fills clerp. Default: each --features-dir's "
+                                "explanations.json, explanations.json beside the transcoders or beside a block's.")
+    features_dir: Sequence[str] | None = shared.features_dir()
     check: int = option(0, "--check", min=0, metavar="N", help="Re-measure N edges by intervention.")
     top: int = option(10, "--top", min=1, help="Rows of the paths table.")
     offload: str | None = option(
@@ -111,9 +117,10 @@ class CircuitOptions(Declared):
                     raise UsageError(f"--estimate computes no graph: it writes no {name} file (drop one of the two)")
             if self.check:
                 raise UsageError("--estimate computes no graph: it re-measures no --check edges (drop one of the two)")
-            if self.labels is not None:
-                raise UsageError("--estimate computes no graph: it labels no features with --labels (drop one of "
-                                 "the two)")
+            for name in [n for n, given in (("--labels", self.labels is not None),
+                                             ("--features-dir", bool(self.features_dir))) if given][:1]:
+                raise UsageError(f"--estimate computes no graph: it labels no features with {name} (drop one of "
+                                 f"the two)")
         targets.check_first_token(self.first_token, *self.wanted)
         if self.ids not in IDS:
             raise UsageError(f"--ids takes current or ct-0.5, not {self.ids!r}")
@@ -135,11 +142,12 @@ class CircuitOptions(Declared):
 
 @dataclass(frozen=True)
 class CircuitPlan:
-    """The transcoders' description; ``labels``: ``{(block, feature): description}`` from ``--labels``;
+    """The transcoders' description; ``labels``: ``{(block, feature): description}``, their sources, top tokens and
+    dashboards (models/sae/feature_labels.py ``block_labels``);
     ``target_ids``: ``--target``'s and ``--target-id``'s token ids, in order (none: the salient logits)."""
 
     transcoders: tc_files.TranscoderSet
-    labels: dict[tuple[int, int], str] = field(default_factory=dict)
+    labels: BlockLabels = field(default_factory=lambda: _no_labels())
     target_ids: tuple[int, ...] = ()
 
 
@@ -163,11 +171,19 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
     if twice:  # two logit nodes of one token would share a node id in the JSON (Neuronpedia refuses the file)
         raise UsageError(f"--target / --target-id name token id {', '.join(map(str, twice))} more than once: "
                          f"each logit node once")
-    if opts.labels is None:
+    if opts.estimate:
         return CircuitPlan(ts, target_ids=ids)
-    from anatomy_cli.models.sae.labels import read_layer_labels
+    from anatomy_cli.models.sae.feature_labels import block_labels
 
-    return CircuitPlan(ts, read_layer_labels(opts.labels, info.n_layers), ids)
+    own = ts.paths if ts.sae_format else ()
+    return CircuitPlan(ts, block_labels(Path(ts.root), own, info.n_layers, opts.labels,
+                                        shared.features_dirs(opts.features_dir)), ids)
+
+
+def _no_labels() -> BlockLabels:
+    from anatomy_cli.models.sae.feature_labels import BlockLabels
+
+    return BlockLabels()
 
 
 def estimate(info: Any, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str

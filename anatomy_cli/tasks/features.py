@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 COMMAND = "features"
 INPUTS = {"sae": None}  # DICT (positional) is the API's sae
+SHOWN = 50  # --show's default: the table's rows (the most frequent features)
 COOC_LIMIT = 1 << 26  # followed features x d_sae counts kept for co-firing (int64: 512 MiB)
 
 
@@ -71,6 +72,9 @@ class FeaturesOptions(Declared):
     delphi: Path | None = option(None, "--delphi", metavar="DIR", show_default=False, extra={"file_okay": False},
                                  help="Also write delphi's latent cache (safetensors splits of locations, activations "
                                  "and tokens) here. Needs --out.")
+    show: int = option(SHOWN, "--show", min=0, metavar="N",
+                       help="Rows of the table (and of tsv): the N most frequent features, with a line counting the "
+                       "rest (0: every feature). --format json and --out's files always hold every feature.")
     estimate: bool = option(False, "--estimate", help="Print the expected cost and stop (no weights load).")
     shard_windows: int = shared.shard_windows()
     batch_size: int = shared.window_batch()
@@ -152,6 +156,28 @@ def check(opened: Any, opts: FeaturesOptions) -> FeaturesPlan:
         notes.warn(f"co-firing is not counted for {len(ids):,} features x {sae_file.d_sae:,} (over "
                    f"{COOC_LIMIT:,} counts): follow fewer with --features")
     return FeaturesPlan(sae_file, ids, ctx, bos, cooccur)
+
+
+def dictionary_model(opts: FeaturesOptions) -> str | None:
+    """The model the dictionary's metadata names (SAELens' ``model_name``), when it resolves to a model anatomy
+    opens (a local folder or file, a packaged GGUF, a preset, a Hugging Face id in the cache or on the Hub), with a
+    line saying so; else None (TransformerLens' names such as ``gpt2-small`` are no Hugging Face id). For a
+    ``--model`` left out (the CLI cannot tell it from ``--model`` naming the default model): another, it wins."""
+    from anatomy_cli.errors import AnatomyError
+    from anatomy_cli.models.resolve import resolve
+    from anatomy_cli.models.sae.read import read
+
+    name = read(Path(opts.sae), hook=opts.hook, values=False).model_name
+    if not name:
+        return None
+    try:
+        resolve(name, need="config")
+    except AnatomyError:
+        notes.info(f"the dictionary names the model {name!r}, which does not resolve here: the default model "
+                   f"instead (give --model)")
+        return None
+    notes.info(f"the model: {name} (as the dictionary's metadata names it; --model overrides)")
+    return name
 
 
 def settings_of(opts: FeaturesOptions, plan: FeaturesPlan) -> Any:

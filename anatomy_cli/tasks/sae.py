@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
 
+from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.sae import Dictionary
+    from anatomy_cli.models.sae.feature_labels import FeatureLabels
     from anatomy_cli.models.sae.read import SAEFile
     from anatomy_cli.tasks.protocol import Opened
 
@@ -35,7 +38,8 @@ class SaeOptions(Declared):
     """``sae``: a SAELens or sparsify folder or a Gemma Scope params.npz; ``hook``: its hook point where the
     files state none; ``top``: features per token; ``features``: ids followed across the prompt (``--feature``,
     repeatable); ``lens_top``: tokens at each end of a followed feature's logit lens; ``labels``: Neuronpedia's
-    explanations."""
+    explanations (default: ``features_dir``'s explanations.json, else explanations.json beside the SAE; the
+    labels' source: feature_labels.py)."""
 
     sae: Path | str = option(
         dataclasses.MISSING, "--sae", metavar="PATH", show_default=False, cli=Path,
@@ -53,7 +57,9 @@ class SaeOptions(Declared):
                            help="Tokens listed at each end of a followed feature's logit lens.")
     labels: Path | str | None = option(
         None, "--labels", metavar="DIR|FILE", show_default=False, cli=Path | None,
-        help="Neuronpedia's exported explanations (explanations/*.jsonl.gz), joined by feature id.")
+        help="Neuronpedia's exported explanations (explanations/*.jsonl.gz), joined by feature id. Default: "
+        "--features-dir's explanations.json, else explanations.json beside the SAE.")
+    features_dir: Sequence[str] | None = shared.features_dir()
 
     @property
     def wanted(self) -> list[int]:
@@ -64,21 +70,22 @@ class SaeOptions(Declared):
 @dataclass(frozen=True)
 class SaePlan:
     sae_file: SAEFile
-    labels: dict[int, str] | None
+    labels: FeatureLabels
 
 
 def check(opened: Opened, opts: SaeOptions) -> SaePlan:
     """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
     ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
-    from anatomy_cli.models.sae import labels as labelling
     from anatomy_cli.models.sae import names
     from anatomy_cli.models.sae import read
+    from anatomy_cli.models.sae.feature_labels import dictionary_labels
 
     sae_file = read.read(Path(opts.sae), hook=opts.hook)
     bad = [f for f in opts.wanted if f >= sae_file.d_sae]
     if bad:
         raise UsageError(f"--feature {bad[0]} is out of range: the SAE has {sae_file.d_sae} features")
-    labels = labelling.read_labels(Path(opts.labels), sae_file.neuronpedia_id) if opts.labels is not None else None
+    labels = dictionary_labels(sae_file.path, sae_file.site, opts.labels, shared.features_dirs(opts.features_dir),
+                               sae_file.neuronpedia_id)
     names.check_fits(opened.info, opened.name, sae_file)
     return SaePlan(sae_file, labels)
 
@@ -101,7 +108,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: SaeOptions, plan: SaePlan
 
 
 def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dictionary, opts: SaeOptions,
-             labels: dict[int, str] | None) -> Reading:
+             labels: FeatureLabels) -> Reading:
     """One prompt through the SAE: the splice run, its health and warnings, the top features per token and the
     followed ones."""
     from anatomy_cli.analyses import sae as analysis
@@ -118,8 +125,10 @@ def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dicti
     dec_norms = dictionary.W_dec.float().norm(dim=-1).to(run.features.device)
     pieces = list(enc.pieces)
 
+    labelled = labels.source is not None or bool(labels.top_tokens)
+
     def label(fid: int) -> str | None:
-        return labels.get(fid) if labels is not None else None
+        return (labels.shown(fid) or None) if labelled else None
 
     top_rows = [{**r, "label": label(r["feature"])}
                 for r in analysis.top_features(run.features, dec_norms, pieces, opts.top)]
@@ -131,4 +140,11 @@ def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dicti
     return analysis.Reading(pieces=tuple(pieces), activations=run.features.detach().float().cpu(), health=health,
                             warnings=tuple(warnings), top_rows=tuple(top_rows), follow_rows=tuple(follow_rows),
                             summary=tuple(summary), lens_rows=tuple(lens_rows), followed=tuple(wanted),
-                            labels=labels, top=opts.top)
+                            labels=_shown(labels, top_rows, wanted) if labelled else None, top=opts.top,
+                            label_source=labels.source)
+
+
+def _shown(labels: FeatureLabels, top_rows: list[dict[str, Any]], wanted: list[int]) -> dict[int, str]:
+    """The label (or marked top tokens) of each feature the reading lists."""
+    listed = {*wanted, *(r["feature"] for r in top_rows)}
+    return {f: labels.shown(f) for f in listed if labels.shown(f)}

@@ -45,7 +45,9 @@ def circuit_command(
     --bos prepends the BOS token as circuit-tracer always does. --estimate prints the dense graph's size
     (an upper bound: the active features are known only after the forward), memory and time from the shapes
     alone and exits. No transcoders at hand: anatomy fit-sae CORPUS --transcoder --layer all --out ./tc trains
-    one per block (docs/commands/circuit.md's example).
+    one per block (docs/commands/circuit.md's example). Features are labelled from --labels, else
+    --features-dir DIR's explanations.json (anatomy features --out DIR; its dashboard DIR/features.html is
+    linked from the --plot page), else explanations.json beside the transcoders; no label is invented.
 
     Examples:
 
@@ -53,6 +55,7 @@ def circuit_command(
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --out graph.pt
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --json graph.json --check 20
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --estimate
+        anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --features-dir f14 --plot g.html
     """
     from anatomy_cli.output.views import circuit as view
 

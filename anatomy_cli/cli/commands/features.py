@@ -44,7 +44,10 @@ def features_command(
     result is the one process's). The expected cost is printed before the pass, progress during it. --out DIR
     writes features.parquet, contexts.parquet and logit_effects.parquet; --delphi DIR delphi's latent cache.
     --plot FILE.html writes a dashboard page: the feature list (search, sort) and each feature's contexts with
-    every token shaded by its activation, histogram, logit effects and co-firing features.
+    every token shaded by its activation, histogram, logit effects and co-firing features; feature ID's panel is
+    FILE.html#f-ID. The table lists the --show N most frequent features (JSON: every one). Without --model, the
+    model the dictionary's metadata names, when it resolves. sae, circuit and generate --steer-feature read
+    labels from --features-dir DIR (DIR/explanations.json, DIR/features.html linked).
     See docs/commands/features.md.
 
     Examples:
@@ -54,6 +57,7 @@ def features_command(
         anatomy features ./sae --corpus data.jsonl --features 0-99 --out feats --format json
         anatomy features ./sae --corpus docs/ --feature 123 --out feats --delphi feats/latents
         anatomy features ./sae --corpus docs/ --features 0-499 --plot features.html
+        anatomy features ./sae --corpus docs/ --out feats --plot feats/features.html
         anatomy features ./sae --corpus docs/ --estimate
     """
     from anatomy_cli.output.render import emit
@@ -62,6 +66,12 @@ def features_command(
 
     if plot is not None and opts.estimate:
         raise UsageError("--estimate runs no pass: it draws no --plot (drop one of the two)")
+    from anatomy_cli.cli.options import default_model
+
+    if spec.model == default_model():  # --model left out (or given as the default): the model the dictionary names
+        named = task.dictionary_model(opts)
+        if named is not None:
+            spec = spec.replace(model=named)
     run = measure(spec, opts)
     emit(view.report(run), fmt)
     if plot is not None:

@@ -33,7 +33,8 @@ def sae_command(
 
     Reads SAELens (standard, JumpReLU, TopK; BatchTopK saved as JumpReLU), EleutherAI sparsify (TopK) and
     Gemma Scope (JumpReLU) files offline. CE and KL are in nats. --plot FILE draws tokens x features (the
-    top features over the prompt, activation as colour). See docs/commands/sae.md.
+    top features over the prompt, activation as colour). Labels: --labels, else --features-dir DIR's
+    explanations.json, else explanations.json beside the SAE; no label is invented. See docs/commands/sae.md.
 
     Examples:
 

@@ -128,8 +128,27 @@ def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False,
             return _sparsify(folder / hook, None, values)
         raise UsageError(f"{folder} holds SAEs for {len(points)} hook points ({', '.join(points[:8])}): "
                          f"pick one with --hook NAME")
+    kind = _circuit_tracer_kind(folder)
+    if kind is not None:
+        raise UsageError(f"{folder} is circuit-tracer's {kind} (what circuit --transcoders reads): one dictionary is "
+                         f"read here, a SAELens or sparsify folder or a Gemma Scope params.npz (a set's block is not "
+                         f"read alone yet)")
     raise UsageError(f"no SAE at {p}: expected cfg.json with {SAELENS_WEIGHTS} (SAELens) or "
                      f"{SPARSIFY_WEIGHTS} (sparsify), or {GEMMA_SCOPE} (Gemma Scope)")
+
+
+def _circuit_tracer_kind(folder: Path) -> str | None:
+    """``transcoder_set`` / ``cross_layer_transcoder`` when ``folder`` holds circuit-tracer's config.yaml naming
+    one, else None."""
+    import re
+
+    for name in ("config.yaml", "config.yml"):
+        path = folder / name
+        if path.is_file():
+            found = re.search(r"^model_kind:\s*[\"']?(transcoder_set|cross_layer_transcoder)",
+                              path.read_text(encoding="utf-8", errors="replace"), re.M)
+            return found.group(1).replace("_", " ") if found else None
+    return None
 
 
 def _config(folder: Path) -> dict[str, Any]:

@@ -6,8 +6,10 @@ error nodes), the logits; columns are the prompt's positions. Several nodes in o
 influential (lowest cumulative influence) in the middle. The logit nodes, all at the last position, spread along their
 row, the most probable over the last token, the ``LABELLED`` most probable labelled with their token. Each link is a
 line from source to target, its width proportional to |weight| (the strongest ``MAX_LINKS``), blue where the source
-raises the target, red where it lowers it. Hovering a node shows its id, kind, position and token, label (``clerp``),
-activation and influence.
+raises the target, red where it lowers it. Hovering a node shows its id, kind, position and token, label (``clerp``;
+else its top promoted tokens, marked as such, from ``metadata.feature_labels``), activation and influence. Clicking a
+feature node whose block has a features dashboard (``metadata.feature_labels.dashboards``, from ``--features-dir``)
+opens its panel there (``features.html#f-ID``).
 
 Labels and tokens are the user's and the model's text: they go into the page only through :func:`esc` / :func:`token`.
 """
@@ -30,6 +32,7 @@ from anatomy_cli.output.html import token
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
+from anatomy_cli.output.html.markup import script_json
 from anatomy_cli.text.display import visible
 
 if TYPE_CHECKING:
@@ -110,7 +113,8 @@ def by_id(nodes: Sequence[Mapping[str, Any]], at: Sequence[tuple[float, int]]) -
     return out
 
 
-def hover(node: Mapping[str, Any], tokens: Sequence[str]) -> str:
+def hover(node: Mapping[str, Any], tokens: Sequence[str], extra: Mapping[str, Any] | None = None) -> str:
+    """The node's hover text; ``extra``: the graph's ``metadata.feature_labels`` (top tokens, dashboards)."""
     pos = int(node["ctx_idx"])
     piece = token(visible(tokens[pos]), 24) if 0 <= pos < len(tokens) else "–"
     kind = KINDS.get(node["feature_type"], (node["feature_type"],))[0]
@@ -119,6 +123,12 @@ def hover(node: Mapping[str, Any], tokens: Sequence[str]) -> str:
         lines.append(f"block {esc(node['layer'])} · feature {esc(node_feature(node))}")
     if node.get("clerp"):
         lines.append(esc(node["clerp"]))
+    elif node["feature_type"] == "cross layer transcoder" and extra:
+        tops = extra.get("top_tokens", {}).get(f"{node['layer']}_{node_feature(node)}")
+        if tops:
+            lines.append(f"top tokens (no label): {esc(tops)}")
+    if node["feature_type"] == "cross layer transcoder" and extra and str(node["layer"]) in extra.get("dashboards", {}):
+        lines.append("click: its panel in the features dashboard")
     if node.get("activation") is not None:
         lines.append(f"activation {node['activation']:.4f}")
     if node["feature_type"] == "logit":
@@ -126,6 +136,21 @@ def hover(node: Mapping[str, Any], tokens: Sequence[str]) -> str:
     if node.get("influence") is not None:
         lines.append(f"cumulative influence {node['influence']:.4f}")
     return "<br>".join(lines)
+
+
+def dashboard_links(nodes: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> dict[str, str]:
+    """``node_id`` -> the feature's panel in its block's dashboard page (``…/features.html#f-ID``)."""
+    pages = extra.get("dashboards", {})
+    return {str(n["node_id"]): f"{pages[str(n['layer'])]}#f-{node_feature(n)}" for n in nodes
+            if n["feature_type"] == "cross layer transcoder" and str(n["layer"]) in pages}
+
+
+def click_script(links: Mapping[str, str]) -> str:
+    """Clicking a node with a link opens it in a new tab (nothing without links)."""
+    if not links:
+        return ""
+    return (f"var LINKS={script_json(dict(links))};gd.on('plotly_click',function(e){{var p=e.points&&e.points[0];"
+            "var u=p&&LINKS[p.customdata];if(u){window.open(u,'_blank');}});")
 
 
 def node_feature(node: Mapping[str, Any]) -> str:
@@ -159,6 +184,7 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
     nodes = list(graph["nodes"])
     n_layers = max((int(n["layer"]) for n in nodes if n["feature_type"] == "logit"), default=1) - 1
     at = places(nodes, n_layers)
+    extra = graph["metadata"].get("feature_labels") or {}
     fig = go.Figure(link_traces(graph["links"], by_id(nodes, at)))
     labelled = list(logit_xs(nodes))[:LABELLED]  # the most probable logits
     for kind, (name, symbol, colour) in KINDS.items():
@@ -172,7 +198,7 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
                 name=esc(name), marker={"symbol": symbol, "size": 11 if kind == "logit" else 9, "color": colour,
                                         "line": {"width": 0.5, "color": "#333"}},
                 customdata=[nodes[i]["node_id"] for i in members],
-                hovertext=[hover(nodes[i], tokens) for i in members],
+                hovertext=[hover(nodes[i], tokens, extra) for i in members],
                 hovertemplate="%{hovertext}<extra></extra>"))
     rows = ["embed", *(str(b) for b in range(n_layers)), "logits"]
     height = min(1400, max(420, 22 * len(rows) + 160))
@@ -183,7 +209,7 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
     fig.update_yaxes(title_text="block", **ticks(rows, 40), range=[-0.7, n_layers + 2.2], showgrid=True,
                      gridcolor="#eee", zeroline=False)
     page = caption_page(cap)
-    page.add(plot(fig, div_id="circuit-graph"))
+    page.add(plot(fig, div_id="circuit-graph", script=click_script(dashboard_links(nodes, extra))))
     n_links = len(graph["links"])
     shown = min(n_links, MAX_LINKS)
     shared = len(nodes) - len({str(n["node_id"]) for n in nodes})

@@ -1,5 +1,13 @@
 // The features dashboard (anatomy_cli/output/html/features.py). D: the command's JSON record (features, contexts,
 // logits, edges), written by the page. Every piece of user or model text goes in with textContent, never as HTML.
+// Unpack the page's packed rows (features.py page_data): each context and logit effect back into an object.
+D.contexts = D.contexts.map(function (c) {
+  return {feature: c[0], kind: c[1] ? "quantile" : "top", rank: c[2], quantile: c[3], lower: c[4], upper: c[5],
+          activation: c[6], at: c[7], tokens: c[8].map(function (i) { return D.pieces[i]; }), activations: c[9]};
+});
+D.logits = D.logits.map(function (l) {
+  return {feature: l[0], side: l[1] ? "bottom" : "top", rank: l[2], token: D.pieces[l[3]], effect: l[4]};
+});
 var byId = {}, ctxs = {}, logits = {};
 D.features.forEach(function (r) { byId[r.feature] = r; ctxs[r.feature] = []; logits[r.feature] = []; });
 D.contexts.forEach(function (c) { if (ctxs[c.feature]) ctxs[c.feature].push(c); });
@@ -117,6 +125,7 @@ function show(f) {
   if (old) Plotly.purge(old);
   panel.textContent = "";
   var h = el("h2", "feature " + f + " ");
+  h.id = "f-" + f;  // the panel's anchor: features.html#f-ID (circuit --plot links here)
   if (r.status) h.appendChild(el("span", r.status, "status-" + r.status));
   panel.appendChild(h);
   panel.appendChild(el("p", "fires at " + r.fires + " tokens (frequency " + num(r.frequency, 3) + "), mean " +
@@ -149,7 +158,11 @@ function show(f) {
   panel.appendChild(fx);
   panel.appendChild(el("h3", "fires together with"));
   panel.appendChild(cofiring(r));
-  drawList();
+  mark();
+}
+// The picked row marked in place: the list is not drawn again (thousands of rows).
+function mark() {
+  [].forEach.call(tbody.rows, function (tr) { tr.className = +tr.dataset.feature === current ? "sel" : ""; });
 }
 function fromHash() {
   var m = /^#f-(\d+)$/.exec(location.hash);

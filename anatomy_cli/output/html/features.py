@@ -38,9 +38,28 @@ STYLE = """
 
 
 def page_data(data: dict[str, Any]) -> dict[str, Any]:
-    """What the page's script reads, taken from the command's JSON record as it is (no value recomputed)."""
-    return {"edges": data["histogram_edges"], "features": data["features"], "contexts": data["contexts"],
-            "logits": data["logit_effects"], "font": FONT, "config": CONFIG}
+    """What the page's script reads, taken from the command's JSON record (no value recomputed), packed for pages
+    of thousands of features: each distinct token text once (``pieces``), a context as a row ``[feature, kind
+    (0 top, 1 quantile), rank, quantile, lower, upper, activation, at, piece indices, activations]`` and a logit
+    effect as ``[feature, side (0 top, 1 bottom), rank, piece index, effect]``; activations to 4 significant digits and
+    effects to 6 (what the page shows), no ids, windows or positions. The script unpacks them."""
+    pieces: dict[str, int] = {}
+
+    def idx(text: str) -> int:
+        return pieces.setdefault(text, len(pieces))
+
+    contexts = [[c["feature"], 0 if c["kind"] == "top" else 1, c["rank"], c["quantile"], c["lower"], c["upper"],
+                 c["activation"], c["at"], [idx(t) for t in c["tokens"]], [_digits(a, 4) for a in c["activations"]]]
+                for c in data["contexts"]]
+    logits = [[e["feature"], 0 if e["side"] == "top" else 1, e["rank"], idx(e["token"]), _digits(e["effect"], 6)]
+              for e in data["logit_effects"]]
+    return {"edges": data["histogram_edges"], "features": data["features"], "pieces": list(pieces),
+            "contexts": contexts, "logits": logits, "font": FONT, "config": CONFIG}
+
+
+def _digits(x: float, n: int) -> float:
+    """``x`` to ``n`` significant digits (its shortest JSON text)."""
+    return float(f"{x:.{n}g}")
 
 
 def figure(data: dict[str, Any], cap: Caption) -> Page:

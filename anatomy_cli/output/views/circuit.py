@@ -22,6 +22,7 @@ COLUMNS = (
     Column("via", "strongest source"),
     Column("via_weight", "its weight", "float", 4),
 )
+LABEL = Column("label", "label")  # shown when the run has labels or top tokens (models/sae/feature_labels.py)
 ROWS = "paths"
 ESTIMATE_ROWS = "quantities"  # an estimate's rows: one per quantity (the table --estimate prints)
 KINDS = {"cross layer transcoder": "feature", "mlp reconstruction error": "error", "embedding": "token",
@@ -47,11 +48,17 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
     if any(r["kind"] in INPUTS for r in data["paths"]):
         notes.append("strongest source: the node's strongest kept incoming edge, from a feature, error node or "
                      "token; error nodes and tokens are the graph's inputs (no edge enters them): (input)")
+    labelled = any("label" in r for r in rows)
+    if labelled:
+        sources = data.get("feature_labels", {}).get("sources") or []
+        notes.append(f"label: from {', '.join(sources) if sources else 'no explanations file'}; \"top tokens: …\" "
+                     "is no label: the tokens the feature's decoder direction promotes most (--features-dir)")
     if "check" in data:
         c = data["check"]
         notes.append(f"--check: {c['n_edges']} edges re-measured by intervention, largest difference "
                      f"{c['max_abs_error']:.2e} (relative {c['max_relative_error']:.2e})")
-    return Report(data=data, sections=[Section(COLUMNS, rows, title="strongest paths to the target")],
+    columns = (*COLUMNS, LABEL) if labelled else COLUMNS
+    return Report(data=data, sections=[Section(columns, rows, title="strongest paths to the target")],
                   heading=heading, notes=notes)
 
 

@@ -50,8 +50,9 @@ def report(run: FeaturesRun) -> Report:
     for r in run.logits:
         if r["side"] == "top" and r["rank"] < 3:
             promoted.setdefault(r["feature"], []).append(repr(r["token"]))
+    shown = shown_rows(run.rows, run.show)
     table = [{**r, "promoted": " ".join(promoted.get(r["feature"], [])), "top_context": top.get(r["feature"], "")}
-             for r in run.rows]
+             for r in shown]
     result = run.result
     data: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "tokens": result.stats.tokens,
                             "windows": result.stats.windows, "shards": result.shards, "resumed": result.resumed,
@@ -66,10 +67,23 @@ def report(run: FeaturesRun) -> Report:
                f"{result.stats.tokens:,} tokens ({result.stats.windows:,} windows of {run.plan.ctx})",
                f"{dead:,} dead, {always:,} always-on"]
     notes = [f"logit effects: {LOGIT_CONVENTION}"]
+    if len(shown) < len(run.rows):
+        notes.insert(0, f"showing the {len(shown):,} most frequent of {len(run.rows):,} features (--show "
+                     f"{run.show}); --show 0 lists every one, --format json and --out hold every one")
     if run.files:
         notes.append(f"wrote {', '.join(run.files[:3])}" + (f" and {len(run.files) - 3} more" if len(run.files) > 3
                                                            else ""))
-    return Report(data=data, sections=[Section(COLUMNS, table, title="per feature")], heading=heading, notes=notes)
+    title = "per feature" if len(shown) == len(run.rows) else f"the {len(shown):,} most frequent features"
+    return Report(data=data, sections=[Section(COLUMNS, table, title=title)], heading=heading, notes=notes)
+
+
+def shown_rows(rows: list[dict[str, Any]], show: int) -> list[dict[str, Any]]:
+    """The table's rows: every one (``show`` 0, or no more than ``show``), else the ``show`` most frequent (ties:
+    the lower id), in id order."""
+    if not show or len(rows) <= show:
+        return rows
+    keep = {r["feature"] for r in sorted(rows, key=lambda r: (-r["fires"], r["feature"]))[:show]}
+    return [r for r in rows if r["feature"] in keep]
 
 
 def figure(run: FeaturesRun) -> FigureArgs:

@@ -80,7 +80,9 @@ def report(lm: LoadedModel, enc: Encoded, out: Generated, opts: GenerateOptions,
 def steered_line(steer: dict[str, Any]) -> str:
     """The heading's line of a steered run: the vector (file or SAE feature), its site and block(s), the
     coefficient(s). ``steer``: the record's ``steer`` key."""
-    source = f"SAE feature {steer['feature']} of {steer['file']}" if "feature" in steer else f"vector {steer['file']}"
+    label = f" ({steer['label']})" if steer.get("label") else ""
+    source = f"SAE feature {steer['feature']}{label} of {steer['file']}" if "feature" in steer \
+        else f"vector {steer['file']}"
     layers, coefs = steer["layers"], steer["coef"]
     blocks = f"block{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
     values = f"coefficient{'s' if len(coefs) > 1 else ''} {', '.join(f'{c:g}' for c in coefs)}"

@@ -93,4 +93,15 @@ def report(lm: LoadedModel, enc: Encoded, reading: Reading, sae_file: SAEFile) -
     heading = [f"sae · {model_label(lm)}",
                f"{sae_file.format} {sae_file.architecture} · d_sae {sae_file.d_sae} · {site(sae_file)}",
                prompt_line(enc)]
-    return Report(data=data, sections=sections, heading=heading)
+    notes = []
+    if labelled:
+        data["label_source"] = reading.label_source
+        notes.append(label_note(reading.label_source))
+    return Report(data=data, sections=sections, heading=heading, notes=notes)
+
+
+def label_note(source: str | None) -> str:
+    """Where the labels came from, and what "top tokens:" means (models/sae/feature_labels.py)."""
+    where = f"labels from {source}" if source is not None else "no labels"
+    return (f"{where}; \"top tokens: …\" is no label: the tokens the feature's decoder direction promotes most "
+            "(--features-dir)")
