@@ -16,6 +16,7 @@ import json
 import math
 import random
 import re
+import struct
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,10 +53,16 @@ def marked(tokens: Sequence[str], check: Callable[[int], bool]) -> str:
     return "".join(out)
 
 
+def _f32(x: float) -> float:
+    """``x`` rounded to float32: delphi compares its float32 activations with the threshold as a torch scalar,
+    which takes the tensor's dtype (3.0 >= 0.3 x 10.0 holds in float32, not in float64)."""
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
 def _false_positive(tokens: Sequence[str], activations: Sequence[float], n_incorrect: int) -> str:
     """delphi's ``_prepare_text`` for a non-activating example with ``n_incorrect`` tokens wrongly marked."""
-    limit = THRESHOLD * max(activations)
-    below = [i for i, a in enumerate(activations) if a <= limit]
+    limit = _f32(THRESHOLD * max(activations))
+    below = [i for i, a in enumerate(activations) if _f32(a) <= limit]
     if len(below) == 1:  # delphi: torch.nonzero(...).squeeze() of one index is 0-d: its default message
         return DEFAULT_MESSAGE
     rng = random.Random(22)  # delphi: random.seed(22) before each example
@@ -84,8 +91,8 @@ def samples(kind: str, test: Sequence[Example], not_active: Sequence[Example]) -
 
 def _true_positive(tokens: Sequence[str], activations: Sequence[float]) -> str:
     """delphi's ``_prepare_text`` for an activating example: its tokens at or above 0.3 x its max marked."""
-    limit = THRESHOLD * max(activations)
-    return marked(tokens, lambda i: activations[i] >= limit)
+    limit = _f32(THRESHOLD * _f32(max(activations)))
+    return marked(tokens, lambda i: _f32(activations[i]) >= limit)
 
 
 def batches(items: list[Sample], shown: int, seed: int = 42) -> list[list[Sample]]:

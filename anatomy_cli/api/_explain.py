@@ -17,10 +17,10 @@ def explain(features_dir: str | Path, opts: task.ExplainOptions, *, device: str 
             trust_remote_code: bool = False) -> Result:
     """`anatomy explain FEATURES_DIR --explainer MODEL`: ``features_dir`` what ``anatomy.features(...,
     out=DIR, delphi=DIR/latents)`` wrote; ``explainer`` (and ``scorer``) chat models by name, path or .gguf,
-    loaded on ``device`` in ``dtype`` (``trust_remote_code`` as ``--trust-remote-code``). Per feature its explanation (delphi's explainer prompt), delphi's detection
-    and fuzzing scores (balanced accuracy, F1) and the control (the same scorer on another feature's
-    explanation); writes ``explanations.json`` (a Neuronpedia explanations export). ``result``: the run
-    (``records``: the export); rows: ``features``."""
+    loaded on ``device`` in ``dtype`` (``trust_remote_code`` as ``--trust-remote-code``). Per feature its
+    explanation (delphi's explainer prompt), delphi's detection and fuzzing scores (balanced accuracy, F1) and
+    the control (the same scorer on another feature's explanation); writes ``explanations.json`` (a Neuronpedia
+    explanations export). ``result``: the run (``records``: the export); rows: ``features``."""
     from anatomy_cli.output.views import explain as view
     from anatomy_cli.tasks._explain_run import measure
 

@@ -55,6 +55,7 @@ class Chat:
     lm: Any
     name: str
     rates: dict[str, float] = field(default_factory=dict)
+    too_long: bool = False
 
     def ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The messages as the chat template renders them (``add_generation_prompt=True``), tokenized as
@@ -76,6 +77,13 @@ class Chat:
         from anatomy_cli.engine.generate import stop_ids
 
         ids = self.ids(messages)
+        n_ctx = self.lm.info.n_ctx
+        if n_ctx is not None and len(ids) >= n_ctx:
+            if not self.too_long:
+                notes.warn(f"delphi's prompt is {len(ids):,} tokens, more than {self.name}'s context of {n_ctx:,}: "
+                           f"no answer (an explanation that could not be parsed, an unanswered batch)")
+            self.too_long = True
+            return ""
         stamps: list[float] = []
         choose = greedy if temperature == 0 else sampler(temperature=temperature, seed=seed)
         start = time.perf_counter()
