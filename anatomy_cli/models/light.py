@@ -56,8 +56,6 @@ def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, di
         return None
     if special.get("tokenizer_class") not in TOKENIZER_CLASSES:
         return None
-    if "chat_template" in special or (root / "chat_template.jinja").is_file():
-        return None  # a chat template: transformers' tokenizer carries it (--chat, explain), the light one does not
     special = {**(_json(root / "special_tokens_map.json") or {}), **special}
     from tokenizers import Tokenizer
 

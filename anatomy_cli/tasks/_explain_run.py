@@ -108,12 +108,13 @@ def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     opened = open_model(spec.replace(model=opts.explainer))
     opened_scorer = open_model(spec.replace(model=opts.scorer)) if opts.scorer not in (None, opts.explainer) \
         else None
-    for o in (opened, opened_scorer):
-        if o is not None and not getattr(o.tokenizer.hf, "chat_template", None):
-            raise UsageError(f"{o.name} has no chat template (its tokenizer carries none): explain needs a chat "
-                             f"model for --explainer and --scorer")
+    for o in (opened, opened_scorer):  # a light open's tokenizer carries no template: checked once loaded
+        if o is not None and not getattr(o, "light", False):
+            _require_template(o.tokenizer.hf, o.name)
     explainer = Chat(load_weights(opened), opened.name)
     scorer = Chat(load_weights(opened_scorer), opened_scorer.name) if opened_scorer is not None else explainer
+    for chat in (explainer, scorer):
+        _require_template(chat.lm.tokenizer.hf, chat.name)
     resumed = sum(1 for r in state.values() if "description" in r)
     if resumed:
         notes.info(f"explain: resumed: {resumed} of {len(fdir.features)} features were explained by an earlier run")
@@ -123,6 +124,12 @@ def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     records = tuple(state[f.feature] for f in fdir.features)
     return ExplainRun(fdir.model, fdir.layer, fdir.hook, explainer.name, scorer.name, records, fdir.skipped,
                       run.cost, resumed, str(opts.target / EXPORT))
+
+
+def _require_template(hf: Any, name: str) -> None:
+    if not getattr(hf, "chat_template", None):
+        raise UsageError(f"{name} has no chat template (its tokenizer carries none): explain needs a chat model for "
+                         f"--explainer and --scorer")
 
 
 def _state(opts: ExplainOptions, fdir: FeaturesDir) -> dict[int, dict[str, Any]]:
