@@ -110,6 +110,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("sae", "sae", Needs.decoder, api=("_sae", "sae"), docs="docs/commands/sae.md"),
     Command("features", "features", Needs.decoder, api=("_features", "features"), docs="docs/commands/features.md",
             serve=Serve(not_with=_RAY, why="the same: its Ray workers load their own copies of the model")),
+    Command("explain", "explain", Needs.decoder, api=("_explain", "explain"), docs="docs/commands/explain.md"),
     Command("route", "route", Needs.moe, api=("_driven", "route"), docs="docs/commands/route.md", view="route"),
     Command("fit-lens", "fit_lens", Needs.decoder, api=("_fit_lens", "fit_lens"), docs="docs/commands/fit-lens.md",
             serve=Serve(not_with=_RAY, why="the same: its Ray workers load their own copies of the model")),

@@ -1,0 +1,53 @@
+"""`anatomy explain FEATURES_DIR --explainer MODEL`: explanations of a `features` run's features, written by a
+chat model and scored with delphi's detection and fuzzing scorers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from anatomy_cli.cli.declared import command
+from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import model_options
+from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.tasks import explain as task
+
+
+@command("explain", task.ExplainOptions, inputs=("features_dir",))
+@model_options(fields=("device", "dtype", "trust_remote_code"))
+def explain_command(
+    features_dir: Annotated[Path, typer.Argument(
+        metavar="FEATURES_DIR", show_default=False,
+        help="What anatomy features --out DIR wrote, with delphi's latent cache (--delphi) inside it or named "
+             "with --delphi.")],
+    opts: task.ExplainOptions,
+    spec: ModelSpec = ModelSpec(),
+    fmt: FormatOpt = None,
+) -> None:
+    """Explanations of a dictionary's features, written by a chat model from the features' top-activating
+    contexts with delphi's explainer prompt (the activating tokens marked <<so>>, each with its activation on a
+    0-10 scale), through anatomy's own generation (greedy by default). Each is scored as delphi scores it:
+    detection (held-out activating contexts against random ones where the feature does not fire) and fuzzing
+    (the activating tokens marked, against wrongly marked ones), as balanced accuracy and F1, by --scorer (default
+    the explainer); and, as a control, the same scorer on another feature's explanation.
+
+    Writes FEATURES_DIR/explanations.json (or --out DIR), a Neuronpedia explanations export that sae --labels and
+    circuit --labels read. It is rewritten after every feature: an interrupted run keeps what it wrote, and the
+    same command again continues. The cost, from the first generation's measured rates, is printed on stderr,
+    progress during the run. See docs/commands/explain.md.
+
+    Examples:
+
+    \b
+        anatomy features ./sae --corpus docs/ --model smollm2 --features 0-99 --out feats --delphi feats/latents
+        anatomy explain feats --explainer SmolLM2-135M-Instruct.Q4_1.gguf --max-features 8
+        anatomy explain feats --explainer ./big-instruct --scorer ./other-instruct --format json
+        anatomy sae "The capital of France is" --sae ./sae --model smollm2 --labels feats/explanations.json
+    """
+    from anatomy_cli.output.render import emit
+    from anatomy_cli.output.views import explain as view
+    from anatomy_cli.tasks._explain_run import measure
+
+    emit(view.report(measure(spec, opts)), fmt)

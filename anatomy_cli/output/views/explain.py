@@ -1,0 +1,78 @@
+"""`explain`'s view: one row per feature (its explanation, delphi's detection and fuzzing balanced accuracy and F1,
+and the same scorer on another feature's explanation, the control), the means of both; JSON adds the export's
+records and the cost."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+
+if TYPE_CHECKING:
+    from anatomy_cli.tasks._explain_run import ExplainRun
+
+ROWS = "features"
+SCORES = ("detection_balanced_accuracy", "detection_f1", "fuzz_balanced_accuracy", "fuzz_f1")
+COLUMNS = (Column("feature", "feature", "id"), Column("description", "explanation"),
+           Column("detection_balanced_accuracy", "detection", "float", 2),
+           Column("control_detection_balanced_accuracy", "detection control", "float", 2),
+           Column("fuzz_balanced_accuracy", "fuzzing", "float", 2),
+           Column("control_fuzz_balanced_accuracy", "fuzzing control", "float", 2),
+           Column("detection_f1", "detection F1", "float", 2, priority=-1),
+           Column("fuzz_f1", "fuzzing F1", "float", 2, priority=-1))
+MEAN_COLUMNS = (Column("explanations", "explanations"), *(Column(k, k.replace("_", " "), "float", 3)
+                                                          for k in SCORES))
+
+
+def _flat(scores: dict[str, Any] | None, prefix: str = "") -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for kind in ("detection", "fuzz"):
+        got = (scores or {}).get(kind)
+        for metric in ("balanced_accuracy", "f1"):
+            out[f"{prefix}{kind}_{metric}"] = None if got is None else float(got[metric])
+    return out
+
+
+def rows(run: ExplainRun) -> list[dict[str, Any]]:
+    """One flat row per feature: ``feature``, ``description``, the four scores, ``control_of`` and the control's
+    four scores (``control_`` first)."""
+    out = []
+    for r in run.records:
+        control = r.get("control")
+        out.append({"feature": int(r["index"]), "description": r.get("description"), **_flat(r.get("scores")),
+                    "control_of": control.get("explanation_of") if control else None,
+                    **_flat(control, "control_")})
+    return out
+
+
+def means(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The mean of each score over the features that have one, for their own explanations and the controls."""
+    out = []
+    for label, prefix in (("own", ""), ("control (another feature's)", "control_")):
+        row: dict[str, Any] = {"explanations": label}
+        for k in SCORES:
+            vals = [r[prefix + k] for r in table if r[prefix + k] is not None]
+            row[k] = sum(vals) / len(vals) if vals else None
+        out.append(row)
+    return out
+
+
+def report(run: ExplainRun) -> Report:
+    table = rows(run)
+    summary = means(table)
+    data = {"model": run.model, "layer": run.layer, "hook": run.hook, "explainer": run.explainer,
+            "scorer": run.scorer, ROWS: table, "means": summary, "explanations": list(run.records),
+            "skipped": list(run.skipped), "resumed": run.resumed, "cost": run.cost, "file": run.file}
+    heading = [f"explain · {run.model} · {run.layer} at {run.hook} · {len(table)} features explained by "
+               f"{run.explainer}, scored by {run.scorer}"]
+    notes = ["scores: delphi's balanced accuracy, (TP/P + TN/N) / 2 (0.5: chance); control: the same scorer "
+             "on another feature's explanation"]
+    if run.skipped:
+        notes.append(f"{len(run.skipped)} features not explained (dead, or no context)")
+    notes.append(f"wrote {run.file}")
+    return Report(data=data, sections=[Section(COLUMNS, table, title="per feature"),
+                                       Section(MEAN_COLUMNS, summary, title="means")],
+                  heading=heading, notes=notes)

@@ -1,0 +1,274 @@
+"""`anatomy explain`: delphi's explainer prompt and detection/fuzzing scorers, checked against delphi's own code
+(eai-delphi in a side environment, tests/reference/delphi_explain.py; skipped where it is not importable), the
+metrics against a hand computation, the export read back by the labels readers of `sae` and `circuit`, resume
+after an interruption, and the refusals before any model loads. Tiny random models: the tiny GPT-2 with a chat
+template writes and scores (its answers do not parse: delphi's "could not be parsed" and unanswered batches), and
+a deterministic stand-in for the chat model where the numbers matter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_features import TEXT
+from test_features import invoke
+from test_features import write_sae
+
+REFERENCE = Path(__file__).parent / "reference" / "delphi_explain.py"
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, tiny_model_dir):
+    """``(subject model, sae, features dir, latents dir, chat model)``: a features run with delphi's cache."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("explain")
+    import shutil
+
+    model = tiny_model_dir("gpt2")
+    chat = root / "chat"  # the tiny Llama (rotary positions: its context raised to hold delphi's prompts)
+    shutil.copytree(tiny_model_dir("llama"), chat)
+    config = json.loads((chat / "config.json").read_text())
+    (chat / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    tok = AutoTokenizer.from_pretrained(chat)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(chat)
+    sae = write_sae(root / "sae")
+    corpus = root / "corpus.txt"
+    corpus.write_text(TEXT * 2)
+    feats, latents = root / "feats", root / "latents"
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--shard-windows", 3, "--top-k", 8, "--quantiles", 4, "--quantile-size", 2, "--out", feats,
+                    "--delphi", latents, "--format", "json")
+    assert result.exit_code == 0, result.output
+    return model, sae, feats, latents, chat
+
+
+def answer(messages):
+    """The stand-in scorer of tests/reference/delphi_explain.py, written again here."""
+    texts = [line.split(": ", 1)[1] if ": " in line else "" for line in messages[-1]["content"].splitlines()
+             if line.startswith("Example ")]
+    if texts and sum(map(ord, texts[0])) % 7 == 0:
+        return "I cannot tell."
+    return "[" + ",".join("1" if "<<" in t or sum(map(ord, t)) % 2 else "0" for t in texts) + "]"
+
+
+def stand_in(monkeypatch, fail_at=None):
+    """Replace the chat model's answers: an explanation naming the prompt's first highlighted run, the scorer's
+    :func:`answer`; raise on call number ``fail_at`` (an interrupted run)."""
+    import re
+
+    from anatomy_cli.tasks import _explain_run
+
+    calls = []
+
+    def ask(self, messages, max_new_tokens, temperature=0.0, seed=0):
+        calls.append(1)
+        if fail_at is not None and len(calls) == fail_at:
+            raise KeyboardInterrupt
+        if messages[0]["content"].startswith("You are a meticulous AI researcher"):
+            runs = re.findall(r"<<(.*?)>>", messages[-1]["content"])
+            return f"Thinking.\n[EXPLANATION]: the text {runs[0] if runs else 'nothing'!r}"
+        return answer(messages)
+
+    monkeypatch.setattr(_explain_run.Chat, "ask", ask)
+    return calls
+
+
+def explain(feats, latents, chat, *more):
+    return invoke("explain", feats, "--delphi", latents, "--explainer", chat, "--device", "cpu", *more)
+
+
+def read_examples(feats, latents, **kw):
+    from anatomy_cli.tasks.explain import ExplainOptions
+    from anatomy_cli.tasks.explain import read_dir
+
+    return read_dir(ExplainOptions(feats, explainer="x", delphi=latents, **kw))
+
+
+def delphi_env() -> dict[str, str]:
+    """The environment tests/reference/delphi_explain.py runs in; skips where delphi is not importable."""
+    env = dict(os.environ)
+    extra = env.get("ANATOMY_DELPHI_PATH", "")
+    code = "import sys; sys.path += [p for p in sys.argv[1:] if p]; import importlib.util as u; " \
+           "sys.exit(0 if u.find_spec('delphi') and u.find_spec('jaxtyping') and u.find_spec('simple_parsing') " \
+           "else 1)"
+    if subprocess.run([sys.executable, "-c", code, *extra.split(os.pathsep)]).returncode != 0:
+        pytest.skip("eai-delphi is not importable (pip install --no-deps eai-delphi and its modules' imports into "
+                    "a folder named by ANATOMY_DELPHI_PATH)")
+    return env
+
+
+def run_delphi(given):
+    out = subprocess.run([sys.executable, str(REFERENCE)], input=json.dumps(given), capture_output=True, text=True,
+                         env=delphi_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def hand_metrics(pairs):
+    valid = [(a, p) for a, p in pairs if p is not None]
+    tp = sum(a and p for a, p in valid)
+    tn = sum((not a) and (not p) for a, p in valid)
+    fp = sum((not a) and p for a, p in valid)
+    pos = sum(a for a, _ in valid)
+    neg = len(valid) - pos
+    precision = tp / (tp + fp) if tp + fp else 0
+    recall = tp / pos if pos else 0
+    return ((tp / pos if pos else 0) + (tn / neg if neg else 0)) / 2, \
+        (2 * precision * recall / (precision + recall) if precision + recall else 0)
+
+
+# ---------------------------------------------------------------- delphi as the reference
+
+def test_explainer_and_scorer_prompts_and_scores_equal_delphi_s(made):
+    from anatomy_cli.analyses.explain_prompts import explainer_messages
+    from anatomy_cli.analyses.explain_prompts import scorer_messages
+    from anatomy_cli.analyses.explain_score import batches
+    from anatomy_cli.analyses.explain_score import samples
+    from anatomy_cli.analyses.explain_score import score
+
+    _, _, feats, latents, _ = made
+    cases = [ex for ex in read_examples(feats, latents).features if ex.test and ex.not_active][:3]
+    assert len(cases) == 3
+    explanation = "the text ' the'"
+    given = [{"examples": ex.train, "max_activation": ex.max_activation, "test": ex.test,
+              "not_active": ex.not_active, "explanation": explanation, "shown": 5} for ex in cases]
+    for ex, ref in zip(cases, run_delphi(json.loads(json.dumps(given)))):
+        assert explainer_messages(ex.train, ex.max_activation) == ref["explainer"]
+        for kind in ("detection", "fuzz"):
+            ours = [scorer_messages(kind, explanation, [s.text for s in b])
+                    for b in batches(samples(kind, ex.test, ex.not_active), 5)]
+            assert ours == ref[kind]["prompts"]
+            got = score(kind, explanation, ex.test, ex.not_active, 5, answer)
+            ba, f1 = hand_metrics([(a, p) for a, p in ref[kind]["pairs"]])
+            assert got["balanced_accuracy"] == pytest.approx(ba) and got["f1"] == pytest.approx(f1)
+            assert got["unanswered"] == sum(p is None for _, p in ref[kind]["pairs"])
+
+
+def test_highlighting_and_the_activation_line_by_hand():
+    from anatomy_cli.analyses.explain_prompts import activation_line
+    from anatomy_cli.analyses.explain_prompts import highlight
+    from anatomy_cli.analyses.explain_score import samples
+
+    toks, acts = ["The", " cat", " sat", " on", " mats"], [0.0, 2.0, 10.0, 3.0, 0.5]
+    assert highlight(toks, acts) == "The cat<< sat>> on mats"  # > 0.3 x 10 (3.0000000000000004 in float64)
+    assert activation_line(toks, acts, [0, 2, 10, 3, 1]) == 'Activations: (" sat" : 10), '
+    fuzz = samples("fuzz", [(toks, acts)], [(["a", "b", "c", "d"], [0.0] * 4)])
+    # n_incorrect = ceil(4 nonzero / 1) = 4 tokens marked in the non-activating one, len - len // 4 = 3 first
+    assert [s.text for s in fuzz] == ["<<abcd>>", "The cat<< sat on>> mats"]  # >= 3 in float32: " on" too
+
+
+def test_metrics_equal_a_hand_computation():
+    from anatomy_cli.analyses.explain_score import metrics
+
+    pairs = [(True, True), (True, False), (True, None), (False, False), (False, True), (False, False), (True, True)]
+    got = metrics(pairs)
+    # valid: 6; P = 3 (tp 2, fn 1), N = 3 (tn 2, fp 1): BA = (2/3 + 2/3) / 2; precision 2/3, recall 2/3
+    assert got["balanced_accuracy"] == pytest.approx(2 / 3) and got["f1"] == pytest.approx(2 / 3)
+    assert (got["answered"], got["unanswered"]) == (6, 1)
+    assert metrics([(True, None)])["balanced_accuracy"] == 0  # delphi: nothing answered reads 0
+
+
+# ---------------------------------------------------------------- the command
+
+def test_the_tiny_chat_model_writes_an_export_that_sae_and_circuit_labels_read(made, tmp_path):
+    from anatomy_cli.models.sae.labels import read_labels
+    from anatomy_cli.models.sae.labels import read_layer_labels
+
+    model, sae, feats, latents, chat = made
+    out = tmp_path / "out"
+    result = explain(feats, latents, chat, "--max-features", 2, "--max-new-tokens", 8, "--out", out, "-f", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "per feature about" in result.stderr  # the cost, from the first generation
+    export = json.loads((out / "explanations.json").read_text())
+    assert [r["index"] for r in export] == [str(r["feature"]) for r in data["features"]]
+    assert all({"layer", "index", "description", "explanationModelName"} <= set(r) for r in export)
+    assert export[0]["layer"] == "0-sae" and export[0]["explanationModelName"] == str(chat)
+    # the labels readers of sae --labels and circuit --labels
+    labelled = {int(r["index"]): r["description"] for r in export}
+    assert read_labels(out / "explanations.json") == labelled
+    assert read_layer_labels(out / "explanations.json", 2) == {(0, f): d for f, d in labelled.items()}
+    feature = min(labelled)
+    run = invoke("sae", "The cat sat on the mat", "--sae", sae, "--model", model, "--device", "cpu", "--feature",
+                 feature, "--labels", out / "explanations.json", "--format", "json")
+    assert run.exit_code == 0, run.output
+    followed = [f for f in json.loads(run.stdout)["features"] if f["feature"] == feature]
+    assert followed and followed[0]["label"] == labelled[feature]
+
+
+def test_scores_and_control_with_a_stand_in_and_resume_after_an_interruption(made, tmp_path, monkeypatch):
+    from anatomy_cli.analyses.explain_score import score
+
+    _, _, feats, latents, chat = made
+    stand_in(monkeypatch)
+    whole = explain(feats, latents, chat, "--max-features", 4, "--out", tmp_path / "whole", "-f", "json")
+    assert whole.exit_code == 0, whole.output
+    data = json.loads(whole.stdout)
+    ex = {e.feature: e for e in read_examples(feats, latents, max_features=4).features}
+    by_id = {int(r["index"]): r for r in data["explanations"]}
+    for r in data["features"]:
+        f = r["feature"]
+        for kind in ("detection", "fuzz"):
+            if not ex[f].test or not ex[f].not_active:
+                assert r[f"{kind}_balanced_accuracy"] is None
+                continue
+            own = score(kind, by_id[f]["description"], ex[f].test, ex[f].not_active, 5, answer)
+            other = score(kind, by_id[r["control_of"]]["description"], ex[f].test, ex[f].not_active, 5, answer)
+            assert r[f"{kind}_balanced_accuracy"] == own["balanced_accuracy"]
+            assert r[f"control_{kind}_balanced_accuracy"] == other["balanced_accuracy"]
+        assert r["control_of"] != f and r["control_of"] in by_id
+    for fail_at in (3, 9):  # during the explanations, then during the scoring
+        out = tmp_path / f"cut-{fail_at}"
+        stand_in(monkeypatch, fail_at=fail_at)
+        cut = explain(feats, latents, chat, "--max-features", 4, "--out", out, "-f", "json")
+        assert cut.exit_code != 0
+        kept = json.loads((out / "explanations.json").read_text())
+        assert kept and len(kept) <= 4
+        stand_in(monkeypatch)
+        again = explain(feats, latents, chat, "--max-features", 4, "--out", out, "-f", "json")
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout)["resumed"] == len(kept)
+        assert (out / "explanations.json").read_text() == (tmp_path / "whole" / "explanations.json").read_text()
+    other = explain(feats, latents, chat, "--max-features", 3, "--out", tmp_path / "whole")
+    assert other.exit_code == 2 and "other settings" in other.output
+
+
+@pytest.mark.parametrize("case, match", [
+    ("plain dir", "is not a features output"),
+    ("zero", "--max-features"),
+    ("unknown model", "error:"),
+    ("no cache", "holds no delphi latent cache"),
+])
+def test_bad_input_is_one_line_before_any_model_loads(made, tmp_path, monkeypatch, case, match):
+    import anatomy_cli.tasks.session as session
+
+    _, _, feats, latents, chat = made
+    monkeypatch.setattr(session, "load_weights", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    args = {"plain dir": (tmp_path, "--explainer", chat),
+            "zero": (feats, "--delphi", latents, "--explainer", chat, "--max-features", 0),
+            "unknown model": (feats, "--delphi", latents, "--explainer", tmp_path / "no-such-model"),
+            "no cache": (feats, "--explainer", chat)}[case]
+    result = invoke("explain", *args, "--out", tmp_path / "o")
+    assert result.exit_code in (1, 2), result.output
+    assert match in result.output and "Traceback" not in result.output and "loaded" not in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_the_python_api_returns_the_command_s_json(made, tmp_path, monkeypatch):
+    import anatomy_cli.api as anatomy
+
+    _, _, feats, latents, chat = made
+    stand_in(monkeypatch)
+    got = anatomy.explain(feats, explainer=str(chat), delphi=latents, max_features=2, out=tmp_path / "api",
+                          device="cpu")
+    cli = explain(feats, latents, chat, "--max-features", 2, "--out", tmp_path / "cli", "-f", "json")
+    assert got.to_dict()["features"] == json.loads(cli.stdout)["features"]
+    assert got.rows == got.to_dict()["features"] and got.records == tuple(got.to_dict()["explanations"])
