@@ -19,15 +19,16 @@ if TYPE_CHECKING:
     import torch
 
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.tasks.fit_sae import FitSaeOptions
-    from anatomy_cli.tasks.fit_sae import FitSaePlan
-    from anatomy_cli.tasks.fit_sae import SaeFit
+
+# fit_sae.py imports this module: its FitSaeOptions and FitSaePlan are named here, not imported (no import circle)
+FitSaeOptions = Any
+FitSaePlan = Any
 
 THRESHOLDS = ("per feature, the JumpReLU threshold that fires on as many training rows as the TopK did (halfway "
               "between its n-th and (n+1)-th largest pre-activation there, n its TopK count; at least 0)")
 
 
-def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str, Any]:
+def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, phases: tuple[str, str, str]) -> dict[str, Any]:
     """The per-layer estimate's phases with the CLT's training: a probe of a few steps of a coder of this size,
     scaled by the steps; the held-out check is the CLT's own (both readings of one window's rows, small next to
     the rest: the window's forward as its probe). Memory: the activations, and the coder's parameters with their
@@ -35,7 +36,6 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
     from anatomy_cli.engine import clt_fit
     from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import sae_fit
-    from anatomy_cli.tasks.fit_sae import PHASES
 
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
@@ -45,7 +45,7 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
     window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
     step = clt_fit.probe_step_seconds(n, d, plan.d_sae, opts.k, batch=min(opts.batch_size, train_rows))
     steps = opts.epochs * -(-train_rows // opts.batch_size)
-    collecting, training, checking = PHASES
+    collecting, training, checking = phases
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
                            timing.scaled(collecting, window, len(first[0]), rows),
                            timing.scaled(training, step, 1, steps),
@@ -66,16 +66,16 @@ def stacked(acts: dict[str, torch.Tensor], plan: FitSaePlan) -> tuple[torch.Tens
 
 
 def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, torch.Tensor], *,
-            cost: dict[str, Any], timings: Any, start: float, collect_seconds: float) -> SaeFit:
-    """Train (resuming from ``--checkpoint``), choose the thresholds, write, and read the held-out window."""
+            timings: Any, phases: tuple[str, str], start: float) -> dict[str, Any]:
+    """Train (resuming from ``--checkpoint``) under ``phases[0]``, choose the thresholds, write, and read the
+    held-out window under ``phases[1]``: the fields of fit_sae's ``SaeFit`` that differ from the per-layer fits'
+    (``trainer``, ``lr``, ``blocks``, ``clt``)."""
     import time
 
     import torch
 
     from anatomy_cli.engine import clt_fit
     from anatomy_cli.engine import sae_fit
-    from anatomy_cli.tasks.fit_sae import PHASES
-    from anatomy_cli.tasks.fit_sae import SaeFit
 
     xs, targets = stacked(acts, plan)
     n_train = sum(map(len, plan.windows[:-1]))
@@ -85,26 +85,22 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
         coder = clt_fit.CrossLayerCoder(len(plan.blocks), xs.shape[-1], plan.d_sae, opts.k)
     state, keep = checkpointing(opts, plan, clt_fit.settings_of(
         coder, rows=n_train, epochs=opts.epochs, batch=opts.batch_size, lr=lr, seed=opts.seed, data=""))
-    with timings.phase(PHASES[1]), notes.status("fit-sae: training the cross-layer transcoder") as line:
+    with timings.phase(phases[0]), notes.status("fit-sae: training the cross-layer transcoder") as line:
         trained = clt_fit.train(xs[:, :n_train], targets[:, :n_train], coder, epochs=opts.epochs,
                                 batch=opts.batch_size, lr=lr, seed=opts.seed, state=state,
                                 every=opts.checkpoint_every, keep=keep,
                                 progress=line.counter("training the cross-layer transcoder", "steps"))
-    with timings.phase(PHASES[2]):
+    with timings.phase(phases[1]):
         theta = clt_fit.thresholds(coder, xs[:, :n_train])
-        assert opts.out is not None
-        clt_fit.save(coder, theta, opts.out, scan=f"anatomy-clt-{opts.out.name}", model_name=lm.info.label)
+        clt_fit.save(coder, theta, opts.out, scan=f"anatomy-clt-{opts.out.name}",
+                     model_name=lm.info.label or lm.info.model_type)
         held = clt_fit.held_out(coder, xs[:, n_train:], targets[:, n_train:], theta)
-    blocks = block_fits(opts, plan, trained, held, xs.shape[-1], seconds=time.perf_counter() - start)
-    return SaeFit(out=str(opts.out), transcoder=True, trainer="anatomy (cross-layer)", d_sae=plan.d_sae, k=opts.k,
-                  tokens=n_train, held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs, lr=lr,
-                  collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
-                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
-                  timings=timings.to_dict(), blocks=blocks,
-                  clt={"thresholds": THRESHOLDS, "loss_first": trained["fvu"][0],
-                       "loss_last": sum(trained["fvu"][-10:]) / len(trained["fvu"][-10:]),
-                       "resumed_at_step": 0 if state is None else len(state["curve"]),
-                       "parameters": clt_fit.parameter_count(len(plan.blocks), xs.shape[-1], plan.d_sae)})
+    curve = trained["fvu"]
+    return {"trainer": "anatomy (cross-layer)", "lr": lr,
+            "blocks": block_fits(opts, plan, trained, held, xs.shape[-1], seconds=time.perf_counter() - start),
+            "clt": {"thresholds": THRESHOLDS, "loss_first": curve[0], "loss_last": sum(curve[-10:]) / len(curve[-10:]),
+                    "resumed_at_step": 0 if state is None else len(state["curve"]),
+                    "parameters": clt_fit.parameter_count(len(plan.blocks), xs.shape[-1], plan.d_sae)}}
 
 
 def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any]) -> tuple[Any, Any]:
@@ -130,8 +126,9 @@ def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any
 
 def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], held: list[dict[str, float]],
                d: int, *, seconds: float) -> tuple[BlockFit, ...]:
-    """One row per block: the summed loss's curve over the blocks (its mean per block, the same in every row), the block's dead fraction, its
-    held-out FVE as written (thresholds) and as trained (TopK), and the written L0; warnings as notes."""
+    """One row per block: the summed loss's curve over the blocks (its mean per block, the same in every row), the
+    block's dead fraction, its held-out FVE as written (thresholds) and as trained (TopK), and the written L0;
+    warnings as notes."""
     from anatomy_cli.models.sites import Site
     from anatomy_cli.models.sites import hook_name
 
@@ -150,6 +147,7 @@ def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], h
                   "kl_spliced_nats": None}
         out.append(BlockFit(layer=block.layer, folder=str(opts.out), site=hook_name(block.layer, Site.mlp_in),
                             site_out=hook_name(block.layer, Site.mlp_out), d_in=d, d_sae=plan.d_sae,
-                            steps=trained["steps"], fvu_first=curve[0] / n, fvu_last=sum(curve[-10:]) / len(curve[-10:]) / n,
+                            steps=trained["steps"], fvu_first=curve[0] / n,
+                            fvu_last=sum(curve[-10:]) / len(curve[-10:]) / n,
                             dead_fraction=dead, seconds=seconds, health=health, warnings=tuple(warnings)))
     return tuple(out)

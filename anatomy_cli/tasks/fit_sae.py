@@ -7,11 +7,14 @@ opens, GGUF files too), every chosen block's in one pass over the corpus; the tr
 :mod:`anatomy_cli.engine.sae_fit` (sparsify's ``SparseCoder`` where eai-sparsify is installed), one SAE per block,
 each from ``seed`` (so a block's SAE is the one a run of that block alone writes). Each written SAE is read back
 as ``anatomy sae`` reads it and spliced into the held-out window: its health figures and warnings are its row.
+``clt`` (with ``transcoder`` and ``layer="all"``): one cross-layer transcoder over every block from the same pass,
+in circuit-tracer's ``cross_layer_transcoder`` layout (tasks/_fit_clt.py, engine/clt_fit.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -213,7 +216,7 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
     if opts.clt:
         from anatomy_cli.tasks._fit_clt import estimate as clt_estimate
 
-        return clt_estimate(lm, opts, plan)
+        return clt_estimate(lm, opts, plan, PHASES)
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
     rows = train_rows + len(plan.windows[-1])
@@ -252,7 +255,7 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> st
 
 def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
     """Collect every block's activations in one pass, then per block: train, write, read back and splice into
-    the held-out window."""
+    the held-out window (``clt``: one cross-layer transcoder over every block instead, tasks/_fit_clt.py)."""
     import time
 
     from anatomy_cli.engine import sae_fit
@@ -268,7 +271,22 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
     if opts.clt:
         from anatomy_cli.tasks._fit_clt import fit_clt
 
-        return fit_clt(lm, opts, plan, acts, cost=cost, timings=timings, start=start, collect_seconds=collect_seconds)
+        made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
+    else:
+        made = per_layer(lm, opts, plan, acts, timings)
+    weak_note(opts, made["blocks"])
+    return SaeFit(out=str(opts.out), transcoder=opts.transcoder, d_sae=plan.d_sae, k=opts.k,
+                  tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
+                  collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
+                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
+                  timings=timings.to_dict(), **made)
+
+
+def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, Any],
+              timings: Any) -> dict[str, Any]:
+    """One coder per block from the collected ``acts`` (freed as the blocks go): ``trainer``, ``lr``, ``blocks``."""
+    from anatomy_cli.engine import sae_fit
+
     lr = opts.lr or sae_fit.default_lr(plan.d_sae)
     fits, trainer = [], ""
     for i, block in enumerate(plan.blocks):
@@ -281,15 +299,10 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
                                  seed=opts.seed, timings=timings, phases=PHASES[1:])
         fits.append(fit)
         del x, target
-    weak_note(opts, fits)
-    return SaeFit(out=str(opts.out), transcoder=opts.transcoder, trainer=trainer, d_sae=plan.d_sae, k=opts.k,
-                  tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
-                  lr=lr, collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
-                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
-                  timings=timings.to_dict(), blocks=tuple(fits))
+    return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}
 
 
-def weak_note(opts: FitSaeOptions, fits: list[BlockFit]) -> None:
+def weak_note(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
     """One line when any block's dictionary is too weak to read on the held-out window
     (:func:`anatomy_cli.analyses.sae.too_weak`), with what it takes to fit a useful one."""
     from anatomy_cli.analyses.sae import FVE_LOW
