@@ -110,9 +110,10 @@ def test_reference_logits_are_the_models(ct, smollm2_lm):
 
 # ---- anatomy's side: `anatomy circuit` (c1's command; its interface: /work/notes/c1-interface.md) ----
 
-def anatomy_circuit(lm, model: Path, transcoders: Path, out: Path) -> dict:
+def anatomy_circuit(lm, model: Path, transcoders: Path, out: Path, graph_json: bool = True) -> dict:
     """Run ``anatomy circuit`` as a user would, with circuit-tracer's choices spelled out; returns its JSON. The
-    model is the session's SmolLM2 (the GGUF file ``model`` was converted from: the same weights), not read again."""
+    model is the session's SmolLM2 (the GGUF file ``model`` was converted from: the same weights), not read again.
+    ``graph_json``: also ``--json`` with 0.5.0's ids (refused where they collide: the graph.pt alone otherwise)."""
     from conftest import FixedLoader
     from typer.testing import CliRunner
 
@@ -124,8 +125,8 @@ def anatomy_circuit(lm, model: Path, transcoders: Path, out: Path) -> dict:
     with using_loader(FixedLoader(lm)):
         result = CliRunner().invoke(app, [
             "circuit", PROMPT, "--model", str(model), "--transcoders", str(transcoders), "--bos",
-            "--max-feature-nodes", str(MAX_FEATURE_NODES), "--batch-size", str(BATCH), "--ids", "ct-0.5",
-            "--out", str(out / "graph.pt"), "--json", str(out / "graph.json"), "--format", "json"])
+            "--max-feature-nodes", str(MAX_FEATURE_NODES), "--batch-size", str(BATCH), "--out", str(out / "graph.pt"),
+            *(["--ids", "ct-0.5", "--json", str(out / "graph.json")] if graph_json else []), "--format", "json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -146,6 +147,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_graph_equals_circuit_tracers(ct, ours):
     *_, ref, _ = ct
     _, got, _ = ours
+    assert_same_graph(got, ref)
+
+
+def assert_same_graph(got: dict, ref: dict) -> None:
+    """circuit-tracer's reading of anatomy's graph (``got``, from ``check``) is its own graph (``ref``): tokens,
+    logit targets, active and selected features and activations, the adjacency to ``REL``."""
     assert got["input_tokens"].tolist() == ref["input_tokens"].tolist()
     assert got["logit_ids"] == ref["logit_ids"]
     torch.testing.assert_close(got["logit_probabilities"], ref["logit_probabilities"], rtol=REL, atol=1e-7)

@@ -26,7 +26,7 @@ def atomic_save(obj: object, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def resume(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
+def resume(path: Path, settings: dict[str, Any], command: str = "fit-lens") -> dict[str, Any]:
     """The checkpoint at ``path`` (tensors on the CPU), when its ``"settings"`` are ``settings``; UsageError
     (one line, naming the settings that differ) otherwise."""
     import torch
@@ -35,7 +35,7 @@ def resume(path: Path, settings: dict[str, Any]) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UsageError(f"--checkpoint {path} is not a fit-lens checkpoint ({type(exc).__name__})") from None
+        raise UsageError(f"--checkpoint {path} is not a {command} checkpoint ({type(exc).__name__})") from None
     theirs = state.get("settings") if isinstance(state, dict) else None
     if theirs != settings:
         what = ", ".join(k for k in settings if not isinstance(theirs, dict) or theirs.get(k) != settings[k])

@@ -7,11 +7,14 @@ opens, GGUF files too), every chosen block's in one pass over the corpus; the tr
 :mod:`anatomy_cli.engine.sae_fit` (sparsify's ``SparseCoder`` where eai-sparsify is installed), one SAE per block,
 each from ``seed`` (so a block's SAE is the one a run of that block alone writes). Each written SAE is read back
 as ``anatomy sae`` reads it and spliced into the held-out window: its health figures and warnings are its row.
+``clt`` (with ``transcoder`` and ``layer="all"``): one cross-layer transcoder over every block from the same pass,
+in circuit-tracer's ``cross_layer_transcoder`` layout (tasks/_fit_clt.py, engine/clt_fit.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +56,10 @@ class FitSaeOptions(Declared):
                              help="The folder written: DIR/layers.N per block (DIR/layers.N.mlp for a transcoder).")
     transcoder: bool = option(False, "--transcoder", help="An MLP transcoder (the MLP's input -> its output) instead "
                               "of an SAE on the block's output.")
+    clt: bool = option(False, "--clt", help="With --transcoder --layer all: one cross-layer transcoder (each "
+                       "block's features read its MLP input and write to the MLP outputs of it and every later "
+                       "block), written in circuit-tracer's cross_layer_transcoder layout (DIR/config.yaml, "
+                       "W_enc_L, W_dec_L) with per-feature JumpReLU thresholds matching the TopK firing rates.")
     d_sae: int | None = option(None, "--d-sae", min=1, metavar="N", show_default=False,
                                help="Latents (default 8 x d_model).")
     k: int = option(32, "--k", min=1, metavar="N", help="Active latents per token (TopK).")
@@ -65,6 +72,11 @@ class FitSaeOptions(Declared):
                               help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14)).")
     seed: int = option(0, "--seed", metavar="N", help="Initialization and shuffling.")
     overwrite: bool = option(False, "--overwrite", help="Write into a folder that is not empty.")
+    checkpoint: Path | None = option(None, "--checkpoint", metavar="FILE", show_default=False,
+                                     help="--clt: save the training's state here (coder, Adam, step) and resume from "
+                                     "it when it exists (same settings and tokens only).")
+    checkpoint_every: int = option(50, "--checkpoint-every", min=1, metavar="N",
+                                   help="--clt: write --checkpoint every N steps and after the last.")
 
     def __post_init__(self) -> None:
         from anatomy_cli.corpus.sources import open_source
@@ -90,8 +102,23 @@ class FitSaeOptions(Declared):
             raise UsageError(f"--d-sae {self.d_sae} is below --k {self.k}: give at least k latents")
         if self.lr is not None and not 0 < self.lr < 1:
             raise UsageError(f"--lr {self.lr} is outside (0, 1)")
+        self.check_clt()
         if self.max_tokens < 2 * self.ctx:
             raise UsageError(f"--max-tokens {self.max_tokens} is under two --ctx {self.ctx} windows (one is held out)")
+
+
+    def check_clt(self) -> None:
+        """--clt needs --transcoder and --layer all; --checkpoint needs --clt (and another path than --out)."""
+        if self.clt and not self.transcoder:
+            raise UsageError("--clt fits a cross-layer transcoder: give --transcoder too (an SAE has no cross-layer "
+                             "form here)")
+        if self.clt and str(self.layer) != "all":
+            raise UsageError(f"--clt reads every block and writes to every later one: give --layer all, not "
+                             f"--layer {self.layer}")
+        if self.checkpoint is not None:
+            if not self.clt:
+                raise UsageError("--checkpoint resumes a --clt fit only (the per-layer fits are not resumable)")
+            object.__setattr__(self, "checkpoint", out_path("--checkpoint", self.checkpoint))
 
 
 @dataclass(frozen=True)
@@ -126,11 +153,15 @@ class SaeFit:
     cost: dict[str, Any]
     timings: dict[str, Any]
     blocks: tuple[BlockFit, ...]
+    clt: dict[str, Any] | None = None  # a cross-layer fit only (tasks/_fit_clt.py): its thresholds and loss
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
-        return {**asdict(self), "blocks": [b.to_dict() for b in self.blocks]}
+        d = {**asdict(self), "blocks": [b.to_dict() for b in self.blocks]}
+        if self.clt is None:  # the per-layer fits' records as they were
+            d.pop("clt")
+        return d
 
 
 def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
@@ -182,6 +213,10 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
     from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import sae_fit
 
+    if opts.clt:
+        from anatomy_cli.tasks._fit_clt import estimate as clt_estimate
+
+        return clt_estimate(lm, opts, plan, PHASES)
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
     rows = train_rows + len(plan.windows[-1])
@@ -208,16 +243,19 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> st
     what = "transcoder" if opts.transcoder else "SAE"
     n = len(plan.blocks)
     where = plan.blocks[0].points[0] if n == 1 else f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} {what}s)"
+    if opts.clt:
+        what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     return (f"fit-sae: a TopK {what} at {where}, d_sae {plan.d_sae}, k {opts.k}: {int(cost['tokens']):,} tokens "
             f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
-            f"{human_bytes(cost['activation_bytes'])}; one {what} with Adam's state at a time)")
+            f"{human_bytes(cost['activation_bytes'])}; " + ("the coder with Adam's state" if opts.clt else
+                                                     f"one {what} with Adam's state at a time") + ")")
 
 
 def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
     """Collect every block's activations in one pass, then per block: train, write, read back and splice into
-    the held-out window."""
+    the held-out window (``clt``: one cross-layer transcoder over every block instead, tasks/_fit_clt.py)."""
     import time
 
     from anatomy_cli.engine import sae_fit
@@ -230,6 +268,25 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
         acts = dict(zip(plan.points, sae_fit.collect(lm, plan.windows, plan.points,
                                                      progress=line.counter("collecting activations", "windows"))))
     collect_seconds = time.perf_counter() - start
+    if opts.clt:
+        from anatomy_cli.tasks._fit_clt import fit_clt
+
+        made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
+    else:
+        made = per_layer(lm, opts, plan, acts, timings)
+    weak_note(opts, made["blocks"])
+    return SaeFit(out=str(opts.out), transcoder=opts.transcoder, d_sae=plan.d_sae, k=opts.k,
+                  tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
+                  collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
+                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
+                  timings=timings.to_dict(), **made)
+
+
+def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, Any],
+              timings: Any) -> dict[str, Any]:
+    """One coder per block from the collected ``acts`` (freed as the blocks go): ``trainer``, ``lr``, ``blocks``."""
+    from anatomy_cli.engine import sae_fit
+
     lr = opts.lr or sae_fit.default_lr(plan.d_sae)
     fits, trainer = [], ""
     for i, block in enumerate(plan.blocks):
@@ -242,15 +299,10 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
                                  seed=opts.seed, timings=timings, phases=PHASES[1:])
         fits.append(fit)
         del x, target
-    weak_note(opts, fits)
-    return SaeFit(out=str(opts.out), transcoder=opts.transcoder, trainer=trainer, d_sae=plan.d_sae, k=opts.k,
-                  tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
-                  lr=lr, collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
-                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
-                  timings=timings.to_dict(), blocks=tuple(fits))
+    return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}
 
 
-def weak_note(opts: FitSaeOptions, fits: list[BlockFit]) -> None:
+def weak_note(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
     """One line when any block's dictionary is too weak to read on the held-out window
     (:func:`anatomy_cli.analyses.sae.too_weak`), with what it takes to fit a useful one."""
     from anatomy_cli.analyses.sae import FVE_LOW

@@ -18,6 +18,7 @@ every result as plain tensors, ints and strings, which torch.load reads without 
 
     python circuit_tracer_ref.py write --model DIR --out OUT [--features 64 --seed 0 --kind plt|clt]
     python circuit_tracer_ref.py attribute --model DIR --out OUT --prompt TEXT [--max-feature-nodes 64 ...]
+        [--check GRAPH.pt]
     python circuit_tracer_ref.py check --model DIR --out OUT GRAPH.pt
 """
 
@@ -203,6 +204,9 @@ def attribute_command(args) -> None:
     write_json(graph, args.out, "ct", args.node_threshold, args.edge_threshold)
     print(json.dumps({k: record[k] for k in ("load_s", "attribute_s", "peak_rss_mb", "replacement_score",
                                              "completeness_score")}))
+    if args.check is not None:  # `check` folded in too: another tool's graph of the same run
+        args.graph = args.check
+        check_command(args)
 
 
 def check_command(args) -> None:
@@ -239,6 +243,7 @@ def main(argv: list[str]) -> None:
             p.add_argument("--batch-size", type=int, default=8)
             p.add_argument("--max-feature-nodes", type=int, default=64)
             p.add_argument("--update-interval", type=int, default=4)
+            p.add_argument("--check", type=Path, metavar="GRAPH.pt", help="then `check GRAPH.pt` in the same process")
         if name == "check":
             p.add_argument("graph", type=Path)
     args = parser.parse_args(argv)

@@ -38,12 +38,18 @@ def report(lm: LoadedModel, result: SaeFit) -> Report:
     n = len(result.blocks)
     where = (f"{first.site}" + (f" -> {first.site_out}" if result.transcoder else "") if n == 1
              else f"{block_spans(b.layer for b in result.blocks)} ({n} {what}s)")
+    if result.clt is not None:
+        what, where = "cross-layer transcoder", f"{block_spans(b.layer for b in result.blocks)} ({n} blocks)"
     heading = [f"fit-sae · {model_label(lm)} · TopK {what} {where}",
                f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, k {result.k}; {result.tokens:,} tokens "
                f"x {result.epochs} epochs ({first.steps} steps per block, lr {result.lr:.2g}, trainer "
                f"{result.trainer}) in {result.seconds:.1f} s ({result.collect_seconds:.1f} s collecting, one pass)"]
     notes = [f"health on the held-out window ({result.held_out_tokens} tokens): read it on any prompt with "
              f"anatomy sae PROMPT --sae {first.folder}"]
+    if result.clt is not None:
+        notes = [f"held-out window ({result.held_out_tokens} tokens): held_out_fve and held_out_l0_mean as written "
+                 f"(JumpReLU thresholds: {result.clt['thresholds']}); fve_topk in the JSON as trained; the loss is "
+                 f"the sum of the blocks' FVU (fvu_first, fvu_last: its mean per block)"]
     if result.transcoder and [b.layer for b in result.blocks] == list(range(lm.info.n_layers)):
         notes.append(f"a transcoder for every block: anatomy circuit PROMPT --transcoders {result.out}")
     return Report(data=data, sections=[Section(COLUMNS, rows, title="training and held-out health, per block")],

@@ -1,0 +1,244 @@
+"""Fitting a cross-layer transcoder (CLT) on activations that anatomy's own hooks collect, written in circuit-tracer
+0.5.0's ``cross_layer_transcoder`` layout (what its ``load_clt`` and ``anatomy circuit --transcoders`` read).
+
+The model: for every block l of L, an encoder reading block l's MLP input ``x_l`` (``W_enc_l [F, d]``, ``b_enc_l``),
+``pre_l = relu(x_l W_enc_lᵀ + b_enc_l)``, the k largest kept per row (TopK, k per block); decoders from block l to
+every block m ≥ l (``W_dec_l [F, L − l, d]``, slice ``m − l``), and ``b_dec_m``: block m's reconstruction of its MLP
+output is ``y_m = Σ_{l ≤ m} a_l W_dec_l[:, m − l] + b_dec_m``. The loss is the sum over blocks of each block's
+fraction of variance unexplained (sparsify's loss, :func:`anatomy_cli.engine.sae_fit.fvu`), so blocks of any scale
+weigh alike. The initialisation and the optimiser are the per-layer transcoders' (engine/sae_fit.py, sparsify's
+recipe): encoder rows as ``torch.nn.Linear``'s, decoders zero, ``b_dec_m`` the target's mean and
+``b_enc_l = −mean(x_l) W_enc_lᵀ`` at the first step, Adam at ``2e-4 / sqrt(F / 2**14)``, decoders free (no unit
+norm: a transcoder's). Dead features: as the per-layer fit, those that never fired in the last epoch are counted.
+
+Written with per-feature **thresholds** (circuit-tracer 0.5.0 loads ReLU and JumpReLU CLTs only, no TopK): feature
+f of block l gets ``threshold_l[f]`` such that the JumpReLU ``pre · (pre > θ)`` fires on exactly as many training
+rows as the TopK did (:func:`thresholds`: θ halfway between the n-th and (n+1)-th largest pre-activation of the
+feature over the training rows, n its TopK firing count; ≥ 0). The JumpReLU keeps each feature's TopK firing rate,
+so the mean L0 per block is k on the training rows, but not TopK's exactly-k per token: a token may have more or
+fewer active features, and a feature fires wherever its pre-activation clears its own threshold whatever the
+other features do. The fit reports both readings on the held-out window.
+
+Resume: :func:`train` hands a checkpoint (coder, Adam's state, the curve, the fired flags) to its caller every
+``every`` steps and after the last, and goes on from one; since each epoch's shuffle is drawn from ``seed + epoch``
+alone, a resumed fit is the uninterrupted one, bit for bit (the task writes and checks the file).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from anatomy_cli.engine.sae_fit import fvu
+from anatomy_cli.models.written import as_user_file
+
+INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names of the MLP's input and output
+
+
+class CrossLayerCoder(torch.nn.Module):
+    """A TopK cross-layer transcoder over ``n_layers`` blocks of width ``d``, ``d_sae`` features per block (see
+    the module docstring). ``W_enc[l] [F, d]``, ``b_enc [L, F]``, ``W_dec[l] [F, L − l, d]``, ``b_dec [L, d]``."""
+
+    def __init__(self, n_layers: int, d: int, d_sae: int, k: int):
+        super().__init__()
+        self.n_layers, self.d, self.d_sae, self.k = n_layers, d, d_sae, k
+        self.W_enc = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.nn.Linear(d, d_sae).weight.data) for _ in range(n_layers)])
+        self.b_enc = torch.nn.Parameter(torch.zeros(n_layers, d_sae))
+        self.W_dec = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.zeros(d_sae, n_layers - l, d)) for l in range(n_layers)])
+        self.b_dec = torch.nn.Parameter(torch.zeros(n_layers, d))
+
+    def pre(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Block ``layer``'s pre-activations, ReLU applied: ``[rows, F]``."""
+        return torch.relu(torch.nn.functional.linear(x, self.W_enc[layer], self.b_enc[layer]))
+
+    def encode(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(top_acts, top_indices)`` of block ``layer``, each ``[rows, k]``."""
+        return self.pre(layer, x).topk(self.k, dim=-1, sorted=False)
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        """``xs [L, rows, d]`` (every block's MLP input) -> the reconstructions of every block's MLP output."""
+        n, rows = self.n_layers, xs.shape[1]
+        out = self.b_dec[:, None, :].expand(n, rows, self.d)
+        for layer in range(n):
+            acts, idx = self.encode(layer, xs[layer])
+            flat = self.W_dec[layer].reshape(self.d_sae, -1)
+            dec = torch.nn.functional.embedding_bag(idx, flat, per_sample_weights=acts, mode="sum")
+            out = out.index_add(0, torch.arange(layer, n), dec.view(rows, n - layer, self.d).transpose(0, 1))
+        return out
+
+
+def loss(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The sum over blocks of each block's FVU (``xs``, ``targets``: ``[L, rows, d]``)."""
+    y = coder(xs)
+    return sum((fvu(y[m], targets[m]) for m in range(coder.n_layers)), torch.zeros(()))
+
+
+@torch.no_grad()
+def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> None:
+    """The first step's centring (sparsify's transcoder rule, per block): ``b_dec_m`` the target's mean,
+    ``b_enc_l = −mean(x_l) W_enc_lᵀ``."""
+    for layer in range(coder.n_layers):
+        coder.b_enc.data[layer] = -xs[layer].mean(0) @ coder.W_enc[layer].data.T
+    coder.b_dec.data = targets.mean(1)
+
+
+def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, targets: torch.Tensor) -> float:
+    """One Adam step on one batch; its loss."""
+    value = loss(coder, xs, targets)
+    value.backward()  # type: ignore[no-untyped-call]
+    opt.step()
+    opt.zero_grad()
+    return float(value.detach())
+
+
+def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, lr: float, seed: int,
+                data: str) -> dict[str, Any]:
+    """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on)."""
+    return {"kind": "clt", "n_layers": coder.n_layers, "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
+            "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data}
+
+
+def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, epochs: int, batch: int, lr: float,
+          seed: int = 0, state: dict[str, Any] | None = None, every: int = 1,
+          keep: Callable[[dict[str, Any]], None] | None = None,
+          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Adam on the summed FVU over shuffled batches of the rows of ``xs`` / ``targets`` (``[L, rows, d]``),
+    ``epochs`` times; epoch e's order is ``randperm`` from ``seed + e``. ``state``: a checkpoint to go on from
+    (what ``keep`` was given: the coder's and Adam's state dicts, the curve, the fired flags); ``keep`` is called
+    with the checkpoint every ``every`` steps and after the last. Returns ``{"steps", "fvu" (the summed loss per
+    step), "fired" ([L, F] bool: fired in the last epoch)}``."""
+    rows = xs.shape[1]
+    opt = torch.optim.Adam(coder.parameters(), lr=lr)
+    per_epoch = math.ceil(rows / batch)
+    steps = epochs * per_epoch
+    curve: list[float] = []
+    fired = torch.zeros(coder.n_layers, coder.d_sae, dtype=torch.bool)
+    if state is not None:
+        coder.load_state_dict(state["coder"])
+        opt.load_state_dict(state["opt"])
+        curve, fired = list(state["curve"]), state["fired"].clone()
+    else:
+        init_from_data(coder, xs, targets)
+    for done in range(len(curve), steps):
+        epoch, start = divmod(done, per_epoch)
+        if start == 0 and epoch == epochs - 1:
+            fired.zero_()
+        order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
+        idx = order[start * batch:(start + 1) * batch]
+        xb, tb = xs[:, idx], targets[:, idx]
+        curve.append(step(coder, opt, xb, tb))
+        with torch.no_grad():
+            for layer in range(coder.n_layers):
+                acts, top = coder.encode(layer, xb[layer])
+                fired[layer, top[acts > 0]] = True
+        if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
+            keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
+        if progress is not None:
+            progress(len(curve), steps)
+    return {"steps": len(curve), "fvu": curve, "fired": fired}
+
+
+@torch.no_grad()
+def thresholds(coder: CrossLayerCoder, xs: torch.Tensor, *, chunk: int = 4096) -> torch.Tensor:
+    """``[L, F]``: per block and feature the JumpReLU threshold that fires on the rows of ``xs`` exactly as often
+    as the TopK does (the module docstring): halfway between the feature's n-th and (n+1)-th largest
+    pre-activation, n its TopK count (n = 0: its largest, so it never fires on these rows), at least 0."""
+    out = torch.zeros(coder.n_layers, coder.d_sae)
+    rows = xs.shape[1]
+    for layer in range(coder.n_layers):
+        count = torch.zeros(coder.d_sae, dtype=torch.long)
+        pres = []
+        for s in range(0, rows, chunk):
+            pre = coder.pre(layer, xs[layer, s:s + chunk])
+            acts, idx = pre.topk(coder.k, dim=-1, sorted=False)
+            count += torch.bincount(idx[acts > 0], minlength=coder.d_sae)
+            pres.append(pre)
+        ordered = torch.cat(pres).sort(dim=0, descending=True).values  # [rows, F]
+        padded = torch.cat([ordered, ordered[-1:]])  # n = rows: the last row twice
+        above = padded.gather(0, (count - 1).clamp(min=0)[None])[0]
+        below = padded.gather(0, count[None])[0]
+        out[layer] = torch.where(count > 0, (above + below) / 2, ordered[0]).clamp(min=0)
+    return out
+
+
+@torch.no_grad()
+def held_out(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
+             theta: torch.Tensor) -> list[dict[str, float]]:
+    """Per block on held-out rows: the FVU of the reconstruction as trained (TopK) and as written (JumpReLU at
+    ``theta``), and the written one's mean L0."""
+    jump = jumprelu_forward(coder, xs, theta)
+    topk = coder(xs)
+    return [{"fvu_topk": float(fvu(topk[m], targets[m])), "fvu": float(fvu(jump[0][m], targets[m])),
+             "l0_mean": float(jump[1][m])} for m in range(coder.n_layers)]
+
+
+def jumprelu_forward(coder: CrossLayerCoder, xs: torch.Tensor, theta: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """The written CLT's reconstructions (``pre · (pre > θ)`` per block, as circuit-tracer reads it) and each
+    block's mean number of active features per row."""
+    n, rows = coder.n_layers, xs.shape[1]
+    out = coder.b_dec[:, None, :].expand(n, rows, coder.d).clone()
+    l0 = []
+    for layer in range(n):
+        pre = torch.nn.functional.linear(xs[layer], coder.W_enc[layer], coder.b_enc[layer])
+        acts = pre * (pre > theta[layer])
+        l0.append(float((acts != 0).sum(-1).float().mean()))
+        out[layer:] += torch.einsum("rf,fjd->jrd", acts, coder.W_dec[layer])
+    return out, l0
+
+
+def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int, steps: int = 3) -> float:
+    """The seconds one :func:`step` of a coder of this size takes here now (the median after the first, which
+    allocates Adam's state), on random rows; the caller's RNG is left alone."""
+    import statistics
+
+    from anatomy_cli.engine.estimate import now
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        coder = CrossLayerCoder(n_layers, d, d_sae, k)
+        xs = torch.randn(n_layers, batch, d)
+        opt = torch.optim.Adam(coder.parameters(), lr=1e-4)
+        gaps = []
+        for _ in range(steps):
+            start = now()
+            step(coder, opt, xs, xs)
+            gaps.append(now() - start)
+    return statistics.median(gaps[1:] or gaps)
+
+
+def parameter_count(n_layers: int, d: int, d_sae: int) -> int:
+    """Encoders, decoders (``F · d · L(L+1)/2``) and biases."""
+    return n_layers * d_sae * d + d_sae * d * n_layers * (n_layers + 1) // 2 + n_layers * (d_sae + d)
+
+
+def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str, model_name: str) -> None:
+    """circuit-tracer's ``load_clt`` folder (``CrossLayerTranscoder.to_safetensors`` with a JumpReLU):
+    ``W_enc_{l}.safetensors`` (``W_enc_l``, ``b_enc_l``, ``b_dec_l``, ``threshold_l``), ``W_dec_{l}.safetensors``
+    (``W_dec_l [F, L − l, d]``) and ``config.yaml`` (``model_kind: cross_layer_transcoder``, the hooks, ``scan``).
+    Every file written beside itself and renamed."""
+    import yaml  # type: ignore[import-untyped]  # transformers' dependency
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def write(tensors: dict[str, torch.Tensor], name: str) -> None:
+        tmp = folder / f"{name}.tmp.{os.getpid()}"
+        save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+        as_user_file(tmp)
+        os.replace(tmp, folder / name)
+
+    for l in range(coder.n_layers):
+        write({f"W_enc_{l}": coder.W_enc[l], f"b_enc_{l}": coder.b_enc[l], f"b_dec_{l}": coder.b_dec[l],
+               f"threshold_{l}": theta[l]}, f"W_enc_{l}.safetensors")
+        write({f"W_dec_{l}": coder.W_dec[l]}, f"W_dec_{l}.safetensors")
+    config = {"model_name": model_name, "model_kind": "cross_layer_transcoder", "feature_input_hook": INPUT_HOOK,
+              "feature_output_hook": OUTPUT_HOOK, "scan": scan}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    as_user_file(folder / "config.yaml")

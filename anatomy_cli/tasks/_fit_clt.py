@@ -1,0 +1,153 @@
+"""`fit-sae --clt`: one cross-layer transcoder over every block (engine/clt_fit.py), trained on the activations the
+per-layer fit collects in its one pass (each block's MLP input and output), written in circuit-tracer's
+``cross_layer_transcoder`` layout into ``--out`` with per-feature JumpReLU thresholds, and read on the held-out
+window: per block the FVU as trained (TopK) and as written (the thresholds), and the written L0.
+
+``--checkpoint FILE``: the training's state every ``--checkpoint-every`` steps; a run with the same settings and
+tokens goes on from it (a resumed fit equals an uninterrupted one)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._fit_sae_block import DEAD_HIGH
+from anatomy_cli.tasks._fit_sae_block import BlockFit
+
+if TYPE_CHECKING:
+    import torch
+
+    from anatomy_cli.engine import LoadedModel
+
+# fit_sae.py imports this module: its FitSaeOptions and FitSaePlan are named here, not imported (no import circle)
+FitSaeOptions = Any
+FitSaePlan = Any
+
+THRESHOLDS = ("per feature, the JumpReLU threshold that fires on as many training rows as the TopK did (halfway "
+              "between its n-th and (n+1)-th largest pre-activation there, n its TopK count; at least 0)")
+
+
+def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, phases: tuple[str, str, str]) -> dict[str, Any]:
+    """The per-layer estimate's phases with the CLT's training: a probe of a few steps of a coder of this size,
+    scaled by the steps; the held-out check is the CLT's own (both readings of one window's rows, small next to
+    the rest: the window's forward as its probe). Memory: the activations, and the coder's parameters with their
+    gradients and Adam's two moments (16 bytes each)."""
+    from anatomy_cli.engine import clt_fit
+    from anatomy_cli.engine import estimate as timing
+    from anatomy_cli.engine import sae_fit
+
+    d, n = lm.info.d_model, len(plan.blocks)
+    train_rows = sum(map(len, plan.windows[:-1]))
+    rows = train_rows + len(plan.windows[-1])
+    first = plan.windows[:1]
+    begun = timing.now()
+    window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
+    step = clt_fit.probe_step_seconds(n, d, plan.d_sae, opts.k, batch=min(opts.batch_size, train_rows))
+    steps = opts.epochs * -(-train_rows // opts.batch_size)
+    collecting, training, checking = phases
+    est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
+                           timing.scaled(collecting, window, len(first[0]), rows),
+                           timing.scaled(training, step, 1, steps),
+                           timing.scaled(checking, window, len(first[0]), len(plan.windows[-1]))))
+    activations = 4.0 * len(plan.points) * rows * d
+    memory = activations + 16.0 * clt_fit.parameter_count(n, d, plan.d_sae)
+    return {"tokens": float(train_rows), "blocks": float(n), "seconds": est.seconds, "estimate": est,
+            "activation_bytes": activations, "memory_bytes": memory}
+
+
+def stacked(acts: dict[str, torch.Tensor], plan: FitSaePlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[L, rows, d]`` of every block's MLP input and of its output (the collected tensors freed as they go)."""
+    import torch
+
+    xs = torch.stack([acts.pop(b.points[0]) for b in plan.blocks])
+    targets = torch.stack([acts.pop(b.points[1]) for b in plan.blocks])
+    return xs, targets
+
+
+def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, torch.Tensor], *,
+            timings: Any, phases: tuple[str, str], start: float) -> dict[str, Any]:
+    """Train (resuming from ``--checkpoint``) under ``phases[0]``, choose the thresholds, write, and read the
+    held-out window under ``phases[1]``: the fields of fit_sae's ``SaeFit`` that differ from the per-layer fits'
+    (``trainer``, ``lr``, ``blocks``, ``clt``)."""
+    import time
+
+    import torch
+
+    from anatomy_cli.engine import clt_fit
+    from anatomy_cli.engine import sae_fit
+
+    xs, targets = stacked(acts, plan)
+    n_train = sum(map(len, plan.windows[:-1]))
+    lr = opts.lr or sae_fit.default_lr(plan.d_sae)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(opts.seed)
+        coder = clt_fit.CrossLayerCoder(len(plan.blocks), xs.shape[-1], plan.d_sae, opts.k)
+    state, keep = checkpointing(opts, plan, clt_fit.settings_of(
+        coder, rows=n_train, epochs=opts.epochs, batch=opts.batch_size, lr=lr, seed=opts.seed, data=""))
+    with timings.phase(phases[0]), notes.status("fit-sae: training the cross-layer transcoder") as line:
+        trained = clt_fit.train(xs[:, :n_train], targets[:, :n_train], coder, epochs=opts.epochs,
+                                batch=opts.batch_size, lr=lr, seed=opts.seed, state=state,
+                                every=opts.checkpoint_every, keep=keep,
+                                progress=line.counter("training the cross-layer transcoder", "steps"))
+    with timings.phase(phases[1]):
+        theta = clt_fit.thresholds(coder, xs[:, :n_train])
+        clt_fit.save(coder, theta, opts.out, scan=f"anatomy-clt-{opts.out.name}",
+                     model_name=lm.info.label or lm.info.model_type)
+        held = clt_fit.held_out(coder, xs[:, n_train:], targets[:, n_train:], theta)
+    curve = trained["fvu"]
+    return {"trainer": "anatomy (cross-layer)", "lr": lr,
+            "blocks": block_fits(opts, plan, trained, held, xs.shape[-1], seconds=time.perf_counter() - start),
+            "clt": {"thresholds": THRESHOLDS, "loss_first": curve[0], "loss_last": sum(curve[-10:]) / len(curve[-10:]),
+                    "resumed_at_step": 0 if state is None else len(state["curve"]),
+                    "parameters": clt_fit.parameter_count(len(plan.blocks), xs.shape[-1], plan.d_sae)}}
+
+
+def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any]) -> tuple[Any, Any]:
+    """(the checkpoint to go on from or None, the function that writes one or None) for ``--checkpoint``; the
+    settings carry a digest of the windows' token ids, so a checkpoint of other tokens is refused."""
+    from anatomy_cli.tasks._fit_files import atomic_save
+    from anatomy_cli.tasks._fit_files import digest
+    from anatomy_cli.tasks._fit_files import resume
+
+    path = opts.checkpoint
+    if path is None:
+        return None, None
+    settings = {**settings, "data": digest(plan.windows)}
+    state = resume(path, settings, command="fit-sae --clt") if path.is_file() else None
+    if state is not None:
+        notes.info(f"fit-sae: resuming from {path} at step {len(state['curve'])}")
+
+    def keep(checkpoint: dict[str, Any]) -> None:
+        atomic_save({"settings": settings, **checkpoint}, path)
+
+    return state, keep
+
+
+def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], held: list[dict[str, float]],
+               d: int, *, seconds: float) -> tuple[BlockFit, ...]:
+    """One row per block: the summed loss's curve over the blocks (its mean per block, the same in every row), the
+    block's dead fraction, its held-out FVE as written (thresholds) and as trained (TopK), and the written L0;
+    warnings as notes."""
+    from anatomy_cli.models.sites import Site
+    from anatomy_cli.models.sites import hook_name
+
+    fired, curve, n = trained["fired"], trained["fvu"], len(plan.blocks)
+    out = []
+    for i, block in enumerate(plan.blocks):
+        dead = 1.0 - float(fired[i].float().mean())
+        warnings = []
+        if dead > DEAD_HIGH:
+            warnings.append(f"{dead:.0%} of the features never fired in the last epoch (over {DEAD_HIGH:.0%}): "
+                            "train on more tokens, or give a smaller --d-sae")
+        for w in warnings:
+            notes.warn(f"block {block.layer}: {w}")
+        health = {"l0_mean": held[i]["l0_mean"], "fve": 1.0 - held[i]["fvu"], "fve_topk": 1.0 - held[i]["fvu_topk"],
+                  "error_ratio": None, "norm_ratio": None, "ce_clean_nats": None, "ce_spliced_nats": None,
+                  "kl_spliced_nats": None}
+        out.append(BlockFit(layer=block.layer, folder=str(opts.out), site=hook_name(block.layer, Site.mlp_in),
+                            site_out=hook_name(block.layer, Site.mlp_out), d_in=d, d_sae=plan.d_sae,
+                            steps=trained["steps"], fvu_first=curve[0] / n,
+                            fvu_last=sum(curve[-10:]) / len(curve[-10:]) / n,
+                            dead_fraction=dead, seconds=seconds, health=health, warnings=tuple(warnings)))
+    return tuple(out)

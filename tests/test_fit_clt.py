@@ -1,0 +1,175 @@
+"""`anatomy fit-sae --transcoder --layer all --clt`: a cross-layer transcoder fitted on a tiny random llama's
+activations (issue 62 item 1): its loss and one Adam step against plain torch written here, a resumed fit against an
+uninterrupted one, the written folder read by circuit-tracer 0.5.0 (its own venv, tests/test_circuit_reference.py's
+machinery) to the graph ``anatomy circuit`` makes of it, and the refusals before the weights load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from anatomy_cli import api
+from anatomy_cli.cli.main import app
+from anatomy_cli.engine import clt_fit
+from anatomy_cli.errors import UsageError
+
+runner = CliRunner()
+WORDS = ("cat", "dog", "bird", "fox", "owl", "cow", "hen", "elk")
+PLACES = ("door", "sky", "tree", "moon", "sea", "hill", "road", "barn")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    text = " ".join(f"The {w} sat by the {v} and the {u} saw it." for w in WORDS for v in PLACES for u in WORDS[:3])
+    path = tmp_path / "corpus.txt"
+    path.write_text(text + "\n")
+    return path
+
+
+def fit(model_dir, corpus, out, *more):
+    return runner.invoke(app, ["fit-sae", str(corpus), "--model", str(model_dir), "--layer", "all", "--transcoder",
+                               "--clt", "--out", str(out), "--ctx", "32", "--max-tokens", "384", "--d-sae", "32",
+                               "--k", "4", "--epochs", "2", "--batch-size", "64", "--lr", "0.003", "--format", "json",
+                               *more])
+
+
+# ---- the loss and one step against plain torch ----
+
+def reference_loss(p: dict, xs: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """The CLT's loss written out: per block TopK of relu(x W_encᵀ + b_enc) as a dense vector; block m's
+    reconstruction sums a_l W_dec_l[:, m - l] over l ≤ m plus b_dec_m; the loss sums each block's FVU."""
+    n = len(p["W_enc"])
+    ys = [p["b_dec"][m].expand_as(targets[m]) for m in range(n)]
+    for layer in range(n):
+        pre = torch.relu(xs[layer] @ p["W_enc"][layer].T + p["b_enc"][layer])
+        top = pre.topk(k, dim=-1)
+        acts = torch.zeros_like(pre).scatter(-1, top.indices, top.values)
+        for j in range(n - layer):
+            ys[layer + j] = ys[layer + j] + acts @ p["W_dec"][layer][:, j]
+    return sum(((ys[m] - targets[m]) ** 2).sum() / ((targets[m] - targets[m].mean(0)) ** 2).sum() for m in range(n))
+
+
+def test_loss_and_one_adam_step_equal_a_hand_written_reference():
+    gen = torch.Generator().manual_seed(1)
+    n, d, f, k, rows, lr = 3, 8, 16, 3, 24, 1e-2
+    coder = clt_fit.CrossLayerCoder(n, d, f, k)
+    with torch.no_grad():  # every parameter random (the fit's decoders start at zero: no encoder gradient then)
+        for param in coder.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    xs, targets = torch.randn(n, rows, d, generator=gen), torch.randn(n, rows, d, generator=gen)
+    p = {"W_enc": [w.detach().clone().requires_grad_() for w in coder.W_enc], "b_enc": coder.b_enc.detach().clone(),
+         "W_dec": [w.detach().clone().requires_grad_() for w in coder.W_dec], "b_dec": coder.b_dec.detach().clone()}
+    p["b_enc"].requires_grad_()
+    p["b_dec"].requires_grad_()
+    ref = reference_loss(p, xs, targets, k)
+    torch.testing.assert_close(clt_fit.loss(coder, xs, targets), ref, rtol=1e-5, atol=1e-6)
+    ref.backward()
+    got = clt_fit.step(coder, torch.optim.Adam(coder.parameters(), lr=lr), xs, targets)
+    assert got == pytest.approx(float(ref.detach()), rel=1e-5)
+    eps = 1e-8  # Adam's first step: m̂ = g, v̂ = g², so p -= lr g / (|g| + eps)
+    flat = [*p["W_enc"], p["b_enc"], *p["W_dec"], p["b_dec"]]
+    mine = [*coder.W_enc, coder.b_enc, *coder.W_dec, coder.b_dec]
+    for theirs, ours in zip(flat, mine):
+        want = theirs.detach() - lr * theirs.grad / (theirs.grad.abs() + eps)
+        torch.testing.assert_close(ours.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_thresholds_keep_each_features_topk_firing_count():
+    torch.manual_seed(0)
+    coder = clt_fit.CrossLayerCoder(2, 8, 16, 3)
+    xs = torch.randn(2, 200, 8)
+    theta = clt_fit.thresholds(coder, xs)
+    for layer in range(2):
+        pre = coder.pre(layer, xs[layer])
+        acts, idx = pre.topk(3, dim=-1)
+        topk = torch.bincount(idx[acts > 0], minlength=16)
+        jump = ((pre > theta[layer]) & (pre > 0)).sum(0)
+        assert torch.equal(jump, topk)  # continuous pre-activations: no ties
+
+
+# ---- the fit end to end: resume, circuit-tracer ----
+
+def test_resumed_fit_equals_an_uninterrupted_one(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    model = tiny_model_dir("llama")
+    whole = fit(model, corpus, tmp_path / "whole")
+    assert whole.exit_code == 0, whole.output
+    assert "fit-sae: a TopK cross-layer transcoder at blocks 0-1 (2 blocks)" in whole.stderr  # the cost first
+    real_step, calls = clt_fit.step, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_step(*args)
+
+    checkpoint = tmp_path / "clt.ckpt"
+    monkeypatch.setattr(clt_fit, "probe_step_seconds", lambda *a, **kw: 0.01)  # the estimate's steps are not counted
+    monkeypatch.setattr(clt_fit, "step", interrupted)
+    stopped = fit(model, corpus, tmp_path / "resumed", "--checkpoint", str(checkpoint), "--checkpoint-every", "2")
+    assert stopped.exit_code != 0 and checkpoint.is_file()
+    monkeypatch.setattr(clt_fit, "step", real_step)
+    resumed = fit(model, corpus, tmp_path / "resumed", "--checkpoint", str(checkpoint), "--checkpoint-every", "2")
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming from" in resumed.stderr and json.loads(resumed.stdout)["clt"]["resumed_at_step"] == 4
+    for name in ("W_enc_0", "W_enc_1", "W_dec_0", "W_dec_1"):
+        a, b = load_file(tmp_path / "whole" / f"{name}.safetensors"), load_file(tmp_path / "resumed" / f"{name}.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[t], b[t]) for t in a), name
+    other = fit(model, corpus, tmp_path / "other", "--checkpoint", str(checkpoint), "--k", "5")
+    assert other.exit_code == 2 and "other settings (k)" in other.output
+
+
+def test_circuit_tracer_reads_the_fitted_clt_to_anatomys_graph(tiny_model_dir, tiny_lm, corpus, tmp_path):
+    """circuit-tracer 0.5.0's ``load_clt`` + ``attribute`` on the folder fit-sae wrote equals ``anatomy circuit``'s
+    graph of it, as circuit-tracer reads that graph back (active and selected features, adjacency to 1e-4)."""
+    from test_circuit_reference import BATCH
+    from test_circuit_reference import MAX_FEATURE_NODES
+    from test_circuit_reference import PROMPT
+    from test_circuit_reference import anatomy_circuit
+    from test_circuit_reference import assert_same_graph
+    from test_circuit_reference import ct_python
+    from test_circuit_reference import run_ct
+
+    python = ct_python()
+    if python is None:
+        pytest.skip("circuit-tracer is not installed: .ci/run builds .venv-ct (or set ANATOMY_CT_PYTHON)")
+    model = tiny_model_dir("llama")
+    out = tmp_path / "ct"
+    out.mkdir()
+    done = fit(model, corpus, out / "transcoders", "--epochs", "2")
+    assert done.exit_code == 0, done.output
+    mine = tmp_path / "anatomy"
+    mine.mkdir()
+    anatomy_circuit(tiny_lm("llama"), model, out / "transcoders", mine, graph_json=False)
+    run_ct(python, "attribute", "--model", model, "--out", out, "--prompt", PROMPT, "--max-feature-nodes",
+           MAX_FEATURE_NODES, "--batch-size", BATCH, "--check", mine / "graph.pt")
+    ref = torch.load(out / "reference.pt", weights_only=False)
+    got = torch.load(out / "check.pt", weights_only=False)
+    assert len(ref["active_features"]) > 0 and ref["scan"] == "anatomy-clt-transcoders"
+    assert_same_graph(got, ref)
+
+
+# ---- refusals before the weights load ----
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    from anatomy_cli.engine import loader
+
+    monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("the weights were loaded"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layer", "all"], "--clt fits a cross-layer transcoder: give --transcoder too"),
+    (["--layer", "1", "--transcoder"], "--clt reads every block and writes to every later one: give --layer all, "
+     "not --layer 1"),
+])
+def test_clt_refusals_come_before_the_weights_load(tiny_model_dir, corpus, tmp_path, no_weights, args, message):
+    res = runner.invoke(app, ["fit-sae", str(corpus), "--model", str(tiny_model_dir("llama")), "--clt", "--out",
+                              str(tmp_path / "o"), *args])
+    assert res.exit_code == 2 and message in res.output, res.output
+    with pytest.raises(UsageError, match="reads every block and writes to every later one"):
+        api.fit_sae(str(tiny_model_dir("llama")), str(corpus), layer="0-1", transcoder=True, clt=True,
+                    out=tmp_path / "o")
