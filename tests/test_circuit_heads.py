@@ -150,3 +150,49 @@ def test_qk_terms_sum_to_the_models_own_scores(tiny_lm, arch):
             assert float(sc.terms[other].abs().sum()) <= 1e-4 * float(sc.terms.abs().sum())
         want = eager[layer][0, head, q, :q + 1].float()
         torch.testing.assert_close(torch.softmax(values, 0), want, rtol=1e-4, atol=1e-6)
+
+
+def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
+    """``--heads 2``: each link of ``--json`` carries ``heads`` (bypass + parts + rest = its weight), ``qk`` holds
+    two heads whose terms plus rest give the score; the table has the via-head column; the other keys are the
+    run without ``--heads``'s, byte for byte; the API gives the same record."""
+    import json
+
+    from test_circuit import invoke
+    from test_circuit import random_transcoders
+    from test_circuit import write_transcoder_set
+
+    import anatomy_cli as anatomy
+    from anatomy_cli.text.options import PromptOptions
+
+    lm = tiny_lm("llama")
+    tdir = write_transcoder_set(tmp_path / "tc", lm, random_transcoders(lm))
+    args = ["circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")), "--device", "cpu",
+            "--transcoders", str(tdir), "--bos", "--max-feature-nodes", "20", "--batch-size", "8"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain, with_heads = tmp_path / "a" / "graph.json", tmp_path / "b" / "graph.json"  # one slug
+    assert invoke(*args, "--json", str(plain)).exit_code == 0
+    result = invoke(*args, "--json", str(with_heads), "--heads", "2", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    a, b = json.loads(plain.read_text()), json.loads(with_heads.read_text())
+    assert set(b) - set(a) == {"qk"} and a["nodes"] == b["nodes"] and a["metadata"] == b["metadata"]
+    assert [{k: v for k, v in link.items() if k != "heads"} for link in b["links"]] == a["links"]
+    for link in b["links"]:
+        h = link["heads"]
+        total = h["bypass"] + sum(p["weight"] for p in h["parts"]) + h["rest"]
+        assert abs(total - link["weight"]) <= 1e-5 * (1 + abs(link["weight"]))
+    assert len(b["qk"]) == 2
+    ids = {n["node_id"] for n in b["nodes"]} | {"bias", "other"}
+    for e in b["qk"]:
+        assert abs(sum(t["value"] for t in e["terms"]) + e["rest"] - e["score"]) <= 1e-4 * (1 + abs(e["score"]))
+        assert all(t["query"] in ids and t["key"] in ids for t in e["terms"])
+    record = json.loads(result.stdout)
+    assert all("head" in row and "head_part" in row for row in record["paths"])
+    assert record["qk"] == b["qk"]
+    table = invoke(*args, "--heads", "1", "--format", "table")
+    assert "via head" in table.stdout and "query x key terms" in table.stdout
+    assert "via head" not in invoke(*args, "--format", "table").stdout
+    api = anatomy.circuit(lm, "The capital of France is", transcoders=str(tdir), max_feature_nodes=20,
+                          batch_size=8, heads=2, prompts=PromptOptions(bos=True))
+    assert api.to_dict()["qk"] == b["qk"]

@@ -214,3 +214,59 @@ def picks(splits: list[HeadSplit], n: int, graph: CircuitGraph) -> list[Pick]:
         if len(out) == n:
             break
     return out
+
+
+@dataclass(frozen=True)
+class Attention:
+    """``circuit --heads``: the kept edges split by head (in ``links`` order) and the chosen heads' QK scores."""
+
+    splits: tuple[HeadSplit, ...]
+    scores: tuple[QKScore, ...]
+
+    def split_of(self, target: int, source: int) -> HeadSplit | None:
+        return next((sp for sp in self.splits if (sp.target, sp.source) == (target, source)), None)
+
+
+def attention(fp: FrozenPrompt, links: list[tuple[int, int]], n: int, nodes: list[int]) -> Attention:
+    """Head loadings of ``links`` ((target, source) node indices) and the QK attributions of the ``n`` strongest
+    heads over them, whose terms name ``nodes`` (source node indices; the other sources: ``other``)."""
+    heads = Heads(fp)
+    splits = heads.split(links)
+    return Attention(tuple(splits), tuple(heads.scores(picks(splits, n, fp.graph), nodes)))
+
+
+HEAD_PARTS = 8  # a link's largest head parts written by name; the others summed in "rest"
+QK_TERMS = 20  # a score's largest terms written by name; the others summed in "rest"
+QK_SIDES = 10  # the largest query-side and key-side totals written
+
+
+def link_heads(sp: HeadSplit) -> dict[str, object]:
+    """A link's ``heads`` field: ``bypass + sum(parts) + rest`` is its weight."""
+    top = sp.top(HEAD_PARTS)
+    shown = sum(w for _, _, w in top)
+    return {"bypass": sp.bypass, "parts": [{"layer": layer, "head": head, "weight": w} for layer, head, w in top],
+            "rest": float(sp.parts.double().sum()) - shown}
+
+
+def qk_json(sc: QKScore, names: dict[int, str]) -> dict[str, object]:
+    """One head's QK attribution as the graph JSON's ``qk`` entries hold it (``names``: node index -> node id): the
+    largest terms (``query`` x ``key`` contributors), the rest summed, and each side's largest totals (a
+    contributor's terms summed over the other side)."""
+    def name(c: int | str) -> str:
+        return c if isinstance(c, str) else names[c]
+
+    top = sc.top(QK_TERMS)
+    rows, cols = sc.terms.double().sum(1), sc.terms.double().sum(0)
+
+    def side(totals: torch.Tensor, who: tuple[int | str, ...]) -> list[dict[str, object]]:
+        order = torch.argsort(totals.abs(), descending=True)[:QK_SIDES]
+        return [{"node": name(who[int(i)]), "value": float(totals[i])} for i in order if float(totals[i]) != 0.0]
+
+    out: dict[str, object] = {
+        "layer": sc.layer, "head": sc.head, "query_pos": sc.query_pos, "key_pos": sc.key_pos, "score": sc.score,
+        "terms": [{"query": name(q), "key": name(k), "value": v} for q, k, v in top],
+        "rest": float(sc.terms.double().sum()) - sum(v for _, _, v in top),
+        "query_side": side(rows, sc.rows), "key_side": side(cols, sc.cols)}
+    if sc.softcap is not None:
+        out["softcap"] = sc.softcap
+    return out

@@ -22,6 +22,8 @@ COLUMNS = (
     Column("via", "strongest source"),
     Column("via_weight", "its weight", "float", 4),
 )
+HEAD_COLUMNS = (Column("head", "via head"), Column("head_part", "its part", "float", 4))  # --heads
+QK_NOTES = 3  # --heads: QK-attributed heads summed up under the table
 ROWS = "paths"
 ESTIMATE_ROWS = "quantities"  # an estimate's rows: one per quantity (the table --estimate prints)
 KINDS = {"cross layer transcoder": "feature", "mlp reconstruction error": "error", "embedding": "token",
@@ -47,12 +49,28 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
     if any(r["kind"] in INPUTS for r in data["paths"]):
         notes.append("strongest source: the node's strongest kept incoming edge, from a feature, error node or "
                      "token; error nodes and tokens are the graph's inputs (no edge enters them): (input)")
+    columns: tuple[Column, ...] = COLUMNS
+    if any("head" in r for r in rows):
+        columns = (*COLUMNS, *HEAD_COLUMNS)
+        rows = [{**r, "head": r["head"] or "(bypass)"} for r in rows]
+        notes += heads_notes(data.get("qk", []))
     if "check" in data:
         c = data["check"]
         notes.append(f"--check: {c['n_edges']} edges re-measured by intervention, largest difference "
                      f"{c['max_abs_error']:.2e} (relative {c['max_relative_error']:.2e})")
-    return Report(data=data, sections=[Section(COLUMNS, rows, title="strongest paths to the target")],
+    return Report(data=data, sections=[Section(columns, rows, title="strongest paths to the target")],
                   heading=heading, notes=notes)
+
+
+def heads_notes(qk: list[dict[str, Any]]) -> list[str]:
+    """``--heads``: what the head column says, and each QK-attributed head's score with its largest terms."""
+    out = ["via head: the block.head whose part of the edge (paths whose first head it is) is largest, and that "
+           "part; the parts of all heads plus the bypass (paths through no head) sum to the weight"]
+    for e in qk[:QK_NOTES]:
+        terms = ", ".join(f"{t['query']} x {t['key']} {t['value']:+.3f}" for t in e["terms"][:3])
+        out.append(f"head {e['layer']}.{e['head']} at query {e['query_pos']}, key {e['key_pos']}: score "
+                   f"{e['score']:.3f} = {terms}, ... (query x key terms; --json 'qk' has them)")
+    return out
 
 
 def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
