@@ -30,12 +30,15 @@ class EdgeCheck:
 
 
 class FrozenPrompt:
-    """The prompt's frozen forward, recorded once; :meth:`run` replays it with sources removed."""
+    """The prompt's frozen forward, recorded once; :meth:`run` replays it with sources removed. ``capture``: the
+    freezer captures each attention call (engine/replacement.py ``Freezer``)."""
 
     def __init__(self, lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, graph: CircuitGraph,
-                 s: Setup) -> None:
+                 s: Setup, capture: bool = False) -> None:
         self.lm, self.ids, self.tcs, self.graph, self.s = lm, ids, transcoders, graph, s
-        with rep.frozen(lm) as fz, torch.no_grad():
+        fz = rep.Freezer()
+        fz.capture = {} if capture else None
+        with rep.frozen(lm, fz), torch.no_grad():
             self.base = rep.forward(lm, ids, transcoders, 1)
         self.freezer = fz
         self.logit_vecs = logit_vectors(lm, torch.tensor([t for _, t in graph.logit_targets]))
@@ -56,15 +59,21 @@ class FrozenPrompt:
     def value(self, fw: rep.Forward, node: int) -> float:
         """A target's input: a logit node's demeaned unembedding · final norm output at the last position; a
         feature's W_enc row · its MLP input."""
+        return float(self.read(fw, node))
+
+    def read(self, fw: rep.Forward, node: int) -> torch.Tensor:
+        """:meth:`value` as a tensor (a gradient can be taken of it)."""
         g = self.graph
         n = g.adjacency_matrix.shape[0]
         if node >= n - g.n_logits:
-            return float(fw.final[0, -1].float() @ self.logit_vecs[node - (n - g.n_logits)])
+            return fw.final[0, -1].float() @ self.logit_vecs[node - (n - g.n_logits)]
         i = int(g.selected_features[node])
         layer, pos, _ = (int(v) for v in self.s.active[i])
-        return float(fw.mlp_in[layer][0, pos].float() @ self.s.encoder[i])
+        return fw.mlp_in[layer][0, pos].float() @ self.s.encoder[i]
 
-    def run(self, removed: list[tuple[int, int, torch.Tensor]]) -> rep.Forward:
+    def run(self, removed: list[tuple[int, int, torch.Tensor]], hold: bool = False) -> rep.Forward:
+        """The replay with ``removed`` taken out; ``hold``: every attention output held at the base forward's
+        (needs ``capture``), so that the removal reaches only what no head carries."""
         def edit(layer: int, value: torch.Tensor) -> torch.Tensor:
             value = value.clone()
             for lay, pos, vec in removed:
@@ -72,12 +81,12 @@ class FrozenPrompt:
                     value[:, pos] -= vec.to(value.dtype)
             return value
 
-        self.freezer.replay = True
+        self.freezer.replay, self.freezer.hold = True, hold
         try:
             with rep.frozen(self.lm, self.freezer), torch.no_grad():
                 return rep.forward(self.lm, self.ids, self.tcs, 1, edit=edit)
         finally:
-            self.freezer.replay = False
+            self.freezer.replay = self.freezer.hold = False
 
 
 def check_edges(fp: FrozenPrompt, n: int, seed: int = 0) -> list[EdgeCheck]:

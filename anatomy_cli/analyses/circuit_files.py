@@ -144,6 +144,11 @@ def written_nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[in
     return out
 
 
+def kept_links(prune: PruneResult, kept: dict[int, dict[str, Any]]) -> list[tuple[int, int]]:
+    """The graph JSON's links as (target, source) node indices, in its order: kept edges between ``kept`` nodes."""
+    return [(dst, src) for dst, src in prune.edge_mask.nonzero().tolist() if dst in kept and src in kept]
+
+
 def graph_json(graph: CircuitGraph, prune: PruneResult, kept: dict[int, dict[str, Any]], *, slug: str,
                node_threshold: float) -> dict[str, Any]:
     """The Neuronpedia graph dict (``metadata``, ``qParams``, ``nodes``, ``links``) of circuit-tracer's
@@ -151,7 +156,7 @@ def graph_json(graph: CircuitGraph, prune: PruneResult, kept: dict[int, dict[str
     logit), the kept edges between them."""
     a = graph.adjacency_matrix
     links = [{"source": kept[src]["node_id"], "target": kept[dst]["node_id"], "weight": float(a[dst, src])}
-             for dst, src in prune.edge_mask.nonzero().tolist() if dst in kept and src in kept]
+             for dst, src in kept_links(prune, kept)]
     scan = graph.scan
     metadata = {"slug": slug, "scan": scan if not isinstance(scan, list) else "custom", "transcoder_list":
                 scan if isinstance(scan, list) else [], "prompt_tokens": list(graph.pieces),

@@ -36,7 +36,11 @@ class Freezer:
     """What the prompt's forward fixed: each norm call's denominator, each attention call's pattern and each
     MLP's output less its skip path. ``replay``: later forwards use them (an intervention on the frozen model);
     otherwise a forward records them (and its values equal the real model's). ``normalized``: the last call's
-    normalised vector before the gain (``P(x) / s``, linear in ``x``) of each norm :func:`forward` asks it of."""
+    normalised vector before the gain (``P(x) / s``, linear in ``x``) of each norm :func:`forward` asks it of.
+    ``capture`` (None: off): each attention call's ``(query, key, out)`` by module id, as the family's eager
+    attention gets them (projected, normed, rotated) and ``out [B, P, heads, d_head]`` (the heads' outputs before
+    the output projection); a recording forward with it also keeps each ``out`` (``outs``), and ``hold`` (replaying)
+    gives every attention call that recorded output back while ``capture`` gets the output it would have had."""
 
     def __init__(self) -> None:
         self.scales: dict[int, list[torch.Tensor]] = {}
@@ -45,6 +49,9 @@ class Freezer:
         self.replay = False
         self._calls: dict[int, int] = {}
         self.normalized: dict[int, torch.Tensor | None] = {}
+        self.capture: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self.outs: dict[int, torch.Tensor] = {}
+        self.hold = False
 
     def start(self) -> None:
         self._calls = {}
@@ -75,6 +82,13 @@ def _frozen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     kv_heads = value.shape[1]  # grouped-query: head h reads kv head h // (n_heads / kv_heads), so the group's
     w = weights.to(value.dtype).reshape(b, kv_heads, n_heads // kv_heads * q_len, k_len)  # queries stack up
     out = torch.matmul(w, value).reshape(b, n_heads, q_len, -1).transpose(1, 2).contiguous()
+    freezer = _ACTIVE[-1]
+    if freezer.capture is not None:
+        freezer.capture[id(module)] = (query, key, out)
+        if not freezer.replay:
+            freezer.outs[id(module)] = out.detach()
+        elif freezer.hold:
+            out = freezer.outs[id(module)]
     return out, weights
 
 

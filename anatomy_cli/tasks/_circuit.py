@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from anatomy_cli.analyses.circuit import CircuitGraph
     from anatomy_cli.analyses.circuit_check import EdgeCheck
+    from anatomy_cli.analyses.circuit_heads import Attention
     from anatomy_cli.analyses.circuit_prune import PruneResult
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
@@ -46,9 +47,11 @@ class PathRow:
     via: str
     via_weight: float | None  # None (empty in tsv, null in JSON): no kept source (``via`` "")
     label: str | None = None  # a feature's label, or "top tokens: …"; None (no key): the run has neither
+    head: str | None = None  # --heads: the (block.head) with the largest part of ``weight``; not written without
+    head_part: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "label" or v is not None}
+        return {k: v for k, v in self.__dict__.items() if v is not None or k not in ("label", "head", "head_part")}
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class CircuitResult:
     replacement_score: float
     completeness_score: float
     checks: tuple[EdgeCheck, ...] = ()
+    attention: Attention | None = None  # --heads
 
     def to_dict(self) -> dict[str, Any]:
         g = self.graph
@@ -77,6 +81,8 @@ class CircuitResult:
             out["check"] = {"n_edges": len(self.checks),
                             "max_relative_error": max(c.relative_error for c in self.checks),
                             "max_abs_error": max(abs(c.measured - c.weight) for c in self.checks)}
+        if self.attention is not None:
+            out["qk"] = self.json.get("qk", [])
         return out
 
 
@@ -192,6 +198,12 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
     nodes = files.written_nodes(graph, pr, plan.labels.text, opts.ids)  # refuses an id two nodes share: nothing written
     data = files.graph_json(graph, pr, nodes, slug=slug, node_threshold=opts.node_threshold)
     data["metadata"].update(label_metadata(plan.labels, nodes.values()))
+    fp = None
+    if opts.check or opts.heads:
+        from anatomy_cli.analyses import circuit_check
+
+        fp = circuit_check.FrozenPrompt(lm, ids, transcoders, graph, s, capture=bool(opts.heads))
+    att = _attention(fp, graph, pr, nodes, data, opts.heads) if fp is not None and opts.heads else None
     if out:
         files.save_pt(graph, out, _cfg(lm))
         notes.info(f"wrote {out}")
@@ -201,14 +213,30 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
         Path(json_path).write_text(json.dumps(data, indent=2))
         notes.info(f"wrote {json_path}")
     checks: tuple[Any, ...] = ()
-    if opts.check:
+    if opts.check and fp is not None:
         from anatomy_cli.analyses import circuit_check
 
-        fp = circuit_check.FrozenPrompt(lm, ids, transcoders, graph, s)
         checks = tuple(circuit_check.check_edges(fp, opts.check))
-    return CircuitResult(graph, pr, data, tuple(paths(graph, pr, nodes, opts.top, plan.labels)), replacement,
-                         completeness,
-                         checks)
+    rows = tuple(paths(graph, pr, nodes, opts.top, plan.labels, att))
+    return CircuitResult(graph, pr, data, rows, replacement, completeness, checks, att)
+
+
+def _attention(fp: Any, graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]],
+               data: dict[str, Any], n: int) -> Attention:
+    """``--heads``: every written link split by head (its ``heads`` field in ``data``) and the ``n`` strongest
+    heads' QK attributions over the written source nodes (``data["qk"]``)."""
+    from anatomy_cli.analyses import circuit_files as files
+    from anatomy_cli.analyses import circuit_heads as ch
+
+    links = files.kept_links(pr, nodes)
+    sources = sorted(i for i in nodes if i < graph.adjacency_matrix.shape[0] - graph.n_logits)
+    with notes.status(f"splitting {len(links)} edges by head"):
+        att = ch.attention(fp, links, n, sources)
+    for link, sp in zip(data["links"], att.splits):
+        link["heads"] = ch.link_heads(sp)
+    names = {i: str(nd["node_id"]) for i, nd in nodes.items()}
+    data["qk"] = [ch.qk_json(sc, names) for sc in att.scores]
+    return att
 
 
 def numbered(path: str, index: int | None) -> str:
@@ -260,11 +288,13 @@ def label_metadata(labels: BlockLabels, nodes: Any) -> dict[str, Any]:
 
 
 def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]], top: int,
-          labels: BlockLabels | None = None) -> list[PathRow]:
+          labels: BlockLabels | None = None, att: Attention | None = None) -> list[PathRow]:
     """The ``top`` strongest kept edges into the first target logit, each source with its own strongest kept source
     of any kind (feature, error node, token), read from the adjacency matrix by node index (``nodes``: the written
     nodes by index, circuit_files ``written_nodes``; ids only name them). Error nodes and tokens are the graph's
-    inputs: circuit-tracer computes no edge into them, so their ``via`` is "" and ``via_weight`` None."""
+    inputs: circuit-tracer computes no edge into them, so their ``via`` is "" and ``via_weight`` None. ``att``
+    (``--heads``): each row's ``head``, the (block.head) with the largest part of its weight, "" where no head
+    carries any (the bypass all of it)."""
     a, mask = graph.adjacency_matrix, pr.edge_mask
 
     def into(dst: int) -> list[tuple[float, int]]:
@@ -275,9 +305,13 @@ def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]]
     for w, src in sorted(into(a.shape[0] - graph.n_logits), key=lambda e: -abs(e[0]))[:top]:
         n = nodes[src]
         best = max(into(src), key=lambda e: abs(e[0]), default=None)
+        sp = None if att is None else att.split_of(a.shape[0] - graph.n_logits, src)
+        top_head = [] if sp is None else sp.top(1)
         rows.append(PathRow(n["node_id"], n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
                             float(n["influence"] or 0.0), "" if best is None else nodes[best[1]]["node_id"],
-                            None if best is None else best[0], _label(n, labels)))
+                            None if best is None else best[0], _label(n, labels),
+                            None if att is None else (f"{top_head[0][0]}.{top_head[0][1]}" if top_head else ""),
+                            None if att is None else (top_head[0][2] if top_head else 0.0)))
     return rows
 
 

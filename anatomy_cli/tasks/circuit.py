@@ -48,7 +48,8 @@ class CircuitOptions(Declared):
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
     or file; default: ``features_dir``'s and the transcoders' explanations.json, models/sae/feature_labels.py);
     ``features_dir``: ``features --out`` folders (labels, top tokens, the dashboard pages linked); ``check``:
-    re-measure that many edges by intervention; ``top``: rows of the paths table;
+    re-measure that many edges by intervention; ``heads``: head loadings of every kept edge and QK attributions of
+    that many strongest heads (analyses/circuit_heads.py; 0: off); ``top``: rows of the paths table;
     ``ids``: the node ids (``current``: circuit-tracer's now; ``ct-0.5``: 0.5.0's); ``offload``: ``cpu`` or
     ``disk``, where the transcoders wait while not in use (tasks/_circuit.py ``load_transcoders``); ``estimate``:
     the graph's size, memory and time from the shapes alone, nothing run.
@@ -87,6 +88,11 @@ class CircuitOptions(Declared):
                                 "explanations.json, explanations.json beside the transcoders or beside a block's.")
     features_dir: Sequence[str] | None = shared.features_dir()
     check: int = option(0, "--check", min=0, metavar="N", help="Re-measure N edges by intervention.")
+    heads: int = option(
+        0, "--heads", min=0, metavar="N",
+        help="Attention inside the graph: split every kept edge into one part per (block, head) plus the bypass "
+        "(--json: each link's 'heads'; the table: 'via head'), and the N strongest heads' pre-softmax scores into "
+        "query x key terms of the graph's nodes (--json: 'qk'). 0: off.")
     top: int = option(10, "--top", min=1, help="Rows of the paths table.")
     offload: str | None = option(
         None, "--offload", metavar="cpu|disk", show_default=False,
@@ -117,6 +123,8 @@ class CircuitOptions(Declared):
                     raise UsageError(f"--estimate computes no graph: it writes no {name} file (drop one of the two)")
             if self.check:
                 raise UsageError("--estimate computes no graph: it re-measures no --check edges (drop one of the two)")
+            if self.heads:
+                raise UsageError("--estimate computes no graph: it splits no edges by --heads (drop one of the two)")
             for name in [n for n, given in (("--labels", self.labels is not None),
                                              ("--features-dir", bool(self.features_dir))) if given][:1]:
                 raise UsageError(f"--estimate computes no graph: it labels no features with {name} (drop one of "

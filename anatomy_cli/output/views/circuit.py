@@ -23,6 +23,8 @@ COLUMNS = (
     Column("via_weight", "its weight", "float", 4),
 )
 LABEL = Column("label", "label")  # shown when the run has labels or top tokens (models/sae/feature_labels.py)
+HEAD_COLUMNS = (Column("head", "via head"), Column("head_part", "its part", "float", 4))  # --heads
+QK_NOTES = 3  # --heads: QK-attributed heads summed up under the table
 ROWS = "paths"
 ESTIMATE_ROWS = "quantities"  # an estimate's rows: one per quantity (the table --estimate prints)
 KINDS = {"cross layer transcoder": "feature", "mlp reconstruction error": "error", "embedding": "token",
@@ -53,13 +55,28 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
         sources = data.get("feature_labels", {}).get("sources") or []
         notes.append(f"label: from {', '.join(sources) if sources else 'no explanations file'}; \"top tokens: …\" "
                      "is no label: the tokens the feature's decoder direction promotes most (--features-dir)")
+    columns: tuple[Column, ...] = (*COLUMNS, LABEL) if labelled else COLUMNS
+    if any("head" in r for r in rows):
+        columns = (*columns, *HEAD_COLUMNS)
+        rows = [{**r, "head": r["head"] or "(bypass)"} for r in rows]
+        notes += heads_notes(data.get("qk", []))
     if "check" in data:
         c = data["check"]
         notes.append(f"--check: {c['n_edges']} edges re-measured by intervention, largest difference "
                      f"{c['max_abs_error']:.2e} (relative {c['max_relative_error']:.2e})")
-    columns = (*COLUMNS, LABEL) if labelled else COLUMNS
     return Report(data=data, sections=[Section(columns, rows, title="strongest paths to the target")],
                   heading=heading, notes=notes)
+
+
+def heads_notes(qk: list[dict[str, Any]]) -> list[str]:
+    """``--heads``: what the head column says, and each QK-attributed head's score with its largest terms."""
+    out = ["via head: the block.head whose part of the edge (paths whose first head it is) is largest, and that "
+           "part; the parts of all heads plus the bypass (paths through no head) sum to the weight"]
+    for e in qk[:QK_NOTES]:
+        terms = ", ".join(f"{t['query']} x {t['key']} {t['value']:+.3f}" for t in e["terms"][:3])
+        out.append(f"head {e['layer']}.{e['head']} at query {e['query_pos']}, key {e['key_pos']}: score "
+                   f"{e['score']:.3f} = {terms}, ... (query x key terms; --json 'qk' has them)")
+    return out
 
 
 def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -1,0 +1,272 @@
+"""Attention inside an attribution graph (``circuit --heads``): head loadings of the edges and QK attributions of
+the strongest heads, on the frozen replacement model (engine/replacement.py: patterns and norm denominators fixed
+at the prompt, MLP outputs constant but for the transcoders' skip path), where every target is affine in the
+sources.
+
+Head loadings. An edge ``source -> target`` is a sum over the linear paths between them. Each path either crosses
+no attention head (the residual and MLP-skip path, at the source's own position: the *bypass*), or crosses a first
+head ``(l, h)``; grouping the paths by that first head splits the edge into one part per (layer, head) plus the
+bypass, and the parts sum to the edge. Part ``(l, h)`` is ``sum_m G[l][m, h] · dz[l][m, h]``: ``G`` the target's
+gradient with respect to the heads' outputs before the output projection (every path after them) and ``dz`` the
+source's change of those outputs with every attention output held at the prompt's (paths before them with no
+head). circuit-tracer PR #114 splits an edge at one attention layer at a time (that layer's heads plus a bypass
+through it, per layer); the first head is the grouping that makes one partition over all layers. Through the first
+attention layer after the source the two agree, and a part there equals the edge less the edge with that head's
+output removed (tests/test_circuit_heads.py).
+
+QK attributions. The head's pre-softmax score at (query ``q``, key ``k``) is ``scale · query · key`` of the vectors
+the family's own attention gets (projected, query/key norms with frozen denominators, RoPE applied). Each is affine
+in the graph's sources: ``query = sum_n dq_n + bias + other`` where ``dq_n`` is the query's change when node ``n``
+is removed, ``bias`` the query with every source removed and ``other`` the sources not drawn (pruned nodes). The
+score is the sum of the terms ``scale · dq_i · dk_j`` over query-side and key-side contributors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from anatomy_cli.analyses.circuit import CircuitGraph
+from anatomy_cli.analyses.circuit_check import FrozenPrompt
+from anatomy_cli.engine import replacement as rep
+from anatomy_cli.engine.attention import attention_module
+
+BIAS, OTHER = "bias", "other"  # the non-node contributors of a query or key
+Pick = tuple[int, int, int, int]  # (layer, head, query position, key position)
+Captured = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # Freezer.capture
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """One edge split by the first head its paths cross: ``parts [L, H]`` (``parts[l, h]``) and the ``bypass``
+    (paths with no head), summing to ``weight`` (the adjacency's); ``query [L, H]``: the query position that carries
+    most of each part (the head reads the source's position as its key)."""
+
+    target: int
+    source: int
+    weight: float
+    parts: torch.Tensor
+    bypass: float
+    query: torch.Tensor
+
+    @property
+    def total(self) -> float:
+        return float(self.parts.double().sum()) + self.bypass
+
+    def top(self, n: int) -> list[tuple[int, int, float]]:
+        """The ``n`` largest parts by size: (layer, head, part)."""
+        flat = self.parts.flatten()
+        order = torch.argsort(flat.abs(), descending=True)[:n]
+        n_heads = self.parts.shape[1]
+        return [(int(i) // n_heads, int(i) % n_heads, float(flat[i])) for i in order if float(flat[i]) != 0.0]
+
+
+@dataclass(frozen=True)
+class QKScore:
+    """Head ``(layer, head)``'s pre-softmax score at (``query_pos``, ``key_pos``) and its terms ``[Q, K]``: rows the
+    query-side contributors ``rows`` (node indices, then ``bias`` and ``other``), columns the key-side ``cols``;
+    ``terms.sum() == score``. ``softcap``: the family caps scores after this (Gemma 2): the score is the one
+    before the cap."""
+
+    layer: int
+    head: int
+    query_pos: int
+    key_pos: int
+    score: float
+    rows: tuple[int | str, ...]
+    cols: tuple[int | str, ...]
+    terms: torch.Tensor
+    softcap: float | None = None
+
+    def top(self, n: int) -> list[tuple[int | str, int | str, float]]:
+        """The ``n`` largest terms by size: (query contributor, key contributor, term)."""
+        flat = self.terms.flatten()
+        order = torch.argsort(flat.abs(), descending=True)[:n]
+        k = self.terms.shape[1]
+        return [(self.rows[int(i) // k], self.cols[int(i) % k], float(flat[i])) for i in order]
+
+
+def score_scale(module: torch.nn.Module, d_head: int) -> float:
+    """The factor the family's eager attention multiplies ``query · key`` by: GPT-2's ``1/sqrt(d_head)`` (if
+    ``scale_attn_weights``) over ``layer + 1`` (if ``scale_attn_by_inverse_layer_idx``), else ``module.scaling``."""
+    if hasattr(module, "scale_attn_weights"):
+        scale = d_head ** -0.5 if module.scale_attn_weights else 1.0
+        if getattr(module, "scale_attn_by_inverse_layer_idx", False):
+            scale /= int(getattr(module, "layer_idx", 0)) + 1
+        return scale
+    return float(module.scaling)  # type: ignore[arg-type]
+
+
+class Heads:
+    """The attention side of one prompt's graph: ``fp`` a :class:`FrozenPrompt` with ``capture``."""
+
+    def __init__(self, fp: FrozenPrompt) -> None:
+        self.fp = fp
+        self.modules = [attention_module(fp.lm, layer) for layer in range(fp.lm.n_layers)]
+        self.keys = [id(m) for m in self.modules]
+        # the held replay with nothing removed: the reference the held runs differ from (in the blocks before a
+        # source, bit for bit)
+        self.held_base = fp.run([], hold=True)
+        captured = fp.freezer.capture or {}
+        self.base_out = [captured[k][2][0].float() for k in self.keys]  # [P, H, d_head] per layer
+        fp.run([])
+        self.base_qk = dict(captured)  # the plain replay's queries and keys
+
+    def gradients(self, targets: list[int]) -> dict[int, list[torch.Tensor]]:
+        """Per target node: its gradient with respect to each layer's head outputs ``[P, H, d_head]`` (the
+        replay, every path)."""
+        fp, fz = self.fp, self.fp.freezer
+        out: dict[int, list[torch.Tensor]] = {}
+        fz.replay = True
+        try:
+            with rep.frozen(fp.lm, fz):
+                fw = rep.forward(fp.lm, fp.ids, fp.tcs, 1)
+                zs = [fz.capture[k][2] for k in self.keys]  # type: ignore[index]
+                for t in targets:
+                    grads = torch.autograd.grad(fp.read(fw, t), zs, retain_graph=True, allow_unused=True)
+                    out[t] = [torch.zeros_like(b) if g is None else g[0].float()
+                              for g, b in zip(grads, self.base_out)]
+        finally:
+            fz.replay = False
+        return out
+
+    def held(self, source: int) -> tuple[list[torch.Tensor], rep.Forward]:
+        """The source's change of each layer's head outputs along the paths that cross no head before them, and
+        the held forward (every attention output the prompt's) without the source."""
+        fp = self.fp
+        fw = fp.run(fp.source(source), hold=True)
+        captured = fp.freezer.capture or {}
+        return [b - captured[k][2][0].float() for b, k in zip(self.base_out, self.keys)], fw
+
+    def split(self, links: list[tuple[int, int]]) -> list[HeadSplit]:
+        """Each edge ``(target, source)`` split by first head (the module docstring)."""
+        fp = self.fp
+        grads = self.gradients(sorted({t for t, _ in links}))
+        out = []
+        for source in sorted({s for _, s in links}):
+            dz, fw = self.held(source)
+            for target, _ in (e for e in links if e[1] == source):
+                per = torch.stack([torch.einsum("phd,phd->hp", g, d) for g, d in zip(grads[target], dz)])  # [L,H,P]
+                bypass = fp.value(self.held_base, target) - fp.value(fw, target)
+                out.append(HeadSplit(target, source, float(fp.graph.adjacency_matrix[target, source]),
+                                     per.sum(-1), bypass, per.abs().argmax(-1)))
+        order = {e: i for i, e in enumerate(links)}
+        return sorted(out, key=lambda h: order[(h.target, h.source)])
+
+    def vectors(self, picks: list[Pick], captured: Captured | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The query and key of each pick (layer, head, query position, key position) in the last forward
+        (``captured``: those of another)."""
+        captured = self.fp.freezer.capture if captured is None else captured
+        out = []
+        for layer, head, q, k in picks:
+            query, key, _ = captured[self.keys[layer]]  # type: ignore[index]
+            group = query.shape[1] // key.shape[1]  # grouped-query: head h reads kv head h // group
+            out.append((query[0, head, q].float(), key[0, head // group, k].float()))
+        return out
+
+    def scores(self, picks: list[Pick], nodes: list[int]) -> list[QKScore]:
+        """Each pick's score split into query-side × key-side terms of ``nodes`` (source node indices), the bias
+        (every source removed) and the other sources."""
+        fp = self.fp
+        base = self.vectors(picks, self.base_qk)
+        deltas = []
+        for n in nodes:
+            fp.run(fp.source(n))
+            deltas.append([(bq - q, bk - k) for (bq, bk), (q, k) in zip(base, self.vectors(picks))])
+        n_sources = fp.graph.adjacency_matrix.shape[0] - fp.graph.n_logits
+        fp.run([w for i in range(n_sources) for w in fp.source(i)])
+        bias = self.vectors(picks)
+        labels: tuple[int | str, ...] = (*nodes, BIAS, OTHER)
+        cap = getattr(fp.lm.model.config, "attn_logit_softcapping", None)
+        out = []
+        for i, (layer, head, q, k) in enumerate(picks):
+            dq = [d[i][0] for d in deltas]
+            dk = [d[i][1] for d in deltas]
+            rows = torch.stack([*dq, bias[i][0], base[i][0] - bias[i][0] - sum(dq, torch.zeros_like(bias[i][0]))])
+            cols = torch.stack([*dk, bias[i][1], base[i][1] - bias[i][1] - sum(dk, torch.zeros_like(bias[i][1]))])
+            scale = score_scale(self.modules[layer], int(rows.shape[1]))
+            terms = scale * rows.double() @ cols.double().T
+            out.append(QKScore(layer, head, q, k, float(scale * base[i][0].double() @ base[i][1].double()),
+                               labels, labels, terms.float(), None if cap is None else float(cap)))
+        return out
+
+
+def position(graph: CircuitGraph, node: int) -> int:
+    """A source node's position (feature, error node or token)."""
+    n_sel, n_pos = graph.n_features, graph.n_pos
+    if node < n_sel:
+        return int(graph.active_features[graph.selected_features[node], 1])
+    return (node - n_sel) % n_pos
+
+
+def picks(splits: list[HeadSplit], n: int, graph: CircuitGraph) -> list[Pick]:
+    """The ``n`` strongest head parts over ``splits`` as distinct (layer, head, query position, key position):
+    the key is the source's position, the query where the part is carried most."""
+    cands = []
+    for sp in splits:
+        for layer, head, w in sp.top(sp.parts.numel()):
+            cands.append((abs(w), (layer, head, int(sp.query[layer, head]), position(graph, sp.source))))
+    out: list[Pick] = []
+    for _, pick in sorted(cands, key=lambda c: -c[0]):
+        if pick not in out:
+            out.append(pick)
+        if len(out) == n:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class Attention:
+    """``circuit --heads``: the kept edges split by head (in ``links`` order) and the chosen heads' QK scores."""
+
+    splits: tuple[HeadSplit, ...]
+    scores: tuple[QKScore, ...]
+
+    def split_of(self, target: int, source: int) -> HeadSplit | None:
+        return next((sp for sp in self.splits if (sp.target, sp.source) == (target, source)), None)
+
+
+def attention(fp: FrozenPrompt, links: list[tuple[int, int]], n: int, nodes: list[int]) -> Attention:
+    """Head loadings of ``links`` ((target, source) node indices) and the QK attributions of the ``n`` strongest
+    heads over them, whose terms name ``nodes`` (source node indices; the other sources: ``other``)."""
+    heads = Heads(fp)
+    splits = heads.split(links)
+    return Attention(tuple(splits), tuple(heads.scores(picks(splits, n, fp.graph), nodes)))
+
+
+HEAD_PARTS = 8  # a link's largest head parts written by name; the others summed in "rest"
+QK_TERMS = 20  # a score's largest terms written by name; the others summed in "rest"
+QK_SIDES = 10  # the largest query-side and key-side totals written
+
+
+def link_heads(sp: HeadSplit) -> dict[str, object]:
+    """A link's ``heads`` field: ``bypass + sum(parts) + rest`` is its weight."""
+    top = sp.top(HEAD_PARTS)
+    shown = sum(w for _, _, w in top)
+    return {"bypass": sp.bypass, "parts": [{"layer": layer, "head": head, "weight": w} for layer, head, w in top],
+            "rest": float(sp.parts.double().sum()) - shown}
+
+
+def qk_json(sc: QKScore, names: dict[int, str]) -> dict[str, object]:
+    """One head's QK attribution as the graph JSON's ``qk`` entries hold it (``names``: node index -> node id): the
+    largest terms (``query`` x ``key`` contributors), the rest summed, and each side's largest totals (a
+    contributor's terms summed over the other side)."""
+    def name(c: int | str) -> str:
+        return c if isinstance(c, str) else names[c]
+
+    top = sc.top(QK_TERMS)
+    rows, cols = sc.terms.double().sum(1), sc.terms.double().sum(0)
+
+    def side(totals: torch.Tensor, who: tuple[int | str, ...]) -> list[dict[str, object]]:
+        order = torch.argsort(totals.abs(), descending=True)[:QK_SIDES]
+        return [{"node": name(who[int(i)]), "value": float(totals[i])} for i in order if float(totals[i]) != 0.0]
+
+    out: dict[str, object] = {
+        "layer": sc.layer, "head": sc.head, "query_pos": sc.query_pos, "key_pos": sc.key_pos, "score": sc.score,
+        "terms": [{"query": name(q), "key": name(k), "value": v} for q, k, v in top],
+        "rest": float(sc.terms.double().sum()) - sum(v for _, _, v in top),
+        "query_side": side(rows, sc.rows), "key_side": side(cols, sc.cols)}
+    if sc.softcap is not None:
+        out["softcap"] = sc.softcap
+    return out
