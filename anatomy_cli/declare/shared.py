@@ -3,6 +3,8 @@ dataclass. A factory, not a constant: each class gets its own ``dataclasses.fiel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from anatomy_cli.declare.fields import option
@@ -107,17 +109,15 @@ def window_batch() -> int:
     return option(4, "--batch-size", min=1, help="Windows per forward pass.")
 
 
-def features_dir() -> Any:
+def features_dir() -> Sequence[str] | None:
     """``--features-dir DIR`` (repeatable): ``features --out`` folders, for labels, top tokens and dashboard links
     (models/sae/feature_labels.py)."""
-    from pathlib import Path
-
     return option(None, "--features-dir", metavar="DIR", show_default=False, cli=list[Path] | None,
                   help="A folder anatomy features --out wrote (repeatable): its explanations.json labels the "
                   "features (--labels wins; default: explanations.json beside the dictionary); where a feature has "
                   "no label, its top promoted tokens are shown as top tokens; DIR/features.html is linked.")
 
 
-def features_dirs(value: Any) -> tuple[str, ...]:
+def features_dirs(value: Sequence[str | Path] | None) -> tuple[str, ...]:
     """``--features-dir``'s value as a tuple of paths (None: none)."""
     return tuple(str(v) for v in value or ())
