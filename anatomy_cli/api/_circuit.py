@@ -28,7 +28,7 @@ def circuit(model: Model, prompt: str | list[str], opts: circuit_task.CircuitOpt
 
     if opts.estimate:
         return _estimates(model, prompt, opts, prompts)
-    return run_prompts(circuit_task, view, model, prompt, opts, prompts)
+    return run_prompts(circuit_task, view, model, {"prompt": prompt}, opts, prompts)
 
 
 def _estimates(model: Model, prompt: str | list[str], opts: Any, prompts: PromptOptions) -> Result | list[Result]:

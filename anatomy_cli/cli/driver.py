@@ -3,28 +3,37 @@ generated from the record, its task module (:mod:`anatomy_cli.tasks.driven` list
 (``anatomy_cli/output/views/<view>.py``: ``report(lm, enc, result)``, and ``figure(lm, enc, result)`` where the
 command draws). Such a command has no file under cli/commands/.
 
-Its signature is PROMPT, the options of its options class (``cli.declared.command``), the model options, the prompt
-options, then ``--plot FILE`` (when the view draws) and ``--format``; its help is the task's ``HELP``. Its body, the
-same for every such command: open the model and the prompts (no weights), ``check``, load the weights, ``run``,
-then each prompt's picture and report (the view's hooks: :mod:`anatomy_cli.output.views.driven`).
+Its signature is the task's arguments (``TAKES``: PROMPT by default; patch's CLEAN CORRUPT, drift's WORD and
+``--context``), the options of its options class (``cli.declared.command``), the model options, the prompt
+options, then ``--plot FILE`` (when the view draws) and ``--format``; its help is the task's ``HELP``. Its body,
+the same for every such command: the texts (stdin's lines for ``-``), open the model and tokenize them (no
+weights), ``check``, load the weights, ``run``, then each result's picture and report (the view's hooks:
+:mod:`anatomy_cli.output.views.driven`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+from typing import Annotated
 from typing import Any
 
-from anatomy_cli.cli.commands._common import PromptArg
+import typer
+
 from anatomy_cli.cli.commands._common import draw_each
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
-from anatomy_cli.cli.commands._common import open_prompts
+from anatomy_cli.cli.commands._common import open_model
+from anatomy_cli.cli.commands._common import open_texts
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.declare.commands import Command
+from anatomy_cli.declare.inputs import REQUIRED
+from anatomy_cli.declare.inputs import Arg
+from anatomy_cli.declare.inputs import Inputs
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import resolve_format
 from anatomy_cli.output.views import driven as views
@@ -38,23 +47,48 @@ def draws(rec: Command) -> bool:
     return hasattr(importlib.import_module(f"anatomy_cli.output.views.{rec.view}"), "figure")
 
 
+def parameter(arg: Arg) -> inspect.Parameter:
+    """The Typer parameter of one declared argument: positional, or an option where it has flags."""
+    info = (typer.Option(*arg.flags, metavar=arg.metavar, show_default=False, help=arg.help) if arg.flags
+            else typer.Argument(metavar=arg.metavar, show_default=False, help=arg.help))
+    default = inspect.Parameter.empty if arg.default is REQUIRED else arg.default
+    return inspect.Parameter(arg.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                             annotation=Annotated[arg.cli, info])
+
+
+def read(takes: Inputs, given: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as the task reads them: a prompts argument as its list of texts (stdin's non-empty lines for
+    ``-``; ``[]`` when an optional one is left out)."""
+    from anatomy_cli.text.inputs import read_prompts
+
+    return {a.name: ([] if given[a.name] is None else read_prompts(given[a.name])) if a.prompts else given[a.name]
+            for a in takes.arguments}
+
+
 def register(rec: Command) -> None:
     """Register the command of ``rec`` (a record with a ``view``) on the app."""
     task = driven.task_of(rec)
+    takes = driven.takes(task)
 
-    def prompt_command(prompt: PromptArg, opts: Any, spec: ModelSpec = ModelSpec(),
-                       prompts: PromptOptions = PromptOptions(), out: Output = Output()) -> None:
+    def prompt_command(opts: Any = None, spec: ModelSpec = ModelSpec(), prompts: PromptOptions = PromptOptions(),
+                       out: Output = Output(), **given: Any) -> None:
         view = importlib.import_module(f"anatomy_cli.output.views.{rec.view}")
-        opened, encoded = open_prompts(prompt, spec, prompts)
+        stdin = any(a.prompts and given[a.name] == "-" for a in takes.arguments)
+        opts, texts = driven.texts(task, opts, read(takes, given))
+        opened, encoded = (open_texts(texts, spec, prompts, what=takes.what, truncate_hint=takes.truncate) if texts
+                           else (open_model(spec), []))
         plan = driven.check(task, opened, opts, encoded)
         lm = load_weights(opened)
         how = views.Shown(opts, plan, resolve_format(out.fmt), out.plot)
-        results = task.run(lm, encoded, opts, plan, **views.run_kwargs(view, how))
-        draw_each(rec.name, out.plot, prompt, (views.figure(view, lm, enc, r, how) for enc, r in zip(encoded, results)))
-        emit_prompts([views.report(view, lm, enc, r, how) for enc, r in zip(encoded, results)], how.fmt,
-                     from_stdin=prompt == "-")
+        units = driven.units(task, encoded, task.run(lm, encoded, opts, plan, **views.run_kwargs(view, how)))
+        draw_each(rec.name, out.plot, "-" if stdin else None, (views.figure(view, lm, enc, r, how) for enc, r in units))
+        emit_prompts([views.report(view, lm, enc, r, how) for enc, r in units], how.fmt, from_stdin=stdin)
 
+    own = inspect.signature(prompt_command).parameters
+    params = [*(parameter(a) for a in takes.arguments), *(own[n] for n in ("opts", "spec", "prompts", "out"))]
+    prompt_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    prompt_command.__annotations__ = {p.name: p.annotation for p in params}
     prompt_command.__doc__ = task.HELP
     prompt_command.__name__ = prompt_command.__qualname__ = f"{rec.module}_command"
-    groups = prompt_options()(output_options(plot=draws(rec))(prompt_command))
+    groups = prompt_options(truncate=takes.truncate)(output_options(plot=draws(rec))(prompt_command))
     command(rec.name, task.OPTIONS)(model_options()(groups))

@@ -91,7 +91,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("lens", "lens", Needs.decoder, api=("_driven", "lens"), docs="docs/commands/lens.md", view="lens"),
     Command("dla", "dla", Needs.decoder, api=("_driven", "dla"), docs="docs/commands/dla.md", view="dla"),
     Command("attn", "attn", Needs.weights, api=("_driven", "attn"), docs="docs/commands/attn.md", view="attn"),
-    Command("heads", "heads", Needs.weights, api=("_prompts", "heads"), docs="docs/commands/heads.md"),
+    Command("heads", "heads", Needs.weights, api=("_driven", "heads"), docs="docs/commands/heads.md", view="heads"),
     Command("ablate", "ablate", Needs.decoder, api=("_driven", "ablate"), docs="docs/commands/ablate.md",
             view="ablate"),
     Command("patch", "patch", Needs.decoder, api=("_edits", "patch"), docs="docs/commands/patch.md"),

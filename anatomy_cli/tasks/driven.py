@@ -8,7 +8,13 @@ CLI or API function of its own. The task module declares, once:
 * ``check(opened, opts[, encoded]) -> plan``: every refusal before the weights load (``encoded``, the prompts,
   for a check with three parameters); ``run(lm, encoded, opts, plan)``: one result per prompt;
 * optionally ``carried(result)``: the object the API's ``Result`` carries where the task's result wraps it (dla's
-  ``shown``); without it, the result itself.
+  ``shown``); without it, the result itself;
+* optionally ``TAKES``: its arguments and texts (:class:`~anatomy_cli.declare.inputs.Inputs`; without it
+  :data:`~anatomy_cli.declare.inputs.PROMPTS`: one PROMPT), with ``texts(opts, **arguments) -> (opts, texts)``
+  where the texts to tokenize are not just the prompts (patch's CLEAN and CORRUPT, drift's contexts, which also
+  go into its options); ``run`` returns one result per prompt, or for ``TAKES.whole`` one result of all the
+  texts, which the view gets with the list of encoded texts; ``units(encoded, results)``, where the results
+  carry their own encoded text (heads: the random sequence when there is no prompt), pairs them otherwise.
 
 No torch at import time; nothing from cli/ or output/.
 """
@@ -20,6 +26,9 @@ import inspect
 from types import ModuleType
 from typing import TYPE_CHECKING
 from typing import Any
+
+from anatomy_cli.declare.inputs import PROMPTS
+from anatomy_cli.declare.inputs import Inputs
 
 if TYPE_CHECKING:
     from anatomy_cli.declare.commands import Command
@@ -46,3 +55,30 @@ def carried(task: ModuleType, result: Any) -> Any:
     """What the API's Result carries of one prompt's ``result`` (the task's ``carried`` hook, else ``result``)."""
     unwrap = getattr(task, "carried", None)
     return unwrap(result) if unwrap is not None else result
+
+
+def takes(task: ModuleType) -> Inputs:
+    """The task's arguments and texts (``TAKES``; one PROMPT without it)."""
+    declared: Inputs = getattr(task, "TAKES", PROMPTS)
+    return declared
+
+
+def texts(task: ModuleType, opts: Any, given: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The options with their inputs and the texts to tokenize, from the arguments ``given`` (a prompts argument
+    as its list of texts): the task's ``texts`` hook, else the prompts; its refusals before anything opens."""
+    hook = getattr(task, "texts", None)
+    if hook is not None:
+        made: tuple[Any, list[str]] = hook(opts, **given)
+        return made
+    return opts, [t for a in takes(task).arguments if a.prompts for t in given[a.name]]
+
+
+def units(task: ModuleType, encoded: list[Encoded], results: Any) -> list[tuple[Any, Any]]:
+    """``(encoded, result)`` pairs, one per report: each prompt with its result; for ``TAKES.whole`` the list of
+    texts with the one result; the task's ``units`` hook where its results carry their own."""
+    hook = getattr(task, "units", None)
+    if hook is not None:
+        return list(hook(encoded, results))
+    if takes(task).whole:
+        return [(encoded, results)]
+    return list(zip(encoded, results, strict=True))

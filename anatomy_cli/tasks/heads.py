@@ -9,10 +9,13 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import NamedTuple
+from typing import Optional
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.declare.inputs import Arg
+from anatomy_cli.declare.inputs import Inputs
 from anatomy_cli.errors import PromptTooLong
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
@@ -26,6 +29,31 @@ if TYPE_CHECKING:
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "heads"
+
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """What each attention head does: one row per (layer, head) with five scores.
+
+entropy (nats), first_token (mass on position 0, the attention sink) and prev_token (weight on
+the previous position) are measured on PROMPT, or on the random sequence without one;
+induction and duplicate_token on --seq-len random ordinary tokens (seed --seed) repeated twice.
+Definitions and sources: docs/commands/heads.md. One forward with eager attention; the
+scores are computed layer by layer.
+
+Examples:
+
+\b
+    anatomy heads --sort induction --top 5
+    anatomy heads "The cat sat on the mat. The cat" --sort prev_token
+    anatomy heads --seq-len 100 --seed 1 --format json
+"""
+API_HELP = """`anatomy heads`: five scores per attention head; entropy, first_token, prev_token on the prompt (or the
+random sequence without one), induction and duplicate_token on ``seq_len`` random tokens repeated.
+``result``: Heads; rows: ``heads`` (n_layers x n_heads, or ``top``)."""
+
+# The prompt is optional: without one, entropy, first_token and prev_token are measured on the random sequence.
+TAKES = Inputs((Arg("prompt", "[PROMPT]", "Measure entropy, first_token and prev_token on this text ('-': one prompt "
+                    "per stdin line). Default: on the random sequence.", api="str | list[str] | None",
+                    cli=Optional[str], default=None, prompts=True),))
 
 
 class Score(str, Enum):
@@ -58,10 +86,19 @@ class HeadsOptions(Declared):
 
 
 class Scored(NamedTuple):
-    """One prompt's scores (``encoded``: the random sequence when no prompt was given); every head."""
+    """One prompt's scores (``encoded``: the random sequence when no prompt was given); every head, of which the
+    rows list the first ``top`` (None: all) while a picture colours them all and frames those."""
 
     encoded: Encoded
     heads: Heads
+    top: int | None = None
+
+    @property
+    def shown(self) -> Heads:
+        """``heads`` with its first ``top`` rows: what the table, the JSON and the API's result list."""
+        import dataclasses
+
+        return dataclasses.replace(self.heads, rows=self.heads.rows[:self.top] if self.top else self.heads.rows)
 
 
 def check(opened: Opened, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -> None:
@@ -115,5 +152,19 @@ def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions,
     options: dict[str, Any] = dict(seq_len=seq_len, seed=seed, random_token_ids=ids[:seq_len], sort=opts.sort)
     repeat = scores[-1][:, 3:]
     if not encoded:
-        return [Scored(rand, analysis.heads(scores[-1][:, :3], repeat, measured_on="random", **options))]
-    return [Scored(enc, analysis.heads(s, repeat, measured_on="prompt", **options)) for enc, s in zip(encoded, scores)]
+        return [Scored(rand, analysis.heads(scores[-1][:, :3], repeat, measured_on="random", **options), opts.top)]
+    return [Scored(enc, analysis.heads(s, repeat, measured_on="prompt", **options), opts.top)
+            for enc, s in zip(encoded, scores)]
+
+
+def units(encoded: list[Encoded], results: list[Scored]) -> list[tuple[Encoded, Scored]]:
+    """Each result with the text it was measured on (the random sequence's own when there is no prompt)."""
+    return [(r.encoded, r) for r in results]
+
+
+def carried(result: Scored) -> Heads:
+    """What the API's Result carries: the heads its rows list."""
+    return result.shown
+
+
+OPTIONS = HeadsOptions  # the options class the driver generates the CLI options and API keywords from

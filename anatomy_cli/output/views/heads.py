@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from anatomy_cli.output.render import Column
@@ -13,10 +12,10 @@ from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
 
 if TYPE_CHECKING:
-    from anatomy_cli.analyses.heads import Heads
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks.heads import Scored
 
 COLUMNS = (
     Column("layer", "layer", "int"), Column("head", "head", "int"),
@@ -31,13 +30,9 @@ NOTE = ("entropy: nats, mean over queries 1..n-1; first tok / prev tok: mean wei
 ROWS = "heads"
 
 
-def shown(result: Heads, top: int | None) -> Heads:
-    """``result`` with its first ``top`` rows (None: all): what the table and the JSON list."""
-    return dataclasses.replace(result, rows=result.rows[:top] if top else result.rows)
-
-
-def report(lm: LoadedModel, enc: Encoded, result: Heads) -> Report:
-    """``result``: a Heads whose rows are those to list (see :func:`shown`)."""
+def report(lm: LoadedModel, enc: Encoded, scored: Scored) -> Report:
+    """The rows of ``scored.shown`` (the first ``--top``)."""
+    result = scored.shown
     data = {**prompt_record(lm, enc), "n_layers": lm.n_layers, "n_heads": lm.n_heads, **result.to_dict()}
     if result.measured_on == "random":  # token_ids / tokens are then the random sequence's
         data["prompt"] = None
@@ -56,11 +51,11 @@ def report(lm: LoadedModel, enc: Encoded, result: Heads) -> Report:
     return Report(data=data, sections=[Section(COLUMNS, data["heads"], title=title)], heading=heading, notes=notes)
 
 
-def figure(lm: LoadedModel, enc: Encoded, result: Heads, top: int | None = None, *, prompted: bool = True
-           ) -> FigureArgs:
-    """``plots.draw("heads", ...)``'s arguments for every head's ``result`` (``top``: the heads framed)."""
+def figure(lm: LoadedModel, enc: Encoded, scored: Scored) -> FigureArgs:
+    """``plots.draw("heads", ...)``'s arguments: every head coloured, the first ``--top`` framed."""
     from anatomy_cli.output.plots import Caption
 
+    result, top, prompted = scored.heads, scored.top, scored.heads.measured_on == "prompt"
     detail = f"induction, duplicate on {result.seq_len} random tokens × 2, seed {result.seed}"
     cap = Caption.of("heads", lm, enc.text if prompted else None, detail)
     return (result, lm.n_layers, lm.n_heads, cap), {"top": top}
