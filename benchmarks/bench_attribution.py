@@ -140,8 +140,8 @@ def head_figure(lm, clean: str, corrupt: str, target: int, foil: int, runs: int)
 
     enc_clean, enc_corrupt = engine.encode(lm, [clean, corrupt])
     ids = {"target": target, "foil": foil}
-    sides = {m: (lambda m=m: run(lm, enc_clean, enc_corrupt, PatchOptions(target_id=target, foil_id=foil,
-                                                                          site="head", method=m), ids))
+    sides = {m: (lambda m=m: run(lm, [enc_clean, enc_corrupt], PatchOptions(target_id=target, foil_id=foil,
+                                                                            site="head", method=m), ids))
              for m in (Method.attribution, Method.exact)}
     passes = {}
     for method, side in sides.items():

@@ -94,7 +94,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("heads", "heads", Needs.weights, api=("_driven", "heads"), docs="docs/commands/heads.md", view="heads"),
     Command("ablate", "ablate", Needs.decoder, api=("_driven", "ablate"), docs="docs/commands/ablate.md",
             view="ablate"),
-    Command("patch", "patch", Needs.decoder, api=("_edits", "patch"), docs="docs/commands/patch.md"),
+    Command("patch", "patch", Needs.decoder, api=("_driven", "patch"), docs="docs/commands/patch.md", view="patch"),
     Command("attribute", "attribute", Needs.decoder, api=("_driven", "attribute"), docs="docs/commands/attribute.md",
             view="attribute"),
     Command("tokens", "tokens", Needs.nothing, serve=Serve(only_with=("--model", "-m")),

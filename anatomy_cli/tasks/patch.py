@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.declare.inputs import Arg
+from anatomy_cli.declare.inputs import Inputs
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -28,6 +30,34 @@ if TYPE_CHECKING:
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "patch"
+
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Activation patching: run CORRUPT, and at one site, layer and position replace the activation
+with CLEAN's; one patched run per cell of the grid.
+
+Each cell is (m - m_corrupt) / (m_clean - m_corrupt) at the last position, where m is
+logit(target) - logit(foil), or the target's logit without --foil: 0 = the corrupt run,
+1 = the clean run. The patched runs go in batches of --batch-size, each starting from the
+corrupt run's activations at the patched layer. --method attribution estimates every cell
+at once from one backward (attribution patching); --check N reruns the N largest exactly.
+
+Examples:
+
+\b
+    anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
+        --target " Paris" --foil " Rome" -m SmolLM2-135M-Instruct.Q4_1.gguf
+    anatomy patch "The Eiffel Tower is in the city of" "The Colosseum is in the city of" \\
+        --target " Paris" --foil " Rome" --site head --format json
+    anatomy patch CLEAN CORRUPT --target " Paris" --foil " Rome" --site head --method attribution --check 10
+"""
+API_HELP = """`anatomy patch`: activation patching from CLEAN into CORRUPT at every (layer, position) of ``site``
+(``head``: every (layer, head)); value = (m - m_corrupt) / (m_clean - m_corrupt). ``result``: Patching;
+rows: ``cells``."""
+
+# Two prompts of one length, one result for the pair; no --truncate (it would cut them apart).
+TAKES = Inputs((Arg("clean", "CLEAN", "The prompt whose activations are copied in."),
+                Arg("corrupt", "CORRUPT", "The prompt that is run and patched; same token count as CLEAN.")),
+               truncate=False, whole=True)
 
 
 class PatchSite(str, Enum):
@@ -75,28 +105,32 @@ class PatchResult:
     ids: dict[str, int | None]
 
 
-def check_texts(clean: str, corrupt: str) -> None:
+def texts(opts: PatchOptions, clean: str, corrupt: str) -> tuple[PatchOptions, list[str]]:
+    """The two texts to tokenize, CLEAN then CORRUPT; UsageError for an empty one."""
     for name, text in (("CLEAN", clean), ("CORRUPT", corrupt)):
         if text == "":
             raise UsageError(f"{name} is empty: give some text")
+    return opts, [clean, corrupt]
 
 
-def check(opened: Opened, opts: PatchOptions, clean: Encoded, corrupt: Encoded) -> dict[str, int | None]:
-    """Every refusal before the weights load; returns the token ids."""
+def check(opened: Opened, opts: PatchOptions, encoded: list[Encoded]) -> dict[str, int | None]:
+    """Every refusal before the weights load (``encoded``: CLEAN, CORRUPT); returns the token ids."""
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
+    clean, corrupt = encoded
     if len(clean) != len(corrupt):
         raise UsageError(f"CLEAN and CORRUPT must have the same number of tokens: CLEAN is {len(clean)} "
                          f"({' '.join(clean.pieces)}), CORRUPT is {len(corrupt)} ({' '.join(corrupt.pieces)})")
     return opts.resolve(opened)
 
 
-def run(lm: LoadedModel, clean: Encoded, corrupt: Encoded, opts: PatchOptions,
-        ids: dict[str, int | None]) -> PatchResult:
+def run(lm: LoadedModel, encoded: list[Encoded], opts: PatchOptions, ids: dict[str, int | None]) -> PatchResult:
+    """The grid of CLEAN patched into CORRUPT (``encoded``), exact or estimated."""
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions
     from anatomy_cli.tasks import _attribution
     from anatomy_cli.tasks.session import warn_cost
 
+    clean, corrupt = encoded
     site = opts.site.value
     if opts.method is Method.exact:
         from anatomy_cli.models import cost
@@ -115,6 +149,14 @@ def run(lm: LoadedModel, clean: Encoded, corrupt: Encoded, opts: PatchOptions,
             result = analysis.patching(site, "logit_diff" if ids["foil"] is not None else "logit", grid.layers,
                                        grid.columns, grid.grid, float(grid.clean), float(grid.corrupt))
     return PatchResult(result, extra, ids)
+
+
+def carried(result: PatchResult) -> Patching:
+    """What the API's Result carries: the grid."""
+    return result.patching
+
+
+OPTIONS = PatchOptions  # the options class the driver generates the CLI options and API keywords from
 
 
 def _target(ids: dict[str, int | None]) -> int:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.views._attribution import extend
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.patch import Patching
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.driven import Shown
     from anatomy_cli.output.views.protocol import FigureArgs
     from anatomy_cli.tasks.patch import PatchResult
 
@@ -34,15 +36,19 @@ def metric_name(lm: LoadedModel, ids: dict[str, Any]) -> str:
     return f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
 
 
-def report(lm: LoadedModel, clean: Encoded, corrupt: Encoded, result: PatchResult, *, wide: bool) -> Report:
-    """``wide``: the table as a layer x column grid (the table format); else one row per cell."""
+def report(lm: LoadedModel, encoded: list[Encoded], result: PatchResult, shown: Shown) -> Report:
+    """``encoded``: CLEAN, CORRUPT. In the table format the grid is a layer x column table; else one row per
+    cell."""
+    clean, corrupt = encoded
+    wide = shown.fmt is Format.table
     return extend(_report(lm, clean, corrupt, result.ids, result.patching, wide=wide), result.extra, grid=True)
 
 
-def figure(lm: LoadedModel, clean: Encoded, corrupt: Encoded, result: PatchResult) -> FigureArgs:
+def figure(lm: LoadedModel, encoded: list[Encoded], result: PatchResult) -> FigureArgs:
     from anatomy_cli.output import plots
     from anatomy_cli.output.plots._text import shorten
 
+    clean, corrupt = encoded
     how = " · attribution patching (estimates)" if result.extra else ""
     cap = plots.Caption.of("patch", lm, clean.text, f"corrupt '{shorten(corrupt.text, 40)}' · site "
                            f"{result.patching.site}{how}")
