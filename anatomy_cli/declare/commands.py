@@ -87,7 +87,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("trace", "trace", Needs.decoder, api=("_driven", "trace"), docs="docs/commands/trace.md", view="trace"),
     Command("next", "next_token", Needs.decoder, api=("_driven", "next_token"), docs="docs/commands/next.md",
             view="next"),
-    Command("drift", "drift", Needs.weights, api=("_edits", "drift"), docs="docs/commands/drift.md"),
+    Command("drift", "drift", Needs.weights, api=("_driven", "drift"), docs="docs/commands/drift.md", view="drift"),
     Command("lens", "lens", Needs.decoder, api=("_driven", "lens"), docs="docs/commands/lens.md", view="lens"),
     Command("dla", "dla", Needs.decoder, api=("_driven", "dla"), docs="docs/commands/dla.md", view="dla"),
     Command("attn", "attn", Needs.weights, api=("_driven", "attn"), docs="docs/commands/attn.md", view="attn"),

@@ -15,6 +15,8 @@ from typing import Optional
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.declare.inputs import Arg
+from anatomy_cli.declare.inputs import Inputs
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
@@ -27,7 +29,35 @@ if TYPE_CHECKING:
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "drift"
-INPUTS = {"word": "word", "contexts": "context"}  # the arguments WORD and CONTEXT...
+INPUTS = {"word": "word", "contexts": "context"}  # the arguments WORD and CONTEXT... (TAKES declares them)
+
+# The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
+HELP = """Cosine similarity of WORD's vector between contexts at every layer, with an anisotropy baseline.
+
+Layer embed is the embedding; layer N is block N's output, the last one
+before any final norm. The header gives the 0-based token positions of
+WORD in each context. Baseline: the mean cosine between WORD and the other
+tokens of its own context.
+
+Examples:
+
+    anatomy drift bank --init random
+
+    anatomy drift bank -c "I paid at the bank." -c "We swam to the bank."
+
+    anatomy drift bank -c TEXT -c TEXT -c TEXT --matrix 5 --format json
+"""
+API_HELP = """`anatomy drift`: the cosine of WORD's vector between contexts at every residual row (``embed``, then
+blocks 0..L-1), with the anisotropy baseline. ``matrix``: ``"embed"`` or a block. ``result``:
+DriftResult; rows: ``layers`` (n_layers + 1)."""
+
+# WORD, then its contexts (the CLI's repeated --context, the API's list); one result across the contexts.
+TAKES = Inputs((
+    Arg("word", "WORD", "The word to follow: matched as a whole word; in scripts written without spaces (Chinese, "
+        "Japanese, Thai) as characters."),
+    Arg("contexts", "TEXT", "A context containing WORD; repeat, at least two. Default (for 'bank'): a money and a "
+        "river sentence.", api="list[str] | None", cli=Optional[list[str]], default=None, flags=("--context", "-c")),
+), what="context", truncate=False, whole=True)
 
 
 class Pool(str, Enum):
@@ -95,6 +125,13 @@ class DriftOptions(Declared):
         return list(self.contexts)
 
 
+def texts(opts: DriftOptions, word: str, contexts: Sequence[str] | None) -> tuple[DriftOptions, list[str]]:
+    """The options for ``word`` in ``contexts`` (checked as a whole, before anything opens) and the contexts to
+    tokenize."""
+    opts = opts.with_inputs(word, contexts)
+    return opts, opts.texts()
+
+
 @dataclass(frozen=True)
 class DriftPlan:
     locations: list[WordLocation]
@@ -136,6 +173,9 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: DriftOptions, plan: Drift
         notes.warn(f"contexts {a} and {b} are identical up to and including {opts.word!r} and {why}: "
                    f"the word's vectors are identical in every layer, whatever follows")
     return result
+
+
+OPTIONS = DriftOptions  # the options class the driver generates the CLI options and API keywords from
 
 
 def _check_utf8(text: str, what: str) -> None:
