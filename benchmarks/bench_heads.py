@@ -32,7 +32,7 @@ import run as bench
 
 
 def heads_in_process(lm, seq_len: int = 50, seed: int = 0):
-    """What `anatomy heads` (no PROMPT) computes, minus rendering (mirrors commands/heads.py)."""
+    """What `anatomy heads` (no PROMPT) computes, minus rendering (mirrors tasks/heads.py)."""
     import torch
 
     from anatomy_cli import engine

@@ -116,7 +116,7 @@ def anatomy_trace(lm, prompt: str) -> dict:
 
 
 def anatomy_heads(lm, prompt: str, seq_len: int = 50, seed: int = 0) -> dict:
-    """What `anatomy heads PROMPT` computes (commands/heads.py): the patterns of the prompt and of the
+    """What `anatomy heads PROMPT` computes (tasks/heads.py): the patterns of the prompt and of the
     random repeated sequence in one batched eager run, reduced layer by layer."""
     import torch
 
@@ -140,18 +140,19 @@ def anatomy_heads(lm, prompt: str, seq_len: int = 50, seed: int = 0) -> dict:
 
 
 def anatomy_dla(lm, prompt: str, target: int, foil: int) -> dict:
-    """What `anatomy dla PROMPT --target-id T --foil-id F` computes (commands/dla.py), by layer."""
+    """What `anatomy dla PROMPT --target-id T --foil-id F` computes (tasks/dla.py: its check and run), by layer:
+    every row (the result's ``full``)."""
     from anatomy_cli import engine
-    from anatomy_cli.cli.commands import dla as cmd
+    from anatomy_cli.tasks import dla as task
 
     encoded = engine.check_length(lm, engine.encode(lm, [prompt]))
-    [cache] = engine.run(lm, encoded, cmd._names(lm, cmd.By.layer), positions=[[-1]])
-    direction, head_bias = cmd._unembedding(lm, target, foil)
-    return cmd._attribute(lm, cache, cmd.By.layer, direction, head_bias, target, foil).to_dict()
+    opts = task.DlaOptions(target_id=target, foil_id=foil)
+    [result] = task.run(lm, encoded, opts, task.check(lm, opts, encoded))
+    return result.full.to_dict()
 
 
 def anatomy_patch(lm, clean: str, corrupt: str, target: int, foil: int) -> dict:
-    """What `anatomy patch CLEAN CORRUPT --target-id T --foil-id F` computes (commands/patch.py), site resid_pre."""
+    """What `anatomy patch CLEAN CORRUPT --target-id T --foil-id F` computes (tasks/patch.py), site resid_pre."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions
@@ -315,7 +316,10 @@ def warm_figures(table: Table, notes: list[str], name: str, path: Path, dla_ids:
 
 
 def has_command(name: str) -> bool:
-    return (ROOT / "anatomy_cli" / "commands" / f"{name}.py").is_file()
+    """True when anatomy has the command (its record, anatomy_cli/declare/commands.py)."""
+    from anatomy_cli.declare.commands import BY_NAME
+
+    return name in BY_NAME
 
 
 # ---------------------------------------------------------------- the run
