@@ -3,7 +3,8 @@
 The PNG renderers (``plots/lens.py``, ``plots/heads.py``, ``plots/corpus.py``) and the HTML ones
 (``html/lens.py``, ``html/heads.py``) read their axis and colour-bar labels and their colour scales from here,
 so one statistic reads the same in every picture. Bright = confident for every lens statistic: a scale is
-reversed where a low value is the confident one (entropy, KL, rank). No matplotlib or plotly here.
+reversed where a low value is the confident one (entropy, KL, rank). Also ``params``' category colours and names,
+the same in its PNG and its HTML page. No matplotlib or plotly here.
 """
 
 from __future__ import annotations
@@ -94,3 +95,12 @@ LENS_READING = {  # what a lens grid's cell reads, per lens kind (LensGrid.lens)
 def lens_reading(kind: str) -> str:
     """``softmax(...) (the ... lens)``: what a cell of a ``kind`` lens grid reads."""
     return LENS_READING.get(kind, LENS_READING["logit"])
+
+
+# `params`' pictures (the PNG and the HTML page): one colour per category of a block, the same in both panels, and
+# the legend's name of each category of a block.
+PARAMS_COLOURS = {"token_embedding": "#4c72b0", "position_embedding": "#64b5cd", "attention": "#dd8452",
+                  "ffn": "#55a868", "router": "#8172b3", "routed_experts": "#55a868", "shared_experts": "#937860",
+                  "norm_other": "#8c8c8c"}
+PARAMS_LABELS = {"attention": "attention", "ffn": "FFN", "router": "router", "routed_experts": "routed experts",
+                 "shared_experts": "shared experts", "norm_other": "norms + other"}

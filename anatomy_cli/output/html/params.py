@@ -13,17 +13,13 @@ from anatomy_cli.output.html import esc
 from anatomy_cli.output.html import notes
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
+from anatomy_cli.output.statistics import PARAMS_COLOURS as _COLOURS
+from anatomy_cli.output.statistics import PARAMS_LABELS as _LABELS
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.params.breakdown import ParamsResult
     from anatomy_cli.output.html.markup import Part
     from anatomy_cli.output.plots.caption import Caption
-
-_COLOURS = {"token_embedding": "#4c72b0", "position_embedding": "#64b5cd", "attention": "#dd8452",
-            "ffn": "#55a868", "router": "#8172b3", "routed_experts": "#55a868", "shared_experts": "#937860",
-            "norm_other": "#8c8c8c"}
-_LABELS = {"attention": "attention", "ffn": "FFN", "router": "router", "routed_experts": "routed experts",
-           "shared_experts": "shared experts", "norm_other": "norms + other"}
 
 
 def figure(result: ParamsResult, cap: Caption) -> Page:

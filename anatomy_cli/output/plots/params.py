@@ -11,19 +11,14 @@ from anatomy_cli.output.plots._base import caption
 from anatomy_cli.output.plots._base import drawable
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import set_ticks
+from anatomy_cli.output.statistics import PARAMS_COLOURS as _COLOURS
+from anatomy_cli.output.statistics import PARAMS_LABELS as _LABELS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from anatomy_cli.analyses.params.breakdown import ParamsResult
-
-# One colour per category of a block, the same in both panels.
-_COLOURS = {"token_embedding": "#4c72b0", "position_embedding": "#64b5cd", "attention": "#dd8452",
-            "ffn": "#55a868", "router": "#8172b3", "routed_experts": "#55a868", "shared_experts": "#937860",
-            "norm_other": "#8c8c8c"}
-_LABELS = {"attention": "attention", "ffn": "FFN", "router": "router", "routed_experts": "routed experts",
-           "shared_experts": "shared experts", "norm_other": "norms + other"}
 
 
 def figure(result: ParamsResult, cap: Caption) -> Figure:
