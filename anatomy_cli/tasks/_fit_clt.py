@@ -28,32 +28,16 @@ THRESHOLDS = ("per feature, the JumpReLU threshold that fires on as many trainin
               "between its n-th and (n+1)-th largest pre-activation there, n its TopK count; at least 0)")
 
 
-def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, phases: tuple[str, str, str]) -> dict[str, Any]:
-    """The per-layer estimate's phases with the CLT's training: a probe of a few steps of a coder of this size,
-    scaled by the steps; the held-out check is the CLT's own (both readings of one window's rows, small next to
-    the rest: the window's forward as its probe). Memory: the activations, and the coder's parameters with their
-    gradients and Adam's two moments (16 bytes each)."""
+def probe(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, batch: int) -> tuple[float, int, int, float]:
+    """The CLT's part of fit-sae's estimate (``tasks.fit_sae.estimate``): the seconds of one training step (a
+    probe of a few steps of a coder of this size), one coder trained, a held-out check of one window's rows (both
+    readings, small next to the rest: the window's forward as its probe), and the bytes of the coder's
+    parameters with their gradients and Adam's two moments (16 bytes each)."""
     from anatomy_cli.engine import clt_fit
-    from anatomy_cli.engine import estimate as timing
-    from anatomy_cli.engine import sae_fit
 
     d, n = lm.info.d_model, len(plan.blocks)
-    train_rows = sum(map(len, plan.windows[:-1]))
-    rows = train_rows + len(plan.windows[-1])
-    first = plan.windows[:1]
-    begun = timing.now()
-    window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
-    step = clt_fit.probe_step_seconds(n, d, plan.d_sae, opts.k, batch=min(opts.batch_size, train_rows))
-    steps = opts.epochs * -(-train_rows // opts.batch_size)
-    collecting, training, checking = phases
-    est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
-                           timing.scaled(collecting, window, len(first[0]), rows),
-                           timing.scaled(training, step, 1, steps),
-                           timing.scaled(checking, window, len(first[0]), len(plan.windows[-1]))))
-    activations = 4.0 * len(plan.points) * rows * d
-    memory = activations + 16.0 * clt_fit.parameter_count(n, d, plan.d_sae)
-    return {"tokens": float(train_rows), "blocks": float(n), "seconds": est.seconds, "estimate": est,
-            "activation_bytes": activations, "memory_bytes": memory}
+    step = clt_fit.probe_step_seconds(n, d, plan.d_sae, opts.k, batch=batch)
+    return step, 1, 1, 16.0 * clt_fit.parameter_count(n, d, plan.d_sae)
 
 
 def stacked(acts: dict[str, torch.Tensor], plan: FitSaePlan) -> tuple[torch.Tensor, torch.Tensor]:

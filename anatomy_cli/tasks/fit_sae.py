@@ -209,32 +209,33 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
     as measured; the others from probes of their own code now: one window's collecting forward, scaled by the
     tokens; a few training steps of a coder of this size, scaled by the steps of every block; the held-out
     check's three forwards per block, from the window's forward), memory (every collected point's activations
-    at once, one SAE with Adam's state and a batch's latents at a time)."""
+    at once, one SAE with Adam's state and a batch's latents at a time); ``--clt``: the CLT's training and check
+    (:func:`anatomy_cli.tasks._fit_clt.probe`)."""
     from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import sae_fit
+    from anatomy_cli.tasks import _fit_clt
 
-    if opts.clt:
-        from anatomy_cli.tasks._fit_clt import estimate as clt_estimate
-
-        return clt_estimate(lm, opts, plan, PHASES)
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
     rows = train_rows + len(plan.windows[-1])
     first = plan.windows[:1]
     begun = timing.now()
     window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
-    step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=min(opts.batch_size, train_rows),
-                                      transcode=opts.transcoder)
+    batch = min(opts.batch_size, train_rows)
+    if opts.clt:  # one coder of every block; its own held-out check
+        step, coders, checks, coder_bytes = _fit_clt.probe(lm, opts, plan, batch)
+    else:  # one coder per block; three forwards per block to check it; one SAE's Adam state and a batch's latents
+        step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=batch, transcode=opts.transcoder)
+        coders, checks, coder_bytes = n, 3 * n, 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
     steps = opts.epochs * -(-train_rows // opts.batch_size)
     collecting, training, checking = PHASES
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
                            timing.scaled(collecting, window, len(first[0]), rows),
-                           timing.scaled(training, step, 1, n * steps),
-                           timing.scaled(checking, window, len(first[0]), 3 * n * len(plan.windows[-1]))))
+                           timing.scaled(training, step, 1, coders * steps),
+                           timing.scaled(checking, window, len(first[0]), checks * len(plan.windows[-1]))))
     activations = 4.0 * len(plan.points) * rows * d
-    memory = activations + 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
     return {"tokens": float(train_rows), "blocks": float(n), "seconds": est.seconds, "estimate": est,
-            "activation_bytes": activations, "memory_bytes": memory}
+            "activation_bytes": activations, "memory_bytes": activations + coder_bytes}
 
 
 def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> str:
