@@ -118,6 +118,13 @@ def features_dir() -> Sequence[str] | None:
                   "no label, its top promoted tokens are shown as top tokens; DIR/features.html is linked.")
 
 
+def labels(what: str) -> Path | str | None:
+    """``--labels DIR|FILE`` of a command that reads one dictionary (sae, steer's --steer-feature): ``what`` the
+    help says before the default."""
+    return option(None, "--labels", metavar="DIR|FILE", show_default=False, cli=Path | None,
+                  help=f"{what} Default: --features-dir's explanations.json, else explanations.json beside the SAE.")
+
+
 def features_dirs(value: Sequence[str | Path] | None) -> tuple[str, ...]:
     """``--features-dir``'s value as a tuple of paths (None: none)."""
     return tuple(str(v) for v in value or ())

@@ -60,10 +60,8 @@ class SteeringOptions(Declared):
         help="Add C times this SAE feature's decoder row (--sae PATH) at the SAE's hook point.")
     sae: Path | str | None = option(None, "--sae", metavar="PATH", show_default=False, cli=Path | None,
                                     help="With --steer-feature: the SAE (as `anatomy sae`).")
-    labels: Path | str | None = option(
-        None, "--labels", metavar="DIR|FILE", show_default=False, cli=Path | None,
-        help="With --steer-feature: Neuronpedia's exported explanations, for the feature's label. Default: "
-        "--features-dir's explanations.json, else explanations.json beside the SAE.")
+    labels: Path | str | None = shared.labels("With --steer-feature: Neuronpedia's exported explanations, for the "
+                                              "feature's label.")
     features_dir: Sequence[str] | None = shared.features_dir()
 
     def __post_init__(self) -> None:

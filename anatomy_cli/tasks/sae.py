@@ -55,10 +55,8 @@ class SaeOptions(Declared):
         help="Follow this feature across the prompt, with its summary and logit lens (repeatable).")
     lens_top: int = option(5, "--lens-top", min=1, metavar="N",
                            help="Tokens listed at each end of a followed feature's logit lens.")
-    labels: Path | str | None = option(
-        None, "--labels", metavar="DIR|FILE", show_default=False, cli=Path | None,
-        help="Neuronpedia's exported explanations (explanations/*.jsonl.gz), joined by feature id. Default: "
-        "--features-dir's explanations.json, else explanations.json beside the SAE.")
+    labels: Path | str | None = shared.labels("Neuronpedia's exported explanations (explanations/*.jsonl.gz), "
+                                              "joined by feature id.")
     features_dir: Sequence[str] | None = shared.features_dir()
 
     @property
