@@ -9,7 +9,9 @@ line from source to target, its width proportional to |weight| (the strongest ``
 raises the target, red where it lowers it. Hovering a node shows its id, kind, position and token, label (``clerp``;
 else its top promoted tokens, marked as such, from ``metadata.feature_labels``), activation and influence. Clicking a
 feature node whose block has a features dashboard (``metadata.feature_labels.dashboards``, from ``--features-dir``)
-opens its panel there (``features.html#f-ID``).
+opens its panel there (``features.html#f-ID``). A graph JSON with ``--heads``' keys (``links[].heads``, ``qk``) adds
+a hover at each link's midpoint and a QK panel (anatomy_cli/output/html/_circuit_heads.py); without them the page is
+as before.
 
 Labels and tokens are the user's and the model's text: they go into the page only through :func:`esc` / :func:`token`.
 """
