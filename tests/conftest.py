@@ -6,6 +6,7 @@ from the BPE files inside the package (anatomy_cli/data/gpt2), as it does for us
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import shutil
@@ -29,10 +30,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     _cores_each = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)))
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, _cores_each)
-# anatomy's own cache (params counts per config) goes to a fresh directory, never the real home.
-os.environ["ANATOMY_CACHE_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-cache-")
-# The user's own default model (`anatomy models --default`, $ANATOMY_MODEL) must not change what a test runs.
-os.environ["ANATOMY_CONFIG_DIR"] = tempfile.mkdtemp(prefix="anatomy-test-config-")
+# anatomy's own cache (params counts per config) goes to a fresh directory, never the real home; the user's own
+# default model (`anatomy models --default`, $ANATOMY_MODEL) must not change what a test runs. Both folders are
+# removed when this process ends (each xdist worker makes and removes its own; 200 were left in /tmp).
+for _var, _prefix in (("ANATOMY_CACHE_DIR", "anatomy-test-cache-"), ("ANATOMY_CONFIG_DIR", "anatomy-test-config-")):
+    os.environ[_var] = tempfile.mkdtemp(prefix=_prefix)
+    atexit.register(shutil.rmtree, os.environ[_var], True)
 os.environ.pop("ANATOMY_MODEL", None)
 
 # The slowest modules first (seconds measured with --durations on 2 cores, most first). With --dist loadscope

@@ -31,6 +31,21 @@ def prompt(lm, kind="plt", max_feature_nodes=20):
     return chk.FrozenPrompt(lm, IDS, tcs, graph, s, capture=True)
 
 
+@pytest.fixture(scope="module")
+def prompts(tiny_lm):
+    """``prompts(arch, kind="plt", max_feature_nodes=20)``: the prompt's graph on ``tiny_lm(arch)``, built once
+    for the module (the tests only replay it)."""
+    made = {}
+
+    def get(arch, kind="plt", max_feature_nodes=20):
+        key = (arch, kind, max_feature_nodes)
+        if key not in made:
+            made[key] = prompt(tiny_lm(arch), kind, max_feature_nodes)
+        return made[key]
+
+    return get
+
+
 def links(graph, n=25, seed=0):
     """``n`` nonzero edges into feature and logit rows, sampled."""
     a = graph.adjacency_matrix
@@ -46,9 +61,9 @@ def source_layer(fp, node):
 
 @pytest.mark.parametrize("kind", ["plt", "clt"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_head_parts_sum_to_each_edge(tiny_lm, arch, kind):
-    lm = tiny_lm(arch)
-    fp = prompt(lm, kind)
+def test_head_parts_sum_to_each_edge(prompts, arch, kind):
+    fp = prompts(arch, kind)
+    lm = fp.lm
     edges = links(fp.graph)
     splits = ch.Heads(fp).split(edges)
     scale = float(fp.graph.adjacency_matrix.abs().max())
@@ -105,9 +120,9 @@ def _edge_by_autograd(fp, target, source, zero=None):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_head_part_is_the_edge_less_the_edge_without_that_head(tiny_lm, arch):
-    lm = tiny_lm(arch)
-    fp = prompt(lm)
+def test_a_head_part_is_the_edge_less_the_edge_without_that_head(prompts, arch):
+    fp = prompts(arch)
+    lm = fp.lm
     g = fp.graph
     n = g.adjacency_matrix.shape[0]
     n_sel = g.n_features
@@ -127,12 +142,12 @@ def test_a_head_part_is_the_edge_less_the_edge_without_that_head(tiny_lm, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_qk_terms_sum_to_the_models_own_scores(tiny_lm, arch):
+def test_qk_terms_sum_to_the_models_own_scores(prompts, arch):
     """One query (the last position) against every key, for a head of each block: the terms sum to each score;
     with every source node drawn nothing is left for ``other``; the scores softmaxed are transformers' eager
     pattern (``output_attentions``) of the real model."""
-    lm = tiny_lm(arch)
-    fp = prompt(lm, max_feature_nodes=None)  # every active feature a node: nothing else writes
+    fp = prompts(arch, max_feature_nodes=None)  # every active feature a node: nothing else writes
+    lm = fp.lm
     g = fp.graph
     q = g.n_pos - 1
     head = lm.n_heads - 1  # in the second kv group for grouped-query attention
@@ -154,8 +169,9 @@ def test_qk_terms_sum_to_the_models_own_scores(tiny_lm, arch):
 
 def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     """``--heads 2``: each link of ``--json`` carries ``heads`` (bypass + parts + rest = its weight), ``qk`` holds
-    two heads whose terms plus rest give the score; the table has the via-head column; the other keys are the
-    run without ``--heads``'s, byte for byte; the API gives the same record."""
+    two heads whose terms plus rest give the score; the table has the via-head column (not without ``--heads``);
+    the other keys are the run without ``--heads``'s, byte for byte; the API's record (``-f json``'s) has the same
+    ``qk`` and a head on each path. Two CLI runs and one API call."""
     import json
 
     from test_circuit import invoke
@@ -172,9 +188,11 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain, with_heads = tmp_path / "a" / "graph.json", tmp_path / "b" / "graph.json"  # one slug
-    assert invoke(*args, "--json", str(plain)).exit_code == 0
-    result = invoke(*args, "--json", str(with_heads), "--heads", "2", "--format", "json")
+    result = invoke(*args, "--json", str(plain), "--format", "table")
+    assert result.exit_code == 0 and "via head" not in result.stdout
+    result = invoke(*args, "--json", str(with_heads), "--heads", "2", "--format", "table")
     assert result.exit_code == 0, result.stderr
+    assert "via head" in result.stdout and "query x key terms" in result.stdout
     a, b = json.loads(plain.read_text()), json.loads(with_heads.read_text())
     assert set(b) - set(a) == {"qk"} and a["nodes"] == b["nodes"] and a["metadata"] == b["metadata"]
     assert [{k: v for k, v in link.items() if k != "heads"} for link in b["links"]] == a["links"]
@@ -187,12 +205,7 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     for e in b["qk"]:
         assert abs(sum(t["value"] for t in e["terms"]) + e["rest"] - e["score"]) <= 1e-4 * (1 + abs(e["score"]))
         assert all(t["query"] in ids and t["key"] in ids for t in e["terms"])
-    record = json.loads(result.stdout)
-    assert all("head" in row and "head_part" in row for row in record["paths"])
-    assert record["qk"] == b["qk"]
-    table = invoke(*args, "--heads", "1", "--format", "table")
-    assert "via head" in table.stdout and "query x key terms" in table.stdout
-    assert "via head" not in invoke(*args, "--format", "table").stdout
     api = anatomy.circuit(lm, "The capital of France is", transcoders=str(tdir), max_feature_nodes=20,
-                          batch_size=8, heads=2, prompts=PromptOptions(bos=True))
-    assert api.to_dict()["qk"] == b["qk"]
+                          batch_size=8, heads=2, prompts=PromptOptions(bos=True)).to_dict()  # -f json's record
+    assert all("head" in row and "head_part" in row for row in api["paths"])
+    assert api["qk"] == b["qk"]

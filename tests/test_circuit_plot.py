@@ -177,5 +177,80 @@ def test_cli_plot_writes_the_page_of_its_json(tiny_model_dir, tiny_lm, tmp_path)
     assert EVIL not in html
     for node in graph["nodes"]:
         assert json.dumps(node["node_id"]) in html
+    assert "circuit-qk" not in html and "--heads" not in html  # no QK panel, no link hover note without --heads
     refused = invoke(*args, "--plot", str(tmp_path / "graph.png"))
     assert refused.exit_code == 2 and "give a .html file" in refused.stderr
+
+
+def test_heads_page_in_the_browser(browser, tiny_model_dir, tiny_lm, tmp_path):
+    """``circuit --heads 2 --plot``, one run on a tiny Llama: in the browser, each link has an invisible marker at
+    its drawn midpoint (between its two nodes' markers as the page places them) whose hover gives the JSON's weight,
+    bypass, head parts and rest; the QK panel's bars are the JSON's ``qk`` terms, for the first entry and, once
+    picked in the selector, the second; no console error, request or dialog."""
+    from test_circuit import invoke
+    from test_circuit import random_transcoders
+    from test_circuit import write_transcoder_set
+
+    lm = tiny_lm("llama")
+    tdir = write_transcoder_set(tmp_path / "tc", lm, random_transcoders(lm))
+    page, js = tmp_path / "graph.html", tmp_path / "graph.json"
+    result = invoke("circuit", f"The capital {EVIL} France is", "--model", str(tiny_model_dir("llama")), "--device",
+                    "cpu", "--transcoders", str(tdir), "--bos", "--max-feature-nodes", "20", "--batch-size", "8",
+                    "--heads", "2", "--json", str(js), "--plot", str(page))
+    assert result.exit_code == 0, result.stderr
+    assert EVIL not in page.read_text()
+    graph = json.loads(js.read_text())
+    assert len(graph["qk"]) == 2 and all("heads" in link for link in graph["links"])
+    opened = Opened(browser, page, viewport=(1500, 1000))  # the whole graph in view: it is up to 1350 px wide
+    try:
+        opened.clean()
+        drawn = opened.page.evaluate(
+            "document.getElementById('circuit-graph').data.map(t => ({name: t.name || null, x: t.x, y: t.y, "
+            "ids: t.customdata || null}))")
+        nodes_at = {i: (x, y) for t in drawn if t["name"] not in (None, "link")
+                    for i, x, y in zip(t["ids"], t["x"], t["y"])}
+        links = next(t for t in drawn if t["name"] == "link")
+        by_pair = {f"{e['source']}->{e['target']}": e for e in graph["links"]}
+        assert sorted(links["ids"]) == sorted(by_pair)  # every link (fewer than MAX_LINKS) has its marker
+        for pair, x, y in zip(links["ids"], links["x"], links["y"]):
+            (x0, y0), (x1, y1) = nodes_at[by_pair[pair]["source"]], nodes_at[by_pair[pair]["target"]]
+            assert (x, y) == pytest.approx(((x0 + x1) / 2, (y0 + y1) / 2))
+        # hover the strongest link whose midpoint has no other marker within 12 px
+        px = opened.page.evaluate(  # each marker trace's points in pixels, by trace name
+            "(() => { const gd = document.getElementById('circuit-graph'), L = gd._fullLayout; return "
+            "Object.fromEntries(gd.data.filter(t => t.name).map(t => "
+            "[t.name, t.x.map((x, i) => [L.xaxis.d2p(x), L.yaxis.d2p(t.y[i])])])); })()")
+        every = [p for points in px.values() for p in points]
+        lone = [k for k, (a, b) in enumerate(px["link"])
+                if sum(1 for c, d in every if (a - c) ** 2 + (b - d) ** 2 < 144) == 1]
+        k = max(lone, key=lambda k: abs(by_pair[links["ids"][k]]["weight"]))
+        link = by_pair[links["ids"][k]]
+        opened.hover_cell("circuit-graph", links["x"][k], links["y"][k])
+        lines = opened.hover_lines()
+        assert lines[0] == f"{link['source']} → {link['target']}"
+        shown = dict(line.rsplit(" ", 1) if ":" not in line else line.split(": ") for line in lines[1:])
+        heads = link["heads"]
+        want = {"weight": link["weight"], "bypass (no head)": heads["bypass"], "other heads": heads["rest"],
+                **{f"block {p['layer']} head {p['head']}": p["weight"] for p in heads["parts"]}}
+        assert set(shown) == set(want)
+        for name, value in want.items():
+            assert float(shown[name]) == pytest.approx(value, rel=1e-3, abs=1e-9), name
+        for i, entry in enumerate(graph["qk"]):  # the QK panel: first entry drawn, the second once picked
+            if i:
+                opened.page.select_option("#circuit-qk-pick", str(i))
+                opened.page.wait_for_function(f"document.getElementById('circuit-qk').data[0].x[0] === "
+                                              f"{json.dumps(entry['terms'][0]['value'])}")
+            bars = opened.page.evaluate("(() => { const gd = document.getElementById('circuit-qk'); return "
+                                        "{x: gd.data[0].x, y: gd.data[0].y, labels: gd._fullLayout.yaxis.ticktext, "
+                                        "line: document.getElementById('circuit-qk-line').textContent}; })()")
+            assert bars["x"] == [t["value"] for t in entry["terms"]]
+            assert bars["labels"] == [f"{t['query']} × {t['key']}" for t in entry["terms"]]
+            assert bars["y"] == list(range(len(entry["terms"])))
+            score = float(bars["line"].split(" = ")[0].removeprefix("score "))
+            assert score == pytest.approx(entry["score"], rel=1e-3, abs=1e-9)
+            option = opened.page.evaluate(f"document.querySelectorAll('#circuit-qk-pick option')[{i}].textContent")
+            assert option.startswith(f"block {entry['layer']} head {entry['head']}: query {entry['query_pos']} ")
+        opened.clean()
+        opened.screenshot_is_not_blank(tmp_path / "heads.png")
+    finally:
+        opened.page.close()

@@ -66,7 +66,7 @@ class HeadSplit:
 class QKScore:
     """Head ``(layer, head)``'s pre-softmax score at (``query_pos``, ``key_pos``) and its terms ``[Q, K]``: rows the
     query-side contributors ``rows`` (node indices, then ``bias`` and ``other``), columns the key-side ``cols``;
-    ``terms.sum() == score``. ``softcap``: the family caps scores after this (Gemma 2): the score is the one
+    ``terms.sum() == score`` (float64). ``softcap``: the family caps scores after this (Gemma 2): the score is the one
     before the cap."""
 
     layer: int
@@ -181,15 +181,19 @@ class Heads:
         cap = getattr(fp.lm.model.config, "attn_logit_softcapping", None)
         out = []
         for i, (layer, head, q, k) in enumerate(picks):
-            dq = [d[i][0] for d in deltas]
-            dk = [d[i][1] for d in deltas]
-            rows = torch.stack([*dq, bias[i][0], base[i][0] - bias[i][0] - sum(dq, torch.zeros_like(bias[i][0]))])
-            cols = torch.stack([*dk, bias[i][1], base[i][1] - bias[i][1] - sum(dk, torch.zeros_like(bias[i][1]))])
+            rows, cols = (_with_rest([d[i][side] for d in deltas], bias[i][side], base[i][side]) for side in (0, 1))
             scale = score_scale(self.modules[layer], int(rows.shape[1]))
-            terms = scale * rows.double() @ cols.double().T
             out.append(QKScore(layer, head, q, k, float(scale * base[i][0].double() @ base[i][1].double()),
-                               labels, labels, terms.float(), None if cap is None else float(cap)))
+                               labels, labels, scale * rows @ cols.T, None if cap is None else float(cap)))
         return out
+
+
+def _with_rest(deltas: list[torch.Tensor], bias: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """One side's contributors ``[N + 2, d_head]`` in float64: the nodes' ``deltas``, ``bias`` and the rest of
+    ``base`` (``other``), so that they sum to ``base``. The terms stay float64: single nodes' terms can be thousands
+    of times the score they sum to (tiny random models), where float32 would lose the score."""
+    rows = torch.stack([*deltas, bias]).double()
+    return torch.cat([rows, (base.double() - rows.sum(0))[None]])
 
 
 def position(graph: CircuitGraph, node: int) -> int:

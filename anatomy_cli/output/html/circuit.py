@@ -9,7 +9,9 @@ line from source to target, its width proportional to |weight| (the strongest ``
 raises the target, red where it lowers it. Hovering a node shows its id, kind, position and token, label (``clerp``;
 else its top promoted tokens, marked as such, from ``metadata.feature_labels``), activation and influence. Clicking a
 feature node whose block has a features dashboard (``metadata.feature_labels.dashboards``, from ``--features-dir``)
-opens its panel there (``features.html#f-ID``).
+opens its panel there (``features.html#f-ID``). A graph JSON with ``--heads``' keys (``links[].heads``, ``qk``) adds
+a hover at each link's midpoint and a QK panel (anatomy_cli/output/html/_circuit_heads.py); without them the page is
+as before.
 
 Labels and tokens are the user's and the model's text: they go into the page only through :func:`esc` / :func:`token`.
 """
@@ -29,6 +31,8 @@ from anatomy_cli.output.html import caption_page
 from anatomy_cli.output.html import esc
 from anatomy_cli.output.html import notes
 from anatomy_cli.output.html import token
+from anatomy_cli.output.html._circuit_heads import link_markers
+from anatomy_cli.output.html._circuit_heads import qk_panel
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
@@ -158,10 +162,15 @@ def node_feature(node: Mapping[str, Any]) -> str:
     return str(node["node_id"]).split("_")[1]
 
 
+def drawn_links(links: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[float, int]]) -> list[Mapping[str, Any]]:
+    """The links drawn: the ``MAX_LINKS`` strongest between drawn nodes, strongest first."""
+    drawn = sorted((e for e in links if e["source"] in at and e["target"] in at), key=lambda e: -abs(e["weight"]))
+    return drawn[:MAX_LINKS]
+
+
 def link_traces(links: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[float, int]]) -> list[go.Scatter]:
     """The strongest links as line traces: one per (sign, width bucket), segments separated by None."""
-    drawn = sorted((e for e in links if e["source"] in at and e["target"] in at), key=lambda e: -abs(e["weight"]))
-    drawn = drawn[:MAX_LINKS]
+    drawn = drawn_links(links, at)
     top = max((abs(e["weight"]) for e in drawn), default=0.0) or 1.0
     groups: dict[tuple[bool, int], tuple[list[float | None], list[float | None]]] = {}
     for e in drawn:
@@ -186,6 +195,9 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
     at = places(nodes, n_layers)
     extra = graph["metadata"].get("feature_labels") or {}
     fig = go.Figure(link_traces(graph["links"], by_id(nodes, at)))
+    markers = link_markers(drawn_links(graph["links"], by_id(nodes, at)), by_id(nodes, at))  # --heads
+    if markers is not None:
+        fig.add_trace(markers)
     labelled = list(logit_xs(nodes))[:LABELLED]  # the most probable logits
     for kind, (name, symbol, colour) in KINDS.items():
         members = [i for i, n in enumerate(nodes) if n["feature_type"] == kind]
@@ -220,5 +232,9 @@ def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
                     "the logit nodes (all at the last position) lie along their row, the most probable over the last "
                     f"token; the {LABELLED} most probable carry their token",
                     "line width: |weight| relative to the strongest link; blue raises its target, red lowers it",
-                    "hover a node for its label, activation and cumulative influence (lower = more influential)"]))
+                    "hover a node for its label, activation and cumulative influence (lower = more influential)",
+                    *(["hover the middle of a link for its parts by first attention head crossed (--heads) and "
+                       "its bypass (paths through no head)"] if markers is not None else [])]))
+    if graph.get("qk"):
+        page.add(qk_panel(graph, tokens, (RAISE, LOWER)))
     return page
