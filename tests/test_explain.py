@@ -23,22 +23,28 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% 
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory, tiny_model_dir):
-    """``(subject model, sae, features dir, latents dir, chat model)``: a features run with delphi's cache."""
-    from transformers import AutoTokenizer
-
-    root = tmp_path_factory.mktemp("explain")
+def chat_model(root: Path, tiny_model_dir) -> Path:
+    """The tiny Llama as a chat model (rotary positions: its context raised to hold delphi's prompts; a template)."""
     import shutil
 
-    model = tiny_model_dir("gpt2")
-    chat = root / "chat"  # the tiny Llama (rotary positions: its context raised to hold delphi's prompts)
+    from transformers import AutoTokenizer
+
+    chat = root / "chat"
     shutil.copytree(tiny_model_dir("llama"), chat)
     config = json.loads((chat / "config.json").read_text())
     (chat / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
     tok = AutoTokenizer.from_pretrained(chat)
     tok.chat_template = TEMPLATE
     tok.save_pretrained(chat)
+    return chat
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, tiny_model_dir):
+    """``(subject model, sae, features dir, latents dir, chat model)``: a features run with delphi's cache."""
+    root = tmp_path_factory.mktemp("explain")
+    model = tiny_model_dir("gpt2")
+    chat = chat_model(root, tiny_model_dir)
     sae = write_sae(root / "sae")
     corpus = root / "corpus.txt"
     corpus.write_text(TEXT * 2)
@@ -272,3 +278,10 @@ def test_the_python_api_returns_the_command_s_json(made, tmp_path, monkeypatch):
     cli = explain(feats, latents, chat, "--max-features", 2, "--out", tmp_path / "cli", "-f", "json")
     assert got.to_dict()["features"] == json.loads(cli.stdout)["features"]
     assert got.rows == got.to_dict()["features"] and got.records == tuple(got.to_dict()["explanations"])
+    pd = pytest.importorskip("pandas")  # to_pandas(): one row per explained feature, a missing score NaN
+    frame = got.to_pandas()
+    assert isinstance(frame, pd.DataFrame) and frame["feature"].tolist() == [r["feature"] for r in got.rows]
+    assert frame["description"].tolist() == [r["description"] for r in got.rows]
+    for key in ("detection_balanced_accuracy", "control_fuzz_f1"):
+        assert frame[key].dtype == "float64"
+        assert [None if pd.isna(v) else v for v in frame[key]] == [r[key] for r in got.rows]

@@ -319,6 +319,11 @@ def test_the_python_api_returns_the_command_s_json(setup):
                               shard_windows=3)
     cli = run_json(model, sae, corpus, "--features", "2-3")
     assert result.to_dict()["features"] == cli["features"]
+    pd = pytest.importorskip("pandas")  # to_pandas(): one row per followed feature
+    frame = result.to_pandas()
+    assert isinstance(frame, pd.DataFrame) and frame["feature"].tolist() == [2, 3]
+    assert frame["frequency"].dtype == "float64" and frame["fires"].dtype == "int64"
+    assert frame.to_dict("records") == [{k: r[k] for k in frame.columns} for r in cli["features"]]
 
 
 def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(setup):

@@ -76,6 +76,12 @@ def features_command(
     emit(view.report(run), fmt)
     if plot is not None:
         from anatomy_cli.output import plots
+        from anatomy_cli.tasks.explain import read_export
 
         args, kwargs = view.figure(run)
+        records = None if opts.out is None else read_export(opts.out, run.sae_file.hook_name, run.plan.features)
+        if records:  # explain's explanations in --out: on the page too
+            from anatomy_cli.output.views.explain import flat
+
+            kwargs["explanations"] = flat(records)
         plots.draw("features", plot, None, *args, **kwargs)
