@@ -210,6 +210,42 @@ def test_the_tiny_chat_model_writes_an_export_that_sae_and_circuit_labels_read(m
     assert followed and followed[0]["label"] == labelled[feature]
 
 
+def test_the_cost_is_printed_once_the_first_prompt_is_read(made, tmp_path, monkeypatch):
+    """The cost line comes during the first generation, right after its prompt and RATE_STEPS new tokens (before
+    any explanation is written), and the JSON records it: the rates are that generation's own stamps."""
+    import anatomy_cli.engine.generate as engine
+    from anatomy_cli.tasks import _explain_run
+    from anatomy_cli.tasks import notes
+
+    _, _, feats, latents, chat = made
+    events, real, info = [], engine.generate, notes.info
+
+    def generate(lm, ids, *, max_new_tokens, choose, stop, progress):
+        def step(done, total):
+            events.append(("token", done))
+            progress(done, total)
+
+        events.append(("start", len(ids)))
+        out = real(lm, ids, max_new_tokens=max_new_tokens, choose=choose, stop=(), progress=step)  # every token
+        events.append(("done", len(out.tokens)))
+        return out
+
+    monkeypatch.setattr(engine, "generate", generate)
+    monkeypatch.setattr(notes, "info", lambda text: (events.append(("info", text)), info(text)))
+    result = explain(feats, latents, chat, "--max-features", 2, "--max-new-tokens", 8, "--out", tmp_path / "o",
+                     "-f", "json")
+    assert result.exit_code == 0, result.output
+    lines = [i for i, e in enumerate(events) if e[0] == "info" and "per feature about" in e[1]]
+    assert len(lines) == 1
+    before = events[:lines[0]]
+    assert [e[0] for e in before] == ["start"] + ["token"] * (_explain_run.RATE_STEPS + 1)
+    assert not any(e[0] == "info" and e[1].startswith("explain: feature") for e in before)
+    assert events[lines[0] + 1][0] == "token"  # the generation goes on after the line
+    cost = json.loads(result.stdout)["cost"]
+    assert cost["prompt_tokens"] == before[0][1] and cost["features"] == 2
+    assert cost["per_feature_s"] == pytest.approx(cost["explain_s"] + cost["score_s"])
+
+
 def test_scores_and_control_with_a_stand_in_and_resume_after_an_interruption(made, tmp_path, monkeypatch):
     from anatomy_cli.analyses.explain_score import score
 

@@ -19,7 +19,8 @@ from anatomy_cli.tasks import features as task
 PlotOpt = Annotated[Optional[Path], html_plot(
     "features", "Also write a dashboard of the features to FILE.html, an interactive page (opens offline; .html "
     "only): the list (search, sort) and per feature its contexts with every token shaded by its activation, "
-    "histogram, logit effects and co-firing features. Results still go to stdout.")]
+    "histogram, logit effects and co-firing features; with --out DIR, the explanations and scores that anatomy "
+    "explain wrote to DIR/explanations.json. Results still go to stdout.")]
 
 
 @command("features", task.FeaturesOptions, inputs=("sae",))
