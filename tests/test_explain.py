@@ -23,22 +23,28 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% 
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory, tiny_model_dir):
-    """``(subject model, sae, features dir, latents dir, chat model)``: a features run with delphi's cache."""
-    from transformers import AutoTokenizer
-
-    root = tmp_path_factory.mktemp("explain")
+def chat_model(root: Path, tiny_model_dir) -> Path:
+    """The tiny Llama as a chat model (rotary positions: its context raised to hold delphi's prompts; a template)."""
     import shutil
 
-    model = tiny_model_dir("gpt2")
-    chat = root / "chat"  # the tiny Llama (rotary positions: its context raised to hold delphi's prompts)
+    from transformers import AutoTokenizer
+
+    chat = root / "chat"
     shutil.copytree(tiny_model_dir("llama"), chat)
     config = json.loads((chat / "config.json").read_text())
     (chat / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
     tok = AutoTokenizer.from_pretrained(chat)
     tok.chat_template = TEMPLATE
     tok.save_pretrained(chat)
+    return chat
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, tiny_model_dir):
+    """``(subject model, sae, features dir, latents dir, chat model)``: a features run with delphi's cache."""
+    root = tmp_path_factory.mktemp("explain")
+    model = tiny_model_dir("gpt2")
+    chat = chat_model(root, tiny_model_dir)
     sae = write_sae(root / "sae")
     corpus = root / "corpus.txt"
     corpus.write_text(TEXT * 2)
@@ -204,6 +210,42 @@ def test_the_tiny_chat_model_writes_an_export_that_sae_and_circuit_labels_read(m
     assert followed and followed[0]["label"] == labelled[feature]
 
 
+def test_the_cost_is_printed_once_the_first_prompt_is_read(made, tmp_path, monkeypatch):
+    """The cost line comes during the first generation, right after its prompt and RATE_STEPS new tokens (before
+    any explanation is written), and the JSON records it: the rates are that generation's own stamps."""
+    import anatomy_cli.engine.generate as engine
+    from anatomy_cli.tasks import _explain_run
+    from anatomy_cli.tasks import notes
+
+    _, _, feats, latents, chat = made
+    events, real, info = [], engine.generate, notes.info
+
+    def generate(lm, ids, *, max_new_tokens, choose, stop, progress):
+        def step(done, total):
+            events.append(("token", done))
+            progress(done, total)
+
+        events.append(("start", len(ids)))
+        out = real(lm, ids, max_new_tokens=max_new_tokens, choose=choose, stop=(), progress=step)  # every token
+        events.append(("done", len(out.tokens)))
+        return out
+
+    monkeypatch.setattr(engine, "generate", generate)
+    monkeypatch.setattr(notes, "info", lambda text: (events.append(("info", text)), info(text)))
+    result = explain(feats, latents, chat, "--max-features", 2, "--max-new-tokens", 8, "--out", tmp_path / "o",
+                     "-f", "json")
+    assert result.exit_code == 0, result.output
+    lines = [i for i, e in enumerate(events) if e[0] == "info" and "per feature about" in e[1]]
+    assert len(lines) == 1
+    before = events[:lines[0]]
+    assert [e[0] for e in before] == ["start"] + ["token"] * (_explain_run.RATE_STEPS + 1)
+    assert not any(e[0] == "info" and e[1].startswith("explain: feature") for e in before)
+    assert events[lines[0] + 1][0] == "token"  # the generation goes on after the line
+    cost = json.loads(result.stdout)["cost"]
+    assert cost["prompt_tokens"] == before[0][1] and cost["features"] == 2
+    assert cost["per_feature_s"] == pytest.approx(cost["explain_s"] + cost["score_s"])
+
+
 def test_scores_and_control_with_a_stand_in_and_resume_after_an_interruption(made, tmp_path, monkeypatch):
     from anatomy_cli.analyses.explain_score import score
 
@@ -272,3 +314,10 @@ def test_the_python_api_returns_the_command_s_json(made, tmp_path, monkeypatch):
     cli = explain(feats, latents, chat, "--max-features", 2, "--out", tmp_path / "cli", "-f", "json")
     assert got.to_dict()["features"] == json.loads(cli.stdout)["features"]
     assert got.rows == got.to_dict()["features"] and got.records == tuple(got.to_dict()["explanations"])
+    pd = pytest.importorskip("pandas")  # to_pandas(): one row per explained feature, a missing score NaN
+    frame = got.to_pandas()
+    assert isinstance(frame, pd.DataFrame) and frame["feature"].tolist() == [r["feature"] for r in got.rows]
+    assert frame["description"].tolist() == [r["description"] for r in got.rows]
+    for key in ("detection_balanced_accuracy", "control_fuzz_f1"):
+        assert frame[key].dtype == "float64"
+        assert [None if pd.isna(v) else v for v in frame[key]] == [r[key] for r in got.rows]

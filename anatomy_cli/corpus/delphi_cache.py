@@ -17,7 +17,8 @@ activation anatomy's dictionaries give is ``>= 0``; an activation in ``(0, 1e-5]
 
 While the run goes, each shard's entries wait in ``DIR/.shards/shard-NNNNN.npz`` (written before the run's
 manifest lists the shard, so a resumed run finds them); at the end the splits are written from them, one split at
-a time, and the folder is removed.
+a time, and the folder is removed. DIR is created by the first shard saved, after the run's ``--out`` is opened,
+so DIR may lie inside ``--out`` (``--out feats --delphi feats/latents``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class DelphiWriter:
         self.parts = self.root / ".shards"
         if overwrite and self.parts.exists():
             shutil.rmtree(self.parts)
-        self.parts.mkdir(parents=True, exist_ok=True)
+        # nothing is created here: DIR may lie inside --out, whose emptiness the run's store checks first
 
     def _path(self, index: int) -> Path:
         return self.parts / f"shard-{index:05d}.npz"
@@ -73,6 +74,7 @@ class DelphiWriter:
                 np.savez(fh, locations=locations, activations=acts, tokens=tokens,
                          first_window=np.int64(shard.first_window))
 
+        self.parts.mkdir(parents=True, exist_ok=True)
         _atomic(self._path(shard.index), write)
 
     def finish(self, shards: int, features: np.ndarray, pad: int, config: dict[str, Any]) -> list[Path]:

@@ -35,9 +35,11 @@ from typing import Any
 import torch
 
 from anatomy_cli.engine.sae_fit import fvu
+from anatomy_cli.models.sites import CT_MLP_OUT
+from anatomy_cli.models.sites import Point
 from anatomy_cli.models.written import as_user_file
 
-INPUT_HOOK, OUTPUT_HOOK = "mlp.hook_in", "mlp.hook_out"  # circuit-tracer's names of the MLP's input and output
+INPUT_HOOK, OUTPUT_HOOK = Point.mlp_in.value, CT_MLP_OUT  # circuit-tracer's names of the MLP's input and output
 
 
 class CrossLayerCoder(torch.nn.Module):

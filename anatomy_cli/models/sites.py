@@ -72,6 +72,9 @@ class Whole(str, Enum):
 
 TL_MLP_IN = "hook_mlp_in"
 """TransformerLens' other name of the MLP's input (``blocks.N.hook_mlp_in``), read at :attr:`Point.mlp_in`."""
+CT_MLP_OUT = "mlp.hook_out"
+"""circuit-tracer's (nnsight's) name of the MLP's output, :attr:`Point.mlp_out` (its input is :attr:`Point.mlp_in`'s
+name): a transcoder set's or CLT's ``feature_output_hook``."""
 ROUTER_POINTS = (Point.router_logits, Point.expert_indices, Point.expert_weights)
 ATTENTION_INTERNALS = (Point.attn_q, Point.attn_k, Point.attn_v, Point.attn_rot_q, Point.attn_rot_k,
                        Point.attn_scores, Point.attn_pattern)

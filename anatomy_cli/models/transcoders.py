@@ -26,6 +26,7 @@ from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import before_gain
+from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import TL_MLP_IN
 from anatomy_cli.models.sites import Point
 from anatomy_cli.models.sites import Site
@@ -82,7 +83,7 @@ def _site(name: str, what: str) -> Site:
     name = re.sub(r"^blocks\.\d+\.|^model\.layers\.\d+\.|^layers\.\d+\.", "", name)
     if name in (Point.mlp_in, Point.ln2_normalized, TL_MLP_IN, "mlp.input"):
         return Site.mlp_in
-    if name in ("mlp.hook_out", Point.mlp_out, "mlp.output", "mlp"):  # circuit-tracer's and sparsify's names
+    if name in (CT_MLP_OUT, Point.mlp_out, "mlp.output", "mlp"):  # circuit-tracer's and sparsify's names
         return Site.mlp_out
     site = next((s for s in Site if s.hook == name and not s.per_head), None)
     if site is None:

@@ -2,7 +2,8 @@
 load; then per feature the explanation (delphi's explainer prompt, anatomy's generation), and once every feature
 has one, per feature delphi's detection and fuzzing scores of its own explanation and of another feature's (the
 control). The export is rewritten after every step, so an interrupted run keeps what it wrote and a rerun of the
-same settings continues. The cost is printed after the first generation, from its measured rates."""
+same settings continues. The cost is printed once the first generation has read its prompt and written a few
+tokens, from its measured rates, before any explanation is written."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from anatomy_cli.tasks.explain import FeatureExamples
 from anatomy_cli.tasks.explain import FeaturesDir
 from anatomy_cli.tasks.explain import read_dir
 
+RATE_STEPS = 4  # new tokens timed after the first before the cost is printed
 TYPE_NAME = "anatomy-explain (delphi default explainer; detection and fuzzing scorers)"
 
 
@@ -56,6 +58,7 @@ class Chat:
     name: str
     rates: dict[str, float] = field(default_factory=dict)
     too_long: bool = False
+    on_rates: Callable[[], None] | None = None  # called once, as soon as the rates are measured
 
     def ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The messages as the chat template renders them (``add_generation_prompt=True``), tokenized as
@@ -87,13 +90,26 @@ class Chat:
         stamps: list[float] = []
         choose = greedy if temperature == 0 else sampler(temperature=temperature, seed=seed)
         start = time.perf_counter()
+
+        def step(done: int, total: int) -> None:
+            stamps.append(time.perf_counter())
+            if not self.rates and len(stamps) == RATE_STEPS + 1:  # the prompt and a few new tokens: the cost now
+                self._measured(start, stamps, len(ids))
+
         out = generate(self.lm, ids, max_new_tokens=max_new_tokens, choose=choose, stop=stop_ids(self.lm),
-                       progress=lambda done, total: stamps.append(time.perf_counter()))
-        if not self.rates and stamps:  # one new token only: its whole step as the decode rate (an upper bound)
-            decode = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else stamps[0] - start
-            self.rates = {"prompt_tokens": len(ids), "prefill_s_per_token": (stamps[0] - start) / len(ids),
-                          "decode_s_per_token": decode}
+                       progress=step)
+        if not self.rates and stamps:  # fewer new tokens: what there is
+            self._measured(start, stamps, len(ids))
         return str(self.lm.tokenizer.hf.decode(list(out.tokens), skip_special_tokens=True))
+
+    def _measured(self, start: float, stamps: list[float], prompt_tokens: int) -> None:
+        """The rates of the first generation: the prompt up to the first new token, then each new token (one new
+        token only: its whole step as the decode rate, an upper bound); :attr:`on_rates` told."""
+        decode = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else stamps[0] - start
+        self.rates = {"prompt_tokens": prompt_tokens, "prefill_s_per_token": (stamps[0] - start) / prompt_tokens,
+                      "decode_s_per_token": decode}
+        if self.on_rates is not None:
+            self.on_rates()
 
 
 def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
@@ -181,6 +197,7 @@ class _Run:
             for n, ex in enumerate(todo):
                 line.update(f"explain: feature {ex.feature} ({n + 1}/{len(todo)}): writing its explanation")
                 messages = explainer_messages(ex.train, ex.max_activation)
+                self.explainer.on_rates = lambda ex=ex: self._estimate(ex)
                 text = self.explainer.ask(messages, self.opts.max_new_tokens, self.opts.temperature,
                                           self.opts.seed + ex.feature)
                 self.state[ex.feature] = self._record(ex, parse_explanation(text))
@@ -196,7 +213,8 @@ class _Run:
                 "examples": {"explainer": len(ex.train), "test": len(ex.test), "non_activating": len(ex.not_active)}}
 
     def _estimate(self, ex: FeatureExamples) -> None:
-        """Once, after the first generation: the cost from its measured rates (stderr)."""
+        """Once, as soon as the first generation's rates are measured (its prompt and :data:`RATE_STEPS` new
+        tokens, before any explanation is written): the cost (stderr, and the JSON's ``cost``)."""
         from anatomy_cli.tasks._explain_cost import estimate
         from anatomy_cli.tasks._explain_cost import line
 
@@ -221,6 +239,7 @@ class _Run:
         with notes.status("explain: scoring") as status_line:
             for n, ex in enumerate(todo):
                 record = self.state[ex.feature]
+                self.scorer.on_rates = lambda ex=ex: self._estimate(ex)
                 step = f"explain: scoring feature {ex.feature} ({n + 1}/{len(todo)})"
                 record["scores"] = self._scores(ex, record["description"], status_line, step)
                 other = controls.get(ex.feature)

@@ -19,6 +19,9 @@ FEATURE_COLUMNS = ("feature", "fires", "frequency", "mean_activation", "max_acti
 CONTEXT_COLUMNS = ("feature", "kind", "rank", "quantile", "lower", "upper", "activation", "window", "position", "at",
                    "tokens", "token_ids", "activations")
 LOGIT_COLUMNS = ("feature", "side", "rank", "token_id", "token", "effect")
+LOGIT_CONVENTION = ("W_U (g * d): the decoder row d times the final norm's gain g (its scale, centring and bias left "
+                    "out, as TransformerLens' fold_ln and Neuronpedia), through the LM head without its bias, minus "
+                    "the row's mean over the vocabulary (center_unembed)")
 
 
 def _schema(columns: tuple[str, ...]) -> Any:
@@ -72,3 +75,37 @@ def write_delphi(delphi: Any, lm: Any, opts: Any, plan: Any, result: Any) -> lis
               "n_tokens": int(result.stats.tokens), "n_splits": N_SPLITS, "model_name": lm.name}
     files = delphi.finish(result.shards, np.asarray(plan.features), pad, config)
     return [str(f) for f in files]
+
+
+def read_record(root: Path) -> dict[str, Any]:
+    """What the dashboard page reads of a features run's JSON record (output/views/features.py ``report``), read
+    back from ``features --out DIR``'s tables and manifest: ``features`` (``cooccurring`` as the run counted it:
+    ``tokens`` / ``fires``), ``contexts``, ``logit_effects``, ``histogram_edges``, ``logit_convention``,
+    ``tokens``, ``windows``, ``ctx``, ``model`` (as given to the run), ``dictionary`` (``path``). UsageError for a
+    DIR whose run is not complete."""
+    import pyarrow.parquet as pq
+
+    from anatomy_cli.errors import UsageError
+
+    root = Path(root)
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+        done, settings = manifest["complete"], manifest["settings"]
+        table = pq.read_table(root / "features.parquet")
+        meta = json.loads(table.schema.metadata[b"anatomy.features"])
+        contexts = pq.read_table(root / "contexts.parquet").to_pylist()
+        logits = pq.read_table(root / "logit_effects.parquet").to_pylist()
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{root} holds no complete features run ({type(e).__name__}: {e})") from None
+    rows = []
+    for r in table.to_pylist():
+        ids, counts = r.pop("cooccurring_ids") or [], r.pop("cooccurring_tokens") or []
+        if settings.get("cooccur"):
+            fires = r["fires"]
+            r["cooccurring"] = [{"feature": g, "tokens": t, "fraction": t / fires if fires else 0.0}
+                                for g, t in zip(ids, counts)]
+        rows.append(r)
+    return {"model": str(manifest["model"]["model"]), "dictionary": {"path": settings.get("sae")},
+            "tokens": done["tokens"], "windows": done["windows"], "ctx": settings["ctx"],
+            "logit_convention": LOGIT_CONVENTION, "histogram_edges": meta["histogram_edges"], "features": rows,
+            "contexts": contexts, "logit_effects": logits}

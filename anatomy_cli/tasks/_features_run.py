@@ -16,10 +16,6 @@ from anatomy_cli.tasks.features import FeaturesPlan
 from anatomy_cli.tasks.features import check
 from anatomy_cli.tasks.features import settings_of
 
-LOGIT_CONVENTION = ("W_U (g * d): the decoder row d times the final norm's gain g (its scale, centring and bias left "
-                    "out, as TransformerLens' fold_ln and Neuronpedia), through the LM head without its bias, minus "
-                    "the row's mean over the vocabulary (center_unembed)")
-
 
 @dataclass(frozen=True)
 class FeaturesRun:
@@ -192,7 +188,8 @@ def _finish(lm: Any, opts: FeaturesOptions, plan: FeaturesPlan, done: tuple[Any,
 
 def logit_rows(lm: Any, plan: FeaturesPlan, top: int, pieces: Any) -> list[dict[str, Any]]:
     """Per followed feature the ``top`` tokens its decoder direction promotes most (``side`` ``top``) and suppresses
-    most (``bottom``), :data:`LOGIT_CONVENTION`; none where the dictionary writes no residual-stream vector."""
+    most (``bottom``), as ``_features_files.LOGIT_CONVENTION`` says; none where the dictionary writes no
+    residual-stream vector."""
     import torch
 
     from anatomy_cli.engine.sae import logit_effects

@@ -120,6 +120,27 @@ def read_dir(opts: ExplainOptions) -> FeaturesDir:
     return FeaturesDir(root, model, layer, hook, features, skipped)
 
 
+def read_export(root: Path, hook: str, features: list[int] | tuple[int, ...]) -> list[dict[str, Any]] | None:
+    """The records of ``root/explanations.json`` when they explain this dictionary's features (each record's
+    ``hook`` is ``hook`` and its ``index`` one of ``features``: a features run of other settings left a stale
+    export, which is skipped with a warning); None where there is none."""
+    from anatomy_cli.tasks import notes
+
+    path = Path(root) / EXPORT
+    if not path.is_file():
+        return None
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+        ours = set(features)
+        fits = isinstance(records, list) and all(r.get("hook") == hook and int(r["index"]) in ours for r in records)
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        fits = False
+    if not fits:
+        notes.warn(f"{path} does not explain these features (another run's): the page shows no explanations")
+        return None
+    return list(records)
+
+
 def _layer_id(settings: dict[str, Any], hook: str) -> str:
     """The export's ``layer``: the dictionary's Neuronpedia SAE id where its files state one (``6-res-jb``), else
     ``<block>-<folder name>`` (the block first, as circuit --labels reads it)."""

@@ -5,14 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
+from typing import Optional
 
 import typer
 
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import explain as task
+
+PlotOpt = Annotated[Optional[Path], html_plot(
+    "explain", "Write the features dashboard (as features --plot draws it, from FEATURES_DIR's tables) with the "
+    "explanations and their scores to FILE.html. Default: FEATURES_DIR/features.html is rewritten so where it "
+    "exists (and --out is not given).")]
 
 
 @command("explain", task.ExplainOptions, inputs=("features_dir",))
@@ -24,6 +31,7 @@ def explain_command(
              "with --delphi.")],
     opts: task.ExplainOptions,
     spec: ModelSpec = ModelSpec(),
+    plot: PlotOpt = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Explanations of a dictionary's features, written by a chat model from the features' top-activating
@@ -36,7 +44,9 @@ def explain_command(
     Writes FEATURES_DIR/explanations.json (or --out DIR), a Neuronpedia explanations export that sae --labels and
     circuit --labels read. It is rewritten after every feature: an interrupted run keeps what it wrote, and the
     same command again continues. The cost, from the first generation's measured rates, is printed on stderr,
-    progress during the run. See docs/commands/explain.md.
+    progress during the run. The features dashboard (features --plot FEATURES_DIR/features.html, where it exists;
+    or --plot FILE.html) is written again with each feature's explanation and scores in its panel, the list
+    sortable by score and searched in the explanations. See docs/commands/explain.md.
 
     Examples:
 
@@ -50,4 +60,20 @@ def explain_command(
     from anatomy_cli.output.views import explain as view
     from anatomy_cli.tasks._explain_run import measure
 
-    emit(view.report(measure(spec, opts)), fmt)
+    run = measure(spec, opts)
+    emit(view.report(run), fmt)
+    page = plot if plot is not None else _dashboard(opts)
+    if page is not None:
+        from anatomy_cli.output import plots
+
+        args, kwargs = view.dashboard(run, Path(opts.features_dir))
+        plots.draw("features", page, None, *args, **kwargs)
+
+
+def _dashboard(opts: task.ExplainOptions) -> Path | None:
+    """FEATURES_DIR's dashboard page (feature_labels.py's DASHBOARD name), when it exists and the explanations
+    were written beside it (no --out)."""
+    from anatomy_cli.models.sae.feature_labels import DASHBOARD
+
+    page = Path(opts.features_dir) / DASHBOARD
+    return page if opts.out is None and page.is_file() else None

@@ -19,7 +19,8 @@ from anatomy_cli.tasks import features as task
 PlotOpt = Annotated[Optional[Path], html_plot(
     "features", "Also write a dashboard of the features to FILE.html, an interactive page (opens offline; .html "
     "only): the list (search, sort) and per feature its contexts with every token shaded by its activation, "
-    "histogram, logit effects and co-firing features. Results still go to stdout.")]
+    "histogram, logit effects and co-firing features; with --out DIR, the explanations and scores that anatomy "
+    "explain wrote to DIR/explanations.json. Results still go to stdout.")]
 
 
 @command("features", task.FeaturesOptions, inputs=("sae",))
@@ -76,6 +77,12 @@ def features_command(
     emit(view.report(run), fmt)
     if plot is not None:
         from anatomy_cli.output import plots
+        from anatomy_cli.tasks.explain import read_export
 
         args, kwargs = view.figure(run)
+        records = None if opts.out is None else read_export(opts.out, run.sae_file.hook_name, run.plan.features)
+        if records:  # explain's explanations in --out: on the page too
+            from anatomy_cli.output.views.explain import flat
+
+            kwargs["explanations"] = flat(records)
         plots.draw("features", plot, None, *args, **kwargs)

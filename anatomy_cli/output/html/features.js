@@ -8,7 +8,9 @@ D.contexts = D.contexts.map(function (c) {
 D.logits = D.logits.map(function (l) {
   return {feature: l[0], side: l[1] ? "bottom" : "top", rank: l[2], token: D.pieces[l[3]], effect: l[4]};
 });
-var byId = {}, ctxs = {}, logits = {};
+var byId = {}, ctxs = {}, logits = {}, expl = {};
+// explain's rows (output/views/explain.py rows: description, scores, control_*), where the page has them.
+(D.explanations || []).forEach(function (e) { expl[e.feature] = e; });
 D.features.forEach(function (r) { byId[r.feature] = r; ctxs[r.feature] = []; logits[r.feature] = []; });
 D.contexts.forEach(function (c) { if (ctxs[c.feature]) ctxs[c.feature].push(c); });
 D.logits.forEach(function (l) { if (logits[l.feature]) logits[l.feature].push(l); });
@@ -19,15 +21,17 @@ function el(tag, text, cls) {
   return e;
 }
 function vis(t) { return String(t).replace(/\n/g, "\u21b5").replace(/\t/g, "\u2192"); }
+function score(x) { return x === null || x === undefined ? "\u2013" : Number(x).toFixed(2); }
 function num(x, d) { return x === null || x === undefined ? "\u2013" : Number(x).toPrecision(d || 4); }
 function promoted(f) {
   return logits[f].filter(function (l) { return l.side === "top" && l.rank < 3; })
     .map(function (l) { return vis(l.token); }).join(" ");
 }
-// Search text of a feature: its promoted/suppressed tokens and its contexts' tokens, lower case.
+// Search text of a feature: its explanation, its promoted/suppressed tokens and its contexts' tokens, lower case.
 var hay = {};
 D.features.forEach(function (r) {
   var parts = logits[r.feature].map(function (l) { return l.token; });
+  if (expl[r.feature]) parts.push(expl[r.feature].description);
   ctxs[r.feature].forEach(function (c) { parts.push(c.tokens.join("")); });
   hay[r.feature] = parts.join("\n").toLowerCase();
 });
@@ -41,9 +45,14 @@ function shown() {
     if (/^\d+$/.test(q)) return String(r.feature) === q;
     return hay[r.feature].indexOf(q) >= 0;
   });
+  function value(r) {  // a score (explain's rows) or a statistic; none: below every value
+    var v = key in r ? r[key] : (expl[r.feature] || {})[key];
+    return v === null || v === undefined ? -Infinity : v;
+  }
   rows.sort(function (a, b) {
     if (key === "feature") return a.feature - b.feature;
-    return (b[key] - a[key]) || (a.feature - b.feature);  // the largest first; ties: the lower id
+    var va = value(a), vb = value(b);
+    return (va === vb ? 0 : vb > va ? 1 : -1) || (a.feature - b.feature);  // the largest first; ties: the lower id
   });
   return rows;
 }
@@ -54,11 +63,18 @@ function drawList() {
     var tr = el("tr");
     tr.dataset.feature = r.feature;
     if (r.feature === current) tr.className = "sel";
-    [r.feature, num(r.frequency, 3), num(r.max_activation), num(r.mean_activation), r.status, promoted(r.feature)]
-      .forEach(function (v, i) {
-        var td = el("td", v, i < 4 ? "num" : (i === 4 && v ? "status-" + v : ""));
-        tr.appendChild(td);
-      });
+    var cells = [r.feature, num(r.frequency, 3), num(r.max_activation), num(r.mean_activation), r.status];
+    if (D.explanations) {  // the scores and the explanation before the promoted tokens (features.py's header)
+      var e = expl[r.feature] || {};
+      cells.push(score(e.detection_balanced_accuracy), score(e.fuzz_balanced_accuracy), e.description || "");
+    }
+    cells.push(promoted(r.feature));
+    cells.forEach(function (v, i) {
+      var td = el("td", v, i < 4 || (D.explanations && (i === 5 || i === 6)) ? "num" :
+                  (i === 4 && v ? "status-" + v : ""));
+      td.title = i >= 5 ? v : "";
+      tr.appendChild(td);
+    });
     tr.addEventListener("click", function () { location.hash = "f-" + r.feature; });
     tbody.appendChild(tr);
   });
@@ -106,6 +122,28 @@ function histogram(r, div) {
                 yaxis: {title: {text: "tokens"}},
                 title: {text: lo < 0 ? "never fires" : "", font: {size: 12}}}, D.config);
 }
+// The explanation and its scores: detection and fuzzing (balanced accuracy, F1), its own and the control's.
+function explanation(e) {
+  var box = el("div");
+  box.id = "fx-explanation";
+  box.appendChild(el("p", e.description, "explanation"));
+  var t = el("table", null, "data"), head = el("tr");
+  t.id = "fx-scores";
+  ["", "detection", "detection F1", "fuzzing", "fuzzing F1"].forEach(function (h) { head.appendChild(el("th", h)); });
+  t.appendChild(head);
+  [["", "its explanation"], ["control_", e.control_of === null || e.control_of === undefined ? "control" :
+    "control (#" + e.control_of + "'s explanation)"]].forEach(function (p) {
+    var tr = el("tr");
+    tr.dataset.scores = p[0] ? "control" : "own";
+    tr.appendChild(el("td", p[1]));
+    ["detection_balanced_accuracy", "detection_f1", "fuzz_balanced_accuracy", "fuzz_f1"].forEach(function (k) {
+      tr.appendChild(el("td", score(e[p[0] + k]), "num"));
+    });
+    t.appendChild(tr);
+  });
+  box.appendChild(t);
+  return box;
+}
 function cofiring(r) {
   var p = el("p");
   (r.cooccurring || []).forEach(function (c) {
@@ -128,6 +166,7 @@ function show(f) {
   h.id = "f-" + f;  // the panel's anchor: features.html#f-ID (circuit --plot links here)
   if (r.status) h.appendChild(el("span", r.status, "status-" + r.status));
   panel.appendChild(h);
+  if (expl[f]) panel.appendChild(explanation(expl[f]));
   panel.appendChild(el("p", "fires at " + r.fires + " tokens (frequency " + num(r.frequency, 3) + "), mean " +
     num(r.mean_activation) + ", max " + num(r.max_activation)));
   var hist = el("div");

@@ -1,7 +1,8 @@
 """`features --plot FILE.html`: a dashboard of a dictionary's features, one page that opens from disk.
 
 A list of the followed features (search by id or by token text; sort by frequency, max activation or id), and the
-panel of the feature picked: its status, its top-activating and interval-sampled contexts with every token shaded
+panel of the feature picked: its explanation and scores where ``anatomy explain`` wrote them (then also listed,
+searched and sortable by score), its status, its top-activating and interval-sampled contexts with every token shaded
 by the feature's activation there, its activation histogram (plotly), its logit effects and the features firing
 with it (links to their panels, ``#f-ID``). Everything is read from the command's JSON record (the view's report
 data, the same object ``--format json`` prints), written once into the page as JSON; the page's script writes
@@ -34,15 +35,19 @@ STYLE = """
 .fx-panel .ctx { margin: 2px 0; white-space: normal; } .fx-panel .ctx b { font-weight: normal; color: #555; }
 .fx-panel span.tok { background: #fff; } .fx-panel span.tok.at { outline: 2px solid #c05000; }
 .status-dead { color: #888; font-weight: bold; } .status-always-on { color: #a00; font-weight: bold; }
+.explained .fx-list { width: 52em; max-width: 55%; } .explained .fx-list td:nth-child(8) { max-width: 18em; }
+.fx-panel .explanation { font-size: 1.1em; margin: 0.3em 0 0.6em; }
 """
 
 
-def page_data(data: dict[str, Any]) -> dict[str, Any]:
+def page_data(data: dict[str, Any], explanations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the page's script reads, taken from the command's JSON record (no value recomputed), packed for pages
     of thousands of features: each distinct token text once (``pieces``), a context as a row ``[feature, kind
     (0 top, 1 quantile), rank, quantile, lower, upper, activation, at, piece indices, activations]`` and a logit
     effect as ``[feature, side (0 top, 1 bottom), rank, piece index, effect]``; activations to 4 significant digits and
-    effects to 6 (what the page shows), no ids, windows or positions. The script unpacks them."""
+    effects to 6 (what the page shows), no ids, windows or positions. The script unpacks them. ``explanations``:
+    ``explain``'s rows (output/views/explain.py ``flat``: the explanation, its scores and its control's), as they
+    are; without them the key is left out and the page is the page without explanations."""
     pieces: dict[str, int] = {}
 
     def idx(text: str) -> int:
@@ -53,8 +58,11 @@ def page_data(data: dict[str, Any]) -> dict[str, Any]:
                 for c in data["contexts"]]
     logits = [[e["feature"], 0 if e["side"] == "top" else 1, e["rank"], idx(e["token"]), _digits(e["effect"], 6)]
               for e in data["logit_effects"]]
-    return {"edges": data["histogram_edges"], "features": data["features"], "pieces": list(pieces),
-            "contexts": contexts, "logits": logits, "font": FONT, "config": CONFIG}
+    out = {"edges": data["histogram_edges"], "features": data["features"], "pieces": list(pieces),
+           "contexts": contexts, "logits": logits, "font": FONT, "config": CONFIG}
+    if explanations:
+        out["explanations"] = explanations
+    return out
 
 
 def _digits(x: float, n: int) -> float:
@@ -62,21 +70,35 @@ def _digits(x: float, n: int) -> float:
     return float(f"{x:.{n}g}")
 
 
-def figure(data: dict[str, Any], cap: Caption) -> Page:
-    """The dashboard page of ``data`` (:func:`anatomy_cli.output.views.features.report`'s data, the JSON record)."""
+def figure(data: dict[str, Any], cap: Caption, explanations: list[dict[str, Any]] | None = None) -> Page:
+    """The dashboard page of ``data`` (:func:`anatomy_cli.output.views.features.report`'s data, the JSON record,
+    or the same fields read back from ``features --out DIR``); with ``explanations`` (``explain``'s rows) the
+    list gains the explanation and its scores (sortable, searched) and each panel shows them."""
     page = caption_page(cap)
+    explained = bool(explanations)
+    scored = ('<option value="detection_balanced_accuracy">detection score</option>'
+              '<option value="fuzz_balanced_accuracy">fuzzing score</option>') if explained else ""
     controls = ('<div class="controls"><label>search <input id="fx-search" type="search" size="24" '
-                'placeholder="feature id or token text"></label><label>sort by <select id="fx-sort">'
-                '<option value="frequency">frequency</option><option value="max_activation">max activation</option>'
+                f'placeholder="feature id or {"token or explanation" if explained else "token"} text"></label>'
+                '<label>sort by <select id="fx-sort"><option value="frequency">frequency</option>'
+                f'<option value="max_activation">max activation</option>{scored}'
                 '<option value="feature">index</option></select></label><span id="fx-count"></span></div>')
-    body = ('<div class="fx-wrap"><div class="fx-list"><table class="data" id="fx-list"><thead><tr><th>feature</th>'
-            '<th>frequency</th><th>max</th><th>mean</th><th>status</th><th>promotes</th></tr></thead><tbody></tbody>'
-            '</table></div><div class="fx-panel" id="fx-panel"></div></div>')
+    more = "<th>detection</th><th>fuzzing</th><th>explanation</th>" if explained else ""
+    body = (f'<div class="fx-wrap{" explained" if explained else ""}"><div class="fx-list"><table class="data" '
+            'id="fx-list"><thead><tr><th>feature</th><th>frequency</th><th>max</th><th>mean</th><th>status</th>'
+            f'{more}<th>promotes</th></tr></thead><tbody></tbody></table></div><div class="fx-panel" id="fx-panel">'
+            '</div></div>')
     script = resources.files("anatomy_cli.output.html").joinpath("features.js").read_text(encoding="utf-8")
-    page.add(Part(f"<style>{STYLE}</style>{controls}{body}"
-                  f"<script>(function(){{var D={script_json(page_data(data))};\n{script}\n}})();</script>"))
-    return page.add(notes([
-        "frequency: the share of the corpus' tokens where the feature fires; max and mean (over firing tokens) its "
-        "activation; a token's shade: its activation over the feature's max (the framed token is the context's own)",
-        f"logit effects: {data['logit_convention']}",
-        f"{data['tokens']:,} tokens in {data['windows']:,} windows of {data['ctx']}; see docs/commands/features.md"]))
+    page.add(Part(f"<style>{STYLE}</style>{controls}{body}<script>(function(){{var D="
+                  f"{script_json(page_data(data, explanations))};\n{script}\n}})();</script>"))
+    lines = ["frequency: the share of the corpus' tokens where the feature fires; max and mean (over firing tokens) "
+             "its activation; a token's shade: its activation over the feature's max (the framed token is the "
+             "context's own)",
+             f"logit effects: {data['logit_convention']}",
+             f"{data['tokens']:,} tokens in {data['windows']:,} windows of {data['ctx']}; see "
+             "docs/commands/features.md"]
+    if explained:
+        lines.insert(1, "explanations: anatomy explain's (explanations.json); detection and fuzzing: delphi's "
+                     "balanced accuracy, (TP/P + TN/N) / 2, 0.5 is chance; control: the same scorer on another "
+                     "feature's explanation; see docs/commands/explain.md")
+    return page.add(notes(lines))

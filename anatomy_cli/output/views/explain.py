@@ -4,6 +4,7 @@ records and the cost."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -12,6 +13,9 @@ from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from anatomy_cli.output.views.protocol import FigureArgs
     from anatomy_cli.tasks._explain_run import ExplainRun
 
 ROWS = "features"
@@ -39,8 +43,13 @@ def _flat(scores: dict[str, Any] | None, prefix: str = "") -> dict[str, float | 
 def rows(run: ExplainRun) -> list[dict[str, Any]]:
     """One flat row per feature: ``feature``, ``description``, the four scores, ``control_of`` and the control's
     four scores (``control_`` first)."""
+    return flat(run.records)
+
+
+def flat(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`rows` of the export's records (``explanations.json``'s, or a run's)."""
     out = []
-    for r in run.records:
+    for r in records:
         control = r.get("control")
         out.append({"feature": int(r["index"]), "description": r.get("description"), **_flat(r.get("scores")),
                     "control_of": control.get("explanation_of") if control else None,
@@ -76,3 +85,16 @@ def report(run: ExplainRun) -> Report:
     return Report(data=data, sections=[Section(COLUMNS, table, title="per feature"),
                                        Section(MEAN_COLUMNS, summary, title="means")],
                   heading=heading, notes=notes)
+
+
+def dashboard(run: ExplainRun, features_dir: Path) -> FigureArgs:
+    """``plots.draw("features", ...)``'s arguments: the features dashboard of ``features_dir`` (its tables read
+    back, tasks/_features_files.py ``read_record``) with the run's explanations and scores in it."""
+    from anatomy_cli.models.resolve import short_name
+    from anatomy_cli.output import plots
+    from anatomy_cli.tasks._features_files import read_record
+
+    data = read_record(features_dir)
+    detail = (f"{data['dictionary']['path']} at {run.hook} · {len(data['features']):,} features over "
+              f"{data['tokens']:,} tokens · explained by {run.explainer}, scored by {run.scorer}")
+    return (data, plots.Caption("features", short_name(data["model"]), None, detail)), {"explanations": rows(run)}

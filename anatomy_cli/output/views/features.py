@@ -31,7 +31,7 @@ def _snippet(ctx: dict[str, Any]) -> str:
 
 
 def report(run: FeaturesRun) -> Report:
-    from anatomy_cli.tasks._features_run import LOGIT_CONVENTION
+    from anatomy_cli.tasks._features_files import LOGIT_CONVENTION
 
     sae = run.sae_file
     dictionary = {"path": str(sae.path), "format": sae.format, "architecture": sae.architecture,
