@@ -47,6 +47,11 @@ class Inputs:
     truncate: bool = True
     whole: bool = False
 
+    def fields(self) -> dict[str, str | None]:
+        """``{argument: the option that reads it on the command line, without dashes (None: positional)}``: the
+        task's ``INPUTS``, the options-class fields that are inputs, not options (tests/test_task_parity.py)."""
+        return {a.name: a.flags[0].lstrip("-") if a.flags else None for a in self.arguments}
+
     @property
     def many(self) -> bool:
         """True when an argument reads one prompt or several: the result is one per prompt, a list for a list."""

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "drift"
-INPUTS = {"word": "word", "contexts": "context"}  # the arguments WORD and CONTEXT... (TAKES declares them)
 
 # The command's --help (the prompt driver, cli/driver.py) and its API function's docstring (api/_driven.py).
 HELP = """Cosine similarity of WORD's vector between contexts at every layer, with an anisotropy baseline.
@@ -58,6 +57,7 @@ TAKES = Inputs((
     Arg("contexts", "TEXT", "A context containing WORD; repeat, at least two. Default (for 'bank'): a money and a "
         "river sentence.", api="list[str] | None", cli=Optional[list[str]], default=None, flags=("--context", "-c")),
 ), what="context", truncate=False, whole=True)
+INPUTS = TAKES.fields()  # word and contexts: fields of DriftOptions that are the arguments, not options
 
 
 class Pool(str, Enum):
