@@ -81,8 +81,12 @@ def register(rec: Command) -> None:
         lm = load_weights(opened)
         how = views.Shown(opts, plan, resolve_format(out.fmt), out.plot)
         units = driven.units(task, encoded, task.run(lm, encoded, opts, plan, **views.run_kwargs(view, how)))
-        draw_each(rec.name, out.plot, "-" if stdin else None, (views.figure(view, lm, enc, r, how) for enc, r in units))
-        emit_prompts([views.report(view, lm, enc, r, how) for enc, r in units], how.fmt, from_stdin=stdin)
+        steps = [lambda: draw_each(rec.name, out.plot, "-" if stdin else None,
+                                   (views.figure(view, lm, enc, r, how) for enc, r in units)),
+                 lambda: emit_prompts([views.report(view, lm, enc, r, how) for enc, r in units], how.fmt,
+                                      from_stdin=stdin)]
+        for step in reversed(steps) if views.report_first(view) else steps:
+            step()
 
     own = inspect.signature(prompt_command).parameters
     params = [*(parameter(a) for a in takes.arguments), *(own[n] for n in ("opts", "spec", "prompts", "out"))]

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from anatomy_cli.output.views.protocol import FigureArgs
 
 ROWS = "layers"
+REPORT_FIRST = True  # the report, then --plot's picture
 BASELINE_NOTE = ("baseline: mean cosine between the word and every other token of its own context "
                  "(special tokens excluded), averaged over the contexts; drift is real where similarity "
                  "falls towards it")

@@ -2,7 +2,9 @@
 ``ROWS``, ``report(lm, enc, result[, shown])`` and, where the command draws, ``figure(lm, enc, result[, shown])``;
 a view whose report or figure reads more than the result (the options, the task's plan, the format) takes a fourth
 parameter, a :class:`Shown`. Optionally ``run_kwargs(shown) -> dict``: keywords for the task's ``run`` that this
-output needs (lens's HTML page: more top tokens per cell for its hover text). No torch, no plotting library.
+output needs (lens's HTML page: more top tokens per cell for its hover text); ``REPORT_FIRST = True``: the CLI
+prints the reports before it draws the pictures (heads, patch, drift, as they always have), not after. No torch,
+no plotting library.
 """
 
 from __future__ import annotations
@@ -59,3 +61,8 @@ def run_kwargs(view: ModuleType, shown: Shown) -> dict[str, Any]:
     """The keywords the view asks of the task's ``run`` for this output (none by default)."""
     hook = getattr(view, "run_kwargs", None)
     return dict(hook(shown)) if hook is not None else {}
+
+
+def report_first(view: ModuleType) -> bool:
+    """True when the CLI prints the view's reports before drawing its pictures (``REPORT_FIRST``)."""
+    return bool(getattr(view, "REPORT_FIRST", False))

@@ -24,6 +24,7 @@ COLUMNS = (
     Column("duplicate_token", "duplicate", "float", 3),
 )
 ROWS = "heads"
+REPORT_FIRST = True  # the table, then --plot's picture
 NOTE = ("entropy: nats, mean over queries 1..n-1; first tok / prev tok: mean weight on position 0 / on q-1 over "
         "queries 1..n-1; induction / duplicate: on the random tokens repeated, mean weight from each token of the "
         "second copy to the token after its earlier occurrence / to that occurrence (Olsson et al. 2022; "

@@ -28,6 +28,7 @@ CELL_COLUMNS = (Column("layer", "layer", "int"), Column("position", "position", 
                 Column("head", "head", "int"), Column("value", "value", "float", 3),
                 Column("metric", "metric", "float", 4))
 ROWS = "cells"
+REPORT_FIRST = True  # the report, then --plot's picture
 
 
 def metric_name(lm: LoadedModel, ids: dict[str, Any]) -> str:
