@@ -1,8 +1,9 @@
-"""What a prompt-driven command reads besides its options, declared once in its task module (``INPUTS``): its
-arguments and how its texts are tokenized (:class:`Inputs`). The CLI's ``cli/driver.py`` makes each
+"""What a prompt-driven command reads besides its options, declared once in its task module (``TAKES``): its
+arguments and how its texts are tokenized (:class:`Inputs`; ``Inputs.fields()`` gives the parity test's
+``INPUTS``). The CLI's ``cli/driver.py`` makes each
 :class:`Arg` a positional argument (or, with ``flags``, an option shown before the declared ones: drift's
 ``--context``), the API's ``api/_driven.py`` a positional parameter of the function, in the same order, under the
-same name. A task without ``INPUTS`` reads :data:`PROMPTS`: one PROMPT, one result per prompt. Standard library
+same name. A task without ``TAKES`` reads :data:`PROMPTS`: one PROMPT, one result per prompt. Standard library
 only.
 """
 
