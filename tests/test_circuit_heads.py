@@ -209,3 +209,13 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
                           batch_size=8, heads=2, prompts=PromptOptions(bos=True)).to_dict()  # -f json's record
     assert all("head" in row and "head_part" in row for row in api["paths"])
     assert api["qk"] == b["qk"]
+    # each path row's head and part are its link's largest head part, or the bypass where no head carries any
+    logits = {n["node_id"] for n in b["nodes"] if n["feature_type"] == "logit"}
+    for row in api["paths"]:
+        h = next(link["heads"] for link in b["links"] if link["target"] in logits and link["source"] == row["node"]
+                 and link["weight"] == pytest.approx(row["weight"], rel=1e-5))
+        if h["parts"]:
+            best = max(h["parts"], key=lambda p: abs(p["weight"]))
+            assert row["head"] == f"{best['layer']}.{best['head']}" and row["head_part"] == pytest.approx(best["weight"])
+        else:
+            assert row["head"] == "" and row["head_part"] == pytest.approx(h["bypass"])

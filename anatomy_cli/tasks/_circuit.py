@@ -307,11 +307,12 @@ def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]]
         best = max(into(src), key=lambda e: abs(e[0]), default=None)
         sp = None if att is None else att.split_of(a.shape[0] - graph.n_logits, src)
         top_head = [] if sp is None else sp.top(1)
+        part = top_head[0][2] if top_head else (0.0 if sp is None else sp.bypass)  # no head: the bypass carries it
         rows.append(PathRow(n["node_id"], n["feature_type"], n["layer"], n["ctx_idx"], pieces[n["ctx_idx"]], w,
                             float(n["influence"] or 0.0), "" if best is None else nodes[best[1]]["node_id"],
                             None if best is None else best[0], _label(n, labels),
                             None if att is None else (f"{top_head[0][0]}.{top_head[0][1]}" if top_head else ""),
-                            None if att is None else (top_head[0][2] if top_head else 0.0)))
+                            None if att is None else part))
     return rows
 
 
