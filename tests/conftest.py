@@ -47,7 +47,9 @@ os.environ.pop("ANATOMY_MODEL", None)
 # The modules of the tests on the session's one Ray (``tests/*_ray.py``, the ``ray_cluster`` fixture below) come
 # before all of them, as one work unit (the scheduler below): one worker starts Ray once and runs them all while
 # the other takes the slow modules.
-SLOWEST_FIRST = ["test_gguf_load.py", "test_tour.py", "test_diff_real.py", "test_verify.py",
+# test_doc_examples.py (a new user's subprocesses on SmolLM2: 54 CPU-s measured alone, -n 0, one thread each)
+# was not listed either: it ran after every listed module.
+SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_tour.py", "test_diff_real.py", "test_verify.py",
                  "test_benchmarks_smoke.py",
                  "test_serve_lifecycle.py", "test_corpus.py", "test_html_browser.py", "test_diff.py",
                  "test_serve_reload.py", "test_serve.py", "test_gguf.py", "test_conventions.py", "test_serve_faults.py",
