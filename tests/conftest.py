@@ -47,9 +47,11 @@ os.environ.pop("ANATOMY_MODEL", None)
 # The modules of the tests on the session's one Ray (``tests/*_ray.py``, the ``ray_cluster`` fixture below) come
 # before all of them, as one work unit (the scheduler below): one worker starts Ray once and runs them all while
 # the other takes the slow modules.
-# test_doc_examples.py (a new user's subprocesses on SmolLM2: 54 CPU-s measured alone, -n 0, one thread each)
-# was not listed either: it ran after every listed module.
-SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_tour.py", "test_diff_real.py", "test_verify.py",
+# test_doc_examples.py (a new user's subprocesses on SmolLM2) was not listed either: it ran after every listed
+# module. CPU-s measured alone (-n 0, one torch thread, 2026-12-06, load ~20): gguf_load 48 (87 with the first build of
+# its references), doc_examples 54, diff_real 46 (with the Q8_0 copy's first build), tour 31, verify 28 (no
+# llama.cpp), benchmarks_smoke 23, serve_lifecycle 22.
+SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_diff_real.py", "test_tour.py", "test_verify.py",
                  "test_benchmarks_smoke.py",
                  "test_serve_lifecycle.py", "test_corpus.py", "test_html_browser.py", "test_diff.py",
                  "test_serve_reload.py", "test_serve.py", "test_gguf.py", "test_conventions.py", "test_serve_faults.py",
