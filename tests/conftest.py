@@ -47,7 +47,11 @@ os.environ.pop("ANATOMY_MODEL", None)
 # The modules of the tests on the session's one Ray (``tests/*_ray.py``, the ``ray_cluster`` fixture below) come
 # before all of them, as one work unit (the scheduler below): one worker starts Ray once and runs them all while
 # the other takes the slow modules.
-SLOWEST_FIRST = ["test_gguf_load.py", "test_tour.py", "test_diff_real.py", "test_verify.py",
+# test_doc_examples.py (a new user's subprocesses on SmolLM2) was not listed either: it ran after every listed
+# module. CPU-s measured alone (-n 0, one torch thread, 2026-12-06, load ~20): gguf_load 48 (87 with the first build of
+# its references), doc_examples 54, diff_real 46 (with the Q8_0 copy's first build), tour 31, verify 28 (no
+# llama.cpp), benchmarks_smoke 23, serve_lifecycle 22.
+SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_diff_real.py", "test_tour.py", "test_verify.py",
                  "test_benchmarks_smoke.py",
                  "test_serve_lifecycle.py", "test_corpus.py", "test_html_browser.py", "test_diff.py",
                  "test_serve_reload.py", "test_serve.py", "test_gguf.py", "test_conventions.py", "test_serve_faults.py",
@@ -404,11 +408,24 @@ def gemma3_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def gemma3_lm(gemma3_gguf):
-    """``engine.LoadedModel`` of the Gemma 3 file (fp32, CPU), loaded once per session. Do not modify it."""
+def gemma3_tokenizer_cache(tmp_path_factory) -> Path:
+    """The anatomy cache :func:`gemma3_lm` was loaded with: empty before, so its tokenizer is transformers' own
+    conversion of the file's vocabulary, and this folder holds the entry that load stored (tests/test_gguf_load.py
+    reads it back and compares, without converting the 262,144 tokens a second time: 7 s)."""
+    return tmp_path_factory.mktemp("gemma3-anatomy-cache")
+
+
+@pytest.fixture(scope="session")
+def gemma3_lm(gemma3_gguf, gemma3_tokenizer_cache):
+    """``engine.LoadedModel`` of the Gemma 3 file (fp32, CPU), loaded once per session, with an empty tokenizer cache
+    (:func:`gemma3_tokenizer_cache`; what it stored is then copied into this process's cache). Do not modify it."""
     from anatomy_cli import engine
 
-    return engine.load(str(gemma3_gguf), device="cpu", dtype="fp32")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ANATOMY_CACHE_DIR", str(gemma3_tokenizer_cache))
+        lm = engine.load(str(gemma3_gguf), device="cpu", dtype="fp32")
+    shutil.copytree(gemma3_tokenizer_cache, os.environ["ANATOMY_CACHE_DIR"], dirs_exist_ok=True)
+    return lm
 
 
 @pytest.fixture(scope="session")

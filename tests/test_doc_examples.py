@@ -58,10 +58,16 @@ def snippets() -> list[tuple[str, str, str]]:
     return out
 
 
+# Kept from the suite's environment: the locale and temp folder, and the torch thread count tests/conftest.py gives
+# each xdist worker (its share of the cores, not the user's state): without it a child's torch spun a thread per core
+# beside the other worker's.
+KEPT = ("LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def new_user_env(home: Path) -> dict[str, str]:
     """The environment of a new user of this clone: its venv's bin first, the clone importable (`pip install -e .`
     puts it there), an empty home, no network."""
-    keep = {k: os.environ[k] for k in ("LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT") if k in os.environ}
+    keep = {k: os.environ[k] for k in KEPT if k in os.environ}
     return {**keep, "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
             "HOME": str(home), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TERM": "dumb",
             "XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache")}
@@ -147,6 +153,14 @@ def test_the_run_list_is_in_the_readme():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     missing = [line for line, _ in RUN if not re.search(rf"^{re.escape(line)}(\s|$)", readme, re.M)]
     assert not missing, missing
+
+
+@pytest.mark.skipif(not os.environ.get("PYTEST_XDIST_WORKER"), reason="a plain (-n 0) run takes every core")
+def test_a_new_users_commands_take_the_workers_share_of_the_cores(tmp_path):
+    # tests/conftest.py set both in this worker (tests/test_suite_threads.py checks their value)
+    env = new_user_env(tmp_path)
+    assert (env.get("OMP_NUM_THREADS"), env.get("MKL_NUM_THREADS")) == (
+        os.environ["OMP_NUM_THREADS"], os.environ["MKL_NUM_THREADS"])
 
 
 def run_as_new_user(argv: list[str], home: Path, cwd: Path) -> subprocess.CompletedProcess:
