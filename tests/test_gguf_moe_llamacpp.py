@@ -105,3 +105,17 @@ def test_verify_against_llama_cpp_on_a_moe_gguf(moe_files, tmp_path, quant):
     assert row["passed"] is True and row["error"] == 0, row
     if quant == "F32":
         assert "80/80 (block, position) choices agree" in row["note"], row
+
+
+def test_llama_cpp_takes_torchs_thread_count_not_every_core():
+    """Beside another test worker (or Ray worker) llama.cpp must not start a thread per core: it takes torch's count,
+    which follows OMP_NUM_THREADS, capped at 8."""
+    from anatomy_cli.analyses.verify.llamacpp_moe import llama_threads
+
+    before = torch.get_num_threads()
+    try:
+        for n, want in ((1, 1), (3, 3), (16, 8)):
+            torch.set_num_threads(n)
+            assert llama_threads() == want
+    finally:
+        torch.set_num_threads(before)

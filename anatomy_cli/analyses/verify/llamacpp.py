@@ -27,6 +27,7 @@ import torch
 
 from anatomy_cli import engine
 from anatomy_cli.analyses.verify import checks as C
+from anatomy_cli.analyses.verify.llamacpp_moe import llama_threads
 from anatomy_cli.analyses.verify.precision import kl
 from anatomy_cli.analyses.verify.runs import Runs
 from anatomy_cli.models.resolve import first_line
@@ -106,7 +107,7 @@ def llama_logits(path: str, prompts: Sequence[Sequence[int]]) -> list[torch.Tens
     out = []
     with quiet_fds():
         llm = Llama(model_path=path, logits_all=True, n_ctx=n_ctx, n_batch=n_ctx, verbose=False,
-                    n_threads=max(1, min(os.cpu_count() or 1, 8)))
+                    n_threads=llama_threads())
         try:
             for ids in prompts:
                 llm.reset()

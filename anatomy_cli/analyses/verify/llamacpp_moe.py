@@ -18,7 +18,6 @@ activations before quantized matrix multiplies move router probabilities by abou
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Sequence
 
 import torch
@@ -26,6 +25,12 @@ import torch
 from anatomy_cli.analyses.route import block_rows
 from anatomy_cli.analyses.verify import checks as C
 from anatomy_cli.analyses.verify.runs import Runs
+
+
+def llama_threads() -> int:
+    """llama.cpp's thread count: torch's (which follows OMP_NUM_THREADS, so a test worker or a Ray worker keeps its
+    share of the cores instead of one thread per core beside the others), at most 8."""
+    return max(1, min(torch.get_num_threads(), 8))
 
 NAME = "experts chosen: llama.cpp's ffn_moe_topk"
 TOPK = "ffn_moe_topk-"
@@ -88,7 +93,7 @@ def llama_topk(path: str, prompts: Sequence[Sequence[int]]) -> list[dict[int, to
         raise RuntimeError("llama.cpp cannot load the file")
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = max(len(p) for p in prompts) + 8
-    cparams.n_threads = cparams.n_threads_batch = max(1, min(os.cpu_count() or 1, 8))
+    cparams.n_threads = cparams.n_threads_batch = llama_threads()
     cparams.cb_eval = callback
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     out = []
