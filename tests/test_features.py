@@ -386,3 +386,24 @@ def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp
     given = invoke(*args, "--model", model)  # given: no line, the same model
     assert json.loads(given.stdout)["features"] == json.loads(result.stdout)["features"]
     assert "the dictionary's metadata" not in given.stderr
+
+
+def test_a_plot_inside_a_fresh_out_dir_is_written(setup, tmp_path):
+    """``--out DIR --plot DIR/page.html`` with DIR not made yet (a new user's first run): the run makes DIR and
+    writes the page there, the same page and tables as into a DIR made beforehand; a page whose folder does not
+    exist and is not inside --out is still refused before anything runs."""
+    import pyarrow.parquet as pq
+
+    model, sae, corpus, _ = setup
+    made, fresh = tmp_path / "made", tmp_path / "new" / "run"
+    made.mkdir()
+    for out in (made, fresh):
+        run_json(model, sae, corpus, "--features", "0-5", "--out", out, "--plot", out / "pages" / "page.html")
+    for name in ("features.parquet", "contexts.parquet", "logit_effects.parquet"):
+        assert pq.read_table(fresh / name).equals(pq.read_table(made / name)), name
+    page = (fresh / "pages" / "page.html").read_text()
+    assert page.replace(str(fresh), "DIR") == (made / "pages" / "page.html").read_text().replace(str(made), "DIR")
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--out", tmp_path / "elsewhere", "--plot", tmp_path / "nowhere" / "page.html")
+    assert result.exit_code == 1 and "the directory" in result.output and "does not exist" in result.output
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "nowhere").exists()
