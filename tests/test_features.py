@@ -407,3 +407,46 @@ def test_a_plot_inside_a_fresh_out_dir_is_written(setup, tmp_path):
                     "--out", tmp_path / "elsewhere", "--plot", tmp_path / "nowhere" / "page.html")
     assert result.exit_code == 1 and "the directory" in result.output and "does not exist" in result.output
     assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "nowhere").exists()
+
+
+def test_the_pass_stops_at_the_dictionary_s_block(setup, tmp_path):
+    """The forward runs blocks 0..b only (b the dictionary's block): the features equal those of transformers'
+    whole forward (hidden states) while a hook on the next block, the final norm and the LM head is never called;
+    the printed cost counts (b + 1) / L of a forward: the forward's FLOP for a block-1 dictionary of the 2-block
+    model are twice a block-0 one's (the encoder, co-firing and logit effects by hand)."""
+    from anatomy_cli import engine
+    from anatomy_cli.engine.hooks import attach_modules
+    from anatomy_cli.engine.sae import Dictionary
+    from anatomy_cli.engine.sae import window_features
+    from anatomy_cli.models.sae.read import read
+    from anatomy_cli.models.spec import ModelSpec
+
+    model, sae, corpus, _ = setup
+    windows, acts, _, _ = brute(model, sae)
+    lm = engine.load(ModelSpec(str(model), device="cpu"))
+    assert lm.n_layers == 2
+    calls = []
+    later = [(lm.points[name][0], "output", lambda t, n=name: calls.append(n))
+             for name in ("blocks.1.hook_resid_pre", "blocks.1.hook_resid_post", "ln_final.hook_normalized")]
+    later.append((lm.model.get_output_embeddings(), "output", lambda t: calls.append("lm_head")))
+    with attach_modules(later):
+        got = window_features(lm, torch.tensor(windows[:3]), Dictionary(read(sae), lm.device))
+    assert calls == []
+    np.testing.assert_allclose(got.numpy(), np.stack(acts[:3]), rtol=1e-5, atol=1e-6)
+
+    second = write_sae(tmp_path / "block1")
+    cfg = json.loads((second / "cfg.json").read_text())
+    cfg["metadata"]["hook_name"] = "blocks.1.hook_resid_post"
+    (second / "cfg.json").write_text(json.dumps(cfg))
+    est = {}
+    for block, folder in ((0, sae), (1, second)):
+        result = invoke("features", folder, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                        "--max-tokens", 32, "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert f"its forward through blocks 0-{block} of 2" in result.stderr.replace("\n", " ")
+        est[block] = json.loads(result.stdout)["estimate"]
+    tokens = 32
+    rest = 2.0 * tokens * 32 * D_SAE + 2.0 * tokens * D_SAE * D_SAE + 2.0 * D_SAE * 32 * 50257
+    assert (est[0]["forward_blocks"], est[1]["forward_blocks"], est[1]["n_layers"]) == (1, 2, 2)
+    assert est[1]["flops"] - rest == pytest.approx(2 * (est[0]["flops"] - rest), rel=1e-9)
+
