@@ -450,3 +450,31 @@ def test_the_pass_stops_at_the_dictionary_s_block(setup, tmp_path):
     assert (est[0]["forward_blocks"], est[1]["forward_blocks"], est[1]["n_layers"]) == (1, 2, 2)
     assert est[1]["flops"] - rest == pytest.approx(2 * (est[0]["flops"] - rest), rel=1e-9)
 
+
+def test_a_finished_delphi_run_run_again_reads_its_shards_back(setup, tmp_path, monkeypatch):
+    """A finished ``--out DIR --delphi CACHE`` run run again: every shard is read back (no forward runs) and the
+    cache is the same bytes; with one shard of --out lost, that shard alone is computed again, the others' entries
+    read back from the cache's splits, and the cache is again the same bytes."""
+    from anatomy_cli.engine import sae as engine_sae
+
+    model, sae, corpus, _ = setup
+    out, cache = tmp_path / "run", tmp_path / "latents"
+    args = ("--features", "0-9", "--out", out, "--delphi", cache)
+    first = run_json(model, sae, corpus, *args)
+
+    def cache_files():
+        return {p.relative_to(cache): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
+
+    files = cache_files()
+    assert first["shards"] > 2 and any(p.suffix == ".safetensors" for p in files)
+    computed = []
+    real = engine_sae.window_features
+    monkeypatch.setattr(engine_sae, "window_features", lambda *a: computed.append(1) or real(*a))
+    again = run_json(model, sae, corpus, *args)
+    assert computed == [] and again["resumed"] == first["shards"]
+    assert (again["features"], again["contexts"]) == (first["features"], first["contexts"])
+    assert cache_files() == files
+    (out / "shards" / "shard-00001.parquet").unlink()
+    third = run_json(model, sae, corpus, *args)
+    assert third["resumed"] == first["shards"] - 1 and computed  # shard 1 alone computed again
+    assert third["features"] == first["features"] and cache_files() == files
