@@ -56,6 +56,7 @@ class DelphiWriter:
         if overwrite and self.parts.exists():
             shutil.rmtree(self.parts)
         # nothing is created here: DIR may lie inside --out, whose emptiness the run's store checks first
+        self.reusable = not overwrite and not self.parts.exists() and self.finished()  # before any shard is saved
 
     def _path(self, index: int) -> Path:
         return self.parts / f"shard-{index:05d}.npz"
@@ -63,11 +64,12 @@ class DelphiWriter:
     def check(self, index: int) -> str | None:
         """Why a finished shard's entries cannot be used (missing: neither its own file nor a finished cache's
         splits hold them), else None."""
-        return None if self._path(index).is_file() or self.finished() else "its delphi entries are missing"
+        return None if self._path(index).is_file() or self.reusable else "its delphi entries are missing"
 
     def finished(self) -> bool:
-        """DIR holds the cache a finished run wrote (config.json and splits, its entries' folder removed): a
-        rerun of that run (``--out``'s shards resumed) reads its entries back from the splits."""
+        """DIR holds the cache a finished run wrote (config.json and splits): a rerun of that run (``--out``'s
+        shards resumed, DIR holding no entries of a run under way: :attr:`reusable`) reads its entries back from
+        the splits."""
         module = self.root / self.hook
         return (module / "config.json").is_file() and any(module.glob("*_*.safetensors"))
 
@@ -96,7 +98,7 @@ class DelphiWriter:
         files = [np.load(self._path(i)) for i in range(shards) if self._path(i).is_file()]
         if len(files) < shards:  # a rerun of a finished run: the entries of the shards it read back are the splits'
             files.append(self._kept(module, edges, [f["tokens"].shape[0] for f in files],
-                                    [int(f["first_window"]) for f in files]))
+                                    [int(f["first_window"]) for f in files], config))
         ctx = max(f["tokens"].shape[1] for f in files)
         tokens = np.concatenate([np.pad(f["tokens"], ((0, 0), (0, ctx - f["tokens"].shape[1])), constant_values=-1)
                                  for f in files])
@@ -127,16 +129,21 @@ class DelphiWriter:
         shutil.rmtree(self.parts, ignore_errors=True)
         return [*written, module / "config.json"]
 
-    def _kept(self, module: Path, edges: list[tuple[int, int]], counts: list[int], firsts: list[int]
-              ) -> dict[str, Any]:
+    def _kept(self, module: Path, edges: list[tuple[int, int]], counts: list[int], firsts: list[int],
+              config: dict[str, Any]) -> dict[str, Any]:
         """The entries and windows a finished cache's splits hold outside the windows of the shards whose own
         files are here (``firsts``, ``counts``: their first windows and window counts), as one shard file's
         arrays, with ``windows`` (each token row's window) in place of ``first_window``."""
         from safetensors.numpy import load_file
 
-        if not self.finished():
+        try:
+            held = json.loads((module / "config.json").read_text())
+            same = all(held.get(k) == config[k] for k in ("n_tokens", "cache_ctx_len"))
+        except (OSError, ValueError):
+            same = False
+        if not self.reusable or not same or not all((module / f"{a}_{b}.safetensors").is_file() for a, b in edges):
             raise AnatomyError(f"{self.parts}: the entries of some finished shards are missing, and {module} holds "
-                               f"no finished cache to read them from: run again with --overwrite")
+                               f"no cache of this run to read them from: run again with --overwrite")
         locs, acts, tokens = [], [], np.zeros((0, 0), np.int64)
         for start, end in edges:
             split = load_file(str(module / f"{start}_{end}.safetensors"))
