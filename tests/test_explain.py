@@ -287,7 +287,8 @@ def test_scores_and_control_with_a_stand_in_and_resume_after_an_interruption(mad
     ("plain dir", "is not a features output"),
     ("zero", "--max-features"),
     ("unknown model", "error:"),
-    ("no cache", "holds no delphi latent cache"),
+    ("no cache", "holds no delphi latent cache (explain reads there where a feature does not fire): run the "
+                 "features command again with --delphi added"),
 ])
 def test_bad_input_is_one_line_before_any_model_loads(made, tmp_path, monkeypatch, case, match):
     import anatomy_cli.tasks.session as session
@@ -321,3 +322,38 @@ def test_the_python_api_returns_the_command_s_json(made, tmp_path, monkeypatch):
     for key in ("detection_balanced_accuracy", "control_fuzz_f1"):
         assert frame[key].dtype == "float64"
         assert [None if pd.isna(v) else v for v in frame[key]] == [r[key] for r in got.rows]
+
+
+def test_a_plot_inside_a_fresh_out_dir_is_written(made, tmp_path, monkeypatch):
+    """``explain FEATURES_DIR --out DIR --plot DIR/page.html`` with DIR not made yet: the export and the page are
+    written there, the page holding each explanation the export holds."""
+    import html
+
+    _, _, feats, latents, chat = made
+    stand_in(monkeypatch)
+    out = tmp_path / "new" / "labels"
+    result = explain(feats, latents, chat, "--max-features", 2, "--out", out, "--plot", out / "page.html")
+    assert result.exit_code == 0, result.output
+    export = json.loads((out / "explanations.json").read_text())
+    page = (out / "page.html").read_text()
+    assert len(export) == 2
+    for record in export:
+        assert json.dumps(record["description"])[1:-1] in page or html.escape(record["description"]) in page
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing", "explain reads what anatomy features DICT --corpus PATH --out {dir} --delphi {dir}/latents writes"),
+    ("unfinished", "is an unfinished features run (the same features command again finishes it"),
+    ("empty", "is not a features output (run anatomy features DICT --corpus PATH --out {dir} --delphi "
+              "{dir}/latents first)"),
+])
+def test_a_dir_without_what_explain_reads_names_the_command_that_makes_it(made, tmp_path, case, match):
+    _, _, feats, _, chat = made
+    target = tmp_path / "dir"
+    if case != "missing":
+        target.mkdir()
+    if case == "unfinished":  # a features run interrupted before its tables: its manifest, no features.parquet
+        (target / "manifest.json").write_text((feats / "manifest.json").read_text())
+    result = invoke("explain", target, "--explainer", chat)
+    assert result.exit_code == 2, result.output
+    assert match.format(dir=target) in result.output.replace("\n", " ")

@@ -386,3 +386,95 @@ def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp
     given = invoke(*args, "--model", model)  # given: no line, the same model
     assert json.loads(given.stdout)["features"] == json.loads(result.stdout)["features"]
     assert "the dictionary's metadata" not in given.stderr
+
+
+def test_a_plot_inside_a_fresh_out_dir_is_written(setup, tmp_path):
+    """``--out DIR --plot DIR/page.html`` with DIR not made yet (a new user's first run): the run makes DIR and
+    writes the page there, the same page and tables as into a DIR made beforehand; a page whose folder does not
+    exist and is not inside --out is still refused before anything runs."""
+    import pyarrow.parquet as pq
+
+    model, sae, corpus, _ = setup
+    made, fresh = tmp_path / "made", tmp_path / "new" / "run"
+    made.mkdir()
+    for out in (made, fresh):
+        run_json(model, sae, corpus, "--features", "0-5", "--out", out, "--plot", out / "pages" / "page.html")
+    for name in ("features.parquet", "contexts.parquet", "logit_effects.parquet"):
+        assert pq.read_table(fresh / name).equals(pq.read_table(made / name)), name
+    page = (fresh / "pages" / "page.html").read_text()
+    assert page.replace(str(fresh), "DIR") == (made / "pages" / "page.html").read_text().replace(str(made), "DIR")
+    result = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--out", tmp_path / "elsewhere", "--plot", tmp_path / "nowhere" / "page.html")
+    assert result.exit_code == 1 and "the directory" in result.output and "does not exist" in result.output
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "nowhere").exists()
+
+
+def test_the_pass_stops_at_the_dictionary_s_block(setup, tmp_path):
+    """The forward runs blocks 0..b only (b the dictionary's block): the features equal those of transformers'
+    whole forward (hidden states) while a hook on the next block, the final norm and the LM head is never called;
+    the printed cost counts (b + 1) / L of a forward: the forward's FLOP for a block-1 dictionary of the 2-block
+    model are twice a block-0 one's (the encoder, co-firing and logit effects by hand)."""
+    from anatomy_cli import engine
+    from anatomy_cli.engine.hooks import attach_modules
+    from anatomy_cli.engine.sae import Dictionary
+    from anatomy_cli.engine.sae import window_features
+    from anatomy_cli.models.sae.read import read
+    from anatomy_cli.models.spec import ModelSpec
+
+    model, sae, corpus, _ = setup
+    windows, acts, _, _ = brute(model, sae)
+    lm = engine.load(ModelSpec(str(model), device="cpu"))
+    assert lm.n_layers == 2
+    calls = []
+    later = [(lm.points[name][0], "output", lambda t, n=name: calls.append(n))
+             for name in ("blocks.1.hook_resid_pre", "blocks.1.hook_resid_post", "ln_final.hook_normalized")]
+    later.append((lm.model.get_output_embeddings(), "output", lambda t: calls.append("lm_head")))
+    with attach_modules(later):
+        got = window_features(lm, torch.tensor(windows[:3]), Dictionary(read(sae), lm.device))
+    assert calls == []
+    np.testing.assert_allclose(got.numpy(), np.stack(acts[:3]), rtol=1e-5, atol=1e-6)
+
+    second = write_sae(tmp_path / "block1")
+    cfg = json.loads((second / "cfg.json").read_text())
+    cfg["metadata"]["hook_name"] = "blocks.1.hook_resid_post"
+    (second / "cfg.json").write_text(json.dumps(cfg))
+    est = {}
+    for block, folder in ((0, sae), (1, second)):
+        result = invoke("features", folder, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                        "--max-tokens", 32, "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert f"its forward through blocks 0-{block} of 2" in result.stderr.replace("\n", " ")
+        est[block] = json.loads(result.stdout)["estimate"]
+    tokens = 32
+    rest = 2.0 * tokens * 32 * D_SAE + 2.0 * tokens * D_SAE * D_SAE + 2.0 * D_SAE * 32 * 50257
+    assert (est[0]["forward_blocks"], est[1]["forward_blocks"], est[1]["n_layers"]) == (1, 2, 2)
+    assert est[1]["flops"] - rest == pytest.approx(2 * (est[0]["flops"] - rest), rel=1e-9)
+
+
+def test_a_finished_delphi_run_run_again_reads_its_shards_back(setup, tmp_path, monkeypatch):
+    """A finished ``--out DIR --delphi CACHE`` run run again: every shard is read back (no forward runs) and the
+    cache is the same bytes; with one shard of --out lost, that shard alone is computed again, the others' entries
+    read back from the cache's splits, and the cache is again the same bytes."""
+    from anatomy_cli.engine import sae as engine_sae
+
+    model, sae, corpus, _ = setup
+    out, cache = tmp_path / "run", tmp_path / "latents"
+    args = ("--features", "0-9", "--out", out, "--delphi", cache)
+    first = run_json(model, sae, corpus, *args)
+
+    def cache_files():
+        return {p.relative_to(cache): p.read_bytes() for p in sorted(cache.rglob("*")) if p.is_file()}
+
+    files = cache_files()
+    assert first["shards"] > 2 and any(p.suffix == ".safetensors" for p in files)
+    computed = []
+    real = engine_sae.window_features
+    monkeypatch.setattr(engine_sae, "window_features", lambda *a: computed.append(1) or real(*a))
+    again = run_json(model, sae, corpus, *args)
+    assert computed == [] and again["resumed"] == first["shards"]
+    assert (again["features"], again["contexts"]) == (first["features"], first["contexts"])
+    assert cache_files() == files
+    (out / "shards" / "shard-00001.parquet").unlink()
+    third = run_json(model, sae, corpus, *args)
+    assert third["resumed"] == first["shards"] - 1 and computed  # shard 1 alone computed again
+    assert third["features"] == first["features"] and cache_files() == files

@@ -136,10 +136,11 @@ PlotOpt = Annotated[
 ]
 
 
-def html_plot(command: str, help: str) -> Any:
+def html_plot(command: str, help: str, *, in_out: bool = False) -> Any:
     """The ``--plot FILE.html`` option of a command that draws one kind of picture, an interactive page (circuit,
     features): ``Annotated[Optional[Path], html_plot(...)]``. Any other suffix is refused, naming ``command``
-    (then the shared checks of the directory)."""
+    (then the shared checks of the directory). ``in_out``: FILE may lie in the command's ``--out DIR``, which the
+    command creates: a folder that does not exist yet is left to the command (``plots.check_path(..., made=)``)."""
 
     def check(value: Path | None) -> Path | None:
         from anatomy_cli.output.plots import check_path
@@ -148,7 +149,7 @@ def html_plot(command: str, help: str) -> Any:
         if value is not None and not is_html(value):
             got = f"not '{value.suffix}'" if value.suffix else "no suffix"
             raise UsageError(f"--plot {str(value)!r}: {command} draws an interactive page: give a .html file ({got})")
-        return check_path(value)
+        return check_path(value, made=value.parent if in_out and value is not None else None)
 
     return typer.Option("--plot", metavar="FILE.html", show_default=False, callback=check, help=help)
 

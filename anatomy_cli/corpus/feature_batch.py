@@ -55,14 +55,14 @@ def part_seed(seed: int) -> int:
 
 def _offer(kept: Candidates, new: Candidates, kind: str, k: int, a: Any, ids: Any, b: np.ndarray,
            first_window: int) -> Candidates:
-    """``kept`` and ``new`` pooled and chosen again; the contexts of the new ones chosen read from the batch."""
+    """``kept`` and ``new`` pooled and chosen again (their contexts copied only for the ones chosen); the contexts
+    of the new ones chosen read from the batch."""
     import torch
 
     if not len(new):
         return kept
     new = new.take(choose(new, kind, k))  # a batch's own best first: fewer contexts to read
-    pooled = kept.plus(new)
-    chosen = choose(pooled, kind, k)
+    chosen = choose(kept.columns(new), kind, k)
     fresh = chosen[chosen >= len(kept)] - len(kept)
     if len(fresh):
         width = kept.width
@@ -79,5 +79,4 @@ def _offer(kept: Candidates, new: Candidates, kind: str, k: int, a: Any, ids: An
         assert new.ctx_tok is not None and new.ctx_act is not None
         new.ctx_tok[fresh] = tok.cpu().numpy()
         new.ctx_act[fresh] = act.float().cpu().numpy()
-        pooled = kept.plus(new)
-    return pooled.take(chosen)
+    return kept.pick(new, chosen)

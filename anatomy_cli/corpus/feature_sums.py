@@ -79,12 +79,25 @@ class Candidates:
         return Candidates(self.width, **{k: getattr(self, k)[idx] for k in _CAND}, ctx_tok=self.ctx_tok[idx],
                           ctx_act=self.ctx_act[idx])
 
-    def plus(self, other: Candidates) -> Candidates:
+    def columns(self, other: Candidates) -> Candidates:
+        """``self`` and ``other`` pooled (``other``'s index ``i`` at ``len(self) + i``) without the contexts (empty
+        ``[0, width]``): what :func:`choose` reads."""
+        none = np.zeros((0, self.width), np.int64)
+        return Candidates(self.width, **{k: np.concatenate([getattr(self, k), getattr(other, k)]) for k in _CAND},
+                          ctx_tok=none, ctx_act=none.astype(np.float32))
+
+    def pick(self, other: Candidates, idx: np.ndarray) -> Candidates:
+        """Candidates ``idx`` of ``self`` and ``other`` pooled (as :meth:`columns` pools them), contexts included:
+        only the chosen contexts are copied."""
         assert self.ctx_tok is not None and self.ctx_act is not None
         assert other.ctx_tok is not None and other.ctx_act is not None
-        return Candidates(self.width, **{k: np.concatenate([getattr(self, k), getattr(other, k)]) for k in _CAND},
-                          ctx_tok=np.concatenate([self.ctx_tok, other.ctx_tok]),
-                          ctx_act=np.concatenate([self.ctx_act, other.ctx_act]))
+        n, mine = len(self), idx < len(self)
+        ctx_tok = np.empty((len(idx), self.width), np.int64)
+        ctx_act = np.empty((len(idx), self.width), np.float32)
+        ctx_tok[mine], ctx_act[mine] = self.ctx_tok[idx[mine]], self.ctx_act[idx[mine]]
+        ctx_tok[~mine], ctx_act[~mine] = other.ctx_tok[idx[~mine] - n], other.ctx_act[idx[~mine] - n]
+        return Candidates(self.width, **{k: np.concatenate([getattr(self, k), getattr(other, k)])[idx] for k in _CAND},
+                          ctx_tok=ctx_tok, ctx_act=ctx_act)
 
 
 def choose(c: Candidates, kind: str, k: int) -> np.ndarray:
@@ -147,9 +160,9 @@ class FeatureSums:
         self.hist += other.hist
         if self.cooc is not None and other.cooc is not None:
             self.cooc += other.cooc
-        top, samples = self.top.plus(other.top), self.samples.plus(other.samples)
-        self.top = top.take(choose(top, "top", self.top_k))
-        self.samples = samples.take(choose(samples, "sample", self.quantile_size))
+        self.top = self.top.pick(other.top, choose(self.top.columns(other.top), "top", self.top_k))
+        self.samples = self.samples.pick(other.samples, choose(self.samples.columns(other.samples), "sample",
+                                                               self.quantile_size))
 
     # -- Parquet: one row per followed feature; candidates and histogram as list columns
 

@@ -235,19 +235,28 @@ def feature_vector(sae: SAEFile, feature: int) -> SteeringVector:
     return SteeringVector({point[0]: row}, site=point[1].value, meta=meta)
 
 
+class _Read(Exception):
+    """Ends a forward where the dictionary's input has been read: the blocks after it do not run."""
+
+
 def window_features(lm: LoadedModel, ids: torch.Tensor, sae: Dictionary) -> torch.Tensor:
-    """The features ``[batch, T, d_sae]`` (float32, on ``lm.device``) of windows ``ids [batch, T]``: one forward,
-    the SAE's input read at its site (before the pre-MLP norm's gain where :func:`site_norms` says so) and encoded,
-    as :func:`splice_run` encodes one prompt."""
+    """The features ``[batch, T, d_sae]`` (float32, on ``lm.device``) of windows ``ids [batch, T]``: a forward
+    that stops where the SAE's input is read at its site (before the pre-MLP norm's gain where :func:`site_norms`
+    says so: the blocks after the dictionary's, the final norm and the LM head never run), encoded as
+    :func:`splice_run` encodes one prompt."""
     seen: dict[str, torch.Tensor] = {}
 
     def keep(t: torch.Tensor) -> None:
         seen["in"] = t.detach()
+        raise _Read
 
     lm.model.eval()
     norm_in, _ = site_norms(lm, sae.file)
     with torch.inference_mode(), _hooks(lm, [(_reading(lm, sae.file.site, norm_in), keep)]):
-        forward(lm, ids.to(lm.device))
+        try:
+            forward(lm, ids.to(lm.device))
+        except _Read:
+            pass
         x = seen["in"] if norm_in is None else norm_in.of(seen["in"])
         return sae.encode(x.reshape(ids.shape[0], ids.shape[1], -1).to(sae.dtype)).float()
 

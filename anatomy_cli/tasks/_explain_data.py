@@ -31,6 +31,22 @@ class FeatureExamples:
     not_active: tuple[Example, ...]
 
 
+def making(root: Path) -> str:
+    """The command that writes what explain reads into ``root``: the tables (``--out``) and delphi's cache."""
+    return f"anatomy features DICT --corpus PATH --out {root} --delphi {Path(root) / 'latents'}"
+
+
+def unfinished(root: Path) -> bool:
+    """True when ``root/manifest.json`` is a features run's (its settings name the followed features): one that
+    was interrupted before its tables were written."""
+    import json
+
+    try:
+        return "features" in json.loads((Path(root) / "manifest.json").read_text())["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def find_cache(root: Path, given: Path | None) -> Path:
     """The folder of delphi's cache for one hook (``<DIR>/<hook>/`` with config.json and the splits): under
     ``given`` or, by default, under FEATURES_DIR. UsageError when there is none."""
@@ -39,8 +55,9 @@ def find_cache(root: Path, given: Path | None) -> Path:
                    if any(p.parent.glob("*_*.safetensors")))
     if not found:
         where = f"--delphi {given}" if given is not None else str(root)
-        raise UsageError(f"{where} holds no delphi latent cache (explain checks there where a feature does not "
-                         f"fire): run anatomy features with --delphi {root / 'latents'}, or name it with --delphi")
+        raise UsageError(f"{where} holds no delphi latent cache (explain reads there where a feature does not fire): "
+                         f"run the features command again with --delphi added, {making(root)} --overwrite (the same "
+                         f"dictionary and corpus), or name a cache with --delphi DIR")
     if len(found) > 1:
         raise UsageError(f"{base} holds {len(found)} latent caches ({', '.join(str(p) for p in found[:3])}): name "
                          f"one with --delphi")

@@ -39,8 +39,9 @@ def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int, do
              ) -> dict[str, Any]:
     """The expected cost: ``tokens`` (``--max-tokens``, else the corpus' bytes / 4: ``tokens_estimated``), FLOP
     of what remains: the pass over the tokens not yet in ``--out`` (``done``: the shards and tokens a resumed run
-    reads back; ``resumed_tokens``), i.e. the forwards, the encoder and the co-firing counts (a [tokens, followed]
-    x [tokens, d_sae] product), and then the logit effects (each followed decoder row through the LM head);
+    reads back; ``resumed_tokens``), i.e. the forwards up to the dictionary's block (:func:`forward_share`:
+    ``forward_blocks`` of ``n_layers``), the encoder and the co-firing counts (a [tokens, followed] x [tokens, d_sae]
+    product), and then the logit effects (each followed decoder row through the LM head);
     ``seconds`` at the assumed rate, ``bytes``: what the pass keeps (co-firing counts twice, the histograms, at
     most every bin's samples and the top contexts)."""
     from anatomy_cli.corpus.feature_sums import N_BINS
@@ -49,7 +50,9 @@ def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int, do
     tokens = opts.max_tokens if opts.max_tokens is not None else max(2, size // 4)
     left = max(0, tokens - done[1])
     f, d_sae = len(plan.features), plan.sae_file.d_sae
-    passing = left / plan.ctx * cost.forward_flops(info, plan.ctx) + 2.0 * left * plan.sae_file.d_in * d_sae \
+    blocks, share = forward_share(info, plan.sae_file)
+    passing = left / plan.ctx * cost.forward_flops(info, plan.ctx) * share \
+        + 2.0 * left * plan.sae_file.d_in * d_sae \
         + (2.0 * left * f * d_sae if plan.cooccur else 0.0)
     vocab = info.lm_head_rows or 0
     flops = passing + 2.0 * f * plan.sae_file.d_out * vocab
@@ -59,7 +62,21 @@ def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int, do
     device = "cpu"
     return {"tokens": tokens, "tokens_estimated": opts.max_tokens is None, "features": f, "flops": flops,
             "seconds": cost.seconds(flops, device), "device": device, "bytes": kept, "resumed_shards": done[0],
-            "resumed_tokens": min(done[1], tokens)}
+            "resumed_tokens": min(done[1], tokens), "forward_blocks": blocks, "n_layers": info.n_layers}
+
+
+def forward_share(info: Any, sae: Any) -> tuple[int, float]:
+    """``(blocks, share)``: the blocks a window's forward runs and that share of a whole forward. A dictionary that
+    reads block b: blocks 0..b of the model's L, ``(b + 1) / L`` (the pass stops there: engine/sae.py
+    ``window_features``); a site outside the blocks: all L, 1."""
+    from anatomy_cli.models import sites
+
+    n = max(1, int(info.n_layers))
+    try:
+        blocks = min(n, sites.block_of(sae.site) + 1)
+    except ValueError:
+        blocks = n
+    return blocks, blocks / n
 
 
 def cost_line(c: dict[str, Any]) -> str:
@@ -71,8 +88,9 @@ def cost_line(c: dict[str, Any]) -> str:
     left = (f", {c['resumed_tokens']:,} of them already in --out ({shards:,} shard{'s' if shards > 1 else ''}): "
             "what is left" if shards else "")
     return (f"features: {c['features']:,} features over {tokens}{left}: about {c['flops']:.2g} FLOP, roughly "
-            f"{human_seconds(c['seconds'])} on {c['device']} (the pass and the logit effects; the model's load and the "
-            f"output not counted); at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
+            f"{human_seconds(c['seconds'])} on {c['device']} (the pass, its forward through blocks 0-"
+            f"{c['forward_blocks'] - 1} of {c['n_layers']}, and the logit effects; the model's load and the output not "
+            f"counted); at most {c['bytes'] / 2 ** 20:,.0f} MiB kept")
 
 
 def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:

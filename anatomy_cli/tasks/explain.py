@@ -101,11 +101,13 @@ def read_dir(opts: ExplainOptions) -> FeaturesDir:
     latent cache); no model is opened."""
     root = Path(opts.features_dir)
     if not root.is_dir():
-        raise UsageError(f"{root}: no such directory (explain reads what anatomy features --out DIR wrote)")
+        raise UsageError(f"{root}: no such directory: explain reads what {_data.making(root)} writes (run it first)")
     missing = [n for n in NEEDED if not (root / n).is_file()]
     if missing:
-        raise UsageError(f"{root} is not a features output: no {', '.join(missing)} in it (run anatomy features "
-                         f"DICT --corpus PATH --out {root} --delphi {root / 'latents'} first)")
+        unfinished = "manifest.json" not in missing and _data.unfinished(root)
+        why = "an unfinished features run (the same features command again finishes it; it resumes)" if unfinished \
+            else f"not a features output (run {_data.making(root)} first)"
+        raise UsageError(f"{root} is {why}: no {', '.join(missing)} in it")
     try:
         manifest = json.loads((root / "manifest.json").read_text())
         settings = manifest["settings"]

@@ -19,7 +19,7 @@ from anatomy_cli.tasks import explain as task
 PlotOpt = Annotated[Optional[Path], html_plot(
     "explain", "Write the features dashboard (as features --plot draws it, from FEATURES_DIR's tables) with the "
     "explanations and their scores to FILE.html. Default: FEATURES_DIR/features.html is rewritten so where it "
-    "exists (and --out is not given).")]
+    "exists (and --out is not given).", in_out=True)]
 
 
 @command("explain", task.ExplainOptions, inputs=("features_dir",))
@@ -56,18 +56,18 @@ def explain_command(
         anatomy explain feats --explainer ./big-instruct --scorer ./other-instruct --format json
         anatomy sae "The capital of France is" --sae ./sae --model smollm2 --labels feats/explanations.json
     """
+    from anatomy_cli.output import plots
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import explain as view
     from anatomy_cli.tasks._explain_run import measure
 
+    plot = plots.check_path(plot, made=opts.target)  # FILE inside a --out DIR not made yet: made by the run
     run = measure(spec, opts)
     emit(view.report(run), fmt)
     page = plot if plot is not None else _dashboard(opts)
     if page is not None:
-        from anatomy_cli.output import plots
-
         args, kwargs = view.dashboard(run, Path(opts.features_dir))
-        plots.draw("features", page, None, *args, **kwargs)
+        plots.draw("features", plots.make_folder(page), None, *args, **kwargs)
 
 
 def _dashboard(opts: task.ExplainOptions) -> Path | None:

@@ -20,7 +20,7 @@ PlotOpt = Annotated[Optional[Path], html_plot(
     "features", "Also write a dashboard of the features to FILE.html, an interactive page (opens offline; .html "
     "only): the list (search, sort) and per feature its contexts with every token shaded by its activation, "
     "histogram, logit effects and co-firing features; with --out DIR, the explanations and scores that anatomy "
-    "explain wrote to DIR/explanations.json. Results still go to stdout.")]
+    "explain wrote to DIR/explanations.json. Results still go to stdout.", in_out=True)]
 
 
 @command("features", task.FeaturesOptions, inputs=("sae",))
@@ -67,6 +67,9 @@ def features_command(
 
     if plot is not None and opts.estimate:
         raise UsageError("--estimate runs no pass: it draws no --plot (drop one of the two)")
+    from anatomy_cli.output.plots import check_path
+
+    plot = check_path(plot, made=opts.out)  # FILE inside a --out DIR not made yet: made by the run
     from anatomy_cli.cli.options import default_model
 
     if spec.model == default_model():  # --model left out (or given as the default): the model the dictionary names
@@ -85,4 +88,4 @@ def features_command(
             from anatomy_cli.output.views.explain import flat
 
             kwargs["explanations"] = flat(records)
-        plots.draw("features", plot, None, *args, **kwargs)
+        plots.draw("features", plots.make_folder(plot), None, *args, **kwargs)

@@ -42,18 +42,20 @@ SUFFIXES = (".png", ".svg", ".pdf", ".html")
 
 
 @overload
-def check_path(path: None, option: str = ...) -> None: ...
+def check_path(path: None, option: str = ..., made: Path | None = ...) -> None: ...
 @overload
-def check_path(path: Path | str, option: str = ...) -> Path: ...
+def check_path(path: Path | str, option: str = ..., made: Path | None = ...) -> Path: ...
 @overload
-def check_path(path: Path | str | None, option: str = ...) -> Path | None: ...
+def check_path(path: Path | str | None, option: str = ..., made: Path | None = ...) -> Path | None: ...
 
 
-def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:
+def check_path(path: Path | str | None, option: str = "--plot", made: Path | None = None) -> Path | None:
     """Check a ``--plot`` path before anything slow happens; returns it as a Path (None stays None).
 
     Raises UsageError (exit 2) for a suffix other than .png/.svg/.pdf or a path that is a
     directory; AnatomyError (exit 1) when the directory does not exist or cannot be written.
+    ``made``: a folder the command creates before the picture is written (its ``--out DIR``); a path whose
+    folder does not exist yet passes when that folder is ``made`` or inside it (:func:`make_folder` creates it).
     Nothing is created or left behind.
     """
     if path is None:
@@ -66,11 +68,28 @@ def check_path(path: Path | str | None, option: str = "--plot") -> Path | None:
     if path.is_dir():
         raise UsageError(f"{option} {str(path)!r} is a directory: give a file name such as {path / 'plot.png'}")
     folder = path.parent
+    if made is not None and not folder.exists() and _inside(folder, Path(made)):
+        return path
     if not folder.is_dir():
         what = "is not a directory" if folder.exists() else "does not exist"
         raise AnatomyError(f"cannot write {option} {str(path)!r}: the directory {str(folder)!r} {what}")
     if not writable(folder) or (path.exists() and not os.access(path, os.W_OK)):
         raise AnatomyError(f"cannot write {option} {str(path)!r}: no permission to write there")
+    return path
+
+
+def _inside(folder: Path, parent: Path) -> bool:
+    folder, parent = folder.absolute(), parent.absolute()
+    return folder == parent or parent in folder.parents
+
+
+def make_folder(path: Path) -> Path:
+    """``path``'s folder created where it does not exist yet (a picture inside a fresh ``--out DIR``, as
+    :func:`check_path` let through); returns ``path``. AnatomyError when it cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AnatomyError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     return path
 
 
