@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -22,8 +23,7 @@ if TYPE_CHECKING:
 HOVER_TOP = 5  # top tokens per cell in an HTML page's hover text
 
 CELL_COLUMNS = (
-    Column("layer", "layer"), Column("position", "pos", "int"), Column("token", "token"),
-    Column("token_id", "id", "id"), Column("probability", "probability", "prob", 4),
+    Column("layer", "layer"), Column("position", "pos", "int"), *TOKEN_COLUMNS,
     Column("logprob", "logprob", "float", 3), Column("entropy", "entropy", "float", 3), Column("kl", "kl", "float", 3),
 )
 TARGET_COLUMNS = (Column("target_rank", "target rank", "int"), Column("target_probability", "target p", "prob", 4))
