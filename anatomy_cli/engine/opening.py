@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.info import FromInfo
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.spec import ModelSpec
@@ -59,13 +60,8 @@ class OpenedModel:
     def name(self) -> str:
         return self.spec.model
 
-    @property
-    def adapter(self) -> Adapter:
-        return self.info.adapter
-
-    @property
-    def n_ctx(self) -> int | None:
-        return self.info.n_ctx
+    adapter = FromInfo[Adapter]()
+    n_ctx = FromInfo[int | None]()
 
 
 # ``**options``: ModelSpec's fields, passed on to it (its __post_init__ checks and converts them).
