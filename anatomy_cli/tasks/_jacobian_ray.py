@@ -20,8 +20,6 @@ from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.opening import OpenedModel
-    from anatomy_cli.tasks.fit_lens import FitLensOptions
-    from anatomy_cli.tasks.fit_lens import FitLensPlan
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class JacobianWorker:
         return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
 
 
-def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan,
+def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
                checkpoint: dict[str, Any] | None = None,
                crash_once: tuple[str, int] | None = None) -> tuple[dict[int, Any], int, int]:
     """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
@@ -90,7 +88,7 @@ def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: FitLensOptions, 
     return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())
 
 
-def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan,
+def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
                   settings: dict[str, Any], crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
     """The Ray fit with ``--checkpoint``: shard i is prompt i alone (the prompts the checkpoint holds are not
     sent), and each finished prompt is added to the running sums, which are saved (atomically) every
@@ -113,7 +111,7 @@ def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: FitLensOption
     return progress.sums, progress.n_done, progress.skipped
 
 
-def _run(opened: OpenedModel, shards: Any, opts: FitLensOptions, plan: FitLensPlan, finished: Any,
+def _run(opened: OpenedModel, shards: Any, opts: Any, plan: Any, finished: Any,
          crash_once: tuple[str, int] | None) -> None:
     from anatomy_cli.corpus.ray_run import run_on_ray
 

@@ -23,10 +23,6 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.engine.estimate import Estimate
-    from anatomy_cli.tasks.fit_lens import FitLensOptions
-    from anatomy_cli.tasks.fit_lens import FitLensPlan
-    from anatomy_cli.tasks.protocol import Opened
 
 PHASES = ("fitting", "writing and the held-out check")  # after the weights' load and the probes
 Sums = tuple[dict[int, Any], int, int]  # (float64 sums of J per block, prompts fitted, prompts skipped)
@@ -65,8 +61,8 @@ class JacobianFit:
                 "estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
 
 
-def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions,
-        plan: FitLensPlan) -> JacobianFit:
+def run(lm: Any, encoded: list[Encoded], opts: Any,
+        plan: Any) -> JacobianFit:
     """Fits, writes ``opts.out`` (atomically) and returns the summary. ``lm``: the LoadedModel; with ``opts.ray``
     the OpenedModel (the workers load the weights). Raises UsageError when no prompt is long enough."""
     import torch
@@ -109,7 +105,7 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions,
         check=None if check is None else check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
+def _check(lm: LoadedModel, opts: Any) -> LensCheck:
     """The written lens, read back as ``lens --lens jacobian:FILE`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
@@ -119,7 +115,7 @@ def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
     return fit_check(lm, lens, f"the Jacobian lens {opts.out}")
 
 
-def fitted_prompts(encoded: list[Encoded], opts: FitLensOptions) -> tuple[list[list[int]], list[list[int]]]:
+def fitted_prompts(encoded: list[Encoded], opts: Any) -> tuple[list[list[int]], list[list[int]]]:
     """``(ids, usable)``: each prompt's ids as the fit reads them (its first ``max_seq_len`` tokens; with
     ``--shard i/N`` prompts i, i + N, ... only), and those long enough to have a valid position (the ones fitted).
     Raises UsageError when none is: :func:`anatomy_cli.tasks.fit_lens.check` calls it before the weights load."""
@@ -135,7 +131,7 @@ def fitted_prompts(encoded: list[Encoded], opts: FitLensOptions) -> tuple[list[l
     return ids, usable
 
 
-def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan) -> Sums:
+def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Sums:
     """Prompt after prompt in this process; with ``opts.checkpoint`` the sums saved every
     ``opts.checkpoint_every`` prompts (and after the last), and resumed from (the prompts it holds skipped:
     :mod:`anatomy_cli.tasks._jacobian_checkpoint`)."""
@@ -157,8 +153,8 @@ def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: FitLensOptions, plan:
     return progress.sums, progress.n_done, progress.skipped
 
 
-def settings_of(lm: Opened, ids: list[list[int]], opts: FitLensOptions,
-                plan: FitLensPlan) -> dict[str, object]:
+def settings_of(lm: Any, ids: list[list[int]], opts: Any,
+                plan: Any) -> dict[str, object]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
     from anatomy_cli.tasks._fit_files import digest
@@ -168,8 +164,8 @@ def settings_of(lm: Opened, ids: list[list[int]], opts: FitLensOptions,
             "prompts": digest(ids)}
 
 
-def _announce(lm: Any, usable: list[list[int]], opts: FitLensOptions,
-              plan: FitLensPlan) -> tuple[float, Estimate]:
+def _announce(lm: Any, usable: list[list[int]], opts: Any,
+              plan: Any) -> tuple[float, Any]:
     """The cost line before the fit: FLOPs, and the time of every phase (:mod:`anatomy_cli.engine.estimate`):
     the weights' load as measured; the fit from a probe of its own code now (the first prompt's forward and two
     backward passes, :func:`probe_prompt`), scaled by each prompt's tokens; the held-out check from its probe.
@@ -203,7 +199,7 @@ def _announce(lm: Any, usable: list[list[int]], opts: FitLensOptions,
     return flops, est
 
 
-def estimate(lm: Any, usable: list[list[int]], opts: FitLensOptions, plan: FitLensPlan) -> float:
+def estimate(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
     """The fit's FLOPs (:func:`anatomy_cli.models.cost.jacobian_fit_flops` per prompt), with the blocks' own
     weights where they are loaded (with ``--ray`` the driver has none: ~12 d_model² per block)."""
     from anatomy_cli.engine import jacobian_fit
@@ -218,7 +214,7 @@ class _Enough(Exception):
     """Ends a probe after the passes it times."""
 
 
-def probe_prompt(lm: LoadedModel, ids: list[int], opts: FitLensOptions, plan: FitLensPlan,
+def probe_prompt(lm: LoadedModel, ids: list[int], opts: Any, plan: Any,
                  passes: int = 2) -> tuple[float, float]:
     """``(forward seconds, seconds per backward pass)`` of the fit's own per-prompt code
     (:func:`anatomy_cli.engine.jacobian_fit.jacobian_for_prompt`) on ``ids``, timed now: its forward and its

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.tasks.fit_lens import FitLensOptions
     from anatomy_cli.tasks.protocol import Opened
 
 MAX_LENGTH = 2048  # tuned-lens' Data.max_length
@@ -44,7 +43,7 @@ TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", 
               "seed": "--seed"}
 
 
-def validate(opts: FitLensOptions) -> None:
+def validate(opts: Any) -> None:
     """The refusals of a :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` of kind ``tuned`` (nothing opened)."""
     if opts.prompt:
         raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
@@ -73,7 +72,7 @@ def validate(opts: FitLensOptions) -> None:
         raise UsageError(f"--out {out} holds a lens already: give --overwrite to replace it")
 
 
-def refuse_tuned_options(opts: FitLensOptions) -> None:
+def refuse_tuned_options(opts: Any) -> None:
     """``--corpus`` and the rest given to another kind than ``tuned``."""
     defaults = {f.name: f.default for f in fields(opts)}
     given = [flag for name, flag in TUNED_ONLY.items() if getattr(opts, name) != defaults[name]]
@@ -87,7 +86,7 @@ class TunedPlan:
     source: Source
 
 
-def check(opened: Opened, opts: FitLensOptions) -> TunedPlan:
+def check(opened: Opened, opts: Any) -> TunedPlan:
     """A decoder with an LM head, ``ctx`` within its context, the corpus opened (a directory without text files is
     refused here), all before the weights load."""
     from anatomy_cli.corpus.sources import open_source
@@ -146,7 +145,7 @@ def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[t
     return list(windows(itertools.chain([[eos]] if eos is not None else [], stream), ctx=ctx, max_tokens=tokens))
 
 
-def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
+def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     """Fits, writes ``opts.out`` (config.json + params.pt) and returns the summary. With ``opts.checkpoint`` the
     translators, the optimizer's and the schedule's state, the step and the KLs so far are saved every
     ``opts.checkpoint_every`` steps (and after the last), and resumed from: the same windows in the same order
@@ -198,7 +197,7 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
                     check=check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
+def _check(lm: LoadedModel, opts: Any) -> LensCheck:
     """The written lens, read back as ``lens --lens tuned:DIR`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
@@ -210,7 +209,7 @@ def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
 
 
 def _train(lm: LoadedModel, lens: Any, optim: tuple[Any, Any], wins: list[tuple[int, ...]], order: list[int],
-           steps: int, opts: FitLensOptions, settings: dict[str, Any]) -> tuple[list[float], list[float]]:
+           steps: int, opts: Any, settings: dict[str, Any]) -> tuple[list[float], list[float]]:
     """The steps (from the checkpoint's, when there is one to resume); each translator's mean KL over the first
     step's windows and over the last's."""
     from anatomy_cli.engine import tuned_fit
