@@ -24,6 +24,7 @@ from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
+from anatomy_cli.tasks._fit_files import FitCosts
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def check(opened: Opened, opts: Any) -> TunedPlan:
 
 
 @dataclass(frozen=True)
-class TunedFit:
+class TunedFit(FitCosts):
     """A fitted tuned lens as written to ``out``: the windows and tokens trained on, the steps, and per translator
     (``reads``: the residual row, ``embed`` or a block) the mean KL(final ‖ lens) in nats over the first step's
     windows (the zero lens: the logit lens) and over the last step's (before its update)."""
@@ -119,9 +120,6 @@ class TunedFit:
     reads: tuple[str | int, ...]
     kl_first: tuple[float, ...]
     kl_last: tuple[float, ...]
-    estimate: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"out": self.out, "corpus": self.corpus, "windows": self.windows, "tokens": self.tokens,
@@ -129,7 +127,7 @@ class TunedFit:
                 "memory_bytes": self.memory_bytes,
                 "translators": [{"translator": i, "reads": r, "kl_first": a, "kl_last": b}
                                 for i, (r, a, b) in enumerate(zip(self.reads, self.kl_first, self.kl_last))],
-                "estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
+                **self.costs()}
 
 
 def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[tuple[int, ...]]:
