@@ -27,6 +27,7 @@ from anatomy_cli.corpus.windows import token_stream
 from anatomy_cli.corpus.windows import windows
 from anatomy_cli.corpus.worker import Settings
 from anatomy_cli.corpus.worker import Worker
+from anatomy_cli.declare.shared import OnRay
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 
@@ -76,7 +77,7 @@ class Result:
 
 def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Tokenizer, lm: LoadedModel | None = None,
         out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
-        ray: dict[str, Any] | None = None, progress: Callable[[Progress], None] | None = None,
+        ray: OnRay | None = None, progress: Callable[[Progress], None] | None = None,
         crash_once: tuple[str, int] | None = None) -> Result:
     """Measure every shard of ``source`` and merge them in shard order.
 
@@ -109,7 +110,7 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Token
 
 
 def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer, out: Path | None,
-            overwrite: bool, identity: dict[str, Any] | None, ray: dict[str, Any] | None) -> tuple[Any, Any]:
+            overwrite: bool, identity: dict[str, Any] | None, ray: OnRay | None) -> tuple[Any, Any]:
     """The run directory's Store (None without ``out``) and the ActivationStore (None without
     ``--save-activations``)."""
     store = acts = None

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 from typing import TypeVar
 
 from anatomy_cli.declare.fields import Declared
@@ -126,6 +126,15 @@ def features_dirs(value: Sequence[str | Path] | None) -> tuple[str, ...]:
     return tuple(str(v) for v in value or ())
 
 
+class OnRay(TypedDict):
+    """Where a corpus pass runs on Ray (the runners' ``ray=``, :func:`anatomy_cli.corpus.ray_run.run_on_ray`'s
+    keywords): the cluster (None: RAY_ADDRESS, else a local Ray), the workers and the GPUs each takes."""
+
+    address: str | None
+    workers: int
+    gpus_per_worker: float
+
+
 @dataclass(frozen=True)
 class ShardRun(Declared):
     """How a corpus pass runs (``corpus``, ``features``): windows per shard and per forward pass, and the Ray
@@ -139,12 +148,11 @@ class ShardRun(Declared):
     workers: int = workers()
     gpus_per_worker: float = gpus_per_worker()
 
-    def on_ray(self) -> dict[str, Any] | None:
-        """The runners' ``ray=`` argument: ``{"address", "workers", "gpus_per_worker"}`` with ``--ray``, else
-        None (in-process)."""
+    def on_ray(self) -> OnRay | None:
+        """The runners' ``ray=`` argument with ``--ray``, else None (in-process)."""
         if not self.ray:
             return None
-        return {"address": self.ray_address, "workers": self.workers, "gpus_per_worker": self.gpus_per_worker}
+        return OnRay(address=self.ray_address, workers=self.workers, gpus_per_worker=self.gpus_per_worker)
 
 
 def shard_run() -> ShardRun:
