@@ -65,7 +65,6 @@ class GivenLoader:
     lm: LoadedModel
 
     def open(self, spec: ModelSpec) -> OpenedModel:
-        from anatomy_cli.engine.opening import OpenedModel
 
         return OpenedModel(spec=spec, info=self.lm.info, tokenizer=self.lm.tokenizer, config=self.lm.model.config)
 

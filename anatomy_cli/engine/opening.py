@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -138,7 +139,6 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
 def described(info: ModelInfo, spec: ModelSpec, source: Source | None, header: GGUFHeader | None = None) -> ModelInfo:
     """``info`` with the facts decided here, once: its label (:func:`anatomy_cli.models.resolve.label`), the file
     or directory behind the spec, and a GGUF file's quantization label (none for ``--init random``)."""
-    from dataclasses import replace
 
     from anatomy_cli.models import gguf
     from anatomy_cli.models.resolve import check_path

@@ -19,6 +19,7 @@ from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
 from anatomy_cli.tasks._fit_files import FitCosts
 from anatomy_cli.tasks._fit_files import atomic_save
+from anatomy_cli.tasks._fit_files import digest
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck
@@ -66,7 +67,6 @@ def run(lm: Any, encoded: list[Encoded], opts: Any,
     import torch
 
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.tasks._fit_files import digest
 
     ids, usable = fitted_prompts(encoded, opts)
     if opts.shard is not None:
@@ -155,7 +155,6 @@ def settings_of(lm: Any, ids: list[list[int]], opts: Any,
                 plan: Any) -> dict[str, object]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
-    from anatomy_cli.tasks._fit_files import digest
 
     return {"d_model": lm.info.d_model, "n_layers": lm.info.n_layers, "source_layers": list(plan.source_layers),
             "target_layer": plan.target_layer, "skip_first": opts.skip_first, "max_seq_len": opts.max_seq_len,

@@ -25,6 +25,9 @@ from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import FitCosts
+from anatomy_cli.tasks._fit_files import atomic_save
+from anatomy_cli.tasks._fit_files import digest
+from anatomy_cli.tasks._fit_files import resume
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -154,7 +157,6 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.engine.estimate import now
     from anatomy_cli.engine.fitted_lens import unembed_hash
-    from anatomy_cli.tasks._fit_files import digest
 
     assert opts.tokens is not None
     begun = now()
@@ -211,8 +213,6 @@ def _train(lm: LoadedModel, lens: Any, optim: tuple[Any, Any], wins: list[tuple[
     """The steps (from the checkpoint's, when there is one to resume); each translator's mean KL over the first
     step's windows and over the last's."""
     from anatomy_cli.engine import tuned_fit
-    from anatomy_cli.tasks._fit_files import atomic_save
-    from anatomy_cli.tasks._fit_files import resume
 
     opt, scheduler = optim
     n = len(wins)

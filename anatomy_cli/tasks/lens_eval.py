@@ -24,6 +24,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
 
 if TYPE_CHECKING:
@@ -198,7 +199,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: Le
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens_eval as analysis
     from anatomy_cli.models import cost
-    from anatomy_cli.tasks.lens import check_unembed_hash
     from anatomy_cli.tasks.session import warn_cost
 
     for fitted in plan.fitted:

@@ -7,6 +7,7 @@ from typing import Any
 
 from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
@@ -79,7 +80,6 @@ def run_kwargs(shown: Shown) -> dict[str, Any]:
 
 def report(lm: LoadedModel, enc: Encoded, grid: LensGrid, shown: Shown) -> Report:
     """The table's layout (rows x positions) for ``Format.table``; else one row per cell (tsv, csv, json)."""
-    from anatomy_cli.output.render import Format
 
     if run_kwargs(shown).get("k", shown.opts.k) != shown.opts.k:
         grid = grid.keep_top(shown.opts.k)
