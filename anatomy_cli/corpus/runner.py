@@ -29,6 +29,8 @@ from anatomy_cli.corpus.worker import Settings
 from anatomy_cli.corpus.worker import Worker
 from anatomy_cli.declare.shared import OnRay
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.identity import file_records
+from anatomy_cli.models.identity import tokenizer_digest
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -213,8 +215,6 @@ def model_identity(spec: ModelSpec, tokenizer: Tokenizer, lenses: tuple[str, ...
     """What a run's manifest keys the model by: the spec, the identity of the files it is read from
     (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest; with fitted lenses
     (``lenses``: their ``kind:PATH``), their files' identity as ``lens_files``."""
-    from anatomy_cli.models.identity import file_records
-    from anatomy_cli.models.identity import tokenizer_digest
 
     path = Path(spec.model).expanduser()
     resolved = str(path.resolve()) if path.exists() else spec.model

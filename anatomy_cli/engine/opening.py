@@ -26,6 +26,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models import adapters
+from anatomy_cli.models import adapters as _adapters
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.info import FromInfo
 from anatomy_cli.models.info import ModelInfo
@@ -84,7 +86,6 @@ def open_model(spec: ModelSpec | str, **options: Any) -> OpenedModel:
 
 
 def _open_light(spec: ModelSpec) -> OpenedModel | None:
-    from anatomy_cli.models import adapters
     from anatomy_cli.models import light
     from anatomy_cli.text.fast import BackendTokenizer
 
@@ -107,7 +108,6 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
     Raises ModelNotFound, OfflineError, CheckpointError (an unreadable config or GGUF header),
     UnsupportedArchitecture.
     """
-    from anatomy_cli.models import adapters as _adapters
     from anatomy_cli.models import gguf
     from anatomy_cli.models import gguf_tokenizer
     from anatomy_cli.models.model_files import load_tokenizer

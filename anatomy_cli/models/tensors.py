@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import CheckpointError
+from anatomy_cli.models.headers import read_gguf
+from anatomy_cli.models.headers import read_safetensors
+from anatomy_cli.models.headers import safetensors_files
 from anatomy_cli.models.resolve import Source
 from anatomy_cli.models.resolve import checkpoint_errors
 
@@ -178,8 +181,6 @@ def _n_layers(config: PreTrainedConfig) -> int:
 def _open_safetensors(spec: str, folder: Path, config: PreTrainedConfig) -> TensorReader:
     from safetensors import safe_open
 
-    from anatomy_cli.models.headers import read_safetensors
-    from anatomy_cli.models.headers import safetensors_files
 
     files = safetensors_files(folder)
     if not files:
@@ -239,7 +240,6 @@ def _open_gguf(source: Source, config: PreTrainedConfig) -> TensorReader:
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    from anatomy_cli.models.headers import read_gguf
 
     header = read_gguf(source.ref)  # one-line errors for a truncated or corrupt file, before gguf's reader
     with checkpoint_errors(f"{source.spec}: cannot read the GGUF tensors"):

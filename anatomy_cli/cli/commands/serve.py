@@ -20,6 +20,7 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
 from anatomy_cli.output.render import human_bytes
 from anatomy_cli.serve import client
+from anatomy_cli.serve import protocol
 from anatomy_cli.tasks import serve as task
 
 JOB_COLUMNS = (Column("id", "id", "id"), Column("state", "state"), Column("since", "since"),
@@ -55,7 +56,6 @@ def serve_command(
         anatomy serve --stop
     """
     from anatomy_cli.serve import lifecycle
-    from anatomy_cli.serve import protocol
 
     path = opts.socket.expanduser() if opts.socket else protocol.socket_path()[0]
     if ids and not opts.cancel:
