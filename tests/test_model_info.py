@@ -64,6 +64,19 @@ def test_loaded_model_reads_the_opened_info(tiny_model_dir):
     blocks = lm.model.base_model.get_submodule(lm.adapter.blocks)
     assert lm.n_layers == len(blocks)  # the config's count is the module list's
     assert lm.vocab_size == lm.model.get_output_embeddings().weight.shape[0]
+    assert lm.d_model == lm.model.get_input_embeddings().weight.shape[1]
+    assert lm.n_ctx == opened.n_ctx == models.CTX
+    with pytest.raises(AttributeError):  # read from info, never set beside it
+        lm.n_layers = 7
+    assert lm.n_layers == len(blocks)
+
+
+def test_an_attribute_from_info_names_a_field_of_model_info():
+    from anatomy_cli.models.info import FromInfo
+
+    with pytest.raises((TypeError, RuntimeError)) as caught:  # Python < 3.12 wraps it in a RuntimeError
+        type("Holder", (), {"n_blocks": FromInfo[int]()})
+    assert "ModelInfo has no field n_blocks" in str(caught.value.__cause__ or caught.value)
 
 
 def test_open_is_torch_free_for_a_directory(tiny_model_dir):

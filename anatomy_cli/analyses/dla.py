@@ -34,6 +34,9 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.engine import decompose
+from anatomy_cli.engine import final_norm
+from anatomy_cli.engine import unembed
 from anatomy_cli.engine.decompose import SUM_TOLERANCE  # noqa: F401  (FrozenNorm, freeze_norm: re-exported)
 from anatomy_cli.engine.decompose import Component
 from anatomy_cli.engine.decompose import FrozenNorm
@@ -152,9 +155,6 @@ def logit_attribution(lm: LoadedModel, cache: Cache, target: int, foil: int | No
     output there before any soft-capping. Raises AnatomyError when the parts do not add up or the head or
     the final norm is not of the linear form the attribution needs.
     """
-    from anatomy_cli.engine import decompose
-    from anatomy_cli.engine import final_norm
-    from anatomy_cli.engine import unembed
 
     parts = decompose.decompose_resid(lm, cache, by_head=by_head, by_expert=by_expert, row=row)
     direction, head_bias = unembedding or decompose.unembedding_direction(lm, target, foil)

@@ -32,6 +32,7 @@ from anatomy_cli.text.encodings import encoding_names  # noqa: F401  (re-exporte
 from anatomy_cli.text.encodings import load_encoding
 from anatomy_cli.text.records import token_record
 from anatomy_cli.text.tokenization import _decoder_kind
+from anatomy_cli.text.tokenization import adds_bos
 from anatomy_cli.text.tokenization import own_span
 
 if TYPE_CHECKING:
@@ -214,7 +215,6 @@ def tokenize_hf(text: str, model: str, *, allow_special: bool = False, bos: bool
     text are plain text unless ``allow_special``. Raises UsageError for empty text and the errors of
     :func:`load_hf_tokenizer`.
     """
-    from anatomy_cli.text.tokenization import adds_bos
 
     _require_text(text)
     tok, decoder, add_bos = (tokenizer, True, None) if tokenizer is not None else _load_hf(model)

@@ -35,6 +35,7 @@ else:
 from anatomy_cli import __version__
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import quiet_broken_pipe
+from anatomy_cli.output.sink import STDERR
 from anatomy_cli.output.sink import error_line
 from anatomy_cli.output.sink import info
 from anatomy_cli.output.sink import status  # noqa: F401  (the one stderr sink)
@@ -254,7 +255,6 @@ class AnatomyGroup(TyperGroup):
         _plain_metavars(self)
         _hide_aliases(self)
         show_limits(self)
-        from anatomy_cli.output.sink import STDERR
         from anatomy_cli.tasks.notes import using_notes
 
         try:

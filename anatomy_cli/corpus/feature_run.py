@@ -27,6 +27,7 @@ from anatomy_cli.corpus.store import Store
 from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import batches
 from anatomy_cli.corpus.worker import crash_if_marked
+from anatomy_cli.declare.shared import OnRay
 from anatomy_cli.models.spec import ModelSpec
 
 
@@ -111,7 +112,7 @@ class FeatureWorker:
 
 def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer: Any, lm: Any = None,
         out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
-        ray: dict[str, Any] | None = None, progress: Callable[[Any], None] | None = None,
+        ray: OnRay | None = None, progress: Callable[[Any], None] | None = None,
         delphi: Any = None, crash_once: tuple[str, int] | None = None) -> Result:
     """Measure every shard of ``source`` and merge them in shard order (as :func:`anatomy_cli.corpus.runner.run`);
     the runner's Result, ``stats`` the merged :class:`FeatureSums`.

@@ -27,7 +27,10 @@ from anatomy_cli.corpus.windows import token_stream
 from anatomy_cli.corpus.windows import windows
 from anatomy_cli.corpus.worker import Settings
 from anatomy_cli.corpus.worker import Worker
+from anatomy_cli.declare.shared import OnRay
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.identity import file_records
+from anatomy_cli.models.identity import tokenizer_digest
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -76,7 +79,7 @@ class Result:
 
 def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Tokenizer, lm: LoadedModel | None = None,
         out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
-        ray: dict[str, Any] | None = None, progress: Callable[[Progress], None] | None = None,
+        ray: OnRay | None = None, progress: Callable[[Progress], None] | None = None,
         crash_once: tuple[str, int] | None = None) -> Result:
     """Measure every shard of ``source`` and merge them in shard order.
 
@@ -109,7 +112,7 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Token
 
 
 def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer, out: Path | None,
-            overwrite: bool, identity: dict[str, Any] | None, ray: dict[str, Any] | None) -> tuple[Any, Any]:
+            overwrite: bool, identity: dict[str, Any] | None, ray: OnRay | None) -> tuple[Any, Any]:
     """The run directory's Store (None without ``out``) and the ActivationStore (None without
     ``--save-activations``)."""
     store = acts = None
@@ -212,8 +215,6 @@ def model_identity(spec: ModelSpec, tokenizer: Tokenizer, lenses: tuple[str, ...
     """What a run's manifest keys the model by: the spec, the identity of the files it is read from
     (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest; with fitted lenses
     (``lenses``: their ``kind:PATH``), their files' identity as ``lens_files``."""
-    from anatomy_cli.models.identity import file_records
-    from anatomy_cli.models.identity import tokenizer_digest
 
     path = Path(spec.model).expanduser()
     resolved = str(path.resolve()) if path.exists() else spec.model

@@ -38,6 +38,7 @@ from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.identity import file_sha256
 from anatomy_cli.models.identity import files_changed
+from anatomy_cli.models.sites import residual_row
 from anatomy_cli.models.written import as_user_file
 
 VERSION = 2
@@ -71,7 +72,6 @@ def schema(columns: tuple[str, ...]) -> Any:
 def summary_rows(layers: Any) -> list[dict[str, Any]]:
     """The JSON rows (``layer``: ``"embed"`` or block N) as summary.parquet's rows: ``row`` 0..L and the
     label as a string."""
-    from anatomy_cli.models.sites import residual_row
 
     return [{"row": residual_row(r["layer"]), **r, "layer": str(r["layer"])} for r in layers]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from anatomy_cli.corpus.expert_sums import ExpertSums
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.settings import Settings as Settings  # re-exported: corpus.worker.Settings
 from anatomy_cli.corpus.windows import Shard
@@ -95,7 +96,6 @@ def open_lenses(lm: LoadedModel, lenses: tuple[str, ...]) -> list[tuple[str, Fit
 
 def _expert_sums(lm: LoadedModel) -> ExpertSums:
     """Empty :class:`~anatomy_cli.corpus.expert_sums.ExpertSums` for ``lm``'s MoE blocks."""
-    from anatomy_cli.corpus.expert_sums import ExpertSums
 
     moe = lm.info.moe
     if moe is None:  # the task refused a dense model before anything loaded; a direct caller gets the same

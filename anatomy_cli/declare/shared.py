@@ -1,12 +1,17 @@
 """Option fields several commands share, each declared once: ``target: str | None = target()`` in an options
-dataclass. A factory, not a constant: each class gets its own ``dataclasses.field``."""
+dataclass. A factory, not a constant: each class gets its own ``dataclasses.field``. A group of options that
+commands take together is one options class held whole (:class:`ShardRun`, ``run: ShardRun = shard_run()``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
+from typing import TypedDict
 from typing import TypeVar
 
+from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 
 _L = TypeVar("_L", tuple[str, ...], None)
@@ -100,15 +105,6 @@ def column() -> str:
     return option("text", "--column", help="The text column of a .jsonl/.csv/.parquet/datasets source.")
 
 
-def shard_windows() -> int:
-    return option(16, "--shard-windows", min=1, help="Windows per shard.")
-
-
-def window_batch() -> int:
-    """``--batch-size``: windows per forward pass (the corpus' commands)."""
-    return option(4, "--batch-size", min=1, help="Windows per forward pass.")
-
-
 def features_dir() -> Sequence[str] | None:
     """``--features-dir DIR`` (repeatable): ``features --out`` folders, for labels, top tokens and dashboard links
     (models/sae/feature_labels.py)."""
@@ -128,3 +124,37 @@ def labels(what: str) -> Path | str | None:
 def features_dirs(value: Sequence[str | Path] | None) -> tuple[str, ...]:
     """``--features-dir``'s value as a tuple of paths (None: none)."""
     return tuple(str(v) for v in value or ())
+
+
+class OnRay(TypedDict):
+    """Where a corpus pass runs on Ray (the runners' ``ray=``, :func:`anatomy_cli.corpus.ray_run.run_on_ray`'s
+    keywords): the cluster (None: RAY_ADDRESS, else a local Ray), the workers and the GPUs each takes."""
+
+    address: str | None
+    workers: int
+    gpus_per_worker: float
+
+
+@dataclass(frozen=True)
+class ShardRun(Declared):
+    """How a corpus pass runs (``corpus``, ``features``): windows per shard and per forward pass, and the Ray
+    options, in this order. A command holds it whole (``run: ShardRun = shared.shard_run()``); the front ends
+    offer its options flat, at that field's place (``--ray``, ``ray=``)."""
+
+    shard_windows: int = option(16, "--shard-windows", min=1, help="Windows per shard.")
+    batch_size: int = option(4, "--batch-size", min=1, help="Windows per forward pass.")
+    ray: bool = ray("Run the shards")
+    ray_address: str | None = ray_address()
+    workers: int = workers()
+    gpus_per_worker: float = gpus_per_worker()
+
+    def on_ray(self) -> OnRay | None:
+        """The runners' ``ray=`` argument with ``--ray``, else None (in-process)."""
+        if not self.ray:
+            return None
+        return OnRay(address=self.ray_address, workers=self.workers, gpus_per_worker=self.gpus_per_worker)
+
+
+def shard_run() -> ShardRun:
+    """A field holding a :class:`ShardRun` (its own instance per options object)."""
+    return field(default_factory=ShardRun)

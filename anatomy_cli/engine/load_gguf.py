@@ -37,7 +37,7 @@ from anatomy_cli.models.headers import GGUFHeader
 from anatomy_cli.models.headers import TensorInfo
 from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.resolve import Source
-from anatomy_cli.models.resolve import first_line
+from anatomy_cli.models.resolve import checkpoint_errors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -118,14 +118,8 @@ def load_weights(source: Source, header: GGUFHeader, config: PreTrainedConfig, c
                          f"transformers) loads on one device: drop --device-map/--max-memory, or use --device")
     if placement or header.architecture in GGUF_ARCHS:
         return _from_pretrained(source, config, cls, dtype, placement)
-    try:
+    with checkpoint_errors(f"{source.spec}: cannot load the GGUF weights"):
         return _stream(source, header, config, cls, dtype)
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
-            raise
-        raise CheckpointError(f"{source.spec}: cannot load the GGUF weights: {first_line(exc)}") from None
 
 
 def _processor(header: GGUFHeader) -> TensorProcessor:
@@ -271,13 +265,10 @@ def _from_pretrained(source: Source, config: PreTrainedConfig, cls: ModelClass, 
     # Always dequantized: the hooks and the analyses read dense weights, and the heading says so. Without
     # this, transformers keeps the blocks packed wherever a GGUF matmul kernel (`kernels`) is installed.
     try:
-        return cls.from_pretrained(str(path.parent), gguf_file=path.name, config=config, dtype=dtype,
-                                   local_files_only=True, quantization_config=GgufConfig(dequantize=True),
-                                   **placement)
-    except Exception as exc:
-        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
-            raise
-        raise CheckpointError(f"{source.spec}: cannot load the GGUF weights: {first_line(exc)}") from None
+        with checkpoint_errors(f"{source.spec}: cannot load the GGUF weights"):
+            return cls.from_pretrained(str(path.parent), gguf_file=path.name, config=config, dtype=dtype,
+                                       local_files_only=True, quantization_config=GgufConfig(dequantize=True),
+                                       **placement)
     finally:
         gguf_utils.tqdm = bar
         quantizer_log.setLevel(level)

@@ -8,8 +8,7 @@ context. No torch at import time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,6 +17,7 @@ from typing import Protocol
 from anatomy_cli.engine.opening import OpenedModel
 from anatomy_cli.engine.opening import open_model
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.scoped import scoped
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
@@ -52,14 +52,9 @@ def current_loader() -> Loader:
     return _LOADER.get()
 
 
-@contextmanager
-def using_loader(loader: Loader) -> Iterator[Loader]:
+def using_loader(loader: Loader) -> AbstractContextManager[Loader]:
     """Open and load through ``loader`` inside the block (this thread's context only)."""
-    token = _LOADER.set(loader)
-    try:
-        yield loader
-    finally:
-        _LOADER.reset(token)
+    return scoped(_LOADER, loader)
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,6 @@ class GivenLoader:
     lm: LoadedModel
 
     def open(self, spec: ModelSpec) -> OpenedModel:
-        from anatomy_cli.engine.opening import OpenedModel
 
         return OpenedModel(spec=spec, info=self.lm.info, tokenizer=self.lm.tokenizer, config=self.lm.model.config)
 

@@ -21,6 +21,7 @@ from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.info import has_lm_head
 from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.resolve import Source
 from anatomy_cli.models.resolve import first_line
@@ -55,7 +56,6 @@ def _model_class(adapter: Adapter, config: PreTrainedConfig, random: bool = Fals
     at random), else the bare model."""
     import transformers
 
-    from anatomy_cli.models.info import has_lm_head
 
     cls: ModelClass = transformers.AutoModel
     if adapter.causal:

@@ -10,6 +10,7 @@ from typing import Literal
 import torch
 
 from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.info import FromInfo
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.text.tokenization import Tokenizer
 
@@ -63,55 +64,18 @@ class LoadedModel:
         """The model's one display name (``info.label``; the spec where none was decided)."""
         return self.label or self.name
 
-    @property
-    def adapter(self) -> Adapter:
-        return self.info.adapter
-
-    @property
-    def n_layers(self) -> int:
-        return self.info.n_layers
-
-    @property
-    def d_model(self) -> int:
-        return self.info.d_model
-
-    @property
-    def n_heads(self) -> int:
-        """Query heads per layer."""
-        return self.info.n_heads
-
-    @property
-    def d_head(self) -> int:
-        """Width of one head (hook_z is ``[batch, pos, n_heads * d_head]``)."""
-        return self.info.d_head
-
-    @property
-    def n_ctx(self) -> int | None:
-        """The longest prompt the model takes (None: no limit known)."""
-        return self.info.n_ctx
-
-    @property
-    def vocab_size(self) -> int:
-        """The LM head's rows: the width of the logits."""
-        return self.info.lm_head_rows
-
-    @property
-    def is_causal(self) -> bool:
-        return self.info.is_causal
-
-    @property
-    def has_resid_mid(self) -> bool:
-        return self.info.has_resid_mid
-
-    @property
-    def logit_softcap(self) -> float | None:
-        """Gemma 2: logits = c * tanh(raw / c); see :meth:`cap_logits`."""
-        return self.info.logit_softcap
-
-    @property
-    def position_offset(self) -> int:
-        """Position id of the first token (RoBERTa: pad_token_id + 1)."""
-        return self.info.position_offset
+    # Fields of ``info``, read from there.
+    adapter = FromInfo[Adapter]()
+    n_layers = FromInfo[int]()
+    d_model = FromInfo[int]()
+    n_heads = FromInfo[int]()  # query heads per layer
+    d_head = FromInfo[int]()  # the width of one head (hook_z is [batch, pos, n_heads * d_head])
+    n_ctx = FromInfo[int | None]()  # the longest prompt the model takes (None: no limit known)
+    vocab_size = FromInfo[int]("lm_head_rows")  # the LM head's rows: the width of the logits
+    is_causal = FromInfo[bool]()
+    has_resid_mid = FromInfo[bool]()
+    logit_softcap = FromInfo[float | None]()  # Gemma 2: logits = c * tanh(raw / c); see cap_logits
+    position_offset = FromInfo[int]()  # position id of the first token (RoBERTa: pad_token_id + 1)
 
     def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Final logit soft-capping, ``c * tanh(logits / c)`` (Gemma 2), as the model's own head applies it.

@@ -22,10 +22,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models import adapters
+from anatomy_cli.models import adapters as _adapters
 from anatomy_cli.models.adapters import Adapter
+from anatomy_cli.models.info import FromInfo
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.spec import ModelSpec
@@ -59,13 +63,8 @@ class OpenedModel:
     def name(self) -> str:
         return self.spec.model
 
-    @property
-    def adapter(self) -> Adapter:
-        return self.info.adapter
-
-    @property
-    def n_ctx(self) -> int | None:
-        return self.info.n_ctx
+    adapter = FromInfo[Adapter]()
+    n_ctx = FromInfo[int | None]()
 
 
 # ``**options``: ModelSpec's fields, passed on to it (its __post_init__ checks and converts them).
@@ -87,7 +86,6 @@ def open_model(spec: ModelSpec | str, **options: Any) -> OpenedModel:
 
 
 def _open_light(spec: ModelSpec) -> OpenedModel | None:
-    from anatomy_cli.models import adapters
     from anatomy_cli.models import light
     from anatomy_cli.text.fast import BackendTokenizer
 
@@ -110,7 +108,6 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
     Raises ModelNotFound, OfflineError, CheckpointError (an unreadable config or GGUF header),
     UnsupportedArchitecture.
     """
-    from anatomy_cli.models import adapters as _adapters
     from anatomy_cli.models import gguf
     from anatomy_cli.models import gguf_tokenizer
     from anatomy_cli.models.model_files import load_tokenizer
@@ -142,7 +139,6 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
 def described(info: ModelInfo, spec: ModelSpec, source: Source | None, header: GGUFHeader | None = None) -> ModelInfo:
     """``info`` with the facts decided here, once: its label (:func:`anatomy_cli.models.resolve.label`), the file
     or directory behind the spec, and a GGUF file's quantization label (none for ``--init random``)."""
-    from dataclasses import replace
 
     from anatomy_cli.models import gguf
     from anatomy_cli.models.resolve import check_path

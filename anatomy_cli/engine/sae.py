@@ -36,6 +36,7 @@ from anatomy_cli.engine.model import Side
 from anatomy_cli.engine.norm_gain import NormGain
 from anatomy_cli.engine.norm_gain import mlp_norm_gain
 from anatomy_cli.engine.norm_gain import mlp_norm_module
+from anatomy_cli.engine.norm_gain import probe
 from anatomy_cli.engine.replacement import mlp_module
 from anatomy_cli.engine.steering import SteeringVector
 from anatomy_cli.errors import UsageError
@@ -267,7 +268,6 @@ def logit_effects(lm: LoadedModel, rows: torch.Tensor) -> torch.Tensor:
     and bias left out (TransformerLens' ``fold_ln``), the LM head's bias left out, and each row's mean over the
     vocabulary subtracted (``center_unembed``). A model without a final norm: ``g = 1``."""
     from anatomy_cli.engine.lens import unembed
-    from anatomy_cli.engine.norm_gain import probe
 
     rows = rows.to(lm.device, torch.float32)
     point = lm.points.get(sites.name(None, sites.Whole.ln_final))

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from typing import Generic
 from typing import Protocol
+from typing import TypeVar
+from typing import cast
+from typing import overload
 
 from anatomy_cli.models import adapters
 from anatomy_cli.models.adapters import Adapter
@@ -202,3 +206,40 @@ def has_lm_head(adapter: Adapter, config: Any, random: bool = False) -> bool:
         return True
     archs = getattr(config, "architectures", None) or []
     return random or any(str(a).endswith(("ForMaskedLM", "ForPreTraining")) for a in archs)
+
+
+class HasInfo(Protocol):
+    """What holds a :class:`ModelInfo` (the opened and the loaded model)."""
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+
+T = TypeVar("T")
+
+
+class FromInfo(Generic[T]):
+    """A read-only attribute that is a field of the holder's ``info``, not a fact worked out again:
+    ``n_layers = FromInfo[int]()``; ``vocab_size = FromInfo[int]("lm_head_rows")`` where the names differ."""
+
+    def __init__(self, field: str | None = None) -> None:
+        self.field = field or ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = self.field or name
+        if self.field not in ModelInfo.__dataclass_fields__:
+            raise TypeError(f"{owner.__name__}.{name}: ModelInfo has no field {self.field}")
+
+    @overload
+    def __get__(self, holder: None, owner: type) -> FromInfo[T]: ...
+
+    @overload
+    def __get__(self, holder: HasInfo, owner: type) -> T: ...
+
+    def __get__(self, holder: HasInfo | None, owner: type) -> FromInfo[T] | T:
+        if holder is None:
+            return self
+        return cast("T", getattr(holder.info, self.field))
+
+    def __set__(self, holder: HasInfo, value: T) -> None:
+        raise AttributeError(f"{self.field} is read from info, a ModelInfo, and not set here")

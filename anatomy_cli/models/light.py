@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from anatomy_cli.models import presets
 from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.resolve import check_path
+from anatomy_cli.models.resolve import in_cache
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -69,7 +70,6 @@ def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, object]] |
     """GPT-2's tokenizer from the package's BPE files, as transformers builds it (GPT2Tokenizer), and the
     preset's shape. None when GPT-2's tokenizer is in the HF cache (that one is used by the full load)."""
     from anatomy_cli.models.model_files import GPT2_HUB_IDS
-    from anatomy_cli.models.resolve import in_cache
 
     if any(in_cache(repo, f) for repo in GPT2_HUB_IDS for f in ("tokenizer.json", "tokenizer_config.json",
                                                                  "vocab.json")):

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,3 +253,17 @@ def short_name(spec: str) -> str:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+@contextmanager
+def checkpoint_errors(what: str) -> Iterator[None]:
+    """Inside the block any error (a CheckpointError and MemoryError aside) is an unreadable checkpoint:
+    ``CheckpointError(f"{what}: {its first line}")``, whatever library raised it."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, MemoryError):
+            raise
+        raise CheckpointError(f"{what}: {first_line(exc)}") from None

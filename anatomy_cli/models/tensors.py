@@ -32,8 +32,11 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import CheckpointError
+from anatomy_cli.models.headers import read_gguf
+from anatomy_cli.models.headers import read_safetensors
+from anatomy_cli.models.headers import safetensors_files
 from anatomy_cli.models.resolve import Source
-from anatomy_cli.models.resolve import first_line
+from anatomy_cli.models.resolve import checkpoint_errors
 
 if TYPE_CHECKING:
     import torch
@@ -81,14 +84,8 @@ class TensorReader:
 
         if name not in self.tensors or self._read is None:
             raise CheckpointError(f"{self.spec}: no tensor {name}")
-        try:
+        with checkpoint_errors(f"{self.spec}: cannot read tensor {name}"):
             return self._read(name).to(torch.float32)
-        except CheckpointError:
-            raise
-        except Exception as exc:
-            if isinstance(exc, (KeyboardInterrupt, MemoryError)):
-                raise
-            raise CheckpointError(f"{self.spec}: cannot read tensor {name}: {first_line(exc)}") from None
 
     def close(self) -> None:
         if self._close is not None:
@@ -121,14 +118,10 @@ def open_tensors(source: Source, config: PreTrainedConfig) -> TensorReader:
 def _hub_snapshot(source: Source) -> Path:
     from huggingface_hub import snapshot_download
 
-    try:
+    with checkpoint_errors(f"{source.spec}: cannot find its safetensors files"):
         return Path(snapshot_download(source.ref, allow_patterns=["*.safetensors", "*.safetensors.index.json",
                                                                   "config.json"],
                                       local_files_only=source.local_only))
-    except Exception as exc:
-        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
-            raise
-        raise CheckpointError(f"{source.spec}: cannot find its safetensors files: {first_line(exc)}") from None
 
 
 def _meta_model(config: PreTrainedConfig) -> PreTrainedModel:
@@ -188,8 +181,6 @@ def _n_layers(config: PreTrainedConfig) -> int:
 def _open_safetensors(spec: str, folder: Path, config: PreTrainedConfig) -> TensorReader:
     from safetensors import safe_open
 
-    from anatomy_cli.models.headers import read_safetensors
-    from anatomy_cli.models.headers import safetensors_files
 
     files = safetensors_files(folder)
     if not files:
@@ -249,15 +240,10 @@ def _open_gguf(source: Source, config: PreTrainedConfig) -> TensorReader:
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    from anatomy_cli.models.headers import read_gguf
 
     header = read_gguf(source.ref)  # one-line errors for a truncated or corrupt file, before gguf's reader
-    try:
+    with checkpoint_errors(f"{source.spec}: cannot read the GGUF tensors"):
         reader = GGUFReader(source.ref)
-    except Exception as exc:
-        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
-            raise
-        raise CheckpointError(f"{source.spec}: cannot read the GGUF tensors: {first_line(exc)}") from None
     model = _meta_model(config)
     tied, emb_name, head_name = _tying(model)
     # transformers' processor takes the config as a dict of its own keys (num_attention_heads, ...).

@@ -93,6 +93,11 @@ class Column:
         return self.header if self.header is not None else self.key
 
 
+# A token as every table of tokens shows it (trace, next, generate, lens): its text, id and probability.
+TOKEN_COLUMNS = (Column("token", "token"), Column("token_id", "id", "id"),
+                 Column("probability", "probability", "prob", 4))
+
+
 @dataclass(frozen=True)
 class Section:
     """One table: ``rows`` are mappings from column key to raw value (None = empty)."""

@@ -26,6 +26,8 @@ import stat
 import struct
 from pathlib import Path
 
+from anatomy_cli import __version__
+
 PROTOCOL = 3                   # bump when a message changes meaning (3: keep-alives)
 ENV_SOCKET = "ANATOMY_SERVER"
 ENV_TIMEOUT = "ANATOMY_SERVER_TIMEOUT"
@@ -51,7 +53,6 @@ def identity() -> dict[str, object]:
     ``.py`` file of the package (relative path and bytes), so an edited or rebuilt source is a different
     server even under the same version number. About 10 ms.
     """
-    from anatomy_cli import __version__
 
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()

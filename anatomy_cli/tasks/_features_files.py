@@ -71,7 +71,7 @@ def write_delphi(delphi: Any, lm: Any, opts: Any, plan: Any, result: Any) -> lis
     hf = lm.tokenizer.hf
     pad = next((t for t in (hf.pad_token_id, hf.eos_token_id) if t is not None), 0)
     config = {"dataset_repo": str(opts.corpus), "dataset_split": "", "dataset_name": "",
-              "dataset_column": opts.column, "batch_size": opts.batch_size, "cache_ctx_len": plan.ctx,
+              "dataset_column": opts.column, "batch_size": opts.run.batch_size, "cache_ctx_len": plan.ctx,
               "n_tokens": int(result.stats.tokens), "n_splits": N_SPLITS, "model_name": lm.name}
     files = delphi.finish(result.shards, np.asarray(plan.features), pad, config)
     return [str(f) for f in files]

@@ -138,7 +138,7 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
         if opts.estimate:
             return FeaturesRun(opened.name, plan.sae_file, plan, c)
         notes.info(cost_line(c))
-        if opts.ray:
+        if opts.run.ray:
             from anatomy_cli.corpus.ray_run import ray_module
 
             ray_module()
@@ -159,14 +159,12 @@ def _pass(src: Any, spec: ModelSpec, opts: FeaturesOptions, plan: FeaturesPlan, 
 
     delphi = None if opts.delphi is None else DelphiWriter(opts.delphi, plan.sae_file.hook_name,
                                                           overwrite=opts.overwrite)
-    ray = {"address": opts.ray_address, "workers": opts.workers,
-           "gpus_per_worker": opts.gpus_per_worker} if opts.ray else None
     with notes.status("features: planning the first shard") as line:
         progress = CorpusStatus(line, opts.max_tokens, what="features")
         try:
             result = feature_run.run(src, spec, settings_of(opts, plan), tokenizer=lm.tokenizer,
-                                     lm=None if opts.ray else lm, out=opts.out, overwrite=opts.overwrite,
-                                     identity=identity, ray=ray, progress=progress, delphi=delphi)
+                                     lm=None if opts.run.ray else lm, out=opts.out, overwrite=opts.overwrite,
+                                     identity=identity, ray=opts.run.on_ray(), progress=progress, delphi=delphi)
         except KeyboardInterrupt:
             notes.info(progress.interrupted(opts.out))
             raise

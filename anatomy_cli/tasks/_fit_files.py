@@ -1,8 +1,10 @@
 """The files `fit-lens` writes and resumes from: every one written atomically (a temporary file beside it, then a
-rename), and a checkpoint resumed only when the settings it was written with are this run's."""
+rename), and a checkpoint resumed only when the settings it was written with are this run's; what every fit's
+summary reports beside its figures (:class:`FitCosts`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,21 @@ DTYPES = {"fp16": "float16", "fp32": "float32"}  # --dtype: the stored matrices'
 # A Jacobian lens file's key beside jlens' own: the digest of each fitted prompt's token ids, so that fit-lens merge
 # can refuse fits that share a prompt
 HASHES = "prompt_hashes"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitCosts:
+    """A fit's summary beside its figures (``fit-lens jacobian``, ``fit-lens tuned``): the ``estimate`` printed
+    before the fit, the ``timings`` measured, the held-out ``check`` (None: not run). Keywords, after the
+    summary's own fields."""
+
+    estimate: dict[str, object] | None = None
+    timings: dict[str, object] | None = None
+    check: dict[str, object] | None = None
+
+    def costs(self) -> dict[str, object]:
+        """The JSON form's last keys."""
+        return {"estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
 
 
 def atomic_save(obj: object, path: Path) -> None:

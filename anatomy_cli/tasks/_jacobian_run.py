@@ -17,7 +17,9 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
+from anatomy_cli.tasks._fit_files import FitCosts
 from anatomy_cli.tasks._fit_files import atomic_save
+from anatomy_cli.tasks._fit_files import digest
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck
@@ -29,7 +31,7 @@ Sums = tuple[dict[int, Any], int, int]  # (float64 sums of J per block, prompts 
 
 
 @dataclass(frozen=True)
-class JacobianFit:
+class JacobianFit(FitCosts):
     """A fitted Jacobian lens as written to ``out``: ``n_prompts`` used, ``skipped`` (too short), per source
     block ``identity_distance`` ``‖J_l − I‖_F / √d`` and ``norms`` ``‖J_l‖_F``, and the settings."""
 
@@ -47,9 +49,6 @@ class JacobianFit:
     flops: float
     identity_distance: tuple[float, ...]
     norms: tuple[float, ...]
-    estimate: dict[str, object] | None = None
-    timings: dict[str, object] | None = None
-    check: dict[str, object] | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"out": self.out, "n_prompts": self.n_prompts, "skipped": self.skipped,
@@ -58,7 +57,7 @@ class JacobianFit:
                 "max_seq_len": self.max_seq_len, "dtype": self.dtype, "tokens": self.tokens, "flops": self.flops,
                 "blocks": [{"block": b, "identity_distance": i, "frobenius": n}
                            for b, i, n in zip(self.source_layers, self.identity_distance, self.norms)],
-                "estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
+                **self.costs()}
 
 
 def run(lm: Any, encoded: list[Encoded], opts: Any,
@@ -68,7 +67,6 @@ def run(lm: Any, encoded: list[Encoded], opts: Any,
     import torch
 
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.tasks._fit_files import digest
 
     ids, usable = fitted_prompts(encoded, opts)
     if opts.shard is not None:
@@ -157,7 +155,6 @@ def settings_of(lm: Any, ids: list[list[int]], opts: Any,
                 plan: Any) -> dict[str, object]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
-    from anatomy_cli.tasks._fit_files import digest
 
     return {"d_model": lm.info.d_model, "n_layers": lm.info.n_layers, "source_layers": list(plan.source_layers),
             "target_layer": plan.target_layer, "skip_first": opts.skip_first, "max_seq_len": opts.max_seq_len,

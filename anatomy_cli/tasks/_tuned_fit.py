@@ -24,6 +24,10 @@ from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
+from anatomy_cli.tasks._fit_files import FitCosts
+from anatomy_cli.tasks._fit_files import atomic_save
+from anatomy_cli.tasks._fit_files import digest
+from anatomy_cli.tasks._fit_files import resume
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -101,7 +105,7 @@ def check(opened: Opened, opts: Any) -> TunedPlan:
 
 
 @dataclass(frozen=True)
-class TunedFit:
+class TunedFit(FitCosts):
     """A fitted tuned lens as written to ``out``: the windows and tokens trained on, the steps, and per translator
     (``reads``: the residual row, ``embed`` or a block) the mean KL(final ‖ lens) in nats over the first step's
     windows (the zero lens: the logit lens) and over the last step's (before its update)."""
@@ -119,9 +123,6 @@ class TunedFit:
     reads: tuple[str | int, ...]
     kl_first: tuple[float, ...]
     kl_last: tuple[float, ...]
-    estimate: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"out": self.out, "corpus": self.corpus, "windows": self.windows, "tokens": self.tokens,
@@ -129,7 +130,7 @@ class TunedFit:
                 "memory_bytes": self.memory_bytes,
                 "translators": [{"translator": i, "reads": r, "kl_first": a, "kl_last": b}
                                 for i, (r, a, b) in enumerate(zip(self.reads, self.kl_first, self.kl_last))],
-                "estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
+                **self.costs()}
 
 
 def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[tuple[int, ...]]:
@@ -156,7 +157,6 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
     from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.engine.estimate import now
     from anatomy_cli.engine.fitted_lens import unembed_hash
-    from anatomy_cli.tasks._fit_files import digest
 
     assert opts.tokens is not None
     begun = now()
@@ -213,8 +213,6 @@ def _train(lm: LoadedModel, lens: Any, optim: tuple[Any, Any], wins: list[tuple[
     """The steps (from the checkpoint's, when there is one to resume); each translator's mean KL over the first
     step's windows and over the last's."""
     from anatomy_cli.engine import tuned_fit
-    from anatomy_cli.tasks._fit_files import atomic_save
-    from anatomy_cli.tasks._fit_files import resume
 
     opt, scheduler = optim
     n = len(wins)

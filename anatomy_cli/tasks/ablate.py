@@ -15,6 +15,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.tasks import _attribution
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import Extra
 from anatomy_cli.tasks._attribution import Method
@@ -202,7 +203,6 @@ def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: di
     (not the attribution estimate)."""
     from anatomy_cli.analyses import ablate as analysis
     from anatomy_cli.engine import interventions
-    from anatomy_cli.tasks import _attribution
 
     extra = None
     if opts.method is Method.attribution:

@@ -17,6 +17,7 @@ from typing import Any
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.declare.shared import ShardRun
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -62,12 +63,7 @@ class CorpusOptions(Declared):
     out: Path | None = option(None, "--out", metavar="DIR", show_default=False, extra={"file_okay": False},
                               help="Write shards, manifest and summary Parquet here; running again resumes.")
     overwrite: bool = option(False, "--overwrite", help="Replace a run of other settings in --out.")
-    shard_windows: int = shared.shard_windows()
-    batch_size: int = shared.window_batch()
-    ray: bool = shared.ray("Run the shards")
-    ray_address: str | None = shared.ray_address()
-    workers: int = shared.workers()
-    gpus_per_worker: float = shared.gpus_per_worker()
+    run: ShardRun = shared.shard_run()
     save_activations: str | None = option(
         None, "--save-activations", metavar="SITE[,SITE]", show_default=False,
         help="Also save the activations at these hook points (blocks.6.hook_resid_post, ...) under --out DIR/"
@@ -95,7 +91,7 @@ class CorpusOptions(Declared):
 
         if self.activation_dtype not in DTYPES:
             raise UsageError(f"--activation-dtype is fp32 or fp16, not '{self.activation_dtype}'")
-        if self.out is None or self.ray:
+        if self.out is None or self.run.ray:
             raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
         return parse_sites(self.save_activations)
 
@@ -172,12 +168,10 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
         lm, opened, tokenizer, plan = _load(spec, opts)
         _say_lenses(lm, plan)
         settings = Settings(ctx=plan.ctx, bos=plan.bos, max_tokens=opts.max_tokens, lens=opts.lens,
-                            lens_every=opts.lens_every, heads=opts.heads, shard_windows=opts.shard_windows,
-                            allow_special=opts.allow_special, batch_size=opts.batch_size, save_activations=sites,
+                            lens_every=opts.lens_every, heads=opts.heads, shard_windows=opts.run.shard_windows,
+                            allow_special=opts.allow_special, batch_size=opts.run.batch_size, save_activations=sites,
                             activation_dtype=opts.activation_dtype, experts=opts.experts)
-        ray_opts = {"address": opts.ray_address, "workers": opts.workers,
-                    "gpus_per_worker": opts.gpus_per_worker} if opts.ray else None
-        result = _run(run, src, spec, settings, tokenizer, lm, identity, ray_opts, opts)
+        result = _run(run, src, spec, settings, tokenizer, lm, identity, opts)
     finally:
         if source == "-":
             src.path.unlink(missing_ok=True)
@@ -189,15 +183,14 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
 
 
 def _run(run: Callable[..., Result], src: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer,
-         lm: LoadedModel | None, identity: dict[str, Any],
-         ray_opts: dict[str, Any] | None, opts: CorpusOptions) -> Result:
+         lm: LoadedModel | None, identity: dict[str, Any], opts: CorpusOptions) -> Result:
     from anatomy_cli.tasks._corpus_status import CorpusStatus
 
     with status("corpus: planning the first shard") as line:
         progress = CorpusStatus(line, opts.max_tokens)
         try:
             return run(src, spec, settings, tokenizer=tokenizer, lm=lm, out=opts.out, overwrite=opts.overwrite,
-                       identity=identity, ray=ray_opts, progress=progress)
+                       identity=identity, ray=opts.run.on_ray(), progress=progress)
         except KeyboardInterrupt:
             notes.info(progress.interrupted(opts.out))
             raise
@@ -209,13 +202,13 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, Ope
     from anatomy_cli.tasks.session import load_weights
     from anatomy_cli.tasks.session import open_model
 
-    if opts.ray:
+    if opts.run.ray:
         from anatomy_cli.corpus.ray_run import ray_module
 
         ray_module()  # not installed: the one-line error before anything loads
     opened = open_model(spec)
     plan = check(opened, opts)
-    if not opts.ray:
+    if not opts.run.ray:
         lm = load_weights(opened)
         return lm, opened, lm.tokenizer, plan
     if opened.light:

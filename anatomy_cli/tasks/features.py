@@ -17,6 +17,7 @@ from typing import Any
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.declare.shared import ShardRun
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -76,12 +77,7 @@ class FeaturesOptions(Declared):
                        help="Rows of the table (and of tsv): the N most frequent features, with a line counting the "
                        "rest (0: every feature). --format json and --out's files always hold every feature.")
     estimate: bool = option(False, "--estimate", help="Print the expected cost and stop (no weights load).")
-    shard_windows: int = shared.shard_windows()
-    batch_size: int = shared.window_batch()
-    ray: bool = shared.ray("Run the shards")
-    ray_address: str | None = shared.ray_address()
-    workers: int = shared.workers()
-    gpus_per_worker: float = shared.gpus_per_worker()
+    run: ShardRun = shared.shard_run()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,7 +180,7 @@ def settings_of(opts: FeaturesOptions, plan: FeaturesPlan) -> Any:
     from anatomy_cli.corpus.feature_run import FeatureSettings
 
     return FeatureSettings(ctx=plan.ctx, bos=plan.bos, sae=str(Path(opts.sae).resolve()), hook=opts.hook,
-                           features=plan.features, max_tokens=opts.max_tokens, shard_windows=opts.shard_windows,
+                           features=plan.features, max_tokens=opts.max_tokens, shard_windows=opts.run.shard_windows,
                            allow_special=opts.allow_special, top_k=opts.top_k, quantile_size=opts.quantile_size,
                            window=opts.window, seed=opts.seed, cooccur=plan.cooccur, delphi=opts.delphi is not None,
-                           batch_size=opts.batch_size)
+                           batch_size=opts.run.batch_size)

@@ -24,6 +24,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.tasks import _jacobian_run
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._jacobian_run import JacobianFit as JacobianFit  # re-exported: the views' result types
@@ -200,6 +201,5 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: Any) -> Any
         from anatomy_cli.tasks import _tuned_fit
 
         return _tuned_fit.run(lm, opts, plan)
-    from anatomy_cli.tasks import _jacobian_run
 
     return _jacobian_run.run(lm, encoded, opts, plan)

@@ -24,7 +24,9 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
+from anatomy_cli.text.targets import single_token_forms
 
 if TYPE_CHECKING:
     import torch
@@ -159,7 +161,6 @@ def check(opened: Opened, opts: LensEvalOptions) -> LensEvalPlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a model without an LM head or that is no decoder, one
     of a single block, a lens for another model, a lens reading no block below the last; says (not fatal) which
     intermediates have no single-token form and how many items have none."""
-    from anatomy_cli.text.targets import single_token_forms
 
     require(opened.info, Need.decoder, Need.lm_head, command=COMMAND)
     n_layers = opened.info.n_layers
@@ -198,7 +199,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: Le
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens_eval as analysis
     from anatomy_cli.models import cost
-    from anatomy_cli.tasks.lens import check_unembed_hash
     from anatomy_cli.tasks.session import warn_cost
 
     for fitted in plan.fitted:

@@ -24,6 +24,7 @@ from dataclasses import field
 from typing import Protocol
 
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.scoped import scoped
 
 
 class Progress(Protocol):
@@ -86,14 +87,9 @@ def current() -> Notes:
     return notes if notes is not None else _fallback
 
 
-@contextmanager
-def using_notes(notes: Notes) -> Iterator[Notes]:
+def using_notes(notes: Notes) -> AbstractContextManager[object]:
     """Send what tasks say inside the block to ``notes``."""
-    token = _current.set(notes)
-    try:
-        yield notes
-    finally:
-        _current.reset(token)
+    return scoped(_current, notes)
 
 
 def warn(message: str) -> None:
@@ -113,15 +109,10 @@ class Cancelled(AnatomyError):
 _cancel: ContextVar[Callable[[], str | None] | None] = ContextVar("anatomy_cancel", default=None)
 
 
-@contextmanager
-def cancellable(check: Callable[[], str | None]) -> Iterator[None]:
+def cancellable(check: Callable[[], str | None]) -> AbstractContextManager[object]:
     """Inside the block, ``check()`` is asked at every step a task reports; a reason (not None) ends the run
     there with :class:`Cancelled` (``cancelled REASON``: ``by …``, ``as …``)."""
-    token = _cancel.set(check)
-    try:
-        yield
-    finally:
-        _cancel.reset(token)
+    return scoped(_cancel, check)
 
 
 def check_cancelled() -> None:

@@ -15,6 +15,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.tasks import _attribution
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import Extra
 from anatomy_cli.tasks._attribution import Method
@@ -127,7 +128,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: PatchOptions, ids: dict[s
     """The grid of CLEAN patched into CORRUPT (``encoded``), exact or estimated."""
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions
-    from anatomy_cli.tasks import _attribution
     from anatomy_cli.tasks.session import warn_cost
 
     clean, corrupt = encoded

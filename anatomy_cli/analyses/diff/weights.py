@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.analyses.diff.headers import read_header
 from anatomy_cli.analyses.params.rules import CATEGORIES
 from anatomy_cli.analyses.params.rules import HEAD
 from anatomy_cli.analyses.params.rules import LAYER_CATEGORIES
@@ -243,7 +244,6 @@ def open_weights(spec: str, *, trust_remote_code: bool = False, header: Any = No
     """A :class:`~anatomy_cli.models.tensors.TensorReader` for a ``--model`` spec (a directory, a .gguf file,
     a cached Hub id); ``header`` (:func:`.headers.read_header`) when already read. Raises what resolving and
     reading the config raise, and CheckpointError for a source without weight files."""
-    from anatomy_cli.analyses.diff.headers import read_header
     from anatomy_cli.models.tensors import open_tensors
 
     header = header or read_header(spec, trust_remote_code=trust_remote_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from anatomy_cli.analyses.params.breakdown import ParamsResult
+from anatomy_cli.analyses.params.meta import analyse_meta
 from anatomy_cli.analyses.params.rules import DTYPE_BITS
 from anatomy_cli.errors import UsageError
 
@@ -50,7 +51,6 @@ def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, tru
         cached = params_cache.get(key) if key else None
         if cached is not None:
             return cached
-    from anatomy_cli.analyses.params.meta import analyse_meta
 
     result = analyse_meta(spec, source, dtype, per_layer, trust_remote_code, max_memory)
     if max_memory is None and not trust_remote_code and key:

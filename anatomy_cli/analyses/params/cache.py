@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anatomy_cli.models import presets
 from anatomy_cli.models.cachedir import cache_dir
 from anatomy_cli.models.resolve import Source
 from anatomy_cli.models.resolve import config_path
@@ -44,7 +45,6 @@ def _version(package: str) -> str:
 def key(source: Source, *, dtype: str | None, per_layer: bool) -> str | None:
     """The cache key for counting ``source`` on the meta device; None when it has no config file."""
     import anatomy_cli
-    from anatomy_cli.models import presets
 
     if source.kind == "preset":
         content = json.dumps(presets.PRESETS[source.ref], sort_keys=True).encode()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import sys
 
+from anatomy_cli.analyses.params.build import build_meta_model
+from anatomy_cli.analyses.params.build import resolve_config
+from anatomy_cli.analyses.params.meta import count_parameters
+
 
 def generate() -> dict:
     """``{"presets": {name: {"shape": ..., "default": ..., "per_layer": ...}}}`` for every preset."""
-    from anatomy_cli.analyses.params.build import build_meta_model
-    from anatomy_cli.analyses.params.build import resolve_config
-    from anatomy_cli.analyses.params.meta import count_parameters
     from anatomy_cli.analyses.params.shipped import to_data
     from anatomy_cli.models.presets import PRESETS
     from anatomy_cli.models.resolve import resolve

@@ -50,6 +50,10 @@ from anatomy_cli.analyses.params.breakdown import family_for
 from anatomy_cli.analyses.params.breakdown import memory_bytes
 from anatomy_cli.analyses.params.breakdown import rule_notes
 from anatomy_cli.analyses.params.build import ResolvedConfig
+from anatomy_cli.analyses.params.build import build_meta_model
+from anatomy_cli.analyses.params.build import resolve_config
+from anatomy_cli.analyses.params.placement import config_dtype
+from anatomy_cli.analyses.params.placement import plan_placement
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -291,10 +295,6 @@ def _input_weight_name(model: PreTrainedModel) -> str | None:
 def analyse_meta(spec, source, dtype, per_layer, trust_remote_code, max_memory) -> ParamsResult:
     import dataclasses
 
-    from anatomy_cli.analyses.params.build import build_meta_model
-    from anatomy_cli.analyses.params.build import resolve_config
-    from anatomy_cli.analyses.params.placement import config_dtype
-    from anatomy_cli.analyses.params.placement import plan_placement
 
     resolved = resolve_config(spec, trust_remote_code=trust_remote_code, source=source)
     model = build_meta_model(resolved.config, trust_remote_code=trust_remote_code)

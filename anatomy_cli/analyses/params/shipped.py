@@ -21,6 +21,7 @@ from anatomy_cli.analyses.params.breakdown import LayerRow
 from anatomy_cli.analyses.params.breakdown import MoEInfo
 from anatomy_cli.analyses.params.breakdown import ParamsResult
 from anatomy_cli.analyses.params.breakdown import Row
+from anatomy_cli.analyses.params.rules import DTYPE_BITS
 from anatomy_cli.analyses.params.rules import memory_bytes
 
 DATA = Path(__file__).with_name("presets.json")
@@ -28,7 +29,6 @@ DATA = Path(__file__).with_name("presets.json")
 
 def dtype_note(dtype: str, moe: bool) -> str:
     """The footnote a ``--dtype`` adds (shared with the meta count, :mod:`.meta`)."""
-    from anatomy_cli.analyses.params.rules import DTYPE_BITS
 
     note = (f"Memory: parameters x {DTYPE_BITS[dtype] / 8:g} bytes ({dtype}); the weights that must be resident"
             f"{', every expert included' if moe else ''}; no activations, KV cache or optimizer state")

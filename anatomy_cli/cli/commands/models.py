@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from anatomy_cli.cli.app import info
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.output.render import Column
@@ -74,7 +75,6 @@ def models(
 def _set_default(name: str) -> None:
     from pathlib import Path
 
-    from anatomy_cli.cli.app import info
     from anatomy_cli.models import defaults
     from anatomy_cli.models.resolve import check_path
 

@@ -11,6 +11,12 @@ from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import TrustRemoteCodeOpt
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.models.resolve import short_name
+from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Format
+from anatomy_cli.output.render import Report
+from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import emit
+from anatomy_cli.output.render import resolve_format
 from anatomy_cli.tasks import params as task
 
 _SOURCES = {"preset": "built-in preset", "directory": "local directory", "hub": "Hugging Face config.json",
@@ -55,7 +61,6 @@ def params_command(
     plot, fmt = out.plot, out.fmt
     from anatomy_cli.analyses import params as analysis
     from anatomy_cli.output import plots
-    from anatomy_cli.output.render import emit
 
     budget = analysis.parse_max_memory(opts.max_memory) if opts.max_memory is not None else None
     result = analysis.analyse(model, dtype=opts.dtype.value if opts.dtype else None, per_layer=opts.per_layer,
@@ -73,11 +78,6 @@ def _share_digits(shares: list[float]) -> int:
 
 def build_report(result, fmt=None):
     """The render.Report for a ParamsResult: the summary (or per-layer) table and the placement table."""
-    from anatomy_cli.output.render import Column
-    from anatomy_cli.output.render import Format
-    from anatomy_cli.output.render import Report
-    from anatomy_cli.output.render import Section
-    from anatomy_cli.output.render import resolve_format
 
     data = result.to_dict()
     machine = resolve_format(fmt) is not Format.table
@@ -143,8 +143,6 @@ def _per_layer_section(result, lead, tail, total_row):
     from anatomy_cli.analyses.params import LABELS
     from anatomy_cli.analyses.params import LAYER_CATEGORIES
     from anatomy_cli.analyses.params import NORM
-    from anatomy_cli.output.render import Column
-    from anatomy_cli.output.render import Section
 
     present = {c for lr in result.layers for c, n in lr.parameters.items() if n}
     cats = [c for c in LAYER_CATEGORIES if c in present or c in (ATTENTION, NORM)]
@@ -167,8 +165,6 @@ def _per_layer_section(result, lead, tail, total_row):
 
 
 def _placement_section(placement, machine):
-    from anatomy_cli.output.render import Column
-    from anatomy_cli.output.render import Section
 
     rows = [{"device": d["device"], "modules": ", ".join(d["modules"]), "parameters": d["parameters"],
              "memory_bytes": d["memory_bytes"], "budget_bytes": d["budget_bytes"]} for d in placement.devices]

@@ -18,7 +18,9 @@ from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
+from anatomy_cli.output.render import human_bytes
 from anatomy_cli.serve import client
+from anatomy_cli.serve import protocol
 from anatomy_cli.tasks import serve as task
 
 JOB_COLUMNS = (Column("id", "id", "id"), Column("state", "state"), Column("since", "since"),
@@ -54,7 +56,6 @@ def serve_command(
         anatomy serve --stop
     """
     from anatomy_cli.serve import lifecycle
-    from anatomy_cli.serve import protocol
 
     path = opts.socket.expanduser() if opts.socket else protocol.socket_path()[0]
     if ids and not opts.cancel:
@@ -143,7 +144,6 @@ def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minut
 
 
 def _status_report(answer: dict) -> Report:
-    from anatomy_cli.output.render import human_bytes
 
     heading = [f"anatomy server {answer.get('version', '?')} · pid {answer['pid']} · {answer['socket']}",
                f"up {answer['uptime_s']:.0f} s · {answer['requests']} requests · peak RSS "

@@ -9,6 +9,7 @@ from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
+from anatomy_cli.output.render import stdout_console
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
@@ -58,7 +59,6 @@ def report(lm: LoadedModel, enc: Encoded, run: AttnRun, shown: Shown) -> Report:
 
 
 def _width() -> int:
-    from anatomy_cli.output.render import stdout_console
 
     return stdout_console().width
 

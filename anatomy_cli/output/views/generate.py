@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import cast
 
+from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -25,9 +26,7 @@ if TYPE_CHECKING:
 
 STEP_COLUMNS = (
     Column("step", "step", "int"),
-    Column("token", "token"),
-    Column("token_id", "id", "id"),
-    Column("probability", "probability", "prob", 4),
+    *TOKEN_COLUMNS,
     Column("rank", "rank", "int"),
     Column("top_text", "top tokens"),
 )

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
+from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
@@ -22,8 +24,7 @@ if TYPE_CHECKING:
 HOVER_TOP = 5  # top tokens per cell in an HTML page's hover text
 
 CELL_COLUMNS = (
-    Column("layer", "layer"), Column("position", "pos", "int"), Column("token", "token"),
-    Column("token_id", "id", "id"), Column("probability", "probability", "prob", 4),
+    Column("layer", "layer"), Column("position", "pos", "int"), *TOKEN_COLUMNS,
     Column("logprob", "logprob", "float", 3), Column("entropy", "entropy", "float", 3), Column("kl", "kl", "float", 3),
 )
 TARGET_COLUMNS = (Column("target_rank", "target rank", "int"), Column("target_probability", "target p", "prob", 4))
@@ -79,7 +80,6 @@ def run_kwargs(shown: Shown) -> dict[str, Any]:
 
 def report(lm: LoadedModel, enc: Encoded, grid: LensGrid, shown: Shown) -> Report:
     """The table's layout (rows x positions) for ``Format.table``; else one row per cell (tsv, csv, json)."""
-    from anatomy_cli.output.render import Format
 
     if run_kwargs(shown).get("k", shown.opts.k) != shown.opts.k:
         grid = grid.keep_top(shown.opts.k)

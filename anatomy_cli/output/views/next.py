@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -18,9 +19,7 @@ if TYPE_CHECKING:
 
 COLUMNS = (
     Column("rank", "rank", "int"),
-    Column("token", "token"),
-    Column("token_id", "id", "id"),
-    Column("probability", "probability", "prob", 4),
+    *TOKEN_COLUMNS,
     Column("logprob", "logprob", "float", 3),
 )
 ROWS = "top"

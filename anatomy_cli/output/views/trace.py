@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -33,9 +34,7 @@ TARGET_COLUMNS = (  # --target: the target token in each row's lens distribution
 )
 TOP_COLUMNS = (
     Column("rank", "rank", "int"),
-    Column("token", "token"),
-    Column("token_id", "id", "id"),
-    Column("probability", "probability", "prob", 4),
+    *TOKEN_COLUMNS,
 )
 LAYERS_NOTE = ("rows: embed = {embedding}, N = block N's output{final} (docs/engine.md#layers); "
                "cos emb / cos prev = cosine of h to the embed row / to the row before; ‖attn‖, ‖mlp‖ = what that "
