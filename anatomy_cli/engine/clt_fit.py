@@ -43,7 +43,9 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
+from anatomy_cli.engine.sae_fit import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import Point
 from anatomy_cli.models.written import as_user_file
@@ -96,7 +98,7 @@ class CrossLayerCoder(torch.nn.Module):
         for layer in range(n):
             flat = self.W_dec[layer].reshape(self.d_sae, -1)
             if self.jumprelu is None:
-                acts, idx = self.encode(layer, xs[layer])
+                acts, idx = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], self.k)
                 dec = torch.nn.functional.embedding_bag(idx, flat, per_sample_weights=acts, mode="sum")
             else:
                 z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
@@ -157,7 +159,7 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
     with the checkpoint every ``every`` steps and after the last. Returns ``{"steps", "fvu" (the summed loss per
     step), "fired" ([L, F] bool: fired in the last epoch)}``."""
     rows = xs.shape[1]
-    opt = torch.optim.Adam(coder.parameters(), lr=lr)
+    opt = adam(coder.parameters(), lr)
     per_epoch = math.ceil(rows / batch)
     steps = epochs * per_epoch
     curve: list[float] = []
@@ -294,7 +296,7 @@ def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int,
         torch.manual_seed(0)
         coder = CrossLayerCoder(n_layers, d, d_sae, k, jumprelu=jumprelu)
         xs = torch.randn(n_layers, batch, d)
-        opt = torch.optim.Adam(coder.parameters(), lr=1e-4)
+        opt = adam(coder.parameters(), 1e-4)
         gaps = []
         for _ in range(steps):
             start = now()

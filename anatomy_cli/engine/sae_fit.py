@@ -11,6 +11,12 @@ sqrt(d_sae / 2**14)``; after every step of an SAE the decoder gradient parallel 
 rows are set to unit norm again. Left out: sparsify's AuxK loss on dead latents (the dead fraction is reported
 instead).
 
+The step's speed (:class:`TopKCoder`, and the cross-layer coder of engine/clt_fit.py): the k latents are chosen
+by one dense matmul without autograd, and only their k pre-activations per row are recomputed under autograd from
+the k chosen encoder rows (:func:`sparse_topk`), so the backward adds into those rows alone instead of a second
+dense matmul; the decoder is an ``embedding_bag`` over the k rows (its backward touches those rows only); Adam
+runs fused (:func:`adam`). The values and gradients are the dense TopK's (tested).
+
 With eai-sparsify installed (the ``train`` extra), its own ``SparseCoder`` is the model trained (its forward,
 its decoder-norm steps and ``save_to_disk``); without it, :class:`TopKCoder`, the same maths in a few lines.
 Why not sparsify's Trainer: it loads the model itself through transformers (no GGUF) and computes activations as
@@ -73,6 +79,18 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
     return out
 
 
+def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the k
+    largest are chosen without autograd (one dense matmul), then only their pre-activations are recomputed with
+    autograd from the k chosen rows of ``weight`` (``embedding``, whose backward adds into those rows alone). The
+    values and gradients are those of the dense TopK; the dense backward matmul ``grad_preᵀ x`` (as many FLOPs as
+    the forward) is gone."""
+    with torch.no_grad():
+        idx = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False).indices
+    rows = torch.nn.functional.embedding(idx, weight)  # [rows, k, d]
+    return torch.relu(torch.einsum("nd,nkd->nk", x, rows) + bias[idx]), idx
+
+
 class TopKCoder(torch.nn.Module):
     """sparsify's ``SparseCoder`` with ``activation="topk"`` (see the module docstring). ``transcode``: the
     input is another site than the target (no ``b_dec`` subtracted; ``W_dec`` starts at zero)."""
@@ -92,8 +110,10 @@ class TopKCoder(torch.nn.Module):
         return pre.topk(self.k, dim=-1, sorted=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The reconstruction ``[rows, d_out]``."""
-        acts, idx = self.encode(x)
+        """The reconstruction ``[rows, d_out]`` (the encoder's gradient through the k chosen rows only:
+        :func:`sparse_topk`)."""
+        acts, idx = sparse_topk(x if self.transcode else x - self.b_dec, self.encoder.weight, self.encoder.bias,
+                                self.k)
         return torch.nn.functional.embedding_bag(idx, self.W_dec, per_sample_weights=acts, mode="sum") + self.b_dec
 
     @torch.no_grad()
@@ -195,6 +215,11 @@ def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum().clamp_min(1e-30)
 
 
+def adam(params: Any, lr: float) -> torch.optim.Adam:
+    """Adam with its fused kernel (one pass over each parameter per step; torch has it on CPU and CUDA)."""
+    return torch.optim.Adam(params, lr=lr, fused=True)
+
+
 def default_lr(d_sae: int) -> float:
     """sparsify's default learning rate for ``d_sae`` latents."""
     return 2e-4 / math.sqrt(d_sae / 2**14)
@@ -206,7 +231,7 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
     rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times. Returns ``{"steps", "fvu" (per step),
     "fired" (a bool per latent: fired at least once in the last epoch)}``."""
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(coder.parameters(), lr=lr)
+    opt = adam(coder.parameters(), lr)
     transcode = _transcodes(coder)
     with torch.no_grad():  # sparsify's Trainer at its first step: pre-activations centred, b_dec the target's mean
         if transcode:
