@@ -163,7 +163,7 @@ def test_the_fits_end_to_end_write_what_sae_and_circuit_read(tiny_model_dir, cor
                                  "--d-sae", "32", "--epochs", "2", "--batch-size", "64", "--lr", "0.003",
                                  "--format", "json", *more])
     assert result.exit_code == 0, result.output
-    assert "fit-sae: a JumpReLU" in result.stderr
+    assert "fit-sae: a JumpReLU" in result.stderr and "d_sae 32, L0 coefficient 0.001:" in result.stderr
     rows = json.loads(result.stdout)["blocks"]
     assert len(rows) == 2 and all(r["health"]["l0_mean"] >= 0 for r in rows)
     if not more:

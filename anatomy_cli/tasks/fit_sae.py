@@ -275,7 +275,8 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> st
     if opts.clt:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind = "TopK" if opts.jumprelu is None else "JumpReLU"
-    return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, k {opts.k}: {int(cost['tokens']):,} tokens "
+    sparsity = f"k {opts.k}" if opts.jumprelu is None else f"L0 coefficient {opts.l0_coeff:g}"
+    return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
             f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
