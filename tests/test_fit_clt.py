@@ -173,3 +173,73 @@ def test_clt_refusals_come_before_the_weights_load(tiny_model_dir, corpus, tmp_p
     with pytest.raises(UsageError, match="reads every block and writes to every later one"):
         api.fit_sae(str(tiny_model_dir("llama")), str(corpus), layer="0-1", transcoder=True, clt=True,
                     out=tmp_path / "o")
+
+
+# ---- the spliced CE/KL (every block's MLP output replaced by the CLT's reconstruction) ----
+
+def test_spliced_logits_equal_a_forward_with_plain_hooks_on_transformers_mlps(tiny_lm):
+    """The CLT spliced into every block, closed loop: a PyTorch pre-hook on each of transformers' own MLPs reads
+    its input, encodes it with the block's JumpReLU, and a forward hook replaces the MLP's output with the sum of
+    the decoders of this and every earlier block; the CE and KL by hand from those logits."""
+    from anatomy_cli.analyses.sae import next_token_ce
+    from anatomy_cli.analyses.sae import next_token_kl
+    from anatomy_cli.models import sites
+
+    lm = tiny_lm("llama")
+    n, d, f = lm.n_layers, lm.info.d_model, 16
+    torch.manual_seed(2)
+    coder = clt_fit.CrossLayerCoder(n, d, f, 4)
+    with torch.no_grad():
+        for param in coder.parameters():
+            param.copy_(torch.randn(param.shape) * 0.2)
+    theta = torch.rand(n, f) * 0.1
+    ids = [1, 5, 9, 22, 7, 3, 14, 30]
+    points = [(sites.hook_name(i, sites.Site.mlp_in), sites.hook_name(i, sites.Site.mlp_out)) for i in range(n)]
+    clean, spliced = clt_fit.spliced_logits(lm, ids, coder, theta, points)
+    acts = {}
+
+    def pre_hook(i):
+        def fn(module, args):
+            z = args[0][0] @ coder.W_enc[i].T + coder.b_enc[i]
+            acts[i] = z * (z > theta[i])
+        return fn
+
+    def out_hook(m):
+        def fn(module, args, out):
+            y = coder.b_dec[m].clone()
+            for layer in range(m + 1):
+                y = y + acts[layer] @ coder.W_dec[layer][:, m - layer]
+            return y[None]
+        return fn
+
+    layers = lm.model.model.layers
+    handles = [h for i in range(n) for h in (layers[i].mlp.register_forward_pre_hook(pre_hook(i)),
+                                              layers[i].mlp.register_forward_hook(out_hook(i)))]
+    x = torch.tensor([ids])
+    try:
+        with torch.no_grad():
+            want = lm.model(x).logits[0]
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        want_clean = lm.model(x).logits[0]
+    torch.testing.assert_close(clean, want_clean, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(spliced, want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(spliced, clean, atol=1e-2)  # the splice changed something
+    logp, logq = want_clean.double().log_softmax(-1), want.double().log_softmax(-1)
+    ce = -sum(float(logq[i, ids[i + 1]]) for i in range(len(ids) - 1)) / (len(ids) - 1)
+    assert next_token_ce(spliced, ids) == pytest.approx(ce, rel=1e-4)
+    kl = float((logp.exp() * (logp - logq)).sum(-1).mean())
+    assert next_token_kl(clean, spliced) == pytest.approx(kl, rel=1e-4)
+
+
+def test_the_clt_fit_reports_the_spliced_ce_and_kl(tiny_model_dir, corpus, tmp_path):
+    result = fit(tiny_model_dir("llama"), corpus, tmp_path / "clt")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["blocks"]
+    figures = {(r["health"]["ce_clean_nats"], r["health"]["ce_spliced_nats"], r["health"]["kl_spliced_nats"])
+               for r in rows}
+    assert len(figures) == 1  # every block spliced at once: one set of figures
+    clean, spliced, kl = figures.pop()
+    assert clean > 0 and spliced > 0 and kl >= 0

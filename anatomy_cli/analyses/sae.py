@@ -48,7 +48,8 @@ class Health:
         return {**asdict(self), "l0": list(self.l0)}
 
 
-def _ce(logits: torch.Tensor, ids: Sequence[int]) -> float | None:
+def next_token_ce(logits: torch.Tensor, ids: Sequence[int]) -> float | None:
+    """The mean over positions 0..n-2 of ``-log p(ids[i+1])`` in nats (None for one token)."""
     if len(ids) < 2:
         return None
     logp = torch.log_softmax(logits[:-1].double(), dim=-1)
@@ -56,7 +57,8 @@ def _ce(logits: torch.Tensor, ids: Sequence[int]) -> float | None:
     return float(-logp.gather(1, nxt[:, None]).mean())
 
 
-def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+def next_token_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """``KL(p ‖ q)`` of the next-token distributions, averaged over every position, in nats."""
     logp = torch.log_softmax(p_logits.double(), dim=-1)
     logq = torch.log_softmax(q_logits.double(), dim=-1)
     return float((logp.exp() * (logp - logq)).sum(-1).mean().clamp_min(0.0))
@@ -74,9 +76,10 @@ def health(run: Any, ids: Sequence[int], stated_l0: float | None) -> Health:
         l0=tuple(int(v) for v in l0), l0_mean=float(l0.double().mean()), stated_l0=stated_l0, fve=fve,
         mse=float(err.pow(2).mean()), error_ratio=float((err.norm(dim=-1) / norms).mean()),
         norm_ratio=float((recon.norm(dim=-1) / norms).mean()),
-        ce_clean_nats=_ce(run.logits, ids), ce_spliced_nats=_ce(run.logits_spliced, ids),
-        ce_with_error_nats=_ce(run.logits_with_error, ids),
-        kl_spliced_nats=_kl(run.logits, run.logits_spliced), kl_with_error_nats=_kl(run.logits, run.logits_with_error),
+        ce_clean_nats=next_token_ce(run.logits, ids), ce_spliced_nats=next_token_ce(run.logits_spliced, ids),
+        ce_with_error_nats=next_token_ce(run.logits_with_error, ids),
+        kl_spliced_nats=next_token_kl(run.logits, run.logits_spliced),
+        kl_with_error_nats=next_token_kl(run.logits, run.logits_with_error),
         max_logit_diff_with_error=float((run.logits - run.logits_with_error).abs().max()))
 
 

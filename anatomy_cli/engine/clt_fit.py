@@ -19,6 +19,13 @@ so the mean L0 per block is k on the training rows, but not TopK's exactly-k per
 fewer active features, and a feature fires wherever its pre-activation clears its own threshold whatever the
 other features do. The fit reports both readings on the held-out window.
 
+``jumprelu`` (``--activation jumprelu``): every block's features are JumpReLUs ``pre · (pre > θ_l)`` with
+thresholds trained by the straight-through estimator (engine/jumprelu.py), the loss adds ``l0_coeff`` times the
+sum over blocks of each block's mean L0, and the thresholds written are the trained ones.
+
+The spliced CE/KL (:func:`spliced_logits`): every block's MLP output replaced by the written CLT's reconstruction
+at once, the features read from the spliced forward's own MLP inputs (closed loop, as the replacement model runs).
+
 Resume: :func:`train` hands a checkpoint (coder, Adam's state, the curve, the fired flags) to its caller every
 ``every`` steps and after the last, and goes on from one; since each epoch's shuffle is drawn from ``seed + epoch``
 alone, a resumed fit is the uninterrupted one, bit for bit (the task writes and checks the file).
@@ -29,15 +36,22 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
 
+from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
+from anatomy_cli.engine.sae_fit import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import Point
 from anatomy_cli.models.written import as_user_file
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.model import LoadedModel
 
 INPUT_HOOK, OUTPUT_HOOK = Point.mlp_in.value, CT_MLP_OUT  # circuit-tracer's names of the MLP's input and output
 
@@ -46,15 +60,20 @@ class CrossLayerCoder(torch.nn.Module):
     """A TopK cross-layer transcoder over ``n_layers`` blocks of width ``d``, ``d_sae`` features per block (see
     the module docstring). ``W_enc[l] [F, d]``, ``b_enc [L, F]``, ``W_dec[l] [F, L − l, d]``, ``b_dec [L, d]``."""
 
-    def __init__(self, n_layers: int, d: int, d_sae: int, k: int):
+    def __init__(self, n_layers: int, d: int, d_sae: int, k: int, *, jumprelu: dict[str, float] | None = None):
         super().__init__()
         self.n_layers, self.d, self.d_sae, self.k = n_layers, d, d_sae, k
+        self.jumprelu = jumprelu  # its bandwidth and l0_coeff: a JumpReLU CLT (engine/jumprelu.py), else TopK
         self.W_enc = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.nn.Linear(d, d_sae).weight.data) for _ in range(n_layers)])
         self.b_enc = torch.nn.Parameter(torch.zeros(n_layers, d_sae))
         self.W_dec = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.zeros(d_sae, n_layers - l, d)) for l in range(n_layers)])
         self.b_dec = torch.nn.Parameter(torch.zeros(n_layers, d))
+        if jumprelu is not None:
+            from anatomy_cli.engine.jumprelu import log_threshold
+
+            self.log_threshold = log_threshold(n_layers, d_sae)
 
     def pre(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Block ``layer``'s pre-activations, ReLU applied: ``[rows, F]``."""
@@ -66,20 +85,42 @@ class CrossLayerCoder(torch.nn.Module):
 
     def forward(self, xs: torch.Tensor) -> torch.Tensor:
         """``xs [L, rows, d]`` (every block's MLP input) -> the reconstructions of every block's MLP output."""
+        return self.reconstruct(xs)[0]
+
+    def reconstruct(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the reconstructions ``[L, rows, d]``, the L0 penalty's sum over blocks of each block's mean L0 with
+        the straight-through gradient: 0 for TopK)."""
+        from anatomy_cli.engine import jumprelu
+
         n, rows = self.n_layers, xs.shape[1]
         out = self.b_dec[:, None, :].expand(n, rows, self.d)
+        penalty = torch.zeros(())
         for layer in range(n):
-            acts, idx = self.encode(layer, xs[layer])
             flat = self.W_dec[layer].reshape(self.d_sae, -1)
-            dec = torch.nn.functional.embedding_bag(idx, flat, per_sample_weights=acts, mode="sum")
+            if self.jumprelu is None:
+                acts, idx = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], self.k)
+                dec = torch.nn.functional.embedding_bag(idx, flat, per_sample_weights=acts, mode="sum")
+            else:
+                z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
+                theta, width = self.log_threshold[layer].exp(), self.jumprelu["bandwidth"]
+                dec = jumprelu.jumprelu(z, theta, width) @ flat
+                penalty = penalty + jumprelu.l0(z, theta, width)
             out = out.index_add(0, torch.arange(layer, n), dec.view(rows, n - layer, self.d).transpose(0, 1))
-        return out
+        return out, penalty
 
 
 def loss(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The sum over blocks of each block's FVU (``xs``, ``targets``: ``[L, rows, d]``)."""
-    y = coder(xs)
-    return sum((fvu(y[m], targets[m]) for m in range(coder.n_layers)), torch.zeros(()))
+    """The sum over blocks of each block's FVU (``xs``, ``targets``: ``[L, rows, d]``); a JumpReLU CLT's adds
+    ``l0_coeff`` times the sum over blocks of each block's mean L0."""
+    return losses(coder, xs, targets)[0]
+
+
+def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`loss`, its FVU part)."""
+    y, penalty = coder.reconstruct(xs)
+    part = sum((fvu(y[m], targets[m]) for m in range(coder.n_layers)), torch.zeros(()))
+    coeff = 0.0 if coder.jumprelu is None else coder.jumprelu["l0_coeff"]
+    return part + coeff * penalty, part
 
 
 @torch.no_grad()
@@ -92,19 +133,20 @@ def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tens
 
 
 def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, targets: torch.Tensor) -> float:
-    """One Adam step on one batch; its loss."""
-    value = loss(coder, xs, targets)
+    """One Adam step on one batch; its loss's FVU part (the whole loss for TopK)."""
+    value, part = losses(coder, xs, targets)
     value.backward()  # type: ignore[no-untyped-call]
     opt.step()
     opt.zero_grad()
-    return float(value.detach())
+    return float(part.detach())
 
 
 def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, lr: float, seed: int,
                 data: str) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on)."""
+    jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu)}
     return {"kind": "clt", "n_layers": coder.n_layers, "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
-            "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data}
+            "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump}
 
 
 def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, epochs: int, batch: int, lr: float,
@@ -117,7 +159,7 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
     with the checkpoint every ``every`` steps and after the last. Returns ``{"steps", "fvu" (the summed loss per
     step), "fired" ([L, F] bool: fired in the last epoch)}``."""
     rows = xs.shape[1]
-    opt = torch.optim.Adam(coder.parameters(), lr=lr)
+    opt = adam(coder.parameters(), lr)
     per_epoch = math.ceil(rows / batch)
     steps = epochs * per_epoch
     curve: list[float] = []
@@ -138,8 +180,12 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
         curve.append(step(coder, opt, xb, tb))
         with torch.no_grad():
             for layer in range(coder.n_layers):
-                acts, top = coder.encode(layer, xb[layer])
-                fired[layer, top[acts > 0]] = True
+                if coder.jumprelu is None:
+                    acts, top = coder.encode(layer, xb[layer])
+                    fired[layer, top[acts > 0]] = True
+                else:
+                    z = torch.nn.functional.linear(xb[layer], coder.W_enc[layer], coder.b_enc[layer])
+                    fired[layer] |= (z > coder.log_threshold[layer].exp()).any(0)
         if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
             keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
         if progress is not None:
@@ -151,7 +197,10 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
 def thresholds(coder: CrossLayerCoder, xs: torch.Tensor, *, chunk: int = 4096) -> torch.Tensor:
     """``[L, F]``: per block and feature the JumpReLU threshold that fires on the rows of ``xs`` exactly as often
     as the TopK does (the module docstring): halfway between the feature's n-th and (n+1)-th largest
-    pre-activation, n its TopK count (n = 0: its largest, so it never fires on these rows), at least 0."""
+    pre-activation, n its TopK count (n = 0: its largest, so it never fires on these rows), at least 0. A JumpReLU
+    CLT's are its own, as trained."""
+    if coder.jumprelu is not None:
+        return coder.log_threshold.detach().exp()
     out = torch.zeros(coder.n_layers, coder.d_sae)
     rows = xs.shape[1]
     for layer in range(coder.n_layers):
@@ -195,7 +244,48 @@ def jumprelu_forward(coder: CrossLayerCoder, xs: torch.Tensor, theta: torch.Tens
     return out, l0
 
 
-def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int, steps: int = 3) -> float:
+@torch.no_grad()
+def spliced_logits(lm: LoadedModel, ids: Sequence[int], coder: CrossLayerCoder, theta: torch.Tensor,
+                   points: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the clean logits ``[n, vocab]`` of ``ids``, the logits with every block's MLP output replaced by the
+    written CLT's reconstruction): ``points[l]`` the hook points of block l's MLP input and output (what the fit
+    collected). The splice is closed-loop, as the replacement model runs: block l's features read block l's MLP
+    input in the spliced forward itself (``pre · (pre > θ_l)``, the written thresholds), and block m's MLP
+    output becomes ``Σ_{l ≤ m} a_l W_dec_l[:, m − l] + b_dec_m``."""
+    from anatomy_cli.engine.forwarding import forward
+    from anatomy_cli.engine.forwarding import head_logits
+    from anatomy_cli.engine.sae import _hooks
+
+    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
+    acts: dict[int, torch.Tensor] = {}
+
+    def read(layer: int) -> Callable[[torch.Tensor], None]:
+        def fn(t: torch.Tensor) -> None:
+            z = torch.nn.functional.linear(t[0].float().cpu(), coder.W_enc[layer], coder.b_enc[layer])
+            acts[layer] = z * (z > theta[layer])
+        return fn
+
+    def write(m: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            y = coder.b_dec[m].clone()
+            for layer in range(m + 1):
+                y = y + acts[layer] @ coder.W_dec[layer][:, m - layer]
+            return y.to(device=t.device, dtype=t.dtype)[None]
+        return fn
+
+    def logits(pairs: list[Any]) -> torch.Tensor:
+        with torch.inference_mode(), _hooks(lm, pairs):
+            return head_logits(lm, forward(lm, input_ids)[0]).float()
+
+    lm.model.eval()
+    clean = logits([])
+    pairs = [pair for layer, (p_in, p_out) in enumerate(points) for pair in ((p_in, read(layer)),
+                                                                            (p_out, write(layer)))]
+    return clean, logits(pairs)
+
+
+def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int, steps: int = 3,
+                       jumprelu: dict[str, float] | None = None) -> float:
     """The seconds one :func:`step` of a coder of this size takes here now (the median after the first, which
     allocates Adam's state), on random rows; the caller's RNG is left alone."""
     import statistics
@@ -204,9 +294,9 @@ def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int,
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        coder = CrossLayerCoder(n_layers, d, d_sae, k)
+        coder = CrossLayerCoder(n_layers, d, d_sae, k, jumprelu=jumprelu)
         xs = torch.randn(n_layers, batch, d)
-        opt = torch.optim.Adam(coder.parameters(), lr=1e-4)
+        opt = adam(coder.parameters(), 1e-4)
         gaps = []
         for _ in range(steps):
             start = now()

@@ -11,6 +11,12 @@ sqrt(d_sae / 2**14)``; after every step of an SAE the decoder gradient parallel 
 rows are set to unit norm again. Left out: sparsify's AuxK loss on dead latents (the dead fraction is reported
 instead).
 
+The step's speed (:class:`TopKCoder`, and the cross-layer coder of engine/clt_fit.py): the k latents are chosen
+by one dense matmul without autograd, and only their k pre-activations per row are recomputed under autograd from
+the k chosen encoder rows (:func:`sparse_topk`), so the backward adds into those rows alone instead of a second
+dense matmul; the decoder is an ``embedding_bag`` over the k rows (its backward touches those rows only); Adam
+runs fused (:func:`adam`). The values and gradients are the dense TopK's (tested).
+
 With eai-sparsify installed (the ``train`` extra), its own ``SparseCoder`` is the model trained (its forward,
 its decoder-norm steps and ``save_to_disk``); without it, :class:`TopKCoder`, the same maths in a few lines.
 Why not sparsify's Trainer: it loads the model itself through transformers (no GGUF) and computes activations as
@@ -73,6 +79,18 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
     return out
 
 
+def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the k
+    largest are chosen without autograd (one dense matmul), then only their pre-activations are recomputed with
+    autograd from the k chosen rows of ``weight`` (``embedding``, whose backward adds into those rows alone). The
+    values and gradients are those of the dense TopK; the dense backward matmul ``grad_preᵀ x`` (as many FLOPs as
+    the forward) is gone."""
+    with torch.no_grad():
+        idx = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False).indices
+    rows = torch.nn.functional.embedding(idx, weight)  # [rows, k, d]
+    return torch.relu(torch.einsum("nd,nkd->nk", x, rows) + bias[idx]), idx
+
+
 class TopKCoder(torch.nn.Module):
     """sparsify's ``SparseCoder`` with ``activation="topk"`` (see the module docstring). ``transcode``: the
     input is another site than the target (no ``b_dec`` subtracted; ``W_dec`` starts at zero)."""
@@ -92,8 +110,10 @@ class TopKCoder(torch.nn.Module):
         return pre.topk(self.k, dim=-1, sorted=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The reconstruction ``[rows, d_out]``."""
-        acts, idx = self.encode(x)
+        """The reconstruction ``[rows, d_out]`` (the encoder's gradient through the k chosen rows only:
+        :func:`sparse_topk`)."""
+        acts, idx = sparse_topk(x if self.transcode else x - self.b_dec, self.encoder.weight, self.encoder.bias,
+                                self.k)
         return torch.nn.functional.embedding_bag(idx, self.W_dec, per_sample_weights=acts, mode="sum") + self.b_dec
 
     @torch.no_grad()
@@ -108,9 +128,48 @@ class TopKCoder(torch.nn.Module):
             self.W_dec.grad -= parallel * self.W_dec.data
 
 
-def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: bool | None = None) -> Any:
+class JumpReLUCoder(TopKCoder):
+    """:class:`TopKCoder` with a JumpReLU in place of the TopK (engine/jumprelu.py): every latent with
+    ``pre > θ`` is kept, ``θ = exp(log_threshold)`` trained with the straight-through estimator, and the loss
+    adds ``l0_coeff`` times the mean L0 to the FVU. The same initialisation and decoder rule otherwise."""
+
+    def __init__(self, d_in: int, d_sae: int, *, transcode: bool = False, bandwidth: float = 1e-3,
+                 l0_coeff: float = 1e-3):
+        from anatomy_cli.engine import jumprelu
+
+        super().__init__(d_in, d_sae, 1, transcode=transcode)
+        self.bandwidth, self.l0_coeff = bandwidth, l0_coeff
+        self.log_threshold = jumprelu.log_threshold(d_sae)
+
+    def pre(self, x: torch.Tensor) -> torch.Tensor:
+        """The pre-activations ``[rows, d_sae]`` (no ReLU: the threshold is above 0)."""
+        out: torch.Tensor = self.encoder(x if self.transcode else x - self.b_dec)
+        return out
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        from anatomy_cli.engine.jumprelu import jumprelu
+
+        return jumprelu(self.pre(x), self.log_threshold.exp(), self.bandwidth)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x) @ self.W_dec + self.b_dec
+
+    def objective(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the loss, its FVU part): ``FVU + l0_coeff · mean L0``."""
+        from anatomy_cli.engine import jumprelu
+
+        pre, theta = self.pre(x), self.log_threshold.exp()
+        part = fvu(jumprelu.jumprelu(pre, theta, self.bandwidth) @ self.W_dec + self.b_dec, target)
+        return part + self.l0_coeff * jumprelu.l0(pre, theta, self.bandwidth), part
+
+
+def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: bool | None = None,
+               jumprelu: dict[str, float] | None = None) -> Any:
     """sparsify's own ``SparseCoder`` where eai-sparsify is installed (``pip install -e '.[train]'``) and
-    ``use_sparsify`` is not False, else :class:`TopKCoder`; ``use_sparsify=True`` without it raises ImportError."""
+    ``use_sparsify`` is not False, else :class:`TopKCoder`; ``use_sparsify=True`` without it raises ImportError.
+    ``jumprelu`` (its ``bandwidth`` and ``l0_coeff``): a :class:`JumpReLUCoder` instead (``k`` unused)."""
+    if jumprelu is not None:
+        return JumpReLUCoder(d_in, d_sae, transcode=transcode, **jumprelu)
     if use_sparsify is not False:
         try:
             from sparsify import SparseCoder
@@ -132,9 +191,33 @@ def _reconstruct(coder: Any, x: torch.Tensor, target: torch.Tensor) -> torch.Ten
     return out
 
 
+def objective(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the loss minimised, its FVU): the FVU alone for TopK; a JumpReLU coder's adds its L0 penalty."""
+    if isinstance(coder, JumpReLUCoder):
+        return coder.objective(x, target)
+    part = fvu(_reconstruct(coder, x, target), target)
+    return part, part
+
+
+@torch.no_grad()
+def active_latents(coder: Any, x: torch.Tensor) -> torch.Tensor:
+    """``[d_sae]`` bool: the latents active on some row of ``x``."""
+    if isinstance(coder, JumpReLUCoder):
+        return (coder.features(x) != 0).any(0)
+    acts, top = coder.encode(x)[:2]
+    out = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
+    out[top[acts > 0]] = True
+    return out
+
+
 def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The fraction of variance unexplained, sparsify's loss."""
     return (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum().clamp_min(1e-30)
+
+
+def adam(params: Any, lr: float) -> torch.optim.Adam:
+    """Adam with its fused kernel (one pass over each parameter per step; torch has it on CPU and CUDA)."""
+    return torch.optim.Adam(params, lr=lr, fused=True)
 
 
 def default_lr(d_sae: int) -> float:
@@ -144,11 +227,11 @@ def default_lr(d_sae: int) -> float:
 
 def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, batch: int, lr: float,
           seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Adam on the FVU over shuffled batches of the rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs``
-    times. Returns ``{"steps", "fvu" (per step), "fired" (a bool per latent: fired at least once in the last
-    epoch)}``."""
+    """Adam on :func:`objective` (the FVU; a JumpReLU coder's adds its L0 penalty) over shuffled batches of the
+    rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times. Returns ``{"steps", "fvu" (per step),
+    "fired" (a bool per latent: fired at least once in the last epoch)}``."""
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(coder.parameters(), lr=lr)
+    opt = adam(coder.parameters(), lr)
     transcode = _transcodes(coder)
     with torch.no_grad():  # sparsify's Trainer at its first step: pre-activations centred, b_dec the target's mean
         if transcode:
@@ -164,7 +247,7 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
         for start in range(0, len(x), batch):
             idx = order[start:start + batch]
             xb, yb = x[idx], target[idx]
-            loss = fvu(_reconstruct(coder, xb, yb), yb)
+            loss, part = objective(coder, xb, yb)
             loss.backward()  # type: ignore[no-untyped-call]
             if not transcode:  # as sparsify: a transcoder's decoder rows are free
                 coder.remove_gradient_parallel_to_decoder_directions()
@@ -172,16 +255,15 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
             opt.zero_grad()
             if not transcode:
                 coder.set_decoder_norm_to_unit_norm()
-            curve.append(float(loss.detach()))
-            with torch.no_grad():
-                acts, top = coder.encode(xb)[:2]
-                fired[top[acts > 0]] = True
+            curve.append(float(part.detach()))
+            fired |= active_latents(coder, xb)
             if progress is not None:
                 progress(len(curve), steps)
     return {"steps": len(curve), "fvu": curve, "fired": fired}
 
 
-def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: bool, steps: int = 4) -> float:
+def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: bool, steps: int = 4,
+                       jumprelu: dict[str, float] | None = None) -> float:
     """The seconds one training step of :func:`train` takes here now: a coder of this size (made as the fit
     makes it) trained ``steps`` steps on random rows; the median of the steps after the first (which allocates
     Adam's state). The caller's global RNG is left alone."""
@@ -192,7 +274,7 @@ def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: 
     stamps: list[float] = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        coder = make_coder(d_in, d_sae, k, transcode=transcode)
+        coder = make_coder(d_in, d_sae, k, transcode=transcode, jumprelu=jumprelu)
         x = torch.randn(steps * batch, d_in)
         start = now()
         train(x, x, coder, epochs=1, batch=batch, lr=default_lr(d_sae), progress=lambda i, n: stamps.append(now()))
@@ -203,8 +285,8 @@ def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: 
 def save_sparsify(coder: Any, folder: Path) -> None:
     """``folder/cfg.json`` and ``folder/sae.safetensors`` as sparsify's ``save_to_disk`` writes them (sparsify's
     own coder: its ``save_to_disk``)."""
-    from safetensors.torch import save_file
-
+    if isinstance(coder, JumpReLUCoder):
+        raise TypeError("a JumpReLU coder is written by save_saelens")
     if not isinstance(coder, TopKCoder):
         coder.save_to_disk(folder)
         as_user_file(folder / "sae.safetensors")
@@ -216,8 +298,32 @@ def save_sparsify(coder: Any, folder: Path) -> None:
            "transcode": coder.transcode, "d_in": int(d_in)}
     tensors = {"encoder.weight": coder.encoder.weight, "encoder.bias": coder.encoder.bias, "W_dec": coder.W_dec,
                "b_dec": coder.b_dec}
-    tmp = folder / f"sae.safetensors.tmp.{os.getpid()}"
+    _write_weights(tensors, folder / "sae.safetensors")
+    (folder / "cfg.json").write_text(json.dumps(cfg), encoding="utf-8")
+
+
+def save_saelens(coder: JumpReLUCoder, folder: Path, *, hook: str, hook_out: str, model_name: str) -> None:
+    """A JumpReLU coder in SAELens' format: ``folder/cfg.json`` (``architecture: jumprelu``, ``hook_name``, a
+    transcoder's ``hook_name_out``, ``apply_b_dec_to_input`` for an SAE) and ``folder/sae_weights.safetensors``
+    (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec``, ``b_dec``, ``threshold``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    d_sae, d_in = coder.encoder.weight.shape
+    cfg: dict[str, Any] = {"architecture": "jumprelu", "d_in": int(d_in), "d_sae": int(d_sae), "dtype": "float32",
+                           "device": "cpu", "apply_b_dec_to_input": not coder.transcode,
+                           "normalize_activations": "none", "hook_name": hook, "model_name": model_name}
+    if coder.transcode:
+        cfg.update(hook_name_out=hook_out, d_out=int(coder.W_dec.shape[1]))
+    tensors = {"W_enc": coder.encoder.weight.T, "b_enc": coder.encoder.bias, "W_dec": coder.W_dec,
+               "b_dec": coder.b_dec, "threshold": coder.log_threshold.exp()}
+    _write_weights(tensors, folder / "sae_weights.safetensors")
+    (folder / "cfg.json").write_text(json.dumps(cfg), encoding="utf-8")
+
+
+def _write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``tensors`` as float32 safetensors at ``path``, written beside it and renamed."""
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
     as_user_file(tmp)
-    os.replace(tmp, folder / "sae.safetensors")
-    (folder / "cfg.json").write_text(json.dumps(cfg), encoding="utf-8")
+    os.replace(tmp, path)

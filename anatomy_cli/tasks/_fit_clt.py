@@ -1,7 +1,9 @@
 """`fit-sae --clt`: one cross-layer transcoder over every block (engine/clt_fit.py), trained on the activations the
 per-layer fit collects in its one pass (each block's MLP input and output), written in circuit-tracer's
 ``cross_layer_transcoder`` layout into ``--out`` with per-feature JumpReLU thresholds, and read on the held-out
-window: per block the FVU as trained (TopK) and as written (the thresholds), and the written L0.
+window: per block the FVU as trained (TopK) and as written (the thresholds), and the written L0; and the
+next-token CE/KL with every block's MLP output spliced with the CLT's reconstruction, as the per-layer fit reports
+one block's. ``--activation jumprelu``: the thresholds are trained (engine/jumprelu.py) and written as they are.
 
 ``--checkpoint FILE``: the training's state every ``--checkpoint-every`` steps; a run with the same settings and
 tokens goes on from it (a resumed fit equals an uninterrupted one)."""
@@ -27,6 +29,8 @@ FitSaePlan = Any
 THRESHOLDS = ("per feature, the JumpReLU threshold that fires on as many training rows as the TopK did (halfway "
               "between its n-th and (n+1)-th largest pre-activation there, n its TopK count; at least 0)")
 
+LEARNT = "per feature, the JumpReLU threshold as trained (the straight-through estimator, --bandwidth, --l0-coeff)"
+
 
 def probe(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, batch: int) -> tuple[float, int, int, float]:
     """The CLT's part of fit-sae's estimate (``tasks.fit_sae.estimate``): the seconds of one training step (a
@@ -36,7 +40,7 @@ def probe(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, batch: int) ->
     from anatomy_cli.engine import clt_fit
 
     d, n = lm.info.d_model, len(plan.blocks)
-    step = clt_fit.probe_step_seconds(n, d, plan.d_sae, opts.k, batch=batch)
+    step = clt_fit.probe_step_seconds(n, d, plan.d_sae, opts.k, batch=batch, jumprelu=opts.jumprelu)
     return step, 1, 1, 16.0 * clt_fit.parameter_count(n, d, plan.d_sae)
 
 
@@ -66,7 +70,7 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
     lr = opts.lr or sae_fit.default_lr(plan.d_sae)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(opts.seed)
-        coder = clt_fit.CrossLayerCoder(len(plan.blocks), xs.shape[-1], plan.d_sae, opts.k)
+        coder = clt_fit.CrossLayerCoder(len(plan.blocks), xs.shape[-1], plan.d_sae, opts.k, jumprelu=opts.jumprelu)
     state, keep = checkpointing(opts, plan, clt_fit.settings_of(
         coder, rows=n_train, epochs=opts.epochs, batch=opts.batch_size, lr=lr, seed=opts.seed, data=""))
     with timings.phase(phases[0]), notes.status("fit-sae: training the cross-layer transcoder") as line:
@@ -79,12 +83,30 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
         clt_fit.save(coder, theta, opts.out, scan=f"anatomy-clt-{opts.out.name}",
                      model_name=lm.info.label or lm.info.model_type)
         held = clt_fit.held_out(coder, xs[:, n_train:], targets[:, n_train:], theta)
+        spliced = splice_figures(lm, plan, coder, theta)
     curve = trained["fvu"]
-    return {"trainer": "anatomy (cross-layer)", "lr": lr,
-            "blocks": block_fits(opts, plan, trained, held, xs.shape[-1], seconds=time.perf_counter() - start),
-            "clt": {"thresholds": THRESHOLDS, "loss_first": curve[0], "loss_last": sum(curve[-10:]) / len(curve[-10:]),
+    return {"trainer": "anatomy (cross-layer)" if opts.jumprelu is None else "anatomy (cross-layer, JumpReLU)",
+            "lr": lr,
+            "blocks": block_fits(opts, plan, trained, held, xs.shape[-1], seconds=time.perf_counter() - start,
+                                 spliced=spliced),
+            "clt": {"thresholds": THRESHOLDS if opts.jumprelu is None else LEARNT, "loss_first": curve[0],
+                    "loss_last": sum(curve[-10:]) / len(curve[-10:]),
                     "resumed_at_step": 0 if state is None else len(state["curve"]),
                     "parameters": clt_fit.parameter_count(len(plan.blocks), xs.shape[-1], plan.d_sae)}}
+
+
+def splice_figures(lm: LoadedModel, plan: FitSaePlan, coder: Any, theta: torch.Tensor) -> dict[str, float | None]:
+    """The held-out window's next-token CE, clean and with every block's MLP output spliced with the written
+    CLT's reconstruction (:func:`anatomy_cli.engine.clt_fit.spliced_logits`), and the spliced KL, in nats: the
+    per-layer fit's figures (analyses/sae.py), here for all blocks at once."""
+    from anatomy_cli.analyses.sae import next_token_ce
+    from anatomy_cli.analyses.sae import next_token_kl
+    from anatomy_cli.engine import clt_fit
+
+    ids = list(plan.windows[-1])
+    clean, spliced = clt_fit.spliced_logits(lm, ids, coder, theta, [b.points for b in plan.blocks])
+    return {"ce_clean_nats": next_token_ce(clean, ids), "ce_spliced_nats": next_token_ce(spliced, ids),
+            "kl_spliced_nats": next_token_kl(clean, spliced)}
 
 
 def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any]) -> tuple[Any, Any]:
@@ -109,10 +131,10 @@ def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any
 
 
 def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], held: list[dict[str, float]],
-               d: int, *, seconds: float) -> tuple[BlockFit, ...]:
+               d: int, *, seconds: float, spliced: dict[str, float | None]) -> tuple[BlockFit, ...]:
     """One row per block: the summed loss's curve over the blocks (its mean per block, the same in every row), the
     block's dead fraction, its held-out FVE as written (thresholds) and as trained (TopK), and the written L0;
-    warnings as notes."""
+    the spliced CE/KL (``spliced``: every block spliced at once, the same in every row); warnings as notes."""
     from anatomy_cli.models.sites import Site
     from anatomy_cli.models.sites import hook_name
 
@@ -127,8 +149,7 @@ def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], h
         for w in warnings:
             notes.warn(f"block {block.layer}: {w}")
         health = {"l0_mean": held[i]["l0_mean"], "fve": 1.0 - held[i]["fvu"], "fve_topk": 1.0 - held[i]["fvu_topk"],
-                  "error_ratio": None, "norm_ratio": None, "ce_clean_nats": None, "ce_spliced_nats": None,
-                  "kl_spliced_nats": None}
+                  "error_ratio": None, "norm_ratio": None, **spliced}
         out.append(BlockFit(layer=block.layer, folder=str(opts.out), site=hook_name(block.layer, Site.mlp_in),
                             site_out=hook_name(block.layer, Site.mlp_out), d_in=d, d_sae=plan.d_sae,
                             steps=trained["steps"], fvu_first=curve[0] / n,

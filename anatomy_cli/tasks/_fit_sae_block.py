@@ -54,13 +54,15 @@ class BlockFit:
 
 def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.Tensor,
               windows: Sequence[Sequence[int]], *, label: str, transcoder: bool, d_sae: int, k: int, epochs: int,
-              batch_size: int, lr: float, seed: int, timings: Any, phases: tuple[str, str]) -> tuple[BlockFit, str]:
+              batch_size: int, lr: float, seed: int, timings: Any, phases: tuple[str, str],
+              jumprelu: dict[str, float] | None = None, model_name: str = "") -> tuple[BlockFit, str]:
     """``block``'s fit from its input ``x`` and ``target`` (``[rows, d]``, the rows of every window of
     ``windows``, the last one held out); the seed rule is the run's: the coder is made and the rows shuffled from
     ``seed`` whatever the other blocks, so a block's files equal those of a run of that block alone. Returns the
     fit and the trainer's name (``sparsify`` or ``anatomy``); the warnings go out as notes, ``block L:`` first.
     ``timings`` (:class:`anatomy_cli.engine.estimate.Timings`) records the training and the writing with the
-    held-out check as ``phases``."""
+    held-out check as ``phases``. ``jumprelu`` (its ``bandwidth``, ``l0_coeff``): a JumpReLU coder, written in
+    SAELens' format (``model_name`` in its config)."""
     import time
 
     import torch
@@ -74,12 +76,16 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     n_train = sum(map(len, windows[:-1]))
     with torch.random.fork_rng(devices=[]):  # the caller's (or a server's) global RNG is left as it was
         torch.manual_seed(seed)
-        coder = sae_fit.make_coder(x.shape[1], d_sae, k, transcode=transcoder)
+        coder = sae_fit.make_coder(x.shape[1], d_sae, k, transcode=transcoder, jumprelu=jumprelu)
     with timings.phase(phases[0]), notes.status(f"fit-sae: training {label}") as line:
         trained = sae_fit.train(x[:n_train], target[:n_train], coder, epochs=epochs, batch=batch_size, lr=lr,
                                 seed=seed, progress=line.counter(f"training {label}", "steps"))
     with timings.phase(phases[1]):
-        sae_fit.save_sparsify(coder, block.folder)
+        if jumprelu is None:
+            sae_fit.save_sparsify(coder, block.folder)
+        else:
+            sae_fit.save_saelens(coder, block.folder, hook=block.points[0], hook_out=block.points[1],
+                                 model_name=model_name)
         sae_file = read.read(block.folder)
         held_out = list(windows[-1])
         splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -38,14 +39,22 @@ COMMAND = "fit-sae"
 INPUTS = {"corpus": "corpus"}  # CORPUS... (positional) is the API's corpus
 
 
+class Activation(str, Enum):
+    topk = "topk"
+    jumprelu = "jumprelu"  # thresholds trained with the straight-through estimator (engine/jumprelu.py)
+
+
 @dataclass(frozen=True)
 class FitSaeOptions(Declared):
     """``corpus``: text files, folders of .txt/.md, .jsonl/.csv/.parquet (as ``anatomy corpus`` reads them);
     ``layer``: the block(s): ``6``, ``"0-3"``, ``[2, 6]``, ``"all"`` (kept as the text :func:`sites.parse_blocks`
     reads); ``transcoder``: an MLP transcoder (the MLP's input -> its output) instead of an SAE on the block's
     output; ``out``: the folder written (``out/layers.L`` or ``out/layers.L.mlp`` per block); ``d_sae``:
-    latents (default 8 × d_model); ``k``: active latents per token; ``max_tokens``, ``ctx``: the budget and the
-    window; ``epochs``, ``batch_size``, ``lr`` (default sparsify's); ``seed``; ``overwrite``."""
+    latents (default 8 × d_model); ``k``: active latents per token (TopK); ``activation``: ``topk`` or ``jumprelu``
+    (engine/jumprelu.py: per-feature thresholds trained with the straight-through estimator, kernel width
+    ``bandwidth``, the L0 penalty ``l0_coeff``; per block written in SAELens' jumprelu format); ``max_tokens``,
+    ``ctx``: the budget and the window; ``epochs``, ``batch_size``, ``lr`` (default sparsify's); ``seed``;
+    ``overwrite``."""
 
     corpus: tuple[str, ...]  # CORPUS... (an input, no option: a path or a list of them, kept as texts)
     layer: int | str | tuple[int | str, ...] | list[int] = option(
@@ -63,6 +72,14 @@ class FitSaeOptions(Declared):
     d_sae: int | None = option(None, "--d-sae", min=1, metavar="N", show_default=False,
                                help="Latents (default 8 x d_model).")
     k: int = option(32, "--k", min=1, metavar="N", help="Active latents per token (TopK).")
+    activation: Activation = option(Activation.topk, "--activation", case_sensitive=False,
+                                    help="topk (k latents per token) or jumprelu (a latent fires above its own "
+                                    "threshold, trained with the straight-through estimator and an L0 penalty; "
+                                    "written in SAELens' jumprelu format, --clt with its thresholds).")
+    bandwidth: float = option(0.001, "--bandwidth", metavar="X",
+                              help="jumprelu: the straight-through estimator's kernel width.")
+    l0_coeff: float = option(0.001, "--l0-coeff", metavar="X", min=0.0,
+                             help="jumprelu: the L0 penalty's weight beside the FVU (per block).")
     max_tokens: int = option(20000, "--max-tokens", min=4, metavar="N",
                              help="Tokens read from the corpus (the last window is held out).")
     ctx: int = option(256, "--ctx", min=2, metavar="N", help="Tokens per window.")
@@ -86,6 +103,7 @@ class FitSaeOptions(Declared):
         paths = [given] if isinstance(given, (str, Path)) else list(given)
         object.__setattr__(self, "corpus", tuple(str(c) for c in paths))
         object.__setattr__(self, "layer", sites.blocks_text(self.layer))
+        object.__setattr__(self, "activation", Activation(self.activation))
         sites.parse_blocks(str(self.layer), None, "--layer", every=True)  # the syntax; the range once opened
         if not self.corpus:
             raise UsageError("fit-sae needs a corpus: CORPUS... (text files, folders of .txt/.md, .jsonl)")
@@ -100,12 +118,21 @@ class FitSaeOptions(Declared):
             raise UsageError(f"--out {self.out} is not empty: give --overwrite to write into it")
         if self.d_sae is not None and self.d_sae < self.k:
             raise UsageError(f"--d-sae {self.d_sae} is below --k {self.k}: give at least k latents")
+        if not self.bandwidth > 0:
+            raise UsageError(f"--bandwidth {self.bandwidth} is not above 0 (the kernel's width)")
         if self.lr is not None and not 0 < self.lr < 1:
             raise UsageError(f"--lr {self.lr} is outside (0, 1)")
         self.check_clt()
         if self.max_tokens < 2 * self.ctx:
             raise UsageError(f"--max-tokens {self.max_tokens} is under two --ctx {self.ctx} windows (one is held out)")
 
+
+    @property
+    def jumprelu(self) -> dict[str, float] | None:
+        """The JumpReLU's settings (``bandwidth``, ``l0_coeff``) as the engine takes them; None for TopK."""
+        if self.activation is not Activation.jumprelu:
+            return None
+        return {"bandwidth": self.bandwidth, "l0_coeff": self.l0_coeff}
 
     def check_clt(self) -> None:
         """--clt needs --transcoder and --layer all; --checkpoint needs --clt (and another path than --out)."""
@@ -225,7 +252,8 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
     if opts.clt:  # one coder of every block; its own held-out check
         step, coders, checks, coder_bytes = _fit_clt.probe(lm, opts, plan, batch)
     else:  # one coder per block; three forwards per block to check it; one SAE's Adam state and a batch's latents
-        step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=batch, transcode=opts.transcoder)
+        step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=batch, transcode=opts.transcoder,
+                                          jumprelu=opts.jumprelu)
         coders, checks, coder_bytes = n, 3 * n, 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
     steps = opts.epochs * -(-train_rows // opts.batch_size)
     collecting, training, checking = PHASES
@@ -246,7 +274,9 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> st
     where = plan.blocks[0].points[0] if n == 1 else f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} {what}s)"
     if opts.clt:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
-    return (f"fit-sae: a TopK {what} at {where}, d_sae {plan.d_sae}, k {opts.k}: {int(cost['tokens']):,} tokens "
+    kind = "TopK" if opts.jumprelu is None else "JumpReLU"
+    sparsity = f"k {opts.k}" if opts.jumprelu is None else f"L0 coefficient {opts.l0_coeff:g}"
+    return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
             f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
@@ -297,7 +327,8 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
         label = f"block {block.layer}" + (f" ({i + 1}/{len(plan.blocks)})" if len(plan.blocks) > 1 else "")
         fit, trainer = fit_block(lm, block, x, target, plan.windows, label=label, transcoder=opts.transcoder,
                                  d_sae=plan.d_sae, k=opts.k, epochs=opts.epochs, batch_size=opts.batch_size, lr=lr,
-                                 seed=opts.seed, timings=timings, phases=PHASES[1:])
+                                 seed=opts.seed, timings=timings, phases=PHASES[1:], jumprelu=opts.jumprelu,
+                                 model_name=lm.info.label or lm.info.model_type)
         fits.append(fit)
         del x, target
     return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}

@@ -1,0 +1,73 @@
+"""JumpReLU with the straight-through estimator for its thresholds (Rajamanoharan et al. 2024, "Jumping Ahead";
+SAELens' ``JumpReLUTrainingSAE``), what ``fit-sae --activation jumprelu`` trains, per block and cross-layer.
+
+A feature's activation is ``z · (z > θ)`` (``z`` its pre-activation, ``θ = exp(log_threshold) > 0`` its
+threshold); the sparsity penalty is its L0, ``Σ_f (z_f > θ_f)`` per row, averaged over the rows. Both are step
+functions of ``θ``, so their gradients with respect to ``θ`` are the pseudo-derivatives of the paper (a rectangle
+kernel ``K(u) = 1`` for ``|u| < 1/2``, of width ``bandwidth`` ε): ``∂(z·H(z − θ))/∂θ = −(θ/ε) K((z − θ)/ε)`` and
+``∂H(z − θ)/∂θ = −(1/ε) K((z − θ)/ε)``, summed over the rows; ``z`` gets the gradient ``H(z − θ)`` through the
+activation and none through the L0. ``θ`` is trained as ``log_threshold`` (SAELens' parametrisation), started at
+``INIT_THRESHOLD``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+INIT_THRESHOLD = 1e-3  # SAELens' jumprelu_init_threshold
+
+
+def _kernel(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    """The rectangle kernel ``K((z − θ)/ε)``: 1 where ``|z − θ| < ε/2``."""
+    u = (z - theta) / bandwidth
+    return ((u > -0.5) & (u < 0.5)).to(z.dtype)
+
+
+class _JumpReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.bandwidth = bandwidth
+        return z * (z > theta)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        z, theta = ctx.saved_tensors
+        k = _kernel(z, theta, ctx.bandwidth)
+        g_theta = (-(theta / ctx.bandwidth) * k * grad).reshape(-1, theta.shape[-1]).sum(0)
+        return (z > theta) * grad, g_theta, None
+
+
+class _Step(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
+        ctx.save_for_backward(z, theta)
+        ctx.bandwidth = bandwidth
+        return (z > theta).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        z, theta = ctx.saved_tensors
+        k = _kernel(z, theta, ctx.bandwidth)
+        g_theta = (-(1.0 / ctx.bandwidth) * k * grad).reshape(-1, theta.shape[-1]).sum(0)
+        return torch.zeros_like(z), g_theta, None
+
+
+def jumprelu(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    """``z · (z > θ)`` with the straight-through gradient for ``θ`` (``z [rows, F]``, ``θ [F]``)."""
+    out: torch.Tensor = _JumpReLU.apply(z, theta, bandwidth)  # type: ignore[no-untyped-call]
+    return out
+
+
+def l0(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    """The mean over rows of the number of features with ``z > θ``, with the straight-through gradient for ``θ``."""
+    out: torch.Tensor = _Step.apply(z, theta, bandwidth)  # type: ignore[no-untyped-call]
+    return out.sum(-1).mean()
+
+
+def log_threshold(*shape: int) -> torch.nn.Parameter:
+    """``log θ`` of every feature at :data:`INIT_THRESHOLD`."""
+    return torch.nn.Parameter(torch.full(shape, math.log(INIT_THRESHOLD)))

@@ -1,0 +1,166 @@
+"""`fit-sae`'s TopK training step against sparsify's on the same activations, on the CPU (issue 62 item 2).
+
+    python benchmarks/bench_fit_sae_sparsify.py [--sparsify-python /work/venv-sparsify/bin/python] [--d 576]
+        [--d-sae 4608] [--k 32] [--batch 256] [--steps 60] [--rows 16384] [--threads N] [--workdir DIR]
+
+The activations: a seeded synthetic transcoder task of SmolLM2's width (``x = c D + noise``, ``target = c E``, ``c``
+sparse: 16 of 4·d ground-truth features per row, exponential magnitudes), saved once to ``DIR/acts.pt``; the last
+2,048 rows are held out. Both trainers start from the same coder (anatomy's :class:`TopKCoder` initialisation,
+sparsify's parameter names), train a transcoder with the same d_sae, k, batch, learning rate and row order for
+``--steps`` steps, each in a fresh process:
+
+  - anatomy: ``engine/sae_fit.py`` ``train``'s step (sparse-backward TopK, fused Adam);
+  - sparsify (eai-sparsify in a side venv, default /work/venv-sparsify: ``python3 -m venv /work/venv-sparsify &&
+    /work/venv-sparsify/bin/pip install torch==2.13.0 eai-sparsify``): its ``SparseCoder`` (``transcode=True``)
+    stepped as its ``Trainer`` steps one (forward to ``fvu``, backward, Adam); its Trainer itself reads a
+    transformers model, not activations. Skipped, with one line, where that python is missing.
+
+Figures per side: the median step time after the first two, the held-out FVE after the last step, and the ratio of
+the step time to the matmul FLOP floor (the encoder's dense forward ``2·B·d·F`` FLOPs, at the machine's measured
+fp32 GEMM rate, one ``B×d @ d×F`` matmul timed here) — the dense backward ``grad_preᵀ x`` that a dense TopK adds
+is not part of the floor, since the sparse backward skips it. Prints markdown rows and the load average before and
+after: on a shared machine a single run is a ratio, not a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HELD = 2048
+
+# One process per side: reads the activations and the initial coder, trains, prints one JSON line.
+SIDE = r"""
+import json, statistics, sys, time, torch
+side, path, init, steps, batch, lr, k, threads = sys.argv[1:9]
+torch.set_num_threads(int(threads))
+steps, batch, lr, k = int(steps), int(batch), float(lr), int(k)
+acts, start = torch.load(path), torch.load(init)
+x, t = acts["x"], acts["target"]
+n = x.shape[0] - %(held)d
+order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+d_in, d_sae = start["encoder.weight"].shape[1], start["encoder.weight"].shape[0]
+def fve(y, target):
+    return float(1 - (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum())
+if side == "anatomy":
+    sys.path.insert(0, %(root)r)
+    from anatomy_cli.engine import sae_fit
+    coder = sae_fit.TopKCoder(d_in, d_sae, k, transcode=True)
+    coder.load_state_dict({"encoder.weight": start["encoder.weight"], "encoder.bias": start["encoder.bias"],
+                           "W_dec": start["W_dec"], "b_dec": start["b_dec"]})
+    opt = getattr(sae_fit, "adam", lambda p, lr: torch.optim.Adam(p, lr=lr))(coder.parameters(), lr)
+    def loss(xb, tb):
+        return sae_fit.fvu(coder(xb), tb)
+    def predict(xb):
+        return coder(xb)
+else:
+    from sparsify import SparseCoder, SparseCoderConfig
+    coder = SparseCoder(d_in, SparseCoderConfig(num_latents=d_sae, k=k, transcode=True))
+    coder.load_state_dict(start, strict=False)
+    opt = torch.optim.Adam(coder.parameters(), lr=lr)
+    def loss(xb, tb):
+        return coder(xb, tb).fvu
+    def predict(xb):
+        return coder(xb, xb[:, :0].new_zeros(xb.shape[0], t.shape[1])).sae_out
+times = []
+for s in range(steps):
+    idx = order[(s * batch) %% n:(s * batch) %% n + batch]
+    begun = time.perf_counter()
+    value = loss(x[idx], t[idx])
+    value.backward()
+    opt.step()
+    opt.zero_grad()
+    times.append(time.perf_counter() - begun)
+with torch.no_grad():
+    held = fve(predict(x[n:]), t[n:])
+print(json.dumps({"side": side, "step_s": statistics.median(times[2:]), "fve": held, "last_fvu": float(value)}))
+"""
+
+
+def make_data(workdir: Path, d: int, d_sae: int, k: int, rows: int) -> tuple[Path, Path]:
+    """The activations and the initial coder (anatomy's TopKCoder initialisation with the data's centring)."""
+    import torch
+
+    from anatomy_cli.engine import sae_fit
+
+    acts, init = workdir / "acts.pt", workdir / f"init-{d}-{d_sae}-{k}.pt"
+    gen = torch.Generator().manual_seed(0)
+    if not acts.is_file():
+        g = 4 * d
+        D, E = torch.randn(g, d, generator=gen) / d ** 0.5, torch.randn(g, d, generator=gen) / d ** 0.5
+        idx = torch.rand(rows, g, generator=gen).argsort(-1)[:, :16]
+        c = torch.zeros(rows, g).scatter(1, idx, torch.empty(rows, 16).exponential_(generator=gen))
+        torch.save({"x": c @ D + 0.01 * torch.randn(rows, d, generator=gen), "target": c @ E}, acts)
+    if not init.is_file():
+        data = torch.load(acts)
+        torch.manual_seed(0)
+        coder = sae_fit.TopKCoder(d, d_sae, k, transcode=True)
+        x, t = data["x"][:-HELD], data["target"][:-HELD]
+        coder.encoder.bias.data = -x.mean(0) @ coder.encoder.weight.data.T
+        coder.b_dec.data = t.mean(0)
+        torch.save({k: v.detach().clone() for k, v in coder.state_dict().items()}, init)
+    return acts, init
+
+
+def gemm_seconds(batch: int, d: int, d_sae: int, threads: int) -> float:
+    """The median time of one fp32 ``[batch, d] @ [d, d_sae]`` matmul here now."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(batch, d), torch.randn(d, d_sae)
+    times = []
+    for _ in range(12):
+        begun = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - begun)
+    return statistics.median(times[2:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sparsify-python", default=os.environ.get("ANATOMY_SPARSIFY_PYTHON",
+                                                                    "/work/venv-sparsify/bin/python"))
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/anatomy-bench-fit-sae"))
+    parser.add_argument("--d", type=int, default=576)
+    parser.add_argument("--d-sae", type=int, default=4608)
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--rows", type=int, default=16384)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    acts, init = make_data(args.workdir, args.d, args.d_sae, args.k, args.rows)
+    lr = 2e-4 / (args.d_sae / 2**14) ** 0.5
+    floor = gemm_seconds(args.batch, args.d, args.d_sae, args.threads)
+    print(f"load average before: {os.getloadavg()[0]:.2f}; floor (one {args.batch}x{args.d} @ {args.d}x{args.d_sae} "
+          f"fp32 matmul, {args.threads} threads): {floor * 1e3:.1f} ms")
+    print(f"| trainer | step (s) | x floor | held-out FVE after {args.steps} steps |")
+    print("| --- | --- | --- | --- |")
+    sides = [("anatomy", sys.executable)]
+    if Path(args.sparsify_python).is_file():
+        sides.append(("sparsify", args.sparsify_python))
+    else:
+        print(f"sparsify: skipped (no python at {args.sparsify_python}; see this file's docstring)")
+    code = SIDE % {"held": HELD, "root": str(ROOT)}
+    for side, python in sides:
+        proc = subprocess.run([python, "-c", code, side, str(acts), str(init), str(args.steps), str(args.batch),
+                               str(lr), str(args.k), str(args.threads)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"| {side} | failed: {proc.stderr.strip().splitlines()[-1:]} | | |")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"| {side} | {r['step_s']:.3f} | {r['step_s'] / floor:.1f} | {r['fve']:.3f} |")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
