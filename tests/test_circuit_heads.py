@@ -79,6 +79,28 @@ def test_head_parts_sum_to_each_edge(prompts, arch, kind):
     assert any(float(sp.parts.abs().max()) > 1e-3 * scale for sp in splits)
 
 
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_replays_equal_one_replay_per_copy(prompts, arch, kind):
+    """The replays in batches of 7 copies (the last one short) give the parts, bypasses, query positions and QK
+    terms of one replay per copy (batch 1), to fp32 rounding."""
+    fp = prompts(arch, kind)
+    edges = links(fp.graph, n=30, seed=1)
+    one, many = ch.Heads(fp, batch=1), ch.Heads(fp, batch=7)
+    scale = float(fp.graph.adjacency_matrix.abs().max())
+    for a, b in zip(one.split(edges), many.split(edges), strict=True):
+        assert (a.target, a.source) == (b.target, b.source)
+        torch.testing.assert_close(b.parts, a.parts, rtol=1e-5, atol=1e-6 * scale)
+        assert abs(b.bypass - a.bypass) <= 1e-6 * scale
+        assert torch.equal(a.query[a.parts.abs() > 1e-4 * scale], b.query[a.parts.abs() > 1e-4 * scale])
+    g = fp.graph
+    nodes = list(range(g.adjacency_matrix.shape[0] - g.n_logits))[:20]
+    picks = [(layer, fp.lm.n_heads - 1, g.n_pos - 1, k) for layer in range(fp.lm.n_layers) for k in (0, 2)]
+    for a, b in zip(one.scores(picks, nodes), many.scores(picks, nodes), strict=True):
+        assert a.score == b.score and a.rows == b.rows
+        torch.testing.assert_close(b.terms, a.terms, rtol=1e-5, atol=1e-5 * float(a.terms.abs().max()))
+
+
 def _target_position(fp, node):
     g = fp.graph
     if node >= g.adjacency_matrix.shape[0] - g.n_logits:
