@@ -215,6 +215,8 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     result = invoke(*args, "--json", str(with_heads), "--heads", "2", "--format", "table")
     assert result.exit_code == 0, result.stderr
     assert "via head" in result.stdout and "query x key terms" in result.stdout
+    n_links = len(json.loads(with_heads.read_text())["links"])
+    assert f"circuit --heads: {n_links:,} edges (" in result.stderr  # the cost line, before the replays
     a, b = json.loads(plain.read_text()), json.loads(with_heads.read_text())
     assert set(b) - set(a) == {"qk"} and a["nodes"] == b["nodes"] and a["metadata"] == b["metadata"]
     assert [{k: v for k, v in link.items() if k != "heads"} for link in b["links"]] == a["links"]

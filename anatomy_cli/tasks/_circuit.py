@@ -228,9 +228,12 @@ def _attention(fp: Any, graph: CircuitGraph, pr: PruneResult, nodes: dict[int, d
     prompt per replay."""
     from anatomy_cli.analyses import circuit_files as files
     from anatomy_cli.analyses import circuit_heads as ch
+    from anatomy_cli.tasks._circuit_estimate import heads_cost
 
     links = files.kept_links(pr, nodes)
     sources = sorted(i for i in nodes if i < graph.adjacency_matrix.shape[0] - graph.n_logits)
+    notes.info(heads_cost(fp.lm.info, graph.n_pos, len(links), len({t for t, _ in links}),
+                          len({s for _, s in links}), len(sources), batch, fp.lm.device.type).line())
     with notes.status(f"splitting {len(links)} edges by head"):
         att = ch.attention(fp, links, n, sources, batch)
     for link, sp in zip(data["links"], att.splits):

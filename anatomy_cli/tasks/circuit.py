@@ -123,8 +123,6 @@ class CircuitOptions(Declared):
                     raise UsageError(f"--estimate computes no graph: it writes no {name} file (drop one of the two)")
             if self.check:
                 raise UsageError("--estimate computes no graph: it re-measures no --check edges (drop one of the two)")
-            if self.heads:
-                raise UsageError("--estimate computes no graph: it splits no edges by --heads (drop one of the two)")
             for name in [n for n, given in (("--labels", self.labels is not None),
                                              ("--features-dir", bool(self.features_dir))) if given][:1]:
                 raise UsageError(f"--estimate computes no graph: it labels no features with {name} (drop one of "

@@ -114,6 +114,11 @@ def estimate_report(model: Any, enc: Any, est: Any) -> Report:
             [{"quantity": "flops", "value": e["flops"], "shown": f"{e['flops']:.2g} FLOP"},
              {"quantity": "seconds_expected", "value": e["seconds_expected"],
               "shown": f"{human_seconds(e['seconds_expected'])} on {e['device']}"}])
+    if e.get("heads_passes"):  # --heads: its replays, bounded by the whole graph
+        rows += [{"quantity": "heads_passes", "value": e["heads_passes"], "shown": f"{e['heads_passes']:,}"},
+                 {"quantity": "heads_flops", "value": e["heads_flops"], "shown": f"{e['heads_flops']:.2g} FLOP"},
+                 {"quantity": "heads_seconds_expected", "value": e["heads_seconds_expected"],
+                  "shown": f"{human_seconds(e['heads_seconds_expected'])} on {e['device']}"}]
     data = {**record, "prompt": enc.text, "token_ids": list(enc.ids), "bos": enc.bos, "estimate": True, **e,
             ESTIMATE_ROWS: rows}
     heading = [f"circuit --estimate · {getattr(model, 'name', '')} · {e['n_layers']} blocks × {e['d_transcoder']:,} "
@@ -124,5 +129,8 @@ def estimate_report(model: Any, enc: Any, est: Any) -> Report:
              f"1..{e['n_tokens'] - 1}): feature rows {e['feature_rows']:,} = min(--max-feature-nodes, that); "
              f"the graph is {e['n_nodes']:,} × {e['n_nodes']:,} float32",
              "bytes are upper bounds beyond the model's weights; the time is a rough estimate at an assumed rate"]
+    if e.get("heads_passes"):
+        notes.append("heads_*: --heads' batched replays after the graph, bounded as if every node were kept (the "
+                     "run prints its own figure for the kept edges before it starts them)")
     return Report(data=data, sections=[Section(ESTIMATE, rows, title="circuit --estimate")], heading=heading,
                   notes=notes)
