@@ -211,10 +211,10 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     (tmp_path / "b").mkdir()
     plain, with_heads = tmp_path / "a" / "graph.json", tmp_path / "b" / "graph.json"  # one slug
     result = invoke(*args, "--json", str(plain), "--format", "table")
-    assert result.exit_code == 0 and "via head" not in result.stdout
+    assert result.exit_code == 0 and "first head" not in result.stdout
     result = invoke(*args, "--json", str(with_heads), "--heads", "2", "--format", "table")
     assert result.exit_code == 0, result.stderr
-    assert "via head" in result.stdout and "query x key terms" in result.stdout
+    assert "first head" in result.stdout and "query x key terms" in result.stdout
     n_links = len(json.loads(with_heads.read_text())["links"])
     assert f"circuit --heads: {n_links:,} edges (" in result.stderr  # the cost line, before the replays
     a, b = json.loads(plain.read_text()), json.loads(with_heads.read_text())
@@ -229,6 +229,8 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     for e in b["qk"]:
         assert abs(sum(t["value"] for t in e["terms"]) + e["rest"] - e["score"]) <= 1e-4 * (1 + abs(e["score"]))
         assert all(t["query"] in ids and t["key"] in ids for t in e["terms"])
+        n_sources = sum(1 for n in b["nodes"] if n["feature_type"] != "logit")  # and bias, other: each side
+        assert e["n_terms"] == (n_sources + 2) ** 2 and len(e["terms"]) <= e["n_terms"]
     api = anatomy.circuit(lm, "The capital of France is", transcoders=str(tdir), max_feature_nodes=20,
                           batch_size=8, heads=2, prompts=PromptOptions(bos=True)).to_dict()  # -f json's record
     assert all("head" in row and "head_part" in row for row in api["paths"])

@@ -269,8 +269,8 @@ def link_heads(sp: HeadSplit) -> dict[str, object]:
 
 def qk_json(sc: QKScore, names: dict[int, str]) -> dict[str, object]:
     """One head's QK attribution as the graph JSON's ``qk`` entries hold it (``names``: node index -> node id): the
-    largest terms (``query`` x ``key`` contributors), the rest summed, and each side's largest totals (a
-    contributor's terms summed over the other side)."""
+    largest terms (``query`` x ``key`` contributors) of all ``n_terms`` (query-side × key-side contributors), the
+    rest summed, and each side's largest totals (a contributor's terms summed over the other side)."""
     def name(c: int | str) -> str:
         return c if isinstance(c, str) else names[c]
 
@@ -283,7 +283,7 @@ def qk_json(sc: QKScore, names: dict[int, str]) -> dict[str, object]:
 
     out: dict[str, object] = {
         "layer": sc.layer, "head": sc.head, "query_pos": sc.query_pos, "key_pos": sc.key_pos, "score": sc.score,
-        "terms": [{"query": name(q), "key": name(k), "value": v} for q, k, v in top],
+        "n_terms": int(sc.terms.numel()), "terms": [{"query": name(q), "key": name(k), "value": v} for q, k, v in top],
         "rest": float(sc.terms.double().sum()) - sum(v for _, _, v in top),
         "query_side": side(rows, sc.rows), "key_side": side(cols, sc.cols)}
     if sc.softcap is not None:

@@ -23,7 +23,7 @@ COLUMNS = (
     Column("via_weight", "its weight", "float", 4),
 )
 LABEL = Column("label", "label")  # shown when the run has labels or top tokens (models/sae/feature_labels.py)
-HEAD_COLUMNS = (Column("head", "via head"), Column("head_part", "its part", "float", 4))  # --heads
+HEAD_COLUMNS = (Column("head", "first head"), Column("head_part", "its part", "float", 4))  # --heads
 QK_NOTES = 3  # --heads: QK-attributed heads summed up under the table
 ROWS = "paths"
 ESTIMATE_ROWS = "quantities"  # an estimate's rows: one per quantity (the table --estimate prints)
@@ -70,8 +70,8 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
 
 def heads_notes(qk: list[dict[str, Any]]) -> list[str]:
     """``--heads``: what the head column says, and each QK-attributed head's score with its largest terms."""
-    out = ["via head: the block.head whose part of the edge (paths whose first head it is) is largest, and that "
-           "part; the parts of all heads plus the bypass (paths through no head) sum to the weight"]
+    out = ["first head: the block.head whose part of the edge (the paths whose first attention head it is) is "
+           "largest, and that part; the parts of all heads plus the bypass (paths through no head) sum to the weight"]
     for e in qk[:QK_NOTES]:
         terms = ", ".join(f"{t['query']} x {t['key']} {t['value']:+.3f}" for t in e["terms"][:3])
         out.append(f"head {e['layer']}.{e['head']} at query {e['query_pos']}, key {e['key_pos']}: score "
