@@ -79,6 +79,28 @@ def test_head_parts_sum_to_each_edge(prompts, arch, kind):
     assert any(float(sp.parts.abs().max()) > 1e-3 * scale for sp in splits)
 
 
+@pytest.mark.parametrize("kind", ["plt", "clt"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_replays_equal_one_replay_per_copy(prompts, arch, kind):
+    """The replays in batches of 7 copies (the last one short) give the parts, bypasses, query positions and QK
+    terms of one replay per copy (batch 1), to fp32 rounding."""
+    fp = prompts(arch, kind)
+    edges = links(fp.graph, n=30, seed=1)
+    one, many = ch.Heads(fp, batch=1), ch.Heads(fp, batch=7)
+    scale = float(fp.graph.adjacency_matrix.abs().max())
+    for a, b in zip(one.split(edges), many.split(edges), strict=True):
+        assert (a.target, a.source) == (b.target, b.source)
+        torch.testing.assert_close(b.parts, a.parts, rtol=1e-5, atol=1e-6 * scale)
+        assert abs(b.bypass - a.bypass) <= 1e-6 * scale
+        assert torch.equal(a.query[a.parts.abs() > 1e-4 * scale], b.query[a.parts.abs() > 1e-4 * scale])
+    g = fp.graph
+    nodes = list(range(g.adjacency_matrix.shape[0] - g.n_logits))[:20]
+    picks = [(layer, fp.lm.n_heads - 1, g.n_pos - 1, k) for layer in range(fp.lm.n_layers) for k in (0, 2)]
+    for a, b in zip(one.scores(picks, nodes), many.scores(picks, nodes), strict=True):
+        assert a.score == b.score and a.rows == b.rows
+        torch.testing.assert_close(b.terms, a.terms, rtol=1e-5, atol=1e-5 * float(a.terms.abs().max()))
+
+
 def _target_position(fp, node):
     g = fp.graph
     if node >= g.adjacency_matrix.shape[0] - g.n_logits:
@@ -189,10 +211,12 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     (tmp_path / "b").mkdir()
     plain, with_heads = tmp_path / "a" / "graph.json", tmp_path / "b" / "graph.json"  # one slug
     result = invoke(*args, "--json", str(plain), "--format", "table")
-    assert result.exit_code == 0 and "via head" not in result.stdout
+    assert result.exit_code == 0 and "first head" not in result.stdout
     result = invoke(*args, "--json", str(with_heads), "--heads", "2", "--format", "table")
     assert result.exit_code == 0, result.stderr
-    assert "via head" in result.stdout and "query x key terms" in result.stdout
+    assert "first head" in result.stdout and "query x key terms" in result.stdout
+    n_links = len(json.loads(with_heads.read_text())["links"])
+    assert f"circuit --heads: {n_links:,} edges (" in result.stderr  # the cost line, before the replays
     a, b = json.loads(plain.read_text()), json.loads(with_heads.read_text())
     assert set(b) - set(a) == {"qk"} and a["nodes"] == b["nodes"] and a["metadata"] == b["metadata"]
     assert [{k: v for k, v in link.items() if k != "heads"} for link in b["links"]] == a["links"]
@@ -205,6 +229,8 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
     for e in b["qk"]:
         assert abs(sum(t["value"] for t in e["terms"]) + e["rest"] - e["score"]) <= 1e-4 * (1 + abs(e["score"]))
         assert all(t["query"] in ids and t["key"] in ids for t in e["terms"])
+        n_sources = sum(1 for n in b["nodes"] if n["feature_type"] != "logit")  # and bias, other: each side
+        assert e["n_terms"] == (n_sources + 2) ** 2 and len(e["terms"]) <= e["n_terms"]
     api = anatomy.circuit(lm, "The capital of France is", transcoders=str(tdir), max_feature_nodes=20,
                           batch_size=8, heads=2, prompts=PromptOptions(bos=True)).to_dict()  # -f json's record
     assert all("head" in row and "head_part" in row for row in api["paths"])

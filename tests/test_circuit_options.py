@@ -81,6 +81,28 @@ def test_estimate_before_weights_from_the_headers(setting, monkeypatch):
     assert table.exit_code == 0 and "adjacency_bytes\t" in table.stdout and "seconds_expected\t" in table.stdout
 
 
+def test_estimate_with_heads_counts_its_replays(setting, monkeypatch):
+    """``--estimate --heads 2``: the --heads replays bounded by the whole graph, in batches of --batch-size: a
+    forward and backward per batch of targets (n + K), a held forward per batch of sources (N - K), a forward per
+    batch of QK contributors (N - K) and the bias run, and the prompt's two replays; without --heads no such
+    keys."""
+    model, _, tdir, _ = setting
+    no_weights(monkeypatch)
+    args = ["circuit", PROMPT, "--model", str(model), "--device", "cpu", "--transcoders", str(tdir), "--bos",
+            "--max-feature-nodes", "50", "--batch-size", "8", "--estimate", "-f", "json"]
+    plain = json.loads(invoke(*args).stdout)
+    result = invoke(*args, "--heads", "2")
+    assert result.exit_code == 0, result.stderr
+    est = json.loads(result.stdout)
+    assert not any(k.startswith("heads_") for k in plain)
+    n, K, N = est["feature_rows"], est["n_logits"], est["n_nodes"]
+    assert est["heads_passes"] == -(-(n + K) // 8) + 2 * -(-(N - K) // 8) + 1 + 2
+    assert est["heads_flops"] > 0 and est["heads_seconds_expected"] > 0
+    assert {k: v for k, v in est.items() if not k.startswith("heads_") and k != "quantities"} == \
+        {k: v for k, v in plain.items() if k != "quantities"}
+    assert [r["quantity"] for r in est["quantities"]][-3:] == ["heads_passes", "heads_flops", "heads_seconds_expected"]
+
+
 def test_estimate_bounds_the_real_graph(setting, tmp_path):
     import anatomy_cli as anatomy
 

@@ -199,6 +199,10 @@ def test_heads_page_in_the_browser(browser, tiny_model_dir, tiny_lm, tmp_path):
                     "--heads", "2", "--json", str(js), "--plot", str(page))
     assert result.exit_code == 0, result.stderr
     assert EVIL not in page.read_text()
+    from anatomy_cli.output.html import esc
+    from anatomy_cli.output.html._circuit_heads import QK_NOTE
+
+    assert f'id="circuit-qk-note">{esc(QK_NOTE)}</p>' in page.read_text()  # what a term is, in the QK panel
     graph = json.loads(js.read_text())
     assert len(graph["qk"]) == 2 and all("heads" in link for link in graph["links"])
     opened = Opened(browser, page, viewport=(1500, 1000))  # the whole graph in view: it is up to 1350 px wide

@@ -56,35 +56,43 @@ class FrozenPrompt:
         pos = node - n_layers * n_pos
         return [(-1, pos, s.tokens[pos])]
 
-    def value(self, fw: rep.Forward, node: int) -> float:
-        """A target's input: a logit node's demeaned unembedding · final norm output at the last position; a
-        feature's W_enc row · its MLP input."""
-        return float(self.read(fw, node))
+    def value(self, fw: rep.Forward, node: int, row: int = 0) -> float:
+        """A target's input in copy ``row`` of ``fw``: a logit node's demeaned unembedding · final norm output at
+        the last position; a feature's W_enc row · its MLP input."""
+        return float(self.read(fw, node, row))
 
-    def read(self, fw: rep.Forward, node: int) -> torch.Tensor:
+    def read(self, fw: rep.Forward, node: int, row: int = 0) -> torch.Tensor:
         """:meth:`value` as a tensor (a gradient can be taken of it)."""
         g = self.graph
         n = g.adjacency_matrix.shape[0]
         if node >= n - g.n_logits:
-            return fw.final[0, -1].float() @ self.logit_vecs[node - (n - g.n_logits)]
+            return fw.final[row, -1].float() @ self.logit_vecs[node - (n - g.n_logits)]
         i = int(g.selected_features[node])
         layer, pos, _ = (int(v) for v in self.s.active[i])
-        return fw.mlp_in[layer][0, pos].float() @ self.s.encoder[i]
+        return fw.mlp_in[layer][row, pos].float() @ self.s.encoder[i]
 
     def run(self, removed: list[tuple[int, int, torch.Tensor]], hold: bool = False) -> rep.Forward:
         """The replay with ``removed`` taken out; ``hold``: every attention output held at the base forward's
         (needs ``capture``), so that the removal reaches only what no head carries."""
+        return self.run_rows([removed], hold)
+
+    def run_rows(self, rows: list[list[tuple[int, int, torch.Tensor]]], hold: bool = False) -> rep.Forward:
+        """:meth:`run` of several removals at once: copy ``i`` of the prompt (a batch of ``len(rows)``) with
+        ``rows[i]`` taken out; each copy's values are those of its own :meth:`run` (the replay fixes every
+        pattern, denominator and MLP output, so the copies do not meet). The MLPs run on one copy (their
+        outputs are the recorded constants plus the skip path)."""
         def edit(layer: int, value: torch.Tensor) -> torch.Tensor:
             value = value.clone()
-            for lay, pos, vec in removed:
-                if lay == layer:
-                    value[:, pos] -= vec.to(value.dtype)
+            for row, removed in enumerate(rows):
+                for lay, pos, vec in removed:
+                    if lay == layer:
+                        value[row, pos] -= vec.to(value.dtype)
             return value
 
         self.freezer.replay, self.freezer.hold = True, hold
         try:
             with rep.frozen(self.lm, self.freezer), torch.no_grad():
-                return rep.forward(self.lm, self.ids, self.tcs, 1, edit=edit)
+                return rep.forward(self.lm, self.ids, self.tcs, len(rows), edit=edit, shared_mlp=len(rows) > 1)
         finally:
             self.freezer.replay = self.freezer.hold = False
 

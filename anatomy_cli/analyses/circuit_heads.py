@@ -98,16 +98,24 @@ def score_scale(module: torch.nn.Module, d_head: int) -> float:
     return float(module.scaling)  # type: ignore[arg-type]
 
 
-class Heads:
-    """The attention side of one prompt's graph: ``fp`` a :class:`FrozenPrompt` with ``capture``."""
+BATCH = 32  # copies of the prompt per replay (circuit's --batch-size)
 
-    def __init__(self, fp: FrozenPrompt) -> None:
-        self.fp = fp
+
+def chunks(items: list[int], size: int) -> list[list[int]]:
+    """``items`` in consecutive batches of at most ``size``."""
+    return [items[i:i + size] for i in range(0, len(items), max(size, 1))]
+
+
+class Heads:
+    """The attention side of one prompt's graph: ``fp`` a :class:`FrozenPrompt` with ``capture``. Its replays
+    run ``batch`` copies of the prompt at once, one removal (or one target's backward) per copy: the numbers are
+    those of one replay per copy (tests/test_circuit_heads.py)."""
+
+    def __init__(self, fp: FrozenPrompt, batch: int = BATCH) -> None:
+        self.fp, self.batch = fp, batch
         self.modules = [attention_module(fp.lm, layer) for layer in range(fp.lm.n_layers)]
         self.keys = [id(m) for m in self.modules]
-        # the held replay with nothing removed: the reference the held runs differ from (in the blocks before a
-        # source, bit for bit)
-        self.held_base = fp.run([], hold=True)
+        fp.run([], hold=True)
         captured = fp.freezer.capture or {}
         self.base_out = [captured[k][2][0].float() for k in self.keys]  # [P, H, d_head] per layer
         fp.run([])
@@ -115,54 +123,58 @@ class Heads:
 
     def gradients(self, targets: list[int]) -> dict[int, list[torch.Tensor]]:
         """Per target node: its gradient with respect to each layer's head outputs ``[P, H, d_head]`` (the
-        replay, every path)."""
+        replay, every path); one backward per batch of targets, target ``i`` read from copy ``i``."""
         fp, fz = self.fp, self.fp.freezer
         out: dict[int, list[torch.Tensor]] = {}
-        fz.replay = True
-        try:
-            with rep.frozen(fp.lm, fz):
-                fw = rep.forward(fp.lm, fp.ids, fp.tcs, 1)
-                zs = [fz.capture[k][2] for k in self.keys]  # type: ignore[index]
-                for t in targets:
-                    grads = torch.autograd.grad(fp.read(fw, t), zs, retain_graph=True, allow_unused=True)
-                    out[t] = [torch.zeros_like(b) if g is None else g[0].float()
-                              for g, b in zip(grads, self.base_out)]
-        finally:
-            fz.replay = False
+        for chunk in chunks(targets, self.batch):
+            fz.replay = True
+            try:
+                with rep.frozen(fp.lm, fz):
+                    fw = rep.forward(fp.lm, fp.ids, fp.tcs, len(chunk), shared_mlp=len(chunk) > 1)
+                    zs = [fz.capture[k][2] for k in self.keys]  # type: ignore[index]
+                    total = torch.stack([fp.read(fw, t, row) for row, t in enumerate(chunk)]).sum()
+                    grads = torch.autograd.grad(total, zs, allow_unused=True)
+            finally:
+                fz.replay = False
+            for row, t in enumerate(chunk):
+                out[t] = [torch.zeros_like(b) if g is None else g[row].float() for g, b in zip(grads, self.base_out)]
         return out
 
-    def held(self, source: int) -> tuple[list[torch.Tensor], rep.Forward]:
-        """The source's change of each layer's head outputs along the paths that cross no head before them, and
-        the held forward (every attention output the prompt's) without the source."""
+    def held(self, sources: list[int]) -> list[tuple[list[torch.Tensor], rep.Forward, int]]:
+        """Per source: its change of each layer's head outputs along the paths that cross no head before them,
+        the held forward (every attention output the prompt's) and the copy without it: one forward,
+        copy 0 with nothing removed (the reference: in the blocks before a source, bit for bit), copy ``i`` without
+        source ``i``."""
         fp = self.fp
-        fw = fp.run(fp.source(source), hold=True)
-        captured = fp.freezer.capture or {}
-        return [b - captured[k][2][0].float() for b, k in zip(self.base_out, self.keys)], fw
+        fw = fp.run_rows([[]] + [fp.source(s) for s in sources], hold=True)
+        outs = [(fp.freezer.capture or {})[k][2].float() for k in self.keys]
+        return [([o[0] - o[row] for o in outs], fw, row) for row in range(1, len(sources) + 1)]
 
     def split(self, links: list[tuple[int, int]]) -> list[HeadSplit]:
         """Each edge ``(target, source)`` split by first head (the module docstring)."""
         fp = self.fp
         grads = self.gradients(sorted({t for t, _ in links}))
         out = []
-        for source in sorted({s for _, s in links}):
-            dz, fw = self.held(source)
-            for target, _ in (e for e in links if e[1] == source):
-                per = torch.stack([torch.einsum("phd,phd->hp", g, d) for g, d in zip(grads[target], dz)])  # [L,H,P]
-                bypass = fp.value(self.held_base, target) - fp.value(fw, target)
-                out.append(HeadSplit(target, source, float(fp.graph.adjacency_matrix[target, source]),
-                                     per.sum(-1), bypass, per.abs().argmax(-1)))
+        for chunk in chunks(sorted({s for _, s in links}), self.batch):
+            for source, (dz, fw, row) in zip(chunk, self.held(chunk)):
+                for target, _ in (e for e in links if e[1] == source):
+                    per = torch.stack([torch.einsum("phd,phd->hp", g, d) for g, d in zip(grads[target], dz)])
+                    bypass = fp.value(fw, target, 0) - fp.value(fw, target, row)
+                    out.append(HeadSplit(target, source, float(fp.graph.adjacency_matrix[target, source]),
+                                         per.sum(-1), bypass, per.abs().argmax(-1)))  # per: [L, H, P]
         order = {e: i for i, e in enumerate(links)}
         return sorted(out, key=lambda h: order[(h.target, h.source)])
 
-    def vectors(self, picks: list[Pick], captured: Captured | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The query and key of each pick (layer, head, query position, key position) in the last forward
-        (``captured``: those of another)."""
+    def vectors(self, picks: list[Pick], captured: Captured | None = None, row: int = 0
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The query and key of each pick (layer, head, query position, key position) in copy ``row`` of the
+        last forward (``captured``: those of another)."""
         captured = self.fp.freezer.capture if captured is None else captured
         out = []
         for layer, head, q, k in picks:
             query, key, _ = captured[self.keys[layer]]  # type: ignore[index]
             group = query.shape[1] // key.shape[1]  # grouped-query: head h reads kv head h // group
-            out.append((query[0, head, q].float(), key[0, head // group, k].float()))
+            out.append((query[row, head, q].float(), key[row, head // group, k].float()))
         return out
 
     def scores(self, picks: list[Pick], nodes: list[int]) -> list[QKScore]:
@@ -171,9 +183,10 @@ class Heads:
         fp = self.fp
         base = self.vectors(picks, self.base_qk)
         deltas = []
-        for n in nodes:
-            fp.run(fp.source(n))
-            deltas.append([(bq - q, bk - k) for (bq, bk), (q, k) in zip(base, self.vectors(picks))])
+        for chunk in chunks(nodes, self.batch):
+            fp.run_rows([fp.source(n) for n in chunk])
+            for row in range(len(chunk)):
+                deltas.append([(bq - q, bk - k) for (bq, bk), (q, k) in zip(base, self.vectors(picks, row=row))])
         n_sources = fp.graph.adjacency_matrix.shape[0] - fp.graph.n_logits
         fp.run([w for i in range(n_sources) for w in fp.source(i)])
         bias = self.vectors(picks)
@@ -231,10 +244,12 @@ class Attention:
         return next((sp for sp in self.splits if (sp.target, sp.source) == (target, source)), None)
 
 
-def attention(fp: FrozenPrompt, links: list[tuple[int, int]], n: int, nodes: list[int]) -> Attention:
+def attention(fp: FrozenPrompt, links: list[tuple[int, int]], n: int, nodes: list[int], batch: int = BATCH
+              ) -> Attention:
     """Head loadings of ``links`` ((target, source) node indices) and the QK attributions of the ``n`` strongest
-    heads over them, whose terms name ``nodes`` (source node indices; the other sources: ``other``)."""
-    heads = Heads(fp)
+    heads over them, whose terms name ``nodes`` (source node indices; the other sources: ``other``); ``batch``
+    copies of the prompt per replay."""
+    heads = Heads(fp, batch)
     splits = heads.split(links)
     return Attention(tuple(splits), tuple(heads.scores(picks(splits, n, fp.graph), nodes)))
 
@@ -254,8 +269,8 @@ def link_heads(sp: HeadSplit) -> dict[str, object]:
 
 def qk_json(sc: QKScore, names: dict[int, str]) -> dict[str, object]:
     """One head's QK attribution as the graph JSON's ``qk`` entries hold it (``names``: node index -> node id): the
-    largest terms (``query`` x ``key`` contributors), the rest summed, and each side's largest totals (a
-    contributor's terms summed over the other side)."""
+    largest terms (``query`` x ``key`` contributors) of all ``n_terms`` (query-side × key-side contributors), the
+    rest summed, and each side's largest totals (a contributor's terms summed over the other side)."""
     def name(c: int | str) -> str:
         return c if isinstance(c, str) else names[c]
 
@@ -268,7 +283,7 @@ def qk_json(sc: QKScore, names: dict[int, str]) -> dict[str, object]:
 
     out: dict[str, object] = {
         "layer": sc.layer, "head": sc.head, "query_pos": sc.query_pos, "key_pos": sc.key_pos, "score": sc.score,
-        "terms": [{"query": name(q), "key": name(k), "value": v} for q, k, v in top],
+        "n_terms": int(sc.terms.numel()), "terms": [{"query": name(q), "key": name(k), "value": v} for q, k, v in top],
         "rest": float(sc.terms.double().sum()) - sum(v for _, _, v in top),
         "query_side": side(rows, sc.rows), "key_side": side(cols, sc.cols)}
     if sc.softcap is not None:

@@ -78,6 +78,8 @@ def _frozen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     eager = sys.modules[type(module).__module__].eager_attention_forward
     _, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
     weights = _ACTIVE[-1].take(_ACTIVE[-1].patterns, module, weights)
+    if weights.shape[0] != value.shape[0]:  # a replay of B copies with one copy's recorded pattern
+        weights = weights.expand(value.shape[0], *weights.shape[1:])
     b, n_heads, q_len, k_len = weights.shape
     kv_heads = value.shape[1]  # grouped-query: head h reads kv head h // (n_heads / kv_heads), so the group's
     w = weights.to(value.dtype).reshape(b, kv_heads, n_heads // kv_heads * q_len, k_len)  # queries stack up
@@ -88,7 +90,8 @@ def _frozen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         if not freezer.replay:
             freezer.outs[id(module)] = out.detach()
         elif freezer.hold:
-            out = freezer.outs[id(module)]
+            held = freezer.outs[id(module)]
+            out = held.expand(out.shape[0], *held.shape[1:]) if held.shape[0] != out.shape[0] else held
     return out, weights
 
 

@@ -203,7 +203,7 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
         from anatomy_cli.analyses import circuit_check
 
         fp = circuit_check.FrozenPrompt(lm, ids, transcoders, graph, s, capture=bool(opts.heads))
-    att = _attention(fp, graph, pr, nodes, data, opts.heads) if fp is not None and opts.heads else None
+    att = _attention(fp, graph, pr, nodes, data, opts.heads, opts.batch_size) if fp is not None and opts.heads else None
     if out:
         files.save_pt(graph, out, _cfg(lm))
         notes.info(f"wrote {out}")
@@ -222,16 +222,20 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
 
 
 def _attention(fp: Any, graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]],
-               data: dict[str, Any], n: int) -> Attention:
+               data: dict[str, Any], n: int, batch: int) -> Attention:
     """``--heads``: every written link split by head (its ``heads`` field in ``data``) and the ``n`` strongest
-    heads' QK attributions over the written source nodes (``data["qk"]``)."""
+    heads' QK attributions over the written source nodes (``data["qk"]``); ``batch`` (--batch-size) copies of the
+    prompt per replay."""
     from anatomy_cli.analyses import circuit_files as files
     from anatomy_cli.analyses import circuit_heads as ch
+    from anatomy_cli.tasks._circuit_estimate import heads_cost
 
     links = files.kept_links(pr, nodes)
     sources = sorted(i for i in nodes if i < graph.adjacency_matrix.shape[0] - graph.n_logits)
+    notes.info(heads_cost(fp.lm.info, graph.n_pos, len(links), len({t for t, _ in links}),
+                          len({s for _, s in links}), len(sources), batch, fp.lm.device.type).line())
     with notes.status(f"splitting {len(links)} edges by head"):
-        att = ch.attention(fp, links, n, sources)
+        att = ch.attention(fp, links, n, sources, batch)
     for link, sp in zip(data["links"], att.splits):
         link["heads"] = ch.link_heads(sp)
     names = {i: str(nd["node_id"]) for i, nd in nodes.items()}

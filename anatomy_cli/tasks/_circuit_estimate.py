@@ -12,6 +12,11 @@ The time is the FLOPs (:mod:`anatomy_cli.models.cost`'s rules) at its assumed ra
 forward runs each MLP once (on one copy: the replacement model reads an MLP's output as a constant) and computes
 no logits; a backward passes no gradient through an MLP or the LM head (it is seeded at the blocks), so each is
 counted as a forward of ``B`` copies without the MLPs and the head, plus the dots.
+
+``--heads`` adds its replays (analyses/circuit_heads.py), in batches of ``B`` copies: a forward and a backward per
+batch of targets, a held forward of ``B + 1`` copies per batch of sources, a forward per batch of the QK
+contributors and the bias run (:func:`heads_cost`). The estimate bounds the kept graph by the whole one: every
+feature row and logit a target, every feature, error and token node a source.
 """
 
 from __future__ import annotations
@@ -58,9 +63,53 @@ class CircuitEstimate:
     device: str
     offload: str | None
     k: int | None = None
+    heads_passes: int = 0  # --heads: its batched replays (0: no --heads)
+    heads_flops: float = 0.0
+    heads_seconds_expected: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        if self.heads_passes:
+            return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("heads_")}
+
+
+@dataclass(frozen=True)
+class HeadsCost:
+    """``circuit --heads``' replays for ``n_links`` edges (``n_targets`` targets, ``n_sources`` sources) and QK
+    terms over ``n_contributors`` nodes, in batches of ``batch`` copies: ``passes`` forwards (``backwards`` of them
+    with a backward), ``flops`` and ``seconds_expected`` on ``device``."""
+
+    n_links: int
+    n_targets: int
+    n_sources: int
+    n_contributors: int
+    batch: int
+    passes: int
+    backwards: int
+    flops: float
+    seconds_expected: float
+    device: str
+
+    def line(self) -> str:
+        from anatomy_cli.units import human_seconds
+
+        return (f"circuit --heads: {self.n_links:,} edges ({self.n_targets:,} targets, {self.n_sources:,} sources) "
+                f"and QK terms of {self.n_contributors:,} nodes: {self.passes:,} replays of up to {self.batch} "
+                f"copies ({self.backwards:,} with a backward), about {self.flops:.2g} FLOP, roughly "
+                f"{human_seconds(self.seconds_expected)} on {self.device} (a rough estimate)")
+
+
+def heads_cost(info: Any, n_tokens: int, n_links: int, n_targets: int, n_sources: int, n_contributors: int,
+               batch: int, device: str) -> HeadsCost:
+    """The replays ``--heads`` runs (module docstring): each a forward of its copies without the MLPs (one copy
+    runs them) and the LM head; a backward counted as another such forward."""
+    _, mlp, core = _forward_parts(info, n_tokens)
+    B = max(batch, 1)
+    grads, held, qk = math.ceil(n_targets / B), math.ceil(n_sources / B), math.ceil(n_contributors / B) + 1
+    flops = (grads * (2.0 * B * core + mlp) + held * ((B + 1) * core + mlp) + qk * (B * core + mlp)
+             + 2 * (core + mlp))  # and the two replays of the prompt itself (held and plain)
+    return HeadsCost(n_links, n_targets, n_sources, n_contributors, B, grads + held + qk + 2, grads, flops,
+                     cost.seconds(flops, device), device)
 
 
 def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str) -> CircuitEstimate:
@@ -83,9 +132,10 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
              + B * core + mlp  # the forward of B copies the backward passes run through: MLPs once, no logits
              + passes * (B * core + 2.0 * B * d * (R + (L + 1) * P))  # each backward ≈ B cores, then the dots
              + rankings * (L + 2) * 2.0 * (n + K) * (A + (L + 1) * P + K))  # re-ranking: ≤ L + 2 products each
+    hc = heads_cost(info, P, 0, n + K, N - K, N - K, B, device) if opts.heads else None
     return CircuitEstimate(P, L, ts.d_transcoder, A, n, K, N, FLOAT * N * N, rows, setup, held, backward,
                            FLOAT * N * N + rows + setup + held + backward, passes, flops, cost.seconds(flops, device),
-                           device, opts.offload, ts.topk)
+                           device, opts.offload, ts.topk, *((hc.passes, hc.flops, hc.seconds_expected) if hc else ()))
 
 
 def _forward_parts(info: Any, tokens: int) -> tuple[float, float, float]:

@@ -91,7 +91,7 @@ class CircuitOptions(Declared):
     heads: int = option(
         0, "--heads", min=0, metavar="N",
         help="Attention inside the graph: split every kept edge into one part per (block, head) plus the bypass "
-        "(--json: each link's 'heads'; the table: 'via head'), and the N strongest heads' pre-softmax scores into "
+        "(--json: each link's 'heads'; the table: 'first head'), and the N strongest heads' pre-softmax scores into "
         "query x key terms of the graph's nodes (--json: 'qk'). 0: off.")
     top: int = option(10, "--top", min=1, help="Rows of the paths table.")
     offload: str | None = option(
@@ -123,8 +123,6 @@ class CircuitOptions(Declared):
                     raise UsageError(f"--estimate computes no graph: it writes no {name} file (drop one of the two)")
             if self.check:
                 raise UsageError("--estimate computes no graph: it re-measures no --check edges (drop one of the two)")
-            if self.heads:
-                raise UsageError("--estimate computes no graph: it splits no edges by --heads (drop one of the two)")
             for name in [n for n, given in (("--labels", self.labels is not None),
                                              ("--features-dir", bool(self.features_dir))) if given][:1]:
                 raise UsageError(f"--estimate computes no graph: it labels no features with {name} (drop one of "

@@ -3,8 +3,9 @@ drawn from the graph JSON's ``links[].heads`` and ``qk`` (anatomy_cli/analyses/c
 
 Each drawn link gets an invisible marker at its midpoint whose hover lists the link's weight, its bypass (the paths
 through no head), its largest head parts (``block L head H``) and the rest. Under the graph, a panel shows one
-head's QK attribution: a selector over the ``qk`` entries and a bar per query × key term (blue raises the score,
-red lowers it), the largest at the top, with the score and the rest in a line above.
+head's QK attribution: a selector over the ``qk`` entries, a note saying what a term is (:data:`QK_NOTE`) and a
+bar per query × key term (blue raises the score, red lowers it), the largest at the top, with the score and the
+rest (and how many terms it sums) in a line above.
 
 Node ids and labels go into the page only through :func:`esc` / :func:`token` or as JSON that the script hands to
 plotly already escaped.
@@ -26,6 +27,12 @@ from anatomy_cli.output.html.markup import Part
 from anatomy_cli.output.html.markup import script_json
 from anatomy_cli.text.display import visible
 
+QK_NOTE = ("Each bar is one term scale · q_i · k_j of the head's pre-softmax score: q_i is one contributor's part "
+           "of the head's query at the query position, k_j one contributor's part of its key at the key position "
+           "(a part: how much the query or key changes when that node is removed from the frozen replacement "
+           "model). Contributors are the graph's source nodes (features, error nodes, tokens), bias (the query or "
+           "key with every source removed) and other (the sources pruned from the graph). All query × key pairs "
+           "sum to the score; the largest are drawn, the line above sums the rest.")
 SIDES = {"bias": "bias (every source removed)", "other": "other (sources pruned from the graph)"}
 
 
@@ -78,6 +85,7 @@ def qk_entry(entry: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], t
     terms = entry["terms"]
     shown = sum(float(t["value"]) for t in terms)
     cap = f"; the model caps it after this (softcap {entry['softcap']:g})" if entry.get("softcap") else ""
+    of = f", {int(entry['n_terms']) - len(terms):,} terms" if "n_terms" in entry else ""
     return {
         "labels": [f"{esc(t['query'])} × {esc(t['key'])}" for t in terms],
         "values": [float(t["value"]) for t in terms],
@@ -86,7 +94,7 @@ def qk_entry(entry: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], t
                    f"<br>key: {describe(t['key'], nodes, tokens)}" for t in terms],
         # the line is set with textContent: plain text, not escaped
         "line": (f"score {number(entry['score'])} = the {len(terms)} terms drawn ({number(shown)}) + the rest "
-                 f"({number(entry['rest'])}){cap}")}
+                 f"({number(entry['rest'])}{of}){cap}")}
 
 
 def qk_title(entry: Mapping[str, Any], tokens: Sequence[str]) -> str:
@@ -114,7 +122,7 @@ def qk_panel(graph: Mapping[str, Any], tokens: Sequence[str], colours: tuple[str
     options = "".join(f'<option value="{i}">{qk_title(e, tokens)}</option>' for i, e in enumerate(graph["qk"]))
     head = ('<h2>QK attribution of the strongest heads</h2><div class="controls"><label>head '
             f'<select id="circuit-qk-pick">{options}</select></label></div>'
-            '<div class="readout" id="circuit-qk-line"></div>')
+            f'<p class="note" id="circuit-qk-note">{esc(QK_NOTE)}</p><div class="readout" id="circuit-qk-line"></div>')
     prepare = f"var Q={script_json(entries)};" + _PREPARE
     return Part(head + plot(fig, div_id="circuit-qk", prepare=prepare, script=_SCRIPT).html)
 

@@ -23,7 +23,7 @@ COLUMNS = (
     Column("via_weight", "its weight", "float", 4),
 )
 LABEL = Column("label", "label")  # shown when the run has labels or top tokens (models/sae/feature_labels.py)
-HEAD_COLUMNS = (Column("head", "via head"), Column("head_part", "its part", "float", 4))  # --heads
+HEAD_COLUMNS = (Column("head", "first head"), Column("head_part", "its part", "float", 4))  # --heads
 QK_NOTES = 3  # --heads: QK-attributed heads summed up under the table
 ROWS = "paths"
 ESTIMATE_ROWS = "quantities"  # an estimate's rows: one per quantity (the table --estimate prints)
@@ -70,8 +70,8 @@ def report(lm: Any, enc: Any, result: Any) -> Report:
 
 def heads_notes(qk: list[dict[str, Any]]) -> list[str]:
     """``--heads``: what the head column says, and each QK-attributed head's score with its largest terms."""
-    out = ["via head: the block.head whose part of the edge (paths whose first head it is) is largest, and that "
-           "part; the parts of all heads plus the bypass (paths through no head) sum to the weight"]
+    out = ["first head: the block.head whose part of the edge (the paths whose first attention head it is) is "
+           "largest, and that part; the parts of all heads plus the bypass (paths through no head) sum to the weight"]
     for e in qk[:QK_NOTES]:
         terms = ", ".join(f"{t['query']} x {t['key']} {t['value']:+.3f}" for t in e["terms"][:3])
         out.append(f"head {e['layer']}.{e['head']} at query {e['query_pos']}, key {e['key_pos']}: score "
@@ -114,6 +114,11 @@ def estimate_report(model: Any, enc: Any, est: Any) -> Report:
             [{"quantity": "flops", "value": e["flops"], "shown": f"{e['flops']:.2g} FLOP"},
              {"quantity": "seconds_expected", "value": e["seconds_expected"],
               "shown": f"{human_seconds(e['seconds_expected'])} on {e['device']}"}])
+    if e.get("heads_passes"):  # --heads: its replays, bounded by the whole graph
+        rows += [{"quantity": "heads_passes", "value": e["heads_passes"], "shown": f"{e['heads_passes']:,}"},
+                 {"quantity": "heads_flops", "value": e["heads_flops"], "shown": f"{e['heads_flops']:.2g} FLOP"},
+                 {"quantity": "heads_seconds_expected", "value": e["heads_seconds_expected"],
+                  "shown": f"{human_seconds(e['heads_seconds_expected'])} on {e['device']}"}]
     data = {**record, "prompt": enc.text, "token_ids": list(enc.ids), "bos": enc.bos, "estimate": True, **e,
             ESTIMATE_ROWS: rows}
     heading = [f"circuit --estimate · {getattr(model, 'name', '')} · {e['n_layers']} blocks × {e['d_transcoder']:,} "
@@ -124,5 +129,8 @@ def estimate_report(model: Any, enc: Any, est: Any) -> Report:
              f"1..{e['n_tokens'] - 1}): feature rows {e['feature_rows']:,} = min(--max-feature-nodes, that); "
              f"the graph is {e['n_nodes']:,} × {e['n_nodes']:,} float32",
              "bytes are upper bounds beyond the model's weights; the time is a rough estimate at an assumed rate"]
+    if e.get("heads_passes"):
+        notes.append("heads_*: --heads' batched replays after the graph, bounded as if every node were kept (the "
+                     "run prints its own figure for the kept edges before it starts them)")
     return Report(data=data, sections=[Section(ESTIMATE, rows, title="circuit --estimate")], heading=heading,
                   notes=notes)
