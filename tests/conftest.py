@@ -10,6 +10,7 @@ import atexit
 import dataclasses
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -64,6 +65,14 @@ RAY_MODULES = "_ray.py"  # how the name of a module of tests on the session's Ra
 
 def on_ray(module: str) -> bool:
     return module.endswith(RAY_MODULES)
+
+
+def pytest_configure(config):
+    """A suite started in the background (`nohup ... &`, a non-interactive shell's `&`) inherits SIGINT ignored, and so
+    would every command a test starts: the tests that press Ctrl-C on a server or a client would wait in vain. Each
+    process of the session (xdist's workers too) takes Python's own handler back, which its children then start with."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
