@@ -42,10 +42,6 @@ def _has(info: ModelInfo, need: Need) -> bool:
     return not info.is_decoder
 
 
-def _name(info: ModelInfo) -> str:
-    return info.label or info.model_type
-
-
 WORDING = {
     Need.decoder: "{model} is an encoder ({family}), not a next-token predictor: `{command}` needs a decoder-only "
                   "model such as gpt2 (`trace`, `lens` and `attn` work with encoders)",
@@ -65,7 +61,7 @@ def refusal(info: ModelInfo, need: Need | str, command: str) -> str:
     need = Need(need)
     why = ("soft-capped: c·tanh(z/c)" if info.logit_softcap is not None else
            "an encoder's masked-LM head is dense + activation + norm" if not info.is_decoder else "no LM head")
-    return WORDING[need].format(model=_name(info), family=info.adapter.name, command=command, why=why,
+    return WORDING[need].format(model=info.display_name, family=info.adapter.name, command=command, why=why,
                                model_type=info.model_type)
 
 

@@ -140,6 +140,11 @@ class ModelInfo:
     moe: MoeInfo | None = None
 
     @property
+    def display_name(self) -> str:
+        """The model's name in messages and written configs: its ``label``, else its ``model_type``."""
+        return self.label or self.model_type
+
+    @property
     def is_moe(self) -> bool:
         """A mixture-of-experts model (:class:`MoeInfo` in ``moe``)."""
         return self.moe is not None

@@ -81,7 +81,7 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
     with timings.phase(phases[1]):
         theta = clt_fit.thresholds(coder, xs[:, :n_train])
         clt_fit.save(coder, theta, opts.out, scan=f"anatomy-clt-{opts.out.name}",
-                     model_name=lm.info.label or lm.info.model_type)
+                     model_name=lm.info.display_name)
         held = clt_fit.held_out(coder, xs[:, n_train:], targets[:, n_train:], theta)
         spliced = splice_figures(lm, plan, coder, theta)
     curve = trained["fvu"]

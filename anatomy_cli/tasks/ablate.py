@@ -161,7 +161,7 @@ def _moe_blocks(info: ModelInfo, layer: int | None) -> tuple[int, ...]:
     if layer is None:
         return sparse
     if layer not in sparse:
-        raise UsageError(f"--layer {layer}: that block of {info.label or info.model_type} has a dense MLP, no "
+        raise UsageError(f"--layer {layer}: that block of {info.display_name} has a dense MLP, no "
                          f"experts; its MoE blocks are {', '.join(str(b) for b in sparse)}")
     return (layer,)
 

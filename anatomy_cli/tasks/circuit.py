@@ -166,7 +166,7 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
     ts = tc_files.describe(opts.transcoders)
-    tc_files.check_fits(ts, info.n_layers, info.d_model, info.label or info.model_type)
+    tc_files.check_fits(ts, info.n_layers, info.d_model, info.display_name)
     if ts.before_gain:  # ln2.hook_normalized: the MLP must read a norm whose gain the run divides out
         from anatomy_cli.models.sae.names import mlp_norm
 

@@ -328,7 +328,7 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
         fit, trainer = fit_block(lm, block, x, target, plan.windows, label=label, transcoder=opts.transcoder,
                                  d_sae=plan.d_sae, k=opts.k, epochs=opts.epochs, batch_size=opts.batch_size, lr=lr,
                                  seed=opts.seed, timings=timings, phases=PHASES[1:], jumprelu=opts.jumprelu,
-                                 model_name=lm.info.label or lm.info.model_type)
+                                 model_name=lm.info.display_name)
         fits.append(fit)
         del x, target
     return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}

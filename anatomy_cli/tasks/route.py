@@ -110,7 +110,7 @@ def check(opened: Opened, opts: RouteOptions) -> RoutePlan:
         blocks = [int(b) for b in sites.parse_blocks(str(opts.block), info.n_layers, "--block")]
         dense = [b for b in blocks if b not in moe.sparse_blocks]
         if dense:
-            raise UsageError(f"--block {dense[0]}: that block of {info.label or info.model_type} has a dense MLP, "
+            raise UsageError(f"--block {dense[0]}: that block of {info.display_name} has a dense MLP, "
                              f"no router; its MoE blocks are {_list(moe.sparse_blocks)}")
     if opts.top is not None and opts.top > moe.top_k:
         raise UsageError(f"--top {opts.top} is more than the {moe.top_k} experts this model routes each token to")
