@@ -98,7 +98,7 @@ def score_scale(module: torch.nn.Module, d_head: int) -> float:
     return float(module.scaling)  # type: ignore[arg-type]
 
 
-BATCH = 32  # copies of the prompt per replay (circuit's --batch-size)
+BATCH = 32  # copies of the prompt per replay where the caller names none (circuit passes its --batch-size)
 
 
 def chunks(items: list[int], size: int) -> list[list[int]]:

@@ -43,6 +43,10 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
+from anatomy_cli.engine.forwarding import forward
+from anatomy_cli.engine.forwarding import head_logits
+from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
 from anatomy_cli.engine.sae_fit import sparse_topk
@@ -71,13 +75,17 @@ class CrossLayerCoder(torch.nn.Module):
             [torch.nn.Parameter(torch.zeros(d_sae, n_layers - l, d)) for l in range(n_layers)])
         self.b_dec = torch.nn.Parameter(torch.zeros(n_layers, d))
         if jumprelu is not None:
-            from anatomy_cli.engine.jumprelu import log_threshold
-
-            self.log_threshold = log_threshold(n_layers, d_sae)
+            self.log_threshold = ste.log_threshold(n_layers, d_sae)
 
     def pre(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Block ``layer``'s pre-activations, ReLU applied: ``[rows, F]``."""
         return torch.relu(torch.nn.functional.linear(x, self.W_enc[layer], self.b_enc[layer]))
+
+    def thresholded(self, layer: int, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Block ``layer``'s features at thresholds ``theta [F]``: ``pre · (pre > θ)`` (no ReLU first; θ > 0), the
+        JumpReLU circuit-tracer reads: ``[rows, F]``."""
+        z = torch.nn.functional.linear(x, self.W_enc[layer], self.b_enc[layer])
+        return z * (z > theta)
 
     def encode(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(top_acts, top_indices)`` of block ``layer``, each ``[rows, k]``."""
@@ -90,8 +98,6 @@ class CrossLayerCoder(torch.nn.Module):
     def reconstruct(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the reconstructions ``[L, rows, d]``, the L0 penalty's sum over blocks of each block's mean L0 with
         the straight-through gradient: 0 for TopK)."""
-        from anatomy_cli.engine import jumprelu
-
         n, rows = self.n_layers, xs.shape[1]
         out = self.b_dec[:, None, :].expand(n, rows, self.d)
         penalty = torch.zeros(())
@@ -103,8 +109,8 @@ class CrossLayerCoder(torch.nn.Module):
             else:
                 z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
                 theta, width = self.log_threshold[layer].exp(), self.jumprelu["bandwidth"]
-                dec = jumprelu.jumprelu(z, theta, width) @ flat
-                penalty = penalty + jumprelu.l0(z, theta, width)
+                dec = ste.jumprelu(z, theta, width) @ flat
+                penalty = penalty + ste.l0(z, theta, width)
             out = out.index_add(0, torch.arange(layer, n), dec.view(rows, n - layer, self.d).transpose(0, 1))
         return out, penalty
 
@@ -184,8 +190,7 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
                     acts, top = coder.encode(layer, xb[layer])
                     fired[layer, top[acts > 0]] = True
                 else:
-                    z = torch.nn.functional.linear(xb[layer], coder.W_enc[layer], coder.b_enc[layer])
-                    fired[layer] |= (z > coder.log_threshold[layer].exp()).any(0)
+                    fired[layer] |= (coder.thresholded(layer, xb[layer], coder.log_threshold[layer].exp()) != 0).any(0)
         if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
             keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
         if progress is not None:
@@ -237,8 +242,7 @@ def jumprelu_forward(coder: CrossLayerCoder, xs: torch.Tensor, theta: torch.Tens
     out = coder.b_dec[:, None, :].expand(n, rows, coder.d).clone()
     l0 = []
     for layer in range(n):
-        pre = torch.nn.functional.linear(xs[layer], coder.W_enc[layer], coder.b_enc[layer])
-        acts = pre * (pre > theta[layer])
+        acts = coder.thresholded(layer, xs[layer], theta[layer])
         l0.append(float((acts != 0).sum(-1).float().mean()))
         out[layer:] += torch.einsum("rf,fjd->jrd", acts, coder.W_dec[layer])
     return out, l0
@@ -252,17 +256,12 @@ def spliced_logits(lm: LoadedModel, ids: Sequence[int], coder: CrossLayerCoder, 
     collected). The splice is closed-loop, as the replacement model runs: block l's features read block l's MLP
     input in the spliced forward itself (``pre · (pre > θ_l)``, the written thresholds), and block m's MLP
     output becomes ``Σ_{l ≤ m} a_l W_dec_l[:, m − l] + b_dec_m``."""
-    from anatomy_cli.engine.forwarding import forward
-    from anatomy_cli.engine.forwarding import head_logits
-    from anatomy_cli.engine.sae import _hooks
-
     input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
     acts: dict[int, torch.Tensor] = {}
 
     def read(layer: int) -> Callable[[torch.Tensor], None]:
         def fn(t: torch.Tensor) -> None:
-            z = torch.nn.functional.linear(t[0].float().cpu(), coder.W_enc[layer], coder.b_enc[layer])
-            acts[layer] = z * (z > theta[layer])
+            acts[layer] = coder.thresholded(layer, t[0].float().cpu(), theta[layer])
         return fn
 
     def write(m: int) -> Callable[[torch.Tensor], torch.Tensor]:

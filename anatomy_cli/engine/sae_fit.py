@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.models.written import as_user_file
@@ -135,11 +136,9 @@ class JumpReLUCoder(TopKCoder):
 
     def __init__(self, d_in: int, d_sae: int, *, transcode: bool = False, bandwidth: float = 1e-3,
                  l0_coeff: float = 1e-3):
-        from anatomy_cli.engine import jumprelu
-
         super().__init__(d_in, d_sae, 1, transcode=transcode)
         self.bandwidth, self.l0_coeff = bandwidth, l0_coeff
-        self.log_threshold = jumprelu.log_threshold(d_sae)
+        self.log_threshold = ste.log_threshold(d_sae)
 
     def pre(self, x: torch.Tensor) -> torch.Tensor:
         """The pre-activations ``[rows, d_sae]`` (no ReLU: the threshold is above 0)."""
@@ -147,20 +146,16 @@ class JumpReLUCoder(TopKCoder):
         return out
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        from anatomy_cli.engine.jumprelu import jumprelu
-
-        return jumprelu(self.pre(x), self.log_threshold.exp(), self.bandwidth)
+        return ste.jumprelu(self.pre(x), self.log_threshold.exp(), self.bandwidth)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x) @ self.W_dec + self.b_dec
 
     def objective(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the loss, its FVU part): ``FVU + l0_coeff · mean L0``."""
-        from anatomy_cli.engine import jumprelu
-
         pre, theta = self.pre(x), self.log_threshold.exp()
-        part = fvu(jumprelu.jumprelu(pre, theta, self.bandwidth) @ self.W_dec + self.b_dec, target)
-        return part + self.l0_coeff * jumprelu.l0(pre, theta, self.bandwidth), part
+        part = fvu(ste.jumprelu(pre, theta, self.bandwidth) @ self.W_dec + self.b_dec, target)
+        return part + self.l0_coeff * ste.l0(pre, theta, self.bandwidth), part
 
 
 def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: bool | None = None,

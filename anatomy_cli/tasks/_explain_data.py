@@ -9,6 +9,7 @@ drawn with --seed; ``not_active``: --non-activating contexts drawn with --seed f
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,6 @@ def making(root: Path) -> str:
 def unfinished(root: Path) -> bool:
     """True when ``root/manifest.json`` is a features run's (its settings name the followed features): one that
     was interrupted before its tables were written."""
-    import json
-
     try:
         return "features" in json.loads((Path(root) / "manifest.json").read_text())["settings"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -126,7 +126,6 @@ class FitSaeOptions(Declared):
         if self.max_tokens < 2 * self.ctx:
             raise UsageError(f"--max-tokens {self.max_tokens} is under two --ctx {self.ctx} windows (one is held out)")
 
-
     @property
     def jumprelu(self) -> dict[str, float] | None:
         """The JumpReLU's settings (``bandwidth``, ``l0_coeff``) as the engine takes them; None for TopK."""
