@@ -164,8 +164,10 @@ def test_the_fits_end_to_end_write_what_sae_and_circuit_read(tiny_model_dir, cor
                                  "--format", "json", *more])
     assert result.exit_code == 0, result.output
     assert "fit-sae: a JumpReLU" in result.stderr and "d_sae 32, L0 coefficient 0.001:" in result.stderr
-    rows = json.loads(result.stdout)["blocks"]
+    record = json.loads(result.stdout)
+    rows = record["blocks"]
     assert len(rows) == 2 and all(r["health"]["l0_mean"] >= 0 for r in rows)
+    assert record["jumprelu"] == {"bandwidth": 0.001, "l0_coeff": 0.001}  # what was fitted, not "TopK, k 32"
     if not more:
         cfg = json.loads((out / "layers.0.mlp" / "cfg.json").read_text())
         assert cfg["architecture"] == "jumprelu" and cfg["hook_name_out"] == "blocks.0.hook_mlp_out"

@@ -180,14 +180,24 @@ class SaeFit:
     timings: dict[str, Any]
     blocks: tuple[BlockFit, ...]
     clt: dict[str, Any] | None = None  # a cross-layer fit only (tasks/_fit_clt.py): its thresholds and loss
+    jumprelu: dict[str, float] | None = None  # --activation jumprelu: its bandwidth and l0_coeff (None: TopK)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         d = {**asdict(self), "blocks": [b.to_dict() for b in self.blocks]}
-        if self.clt is None:  # the per-layer fits' records as they were
-            d.pop("clt")
+        for key in ("clt", "jumprelu"):  # the TopK per-layer fits' records as they were
+            if d[key] is None:
+                d.pop(key)
         return d
+
+
+def recipe(k: int, jumprelu: dict[str, float] | None) -> tuple[str, str]:
+    """(the coder's kind, its sparsity setting) as the cost line and the report name them: ``("TopK", "k 32")``,
+    ``("JumpReLU", "L0 coefficient 0.001")``."""
+    if jumprelu is None:
+        return "TopK", f"k {k}"
+    return "JumpReLU", f"L0 coefficient {jumprelu['l0_coeff']:g}"
 
 
 def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
@@ -273,8 +283,7 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> st
     where = plan.blocks[0].points[0] if n == 1 else f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} {what}s)"
     if opts.clt:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
-    kind = "TopK" if opts.jumprelu is None else "JumpReLU"
-    sparsity = f"k {opts.k}" if opts.jumprelu is None else f"L0 coefficient {opts.l0_coeff:g}"
+    kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
             f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
@@ -309,7 +318,7 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
                   tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
                   collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
                   cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
-                  timings=timings.to_dict(), **made)
+                  timings=timings.to_dict(), jumprelu=opts.jumprelu, **made)
 
 
 def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, Any],

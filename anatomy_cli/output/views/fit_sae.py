@@ -9,6 +9,7 @@ from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
+from anatomy_cli.tasks.fit_sae import recipe
 from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
@@ -40,8 +41,9 @@ def report(lm: LoadedModel, result: SaeFit) -> Report:
              else f"{block_spans(b.layer for b in result.blocks)} ({n} {what}s)")
     if result.clt is not None:
         what, where = "cross-layer transcoder", f"{block_spans(b.layer for b in result.blocks)} ({n} blocks)"
-    heading = [f"fit-sae · {model_label(lm)} · TopK {what} {where}",
-               f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, k {result.k}; {result.tokens:,} tokens "
+    kind, sparsity = recipe(result.k, result.jumprelu)
+    heading = [f"fit-sae · {model_label(lm)} · {kind} {what} {where}",
+               f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, {sparsity}; {result.tokens:,} tokens "
                f"x {result.epochs} epochs ({first.steps} steps per block, lr {result.lr:.2g}, trainer "
                f"{result.trainer}) in {result.seconds:.1f} s ({result.collect_seconds:.1f} s collecting, one pass)"]
     notes = [f"health on the held-out window ({result.held_out_tokens} tokens): read it on any prompt with "
