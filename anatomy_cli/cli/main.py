@@ -10,7 +10,6 @@ command body) so ``anatomy --help`` and ``anatomy tokens`` start without them.
 from __future__ import annotations
 
 import importlib
-import signal
 
 from anatomy_cli.cli import driver
 from anatomy_cli.cli.app import app
@@ -28,8 +27,8 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """Console-script entry: default SIGPIPE so `| head -1` ends quietly."""
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    app()
+    """The console script's entry (:func:`anatomy_cli.cli.entry.main`: `| head -1` ends quietly, exit 0)."""
+    from anatomy_cli.cli import entry
+
+    entry.main()
 
