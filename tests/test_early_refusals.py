@@ -130,3 +130,13 @@ def test_explain_help_examples_are_the_docs_examples():
     doc = " ".join((ROOT / "docs/commands/explain.md").read_text().replace("\\\n", " ").split())
     assert examples and all(e in doc for e in examples), [e for e in examples if e not in doc]
     assert any(re.search(r"--explainer smollm2\b", e) for e in examples)
+
+
+def test_the_readme_says_how_to_assemble_gemma3_as_the_error_does():
+    """The README's step for the Gemma 3 file is the command the not-assembled error names (models/packaged.py)."""
+    from anatomy_cli.models.packaged import ASSEMBLED
+
+    entry = ASSEMBLED["gemma3-270m"]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"`python -c 'import {entry.module} as m; m.assemble()'`" in readme
+    assert "--model gemma3-270m" in readme
