@@ -15,6 +15,7 @@ def main() -> None:
     """Run the command; a reader that closed the pipe early (``| head -1``) ends it quietly, exit 0 (Python's own
     SIGPIPE setting: a write raises BrokenPipeError, which the app and the serve client answer, and the last flush
     here, where Python's exit would otherwise print "Exception ignored")."""
+    code: str | int | None
     try:
         code = _run(sys.argv[1:])
     except SystemExit as done:
