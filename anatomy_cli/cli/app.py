@@ -3,7 +3,7 @@
 Exit codes: 0 success, 1 runtime error (:class:`AnatomyError`), 2 usage error
 (click's usage errors and :class:`UsageError`). Expected errors print one line
 ``error: ...`` on stderr; ``--debug`` (or ``ANATOMY_DEBUG=1``) adds the traceback.
-A closed stdout (``| head -1``) ends the process quietly.
+A closed stdout (``| head -1``) ends the process quietly, exit 0 (:meth:`AnatomyGroup.invoke`).
 """
 
 from __future__ import annotations
