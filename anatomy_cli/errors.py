@@ -28,6 +28,11 @@ class ModelNotFound(AnatomyError):
     """No preset, local directory, HF cache entry or Hub repo matches the model spec."""
 
 
+class ModelPathNotFound(ModelNotFound, UsageError):
+    """A model path (``./model``, ``model.gguf``) that does not exist: a usage error (exit 2), as a missing
+    dictionary or corpus is."""
+
+
 class OfflineError(ModelNotFound):
     """The model is not in the local cache and the Hub cannot be reached."""
 

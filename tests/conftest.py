@@ -299,12 +299,24 @@ def smollm2_hf(smollm2_lm):
 
 
 @pytest.fixture(scope="session")
-def smollm2_dir(smollm2_hf, tmp_path_factory) -> Path:
-    """SmolLM2 (fp32) and its tokenizer saved by save_pretrained: a directory ``--model`` loads."""
-    out = tmp_path_factory.mktemp("smollm2")
-    model, tok = smollm2_hf
-    save_dequantized(model, out)
-    tok.save_pretrained(out)
+def smollm2_dir(smollm2_gguf, request) -> Path:
+    """SmolLM2 (fp32) and its tokenizer saved by save_pretrained: a directory ``--model`` loads. Written once per
+    machine (:func:`cached_file`, keyed by the GGUF file's digest and the transformers and torch versions), not
+    once per xdist worker (540 MB each, 14 s on the busy machine); a session that finds it loads no model for it.
+    Do not modify it."""
+    import torch
+    import transformers
+
+    from anatomy_cli.models.identity import file_sha256
+
+    def build(path: Path) -> None:
+        model, tok = request.getfixturevalue("smollm2_hf")
+        save_dequantized(model, path)
+        tok.save_pretrained(path)
+
+    key = (f"smollm2-dir-{file_sha256(smollm2_gguf)[:16]}-transformers{transformers.__version__}"
+           f"-torch{torch.__version__}")
+    out = cached_file(key, "", build, folder="references")
     assert "quantization_config" not in (out / "config.json").read_text()
     return out
 

@@ -67,6 +67,27 @@ def test_broken_pipe_is_quiet():
     assert out and err == b""
 
 
+def test_a_reader_that_closes_the_pipe_early_ends_it_quietly_with_exit_0():
+    """`anatomy tokens ... | head -1` (a new user's trial: exit 141 through SIGPIPE, which the README's exit codes do
+    not list): the reader takes two lines and closes the pipe while the command still writes; it ends with exit 0
+    and nothing on stderr, in the plain formats (click's own answer is exit 1) and the table (rich's is exit 1)."""
+    from conftest import build_gpt2_tokenizer
+
+    word = build_gpt2_tokenizer().encode(" word")
+    assert len(word) == 1
+    text = " word" * 6000  # 6,000 rows: more than a pipe's buffer holds
+    for fmt in ("tsv", "table"):
+        proc = subprocess.Popen([sys.executable, "-m", "anatomy_cli", "tokens", text, "--format", fmt],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, NO_COLOR="1"))
+        lines = [proc.stdout.readline() for _ in range(2)]
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0 and err == b"", (fmt, proc.returncode, err)
+        if fmt == "tsv":  # the header, then the first token's row: its id is the GPT-2 tokenizer's
+            assert lines[0].split(b"\t")[:2] == [b"index", b"token_id"]
+            assert lines[1].split(b"\t")[:2] == [b"0", str(word[0]).encode()]
+
+
 def test_debug_shows_a_traceback_and_default_does_not():
     plain = _run(["layernorm", "x"])
     assert plain.returncode == 2 and "Traceback" not in plain.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -89,6 +90,9 @@ def test_the_expected_cost_comes_from_the_first_windows_timing():
                                    "(from the first 2 windows' timing: 8.0 tokens/s)")
     assert _cost(first, 1500) is None                                       # 476 tokens left: a minute at most
     assert _cost(first, None).startswith("corpus: expected cost: 2 min per 1,000 tokens (from the first 2 windows'")
+    one = dataclasses.replace(first, windows=1)                             # one window: singular, "window's"
+    assert _cost(one, 20000) == ("corpus: expected cost: about 40 min for the 18,976 tokens left "
+                                 "(from the first window's timing: 8.0 tokens/s)")
 
 
 def test_status_and_cost_lines_go_to_stderr_and_stdout_stays_json(tiny_model_dir, tmp_path, cached_load, monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 from pathlib import Path
 
@@ -23,18 +24,24 @@ from anatomy_cli.errors import UsageError
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def click_commands() -> dict:
+    """The app's click commands, built once (typer builds the whole tree on each ``click_command()``)."""
     import anatomy_cli.cli.main  # noqa: F401  registers every command
     from anatomy_cli.cli.app import click_command
 
     return dict(click_command().commands)
 
 
-def shown(group) -> dict:
-    """The app's commands after the help passes (aliases hidden, declared limits put on the parameters)."""
+@functools.cache
+def shown_commands() -> dict:
+    """The app's commands after the help passes (aliases hidden, declared limits put on the parameters): a tree of
+    their own, built once."""
     from anatomy_cli.cli.app import _hide_aliases
+    from anatomy_cli.cli.app import click_command
     from anatomy_cli.cli.app import show_limits
 
+    group = click_command()
     _hide_aliases(group)
     show_limits(group)
     return dict(group.commands)
@@ -100,7 +107,7 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize("name,cls", declared_commands(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_option_is_the_same_in_the_cli_the_api_and_its_declaration(name, cls):
-    command = shown(__import__("anatomy_cli.cli.app", fromlist=["click_command"]).click_command())[name]
+    command = shown_commands()[name]
     params = {p.name: p for p in command.params}
     rec = next(c for c in COMMANDS if c.name == name)
     api_params = {}

@@ -52,7 +52,7 @@ def test_model_default_is_env_then_stored_then_gpt2(config, tiny_model_dir, cach
 
 def test_a_default_that_does_not_exist_is_one_line(config):
     result = runner.invoke(app, ["models", "--default", "./absent"])
-    assert result.exit_code == 1 and result.stderr == "error: no such directory: ./absent\n"
+    assert result.exit_code == 2 and result.stderr == "error: no such directory: ./absent\n"  # a usage error
     assert not (config / "default_model.txt").exists()
 
 

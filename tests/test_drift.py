@@ -488,9 +488,9 @@ def test_usage_errors_exit_2(gpt2_dir, args, message):
     assert errors.count("\n") == 1
 
 
-def test_missing_model_exits_1(tmp_path):
-    result = _drift("bank", "--model", str(tmp_path / "nope"))
-    assert result.exit_code == 1 and _messages(result.stderr).startswith("error: no such directory")
+def test_missing_model_exits_2(tmp_path):
+    result = _drift("bank", "--model", str(tmp_path / "nope"))  # a path that does not exist: a usage error
+    assert result.exit_code == 2 and _messages(result.stderr).startswith("error: no such directory")
 
 
 # ---------------------------------------------------------------------------

@@ -258,7 +258,7 @@ def test_missing_gguf_path_fails_before_torch(tmp_path):
         engine.load(str(missing), device="cpu")
     code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli.main import app\n"
             f"r = CliRunner().invoke(app, ['next', 'hi', '--model', {str(missing)!r}])\n"
-            "assert r.exit_code == 1, r.stderr\n"
+            "assert r.exit_code == 2, r.stderr\n"
             f"assert r.stderr == 'error: no such file: {missing}\\n', r.stderr\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -341,7 +341,7 @@ def test_invalid_model_id_is_one_line():
 
 def test_missing_local_directory(tmp_path):
     result = run(str(tmp_path / "nope"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a model path that does not exist: a usage error, as a missing corpus is
     assert result.stderr == f"error: no such directory: {tmp_path / 'nope'}\n"
 
 

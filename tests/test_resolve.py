@@ -99,4 +99,4 @@ def test_every_command_fails_fast_on_a_missing_path(argv, tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"1 error: no such directory: {missing}\n"
+    assert proc.stdout == f"2 error: no such directory: {missing}\n"

@@ -14,6 +14,7 @@ module yet is skipped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -52,6 +53,7 @@ def options_class(module) -> type:
     return found[0]
 
 
+@functools.cache
 def commands() -> dict[str, object]:
     import anatomy_cli.cli.main  # noqa: F401  registers every command
     from anatomy_cli.cli.app import click_command

@@ -242,7 +242,7 @@ def test_model_option_uses_the_hf_tokenizer(gpt2_tokenizer_dir):
 
 
 @pytest.mark.parametrize("model, code, message", [
-    ("./no/such/dir", 1, "error: no such directory: ./no/such/dir"),
+    ("./no/such/dir", 2, "error: no such directory: ./no/such/dir"),
     ("nobody/not-cached-anywhere", 1, "error: no tokenizer for 'nobody/not-cached-anywhere' in the Hugging Face "
                                       "cache and the Hub cannot be reached"),
 ])

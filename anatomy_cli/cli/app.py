@@ -3,7 +3,7 @@
 Exit codes: 0 success, 1 runtime error (:class:`AnatomyError`), 2 usage error
 (click's usage errors and :class:`UsageError`). Expected errors print one line
 ``error: ...`` on stderr; ``--debug`` (or ``ANATOMY_DEBUG=1``) adds the traceback.
-A closed stdout (``| head -1``) ends the process quietly.
+A closed stdout (``| head -1``) ends the process quietly, exit 0 (:meth:`AnatomyGroup.invoke`).
 """
 
 from __future__ import annotations
@@ -246,6 +246,15 @@ def _debug_first(args: list[str]) -> list[str]:
 
 class AnatomyGroup(TyperGroup):
     """Runs click non-standalone and maps every outcome to one exit code."""
+
+    def invoke(self, ctx: Any) -> Any:
+        """The command; a reader that closed stdout early (``| head -1``) took what it wanted: exit 0, quietly (click
+        would answer its BrokenPipeError with exit 1)."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            quiet_broken_pipe()
+            return 0
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:

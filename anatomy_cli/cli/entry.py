@@ -6,31 +6,46 @@ torch or transformers.
 
 from __future__ import annotations
 
-import signal
 import sys
+
+from anatomy_cli.errors import quiet_broken_pipe
 
 
 def main() -> None:
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head -1` ends quietly
-    argv = sys.argv[1:]
+    """Run the command; a reader that closed the pipe early (``| head -1``) ends it quietly, exit 0 (Python's own
+    SIGPIPE setting: a write raises BrokenPipeError, which the app and the serve client answer, and the last flush
+    here, where Python's exit would otherwise print "Exception ignored")."""
+    code: str | int | None
+    try:
+        code = _run(sys.argv[1:])
+    except SystemExit as done:
+        code = done.code
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_broken_pipe()
+    sys.exit(code)
+
+
+def _run(argv: list[str]) -> int | None:
     bad = _not_utf8(argv)
     if bad is not None:  # before the server: its protocol is JSON (UTF-8), and in-process text must be too
         print(f"error: {bad}", file=sys.stderr)
-        sys.exit(2)
+        return 2
     from anatomy_cli.serve.client import NO_SERVER
     from anatomy_cli.serve.client import forward
 
     code = forward(argv)
     if code is not None:
-        sys.exit(code)
+        return code
     if NO_SERVER in argv[1:]:
         # Accepted anywhere on the line; the root option is what `--help` documents.
         command_at = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
         argv = [a for i, a in enumerate(argv) if not (a == NO_SERVER and i > command_at)]
     from anatomy_cli.cli.main import app
 
-    app(args=argv)
+    app(args=argv)  # exits (SystemExit) with the command's code
+    return None
 
 
 def _not_utf8(argv: list[str]) -> str | None:

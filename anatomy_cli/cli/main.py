@@ -1,4 +1,4 @@
-"""Entry point: the `anatomy` console script.
+"""The app with every command registered (the `anatomy` console script is :mod:`anatomy_cli.cli.entry`).
 
 A record that names a ``view`` (anatomy_cli/declare/commands.py) is registered by the prompt driver
 (``anatomy_cli/cli/driver.py``) from its task module and view; any other command lives in
@@ -10,7 +10,6 @@ command body) so ``anatomy --help`` and ``anatomy tokens`` start without them.
 from __future__ import annotations
 
 import importlib
-import signal
 
 from anatomy_cli.cli import driver
 from anatomy_cli.cli.app import app
@@ -24,12 +23,5 @@ for _record in sorted(COMMANDS, key=lambda c: c.name):
     else:
         importlib.import_module(f"anatomy_cli.cli.commands.{_record.module}")
 
-__all__ = ["app", "main"]
 
-
-def main() -> None:
-    """Console-script entry: default SIGPIPE so `| head -1` ends quietly."""
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    app()
-
+__all__ = ["app"]  # the console script is anatomy_cli.cli.entry:main

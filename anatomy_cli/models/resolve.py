@@ -31,6 +31,7 @@ from pathlib import Path
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import ModelNotFound
+from anatomy_cli.errors import ModelPathNotFound
 from anatomy_cli.errors import OfflineError
 from anatomy_cli.models import hub
 from anatomy_cli.models import local
@@ -71,7 +72,8 @@ def check_path(spec: str) -> Source | None:
     """The local answer for ``spec``, cheaply: a Source for an existing .gguf file or directory, or an
     Ollama / LM Studio model; None when ``spec`` is not a path (a preset or a Hub id). Imports nothing heavy.
 
-    Raises ModelNotFound for a path that does not exist or a file that is not GGUF, and
+    Raises ModelPathNotFound (a usage error, exit 2) for a path that does not exist, ModelNotFound for a file
+    that is not GGUF, and
     CheckpointError for a ``.gguf`` file without the GGUF magic; the errors of
     :func:`anatomy_cli.models.local.resolve`.
     """
@@ -94,7 +96,7 @@ def check_path(spec: str) -> Source | None:
         return Source("gguf", spec, str(found_file))
     if _looks_like_path(spec):
         what = "file" if spec.lower().endswith(".gguf") else "directory"
-        raise ModelNotFound(f"no such {what}: {spec}")
+        raise ModelPathNotFound(f"no such {what}: {spec}")
     return None
 
 

@@ -306,10 +306,16 @@ def signed_bar(value: float, half: int = _BAR_WIDTH // 2) -> str:
 
 
 def stdout_console(out: TextIO | None = None):
-    """A rich console on stdout; colour follows the terminal and NO_COLOR."""
+    """A rich console on stdout; colour follows the terminal and NO_COLOR. A closed pipe (``| head -1``) is a
+    BrokenPipeError, which the CLI's top answers (exit 0), where rich's own answer is exit 1."""
     from rich.console import Console
 
-    return Console(file=out or sys.stdout, highlight=False, markup=False, emoji=False,
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return PipeConsole(file=out or sys.stdout, highlight=False, markup=False, emoji=False,
                    no_color=bool(os.environ.get("NO_COLOR")) or None)
 
 

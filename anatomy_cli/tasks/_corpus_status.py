@@ -56,7 +56,8 @@ def _cost(p: Progress, budget: int | None) -> str | None:
     rate = p.done / p.elapsed if p.elapsed > 0 else 0.0
     if rate <= 0:
         return None
-    basis = f"from the first {p.windows:,} window{'s' if p.windows != 1 else ''}' timing: {rate:,.1f} tokens/s"
+    first = "the first window's" if p.windows == 1 else f"the first {p.windows:,} windows'"
+    basis = f"from {first} timing: {rate:,.1f} tokens/s"
     if budget is None:
         return (f"corpus: expected cost: {human_seconds(1000 / rate)} per 1,000 tokens ({basis}); the corpus' length "
                 "is not known until it is read (--max-tokens bounds it)")

@@ -123,6 +123,7 @@ def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
 def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     """The whole run; see the module docstring."""
     from anatomy_cli.corpus.sources import open_source
+    from anatomy_cli.models.sae.read import read
     from anatomy_cli.tasks.session import load_weights
     from anatomy_cli.tasks.session import open_model
 
@@ -130,6 +131,7 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     try:
         identity = src.identity()
         src.check_text()  # an empty corpus or one that is not UTF-8: refused before the model opens
+        read(Path(opts.sae), hook=opts.hook, values=False)  # a missing or truncated dictionary: so is it (headers)
         opened = open_model(spec)
         plan = check(opened, opts)
         done = (0, 0) if opts.overwrite else resumed(opts.out, settings_of(opts, plan).to_dict())

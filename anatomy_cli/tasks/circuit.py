@@ -157,6 +157,12 @@ class CircuitPlan:
     target_ids: tuple[int, ...] = ()
 
 
+def before_open(opts: CircuitOptions) -> None:
+    """The transcoders' folder read (config and headers) before the model opens: one that holds none is refused
+    at once, not after the open's seconds (:func:`check` reads it again, with the model)."""
+    tc_files.describe(opts.transcoders)
+
+
 def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
     """Every refusal that needs no weights: the model is a decoder with an LM head, the transcoders fit it (those
     of ``ln2.hook_normalized``: its MLP reads a norm), each ``--target`` is one token of ``opened``'s tokenizer

@@ -52,6 +52,18 @@ def open_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOp
     return open_texts(read_prompts(prompt), spec, prompts)
 
 
+def check_blocks_early(spec: ModelSpec, text: str, option: str, **parse: Any) -> None:
+    """``option``'s blocks (``text``, :func:`anatomy_cli.models.sites.parse_blocks` with ``parse``) against the
+    block count a GGUF file's header states, before the model opens (the open imports torch: seconds): a block out
+    of range is refused at once, with the message the task's own check gives once the model is open."""
+    from anatomy_cli.models import light
+    from anatomy_cli.models.sites import parse_blocks
+
+    n = light.block_count(spec.model)
+    if n is not None:
+        parse_blocks(text, n, option, **parse)
+
+
 def open_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,
                what: str = "prompt", truncate_hint: bool = True) -> tuple[OpenedModel, list[Encoded]]:
     """Open ``spec`` and tokenize ``texts`` as ``prompts`` says, checking the context length.

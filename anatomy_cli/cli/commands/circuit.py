@@ -61,6 +61,7 @@ def circuit_command(
 
     if plot is not None and opts.estimate:
         raise UsageError("--estimate computes no graph: it draws no --plot (drop one of the two)")
+    task.before_open(opts)
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     if opts.estimate:

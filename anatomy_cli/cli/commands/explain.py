@@ -52,7 +52,7 @@ def explain_command(
 
     \b
         anatomy features ./sae --corpus docs/ --model smollm2 --features 0-99 --out feats --delphi feats/latents
-        anatomy explain feats --explainer SmolLM2-135M-Instruct.Q4_1.gguf --max-features 8
+        anatomy explain feats --explainer smollm2 --max-features 8
         anatomy explain feats --explainer ./big-instruct --scorer ./other-instruct --format json
         anatomy sae "The capital of France is" --sae ./sae --model smollm2 --labels feats/explanations.json
     """

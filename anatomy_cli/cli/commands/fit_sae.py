@@ -14,6 +14,7 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import fit_sae as task
+from anatomy_cli.tasks.session import check_blocks_early
 
 
 @command("fit-sae", task.FitSaeOptions, inputs=("corpus",))
@@ -49,6 +50,7 @@ def fit_sae_command(
     from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import fit_sae as view
 
+    check_blocks_early(spec, str(opts.layer), "--layer", every=True)  # --layer 99: before the slow open
     opened = open_model(spec)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

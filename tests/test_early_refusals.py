@@ -1,0 +1,142 @@
+"""What a new user's trial found: usage errors that came only after the model opened (13-15 s: the open imports torch
+and transformers for a GGUF file) are refused before it, and the CLI's small promises (a closed pipe, the help's
+examples) hold. Each refusal runs in a fresh interpreter, which must not have imported torch when it answers."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _refused(commands: dict[str, list[str]]) -> dict[str, tuple[int, str]]:
+    """Each ``anatomy ARGS`` of ``commands`` in one fresh interpreter (one start for all: a start costs seconds on the
+    busy machine): ``{name: (exit code, stderr)}``; fails when torch was imported by the time one answered."""
+    code = ("import json, sys; from typer.testing import CliRunner; from anatomy_cli.cli.main import app\n"
+            f"for name, args in {commands!r}.items():\n"
+            "    r = CliRunner().invoke(app, args)\n"
+            "    print(json.dumps([name, r.exit_code, r.stderr, 'torch' in sys.modules]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    answers = {}
+    for line in proc.stdout.splitlines()[-len(commands):]:
+        name, exit_code, stderr, torch_imported = json.loads(line)
+        assert not torch_imported, f"{name}: torch was imported before the refusal: {stderr}"
+        answers[name] = (exit_code, stderr)
+    assert list(answers) == list(commands)
+    return answers
+
+
+def _sparsify_sae(folder: Path, d_in: int = 576, d_sae: int = 64) -> Path:
+    """A sparsify-format SAE folder (cfg.json + sae.safetensors) of SmolLM2's width; random values."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    (folder / "cfg.json").write_text(json.dumps({"d_in": d_in, "num_latents": d_sae, "k": 8}))
+    rng = np.random.default_rng(0)
+    save_file({"encoder.weight": rng.standard_normal((d_sae, d_in), dtype=np.float32),
+               "encoder.bias": np.zeros(d_sae, np.float32),
+               "W_dec": rng.standard_normal((d_sae, d_in), dtype=np.float32),
+               "b_dec": np.zeros(d_in, np.float32)}, str(folder / "sae.safetensors"))
+    return folder
+
+
+N_BLOCKS = 30  # SmolLM2-135M's blocks: its config.json's num_hidden_layers (the gguf package's GGUFReader reads 30
+# too, in 14 s on the busy machine: not read here)
+LAYERS = {"past": ("99", "99"), "negative": (f"0,-{N_BLOCKS + 1}", f"-{N_BLOCKS + 1}"),
+          "one past": (str(N_BLOCKS), str(N_BLOCKS))}
+
+
+@pytest.fixture(scope="module")
+def files(smollm2_gguf, tmp_path_factory) -> dict[str, Path]:
+    from anatomy_cli.models.sae.read import read
+
+    root = tmp_path_factory.mktemp("refusals")
+    (root / "a.txt").write_text("The cat sat on the mat. It was a sunny day and the dog ran around the garden.\n")
+    sae = _sparsify_sae(root / "layers.3")  # sparsify names the folder by its hook point
+    whole = (sae / "sae.safetensors").read_bytes()
+    assert read(sae, values=False).d_sae == 64  # whole, its header reads
+    (sae / "sae.safetensors").write_bytes(whole[: len(whole) // 2])  # cut in the middle of the tensors
+    (root / "empty").mkdir()
+    (root / "broken.gguf").write_bytes(b"NOTGGUF" * 10)
+    return {"corpus": root / "a.txt", "sae": sae, "empty": root / "empty", "broken": root / "broken.gguf",
+            "nope": root / "nope", "out": root / "out", "model": smollm2_gguf}
+
+
+@pytest.fixture(scope="module")
+def answers(files) -> dict[str, tuple[int, str]]:
+    f = {k: str(v) for k, v in files.items()}
+    on_corpus = ["--corpus", f["corpus"], "--model", f["model"]]
+    commands = {"features nope": ["features", f["nope"], *on_corpus],
+                "features truncated": ["features", f["sae"], *on_corpus],
+                "circuit empty": ["circuit", "hello", "--model", f["model"], "--transcoders", f["empty"]],
+                **{f"fit-sae {k}": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", layer, "--out", f["out"]]
+                   for k, (layer, _) in LAYERS.items()},
+                "model dir": ["next", "hi", "--model", "./no-such-model"],
+                "model file": ["next", "hi", "--model", "no-such-model.gguf"],
+                "model broken": ["next", "hi", "--model", f["broken"]]}
+    return _refused(commands)
+
+
+def test_features_refuses_a_missing_dictionary_before_the_model_opens(answers, files):
+    assert answers["features nope"] == (2, f"error: no SAE at {files['nope']}: no such file or folder\n")
+
+
+def test_features_refuses_a_truncated_dictionary_before_the_model_opens(answers, files):
+    code, err = answers["features truncated"]
+    assert code == 1 and err.startswith(f"error: {files['sae'] / 'sae.safetensors'}") and err.count("\n") == 1, err
+    assert "truncated" in err
+
+
+def test_circuit_refuses_a_folder_without_transcoders_before_the_model_opens(answers, files):
+    code, err = answers["circuit empty"]
+    assert code == 2 and err.startswith(f"error: --transcoders {files['empty']}: no config.yaml there"), err
+
+
+def test_fit_sae_refuses_a_layer_past_the_last_before_the_model_opens(answers, files):
+    """The block count from the GGUF header (models/light.py ``block_count``), before torch is imported."""
+    from anatomy_cli.models import light
+
+    for k, (_, bad) in LAYERS.items():
+        assert answers[f"fit-sae {k}"] == (2, f"error: --layer {bad} is out of range: this model has blocks "
+                                              f"0..{N_BLOCKS - 1} (negative counts from the last)\n")
+    assert light.block_count(str(files["model"])) == N_BLOCKS
+    assert light.block_count("gpt2") is None  # a preset: known once opened
+
+
+def test_a_model_path_that_does_not_exist_is_a_usage_error(answers):
+    """Exit 2, as a missing dictionary or corpus is; an existing file that is not a model stays exit 1."""
+    assert answers["model dir"] == (2, "error: no such directory: ./no-such-model\n")
+    assert answers["model file"] == (2, "error: no such file: no-such-model.gguf\n")
+    code, err = answers["model broken"]
+    assert code == 1 and "not a GGUF file" in err
+
+
+def test_explain_help_examples_are_the_docs_examples():
+    """explain --help names the explainer as docs/commands/explain.md does (``smollm2``, not a file name)."""
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli.main import app
+
+    page = CliRunner().invoke(app, ["explain", "--help"], env={"COLUMNS": "200"}).output
+    examples = [" ".join(line.split()) for line in page.splitlines() if line.strip().startswith("anatomy explain ")]
+    doc = " ".join((ROOT / "docs/commands/explain.md").read_text().replace("\\\n", " ").split())
+    assert examples and all(e in doc for e in examples), [e for e in examples if e not in doc]
+    assert any(re.search(r"--explainer smollm2\b", e) for e in examples)
+
+
+def test_the_readme_says_how_to_assemble_gemma3_as_the_error_does():
+    """The README's step for the Gemma 3 file is the command the not-assembled error names (models/packaged.py)."""
+    from anatomy_cli.models.packaged import ASSEMBLED
+
+    entry = ASSEMBLED["gemma3-270m"]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"`python -c 'import {entry.module} as m; m.assemble()'`" in readme
+    assert "--model gemma3-270m" in readme
