@@ -80,16 +80,44 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
     return out
 
 
+class _SparseTopK(torch.autograd.Function):
+    """:func:`sparse_topk`'s forward (one dense matmul, the TopK of its ReLU) and backward (the k chosen rows)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        top = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False)  # the ReLU on k values only
+        acts, idx = top.values.clamp_min_(0), top.indices
+        ctx.save_for_backward(x, weight, idx, acts)
+        ctx.mark_non_differentiable(idx)
+        return acts, idx
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[torch.Tensor | None, ...]:
+        x, weight, idx, acts = ctx.saved_tensors
+        g = grad * (acts > 0)  # the ReLU's derivative (a chosen 0 passes nothing)
+        flat, n = idx.reshape(-1), weight.shape[0]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # Σ_j g[r, j] W[idx[r, j]]: an embedding_bag, no [rows, k, d] copy
+            grad_x = torch.nn.functional.embedding_bag(idx, weight, per_sample_weights=g, mode="sum")
+        if ctx.needs_input_grad[1]:  # row idx[r, j] of ∂W gets g[r, j] x[r]
+            grad_w = weight.new_zeros(weight.shape)
+            for j in range(idx.shape[1]):  # one [rows, d] product at a time (cached), not a [rows, k, d] one
+                grad_w.index_add_(0, idx[:, j], x * g[:, j, None])
+        if ctx.needs_input_grad[2]:
+            grad_b = weight.new_zeros(n).index_add_(0, flat, g.reshape(-1))
+        return grad_x, grad_w, grad_b, None
+
+
 def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the k
-    largest are chosen without autograd (one dense matmul), then only their pre-activations are recomputed with
-    autograd from the k chosen rows of ``weight`` (``embedding``, whose backward adds into those rows alone). The
-    values and gradients are those of the dense TopK; the dense backward matmul ``grad_preᵀ x`` (as many FLOPs as
-    the forward) is gone."""
-    with torch.no_grad():
-        idx = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False).indices
-    rows = torch.nn.functional.embedding(idx, weight)  # [rows, k, d]
-    return torch.relu(torch.einsum("nd,nkd->nk", x, rows) + bias[idx]), idx
+    """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the
+    forward is the one dense matmul and its TopK (the ReLU applied to the k values: where fewer than k are
+    positive, the rest are 0 as the dense TopK's, whichever latents they name); the backward adds ``g[r, j] x[r]`` into the chosen rows
+    ``idx[r, j]`` of the weight's gradient alone (``index_add``, ``2·rows·k·d`` FLOPs), where the dense TopK's
+    backward would scatter into a dense ``[rows, d_sae]`` gradient and multiply it by ``x`` (as many FLOPs as
+    the forward). The values and gradients are those of the dense TopK (tested)."""
+    acts, idx = _SparseTopK.apply(x, weight, bias, k)  # type: ignore[no-untyped-call]
+    return acts, idx
 
 
 class TopKCoder(torch.nn.Module):
