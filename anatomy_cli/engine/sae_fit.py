@@ -112,10 +112,10 @@ class _SparseTopK(torch.autograd.Function):
 def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the
     forward is the one dense matmul and its TopK (the ReLU applied to the k values: where fewer than k are
-    positive, the rest are 0 as the dense TopK's, whichever latents they name); the backward adds ``g[r, j] x[r]`` into the chosen rows
-    ``idx[r, j]`` of the weight's gradient alone (``index_add``, ``2·rows·k·d`` FLOPs), where the dense TopK's
-    backward would scatter into a dense ``[rows, d_sae]`` gradient and multiply it by ``x`` (as many FLOPs as
-    the forward). The values and gradients are those of the dense TopK (tested)."""
+    positive, the rest are 0 as the dense TopK's, whichever latents they name); the backward adds ``g[r, j] x[r]``
+    into the chosen rows ``idx[r, j]`` of the weight's gradient alone (``index_add``, ``2·rows·k·d`` FLOPs), where
+    the dense TopK's backward would scatter into a dense ``[rows, d_sae]`` gradient and multiply it by ``x`` (as
+    many FLOPs as the forward). The values and gradients are those of the dense TopK (tested)."""
     acts, idx = _SparseTopK.apply(x, weight, bias, k)  # type: ignore[no-untyped-call]
     return acts, idx
 
@@ -159,12 +159,14 @@ class TopKCoder(torch.nn.Module):
 
 class JumpReLUCoder(TopKCoder):
     """:class:`TopKCoder` with a JumpReLU in place of the TopK (engine/jumprelu.py): every latent with
-    ``pre > θ`` is kept, ``θ = exp(log_threshold)`` trained with the straight-through estimator, and the loss
-    adds ``l0_coeff`` times the mean L0 to the FVU. The same initialisation and decoder rule otherwise."""
+    ``pre > θ`` is kept, ``θ = exp(log_threshold)`` trained with the straight-through estimator (started at the
+    first step where each latent fires on ``init_l0 / d_sae`` of the first rows), and the loss adds ``l0_coeff``
+    times the mean L0 to the FVU. The same initialisation and decoder rule otherwise."""
 
     def __init__(self, d_in: int, d_sae: int, *, transcode: bool = False, bandwidth: float = 1e-3,
-                 l0_coeff: float = 1e-3):
+                 l0_coeff: float = 1e-3, init_l0: float = 32):
         super().__init__(d_in, d_sae, 1, transcode=transcode)
+        self.init_l0 = init_l0  # the mean L0 the thresholds start at (engine/jumprelu.py)
         self.bandwidth, self.l0_coeff = bandwidth, l0_coeff
         self.log_threshold = ste.log_threshold(d_sae)
 
@@ -190,9 +192,10 @@ def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: 
                jumprelu: dict[str, float] | None = None) -> Any:
     """sparsify's own ``SparseCoder`` where eai-sparsify is installed (``pip install -e '.[train]'``) and
     ``use_sparsify`` is not False, else :class:`TopKCoder`; ``use_sparsify=True`` without it raises ImportError.
-    ``jumprelu`` (its ``bandwidth`` and ``l0_coeff``): a :class:`JumpReLUCoder` instead (``k`` unused)."""
+    ``jumprelu`` (its ``bandwidth`` and ``l0_coeff``): a :class:`JumpReLUCoder` instead, its thresholds started
+    at a mean L0 of ``k``."""
     if jumprelu is not None:
-        return JumpReLUCoder(d_in, d_sae, transcode=transcode, **jumprelu)
+        return JumpReLUCoder(d_in, d_sae, transcode=transcode, init_l0=k, **jumprelu)
     if use_sparsify is not False:
         try:
             from sparsify import SparseCoder
@@ -257,9 +260,12 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
     opt = adam(coder.parameters(), lr)
     transcode = _transcodes(coder)
     with torch.no_grad():  # sparsify's Trainer at its first step: pre-activations centred, b_dec the target's mean
+        # (a JumpReLU's thresholds placed from the rows: engine/jumprelu.py)
         if transcode:
             coder.encoder.bias.data = -x.mean(0) @ coder.encoder.weight.data.T
         coder.b_dec.data = target.mean(0)
+        if isinstance(coder, JumpReLUCoder):
+            coder.log_threshold.data = ste.initial_log_threshold(coder.pre(x[:ste.INIT_ROWS]), coder.init_l0)
     steps = epochs * math.ceil(len(x) / batch)
     curve: list[float] = []
     fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
