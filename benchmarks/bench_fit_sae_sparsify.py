@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fit_sae_sparsify.py [--sparsify-python /work/venv-sparsify/bin/python] [--d 576]
         [--d-sae 4608] [--k 32] [--batch 256] [--steps 60] [--rows 16384] [--threads N] [--workdir DIR]
+        [--clock perf_counter|process_time] [--anatomy-root DIR ...]
 
 The activations: a seeded synthetic transcoder task of SmolLM2's width (``x = c D + noise``, ``target = c E``, ``c``
 sparse: 16 of 4·d ground-truth features per row, exponential magnitudes), saved once to ``DIR/acts.pt``; the last
@@ -15,11 +16,26 @@ sparsify's parameter names), train a transcoder with the same d_sae, k, batch, l
     stepped as its ``Trainer`` steps one (forward to ``fvu``, backward, Adam); its Trainer itself reads a
     transformers model, not activations. Skipped, with one line, where that python is missing.
 
+``--anatomy-root DIR`` (repeatable): also time the anatomy step of another checkout (e.g. ``git worktree add
+/tmp/before HEAD~1``), one row each, in the same run.
+
 Figures per side: the median step time after the first two, the held-out FVE after the last step, and the ratio of
-the step time to the matmul FLOP floor (the encoder's dense forward ``2·B·d·F`` FLOPs, at the machine's measured
-fp32 GEMM rate, one ``B×d @ d×F`` matmul timed here) — the dense backward ``grad_preᵀ x`` that a dense TopK adds
-is not part of the floor, since the sparse backward skips it. Prints markdown rows and the load average before and
-after: on a shared machine a single run is a ratio, not a figure.
+the step time to the step's **floor**, the work any exact TopK step with Adam must do, timed here in the same run:
+
+  - the encoder's dense forward, ``2·B·d·F`` FLOPs (one ``B×d @ d×F`` fp32 matmul): every latent's pre-activation
+    is needed to choose the k largest. The rest of the arithmetic is ``k/F`` of it (0.7% at the defaults): the
+    encoder's weight gradient touches the ``B·k`` chosen rows only (``2·B·k·d``; a dense TopK backward does a
+    second ``2·B·d·F`` matmul there, which is why it is not in the floor), the decoder's forward and backward
+    ``4·B·k·d``;
+  - one fused Adam pass over the ``2·F·d + F + d`` parameters: Adam moves every weight at every step (its moments
+    decay even where the gradient is 0), reading the weight, its gradient and two moments and writing three, a
+    memory-bound pass that at SmolLM2's width takes longer than the matmul on this CPU.
+
+Both parts are printed, with the ratios to the matmul alone (the figure this benchmark printed before) and to the
+whole floor; and the ratio of anatomy's step to sparsify's. On a shared machine a single run is a ratio, not a
+figure: the load average before and after is printed, and ``--clock process_time --threads 1`` times each step
+and the floor in the process's CPU seconds instead of the wall's (steadier where other processes take the cores;
+one thread, so that no OpenMP thread's waiting is counted).
 """
 
 from __future__ import annotations
@@ -31,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +56,8 @@ HELD = 2048
 # One process per side: reads the activations and the initial coder, trains, prints one JSON line.
 SIDE = r"""
 import json, statistics, sys, time, torch
-side, path, init, steps, batch, lr, k, threads = sys.argv[1:9]
+side, path, init, steps, batch, lr, k, threads, root, clock = sys.argv[1:11]
+clock = getattr(time, clock)
 torch.set_num_threads(int(threads))
 steps, batch, lr, k = int(steps), int(batch), float(lr), int(k)
 acts, start = torch.load(path), torch.load(init)
@@ -50,7 +68,7 @@ d_in, d_sae = start["encoder.weight"].shape[1], start["encoder.weight"].shape[0]
 def fve(y, target):
     return float(1 - (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum())
 if side == "anatomy":
-    sys.path.insert(0, %(root)r)
+    sys.path.insert(0, root)
     from anatomy_cli.engine import sae_fit
     coder = sae_fit.TopKCoder(d_in, d_sae, k, transcode=True)
     coder.load_state_dict({"encoder.weight": start["encoder.weight"], "encoder.bias": start["encoder.bias"],
@@ -72,12 +90,12 @@ else:
 times = []
 for s in range(steps):
     idx = order[(s * batch) %% n:(s * batch) %% n + batch]
-    begun = time.perf_counter()
+    begun = clock()
     value = loss(x[idx], t[idx])
     value.backward()
     opt.step()
     opt.zero_grad()
-    times.append(time.perf_counter() - begun)
+    times.append(clock() - begun)
 with torch.no_grad():
     held = fve(predict(x[n:]), t[n:])
 print(json.dumps({"side": side, "step_s": statistics.median(times[2:]), "fve": held, "last_fvu": float(value)}))
@@ -109,18 +127,27 @@ def make_data(workdir: Path, d: int, d_sae: int, k: int, rows: int) -> tuple[Pat
     return acts, init
 
 
-def gemm_seconds(batch: int, d: int, d_sae: int, threads: int) -> float:
-    """The median time of one fp32 ``[batch, d] @ [d, d_sae]`` matmul here now."""
+def _median_seconds(fn: Callable[[], object], clock: Callable[[], float], runs: int = 12) -> float:
+    times = []
+    for _ in range(runs):
+        begun = clock()
+        fn()
+        times.append(clock() - begun)
+    return statistics.median(times[2:])
+
+
+def floor_seconds(batch: int, d: int, d_sae: int, threads: int, clock: Callable[[], float]) -> tuple[float, float]:
+    """(one fp32 ``[batch, d] @ [d, d_sae]`` matmul, one fused Adam step over a TopK coder's parameters with
+    their gradients present), median times here now."""
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(batch, d), torch.randn(d, d_sae)
-    times = []
-    for _ in range(12):
-        begun = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - begun)
-    return statistics.median(times[2:])
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in ((d_sae, d), (d_sae,), (d_sae, d), (d,))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, lr=1e-4, fused=True)
+    return _median_seconds(lambda: a @ b, clock), _median_seconds(opt.step, clock)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,29 +162,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rows", type=int, default=16384)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--clock", choices=["perf_counter", "process_time"], default="perf_counter",
+                        help="process_time with --threads 1: the CPU time, steadier than the wall on a shared machine")
+    parser.add_argument("--anatomy-root", type=Path, action="append", default=[],
+                        help="another checkout whose anatomy step is timed too (repeatable)")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     acts, init = make_data(args.workdir, args.d, args.d_sae, args.k, args.rows)
     lr = 2e-4 / (args.d_sae / 2**14) ** 0.5
-    floor = gemm_seconds(args.batch, args.d, args.d_sae, args.threads)
-    print(f"load average before: {os.getloadavg()[0]:.2f}; floor (one {args.batch}x{args.d} @ {args.d}x{args.d_sae} "
-          f"fp32 matmul, {args.threads} threads): {floor * 1e3:.1f} ms")
-    print(f"| trainer | step (s) | x floor | held-out FVE after {args.steps} steps |")
-    print("| --- | --- | --- | --- |")
-    sides = [("anatomy", sys.executable)]
+    matmul, adam = floor_seconds(args.batch, args.d, args.d_sae, args.threads, getattr(time, args.clock))
+    floor = matmul + adam
+    print(f"load average before: {os.getloadavg()[0]:.2f}; {args.threads} threads, {args.clock}; "
+          f"floor {floor * 1e3:.1f} ms = "
+          f"encoder matmul ({args.batch}x{args.d} @ {args.d}x{args.d_sae} fp32) {matmul * 1e3:.1f} ms + one fused "
+          f"Adam pass over {2 * args.d_sae * args.d + args.d_sae + args.d:,} parameters {adam * 1e3:.1f} ms")
+    print(f"| trainer | step (s) | x matmul | x floor | x sparsify | held-out FVE after {args.steps} steps |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    sides = [("anatomy", sys.executable, str(ROOT))]
+    sides += [(f"anatomy at {root}", sys.executable, str(root.resolve())) for root in args.anatomy_root]
     if Path(args.sparsify_python).is_file():
-        sides.append(("sparsify", args.sparsify_python))
+        sides.insert(0, ("sparsify", args.sparsify_python, str(ROOT)))
     else:
         print(f"sparsify: skipped (no python at {args.sparsify_python}; see this file's docstring)")
-    code = SIDE % {"held": HELD, "root": str(ROOT)}
-    for side, python in sides:
-        proc = subprocess.run([python, "-c", code, side, str(acts), str(init), str(args.steps), str(args.batch),
-                               str(lr), str(args.k), str(args.threads)], capture_output=True, text=True)
+    code = SIDE % {"held": HELD}
+    reference = None
+    for name, python, root in sides:
+        proc = subprocess.run([python, "-c", code, name.split()[0], str(acts), str(init), str(args.steps),
+                               str(args.batch), str(lr), str(args.k), str(args.threads), root, args.clock],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
-            print(f"| {side} | failed: {proc.stderr.strip().splitlines()[-1:]} | | |")
+            print(f"| {name} | failed: {proc.stderr.strip().splitlines()[-1:]} | | | | |")
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"| {side} | {r['step_s']:.3f} | {r['step_s'] / floor:.1f} | {r['fve']:.3f} |")
+        if name == "sparsify":
+            reference = r["step_s"]
+        versus = "" if reference is None else f"{r['step_s'] / reference:.2f}"
+        print(f"| {name} | {r['step_s']:.4f} | {r['step_s'] / matmul:.1f} | {r['step_s'] / floor:.2f} | {versus} | "
+              f"{r['fve']:.3f} |")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -6,6 +6,7 @@ encode as the trained coder does; the fits end to end on a tiny model."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import clt_fit
+from anatomy_cli.engine import jumprelu as ste
 from anatomy_cli.engine import sae_fit
 
 runner = CliRunner()
@@ -101,6 +103,45 @@ def test_clt_loss_and_one_adam_step_equal_a_hand_written_reference():
     got = clt_fit.step(coder, torch.optim.Adam(coder.parameters(), lr=LR), xs, targets)
     assert got == pytest.approx(float(fit.detach()), rel=1e-5)  # the step reports the FVU part
     check_adam_step([p[name] for name, _ in coder.named_parameters()], [q for _, q in coder.named_parameters()])
+
+
+def test_the_thresholds_start_where_each_feature_fires_on_k_of_d_sae_of_the_first_rows():
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(1000, 50, generator=gen) + torch.arange(50) / 10  # each feature its own scale of values
+    theta = ste.initial_log_threshold(z, 5).exp()  # 5 of 50 features: each fires on a tenth of the rows
+    want = z.sort(dim=0).values[899].clamp_min(ste.INIT_THRESHOLD)  # 100 values lie above the 900th smallest
+    torch.testing.assert_close(theta, want, rtol=1e-6, atol=0)  # (exp of its log: the last digit may differ)
+    assert all(100 <= int((z[:, f] > theta[f]).sum()) <= 101 for f in range(50))
+    assert torch.equal(ste.initial_log_threshold(-z.abs(), 5), torch.full((50,), math.log(ste.INIT_THRESHOLD)))
+
+
+def test_the_default_recipe_reaches_a_sparse_l0_that_falls_in_a_few_steps():
+    """Issue 62: started at SAELens' θ = 0.001, a fit of a few dozen steps left most latents on (the threshold
+    moves ~lr per step in log θ); started from the rows, the held-out mean L0 starts near k and falls. Sparse
+    synthetic activations: 4 of 128 directions per row."""
+    gen = torch.Generator().manual_seed(0)
+    d, g, rows, d_sae, k = 32, 128, 4096, 256, 8
+    D = torch.randn(g, d, generator=gen) / d ** 0.5
+    on = torch.rand(rows, g, generator=gen).argsort(-1)[:, :4]
+    x = torch.zeros(rows, g).scatter(1, on, torch.rand(rows, 4, generator=gen) * 3 + 1) @ D
+    held = x[-512:]
+
+    def fit() -> tuple[list[float], list[float]]:
+        torch.manual_seed(0)
+        coder = sae_fit.make_coder(d, d_sae, k, transcode=False, jumprelu={"bandwidth": 1e-3, "l0_coeff": 1e-3})
+        l0s: list[float] = []
+
+        def l0_now(i: int, n: int) -> None:
+            with torch.no_grad():
+                l0s.append(float((coder.features(held) != 0).sum(-1).float().mean()))
+        fvus = sae_fit.train(x[:-512], x[:-512], coder, epochs=4, batch=256, lr=sae_fit.default_lr(d_sae),
+                             progress=l0_now)["fvu"]
+        return l0s, fvus
+
+    l0s, fvus = fit()
+    assert 0.5 * k < l0s[0] < 1.5 * k  # the start: about k latents per row
+    assert max(l0s[-8:]) < l0s[0] and max(l0s[-8:]) < 2 * 4  # falls, to the data's own sparsity's order (4)
+    assert fvus[-1] < 0.8 * fvus[0]
 
 
 def test_the_written_per_layer_file_encodes_as_the_trained_coder(tmp_path):

@@ -54,3 +54,22 @@ def test_the_clt_step_uses_the_sparse_backward_and_fused_adam():
         assert torch.equal(coder.W_enc[layer].grad.abs().sum(1) > 0, chosen)
     opt = sae_fit.adam(coder.parameters(), 1e-3)
     assert opt.defaults["fused"] is True
+
+
+@pytest.mark.parametrize("shift", [0.0, -3.0])  # -3: most rows have fewer than k positive pre-activations
+def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_and_bias(shift):
+    gen = torch.Generator().manual_seed(11)
+    rows, d, f, k = 48, 7, 30, 6
+    x, W = torch.randn(rows, d, generator=gen), torch.randn(f, d, generator=gen)
+    b, w_out = torch.randn(f, generator=gen) + shift, torch.randn(rows, k, generator=gen)
+    ours = [t.clone().requires_grad_() for t in (x, W, b)]
+    ref = [t.clone().requires_grad_() for t in (x, W, b)]
+    acts, idx = sae_fit.sparse_topk(*ours, k)
+    pre = torch.relu(ref[0] @ ref[1].T + ref[2])  # the dense TopK, by hand: gather the k largest of the ReLU
+    dense = torch.zeros(rows, f).scatter(1, idx, pre.gather(1, idx))
+    torch.testing.assert_close(acts, dense.gather(1, idx))
+    torch.testing.assert_close(acts.sort(-1).values, pre.topk(k, dim=-1).values.sort(-1).values)
+    (acts * w_out).sum().backward()
+    (dense.gather(1, idx) * w_out).sum().backward()
+    for a, r in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-5, atol=1e-6)

@@ -132,9 +132,13 @@ def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> t
 @torch.no_grad()
 def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> None:
     """The first step's centring (sparsify's transcoder rule, per block): ``b_dec_m`` the target's mean,
-    ``b_enc_l = −mean(x_l) W_enc_lᵀ``."""
+    ``b_enc_l = −mean(x_l) W_enc_lᵀ``; a JumpReLU CLT's thresholds where each block fires ``k`` features per row
+    on average over its first rows (:func:`anatomy_cli.engine.jumprelu.initial_log_threshold`)."""
     for layer in range(coder.n_layers):
         coder.b_enc.data[layer] = -xs[layer].mean(0) @ coder.W_enc[layer].data.T
+        if coder.jumprelu is not None:
+            z = torch.nn.functional.linear(xs[layer, :ste.INIT_ROWS], coder.W_enc[layer], coder.b_enc[layer])
+            coder.log_threshold.data[layer] = ste.initial_log_threshold(z, coder.k)
     coder.b_dec.data = targets.mean(1)
 
 

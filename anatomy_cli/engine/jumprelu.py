@@ -6,8 +6,16 @@ threshold); the sparsity penalty is its L0, ``Σ_f (z_f > θ_f)`` per row, avera
 functions of ``θ``, so their gradients with respect to ``θ`` are the pseudo-derivatives of the paper (a rectangle
 kernel ``K(u) = 1`` for ``|u| < 1/2``, of width ``bandwidth`` ε): ``∂(z·H(z − θ))/∂θ = −(θ/ε) K((z − θ)/ε)`` and
 ``∂H(z − θ)/∂θ = −(1/ε) K((z − θ)/ε)``, summed over the rows; ``z`` gets the gradient ``H(z − θ)`` through the
-activation and none through the L0. ``θ`` is trained as ``log_threshold`` (SAELens' parametrisation), started at
-``INIT_THRESHOLD``.
+activation and none through the L0. ``θ`` is trained as ``log_threshold`` (SAELens' parametrisation).
+
+The start: SAELens and the paper start every ``θ`` at 0.001 (:data:`INIT_THRESHOLD`) with the bandwidth 0.001, on
+activations scaled to unit variance per dimension, and train for 10⁵ steps and more, at a learning rate of about
+1e-4. ``θ`` moves by about the learning rate per Adam step in ``log θ``, so a fit of a few hundred steps leaves it
+where it started: at 0.001 about half of the centred pre-activations clear it (measured: a held-out L0 of 3,613
+of 4,608 latents after a docs-sized fit). Here the fit starts each feature's threshold from the data instead
+(:func:`initial_log_threshold`, at the first step, as the encoder bias is centred): the value its pre-activation
+exceeds on ``k / d_sae`` of the first rows (``k`` the TopK setting), so the fit starts at TopK's mean L0 and the
+penalty and the reconstruction move ``θ`` from there; never below :data:`INIT_THRESHOLD`.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ from typing import Any
 
 import torch
 
-INIT_THRESHOLD = 1e-3  # SAELens' jumprelu_init_threshold
+INIT_THRESHOLD = 1e-3  # SAELens' jumprelu_init_threshold: here the least start
+INIT_ROWS = 4096  # the first rows whose pre-activations place the starting thresholds
 
 
 def _kernel(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
@@ -71,3 +80,13 @@ def l0(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
 def log_threshold(*shape: int) -> torch.nn.Parameter:
     """``log θ`` of every feature at :data:`INIT_THRESHOLD`."""
     return torch.nn.Parameter(torch.full(shape, math.log(INIT_THRESHOLD)))
+
+
+@torch.no_grad()
+def initial_log_threshold(z: torch.Tensor, l0: float) -> torch.Tensor:
+    """``log θ [F]`` at which each feature fires on about ``l0 / F`` of the rows of ``z [rows, F]`` (its
+    ``⌈rows · l0 / F⌉``-th largest value), at least ``log INIT_THRESHOLD``."""
+    rows, features = z.shape
+    above = min(rows - 1, max(1, math.ceil(rows * l0 / features)))
+    theta = z.kthvalue(rows - above, dim=0).values  # ``above`` rows lie strictly above it (ties aside)
+    return theta.clamp_min(INIT_THRESHOLD).log()

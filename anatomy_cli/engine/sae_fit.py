@@ -80,16 +80,44 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
     return out
 
 
+class _SparseTopK(torch.autograd.Function):
+    """:func:`sparse_topk`'s forward (one dense matmul, the TopK of its ReLU) and backward (the k chosen rows)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        top = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False)  # the ReLU on k values only
+        acts, idx = top.values.clamp_min_(0), top.indices
+        ctx.save_for_backward(x, weight, idx, acts)
+        ctx.mark_non_differentiable(idx)
+        return acts, idx
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[torch.Tensor | None, ...]:
+        x, weight, idx, acts = ctx.saved_tensors
+        g = grad * (acts > 0)  # the ReLU's derivative (a chosen 0 passes nothing)
+        flat, n = idx.reshape(-1), weight.shape[0]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # Σ_j g[r, j] W[idx[r, j]]: an embedding_bag, no [rows, k, d] copy
+            grad_x = torch.nn.functional.embedding_bag(idx, weight, per_sample_weights=g, mode="sum")
+        if ctx.needs_input_grad[1]:  # row idx[r, j] of ∂W gets g[r, j] x[r]
+            grad_w = weight.new_zeros(weight.shape)
+            for j in range(idx.shape[1]):  # one [rows, d] product at a time (cached), not a [rows, k, d] one
+                grad_w.index_add_(0, idx[:, j], x * g[:, j, None])
+        if ctx.needs_input_grad[2]:
+            grad_b = weight.new_zeros(n).index_add_(0, flat, g.reshape(-1))
+        return grad_x, grad_w, grad_b, None
+
+
 def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the k
-    largest are chosen without autograd (one dense matmul), then only their pre-activations are recomputed with
-    autograd from the k chosen rows of ``weight`` (``embedding``, whose backward adds into those rows alone). The
-    values and gradients are those of the dense TopK; the dense backward matmul ``grad_preᵀ x`` (as many FLOPs as
-    the forward) is gone."""
-    with torch.no_grad():
-        idx = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False).indices
-    rows = torch.nn.functional.embedding(idx, weight)  # [rows, k, d]
-    return torch.relu(torch.einsum("nd,nkd->nk", x, rows) + bias[idx]), idx
+    """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the
+    forward is the one dense matmul and its TopK (the ReLU applied to the k values: where fewer than k are
+    positive, the rest are 0 as the dense TopK's, whichever latents they name); the backward adds ``g[r, j] x[r]``
+    into the chosen rows ``idx[r, j]`` of the weight's gradient alone (``index_add``, ``2·rows·k·d`` FLOPs), where
+    the dense TopK's backward would scatter into a dense ``[rows, d_sae]`` gradient and multiply it by ``x`` (as
+    many FLOPs as the forward). The values and gradients are those of the dense TopK (tested)."""
+    acts, idx = _SparseTopK.apply(x, weight, bias, k)  # type: ignore[no-untyped-call]
+    return acts, idx
 
 
 class TopKCoder(torch.nn.Module):
@@ -131,12 +159,14 @@ class TopKCoder(torch.nn.Module):
 
 class JumpReLUCoder(TopKCoder):
     """:class:`TopKCoder` with a JumpReLU in place of the TopK (engine/jumprelu.py): every latent with
-    ``pre > θ`` is kept, ``θ = exp(log_threshold)`` trained with the straight-through estimator, and the loss
-    adds ``l0_coeff`` times the mean L0 to the FVU. The same initialisation and decoder rule otherwise."""
+    ``pre > θ`` is kept, ``θ = exp(log_threshold)`` trained with the straight-through estimator (started at the
+    first step where each latent fires on ``init_l0 / d_sae`` of the first rows), and the loss adds ``l0_coeff``
+    times the mean L0 to the FVU. The same initialisation and decoder rule otherwise."""
 
     def __init__(self, d_in: int, d_sae: int, *, transcode: bool = False, bandwidth: float = 1e-3,
-                 l0_coeff: float = 1e-3):
+                 l0_coeff: float = 1e-3, init_l0: float = 32):
         super().__init__(d_in, d_sae, 1, transcode=transcode)
+        self.init_l0 = init_l0  # the mean L0 the thresholds start at (engine/jumprelu.py)
         self.bandwidth, self.l0_coeff = bandwidth, l0_coeff
         self.log_threshold = ste.log_threshold(d_sae)
 
@@ -162,9 +192,10 @@ def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: 
                jumprelu: dict[str, float] | None = None) -> Any:
     """sparsify's own ``SparseCoder`` where eai-sparsify is installed (``pip install -e '.[train]'``) and
     ``use_sparsify`` is not False, else :class:`TopKCoder`; ``use_sparsify=True`` without it raises ImportError.
-    ``jumprelu`` (its ``bandwidth`` and ``l0_coeff``): a :class:`JumpReLUCoder` instead (``k`` unused)."""
+    ``jumprelu`` (its ``bandwidth`` and ``l0_coeff``): a :class:`JumpReLUCoder` instead, its thresholds started
+    at a mean L0 of ``k``."""
     if jumprelu is not None:
-        return JumpReLUCoder(d_in, d_sae, transcode=transcode, **jumprelu)
+        return JumpReLUCoder(d_in, d_sae, transcode=transcode, init_l0=k, **jumprelu)
     if use_sparsify is not False:
         try:
             from sparsify import SparseCoder
@@ -229,9 +260,12 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
     opt = adam(coder.parameters(), lr)
     transcode = _transcodes(coder)
     with torch.no_grad():  # sparsify's Trainer at its first step: pre-activations centred, b_dec the target's mean
+        # (a JumpReLU's thresholds placed from the rows: engine/jumprelu.py)
         if transcode:
             coder.encoder.bias.data = -x.mean(0) @ coder.encoder.weight.data.T
         coder.b_dec.data = target.mean(0)
+        if isinstance(coder, JumpReLUCoder):
+            coder.log_threshold.data = ste.initial_log_threshold(coder.pre(x[:ste.INIT_ROWS]), coder.init_l0)
     steps = epochs * math.ceil(len(x) / batch)
     curve: list[float] = []
     fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
