@@ -6,6 +6,7 @@ Both answer the same three questions (:data:`Stack`): ``n_layers``; ``layer(l)``
 block l's encoder, ``b_dec`` and skip path; ``decoder_rows(l, ids) -> [k, n_out, d]``, the decoders of layer
 l's features ``ids``, row j writing to block ``l + j``.
 
+:func:`open_transcoders` opens a set from its files (models/transcoders.py reads them) on the model's device.
 ``--offload``: a layer may be an :class:`Offloaded` one (only ``W_skip`` on the device); ``weights()`` brings the
 whole layer in for one use (:func:`anatomy_cli.analyses.circuit.setup` uses each layer once). A cross-layer
 transcoder's decoders are read from the file row by row whatever the offload, so only its encoders are offloaded.
@@ -13,14 +14,18 @@ transcoder's decoders are read from the file row by row whatever the offload, so
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Union
 
 import torch
+
+from anatomy_cli.models import transcoders as tc_files
 
 
 @dataclass
@@ -146,3 +151,49 @@ Transcoders = Sequence[AnyTranscoder] | PerLayer | CrossLayer
 def as_stack(transcoders: Transcoders) -> Stack:
     """A list of per-layer transcoders as a :class:`PerLayer`; a stack as itself."""
     return transcoders if isinstance(transcoders, PerLayer | CrossLayer) else PerLayer(transcoders)
+
+
+def open_transcoders(ts: tc_files.TranscoderSet, device: torch.device, offload: str | None = None) -> Transcoders:
+    """Every layer's transcoder of ``ts`` on ``device``, fp32; ``offload``: ``cpu`` keeps them in host memory and
+    moves one layer at a time to the device when it is used, ``disk`` reads a layer from its file when it is used
+    and drops it after (peak memory: one layer). Either way only ``W_skip`` stays on the device (every frozen
+    forward uses it). A cross-layer transcoder: its encoders so (each ``W_dec [F, 0]``), and a reader of the
+    decoder rows the active features need, from the file whatever the offload (``W_dec_l`` is never loaded whole).
+    Transcoders of ``ln2.hook_normalized`` (``ts.before_gain``) come as a set that says so (``before_gain``): the
+    replacement model gives them the pre-MLP norm's vector before its gain, computed from the norm's input
+    (engine/replacement.py), a gain of 0 included."""
+    out: list[AnyTranscoder] = []
+    for layer in range(ts.n_layers):
+        if offload == "disk":
+            out.append(Offloaded(partial(_layer, ts, layer, device), _skip(ts, layer, device)))
+        elif offload == "cpu" and device.type != "cpu":
+            host = _layer(ts, layer, torch.device("cpu"))
+            out.append(Offloaded(partial(_moved, host, device),
+                                 None if host.W_skip is None else host.W_skip.to(device)))
+        else:
+            out.append(_layer(ts, layer, device))
+    if not ts.cross_layer:
+        return PerLayer(out, before_gain=True) if ts.before_gain else out
+    return CrossLayer(out, lambda layer, ids: torch.as_tensor(tc_files.read_decoder(ts, layer, ids.cpu().numpy()))
+                      .to(device, torch.float32), before_gain=ts.before_gain)
+
+
+def _layer(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> Transcoder:
+    """Layer ``layer``'s transcoder on ``device``."""
+    arrays = tc_files.load_layer(ts, layer)
+    t = {k: None if v is None else torch.as_tensor(v).to(device, torch.float32) for k, v in arrays.items()
+         if k != "k"}
+    w = {k: v for k, v in t.items() if v is not None}
+    dec = w["W_enc"].new_zeros(w["W_enc"].shape[0], 0) if ts.cross_layer else w["W_dec"]
+    return Transcoder(w["W_enc"], w["b_enc"], dec, w["b_dec"], t["threshold"], arrays.get("k", ts.k), t["W_skip"])
+
+
+def _skip(ts: tc_files.TranscoderSet, layer: int, device: torch.device) -> torch.Tensor | None:
+    """Layer ``layer``'s ``W_skip`` alone."""
+    skip = tc_files.load_array(ts, layer, "W_skip")
+    return None if skip is None else torch.as_tensor(skip).to(device, torch.float32)
+
+
+def _moved(tc: Transcoder, device: torch.device) -> Transcoder:
+    return dataclasses.replace(tc, **{f.name: getattr(tc, f.name).to(device) for f in dataclasses.fields(tc)
+                                      if isinstance(getattr(tc, f.name), torch.Tensor)})
