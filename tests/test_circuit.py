@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from anatomy_cli.analyses import circuit as algo
+from anatomy_cli.analyses import circuit as prune  # its influence, pruning and scores
 from anatomy_cli.analyses import circuit_check as chk
-from anatomy_cli.analyses import circuit_prune as prune
 from anatomy_cli.engine import replacement as rep
 from anatomy_cli.engine.transcoder import CrossLayer
 from anatomy_cli.engine.transcoder import as_stack

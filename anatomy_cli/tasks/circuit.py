@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     import torch
 
     from anatomy_cli.analyses.circuit import CircuitGraph
+    from anatomy_cli.analyses.circuit import PruneResult
     from anatomy_cli.analyses.circuit_check import EdgeCheck
     from anatomy_cli.analyses.circuit_check import FrozenPrompt
     from anatomy_cli.analyses.circuit_heads import Attention
-    from anatomy_cli.analyses.circuit_prune import PruneResult
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.transcoder import Transcoders
@@ -316,7 +316,6 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
 
     from anatomy_cli.analyses import circuit as algo
     from anatomy_cli.analyses import circuit_files as files
-    from anatomy_cli.analyses import circuit_prune as prune
     ids = torch.tensor(enc.ids)
     if len(ids) < 2:
         raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
@@ -330,9 +329,9 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
                               [(_decode(lm, [int(t)]), int(t)) for t in targets], probs.float(),
                               len(lm.tokenizer), lm.n_layers, [_decode(lm, [int(t)]) for t in enc.ids],
                               plan.transcoders.scan)  # decoded, as circuit-tracer's prompt_tokens
-    pr = prune.prune(adjacency, graph.logit_probabilities, graph.n_pos, graph.n_features, opts.node_threshold,
+    pr = algo.prune(adjacency, graph.logit_probabilities, graph.n_pos, graph.n_features, opts.node_threshold,
                      opts.edge_threshold)
-    replacement, completeness = prune.scores(adjacency, graph.logit_probabilities, graph.n_pos,
+    replacement, completeness = algo.scores(adjacency, graph.logit_probabilities, graph.n_pos,
                                              lm.n_layers * graph.n_pos)
     out, json_path = (None if f is None else numbered(f, index) for f in (opts.out, opts.json))
     slug = Path(json_path).stem if json_path else "circuit"
