@@ -17,8 +17,8 @@ from anatomy_cli.analyses import circuit as algo
 from anatomy_cli.analyses import circuit as prune  # its influence, pruning and scores
 from anatomy_cli.analyses import circuit_check as chk
 from anatomy_cli.engine import replacement as rep
-from anatomy_cli.engine.transcoder import CrossLayer
-from anatomy_cli.engine.transcoder import as_stack
+from anatomy_cli.engine.replacement import CrossLayer
+from anatomy_cli.engine.replacement import as_stack
 
 ARCHS = ("llama", "gemma2", "gpt2")
 MORE = ("gemma3", "qwen3", "mixtral")  # Gemma 3, Qwen3, and an MoE block with a transcoder per block
@@ -303,7 +303,7 @@ def _stub_pickle():
 
 
 def test_gemma_scope_2_layout_reads_the_same(tiny_lm, tmp_path):
-    from anatomy_cli.engine.transcoder import open_transcoders
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
 
     lm = tiny_lm("llama")

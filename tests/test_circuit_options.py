@@ -219,8 +219,8 @@ def test_offload_gives_the_same_graph(setting, tmp_path):
 
 
 def test_disk_offload_keeps_only_the_skip_paths(setting):
-    from anatomy_cli.engine.transcoder import Offloaded
-    from anatomy_cli.engine.transcoder import open_transcoders
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
 
     _, lm, tdir, tcs = setting
@@ -236,8 +236,8 @@ def test_disk_offload_keeps_only_the_skip_paths(setting):
 def test_cpu_offload_off_the_cpu_moves_one_block_when_used(setting):
     """With the model on another device (here "meta": no accelerator needed), --offload cpu keeps each block's
     transcoder in host memory, its W_skip on the device, and moves the whole block there only inside weights()."""
-    from anatomy_cli.engine.transcoder import Offloaded
-    from anatomy_cli.engine.transcoder import open_transcoders
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
 
     _, _, tdir, tcs = setting

@@ -19,8 +19,8 @@ import torch
 
 from anatomy_cli.engine import replacement as rep
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.engine.transcoder import Transcoders
-from anatomy_cli.engine.transcoder import as_stack
+from anatomy_cli.engine.replacement import Transcoders
+from anatomy_cli.engine.replacement import as_stack
 
 
 @dataclass

@@ -1,15 +1,16 @@
 """`circuit`: the attribution graph of a prompt's next-token prediction over a replacement model built from
-transcoders (circuit-tracer 0.5.0's ``attribute``), in phase order:
+transcoders (circuit-tracer 0.5.0's ``attribute``), in phase order over four files:
 
-1. open the model and the dictionaries: :func:`check` (this file; refused before any weight loads: a missing
-   transcoder folder, a set whose layer count or width does not fit the model, hooks other than MLP in → MLP out,
-   an encoder, bad thresholds or counts), then :func:`run` opens the transcoders (engine/transcoder.py
-   ``open_transcoders``: offload, the cross-layer decoders read row by row);
-2. forward on the replacement model: engine/replacement.py (patterns, norm denominators and MLP outputs frozen);
-3. attribution: analyses/circuit.py ``setup`` and ``attribute`` (the adjacency by batched backward passes), then
-4. prune and the graph: analyses/circuit.py ``prune`` and ``scores`` (influence), analyses/circuit_files.py (the
-   graph.pt and the Neuronpedia JSON);
-5. the result: :func:`one` and :func:`paths` (this file).
+1. open the model and the dictionaries: :func:`check` here (refused before any weight loads: a missing transcoder
+   folder, a set whose layer count or width does not fit the model, hooks other than MLP in → MLP out, an
+   encoder, bad thresholds or counts), then :func:`run` opens the transcoders (engine/replacement.py
+   ``open_transcoders``: --offload, the cross-layer decoders read row by row; the files: models/transcoders.py);
+2. the forward of the replacement model: engine/replacement.py (attention patterns, norm denominators and MLP
+   outputs frozen at the prompt's; ``frozen``, ``forward``);
+3. attribution: analyses/circuit.py ``setup`` and ``attribute`` (the adjacency by batched backward passes);
+4. pruning and the graph: analyses/circuit.py ``prune`` and ``scores``; analyses/circuit_files.py writes graph.pt
+   and the Neuronpedia JSON;
+5. the result: :func:`one` and :func:`paths` here.
 
 Beside the path: ``--estimate`` (tasks/_circuit_estimate.py), ``--check`` (analyses/circuit_check.py), ``--heads``
 (analyses/circuit_heads.py).
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.circuit_heads import Attention
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.engine.transcoder import Transcoders
+    from anatomy_cli.engine.replacement import Transcoders
     from anatomy_cli.models.info import ModelInfo
     from anatomy_cli.models.sae.feature_labels import BlockLabels
     from anatomy_cli.tasks.protocol import Opened
@@ -70,7 +71,7 @@ class CircuitOptions(Declared):
     re-measure that many edges by intervention; ``heads``: head loadings of every kept edge and QK attributions of
     that many strongest heads (analyses/circuit_heads.py; 0: off); ``top``: rows of the paths table;
     ``ids``: the node ids (``current``: circuit-tracer's now; ``ct-0.5``: 0.5.0's); ``offload``: ``cpu`` or
-    ``disk``, where the transcoders wait while not in use (engine/transcoder.py ``open_transcoders``); ``estimate``:
+    ``disk``, where the transcoders wait while not in use (engine/replacement.py ``open_transcoders``); ``estimate``:
     the graph's size, memory and time from the shapes alone, nothing run.
     ``target`` / ``target_id``: the logit nodes by text (each one token; ``first_token``: a longer text stands for
     its first) and by id, texts first; none: the salient logits."""
@@ -229,7 +230,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: Cir
     ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does."""
     if opts.estimate:
         return estimate(lm.info, encoded, opts, plan, str(lm.device))
-    from anatomy_cli.engine.transcoder import open_transcoders
+    from anatomy_cli.engine.replacement import open_transcoders
 
     out = []
     if opts.offload == "cpu" and lm.device.type == "cpu":
