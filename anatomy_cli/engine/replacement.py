@@ -110,31 +110,39 @@ class Offloaded:
 AnyTranscoder = Union[Transcoder, Offloaded]
 
 
-class PerLayer:
-    """A per-layer set: ``decoder_rows(l, ids)`` is ``W_dec[ids]`` of layer l, writing to block l only
-    (``loaded``: layer l's transcoder as ``weights()`` brought it in, so an offloaded one is not read twice).
-    ``before_gain``: the transcoders read TransformerLens' ``ln2.hook_normalized``, the pre-MLP norm's vector
-    before its gain (the replacement model gives them that, engine/replacement.py), not the MLP's input."""
+class _Layers:
+    """A stack's block-by-block transcoders (``layers``: a per-layer set's, a cross-layer transcoder's encoders) and
+    ``before_gain``."""
 
-    def __init__(self, transcoders: Sequence[AnyTranscoder], before_gain: bool = False) -> None:
-        self.transcoders = transcoders
+    def __init__(self, layers: Sequence[AnyTranscoder], before_gain: bool) -> None:
+        self.layers = layers
         self.before_gain = before_gain
 
     @property
     def n_layers(self) -> int:
-        return len(self.transcoders)
+        return len(self.layers)
 
     def layer(self, layer: int) -> AnyTranscoder:
-        return self.transcoders[layer]
+        return self.layers[layer]
+
+
+class PerLayer(_Layers):
+    """A per-layer set: ``decoder_rows(l, ids)`` is ``W_dec[ids]`` of layer l, writing to block l only
+    (``loaded``: layer l's transcoder as ``weights()`` brought it in, so an offloaded one is not read twice).
+    ``before_gain``: the transcoders read TransformerLens' ``ln2.hook_normalized``, the pre-MLP norm's vector
+    before its gain (the replacement model gives them that, :func:`forward`), not the MLP's input."""
+
+    def __init__(self, transcoders: Sequence[AnyTranscoder], before_gain: bool = False) -> None:
+        super().__init__(transcoders, before_gain)
 
     def decoder_rows(self, layer: int, ids: torch.Tensor, loaded: Transcoder | None = None) -> torch.Tensor:
         if loaded is not None:
             return loaded.W_dec[ids][:, None]
-        with self.transcoders[layer].weights() as full:
+        with self.layers[layer].weights() as full:
             return full.W_dec[ids][:, None]
 
 
-class CrossLayer:
+class CrossLayer(_Layers):
     """circuit-tracer's cross-layer transcoder. ``encoders[l]``: block l's encoder, ``b_dec`` (what the CLT adds
     to block l's MLP output) and skip; ``read_decoder(l, ids) -> [k, L - l, d]``: rows ``ids`` of ``W_dec_l``
     (read when asked: a reader of the file's rows, so only active features' decoders are loaded).
@@ -142,16 +150,12 @@ class CrossLayer:
 
     def __init__(self, encoders: Sequence[AnyTranscoder],
                  read_decoder: Callable[[int, torch.Tensor], torch.Tensor], before_gain: bool = False) -> None:
-        self.encoders = encoders
+        super().__init__(encoders, before_gain)
         self.read_decoder = read_decoder
-        self.before_gain = before_gain
 
     @property
-    def n_layers(self) -> int:
-        return len(self.encoders)
-
-    def layer(self, layer: int) -> AnyTranscoder:
-        return self.encoders[layer]
+    def encoders(self) -> Sequence[AnyTranscoder]:
+        return self.layers
 
     def decoder_rows(self, layer: int, ids: torch.Tensor, loaded: Transcoder | None = None) -> torch.Tensor:
         if len(ids) == 0:
