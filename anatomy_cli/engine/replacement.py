@@ -408,7 +408,8 @@ def _shared(mlp: torch.nn.Module, batch: int) -> list[Any]:
 
 
 def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch: int,
-            edit: Any = None, last_logits: bool = False, shared_mlp: bool = False) -> Forward:
+            edit: Callable[[int, torch.Tensor], torch.Tensor] | None = None, last_logits: bool = False,
+            shared_mlp: bool = False) -> Forward:
     """Run the frozen model on ``ids [P]`` repeated ``batch`` times, inside :func:`frozen`.
     ``edit(layer, value) -> value`` changes what an MLP writes (layer -1: the embedding) (interventions, with
     the freezer replaying). ``last_logits``: ``logits [B, 1, V]``, the last position's only, where the model's

@@ -15,10 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.tasks import notes
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -26,12 +30,12 @@ class Progress:
     """The running state of a fit: ``sums`` ``{block: float64 [d, d]}``, prompts fitted (``n_done``) and skipped,
     and the indices of the prompts finished (``done``)."""
 
-    sums: dict[int, Any]
+    sums: dict[int, torch.Tensor]
     n_done: int = 0
     skipped: int = 0
     done: set[int] = field(default_factory=set)
 
-    def add(self, index: int, sums: dict[int, Any] | None, fitted: int, skipped: int) -> None:
+    def add(self, index: int, sums: dict[int, torch.Tensor] | None, fitted: int, skipped: int) -> None:
         """Prompt ``index`` finished: its ``J`` (``sums``, None when skipped) added."""
         for b, m in (sums or {}).items():
             self.sums[b] += m
