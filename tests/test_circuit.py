@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from anatomy_cli.analyses import circuit as algo
+from anatomy_cli.analyses import circuit as prune  # its influence, pruning and scores
 from anatomy_cli.analyses import circuit_check as chk
-from anatomy_cli.analyses import circuit_prune as prune
 from anatomy_cli.engine import replacement as rep
-from anatomy_cli.engine.transcoder import CrossLayer
-from anatomy_cli.engine.transcoder import as_stack
+from anatomy_cli.engine.replacement import CrossLayer
+from anatomy_cli.engine.replacement import as_stack
 
 ARCHS = ("llama", "gemma2", "gpt2")
 MORE = ("gemma3", "qwen3", "mixtral")  # Gemma 3, Qwen3, and an MoE block with a transcoder per block
@@ -303,14 +303,14 @@ def _stub_pickle():
 
 
 def test_gemma_scope_2_layout_reads_the_same(tiny_lm, tmp_path):
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
-    from anatomy_cli.tasks._circuit import load_transcoders
 
     lm = tiny_lm("llama")
     tcs = random_transcoders(lm)
     ts = files.describe(write_transcoder_set(tmp_path / "gs2", lm, tcs, gemma_scope_2=True))
     assert ts.gemma_scope_2 and ts.d_model == lm.d_model and ts.d_transcoder == 16
-    got = load_transcoders(lm, ts)
+    got = open_transcoders(ts, lm.device)
     torch.testing.assert_close(got[1].W_enc, tcs[1].W_enc)
     assert got[1].threshold is not None
 

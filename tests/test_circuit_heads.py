@@ -245,3 +245,25 @@ def test_cli_heads_json_table_and_api(tiny_model_dir, tiny_lm, tmp_path):
             assert row["head"] == f"{best['layer']}.{best['head']}" and row["head_part"] == pytest.approx(best["weight"])
         else:
             assert row["head"] == "" and row["head_part"] == pytest.approx(h["bypass"])
+
+
+def test_replays_are_the_forwards_attention_runs(prompts, monkeypatch):
+    """``replays`` (what the cost line and ``--estimate --heads`` count) lists exactly the forwards of the frozen
+    replacement model that ``attention`` runs, each with its number of copies and whether a backward follows,
+    counted here by wrapping ``replacement.forward`` (batches of 4: partial last batches included)."""
+    fp = prompts("llama")
+    ran = []
+    forward = rep.forward
+
+    def counted(lm, ids, tcs, batch, *args, **kwargs):
+        ran.append(ch.Replay(batch, torch.is_grad_enabled()))
+        return forward(lm, ids, tcs, batch, *args, **kwargs)
+
+    monkeypatch.setattr(rep, "forward", counted)
+    edges = links(fp.graph, n=25, seed=1)
+    nodes = sorted({s for _, s in edges})
+    fresh = chk.FrozenPrompt(fp.lm, IDS, fp.tcs, fp.graph, fp.s, capture=True)
+    ch.attention(fresh, edges, 1, nodes, batch=4)
+    n_targets = len({t for t, _ in edges})
+    assert ran == ch.replays(n_targets, len(nodes), len(nodes), 4)
+    assert sum(r.backward for r in ran) == -(-n_targets // 4)

@@ -96,11 +96,37 @@ def test_estimate_with_heads_counts_its_replays(setting, monkeypatch):
     est = json.loads(result.stdout)
     assert not any(k.startswith("heads_") for k in plain)
     n, K, N = est["feature_rows"], est["n_logits"], est["n_nodes"]
-    assert est["heads_passes"] == -(-(n + K) // 8) + 2 * -(-(N - K) // 8) + 1 + 2
+    assert est["heads_passes"] == -(-(n + K) // 8) + 2 * -(-(N - K) // 8) + 1 + 3
     assert est["heads_flops"] > 0 and est["heads_seconds_expected"] > 0
     assert {k: v for k, v in est.items() if not k.startswith("heads_") and k != "quantities"} == \
         {k: v for k, v in plain.items() if k != "quantities"}
     assert [r["quantity"] for r in est["quantities"]][-3:] == ["heads_passes", "heads_flops", "heads_seconds_expected"]
+
+
+def test_heads_cost_line_and_estimate_are_one_count(setting, monkeypatch):
+    """The cost line a ``--heads`` run prints and ``--estimate --heads`` come from one function of the counts
+    (tasks/_circuit_estimate.py ``heads_cost``): the line's seconds are that function's at the run's kept counts,
+    the estimate's are the same function's at the whole graph's, so at least the line's."""
+    import re
+
+    from anatomy_cli.tasks._circuit_estimate import heads_cost
+    from anatomy_cli.units import human_seconds
+
+    model, lm, tdir, _ = setting
+    args = ["circuit", PROMPT, "--model", str(model), "--device", "cpu", "--transcoders", str(tdir), "--bos",
+            "--max-feature-nodes", "50", "--batch-size", "8", "--heads", "1", "-f", "json"]
+    est = json.loads(invoke(*args, "--estimate").stdout)
+    run = invoke(*args)
+    assert run.exit_code == 0, run.stderr
+    line = next(x for x in run.stderr.splitlines() if x.startswith("circuit --heads:"))
+    links, t, s, c = (int(v.replace(",", "")) for v in re.findall(r"([\d,]+) (?:edges|targets|sources|nodes)", line))
+    P, n, K, N = est["n_tokens"], est["feature_rows"], est["n_logits"], est["n_nodes"]
+    kept = heads_cost(lm.info, P, links, t, s, c, 8, "cpu")
+    assert line == kept.line() and f"roughly {human_seconds(kept.seconds_expected)} on cpu" in line
+    whole = heads_cost(lm.info, P, 0, n + K, N - K, N - K, 8, "cpu")
+    assert (est["heads_passes"], est["heads_flops"], est["heads_seconds_expected"]) == \
+        (whole.passes, whole.flops, whole.seconds_expected)
+    assert whole.seconds_expected >= kept.seconds_expected and t <= n + K and s <= N - K and c <= N - K
 
 
 def test_estimate_bounds_the_real_graph(setting, tmp_path):
@@ -193,13 +219,13 @@ def test_offload_gives_the_same_graph(setting, tmp_path):
 
 
 def test_disk_offload_keeps_only_the_skip_paths(setting):
-    from anatomy_cli.engine.transcoder import Offloaded
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
-    from anatomy_cli.tasks._circuit import load_transcoders
 
     _, lm, tdir, tcs = setting
     ts = files.describe(tdir)
-    held = load_transcoders(lm, ts, "disk")
+    held = open_transcoders(ts, lm.device, "disk")
     assert all(isinstance(t, Offloaded) and not hasattr(t, "W_enc") for t in held)
     for t, want in zip(held, tcs):
         assert torch.equal(t.W_skip, want.W_skip)
@@ -210,14 +236,12 @@ def test_disk_offload_keeps_only_the_skip_paths(setting):
 def test_cpu_offload_off_the_cpu_moves_one_block_when_used(setting):
     """With the model on another device (here "meta": no accelerator needed), --offload cpu keeps each block's
     transcoder in host memory, its W_skip on the device, and moves the whole block there only inside weights()."""
-    from types import SimpleNamespace
-
-    from anatomy_cli.engine.transcoder import Offloaded
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
-    from anatomy_cli.tasks._circuit import load_transcoders
 
     _, _, tdir, tcs = setting
-    held = load_transcoders(SimpleNamespace(device=torch.device("meta")), files.describe(tdir), "cpu")
+    held = open_transcoders(files.describe(tdir), torch.device("meta"), "cpu")
     for t, want in zip(held, tcs):
         assert isinstance(t, Offloaded) and t.W_skip.device.type == "meta" and t.W_skip.shape == want.W_skip.shape
         with t.weights() as full:

@@ -30,7 +30,7 @@ def hand_graph():
     source is the error node of block 0 at position 1 (0.3125, above token 5's 0.125). Every node and nonzero edge
     kept. Nodes: 0 the feature, 1-3 the errors (position 0, 1, 2), 4-6 the tokens, 7 the logit."""
     from anatomy_cli.analyses.circuit import CircuitGraph
-    from anatomy_cli.analyses.circuit_prune import PruneResult
+    from anatomy_cli.analyses.circuit import PruneResult
 
     a = torch.zeros(8, 8)
     a[7, 0], a[7, 5], a[7, 3] = -0.5, 0.25, 0.0625  # the feature, token 5, the error at position 2 -> the logit
@@ -45,7 +45,7 @@ def collision_graph():
     the error node of block 1 at position 1 both feed the logit, so both are written, and 0.5.0 names both
     ``0_1_1``. Nodes: 0 the feature, 1-4 the errors (block-major), 5-6 the tokens, 7 the logit."""
     from anatomy_cli.analyses.circuit import CircuitGraph
-    from anatomy_cli.analyses.circuit_prune import PruneResult
+    from anatomy_cli.analyses.circuit import PruneResult
 
     a = torch.zeros(8, 8)
     a[7, 0], a[7, 4], a[0, 6] = 0.5, 0.25, 1.0

@@ -76,14 +76,14 @@ def test_cross_layer_logit_edges_are_gradient_times_activation(tiny_lm, arch):
 def test_cross_layer_folder_reads_lazily(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):
     """circuit-tracer's CLT files read back to the same transcoder (skip in its x @ W_skip_l orientation); the CLI's
     graph equals the analysis on the in-memory CLT, reading only the active features' decoder rows."""
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
-    from anatomy_cli.tasks._circuit import load_transcoders
 
     lm = tiny_lm("llama")
     clt, decs = random_clt(lm, skip=True)
     ts = files.describe(write_clt(tmp_path / "clt", clt, decs))
     assert ts.cross_layer and ts.n_layers == lm.n_layers and (ts.d_model, ts.d_transcoder) == (lm.d_model, 16)
-    got = load_transcoders(lm, ts)
+    got = open_transcoders(ts, lm.device)
     x = torch.randn(3, lm.d_model)
     torch.testing.assert_close(got.layer(1).skip(x), x @ clt.encoders[1].W_skip.T)
     torch.testing.assert_close(got.layer(1).W_enc, clt.encoders[1].W_enc)
@@ -118,14 +118,14 @@ def test_cross_layer_offload_gives_the_same_graph(tiny_model_dir, tiny_lm, tmp_p
     """--offload disk / cpu with a cross-layer transcoder: its encoders wait out of the way (only W_skip_l held,
     in the per-layer sets' x @ W_skip.T orientation), its decoders are read row by row as without; the graph, the
     selected features and the intervention check equal those of the run without --offload, bit for bit."""
-    from anatomy_cli.engine.transcoder import Offloaded
+    from anatomy_cli.engine.replacement import Offloaded
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
-    from anatomy_cli.tasks._circuit import load_transcoders
 
     lm = tiny_lm("llama")
     clt, decs = random_clt(lm, skip=True)
     ts = files.describe(write_clt(tmp_path / "clt", clt, decs))
-    held = load_transcoders(lm, ts, "disk")
+    held = open_transcoders(ts, lm.device, "disk")
     for layer in range(lm.n_layers):
         t = held.layer(layer)
         assert isinstance(t, Offloaded) and not hasattr(t, "W_enc")
@@ -372,8 +372,8 @@ def test_ln2_hook_normalized_reads_before_the_norms_gain(tiny_model_dir, tmp_pat
     their values and the error nodes are those computed by hand from a hook on the norm's input, ``x / RMS(x)``
     (Gemma) or ``(x - mean) / σ`` (GPT-2)."""
     from anatomy_cli.engine.norm_gain import mlp_norm_gain
+    from anatomy_cli.engine.replacement import open_transcoders
     from anatomy_cli.models import transcoders as files
-    from anatomy_cli.tasks._circuit import load_transcoders
 
     lm, blocks, norm_name = _gained(tiny_model_dir, arch, zero=arch == "gemma3")
     if arch == "gemma3":
@@ -384,8 +384,8 @@ def test_ln2_hook_normalized_reads_before_the_norms_gain(tiny_model_dir, tmp_pat
     folder = write_gemma_scope(tmp_path, tcs) if arch != "gpt2" else write_sae_folders(tmp_path / "sl", tcs, "saelens")
     ts = files.describe(folder)
     assert ts.before_gain
-    s = algo.setup(lm, IDS, load_transcoders(lm, ts))
-    disk = algo.setup(lm, IDS, load_transcoders(lm, ts, "disk"))  # W_skip alone: the same
+    s = algo.setup(lm, IDS, open_transcoders(ts, lm.device))
+    disk = algo.setup(lm, IDS, open_transcoders(ts, lm.device, "disk"))  # W_skip alone: the same
     assert torch.equal(disk.values, s.values) and torch.equal(disk.errors, s.errors)
     seen = {}
     hooks = []
@@ -420,7 +420,7 @@ def test_ln2_hook_normalized_with_gains_of_0_keeps_the_graphs_identities(tiny_mo
     identities hold as for any other (circuit_check: each node's incoming edges plus its bias terms equal its value,
     edges re-measured by intervention equal their weights), and the CLI runs and passes its --check."""
     from anatomy_cli.analyses import circuit_check as chk
-    from anatomy_cli.engine.transcoder import PerLayer
+    from anatomy_cli.engine.replacement import PerLayer
     from anatomy_cli.models import transcoders as files
 
     lm, _, _ = _gained(tiny_model_dir, "gemma3", zero=True)

@@ -244,7 +244,7 @@ def test_path_without_source_has_no_via_weight(capsys):
     from anatomy_cli.output.render import Report
     from anatomy_cli.output.render import Section
     from anatomy_cli.output.views.circuit import COLUMNS
-    from anatomy_cli.tasks._circuit import paths
+    from anatomy_cli.tasks.circuit import paths
 
     graph, pr = hand_graph()
     rows = [r.to_dict() for r in paths(graph, pr, written_nodes(graph, pr), 10)]

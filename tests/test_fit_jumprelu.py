@@ -167,7 +167,7 @@ def test_the_written_per_layer_file_encodes_as_the_trained_coder(tmp_path):
 
 
 def test_the_written_clt_keeps_its_learnt_thresholds(tmp_path):
-    from anatomy_cli.engine.transcoder import Transcoder
+    from anatomy_cli.engine.replacement import Transcoder
     from anatomy_cli.models import transcoders
 
     gen = torch.Generator().manual_seed(6)

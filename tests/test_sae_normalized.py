@@ -103,8 +103,8 @@ def test_a_transcoder_of_ln2_hook_normalized_reads_before_the_gain(tiny_model_di
     MLP's output, also where some gains are 0; circuit's replacement model gives its transcoders the same ``n``."""
     from anatomy_cli import engine
     from anatomy_cli.engine import replacement as rep
-    from anatomy_cli.engine.transcoder import PerLayer
-    from anatomy_cli.engine.transcoder import Transcoder
+    from anatomy_cli.engine.replacement import PerLayer
+    from anatomy_cli.engine.replacement import Transcoder
 
     model, hf = _random_gains(tiny_model_dir, tmp_path, arch, zero)
     sae, w = _sae(tmp_path, "saelens-transcoder", hook_name=f"blocks.{LAYER}.ln2.hook_normalized",
@@ -222,8 +222,8 @@ def test_the_real_gemma_3_with_gains_of_0_reads_n_from_the_norms_input(gemma3_lm
     from anatomy_cli.engine import replacement as rep
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.engine.norm_gain import mlp_norm_gain
-    from anatomy_cli.engine.transcoder import PerLayer
-    from anatomy_cli.engine.transcoder import Transcoder
+    from anatomy_cli.engine.replacement import PerLayer
+    from anatomy_cli.engine.replacement import Transcoder
     from anatomy_cli.models.sae.read import read
 
     lm, layer, d, f = gemma3_lm, 5, gemma3_lm.d_model, 32

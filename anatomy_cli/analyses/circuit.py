@@ -3,19 +3,24 @@ rows by batched backward passes on the frozen replacement model, feature rows in
 
 Node order (columns, and rows of the square adjacency): active features (layer, position, feature — sorted) |
 error nodes, layer-major (``l * n_pos + pos``) | tokens (``n_pos``) | logits. Rows are targets.
+
+Then influence, pruning and scores, as circuit-tracer 0.5.0's graph.py computes them (:func:`prune`,
+:func:`scores`): ``A [N, N]``, rows targets, columns sources; the last ``n_logits`` nodes are logits, the
+``n_tokens`` before them tokens, the error nodes before those.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field
+from typing import NamedTuple
 
 import torch
 
 from anatomy_cli.engine import replacement as rep
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.engine.transcoder import Transcoders
-from anatomy_cli.engine.transcoder import as_stack
+from anatomy_cli.engine.replacement import Transcoders
+from anatomy_cli.engine.replacement import as_stack
 
 
 @dataclass
@@ -225,8 +230,6 @@ def attribute(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, targ
     """circuit-tracer's loop (attribute.py): logit rows, then feature rows in the order of their influence on the
     logits, re-ranked every ``update_interval`` batches. Returns (the square adjacency over selected features,
     selected feature indices, the setup)."""
-    from anatomy_cli.analyses.circuit_prune import partial_influences
-
     s = s or setup(lm, ids, transcoders)
     n_active, n_pos, n_layers = len(s.active), len(ids), lm.n_layers
     logit_offset = n_active + (n_layers + 1) * n_pos
@@ -274,3 +277,103 @@ def attribute(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, targ
     full[:max_nodes] = edges[:max_nodes]
     full[n - n_logits:] = edges[max_nodes:]
     return full, selected, s
+
+
+# ---------------------------------------------------------------- influence, pruning, scores
+
+class PruneResult(NamedTuple):
+    node_mask: torch.Tensor
+    edge_mask: torch.Tensor
+    cumulative_scores: torch.Tensor
+
+
+def normalize_matrix(a: torch.Tensor, clamp: float = 1e-10) -> torch.Tensor:
+    a = a.abs()
+    return a / a.sum(1, keepdim=True).clamp(min=clamp)
+
+
+def compute_influence(a: torch.Tensor, weights: torch.Tensor, max_iter: int = 1000) -> torch.Tensor:
+    """``sum_{k>=1} weights @ A^k`` (A is nilpotent: the loop ends when the vector is zero)."""
+    current = weights @ a
+    influence = current
+    for _ in range(max_iter):
+        if not current.any():
+            return influence
+        current = current @ a
+        influence = influence + current
+    raise RuntimeError("the influence did not converge: the graph has a cycle")
+
+
+def partial_influences(edges: torch.Tensor, probs: torch.Tensor, row_node: torch.Tensor,
+                       max_iter: int = 128) -> torch.Tensor:
+    """The influence of every node on the logits through the rows computed so far (``edges [rows, N]``,
+    ``row_node``: each row's node)."""
+    norm = normalize_matrix(edges, 1e-8)
+    prod = torch.zeros(edges.shape[1], dtype=edges.dtype)
+    prod[-len(probs):] = probs.to(edges.dtype)
+    influence = torch.zeros_like(prod)
+    for _ in range(max_iter):
+        prod = prod[row_node] @ norm
+        if not prod.any():
+            break
+        influence = influence + prod
+    return influence
+
+
+def find_threshold(scores: torch.Tensor, threshold: float) -> torch.Tensor:
+    ordered = torch.sort(scores, descending=True).values
+    cum = torch.cumsum(ordered, 0) / ordered.sum()
+    idx = min(int(torch.searchsorted(cum, threshold)), len(cum) - 1)
+    return ordered[idx]
+
+
+def logit_weights(n: int, probs: torch.Tensor) -> torch.Tensor:
+    w = torch.zeros(n)
+    w[n - len(probs):] = probs.float()
+    return w
+
+
+def prune(a: torch.Tensor, probs: torch.Tensor, n_tokens: int, n_features: int, node_threshold: float = 0.8,
+          edge_threshold: float = 0.98) -> PruneResult:
+    """circuit-tracer's ``prune_graph``: nodes by cumulative influence, then edges by edge influence, then nodes
+    without a kept edge (features need one in and one out; errors one out), to a fixed point."""
+    n, n_logits = a.shape[0], len(probs)
+    w = logit_weights(n, probs)
+    influence = compute_influence(normalize_matrix(a), w)
+    node_mask = influence >= find_threshold(influence, node_threshold)
+    node_mask[n - n_logits - n_tokens:] = True
+    pruned = a.clone()
+    pruned[~node_mask] = 0
+    pruned[:, ~node_mask] = 0
+    norm = normalize_matrix(pruned)
+    edge_scores = norm * (compute_influence(norm, w) + w)[:, None]
+    edge_mask = edge_scores >= find_threshold(edge_scores.flatten(), edge_threshold)
+    sources = n - n_logits - n_tokens
+    while True:
+        old = node_mask.clone()
+        node_mask[:sources] &= edge_mask[:, :sources].any(0)
+        node_mask[:n_features] &= edge_mask[:n_features].any(1)
+        if torch.equal(old, node_mask):
+            break
+        edge_mask[~node_mask] = False
+        edge_mask[:, ~node_mask] = False
+    ordered = torch.sort(influence, descending=True)
+    cumulative = torch.zeros_like(influence)
+    cumulative[ordered.indices] = torch.cumsum(ordered.values, 0) / ordered.values.sum()
+    return PruneResult(node_mask, edge_mask, cumulative)
+
+
+def scores(a: torch.Tensor, probs: torch.Tensor, n_tokens: int, n_errors: int) -> tuple[float, float]:
+    """(replacement, completeness) as circuit-tracer's ``compute_graph_scores``."""
+    n, n_logits = a.shape[0], len(probs)
+    err_start = n - n_logits - n_tokens - n_errors
+    w = logit_weights(n, probs)
+    norm = normalize_matrix(a)
+    infl = compute_influence(norm, w)
+    tok = infl[n - n_logits - n_tokens:n - n_logits].sum()
+    err = infl[err_start:err_start + n_errors].sum()
+    replacement = tok / (tok + err)
+    non_error = 1 - norm[:, err_start:err_start + n_errors].sum(1)
+    both = infl + w
+    completeness = (non_error * both).sum() / both.sum()
+    return float(replacement), float(completeness)

@@ -14,7 +14,7 @@ from anatomy_cli.analyses.circuit import Setup
 from anatomy_cli.analyses.circuit import logit_vectors
 from anatomy_cli.engine import replacement as rep
 from anatomy_cli.engine.model import LoadedModel
-from anatomy_cli.engine.transcoder import Transcoders
+from anatomy_cli.engine.replacement import Transcoders
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from anatomy_cli.analyses.circuit import CircuitGraph
-from anatomy_cli.analyses.circuit_prune import PruneResult
+from anatomy_cli.analyses.circuit import PruneResult
 from anatomy_cli.errors import AnatomyError
 
 _MAPPING = "circuit_tracer.utils.tl_nnsight_mapping"

@@ -24,6 +24,7 @@ score is the sum of the terms ``scale · dq_i · dk_j`` over query-side and key-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -104,6 +105,27 @@ BATCH = 32  # copies of the prompt per replay where the caller names none (circu
 def chunks(items: list[int], size: int) -> list[list[int]]:
     """``items`` in consecutive batches of at most ``size``."""
     return [items[i:i + size] for i in range(0, len(items), max(size, 1))]
+
+
+class Replay(NamedTuple):
+    """One forward of the frozen replacement model: ``copies`` of the prompt, ``backward``: a backward follows."""
+
+    copies: int
+    backward: bool = False
+
+
+def replays(n_targets: int, n_sources: int, n_contributors: int, batch: int = BATCH) -> list[Replay]:
+    """The forwards :func:`attention` runs, in order, for ``n_targets`` targets and ``n_sources`` sources of the
+    links and ``n_contributors`` QK nodes, ``batch`` copies at most per forward: the prompt's recording
+    (:class:`FrozenPrompt`), the held and the plain reference replays (:class:`Heads`), a forward and a backward per
+    batch of targets (:meth:`Heads.gradients`), a held forward of the batch plus the reference copy per batch of
+    sources (:meth:`Heads.held`), a forward per batch of contributors and the bias run (:meth:`Heads.scores`).
+    The cost line and ``circuit --estimate --heads`` count these (tasks/_circuit_estimate.py ``heads_cost``)."""
+    def sizes(n: int) -> list[int]:
+        return [len(c) for c in chunks(list(range(n)), batch)]
+
+    return ([Replay(1)] * 3 + [Replay(c, True) for c in sizes(n_targets)] + [Replay(c + 1) for c in sizes(n_sources)]
+            + [Replay(c) for c in sizes(n_contributors)] + [Replay(1)])
 
 
 class Heads:

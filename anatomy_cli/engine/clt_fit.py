@@ -34,7 +34,6 @@ alone, a resumed fit is the uninterrupted one, bit for bit (the task writes and 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
@@ -321,13 +320,16 @@ def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str
     import yaml  # type: ignore[import-untyped]  # transformers' dependency
     from safetensors.torch import save_file
 
+    from anatomy_cli.engine.checkpoint import atomic_write
+
     folder.mkdir(parents=True, exist_ok=True)
 
     def write(tensors: dict[str, torch.Tensor], name: str) -> None:
-        tmp = folder / f"{name}.tmp.{os.getpid()}"
-        save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-        as_user_file(tmp)
-        os.replace(tmp, folder / name)
+        def to(tmp: Path) -> None:
+            save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+            as_user_file(tmp)
+
+        atomic_write(folder / name, to)
 
     for l in range(coder.n_layers):
         write({f"W_enc_{l}": coder.W_enc[l], f"b_enc_{l}": coder.b_enc[l], f"b_dec_{l}": coder.b_dec[l],

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
@@ -352,7 +351,10 @@ def _write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """``tensors`` as float32 safetensors at ``path``, written beside it and renamed."""
     from safetensors.torch import save_file
 
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-    as_user_file(tmp)
-    os.replace(tmp, path)
+    from anatomy_cli.engine.checkpoint import atomic_write
+
+    def write(tmp: Path) -> None:
+        save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+        as_user_file(tmp)
+
+    atomic_write(path, write)

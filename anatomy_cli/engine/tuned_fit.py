@@ -19,12 +19,15 @@ bfloat16.
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from anatomy_cli.engine.checkpoint import Checkpoint
+from anatomy_cli.engine.checkpoint import atomic_save
+from anatomy_cli.engine.checkpoint import atomic_write
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.gradients import grad_mode
@@ -107,15 +110,44 @@ def load_state(lens: torch.nn.ModuleList, opt: torch.optim.SGD, scheduler: torch
 
 def save(lens: torch.nn.ModuleList, out: Path, config: dict[str, object]) -> None:
     """tuned-lens' ``TunedLens.save``: ``params.pt`` (the translators' state dict) and ``config.json``, each
-    written to a temporary file in ``out`` and renamed (no half-written file)."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in lens.state_dict().items()}
-    tmp = out / f"params.pt.tmp.{os.getpid()}"
-    torch.save(state, tmp)
-    os.replace(tmp, out / "params.pt")
-    tmp = out / f"config.json.tmp.{os.getpid()}"
-    tmp.write_text(json.dumps(config), encoding="utf-8")
-    os.replace(tmp, out / "config.json")
+    written atomically (engine/checkpoint.py: no half-written file)."""
+    atomic_save({k: v.detach().cpu().contiguous() for k, v in lens.state_dict().items()}, out / "params.pt")
+    atomic_write(out / "config.json", lambda tmp: tmp.write_text(json.dumps(config), encoding="utf-8"))
+
+
+def train(lm: LoadedModel, lens: torch.nn.ModuleList,
+          optim: tuple[torch.optim.SGD, torch.optim.lr_scheduler.LambdaLR], wins: Sequence[Sequence[int]],
+          order: Sequence[int], steps: int, *, checkpoint: Checkpoint | None = None,
+          resumed: dict[str, object] | None = None, report: Callable[[str], None] = lambda _: None
+          ) -> tuple[list[float], list[float]]:
+    """``steps`` steps over ``wins`` in ``order`` (step s: the windows ``order[s·n/steps : (s+1)·n/steps]``), from
+    ``resumed``'s step when given (a checkpoint's, :func:`state` plus ``step``, ``kl_first``, ``kl_last``), saved to
+    ``checkpoint`` when due; ``report``: a progress line per window. Returns each translator's mean KL over the
+    first step's windows and over the last's."""
+    opt, scheduler = optim
+    n = len(wins)
+    first: list[float] = []
+    last: list[float] = []
+    done = 0
+    if resumed is not None:
+        load_state(lens, opt, scheduler, resumed)
+        done = int(resumed["step"])  # type: ignore[call-overload]
+        first, last = list(resumed["kl_first"]), list(resumed["kl_last"])  # type: ignore[call-overload]
+    for s in range(done, steps):
+        chunk = order[s * n // steps:(s + 1) * n // steps]
+        sums = [0.0] * lm.n_layers
+        for k, w in enumerate(chunk, start=1):
+            losses = window_backward(lm, lens, wins[w], 1.0 / len(chunk))
+            sums = [a + b for a, b in zip(sums, losses)]
+            report(f"fit-lens tuned · step {s + 1}/{steps} · window {k}/{len(chunk)} · "
+                   f"KL {sum(losses) / len(losses):.4f} nats (mean over translators)")
+        step(lens, opt, scheduler)
+        last = [v / len(chunk) for v in sums]
+        first = first or last
+        if checkpoint is not None and checkpoint.due(s + 1, steps):
+            checkpoint.save({**state(lens, opt, scheduler), "step": s + 1, "kl_first": first,
+                             "kl_last": last})
+    return first, last
 
 
 def config(lm: LoadedModel, unembed_hash: str) -> dict[str, object]:

@@ -45,7 +45,7 @@ class TranscoderSet:
     (0: none); ``cross_layer``: a cross-layer transcoder, ``paths`` its ``W_enc_{l}`` files and ``decoders`` its
     ``W_dec_{l}`` files; ``sae_format``: SAELens / sparsify folders or Gemma Scope params.npz files, ``paths`` one
     per block; ``thresholds``: some block carries a JumpReLU threshold, which wins over ``k`` in the run's encode
-    (engine/transcoder.py), so that block is not TopK whatever ``k`` says; ``before_gain``: the input hook is
+    (engine/replacement.py), so that block is not TopK whatever ``k`` says; ``before_gain``: the input hook is
     TransformerLens' ``ln2.hook_normalized``, the pre-MLP norm's output before its gain (names.py ``before_gain``:
     the replacement model computes it from the norm's input)."""
 

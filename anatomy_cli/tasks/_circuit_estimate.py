@@ -13,22 +13,53 @@ forward runs each MLP once (on one copy: the replacement model reads an MLP's ou
 no logits; a backward passes no gradient through an MLP or the LM head (it is seeded at the blocks), so each is
 counted as a forward of ``B`` copies without the MLPs and the head, plus the dots.
 
-``--heads`` adds its replays (analyses/circuit_heads.py), in batches of ``B`` copies: a forward and a backward per
-batch of targets, a held forward of ``B + 1`` copies per batch of sources, a forward per batch of the QK
-contributors and the bias run (:func:`heads_cost`). The estimate bounds the kept graph by the whole one: every
-feature row and logit a target, every feature, error and token node a source.
+``--heads`` adds its replays (analyses/circuit_heads.py ``replays``, the one count of them that the run's cost
+line uses too), in batches of ``B`` copies: a forward and a backward per batch of targets, a held forward of the
+batch plus one copy per batch of sources, a forward per batch of the QK contributors, the bias run and the prompt's
+three replays (:func:`heads_cost`). The estimate bounds the kept graph by the whole one: every feature row and
+logit a target, every feature, error and token node a source.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 from anatomy_cli.models import cost
+from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.transcoders import TranscoderSet
 
+if TYPE_CHECKING:
+    from anatomy_cli.text.targets import TokenChoice
+
+
+class EstimateSettings(Protocol):
+    """What the estimate reads of tasks/circuit.py's ``CircuitOptions`` (that module imports this one)."""
+
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def max_feature_nodes(self) -> int | None: ...
+    @property
+    def max_n_logits(self) -> int: ...
+    @property
+    def update_interval(self) -> int: ...
+    @property
+    def offload(self) -> str | None: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def wanted(self) -> tuple[TokenChoice, ...]: ...
+
 FLOAT = 4  # bytes: the graph is built in float32
+# The replays' FLOP rate as a fraction of cost.seconds' rate: SmolLM2 on the CPU, the quiet run of
+# docs/commands/circuit.md#attention-inside-the-graph---heads-n (208 targets, 323 sources, 325 QK nodes, 6 tokens,
+# 256 copies): 6.2e11 FLOP counted, 12.4 s at the rate, 35 s measured. The replays are small products over few
+# tokens, under the frozen rules' hooks and the attention capture.
+HEADS_RATE = 0.35
 
 
 @dataclass(frozen=True)
@@ -99,20 +130,21 @@ class HeadsCost:
                 f"{human_seconds(self.seconds_expected)} on {self.device} (a rough estimate)")
 
 
-def heads_cost(info: Any, n_tokens: int, n_links: int, n_targets: int, n_sources: int, n_contributors: int,
+def heads_cost(info: ModelInfo, n_tokens: int, n_links: int, n_targets: int, n_sources: int, n_contributors: int,
                batch: int, device: str) -> HeadsCost:
-    """The replays ``--heads`` runs (module docstring): each a forward of its copies without the MLPs (one copy
-    runs them) and the LM head; a backward counted as another such forward."""
+    """The replays ``--heads`` runs (analyses/circuit_heads.py ``replays``, the one count of them): each a forward
+    of its copies without the MLPs (one copy runs them) and the LM head, a backward twice its forward's products
+    (the gradients of both operands); the FLOPs at :data:`HEADS_RATE` of :func:`cost.seconds`' rate."""
+    from anatomy_cli.analyses.circuit_heads import replays
+
     _, mlp, core = _forward_parts(info, n_tokens)
-    B = max(batch, 1)
-    grads, held, qk = math.ceil(n_targets / B), math.ceil(n_sources / B), math.ceil(n_contributors / B) + 1
-    flops = (grads * (2.0 * B * core + mlp) + held * ((B + 1) * core + mlp) + qk * (B * core + mlp)
-             + 2 * (core + mlp))  # and the two replays of the prompt itself (held and plain)
-    return HeadsCost(n_links, n_targets, n_sources, n_contributors, B, grads + held + qk + 2, grads, flops,
-                     cost.seconds(flops, device), device)
+    runs = replays(n_targets, n_sources, n_contributors, max(batch, 1))
+    flops = sum(r.copies * core * (3.0 if r.backward else 1.0) + mlp for r in runs)
+    return HeadsCost(n_links, n_targets, n_sources, n_contributors, max(batch, 1), len(runs),
+                     sum(r.backward for r in runs), flops, cost.seconds(flops, device) / HEADS_RATE, device)
 
 
-def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str) -> CircuitEstimate:
+def estimate(info: ModelInfo, ts: TranscoderSet, n_tokens: int, opts: EstimateSettings, device: str) -> CircuitEstimate:
     """The bound for one prompt of ``n_tokens`` tokens (BOS included) on ``device``."""
     L, P, d, B = info.n_layers, n_tokens, info.d_model, opts.batch_size
     per_site = ts.topk or ts.d_transcoder  # TopK in every block: k per position; else every feature may fire
@@ -138,7 +170,7 @@ def estimate(info: Any, ts: TranscoderSet, n_tokens: int, opts: Any, device: str
                            device, opts.offload, ts.topk, *((hc.passes, hc.flops, hc.seconds_expected) if hc else ()))
 
 
-def _forward_parts(info: Any, tokens: int) -> tuple[float, float, float]:
+def _forward_parts(info: ModelInfo, tokens: int) -> tuple[float, float, float]:
     """(the prompt's whole forward, its MLPs' share, the rest without the MLPs and the LM head) in FLOPs, by
     :func:`cost.forward_flops`'s rule (a block's MLP: :func:`cost.mlp_weights`)."""
     fwd = cost.forward_flops(info, tokens)

@@ -18,11 +18,14 @@ from anatomy_cli.tasks._fit_sae_block import DEAD_HIGH
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from anatomy_cli.engine import LoadedModel
 
-# fit_sae.py imports this module: its FitSaeOptions and FitSaePlan are named here, not imported (no import circle)
+# fit_sae.py imports this module: its FitSaeOptions and FitSaePlan are named here, not imported (no import circle,
+# type-only imports counted: tests/test_layout.py)
 FitSaeOptions = Any
 FitSaePlan = Any
 
@@ -109,25 +112,21 @@ def splice_figures(lm: LoadedModel, plan: FitSaePlan, coder: Any, theta: torch.T
             "kl_spliced_nats": next_token_kl(clean, spliced)}
 
 
-def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any]) -> tuple[Any, Any]:
-    """(the checkpoint to go on from or None, the function that writes one or None) for ``--checkpoint``; the
-    settings carry a digest of the windows' token ids, so a checkpoint of other tokens is refused."""
-    from anatomy_cli.tasks._fit_files import atomic_save
-    from anatomy_cli.tasks._fit_files import digest
-    from anatomy_cli.tasks._fit_files import resume
+def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any]
+                  ) -> tuple[dict[str, Any] | None, Callable[[dict[str, Any]], None] | None]:
+    """(the checkpoint to go on from or None, the function that writes one or None) for ``--checkpoint``
+    (engine/checkpoint.py); the settings carry a digest of the windows' token ids, so a checkpoint of other tokens
+    is refused."""
+    from anatomy_cli.engine.checkpoint import Checkpoint
+    from anatomy_cli.engine.checkpoint import digest
 
-    path = opts.checkpoint
-    if path is None:
+    if opts.checkpoint is None:
         return None, None
-    settings = {**settings, "data": digest(plan.windows)}
-    state = resume(path, settings, command="fit-sae --clt") if path.is_file() else None
+    ckpt = Checkpoint(opts.checkpoint, {**settings, "data": digest(plan.windows)}, command="fit-sae --clt")
+    state = ckpt.load()
     if state is not None:
-        notes.info(f"fit-sae: resuming from {path} at step {len(state['curve'])}")
-
-    def keep(checkpoint: dict[str, Any]) -> None:
-        atomic_save({"settings": settings, **checkpoint}, path)
-
-    return state, keep
+        notes.info(f"fit-sae: resuming from {ckpt.path} at step {len(state['curve'])}")
+    return state, ckpt.save
 
 
 def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], held: list[dict[str, float]],

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.engine.checkpoint import atomic_save
+from anatomy_cli.engine.checkpoint import digest
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
 from anatomy_cli.tasks._fit_files import FitCosts
-from anatomy_cli.tasks._fit_files import atomic_save
-from anatomy_cli.tasks._fit_files import digest
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.engine.checkpoint import atomic_save
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
-from anatomy_cli.tasks._fit_files import atomic_save
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.engine.checkpoint import digest
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -25,17 +26,19 @@ from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import FitCosts
-from anatomy_cli.tasks._fit_files import atomic_save
-from anatomy_cli.tasks._fit_files import digest
-from anatomy_cli.tasks._fit_files import resume
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
+    import torch
+
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.tasks.protocol import Opened
 
+# fit_lens.py imports this module: its FitLensOptions is named here, not imported (no import circle, type-only
+# imports counted: tests/test_layout.py)
+FitLensOptions = Any
 MAX_LENGTH = 2048  # tuned-lens' Data.max_length
 JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-layer", "dim_batch": "--dim-batch",
                  "max_seq_len": "--max-seq-len", "skip_first": "--skip-first", "dtype": "--dtype",
@@ -47,7 +50,7 @@ TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", 
               "seed": "--seed"}
 
 
-def validate(opts: Any) -> None:
+def validate(opts: FitLensOptions) -> None:
     """The refusals of a :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` of kind ``tuned`` (nothing opened)."""
     if opts.prompt:
         raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
@@ -76,7 +79,7 @@ def validate(opts: Any) -> None:
         raise UsageError(f"--out {out} holds a lens already: give --overwrite to replace it")
 
 
-def refuse_tuned_options(opts: Any) -> None:
+def refuse_tuned_options(opts: FitLensOptions) -> None:
     """``--corpus`` and the rest given to another kind than ``tuned``."""
     defaults = {f.name: f.default for f in fields(opts)}
     given = [flag for name, flag in TUNED_ONLY.items() if getattr(opts, name) != defaults[name]]
@@ -90,7 +93,7 @@ class TunedPlan:
     source: Source
 
 
-def check(opened: Opened, opts: Any) -> TunedPlan:
+def check(opened: Opened, opts: FitLensOptions) -> TunedPlan:
     """A decoder with an LM head, ``ctx`` within its context, the corpus opened (a directory without text files is
     refused here), all before the weights load."""
     from anatomy_cli.corpus.sources import open_source
@@ -146,7 +149,7 @@ def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[t
     return list(windows(itertools.chain([[eos]] if eos is not None else [], stream), ctx=ctx, max_tokens=tokens))
 
 
-def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
+def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
     """Fits, writes ``opts.out`` (config.json + params.pt) and returns the summary. With ``opts.checkpoint`` the
     translators, the optimizer's and the schedule's state, the step and the KLs so far are saved every
     ``opts.checkpoint_every`` steps (and after the last), and resumed from: the same windows in the same order
@@ -197,7 +200,7 @@ def run(lm: LoadedModel, opts: Any, plan: TunedPlan) -> TunedFit:
                     check=check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: Any) -> LensCheck:
+def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
     """The written lens, read back as ``lens --lens tuned:DIR`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
@@ -208,38 +211,21 @@ def _check(lm: LoadedModel, opts: Any) -> LensCheck:
     return fit_check(lm, lens, f"the tuned lens {opts.out}")
 
 
-def _train(lm: LoadedModel, lens: Any, optim: tuple[Any, Any], wins: list[tuple[int, ...]], order: list[int],
-           steps: int, opts: Any, settings: dict[str, Any]) -> tuple[list[float], list[float]]:
-    """The steps (from the checkpoint's, when there is one to resume); each translator's mean KL over the first
-    step's windows and over the last's."""
+def _train(lm: LoadedModel, lens: torch.nn.ModuleList, optim: tuple[torch.optim.SGD, torch.optim.lr_scheduler.LambdaLR],
+           wins: list[tuple[int, ...]], order: list[int], steps: int, opts: FitLensOptions, settings: dict[str, Any]
+           ) -> tuple[list[float], list[float]]:
+    """The steps (engine/tuned_fit.py ``train``), from the checkpoint's when there is one to resume
+    (engine/checkpoint.py); each translator's mean KL over the first step's windows and over the last's."""
     from anatomy_cli.engine import tuned_fit
+    from anatomy_cli.engine.checkpoint import Checkpoint
 
-    opt, scheduler = optim
-    n = len(wins)
-    first: list[float] = []
-    last: list[float] = []
-    done = 0
-    if opts.checkpoint is not None and opts.checkpoint.exists():
-        state = resume(opts.checkpoint, settings)
-        tuned_fit.load_state(lens, opt, scheduler, state)
-        done, first, last = int(state["step"]), list(state["kl_first"]), list(state["kl_last"])
-        notes.info(f"resuming from {opts.checkpoint}: {done} of {steps} steps done")
+    ckpt = None if opts.checkpoint is None else Checkpoint(opts.checkpoint, settings, opts.checkpoint_every)
+    resumed = None if ckpt is None else ckpt.load()
+    if resumed is not None:
+        notes.info(f"resuming from {opts.checkpoint}: {int(resumed['step'])} of {steps} steps done")
     with notes.status("fit-lens tuned") as line:
-        for s in range(done, steps):
-            chunk = order[s * n // steps:(s + 1) * n // steps]
-            sums = [0.0] * lm.n_layers
-            for k, w in enumerate(chunk, start=1):
-                losses = tuned_fit.window_backward(lm, lens, wins[w], 1.0 / len(chunk))
-                sums = [a + b for a, b in zip(sums, losses)]
-                line.update(f"fit-lens tuned · step {s + 1}/{steps} · window {k}/{len(chunk)} · "
-                            f"KL {sum(losses) / len(losses):.4f} nats (mean over translators)")
-            tuned_fit.step(lens, opt, scheduler)
-            last = [v / len(chunk) for v in sums]
-            first = first or last
-            if opts.checkpoint is not None and ((s + 1) % opts.checkpoint_every == 0 or s + 1 == steps):
-                atomic_save({**tuned_fit.state(lens, opt, scheduler), "step": s + 1, "kl_first": first,
-                             "kl_last": last, "settings": settings}, opts.checkpoint)
-    return first, last
+        return tuned_fit.train(lm, lens, optim, wins, order, steps, checkpoint=ckpt, resumed=resumed,
+                               report=line.update)
 
 
 def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int,
