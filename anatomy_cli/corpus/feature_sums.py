@@ -170,7 +170,7 @@ class FeatureSums:
         import pyarrow as pa
 
         n = len(self.features)
-        cols: dict[str, Any] = {"feature": pa.array(self.features, pa.int64()), "fires": pa.array(self.fires),
+        cols: dict[str, object] = {"feature": pa.array(self.features, pa.int64()), "fires": pa.array(self.fires),
                                 "sum": pa.array(self.sums), "max": pa.array(self.maxes),
                                 "hist": _lists(np.repeat(np.arange(n), N_BINS), n, self.hist.reshape(-1))}
         if self.cooc is not None:

@@ -87,7 +87,7 @@ def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Ca
     started = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if address is None:
             kwargs["num_cpus"] = max(workers, os.cpu_count() or 1)
         try:

@@ -192,10 +192,10 @@ def every(cls: type) -> list[tuple[type, dataclasses.Field[Any], Opt]]:
     return out
 
 
-def build(cls: type, values: dict[str, Any]) -> Any:
+def build(cls: type, values: dict[str, object]) -> Any:
     """``cls(...)`` from the flat ``values`` the front ends gather (one per option, as :func:`every` names them,
     and any other field of ``cls`` given by name): a nested options class built from its own first."""
-    given: dict[str, Any] = {}
+    given: dict[str, object] = {}
     for f in dataclasses.fields(cls):
         kind = holds(f)
         if kind is not None:

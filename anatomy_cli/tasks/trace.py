@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import TYPE_CHECKING
-from typing import Any
 from typing import NamedTuple
 
 from anatomy_cli.declare import shared
@@ -88,7 +87,7 @@ class Traced(NamedTuple):
 
     position: int
     trace: Trace
-    target: dict[str, Any] | None
+    target: dict[str, object] | None
 
 
 def check(opened: Opened, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -> TracePlan:

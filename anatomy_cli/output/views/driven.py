@@ -57,7 +57,7 @@ def figure(view: ModuleType, lm: LoadedModel, enc: Encoded, result: Any, shown: 
     return made
 
 
-def run_kwargs(view: ModuleType, shown: Shown) -> dict[str, Any]:
+def run_kwargs(view: ModuleType, shown: Shown) -> dict[str, object]:
     """The keywords the view asks of the task's ``run`` for this output (none by default)."""
     hook = getattr(view, "run_kwargs", None)
     return dict(hook(shown)) if hook is not None else {}
