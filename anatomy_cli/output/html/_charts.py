@@ -25,7 +25,8 @@ def bars(x: Sequence[object], values: Sequence[float | None], name: str, colour:
 
 
 def diverging(z: Sequence[Sequence[float | None]], *, x: Sequence[object] | None = None,
-              y: Sequence[object] | None = None, title: str, limit: float | None = None, hover: str = "layer %{y} head %{x}") -> go.Heatmap:
+              y: Sequence[object] | None = None, title: str, limit: float | None = None,
+              hover: str = "layer %{y} head %{x}") -> go.Heatmap:
     """A red-blue heatmap centred at 0 (``limit``: the colour scale's ±, default max |z|)."""
     finite = [abs(v) for row in z for v in row if v is not None and not math.isnan(v)]
     top = limit if limit is not None else (max(finite) if finite else 1.0) or 1.0
