@@ -22,11 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from anatomy_cli.corpus.expert_sums import ExpertSums
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 LENS_METRICS = ("kl_nats", "top1_agree", "ce_bits", "entropy_nats")
 LAYER_METRICS = (*LENS_METRICS, "resid_norm", "cos_to_embedding", "attn_out_norm", "mlp_out_norm")
@@ -109,7 +112,7 @@ class Partial:
         return self
 
     # ---- Parquet form: one row per (metric, index) with the five sums; see docs/corpus.md
-    def to_table(self) -> Any:
+    def to_table(self) -> pa.Table:
         import pyarrow as pa
 
         metric: list[str] = []
@@ -147,7 +150,7 @@ class Partial:
         return table.replace_schema_metadata({"anatomy.partial": json.dumps(meta)})
 
     @classmethod
-    def from_table(cls, table: Any) -> Partial:
+    def from_table(cls, table: pa.Table) -> Partial:
         import json
 
         meta = json.loads(table.schema.metadata[b"anatomy.partial"])
