@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
@@ -17,6 +17,9 @@ from anatomy_cli.api._results import Result
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import fit_lens as task
 from anatomy_cli.text.options import PromptOptions
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.opening import OpenedModel
 
 
 @command(task.FitLensOptions)
@@ -53,7 +56,7 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None,
                   view.TUNED_ROWS if kind == "tuned" else view.ROWS)
 
 
-def _opened(model: Model) -> Any:
+def _opened(model: Model) -> OpenedModel:
     """``model`` opened, not loaded (a loaded one by its name), through the current loader."""
     from anatomy_cli.engine.loader import current_loader
     from anatomy_cli.engine.opening import as_spec

@@ -15,6 +15,7 @@ from anatomy_cli.text.options import PromptOptions
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine.model import LoadedModel
+    from anatomy_cli.engine.opening import OpenedModel
 
 Model = Union["LoadedModel", ModelSpec, str]
 
@@ -50,7 +51,7 @@ def loaded(model: Model) -> LoadedModel:
     return weights(opened(model))
 
 
-def opened(model: Model) -> Any:
+def opened(model: Model) -> OpenedModel | LoadedModel:
     """The first phase, as a command's: ``model`` itself when it is loaded, else its config, tokenizer and
     ModelInfo (an OpenedModel, no weights) through the current loader: what a task's ``check`` reads, so that an
     API call refuses bad input before the weights load, as the command does. :func:`weights` then loads them."""
@@ -62,7 +63,7 @@ def opened(model: Model) -> Any:
     return model
 
 
-def weights(model: Any) -> LoadedModel:
+def weights(model: OpenedModel | LoadedModel) -> LoadedModel:
     """The second phase: ``model`` (what :func:`opened` returned) itself when it is loaded, else its weights
     (:func:`anatomy_cli.tasks.session.load_weights`)."""
     from anatomy_cli.engine.opening import OpenedModel
@@ -71,7 +72,7 @@ def weights(model: Any) -> LoadedModel:
     return load_weights(model) if isinstance(model, OpenedModel) else model
 
 
-def encode(lm: Any, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
+def encode(lm: OpenedModel | LoadedModel, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
     """``texts`` tokenized and length-checked exactly as a command does (:func:`anatomy_cli.tasks.session.encode`;
     its warnings on stderr)."""
     from anatomy_cli.tasks.session import encode as session_encode
