@@ -36,7 +36,8 @@ def circuit(model: Model, prompt: str | list[str], opts: circuit_task.CircuitOpt
     return run_prompts(circuit_task, view, model, {"prompt": prompt}, opts, prompts)
 
 
-def _estimates(model: Model, prompt: str | list[str], opts: CircuitOptions, prompts: PromptOptions) -> Result | list[Result]:
+def _estimates(model: Model, prompt: str | list[str], opts: CircuitOptions,
+               prompts: PromptOptions) -> Result | list[Result]:
     """``estimate=True``: one Result per prompt whose rows are the estimate's quantities (``view.ESTIMATE_ROWS``);
     a model given by name or spec is opened, not loaded; a loaded one gives its own device."""
     from anatomy_cli.api._model import encode
