@@ -30,7 +30,7 @@ from anatomy_cli.declare.fields import Opt
 from anatomy_cli.declare.fields import build
 from anatomy_cli.declare.fields import every
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 # The option groups' parameters (cli/options.py): a late field goes after the last of them.
@@ -50,7 +50,7 @@ def _field_types(cls: type) -> dict[str, Any]:
     return hints
 
 
-def default_of(f: dataclasses.Field[Any]) -> Any:
+def default_of(f: dataclasses.Field[object]) -> Any:
     """A field's default value (its factory called); ``inspect.Parameter.empty`` for a field without one: a
     required option (``convert --to``)."""
     if f.default is not dataclasses.MISSING:

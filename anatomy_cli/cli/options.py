@@ -222,7 +222,7 @@ class Output:
     fmt: Format | None = None
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def model_options(*, fields: tuple[str, ...] | None = None, param: str = "spec") -> Callable[[F], F]:

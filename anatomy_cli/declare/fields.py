@@ -62,7 +62,7 @@ def option(default: object = dataclasses.MISSING, *flags: str, help: str, defaul
     return field(default=default, metadata=meta)
 
 
-def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Opt]]:
+def declared(cls: type) -> list[tuple[dataclasses.Field[object], Opt]]:
     """The fields of options class ``cls`` that are options, in declaration order, each with its :class:`Opt`."""
     return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata]
 
@@ -168,7 +168,7 @@ def choices(cls: type, name: str) -> set[str]:
 # build it from them.
 
 
-def holds(f: dataclasses.Field[Any]) -> type | None:
+def holds(f: dataclasses.Field[object]) -> type | None:
     """The :class:`Declared` options class field ``f`` holds whole (its ``default_factory``), else None."""
     kind = f.default_factory
     if KEY in f.metadata or not isinstance(kind, type) or not issubclass(kind, Declared):
@@ -176,10 +176,10 @@ def holds(f: dataclasses.Field[Any]) -> type | None:
     return kind
 
 
-def every(cls: type) -> list[tuple[type, dataclasses.Field[Any], Opt]]:
+def every(cls: type) -> list[tuple[type, dataclasses.Field[object], Opt]]:
     """Every option field of ``cls`` as ``(the class that declares it, field, Opt)``, in declaration order; those
     of a nested options class (:func:`holds`) at its field's place."""
-    out: list[tuple[type, dataclasses.Field[Any], Opt]] = []
+    out: list[tuple[type, dataclasses.Field[object], Opt]] = []
     for f in dataclasses.fields(cls):
         kind = holds(f)
         if kind is not None:
