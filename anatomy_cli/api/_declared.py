@@ -29,7 +29,7 @@ PROMPT_WORDS = {"--bos": "bos", "--no-bos": "bos", "--allow-special": "allow_spe
                 "--chat": "chat"}
 
 
-def _default(f: dataclasses.Field[object]) -> Any:
+def _default(f: dataclasses.Field[object]) -> object:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:

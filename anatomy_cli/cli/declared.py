@@ -38,10 +38,10 @@ GROUP_PARAMS = {"model", "device", "dtype", "init", "trust_remote_code", "device
                 "offload_folder", "bos", "allow_special", "truncate", "chat"}
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def _field_types(cls: type) -> dict[str, object]:
     import sys
 
-    hints: dict[str, Any] = {}
+    hints: dict[str, object] = {}
     for klass in reversed(cls.__mro__):
         module = sys.modules.get(klass.__module__)
         space = {**vars(typing), **(vars(module) if module else {})}
@@ -50,7 +50,7 @@ def _field_types(cls: type) -> dict[str, Any]:
     return hints
 
 
-def default_of(f: dataclasses.Field[object]) -> Any:
+def default_of(f: dataclasses.Field[object]) -> object:
     """A field's default value (its factory called); ``inspect.Parameter.empty`` for a field without one: a
     required option (``convert --to``)."""
     if f.default is not dataclasses.MISSING:
