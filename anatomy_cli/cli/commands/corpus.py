@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Annotated
-from typing import Any
 from typing import TypeVar
 
 import typer
