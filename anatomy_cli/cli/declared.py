@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from typing import Annotated
@@ -39,8 +40,6 @@ GROUP_PARAMS = {"model", "device", "dtype", "init", "trust_remote_code", "device
 
 
 def _field_types(cls: type) -> dict[str, object]:
-    import sys
-
     hints: dict[str, object] = {}
     for klass in reversed(cls.__mro__):
         module = sys.modules.get(klass.__module__)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from anatomy_cli import engine
+from anatomy_cli.corpus.feature_batch import add_batch
 from anatomy_cli.corpus.feature_sums import FeatureSums
 from anatomy_cli.corpus.runner import Result
 from anatomy_cli.corpus.runner import _Tracker
@@ -81,7 +83,6 @@ class FeatureWorker:
 
     def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
-        from anatomy_cli import engine
         from anatomy_cli.engine.sae import Dictionary
         from anatomy_cli.models.sae.read import read
 
@@ -93,7 +94,6 @@ class FeatureWorker:
     def __call__(self, shard: Shard, on_window: Callable[[int, int], None] | None = None) -> FeatureSums:
         import torch
 
-        from anatomy_cli.corpus.feature_batch import add_batch
         from anatomy_cli.engine.sae import window_features
 
         crash_if_marked(self.crash_once, shard.index)

@@ -20,6 +20,7 @@ spread over workers.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
@@ -144,15 +145,11 @@ class Partial:
                 "tokens": self.tokens, "bytes": self.bytes, "fitted": list(self.fitted), "seconds": self.seconds}
         if self.experts is not None:
             meta["experts"] = self.experts.meta()
-        import json
-
         table = pa.table({"metric": metric, "index": np.asarray(index, np.int64), "n": n, "sum": total, **rest})
         return table.replace_schema_metadata({"anatomy.partial": json.dumps(meta)})
 
     @classmethod
     def from_table(cls, table: pa.Table) -> Partial:
-        import json
-
         meta = json.loads(table.schema.metadata[b"anatomy.partial"])
         if "bytes" not in meta:  # a shard written before entropy and bytes were measured: Store.load recomputes it
             raise ValueError("written before the entropy and bits per byte were measured")

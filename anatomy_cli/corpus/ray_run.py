@@ -16,6 +16,7 @@ descriptor 1, points at stderr, where Ray's own messages (``(raylet) A worker di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -95,8 +96,6 @@ def stdout_to_stderr() -> Iterator[None]:
 def _run(ray: ModuleType, shards: Iterator[S], spec: ModelSpec, settings: Any, finished: Callable[[S, Any], None], *,
          address: str | None, workers: int, gpus_per_worker: float, crash_once: tuple[str, int] | None,
          worker: type | None) -> None:
-    import dataclasses
-
     if worker is None:
         from anatomy_cli.corpus.worker import Worker as worker
 

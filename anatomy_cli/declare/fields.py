@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from dataclasses import dataclass
 from dataclasses import field
+from enum import Enum
 from typing import Any
 
 from anatomy_cli.errors import UsageError
@@ -149,9 +151,6 @@ _CHOICE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*) ([a-z][a-z0-9_-]*)\b")
 
 def choices(cls: type, name: str) -> set[str]:
     """The values of field ``name`` of ``cls`` when its type names an Enum (``Method | None``), else empty."""
-    import sys
-    from enum import Enum
-
     text = next(f.type for f in dataclasses.fields(cls) if f.name == name)
     if not isinstance(text, str):
         text = getattr(text, "__name__", "")

@@ -35,8 +35,9 @@ from anatomy_cli.models.sites import block_spans
 from anatomy_cli.models.sites import hook_name
 
 if TYPE_CHECKING:
-    import numpy as np
     from collections.abc import Iterable
+
+    import numpy as np
 
 KINDS = ("transcoder_set", "cross_layer_transcoder")
 

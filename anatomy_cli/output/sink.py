@@ -10,6 +10,7 @@ rich is imported only when a status line is drawn.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -87,8 +88,6 @@ class Status:
 def with_tail(line: str, text: str, width: int | None = None) -> str:
     """``line · text`` on one line of ``width`` columns (default: the terminal's), the text's newlines shown
     as ``⏎`` and its start cut (``…``) where it does not fit."""
-    import shutil
-
     width = width or shutil.get_terminal_size((100, 24)).columns
     text = text.replace("\r", "").replace("\n", "⏎")
     room = max(width - len(line) - 6, 10)  # the spinner and the separator

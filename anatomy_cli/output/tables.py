@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from rich import box
 from rich.cells import cell_len
@@ -22,13 +21,11 @@ from rich.text import Text
 
 from anatomy_cli.output.kinds import BAR_KINDS as BARS
 from anatomy_cli.output.kinds import NUMERIC
+from anatomy_cli.output.kinds import Column
+from anatomy_cli.output.kinds import Section
 from anatomy_cli.output.widths import names
 from anatomy_cli.output.widths import plan
 from anatomy_cli.output.widths import shorten
-
-if TYPE_CHECKING:
-    from anatomy_cli.output.render import Column
-    from anatomy_cli.output.render import Section
 
 # SIMPLE_HEAD in ASCII, for streams that cannot encode box characters (rich would draw a full ASCII grid).
 ASCII_SIMPLE_HEAD = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)

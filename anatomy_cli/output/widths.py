@@ -21,15 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 
 from anatomy_cli.output.kinds import BAR_KINDS as BARS
 from anatomy_cli.output.kinds import NUMERIC
-
-if TYPE_CHECKING:
-    from anatomy_cli.output.render import Column
+from anatomy_cli.output.kinds import Column
 
 WORD_MIN = 8  # a long word keeps at least this many cells when abbreviated (step 6)
 SAMPLE = 200  # step 5 counts the lines of at most this many rows (evenly spread) to choose what to narrow

@@ -20,10 +20,12 @@ the socket is removed.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import os
 import queue
+import resource
 import socket
 import sys
 import threading
@@ -34,6 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.engine.loader import DIRECT
+from anatomy_cli.engine.loader import using_loader
+from anatomy_cli.models import model_files
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.serve import lifecycle
 from anatomy_cli.serve import protocol
@@ -168,10 +173,6 @@ class Server(Connections):
     # -------------------------------------------------------------- the worker
 
     def _work(self) -> None:
-        from anatomy_cli.engine.loader import DIRECT
-        from anatomy_cli.engine.loader import using_loader
-        from anatomy_cli.models import model_files
-
         if self.cache.loader is None:
             self.cache.loader = DIRECT
         self._tokenizer_load = model_files.load_tokenizer
@@ -231,8 +232,6 @@ class Server(Connections):
         """Run one command line as the console script would; stdout/stderr bytes and the exit code (``job``:
         it ends at its next step once cancelled; ``channel``: where status lines, and stderr as it is written
         when the request asks for ``stream_stderr``, go meanwhile)."""
-        import base64
-
         if self._command is None:
             # Built once: typer rebuilds the click command on every app() call (~0.1 s).
             self._command = self._commands()
@@ -254,8 +253,6 @@ class Server(Connections):
 
     def status(self) -> dict[str, Any]:
         """Answered on the connection's thread, at once, also while the worker loads."""
-        import resource
-
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         with self.cache.lock:
             waiting = list(self.queued)

@@ -23,6 +23,7 @@ from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.tasks._attribution import check_option
 from anatomy_cli.tasks._attribution import check_options
 from anatomy_cli.tasks._attribution import method_option
+from anatomy_cli.tasks.session import warn_cost
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -170,7 +171,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
     from anatomy_cli.analyses import ablate as analysis
     from anatomy_cli.engine import expert_edits
     from anatomy_cli.engine import interventions
-    from anatomy_cli.tasks.session import warn_cost
 
     assert opts.mode is not None  # __post_init__ chose it
     rows: list[Any]

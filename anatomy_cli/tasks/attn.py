@@ -18,6 +18,7 @@ from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
+from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
     import torch
@@ -91,8 +92,6 @@ class AttnPlan:
 
 def check(opened: Opened, opts: AttnOptions, encoded: Sequence[Encoded] = ()) -> AttnPlan:
     """The blocks, heads and query rows to show; UsageError for --layer/--head/--position out of range."""
-    from anatomy_cli.text.positions import check_position
-
     n_layers, n_heads = opened.info.n_layers, opened.info.n_heads
     layers = [sites.check_block(opts.layer, n_layers, "--layer")] if opts.layer is not None else list(range(n_layers))
     if opts.head is not None and not -n_heads <= opts.head < n_heads:

@@ -13,11 +13,13 @@ from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks.session import warn_cost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -143,9 +145,6 @@ def check(opened: Opened, opts: AttributeOptions) -> dict[str, int | None]:
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: AttributeOptions,
         ids: dict[str, int | None]) -> list[TokenAttribution]:
-    from anatomy_cli.models import cost
-    from anatomy_cli.tasks.session import warn_cost
-
     method = opts.method.value
     # A forward and a backward (about twice a forward) per integrated-gradients step; occlusion one forward per token.
     passes = {"integrated-gradients": 3 * opts.steps, "occlusion": max((len(e) for e in encoded), default=0)}

@@ -19,8 +19,10 @@ the suffix (``lens.png`` -> ``lens-1.png``, ``lens-2.png``), see :func:`numbered
 
 from __future__ import annotations
 
+import base64
 import importlib
 import importlib.util
+import io
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +31,7 @@ from typing import overload
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.output import html
 from anatomy_cli.output import sink
 from anatomy_cli.output.plots.caption import Caption  # noqa: F401  (the package's name)
 from anatomy_cli.tasks._checks import writable
@@ -142,13 +145,8 @@ def save(fig: Any, path: Path, index: int | None = None) -> Path:
 
 def _page(fig: Any) -> Page:
     """A Page as it is; a matplotlib Figure (a command without an HTML module) as a page around its PNG."""
-    from anatomy_cli.output import html
-
     if isinstance(fig, html.Page):
         return fig
-    import base64
-    import io
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else "anatomy"

@@ -5,13 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks._circuit_estimate import CircuitEstimate
+from anatomy_cli.tasks.records import model_record
+from anatomy_cli.tasks.records import spec_record
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+from anatomy_cli.units import human_bytes
+from anatomy_cli.units import human_seconds
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
@@ -90,8 +95,6 @@ def heads_notes(qk: list[dict[str, Any]]) -> list[str]:
 def figure(lm: LoadedModel, enc: Encoded, result: CircuitResult | CircuitEstimate) -> FigureArgs:
     """``plots.draw("circuit", ...)``'s arguments: the graph JSON (``--json``'s dict) and the caption
     (anatomy_cli/output/html/circuit.py draws it; .html only). An estimate draws nothing."""
-    from anatomy_cli.output.plots import Caption
-
     if isinstance(result, CircuitEstimate):
         return (), {}
 
@@ -110,11 +113,6 @@ COUNTS = ("n_tokens", "active_features_bound", "feature_rows", "n_logits", "n_no
 def estimate_report(model: Any, enc: Encoded, est: CircuitEstimate) -> Report:
     """``--estimate``: the bound per quantity (bytes, counts, FLOPs, seconds), before any weight loads (``model``:
     the opened model, or a loaded one from the API)."""
-    from anatomy_cli.tasks.records import model_record
-    from anatomy_cli.tasks.records import spec_record
-    from anatomy_cli.units import human_bytes
-    from anatomy_cli.units import human_seconds
-
     e = est.to_dict()
     record = model_record(model) if hasattr(model, "model") else spec_record(model.spec)  # loaded, or opened only
     rows = ([{"quantity": k, "value": e[k], "shown": f"{e[k]:,}"} for k in COUNTS] +
