@@ -15,11 +15,15 @@ import sys
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.units import minutes
+
+if TYPE_CHECKING:
+    from rich.spinner import Spinner
 
 
 def error_line(message: str) -> None:
@@ -53,7 +57,7 @@ class Status:
     stderr line when ``$ANATOMY_STATUS`` asks for them off a terminal).
     """
 
-    def __init__(self, spinner: Any = None, show: Callable[[str], None] | None = None, every: float = 0.25,
+    def __init__(self, spinner: Spinner | None = None, show: Callable[[str], None] | None = None, every: float = 0.25,
                  width: int | None = None):
         self._spinner = spinner
         self._show = show
@@ -112,7 +116,7 @@ def _plain(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-_live: list[Any] = []  # the one status line being shown (rich allows one live display at a time)
+_live: list[Spinner] = []  # the one status line being shown (rich allows one live display at a time)
 
 
 @contextmanager
@@ -174,7 +178,7 @@ class StderrNotes:
     def info(self, message: str) -> None:
         info(message)
 
-    def status(self, message: str) -> Any:
+    def status(self, message: str) -> AbstractContextManager[Status]:
         return status(message)
 
 
