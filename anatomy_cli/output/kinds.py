@@ -1,6 +1,6 @@
-"""A report's tables: :class:`Section` (rows under columns, each a :class:`Column`) and the column kinds the renderers treat alike
-(:class:`Column` describes each kind). :mod:`anatomy_cli.output.render` prints them; the table layout
-(:mod:`~anatomy_cli.output.tables`, :mod:`~anatomy_cli.output.widths`) reads them."""
+"""A report's tables: :class:`Section` (rows under columns, each a :class:`Column`) and the column kinds the
+renderers treat alike (:class:`Column` describes each kind). :mod:`anatomy_cli.output.render` prints them; the
+table layout (:mod:`~anatomy_cli.output.tables`, :mod:`~anatomy_cli.output.widths`) reads them."""
 
 from __future__ import annotations
 

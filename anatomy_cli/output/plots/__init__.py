@@ -39,6 +39,8 @@ from anatomy_cli.tasks._checks import writable
 if TYPE_CHECKING:
     from types import ModuleType
 
+    from matplotlib.figure import Figure
+
     from anatomy_cli.output.html import Page
 
 SUFFIXES = (".png", ".svg", ".pdf", ".html")
@@ -143,13 +145,14 @@ def save(fig: Any, path: Path, index: int | None = None) -> Path:
     return target
 
 
-def _page(fig: Any) -> Page:
+def _page(fig: Figure | Page) -> Page:
     """A Page as it is; a matplotlib Figure (a command without an HTML module) as a page around its PNG."""
     if isinstance(fig, html.Page):
         return fig
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else "anatomy"
+    suptitle = getattr(fig, "_suptitle", None)
+    title = suptitle.get_text() if suptitle is not None else "anatomy"
     page = html.Page(title=title.split("\n")[0], lines=title.split("\n")[1:])
     page.add(html.Part('<img alt="plot" src="data:image/png;base64,'
                        + base64.b64encode(buffer.getvalue()).decode("ascii") + '">'))
