@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.fitted_lens import FittedLens
 
 PROBE_TOKENS = 16  # the probe checks the held-out paragraph's first tokens, scaled to all of them
 
@@ -28,7 +29,7 @@ def held_out_ids(lm: LoadedModel) -> list[int]:
     return list(engine.encode(lm, [HELD_OUT])[0].ids)[:lm.info.n_ctx or None]
 
 
-def check_ids(lm: LoadedModel, lens: Any, ids: Sequence[int]) -> LensCheck:
+def check_ids(lm: LoadedModel, lens: FittedLens, ids: Sequence[int]) -> LensCheck:
     """``lens`` (a FittedLens) against the logit lens on the text ``ids``: one forward, every residual row."""
     from anatomy_cli.analyses.lens_check import compare
     from anatomy_cli.engine.attention import encode_ids
@@ -47,7 +48,7 @@ def fit_check(lm: LoadedModel, lens: Any, what: str) -> LensCheck:
     return check
 
 
-def read_check(lm: LoadedModel, lens: Any, resids: Sequence[torch.Tensor]) -> None:
+def read_check(lm: LoadedModel, lens: FittedLens, resids: Sequence[torch.Tensor]) -> None:
     """Where a fitted lens is read: the check on the prompts' own residual streams (their KLs pooled, weighted by
     tokens), one warning when a row is weak."""
     from anatomy_cli.analyses.lens_check import compare
