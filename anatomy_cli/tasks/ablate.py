@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.ablate import Ablation
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.gradients import Metric
     from anatomy_cli.models.info import ModelInfo
     from anatomy_cli.tasks.protocol import Opened
 
@@ -197,7 +198,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
     return out
 
 
-def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: dict[str, int | None],
+def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Metric, ids: dict[str, int | None],
             opts: AblateOptions, progress: Callable[[int, int], None] | None = None) -> tuple[Ablation, Extra | None]:
     """``(Ablation, attribution extra or None)`` for one prompt. ``progress(runs done, runs)``: the ablated runs
     (not the attribution estimate)."""

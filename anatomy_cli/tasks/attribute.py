@@ -6,7 +6,6 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -23,10 +22,12 @@ from anatomy_cli.tasks.session import warn_cost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from collections.abc import Sequence
 
     from anatomy_cli.analyses.attribute import TokenAttribution
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.gradients import Metric
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "attribute"
@@ -201,7 +202,7 @@ def _check_ig_options(method: str, check: bool, layer: int | None) -> None:
         raise UsageError("--check compares per-token rankings; with --layer the rows are a layer's positions")
 
 
-def _with_check(lm: LoadedModel, token_ids: Any, metric: Any, result: TokenAttribution,
+def _with_check(lm: LoadedModel, token_ids: Sequence[int], metric: Metric, result: TokenAttribution,
                 batch_size: int) -> TokenAttribution:
     """``result`` with the agreement check: occlusion by the same baseline (drop when the method has none)."""
     from anatomy_cli.analyses import attribute as analysis
