@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 from anatomy_cli.engine.loader import DIRECT
 from anatomy_cli.engine.loader import using_loader
@@ -53,18 +54,27 @@ from anatomy_cli.serve.session import client_context
 from anatomy_cli.serve.session import library_bars_silenced
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
     from anatomy_cli.engine.loader import Loader
     from anatomy_cli.models.resolve import Source
 
 
+class CommandLine(Protocol):
+    """What the server runs a command line with: the CLI's click command (the server imports no CLI)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, *,
+             standalone_mode: bool = True) -> object: ...
+
+
 class Server(Connections):
     """Listens on a Unix socket; see the module docstring. ``serve_forever`` blocks until stop or idle."""
 
-    def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
+    def __init__(self, path: Path, *, commands: Callable[[], CommandLine], max_bytes: int | None = None,
                  idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None, loader: Loader | None = None,
-                 cancellable: Callable[[Callable[[], str | None]], Any] = never_cancelled):
+                 cancellable: Callable[[Callable[[], str | None]], AbstractContextManager[object]] = never_cancelled):
         self.path = Path(path)
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))
@@ -83,7 +93,7 @@ class Server(Connections):
         self.exited = threading.Event()
         self.sock: socket.socket | None = None
         self._commands = commands  # the registry: returns the click command that runs a command line
-        self._command: Any = None
+        self._command: CommandLine | None = None
         self._tokenizer_load: Callable[..., PreTrainedTokenizerBase] | None = None  # set by the worker
         # ``cancellable(check)``: the context manager under which a command ends at its next step once
         # ``check()`` gives a reason (the CLI hands in tasks.notes.cancellable; the server imports no task).
