@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
+from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import loaded
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.views import circuit as view
 from anatomy_cli.tasks import circuit as circuit_task
+from anatomy_cli.tasks import circuit as task
+from anatomy_cli.tasks.session import open_texts
+from anatomy_cli.tasks.session import texts_of
 from anatomy_cli.text.options import PromptOptions
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.opening import OpenedModel
+    from anatomy_cli.tasks.circuit import CircuitOptions
 
 
 @command(circuit_task.CircuitOptions)
@@ -24,25 +35,17 @@ def circuit(model: Model, prompt: str | list[str], opts: circuit_task.CircuitOpt
     ``ct-0.5``: circuit-tracer 0.5.0's, refused where two nodes would share one). ``offload``: ``cpu`` or
     ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes, seconds) and nothing is computed
     (a model given by name is opened, not loaded)."""
-    from anatomy_cli.output.views import circuit as view
-
     if opts.estimate:
         return _estimates(model, prompt, opts, prompts)
     return run_prompts(circuit_task, view, model, {"prompt": prompt}, opts, prompts)
 
 
-def _estimates(model: Model, prompt: str | list[str], opts: Any, prompts: PromptOptions) -> Result | list[Result]:
+def _estimates(model: Model, prompt: str | list[str], opts: CircuitOptions,
+               prompts: PromptOptions) -> Result | list[Result]:
     """``estimate=True``: one Result per prompt whose rows are the estimate's quantities (``view.ESTIMATE_ROWS``);
     a model given by name or spec is opened, not loaded; a loaded one gives its own device."""
-    from anatomy_cli.api._model import encode
-    from anatomy_cli.api._model import loaded
-    from anatomy_cli.output.views import circuit as view
-    from anatomy_cli.tasks import circuit as task
-    from anatomy_cli.tasks.session import open_texts
-    from anatomy_cli.tasks.session import texts_of
-
     texts, single = texts_of(prompt)
-    shown: Any  # the opened model (given by name) or the loaded one
+    shown: OpenedModel | LoadedModel
     if isinstance(model, (str, ModelSpec)):
         spec = model if isinstance(model, ModelSpec) else ModelSpec(model)
         opened, encoded = open_texts(texts, spec, prompts)

@@ -10,7 +10,10 @@ from pathlib import Path
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._results import Result
+from anatomy_cli.engine.loader import GivenLoader as _Given
+from anatomy_cli.engine.loader import using_loader
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.views import corpus as view
 from anatomy_cli.tasks import corpus as task
 
 
@@ -27,10 +30,6 @@ def corpus_stats(model: Model, source: str | Path, opts: task.CorpusOptions) -> 
     Result (``stats``, ``shards``, ``resumed``); rows: ``layers`` (L + 1, ``layer`` ``"embed"`` then the blocks
     0..L−1); ``to_dict()["heads"]`` with ``heads``; ``to_dict()["experts"]``, ``["expert_blocks"]`` and
     ``["expert_pairs"]`` with ``experts`` (an MoE model's routing counts)."""
-    from anatomy_cli.engine.loader import GivenLoader as _Given
-    from anatomy_cli.engine.loader import using_loader
-    from anatomy_cli.output.views import corpus as view
-
     if isinstance(model, (ModelSpec, str)):
         run = task.measure(str(source), model if isinstance(model, ModelSpec) else ModelSpec(model), opts)
     else:

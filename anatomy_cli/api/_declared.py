@@ -22,14 +22,14 @@ from anatomy_cli.declare.fields import build
 from anatomy_cli.declare.fields import every
 from anatomy_cli.errors import AnatomyError
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 # The prompt options' flags as the API names them: PromptOptions' fields (``prompts=PromptOptions(bos=True)``).
 PROMPT_WORDS = {"--bos": "bos", "--no-bos": "bos", "--allow-special": "allow_special", "--truncate": "truncate",
                 "--chat": "chat"}
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
+def _default(f: dataclasses.Field[object]) -> object:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:

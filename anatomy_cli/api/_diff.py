@@ -4,9 +4,12 @@ same :class:`~anatomy_cli.tasks.diff.DiffOptions` and its view. No torch at impo
 from __future__ import annotations
 
 from anatomy_cli.api._declared import command
+from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.views import diff as view
 from anatomy_cli.tasks import diff as task
+from anatomy_cli.tasks.session import model_label
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -18,10 +21,6 @@ def diff(a: str | ModelSpec, b: str | ModelSpec, prompt: str | list[str] | None 
     tensor by tensor (``result``: WeightsDiff; rows: ``rows``). With a prompt: the residual streams and lenses
     (``result``: ActivationDiff; rows: ``layers``, named ``embed`` then the blocks 0..L−1), one Result per prompt
     for a list. ``a``, ``b``: names or ModelSpecs (opened here: A runs and is freed before B loads)."""
-    from anatomy_cli.api._model import texts_of
-    from anatomy_cli.output.views import diff as view
-    from anatomy_cli.tasks.session import model_label
-
     spec_a = a if isinstance(a, ModelSpec) else ModelSpec(a)
     spec_b = b if isinstance(b, ModelSpec) else ModelSpec(b)
     opts.check_mode(prompt is not None)

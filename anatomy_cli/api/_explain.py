@@ -9,7 +9,9 @@ from pathlib import Path
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._results import Result
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.views import explain as view
 from anatomy_cli.tasks import explain as task
+from anatomy_cli.tasks._explain_run import measure
 
 
 @command(task.ExplainOptions, inputs=("features_dir",))
@@ -21,8 +23,5 @@ def explain(features_dir: str | Path, opts: task.ExplainOptions, *, device: str 
     explanation (delphi's explainer prompt), delphi's detection and fuzzing scores (balanced accuracy, F1) and
     the control (the same scorer on another feature's explanation); writes ``explanations.json`` (a Neuronpedia
     explanations export). ``result``: the run (``records``: the export); rows: ``features``."""
-    from anatomy_cli.output.views import explain as view
-    from anatomy_cli.tasks._explain_run import measure
-
     run = measure(ModelSpec("explainer", device=device, dtype=dtype, trust_remote_code=trust_remote_code), opts)
     return Result(task.COMMAND, run, view.report(run).data, view.ROWS)

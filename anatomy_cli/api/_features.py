@@ -9,8 +9,12 @@ from pathlib import Path
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._results import Result
+from anatomy_cli.engine.loader import GivenLoader as _Given
+from anatomy_cli.engine.loader import using_loader
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.views import features as view
 from anatomy_cli.tasks import features as task
+from anatomy_cli.tasks._features_run import measure
 
 
 @command(task.FeaturesOptions, inputs=("sae",))
@@ -21,11 +25,6 @@ def features(model: Model, sae: str | Path, opts: task.FeaturesOptions) -> Resul
     co-firing features and logit effects. ``out``: a directory for the Parquet tables and the resumable shards;
     ``delphi``: delphi's latent cache. ``model``: a LoadedModel, a ModelSpec or a name. ``result``: the run
     (``rows``, ``contexts``, ``logits``); rows: ``features``."""
-    from anatomy_cli.engine.loader import GivenLoader as _Given
-    from anatomy_cli.engine.loader import using_loader
-    from anatomy_cli.output.views import features as view
-    from anatomy_cli.tasks._features_run import measure
-
     if isinstance(model, (ModelSpec, str)):
         run = measure(model if isinstance(model, ModelSpec) else ModelSpec(model), opts)
     else:

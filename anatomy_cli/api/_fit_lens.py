@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
@@ -14,9 +14,15 @@ from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
+from anatomy_cli.engine.loader import current_loader
+from anatomy_cli.engine.opening import as_spec
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.views import fit_lens as view
 from anatomy_cli.tasks import fit_lens as task
 from anatomy_cli.text.options import PromptOptions
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.opening import OpenedModel
 
 
 @command(task.FitLensOptions)
@@ -40,8 +46,6 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None,
     ``checkpoint_every`` steps and resumed from), and writes DIR (config.json + params.pt), which
     ``tuned_lens.TunedLens.from_model_and_pretrained`` and ``lens(..., lens=f"tuned:{DIR}")`` read. ``result``:
     TunedFit; rows: ``translators`` (the KL to the final distribution at the first and the last step)."""
-    from anatomy_cli.output.views import fit_lens as view
-
     texts = tuple(texts_of(prompt)[0]) if prompt is not None else ()
     opts = dataclasses.replace(opts, kind=kind, prompt=texts, out=Path(out))
     first = _opened(model) if opts.ray else opened(model)
@@ -53,11 +57,8 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None,
                   view.TUNED_ROWS if kind == "tuned" else view.ROWS)
 
 
-def _opened(model: Model) -> Any:
+def _opened(model: Model) -> OpenedModel:
     """``model`` opened, not loaded (a loaded one by its name), through the current loader."""
-    from anatomy_cli.engine.loader import current_loader
-    from anatomy_cli.engine.opening import as_spec
-
     return current_loader().open(as_spec(model) if isinstance(model, (ModelSpec, str)) else ModelSpec(model.name))
 
 
@@ -65,7 +66,5 @@ def merge_lenses(files: list[str | Path], *, out: str | Path, dtype: str = "fp16
     """`anatomy fit-lens merge A.pt B.pt --out C.pt`: Jacobian lens fits of one model and one set of blocks as one
     file, the ``n_prompts``-weighted mean (equal to one fit on all their prompts). No model is loaded.
     ``result``: MergedLens; rows: ``inputs`` (each file and its prompt count)."""
-    from anatomy_cli.output.views import fit_lens as view
-
     result = task.merge([Path(f) for f in files], Path(out), dtype=dtype, overwrite=overwrite)
     return Result(task.COMMAND, result, view.merge_report(result).data, "inputs")

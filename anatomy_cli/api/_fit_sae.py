@@ -9,6 +9,7 @@ from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
+from anatomy_cli.output.views import fit_sae as view
 from anatomy_cli.tasks import fit_sae as fit_sae_task
 
 
@@ -18,8 +19,6 @@ def fit_sae(model: Model, corpus: str | Path | list[str | Path], opts: fit_sae_t
     (``6``, ``"0-3"``, ``[2, 6]``, ``"all"``; or, with ``transcoder``, an MLP transcoder) on ``corpus`` (paths, as
     ``anatomy corpus`` reads them), the activations collected in one pass, and write each to ``out/layers.L``
     (``out/layers.L.mlp``) in sparsify's format. ``result``: SaeFit; rows: ``blocks`` (one per block)."""
-    from anatomy_cli.output.views import fit_sae as view
-
     first = opened(model)
     plan = fit_sae_task.check(first, opts)  # every refusal before the weights load
     lm = weights(first)

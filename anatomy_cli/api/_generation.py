@@ -11,6 +11,7 @@ from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
+from anatomy_cli.output.views import steer as view
 from anatomy_cli.tasks import generate as generate_task
 from anatomy_cli.tasks import steer as steer_task
 from anatomy_cli.text.options import PromptOptions
@@ -47,8 +48,6 @@ def steer(model: Model, opts: steer_task.SteerOptions, *, prompts: PromptOptions
     ``"4-8"``, a list), saved to ``out`` (safetensors) and/or ``save_control_vector`` (llama.cpp GGUF).
     ``result``: Steering (``vector``: the SteeringVector, ``directions``: one LayerDirection per layer); rows:
     ``layers``."""
-    from anatomy_cli.output.views import steer as view
-
     first = opened(model)
     encoded = encode(first, steer_task.texts(opts), prompts)
     plan = steer_task.check(first, opts)

@@ -12,6 +12,7 @@ from anatomy_cli.api._model import encode
 from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
+from anatomy_cli.output.views import lens_eval as view
 from anatomy_cli.tasks import lens_eval as task
 from anatomy_cli.text.options import PromptOptions
 
@@ -24,8 +25,6 @@ def lens_eval(model: Model, items: str | Path | dict[str, Any] | list[dict[str, 
     ``tuned:DIR``, ``jacobian:FILE``; one text or several): per lens pass@1/5/10, the mean over items of the
     fraction of intermediates whose best 1-based rank (over the lens' blocks and the word's single-token forms)
     is at most k. ``result``: LensEval (``pass_at(j, k)``); rows: ``lenses``."""
-    from anatomy_cli.output.views import lens_eval as view
-
     opts = dataclasses.replace(opts, items=items)
     first = opened(model)
     encoded = encode(first, opts.prompts, prompts)

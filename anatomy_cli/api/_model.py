@@ -7,9 +7,14 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Union
 
+from anatomy_cli.engine.opening import OpenedModel
+from anatomy_cli.engine.opening import as_spec
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.sink import STDERR
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.session import encode as session_encode
+from anatomy_cli.tasks.session import texts_of as session_texts_of
+from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -40,8 +45,6 @@ def load(model: ModelSpec | str, **options: Any) -> LoadedModel:
     through the current loader as a command does (:func:`anatomy_cli.tasks.session.load_weights`: no transformers
     "Loading weights" bar, download bars only on a terminal, a status line on a terminal, the device map's
     placement said). Raises the engine's errors."""
-    from anatomy_cli.engine.opening import as_spec
-
     return weights(opened(as_spec(model, **options)))
 
 
@@ -50,7 +53,7 @@ def loaded(model: Model) -> LoadedModel:
     return weights(opened(model))
 
 
-def opened(model: Model) -> Any:
+def opened(model: Model) -> OpenedModel | LoadedModel:
     """The first phase, as a command's: ``model`` itself when it is loaded, else its config, tokenizer and
     ModelInfo (an OpenedModel, no weights) through the current loader: what a task's ``check`` reads, so that an
     API call refuses bad input before the weights load, as the command does. :func:`weights` then loads them."""
@@ -62,35 +65,28 @@ def opened(model: Model) -> Any:
     return model
 
 
-def weights(model: Any) -> LoadedModel:
+def weights(model: OpenedModel | LoadedModel) -> LoadedModel:
     """The second phase: ``model`` (what :func:`opened` returned) itself when it is loaded, else its weights
     (:func:`anatomy_cli.tasks.session.load_weights`)."""
-    from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.tasks.session import load_weights
 
     return load_weights(model) if isinstance(model, OpenedModel) else model
 
 
-def encode(lm: Any, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
+def encode(lm: OpenedModel | LoadedModel, texts: list[str], prompts: PromptOptions, **how: Any) -> list[Encoded]:
     """``texts`` tokenized and length-checked exactly as a command does (:func:`anatomy_cli.tasks.session.encode`;
     its warnings on stderr)."""
-    from anatomy_cli.tasks.session import encode as session_encode
-
     return session_encode(lm, list(texts), prompts, **how)
 
 
 def texts_of(prompt: str | list[str]) -> tuple[list[str], bool]:
     """``([prompt], True)`` for one text, ``(list, False)`` for several; UsageError for an empty text."""
-    from anatomy_cli.tasks.session import texts_of as session_texts_of
-
     return session_texts_of(prompt)
 
 
 def resolve_token(lm: LoadedModel, target: str | None, target_id: int | None, *, option: str = "--target",
                   first_token: bool = False) -> int | None:
     """The id of ``target`` (text) or ``target_id`` as the command's ``--target``/``--target-id`` resolve it."""
-    from anatomy_cli.text import targets
-
     wanted = targets.choice(target, target_id, option=option, first_token=first_token)
     if wanted is None:
         return None

@@ -3,11 +3,15 @@ its rows as a table and its picture. pandas and matplotlib are imported only whe
 
 from __future__ import annotations
 
+import copy
 import html
+import numbers
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
+
+from anatomy_cli.output import plots
 
 
 @dataclass(frozen=True)
@@ -33,8 +37,6 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         """The command's ``--format json`` object for this prompt (a fresh copy)."""
-        import copy
-
         return copy.deepcopy(self.data)
 
     @property
@@ -55,8 +57,6 @@ class Result:
     def plot(self, html: bool = False) -> Any:
         """The figure ``--plot FILE`` saves: a matplotlib Figure, or with ``html`` the plotly page object that
         ``--plot FILE.html`` writes (``.save(path)`` is not needed: ``fig.savefig(...)`` for matplotlib)."""
-        from anatomy_cli.output import plots
-
         if not self.figure_args:
             raise NotImplementedError(f"{self.command} draws no picture from the API yet")
         module = plots.module(self.command, Path("figure.html" if html else "figure.png"))
@@ -81,8 +81,6 @@ class Result:
 def _numeric(frame: Any) -> Any:
     """``frame`` with every column of numbers and gaps as float64 (a gap: NaN): pandas keeps an all-null column
     (a patch's ``value`` when clean = corrupt) or numbers mixed with None as ``object``."""
-    import numbers
-
     for name in frame.columns:
         column = frame[name]
         if column.dtype != object:

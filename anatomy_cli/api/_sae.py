@@ -11,6 +11,7 @@ from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
+from anatomy_cli.output.views import sae as view
 from anatomy_cli.tasks import sae as sae_task
 from anatomy_cli.text.options import PromptOptions
 
@@ -25,8 +26,6 @@ def sae(model: Model, prompt: str | list[str], opts: sae_task.SaeOptions, *,
     the ``top`` features per token, the followed ``features`` (``--feature``, repeatable) with their logit lens
     (``lens_top`` tokens at each end), ``labels`` joined from Neuronpedia's explanations export. ``result``:
     Reading (``activations``: [pos, d_sae]); rows: ``top_features``."""
-    from anatomy_cli.output.views import sae as view
-
     first = opened(model)
     plan = sae_task.check(first, opts)
     texts, single = texts_of(prompt)

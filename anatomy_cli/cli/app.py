@@ -32,6 +32,8 @@ else:
     except ImportError:  # older typer on real click
         from click import exceptions as _cx
 
+import difflib
+
 from anatomy_cli import __version__
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import quiet_broken_pipe
@@ -184,8 +186,6 @@ def suggest_options(typed: str, command: Any) -> list[str]:
     aliases count and are answered with the shown name (``--kk`` -> ``--top`` through ``--k``).
     Best match first, at most 3.
     """
-    import difflib
-
     word = typed.lstrip("-")
     canonical: dict[str, str] = {}
     for param in getattr(command, "params", ()):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from typing import Annotated
@@ -30,7 +31,7 @@ from anatomy_cli.declare.fields import Opt
 from anatomy_cli.declare.fields import build
 from anatomy_cli.declare.fields import every
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 # The option groups' parameters (cli/options.py): a late field goes after the last of them.
@@ -38,10 +39,8 @@ GROUP_PARAMS = {"model", "device", "dtype", "init", "trust_remote_code", "device
                 "offload_folder", "bos", "allow_special", "truncate", "chat"}
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    import sys
-
-    hints: dict[str, Any] = {}
+def _field_types(cls: type) -> dict[str, object]:
+    hints: dict[str, object] = {}
     for klass in reversed(cls.__mro__):
         module = sys.modules.get(klass.__module__)
         space = {**vars(typing), **(vars(module) if module else {})}
@@ -50,7 +49,7 @@ def _field_types(cls: type) -> dict[str, Any]:
     return hints
 
 
-def default_of(f: dataclasses.Field[Any]) -> Any:
+def default_of(f: dataclasses.Field[object]) -> object:
     """A field's default value (its factory called); ``inspect.Parameter.empty`` for a field without one: a
     required option (``convert --to``)."""
     if f.default is not dataclasses.MISSING:

@@ -190,7 +190,7 @@ ChatOpt = Annotated[bool, typer.Option(
     "(apply_chat_template, add_generation_prompt): for instruct models. An error when the model has none.")]
 
 # (parameter, annotation, default): the one declaration of each group, in --help order.
-MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+MODEL_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("model", ModelOpt, default_model),
     ("device", DeviceOpt, Device.auto),
     ("dtype", DTypeOpt, DType.fp32),
@@ -200,14 +200,14 @@ MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("max_memory", MaxMemoryOpt, None),
     ("offload_folder", OffloadFolderOpt, None),
 )
-PROMPT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+PROMPT_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("bos", BosOpt, None),
     ("allow_special", AllowSpecialOpt, False),
     ("truncate", TruncateOpt, None),
     ("chat", ChatOpt, False),
 )
 
-OUTPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+OUTPUT_OPTIONS: tuple[tuple[str, object, object], ...] = (
     ("plot", PlotOpt, None),
     ("fmt", FormatOpt, None),
 )
@@ -222,7 +222,7 @@ class Output:
     fmt: Format | None = None
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def model_options(*, fields: tuple[str, ...] | None = None, param: str = "spec") -> Callable[[F], F]:
@@ -254,7 +254,7 @@ def output_options(*, plot: bool = True, param: str = "out") -> Callable[[F], F]
     return _group(param, chosen, Output)
 
 
-def _group(param: str, options: list[tuple[str, Any, Any]], build: Callable[..., Any]) -> Callable[[F], F]:
+def _group(param: str, options: list[tuple[str, object, object]], build: Callable[..., Any]) -> Callable[[F], F]:
     names = [name for name, _, _ in options]
 
     def decorate(fn: F) -> F:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli import engine
 from anatomy_cli.corpus.store import _atomic
 from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import shards
@@ -120,8 +121,6 @@ def recording(lm: LoadedModel, sites: tuple[str, ...], saved: dict[str, list[tor
               shape: tuple[int, int]) -> Iterator[None]:
     """Hooks for one batch of windows ``shape = (batch, T)``: the first forward's activation at each site is
     appended to ``saved[site]`` as ``[batch * T, width]`` (a copy, on the CPU)."""
-    from anatomy_cli import engine
-
     if not sites:
         yield
         return

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -89,7 +88,7 @@ class DelphiWriter:
         self.parts.mkdir(parents=True, exist_ok=True)
         _atomic(self._path(shard.index), write)
 
-    def finish(self, shards: int, features: np.ndarray, pad: int, config: dict[str, Any]) -> list[Path]:
+    def finish(self, shards: int, features: np.ndarray, pad: int, config: dict[str, object]) -> list[Path]:
         """Write the splits and config.json from the ``shards`` shards' entries; the files written."""
         from safetensors.numpy import save_file
 
@@ -130,7 +129,7 @@ class DelphiWriter:
         return [*written, module / "config.json"]
 
     def _kept(self, module: Path, edges: list[tuple[int, int]], counts: list[int], firsts: list[int],
-              config: dict[str, Any]) -> dict[str, Any]:
+              config: dict[str, object]) -> dict[str, object]:
         """The entries and windows a finished cache's splits hold outside the windows of the shards whose own
         files are here (``firsts``, ``counts``: their first windows and window counts), as one shard file's
         arrays, with ``windows`` (each token row's window) in place of ``first_window``."""

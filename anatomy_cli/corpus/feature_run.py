@@ -12,10 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
 
+from anatomy_cli import engine
+from anatomy_cli.corpus.feature_batch import add_batch
 from anatomy_cli.corpus.feature_sums import FeatureSums
 from anatomy_cli.corpus.runner import Result
 from anatomy_cli.corpus.runner import _Tracker
@@ -29,6 +32,12 @@ from anatomy_cli.corpus.windows import batches
 from anatomy_cli.corpus.worker import crash_if_marked
 from anatomy_cli.declare.shared import OnRay
 from anatomy_cli.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from anatomy_cli.corpus.delphi_cache import DelphiWriter
+    from anatomy_cli.corpus.runner import Progress
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.text.tokenization import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -72,9 +81,8 @@ class FeatureWorker:
     """The model (loaded once from ``spec``, or ``lm``) and the dictionary; ``worker(shard)`` measures one shard.
     The shape :func:`~anatomy_cli.corpus.ray_run.run_on_ray` wants of an actor's class."""
 
-    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: Any = None,
+    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
-        from anatomy_cli import engine
         from anatomy_cli.engine.sae import Dictionary
         from anatomy_cli.models.sae.read import read
 
@@ -83,10 +91,9 @@ class FeatureWorker:
         self.dictionary = Dictionary(read(Path(self.settings.sae), hook=self.settings.hook), self.lm.device)
         self.crash_once = crash_once
 
-    def __call__(self, shard: Shard, on_window: Any = None) -> FeatureSums:
+    def __call__(self, shard: Shard, on_window: Callable[[int, int], None] | None = None) -> FeatureSums:
         import torch
 
-        from anatomy_cli.corpus.feature_batch import add_batch
         from anatomy_cli.engine.sae import window_features
 
         crash_if_marked(self.crash_once, shard.index)
@@ -110,10 +117,11 @@ class FeatureWorker:
         return self(shard)
 
 
-def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer: Any, lm: Any = None,
+def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer: Tokenizer,
+        lm: LoadedModel | None = None,
         out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
-        ray: OnRay | None = None, progress: Callable[[Any], None] | None = None,
-        delphi: Any = None, crash_once: tuple[str, int] | None = None) -> Result:
+        ray: OnRay | None = None, progress: Callable[[Progress], None] | None = None,
+        delphi: DelphiWriter | None = None, crash_once: tuple[str, int] | None = None) -> Result:
     """Measure every shard of ``source`` and merge them in shard order (as :func:`anatomy_cli.corpus.runner.run`);
     the runner's Result, ``stats`` the merged :class:`FeatureSums`.
     ``delphi``: a :class:`~anatomy_cli.corpus.delphi_cache.DelphiWriter` each shard's nonzero activations go to."""

@@ -33,7 +33,7 @@ def hist_edges() -> list[float]:
     return [0.0, *EDGES.tolist(), float("inf")]
 
 
-def feature_rows(s: FeatureSums, cooccur_top: int) -> list[dict[str, Any]]:
+def feature_rows(s: FeatureSums, cooccur_top: int) -> list[dict[str, object]]:
     """One row per followed feature: ``feature``, ``fires``, ``frequency`` (fires / tokens), ``mean_activation``
     (over the tokens where it fires; None when dead), ``max_activation``, ``status``, ``histogram`` (counts per bin,
     :func:`hist_edges`), ``cooccurring`` (the ``cooccur_top`` features firing with it on most tokens: ``feature``,
@@ -41,7 +41,7 @@ def feature_rows(s: FeatureSums, cooccur_top: int) -> list[dict[str, Any]]:
     rows = []
     for i, fid in enumerate(s.features.tolist()):
         fires = int(s.fires[i])
-        row: dict[str, Any] = {
+        row: dict[str, object] = {
             "feature": fid, "fires": fires, "frequency": fires / s.tokens if s.tokens else 0.0,
             "mean_activation": float(s.sums[i] / fires) if fires else None,
             "max_activation": float(s.maxes[i]), "status": status(fires, s.tokens),
@@ -57,12 +57,12 @@ def feature_rows(s: FeatureSums, cooccur_top: int) -> list[dict[str, Any]]:
     return rows
 
 
-def context_rows(s: FeatureSums, n_quantiles: int, pieces: Any) -> list[dict[str, Any]]:
+def context_rows(s: FeatureSums, n_quantiles: int, pieces: Any) -> list[dict[str, object]]:
     """The contexts: per feature its top ones (``kind`` ``top``, ``rank`` 0..), then per interval from the highest
     (``kind`` ``quantile``, ``quantile`` n-1..0 as SAEDashboard lists them, ``lower``/``upper``), each with
     ``activation``, ``window``, ``position``, ``tokens``/``token_ids``/``activations`` of the context and ``at`` (the
     token's index in it). ``pieces(ids) -> list[str]`` decodes token ids."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     tops, samples = _by_feature(s.top.fidx), _by_feature(s.samples.fidx)  # one sort, not a scan per feature
     for i, fid in enumerate(s.features.tolist()):
         top = s.top.take(tops(i))
@@ -91,7 +91,7 @@ def _by_feature(fidx: np.ndarray) -> Any:
     return of
 
 
-def _context(c: Candidates, j: int, fid: int, kind: str, pieces: Any, **extra: Any) -> dict[str, Any]:
+def _context(c: Candidates, j: int, fid: int, kind: str, pieces: Any, **extra: Any) -> dict[str, object]:
     assert c.ctx_tok is not None and c.ctx_act is not None
     valid = c.ctx_tok[j] >= 0
     ids = c.ctx_tok[j][valid].tolist()

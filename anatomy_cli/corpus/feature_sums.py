@@ -23,9 +23,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 EDGES = 2.0 ** (np.arange(-40, 41) / 2)
 N_BINS = len(EDGES) + 1
@@ -166,11 +169,11 @@ class FeatureSums:
 
     # -- Parquet: one row per followed feature; candidates and histogram as list columns
 
-    def to_table(self) -> Any:
+    def to_table(self) -> pa.Table:
         import pyarrow as pa
 
         n = len(self.features)
-        cols: dict[str, Any] = {"feature": pa.array(self.features, pa.int64()), "fires": pa.array(self.fires),
+        cols: dict[str, object] = {"feature": pa.array(self.features, pa.int64()), "fires": pa.array(self.fires),
                                 "sum": pa.array(self.sums), "max": pa.array(self.maxes),
                                 "hist": _lists(np.repeat(np.arange(n), N_BINS), n, self.hist.reshape(-1))}
         if self.cooc is not None:
@@ -191,7 +194,7 @@ class FeatureSums:
         return pa.table(cols).replace_schema_metadata({"anatomy.features": json.dumps(meta, sort_keys=True)})
 
     @classmethod
-    def from_table(cls, table: Any) -> FeatureSums:
+    def from_table(cls, table: pa.Table) -> FeatureSums:
         meta = json.loads(table.schema.metadata[b"anatomy.features"])
         out = cls(np.asarray(table.column("feature").to_numpy(), np.int64), meta["top_k"], meta["quantile_size"],
                   meta["width"], meta["d_sae"], meta["cooccur"], meta["tokens"], meta["windows"], meta["seconds"])
@@ -208,7 +211,7 @@ class FeatureSums:
         return out
 
 
-def _lists(fidx: np.ndarray, n: int, values: np.ndarray) -> Any:
+def _lists(fidx: np.ndarray, n: int, values: np.ndarray) -> pa.ListArray:
     """A list column of ``n`` rows: row f holds ``values[fidx == f]`` (``fidx`` sorted; 2-D values: lists of
     fixed-size lists)."""
     import pyarrow as pa
@@ -220,7 +223,7 @@ def _lists(fidx: np.ndarray, n: int, values: np.ndarray) -> Any:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
-def _flat(table: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _flat(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     """``(row index, values)`` of a list column (2-D values for lists of fixed-size lists)."""
     import pyarrow as pa
 

@@ -20,13 +20,17 @@ spread over workers.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from anatomy_cli.corpus.expert_sums import ExpertSums
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 LENS_METRICS = ("kl_nats", "top1_agree", "ce_bits", "entropy_nats")
 LAYER_METRICS = (*LENS_METRICS, "resid_norm", "cos_to_embedding", "attn_out_norm", "mlp_out_norm")
@@ -109,7 +113,7 @@ class Partial:
         return self
 
     # ---- Parquet form: one row per (metric, index) with the five sums; see docs/corpus.md
-    def to_table(self) -> Any:
+    def to_table(self) -> pa.Table:
         import pyarrow as pa
 
         metric: list[str] = []
@@ -141,15 +145,11 @@ class Partial:
                 "tokens": self.tokens, "bytes": self.bytes, "fitted": list(self.fitted), "seconds": self.seconds}
         if self.experts is not None:
             meta["experts"] = self.experts.meta()
-        import json
-
         table = pa.table({"metric": metric, "index": np.asarray(index, np.int64), "n": n, "sum": total, **rest})
         return table.replace_schema_metadata({"anatomy.partial": json.dumps(meta)})
 
     @classmethod
-    def from_table(cls, table: Any) -> Partial:
-        import json
-
+    def from_table(cls, table: pa.Table) -> Partial:
         meta = json.loads(table.schema.metadata[b"anatomy.partial"])
         if "bytes" not in meta:  # a shard written before entropy and bytes were measured: Store.load recomputes it
             raise ValueError("written before the entropy and bits per byte were measured")

@@ -16,15 +16,33 @@ descriptor 1, points at stderr, where Ray's own messages (``(raylet) A worker di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
 from types import ModuleType
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
+from typing import TypeVar
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from anatomy_cli.models.spec import ModelSpec
+
+
+
+class Numbered(Protocol):
+    """A shard as the callers plan them: its number in the run, for messages."""
+
+    @property
+    def index(self) -> int: ...
+
+
+S = TypeVar("S", bound=Numbered)
 
 
 def ray_module() -> ModuleType:
@@ -36,9 +54,9 @@ def ray_module() -> ModuleType:
     return ray
 
 
-def run_on_ray(shards: Iterator[Any], spec: Any, settings: Any, finished: Callable[[Any, Any], None], *,
+def run_on_ray(shards: Iterator[S], spec: ModelSpec, settings: Any, finished: Callable[[S, Any], None], *,
                address: str | None = None, workers: int = 2, gpus_per_worker: float = 0.0,
-               crash_once: tuple[str, int] | None = None, worker: Any = None) -> None:
+               crash_once: tuple[str, int] | None = None, worker: type | None = None) -> None:
     """Measure ``shards`` on ``workers`` Ray actors; ``finished(shard, partial)`` once per shard.
     ``settings``: a dataclass or a dict, handed to each actor as a dict; ``worker``: the actors' class (None:
     the corpus' :class:`~anatomy_cli.corpus.worker.Worker`).
@@ -75,11 +93,9 @@ def stdout_to_stderr() -> Iterator[None]:
             os.close(saved)
 
 
-def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Callable[[Any, Any], None], *,
+def _run(ray: ModuleType, shards: Iterator[S], spec: ModelSpec, settings: Any, finished: Callable[[S, Any], None], *,
          address: str | None, workers: int, gpus_per_worker: float, crash_once: tuple[str, int] | None,
-         worker: Any) -> None:
-    import dataclasses
-
+         worker: type | None) -> None:
     if worker is None:
         from anatomy_cli.corpus.worker import Worker as worker
 
@@ -87,7 +103,7 @@ def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Ca
     started = False
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+        kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if address is None:
             kwargs["num_cpus"] = max(workers, os.cpu_count() or 1)
         try:
@@ -102,7 +118,7 @@ def _run(ray: Any, shards: Iterator[Any], spec: Any, settings: Any, finished: Ca
                            scheduling_strategy="SPREAD")(worker)
         pool = [actor.remote(spec.to_dict(), init, crash_once=crash_once)
                 for _ in range(workers)]
-        busy: dict[Any, tuple[Any, Any]] = {}            # object ref -> (shard, actor)
+        busy: dict[Any, tuple[S, int]] = {}            # object ref -> (shard, actor)
         load = {i: 0 for i in range(len(pool))}
         pending = iter(shards)
         exhausted = False

@@ -78,7 +78,7 @@ class Result:
 
 
 def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Tokenizer, lm: LoadedModel | None = None,
-        out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
+        out: Path | None = None, overwrite: bool = False, identity: dict[str, object] | None = None,
         ray: OnRay | None = None, progress: Callable[[Progress], None] | None = None,
         crash_once: tuple[str, int] | None = None) -> Result:
     """Measure every shard of ``source`` and merge them in shard order.
@@ -112,7 +112,7 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Token
 
 
 def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer, out: Path | None,
-            overwrite: bool, identity: dict[str, Any] | None, ray: OnRay | None) -> tuple[Any, Any]:
+            overwrite: bool, identity: dict[str, object] | None, ray: OnRay | None) -> tuple[Any, Any]:
     """The run directory's Store (None without ``out``) and the ActivationStore (None without
     ``--save-activations``)."""
     store = acts = None

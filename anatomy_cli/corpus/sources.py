@@ -151,7 +151,7 @@ def _text_pieces(path: Path) -> Iterator[tuple[str, bool]]:
         yield rest, True
 
 
-def _field(row: dict[str, Any], column: str, where: str) -> str | None:
+def _field(row: dict[str, object], column: str, where: str) -> str | None:
     if column not in row:
         have = ", ".join(map(str, list(row)[:8]))
         raise UsageError(f"{where} has no column '{column}' (it has: {have}); choose one with --column")
@@ -222,7 +222,7 @@ def _datasets(path: Path, column: str) -> Iterator[str]:
             yield value
 
 
-def describe(identity: dict[str, Any]) -> str:
+def describe(identity: dict[str, object]) -> str:
     """``docs (dir, 12 files, 180.2 kB)`` for headings."""
     return f"{identity['path']} ({identity['kind']}, {identity['files']} file{'s' * (identity['files'] != 1)})"
 

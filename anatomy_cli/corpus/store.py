@@ -26,6 +26,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.corpus import expert_sums
@@ -40,6 +41,13 @@ from anatomy_cli.models.identity import file_sha256
 from anatomy_cli.models.identity import files_changed
 from anatomy_cli.models.sites import residual_row
 from anatomy_cli.models.written import as_user_file
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import pyarrow as pa
+
+    from anatomy_cli.corpus.feature_sums import FeatureSums
 
 VERSION = 2
 # Fields of the model spec that change the figures (placement options do not); "resolved" is the model
@@ -56,13 +64,13 @@ LENS_TABLE_COLUMNS = ("lens", "row", *LENS_COLUMNS)
 """lenses.parquet's columns: the lens' kind, the residual row's index, then the JSON ``lenses`` rows' columns."""
 
 
-def schema(columns: tuple[str, ...]) -> Any:
+def schema(columns: tuple[str, ...]) -> pa.Schema:
     """The Arrow schema of a summary table: int64 for counts and indices, float64 for every figure
     (null where not measured, never a null-typed column); in summary.parquet ``row`` int64 and ``layer`` (the
     row's name, ``embed`` or a block number) a string."""
     import pyarrow as pa
 
-    def kind(c: str) -> Any:
+    def kind(c: str) -> pa.DataType:
         return pa.string() if c == "lens" or c == "layer" and "row" in columns else pa.int64() if c in INT_COLUMNS \
             else pa.float64()
 
@@ -76,7 +84,7 @@ def summary_rows(layers: Any) -> list[dict[str, Any]]:
     return [{"row": residual_row(r["layer"]), **r, "layer": str(r["layer"])} for r in layers]
 
 
-def _atomic(path: Path, write: Any) -> None:
+def _atomic(path: Path, write: Callable[..., object]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -92,7 +100,7 @@ class Store:
     """An output directory. :meth:`open` checks an existing manifest against this run. ``part_type``: what a shard's
     file holds (``from_table``; `anatomy features` stores its own)."""
 
-    part_type: Any = Partial
+    part_type: type[Partial] | type[FeatureSums] = Partial
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -160,7 +168,7 @@ class Store:
         self._write_manifest()
         return why
 
-    def save(self, index: int, part: Any) -> None:
+    def save(self, index: int, part: Partial | FeatureSums) -> None:
         """Write shard ``index``'s file, then list it in the manifest with its row count and SHA-256."""
         import pyarrow.parquet as pq
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
 
+from anatomy_cli import engine
+from anatomy_cli.corpus.activations import recording
 from anatomy_cli.corpus.expert_sums import ExpertSums
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.settings import Settings as Settings  # re-exported: corpus.worker.Settings
 from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import batches
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.lens_choice import parse
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -34,8 +38,6 @@ class Worker:
 
     def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
-        from anatomy_cli import engine
-
         self.settings = Settings(**settings)
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
         self.lenses = open_lenses(self.lm, self.settings.lens)
@@ -49,7 +51,6 @@ class Worker:
         """``on_window(windows, tokens)``: called after each batch of windows is measured (progress)."""
         import torch
 
-        from anatomy_cli.corpus.activations import recording
         from anatomy_cli.corpus.measure import measure
 
         crash_if_marked(self.crash_once, shard.index)
@@ -75,12 +76,9 @@ class Worker:
 def open_lenses(lm: LoadedModel, lenses: tuple[str, ...]) -> list[tuple[str, FittedLens | None]]:
     """``(kind, FittedLens or None)`` per lens text (``logit``: None), each fitted lens checked against ``lm`` and
     its tensors moved to ``lm``'s device once, in float32 (a worker reads them for every batch)."""
-    import dataclasses
-
     import torch
 
     from anatomy_cli.engine.fitted_lens import open_lens
-    from anatomy_cli.models.lens_choice import parse
 
     out: list[tuple[str, FittedLens | None]] = []
     for text in lenses:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from dataclasses import dataclass
 from dataclasses import field
+from enum import Enum
 from typing import Any
 
 from anatomy_cli.errors import UsageError
@@ -62,7 +64,7 @@ def option(default: object = dataclasses.MISSING, *flags: str, help: str, defaul
     return field(default=default, metadata=meta)
 
 
-def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Opt]]:
+def declared(cls: type) -> list[tuple[dataclasses.Field[object], Opt]]:
     """The fields of options class ``cls`` that are options, in declaration order, each with its :class:`Opt`."""
     return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata]
 
@@ -149,9 +151,6 @@ _CHOICE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*) ([a-z][a-z0-9_-]*)\b")
 
 def choices(cls: type, name: str) -> set[str]:
     """The values of field ``name`` of ``cls`` when its type names an Enum (``Method | None``), else empty."""
-    import sys
-    from enum import Enum
-
     text = next(f.type for f in dataclasses.fields(cls) if f.name == name)
     if not isinstance(text, str):
         text = getattr(text, "__name__", "")
@@ -168,7 +167,7 @@ def choices(cls: type, name: str) -> set[str]:
 # build it from them.
 
 
-def holds(f: dataclasses.Field[Any]) -> type | None:
+def holds(f: dataclasses.Field[object]) -> type | None:
     """The :class:`Declared` options class field ``f`` holds whole (its ``default_factory``), else None."""
     kind = f.default_factory
     if KEY in f.metadata or not isinstance(kind, type) or not issubclass(kind, Declared):
@@ -176,10 +175,10 @@ def holds(f: dataclasses.Field[Any]) -> type | None:
     return kind
 
 
-def every(cls: type) -> list[tuple[type, dataclasses.Field[Any], Opt]]:
+def every(cls: type) -> list[tuple[type, dataclasses.Field[object], Opt]]:
     """Every option field of ``cls`` as ``(the class that declares it, field, Opt)``, in declaration order; those
     of a nested options class (:func:`holds`) at its field's place."""
-    out: list[tuple[type, dataclasses.Field[Any], Opt]] = []
+    out: list[tuple[type, dataclasses.Field[object], Opt]] = []
     for f in dataclasses.fields(cls):
         kind = holds(f)
         if kind is not None:
@@ -192,10 +191,10 @@ def every(cls: type) -> list[tuple[type, dataclasses.Field[Any], Opt]]:
     return out
 
 
-def build(cls: type, values: dict[str, Any]) -> Any:
+def build(cls: type, values: dict[str, object]) -> Any:
     """``cls(...)`` from the flat ``values`` the front ends gather (one per option, as :func:`every` names them,
     and any other field of ``cls`` given by name): a nested options class built from its own first."""
-    given: dict[str, Any] = {}
+    given: dict[str, object] = {}
     for f in dataclasses.fields(cls):
         kind = holds(f)
         if kind is not None:

@@ -95,7 +95,7 @@ def compress_names(names: list[str]) -> list[str]:
 
 def placement_kwargs(device_map: str | Enum | dict[str, int | str] | None = None,
                      max_memory: str | dict[int | str, int] | None = None,
-                     offload_folder: str | Path | None = None) -> dict[str, Any]:
+                     offload_folder: str | Path | None = None) -> dict[str, object]:
     """The validated ``from_pretrained`` keywords for a placement; ``{}`` without ``device_map``.
 
     ``device_map``: auto | balanced | sequential (an Enum's value is taken), or an explicit
@@ -115,7 +115,7 @@ def placement_kwargs(device_map: str | Enum | dict[str, int | str] | None = None
         return {}
     if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
         raise UsageError(f"unknown --device-map '{device_map}'; use {', '.join(DEVICE_MAPS)}")
-    out: dict[str, Any] = {"device_map": device_map}
+    out: dict[str, object] = {"device_map": device_map}
     if max_memory is not None:
         budget = parse_max_memory(max_memory) if isinstance(max_memory, str) else dict(max_memory)
         _check_devices(budget)

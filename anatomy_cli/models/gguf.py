@@ -15,8 +15,10 @@ No torch; transformers and numpy are imported inside the functions that need the
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from io import BufferedIOBase
+from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
 def identity(header: GGUFHeader) -> str:
     """A key that changes whenever the file does: size, mtime (ns) and a SHA-256 of the header bytes (vocabulary
     included). Raises CheckpointError when the file cannot be read."""
-    import os
-
     try:
         st = os.stat(header.path)
         with open(header.path, "rb") as f:
@@ -162,8 +162,6 @@ def _adjust(config: dict[str, Any], metadata: dict[str, Any]) -> None:
 
 def read_config(header: GGUFHeader, spec: str) -> PreTrainedConfig:
     """The transformers config of the file. Raises CheckpointError when transformers cannot build one."""
-    from pathlib import Path
-
     from transformers import AutoConfig
 
     try:

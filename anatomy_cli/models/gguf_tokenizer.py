@@ -21,6 +21,8 @@ import hashlib
 import json
 import os
 import tempfile
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,9 +43,6 @@ _WHERE = {"vocab_file", "name_or_path", "is_local", "local_files_only", "gguf_fi
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version
-
     try:
         return version(package)
     except PackageNotFoundError:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.models import local
+from anatomy_cli.models.resolve import check_path
 
 FileId = tuple[str, int, int, int]  # (absolute path, size, mtime_ns, inode)
 DIGEST_BYTES = 64 << 20  # files up to this size are hashed in file_records
@@ -100,9 +102,6 @@ def tokenizer_digest(hf: Any) -> str:
 def named_file(model: str) -> Path | None:
     """The GGUF file an ``ollama:``/``lmstudio:`` name points to now; None for other specs or a name that
     no longer resolves (the command itself then says why)."""
-    from anatomy_cli.models import local
-    from anatomy_cli.models.resolve import check_path
-
     if not local.is_named(model):
         return None
     try:

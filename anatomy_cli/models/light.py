@@ -16,8 +16,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anatomy_cli.data import GPT2_SPECIAL
+from anatomy_cli.data import gpt2_merges
+from anatomy_cli.data import gpt2_vocab
 from anatomy_cli.models import presets
 from anatomy_cli.models.json_config import JsonConfig
+from anatomy_cli.models.model_files import GPT2_HUB_IDS
 from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.resolve import in_cache
 
@@ -83,8 +87,6 @@ def block_count(spec: str) -> int | None:
 def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, object]] | None:
     """GPT-2's tokenizer from the package's BPE files, as transformers builds it (GPT2Tokenizer), and the
     preset's shape. None when GPT-2's tokenizer is in the HF cache (that one is used by the full load)."""
-    from anatomy_cli.models.model_files import GPT2_HUB_IDS
-
     if any(in_cache(repo, f) for repo in GPT2_HUB_IDS for f in ("tokenizer.json", "tokenizer_config.json",
                                                                  "vocab.json")):
         return None
@@ -93,10 +95,6 @@ def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, object]] |
     from tokenizers import decoders
     from tokenizers import models
     from tokenizers import pre_tokenizers
-
-    from anatomy_cli.data import GPT2_SPECIAL
-    from anatomy_cli.data import gpt2_merges
-    from anatomy_cli.data import gpt2_vocab
 
     backend = Tokenizer(models.BPE(vocab=dict(gpt2_vocab()), merges=gpt2_merges()))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anatomy_cli.data import gpt2_merges
+from anatomy_cli.data import gpt2_vocab
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import ModelNotFound
@@ -187,9 +189,6 @@ def gpt2_tokenizer() -> PreTrainedTokenizerBase:
     if hf is not None:
         return hf
     from transformers import GPT2Tokenizer  # GPT2TokenizerFast is v5's alias of this (fast) class
-
-    from anatomy_cli.data import gpt2_merges
-    from anatomy_cli.data import gpt2_vocab
 
     # vocab=/merges= as data: transformers 5 turns file paths given there into a one-token tokenizer.
     built: PreTrainedTokenizerBase = GPT2Tokenizer(vocab=dict(gpt2_vocab()), merges=gpt2_merges())

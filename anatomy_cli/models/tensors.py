@@ -23,6 +23,7 @@ an unreadable file, a tensor whose type gguf cannot dequantize.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import CheckpointError
+from anatomy_cli.models import adapters
 from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.headers import read_safetensors
 from anatomy_cli.models.headers import safetensors_files
@@ -130,8 +132,6 @@ def _meta_model(config: PreTrainedConfig) -> PreTrainedModel:
     import transformers
     from transformers.utils import logging as hf_logging
 
-    from anatomy_cli.models import adapters
-
     causal = adapters.for_config(config).causal
     archs = getattr(config, "architectures", None) or []
     auto: type[transformers.AutoModel | transformers.AutoModelForCausalLM | transformers.AutoModelForMaskedLM]
@@ -219,8 +219,6 @@ def _weights_map(build: Callable[[PreTrainedModel, TensorProcessor], dict[str, s
                  processor: TensorProcessor) -> dict[str, str]:
     """transformers' GGUF -> transformers name map. It walks every submodule and rebuilds gguf's name table
     for each (SmolLM2: 397 times, 6.5 s); the table depends only on (architecture, layers), so it is built once."""
-    import functools
-
     import gguf
 
     real = gguf.get_tensor_name_map

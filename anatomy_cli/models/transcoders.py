@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import UsageError
@@ -32,6 +33,11 @@ from anatomy_cli.models.sites import Point
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import block_spans
 from anatomy_cli.models.sites import hook_name
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import numpy as np
 
 KINDS = ("transcoder_set", "cross_layer_transcoder")
 
@@ -263,37 +269,40 @@ def load_layer(ts: TranscoderSet, layer: int) -> dict[str, Any]:
             "threshold": t.get("activation_function.threshold", t.get("threshold")), "W_skip": t.get("W_skip")}
 
 
-def load_array(ts: TranscoderSet, layer: int, name: str) -> Any:
+def load_array(ts: TranscoderSet, layer: int, name: str) -> np.ndarray | None:
     """One array of layer ``layer`` (circuit-tracer's name and orientation: ``W_skip`` is ``[d, d]``), read
     alone from the file (the others are not read), or None when the file has none. SAELens / sparsify folders:
     read through their own reader (the whole layer, once)."""
     from safetensors import safe_open
 
     if ts.sae_format is not None:  # read whole by its reader; a set without a skip needs no read for W_skip
-        return None if name == "W_skip" and not ts.skip_bytes else load_layer(ts, layer)[name]
+        if name == "W_skip" and not ts.skip_bytes:
+            return None
+        whole: np.ndarray | None = load_layer(ts, layer)[name]
+        return whole
     transposed = ts.gemma_scope_2 or ts.cross_layer  # both store the skip as x @ W
     key = {"W_skip": "affine_skip_connection"}.get(name, name) if ts.gemma_scope_2 else \
         f"{name}_{layer}" if ts.cross_layer else name
     with safe_open(str(ts.paths[layer]), framework="numpy") as f:
         if key not in f.keys():
             return None
-        value = f.get_tensor(key)
+        value: np.ndarray = f.get_tensor(key)
     return value.T if transposed and name == "W_skip" else value
 
 
-def read_decoder(ts: TranscoderSet, layer: int, ids: Any) -> Any:
+def read_decoder(ts: TranscoderSet, layer: int, ids: Iterable[int]) -> np.ndarray:
     """Rows ``ids`` (sorted, distinct) of a cross-layer transcoder's ``W_dec_{layer}``: ``[k, L - layer, d]``
     (numpy), each run of consecutive ids one slice of the file."""
     import numpy as np
     from safetensors import safe_open
 
-    ids = [int(i) for i in ids]
+    rows = [int(i) for i in ids]
     with safe_open(str(ts.decoders[layer]), framework="numpy") as f:
         sl = f.get_slice(f"W_dec_{layer}")
         parts, start = [], 0
-        for j in range(1, len(ids) + 1):
-            if j == len(ids) or ids[j] != ids[j - 1] + 1:
-                parts.append(sl[ids[start]:ids[j - 1] + 1])
+        for j in range(1, len(rows) + 1):
+            if j == len(rows) or rows[j] != rows[j - 1] + 1:
+                parts.append(sl[rows[start]:rows[j - 1] + 1])
                 start = j
     if not parts:
         return np.zeros((0, ts.n_layers - layer, ts.d_model), dtype=np.float32)

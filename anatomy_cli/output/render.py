@@ -28,6 +28,7 @@ stays machine-readable; in json they are expected to be part of ``data``.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
 import math
@@ -45,6 +46,8 @@ from typing import TextIO
 
 from anatomy_cli.output import sink
 from anatomy_cli.output.kinds import BAR_KINDS
+from anatomy_cli.output.kinds import Column
+from anatomy_cli.output.kinds import Section
 from anatomy_cli.units import human_bytes
 
 
@@ -56,55 +59,9 @@ class Format(str, Enum):
     tsv = "tsv"
 
 
-@dataclass(frozen=True)
-class Column:
-    """One column of a section.
-
-    ``kind`` decides only the human (table) rendering; machine formats always
-    print the raw value:
-
-    - ``text``: str as is (whitespace already made visible by the caller).
-    - ``int``: thousands separators in the table.
-    - ``id``: an identifier such as a token id: an integer without separators.
-    - ``float``: ``digits`` decimals in the table.
-    - ``pct``: a fraction in [0, 1] shown as a percentage with ``digits`` decimals.
-    - ``prob``: a probability: ``digits`` decimals, or 3 significant digits in
-      scientific notation when it would otherwise round to 0 (``3.18e-05``).
-    - ``number``: any number, shown as ``prob`` is: a nonzero value never reads 0 (``1.00e-12``).
-    - ``bytes``: a byte count shown in human units (KiB, MiB, GiB).
-    - ``bar``: a bar proportional to the fraction in ``key``; table mode only.
-    - ``signed_bar``: a value in [-1, 1] as a bar growing left (negative) or right (positive) from a
-      centre line ``│``, so the sign reads without colour (``NO_COLOR``, a pipe); table mode only.
-
-    ``priority``: on a terminal too narrow for every column, the lowest priority is left out first (among
-    equal ones the rightmost; the first column never); a negative one marks an optional column (a standard
-    error, a sum's parts), left out as soon as the table is too wide (:mod:`anatomy_cli.output.widths`).
-    Machine formats print every column.
-    """
-
-    key: str
-    header: str | None = None
-    kind: str = "text"
-    digits: int = 4
-    priority: int = 0
-
-    @property
-    def title(self) -> str:
-        return self.header if self.header is not None else self.key
-
-
 # A token as every table of tokens shows it (trace, next, generate, lens): its text, id and probability.
 TOKEN_COLUMNS = (Column("token", "token"), Column("token_id", "id", "id"),
                  Column("probability", "probability", "prob", 4))
-
-
-@dataclass(frozen=True)
-class Section:
-    """One table: ``rows`` are mappings from column key to raw value (None = empty)."""
-
-    columns: Sequence[Column]
-    rows: Sequence[Mapping[str, object]]
-    title: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,8 +124,6 @@ def to_json(data: object, indent: int | None = None, *, ascii: bool = False) -> 
 
 def is_unicode(stream: object) -> bool:
     """True when ``stream`` encodes every character: a UTF encoding, or no encoding (StringIO)."""
-    import codecs
-
     encoding = getattr(stream, "encoding", None)
     if not encoding:
         return True

@@ -10,15 +10,20 @@ rich is imported only when a status line is drawn.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.units import minutes
+
+if TYPE_CHECKING:
+    from rich.spinner import Spinner
 
 
 def error_line(message: str) -> None:
@@ -52,7 +57,7 @@ class Status:
     stderr line when ``$ANATOMY_STATUS`` asks for them off a terminal).
     """
 
-    def __init__(self, spinner: Any = None, show: Callable[[str], None] | None = None, every: float = 0.25,
+    def __init__(self, spinner: Spinner | None = None, show: Callable[[str], None] | None = None, every: float = 0.25,
                  width: int | None = None):
         self._spinner = spinner
         self._show = show
@@ -87,8 +92,6 @@ class Status:
 def with_tail(line: str, text: str, width: int | None = None) -> str:
     """``line · text`` on one line of ``width`` columns (default: the terminal's), the text's newlines shown
     as ``⏎`` and its start cut (``…``) where it does not fit."""
-    import shutil
-
     width = width or shutil.get_terminal_size((100, 24)).columns
     text = text.replace("\r", "").replace("\n", "⏎")
     room = max(width - len(line) - 6, 10)  # the spinner and the separator
@@ -113,7 +116,7 @@ def _plain(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-_live: list[Any] = []  # the one status line being shown (rich allows one live display at a time)
+_live: list[Spinner] = []  # the one status line being shown (rich allows one live display at a time)
 
 
 @contextmanager
@@ -175,7 +178,7 @@ class StderrNotes:
     def info(self, message: str) -> None:
         info(message)
 
-    def status(self, message: str) -> Any:
+    def status(self, message: str) -> AbstractContextManager[Status]:
         return status(message)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from rich import box
 from rich.cells import cell_len
@@ -22,6 +21,8 @@ from rich.text import Text
 
 from anatomy_cli.output.kinds import BAR_KINDS as BARS
 from anatomy_cli.output.kinds import NUMERIC
+from anatomy_cli.output.kinds import Column
+from anatomy_cli.output.kinds import Section
 from anatomy_cli.output.widths import names
 from anatomy_cli.output.widths import plan
 from anatomy_cli.output.widths import shorten
@@ -30,7 +31,7 @@ from anatomy_cli.output.widths import shorten
 ASCII_SIMPLE_HEAD = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 
 
-def render_section(console: Console, section: Any, cells: Callable[[Any, Any], str], *,
+def render_section(console: Console, section: Section, cells: Callable[[object, Column], str], *,
                    safe: Callable[[str], str] = str, unicode: bool = True) -> list[str]:
     """Print one section as a table that fits ``console.width``; the names of the columns left out, for
     :func:`drop_note` (bar columns, pictures of a number beside them, go unnamed).
@@ -64,7 +65,7 @@ def drop_note(dropped: Sequence[str], width: int) -> str:
             "terminal, shows every column)")
 
 
-def _cell(column: Any, cell: str, width: int) -> Text:
+def _cell(column: Column, cell: str, width: int) -> Text:
     if column.kind == "signed_bar":
         return _signed(cell)
     if column.kind in NUMERIC or column.kind in BARS:
@@ -83,7 +84,7 @@ def _signed(cell: str) -> Text:
     return text
 
 
-def _vertical(console: Console, columns: Sequence[Any], row: list[str], title: Text | None, width: int) -> None:
+def _vertical(console: Console, columns: Sequence[Column], row: list[str], title: Text | None, width: int) -> None:
     """One row as ``column  value`` lines (bars left out); values wrap at spaces, long words abbreviated."""
     if title is not None:
         console.print(title)

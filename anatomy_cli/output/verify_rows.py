@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 
 if TYPE_CHECKING:
+    from anatomy_cli.analyses.verify.checks import SectionResult
     from anatomy_cli.analyses.verify.checks import Verification
 
 COLOURS = {"pass": "#2ca02c", "FAIL": "#d62728", "skip": "#9e9e9e"}
@@ -30,7 +30,7 @@ class Point:
     note: str
 
 
-def points(section: Any) -> list[Point]:
+def points(section: SectionResult) -> list[Point]:
     """The rows of one section, in order."""
     out = []
     for c in section.checks:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rich.cells import cell_len
 
 from anatomy_cli.output.kinds import BAR_KINDS as BARS
 from anatomy_cli.output.kinds import NUMERIC
+from anatomy_cli.output.kinds import Column
 
 WORD_MIN = 8  # a long word keeps at least this many cells when abbreviated (step 6)
 SAMPLE = 200  # step 5 counts the lines of at most this many rows (evenly spread) to choose what to narrow
@@ -48,7 +48,7 @@ def word_max(width: int) -> int:
     return max(WORD_MIN, width // 4)
 
 
-def plan(columns: Sequence[Any], rows: list[list[str]], width: int) -> Plan:
+def plan(columns: Sequence[Column], rows: list[list[str]], width: int) -> Plan:
     """The layout of ``rows`` (one display string per column) at ``width`` cells (the module docstring)."""
     texts = [[c.title, *(r[i] for r in rows)] for i, c in enumerate(columns)]
     natural = [max(cell_len(t) for t in column) for column in texts]
@@ -73,7 +73,7 @@ def plan(columns: Sequence[Any], rows: list[list[str]], width: int) -> Plan:
         keep.remove(order.pop(0))
 
 
-def _bounds(column: Any, texts: list[str], longest: int | None = None) -> tuple[int, int]:
+def _bounds(column: Column, texts: list[str], longest: int | None = None) -> tuple[int, int]:
     """(narrowest, natural) width of a column (``texts``: its title, then its cells): a number whole, text down
     to its longest word (at most ``longest`` cells)."""
     def words(some: list[str]) -> int:
@@ -155,7 +155,7 @@ def _start(text: str, n: int) -> str:
     return "".join(out)
 
 
-def names(columns: Sequence[Any], dropped: list[int]) -> list[str]:
+def names(columns: Sequence[Column], dropped: list[int]) -> list[str]:
     """How a note names columns left out: the title; with the key where the title is empty or shared (``±``)."""
     titles = [c.title for c in columns]
     return [columns[i].title if columns[i].title and titles.count(columns[i].title) == 1

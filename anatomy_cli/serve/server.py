@@ -20,10 +20,12 @@ the socket is removed.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import itertools
 import os
 import queue
+import resource
 import socket
 import sys
 import threading
@@ -33,7 +35,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
+from anatomy_cli.engine.loader import DIRECT
+from anatomy_cli.engine.loader import using_loader
+from anatomy_cli.models import model_files
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.serve import lifecycle
 from anatomy_cli.serve import protocol
@@ -48,18 +54,27 @@ from anatomy_cli.serve.session import client_context
 from anatomy_cli.serve.session import library_bars_silenced
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
     from anatomy_cli.engine.loader import Loader
     from anatomy_cli.models.resolve import Source
 
 
+class CommandLine(Protocol):
+    """What the server runs a command line with: the CLI's click command (the server imports no CLI)."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, *,
+             standalone_mode: bool = True) -> object: ...
+
+
 class Server(Connections):
     """Listens on a Unix socket; see the module docstring. ``serve_forever`` blocks until stop or idle."""
 
-    def __init__(self, path: Path, *, commands: Callable[[], Any], max_bytes: int | None = None,
+    def __init__(self, path: Path, *, commands: Callable[[], CommandLine], max_bytes: int | None = None,
                  idle_timeout: float = 1800.0, log: Callable[[str], None] | None = None, loader: Loader | None = None,
-                 cancellable: Callable[[Callable[[], str | None]], Any] = never_cancelled):
+                 cancellable: Callable[[Callable[[], str | None]], AbstractContextManager[object]] = never_cancelled):
         self.path = Path(path)
         self.idle_timeout = idle_timeout
         self.log = log or (lambda msg: print(msg, file=sys.__stderr__, flush=True))
@@ -78,7 +93,7 @@ class Server(Connections):
         self.exited = threading.Event()
         self.sock: socket.socket | None = None
         self._commands = commands  # the registry: returns the click command that runs a command line
-        self._command: Any = None
+        self._command: CommandLine | None = None
         self._tokenizer_load: Callable[..., PreTrainedTokenizerBase] | None = None  # set by the worker
         # ``cancellable(check)``: the context manager under which a command ends at its next step once
         # ``check()`` gives a reason (the CLI hands in tasks.notes.cancellable; the server imports no task).
@@ -168,10 +183,6 @@ class Server(Connections):
     # -------------------------------------------------------------- the worker
 
     def _work(self) -> None:
-        from anatomy_cli.engine.loader import DIRECT
-        from anatomy_cli.engine.loader import using_loader
-        from anatomy_cli.models import model_files
-
         if self.cache.loader is None:
             self.cache.loader = DIRECT
         self._tokenizer_load = model_files.load_tokenizer
@@ -231,8 +242,6 @@ class Server(Connections):
         """Run one command line as the console script would; stdout/stderr bytes and the exit code (``job``:
         it ends at its next step once cancelled; ``channel``: where status lines, and stderr as it is written
         when the request asks for ``stream_stderr``, go meanwhile)."""
-        import base64
-
         if self._command is None:
             # Built once: typer rebuilds the click command on every app() call (~0.1 s).
             self._command = self._commands()
@@ -254,8 +263,6 @@ class Server(Connections):
 
     def status(self) -> dict[str, Any]:
         """Answered on the connection's thread, at once, also while the worker loads."""
-        import resource
-
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         with self.cache.lock:
             waiting = list(self.queued)

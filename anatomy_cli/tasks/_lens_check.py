@@ -8,6 +8,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli import engine
+from anatomy_cli.analyses.lens_check import HELD_OUT
+from anatomy_cli.analyses.lens_check import pooled
+from anatomy_cli.engine.estimate import timed
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -15,21 +19,18 @@ if TYPE_CHECKING:
 
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.fitted_lens import FittedLens
 
 PROBE_TOKENS = 16  # the probe checks the held-out paragraph's first tokens, scaled to all of them
 
 
 def held_out_ids(lm: LoadedModel) -> list[int]:
     """The held-out paragraph, encoded as every prompt is (the model's BOS rule), cut to the model's context."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses.lens_check import HELD_OUT
-
     return list(engine.encode(lm, [HELD_OUT])[0].ids)[:lm.info.n_ctx or None]
 
 
-def check_ids(lm: LoadedModel, lens: Any, ids: Sequence[int]) -> LensCheck:
+def check_ids(lm: LoadedModel, lens: FittedLens, ids: Sequence[int]) -> LensCheck:
     """``lens`` (a FittedLens) against the logit lens on the text ``ids``: one forward, every residual row."""
-    from anatomy_cli import engine
     from anatomy_cli.analyses.lens_check import compare
     from anatomy_cli.engine.attention import encode_ids
 
@@ -47,12 +48,10 @@ def fit_check(lm: LoadedModel, lens: Any, what: str) -> LensCheck:
     return check
 
 
-def read_check(lm: LoadedModel, lens: Any, resids: Sequence[torch.Tensor]) -> None:
+def read_check(lm: LoadedModel, lens: FittedLens, resids: Sequence[torch.Tensor]) -> None:
     """Where a fitted lens is read: the check on the prompts' own residual streams (their KLs pooled, weighted by
     tokens), one warning when a row is weak."""
-    from anatomy_cli import engine
     from anatomy_cli.analyses.lens_check import compare
-    from anatomy_cli.analyses.lens_check import pooled
 
     checks = [compare(r, lens, lambda h: engine.unembed(lm, h)) for r in resids]
     note = pooled(checks).note(f"the {lens.kind} lens {lens.path}",
@@ -67,7 +66,6 @@ def probe_seconds(lm: LoadedModel, rows: Sequence[int]) -> float:
     lens there): a fixed cost and one per token, carried to the paragraph's tokens."""
     import torch
 
-    from anatomy_cli.engine.estimate import timed
     from anatomy_cli.engine.fitted_lens import FittedLens
 
     ids = held_out_ids(lm)

@@ -3,6 +3,7 @@ and the coefficient(s) ``--coef``; the vector read and checked against the opene
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,6 @@ Coef = str | float | Sequence[float] | None
 def parse_coefs(coef: Coef) -> list[float]:
     """``--coef`` as floats: the text ``"-8,-4,0,4,8"``, a number or a list (default ``[1]``). Raises UsageError
     for a malformed or non-finite coefficient."""
-    import math
-
     if coef is None:
         return [1.0]
     if isinstance(coef, str):

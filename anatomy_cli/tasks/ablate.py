@@ -23,6 +23,7 @@ from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.tasks._attribution import check_option
 from anatomy_cli.tasks._attribution import check_options
 from anatomy_cli.tasks._attribution import method_option
+from anatomy_cli.tasks.session import warn_cost
 from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.ablate import Ablation
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.gradients import Metric
     from anatomy_cli.models.info import ModelInfo
     from anatomy_cli.tasks.protocol import Opened
 
@@ -170,7 +172,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
     from anatomy_cli.analyses import ablate as analysis
     from anatomy_cli.engine import expert_edits
     from anatomy_cli.engine import interventions
-    from anatomy_cli.tasks.session import warn_cost
 
     assert opts.mode is not None  # __post_init__ chose it
     rows: list[Any]
@@ -197,7 +198,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
     return out
 
 
-def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Any, ids: dict[str, int | None],
+def run_one(lm: LoadedModel, enc: Encoded, rows: list[Any], metric: Metric, ids: dict[str, int | None],
             opts: AblateOptions, progress: Callable[[int, int], None] | None = None) -> tuple[Ablation, Extra | None]:
     """``(Ablation, attribution extra or None)`` for one prompt. ``progress(runs done, runs)``: the ablated runs
     (not the attribution estimate)."""

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 from typing import NamedTuple
 
 from anatomy_cli.declare import shared
@@ -18,6 +17,7 @@ from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
+from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
     import torch
@@ -91,8 +91,6 @@ class AttnPlan:
 
 def check(opened: Opened, opts: AttnOptions, encoded: Sequence[Encoded] = ()) -> AttnPlan:
     """The blocks, heads and query rows to show; UsageError for --layer/--head/--position out of range."""
-    from anatomy_cli.text.positions import check_position
-
     n_layers, n_heads = opened.info.n_layers, opened.info.n_heads
     layers = [sites.check_block(opts.layer, n_layers, "--layer")] if opts.layer is not None else list(range(n_layers))
     if opts.head is not None and not -n_heads <= opts.head < n_heads:
@@ -133,7 +131,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AttnOptions, plan: AttnPl
     from anatomy_cli import engine
     from anatomy_cli.analyses import attention as analysis
 
-    pooled: list[Any] = [None] * len(encoded)
+    pooled: list[torch.Tensor | None] = [None] * len(encoded)
     blocks = [1] * len(encoded)
     if pooling is not None:
         pooled, blocks, grids = _all_heads(lm, encoded, plan, opts.batch_size, pooling)
@@ -146,7 +144,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AttnOptions, plan: AttnPl
 
 
 def _all_heads(lm: LoadedModel, encoded: list[Encoded], plan: AttnPlan, batch_size: int,
-               pooling: Pooling) -> tuple[list[Any], list[int], list[torch.Tensor]]:
+               pooling: Pooling) -> tuple[list[torch.Tensor | None], list[int], list[torch.Tensor]]:
     """From one forward: every head's pattern ``[n_layers, n_heads, m, m]`` per prompt, pooled into blocks when
     the prompt is long, the block size per prompt, and the exact rows the table shows
     (``[layers, heads, queries, pos]``)."""
@@ -156,7 +154,7 @@ def _all_heads(lm: LoadedModel, encoded: list[Encoded], plan: AttnPlan, batch_si
 
     block_factor, pool = pooling
     blocks = [block_factor(len(e), lm.n_layers * lm.n_heads, lm.is_causal) for e in encoded]
-    exact: dict[tuple[int, int], Any] = {}
+    exact: dict[tuple[int, int], torch.Tensor] = {}
 
     def reduce(i: int, layer: int, pattern: torch.Tensor) -> torch.Tensor:
         if layer in plan.layers:

@@ -6,25 +6,28 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
+from anatomy_cli.tasks.session import warn_cost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from collections.abc import Sequence
 
     from anatomy_cli.analyses.attribute import TokenAttribution
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.gradients import Metric
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "attribute"
@@ -143,9 +146,6 @@ def check(opened: Opened, opts: AttributeOptions) -> dict[str, int | None]:
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: AttributeOptions,
         ids: dict[str, int | None]) -> list[TokenAttribution]:
-    from anatomy_cli.models import cost
-    from anatomy_cli.tasks.session import warn_cost
-
     method = opts.method.value
     # A forward and a backward (about twice a forward) per integrated-gradients step; occlusion one forward per token.
     passes = {"integrated-gradients": 3 * opts.steps, "occlusion": max((len(e) for e in encoded), default=0)}
@@ -202,7 +202,7 @@ def _check_ig_options(method: str, check: bool, layer: int | None) -> None:
         raise UsageError("--check compares per-token rankings; with --layer the rows are a layer's positions")
 
 
-def _with_check(lm: LoadedModel, token_ids: Any, metric: Any, result: TokenAttribution,
+def _with_check(lm: LoadedModel, token_ids: Sequence[int], metric: Metric, result: TokenAttribution,
                 batch_size: int) -> TokenAttribution:
     """``result`` with the agreement check: occlusion by the same baseline (drop when the method has none)."""
     from anatomy_cli.analyses import attribute as analysis

@@ -129,7 +129,7 @@ class CorpusRun:
     identity, the run's settings, the loaded model (None on Ray: the workers load it) and the spec."""
 
     result: Result
-    identity: dict[str, Any]
+    identity: dict[str, object]
     settings: Settings
     lm: LoadedModel | None
     spec: ModelSpec
@@ -183,7 +183,7 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
 
 
 def _run(run: Callable[..., Result], src: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer,
-         lm: LoadedModel | None, identity: dict[str, Any], opts: CorpusOptions) -> Result:
+         lm: LoadedModel | None, identity: dict[str, object], opts: CorpusOptions) -> Result:
     from anatomy_cli.tasks._corpus_status import CorpusStatus
 
     with status("corpus: planning the first shard") as line:

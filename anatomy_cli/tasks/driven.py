@@ -46,12 +46,12 @@ def reads_prompts(task: ModuleType) -> bool:
     return len(inspect.signature(task.check).parameters) >= 3
 
 
-def check(task: ModuleType, opened: Opened, opts: Any, encoded: list[Encoded]) -> Any:
+def check(task: ModuleType, opened: Opened, opts: object, encoded: list[Encoded]) -> object:
     """``task.check``, with the encoded prompts where it reads them: the plan, or the refusal."""
     return task.check(opened, opts, encoded) if reads_prompts(task) else task.check(opened, opts)
 
 
-def carried(task: ModuleType, result: Any) -> Any:
+def carried(task: ModuleType, result: object) -> object:
     """What the API's Result carries of one prompt's ``result`` (the task's ``carried`` hook, else ``result``)."""
     unwrap = getattr(task, "carried", None)
     return unwrap(result) if unwrap is not None else result
@@ -63,17 +63,17 @@ def takes(task: ModuleType) -> Inputs:
     return declared
 
 
-def texts(task: ModuleType, opts: Any, given: dict[str, Any]) -> tuple[Any, list[str]]:
+def texts(task: ModuleType, opts: object, given: dict[str, Any]) -> tuple[object, list[str]]:
     """The options with their inputs and the texts to tokenize, from the arguments ``given`` (a prompts argument
     as its list of texts): the task's ``texts`` hook, else the prompts; its refusals before anything opens."""
     hook = getattr(task, "texts", None)
     if hook is not None:
-        made: tuple[Any, list[str]] = hook(opts, **given)
+        made: tuple[object, list[str]] = hook(opts, **given)
         return made
     return opts, [t for a in takes(task).arguments if a.prompts for t in given[a.name]]
 
 
-def units(task: ModuleType, encoded: list[Encoded], results: Any) -> list[tuple[Any, Any]]:
+def units(task: ModuleType, encoded: list[Encoded], results: Any) -> list[tuple[Any, object]]:
     """``(encoded, result)`` pairs, one per report: each prompt with its result; for ``TAKES.whole`` the list of
     texts with the one result; the task's ``units`` hook where its results carry their own."""
     hook = getattr(task, "units", None)

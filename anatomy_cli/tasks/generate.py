@@ -9,6 +9,7 @@ that does not fit; :func:`run` computes one :class:`Generated` per prompt.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
@@ -196,8 +197,6 @@ class Settings:
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: GeneratePlan) -> list[Generated]:
-    import functools
-
     from anatomy_cli.engine.generate import stop_ids
     from anatomy_cli.tasks.session import describe
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -18,7 +19,9 @@ from anatomy_cli.declare.inputs import Arg
 from anatomy_cli.declare.inputs import Inputs
 from anatomy_cli.errors import PromptTooLong
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.session import warn_cost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -96,8 +99,6 @@ class Scored(NamedTuple):
     @property
     def shown(self) -> Heads:
         """``heads`` with its first ``top`` rows: what the table, the JSON and the API's result list."""
-        import dataclasses
-
         return dataclasses.replace(self.heads, rows=self.heads.rows[:self.top] if self.top else self.heads.rows)
 
 
@@ -118,9 +119,6 @@ def check(opened: Opened, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, plan: None = None) -> list[Scored]:
     """Every head's scores per prompt (the random sequence's own when there is none), sorted by ``opts.sort``."""
-    from anatomy_cli.models import cost
-    from anatomy_cli.tasks.session import warn_cost
-
     warn_cost(f"heads on {len(encoded) + 1} prompts", lm,
               sum(cost.forward_flops(lm.info, n) for n in [*(len(e) for e in encoded), 2 * opts.seq_len]))
     with notes.status("heads") as line:

@@ -18,6 +18,7 @@ from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import TargetFields
+from anatomy_cli.tasks.session import describe
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.next_token import NextTokens
@@ -76,7 +77,6 @@ def check(opened: Opened, opts: NextOptions) -> NextPlan:
 def run(lm: LoadedModel, encoded: list[Encoded], opts: NextOptions, plan: NextPlan) -> list[NextTokens]:
     from anatomy_cli import engine
     from anatomy_cli.analyses import next_token as analysis
-    from anatomy_cli.tasks.session import describe
 
     with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
         caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=opts.batch_size)

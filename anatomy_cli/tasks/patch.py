@@ -23,6 +23,7 @@ from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.tasks._attribution import check_option
 from anatomy_cli.tasks._attribution import check_options
 from anatomy_cli.tasks._attribution import method_option
+from anatomy_cli.tasks.session import warn_cost
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.patch import Patching
@@ -128,7 +129,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: PatchOptions, ids: dict[s
     """The grid of CLEAN patched into CORRUPT (``encoded``), exact or estimated."""
     from anatomy_cli.analyses import patch as analysis
     from anatomy_cli.engine import interventions
-    from anatomy_cli.tasks.session import warn_cost
 
     clean, corrupt = encoded
     site = opts.site.value

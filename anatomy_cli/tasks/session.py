@@ -14,6 +14,7 @@ cache, the API a model it already holds). What the pipeline says (warnings, stat
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -103,8 +104,6 @@ def encode(opened: OpenedModel | LoadedModel, texts: list[str], prompts: PromptO
 def load_weights(opened: OpenedModel) -> LoadedModel:
     """The second phase: the weights of ``opened`` through the current loader, under a status line. With a
     device map, says where the weights went. Raises the engine's loading errors."""
-    import sys
-
     from transformers.utils import logging as hf_logging
 
     from anatomy_cli.engine.loader import current_loader

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
@@ -160,7 +159,7 @@ def make(lm: LoadedModel, pos_enc: list[Encoded], neg_enc: list[Encoded], layers
     a = steering.site_activations(lm, pos_enc, layers, site, reduce=reduce, batch_size=batch_size)
     b = steering.site_activations(lm, neg_enc, layers, site, reduce=reduce, batch_size=batch_size)
     dirs = analysis.directions(a, b, layers, method)
-    meta: dict[str, Any] = {"format": "anatomy-steering-vector", "version": 1, "method": method, "reduce": reduce,
+    meta: dict[str, object] = {"format": "anatomy-steering-vector", "version": 1, "method": method, "reduce": reduce,
                             "model": steering.model_identity(lm), "positive": pos, "negative": neg}
     vector = steering.SteeringVector({d.layer: d.vector.float() for d in dirs}, site=site, meta=meta)
     return vector, dirs

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace
 from typing import TYPE_CHECKING
-from typing import Any
 from typing import NamedTuple
 
 from anatomy_cli.declare import shared
@@ -19,6 +18,11 @@ from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import TargetFields
+from anatomy_cli.tasks.lens import check_unembed_hash
+from anatomy_cli.tasks.lens import fitted_lens
+from anatomy_cli.tasks.session import describe
+from anatomy_cli.text.positions import check_position
+from anatomy_cli.text.records import token_record
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.trace import Trace
@@ -88,15 +92,12 @@ class Traced(NamedTuple):
 
     position: int
     trace: Trace
-    target: dict[str, Any] | None
+    target: dict[str, object] | None
 
 
 def check(opened: Opened, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -> TracePlan:
     """``opened``: an OpenedModel or a LoadedModel. Refuses a position outside a prompt of ``encoded`` and a
     target on a model without an LM head (the lens reads tokens through it)."""
-    from anatomy_cli.tasks.lens import fitted_lens
-    from anatomy_cli.text.positions import check_position
-
     check_position(opts.position, encoded)
     fitted = fitted_lens(opened, opts.lens)
     if fitted is not None:
@@ -110,8 +111,6 @@ def check(opened: Opened, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -
 def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: TracePlan) -> list[Traced]:
     from anatomy_cli import engine
     from anatomy_cli.analyses import trace as analysis
-    from anatomy_cli.tasks.session import describe
-    from anatomy_cli.text.records import token_record
 
     if opts.position is None:
         # An encoder's last token is its [SEP]: follow the last token of the text instead.
@@ -123,8 +122,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: Trace
         names.append("logits")
     with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
         caches = engine.run(lm, encoded, names, positions=positions, batch_size=opts.batch_size)
-    from anatomy_cli.tasks.lens import check_unembed_hash
-
     name_token = describe(lm)
     target_id = plan.target_id
     fitted = plan.fitted

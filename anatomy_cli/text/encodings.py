@@ -10,12 +10,15 @@ file and where it goes (docs/commands/tokens.md#offline). No torch, no transform
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from anatomy_cli.data import GPT2_SPECIAL
+from anatomy_cli.data import gpt2_ranks
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import OfflineError
 from anatomy_cli.errors import UsageError
@@ -100,9 +103,6 @@ def gpt2_encoding() -> tiktoken.Encoding:
         pass
     from tiktoken_ext.openai_public import r50k_pat_str
 
-    from anatomy_cli.data import GPT2_SPECIAL
-    from anatomy_cli.data import gpt2_ranks
-
     ranks = gpt2_ranks()
     if target is not None:
         _write_r50k(ranks, target)
@@ -115,8 +115,6 @@ def _sha256(data: bytes) -> str:
 
 
 def _write_r50k(ranks: dict[bytes, int], target: Path) -> None:
-    import base64
-
     data = b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
                     for token, rank in sorted(ranks.items(), key=lambda item: item[1]))
     if _sha256(data) != R50K_SHA256:

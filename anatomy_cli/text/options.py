@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from anatomy_cli.errors import UsageError
 
@@ -31,5 +30,5 @@ class PromptOptions:
 
             raise UsageError(f"unknown truncation '{self.truncate}'; use 'left'")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)

@@ -9,9 +9,7 @@ Other keys of an entry (``rank``, ``probability``, ``position``) go before or af
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def token_record(token_id: int, token: str, text: str | None) -> dict[str, Any]:
+def token_record(token_id: int, token: str, text: str | None) -> dict[str, object]:
     """``{"token_id": int, "token": display piece, "text": decoded text or None}``."""
     return {"token_id": int(token_id), "token": token, "text": text}

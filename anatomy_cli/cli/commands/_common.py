@@ -73,8 +73,6 @@ PromptArg = Annotated[str, typer.Argument(
 def read_prompts_file(path: str) -> list[str]:
     """``--prompts FILE``: one prompt per non-empty line of FILE (``-``: stdin). Raises UsageError for a missing
     file, no prompt, invalid UTF-8."""
-    from pathlib import Path
-
     from anatomy_cli.text.inputs import read_prompts
 
     if path == "-":

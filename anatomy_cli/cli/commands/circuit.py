@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Optional
 
@@ -20,6 +21,12 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import circuit as task
 from anatomy_cli.text.options import PromptOptions
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from anatomy_cli.tasks._circuit import CircuitResult
+    from anatomy_cli.tasks._circuit_estimate import CircuitEstimate
 
 HtmlPlotOpt = Annotated[Optional[Path], html_plot(
     "circuit", "Also draw the pruned graph to FILE.html, an interactive page (plotly, opens offline; .html only). "
@@ -69,5 +76,5 @@ def circuit_command(
         emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt, from_stdin=prompt == "-")
         return
     lm = load_weights(opened)
-    results = task.run(lm, encoded, opts, plan, batch=prompt == "-")
+    results: Sequence[CircuitResult | CircuitEstimate] = task.run(lm, encoded, opts, plan, batch=prompt == "-")
     draw_and_emit("circuit", view, lm, encoded, results, plot, fmt, prompt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Annotated
@@ -69,8 +70,6 @@ def _check_target(to: Path, overwrite: bool) -> None:
 def write_directory(lm: LoadedModel, out: Path) -> None:
     """``lm``'s weights (model.safetensors, shared tensors once), config.json without the GGUF
     quantization entry, generation_config.json where there is one, and the tokenizer's files."""
-    import copy
-
     from safetensors.torch import save_model
 
     out.mkdir(parents=True, exist_ok=True)

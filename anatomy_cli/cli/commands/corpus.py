@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Annotated
-from typing import Any
 from typing import TypeVar
 
 import typer
@@ -20,7 +19,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import corpus as task
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def _place(name: str, after: str) -> Callable[[F], F]:

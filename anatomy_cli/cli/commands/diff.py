@@ -16,6 +16,7 @@ from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import diff as task
 from anatomy_cli.text.options import PromptOptions
@@ -63,8 +64,6 @@ def diff_command(
         anatomy diff model.Q4_1.gguf ./source "The capital of Germany is" --target " Berlin"
     """
     plot, fmt = out.plot, out.fmt
-    from anatomy_cli.models.resolve import check_path
-
     for name in (a, b):
         check_path(name)  # a path that does not exist fails before torch loads
     opts.check_mode(prompt is not None)

@@ -14,6 +14,7 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import explain as task
 
 PlotOpt = Annotated[Optional[Path], html_plot(
@@ -57,7 +58,6 @@ def explain_command(
         anatomy sae "The capital of France is" --sae ./sae --model smollm2 --labels feats/explanations.json
     """
     from anatomy_cli.output import plots
-    from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import explain as view
     from anatomy_cli.tasks._explain_run import measure
 

@@ -10,10 +10,12 @@ import typer
 
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.cli.options import default_model
 from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import features as task
 
 PlotOpt = Annotated[Optional[Path], html_plot(
@@ -61,7 +63,6 @@ def features_command(
         anatomy features ./sae --corpus docs/ --out feats --plot feats/features.html
         anatomy features ./sae --corpus docs/ --estimate
     """
-    from anatomy_cli.output.render import emit
     from anatomy_cli.output.views import features as view
     from anatomy_cli.tasks._features_run import measure
 
@@ -70,8 +71,6 @@ def features_command(
     from anatomy_cli.output.plots import check_path
 
     plot = check_path(plot, made=opts.out)  # FILE inside a --out DIR not made yet: made by the run
-    from anatomy_cli.cli.options import default_model
-
     if spec.model == default_model():  # --model left out (or given as the default): the model the dictionary names
         named = task.dictionary_model(opts)
         if named is not None:

@@ -3,6 +3,7 @@ transformers (the analysis reads headers only)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 from typing import Optional
 
@@ -11,6 +12,7 @@ import typer
 from anatomy_cli.cli.app import info
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.models.resolve import check_path
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -73,10 +75,7 @@ def models(
 
 
 def _set_default(name: str) -> None:
-    from pathlib import Path
-
     from anatomy_cli.models import defaults
-    from anatomy_cli.models.resolve import check_path
 
     name = name.strip()
     if name in ("", defaults.FALLBACK):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 from typing import Optional
@@ -22,6 +24,7 @@ from anatomy_cli.output.render import human_bytes
 from anatomy_cli.serve import client
 from anatomy_cli.serve import protocol
 from anatomy_cli.tasks import serve as task
+from anatomy_cli.tasks.notes import cancellable
 
 JOB_COLUMNS = (Column("id", "id", "id"), Column("state", "state"), Column("since", "since"),
                Column("for_s", "for (s)", "float", 1), Column("command", "command"))
@@ -110,14 +113,9 @@ def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_min
 
 
 def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minutes: float) -> None:
-    import os
-    import sys
-
     from anatomy_cli.serve.server import Server
 
     # The server's log is the real stderr: while a request runs, sys.stderr is that client's.
-    from anatomy_cli.tasks.notes import cancellable
-
     server = Server(path, commands=click_command, max_bytes=max_bytes, idle_timeout=idle_minutes * 60,
                     cancellable=cancellable)
     try:

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from anatomy_cli.errors import CheckpointError
+from anatomy_cli.models.headers import read_safetensors
 
 Array = npt.NDArray[Any]
 
@@ -28,8 +29,6 @@ def safetensors_arrays(path: Path, values: bool = True) -> dict[str, Array]:
     (models/headers.py ``read_safetensors``, which also refuses a truncated file)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
-
-    from anatomy_cli.models.headers import read_safetensors
 
     if not values:
         return {t.name: _stand_in(t.shape) for t in read_safetensors(path)}

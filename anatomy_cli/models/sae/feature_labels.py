@@ -27,6 +27,8 @@ from typing import Any
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.labels import read_labels
 from anatomy_cli.models.sae.labels import read_layer_labels
+from anatomy_cli.models.sites import block_of
+from anatomy_cli.text.display import visible
 
 BESIDE = "explanations.json"
 DASHBOARD = "features.html"
@@ -161,8 +163,6 @@ def run_site(d: Path) -> str | None:
 
 def run_block(d: Path) -> int:
     """The block of DIR's dictionary; UsageError when it cannot be read or sits in no block."""
-    from anatomy_cli.models.sites import block_of
-
     site = run_site(d)
     if site is None:
         raise UsageError(f"--features-dir {d}: its dictionary {_settings(d)['sae']} cannot be read, so its block "
@@ -179,8 +179,6 @@ def top_tokens(d: Path) -> dict[int, str]:
     if not path.is_file():
         return {}
     import pyarrow.parquet as pq
-
-    from anatomy_cli.text.display import visible
 
     rows = pq.read_table(path, columns=["feature", "side", "rank", "token"]).to_pylist()
     out: dict[int, list[str]] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from pathlib import Path
 
@@ -78,8 +79,6 @@ def read_layer_labels(path: str | Path, n_layers: int) -> dict[tuple[int, int], 
     (``layer_12.json``). The first description of each (block, index) is kept; blocks past ``n_layers`` are left
     out. Raises UsageError for a path with no export file or no record naming a feature, CheckpointError for an
     unreadable one."""
-    import re
-
     p = Path(path)
     files = _files(p, ("*.jsonl.gz", "*.jsonl", "*.json"))
     out: dict[tuple[int, int], str] = {}

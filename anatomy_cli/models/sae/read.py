@@ -22,6 +22,7 @@ that disagree. No torch.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,6 @@ def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False,
 def _circuit_tracer_kind(folder: Path) -> str | None:
     """``transcoder_set`` / ``cross_layer_transcoder`` when ``folder`` holds circuit-tracer's config.yaml naming
     one, else None."""
-    import re
-
     for name in ("config.yaml", "config.yml"):
         path = folder / name
         if path.is_file():

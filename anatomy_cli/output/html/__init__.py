@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.html.markup import UNTRAINED  # noqa: F401  (the package's names)
 from anatomy_cli.output.html.markup import Part
@@ -85,7 +84,7 @@ def text(title: str | None, paragraph: str | None = None) -> Part:
     return Part(out)
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, numeric: Sequence[bool] = ()) -> Part:
+def table(columns: Sequence[str], rows: Sequence[Sequence[object]], *, numeric: Sequence[bool] = ()) -> Part:
     """A plain HTML table; every header and cell escaped. ``numeric[i]``: right-align column i."""
     right = list(numeric) + [False] * (len(columns) - len(numeric))
     head = "".join(f"<th>{esc(c)}</th>" for c in columns)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -19,14 +18,15 @@ def clean(values: Sequence[float | None]) -> list[float | None]:
     return [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]
 
 
-def bars(x: Sequence[Any], values: Sequence[float | None], name: str, colour: str, unit: str) -> go.Bar:
+def bars(x: Sequence[object], values: Sequence[float | None], name: str, colour: str, unit: str) -> go.Bar:
     """One series of vertical bars with the value (4 decimals) and ``unit`` in the hover text."""
     return go.Bar(x=list(x), y=clean(values), name=esc(name), marker_color=colour,
                   hovertemplate=f"{esc(name)} · layer %{{x}}<br>%{{y:.4f}} {esc(unit)}<extra></extra>")
 
 
-def diverging(z: Sequence[Sequence[float | None]], *, x: Sequence[Any] | None = None, y: Sequence[Any] | None = None,
-              title: str, limit: float | None = None, hover: str = "layer %{y} head %{x}") -> go.Heatmap:
+def diverging(z: Sequence[Sequence[float | None]], *, x: Sequence[object] | None = None,
+              y: Sequence[object] | None = None, title: str, limit: float | None = None,
+              hover: str = "layer %{y} head %{x}") -> go.Heatmap:
     """A red-blue heatmap centred at 0 (``limit``: the colour scale's ±, default max |z|)."""
     finite = [abs(v) for row in z for v in row if v is not None and not math.isnan(v)]
     top = limit if limit is not None else (max(finite) if finite else 1.0) or 1.0

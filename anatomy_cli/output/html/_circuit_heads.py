@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypedDict
 
 import plotly.graph_objects as go
 
@@ -27,12 +29,29 @@ from anatomy_cli.output.html.markup import Part
 from anatomy_cli.output.html.markup import script_json
 from anatomy_cli.text.display import visible
 
+if TYPE_CHECKING:
+    from anatomy_cli.output.html._circuit_json import Link
+    from anatomy_cli.output.html._circuit_json import Node
+    from anatomy_cli.output.html._circuit_json import QKEntry
+
 QK_NOTE = ("Each bar is one term scale · q_i · k_j of the head's pre-softmax score: q_i is one contributor's part "
            "of the head's query at the query position, k_j one contributor's part of its key at the key position "
            "(a part: how much the query or key changes when that node is removed from the frozen replacement "
            "model). Contributors are the graph's source nodes (features, error nodes, tokens), bias (the query or "
            "key with every source removed) and other (the sources pruned from the graph). All query × key pairs "
            "sum to the score; the largest are drawn, the line above sums the rest.")
+
+
+class QKBars(TypedDict):
+    """One ``qk`` entry as the panel's script draws it."""
+
+    labels: list[str]
+    values: list[float]
+    colours: list[str]
+    hovers: list[str]
+    line: str
+
+
 SIDES = {"bias": "bias (every source removed)", "other": "other (sources pruned from the graph)"}
 
 
@@ -41,7 +60,7 @@ def number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def link_hover(link: Mapping[str, Any]) -> str:
+def link_hover(link: Link) -> str:
     """A link's hover: source → target, its weight, the bypass, each head part written, the rest (escaped)."""
     heads = link["heads"]
     lines = [f"{esc(link['source'])} → {esc(link['target'])}", f"weight {number(link['weight'])}",
@@ -51,7 +70,7 @@ def link_hover(link: Mapping[str, Any]) -> str:
     return "<br>".join(lines)
 
 
-def link_markers(drawn: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[float, int]]) -> go.Scatter | None:
+def link_markers(drawn: Sequence[Link], at: Mapping[str, tuple[float, int]]) -> go.Scatter | None:
     """An invisible marker at the midpoint of each drawn link that has ``heads``, hovering :func:`link_hover`
     (None where none has)."""
     split = [e for e in drawn if "heads" in e]
@@ -65,7 +84,7 @@ def link_markers(drawn: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[floa
                       hovertext=[link_hover(e) for e in split], hovertemplate="%{hovertext}<extra></extra>")
 
 
-def describe(node_id: str, nodes: Mapping[str, Mapping[str, Any]], tokens: Sequence[str]) -> str:
+def describe(node_id: str, nodes: Mapping[str, Node], tokens: Sequence[str]) -> str:
     """One contributor of a query or key, for a bar's hover: its id, position and token, label (escaped)."""
     if node_id in SIDES:
         return esc(SIDES[node_id])
@@ -78,8 +97,8 @@ def describe(node_id: str, nodes: Mapping[str, Mapping[str, Any]], tokens: Seque
     return f"{esc(node_id)} at {pos} {piece}{label}"
 
 
-def qk_entry(entry: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], tokens: Sequence[str],
-             colours: tuple[str, str]) -> dict[str, Any]:
+def qk_entry(entry: QKEntry, nodes: Mapping[str, Node], tokens: Sequence[str],
+             colours: tuple[str, str]) -> QKBars:
     """One ``qk`` entry as the panel's script draws it: bar labels, values, colours (``colours``: raising,
     lowering), hovers (escaped) and the line above the bars."""
     terms = entry["terms"]
@@ -97,7 +116,7 @@ def qk_entry(entry: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], t
                  f"({number(entry['rest'])}{of}){cap}")}
 
 
-def qk_title(entry: Mapping[str, Any], tokens: Sequence[str]) -> str:
+def qk_title(entry: QKEntry, tokens: Sequence[str]) -> str:
     """A ``qk`` entry in the selector (escaped)."""
     def at(pos: int) -> str:
         return f"{pos} {token(visible(tokens[pos]), 16)}" if 0 <= pos < len(tokens) else str(pos)
@@ -109,7 +128,7 @@ def qk_title(entry: Mapping[str, Any], tokens: Sequence[str]) -> str:
 def qk_panel(graph: Mapping[str, Any], tokens: Sequence[str], colours: tuple[str, str]) -> Part:
     """The QK panel: a selector over ``graph["qk"]`` and the picked entry's terms as bars (the first entry drawn
     first), coloured as the graph's links (``colours``: raising, lowering)."""
-    nodes: dict[str, Mapping[str, Any]] = {}
+    nodes: dict[str, Node] = {}
     for n in graph["nodes"]:
         nodes.setdefault(str(n["node_id"]), n)
     entries = [qk_entry(e, nodes, tokens, colours) for e in graph["qk"]]

@@ -40,6 +40,8 @@ from anatomy_cli.output.html.markup import script_json
 from anatomy_cli.text.display import visible
 
 if TYPE_CHECKING:
+    from anatomy_cli.output.html._circuit_json import Link
+    from anatomy_cli.output.html._circuit_json import Node
     from anatomy_cli.output.plots.caption import Caption
 
 MAX_LINKS = 3000  # plotly draws a few thousand segments in well under a second
@@ -56,7 +58,7 @@ KINDS = {  # feature_type -> (legend name, marker symbol, colour)
 }
 
 
-def row_of(node: Mapping[str, Any], n_layers: int) -> int:
+def row_of(node: Node, n_layers: int) -> int:
     """The node's row: 0 for the embeddings, block + 1 for features and errors, n_layers + 1 for the logits."""
     if node["feature_type"] == "embedding":
         return 0
@@ -65,7 +67,7 @@ def row_of(node: Mapping[str, Any], n_layers: int) -> int:
     return int(node["layer"]) + 1
 
 
-def places(nodes: Sequence[Mapping[str, Any]], n_layers: int) -> list[tuple[float, int]]:
+def places(nodes: Sequence[Node], n_layers: int) -> list[tuple[float, int]]:
     """``(x, row)`` of each node, in the order of ``nodes``: nodes sharing a (row, position) cell spread over 0.8 of the
     column, the most influential in the middle; the logit nodes (all at the last position) along their row
     (:func:`logit_xs`)."""
@@ -86,7 +88,7 @@ def places(nodes: Sequence[Mapping[str, Any]], n_layers: int) -> list[tuple[floa
     return out
 
 
-def logit_xs(nodes: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+def logit_xs(nodes: Sequence[Node]) -> dict[int, float]:
     """The logit nodes' x, by their index in ``nodes``, most probable first: one column apart from the last position
     leftwards, or where they would not fit, spread evenly over the plot's width (ten logits over six positions:
     0.58 of a column apart, rather than ten markers in one column's 0.8)."""
@@ -101,14 +103,14 @@ def logit_xs(nodes: Sequence[Mapping[str, Any]]) -> dict[int, float]:
     return {i: last + 0.4 - (rank + 0.5) * slot for rank, i in enumerate(logits)}
 
 
-def logit_label(node: Mapping[str, Any]) -> str:
+def logit_label(node: Node) -> str:
     """A logit node's token as its label (from circuit-tracer's clerp ``Output "TOKEN" (p=0.749)``), escaped."""
     clerp = str(node.get("clerp") or "")
     text = clerp[len('Output "'):clerp.rindex('" (p=')] if clerp.startswith('Output "') and '" (p=' in clerp else ""
     return token(visible(text), 12) if text else esc(node["node_id"])
 
 
-def by_id(nodes: Sequence[Mapping[str, Any]], at: Sequence[tuple[float, int]]) -> dict[str, tuple[float, int]]:
+def by_id(nodes: Sequence[Node], at: Sequence[tuple[float, int]]) -> dict[str, tuple[float, int]]:
     """Where each ``node_id`` is drawn, for the links. circuit-tracer's error ids ``0_{layer}_{pos}`` can equal a
     block-0 feature's ``{0}_{feature}_{pos}``; such an id means its first node (the feature: features come first)."""
     out: dict[str, tuple[float, int]] = {}
@@ -117,7 +119,7 @@ def by_id(nodes: Sequence[Mapping[str, Any]], at: Sequence[tuple[float, int]]) -
     return out
 
 
-def hover(node: Mapping[str, Any], tokens: Sequence[str], extra: Mapping[str, Any] | None = None) -> str:
+def hover(node: Node, tokens: Sequence[str], extra: Mapping[str, Any] | None = None) -> str:
     """The node's hover text; ``extra``: the graph's ``metadata.feature_labels`` (top tokens, dashboards)."""
     pos = int(node["ctx_idx"])
     piece = token(visible(tokens[pos]), 24) if 0 <= pos < len(tokens) else "–"
@@ -142,7 +144,7 @@ def hover(node: Mapping[str, Any], tokens: Sequence[str], extra: Mapping[str, An
     return "<br>".join(lines)
 
 
-def dashboard_links(nodes: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> dict[str, str]:
+def dashboard_links(nodes: Sequence[Node], extra: Mapping[str, Any]) -> dict[str, str]:
     """``node_id`` -> the feature's panel in its block's dashboard page (``…/features.html#f-ID``)."""
     pages = extra.get("dashboards", {})
     return {str(n["node_id"]): f"{pages[str(n['layer'])]}#f-{node_feature(n)}" for n in nodes
@@ -157,18 +159,18 @@ def click_script(links: Mapping[str, str]) -> str:
             "var u=p&&LINKS[p.customdata];if(u){window.open(u,'_blank');}});")
 
 
-def node_feature(node: Mapping[str, Any]) -> str:
+def node_feature(node: Node) -> str:
     """The feature index in its transcoder: ``node_id`` is ``{layer}_{feature}_{pos}``."""
     return str(node["node_id"]).split("_")[1]
 
 
-def drawn_links(links: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[float, int]]) -> list[Mapping[str, Any]]:
+def drawn_links(links: Sequence[Link], at: Mapping[str, tuple[float, int]]) -> list[Link]:
     """The links drawn: the ``MAX_LINKS`` strongest between drawn nodes, strongest first."""
     drawn = sorted((e for e in links if e["source"] in at and e["target"] in at), key=lambda e: -abs(e["weight"]))
     return drawn[:MAX_LINKS]
 
 
-def link_traces(links: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[float, int]]) -> list[go.Scatter]:
+def link_traces(links: Sequence[Link], at: Mapping[str, tuple[float, int]]) -> list[go.Scatter]:
     """The strongest links as line traces: one per (sign, width bucket), segments separated by None."""
     drawn = drawn_links(links, at)
     top = max((abs(e["weight"]) for e in drawn), default=0.0) or 1.0
@@ -190,7 +192,7 @@ def link_traces(links: Sequence[Mapping[str, Any]], at: Mapping[str, tuple[float
 def figure(graph: Mapping[str, Any], cap: Caption) -> Page:
     """The page for one graph JSON (``--json``'s dict) under ``cap`` (a :class:`anatomy_cli.output.plots.Caption`)."""
     tokens = [str(t) for t in graph["metadata"]["prompt_tokens"]]
-    nodes = list(graph["nodes"])
+    nodes: list[Node] = list(graph["nodes"])
     n_layers = max((int(n["layer"]) for n in nodes if n["feature_type"] == "logit"), default=1) - 1
     at = places(nodes, n_layers)
     extra = graph["metadata"].get("feature_labels") or {}

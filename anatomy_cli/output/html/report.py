@@ -28,6 +28,8 @@ from anatomy_cli.output.html._page import heat_size
 from anatomy_cli.output.html._page import layout
 from anatomy_cli.output.html._page import plot
 from anatomy_cli.output.html._page import ticks
+from anatomy_cli.tasks.records import dtype_name
+from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
@@ -175,9 +177,6 @@ _SECTIONS = {"tokens": _tokens, "embedding": _embedding, "residual": _residual, 
 
 def facts(lm: LoadedModel, enc: Encoded) -> list[tuple[str, str]]:
     """The page header's (label, value) pairs: model, architecture, shape, dtype, quantization, BOS, prompt."""
-    from anatomy_cli.tasks.records import dtype_name
-    from anatomy_cli.tasks.session import model_label
-
     tok = lm.tokenizer
     bos_piece = tok.piece(tok.bos_id) if tok.bos_id is not None else None
     starts = bool(enc.ids) and tok.bos_id is not None and enc.ids[0] == tok.bos_id

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 PALETTE = len(COLOURS)
 
 
-def stepped_scale() -> list[list[Any]]:
+def stepped_scale() -> list[list[object]]:
     """A colorscale with one flat band per colour: z = i (zmin -0.5, zmax PALETTE - 0.5) is ``COLOURS[i]``, as
     the PNG's tab20 colormap. Band edges are ``(i + edge) / PALETTE``, one float per edge: plotly.js drops a
     scale whose positions ever decrease (``i / 20 + 1 / 20`` is 0.9500000000000001, then 0.95) for its default,

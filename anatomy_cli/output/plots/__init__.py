@@ -19,8 +19,10 @@ the suffix (``lens.png`` -> ``lens-1.png``, ``lens-2.png``), see :func:`numbered
 
 from __future__ import annotations
 
+import base64
 import importlib
 import importlib.util
+import io
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,12 +31,15 @@ from typing import overload
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.output import html
 from anatomy_cli.output import sink
 from anatomy_cli.output.plots.caption import Caption  # noqa: F401  (the package's name)
 from anatomy_cli.tasks._checks import writable
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from matplotlib.figure import Figure
 
     from anatomy_cli.output.html import Page
 
@@ -140,18 +145,14 @@ def save(fig: Any, path: Path, index: int | None = None) -> Path:
     return target
 
 
-def _page(fig: Any) -> Page:
+def _page(fig: Figure | Page) -> Page:
     """A Page as it is; a matplotlib Figure (a command without an HTML module) as a page around its PNG."""
-    from anatomy_cli.output import html
-
     if isinstance(fig, html.Page):
         return fig
-    import base64
-    import io
-
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else "anatomy"
+    suptitle = getattr(fig, "_suptitle", None)
+    title = suptitle.get_text() if suptitle is not None else "anatomy"
     page = html.Page(title=title.split("\n")[0], lines=title.split("\n")[1:])
     page.add(html.Part('<img alt="plot" src="data:image/png;base64,'
                        + base64.b64encode(buffer.getvalue()).decode("ascii") + '">'))

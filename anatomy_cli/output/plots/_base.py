@@ -28,6 +28,7 @@ matplotlib.use("Agg")  # files only; never a window
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from anatomy_cli.output.plots._text import drawable
@@ -110,8 +111,6 @@ def caption(fig: Figure, cap: Caption, notes: Sequence[str] = ()) -> None:
 def _wrap(fig: Figure, text: str, size: float) -> list[str]:
     """``text`` as lines that each fit the figure's width at ``size`` points (broken between words; a single
     word wider than the figure stays whole): a long footer note wraps instead of running off the right edge."""
-    from matplotlib.font_manager import FontProperties
-
     canvas = fig.canvas
     assert isinstance(canvas, FigureCanvasAgg)  # new_figure's
     renderer = canvas.get_renderer()

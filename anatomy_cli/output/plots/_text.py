@@ -10,6 +10,7 @@ import re
 from functools import lru_cache
 
 from matplotlib import font_manager
+from matplotlib.ft2font import FT2Font
 
 from anatomy_cli.text.display import shorten  # noqa: F401  (used by the picture modules from here)
 
@@ -24,8 +25,6 @@ TOKEN_CHARS = 8  # longest token shown in full in a label; longer ones end in "â
 @lru_cache(maxsize=1)
 def fonts() -> tuple[tuple[str, ...], frozenset[int]]:
     """The font family list (DejaVu Sans, then any installed CJK fonts) and the code points they cover."""
-    from matplotlib.ft2font import FT2Font
-
     families = [BASE_FONT]
     files: list[str] = [font_manager.findfont(BASE_FONT, fallback_to_default=True)]
     for entry in sorted(font_manager.fontManager.ttflist, key=lambda f: (f.name, f.fname)):

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 
 from anatomy_cli.output.plots import Caption
@@ -73,6 +74,4 @@ def figure(result: TokenAttribution, what: str, cap: Caption) -> Figure:
 
 
 def _mappable(norm: Normalize, cmap: Any) -> Any:
-    from matplotlib.cm import ScalarMappable
-
     return ScalarMappable(norm=norm, cmap=cmap)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
+from matplotlib.ticker import PercentFormatter
 
 from anatomy_cli.models.sites import residual_row
 from anatomy_cli.output import statistics
@@ -134,8 +135,6 @@ def expert_load(fig: Figure, ax: Axes, experts: Any, blocks: Any = ()) -> list[s
                     ylabels=[str(b) for b in order], cmap=load.cmap, vmin=0.0,
                     vmax=float(max(1e-9, np.nanmax(array))), colorbar=load.label, cells=cells, xlabel="expert",
                     ylabel="MoE block", x_rotation=0)
-    from matplotlib.ticker import PercentFormatter
-
     colorbar = ax.images[0].colorbar
     assert colorbar is not None  # heatmap(colorbar=...) drew one
     colorbar.ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))

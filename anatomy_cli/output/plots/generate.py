@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from matplotlib.patches import Rectangle
+
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
 from anatomy_cli.output.plots._base import caption
@@ -71,8 +73,6 @@ def _lens(c: Continuation, cap: Caption) -> Figure:
                     ylabels=[str(b) for b in range(n_rows)], cmap="viridis", vmin=0.0, vmax=1.0,
                     colorbar="probability of the chosen token", xlabel="token generated at each step",
                     ylabel="block (its output, resid_post)")
-    from matplotlib.patches import Rectangle
-
     for s, st in enumerate(c.steps):
         if st.first_top1_layer is not None:
             ax.add_patch(Rectangle((s - 0.5, st.first_top1_layer - 0.5), 1, 1, fill=False, edgecolor="white",

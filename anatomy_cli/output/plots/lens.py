@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from matplotlib.colors import LogNorm
+from matplotlib.patches import Rectangle
+
 from anatomy_cli.output import statistics
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
@@ -26,9 +29,6 @@ def figure(grid: LensGrid, stat: str, tokens: Sequence[str], cap: Caption) -> Fi
     at those positions), each cell naming its top-1 token (``grid.top_tokens[r][c][0]``). With a target,
     cells whose top token is the target get a white frame. Returns a matplotlib Figure.
     """
-    from matplotlib.colors import LogNorm
-    from matplotlib.patches import Rectangle
-
     values = as_array(grid.stat(stat).tolist())
     n_rows, n_cols = values.shape
     width, height, cw, ch = grid_size(n_rows, n_cols)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from matplotlib.patches import Rectangle
+
 from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.plots._base import as_array
 from anatomy_cli.output.plots._base import caption
@@ -25,8 +27,6 @@ PALETTE = len(EXPERT_COLOURS)  # tab20: experts i and i + 20 share a colour; the
 def figure(result: RouteResult, tokens: Sequence[str], cap: Caption) -> Figure:
     """Draw a :class:`anatomy_cli.tasks.route.RouteResult`: one row per MoE block (the first at the bottom), one
     column per position labelled with ``tokens``; colour and text: the top expert. Near ties get a black frame."""
-    from matplotlib.patches import Rectangle
-
     blocks, ids = result.top_experts()
     values = as_array([[float(i % PALETTE) for i in row] for row in ids])
     n_rows, n_cols = values.shape

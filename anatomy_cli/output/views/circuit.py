@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
+from anatomy_cli.tasks._circuit_estimate import CircuitEstimate
+from anatomy_cli.tasks.records import model_record
+from anatomy_cli.tasks.records import spec_record
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+from anatomy_cli.units import human_bytes
+from anatomy_cli.units import human_seconds
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine import Encoded
+    from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.output.views.protocol import FigureArgs
+    from anatomy_cli.tasks._circuit import CircuitResult
 
 COLUMNS = (
     Column("node", "node"),
@@ -34,8 +47,8 @@ KINDS = {"cross layer transcoder": "feature", "mlp reconstruction error": "error
 INPUTS = ("mlp reconstruction error", "embedding")  # the graph's inputs: circuit-tracer computes no edge into them
 
 
-def report(lm: Any, enc: Any, result: Any) -> Report:
-    if hasattr(result, "seconds_expected"):
+def report(lm: Any, enc: Encoded, result: CircuitResult | CircuitEstimate) -> Report:
+    if isinstance(result, CircuitEstimate):
         return estimate_report(lm, enc, result)
     data = {**prompt_record(lm, enc), **result.to_dict()}
     rows = [{**r, "kind": KINDS.get(r["kind"], r["kind"]), **({"via": "(input)"} if r["kind"] in INPUTS else {})}
@@ -79,12 +92,10 @@ def heads_notes(qk: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def figure(lm: Any, enc: Any, result: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def figure(lm: LoadedModel, enc: Encoded, result: CircuitResult | CircuitEstimate) -> FigureArgs:
     """``plots.draw("circuit", ...)``'s arguments: the graph JSON (``--json``'s dict) and the caption
     (anatomy_cli/output/html/circuit.py draws it; .html only). An estimate draws nothing."""
-    from anatomy_cli.output.plots import Caption
-
-    if hasattr(result, "seconds_expected"):
+    if isinstance(result, CircuitEstimate):
         return (), {}
 
     return (result.json, Caption.of("circuit", lm, enc.text)), {}
@@ -99,14 +110,9 @@ SIZES = ("adjacency_bytes", "rows_bytes", "setup_bytes", "transcoder_bytes", "ba
 COUNTS = ("n_tokens", "active_features_bound", "feature_rows", "n_logits", "n_nodes", "backward_passes")
 
 
-def estimate_report(model: Any, enc: Any, est: Any) -> Report:
+def estimate_report(model: Any, enc: Encoded, est: CircuitEstimate) -> Report:
     """``--estimate``: the bound per quantity (bytes, counts, FLOPs, seconds), before any weight loads (``model``:
     the opened model, or a loaded one from the API)."""
-    from anatomy_cli.tasks.records import model_record
-    from anatomy_cli.tasks.records import spec_record
-    from anatomy_cli.units import human_bytes
-    from anatomy_cli.units import human_seconds
-
     e = est.to_dict()
     record = model_record(model) if hasattr(model, "model") else spec_record(model.spec)  # loaded, or opened only
     rows = ([{"quantity": k, "value": e[k], "shown": f"{e[k]:,}"} for k in COUNTS] +

@@ -6,6 +6,8 @@ import math
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models.resolve import short_name
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -150,9 +152,6 @@ def expert_sections(stats: CorpusStats) -> list[Section]:
 
 def figure(run: CorpusRun) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.corpus.figure`'s arguments: the stats and the caption."""
-    from anatomy_cli.models.resolve import short_name
-    from anatomy_cli.output import plots
-
     stats = run.result.stats
     cap = plots.Caption("corpus", short_name(run.spec.model), None,
                         f"{run.identity['path']} · {stats.tokens:,} tokens", untrained=run.spec.init == "random")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.models.resolve import short_name
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -99,21 +101,15 @@ def activations_report(label_a: str, label_b: str, enc: Encoded, result: Activat
 
 def pair(a: str, b: str) -> str:
     """``A vs B`` for a picture's title: each model's one short name (models.resolve.short_name)."""
-    from anatomy_cli.models.resolve import short_name
-
     return f"{short_name(a)} vs {short_name(b)}"
 
 
 def weights_figure(result: WeightsDiff, a: str, b: str) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.diff.weights_figure`'s arguments."""
-    from anatomy_cli.output import plots
-
     return (result, plots.Caption("diff", pair(a, b), detail="weights")), {}
 
 
 def activations_figure(a: str, b: str, enc: Encoded, result: ActivationDiff) -> FigureArgs:
     """:func:`anatomy_cli.output.plots.diff.activations_figure`'s arguments."""
-    from anatomy_cli.output import plots
-
     cap = plots.Caption("diff", pair(a, b), enc.text, f"position {result.position} = {enc.pieces[result.position]}")
     return (result, cap), {}

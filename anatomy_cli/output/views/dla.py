@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -49,7 +48,7 @@ def figure(lm: LoadedModel, enc: Encoded, result: DlaResult) -> FigureArgs:
 def report(lm: LoadedModel, enc: Encoded, result: DlaResult) -> Report:
     name_token = describe(lm)
 
-    def token(i: int | None) -> dict[str, Any] | None:
+    def token(i: int | None) -> dict[str, object] | None:
         return None if i is None else token_record(i, *name_token(i))
 
     pos, attribution = result.position, result.shown

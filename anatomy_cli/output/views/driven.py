@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
-from typing import Any
+from typing import Generic
+from typing import TypeVar
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
@@ -25,30 +26,35 @@ if TYPE_CHECKING:
     from anatomy_cli.output.views.protocol import FigureArgs
 
 
+OptsT = TypeVar("OptsT")
+PlanT = TypeVar("PlanT")
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class Shown:
+class Shown(Generic[OptsT, PlanT]):
     """What a view may read besides one prompt's result: the command's options, the task's plan, the format the
     report is for (None: the API's JSON) and the picture's path (None: no picture)."""
 
-    opts: Any
-    plan: Any
+    opts: OptsT
+    plan: PlanT
     fmt: Format | None = None
     plot: Path | None = None
 
 
-def _call(fn: Callable[..., Any], lm: LoadedModel, enc: Encoded, result: Any, shown: Shown) -> Any:
+def _call(fn: Callable[..., T], lm: LoadedModel, enc: Encoded, result: object, shown: Shown[object, object]) -> T:
     if len(inspect.signature(fn).parameters) >= 4:
         return fn(lm, enc, result, shown)
     return fn(lm, enc, result)
 
 
-def report(view: ModuleType, lm: LoadedModel, enc: Encoded, result: Any, shown: Shown) -> Report:
+def report(view: ModuleType, lm: LoadedModel, enc: Encoded, result: object, shown: Shown[object, object]) -> Report:
     """The view's report of one prompt's result."""
     made: Report = _call(view.report, lm, enc, result, shown)
     return made
 
 
-def figure(view: ModuleType, lm: LoadedModel, enc: Encoded, result: Any, shown: Shown) -> FigureArgs:
+def figure(view: ModuleType, lm: LoadedModel, enc: Encoded, result: object, shown: Shown[object, object]) -> FigureArgs:
     """The view's picture of one prompt's result (``plots.draw``'s arguments); ``((), {})`` for a view that
     draws none."""
     if not hasattr(view, "figure"):
@@ -57,7 +63,7 @@ def figure(view: ModuleType, lm: LoadedModel, enc: Encoded, result: Any, shown: 
     return made
 
 
-def run_kwargs(view: ModuleType, shown: Shown) -> dict[str, Any]:
+def run_kwargs(view: ModuleType, shown: Shown[object, object]) -> dict[str, object]:
     """The keywords the view asks of the task's ``run`` for this output (none by default)."""
     hook = getattr(view, "run_kwargs", None)
     return dict(hook(shown)) if hook is not None else {}

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models.resolve import short_name
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -90,8 +92,6 @@ def report(run: ExplainRun) -> Report:
 def dashboard(run: ExplainRun, features_dir: Path) -> FigureArgs:
     """``plots.draw("features", ...)``'s arguments: the features dashboard of ``features_dir`` (its tables read
     back, tasks/_features_files.py ``read_record``) with the run's explanations and scores in it."""
-    from anatomy_cli.models.resolve import short_name
-    from anatomy_cli.output import plots
     from anatomy_cli.tasks._features_files import read_record
 
     data = read_record(features_dir)

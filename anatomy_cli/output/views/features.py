@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models.resolve import short_name
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -88,9 +90,6 @@ def shown_rows(rows: list[dict[str, Any]], show: int) -> list[dict[str, Any]]:
 
 def figure(run: FeaturesRun) -> FigureArgs:
     """``plots.draw("features", ...)``'s arguments: the report's data (the JSON record) and the caption."""
-    from anatomy_cli.models.resolve import short_name
-    from anatomy_cli.output import plots
-
     data = report(run).data
     untrained = bool(getattr(run.lm, "untrained", False))
     detail = f"{run.sae_file.path} at {run.sae_file.hook_name} · {len(run.rows):,} features over " \

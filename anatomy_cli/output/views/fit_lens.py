@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.engine.opening import OpenedModel
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -14,7 +15,6 @@ from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.tasks.fit_lens import JacobianFit
     from anatomy_cli.tasks.fit_lens import MergedLens
 
@@ -30,8 +30,6 @@ def report(lm: LoadedModel | OpenedModel, result: JacobianFit | TunedFit) -> Rep
     """``lm``: the loaded model, or (``--ray``: the workers loaded it) the opened one, said from its spec."""
     if isinstance(result, TunedFit):
         return tuned_report(lm, result)  # type: ignore[arg-type]  # trained in this process: loaded
-    from anatomy_cli.engine.opening import OpenedModel
-
     if isinstance(lm, OpenedModel):
         record, label = records.spec_record(lm.spec), f"{lm.spec.model} (on Ray)"
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models.sites import block_spans
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -29,8 +30,6 @@ def row(block: dict[str, Any]) -> dict[str, Any]:
 
 
 def report(lm: LoadedModel, result: SaeFit) -> Report:
-    from anatomy_cli.models.sites import block_spans
-
     d = result.to_dict()
     rows = [row(b) for b in d["blocks"]]
     data = {**records.model_record(lm), **d, ROWS: rows}

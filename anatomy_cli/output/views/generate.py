@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import cast
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -101,7 +102,6 @@ def figure(lm: LoadedModel, enc: Encoded, out: Generated, opts: GenerateOptions,
     """``plots.draw("generate", ...)``'s arguments: the sweep or the lens grid and the caption (the steered
     blocks and coefficients, or the lens)."""
     from anatomy_cli.analyses.generate import Sweep
-    from anatomy_cli.output.plots import Caption
 
     vector, coefs, result = plan.vector, opts.coefs, out.result
     if isinstance(result, Sweep):

@@ -3,9 +3,11 @@ the record as JSON; the tokens x features picture's caption."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -41,8 +43,6 @@ _CE = ("ce_clean_nats", "ce_spliced_nats", "ce_with_error_nats")
 def with_bits(health: dict[str, Any]) -> dict[str, Any]:
     """The health record with each cross-entropy in bits beside nats (``ce_clean_bits`` after
     ``ce_clean_nats``, ...: the unit of ``corpus``); the documented nats keys stay."""
-    import math
-
     out: dict[str, Any] = {}
     for key, value in health.items():
         out[key] = value
@@ -63,8 +63,6 @@ def site(sae_file: SAEFile) -> str:
 
 def figure(lm: LoadedModel, enc: Encoded, reading: Reading, sae_file: SAEFile) -> FigureArgs:
     """``plots.draw("sae", ...)``'s arguments: the reading and its caption."""
-    from anatomy_cli.output.plots import Caption
-
     cap = Caption.of("sae", lm, enc.text, f"{sae_file.format} {sae_file.architecture} · {site(sae_file)}")
     return (reading, cap), {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -97,8 +98,6 @@ def report(lm: LoadedModel, result: Verification, encoded: list[Encoded], plan: 
 
 def caption(lm: LoadedModel, result: Verification, encoded: list[Encoded]) -> Caption:
     """The pictures' caption: the model, dtype and device, and the counts."""
-    from anatomy_cli.output import plots
-
     counts = result.counts()
     return plots.Caption.of("verify", lm, None, f"{records.dtype_name(lm)} on {lm.device} · {counts['passed']} "
                             f"passed, {counts['failed']} failed, {counts['skipped']} skipped on {len(encoded)} "
