@@ -25,8 +25,8 @@ from anatomy_cli.text.options import PromptOptions
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from anatomy_cli.tasks._circuit import CircuitResult
     from anatomy_cli.tasks._circuit_estimate import CircuitEstimate
+    from anatomy_cli.tasks.circuit import CircuitResult
 
 HtmlPlotOpt = Annotated[Optional[Path], html_plot(
     "circuit", "Also draw the pruned graph to FILE.html, an interactive page (plotly, opens offline; .html only). "

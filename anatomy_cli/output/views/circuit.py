@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.output.views.protocol import FigureArgs
-    from anatomy_cli.tasks._circuit import CircuitResult
+    from anatomy_cli.tasks.circuit import CircuitResult
 
 COLUMNS = (
     Column("node", "node"),
