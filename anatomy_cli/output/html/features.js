@@ -7,6 +7,11 @@ D.contexts = D.contexts.map(function (c) {
           activation: c[6], at: c[7], activations: c[10],
           tokens: D.windows[c[8]].slice(c[9], c[9] + c[10].length).map(function (i) { return D.pieces[i]; })};
 });
+D.features.forEach(function (r) {  // co-firing as [feature, tokens]: the fraction of the feature's own firing tokens
+  if (r.cooccurring) r.cooccurring = r.cooccurring.map(function (p) {
+    return {feature: p[0], tokens: p[1], fraction: r.fires ? p[1] / r.fires : 0};
+  });
+});
 D.logits = D.logits.map(function (l) {
   return {feature: l[0], side: l[1] ? "bottom" : "top", rank: l[2], token: D.pieces[l[3]], effect: l[4]};
 });

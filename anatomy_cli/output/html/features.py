@@ -47,10 +47,11 @@ def page_data(data: dict[str, Any], explanations: list[dict[str, Any]] | None = 
     ``[feature, kind (0 top, 1 quantile), rank, quantile, lower, upper, activation, at, window, start,
     activations]`` (its tokens: ``windows[window][start:start + len(activations)]``) and a logit effect as
     ``[feature, side (0 top, 1 bottom), rank, piece index, effect]``; every token's activation to 3 significant
-    digits, a context's own and its interval's bounds to 4, effects to 6 (what the page shows), no ids. The script
-    unpacks them. ``explanations``: ``explain``'s rows (output/views/explain.py ``flat``: the explanation, its
-    scores and its control's), as they are; without them the key is left out and the page is the page without
-    explanations."""
+    digits, a context's own and its interval's bounds to 4, effects to 6 (what the page shows), no ids; a feature's
+    histogram without its trailing empty bins, its co-firing features as ``[feature, tokens]`` (the fraction is
+    tokens / fires). The script unpacks them. ``explanations``: ``explain``'s rows (output/views/explain.py
+    ``flat``: the explanation, its scores and its control's), as they are; without them the key is left out and the
+    page is the page without explanations."""
     pieces: dict[str, int] = {}
 
     def idx(text: str) -> int:
@@ -72,16 +73,31 @@ def page_data(data: dict[str, Any], explanations: list[dict[str, Any]] | None = 
     windows = [[held.get(p, -1) for p in range(max(held) + 1)] for held in shown.values()]
     logits = [[e["feature"], 0 if e["side"] == "top" else 1, e["rank"], idx(e["token"]), _digits(e["effect"], 6)]
               for e in data["logit_effects"]]
-    out = {"edges": data["histogram_edges"], "features": data["features"], "pieces": list(pieces),
+    rows = [{**r, "histogram": _trimmed(r["histogram"]),
+             **({"cooccurring": [[c["feature"], c["tokens"]] for c in r["cooccurring"]]} if "cooccurring" in r else {})}
+            for r in data["features"]]
+    out = {"edges": data["histogram_edges"], "features": rows, "pieces": list(pieces),
            "windows": windows, "contexts": contexts, "logits": logits, "font": FONT, "config": CONFIG}
     if explanations:
         out["explanations"] = explanations
     return out
 
 
-def _digits(x: float | None, n: int) -> float | None:
-    """``x`` to ``n`` significant digits (its shortest JSON text); None stays None."""
-    return None if x is None else float(f"{x:.{n}g}")
+def _digits(x: float | None, n: int) -> float | int | None:
+    """``x`` to ``n`` significant digits (its shortest JSON text: a whole number as an int, ``0`` not ``0.0``);
+    None stays None."""
+    if x is None:
+        return None
+    v = float(f"{x:.{n}g}")
+    return int(v) if v.is_integer() and abs(v) < 2 ** 53 else v
+
+
+def _trimmed(counts: list[int]) -> list[int]:
+    """A histogram without its trailing empty bins (the page reads a missing bin as empty)."""
+    end = len(counts)
+    while end and not counts[end - 1]:
+        end -= 1
+    return counts[:end]
 
 
 def figure(data: dict[str, Any], cap: Caption, explanations: list[dict[str, Any]] | None = None) -> Page:
