@@ -404,7 +404,7 @@ def test_one_block_of_a_circuit_tracer_set_is_read_with_hook(setup, tmp_path, ki
     what to pass, before the model loads."""
     from transformers import AutoModelForCausalLM
 
-    from anatomy_cli.models.sae.read import read
+    from anatomy_cli.models.ct_block import read_dictionary
 
     model, _, corpus, _ = setup
     hf = AutoModelForCausalLM.from_pretrained(model).eval()
@@ -413,7 +413,7 @@ def test_one_block_of_a_circuit_tracer_set_is_read_with_hook(setup, tmp_path, ki
     missing = invoke("features", tmp_path / "ct", "--corpus", corpus, "--model", model)
     assert missing.exit_code == 2 and f"of {n_layers} blocks: pick one block's features with --hook N" \
         in missing.stderr, missing.output
-    sae = read(tmp_path / "ct", hook="layers.1.mlp")
+    sae = read_dictionary(tmp_path / "ct", hook="layers.1.mlp")
     want_dec = w["W_dec_1"].sum(1) if kind == "cross_layer_transcoder" else w["W_dec_1"]
     np.testing.assert_array_equal(sae.W_dec, want_dec)
     data = run_json(model, tmp_path / "ct", corpus, "--hook", "1", "--cooccur", 0)
@@ -432,6 +432,15 @@ def test_one_block_of_a_circuit_tracer_set_is_read_with_hook(setup, tmp_path, ki
         eff -= eff.mean()
         top = [e for e in data["logit_effects"] if e["feature"] == f and e["side"] == "top"]
         assert top[0]["token_id"] == int(eff.argmax()) and top[0]["effect"] == pytest.approx(eff.max(), rel=1e-4)
+
+
+def test_explain_names_a_circuit_tracer_block_s_features_by_their_block(tmp_path):
+    """explain's export ``layer`` for a features run on block 2 of a transcoder set: ``2-<the set's folder>`` (the
+    block first, as circuit --labels reads it), read through the same reader as features."""
+    from anatomy_cli.tasks.explain import _layer_id
+
+    write_ct(tmp_path / "ct", "transcoder_set", 32, 3)
+    assert _layer_id({"sae": str(tmp_path / "ct"), "hook": "2"}, "2") == "2-ct"
 
 
 def test_a_folder_of_dictionaries_is_named_and_one_is_picked_with_hook(setup, tmp_path):

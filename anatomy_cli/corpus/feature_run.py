@@ -76,7 +76,7 @@ class FeatureWorker:
                  crash_once: tuple[str, int] | None = None):
         from anatomy_cli import engine
         from anatomy_cli.engine.sae import Dictionary
-        from anatomy_cli.models.sae.read import read
+        from anatomy_cli.models.ct_block import read_dictionary as read
 
         self.settings = FeatureSettings(**{**settings, "features": tuple(settings["features"])})
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))

@@ -105,12 +105,10 @@ class SAEFile:
 def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False, values: bool = True) -> SAEFile:
     """The SAE at ``path``: a folder (or a file in it) of one of the three formats, or a sparsify checkpoint
     folder holding one folder per hook point (``hook`` picks one; alone, it is taken; fit-sae's ``--layer all``
-    folders too), or one block of circuit-tracer's transcoder set or cross-layer transcoder (``hook`` names the
-    block: models/sae/ct_block.py). ``hook`` also names
-    the hook point where the files state none (Gemma Scope) or overrides what they state. ``transcoder``: the
-    caller reads transcoders, so a Gemma Scope path naming no release is block N's MLP transcoder
-    (names.py ``gemma_scope_hooks``). ``values``: False reads the headers only (the module docstring). Raises
-    UsageError for a path that holds no SAE, CheckpointError for a file that cannot be read."""
+    folders too). ``hook`` also names the hook point where the files state none (Gemma Scope) or overrides what
+    they state. ``transcoder``: the caller reads transcoders, so a Gemma Scope path naming no release is block
+    N's MLP transcoder (names.py ``gemma_scope_hooks``). ``values``: False reads the headers only (the module
+    docstring). Raises UsageError for a path that holds no SAE, CheckpointError for a file that cannot be read."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"no SAE at {p}: no such file or folder")
@@ -128,11 +126,11 @@ def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False,
         shown = ", ".join(points) if len(points) <= 4 else f"{points[0]}, {points[1]} ... {points[-1]}"
         raise UsageError(f"{folder} holds {len(points)} dictionaries, one per hook point ({shown}): pass one of "
                          f"them ({folder / points[0]}) or pick one with --hook NAME ({points[0]})")
-    kind = _circuit_tracer_kind(folder)
-    if kind is not None:  # one block of it: --hook N
-        from anatomy_cli.models.sae.ct_block import read_block
-
-        return read_block(folder, hook, kind, values)
+    kind = circuit_tracer_kind(folder)
+    if kind is not None:
+        raise UsageError(f"{folder} is circuit-tracer's {kind} (what circuit --transcoders reads): one dictionary is "
+                         f"read here, a SAELens or sparsify folder or a Gemma Scope params.npz (features --hook N "
+                         f"reads one block of it)")
     raise UsageError(f"no SAE at {p}: expected cfg.json with {SAELENS_WEIGHTS} (SAELens) or "
                      f"{SPARSIFY_WEIGHTS} (sparsify), or {GEMMA_SCOPE} (Gemma Scope)")
 
@@ -149,7 +147,7 @@ def _dictionaries(folder: Path) -> list[str]:
     return sorted(found, key=lambda name: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)])
 
 
-def _circuit_tracer_kind(folder: Path) -> str | None:
+def circuit_tracer_kind(folder: Path) -> str | None:
     """``transcoder_set`` / ``cross_layer_transcoder`` when ``folder`` holds circuit-tracer's config.yaml naming
     one, else None."""
     import re

@@ -1,6 +1,7 @@
 """One block of circuit-tracer's transcoder set or cross-layer transcoder read as a dictionary (an
-:class:`~anatomy_cli.models.sae.read.SAEFile`), for the commands that read one dictionary (``features``, ``sae``):
-``DIR --hook N`` (a block number, or any hook name of that block: ``layers.14.mlp``, ``blocks.14.mlp.hook_in``).
+:class:`~anatomy_cli.models.sae.read.SAEFile`), for ``features`` (:func:`read_dictionary`: what the SAE reader
+reads, and such a block): ``DIR --hook N`` (a block number, or any hook name of that block: ``layers.14.mlp``,
+``blocks.14.mlp.hook_in``).
 
 The set's files are read by models/transcoders.py (the one reader ``circuit`` uses): block N's ``W_enc [F, d]``,
 ``b_enc``, ``b_dec``, its JumpReLU threshold (then JumpReLU, whatever the config's ``k`` says, as ``circuit``
@@ -18,8 +19,18 @@ import numpy as np
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.read import SAEFile
+from anatomy_cli.models.sae.read import circuit_tracer_kind
+from anatomy_cli.models.sae.read import read
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
+
+
+def read_dictionary(path: str | Path, *, hook: str | None = None, values: bool = True) -> SAEFile:
+    """The dictionary at ``path``: one block of a circuit-tracer set (:func:`read_block`, ``hook`` naming it), else
+    what models/sae/read.py ``read`` reads."""
+    folder = Path(path)
+    kind = circuit_tracer_kind(folder) if folder.is_dir() else None
+    return read(folder, hook=hook, values=values) if kind is None else read_block(folder, hook, kind, values)
 
 
 def block_of_hook(hook: str | None, folder: Path, kind: str, n_layers: int) -> int:
