@@ -85,6 +85,19 @@ def brute(model_dir, sae, ctx=16):
     return windows, acts, hf, w
 
 
+def module_inputs(hf, module, windows):
+    """``module``'s input at every token of ``windows`` (each window one forward of ``hf``): [tokens, width]."""
+    seen = []
+    handle = module.register_forward_pre_hook(lambda m, a: seen.append(a[0][0].detach()))
+    try:
+        with torch.no_grad():
+            for win in windows:
+                hf(torch.tensor([win]))
+    finally:
+        handle.remove()
+    return torch.cat(seen)
+
+
 def test_statistics_and_top_contexts_equal_a_brute_force_pass(setup):
     model, sae, corpus, _ = setup
     data = run_json(model, sae, corpus, "--top-k", 4, "--window", 2)
@@ -200,13 +213,19 @@ def test_the_table_is_bounded_and_json_complete(setup):
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     shown = [int(line.split("\t")[0]) for line in lines[1:]]
-    busiest = sorted(data["features"], key=lambda r: (-r["fires"], r["feature"]))[:5]
-    assert shown == sorted(r["feature"] for r in busiest)
+    busiest = sorted(data["features"], key=lambda r: (-r["fires"], r["feature"]))
+    assert shown == [r["feature"] for r in busiest[:5]]  # most frequent first: `| head` reads the busiest
     assert f"showing the 5 most frequent of {D_SAE} features (--show 5)" in result.stderr
     assert len(data["features"]) == D_SAE  # JSON: every feature
+    text = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16, "--show", 1,
+                  "--format", "table")
+    # the heading names the model as the other commands do (its display name: a local folder's name), not the spec
+    assert text.stdout.startswith(f"features · {Path(model).name} · ") and str(model) not in text.stdout
     every = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
                    "--show", 0, "--format", "tsv")
     assert len(every.stdout.strip().splitlines()) == D_SAE + 1 and "showing" not in every.stderr
+    assert [int(line.split("\t")[0]) for line in every.stdout.strip().splitlines()[1:]] == \
+        [r["feature"] for r in busiest]
 
 
 @pytest.mark.parametrize("content, match", [(b"", "has no text"), (b"  \n\n", "has no text"),
@@ -338,15 +357,7 @@ def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(se
     windows, _, _, _ = brute(model, folder)
     hf = AutoModelForCausalLM.from_pretrained(model).eval()
     w = load_file(str(folder / "sae_weights.safetensors"))
-    seen = []
-    handle = hf.transformer.h[0].ln_2.register_forward_pre_hook(lambda m, a: seen.append(a[0][0].detach()))
-    try:
-        with torch.no_grad():
-            for win in windows:
-                hf(torch.tensor([win]))
-    finally:
-        handle.remove()
-    x = torch.cat(seen).double()
+    x = module_inputs(hf, hf.transformer.h[0].ln_2, windows).double()
     n = ((x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()).numpy()
     acts = np.maximum(n @ w["W_enc"] + w["b_enc"], 0)
     assert data["dictionary"]["site"] == "blocks.0.mlp.hook_in" and data["tokens"] == len(acts)
@@ -356,19 +367,96 @@ def test_a_transcoder_s_features_are_read_at_its_input_before_the_norm_s_gain(se
         assert r["max_activation"] == pytest.approx(float(acts[:, f].max()), rel=1e-4, abs=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["transcoder_set", "cross_layer_transcoder"])
-def test_a_circuit_tracer_set_is_named_and_refused_before_the_model_loads(setup, tmp_path, monkeypatch, kind):
-    """The SAE reader (`sae`, `features`) reads one dictionary; circuit-tracer's transcoder sets and cross-layer
-    transcoders are read by `circuit` only (models/transcoders.py): `features` says so, before any weight loads."""
-    from anatomy_cli.engine import loader
+def write_ct(root: Path, kind: str, d: int, n_layers: int, F: int = 12, seed: int = 3) -> dict[str, np.ndarray]:
+    """circuit-tracer's transcoder_set (``layer_l.safetensors``: W_enc [F, d], W_dec [F, d], b_enc, b_dec) or
+    cross_layer_transcoder (``W_enc_l.safetensors``, ``W_dec_l.safetensors`` with W_dec_l [F, L - l, d]) folder of
+    random ReLU transcoders; returns the arrays written (keys ``W_enc_l`` etc.)."""
+    from safetensors.numpy import save_file
 
-    monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("the weights were loaded"))
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    written: dict[str, np.ndarray] = {}
+    for layer in range(n_layers):
+        enc = {f"W_enc_{layer}": (rng.normal(size=(F, d)) * 3 / np.sqrt(d)).astype(np.float32),
+               f"b_enc_{layer}": rng.normal(scale=0.3, size=F).astype(np.float32),
+               f"b_dec_{layer}": rng.normal(scale=0.1, size=d).astype(np.float32)}
+        width = (n_layers - layer, d) if kind == "cross_layer_transcoder" else (d,)
+        dec = rng.normal(size=(F, *width)).astype(np.float32)
+        written.update(enc, **{f"W_dec_{layer}": dec})
+        if kind == "cross_layer_transcoder":
+            save_file(enc, str(root / f"W_enc_{layer}.safetensors"))
+            save_file({f"W_dec_{layer}": dec}, str(root / f"W_dec_{layer}.safetensors"))
+        else:
+            save_file({k.rsplit("_", 1)[0]: v for k, v in enc.items()} | {"W_dec": dec},
+                      str(root / f"layer_{layer}.safetensors"))
+    files = "" if kind == "cross_layer_transcoder" else "transcoders:\n" + "".join(
+        f"  - layer_{layer}.safetensors\n" for layer in range(n_layers))
+    (root / "config.yaml").write_text(f"model_kind: {kind}\nscan: tiny\nfeature_input_hook: mlp.hook_in\n"
+                                      f"feature_output_hook: mlp.hook_out\n{files}")
+    return written
+
+
+@pytest.mark.parametrize("kind", ["transcoder_set", "cross_layer_transcoder"])
+def test_one_block_of_a_circuit_tracer_set_is_read_with_hook(setup, tmp_path, kind):
+    """`features DIR --hook 1` on circuit-tracer's transcoder set or cross-layer transcoder: block 1's features,
+    relu(W_enc x + b_enc) of the MLP's input (read by hand with a hook on HF's MLP), its logit effects through the
+    decoder row (a cross-layer transcoder's: summed over the blocks it writes to); without --hook, an error naming
+    what to pass, before the model loads."""
+    from transformers import AutoModelForCausalLM
+
+    from anatomy_cli.models.ct_block import read_dictionary
+
     model, _, corpus, _ = setup
-    (tmp_path / "config.yaml").write_text(f"model_kind: {kind}\nscan: tiny\nfeature_input_hook: mlp.hook_in\n")
-    (tmp_path / "layer_0.safetensors").write_bytes(b"")
-    result = invoke("features", tmp_path, "--corpus", corpus, "--model", model)
+    hf = AutoModelForCausalLM.from_pretrained(model).eval()
+    d, n_layers = hf.config.n_embd, hf.config.n_layer
+    w = write_ct(tmp_path / "ct", kind, d, n_layers)
+    missing = invoke("features", tmp_path / "ct", "--corpus", corpus, "--model", model)
+    assert missing.exit_code == 2 and f"of {n_layers} blocks: pick one block's features with --hook N" \
+        in missing.stderr, missing.output
+    sae = read_dictionary(tmp_path / "ct", hook="layers.1.mlp")
+    want_dec = w["W_dec_1"].sum(1) if kind == "cross_layer_transcoder" else w["W_dec_1"]
+    np.testing.assert_array_equal(sae.W_dec, want_dec)
+    data = run_json(model, tmp_path / "ct", corpus, "--hook", "1", "--cooccur", 0)
+    windows = brute(model, write_sae(tmp_path / "unused"))[0]
+    acts = np.maximum(module_inputs(hf, hf.transformer.h[1].mlp, windows).numpy() @ w["W_enc_1"].T + w["b_enc_1"], 0)
+    assert data["dictionary"]["site"] == "blocks.1.mlp.hook_in" and data["tokens"] == len(acts)
+    for r in data["features"]:
+        f = r["feature"]
+        assert r["fires"] == int((acts[:, f] > 0).sum())
+        assert r["max_activation"] == pytest.approx(float(acts[:, f].max()), rel=1e-4, abs=1e-5)
+    # logit effects: the decoder row times ln_f's gain through the tied unembedding, centred, top token
+    wu = hf.lm_head.weight.detach().numpy().astype(np.float64)
+    gain = hf.transformer.ln_f.weight.detach().numpy()
+    for f in (0, 5):
+        eff = wu @ (want_dec[f] * gain)
+        eff -= eff.mean()
+        top = [e for e in data["logit_effects"] if e["feature"] == f and e["side"] == "top"]
+        assert top[0]["token_id"] == int(eff.argmax()) and top[0]["effect"] == pytest.approx(eff.max(), rel=1e-4)
+
+
+def test_explain_names_a_circuit_tracer_block_s_features_by_their_block(tmp_path):
+    """explain's export ``layer`` for a features run on block 2 of a transcoder set: ``2-<the set's folder>`` (the
+    block first, as circuit --labels reads it), read through the same reader as features."""
+    from anatomy_cli.tasks.explain import _layer_id
+
+    write_ct(tmp_path / "ct", "transcoder_set", 32, 3)
+    assert _layer_id({"sae": str(tmp_path / "ct"), "hook": "2"}, "2") == "2-ct"
+
+
+def test_a_folder_of_dictionaries_is_named_and_one_is_picked_with_hook(setup, tmp_path):
+    """fit-sae --layer all's top folder (layers.N.mlp subfolders, SAELens): the error names them and what to
+    pass; --hook picks one."""
+    from anatomy_cli.models.sae.read import read
+
+    model, _, corpus, _ = setup
+    for n in (0, 1, 2, 10):
+        write_sae(tmp_path / "fit" / f"layers.{n}.mlp", seed=n)
+    result = invoke("features", tmp_path / "fit", "--corpus", corpus, "--model", model)
     assert result.exit_code == 2, result.output
-    assert f"is circuit-tracer's {kind.replace('_', ' ')} (what circuit --transcoders reads)" in result.stderr
+    assert "holds 4 dictionaries, one per hook point (layers.0.mlp, layers.1.mlp, layers.2.mlp, layers.10.mlp): " \
+        f"pass one of them ({tmp_path / 'fit' / 'layers.0.mlp'}) or pick one with --hook NAME" in \
+        " ".join(result.stderr.split())
+    assert read(tmp_path / "fit", hook="layers.10.mlp").path == tmp_path / "fit" / "layers.10.mlp"
 
 
 def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp_path):

@@ -76,7 +76,7 @@ def test_each_panel_shows_the_json_s_contexts_histogram_and_effects(browser, mad
         opened.page.evaluate(f"location.hash = 'f-{f}'")
         opened.page.wait_for_function(f"document.querySelector('#fx-panel h2').textContent.startsWith('feature {f} ')")
         for kind, box in (("top", "fx-top"), ("quantile", "fx-quantile")):
-            want = [[(vis(t), float(f"{a:.4g}")) for t, a in zip(c["tokens"], c["activations"])]  # 4 digits
+            want = [[(vis(t), float(f"{a:.3g}")) for t, a in zip(c["tokens"], c["activations"])]  # 3 digits
                     for c in data["contexts"] if c["feature"] == f and c["kind"] == kind]
             assert [[tuple(x) for x in ctx] for ctx in panel_contexts(opened, box)] == want
         row = data["features"][f]
@@ -96,6 +96,22 @@ def test_each_panel_shows_the_json_s_contexts_histogram_and_effects(browser, mad
     opened.clean()
 
 
+def test_the_packed_page_data_unpacks_to_the_record_s_contexts(made):
+    """page_data stores each shown corpus token once (by window and position) and a context as a slice of its
+    window: unpacked as the page's script does, every context's tokens equal the JSON's and its activations equal
+    them to 3 significant digits; the windows hold no more tokens than the corpus has."""
+    from anatomy_cli.output.html import features
+
+    data, _, _ = made
+    packed = features.page_data(data)
+    assert sum(len(w) for w in packed["windows"]) <= data["tokens"] < sum(len(c["tokens"]) for c in data["contexts"])
+    for c, row in zip(data["contexts"], packed["contexts"], strict=True):
+        window, start, acts = packed["windows"][row[8]], row[9], row[10]
+        assert [packed["pieces"][i] for i in window[start:start + len(acts)]] == c["tokens"]
+        assert acts == [float(f"{a:.3g}") for a in c["activations"]]
+        assert (row[0], row[6], row[7]) == (c["feature"], float(f"{c['activation']:.4g}"), c["at"])
+
+
 def test_a_token_holding_script_stays_text(browser, made):
     from anatomy_cli.output.html import features
     from anatomy_cli.output.plots import Caption
@@ -104,14 +120,17 @@ def test_a_token_holding_script_stays_text(browser, made):
     assert any(EVIL[:2] in "".join(c["tokens"]) for c in data["contexts"])  # the corpus' own markup reached the page
     data = copy.deepcopy(data)
     ctx = next(c for c in data["contexts"] if c["feature"] == 1 and c["kind"] == "top")
-    ctx["tokens"][0] = EVIL
+    spot = (ctx["window"], ctx["position"] - ctx["at"])  # that corpus token, in every context showing it
+    for c in data["contexts"]:
+        if c["window"] == spot[0] and 0 <= spot[1] - (c["position"] - c["at"]) < len(c["tokens"]):
+            c["tokens"][spot[1] - (c["position"] - c["at"])] = EVIL
     page = root / "evil.html"
     features.figure(data, Caption("features", "tiny</title><script>alert(2)</script>")).write(page)
     assert EVIL not in page.read_text()
     opened = Opened(browser, page)
     opened.page.evaluate("location.hash = 'f-1'")
     opened.page.wait_for_function("document.querySelector('#fx-panel h2').textContent.startsWith('feature 1 ')")
-    assert panel_contexts(opened, "fx-top")[0][0] == [EVIL, float(f"{ctx['activations'][0]:.4g}")]
+    assert panel_contexts(opened, "fx-top")[0][0] == [EVIL, float(f"{ctx['activations'][0]:.3g}")]
     assert opened.page.evaluate("document.querySelectorAll('body script').length") == 1  # the page's own only
     opened.clean()  # no dialog opened
 
@@ -211,7 +230,7 @@ def test_explain_shows_its_explanations_and_scores_on_the_dashboard(browser, exp
                                                   for m in ("balanced_accuracy", "f1")]
         assert table[1] == [f"control (#{control['explanation_of']}'s explanation)"] + [
             _score((control[k] or {}).get(m)) for k in ("detection", "fuzz") for m in ("balanced_accuracy", "f1")]
-        want = [[(vis(t), float(f"{a:.4g}")) for t, a in zip(c["tokens"], c["activations"])]
+        want = [[(vis(t), float(f"{a:.3g}")) for t, a in zip(c["tokens"], c["activations"])]
                 for c in data["contexts"] if c["feature"] == f and c["kind"] == "top"]
         assert [[tuple(x) for x in ctx] for ctx in panel_contexts(opened, "fx-top")] == want  # the run's own
     opened.page.evaluate("location.hash = 'f-0'")  # dead: no explanation, no panel box

@@ -84,7 +84,7 @@ class FeatureWorker:
     def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
         from anatomy_cli.engine.sae import Dictionary
-        from anatomy_cli.models.sae.read import read
+        from anatomy_cli.models.ct_block import read_dictionary as read
 
         self.settings = FeatureSettings(**{**settings, "features": tuple(settings["features"])})
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))

@@ -33,6 +33,7 @@ class FeaturesRun:
     files: tuple[str, ...] = ()
     lm: Any = None
     show: int = 0  # the table's rows (--show; 0: every feature)
+    display: str = ""  # the model's display name (ModelInfo.display_name) for the estimate's heading
 
 
 def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int, done: tuple[int, int] = (0, 0)
@@ -138,7 +139,7 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
         c = estimate(opened.info, plan, opts, identity["size"], done)
         c["device"] = spec.device if spec.device != "auto" else c["device"]
         if opts.estimate:
-            return FeaturesRun(opened.name, plan.sae_file, plan, c)
+            return FeaturesRun(opened.name, plan.sae_file, plan, c, display=opened.info.display_name)
         notes.info(cost_line(c))
         if opts.run.ray:
             from anatomy_cli.corpus.ray_run import ray_module

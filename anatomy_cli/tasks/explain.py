@@ -147,7 +147,7 @@ def _layer_id(settings: dict[str, Any], hook: str) -> str:
     """The export's ``layer``: the dictionary's Neuronpedia SAE id where its files state one (``6-res-jb``), else
     ``<block>-<folder name>`` (the block first, as circuit --labels reads it)."""
     from anatomy_cli.models import sites
-    from anatomy_cli.models.sae.read import read
+    from anatomy_cli.models.ct_block import read_dictionary as read
 
     sae_id, site = None, hook
     try:

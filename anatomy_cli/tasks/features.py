@@ -34,7 +34,8 @@ COOC_LIMIT = 1 << 26  # followed features x d_sae counts kept for co-firing (int
 
 @dataclass(frozen=True)
 class FeaturesOptions(Declared):
-    """``sae``: the dictionary (a SAELens or sparsify folder, a Gemma Scope params.npz; SAE or transcoder);
+    """``sae``: the dictionary (a SAELens or sparsify folder, a Gemma Scope params.npz; SAE or transcoder; one
+    block of a circuit-tracer set, ``hook`` naming it);
     ``corpus``: the text (as ``anatomy corpus`` reads it); ``feature``/``features``: the ids followed (both may be
     given; none: every feature); the rest as their flags say."""
 
@@ -43,7 +44,9 @@ class FeaturesOptions(Declared):
                          help="The text: a file, a directory of .txt/.md, .jsonl/.csv/.parquet (--column), a "
                          "datasets directory, '-' (stdin); as anatomy corpus reads it.")
     hook: str | None = option(None, "--hook", metavar="NAME", show_default=False,
-                              help="The hook point, where the files state none (Gemma Scope), as anatomy sae takes it.")
+                              help="The hook point, where the files state none (Gemma Scope), as anatomy sae takes "
+                              "it; in a folder of dictionaries (fit-sae --layer all), the one read (layers.14.mlp); "
+                              "in a circuit-tracer transcoder set or cross-layer transcoder, the block read (14).")
     feature: Any = option(None, "--feature", metavar="ID", min=0, show_default=False, cli=list[int] | None,
                           help="Follow this feature (repeatable).")
     features: str | None = option(None, "--features", metavar="RANGES", show_default=False,
@@ -131,8 +134,8 @@ class FeaturesPlan:
 def check(opened: Any, opts: FeaturesOptions) -> FeaturesPlan:
     """Read the dictionary; UsageError for one that does not fit the model, a feature out of range, ``--ctx`` past
     the model's context; a decoder with an LM head (the logit effects)."""
+    from anatomy_cli.models.ct_block import read_dictionary as read
     from anatomy_cli.models.sae import names
-    from anatomy_cli.models.sae.read import read
 
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
@@ -160,8 +163,8 @@ def dictionary_model(opts: FeaturesOptions) -> str | None:
     line saying so; else None (TransformerLens' names such as ``gpt2-small`` are no Hugging Face id). For a
     ``--model`` left out (the CLI cannot tell it from ``--model`` naming the default model): another, it wins."""
     from anatomy_cli.errors import AnatomyError
+    from anatomy_cli.models.ct_block import read_dictionary as read
     from anatomy_cli.models.resolve import resolve
-    from anatomy_cli.models.sae.read import read
 
     name = read(Path(opts.sae), hook=opts.hook, values=False).model_name
     if not name:

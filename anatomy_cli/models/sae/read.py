@@ -105,11 +105,11 @@ class SAEFile:
 
 def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False, values: bool = True) -> SAEFile:
     """The SAE at ``path``: a folder (or a file in it) of one of the three formats, or a sparsify checkpoint
-    folder holding one folder per hook point (``hook`` picks one; alone, it is taken). ``hook`` also names
-    the hook point where the files state none (Gemma Scope) or overrides what they state. ``transcoder``: the
-    caller reads transcoders, so a Gemma Scope path naming no release is block N's MLP transcoder
-    (names.py ``gemma_scope_hooks``). ``values``: False reads the headers only (the module docstring). Raises
-    UsageError for a path that holds no SAE, CheckpointError for a file that cannot be read."""
+    folder holding one folder per hook point (``hook`` picks one; alone, it is taken; fit-sae's ``--layer all``
+    folders too). ``hook`` also names the hook point where the files state none (Gemma Scope) or overrides what
+    they state. ``transcoder``: the caller reads transcoders, so a Gemma Scope path naming no release is block
+    N's MLP transcoder (names.py ``gemma_scope_hooks``). ``values``: False reads the headers only (the module
+    docstring). Raises UsageError for a path that holds no SAE, CheckpointError for a file that cannot be read."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"no SAE at {p}: no such file or folder")
@@ -120,25 +120,35 @@ def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False,
         return _saelens(folder, hook, values)
     if (folder / SPARSIFY_WEIGHTS).is_file():
         return _sparsify(folder, hook, values)
-    points = sorted(d.name for d in folder.iterdir() if d.is_dir() and (d / SPARSIFY_WEIGHTS).is_file()) \
-        if folder.is_dir() else []
+    points = _dictionaries(folder)
     if points:
-        if hook is None and len(points) == 1:
-            return _sparsify(folder / points[0], None, values)
-        if hook in points:
-            return _sparsify(folder / hook, None, values)
-        raise UsageError(f"{folder} holds SAEs for {len(points)} hook points ({', '.join(points[:8])}): "
-                         f"pick one with --hook NAME")
-    kind = _circuit_tracer_kind(folder)
+        if hook is None and len(points) == 1 or hook in points:
+            return read(folder / (hook if hook in points else points[0]), values=values)
+        shown = ", ".join(points) if len(points) <= 4 else f"{points[0]}, {points[1]} ... {points[-1]}"
+        raise UsageError(f"{folder} holds {len(points)} dictionaries, one per hook point ({shown}): pass one of "
+                         f"them ({folder / points[0]}) or pick one with --hook NAME ({points[0]})")
+    kind = circuit_tracer_kind(folder)
     if kind is not None:
         raise UsageError(f"{folder} is circuit-tracer's {kind} (what circuit --transcoders reads): one dictionary is "
-                         f"read here, a SAELens or sparsify folder or a Gemma Scope params.npz (a set's block is not "
-                         f"read alone yet)")
+                         f"read here, a SAELens or sparsify folder or a Gemma Scope params.npz (features --hook N "
+                         f"reads one block of it)")
     raise UsageError(f"no SAE at {p}: expected cfg.json with {SAELENS_WEIGHTS} (SAELens) or "
                      f"{SPARSIFY_WEIGHTS} (sparsify), or {GEMMA_SCOPE} (Gemma Scope)")
 
 
-def _circuit_tracer_kind(folder: Path) -> str | None:
+def _dictionaries(folder: Path) -> list[str]:
+    """The subfolders of ``folder`` holding one SAELens or sparsify dictionary each (``fit-sae --layer all``'s
+    ``layers.N.mlp``, a sparsify checkpoint's hook points), in natural order (``layers.2`` before ``layers.10``)."""
+    import re
+
+    if not folder.is_dir():
+        return []
+    found = [d.name for d in folder.iterdir() if d.is_dir() and ((d / SPARSIFY_WEIGHTS).is_file() or (
+        (d / SAELENS_WEIGHTS).is_file() and (d / "cfg.json").is_file()))]
+    return sorted(found, key=lambda name: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)])
+
+
+def circuit_tracer_kind(folder: Path) -> str | None:
     """``transcoder_set`` / ``cross_layer_transcoder`` when ``folder`` holds circuit-tracer's config.yaml naming
     one, else None."""
     for name in ("config.yaml", "config.yml"):

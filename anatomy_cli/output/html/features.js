@@ -1,9 +1,16 @@
 // The features dashboard (anatomy_cli/output/html/features.py). D: the command's JSON record (features, contexts,
 // logits, edges), written by the page. Every piece of user or model text goes in with textContent, never as HTML.
 // Unpack the page's packed rows (features.py page_data): each context and logit effect back into an object.
+// A context's tokens are read from its window's (each corpus window's shown tokens stored once).
 D.contexts = D.contexts.map(function (c) {
   return {feature: c[0], kind: c[1] ? "quantile" : "top", rank: c[2], quantile: c[3], lower: c[4], upper: c[5],
-          activation: c[6], at: c[7], tokens: c[8].map(function (i) { return D.pieces[i]; }), activations: c[9]};
+          activation: c[6], at: c[7], activations: c[10],
+          tokens: D.windows[c[8]].slice(c[9], c[9] + c[10].length).map(function (i) { return D.pieces[i]; })};
+});
+D.features.forEach(function (r) {  // co-firing as [feature, tokens]: the fraction of the feature's own firing tokens
+  if (r.cooccurring) r.cooccurring = r.cooccurring.map(function (p) {
+    return {feature: p[0], tokens: p[1], fraction: r.fires ? p[1] / r.fires : 0};
+  });
 });
 D.logits = D.logits.map(function (l) {
   return {feature: l[0], side: l[1] ? "bottom" : "top", rank: l[2], token: D.pieces[l[3]], effect: l[4]};

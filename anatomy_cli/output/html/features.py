@@ -42,32 +42,62 @@ STYLE = """
 
 def page_data(data: dict[str, Any], explanations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the page's script reads, taken from the command's JSON record (no value recomputed), packed for pages
-    of thousands of features: each distinct token text once (``pieces``), a context as a row ``[feature, kind
-    (0 top, 1 quantile), rank, quantile, lower, upper, activation, at, piece indices, activations]`` and a logit
-    effect as ``[feature, side (0 top, 1 bottom), rank, piece index, effect]``; activations to 4 significant digits and
-    effects to 6 (what the page shows), no ids, windows or positions. The script unpacks them. ``explanations``:
-    ``explain``'s rows (output/views/explain.py ``flat``: the explanation, its scores and its control's), as they
-    are; without them the key is left out and the page is the page without explanations."""
+    of thousands of features: each distinct token text once (``pieces``), each corpus window's tokens that some
+    context shows once (``windows``: piece indices by position, -1 where none is shown), a context as a row
+    ``[feature, kind (0 top, 1 quantile), rank, quantile, lower, upper, activation, at, window, start,
+    activations]`` (its tokens: ``windows[window][start:start + len(activations)]``) and a logit effect as
+    ``[feature, side (0 top, 1 bottom), rank, piece index, effect]``; every token's activation to 3 significant
+    digits, a context's own and its interval's bounds to 4, effects to 6 (what the page shows), no ids; a feature's
+    histogram without its trailing empty bins, its co-firing features as ``[feature, tokens]`` (the fraction is
+    tokens / fires). The script unpacks them. ``explanations``: ``explain``'s rows (output/views/explain.py
+    ``flat``: the explanation, its scores and its control's), as they are; without them the key is left out and the
+    page is the page without explanations."""
     pieces: dict[str, int] = {}
 
     def idx(text: str) -> int:
         return pieces.setdefault(text, len(pieces))
 
-    contexts = [[c["feature"], 0 if c["kind"] == "top" else 1, c["rank"], c["quantile"], c["lower"], c["upper"],
-                 c["activation"], c["at"], [idx(t) for t in c["tokens"]], [_digits(a, 4) for a in c["activations"]]]
-                for c in data["contexts"]]
+    shown: dict[int, dict[int, int]] = {}  # window -> position -> piece
+    contexts = []
+    for c in data["contexts"]:
+        start = c["position"] - c["at"]
+        held = shown.setdefault(c["window"], {})
+        for j, t in enumerate(c["tokens"]):
+            held[start + j] = idx(t)
+        contexts.append([c["feature"], 0 if c["kind"] == "top" else 1, c["rank"], c["quantile"],
+                         _digits(c["lower"], 4), _digits(c["upper"], 4), _digits(c["activation"], 4), c["at"],
+                         c["window"], start, [_digits(a, 3) for a in c["activations"]]])
+    order = {w: i for i, w in enumerate(shown)}
+    for row in contexts:
+        row[8] = order[row[8]]
+    windows = [[held.get(p, -1) for p in range(max(held) + 1)] for held in shown.values()]
     logits = [[e["feature"], 0 if e["side"] == "top" else 1, e["rank"], idx(e["token"]), _digits(e["effect"], 6)]
               for e in data["logit_effects"]]
-    out = {"edges": data["histogram_edges"], "features": data["features"], "pieces": list(pieces),
-           "contexts": contexts, "logits": logits, "font": FONT, "config": CONFIG}
+    rows = [{**r, "histogram": _trimmed(r["histogram"]),
+             **({"cooccurring": [[c["feature"], c["tokens"]] for c in r["cooccurring"]]} if "cooccurring" in r else {})}
+            for r in data["features"]]
+    out = {"edges": data["histogram_edges"], "features": rows, "pieces": list(pieces),
+           "windows": windows, "contexts": contexts, "logits": logits, "font": FONT, "config": CONFIG}
     if explanations:
         out["explanations"] = explanations
     return out
 
 
-def _digits(x: float, n: int) -> float:
-    """``x`` to ``n`` significant digits (its shortest JSON text)."""
-    return float(f"{x:.{n}g}")
+def _digits(x: float | None, n: int) -> float | int | None:
+    """``x`` to ``n`` significant digits (its shortest JSON text: a whole number as an int, ``0`` not ``0.0``);
+    None stays None."""
+    if x is None:
+        return None
+    v = float(f"{x:.{n}g}")
+    return int(v) if v.is_integer() and abs(v) < 2 ** 53 else v
+
+
+def _trimmed(counts: list[int]) -> list[int]:
+    """A histogram without its trailing empty bins (the page reads a missing bin as empty)."""
+    end = len(counts)
+    while end and not counts[end - 1]:
+        end -= 1
+    return counts[:end]
 
 
 def figure(data: dict[str, Any], cap: Caption, explanations: list[dict[str, Any]] | None = None) -> Page:

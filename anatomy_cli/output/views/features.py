@@ -11,6 +11,7 @@ from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
+from anatomy_cli.tasks.session import model_label
 
 if TYPE_CHECKING:
     from anatomy_cli.output.views.protocol import FigureArgs
@@ -41,7 +42,7 @@ def report(run: FeaturesRun) -> Report:
     if run.result is None:
         only: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "estimate": run.cost}
         return Report(data=only, sections=[Section(COST_COLUMNS, [run.cost], title="expected cost")],
-                      heading=[f"features · {run.model} · {sae.path} (estimate only)"])
+                      heading=[f"features · {run.display or run.model} · {sae.path} (estimate only)"])
     from anatomy_cli.corpus.feature_summary import hist_edges
 
     top = {}
@@ -65,7 +66,7 @@ def report(run: FeaturesRun) -> Report:
                             "files": list(run.files)}
     dead = sum(r["status"] == "dead" for r in run.rows)
     always = sum(r["status"] == "always-on" for r in run.rows)
-    heading = [f"features · {run.model} · {sae.path} at {sae.hook_name} · {len(run.rows):,} features over "
+    heading = [f"features · {model_label(run.lm)} · {sae.path} at {sae.hook_name} · {len(run.rows):,} features over "
                f"{result.stats.tokens:,} tokens ({result.stats.windows:,} windows of {run.plan.ctx})",
                f"{dead:,} dead, {always:,} always-on"]
     notes = [f"logit effects: {LOGIT_CONVENTION}"]
@@ -80,12 +81,10 @@ def report(run: FeaturesRun) -> Report:
 
 
 def shown_rows(rows: list[dict[str, Any]], show: int) -> list[dict[str, Any]]:
-    """The table's rows: every one (``show`` 0, or no more than ``show``), else the ``show`` most frequent (ties:
-    the lower id), in id order."""
-    if not show or len(rows) <= show:
-        return rows
-    keep = {r["feature"] for r in sorted(rows, key=lambda r: (-r["fires"], r["feature"]))[:show]}
-    return [r for r in rows if r["feature"] in keep]
+    """The table's rows, most frequent first (ties: the lower id first), so that ``| head`` reads the busiest:
+    every one (``show`` 0), else the ``show`` most frequent."""
+    busiest = sorted(rows, key=lambda r: (-r["fires"], r["feature"]))
+    return busiest[:show] if show else busiest
 
 
 def figure(run: FeaturesRun) -> FigureArgs:
