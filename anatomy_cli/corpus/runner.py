@@ -211,7 +211,7 @@ class _Tracker:
             yield shard
 
 
-def model_identity(spec: ModelSpec, tokenizer: Tokenizer, lenses: tuple[str, ...] = ()) -> dict[str, Any]:
+def model_identity(spec: ModelSpec, tokenizer: Tokenizer, lenses: tuple[str, ...] = ()) -> dict[str, object]:
     """What a run's manifest keys the model by: the spec, the identity of the files it is read from
     (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest; with fitted lenses
     (``lenses``: their ``kind:PATH``), their files' identity as ``lens_files``."""

@@ -336,7 +336,7 @@ def save_saelens(coder: JumpReLUCoder, folder: Path, *, hook: str, hook_out: str
     (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec``, ``b_dec``, ``threshold``)."""
     folder.mkdir(parents=True, exist_ok=True)
     d_sae, d_in = coder.encoder.weight.shape
-    cfg: dict[str, Any] = {"architecture": "jumprelu", "d_in": int(d_in), "d_sae": int(d_sae), "dtype": "float32",
+    cfg: dict[str, object] = {"architecture": "jumprelu", "d_in": int(d_in), "d_sae": int(d_sae), "dtype": "float32",
                            "device": "cpu", "apply_b_dec_to_input": not coder.transcode,
                            "normalize_activations": "none", "hook_name": hook, "model_name": model_name}
     if coder.transcode:

@@ -99,7 +99,7 @@ class TensorDiff:
     cosine: float | None
     max_abs_delta: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**vars(self), "shape": list(self.shape)}
 
 
@@ -118,7 +118,7 @@ class WeightRow:
     b_types: tuple[str, ...]
     a_types: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**vars(self), "b_types": list(self.b_types), "a_types": list(self.a_types)}
 
 
