@@ -24,7 +24,7 @@ class _Module:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return (importlib.import_module, (self.name,))
 
 
@@ -32,7 +32,7 @@ class _Attr:
     def __init__(self, module: str, name: str) -> None:
         self.module, self.name = _Module(module), name
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return (getattr, (self.module, self.name))
 
 
@@ -44,7 +44,7 @@ class Foreign:
                  values: tuple[Any, ...] | None = None) -> None:
         self.ref, self.fields, self.values = _Attr(module, name), fields, values
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         if self.values is not None:
             return (copyreg._reconstructor, (self.ref, tuple, self.values))  # type: ignore[attr-defined]
         return (copyreg._reconstructor, (self.ref, object, None), self.fields)  # type: ignore[attr-defined]
@@ -96,7 +96,7 @@ def _nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int]
     infl = prune.cumulative_scores
     nodes: list[dict[str, Any]] = []
 
-    def node(i: int, node_id: str, feature: int, layer: str, ctx: int, kind: str, js: str, **extra: Any) -> None:
+    def node(i: int, node_id: str, feature: int, layer: str, ctx: int, kind: str, js: str, **extra: object) -> None:
         nodes.append({"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": ctx, "feature_type": kind,
                       "token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0,
                       "jsNodeId": js, "clerp": "", "influence": float(infl[i]), "activation": None, **extra,

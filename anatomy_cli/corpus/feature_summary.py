@@ -91,7 +91,7 @@ def _by_feature(fidx: np.ndarray) -> Any:
     return of
 
 
-def _context(c: Candidates, j: int, fid: int, kind: str, pieces: Any, **extra: Any) -> dict[str, object]:
+def _context(c: Candidates, j: int, fid: int, kind: str, pieces: Any, **extra: object) -> dict[str, object]:
     assert c.ctx_tok is not None and c.ctx_act is not None
     valid = c.ctx_tok[j] >= 0
     ids = c.ctx_tok[j][valid].tolist()

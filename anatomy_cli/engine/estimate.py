@@ -30,7 +30,7 @@ def now() -> float:
     return time.perf_counter()
 
 
-def timed(work: Callable[[], Any]) -> float:
+def timed(work: Callable[[], object]) -> float:
     """The seconds one call of ``work`` takes."""
     start = now()
     work()
