@@ -41,7 +41,7 @@ class Foreign:
     its fields (``fields``), a NamedTuple from its values (``values``), by ``copyreg._reconstructor`` (stdlib)."""
 
     def __init__(self, module: str, name: str, *, fields: dict[str, Any] | None = None,
-                 values: tuple[Any, ...] | None = None) -> None:
+                 values: tuple[object, ...] | None = None) -> None:
         self.ref, self.fields, self.values = _Attr(module, name), fields, values
 
     def __reduce__(self) -> tuple[object, ...]:

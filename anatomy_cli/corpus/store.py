@@ -77,7 +77,7 @@ def schema(columns: tuple[str, ...]) -> pa.Schema:
     return pa.schema([(c, kind(c)) for c in columns])
 
 
-def summary_rows(layers: Any) -> list[dict[str, Any]]:
+def summary_rows(layers: Any) -> list[dict[str, object]]:
     """The JSON rows (``layer``: ``"embed"`` or block N) as summary.parquet's rows: ``row`` 0..L and the
     label as a string."""
 
