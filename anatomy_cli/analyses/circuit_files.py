@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copyreg
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ class Foreign:
     """Pickles as circuit-tracer's ``module.name`` rebuilt where circuit-tracer is installed: a dataclass from
     its fields (``fields``), a NamedTuple from its values (``values``), by ``copyreg._reconstructor`` (stdlib)."""
 
-    def __init__(self, module: str, name: str, *, fields: dict[str, Any] | None = None,
+    def __init__(self, module: str, name: str, *, fields: Mapping[str, object] | None = None,
                  values: tuple[object, ...] | None = None) -> None:
         self.ref, self.fields, self.values = _Attr(module, name), fields, values
 
@@ -58,7 +59,7 @@ def config_args(n_layers: int, d_model: int, d_head: int, n_heads: int, d_mlp: i
             "original_architecture": architecture, "n_key_value_heads": n_kv_heads, "dtype": None}
 
 
-def save_pt(graph: CircuitGraph, path: str | Path, cfg_args: dict[str, Any]) -> None:
+def save_pt(graph: CircuitGraph, path: str | Path, cfg_args: Mapping[str, object]) -> None:
     """``torch.save`` of circuit-tracer's ``Graph.to_pt`` dict."""
     torch.save({
         "input_string": graph.input_string,

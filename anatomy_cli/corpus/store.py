@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -110,7 +111,7 @@ class Store:
     def done(self) -> dict[int, dict[str, Any]]:
         return {s["index"]: s for s in self.manifest.get("shards", [])}
 
-    def open(self, model: dict[str, Any], source: dict[str, Any], settings: dict[str, Any], *,
+    def open(self, model: Mapping[str, object], source: Mapping[str, object], settings: Mapping[str, object], *,
              overwrite: bool) -> None:
         """Create DIR or resume it. Raises UsageError when DIR holds a run of another model, source or settings
         (unless ``overwrite``: its shards are then removed) or is a file; AnatomyError when it cannot be written."""

@@ -18,6 +18,7 @@ naming the file); the config dict is :func:`anatomy_cli.models.gguf.config_dict`
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -54,7 +55,7 @@ def _gathering() -> type[Any]:
     from transformers.modeling_gguf_pytorch_utils import Qwen2MoeTensorProcessor
 
     class Gathering(Qwen2MoeTensorProcessor):
-        def __init__(self, config: dict[str, Any]) -> None:
+        def __init__(self, config: Mapping[str, object]) -> None:
             super().__init__(config=config)  # type: ignore[no-untyped-call]
             self.halves: dict[str, set[str]] = {}
 

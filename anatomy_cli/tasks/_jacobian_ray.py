@@ -39,6 +39,15 @@ class PromptShard:
     prompts: tuple[tuple[int, ...], ...]
 
 
+class JacobianSettings(TypedDict):
+    """What a worker fits with: the blocks, the target, the batch of J's rows, the positions skipped."""
+
+    source_layers: list[int]
+    target_layer: int
+    dim_batch: int
+    skip_first: int
+
+
 class JacobianPart(TypedDict):
     """A shard's fit: the float64 sums of ``J`` per block, its prompts fitted and skipped."""
 
@@ -52,12 +61,12 @@ class JacobianWorker:
     prompts into ``{"sums": {block: float64 J sum}, "n_prompts", "skipped"}``. ``settings``: ``source_layers``,
     ``target_layer``, ``dim_batch``, ``skip_first``. ``crash_once``: the corpus worker's fault injection."""
 
-    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
+    def __init__(self, spec: dict[str, Any], settings: JacobianSettings, *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
         from anatomy_cli import engine
         from anatomy_cli.models.spec import ModelSpec
 
-        self.settings = dict(settings)
+        self.settings = settings.copy()
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
         self.crash_once = crash_once
 
@@ -134,7 +143,7 @@ def _run(opened: OpenedModel, shards: Iterator[PromptShard], opts: FitLensSettin
          crash_once: tuple[str, int] | None) -> None:
     from anatomy_cli.corpus.ray_run import run_on_ray
 
-    settings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
+    settings: JacobianSettings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
                 "dim_batch": opts.dim_batch, "skip_first": opts.skip_first}
     run_on_ray(shards, opened.spec, settings, finished, address=opts.ray_address, workers=opts.workers,
                gpus_per_worker=opts.gpus_per_worker, crash_once=crash_once, worker=JacobianWorker)
