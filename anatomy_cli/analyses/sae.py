@@ -21,9 +21,13 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.sae import SpliceRun
 
 Describe = Callable[[int], tuple[str, Any]]
 
@@ -64,7 +68,7 @@ def next_token_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((logp.exp() * (logp - logq)).sum(-1).mean().clamp_min(0.0))
 
 
-def health(run: Any, ids: Sequence[int], stated_l0: float | None) -> Health:
+def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None) -> Health:
     """The health figures of ``run`` (a SpliceRun) on the prompt ``ids`` (see the module docstring)."""
     target, recon = run.target.double(), run.recon.double()
     err = target - recon

@@ -13,11 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models import local
 from anatomy_cli.models.resolve import check_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 FileId = tuple[str, int, int, int]  # (absolute path, size, mtime_ns, inode)
 DIGEST_BYTES = 64 << 20  # files up to this size are hashed in file_records
@@ -84,7 +88,7 @@ def files_changed(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[
     return changed
 
 
-def tokenizer_digest(hf: Any) -> str:
+def tokenizer_digest(hf: PreTrainedTokenizerBase) -> str:
     """SHA-256 of a transformers tokenizer's content: a fast tokenizer's ``tokenizer.json`` form, else its
     vocabulary; with the special tokens and whether BOS/EOS are added."""
     h = hashlib.sha256()

@@ -118,6 +118,7 @@ def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
     from anatomy_cli.tasks._lens_check import fit_check
 
     lens = open_lens(LensChoice("jacobian", opts.out), d_model=lm.info.d_model, n_layers=lm.info.n_layers)
+    assert lens is not None  # a jacobian choice with a path opens a lens
     return fit_check(lm, lens, f"the Jacobian lens {opts.out}")
 
 

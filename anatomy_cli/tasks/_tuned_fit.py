@@ -206,6 +206,7 @@ def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
 
     assert opts.out is not None  # the options' check: a fit names its --out
     lens = open_lens(LensChoice("tuned", Path(opts.out)), d_model=lm.info.d_model, n_layers=lm.n_layers)
+    assert lens is not None  # a tuned choice with a path opens a lens
     return fit_check(lm, lens, f"the tuned lens {opts.out}")
 
 

@@ -33,6 +33,7 @@ from anatomy_cli.tasks._fit_sae_block import fit_block
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.estimate import Timings
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "fit-sae"
@@ -323,7 +324,7 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
 
 
 def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, Any],
-              timings: Any) -> dict[str, Any]:
+              timings: Timings) -> dict[str, Any]:
     """One coder per block from the collected ``acts`` (freed as the blocks go): ``trainer``, ``lr``, ``blocks``."""
     from anatomy_cli.engine import sae_fit
 
