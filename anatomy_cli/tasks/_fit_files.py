@@ -6,8 +6,13 @@ from __future__ import annotations
 from dataclasses import Field
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import ClassVar
 from typing import Protocol
+
+if TYPE_CHECKING:
+    from anatomy_cli.engine.estimate import EstimateRecord
+    from anatomy_cli.engine.estimate import TimingsRecord
 
 DTYPES = {"fp16": "float16", "fp32": "float32"}  # --dtype: the stored matrices' precision (torch names)
 # A Jacobian lens file's key beside jlens' own: the digest of each fitted prompt's token ids, so that fit-lens merge
@@ -21,8 +26,8 @@ class FitCosts:
     before the fit, the ``timings`` measured, the held-out ``check`` (None: not run). Keywords, after the
     summary's own fields."""
 
-    estimate: dict[str, object] | None = None
-    timings: dict[str, object] | None = None
+    estimate: EstimateRecord | None = None
+    timings: TimingsRecord | None = None
     check: dict[str, object] | None = None
 
     def costs(self) -> dict[str, object]:
