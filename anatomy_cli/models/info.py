@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import TypeAlias
 from typing import Generic
 from typing import Protocol
+from typing import TypeAlias
 from typing import TypeVar
 from typing import cast
 from typing import overload
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
     from anatomy_cli.models.json_config import JsonConfig
 
-    Config: TypeAlias = PreTrainedConfig | JsonConfig  # a transformers config, or a config.json read without transformers
+    # a transformers config, or a config.json read without transformers
+    Config: TypeAlias = PreTrainedConfig | JsonConfig
 
 
 class TokenizerFacts(Protocol):
