@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.estimate import Estimate
+    from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.tasks.protocol import Opened
 
 MAX_LENGTH = 2048  # tuned-lens' Data.max_length
@@ -228,7 +230,7 @@ def _train(lm: LoadedModel, lens: torch.nn.ModuleList, optim: tuple[torch.optim.
 
 
 def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int,
-              reading: Any) -> tuple[float, float, Any]:
+              reading: Phase) -> tuple[float, float, Estimate]:
     """The cost line before the fit: FLOPs, peak memory (weights + the fit's own), and the time of every phase
     (:mod:`anatomy_cli.engine.estimate`): the weights' load and the corpus's reading as measured; the training
     from probes of its own code now (one window's backward on up to :data:`PROBE_TOKENS` tokens of the first

@@ -234,7 +234,7 @@ def finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(wide).all()) and bool(torch.isfinite(wide.pow(2).mean(-1)).all())
 
 
-def steering_hooks(s: Settings, coef: float) -> dict[str, Any] | None:
+def steering_hooks(s: Settings, coef: float) -> dict[str, HookFn] | None:
     """The vector's hooks at ``coef``, each noting in ``s.overflowed`` when its steered activation is not
     :func:`finite` (None without a vector)."""
     if s.vector is None:
