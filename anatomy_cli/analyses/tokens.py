@@ -36,7 +36,6 @@ from anatomy_cli.text.tokenization import adds_bos
 from anatomy_cli.text.tokenization import own_span
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
     from anatomy_cli.models.resolve import Source
 
@@ -166,7 +165,7 @@ def load_hf_tokenizer(model: str):
     return _load_hf(model)[0]
 
 
-def _load_hf(model: str) -> tuple[PreTrainedTokenizerBase, bool, bool | None]:
+def _load_hf(model: str) -> tuple[Any, bool, bool | None]:
     """``(tokenizer, decoder, add_bos)``: the tokenizer of ``model``, whether the model is a decoder (its
     config.json's model_type; a GGUF file, a preset or a tokenizer without a config: yes), and the BOS
     convention a GGUF file's metadata states (``tokenizer.ggml.add_bos_token``; else None: the tokenizer's)."""

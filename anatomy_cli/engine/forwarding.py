@@ -25,7 +25,7 @@ from anatomy_cli.engine.tensors import first_tensor
 from anatomy_cli.engine.tensors import rowwise
 
 if TYPE_CHECKING:
-    from transformers import Cache
+    from transformers.cache_utils import Cache
 
 
 def forward(lm: LoadedModel, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

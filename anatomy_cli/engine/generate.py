@@ -36,7 +36,7 @@ from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from transformers import Cache
+    from transformers.cache_utils import Cache
 
 Choose = Callable[[torch.Tensor], int]
 """``logits [vocab]`` (float32, soft-capped as the model's own) -> the next token id."""

@@ -14,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Any
 from typing import TypedDict
 
 from anatomy_cli.errors import AnatomyError
@@ -23,7 +24,6 @@ from anatomy_cli.models.resolve import check_path
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from transformers import PreTrainedTokenizerBase
 
 FileId = tuple[str, int, int, int]  # (absolute path, size, mtime_ns, inode)
 DIGEST_BYTES = 64 << 20  # files up to this size are hashed in file_records
@@ -100,7 +100,7 @@ def files_changed(old: Sequence[FileRecord], new: Sequence[FileRecord]) -> list[
     return changed
 
 
-def tokenizer_digest(hf: PreTrainedTokenizerBase) -> str:
+def tokenizer_digest(hf: Any) -> str:
     """SHA-256 of a transformers tokenizer's content: a fast tokenizer's ``tokenizer.json`` form, else its
     vocabulary; with the special tokens and whether BOS/EOS are added."""
     h = hashlib.sha256()

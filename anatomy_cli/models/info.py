@@ -24,7 +24,7 @@ from anatomy_cli.models import adapters
 from anatomy_cli.models.adapters import Adapter
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedConfig
+    from transformers.configuration_utils import PreTrainedConfig
 
     from anatomy_cli.models.json_config import JsonConfig
 

@@ -13,7 +13,7 @@ from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedConfig
+    from transformers.configuration_utils import PreTrainedConfig
 
     from anatomy_cli.models.resolve import Source
 
