@@ -17,7 +17,6 @@ and KL in nats (natural log). Definitions:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ from typing import Any
 import torch
 
 if TYPE_CHECKING:
+    from anatomy_cli.analyses.next_token import Describe
     from anatomy_cli.engine.sae import SpliceRun
-
-Describe = Callable[[int], tuple[str, Any]]
 
 
 @dataclass(frozen=True)
