@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
 
 
-
 # fit_sae.py imports this module: what it reads of its FitSaeOptions and FitSaePlan is named here, not imported (no
 # import circle, type-only imports counted: tests/test_layout.py)
 class FitSaeOptions(Protocol):
