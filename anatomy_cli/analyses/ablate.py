@@ -43,7 +43,7 @@ class AblationRow:
         """The head, or the expert, this row knocked out (None for a whole attention or MLP output)."""
         return self.expert if self.component == "expert" else self.head
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """``layer component head metric effect``; an expert's row has ``expert`` in place of ``head``."""
         if self.component == "expert":
             return {"layer": self.layer, "component": self.component, "expert": self.expert, "metric": self.metric,

@@ -16,9 +16,9 @@ Pure functions: no model.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -29,13 +29,13 @@ class Checked:
     names them), the estimated and the exact change of the metric, and both normalized values
     (patch: ``/ (m_clean - m_corrupt)``; ablate: None)."""
 
-    key: dict[str, Any]
+    key: dict[str, object]
     estimate: float
     exact: float
     estimate_value: float | None = None
     exact_value: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**self.key, "estimate": self.estimate, "exact": self.exact,
                 "estimate_value": self.estimate_value, "exact_value": self.exact_value}
 
@@ -49,7 +49,7 @@ class Check:
     top_k: int
     top_agreement: float | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"cells": [c.to_dict() for c in self.cells], "pearson": self.pearson, "top_k": self.top_k,
                 "top_agreement": self.top_agreement}
 
@@ -72,7 +72,7 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
     return None if denominator == 0 or not math.isfinite(denominator) else float(a @ b) / denominator
 
 
-def compare(keys: Sequence[dict[str, Any]], estimates: Sequence[float], exacts: Sequence[float], *,
+def compare(keys: Sequence[Mapping[str, object]], estimates: Sequence[float], exacts: Sequence[float], *,
             scale: float | None = None) -> Check:
     """The check of cells ``keys`` (largest ``|estimate|`` first): estimated and exact changes of the metric.
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copyreg
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ class _Module:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return (importlib.import_module, (self.name,))
 
 
@@ -32,7 +33,7 @@ class _Attr:
     def __init__(self, module: str, name: str) -> None:
         self.module, self.name = _Module(module), name
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return (getattr, (self.module, self.name))
 
 
@@ -40,11 +41,11 @@ class Foreign:
     """Pickles as circuit-tracer's ``module.name`` rebuilt where circuit-tracer is installed: a dataclass from
     its fields (``fields``), a NamedTuple from its values (``values``), by ``copyreg._reconstructor`` (stdlib)."""
 
-    def __init__(self, module: str, name: str, *, fields: dict[str, Any] | None = None,
-                 values: tuple[Any, ...] | None = None) -> None:
+    def __init__(self, module: str, name: str, *, fields: Mapping[str, object] | None = None,
+                 values: tuple[object, ...] | None = None) -> None:
         self.ref, self.fields, self.values = _Attr(module, name), fields, values
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         if self.values is not None:
             return (copyreg._reconstructor, (self.ref, tuple, self.values))  # type: ignore[attr-defined]
         return (copyreg._reconstructor, (self.ref, object, None), self.fields)  # type: ignore[attr-defined]
@@ -58,7 +59,7 @@ def config_args(n_layers: int, d_model: int, d_head: int, n_heads: int, d_mlp: i
             "original_architecture": architecture, "n_key_value_heads": n_kv_heads, "dtype": None}
 
 
-def save_pt(graph: CircuitGraph, path: str | Path, cfg_args: dict[str, Any]) -> None:
+def save_pt(graph: CircuitGraph, path: str | Path, cfg_args: Mapping[str, object]) -> None:
     """``torch.save`` of circuit-tracer's ``Graph.to_pt`` dict."""
     torch.save({
         "input_string": graph.input_string,
@@ -96,7 +97,7 @@ def _nodes(graph: CircuitGraph, prune: PruneResult, labels: dict[tuple[int, int]
     infl = prune.cumulative_scores
     nodes: list[dict[str, Any]] = []
 
-    def node(i: int, node_id: str, feature: int, layer: str, ctx: int, kind: str, js: str, **extra: Any) -> None:
+    def node(i: int, node_id: str, feature: int, layer: str, ctx: int, kind: str, js: str, **extra: object) -> None:
         nodes.append({"node_id": node_id, "feature": feature, "layer": layer, "ctx_idx": ctx, "feature_type": kind,
                       "token_prob": 0.0, "is_target_logit": False, "run_idx": 0, "reverse_ctx_idx": 0,
                       "jsNodeId": js, "clerp": "", "influence": float(infl[i]), "activation": None, **extra,

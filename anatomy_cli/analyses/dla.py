@@ -56,7 +56,7 @@ class Row:
     head: int | None
     contribution: float  # logit units (natural-log odds scale of the softmax)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(vars(self))
 
 

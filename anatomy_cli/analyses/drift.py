@@ -73,7 +73,7 @@ class WordLocation:
     ids: tuple[int, ...]
     pieces: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"context": self.context, "text": self.text, "char_start": self.start, "char_end": self.end,
                 "positions": list(self.positions), "token_ids": list(self.ids), "tokens": list(self.pieces)}
 

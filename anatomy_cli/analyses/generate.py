@@ -11,7 +11,6 @@ import math
 from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -69,7 +68,7 @@ class Step:
     lens: tuple[float | None, ...] | None = None  # None at a block a fitted lens was not fitted at
     first_top1_layer: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         out = {"step": self.step, **self.chosen.to_dict(), "top": [t.to_dict() for t in self.top]}
         if self.lens is not None:
             out["lens"] = list(self.lens)  # null where a fitted lens has no reading
@@ -113,7 +112,7 @@ class SweepRow:
     target_logprob: float | None
     target_shift: float | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"coef": self.coef, "continuation": self.text, "n_tokens": self.n_tokens, "kl": self.kl,
                 "target_logprob": self.target_logprob, "target_shift": self.target_shift}
 
@@ -140,7 +139,7 @@ class Continuation:
     stopped: str
     steps: tuple[Step, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"continuation": self.text, "generated_ids": list(self.token_ids), "stopped": self.stopped,
                 "steps": [st.to_dict() for st in self.steps]}
 
@@ -159,7 +158,7 @@ class Sweep:
     rows: tuple[SweepRow, ...]
     target: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"sweep": [r.to_dict() for r in self.rows]}
 
     def points(self) -> tuple[list[float], list[float], list[float | None]]:

@@ -44,7 +44,7 @@ class ModelEntry:
     path: str
     note: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 

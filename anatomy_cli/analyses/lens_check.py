@@ -12,10 +12,11 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from typing import Any
 
 if TYPE_CHECKING:
     import torch
+
+    from anatomy_cli.engine.fitted_lens import FittedLens
 
 # Plain prose on several subjects (none of it in this repository's docs, which the tour fits on).
 HELD_OUT = ("The ferry left the harbour an hour late, because fog had settled over the water before dawn. Most of "
@@ -74,7 +75,7 @@ def _rows(rows: Sequence[str | int]) -> str:
     return " and ".join((["embed"] if "embed" in rows else []) + ([block_spans(blocks)] if blocks else []))
 
 
-def compare(resid: torch.Tensor, lens: Any, unembed: Callable[[torch.Tensor], torch.Tensor]) -> LensCheck:
+def compare(resid: torch.Tensor, lens: FittedLens, unembed: Callable[[torch.Tensor], torch.Tensor]) -> LensCheck:
     """``resid [n_layers + 1, pos, d_model]``: every residual row of one text (row 0 ``embed``, the last the last
     block's output); ``lens``: a :class:`~anatomy_cli.engine.fitted_lens.FittedLens` (its ``rows`` and
     ``transform``); ``unembed``: ``h [pos, d_model] -> logits [pos, vocab]``."""

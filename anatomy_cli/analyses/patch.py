@@ -43,7 +43,7 @@ class PatchCell:
     metric: float
     value: float | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(vars(self))
 
 

@@ -17,15 +17,17 @@ and KL in nats (natural log). Definitions:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import asdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
 
-Describe = Callable[[int], tuple[str, Any]]
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.next_token import Describe
+    from anatomy_cli.engine.sae import SpliceRun
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def next_token_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((logp.exp() * (logp - logq)).sum(-1).mean().clamp_min(0.0))
 
 
-def health(run: Any, ids: Sequence[int], stated_l0: float | None) -> Health:
+def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None) -> Health:
     """The health figures of ``run`` (a SpliceRun) on the prompt ``ids`` (see the module docstring)."""
     target, recon = run.target.double(), run.recon.double()
     err = target - recon

@@ -36,6 +36,7 @@ from anatomy_cli.text.tokenization import adds_bos
 from anatomy_cli.text.tokenization import own_span
 
 if TYPE_CHECKING:
+
     from anatomy_cli.models.resolve import Source
 
 

@@ -51,7 +51,7 @@ class LayerRow:
     target_rank: int | None = None
     target_probability: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(vars(self))  # flat fields: no need for asdict's deep copy
 
 

@@ -48,6 +48,8 @@ from anatomy_cli.models.sites import spelled
 from anatomy_cli.models.written import as_user_file
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from anatomy_cli.corpus.settings import Settings
@@ -136,7 +138,7 @@ def recording(lm: LoadedModel, sites: tuple[str, ...], saved: dict[str, list[tor
         saved[site].append(first[site])
 
 
-def _bind(fn: Any, site: str) -> Any:
+def _bind(fn: Callable[[str, torch.Tensor], None], site: str) -> Callable[[torch.Tensor], None]:
     return lambda t: fn(site, t)
 
 

@@ -7,7 +7,7 @@ and the contexts of the candidates kept are read back from the batch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,8 +18,12 @@ from anatomy_cli.corpus.feature_sums import bin_of
 from anatomy_cli.corpus.feature_sums import choose
 from anatomy_cli.corpus.feature_sums import keys
 
+if TYPE_CHECKING:
+    import torch
 
-def add_batch(part: FeatureSums, acts: Any, ids: Any, first_window: int, *, seed: int, delphi: bool = False) -> None:
+
+def add_batch(part: FeatureSums, acts: torch.Tensor, ids: torch.Tensor, first_window: int, *, seed: int,
+              delphi: bool = False) -> None:
     """Add ``acts [B, T, d_sae]`` (float32) of windows ``ids [B, T]`` (the first one the run's window
     ``first_window``) to ``part``."""
     import torch
@@ -53,7 +57,7 @@ def part_seed(seed: int) -> int:
     return int(seed) & ((1 << 63) - 1)
 
 
-def _offer(kept: Candidates, new: Candidates, kind: str, k: int, a: Any, ids: Any, b: np.ndarray,
+def _offer(kept: Candidates, new: Candidates, kind: str, k: int, a: torch.Tensor, ids: torch.Tensor, b: np.ndarray,
            first_window: int) -> Candidates:
     """``kept`` and ``new`` pooled and chosen again (their contexts copied only for the ones chosen); the contexts
     of the new ones chosen read from the batch."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -119,7 +120,7 @@ class FeatureWorker:
 
 def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer: Tokenizer,
         lm: LoadedModel | None = None,
-        out: Path | None = None, overwrite: bool = False, identity: dict[str, Any] | None = None,
+        out: Path | None = None, overwrite: bool = False, identity: Mapping[str, object] | None = None,
         ray: OnRay | None = None, progress: Callable[[Progress], None] | None = None,
         delphi: DelphiWriter | None = None, crash_once: tuple[str, int] | None = None) -> Result:
     """Measure every shard of ``source`` and merge them in shard order (as :func:`anatomy_cli.corpus.runner.run`);

@@ -14,6 +14,7 @@ examples sorted by activation, ``random.sample`` with seed 22) runs on what ``--
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,9 @@ import numpy as np
 from anatomy_cli.corpus.feature_sums import EDGES
 from anatomy_cli.corpus.feature_sums import Candidates
 from anatomy_cli.corpus.feature_sums import FeatureSums
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def status(fires: int, tokens: int) -> str:
@@ -80,7 +84,7 @@ def context_rows(s: FeatureSums, n_quantiles: int, pieces: Any) -> list[dict[str
     return out
 
 
-def _by_feature(fidx: np.ndarray) -> Any:
+def _by_feature(fidx: np.ndarray) -> Callable[[int], np.ndarray]:
     """``of(i)``: the indices where ``fidx == i``, ascending (``np.flatnonzero(fidx == i)``), from one stable sort."""
     order = np.argsort(fidx, kind="stable")
     ends = np.searchsorted(fidx[order], np.arange(int(fidx.max(initial=-1)) + 2))
@@ -91,7 +95,7 @@ def _by_feature(fidx: np.ndarray) -> Any:
     return of
 
 
-def _context(c: Candidates, j: int, fid: int, kind: str, pieces: Any, **extra: Any) -> dict[str, object]:
+def _context(c: Candidates, j: int, fid: int, kind: str, pieces: Any, **extra: object) -> dict[str, object]:
     assert c.ctx_tok is not None and c.ctx_act is not None
     valid = c.ctx_tok[j] >= 0
     ids = c.ctx_tok[j][valid].tolist()

@@ -43,6 +43,7 @@ class Numbered(Protocol):
 
 
 S = TypeVar("S", bound=Numbered)
+R = TypeVar("R")  # what a worker returns for a shard
 
 
 def ray_module() -> ModuleType:
@@ -54,7 +55,7 @@ def ray_module() -> ModuleType:
     return ray
 
 
-def run_on_ray(shards: Iterator[S], spec: ModelSpec, settings: Any, finished: Callable[[S, Any], None], *,
+def run_on_ray(shards: Iterator[S], spec: ModelSpec, settings: Any, finished: Callable[[S, R], None], *,
                address: str | None = None, workers: int = 2, gpus_per_worker: float = 0.0,
                crash_once: tuple[str, int] | None = None, worker: type | None = None) -> None:
     """Measure ``shards`` on ``workers`` Ray actors; ``finished(shard, partial)`` once per shard.
@@ -93,7 +94,7 @@ def stdout_to_stderr() -> Iterator[None]:
             os.close(saved)
 
 
-def _run(ray: ModuleType, shards: Iterator[S], spec: ModelSpec, settings: Any, finished: Callable[[S, Any], None], *,
+def _run(ray: ModuleType, shards: Iterator[S], spec: ModelSpec, settings: Any, finished: Callable[[S, R], None], *,
          address: str | None, workers: int, gpus_per_worker: float, crash_once: tuple[str, int] | None,
          worker: type | None) -> None:
     if worker is None:
@@ -118,7 +119,7 @@ def _run(ray: ModuleType, shards: Iterator[S], spec: ModelSpec, settings: Any, f
                            scheduling_strategy="SPREAD")(worker)
         pool = [actor.remote(spec.to_dict(), init, crash_once=crash_once)
                 for _ in range(workers)]
-        busy: dict[Any, tuple[S, int]] = {}            # object ref -> (shard, actor)
+        busy: dict[object, tuple[S, int]] = {}         # object ref -> (shard, actor)
         load = {i: 0 for i in range(len(pool))}
         pending = iter(shards)
         exhausted = False

@@ -12,10 +12,13 @@ import dataclasses
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
+from typing import TypeVar
 
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.sources import Source
@@ -34,6 +37,8 @@ from anatomy_cli.models.identity import tokenizer_digest
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.text.tokenization import Tokenizer
 
@@ -150,7 +155,16 @@ def _merge(parts: dict[int, Partial], total: int) -> Partial:
     return merge_in_order(parts, total, lambda p: Partial(p.n_layers, p.n_heads, p.d_model, p.fitted))
 
 
-def merge_in_order(parts: dict[int, Any], total: int, empty: Callable[[Any], Any]) -> Any:
+class Mergeable(Protocol):
+    """A shard's sums, which a later shard's of the same shape are merged into."""
+
+    def merge(self, other: Self) -> object: ...
+
+
+P = TypeVar("P", bound=Mergeable)
+
+
+def merge_in_order(parts: Mapping[int, P], total: int, empty: Callable[[P], P]) -> P:
     """Shards ``0..total-1`` of ``parts`` merged in shard order into ``empty(parts[0])`` (a part of that shape with
     nothing in it). Raises UsageError for no text or a hole in the shards."""
     if not parts:
@@ -211,7 +225,7 @@ class _Tracker:
             yield shard
 
 
-def model_identity(spec: ModelSpec, tokenizer: Tokenizer, lenses: tuple[str, ...] = ()) -> dict[str, Any]:
+def model_identity(spec: ModelSpec, tokenizer: Tokenizer, lenses: tuple[str, ...] = ()) -> dict[str, object]:
     """What a run's manifest keys the model by: the spec, the identity of the files it is read from
     (:func:`anatomy_cli.models.identity.file_records`) and the tokenizer's digest; with fitted lenses
     (``lenses``: their ``kind:PATH``), their files' identity as ``lens_files``."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -77,7 +78,7 @@ def schema(columns: tuple[str, ...]) -> pa.Schema:
     return pa.schema([(c, kind(c)) for c in columns])
 
 
-def summary_rows(layers: Any) -> list[dict[str, Any]]:
+def summary_rows(layers: Any) -> list[dict[str, object]]:
     """The JSON rows (``layer``: ``"embed"`` or block N) as summary.parquet's rows: ``row`` 0..L and the
     label as a string."""
 
@@ -110,7 +111,7 @@ class Store:
     def done(self) -> dict[int, dict[str, Any]]:
         return {s["index"]: s for s in self.manifest.get("shards", [])}
 
-    def open(self, model: dict[str, Any], source: dict[str, Any], settings: dict[str, Any], *,
+    def open(self, model: Mapping[str, object], source: Mapping[str, object], settings: Mapping[str, object], *,
              overwrite: bool) -> None:
         """Create DIR or resume it. Raises UsageError when DIR holds a run of another model, source or settings
         (unless ``overwrite``: its shards are then removed) or is a file; AnatomyError when it cannot be written."""

@@ -23,6 +23,8 @@ from anatomy_cli.models.spec import ModelSpec
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import torch
+
     from anatomy_cli.corpus.expert_sums import ExpertSums
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
@@ -45,7 +47,7 @@ class Worker:
         self.token_bytes = np.zeros(max(len(covered), self.lm.vocab_size), np.int64)  # past the tokenizer: 0
         self.token_bytes[:len(covered)] = covered
         self.crash_once = crash_once
-        self.saved: dict[str, list[Any]] = {}  # with save_activations: the last shard's, per site and batch
+        self.saved: dict[str, list[torch.Tensor]] = {}  # with save_activations: the last shard's, per site and batch
 
     def __call__(self, shard: Shard, on_window: Callable[[int, int], None] | None = None) -> Partial:
         """``on_window(windows, tokens)``: called after each batch of windows is measured (progress)."""

@@ -47,7 +47,7 @@ class Checkpoint:
     prompts) and after the last; ``command`` names the fit in a refusal."""
 
     path: Path
-    settings: dict[str, Any]
+    settings: dict[str, object]
     every: int = 1
     command: str = "fit-lens"
 
@@ -71,7 +71,7 @@ class Checkpoint:
                              "delete it or give another --checkpoint to start over")
         return dict(state)
 
-    def save(self, state: dict[str, Any]) -> None:
+    def save(self, state: dict[str, object]) -> None:
         """``state`` and the settings to :attr:`path`, atomically."""
         atomic_save({"settings": self.settings, **state}, self.path)
 

@@ -14,12 +14,15 @@ have a llama.cpp equivalent.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 ARCH = "controlvector"
 
@@ -81,7 +84,7 @@ def read(path: Path) -> tuple[dict[int, np.ndarray], str | None]:
     return directions, _string(reader, f"{ARCH}.model_hint")
 
 
-def _string(reader: Any, key: str) -> str | None:
+def _string(reader: GGUFReader, key: str) -> str | None:
     field = reader.get_field(key)
     if field is None or not len(field.parts):
         return None

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field
-from typing import Any
+from typing import TypedDict
 
 from anatomy_cli.units import human_seconds
 
@@ -30,11 +30,42 @@ def now() -> float:
     return time.perf_counter()
 
 
-def timed(work: Callable[[], Any]) -> float:
+def timed(work: Callable[[], object]) -> float:
     """The seconds one call of ``work`` takes."""
     start = now()
     work()
     return now() - start
+
+
+class PhaseRecord(TypedDict):
+    """:meth:`Phase.to_dict`."""
+
+    phase: str
+    seconds: float
+    done: bool
+
+
+class EstimateRecord(TypedDict):
+    """:meth:`Estimate.to_dict`: the total and each phase."""
+
+    seconds: float
+    phases: list[PhaseRecord]
+
+
+class TimingRow(TypedDict):
+    """One phase of :meth:`Timings.to_dict`: as estimated and as measured."""
+
+    phase: str
+    estimated_seconds: float
+    seconds: float
+
+
+class TimingsRecord(TypedDict):
+    """:meth:`Timings.to_dict`."""
+
+    estimated_seconds: float
+    seconds: float
+    phases: list[TimingRow]
 
 
 @dataclass(frozen=True)
@@ -45,7 +76,7 @@ class Phase:
     seconds: float
     done: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PhaseRecord:
         return {"phase": self.name, "seconds": self.seconds, "done": self.done}
 
 
@@ -71,7 +102,7 @@ class Estimate:
         parts = "; ".join(f"{p.name} {human_seconds(p.seconds)}{', done' if p.done else ''}" for p in self.phases)
         return f"roughly {human_seconds(self.seconds)} in all ({parts}; timed on this machine now)"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> EstimateRecord:
         return {"seconds": self.seconds, "phases": [p.to_dict() for p in self.phases]}
 
     def timings(self) -> Timings:
@@ -103,10 +134,10 @@ class Timings:
     def seconds(self) -> float:
         return sum(self.took.values())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TimingsRecord:
         """The estimate and what was measured, phase by phase, and their ratios (measured / estimated)."""
-        rows = [{"phase": p.name, "estimated_seconds": p.seconds, "seconds": self.took.get(p.name, 0.0)}
-                for p in self.estimate.phases]
+        rows: list[TimingRow] = [{"phase": p.name, "estimated_seconds": p.seconds,
+                                  "seconds": self.took.get(p.name, 0.0)} for p in self.estimate.phases]
         return {"estimated_seconds": self.estimate.seconds, "seconds": self.seconds, "phases": rows}
 
 

@@ -16,13 +16,16 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.tensors import first_tensor
 from anatomy_cli.engine.tensors import rowwise
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
 
 
 def forward(lm: LoadedModel, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -36,7 +39,8 @@ def forward(lm: LoadedModel, input_ids: torch.Tensor | None = None, attention_ma
     return first_tensor(_call(lm, input_ids, attention_mask, inputs_embeds, **kw))
 
 
-def forward_cached(lm: LoadedModel, input_ids: torch.Tensor, past: Any = None) -> tuple[torch.Tensor, Any]:
+def forward_cached(lm: LoadedModel, input_ids: torch.Tensor, past: Cache | None = None
+                   ) -> tuple[torch.Tensor, Cache]:
     """The generation path of :func:`forward`: ``input_ids`` ``[1, new]`` after the tokens ``past`` (the key/value
     cache a previous call returned; None at the prompt) holds, with ``use_cache=True``. Returns the final hidden
     state of the new positions ``[1, new, d_model]`` and the cache to pass to the next call. Positions continue
@@ -51,7 +55,7 @@ def forward_cached(lm: LoadedModel, input_ids: torch.Tensor, past: Any = None) -
 _CACHE_KEYWORD: dict[type, str] = {}
 
 
-def _cache_keyword(cls: Any) -> str:
+def _cache_keyword(cls: type[torch.nn.Module]) -> str:
     """``cache`` (transformers >= 5.2x: ``past_key_values`` is deprecated there) or ``past_key_values``: what the
     model's forward and its output call the key/value cache."""
     if cls not in _CACHE_KEYWORD:
@@ -61,7 +65,7 @@ def _cache_keyword(cls: Any) -> str:
 
 
 def _call(lm: LoadedModel, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
-          inputs_embeds: torch.Tensor | None, **kw: Any) -> Any:
+          inputs_embeds: torch.Tensor | None, **kw: object) -> object:
     """The one model call: the base model, with the one ``use_cache`` rule (off for causal models unless the
     caller is :func:`forward_cached`)."""
     args = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),

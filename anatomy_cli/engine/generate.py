@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +34,9 @@ from anatomy_cli.engine.lens import unembed
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import Cache
 
 Choose = Callable[[torch.Tensor], int]
 """``logits [vocab]`` (float32, soft-capped as the model's own) -> the next token id."""
@@ -111,7 +114,7 @@ def generate(lm: LoadedModel, prompt: Sequence[int], *, max_new_tokens: int, cho
     lens_lp: list[torch.Tensor] = []
     lens_top: list[torch.Tensor] = []
     stopped = "max_new_tokens"
-    past: Any = None
+    past: Cache | None = None
     with torch.inference_mode(), ExitStack() as stack:
         if hooks:
             stack.enter_context(attach(lm, hooks))

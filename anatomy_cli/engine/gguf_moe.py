@@ -18,6 +18,7 @@ naming the file); the config dict is :func:`anatomy_cli.models.gguf.config_dict`
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -54,7 +55,7 @@ def _gathering() -> type[Any]:
     from transformers.modeling_gguf_pytorch_utils import Qwen2MoeTensorProcessor
 
     class Gathering(Qwen2MoeTensorProcessor):
-        def __init__(self, config: dict[str, Any]) -> None:
+        def __init__(self, config: Mapping[str, object]) -> None:
             super().__init__(config=config)  # type: ignore[no-untyped-call]
             self.halves: dict[str, set[str]] = {}
 
@@ -76,7 +77,7 @@ def _llama_moe_processor(config: dict[str, Any]) -> TensorProcessor:
     class LlamaMoe(_gathering()):  # type: ignore[misc]
         def __init__(self, config: dict[str, Any]) -> None:
             super().__init__(config)
-            self.stacks: dict[str, tuple[Any, set[int]]] = {}  # a block's experts read so far, and which
+            self.stacks: dict[str, tuple[np.ndarray, set[int]]] = {}  # a block's experts read so far, and which
 
         def process(self, weights: Any, name: str, **kwargs: Any) -> Any:
             if ".attn_q." in name or ".attn_k." in name:
@@ -86,7 +87,7 @@ def _llama_moe_processor(config: dict[str, Any]) -> TensorProcessor:
                 return GGUFTensor(weights, None, {})  # type: ignore[arg-type]  # as transformers returns it
             return super().process(weights, name, **kwargs)
 
-        def _one_expert(self, weights: Any, m: re.Match[str], kwargs: dict[str, Any]) -> None:
+        def _one_expert(self, weights: np.ndarray, m: re.Match[str], kwargs: Mapping[str, object]) -> None:
             """Expert E's matrix into its block's stack; the stack, once all ``n_experts`` are in, processed as
             the merged ``ffn_*_exps`` tensor of a newer file."""
             expert, merged = int(m["xid"]), f"blk.{m['bid']}.ffn_{m['w']}_exps"

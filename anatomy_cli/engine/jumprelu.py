@@ -21,7 +21,7 @@ penalty and the reconstruction move ``θ`` from there; never below :data:`INIT_T
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -35,15 +35,26 @@ def _kernel(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Ten
     return ((u > -0.5) & (u < 0.5)).to(z.dtype)
 
 
+class AutogradCtx(Protocol):
+    """What the autograd Functions here and in engine/sae_fit.py use of the ``ctx`` torch passes them."""
+
+    saved_tensors: tuple[torch.Tensor, ...]
+    needs_input_grad: tuple[bool, ...]
+    bandwidth: float  # the JumpReLU's kernel width, kept by its forward for its backward
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None: ...
+    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None: ...
+
+
 class _JumpReLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    def forward(ctx: AutogradCtx, z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
         ctx.save_for_backward(z, theta)
         ctx.bandwidth = bandwidth
         return z * (z > theta)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    def backward(ctx: AutogradCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         z, theta = ctx.saved_tensors
         k = _kernel(z, theta, ctx.bandwidth)
         g_theta = (-(theta / ctx.bandwidth) * k * grad).reshape(-1, theta.shape[-1]).sum(0)
@@ -52,13 +63,13 @@ class _JumpReLU(torch.autograd.Function):
 
 class _Step(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
+    def forward(ctx: AutogradCtx, z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
         ctx.save_for_backward(z, theta)
         ctx.bandwidth = bandwidth
         return (z > theta).to(z.dtype)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    def backward(ctx: AutogradCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         z, theta = ctx.saved_tensors
         k = _kernel(z, theta, ctx.bandwidth)
         g_theta = (-(1.0 / ctx.bandwidth) * k * grad).reshape(-1, theta.shape[-1]).sum(0)

@@ -265,7 +265,8 @@ _ACTIVE: list[Freezer] = []
 
 
 def _frozen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+                      attention_mask: torch.Tensor | None, *args: object, **kwargs: object
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The family's own eager attention, then its output again from the detached (or recorded) pattern:
     gradients reach the values only."""
     eager = sys.modules[type(module).__module__].eager_attention_forward
@@ -297,7 +298,7 @@ def _register() -> None:
     AttentionMaskInterface.register(FROZEN_ATTENTION, eager_mask)
 
 
-def _norm_hook(module: torch.nn.Module, args: tuple[Any, ...], out: object) -> Any:
+def _norm_hook(module: torch.nn.Module, args: tuple[object, ...], out: object) -> torch.Tensor | None:
     """A LayerNorm / RMSNorm's output with its denominator frozen: equal in value (recording), gradient
     ``gain / s``; replaying, ``gain * P(x) / s + beta`` with the recorded ``s``."""
     if not isinstance(out, torch.Tensor) or not args or not isinstance(args[0], torch.Tensor):

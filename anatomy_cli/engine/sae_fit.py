@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,7 +84,7 @@ class _SparseTopK(torch.autograd.Function):
     """:func:`sparse_topk`'s forward (one dense matmul, the TopK of its ReLU) and backward (the k chosen rows)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+    def forward(ctx: ste.AutogradCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 k: int) -> tuple[torch.Tensor, torch.Tensor]:
         top = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False)  # the ReLU on k values only
         acts, idx = top.values.clamp_min_(0), top.indices
@@ -92,7 +93,7 @@ class _SparseTopK(torch.autograd.Function):
         return acts, idx
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: ste.AutogradCtx, grad: torch.Tensor, _: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         x, weight, idx, acts = ctx.saved_tensors
         g = grad * (acts > 0)  # the ReLU's derivative (a chosen 0 passes nothing)
         flat, n = idx.reshape(-1), weight.shape[0]
@@ -240,7 +241,7 @@ def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum().clamp_min(1e-30)
 
 
-def adam(params: Any, lr: float) -> torch.optim.Adam:
+def adam(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
     """Adam with its fused kernel (one pass over each parameter per step; torch has it on CPU and CUDA)."""
     return torch.optim.Adam(params, lr=lr, fused=True)
 
@@ -336,7 +337,7 @@ def save_saelens(coder: JumpReLUCoder, folder: Path, *, hook: str, hook_out: str
     (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec``, ``b_dec``, ``threshold``)."""
     folder.mkdir(parents=True, exist_ok=True)
     d_sae, d_in = coder.encoder.weight.shape
-    cfg: dict[str, Any] = {"architecture": "jumprelu", "d_in": int(d_in), "d_sae": int(d_sae), "dtype": "float32",
+    cfg: dict[str, object] = {"architecture": "jumprelu", "d_in": int(d_in), "d_sae": int(d_sae), "dtype": "float32",
                            "device": "cpu", "apply_b_dec_to_input": not coder.transcode,
                            "normalize_activations": "none", "hook_name": hook, "model_name": model_name}
     if coder.transcode:

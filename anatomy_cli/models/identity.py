@@ -13,11 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypedDict
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models import local
 from anatomy_cli.models.resolve import check_path
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 
 FileId = tuple[str, int, int, int]  # (absolute path, size, mtime_ns, inode)
 DIGEST_BYTES = 64 << 20  # files up to this size are hashed in file_records
@@ -56,17 +62,27 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def file_records(model: str) -> list[dict[str, Any]]:
+class FileRecord(TypedDict):
+    """One file of :func:`file_records`."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    inode: int
+    sha256: str | None
+
+
+def file_records(model: str) -> list[FileRecord]:
     """:func:`file_identity` as JSON records ``{"path", "size", "mtime_ns", "inode", "sha256"}``;
     ``sha256`` is None for a file over :data:`DIGEST_BYTES` (its size, mtime and inode identify it)."""
-    out = []
+    out: list[FileRecord] = []
     for path, size, mtime_ns, inode in file_identity(model):
         digest = file_sha256(path) if size <= DIGEST_BYTES else None
         out.append({"path": path, "size": size, "mtime_ns": mtime_ns, "inode": inode, "sha256": digest})
     return out
 
 
-def files_changed(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[str]:
+def files_changed(old: Sequence[FileRecord], new: Sequence[FileRecord]) -> list[str]:
     """Names of the files that differ between two :func:`file_records` lists: added, removed, another size,
     another digest, or (where either has no digest) another mtime or inode."""
     before = {r["path"]: r for r in old}

@@ -12,15 +12,24 @@ object. A multimodal config (Gemma 3's ``Gemma3ForConditionalGeneration``) keeps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 from typing import Generic
 from typing import Protocol
+from typing import TypeAlias
 from typing import TypeVar
 from typing import cast
 from typing import overload
 
 from anatomy_cli.models import adapters
 from anatomy_cli.models.adapters import Adapter
+
+if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
+
+    from anatomy_cli.models.json_config import JsonConfig
+
+    # a transformers config, or a config.json read without transformers
+    Config: TypeAlias = PreTrainedConfig | JsonConfig
 
 
 class TokenizerFacts(Protocol):
@@ -63,7 +72,7 @@ class MoeInfo:
     sparse_blocks: tuple[int, ...]
 
     @classmethod
-    def from_config(cls, model_type: str, text: Any) -> MoeInfo | None:
+    def from_config(cls, model_type: str, text: Config) -> MoeInfo | None:
         """None for a dense family. AttributeError when a JsonConfig leaves the expert count out."""
         rule = ROUTING.get(model_type)
         if rule is None:
@@ -86,10 +95,11 @@ class MoeInfo:
                 "sparse_blocks": list(self.sparse_blocks)}
 
 
-def text_config(config: Any) -> Any:
+def text_config(config: Config) -> Config:
     """The decoder's own config: ``text_config`` of a multimodal config, else ``config``."""
     get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
+    text: Config = get() if callable(get) else config
+    return text
 
 
 @dataclass(frozen=True)
@@ -160,7 +170,7 @@ class ModelInfo:
         return self.is_causal and self.has_lm_head and self.logit_softcap is None
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: TokenizerFacts | None = None, *, random: bool = False) -> ModelInfo:
+    def from_config(cls, config: Config, tokenizer: TokenizerFacts | None = None, *, random: bool = False) -> ModelInfo:
         """Read the facts from ``config`` (transformers' or :class:`JsonConfig`) and ``tokenizer``.
 
         Raises UnsupportedArchitecture (no adapter), AttributeError when the config lacks a size it must
@@ -201,7 +211,7 @@ class ModelInfo:
                 "moe": None if self.moe is None else self.moe.to_dict()}
 
 
-def has_lm_head(adapter: Adapter, config: Any, random: bool = False) -> bool:
+def has_lm_head(adapter: Adapter, config: Config, random: bool = False) -> bool:
     """Whether the model anatomy builds for ``config`` has an LM head: a decoder always (its CausalLM class);
     an encoder when its checkpoint names a masked-LM head (``...ForMaskedLM``, ``...ForPreTraining``) or it is
     built at random (the engine's loader picks the class by the same rule)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -184,7 +185,7 @@ def _threshold(shapes: dict[str, tuple[int, ...]]) -> bool:
                for name in shapes)
 
 
-def _k(cfg: dict[str, Any]) -> int | None:
+def _k(cfg: Mapping[str, object]) -> int | None:
     """The config's TopK ``k`` (None: not TopK); refused unless a whole number of at least 1."""
     k = cfg.get("k")
     if k is None:

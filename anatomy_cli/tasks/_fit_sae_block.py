@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.estimate import Timings
 
 DEAD_HIGH = 0.5  # a dead fraction over this is warned
 
@@ -54,7 +55,7 @@ class BlockFit:
 
 def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.Tensor,
               windows: Sequence[Sequence[int]], *, label: str, transcoder: bool, d_sae: int, k: int, epochs: int,
-              batch_size: int, lr: float, seed: int, timings: Any, phases: tuple[str, str],
+              batch_size: int, lr: float, seed: int, timings: Timings, phases: tuple[str, str],
               jumprelu: dict[str, float] | None = None, model_name: str = "") -> tuple[BlockFit, str]:
     """``block``'s fit from its input ``x`` and ``target`` (``[rows, d]``, the rows of every window of
     ``windows``, the last one held out); the seed rule is the run's: the coder is made and the rows shuffled from

@@ -15,11 +15,20 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypedDict
 
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from collections.abc import Iterator
+
+    import torch
+
+    from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.opening import OpenedModel
+    from anatomy_cli.tasks._fit_files import FitLensSettings
+    from anatomy_cli.tasks._fit_files import JacobianBlocks
 
 
 @dataclass(frozen=True)
@@ -30,21 +39,38 @@ class PromptShard:
     prompts: tuple[tuple[int, ...], ...]
 
 
+class JacobianSettings(TypedDict):
+    """What a worker fits with: the blocks, the target, the batch of J's rows, the positions skipped."""
+
+    source_layers: list[int]
+    target_layer: int
+    dim_batch: int
+    skip_first: int
+
+
+class JacobianPart(TypedDict):
+    """A shard's fit: the float64 sums of ``J`` per block, its prompts fitted and skipped."""
+
+    sums: dict[int, torch.Tensor]
+    n_prompts: int
+    skipped: int
+
+
 class JacobianWorker:
     """A Ray actor's state: the model, loaded once from ``spec`` (or ``lm``); ``run(shard)`` fits the shard's
     prompts into ``{"sums": {block: float64 J sum}, "n_prompts", "skipped"}``. ``settings``: ``source_layers``,
     ``target_layer``, ``dim_batch``, ``skip_first``. ``crash_once``: the corpus worker's fault injection."""
 
-    def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: Any = None,
+    def __init__(self, spec: dict[str, Any], settings: JacobianSettings, *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
         from anatomy_cli import engine
         from anatomy_cli.models.spec import ModelSpec
 
-        self.settings = dict(settings)
+        self.settings = settings.copy()
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
         self.crash_once = crash_once
 
-    def run(self, shard: PromptShard) -> dict[str, Any]:
+    def run(self, shard: PromptShard) -> JacobianPart:
         import torch
 
         from anatomy_cli.corpus.worker import crash_if_marked
@@ -59,9 +85,9 @@ class JacobianWorker:
         return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
 
 
-def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
+def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks,
                checkpoint: dict[str, Any] | None = None,
-               crash_once: tuple[str, int] | None = None) -> tuple[dict[int, Any], int, int]:
+               crash_once: tuple[str, int] | None = None) -> tuple[dict[int, torch.Tensor], int, int]:
     """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
     (``opts.ray_address``, ``opts.workers``, ``opts.gpus_per_worker``); the workers load ``opened.spec``. With
     ``opts.checkpoint``: one prompt per shard, the sums saved as prompts finish and resumed from (``checkpoint``:
@@ -73,9 +99,9 @@ def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
     size = max(1, math.ceil(len(ids) / (4 * opts.workers)))
     shards = [PromptShard(k, tuple(tuple(p) for p in ids[i:i + size]))
               for k, i in enumerate(range(0, len(ids), size))]
-    parts: dict[int, dict[str, Any]] = {}
+    parts: dict[int, JacobianPart] = {}
     with notes.status(f"fit-lens jacobian on Ray: {len(shards)} shards of up to {size} prompts") as line:
-        def finished(shard: PromptShard, part: dict[str, Any]) -> None:
+        def finished(shard: PromptShard, part: JacobianPart) -> None:
             parts[shard.index] = part
             line.update(f"fit-lens jacobian on Ray · shard {len(parts)}/{len(shards)} done")
 
@@ -88,8 +114,9 @@ def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
     return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())
 
 
-def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: Any,
-                  settings: dict[str, Any], crash_once: tuple[str, int] | None) -> tuple[dict[int, Any], int, int]:
+def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks,
+                  settings: dict[str, Any],
+                  crash_once: tuple[str, int] | None) -> tuple[dict[int, torch.Tensor], int, int]:
     """The Ray fit with ``--checkpoint``: shard i is prompt i alone (the prompts the checkpoint holds are not
     sent), and each finished prompt is added to the running sums, which are saved (atomically) every
     ``checkpoint_every`` prompts and after the last. The sums are added as the prompts finish, not in prompt
@@ -101,7 +128,7 @@ def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: An
     progress = ckpt.start(checkpoint, settings, plan.source_layers, opened.info.d_model, len(ids))
     todo = [PromptShard(i, (tuple(p),)) for i, p in enumerate(ids) if i not in progress.done]
     with notes.status(f"fit-lens jacobian on Ray: {len(todo)} prompts, one per shard") as line:
-        def finished(shard: PromptShard, part: dict[str, Any]) -> None:
+        def finished(shard: PromptShard, part: JacobianPart) -> None:
             progress.add(shard.index, part["sums"], part["n_prompts"], part["skipped"])
             if ckpt.due(progress, opts.checkpoint_every, len(ids)):
                 ckpt.save(checkpoint, progress, settings, len(ids))
@@ -111,11 +138,12 @@ def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: Any, plan: An
     return progress.sums, progress.n_done, progress.skipped
 
 
-def _run(opened: OpenedModel, shards: Any, opts: Any, plan: Any, finished: Any,
+def _run(opened: OpenedModel, shards: Iterator[PromptShard], opts: FitLensSettings, plan: JacobianBlocks,
+         finished: Callable[[PromptShard, JacobianPart], None],
          crash_once: tuple[str, int] | None) -> None:
     from anatomy_cli.corpus.ray_run import run_on_ray
 
-    settings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
+    settings: JacobianSettings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
                 "dim_batch": opts.dim_batch, "skip_first": opts.skip_first}
     run_on_ray(shards, opened.spec, settings, finished, address=opts.ray_address, workers=opts.workers,
                gpus_per_worker=opts.gpus_per_worker, crash_once=crash_once, worker=JacobianWorker)

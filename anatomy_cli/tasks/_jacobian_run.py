@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypeAlias
 
 from anatomy_cli.engine.checkpoint import atomic_save
 from anatomy_cli.engine.checkpoint import digest
@@ -20,14 +21,21 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
 from anatomy_cli.tasks._fit_files import FitCosts
+from anatomy_cli.tasks._fit_files import FitLensSettings
+from anatomy_cli.tasks._fit_files import JacobianBlocks
 
 if TYPE_CHECKING:
+    import torch
+
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.estimate import Estimate
+    from anatomy_cli.engine.opening import OpenedModel
 
 PHASES = ("fitting", "writing and the held-out check")  # after the weights' load and the probes
-Sums = tuple[dict[int, Any], int, int]  # (float64 sums of J per block, prompts fitted, prompts skipped)
+# (float64 sums of J per block, prompts fitted, prompts skipped)
+Sums: TypeAlias = "tuple[dict[int, torch.Tensor], int, int]"
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,8 @@ class JacobianFit(FitCosts):
                 **self.costs()}
 
 
-def run(lm: Any, encoded: list[Encoded], opts: Any,
-        plan: Any) -> JacobianFit:
+def run(lm: Any, encoded: list[Encoded], opts: FitLensSettings,
+        plan: JacobianBlocks) -> JacobianFit:
     """Fits, writes ``opts.out`` (atomically) and returns the summary. ``lm``: the LoadedModel; with ``opts.ray``
     the OpenedModel (the workers load the weights). Raises UsageError when no prompt is long enough."""
     import torch
@@ -103,17 +111,18 @@ def run(lm: Any, encoded: list[Encoded], opts: Any,
         check=None if check is None else check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: Any) -> LensCheck:
+def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
     """The written lens, read back as ``lens --lens jacobian:FILE`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
     from anatomy_cli.tasks._lens_check import fit_check
 
     lens = open_lens(LensChoice("jacobian", opts.out), d_model=lm.info.d_model, n_layers=lm.info.n_layers)
+    assert lens is not None  # a jacobian choice with a path opens a lens
     return fit_check(lm, lens, f"the Jacobian lens {opts.out}")
 
 
-def fitted_prompts(encoded: list[Encoded], opts: Any) -> tuple[list[list[int]], list[list[int]]]:
+def fitted_prompts(encoded: list[Encoded], opts: FitLensSettings) -> tuple[list[list[int]], list[list[int]]]:
     """``(ids, usable)``: each prompt's ids as the fit reads them (its first ``max_seq_len`` tokens; with
     ``--shard i/N`` prompts i, i + N, ... only), and those long enough to have a valid position (the ones fitted).
     Raises UsageError when none is: :func:`anatomy_cli.tasks.fit_lens.check` calls it before the weights load."""
@@ -129,7 +138,7 @@ def fitted_prompts(encoded: list[Encoded], opts: Any) -> tuple[list[list[int]], 
     return ids, usable
 
 
-def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Sums:
+def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks) -> Sums:
     """Prompt after prompt in this process; with ``opts.checkpoint`` the sums saved every
     ``opts.checkpoint_every`` prompts (and after the last), and resumed from (the prompts it holds skipped:
     :mod:`anatomy_cli.tasks._jacobian_checkpoint`)."""
@@ -151,8 +160,8 @@ def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: Any, plan: Any) -> Su
     return progress.sums, progress.n_done, progress.skipped
 
 
-def settings_of(lm: Any, ids: list[list[int]], opts: Any,
-                plan: Any) -> dict[str, object]:
+def settings_of(lm: LoadedModel | OpenedModel, ids: list[list[int]], opts: FitLensSettings,
+                plan: JacobianBlocks) -> dict[str, object]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
 
@@ -161,8 +170,8 @@ def settings_of(lm: Any, ids: list[list[int]], opts: Any,
             "prompts": digest(ids)}
 
 
-def _announce(lm: Any, usable: list[list[int]], opts: Any,
-              plan: Any) -> tuple[float, Any]:
+def _announce(lm: Any, usable: list[list[int]], opts: FitLensSettings,
+              plan: JacobianBlocks) -> tuple[float, Estimate]:
     """The cost line before the fit: FLOPs, and the time of every phase (:mod:`anatomy_cli.engine.estimate`):
     the weights' load as measured; the fit from a probe of its own code now (the first prompt's forward and two
     backward passes, :func:`probe_prompt`), scaled by each prompt's tokens; the held-out check from its probe.
@@ -196,7 +205,7 @@ def _announce(lm: Any, usable: list[list[int]], opts: Any,
     return flops, est
 
 
-def estimate(lm: Any, usable: list[list[int]], opts: Any, plan: Any) -> float:
+def estimate(lm: Any, usable: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks) -> float:
     """The fit's FLOPs (:func:`anatomy_cli.models.cost.jacobian_fit_flops` per prompt), with the blocks' own
     weights where they are loaded (with ``--ray`` the driver has none: ~12 d_model² per block)."""
     from anatomy_cli.engine import jacobian_fit
@@ -211,7 +220,7 @@ class _Enough(Exception):
     """Ends a probe after the passes it times."""
 
 
-def probe_prompt(lm: LoadedModel, ids: list[int], opts: Any, plan: Any,
+def probe_prompt(lm: LoadedModel, ids: list[int], opts: FitLensSettings, plan: JacobianBlocks,
                  passes: int = 2) -> tuple[float, float]:
     """``(forward seconds, seconds per backward pass)`` of the fit's own per-prompt code
     (:func:`anatomy_cli.engine.jacobian_fit.jacobian_for_prompt`) on ``ids``, timed now: its forward and its

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli import engine
 from anatomy_cli.analyses.lens_check import HELD_OUT
@@ -38,7 +37,7 @@ def check_ids(lm: LoadedModel, lens: FittedLens, ids: Sequence[int]) -> LensChec
     return compare(cache.residual_stream(), lens, lambda h: engine.unembed(lm, h))
 
 
-def fit_check(lm: LoadedModel, lens: Any, what: str) -> LensCheck:
+def fit_check(lm: LoadedModel, lens: FittedLens, what: str) -> LensCheck:
     """The fit-time check on the held-out paragraph; its note (when a row is weak) goes out as a warning."""
     with notes.status("checking the lens on held-out text"):
         check = check_ids(lm, lens, held_out_ids(lm))

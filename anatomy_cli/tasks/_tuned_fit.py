@@ -26,6 +26,7 @@ from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import FitCosts
+from anatomy_cli.tasks._fit_files import FitLensSettings
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -34,11 +35,10 @@ if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_check import LensCheck
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.estimate import Estimate
+    from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.tasks.protocol import Opened
 
-# fit_lens.py imports this module: its FitLensOptions is named here, not imported (no import circle, type-only
-# imports counted: tests/test_layout.py)
-FitLensOptions = Any
 MAX_LENGTH = 2048  # tuned-lens' Data.max_length
 JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-layer", "dim_batch": "--dim-batch",
                  "max_seq_len": "--max-seq-len", "skip_first": "--skip-first", "dtype": "--dtype",
@@ -50,7 +50,7 @@ TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", 
               "seed": "--seed"}
 
 
-def validate(opts: FitLensOptions) -> None:
+def validate(opts: FitLensSettings) -> None:
     """The refusals of a :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` of kind ``tuned`` (nothing opened)."""
     if opts.prompt:
         raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
@@ -79,7 +79,7 @@ def validate(opts: FitLensOptions) -> None:
         raise UsageError(f"--out {out} holds a lens already: give --overwrite to replace it")
 
 
-def refuse_tuned_options(opts: FitLensOptions) -> None:
+def refuse_tuned_options(opts: FitLensSettings) -> None:
     """``--corpus`` and the rest given to another kind than ``tuned``."""
     defaults = {f.name: f.default for f in fields(opts)}
     given = [flag for name, flag in TUNED_ONLY.items() if getattr(opts, name) != defaults[name]]
@@ -93,7 +93,7 @@ class TunedPlan:
     source: Source
 
 
-def check(opened: Opened, opts: FitLensOptions) -> TunedPlan:
+def check(opened: Opened, opts: FitLensSettings) -> TunedPlan:
     """A decoder with an LM head, ``ctx`` within its context, the corpus opened (a directory without text files is
     refused here), all before the weights load."""
     from anatomy_cli.corpus.sources import open_source
@@ -149,7 +149,7 @@ def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[t
     return list(windows(itertools.chain([[eos]] if eos is not None else [], stream), ctx=ctx, max_tokens=tokens))
 
 
-def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
+def run(lm: LoadedModel, opts: FitLensSettings, plan: TunedPlan) -> TunedFit:
     """Fits, writes ``opts.out`` (config.json + params.pt) and returns the summary. With ``opts.checkpoint`` the
     translators, the optimizer's and the schedule's state, the step and the KLs so far are saved every
     ``opts.checkpoint_every`` steps (and after the last), and resumed from: the same windows in the same order
@@ -200,7 +200,7 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
                     check=check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
+def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
     """The written lens, read back as ``lens --lens tuned:DIR`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
@@ -208,11 +208,12 @@ def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
 
     assert opts.out is not None  # the options' check: a fit names its --out
     lens = open_lens(LensChoice("tuned", Path(opts.out)), d_model=lm.info.d_model, n_layers=lm.n_layers)
+    assert lens is not None  # a tuned choice with a path opens a lens
     return fit_check(lm, lens, f"the tuned lens {opts.out}")
 
 
 def _train(lm: LoadedModel, lens: torch.nn.ModuleList, optim: tuple[torch.optim.SGD, torch.optim.lr_scheduler.LambdaLR],
-           wins: list[tuple[int, ...]], order: list[int], steps: int, opts: FitLensOptions, settings: dict[str, Any]
+           wins: list[tuple[int, ...]], order: list[int], steps: int, opts: FitLensSettings, settings: dict[str, Any]
            ) -> tuple[list[float], list[float]]:
     """The steps (engine/tuned_fit.py ``train``), from the checkpoint's when there is one to resume
     (engine/checkpoint.py); each translator's mean KL over the first step's windows and over the last's."""
@@ -229,7 +230,7 @@ def _train(lm: LoadedModel, lens: torch.nn.ModuleList, optim: tuple[torch.optim.
 
 
 def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int,
-              reading: Any) -> tuple[float, float, Any]:
+              reading: Phase) -> tuple[float, float, Estimate]:
     """The cost line before the fit: FLOPs, peak memory (weights + the fit's own), and the time of every phase
     (:mod:`anatomy_cli.engine.estimate`): the weights' load and the corpus's reading as measured; the training
     from probes of its own code now (one window's backward on up to :data:`PROBE_TOKENS` tokens of the first

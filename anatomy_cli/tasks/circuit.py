@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
@@ -467,7 +468,7 @@ def paths(graph: CircuitGraph, pr: PruneResult, nodes: dict[int, dict[str, Any]]
     return rows
 
 
-def _block_feature(node: dict[str, Any]) -> tuple[int, int]:
+def _block_feature(node: Mapping[str, object]) -> tuple[int, int]:
     """A feature node's (block, feature index): its ``node_id`` is ``{block}_{feature}_{position}``."""
     block, feature, _ = str(node["node_id"]).split("_")
     return int(block), int(feature)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from anatomy_cli.corpus.runner import Settings
     from anatomy_cli.corpus.sources import Source
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.fitted_lens import FittedLens
     from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.models.info import ModelInfo
     from anatomy_cli.tasks.protocol import Opened
@@ -120,7 +121,7 @@ def lens_texts(lens: Any) -> tuple[str, ...]:
 class CorpusPlan:
     ctx: int
     bos: bool
-    fitted: tuple[Any, ...] = ()  # each fitted lens (FittedLens, tensors memory-mapped), checked against the model
+    fitted: tuple[FittedLens, ...] = ()  # each fitted lens (tensors memory-mapped), checked against the model
 
 
 @dataclass(frozen=True)

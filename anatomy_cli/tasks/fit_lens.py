@@ -33,6 +33,8 @@ from anatomy_cli.tasks._lens_merge import merge as merge
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
+    from anatomy_cli.tasks._tuned_fit import TunedFit
+    from anatomy_cli.tasks._tuned_fit import TunedPlan
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "fit-lens"
@@ -158,7 +160,7 @@ class FitLensPlan:
     target_layer: int
 
 
-def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = None) -> Any:
+def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = None) -> FitLensPlan | TunedPlan:
     """Resolves the target and source blocks against the model (before its weights load); refuses an encoder,
     ``--ray`` without Ray installed, and ``encoded`` (the prompts tokenized) when no prompt is long enough.
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
@@ -193,13 +195,15 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
     return FitLensPlan(sources, target)
 
 
-def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: Any) -> Any:
+def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan | TunedPlan) -> JacobianFit | TunedFit:
     """Fits, writes ``opts.out`` (atomically) and returns the summary: a JacobianFit (``lm`` the LoadedModel, or
     with ``opts.ray`` the OpenedModel: the workers load the weights); ``tuned``: a TunedFit, the corpus in
     ``plan``, ``encoded`` empty. Raises UsageError when no prompt is long enough."""
     if opts.kind == "tuned":
         from anatomy_cli.tasks import _tuned_fit
 
+        assert isinstance(plan, _tuned_fit.TunedPlan)  # check() planned a tuned fit
         return _tuned_fit.run(lm, opts, plan)
 
+    assert isinstance(plan, FitLensPlan)  # check() planned a Jacobian fit
     return _jacobian_run.run(lm, encoded, opts, plan)

@@ -20,6 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypedDict
 
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -32,7 +33,12 @@ from anatomy_cli.tasks._fit_sae_block import BlockPlan
 from anatomy_cli.tasks._fit_sae_block import fit_block
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.engine.estimate import Estimate
+    from anatomy_cli.engine.estimate import Timings
+    from anatomy_cli.engine.estimate import TimingsRecord
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "fit-sae"
@@ -178,7 +184,7 @@ class SaeFit:
     collect_seconds: float
     seconds: float
     cost: dict[str, Any]
-    timings: dict[str, Any]
+    timings: TimingsRecord
     blocks: tuple[BlockFit, ...]
     clt: dict[str, Any] | None = None  # a cross-layer fit only (tasks/_fit_clt.py): its thresholds and loss
     jumprelu: dict[str, float] | None = None  # --activation jumprelu: its bandwidth and l0_coeff (None: TopK)
@@ -222,7 +228,7 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
     hf = opened.tokenizer.hf
     bos = hf.bos_token_id if info.add_bos and hf.bos_token_id is not None else None
 
-    def pieces() -> Any:
+    def pieces() -> Iterator[tuple[str, bool]]:
         for source in opts.corpus:
             yield from open_source(source).pieces()
 
@@ -241,7 +247,18 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
 PHASES = ("collecting activations", "training", "writing and the held-out check")  # after the weights' load
 
 
-def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str, Any]:
+class SaeCost(TypedDict):
+    """:func:`estimate`: the tokens and blocks, the expected seconds and their :class:`Estimate`, the memory."""
+
+    tokens: float
+    blocks: float
+    seconds: float
+    estimate: Estimate
+    activation_bytes: float
+    memory_bytes: float
+
+
+def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     """The expected cost: tokens, blocks, the time of every phase (:mod:`anatomy_cli.engine.estimate`: the load
     as measured; the others from probes of their own code now: one window's collecting forward, scaled by the
     tokens; a few training steps of a coder of this size, scaled by the steps of every block; the held-out
@@ -276,7 +293,7 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> dict[str
             "activation_bytes": activations, "memory_bytes": activations + coder_bytes}
 
 
-def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: dict[str, Any]) -> str:
+def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
     from anatomy_cli.units import human_bytes
 
     what = "transcoder" if opts.transcoder else "SAE"
@@ -323,7 +340,7 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
 
 
 def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, Any],
-              timings: Any) -> dict[str, Any]:
+              timings: Timings) -> dict[str, Any]:
     """One coder per block from the collected ``acts`` (freed as the blocks go): ``trainer``, ``lr``, ``blocks``."""
     from anatomy_cli.engine import sae_fit
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.fitted_lens import FittedLens
     from anatomy_cli.engine.generate import Generation
+    from anatomy_cli.engine.hooks import HookFn
     from anatomy_cli.engine.steering import SteeringVector
     from anatomy_cli.tasks.protocol import Opened
 
@@ -233,16 +234,16 @@ def finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(wide).all()) and bool(torch.isfinite(wide.pow(2).mean(-1)).all())
 
 
-def steering_hooks(s: Settings, coef: float) -> dict[str, Any] | None:
+def steering_hooks(s: Settings, coef: float) -> dict[str, HookFn] | None:
     """The vector's hooks at ``coef``, each noting in ``s.overflowed`` when its steered activation is not
     :func:`finite` (None without a vector)."""
     if s.vector is None:
         return None
 
-    def watched(fn: Any) -> Any:
-        def hook(t: torch.Tensor) -> torch.Tensor:
-            out = fn(t)
-            if coef not in s.overflowed and not finite(out):
+    def watched(fn: HookFn) -> HookFn:
+        def hook(t: torch.Tensor) -> torch.Tensor | None:
+            out = fn(t)  # a steering hook returns the steered tensor (HookFn allows None: unchanged)
+            if out is not None and coef not in s.overflowed and not finite(out):
                 s.overflowed.add(coef)
             return out
         return hook

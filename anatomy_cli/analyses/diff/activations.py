@@ -83,7 +83,7 @@ class LayerDiff:
     lens_a: str
     lens_b: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(vars(self))
 
 

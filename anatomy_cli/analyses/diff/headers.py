@@ -7,10 +7,15 @@ tensor is listed or read (listing a GGUF's tensors the transformers way can take
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from transformers.configuration_utils import PreTrainedConfig
+
+    from anatomy_cli.models.resolve import Source
 
 # The shape facts (ModelInfo fields) two models must share for their tensors to pair up, in words.
 _SHAPES = (("n_layers", "layers"), ("d_model", "width (d_model)"), ("n_heads", "attention heads"),
@@ -22,8 +27,8 @@ class Header:
     """A ``--model`` spec, its resolved :class:`~anatomy_cli.models.resolve.Source` and its transformers config."""
 
     spec: str
-    source: Any
-    config: Any
+    source: Source
+    config: PreTrainedConfig
 
 
 def read_header(spec: str, *, trust_remote_code: bool = False) -> Header:

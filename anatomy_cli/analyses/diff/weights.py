@@ -34,6 +34,8 @@ from anatomy_cli.errors import UsageError
 if TYPE_CHECKING:
     import torch
 
+    from anatomy_cli.analyses.diff.headers import Header
+    from anatomy_cli.analyses.params.rules import Family
     from anatomy_cli.models.tensors import TensorReader
 
 _LAYER_RE = re.compile(r"^(?:.*?\.)?(?:h|layers|layer|blocks|block)\.(\d+)\.")
@@ -99,7 +101,7 @@ class TensorDiff:
     cosine: float | None
     max_abs_delta: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**vars(self), "shape": list(self.shape)}
 
 
@@ -118,7 +120,7 @@ class WeightRow:
     b_types: tuple[str, ...]
     a_types: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {**vars(self), "b_types": list(self.b_types), "a_types": list(self.a_types)}
 
 
@@ -180,7 +182,7 @@ def _shape(shape: tuple[int, ...] | None) -> str:
     return "?" if shape is None else "[" + ", ".join(map(str, shape)) + "]"
 
 
-def _place(name: str, family: Any) -> tuple[int | None, str]:
+def _place(name: str, family: Family) -> tuple[int | None, str]:
     m = _LAYER_RE.match(name)
     component = classify(name, family) or "other"
     return (int(m.group(1)) if m else None), component
@@ -240,7 +242,7 @@ def _row(layer: int | None, component: str, items: list[tuple[TensorDiff, Sums]]
                      _types(items, "b_type"), _types(items, "a_type"))
 
 
-def open_weights(spec: str, *, trust_remote_code: bool = False, header: Any = None) -> Any:
+def open_weights(spec: str, *, trust_remote_code: bool = False, header: Header | None = None) -> TensorReader:
     """A :class:`~anatomy_cli.models.tensors.TensorReader` for a ``--model`` spec (a directory, a .gguf file,
     a cached Hub id); ``header`` (:func:`.headers.read_header`) when already read. Raises what resolving and
     reading the config raise, and CheckpointError for a source without weight files."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.analyses.params.breakdown import _EXPERT_INDEX_RE
 from anatomy_cli.analyses.params.breakdown import _LAYER_RE
@@ -57,6 +56,10 @@ from anatomy_cli.analyses.params.placement import plan_placement
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from collections.abc import Sequence
+
+    import torch
     from transformers import PreTrainedModel
     from transformers.configuration_utils import PreTrainedConfig
 
@@ -90,7 +93,7 @@ def _classify_all(model: PreTrainedModel, family: Family, n_experts: int | None)
     return tensors
 
 
-def _per_expert(name: str, p: Any, n_experts: int | None) -> dict[int, int]:
+def _per_expert(name: str, p: torch.Tensor, n_experts: int | None) -> dict[int, int]:
     """Parameters each routed expert holds in tensor ``p``: one expert per
     ``experts.<i>.`` module, or a slice along dim 0 of a fused [n_experts, ...] tensor.
     A fused tensor whose dim 0 is not the config's expert count (e.g. [n_experts * d_ff, d])
@@ -190,7 +193,7 @@ def count_parameters(model: PreTrainedModel, resolved: ResolvedConfig, *, dtype:
 
 
 
-def _moe(tensors: Any, config: PreTrainedConfig, model: PreTrainedModel, sums: dict[str, int],
+def _moe(tensors: Sequence[_Tensor], config: PreTrainedConfig, model: PreTrainedModel, sums: dict[str, int],
          layers_of: dict[str, set[str]], total: int) -> tuple[MoEInfo | None, dict[str | None, int]]:
     """Routed experts: per layer, the top-k experts run; the rest are idle for this token. The MoE summary
     (None for a dense model) and the routed parameters active per layer."""
@@ -216,8 +219,8 @@ def _moe(tensors: Any, config: PreTrainedConfig, model: PreTrainedModel, sums: d
 
 
 def _category_rows(sums: dict[str, int], layers_of: dict[str, set[str]], moe: MoEInfo | None,
-                   routed_active_by_layer: dict[str | None, int], total: int, mem: Any, family: Any,
-                   model: PreTrainedModel) -> list[Row]:
+                   routed_active_by_layer: dict[str | None, int], total: int, mem: Callable[[int], int | None],
+                   family: Family, model: PreTrainedModel) -> list[Row]:
     """One row per category, in :data:`CATEGORIES` order (empty ones left out, but the always-shown)."""
     rows = []
     for category in CATEGORIES:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -16,7 +15,7 @@ import numpy.typing as npt
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models.headers import read_safetensors
 
-Array = npt.NDArray[Any]
+Array = npt.NDArray[np.generic]
 
 
 def _stand_in(shape: tuple[int, ...]) -> Array:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,7 @@ def _saelens(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
                   rescale_by_decoder_norm=bool(get("rescale_acts_by_decoder_norm", False)))
 
 
-def _stated_l0(k: object, meta: dict[str, Any]) -> float | None:
+def _stated_l0(k: object, meta: Mapping[str, object]) -> float | None:
     """TopK's k; a BatchTopK saved as JumpReLU: the k it trained with (``training_architecture_details``)."""
     details = meta.get("training_architecture_details")
     trained_k = details.get("k") if isinstance(details, dict) else None
