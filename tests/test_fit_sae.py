@@ -268,3 +268,21 @@ def test_the_blocks_are_read_as_every_block_list_is_before_the_weights_load(tiny
         (f"layers.{b}.mlp", (f"blocks.{b}.mlp.hook_in", f"blocks.{b}.hook_mlp_out")) for b in blocks]
     with pytest.raises(UsageError, match="--layer 2 is out of range"):
         task.check(opened, task.FitSaeOptions(corpus=(str(corpus),), layer="0,2", out=tmp_path / "o", ctx=32))
+
+
+def test_a_busy_machine_fits_with_one_thread_and_gets_its_threads_back(monkeypatch):
+    """machine_threads: one intra-op thread where the 1-minute load average is at or over the CPUs (OpenMP's threads
+    would wait for each other at every op), torch's own count otherwise; restored after the block."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 0.0, 0.0))
+        with sae_fit.machine_threads() as threads:
+            assert (threads, torch.get_num_threads()) == (1, 1)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 9.0, 9.0))
+        with sae_fit.machine_threads() as threads:
+            assert (threads, torch.get_num_threads()) == (2, 2)
+    finally:
+        torch.set_num_threads(before)

@@ -312,7 +312,22 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
 
 def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
     """Collect every block's activations in one pass, then per block: train, write, read back and splice into
-    the held-out window (``clt``: one cross-layer transcoder over every block instead, tasks/_fit_clt.py)."""
+    the held-out window (``clt``: one cross-layer transcoder over every block instead, tasks/_fit_clt.py); on a
+    busy machine with one thread (:func:`anatomy_cli.engine.sae_fit.machine_threads`), the probes too."""
+    import torch
+
+    from anatomy_cli.engine import sae_fit
+
+    before = torch.get_num_threads()
+    with sae_fit.machine_threads() as threads:
+        if threads < before:
+            notes.info(f"fit-sae: the machine is busy (load average at or over its CPUs): 1 thread, not {before} "
+                       "(they would wait for each other at every op)")
+        return fit(lm, opts, plan)
+
+
+def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
+    """:func:`run`'s work: the estimate, the collecting pass, the fits."""
     import time
 
     from anatomy_cli.engine import sae_fit
