@@ -69,7 +69,7 @@ def _notes(lm: LoadedModel, grid: LensGrid, data: dict[str, Any], stat: str) -> 
     return out
 
 
-def run_kwargs(shown: Shown) -> dict[str, Any]:
+def run_kwargs(shown: Shown) -> dict[str, int]:
     """An HTML page's hover text lists each cell's top 5 tokens, whatever --k the table shows: the run computes
     them (``k``), the report keeps ``--k``."""
     from anatomy_cli.output.plots import is_html
