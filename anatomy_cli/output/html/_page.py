@@ -90,7 +90,8 @@ def render(page: Page) -> str:
 def layout(**extra: object) -> dict[str, object]:
     """The layout every figure starts from: white template, our font, compact margins."""
     base: dict[str, object] = {"template": "simple_white", "font": {"family": FONT, "size": 12},
-                                "margin": {"l": 70, "r": 30, "t": 40, "b": 60}, "hoverlabel": {"font": {"family": FONT}}}
+                               "margin": {"l": 70, "r": 30, "t": 40, "b": 60},
+                               "hoverlabel": {"font": {"family": FONT}}}
     base.update(extra)
     return base
 
