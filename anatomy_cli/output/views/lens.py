@@ -109,7 +109,7 @@ def _grid(grid: LensGrid, cells: list[dict[str, Any]], enc: Encoded, stat: str) 
                                             for n, p in enumerate(grid.positions)]
     rows = []
     for r, layer in enumerate(grid.layers):
-        row: dict[str, Any] = {"layer": layer}
+        row: dict[str, object] = {"layer": layer}
         for c, p in enumerate(grid.positions):
             if grid.k_given and stat in ("prob", "logprob"):
                 top = cells[r * len(grid.positions) + c]["top"]
