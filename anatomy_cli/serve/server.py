@@ -102,7 +102,7 @@ class Server(Connections):
         self._ids = itertools.count(1)
         self._active_lock = threading.Lock()
 
-    def _load_tokenizer(self, source: Source, **options: Any) -> PreTrainedTokenizerBase:
+    def _load_tokenizer(self, source: Source, **options: object) -> PreTrainedTokenizerBase:
         assert self._tokenizer_load is not None  # set by the worker before any request runs
         return self._tokenizer_load(source, **options)
 
