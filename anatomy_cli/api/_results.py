@@ -91,5 +91,5 @@ def _numeric(frame: Any) -> Any:
     return frame
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)

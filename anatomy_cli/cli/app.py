@@ -26,6 +26,9 @@ from typer.core import TyperGroup
 if TYPE_CHECKING:  # checked against the vendored click
     from typer._click import exceptions as _cx
     from typer._click.core import Command
+    from typer._click.core import Context
+
+    from anatomy_cli.declare.fields import Opt
 else:
     try:
         from typer._click import exceptions as _cx
@@ -55,7 +58,7 @@ class LensValueOptional(TyperCommand):
     """A command whose ``--lens`` may be given bare (click's ``flag_value``, which typer's parser lacks): a bare
     ``--lens``, last or before another option, is ``--lens logit``; ``--lens tuned:DIR`` names a fitted lens."""
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, self.bare_lens(args))
 
     @staticmethod
@@ -134,10 +137,10 @@ def quiet_library_warnings() -> None:
 
 
 # {command name: {parameter name: its declaration}}, filled by cli/declared.py as the commands register.
-DECLARED: dict[str, dict[str, Any]] = {}
+DECLARED: dict[str, dict[str, Opt]] = {}
 
 
-def show_limits(group: Any) -> None:
+def show_limits(group: Command) -> None:
     """Put each declared limit on its click parameter (``--help`` reads ``min``/``max`` for ``x>=1``); parsing
     does not check them, the options class does (anatomy_cli/declare/fields.py)."""
     for name, sub in getattr(group, "commands", {}).items():
@@ -178,7 +181,7 @@ def _parsing_aliases(param: Any) -> Any:
     return add_to_parser
 
 
-def suggest_options(typed: str, command: Any) -> list[str]:
+def suggest_options(typed: str, command: Command) -> list[str]:
     """The options of ``command`` a mistyped ``typed`` most likely meant, as ``git`` suggests commands.
 
     Names are compared without their dashes (``--top`` and ``--bos`` share only ``--``), by difflib's
@@ -247,7 +250,7 @@ def _debug_first(args: list[str]) -> list[str]:
 class AnatomyGroup(TyperGroup):
     """Runs click non-standalone and maps every outcome to one exit code."""
 
-    def invoke(self, ctx: Any) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         """The command; a reader that closed stdout early (``| head -1``) took what it wanted: exit 0, quietly (click
         would answer its BrokenPipeError with exit 1)."""
         try:

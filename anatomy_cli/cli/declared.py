@@ -105,11 +105,11 @@ def expand(fn: F, cls: type, param: str = "opts", command_name: str | None = Non
     tuples = {f.name for _, f, _ in every(cls) if isinstance(default_of(f), tuple)}
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         values = {n: kwargs.pop(n) for n in names if n in kwargs}
         for n in tuples & set(values):
-            if isinstance(values[n], list):
-                values[n] = tuple(values[n])
+            if isinstance(value := values[n], list):
+                values[n] = tuple(value)
         values.update({n: kwargs[n] for n in inputs if n in kwargs})
         kwargs[param] = build(cls, values)
         return fn(*args, **kwargs)

@@ -254,7 +254,7 @@ def output_options(*, plot: bool = True, param: str = "out") -> Callable[[F], F]
     return _group(param, chosen, Output)
 
 
-def _group(param: str, options: list[tuple[str, object, object]], build: Callable[..., Any]) -> Callable[[F], F]:
+def _group(param: str, options: list[tuple[str, object, object]], build: Callable[..., object]) -> Callable[[F], F]:
     names = [name for name, _, _ in options]
 
     def decorate(fn: F) -> F:
@@ -271,7 +271,7 @@ def _group(param: str, options: list[tuple[str, object, object]], build: Callabl
                 params.append(p.replace(annotation=hints.get(p.name, p.annotation)))
 
         @functools.wraps(fn)
-        def wrapper(*args: object, **kwargs: object) -> Any:
+        def wrapper(*args: object, **kwargs: object) -> object:
             kwargs[param] = build(**{n: kwargs.pop(n) for n in names if n in kwargs})
             return fn(*args, **kwargs)
 

@@ -154,7 +154,7 @@ class _Escaping:
         self._out.flush()
 
 
-def _jsonable(value: object) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):

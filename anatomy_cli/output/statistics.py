@@ -9,8 +9,12 @@ the same in its PNG and its HTML page. No matplotlib or plotly here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from anatomy_cli.analyses.dla import Row
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ EXPERT_COLOURS = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8
 values); experts i and i + 20 share a colour, and each cell names its expert."""
 
 
-def by_component(rows: Any) -> dict[str, float]:
+def by_component(rows: Sequence[Row]) -> dict[str, float]:
     """`dla`'s rows by component name, for its pictures; with ``--by expert`` each MoE block's ``L{l}.mlp`` is
     the sum of its experts' rows (``L{l}.E{e}``, ``L{l}.shared_expert``)."""
     out = {r.component: r.contribution for r in rows}

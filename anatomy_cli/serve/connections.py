@@ -40,7 +40,7 @@ class Connections:
     """What the Server does on its connections' threads (a base class of it; the attributes are its own)."""
 
     log: Callable[[str], None]
-    identity: dict[str, Any]
+    identity: dict[str, object]
     last_activity: float
     stopping: threading.Event
     exited: threading.Event
@@ -52,7 +52,7 @@ class Connections:
     _active_lock: threading.Lock
     _tokenizer_load: Callable[..., PreTrainedTokenizerBase] | None
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         raise NotImplementedError
 
     def _handle(self, conn: socket.socket) -> None:
@@ -103,7 +103,7 @@ class Connections:
             finally:
                 self.last_activity = time.monotonic()
 
-    def _answer(self, op: object, req: dict[str, Any], conn: socket.socket) -> dict[str, Any]:
+    def _answer(self, op: object, req: dict[str, Any], conn: socket.socket) -> dict[str, object]:
         if op == "status":
             return self.status()
         if op == "stop":
@@ -132,7 +132,7 @@ class Connections:
         return self._await(job, done, conn, channel, tty, every)
 
     def _await(self, job: Job, done: Future, conn: socket.socket, channel: Channel,
-               tty: bool, every: float = protocol.KEEPALIVE_S) -> dict[str, Any]:
+               tty: bool, every: float = protocol.KEEPALIVE_S) -> dict[str, object]:
         """The answer to ``job``. Meanwhile: a keep-alive whenever the client has heard nothing for ``every``
         seconds (whatever its stderr is: it waits as long as the job waits or runs), cancel the job when its
         client disconnects, and while it waits behind another client's command say so (a terminal: a status
@@ -164,7 +164,7 @@ class Connections:
         with self._active_lock:
             return next((j for j in self.active.values() if j.started is not None), None)
 
-    def cancel(self, ids: object = None) -> dict[str, Any]:
+    def cancel(self, ids: object = None) -> dict[str, object]:
         """End the queued and running jobs (``ids``: those only): a queued one never runs, a running one
         stops at its next step. Answers the jobs it cancelled and the ids it did not find."""
         if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):

@@ -102,7 +102,7 @@ class Server(Connections):
         self._ids = itertools.count(1)
         self._active_lock = threading.Lock()
 
-    def _load_tokenizer(self, source: Source, **options: Any) -> PreTrainedTokenizerBase:
+    def _load_tokenizer(self, source: Source, **options: object) -> PreTrainedTokenizerBase:
         assert self._tokenizer_load is not None  # set by the worker before any request runs
         return self._tokenizer_load(source, **options)
 
@@ -238,7 +238,7 @@ class Server(Connections):
                 self.active.pop(job.id, None)
 
     def run(self, req: dict[str, Any], channel: Channel | None = None,
-            job: Job | None = None) -> dict[str, Any]:
+            job: Job | None = None) -> dict[str, object]:
         """Run one command line as the console script would; stdout/stderr bytes and the exit code (``job``:
         it ends at its next step once cancelled; ``channel``: where status lines, and stderr as it is written
         when the request asks for ``stream_stderr``, go meanwhile)."""
@@ -261,7 +261,7 @@ class Server(Connections):
         return {"stdout": base64.b64encode(out.value()).decode("ascii"),
                 "stderr": base64.b64encode(err.value()).decode("ascii"), "exit_code": code}
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """Answered on the connection's thread, at once, also while the worker loads."""
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         with self.cache.lock:
@@ -274,7 +274,7 @@ class Server(Connections):
                 "location": self.identity["location"], "digest": self.identity["digest"],
                 "models": self.cache.summary() + queued, "jobs": self.job_rows()}
 
-    def job_rows(self) -> list[dict[str, Any]]:
+    def job_rows(self) -> list[dict[str, object]]:
         """The run requests now running (first) and queued, oldest first: id, command, state, since, for_s."""
         with self._active_lock:
             jobs = list(self.active.values())

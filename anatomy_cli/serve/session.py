@@ -226,7 +226,7 @@ class Channel:
         finally:
             self.lock.release()
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: dict[str, object]) -> None:
         with self.lock, contextlib.suppress(OSError):
             protocol.send(self.conn, message)
             self.sent = time.monotonic()

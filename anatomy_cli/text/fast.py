@@ -81,7 +81,7 @@ class BackendTokenizer:
         return [self.backend_tokenizer.id_to_token(int(i)) for i in ids]
 
     def __call__(self, text: str | list[str], *, add_special_tokens: bool = False, split_special_tokens: bool = True,
-                 **_: Any) -> dict[str, list[Any]]:
+                 **_: object) -> dict[str, list[Any]]:
         """``{"input_ids": [[id, ...], ...], "offset_mapping": [[(start, end), ...], ...]}`` per text; for one
         text (a ``str``) the two lists of that text, as transformers answers."""
         backend = self.backend_tokenizer

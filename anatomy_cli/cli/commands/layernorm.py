@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from typing import Annotated
-from typing import Any
 from typing import Optional
 
 import typer
 from typer.core import TyperCommand
+
+if TYPE_CHECKING:
+    from typer._click.core import Context
 
 from anatomy_cli.cli.app import warn
 from anatomy_cli.cli.declared import command
@@ -38,7 +41,7 @@ class NumbersCommand(TyperCommand):
     and an option that takes a value still takes the next word (``--eps -1``).
     """
 
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, [" " + a if _negative_number(a) else a for a in args])
 
 

@@ -13,7 +13,6 @@ import itertools
 import json
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
 from typing import Protocol
 
 import plotly.graph_objects as go
@@ -88,10 +87,11 @@ def render(page: Page) -> str:
             f"<body>{head}\n{body}\n</body></html>\n")
 
 
-def layout(**extra: Any) -> dict[str, Any]:
+def layout(**extra: object) -> dict[str, object]:
     """The layout every figure starts from: white template, our font, compact margins."""
-    base = {"template": "simple_white", "font": {"family": FONT, "size": 12},
-            "margin": {"l": 70, "r": 30, "t": 40, "b": 60}, "hoverlabel": {"font": {"family": FONT}}}
+    base: dict[str, object] = {"template": "simple_white", "font": {"family": FONT, "size": 12},
+                               "margin": {"l": 70, "r": 30, "t": 40, "b": 60},
+                               "hoverlabel": {"font": {"family": FONT}}}
     base.update(extra)
     return base
 
@@ -132,7 +132,7 @@ def heat_size(n_rows: int, n_cols: int, *, cell_w: int = 56, cell_h: int = 26, e
     return w, h
 
 
-def ticks(labels: list[str], limit: int = 32) -> dict[str, Any]:
+def ticks(labels: list[str], limit: int = 32) -> dict[str, object]:
     """Axis ticks at 0..n-1 with ``labels`` (escaped already); thinned to at most ``limit`` labels.
 
     plotly measures every tick label in the page (a few ms each in a browser): 60 labels per axis

@@ -117,7 +117,7 @@ def module(command: str, path: Path) -> ModuleType:
     return importlib.import_module(f"anatomy_cli.output.plots.{command}")
 
 
-def draw(command: str, path: Path, index: int | None, *args: Any, **kwargs: Any) -> Path:
+def draw(command: str, path: Path, index: int | None, *args: object, **kwargs: object) -> Path:
     """``save(module(command, path).figure(*args, **kwargs), path, index)``: the picture of ``command``
     in the format of ``path``'s suffix. Returns the file written."""
     return save(module(command, path).figure(*args, **kwargs), path, index)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Colormap
 from matplotlib.colors import Normalize
 
 from anatomy_cli.output.plots import Caption
@@ -73,5 +73,5 @@ def figure(result: TokenAttribution, what: str, cap: Caption) -> Figure:
     return fig
 
 
-def _mappable(norm: Normalize, cmap: Any) -> Any:
+def _mappable(norm: Normalize, cmap: Colormap) -> ScalarMappable:
     return ScalarMappable(norm=norm, cmap=cmap)

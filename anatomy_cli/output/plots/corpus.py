@@ -5,6 +5,7 @@ each fitted lens), the residual stream's size and its largest activation, with -
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -206,7 +207,7 @@ def _row_ticks(ax: Axes, rows: Any) -> None:
     ax.set_xticks([residual_row(r["layer"]) for r in shown], [str(r["layer"]) for r in shown])
 
 
-def _head_grids(fig: Figure, axes: Any, heads: Any) -> None:
+def _head_grids(fig: Figure, axes: Sequence[Axes], heads: Any) -> None:
     n_layers = max(r["layer"] for r in heads) + 1
     n_heads = max(r["head"] for r in heads) + 1
     for ax, (key, score) in zip(axes, HEAD_SCORES):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -31,12 +31,12 @@ EXPERT_BY = {"reroute": "its router logit set to -inf before the top k (the next
 ROWS = "rows"
 
 
-def token_record(lm: LoadedModel, token_id: int | None) -> dict[str, Any] | None:
+def token_record(lm: LoadedModel, token_id: int | None) -> dict[str, object] | None:
     """``{"token_id": 881, "token": "·much", "text": " much"}`` (None for None): the one token record."""
     return None if token_id is None else text_records.token_record(token_id, *describe(lm)(token_id))
 
 
-def metric_name(lm: LoadedModel, ids: dict[str, Any]) -> str:
+def metric_name(lm: LoadedModel, ids: Mapping[str, int | None]) -> str:
     """``log p(·much)`` or ``logit(·much) - logit(·so)``, as in the heading."""
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     assert target is not None

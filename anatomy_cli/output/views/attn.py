@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
@@ -32,7 +31,7 @@ CELL = 6  # table characters per weight column ("0.123" plus a gap)
 ROWS = "weights"
 
 
-def run_kwargs(shown: Shown) -> dict[str, Any]:
+def run_kwargs(shown: Shown) -> dict[str, object]:
     """An HTML page switches between every layer and head: the run keeps them all, pooled as the page says."""
     from anatomy_cli.output.plots import is_html
 

@@ -82,7 +82,7 @@ LN2 = math.log(2.0)
 def with_nats(stats: dict[str, Any]) -> dict[str, Any]:
     """``stats`` (CorpusStats.to_dict()) with the cross-entropy in nats beside bits: ``ce_nats``/``ce_nats_se``
     after each row's ``ce_bits_se`` and ``loss_nats`` after ``loss_bits`` (the documented keys stay)."""
-    def nats(bits: Any) -> Any:
+    def nats(bits: float | None) -> float | None:
         return None if bits is None else bits * LN2
 
     layers = []

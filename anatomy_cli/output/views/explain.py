@@ -59,11 +59,11 @@ def flat(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def means(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def means(table: list[dict[str, Any]]) -> list[dict[str, object]]:
     """The mean of each score over the features that have one, for their own explanations and the controls."""
     out = []
     for label, prefix in (("own", ""), ("control (another feature's)", "control_")):
-        row: dict[str, Any] = {"explanations": label}
+        row: dict[str, object] = {"explanations": label}
         for k in SCORES:
             vals = [r[prefix + k] for r in table if r[prefix + k] is not None]
             row[k] = sum(vals) / len(vals) if vals else None

@@ -40,7 +40,7 @@ def report(run: FeaturesRun) -> Report:
     dictionary = {"path": str(sae.path), "format": sae.format, "architecture": sae.architecture,
                   "hook": sae.hook_name, "site": sae.site, "site_out": sae.site_out, "d_sae": sae.d_sae}
     if run.result is None:
-        only: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "estimate": run.cost}
+        only: dict[str, object] = {"model": run.model, "dictionary": dictionary, "estimate": run.cost}
         return Report(data=only, sections=[Section(COST_COLUMNS, [run.cost], title="expected cost")],
                       heading=[f"features · {run.display or run.model} · {sae.path} (estimate only)"])
     from anatomy_cli.corpus.feature_summary import hist_edges
@@ -57,7 +57,7 @@ def report(run: FeaturesRun) -> Report:
     table = [{**r, "promoted": " ".join(promoted.get(r["feature"], [])), "top_context": top.get(r["feature"], "")}
              for r in shown]
     result = run.result
-    data: dict[str, Any] = {"model": run.model, "dictionary": dictionary, "tokens": result.stats.tokens,
+    data: dict[str, object] = {"model": run.model, "dictionary": dictionary, "tokens": result.stats.tokens,
                             "windows": result.stats.windows, "shards": result.shards, "resumed": result.resumed,
                             "ctx": run.plan.ctx, "bos": run.plan.bos, "estimate": run.cost,
                             "logit_convention": LOGIT_CONVENTION,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -24,7 +25,7 @@ COLUMNS = (Column("layer", "layer", "id"), Column("fvu_first", "fvu_first", "flo
            *(Column(f"held_out_{k}", f"held_out_{k}", "float", 1 if k == "l0_mean" else 3) for k in HEALTH))
 
 
-def row(block: dict[str, Any]) -> dict[str, Any]:
+def row(block: Mapping[str, Any]) -> dict[str, object]:
     """A block's JSON record with its held-out health also flat (``held_out_fve``, ...), the table's columns."""
     return {**block, **{f"held_out_{k}": block["health"][k] for k in HEALTH}}
 

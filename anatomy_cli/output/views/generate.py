@@ -89,7 +89,7 @@ def steered_line(steer: dict[str, Any]) -> str:
     return f"steered by {source} · {steer['site']} of {blocks} · {values}"
 
 
-def jsonl_rows(enc: Encoded, data: dict[str, Any], opts: GenerateOptions) -> list[dict[str, Any]]:
+def jsonl_rows(enc: Encoded, data: dict[str, Any], opts: GenerateOptions) -> list[dict[str, object]]:
     """``--format jsonl``'s lines of one prompt: one per step (per coefficient for a sweep)."""
     return [{"prompt": enc.text, **row} for row in data[rows_key(opts)]]
 

@@ -69,7 +69,7 @@ def _notes(lm: LoadedModel, grid: LensGrid, data: dict[str, Any], stat: str) -> 
     return out
 
 
-def run_kwargs(shown: Shown) -> dict[str, Any]:
+def run_kwargs(shown: Shown) -> dict[str, int]:
     """An HTML page's hover text lists each cell's top 5 tokens, whatever --k the table shows: the run computes
     them (``k``), the report keeps ``--k``."""
     from anatomy_cli.output.plots import is_html
@@ -109,7 +109,7 @@ def _grid(grid: LensGrid, cells: list[dict[str, Any]], enc: Encoded, stat: str) 
                                             for n, p in enumerate(grid.positions)]
     rows = []
     for r, layer in enumerate(grid.layers):
-        row: dict[str, Any] = {"layer": layer}
+        row: dict[str, object] = {"layer": layer}
         for c, p in enumerate(grid.positions):
             if grid.k_given and stat in ("prob", "logprob"):
                 top = cells[r * len(grid.positions) + c]["top"]

@@ -3,8 +3,8 @@ table with --method attribution --check."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
@@ -31,7 +31,7 @@ ROWS = "cells"
 REPORT_FIRST = True  # the report, then --plot's picture
 
 
-def metric_name(lm: LoadedModel, ids: dict[str, Any]) -> str:
+def metric_name(lm: LoadedModel, ids: Mapping[str, int | None]) -> str:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     assert target is not None
     return f"logit({target['token']}) - logit({foil['token']})" if foil else f"logit({target['token']})"
@@ -56,11 +56,11 @@ def figure(lm: LoadedModel, encoded: list[Encoded], result: PatchResult) -> Figu
     return (result.patching, clean.pieces, corrupt.pieces, metric_name(lm, result.ids), cap), {}
 
 
-def _prompt(enc: Encoded) -> dict[str, Any]:
+def _prompt(enc: Encoded) -> dict[str, object]:
     return {"prompt": enc.text, "token_ids": list(enc.ids), "tokens": list(enc.pieces)}
 
 
-def _report(lm: LoadedModel, clean: Encoded, corrupt: Encoded, ids: dict[str, Any], result: Patching, *,
+def _report(lm: LoadedModel, clean: Encoded, corrupt: Encoded, ids: Mapping[str, int | None], result: Patching, *,
             wide: bool) -> Report:
     target, foil = token_record(lm, ids["target"]), token_record(lm, ids["foil"])
     differ = [i for i, (a, b) in enumerate(zip(clean.ids, corrupt.ids)) if a != b]

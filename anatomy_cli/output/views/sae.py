@@ -4,6 +4,7 @@ the record as JSON; the tokens x features picture's caption."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -40,10 +41,10 @@ ROWS = "top_features"
 _CE = ("ce_clean_nats", "ce_spliced_nats", "ce_with_error_nats")
 
 
-def with_bits(health: dict[str, Any]) -> dict[str, Any]:
+def with_bits(health: Mapping[str, Any]) -> dict[str, object]:
     """The health record with each cross-entropy in bits beside nats (``ce_clean_bits`` after
     ``ce_clean_nats``, ...: the unit of ``corpus``); the documented nats keys stay."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in health.items():
         out[key] = value
         if key in _CE:
