@@ -1,4 +1,4 @@
-"""Units shown to people: byte sizes, durations. Standard library only; any layer may import it."""
+"""Units shown to people: byte sizes, durations, counts. Standard library only; any layer may import it."""
 
 from __future__ import annotations
 
@@ -26,3 +26,8 @@ def human_seconds(seconds: float) -> str:
 def minutes(seconds: float) -> str:
     """``2:41``: seconds as minutes and seconds (an ETA)."""
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 window``, ``2 windows``, ``1,024 windows``: a count with its noun, plural by an added s."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

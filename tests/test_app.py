@@ -113,3 +113,6 @@ def test_an_argument_that_is_not_utf8_is_a_usage_error_before_any_server(tmp_pat
         assert proc.stdout == b""
         assert proc.stderr.decode().startswith("error: argument ") and proc.stderr.count(b"\n") == 1, proc.stderr
         assert b"not valid UTF-8" in proc.stderr
+    # The byte counts from 1, as stdin's and a corpus file's do: b"ab\xffcd" is bad at its third byte.
+    proc = subprocess.run([sys.executable, b"-m", b"anatomy_cli", b"tokens", b"ab\xffcd"], capture_output=True, env=env)
+    assert proc.stderr == b"error: argument 2 is not valid UTF-8 (byte 3: b'\\xff'); pass text as UTF-8, or a prompt on stdin with '-'\n"

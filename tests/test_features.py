@@ -228,6 +228,18 @@ def test_the_table_is_bounded_and_json_complete(setup):
         [r["feature"] for r in busiest]
 
 
+
+def test_one_window_is_said_in_the_singular(setup, tmp_path):
+    model, sae, _, _ = setup
+    short = tmp_path / "short.txt"
+    short.write_text("The cat sat on the mat.")  # 7 GPT-2 tokens and the EOS: one window of 16
+    result = invoke("features", sae, "--corpus", short, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--show", 1, "--format", "table")
+    assert result.exit_code == 0, result.output
+    data = run_json(model, sae, short)
+    assert data["windows"] == 1 and data["tokens"] == 8
+    assert "8 tokens (1 window of 16)" in result.stdout + result.stderr
+
 @pytest.mark.parametrize("content, match", [(b"", "has no text"), (b"  \n\n", "has no text"),
                                             (b"good text\n\xff\xfe bad\n", "is not valid UTF-8 (line 2")])
 def test_an_empty_or_broken_corpus_is_refused_before_the_model_loads(setup, tmp_path, monkeypatch, content, match):

@@ -50,12 +50,12 @@ def _run(argv: list[str]) -> int | None:
 
 def _not_utf8(argv: list[str]) -> str | None:
     """The message for the first argument that is not valid UTF-8 (the OS hands its bytes to Python as
-    surrogate escapes), else None."""
+    surrogate escapes), else None. Bytes count from 1, as for stdin lines and corpus files."""
     for i, arg in enumerate(argv, start=1):
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError as exc:
             raw = arg.encode("utf-8", "surrogateescape")
-            return (f"argument {i} is not valid UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
+            return (f"argument {i} is not valid UTF-8 (byte {exc.start + 1}: {raw[exc.start:exc.start + 1]!r}); "
                     f"pass text as UTF-8, or a prompt on stdin with '-'")
     return None

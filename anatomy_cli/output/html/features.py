@@ -22,6 +22,7 @@ from anatomy_cli.output.html import script_json
 from anatomy_cli.output.html._page import CONFIG
 from anatomy_cli.output.html._page import FONT
 from anatomy_cli.output.html.markup import Part
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.output.plots.caption import Caption
@@ -125,7 +126,7 @@ def figure(data: dict[str, Any], cap: Caption, explanations: list[dict[str, Any]
              "its activation; a token's shade: its activation over the feature's max (the framed token is the "
              "context's own)",
              f"logit effects: {data['logit_convention']}",
-             f"{data['tokens']:,} tokens in {data['windows']:,} windows of {data['ctx']}; see "
+             f"{data['tokens']:,} tokens in {counted(int(data['windows']), 'window')} of {data['ctx']}; see "
              "docs/commands/features.md"]
     if explained:
         lines.insert(1, "explanations: anatomy explain's (explanations.json); detection and fuzzing: delphi's "

@@ -12,6 +12,7 @@ from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks.session import model_label
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.output.views.protocol import FigureArgs
@@ -67,7 +68,7 @@ def report(run: FeaturesRun) -> Report:
     dead = sum(r["status"] == "dead" for r in run.rows)
     always = sum(r["status"] == "always-on" for r in run.rows)
     heading = [f"features · {model_label(run.lm)} · {sae.path} at {sae.hook_name} · {len(run.rows):,} features over "
-               f"{result.stats.tokens:,} tokens ({result.stats.windows:,} windows of {run.plan.ctx})",
+               f"{result.stats.tokens:,} tokens ({counted(result.stats.windows, 'window')} of {run.plan.ctx})",
                f"{dead:,} dead, {always:,} always-on"]
     notes = [f"logit effects: {LOGIT_CONVENTION}"]
     if len(shown) < len(run.rows):
