@@ -101,8 +101,8 @@ def test_cross_layer_folder_reads_lazily(tiny_model_dir, tiny_lm, tmp_path, monk
     assert saved["scan"] == "tiny-clt"
     scale = float(saved["adjacency_matrix"].abs().max())
     assert json.loads(result.stdout)["check"]["max_abs_error"] <= 1e-5 * scale
-    clt.encoders = [rep.Transcoder(t.W_enc, t.b_enc, t.W_dec, t.b_dec, torch.zeros(16), W_skip=t.W_skip)
-                    for t in clt.encoders]  # the files' JumpReLU at threshold 0 (= ReLU but for exact zeros)
+    clt.layers = [rep.Transcoder(t.W_enc, t.b_enc, t.W_dec, t.b_dec, torch.zeros(16), W_skip=t.W_skip)
+                  for t in clt.encoders]  # the files' JumpReLU at threshold 0 (= ReLU but for exact zeros)
     s = algo.setup(lm, saved["input_tokens"], clt)
     targets = torch.tensor([t.vocab_idx for t in saved["logit_targets"]])
     a, sel, _ = algo.attribute(lm, saved["input_tokens"], clt, targets, saved["logit_probabilities"], batch_size=8,
@@ -438,9 +438,9 @@ def test_ln2_hook_normalized_with_gains_of_0_keeps_the_graphs_identities(tiny_mo
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir("gemma3"), folder)  # the tokenizer; the weights with the gains of 0:
     lm.model.save_pretrained(folder)
-    for tc in tcs.transcoders:
+    for tc in tcs.layers:
         tc.threshold = torch.full((16,), 0.05)
-    ts = files.describe(write_gemma_scope(tmp_path, list(tcs.transcoders)))
+    ts = files.describe(write_gemma_scope(tmp_path, list(tcs.layers)))
     out = tmp_path / "graph.pt"
     result = invoke("circuit", "The capital of France is", "--model", str(folder), "--device", "cpu",
                     "--transcoders", str(ts.root), "--bos", "--out", str(out), "--max-feature-nodes", "20",

@@ -53,6 +53,11 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     folder = out / ("layers.1.mlp" if transcoder else "layers.1")
     assert data["out"] == str(out) and [(b["layer"], b["folder"]) for b in data["blocks"]] == [(1, str(folder))]
     assert "fit-sae: a TopK" in result.stderr and "timed on this machine now" in result.stderr  # the cost first
+    # the held-out window is the corpus' last, however short: the cost line says how long (a new user read "one more
+    # held out" as a whole window where it was the 16 tokens left over)
+    assert data["tokens"] % 32 == 0 and data["held_out_tokens"] <= 32
+    said = f"({data['tokens'] // 32} windows of 32; the last, {data['held_out_tokens']} tokens, held out)"
+    assert said in " ".join(result.stderr.split()), result.stderr
     sae = read(folder)
     assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)
     # MSE on the training activations, computed here through anatomy's hooks: trained vs the same init

@@ -21,8 +21,10 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.read import SAEFile
 from anatomy_cli.models.sae.read import circuit_tracer_kind
 from anatomy_cli.models.sae.read import read
+from anatomy_cli.models.sites import Point
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
+from anatomy_cli.models.sites import name
 
 
 def read_dictionary(path: str | Path, *, hook: str | None = None, values: bool = True) -> SAEFile:
@@ -67,7 +69,7 @@ def read_block(folder: Path, hook: str | None, kind: str, values: bool = True) -
     arch = "jumprelu" if threshold is not None else "topk" if ts.k is not None else "standard"
     k = ts.k if arch == "topk" else None
     out = hook_name(layer, Site.mlp_out)
-    hook_in = f"blocks.{layer}.ln2.hook_normalized" if ts.before_gain else hook_name(layer, Site.mlp_in)
+    hook_in = name(layer, Point.ln2_normalized) if ts.before_gain else hook_name(layer, Site.mlp_in)
     return SAEFile(path=folder, format="circuit_tracer_clt" if ts.cross_layer else "circuit_tracer_set",
                    architecture=arch, W_enc=np.asarray(W_enc), b_enc=np.asarray(b_enc), W_dec=np.asarray(W_dec),
                    b_dec=np.asarray(b_dec), threshold=None if threshold is None else np.asarray(threshold), k=k,

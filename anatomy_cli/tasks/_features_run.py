@@ -124,7 +124,7 @@ def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
 def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     """The whole run; see the module docstring."""
     from anatomy_cli.corpus.sources import open_source
-    from anatomy_cli.models.sae.read import read
+    from anatomy_cli.models.ct_block import read_dictionary as read
     from anatomy_cli.tasks.session import load_weights
     from anatomy_cli.tasks.session import open_model
 

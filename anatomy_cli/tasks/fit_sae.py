@@ -303,7 +303,8 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({len(plan.windows) - 1} windows, one more held out) x {opts.epochs} epochs: "
+            f"({len(plan.windows) - 1} windows of {opts.ctx}; the last, {len(plan.windows[-1])} tokens, held out) x "
+            f"{opts.epochs} epochs: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
             f"{human_bytes(cost['activation_bytes'])}; " + ("the coder with Adam's state" if opts.clt else
