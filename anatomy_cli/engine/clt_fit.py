@@ -45,6 +45,7 @@ import torch
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.forwarding import head_logits
+from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
@@ -150,6 +151,17 @@ def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, t
     return float(part.detach())
 
 
+@torch.no_grad()
+def mark_fired(coder: CrossLayerCoder, xs: torch.Tensor, fired: torch.Tensor) -> None:
+    """Set ``fired [L, F]`` where a feature is active on some row of ``xs [L, rows, d]``."""
+    for layer in range(coder.n_layers):
+        if coder.jumprelu is None:
+            acts, top = coder.encode(layer, xs[layer])
+            fired[layer, top[acts > 0]] = True
+        else:
+            fired[layer] |= (coder.thresholded(layer, xs[layer], coder.log_threshold[layer].exp()) != 0).any(0)
+
+
 def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, lr: float, seed: int,
                 data: str) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on)."""
@@ -179,25 +191,20 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
         curve, fired = list(state["curve"]), state["fired"].clone()
     else:
         init_from_data(coder, xs, targets)
-    for done in range(len(curve), steps):
-        epoch, start = divmod(done, per_epoch)
-        if start == 0 and epoch == epochs - 1:
-            fired.zero_()
-        order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
-        idx = order[start * batch:(start + 1) * batch]
-        xb, tb = xs[:, idx], targets[:, idx]
-        curve.append(step(coder, opt, xb, tb))
-        with torch.no_grad():
-            for layer in range(coder.n_layers):
-                if coder.jumprelu is None:
-                    acts, top = coder.encode(layer, xb[layer])
-                    fired[layer, top[acts > 0]] = True
-                else:
-                    fired[layer] |= (coder.thresholded(layer, xb[layer], coder.log_threshold[layer].exp()) != 0).any(0)
-        if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
-            keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
-        if progress is not None:
-            progress(len(curve), steps)
+    with kept_pages():  # the step's freed memory serves the next step (engine/heap.py)
+        for done in range(len(curve), steps):
+            epoch, start = divmod(done, per_epoch)
+            if start == 0 and epoch == epochs - 1:
+                fired.zero_()
+            order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
+            idx = order[start * batch:(start + 1) * batch]
+            xb, tb = xs[:, idx], targets[:, idx]
+            curve.append(step(coder, opt, xb, tb))
+            mark_fired(coder, xb, fired)
+            if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
+                keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
+            if progress is not None:
+                progress(len(curve), steps)
     return {"steps": len(curve), "fvu": curve, "fired": fired}
 
 

@@ -42,6 +42,7 @@ import torch
 
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.forwarding import forward
+from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.models.written import as_user_file
 
@@ -290,25 +291,26 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
     steps = epochs * math.ceil(len(x) / batch)
     curve: list[float] = []
     fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
-    for epoch in range(epochs):
-        if epoch == epochs - 1:
-            fired.zero_()
-        order = torch.randperm(len(x), generator=g)
-        for start in range(0, len(x), batch):
-            idx = order[start:start + batch]
-            xb, yb = x[idx], target[idx]
-            loss, part = objective(coder, xb, yb)
-            loss.backward()  # type: ignore[no-untyped-call]
-            if not transcode:  # as sparsify: a transcoder's decoder rows are free
-                coder.remove_gradient_parallel_to_decoder_directions()
-            opt.step()
-            opt.zero_grad()
-            if not transcode:
-                coder.set_decoder_norm_to_unit_norm()
-            curve.append(float(part.detach()))
-            fired |= active_latents(coder, xb)
-            if progress is not None:
-                progress(len(curve), steps)
+    with kept_pages():  # the step's freed memory serves the next step (no fresh pages: engine/heap.py)
+        for epoch in range(epochs):
+            if epoch == epochs - 1:
+                fired.zero_()
+            order = torch.randperm(len(x), generator=g)
+            for start in range(0, len(x), batch):
+                idx = order[start:start + batch]
+                xb, yb = x[idx], target[idx]
+                loss, part = objective(coder, xb, yb)
+                loss.backward()  # type: ignore[no-untyped-call]
+                if not transcode:  # as sparsify: a transcoder's decoder rows are free
+                    coder.remove_gradient_parallel_to_decoder_directions()
+                opt.step()
+                opt.zero_grad()
+                if not transcode:
+                    coder.set_decoder_norm_to_unit_norm()
+                curve.append(float(part.detach()))
+                fired |= active_latents(coder, xb)
+                if progress is not None:
+                    progress(len(curve), steps)
     return {"steps": len(curve), "fvu": curve, "fired": fired}
 
 
