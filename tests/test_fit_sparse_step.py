@@ -58,22 +58,26 @@ def test_the_clt_step_uses_the_sparse_backward_and_fused_adam():
 
 
 @pytest.mark.parametrize("shift", [0.0, -3.0])  # -3: most rows have fewer than k positive pre-activations
-def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_and_bias(shift):
+def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias_and_decoder(shift):
     gen = torch.Generator().manual_seed(11)
-    rows, d, f, k = 48, 7, 30, 6
+    rows, d, f, k, d_out = 48, 7, 30, 6, 5
     x, W = torch.randn(rows, d, generator=gen), torch.randn(f, d, generator=gen)
-    b, w_out = torch.randn(f, generator=gen) + shift, torch.randn(rows, k, generator=gen)
-    ours = [t.clone().requires_grad_() for t in (x, W, b)]
-    ref = [t.clone().requires_grad_() for t in (x, W, b)]
-    acts, idx = sae_fit.sparse_topk(*ours, k)
+    b, dec = torch.randn(f, generator=gen) + shift, torch.randn(f, d_out, generator=gen)
+    w_out, v_out = torch.randn(rows, k, generator=gen), torch.randn(rows, d_out, generator=gen)
+    ours = [t.clone().requires_grad_() for t in (x, W, b, dec)]
+    ref = [t.clone().requires_grad_() for t in (x, W, b, dec)]
+    decoded, acts, idx = sae_fit.sparse_topk(*ours, k)
     pre = torch.relu(ref[0] @ ref[1].T + ref[2])  # the dense TopK, by hand: gather the k largest of the ReLU
     dense = torch.zeros(rows, f).scatter(1, idx, pre.gather(1, idx))
     torch.testing.assert_close(acts, dense.gather(1, idx))
     torch.testing.assert_close(acts.sort(-1).values, pre.topk(k, dim=-1).values.sort(-1).values)
-    (acts * w_out).sum().backward()
-    (dense.gather(1, idx) * w_out).sum().backward()
+    torch.testing.assert_close(decoded, dense @ ref[3])  # the decoder as a dense matmul
+    # a loss through both outputs: the activations' gradient sums the decoder's part and the direct one
+    ((acts * w_out).sum() + (decoded * v_out).sum()).backward()
+    ((dense.gather(1, idx) * w_out).sum() + ((dense @ ref[3]) * v_out).sum()).backward()
     for a, r in zip(ours, ref, strict=True):
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-5, atol=1e-6)
+    assert torch.equal(idx, idx.sort(-1).values)  # each row's latents in order (a valid CSR row)
 
 
 @pytest.mark.skipif(heap._glibc() is None, reason="glibc's mallopt only")

@@ -104,8 +104,7 @@ class CrossLayerCoder(torch.nn.Module):
         for layer in range(n):
             flat = self.W_dec[layer].reshape(self.d_sae, -1)
             if self.jumprelu is None:
-                acts, idx = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], self.k)
-                dec = torch.nn.functional.embedding_bag(idx, flat, per_sample_weights=acts, mode="sum")
+                dec = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], flat, self.k)[0]
             else:
                 z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
                 theta, width = self.log_threshold[layer].exp(), self.jumprelu["bandwidth"]
