@@ -108,3 +108,27 @@ def test_kept_pages_lets_a_training_step_reuse_the_last_steps_memory():
     assert heap._depth == [0]
     faults(1)  # after it: the free pages were handed back; taken again once
     assert faults(4) < 1200  # and kept, the thresholds left where glibc's own sliding ones end
+
+
+def test_train_counts_the_latents_its_own_forward_chose_and_the_clt_step_too():
+    gen = torch.Generator().manual_seed(5)
+    d, f, k, rows = 6, 24, 3, 20
+    x, t = torch.randn(rows, d, generator=gen), torch.randn(rows, d, generator=gen)
+    coder = sae_fit.TopKCoder(d, f, k, transcode=True)
+    W = coder.encoder.weight.detach().clone()
+    b = -x.mean(0) @ W.T  # train's first-step centring of a transcoder's encoder bias
+    top = torch.relu(x @ W.T + b).topk(k, dim=-1)  # the dense TopK before the one step, by hand
+    want = torch.zeros(f, dtype=torch.bool)
+    want[top.indices[top.values > 0]] = True
+    got = sae_fit.train(x, t, coder, epochs=1, batch=rows, lr=1e-3)["fired"]
+    assert torch.equal(got, want)
+    clt = clt_fit.CrossLayerCoder(2, d, f, k)
+    xs = torch.randn(2, rows, d, generator=gen)
+    want = torch.zeros(2, f, dtype=torch.bool)
+    for layer in range(2):
+        pre = torch.relu(xs[layer] @ clt.W_enc[layer].detach().T + clt.b_enc[layer].detach())
+        chosen = pre.topk(k, dim=-1)
+        want[layer, chosen.indices[chosen.values > 0]] = True
+    fired = torch.zeros(2, f, dtype=torch.bool)
+    clt_fit.step(clt, sae_fit.adam(clt.parameters(), 1e-3), xs, xs, fired)
+    assert torch.equal(fired, want)

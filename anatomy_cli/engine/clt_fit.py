@@ -95,20 +95,26 @@ class CrossLayerCoder(torch.nn.Module):
         """``xs [L, rows, d]`` (every block's MLP input) -> the reconstructions of every block's MLP output."""
         return self.reconstruct(xs)[0]
 
-    def reconstruct(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def reconstruct(self, xs: torch.Tensor, fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the reconstructions ``[L, rows, d]``, the L0 penalty's sum over blocks of each block's mean L0 with
-        the straight-through gradient: 0 for TopK)."""
+        the straight-through gradient: 0 for TopK). ``fired [L, F]`` (bool): set where a feature is active on
+        some row."""
         n, rows = self.n_layers, xs.shape[1]
         out = self.b_dec[:, None, :].expand(n, rows, self.d)
         penalty = torch.zeros(())
         for layer in range(n):
             flat = self.W_dec[layer].reshape(self.d_sae, -1)
             if self.jumprelu is None:
-                dec = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], flat, self.k)[0]
+                dec, acts, idx = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], flat, self.k)
+                if fired is not None:
+                    fired[layer, idx[acts.detach() > 0]] = True
             else:
                 z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
                 theta, width = self.log_threshold[layer].exp(), self.jumprelu["bandwidth"]
-                dec = ste.jumprelu(z, theta, width) @ flat
+                feats = ste.jumprelu(z, theta, width)
+                dec = feats @ flat
+                if fired is not None:
+                    fired[layer] |= (feats.detach() != 0).any(0)
                 penalty = penalty + ste.l0(z, theta, width)
             out = out.index_add(0, torch.arange(layer, n), dec.view(rows, n - layer, self.d).transpose(0, 1))
         return out, penalty
@@ -120,9 +126,10 @@ def loss(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tor
     return losses(coder, xs, targets)[0]
 
 
-def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(:func:`loss`, its FVU part)."""
-    y, penalty = coder.reconstruct(xs)
+def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
+           fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`loss`, its FVU part); ``fired``: as :meth:`CrossLayerCoder.reconstruct`."""
+    y, penalty = coder.reconstruct(xs, fired)
     part = sum((fvu(y[m], targets[m]) for m in range(coder.n_layers)), torch.zeros(()))
     coeff = 0.0 if coder.jumprelu is None else coder.jumprelu["l0_coeff"]
     return part + coeff * penalty, part
@@ -141,24 +148,15 @@ def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tens
     coder.b_dec.data = targets.mean(1)
 
 
-def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, targets: torch.Tensor) -> float:
-    """One Adam step on one batch; its loss's FVU part (the whole loss for TopK)."""
-    value, part = losses(coder, xs, targets)
+def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, targets: torch.Tensor,
+         fired: torch.Tensor | None = None) -> float:
+    """One Adam step on one batch; its loss's FVU part (the whole loss for TopK). ``fired [L, F]``: set where a
+    feature is active on some row of the batch (the step's own choices: no second encoder pass)."""
+    value, part = losses(coder, xs, targets, fired)
     value.backward()  # type: ignore[no-untyped-call]
     opt.step()
     opt.zero_grad()
     return float(part.detach())
-
-
-@torch.no_grad()
-def mark_fired(coder: CrossLayerCoder, xs: torch.Tensor, fired: torch.Tensor) -> None:
-    """Set ``fired [L, F]`` where a feature is active on some row of ``xs [L, rows, d]``."""
-    for layer in range(coder.n_layers):
-        if coder.jumprelu is None:
-            acts, top = coder.encode(layer, xs[layer])
-            fired[layer, top[acts > 0]] = True
-        else:
-            fired[layer] |= (coder.thresholded(layer, xs[layer], coder.log_threshold[layer].exp()) != 0).any(0)
 
 
 def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, lr: float, seed: int,
@@ -198,8 +196,7 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
             order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
             idx = order[start * batch:(start + 1) * batch]
             xb, tb = xs[:, idx], targets[:, idx]
-            curve.append(step(coder, opt, xb, tb))
-            mark_fired(coder, xb, fired)
+            curve.append(step(coder, opt, xb, tb, fired))
             if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
                 keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
             if progress is not None:

@@ -192,9 +192,13 @@ class TopKCoder(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The reconstruction ``[rows, d_out]`` (the encoder's gradient through the k chosen rows only:
         :func:`sparse_topk`)."""
-        decoded = sparse_topk(x if self.transcode else x - self.b_dec, self.encoder.weight, self.encoder.bias,
-                              self.W_dec, self.k)[0]
-        return decoded + self.b_dec
+        return self.reconstruct(x)[0]
+
+    def reconstruct(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the reconstruction ``[rows, d_out]``, ``top_acts``, ``top_indices`` ``[rows, k]``)."""
+        decoded, acts, idx = sparse_topk(x if self.transcode else x - self.b_dec, self.encoder.weight,
+                                         self.encoder.bias, self.W_dec, self.k)
+        return decoded + self.b_dec, acts, idx
 
     @torch.no_grad()
     def set_decoder_norm_to_unit_norm(self) -> None:
@@ -232,10 +236,15 @@ class JumpReLUCoder(TopKCoder):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x) @ self.W_dec + self.b_dec
 
-    def objective(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the loss, its FVU part): ``FVU + l0_coeff · mean L0``."""
+    def objective(self, x: torch.Tensor, target: torch.Tensor,
+                  fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the loss, its FVU part): ``FVU + l0_coeff · mean L0``; ``fired [d_sae]``: set where a latent is
+        active on some row."""
         pre, theta = self.pre(x), self.log_threshold.exp()
-        part = fvu(ste.jumprelu(pre, theta, self.bandwidth) @ self.W_dec + self.b_dec, target)
+        feats = ste.jumprelu(pre, theta, self.bandwidth)
+        if fired is not None:
+            fired |= (feats.detach() != 0).any(0)
+        part = fvu(feats @ self.W_dec + self.b_dec, target)
         return part + self.l0_coeff * ste.l0(pre, theta, self.bandwidth), part
 
 
@@ -263,28 +272,22 @@ def _transcodes(coder: Any) -> bool:
     return bool(coder.transcode if isinstance(coder, TopKCoder) else coder.cfg.transcode)
 
 
-def _reconstruct(coder: Any, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = coder(x) if isinstance(coder, TopKCoder) else coder(x, target).sae_out
-    return out
-
-
-def objective(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the loss minimised, its FVU): the FVU alone for TopK; a JumpReLU coder's adds its L0 penalty."""
+def objective(coder: Any, x: torch.Tensor, target: torch.Tensor,
+              fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the loss minimised, its FVU): the FVU alone for TopK; a JumpReLU coder's adds its L0 penalty.
+    ``fired [d_sae]`` (bool): set where a latent is active on some row of ``x`` in this forward (the step's own
+    choices, as sparsify's Trainer counts them: no second encoder pass)."""
     if isinstance(coder, JumpReLUCoder):
-        return coder.objective(x, target)
-    part = fvu(_reconstruct(coder, x, target), target)
+        return coder.objective(x, target, fired)
+    if isinstance(coder, TopKCoder):
+        y, acts, idx = coder.reconstruct(x)
+    else:
+        out = coder(x, target)
+        y, acts, idx = out.sae_out, out.latent_acts, out.latent_indices
+    if fired is not None:
+        fired[idx[acts.detach() > 0]] = True
+    part = fvu(y, target)
     return part, part
-
-
-@torch.no_grad()
-def active_latents(coder: Any, x: torch.Tensor) -> torch.Tensor:
-    """``[d_sae]`` bool: the latents active on some row of ``x``."""
-    if isinstance(coder, JumpReLUCoder):
-        return (coder.features(x) != 0).any(0)
-    acts, top = coder.encode(x)[:2]
-    out = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
-    out[top[acts > 0]] = True
-    return out
 
 
 def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -346,7 +349,7 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
             for start in range(0, len(x), batch):
                 idx = order[start:start + batch]
                 xb, yb = x[idx], target[idx]
-                loss, part = objective(coder, xb, yb)
+                loss, part = objective(coder, xb, yb, fired)
                 loss.backward()  # type: ignore[no-untyped-call]
                 if not transcode:  # as sparsify: a transcoder's decoder rows are free
                     coder.remove_gradient_parallel_to_decoder_directions()
@@ -355,7 +358,6 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
                 if not transcode:
                     coder.set_decoder_norm_to_unit_norm()
                 curve.append(float(part.detach()))
-                fired |= active_latents(coder, xb)
                 if progress is not None:
                     progress(len(curve), steps)
     return {"steps": len(curve), "fvu": curve, "fired": fired}
