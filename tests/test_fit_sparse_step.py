@@ -9,6 +9,7 @@ import torch
 from anatomy_cli.engine import clt_fit
 from anatomy_cli.engine import heap
 from anatomy_cli.engine import sae_fit
+from anatomy_cli.engine import sparse_topk
 
 
 def dense_reference(x, W, b, W_dec, b_dec, k, subtract):
@@ -66,7 +67,7 @@ def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias
     w_out, v_out = torch.randn(rows, k, generator=gen), torch.randn(rows, d_out, generator=gen)
     ours = [t.clone().requires_grad_() for t in (x, W, b, dec)]
     ref = [t.clone().requires_grad_() for t in (x, W, b, dec)]
-    decoded, acts, idx = sae_fit.sparse_topk(*ours, k)
+    decoded, acts, idx = sparse_topk.sparse_topk(*ours, k)
     pre = torch.relu(ref[0] @ ref[1].T + ref[2])  # the dense TopK, by hand: gather the k largest of the ReLU
     dense = torch.zeros(rows, f).scatter(1, idx, pre.gather(1, idx))
     torch.testing.assert_close(acts, dense.gather(1, idx))

@@ -49,7 +49,7 @@ from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
-from anatomy_cli.engine.sae_fit import sparse_topk
+from anatomy_cli.engine.sparse_topk import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import Point
 from anatomy_cli.models.written import as_user_file
