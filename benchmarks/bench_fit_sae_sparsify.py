@@ -10,7 +10,8 @@ sparse: 16 of 4·d ground-truth features per row, exponential magnitudes), saved
 sparsify's parameter names), train a transcoder with the same d_sae, k, batch, learning rate and row order for
 ``--steps`` steps, each in a fresh process:
 
-  - anatomy: ``engine/sae_fit.py`` ``train``'s step (sparse-backward TopK, fused Adam);
+  - anatomy: ``engine/sae_fit.py`` ``train``'s step (sparse-backward TopK, fused Adam), within
+    ``engine/heap.py``'s ``kept_pages`` as ``train`` runs it (freed memory kept for the next step);
   - sparsify (eai-sparsify in a side venv, default /work/venv-sparsify: ``python3 -m venv /work/venv-sparsify &&
     /work/venv-sparsify/bin/pip install torch==2.13.0 eai-sparsify``): its ``SparseCoder`` (``transcode=True``)
     stepped as its ``Trainer`` steps one (forward to ``fvu``, backward, Adam); its Trainer itself reads a
@@ -55,7 +56,7 @@ HELD = 2048
 
 # One process per side: reads the activations and the initial coder, trains, prints one JSON line.
 SIDE = r"""
-import json, statistics, sys, time, torch
+import contextlib, json, statistics, sys, time, torch
 side, path, init, steps, batch, lr, k, threads, root, clock = sys.argv[1:11]
 clock = getattr(time, clock)
 torch.set_num_threads(int(threads))
@@ -65,11 +66,16 @@ x, t = acts["x"], acts["target"]
 n = x.shape[0] - %(held)d
 order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
 d_in, d_sae = start["encoder.weight"].shape[1], start["encoder.weight"].shape[0]
+kept = contextlib.nullcontext  # as train runs its steps: anatomy's within engine/heap.py's kept_pages
 def fve(y, target):
     return float(1 - (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum())
 if side == "anatomy":
     sys.path.insert(0, root)
     from anatomy_cli.engine import sae_fit
+    try:
+        from anatomy_cli.engine.heap import kept_pages as kept
+    except ImportError:  # an older checkout (--anatomy-root)
+        pass
     coder = sae_fit.TopKCoder(d_in, d_sae, k, transcode=True)
     coder.load_state_dict({"encoder.weight": start["encoder.weight"], "encoder.bias": start["encoder.bias"],
                            "W_dec": start["W_dec"], "b_dec": start["b_dec"]})
@@ -88,14 +94,15 @@ else:
     def predict(xb):
         return coder(xb, xb[:, :0].new_zeros(xb.shape[0], t.shape[1])).sae_out
 times = []
-for s in range(steps):
-    idx = order[(s * batch) %% n:(s * batch) %% n + batch]
-    begun = clock()
-    value = loss(x[idx], t[idx])
-    value.backward()
-    opt.step()
-    opt.zero_grad()
-    times.append(clock() - begun)
+with kept():
+    for s in range(steps):
+        idx = order[(s * batch) %% n:(s * batch) %% n + batch]
+        begun = clock()
+        value = loss(x[idx], t[idx])
+        value.backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(clock() - begun)
 with torch.no_grad():
     held = fve(predict(x[n:]), t[n:])
 print(json.dumps({"side": side, "step_s": statistics.median(times[2:]), "fve": held, "last_fvu": float(value)}))

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from anatomy_cli.engine import clt_fit
+from anatomy_cli.engine import heap
 from anatomy_cli.engine import sae_fit
+from anatomy_cli.engine import sparse_topk
 
 
 def dense_reference(x, W, b, W_dec, b_dec, k, subtract):
@@ -57,19 +59,77 @@ def test_the_clt_step_uses_the_sparse_backward_and_fused_adam():
 
 
 @pytest.mark.parametrize("shift", [0.0, -3.0])  # -3: most rows have fewer than k positive pre-activations
-def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_and_bias(shift):
+def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias_and_decoder(shift):
     gen = torch.Generator().manual_seed(11)
-    rows, d, f, k = 48, 7, 30, 6
+    rows, d, f, k, d_out = 48, 7, 30, 6, 5
     x, W = torch.randn(rows, d, generator=gen), torch.randn(f, d, generator=gen)
-    b, w_out = torch.randn(f, generator=gen) + shift, torch.randn(rows, k, generator=gen)
-    ours = [t.clone().requires_grad_() for t in (x, W, b)]
-    ref = [t.clone().requires_grad_() for t in (x, W, b)]
-    acts, idx = sae_fit.sparse_topk(*ours, k)
+    b, dec = torch.randn(f, generator=gen) + shift, torch.randn(f, d_out, generator=gen)
+    w_out, v_out = torch.randn(rows, k, generator=gen), torch.randn(rows, d_out, generator=gen)
+    ours = [t.clone().requires_grad_() for t in (x, W, b, dec)]
+    ref = [t.clone().requires_grad_() for t in (x, W, b, dec)]
+    decoded, acts, idx = sparse_topk.sparse_topk(*ours, k)
     pre = torch.relu(ref[0] @ ref[1].T + ref[2])  # the dense TopK, by hand: gather the k largest of the ReLU
     dense = torch.zeros(rows, f).scatter(1, idx, pre.gather(1, idx))
     torch.testing.assert_close(acts, dense.gather(1, idx))
     torch.testing.assert_close(acts.sort(-1).values, pre.topk(k, dim=-1).values.sort(-1).values)
-    (acts * w_out).sum().backward()
-    (dense.gather(1, idx) * w_out).sum().backward()
+    torch.testing.assert_close(decoded, dense @ ref[3])  # the decoder as a dense matmul
+    # a loss through both outputs: the activations' gradient sums the decoder's part and the direct one
+    ((acts * w_out).sum() + (decoded * v_out).sum()).backward()
+    ((dense.gather(1, idx) * w_out).sum() + ((dense @ ref[3]) * v_out).sum()).backward()
     for a, r in zip(ours, ref, strict=True):
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-5, atol=1e-6)
+    assert torch.equal(idx, idx.sort(-1).values)  # each row's latents in order (a valid CSR row)
+
+
+@pytest.mark.skipif(heap._glibc() is None, reason="glibc's mallopt only")
+def test_kept_pages_lets_a_training_step_reuse_the_last_steps_memory():
+    """Without it glibc can hand a step's freed temporaries back and the next step page-faults them in afresh
+    (counted by hand on glibc 2.36: 4,900 faults a step at SmolLM2's width, the benchmark's size); within it,
+    almost none."""
+    import resource
+
+    torch.manual_seed(0)
+    coder = sae_fit.TopKCoder(256, 2048, 16, transcode=True)
+    opt, x = sae_fit.adam(coder.parameters(), 1e-3), torch.randn(256, 256)
+
+    def faults(steps: int) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(steps):
+            sae_fit.fvu(coder(x), x).backward()
+            opt.step()
+            opt.zero_grad()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    with heap.kept_pages():
+        faults(3)  # the first steps take their pages (and Adam's state)
+        assert faults(4) < 1200  # 4 steps' temporaries paged in afresh: ~10,000 faults (the first steps' count)
+        with heap.kept_pages():  # nested: the outer block keeps its settings
+            pass
+        assert faults(4) < 1200
+    assert heap._depth == [0]
+    faults(1)  # after it: the free pages were handed back; taken again once
+    assert faults(4) < 1200  # and kept, the thresholds left where glibc's own sliding ones end
+
+
+def test_train_counts_the_latents_its_own_forward_chose_and_the_clt_step_too():
+    gen = torch.Generator().manual_seed(5)
+    d, f, k, rows = 6, 24, 3, 20
+    x, t = torch.randn(rows, d, generator=gen), torch.randn(rows, d, generator=gen)
+    coder = sae_fit.TopKCoder(d, f, k, transcode=True)
+    W = coder.encoder.weight.detach().clone()
+    b = -x.mean(0) @ W.T  # train's first-step centring of a transcoder's encoder bias
+    top = torch.relu(x @ W.T + b).topk(k, dim=-1)  # the dense TopK before the one step, by hand
+    want = torch.zeros(f, dtype=torch.bool)
+    want[top.indices[top.values > 0]] = True
+    got = sae_fit.train(x, t, coder, epochs=1, batch=rows, lr=1e-3)["fired"]
+    assert torch.equal(got, want)
+    clt = clt_fit.CrossLayerCoder(2, d, f, k)
+    xs = torch.randn(2, rows, d, generator=gen)
+    want = torch.zeros(2, f, dtype=torch.bool)
+    for layer in range(2):
+        pre = torch.relu(xs[layer] @ clt.W_enc[layer].detach().T + clt.b_enc[layer].detach())
+        chosen = pre.topk(k, dim=-1)
+        want[layer, chosen.indices[chosen.values > 0]] = True
+    fired = torch.zeros(2, f, dtype=torch.bool)
+    clt_fit.step(clt, sae_fit.adam(clt.parameters(), 1e-3), xs, xs, fired)
+    assert torch.equal(fired, want)

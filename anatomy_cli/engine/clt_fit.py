@@ -45,10 +45,11 @@ import torch
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.forwarding import head_logits
+from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
-from anatomy_cli.engine.sae_fit import sparse_topk
+from anatomy_cli.engine.sparse_topk import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import Point
 from anatomy_cli.models.written import as_user_file
@@ -94,21 +95,26 @@ class CrossLayerCoder(torch.nn.Module):
         """``xs [L, rows, d]`` (every block's MLP input) -> the reconstructions of every block's MLP output."""
         return self.reconstruct(xs)[0]
 
-    def reconstruct(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def reconstruct(self, xs: torch.Tensor, fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the reconstructions ``[L, rows, d]``, the L0 penalty's sum over blocks of each block's mean L0 with
-        the straight-through gradient: 0 for TopK)."""
+        the straight-through gradient: 0 for TopK). ``fired [L, F]`` (bool): set where a feature is active on
+        some row."""
         n, rows = self.n_layers, xs.shape[1]
         out = self.b_dec[:, None, :].expand(n, rows, self.d)
         penalty = torch.zeros(())
         for layer in range(n):
             flat = self.W_dec[layer].reshape(self.d_sae, -1)
             if self.jumprelu is None:
-                acts, idx = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], self.k)
-                dec = torch.nn.functional.embedding_bag(idx, flat, per_sample_weights=acts, mode="sum")
+                dec, acts, idx = sparse_topk(xs[layer], self.W_enc[layer], self.b_enc[layer], flat, self.k)
+                if fired is not None:
+                    fired[layer, idx[acts.detach() > 0]] = True
             else:
                 z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
                 theta, width = self.log_threshold[layer].exp(), self.jumprelu["bandwidth"]
-                dec = ste.jumprelu(z, theta, width) @ flat
+                feats = ste.jumprelu(z, theta, width)
+                dec = feats @ flat
+                if fired is not None:
+                    fired[layer] |= (feats.detach() != 0).any(0)
                 penalty = penalty + ste.l0(z, theta, width)
             out = out.index_add(0, torch.arange(layer, n), dec.view(rows, n - layer, self.d).transpose(0, 1))
         return out, penalty
@@ -120,9 +126,10 @@ def loss(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tor
     return losses(coder, xs, targets)[0]
 
 
-def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(:func:`loss`, its FVU part)."""
-    y, penalty = coder.reconstruct(xs)
+def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
+           fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`loss`, its FVU part); ``fired``: as :meth:`CrossLayerCoder.reconstruct`."""
+    y, penalty = coder.reconstruct(xs, fired)
     part = sum((fvu(y[m], targets[m]) for m in range(coder.n_layers)), torch.zeros(()))
     coeff = 0.0 if coder.jumprelu is None else coder.jumprelu["l0_coeff"]
     return part + coeff * penalty, part
@@ -141,9 +148,11 @@ def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tens
     coder.b_dec.data = targets.mean(1)
 
 
-def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, targets: torch.Tensor) -> float:
-    """One Adam step on one batch; its loss's FVU part (the whole loss for TopK)."""
-    value, part = losses(coder, xs, targets)
+def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, targets: torch.Tensor,
+         fired: torch.Tensor | None = None) -> float:
+    """One Adam step on one batch; its loss's FVU part (the whole loss for TopK). ``fired [L, F]``: set where a
+    feature is active on some row of the batch (the step's own choices: no second encoder pass)."""
+    value, part = losses(coder, xs, targets, fired)
     value.backward()  # type: ignore[no-untyped-call]
     opt.step()
     opt.zero_grad()
@@ -179,25 +188,19 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
         curve, fired = list(state["curve"]), state["fired"].clone()
     else:
         init_from_data(coder, xs, targets)
-    for done in range(len(curve), steps):
-        epoch, start = divmod(done, per_epoch)
-        if start == 0 and epoch == epochs - 1:
-            fired.zero_()
-        order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
-        idx = order[start * batch:(start + 1) * batch]
-        xb, tb = xs[:, idx], targets[:, idx]
-        curve.append(step(coder, opt, xb, tb))
-        with torch.no_grad():
-            for layer in range(coder.n_layers):
-                if coder.jumprelu is None:
-                    acts, top = coder.encode(layer, xb[layer])
-                    fired[layer, top[acts > 0]] = True
-                else:
-                    fired[layer] |= (coder.thresholded(layer, xb[layer], coder.log_threshold[layer].exp()) != 0).any(0)
-        if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
-            keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
-        if progress is not None:
-            progress(len(curve), steps)
+    with kept_pages():  # the step's freed memory serves the next step (engine/heap.py)
+        for done in range(len(curve), steps):
+            epoch, start = divmod(done, per_epoch)
+            if start == 0 and epoch == epochs - 1:
+                fired.zero_()
+            order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
+            idx = order[start * batch:(start + 1) * batch]
+            xb, tb = xs[:, idx], targets[:, idx]
+            curve.append(step(coder, opt, xb, tb, fired))
+            if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
+                keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
+            if progress is not None:
+                progress(len(curve), steps)
     return {"steps": len(curve), "fvu": curve, "fired": fired}
 
 

@@ -12,10 +12,11 @@ rows are set to unit norm again. Left out: sparsify's AuxK loss on dead latents 
 instead).
 
 The step's speed (:class:`TopKCoder`, and the cross-layer coder of engine/clt_fit.py): the k latents are chosen
-by one dense matmul without autograd, and only their k pre-activations per row are recomputed under autograd from
-the k chosen encoder rows (:func:`sparse_topk`), so the backward adds into those rows alone instead of a second
-dense matmul; the decoder is an ``embedding_bag`` over the k rows (its backward touches those rows only); Adam
-runs fused (:func:`adam`). The values and gradients are the dense TopK's (tested).
+by one dense matmul, and the backward writes the gradients of the chosen encoder and decoder rows alone, each as
+one sparse × dense product, instead of a second dense matmul (:func:`sparse_topk`, one autograd Function with the
+decoder's ``embedding_bag``); Adam runs fused (:func:`adam`); the steps run within
+:func:`anatomy_cli.engine.heap.kept_pages` (no fresh pages each step); the fired latents come from the step's own
+forward. The values and gradients are the dense TopK's (tested).
 
 With eai-sparsify installed (the ``train`` extra), its own ``SparseCoder`` is the model trained (its forward,
 its decoder-norm steps and ``save_to_disk``); without it, :class:`TopKCoder`, the same maths in a few lines.
@@ -42,7 +43,9 @@ import torch
 
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.forwarding import forward
+from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
+from anatomy_cli.engine.sparse_topk import sparse_topk
 from anatomy_cli.models.written import as_user_file
 
 if TYPE_CHECKING:
@@ -83,46 +86,6 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
     return out
 
 
-class _SparseTopK(torch.autograd.Function):
-    """:func:`sparse_topk`'s forward (one dense matmul, the TopK of its ReLU) and backward (the k chosen rows)."""
-
-    @staticmethod
-    def forward(ctx: ste.AutogradCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        top = torch.nn.functional.linear(x, weight, bias).topk(k, dim=-1, sorted=False)  # the ReLU on k values only
-        acts, idx = top.values.clamp_min_(0), top.indices
-        ctx.save_for_backward(x, weight, idx, acts)
-        ctx.mark_non_differentiable(idx)
-        return acts, idx
-
-    @staticmethod
-    def backward(ctx: ste.AutogradCtx, grad: torch.Tensor, _: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        x, weight, idx, acts = ctx.saved_tensors
-        g = grad * (acts > 0)  # the ReLU's derivative (a chosen 0 passes nothing)
-        flat, n = idx.reshape(-1), weight.shape[0]
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:  # Σ_j g[r, j] W[idx[r, j]]: an embedding_bag, no [rows, k, d] copy
-            grad_x = torch.nn.functional.embedding_bag(idx, weight, per_sample_weights=g, mode="sum")
-        if ctx.needs_input_grad[1]:  # row idx[r, j] of ∂W gets g[r, j] x[r]
-            grad_w = weight.new_zeros(weight.shape)
-            for j in range(idx.shape[1]):  # one [rows, d] product at a time (cached), not a [rows, k, d] one
-                grad_w.index_add_(0, idx[:, j], x * g[:, j, None])
-        if ctx.needs_input_grad[2]:
-            grad_b = weight.new_zeros(n).index_add_(0, flat, g.reshape(-1))
-        return grad_x, grad_w, grad_b, None
-
-
-def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(top_acts, top_indices)`` ``[rows, k]`` of ``relu(x weightᵀ + bias)``, with a sparse backward: the
-    forward is the one dense matmul and its TopK (the ReLU applied to the k values: where fewer than k are
-    positive, the rest are 0 as the dense TopK's, whichever latents they name); the backward adds ``g[r, j] x[r]``
-    into the chosen rows ``idx[r, j]`` of the weight's gradient alone (``index_add``, ``2·rows·k·d`` FLOPs), where
-    the dense TopK's backward would scatter into a dense ``[rows, d_sae]`` gradient and multiply it by ``x`` (as
-    many FLOPs as the forward). The values and gradients are those of the dense TopK (tested)."""
-    acts, idx = _SparseTopK.apply(x, weight, bias, k)  # type: ignore[no-untyped-call]
-    return acts, idx
-
-
 class TopKCoder(torch.nn.Module):
     """sparsify's ``SparseCoder`` with ``activation="topk"`` (see the module docstring). ``transcode``: the
     input is another site than the target (no ``b_dec`` subtracted; ``W_dec`` starts at zero)."""
@@ -144,9 +107,13 @@ class TopKCoder(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The reconstruction ``[rows, d_out]`` (the encoder's gradient through the k chosen rows only:
         :func:`sparse_topk`)."""
-        acts, idx = sparse_topk(x if self.transcode else x - self.b_dec, self.encoder.weight, self.encoder.bias,
-                                self.k)
-        return torch.nn.functional.embedding_bag(idx, self.W_dec, per_sample_weights=acts, mode="sum") + self.b_dec
+        return self.reconstruct(x)[0]
+
+    def reconstruct(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the reconstruction ``[rows, d_out]``, ``top_acts``, ``top_indices`` ``[rows, k]``)."""
+        decoded, acts, idx = sparse_topk(x if self.transcode else x - self.b_dec, self.encoder.weight,
+                                         self.encoder.bias, self.W_dec, self.k)
+        return decoded + self.b_dec, acts, idx
 
     @torch.no_grad()
     def set_decoder_norm_to_unit_norm(self) -> None:
@@ -184,10 +151,15 @@ class JumpReLUCoder(TopKCoder):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x) @ self.W_dec + self.b_dec
 
-    def objective(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the loss, its FVU part): ``FVU + l0_coeff · mean L0``."""
+    def objective(self, x: torch.Tensor, target: torch.Tensor,
+                  fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the loss, its FVU part): ``FVU + l0_coeff · mean L0``; ``fired [d_sae]``: set where a latent is
+        active on some row."""
         pre, theta = self.pre(x), self.log_threshold.exp()
-        part = fvu(ste.jumprelu(pre, theta, self.bandwidth) @ self.W_dec + self.b_dec, target)
+        feats = ste.jumprelu(pre, theta, self.bandwidth)
+        if fired is not None:
+            fired |= (feats.detach() != 0).any(0)
+        part = fvu(feats @ self.W_dec + self.b_dec, target)
         return part + self.l0_coeff * ste.l0(pre, theta, self.bandwidth), part
 
 
@@ -215,28 +187,22 @@ def _transcodes(coder: Any) -> bool:
     return bool(coder.transcode if isinstance(coder, TopKCoder) else coder.cfg.transcode)
 
 
-def _reconstruct(coder: Any, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = coder(x) if isinstance(coder, TopKCoder) else coder(x, target).sae_out
-    return out
-
-
-def objective(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the loss minimised, its FVU): the FVU alone for TopK; a JumpReLU coder's adds its L0 penalty."""
+def objective(coder: Any, x: torch.Tensor, target: torch.Tensor,
+              fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the loss minimised, its FVU): the FVU alone for TopK; a JumpReLU coder's adds its L0 penalty.
+    ``fired [d_sae]`` (bool): set where a latent is active on some row of ``x`` in this forward (the step's own
+    choices, as sparsify's Trainer counts them: no second encoder pass)."""
     if isinstance(coder, JumpReLUCoder):
-        return coder.objective(x, target)
-    part = fvu(_reconstruct(coder, x, target), target)
+        return coder.objective(x, target, fired)
+    if isinstance(coder, TopKCoder):
+        y, acts, idx = coder.reconstruct(x)
+    else:
+        out = coder(x, target)
+        y, acts, idx = out.sae_out, out.latent_acts, out.latent_indices
+    if fired is not None:
+        fired[idx[acts.detach() > 0]] = True
+    part = fvu(y, target)
     return part, part
-
-
-@torch.no_grad()
-def active_latents(coder: Any, x: torch.Tensor) -> torch.Tensor:
-    """``[d_sae]`` bool: the latents active on some row of ``x``."""
-    if isinstance(coder, JumpReLUCoder):
-        return (coder.features(x) != 0).any(0)
-    acts, top = coder.encode(x)[:2]
-    out = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
-    out[top[acts > 0]] = True
-    return out
 
 
 def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -290,25 +256,25 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
     steps = epochs * math.ceil(len(x) / batch)
     curve: list[float] = []
     fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
-    for epoch in range(epochs):
-        if epoch == epochs - 1:
-            fired.zero_()
-        order = torch.randperm(len(x), generator=g)
-        for start in range(0, len(x), batch):
-            idx = order[start:start + batch]
-            xb, yb = x[idx], target[idx]
-            loss, part = objective(coder, xb, yb)
-            loss.backward()  # type: ignore[no-untyped-call]
-            if not transcode:  # as sparsify: a transcoder's decoder rows are free
-                coder.remove_gradient_parallel_to_decoder_directions()
-            opt.step()
-            opt.zero_grad()
-            if not transcode:
-                coder.set_decoder_norm_to_unit_norm()
-            curve.append(float(part.detach()))
-            fired |= active_latents(coder, xb)
-            if progress is not None:
-                progress(len(curve), steps)
+    with kept_pages():  # the step's freed memory serves the next step (no fresh pages: engine/heap.py)
+        for epoch in range(epochs):
+            if epoch == epochs - 1:
+                fired.zero_()
+            order = torch.randperm(len(x), generator=g)
+            for start in range(0, len(x), batch):
+                idx = order[start:start + batch]
+                xb, yb = x[idx], target[idx]
+                loss, part = objective(coder, xb, yb, fired)
+                loss.backward()  # type: ignore[no-untyped-call]
+                if not transcode:  # as sparsify: a transcoder's decoder rows are free
+                    coder.remove_gradient_parallel_to_decoder_directions()
+                opt.step()
+                opt.zero_grad()
+                if not transcode:
+                    coder.set_decoder_norm_to_unit_norm()
+                curve.append(float(part.detach()))
+                if progress is not None:
+                    progress(len(curve), steps)
     return {"steps": len(curve), "fvu": curve, "fired": fired}
 
 
