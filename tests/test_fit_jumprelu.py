@@ -159,6 +159,7 @@ def test_the_pace_and_the_kernel_width_follow_the_placed_thresholds():
     assert rate == pytest.approx(float(x.abs().sum(1).mean()) / 2.0, rel=1e-6)  # mean ‖x‖₁ / median θ
     assert opt.param_groups[1]["lr"] == pytest.approx(0.01 * rate) and opt.param_groups[0]["lr"] == 0.01
     assert ste.kernel_width(0.05, log_theta) == pytest.approx(0.1, rel=1e-6)
+    assert ste.pace(opt, x, log_theta - 10) == pytest.approx(ste.MAX_PACE / 0.01)  # tiny thresholds: capped
 
 
 def test_the_written_per_layer_file_encodes_as_the_trained_coder(tmp_path):

@@ -37,6 +37,7 @@ import torch
 
 INIT_THRESHOLD = 1e-3  # SAELens' jumprelu_init_threshold: here the least start
 INIT_ROWS = 4096  # the first rows whose pre-activations place the starting thresholds
+MAX_PACE = 0.25  # log θ's learning rate at most (Adam's step: a threshold moves by at most about 28% a step)
 
 
 def _kernel(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
@@ -113,10 +114,11 @@ def kernel_width(bandwidth: float, log_theta: torch.Tensor) -> float:
 def pace(opt: torch.optim.Optimizer, x_in: torch.Tensor, log_theta: torch.Tensor) -> float:
     """Set the learning rate of ``opt``'s last parameter group (``log θ``, alone in it) to the first group's times
     ``mean ‖x_in‖₁ / median θ`` (``x_in [..., d]``: the rows the encoder reads; ``log_theta``: the placed
-    thresholds), so that a threshold moves per step about as far as a pre-activation can (module docstring).
-    Returns the factor."""
-    rate = float(x_in.abs().sum(-1).mean() / log_theta.detach().exp().median())
-    opt.param_groups[-1]["lr"] = opt.param_groups[0]["lr"] * rate
+    thresholds), so that a threshold moves per step about as far as a pre-activation can (module docstring); at
+    most :data:`MAX_PACE`. Returns the factor used."""
+    lr = float(opt.param_groups[0]["lr"])
+    rate = min(float(x_in.abs().sum(-1).mean() / log_theta.detach().exp().median()), MAX_PACE / lr)
+    opt.param_groups[-1]["lr"] = lr * rate
     return rate
 
 
