@@ -149,6 +149,20 @@ def test_the_l0_stays_near_the_target_k(monkeypatch):
     assert held_out_l0s(x, y, k)[-1] > 3 * k
 
 
+def test_a_jumprelu_clt_holds_each_blocks_l0_near_k():
+    """The cross-layer fit's sparsity term is per block and its pace one for all blocks: two blocks of different
+    scales both end near k (8); at the encoder's rate one ended at 27, the other at 3."""
+    x, y = dense_transcoder_rows()
+    xs, ys = torch.stack([x, 2 * x + 0.1]), torch.stack([y, 0.5 * y])
+    torch.manual_seed(0)
+    coder = clt_fit.CrossLayerCoder(2, 32, 256, 8, jumprelu={"bandwidth": 0.05, "l0_coeff": 1.0})
+    clt_fit.train(xs[:, :-512], ys[:, :-512], coder, epochs=4, batch=256, lr=sae_fit.default_lr(256))
+    theta = coder.log_threshold.detach().exp()
+    with torch.no_grad():
+        l0s = [float((coder.thresholded(m, xs[m, -512:], theta[m]) != 0).sum(-1).float().mean()) for m in range(2)]
+    assert all(8 / 1.5 < v < 8 * 1.5 for v in l0s), l0s
+
+
 def test_the_pace_and_the_kernel_width_follow_the_placed_thresholds():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(100, 6, generator=gen)
