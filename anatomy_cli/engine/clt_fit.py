@@ -20,8 +20,9 @@ fewer active features, and a feature fires wherever its pre-activation clears it
 other features do. The fit reports both readings on the held-out window.
 
 ``jumprelu`` (``--activation jumprelu``): every block's features are JumpReLUs ``pre · (pre > θ_l)`` with
-thresholds trained by the straight-through estimator (engine/jumprelu.py), the loss adds ``l0_coeff`` times the
-sum over blocks of each block's mean L0, and the thresholds written are the trained ones.
+thresholds trained by the straight-through estimator (engine/jumprelu.py, ``log θ`` at its own pace), the loss
+adds ``l0_coeff`` times the sum over blocks of ``(L0_l / k − 1)²`` (each block's mean L0 held near k), and the
+thresholds written are the trained ones.
 
 The spliced CE/KL (:func:`spliced_logits`): every block's MLP output replaced by the written CLT's reconstruction
 at once, the features read from the spliced forward's own MLP inputs (closed loop, as the replacement model runs).
@@ -49,6 +50,7 @@ from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
+from anatomy_cli.engine.sae_fit import optimiser
 from anatomy_cli.engine.sparse_topk import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import Point
@@ -76,6 +78,8 @@ class CrossLayerCoder(torch.nn.Module):
         self.b_dec = torch.nn.Parameter(torch.zeros(n_layers, d))
         if jumprelu is not None:
             self.log_threshold = ste.log_threshold(n_layers, d_sae)
+            self.width: torch.Tensor  # per block the kernel's width (``bandwidth · median θ_l`` once placed)
+            self.register_buffer("width", torch.full((n_layers,), float(jumprelu["bandwidth"])))
 
     def pre(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Block ``layer``'s pre-activations, ReLU applied: ``[rows, F]``."""
@@ -96,9 +100,9 @@ class CrossLayerCoder(torch.nn.Module):
         return self.reconstruct(xs)[0]
 
     def reconstruct(self, xs: torch.Tensor, fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the reconstructions ``[L, rows, d]``, the L0 penalty's sum over blocks of each block's mean L0 with
-        the straight-through gradient: 0 for TopK). ``fired [L, F]`` (bool): set where a feature is active on
-        some row."""
+        """(the reconstructions ``[L, rows, d]``, the sparsity term: the sum over blocks of ``(L0_l / k − 1)²``,
+        ``L0_l`` block l's mean L0 with the straight-through gradient; 0 for TopK). ``fired [L, F]`` (bool): set
+        where a feature is active on some row."""
         n, rows = self.n_layers, xs.shape[1]
         out = self.b_dec[:, None, :].expand(n, rows, self.d)
         penalty = torch.zeros(())
@@ -110,19 +114,19 @@ class CrossLayerCoder(torch.nn.Module):
                     fired[layer, idx[acts.detach() > 0]] = True
             else:
                 z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
-                theta, width = self.log_threshold[layer].exp(), self.jumprelu["bandwidth"]
+                theta, width = self.log_threshold[layer].exp(), float(self.width[layer])
                 feats = ste.jumprelu(z, theta, width)
                 dec = feats @ flat
                 if fired is not None:
                     fired[layer] |= (feats.detach() != 0).any(0)
-                penalty = penalty + ste.l0(z, theta, width)
+                penalty = penalty + ste.l0_penalty(ste.l0(z, theta, width), self.k)
             out = out.index_add(0, torch.arange(layer, n), dec.view(rows, n - layer, self.d).transpose(0, 1))
         return out, penalty
 
 
 def loss(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The sum over blocks of each block's FVU (``xs``, ``targets``: ``[L, rows, d]``); a JumpReLU CLT's adds
-    ``l0_coeff`` times the sum over blocks of each block's mean L0."""
+    ``l0_coeff`` times the sum over blocks of ``(L0_l / k − 1)²`` (``L0_l`` block l's mean L0)."""
     return losses(coder, xs, targets)[0]
 
 
@@ -139,12 +143,14 @@ def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
 def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> None:
     """The first step's centring (sparsify's transcoder rule, per block): ``b_dec_m`` the target's mean,
     ``b_enc_l = −mean(x_l) W_enc_lᵀ``; a JumpReLU CLT's thresholds where each block fires ``k`` features per row
-    on average over its first rows (:func:`anatomy_cli.engine.jumprelu.initial_log_threshold`)."""
+    on average over its first rows (:func:`anatomy_cli.engine.jumprelu.initial_log_threshold`), and its kernel's
+    width ``bandwidth`` times their median."""
     for layer in range(coder.n_layers):
         coder.b_enc.data[layer] = -xs[layer].mean(0) @ coder.W_enc[layer].data.T
         if coder.jumprelu is not None:
             z = torch.nn.functional.linear(xs[layer, :ste.INIT_ROWS], coder.W_enc[layer], coder.b_enc[layer])
             coder.log_threshold.data[layer] = ste.initial_log_threshold(z, coder.k)
+            coder.width[layer] = ste.kernel_width(coder.jumprelu["bandwidth"], coder.log_threshold[layer])
     coder.b_dec.data = targets.mean(1)
 
 
@@ -177,7 +183,7 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
     with the checkpoint every ``every`` steps and after the last. Returns ``{"steps", "fvu" (the summed loss per
     step), "fired" ([L, F] bool: fired in the last epoch)}``."""
     rows = xs.shape[1]
-    opt = adam(coder.parameters(), lr)
+    opt = optimiser(coder, lr)
     per_epoch = math.ceil(rows / batch)
     steps = epochs * per_epoch
     curve: list[float] = []
@@ -188,6 +194,8 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
         curve, fired = list(state["curve"]), state["fired"].clone()
     else:
         init_from_data(coder, xs, targets)
+        if coder.jumprelu is not None:  # the thresholds' pace, one for every block (engine/jumprelu.py)
+            ste.pace(opt, xs[:, :ste.INIT_ROWS], coder.log_threshold)
     with kept_pages():  # the step's freed memory serves the next step (engine/heap.py)
         for done in range(len(curve), steps):
             epoch, start = divmod(done, per_epoch)

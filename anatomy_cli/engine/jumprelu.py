@@ -2,20 +2,30 @@
 SAELens' ``JumpReLUTrainingSAE``), what ``fit-sae --activation jumprelu`` trains, per block and cross-layer.
 
 A feature's activation is ``z · (z > θ)`` (``z`` its pre-activation, ``θ = exp(log_threshold) > 0`` its
-threshold); the sparsity penalty is its L0, ``Σ_f (z_f > θ_f)`` per row, averaged over the rows. Both are step
+threshold); the sparsity term is built on its L0, ``Σ_f (z_f > θ_f)`` per row, averaged over the rows. Both are step
 functions of ``θ``, so their gradients with respect to ``θ`` are the pseudo-derivatives of the paper (a rectangle
 kernel ``K(u) = 1`` for ``|u| < 1/2``, of width ``bandwidth`` ε): ``∂(z·H(z − θ))/∂θ = −(θ/ε) K((z − θ)/ε)`` and
 ``∂H(z − θ)/∂θ = −(1/ε) K((z − θ)/ε)``, summed over the rows; ``z`` gets the gradient ``H(z − θ)`` through the
 activation and none through the L0. ``θ`` is trained as ``log_threshold`` (SAELens' parametrisation).
 
+The sparsity term holds the mean L0 near a target ``k`` (``--k``) instead of only pushing it down: ``(L0/k − 1)²``
+per block (:func:`l0_penalty`, the ``target_l0`` form of Marks et al.'s ``dictionary_learning`` JumpReLU trainer,
+its ``sparsity_penalty`` our ``l0_coeff``), so the thresholds rise while the L0 is over ``k`` and fall while it is
+under. A plain ``λ · L0`` (the paper's, SAELens' ``step`` mode) settles wherever ``λ`` balances the reconstruction,
+which a user cannot know beforehand.
+
 The start: SAELens and the paper start every ``θ`` at 0.001 (:data:`INIT_THRESHOLD`) with the bandwidth 0.001, on
 activations scaled to unit variance per dimension, and train for 10⁵ steps and more, at a learning rate of about
-1e-4. ``θ`` moves by about the learning rate per Adam step in ``log θ``, so a fit of a few hundred steps leaves it
-where it started: at 0.001 about half of the centred pre-activations clear it (measured: a held-out L0 of 3,613
-of 4,608 latents after a docs-sized fit). Here the fit starts each feature's threshold from the data instead
-(:func:`initial_log_threshold`, at the first step, as the encoder bias is centred): the value its pre-activation
-exceeds on ``k / d_sae`` of the first rows (``k`` the TopK setting), so the fit starts at TopK's mean L0 and the
-penalty and the reconstruction move ``θ`` from there; never below :data:`INIT_THRESHOLD`.
+1e-4. Here the fit starts each feature's threshold from the data instead (:func:`initial_log_threshold`, at the
+first step, as the encoder bias is centred): the value its pre-activation exceeds on ``k / d_sae`` of the first
+rows, so the fit starts at the target L0; never below :data:`INIT_THRESHOLD`.
+
+The pace (:func:`pace`): Adam moves every encoder weight by about the learning rate per step, so a pre-activation
+``z = w·x + b`` can move by up to ``lr · ‖x‖₁`` per step (SmolLM2's block-3 MLP input: ‖x‖₁ ≈ 43, so 0.016 per step
+against a median starting threshold of 0.13), while ``log θ`` moves by about ``lr`` (0.04% of θ per step). At one
+learning rate the encoder outran the thresholds and the L0 rose from k (32) to 563 in 32 steps. ``log θ`` therefore
+learns at ``lr · mean ‖x‖₁ / median θ₀`` (its own Adam group), a threshold as fast as the pre-activations it is
+compared to.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import torch
 
 INIT_THRESHOLD = 1e-3  # SAELens' jumprelu_init_threshold: here the least start
 INIT_ROWS = 4096  # the first rows whose pre-activations place the starting thresholds
+MAX_PACE = 0.25  # log θ's learning rate at most (Adam's step: a threshold moves by at most about 28% a step)
 
 
 def _kernel(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
@@ -86,6 +97,29 @@ def l0(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
     """The mean over rows of the number of features with ``z > θ``, with the straight-through gradient for ``θ``."""
     out: torch.Tensor = _Step.apply(z, theta, bandwidth)  # type: ignore[no-untyped-call]
     return out.sum(-1).mean()
+
+
+def l0_penalty(l0: torch.Tensor, target: float) -> torch.Tensor:
+    """The sparsity term of a mean L0 ``l0`` (:func:`l0`, with its straight-through gradient) against the target
+    ``target``: ``(l0 / target − 1)²``, 0 at the target."""
+    return (l0 / target - 1.0).pow(2)
+
+
+def kernel_width(bandwidth: float, log_theta: torch.Tensor) -> float:
+    """The kernel's width ε for thresholds ``log_theta`` placed from the data: ``bandwidth`` times their median (the
+    width in the thresholds' own units, whatever the activations' scale)."""
+    return bandwidth * float(log_theta.detach().exp().median())
+
+
+def pace(opt: torch.optim.Optimizer, x_in: torch.Tensor, log_theta: torch.Tensor) -> float:
+    """Set the learning rate of ``opt``'s last parameter group (``log θ``, alone in it) to the first group's times
+    ``mean ‖x_in‖₁ / median θ`` (``x_in [..., d]``: the rows the encoder reads; ``log_theta``: the placed
+    thresholds), so that a threshold moves per step about as far as a pre-activation can (module docstring); at
+    most :data:`MAX_PACE`. Returns the factor used."""
+    lr = float(opt.param_groups[0]["lr"])
+    rate = min(float(x_in.abs().sum(-1).mean() / log_theta.detach().exp().median()), MAX_PACE / lr)
+    opt.param_groups[-1]["lr"] = lr * rate
+    return rate
 
 
 def log_threshold(*shape: int) -> torch.nn.Parameter:

@@ -130,47 +130,61 @@ class TopKCoder(torch.nn.Module):
 class JumpReLUCoder(TopKCoder):
     """:class:`TopKCoder` with a JumpReLU in place of the TopK (engine/jumprelu.py): every latent with
     ``pre > θ`` is kept, ``θ = exp(log_threshold)`` trained with the straight-through estimator (started at the
-    first step where each latent fires on ``init_l0 / d_sae`` of the first rows), and the loss adds ``l0_coeff``
-    times the mean L0 to the FVU. The same initialisation and decoder rule otherwise."""
+    first step where each latent fires on ``target_l0 / d_sae`` of the first rows, and learning at its own pace),
+    and the loss adds ``l0_coeff · (L0 / target_l0 − 1)²`` to the FVU. The same initialisation and decoder rule
+    otherwise."""
 
-    def __init__(self, d_in: int, d_sae: int, *, transcode: bool = False, bandwidth: float = 1e-3,
-                 l0_coeff: float = 1e-3, init_l0: float = 32):
+    def __init__(self, d_in: int, d_sae: int, *, transcode: bool = False, bandwidth: float = 0.05,
+                 l0_coeff: float = 1.0, target_l0: float = 32):
         super().__init__(d_in, d_sae, 1, transcode=transcode)
-        self.init_l0 = init_l0  # the mean L0 the thresholds start at (engine/jumprelu.py)
-        self.bandwidth, self.l0_coeff = bandwidth, l0_coeff
+        self.target_l0 = target_l0  # the mean L0 the thresholds start at and the sparsity term holds
+        self.bandwidth, self.l0_coeff = bandwidth, l0_coeff  # bandwidth: of the median threshold, once placed
         self.log_threshold = ste.log_threshold(d_sae)
+        self.width: torch.Tensor  # the kernel's width: ``bandwidth`` until placed, then ``bandwidth · median θ``
+        self.register_buffer("width", torch.tensor(float(bandwidth)))
+
+    def encoder_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the encoder reads: ``x`` (a transcoder) or ``x − b_dec`` (an SAE)."""
+        return x if self.transcode else x - self.b_dec
 
     def pre(self, x: torch.Tensor) -> torch.Tensor:
         """The pre-activations ``[rows, d_sae]`` (no ReLU: the threshold is above 0)."""
-        out: torch.Tensor = self.encoder(x if self.transcode else x - self.b_dec)
+        out: torch.Tensor = self.encoder(self.encoder_input(x))
         return out
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        return ste.jumprelu(self.pre(x), self.log_threshold.exp(), self.bandwidth)
+        return ste.jumprelu(self.pre(x), self.log_threshold.exp(), float(self.width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x) @ self.W_dec + self.b_dec
 
     def objective(self, x: torch.Tensor, target: torch.Tensor,
                   fired: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the loss, its FVU part): ``FVU + l0_coeff · mean L0``; ``fired [d_sae]``: set where a latent is
-        active on some row."""
-        pre, theta = self.pre(x), self.log_threshold.exp()
-        feats = ste.jumprelu(pre, theta, self.bandwidth)
+        """(the loss, its FVU part): ``FVU + l0_coeff · (mean L0 / target_l0 − 1)²``; ``fired [d_sae]``: set
+        where a latent is active on some row."""
+        pre, theta, width = self.pre(x), self.log_threshold.exp(), float(self.width)
+        feats = ste.jumprelu(pre, theta, width)
         if fired is not None:
             fired |= (feats.detach() != 0).any(0)
         part = fvu(feats @ self.W_dec + self.b_dec, target)
-        return part + self.l0_coeff * ste.l0(pre, theta, self.bandwidth), part
+        return part + self.l0_coeff * ste.l0_penalty(ste.l0(pre, theta, width), self.target_l0), part
+
+    @torch.no_grad()
+    def place(self, x: torch.Tensor, opt: torch.optim.Optimizer) -> None:
+        """The first step's thresholds from the rows ``x``, the kernel's width, and their pace in ``opt``
+        (engine/jumprelu.py)."""
+        self.log_threshold.data = ste.initial_log_threshold(self.pre(x), self.target_l0)
+        self.width.fill_(ste.kernel_width(self.bandwidth, self.log_threshold))
+        ste.pace(opt, self.encoder_input(x), self.log_threshold)
 
 
 def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: bool | None = None,
                jumprelu: dict[str, float] | None = None) -> Any:
     """sparsify's own ``SparseCoder`` where eai-sparsify is installed (``pip install -e '.[train]'``) and
     ``use_sparsify`` is not False, else :class:`TopKCoder`; ``use_sparsify=True`` without it raises ImportError.
-    ``jumprelu`` (its ``bandwidth`` and ``l0_coeff``): a :class:`JumpReLUCoder` instead, its thresholds started
-    at a mean L0 of ``k``."""
+    ``jumprelu`` (its ``bandwidth`` and ``l0_coeff``): a :class:`JumpReLUCoder` instead, its target L0 ``k``."""
     if jumprelu is not None:
-        return JumpReLUCoder(d_in, d_sae, transcode=transcode, init_l0=k, **jumprelu)
+        return JumpReLUCoder(d_in, d_sae, transcode=transcode, target_l0=k, **jumprelu)
     if use_sparsify is not False:
         try:
             from sparsify import SparseCoder
@@ -228,9 +242,18 @@ def machine_threads() -> Iterator[int]:
         torch.set_num_threads(before)
 
 
-def adam(params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Adam:
+def adam(params: Iterable[torch.nn.Parameter] | list[dict[str, Any]], lr: float) -> torch.optim.Adam:
     """Adam with its fused kernel (one pass over each parameter per step; torch has it on CPU and CUDA)."""
     return torch.optim.Adam(params, lr=lr, fused=True)
+
+
+def optimiser(coder: Any, lr: float) -> torch.optim.Adam:
+    """:func:`adam` over ``coder``'s parameters at ``lr``; a JumpReLU coder's ``log_threshold`` alone in a last
+    group, whose learning rate :func:`anatomy_cli.engine.jumprelu.pace` sets once the thresholds are placed."""
+    theta = getattr(coder, "log_threshold", None)
+    if theta is None:
+        return adam(coder.parameters(), lr)
+    return adam([{"params": [p for p in coder.parameters() if p is not theta]}, {"params": [theta]}], lr)
 
 
 def default_lr(d_sae: int) -> float:
@@ -244,15 +267,15 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
     rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times. Returns ``{"steps", "fvu" (per step),
     "fired" (a bool per latent: fired at least once in the last epoch)}``."""
     g = torch.Generator().manual_seed(seed)
-    opt = adam(coder.parameters(), lr)
+    opt = optimiser(coder, lr)
     transcode = _transcodes(coder)
     with torch.no_grad():  # sparsify's Trainer at its first step: pre-activations centred, b_dec the target's mean
-        # (a JumpReLU's thresholds placed from the rows: engine/jumprelu.py)
+        # (a JumpReLU's thresholds placed from the rows, and their pace: engine/jumprelu.py)
         if transcode:
             coder.encoder.bias.data = -x.mean(0) @ coder.encoder.weight.data.T
         coder.b_dec.data = target.mean(0)
         if isinstance(coder, JumpReLUCoder):
-            coder.log_threshold.data = ste.initial_log_threshold(coder.pre(x[:ste.INIT_ROWS]), coder.init_l0)
+            coder.place(x[:ste.INIT_ROWS], opt)
     steps = epochs * math.ceil(len(x) / batch)
     curve: list[float] = []
     fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)

@@ -58,7 +58,8 @@ class FitSaeOptions(Declared):
     output; ``out``: the folder written (``out/layers.L`` or ``out/layers.L.mlp`` per block); ``d_sae``:
     latents (default 8 × d_model); ``k``: active latents per token (TopK); ``activation``: ``topk`` or ``jumprelu``
     (engine/jumprelu.py: per-feature thresholds trained with the straight-through estimator, kernel width
-    ``bandwidth``, the L0 penalty ``l0_coeff``; per block written in SAELens' jumprelu format); ``max_tokens``,
+    ``bandwidth`` (of the median starting threshold), the sparsity term's weight ``l0_coeff``, the target L0
+    ``k``; per block written in SAELens' jumprelu format); ``max_tokens``,
     ``ctx``: the budget and the window; ``epochs``, ``batch_size``, ``lr`` (default sparsify's); ``seed``;
     ``overwrite``."""
 
@@ -78,15 +79,18 @@ class FitSaeOptions(Declared):
     d_sae: int | None = option(None, "--d-sae", min=1, metavar="N", show_default=False,
                                help="Latents (default 8 x d_model).")
     k: int = option(32, "--k", min=1, metavar="N",
-                    help="Active latents per token (TopK; jumprelu: the mean L0 the thresholds start at).")
+                    help="Active latents per token (TopK; jumprelu: the mean L0 the thresholds start at and the "
+                    "sparsity term holds).")
     activation: Activation = option(Activation.topk, "--activation", case_sensitive=False,
                                     help="topk (k latents per token) or jumprelu (a latent fires above its own "
                                     "threshold, trained with the straight-through estimator and an L0 penalty; "
                                     "written in SAELens' jumprelu format, --clt with its thresholds).")
-    bandwidth: float = option(0.001, "--bandwidth", metavar="X",
-                              help="jumprelu: the straight-through estimator's kernel width.")
-    l0_coeff: float = option(0.001, "--l0-coeff", metavar="X", min=0.0,
-                             help="jumprelu: the L0 penalty's weight beside the FVU (per block).")
+    bandwidth: float = option(0.05, "--bandwidth", metavar="X",
+                              help="jumprelu: the straight-through estimator's kernel width, as a fraction of the "
+                              "median starting threshold.")
+    l0_coeff: float = option(1.0, "--l0-coeff", metavar="X", min=0.0,
+                             help="jumprelu: the weight of the sparsity term (mean L0 / k - 1)^2 beside the FVU "
+                             "(per block).")
     max_tokens: int = option(20000, "--max-tokens", min=4, metavar="N",
                              help="Tokens read from the corpus (the last window is held out).")
     ctx: int = option(256, "--ctx", min=2, metavar="N", help="Tokens per window.")
@@ -201,10 +205,10 @@ class SaeFit:
 
 def recipe(k: int, jumprelu: dict[str, float] | None) -> tuple[str, str]:
     """(the coder's kind, its sparsity setting) as the cost line and the report name them: ``("TopK", "k 32")``,
-    ``("JumpReLU", "L0 coefficient 0.001")``."""
+    ``("JumpReLU", "target L0 32, L0 coefficient 1")``."""
     if jumprelu is None:
         return "TopK", f"k {k}"
-    return "JumpReLU", f"L0 coefficient {jumprelu['l0_coeff']:g}"
+    return "JumpReLU", f"target L0 {k}, L0 coefficient {jumprelu['l0_coeff']:g}"
 
 
 def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
