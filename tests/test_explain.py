@@ -283,6 +283,71 @@ def test_scores_and_control_with_a_stand_in_and_resume_after_an_interruption(mad
     assert other.exit_code == 2 and "other settings" in other.output
 
 
+def test_a_score_nothing_was_answered_for_is_blank_and_out_of_the_means(made, tmp_path, monkeypatch):
+    """Issue 60 follow-up: the scorer gives no parsable answer for the first feature's explanation: its own scores
+    (and the control that borrows that explanation) are None in the rows, blank in the table and left out of the
+    means, which are the mean of the other features' scores computed again here; the export keeps delphi's 0."""
+    import re
+    import statistics
+
+    from anatomy_cli.analyses.explain_score import score
+    from anatomy_cli.tasks import _explain_run
+
+    _, _, feats, latents, chat = made
+    mute = "the text nobody can score"
+    explained = []
+    ex = {e.feature: e for e in read_examples(feats, latents, max_features=5).features}
+    scored = [i for i, e in enumerate(ex.values()) if e.test and e.not_active]
+    first = list(ex)[scored[0]]  # the first feature that is scored gets the explanation no answer parses for
+
+    def scorer(messages):
+        return "I cannot tell." if mute in messages[-1]["content"] else answer(messages)
+
+    def ask(self, messages, max_new_tokens, temperature=0.0, seed=0):
+        if messages[0]["content"].startswith("You are a meticulous AI researcher"):
+            explained.append(1)
+            runs = re.findall(r"<<(.*?)>>", messages[-1]["content"])
+            return f"[EXPLANATION]: {mute if len(explained) == scored[0] + 1 else f'the text {runs[0]!r}'}"
+        return scorer(messages)
+
+    monkeypatch.setattr(_explain_run.Chat, "ask", ask)
+    out = tmp_path / "o"
+    result = explain(feats, latents, chat, "--max-features", 5, "--out", out, "-f", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    by_id = {int(r["index"]): r for r in data["explanations"]}
+    assert by_id[first]["description"] == mute
+    expected, blanks = {"": [], "control_": []}, 0
+    for r in data["features"]:
+        f = r["feature"]
+        if not ex[f].test or not ex[f].not_active:
+            continue
+        for prefix, text in (("", by_id[f]["description"]), ("control_", by_id[r["control_of"]]["description"])):
+            got = score("detection", text, ex[f].test, ex[f].not_active, 5, scorer)
+            if got["answered"] == 0:
+                blanks += 2  # detection and fuzzing: no answer parses for this explanation
+                assert r[f"{prefix}detection_balanced_accuracy"] is None and r[f"{prefix}fuzz_f1"] is None
+            else:
+                assert r[f"{prefix}detection_balanced_accuracy"] == got["balanced_accuracy"]
+                expected[prefix].append(got["balanced_accuracy"])
+    row = next(r for r in data["features"] if r["feature"] == first)
+    assert row["detection_balanced_accuracy"] is None and row["fuzz_balanced_accuracy"] is None and blanks >= 2
+    assert data["unanswered"] == blanks
+    assert by_id[first]["scores"]["detection"]["balanced_accuracy"] == 0  # the export: delphi's 0
+    assert by_id[first]["scores"]["detection"]["answered"] == 0
+    own, control = data["means"]
+    assert expected[""]  # another feature was answered
+    assert own["detection_balanced_accuracy"] == pytest.approx(statistics.mean(expected[""]))
+    assert control["detection_balanced_accuracy"] == (pytest.approx(statistics.mean(expected["control_"]))
+                                                      if expected["control_"] else None)
+    table = explain(feats, latents, chat, "--max-features", 5, "--out", out, "-f", "tsv")  # resumed: no model
+    assert table.exit_code == 0, table.output
+    header, *lines = table.stdout.split("\n\n")[0].splitlines()
+    cells = {c["feature"]: c for c in (dict(zip(header.split("\t"), line.split("\t"))) for line in lines)}
+    assert cells[str(first)]["detection_balanced_accuracy"] == ""
+    assert f"{blanks} scores left blank and out of the means" in table.stderr
+
+
 @pytest.mark.parametrize("case, match", [
     ("plain dir", "is not a features output"),
     ("zero", "--max-features"),
