@@ -348,6 +348,36 @@ def test_a_score_nothing_was_answered_for_is_blank_and_out_of_the_means(made, tm
     assert f"{blanks} scores left blank and out of the means" in table.stderr
 
 
+def test_an_explainer_that_loops_is_cut_after_the_first_copy(made, tmp_path, monkeypatch):
+    """Issue 60 follow-up: an explanation that repeats a phrase (the explainer looped up to --max-new-tokens) is
+    kept once, said on stderr and in the record's ``loop``; the scorers read the cut text."""
+    from anatomy_cli.analyses.explain_prompts import cut_loop
+    from anatomy_cli.tasks import _explain_run
+
+    _, _, feats, latents, chat = made
+    unit, times = "the word ' cat',", 9
+    looping = "Tokens like " + " ".join([unit] * times) + " the word"  # cut off mid-copy, as max tokens cut it
+    prompts = []
+
+    def ask(self, messages, max_new_tokens, temperature=0.0, seed=0):
+        if messages[0]["content"].startswith("You are a meticulous AI researcher"):
+            return f"[EXPLANATION]: {looping}"
+        prompts.append(messages[-1]["content"])
+        return answer(messages)
+
+    monkeypatch.setattr(_explain_run.Chat, "ask", ask)
+    result = explain(feats, latents, chat, "--max-features", 2, "--out", tmp_path / "o", "-f", "json")
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)["explanations"]
+    assert [r["description"] for r in records] == ["Tokens like the word ' cat'"] * 2
+    assert [r["loop"] for r in records] == [{"repeated": unit, "times": times, "original_chars": len(looping)}] * 2
+    assert result.stderr.count(f"says {unit!r} {times} times in a row (the explainer looped)") == 2
+    assert prompts and all("Tokens like the word ' cat'\n" in p and p.count("word ' cat'") == 1 for p in prompts)
+    plain = "The token ' the' before a noun, as in 'the cat, the dog'."  # no run said 4 times: kept whole
+    assert cut_loop(plain) == (plain, None)
+    assert cut_loop("a b a b a b a b a")[1] == {"repeated": "a b", "times": 4, "original_chars": 17}
+
+
 @pytest.mark.parametrize("case, match", [
     ("plain dir", "is not a features output"),
     ("zero", "--max-features"),

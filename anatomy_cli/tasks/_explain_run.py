@@ -189,6 +189,7 @@ class _Run:
         _atomic(self.opts.target / EXPORT, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     def explain_all(self) -> None:
+        from anatomy_cli.analyses.explain_prompts import cut_loop
         from anatomy_cli.analyses.explain_prompts import explainer_messages
         from anatomy_cli.analyses.explain_prompts import parse_explanation
 
@@ -200,7 +201,12 @@ class _Run:
                 self.explainer.on_rates = lambda ex=ex: self._estimate(ex)
                 text = self.explainer.ask(messages, self.opts.max_new_tokens, self.opts.temperature,
                                           self.opts.seed + ex.feature)
-                self.state[ex.feature] = self._record(ex, parse_explanation(text))
+                description, loop = cut_loop(parse_explanation(text))
+                self.state[ex.feature] = self._record(ex, description)
+                if loop is not None:
+                    self.state[ex.feature]["loop"] = loop
+                    notes.warn(f"explain: feature {ex.feature}'s explanation says {loop['repeated']!r} "
+                               f"{loop['times']} times in a row (the explainer looped): cut after the first")
                 self.save()
                 self._estimate(ex)
                 notes.info(f"explain: feature {ex.feature} ({n + 1}/{len(todo)}): "

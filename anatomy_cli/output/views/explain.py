@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.analyses.explain_prompts import LOOP_TIMES
 from anatomy_cli.models.resolve import short_name
 from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
@@ -99,6 +100,10 @@ def report(run: ExplainRun) -> Report:
              "on another feature's explanation"]
     if run.skipped:
         notes.append(f"{len(run.skipped)} features not explained (dead, or no context)")
+    looped = sum(1 for r in run.records if r.get("loop"))
+    if looped:
+        notes.append(f"{looped} explanation{'s' if looped > 1 else ''} cut where {'they' if looped > 1 else 'it'} "
+                     f"repeated a phrase {LOOP_TIMES}+ times (the explainer looped; the records' 'loop' says what)")
     if left_out:
         notes.append(f"{left_out} score{'s' if left_out > 1 else ''} left blank and out of the means: the scorer's "
                      f"answers did not parse (nothing answered; the export keeps delphi's 0)")
