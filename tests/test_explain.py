@@ -400,6 +400,20 @@ def test_bad_input_is_one_line_before_any_model_loads(made, tmp_path, monkeypatc
     assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
 
 
+@pytest.mark.parametrize("option", ["--explainer", "--scorer"])
+def test_a_hub_name_not_cached_offline_names_the_option_that_gave_it(made, tmp_path, empty_hf_cache, option):
+    """Issue 60 follow-up: the offline refusal names --explainer or --scorer (it said "pass --model PATH", an
+    option explain does not take), and offers no --init random (explain has none)."""
+    _, _, feats, latents, chat = made
+    name = "nobody/no-such-chat-model"
+    given = ("--explainer", name) if option == "--explainer" else ("--explainer", chat, "--scorer", name)
+    result = invoke("explain", feats, "--delphi", latents, *given, "--out", tmp_path / "o")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == (f"error: {name} is not in the local Hugging Face cache and the Hub cannot be "
+                                     f"reached; pass {option} PATH to a local checkpoint or .gguf file, or fetch it "
+                                     f"once on a connected machine")
+
+
 def test_the_python_api_returns_the_command_s_json(made, tmp_path, monkeypatch):
     import anatomy_cli.api as anatomy
 
