@@ -34,7 +34,12 @@ class ModelPathNotFound(ModelNotFound, UsageError):
 
 
 class OfflineError(ModelNotFound):
-    """The model is not in the local cache and the Hub cannot be reached."""
+    """The model is not in the local cache and the Hub cannot be reached. ``spec`` and ``need``: the model as given
+    and what was wanted of it (models/resolve.py ``offline_message``'s arguments), where the error says them."""
+
+    def __init__(self, message: str, spec: str | None = None, need: str | None = None) -> None:
+        super().__init__(message)
+        self.spec, self.need = spec, need
 
 
 class CheckpointError(AnatomyError):

@@ -283,6 +283,101 @@ def test_scores_and_control_with_a_stand_in_and_resume_after_an_interruption(mad
     assert other.exit_code == 2 and "other settings" in other.output
 
 
+def test_a_score_nothing_was_answered_for_is_blank_and_out_of_the_means(made, tmp_path, monkeypatch):
+    """Issue 60 follow-up: the scorer gives no parsable answer for the first feature's explanation: its own scores
+    (and the control that borrows that explanation) are None in the rows, blank in the table and left out of the
+    means, which are the mean of the other features' scores computed again here; the export keeps delphi's 0."""
+    import re
+    import statistics
+
+    from anatomy_cli.analyses.explain_score import score
+    from anatomy_cli.tasks import _explain_run
+
+    _, _, feats, latents, chat = made
+    mute = "the text nobody can score"
+    explained = []
+    ex = {e.feature: e for e in read_examples(feats, latents, max_features=5).features}
+    scored = [i for i, e in enumerate(ex.values()) if e.test and e.not_active]
+    first = list(ex)[scored[0]]  # the first feature that is scored gets the explanation no answer parses for
+
+    def scorer(messages):
+        return "I cannot tell." if mute in messages[-1]["content"] else answer(messages)
+
+    def ask(self, messages, max_new_tokens, temperature=0.0, seed=0):
+        if messages[0]["content"].startswith("You are a meticulous AI researcher"):
+            explained.append(1)
+            runs = re.findall(r"<<(.*?)>>", messages[-1]["content"])
+            return f"[EXPLANATION]: {mute if len(explained) == scored[0] + 1 else f'the text {runs[0]!r}'}"
+        return scorer(messages)
+
+    monkeypatch.setattr(_explain_run.Chat, "ask", ask)
+    out = tmp_path / "o"
+    result = explain(feats, latents, chat, "--max-features", 5, "--out", out, "-f", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    by_id = {int(r["index"]): r for r in data["explanations"]}
+    assert by_id[first]["description"] == mute
+    expected, blanks = {"": [], "control_": []}, 0
+    for r in data["features"]:
+        f = r["feature"]
+        if not ex[f].test or not ex[f].not_active:
+            continue
+        for prefix, text in (("", by_id[f]["description"]), ("control_", by_id[r["control_of"]]["description"])):
+            got = score("detection", text, ex[f].test, ex[f].not_active, 5, scorer)
+            if got["answered"] == 0:
+                blanks += 2  # detection and fuzzing: no answer parses for this explanation
+                assert r[f"{prefix}detection_balanced_accuracy"] is None and r[f"{prefix}fuzz_f1"] is None
+            else:
+                assert r[f"{prefix}detection_balanced_accuracy"] == got["balanced_accuracy"]
+                expected[prefix].append(got["balanced_accuracy"])
+    row = next(r for r in data["features"] if r["feature"] == first)
+    assert row["detection_balanced_accuracy"] is None and row["fuzz_balanced_accuracy"] is None and blanks >= 2
+    assert data["unanswered"] == blanks
+    assert by_id[first]["scores"]["detection"]["balanced_accuracy"] == 0  # the export: delphi's 0
+    assert by_id[first]["scores"]["detection"]["answered"] == 0
+    own, control = data["means"]
+    assert expected[""]  # another feature was answered
+    assert own["detection_balanced_accuracy"] == pytest.approx(statistics.mean(expected[""]))
+    assert control["detection_balanced_accuracy"] == (pytest.approx(statistics.mean(expected["control_"]))
+                                                      if expected["control_"] else None)
+    table = explain(feats, latents, chat, "--max-features", 5, "--out", out, "-f", "tsv")  # resumed: no model
+    assert table.exit_code == 0, table.output
+    header, *lines = table.stdout.split("\n\n")[0].splitlines()
+    cells = {c["feature"]: c for c in (dict(zip(header.split("\t"), line.split("\t"))) for line in lines)}
+    assert cells[str(first)]["detection_balanced_accuracy"] == ""
+    assert f"{blanks} scores left blank and out of the means" in table.stderr
+
+
+def test_an_explainer_that_loops_is_cut_after_the_first_copy(made, tmp_path, monkeypatch):
+    """Issue 60 follow-up: an explanation that repeats a phrase (the explainer looped up to --max-new-tokens) is
+    kept once, said on stderr and in the record's ``loop``; the scorers read the cut text."""
+    from anatomy_cli.analyses.explain_prompts import cut_loop
+    from anatomy_cli.tasks import _explain_run
+
+    _, _, feats, latents, chat = made
+    unit, times = "the word ' cat',", 9
+    looping = "Tokens like " + " ".join([unit] * times) + " the word"  # cut off mid-copy, as max tokens cut it
+    prompts = []
+
+    def ask(self, messages, max_new_tokens, temperature=0.0, seed=0):
+        if messages[0]["content"].startswith("You are a meticulous AI researcher"):
+            return f"[EXPLANATION]: {looping}"
+        prompts.append(messages[-1]["content"])
+        return answer(messages)
+
+    monkeypatch.setattr(_explain_run.Chat, "ask", ask)
+    result = explain(feats, latents, chat, "--max-features", 2, "--out", tmp_path / "o", "-f", "json")
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)["explanations"]
+    assert [r["description"] for r in records] == ["Tokens like the word ' cat'"] * 2
+    assert [r["loop"] for r in records] == [{"repeated": unit, "times": times, "original_chars": len(looping)}] * 2
+    assert result.stderr.count(f"says {unit!r} {times} times in a row (the explainer looped)") == 2
+    assert prompts and all("Tokens like the word ' cat'\n" in p and p.count("word ' cat'") == 1 for p in prompts)
+    plain = "The token ' the' before a noun, as in 'the cat, the dog'."  # no run said 4 times: kept whole
+    assert cut_loop(plain) == (plain, None)
+    assert cut_loop("a b a b a b a b a")[1] == {"repeated": "a b", "times": 4, "original_chars": 17}
+
+
 @pytest.mark.parametrize("case, match", [
     ("plain dir", "is not a features output"),
     ("zero", "--max-features"),
@@ -303,6 +398,20 @@ def test_bad_input_is_one_line_before_any_model_loads(made, tmp_path, monkeypatc
     assert result.exit_code in (1, 2), result.output
     assert match in result.output and "Traceback" not in result.output and "loaded" not in result.output
     assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
+
+
+@pytest.mark.parametrize("option", ["--explainer", "--scorer"])
+def test_a_hub_name_not_cached_offline_names_the_option_that_gave_it(made, tmp_path, empty_hf_cache, option):
+    """Issue 60 follow-up: the offline refusal names --explainer or --scorer (it said "pass --model PATH", an
+    option explain does not take), and offers no --init random (explain has none)."""
+    _, _, feats, latents, chat = made
+    name = "nobody/no-such-chat-model"
+    given = ("--explainer", name) if option == "--explainer" else ("--explainer", chat, "--scorer", name)
+    result = invoke("explain", feats, "--delphi", latents, *given, "--out", tmp_path / "o")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == (f"error: {name} is not in the local Hugging Face cache and the Hub cannot be "
+                                     f"reached; pass {option} PATH to a local checkpoint or .gguf file, or fetch it "
+                                     f"once on a connected machine")
 
 
 def test_the_python_api_returns_the_command_s_json(made, tmp_path, monkeypatch):

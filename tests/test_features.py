@@ -240,6 +240,25 @@ def test_one_window_is_said_in_the_singular(setup, tmp_path):
     assert data["windows"] == 1 and data["tokens"] == 8
     assert "8 tokens (1 window of 16)" in result.stdout + result.stderr
 
+def test_the_dictionary_s_files_are_read_once(setup, tmp_path, monkeypatch):
+    """Issue 60 follow-up: a run reads the dictionary's safetensors file once, with its values, before the model
+    opens (it read the header, then the values twice: the check and the pass); --estimate reads its header only."""
+    from anatomy_cli.models.sae import read as sae_read
+
+    model, sae, _, _ = setup
+    short = tmp_path / "short.txt"
+    short.write_text("The cat sat on the mat.")
+    reads, real = [], sae_read.safetensors_arrays
+    monkeypatch.setattr(sae_read, "safetensors_arrays", lambda path, values=True: (reads.append(values),
+                                                                                   real(path, values))[1])
+    data = run_json(model, sae, short)
+    assert reads == [True] and data["tokens"] == 8
+    reads.clear()
+    result = invoke("features", sae, "--corpus", short, "--model", model, "--estimate", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert reads == [False]
+
+
 @pytest.mark.parametrize("content, match", [(b"", "has no text"), (b"  \n\n", "has no text"),
                                             (b"good text\n\xff\xfe bad\n", "is not valid UTF-8 (line 2")])
 def test_an_empty_or_broken_corpus_is_refused_before_the_model_loads(setup, tmp_path, monkeypatch, content, match):

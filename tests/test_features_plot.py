@@ -257,6 +257,36 @@ def test_explain_shows_its_explanations_and_scores_on_the_dashboard(browser, exp
     opened.clean()
 
 
+@pytest.mark.parametrize("width", [1400, 1280])
+def test_opened_at_a_panel_the_title_stays_in_view_and_nothing_is_cut(browser, explained, width):
+    """Issue 60 follow-up: opened at ``#f-ID`` the page keeps its title in view (the browser scrolled the heading to
+    the window's top), the page is no wider than the window (the histogram took 640 px beside a wide list), and the
+    histogram's last bin label (computed here from the JSON's edges) lies inside the plot."""
+    data, feats, _, _ = explained
+    edges = data["histogram_edges"]
+    row = max(data["features"], key=lambda r: (sum(1 for n in r["histogram"] if n), -r["feature"]))
+    hi = max(j for j, n in enumerate(row["histogram"]) if n)
+    upper = "\u221e" if edges[hi] is None else format(edges[hi], "#.3g")  # features.js num(x, 3): toPrecision(3)
+    last = f"[{edges[hi - 1]:#.3g}, {upper})"
+    opened = Opened(browser, feats / "features.html", viewport=(width, 900))
+    opened.page.goto("about:blank")  # then a fresh load at the address (not a jump within the page)
+    opened.page.goto((feats / "features.html").resolve().as_uri() + f"#f-{row['feature']}")
+    opened.page.wait_for_function(f"document.querySelector('#fx-panel h2').id === 'f-{row['feature']}' && "
+                                  "document.getElementById('fx-hist')._fullLayout && document.readyState === 'complete'")
+    opened.page.wait_for_timeout(100)  # the browser's own scroll to the anchor comes after the load
+    got = opened.page.evaluate("""() => { const svg = document.querySelector('#fx-hist .main-svg').getBoundingClientRect(),
+        ticks = [...document.querySelectorAll('#fx-hist .xtick text')], t = ticks[ticks.length - 1].getBoundingClientRect();
+        return {y: window.scrollY, title: document.querySelector('h1').getBoundingClientRect().top,
+                page: document.documentElement.scrollWidth, window: document.documentElement.clientWidth,
+                label: ticks[ticks.length - 1].textContent, right: t.right, bottom: t.bottom, left: t.left,
+                svgRight: svg.right, svgBottom: svg.bottom, svgLeft: svg.left}; }""")
+    assert got["y"] == 0 and got["title"] >= 0
+    assert got["page"] <= got["window"] <= width  # no horizontal scroll bar
+    assert got["label"] == last
+    assert got["svgLeft"] <= got["left"] and got["right"] <= got["svgRight"] and got["bottom"] <= got["svgBottom"]
+    opened.clean()
+
+
 def test_without_explanations_the_page_is_the_features_page(browser, explained, tmp_path, tiny_model_dir):
     """The page features --plot wrote has no explanation column, sort or panel; the tables read back from
     FEATURES_DIR give the page the run's own data; explain --out elsewhere leaves FEATURES_DIR's page alone and

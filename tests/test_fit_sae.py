@@ -77,6 +77,17 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
                                 "--format", "json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["sae"]["transcoder"] is transcoder
+    # the fit report beside it holds the held-out health fit-sae printed; features warns by fit-sae's rule
+    report = json.loads((folder / "anatomy-fit.json").read_text())
+    assert report["health"] == data["blocks"][0]["health"] and report["held_out_tokens"] == data["held_out_tokens"]
+    fve = data["blocks"][0]["health"]["fve"]
+    for written, weak in ((fve, fve < 0.5), (0.7, False) if fve < 0.5 else (0.2, True))[:2 - transcoder]:
+        (folder / "anatomy-fit.json").write_text(json.dumps({**report, "health": {**report["health"], "fve": written}}))
+        feats = runner.invoke(app, ["features", str(folder), "--corpus", str(corpus), "--model", str(model),
+                                    "--max-tokens", "64", "--ctx", "32", "--format", "json"])
+        assert feats.exit_code == 0, feats.output
+        assert ("too weak to read" in feats.stderr) is weak, (written, feats.stderr)
+        assert (f"held-out FVE of {written:.3f}, under 0.5" in feats.stderr) is weak
 
 
 def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path):
@@ -204,7 +215,8 @@ def test_two_blocks_in_one_pass_write_the_files_of_two_single_block_runs(tiny_mo
         singles.update(_files(tmp_path / f"one{layer}"))
     written = _files(tmp_path / "both")
     suffix = ".mlp" if transcoder else ""
-    assert sorted(written) == [f"layers.{i}{suffix}/{f}" for i in (0, 1) for f in ("cfg.json", "sae.safetensors")]
+    assert sorted(written) == [f"layers.{i}{suffix}/{f}" for i in (0, 1)
+                               for f in ("anatomy-fit.json", "cfg.json", "sae.safetensors")]
     assert all(written[name] == singles[name] for name in written)
     rows = json.loads(both.stdout)["blocks"]
     assert [r["layer"] for r in rows] == [0, 1]

@@ -138,6 +138,35 @@ def _one_line_error(result, code, match):
     assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("cut", ["half", 20, 7])
+def test_a_truncated_dictionary_is_one_message_in_sae_and_features(tmp_path, tiny_model_dir, cut):
+    """Issue 60 follow-up: a dictionary's safetensors file cut short reads the same in `sae` (which reads the
+    values) and `features` (whose early check reads the header): models/headers.py's words, the byte counts read
+    here from the file's own header."""
+    import struct
+
+    model = str(tiny_model_dir("gpt2"))
+    broken = _copy(tmp_path)
+    weights = broken / "sae_weights.safetensors"
+    data = weights.read_bytes()
+    size = len(data) // 2 if cut == "half" else cut
+    weights.write_bytes(data[:size])
+    (n,) = struct.unpack("<Q", data[:8])
+    if size < 8:
+        expected = f"{weights}: not a safetensors file ({size} bytes)"
+    elif n > size - 8:
+        expected = f"{weights}: not a safetensors file or truncated (header length {n:,}, file {size:,} bytes)"
+    else:
+        name, end = next((k, 8 + n + v["data_offsets"][1]) for k, v in json.loads(data[8:8 + n]).items()
+                         if k != "__metadata__" and 8 + n + v["data_offsets"][1] > size)
+        expected = f"{weights}: truncated: tensor {name} ends at byte {end:,}, the file at {size:,}"
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat.\n")
+    for args in (("sae", "Hi", "--sae", broken), ("features", broken, "--corpus", corpus)):
+        result = invoke(*map(str, args), "--model", model)
+        assert (result.exit_code, result.stderr) == (1, f"error: {expected}\n"), args
+
+
 def test_bad_files_are_one_line_errors(tmp_path, tiny_model_dir):
     model = str(tiny_model_dir("gpt2"))
     broken = _copy(tmp_path)

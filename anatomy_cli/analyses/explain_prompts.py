@@ -20,6 +20,8 @@ Messages = list[dict[str, str]]
 THRESHOLD = 0.3  # delphi's Explainer.threshold and the fuzzing scorer's: tokens above 0.3 x the example's max
 MAX_LISTED = 10  # explainer.py _join_activations: "for each example, we only show the first 10 activations"
 UNPARSED = "Explanation could not be parsed."
+LOOP_TIMES = 4  # a run of words said this many times in a row: the explainer looped (a degenerate repetition)
+LOOP_WORDS = 12  # the longest run of words looked for
 
 
 def highlight(tokens: Sequence[str], activations: Sequence[float], threshold: float = THRESHOLD) -> str:
@@ -92,6 +94,28 @@ def parse_explanation(text: str) -> str:
     "Explanation could not be parsed."."""
     match = re.search(r"\[EXPLANATION\]:\s*(.*)", text, re.DOTALL)
     return match.group(1).strip() if match else UNPARSED
+
+
+def cut_loop(text: str) -> tuple[str, dict[str, object] | None]:
+    """``text`` cut where it starts repeating itself: the first run of 1 to :data:`LOOP_WORDS` words said
+    :data:`LOOP_TIMES` or more times in a row (words compared without case and the punctuation around them: "the
+    word X, the word X, the word X, the word X." loops on "the word X,") is kept once, what follows dropped.
+    Returns ``(text, None)`` when nothing loops, else ``(the text up to the run's first copy, {"repeated": the
+    run as written, "times": how often in a row, "original_chars": len(text)})``."""
+    words = list(re.finditer(r"\S+", text))
+    keys = [w.group().lower().strip(".,;:!?\"'()") for w in words]
+    for i in range(len(words)):
+        for n in range(1, min(LOOP_WORDS, (len(words) - i) // LOOP_TIMES) + 1):
+            unit = keys[i:i + n]
+            times = 1
+            while keys[i + times * n:i + (times + 1) * n] == unit:
+                times += 1
+            if times >= LOOP_TIMES:
+                end = words[i + n - 1].end()
+                repeated = text[words[i].start():end]
+                return text[:end].rstrip(" ,;:"), {"repeated": repeated, "times": times,
+                                                   "original_chars": len(text)}
+    return text, None
 
 
 def scorer_messages(kind: str, explanation: str, texts: Sequence[str]) -> Messages:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from anatomy_cli.corpus.delphi_cache import DelphiWriter
     from anatomy_cli.corpus.runner import Progress
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.models.sae.read import SAEFile
     from anatomy_cli.text.tokenization import Tokenizer
 
 
@@ -79,17 +80,20 @@ class FeatureStore(Store):
 
 
 class FeatureWorker:
-    """The model (loaded once from ``spec``, or ``lm``) and the dictionary; ``worker(shard)`` measures one shard.
+    """The model (loaded once from ``spec``, or ``lm``) and the dictionary (read from ``settings``' path, or
+    ``sae_file``, the caller's); ``worker(shard)`` measures one shard.
     The shape :func:`~anatomy_cli.corpus.ray_run.run_on_ray` wants of an actor's class."""
 
     def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
-                 crash_once: tuple[str, int] | None = None):
+                 sae_file: SAEFile | None = None, crash_once: tuple[str, int] | None = None):
         from anatomy_cli.engine.sae import Dictionary
         from anatomy_cli.models.ct_block import read_dictionary as read
 
         self.settings = FeatureSettings(**{**settings, "features": tuple(settings["features"])})
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
-        self.dictionary = Dictionary(read(Path(self.settings.sae), hook=self.settings.hook), self.lm.device)
+        if sae_file is None:  # a Ray worker: read where it runs (in-process the caller's, read once, is given)
+            sae_file = read(Path(self.settings.sae), hook=self.settings.hook)
+        self.dictionary = Dictionary(sae_file, self.lm.device)
         self.crash_once = crash_once
 
     def __call__(self, shard: Shard, on_window: Callable[[int, int], None] | None = None) -> FeatureSums:
@@ -119,13 +123,14 @@ class FeatureWorker:
 
 
 def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer: Tokenizer,
-        lm: LoadedModel | None = None,
+        lm: LoadedModel | None = None, sae_file: SAEFile | None = None,
         out: Path | None = None, overwrite: bool = False, identity: Mapping[str, object] | None = None,
         ray: OnRay | None = None, progress: Callable[[Progress], None] | None = None,
         delphi: DelphiWriter | None = None, crash_once: tuple[str, int] | None = None) -> Result:
     """Measure every shard of ``source`` and merge them in shard order (as :func:`anatomy_cli.corpus.runner.run`);
     the runner's Result, ``stats`` the merged :class:`FeatureSums`.
-    ``delphi``: a :class:`~anatomy_cli.corpus.delphi_cache.DelphiWriter` each shard's nonzero activations go to."""
+    ``delphi``: a :class:`~anatomy_cli.corpus.delphi_cache.DelphiWriter` each shard's nonzero activations go to;
+    ``sae_file``: the dictionary the caller read (in-process; None: read from ``settings.sae``)."""
     store = None
     if out is not None:
         store = FeatureStore(out)
@@ -155,7 +160,8 @@ def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer
 
         run_on_ray(todo, spec, settings, finished, crash_once=crash_once, worker=FeatureWorker, **ray)
     else:
-        worker = FeatureWorker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, crash_once=crash_once)
+        worker = FeatureWorker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, sae_file=sae_file,
+                               crash_once=crash_once)
         for shard in todo:
             finished(shard, worker(shard, track.on_window))
     total = max(track.seen, max(parts, default=-1) + 1)

@@ -18,7 +18,6 @@ from anatomy_cli.data import gpt2_vocab
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import ModelNotFound
-from anatomy_cli.errors import OfflineError
 from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.models import gguf
 from anatomy_cli.models import gguf_tokenizer
@@ -30,7 +29,7 @@ from anatomy_cli.models.resolve import Source
 from anatomy_cli.models.resolve import config_path
 from anatomy_cli.models.resolve import first_line
 from anatomy_cli.models.resolve import in_cache
-from anatomy_cli.models.resolve import offline_message
+from anatomy_cli.models.resolve import offline_error
 
 if TYPE_CHECKING:
     from transformers.configuration_utils import PreTrainedConfig
@@ -136,7 +135,7 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False) -> PreTra
         if source.kind == "dir":
             raise CheckpointError(f"'{name}' has no usable tokenizer files: {first_line(exc)}") from None
         if hub.offline() or "connect" in str(exc).lower():
-            raise OfflineError(offline_message(name, "tokenizer")) from None
+            raise offline_error(name, "tokenizer") from None
         raise ModelNotFound(f"no tokenizer for '{name}': {first_line(exc)}") from None
     except (ValueError, TypeError, KeyError) as exc:  # files present but no tokenizer can be built from them
         # transformers' "Couldn't instantiate the backend tokenizer from one of:" lists the ways on the lines after

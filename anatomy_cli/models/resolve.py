@@ -128,7 +128,14 @@ def resolve(spec: str, *, need: str = "weights", init: str = "pretrained") -> So
     return _hub(spec, need)
 
 
-def offline_message(spec: str, need: str = "weights") -> str:
+def offline_error(spec: str, need: str = "weights", option: str = "--model") -> OfflineError:
+    """The error for ``spec`` not cached while the Hub cannot be reached, its message :func:`offline_message`'s."""
+    return OfflineError(offline_message(spec, need, option), spec, need)
+
+
+def offline_message(spec: str, need: str = "weights", option: str = "--model") -> str:
+    """Why ``spec`` cannot be had offline and what to pass instead: ``option`` (``--model``, or ``--explainer``
+    where that option named it) takes a path; ``--init random`` is offered for ``--model`` only."""
     if need == "tokenizer":
         return (f"no tokenizer for '{spec}' in the Hugging Face cache and the Hub cannot be reached (offline); "
                 f"pass a local directory or a .gguf file")
@@ -138,8 +145,10 @@ def offline_message(spec: str, need: str = "weights") -> str:
                 f"({', '.join(presets.preset_names())})")
     random_hint = "try --init random" if spec in presets.PRESETS else \
         f"try a built-in preset with --init random ({', '.join(presets.preset_names())})"
-    return (f"{spec} is not in the local Hugging Face cache and the Hub cannot be reached; pass --model PATH "
-            f"to a local checkpoint or .gguf file, fetch it once on a connected machine, or {random_hint}")
+    ways = f"fetch it once on a connected machine, or {random_hint}" if option == "--model" else \
+        "or fetch it once on a connected machine"
+    return (f"{spec} is not in the local Hugging Face cache and the Hub cannot be reached; pass {option} PATH "
+            f"to a local checkpoint or .gguf file, {ways}")
 
 
 def in_cache(repo: str, filename: str = "config.json") -> str | None:
@@ -175,10 +184,10 @@ def _hub(spec: str, need: str) -> Source:
             if any(in_cache(repo, f) for f in wanted):
                 return Source("hub", spec, repo, True)
             if offline:  # config cached, weights not
-                raise OfflineError(offline_message(spec, need))
+                raise offline_error(spec, need)
             return Source("hub", spec, repo, False)
     if offline:
-        raise OfflineError(offline_message(spec, need))
+        raise offline_error(spec, need)
     return _probe_hub(spec, candidates, need)
 
 
@@ -200,7 +209,7 @@ def _probe_hub(spec: str, candidates: list[str], need: str) -> Source:
         except (RepositoryNotFoundError, RevisionNotFoundError):
             continue
         except (LocalEntryNotFoundError, OfflineModeIsEnabled, ConnectionError, TimeoutError):
-            raise OfflineError(offline_message(spec, need)) from None
+            raise offline_error(spec, need) from None
         except OSError as exc:  # EntryNotFoundError: a repo without the file, or an HTTP error
             raise ModelNotFound(f"{repo} on the Hugging Face Hub is not a transformers checkpoint: "
                                 f"{first_line(exc)}") from None

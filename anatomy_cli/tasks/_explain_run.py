@@ -115,15 +115,13 @@ class Chat:
 def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     """The whole run; see the module docstring."""
     from anatomy_cli.tasks.session import load_weights
-    from anatomy_cli.tasks.session import open_model
 
     fdir = read_dir(opts)
     if not fdir.features:
         raise UsageError(f"{fdir.path}: no feature fires in it (every followed feature is dead): nothing to explain")
     state = _state(opts, fdir)
-    opened = open_model(spec.replace(model=opts.explainer))
-    opened_scorer = open_model(spec.replace(model=opts.scorer)) if opts.scorer not in (None, opts.explainer) \
-        else None
+    opened = _open(spec, opts.explainer, "--explainer")
+    opened_scorer = _open(spec, opts.scorer, "--scorer") if opts.scorer not in (None, opts.explainer) else None
     for o in (opened, opened_scorer):  # a light open's tokenizer carries no template: checked once loaded
         if o is not None and not getattr(o, "light", False):
             _require_template(o.tokenizer.hf, o.name)
@@ -140,6 +138,21 @@ def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     records = tuple(state[f.feature] for f in fdir.features)
     return ExplainRun(fdir.model, fdir.layer, fdir.hook, explainer.name, scorer.name, records, fdir.skipped,
                       run.cost, resumed, str(opts.target / EXPORT))
+
+
+def _open(spec: ModelSpec, model: str, option: str) -> Any:
+    """``model`` opened (no weights); a model that is not cached while offline is refused naming ``option``, the
+    option that named it (models/resolve.py ``offline_message``), not ``--model``."""
+    from anatomy_cli.errors import OfflineError
+    from anatomy_cli.models.resolve import offline_error
+    from anatomy_cli.tasks.session import open_model
+
+    try:
+        return open_model(spec.replace(model=model))
+    except OfflineError as exc:
+        if exc.spec is None or exc.need is None:
+            raise
+        raise offline_error(exc.spec, exc.need, option) from None
 
 
 def _require_template(hf: Any, name: str) -> None:
@@ -189,6 +202,7 @@ class _Run:
         _atomic(self.opts.target / EXPORT, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     def explain_all(self) -> None:
+        from anatomy_cli.analyses.explain_prompts import cut_loop
         from anatomy_cli.analyses.explain_prompts import explainer_messages
         from anatomy_cli.analyses.explain_prompts import parse_explanation
 
@@ -200,7 +214,12 @@ class _Run:
                 self.explainer.on_rates = lambda ex=ex: self._estimate(ex)
                 text = self.explainer.ask(messages, self.opts.max_new_tokens, self.opts.temperature,
                                           self.opts.seed + ex.feature)
-                self.state[ex.feature] = self._record(ex, parse_explanation(text))
+                description, loop = cut_loop(parse_explanation(text))
+                self.state[ex.feature] = self._record(ex, description)
+                if loop is not None:
+                    self.state[ex.feature]["loop"] = loop
+                    notes.warn(f"explain: feature {ex.feature}'s explanation says {loop['repeated']!r} "
+                               f"{loop['times']} times in a row (the explainer looped): cut after the first")
                 self.save()
                 self._estimate(ex)
                 notes.info(f"explain: feature {ex.feature} ({n + 1}/{len(todo)}): "

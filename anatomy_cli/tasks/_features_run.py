@@ -132,9 +132,10 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     try:
         identity = src.identity()
         src.check_text()  # an empty corpus or one that is not UTF-8: refused before the model opens
-        read(Path(opts.sae), hook=opts.hook, values=False)  # a missing or truncated dictionary: so is it (headers)
+        # the dictionary, read once (its shapes only for --estimate): a missing or truncated one is refused too
+        sae_file = read(Path(opts.sae), hook=opts.hook, values=not opts.estimate)
         opened = open_model(spec)
-        plan = check(opened, opts)
+        plan = check(opened, opts, sae_file)
         done = (0, 0) if opts.overwrite else resumed(opts.out, settings_of(opts, plan).to_dict())
         c = estimate(opened.info, plan, opts, identity["size"], done)
         c["device"] = spec.device if spec.device != "auto" else c["device"]
@@ -166,8 +167,9 @@ def _pass(src: Any, spec: ModelSpec, opts: FeaturesOptions, plan: FeaturesPlan, 
         progress = CorpusStatus(line, opts.max_tokens, what="features")
         try:
             result = feature_run.run(src, spec, settings_of(opts, plan), tokenizer=lm.tokenizer,
-                                     lm=None if opts.run.ray else lm, out=opts.out, overwrite=opts.overwrite,
-                                     identity=identity, ray=opts.run.on_ray(), progress=progress, delphi=delphi)
+                                     lm=None if opts.run.ray else lm, sae_file=plan.sae_file, out=opts.out,
+                                     overwrite=opts.overwrite, identity=identity, ray=opts.run.on_ray(),
+                                     progress=progress, delphi=delphi)
         except KeyboardInterrupt:
             notes.info(progress.interrupted(opts.out))
             raise

@@ -71,6 +71,7 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     from anatomy_cli.analyses import sae as analysis
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.engine import sae_fit
+    from anatomy_cli.models.sae import fit_report
     from anatomy_cli.models.sae import read
 
     start = time.perf_counter()
@@ -104,4 +105,7 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
                    d_in=sae_file.d_in, d_sae=sae_file.d_sae, steps=trained["steps"], fvu_first=curve[0],
                    fvu_last=sum(curve[-10:]) / len(curve[-10:]), dead_fraction=dead,
                    seconds=time.perf_counter() - start, health=health.to_dict(), warnings=tuple(warnings))
+    measured = ("seconds", "folder")  # left out: a block's files are the same whatever the run's --out and speed
+    fit_report.write(block.folder, {**{k: v for k, v in fit.to_dict().items() if k not in measured},
+                                    "held_out_tokens": len(held_out)})  # features reads it
     return fit, "anatomy" if isinstance(coder, sae_fit.TopKCoder) else "sparsify"

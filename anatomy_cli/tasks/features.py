@@ -131,15 +131,14 @@ class FeaturesPlan:
     cooccur: bool
 
 
-def check(opened: Any, opts: FeaturesOptions) -> FeaturesPlan:
-    """Read the dictionary; UsageError for one that does not fit the model, a feature out of range, ``--ctx`` past
-    the model's context; a decoder with an LM head (the logit effects)."""
-    from anatomy_cli.models.ct_block import read_dictionary as read
+def check(opened: Any, opts: FeaturesOptions, sae_file: SAEFile) -> FeaturesPlan:
+    """The plan of ``sae_file`` (the dictionary ``opts.sae`` names, read once by the caller) on ``opened``;
+    UsageError for one that does not fit the model, a feature out of range, ``--ctx`` past the model's context; a
+    decoder with an LM head (the logit effects)."""
     from anatomy_cli.models.sae import names
 
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
-    sae_file = read(Path(opts.sae), hook=opts.hook)
     names.check_fits(info, opened.name, sae_file)
     ids = tuple(opts.wanted(sae_file.d_sae))
     n_ctx = info.n_ctx
@@ -150,11 +149,26 @@ def check(opened: Any, opts: FeaturesOptions) -> FeaturesPlan:
         ctx = min(ctx, n_ctx)
     bos = opts.bos if opts.bos is not None else sae_file.prepend_bos if sae_file.prepend_bos is not None \
         else info.add_bos
+    weak_note(sae_file.path)
     cooccur = opts.cooccur > 0 and len(ids) * sae_file.d_sae <= COOC_LIMIT
     if opts.cooccur > 0 and not cooccur:
         notes.warn(f"co-firing is not counted for {len(ids):,} features x {sae_file.d_sae:,} (over "
                    f"{COOC_LIMIT:,} counts): follow fewer with --features")
     return FeaturesPlan(sae_file, ids, ctx, bos, cooccur)
+
+
+def weak_note(dictionary: Path) -> None:
+    """One warning when the fit report beside ``dictionary`` (models/sae/fit_report.py, written by fit-sae) gives
+    a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule)."""
+    from anatomy_cli.analyses.sae import FVE_LOW
+    from anatomy_cli.analyses.sae import too_weak
+    from anatomy_cli.models.sae.fit_report import held_out_fve
+
+    found = held_out_fve(dictionary)
+    if found is not None and too_weak(found[0]):
+        notes.warn(f"the dictionary is too weak to read: its fit report ({found[1]}) gives a held-out FVE of "
+                   f"{found[0]:.3f}, under {FVE_LOW}: its features explain little of the activation; fit it on more "
+                   "tokens (docs/commands/sae.md#what-a-useful-fit-takes)")
 
 
 def dictionary_model(opts: FeaturesOptions) -> str | None:

@@ -25,7 +25,8 @@ def _stand_in(shape: tuple[int, ...]) -> Array:
 
 def safetensors_arrays(path: Path, values: bool = True) -> dict[str, Array]:
     """A safetensors file's arrays (numpy); ``values=False``: stand-ins of their shapes from its header
-    (models/headers.py ``read_safetensors``, which also refuses a truncated file)."""
+    (models/headers.py ``read_safetensors``, which also refuses a truncated file: the one message for it, whether
+    the values are read or not)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -34,6 +35,7 @@ def safetensors_arrays(path: Path, values: bool = True) -> dict[str, Array]:
     try:
         return dict(load_file(str(path)))
     except (SafetensorError, OSError, ValueError) as e:
+        read_safetensors(path)  # a truncated file or no safetensors: the header's own words, as values=False says
         size = path.stat().st_size
         raise CheckpointError(f"{path} cannot be read (truncated or not safetensors: {size} bytes; {e})") from None
 

@@ -124,9 +124,11 @@ function histogram(r, div) {
   }
   Plotly.react(div, [{type: "bar", x: x, y: y, marker: {color: "#e07000"},
                       hovertemplate: "activation in %{x}<br>%{y} tokens<extra></extra>"}],
-               {template: "simple_white", font: {family: D.font, size: 12}, height: 260, width: 640,
-                margin: {l: 60, r: 20, t: 30, b: 80}, xaxis: {title: {text: "activation (log-spaced bins)"}},
-                yaxis: {title: {text: "tokens"}},
+               {template: "simple_white", font: {family: D.font, size: 12}, height: 260,
+                width: Math.max(320, Math.min(640, div.clientWidth || 640)),  // the panel's width: no page scroll
+                margin: {l: 60, r: 20, t: 30, b: 80},  // automargin: room for the last slanted bin label
+                xaxis: {title: {text: "activation (log-spaced bins)"}, automargin: true},
+                yaxis: {title: {text: "tokens"}, automargin: true},
                 title: {text: lo < 0 ? "never fires" : "", font: {size: 12}}}, D.config);
 }
 // The explanation and its scores: detection and fuzzing (balanced accuracy, F1), its own and the control's.
@@ -173,6 +175,9 @@ function show(f) {
   h.id = "f-" + f;  // the panel's anchor: features.html#f-ID (circuit --plot links here)
   if (r.status) h.appendChild(el("span", r.status, "status-" + r.status));
   panel.appendChild(h);
+  // the browser scrolls an address's #f-ID heading to the window's top (on load, after this script): its margin
+  // puts the page's top there instead, the title and controls in view (the panel starts beside the list)
+  h.style.scrollMarginTop = (h.getBoundingClientRect().top + window.scrollY) + "px";
   if (expl[f]) panel.appendChild(explanation(expl[f]));
   panel.appendChild(el("p", "fires at " + r.fires + " tokens (frequency " + num(r.frequency, 3) + "), mean " +
     num(r.mean_activation) + ", max " + num(r.max_activation)));
@@ -210,9 +215,11 @@ function show(f) {
 function mark() {
   [].forEach.call(tbody.rows, function (tr) { tr.className = +tr.dataset.feature === current ? "sel" : ""; });
 }
+// The panel of #f-ID: drawn, and the page at its top (the title and controls in view; the panel starts beside the
+// list).
 function fromHash() {
   var m = /^#f-(\d+)$/.exec(location.hash);
-  if (m && byId[+m[1]]) { show(+m[1]); return true; }
+  if (m && byId[+m[1]]) { show(+m[1]); window.scrollTo(0, 0); return true; }
   return false;
 }
 search.addEventListener("input", drawList);

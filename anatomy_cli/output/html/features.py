@@ -30,13 +30,13 @@ if TYPE_CHECKING:
 STYLE = """
 .fx-wrap { display: flex; gap: 1.5em; align-items: flex-start; }
 .fx-list { flex: 0 0 auto; width: 36em; max-width: 45%; max-height: 80vh; overflow: auto; }
-.fx-list td { max-width: 12em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.fx-list table.data td { max-width: 12em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 .fx-list tr { cursor: pointer; } .fx-list tr.sel td { background: #ffe9c7; }
 .fx-panel { flex: 1 1 0; min-width: 20em; }
 .fx-panel .ctx { margin: 2px 0; white-space: normal; } .fx-panel .ctx b { font-weight: normal; color: #555; }
 .fx-panel span.tok { background: #fff; } .fx-panel span.tok.at { outline: 2px solid #c05000; }
 .status-dead { color: #888; font-weight: bold; } .status-always-on { color: #a00; font-weight: bold; }
-.explained .fx-list { width: 52em; max-width: 55%; } .explained .fx-list td:nth-child(8) { max-width: 18em; }
+.explained .fx-list { width: 52em; max-width: 55%; } .explained .fx-list table.data td:nth-child(8) { max-width: 18em; }
 .fx-panel .explanation { font-size: 1.1em; margin: 0.3em 0 0.6em; }
 """
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.analyses.explain_prompts import LOOP_TIMES
 from anatomy_cli.models.resolve import short_name
 from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
@@ -33,13 +34,25 @@ MEAN_COLUMNS = (Column("explanations", "explanations"), *(Column(k, k.replace("_
                                                           for k in SCORES))
 
 
+def unanswered(got: dict[str, Any] | None) -> bool:
+    """A score whose scorer answered nothing (no prompt's answer parsed: ``answered`` 0): delphi's 0 in the
+    export, no score here (None in the rows, blank in the table, left out of the means)."""
+    return got is not None and got.get("answered") == 0
+
+
 def _flat(scores: dict[str, Any] | None, prefix: str = "") -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for kind in ("detection", "fuzz"):
         got = (scores or {}).get(kind)
         for metric in ("balanced_accuracy", "f1"):
-            out[f"{prefix}{kind}_{metric}"] = None if got is None else float(got[metric])
+            out[f"{prefix}{kind}_{metric}"] = None if got is None or unanswered(got) else float(got[metric])
     return out
+
+
+def unanswered_count(records: Sequence[dict[str, Any]]) -> int:
+    """How many scores (a feature's own or its control's, detection or fuzzing) :func:`unanswered` leaves out."""
+    return sum(unanswered((part or {}).get(kind)) for r in records for part in (r.get("scores"), r.get("control"))
+               for kind in ("detection", "fuzz"))
 
 
 def rows(run: ExplainRun) -> list[dict[str, Any]]:
@@ -49,7 +62,8 @@ def rows(run: ExplainRun) -> list[dict[str, Any]]:
 
 
 def flat(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """:func:`rows` of the export's records (``explanations.json``'s, or a run's)."""
+    """:func:`rows` of the export's records (``explanations.json``'s, or a run's); a score nothing was answered
+    for is None (:func:`unanswered`)."""
     out = []
     for r in records:
         control = r.get("control")
@@ -60,7 +74,8 @@ def flat(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def means(table: list[dict[str, Any]]) -> list[dict[str, object]]:
-    """The mean of each score over the features that have one, for their own explanations and the controls."""
+    """The mean of each score over the features that have one (an unanswered one is None: left out), for their own
+    explanations and the controls."""
     out = []
     for label, prefix in (("own", ""), ("control (another feature's)", "control_")):
         row: dict[str, object] = {"explanations": label}
@@ -74,15 +89,24 @@ def means(table: list[dict[str, Any]]) -> list[dict[str, object]]:
 def report(run: ExplainRun) -> Report:
     table = rows(run)
     summary = means(table)
+    left_out = unanswered_count(run.records)
     data = {"model": run.model, "layer": run.layer, "hook": run.hook, "explainer": run.explainer,
-            "scorer": run.scorer, ROWS: table, "means": summary, "explanations": list(run.records),
-            "skipped": list(run.skipped), "resumed": run.resumed, "cost": run.cost, "file": run.file}
+            "scorer": run.scorer, ROWS: table, "means": summary, "unanswered": left_out,
+            "explanations": list(run.records), "skipped": list(run.skipped), "resumed": run.resumed,
+            "cost": run.cost, "file": run.file}
     heading = [f"explain · {run.model} · {run.layer} at {run.hook} · {len(table)} features explained by "
                f"{run.explainer}, scored by {run.scorer}"]
     notes = ["scores: delphi's balanced accuracy, (TP/P + TN/N) / 2 (0.5: chance); control: the same scorer "
              "on another feature's explanation"]
     if run.skipped:
         notes.append(f"{len(run.skipped)} features not explained (dead, or no context)")
+    looped = sum(1 for r in run.records if r.get("loop"))
+    if looped:
+        notes.append(f"{looped} explanation{'s' if looped > 1 else ''} cut where {'they' if looped > 1 else 'it'} "
+                     f"repeated a phrase {LOOP_TIMES}+ times (the explainer looped; the records' 'loop' says what)")
+    if left_out:
+        notes.append(f"{left_out} score{'s' if left_out > 1 else ''} left blank and out of the means: the scorer's "
+                     f"answers did not parse (nothing answered; the export keeps delphi's 0)")
     notes.append(f"wrote {run.file}")
     return Report(data=data, sections=[Section(COLUMNS, table, title="per feature"),
                                        Section(MEAN_COLUMNS, summary, title="means")],

@@ -1,0 +1,30 @@
+"""The fit report `fit-sae` writes beside each dictionary it fits (:data:`FIT_REPORT` in the dictionary's folder: the
+block's record as fit-sae's JSON gives it, its held-out health under ``health``), and what a reader takes from it:
+the held-out FVE, which `features` judges by the rule `fit-sae` and `circuit` apply
+(:func:`anatomy_cli.analyses.sae.too_weak`). Standard library only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FIT_REPORT = "anatomy-fit.json"
+
+
+def write(folder: str | Path, record: dict[str, object]) -> Path:
+    """``record`` as ``folder``/:data:`FIT_REPORT` (JSON)."""
+    path = Path(folder) / FIT_REPORT
+    path.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    return path
+
+
+def held_out_fve(dictionary: str | Path) -> tuple[float, Path] | None:
+    """``(the held-out FVE, the report's path)`` of the fit report beside ``dictionary`` (its folder, or the
+    folder holding its file); None where there is none, or it gives no FVE."""
+    where = Path(dictionary)
+    path = (where if where.is_dir() else where.parent) / FIT_REPORT
+    try:
+        fve = json.loads(path.read_text(encoding="utf-8"))["health"]["fve"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (float(fve), path) if isinstance(fve, (int, float)) else None
