@@ -143,11 +143,10 @@ class FitLensPlan:
 
 
 def _validate_tuned(opts: FitLensOptions) -> None:
-    """The refusals of a :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` of kind ``tuned`` (nothing opened)."""
+    """The refusals of options of kind ``tuned`` (nothing opened)."""
     if opts.prompt:
         raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
-    defaults = {f.name: f.default for f in fields(opts)}
-    given = [flag for name, flag in JACOBIAN_ONLY.items() if getattr(opts, name) != defaults[name]]
+    given = _given(opts, JACOBIAN_ONLY)
     if given:
         raise UsageError(f"{', '.join(given)}: for fit-lens jacobian only (a tuned lens trains in this process "
                          "and is written in fp32, as tuned-lens writes it)")
@@ -173,7 +172,12 @@ def _validate_tuned(opts: FitLensOptions) -> None:
 
 def _refuse_tuned_options(opts: FitLensOptions) -> None:
     """``--corpus`` and the rest given to another kind than ``tuned``."""
-    defaults = {f.name: f.default for f in fields(opts)}
-    given = [flag for name, flag in TUNED_ONLY.items() if getattr(opts, name) != defaults[name]]
+    given = _given(opts, TUNED_ONLY)
     if given:
         raise UsageError(f"{', '.join(given)}: for fit-lens tuned only (fit-lens {opts.kind} reads --prompts FILE)")
+
+
+def _given(opts: FitLensOptions, flags: dict[str, str]) -> list[str]:
+    """The flags of ``flags`` (``{field: flag}``) whose fields differ from their defaults."""
+    defaults = {f.name: f.default for f in fields(opts)}
+    return [flag for name, flag in flags.items() if getattr(opts, name) != defaults[name]]

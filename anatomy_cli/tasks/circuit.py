@@ -126,7 +126,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: Cir
         batch: bool | None = None) -> list[CircuitResult] | list[CircuitEstimate]:
     """The graphs (``opts.estimate``: the estimates, on the loaded model's device). ``batch``: the prompts are a
     batch (the CLI: read from stdin; default: more than one), so ``--out`` and ``--json`` write one file per prompt,
-    ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does."""
+    ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does. On one thread on a busy machine
+    (:func:`~anatomy_cli.tasks.session.busy_threads`)."""
     if opts.estimate:
         return estimate(lm.info, encoded, opts, plan, str(lm.device))
     from anatomy_cli.engine.replacement import open_transcoders

@@ -12,6 +12,7 @@ too short to have a valid position are skipped and counted. Blocks are anatomy's
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -76,8 +77,9 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
 def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan | TunedPlan) -> JacobianFit | TunedFit:
     """Fits, writes ``opts.out`` (atomically) and returns the summary: a JacobianFit (``lm`` the LoadedModel, or
     with ``opts.ray`` the OpenedModel: the workers load the weights); ``tuned``: a TunedFit, the corpus in
-    ``plan``, ``encoded`` empty. Raises UsageError when no prompt is long enough."""
-    with busy_threads(f"{COMMAND} {opts.kind}"):
+    ``plan``, ``encoded`` empty; on one thread on a busy machine (:func:`~anatomy_cli.tasks.session.busy_threads`).
+    Raises UsageError when no prompt is long enough."""
+    with nullcontext() if opts.ray else busy_threads(f"{COMMAND} {opts.kind}"):  # --ray: the workers fit
         if opts.kind == "tuned":
             from anatomy_cli.tasks import _tuned_fit
 
