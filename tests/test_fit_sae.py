@@ -16,8 +16,11 @@ from typer.testing import CliRunner
 from anatomy_cli.analyses import sae as analysis
 from anatomy_cli.cli.main import app
 from anatomy_cli.engine import sae_fit
+from anatomy_cli.engine.threads import machine_threads
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.read import read
+from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.session import busy_threads
 
 runner = CliRunner()
 # eai-sparsify is the optional [train] extra, not in the test environment: a Python that has it, named here
@@ -288,18 +291,26 @@ def test_the_blocks_are_read_as_every_block_list_is_before_the_weights_load(tiny
 
 
 def test_a_busy_machine_fits_with_one_thread_and_gets_its_threads_back(monkeypatch):
-    """machine_threads: one intra-op thread where the 1-minute load average is at or over the CPUs (OpenMP's threads
-    would wait for each other at every op), torch's own count otherwise; restored after the block."""
+    """engine/threads.py machine_threads: one intra-op thread where the 1-minute load average is at or over the CPUs
+    (OpenMP's threads would wait for each other at every op), torch's own count otherwise; restored after the
+    block. tasks/session.py busy_threads (fit-sae, fit-lens, circuit, explain) says so in one line, once when
+    nested."""
     before = torch.get_num_threads()
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     try:
         torch.set_num_threads(2)
         monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 0.0, 0.0))
-        with sae_fit.machine_threads() as threads:
+        with machine_threads() as threads:
             assert (threads, torch.get_num_threads()) == (1, 1)
         assert torch.get_num_threads() == 2
+        collected = notes.Collected()
+        with notes.using_notes(collected), busy_threads("fit-sae"), busy_threads("inner"):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2 and collected.infos == [
+            "fit-sae: the machine is busy (load average at or over its CPUs): 1 thread, not 2 (they would wait "
+            "for each other at every op)"]
         monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 9.0, 9.0))
-        with sae_fit.machine_threads() as threads:
+        with machine_threads() as threads:
             assert (threads, torch.get_num_threads()) == (2, 2)
     finally:
         torch.set_num_threads(before)

@@ -43,9 +43,12 @@ def task_modules() -> dict[str, object]:
 
 
 def options_class(module) -> type:
-    """The module's options dataclass: the frozen dataclass named ``...Options`` it defines."""
+    """The module's options dataclass: the frozen dataclass named ``...Options`` it defines, or its companion
+    module ``tasks/_<module>_options.py`` defines (where a fragment the task imports reads the options too)."""
+    package, _, leaf = module.__name__.rpartition(".")
+    own = (module.__name__, f"{package}._{leaf}_options")
     found = [v for k, v in vars(module).items() if k.endswith("Options") and dataclasses.is_dataclass(v)
-             and isinstance(v, type) and v.__module__ == module.__name__]
+             and isinstance(v, type) and v.__module__ in own]
     named = [c for c in found if c.__name__.lower() == module.COMMAND.replace("-", "") + "options"]
     found = named or found
     assert len(found) == 1, f"{module.__name__}: one ...Options dataclass, found {[c.__name__ for c in found]}"

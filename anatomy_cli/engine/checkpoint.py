@@ -6,6 +6,14 @@ optimiser, step or running sums; each fit names its keys) plus ``"settings"``, a
 the run's options and a digest of its data (:func:`digest` of the token ids), so a checkpoint of other settings or
 another corpus is refused, naming what differs (:meth:`Checkpoint.load`). The layout is the one the fits wrote
 before this module: their checkpoints resume.
+
+``fit-lens jacobian``'s state is :class:`JacobianProgress`: the running float64 sums of ``J`` and which prompts
+they hold, in this process and on Ray alike (one file layout: a fit started in one way resumes in the other).
+Its layout is jlens' checkpoint (``jacobian_sum``, ``n_done``, ``next_idx``, ``source_layers``) plus ``skipped``,
+``settings`` and ``done``: the indices (0-based, into the fit's prompts) of every prompt finished, the skipped ones
+included. In one process the prompts finish in order, so ``done`` is ``0..next_idx-1``; on Ray they finish as the
+workers return them, so ``done`` may have holes, and ``next_idx`` is the first prompt not done. A checkpoint
+written before ``done`` existed holds ``0..next_idx-1``.
 """
 
 from __future__ import annotations
@@ -14,10 +22,15 @@ import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -79,3 +92,48 @@ class Checkpoint:
         """Whether the checkpoint is written after ``done`` of ``total`` steps: every :attr:`every`, and after the
         last."""
         return done % self.every == 0 or done == total
+
+
+@dataclass
+class JacobianProgress:
+    """``fit-lens jacobian``'s running state: ``sums`` ``{block: float64 [d, d]}``, prompts fitted (``n_done``) and
+    skipped, the indices of the prompts finished (``done``); ``resumed``: read from a checkpoint (not saved)."""
+
+    sums: dict[int, torch.Tensor]
+    n_done: int = 0
+    skipped: int = 0
+    done: set[int] = field(default_factory=set)
+    resumed: bool = False
+
+    @classmethod
+    def start(cls, checkpoint: Checkpoint | None, blocks: tuple[int, ...], d_model: int) -> JacobianProgress:
+        """Zero sums, or the state ``checkpoint`` holds when its file exists (its settings must be this run's:
+        :meth:`Checkpoint.load`)."""
+        import torch
+
+        state = None if checkpoint is None else checkpoint.load()
+        if state is None:
+            return cls({b: torch.zeros(d_model, d_model, dtype=torch.float64) for b in blocks})
+        done = state.get("done")
+        return cls({int(b): t.double() for b, t in state["jacobian_sum"].items()}, int(state["n_done"]),
+                   int(state.get("skipped", 0)),
+                   set(range(int(state["next_idx"]))) if done is None else {int(i) for i in done}, resumed=True)
+
+    def add(self, index: int, sums: dict[int, torch.Tensor] | None, fitted: int, skipped: int) -> None:
+        """Prompt ``index`` finished: its ``J`` (``sums``, None when skipped) added."""
+        for b, m in (sums or {}).items():
+            self.sums[b] += m
+        self.n_done += fitted
+        self.skipped += skipped
+        self.done.add(index)
+
+    def next_idx(self, n_prompts: int) -> int:
+        return next((i for i in range(n_prompts) if i not in self.done), n_prompts)
+
+    def save_when_due(self, checkpoint: Checkpoint, n_prompts: int) -> None:
+        """This state to ``checkpoint``'s file, atomically, when it is due (:meth:`Checkpoint.due`)."""
+        if checkpoint.due(len(self.done), n_prompts):
+            checkpoint.save({
+                "jacobian_sum": self.sums, "n_done": self.n_done, "next_idx": self.next_idx(n_prompts),
+                "skipped": self.skipped,
+                "source_layers": list(self.sums), "done": sorted(self.done)})  # the blocks in order, as the settings

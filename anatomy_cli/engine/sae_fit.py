@@ -29,12 +29,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from collections.abc import Iterable
-from collections.abc import Iterator
 from collections.abc import Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -222,24 +219,6 @@ def objective(coder: Any, x: torch.Tensor, target: torch.Tensor,
 def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The fraction of variance unexplained, sparsify's loss."""
     return (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum().clamp_min(1e-30)
-
-
-@contextmanager
-def machine_threads() -> Iterator[int]:
-    """torch's intra-op threads for a fit, set for the block and restored after: one where the machine is already
-    busy (its 1-minute load average at or over its CPUs), else torch's own count. Every op of a fit (thousands
-    per training step, small ones) is an OpenMP region whose threads wait for each other at its end: on a busy
-    machine one of them is often not scheduled, and each op waits a time slice (measured on 2 shared cores at
-    load 5-7: a cross-layer transcoder step of SmolLM2, 30 blocks x 1,024 features, 30-58 s with 2 threads,
-    6-8 s with 1). Yields the count used."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    before = torch.get_num_threads()
-    threads = 1 if os.getloadavg()[0] >= cores else before
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(before)
 
 
 def adam(params: Iterable[torch.nn.Parameter] | list[dict[str, Any]], lr: float) -> torch.optim.Adam:

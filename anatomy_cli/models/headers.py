@@ -74,6 +74,13 @@ class GGUFHeader:
         the weight commands): :func:`quantization_label`."""
         return quantization_label(self)
 
+    @property
+    def block_count(self) -> int | None:
+        """The blocks the header states (``{architecture}.block_count``); None where it states no positive whole
+        number. An upper bound: a header may count extra blocks (MTP), never fewer."""
+        n = self.field("block_count")
+        return n if isinstance(n, int) and n > 0 else None
+
     def field(self, suffix: str, default: object = None) -> Any:
         """``{architecture}.{suffix}``, e.g. ``field("block_count")``."""
         return self.fields.get(f"{self.architecture}.{suffix}", default)

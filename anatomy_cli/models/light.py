@@ -73,15 +73,14 @@ def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, di
 def block_count(spec: str) -> int | None:
     """The block count a GGUF file's header states (``{architecture}.block_count``), read without torch, for a
     check of block numbers before the slow open; None for every other source (a directory's light open is quick;
-    a Hub id or a preset is known once opened). An upper bound: a header may count extra blocks (MTP), never
-    fewer. Raises what :func:`check_path` and ``read_gguf`` raise (a missing path, a corrupt header)."""
+    a Hub id or a preset is known once opened): ``GGUFHeader.block_count``. Raises what :func:`check_path` and
+    ``read_gguf`` raise (a missing path, a corrupt header)."""
     from anatomy_cli.models.headers import read_gguf
 
     source = check_path(spec)
     if source is None or source.kind != "gguf":
         return None
-    n = read_gguf(source.ref).field("block_count")
-    return n if isinstance(n, int) and n > 0 else None
+    return read_gguf(source.ref).block_count
 
 
 def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, object]] | None:

@@ -65,7 +65,8 @@ def forwarded_names() -> str:
     return ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def build_request(argv: list[str], stdin: bytes | None = None, wait: float = protocol.DEFAULT_TIMEOUT) -> dict:
+def build_request(argv: list[str], stdin: bytes | None = None,
+                  wait: float = protocol.DEFAULT_TIMEOUT) -> protocol.RunRequest:
     """The ``run`` request: arguments, working directory, terminal facts, environment and stdin (for '-';
     read from this process's stdin unless given), and how often the server must send a keep-alive meanwhile
     (for a client that gives up after ``wait`` silent seconds)."""

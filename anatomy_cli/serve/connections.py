@@ -17,7 +17,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
-from typing import Any
 
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.serve import protocol
@@ -103,7 +102,7 @@ class Connections:
             finally:
                 self.last_activity = time.monotonic()
 
-    def _answer(self, op: object, req: dict[str, Any], conn: socket.socket) -> dict[str, object]:
+    def _answer(self, op: object, req: dict[str, object], conn: socket.socket) -> dict[str, object]:
         if op == "status":
             return self.status()
         if op == "stop":
@@ -114,20 +113,20 @@ class Connections:
         if op != "run":
             return {"error": f"unknown request '{op}'", "exit_code": 2}
         try:
-            check_run(req)
+            run = check_run(req)
         except BadRequest as exc:
             return {"error": str(exc), "exit_code": 2}
         channel = Channel(conn)  # the worker streams the command's stderr and status lines through it too
-        tty = bool(req.get("stderr_isatty"))
+        tty = bool(run.get("stderr_isatty"))
         waiting = self._waiting_for()
         if waiting and tty:
             channel.status(waiting)
-        job = Job(next(self._ids), [str(a) for a in req.get("argv") or []])
+        job = Job(next(self._ids), [str(a) for a in run.get("argv") or []])
         with self._active_lock:
             self.active[job.id] = job
         done: Future = Future()
-        self.jobs.put(("run", req, (done, channel, job)))
-        every = min(max(float(req.get("keepalive_s") or protocol.KEEPALIVE_S), protocol.MIN_KEEPALIVE_S),
+        self.jobs.put(("run", run, (done, channel, job)))
+        every = min(max(float(run.get("keepalive_s") or protocol.KEEPALIVE_S), protocol.MIN_KEEPALIVE_S),
                     protocol.KEEPALIVE_S)
         return self._await(job, done, conn, channel, tty, every)
 

@@ -24,7 +24,9 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypedDict
 
 from anatomy_cli import __version__
 
@@ -36,6 +38,25 @@ KEEPALIVE_S = 10.0             # the longest a running job's client waits betwee
 MIN_KEEPALIVE_S = 0.2          # the shortest interval a client may ask for (the server looks this often)
 MAX_MESSAGE = 256 * 1024 * 1024
 _HEADER = struct.Struct(">Q")
+
+
+class RunRequest(TypedDict, total=False):
+    """A ``run`` request as the client sends it (serve/client.py ``build_request``) and the server reads it once
+    checked (serve/session.py ``check_run``: no other field, each of this type)."""
+
+    op: str
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    stdout_isatty: bool
+    stderr_isatty: bool
+    stdout_encoding: str
+    stderr_encoding: str
+    stdout_errors: str
+    stderr_errors: str
+    stdin: str  # base64
+    stream_stderr: bool
+    keepalive_s: float  # seconds: a JSON number
 
 
 class ProtocolError(Exception):
@@ -119,7 +140,7 @@ def peer_uid(conn: socket.socket) -> int | None:
     return uid
 
 
-def send(conn: socket.socket, message: dict[str, object]) -> None:
+def send(conn: socket.socket, message: Mapping[str, object]) -> None:
     """Write one framed JSON message."""
     data = json.dumps(message, ensure_ascii=False).encode("utf-8")
     # MSG_NOSIGNAL: a peer that went away is a BrokenPipeError here, not a SIGPIPE that ends the process.
@@ -186,7 +207,7 @@ def keepalive_interval(wait: float) -> float:
     return max(min(KEEPALIVE_S, wait / 4), MIN_KEEPALIVE_S)
 
 
-def request(path: Path, message: dict[str, object], wait: float | None = None) -> dict[str, object]:
+def request(path: Path, message: Mapping[str, object], wait: float | None = None) -> dict[str, object]:
     """Send one request and wait ``wait`` seconds for its answer (default :func:`timeout`)."""
     conn = connect(path)
     try:

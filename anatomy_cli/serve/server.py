@@ -237,7 +237,7 @@ class Server(Connections):
             with self._active_lock:
                 self.active.pop(job.id, None)
 
-    def run(self, req: dict[str, Any], channel: Channel | None = None,
+    def run(self, req: protocol.RunRequest, channel: Channel | None = None,
             job: Job | None = None) -> dict[str, object]:
         """Run one command line as the console script would; stdout/stderr bytes and the exit code (``job``:
         it ends at its next step once cancelled; ``channel``: where status lines, and stderr as it is written

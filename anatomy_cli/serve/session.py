@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+import typing
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -95,12 +96,10 @@ class BadRequest(ValueError):
     """A request the server cannot run as sent (its message is the one-line answer)."""
 
 
-def check_run(req: dict[str, Any]) -> None:
-    """Raise BadRequest for a ``run`` request with unknown fields or fields of the wrong type."""
-    fields: dict[str, type | tuple[type, ...]] = {
-        "op": str, "argv": list, "cwd": str, "env": dict, "stdout_isatty": bool, "stderr_isatty": bool,
-              "stdout_encoding": str, "stderr_encoding": str, "stdout_errors": str, "stderr_errors": str,
-              "stdin": str, "stream_stderr": bool, "keepalive_s": (int, float)}
+def check_run(req: dict[str, object]) -> protocol.RunRequest:
+    """``req`` as a ``run`` request; BadRequest for one with unknown fields or fields of the wrong type."""
+    fields = {name: (int, float) if kind is float else typing.get_origin(kind) or kind
+              for name, kind in typing.get_type_hints(protocol.RunRequest).items()}
     unknown = sorted(set(req) - set(fields))
     if unknown:
         raise BadRequest(f"unknown field(s) in the request: {', '.join(unknown)}")
@@ -108,32 +107,35 @@ def check_run(req: dict[str, Any]) -> None:
         if name in req and not isinstance(req[name], kind):
             what = kind.__name__ if isinstance(kind, type) else "number"
             raise BadRequest(f"request field '{name}' must be a JSON {what}")
-    every = req.get("keepalive_s", 1)
+    run = typing.cast(protocol.RunRequest, req)
+    every = run.get("keepalive_s", 1)
     if isinstance(every, bool) or not every > 0:
         raise BadRequest("request field 'keepalive_s' must be a positive number of seconds")
-    if not all(isinstance(a, str) for a in req.get("argv") or []):
+    if not all(isinstance(a, str) for a in run.get("argv") or []):
         raise BadRequest("request field 'argv' must be a list of strings")
-    cwd = req.get("cwd")
+    cwd = run.get("cwd")
     if cwd is not None and not (os.path.isdir(cwd) and os.access(cwd, os.X_OK)):
         raise BadRequest(f"the client's working directory {cwd} is not a directory the server can enter")
-    for name in ("stdout_encoding", "stderr_encoding"):
+    for name, encoding in (("stdout_encoding", run.get("stdout_encoding")),
+                           ("stderr_encoding", run.get("stderr_encoding"))):
         try:
-            "".encode(req.get(name) or "utf-8")
+            "".encode(encoding or "utf-8")
         except LookupError:
-            raise BadRequest(f"unknown encoding {req[name]!r} in '{name}'") from None
-    for name in ("stdout_errors", "stderr_errors"):
+            raise BadRequest(f"unknown encoding {encoding!r} in '{name}'") from None
+    for name, handler in (("stdout_errors", run.get("stdout_errors")), ("stderr_errors", run.get("stderr_errors"))):
         try:
-            codecs.lookup_error(req.get(name) or "strict")
+            codecs.lookup_error(handler or "strict")
         except LookupError:
-            raise BadRequest(f"unknown error handler {req[name]!r} in '{name}'") from None
+            raise BadRequest(f"unknown error handler {handler!r} in '{name}'") from None
     try:
-        base64.b64decode(req.get("stdin") or "", validate=True)
+        base64.b64decode(run.get("stdin") or "", validate=True)
     except ValueError:
         raise BadRequest("request field 'stdin' is not base64") from None
+    return run
 
 
 @contextlib.contextmanager
-def client_context(req: dict[str, Any], notify: Callable[[str], None] | None = None,
+def client_context(req: protocol.RunRequest, notify: Callable[[str], None] | None = None,
                    stream: Callable[[bytes], None] | None = None):
     """The client's cwd, environment, stdin and stdout/stderr for the length of one request (``stream``: where
     stderr's bytes go as they are written, when the request asks for ``stream_stderr``)."""

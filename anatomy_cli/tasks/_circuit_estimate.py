@@ -26,33 +26,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Protocol
 
 from anatomy_cli.models import cost
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.transcoders import TranscoderSet
 
 if TYPE_CHECKING:
-    from anatomy_cli.text.targets import TokenChoice
-
-
-class EstimateSettings(Protocol):
-    """What the estimate reads of tasks/circuit.py's ``CircuitOptions`` (that module imports this one)."""
-
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def max_feature_nodes(self) -> int | None: ...
-    @property
-    def max_n_logits(self) -> int: ...
-    @property
-    def update_interval(self) -> int: ...
-    @property
-    def offload(self) -> str | None: ...
-    @property
-    def heads(self) -> int: ...
-    @property
-    def wanted(self) -> tuple[TokenChoice, ...]: ...
+    from anatomy_cli.tasks._circuit_options import CircuitOptions
 
 FLOAT = 4  # bytes: the graph is built in float32
 # The replays' FLOP rate as a fraction of cost.seconds' rate: SmolLM2 on the CPU, the quiet run of
@@ -144,7 +124,7 @@ def heads_cost(info: ModelInfo, n_tokens: int, n_links: int, n_targets: int, n_s
                      sum(r.backward for r in runs), flops, cost.seconds(flops, device) / HEADS_RATE, device)
 
 
-def estimate(info: ModelInfo, ts: TranscoderSet, n_tokens: int, opts: EstimateSettings, device: str) -> CircuitEstimate:
+def estimate(info: ModelInfo, ts: TranscoderSet, n_tokens: int, opts: CircuitOptions, device: str) -> CircuitEstimate:
     """The bound for one prompt of ``n_tokens`` tokens (BOS included) on ``device``."""
     L, P, d, B = info.n_layers, n_tokens, info.d_model, opts.batch_size
     per_site = ts.topk or ts.d_transcoder  # TopK in every block: k per position; else every feature may fire

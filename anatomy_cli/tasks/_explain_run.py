@@ -114,6 +114,7 @@ class Chat:
 
 def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     """The whole run; see the module docstring."""
+    from anatomy_cli.tasks.session import busy_threads
     from anatomy_cli.tasks.session import load_weights
 
     fdir = read_dir(opts)
@@ -133,8 +134,9 @@ def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     if resumed:
         notes.info(f"explain: resumed: {resumed} of {len(fdir.features)} features were explained by an earlier run")
     run = _Run(opts, fdir, explainer, scorer, state)
-    run.explain_all()
-    run.score_all()
+    with busy_threads("explain"):
+        run.explain_all()
+        run.score_all()
     records = tuple(state[f.feature] for f in fdir.features)
     return ExplainRun(fdir.model, fdir.layer, fdir.hook, explainer.name, scorer.name, records, fdir.skipped,
                       run.cost, resumed, str(opts.target / EXPORT))

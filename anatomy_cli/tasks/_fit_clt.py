@@ -12,56 +12,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 from typing import Any
-from typing import Protocol
 
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_sae_block import DEAD_HIGH
 from anatomy_cli.tasks._fit_sae_block import BlockFit
-from anatomy_cli.tasks._fit_sae_block import BlockPlan
+from anatomy_cli.tasks._fit_sae_options import FitSaeOptions
+from anatomy_cli.tasks._fit_sae_options import FitSaePlan
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     import torch
 
     from anatomy_cli.engine import LoadedModel
-
-
-# fit_sae.py imports this module: what it reads of its FitSaeOptions and FitSaePlan is named here, not imported (no
-# import circle, type-only imports counted: tests/test_layout.py)
-class FitSaeOptions(Protocol):
-    """What the CLT's fit reads of ``tasks.fit_sae.FitSaeOptions``."""
-
-    @property
-    def out(self) -> Path: ...
-    @property
-    def k(self) -> int: ...
-    @property
-    def epochs(self) -> int: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def lr(self) -> float | None: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def checkpoint(self) -> Path | None: ...
-    @property
-    def checkpoint_every(self) -> int: ...
-    @property
-    def jumprelu(self) -> dict[str, float] | None: ...
-
-
-class FitSaePlan(Protocol):
-    """What the CLT's fit reads of ``tasks.fit_sae.FitSaePlan``: the blocks, the training windows, the width."""
-
-    @property
-    def blocks(self) -> tuple[BlockPlan, ...]: ...
-    @property
-    def windows(self) -> tuple[tuple[int, ...], ...]: ...
-    @property
-    def d_sae(self) -> int: ...
 
 
 THRESHOLDS = ("per feature, the JumpReLU threshold that fires on as many training rows as the TopK did (halfway "

@@ -1,14 +1,15 @@
 """What `fit-lens`'s files hold beside the lens (the stored precision, the prompts' digests) and what every fit's
-summary reports beside its figures (:class:`FitCosts`). Writing them and the checkpoints: engine/checkpoint.py."""
+summary reports beside its figures (:class:`FitCosts`). Writing them and the checkpoints: engine/checkpoint.py
+(``fit-lens jacobian``'s state: its ``JacobianProgress``, started here with the line a resume writes)."""
 
 from __future__ import annotations
 
-from dataclasses import Field
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
-from typing import ClassVar
-from typing import Protocol
+
+from anatomy_cli.engine.checkpoint import Checkpoint
+from anatomy_cli.engine.checkpoint import JacobianProgress
+from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.estimate import EstimateRecord
@@ -35,60 +36,10 @@ class FitCosts:
         return {"estimate": self.estimate, "timings": self.timings, "held_out_check": self.check}
 
 
-class FitLensSettings(Protocol):
-    """What the fits read of tasks/fit_lens.py's ``FitLensOptions`` (that module imports the fits' modules, so
-    they name its fields here rather than import it); a dataclass, whose defaults tell what was given."""
-
-    __dataclass_fields__: ClassVar[dict[str, Field[object]]]
-
-    @property
-    def kind(self) -> str | None: ...
-    @property
-    def out(self) -> Path | None: ...
-    @property
-    def overwrite(self) -> bool: ...
-    @property
-    def prompt(self) -> tuple[str, ...]: ...
-    @property
-    def corpus(self) -> str | None: ...
-    @property
-    def column(self) -> str: ...
-    @property
-    def tokens(self) -> int | None: ...
-    @property
-    def ctx(self) -> int | None: ...
-    @property
-    def steps(self) -> int: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def dim_batch(self) -> int: ...
-    @property
-    def max_seq_len(self) -> int: ...
-    @property
-    def skip_first(self) -> int: ...
-    @property
-    def shard(self) -> tuple[int, int] | None: ...
-    @property
-    def checkpoint(self) -> Path | None: ...
-    @property
-    def checkpoint_every(self) -> int: ...
-    @property
-    def ray(self) -> bool: ...
-    @property
-    def ray_address(self) -> str | None: ...
-    @property
-    def workers(self) -> int: ...
-    @property
-    def gpus_per_worker(self) -> float: ...
-
-
-class JacobianBlocks(Protocol):
-    """What the Jacobian fit reads of tasks/fit_lens.py's ``FitLensPlan``: the source blocks and the target."""
-
-    @property
-    def source_layers(self) -> tuple[int, ...]: ...
-    @property
-    def target_layer(self) -> int: ...
+def jacobian_progress(checkpoint: Checkpoint | None, blocks: tuple[int, ...], d_model: int,
+                      n_prompts: int) -> JacobianProgress:
+    """``fit-lens jacobian``'s running sums, zero or resumed from ``checkpoint`` (a line says so)."""
+    progress = JacobianProgress.start(checkpoint, blocks, d_model)
+    if checkpoint is not None and progress.resumed:
+        notes.info(f"resuming from {checkpoint.path}: {len(progress.done)} of {n_prompts} prompts done")
+    return progress

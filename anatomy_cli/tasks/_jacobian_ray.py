@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypedDict
 
+from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._fit_files import jacobian_progress
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,8 +29,8 @@ if TYPE_CHECKING:
 
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.opening import OpenedModel
-    from anatomy_cli.tasks._fit_files import FitLensSettings
-    from anatomy_cli.tasks._fit_files import JacobianBlocks
+    from anatomy_cli.tasks._fit_lens_options import FitLensOptions
+    from anatomy_cli.tasks._fit_lens_options import FitLensPlan
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class JacobianWorker:
         return {"sums": sums, "n_prompts": sum(fitted), "skipped": len(fitted) - sum(fitted)}
 
 
-def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks,
+def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan,
                checkpoint: dict[str, Any] | None = None,
                crash_once: tuple[str, int] | None = None) -> tuple[dict[int, torch.Tensor], int, int]:
     """``(float64 sums of J per block, prompts fitted, prompts skipped)`` over ``ids``, fitted on Ray
@@ -114,31 +116,28 @@ def fit_on_ray(opened: OpenedModel, ids: list[list[int]], opts: FitLensSettings,
     return sums, sum(p["n_prompts"] for p in parts.values()), sum(p["skipped"] for p in parts.values())
 
 
-def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks,
+def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan,
                   settings: dict[str, Any],
                   crash_once: tuple[str, int] | None) -> tuple[dict[int, torch.Tensor], int, int]:
     """The Ray fit with ``--checkpoint``: shard i is prompt i alone (the prompts the checkpoint holds are not
     sent), and each finished prompt is added to the running sums, which are saved (atomically) every
     ``checkpoint_every`` prompts and after the last. The sums are added as the prompts finish, not in prompt
     order: the lens equals an uninterrupted fit's up to the order of float64 additions."""
-    from anatomy_cli.tasks import _jacobian_checkpoint as ckpt
-
-    checkpoint = opts.checkpoint
-    assert checkpoint is not None  # called with --checkpoint only
-    progress = ckpt.start(checkpoint, settings, plan.source_layers, opened.info.d_model, len(ids))
+    assert opts.checkpoint is not None  # called with --checkpoint only
+    saved = Checkpoint(opts.checkpoint, settings, opts.checkpoint_every)
+    progress = jacobian_progress(saved, plan.source_layers, opened.info.d_model, len(ids))
     todo = [PromptShard(i, (tuple(p),)) for i, p in enumerate(ids) if i not in progress.done]
     with notes.status(f"fit-lens jacobian on Ray: {len(todo)} prompts, one per shard") as line:
         def finished(shard: PromptShard, part: JacobianPart) -> None:
             progress.add(shard.index, part["sums"], part["n_prompts"], part["skipped"])
-            if ckpt.due(progress, opts.checkpoint_every, len(ids)):
-                ckpt.save(checkpoint, progress, settings, len(ids))
+            progress.save_when_due(saved, len(ids))
             line.update(f"fit-lens jacobian on Ray · prompt {len(progress.done)}/{len(ids)} done")
 
         _run(opened, iter(todo), opts, plan, finished, crash_once)
     return progress.sums, progress.n_done, progress.skipped
 
 
-def _run(opened: OpenedModel, shards: Iterator[PromptShard], opts: FitLensSettings, plan: JacobianBlocks,
+def _run(opened: OpenedModel, shards: Iterator[PromptShard], opts: FitLensOptions, plan: FitLensPlan,
          finished: Callable[[PromptShard, JacobianPart], None],
          crash_once: tuple[str, int] | None) -> None:
     from anatomy_cli.corpus.ray_run import run_on_ray

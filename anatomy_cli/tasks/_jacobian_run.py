@@ -1,6 +1,6 @@
 """`fit-lens jacobian`: the fit (in this process, or with ``--ray`` on Ray workers,
 :mod:`anatomy_cli.tasks._jacobian_ray`; either resumable from ``--checkpoint``,
-:mod:`anatomy_cli.tasks._jacobian_checkpoint`), the lens written in jlens' format, and its summary.
+:class:`anatomy_cli.engine.checkpoint.JacobianProgress`), the lens written in jlens' format, and its summary.
 
 Either way the running sums of ``J`` are float64 (``{block: [d_model, d_model]}``) beside the count of prompts
 fitted and skipped; the lens is their mean (:func:`anatomy_cli.engine.jacobian_fit.lens_state`).
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeAlias
 
+from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import atomic_save
 from anatomy_cli.engine.checkpoint import digest
 from anatomy_cli.errors import UsageError
@@ -21,8 +22,9 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
 from anatomy_cli.tasks._fit_files import FitCosts
-from anatomy_cli.tasks._fit_files import FitLensSettings
-from anatomy_cli.tasks._fit_files import JacobianBlocks
+from anatomy_cli.tasks._fit_files import jacobian_progress
+from anatomy_cli.tasks._fit_lens_options import FitLensOptions
+from anatomy_cli.tasks._fit_lens_options import FitLensPlan
 
 if TYPE_CHECKING:
     import torch
@@ -68,8 +70,8 @@ class JacobianFit(FitCosts):
                 **self.costs()}
 
 
-def run(lm: Any, encoded: list[Encoded], opts: FitLensSettings,
-        plan: JacobianBlocks) -> JacobianFit:
+def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions,
+        plan: FitLensPlan) -> JacobianFit:
     """Fits, writes ``opts.out`` (atomically) and returns the summary. ``lm``: the LoadedModel; with ``opts.ray``
     the OpenedModel (the workers load the weights). Raises UsageError when no prompt is long enough."""
     import torch
@@ -111,7 +113,7 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensSettings,
         check=None if check is None else check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
+def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
     """The written lens, read back as ``lens --lens jacobian:FILE`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
@@ -122,7 +124,7 @@ def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
     return fit_check(lm, lens, f"the Jacobian lens {opts.out}")
 
 
-def fitted_prompts(encoded: list[Encoded], opts: FitLensSettings) -> tuple[list[list[int]], list[list[int]]]:
+def fitted_prompts(encoded: list[Encoded], opts: FitLensOptions) -> tuple[list[list[int]], list[list[int]]]:
     """``(ids, usable)``: each prompt's ids as the fit reads them (its first ``max_seq_len`` tokens; with
     ``--shard i/N`` prompts i, i + N, ... only), and those long enough to have a valid position (the ones fitted).
     Raises UsageError when none is: :func:`anatomy_cli.tasks.fit_lens.check` calls it before the weights load."""
@@ -138,15 +140,15 @@ def fitted_prompts(encoded: list[Encoded], opts: FitLensSettings) -> tuple[list[
     return ids, usable
 
 
-def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks) -> Sums:
+def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: FitLensOptions, plan: FitLensPlan) -> Sums:
     """Prompt after prompt in this process; with ``opts.checkpoint`` the sums saved every
     ``opts.checkpoint_every`` prompts (and after the last), and resumed from (the prompts it holds skipped:
-    :mod:`anatomy_cli.tasks._jacobian_checkpoint`)."""
+    :class:`anatomy_cli.engine.checkpoint.JacobianProgress`)."""
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.tasks import _jacobian_checkpoint as ckpt
 
-    settings = settings_of(lm, ids, opts, plan)
-    progress = ckpt.start(opts.checkpoint, settings, plan.source_layers, lm.info.d_model, len(ids))
+    saved = None if opts.checkpoint is None else Checkpoint(opts.checkpoint, settings_of(lm, ids, opts, plan),
+                                                           opts.checkpoint_every)
+    progress = jacobian_progress(saved, plan.source_layers, lm.info.d_model, len(ids))
     with notes.status("fit-lens jacobian") as line:
         for i, prompt_ids in enumerate(ids):
             if i in progress.done:
@@ -155,13 +157,13 @@ def _fit_here(lm: LoadedModel, ids: list[list[int]], opts: FitLensSettings, plan
                                              dim_batch=opts.dim_batch, skip_first=opts.skip_first,
                                              progress=line.counter(f"prompt {i + 1}/{len(ids)}", "backward passes"))
             progress.add(i, None, int(fitted), int(not fitted))
-            if opts.checkpoint is not None and ckpt.due(progress, opts.checkpoint_every, len(ids)):
-                ckpt.save(opts.checkpoint, progress, settings, len(ids))
+            if saved is not None:
+                progress.save_when_due(saved, len(ids))
     return progress.sums, progress.n_done, progress.skipped
 
 
-def settings_of(lm: LoadedModel | OpenedModel, ids: list[list[int]], opts: FitLensSettings,
-                plan: JacobianBlocks) -> dict[str, object]:
+def settings_of(lm: LoadedModel | OpenedModel, ids: list[list[int]], opts: FitLensOptions,
+                plan: FitLensPlan) -> dict[str, object]:
     """What a checkpoint must match to be resumed: the model's shape, the blocks, the position rules, the prompts'
     tokens (a hash)."""
 
@@ -170,8 +172,8 @@ def settings_of(lm: LoadedModel | OpenedModel, ids: list[list[int]], opts: FitLe
             "prompts": digest(ids)}
 
 
-def _announce(lm: Any, usable: list[list[int]], opts: FitLensSettings,
-              plan: JacobianBlocks) -> tuple[float, Estimate]:
+def _announce(lm: Any, usable: list[list[int]], opts: FitLensOptions,
+              plan: FitLensPlan) -> tuple[float, Estimate]:
     """The cost line before the fit: FLOPs, and the time of every phase (:mod:`anatomy_cli.engine.estimate`):
     the weights' load as measured; the fit from a probe of its own code now (the first prompt's forward and two
     backward passes, :func:`probe_prompt`), scaled by each prompt's tokens; the held-out check from its probe.
@@ -205,7 +207,7 @@ def _announce(lm: Any, usable: list[list[int]], opts: FitLensSettings,
     return flops, est
 
 
-def estimate(lm: Any, usable: list[list[int]], opts: FitLensSettings, plan: JacobianBlocks) -> float:
+def estimate(lm: Any, usable: list[list[int]], opts: FitLensOptions, plan: FitLensPlan) -> float:
     """The fit's FLOPs (:func:`anatomy_cli.models.cost.jacobian_fit_flops` per prompt), with the blocks' own
     weights where they are loaded (with ``--ray`` the driver has none: ~12 d_model² per block)."""
     from anatomy_cli.engine import jacobian_fit
@@ -220,7 +222,7 @@ class _Enough(Exception):
     """Ends a probe after the passes it times."""
 
 
-def probe_prompt(lm: LoadedModel, ids: list[int], opts: FitLensSettings, plan: JacobianBlocks,
+def probe_prompt(lm: LoadedModel, ids: list[int], opts: FitLensOptions, plan: FitLensPlan,
                  passes: int = 2) -> tuple[float, float]:
     """``(forward seconds, seconds per backward pass)`` of the fit's own per-prompt code
     (:func:`anatomy_cli.engine.jacobian_fit.jacobian_for_prompt`) on ``ids``, timed now: its forward and its

@@ -115,13 +115,12 @@ def _feature(opened: Opened, opts: SteeringOptions) -> tuple[SteeringVector, lis
     """`--steer-feature ID --sae PATH`: the feature's decoder row at the SAE's output site
     (:func:`anatomy_cli.engine.sae.feature_vector`), checked against the model, and its warnings."""
     from anatomy_cli.engine.sae import feature_vector
-    from anatomy_cli.models.sae import names
     from anatomy_cli.models.sae import read
 
     assert opts.sae is not None and opts.steer_feature is not None
     sae_file = read.read(Path(opts.sae))
     found = feature_vector(sae_file, opts.steer_feature)
-    names.check_fits(opened.info, opened.name, sae_file)
+    sae_file.check_fits(opened.info, opened.name)
     warnings = []
     if sae_file.normalize_activations not in ("none", "expected_average_only_in"):
         warnings.append(f"the SAE normalizes its activations ({sae_file.normalize_activations}): the decoder row "

@@ -7,13 +7,13 @@ windows of ``ctx`` tokens (default min(2048, the model's context): tuned-lens' `
 ``tokens`` tokens only. The windows are shuffled (``torch.randperm`` seeded ``seed``) and split into ``steps``
 steps (tuned-lens' ``num_steps``, default 250) of as equal a number of windows as can be (at least one each: fewer
 windows than steps means fewer steps). Its options (``corpus``, ``column``, ``tokens``, ``ctx``, ``steps``,
-``seed``: :data:`TUNED_ONLY`) are fields of :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions`.
+``seed``: :data:`~anatomy_cli.tasks._fit_lens_options.TUNED_ONLY`) are fields of
+:class:`~anatomy_cli.tasks._fit_lens_options.FitLensOptions`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -24,9 +24,8 @@ from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import FitCosts
-from anatomy_cli.tasks._fit_files import FitLensSettings
+from anatomy_cli.tasks._fit_lens_options import FitLensOptions
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -40,51 +39,8 @@ if TYPE_CHECKING:
     from anatomy_cli.tasks.protocol import Opened
 
 MAX_LENGTH = 2048  # tuned-lens' Data.max_length
-JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-layer", "dim_batch": "--dim-batch",
-                 "max_seq_len": "--max-seq-len", "skip_first": "--skip-first", "dtype": "--dtype",
-                 "shard": "--shard", "ray": "--ray", "ray_address": "--ray-address", "workers": "--workers",
-                 "gpus_per_worker": "--gpus-per-worker"}
 PHASES = ("reading the corpus", "training", "writing and the held-out check")  # with the weights' load and probes
 PROBE_TOKENS = 64  # the training probe's window: the first window's first tokens, scaled to every token
-TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", "ctx": "--ctx", "steps": "--steps",
-              "seed": "--seed"}
-
-
-def validate(opts: FitLensSettings) -> None:
-    """The refusals of a :class:`~anatomy_cli.tasks.fit_lens.FitLensOptions` of kind ``tuned`` (nothing opened)."""
-    if opts.prompt:
-        raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
-    defaults = {f.name: f.default for f in fields(opts)}
-    given = [flag for name, flag in JACOBIAN_ONLY.items() if getattr(opts, name) != defaults[name]]
-    if given:
-        raise UsageError(f"{', '.join(given)}: for fit-lens jacobian only (a tuned lens trains in this process "
-                         "and is written in fp32, as tuned-lens writes it)")
-    if opts.corpus is None:
-        raise UsageError("fit-lens tuned needs --corpus PATH (a text file, a directory of .txt/.md files, '-', or a "
-                         ".jsonl/.csv/.parquet file)")
-    if opts.corpus != "-" and not Path(opts.corpus).exists():
-        raise UsageError(f"--corpus {opts.corpus} does not exist")
-    if opts.tokens is None:
-        raise UsageError("fit-lens tuned needs --tokens N (the corpus's first N tokens are trained on)")
-    for flag, value, least in (("--tokens", opts.tokens, 2), ("--ctx", opts.ctx, 2), ("--steps", opts.steps, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag} takes a whole number of at least {least}")
-    if opts.out is None:
-        raise UsageError("fit-lens tuned needs --out DIR (the tuned lens directory to write)")
-    out = Path(opts.out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; a tuned lens is a directory (config.json + params.pt)")
-    out_path("--out", out, folder=True)
-    if any((out / f).exists() for f in ("config.json", "params.pt")) and not opts.overwrite:
-        raise UsageError(f"--out {out} holds a lens already: give --overwrite to replace it")
-
-
-def refuse_tuned_options(opts: FitLensSettings) -> None:
-    """``--corpus`` and the rest given to another kind than ``tuned``."""
-    defaults = {f.name: f.default for f in fields(opts)}
-    given = [flag for name, flag in TUNED_ONLY.items() if getattr(opts, name) != defaults[name]]
-    if given:
-        raise UsageError(f"{', '.join(given)}: for fit-lens tuned only (fit-lens {opts.kind} reads --prompts FILE)")
 
 
 @dataclass(frozen=True)
@@ -93,7 +49,7 @@ class TunedPlan:
     source: Source
 
 
-def check(opened: Opened, opts: FitLensSettings) -> TunedPlan:
+def check(opened: Opened, opts: FitLensOptions) -> TunedPlan:
     """A decoder with an LM head, ``ctx`` within its context, the corpus opened (a directory without text files is
     refused here), all before the weights load."""
     from anatomy_cli.corpus.sources import open_source
@@ -149,7 +105,7 @@ def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[t
     return list(windows(itertools.chain([[eos]] if eos is not None else [], stream), ctx=ctx, max_tokens=tokens))
 
 
-def run(lm: LoadedModel, opts: FitLensSettings, plan: TunedPlan) -> TunedFit:
+def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
     """Fits, writes ``opts.out`` (config.json + params.pt) and returns the summary. With ``opts.checkpoint`` the
     translators, the optimizer's and the schedule's state, the step and the KLs so far are saved every
     ``opts.checkpoint_every`` steps (and after the last), and resumed from: the same windows in the same order
@@ -200,7 +156,7 @@ def run(lm: LoadedModel, opts: FitLensSettings, plan: TunedPlan) -> TunedFit:
                     check=check.to_dict())
 
 
-def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
+def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
     """The written lens, read back as ``lens --lens tuned:DIR`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
     from anatomy_cli.models.lens_choice import LensChoice
@@ -213,7 +169,7 @@ def _check(lm: LoadedModel, opts: FitLensSettings) -> LensCheck:
 
 
 def _train(lm: LoadedModel, lens: torch.nn.ModuleList, optim: tuple[torch.optim.SGD, torch.optim.lr_scheduler.LambdaLR],
-           wins: list[tuple[int, ...]], order: list[int], steps: int, opts: FitLensSettings, settings: dict[str, Any]
+           wins: list[tuple[int, ...]], order: list[int], steps: int, opts: FitLensOptions, settings: dict[str, Any]
            ) -> tuple[list[float], list[float]]:
     """The steps (engine/tuned_fit.py ``train``), from the checkpoint's when there is one to resume
     (engine/checkpoint.py); each translator's mean KL over the first step's windows and over the last's."""

@@ -135,11 +135,9 @@ def check(opened: Any, opts: FeaturesOptions, sae_file: SAEFile) -> FeaturesPlan
     """The plan of ``sae_file`` (the dictionary ``opts.sae`` names, read once by the caller) on ``opened``;
     UsageError for one that does not fit the model, a feature out of range, ``--ctx`` past the model's context; a
     decoder with an LM head (the logit effects)."""
-    from anatomy_cli.models.sae import names
-
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
-    names.check_fits(info, opened.name, sae_file)
+    sae_file.check_fits(info, opened.name)
     ids = tuple(opts.wanted(sae_file.d_sae))
     n_ctx = info.n_ctx
     ctx = opts.ctx if opts.ctx is not None else sae_file.context_size or min(512, n_ctx or 512)

@@ -13,24 +13,22 @@ in circuit-tracer's ``cross_layer_transcoder`` layout (tasks/_fit_clt.py, engine
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypedDict
 
-from anatomy_cli.declare.fields import Declared
-from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
 from anatomy_cli.tasks._fit_sae_block import fit_block
+from anatomy_cli.tasks._fit_sae_options import Activation as Activation
+from anatomy_cli.tasks._fit_sae_options import FitSaeOptions as FitSaeOptions
+from anatomy_cli.tasks._fit_sae_options import FitSaePlan as FitSaePlan
+from anatomy_cli.tasks.session import busy_threads
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -43,131 +41,6 @@ if TYPE_CHECKING:
 
 COMMAND = "fit-sae"
 INPUTS = {"corpus": "corpus"}  # CORPUS... (positional) is the API's corpus
-
-
-class Activation(str, Enum):
-    topk = "topk"
-    jumprelu = "jumprelu"  # thresholds trained with the straight-through estimator (engine/jumprelu.py)
-
-
-@dataclass(frozen=True)
-class FitSaeOptions(Declared):
-    """``corpus``: text files, folders of .txt/.md, .jsonl/.csv/.parquet (as ``anatomy corpus`` reads them);
-    ``layer``: the block(s): ``6``, ``"0-3"``, ``[2, 6]``, ``"all"`` (kept as the text :func:`sites.parse_blocks`
-    reads); ``transcoder``: an MLP transcoder (the MLP's input -> its output) instead of an SAE on the block's
-    output; ``out``: the folder written (``out/layers.L`` or ``out/layers.L.mlp`` per block); ``d_sae``:
-    latents (default 8 × d_model); ``k``: active latents per token (TopK); ``activation``: ``topk`` or ``jumprelu``
-    (engine/jumprelu.py: per-feature thresholds trained with the straight-through estimator, kernel width
-    ``bandwidth`` (of the median starting threshold), the sparsity term's weight ``l0_coeff``, the target L0
-    ``k``; per block written in SAELens' jumprelu format); ``max_tokens``,
-    ``ctx``: the budget and the window; ``epochs``, ``batch_size``, ``lr`` (default sparsify's); ``seed``;
-    ``overwrite``."""
-
-    corpus: tuple[str, ...]  # CORPUS... (an input, no option: a path or a list of them, kept as texts)
-    layer: int | str | tuple[int | str, ...] | list[int] = option(
-        dataclasses.MISSING, "--layer", metavar="L|A-B|L,L|all", show_default=False, cli=list[str],
-        help="The block(s), one SAE each, their activations collected in one pass: a block (negative counts from "
-        "the end), a range, a list, all; repeat the option for more.")
-    out: Path = option(dataclasses.MISSING, "--out", metavar="DIR", show_default=False, cli=Path,
-                             help="The folder written: DIR/layers.N per block (DIR/layers.N.mlp for a transcoder).")
-    transcoder: bool = option(False, "--transcoder", help="An MLP transcoder (the MLP's input -> its output) instead "
-                              "of an SAE on the block's output.")
-    clt: bool = option(False, "--clt", help="With --transcoder --layer all: one cross-layer transcoder (each "
-                       "block's features read its MLP input and write to the MLP outputs of it and every later "
-                       "block), written in circuit-tracer's cross_layer_transcoder layout (DIR/config.yaml, "
-                       "W_enc_L, W_dec_L) with per-feature JumpReLU thresholds matching the TopK firing rates.")
-    d_sae: int | None = option(None, "--d-sae", min=1, metavar="N", show_default=False,
-                               help="Latents (default 8 x d_model).")
-    k: int = option(32, "--k", min=1, metavar="N",
-                    help="Active latents per token (TopK; jumprelu: the mean L0 the thresholds start at and the "
-                    "sparsity term holds).")
-    activation: Activation = option(Activation.topk, "--activation", case_sensitive=False,
-                                    help="topk (k latents per token) or jumprelu (a latent fires above its own "
-                                    "threshold, trained with the straight-through estimator and an L0 penalty; "
-                                    "written in SAELens' jumprelu format, --clt with its thresholds).")
-    bandwidth: float = option(0.05, "--bandwidth", metavar="X",
-                              help="jumprelu: the straight-through estimator's kernel width, as a fraction of the "
-                              "median starting threshold.")
-    l0_coeff: float = option(1.0, "--l0-coeff", metavar="X", min=0.0,
-                             help="jumprelu: the weight of the sparsity term (mean L0 / k - 1)^2 beside the FVU "
-                             "(per block).")
-    max_tokens: int = option(20000, "--max-tokens", min=4, metavar="N",
-                             help="Tokens read from the corpus (the last window is held out).")
-    ctx: int = option(256, "--ctx", min=2, metavar="N", help="Tokens per window.")
-    epochs: int = option(8, "--epochs", min=1, metavar="N", help="Passes over the tokens.")
-    batch_size: int = option(256, "--batch-size", min=1, metavar="N", help="Rows per step.")
-    lr: float | None = option(None, "--lr", metavar="X", show_default=False,
-                              help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14)).")
-    seed: int = option(0, "--seed", metavar="N", help="Initialization and shuffling.")
-    overwrite: bool = option(False, "--overwrite", help="Write into a folder that is not empty.")
-    checkpoint: Path | None = option(None, "--checkpoint", metavar="FILE", show_default=False,
-                                     help="--clt: save the training's state here (coder, Adam, step) and resume from "
-                                     "it when it exists (same settings and tokens only).")
-    checkpoint_every: int = option(50, "--checkpoint-every", min=1, metavar="N",
-                                   help="--clt: write --checkpoint every N steps and after the last.")
-
-    def __post_init__(self) -> None:
-        from anatomy_cli.corpus.sources import open_source
-
-        super().__post_init__()
-        given: Any = self.corpus  # a path, or several
-        paths = [given] if isinstance(given, (str, Path)) else list(given)
-        object.__setattr__(self, "corpus", tuple(str(c) for c in paths))
-        object.__setattr__(self, "layer", sites.blocks_text(self.layer))
-        object.__setattr__(self, "activation", Activation(self.activation))
-        sites.parse_blocks(str(self.layer), None, "--layer", every=True)  # the syntax; the range once opened
-        if not self.corpus:
-            raise UsageError("fit-sae needs a corpus: CORPUS... (text files, folders of .txt/.md, .jsonl)")
-        if "-" in self.corpus:
-            raise UsageError("fit-sae reads files, not stdin: give CORPUS paths")
-        for source in self.corpus:
-            open_source(source)  # a missing path, an empty folder: one line
-        if self.out is None:
-            raise UsageError("fit-sae needs --out DIR (the folder the SAE is written to)")
-        object.__setattr__(self, "out", out_path("--out", self.out, folder=True))
-        if self.out.is_dir() and any(self.out.iterdir()) and not self.overwrite:
-            raise UsageError(f"--out {self.out} is not empty: give --overwrite to write into it")
-        if self.d_sae is not None and self.d_sae < self.k:
-            raise UsageError(f"--d-sae {self.d_sae} is below --k {self.k}: give at least k latents")
-        if not self.bandwidth > 0:
-            raise UsageError(f"--bandwidth {self.bandwidth} is not above 0 (the kernel's width)")
-        if self.lr is not None and not 0 < self.lr < 1:
-            raise UsageError(f"--lr {self.lr} is outside (0, 1)")
-        self.check_clt()
-        if self.max_tokens < 2 * self.ctx:
-            raise UsageError(f"--max-tokens {self.max_tokens} is under two --ctx {self.ctx} windows (one is held out)")
-
-    @property
-    def jumprelu(self) -> dict[str, float] | None:
-        """The JumpReLU's settings (``bandwidth``, ``l0_coeff``) as the engine takes them; None for TopK."""
-        if self.activation is not Activation.jumprelu:
-            return None
-        return {"bandwidth": self.bandwidth, "l0_coeff": self.l0_coeff}
-
-    def check_clt(self) -> None:
-        """--clt needs --transcoder and --layer all; --checkpoint needs --clt (and another path than --out)."""
-        if self.clt and not self.transcoder:
-            raise UsageError("--clt fits a cross-layer transcoder: give --transcoder too (an SAE has no cross-layer "
-                             "form here)")
-        if self.clt and str(self.layer) != "all":
-            raise UsageError(f"--clt reads every block and writes to every later one: give --layer all, not "
-                             f"--layer {self.layer}")
-        if self.checkpoint is not None:
-            if not self.clt:
-                raise UsageError("--checkpoint resumes a --clt fit only (the per-layer fits are not resumable)")
-            object.__setattr__(self, "checkpoint", out_path("--checkpoint", self.checkpoint))
-
-
-@dataclass(frozen=True)
-class FitSaePlan:
-    blocks: tuple[BlockPlan, ...]  # in block order
-    windows: tuple[tuple[int, ...], ...]
-    d_sae: int
-
-    @property
-    def points(self) -> list[str]:
-        """Every hook point collected, once each, in block order."""
-        return list(dict.fromkeys(p for b in self.blocks for p in b.points))
 
 
 @dataclass(frozen=True)
@@ -318,16 +191,8 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
 def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
     """Collect every block's activations in one pass, then per block: train, write, read back and splice into
     the held-out window (``clt``: one cross-layer transcoder over every block instead, tasks/_fit_clt.py); on a
-    busy machine with one thread (:func:`anatomy_cli.engine.sae_fit.machine_threads`), the probes too."""
-    import torch
-
-    from anatomy_cli.engine import sae_fit
-
-    before = torch.get_num_threads()
-    with sae_fit.machine_threads() as threads:
-        if threads < before:
-            notes.info(f"fit-sae: the machine is busy (load average at or over its CPUs): 1 thread, not {before} "
-                       "(they would wait for each other at every op)")
+    busy machine with one thread (:func:`anatomy_cli.tasks.session.busy_threads`), the probes too."""
+    with busy_threads(COMMAND):
         return fit(lm, opts, plan)
 
 

@@ -74,7 +74,6 @@ class SaePlan:
 def check(opened: Opened, opts: SaeOptions) -> SaePlan:
     """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
     ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
-    from anatomy_cli.models.sae import names
     from anatomy_cli.models.sae import read
     from anatomy_cli.models.sae.feature_labels import dictionary_labels
 
@@ -84,7 +83,7 @@ def check(opened: Opened, opts: SaeOptions) -> SaePlan:
         raise UsageError(f"--feature {bad[0]} is out of range: the SAE has {sae_file.d_sae} features")
     labels = dictionary_labels(sae_file.path, sae_file.site, opts.labels, shared.features_dirs(opts.features_dir),
                                sae_file.neuronpedia_id)
-    names.check_fits(opened.info, opened.name, sae_file)
+    sae_file.check_fits(opened.info, opened.name)
     return SaePlan(sae_file, labels)
 
 

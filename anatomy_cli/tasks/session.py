@@ -15,6 +15,8 @@ cache, the API a model it already holds). What the pipeline says (warnings, stat
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -129,6 +131,23 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Both phases at once, for tasks with no input to check before the weights."""
     return load_weights(open_model(spec))
+
+
+@contextmanager
+def busy_threads(command: str) -> Iterator[None]:
+    """A long CPU loop of ``command`` (fit-sae, fit-lens, circuit, explain's generation) on one torch thread where
+    the machine is busy (:func:`anatomy_cli.engine.threads.machine_threads`), with one line saying so; inside
+    another such block nothing changes and nothing more is said."""
+    import torch
+
+    from anatomy_cli.engine.threads import machine_threads
+
+    before = torch.get_num_threads()
+    with machine_threads() as threads:
+        if threads < before:
+            notes.info(f"{command}: the machine is busy (load average at or over its CPUs): 1 thread, not {before} "
+                       "(they would wait for each other at every op)")
+        yield
 
 
 def warn_cost(what: str, lm: LoadedModel, flops: float) -> None:

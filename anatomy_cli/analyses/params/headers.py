@@ -103,7 +103,7 @@ def from_gguf(spec: str, path: str, *, dtype: str | None = None, per_layer: bool
         raise CheckpointError(f"{spec}: the GGUF file holds no tensors")
     arch = header.architecture
     tied = not any(t.category == HEAD for t in kept)
-    n_layers = int(header.field("block_count", 0) or 0) or len({t.layer for t in kept if t.layer})
+    n_layers = header.block_count or len({t.layer for t in kept if t.layer})
     notes = [(f"Read from the GGUF header (version {header.version}): memory-mapped, no tensor data read, "
               "nothing dequantized; every tensor once.")]
     return _result(spec, "gguf", path, arch, arch, "gguf", n_layers, kept, disk, tied, dtype, per_layer, notes,

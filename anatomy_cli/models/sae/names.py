@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
-from typing import Protocol
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sites import TL_MLP_IN
@@ -28,24 +27,6 @@ from anatomy_cli.models.sites import spelled
 
 if TYPE_CHECKING:
     from anatomy_cli.models.adapters import Adapter
-    from anatomy_cli.models.info import ModelInfo
-
-
-class SAESites(Protocol):
-    """What :func:`check_fits` reads of an SAE (:class:`anatomy_cli.models.sae.read.SAEFile`)."""
-
-    @property
-    def hook_name(self) -> str: ...
-    @property
-    def hook_name_out(self) -> str: ...
-    @property
-    def site(self) -> str: ...
-    @property
-    def site_out(self) -> str: ...
-    @property
-    def d_in(self) -> int: ...
-    @property
-    def d_out(self) -> int: ...
 
 
 _TL_OTHER = re.compile(r"^blocks\.(\d+)\.(\S+)$")  # blocks.N.<a name models/sites.py does not register>
@@ -132,19 +113,3 @@ def gemma_scope_l0(path: str) -> float | None:
     """``average_l0_71`` in a Gemma Scope path: the L0 its release states."""
     m = re.search(r"average_l0_(\d+(?:\.\d+)?)", path)
     return float(m.group(1)) if m else None
-
-
-def check_fits(info: ModelInfo, name: str, sae: SAESites) -> None:
-    """Raise UsageError unless the model ``info`` describes has the SAE's layers and its sites are ``d_in`` /
-    ``d_out`` wide (the MLP's input is ``d_model`` wide), and, for a hook of ``ln2.hook_normalized``
-    (:func:`before_gain`), its MLP reads a norm (:func:`mlp_norm`). Before any weight loads."""
-    if before_gain(sae.hook_name) or before_gain(sae.hook_name_out):
-        mlp_norm(info.adapter, name)
-    for point, width, what in ((sae.site, sae.d_in, "d_in"), (sae.site_out, sae.d_out, "d_out")):
-        layer = layer_of(point)
-        if not 0 <= layer < info.n_layers:
-            raise UsageError(f"the SAE reads {point} ({sae.hook_name}), but {name} has {info.n_layers} layers")
-        site_width = info.n_heads * info.d_head if point.endswith(Site.head.hook) else info.d_model
-        if width != site_width:
-            raise UsageError(f"the SAE's {what} is {width}, but {point} of {name} is {site_width} wide: "
-                             f"the SAE was trained on another model or site")

@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,10 @@ from anatomy_cli.models.sae import names
 from anatomy_cli.models.sae.arrays import Array
 from anatomy_cli.models.sae.arrays import npz_arrays
 from anatomy_cli.models.sae.arrays import safetensors_arrays
+from anatomy_cli.models.sites import Site
+
+if TYPE_CHECKING:
+    from anatomy_cli.models.info import ModelInfo
 
 ARCHITECTURES = ("standard", "jumprelu", "topk")
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm", "expected_average_only_in")
@@ -88,6 +93,21 @@ class SAEFile:
     @property
     def d_out(self) -> int:
         return int(self.W_dec.shape[1])
+
+    def check_fits(self, info: ModelInfo, name: str) -> None:
+        """Raise UsageError unless the model ``info`` describes has the SAE's layers and its sites are ``d_in`` /
+        ``d_out`` wide (the MLP's input is ``d_model`` wide), and, for a hook of ``ln2.hook_normalized``
+        (:func:`names.before_gain`), its MLP reads a norm (:func:`names.mlp_norm`). Before any weight loads."""
+        if names.before_gain(self.hook_name) or names.before_gain(self.hook_name_out):
+            names.mlp_norm(info.adapter, name)
+        for point, width, what in ((self.site, self.d_in, "d_in"), (self.site_out, self.d_out, "d_out")):
+            layer = names.layer_of(point)
+            if not 0 <= layer < info.n_layers:
+                raise UsageError(f"the SAE reads {point} ({self.hook_name}), but {name} has {info.n_layers} layers")
+            site_width = info.n_heads * info.d_head if point.endswith(Site.head.hook) else info.d_model
+            if width != site_width:
+                raise UsageError(f"the SAE's {what} is {width}, but {point} of {name} is {site_width} wide: "
+                                 f"the SAE was trained on another model or site")
 
     @property
     def transcoder(self) -> bool:
