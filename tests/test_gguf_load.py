@@ -40,11 +40,9 @@ def test_config_from_the_header_equals_transformers(smollm2_gguf, tiny_gguf):
 def transformers_config(path, cached: bool):
     """transformers' own config reader on a GGUF file (``AutoConfig.from_pretrained(gguf_file=...)``: it reads the
     whole header with gguf's reader, 7 s for SmolLM2). ``cached``: the config it returned pickled once per machine
-    (conftest's ``cached_file``, keyed by the file's SHA-256 and the transformers version) and read back after."""
-    import pickle
-
+    (conftest's ``cached_value``, keyed by the file's SHA-256 and the transformers version) and read back after."""
     import transformers
-    from conftest import cached_file
+    from conftest import cached_value
     from transformers import AutoConfig
 
     from anatomy_cli.models.identity import file_sha256
@@ -54,9 +52,7 @@ def transformers_config(path, cached: bool):
 
     if not cached:
         return read()
-    key = f"config-{file_sha256(path)[:16]}-transformers{transformers.__version__}"
-    built = cached_file(key, ".pkl", lambda out: out.write_bytes(pickle.dumps(read())), folder="references")
-    return pickle.loads(built.read_bytes())
+    return cached_value(f"config-{file_sha256(path)[:16]}-transformers{transformers.__version__}", read)
 
 
 def test_quantization_label(smollm2_gguf, gemma3_gguf, tiny_gguf, tmp_path):
