@@ -363,6 +363,15 @@ def cached_file(key: str, suffix: str, build, folder: str = "built") -> Path:
     return target
 
 
+def cached_value(key: str, make):
+    """``make()``'s value (a reference another library computed slowly), pickled once per machine
+    (:func:`cached_file`, folder ``references``; ``key`` names what it depends on) and read back after."""
+    import pickle
+
+    built = cached_file(key, ".pkl", lambda out: out.write_bytes(pickle.dumps(make())), folder="references")
+    return pickle.loads(built.read_bytes())
+
+
 def transformers_reference(name: str, gguf_file: Path, load, **options):
     """transformers' own load of ``gguf_file`` (``load()``: its GGUF reader and dequantization, 15-40 s), cached:
     the first session saves the loaded model with save_pretrained (:func:`cached_file`, folder ``references``),

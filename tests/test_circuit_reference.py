@@ -19,8 +19,11 @@ JSON's nodes and links.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +31,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT
+from conftest import cache_root
+from conftest import cached_file
 
 REF = ROOT / "tests" / "reference" / "circuit_tracer_ref.py"
 PROMPT = "The capital of France is"
@@ -35,14 +40,26 @@ MAX_FEATURE_NODES, BATCH = 64, 8
 REL = 1e-4  # fp32 on both sides; the two tools sum the same products in different orders
 
 
-def ct_python() -> str | None:
-    """circuit-tracer's Python: $ANATOMY_CT_PYTHON, else ROOT/.venv-ct (what .ci/run builds); None if neither."""
+VERSIONS = ("import circuit_tracer, importlib.metadata as m; "
+            "print(' '.join(p + m.version(p) for p in ('circuit-tracer', 'torch', 'transformers', 'nnsight')))")
+
+
+@functools.cache
+def ct_probe() -> tuple[str, str] | None:
+    """``(circuit-tracer's Python, its venv's versions)``: $ANATOMY_CT_PYTHON, else ROOT/.venv-ct (what .ci/run
+    builds); None if neither imports circuit_tracer. Probed once per process (a few seconds: it imports torch)."""
     named = os.environ.get("ANATOMY_CT_PYTHON")
     candidate = Path(named) if named else ROOT / ".venv-ct" / "bin" / "python"
     if not candidate.is_file():
         return None
-    probe = subprocess.run([str(candidate), "-c", "import circuit_tracer"], capture_output=True, timeout=120)
-    return str(candidate) if probe.returncode == 0 else None
+    probe = subprocess.run([str(candidate), "-c", VERSIONS], capture_output=True, text=True, timeout=120)
+    return (str(candidate), probe.stdout.strip()) if probe.returncode == 0 else None
+
+
+def ct_python() -> str | None:
+    """circuit-tracer's Python (:func:`ct_probe`), or None."""
+    probe = ct_probe()
+    return None if probe is None else probe[0]
 
 
 def run_ct(python: str, *args: str | Path) -> str:
@@ -50,6 +67,32 @@ def run_ct(python: str, *args: str | Path) -> str:
                           env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     assert done.returncode == 0, f"circuit_tracer_ref.py {args[0]} failed:\n{done.stderr[-4000:]}"
     return done.stdout
+
+
+@functools.cache
+def folder_digests(model: Path) -> tuple[str, ...]:
+    """``name sha256`` of each file of a model folder (read once per process: 540 MB for SmolLM2). A safetensors
+    file's by its content: the header's JSON with sorted keys (save_pretrained writes its keys in no fixed order,
+    so two saves of the same tensors differ in their bytes), then the tensors' bytes."""
+    return tuple(f"{f.name} {content_sha256(f)}" for f in sorted(model.iterdir()))
+
+
+def content_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        if path.suffix == ".safetensors":
+            size = int.from_bytes(fh.read(8), "little")
+            h.update(json.dumps(json.loads(fh.read(size)), sort_keys=True).encode())
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def reference_key(model: Path, versions: str, options: list) -> str:
+    """What circuit-tracer's run depends on, digested: the model folder's files (names and bytes), the reference
+    script, the options and circuit-tracer's venv (its versions)."""
+    parts = [REF.read_text(), versions, *map(str, options), *folder_digests(model)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +108,27 @@ def smollm2_dir(tmp_path_factory, smollm2_lm):
 @pytest.fixture(scope="module", params=["plt", "clt"])
 def ct(request, tmp_path_factory):
     """circuit-tracer's run: (python, model dir, out dir, reference record, its JSON); once with per-layer
-    transcoders, once with a cross-layer transcoder (its ``load_clt`` folder)."""
-    python = ct_python()
-    if python is None:
+    transcoders, once with a cross-layer transcoder (its ``load_clt`` folder). circuit-tracer's run is kept once per
+    machine (conftest's ``cached_file``, as transformers' reference loads are): keyed by this model folder's bytes
+    (what ``anatomy convert`` wrote), the reference script, its options and the venv's versions, so a change to any of
+    them runs circuit-tracer again; ``check`` (circuit-tracer reading anatomy's graph) runs every time."""
+    probe = ct_probe()
+    if probe is None:
         pytest.skip("circuit-tracer is not installed: .ci/run builds .venv-ct (or set ANATOMY_CT_PYTHON)")
+    python, versions = probe
     model = request.getfixturevalue("smollm2_dir")
-    out = tmp_path_factory.mktemp(f"ct-{request.param}")
-    run_ct(python, "attribute", "--model", model, "--out", out, "--prompt", PROMPT, "--features", 64, "--seed", 0,
-           "--max-feature-nodes", MAX_FEATURE_NODES, "--batch-size", BATCH,
-           "--kind", request.param)  # writes the transcoders first
+    options = ["--prompt", PROMPT, "--features", 64, "--seed", 0, "--max-feature-nodes", MAX_FEATURE_NODES,
+               "--batch-size", BATCH, "--kind", request.param]
+
+    key = f"circuit-tracer-{request.param}-{reference_key(model, versions, options)}"
+
+    def build(out: Path) -> None:
+        run_ct(python, "attribute", "--model", model, "--out", out, *options)  # writes the transcoders first
+        shutil.rmtree(out / "model-v4")  # links to this session's model folder: not kept
+        config = out / "transcoders" / "config.yaml"  # names its files by their paths: the folder's final ones
+        config.write_text(config.read_text().replace(str(out), str(cache_root() / "references" / key)))
+
+    out = cached_file(key, "", build, folder="references")
     record = torch.load(out / "reference.pt", weights_only=False)
     record["kind"] = request.param
     return python, model, out, record, json.loads((out / "ct.json").read_text())

@@ -23,49 +23,6 @@ TEXTS = ["The quick brown fox jumps over the lazy dog because it was tired of ru
          "short",
          "Once upon a time there was a small village at the edge of a dark forest",
          "In the beginning the universe was created and this has made a lot of people very angry"]
-DRIVER = """
-import functools, sys
-from anatomy_cli.tasks import _jacobian_ray
-_jacobian_ray.fit_on_ray = functools.partial(_jacobian_ray.fit_on_ray, crash_once=(sys.argv[1], 2))  # dies at shard 2
-from anatomy_cli.cli.main import app
-from anatomy_cli.errors import UsageError
-app(args=sys.argv[2:])
-"""
-
-
-def test_a_ray_fit_with_a_killed_worker_equals_the_in_process_fit_and_the_shard_merge(tiny_lm, tiny_model_dir,
-                                                                                      tmp_path, ray_cluster):
-    lm = tiny_lm("llama")
-    kw = dict(skip_first=4, dim_batch=16, dtype="fp32")
-    here = api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "here.pt", **kw)
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(TEXTS) + "\n")
-    common = ["fit-lens", "jacobian", "--model", str(tiny_model_dir("llama")), "--prompts", str(prompts),
-              "--skip-first", "4", "--dim-batch", "16", "--dtype", "fp32", "--format", "json"]
-    runner = CliRunner()
-    for i in (0, 1):
-        res = runner.invoke(app, [*common, "--out", str(tmp_path / f"s{i}.pt"), "--shard", f"{i}/2"])
-        assert res.exit_code == 0, res.output
-    res = runner.invoke(app, ["fit-lens", "merge", str(tmp_path / "s0.pt"), str(tmp_path / "s1.pt"), "--out",
-                              str(tmp_path / "merged.pt"), "--dtype", "fp32"])
-    assert res.exit_code == 0, res.output
-
-    marker = tmp_path / "crashed"
-    res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), *common, "--out", str(tmp_path / "ray.pt"),
-                          *ray_cluster.args()], env=ray_cluster.env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert marker.exists(), "no worker died: the test proves nothing"
-    data = json.loads(res.stdout)  # the whole of stdout is the JSON document: Ray wrote nothing there
-    assert (data["n_prompts"], data["skipped"], data["kind"]) == (3, 1, "jacobian")
-    assert data["model"] == str(tiny_model_dir("llama"))
-    assert "backward passes per prompt: about" in res.stderr and "1 prompt skipped" in res.stderr
-    ray_fit, in_process, merged = (torch.load(tmp_path / f, weights_only=True) for f in ("ray.pt", "here.pt",
-                                                                                         "merged.pt"))
-    assert ray_fit["n_prompts"] == in_process["n_prompts"] == merged["n_prompts"] == 3
-    assert ray_fit["source_layers"] == in_process["source_layers"] == [0]
-    for other in (in_process, merged):
-        torch.testing.assert_close(ray_fit["J"][0], other["J"][0], atol=1e-6, rtol=1e-6)
-    assert [b["frobenius"] for b in data["blocks"]] == pytest.approx([n for n in here.result.norms], rel=1e-6)
 
 
 def test_ray_refusals_are_one_line(tiny_model_dir, tmp_path):
@@ -208,7 +165,7 @@ def _interrupted_at_the_second_prompt(monkeypatch, fit):
     monkeypatch.setattr(jacobian_fit, "jacobian_for_prompt", real)
 
 
-RESUME_DRIVER = """
+DRIVER = """
 import functools, sys
 from anatomy_cli.tasks import _jacobian_ray
 _jacobian_ray.fit_on_ray = functools.partial(_jacobian_ray.fit_on_ray, crash_once=(sys.argv[1], 3))  # dies at prompt 3
@@ -218,34 +175,51 @@ app(args=sys.argv[2:])
 """
 
 
-def test_a_partial_checkpoint_resumed_on_a_local_ray_equals_the_uninterrupted_fit(tiny_lm, tiny_model_dir,
-                                                                                  tmp_path, monkeypatch, ray_cluster):
+def test_a_partial_checkpoint_resumed_on_a_local_ray_with_a_killed_worker_equals_the_fit_and_the_shard_merge(
+        tiny_lm, tiny_model_dir, tmp_path, monkeypatch, ray_cluster):
     """A real local Ray (2 workers, the one reaching prompt 3 killed mid-prompt) resuming a checkpoint that holds
-    prompts 0 and 1 (an in-process fit interrupted at its third prompt): prompts 2 and 3 are fitted, the
-    checkpoint then holds all four, and the lens equals the uninterrupted in-process fit."""
-
+    prompts 0 and 1 (an in-process fit interrupted at its third prompt): prompts 2 and 3 are fitted, the checkpoint
+    then holds all four, Ray writes nothing to stdout, and the lens equals the uninterrupted in-process fit and the
+    merge of two ``--shard`` fits. One Ray run for both properties (a Ray run costs ~20 s, most of it starting the
+    workers): the Ray fit without a checkpoint (shards of several prompts, added in shard order) differs from this
+    one only in how the driver plans and adds the shards, which test_the_api_on_ray_opens_the_model_only_and_adds_
+    shards_in_order checks with the shards finishing last to first."""
     lm = tiny_lm("llama")
     kw = dict(skip_first=4, dim_batch=16, dtype="fp32")
-    api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "whole.pt", **kw)
+    here = api.fit_lens(lm, "jacobian", TEXTS, out=tmp_path / "whole.pt", **kw)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(TEXTS) + "\n")
+    common = ["fit-lens", "jacobian", "--model", str(tiny_model_dir("llama")), "--prompts", str(prompts),
+              "--skip-first", "4", "--dim-batch", "16", "--dtype", "fp32", "--format", "json"]
+    runner = CliRunner()
+    for i in (0, 1):
+        res = runner.invoke(app, [*common, "--out", str(tmp_path / f"s{i}.pt"), "--shard", f"{i}/2"])
+        assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["fit-lens", "merge", str(tmp_path / "s0.pt"), str(tmp_path / "s1.pt"), "--out",
+                              str(tmp_path / "merged.pt"), "--dtype", "fp32"])
+    assert res.exit_code == 0, res.output
     ckpt = tmp_path / "fit.ckpt"
     _interrupted_at_the_second_prompt(monkeypatch, lambda: api.fit_lens(
         lm, "jacobian", TEXTS, out=tmp_path / "ray.pt", checkpoint=ckpt, **kw))
     assert torch.load(ckpt, weights_only=True)["done"] == [0, 1]
 
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(TEXTS) + "\n")
     marker = tmp_path / "crashed"
-    res = subprocess.run([sys.executable, "-c", RESUME_DRIVER, str(marker), "fit-lens", "jacobian", "--model",
-                          str(tiny_model_dir("llama")), "--prompts", str(prompts), "--skip-first", "4", "--dim-batch",
-                          "16", "--dtype", "fp32", "--format", "json", "--out", str(tmp_path / "ray.pt"),
+    res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), *common, "--out", str(tmp_path / "ray.pt"),
                           *ray_cluster.args(), "--checkpoint", str(ckpt)],
                          env=ray_cluster.env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert marker.exists(), "no worker died: the test proves nothing"
     assert "resuming from" in res.stderr and "2 of 4 prompts done" in res.stderr
-    data = json.loads(res.stdout)
-    assert (data["n_prompts"], data["skipped"]) == (3, 1)
+    assert "backward passes per prompt: about" in res.stderr and "1 prompt skipped" in res.stderr
+    data = json.loads(res.stdout)  # the whole of stdout is the JSON document: Ray wrote nothing there
+    assert (data["n_prompts"], data["skipped"], data["kind"]) == (3, 1, "jacobian")
+    assert data["model"] == str(tiny_model_dir("llama"))
     state = torch.load(ckpt, weights_only=True)
     assert (state["done"], state["next_idx"], state["n_done"], state["skipped"]) == ([0, 1, 2, 3], 4, 3, 1)
-    ray_fit, whole = (torch.load(tmp_path / f, weights_only=True) for f in ("ray.pt", "whole.pt"))
-    torch.testing.assert_close(ray_fit["J"][0], whole["J"][0], atol=1e-6, rtol=1e-6)
+    ray_fit, whole, merged = (torch.load(tmp_path / f, weights_only=True) for f in ("ray.pt", "whole.pt",
+                                                                                    "merged.pt"))
+    assert ray_fit["n_prompts"] == whole["n_prompts"] == merged["n_prompts"] == 3
+    assert ray_fit["source_layers"] == whole["source_layers"] == [0]
+    for other in (whole, merged):
+        torch.testing.assert_close(ray_fit["J"][0], other["J"][0], atol=1e-6, rtol=1e-6)
+    assert [b["frobenius"] for b in data["blocks"]] == pytest.approx([n for n in here.result.norms], rel=1e-6)

@@ -32,12 +32,27 @@ def tiny_gguf(tmp_path_factory):
 
 
 def test_config_from_the_header_equals_transformers(smollm2_gguf, tiny_gguf):
+    for path, cached in ((smollm2_gguf, True), (tiny_gguf, False)):
+        ours = gguf.read_config(read_gguf(path), str(path))
+        assert ours.to_dict() == transformers_config(path, cached).to_dict(), path
+
+
+def transformers_config(path, cached: bool):
+    """transformers' own config reader on a GGUF file (``AutoConfig.from_pretrained(gguf_file=...)``: it reads the
+    whole header with gguf's reader, 7 s for SmolLM2). ``cached``: the config it returned pickled once per machine
+    (conftest's ``cached_value``, keyed by the file's SHA-256 and the transformers version) and read back after."""
+    import transformers
+    from conftest import cached_value
     from transformers import AutoConfig
 
-    for path in (smollm2_gguf, tiny_gguf):
-        ours = gguf.read_config(read_gguf(path), str(path))
-        ref = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-        assert ours.to_dict() == ref.to_dict(), path
+    from anatomy_cli.models.identity import file_sha256
+
+    def read():
+        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+
+    if not cached:
+        return read()
+    return cached_value(f"config-{file_sha256(path)[:16]}-transformers{transformers.__version__}", read)
 
 
 def test_quantization_label(smollm2_gguf, gemma3_gguf, tiny_gguf, tmp_path):

@@ -9,7 +9,8 @@ compared while neither is in memory.
   tensor read on request. Buffers stored as weights (GPT-2's ``attn.bias`` masks, rotary ``inv_freq``)
   are left out. Names without the base model's prefix (GPT-2's Hub checkpoint stores ``h.0.attn...``)
   get it, so they equal the model's own names.
-* GGUF (llama.cpp): ``gguf.GGUFReader`` memory-maps the file; a tensor is dequantized by
+* GGUF (llama.cpp): the file memory-mapped, its tensor table read by ``read_gguf`` (the views shaped as
+  ``gguf.GGUFReader`` shapes them); a tensor is dequantized by
   ``gguf.quants.dequantize`` when read, then passed through transformers' own per-architecture tensor
   processor (Llama's q/k rows are permuted back, Gemma's norms shifted ...) and named by transformers'
   own GGUF name map (``get_gguf_hf_weights_map``), exactly as ``from_pretrained(gguf_file=...)`` does.
@@ -34,6 +35,7 @@ from typing import Any
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models import adapters
+from anatomy_cli.models.headers import GGUFHeader
 from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.headers import read_safetensors
 from anatomy_cli.models.headers import safetensors_files
@@ -229,10 +231,45 @@ def _weights_map(build: Callable[[PreTrainedModel, TensorProcessor], dict[str, s
         gguf.get_tensor_name_map = real
 
 
+@dataclass(frozen=True)
+class _GGUFTensor:
+    """A GGUF file's tensor as ``gguf.GGUFReader`` lists it, with what ``dequantize`` and :func:`_open_gguf` read:
+    its ggml type, its shape (ggml order), its element count and its data, a view of the file's memory map."""
+
+    name: str
+    tensor_type: Any
+    shape: tuple[int, ...]
+    n_elements: int
+    data: Any
+
+
+_GGUF_PLAIN = {"F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8", "I16": "int16", "I32": "int32",
+               "I64": "int64"}  # stored as numpy numbers; every other type as bytes, as GGUFReader keeps them
+
+
+def _gguf_tensors(header: GGUFHeader) -> list[_GGUFTensor]:
+    """The tensors of ``header``'s file as views of one read-only memory map, shaped as ``gguf.GGUFReader`` shapes
+    them, from the tensor table :func:`read_gguf` read (GGUFReader itself takes 2.5-4 s on SmolLM2 making a numpy
+    view of every vocabulary string)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
+
+    buf = np.memmap(header.path, dtype=np.uint8, mode="r")
+    out = []
+    for t in header.tensors:
+        kind = GGMLQuantizationType[t.dtype]
+        raw = buf[header.data_start + t.offset:header.data_start + t.offset + t.n_bytes]
+        dims = tuple(reversed(t.shape))
+        data = (raw.view(np.dtype(_GGUF_PLAIN[t.dtype])).reshape(dims) if t.dtype in _GGUF_PLAIN
+                else raw.reshape(quant_shape_to_byte_shape(dims, kind)))
+        out.append(_GGUFTensor(t.name, kind, t.shape, t.n_params, data))
+    return out
+
+
 def _open_gguf(source: Source, config: PreTrainedConfig) -> TensorReader:
     import numpy as np
     import torch
-    from gguf import GGUFReader
     from gguf import dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor
@@ -241,14 +278,14 @@ def _open_gguf(source: Source, config: PreTrainedConfig) -> TensorReader:
 
     header = read_gguf(source.ref)  # one-line errors for a truncated or corrupt file, before gguf's reader
     with checkpoint_errors(f"{source.spec}: cannot read the GGUF tensors"):
-        reader = GGUFReader(source.ref)
+        stored = _gguf_tensors(header)
     model = _meta_model(config)
     tied, emb_name, head_name = _tying(model)
     # transformers' processor takes the config as a dict of its own keys (num_attention_heads, ...).
     processor_class: type[TensorProcessor] = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)
     processor = processor_class(config=config.to_dict())
     mapping = _weights_map(get_gguf_hf_weights_map, model, processor)
-    by_gguf = {t.name: t for t in reader.tensors}
+    by_gguf = {t.name: t for t in stored}
     sources: dict[str, list[str]] = {}
     for gguf_name in by_gguf:
         hf = mapping.get(gguf_name)
@@ -259,7 +296,7 @@ def _open_gguf(source: Source, config: PreTrainedConfig) -> TensorReader:
     for hf, names in sources.items():
         parts = [by_gguf[n] for n in names]
         dtypes = list(dict.fromkeys(p.tensor_type.name for p in parts))
-        shape = tuple(int(d) for d in reversed(parts[0].shape.tolist())) if len(parts) == 1 else None
+        shape = tuple(reversed(parts[0].shape)) if len(parts) == 1 else None
         tensors[hf] = StoredTensor(hf, shape, "+".join(dtypes), sum(int(p.n_elements) for p in parts))
 
     def read(name: str) -> torch.Tensor:
