@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.replacement import Transcoders
+    from anatomy_cli.models.feature_labels import BlockLabels
     from anatomy_cli.models.info import ModelInfo
-    from anatomy_cli.models.sae.feature_labels import BlockLabels
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "circuit"
@@ -67,7 +67,7 @@ __all__ = ["COMMAND", "CircuitEstimate", "CircuitOptions", "CircuitPlan", "Circu
 class CircuitOptions(Declared):
     """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
-    or file; default: ``features_dir``'s and the transcoders' explanations.json, models/sae/feature_labels.py);
+    or file; default: ``features_dir``'s and the transcoders' explanations.json, models/feature_labels.py);
     ``features_dir``: ``features --out`` folders (labels, top tokens, the dashboard pages linked); ``check``:
     re-measure that many edges by intervention; ``heads``: head loadings of every kept edge and QK attributions of
     that many strongest heads (analyses/circuit_heads.py; 0: off); ``top``: rows of the paths table;
@@ -170,7 +170,7 @@ class CircuitOptions(Declared):
 @dataclass(frozen=True)
 class CircuitPlan:
     """The transcoders' description; ``labels``: ``{(block, feature): description}``, their sources, top tokens and
-    dashboards (models/sae/feature_labels.py ``block_labels``);
+    dashboards (models/feature_labels.py ``block_labels``);
     ``target_ids``: ``--target``'s and ``--target-id``'s token ids, in order (none: the salient logits)."""
 
     transcoders: tc_files.TranscoderSet
@@ -206,7 +206,7 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
                          f"each logit node once")
     if opts.estimate:
         return CircuitPlan(ts, target_ids=ids)
-    from anatomy_cli.models.sae.feature_labels import block_labels
+    from anatomy_cli.models.feature_labels import block_labels
 
     own = ts.paths if ts.sae_format else ()
     return CircuitPlan(ts, block_labels(Path(ts.root), own, info.n_layers, opts.labels,
@@ -214,7 +214,7 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
 
 
 def _no_labels() -> BlockLabels:
-    from anatomy_cli.models.sae.feature_labels import BlockLabels
+    from anatomy_cli.models.feature_labels import BlockLabels
 
     return BlockLabels()
 
