@@ -85,7 +85,7 @@ def test_estimate_with_heads_counts_its_replays(setting, monkeypatch):
     """``--estimate --heads 2``: the --heads replays bounded by the whole graph, in batches of --batch-size: a
     forward and backward per batch of targets (n + K), a held forward per batch of sources (N - K), a forward per
     batch of QK contributors (N - K) and the bias run, and the prompt's two replays; without --heads no such
-    keys."""
+    keys. The JSON says that they are an upper bound (``heads_bound``)."""
     model, _, tdir, _ = setting
     no_weights(monkeypatch)
     args = ["circuit", PROMPT, "--model", str(model), "--device", "cpu", "--transcoders", str(tdir), "--bos",
@@ -98,6 +98,7 @@ def test_estimate_with_heads_counts_its_replays(setting, monkeypatch):
     n, K, N = est["feature_rows"], est["n_logits"], est["n_nodes"]
     assert est["heads_passes"] == -(-(n + K) // 8) + 2 * -(-(N - K) // 8) + 1 + 3
     assert est["heads_flops"] > 0 and est["heads_seconds_expected"] > 0
+    assert est["heads_bound"].startswith("an upper bound: counted as if pruning kept every node")
     assert {k: v for k, v in est.items() if not k.startswith("heads_") and k != "quantities"} == \
         {k: v for k, v in plain.items() if k != "quantities"}
     assert [r["quantity"] for r in est["quantities"]][-3:] == ["heads_passes", "heads_flops", "heads_seconds_expected"]
@@ -395,3 +396,31 @@ def test_features_dir_gives_top_tokens_and_dashboard_links(setting, tmp_path):
             assert row["label"] == f"top tokens: {tops(int(row['node'].split('_')[1]))}"
     html = page.read_text()
     assert all(f"{uri}#f-{f}" in html for f in block0) and "top tokens (no label)" in html
+
+
+def test_features_dir_of_a_circuit_tracer_set_s_block_lands_on_that_block(setting, tmp_path):
+    """`features SET --hook 1` on the circuit's own transcoder set (circuit-tracer's layout, read by
+    models/ct_block.py): `circuit --features-dir` reads that export's block as 1 (not refused as unreadable) and
+    puts its top tokens on block 1's feature nodes only."""
+    from test_features import TEXT
+
+    from anatomy_cli.text.display import visible
+
+    model, lm, tdir, _ = setting
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    feats = tmp_path / "feats"
+    made = invoke("features", str(tdir), "--hook", "1", "--corpus", str(tmp_path / "corpus.txt"), "--model",
+                  str(model), "--device", "cpu", "--ctx", "16", "--max-tokens", "48", "--cooccur", "0", "--out",
+                  str(feats), "-f", "json")
+    assert made.exit_code == 0, made.output
+    effects = json.loads(made.stdout)["logit_effects"]
+    run = invoke(*_labelled_base(model, tdir), "--features-dir", str(feats), "--json", str(tmp_path / "g.json"))
+    assert run.exit_code == 0, run.stderr
+    graph = json.loads((tmp_path / "g.json").read_text())
+
+    def tops(f: int) -> str:
+        rows = sorted((r for r in effects if r["feature"] == f and r["side"] == "top"), key=lambda r: r["rank"])
+        return " ".join(visible(r["token"]) for r in rows[:3])
+
+    block1 = {f for b, f in _feature_pairs(graph) if b == 1}
+    assert block1 and graph["metadata"]["feature_labels"]["top_tokens"] == {f"1_{f}": tops(f) for f in sorted(block1)}

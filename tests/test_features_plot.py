@@ -153,9 +153,9 @@ def test_plot_takes_a_page_of_a_pass(made, args, match, tmp_path, monkeypatch):
 
 
 def test_a_panel_s_anchor_is_the_link_circuit_writes(browser, made):
-    """circuit --plot links a feature node to ``features.html#f-ID`` (models/sae/feature_labels.py ``link``): opened
+    """circuit --plot links a feature node to ``features.html#f-ID`` (models/feature_labels.py ``link``): opened
     at that address, the page shows that feature's panel, whose heading carries the id ``f-ID``."""
-    from anatomy_cli.models.sae.feature_labels import FeatureLabels
+    from anatomy_cli.models.feature_labels import FeatureLabels
 
     _, page, _ = made
     link = FeatureLabels(dashboard=page.resolve().as_uri()).link(5)

@@ -115,17 +115,43 @@ class Replay(NamedTuple):
 
 
 def replays(n_targets: int, n_sources: int, n_contributors: int, batch: int = BATCH) -> list[Replay]:
-    """The forwards :func:`attention` runs, in order, for ``n_targets`` targets and ``n_sources`` sources of the
-    links and ``n_contributors`` QK nodes, ``batch`` copies at most per forward: the prompt's recording
+    """The forwards :func:`attention` runs for ``n_targets`` targets and ``n_sources`` sources of the links and
+    ``n_contributors`` QK nodes, ``batch`` copies at most per forward: the prompt's recording
     (:class:`FrozenPrompt`), the held and the plain reference replays (:class:`Heads`), a forward and a backward per
     batch of targets (:meth:`Heads.gradients`), a held forward of the batch plus the reference copy per batch of
-    sources (:meth:`Heads.held`), a forward per batch of contributors and the bias run (:meth:`Heads.scores`).
+    sources (:meth:`Heads.held`), a forward per batch of contributors and the bias run (:meth:`Heads.scores`); in
+    this order where :meth:`Heads.split` holds the targets (the sources' forwards come before the targets' where
+    it holds the sources).
     The cost line and ``circuit --estimate --heads`` count these (tasks/_circuit_estimate.py ``heads_cost``)."""
     def sizes(n: int) -> list[int]:
         return [len(c) for c in chunks(list(range(n)), batch)]
 
     return ([Replay(1)] * 3 + [Replay(c, True) for c in sizes(n_targets)] + [Replay(c + 1) for c in sizes(n_sources)]
             + [Replay(c) for c in sizes(n_contributors)] + [Replay(1)])
+
+
+class Span(NamedTuple):
+    """One node's per-layer ``[P, ...]`` tensors held as their positions ``start:start + n`` (``rows``), where any
+    layer is nonzero: every other entry is exactly zero, so :meth:`whole` gives the tensors back bit for bit (a
+    zero's sign aside) at a fraction of their size."""
+
+    start: int
+    n_pos: int
+    rows: tuple[torch.Tensor, ...]
+
+    @staticmethod
+    def of(tensors: list[torch.Tensor]) -> Span:
+        live = torch.stack([t.reshape(t.shape[0], -1).ne(0).any(1) for t in tensors]).any(0).nonzero()
+        a, b = (int(live[0]), int(live[-1]) + 1) if len(live) else (0, 0)
+        return Span(a, int(tensors[0].shape[0]), tuple(t[a:b].clone() for t in tensors))  # a copy: frees the batch
+
+    def whole(self) -> list[torch.Tensor]:
+        out = []
+        for r in self.rows:
+            full = r.new_zeros((self.n_pos, *r.shape[1:]))
+            full[self.start:self.start + r.shape[0]] = r
+            out.append(full)
+        return out
 
 
 class Heads:
@@ -172,20 +198,53 @@ class Heads:
         outs = [(fp.freezer.capture or {})[k][2].float() for k in self.keys]
         return [([o[0] - o[row] for o in outs], fw, row) for row in range(1, len(sources) + 1)]
 
-    def split(self, links: list[tuple[int, int]]) -> list[HeadSplit]:
-        """Each edge ``(target, source)`` split by first head (the module docstring)."""
-        fp = self.fp
-        grads = self.gradients(sorted({t for t, _ in links}))
+    def split(self, links: list[tuple[int, int]], hold: str | None = None) -> list[HeadSplit]:
+        """Each edge ``(target, source)`` split by first head (the module docstring). One side is held, each node's
+        per-layer tensors kept from its first to its last nonzero position (:class:`Span`): ``hold`` "targets"
+        (their gradients) or "sources" (their held changes and bypasses); None: the side with fewer positions by
+        the nodes' own (a gradient is zero after its target's position, a held change before its source's). The
+        other side runs a batch at a time, its batch dropped once its parts are taken. The replays and the
+        numbers are those of holding both sides whole (tests/test_circuit_heads.py)."""
+        into: dict[int, list[int]] = {}  # source -> its targets
+        outof: dict[int, list[int]] = {}  # target -> its sources
+        for t, s in links:
+            into.setdefault(s, []).append(t)
+            outof.setdefault(t, []).append(s)
+        targets, sources = sorted(outof), sorted(into)
         out = []
-        for chunk in chunks(sorted({s for _, s in links}), self.batch):
-            for source, (dz, fw, row) in zip(chunk, self.held(chunk)):
-                for target, _ in (e for e in links if e[1] == source):
-                    per = torch.stack([torch.einsum("phd,phd->hp", g, d) for g, d in zip(grads[target], dz)])
-                    bypass = fp.value(fw, target, 0) - fp.value(fw, target, row)
-                    out.append(HeadSplit(target, source, float(fp.graph.adjacency_matrix[target, source]),
-                                         per.sum(-1), bypass, per.abs().argmax(-1)))  # per: [L, H, P]
+        if (hold or self._smaller(targets, sources)) == "targets":
+            grads = {t: Span.of(g) for c in chunks(targets, self.batch) for t, g in self.gradients(c).items()}
+            for c in chunks(sources, self.batch):
+                for s, (dz, fw, row) in zip(c, self.held(c)):
+                    out += [self._split(t, s, grads[t].whole(), dz, self._bypass(fw, t, row)) for t in into[s]]
+        else:
+            held = {}
+            for c in chunks(sources, self.batch):
+                for s, (dz, fw, row) in zip(c, self.held(c)):
+                    held[s] = (Span.of(dz), {t: self._bypass(fw, t, row) for t in into[s]})
+            for c in chunks(targets, self.batch):
+                for t, g in self.gradients(c).items():
+                    out += [self._split(t, s, g, held[s][0].whole(), held[s][1][t]) for s in outof[t]]
         order = {e: i for i, e in enumerate(links)}
         return sorted(out, key=lambda h: order[(h.target, h.source)])
+
+    def _smaller(self, targets: list[int], sources: list[int]) -> str:
+        """The side whose held tensors span fewer positions: a target's gradient ``0..its position``, a source's
+        held change ``its position..P - 1`` (a logit's position: the last)."""
+        g = self.fp.graph
+        n_sources = g.adjacency_matrix.shape[0] - g.n_logits
+        at = [g.n_pos if t >= n_sources else position(g, t) + 1 for t in targets]
+        return "targets" if sum(at) <= sum(g.n_pos - position(g, s) for s in sources) else "sources"
+
+    def _bypass(self, fw: rep.Forward, target: int, row: int) -> float:
+        """The edge's paths through no head: the target in the held forward's reference copy less in copy ``row``."""
+        return self.fp.value(fw, target, 0) - self.fp.value(fw, target, row)
+
+    def _split(self, target: int, source: int, grads: list[torch.Tensor], dz: list[torch.Tensor], bypass: float
+               ) -> HeadSplit:
+        per = torch.stack([torch.einsum("phd,phd->hp", g, d) for g, d in zip(grads, dz)])  # [L, H, P]
+        return HeadSplit(target, source, float(self.fp.graph.adjacency_matrix[target, source]), per.sum(-1), bypass,
+                         per.abs().argmax(-1))
 
     def vectors(self, picks: list[Pick], captured: Captured | None = None, row: int = 0
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:

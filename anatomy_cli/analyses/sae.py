@@ -195,7 +195,7 @@ class Reading:
     prompt's tokens as the tables show them; ``activations [pos, d_sae]`` float32 on the CPU; rows as in
     :func:`top_features`, :func:`follow` and :func:`logit_lens` (``summary``: one per followed feature);
     ``followed``: the ``--feature`` ids; ``labels``: feature id -> label (or ``top tokens: …`` where it has none)
-    when there are labels or top tokens (models/sae/feature_labels.py), else None; ``top``: the features listed per
+    when there are labels or top tokens (models/feature_labels.py), else None; ``top``: the features listed per
     token (``--top``); ``label_source``: where the labels came from (None: no labels)."""
 
     pieces: tuple[str, ...]

@@ -107,7 +107,7 @@ def column() -> str:
 
 def features_dir() -> Sequence[str] | None:
     """``--features-dir DIR`` (repeatable): ``features --out`` folders, for labels, top tokens and dashboard links
-    (models/sae/feature_labels.py)."""
+    (models/feature_labels.py)."""
     return option(None, "--features-dir", metavar="DIR", show_default=False, cli=list[Path] | None,
                   help="A folder anatomy features --out wrote (repeatable): its explanations.json labels the "
                   "features (--labels wins; default: explanations.json beside the dictionary); where a feature has "

@@ -22,7 +22,7 @@ IDS = ("current", "ct-0.5")  # --ids (analyses/circuit_files.py error_ids)
 class CircuitOptions(Declared):
     """circuit-tracer's ``attribute`` and ``prune_graph`` settings; ``out``: graph.pt; ``json``: the
     Neuronpedia graph JSON; ``labels``: a Neuronpedia explanations export per layer (``{layer: file}`` folder
-    or file; default: ``features_dir``'s and the transcoders' explanations.json, models/sae/feature_labels.py);
+    or file; default: ``features_dir``'s and the transcoders' explanations.json, models/feature_labels.py);
     ``features_dir``: ``features --out`` folders (labels, top tokens, the dashboard pages linked); ``check``:
     re-measure that many edges by intervention; ``heads``: head loadings of every kept edge and QK attributions of
     that many strongest heads (analyses/circuit_heads.py; 0: off); ``top``: rows of the paths table;

@@ -46,7 +46,7 @@ def parse_coefs(coef: Coef) -> list[float]:
 class SteeringOptions(Declared):
     """``steer``: a vector file (``anatomy steer --out`` or a llama.cpp control vector); ``steer_feature`` with
     ``sae``: an SAE feature's decoder row instead; ``coef``: the coefficient or a sweep (text, number, list);
-    ``labels`` / ``features_dir``: where the feature's label comes from (models/sae/feature_labels.py)."""
+    ``labels`` / ``features_dir``: where the feature's label comes from (models/feature_labels.py)."""
 
     steer: Path | str | None = option(
         None, "--steer", metavar="FILE", show_default=False, cli=Path | None,
@@ -140,7 +140,7 @@ def record(opts: SteeringOptions, found: SteeringVector | None) -> dict[str, obj
 
 def _feature_record(opts: SteeringOptions) -> dict[str, object]:
     """``feature`` and, where there are, its ``label``, ``label_source`` and ``link`` (read before any weight)."""
-    from anatomy_cli.models.sae.feature_labels import dictionary_labels
+    from anatomy_cli.models.feature_labels import dictionary_labels
     from anatomy_cli.models.sae.read import read
 
     assert opts.sae is not None and opts.steer_feature is not None

@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.replacement import Transcoders
+    from anatomy_cli.models.feature_labels import BlockLabels
     from anatomy_cli.models.info import ModelInfo
-    from anatomy_cli.models.sae.feature_labels import BlockLabels
     from anatomy_cli.tasks.protocol import Opened
 
 COMMAND = "circuit"
@@ -62,7 +62,7 @@ __all__ = ["COMMAND", "CircuitEstimate", "CircuitOptions", "CircuitPlan", "Circu
 @dataclass(frozen=True)
 class CircuitPlan:
     """The transcoders' description; ``labels``: ``{(block, feature): description}``, their sources, top tokens and
-    dashboards (models/sae/feature_labels.py ``block_labels``);
+    dashboards (models/feature_labels.py ``block_labels``);
     ``target_ids``: ``--target``'s and ``--target-id``'s token ids, in order (none: the salient logits)."""
 
     transcoders: tc_files.TranscoderSet
@@ -98,7 +98,7 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
                          f"each logit node once")
     if opts.estimate:
         return CircuitPlan(ts, target_ids=ids)
-    from anatomy_cli.models.sae.feature_labels import block_labels
+    from anatomy_cli.models.feature_labels import block_labels
 
     own = ts.paths if ts.sae_format else ()
     return CircuitPlan(ts, block_labels(Path(ts.root), own, info.n_layers, opts.labels,
@@ -106,7 +106,7 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
 
 
 def _no_labels() -> BlockLabels:
-    from anatomy_cli.models.sae.feature_labels import BlockLabels
+    from anatomy_cli.models.feature_labels import BlockLabels
 
     return BlockLabels()
 

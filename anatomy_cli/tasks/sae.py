@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.sae import Dictionary
-    from anatomy_cli.models.sae.feature_labels import FeatureLabels
+    from anatomy_cli.models.feature_labels import FeatureLabels
     from anatomy_cli.models.sae.read import SAEFile
     from anatomy_cli.tasks.protocol import Opened
 
@@ -74,8 +74,8 @@ class SaePlan:
 def check(opened: Opened, opts: SaeOptions) -> SaePlan:
     """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
     ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
+    from anatomy_cli.models.feature_labels import dictionary_labels
     from anatomy_cli.models.sae import read
-    from anatomy_cli.models.sae.feature_labels import dictionary_labels
 
     sae_file = read.read(Path(opts.sae), hook=opts.hook)
     bad = [f for f in opts.wanted if f >= sae_file.d_sae]

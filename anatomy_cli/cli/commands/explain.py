@@ -73,7 +73,7 @@ def explain_command(
 def _dashboard(opts: task.ExplainOptions) -> Path | None:
     """FEATURES_DIR's dashboard page (feature_labels.py's DASHBOARD name), when it exists and the explanations
     were written beside it (no --out)."""
-    from anatomy_cli.models.sae.feature_labels import DASHBOARD
+    from anatomy_cli.models.feature_labels import DASHBOARD
 
     page = Path(opts.features_dir) / DASHBOARD
     return page if opts.out is None and page.is_file() else None

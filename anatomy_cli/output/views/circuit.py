@@ -35,7 +35,7 @@ COLUMNS = (
     Column("via", "strongest source"),
     Column("via_weight", "its weight", "float", 4),
 )
-LABEL = Column("label", "label")  # shown when the run has labels or top tokens (models/sae/feature_labels.py)
+LABEL = Column("label", "label")  # shown when the run has labels or top tokens (models/feature_labels.py)
 HEAD_COLUMNS = (Column("head", "first head"), Column("head_part", "its part", "float", 4))  # --heads
 QK_NOTES = 3  # --heads: QK-attributed heads summed up under the table
 ROWS = "paths"
@@ -110,6 +110,11 @@ SIZES = ("adjacency_bytes", "rows_bytes", "setup_bytes", "transcoder_bytes", "ba
 COUNTS = ("n_tokens", "active_features_bound", "feature_rows", "n_logits", "n_nodes", "backward_passes")
 
 
+HEADS_BOUND = ("an upper bound: counted as if pruning kept every node (every feature row and logit a target, every "
+               "feature, error and token node a source); the kept graph is known only after the run, which prints "
+               "its own count for the kept edges before it starts them")
+
+
 def estimate_report(model: Any, enc: Encoded, est: CircuitEstimate) -> Report:
     """``--estimate``: the bound per quantity (bytes, counts, FLOPs, seconds), before any weight loads (``model``:
     the opened model, or a loaded one from the API)."""
@@ -127,6 +132,8 @@ def estimate_report(model: Any, enc: Encoded, est: CircuitEstimate) -> Report:
                   "shown": f"{human_seconds(e['heads_seconds_expected'])} on {e['device']}"}]
     data = {**record, "prompt": enc.text, "token_ids": list(enc.ids), "bos": enc.bos, "estimate": True, **e,
             ESTIMATE_ROWS: rows}
+    if e.get("heads_passes"):
+        data["heads_bound"] = HEADS_BOUND
     heading = [f"circuit --estimate · {getattr(model, 'name', '')} · {e['n_layers']} blocks × {e['d_transcoder']:,} "
                f"transcoder features · nothing computed", prompt_line(enc)]
     per_site = (f"TopK: k = {est.k:,} features of each block" if getattr(est, "k", None) is not None
@@ -136,7 +143,6 @@ def estimate_report(model: Any, enc: Encoded, est: CircuitEstimate) -> Report:
              f"the graph is {e['n_nodes']:,} × {e['n_nodes']:,} float32",
              "bytes are upper bounds beyond the model's weights; the time is a rough estimate at an assumed rate"]
     if e.get("heads_passes"):
-        notes.append("heads_*: --heads' batched replays after the graph, bounded as if every node were kept (the "
-                     "run prints its own figure for the kept edges before it starts them)")
+        notes.append(f"heads_*: --heads' batched replays after the graph, {HEADS_BOUND}")
     return Report(data=data, sections=[Section(ESTIMATE, rows, title="circuit --estimate")], heading=heading,
                   notes=notes)

@@ -100,7 +100,7 @@ def report(lm: LoadedModel, enc: Encoded, reading: Reading, sae_file: SAEFile) -
 
 
 def label_note(source: str | None) -> str:
-    """Where the labels came from, and what "top tokens:" means (models/sae/feature_labels.py)."""
+    """Where the labels came from, and what "top tokens:" means (models/feature_labels.py)."""
     where = f"labels from {source}" if source is not None else "no labels"
     return (f"{where}; \"top tokens: …\" is no label: the tokens the feature's decoder direction promotes most "
             "(--features-dir)")

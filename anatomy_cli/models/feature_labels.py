@@ -151,12 +151,14 @@ def _settings(d: Path) -> dict[str, Any]:
 
 
 def run_site(d: Path) -> str | None:
-    """The hook point of DIR's dictionary, or None when the dictionary is no longer where DIR's run read it."""
-    from anatomy_cli.models.sae.read import read
+    """The hook point of DIR's dictionary, or None when the dictionary is no longer where DIR's run read it. Read
+    as ``features`` read it (models/ct_block.py ``read_dictionary``): an SAE or transcoder, or one block of a
+    circuit-tracer transcoder set or cross-layer transcoder, picked by the run's ``--hook``."""
+    from anatomy_cli.models.ct_block import read_dictionary
 
     settings = _settings(d)
     try:
-        return read(settings["sae"], hook=settings.get("hook"), values=False).site
+        return read_dictionary(settings["sae"], hook=settings.get("hook"), values=False).site
     except UsageError:
         return None
 
