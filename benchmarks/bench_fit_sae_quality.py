@@ -22,9 +22,9 @@ d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from see
     with transformers' linear warm-up over ``min(1000, steps)`` steps and decay to 0, as the Trainer schedules it;
     its default warm-up, 1,000 steps, is longer than these fits). Skipped where that python is missing.
 
-(3) Every written folder is read back as ``anatomy sae`` reads it and spliced into each held-out window
-(``engine/sae.py`` ``splice_run``, ``analyses/sae.py`` ``health``): the FVE over all held-out rows pooled,
-and the token-weighted means of the spliced CE and KL (nats). One line per (block, tokens, trainer), then a table;
+(3) Every written folder is read back as ``anatomy sae`` reads it (``models/sae/read.py``, ``engine/sae.py``
+``Dictionary``): its FVE over all held-out rows pooled, and the means of the spliced CE and KL (nats) over the first
+``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a window). One line per (block, tokens, trainer), then a table;
 the training's CPU seconds (``time.process_time``, one thread) and the load average before and after.
 """
 
@@ -123,7 +123,22 @@ def collect(args: argparse.Namespace, path: Path) -> None:
     held_rows = args.held * args.ctx
     torch.save({"windows": wins, "held": args.held, "train_rows": len(wins) * args.ctx - held_rows,
                 "x": {layer: acts[2 * i][:-held_rows].clone() for i, layer in enumerate(args.layers)},
-                "target": {layer: acts[2 * i + 1][:-held_rows].clone() for i, layer in enumerate(args.layers)}}, path)
+                "target": {layer: acts[2 * i + 1][:-held_rows].clone() for i, layer in enumerate(args.layers)},
+                "x_held": {layer: acts[2 * i][-held_rows:].clone() for i, layer in enumerate(args.layers)},
+                "target_held": {layer: acts[2 * i + 1][-held_rows:].clone() for i, layer in enumerate(args.layers)}},
+               path)
+
+
+def held_rows_of(lm, acts: dict, args: argparse.Namespace) -> None:
+    """``acts``' held-out rows where an older file lacks them: the held-out windows collected again."""
+    if "x_held" in acts:
+        return
+    from anatomy_cli.models import sites
+
+    points = [sites.hook_name(layer, s) for layer in args.layers for s in (sites.Site.mlp_in, sites.Site.mlp_out)]
+    got = collect_until(lm, acts["windows"][-acts["held"]:], points)
+    acts["x_held"] = {layer: got[2 * i] for i, layer in enumerate(args.layers)}
+    acts["target_held"] = {layer: got[2 * i + 1] for i, layer in enumerate(args.layers)}
 
 
 class _Done(Exception):
@@ -186,8 +201,9 @@ def fit_sparsify(acts_path: Path, layer: int, n: int, args: argparse.Namespace, 
     return result
 
 
-def held_out(lm, folder: Path, wins: list) -> dict:
-    """The folder read as ``sae`` reads it, spliced into each held-out window: pooled FVE, mean CE and KL."""
+def held_out(lm, folder: Path, layer: int, acts: dict, kl_windows: int) -> dict:
+    """The folder read as ``sae`` reads it: its FVE on every held-out row (pooled), and spliced into the first
+    ``kl_windows`` held-out windows (``splice_run``, three forwards each), the mean next-token CE and KL."""
     import torch
 
     from anatomy_cli.analyses import sae as analysis
@@ -195,21 +211,17 @@ def held_out(lm, folder: Path, wins: list) -> dict:
     from anatomy_cli.models.sae import read
 
     d = engine_sae.Dictionary(read.read(folder), lm.device)
-    err = var_parts = 0.0
-    targets, recons, ce, ce_clean, kl, l0 = [], [], 0.0, 0.0, 0.0, 0.0
+    x, t = acts["x_held"][layer], acts["target_held"][layer].double()
+    with torch.inference_mode():
+        r = d.decode(d.encode(x), x).double()
+    fve = 1 - float((t - r).pow(2).sum() / (t - t.mean(0)).pow(2).sum())
+    wins = acts["windows"][-acts["held"]:][:kl_windows]
+    ce = ce_clean = kl = 0.0
     for w in wins:
-        run = engine_sae.splice_run(lm, list(w), d)
-        h = analysis.health(run, w, None)
-        targets.append(run.target.double())
-        recons.append(run.recon.double())
-        ce += h.ce_spliced_nats
-        ce_clean += h.ce_clean_nats
-        kl += h.kl_spliced_nats
-        l0 += h.l0_mean
-    t, r = torch.cat(targets), torch.cat(recons)
-    err, var_parts = float((t - r).pow(2).sum()), float((t - t.mean(0)).pow(2).sum())
-    n = len(wins)
-    return {"fve": 1 - err / var_parts, "ce_clean": ce_clean / n, "ce_spliced": ce / n, "kl": kl / n, "l0": l0 / n}
+        h = analysis.health(engine_sae.splice_run(lm, list(w), d), w, None)
+        ce, ce_clean, kl = ce + h.ce_spliced_nats, ce_clean + h.ce_clean_nats, kl + h.kl_spliced_nats
+    n = max(1, len(wins))
+    return {"fve": fve, "ce_clean": ce_clean / n, "ce_spliced": ce / n, "kl": kl / n}
 
 
 def main() -> None:
@@ -219,6 +231,7 @@ def main() -> None:
     p.add_argument("--corpus", default=str(ROOT / "docs"))
     p.add_argument("--ctx", type=int, default=64)
     p.add_argument("--held", type=int, default=16)
+    p.add_argument("--kl-windows", type=int, default=8, help="held-out windows the spliced CE/KL is measured on")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--tokens", default="7936", help="training rows per fit, comma-separated ('all': every one)")
     p.add_argument("--d-sae", type=int, default=1024)
@@ -242,6 +255,7 @@ def main() -> None:
     import anatomy_cli as anatomy
 
     lm = anatomy.load(args.model)
+    held_rows_of(lm, acts, args)
     held = acts["windows"][-acts["held"]:]
     trainers = args.trainers.split(",")
     if not Path(args.sparsify_python).exists():
@@ -258,7 +272,7 @@ def main() -> None:
                     fit = fit_anatomy(acts, layer, n, args, out)
                 else:
                     fit = fit_sparsify(acts_path, layer, n, args, trainer.partition("-")[2] or "signum", out)
-                row = {"layer": layer, "tokens": n, "trainer": trainer, **fit, **held_out(lm, out, held),
+                row = {"layer": layer, "tokens": n, "trainer": trainer, **fit, **held_out(lm, out, layer, acts, args.kl_windows),
                        "load": load_avg()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
