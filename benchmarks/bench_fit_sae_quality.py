@@ -13,7 +13,8 @@ saved to ``DIR/acts.pt``, which every trainer reads: the rows are the same float
 (2) Per block and per ``--tokens`` (the first N training rows, in window order), transcoders with the same
 d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from seed 0):
 
-  - ``anatomy``: ``engine/sae_fit.py`` ``train`` on :class:`TopKCoder` (as ``fit-sae`` without sparsify);
+  - ``anatomy``: ``engine/sae_fit.py`` ``train`` on :class:`TopKCoder` at ``fit-sae --transcoder``'s learning rate
+    (``default_lr(d_sae, scaled=True)``), as ``fit-sae`` trains without sparsify installed;
   - ``sparsify``: eai-sparsify's ``SparseCoder`` (``transcode=True``) in a side venv (``--sparsify-python``),
     stepped as its ``Trainer`` steps it with its defaults (1.3: ``optimizer="signum"``, i.e. SignSGD under
     schedulefree's ``ScheduleFreeWrapper`` with momentum 0.95 at ``5e-3/sqrt(d_sae/2**14)``, the biases set
@@ -182,7 +183,7 @@ def fit_anatomy(acts: dict, layer: int, n: int, args: argparse.Namespace, out: P
     coder = sae_fit.make_coder(acts["x"][layer].shape[1], args.d_sae, args.k, transcode=True, use_sparsify=False)
     start = time.process_time()
     trained = sae_fit.train(acts["x"][layer][:n], acts["target"][layer][:n], coder, epochs=args.epochs,
-                            batch=args.batch, lr=args.lr or sae_fit.default_lr(args.d_sae))
+                            batch=args.batch, lr=args.lr or sae_fit.default_lr(args.d_sae, scaled=True))
     cpu = time.process_time() - start
     sae_fit.save_sparsify(coder, out)
     curve = trained["fvu"]
