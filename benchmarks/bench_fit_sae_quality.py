@@ -25,8 +25,9 @@ d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from see
 
 (3) Every written folder is read back as ``anatomy sae`` reads it (``models/sae/read.py``, ``engine/sae.py``
 ``Dictionary``): its FVE over all held-out rows pooled, and the means of the spliced CE and KL (nats) over the first
-``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a window). One line per (block, tokens, trainer), then a table;
-the training's CPU seconds (``time.process_time``, one thread) and the load average before and after.
+``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a window). One
+line per (block, tokens, trainer), then a table; the training's CPU seconds (``time.process_time``, one thread)
+and the load average before and after.
 """
 
 from __future__ import annotations
@@ -273,8 +274,8 @@ def main() -> None:
                     fit = fit_anatomy(acts, layer, n, args, out)
                 else:
                     fit = fit_sparsify(acts_path, layer, n, args, trainer.partition("-")[2] or "signum", out)
-                row = {"layer": layer, "tokens": n, "trainer": trainer, **fit, **held_out(lm, out, layer, acts, args.kl_windows),
-                       "load": load_avg()}
+                row = {"layer": layer, "tokens": n, "trainer": trainer, **fit,
+                       **held_out(lm, out, layer, acts, args.kl_windows), "load": load_avg()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print("| block | tokens | trainer | steps | fvu_last | dead | held-out FVE | CE spliced (clean) | KL | CPU s |")
