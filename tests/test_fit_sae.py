@@ -314,3 +314,25 @@ def test_a_busy_machine_fits_with_one_thread_and_gets_its_threads_back(monkeypat
             assert (threads, torch.get_num_threads()) == (2, 2)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_transcoder_trained_at_unit_scale_is_written_in_the_activations_units():
+    """fit-sae trains a TopK transcoder on x / rms(x) and target / rms(target) and folds the scales into the
+    weights: the folded coder on the raw input gives the scaled coder's output times rms(target), computed here by
+    hand (the TopK of relu(W x / sx + b), decoded, times sy); an SAE and a JumpReLU coder are not scaled."""
+    torch.manual_seed(0)
+    x, t = 0.1 * torch.randn(40, 8), 3 * torch.randn(40, 8) + 1
+    coder = sae_fit.TopKCoder(8, 16, 3, transcode=True)
+    coder.W_dec.data = torch.randn(16, 8)  # a trained decoder (it starts at zero)
+    sx, sy = sae_fit.unit_scales(coder, x, t)
+    assert sx == pytest.approx(float((x ** 2).mean().sqrt())) and sy == pytest.approx(float((t ** 2).mean().sqrt()))
+    w, b, w_dec, b_dec = (p.detach().clone() for p in (coder.encoder.weight, coder.encoder.bias, coder.W_dec,
+                                                       coder.b_dec))
+    pre = torch.relu(x / sx @ w.T + b)
+    top = pre.topk(3, dim=-1)
+    by_hand = (torch.zeros_like(pre).scatter(1, top.indices, top.values) @ w_dec + b_dec) * sy
+    sae_fit.fold_scales(coder, sx, sy)
+    with torch.no_grad():
+        assert torch.allclose(coder(x), by_hand, rtol=1e-5, atol=1e-5)
+    assert sae_fit.unit_scales(sae_fit.TopKCoder(8, 16, 3), x, x) == (1.0, 1.0)
+    assert sae_fit.unit_scales(sae_fit.JumpReLUCoder(8, 16, transcode=True), x, t) == (1.0, 1.0)

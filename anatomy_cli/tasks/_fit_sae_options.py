@@ -69,7 +69,8 @@ class FitSaeOptions(Declared):
     epochs: int = option(8, "--epochs", min=1, metavar="N", help="Passes over the tokens.")
     batch_size: int = option(256, "--batch-size", min=1, metavar="N", help="Rows per step.")
     lr: float | None = option(None, "--lr", metavar="X", show_default=False,
-                              help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14)).")
+                              help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14); 4x that "
+                                   "for a per-block TopK transcoder).")
     seed: int = option(0, "--seed", metavar="N", help="Initialization and shuffling.")
     overwrite: bool = option(False, "--overwrite", help="Write into a folder that is not empty.")
     checkpoint: Path | None = option(None, "--checkpoint", metavar="FILE", show_default=False,
