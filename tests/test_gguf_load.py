@@ -52,7 +52,9 @@ def transformers_config(path, cached: bool):
 
     if not cached:
         return read()
-    return cached_value(f"config-{file_sha256(path)[:16]}-transformers{transformers.__version__}", read)
+    config = cached_value(f"config-{file_sha256(path)[:16]}-transformers{transformers.__version__}", read)
+    config._name_or_path = str(path.parent)  # the one field that names where it was read (the cache: another checkout)
+    return config
 
 
 def test_quantization_label(smollm2_gguf, gemma3_gguf, tiny_gguf, tmp_path):
