@@ -78,6 +78,38 @@ def test_loss_and_one_adam_step_equal_a_hand_written_reference():
         torch.testing.assert_close(ours.detach(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_the_folded_clt_equals_the_one_trained_at_unit_scale_by_hand():
+    gen = torch.Generator().manual_seed(2)
+    n, d, f, k = 3, 8, 16, 3
+    xs = 0.1 * torch.randn(n, 40, d, generator=gen) * torch.tensor([1.0, 2.0, 3.0])[:, None, None]
+    targets = 3 * torch.randn(n, 40, d, generator=gen) + 1
+    coder = clt_fit.CrossLayerCoder(n, d, f, k)
+    with torch.no_grad():  # a trained coder (its decoders start at zero)
+        for param in coder.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    sx, sy = clt_fit.unit_scales(coder, xs, targets)
+    torch.testing.assert_close(sx, (xs ** 2).mean((1, 2)).sqrt())
+    torch.testing.assert_close(sy, (targets ** 2).mean((1, 2)).sqrt())
+    p = {"W_enc": [w.detach().clone() for w in coder.W_enc], "b_enc": coder.b_enc.detach().clone(),
+         "W_dec": [w.detach().clone() for w in coder.W_dec], "b_dec": coder.b_dec.detach().clone()}
+    pres, ys = [], [p["b_dec"][m].expand(40, d) for m in range(n)]  # the trained coder on x / s_x, by hand
+    for layer in range(n):
+        pre = torch.relu(xs[layer] / sx[layer] @ p["W_enc"][layer].T + p["b_enc"][layer])
+        top = pre.topk(k, dim=-1)
+        acts = torch.zeros_like(pre).scatter(-1, top.indices, top.values)
+        pres.append(pre)
+        for j in range(n - layer):
+            ys[layer + j] = ys[layer + j] + acts @ p["W_dec"][layer][:, j]
+    clt_fit.fold_scales(coder, sx, sy)
+    with torch.no_grad():
+        torch.testing.assert_close(coder(xs), torch.stack([ys[m] * sy[m] for m in range(n)]), rtol=1e-5, atol=1e-5)
+        for layer in range(n):  # the same pre-activations: the thresholds chosen after the fold are the trained TopK's
+            torch.testing.assert_close(coder.pre(layer, xs[layer]), pres[layer], rtol=1e-5, atol=1e-6)
+    assert torch.equal(coder.b_enc, p["b_enc"])
+    jump = clt_fit.CrossLayerCoder(n, d, f, k, jumprelu={"bandwidth": 0.05, "l0_coeff": 1.0})
+    assert all(torch.equal(s, torch.ones(n)) for s in clt_fit.unit_scales(jump, xs, targets))
+
+
 def test_thresholds_keep_each_features_topk_firing_count():
     torch.manual_seed(0)
     coder = clt_fit.CrossLayerCoder(2, 8, 16, 3)

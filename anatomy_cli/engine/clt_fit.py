@@ -8,8 +8,14 @@ output is ``y_m = Σ_{l ≤ m} a_l W_dec_l[:, m − l] + b_dec_m``. The loss is 
 fraction of variance unexplained (sparsify's loss, :func:`anatomy_cli.engine.sae_fit.fvu`), so blocks of any scale
 weigh alike. The initialisation and the optimiser are the per-layer transcoders' (engine/sae_fit.py, sparsify's
 recipe): encoder rows as ``torch.nn.Linear``'s, decoders zero, ``b_dec_m`` the target's mean and
-``b_enc_l = −mean(x_l) W_enc_lᵀ`` at the first step, Adam at ``2e-4 / sqrt(F / 2**14)``, decoders free (no unit
-norm: a transcoder's). Dead features: as the per-layer fit, those that never fired in the last epoch are counted.
+``b_enc_l = −mean(x_l) W_enc_lᵀ`` at the first step, Adam (the task's rate: ``sae_fit.default_lr``), decoders free (no
+unit norm: a transcoder's). Dead features: as the per-layer fit, those that never fired in the last epoch are counted.
+
+A TopK CLT trains at unit scale, as the per-layer transcoders do (``sae_fit.unit_scales``), per block: encoder l
+reads ``x_l / s_x[l]`` and the reconstructions of block m are fitted to ``y_m / s_y[m]`` (``s`` the RMS of the
+block's training rows, :func:`unit_scales`); :func:`fold_scales` puts the units back at the end (``W_enc_l / s_x[l]``,
+``W_dec_l[:, m − l] · s_y[m]``, ``b_dec_m · s_y[m]``; ``b_enc`` and so the pre-activations, the TopK and the
+thresholds chosen after, unchanged). A JumpReLU CLT trains on the raw activations (scales 1), as the per-layer fit's.
 
 Written with per-feature **thresholds** (circuit-tracer 0.5.0 loads ReLU and JumpReLU CLTs only, no TopK): feature
 f of block l gets ``threshold_l[f]`` such that the JumpReLU ``pre · (pre > θ)`` fires on exactly as many training
@@ -27,9 +33,9 @@ thresholds written are the trained ones.
 The spliced CE/KL (:func:`spliced_logits`): every block's MLP output replaced by the written CLT's reconstruction
 at once, the features read from the spliced forward's own MLP inputs (closed loop, as the replacement model runs).
 
-Resume: :func:`train` hands a checkpoint (coder, Adam's state, the curve, the fired flags) to its caller every
-``every`` steps and after the last, and goes on from one; since each epoch's shuffle is drawn from ``seed + epoch``
-alone, a resumed fit is the uninterrupted one, bit for bit (the task writes and checks the file).
+Resume: :func:`train` hands a checkpoint (coder, Adam's state, the curve, the fired flags, the scales) to its caller
+every ``every`` steps and after the last, and goes on from one; since each epoch's shuffle is drawn from
+``seed + epoch`` alone, a resumed fit is the uninterrupted one, bit for bit (the task writes and checks the file).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
 from anatomy_cli.engine.sae_fit import optimiser
+from anatomy_cli.engine.sae_fit import rms
 from anatomy_cli.engine.sparse_topk import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import Point
@@ -139,19 +146,43 @@ def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
     return part + coeff * penalty, part
 
 
+def unit_scales(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s_x, s_y)``, each ``[L]``: per block the RMS of its MLP inputs and of its outputs (``xs``, ``targets``:
+    ``[L, rows, d]``), what a TopK CLT's inputs and targets are divided by while it trains (the per-layer fit's
+    reason: ``sae_fit.unit_scales``); ones for a JumpReLU CLT."""
+    if coder.jumprelu is not None:
+        return torch.ones(coder.n_layers), torch.ones(coder.n_layers)
+    return (torch.stack([rms(xs[layer]) for layer in range(coder.n_layers)]),
+            torch.stack([rms(targets[m]) for m in range(coder.n_layers)]))
+
+
 @torch.no_grad()
-def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> None:
-    """The first step's centring (sparsify's transcoder rule, per block): ``b_dec_m`` the target's mean,
-    ``b_enc_l = −mean(x_l) W_enc_lᵀ``; a JumpReLU CLT's thresholds where each block fires ``k`` features per row
-    on average over its first rows (:func:`anatomy_cli.engine.jumprelu.initial_log_threshold`), and its kernel's
-    width ``bandwidth`` times their median."""
+def fold_scales(coder: CrossLayerCoder, sx: torch.Tensor, sy: torch.Tensor) -> None:
+    """A CLT trained on ``x_l / s_x[l]`` and ``y_m / s_y[m]`` made one for ``x`` and ``y``: ``W_enc_l / s_x[l]``
+    (the same pre-activations), ``W_dec_l[:, m − l] · s_y[m]`` and ``b_dec_m · s_y[m]`` (block m's reconstruction
+    times ``s_y[m]``). New tensors, not in place: a checkpoint taken before keeps the trained units."""
     for layer in range(coder.n_layers):
-        coder.b_enc.data[layer] = -xs[layer].mean(0) @ coder.W_enc[layer].data.T
+        coder.W_enc[layer].data = coder.W_enc[layer].data / sx[layer]
+        coder.W_dec[layer].data = coder.W_dec[layer].data * sy[layer:, None]
+    coder.b_dec.data = coder.b_dec.data * sy[:, None]
+
+
+@torch.no_grad()
+def init_from_data(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
+                   sx: torch.Tensor, sy: torch.Tensor) -> None:
+    """The first step's centring (sparsify's transcoder rule, per block, on ``x_l / s_x[l]`` and ``y_m / s_y[m]``):
+    ``b_dec_m`` the target's mean, ``b_enc_l = −mean(x_l) W_enc_lᵀ``; a JumpReLU CLT's thresholds where each block
+    fires ``k`` features per row on average over its first rows
+    (:func:`anatomy_cli.engine.jumprelu.initial_log_threshold`), and its kernel's width ``bandwidth`` times their
+    median."""
+    for layer in range(coder.n_layers):
+        coder.b_enc.data[layer] = -(xs[layer].mean(0) / sx[layer]) @ coder.W_enc[layer].data.T
         if coder.jumprelu is not None:
-            z = torch.nn.functional.linear(xs[layer, :ste.INIT_ROWS], coder.W_enc[layer], coder.b_enc[layer])
+            z = torch.nn.functional.linear(xs[layer, :ste.INIT_ROWS] / sx[layer], coder.W_enc[layer],
+                                           coder.b_enc[layer])
             coder.log_threshold.data[layer] = ste.initial_log_threshold(z, coder.k)
             coder.width[layer] = ste.kernel_width(coder.jumprelu["bandwidth"], coder.log_threshold[layer])
-    coder.b_dec.data = targets.mean(1)
+    coder.b_dec.data = targets.mean(1) / sy[:, None]
 
 
 def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, targets: torch.Tensor,
@@ -167,9 +198,11 @@ def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, t
 
 def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, lr: float, seed: int,
                 data: str) -> dict[str, Any]:
-    """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on)."""
+    """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on; ``units``: a
+    TopK CLT trains at unit scale since issue 62, so an older checkpoint is refused)."""
     jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu)}
-    return {"kind": "clt", "n_layers": coder.n_layers, "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
+    return {"kind": "clt", "units": "rms" if coder.jumprelu is None else "raw", "n_layers": coder.n_layers,
+            "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
             "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump}
 
 
@@ -178,9 +211,10 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
           keep: Callable[[dict[str, Any]], None] | None = None,
           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Adam on the summed FVU over shuffled batches of the rows of ``xs`` / ``targets`` (``[L, rows, d]``),
-    ``epochs`` times; epoch e's order is ``randperm`` from ``seed + e``. ``state``: a checkpoint to go on from
-    (what ``keep`` was given: the coder's and Adam's state dicts, the curve, the fired flags); ``keep`` is called
-    with the checkpoint every ``every`` steps and after the last. Returns ``{"steps", "fvu" (the summed loss per
+    ``epochs`` times, at unit scale (:func:`unit_scales`, folded back at the end: :func:`fold_scales`); epoch e's
+    order is ``randperm`` from ``seed + e``. ``state``: a checkpoint to go on from (what ``keep`` was given: the
+    coder's and Adam's state dicts in the trained units, the curve, the fired flags, the scales); ``keep`` is
+    called with the checkpoint every ``every`` steps and after the last. Returns ``{"steps", "fvu" (the summed loss per
     step), "fired" ([L, F] bool: fired in the last epoch)}``."""
     rows = xs.shape[1]
     opt = optimiser(coder, lr)
@@ -192,10 +226,12 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
         coder.load_state_dict(state["coder"])
         opt.load_state_dict(state["opt"])
         curve, fired = list(state["curve"]), state["fired"].clone()
+        sx, sy = state["scales"]
     else:
-        init_from_data(coder, xs, targets)
+        sx, sy = unit_scales(coder, xs, targets)
+        init_from_data(coder, xs, targets, sx, sy)
         if coder.jumprelu is not None:  # the thresholds' pace, one for every block (engine/jumprelu.py)
-            ste.pace(opt, xs[:, :ste.INIT_ROWS], coder.log_threshold)
+            ste.pace(opt, xs[:, :ste.INIT_ROWS] / sx[:, None, None], coder.log_threshold)
     with kept_pages():  # the step's freed memory serves the next step (engine/heap.py)
         for done in range(len(curve), steps):
             epoch, start = divmod(done, per_epoch)
@@ -203,12 +239,14 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
                 fired.zero_()
             order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
             idx = order[start * batch:(start + 1) * batch]
-            xb, tb = xs[:, idx], targets[:, idx]
+            xb, tb = xs[:, idx].div_(sx[:, None, None]), targets[:, idx].div_(sy[:, None, None])
             curve.append(step(coder, opt, xb, tb, fired))
             if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
-                keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired})
+                keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired,
+                      "scales": (sx, sy)})
             if progress is not None:
                 progress(len(curve), steps)
+    fold_scales(coder, sx, sy)
     return {"steps": len(curve), "fvu": curve, "fired": fired}
 
 

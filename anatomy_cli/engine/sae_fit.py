@@ -256,7 +256,13 @@ def unit_scales(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[floa
     (0.37 against 0.45 on 32,000 tokens; docs/commands/sae.md). :func:`fold_scales` puts the units back."""
     if isinstance(coder, JumpReLUCoder) or not _transcodes(coder):
         return 1.0, 1.0
-    return float(x.pow(2).mean().sqrt().clamp_min(1e-12)), float(target.pow(2).mean().sqrt().clamp_min(1e-12))
+    return float(rms(x)), float(rms(target))
+
+
+def rms(t: torch.Tensor) -> torch.Tensor:
+    """The root mean square of ``t``'s entries (at least 1e-12): the unit a transcoder trains in (:func:`unit_scales`,
+    ``engine/clt_fit.py``'s per block)."""
+    return t.pow(2).mean().sqrt().clamp_min(1e-12)
 
 
 @torch.no_grad()
