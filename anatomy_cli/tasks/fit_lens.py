@@ -21,9 +21,11 @@ from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import _jacobian_run
+from anatomy_cli.tasks import _tuned_fit
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions as FitLensOptions
 from anatomy_cli.tasks._fit_lens_options import FitLensPlan as FitLensPlan
 from anatomy_cli.tasks._jacobian_run import JacobianFit as JacobianFit  # re-exported: the views' result types
+from anatomy_cli.tasks._jacobian_run import fitted_prompts
 from anatomy_cli.tasks._lens_merge import MergedLens as MergedLens
 from anatomy_cli.tasks._lens_merge import merge as merge
 from anatomy_cli.tasks.session import busy_threads
@@ -45,7 +47,6 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
 
     if opts.kind == "tuned":
-        from anatomy_cli.tasks import _tuned_fit
 
         return _tuned_fit.check(opened, opts)
 
@@ -68,7 +69,6 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
             raise UsageError(f"--source-layers {','.join(map(str, above))}: every source block must be below the "
                              f"target block {target}")
     if encoded is not None:
-        from anatomy_cli.tasks._jacobian_run import fitted_prompts
 
         fitted_prompts(encoded, opts)
     return FitLensPlan(sources, target)
@@ -81,7 +81,6 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan
     Raises UsageError when no prompt is long enough."""
     with nullcontext() if opts.ray else busy_threads(f"{COMMAND} {opts.kind}"):  # --ray: the workers fit
         if opts.kind == "tuned":
-            from anatomy_cli.tasks import _tuned_fit
 
             assert isinstance(plan, _tuned_fit.TunedPlan)  # check() planned a tuned fit
             return _tuned_fit.run(lm, opts, plan)
