@@ -98,7 +98,7 @@ def _run(ray: ModuleType, shards: Iterator[S], spec: ModelSpec, settings: Any, f
          address: str | None, workers: int, gpus_per_worker: float, crash_once: tuple[str, int] | None,
          worker: type | None) -> None:
     if worker is None:
-        pass
+        from anatomy_cli.corpus.worker import Worker as worker
 
     init = settings if isinstance(settings, dict) else dataclasses.asdict(settings)
     started = False

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.control_vector import read
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.running import run
@@ -101,6 +100,7 @@ def load(path: Path) -> SteeringVector:
     if not path.is_file():
         raise UsageError(f"steering vector file {path} does not exist")
     if path.suffix.lower() == ".gguf":
+        from anatomy_cli.engine.control_vector import read
 
         arrays, hint = read(path)
         if 0 in arrays:  # llama.cpp itself refuses such a file, and `steer --save-control-vector` never writes one

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.ct_block import read_dictionary
 from anatomy_cli.models.sae.labels import read_labels
 from anatomy_cli.models.sae.labels import read_layer_labels
 from anatomy_cli.models.sites import block_of
@@ -155,6 +154,7 @@ def run_site(d: Path) -> str | None:
     """The hook point of DIR's dictionary, or None when the dictionary is no longer where DIR's run read it. Read
     as ``features`` read it (models/ct_block.py ``read_dictionary``): an SAE or transcoder, or one block of a
     circuit-tracer transcoder set or cross-layer transcoder, picked by the run's ``--hook``."""
+    from anatomy_cli.models.ct_block import read_dictionary
 
     settings = _settings(d)
     try:

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models import transcoder_sae
 from anatomy_cli.models.sae.names import before_gain
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import TL_MLP_IN
@@ -114,6 +113,7 @@ def _config(root: Path) -> dict[str, Any]:
             return data
     if (root / "config.json").is_file():
         return dict(json.loads((root / "config.json").read_text()))
+    from anatomy_cli.models import transcoder_sae
 
     if transcoder_sae.folders(root):
         return {"model_kind": "sae_folders"}
@@ -142,6 +142,7 @@ def describe(root: str | Path) -> TranscoderSet:
     cfg = _config(root)
     kind = cfg.get("model_kind", "transcoder_set")
     if kind == "sae_folders":  # SAELens / sparsify transcoders, one folder per block
+        from anatomy_cli.models import transcoder_sae
 
         return TranscoderSet(root, input_site=Site.mlp_in, output_site=Site.mlp_out, scan=None, gemma_scope_2=False,
                              **transcoder_sae.describe(root))
@@ -252,6 +253,7 @@ def load_layer(ts: TranscoderSet, layer: int) -> dict[str, Any]:
     from safetensors.numpy import load_file
 
     if ts.sae_format is not None:
+        from anatomy_cli.models import transcoder_sae
 
         return transcoder_sae.load_layer(ts.paths[layer])
     t = load_file(str(ts.paths[layer]))

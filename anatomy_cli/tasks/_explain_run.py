@@ -21,7 +21,6 @@ from anatomy_cli.analyses.explain_prompts import explainer_messages
 from anatomy_cli.analyses.explain_prompts import parse_explanation
 from anatomy_cli.analyses.explain_score import SCORERS
 from anatomy_cli.analyses.explain_score import score
-from anatomy_cli.corpus.store import _atomic
 from anatomy_cli.errors import OfflineError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.resolve import offline_error
@@ -199,11 +198,13 @@ class _Run:
         self._save_settings()
 
     def _save_settings(self) -> None:
+        from anatomy_cli.corpus.store import _atomic
 
         run = {"settings": self.opts.settings(), "features": [f.feature for f in self.fdir.features]}
         _atomic(self.opts.target / RUN, lambda tmp: Path(tmp).write_text(json.dumps(run, indent=1)))
 
     def save(self) -> None:
+        from anatomy_cli.corpus.store import _atomic
 
         records = [self.state[f.feature] for f in self.fdir.features if f.feature in self.state]
         text = json.dumps(records, indent=1, ensure_ascii=False)

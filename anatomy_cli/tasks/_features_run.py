@@ -9,16 +9,10 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from anatomy_cli.corpus import feature_run
-from anatomy_cli.corpus import feature_summary as summary
-from anatomy_cli.corpus.delphi_cache import DelphiWriter
-from anatomy_cli.corpus.feature_sums import N_BINS
 from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.models import cost
 from anatomy_cli.models import sites
-from anatomy_cli.models.ct_block import read_dictionary as read
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.tasks import _features_files as files
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._corpus_status import CorpusStatus
 from anatomy_cli.tasks.features import FeaturesOptions
@@ -57,6 +51,7 @@ def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int, do
     product), and then the logit effects (each followed decoder row through the LM head);
     ``seconds`` at the assumed rate, ``bytes``: what the pass keeps (co-firing counts twice, the histograms, at
     most every bin's samples and the top contexts)."""
+    from anatomy_cli.corpus.feature_sums import N_BINS
 
     tokens = opts.max_tokens if opts.max_tokens is not None else max(2, size // 4)
     left = max(0, tokens - done[1])
@@ -131,6 +126,7 @@ def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
 
 def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     """The whole run; see the module docstring."""
+    from anatomy_cli.models.ct_block import read_dictionary as read
     from anatomy_cli.tasks.session import load_weights
     from anatomy_cli.tasks.session import open_model
 
@@ -163,6 +159,8 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
 def _pass(src: Any, spec: ModelSpec, opts: FeaturesOptions, plan: FeaturesPlan, lm: Any,
           identity: dict[str, Any]) -> tuple[Any, Any]:
     """``(FeatureResult, DelphiWriter or None)``."""
+    from anatomy_cli.corpus import feature_run
+    from anatomy_cli.corpus.delphi_cache import DelphiWriter
 
     delphi = None if opts.delphi is None else DelphiWriter(opts.delphi, plan.sae_file.hook_name,
                                                           overwrite=opts.overwrite)
@@ -185,6 +183,8 @@ def _pass(src: Any, spec: ModelSpec, opts: FeaturesOptions, plan: FeaturesPlan, 
 
 def _finish(lm: Any, opts: FeaturesOptions, plan: FeaturesPlan, done: tuple[Any, Any], c: dict[str, Any]
             ) -> FeaturesRun:
+    from anatomy_cli.corpus import feature_summary as summary
+    from anatomy_cli.tasks import _features_files as files
 
     result, delphi = done
     sums = result.stats

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from anatomy_cli.models.sae import fit_report
-from anatomy_cli.models.sae import read
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -73,6 +71,8 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     from anatomy_cli.analyses import sae as analysis
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.engine import sae_fit
+    from anatomy_cli.models.sae import fit_report
+    from anatomy_cli.models.sae import read
 
     start = time.perf_counter()
     n_train = sum(map(len, windows[:-1]))

@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypedDict
 
-from anatomy_cli import engine
-from anatomy_cli.corpus.worker import crash_if_marked
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
@@ -68,6 +66,7 @@ class JacobianWorker:
 
     def __init__(self, spec: dict[str, Any], settings: JacobianSettings, *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
+        from anatomy_cli import engine
 
         self.settings = settings.copy()
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
@@ -76,6 +75,7 @@ class JacobianWorker:
     def run(self, shard: PromptShard) -> JacobianPart:
         import torch
 
+        from anatomy_cli.corpus.worker import crash_if_marked
         from anatomy_cli.engine import jacobian_fit
 
         crash_if_marked(self.crash_once, shard.index)

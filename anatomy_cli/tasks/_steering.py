@@ -13,7 +13,6 @@ from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models.sae import read
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -116,6 +115,7 @@ def _feature(opened: Opened, opts: SteeringOptions) -> tuple[SteeringVector, lis
     """`--steer-feature ID --sae PATH`: the feature's decoder row at the SAE's output site
     (:func:`anatomy_cli.engine.sae.feature_vector`), checked against the model, and its warnings."""
     from anatomy_cli.engine.sae import feature_vector
+    from anatomy_cli.models.sae import read
 
     assert opts.sae is not None and opts.steer_feature is not None
     sae_file = read.read(Path(opts.sae))

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import NamedTuple
 
-from anatomy_cli import engine
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -129,6 +128,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AttnOptions, plan: AttnPl
     """One AttnRun per prompt, from one forward with eager attention. ``pooling``: an HTML page switches between
     every layer and head, so the same forward keeps every head's pattern, pooled (a long prompt's full patterns
     never stay in memory)."""
+    from anatomy_cli import engine
     from anatomy_cli.analyses import attention as analysis
 
     pooled: list[torch.Tensor | None] = [None] * len(encoded)
@@ -150,6 +150,7 @@ def _all_heads(lm: LoadedModel, encoded: list[Encoded], plan: AttnPlan, batch_si
     (``[layers, heads, queries, pos]``)."""
     import torch
 
+    from anatomy_cli import engine
 
     block_factor, pool = pooling
     blocks = [block_factor(len(e), lm.n_layers * lm.n_heads, lm.is_causal) for e in encoded]

@@ -14,23 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from anatomy_cli.corpus.activations import DTYPES
-from anatomy_cli.corpus.activations import check_sites
-from anatomy_cli.corpus.activations import parse_sites
-from anatomy_cli.corpus.runner import Settings
-from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.declare.shared import ShardRun
-from anatomy_cli.engine.opening import open_exact
 from anatomy_cli.errors import UsageError
-from anatomy_cli.models import lens_choice
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._corpus_status import CorpusStatus
 from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.tasks.notes import status
@@ -97,6 +89,8 @@ class CorpusOptions(Declared):
         """``--save-activations``' hook points (UsageError for a bad one, or without ``--out``, or with Ray)."""
         if self.save_activations is None:
             return ()
+        from anatomy_cli.corpus.activations import DTYPES
+        from anatomy_cli.corpus.activations import parse_sites
 
         if self.activation_dtype not in DTYPES:
             raise UsageError(f"--activation-dtype is fp32 or fp16, not '{self.activation_dtype}'")
@@ -108,6 +102,7 @@ class CorpusOptions(Declared):
 def lens_texts(lens: Any) -> tuple[str, ...]:
     """``CorpusOptions.lens`` as the tuple of lens texts (absolute paths). UsageError for a bad lens or one kind
     given twice (a run's figures are keyed by the lens' kind)."""
+    from anatomy_cli.models import lens_choice
 
     if lens is True or lens is None:
         return ("logit",)
@@ -154,6 +149,7 @@ def check(opened: Opened, opts: CorpusOptions) -> CorpusPlan:
         require(info, Need.moe, command=f"{COMMAND} --experts")
     fitted = tuple(f for f in (fitted_lens(opened, text, command=COMMAND) for text in opts.lens) if f is not None)
     if opts.sites:
+        from anatomy_cli.corpus.activations import check_sites
 
         check_sites(opts.sites, info, opened.name)
     return CorpusPlan(ctx=_ctx(opts.ctx, info, opened.name), bos=info.add_bos if opts.bos is None else opts.bos,
@@ -163,7 +159,9 @@ def check(opened: Opened, opts: CorpusOptions) -> CorpusPlan:
 def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
     """The whole run: the model opened and loaded through the current loader (with Ray only opened: the
     workers load it), every shard measured or read back from ``opts.out``, merged in shard order."""
+    from anatomy_cli.corpus.runner import Settings
     from anatomy_cli.corpus.runner import run
+    from anatomy_cli.corpus.sources import open_source
 
     sites = opts.sites
     src = open_source(source, column=opts.column)
@@ -188,6 +186,7 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
 
 def _run(run: Callable[..., Result], src: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer,
          lm: LoadedModel | None, identity: dict[str, object], opts: CorpusOptions) -> Result:
+    from anatomy_cli.tasks._corpus_status import CorpusStatus
 
     with status("corpus: planning the first shard") as line:
         progress = CorpusStatus(line, opts.max_tokens)
@@ -215,6 +214,7 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, Ope
         lm = load_weights(opened)
         return lm, opened, lm.tokenizer, plan
     if opened.light:
+        from anatomy_cli.engine.opening import open_exact
 
         return None, opened, open_exact(spec).tokenizer, plan
     return None, opened, opened.tokenizer, plan

@@ -21,7 +21,6 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.session import describe
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import open_texts
-from anatomy_cli.text import chat
 from anatomy_cli.text import targets
 from anatomy_cli.text.positions import check_position
 
@@ -128,6 +127,7 @@ def open_pair(spec_a: ModelSpec, spec_b: ModelSpec, texts: list[str], prompts: P
               ) -> tuple[OpenedModel, OpenedModel, list[Encoded], list[Encoded]]:
     """Both models opened (no weights; B is A when the specs are equal) and the texts tokenized by each."""
     from anatomy_cli.tasks.session import open_model
+    from anatomy_cli.text import chat
 
     opened_a, encoded = open_texts(texts, spec_a, prompts)
     opened_b = open_model(spec_b) if spec_b != spec_a else opened_a

@@ -18,7 +18,6 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
-from anatomy_cli.models.ct_block import read_dictionary as read
 from anatomy_cli.tasks import _explain_data as _data
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._explain_data import FeatureExamples
@@ -148,6 +147,7 @@ def read_export(root: Path, hook: str, features: list[int] | tuple[int, ...]) ->
 def _layer_id(settings: dict[str, Any], hook: str) -> str:
     """The export's ``layer``: the dictionary's Neuronpedia SAE id where its files state one (``6-res-jb``), else
     ``<block>-<folder name>`` (the block first, as circuit --labels reads it)."""
+    from anatomy_cli.models.ct_block import read_dictionary as read
 
     sae_id, site = None, hook
     try:

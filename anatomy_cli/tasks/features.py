@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from anatomy_cli.corpus.feature_run import FeatureSettings
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -23,9 +22,7 @@ from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
-from anatomy_cli.models.ct_block import read_dictionary as read
 from anatomy_cli.models.resolve import resolve
-from anatomy_cli.models.sae.fit_report import held_out_fve
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -165,6 +162,7 @@ def weak_note(dictionary: Path) -> None:
     a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule)."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
+    from anatomy_cli.models.sae.fit_report import held_out_fve
 
     found = held_out_fve(dictionary)
     if found is not None and too_weak(found[0]):
@@ -178,6 +176,7 @@ def dictionary_model(opts: FeaturesOptions) -> str | None:
     opens (a local folder or file, a packaged GGUF, a preset, a Hugging Face id in the cache or on the Hub), with a
     line saying so; else None (TransformerLens' names such as ``gpt2-small`` are no Hugging Face id). For a
     ``--model`` left out (the CLI cannot tell it from ``--model`` naming the default model): another, it wins."""
+    from anatomy_cli.models.ct_block import read_dictionary as read
 
     name = read(Path(opts.sae), hook=opts.hook, values=False).model_name
     if not name:
@@ -193,6 +192,7 @@ def dictionary_model(opts: FeaturesOptions) -> str | None:
 
 
 def settings_of(opts: FeaturesOptions, plan: FeaturesPlan) -> Any:
+    from anatomy_cli.corpus.feature_run import FeatureSettings
 
     return FeatureSettings(ctx=plan.ctx, bos=plan.bos, sae=str(Path(opts.sae).resolve()), hook=opts.hook,
                            features=plan.features, max_tokens=opts.max_tokens, shard_windows=opts.run.shard_windows,

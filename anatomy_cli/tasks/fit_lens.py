@@ -21,7 +21,6 @@ from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import _jacobian_run
-from anatomy_cli.tasks import _tuned_fit
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions as FitLensOptions
 from anatomy_cli.tasks._fit_lens_options import FitLensPlan as FitLensPlan
 from anatomy_cli.tasks._jacobian_run import JacobianFit as JacobianFit  # re-exported: the views' result types
@@ -47,6 +46,7 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
 
     if opts.kind == "tuned":
+        from anatomy_cli.tasks import _tuned_fit
 
         return _tuned_fit.check(opened, opts)
 
@@ -81,6 +81,7 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan
     Raises UsageError when no prompt is long enough."""
     with nullcontext() if opts.ray else busy_threads(f"{COMMAND} {opts.kind}"):  # --ray: the workers fit
         if opts.kind == "tuned":
+            from anatomy_cli.tasks import _tuned_fit
 
             assert isinstance(plan, _tuned_fit.TunedPlan)  # check() planned a tuned fit
             return _tuned_fit.run(lm, opts, plan)

@@ -19,17 +19,11 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypedDict
 
-from anatomy_cli.corpus.sources import open_source
-from anatomy_cli.corpus.windows import token_stream
-from anatomy_cli.corpus.windows import windows
-from anatomy_cli.engine import estimate as timing
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
-from anatomy_cli.tasks import _fit_clt
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._fit_clt import fit_clt
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
 from anatomy_cli.tasks._fit_sae_block import fit_block
@@ -96,6 +90,9 @@ def recipe(k: int, jumprelu: dict[str, float] | None) -> tuple[str, str]:
 def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
     """The blocks against the model, the corpus tokenized into windows (refused when under two), and the cost,
     printed: all before the weights load."""
+    from anatomy_cli.corpus.sources import open_source
+    from anatomy_cli.corpus.windows import token_stream
+    from anatomy_cli.corpus.windows import windows
 
     require(opened.info, Need.decoder, command=COMMAND)
     info = opened.info
@@ -146,7 +143,9 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     check's three forwards per block, from the window's forward), memory (every collected point's activations
     at once, one SAE with Adam's state and a batch's latents at a time); ``--clt``: the CLT's training and check
     (:func:`anatomy_cli.tasks._fit_clt.probe`)."""
+    from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import sae_fit
+    from anatomy_cli.tasks import _fit_clt
 
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
@@ -212,6 +211,7 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
                                                      progress=line.counter("collecting activations", "windows"))))
     collect_seconds = time.perf_counter() - start
     if opts.clt:
+        from anatomy_cli.tasks._fit_clt import fit_clt
 
         made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
     else:

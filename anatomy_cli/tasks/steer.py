@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
-from anatomy_cli.engine import control_vector
-from anatomy_cli.engine.control_vector import check_exportable
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -94,6 +92,7 @@ class SteerOptions(Declared):
         if self.layer_text.strip():
             blocks = [int(b) for b in sites.parse_blocks(self.layer_text, None, "--layer", negative=False)]
             if self.save_control_vector is not None:
+                from anatomy_cli.engine.control_vector import check_exportable
 
                 check_exportable(blocks, self.site)
 
@@ -168,6 +167,7 @@ def make(lm: LoadedModel, pos_enc: list[Encoded], neg_enc: list[Encoded], layers
 
 def save_all(lm: LoadedModel, vector: SteeringVector, opts: SteerOptions, gguf_model: str) -> list[str]:
     """Write the files asked for; the lines: where they went and how llama.cpp (and Ollama) use them."""
+    from anatomy_cli.engine import control_vector
     from anatomy_cli.engine import steering
 
     lines = []

@@ -14,7 +14,6 @@ from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
-from anatomy_cli.tasks._features_files import read_record
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -117,6 +116,7 @@ def report(run: ExplainRun) -> Report:
 def dashboard(run: ExplainRun, features_dir: Path) -> FigureArgs:
     """``plots.draw("features", ...)``'s arguments: the features dashboard of ``features_dir`` (its tables read
     back, tasks/_features_files.py ``read_record``) with the run's explanations and scores in it."""
+    from anatomy_cli.tasks._features_files import read_record
 
     data = read_record(features_dir)
     detail = (f"{data['dictionary']['path']} at {run.hook} · {len(data['features']):,} features over "

@@ -6,13 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
-from anatomy_cli.corpus.feature_summary import hist_edges
 from anatomy_cli.models.resolve import short_name
 from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
-from anatomy_cli.tasks._features_files import LOGIT_CONVENTION
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.units import counted
 
@@ -37,6 +35,7 @@ def _snippet(ctx: dict[str, Any]) -> str:
 
 
 def report(run: FeaturesRun) -> Report:
+    from anatomy_cli.tasks._features_files import LOGIT_CONVENTION
 
     sae = run.sae_file
     dictionary = {"path": str(sae.path), "format": sae.format, "architecture": sae.architecture,
@@ -45,6 +44,7 @@ def report(run: FeaturesRun) -> Report:
         only: dict[str, object] = {"model": run.model, "dictionary": dictionary, "estimate": run.cost}
         return Report(data=only, sections=[Section(COST_COLUMNS, [run.cost], title="expected cost")],
                       heading=[f"features · {run.display or run.model} · {sae.path} (estimate only)"])
+    from anatomy_cli.corpus.feature_summary import hist_edges
 
     top = {}
     for c in run.contexts:
