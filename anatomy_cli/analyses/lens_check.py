@@ -72,7 +72,6 @@ class LensCheck:
 
 
 def _rows(rows: Sequence[str | int]) -> str:
-
     blocks = [r for r in rows if isinstance(r, int)]
     return " and ".join((["embed"] if "embed" in rows else []) + ([block_spans(blocks)] if blocks else []))
 

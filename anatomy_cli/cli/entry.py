@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from anatomy_cli.cli.main import app
 from anatomy_cli.errors import quiet_broken_pipe
-from anatomy_cli.serve.client import NO_SERVER
 
 
 def main() -> None:
@@ -34,6 +32,7 @@ def _run(argv: list[str]) -> int | None:
     if bad is not None:  # before the server: its protocol is JSON (UTF-8), and in-process text must be too
         print(f"error: {bad}", file=sys.stderr)
         return 2
+    from anatomy_cli.serve.client import NO_SERVER
     from anatomy_cli.serve.client import forward
 
     code = forward(argv)
@@ -43,6 +42,7 @@ def _run(argv: list[str]) -> int | None:
         # Accepted anywhere on the line; the root option is what `--help` documents.
         command_at = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
         argv = [a for i, a in enumerate(argv) if not (a == NO_SERVER and i > command_at)]
+    from anatomy_cli.cli.main import app
 
     app(args=argv)  # exits (SystemExit) with the command's code
     return None

@@ -94,7 +94,6 @@ def open_model(spec: ModelSpec | str, **options: Any) -> OpenedModel:
 
 
 def _open_light(spec: ModelSpec) -> OpenedModel | None:
-
     found = light.read(spec.model, spec.init)  # a missing path: ModelNotFound, before anything heavy
     if found is None:
         return None

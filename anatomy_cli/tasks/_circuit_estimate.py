@@ -103,7 +103,6 @@ class HeadsCost:
     device: str
 
     def line(self) -> str:
-
         return (f"circuit --heads: {self.n_links:,} edges ({self.n_targets:,} targets, {self.n_sources:,} sources) "
                 f"and QK terms of {self.n_contributors:,} nodes: {self.passes:,} replays of up to {self.batch} "
                 f"copies ({self.backwards:,} with a backward), about {self.flops:.2g} FLOP, roughly "

@@ -35,7 +35,6 @@ def estimate(chat: Any, ex: Any, opts: Any, n_features: int) -> dict[str, Any]:
 
 
 def line(c: dict[str, Any], other_scorer: bool) -> str:
-
     note = " (the scorer's rate taken as the explainer's)" if other_scorer else ""
     return (f"explain: measured {c['prefill_s_per_token'] * 1e3:.2f} ms per prompt token and "
             f"{c['decode_s_per_token'] * 1e3:.1f} ms per new token; per feature about "

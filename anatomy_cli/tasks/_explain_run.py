@@ -211,7 +211,6 @@ class _Run:
         _atomic(self.opts.target / EXPORT, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     def explain_all(self) -> None:
-
         todo = [f for f in self.fdir.features if "description" not in self.state.get(f.feature, {})]
         with notes.status("explain: writing the explanations") as line:
             for n, ex in enumerate(todo):
@@ -273,7 +272,6 @@ class _Run:
                 self._estimate(ex)
 
     def _scores(self, ex: FeatureExamples, explanation: str, status_line: Any, step: str) -> dict[str, Any]:
-
         if not ex.test or not ex.not_active:
             return {kind: None for kind in SCORERS}
         out: dict[str, Any] = {}

@@ -85,7 +85,6 @@ def forward_share(info: Any, sae: Any) -> tuple[int, float]:
 
 
 def cost_line(c: dict[str, Any]) -> str:
-
     tokens = f"about {c['tokens']:,} tokens (the corpus' bytes / 4)" if c["tokens_estimated"] else \
         f"{c['tokens']:,} tokens"
     shards = c["resumed_shards"]

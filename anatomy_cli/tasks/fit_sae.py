@@ -172,7 +172,6 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
 
 
 def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
-
     what = "transcoder" if opts.transcoder else "SAE"
     n = len(plan.blocks)
     where = plan.blocks[0].points[0] if n == 1 else f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} {what}s)"

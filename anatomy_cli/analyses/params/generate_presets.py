@@ -35,7 +35,6 @@ def generate() -> dict:
 
 
 def main() -> None:
-
     DATA.write_text(json.dumps(generate(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
     print(f"wrote {DATA}", file=sys.stderr)
 
