@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from anatomy_cli.analyses.explain_prompts import THRESHOLD
+from anatomy_cli.analyses.explain_prompts import scorer_messages
 
 Example = tuple[Sequence[str], Sequence[float]]
 DEFAULT_MESSAGE = "<<NNsight>> is the best library for <<interpretability>> on huge models!"
@@ -142,7 +143,6 @@ def score(kind: str, explanation: str, test: Sequence[Example], not_active: Sequ
     """One scorer on one explanation: the samples, shuffled and batched, each batch's prompt
     (:func:`~anatomy_cli.analyses.explain_prompts.scorer_messages`) answered by ``ask(messages) -> text``, the
     answers parsed, the metrics."""
-    from anatomy_cli.analyses.explain_prompts import scorer_messages
 
     pairs: list[tuple[bool, bool | None]] = []
     for batch in batches(samples(kind, test, not_active), shown, seed):

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from anatomy_cli.models.sites import block_spans
+from anatomy_cli.models.sites import residual_label
+
 if TYPE_CHECKING:
     import torch
 
@@ -69,8 +72,6 @@ class LensCheck:
 
 
 def _rows(rows: Sequence[str | int]) -> str:
-    from anatomy_cli.models.sites import block_spans
-
     blocks = [r for r in rows if isinstance(r, int)]
     return " and ".join((["embed"] if "embed" in rows else []) + ([block_spans(blocks)] if blocks else []))
 
@@ -81,7 +82,6 @@ def compare(resid: torch.Tensor, lens: FittedLens, unembed: Callable[[torch.Tens
     ``transform``); ``unembed``: ``h [pos, d_model] -> logits [pos, vocab]``."""
     import torch
 
-    from anatomy_cli.models.sites import residual_label
 
     mapped = lens.transform(resid)
 

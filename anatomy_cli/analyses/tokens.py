@@ -26,6 +26,8 @@ from typing import Any
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import adapters
+from anatomy_cli.models.resolve import resolve
 from anatomy_cli.text.display import is_partial
 from anatomy_cli.text.display import token_display
 from anatomy_cli.text.encodings import encoding_names  # noqa: F401  (re-exported)
@@ -170,7 +172,6 @@ def _load_hf(model: str) -> tuple[Any, bool, bool | None]:
     config.json's model_type; a GGUF file, a preset or a tokenizer without a config: yes), and the BOS
     convention a GGUF file's metadata states (``tokenizer.ggml.add_bos_token``; else None: the tokenizer's)."""
     from anatomy_cli.models.model_files import load_tokenizer
-    from anatomy_cli.models.resolve import resolve
 
     source = resolve(model, need="tokenizer")
     add_bos = None
@@ -185,7 +186,6 @@ def _is_decoder(source: Source) -> bool:
     import json
     from pathlib import Path
 
-    from anatomy_cli.models import adapters
     from anatomy_cli.models.resolve import in_cache
 
     if source.kind not in ("dir", "hub"):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import Union
 
+from anatomy_cli.engine.loader import current_loader
 from anatomy_cli.engine.opening import OpenedModel
 from anatomy_cli.engine.opening import as_spec
 from anatomy_cli.models.spec import ModelSpec
@@ -58,8 +59,6 @@ def opened(model: Model) -> OpenedModel | LoadedModel:
     ModelInfo (an OpenedModel, no weights) through the current loader: what a task's ``check`` reads, so that an
     API call refuses bad input before the weights load, as the command does. :func:`weights` then loads them."""
     if isinstance(model, (ModelSpec, str)):
-        from anatomy_cli.engine.loader import current_loader
-        from anatomy_cli.engine.opening import as_spec
 
         return current_loader().open(as_spec(model))
     return model

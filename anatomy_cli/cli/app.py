@@ -22,6 +22,8 @@ import typer
 from typer.core import TyperCommand
 from typer.core import TyperGroup
 
+from anatomy_cli.tasks.notes import using_notes
+
 # Typer >= 0.20 vendors click as typer._click; its exception classes live there.
 if TYPE_CHECKING:  # checked against the vendored click
     from typer._click import exceptions as _cx
@@ -267,7 +269,6 @@ class AnatomyGroup(TyperGroup):
         _plain_metavars(self)
         _hide_aliases(self)
         show_limits(self)
-        from anatomy_cli.tasks.notes import using_notes
 
         try:
             with using_notes(STDERR):  # what the tasks below say goes to stderr

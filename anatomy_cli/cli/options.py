@@ -27,7 +27,10 @@ import typer
 
 from anatomy_cli.declare import shared
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.resolve import check_path
+from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format
+from anatomy_cli.text.options import PromptOptions
 
 
 class Device(str, Enum):
@@ -56,7 +59,6 @@ FormatOpt = Annotated[
 def _model_exists(value: str | None) -> str | None:
     # A model path that does not exist fails while the options are parsed, before torch is imported.
     if value:
-        from anatomy_cli.models.resolve import check_path
 
         check_path(value)
     return value
@@ -232,7 +234,6 @@ def model_options(*, fields: tuple[str, ...] | None = None, param: str = "spec")
     ModelSpec's defaults (``diff`` names its two models as arguments: ``fields=("device", "dtype",
     "trust_remote_code")`` and ``spec.replace(model=...)``).
     """
-    from anatomy_cli.models.spec import ModelSpec
 
     chosen = [o for o in MODEL_OPTIONS if fields is None or o[0] in fields]
     return _group(param, chosen, ModelSpec)
@@ -241,7 +242,6 @@ def model_options(*, fields: tuple[str, ...] | None = None, param: str = "spec")
 def prompt_options(*, truncate: bool = True, param: str = "prompts") -> Callable[[F], F]:
     """Replace the command's ``param`` parameter by ``--bos/--no-bos``, ``--allow-special``, (unless
     ``truncate=False``) ``--truncate`` and ``--chat``, and pass it a ``PromptOptions``."""
-    from anatomy_cli.text.options import PromptOptions
 
     chosen = [o for o in PROMPT_OPTIONS if truncate or o[0] != "truncate"]
     return _group(param, chosen, PromptOptions)

@@ -17,6 +17,8 @@ from anatomy_cli.corpus.settings import Settings as Settings  # re-exported: cor
 from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import batches
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import refusal
 from anatomy_cli.models.lens_choice import parse
 from anatomy_cli.models.spec import ModelSpec
 
@@ -99,8 +101,6 @@ def _expert_sums(lm: LoadedModel) -> ExpertSums:
 
     moe = lm.info.moe
     if moe is None:  # the task refused a dense model before anything loaded; a direct caller gets the same
-        from anatomy_cli.models.capabilities import Need
-        from anatomy_cli.models.capabilities import refusal
 
         raise UsageError(refusal(lm.info, Need.moe, "corpus --experts"))
     return ExpertSums.empty(moe.sparse_blocks, moe.n_experts, moe.top_k)

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
+from anatomy_cli.engine.checkpoint import atomic_write
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.heap import kept_pages
@@ -369,7 +370,6 @@ def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str
     import yaml  # type: ignore[import-untyped]  # transformers' dependency
     from safetensors.torch import save_file
 
-    from anatomy_cli.engine.checkpoint import atomic_write
 
     folder.mkdir(parents=True, exist_ok=True)
 

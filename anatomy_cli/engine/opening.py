@@ -28,11 +28,19 @@ from typing import Any
 
 from anatomy_cli.models import adapters
 from anatomy_cli.models import adapters as _adapters
+from anatomy_cli.models import gguf
+from anatomy_cli.models import gguf_tokenizer
+from anatomy_cli.models import light
 from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.info import FromInfo
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.json_config import JsonConfig
+from anatomy_cli.models.model_files import read_config
+from anatomy_cli.models.resolve import check_path
+from anatomy_cli.models.resolve import label
+from anatomy_cli.models.resolve import resolve
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.text.fast import BackendTokenizer
 from anatomy_cli.text.tokenization import Tokenizer
 
 if TYPE_CHECKING:
@@ -86,9 +94,6 @@ def open_model(spec: ModelSpec | str, **options: Any) -> OpenedModel:
 
 
 def _open_light(spec: ModelSpec) -> OpenedModel | None:
-    from anatomy_cli.models import light
-    from anatomy_cli.text.fast import BackendTokenizer
-
     found = light.read(spec.model, spec.init)  # a missing path: ModelNotFound, before anything heavy
     if found is None:
         return None
@@ -108,11 +113,7 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
     Raises ModelNotFound, OfflineError, CheckpointError (an unreadable config or GGUF header),
     UnsupportedArchitecture.
     """
-    from anatomy_cli.models import gguf
-    from anatomy_cli.models import gguf_tokenizer
     from anatomy_cli.models.model_files import load_tokenizer
-    from anatomy_cli.models.model_files import read_config
-    from anatomy_cli.models.resolve import resolve
 
     _quiet_transformers()
     source = resolve(spec.model, need="weights", init=spec.init)
@@ -140,9 +141,6 @@ def described(info: ModelInfo, spec: ModelSpec, source: Source | None, header: G
     """``info`` with the facts decided here, once: its label (:func:`anatomy_cli.models.resolve.label`), the file
     or directory behind the spec, and a GGUF file's quantization label (none for ``--init random``)."""
 
-    from anatomy_cli.models import gguf
-    from anatomy_cli.models.resolve import check_path
-    from anatomy_cli.models.resolve import label
 
     if source is None:
         source = check_path(spec.model)

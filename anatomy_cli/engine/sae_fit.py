@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
+from anatomy_cli.engine.checkpoint import atomic_write
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
@@ -380,7 +381,6 @@ def _write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """``tensors`` as float32 safetensors at ``path``, written beside it and renamed."""
     from safetensors.torch import save_file
 
-    from anatomy_cli.engine.checkpoint import atomic_write
 
     def write(tmp: Path) -> None:
         save_file({k: v.detach().float().contiguous().cpu() for k, v in tensors.items()}, str(tmp))

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import transcoders
 from anatomy_cli.models.sae.read import SAEFile
 from anatomy_cli.models.sae.read import circuit_tracer_kind
 from anatomy_cli.models.sae.read import read
@@ -50,7 +51,6 @@ def block_of_hook(hook: str | None, folder: Path, kind: str, n_layers: int) -> i
 def read_block(folder: Path, hook: str | None, kind: str, values: bool = True) -> SAEFile:
     """Block ``--hook``'s dictionary of the set at ``folder`` (the module docstring); ``values`` False: zero-strided
     stand-ins of the arrays' shapes (models/sae/arrays.py), no weight read."""
-    from anatomy_cli.models import transcoders
 
     ts = transcoders.describe(folder)
     layer = block_of_hook(hook, folder, kind, ts.n_layers)

@@ -20,6 +20,7 @@ from anatomy_cli.data import GPT2_SPECIAL
 from anatomy_cli.data import gpt2_merges
 from anatomy_cli.data import gpt2_vocab
 from anatomy_cli.models import presets
+from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.json_config import JsonConfig
 from anatomy_cli.models.model_files import GPT2_HUB_IDS
 from anatomy_cli.models.resolve import check_path
@@ -75,7 +76,6 @@ def block_count(spec: str) -> int | None:
     check of block numbers before the slow open; None for every other source (a directory's light open is quick;
     a Hub id or a preset is known once opened): ``GGUFHeader.block_count``. Raises what :func:`check_path` and
     ``read_gguf`` raise (a missing path, a corrupt header)."""
-    from anatomy_cli.models.headers import read_gguf
 
     source = check_path(spec)
     if source is None or source.kind != "gguf":

@@ -38,6 +38,7 @@ from anatomy_cli.models import local
 from anatomy_cli.models import packaged
 from anatomy_cli.models import presets
 from anatomy_cli.models.headers import GGUF_MAGIC
+from anatomy_cli.models.headers import read_gguf
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -240,7 +241,6 @@ def label(source: Source, fields: Mapping[str, object] | None = None) -> str:
         if not _BLOB.fullmatch(stem):
             return stem
         if fields is None:
-            from anatomy_cli.models.headers import read_gguf
 
             try:
                 fields = read_gguf(source.ref).fields

@@ -14,6 +14,7 @@ from pathlib import PurePath
 from typing import Any
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import bigmodel
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
@@ -62,7 +63,6 @@ class ModelSpec:
             raise UsageError(f"unknown dtype '{self.dtype}'; use {', '.join(DTYPE_NAMES)}")
         if self.init not in INITS:
             raise UsageError(f"unknown init '{self.init}'; use pretrained or random")
-        from anatomy_cli.models import bigmodel
 
         if self.device_map is None:
             bigmodel.placement_kwargs(None, self.max_memory, self.offload_folder)  # a budget needs a map

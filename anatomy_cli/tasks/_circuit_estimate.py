@@ -30,6 +30,7 @@ from typing import Any
 from anatomy_cli.models import cost
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.transcoders import TranscoderSet
+from anatomy_cli.units import human_seconds
 
 if TYPE_CHECKING:
     from anatomy_cli.tasks._circuit_options import CircuitOptions
@@ -102,8 +103,6 @@ class HeadsCost:
     device: str
 
     def line(self) -> str:
-        from anatomy_cli.units import human_seconds
-
         return (f"circuit --heads: {self.n_links:,} edges ({self.n_targets:,} targets, {self.n_sources:,} sources) "
                 f"and QK terms of {self.n_contributors:,} nodes: {self.passes:,} replays of up to {self.batch} "
                 f"copies ({self.backwards:,} with a backward), about {self.flops:.2g} FLOP, roughly "

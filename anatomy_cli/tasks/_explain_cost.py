@@ -6,6 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from anatomy_cli.analyses.explain_prompts import explainer_messages
+from anatomy_cli.analyses.explain_prompts import scorer_messages
+from anatomy_cli.analyses.explain_score import SCORERS
+from anatomy_cli.units import human_seconds
+
 SCORER_TOKENS = 32  # the scorer answers a list of --shown 0/1s: [1,0,0,1,1] is about 11 tokens
 
 
@@ -13,9 +18,6 @@ def estimate(chat: Any, ex: Any, opts: Any, n_features: int) -> dict[str, Any]:
     """``{"prompt_tokens", "prefill_s_per_token", "decode_s_per_token", "explain_s", "scorer_prompts",
     "scorer_prompt_tokens", "score_s", "per_feature_s", "features", "total_s"}`` (seconds), the explanation
     assumed to use --max-new-tokens and each scorer answer 32 tokens: an upper bound where they stop early."""
-    from anatomy_cli.analyses.explain_prompts import explainer_messages
-    from anatomy_cli.analyses.explain_prompts import scorer_messages
-    from anatomy_cli.analyses.explain_score import SCORERS
 
     rates = chat.rates
     pre, dec = rates["prefill_s_per_token"], rates["decode_s_per_token"]
@@ -33,8 +35,6 @@ def estimate(chat: Any, ex: Any, opts: Any, n_features: int) -> dict[str, Any]:
 
 
 def line(c: dict[str, Any], other_scorer: bool) -> str:
-    from anatomy_cli.units import human_seconds
-
     note = " (the scorer's rate taken as the explainer's)" if other_scorer else ""
     return (f"explain: measured {c['prefill_s_per_token'] * 1e3:.2f} ms per prompt token and "
             f"{c['decode_s_per_token'] * 1e3:.1f} ms per new token; per feature about "

@@ -16,16 +16,26 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.analyses.explain_prompts import cut_loop
+from anatomy_cli.analyses.explain_prompts import explainer_messages
+from anatomy_cli.analyses.explain_prompts import parse_explanation
+from anatomy_cli.analyses.explain_score import SCORERS
+from anatomy_cli.analyses.explain_score import score
+from anatomy_cli.errors import OfflineError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.resolve import offline_error
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._explain_cost import SCORER_TOKENS
+from anatomy_cli.tasks._explain_cost import estimate
+from anatomy_cli.tasks._explain_cost import line
 from anatomy_cli.tasks.explain import EXPORT
 from anatomy_cli.tasks.explain import RUN
 from anatomy_cli.tasks.explain import ExplainOptions
 from anatomy_cli.tasks.explain import FeatureExamples
 from anatomy_cli.tasks.explain import FeaturesDir
 from anatomy_cli.tasks.explain import read_dir
+from anatomy_cli.tasks.session import busy_threads
 
 RATE_STEPS = 4  # new tokens timed after the first before the cost is printed
 TYPE_NAME = "anatomy-explain (delphi default explainer; detection and fuzzing scorers)"
@@ -114,7 +124,6 @@ class Chat:
 
 def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     """The whole run; see the module docstring."""
-    from anatomy_cli.tasks.session import busy_threads
     from anatomy_cli.tasks.session import load_weights
 
     fdir = read_dir(opts)
@@ -145,8 +154,6 @@ def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
 def _open(spec: ModelSpec, model: str, option: str) -> Any:
     """``model`` opened (no weights); a model that is not cached while offline is refused naming ``option``, the
     option that named it (models/resolve.py ``offline_message``), not ``--model``."""
-    from anatomy_cli.errors import OfflineError
-    from anatomy_cli.models.resolve import offline_error
     from anatomy_cli.tasks.session import open_model
 
     try:
@@ -204,10 +211,6 @@ class _Run:
         _atomic(self.opts.target / EXPORT, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     def explain_all(self) -> None:
-        from anatomy_cli.analyses.explain_prompts import cut_loop
-        from anatomy_cli.analyses.explain_prompts import explainer_messages
-        from anatomy_cli.analyses.explain_prompts import parse_explanation
-
         todo = [f for f in self.fdir.features if "description" not in self.state.get(f.feature, {})]
         with notes.status("explain: writing the explanations") as line:
             for n, ex in enumerate(todo):
@@ -236,8 +239,6 @@ class _Run:
     def _estimate(self, ex: FeatureExamples) -> None:
         """Once, as soon as the first generation's rates are measured (its prompt and :data:`RATE_STEPS` new
         tokens, before any explanation is written): the cost (stderr, and the JSON's ``cost``)."""
-        from anatomy_cli.tasks._explain_cost import estimate
-        from anatomy_cli.tasks._explain_cost import line
 
         chat = self.explainer if self.explainer.rates else self.scorer
         if self.cost or not chat.rates:
@@ -271,9 +272,6 @@ class _Run:
                 self._estimate(ex)
 
     def _scores(self, ex: FeatureExamples, explanation: str, status_line: Any, step: str) -> dict[str, Any]:
-        from anatomy_cli.analyses.explain_score import SCORERS
-        from anatomy_cli.analyses.explain_score import score
-
         if not ex.test or not ex.not_active:
             return {kind: None for kind in SCORERS}
         out: dict[str, Any] = {}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.corpus.store import _atomic
+from anatomy_cli.errors import UsageError
 
 FEATURE_COLUMNS = ("feature", "fires", "frequency", "mean_activation", "max_activation", "status", "histogram",
                    "cooccurring_ids", "cooccurring_tokens")
@@ -85,7 +86,6 @@ def read_record(root: Path) -> dict[str, Any]:
     DIR whose run is not complete."""
     import pyarrow.parquet as pq
 
-    from anatomy_cli.errors import UsageError
 
     root = Path(root)
     try:

@@ -9,12 +9,18 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.corpus.sources import open_source
+from anatomy_cli.models import cost
+from anatomy_cli.models import sites
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks._corpus_status import CorpusStatus
 from anatomy_cli.tasks.features import FeaturesOptions
 from anatomy_cli.tasks.features import FeaturesPlan
 from anatomy_cli.tasks.features import check
 from anatomy_cli.tasks.features import settings_of
+from anatomy_cli.tasks.session import describe
+from anatomy_cli.units import human_seconds
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,6 @@ def estimate(info: Any, plan: FeaturesPlan, opts: FeaturesOptions, size: int, do
     ``seconds`` at the assumed rate, ``bytes``: what the pass keeps (co-firing counts twice, the histograms, at
     most every bin's samples and the top contexts)."""
     from anatomy_cli.corpus.feature_sums import N_BINS
-    from anatomy_cli.models import cost
 
     tokens = opts.max_tokens if opts.max_tokens is not None else max(2, size // 4)
     left = max(0, tokens - done[1])
@@ -70,7 +75,6 @@ def forward_share(info: Any, sae: Any) -> tuple[int, float]:
     """``(blocks, share)``: the blocks a window's forward runs and that share of a whole forward. A dictionary that
     reads block b: blocks 0..b of the model's L, ``(b + 1) / L`` (the pass stops there: engine/sae.py
     ``window_features``); a site outside the blocks: all L, 1."""
-    from anatomy_cli.models import sites
 
     n = max(1, int(info.n_layers))
     try:
@@ -81,8 +85,6 @@ def forward_share(info: Any, sae: Any) -> tuple[int, float]:
 
 
 def cost_line(c: dict[str, Any]) -> str:
-    from anatomy_cli.units import human_seconds
-
     tokens = f"about {c['tokens']:,} tokens (the corpus' bytes / 4)" if c["tokens_estimated"] else \
         f"{c['tokens']:,} tokens"
     shards = c["resumed_shards"]
@@ -123,7 +125,6 @@ def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
 
 def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     """The whole run; see the module docstring."""
-    from anatomy_cli.corpus.sources import open_source
     from anatomy_cli.models.ct_block import read_dictionary as read
     from anatomy_cli.tasks.session import load_weights
     from anatomy_cli.tasks.session import open_model
@@ -159,7 +160,6 @@ def _pass(src: Any, spec: ModelSpec, opts: FeaturesOptions, plan: FeaturesPlan, 
     """``(FeatureResult, DelphiWriter or None)``."""
     from anatomy_cli.corpus import feature_run
     from anatomy_cli.corpus.delphi_cache import DelphiWriter
-    from anatomy_cli.tasks._corpus_status import CorpusStatus
 
     delphi = None if opts.delphi is None else DelphiWriter(opts.delphi, plan.sae_file.hook_name,
                                                           overwrite=opts.overwrite)
@@ -184,7 +184,6 @@ def _finish(lm: Any, opts: FeaturesOptions, plan: FeaturesPlan, done: tuple[Any,
             ) -> FeaturesRun:
     from anatomy_cli.corpus import feature_summary as summary
     from anatomy_cli.tasks import _features_files as files
-    from anatomy_cli.tasks.session import describe
 
     result, delphi = done
     sums = result.stats

@@ -13,6 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.engine.checkpoint import Checkpoint
+from anatomy_cli.engine.checkpoint import digest
+from anatomy_cli.models.sites import Site
+from anatomy_cli.models.sites import hook_name
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_sae_block import DEAD_HIGH
 from anatomy_cli.tasks._fit_sae_block import BlockFit
@@ -115,8 +119,6 @@ def checkpointing(opts: FitSaeOptions, plan: FitSaePlan, settings: dict[str, Any
     """(the checkpoint to go on from or None, the function that writes one or None) for ``--checkpoint``
     (engine/checkpoint.py); the settings carry a digest of the windows' token ids, so a checkpoint of other tokens
     is refused."""
-    from anatomy_cli.engine.checkpoint import Checkpoint
-    from anatomy_cli.engine.checkpoint import digest
 
     if opts.checkpoint is None:
         return None, None
@@ -132,8 +134,6 @@ def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], h
     """One row per block: the summed loss's curve over the blocks (its mean per block, the same in every row), the
     block's dead fraction, its held-out FVE as written (thresholds) and as trained (TopK), and the written L0;
     the spliced CE/KL (``spliced``: every block spliced at once, the same in every row); warnings as notes."""
-    from anatomy_cli.models.sites import Site
-    from anatomy_cli.models.sites import hook_name
 
     fired, curve, n = trained["fired"], trained["fvu"], len(plan.blocks)
     out = []

@@ -18,6 +18,7 @@ from typing import Any
 from typing import TypedDict
 
 from anatomy_cli.engine.checkpoint import Checkpoint
+from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import jacobian_progress
 
@@ -66,7 +67,6 @@ class JacobianWorker:
     def __init__(self, spec: dict[str, Any], settings: JacobianSettings, *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
         from anatomy_cli import engine
-        from anatomy_cli.models.spec import ModelSpec
 
         self.settings = settings.copy()
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))

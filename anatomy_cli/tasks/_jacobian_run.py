@@ -18,6 +18,7 @@ from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import atomic_save
 from anatomy_cli.engine.checkpoint import digest
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
@@ -180,7 +181,6 @@ def _announce(lm: Any, usable: list[list[int]], opts: FitLensOptions,
     With ``--ray`` the driver has no weights: the fit at the assumed rate of ``cost.RATES``, no check. Returns
     the FLOPs and the Estimate."""
     from anatomy_cli.engine import estimate as timing
-    from anatomy_cli.models import cost
     from anatomy_cli.tasks import _lens_check
 
     info = lm.info
@@ -211,7 +211,6 @@ def estimate(lm: Any, usable: list[list[int]], opts: FitLensOptions, plan: FitLe
     """The fit's FLOPs (:func:`anatomy_cli.models.cost.jacobian_fit_flops` per prompt), with the blocks' own
     weights where they are loaded (with ``--ray`` the driver has none: ~12 d_model² per block)."""
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.models import cost
 
     weights = jacobian_fit.block_weights(lm) if hasattr(lm, "points") else None
     return sum(cost.jacobian_fit_flops(lm.info, len(i), opts.dim_batch, min(plan.source_layers), plan.target_layer,

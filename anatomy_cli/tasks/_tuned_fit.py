@@ -18,14 +18,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.corpus.sources import open_source
+from anatomy_cli.corpus.windows import token_stream
+from anatomy_cli.corpus.windows import windows
+from anatomy_cli.engine import estimate as timing
+from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import digest
+from anatomy_cli.engine.estimate import Phase
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.models.lens_choice import LensChoice
+from anatomy_cli.tasks import _lens_check
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import FitCosts
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions
+from anatomy_cli.tasks._lens_check import fit_check
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -52,7 +62,6 @@ class TunedPlan:
 def check(opened: Opened, opts: FitLensOptions) -> TunedPlan:
     """A decoder with an LM head, ``ctx`` within its context, the corpus opened (a directory without text files is
     refused here), all before the weights load."""
-    from anatomy_cli.corpus.sources import open_source
 
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command="fit-lens tuned")
@@ -96,8 +105,6 @@ def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[t
     """The corpus as tuned-lens chunks it (the module docstring), the first ``tokens`` tokens."""
     import itertools
 
-    from anatomy_cli.corpus.windows import token_stream
-    from anatomy_cli.corpus.windows import windows
 
     hf = lm.tokenizer.hf
     eos = hf.eos_token_id
@@ -113,7 +120,6 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
     import torch
 
     from anatomy_cli.engine import tuned_fit
-    from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.engine.estimate import now
     from anatomy_cli.engine.fitted_lens import unembed_hash
 
@@ -159,8 +165,6 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
 def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
     """The written lens, read back as ``lens --lens tuned:DIR`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
-    from anatomy_cli.models.lens_choice import LensChoice
-    from anatomy_cli.tasks._lens_check import fit_check
 
     assert opts.out is not None  # the options' check: a fit names its --out
     lens = open_lens(LensChoice("tuned", Path(opts.out)), d_model=lm.info.d_model, n_layers=lm.n_layers)
@@ -174,7 +178,6 @@ def _train(lm: LoadedModel, lens: torch.nn.ModuleList, optim: tuple[torch.optim.
     """The steps (engine/tuned_fit.py ``train``), from the checkpoint's when there is one to resume
     (engine/checkpoint.py); each translator's mean KL over the first step's windows and over the last's."""
     from anatomy_cli.engine import tuned_fit
-    from anatomy_cli.engine.checkpoint import Checkpoint
 
     ckpt = None if opts.checkpoint is None else Checkpoint(opts.checkpoint, settings, opts.checkpoint_every)
     resumed = None if ckpt is None else ckpt.load()
@@ -191,10 +194,7 @@ def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int
     (:mod:`anatomy_cli.engine.estimate`): the weights' load and the corpus's reading as measured; the training
     from probes of its own code now (one window's backward on up to :data:`PROBE_TOKENS` tokens of the first
     window, scaled by the tokens; one optimizer step, by the steps); the held-out check from its probe."""
-    from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import tuned_fit
-    from anatomy_cli.models import cost
-    from anatomy_cli.tasks import _lens_check
 
     n, used = len(wins), sum(map(len, wins))
     flops = cost.tuned_fit_flops(lm.info, used, n)

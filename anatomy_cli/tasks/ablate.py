@@ -12,6 +12,7 @@ from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -185,7 +186,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AblateOptions, plan: Abla
     assert target is not None  # resolve_pair always gives the target
     metric = analysis.metric_fn(target, plan.ids["foil"])
     if opts.method is Method.exact:
-        from anatomy_cli.models import cost
 
         warn_cost(f"ablate: {len(rows) * len(encoded):,} ablated runs", lm,
                   sum((len(rows) + 1) * cost.forward_flops(lm.info, len(e)) for e in encoded))

@@ -31,9 +31,12 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.models.sae.names import mlp_norm
+from anatomy_cli.models.sites import block_spans
 from anatomy_cli.tasks import _circuit_estimate as _estimate
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._circuit_estimate import CircuitEstimate
+from anatomy_cli.tasks._circuit_estimate import heads_cost
 from anatomy_cli.tasks._circuit_options import CircuitOptions
 from anatomy_cli.tasks.session import busy_threads
 from anatomy_cli.text import targets
@@ -87,7 +90,6 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
     ts = tc_files.describe(opts.transcoders)
     tc_files.check_fits(ts, info.n_layers, info.d_model, info.display_name)
     if ts.before_gain:  # ln2.hook_normalized: the MLP must read a norm whose gain the run divides out
-        from anatomy_cli.models.sae.names import mlp_norm
 
         mlp_norm(info.adapter, opened.name)
     ids = tuple(targets.resolve(opened.tokenizer, c, model=opened.name, vocab_size=info.lm_head_rows)
@@ -270,7 +272,6 @@ def _attention(fp: FrozenPrompt, graph: CircuitGraph, pr: PruneResult, nodes: di
     prompt per replay."""
     from anatomy_cli.analyses import circuit_files as files
     from anatomy_cli.analyses import circuit_heads as ch
-    from anatomy_cli.tasks._circuit_estimate import heads_cost
 
     links = files.kept_links(pr, nodes)
     sources = sorted(i for i in nodes if i < graph.adjacency_matrix.shape[0] - graph.n_logits)
@@ -300,7 +301,6 @@ def _weak_note(fve: tuple[float | None, ...]) -> None:
     nodes."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
-    from anatomy_cli.models.sites import block_spans
 
     weak = [layer for layer, f in enumerate(fve) if too_weak(f)]
     if weak:

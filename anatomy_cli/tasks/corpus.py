@@ -23,6 +23,8 @@ from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.lens import check_unembed_hash
+from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.tasks.notes import status
 
 if TYPE_CHECKING:
@@ -140,7 +142,6 @@ def check(opened: Opened, opts: CorpusOptions) -> CorpusPlan:
     """Every refusal that needs the opened model: a decoder (with a lens, an LM head; with ``--experts``, a mixture
     of experts), a fitted lens of another width or depth (from its header, before any weight loads), the saved sites
     within its blocks, ``--ctx`` within its context."""
-    from anatomy_cli.tasks.lens import fitted_lens
 
     info: ModelInfo = opened.info
     require(info, Need.decoder, *([Need.lm_head] if opts.lens else []), command=COMMAND)
@@ -221,7 +222,6 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, Ope
 
 def _say_lenses(lm: LoadedModel | None, plan: CorpusPlan) -> None:
     """A tuned lens fitted with another LM head warns (in-process only: on Ray the driver has no weights)."""
-    from anatomy_cli.tasks.lens import check_unembed_hash
 
     if lm is not None:
         for fitted in plan.fitted:

@@ -18,7 +18,11 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.session import describe
+from anatomy_cli.tasks.session import model_label
+from anatomy_cli.tasks.session import open_texts
 from anatomy_cli.text import targets
+from anatomy_cli.text.positions import check_position
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.diff import ActivationDiff
@@ -84,7 +88,6 @@ def check(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[Encoded], 
           opts: DiffOptions) -> DiffPlan:
     """Every refusal before either model's weights: A a decoder, the position within every prompt, the target a
     token of A, B's tokens the same as A's, the two residual streams of one shape."""
-    from anatomy_cli.text.positions import check_position
 
     require(opened_a.info, Need.decoder, command=COMMAND)
     check_position(opts.position, encoded)
@@ -102,9 +105,7 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
     ``label_a``: A's display label (its weights are gone); ``lm_b``: B's LoadedModel."""
     from anatomy_cli.analyses import diff as analysis
     from anatomy_cli.engine.loader import release_memory
-    from anatomy_cli.tasks.session import describe
     from anatomy_cli.tasks.session import load_weights
-    from anatomy_cli.tasks.session import model_label
 
     lm = load_weights(opened_a)
     with notes.status(f"running {opened_a.name}"):
@@ -126,7 +127,6 @@ def open_pair(spec_a: ModelSpec, spec_b: ModelSpec, texts: list[str], prompts: P
               ) -> tuple[OpenedModel, OpenedModel, list[Encoded], list[Encoded]]:
     """Both models opened (no weights; B is A when the specs are equal) and the texts tokenized by each."""
     from anatomy_cli.tasks.session import open_model
-    from anatomy_cli.tasks.session import open_texts
     from anatomy_cli.text import chat
 
     opened_a, encoded = open_texts(texts, spec_a, prompts)

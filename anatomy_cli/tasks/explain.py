@@ -17,7 +17,9 @@ from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import sites
 from anatomy_cli.tasks import _explain_data as _data
+from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._explain_data import FeatureExamples
 
 COMMAND = "explain"
@@ -126,7 +128,6 @@ def read_export(root: Path, hook: str, features: list[int] | tuple[int, ...]) ->
     """The records of ``root/explanations.json`` when they explain this dictionary's features (each record's
     ``hook`` is ``hook`` and its ``index`` one of ``features``: a features run of other settings left a stale
     export, which is skipped with a warning); None where there is none."""
-    from anatomy_cli.tasks import notes
 
     path = Path(root) / EXPORT
     if not path.is_file():
@@ -146,7 +147,6 @@ def read_export(root: Path, hook: str, features: list[int] | tuple[int, ...]) ->
 def _layer_id(settings: dict[str, Any], hook: str) -> str:
     """The export's ``layer``: the dictionary's Neuronpedia SAE id where its files state one (``6-res-jb``), else
     ``<block>-<folder name>`` (the block first, as circuit --labels reads it)."""
-    from anatomy_cli.models import sites
     from anatomy_cli.models.ct_block import read_dictionary as read
 
     sae_id, site = None, hook

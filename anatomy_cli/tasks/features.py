@@ -18,9 +18,11 @@ from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.declare.shared import ShardRun
+from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.models.resolve import resolve
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -174,9 +176,7 @@ def dictionary_model(opts: FeaturesOptions) -> str | None:
     opens (a local folder or file, a packaged GGUF, a preset, a Hugging Face id in the cache or on the Hub), with a
     line saying so; else None (TransformerLens' names such as ``gpt2-small`` are no Hugging Face id). For a
     ``--model`` left out (the CLI cannot tell it from ``--model`` naming the default model): another, it wins."""
-    from anatomy_cli.errors import AnatomyError
     from anatomy_cli.models.ct_block import read_dictionary as read
-    from anatomy_cli.models.resolve import resolve
 
     name = read(Path(opts.sae), hook=opts.hook, values=False).model_name
     if not name:

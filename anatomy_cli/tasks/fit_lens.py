@@ -24,6 +24,7 @@ from anatomy_cli.tasks import _jacobian_run
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions as FitLensOptions
 from anatomy_cli.tasks._fit_lens_options import FitLensPlan as FitLensPlan
 from anatomy_cli.tasks._jacobian_run import JacobianFit as JacobianFit  # re-exported: the views' result types
+from anatomy_cli.tasks._jacobian_run import fitted_prompts
 from anatomy_cli.tasks._lens_merge import MergedLens as MergedLens
 from anatomy_cli.tasks._lens_merge import merge as merge
 from anatomy_cli.tasks.session import busy_threads
@@ -68,7 +69,6 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
             raise UsageError(f"--source-layers {','.join(map(str, above))}: every source block must be below the "
                              f"target block {target}")
     if encoded is not None:
-        from anatomy_cli.tasks._jacobian_run import fitted_prompts
 
         fitted_prompts(encoded, opts)
     return FitLensPlan(sources, target)

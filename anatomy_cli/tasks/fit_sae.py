@@ -21,6 +21,8 @@ from typing import TypedDict
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
+from anatomy_cli.models.capabilities import Need
+from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
@@ -29,6 +31,7 @@ from anatomy_cli.tasks._fit_sae_options import Activation as Activation
 from anatomy_cli.tasks._fit_sae_options import FitSaeOptions as FitSaeOptions
 from anatomy_cli.tasks._fit_sae_options import FitSaePlan as FitSaePlan
 from anatomy_cli.tasks.session import busy_threads
+from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -90,8 +93,6 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
     from anatomy_cli.corpus.sources import open_source
     from anatomy_cli.corpus.windows import token_stream
     from anatomy_cli.corpus.windows import windows
-    from anatomy_cli.models.capabilities import Need
-    from anatomy_cli.models.capabilities import require
 
     require(opened.info, Need.decoder, command=COMMAND)
     info = opened.info
@@ -171,8 +172,6 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
 
 
 def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
-    from anatomy_cli.units import human_bytes
-
     what = "transcoder" if opts.transcoder else "SAE"
     n = len(plan.blocks)
     where = plan.blocks[0].points[0] if n == 1 else f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} {what}s)"

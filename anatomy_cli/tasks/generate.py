@@ -31,6 +31,7 @@ from anatomy_cli.tasks._stream import decode
 from anatomy_cli.tasks._stream import recording
 from anatomy_cli.tasks._stream import streamed
 from anatomy_cli.tasks.lens import fitted_lens
+from anatomy_cli.tasks.session import describe
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
@@ -199,7 +200,6 @@ class Settings:
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: GenerateOptions, plan: GeneratePlan) -> list[Generated]:
     from anatomy_cli.engine.generate import stop_ids
-    from anatomy_cli.tasks.session import describe
 
     s = Settings(opts.sampling.chooser(), opts.max_new_tokens, opts.k, opts.lens is not None, plan.vector,
                  stop_ids(lm), lens_map=None if plan.fitted is None else plan.fitted.read_blocks)

@@ -17,11 +17,14 @@ from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import TargetFields
+from anatomy_cli.tasks.session import describe
+from anatomy_cli.tasks.session import warn_cost
 from anatomy_cli.text import targets
 
 if TYPE_CHECKING:
@@ -159,9 +162,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPl
     ``opts.k`` are wanted (an HTML page's hover text); the grid then lists ``k`` (see ``LensGrid.keep_top``)."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis
-    from anatomy_cli.models import cost
-    from anatomy_cli.tasks.session import describe
-    from anatomy_cli.tasks.session import warn_cost
 
     n_tokens = sum(len(e) for e in encoded)
     warn_cost(f"lens on {n_tokens:,} tokens", lm,

@@ -21,11 +21,13 @@ from typing import Any
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
+from anatomy_cli.tasks.session import warn_cost
 from anatomy_cli.text.targets import single_token_forms
 
 if TYPE_CHECKING:
@@ -198,8 +200,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: Le
     """``encoded``: :attr:`LensEvalOptions.prompts`, encoded. Ranks every intermediate under every lens."""
     from anatomy_cli import engine
     from anatomy_cli.analyses import lens_eval as analysis
-    from anatomy_cli.models import cost
-    from anatomy_cli.tasks.session import warn_cost
 
     for fitted in plan.fitted:
         if fitted is not None:

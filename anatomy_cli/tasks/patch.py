@@ -12,6 +12,7 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.declare.inputs import Arg
 from anatomy_cli.declare.inputs import Inputs
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import cost
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -133,7 +134,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: PatchOptions, ids: dict[s
     clean, corrupt = encoded
     site = opts.site.value
     if opts.method is Method.exact:
-        from anatomy_cli.models import cost
 
         runs = lm.n_layers * (lm.n_heads if opts.site is PatchSite.head else len(corrupt))
         warn_cost(f"patch: {runs:,} patched runs of {len(corrupt):,} tokens", lm,

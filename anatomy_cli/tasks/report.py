@@ -24,6 +24,7 @@ from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.session import describe
 
 if TYPE_CHECKING:
     import torch
@@ -110,7 +111,6 @@ def analyse(lm: LoadedModel, enc: Encoded, sections: set[str], *, model: str, k:
     from anatomy_cli.analyses import lens as lens_analysis
     from anatomy_cli.analyses import next_token
     from anatomy_cli.analyses import trace
-    from anatomy_cli.tasks.session import describe
 
     out = Anatomy(lm=lm, enc=enc)
     name_token = describe(lm)

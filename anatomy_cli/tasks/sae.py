@@ -20,6 +20,7 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import notes
+from anatomy_cli.tasks.session import describe
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.sae import Reading
@@ -111,7 +112,6 @@ def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dicti
     from anatomy_cli.analyses import sae as analysis
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.models.sae.labels import feature_url
-    from anatomy_cli.tasks.session import describe
 
     wanted = opts.wanted
     run = engine_sae.splice_run(lm, list(enc.ids), dictionary)

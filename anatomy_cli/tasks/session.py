@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import bigmodel
+from anatomy_cli.models import cost
+from anatomy_cli.models.sites import parse_blocks
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks import records
@@ -60,7 +63,6 @@ def check_blocks_early(spec: ModelSpec, text: str, option: str, **parse: Any) ->
     block count a GGUF file's header states, before the model opens (the open imports torch: seconds): a block out
     of range is refused at once, with the message the task's own check gives once the model is open."""
     from anatomy_cli.models import light
-    from anatomy_cli.models.sites import parse_blocks
 
     n = light.block_count(spec.model)
     if n is not None:
@@ -152,7 +154,6 @@ def busy_threads(command: str) -> Iterator[None]:
 
 def warn_cost(what: str, lm: LoadedModel, flops: float) -> None:
     """One warning before a run whose estimate (:mod:`anatomy_cli.models.cost`) is long."""
-    from anatomy_cli.models import cost
 
     line = cost.warning(what, flops, lm.device.type)
     if line is not None:
@@ -161,7 +162,6 @@ def warn_cost(what: str, lm: LoadedModel, flops: float) -> None:
 
 def placement_line(lm: LoadedModel) -> str:
     """``placement: cpu 24.6 MiB (transformer.wte, lm_head) · disk 396.5 KiB (transformer.h); ...``"""
-    from anatomy_cli.models import bigmodel
 
     devices = bigmodel.device_summary(lm.model)
     parts = []

@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import UnsupportedArchitecture
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.info import ModelInfo
+from anatomy_cli.models.model_files import read_config
+from anatomy_cli.models.resolve import resolve
+from anatomy_cli.models.resolve import short_name
 
 if TYPE_CHECKING:
     from transformers.configuration_utils import PreTrainedConfig
@@ -33,8 +37,6 @@ class Header:
 
 def read_header(spec: str, *, trust_remote_code: bool = False) -> Header:
     """``spec``'s header, no tensor read. Raises what resolving and reading the config raise."""
-    from anatomy_cli.models.model_files import read_config
-    from anatomy_cli.models.resolve import resolve
 
     source = resolve(spec, need="weights")
     return Header(spec, source, read_config(source, trust_remote_code=trust_remote_code))
@@ -42,8 +44,6 @@ def read_header(spec: str, *, trust_remote_code: bool = False) -> Header:
 
 def check_headers(a: Header, b: Header) -> None:
     """Raise UsageError when the headers say A and B differ in family or shape (the first fact that differs)."""
-    from anatomy_cli.models.info import ModelInfo
-    from anatomy_cli.models.resolve import short_name
 
     name_a, name_b = short_name(a.spec), short_name(b.spec)
     info_a: ModelInfo | None

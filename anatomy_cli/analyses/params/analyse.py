@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from anatomy_cli.analyses.params import cache as params_cache
+from anatomy_cli.analyses.params import headers as params_headers
 from anatomy_cli.analyses.params.breakdown import ParamsResult
 from anatomy_cli.analyses.params.meta import analyse_meta
 from anatomy_cli.analyses.params.rules import DTYPE_BITS
+from anatomy_cli.analyses.params.shipped import breakdown
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.resolve import resolve
 
 
 def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, trust_remote_code: bool = False,
@@ -24,9 +28,6 @@ def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, tru
     Raises ModelNotFound, OfflineError, CheckpointError, UnsupportedArchitecture,
     AnatomyError, UsageError.
     """
-    from anatomy_cli.analyses.params import cache as params_cache
-    from anatomy_cli.analyses.params import headers as params_headers
-    from anatomy_cli.models.resolve import resolve
 
     if dtype is not None and dtype not in DTYPE_BITS:
         raise UsageError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPE_BITS)})")
@@ -38,7 +39,6 @@ def analyse(spec: str, *, dtype: str | None = None, per_layer: bool = False, tru
         return params_headers.from_gguf(spec, source.ref, dtype=dtype, per_layer=per_layer)
     if max_memory is None and not trust_remote_code:
         if source.kind == "preset":  # fixed shapes: their breakdowns ship with the package (no torch)
-            from anatomy_cli.analyses.params.shipped import breakdown
 
             shipped = breakdown(source.ref, dtype=dtype, per_layer=per_layer)
             if shipped is not None:

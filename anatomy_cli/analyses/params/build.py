@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.model_files import read_config
+from anatomy_cli.models.resolve import config_path
+from anatomy_cli.models.resolve import resolve
 
 if TYPE_CHECKING:
     from transformers.configuration_utils import PreTrainedConfig
@@ -42,9 +45,6 @@ def resolve_config(spec: str, *, trust_remote_code: bool = False, source: Source
     Raises ModelNotFound (nothing matches), OfflineError (offline and not cached),
     CheckpointError (config.json missing or unreadable), UnsupportedArchitecture (unknown model_type).
     """
-    from anatomy_cli.models.model_files import read_config
-    from anatomy_cli.models.resolve import config_path
-    from anatomy_cli.models.resolve import resolve
 
     source = source or resolve(spec, need="config")
     if source.kind == "gguf":

@@ -15,13 +15,14 @@ import sys
 from anatomy_cli.analyses.params.build import build_meta_model
 from anatomy_cli.analyses.params.build import resolve_config
 from anatomy_cli.analyses.params.meta import count_parameters
+from anatomy_cli.analyses.params.shipped import DATA
+from anatomy_cli.analyses.params.shipped import to_data
+from anatomy_cli.models.presets import PRESETS
+from anatomy_cli.models.resolve import resolve
 
 
 def generate() -> dict:
     """``{"presets": {name: {"shape": ..., "default": ..., "per_layer": ...}}}`` for every preset."""
-    from anatomy_cli.analyses.params.shipped import to_data
-    from anatomy_cli.models.presets import PRESETS
-    from anatomy_cli.models.resolve import resolve
 
     out = {}
     for name, shape in PRESETS.items():
@@ -34,8 +35,6 @@ def generate() -> dict:
 
 
 def main() -> None:
-    from anatomy_cli.analyses.params.shipped import DATA
-
     DATA.write_text(json.dumps(generate(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
     print(f"wrote {DATA}", file=sys.stderr)
 

@@ -53,6 +53,7 @@ from anatomy_cli.analyses.params.build import build_meta_model
 from anatomy_cli.analyses.params.build import resolve_config
 from anatomy_cli.analyses.params.placement import config_dtype
 from anatomy_cli.analyses.params.placement import plan_placement
+from anatomy_cli.analyses.params.shipped import dtype_note
 from anatomy_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -280,7 +281,6 @@ def _notes(resolved, family, total, non_embedding, excluded, tied, unrecognised,
                          f"{_plural(moe.moe_layers, 'MoE layer')}{dense}). Active {_fmt(moe.active)} of "
                          f"{_fmt(total)}.")
     if dtype:
-        from anatomy_cli.analyses.params.shipped import dtype_note
 
         notes.append(dtype_note(dtype, moe is not None))
     return notes

@@ -23,6 +23,7 @@ from anatomy_cli.analyses.params.breakdown import ParamsResult
 from anatomy_cli.analyses.params.breakdown import Row
 from anatomy_cli.analyses.params.rules import DTYPE_BITS
 from anatomy_cli.analyses.params.rules import memory_bytes
+from anatomy_cli.models.presets import PRESETS
 
 DATA = Path(__file__).with_name("presets.json")
 
@@ -89,7 +90,6 @@ def _load() -> dict[str, Any]:
 def breakdown(name: str, *, dtype: str | None, per_layer: bool) -> ParamsResult | None:
     """The shipped breakdown of preset ``name``, or None when it is not shipped (or its shape changed
     since ``presets.json`` was written: then the caller counts on the meta device)."""
-    from anatomy_cli.models.presets import PRESETS
 
     entry = _load().get("presets", {}).get(name)
     if entry is None or name not in PRESETS or entry.get("shape") != json.loads(json.dumps(PRESETS[name])):

@@ -17,6 +17,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import features as task
+from anatomy_cli.tasks.explain import read_export
 
 PlotOpt = Annotated[Optional[Path], html_plot(
     "features", "Also write a dashboard of the features to FILE.html, an interactive page (opens offline; .html "
@@ -79,7 +80,6 @@ def features_command(
     emit(view.report(run), fmt)
     if plot is not None:
         from anatomy_cli.output import plots
-        from anatomy_cli.tasks.explain import read_export
 
         args, kwargs = view.figure(run)
         records = None if opts.out is None else read_export(opts.out, run.sae_file.hook_name, run.plan.features)
