@@ -51,8 +51,7 @@ class FitSaeOptions(Declared):
     d_sae: int | None = option(None, "--d-sae", min=1, metavar="N", show_default=False,
                                help="Latents (default 8 x d_model).")
     k: int = option(32, "--k", min=1, metavar="N",
-                    help="Active latents per token (TopK; jumprelu: the mean L0 the thresholds start at and the "
-                    "sparsity term holds).")
+                    help="Active latents per token (TopK); jumprelu: the target mean L0 (where thresholds start).")
     activation: Activation = option(Activation.topk, "--activation", case_sensitive=False,
                                     help="topk (k latents per token) or jumprelu (a latent fires above its own "
                                     "threshold, trained with the straight-through estimator and an L0 penalty; "
