@@ -477,6 +477,7 @@ def test_explain_names_a_circuit_tracer_block_s_features_by_their_block(tmp_path
 def test_a_folder_of_dictionaries_is_named_and_one_is_picked_with_hook(setup, tmp_path):
     """fit-sae --layer all's top folder (layers.N.mlp subfolders, SAELens): the error names them and what to
     pass; --hook picks one."""
+    from anatomy_cli.errors import UsageError
     from anatomy_cli.models.sae.read import read
 
     model, _, corpus, _ = setup
@@ -488,6 +489,11 @@ def test_a_folder_of_dictionaries_is_named_and_one_is_picked_with_hook(setup, tm
         f"pass one of them ({tmp_path / 'fit' / 'layers.0.mlp'}) or pick one with --hook NAME" in \
         " ".join(result.stderr.split())
     assert read(tmp_path / "fit", hook="layers.10.mlp").path == tmp_path / "fit" / "layers.10.mlp"
+    assert read(tmp_path / "fit", hook="10").path == tmp_path / "fit" / "layers.10.mlp"  # a block, as for a CT set
+    with pytest.raises(UsageError, match=r"--hook layers\.99\.mlp names none of them; pass one"):
+        read(tmp_path / "fit", hook="layers.99.mlp")
+    with pytest.raises(UsageError, match="--hook 7 names none of them"):
+        read(tmp_path / "fit", hook="7")
 
 
 def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp_path):

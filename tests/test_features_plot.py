@@ -266,8 +266,10 @@ def test_opened_at_a_panel_the_title_stays_in_view_and_nothing_is_cut(browser, e
     edges = data["histogram_edges"]
     row = max(data["features"], key=lambda r: (sum(1 for n in r["histogram"] if n), -r["feature"]))
     hi = max(j for j, n in enumerate(row["histogram"]) if n)
-    upper = "\u221e" if edges[hi] is None else format(edges[hi], "#.3g")  # features.js num(x, 3): toPrecision(3)
-    last = f"[{edges[hi - 1]:#.3g}, {upper})"
+    # the documented bins (docs/commands/features.md): bin j >= 1 is [2^((j-41)/2), 2^((j-40)/2)), the last to infinity
+    assert edges[hi] == 2 ** ((hi - 41) / 2) and len(edges) == len(row["histogram"]) + 1
+    upper = "\u221e" if hi == len(row["histogram"]) - 1 else format(2 ** ((hi - 40) / 2), "#.3g")  # toPrecision(3)
+    last = f"[{2 ** ((hi - 41) / 2):#.3g}, {upper})"
     opened = Opened(browser, feats / "features.html", viewport=(width, 900))
     opened.page.goto("about:blank")  # then a fresh load at the address (not a jump within the page)
     opened.page.goto((feats / "features.html").resolve().as_uri() + f"#f-{row['feature']}")

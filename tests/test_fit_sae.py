@@ -59,7 +59,8 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     # the held-out window is the corpus' last, however short: the cost line says how long (a new user read "one more
     # held out" as a whole window where it was the 16 tokens left over)
     assert data["tokens"] % 32 == 0 and data["held_out_tokens"] <= 32
-    said = f"({data['tokens'] // 32} windows of 32; the last, {data['held_out_tokens']} tokens, held out)"
+    said = f"{data['tokens']:,} tokens ({data['tokens'] // 32} windows of 32) x 30 epochs, the next " \
+        f"{data['held_out_tokens']} tokens held out:"
     assert said in " ".join(result.stderr.split()), result.stderr
     sae = read(folder)
     assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)

@@ -31,6 +31,7 @@ from anatomy_cli.tasks._fit_sae_options import Activation as Activation
 from anatomy_cli.tasks._fit_sae_options import FitSaeOptions as FitSaeOptions
 from anatomy_cli.tasks._fit_sae_options import FitSaePlan as FitSaePlan
 from anatomy_cli.tasks.session import busy_threads
+from anatomy_cli.units import counted
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -179,8 +180,8 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({len(plan.windows) - 1} windows of {opts.ctx}; the last, {len(plan.windows[-1])} tokens, held out) x "
-            f"{opts.epochs} epochs: "
+            f"({counted(len(plan.windows) - 1, 'window')} of {opts.ctx}) x {counted(opts.epochs, 'epoch')}, the next "
+            f"{len(plan.windows[-1])} tokens held out: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
             f"{human_bytes(cost['activation_bytes'])}; " + ("the coder with Adam's state" if opts.clt else

@@ -143,11 +143,14 @@ def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False,
         return _sparsify(folder, hook, values)
     points = _dictionaries(folder)
     if points:
+        block = [name for name in points if hook is not None and name in (f"layers.{hook}", f"layers.{hook}.mlp")]
+        hook = block[0] if len(block) == 1 else hook  # --hook N: block N's dictionary, as for a circuit-tracer set
         if hook is None and len(points) == 1 or hook in points:
             return read(folder / (hook if hook in points else points[0]), values=values)
         shown = ", ".join(points) if len(points) <= 4 else f"{points[0]}, {points[1]} ... {points[-1]}"
-        raise UsageError(f"{folder} holds {len(points)} dictionaries, one per hook point ({shown}): pass one of "
-                         f"them ({folder / points[0]}) or pick one with --hook NAME ({points[0]})")
+        given = "" if hook is None else f"--hook {hook} names none of them; "
+        raise UsageError(f"{folder} holds {len(points)} dictionaries, one per hook point ({shown}): {given}pass one "
+                         f"of them ({folder / points[0]}) or pick one with --hook NAME ({points[0]}) or a block N")
     kind = circuit_tracer_kind(folder)
     if kind is not None:
         raise UsageError(f"{folder} is circuit-tracer's {kind} (what circuit --transcoders reads): one dictionary is "

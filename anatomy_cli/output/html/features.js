@@ -118,8 +118,9 @@ function histogram(r, div) {
   while (hi > 0 && h[hi] === 0) hi--;
   var x = [], y = [];
   for (var j = Math.max(lo, 0); lo >= 0 && j <= hi; j++) {
-    x.push(j === 0 ? "(0, " + num(D.edges[0], 3) + ")" : "[" + num(D.edges[j - 1], 3) + ", " +
-      (D.edges[j] === null ? "\u221e" : num(D.edges[j], 3)) + ")");
+    // bin j is [edges[j], edges[j + 1]) (edges: 0 first, null for infinity last; docs/commands/features.md)
+    x.push(j === 0 ? "(0, " + num(D.edges[1], 3) + ")" : "[" + num(D.edges[j], 3) + ", " +
+      (D.edges[j + 1] === null ? "\u221e" : num(D.edges[j + 1], 3)) + ")");
     y.push(h[j]);
   }
   Plotly.react(div, [{type: "bar", x: x, y: y, marker: {color: "#e07000"},
