@@ -358,21 +358,29 @@ def test_labels_beside_the_transcoders_reach_the_table_json_and_plot(setting, tm
 
 
 def test_features_dir_gives_top_tokens_and_dashboard_links(setting, tmp_path):
-    """A `features --out` run on a SAELens transcoder of block 0: circuit shows its top tokens (marked, not as
-    labels) for block 0's unlabelled features and links each block-0 node to its panel in DIR/features.html."""
+    """A `features --out` run on block 0 of the circuit's own transcoders: circuit shows its top tokens (marked,
+    not as labels) for block 0's unlabelled features and links each block-0 node to its panel in
+    DIR/features.html. One made from another dictionary of the same hook point is refused (its ids name other
+    features: a new-user trial's)."""
     from test_features import TEXT
     from test_features import write_sae
 
     model, lm, tdir, _ = setting
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    common = ("--corpus", str(tmp_path / "corpus.txt"), "--model", str(model), "--device", "cpu", "--ctx", "16",
+              "--max-tokens", "48", "--cooccur", "0")
     tc = write_sae(tmp_path / "tc0")
     cfg = json.loads((tc / "cfg.json").read_text())
     cfg["metadata"].update(hook_name="blocks.0.ln2.hook_normalized", hook_name_out="blocks.0.hook_mlp_out")
     (tc / "cfg.json").write_text(json.dumps(cfg))
-    (tmp_path / "corpus.txt").write_text(TEXT)
+    other = tmp_path / "other"
+    assert invoke("features", str(tc), *common, "--out", str(other), "-f", "json").exit_code == 0
+    refused = invoke(*_labelled_base(model, tdir), "--features-dir", str(other))
+    assert refused.exit_code == 2 and f"made from {tc.resolve()}, not from these transcoders' block 0" in \
+        " ".join(refused.stderr.split()), refused.stderr
     feats = tmp_path / "feats"
     feats.mkdir()
-    made = invoke("features", str(tc), "--corpus", str(tmp_path / "corpus.txt"), "--model", str(model), "--device",
-                  "cpu", "--ctx", "16", "--max-tokens", "48", "--out", str(feats), "--plot",
+    made = invoke("features", str(tdir), "--hook", "0", *common, "--out", str(feats), "--plot",
                   str(feats / "features.html"), "-f", "json")
     assert made.exit_code == 0, made.output
     effects = json.loads(made.stdout)["logit_effects"]

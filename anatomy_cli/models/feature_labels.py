@@ -109,6 +109,7 @@ def block_labels(root: Path, dictionaries: Sequence[Path], n_layers: int, labels
     dashboards: dict[int, str] = {}
     for d in (Path(x) for x in features_dir):
         block = run_block(d)
+        _same_dictionary(d, block, root, dictionaries)
         top.update({(block, f): t for f, t in top_tokens(d).items()})
         if (d / DASHBOARD).is_file():
             dashboards[block] = uri(d / DASHBOARD)
@@ -125,6 +126,19 @@ def block_labels(root: Path, dictionaries: Sequence[Path], n_layers: int, labels
             _merge(text, {(block, f): t for f, t in read_labels(own).items()}, sources,
                    f"{own} (beside block {block}'s dictionary)")
     return BlockLabels(text, tuple(sources), top, dashboards)
+
+
+def _same_dictionary(d: Path, block: int, root: Path, dictionaries: Sequence[Path]) -> None:
+    """UsageError where DIR's run read another dictionary than the transcoders' block ``block`` (its feature ids
+    would name other features): the run's ``sae`` must be the set's folder, or block ``block``'s file or folder."""
+    made = Path(_settings(d)["sae"]).resolve()
+    ours = {root.resolve()}
+    if block < len(dictionaries):
+        ours |= {Path(dictionaries[block]).resolve(), folder_of(Path(dictionaries[block])).resolve()}
+    if made not in ours:
+        raise UsageError(f"--features-dir {d}: made from {made}, not from these transcoders' block {block} "
+                         f"({root}): its feature ids name another dictionary's features; run features on the "
+                         f"block's own dictionary")
 
 
 def _merge(into: dict[tuple[int, int], str], more: dict[tuple[int, int], str], sources: list[str], name: str
