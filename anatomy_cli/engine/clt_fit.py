@@ -99,10 +99,6 @@ class CrossLayerCoder(torch.nn.Module):
         z = torch.nn.functional.linear(x, self.W_enc[layer], self.b_enc[layer])
         return z * (z > theta)
 
-    def encode(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(top_acts, top_indices)`` of block ``layer``, each ``[rows, k]``."""
-        return self.pre(layer, x).topk(self.k, dim=-1, sorted=False)
-
     def forward(self, xs: torch.Tensor) -> torch.Tensor:
         """``xs [L, rows, d]`` (every block's MLP input) -> the reconstructions of every block's MLP output."""
         return self.reconstruct(xs)[0]
