@@ -15,6 +15,8 @@ d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from see
 
   - ``anatomy``: ``engine/sae_fit.py`` ``train`` on :class:`TopKCoder` at ``fit-sae --transcoder``'s learning rate
     (``default_lr(d_sae, scaled=True)``), as ``fit-sae`` trains without sparsify installed;
+  - ``anatomy-jumprelu``: the same with ``--activation jumprelu`` (target L0 ``--k``, ``--l0-coeff``,
+    ``--bandwidth``), written in SAELens' format;
   - ``sparsify``: eai-sparsify's ``SparseCoder`` (``transcode=True``) in a side venv (``--sparsify-python``),
     stepped as its ``Trainer`` steps it with its defaults (1.3: ``optimizer="signum"``, i.e. SignSGD under
     schedulefree's ``ScheduleFreeWrapper`` with momentum 0.95 at ``5e-3/sqrt(d_sae/2**14)``, the biases set
@@ -24,10 +26,10 @@ d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from see
     its default warm-up, 1,000 steps, is longer than these fits). Skipped where that python is missing.
 
 (3) Every written folder is read back as ``anatomy sae`` reads it (``models/sae/read.py``, ``engine/sae.py``
-``Dictionary``): its FVE over all held-out rows pooled, and the means of the spliced CE and KL (nats) over the first
-``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a window). One
-line per (block, tokens, trainer), then a table; the training's CPU seconds (``time.process_time``, one thread)
-and the load average before and after.
+``Dictionary``): its FVE and mean L0 over all held-out rows pooled, and the means of the spliced CE and KL (nats)
+over the first ``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a
+window). One line per (block, tokens, trainer), then a table; the training's CPU seconds (``time.process_time``, one
+thread) and the load average before and after.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ transcoder), an SAE's rows kept at unit norm; at the first step ``b_dec`` the ta
 from its input, a transcoder does not and its encoder bias starts at ``−mean(x) W_encᵀ``); ``pre =
 relu(encoder(x − b_dec))``, the k largest kept, ``y = top_acts @ W_dec[top_idx] + b_dec``; the loss
 is the fraction of variance unexplained ``Σ(y − target)² / Σ(target − mean)²``; Adam at ``2e-4 /
-sqrt(d_sae / 2**14)`` (four times it for a TopK transcoder, below); after every step of an SAE the decoder
+sqrt(d_sae / 2**14)`` (four times it for a transcoder, below); after every step of an SAE the decoder
 gradient parallel to its rows is removed and the rows are set to unit norm again. Left out: sparsify's AuxK loss
 on dead latents (the dead fraction is reported instead). Two changes (issue 62): a transcoder (TopK or
 JumpReLU) trains on its input and target divided by their RMS, folded back into the written weights
