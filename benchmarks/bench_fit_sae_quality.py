@@ -15,6 +15,8 @@ d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from see
 
   - ``anatomy``: ``engine/sae_fit.py`` ``train`` on :class:`TopKCoder` at ``fit-sae --transcoder``'s learning rate
     (``default_lr(d_sae, scaled=True)``), as ``fit-sae`` trains without sparsify installed;
+  - ``anatomy-jumprelu``: the same with ``--activation jumprelu`` (target L0 ``--k``, ``--l0-coeff``,
+    ``--bandwidth``), written in SAELens' format;
   - ``sparsify``: eai-sparsify's ``SparseCoder`` (``transcode=True``) in a side venv (``--sparsify-python``),
     stepped as its ``Trainer`` steps it with its defaults (1.3: ``optimizer="signum"``, i.e. SignSGD under
     schedulefree's ``ScheduleFreeWrapper`` with momentum 0.95 at ``5e-3/sqrt(d_sae/2**14)``, the biases set
@@ -24,10 +26,10 @@ d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from see
     its default warm-up, 1,000 steps, is longer than these fits). Skipped where that python is missing.
 
 (3) Every written folder is read back as ``anatomy sae`` reads it (``models/sae/read.py``, ``engine/sae.py``
-``Dictionary``): its FVE over all held-out rows pooled, and the means of the spliced CE and KL (nats) over the first
-``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a window). One
-line per (block, tokens, trainer), then a table; the training's CPU seconds (``time.process_time``, one thread)
-and the load average before and after.
+``Dictionary``): its FVE and mean L0 over all held-out rows pooled, and the means of the spliced CE and KL (nats)
+over the first ``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a
+window). One line per (block, tokens, trainer), then a table; the training's CPU seconds (``time.process_time``, one
+thread) and the load average before and after.
 """
 
 from __future__ import annotations
@@ -175,18 +177,26 @@ def collect_until(lm, wins: list, points: list[str], batch: int = 8) -> list:
     return [torch.cat(r) for r in rows]
 
 
-def fit_anatomy(acts: dict, layer: int, n: int, args: argparse.Namespace, out: Path) -> dict:
+def fit_anatomy(acts: dict, layer: int, n: int, args: argparse.Namespace, out: Path, *, jumprelu: bool) -> dict:
+    """anatomy's transcoder as ``fit-sae --transcoder`` trains it (``jumprelu``: ``--activation jumprelu``, its
+    target L0 ``--k``, written in SAELens' format), at fit-sae's learning rate unless ``--lr``."""
     import torch
 
     from anatomy_cli.engine import sae_fit
 
     torch.manual_seed(0)
-    coder = sae_fit.make_coder(acts["x"][layer].shape[1], args.d_sae, args.k, transcode=True, use_sparsify=False)
+    jump = {"bandwidth": args.bandwidth, "l0_coeff": args.l0_coeff} if jumprelu else None
+    coder = sae_fit.make_coder(acts["x"][layer].shape[1], args.d_sae, args.k, transcode=True, use_sparsify=False,
+                               jumprelu=jump)
     start = time.process_time()
     trained = sae_fit.train(acts["x"][layer][:n], acts["target"][layer][:n], coder, epochs=args.epochs,
                             batch=args.batch, lr=args.lr or sae_fit.default_lr(args.d_sae, scaled=True))
     cpu = time.process_time() - start
-    sae_fit.save_sparsify(coder, out)
+    if jumprelu:
+        sae_fit.save_saelens(coder, out, hook=f"blocks.{layer}.mlp.hook_in", hook_out=f"blocks.{layer}.hook_mlp_out",
+                             model_name=args.model)
+    else:
+        sae_fit.save_sparsify(coder, out)
     curve = trained["fvu"]
     return {"steps": trained["steps"], "fvu_first": curve[0], "fvu_last": sum(curve[-10:]) / len(curve[-10:]),
             "dead_fraction": 1 - float(trained["fired"].float().mean()), "cpu_seconds": cpu}
@@ -215,7 +225,9 @@ def held_out(lm, folder: Path, layer: int, acts: dict, kl_windows: int) -> dict:
     d = engine_sae.Dictionary(read.read(folder), lm.device)
     x, t = acts["x_held"][layer], acts["target_held"][layer].double()
     with torch.inference_mode():
-        r = d.decode(d.encode(x), x).double()
+        feats = d.encode(x)
+        r = d.decode(feats, x).double()
+    l0 = float((feats != 0).sum(-1).float().mean())
     fve = 1 - float((t - r).pow(2).sum() / (t - t.mean(0)).pow(2).sum())
     wins = acts["windows"][-acts["held"]:][:kl_windows]
     ce = ce_clean = kl = 0.0
@@ -223,7 +235,7 @@ def held_out(lm, folder: Path, layer: int, acts: dict, kl_windows: int) -> dict:
         h = analysis.health(engine_sae.splice_run(lm, list(w), d), w, None)
         ce, ce_clean, kl = ce + h.ce_spliced_nats, ce_clean + h.ce_clean_nats, kl + h.kl_spliced_nats
     n = max(1, len(wins))
-    return {"fve": fve, "ce_clean": ce_clean / n, "ce_spliced": ce / n, "kl": kl / n}
+    return {"fve": fve, "l0": l0, "ce_clean": ce_clean / n, "ce_spliced": ce / n, "kl": kl / n}
 
 
 def main() -> None:
@@ -241,7 +253,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--trainers", default="anatomy,sparsify,sparsify-adam")
+    p.add_argument("--trainers", default="anatomy,sparsify,sparsify-adam",
+                   help="anatomy (TopK), anatomy-jumprelu (target L0 --k), sparsify, sparsify-adam")
+    p.add_argument("--l0-coeff", type=float, default=1.0, help="anatomy-jumprelu: fit-sae's --l0-coeff")
+    p.add_argument("--bandwidth", type=float, default=0.05, help="anatomy-jumprelu: fit-sae's --bandwidth")
     p.add_argument("--sparsify-python", default="/work/venv-sparsify/bin/python")
     p.add_argument("--workdir", default="/tmp/bench_fit_sae_quality")
     args = p.parse_args()
@@ -253,7 +268,7 @@ def main() -> None:
     acts_path = work / "acts.pt"
     if not acts_path.exists():
         collect(args, acts_path)
-    acts = torch.load(acts_path)
+    acts = torch.load(acts_path, mmap=True)  # all of docs/: 2 GB
     import anatomy_cli as anatomy
 
     lm = anatomy.load(args.model)
@@ -270,20 +285,21 @@ def main() -> None:
         for layer in args.layers:
             for trainer in trainers:
                 out = work / f"{trainer}-{n}" / f"layers.{layer}.mlp"
-                if trainer == "anatomy":
-                    fit = fit_anatomy(acts, layer, n, args, out)
+                if trainer.startswith("anatomy"):
+                    fit = fit_anatomy(acts, layer, n, args, out, jumprelu=trainer == "anatomy-jumprelu")
                 else:
                     fit = fit_sparsify(acts_path, layer, n, args, trainer.partition("-")[2] or "signum", out)
                 row = {"layer": layer, "tokens": n, "trainer": trainer, **fit,
                        **held_out(lm, out, layer, acts, args.kl_windows), "load": load_avg()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("| block | tokens | trainer | steps | fvu_last | dead | held-out FVE | CE spliced (clean) | KL | CPU s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| block | tokens | trainer | steps | fvu_last | dead | held-out L0 | held-out FVE | CE spliced (clean) | KL "
+          "| CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['layer']} | {r['tokens']:,} | {r['trainer']} | {r['steps']} | {r['fvu_last']:.3f} | "
-              f"{r['dead_fraction']:.0%} | {r['fve']:.3f} | {r['ce_spliced']:.3f} ({r['ce_clean']:.3f}) | "
-              f"{r['kl']:.3f} | {r['cpu_seconds']:.1f} |")
+              f"{r['dead_fraction']:.0%} | {r['l0']:.1f} | {r['fve']:.3f} | "
+              f"{r['ce_spliced']:.3f} ({r['ce_clean']:.3f}) | {r['kl']:.3f} | {r['cpu_seconds']:.1f} |")
 
 
 if __name__ == "__main__":

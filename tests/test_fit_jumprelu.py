@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -124,10 +125,11 @@ def dense_transcoder_rows(rows: int = 4096, d: int = 32) -> tuple[torch.Tensor, 
 
 
 def held_out_l0s(x: torch.Tensor, y: torch.Tensor, k: int) -> list[float]:
-    """The mean L0 on the last 512 rows after every step of a 56-step fit on the others (d_sae 256)."""
+    """The mean L0 on the last 512 rows after every step of a 56-step fit on the others (d_sae 256; while it
+    trains the coder reads its input at unit scale: the held-out rows over the training rows' RMS)."""
     torch.manual_seed(0)
     coder = sae_fit.make_coder(x.shape[1], 256, k, transcode=True, jumprelu={"bandwidth": 0.05, "l0_coeff": 1.0})
-    held, l0s = x[-512:], []
+    held, l0s = x[-512:] / rms(x[:-512]), []
 
     def l0_now(i: int, n: int) -> None:
         with torch.no_grad():
@@ -216,6 +218,139 @@ def test_the_written_clt_keeps_its_learnt_thresholds(tmp_path):
                         W_dec=torch.zeros(10, 0))
         z = torch.nn.functional.linear(x[layer], coder.W_enc[layer], coder.b_enc[layer]).detach()
         torch.testing.assert_close(tc.encode(x[layer]), z * (z > theta[layer]))
+
+
+# ---- unit scale (issue 62): trained on x / rms(x) and target / rms(target), folded back ----
+
+def rms(t: torch.Tensor) -> float:
+    a = t.double().numpy()
+    return float(np.sqrt((a * a).mean()))
+
+
+def test_a_jumprelu_transcoder_folded_from_unit_scale_encodes_the_raw_input_as_trained(tmp_path):
+    """The fold: W_enc / s_x with b_enc and θ as trained, since (W / s_x) x + b = W (x / s_x) + b is the trained
+    pre-activation, compared to the trained threshold; the decoder and b_dec times s_y. The file written after it
+    encodes the raw input to the activations computed here from the unit-scale weights, and decodes to their
+    reconstruction times s_y."""
+    from anatomy_cli.engine.sae import Dictionary
+    from anatomy_cli.models.sae import read
+
+    gen = torch.Generator().manual_seed(7)
+    x, t = 0.1 * torch.randn(60, 6, generator=gen) + 0.05, 3 * torch.randn(60, 6, generator=gen) + 1
+    coder = sae_fit.JumpReLUCoder(6, 12, transcode=True)
+    randomise(coder, gen, theta=0.3)
+    sx, sy = sae_fit.unit_scales(coder, x, t)
+    assert sx == pytest.approx(rms(x), rel=1e-6) and sy == pytest.approx(rms(t), rel=1e-6)
+    W, b, Wd, bd = (q.detach().clone() for q in (coder.encoder.weight, coder.encoder.bias, coder.W_dec, coder.b_dec))
+    theta = coder.log_threshold.detach().exp()
+    z = (x / sx) @ W.T + b
+    acts = z * (z > theta)
+    assert 0 < int((acts != 0).sum()) < acts.numel()  # some fire, some do not
+    sae_fit.fold_scales(coder, sx, sy)
+    assert torch.equal(coder.log_threshold.exp(), theta) and torch.equal(coder.encoder.bias, b)
+    sae_fit.save_saelens(coder, tmp_path, hook="blocks.1.mlp.hook_in", hook_out="blocks.1.hook_mlp_out",
+                         model_name="tiny")
+    d = Dictionary(read.read(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(d.encode(x), acts, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(d.decode(acts, x), (acts @ Wd + bd) * sy, rtol=1e-5, atol=1e-5)
+
+
+def test_a_jumprelu_transcoders_thresholds_are_placed_from_the_scaled_rows():
+    """At the first step each threshold is where its latent fires on k / d_sae of the rows the encoder reads, the
+    scaled ones: after the fold every latent fires on ⌈400 · 3 / 20⌉ = 60 of the 400 raw rows (inputs of RMS 20:
+    thresholds placed from the raw rows would not)."""
+    gen = torch.Generator().manual_seed(8)
+    x = 20 * torch.randn(400, 6, generator=gen) + 5
+    torch.manual_seed(0)
+    coder = sae_fit.make_coder(6, 20, 3, transcode=True, jumprelu={"bandwidth": 0.05, "l0_coeff": 1.0})
+    sae_fit.train(x, torch.tanh(x), coder, epochs=0, batch=64, lr=1e-3)  # the start alone, folded
+    with torch.no_grad():
+        fired = (coder.features(x) != 0).sum(0)  # (the row at the threshold: one more where the fold rounds)
+    assert all(60 <= int(n) <= 61 for n in fired), fired
+
+
+def test_a_jumprelu_clt_folded_from_unit_scale_equals_a_hand_computation():
+    gen = torch.Generator().manual_seed(9)
+    n, d, f, rows = 2, 6, 10, 30
+    xs = torch.randn(n, rows, d, generator=gen) * torch.tensor([0.1, 20.0])[:, None, None]
+    targets = 3 * torch.randn(n, rows, d, generator=gen) + 1
+    coder = clt_fit.CrossLayerCoder(n, d, f, 2, jumprelu={"bandwidth": 0.05, "l0_coeff": 1.0})
+    randomise(coder, gen, theta=0.3)
+    sx, sy = clt_fit.unit_scales(coder, xs, targets)
+    torch.testing.assert_close(sx, torch.tensor([rms(xs[0]), rms(xs[1])], dtype=torch.float32))
+    torch.testing.assert_close(sy, torch.tensor([rms(targets[0]), rms(targets[1])], dtype=torch.float32))
+    p = {name: q.detach().clone() for name, q in coder.named_parameters()}
+    theta = p["log_threshold"].exp()
+    ys, acts = [p["b_dec"][m].expand(rows, d) for m in range(n)], []
+    for layer in range(n):  # the trained coder on x / s_x, by hand
+        z = xs[layer] / sx[layer] @ p[f"W_enc.{layer}"].T + p["b_enc"][layer]
+        acts.append(z * (z > theta[layer]))
+        for j in range(n - layer):
+            ys[layer + j] = ys[layer + j] + acts[-1] @ p[f"W_dec.{layer}"][:, j]
+    clt_fit.fold_scales(coder, sx, sy)
+    assert torch.equal(coder.log_threshold, p["log_threshold"]) and torch.equal(coder.b_enc, p["b_enc"])
+    with torch.no_grad():
+        for layer in range(n):
+            torch.testing.assert_close(coder.thresholded(layer, xs[layer], theta[layer]), acts[layer],
+                                       rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(clt_fit.jumprelu_forward(coder, xs, theta)[0],
+                                   torch.stack([ys[m] * sy[m] for m in range(n)]), rtol=1e-5, atol=1e-5)
+
+
+def clt_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two blocks of 256 rows whose inputs differ in scale 30-fold."""
+    gen = torch.Generator().manual_seed(10)
+    xs = torch.randn(2, 256, 6, generator=gen) * torch.tensor([0.1, 3.0])[:, None, None] + 0.2
+    return xs, torch.tanh(xs @ torch.randn(6, 6, generator=gen))
+
+
+def a_jumprelu_clt(seed: int = 0) -> clt_fit.CrossLayerCoder:
+    torch.manual_seed(seed)
+    return clt_fit.CrossLayerCoder(2, 6, 16, 3, jumprelu={"bandwidth": 0.05, "l0_coeff": 1.0})
+
+
+def test_a_jumprelu_clts_thresholds_start_from_each_blocks_scaled_rows():
+    xs, ys = clt_rows()
+    coder = a_jumprelu_clt()
+    clt_fit.train(xs, ys, coder, epochs=0, batch=64, lr=1e-3)  # the start alone, folded
+    theta = coder.log_threshold.detach().exp()
+    with torch.no_grad():  # every feature of both blocks on ⌈256 · 3 / 16⌉ = 48 of the raw rows
+        for layer in range(2):
+            fired = (coder.thresholded(layer, xs[layer], theta[layer]) != 0).sum(0)
+            assert all(48 <= int(n) <= 49 for n in fired), (layer, fired)  # 49: the row at the threshold
+
+
+def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one():
+    """The checkpoint (through torch.save, as --checkpoint writes it) keeps the unit scales, the thresholds, their
+    kernel widths and their own learning rate: the fit resumed at step 4 of 8 ends bit for bit where the
+    uninterrupted one does."""
+    import io
+
+    xs, ys = clt_rows()
+    whole = a_jumprelu_clt()
+    clt_fit.train(xs, ys, whole, epochs=2, batch=64, lr=1e-2)
+    saved: list[bytes] = []
+
+    def keep(state: dict) -> None:
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        saved.append(buf.getvalue())
+
+    def stop(done: int, steps: int) -> None:
+        if done == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        clt_fit.train(xs, ys, a_jumprelu_clt(), epochs=2, batch=64, lr=1e-2, every=2, keep=keep, progress=stop)
+    state = torch.load(io.BytesIO(saved[-1]))
+    assert len(state["curve"]) == 4
+    torch.testing.assert_close(state["scales"][0], torch.tensor([rms(xs[0]), rms(xs[1])], dtype=torch.float32))
+    resumed = a_jumprelu_clt(seed=1)  # other starting weights: the checkpoint's replace them
+    clt_fit.train(xs, ys, resumed, epochs=2, batch=64, lr=1e-2, state=state)
+    theirs = dict(whole.state_dict())
+    assert all(torch.equal(q, theirs[name]) for name, q in resumed.state_dict().items())
+    assert not torch.equal(resumed.log_threshold, state["coder"]["log_threshold"])  # the thresholds learnt
 
 
 @pytest.fixture

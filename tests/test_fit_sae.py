@@ -320,7 +320,8 @@ def test_a_busy_machine_fits_with_one_thread_and_gets_its_threads_back(monkeypat
 def test_a_transcoder_trained_at_unit_scale_is_written_in_the_activations_units():
     """fit-sae trains a TopK transcoder on x / rms(x) and target / rms(target) and folds the scales into the
     weights: the folded coder on the raw input gives the scaled coder's output times rms(target), computed here by
-    hand (the TopK of relu(W x / sx + b), decoded, times sy); an SAE and a JumpReLU coder are not scaled."""
+    hand (the TopK of relu(W x / sx + b), decoded, times sy); an SAE is not scaled (a JumpReLU transcoder is:
+    tests/test_fit_jumprelu.py)."""
     torch.manual_seed(0)
     x, t = 0.1 * torch.randn(40, 8), 3 * torch.randn(40, 8) + 1
     coder = sae_fit.TopKCoder(8, 16, 3, transcode=True)
@@ -336,4 +337,3 @@ def test_a_transcoder_trained_at_unit_scale_is_written_in_the_activations_units(
     with torch.no_grad():
         assert torch.allclose(coder(x), by_hand, rtol=1e-5, atol=1e-5)
     assert sae_fit.unit_scales(sae_fit.TopKCoder(8, 16, 3), x, x) == (1.0, 1.0)
-    assert sae_fit.unit_scales(sae_fit.JumpReLUCoder(8, 16, transcode=True), x, t) == (1.0, 1.0)

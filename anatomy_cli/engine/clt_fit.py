@@ -11,11 +11,11 @@ recipe): encoder rows as ``torch.nn.Linear``'s, decoders zero, ``b_dec_m`` the t
 ``b_enc_l = −mean(x_l) W_enc_lᵀ`` at the first step, Adam (the task's rate: ``sae_fit.default_lr``), decoders free (no
 unit norm: a transcoder's). Dead features: as the per-layer fit, those that never fired in the last epoch are counted.
 
-A TopK CLT trains at unit scale, as the per-layer transcoders do (``sae_fit.unit_scales``), per block: encoder l
-reads ``x_l / s_x[l]`` and the reconstructions of block m are fitted to ``y_m / s_y[m]`` (``s`` the RMS of the
-block's training rows, :func:`unit_scales`); :func:`fold_scales` puts the units back at the end (``W_enc_l / s_x[l]``,
-``W_dec_l[:, m − l] · s_y[m]``, ``b_dec_m · s_y[m]``; ``b_enc`` and so the pre-activations, the TopK and the
-thresholds chosen after, unchanged). A JumpReLU CLT trains on the raw activations (scales 1), as the per-layer fit's.
+A CLT (TopK or JumpReLU) trains at unit scale, as the per-layer transcoders do (``sae_fit.unit_scales``), per
+block: encoder l reads ``x_l / s_x[l]`` and the reconstructions of block m are fitted to ``y_m / s_y[m]`` (``s`` the
+RMS of the block's training rows, :func:`unit_scales`); :func:`fold_scales` puts the units back at the end
+(``W_enc_l / s_x[l]``, ``W_dec_l[:, m − l] · s_y[m]``, ``b_dec_m · s_y[m]``; ``b_enc`` and so the pre-activations,
+the TopK, the thresholds chosen after and a JumpReLU CLT's trained thresholds, unchanged).
 
 Written with per-feature **thresholds** (circuit-tracer 0.5.0 loads ReLU and JumpReLU CLTs only, no TopK): feature
 f of block l gets ``threshold_l[f]`` such that the JumpReLU ``pre · (pre > θ)`` fires on exactly as many training
@@ -145,10 +145,8 @@ def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
 
 def unit_scales(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s_x, s_y)``, each ``[L]``: per block the RMS of its MLP inputs and of its outputs (``xs``, ``targets``:
-    ``[L, rows, d]``), what a TopK CLT's inputs and targets are divided by while it trains (the per-layer fit's
-    reason: ``sae_fit.unit_scales``); ones for a JumpReLU CLT."""
-    if coder.jumprelu is not None:
-        return torch.ones(coder.n_layers), torch.ones(coder.n_layers)
+    ``[L, rows, d]``), what a CLT's inputs and targets are divided by while it trains (the per-layer fit's reason:
+    ``sae_fit.unit_scales``)."""
     return (torch.stack([rms(xs[layer]) for layer in range(coder.n_layers)]),
             torch.stack([rms(targets[m]) for m in range(coder.n_layers)]))
 
@@ -157,7 +155,8 @@ def unit_scales(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor)
 def fold_scales(coder: CrossLayerCoder, sx: torch.Tensor, sy: torch.Tensor) -> None:
     """A CLT trained on ``x_l / s_x[l]`` and ``y_m / s_y[m]`` made one for ``x`` and ``y``: ``W_enc_l / s_x[l]``
     (the same pre-activations), ``W_dec_l[:, m − l] · s_y[m]`` and ``b_dec_m · s_y[m]`` (block m's reconstruction
-    times ``s_y[m]``). New tensors, not in place: a checkpoint taken before keeps the trained units."""
+    times ``s_y[m]``; a JumpReLU CLT's thresholds, on the same pre-activations, unchanged). New tensors, not in
+    place: a checkpoint taken before keeps the trained units."""
     for layer in range(coder.n_layers):
         coder.W_enc[layer].data = coder.W_enc[layer].data / sx[layer]
         coder.W_dec[layer].data = coder.W_dec[layer].data * sy[layer:, None]
@@ -196,9 +195,10 @@ def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, t
 def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, lr: float, seed: int,
                 data: str) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on; ``units``: a
-    TopK CLT trains at unit scale since issue 62, so an older checkpoint is refused)."""
+    CLT trains at unit scale since issue 62 (a JumpReLU CLT since its item 1's follow-up: ``raw`` before), so an
+    older checkpoint is refused)."""
     jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu)}
-    return {"kind": "clt", "units": "rms" if coder.jumprelu is None else "raw", "n_layers": coder.n_layers,
+    return {"kind": "clt", "units": "rms", "n_layers": coder.n_layers,
             "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
             "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump}
 

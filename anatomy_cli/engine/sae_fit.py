@@ -7,13 +7,13 @@ transcoder), an SAE's rows kept at unit norm; at the first step ``b_dec`` the ta
 from its input, a transcoder does not and its encoder bias starts at ``−mean(x) W_encᵀ``); ``pre =
 relu(encoder(x − b_dec))``, the k largest kept, ``y = top_acts @ W_dec[top_idx] + b_dec``; the loss
 is the fraction of variance unexplained ``Σ(y − target)² / Σ(target − mean)²``; Adam at ``2e-4 /
-sqrt(d_sae / 2**14)`` (four times it for a TopK transcoder, below); after every step of an SAE the decoder
+sqrt(d_sae / 2**14)`` (four times it for a transcoder, below); after every step of an SAE the decoder
 gradient parallel to its rows is removed and the rows are set to unit norm again. Left out: sparsify's AuxK loss
-on dead latents (the dead fraction is reported instead). Two changes (issue 62): a TopK transcoder trains on
-its input and target divided by their RMS, folded back into the written weights (:func:`unit_scales`), at four
-times the learning rate (:func:`default_lr`): on SmolLM2's activations the fit then explains more held-out
-variance than sparsify 1.3's own default trainer (SignSGD, schedule-free) at the same tokens, where plain Adam on
-the raw activations explained less.
+on dead latents (the dead fraction is reported instead). Two changes (issue 62): a transcoder (TopK or
+JumpReLU) trains on its input and target divided by their RMS, folded back into the written weights
+(:func:`unit_scales`), at four times the learning rate (:func:`default_lr`): on SmolLM2's activations the TopK
+fit then explains more held-out variance than sparsify 1.3's own default trainer (SignSGD, schedule-free) at the
+same tokens, where plain Adam on the raw activations explained less.
 
 The step's speed (:class:`TopKCoder`, and the cross-layer coder of engine/clt_fit.py): the k latents are chosen
 by one dense matmul, and the backward writes the gradients of the chosen encoder and decoder rows alone, each as
@@ -242,20 +242,20 @@ def optimiser(coder: Any, lr: float) -> torch.optim.Adam:
 
 def default_lr(d_sae: int, *, scaled: bool = False) -> float:
     """sparsify's default learning rate for ``d_sae`` latents (Adam's, ``2e-4 / sqrt(d_sae / 2**14)``); ``scaled``
-    (a TopK transcoder, trained at unit scale: :func:`unit_scales`) four times it: on SmolLM2's blocks 3 and 15
+    (a transcoder, trained at unit scale: :func:`unit_scales`) four times it: on SmolLM2's blocks 3 and 15
     (1,024 latents, k 16) the held-out FVE went 0.30/0.31 → 0.35/0.36 on 7,936 tokens and 0.41/0.45 → 0.43/0.47 on
     32,000 (docs/commands/sae.md)."""
     return 2e-4 / math.sqrt(d_sae / 2**14) * (4 if scaled else 1)
 
 
 def unit_scales(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
-    """The numbers a TopK transcoder's input and target are divided by while it trains (their root mean square
-    per coordinate, so both train at unit scale), ``(1, 1)`` for an SAE and a JumpReLU coder. Why: a transcoder's
+    """The numbers a transcoder's input and target are divided by while it trains (their root mean square per
+    coordinate, so both train at unit scale; TopK or JumpReLU), ``(1, 1)`` for an SAE. Why: a transcoder's
     decoder starts at zero and Adam moves each weight by about the learning rate per step, so how far it gets
     depends on the activations' units; SmolLM2's MLP inputs have an RMS of 0.10-0.15 and its outputs 0.8-1.5,
     and at sparsify's learning rate 124 steps left block 15's held-out FVE at 0.23 where scaled it reaches 0.31
     (0.37 against 0.45 on 32,000 tokens; docs/commands/sae.md). :func:`fold_scales` puts the units back."""
-    if isinstance(coder, JumpReLUCoder) or not _transcodes(coder):
+    if not _transcodes(coder):
         return 1.0, 1.0
     return float(rms(x)), float(rms(target))
 
@@ -268,9 +268,10 @@ def rms(t: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def fold_scales(coder: Any, sx: float, sy: float) -> None:
-    """A coder trained on ``x / sx`` and ``target / sy`` made one for ``x`` and ``target`` (the same pre-activations,
-    so the same TopK, and the reconstruction times ``sy``): the encoder's weight over ``sx``, the decoder and
-    ``b_dec`` times ``sy``."""
+    """A coder trained on ``x / sx`` and ``target / sy`` made one for ``x`` and ``target``: the encoder's weight over
+    ``sx``, the decoder and ``b_dec`` times ``sy``. Then ``(W / sx) x + b = W (x / sx) + b``: the pre-activations on
+    the raw input are the trained ones, so the same TopK, and a JumpReLU's thresholds (and its kernel's width)
+    stay as trained, ``b_enc`` too; the reconstruction is the trained one times ``sy``."""
     if (sx, sy) != (1.0, 1.0):
         coder.encoder.weight.data /= sx
         coder.W_dec.data *= sy
@@ -280,8 +281,9 @@ def fold_scales(coder: Any, sx: float, sy: float) -> None:
 def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, batch: int, lr: float,
           seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Adam on :func:`objective` (the FVU; a JumpReLU coder's adds its L0 penalty) over shuffled batches of the
-    rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times; a TopK transcoder on both scaled to unit
-    RMS (:func:`unit_scales`), folded back into its weights at the end. Returns ``{"steps", "fvu" (per step),
+    rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times; a transcoder on both scaled to unit RMS
+    (:func:`unit_scales`; a JumpReLU's thresholds placed from the scaled rows), folded back into its weights at the
+    end. Returns ``{"steps", "fvu" (per step),
     "fired" (a bool per latent: fired at least once in the last epoch)}``."""
     g = torch.Generator().manual_seed(seed)
     opt = optimiser(coder, lr)
@@ -293,7 +295,7 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
             coder.encoder.bias.data = -(x.mean(0) / sx) @ coder.encoder.weight.data.T
         coder.b_dec.data = target.mean(0) / sy
         if isinstance(coder, JumpReLUCoder):
-            coder.place(x[:ste.INIT_ROWS], opt)
+            coder.place(x[:ste.INIT_ROWS] / sx, opt)
     steps = epochs * math.ceil(len(x) / batch)
     curve: list[float] = []
     fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)

@@ -229,7 +229,7 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
     """One coder per block from the collected ``acts`` (freed as the blocks go): ``trainer``, ``lr``, ``blocks``."""
     from anatomy_cli.engine import sae_fit
 
-    lr = opts.lr or sae_fit.default_lr(plan.d_sae, scaled=opts.transcoder and opts.jumprelu is None)
+    lr = opts.lr or sae_fit.default_lr(plan.d_sae, scaled=opts.transcoder)
     fits, trainer = [], ""
     for i, block in enumerate(plan.blocks):
         x, target = acts[block.points[0]], acts[block.points[-1]]
