@@ -65,9 +65,7 @@ def check(opened: Opened, opts: FitLensOptions) -> TunedPlan:
 
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command="fit-lens tuned")
-    ctx = opts.ctx if opts.ctx is not None else min(MAX_LENGTH, info.n_ctx or MAX_LENGTH)
-    if info.n_ctx and ctx > info.n_ctx:
-        raise UsageError(f"--ctx {ctx} is more than {opened.name}'s context of {info.n_ctx} tokens")
+    ctx = info.window(opts.ctx, MAX_LENGTH, opened.name)
     assert opts.corpus is not None  # validate()
     return TunedPlan(ctx, open_source(opts.corpus, column=opts.column))
 

@@ -152,7 +152,7 @@ def check(opened: Opened, opts: CorpusOptions) -> CorpusPlan:
         from anatomy_cli.corpus.activations import check_sites
 
         check_sites(opts.sites, info, opened.name)
-    return CorpusPlan(ctx=_ctx(opts.ctx, info, opened.name), bos=info.add_bos if opts.bos is None else opts.bos,
+    return CorpusPlan(ctx=info.window(opts.ctx, 512, opened.name), bos=info.add_bos if opts.bos is None else opts.bos,
                       fitted=fitted)
 
 
@@ -227,11 +227,3 @@ def _say_lenses(lm: LoadedModel | None, plan: CorpusPlan) -> None:
         for fitted in plan.fitted:
             check_unembed_hash(lm, fitted)
 
-
-def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
-    n_ctx = info.n_ctx
-    if ctx is None:
-        return min(512, n_ctx) if n_ctx else 512
-    if n_ctx and ctx > n_ctx:
-        raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
-    return ctx
