@@ -109,8 +109,8 @@ def block_labels(root: Path, dictionaries: Sequence[Path], n_layers: int, labels
     for d in (Path(x) for x in features_dir):
         run = features_run(d)
         block = run.block()
-        own = [Path(dictionaries[block])] if block < len(dictionaries) else []
-        run.made_from({root, *own, *map(folder_of, own)}, f"these transcoders' block {block} ({root})")
+        block_files = [Path(dictionaries[block])] if block < len(dictionaries) else []
+        run.made_from({root, *block_files, *map(folder_of, block_files)}, f"these transcoders' block {block} ({root})")
         top.update({(block, f): t for f, t in top_tokens(d).items()})
         if (d / DASHBOARD).is_file():
             dashboards[block] = uri(d / DASHBOARD)
