@@ -67,7 +67,7 @@ class FitSaeOptions(Declared):
                              "(per block).")
     max_tokens: int = option(20000, "--max-tokens", min=4, metavar="N",
                              help="Tokens read from the corpus (the last window is held out).")
-    ctx: int | None = shared.ctx(f"min({CTX}, the model's context)")
+    ctx: int | None = shared.ctx(CTX)
     epochs: int = option(8, "--epochs", min=1, metavar="N", help="Passes over the tokens.")
     batch_size: int = option(256, "--batch-size", min=1, metavar="N", help="Rows per step.")
     lr: float | None = option(None, "--lr", metavar="X", show_default=False,
