@@ -144,3 +144,9 @@ def test_a_features_dir_of_another_dictionary_at_the_same_hook_point_is_refused(
                                      f"features on {other.resolve()}")
     (tmp_path / "link").symlink_to(sae)
     assert invoke("sae", PROMPT, "--sae", tmp_path / "link", "--model", model, "--features-dir", feats).exit_code == 0
+    moved = tmp_path / "moved"  # an export whose dictionary is gone: judged by the path it recorded
+    moved.mkdir()
+    (moved / "manifest.json").write_text(json.dumps({"settings": {"sae": str(tmp_path / "gone")}}))
+    result = invoke("sae", PROMPT, "--sae", sae, "--model", model, "--features-dir", moved)
+    assert result.exit_code == 2 and f"made from {(tmp_path / 'gone').resolve()} (no longer there), not from " \
+        f"{sae.resolve()}" in result.stderr, result.output

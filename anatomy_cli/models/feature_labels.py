@@ -156,13 +156,15 @@ class FeaturesRun:
         """UsageError unless the run read this dictionary (its feature ids would name another dictionary's
         features): one of ``ours`` (the paths that name it: its folder; a transcoder set's folder, a block's file
         or folder) is the run's ``sae`` or the folder it re-reads to; and its hook point is ``site`` (None: not
-        asked; ``circuit`` reads the block from the run). ``what``: ours in the message."""
+        asked; ``circuit`` reads the block from the run). ``what``: ours in the message. A run whose dictionary is
+        no longer where it read it is judged by the path it recorded alone (its hook point unknown)."""
         d = self.folder
         if site is not None and self.site is not None and self.site != site:
             raise UsageError(f"--features-dir {d} describes a dictionary at {self.site}, not this one's {site}")
         if not {Path(p).resolve() for p in ours} & {self.sae, self.read_at}:
-            raise UsageError(f"--features-dir {d}: made from {self.sae}, not from {what}: its feature ids name "
-                             f"another dictionary's features; run features on {what}")
+            gone = "" if self.read_at is not None else " (no longer there)"
+            raise UsageError(f"--features-dir {d}: made from {self.sae}{gone}, not from {what}: its feature ids "
+                             f"name another dictionary's features; run features on {what}")
 
     def block(self) -> int:
         """The block of the run's dictionary; UsageError when it cannot be read or sits in no block."""
