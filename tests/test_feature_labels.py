@@ -128,3 +128,25 @@ def test_a_features_dir_of_another_dictionary_is_refused(made, tmp_path):
     assert result.exit_code == 2 and "describes a dictionary at blocks.0.hook_resid_post" in result.stderr
     result = invoke("sae", PROMPT, "--sae", other, "--model", model, "--features-dir", tmp_path)
     assert result.exit_code == 2 and "no readable manifest.json" in result.stderr
+
+
+def test_a_features_dir_of_another_dictionary_at_the_same_hook_point_is_refused(made, tmp_path):
+    """Another dictionary at blocks.0.hook_resid_post (another seed: other features behind the same ids): the
+    export's ids would name other features, so sae refuses it as circuit does; the export's own dictionary,
+    named by another path to the same folder, is taken."""
+    model, sae, feats, _ = made
+    other = write_sae(tmp_path / "other", seed=1)
+    assert json.loads((other / "cfg.json").read_text())["metadata"]["hook_name"] == "blocks.0.hook_resid_post"
+    result = invoke("sae", PROMPT, "--sae", other, "--model", model, "--features-dir", feats)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1] == (f"error: --features-dir {feats}: made from {sae.resolve()}, not from "
+                                     f"{other.resolve()}: its feature ids name another dictionary's features; run "
+                                     f"features on {other.resolve()}")
+    (tmp_path / "link").symlink_to(sae)
+    assert invoke("sae", PROMPT, "--sae", tmp_path / "link", "--model", model, "--features-dir", feats).exit_code == 0
+    moved = tmp_path / "moved"  # an export whose dictionary is gone: judged by the path it recorded
+    moved.mkdir()
+    (moved / "manifest.json").write_text(json.dumps({"settings": {"sae": str(tmp_path / "gone")}}))
+    result = invoke("sae", PROMPT, "--sae", sae, "--model", model, "--features-dir", moved)
+    assert result.exit_code == 2 and f"made from {(tmp_path / 'gone').resolve()} (no longer there), not from " \
+        f"{sae.resolve()}" in result.stderr, result.output

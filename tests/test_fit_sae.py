@@ -149,6 +149,36 @@ def test_too_small_a_corpus_is_refused_before_the_weights_load(tiny_model_dir, t
     assert result.exit_code == 2 and "--layer" in result.output, result.output
 
 
+def test_a_ctx_past_the_context_is_refused_before_the_weights_load(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    """The model's context read from its config.json (transformers' own): one over it is a usage error naming
+    --ctx (the API: ctx=), before any weight loads."""
+    from anatomy_cli import api
+    from anatomy_cli.tasks import session
+
+    model = tiny_model_dir("gpt2")
+    n_ctx = json.loads((model / "config.json").read_text())["n_positions"]
+    monkeypatch.setattr(session, "load_weights", lambda *a, **k: pytest.fail("weights loaded"))
+    result = fit(model, corpus, tmp_path / "o", "--ctx", str(n_ctx + 1), "--max-tokens", "640")
+    assert result.exit_code == 2, result.output
+    assert f"error: --ctx {n_ctx + 1} is more than {model}'s context of {n_ctx} tokens" in result.output
+    with pytest.raises(UsageError, match=f"^ctx= {n_ctx + 1} is more than .*'s context of {n_ctx} tokens$"):
+        api.fit_sae(str(model), corpus, layer=1, out=tmp_path / "o", ctx=n_ctx + 1, max_tokens=640)
+
+
+def test_the_default_ctx_is_the_context_of_a_model_under_256(tiny_model_dir, corpus, tmp_path):
+    """No --ctx: min(256, the model's context): a 64-token model's windows are 64 tokens (the cost line says it)."""
+    from anatomy_cli.models.spec import ModelSpec
+    from anatomy_cli.tasks import fit_sae as task
+    from anatomy_cli.tasks.session import open_model
+
+    model = tiny_model_dir("gpt2")
+    n_ctx = json.loads((model / "config.json").read_text())["n_positions"]
+    assert n_ctx < 256
+    plan = task.check(open_model(ModelSpec(str(model))), task.FitSaeOptions(corpus=(str(corpus),), layer=1,
+                                                                              out=tmp_path / "o", max_tokens=640))
+    assert plan.ctx == n_ctx and max(map(len, plan.windows)) == n_ctx and len(plan.windows[0]) == n_ctx
+
+
 def _health(**changes):
     base = dict(l0=(8, 8), l0_mean=8.0, stated_l0=8.0, fve=0.9, mse=1.0, error_ratio=0.3, norm_ratio=1.0,
                 ce_clean_nats=3.0, ce_spliced_nats=3.1, ce_with_error_nats=3.0, kl_spliced_nats=0.1,

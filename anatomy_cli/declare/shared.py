@@ -85,10 +85,16 @@ def lenses(default: _L, help: str) -> _L:
     return option(default, "--lens", metavar=LENS_METAVAR, show_default=False, cli=list[str] | None, help=help)
 
 
-# --- the corpus' window options (corpus, features), in this order
-def ctx(default: str) -> int | None:
-    """``--ctx``; ``default``: what the default is, in words."""
-    return option(None, "--ctx", min=2, show_default=False, help=f"Tokens per window. Default: {default}.")
+# --- the corpus' window options (corpus, features; fit-sae's --ctx), in this order. A command passes its own
+# default window explicitly, to the field here and to ModelInfo.window (models/info.py), which applies it.
+CORPUS_CTX = 512  # corpus' and features' default window: min(CORPUS_CTX, the model's context)
+
+
+def ctx(default: int, first: str = "") -> int | None:
+    """``--ctx`` (None: min(``default``, the model's context), as ``ModelInfo.window`` reads it); ``first``: what
+    comes before that default, in words (features: the dictionary's context size)."""
+    return option(None, "--ctx", min=2, show_default=False,
+                  help=f"Tokens per window. Default: {first}min({default}, the model's context).")
 
 
 def bos(default: str) -> bool | None:

@@ -11,18 +11,19 @@ In order, the first that exists wins:
 Without any, no label is invented. ``--features-dir DIR`` also gives, where a feature has no label, the tokens its
 decoder direction promotes most (DIR's ``logit_effects.parquet``), shown as top tokens, never as a label; and DIR's
 dashboard page (``DIR/features.html``, what ``features --plot DIR/features.html`` writes), whose panel of feature
-``f`` is the anchor ``#f-f``. DIR's dictionary is the one its ``manifest.json`` settings name: its hook point says
-which block (a circuit's) or refuses a DIR of another dictionary (`sae`, `generate`).
+``f`` is the anchor ``#f-f``. DIR's dictionary is the one its ``manifest.json`` settings name
+(:func:`features_run`): its hook point says which block (a circuit's), and a DIR made from another dictionary
+than the one read is refused (:meth:`FeaturesRun.made_from`, for `sae`, `generate` and `circuit` alike).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
-from typing import Any
 
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.labels import read_labels
@@ -81,9 +82,7 @@ def dictionary_labels(dictionary: Path, site: str, labels: str | Path | None, fe
     ``features_dir`` must share (UsageError otherwise, and for a DIR that is no ``features --out`` folder)."""
     dirs = [Path(d) for d in features_dir]
     for d in dirs:
-        theirs = run_site(d)
-        if theirs is not None and theirs != site:
-            raise UsageError(f"--features-dir {d} describes a dictionary at {theirs}, not this one's {site}")
+        features_run(d).made_from({dictionary}, str(dictionary.resolve()), site=site)
     top: dict[int, str] = {}
     for d in dirs:
         top.update(top_tokens(d))
@@ -108,8 +107,10 @@ def block_labels(root: Path, dictionaries: Sequence[Path], n_layers: int, labels
     sources: list[str] = []
     dashboards: dict[int, str] = {}
     for d in (Path(x) for x in features_dir):
-        block = run_block(d)
-        _same_dictionary(d, block, root, dictionaries)
+        run = features_run(d)
+        block = run.block()
+        block_files = [Path(dictionaries[block])] if block < len(dictionaries) else []
+        run.made_from({root, *block_files, *map(folder_of, block_files)}, f"these transcoders' block {block} ({root})")
         top.update({(block, f): t for f, t in top_tokens(d).items()})
         if (d / DASHBOARD).is_file():
             dashboards[block] = uri(d / DASHBOARD)
@@ -128,19 +129,6 @@ def block_labels(root: Path, dictionaries: Sequence[Path], n_layers: int, labels
     return BlockLabels(text, tuple(sources), top, dashboards)
 
 
-def _same_dictionary(d: Path, block: int, root: Path, dictionaries: Sequence[Path]) -> None:
-    """UsageError where DIR's run read another dictionary than the transcoders' block ``block`` (its feature ids
-    would name other features): the run's ``sae`` must be the set's folder, or block ``block``'s file or folder."""
-    made = Path(_settings(d)["sae"]).resolve()
-    ours = {root.resolve()}
-    if block < len(dictionaries):
-        ours |= {Path(dictionaries[block]).resolve(), folder_of(Path(dictionaries[block])).resolve()}
-    if made not in ours:
-        raise UsageError(f"--features-dir {d}: made from {made}, not from these transcoders' block {block} "
-                         f"({root}): its feature ids name another dictionary's features; run features on the "
-                         f"block's own dictionary")
-
-
 def _merge(into: dict[tuple[int, int], str], more: dict[tuple[int, int], str], sources: list[str], name: str
            ) -> None:
     """Add ``more``'s labels that ``into`` lacks (the first source wins); name the source when it gave any."""
@@ -150,8 +138,50 @@ def _merge(into: dict[tuple[int, int], str], more: dict[tuple[int, int], str], s
         sources.append(name)
 
 
-def _settings(d: Path) -> dict[str, Any]:
-    """DIR's run settings (its manifest.json); UsageError for a DIR that is no ``features --out`` folder."""
+@dataclass(frozen=True)
+class FeaturesRun:
+    """What a ``features --out`` folder was made from, as its manifest.json's settings name it (read once by
+    :func:`features_run`): ``folder``: DIR; ``sae``: the dictionary's path as the run read it (resolved);
+    ``read_at`` and ``site``: the folder that dictionary re-reads to now, as ``features`` read it
+    (models/ct_block.py ``read_dictionary``: an SAE or transcoder, or one block of a circuit-tracer transcoder set
+    or cross-layer transcoder, picked by the run's ``--hook``), and its hook point; both None when the dictionary
+    is no longer where the run read it."""
+
+    folder: Path
+    sae: Path
+    read_at: Path | None
+    site: str | None
+
+    def made_from(self, ours: Iterable[Path], what: str, site: str | None = None) -> None:
+        """UsageError unless the run read this dictionary (its feature ids would name another dictionary's
+        features): one of ``ours`` (the paths that name it: its folder; a transcoder set's folder, a block's file
+        or folder) is the run's ``sae`` or the folder it re-reads to; and its hook point is ``site`` (None: not
+        asked; ``circuit`` reads the block from the run). ``what``: ours in the message. A run whose dictionary is
+        no longer where it read it is judged by the path it recorded alone (its hook point unknown)."""
+        d = self.folder
+        if site is not None and self.site is not None and self.site != site:
+            raise UsageError(f"--features-dir {d} describes a dictionary at {self.site}, not this one's {site}")
+        if not {Path(p).resolve() for p in ours} & {self.sae, self.read_at}:
+            gone = "" if self.read_at is not None else " (no longer there)"
+            raise UsageError(f"--features-dir {d}: made from {self.sae}{gone}, not from {what}: its feature ids "
+                             f"name another dictionary's features; run features on {what}")
+
+    def block(self) -> int:
+        """The block of the run's dictionary; UsageError when it cannot be read or sits in no block."""
+        if self.site is None:
+            raise UsageError(f"--features-dir {self.folder}: its dictionary {self.sae} cannot be read, so its block "
+                             f"is unknown")
+        try:
+            return block_of(self.site)
+        except ValueError:
+            raise UsageError(f"--features-dir {self.folder}: its dictionary reads {self.site}, in no block") from None
+
+
+def features_run(d: Path) -> FeaturesRun:
+    """DIR's run (its manifest.json, read once; the dictionary re-read without its arrays); UsageError for a DIR
+    that is no ``features --out`` folder."""
+    from anatomy_cli.models.ct_block import read_dictionary
+
     manifest = d / "manifest.json"
     try:
         settings = json.loads(manifest.read_text(encoding="utf-8")).get("settings", {})
@@ -161,32 +191,11 @@ def _settings(d: Path) -> dict[str, Any]:
     if not isinstance(settings, dict) or "sae" not in settings:
         raise UsageError(f"--features-dir {d}: its manifest.json names no dictionary (a folder that anatomy "
                          f"features --out wrote)")
-    return settings
-
-
-def run_site(d: Path) -> str | None:
-    """The hook point of DIR's dictionary, or None when the dictionary is no longer where DIR's run read it. Read
-    as ``features`` read it (models/ct_block.py ``read_dictionary``): an SAE or transcoder, or one block of a
-    circuit-tracer transcoder set or cross-layer transcoder, picked by the run's ``--hook``."""
-    from anatomy_cli.models.ct_block import read_dictionary
-
-    settings = _settings(d)
     try:
-        return read_dictionary(settings["sae"], hook=settings.get("hook"), values=False).site
+        found = read_dictionary(settings["sae"], hook=settings.get("hook"), values=False)
     except UsageError:
-        return None
-
-
-def run_block(d: Path) -> int:
-    """The block of DIR's dictionary; UsageError when it cannot be read or sits in no block."""
-    site = run_site(d)
-    if site is None:
-        raise UsageError(f"--features-dir {d}: its dictionary {_settings(d)['sae']} cannot be read, so its block "
-                         f"is unknown")
-    try:
-        return block_of(site)
-    except ValueError:
-        raise UsageError(f"--features-dir {d}: its dictionary reads {site}, in no block") from None
+        return FeaturesRun(d, Path(settings["sae"]).resolve(), None, None)
+    return FeaturesRun(d, Path(settings["sae"]).resolve(), Path(found.path).resolve(), found.site)
 
 
 def top_tokens(d: Path) -> dict[int, str]:

@@ -20,6 +20,7 @@ from typing import TypeVar
 from typing import cast
 from typing import overload
 
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import adapters
 from anatomy_cli.models.adapters import Adapter
 
@@ -153,6 +154,16 @@ class ModelInfo:
     def display_name(self) -> str:
         """The model's name in messages and written configs: its ``label``, else its ``model_type``."""
         return self.label or self.model_type
+
+    def window(self, ctx: int | None, default: int, name: str) -> int:
+        """Tokens per window of a command that reads a corpus in windows (corpus, features, fit-sae, fit-lens
+        tuned): ``ctx`` as given, else ``default`` cut to :attr:`n_ctx` (``default`` where no limit is known).
+        UsageError for a ``ctx`` past the model's context (``name``: the model as the user named it)."""
+        if ctx is None:
+            return min(default, self.n_ctx) if self.n_ctx else default
+        if self.n_ctx and ctx > self.n_ctx:
+            raise UsageError(f"--ctx {ctx} is more than {name}'s context of {self.n_ctx} tokens")
+        return ctx
 
     @property
     def is_moe(self) -> bool:

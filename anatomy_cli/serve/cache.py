@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.loader import Loader
     from anatomy_cli.engine.opening import OpenedModel
     from anatomy_cli.models.resolve import Source
+    from anatomy_cli.serve.protocol import ModelRow
 
 
 def changed_files(old: tuple[FileId, ...], new: tuple[FileId, ...]) -> list[str]:
@@ -178,13 +179,13 @@ class ModelCache:
         while self.max_bytes is not None and len(self.models) > 1 and total() > self.max_bytes:
             self.models.popitem(last=False)
 
-    def summary(self) -> list[dict[str, object]]:
+    def summary(self) -> list[ModelRow]:
         """One row per model, most recently used first, then the ones loading: ``serve --status``'s table.
 
         ``spec`` is the ModelSpec's JSON form; ``device`` where the model actually runs (``cpu``, not ``auto``).
         """
         with self.lock:
-            rows = [{"model": dict(k)["model"], "state": "ready", "dtype": e.spec.dtype,
+            rows: list[ModelRow] = [{"model": dict(k)["model"], "state": "ready", "dtype": e.spec.dtype,
                      "device": str(getattr(e.lm, "device", e.spec.device)), "init": e.spec.init, "bytes": e.bytes,
                      "reloads": e.reloads, "last_reload": e.last_reload, "spec": e.spec.to_dict()}
                     for k, e in reversed(self.models.items())]

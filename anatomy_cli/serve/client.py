@@ -15,7 +15,7 @@ import os
 import shutil
 import socket
 import sys
-from typing import Any
+from typing import cast
 
 from anatomy_cli.declare.commands import BY_NAME
 from anatomy_cli.declare.commands import COMMANDS
@@ -165,8 +165,9 @@ def _forward(argv: list[str]) -> int | None:
     return code
 
 
-def _await_answer(conn: socket.socket, line: StatusLine) -> dict[str, Any]:
-    """Show the server's progress messages until the answer comes."""
+def _await_answer(conn: socket.socket, line: StatusLine) -> protocol.RunAnswer | protocol.Refusal:
+    """Show the server's progress messages until the answer comes (the handshake said the server is this
+    anatomy: its answer is what serve/connections.py ``_await`` returns)."""
     answer = protocol.receive(conn)
     while any(key in answer for key in PROGRESS):
         if "status" in answer:  # what the server is doing for us now: a terminal's status line
@@ -178,7 +179,7 @@ def _await_answer(conn: socket.socket, line: StatusLine) -> dict[str, Any]:
             print(str(answer["note"]), file=sys.stderr, flush=True)
         # else a keep-alive: the job still waits or runs; nothing to print
         answer = protocol.receive(conn)
-    return answer
+    return cast("protocol.RunAnswer | protocol.Refusal", answer)
 
 
 class StatusLine:
@@ -226,10 +227,10 @@ class StatusLine:
             self.stream.flush()
 
 
-def write_answer(answer: dict) -> int:
+def write_answer(answer: protocol.RunAnswer) -> int:
     """Write the server's stdout and stderr bytes here; the command's exit code."""
-    for key, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-        data = base64.b64decode(answer.get(key) or "")
+    for text, stream in ((answer.get("stdout"), sys.stdout), (answer.get("stderr"), sys.stderr)):
+        data = base64.b64decode(text or "")
         if data:
             try:
                 stream.flush()

@@ -51,7 +51,7 @@ class Connections:
     _active_lock: threading.Lock
     _tokenizer_load: Callable[..., PreTrainedTokenizerBase] | None
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> protocol.Status:
         raise NotImplementedError
 
     def _handle(self, conn: socket.socket) -> None:
@@ -79,6 +79,7 @@ class Connections:
                         greeted = True
                         protocol.send(conn, {**self.identity, "op": "hello", "pid": os.getpid()})
                         continue
+                    answer: protocol.Answer
                     if op == "run" and not greeted:
                         answer = {"error": "this anatomy server needs a handshake first (an older anatomy client?); "
                                            "rerun with --no-server", "exit_code": 1}
@@ -102,7 +103,7 @@ class Connections:
             finally:
                 self.last_activity = time.monotonic()
 
-    def _answer(self, op: object, req: dict[str, object], conn: socket.socket) -> dict[str, object]:
+    def _answer(self, op: object, req: dict[str, object], conn: socket.socket) -> protocol.Answer:
         if op == "status":
             return self.status()
         if op == "stop":
@@ -124,14 +125,15 @@ class Connections:
         job = Job(next(self._ids), [str(a) for a in run.get("argv") or []])
         with self._active_lock:
             self.active[job.id] = job
-        done: Future = Future()
+        done: Future[protocol.RunAnswer | protocol.Refusal] = Future()
         self.jobs.put(("run", run, (done, channel, job)))
         every = min(max(float(run.get("keepalive_s") or protocol.KEEPALIVE_S), protocol.MIN_KEEPALIVE_S),
                     protocol.KEEPALIVE_S)
         return self._await(job, done, conn, channel, tty, every)
 
-    def _await(self, job: Job, done: Future, conn: socket.socket, channel: Channel,
-               tty: bool, every: float = protocol.KEEPALIVE_S) -> dict[str, object]:
+    def _await(self, job: Job, done: Future[protocol.RunAnswer | protocol.Refusal], conn: socket.socket,
+               channel: Channel, tty: bool, every: float = protocol.KEEPALIVE_S
+               ) -> protocol.RunAnswer | protocol.Refusal:
         """The answer to ``job``. Meanwhile: a keep-alive whenever the client has heard nothing for ``every``
         seconds (whatever its stderr is: it waits as long as the job waits or runs), cancel the job when its
         client disconnects, and while it waits behind another client's command say so (a terminal: a status
@@ -163,7 +165,7 @@ class Connections:
         with self._active_lock:
             return next((j for j in self.active.values() if j.started is not None), None)
 
-    def cancel(self, ids: object = None) -> dict[str, object]:
+    def cancel(self, ids: object = None) -> protocol.Cancelled | protocol.Refusal:
         """End the queued and running jobs (``ids``: those only): a queued one never runs, a running one
         stops at its next step. Answers the jobs it cancelled and the ids it did not find."""
         if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):

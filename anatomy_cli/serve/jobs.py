@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
 
+from anatomy_cli.serve.protocol import JobRow
+
 POLL_S = 0.2       # how often a connection's thread looks at its client while the job waits or runs
 NOTE_AFTER_S = 2.0  # a client whose stderr is not a terminal is told it waits once it has waited this long
 SHOWN_CHARS = 120   # a command line in a message is cut to this many characters
@@ -40,7 +42,7 @@ class Job:
         text = shlex.join(["anatomy", *self.argv])
         return text if limit is None or len(text) <= limit else text[:limit - 1] + "…"
 
-    def row(self) -> dict[str, object]:
+    def row(self) -> JobRow:
         since = self.started if self.started is not None else self.queued
         return {"id": self.id, "command": self.command(), "state": "running" if self.started else "queued",
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since)),

@@ -27,6 +27,7 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
+from typing import final
 
 from anatomy_cli import __version__
 
@@ -57,6 +58,83 @@ class RunRequest(TypedDict, total=False):
     stdin: str  # base64
     stream_stderr: bool
     keepalive_s: float  # seconds: a JSON number
+
+
+class ModelRow(TypedDict):
+    """One model of ``serve --status``' table (serve/cache.py ``ModelCache.summary``, the server's queued ones):
+    ``state`` ready, loading or queued; ``device`` where it runs; ``bytes`` None until loaded; ``spec``: the
+    ModelSpec's JSON form."""
+
+    model: str
+    state: str
+    dtype: str
+    device: str
+    init: str
+    bytes: int | None
+    reloads: int
+    last_reload: str | None
+    spec: dict[str, object]
+
+
+class JobRow(TypedDict):
+    """One run request of ``serve --status`` and ``serve --cancel`` (serve/jobs.py ``Job.row``): ``state``
+    running or queued since ``since`` (local ISO time), ``for_s`` seconds ago."""
+
+    id: int
+    command: str
+    state: str
+    since: str
+    for_s: float
+    cancelling: bool
+
+
+class Status(TypedDict):
+    """The answer to ``status`` (serve/server.py ``Server.status``)."""
+
+    pid: int
+    socket: str
+    uptime_s: float
+    requests: int
+    peak_rss_bytes: int
+    max_bytes: int | None
+    idle_timeout_s: float | None
+    version: object
+    location: object
+    digest: object
+    models: list[ModelRow]
+    jobs: list[JobRow]
+
+
+@final  # no other key: `"error" in answer` tells a Refusal from it
+class RunAnswer(TypedDict):
+    """The answer to ``run``: the command's stdout and stderr bytes (base64) and its exit code."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+
+
+@final
+class Refusal(TypedDict):
+    """A request refused or failed: the one-line message (printed as ``error: …``) and the exit code."""
+
+    error: str
+    exit_code: int
+
+
+class Cancelled(TypedDict):
+    """The answer to ``cancel``: the jobs cancelled and the ids not found."""
+
+    cancelled: list[JobRow]
+    not_found: list[int]
+
+
+class Stopped(TypedDict):
+    stopped: bool
+    pid: int
+
+
+Answer = Status | Stopped | Cancelled | RunAnswer | Refusal  # what the server answers a request
 
 
 class ProtocolError(Exception):

@@ -238,7 +238,7 @@ class Server(Connections):
                 self.active.pop(job.id, None)
 
     def run(self, req: protocol.RunRequest, channel: Channel | None = None,
-            job: Job | None = None) -> dict[str, object]:
+            job: Job | None = None) -> protocol.RunAnswer:
         """Run one command line as the console script would; stdout/stderr bytes and the exit code (``job``:
         it ends at its next step once cancelled; ``channel``: where status lines, and stderr as it is written
         when the request asks for ``stream_stderr``, go meanwhile)."""
@@ -261,20 +261,21 @@ class Server(Connections):
         return {"stdout": base64.b64encode(out.value()).decode("ascii"),
                 "stderr": base64.b64encode(err.value()).decode("ascii"), "exit_code": code}
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> protocol.Status:
         """Answered on the connection's thread, at once, also while the worker loads."""
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         with self.cache.lock:
             waiting = list(self.queued)
-        queued = [{"model": s.model, "state": "queued", "dtype": s.dtype, "device": s.device, "init": s.init,
-                   "bytes": None, "reloads": 0, "last_reload": None, "spec": s.to_dict()} for s in waiting]
+        queued: list[protocol.ModelRow] = [
+            {"model": s.model, "state": "queued", "dtype": s.dtype, "device": s.device, "init": s.init, "bytes": None,
+             "reloads": 0, "last_reload": None, "spec": s.to_dict()} for s in waiting]
         return {"pid": os.getpid(), "socket": str(self.path), "uptime_s": round(time.time() - self.started, 1),
                 "requests": self.requests, "peak_rss_bytes": rss, "max_bytes": self.cache.max_bytes,
                 "idle_timeout_s": self.idle_timeout, "version": self.identity["version"],
                 "location": self.identity["location"], "digest": self.identity["digest"],
                 "models": self.cache.summary() + queued, "jobs": self.job_rows()}
 
-    def job_rows(self) -> list[dict[str, object]]:
+    def job_rows(self) -> list[protocol.JobRow]:
         """The run requests now running (first) and queued, oldest first: id, command, state, since, for_s."""
         with self._active_lock:
             jobs = list(self.active.values())

@@ -23,6 +23,7 @@ JACOBIAN_ONLY = {"source_layers": "--source-layers", "target_layer": "--target-l
                  "max_seq_len": "--max-seq-len", "skip_first": "--skip-first", "dtype": "--dtype",
                  "shard": "--shard", "ray": "--ray", "ray_address": "--ray-address", "workers": "--workers",
                  "gpus_per_worker": "--gpus-per-worker"}
+TUNED_CTX = 2048  # fit-lens tuned's default window: min(TUNED_CTX, the model's context) (tuned-lens' max_length)
 TUNED_ONLY = {"corpus": "--corpus", "column": "--column", "tokens": "--tokens", "ctx": "--ctx", "steps": "--steps",
               "seed": "--seed"}
 
@@ -43,7 +44,7 @@ class FitLensOptions(Declared):
     only, for ``fit-lens merge``; ``ray``: fit the prompts on Ray workers (``ray_address``, else ``RAY_ADDRESS``,
     else a local Ray started for the run), ``workers`` actors of ``gpus_per_worker`` GPUs each. ``tuned`` only
     (:data:`TUNED_ONLY`): ``corpus`` (a path or ``-``), a table corpus's
-    ``column``, ``tokens`` (the corpus's first ``tokens`` tokens), ``ctx`` (tokens per window; None: min(2048,
+    ``column``, ``tokens`` (the corpus's first ``tokens`` tokens), ``ctx`` (tokens per window; None: min(TUNED_CTX,
     the model's context)), ``steps`` (tuned-lens' ``num_steps``) and ``seed`` (the windows' shuffle)."""
 
     source_layers: Any = option(None, "--source-layers", metavar="N,...", show_default=False, cli=Optional[str],
@@ -77,7 +78,7 @@ class FitLensOptions(Declared):
     tokens: int | None = option(None, "--tokens", metavar="N", show_default=False,
                                 help="tuned: the token budget (the corpus's first N).")
     ctx: int | None = option(None, "--ctx", metavar="N", show_default=False,
-                             help="tuned: tokens per window (default min(2048, the model's context)).")
+                             help=f"tuned: tokens per window (default min({TUNED_CTX}, the model's context)).")
     steps: int = option(250, "--steps", help="tuned: optimizer steps (tuned-lens' num_steps).")
     seed: int = option(42, "--seed", help="tuned: the seed of the windows' shuffle.")
     kind: str | None = None

@@ -9,12 +9,15 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
+
+CTX = 256  # --ctx's default: min(CTX, the model's context)
 
 
 class Activation(str, Enum):
@@ -32,8 +35,8 @@ class FitSaeOptions(Declared):
     (engine/jumprelu.py: per-feature thresholds trained with the straight-through estimator, kernel width
     ``bandwidth`` (of the median starting threshold), the sparsity term's weight ``l0_coeff``, the target L0
     ``k``; per block written in SAELens' jumprelu format); ``max_tokens``,
-    ``ctx``: the budget and the window; ``epochs``, ``batch_size``, ``lr`` (default sparsify's); ``seed``;
-    ``overwrite``."""
+    ``ctx``: the budget and the window (None: min(CTX, the model's context)); ``epochs``, ``batch_size``, ``lr``
+    (default sparsify's); ``seed``; ``overwrite``."""
 
     corpus: tuple[str, ...]  # CORPUS... (an input, no option: a path or a list of them, kept as texts)
     layer: int | str | tuple[int | str, ...] | list[int] = option(
@@ -64,7 +67,7 @@ class FitSaeOptions(Declared):
                              "(per block).")
     max_tokens: int = option(20000, "--max-tokens", min=4, metavar="N",
                              help="Tokens read from the corpus (the last window is held out).")
-    ctx: int = option(256, "--ctx", min=2, metavar="N", help="Tokens per window.")
+    ctx: int | None = shared.ctx(CTX)
     epochs: int = option(8, "--epochs", min=1, metavar="N", help="Passes over the tokens.")
     batch_size: int = option(256, "--batch-size", min=1, metavar="N", help="Rows per step.")
     lr: float | None = option(None, "--lr", metavar="X", show_default=False,
@@ -106,8 +109,13 @@ class FitSaeOptions(Declared):
         if self.lr is not None and not 0 < self.lr < 1:
             raise UsageError(f"--lr {self.lr} is outside (0, 1)")
         self.check_clt()
-        if self.max_tokens < 2 * self.ctx:
-            raise UsageError(f"--max-tokens {self.max_tokens} is under two --ctx {self.ctx} windows (one is held out)")
+        if self.ctx is not None:
+            self.check_budget(self.ctx)
+
+    def check_budget(self, ctx: int) -> None:
+        """UsageError when ``max_tokens`` holds under two windows of ``ctx`` tokens (one is held out)."""
+        if self.max_tokens < 2 * ctx:
+            raise UsageError(f"--max-tokens {self.max_tokens} is under two --ctx {ctx} windows (one is held out)")
 
     @property
     def jumprelu(self) -> dict[str, float] | None:
@@ -135,6 +143,7 @@ class FitSaePlan:
     blocks: tuple[BlockPlan, ...]  # in block order
     windows: tuple[tuple[int, ...], ...]
     d_sae: int
+    ctx: int  # tokens per window: --ctx, else min(CTX, the model's context)
 
     @property
     def points(self) -> list[str]:

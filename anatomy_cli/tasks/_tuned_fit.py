@@ -3,7 +3,7 @@
 The recipe is tuned-lens' (:mod:`anatomy_cli.engine.tuned_fit`). The corpus is read through anatomy's corpus
 sources (a text file, a directory of .txt/.md, ``-``, a .jsonl/.csv/.parquet column) and cut as tuned-lens'
 ``chunk_and_tokenize`` does: one token stream that starts with the EOS token, each document followed by EOS,
-windows of ``ctx`` tokens (default min(2048, the model's context): tuned-lens' ``max_length``), the first
+windows of ``ctx`` tokens (default min(TUNED_CTX, the model's context): tuned-lens' ``max_length``), the first
 ``tokens`` tokens only. The windows are shuffled (``torch.randperm`` seeded ``seed``) and split into ``steps``
 steps (tuned-lens' ``num_steps``, default 250) of as equal a number of windows as can be (at least one each: fewer
 windows than steps means fewer steps). Its options (``corpus``, ``column``, ``tokens``, ``ctx``, ``steps``,
@@ -34,6 +34,7 @@ from anatomy_cli.models.lens_choice import LensChoice
 from anatomy_cli.tasks import _lens_check
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import FitCosts
+from anatomy_cli.tasks._fit_lens_options import TUNED_CTX
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions
 from anatomy_cli.tasks._lens_check import fit_check
 from anatomy_cli.units import human_bytes
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.estimate import Phase
     from anatomy_cli.tasks.protocol import Opened
 
-MAX_LENGTH = 2048  # tuned-lens' Data.max_length
 PHASES = ("reading the corpus", "training", "writing and the held-out check")  # with the weights' load and probes
 PROBE_TOKENS = 64  # the training probe's window: the first window's first tokens, scaled to every token
 
@@ -65,9 +65,7 @@ def check(opened: Opened, opts: FitLensOptions) -> TunedPlan:
 
     info = opened.info
     require(info, Need.decoder, Need.lm_head, command="fit-lens tuned")
-    ctx = opts.ctx if opts.ctx is not None else min(MAX_LENGTH, info.n_ctx or MAX_LENGTH)
-    if info.n_ctx and ctx > info.n_ctx:
-        raise UsageError(f"--ctx {ctx} is more than {opened.name}'s context of {info.n_ctx} tokens")
+    ctx = info.window(opts.ctx, TUNED_CTX, opened.name)
     assert opts.corpus is not None  # validate()
     return TunedPlan(ctx, open_source(opts.corpus, column=opts.column))
 

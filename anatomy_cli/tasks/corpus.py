@@ -49,7 +49,7 @@ class CorpusOptions(Declared):
     ``tuned:DIR`` or ``jacobian:FILE`` (``--lens``, repeatable; a text, a list, None or True for the logit lens
     alone, the default, or False/``()`` for none, ``--no-lens``); kept as a tuple of texts with absolute paths."""
 
-    ctx: int | None = shared.ctx("min(512, the model's context)")
+    ctx: int | None = shared.ctx(shared.CORPUS_CTX)
     max_tokens: int | None = shared.max_tokens()
     column: str = shared.column()
     bos: bool | None = shared.bos("when the tokenizer itself adds one (LLaMA, Gemma)")
@@ -152,8 +152,8 @@ def check(opened: Opened, opts: CorpusOptions) -> CorpusPlan:
         from anatomy_cli.corpus.activations import check_sites
 
         check_sites(opts.sites, info, opened.name)
-    return CorpusPlan(ctx=_ctx(opts.ctx, info, opened.name), bos=info.add_bos if opts.bos is None else opts.bos,
-                      fitted=fitted)
+    return CorpusPlan(ctx=info.window(opts.ctx, shared.CORPUS_CTX, opened.name),
+                      bos=info.add_bos if opts.bos is None else opts.bos, fitted=fitted)
 
 
 def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
@@ -227,11 +227,3 @@ def _say_lenses(lm: LoadedModel | None, plan: CorpusPlan) -> None:
         for fitted in plan.fitted:
             check_unembed_hash(lm, fitted)
 
-
-def _ctx(ctx: int | None, info: ModelInfo, name: str) -> int:
-    n_ctx = info.n_ctx
-    if ctx is None:
-        return min(512, n_ctx) if n_ctx else 512
-    if n_ctx and ctx > n_ctx:
-        raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
-    return ctx

@@ -65,7 +65,7 @@ class FeaturesOptions(Declared):
     logit_top: int = option(10, "--logit-top", min=1, metavar="N",
                             help="Tokens listed at each end of a feature's logit effects.")
     seed: int = option(22, "--seed", metavar="N", help="The seed of the sampled contexts (delphi's default).")
-    ctx: int | None = shared.ctx("the dictionary's context size, else min(512, the model's context)")
+    ctx: int | None = shared.ctx(shared.CORPUS_CTX, "the dictionary's context size, else ")
     max_tokens: int | None = shared.max_tokens()
     column: str = shared.column()
     bos: bool | None = shared.bos("the dictionary's prepend_bos, else when the tokenizer adds one")
@@ -141,12 +141,7 @@ def check(opened: Any, opts: FeaturesOptions, sae_file: SAEFile) -> FeaturesPlan
     require(info, Need.decoder, Need.lm_head, command=COMMAND)
     sae_file.check_fits(info, opened.name)
     ids = tuple(opts.wanted(sae_file.d_sae))
-    n_ctx = info.n_ctx
-    ctx = opts.ctx if opts.ctx is not None else sae_file.context_size or min(512, n_ctx or 512)
-    if n_ctx:
-        if opts.ctx is not None and ctx > n_ctx:
-            raise UsageError(f"--ctx {ctx} is more than {opened.name}'s context of {n_ctx} tokens")
-        ctx = min(ctx, n_ctx)
+    ctx = info.window(opts.ctx, sae_file.context_size or shared.CORPUS_CTX, opened.name)
     bos = opts.bos if opts.bos is not None else sae_file.prepend_bos if sae_file.prepend_bos is not None \
         else info.add_bos
     weak_note(sae_file.path)

@@ -27,6 +27,7 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
 from anatomy_cli.tasks._fit_sae_block import fit_block
+from anatomy_cli.tasks._fit_sae_options import CTX
 from anatomy_cli.tasks._fit_sae_options import Activation as Activation
 from anatomy_cli.tasks._fit_sae_options import FitSaeOptions as FitSaeOptions
 from anatomy_cli.tasks._fit_sae_options import FitSaePlan as FitSaePlan
@@ -104,6 +105,8 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
                              if opts.transcoder else (sites.hook_name(layer, Site.resid_post),) * 2,
                              opts.out / (f"layers.{layer}.mlp" if opts.transcoder else f"layers.{layer}"))
                    for layer in layers)
+    ctx = info.window(opts.ctx, CTX, opened.name)
+    opts.check_budget(ctx)
     hf = opened.tokenizer.hf
     bos = hf.bos_token_id if info.add_bos and hf.bos_token_id is not None else None
 
@@ -111,16 +114,16 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
         for source in opts.corpus:
             yield from open_source(source).pieces()
 
-    wins = tuple(windows(token_stream(pieces(), hf, eos=hf.eos_token_id), ctx=min(opts.ctx, info.n_ctx or opts.ctx),
+    wins = tuple(windows(token_stream(pieces(), hf, eos=hf.eos_token_id), ctx=ctx,
                          bos=bos, max_tokens=opts.max_tokens))
     if len(wins) < 2:
         tokens = sum(map(len, wins))
-        raise UsageError(f"the corpus gives {tokens} tokens, under two --ctx {opts.ctx} windows (one is held out): "
+        raise UsageError(f"the corpus gives {tokens} tokens, under two --ctx {ctx} windows (one is held out): "
                          "give more text or a smaller --ctx")
     d_sae = opts.d_sae or 8 * info.d_model
     if opts.k > d_sae:
         raise UsageError(f"--k {opts.k} is above d_sae {d_sae}")
-    return FitSaePlan(blocks, wins, d_sae)
+    return FitSaePlan(blocks, wins, d_sae, ctx)
 
 
 PHASES = ("collecting activations", "training", "writing and the held-out check")  # after the weights' load
@@ -180,7 +183,7 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({counted(len(plan.windows) - 1, 'window')} of {opts.ctx}) x {counted(opts.epochs, 'epoch')}, the next "
+            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx}) x {counted(opts.epochs, 'epoch')}, the next "
             f"{len(plan.windows[-1])} tokens held out: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "

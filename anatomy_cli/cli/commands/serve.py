@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Annotated
 from typing import Optional
+from typing import cast
 
 import typer
 
@@ -68,9 +69,9 @@ def serve_command(
             answer = protocol.request(path, {"op": "cancel", "ids": ids or None}, wait=30)
             if "error" in answer:
                 raise AnatomyError(str(answer["error"]))
-            emit(_cancel_report(answer), fmt)
+            emit(_cancel_report(cast(protocol.Cancelled, answer)), fmt)
         elif opts.status:
-            emit(_status_report(protocol.request(path, {"op": "status"}, wait=30)), fmt)
+            emit(_status_report(cast(protocol.Status, protocol.request(path, {"op": "status"}, wait=30))), fmt)
         elif opts.stop:
             answer = lifecycle.stop(path)
             info(f"stopped the anatomy server at {path} (pid {answer.get('pid')})")
@@ -141,8 +142,9 @@ def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minut
     os._exit(0)
 
 
-def _status_report(answer: dict) -> Report:
-
+def _status_report(answer: protocol.Status) -> Report:
+    """``serve --status``' answer (a server from before ``version``, ``jobs`` or the models' state and reloads
+    lacks them: read with defaults)."""
     heading = [f"anatomy server {answer.get('version', '?')} · pid {answer['pid']} · {answer['socket']}",
                f"up {answer['uptime_s']:.0f} s · {answer['requests']} requests · peak RSS "
                f"{human_bytes(answer['peak_rss_bytes'])}"]
@@ -159,7 +161,7 @@ def _status_report(answer: dict) -> Report:
                   notes=notes)
 
 
-def _cancel_report(answer: dict) -> Report:
+def _cancel_report(answer: protocol.Cancelled) -> Report:
     jobs, missing = answer.get("cancelled", []), answer.get("not_found", [])
     heading = [f"cancelled {len(jobs)} job{'' if len(jobs) == 1 else 's'}" + (
         " (a running one stops at its next step)" if any(j["state"] == "running" for j in jobs) else "")]
