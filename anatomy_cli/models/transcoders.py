@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import before_gain
 from anatomy_cli.models.sites import CT_MLP_OUT
@@ -107,12 +108,18 @@ def _config(root: Path) -> dict[str, Any]:
             try:
                 data = yaml.safe_load((root / name).read_text())
             except yaml.YAMLError as e:
-                raise UsageError(f"{root / name} is not valid YAML: {str(e).splitlines()[0]}") from None
+                raise CheckpointError(f"{root / name} is not valid YAML: {str(e).splitlines()[0]}") from None
             if not isinstance(data, dict):
-                raise UsageError(f"{root / name} is not a mapping")
+                raise CheckpointError(f"{root / name} is not a mapping")
             return data
     if (root / "config.json").is_file():
-        return dict(json.loads((root / "config.json").read_text()))
+        try:
+            data = json.loads((root / "config.json").read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{root / 'config.json'} is not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{root / 'config.json'} is not a JSON object")
+        return data
     from anatomy_cli.models import transcoder_sae
 
     if transcoder_sae.folders(root):
@@ -130,7 +137,7 @@ def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), framework="numpy") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as e:
-        raise UsageError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
 
 
 def describe(root: str | Path) -> TranscoderSet:
