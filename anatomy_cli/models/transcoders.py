@@ -73,6 +73,7 @@ class TranscoderSet:
     sae_format: str | None = None
     thresholds: bool = False
     before_gain: bool = False
+    model_name: str | None = None  # the config's (fit-sae --clt writes it: models/resolve.py ``recorded``)
 
     @property
     def n_layers(self) -> int:
@@ -130,6 +131,12 @@ def _config(root: Path) -> dict[str, Any]:
                      f"per block")
 
 
+def _model_name(cfg: dict[str, Any]) -> str | None:
+    """The model the config names (circuit-tracer's ``model_name``), None where it names none."""
+    name = cfg.get("model_name")
+    return str(name) if name else None
+
+
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
@@ -183,7 +190,7 @@ def describe(root: str | Path) -> TranscoderSet:
                          _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), gs2, _k(cfg),
                          *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"), thresholds=thresholds,
-                         before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
+                         before_gain=before_gain(str(cfg.get("feature_input_hook", ""))), model_name=_model_name(cfg))
 
 
 def _threshold(shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -236,7 +243,8 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
                          _site(str(cfg.get("feature_input_hook", Point.mlp_in.value)), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec,
-                         thresholds=thresholds, before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
+                         thresholds=thresholds, before_gain=before_gain(str(cfg.get("feature_input_hook", ""))),
+                         model_name=_model_name(cfg))
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:
