@@ -469,3 +469,32 @@ def test_a_dir_without_what_explain_reads_names_the_command_that_makes_it(made, 
     result = invoke("explain", target, "--explainer", chat)
     assert result.exit_code == 2, result.output
     assert match.format(dir=target) in result.output.replace("\n", " ")
+
+
+def test_a_dictionary_or_a_busy_folder_is_offered_a_features_command_that_runs(made, tmp_path):
+    """A new user passed the dictionary's folder to explain: the refusal offered `features ... --out` into that
+    folder, which `features` refuses (not empty, no run). A dictionary is now offered as DICT, a folder holding
+    other files never as --out; the offered command, run, makes what explain reads."""
+    from anatomy_cli.tasks.explain import ExplainOptions
+    from anatomy_cli.tasks.explain import read_dir
+
+    model, _, _, _, chat = made
+    sae = write_sae(tmp_path / "dict")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    result = invoke("explain", sae, "--explainer", chat)
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and f"{sae} is a dictionary, not a features output: explain reads what anatomy " \
+        f"features {sae} --corpus PATH --out FEATS --delphi FEATS/latents writes into a new folder FEATS" in said
+    assert f"--out {sae}" not in said
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("x")
+    other = invoke("explain", busy, "--explainer", chat)
+    assert other.exit_code == 2 and f"--out {busy}" not in other.stderr and "into a new folder FEATS" in other.stderr
+    assert invoke("features", sae, "--corpus", corpus, "--model", model, "--ctx", 16, "--out", busy).exit_code == 2
+    feats = tmp_path / "feats"  # the offered command, FEATS a new folder: explain reads it (no model loads)
+    made_it = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                     "--out", feats, "--delphi", feats / "latents", "--format", "json")
+    assert made_it.exit_code == 0, made_it.output
+    assert read_dir(ExplainOptions(features_dir=feats, explainer=str(chat))).features

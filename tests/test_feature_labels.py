@@ -127,7 +127,7 @@ def test_a_features_dir_of_another_dictionary_is_refused(made, tmp_path):
     result = invoke("sae", PROMPT, "--sae", other, "--model", model, "--features-dir", feats)
     assert result.exit_code == 2 and "describes a dictionary at blocks.0.hook_resid_post" in result.stderr
     result = invoke("sae", PROMPT, "--sae", other, "--model", model, "--features-dir", tmp_path)
-    assert result.exit_code == 2 and "no readable manifest.json" in result.stderr
+    assert result.exit_code == 2 and ": no manifest.json (a folder that anatomy features --out wrote)" in result.stderr
 
 
 def test_a_features_dir_of_another_dictionary_at_the_same_hook_point_is_refused(made, tmp_path):
@@ -150,3 +150,40 @@ def test_a_features_dir_of_another_dictionary_at_the_same_hook_point_is_refused(
     result = invoke("sae", PROMPT, "--sae", sae, "--model", model, "--features-dir", moved)
     assert result.exit_code == 2 and f"made from {(tmp_path / 'gone').resolve()} (no longer there), not from " \
         f"{sae.resolve()}" in result.stderr, result.output
+
+
+
+def test_a_file_there_but_corrupt_exits_1_as_a_corrupt_model_and_a_missing_one_2(made, tmp_path):
+    """docs/output.md's rule, one for features, sae and explain: a file the user named that is there but cannot be
+    read is a runtime error, exit 1, as a .gguf without its magic is (CheckpointError); a path that names nothing
+    (or no such file in a folder) is a usage error, exit 2. A new user's trial found a truncated dictionary at 1
+    and a corrupt --features-dir manifest at 2."""
+    model, sae, feats, _ = made
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"not a gguf at all")
+    truncated = tmp_path / "truncated"
+    shutil.copytree(sae, truncated)
+    weights = truncated / "sae_weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    bad = tmp_path / "bad-feats"
+    shutil.copytree(feats, bad)
+    (bad / "manifest.json").write_text('{"settings": ')
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    codes = {
+        "a corrupt model": (1, ["sae", PROMPT, "--sae", sae, "--model", gguf]),
+        "a truncated dictionary (sae)": (1, ["sae", PROMPT, "--sae", truncated, "--model", model]),
+        "a truncated dictionary (features)": (1, ["features", truncated, "--corpus", corpus, "--model", model]),
+        "a corrupt --features-dir manifest": (1, ["sae", PROMPT, "--sae", sae, "--model", model,
+                                                  "--features-dir", bad]),
+        "a corrupt features manifest (explain)": (1, ["explain", bad, "--explainer", model]),
+        "no dictionary there": (2, ["sae", PROMPT, "--sae", tmp_path / "none", "--model", model]),
+        "no manifest in --features-dir": (2, ["sae", PROMPT, "--sae", sae, "--model", model, "--features-dir", bare]),
+        "no features output there (explain)": (2, ["explain", tmp_path / "none", "--explainer", model]),
+    }
+    for what, (code, argv) in codes.items():
+        result = invoke(*argv)
+        lines = result.stderr.strip().splitlines()
+        assert (result.exit_code, len(lines)) == (code, 1) and lines[0].startswith("error: "), (what, result.output)

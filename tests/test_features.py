@@ -5,6 +5,7 @@ sorted)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -603,3 +604,53 @@ def test_a_finished_delphi_run_run_again_reads_its_shards_back(setup, tmp_path, 
     third = run_json(model, sae, corpus, *args)
     assert third["resumed"] == first["shards"] - 1 and computed  # shard 1 alone computed again
     assert third["features"] == first["features"] and cache_files() == files
+
+
+CJK = "私は日本語を話す🙂 ok, café. "
+
+
+def test_a_context_line_shows_a_character_split_over_tokens_whole():
+    """GPT-2's byte-level BPE splits 語 and 🙂 into tokens of their bytes: a context line showed them as hex bytes
+    (`<e8 aa>[<9e>]`, a new user's trial). The line now joins the bytes, the token's brackets around the whole
+    character it holds part of, as the tokenizer's own offsets (computed by transformers) place them; bytes that
+    make no character within the tokens (a window cut inside one) stay as the tables show a partial token."""
+    from conftest import build_gpt2_tokenizer
+
+    from anatomy_cli.text.tokenization import Tokenizer
+
+    tok = Tokenizer(build_gpt2_tokenizer())  # the tiny models' tokenizer, without a model
+    enc = tok.hf(CJK, return_offsets_mapping=True)
+    ids, spans = enc["input_ids"], enc["offset_mapping"]
+    assert any(tok.piece(i).startswith("<") for i in ids)  # some tokens are partial characters
+    for at, (start, end) in enumerate(spans):
+        assert tok.line(ids, at) == f"{CJK[:start]}[{CJK[start:end]}]{CJK[end:]}", at
+    assert tok.line(ids) == tok.hf.decode(ids) == CJK
+    first = tok.token_bytes(ids[0])  # 私 is three tokens of one byte each: a line that starts at the second
+    assert len(first) == 1 and tok.line(ids[1:3]) == tok.piece(ids[1]) + tok.piece(ids[2]) == "<a7><81>"
+
+
+def test_the_tsv_and_the_table_show_the_contexts_as_text(setup, tmp_path):
+    model, sae, _, _ = setup
+    corpus = tmp_path / "cjk.txt"
+    corpus.write_text(CJK * 12)
+    tsv = invoke("features", sae, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                 "--shard-windows", 3, "--format", "tsv", "--show", 0, "--out", tmp_path / "feats")
+    assert tsv.exit_code == 0, tsv.output
+    rows = [line.split("\t") for line in tsv.stdout.splitlines()[1:]]
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    contexts = pq.read_table(tmp_path / "feats" / "contexts.parquet").to_pylist()  # the token ids, as the JSON's
+    top = {c["feature"]: c for c in contexts if c["kind"] == "top" and c["rank"] == 0}
+
+    hf = AutoTokenizer.from_pretrained(model)
+    checked = 0
+    for row in rows:
+        ctx = top.get(int(row[0]))
+        text = hf.decode(ctx["token_ids"]) if ctx else ""
+        if ctx is None or "\ufffd" in text:  # no context, or a window's edge cuts a character
+            continue
+        assert row[-1].replace("[", "").replace("]", "") == text.replace("\n", "⏎")
+        assert not re.search(r"<[0-9a-f]{2}[ >]", row[-1]), row[-1]  # no byte of a character shown as hex
+        checked += 1
+    assert checked >= 5

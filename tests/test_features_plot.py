@@ -80,8 +80,15 @@ def test_each_panel_shows_the_json_s_contexts_histogram_and_effects(browser, mad
                     for c in data["contexts"] if c["feature"] == f and c["kind"] == kind]
             assert [[tuple(x) for x in ctx] for ctx in panel_contexts(opened, box)] == want
         row = data["features"][f]
-        bars = opened.page.evaluate("document.getElementById('fx-hist').data[0].y")
-        assert sum(bars) == row["fires"] and sorted(b for b in bars if b) == sorted(h for h in row["histogram"] if h)
+        never = opened.page.evaluate("(document.getElementById('fx-never') || {}).textContent || null")
+        if sum(row["histogram"]) == 0:  # dead (feature 0): a line saying so, no empty plot (a new user's trial)
+            assert opened.page.evaluate("document.getElementById('fx-hist')") is None
+            assert never == f"never fired on {data['tokens']:,} tokens" and data["tokens"] > 0
+        else:
+            bars = opened.page.evaluate("document.getElementById('fx-hist').data[0].y")
+            assert sum(bars) == row["fires"] and sorted(b for b in bars if b) == sorted(
+                h for h in row["histogram"] if h)
+            assert never is None
         shown = opened.page.evaluate("[...document.querySelectorAll('#fx-panel table[data-side=top] tr')]"
                                      ".map(r => [r.cells[0].textContent, +r.cells[1].textContent])")
         want_fx = [(vis(e["token"]), round(e["effect"], 4)) for e in data["logit_effects"]

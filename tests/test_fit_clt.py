@@ -128,6 +128,10 @@ def test_resumed_fit_equals_an_uninterrupted_one(tiny_model_dir, corpus, tmp_pat
     whole = fit(model, corpus, tmp_path / "whole")
     assert whole.exit_code == 0, whole.output
     assert "fit-sae: a TopK cross-layer transcoder at blocks 0-1 (2 blocks)" in whole.stderr  # the cost first
+    # the model as the per-block fits name it (resolve.recorded), read back as features reads a block of it
+    from anatomy_cli.models.ct_block import read_dictionary
+
+    assert read_dictionary(tmp_path / "whole", hook="1", values=False).model_name == str(model.resolve())
     real_step, calls = clt_fit.step, []
 
     def interrupted(*args):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -64,6 +65,8 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     assert said in " ".join(result.stderr.split()), result.stderr
     sae = read(folder)
     assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)
+    # the model as it resolves from anywhere (as a JumpReLU fit names it: the test below), a key sparsify drops
+    assert json.loads((folder / "cfg.json").read_text())["model_name"] == sae.model_name == str(model.resolve())
     # MSE on the training activations, computed here through anatomy's hooks: trained vs the same init
     lm = load(str(model), device="cpu")
     ids = lm.tokenizer.hf(corpus.read_text())["input_ids"]
@@ -92,6 +95,10 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
         assert feats.exit_code == 0, feats.output
         assert ("too weak to read" in feats.stderr) is weak, (written, feats.stderr)
         assert (f"held-out FVE of {written:.3f}, under 0.5" in feats.stderr) is weak
+        said = json.loads(feats.stdout)["fit_report"]  # the JSON says it too (it had only the stderr line)
+        assert said["held_out_fve"] == written and said["too_weak"] is (written < 0.5)
+        assert said["path"] == str(folder / "anatomy-fit.json")
+        assert (said["warning"] is not None and f"warning: {said['warning']}" in feats.stderr) is weak
 
 
 def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path):
@@ -367,3 +374,56 @@ def test_a_transcoder_trained_at_unit_scale_is_written_in_the_activations_units(
     with torch.no_grad():
         assert torch.allclose(coder(x), by_hand, rtol=1e-5, atol=1e-5)
     assert sae_fit.unit_scales(sae_fit.TopKCoder(8, 16, 3), x, x) == (1.0, 1.0)
+
+
+def test_a_fit_names_the_model_so_that_features_opens_it_from_anywhere(tiny_model_dir, corpus, tmp_path,
+                                                                              monkeypatch, cached_load):
+    """A new user's JumpReLU fit named its model `SmolLM2-135M-Instruct.Q4_1` (the file's stem, which resolves to
+    nothing) and a TopK fit named none, so `features` without --model fell back to the default model. Both now
+    record the spec as it resolves from any folder (models/resolve.py ``recorded``): a relative path made absolute,
+    a packaged name as given; `features` run elsewhere without --model opens that model."""
+    from anatomy_cli.models.resolve import recorded
+    from anatomy_cli.models.resolve import resolve
+
+    model = tiny_model_dir("gpt2")
+    monkeypatch.chdir(model.parent)
+    given = f"./{model.name}"
+    assert recorded("smollm2") == "smollm2" and recorded(given) == str(model.resolve())
+    assert resolve(recorded("smollm2")).ref == resolve("smollm2").ref
+    out = tmp_path / "jumprelu"  # TopK's: the first test of this module
+    result = fit(given, corpus, out, "--epochs", "1", "--max-tokens", "96", "--activation", "jumprelu", layer="0")
+    assert result.exit_code == 0, result.output
+    cfg = json.loads((out / "layers.0" / "cfg.json").read_text())
+    assert cfg["model_name"] == read(out / "layers.0").model_name == str(model.resolve())
+    monkeypatch.chdir(tmp_path)  # elsewhere: the relative spec would name nothing here
+    feats = runner.invoke(app, ["features", str(tmp_path / "jumprelu" / "layers.0"), "--corpus", str(corpus),
+                                "--max-tokens", "64", "--ctx", "32", "--format", "json"])
+    assert feats.exit_code == 0, feats.output
+    assert json.loads(feats.stdout)["model"] == str(model.resolve())
+    assert f"the model: {model.resolve()} (as the dictionary's metadata names it" in feats.stderr
+
+
+def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():
+    """`fit-sae --layer all` printed two or three lines per block (~60 on SmolLM2); now one line names the blocks
+    too weak to read and the blocks with other warnings, whose text the JSON and each anatomy-fit.json keep."""
+    from anatomy_cli.tasks._fit_sae_block import BlockFit
+    from anatomy_cli.tasks.fit_sae import fit_notes
+
+    def block(layer, fve, *warnings):
+        return BlockFit(layer=layer, folder="f", site="s", site_out="s", d_in=4, d_sae=8, steps=1, fvu_first=1.0,
+                        fvu_last=1.0, dead_fraction=0.0, seconds=0.0, health={"fve": fve}, warnings=warnings)
+
+    fits = [block(0, 0.2, "FVE low", "KL high"), block(1, 0.9), block(2, 0.45, "FVE low"), block(3, 0.8, "KL high")]
+    opts = SimpleNamespace(transcoder=True, clt=False)  # what fit_notes reads of the options
+    collected = notes.Collected()
+    with notes.using_notes(collected):
+        fit_notes(opts, fits)
+    weak = [f.layer for f in fits if analysis.too_weak(f.health["fve"])]
+    assert weak == [0, 2] and len(collected.warnings) == 1
+    line = collected.warnings[0]
+    assert "2 of 4 transcoders too weak to read (held-out FVE under 0.5: blocks 0,2)" in line
+    assert "4 warnings on blocks 0,2-3" in line and "anatomy-fit.json" in line
+    one = notes.Collected()
+    with notes.using_notes(one):
+        fit_notes(opts, fits[:1])
+    assert one.warnings[:2] == ["block 0: FVE low", "block 0: KL high"] and "1 of 1 transcoders" in one.warnings[2]

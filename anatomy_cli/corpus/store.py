@@ -37,6 +37,7 @@ from anatomy_cli.corpus.summary import LAYER_COLUMNS
 from anatomy_cli.corpus.summary import LENS_COLUMNS
 from anatomy_cli.corpus.summary import CorpusStats
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.identity import file_sha256
 from anatomy_cli.models.identity import files_changed
@@ -114,7 +115,8 @@ class Store:
     def open(self, model: Mapping[str, object], source: Mapping[str, object], settings: Mapping[str, object], *,
              overwrite: bool) -> None:
         """Create DIR or resume it. Raises UsageError when DIR holds a run of another model, source or settings
-        (unless ``overwrite``: its shards are then removed) or is a file; AnatomyError when it cannot be written."""
+        (unless ``overwrite``: its shards are then removed) or is a file; CheckpointError when its manifest cannot
+        be read; AnatomyError when it cannot be written."""
         if self.root.exists() and not self.root.is_dir():
             raise UsageError(f"--out '{self.root}' is a file, not a directory")
         path = self.root / "manifest.json"
@@ -124,7 +126,7 @@ class Store:
             try:
                 old = json.loads(path.read_text())
             except (OSError, json.JSONDecodeError) as exc:
-                raise UsageError(f"{path} cannot be read ({exc}); use --overwrite to start again") from None
+                raise CheckpointError(f"{path} cannot be read ({exc}); use --overwrite to start again") from None
             why = _difference(old, fresh)
             if why:
                 raise UsageError(f"--out '{self.root}' holds another run ({why}); use --overwrite to replace it, "

@@ -342,20 +342,24 @@ def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: 
     return statistics.median(gaps[1:] or gaps)
 
 
-def save_sparsify(coder: Any, folder: Path) -> None:
+def save_sparsify(coder: Any, folder: Path, *, model_name: str = "") -> None:
     """``folder/cfg.json`` and ``folder/sae.safetensors`` as sparsify's ``save_to_disk`` writes them (sparsify's
-    own coder: its ``save_to_disk``)."""
+    own coder: its ``save_to_disk``), the config with ``model_name`` added where given (a key sparsify's
+    ``load_from_disk`` drops: ``from_dict(..., drop_extra_fields=True)``; anatomy's reader takes it)."""
     if isinstance(coder, JumpReLUCoder):
         raise TypeError("a JumpReLU coder is written by save_saelens")
     if not isinstance(coder, TopKCoder):
         coder.save_to_disk(folder)
         as_user_file(folder / "sae.safetensors")
+        if model_name:
+            cfg = json.loads((folder / "cfg.json").read_text(encoding="utf-8"))
+            (folder / "cfg.json").write_text(json.dumps({**cfg, "model_name": model_name}), encoding="utf-8")
         return
     folder.mkdir(parents=True, exist_ok=True)
     d_sae, d_in = coder.encoder.weight.shape
     cfg = {"activation": "topk", "expansion_factor": max(1, d_sae // d_in), "normalize_decoder": True,
            "num_latents": int(d_sae), "k": coder.k, "multi_topk": False, "skip_connection": False,
-           "transcode": coder.transcode, "d_in": int(d_in)}
+           "transcode": coder.transcode, "d_in": int(d_in), **({"model_name": model_name} if model_name else {})}
     tensors = {"encoder.weight": coder.encoder.weight, "encoder.bias": coder.encoder.bias, "W_dec": coder.W_dec,
                "b_dec": coder.b_dec}
     _write_weights(tensors, folder / "sae.safetensors")

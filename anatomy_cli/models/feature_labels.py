@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
+from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.labels import read_labels
 from anatomy_cli.models.sae.labels import read_layer_labels
@@ -183,11 +184,13 @@ def features_run(d: Path) -> FeaturesRun:
     from anatomy_cli.models.ct_block import read_dictionary
 
     manifest = d / "manifest.json"
+    if not manifest.is_file():
+        raise UsageError(f"--features-dir {d}: no manifest.json (a folder that anatomy features --out wrote)")
     try:
         settings = json.loads(manifest.read_text(encoding="utf-8")).get("settings", {})
-    except (OSError, ValueError, AttributeError):
-        raise UsageError(f"--features-dir {d}: no readable manifest.json (a folder that anatomy features --out "
-                         f"wrote)") from None
+    except (OSError, ValueError, AttributeError) as e:  # there, but corrupt: as a corrupt model file (exit 1)
+        raise CheckpointError(f"--features-dir {d}: its manifest.json cannot be read ({type(e).__name__}: "
+                              f"{e})") from None
     if not isinstance(settings, dict) or "sae" not in settings:
         raise UsageError(f"--features-dir {d}: its manifest.json names no dictionary (a folder that anatomy "
                          f"features --out wrote)")

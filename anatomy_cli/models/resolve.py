@@ -255,6 +255,17 @@ def label(source: Source, fields: Mapping[str, object] | None = None) -> str:
 _BLOB = re.compile(r"(sha256[-:])?[0-9a-fA-F]{32,}")
 
 
+def recorded(spec: str) -> str:
+    """``spec`` as a file written now names its model (the ``model_name`` of every dictionary ``fit-sae`` writes),
+    so that :func:`resolve` finds the same model again from any working directory: a local file or directory as
+    its absolute path; a packaged GGUF's short name (``smollm2``), an ``ollama:``/``lmstudio:`` name, a preset or
+    a Hugging Face id as given. Not :func:`label`: ``SmolLM2-135M-Instruct.Q4_1`` names no model here."""
+    path = Path(spec).expanduser()
+    if not local.is_named(spec) and path.exists():
+        return str(path.resolve())
+    return spec
+
+
 def short_name(spec: str) -> str:
     """:func:`label` of ``spec`` without loading anything: a local file's or directory's short name, else ``spec``."""
     source = check_path(spec)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import before_gain
 from anatomy_cli.models.sites import CT_MLP_OUT
@@ -72,6 +73,7 @@ class TranscoderSet:
     sae_format: str | None = None
     thresholds: bool = False
     before_gain: bool = False
+    model_name: str | None = None  # the config's (fit-sae --clt writes it: models/resolve.py ``recorded``)
 
     @property
     def n_layers(self) -> int:
@@ -107,12 +109,18 @@ def _config(root: Path) -> dict[str, Any]:
             try:
                 data = yaml.safe_load((root / name).read_text())
             except yaml.YAMLError as e:
-                raise UsageError(f"{root / name} is not valid YAML: {str(e).splitlines()[0]}") from None
+                raise CheckpointError(f"{root / name} is not valid YAML: {str(e).splitlines()[0]}") from None
             if not isinstance(data, dict):
-                raise UsageError(f"{root / name} is not a mapping")
+                raise CheckpointError(f"{root / name} is not a mapping")
             return data
     if (root / "config.json").is_file():
-        return dict(json.loads((root / "config.json").read_text()))
+        try:
+            data = json.loads((root / "config.json").read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{root / 'config.json'} is not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{root / 'config.json'} is not a JSON object")
+        return data
     from anatomy_cli.models import transcoder_sae
 
     if transcoder_sae.folders(root):
@@ -123,6 +131,12 @@ def _config(root: Path) -> dict[str, Any]:
                      f"per block")
 
 
+def _model_name(cfg: dict[str, Any]) -> str | None:
+    """The model the config names (circuit-tracer's ``model_name``), None where it names none."""
+    name = cfg.get("model_name")
+    return str(name) if name else None
+
+
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
@@ -130,7 +144,7 @@ def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), framework="numpy") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as e:
-        raise UsageError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
 
 
 def describe(root: str | Path) -> TranscoderSet:
@@ -176,7 +190,7 @@ def describe(root: str | Path) -> TranscoderSet:
                          _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), gs2, _k(cfg),
                          *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"), thresholds=thresholds,
-                         before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
+                         before_gain=before_gain(str(cfg.get("feature_input_hook", ""))), model_name=_model_name(cfg))
 
 
 def _threshold(shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -229,7 +243,8 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
                          _site(str(cfg.get("feature_input_hook", Point.mlp_in.value)), "feature_input_hook"),
                          _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec,
-                         thresholds=thresholds, before_gain=before_gain(str(cfg.get("feature_input_hook", ""))))
+                         thresholds=thresholds, before_gain=before_gain(str(cfg.get("feature_input_hook", ""))),
+                         model_name=_model_name(cfg))
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:

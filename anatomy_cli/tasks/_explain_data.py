@@ -37,6 +37,21 @@ def making(root: Path) -> str:
     return f"anatomy features DICT --corpus PATH --out {root} --delphi {Path(root) / 'latents'}"
 
 
+def not_features(root: Path) -> str:
+    """Why ``root``, a folder without a features run's files, is not what explain reads, and the command that makes
+    one. ``features --out`` takes a new or empty folder (it refuses one holding other files), so only such a
+    ``root`` is offered as ``--out``; a dictionary's folder is offered as the features command's DICT instead."""
+    from anatomy_cli.models.sae.read import holds_dictionary
+
+    if holds_dictionary(root):
+        return (f"a dictionary, not a features output: explain reads what anatomy features {root} --corpus PATH "
+                f"--out FEATS --delphi FEATS/latents writes into a new folder FEATS (then anatomy explain FEATS)")
+    if any(Path(root).iterdir()):
+        return ("not a features output (anatomy features DICT --corpus PATH --out FEATS --delphi FEATS/latents "
+                "writes one into a new folder FEATS; then anatomy explain FEATS)")
+    return f"not a features output (run {making(root)} first)"
+
+
 def unfinished(root: Path) -> bool:
     """True when ``root/manifest.json`` is a features run's (its settings name the followed features): one that
     was interrupted before its tables were written."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from anatomy_cli.corpus.store import _atomic
+from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 
 FEATURE_COLUMNS = ("feature", "fires", "frequency", "mean_activation", "max_activation", "status", "histogram",
@@ -83,7 +84,7 @@ def read_record(root: Path) -> dict[str, Any]:
     back from ``features --out DIR``'s tables and manifest: ``features`` (``cooccurring`` as the run counted it:
     ``tokens`` / ``fires``), ``contexts``, ``logit_effects``, ``histogram_edges``, ``logit_convention``,
     ``tokens``, ``windows``, ``ctx``, ``model`` (as given to the run), ``dictionary`` (``path``). UsageError for a
-    DIR whose run is not complete."""
+    DIR whose run is not complete (a file or key missing), CheckpointError for one whose files cannot be read."""
     import pyarrow.parquet as pq
 
 
@@ -95,8 +96,10 @@ def read_record(root: Path) -> dict[str, Any]:
         meta = json.loads(table.schema.metadata[b"anatomy.features"])
         contexts = pq.read_table(root / "contexts.parquet").to_pylist()
         logits = pq.read_table(root / "logit_effects.parquet").to_pylist()
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (FileNotFoundError, KeyError) as e:
         raise UsageError(f"{root} holds no complete features run ({type(e).__name__}: {e})") from None
+    except (OSError, ValueError, TypeError) as e:  # there, but corrupt: as a corrupt model file (exit 1)
+        raise CheckpointError(f"{root}: its files cannot be read ({type(e).__name__}: {e})") from None
     rows = []
     for r in table.to_pylist():
         ids, counts = r.pop("cooccurring_ids") or [], r.pop("cooccurring_tokens") or []

@@ -15,6 +15,7 @@ from typing import Any
 
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import digest
+from anatomy_cli.models.resolve import recorded
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
 from anatomy_cli.tasks import notes
@@ -86,7 +87,7 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
     with timings.phase(phases[1]):
         theta = clt_fit.thresholds(coder, xs[:, :n_train])
         clt_fit.save(coder, theta, opts.out, scan=f"anatomy-clt-{opts.out.name}",
-                     model_name=lm.info.display_name)
+                     model_name=recorded(lm.name))
         held = clt_fit.held_out(coder, xs[:, n_train:], targets[:, n_train:], theta)
         spliced = splice_figures(lm, plan, coder, theta)
     curve = trained["fvu"]
@@ -133,7 +134,8 @@ def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], h
                d: int, *, seconds: float, spliced: dict[str, float | None]) -> tuple[BlockFit, ...]:
     """One row per block: the summed loss's curve over the blocks (its mean per block, the same in every row), the
     block's dead fraction, its held-out FVE as written (thresholds) and as trained (TopK), and the written L0;
-    the spliced CE/KL (``spliced``: every block spliced at once, the same in every row); warnings as notes."""
+    the spliced CE/KL (``spliced``: every block spliced at once, the same in every row); its warnings (the run says
+    them: ``fit_sae.fit_notes``)."""
 
     fired, curve, n = trained["fired"], trained["fvu"], len(plan.blocks)
     out = []
@@ -143,8 +145,6 @@ def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], h
         if dead > DEAD_HIGH:
             warnings.append(f"{dead:.0%} of the features never fired in the last epoch (over {DEAD_HIGH:.0%}): "
                             "train on more tokens, or give a smaller --d-sae")
-        for w in warnings:
-            notes.warn(f"block {block.layer}: {w}")
         health = {"l0_mean": held[i]["l0_mean"], "fve": 1.0 - held[i]["fvu"], "fve_topk": 1.0 - held[i]["fvu_topk"],
                   "error_ratio": None, "norm_ratio": None, **spliced}
         out.append(BlockFit(layer=block.layer, folder=str(opts.out), site=hook_name(block.layer, Site.mlp_in),

@@ -60,10 +60,12 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     """``block``'s fit from its input ``x`` and ``target`` (``[rows, d]``, the rows of every window of
     ``windows``, the last one held out); the seed rule is the run's: the coder is made and the rows shuffled from
     ``seed`` whatever the other blocks, so a block's files equal those of a run of that block alone. Returns the
-    fit and the trainer's name (``sparsify`` or ``anatomy``); the warnings go out as notes, ``block L:`` first.
+    fit and the trainer's name (``sparsify`` or ``anatomy``); the warnings are the fit's (the run says them:
+    ``fit_sae.fit_notes``).
     ``timings`` (:class:`anatomy_cli.engine.estimate.Timings`) records the training and the writing with the
     held-out check as ``phases``. ``jumprelu`` (its ``bandwidth``, ``l0_coeff``): a JumpReLU coder, written in
-    SAELens' format (``model_name`` in its config)."""
+    SAELens' format, else a TopK one in sparsify's; either config's ``model_name`` is ``model_name``
+    (:func:`anatomy_cli.models.resolve.recorded`: what ``features`` opens when no ``--model`` is given)."""
     import time
 
     import torch
@@ -84,7 +86,7 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
                                 seed=seed, progress=line.counter(f"training {label}", "steps"))
     with timings.phase(phases[1]):
         if jumprelu is None:
-            sae_fit.save_sparsify(coder, block.folder)
+            sae_fit.save_sparsify(coder, block.folder, model_name=model_name)
         else:
             sae_fit.save_saelens(coder, block.folder, hook=block.points[0], hook_out=block.points[1],
                                  model_name=model_name)
@@ -98,8 +100,6 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     if dead > DEAD_HIGH:
         warnings.append(f"{dead:.0%} of the latents never fired in the last epoch (over {DEAD_HIGH:.0%}): "
                         "train on more tokens, or give a smaller --d-sae")
-    for w in warnings:
-        notes.warn(f"block {block.layer}: {w}")
     curve = trained["fvu"]
     fit = BlockFit(layer=block.layer, folder=str(block.folder), site=sae_file.site, site_out=sae_file.site_out,
                    d_in=sae_file.d_in, d_sae=sae_file.d_sae, steps=trained["steps"], fvu_first=curve[0],

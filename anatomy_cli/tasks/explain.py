@@ -16,6 +16,7 @@ from typing import Any
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks import _explain_data as _data
@@ -108,14 +109,15 @@ def read_dir(opts: ExplainOptions) -> FeaturesDir:
     if missing:
         unfinished = "manifest.json" not in missing and _data.unfinished(root)
         why = "an unfinished features run (the same features command again finishes it; it resumes)" if unfinished \
-            else f"not a features output (run {_data.making(root)} first)"
+            else _data.not_features(root)
         raise UsageError(f"{root} is {why}: no {', '.join(missing)} in it")
     try:
         manifest = json.loads((root / "manifest.json").read_text())
         settings = manifest["settings"]
         model = str(manifest["model"]["model"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"{root}/manifest.json is not a features run's manifest ({type(e).__name__}: {e})") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:  # there, but corrupt: as a corrupt model file (exit 1)
+        raise CheckpointError(f"{root}/manifest.json is not a features run's manifest ({type(e).__name__}: "
+                              f"{e})") from None
     cache = _data.find_cache(root, opts.delphi)
     hook, active = _data.read_cache(cache)
     layer = _layer_id(settings, hook)

@@ -131,6 +131,7 @@ class FeaturesPlan:
     ctx: int
     bos: bool
     cooccur: bool
+    fit_report: dict[str, Any] | None = None  # weak_note's: the JSON's ``fit_report``
 
 
 def check(opened: Any, opts: FeaturesOptions, sae_file: SAEFile) -> FeaturesPlan:
@@ -144,26 +145,33 @@ def check(opened: Any, opts: FeaturesOptions, sae_file: SAEFile) -> FeaturesPlan
     ctx = info.window(opts.ctx, sae_file.context_size or shared.CORPUS_CTX, opened.name)
     bos = opts.bos if opts.bos is not None else sae_file.prepend_bos if sae_file.prepend_bos is not None \
         else info.add_bos
-    weak_note(sae_file.path)
+    fit_report = weak_note(sae_file.path)
     cooccur = opts.cooccur > 0 and len(ids) * sae_file.d_sae <= COOC_LIMIT
     if opts.cooccur > 0 and not cooccur:
         notes.warn(f"co-firing is not counted for {len(ids):,} features x {sae_file.d_sae:,} (over "
                    f"{COOC_LIMIT:,} counts): follow fewer with --features")
-    return FeaturesPlan(sae_file, ids, ctx, bos, cooccur)
+    return FeaturesPlan(sae_file, ids, ctx, bos, cooccur, fit_report)
 
 
-def weak_note(dictionary: Path) -> None:
+def weak_note(dictionary: Path) -> dict[str, Any] | None:
     """One warning when the fit report beside ``dictionary`` (models/sae/fit_report.py, written by fit-sae) gives
-    a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule)."""
+    a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule).
+    Returns what the JSON says of it (``fit_report``): ``path``, ``held_out_fve``, ``too_weak``, ``warning`` (the
+    line, None when not weak); None where there is no report (the dictionary is not judged)."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
     from anatomy_cli.models.sae.fit_report import held_out_fve
 
     found = held_out_fve(dictionary)
-    if found is not None and too_weak(found[0]):
-        notes.warn(f"the dictionary is too weak to read: its fit report ({found[1]}) gives a held-out FVE of "
-                   f"{found[0]:.3f}, under {FVE_LOW}: its features explain little of the activation; fit it on more "
-                   "tokens (docs/commands/sae.md#what-a-useful-fit-takes)")
+    if found is None:
+        return None
+    weak = too_weak(found[0])
+    warning = (f"the dictionary is too weak to read: its fit report ({found[1]}) gives a held-out FVE of "
+               f"{found[0]:.3f}, under {FVE_LOW}: its features explain little of the activation; fit it on more "
+               "tokens (docs/commands/sae.md#what-a-useful-fit-takes)") if weak else None
+    if warning is not None:
+        notes.warn(warning)
+    return {"path": str(found[1]), "held_out_fve": found[0], "too_weak": weak, "warning": warning}
 
 
 def dictionary_model(opts: FeaturesOptions) -> str | None:

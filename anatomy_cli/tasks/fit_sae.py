@@ -23,6 +23,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.models.resolve import recorded
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
@@ -219,7 +220,7 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
         made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
     else:
         made = per_layer(lm, opts, plan, acts, timings)
-    weak_note(opts, made["blocks"])
+    fit_notes(opts, made["blocks"])
     return SaeFit(out=str(opts.out), transcoder=opts.transcoder, d_sae=plan.d_sae, k=opts.k,
                   tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
                   collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
@@ -242,21 +243,34 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
         fit, trainer = fit_block(lm, block, x, target, plan.windows, label=label, transcoder=opts.transcoder,
                                  d_sae=plan.d_sae, k=opts.k, epochs=opts.epochs, batch_size=opts.batch_size, lr=lr,
                                  seed=opts.seed, timings=timings, phases=PHASES[1:], jumprelu=opts.jumprelu,
-                                 model_name=lm.info.display_name)
+                                 model_name=recorded(lm.name))
         fits.append(fit)
         del x, target
     return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}
 
 
-def weak_note(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
-    """One line when any block's dictionary is too weak to read on the held-out window
-    (:func:`anatomy_cli.analyses.sae.too_weak`), with what it takes to fit a useful one."""
+def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
+    """The fits' warnings: one block's each on a line (``block L: ...``); of several blocks one line in all, naming
+    the blocks too weak to read on the held-out window (:func:`anatomy_cli.analyses.sae.too_weak`) and those with
+    other warnings, whose text stays in the JSON's ``blocks[].warnings`` and each block's fit report (a fit of 30
+    blocks said ~60 lines). Then what it takes to fit a useful one."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
 
+    if len(fits) == 1:
+        for w in fits[0].warnings:
+            notes.warn(f"block {fits[0].layer}: {w}")
     weak = [f.layer for f in fits if too_weak(f.health.get("fve"))]
+    warned = [f.layer for f in fits if f.warnings]
+    what = "transcoder" if opts.transcoder else "SAE"
+    parts = []
     if weak:
-        what = "transcoder" if opts.transcoder else "SAE"
-        notes.warn(f"{len(weak)} of {len(fits)} {what}s too weak to read (held-out FVE under {FVE_LOW}: "
-                   f"{sites.block_spans(weak)}): train on more tokens (--max-tokens; "
-                   "docs/commands/sae.md#what-a-useful-fit-takes)")
+        parts.append(f"{len(weak)} of {len(fits)} {what}s too weak to read (held-out FVE under {FVE_LOW}: "
+                     f"{sites.block_spans(weak)}): train on more tokens (--max-tokens; "
+                     "docs/commands/sae.md#what-a-useful-fit-takes)")
+    if len(fits) > 1 and warned:
+        where = "the JSON's blocks[].warnings" + ("" if opts.clt else " and each block's anatomy-fit.json")
+        parts.append(f"{sum(len(f.warnings) for f in fits)} warnings on {sites.block_spans(warned)} (the held-out "
+                     f"window's health: FVE, KL, scale, dead latents): {where} say them")
+    if parts:
+        notes.warn("; ".join(parts))

@@ -29,9 +29,12 @@ from typing import TypeVar
 from typing import cast
 
 from anatomy_cli.errors import AnatomyError
+from anatomy_cli.text.display import joined
 from anatomy_cli.text.display import token_display
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
     from anatomy_cli.text.protocol import HFTokenizer
@@ -231,6 +234,13 @@ class Tokenizer:
         for token_id in range(len(self)):
             out.append(0 if token_id in self.special_ids else len(self.token_bytes(token_id)))
         return out
+
+    def line(self, token_ids: Sequence[int], at: int | None = None) -> str:
+        """The text ``token_ids`` make, token ``at`` in brackets (:func:`anatomy_cli.text.display.joined`: a
+        character split over tokens shown whole, bytes that make none as :meth:`piece` shows them); a special token
+        or an unknown id as :meth:`piece` names it."""
+        return joined([self.piece(t) if t in self.special_ids or not self.known(t) else self.token_bytes(t)
+                       for t in token_ids], at)
 
     def piece(self, token_id: int) -> str:
         """Display string of one token id: ``·much``, ``<e4 bd>``, ``<|endoftext|>``, ``##ing``; an id the

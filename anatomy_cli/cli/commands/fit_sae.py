@@ -38,8 +38,9 @@ def fit_sae_command(
     sparsify's own SparseCoder when eai-sparsify is installed (pip install -e '.[train]'). The expected cost
     (tokens; every phase's time, timed on this machine now: the load, collecting, training, the held-out check;
     memory: the activations of every block at once) is printed first. Each written SAE is read back and spliced
-    into a held-out window: its health is its row of the report, with a warning when it does not fit and one
-    line naming the blocks too weak to read. See docs/commands/sae.md.
+    into a held-out window: its health is its row of the report (and its anatomy-fit.json); one block's
+    warnings each on a line, several blocks' in one line naming the blocks too weak to read and those
+    warned. See docs/commands/sae.md.
 
     Examples:
 

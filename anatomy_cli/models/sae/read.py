@@ -172,6 +172,16 @@ def _dictionaries(folder: Path) -> list[str]:
     return sorted(found, key=lambda name: [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)])
 
 
+def holds_dictionary(path: str | Path) -> bool:
+    """True when ``path`` is what :func:`read` reads or names (one dictionary, a folder of them, a Gemma Scope
+    file, a circuit-tracer set): checked by its file names only, nothing is read."""
+    p = Path(path)
+    folder = p.parent if p.is_file() else p
+    weights = (GEMMA_SCOPE, SAELENS_WEIGHTS, SPARSIFY_WEIGHTS)
+    return any((folder / w).is_file() for w in weights) or bool(_dictionaries(folder)) \
+        or circuit_tracer_kind(folder) is not None
+
+
 def circuit_tracer_kind(folder: Path) -> str | None:
     """``transcoder_set`` / ``cross_layer_transcoder`` when ``folder`` holds circuit-tracer's config.yaml naming
     one, else None."""
@@ -270,7 +280,8 @@ def _sparsify(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
     hook_name = hook or folder.name
     return _build(folder, "sparsify", "topk", tensors, path, threshold=None, k=k, hook_in=hook_name,
                   hook_out=hook_name, subtract=not transcode, normalize="none", prepend_bos=None,
-                  context_size=None, dtype="float32", neuronpedia_id=None, model_name=None, stated_l0=float(k),
+                  context_size=None, dtype="float32", neuronpedia_id=None,
+                  model_name=str(cfg["model_name"]) if cfg.get("model_name") else None, stated_l0=float(k),
                   centred=False, W_enc=_tensor(tensors, "encoder.weight", path).T,
                   b_enc=_tensor(tensors, "encoder.bias", path), sparsify_transcoder=transcode)
 

@@ -117,7 +117,7 @@ function histogram(r, div) {
   var h = r.histogram, lo = h.findIndex(function (n) { return n > 0; }), hi = h.length - 1;
   while (hi > 0 && h[hi] === 0) hi--;
   var x = [], y = [];
-  for (var j = Math.max(lo, 0); lo >= 0 && j <= hi; j++) {
+  for (var j = lo; j <= hi; j++) {  // a firing feature's (a dead one has no plot: show)
     // bin j is [edges[j], edges[j + 1]) (edges: 0 first, null for infinity last; docs/commands/features.md)
     x.push(j === 0 ? "(0, " + num(D.edges[1], 3) + ")" : "[" + num(D.edges[j], 3) + ", " +
       (D.edges[j + 1] === null ? "\u221e" : num(D.edges[j + 1], 3)) + ")");
@@ -129,8 +129,7 @@ function histogram(r, div) {
                 width: Math.max(320, Math.min(640, div.clientWidth || 640)),  // the panel's width: no page scroll
                 margin: {l: 60, r: 20, t: 30, b: 80},  // automargin: room for the last slanted bin label
                 xaxis: {title: {text: "activation (log-spaced bins)"}, automargin: true},
-                yaxis: {title: {text: "tokens"}, automargin: true},
-                title: {text: lo < 0 ? "never fires" : "", font: {size: 12}}}, D.config);
+                yaxis: {title: {text: "tokens"}, automargin: true}}, D.config);
 }
 // The explanation and its scores: detection and fuzzing (balanced accuracy, F1), its own and the control's.
 function explanation(e) {
@@ -180,12 +179,18 @@ function show(f) {
   // puts the page's top there instead, the title and controls in view (the panel starts beside the list)
   h.style.scrollMarginTop = (h.getBoundingClientRect().top + window.scrollY) + "px";
   if (expl[f]) panel.appendChild(explanation(expl[f]));
-  panel.appendChild(el("p", "fires at " + r.fires + " tokens (frequency " + num(r.frequency, 3) + "), mean " +
-    num(r.mean_activation) + ", max " + num(r.max_activation)));
-  var hist = el("div");
-  hist.id = "fx-hist";
-  panel.appendChild(hist);
-  histogram(r, hist);
+  if (r.fires === 0) {  // dead: nothing to draw, an empty plot said nothing (a new user's trial)
+    var never = el("p", "never fired on " + D.tokens.toLocaleString("en-US") + " tokens", "never");
+    never.id = "fx-never";
+    panel.appendChild(never);
+  } else {
+    panel.appendChild(el("p", "fires at " + r.fires + " tokens (frequency " + num(r.frequency, 3) + "), mean " +
+      num(r.mean_activation) + ", max " + num(r.max_activation)));
+    var hist = el("div");
+    hist.id = "fx-hist";
+    panel.appendChild(hist);
+    histogram(r, hist);
+  }
   panel.appendChild(el("h3", "top-activating contexts"));
   var top = el("div");
   top.id = "fx-top";

@@ -50,7 +50,8 @@ def page_data(data: dict[str, Any], explanations: list[dict[str, Any]] | None = 
     ``[feature, side (0 top, 1 bottom), rank, piece index, effect]``; every token's activation to 3 significant
     digits, a context's own and its interval's bounds to 4, effects to 6 (what the page shows), no ids; a feature's
     histogram without its trailing empty bins, its co-firing features as ``[feature, tokens]`` (the fraction is
-    tokens / fires). The script unpacks them. ``explanations``: ``explain``'s rows (output/views/explain.py
+    tokens / fires); ``tokens``, the corpus' (a dead feature's panel says it never fired on them). The script
+    unpacks them. ``explanations``: ``explain``'s rows (output/views/explain.py
     ``flat``: the explanation, its scores and its control's), as they are; without them the key is left out and the
     page is the page without explanations."""
     pieces: dict[str, int] = {}
@@ -77,7 +78,7 @@ def page_data(data: dict[str, Any], explanations: list[dict[str, Any]] | None = 
     rows = [{**r, "histogram": _trimmed(r["histogram"]),
              **({"cooccurring": [[c["feature"], c["tokens"]] for c in r["cooccurring"]]} if "cooccurring" in r else {})}
             for r in data["features"]]
-    out = {"edges": data["histogram_edges"], "features": rows, "pieces": list(pieces),
+    out = {"edges": data["histogram_edges"], "tokens": data["tokens"], "features": rows, "pieces": list(pieces),
            "windows": windows, "contexts": contexts, "logits": logits, "font": FONT, "config": CONFIG}
     if explanations:
         out["explanations"] = explanations

@@ -27,11 +27,10 @@ COST_COLUMNS = (Column("tokens", "tokens", "int"), Column("features", "features"
                 Column("bytes", "kept", "bytes"))
 
 
-def _snippet(ctx: dict[str, Any]) -> str:
-    toks = list(ctx["tokens"])
-    at = ctx["at"]
-    toks[at] = f"[{toks[at]}]"
-    return "".join(toks).replace("\n", "⏎")
+def _snippet(tokenizer: Any, ctx: dict[str, Any]) -> str:
+    """A context as one line of text, its token in brackets: the tokenizer's :meth:`line` (a character split over
+    tokens shown whole, its bracket around the character where the token holds part of it); newlines ``⏎``."""
+    return tokenizer.line(ctx["token_ids"], ctx["at"]).replace("\n", "⏎")
 
 
 def report(run: FeaturesRun) -> Report:
@@ -41,7 +40,8 @@ def report(run: FeaturesRun) -> Report:
     dictionary = {"path": str(sae.path), "format": sae.format, "architecture": sae.architecture,
                   "hook": sae.hook_name, "site": sae.site, "site_out": sae.site_out, "d_sae": sae.d_sae}
     if run.result is None:
-        only: dict[str, object] = {"model": run.model, "dictionary": dictionary, "estimate": run.cost}
+        only: dict[str, object] = {"model": run.model, "dictionary": dictionary, "estimate": run.cost,
+                                   "fit_report": run.plan.fit_report}
         return Report(data=only, sections=[Section(COST_COLUMNS, [run.cost], title="expected cost")],
                       heading=[f"features · {run.display or run.model} · {sae.path} (estimate only)"])
     from anatomy_cli.corpus.feature_summary import hist_edges
@@ -49,7 +49,7 @@ def report(run: FeaturesRun) -> Report:
     top = {}
     for c in run.contexts:
         if c["kind"] == "top" and c["rank"] == 0:
-            top[c["feature"]] = _snippet(c)
+            top[c["feature"]] = _snippet(run.lm.tokenizer, c)
     promoted: dict[int, list[str]] = {}
     for r in run.logits:
         if r["side"] == "top" and r["rank"] < 3:
@@ -64,7 +64,7 @@ def report(run: FeaturesRun) -> Report:
                             "logit_convention": LOGIT_CONVENTION,
                             "histogram_edges": [e if e != float("inf") else None for e in hist_edges()],
                             ROWS: run.rows, "contexts": run.contexts, "logit_effects": run.logits,
-                            "files": list(run.files)}
+                            "files": list(run.files), "fit_report": run.plan.fit_report}
     dead = sum(r["status"] == "dead" for r in run.rows)
     always = sum(r["status"] == "always-on" for r in run.rows)
     heading = [f"features · {model_label(run.lm)} · {sae.path} at {sae.hook_name} · {len(run.rows):,} features over "
