@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,27 @@ def pytest_collection_modifyitems(config, items):
     stray = [item.nodeid for item in items if "ray_cluster" in item.fixturenames and not on_ray(item.path.name)]
     if stray:  # the scheduler sees node ids only: it finds them by their module's name
         raise pytest.UsageError(f"tests on the session's Ray go in a tests/*{RAY_MODULES} module: {stray}")
+
+
+# Each xdist worker's time, for the line the summary ends with: the session's wall is the slower worker's, so the
+# two should finish together (SLOWEST_FIRST and the Ray work unit above are what evens them out).
+WORKER_CLOCK: dict[str, list[float]] = {}  # worker id -> [seconds in its tests, when its last report came]
+STARTED = time.time()  # this process's start, near enough (the controller's: the figures' zero)
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set on xdist's controller, for a worker's report
+    if node is not None:
+        clock = WORKER_CLOCK.setdefault(node.gateway.id, [0.0, 0.0])
+        clock[0] += report.duration
+        clock[1] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if WORKER_CLOCK:
+        terminalreporter.write_line("workers: " + ", ".join(
+            f"{wid} {busy:.0f} s in tests, last report at {last - STARTED:.0f} s"
+            for wid, (busy, last) in sorted(WORKER_CLOCK.items())))
 
 
 @pytest.hookimpl(optionalhook=True)
