@@ -63,6 +63,10 @@ SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_diff_real.py
 
 RAY_MODULES = "_ray.py"  # how the name of a module of tests on the session's Ray ends
 
+# Modules that use a slow session fixture go in one work unit with the first of them (the scheduler below), so that
+# one worker builds it: Gemma 3's load (gemma3_lm: 6-8 s) was made by both workers (the three modules that use it).
+WITH_MODULE = {"test_conventions.py": "test_gguf_load.py", "test_sae_normalized.py": "test_gguf_load.py"}
+
 
 def on_ray(module: str) -> bool:
     return module.endswith(RAY_MODULES)
@@ -109,15 +113,19 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadscope (pyproject), with the modules of the tests on the session's Ray (``*_ray.py``) as one work
-    unit: one worker starts Ray (``ray_cluster``) and runs them all; every other module goes as loadscope sends
-    it."""
+    unit: one worker starts Ray (``ray_cluster``) and runs them all; a module of WITH_MODULE goes with the module it
+    names; every other module goes as loadscope sends it."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class OneRay(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return RAY_MODULES if on_ray(nodeid.split("::")[0]) else super()._split_scope(nodeid)
+            module = nodeid.split("::")[0]
+            if on_ray(module):
+                return RAY_MODULES
+            folder, _, name = module.rpartition("/")
+            return f"{folder}/{WITH_MODULE[name]}" if name in WITH_MODULE else super()._split_scope(nodeid)
 
     return OneRay(config, log)
 
