@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,10 @@ SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_diff_real.py
 
 RAY_MODULES = "_ray.py"  # how the name of a module of tests on the session's Ray ends
 
+# Modules that use a slow session fixture go in one work unit with the first of them (the scheduler below), so that
+# one worker builds it: Gemma 3's load (gemma3_lm: 6-8 s) was made by both workers (the three modules that use it).
+WITH_MODULE = {"test_conventions.py": "test_gguf_load.py", "test_sae_normalized.py": "test_gguf_load.py"}
+
 
 def on_ray(module: str) -> bool:
     return module.endswith(RAY_MODULES)
@@ -84,18 +89,43 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests on the session's Ray go in a tests/*{RAY_MODULES} module: {stray}")
 
 
+# Each xdist worker's time, for the line the summary ends with: the session's wall is the slower worker's, so the
+# two should finish together (SLOWEST_FIRST and the Ray work unit above are what evens them out).
+WORKER_CLOCK: dict[str, list[float]] = {}  # worker id -> [seconds in its tests, when its last report came]
+STARTED = time.time()  # this process's start, near enough (the controller's: the figures' zero)
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set on xdist's controller, for a worker's report
+    if node is not None:
+        clock = WORKER_CLOCK.setdefault(node.gateway.id, [0.0, 0.0])
+        clock[0] += report.duration
+        clock[1] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if WORKER_CLOCK:
+        terminalreporter.write_line("workers: " + ", ".join(
+            f"{wid} {busy:.0f} s in tests, last report at {last - STARTED:.0f} s"
+            for wid, (busy, last) in sorted(WORKER_CLOCK.items())))
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadscope (pyproject), with the modules of the tests on the session's Ray (``*_ray.py``) as one work
-    unit: one worker starts Ray (``ray_cluster``) and runs them all; every other module goes as loadscope sends
-    it."""
+    unit: one worker starts Ray (``ray_cluster``) and runs them all; a module of WITH_MODULE goes with the module it
+    names; every other module goes as loadscope sends it."""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class OneRay(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return RAY_MODULES if on_ray(nodeid.split("::")[0]) else super()._split_scope(nodeid)
+            module = nodeid.split("::")[0]
+            if on_ray(module):
+                return RAY_MODULES
+            folder, _, name = module.rpartition("/")
+            return f"{folder}/{WITH_MODULE[name]}" if name in WITH_MODULE else super()._split_scope(nodeid)
 
     return OneRay(config, log)
 

@@ -272,14 +272,6 @@ def test_every_option_is_a_keyword_and_a_field(command, function, options):
     assert cli - spec == fields, (cli - spec) ^ fields
 
 
-def test_calling_generate_imports_no_typer(tiny_model_dir):
-    code = ("import sys, json, anatomy_cli as anatomy; "
-            f"anatomy.generate({str(tiny_model_dir('gpt2'))!r}, 'Hi', max_new_tokens=1); "
-            "print(json.dumps([x for x in ('typer', 'rich') if x in sys.modules]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
-
-
 def test_a_tasks_warning_reaches_stderr_from_the_api(tiny_model_dir, capsys):
     # the API installs the stderr sink as the CLI does: --bos on a prompt that starts with BOS is said, not swallowed
     lm = anatomy.load(str(tiny_model_dir("gpt2")))

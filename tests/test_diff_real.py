@@ -81,6 +81,23 @@ def _numpy_rows(path_a: Path, path_b: Path, layers: set) -> dict[tuple[int | Non
                 "max_abs_delta": sums[k + ("max",)][0]} for k, s in sums.items() if len(k) == 2}
 
 
+def _cached_numpy_rows(path_a: Path, path_b: Path, layers: set) -> dict[tuple[int | None, str], dict[str, float]]:
+    """:func:`_numpy_rows`, computed once per machine (gguf's numpy dequantization: ~5-12 CPU s) and read back after:
+    keyed by both files' digests, its own source, the gguf and numpy versions and the layers."""
+    import hashlib
+    import inspect
+    from importlib.metadata import version
+
+    from conftest import cached_value
+
+    from anatomy_cli.models.identity import file_sha256
+
+    recipe = hashlib.sha256(inspect.getsource(_numpy_rows).encode()).hexdigest()[:16]
+    key = (f"diff-numpy-{file_sha256(path_a)[:16]}-{file_sha256(path_b)[:16]}-{recipe}-gguf{version('gguf')}"
+           f"-numpy{np.__version__}-layers{'.'.join(sorted(map(str, layers)))}")
+    return cached_value(key, lambda: _numpy_rows(path_a, path_b, layers))
+
+
 def test_gguf_against_its_weights_saved_by_save_pretrained_is_zero(smollm2_reader, smollm2_dir):
     from anatomy_cli.analyses import diff
 
@@ -99,7 +116,7 @@ def test_requantized_copy_small_nonzero_and_equal_to_numpy(smollm2_gguf, smollm2
     with diff.open_weights(str(smollm2_q8)) as q8:
         result = diff.diff_weights(smollm2_reader, q8)
     layers = {0, 11, 23, 29, None}  # numpy on every tensor would double the test's time; these cover each kind
-    reference = _numpy_rows(smollm2_gguf, smollm2_q8, layers)
+    reference = _cached_numpy_rows(smollm2_gguf, smollm2_q8, layers)
     assert {(r.layer, r.component) for r in result.rows if r.layer in layers} == set(reference)
     assert len(result.rows) == 30 * 3 + 2
     for row in result.rows:

@@ -77,36 +77,45 @@ def test_truncated_safetensors_header_is_one_line(tiny_model_dir, tmp_path):
     assert result.stderr.startswith(f"error: {weights}: ")
 
 
-def _no_torch(args: list[str], env: dict) -> str:
+def _no_torch(runs: list[list[str]], env: dict) -> list[str]:
+    """Each of ``runs`` (a command's arguments) invoked in turn in one fresh interpreter: each one's stdout, and
+    after it whether torch or transformers had been imported by then (``NO TORCH``/``TORCH``). One interpreter
+    for all: a module imported once stays in ``sys.modules``, so the last run's ``NO TORCH`` covers the runs
+    before it (a fresh interpreter each cost a second)."""
     code = ("import sys; from typer.testing import CliRunner; from anatomy_cli.cli.main import app\n"
-            f"r = CliRunner().invoke(app, {args!r})\n"
-            "assert r.exit_code == 0, r.stderr\n"
-            "print(r.stdout, end='')\n"
-            "print('TORCH' if 'torch' in sys.modules or 'transformers' in sys.modules else 'NO TORCH')\n")
+            f"for args in {runs!r}:\n"
+            "    r = CliRunner().invoke(app, args)\n"
+            "    assert r.exit_code == 0, r.stderr\n"
+            "    print(r.stdout, end='')\n"
+            "    print('TORCH' if 'torch' in sys.modules or 'transformers' in sys.modules else 'NO TORCH')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    outs = proc.stdout.splitlines(keepends=True)
+    ends = [i for i, line in enumerate(outs) if line in ("TORCH\n", "NO TORCH\n")]
+    assert len(ends) == len(runs), proc.stdout
+    return ["".join(outs[start + 1 if start >= 0 else 0:end + 1]) for start, end in zip([-1, *ends], ends)]
 
 
-def test_headers_and_cache_hits_import_no_torch(tiny_model_dir, tmp_path):
+def test_headers_and_cache_hits_import_no_torch(tiny_model_dir, tmp_path, monkeypatch):
     env = {**os.environ, "ANATOMY_CACHE_DIR": str(tmp_path / "cache")}
-    out = _no_torch(["params", str(tiny_model_dir("llama")), "--format", "json"], env)
-    assert out.endswith("NO TORCH\n") and json.loads(out.rsplit("\n", 2)[0])["total"] == models.expected_params("llama")
-    # Presets answer from the counts shipped with the package; a config-only directory of the same shape is
-    # counted on the meta device once, then cached.
-    preset = _no_torch(["params", "gpt2-medium", "--format", "json"], env)
-    assert preset.endswith("NO TORCH\n")
+    # A config-only directory of gpt2-medium's shape is counted on the meta device once (here: it imports torch,
+    # as this process has), then cached; in a fresh interpreter, the headers, the presets (the counts shipped with
+    # the package) and that cache hit import neither torch nor transformers.
     cfg = tmp_path / "gpt2-medium-config"
     cfg.mkdir()
     (cfg / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
                                                  "n_embd": 1024, "n_layer": 24, "n_head": 16, "vocab_size": 50257,
                                                  "n_positions": 1024}))
-    first = _no_torch(["params", str(cfg), "--format", "json"], env)
-    assert first.endswith("\nTORCH\n")  # counted on the meta device, then cached
+    monkeypatch.setenv("ANATOMY_CACHE_DIR", env["ANATOMY_CACHE_DIR"])
+    first = _json(str(cfg))
+    assert first["read_from"] == "meta"  # counted on the meta device, then cached
     assert list((tmp_path / "cache" / "params").glob("*.pickle"))
-    again = _no_torch(["params", str(cfg), "--format", "json"], env)
-    assert again.endswith("NO TORCH\n")
-    assert json.loads(again.rsplit("\n", 2)[0]) == json.loads(first.rsplit("\n", 2)[0])
+    header, preset, again = _no_torch([["params", str(tiny_model_dir("llama")), "--format", "json"],
+                                       ["params", "gpt2-medium", "--format", "json"],
+                                       ["params", str(cfg), "--format", "json"]], env)
+    assert again.endswith("NO TORCH\n")  # and so after the two before it
+    assert json.loads(header.rsplit("\n", 2)[0])["total"] == models.expected_params("llama")
+    assert json.loads(again.rsplit("\n", 2)[0]) == first
     assert json.loads(again.rsplit("\n", 2)[0])["total"] == 354_823_168
     assert json.loads(preset.rsplit("\n", 2)[0])["total"] == 354_823_168
 

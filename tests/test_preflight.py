@@ -82,16 +82,28 @@ def test_what_it_cannot_read_exactly_is_left_to_the_full_load(tiny_model_dir, tm
     assert config.num_hidden_layers == 3 and getattr(config, "max_position_embeddings", None) is None
 
 
-def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    code = ("import sys\nfrom anatomy_cli.cli.main import app\n"
-            "code = app(sys.argv[1:], standalone_mode=False)\n"
-            "print('exit', code, 'torch' in sys.modules, file=sys.stderr)\n")
+def _run(runs: list[list[str]], tmp_path: Path) -> list[list[str]]:
+    """Each of ``runs`` (a command's arguments) in turn in one fresh interpreter: each one's stderr lines, the last
+    ``exit CODE TORCH`` (whether torch had been imported by then). One interpreter for all (one each cost ~1 s): a
+    module imported stays imported, so the last run's ``False`` covers the runs before it."""
+    code = ("import json, sys\nfrom anatomy_cli.cli.main import app\n"
+            "for args in json.loads(sys.argv[1]):\n"
+            "    code = app(args, standalone_mode=False)\n"
+            "    print('exit', code, 'torch' in sys.modules, file=sys.stderr)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "ANATOMY_CACHE_DIR": str(tmp_path),
            "ANATOMY_SERVER": str(tmp_path / "no-server.sock")}
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines, each = done.stderr.splitlines(), []
+    for _ in runs:
+        end = next(i for i, line in enumerate(lines) if line.startswith("exit "))
+        each.append(lines[:end + 1])
+        lines = lines[end + 1:]
+    return each
 
 
-@pytest.mark.parametrize(("args", "message"), [
+USAGE_ERRORS = [
     (["trace", "x y z", "--position", "99"], "--position 99 is out of range: the prompt has 3 tokens"),
     (["patch", "a b c", "a b", "--target", " much"], "CLEAN and CORRUPT must have the same number of tokens"),
     (["next", "hi", "--target", "much more"], "--target 'much more' is 2 tokens"),
@@ -99,23 +111,28 @@ def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     (["dla", "hi", "--target", " much", "--position", "5"], "--position 5 is out of range"),
     (["attn", "hi", "--layer", "7"], "--layer 7 is out of range"),
     (["ablate", "hi", "--target", " much", "--layer", "5"], "--layer 5 is out of range"),
-])
-def test_usage_errors_exit_2_without_importing_torch(args, message, tiny_model_dir, tmp_path):
-    done = _run([*args, "--model", str(tiny_model_dir("gpt2"))], tmp_path)
-    lines = done.stderr.splitlines()
-    assert lines[0].startswith(f"error: {message}"), done.stderr
-    assert lines[-1] == "exit 2 False"
+]
 
 
-def test_a_preset_with_random_weights_too(tmp_path):
-    done = _run(["trace", "x y z", "--position", "99", "--init", "random"], tmp_path)
-    assert done.stderr.splitlines()[-1] == "exit 2 False", done.stderr
+def test_usage_errors_exit_2_without_importing_torch(tiny_model_dir, tmp_path):
+    """Each command's usage error, and a preset with random weights too, in one interpreter: none imports torch."""
+    model = ["--model", str(tiny_model_dir("gpt2"))]
+    each = _run([*([*args, *model] for args, _ in USAGE_ERRORS),
+                 ["trace", "x y z", "--position", "99", "--init", "random"]], tmp_path)
+    for (args, message), lines in zip(USAGE_ERRORS, each):
+        assert lines[0].startswith(f"error: {message}"), (args, lines)
+        assert lines[-1].startswith("exit 2 "), (args, lines)
+    assert each[-1][-1] == "exit 2 False", each  # and so for every run before it
 
 
-def test_a_good_command_prints_its_notes_once(tiny_model_dir, tmp_path):
-    done = _run(["next", "Thank you very", "--target", "much", "--top", "1", "--format", "tsv",
-                 "--model", str(tiny_model_dir("gpt2"))], tmp_path)
-    assert done.stderr.splitlines()[-1] == "exit 0 True", done.stderr
+def test_a_good_command_prints_its_notes_once(tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli.main import app
+
+    done = CliRunner().invoke(app, ["next", "Thank you very", "--target", "much", "--top", "1", "--format", "tsv",
+                                    "--model", str(tiny_model_dir("gpt2"))])
+    assert done.exit_code == 0, done.stderr
     assert done.stderr.count("note: --target 'much' is much (29482), with no leading space") == 1
 
 
