@@ -133,3 +133,18 @@ def test_train_counts_the_latents_its_own_forward_chose_and_the_clt_step_too():
     fired = torch.zeros(2, f, dtype=torch.bool)
     clt_fit.step(clt, sae_fit.adam(clt.parameters(), 1e-3), xs, xs, fired)
     assert torch.equal(fired, want)
+
+
+@pytest.mark.parametrize(("n", "k", "ties"), [(1024, 16, False), (1024, 16, True), (1000, 8, False), (40, 5, True)])
+def test_largest_gives_torch_topks_values_at_indices_holding_them(n, k, ties):
+    """1024 columns, k 16: two levels of maxima (256, 64); 1000: one (250 does not divide by 4); 40: topk itself.
+    With ties (integer values) the indices may name other tied columns, never the same column twice."""
+    gen = torch.Generator().manual_seed(3)
+    pre = torch.randint(0, 6, (64, n), generator=gen).float() if ties else torch.randn(64, n, generator=gen)
+    values, indices = sparse_topk.largest(pre, k)
+    want = pre.topk(k, dim=-1).values
+    assert torch.equal(values.sort(-1, descending=True).values, want)
+    assert torch.equal(pre.gather(1, indices), values)
+    assert torch.equal(indices.sort(-1).values.diff(dim=-1) > 0, torch.ones(64, k - 1, dtype=torch.bool))
+    if not ties:
+        assert torch.equal(indices.sort(-1).values, pre.topk(k, dim=-1).indices.sort(-1).values)
