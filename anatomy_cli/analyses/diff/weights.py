@@ -30,6 +30,7 @@ from anatomy_cli.analyses.params.rules import LAYER_CATEGORIES
 from anatomy_cli.analyses.params.rules import classify
 from anatomy_cli.analyses.params.rules import family_for
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.tensors import open_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -246,7 +247,5 @@ def open_weights(spec: str, *, trust_remote_code: bool = False, header: Header |
     """A :class:`~anatomy_cli.models.tensors.TensorReader` for a ``--model`` spec (a directory, a .gguf file,
     a cached Hub id); ``header`` (:func:`.headers.read_header`) when already read. Raises what resolving and
     reading the config raise, and CheckpointError for a source without weight files."""
-    from anatomy_cli.models.tensors import open_tensors
-
     header = header or read_header(spec, trust_remote_code=trust_remote_code)
     return open_tensors(header.source, header.config)
