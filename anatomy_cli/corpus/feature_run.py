@@ -21,6 +21,7 @@ import numpy as np
 from anatomy_cli import engine
 from anatomy_cli.corpus.feature_batch import add_batch
 from anatomy_cli.corpus.feature_sums import FeatureSums
+from anatomy_cli.corpus.ray_run import run_on_ray
 from anatomy_cli.corpus.runner import Result
 from anatomy_cli.corpus.runner import _Tracker
 from anatomy_cli.corpus.runner import merge_in_order
@@ -156,8 +157,6 @@ def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer
 
     todo = track.counted(shard for shard in plan(source, tokenizer, settings) if shard.index not in parts)  # type: ignore[arg-type]
     if ray is not None:
-        from anatomy_cli.corpus.ray_run import run_on_ray
-
         run_on_ray(todo, spec, settings, finished, crash_once=crash_once, worker=FeatureWorker, **ray)
     else:
         worker = FeatureWorker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, sae_file=sae_file,
