@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+import yaml
+from safetensors import safe_open
+
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import before_gain
 from anatomy_cli.models.sites import CT_MLP_OUT
@@ -102,8 +105,6 @@ def _site(name: str, what: str) -> Site:
 def _config(root: Path) -> dict[str, Any]:
     for name in ("config.yaml", "config.yml"):
         if (root / name).is_file():
-            import yaml  # type: ignore[import-untyped]  # transformers' dependency
-
             try:
                 data = yaml.safe_load((root / name).read_text())
             except yaml.YAMLError as e:
@@ -124,8 +125,6 @@ def _config(root: Path) -> dict[str, Any]:
 
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="numpy") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -274,8 +273,6 @@ def load_array(ts: TranscoderSet, layer: int, name: str) -> np.ndarray | None:
     """One array of layer ``layer`` (circuit-tracer's name and orientation: ``W_skip`` is ``[d, d]``), read
     alone from the file (the others are not read), or None when the file has none. SAELens / sparsify folders:
     read through their own reader (the whole layer, once)."""
-    from safetensors import safe_open
-
     if ts.sae_format is not None:  # read whole by its reader; a set without a skip needs no read for W_skip
         if name == "W_skip" and not ts.skip_bytes:
             return None
@@ -295,7 +292,6 @@ def read_decoder(ts: TranscoderSet, layer: int, ids: Iterable[int]) -> np.ndarra
     """Rows ``ids`` (sorted, distinct) of a cross-layer transcoder's ``W_dec_{layer}``: ``[k, L - layer, d]``
     (numpy), each run of consecutive ids one slice of the file."""
     import numpy as np
-    from safetensors import safe_open
 
     rows = [int(i) for i in ids]
     with safe_open(str(ts.decoders[layer]), framework="numpy") as f:
