@@ -23,6 +23,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.models.resolve import resolve
+from anatomy_cli.models.sae.fit_report import held_out_fve
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -162,7 +163,6 @@ def weak_note(dictionary: Path) -> None:
     a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule)."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
-    from anatomy_cli.models.sae.fit_report import held_out_fve
 
     found = held_out_fve(dictionary)
     if found is not None and too_weak(found[0]):
