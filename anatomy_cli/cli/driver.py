@@ -38,6 +38,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import resolve_format
 from anatomy_cli.output.views import driven as views
 from anatomy_cli.tasks import driven
+from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -59,8 +60,6 @@ def parameter(arg: Arg) -> inspect.Parameter:
 def read(takes: Inputs, given: dict[str, Any]) -> dict[str, Any]:
     """The arguments as the task reads them: a prompts argument as its list of texts (stdin's non-empty lines for
     ``-``; ``[]`` when an optional one is left out)."""
-    from anatomy_cli.text.inputs import read_prompts
-
     return {a.name: ([] if given[a.name] is None else read_prompts(given[a.name])) if a.prompts else given[a.name]
             for a in takes.arguments}
 

@@ -16,7 +16,9 @@ from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import emit
+from anatomy_cli.output.views import corpus as view
 from anatomy_cli.tasks import corpus as task
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -68,8 +70,6 @@ def corpus_command(
         anatomy corpus docs/ --lens logit --lens jacobian:lens.pt --lens tuned:tuned/
         anatomy corpus docs/ --model ./my-moe --experts --out run2
     """
-    from anatomy_cli.output.views import corpus as view
-
     if no_lens:
         if context.params.get("lens"):  # as typed: the options hold the lenses it stands for
             raise UsageError("--no-lens skips every lens: give it or --lens, not both")
@@ -77,7 +77,6 @@ def corpus_command(
     run = task.measure(source, spec, opts)
     emit(view.report(run), fmt)
     if plot:
-        from anatomy_cli.output import plots
         from anatomy_cli.output.plots import corpus as picture
 
         args, kwargs = view.figure(run)

@@ -18,7 +18,10 @@ from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.spec import ModelSpec
+from anatomy_cli.output import plots
+from anatomy_cli.output.views import diff as view
 from anatomy_cli.tasks import diff as task
+from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -74,9 +77,6 @@ def diff_command(
 
 def _weights(a: str, b: str, trust_remote_code: bool, opts: task.DiffOptions, plot: Path | None,
              fmt: Format | None) -> None:
-    from anatomy_cli.output import plots
-    from anatomy_cli.output.views import diff as view
-
     result = task.run_weights(a, b, trust_remote_code)
     if plot:
         from anatomy_cli.output.plots import diff as picture
@@ -88,10 +88,6 @@ def _weights(a: str, b: str, trust_remote_code: bool, opts: task.DiffOptions, pl
 
 def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: PromptOptions,
                  opts: task.DiffOptions, plot: Path | None, fmt: Format | None) -> None:
-    from anatomy_cli.output import plots
-    from anatomy_cli.output.views import diff as view
-    from anatomy_cli.text.inputs import read_prompts
-
     # Before either model's weights: the shape of the question, and B reads the prompts as A does.
     opened_a, opened_b, encoded, encoded_b = task.open_pair(spec_a, spec_b, read_prompts(prompt), options)
     plan = task.check(opened_a, opened_b, encoded, encoded_b, opts)

@@ -22,6 +22,7 @@ from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
+from anatomy_cli.output.views import fit_lens as view
 from anatomy_cli.tasks import fit_lens as task
 from anatomy_cli.text.options import PromptOptions
 
@@ -70,8 +71,6 @@ def fit_lens_command(
         anatomy fit-lens merge part1.pt part2.pt --out lens.pt
         anatomy fit-lens tuned --model smollm2 --corpus docs/ --tokens 100000 --ctx 512 --out smollm2-tuned
     """
-    from anatomy_cli.output.views import fit_lens as view
-
     if kind == "merge":
         if prompts_file is not None:
             raise UsageError("fit-lens merge reads lens files, not prompts: drop --prompts")

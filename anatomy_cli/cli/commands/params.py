@@ -6,11 +6,17 @@ from typing import Annotated
 
 import typer
 
+from anatomy_cli.analyses import params as analysis
+from anatomy_cli.analyses.params import ATTENTION
+from anatomy_cli.analyses.params import LABELS
+from anatomy_cli.analyses.params import LAYER_CATEGORIES
+from anatomy_cli.analyses.params import NORM
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import TrustRemoteCodeOpt
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.models.resolve import short_name
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
@@ -59,9 +65,6 @@ def params_command(
         anatomy params llama-7b --max-memory 0=8GiB,cpu=16GiB --dtype fp16
     """
     plot, fmt = out.plot, out.fmt
-    from anatomy_cli.analyses import params as analysis
-    from anatomy_cli.output import plots
-
     budget = analysis.parse_max_memory(opts.max_memory) if opts.max_memory is not None else None
     result = analysis.analyse(model, dtype=opts.dtype.value if opts.dtype else None, per_layer=opts.per_layer,
                               trust_remote_code=trust_remote_code, max_memory=budget)
@@ -139,11 +142,6 @@ def _disk_cells(data, rows) -> dict:
 
 
 def _per_layer_section(result, lead, tail, total_row):
-    from anatomy_cli.analyses.params import ATTENTION
-    from anatomy_cli.analyses.params import LABELS
-    from anatomy_cli.analyses.params import LAYER_CATEGORIES
-    from anatomy_cli.analyses.params import NORM
-
     present = {c for lr in result.layers for c, n in lr.parameters.items() if n}
     cats = [c for c in LAYER_CATEGORIES if c in present or c in (ATTENTION, NORM)]
     stacks = {lr.name.rsplit(".", 1)[0] for lr in result.layers}

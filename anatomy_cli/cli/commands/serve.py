@@ -22,7 +22,9 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
 from anatomy_cli.output.render import human_bytes
 from anatomy_cli.serve import client
+from anatomy_cli.serve import lifecycle
 from anatomy_cli.serve import protocol
+from anatomy_cli.serve.server import Server
 from anatomy_cli.tasks import serve as task
 from anatomy_cli.tasks.notes import cancellable
 
@@ -58,8 +60,6 @@ def serve_command(
         anatomy serve --cancel 3               # job 3 of serve --status
         anatomy serve --stop
     """
-    from anatomy_cli.serve import lifecycle
-
     path = opts.socket.expanduser() if opts.socket else protocol.socket_path()[0]
     if ids and not opts.cancel:
         raise UsageError("job ids are for --cancel: `anatomy serve --cancel ID`")
@@ -96,8 +96,6 @@ serve_command.__doc__ = (serve_command.__doc__ or "").replace("NOT_FORWARDED", "
 
 
 def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_minutes: float) -> None:
-    from anatomy_cli.serve import lifecycle
-
     argv = ["serve", "--socket", str(path), "--idle-timeout", repr(idle_minutes)]
     argv += [] if max_memory_gb is None else ["--max-memory-gb", repr(max_memory_gb)]
     argv += [a for m in models for a in ("--model", str(Path(m).expanduser().resolve()) if Path(m).expanduser()
@@ -113,8 +111,6 @@ def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_min
 
 
 def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minutes: float) -> None:
-    from anatomy_cli.serve.server import Server
-
     # The server's log is the real stderr: while a request runs, sys.stderr is that client's.
     server = Server(path, commands=click_command, max_bytes=max_bytes, idle_timeout=idle_minutes * 60,
                     cancellable=cancellable)

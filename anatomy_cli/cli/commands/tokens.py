@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from anatomy_cli.analyses import tokens as analysis
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import AllowSpecialOpt
 from anatomy_cli.cli.options import BosOpt
@@ -17,6 +18,7 @@ from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import tokens as task
+from anatomy_cli.text.inputs import read_text_arg
 
 _COLUMNS = (
     Column("index", "#", "int"),
@@ -57,9 +59,6 @@ def tokens(
 
         printf 'line one\\nline two' | anatomy tokens - --encoding cl100k_base
     """
-    from anatomy_cli.analyses import tokens as analysis
-    from anatomy_cli.text.inputs import read_text_arg
-
     if opts.model is None and bos is not None:
         raise UsageError("--bos and --no-bos apply to a model's tokenizer (--model); tiktoken adds no BOS")
     source = read_text_arg(text)
