@@ -37,8 +37,8 @@ from typing import TypeVar
 
 import typer
 
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
-from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
@@ -141,6 +141,7 @@ def draw_each(command: str, plot: Path | None, prompt: str | None,
     ``figure(...) -> (args, kwargs)``; nothing without ``plot`` (the figures are not computed then)."""
     if not plot:
         return
+    plots = when_run("output.plots")
 
     for i, (args, kwargs) in enumerate(figures, start=1):
         plots.draw(command, plot, i if prompt == "-" else None, *args, **kwargs)

@@ -13,12 +13,11 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output import plots
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import emit_jsonl
 from anatomy_cli.output.render import resolve_format
-from anatomy_cli.output.views import generate as view
 from anatomy_cli.tasks import generate as task
 from anatomy_cli.text.options import PromptOptions
 
@@ -53,6 +52,8 @@ def generate_command(
         anatomy generate "I think that" --steer happy.safetensors --coef -2,-1,0,1,2 --plot sweep.png
         anatomy generate "I think that" --steer-feature 123 --sae sae_dir/ --coef 4
     """
+    view = when_run("output.views.generate")
+
     if plot:
         task.check_plot(opts)
     opened, encoded = open_prompts(prompt, spec, prompts)
@@ -61,6 +62,8 @@ def generate_command(
     outs = task.run(lm, encoded, opts, plan)
     reports = [view.report(lm, enc, out, opts, plan) for enc, out in zip(encoded, outs)]
     if plot:
+        plots = when_run("output.plots")
+
         for index, (enc, out) in enumerate(zip(encoded, outs), start=1):
             args, kwargs = view.figure(lm, enc, out, opts, plan)
             plots.draw("generate", plot, index if prompt == "-" else None, *args, **kwargs)

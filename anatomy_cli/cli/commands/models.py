@@ -9,10 +9,10 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.analyses import inventory as analysis
 from anatomy_cli.cli.app import info
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models import defaults
 from anatomy_cli.models.resolve import check_path
 from anatomy_cli.output.render import Column
@@ -59,6 +59,7 @@ def models(
     if opts.default is not None:
         _set_default(opts.default)
         return
+    analysis = when_run("analyses.inventory")
 
     result = analysis.inventory(list(directories or []), hf=opts.hf_cache)
     data = result.to_dict()

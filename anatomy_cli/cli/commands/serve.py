@@ -14,6 +14,7 @@ from anatomy_cli.cli.app import click_command
 from anatomy_cli.cli.app import info
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column
@@ -22,9 +23,7 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
 from anatomy_cli.output.render import human_bytes
 from anatomy_cli.serve import client
-from anatomy_cli.serve import lifecycle
 from anatomy_cli.serve import protocol
-from anatomy_cli.serve.server import Server
 from anatomy_cli.tasks import serve as task
 from anatomy_cli.tasks.notes import cancellable
 
@@ -60,6 +59,8 @@ def serve_command(
         anatomy serve --cancel 3               # job 3 of serve --status
         anatomy serve --stop
     """
+    lifecycle = when_run("serve.lifecycle")
+
     path = opts.socket.expanduser() if opts.socket else protocol.socket_path()[0]
     if ids and not opts.cancel:
         raise UsageError("job ids are for --cancel: `anatomy serve --cancel ID`")
@@ -96,6 +97,8 @@ serve_command.__doc__ = (serve_command.__doc__ or "").replace("NOT_FORWARDED", "
 
 
 def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_minutes: float) -> None:
+    lifecycle = when_run("serve.lifecycle")
+
     argv = ["serve", "--socket", str(path), "--idle-timeout", repr(idle_minutes)]
     argv += [] if max_memory_gb is None else ["--max-memory-gb", repr(max_memory_gb)]
     argv += [a for m in models for a in ("--model", str(Path(m).expanduser().resolve()) if Path(m).expanduser()
@@ -111,6 +114,8 @@ def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_min
 
 
 def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minutes: float) -> None:
+    Server = when_run("serve.server").Server
+
     # The server's log is the real stderr: while a request runs, sys.stderr is that client's.
     server = Server(path, commands=click_command, max_bytes=max_bytes, idle_timeout=idle_minutes * 60,
                     cancellable=cancellable)

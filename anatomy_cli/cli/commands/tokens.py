@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from anatomy_cli.analyses import tokens as analysis
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import AllowSpecialOpt
 from anatomy_cli.cli.options import BosOpt
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -59,6 +59,8 @@ def tokens(
 
         printf 'line one\\nline two' | anatomy tokens - --encoding cl100k_base
     """
+    analysis = when_run("analyses.tokens")
+
     if opts.model is None and bos is not None:
         raise UsageError("--bos and --no-bos apply to a model's tokenizer (--model); tiktoken adds no BOS")
     source = read_text_arg(text)

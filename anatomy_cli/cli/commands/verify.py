@@ -18,13 +18,12 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models.spec import ModelSpec
-from anatomy_cli.output import plots
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import emit
 from anatomy_cli.output.render import resolve_format
-from anatomy_cli.output.views import verify as view
 from anatomy_cli.tasks import verify as task
 from anatomy_cli.text.options import PromptOptions
 
@@ -75,6 +74,8 @@ def verify_command(
         anatomy verify --init random --against transformers
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy verify --prompts - --quick
     """
+    view = when_run("output.views.verify")
+
     given = _read_prompts(prompts_file)
     opts = dataclasses.replace(opts, prompt=tuple(given) if given else None)
     opened, encoded = open_texts(opts.texts, spec, prompts)
@@ -89,6 +90,8 @@ def verify_command(
     summary = not detail and resolve_format(fmt) is Format.table
     emit(view.report(lm, result, encoded, plan, summary=summary), fmt)
     if plot:
+        plots = when_run("output.plots")
+
         args, kwargs = view.figure(lm, result, encoded)
         plots.draw("verify", plot, None, *args, **kwargs)
     failed = task.failure(result)
