@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 import torch
-import yaml
 
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.checkpoint import atomic_write
@@ -363,6 +362,7 @@ def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str
     ``W_enc_{l}.safetensors`` (``W_enc_l``, ``b_enc_l``, ``b_dec_l``, ``threshold_l``), ``W_dec_{l}.safetensors``
     (``W_dec_l [F, L − l, d]``) and ``config.yaml`` (``model_kind: cross_layer_transcoder``, the hooks, ``scan``).
     Every file written beside itself and renamed."""
+    import yaml  # type: ignore[import-untyped]  # transformers' dependency
     from safetensors.torch import save_file
 
 

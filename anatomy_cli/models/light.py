@@ -16,12 +16,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tokenizers import AddedToken
-from tokenizers import Tokenizer
-from tokenizers import decoders
-from tokenizers import models
-from tokenizers import pre_tokenizers
-
 from anatomy_cli.data import GPT2_SPECIAL
 from anatomy_cli.data import gpt2_merges
 from anatomy_cli.data import gpt2_vocab
@@ -68,6 +62,7 @@ def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, di
     if special.get("tokenizer_class") not in TOKENIZER_CLASSES:
         return None
     special = {**(_json(root / "special_tokens_map.json") or {}), **special}
+    from tokenizers import Tokenizer
 
     try:
         backend = Tokenizer.from_file(str(root / "tokenizer.json"))
@@ -94,6 +89,12 @@ def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, object]] |
     if any(in_cache(repo, f) for repo in GPT2_HUB_IDS for f in ("tokenizer.json", "tokenizer_config.json",
                                                                  "vocab.json")):
         return None
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
+
     backend = Tokenizer(models.BPE(vocab=dict(gpt2_vocab()), merges=gpt2_merges()))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     # tokenizers' stub gives the ByteLevel decoder no keywords; its constructor takes (and serializes) the

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-import yaml
 from safetensors import safe_open
 
 from anatomy_cli.errors import UsageError
@@ -105,6 +104,8 @@ def _site(name: str, what: str) -> Site:
 def _config(root: Path) -> dict[str, Any]:
     for name in ("config.yaml", "config.yml"):
         if (root / name).is_file():
+            import yaml  # type: ignore[import-untyped]  # transformers' dependency
+
             try:
                 data = yaml.safe_load((root / name).read_text())
             except yaml.YAMLError as e:

@@ -17,17 +17,16 @@ from typing import Any
 from anatomy_cli.corpus.ray_run import ray_module
 from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.declare.shared import ShardRun
-from anatomy_cli.engine.opening import open_exact
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import lens_choice
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._corpus_status import CorpusStatus
 from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.tasks.notes import status
@@ -190,6 +189,8 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
 
 def _run(run: Callable[..., Result], src: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer,
          lm: LoadedModel | None, identity: dict[str, object], opts: CorpusOptions) -> Result:
+    CorpusStatus = when_run("tasks._corpus_status").CorpusStatus
+
     with status("corpus: planning the first shard") as line:
         progress = CorpusStatus(line, opts.max_tokens)
         try:
@@ -211,6 +212,8 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, Ope
         lm = load_weights(opened)
         return lm, opened, lm.tokenizer, plan
     if opened.light:
+        open_exact = when_run("engine.opening").open_exact
+
         return None, opened, open_exact(spec).tokenizer, plan
     return None, opened, opened.tokenizer, plan
 

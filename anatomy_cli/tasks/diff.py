@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
-from anatomy_cli.engine.loader import release_memory
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -108,6 +108,8 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
     """``(label_a, lm_b, results)``: A loaded, run and freed, then B; one ActivationDiff per prompt.
     ``label_a``: A's display label (its weights are gone); ``lm_b``: B's LoadedModel."""
     from anatomy_cli.analyses import diff as analysis
+    release_memory = when_run("engine.loader").release_memory
+
     lm = load_weights(opened_a)
     with notes.status(f"running {opened_a.name}"):
         kept_a = analysis.keep(lm, encoded, opts.position, batch_size=opts.batch_size)

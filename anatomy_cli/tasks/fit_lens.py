@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.corpus.ray_run import ray_module
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import _jacobian_run
-from anatomy_cli.tasks import _tuned_fit
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions as FitLensOptions
 from anatomy_cli.tasks._fit_lens_options import FitLensPlan as FitLensPlan
 from anatomy_cli.tasks._jacobian_run import JacobianFit as JacobianFit  # re-exported: the views' result types
@@ -48,6 +48,8 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
 
     if opts.kind == "tuned":
+        _tuned_fit = when_run("tasks._tuned_fit")
+
         return _tuned_fit.check(opened, opts)
 
     require(opened.info, Need.decoder, command=f"{COMMAND} {opts.kind}")
@@ -79,6 +81,8 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan
     Raises UsageError when no prompt is long enough."""
     with nullcontext() if opts.ray else busy_threads(f"{COMMAND} {opts.kind}"):  # --ray: the workers fit
         if opts.kind == "tuned":
+            _tuned_fit = when_run("tasks._tuned_fit")
+
             assert isinstance(plan, _tuned_fit.TunedPlan)  # check() planned a tuned fit
             return _tuned_fit.run(lm, opts, plan)
 

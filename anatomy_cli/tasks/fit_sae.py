@@ -24,14 +24,13 @@ from typing import TypedDict
 from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.corpus.windows import token_stream
 from anatomy_cli.corpus.windows import windows
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.engine import estimate as timing
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
-from anatomy_cli.tasks import _fit_clt
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._fit_clt import fit_clt
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
 from anatomy_cli.tasks._fit_sae_block import fit_block
@@ -147,6 +146,7 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     at once, one SAE with Adam's state and a batch's latents at a time); ``--clt``: the CLT's training and check
     (:func:`anatomy_cli.tasks._fit_clt.probe`)."""
     from anatomy_cli.engine import sae_fit
+    _fit_clt = when_run("tasks._fit_clt")
 
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
@@ -209,6 +209,8 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
                                                      progress=line.counter("collecting activations", "windows"))))
     collect_seconds = time.perf_counter() - start
     if opts.clt:
+        fit_clt = when_run("tasks._fit_clt").fit_clt
+
         made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
     else:
         made = per_layer(lm, opts, plan, acts, timings)

@@ -15,6 +15,7 @@ from typing import cast
 
 from anatomy_cli import engine
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
@@ -25,7 +26,6 @@ from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import TargetFields
-from anatomy_cli.tasks._lens_check import read_check
 from anatomy_cli.tasks.session import describe
 from anatomy_cli.tasks.session import warn_cost
 from anatomy_cli.text import targets
@@ -185,6 +185,8 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPl
             grid = replace(grid, lens=fitted.kind, lens_source=str(fitted.path), unfitted=plan.unfitted)
         grids.append(grid.select(plan.rows))
     if fitted is not None:
+        read_check = when_run("tasks._lens_check").read_check
+
         with notes.status("checking the fitted lens against the logit lens"):
             read_check(lm, fitted, [cache.residual_stream() for cache in caches])
     return grids

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli import engine
-from anatomy_cli.analyses import lens_eval as analysis
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import cost
@@ -199,6 +199,8 @@ def readout(enc: Encoded, name: str) -> int:
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: LensEvalPlan) -> LensEval:
     """``encoded``: :attr:`LensEvalOptions.prompts`, encoded. Ranks every intermediate under every lens."""
+    analysis = when_run("analyses.lens_eval")
+
     for fitted in plan.fitted:
         if fitted is not None:
             check_unembed_hash(lm, fitted)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from typing import Optional
 
 from anatomy_cli import engine
-from anatomy_cli.analyses import params as params_analysis
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
@@ -116,6 +116,8 @@ def analyse(lm: LoadedModel, enc: Encoded, sections: set[str], *, model: str, k:
     out = Anatomy(lm=lm, enc=enc)
     name_token = describe(lm)
     try:
+        params_analysis = when_run("analyses.params")
+
         out.params = params_analysis.analyse(model)
     except Exception:
         out.params = None

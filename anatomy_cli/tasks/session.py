@@ -20,13 +20,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli import engine
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.engine.estimate import now
-from anatomy_cli.engine.loader import current_loader
 from anatomy_cli.engine.threads import machine_threads
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models import cost
-from anatomy_cli.models import light
 from anatomy_cli.models.sites import parse_blocks
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
@@ -52,7 +52,7 @@ def open_model(spec: ModelSpec) -> OpenedModel:
     Raises the engine's opening errors (ModelNotFound, OfflineError, CheckpointError, UnsupportedArchitecture).
     """
     with notes.status(f"opening {spec.model}"):
-        return current_loader().open(spec)
+        return engine.current_loader().open(spec)
 
 
 def open_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOptions()
@@ -66,6 +66,8 @@ def check_blocks_early(spec: ModelSpec, text: str, option: str, **parse: Any) ->
     """``option``'s blocks (``text``, :func:`anatomy_cli.models.sites.parse_blocks` with ``parse``) against the
     block count a GGUF file's header states, before the model opens (the open imports torch: seconds): a block out
     of range is refused at once, with the message the task's own check gives once the model is open."""
+    light = when_run("models.light")
+
     n = light.block_count(spec.model)
     if n is not None:
         parse_blocks(text, n, option, **parse)
@@ -118,7 +120,7 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
 
     start = now()
     with notes.status(f"loading {opened.name}"):
-        lm = current_loader().load_weights(opened)
+        lm = engine.current_loader().load_weights(opened)
     lm.load_seconds = now() - start  # the fits' estimates count it (engine/estimate.py)
     if opened.spec.device_map is not None:
         notes.info(placement_line(lm))

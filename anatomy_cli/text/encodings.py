@@ -17,9 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import tiktoken
-from tiktoken_ext.openai_public import r50k_pat_str
-
 from anatomy_cli.data import GPT2_SPECIAL
 from anatomy_cli.data import gpt2_ranks
 from anatomy_cli.errors import AnatomyError
@@ -36,6 +33,8 @@ DOCS = "docs/commands/tokens.md#offline"
 
 def encoding_names() -> list[str]:
     """Names of the tiktoken encodings installed (``gpt2``, ``cl100k_base``, ...)."""
+    import tiktoken
+
     return tiktoken.list_encoding_names()
 
 
@@ -60,6 +59,8 @@ def load_encoding(name: str) -> tiktoken.Encoding:
     non-gpt2 encoding's file is neither cached nor downloadable (naming the file and its
     cache name); AnatomyError when a downloaded file fails tiktoken's hash check.
     """
+    import tiktoken
+
     names = encoding_names()
     if name not in names:
         raise UsageError(f"unknown tiktoken encoding '{name}'; available: {', '.join(names)}")
@@ -91,6 +92,8 @@ def gpt2_encoding() -> tiktoken.Encoding:
     is written to the cache, byte for byte the published one (its sha256 is checked), when
     the cache is writable.
     """
+    import tiktoken
+
     cache = cache_dir()
     target = cache / cache_name(R50K_URL) if cache is not None else None
     try:
@@ -98,6 +101,7 @@ def gpt2_encoding() -> tiktoken.Encoding:
             return tiktoken.get_encoding("r50k_base")
     except (OSError, ValueError):
         pass
+    from tiktoken_ext.openai_public import r50k_pat_str
 
     ranks = gpt2_ranks()
     if target is not None:
