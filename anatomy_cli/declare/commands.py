@@ -163,13 +163,13 @@ def docs_index() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    print(docs_index(), end="")
-
-
 def when_run(module: str) -> ModuleType:
     """``anatomy_cli.<module>``, a part only a command's run needs (its view, run phase, analysis, server or
     pictures), imported when the command runs. `anatomy --help` imports every command's declaration (its task and
     CLI modules) to list it, and nothing the commands run: this is the one import at that boundary. An import inside
     a function elsewhere is at a heavy library (torch, transformers, matplotlib ...; tests/test_lazy_imports.py)."""
     return importlib.import_module(f"anatomy_cli.{module}")
+
+
+if __name__ == "__main__":
+    print(docs_index(), end="")
