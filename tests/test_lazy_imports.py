@@ -1,9 +1,9 @@
 """Lazy imports only at the heavy boundaries (issue 59 item 7): an import inside a function must name a module that
 pulls a heavy library when imported; every other import sits at the top of its module, where a reader sees it.
 
-"Heavy", by a static rule (no subprocess, no import): a library in HEAVY, or a module of the package that imports one
-at its top level, itself or through the package's modules it imports at the top level (their packages' __init__
-included), transitively. `if TYPE_CHECKING:` blocks are not imports; a class body is top level. A name the engine's
+"Heavy", by a static rule (no subprocess, no import): the import pulls a library in HEAVY that its own module does not
+pull already; a module pulls a library it imports at its top level, itself or through the package's modules it imports
+at the top level (their packages' __init__ included), transitively. `if TYPE_CHECKING:` blocks are not imports; a class body is top level. A name the engine's
 lazy package resolves on first use (``from anatomy_cli.engine import load``) is the module its ``_EXPORTS`` names.
 What only a command's run needs goes through ``anatomy_cli.declare.commands.when_run`` instead (`--help` lists every
 command without importing it). CONTRIBUTING.md, "Imports".
@@ -34,10 +34,6 @@ HEAVY = ("torch", "transformers", "matplotlib", "plotly", "ray", "llama_cpp", "p
          "circuit_tracer")
 
 _INDENTED_IMPORT = re.compile(r"^[ \t]+(?:import|from)\s", re.M)
-
-
-def _heavy_library(name: str) -> bool:
-    return any(name == h or name.startswith(h + ".") for h in HEAVY)
 
 
 @cache
@@ -119,27 +115,23 @@ def _imported(name: str) -> tuple[set[str], set[str]]:
     return own, libraries
 
 
-_heavy: dict[str, bool] = {}
-
-
-def heavy_module(name: str) -> bool:
-    """True when importing module ``name`` imports a heavy library (the rule above). Stops at the first one found."""
-    if name in _heavy:
-        return _heavy[name]
-    seen, todo = {name}, [name]
+@cache
+def pulls(name: str) -> frozenset[str]:
+    """The HEAVY libraries importing module ``name`` imports (the rule above)."""
+    seen, todo, found = {name}, [name], set()
     while todo:
         own, libraries = _imported(todo.pop())
-        if any(map(_heavy_library, libraries)) or any(_heavy.get(m) for m in own):
-            _heavy[name] = True
-            return True
-        todo += [m for m in own - seen if _heavy.get(m) is None]
+        found |= {h for h in HEAVY for lib in libraries if lib == h or lib.startswith(h + ".")}
+        todo += own - seen
         seen |= own
-    _heavy.update(dict.fromkeys(seen, False))  # all it reaches is light too
-    return False
+    return frozenset(found)
 
 
 def is_heavy(name: str, node: ast.Import | ast.ImportFrom) -> bool:
-    return any(heavy_module(t) if t in modules() else _heavy_library(t) for t in targets(name, node))
+    """True when the import pulls a heavy library that module ``name`` does not already import at its top."""
+    pulled = [pulls(t) if t in modules() else {h for h in HEAVY if t == h or t.startswith(h + ".")}
+              for t in targets(name, node)]
+    return bool(frozenset().union(*pulled) - pulls(name))
 
 
 def in_function_imports() -> list[tuple[str, ast.Import | ast.ImportFrom]]:
@@ -156,13 +148,14 @@ def light_lazy_imports() -> list[str]:
 
 
 def test_the_rule_reads_the_package():
-    assert heavy_module("anatomy_cli.engine.loading")  # torch at its top
-    assert not heavy_module("anatomy_cli.errors")
-    assert not heavy_module("anatomy_cli.engine")  # a lazy package: `engine.load` imports torch on first use
+    assert "torch" in pulls("anatomy_cli.engine.loading")  # at its top
+    assert pulls("anatomy_cli.errors") == frozenset()
+    assert pulls("anatomy_cli.engine") == frozenset()  # a lazy package: `engine.load` imports torch on first use
     code = ("from anatomy_cli.engine import load", "from anatomy_cli import engine", "import json",
             "from safetensors.torch import save_file", "from . import sites")
     heavy = [is_heavy("anatomy_cli.models.info", ast.parse(line).body[0]) for line in code]
     assert heavy == [True, False, False, True, False]
+    assert not is_heavy("anatomy_cli.engine.loading", ast.parse("import torch").body[0])  # torch there already
 
 
 def test_imports_inside_functions_are_heavy_boundaries():

@@ -33,6 +33,7 @@ from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import batches
 from anatomy_cli.corpus.worker import crash_if_marked
 from anatomy_cli.declare.shared import OnRay
+from anatomy_cli.models.ct_block import read_dictionary as read
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -88,7 +89,6 @@ class FeatureWorker:
     def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
                  sae_file: SAEFile | None = None, crash_once: tuple[str, int] | None = None):
         from anatomy_cli.engine.sae import Dictionary
-        from anatomy_cli.models.ct_block import read_dictionary as read
 
         self.settings = FeatureSettings(**{**settings, "features": tuple(settings["features"])})
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))

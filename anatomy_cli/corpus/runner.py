@@ -20,6 +20,7 @@ from typing import Any
 from typing import Protocol
 from typing import TypeVar
 
+from anatomy_cli.corpus.activations import ActivationStore
 from anatomy_cli.corpus.partial import Partial
 from anatomy_cli.corpus.ray_run import run_on_ray
 from anatomy_cli.corpus.sources import Source
@@ -125,8 +126,6 @@ def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Toke
         store.open(model_identity(spec, tokenizer, settings.fitted), identity or source.identity(), settings.to_dict(),
                    overwrite=overwrite)
     if settings.save_activations:
-        from anatomy_cli.corpus.activations import ActivationStore
-
         if out is None or ray is not None:
             raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
         acts = ActivationStore(out, settings, overwrite=overwrite)

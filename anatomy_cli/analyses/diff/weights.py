@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+import torch
+
 from anatomy_cli.analyses.diff.headers import read_header
 from anatomy_cli.analyses.params.rules import CATEGORIES
 from anatomy_cli.analyses.params.rules import HEAD
@@ -73,8 +75,6 @@ class Sums:
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> Sums:
     """The :class:`Sums` of two torch tensors of one shape, in float64, chunk by chunk."""
-    import torch
-
     fa, fb = a.reshape(-1), b.reshape(-1)
     total = Sums()
     for start in range(0, fa.numel(), _CHUNK):
