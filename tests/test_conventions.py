@@ -144,7 +144,7 @@ def test_gemma_bos_default_gives_a_sensible_continuation(gemma_lm):
 
 
 def test_gemma_commands_say_which_bos_applied(gemma_lm, monkeypatch, fixed_load):
-    from anatomy_cli.models import model_files
+    from anatomy_cli.analyses import tokens as tokens_analysis
 
     fixed_load(gemma_lm)  # the module's model, not a second 80-second load
     data = run_json("next", PROMPT, "-m", gemma_lm.name, "--k", "1")
@@ -153,7 +153,7 @@ def test_gemma_commands_say_which_bos_applied(gemma_lm, monkeypatch, fixed_load)
     assert data["model"] == gemma_lm.name  # the path; the heading has the short name
     assert table("next", PROMPT, "-m", gemma_lm.name).startswith("next · gemma-3-270m-Q4_K_M (weights dequantized from ")
     # tokens --model reads the BOS convention from the file's metadata, and shows the ids next ran
-    monkeypatch.setattr(model_files, "load_tokenizer", lambda source, **kw: gemma_lm.tokenizer.hf)
+    monkeypatch.setattr(tokens_analysis, "load_tokenizer", lambda source, **kw: gemma_lm.tokenizer.hf)
     toks = run_json("tokens", PROMPT, "--model", gemma_lm.name)
     assert [t["token_id"] for t in toks["tokens"]] == data["token_ids"] and toks["tokens"][0]["token"] == "<bos>"
 

@@ -110,7 +110,7 @@ def test_a_wrong_site_is_one_line_before_the_weights_load(tiny_model_dir, tmp_pa
     def no_weights(*a, **k):
         raise AssertionError("the weights were loaded")
 
-    monkeypatch.setattr("anatomy_cli.tasks.session.load_weights", no_weights)
+    monkeypatch.setattr("anatomy_cli.tasks.corpus.load_weights", no_weights)
     model, src = tiny_model_dir("gpt2"), _source(tmp_path)
     base = ["corpus", src, "--model", model, "--out", tmp_path / "o", "--save-activations"]
     res = invoke(*base, "blocks.9.hook_resid_post")

@@ -176,9 +176,9 @@ def test_tsv_sections_and_a_run_without_experts_has_none(tiny_model_dir, tmp_pat
 
 
 def test_a_dense_model_is_refused_in_one_line_before_weights_load(tiny_model_dir, tmp_path, monkeypatch):
-    import anatomy_cli.tasks.session as session
+    import anatomy_cli.tasks.corpus as corpus_task
 
-    monkeypatch.setattr(session, "load_weights", lambda *_a, **_k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(corpus_task, "load_weights", lambda *_a, **_k: pytest.fail("weights loaded"))
     res = invoke("corpus", _source(tmp_path), "--model", tiny_model_dir("llama"), "--experts")
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]

@@ -389,10 +389,10 @@ def test_an_explainer_that_loops_is_cut_after_the_first_copy(made, tmp_path, mon
                  "features command again with --delphi added"),
 ])
 def test_bad_input_is_one_line_before_any_model_loads(made, tmp_path, monkeypatch, case, match):
-    import anatomy_cli.tasks.session as session
+    import anatomy_cli.tasks._explain_run as explain_run
 
     _, _, feats, latents, chat = made
-    monkeypatch.setattr(session, "load_weights", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    monkeypatch.setattr(explain_run, "load_weights", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     args = {"plain dir": (tmp_path, "--explainer", chat),
             "zero": (feats, "--delphi", latents, "--explainer", chat, "--max-features", 0),
             "unknown model": (feats, "--delphi", latents, "--explainer", tmp_path / "no-such-model"),

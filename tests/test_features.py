@@ -264,10 +264,10 @@ def test_the_dictionary_s_files_are_read_once(setup, tmp_path, monkeypatch):
                                             (b"good text\n\xff\xfe bad\n", "is not valid UTF-8 (line 2")])
 def test_an_empty_or_broken_corpus_is_refused_before_the_model_loads(setup, tmp_path, monkeypatch, content, match):
     from anatomy_cli.engine import loader
-    from anatomy_cli.tasks import session
+    from anatomy_cli.tasks import _features_run
 
     monkeypatch.setattr(loader.DIRECT, "load_weights", lambda opened: pytest.fail("the weights were loaded"))
-    monkeypatch.setattr(session, "open_model", lambda *a, **k: pytest.fail("the model was opened"))
+    monkeypatch.setattr(_features_run, "open_model", lambda *a, **k: pytest.fail("the model was opened"))
     model, sae, _, _ = setup
     bad = tmp_path / "corpus.txt"
     bad.write_bytes(content)

@@ -26,10 +26,16 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch):
+    from anatomy_cli.engine import clt_fit
     from anatomy_cli.engine import estimate
+    from anatomy_cli.engine import sae_fit
+    from anatomy_cli.tasks import _jacobian_run
+    from anatomy_cli.tasks import _tuned_fit
+    from anatomy_cli.tasks import session
 
     fake = FakeClock()
-    monkeypatch.setattr(estimate, "now", fake)
+    for module in (estimate, clt_fit, sae_fit, _jacobian_run, _tuned_fit, session):  # where `now` is read
+        monkeypatch.setattr(module, "now", fake)
     return fake
 
 
@@ -37,6 +43,7 @@ def clock(monkeypatch):
 def slow_check(monkeypatch, clock):
     """A lens's held-out check costs one fake second per token of the text it is run on."""
     from anatomy_cli.analyses import lens_check
+    from anatomy_cli.tasks import _lens_check
 
     real = lens_check.compare
 
@@ -44,7 +51,7 @@ def slow_check(monkeypatch, clock):
         clock.t += resid.shape[1]
         return real(resid, lens, unembed)
 
-    monkeypatch.setattr(lens_check, "compare", compare)
+    monkeypatch.setattr(_lens_check, "compare", compare)  # where the fits read it
 
 
 def _phases_match(timings: dict) -> None:

@@ -48,7 +48,7 @@ def test_the_api_on_ray_opens_the_model_only_and_adds_shards_in_order(tiny_lm, t
     """`fit_lens(name, ..., ray=True)` without a Ray: the runner replaced by one that builds the workers here and
     finishes the shards last to first; the sums are added in shard order and equal the in-process fit."""
     pytest.importorskip("ray")
-    from anatomy_cli.corpus import ray_run
+    from anatomy_cli.tasks import _jacobian_ray
 
     lm = tiny_lm("llama")
     seen = []
@@ -59,7 +59,7 @@ def test_the_api_on_ray_opens_the_model_only_and_adds_shards_in_order(tiny_lm, t
             seen.append(shard.index)
             finished(shard, actor.run(shard))
 
-    monkeypatch.setattr(ray_run, "run_on_ray", here)
+    monkeypatch.setattr(_jacobian_ray, "run_on_ray", here)  # where the Jacobian fit reads it
     kw = dict(skip_first=4, dim_batch=8, dtype="fp32", source_layers=[0])
     r = api.fit_lens(str(tiny_model_dir("llama")), "jacobian", TEXTS, out=tmp_path / "ray.pt", ray=True, workers=1,
                      **kw)
@@ -73,7 +73,7 @@ def test_the_api_on_ray_opens_the_model_only_and_adds_shards_in_order(tiny_lm, t
 def _ray_here(monkeypatch, lm, seen, stop_after=None):
     """``run_on_ray`` replaced by one that builds the worker here and finishes the shards last to first;
     ``stop_after``: a KeyboardInterrupt (the driver killed) once that many shards have finished."""
-    from anatomy_cli.corpus import ray_run
+    from anatomy_cli.tasks import _jacobian_ray
 
     def here(shards, spec, settings, finished, *, worker, workers, **kwargs):
         actor = worker(spec.to_dict(), settings, lm=lm)
@@ -83,7 +83,7 @@ def _ray_here(monkeypatch, lm, seen, stop_after=None):
             seen.append(shard.index)
             finished(shard, actor.run(shard))
 
-    monkeypatch.setattr(ray_run, "run_on_ray", here)
+    monkeypatch.setattr(_jacobian_ray, "run_on_ray", here)  # where the Jacobian fit reads it
 
 
 def test_a_ray_fit_checkpoints_each_finished_prompt_and_resumes_in_either_way(tiny_lm, tiny_model_dir, tmp_path,

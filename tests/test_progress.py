@@ -70,12 +70,12 @@ def test_cost_rule():
 
 
 def test_diff_of_two_families_reads_no_tensor(tiny_model_dir, monkeypatch):
-    from anatomy_cli.models import tensors
+    from anatomy_cli.analyses.diff import weights
 
     def no(*args, **kwargs):
         raise AssertionError("a tensor reader was opened")
 
-    monkeypatch.setattr(tensors, "open_tensors", no)
+    monkeypatch.setattr(weights, "open_tensors", no)  # where diff reads it
     result = invoke(["diff", tiny_model_dir("gpt2"), tiny_model_dir("llama")])
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1

@@ -278,6 +278,8 @@ def test_gpt2_preset_tokenizer_offline(empty_hf_cache):
 def test_tokens_and_the_engine_share_one_tokenizer_loader(monkeypatch, tiny_model_dir):
 
     from anatomy_cli import engine
+    from anatomy_cli.analyses import tokens as tokens_analysis
+    from anatomy_cli.engine import opening
     from anatomy_cli.models import model_files
 
 
@@ -288,7 +290,8 @@ def test_tokens_and_the_engine_share_one_tokenizer_loader(monkeypatch, tiny_mode
         seen.append((source.kind, source.ref))
         return real(source, **kw)
 
-    monkeypatch.setattr(model_files, "load_tokenizer", spy)
+    for module in (tokens_analysis, opening):  # where `tokens` and the engine read it
+        monkeypatch.setattr(module, "load_tokenizer", spy)
     d = str(tiny_model_dir("gpt2"))
     assert _json(["Thank you very", "--model", d])["tokens"][0]["token_id"] == 10449
     assert engine.load(d, device="cpu").tokenizer.encode(["Thank you very"])[0].ids == [10449, 345, 845]

@@ -10,6 +10,7 @@ add_generation_prompt=True)``). Standard library only.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -63,8 +64,6 @@ def activation_line(tokens: Sequence[str], activations: Sequence[float], normali
 def normalized(activations: Sequence[float], max_activation: float, eps: float = 1e-6) -> list[float]:
     """delphi's ``samplers.normalize_activations``: ``ceil(a * 10 / max)`` clamped to 0..10, ``max`` the
     feature's largest activation (at least ``eps``)."""
-    import math
-
     top = max(max_activation, eps)
     return [float(min(10, max(0, math.ceil(a * 10 / top)))) for a in activations]
 

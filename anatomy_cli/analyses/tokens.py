@@ -17,16 +17,20 @@ This is also what Hugging Face byte-level tokenizers report as offsets.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import adapters
+from anatomy_cli.models.model_files import load_tokenizer
+from anatomy_cli.models.resolve import in_cache
 from anatomy_cli.models.resolve import resolve
 from anatomy_cli.text.display import is_partial
 from anatomy_cli.text.display import token_display
@@ -171,8 +175,6 @@ def _load_hf(model: str) -> tuple[Any, bool, bool | None]:
     """``(tokenizer, decoder, add_bos)``: the tokenizer of ``model``, whether the model is a decoder (its
     config.json's model_type; a GGUF file, a preset or a tokenizer without a config: yes), and the BOS
     convention a GGUF file's metadata states (``tokenizer.ggml.add_bos_token``; else None: the tokenizer's)."""
-    from anatomy_cli.models.model_files import load_tokenizer
-
     source = resolve(model, need="tokenizer")
     add_bos = None
     if source.kind == "gguf":
@@ -183,10 +185,6 @@ def _load_hf(model: str) -> tuple[Any, bool, bool | None]:
 
 
 def _is_decoder(source: Source) -> bool:
-    import json
-    from pathlib import Path
-
-    from anatomy_cli.models.resolve import in_cache
 
     if source.kind not in ("dir", "hub"):
         return True

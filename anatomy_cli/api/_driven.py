@@ -10,7 +10,6 @@ on first use (PEP 562) and kept. No torch at import time; nothing from cli/.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
 from anatomy_cli.declare.commands import COMMANDS
 from anatomy_cli.declare.commands import Command
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.inputs import REQUIRED
 from anatomy_cli.tasks import driven
 from anatomy_cli.text.options import PromptOptions
@@ -52,7 +52,7 @@ def function(rec: Command) -> Callable[..., One]:
         given = sig.bind(*args, **kwargs)
         given.apply_defaults()
         values = dict(given.arguments)
-        view = importlib.import_module(f"anatomy_cli.output.views.{rec.view}")
+        view = when_run(f"output.views.{rec.view}")
         arguments = {a.name: values[a.name] for a in driven.takes(task).arguments}
         return run_prompts(task, view, values["model"], arguments, values["opts"], values["prompts"])
 

@@ -11,6 +11,7 @@ from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
+from anatomy_cli.output.views import generate as generate_view
 from anatomy_cli.output.views import steer as view
 from anatomy_cli.tasks import generate as generate_task
 from anatomy_cli.tasks import steer as steer_task
@@ -27,8 +28,6 @@ def generate(model: Model, prompt: str | list[str], opts: generate_task.Generate
     decoder row), adds ``coef`` times it at every position; a list of coefficients is a sweep. ``result``:
     Continuation (rows: ``steps``) or, for a sweep, Sweep (rows: ``sweep``). ``lens``: True (the logit lens),
     ``"tuned:DIR"`` or ``"jacobian:FILE"``. ``plot()`` draws the sweep or, with ``lens``, the block x step grid."""
-    from anatomy_cli.output.views import generate as view
-
     texts, single = texts_of(prompt)
     first = opened(model)
     encoded = encode(first, texts, prompts)
@@ -36,9 +35,9 @@ def generate(model: Model, prompt: str | list[str], opts: generate_task.Generate
     lm = weights(first)
     out = []
     for enc, done in zip(encoded, generate_task.run(lm, encoded, opts, plan)):
-        args, kwargs = view.figure(lm, enc, done, opts, plan) if view.drawable(opts) else ((), {})
-        out.append(Result(generate_task.COMMAND, done.result, view.report(lm, enc, done, opts, plan).data,
-                          view.rows_key(opts), args, kwargs))
+        args, kwargs = generate_view.figure(lm, enc, done, opts, plan) if generate_view.drawable(opts) else ((), {})
+        out.append(Result(generate_task.COMMAND, done.result, generate_view.report(lm, enc, done, opts, plan).data,
+                          generate_view.rows_key(opts), args, kwargs))
     return out[0] if single else out
 
 

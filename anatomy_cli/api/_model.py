@@ -14,6 +14,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.sink import STDERR
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.session import encode as session_encode
+from anatomy_cli.tasks.session import load_weights
 from anatomy_cli.tasks.session import texts_of as session_texts_of
 from anatomy_cli.text import targets
 from anatomy_cli.text.options import PromptOptions
@@ -67,8 +68,6 @@ def opened(model: Model) -> OpenedModel | LoadedModel:
 def weights(model: OpenedModel | LoadedModel) -> LoadedModel:
     """The second phase: ``model`` (what :func:`opened` returned) itself when it is loaded, else its weights
     (:func:`anatomy_cli.tasks.session.load_weights`)."""
-    from anatomy_cli.tasks.session import load_weights
-
     return load_weights(model) if isinstance(model, OpenedModel) else model
 
 

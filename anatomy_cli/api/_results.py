@@ -11,6 +11,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.errors import AnatomyError
 from anatomy_cli.output import plots
 
 
@@ -49,8 +50,6 @@ class Result:
         try:
             import pandas as pd  # type: ignore[import-untyped, unused-ignore]
         except ImportError:  # pragma: no cover - depends on the environment
-            from anatomy_cli.errors import AnatomyError
-
             raise AnatomyError("to_pandas() needs pandas: pip install pandas") from None
         return _numeric(pd.DataFrame(self.rows))
 

@@ -14,6 +14,7 @@ from anatomy_cli.api._model import load
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._results import Result
+from anatomy_cli.output.views import verify as view
 from anatomy_cli.tasks import verify as task
 from anatomy_cli.text.options import PromptOptions
 
@@ -29,8 +30,6 @@ def verify(model: Model, prompt: str | list[str] | None = None, opts: task.Verif
     ``prompt``: the prompts to check on (default the command's four; the CLI's ``--prompts FILE``); ``against``:
     ``transformers``, ``llama.cpp`` or ``all``. Failing checks do not raise: ``result.passed`` and
     ``to_dict()["failed"]`` say which. ``result``: Verification; rows: ``sections`` (each with its ``checks``)."""
-    from anatomy_cli.output.views import verify as view
-
     opts = dataclasses.replace(opts, prompt=None if prompt is None else tuple(texts_of(prompt)[0]))
     lm = loaded(model)
     encoded = encode(lm, opts.texts, prompts)

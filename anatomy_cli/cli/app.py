@@ -39,6 +39,8 @@ else:
 
 import difflib
 
+from typer.main import get_command
+
 from anatomy_cli import __version__
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import quiet_broken_pipe
@@ -353,6 +355,4 @@ def click_command() -> Command:
     """The app as one click command, with every command registered by then: the registry that
     `anatomy serve` runs forwarded command lines on (handed to :class:`anatomy_cli.serve.server.Server`,
     which imports no CLI module)."""
-    from typer.main import get_command
-
     return get_command(app)

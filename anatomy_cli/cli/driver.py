@@ -13,7 +13,6 @@ weights), ``check``, load the weights, ``run``, then each result's picture and r
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Annotated
 from typing import Any
@@ -31,6 +30,7 @@ from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.declare.commands import Command
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.inputs import REQUIRED
 from anatomy_cli.declare.inputs import Arg
 from anatomy_cli.declare.inputs import Inputs
@@ -38,13 +38,14 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import resolve_format
 from anatomy_cli.output.views import driven as views
 from anatomy_cli.tasks import driven
+from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
 
 
 def draws(rec: Command) -> bool:
     """True when the command's view draws a picture (``figure``): the command has ``--plot``. Imports the view
     (no torch, no plotting library)."""
-    return hasattr(importlib.import_module(f"anatomy_cli.output.views.{rec.view}"), "figure")
+    return hasattr(when_run(f"output.views.{rec.view}"), "figure")
 
 
 def parameter(arg: Arg) -> inspect.Parameter:
@@ -59,8 +60,6 @@ def parameter(arg: Arg) -> inspect.Parameter:
 def read(takes: Inputs, given: dict[str, Any]) -> dict[str, Any]:
     """The arguments as the task reads them: a prompts argument as its list of texts (stdin's non-empty lines for
     ``-``; ``[]`` when an optional one is left out)."""
-    from anatomy_cli.text.inputs import read_prompts
-
     return {a.name: ([] if given[a.name] is None else read_prompts(given[a.name])) if a.prompts else given[a.name]
             for a in takes.arguments}
 
@@ -72,7 +71,7 @@ def register(rec: Command) -> None:
 
     def prompt_command(opts: Any = None, spec: ModelSpec = ModelSpec(), prompts: PromptOptions = PromptOptions(),
                        out: Output = Output(), **given: Any) -> None:
-        view = importlib.import_module(f"anatomy_cli.output.views.{rec.view}")
+        view = when_run(f"output.views.{rec.view}")
         stdin = any(a.prompts and given[a.name] == "-" for a in takes.arguments)
         opts, texts = driven.texts(task, opts, read(takes, given))
         opened, encoded = (open_texts(texts, spec, prompts, what=takes.what, truncate_hint=takes.truncate) if texts

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 
 from anatomy_cli.errors import quiet_broken_pipe
+from anatomy_cli.serve.client import NO_SERVER
+from anatomy_cli.serve.client import forward
 
 
 def main() -> None:
@@ -32,9 +34,6 @@ def _run(argv: list[str]) -> int | None:
     if bad is not None:  # before the server: its protocol is JSON (UTF-8), and in-process text must be too
         print(f"error: {bad}", file=sys.stderr)
         return 2
-    from anatomy_cli.serve.client import NO_SERVER
-    from anatomy_cli.serve.client import forward
-
     code = forward(argv)
     if code is not None:
         return code

@@ -26,7 +26,9 @@ from typing import cast
 import typer
 
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.defaults import default_model as user_default
 from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format
@@ -67,8 +69,6 @@ def _model_exists(value: str | None) -> str | None:
 def default_model() -> str:
     """``--model``'s default, resolved when a command runs: ``ANATOMY_MODEL``, else the stored
     ``anatomy models --default``, else gpt2 (:mod:`anatomy_cli.models.defaults`). The one place it is read."""
-    from anatomy_cli.models.defaults import default_model as user_default
-
     return user_default()
 
 
@@ -122,9 +122,7 @@ OffloadFolderOpt = Annotated[
 
 def _plot_path(value: Path | None) -> Path | None:
     # Checked while the options are parsed: a bad suffix or directory fails before any model loads.
-    from anatomy_cli.output.plots import check_path
-
-    return check_path(value)
+    return when_run("output.plots").check_path(value)
 
 
 # Pictures (anatomy_cli.output.plots): the suffix and the directory are checked by plots.check_path.
@@ -145,13 +143,12 @@ def html_plot(command: str, help: str, *, in_out: bool = False) -> Any:
     command creates: a folder that does not exist yet is left to the command (``plots.check_path(..., made=)``)."""
 
     def check(value: Path | None) -> Path | None:
-        from anatomy_cli.output.plots import check_path
-        from anatomy_cli.output.plots import is_html
+        plots = when_run("output.plots")
 
-        if value is not None and not is_html(value):
+        if value is not None and not plots.is_html(value):
             got = f"not '{value.suffix}'" if value.suffix else "no suffix"
             raise UsageError(f"--plot {str(value)!r}: {command} draws an interactive page: give a .html file ({got})")
-        return check_path(value, made=value.parent if in_out and value is not None else None)
+        return plots.check_path(value, made=value.parent if in_out and value is not None else None)
 
     return typer.Option("--plot", metavar="FILE.html", show_default=False, callback=check, help=help)
 

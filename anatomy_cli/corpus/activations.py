@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from safetensors import safe_open
+
 from anatomy_cli import engine
 from anatomy_cli.corpus.store import _atomic
 from anatomy_cli.corpus.windows import Shard
@@ -179,8 +181,6 @@ class ActivationStore:
 
     def check(self, index: int) -> str | None:
         """Why shard ``index``'s files cannot be used (missing, damaged), dropping its rows; None if all are whole."""
-        from safetensors import safe_open
-
         listed = {r["site"]: r for r in self.rows if r["shard"] == index}
         why = None
         for site in self.sites:

@@ -21,6 +21,7 @@ import numpy as np
 from anatomy_cli import engine
 from anatomy_cli.corpus.feature_batch import add_batch
 from anatomy_cli.corpus.feature_sums import FeatureSums
+from anatomy_cli.corpus.ray_run import run_on_ray
 from anatomy_cli.corpus.runner import Result
 from anatomy_cli.corpus.runner import _Tracker
 from anatomy_cli.corpus.runner import merge_in_order
@@ -32,6 +33,7 @@ from anatomy_cli.corpus.windows import Shard
 from anatomy_cli.corpus.windows import batches
 from anatomy_cli.corpus.worker import crash_if_marked
 from anatomy_cli.declare.shared import OnRay
+from anatomy_cli.models.ct_block import read_dictionary as read
 from anatomy_cli.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -87,7 +89,6 @@ class FeatureWorker:
     def __init__(self, spec: dict[str, Any], settings: dict[str, Any], *, lm: LoadedModel | None = None,
                  sae_file: SAEFile | None = None, crash_once: tuple[str, int] | None = None):
         from anatomy_cli.engine.sae import Dictionary
-        from anatomy_cli.models.ct_block import read_dictionary as read
 
         self.settings = FeatureSettings(**{**settings, "features": tuple(settings["features"])})
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
@@ -156,8 +157,6 @@ def run(source: Source, spec: ModelSpec, settings: FeatureSettings, *, tokenizer
 
     todo = track.counted(shard for shard in plan(source, tokenizer, settings) if shard.index not in parts)  # type: ignore[arg-type]
     if ray is not None:
-        from anatomy_cli.corpus.ray_run import run_on_ray
-
         run_on_ray(todo, spec, settings, finished, crash_once=crash_once, worker=FeatureWorker, **ray)
     else:
         worker = FeatureWorker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, sae_file=sae_file,

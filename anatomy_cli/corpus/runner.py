@@ -20,7 +20,9 @@ from typing import Any
 from typing import Protocol
 from typing import TypeVar
 
+from anatomy_cli.corpus.activations import ActivationStore
 from anatomy_cli.corpus.partial import Partial
+from anatomy_cli.corpus.ray_run import run_on_ray
 from anatomy_cli.corpus.sources import Source
 from anatomy_cli.corpus.store import Store
 from anatomy_cli.corpus.summary import summarize
@@ -99,8 +101,6 @@ def run(source: Source, spec: ModelSpec, settings: Settings, *, tokenizer: Token
     planned = acts.plan(source, tokenizer, settings) if acts is not None else plan(source, tokenizer, settings)
     todo = track.counted(shard for shard in planned if shard.index not in parts)
     if ray is not None:
-        from anatomy_cli.corpus.ray_run import run_on_ray
-
         run_on_ray(todo, spec, settings, track.finished, crash_once=crash_once, **ray)
     else:
         worker = Worker(spec.to_dict(), dataclasses.asdict(settings), lm=lm, crash_once=crash_once)
@@ -126,8 +126,6 @@ def _stores(source: Source, spec: ModelSpec, settings: Settings, tokenizer: Toke
         store.open(model_identity(spec, tokenizer, settings.fitted), identity or source.identity(), settings.to_dict(),
                    overwrite=overwrite)
     if settings.save_activations:
-        from anatomy_cli.corpus.activations import ActivationStore
-
         if out is None or ray is not None:
             raise UsageError("--save-activations needs --out DIR and runs in-process (not with --ray)")
         acts = ActivationStore(out, settings, overwrite=overwrite)

@@ -14,8 +14,10 @@ imports this before anything heavy).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from enum import Enum
+from types import ModuleType
 
 
 class Needs(str, Enum):
@@ -159,6 +161,14 @@ def docs_index() -> str:
         link = f"[{page}]({page})" if c.docs and c.docs.startswith("docs/commands/") else f"[{page}](../{page})"
         lines.append(f"| `{c.name}` | {c.needs.value} | {served} | {api} | {link} |")
     return "\n".join(lines) + "\n"
+
+
+def when_run(module: str) -> ModuleType:
+    """``anatomy_cli.<module>``, a part only a command's run needs (its view, run phase, analysis, server or
+    pictures), imported when the command runs. `anatomy --help` imports every command's declaration (its task and
+    CLI modules) to list it, and nothing the commands run: this is the one import at that boundary. An import inside
+    a function elsewhere is at a heavy library (torch, transformers, matplotlib ...; tests/test_lazy_imports.py)."""
+    return importlib.import_module(f"anatomy_cli.{module}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING
 
+from anatomy_cli.text import tokenization
+
 # Public names -> the module that defines them. Imported on first use (PEP 562), so ``engine.open_model``
 # and ``engine.current_loader`` (anatomy_cli.engine.opening) run before torch is imported.
 _EXPORTS = {
@@ -100,8 +102,6 @@ __all__ = [  # the public names (_EXPORTS and _TEXT)
 
 def __getattr__(name: str) -> object:
     if name in _TEXT:
-        from anatomy_cli.text import tokenization
-
         return getattr(tokenization, name)
     module = _WHERE.get(name)
     if module is None:

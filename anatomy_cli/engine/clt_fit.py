@@ -41,6 +41,7 @@ every ``every`` steps and after the last, and goes on from one; since each epoch
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,7 @@ import torch
 
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.checkpoint import atomic_write
+from anatomy_cli.engine.estimate import now
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.heap import kept_pages
@@ -336,9 +338,6 @@ def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int,
                        jumprelu: dict[str, float] | None = None) -> float:
     """The seconds one :func:`step` of a coder of this size takes here now (the median after the first, which
     allocates Adam's state), on random rows; the caller's RNG is left alone."""
-    import statistics
-
-    from anatomy_cli.engine.estimate import now
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

@@ -19,7 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from anatomy_cli.engine.cache import Cache
+from anatomy_cli.engine.experts import expert_outputs
+from anatomy_cli.engine.hooks import layer_names
+from anatomy_cli.engine.hooks import residual_names
 from anatomy_cli.engine.model import LoadedModel
+from anatomy_cli.engine.moe import point_names
 from anatomy_cli.engine.tensors import first_tensor
 from anatomy_cli.engine.tensors import optional_module
 from anatomy_cli.errors import AnatomyError
@@ -117,9 +121,6 @@ def names(lm: LoadedModel, *, by_head: bool = False, by_expert: bool = False) ->
     """The hook points :func:`decompose_resid` reads: the embedding, every attention and MLP output, the final
     residual, the position embedding where there is one, with ``by_head`` every ``attn.hook_z``, and with
     ``by_expert`` every MoE block's input, chosen experts, weights (and shared expert)."""
-    from anatomy_cli.engine.hooks import layer_names
-    from anatomy_cli.engine.hooks import residual_names
-
     out = residual_names(lm)[:1] + layer_names(lm, "attn_out") + layer_names(lm, "mlp_out")
     out += residual_names(lm)[-1:]
     if sites.Whole.pos_embed in lm.points:
@@ -127,8 +128,6 @@ def names(lm: LoadedModel, *, by_head: bool = False, by_expert: bool = False) ->
     if by_head:
         out += sites.names(range(lm.n_layers), sites.Point.attn_z)
     if by_expert and lm.info.moe is not None:
-        from anatomy_cli.engine.moe import point_names
-
         out += [n for b in lm.info.moe.sparse_blocks for n in point_names(lm.info.moe, b)
                 if not sites.is_point(n, sites.Point.router_logits)]
     return out
@@ -222,8 +221,6 @@ def decompose_resid(lm: LoadedModel, cache: Cache, *, by_head: bool = False, by_
 def _experts(lm: LoadedModel, cache: Cache, layer: int, row: int) -> tuple[torch.Tensor, list[str]]:
     """MoE block ``layer``'s output at ``row`` as float64 ``[k (+ 1), d_model]``: each chosen expert's output
     times its weight, then the gated shared expert; and their names."""
-    from anatomy_cli.engine.experts import expert_outputs
-
     x, idx, w = cache["mlp_in", layer][row], cache["expert_indices", layer][row], cache["expert_weights", layer][row]
     with torch.inference_mode():
         outs = expert_outputs(lm, layer, x, idx).to("cpu", torch.float64) * w.to("cpu", torch.float64)[:, None]

@@ -19,7 +19,9 @@ lazy loader) go through ``from_pretrained(folder, gguf_file=name)`` instead, wit
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -248,9 +250,6 @@ def _stream(source: Source, header: GGUFHeader, config: PreTrainedConfig, cls: M
 def _from_pretrained(source: Source, config: PreTrainedConfig, cls: ModelClass, dtype: torch.dtype,
                      placement: dict[str, object]) -> PreTrainedModel:
     """transformers' own GGUF loader (placements; its newer GGUF path), always dequantizing."""
-    import functools
-    import sys
-
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from transformers import GgufConfig
 

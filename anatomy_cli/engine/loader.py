@@ -8,6 +8,9 @@ context. No torch at import time.
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import sys
 from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -77,10 +80,6 @@ def release_memory() -> None:
     where there is glibc. A model whose weights were built in memory (a GGUF file's dequantized tensors) and then
     dropped leaves most of its pages in the allocator's heap, still counted in the process's RSS: the next model
     would load on top of them (``diff`` on a prompt peaked at A + B, issue 51 item 13). No-op elsewhere."""
-    import ctypes
-    import gc
-    import sys
-
     gc.collect()
     if not sys.platform.startswith("linux"):
         return

@@ -35,6 +35,7 @@ from anatomy_cli.models.adapters import Adapter
 from anatomy_cli.models.info import FromInfo
 from anatomy_cli.models.info import ModelInfo
 from anatomy_cli.models.json_config import JsonConfig
+from anatomy_cli.models.model_files import load_tokenizer
 from anatomy_cli.models.model_files import read_config
 from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.resolve import label
@@ -113,8 +114,6 @@ def open_exact(spec: ModelSpec) -> OpenedModel:
     Raises ModelNotFound, OfflineError, CheckpointError (an unreadable config or GGUF header),
     UnsupportedArchitecture.
     """
-    from anatomy_cli.models.model_files import load_tokenizer
-
     _quiet_transformers()
     source = resolve(spec.model, need="weights", init=spec.init)
     header = None

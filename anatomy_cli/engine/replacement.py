@@ -21,6 +21,7 @@ from the file row by row whatever the offload, so only its encoders are offloade
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -479,6 +480,4 @@ def forward(lm: LoadedModel, ids: torch.Tensor, transcoders: Transcoders, batch:
 
 def _keeps_logits(model: torch.nn.Module) -> bool:
     """Whether ``model.forward`` takes transformers' ``logits_to_keep``."""
-    import inspect
-
     return "logits_to_keep" in inspect.signature(model.forward).parameters

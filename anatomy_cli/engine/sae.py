@@ -31,6 +31,7 @@ from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.hooks import attach_modules
+from anatomy_cli.engine.lens import unembed
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.model import Side
 from anatomy_cli.engine.norm_gain import NormGain
@@ -214,8 +215,6 @@ def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
 def decoder_lens(lm: LoadedModel, sae: Dictionary, feature_ids: list[int]) -> torch.Tensor:
     """The logit lens of decoder rows: ``W_dec[i]`` through the final norm and the LM head, without soft-capping,
     ``[len(feature_ids), vocab]`` (a direction's token ranking: the norm's scale is one number per row)."""
-    from anatomy_cli.engine.lens import unembed
-
     rows = sae.W_dec[torch.tensor(feature_ids, dtype=torch.long, device=sae.W_dec.device)]
     return unembed(lm, rows.to(lm.device), softcap=False).float()
 
@@ -267,8 +266,6 @@ def logit_effects(lm: LoadedModel, rows: torch.Tensor) -> torch.Tensor:
     ``W_U (g ⊙ d)``, the final norm's gain ``g`` folded in and its normalization (the scale, LayerNorm's centring)
     and bias left out (TransformerLens' ``fold_ln``), the LM head's bias left out, and each row's mean over the
     vocabulary subtracted (``center_unembed``). A model without a final norm: ``g = 1``."""
-    from anatomy_cli.engine.lens import unembed
-
     rows = rows.to(lm.device, torch.float32)
     point = lm.points.get(sites.name(None, sites.Whole.ln_final))
     if point is not None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ import torch
 
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.checkpoint import atomic_write
+from anatomy_cli.engine.estimate import now
 from anatomy_cli.engine.forwarding import forward
 from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
@@ -327,9 +329,6 @@ def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: 
     """The seconds one training step of :func:`train` takes here now: a coder of this size (made as the fit
     makes it) trained ``steps`` steps on random rows; the median of the steps after the first (which allocates
     Adam's state). The caller's global RNG is left alone."""
-    import statistics
-
-    from anatomy_cli.engine.estimate import now
 
     stamps: list[float] = []
     with torch.random.fork_rng(devices=[]):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from anatomy_cli.engine.hooks import HookFn
 from anatomy_cli.engine.model import LoadedModel
@@ -108,7 +109,6 @@ def load(path: Path) -> SteeringVector:
                              f"directions start at 1), so the file is not one llama.cpp would apply")
         return SteeringVector({k: torch.from_numpy(v) for k, v in arrays.items()}, site="resid_post",
                               meta={"model": {"model_type": hint} if hint else {}, "source": "gguf"})
-    from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:

@@ -19,6 +19,7 @@ from typing import TypedDict
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models import local
+from anatomy_cli.models import presets
 from anatomy_cli.models.resolve import check_path
 
 if TYPE_CHECKING:
@@ -132,8 +133,6 @@ def _hub_snapshot(model: str) -> Path | None:
         return None
     try:
         from huggingface_hub import try_to_load_from_cache
-
-        from anatomy_cli.models import presets
 
         for repo in (presets.HUB_IDS.get(model, model), model):
             found = try_to_load_from_cache(repo, "config.json")

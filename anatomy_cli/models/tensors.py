@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from safetensors import safe_open
+
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models import adapters
 from anatomy_cli.models.headers import GGUFHeader
@@ -181,8 +183,6 @@ def _n_layers(config: PreTrainedConfig) -> int:
 
 
 def _open_safetensors(spec: str, folder: Path, config: PreTrainedConfig) -> TensorReader:
-    from safetensors import safe_open
-
 
     files = safetensors_files(folder)
     if not files:

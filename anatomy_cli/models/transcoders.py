@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from safetensors import safe_open
+
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.sae.names import before_gain
@@ -138,8 +140,6 @@ def _model_name(cfg: dict[str, Any]) -> str | None:
 
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="numpy") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -289,8 +289,6 @@ def load_array(ts: TranscoderSet, layer: int, name: str) -> np.ndarray | None:
     """One array of layer ``layer`` (circuit-tracer's name and orientation: ``W_skip`` is ``[d, d]``), read
     alone from the file (the others are not read), or None when the file has none. SAELens / sparsify folders:
     read through their own reader (the whole layer, once)."""
-    from safetensors import safe_open
-
     if ts.sae_format is not None:  # read whole by its reader; a set without a skip needs no read for W_skip
         if name == "W_skip" and not ts.skip_bytes:
             return None
@@ -310,7 +308,6 @@ def read_decoder(ts: TranscoderSet, layer: int, ids: Iterable[int]) -> np.ndarra
     """Rows ``ids`` (sorted, distinct) of a cross-layer transcoder's ``W_dec_{layer}``: ``[k, L - layer, d]``
     (numpy), each run of consecutive ids one slice of the file."""
     import numpy as np
-    from safetensors import safe_open
 
     rows = [int(i) for i in ids]
     with safe_open(str(ts.decoders[layer]), framework="numpy") as f:

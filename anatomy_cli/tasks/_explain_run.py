@@ -36,6 +36,8 @@ from anatomy_cli.tasks.explain import FeatureExamples
 from anatomy_cli.tasks.explain import FeaturesDir
 from anatomy_cli.tasks.explain import read_dir
 from anatomy_cli.tasks.session import busy_threads
+from anatomy_cli.tasks.session import load_weights
+from anatomy_cli.tasks.session import open_model
 
 RATE_STEPS = 4  # new tokens timed after the first before the cost is printed
 TYPE_NAME = "anatomy-explain (delphi default explainer; detection and fuzzing scorers)"
@@ -124,8 +126,6 @@ class Chat:
 
 def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
     """The whole run; see the module docstring."""
-    from anatomy_cli.tasks.session import load_weights
-
     fdir = read_dir(opts)
     if not fdir.features:
         raise UsageError(f"{fdir.path}: no feature fires in it (every followed feature is dead): nothing to explain")
@@ -154,8 +154,6 @@ def measure(spec: ModelSpec, opts: ExplainOptions) -> ExplainRun:
 def _open(spec: ModelSpec, model: str, option: str) -> Any:
     """``model`` opened (no weights); a model that is not cached while offline is refused naming ``option``, the
     option that named it (models/resolve.py ``offline_message``), not ``--model``."""
-    from anatomy_cli.tasks.session import open_model
-
     try:
         return open_model(spec.replace(model=model))
     except OfflineError as exc:

@@ -12,6 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from anatomy_cli.corpus.delphi_cache import N_SPLITS
+from anatomy_cli.corpus.feature_summary import hist_edges
 from anatomy_cli.corpus.store import _atomic
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.errors import UsageError
@@ -53,8 +57,6 @@ def _write(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...], met
 
 def write_tables(out: Path, rows: list[dict[str, Any]], contexts: list[dict[str, Any]],
                  logits: list[dict[str, Any]]) -> list[str]:
-    from anatomy_cli.corpus.feature_summary import hist_edges
-
     flat = [{**r, "cooccurring_ids": [c["feature"] for c in r.get("cooccurring", [])],
              "cooccurring_tokens": [c["tokens"] for c in r.get("cooccurring", [])]} for r in rows]
     edges = [e if e != float("inf") else None for e in hist_edges()]
@@ -66,9 +68,6 @@ def write_tables(out: Path, rows: list[dict[str, Any]], contexts: list[dict[str,
 def write_delphi(delphi: Any, lm: Any, opts: Any, plan: Any, result: Any) -> list[str]:
     """The splits and config.json (delphi's CacheConfig fields: the corpus as ``dataset_repo``, ``cache_ctx_len``
     the windows' length, ``n_tokens`` the tokens read, ``n_splits``; ``model_name`` the model as given)."""
-    import numpy as np
-
-    from anatomy_cli.corpus.delphi_cache import N_SPLITS
 
     hf = lm.tokenizer.hf
     pad = next((t for t in (hf.pad_token_id, hf.eos_token_id) if t is not None), 0)

@@ -4,11 +4,13 @@ logit effects, the files (:func:`measure`)."""
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.corpus.ray_run import ray_module
 from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.models import cost
 from anatomy_cli.models import sites
@@ -20,6 +22,8 @@ from anatomy_cli.tasks.features import FeaturesPlan
 from anatomy_cli.tasks.features import check
 from anatomy_cli.tasks.features import settings_of
 from anatomy_cli.tasks.session import describe
+from anatomy_cli.tasks.session import load_weights
+from anatomy_cli.tasks.session import open_model
 from anatomy_cli.units import human_seconds
 
 
@@ -100,8 +104,6 @@ def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
     """``(shards, tokens)`` that ``--out`` holds of a run with these settings (its manifest's shards, each
     shard file's token count), read before anything loads; ``(0, 0)`` for none (another run's folder is refused
     later, when the pass opens it)."""
-    import json
-
     manifest = None if out is None else Path(out) / "manifest.json"
     try:
         held = json.loads(manifest.read_text()) if manifest is not None and manifest.is_file() else {}
@@ -126,9 +128,6 @@ def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
 def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
     """The whole run; see the module docstring."""
     from anatomy_cli.models.ct_block import read_dictionary as read
-    from anatomy_cli.tasks.session import load_weights
-    from anatomy_cli.tasks.session import open_model
-
     src = open_source(opts.corpus, column=opts.column)
     try:
         identity = src.identity()
@@ -144,8 +143,6 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
             return FeaturesRun(opened.name, plan.sae_file, plan, c, display=opened.info.display_name)
         notes.info(cost_line(c))
         if opts.run.ray:
-            from anatomy_cli.corpus.ray_run import ray_module
-
             ray_module()
         lm = load_weights(opened)  # on Ray too: the driver reads the logit effects
         result = _pass(src, spec, opts, plan, lm, identity)

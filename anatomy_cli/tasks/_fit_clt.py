@@ -10,6 +10,7 @@ tokens goes on from it (a resumed fit equals an uninterrupted one)."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -64,8 +65,6 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
     """Train (resuming from ``--checkpoint``) under ``phases[0]``, choose the thresholds, write, and read the
     held-out window under ``phases[1]``: the fields of fit_sae's ``SaeFit`` that differ from the per-layer fits'
     (``trainer``, ``lr``, ``blocks``, ``clt``)."""
-    import time
-
     import torch
 
     from anatomy_cli.engine import clt_fit

@@ -3,12 +3,15 @@ sparsify's format, read it back as ``anatomy sae`` reads it and splice it into t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models.sae import fit_report
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -48,8 +51,6 @@ class BlockFit:
     warnings: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return {**asdict(self), "warnings": list(self.warnings)}
 
 
@@ -66,14 +67,11 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     held-out check as ``phases``. ``jumprelu`` (its ``bandwidth``, ``l0_coeff``): a JumpReLU coder, written in
     SAELens' format, else a TopK one in sparsify's; either config's ``model_name`` is ``model_name``
     (:func:`anatomy_cli.models.resolve.recorded`: what ``features`` opens when no ``--model`` is given)."""
-    import time
-
     import torch
 
     from anatomy_cli.analyses import sae as analysis
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.engine import sae_fit
-    from anatomy_cli.models.sae import fit_report
     from anatomy_cli.models.sae import read
 
     start = time.perf_counter()

@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -82,8 +83,6 @@ class FitSaeOptions(Declared):
                                    help="--clt: write --checkpoint every N steps and after the last.")
 
     def __post_init__(self) -> None:
-        from anatomy_cli.corpus.sources import open_source
-
         super().__post_init__()
         given: Any = self.corpus  # a path, or several
         paths = [given] if isinstance(given, (str, Path)) else list(given)

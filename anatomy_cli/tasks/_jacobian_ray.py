@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypedDict
 
+from anatomy_cli import engine
+from anatomy_cli.corpus.ray_run import run_on_ray
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
@@ -66,8 +68,6 @@ class JacobianWorker:
 
     def __init__(self, spec: dict[str, Any], settings: JacobianSettings, *, lm: LoadedModel | None = None,
                  crash_once: tuple[str, int] | None = None):
-        from anatomy_cli import engine
-
         self.settings = settings.copy()
         self.lm = lm if lm is not None else engine.load(ModelSpec.from_dict(spec))
         self.crash_once = crash_once
@@ -140,8 +140,6 @@ def _checkpointed(opened: OpenedModel, ids: list[list[int]], opts: FitLensOption
 def _run(opened: OpenedModel, shards: Iterator[PromptShard], opts: FitLensOptions, plan: FitLensPlan,
          finished: Callable[[PromptShard, JacobianPart], None],
          crash_once: tuple[str, int] | None) -> None:
-    from anatomy_cli.corpus.ray_run import run_on_ray
-
     settings: JacobianSettings = {"source_layers": list(plan.source_layers), "target_layer": plan.target_layer,
                 "dim_batch": opts.dim_batch, "skip_first": opts.skip_first}
     run_on_ray(shards, opened.spec, settings, finished, address=opts.ray_address, workers=opts.workers,

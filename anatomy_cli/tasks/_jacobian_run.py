@@ -14,11 +14,15 @@ from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeAlias
 
+from anatomy_cli.declare.commands import when_run
+from anatomy_cli.engine import estimate as timing
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import atomic_save
 from anatomy_cli.engine.checkpoint import digest
+from anatomy_cli.engine.estimate import now
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import cost
+from anatomy_cli.models.lens_choice import LensChoice
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
@@ -87,7 +91,7 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions,
     timings = est.timings()
     with timings.phase(PHASES[0]):
         if opts.ray:
-            from anatomy_cli.tasks import _jacobian_ray
+            _jacobian_ray = when_run("tasks._jacobian_ray")
 
             sums, done, skipped = _jacobian_ray.fit_on_ray(lm, ids, opts, plan, settings_of(lm, ids, opts, plan))
         else:
@@ -117,8 +121,7 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions,
 def _check(lm: LoadedModel, opts: FitLensOptions) -> LensCheck:
     """The written lens, read back as ``lens --lens jacobian:FILE`` reads it, on the held-out paragraph."""
     from anatomy_cli.engine.fitted_lens import open_lens
-    from anatomy_cli.models.lens_choice import LensChoice
-    from anatomy_cli.tasks._lens_check import fit_check
+    fit_check = when_run("tasks._lens_check").fit_check
 
     lens = open_lens(LensChoice("jacobian", opts.out), d_model=lm.info.d_model, n_layers=lm.info.n_layers)
     assert lens is not None  # a jacobian choice with a path opens a lens
@@ -180,8 +183,7 @@ def _announce(lm: Any, usable: list[list[int]], opts: FitLensOptions,
     backward passes, :func:`probe_prompt`), scaled by each prompt's tokens; the held-out check from its probe.
     With ``--ray`` the driver has no weights: the fit at the assumed rate of ``cost.RATES``, no check. Returns
     the FLOPs and the Estimate."""
-    from anatomy_cli.engine import estimate as timing
-    from anatomy_cli.tasks import _lens_check
+    _lens_check = when_run("tasks._lens_check")
 
     info = lm.info
     flops = estimate(lm, usable, opts, plan)
@@ -228,7 +230,6 @@ def probe_prompt(lm: LoadedModel, ids: list[int], opts: FitLensOptions, plan: Fi
     first ``passes + 1`` backward passes (the first pass's time is read as the later ones', the rest is the
     forward's)."""
     from anatomy_cli.engine import jacobian_fit
-    from anatomy_cli.engine.estimate import now
 
     stamps: list[float] = []
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from anatomy_cli import engine
 from anatomy_cli.analyses.lens_check import HELD_OUT
+from anatomy_cli.analyses.lens_check import compare
 from anatomy_cli.analyses.lens_check import pooled
 from anatomy_cli.engine.estimate import timed
 from anatomy_cli.tasks import notes
@@ -30,7 +31,6 @@ def held_out_ids(lm: LoadedModel) -> list[int]:
 
 def check_ids(lm: LoadedModel, lens: FittedLens, ids: Sequence[int]) -> LensCheck:
     """``lens`` (a FittedLens) against the logit lens on the text ``ids``: one forward, every residual row."""
-    from anatomy_cli.analyses.lens_check import compare
     from anatomy_cli.engine.attention import encode_ids
 
     cache = engine.run(lm, [encode_ids(lm, list(ids))], engine.residual_names(lm))[0]
@@ -50,8 +50,6 @@ def fit_check(lm: LoadedModel, lens: FittedLens, what: str) -> LensCheck:
 def read_check(lm: LoadedModel, lens: FittedLens, resids: Sequence[torch.Tensor]) -> None:
     """Where a fitted lens is read: the check on the prompts' own residual streams (their KLs pooled, weighted by
     tokens), one warning when a row is weak."""
-    from anatomy_cli.analyses.lens_check import compare
-
     checks = [compare(r, lens, lambda h: engine.unembed(lm, h)) for r in resids]
     note = pooled(checks).note(f"the {lens.kind} lens {lens.path}",
                                "this prompt" if len(checks) == 1 else "these prompts")

@@ -13,6 +13,7 @@ from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.feature_labels import dictionary_labels
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -140,7 +141,6 @@ def record(opts: SteeringOptions, found: SteeringVector | None) -> dict[str, obj
 
 def _feature_record(opts: SteeringOptions) -> dict[str, object]:
     """``feature`` and, where there are, its ``label``, ``label_source`` and ``link`` (read before any weight)."""
-    from anatomy_cli.models.feature_labels import dictionary_labels
     from anatomy_cli.models.sae.read import read
 
     assert opts.sae is not None and opts.steer_feature is not None

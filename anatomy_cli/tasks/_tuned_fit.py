@@ -13,6 +13,7 @@ windows than steps means fewer steps). Its options (``corpus``, ``column``, ``to
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from anatomy_cli.engine import estimate as timing
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import digest
 from anatomy_cli.engine.estimate import Phase
+from anatomy_cli.engine.estimate import now
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import cost
 from anatomy_cli.models import sites
@@ -101,8 +103,6 @@ class TunedFit(FitCosts):
 
 def windows_of(lm: LoadedModel, source: Source, ctx: int, tokens: int) -> list[tuple[int, ...]]:
     """The corpus as tuned-lens chunks it (the module docstring), the first ``tokens`` tokens."""
-    import itertools
-
 
     hf = lm.tokenizer.hf
     eos = hf.eos_token_id
@@ -118,7 +118,6 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
     import torch
 
     from anatomy_cli.engine import tuned_fit
-    from anatomy_cli.engine.estimate import now
     from anatomy_cli.engine.fitted_lens import unembed_hash
 
     assert opts.tokens is not None

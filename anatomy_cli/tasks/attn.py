@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import NamedTuple
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -128,7 +129,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: AttnOptions, plan: AttnPl
     """One AttnRun per prompt, from one forward with eager attention. ``pooling``: an HTML page switches between
     every layer and head, so the same forward keeps every head's pattern, pooled (a long prompt's full patterns
     never stay in memory)."""
-    from anatomy_cli import engine
     from anatomy_cli.analyses import attention as analysis
 
     pooled: list[torch.Tensor | None] = [None] * len(encoded)
@@ -149,8 +149,6 @@ def _all_heads(lm: LoadedModel, encoded: list[Encoded], plan: AttnPlan, batch_si
     the prompt is long, the block size per prompt, and the exact rows the table shows
     (``[layers, heads, queries, pos]``)."""
     import torch
-
-    from anatomy_cli import engine
 
     block_factor, pool = pooling
     blocks = [block_factor(len(e), lm.n_layers * lm.n_heads, lm.is_causal) for e in encoded]

@@ -18,6 +18,7 @@ Beside the path: ``--estimate`` (tasks/_circuit_estimate.py), ``--check`` (analy
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import transcoders as tc_files
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
+from anatomy_cli.models.feature_labels import BlockLabels
+from anatomy_cli.models.feature_labels import block_labels
 from anatomy_cli.models.sae.names import mlp_norm
 from anatomy_cli.models.sites import block_spans
 from anatomy_cli.tasks import _circuit_estimate as _estimate
@@ -100,7 +103,6 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
                          f"each logit node once")
     if opts.estimate:
         return CircuitPlan(ts, target_ids=ids)
-    from anatomy_cli.models.feature_labels import block_labels
 
     own = ts.paths if ts.sae_format else ()
     return CircuitPlan(ts, block_labels(Path(ts.root), own, info.n_layers, opts.labels,
@@ -108,8 +110,6 @@ def check(opened: Opened, opts: CircuitOptions) -> CircuitPlan:
 
 
 def _no_labels() -> BlockLabels:
-    from anatomy_cli.models.feature_labels import BlockLabels
-
     return BlockLabels()
 
 
@@ -252,8 +252,6 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
         files.save_pt(graph, out, _cfg(lm))
         notes.info(f"wrote {out}")
     if json_path:
-        import json
-
         Path(json_path).write_text(json.dumps(data, indent=2))
         notes.info(f"wrote {json_path}")
     checks: tuple[EdgeCheck, ...] = ()

@@ -14,11 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.corpus.ray_run import ray_module
+from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.declare.shared import ShardRun
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import lens_choice
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.models.spec import ModelSpec
@@ -26,6 +30,8 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.tasks.notes import status
+from anatomy_cli.tasks.session import load_weights
+from anatomy_cli.tasks.session import open_model
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -102,8 +108,6 @@ class CorpusOptions(Declared):
 def lens_texts(lens: Any) -> tuple[str, ...]:
     """``CorpusOptions.lens`` as the tuple of lens texts (absolute paths). UsageError for a bad lens or one kind
     given twice (a run's figures are keyed by the lens' kind)."""
-    from anatomy_cli.models import lens_choice
-
     if lens is True or lens is None:
         return ("logit",)
     if lens is False:
@@ -161,7 +165,6 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
     workers load it), every shard measured or read back from ``opts.out``, merged in shard order."""
     from anatomy_cli.corpus.runner import Settings
     from anatomy_cli.corpus.runner import run
-    from anatomy_cli.corpus.sources import open_source
 
     sites = opts.sites
     src = open_source(source, column=opts.column)
@@ -186,7 +189,7 @@ def measure(source: str, spec: ModelSpec, opts: CorpusOptions) -> CorpusRun:
 
 def _run(run: Callable[..., Result], src: Source, spec: ModelSpec, settings: Settings, tokenizer: Tokenizer,
          lm: LoadedModel | None, identity: dict[str, object], opts: CorpusOptions) -> Result:
-    from anatomy_cli.tasks._corpus_status import CorpusStatus
+    CorpusStatus = when_run("tasks._corpus_status").CorpusStatus
 
     with status("corpus: planning the first shard") as line:
         progress = CorpusStatus(line, opts.max_tokens)
@@ -201,12 +204,7 @@ def _run(run: Callable[..., Result], src: Source, spec: ModelSpec, settings: Set
 def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, OpenedModel, Tokenizer, CorpusPlan]:
     """``(lm, opened, tokenizer, plan)``; with Ray the driver opens the model only (lm None: the workers load
     the weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
-    from anatomy_cli.tasks.session import load_weights
-    from anatomy_cli.tasks.session import open_model
-
     if opts.run.ray:
-        from anatomy_cli.corpus.ray_run import ray_module
-
         ray_module()  # not installed: the one-line error before anything loads
     opened = open_model(spec)
     plan = check(opened, opts)
@@ -214,7 +212,7 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, Ope
         lm = load_weights(opened)
         return lm, opened, lm.tokenizer, plan
     if opened.light:
-        from anatomy_cli.engine.opening import open_exact
+        open_exact = when_run("engine.opening").open_exact
 
         return None, opened, open_exact(spec).tokenizer, plan
     return None, opened, opened.tokenizer, plan

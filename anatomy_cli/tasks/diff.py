@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
@@ -19,8 +20,11 @@ from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.session import describe
+from anatomy_cli.tasks.session import load_weights
 from anatomy_cli.tasks.session import model_label
+from anatomy_cli.tasks.session import open_model
 from anatomy_cli.tasks.session import open_texts
+from anatomy_cli.text import chat
 from anatomy_cli.text import targets
 from anatomy_cli.text.positions import check_position
 
@@ -104,8 +108,7 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
     """``(label_a, lm_b, results)``: A loaded, run and freed, then B; one ActivationDiff per prompt.
     ``label_a``: A's display label (its weights are gone); ``lm_b``: B's LoadedModel."""
     from anatomy_cli.analyses import diff as analysis
-    from anatomy_cli.engine.loader import release_memory
-    from anatomy_cli.tasks.session import load_weights
+    release_memory = when_run("engine.loader").release_memory
 
     lm = load_weights(opened_a)
     with notes.status(f"running {opened_a.name}"):
@@ -126,9 +129,6 @@ def run_activations(opened_a: OpenedModel, opened_b: OpenedModel, encoded: list[
 def open_pair(spec_a: ModelSpec, spec_b: ModelSpec, texts: list[str], prompts: PromptOptions
               ) -> tuple[OpenedModel, OpenedModel, list[Encoded], list[Encoded]]:
     """Both models opened (no weights; B is A when the specs are equal) and the texts tokenized by each."""
-    from anatomy_cli.tasks.session import open_model
-    from anatomy_cli.text import chat
-
     opened_a, encoded = open_texts(texts, spec_a, prompts)
     opened_b = open_model(spec_b) if spec_b != spec_a else opened_a
     encoded_b = encoded if opened_b is opened_a else chat.encode(opened_b.tokenizer, texts, prompts, opened_b.name)

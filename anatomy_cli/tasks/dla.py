@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -128,7 +129,6 @@ def check(opened: Opened, opts: DlaOptions, encoded: list[Encoded]) -> DlaPlan:
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: DlaOptions, plan: DlaPlan) -> list[DlaResult]:
-    from anatomy_cli import engine
     from anatomy_cli.analyses import dla as analysis
     from anatomy_cli.engine import decompose
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import Optional
 
+from anatomy_cli import engine
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.declare.inputs import Arg
@@ -156,7 +157,6 @@ def check(opened: Opened, opts: DriftOptions, encoded: list[Encoded]) -> DriftPl
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: DriftOptions, plan: DriftPlan) -> DriftResult:
-    from anatomy_cli import engine
     from anatomy_cli.analyses import drift as analysis
 
     with notes.status("running the contexts"):

@@ -23,6 +23,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.models.resolve import resolve
+from anatomy_cli.models.sae.fit_report import held_out_fve
 from anatomy_cli.tasks import notes
 
 if TYPE_CHECKING:
@@ -160,7 +161,6 @@ def weak_note(dictionary: Path) -> dict[str, Any] | None:
     line, None when not weak); None where there is no report (the dictionary is not judged)."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
-    from anatomy_cli.models.sae.fit_report import held_out_fve
 
     found = held_out_fve(dictionary)
     if found is None:

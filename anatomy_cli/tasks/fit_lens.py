@@ -16,6 +16,8 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.corpus.ray_run import ray_module
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -46,14 +48,12 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
     ``tuned``: :func:`anatomy_cli.tasks._tuned_fit.check` (a TunedPlan)."""
 
     if opts.kind == "tuned":
-        from anatomy_cli.tasks import _tuned_fit
+        _tuned_fit = when_run("tasks._tuned_fit")
 
         return _tuned_fit.check(opened, opts)
 
     require(opened.info, Need.decoder, command=f"{COMMAND} {opts.kind}")
     if opts.ray:
-        from anatomy_cli.corpus.ray_run import ray_module
-
         ray_module()  # not installed: the one-line error before any weight loads
     n = opened.info.n_layers
     target = n - 1 if opts.target_layer is None else opts.target_layer
@@ -81,7 +81,7 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan
     Raises UsageError when no prompt is long enough."""
     with nullcontext() if opts.ray else busy_threads(f"{COMMAND} {opts.kind}"):  # --ray: the workers fit
         if opts.kind == "tuned":
-            from anatomy_cli.tasks import _tuned_fit
+            _tuned_fit = when_run("tasks._tuned_fit")
 
             assert isinstance(plan, _tuned_fit.TunedPlan)  # check() planned a tuned fit
             return _tuned_fit.run(lm, opts, plan)

@@ -13,12 +13,19 @@ in circuit-tracer's ``cross_layer_transcoder`` layout (tasks/_fit_clt.py, engine
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypedDict
 
+from anatomy_cli.corpus.sources import open_source
+from anatomy_cli.corpus.windows import token_stream
+from anatomy_cli.corpus.windows import windows
+from anatomy_cli.declare.commands import when_run
+from anatomy_cli.engine import estimate as timing
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
@@ -73,8 +80,6 @@ class SaeFit:
     jumprelu: dict[str, float] | None = None  # --activation jumprelu: its bandwidth and l0_coeff (None: TopK)
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         d = {**asdict(self), "blocks": [b.to_dict() for b in self.blocks]}
         for key in ("clt", "jumprelu"):  # the TopK per-layer fits' records as they were
             if d[key] is None:
@@ -93,10 +98,6 @@ def recipe(k: int, jumprelu: dict[str, float] | None) -> tuple[str, str]:
 def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
     """The blocks against the model, the corpus tokenized into windows (refused when under two), and the cost,
     printed: all before the weights load."""
-    from anatomy_cli.corpus.sources import open_source
-    from anatomy_cli.corpus.windows import token_stream
-    from anatomy_cli.corpus.windows import windows
-
     require(opened.info, Need.decoder, command=COMMAND)
     info = opened.info
     layers = sorted(int(b) for b in sites.parse_blocks(str(opts.layer), info.n_layers, "--layer", every=True))
@@ -148,9 +149,8 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     check's three forwards per block, from the window's forward), memory (every collected point's activations
     at once, one SAE with Adam's state and a batch's latents at a time); ``--clt``: the CLT's training and check
     (:func:`anatomy_cli.tasks._fit_clt.probe`)."""
-    from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import sae_fit
-    from anatomy_cli.tasks import _fit_clt
+    _fit_clt = when_run("tasks._fit_clt")
 
     d, n = lm.info.d_model, len(plan.blocks)
     train_rows = sum(map(len, plan.windows[:-1]))
@@ -202,8 +202,6 @@ def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
 
 def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
     """:func:`run`'s work: the estimate, the collecting pass, the fits."""
-    import time
-
     from anatomy_cli.engine import sae_fit
 
     cost = estimate(lm, opts, plan)
@@ -215,7 +213,7 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
                                                      progress=line.counter("collecting activations", "windows"))))
     collect_seconds = time.perf_counter() - start
     if opts.clt:
-        from anatomy_cli.tasks._fit_clt import fit_clt
+        fit_clt = when_run("tasks._fit_clt").fit_clt
 
         made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
     else:

@@ -21,6 +21,7 @@ from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models import lens_choice
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
@@ -112,8 +113,6 @@ class GenerateOptions(Declared):
     first_token: bool = shared.first_token()
 
     def __post_init__(self) -> None:
-        from anatomy_cli.models import lens_choice
-
         super().__post_init__()
         lens = self.lens
         text = None if lens is None or lens is False else "logit" if lens is True else lens_choice.parse(lens).text

@@ -12,6 +12,7 @@ from typing import Any
 from typing import NamedTuple
 from typing import Optional
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -129,7 +130,6 @@ def _score(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions,
            progress: Callable[[int, int], None]) -> list[Scored]:
     import torch
 
-    from anatomy_cli import engine
     from anatomy_cli.analyses import heads as analysis
 
     seq_len, seed = opts.seq_len, opts.seed

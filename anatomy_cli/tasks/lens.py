@@ -13,11 +13,14 @@ from enum import Enum
 from typing import TYPE_CHECKING
 from typing import cast
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import cost
+from anatomy_cli.models import lens_choice
 from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
@@ -92,8 +95,6 @@ class LensOptions(Declared, TargetFields):
     batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
-        from anatomy_cli.models import lens_choice
-
         super().__post_init__()
         object.__setattr__(self, "lens", lens_choice.parse(self.lens).text)  # UsageError for a bad --lens
         object.__setattr__(self, "stat", Stat(self.stat).value)  # ValueError for an unknown statistic
@@ -147,7 +148,6 @@ def fitted_lens(opened: Opened, lens: str | None, *, command: str = COMMAND) -> 
     width and block count from its header, before the model's weights load: the one reading of ``--lens`` for
     every command (``command`` names it in the refusal). Refuses an encoder (a fitted lens reads next tokens)."""
     from anatomy_cli.engine import fitted_lens as fitted
-    from anatomy_cli.models import lens_choice
 
     choice = lens_choice.parse(lens)
     if choice.kind == "logit":
@@ -160,7 +160,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPl
         k: int | None = None) -> list[LensGrid]:
     """One grid per prompt, thinned to ``plan.rows``. ``k``: top tokens per cell to compute when more than
     ``opts.k`` are wanted (an HTML page's hover text); the grid then lists ``k`` (see ``LensGrid.keep_top``)."""
-    from anatomy_cli import engine
     from anatomy_cli.analyses import lens as analysis
 
     n_tokens = sum(len(e) for e in encoded)
@@ -186,7 +185,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensOptions, plan: LensPl
             grid = replace(grid, lens=fitted.kind, lens_source=str(fitted.path), unfitted=plan.unfitted)
         grids.append(grid.select(plan.rows))
     if fitted is not None:
-        from anatomy_cli.tasks._lens_check import read_check
+        read_check = when_run("tasks._lens_check").read_check
 
         with notes.status("checking the fitted lens against the logit lens"):
             read_check(lm, fitted, [cache.residual_stream() for cache in caches])

@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import cost
+from anatomy_cli.models import lens_choice
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
@@ -67,8 +70,6 @@ class LensEvalOptions(Declared):
     name: str = field(default="eval", init=False)
 
     def __post_init__(self) -> None:
-        from anatomy_cli.models import lens_choice
-
         super().__post_init__()
         given = (self.lens,) if isinstance(self.lens, str) else tuple(self.lens or ("logit",))
         lenses = tuple(lens_choice.parse(t).text for t in given)  # UsageError for a bad --lens
@@ -198,8 +199,7 @@ def readout(enc: Encoded, name: str) -> int:
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: LensEvalPlan) -> LensEval:
     """``encoded``: :attr:`LensEvalOptions.prompts`, encoded. Ranks every intermediate under every lens."""
-    from anatomy_cli import engine
-    from anatomy_cli.analyses import lens_eval as analysis
+    analysis = when_run("analyses.lens_eval")
 
     for fitted in plan.fitted:
         if fitted is not None:
@@ -230,8 +230,6 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: Le
 def _read(lm: LoadedModel, resid: torch.Tensor, fitted: FittedLens | None, blocks: tuple[int, ...]) -> torch.Tensor:
     """``[len(blocks), vocab]`` float32 logits: each of ``blocks`` read at the kept position through the lens
     (``fitted`` None: the logit lens)."""
-    from anatomy_cli import engine
-
     if fitted is None:
         h = resid[[b + 1 for b in blocks]]
     else:

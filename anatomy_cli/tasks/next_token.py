@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -75,7 +76,6 @@ def check(opened: Opened, opts: NextOptions) -> NextPlan:
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: NextOptions, plan: NextPlan) -> list[NextTokens]:
-    from anatomy_cli import engine
     from anatomy_cli.analyses import next_token as analysis
 
     with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.models.headers import quantization_label
 from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.resolve import resolve
 
@@ -41,7 +42,5 @@ def spec_record(spec: ModelSpec) -> dict[str, Any]:
 
 
 def _quantization(spec: ModelSpec) -> str | None:
-    from anatomy_cli.models import gguf
-
     source = resolve(spec.model, need="weights", init=spec.init)
-    return gguf.quantization_label(read_gguf(source.ref)) if source.kind == "gguf" else None
+    return quantization_label(read_gguf(source.ref)) if source.kind == "gguf" else None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Optional
 
+from anatomy_cli import engine
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
@@ -107,7 +109,6 @@ def analyse(lm: LoadedModel, enc: Encoded, sections: set[str], *, model: str, k:
     """Run ``lm`` on ``enc`` once (plus one eager-attention forward when attention is asked for) and compute
     every analysis ``sections`` needs (``pooling``: see :data:`Pooling`). Raises what the engine and the
     analyses raise."""
-    from anatomy_cli import engine
     from anatomy_cli.analyses import lens as lens_analysis
     from anatomy_cli.analyses import next_token
     from anatomy_cli.analyses import trace
@@ -115,7 +116,7 @@ def analyse(lm: LoadedModel, enc: Encoded, sections: set[str], *, model: str, k:
     out = Anatomy(lm=lm, enc=enc)
     name_token = describe(lm)
     try:
-        from anatomy_cli.analyses import params as params_analysis
+        params_analysis = when_run("analyses.params")
 
         out.params = params_analysis.analyse(model)
     except Exception:
@@ -154,7 +155,6 @@ def _attention(lm: LoadedModel, enc: Encoded, out: Anatomy, pooling: Pooling | N
     for the page), ``out.heads`` (the head scores; prompts of two tokens or more)."""
     import torch
 
-    from anatomy_cli import engine
     from anatomy_cli.analyses import heads as heads_analysis
 
     n_ctx = lm.n_ctx or 2 * HEADS_SEQ_LEN + 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
@@ -118,7 +119,6 @@ def check(opened: Opened, opts: RouteOptions) -> RoutePlan:
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: RouteOptions, plan: RoutePlan) -> list[RouteResult]:
-    from anatomy_cli import engine
     from anatomy_cli.analyses import route as analysis
 
     moe = lm.info.moe

@@ -19,6 +19,8 @@ from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
+from anatomy_cli.models.feature_labels import dictionary_labels
+from anatomy_cli.models.sae.labels import feature_url
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.session import describe
 
@@ -75,7 +77,6 @@ class SaePlan:
 def check(opened: Opened, opts: SaeOptions) -> SaePlan:
     """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
     ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
-    from anatomy_cli.models.feature_labels import dictionary_labels
     from anatomy_cli.models.sae import read
 
     sae_file = read.read(Path(opts.sae), hook=opts.hook)
@@ -111,7 +112,6 @@ def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dicti
     followed ones."""
     from anatomy_cli.analyses import sae as analysis
     from anatomy_cli.engine import sae as engine_sae
-    from anatomy_cli.models.sae.labels import feature_url
 
     wanted = opts.wanted
     run = engine_sae.splice_run(lm, list(enc.ids), dictionary)

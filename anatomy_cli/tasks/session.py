@@ -20,6 +20,10 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli import engine
+from anatomy_cli.declare.commands import when_run
+from anatomy_cli.engine.estimate import now
+from anatomy_cli.engine.threads import machine_threads
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models import cost
@@ -27,7 +31,11 @@ from anatomy_cli.models.sites import parse_blocks
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks import records
+from anatomy_cli.text import chat
+from anatomy_cli.text.inputs import read_prompts
+from anatomy_cli.text.length import check_length
 from anatomy_cli.text.options import PromptOptions
+from anatomy_cli.text.tokenization import starts_with_bos
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -43,18 +51,14 @@ def open_model(spec: ModelSpec) -> OpenedModel:
 
     Raises the engine's opening errors (ModelNotFound, OfflineError, CheckpointError, UnsupportedArchitecture).
     """
-    from anatomy_cli.engine.loader import current_loader
-
     with notes.status(f"opening {spec.model}"):
-        return current_loader().open(spec)
+        return engine.current_loader().open(spec)
 
 
 def open_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOptions()
                  ) -> tuple[OpenedModel, list[Encoded]]:
     """Read PROMPT (or stdin lines for ``-``), then :func:`open_texts`. Raises UsageError for an empty prompt or
     invalid UTF-8 (before anything is opened) and whatever :func:`open_texts` raises."""
-    from anatomy_cli.text.inputs import read_prompts
-
     return open_texts(read_prompts(prompt), spec, prompts)
 
 
@@ -62,7 +66,7 @@ def check_blocks_early(spec: ModelSpec, text: str, option: str, **parse: Any) ->
     """``option``'s blocks (``text``, :func:`anatomy_cli.models.sites.parse_blocks` with ``parse``) against the
     block count a GGUF file's header states, before the model opens (the open imports torch: seconds): a block out
     of range is refused at once, with the message the task's own check gives once the model is open."""
-    from anatomy_cli.models import light
+    light = when_run("models.light")
 
     n = light.block_count(spec.model)
     if n is not None:
@@ -84,10 +88,6 @@ def open_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = Promp
 def encode(opened: OpenedModel | LoadedModel, texts: list[str], prompts: PromptOptions = PromptOptions(), *,
            what: str = "prompt", truncate_hint: bool = True) -> list[Encoded]:
     """``texts`` tokenized with ``opened``'s tokenizer and length-checked (see :func:`open_texts`)."""
-    from anatomy_cli.text import chat
-    from anatomy_cli.text.length import check_length
-    from anatomy_cli.text.tokenization import starts_with_bos
-
     if not isinstance(prompts, PromptOptions):
         raise TypeError(f"prompts= takes a PromptOptions, not {type(prompts).__name__}")
     tokenizer = opened.tokenizer
@@ -110,8 +110,6 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
     device map, says where the weights went. Raises the engine's loading errors."""
     from transformers.utils import logging as hf_logging
 
-    from anatomy_cli.engine.loader import current_loader
-
     # The status line says the model is loading; transformers' own weight-loading bar would fight with it.
     hf_logging.disable_progress_bar()
     if not sys.stderr.isatty():
@@ -119,11 +117,10 @@ def load_weights(opened: OpenedModel) -> LoadedModel:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
-    from anatomy_cli.engine.estimate import now
 
     start = now()
     with notes.status(f"loading {opened.name}"):
-        lm = current_loader().load_weights(opened)
+        lm = engine.current_loader().load_weights(opened)
     lm.load_seconds = now() - start  # the fits' estimates count it (engine/estimate.py)
     if opened.spec.device_map is not None:
         notes.info(placement_line(lm))
@@ -141,8 +138,6 @@ def busy_threads(command: str) -> Iterator[None]:
     the machine is busy (:func:`anatomy_cli.engine.threads.machine_threads`), with one line saying so; inside
     another such block nothing changes and nothing more is said."""
     import torch
-
-    from anatomy_cli.engine.threads import machine_threads
 
     before = torch.get_num_threads()
     with machine_threads() as threads:

@@ -11,9 +11,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import NamedTuple
 
+from anatomy_cli import engine
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
+from anatomy_cli.models import lens_choice
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
@@ -74,8 +76,6 @@ class TraceOptions(Declared, TargetFields):
     batch_size: int = shared.batch_size()
 
     def __post_init__(self) -> None:
-        from anatomy_cli.models import lens_choice
-
         super().__post_init__()
         object.__setattr__(self, "lens", lens_choice.parse(self.lens).text)  # UsageError for a bad --lens
         self.check_target()
@@ -109,7 +109,6 @@ def check(opened: Opened, opts: TraceOptions, encoded: Sequence[Encoded] = ()) -
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: TracePlan) -> list[Traced]:
-    from anatomy_cli import engine
     from anatomy_cli.analyses import trace as analysis
 
     if opts.position is None:

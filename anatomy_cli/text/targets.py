@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.text.tokenization import Tokenizer
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
@@ -65,8 +66,6 @@ def check_first_token(first_token: bool, *chosen: TokenChoice | None, options: s
 
 
 def _tokenizer(source: LoadedModel | Tokenizer) -> Tokenizer:
-    from anatomy_cli.text.tokenization import Tokenizer
-
     return source if isinstance(source, Tokenizer) else source.tokenizer
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from anatomy_cli import engine
 from anatomy_cli.analyses.next_token import Describe
 from anatomy_cli.analyses.next_token import TokenProb
 from anatomy_cli.analyses.next_token import _token_prob
@@ -56,8 +57,6 @@ class Kept:
 def keep(lm: LoadedModel, encoded: list[Encoded], position: int = -1, *, batch_size: int = 8) -> list[Kept]:
     """Run ``lm`` (an engine LoadedModel with an LM head) on ``encoded`` and keep, per prompt, the
     residual stream and the lens at ``position`` (negative counts from the end). One :class:`Kept` per prompt."""
-    from anatomy_cli import engine
-
     caches = engine.run(lm, encoded, engine.residual_names(lm), batch_size=batch_size)
     out = []
     for enc, cache in zip(encoded, caches):

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
+import torch
+
 from anatomy_cli.analyses.diff.headers import read_header
 from anatomy_cli.analyses.params.rules import CATEGORIES
 from anatomy_cli.analyses.params.rules import HEAD
@@ -30,6 +32,7 @@ from anatomy_cli.analyses.params.rules import LAYER_CATEGORIES
 from anatomy_cli.analyses.params.rules import classify
 from anatomy_cli.analyses.params.rules import family_for
 from anatomy_cli.errors import UsageError
+from anatomy_cli.models.tensors import open_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -72,8 +75,6 @@ class Sums:
 
 def compare(a: torch.Tensor, b: torch.Tensor) -> Sums:
     """The :class:`Sums` of two torch tensors of one shape, in float64, chunk by chunk."""
-    import torch
-
     fa, fb = a.reshape(-1), b.reshape(-1)
     total = Sums()
     for start in range(0, fa.numel(), _CHUNK):
@@ -246,7 +247,5 @@ def open_weights(spec: str, *, trust_remote_code: bool = False, header: Header |
     """A :class:`~anatomy_cli.models.tensors.TensorReader` for a ``--model`` spec (a directory, a .gguf file,
     a cached Hub id); ``header`` (:func:`.headers.read_header`) when already read. Raises what resolving and
     reading the config raise, and CheckpointError for a source without weight files."""
-    from anatomy_cli.models.tensors import open_tensors
-
     header = header or read_header(spec, trust_remote_code=trust_remote_code)
     return open_tensors(header.source, header.config)

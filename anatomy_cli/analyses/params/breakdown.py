@@ -10,6 +10,7 @@ token uses (everything except the routed experts the router does not pick, top-k
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from dataclasses import field
@@ -257,8 +258,6 @@ def _layer_rows(tensors: list[_Tensor], total: int, routed_active: dict[str | No
 
 def _natural(path: str) -> tuple[tuple[int, int | str], ...]:
     """``model.layers.10`` after ``model.layers.9``: the path's numbers compared as numbers."""
-    import re
-
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", path) if p)
 
 

@@ -16,9 +16,12 @@ import json
 import os
 import pickle
 import tempfile
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anatomy_cli
 from anatomy_cli.models import presets
 from anatomy_cli.models.cachedir import cache_dir
 from anatomy_cli.models.resolve import Source
@@ -33,9 +36,6 @@ _FORMAT = 1
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version
-
     try:
         return version(package)
     except PackageNotFoundError:
@@ -44,8 +44,6 @@ def _version(package: str) -> str:
 
 def key(source: Source, *, dtype: str | None, per_layer: bool) -> str | None:
     """The cache key for counting ``source`` on the meta device; None when it has no config file."""
-    import anatomy_cli
-
     if source.kind == "preset":
         content = json.dumps(presets.PRESETS[source.ref], sort_keys=True).encode()
         location = ""

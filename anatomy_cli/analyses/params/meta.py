@@ -13,6 +13,7 @@ and :func:`params_placement.plan_placement`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -296,8 +297,6 @@ def _input_weight_name(model: PreTrainedModel) -> str | None:
 
 
 def analyse_meta(spec, source, dtype, per_layer, trust_remote_code, max_memory) -> ParamsResult:
-    import dataclasses
-
 
     resolved = resolve_config(spec, trust_remote_code=trust_remote_code, source=source)
     model = build_meta_model(resolved.config, trust_remote_code=trust_remote_code)

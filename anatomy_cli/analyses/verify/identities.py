@@ -22,10 +22,19 @@ from __future__ import annotations
 
 import torch
 
+from anatomy_cli.analyses.dla import logit_attribution
+from anatomy_cli.analyses.patch import logit_metric
 from anatomy_cli.analyses.verify import checks as C
 from anatomy_cli.analyses.verify.fitted import fitted_lens_checks
 from anatomy_cli.analyses.verify.runs import Runs
+from anatomy_cli.engine import experts
 from anatomy_cli.engine import lens
+from anatomy_cli.engine.forwarding import head_logits
+from anatomy_cli.engine.forwarding import pad_batch
+from anatomy_cli.engine.forwarding import run_batch
+from anatomy_cli.engine.gradients import metric_gradients
+from anatomy_cli.engine.hooks import attach
+from anatomy_cli.engine.interventions import patch_grid
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models import sites
 
@@ -71,8 +80,6 @@ MOE_SUM = "mlp_out = Σ weight · expert (+ shared)"
 def moe_sums(runs: Runs, tol: float) -> list[C.Check]:
     """Per MoE block: its output against the chosen experts' outputs (from their weights, on the block's input)
     times the weights the router gave them, plus the gated shared expert (Qwen2-MoE)."""
-    from anatomy_cli.engine import experts
-
     rebuilt = [experts.rebuild(runs.lm, enc) for enc in runs.encoded]
     return [C.worst([C.tensor_check(MOE_SUM, r[block][0], r[block][1], tol, layer=block) for r in rebuilt])
             for block in rebuilt[0]]
@@ -85,8 +92,6 @@ def _top2(logits: torch.Tensor) -> tuple[int, int]:
 
 def dla_sum(runs: Runs, tol: float) -> C.Check:
     """The DLA rows by head at the last position against the model's own logit difference of its top two."""
-    from anatomy_cli.analyses.dla import logit_attribution
-
     name = "DLA rows sum to logit diff"
     lm = runs.lm
     if lm.adapter.post_ln or not lm.is_causal:
@@ -120,9 +125,6 @@ def dla_sum(runs: Runs, tol: float) -> C.Check:
 
 def self_patch(runs: Runs, tol: float) -> C.Check:
     """``patch_grid`` of the first prompt into itself, resid_pre at the first, middle and last block."""
-    from anatomy_cli.analyses.patch import logit_metric
-    from anatomy_cli.engine.interventions import patch_grid
-
     lm, enc = runs.lm, runs.encoded[0]
     target, _ = _top2(runs.batched[0].logits[-1])
     layers = sorted({0, lm.n_layers // 2, lm.n_layers - 1})
@@ -148,13 +150,6 @@ def batched_single(runs: Runs) -> C.Check:
 def attribution_exact(runs: Runs, tol: float) -> C.Check:
     """Attribution patching (one forward and backward, ``engine.gradients.metric_gradients``) against the exact
     patched run, on the final norm's output (or the last block's output) and the logit difference."""
-    from anatomy_cli.analyses.patch import logit_metric
-    from anatomy_cli.engine.forwarding import head_logits
-    from anatomy_cli.engine.forwarding import pad_batch
-    from anatomy_cli.engine.forwarding import run_batch
-    from anatomy_cli.engine.gradients import metric_gradients
-    from anatomy_cli.engine.hooks import attach
-
     name = "attribution patching == exact (linear metric)"
     lm = runs.lm
     if lm.logit_softcap:

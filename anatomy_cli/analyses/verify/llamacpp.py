@@ -27,6 +27,7 @@ import torch
 
 from anatomy_cli import engine
 from anatomy_cli.analyses.verify import checks as C
+from anatomy_cli.analyses.verify import llamacpp_moe
 from anatomy_cli.analyses.verify.llamacpp_moe import llama_threads
 from anatomy_cli.analyses.verify.precision import kl
 from anatomy_cli.analyses.verify.runs import Runs
@@ -188,8 +189,6 @@ def against_llamacpp(runs: Runs, path: str | None, *, required: bool = False) ->
 def _experts(runs: Runs, path: str) -> C.Check:
     """An MoE model: the experts llama.cpp chose (its graph's ``ffn_moe_topk-{il}``) against anatomy's; a
     skipped row saying why where llama-cpp-python's graph callback cannot give them."""
-    from anatomy_cli.analyses.verify import llamacpp_moe
-
     try:
         with quiet_fds():
             theirs = llamacpp_moe.llama_topk(path, [e.ids for e in runs.encoded])

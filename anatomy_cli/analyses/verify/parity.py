@@ -18,6 +18,7 @@ import torch
 from anatomy_cli.analyses.verify import checks as C
 from anatomy_cli.analyses.verify.runs import Runs
 from anatomy_cli.engine import lens
+from anatomy_cli.engine.attention import attention_patterns
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models import sites
 
@@ -80,6 +81,4 @@ def attention_rows(runs: Runs) -> list[C.Check]:
 
 
 def engine_patterns(runs: Runs) -> list[torch.Tensor]:
-    from anatomy_cli.engine.attention import attention_patterns
-
     return attention_patterns(runs.lm, runs.encoded, batch_size=runs.batch_size)

@@ -37,6 +37,7 @@ from typing import TypeVar
 
 import typer
 
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
@@ -58,6 +59,7 @@ from anatomy_cli.tasks.session import placement_line  # noqa: F401  (the pipelin
 from anatomy_cli.tasks.session import prompt_line  # noqa: F401  (the pipeline lives in the task layer)
 from anatomy_cli.tasks.session import prompt_record  # noqa: F401  (the pipeline lives in the task layer)
 from anatomy_cli.tasks.session import warn_cost  # noqa: F401  (the pipeline lives in the task layer)
+from anatomy_cli.text.inputs import read_prompts
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
@@ -73,8 +75,6 @@ PromptArg = Annotated[str, typer.Argument(
 def read_prompts_file(path: str) -> list[str]:
     """``--prompts FILE``: one prompt per non-empty line of FILE (``-``: stdin). Raises UsageError for a missing
     file, no prompt, invalid UTF-8."""
-    from anatomy_cli.text.inputs import read_prompts
-
     if path == "-":
         return read_prompts("-")
     file = Path(path)
@@ -141,7 +141,7 @@ def draw_each(command: str, plot: Path | None, prompt: str | None,
     ``figure(...) -> (args, kwargs)``; nothing without ``plot`` (the figures are not computed then)."""
     if not plot:
         return
-    from anatomy_cli.output import plots
+    plots = when_run("output.plots")
 
     for i, (args, kwargs) in enumerate(figures, start=1):
         plots.draw(command, plot, i if prompt == "-" else None, *args, **kwargs)

@@ -17,6 +17,7 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import circuit as task
@@ -64,7 +65,7 @@ def circuit_command(
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --estimate
         anatomy circuit "The capital of France is" --model smollm2 --transcoders ./tc --features-dir f14 --plot g.html
     """
-    from anatomy_cli.output.views import circuit as view
+    view = when_run("output.views.circuit")
 
     if plot is not None and opts.estimate:
         raise UsageError("--estimate computes no graph: it draws no --plot (drop one of the two)")

@@ -14,6 +14,7 @@ from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
@@ -68,7 +69,7 @@ def corpus_command(
         anatomy corpus docs/ --lens logit --lens jacobian:lens.pt --lens tuned:tuned/
         anatomy corpus docs/ --model ./my-moe --experts --out run2
     """
-    from anatomy_cli.output.views import corpus as view
+    view = when_run("output.views.corpus")
 
     if no_lens:
         if context.params.get("lens"):  # as typed: the options hold the lenses it stands for
@@ -77,7 +78,7 @@ def corpus_command(
     run = task.measure(source, spec, opts)
     emit(view.report(run), fmt)
     if plot:
-        from anatomy_cli.output import plots
+        plots = when_run("output.plots")
         from anatomy_cli.output.plots import corpus as picture
 
         args, kwargs = view.figure(run)

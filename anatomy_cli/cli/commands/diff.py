@@ -16,9 +16,11 @@ from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.resolve import check_path
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import diff as task
+from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -74,8 +76,8 @@ def diff_command(
 
 def _weights(a: str, b: str, trust_remote_code: bool, opts: task.DiffOptions, plot: Path | None,
              fmt: Format | None) -> None:
-    from anatomy_cli.output import plots
-    from anatomy_cli.output.views import diff as view
+    plots = when_run("output.plots")
+    view = when_run("output.views.diff")
 
     result = task.run_weights(a, b, trust_remote_code)
     if plot:
@@ -88,9 +90,8 @@ def _weights(a: str, b: str, trust_remote_code: bool, opts: task.DiffOptions, pl
 
 def _activations(spec_a: ModelSpec, spec_b: ModelSpec, prompt: str, options: PromptOptions,
                  opts: task.DiffOptions, plot: Path | None, fmt: Format | None) -> None:
-    from anatomy_cli.output import plots
-    from anatomy_cli.output.views import diff as view
-    from anatomy_cli.text.inputs import read_prompts
+    plots = when_run("output.plots")
+    view = when_run("output.views.diff")
 
     # Before either model's weights: the shape of the question, and B reads the prompts as A does.
     opened_a, opened_b, encoded, encoded_b = task.open_pair(spec_a, spec_b, read_prompts(prompt), options)

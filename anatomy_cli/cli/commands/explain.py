@@ -13,6 +13,8 @@ from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
+from anatomy_cli.declare.commands import when_run
+from anatomy_cli.models.feature_labels import DASHBOARD
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import explain as task
@@ -57,9 +59,9 @@ def explain_command(
         anatomy explain feats --explainer ./big-instruct --scorer ./other-instruct --format json
         anatomy sae "The capital of France is" --sae ./sae --model smollm2 --labels feats/explanations.json
     """
-    from anatomy_cli.output import plots
-    from anatomy_cli.output.views import explain as view
-    from anatomy_cli.tasks._explain_run import measure
+    plots = when_run("output.plots")
+    view = when_run("output.views.explain")
+    measure = when_run("tasks._explain_run").measure
 
     plot = plots.check_path(plot, made=opts.target)  # FILE inside a --out DIR not made yet: made by the run
     run = measure(spec, opts)
@@ -73,7 +75,5 @@ def explain_command(
 def _dashboard(opts: task.ExplainOptions) -> Path | None:
     """FEATURES_DIR's dashboard page (feature_labels.py's DASHBOARD name), when it exists and the explanations
     were written beside it (no --out)."""
-    from anatomy_cli.models.feature_labels import DASHBOARD
-
     page = Path(opts.features_dir) / DASHBOARD
     return page if opts.out is None and page.is_file() else None

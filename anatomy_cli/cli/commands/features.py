@@ -13,6 +13,7 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import default_model
 from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
@@ -64,12 +65,12 @@ def features_command(
         anatomy features ./sae --corpus docs/ --out feats --plot feats/features.html
         anatomy features ./sae --corpus docs/ --estimate
     """
-    from anatomy_cli.output.views import features as view
-    from anatomy_cli.tasks._features_run import measure
+    view = when_run("output.views.features")
+    measure = when_run("tasks._features_run").measure
 
     if plot is not None and opts.estimate:
         raise UsageError("--estimate runs no pass: it draws no --plot (drop one of the two)")
-    from anatomy_cli.output.plots import check_path
+    check_path = when_run("output.plots").check_path
 
     plot = check_path(plot, made=opts.out)  # FILE inside a --out DIR not made yet: made by the run
     if spec.model == default_model():  # --model left out (or given as the default): the model the dictionary names
@@ -79,12 +80,12 @@ def features_command(
     run = measure(spec, opts)
     emit(view.report(run), fmt)
     if plot is not None:
-        from anatomy_cli.output import plots
+        plots = when_run("output.plots")
 
         args, kwargs = view.figure(run)
         records = None if opts.out is None else read_export(opts.out, run.sae_file.hook_name, run.plan.features)
         if records:  # explain's explanations in --out: on the page too
-            from anatomy_cli.output.views.explain import flat
+            flat = when_run("output.views.explain").flat
 
             kwargs["explanations"] = flat(records)
         plots.draw("features", plots.make_folder(plot), None, *args, **kwargs)

@@ -19,6 +19,7 @@ from anatomy_cli.cli.options import MODEL_OPTIONS
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
@@ -70,7 +71,7 @@ def fit_lens_command(
         anatomy fit-lens merge part1.pt part2.pt --out lens.pt
         anatomy fit-lens tuned --model smollm2 --corpus docs/ --tokens 100000 --ctx 512 --out smollm2-tuned
     """
-    from anatomy_cli.output.views import fit_lens as view
+    view = when_run("output.views.fit_lens")
 
     if kind == "merge":
         if prompts_file is not None:

@@ -12,6 +12,7 @@ from anatomy_cli.cli.commands._common import open_model
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import fit_sae as task
@@ -49,7 +50,7 @@ def fit_sae_command(
         anatomy fit-sae corpus.jsonl --model gpt2 --layer 6 --transcoder --out ./tc --d-sae 6144 --k 64
         anatomy fit-sae docs/ --model smollm2 --layer all --transcoder --out ./tc --d-sae 1024 --k 16
     """
-    from anatomy_cli.output.views import fit_sae as view
+    view = when_run("output.views.fit_sae")
 
     check_blocks_early(spec, str(opts.layer), "--layer", every=True)  # --layer 99: before the slow open
     opened = open_model(spec)

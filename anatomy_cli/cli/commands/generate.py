@@ -13,6 +13,7 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import emit_jsonl
@@ -51,7 +52,7 @@ def generate_command(
         anatomy generate "I think that" --steer happy.safetensors --coef -2,-1,0,1,2 --plot sweep.png
         anatomy generate "I think that" --steer-feature 123 --sae sae_dir/ --coef 4
     """
-    from anatomy_cli.output.views import generate as view
+    view = when_run("output.views.generate")
 
     if plot:
         task.check_plot(opts)
@@ -61,7 +62,7 @@ def generate_command(
     outs = task.run(lm, encoded, opts, plan)
     reports = [view.report(lm, enc, out, opts, plan) for enc, out in zip(encoded, outs)]
     if plot:
-        from anatomy_cli.output import plots
+        plots = when_run("output.plots")
 
         for index, (enc, out) in enumerate(zip(encoded, outs), start=1):
             args, kwargs = view.figure(lm, enc, out, opts, plan)

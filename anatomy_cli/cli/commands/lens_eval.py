@@ -13,6 +13,7 @@ from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import lens_eval as task
@@ -48,7 +49,7 @@ def lens_eval_command(
         anatomy lens-eval items.json --lens logit --lens jacobian:lens.pt --lens tuned:tuned/
         anatomy lens-eval items.json --lens jacobian:lens.pt --format json
     """
-    from anatomy_cli.output.views import lens_eval as view
+    view = when_run("output.views.lens_eval")
 
     opts = dataclasses.replace(opts, items=items)  # fails before anything opens
     opened, encoded = open_texts(opts.prompts, spec, prompts)

@@ -12,6 +12,8 @@ import typer
 from anatomy_cli.cli.app import info
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.declare.commands import when_run
+from anatomy_cli.models import defaults
 from anatomy_cli.models.resolve import check_path
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -57,11 +59,10 @@ def models(
     if opts.default is not None:
         _set_default(opts.default)
         return
-    from anatomy_cli.analyses import inventory as analysis
+    analysis = when_run("analyses.inventory")
 
     result = analysis.inventory(list(directories or []), hf=opts.hf_cache)
     data = result.to_dict()
-    from anatomy_cli.models import defaults
 
     data["default"] = {"model": defaults.default_model(), "from": defaults.where()}
     notes = [f"searched {', '.join(result.searched)}",
@@ -75,8 +76,6 @@ def models(
 
 
 def _set_default(name: str) -> None:
-    from anatomy_cli.models import defaults
-
     name = name.strip()
     if name in ("", defaults.FALLBACK):
         path = defaults.store(None)

@@ -10,6 +10,7 @@ from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import TrustRemoteCodeOpt
 from anatomy_cli.cli.options import output_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.resolve import short_name
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
@@ -59,8 +60,8 @@ def params_command(
         anatomy params llama-7b --max-memory 0=8GiB,cpu=16GiB --dtype fp16
     """
     plot, fmt = out.plot, out.fmt
-    from anatomy_cli.analyses import params as analysis
-    from anatomy_cli.output import plots
+    analysis = when_run("analyses.params")
+    plots = when_run("output.plots")
 
     budget = analysis.parse_max_memory(opts.max_memory) if opts.max_memory is not None else None
     result = analysis.analyse(model, dtype=opts.dtype.value if opts.dtype else None, per_layer=opts.per_layer,
@@ -139,13 +140,10 @@ def _disk_cells(data, rows) -> dict:
 
 
 def _per_layer_section(result, lead, tail, total_row):
-    from anatomy_cli.analyses.params import ATTENTION
-    from anatomy_cli.analyses.params import LABELS
-    from anatomy_cli.analyses.params import LAYER_CATEGORIES
-    from anatomy_cli.analyses.params import NORM
+    rules = when_run("analyses.params")
 
     present = {c for lr in result.layers for c, n in lr.parameters.items() if n}
-    cats = [c for c in LAYER_CATEGORIES if c in present or c in (ATTENTION, NORM)]
+    cats = [c for c in rules.LAYER_CATEGORIES if c in present or c in (rules.ATTENTION, rules.NORM)]
     stacks = {lr.name.rsplit(".", 1)[0] for lr in result.layers}
     rows = [{"key": f"layer_{lr.index}" if len(stacks) == 1 else lr.name,
              "component": f"layer {lr.index}" if len(stacks) == 1 else lr.name, **lr.parameters,
@@ -156,7 +154,8 @@ def _per_layer_section(result, lead, tail, total_row):
     rows.append(total_row)
     shares = [lr.share for lr in result.layers] + [r.share for r in result.outside_layers]
     columns = [*lead, Column("component", "Component"),
-               *(Column(c, "Norms + other" if c == NORM else LABELS[c], "int", priority=-1 if c == NORM else 0)
+               *(Column(c, "Norms + other" if c == rules.NORM else rules.LABELS[c], "int",
+                        priority=-1 if c == rules.NORM else 0)
                  for c in cats),
                Column("parameters", "Parameters", "int", priority=3),
                Column("share", "Share", "pct", _share_digits(shares)),

@@ -16,6 +16,7 @@ from anatomy_cli.cli.commands._common import open_texts
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
@@ -28,7 +29,7 @@ def _output(value: Path) -> Path:
         return value
     if value.suffix.lower() != ".html":
         raise UsageError(f"-o {str(value)!r}: the report is an HTML page; give a file name ending in .html, or '-'")
-    from anatomy_cli.output.plots import check_path
+    check_path = when_run("output.plots").check_path
 
     return check_path(value, "-o")
 

@@ -12,6 +12,7 @@ from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import output_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import sae as task
 from anatomy_cli.text.options import PromptOptions
@@ -46,7 +47,7 @@ def sae_command(
         anatomy sae "The cat sat on the mat" --sae ./sae --labels ./explanations --plot features.html
     """
     plot, fmt = out.plot, out.fmt
-    from anatomy_cli.output.views import sae as view
+    view = when_run("output.views.sae")
 
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)

@@ -15,6 +15,7 @@ from anatomy_cli.cli.app import click_command
 from anatomy_cli.cli.app import info
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column
@@ -59,7 +60,7 @@ def serve_command(
         anatomy serve --cancel 3               # job 3 of serve --status
         anatomy serve --stop
     """
-    from anatomy_cli.serve import lifecycle
+    lifecycle = when_run("serve.lifecycle")
 
     path = opts.socket.expanduser() if opts.socket else protocol.socket_path()[0]
     if ids and not opts.cancel:
@@ -97,7 +98,7 @@ serve_command.__doc__ = (serve_command.__doc__ or "").replace("NOT_FORWARDED", "
 
 
 def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_minutes: float) -> None:
-    from anatomy_cli.serve import lifecycle
+    lifecycle = when_run("serve.lifecycle")
 
     argv = ["serve", "--socket", str(path), "--idle-timeout", repr(idle_minutes)]
     argv += [] if max_memory_gb is None else ["--max-memory-gb", repr(max_memory_gb)]
@@ -114,7 +115,7 @@ def _detach(path: Path, models: list[str], max_memory_gb: float | None, idle_min
 
 
 def _run_server(path: Path, models: list[str], max_bytes: int | None, idle_minutes: float) -> None:
-    from anatomy_cli.serve.server import Server
+    Server = when_run("serve.server").Server
 
     # The server's log is the real stderr: while a request runs, sys.stderr is that client's.
     server = Server(path, commands=click_command, max_bytes=max_bytes, idle_timeout=idle_minutes * 60,

@@ -8,6 +8,7 @@ from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import steer as task
@@ -35,7 +36,7 @@ def steer_command(
         anatomy steer --pairs pairs.tsv --layer 4-8 --method pca --out joy.safetensors
         anatomy steer --pairs pairs.tsv --layer 6 --save-control-vector joy.gguf
     """
-    from anatomy_cli.output.views import steer as view
+    view = when_run("output.views.steer")
 
     opened, encoded = open_texts(task.texts(opts), spec, prompts)
     plan = task.check(opened, opts)

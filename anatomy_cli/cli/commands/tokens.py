@@ -11,12 +11,14 @@ from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import AllowSpecialOpt
 from anatomy_cli.cli.options import BosOpt
 from anatomy_cli.cli.options import FormatOpt
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import tokens as task
+from anatomy_cli.text.inputs import read_text_arg
 
 _COLUMNS = (
     Column("index", "#", "int"),
@@ -57,8 +59,7 @@ def tokens(
 
         printf 'line one\\nline two' | anatomy tokens - --encoding cl100k_base
     """
-    from anatomy_cli.analyses import tokens as analysis
-    from anatomy_cli.text.inputs import read_text_arg
+    analysis = when_run("analyses.tokens")
 
     if opts.model is None and bos is not None:
         raise UsageError("--bos and --no-bos apply to a model's tokenizer (--model); tiktoken adds no BOS")

@@ -18,6 +18,7 @@ from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import PlotOpt
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.cli.options import prompt_options
+from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import Format
@@ -73,7 +74,7 @@ def verify_command(
         anatomy verify --init random --against transformers
         printf 'Thank you very\\nThe capital of France is\\n' | anatomy verify --prompts - --quick
     """
-    from anatomy_cli.output.views import verify as view
+    view = when_run("output.views.verify")
 
     given = _read_prompts(prompts_file)
     opts = dataclasses.replace(opts, prompt=tuple(given) if given else None)
@@ -89,7 +90,7 @@ def verify_command(
     summary = not detail and resolve_format(fmt) is Format.table
     emit(view.report(lm, result, encoded, plan, summary=summary), fmt)
     if plot:
-        from anatomy_cli.output import plots
+        plots = when_run("output.plots")
 
         args, kwargs = view.figure(lm, result, encoded)
         plots.draw("verify", plot, None, *args, **kwargs)

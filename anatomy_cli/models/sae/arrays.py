@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+from safetensors import SafetensorError
 
 from anatomy_cli.errors import CheckpointError
 from anatomy_cli.models.headers import read_safetensors
@@ -27,7 +28,6 @@ def safetensors_arrays(path: Path, values: bool = True) -> dict[str, Array]:
     """A safetensors file's arrays (numpy); ``values=False``: stand-ins of their shapes from its header
     (models/headers.py ``read_safetensors``, which also refuses a truncated file: the one message for it, whether
     the values are read or not)."""
-    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     if not values:

@@ -163,8 +163,6 @@ def read(path: str | Path, *, hook: str | None = None, transcoder: bool = False,
 def _dictionaries(folder: Path) -> list[str]:
     """The subfolders of ``folder`` holding one SAELens or sparsify dictionary each (``fit-sae --layer all``'s
     ``layers.N.mlp``, a sparsify checkpoint's hook points), in natural order (``layers.2`` before ``layers.10``)."""
-    import re
-
     if not folder.is_dir():
         return []
     found = [d.name for d in folder.iterdir() if d.is_dir() and ((d / SPARSIFY_WEIGHTS).is_file() or (

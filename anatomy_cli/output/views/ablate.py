@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -44,8 +45,6 @@ def metric_name(lm: LoadedModel, ids: Mapping[str, int | None]) -> str:
 
 
 def figure(lm: LoadedModel, enc: Encoded, result: AblateResult) -> FigureArgs:
-    from anatomy_cli.output.plots import Caption
-
     pos, how = result.position, "attribution estimate of the " if result.extra else ""
     cap = Caption.of("ablate", lm, enc.text, f"{how}{result.ablation.mode} ablation · position {pos} = "
                      f"{enc.pieces[pos]}")

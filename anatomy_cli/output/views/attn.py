@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.plots import Caption
+from anatomy_cli.output.plots import is_html
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
@@ -33,8 +35,6 @@ ROWS = "weights"
 
 def run_kwargs(shown: Shown) -> dict[str, object]:
     """An HTML page switches between every layer and head: the run keeps them all, pooled as the page says."""
-    from anatomy_cli.output.plots import is_html
-
     if shown.plot is None or not is_html(shown.plot):
         return {}
     from anatomy_cli.output.html.attn import block_factor
@@ -99,8 +99,6 @@ def where(enc: Encoded, result: Attention, one_head: bool) -> str:
 
 def figure(lm: LoadedModel, enc: Encoded, run: AttnRun, shown: Shown) -> FigureArgs:
     """``plots.draw("attn", ...)``'s arguments: the page of every head (a run with ``pooled``), else a PNG's."""
-    from anatomy_cli.output.plots import Caption
-
     one_head, plan = shown.opts.one_head, shown.plan
     caption = Caption.of("attn", lm, enc.text, where(enc, run.attention, one_head))
     if run.pooled is not None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from anatomy_cli.models import sites
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -45,8 +46,6 @@ HOW = {"saliency": "the L2 norm of the metric's gradient with respect to the tok
 
 def figure(lm: LoadedModel, enc: Encoded, result: TokenAttribution, shown: Shown) -> FigureArgs:
     """One picture for every format (no HTML page of its own: an .html file holds the PNG)."""
-    from anatomy_cli.output.plots import Caption
-
     ids = shown.plan
 
     return (result, metric_name(lm, ids), Caption.of("attribute", lm, enc.text, method_line(result))), {}

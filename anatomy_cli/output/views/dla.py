@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -38,8 +39,6 @@ def what(lm: LoadedModel, ids: dict[str, int | None]) -> str:
 
 
 def figure(lm: LoadedModel, enc: Encoded, result: DlaResult) -> FigureArgs:
-    from anatomy_cli.output.plots import Caption
-
     pos = result.position
     cap = Caption.of("dla", lm, enc.text, f"position {pos} = {enc.pieces[pos]}")
     return (result.full, lm.n_layers, lm.n_heads, what(lm, result.ids), cap), {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -32,8 +33,6 @@ def report(lm: LoadedModel, encoded: list[Encoded], result: DriftResult) -> Repo
 
 
 def figure(lm: LoadedModel, encoded: list[Encoded], result: DriftResult) -> FigureArgs:
-    from anatomy_cli.output.plots import Caption
-
     detail = f"{result.word!r} in {len(result.contexts)} contexts · pool {result.pool}"
     return (result, Caption.of("drift", lm, None, detail)), {}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -54,8 +55,6 @@ def report(lm: LoadedModel, enc: Encoded, scored: Scored) -> Report:
 
 def figure(lm: LoadedModel, enc: Encoded, scored: Scored) -> FigureArgs:
     """``plots.draw("heads", ...)``'s arguments: every head coloured, the first ``--top`` framed."""
-    from anatomy_cli.output.plots import Caption
-
     result, top, prompted = scored.heads, scored.top, scored.heads.measured_on == "prompt"
     detail = f"induction, duplicate on {result.seq_len} random tokens × 2, seed {result.seed}"
     cap = Caption.of("heads", lm, enc.text if prompted else None, detail)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.output.plots import Caption
+from anatomy_cli.output.plots import is_html
 from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
@@ -72,8 +74,6 @@ def _notes(lm: LoadedModel, grid: LensGrid, data: dict[str, Any], stat: str) -> 
 def run_kwargs(shown: Shown) -> dict[str, int]:
     """An HTML page's hover text lists each cell's top 5 tokens, whatever --k the table shows: the run computes
     them (``k``), the report keeps ``--k``."""
-    from anatomy_cli.output.plots import is_html
-
     k = shown.opts.k
     return {"k": max(k or 1, HOVER_TOP)} if shown.plot is not None and is_html(shown.plot) else {}
 
@@ -131,8 +131,6 @@ def _grid(grid: LensGrid, cells: list[dict[str, Any]], enc: Encoded, stat: str) 
 
 def figure(lm: LoadedModel, enc: Encoded, grid: LensGrid, shown: Shown) -> FigureArgs:
     """``plots.draw("lens", ...)``'s arguments for ``grid``."""
-    from anatomy_cli.output.plots import Caption
-
     stat = shown.opts.stat
 
     cap = Caption.of("lens", lm, enc.text, f"--stat {stat}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Format
 from anatomy_cli.output.render import Report
@@ -46,7 +47,6 @@ def report(lm: LoadedModel, encoded: list[Encoded], result: PatchResult, shown: 
 
 
 def figure(lm: LoadedModel, encoded: list[Encoded], result: PatchResult) -> FigureArgs:
-    from anatomy_cli.output import plots
     from anatomy_cli.output.plots._text import shorten
 
     clean, corrupt = encoded

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
@@ -52,6 +53,4 @@ def report(lm: LoadedModel, enc: Encoded, result: RouteResult) -> Report:
 
 def figure(lm: LoadedModel, enc: Encoded, result: RouteResult) -> FigureArgs:
     """``plots.draw("route", ...)``'s arguments for ``result``."""
-    from anatomy_cli.output.plots import Caption
-
     return (result, list(enc.pieces), Caption.of("route", lm, enc.text)), {}

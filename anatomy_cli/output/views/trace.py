@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from anatomy_cli.output.plots import Caption
 from anatomy_cli.output.render import TOKEN_COLUMNS
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
@@ -75,7 +76,5 @@ def report(lm: LoadedModel, enc: Encoded, traced: Traced) -> Report:
 
 def figure(lm: LoadedModel, enc: Encoded, traced: Traced) -> FigureArgs:
     """``plots.draw("trace", ...)``'s arguments."""
-    from anatomy_cli.output.plots import Caption
-
     pos, result, _ = traced
     return (result, Caption.of("trace", lm, enc.text, f"position {pos} = {enc.pieces[pos]}")), {}
