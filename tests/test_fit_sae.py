@@ -427,3 +427,31 @@ def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():
     with notes.using_notes(one):
         fit_notes(opts, fits[:1])
     assert one.warnings[:2] == ["block 0: FVE low", "block 0: KL high"] and "1 of 1 transcoders" in one.warnings[2]
+
+
+def test_collect_writes_each_batch_in_place_equal_to_plain_hooks(tiny_lm):
+    """``collect`` copies each batch's rows into one tensor per point (issue 62: no pieces joined after, half the
+    peak): the rows equal what PyTorch hooks on transformers' own MLP read and write, window by window, with
+    windows of two lengths (two batches of 2, then a shorter one alone)."""
+    from anatomy_cli.models import sites
+
+    lm = tiny_lm("llama")
+    wins = [[1, 5, 9, 22, 7], [3, 14, 30, 2, 8], [4, 4, 6, 10, 11], [12, 13], [9, 9, 9]]
+    points = [sites.hook_name(1, sites.Site.mlp_in), sites.hook_name(0, sites.Site.mlp_out)]
+    x, y = sae_fit.collect(lm, wins, points, batch=2)
+    layers, seen = lm.model.model.layers, {}
+    hooks = [layers[1].mlp.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0][0])),
+             layers[0].mlp.register_forward_hook(lambda m, args, out: seen.__setitem__("y", out[0]))]
+    want_x, want_y = [], []
+    try:
+        with torch.no_grad():
+            for w in wins:
+                lm.model(torch.tensor([w]))
+                want_x.append(seen["x"])
+                want_y.append(seen["y"])
+    finally:
+        for h in hooks:
+            h.remove()
+    assert x.shape == (sum(map(len, wins)), lm.info.d_model) and x.dtype == torch.float32
+    torch.testing.assert_close(x, torch.cat(want_x), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y, torch.cat(want_y), rtol=1e-5, atol=1e-6)

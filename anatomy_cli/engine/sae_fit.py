@@ -59,14 +59,22 @@ if TYPE_CHECKING:
 def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[str], *, batch: int = 8,
             progress: Callable[[int, int], None] | None = None) -> list[torch.Tensor]:
     """The activations at each of ``points`` (hook points, or ``blocks.N.mlp.hook_in``) over every position of
-    ``windows``, all in one pass: one float32 CPU tensor ``[rows, width]`` per point, rows in window order (the
-    batches' pieces of a point are freed as its tensor is joined: the peak is the activations and one point's
-    second copy)."""
-    rows: list[list[torch.Tensor]] = [[] for _ in points]
+    ``windows``, all in one pass: one float32 CPU tensor ``[rows, width]`` per point, rows in window order. Each
+    point's tensor is made whole at its first batch and each batch's rows are copied into their place, so the
+    peak is the activations themselves: the pieces kept and then joined, as before issue 62, doubled it (the
+    freed pieces stay in the heap; at 31,936 tokens of SmolLM2's 60 hook points a peak RSS of 9.9 GB for 4.1
+    GiB of activations)."""
+    total = sum(map(len, windows))
+    out: list[torch.Tensor | None] = [None] * len(points)
+    filled = [0] * len(points)
 
     def keep(i: int) -> Callable[[torch.Tensor], None]:
         def fn(t: torch.Tensor) -> None:
-            rows[i].append(t.detach().reshape(-1, t.shape[-1]).float().cpu())
+            flat = t.detach().reshape(-1, t.shape[-1])
+            if out[i] is None:
+                out[i] = torch.empty(total, flat.shape[-1], dtype=torch.float32)
+            out[i][filled[i]:filled[i] + flat.shape[0]].copy_(flat)  # type: ignore[index]
+            filled[i] += flat.shape[0]
         return fn
 
     lm.model.eval()
@@ -83,11 +91,10 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
             done += len(group)
             if progress is not None:
                 progress(done, len(windows))
-    out = []
-    for r in rows:
-        out.append(torch.cat(r))
-        r.clear()
-    return out
+    missed = [p for p, n in zip(points, filled) if n != total]
+    if missed:
+        raise RuntimeError(f"collect: {missed} did not see every row once ({filled} of {total})")
+    return [t for t in out if t is not None]
 
 
 class TopKCoder(torch.nn.Module):

@@ -52,12 +52,18 @@ def probe(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, batch: int) ->
 
 
 def stacked(acts: dict[str, torch.Tensor], plan: FitSaePlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[L, rows, d]`` of every block's MLP input and of its output (the collected tensors freed as they go)."""
+    """``[L, rows, d]`` of every block's MLP input and of its output, each block's tensor copied into its place and
+    freed as it goes (a ``torch.stack`` of them held both copies of one side at once)."""
     import torch
 
-    xs = torch.stack([acts.pop(b.points[0]) for b in plan.blocks])
-    targets = torch.stack([acts.pop(b.points[1]) for b in plan.blocks])
-    return xs, targets
+    def joined(side: int) -> torch.Tensor:
+        first = acts[plan.blocks[0].points[side]]
+        out = torch.empty(len(plan.blocks), *first.shape, dtype=first.dtype)
+        for j, block in enumerate(plan.blocks):
+            out[j] = acts.pop(block.points[side])
+        return out
+
+    return joined(0), joined(1)
 
 
 def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[str, torch.Tensor], *,
