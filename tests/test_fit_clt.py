@@ -238,27 +238,35 @@ def test_spliced_logits_equal_a_forward_with_plain_hooks_on_transformers_mlps(ti
             acts[i] = z * (z > theta[i])
         return fn
 
-    def out_hook(m):
+    def out_hook(m, skip):
         def fn(module, args, out):
             y = coder.b_dec[m].clone()
             for layer in range(m + 1):
                 y = y + acts[layer] @ coder.W_dec[layer][:, m - layer]
-            return y[None]
+            return torch.cat([out[:, :skip], y[None][:, skip:]], 1)  # the first ``skip`` positions as they were
         return fn
 
     layers = lm.model.model.layers
-    handles = [h for i in range(n) for h in (layers[i].mlp.register_forward_pre_hook(pre_hook(i)),
-                                              layers[i].mlp.register_forward_hook(out_hook(i)))]
     x = torch.tensor([ids])
-    try:
-        with torch.no_grad():
-            want = lm.model(x).logits[0]
-    finally:
-        for h in handles:
-            h.remove()
+
+    def hooked(skip):
+        handles = [h for i in range(n) for h in (layers[i].mlp.register_forward_pre_hook(pre_hook(i)),
+                                                  layers[i].mlp.register_forward_hook(out_hook(i, skip)))]
+        try:
+            with torch.no_grad():
+                return lm.model(x).logits[0]
+        finally:
+            for h in handles:
+                h.remove()
+
+    want = hooked(0)
+    # fit-sae's held-out check: position 0 keeps the model's MLP outputs and is left out (sae_fit.SKIPPED)
+    skipped = clt_fit.spliced_logits(lm, ids, coder, theta, points, skip=1)
+    torch.testing.assert_close(skipped[1], hooked(1)[1:], rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         want_clean = lm.model(x).logits[0]
     torch.testing.assert_close(clean, want_clean, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(skipped[0], want_clean[1:], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(spliced, want, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(spliced, clean, atol=1e-2)  # the splice changed something
     logp, logq = want_clean.double().log_softmax(-1), want.double().log_softmax(-1)

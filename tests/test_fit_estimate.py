@@ -85,9 +85,9 @@ def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, c
                 progress(i, n)
         return train(x, target, coder, progress=step, **kw)
 
-    def slow_splice(lm, ids, sae):
+    def slow_splice(lm, ids, sae, **kw):
         clock.t += 3 * len(ids)  # three forwards of the held-out window
-        return splice(lm, ids, sae)
+        return splice(lm, ids, sae, **kw)
 
     monkeypatch.setattr(sae_fit, "collect", slow_collect)
     monkeypatch.setattr(sae_fit, "train", slow_train)

@@ -60,8 +60,10 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     # the held-out window is the corpus' last, however short: the cost line says how long (a new user read "one more
     # held out" as a whole window where it was the 16 tokens left over)
     assert data["tokens"] % 32 == 0 and data["held_out_tokens"] <= 32
-    said = f"{data['tokens']:,} tokens ({data['tokens'] // 32} windows of 32) x 30 epochs, the next " \
-        f"{data['held_out_tokens']} tokens held out:"
+    windows = data["tokens"] // 32  # each window's first position is no row: 31 rows a window
+    assert data["cost"]["rows"] == windows * 31
+    said = f"{data['tokens']:,} tokens ({windows} windows of 32; {windows * 31:,} rows, each window's first " \
+        f"position left out) x 30 epochs, the next {data['held_out_tokens']} tokens held out:"
     assert said in " ".join(result.stderr.split()), result.stderr
     sae = read(folder)
     assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)
@@ -431,8 +433,9 @@ def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():
 
 def test_collect_writes_each_batch_in_place_equal_to_plain_hooks(tiny_lm):
     """``collect`` copies each batch's rows into one tensor per point (issue 62: no pieces joined after, half the
-    peak): the rows equal what PyTorch hooks on transformers' own MLP read and write, window by window, with
-    windows of two lengths (two batches of 2, then a shorter one alone)."""
+    peak): the rows equal what PyTorch hooks on transformers' own MLP read and write, window by window, each
+    window's first position left out (issue 62: the attention sink is no row), with windows of two lengths (two
+    batches of 2, then a shorter one alone)."""
     from anatomy_cli.models import sites
 
     lm = tiny_lm("llama")
@@ -447,11 +450,54 @@ def test_collect_writes_each_batch_in_place_equal_to_plain_hooks(tiny_lm):
         with torch.no_grad():
             for w in wins:
                 lm.model(torch.tensor([w]))
-                want_x.append(seen["x"])
-                want_y.append(seen["y"])
+                want_x.append(seen["x"][1:])
+                want_y.append(seen["y"][1:])
     finally:
         for h in hooks:
             h.remove()
-    assert x.shape == (sum(map(len, wins)), lm.info.d_model) and x.dtype == torch.float32
+    assert x.shape == (sum(len(w) - 1 for w in wins), lm.info.d_model) == (sae_fit.rows(wins), lm.info.d_model)
+    assert x.dtype == torch.float32
     torch.testing.assert_close(x, torch.cat(want_x), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(y, torch.cat(want_y), rtol=1e-5, atol=1e-6)
+
+
+def test_a_huge_first_position_sets_no_unit_scale(tiny_lm):
+    """Issue 62: one window's first position carrying a huge activation (x1000, SmolLM2's attention sink) is no
+    row, so a transcoder's unit scales are those of the other rows, computed here by hand from plain hooks (the
+    root mean square of every entry of positions 1..)."""
+    from anatomy_cli.models import sites
+
+    lm = tiny_lm("llama")
+    wins = [[1, 5, 9, 22, 7], [3, 14, 30, 2, 8]]
+    points = [sites.hook_name(1, sites.Site.mlp_in), sites.hook_name(1, sites.Site.mlp_out)]
+    mlp, calls = lm.model.model.layers[1].mlp, [0]
+
+    def huge(m, args, out):  # the first window's first position x1000 (each pass runs window 0, then window 1)
+        out = out.clone()
+        if calls[0] % 2 == 0:
+            out[0, 0] *= 1000
+        calls[0] += 1
+        return out
+
+    handle = mlp.register_forward_hook(huge)
+    try:
+        x, y = sae_fit.collect(lm, wins, points, batch=1)
+        ins, outs = [], []
+        pre = mlp.register_forward_pre_hook(lambda m, args: ins.append(args[0][0]))
+        post = mlp.register_forward_hook(lambda m, args, out: outs.append(out[0]))
+        try:
+            with torch.no_grad():
+                for w in wins:
+                    lm.model(torch.tensor([w]))
+        finally:
+            pre.remove()
+            post.remove()
+        plain = list(zip(ins, outs))
+    finally:
+        handle.remove()
+    assert float(plain[0][1][0].abs().max()) > 100 * float(plain[0][1][1:].abs().max())  # the huge one is there
+    rows_x = torch.cat([a[1:] for a, _ in plain])
+    rows_y = torch.cat([b[1:] for _, b in plain])
+    want = (float(rows_x.pow(2).sum() / rows_x.numel()) ** 0.5, float(rows_y.pow(2).sum() / rows_y.numel()) ** 0.5)
+    coder = sae_fit.TopKCoder(x.shape[1], 16, 2, transcode=True)
+    assert sae_fit.unit_scales(coder, x, y) == pytest.approx(want, rel=1e-5)

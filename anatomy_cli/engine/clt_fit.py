@@ -301,12 +301,13 @@ def jumprelu_forward(coder: CrossLayerCoder, xs: torch.Tensor, theta: torch.Tens
 
 @torch.no_grad()
 def spliced_logits(lm: LoadedModel, ids: Sequence[int], coder: CrossLayerCoder, theta: torch.Tensor,
-                   points: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+                   points: Sequence[tuple[str, str]], *, skip: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(the clean logits ``[n, vocab]`` of ``ids``, the logits with every block's MLP output replaced by the
     written CLT's reconstruction): ``points[l]`` the hook points of block l's MLP input and output (what the fit
     collected). The splice is closed-loop, as the replacement model runs: block l's features read block l's MLP
     input in the spliced forward itself (``pre · (pre > θ_l)``, the written thresholds), and block m's MLP
-    output becomes ``Σ_{l ≤ m} a_l W_dec_l[:, m − l] + b_dec_m``."""
+    output becomes ``Σ_{l ≤ m} a_l W_dec_l[:, m − l] + b_dec_m``. ``skip``: the first positions keep the model's
+    own MLP outputs and are left out of both logits (fit-sae's held-out check: ``sae_fit.SKIPPED``)."""
     input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
     acts: dict[int, torch.Tensor] = {}
 
@@ -320,7 +321,8 @@ def spliced_logits(lm: LoadedModel, ids: Sequence[int], coder: CrossLayerCoder, 
             y = coder.b_dec[m].clone()
             for layer in range(m + 1):
                 y = y + acts[layer] @ coder.W_dec[layer][:, m - layer]
-            return y.to(device=t.device, dtype=t.dtype)[None]
+            y = y.to(device=t.device, dtype=t.dtype)[None]
+            return torch.cat([t[:, :skip], y[:, skip:]], 1) if skip else y
         return fn
 
     def logits(pairs: list[Any]) -> torch.Tensor:
@@ -331,7 +333,7 @@ def spliced_logits(lm: LoadedModel, ids: Sequence[int], coder: CrossLayerCoder, 
     clean = logits([])
     pairs = [pair for layer, (p_in, p_out) in enumerate(points) for pair in ((p_in, read(layer)),
                                                                             (p_out, write(layer)))]
-    return clean, logits(pairs)
+    return clean[skip:], logits(pairs)[skip:]
 
 
 def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int, steps: int = 3,

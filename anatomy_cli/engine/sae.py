@@ -173,8 +173,10 @@ def _reading(lm: LoadedModel, point: str, norm: NormGain | None) -> str | Where:
     return point if norm is None else (mlp_norm_module(lm, names.layer_of(point)), "input")
 
 
-def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
-    """Three forwards of one prompt (``ids``) with ``sae`` at its sites; see :class:`SpliceRun`."""
+def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary, *, skip: int = 0) -> SpliceRun:
+    """Three forwards of one prompt (``ids``) with ``sae`` at its sites; see :class:`SpliceRun`. ``skip``: the
+    first positions keep the model's own activation in both splices and are left out of every returned tensor
+    (fit-sae's held-out check: ``engine.sae_fit.SKIPPED``)."""
     f = sae.file
     input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
     seen: dict[str, torch.Tensor] = {}
@@ -203,13 +205,13 @@ def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary) -> SpliceRun:
     def replace(with_error: bool) -> HookFn:
         def fn(t: torch.Tensor) -> torch.Tensor:
             new = written.to(t.dtype)[None]
+            new = torch.cat([t[:, :skip], new[:, skip:]], 1) if skip else new
             return new + (t - new) if with_error else new
         return fn
 
     spliced = logits_with([(f.site_out, replace(False))])
     with_error = logits_with([(f.site_out, replace(True))])
-    return SpliceRun(x=x.float(), target=target.float(), features=features.float(), recon=recon.float(),
-                     logits=logits, logits_spliced=spliced, logits_with_error=with_error)
+    return SpliceRun(*(v[skip:].float() for v in (x, target, features, recon, logits, spliced, with_error)))
 
 
 def decoder_lens(lm: LoadedModel, sae: Dictionary, feature_ids: list[int]) -> torch.Tensor:

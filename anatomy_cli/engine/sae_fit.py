@@ -56,21 +56,38 @@ if TYPE_CHECKING:
     from anatomy_cli.engine.model import LoadedModel
 
 
+SKIPPED = 1
+"""A window's first positions that never become training or held-out rows (and that the held-out splice leaves
+as the model computes them): the first position's activations are SmolLM2's massive first-token activation (the
+attention sink), 98% of block 11's MLP-output variance at 31,936 tokens, so a fit that kept them, and its unit
+scales (:func:`unit_scales`), chased those rows (issue 62). The field's convention: SAELens leaves out special
+tokens, circuit-tracer zeroes the transcoders at position 0 (``zero_bos``; anatomy's circuit too), Anthropic's
+CLTs skip BOS."""
+
+
+def rows(windows: Sequence[Sequence[int]]) -> int:
+    """How many rows :func:`collect` gives for ``windows``: each window's tokens less its first
+    (:data:`SKIPPED`)."""
+    return sum(max(len(w) - SKIPPED, 0) for w in windows)
+
+
 def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[str], *, batch: int = 8,
             progress: Callable[[int, int], None] | None = None) -> list[torch.Tensor]:
     """The activations at each of ``points`` (hook points, or ``blocks.N.mlp.hook_in``) over every position of
-    ``windows``, all in one pass: one float32 CPU tensor ``[rows, width]`` per point, rows in window order. Each
+    ``windows`` but each window's first (:data:`SKIPPED`), all in one pass: one float32 CPU tensor
+    ``[rows, width]`` per point (:func:`rows`), rows in window order. Each
     point's tensor is made whole at its first batch and each batch's rows are copied into their place, so the
     peak is the activations themselves: the pieces kept and then joined, as before issue 62, doubled it (the
     freed pieces stay in the heap; at 31,936 tokens of SmolLM2's 60 hook points a peak RSS of 9.9 GB for 4.1
     GiB of activations)."""
-    total = sum(map(len, windows))
+    total = rows(windows)
     out: list[torch.Tensor | None] = [None] * len(points)
     filled = [0] * len(points)
+    n_batch = [0]  # the windows in the forward now
 
     def keep(i: int) -> Callable[[torch.Tensor], None]:
         def fn(t: torch.Tensor) -> None:
-            flat = t.detach().reshape(-1, t.shape[-1])
+            flat = t.detach().reshape(n_batch[0], -1, t.shape[-1])[:, SKIPPED:].reshape(-1, t.shape[-1])
             if out[i] is None:
                 out[i] = torch.empty(total, flat.shape[-1], dtype=torch.float32)
             out[i][filled[i]:filled[i] + flat.shape[0]].copy_(flat)  # type: ignore[index]
@@ -87,6 +104,7 @@ def collect(lm: LoadedModel, windows: Sequence[Sequence[int]], points: Sequence[
     done = 0
     with torch.inference_mode(), _hooks(lm, [(p, keep(i)) for i, p in enumerate(points)]):
         for group in groups:
+            n_batch[0] = len(group)
             forward(lm, torch.tensor([list(w) for w in group], dtype=torch.long, device=lm.device))
             done += len(group)
             if progress is not None:

@@ -77,7 +77,7 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
     from anatomy_cli.engine import sae_fit
 
     xs, targets = stacked(acts, plan)
-    n_train = sum(map(len, plan.windows[:-1]))
+    n_train = sae_fit.rows(plan.windows[:-1])
     lr = opts.lr or sae_fit.default_lr(plan.d_sae, scaled=True)  # at unit scale (clt_fit)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(opts.seed)
@@ -109,13 +109,16 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
 def splice_figures(lm: LoadedModel, plan: FitSaePlan, coder: Any, theta: torch.Tensor) -> dict[str, float | None]:
     """The held-out window's next-token CE, clean and with every block's MLP output spliced with the written
     CLT's reconstruction (:func:`anatomy_cli.engine.clt_fit.spliced_logits`), and the spliced KL, in nats: the
-    per-layer fit's figures (analyses/sae.py), here for all blocks at once."""
+    per-layer fit's figures (analyses/sae.py), here for all blocks at once; positions 1.. as the per-layer fit's
+    (``sae_fit.SKIPPED``)."""
     from anatomy_cli.analyses.sae import next_token_ce
     from anatomy_cli.analyses.sae import next_token_kl
     from anatomy_cli.engine import clt_fit
+    from anatomy_cli.engine.sae_fit import SKIPPED
 
     ids = list(plan.windows[-1])
-    clean, spliced = clt_fit.spliced_logits(lm, ids, coder, theta, [b.points for b in plan.blocks])
+    clean, spliced = clt_fit.spliced_logits(lm, ids, coder, theta, [b.points for b in plan.blocks], skip=SKIPPED)
+    ids = ids[SKIPPED:]
     return {"ce_clean_nats": next_token_ce(clean, ids), "ce_spliced_nats": next_token_ce(spliced, ids),
             "kl_spliced_nats": next_token_kl(clean, spliced)}
 

@@ -75,7 +75,7 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     from anatomy_cli.models.sae import read
 
     start = time.perf_counter()
-    n_train = sum(map(len, windows[:-1]))
+    n_train = sae_fit.rows(windows[:-1])
     with torch.random.fork_rng(devices=[]):  # the caller's (or a server's) global RNG is left as it was
         torch.manual_seed(seed)
         coder = sae_fit.make_coder(x.shape[1], d_sae, k, transcode=transcoder, jumprelu=jumprelu)
@@ -90,8 +90,9 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
                                  model_name=model_name)
         sae_file = read.read(block.folder)
         held_out = list(windows[-1])
-        splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device))
-    health = analysis.health(splice, held_out, sae_file.stated_l0)
+        splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device),
+                                       skip=sae_fit.SKIPPED)  # the positions the rows leave out: as the model has them
+    health = analysis.health(splice, held_out[sae_fit.SKIPPED:], sae_file.stated_l0)
     dead = 1.0 - float(trained["fired"].float().mean())
     warnings = analysis.warnings(health, n_tokens=len(held_out), context_size=None, sae_bos=None, prompt_bos=None,
                                  centred=False, centred_now=0.0, text="held-out window")

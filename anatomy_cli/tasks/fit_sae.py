@@ -132,9 +132,11 @@ PHASES = ("collecting activations", "training", "writing and the held-out check"
 
 
 class SaeCost(TypedDict):
-    """:func:`estimate`: the tokens and blocks, the expected seconds and their :class:`Estimate`, the memory."""
+    """:func:`estimate`: the training tokens and rows (each window's first position left out:
+    ``engine.sae_fit.SKIPPED``) and blocks, the expected seconds and their :class:`Estimate`, the memory."""
 
     tokens: float
+    rows: float
     blocks: float
     seconds: float
     estimate: Estimate
@@ -153,8 +155,9 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     _fit_clt = when_run("tasks._fit_clt")
 
     d, n = lm.info.d_model, len(plan.blocks)
-    train_rows = sum(map(len, plan.windows[:-1]))
-    rows = train_rows + len(plan.windows[-1])
+    train_rows = sae_fit.rows(plan.windows[:-1])
+    rows = train_rows + sae_fit.rows(plan.windows[-1:])
+    tokens = sum(map(len, plan.windows))
     first = plan.windows[:1]
     begun = timing.now()
     window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
@@ -168,12 +171,13 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     steps = opts.epochs * -(-train_rows // opts.batch_size)
     collecting, training, checking = PHASES
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
-                           timing.scaled(collecting, window, len(first[0]), rows),
+                           timing.scaled(collecting, window, len(first[0]), tokens),
                            timing.scaled(training, step, 1, coders * steps),
                            timing.scaled(checking, window, len(first[0]), checks * len(plan.windows[-1]))))
     activations = 4.0 * len(plan.points) * rows * d
-    return {"tokens": float(train_rows), "blocks": float(n), "seconds": est.seconds, "estimate": est,
-            "activation_bytes": activations, "memory_bytes": activations + coder_bytes}
+    return {"tokens": float(tokens - len(plan.windows[-1])), "rows": float(train_rows), "blocks": float(n),
+            "seconds": est.seconds, "estimate": est, "activation_bytes": activations,
+            "memory_bytes": activations + coder_bytes}
 
 
 def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
@@ -184,7 +188,8 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx}) x {counted(opts.epochs, 'epoch')}, the next "
+            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx}; {int(cost['rows']):,} rows, each window's "
+            f"first position left out) x {counted(opts.epochs, 'epoch')}, the next "
             f"{len(plan.windows[-1])} tokens held out: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
