@@ -498,3 +498,28 @@ def test_a_dictionary_or_a_busy_folder_is_offered_a_features_command_that_runs(m
                      "--out", feats, "--delphi", feats / "latents", "--format", "json")
     assert made_it.exit_code == 0, made_it.output
     assert read_dir(ExplainOptions(features_dir=feats, explainer=str(chat))).features
+
+
+def test_a_folder_of_dictionaries_is_offered_a_features_command_with_hook(made, tmp_path):
+    """A new user passed fit-sae --layer all's folder (one dictionary per block) to explain: the offered features
+    command named the folder alone, which features refuses (it holds several). It now names its first block
+    with --hook, and that --hook reads that block's dictionary (its weights, as written)."""
+    import re
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from anatomy_cli.models.sae.read import read
+
+    _, _, _, _, chat = made
+    multi = tmp_path / "multi"
+    write_sae(multi / "layers.10", seed=1)
+    first = write_sae(multi / "layers.2", seed=2)  # natural order: layers.2 before layers.10
+    result = invoke("explain", multi, "--explainer", chat)
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and f"anatomy features {multi} --hook 2 --corpus PATH --out FEATS" in said, said
+    hook = re.search(r"--hook (\S+)", said).group(1)
+    written = load_file(str(first / "sae_weights.safetensors"))["W_enc"]
+    np.testing.assert_array_equal(np.asarray(read(multi, hook=hook).W_enc), written)
+    single = invoke("explain", first, "--explainer", chat)
+    assert single.exit_code == 2 and "--hook" not in single.stderr
