@@ -523,3 +523,15 @@ def test_a_folder_of_dictionaries_is_offered_a_features_command_with_hook(made, 
     np.testing.assert_array_equal(np.asarray(read(multi, hook=hook).W_enc), written)
     single = invoke("explain", first, "--explainer", chat)
     assert single.exit_code == 2 and "--hook" not in single.stderr
+
+
+@pytest.mark.parametrize("n, said", [(1, "1 feature: at most 60 s"), (3, "3 features: at most 3 min")])
+def test_the_cost_line_counts_its_features_in_number(n, said):
+    """A new user read `1 features: at most 2 min`: the cost line counts its features as a noun of number, the
+    total n features x the per-feature seconds."""
+    from anatomy_cli.tasks._explain_cost import line
+
+    c = {"prefill_s_per_token": 1e-3, "decode_s_per_token": 0.02, "per_feature_s": 60.0, "explain_prompt_tokens": 900,
+         "explain_s": 20.0, "scorer_prompts": 4, "scorer_prompt_tokens": 800, "score_s": 40.0, "features": n,
+         "total_s": n * 60.0}
+    assert line(c, False).endswith(f"; {said}")
