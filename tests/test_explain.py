@@ -498,3 +498,40 @@ def test_a_dictionary_or_a_busy_folder_is_offered_a_features_command_that_runs(m
                      "--out", feats, "--delphi", feats / "latents", "--format", "json")
     assert made_it.exit_code == 0, made_it.output
     assert read_dir(ExplainOptions(features_dir=feats, explainer=str(chat))).features
+
+
+def test_a_folder_of_dictionaries_is_offered_a_features_command_with_hook(made, tmp_path):
+    """A new user passed fit-sae --layer all's folder (one dictionary per block) to explain: the offered features
+    command named the folder alone, which features refuses (it holds several). It now names its first block
+    with --hook, and that --hook reads that block's dictionary (its weights, as written)."""
+    import re
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from anatomy_cli.models.sae.read import read
+
+    _, _, _, _, chat = made
+    multi = tmp_path / "multi"
+    write_sae(multi / "layers.10", seed=1)
+    first = write_sae(multi / "layers.2", seed=2)  # natural order: layers.2 before layers.10
+    result = invoke("explain", multi, "--explainer", chat)
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and f"anatomy features {multi} --hook 2 --corpus PATH --out FEATS" in said, said
+    hook = re.search(r"--hook (\S+)", said).group(1)
+    written = load_file(str(first / "sae_weights.safetensors"))["W_enc"]
+    np.testing.assert_array_equal(np.asarray(read(multi, hook=hook).W_enc), written)
+    single = invoke("explain", first, "--explainer", chat)
+    assert single.exit_code == 2 and "--hook" not in single.stderr
+
+
+@pytest.mark.parametrize("n, said", [(1, "1 feature: at most 60 s"), (3, "3 features: at most 3 min")])
+def test_the_cost_line_counts_its_features_in_number(n, said):
+    """A new user read `1 features: at most 2 min`: the cost line counts its features as a noun of number, the
+    total n features x the per-feature seconds."""
+    from anatomy_cli.tasks._explain_cost import line
+
+    c = {"prefill_s_per_token": 1e-3, "decode_s_per_token": 0.02, "per_feature_s": 60.0, "explain_prompt_tokens": 900,
+         "explain_s": 20.0, "scorer_prompts": 4, "scorer_prompt_tokens": 800, "score_s": 40.0, "features": n,
+         "total_s": n * 60.0}
+    assert line(c, False).endswith(f"; {said}")

@@ -187,3 +187,17 @@ def test_a_file_there_but_corrupt_exits_1_as_a_corrupt_model_and_a_missing_one_2
         result = invoke(*argv)
         lines = result.stderr.strip().splitlines()
         assert (result.exit_code, len(lines)) == (code, 1) and lines[0].startswith("error: "), (what, result.output)
+
+
+def test_a_features_dir_that_is_not_there_is_said_so(made, tmp_path):
+    """A new user's mistyped --features-dir read `no manifest.json`, as if the folder were there: a path that is
+    not there, or a file, is said to be so (exit 2), and only a folder is asked for its manifest."""
+    model, sae, _, _ = made
+    missing, a_file = tmp_path / "nosuchdir", tmp_path / "a.txt"
+    a_file.write_text("x")
+    for path, said in ((missing, "no such folder"), (a_file, "not a folder")):
+        assert path.is_dir() is False
+        result = invoke("sae", PROMPT, "--sae", sae, "--model", model, "--features-dir", path)
+        assert result.exit_code == 2 and f"--features-dir {path}: {said} (a folder that anatomy features --out " \
+            "wrote)" in " ".join(result.stderr.split()), result.stderr
+        assert "manifest.json" not in result.stderr

@@ -654,3 +654,21 @@ def test_the_tsv_and_the_table_show_the_contexts_as_text(setup, tmp_path):
         assert not re.search(r"<[0-9a-f]{2}[ >]", row[-1]), row[-1]  # no byte of a character shown as hex
         checked += 1
     assert checked >= 5
+
+
+def test_a_corrupt_fit_report_is_warned_of_not_taken_as_absent(setup, tmp_path):
+    """A new user's truncated anatomy-fit.json read as no report at all (fit_report null, nothing said). The report
+    is optional metadata (a dictionary without one is not judged), so features runs, and one warning names it."""
+    import shutil
+
+    model, sae, corpus, _ = setup
+    copy = Path(shutil.copytree(sae, tmp_path / "sae"))
+    report = copy / "anatomy-fit.json"
+    report.write_text('{"held_out_fve": ')
+    result = invoke("features", copy, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--max-tokens", 32, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["fit_report"] is None
+    warned = [line for line in result.stderr.splitlines() if str(report) in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: the fit report ") and "cannot be read (not JSON)" \
+        in warned[0], result.stderr

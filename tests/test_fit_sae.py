@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -501,3 +502,14 @@ def test_a_huge_first_position_sets_no_unit_scale(tiny_lm):
     want = (float(rows_x.pow(2).sum() / rows_x.numel()) ** 0.5, float(rows_y.pow(2).sum() / rows_y.numel()) ** 0.5)
     coder = sae_fit.TopKCoder(x.shape[1], 16, 2, transcode=True)
     assert sae_fit.unit_scales(coder, x, y) == pytest.approx(want, rel=1e-5)
+
+
+def test_one_epoch_is_said_in_the_singular(tiny_model_dir, corpus, tmp_path):
+    """A new user read `512 tokens x 1 epochs` on the text view's heading (the cost line said `1 epoch`): the view
+    counts its epochs as the cost line does; its steps per block are one epoch's, ceil(train rows / batch)."""
+    result = fit(tiny_model_dir("gpt2"), corpus, tmp_path / "sae", "--epochs", "1", "--format", "table")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stdout.split())
+    steps = int(re.search(r"x 1 epoch \((\d+) steps per block", said).group(1))
+    rows = int(re.search(r"wrote .*?; ([\d,]+) tokens x", said).group(1).replace(",", ""))
+    assert "epochs" not in said and steps == -(-rows // 64), said

@@ -118,6 +118,17 @@ def test_a_help_page_per_command():
     assert recorded == {ROOT_HELP, *COMMANDS}
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_usage_line_ends_a_variadic_argument_in_one_ellipsis(command):
+    """A new user read `anatomy fit-sae [OPTIONS] CORPUS......`: a metavar ending in ... on an argument Click
+    already marks variadic with ... Each word of a usage line ends in at most one ellipsis."""
+    result = runner.invoke(app, [command, "--help"], env=ENV)
+    usage = next(line for line in result.stdout.splitlines() if line.startswith("Usage:"))
+    assert "...." not in usage, usage
+    if command in ("fit-sae", "serve"):
+        assert usage.split()[-1] == {"fit-sae": "CORPUS...", "serve": "[ID]..."}[command]
+
+
 # ---------------------------------------------------------------- command output on the tiny models
 
 @dataclasses.dataclass(frozen=True)

@@ -184,6 +184,9 @@ def features_run(d: Path) -> FeaturesRun:
     from anatomy_cli.models.ct_block import read_dictionary
 
     manifest = d / "manifest.json"
+    if not d.is_dir():
+        what = "not a folder" if d.exists() else "no such folder"
+        raise UsageError(f"--features-dir {d}: {what} (a folder that anatomy features --out wrote)")
     if not manifest.is_file():
         raise UsageError(f"--features-dir {d}: no manifest.json (a folder that anatomy features --out wrote)")
     try:

@@ -9,6 +9,7 @@ from typing import Any
 from anatomy_cli.analyses.explain_prompts import explainer_messages
 from anatomy_cli.analyses.explain_prompts import scorer_messages
 from anatomy_cli.analyses.explain_score import SCORERS
+from anatomy_cli.units import counted
 from anatomy_cli.units import human_seconds
 
 SCORER_TOKENS = 32  # the scorer answers a list of --shown 0/1s: [1,0,0,1,1] is about 11 tokens
@@ -41,4 +42,4 @@ def line(c: dict[str, Any], other_scorer: bool) -> str:
             f"{human_seconds(c['per_feature_s'])} (an explanation: {c['explain_prompt_tokens']:,} prompt tokens, "
             f"{human_seconds(c['explain_s'])}; {c['scorer_prompts']} scorer prompts of about "
             f"{c['scorer_prompt_tokens']:,} tokens, {human_seconds(c['score_s'])}){note}; "
-            f"{c['features']} features: at most {human_seconds(c['total_s'])}")
+            f"{counted(c['features'], 'feature')}: at most {human_seconds(c['total_s'])}")

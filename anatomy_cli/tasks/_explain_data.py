@@ -41,10 +41,13 @@ def not_features(root: Path) -> str:
     """Why ``root``, a folder without a features run's files, is not what explain reads, and the command that makes
     one. ``features --out`` takes a new or empty folder (it refuses one holding other files), so only such a
     ``root`` is offered as ``--out``; a dictionary's folder is offered as the features command's DICT instead."""
+    from anatomy_cli.models.sae.read import first_hook
     from anatomy_cli.models.sae.read import holds_dictionary
 
     if holds_dictionary(root):
-        return (f"a dictionary, not a features output: explain reads what anatomy features {root} --corpus PATH "
+        hook = first_hook(root)
+        dictionary = f"{root} --hook {hook}" if hook is not None else str(root)
+        return (f"a dictionary, not a features output: explain reads what anatomy features {dictionary} --corpus PATH "
                 f"--out FEATS --delphi FEATS/latents writes into a new folder FEATS (then anatomy explain FEATS)")
     if any(Path(root).iterdir()):
         return ("not a features output (anatomy features DICT --corpus PATH --out FEATS --delphi FEATS/latents "

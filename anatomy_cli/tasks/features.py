@@ -158,11 +158,16 @@ def weak_note(dictionary: Path) -> dict[str, Any] | None:
     """One warning when the fit report beside ``dictionary`` (models/sae/fit_report.py, written by fit-sae) gives
     a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule).
     Returns what the JSON says of it (``fit_report``): ``path``, ``held_out_fve``, ``too_weak``, ``warning`` (the
-    line, None when not weak); None where there is no report (the dictionary is not judged)."""
+    line, None when not weak); None where there is no report (the dictionary is not judged), or one that cannot be
+    read: optional metadata (docs/commands/features.md#a-weak-dictionary), so a warning, not an error."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
 
-    found = held_out_fve(dictionary)
+    try:
+        found = held_out_fve(dictionary)
+    except ValueError as e:
+        notes.warn(f"the fit report {e}: the dictionary is not judged (fit-sae wrote it; fit again to rewrite it)")
+        return None
     if found is None:
         return None
     weak = too_weak(found[0])

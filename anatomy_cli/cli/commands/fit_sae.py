@@ -23,7 +23,7 @@ from anatomy_cli.tasks.session import check_blocks_early
 @model_options()
 def fit_sae_command(
     corpus: Annotated[list[str], typer.Argument(
-        metavar="CORPUS...", show_default=False,
+        metavar="CORPUS", show_default=False,
         help="Text files, folders of .txt/.md files, .jsonl/.csv/.parquet (as anatomy corpus reads them).")],
     opts: task.FitSaeOptions,
     spec: ModelSpec = ModelSpec(),

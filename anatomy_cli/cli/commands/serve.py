@@ -39,7 +39,7 @@ STATUS_COLUMNS = (Column("model", "model"), Column("state", "state"), Column("dt
 def serve_command(
     opts: task.ServeOptions,
     ids: Annotated[Optional[list[int]], typer.Argument(
-        metavar="[ID]...", show_default=False, help="With --cancel: the jobs to end. Default: all.")] = None,
+        metavar="[ID]", show_default=False, help="With --cancel: the jobs to end. Default: all.")] = None,
     fmt: FormatOpt = None,
 ) -> None:
     """Start a local server that keeps models loaded. While it runs, FORWARDED send their work to it and

@@ -20,11 +20,19 @@ def write(folder: str | Path, record: dict[str, object]) -> Path:
 
 def held_out_fve(dictionary: str | Path) -> tuple[float, Path] | None:
     """``(the held-out FVE, the report's path)`` of the fit report beside ``dictionary`` (its folder, or the
-    folder holding its file); None where there is none, or it gives no FVE."""
+    folder holding its file); None where there is none, or it gives no FVE. ValueError (naming the file) where
+    one is there but cannot be read (not UTF-8 JSON, or no file)."""
     where = Path(dictionary)
     path = (where if where.is_dir() else where.parent) / FIT_REPORT
     try:
-        fve = json.loads(path.read_text(encoding="utf-8"))["health"]["fve"]
-    except (OSError, ValueError, KeyError, TypeError):
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        reason = "not JSON" if isinstance(e, ValueError) else type(e).__name__
+        raise ValueError(f"{path} cannot be read ({reason})") from e
+    try:
+        fve = report["health"]["fve"]
+    except (KeyError, TypeError):
         return None
     return (float(fve), path) if isinstance(fve, (int, float)) else None

@@ -180,6 +180,17 @@ def holds_dictionary(path: str | Path) -> bool:
         or circuit_tracer_kind(folder) is not None
 
 
+def first_hook(path: str | Path) -> str | None:
+    """What ``--hook`` picks the first of a folder of dictionaries with (block N for ``layers.N`` /
+    ``layers.N.mlp``, else the hook point's name), for a command offered on ``path``; None when ``path`` holds
+    fewer than two (no ``--hook`` needed)."""
+    points = _dictionaries(Path(path))
+    if len(points) < 2:
+        return None
+    block = re.fullmatch(r"layers\.(\d+)(\.mlp)?", points[0])
+    return block.group(1) if block else points[0]
+
+
 def circuit_tracer_kind(folder: Path) -> str | None:
     """``transcoder_set`` / ``cross_layer_transcoder`` when ``folder`` holds circuit-tracer's config.yaml naming
     one, else None."""

@@ -13,6 +13,7 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks.fit_sae import recipe
 from anatomy_cli.tasks.session import model_label
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
@@ -44,7 +45,7 @@ def report(lm: LoadedModel, result: SaeFit) -> Report:
     kind, sparsity = recipe(result.k, result.jumprelu)
     heading = [f"fit-sae · {model_label(lm)} · {kind} {what} {where}",
                f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, {sparsity}; {result.tokens:,} tokens "
-               f"x {result.epochs} epochs ({first.steps} steps per block, lr {result.lr:.2g}, trainer "
+               f"x {counted(result.epochs, 'epoch')} ({first.steps} steps per block, lr {result.lr:.2g}, trainer "
                f"{result.trainer}) in {result.seconds:.1f} s ({result.collect_seconds:.1f} s collecting, one pass)"]
     notes = [f"health on the held-out window ({result.held_out_tokens} tokens): read it on any prompt with "
              f"anatomy sae PROMPT --sae {first.folder}"]
