@@ -70,6 +70,8 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)
     # the model as it resolves from anywhere (as a JumpReLU fit names it: the test below), a key sparsify drops
     assert json.loads((folder / "cfg.json").read_text())["model_name"] == sae.model_name == str(model.resolve())
+    # the windows' length it trained on (--ctx 32), another key sparsify drops: features' and sae's default
+    assert json.loads((folder / "cfg.json").read_text())["context_size"] == sae.context_size == 32
     # MSE on the training activations, computed here through anatomy's hooks: trained vs the same init
     lm = load(str(model), device="cpu")
     ids = lm.tokenizer.hf(corpus.read_text())["input_ids"]
@@ -287,9 +289,11 @@ def test_layer_all_trains_a_transcoder_per_block_that_circuit_reads(tiny_model_d
     assert trained.exit_code == 0, trained.output
     prompt = "The capital of France is"
     graph = tmp_path / "graph.pt"
-    result = runner.invoke(app, ["circuit", prompt, "--model", str(model), "--transcoders", str(out), "--bos",
+    # no --model: the one the transcoders record (fit-sae's follow-up line names none)
+    result = runner.invoke(app, ["circuit", prompt, "--transcoders", str(out), "--bos",
                                  "--out", str(graph), "--batch-size", "8", "--format", "json"])
     assert result.exit_code == 0, result.output
+    assert f"the model: {model.resolve()} (as the dictionary's metadata names it" in result.stderr
     g = torch.load(graph, weights_only=False, pickle_module=_stub_pickle())
     ids = g["input_tokens"][None]
     seen = {}
@@ -399,11 +403,19 @@ def test_a_fit_names_the_model_so_that_features_opens_it_from_anywhere(tiny_mode
     cfg = json.loads((out / "layers.0" / "cfg.json").read_text())
     assert cfg["model_name"] == read(out / "layers.0").model_name == str(model.resolve())
     monkeypatch.chdir(tmp_path)  # elsewhere: the relative spec would name nothing here
+    assert cfg["context_size"] == read(out / "layers.0").context_size == 32  # the fit's --ctx
     feats = runner.invoke(app, ["features", str(tmp_path / "jumprelu" / "layers.0"), "--corpus", str(corpus),
-                                "--max-tokens", "64", "--ctx", "32", "--format", "json"])
+                                "--max-tokens", "64", "--format", "json"])  # no --ctx: the fit's 32, not 512
     assert feats.exit_code == 0, feats.output
     assert json.loads(feats.stdout)["model"] == str(model.resolve())
+    assert json.loads(feats.stdout)["ctx"] == 32
     assert f"the model: {model.resolve()} (as the dictionary's metadata names it" in feats.stderr
+    # sae, as fit-sae's follow-up line gives it (no --model): the recorded model, read as with --model
+    args = ["sae", "The cat sat on the mat", "--sae", str(out / "layers.0"), "--format", "json"]
+    bare, named = runner.invoke(app, args), runner.invoke(app, [*args, "--model", str(model.resolve())])
+    assert bare.exit_code == named.exit_code == 0, bare.output
+    assert f"the model: {model.resolve()} (as the dictionary's metadata names it" in bare.stderr
+    assert json.loads(bare.stdout) == json.loads(named.stdout) and json.loads(bare.stdout)["model"] == str(model)
 
 
 def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():

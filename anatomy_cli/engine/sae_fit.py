@@ -366,39 +366,46 @@ def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: 
     return statistics.median(gaps[1:] or gaps)
 
 
-def save_sparsify(coder: Any, folder: Path, *, model_name: str = "") -> None:
+def save_sparsify(coder: Any, folder: Path, *, model_name: str = "", context_size: int | None = None) -> None:
     """``folder/cfg.json`` and ``folder/sae.safetensors`` as sparsify's ``save_to_disk`` writes them (sparsify's
-    own coder: its ``save_to_disk``), the config with ``model_name`` added where given (a key sparsify's
-    ``load_from_disk`` drops: ``from_dict(..., drop_extra_fields=True)``; anatomy's reader takes it)."""
+    own coder: its ``save_to_disk``), the config with ``model_name`` and ``context_size`` (the windows' length it
+    trained on) added where given (keys sparsify's ``load_from_disk`` drops: ``from_dict(...,
+    drop_extra_fields=True)``; anatomy's reader takes them)."""
+    extra = {**({"model_name": model_name} if model_name else {}),
+             **({"context_size": int(context_size)} if context_size else {})}
     if isinstance(coder, JumpReLUCoder):
         raise TypeError("a JumpReLU coder is written by save_saelens")
     if not isinstance(coder, TopKCoder):
         coder.save_to_disk(folder)
         as_user_file(folder / "sae.safetensors")
-        if model_name:
+        if extra:
             cfg = json.loads((folder / "cfg.json").read_text(encoding="utf-8"))
-            (folder / "cfg.json").write_text(json.dumps({**cfg, "model_name": model_name}), encoding="utf-8")
+            (folder / "cfg.json").write_text(json.dumps({**cfg, **extra}), encoding="utf-8")
         return
     folder.mkdir(parents=True, exist_ok=True)
     d_sae, d_in = coder.encoder.weight.shape
     cfg = {"activation": "topk", "expansion_factor": max(1, d_sae // d_in), "normalize_decoder": True,
            "num_latents": int(d_sae), "k": coder.k, "multi_topk": False, "skip_connection": False,
-           "transcode": coder.transcode, "d_in": int(d_in), **({"model_name": model_name} if model_name else {})}
+           "transcode": coder.transcode, "d_in": int(d_in), **extra}
     tensors = {"encoder.weight": coder.encoder.weight, "encoder.bias": coder.encoder.bias, "W_dec": coder.W_dec,
                "b_dec": coder.b_dec}
     _write_weights(tensors, folder / "sae.safetensors")
     (folder / "cfg.json").write_text(json.dumps(cfg), encoding="utf-8")
 
 
-def save_saelens(coder: JumpReLUCoder, folder: Path, *, hook: str, hook_out: str, model_name: str) -> None:
+def save_saelens(coder: JumpReLUCoder, folder: Path, *, hook: str, hook_out: str, model_name: str,
+                 context_size: int | None = None) -> None:
     """A JumpReLU coder in SAELens' format: ``folder/cfg.json`` (``architecture: jumprelu``, ``hook_name``, a
-    transcoder's ``hook_name_out``, ``apply_b_dec_to_input`` for an SAE) and ``folder/sae_weights.safetensors``
+    transcoder's ``hook_name_out``, ``apply_b_dec_to_input`` for an SAE, ``context_size`` the windows' length it
+    trained on where given) and ``folder/sae_weights.safetensors``
     (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec``, ``b_dec``, ``threshold``)."""
     folder.mkdir(parents=True, exist_ok=True)
     d_sae, d_in = coder.encoder.weight.shape
     cfg: dict[str, object] = {"architecture": "jumprelu", "d_in": int(d_in), "d_sae": int(d_sae), "dtype": "float32",
                            "device": "cpu", "apply_b_dec_to_input": not coder.transcode,
                            "normalize_activations": "none", "hook_name": hook, "model_name": model_name}
+    if context_size:
+        cfg["context_size"] = int(context_size)
     if coder.transcode:
         cfg.update(hook_name_out=hook_out, d_out=int(coder.W_dec.shape[1]))
     tensors = {"W_enc": coder.encoder.weight.T, "b_enc": coder.encoder.bias, "W_dec": coder.W_dec,

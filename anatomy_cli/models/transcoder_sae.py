@@ -55,7 +55,7 @@ def _check(f: SAEFile) -> int:
 def describe(root: Path) -> dict[str, Any]:
     """The fields of a TranscoderSet for ``root``'s transcoder folders: one per block 0..L-1, equal shapes;
     ``k``: the largest TopK ``k`` when every block is TopK (sparsify), else None (each block's own ``k`` is what
-    ``load_layer`` gives the run; this one bounds the estimate)."""
+    ``load_layer`` gives the run; this one bounds the estimate); ``model_name``: block 0's (fit-sae's)."""
     found: dict[int, list[SAEFile]] = {}
     for d in folders(root):
         f = read(d, transcoder=True, values=False)
@@ -85,7 +85,8 @@ def describe(root: Path) -> dict[str, Any]:
     return {"paths": tuple(by_layer[layer].path for layer in range(len(by_layer))), "d_model": first.d_in,
             "d_transcoder": first.d_sae, "sae_format": first.format, "skip_bytes": skip, "k": k,
             "layer_bytes": 4 * (2 * first.d_sae * first.d_in + 2 * first.d_sae + first.d_in) + skip,
-            "thresholds": any(f.threshold is not None for f in by_layer.values()), "before_gain": gains == {True}}
+            "thresholds": any(f.threshold is not None for f in by_layer.values()), "before_gain": gains == {True},
+            "model_name": first.model_name}
 
 
 def _shown(root: Path, path: Path) -> str:

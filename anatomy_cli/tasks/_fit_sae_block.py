@@ -66,7 +66,8 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     ``timings`` (:class:`anatomy_cli.engine.estimate.Timings`) records the training and the writing with the
     held-out check as ``phases``. ``jumprelu`` (its ``bandwidth``, ``l0_coeff``): a JumpReLU coder, written in
     SAELens' format, else a TopK one in sparsify's; either config's ``model_name`` is ``model_name``
-    (:func:`anatomy_cli.models.resolve.recorded`: what ``features`` opens when no ``--model`` is given)."""
+    (:func:`anatomy_cli.models.resolve.recorded`: what ``features`` opens when no ``--model`` is given), its
+    ``context_size`` the windows' length (``--ctx``: what ``features`` reads when no ``--ctx`` is given)."""
     import torch
 
     from anatomy_cli.analyses import sae as analysis
@@ -84,10 +85,10 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
                                 seed=seed, progress=line.counter(f"training {label}", "steps"))
     with timings.phase(phases[1]):
         if jumprelu is None:
-            sae_fit.save_sparsify(coder, block.folder, model_name=model_name)
+            sae_fit.save_sparsify(coder, block.folder, model_name=model_name, context_size=len(windows[0]))
         else:
             sae_fit.save_saelens(coder, block.folder, hook=block.points[0], hook_out=block.points[1],
-                                 model_name=model_name)
+                                 model_name=model_name, context_size=len(windows[0]))
         sae_file = read.read(block.folder)
         held_out = list(windows[-1])
         splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device),

@@ -18,11 +18,9 @@ from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.declare.shared import ShardRun
-from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
-from anatomy_cli.models.resolve import resolve
 from anatomy_cli.models.sae.fit_report import held_out_fve
 from anatomy_cli.tasks import notes
 
@@ -177,26 +175,6 @@ def weak_note(dictionary: Path) -> dict[str, Any] | None:
     if warning is not None:
         notes.warn(warning)
     return {"path": str(found[1]), "held_out_fve": found[0], "too_weak": weak, "warning": warning}
-
-
-def dictionary_model(opts: FeaturesOptions) -> str | None:
-    """The model the dictionary's metadata names (SAELens' ``model_name``), when it resolves to a model anatomy
-    opens (a local folder or file, a packaged GGUF, a preset, a Hugging Face id in the cache or on the Hub), with a
-    line saying so; else None (TransformerLens' names such as ``gpt2-small`` are no Hugging Face id). For a
-    ``--model`` left out (the CLI cannot tell it from ``--model`` naming the default model): another, it wins."""
-    from anatomy_cli.models.ct_block import read_dictionary as read
-
-    name = read(Path(opts.sae), hook=opts.hook, values=False).model_name
-    if not name:
-        return None
-    try:
-        resolve(name, need="config")
-    except AnatomyError:
-        notes.info(f"the dictionary names the model {name!r}, which does not resolve here: the default model "
-                   f"instead (give --model)")
-        return None
-    notes.info(f"the model: {name} (as the dictionary's metadata names it; --model overrides)")
-    return name
 
 
 def settings_of(opts: FeaturesOptions, plan: FeaturesPlan) -> Any:

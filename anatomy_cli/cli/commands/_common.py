@@ -28,6 +28,7 @@ No torch at import time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +65,7 @@ from anatomy_cli.text.inputs import read_prompts
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
+    from anatomy_cli.models.spec import ModelSpec
     from anatomy_cli.output.views.protocol import DrawnView
     from anatomy_cli.output.views.protocol import FigureArgs
 
@@ -145,3 +147,14 @@ def draw_each(command: str, plot: Path | None, prompt: str | None,
 
     for i, (args, kwargs) in enumerate(figures, start=1):
         plots.draw(command, plot, i if prompt == "-" else None, *args, **kwargs)
+
+
+def recorded_spec(spec: ModelSpec, named: Callable[[], str | None]) -> ModelSpec:
+    """``spec`` with the model a dictionary records (``named``: tasks/recorded_model.py, asked only then) where
+    ``--model`` is left out (or given as the default: the CLI cannot tell the two apart); else ``spec``."""
+    from anatomy_cli.cli.options import default_model
+
+    if spec.model != default_model():
+        return spec
+    model = named()
+    return spec if model is None else spec.replace(model=model)

@@ -8,9 +8,9 @@ from typing import Optional
 
 import typer
 
+from anatomy_cli.cli.commands._common import recorded_spec
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
-from anatomy_cli.cli.options import default_model
 from anatomy_cli.cli.options import html_plot
 from anatomy_cli.cli.options import model_options
 from anatomy_cli.declare.commands import when_run
@@ -19,6 +19,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import features as task
 from anatomy_cli.tasks.explain import read_export
+from anatomy_cli.tasks.recorded_model import dictionary_model
 
 PlotOpt = Annotated[Optional[Path], html_plot(
     "features", "Also write a dashboard of the features to FILE.html, an interactive page (opens offline; .html "
@@ -73,10 +74,7 @@ def features_command(
     check_path = when_run("output.plots").check_path
 
     plot = check_path(plot, made=opts.out)  # FILE inside a --out DIR not made yet: made by the run
-    if spec.model == default_model():  # --model left out (or given as the default): the model the dictionary names
-        named = task.dictionary_model(opts)
-        if named is not None:
-            spec = spec.replace(model=named)
+    spec = recorded_spec(spec, lambda: dictionary_model(opts.sae, opts.hook))  # no --model: the recorded one
     run = measure(spec, opts)
     emit(view.report(run), fmt)
     if plot is not None:

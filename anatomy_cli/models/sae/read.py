@@ -289,7 +289,8 @@ def _sparsify(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
     hook_name = hook or folder.name
     return _build(folder, "sparsify", "topk", tensors, path, threshold=None, k=k, hook_in=hook_name,
                   hook_out=hook_name, subtract=not transcode, normalize="none", prepend_bos=None,
-                  context_size=None, dtype="float32", neuronpedia_id=None,
+                  context_size=cfg["context_size"] if isinstance(cfg.get("context_size"), int) else None,
+                  dtype="float32", neuronpedia_id=None,
                   model_name=str(cfg["model_name"]) if cfg.get("model_name") else None, stated_l0=float(k),
                   centred=False, W_enc=_tensor(tensors, "encoder.weight", path).T,
                   b_enc=_tensor(tensors, "encoder.bias", path), sparsify_transcoder=transcode)
