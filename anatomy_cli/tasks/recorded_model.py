@@ -7,6 +7,7 @@ from pathlib import Path
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models.resolve import resolve
+from anatomy_cli.models.transcoders import describe
 from anatomy_cli.tasks import notes
 
 
@@ -36,6 +37,4 @@ def dictionary_model(sae: str | Path, hook: str | None) -> str | None:
 
 def transcoders_model(transcoders: str | Path) -> str | None:
     """:func:`named_model` of the transcoder set at ``transcoders`` (circuit's ``--transcoders``)."""
-    from anatomy_cli.models.transcoders import describe
-
     return named_model(describe(transcoders).model_name)

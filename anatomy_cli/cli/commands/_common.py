@@ -38,6 +38,7 @@ from typing import TypeVar
 
 import typer
 
+from anatomy_cli.cli.options import default_model
 from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.output.render import Column
@@ -152,8 +153,6 @@ def draw_each(command: str, plot: Path | None, prompt: str | None,
 def recorded_spec(spec: ModelSpec, named: Callable[[], str | None]) -> ModelSpec:
     """``spec`` with the model a dictionary records (``named``: tasks/recorded_model.py, asked only then) where
     ``--model`` is left out (or given as the default: the CLI cannot tell the two apart); else ``spec``."""
-    from anatomy_cli.cli.options import default_model
-
     if spec.model != default_model():
         return spec
     model = named()
