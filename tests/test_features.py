@@ -514,6 +514,26 @@ def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp
     assert "the dictionary's metadata" not in given.stderr
 
 
+def test_the_api_left_without_a_model_opens_the_one_the_dictionary_records(setup, tmp_path, cached_load):
+    """``anatomy.features(None, ...)`` / ``anatomy.sae(None, ...)``: the rule lives in the tasks layer
+    (tasks/recorded_model.py), so the API without a model opens the model the metadata names (the default model,
+    gpt2, is not on this machine: it would fail), and answers as with that model named."""
+    import anatomy_cli as anatomy
+
+    model, _, corpus, _ = setup
+    named = write_sae(tmp_path / "named")
+    cfg = json.loads((named / "cfg.json").read_text())
+    cfg["metadata"]["model_name"] = str(model)
+    (named / "cfg.json").write_text(json.dumps(cfg))
+    kw = {"corpus": str(corpus), "ctx": 16, "max_tokens": 32, "features": "0-3"}
+    bare, given = anatomy.features(None, named, **kw), anatomy.features(str(model), named, **kw)
+    assert bare.to_dict()["model"] == str(model)
+    assert bare.to_dict()["features"] == given.to_dict()["features"]
+    one, other = anatomy.sae(None, "The cat sat", sae=named), anatomy.sae(str(model), "The cat sat", sae=named)
+    assert one.to_dict()["model"] == str(model) and one.to_dict() == other.to_dict()
+    np.testing.assert_array_equal(one.result.activations, other.result.activations)
+
+
 def test_a_plot_inside_a_fresh_out_dir_is_written(setup, tmp_path):
     """``--out DIR --plot DIR/page.html`` with DIR not made yet (a new user's first run): the run makes DIR and
     writes the page there, the same page and tables as into a DIR made beforehand; a page whose folder does not
