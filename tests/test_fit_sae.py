@@ -309,6 +309,12 @@ def test_layer_all_trains_a_transcoder_per_block_that_circuit_reads(tiny_model_d
                                  "--out", str(graph), "--batch-size", "8", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert f"the model: {model.resolve()} (as the dictionary's metadata names it" in result.stderr
+    import anatomy_cli as anatomy  # the API left without a model: the same rule (tasks/recorded_model.py)
+
+    bos = anatomy.PromptOptions(bos=True)
+    bare, named = (anatomy.circuit(m, prompt, transcoders=str(out), estimate=True, prompts=bos).to_dict()
+                   for m in (None, str(model.resolve())))
+    assert bare == named and bare["model"] == str(model.resolve())
     g = torch.load(graph, weights_only=False, pickle_module=_stub_pickle())
     ids = g["input_tokens"][None]
     seen = {}
