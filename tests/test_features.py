@@ -514,6 +514,43 @@ def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp
     assert "the dictionary's metadata" not in given.stderr
 
 
+def test_a_bad_corpus_is_the_one_line_before_the_model_is_named(setup, tmp_path):
+    """A corpus that is not there, or not UTF-8, is refused before the model the dictionary records is named or
+    opened: stderr is the one ``error:`` line (it used to follow "the model: ..."), exit 2."""
+    model, _, _, _ = setup
+    named = write_sae(tmp_path / "named")
+    cfg = json.loads((named / "cfg.json").read_text())
+    cfg["metadata"]["model_name"] = str(model)
+    (named / "cfg.json").write_text(json.dumps(cfg))
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
+    for corpus in (tmp_path / "missing.txt", latin):
+        result = invoke("features", named, "--corpus", corpus, "--format", "json")
+        assert result.exit_code == 2, result.output
+        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr
+        assert result.stdout == ""
+
+
+def test_the_api_left_without_a_model_opens_the_one_the_dictionary_records(setup, tmp_path, cached_load):
+    """``anatomy.features(None, ...)`` / ``anatomy.sae(None, ...)``: the rule lives in the tasks layer
+    (tasks/recorded_model.py), so the API without a model opens the model the metadata names (the default model,
+    gpt2, is not on this machine: it would fail), and answers as with that model named."""
+    import anatomy_cli as anatomy
+
+    model, _, corpus, _ = setup
+    named = write_sae(tmp_path / "named")
+    cfg = json.loads((named / "cfg.json").read_text())
+    cfg["metadata"]["model_name"] = str(model)
+    (named / "cfg.json").write_text(json.dumps(cfg))
+    kw = {"corpus": str(corpus), "ctx": 16, "max_tokens": 32, "features": "0-3"}
+    bare, given = anatomy.features(None, named, **kw), anatomy.features(str(model), named, **kw)
+    assert bare.to_dict()["model"] == str(model)
+    assert bare.to_dict()["features"] == given.to_dict()["features"]
+    one, other = anatomy.sae(None, "The cat sat", sae=named), anatomy.sae(str(model), "The cat sat", sae=named)
+    assert one.to_dict()["model"] == str(model) and one.to_dict() == other.to_dict()
+    np.testing.assert_array_equal(one.result.activations, other.result.activations)
+
+
 def test_a_plot_inside_a_fresh_out_dir_is_written(setup, tmp_path):
     """``--out DIR --plot DIR/page.html`` with DIR not made yet (a new user's first run): the run makes DIR and
     writes the page there, the same page and tables as into a DIR made beforehand; a page whose folder does not
@@ -672,3 +709,44 @@ def test_a_corrupt_fit_report_is_warned_of_not_taken_as_absent(setup, tmp_path):
     warned = [line for line in result.stderr.splitlines() if str(report) in line]
     assert len(warned) == 1 and warned[0].startswith("warning: the fit report ") and "cannot be read (not JSON)" \
         in warned[0], result.stderr
+
+
+def test_the_page_of_a_weak_dictionary_says_so_as_stderr_does(setup, tmp_path):
+    """A fit report giving a held-out FVE under fit-sae's threshold: the JSON and stderr warned, the --plot page
+    did not. The page now shows the same line (tasks/features.py ``weak_note``'s), read from the written HTML; a
+    page of a dictionary not judged weak shows none."""
+    import shutil
+    from html.parser import HTMLParser
+
+    from anatomy_cli.output.html.features import figure
+    from anatomy_cli.output.plots.caption import Caption
+
+    class Weak(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.inside, self.found = False, []
+
+        def handle_starttag(self, tag, attrs):
+            self.inside = tag == "p" and ("class", "weak") in attrs
+
+        def handle_data(self, data):
+            if self.inside:
+                self.found.append(data)
+                self.inside = False
+
+    model, sae, corpus, _ = setup
+    copy = Path(shutil.copytree(sae, tmp_path / "sae"))
+    (copy / "anatomy-fit.json").write_text(json.dumps({"health": {"fve": 0.125}}))
+    page = tmp_path / "page.html"
+    result = invoke("features", copy, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
+                    "--max-tokens", 32, "--features", "0-3", "--format", "json", "--plot", page)
+    assert result.exit_code == 0, result.output
+    warning = json.loads(result.stdout)["fit_report"]["warning"]
+    assert "held-out FVE of 0.125" in warning and f"warning: {warning}" in result.stderr.splitlines()
+    parser = Weak()
+    parser.feed(page.read_text(encoding="utf-8"))
+    assert parser.found == [warning]
+    strong = Weak()
+    shown = figure({**json.loads(result.stdout), "fit_report": None}, Caption("features", "m"))
+    strong.feed("".join(part.html for part in shown.parts))
+    assert strong.found == []

@@ -131,7 +131,9 @@ def test_resumed_fit_equals_an_uninterrupted_one(tiny_model_dir, corpus, tmp_pat
     # the model as the per-block fits name it (resolve.recorded), read back as features reads a block of it
     from anatomy_cli.models.ct_block import read_dictionary
 
-    assert read_dictionary(tmp_path / "whole", hook="1", values=False).model_name == str(model.resolve())
+    block = read_dictionary(tmp_path / "whole", hook="1", values=False)
+    assert block.model_name == str(model.resolve())
+    assert block.context_size == 32  # the fit's --ctx, in config.yaml as the per-block configs record it
     real_step, calls = clt_fit.step, []
 
     def interrupted(*args):

@@ -104,6 +104,21 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
         assert said["held_out_fve"] == written and said["too_weak"] is (written < 0.5)
         assert said["path"] == str(folder / "anatomy-fit.json")
         assert (said["warning"] is not None and f"warning: {said['warning']}" in feats.stderr) is weak
+    # the hook point is in cfg.json (sparsify keeps it in the folder's name only): a renamed folder keeps it, and
+    # sae reads it without --hook as the folder named after it read
+    assert json.loads((folder / "cfg.json").read_text())["hook_name"] == folder.name
+    moved = folder.rename(tmp_path / "my dictionary")
+    again = runner.invoke(app, ["sae", "The cat sat on the mat", "--sae", str(moved), "--model", str(model),
+                                "--format", "json"])
+    assert again.exit_code == 0, again.output
+    assert again.stdout.replace(str(moved), str(folder)) == shown.stdout
+    if not transcoder:  # features too: the same features at the same hook as before the rename
+        moved_feats = runner.invoke(app, ["features", str(moved), "--corpus", str(corpus), "--model", str(model),
+                                          "--max-tokens", "64", "--ctx", "32", "--format", "json"])
+        assert moved_feats.exit_code == 0, moved_feats.output
+        before, after = json.loads(feats.stdout), json.loads(moved_feats.stdout)
+        assert after["dictionary"]["hook"] == before["dictionary"]["hook"] == "layers.1"
+        assert after["dictionary"]["site"] == before["dictionary"]["site"] and after["features"] == before["features"]
 
 
 def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path):
@@ -294,6 +309,12 @@ def test_layer_all_trains_a_transcoder_per_block_that_circuit_reads(tiny_model_d
                                  "--out", str(graph), "--batch-size", "8", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert f"the model: {model.resolve()} (as the dictionary's metadata names it" in result.stderr
+    import anatomy_cli as anatomy  # the API left without a model: the same rule (tasks/recorded_model.py)
+
+    bos = anatomy.PromptOptions(bos=True)
+    bare, named = (anatomy.circuit(m, prompt, transcoders=str(out), estimate=True, prompts=bos).to_dict()
+                   for m in (None, str(model.resolve())))
+    assert bare == named and bare["model"] == str(model.resolve())
     g = torch.load(graph, weights_only=False, pickle_module=_stub_pickle())
     ids = g["input_tokens"][None]
     seen = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -360,6 +361,9 @@ def test_every_weight_command_is_answered_as_in_process(server, cached_load, tmp
                                        encoding="utf-8")
     sae = Path(__file__).parent / "fixtures" / "sae" / "saelens-standard"
     m = ["--model", str(model)]
+    named = Path(shutil.copytree(sae, tmp_path / "named"))  # a dictionary naming the served model: no --model
+    cfg = json.loads((named / "cfg.json").read_text())
+    (named / "cfg.json").write_text(json.dumps({**cfg, "metadata": {**cfg["metadata"], "model_name": str(model)}}))
     jobs = [
         (["report", "Thank you very", *m, "-o", "page.html", "--sections", "tokens"], ["page.html"]),
         (["diff", str(model), str(model), "Thank you very", "--format", "json"], []),
@@ -369,6 +373,7 @@ def test_every_weight_command_is_answered_as_in_process(server, cached_load, tmp
         (["steer", *m, "--positive", "I love it", "--negative", "I hate it", "--layer", "1", "--out", "v.safetensors"],
          ["v.safetensors"]),
         (["sae", "Hi there", "--sae", str(sae), *m], []),
+        (["sae", "Hi there", "--sae", "named", "--format", "json"], []),  # the recorded model (the default, gpt2: none)
         (["fit-lens", "jacobian", "--prompts", "long.txt", *m, "--dim-batch", "64", "--out", "j.pt", "--overwrite"],
          []),
     ]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import left_out
 from anatomy_cli.api._model import loaded
 from anatomy_cli.api._results import Result
 from anatomy_cli.api._run import run_prompts
@@ -14,6 +15,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.views import circuit as view
 from anatomy_cli.tasks import circuit as circuit_task
 from anatomy_cli.tasks import circuit as task
+from anatomy_cli.tasks.recorded_model import for_transcoders
 from anatomy_cli.tasks.session import open_texts
 from anatomy_cli.tasks.session import texts_of
 from anatomy_cli.text.options import PromptOptions
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @command(circuit_task.CircuitOptions)
-def circuit(model: Model, prompt: str | list[str], opts: circuit_task.CircuitOptions, *,
+def circuit(model: Model | None, prompt: str | list[str], opts: circuit_task.CircuitOptions, *,
             prompts: PromptOptions = PromptOptions()) -> Result | list[Result]:
     """`anatomy circuit`: the attribution graph of the next-token prediction over a transcoder replacement model
     (circuit-tracer's algorithm). ``result``: CircuitResult (``.graph``, ``.prune``, ``.json`` — the Neuronpedia
@@ -34,7 +36,10 @@ def circuit(model: Model, prompt: str | list[str], opts: circuit_task.CircuitOpt
     JSON (a list of prompts: one file per prompt, ``graph-1.json``, ...); ``ids``: its node ids (``current``, or
     ``ct-0.5``: circuit-tracer 0.5.0's, refused where two nodes would share one). ``offload``: ``cpu`` or
     ``disk``; ``estimate``: the result is the cost (CircuitEstimate: size, bytes, seconds) and nothing is computed
-    (a model given by name is opened, not loaded)."""
+    (a model given by name is opened, not loaded). ``model=None``: the model the transcoders' metadata names
+    (``model_name``, as fit-sae writes it) where it resolves, else the default model."""
+    if model is None:
+        model = for_transcoders(left_out(), False, opts.transcoders)
     if opts.estimate:
         return _estimates(model, prompt, opts, prompts)
     return run_prompts(circuit_task, view, model, {"prompt": prompt}, opts, prompts)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
+from anatomy_cli.api._model import left_out
 from anatomy_cli.api._results import Result
 from anatomy_cli.engine.loader import GivenLoader as _Given
 from anatomy_cli.engine.loader import using_loader
@@ -18,14 +19,17 @@ from anatomy_cli.tasks._features_run import measure
 
 
 @command(task.FeaturesOptions, inputs=("sae",))
-def features(model: Model, sae: str | Path, opts: task.FeaturesOptions) -> Result:
+def features(model: Model | None, sae: str | Path, opts: task.FeaturesOptions) -> Result:
     """`anatomy features DICT --corpus PATH`: ``sae`` the dictionary (as ``anatomy sae`` reads it), ``corpus`` the
     text; per followed feature (``feature``: ids, ``features``: ranges such as ``"0-99"``; none: all) its firing
     frequency, mean and max activation, histogram, top contexts, contexts sampled from its activation intervals,
     co-firing features and logit effects. ``out``: a directory for the Parquet tables and the resumable shards;
-    ``delphi``: delphi's latent cache. ``model``: a LoadedModel, a ModelSpec or a name. ``result``: the run
-    (``rows``, ``contexts``, ``logits``); rows: ``features``."""
-    if isinstance(model, (ModelSpec, str)):
+    ``delphi``: delphi's latent cache. ``model``: a LoadedModel, a ModelSpec or a name; None: the model the
+    dictionary's metadata names (``model_name``, as fit-sae writes it) where it resolves, else the default model.
+    ``result``: the run (``rows``, ``contexts``, ``logits``); rows: ``features``."""
+    if model is None:
+        run = measure(left_out(), opts, given=False)
+    elif isinstance(model, (ModelSpec, str)):
         run = measure(model if isinstance(model, ModelSpec) else ModelSpec(model), opts)
     else:
         with using_loader(_Given(model)):

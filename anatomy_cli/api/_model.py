@@ -10,6 +10,7 @@ from typing import Union
 from anatomy_cli.engine.loader import current_loader
 from anatomy_cli.engine.opening import OpenedModel
 from anatomy_cli.engine.opening import as_spec
+from anatomy_cli.models.defaults import default_model
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.sink import STDERR
 from anatomy_cli.tasks import notes
@@ -48,6 +49,12 @@ def load(model: ModelSpec | str, **options: Any) -> LoadedModel:
     "Loading weights" bar, download bars only on a terminal, a status line on a terminal, the device map's
     placement said). Raises the engine's errors."""
     return weights(opened(as_spec(model, **options)))
+
+
+def left_out() -> ModelSpec:
+    """The spec of a model left out (``model=None``: the default model, models/defaults.py, as the CLI's without
+    ``--model``), for a task that opens the model its dictionary records instead (tasks/recorded_model.py)."""
+    return ModelSpec(default_model())
 
 
 def loaded(model: Model) -> LoadedModel:

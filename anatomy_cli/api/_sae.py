@@ -7,26 +7,29 @@ from __future__ import annotations
 from anatomy_cli.api._declared import command
 from anatomy_cli.api._model import Model
 from anatomy_cli.api._model import encode
+from anatomy_cli.api._model import left_out
 from anatomy_cli.api._model import opened
 from anatomy_cli.api._model import texts_of
 from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.output.views import sae as view
 from anatomy_cli.tasks import sae as sae_task
+from anatomy_cli.tasks.recorded_model import for_dictionary
 from anatomy_cli.text.options import PromptOptions
 
 One = Result | list[Result]
 
 
 @command(sae_task.SaeOptions)
-def sae(model: Model, prompt: str | list[str], opts: sae_task.SaeOptions, *,
+def sae(model: Model | None, prompt: str | list[str], opts: sae_task.SaeOptions, *,
         prompts: PromptOptions = PromptOptions()) -> One:
     """`anatomy sae`: the SAE at ``sae`` (a SAELens or sparsify folder, or a Gemma Scope params.npz; ``hook``
     as ``--hook``) on the prompt: its health (L0, FVE, MSE, CE and KL with the reconstruction spliced in),
     the ``top`` features per token, the followed ``features`` (``--feature``, repeatable) with their logit lens
     (``lens_top`` tokens at each end), ``labels`` joined from Neuronpedia's explanations export. ``result``:
-    Reading (``activations``: [pos, d_sae]); rows: ``top_features``."""
-    first = opened(model)
+    Reading (``activations``: [pos, d_sae]); rows: ``top_features``. ``model=None``: the model the SAE's metadata
+    names (``model_name``, as fit-sae writes it) where it resolves, else the default model."""
+    first = opened(for_dictionary(left_out(), False, opts.sae, opts.hook) if model is None else model)
     plan = sae_task.check(first, opts)
     texts, single = texts_of(prompt)
     encoded = encode(first, texts, prompts)

@@ -359,11 +359,14 @@ def parameter_count(n_layers: int, d: int, d_sae: int) -> int:
     return n_layers * d_sae * d + d_sae * d * n_layers * (n_layers + 1) // 2 + n_layers * (d_sae + d)
 
 
-def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str, model_name: str) -> None:
+def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str, model_name: str,
+         context_size: int | None = None) -> None:
     """circuit-tracer's ``load_clt`` folder (``CrossLayerTranscoder.to_safetensors`` with a JumpReLU):
     ``W_enc_{l}.safetensors`` (``W_enc_l``, ``b_enc_l``, ``b_dec_l``, ``threshold_l``), ``W_dec_{l}.safetensors``
-    (``W_dec_l [F, L − l, d]``) and ``config.yaml`` (``model_kind: cross_layer_transcoder``, the hooks, ``scan``).
-    Every file written beside itself and renamed."""
+    (``W_dec_l [F, L − l, d]``) and ``config.yaml`` (``model_kind: cross_layer_transcoder``, the hooks, ``scan``,
+    ``model_name``, and ``context_size``, the windows' length it trained on where given: SAELens' key, which
+    circuit-tracer does not read and the per-layer fits' configs carry). Every file written beside itself and
+    renamed."""
     import yaml  # type: ignore[import-untyped]  # transformers' dependency
     from safetensors.torch import save_file
 
@@ -381,7 +384,9 @@ def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str
         write({f"W_enc_{l}": coder.W_enc[l], f"b_enc_{l}": coder.b_enc[l], f"b_dec_{l}": coder.b_dec[l],
                f"threshold_{l}": theta[l]}, f"W_enc_{l}.safetensors")
         write({f"W_dec_{l}": coder.W_dec[l]}, f"W_dec_{l}.safetensors")
-    config = {"model_name": model_name, "model_kind": "cross_layer_transcoder", "feature_input_hook": INPUT_HOOK,
-              "feature_output_hook": OUTPUT_HOOK, "scan": scan}
+    config: dict[str, object] = {"model_name": model_name, "model_kind": "cross_layer_transcoder",
+                                 "feature_input_hook": INPUT_HOOK, "feature_output_hook": OUTPUT_HOOK, "scan": scan}
+    if context_size:
+        config["context_size"] = int(context_size)
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     as_user_file(folder / "config.yaml")

@@ -366,13 +366,16 @@ def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: 
     return statistics.median(gaps[1:] or gaps)
 
 
-def save_sparsify(coder: Any, folder: Path, *, model_name: str = "", context_size: int | None = None) -> None:
+def save_sparsify(coder: Any, folder: Path, *, model_name: str = "", context_size: int | None = None,
+                  hook_name: str = "") -> None:
     """``folder/cfg.json`` and ``folder/sae.safetensors`` as sparsify's ``save_to_disk`` writes them (sparsify's
-    own coder: its ``save_to_disk``), the config with ``model_name`` and ``context_size`` (the windows' length it
-    trained on) added where given (keys sparsify's ``load_from_disk`` drops: ``from_dict(...,
+    own coder: its ``save_to_disk``), the config with ``model_name``, ``context_size`` (the windows' length it
+    trained on) and ``hook_name`` (sparsify's hook point, which sparsify keeps in the folder's name only, lost when
+    the folder is renamed) added where given (keys sparsify's ``load_from_disk`` drops: ``from_dict(...,
     drop_extra_fields=True)``; anatomy's reader takes them)."""
     extra = {**({"model_name": model_name} if model_name else {}),
-             **({"context_size": int(context_size)} if context_size else {})}
+             **({"context_size": int(context_size)} if context_size else {}),
+             **({"hook_name": hook_name} if hook_name else {})}
     if isinstance(coder, JumpReLUCoder):
         raise TypeError("a JumpReLU coder is written by save_saelens")
     if not isinstance(coder, TopKCoder):

@@ -75,6 +75,6 @@ def read_block(folder: Path, hook: str | None, kind: str, values: bool = True) -
                    b_dec=np.asarray(b_dec), threshold=None if threshold is None else np.asarray(threshold), k=k,
                    W_skip=None if skip is None else np.asarray(skip), hook_name=hook_in, hook_name_out=out,
                    site=hook_name(layer, Site.mlp_in), site_out=out, subtract_b_dec=False,
-                   normalize_activations="none", prepend_bos=None, context_size=None, dtype="float32",
+                   normalize_activations="none", prepend_bos=None, context_size=ts.context_size, dtype="float32",
                    neuronpedia_id=None, model_name=ts.model_name, stated_l0=None if k is None else float(k),
                    centred=False)

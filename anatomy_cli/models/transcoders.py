@@ -76,6 +76,7 @@ class TranscoderSet:
     thresholds: bool = False
     before_gain: bool = False
     model_name: str | None = None  # the config's (fit-sae --clt writes it: models/resolve.py ``recorded``)
+    context_size: int | None = None  # the config's: the windows' length it was fitted on (fit-sae --clt writes it)
 
     @property
     def n_layers(self) -> int:
@@ -133,10 +134,12 @@ def _config(root: Path) -> dict[str, Any]:
                      f"per block")
 
 
-def _model_name(cfg: dict[str, Any]) -> str | None:
-    """The model the config names (circuit-tracer's ``model_name``), None where it names none."""
-    name = cfg.get("model_name")
-    return str(name) if name else None
+def _recorded(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What the config records of the fit: ``model_name`` (circuit-tracer's key; None where it names none) and
+    ``context_size`` (SAELens' key, which circuit-tracer does not read: fit-sae --clt's windows; None where absent)."""
+    name, ctx = cfg.get("model_name"), cfg.get("context_size")
+    return {"model_name": str(name) if name else None,
+            "context_size": ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None}
 
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -190,7 +193,7 @@ def describe(root: str | Path) -> TranscoderSet:
                          _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), gs2, _k(cfg),
                          *_bytes(first, "affine_skip_connection" if gs2 else "W_skip"), thresholds=thresholds,
-                         before_gain=before_gain(str(cfg.get("feature_input_hook", ""))), model_name=_model_name(cfg))
+                         before_gain=before_gain(str(cfg.get("feature_input_hook", ""))), **_recorded(cfg))
 
 
 def _threshold(shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -244,7 +247,7 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
                          _site(str(cfg.get("feature_output_hook", Point.mlp_out.value)), "feature_output_hook"),
                          cfg.get("scan"), False, _k(cfg), *_bytes(_shapes(enc[0]), "W_skip_0"), True, dec,
                          thresholds=thresholds, before_gain=before_gain(str(cfg.get("feature_input_hook", ""))),
-                         model_name=_model_name(cfg))
+                         **_recorded(cfg))
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:

@@ -21,6 +21,7 @@ from anatomy_cli.tasks.features import FeaturesOptions
 from anatomy_cli.tasks.features import FeaturesPlan
 from anatomy_cli.tasks.features import check
 from anatomy_cli.tasks.features import settings_of
+from anatomy_cli.tasks.recorded_model import chosen
 from anatomy_cli.tasks.session import describe
 from anatomy_cli.tasks.session import load_weights
 from anatomy_cli.tasks.session import open_model
@@ -125,8 +126,9 @@ def resumed(out: Path | None, settings: dict[str, Any]) -> tuple[int, int]:
     return shards, tokens
 
 
-def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
-    """The whole run; see the module docstring."""
+def measure(spec: ModelSpec, opts: FeaturesOptions, *, given: bool = True) -> FeaturesRun:
+    """The whole run; see the module docstring. ``given``: whether the model was given (else the one the
+    dictionary records: tasks/recorded_model.py), decided after the corpus and the dictionary are read."""
     from anatomy_cli.models.ct_block import read_dictionary as read
     src = open_source(opts.corpus, column=opts.column)
     try:
@@ -134,6 +136,7 @@ def measure(spec: ModelSpec, opts: FeaturesOptions) -> FeaturesRun:
         src.check_text()  # an empty corpus or one that is not UTF-8: refused before the model opens
         # the dictionary, read once (its shapes only for --estimate): a missing or truncated one is refused too
         sae_file = read(Path(opts.sae), hook=opts.hook, values=not opts.estimate)
+        spec = chosen(spec, given, lambda: sae_file.model_name)
         opened = open_model(spec)
         plan = check(opened, opts, sae_file)
         done = (0, 0) if opts.overwrite else resumed(opts.out, settings_of(opts, plan).to_dict())

@@ -67,7 +67,8 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     held-out check as ``phases``. ``jumprelu`` (its ``bandwidth``, ``l0_coeff``): a JumpReLU coder, written in
     SAELens' format, else a TopK one in sparsify's; either config's ``model_name`` is ``model_name``
     (:func:`anatomy_cli.models.resolve.recorded`: what ``features`` opens when no ``--model`` is given), its
-    ``context_size`` the windows' length (``--ctx``: what ``features`` reads when no ``--ctx`` is given)."""
+    ``context_size`` the windows' length (``--ctx``: what ``features`` reads when no ``--ctx`` is given), and
+    either names its hook point (``hook_name``: a renamed folder keeps it)."""
     import torch
 
     from anatomy_cli.analyses import sae as analysis
@@ -85,7 +86,8 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
                                 seed=seed, progress=line.counter(f"training {label}", "steps"))
     with timings.phase(phases[1]):
         if jumprelu is None:
-            sae_fit.save_sparsify(coder, block.folder, model_name=model_name, context_size=len(windows[0]))
+            sae_fit.save_sparsify(coder, block.folder, model_name=model_name, context_size=len(windows[0]),
+                                  hook_name=block.folder.name)  # sparsify's hook point: the folder's name
         else:
             sae_fit.save_saelens(coder, block.folder, hook=block.points[0], hook_out=block.points[1],
                                  model_name=model_name, context_size=len(windows[0]))

@@ -1,12 +1,15 @@
 """The model a dictionary's metadata names (``model_name``, as fit-sae records it: models/resolve.py ``recorded``):
-what ``features``, ``sae`` and ``circuit`` open when ``--model`` is left out."""
+what ``features``, ``sae`` and ``circuit`` open when no model is given. The one place of that rule: the CLI, the
+Python API and ``anatomy serve`` (which runs the CLI) all ask :func:`for_dictionary` / :func:`for_transcoders`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.models.resolve import resolve
+from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.models.transcoders import describe
 from anatomy_cli.tasks import notes
 
@@ -14,8 +17,7 @@ from anatomy_cli.tasks import notes
 def named_model(name: str | None) -> str | None:
     """``name`` (a dictionary's ``model_name``) when it resolves to a model anatomy opens (a local folder or file, a
     packaged GGUF, a preset, a Hugging Face id in the cache or on the Hub), with a line saying so; else None
-    (TransformerLens' names such as ``gpt2-small`` are no Hugging Face id). For a ``--model`` left out (the CLI
-    cannot tell it from ``--model`` naming the default model): another, it wins."""
+    (TransformerLens' names such as ``gpt2-small`` are no Hugging Face id)."""
     if not name:
         return None
     try:
@@ -28,13 +30,24 @@ def named_model(name: str | None) -> str | None:
     return name
 
 
-def dictionary_model(sae: str | Path, hook: str | None) -> str | None:
-    """:func:`named_model` of the dictionary at ``sae`` (``hook``: one block of a circuit-tracer set)."""
+def chosen(spec: ModelSpec, given: bool, recorded: Callable[[], str | None]) -> ModelSpec:
+    """The model to open: ``spec`` where its model was ``given``; else the model the dictionary records
+    (``recorded``'s name, read only then, :func:`named_model`'s line said) with ``spec``'s loading options, where it
+    resolves; else ``spec`` (the default model). ``given``: the API tells a model left out (``model=None``); the
+    CLI cannot tell ``--model`` left out from ``--model`` naming the default model, and counts both as not given."""
+    if given:
+        return spec
+    model = named_model(recorded())
+    return spec if model is None else spec.replace(model=model)
+
+
+def for_dictionary(spec: ModelSpec, given: bool, sae: str | Path, hook: str | None) -> ModelSpec:
+    """:func:`chosen` for the dictionary at ``sae`` (``hook``: one block of a circuit-tracer set)."""
     from anatomy_cli.models.ct_block import read_dictionary
 
-    return named_model(read_dictionary(Path(sae), hook=hook, values=False).model_name)
+    return chosen(spec, given, lambda: read_dictionary(Path(sae), hook=hook, values=False).model_name)
 
 
-def transcoders_model(transcoders: str | Path) -> str | None:
-    """:func:`named_model` of the transcoder set at ``transcoders`` (circuit's ``--transcoders``)."""
-    return named_model(describe(transcoders).model_name)
+def for_transcoders(spec: ModelSpec, given: bool, transcoders: str | Path) -> ModelSpec:
+    """:func:`chosen` for the transcoder set at ``transcoders`` (circuit's ``--transcoders``)."""
+    return chosen(spec, given, lambda: describe(transcoders).model_name)

@@ -28,7 +28,6 @@ No torch at import time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,10 +149,8 @@ def draw_each(command: str, plot: Path | None, prompt: str | None,
         plots.draw(command, plot, i if prompt == "-" else None, *args, **kwargs)
 
 
-def recorded_spec(spec: ModelSpec, named: Callable[[], str | None]) -> ModelSpec:
-    """``spec`` with the model a dictionary records (``named``: tasks/recorded_model.py, asked only then) where
-    ``--model`` is left out (or given as the default: the CLI cannot tell the two apart); else ``spec``."""
-    if spec.model != default_model():
-        return spec
-    model = named()
-    return spec if model is None else spec.replace(model=model)
+def model_given(spec: ModelSpec) -> bool:
+    """Whether ``--model`` was given, as a task reads it (tasks/recorded_model.py ``chosen``: the model a dictionary
+    records where not): the CLI cannot tell ``--model`` left out from ``--model`` naming the default model, so a
+    spec naming the default counts as not given."""
+    return spec.model != default_model()

@@ -11,8 +11,8 @@ from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import draw_and_emit
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import model_given
 from anatomy_cli.cli.commands._common import open_prompts
-from anatomy_cli.cli.commands._common import recorded_spec
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import html_plot
@@ -22,7 +22,7 @@ from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import circuit as task
-from anatomy_cli.tasks.recorded_model import transcoders_model
+from anatomy_cli.tasks.recorded_model import for_transcoders
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def circuit_command(
     if plot is not None and opts.estimate:
         raise UsageError("--estimate computes no graph: it draws no --plot (drop one of the two)")
     task.before_open(opts)
-    spec = recorded_spec(spec, lambda: transcoders_model(opts.transcoders))
+    spec = for_transcoders(spec, model_given(spec), opts.transcoders)  # no --model: the recorded one
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     if opts.estimate:

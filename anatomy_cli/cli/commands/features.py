@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from anatomy_cli.cli.commands._common import recorded_spec
+from anatomy_cli.cli.commands._common import model_given
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import html_plot
@@ -19,7 +19,6 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import features as task
 from anatomy_cli.tasks.explain import read_export
-from anatomy_cli.tasks.recorded_model import dictionary_model
 
 PlotOpt = Annotated[Optional[Path], html_plot(
     "features", "Also write a dashboard of the features to FILE.html, an interactive page (opens offline; .html "
@@ -74,8 +73,7 @@ def features_command(
     check_path = when_run("output.plots").check_path
 
     plot = check_path(plot, made=opts.out)  # FILE inside a --out DIR not made yet: made by the run
-    spec = recorded_spec(spec, lambda: dictionary_model(opts.sae, opts.hook))  # no --model: the recorded one
-    run = measure(spec, opts)
+    run = measure(spec, opts, given=model_given(spec))  # no --model: the recorded one
     emit(view.report(run), fmt)
     if plot is not None:
         plots = when_run("output.plots")

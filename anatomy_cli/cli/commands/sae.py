@@ -6,8 +6,8 @@ from anatomy_cli.cli.commands._common import PromptArg
 from anatomy_cli.cli.commands._common import draw_each
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
+from anatomy_cli.cli.commands._common import model_given
 from anatomy_cli.cli.commands._common import open_prompts
-from anatomy_cli.cli.commands._common import recorded_spec
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
@@ -16,7 +16,7 @@ from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import sae as task
-from anatomy_cli.tasks.recorded_model import dictionary_model
+from anatomy_cli.tasks.recorded_model import for_dictionary
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -51,7 +51,7 @@ def sae_command(
     plot, fmt = out.plot, out.fmt
     view = when_run("output.views.sae")
 
-    spec = recorded_spec(spec, lambda: dictionary_model(opts.sae, opts.hook))  # no --model: the recorded one
+    spec = for_dictionary(spec, model_given(spec), opts.sae, opts.hook)  # no --model: the recorded one
     opened, encoded = open_prompts(prompt, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)

@@ -7,7 +7,8 @@
   ``hook_name_out`` and may carry ``W_skip``.
 * sparsify: ``cfg.json`` + ``sae.safetensors`` per hook point (``encoder.weight [d_sae, d_in]``,
   ``encoder.bias``, ``W_dec [d_sae, d_out]``, ``b_dec``, transcoders' ``W_skip [d_out, d_in]``); TopK with
-  the config's ``k``; the hook is the folder's name (``layers.10``).
+  the config's ``k``; the hook is the config's ``hook_name`` where it has one (fit-sae writes it: a renamed
+  folder keeps its hook), else the folder's name (``layers.10``).
 * Gemma Scope: ``params.npz`` (``W_enc``, ``W_dec``, ``b_enc``, ``b_dec``, ``threshold``): JumpReLU; the hook
   from the path (names.py ``gemma_scope_hooks``: ``layer_N`` under a ``-res``/``-mlp``/``-att``/``-transcoders``
   release).
@@ -286,7 +287,7 @@ def _sparsify(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
         raise UsageError(f"{folder / 'cfg.json'}: unknown SAE architecture '{cfg.get('activation')}' "
                          f"(anatomy reads sparsify's topk)")
     transcode = bool(cfg.get("transcode", False))
-    hook_name = hook or folder.name
+    hook_name = hook or (str(cfg["hook_name"]) if cfg.get("hook_name") else folder.name)  # fit-sae records it
     return _build(folder, "sparsify", "topk", tensors, path, threshold=None, k=k, hook_in=hook_name,
                   hook_out=hook_name, subtract=not transcode, normalize="none", prepend_bos=None,
                   context_size=cfg["context_size"] if isinstance(cfg.get("context_size"), int) else None,

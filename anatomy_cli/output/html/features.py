@@ -17,6 +17,7 @@ from typing import Any
 
 from anatomy_cli.output.html import Page
 from anatomy_cli.output.html import caption_page
+from anatomy_cli.output.html import esc
 from anatomy_cli.output.html import notes
 from anatomy_cli.output.html import script_json
 from anatomy_cli.output.html._page import CONFIG
@@ -38,6 +39,7 @@ STYLE = """
 .status-dead { color: #888; font-weight: bold; } .status-always-on { color: #a00; font-weight: bold; }
 .explained .fx-list { width: 52em; max-width: 55%; } .explained .fx-list table.data td:nth-child(8) { max-width: 18em; }
 .fx-panel .explanation { font-size: 1.1em; margin: 0.3em 0 0.6em; }
+p.weak { color: #c00000; font-weight: bold; max-width: 60em; }
 """
 
 
@@ -105,7 +107,8 @@ def _trimmed(counts: list[int]) -> list[int]:
 def figure(data: dict[str, Any], cap: Caption, explanations: list[dict[str, Any]] | None = None) -> Page:
     """The dashboard page of ``data`` (:func:`anatomy_cli.output.views.features.report`'s data, the JSON record,
     or the same fields read back from ``features --out DIR``); with ``explanations`` (``explain``'s rows) the
-    list gains the explanation and its scores (sortable, searched) and each panel shows them."""
+    list gains the explanation and its scores (sortable, searched) and each panel shows them. A dictionary too weak
+    to read (``data["fit_report"]["warning"]``) has that warning above the list."""
     page = caption_page(cap)
     explained = bool(explanations)
     scored = ('<option value="detection_balanced_accuracy">detection score</option>'
@@ -121,7 +124,9 @@ def figure(data: dict[str, Any], cap: Caption, explanations: list[dict[str, Any]
             f'{more}<th>promotes</th></tr></thead><tbody></tbody></table></div><div class="fx-panel" id="fx-panel">'
             '</div></div>')
     script = resources.files("anatomy_cli.output.html").joinpath("features.js").read_text(encoding="utf-8")
-    page.add(Part(f"<style>{STYLE}</style>{controls}{body}<script>(function(){{var D="
+    weak = (data.get("fit_report") or {}).get("warning")  # tasks/features.py weak_note's line, as stderr has it
+    warning = f'<p class="weak">{esc(weak)}</p>' if weak else ""
+    page.add(Part(f"<style>{STYLE}</style>{warning}{controls}{body}<script>(function(){{var D="
                   f"{script_json(page_data(data, explanations))};\n{script}\n}})();</script>"))
     lines = ["frequency: the share of the corpus' tokens where the feature fires; max and mean (over firing tokens) "
              "its activation; a token's shade: its activation over the feature's max (the framed token is the "
