@@ -59,9 +59,10 @@ def test_the_clt_step_uses_the_sparse_backward_and_fused_adam():
 
 
 @pytest.mark.parametrize("shift", [0.0, -3.0])  # -3: most rows have fewer than k positive pre-activations
-def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias_and_decoder(shift):
+@pytest.mark.parametrize("f", [30, 256])  # 256: the forward's matmul in 4 blocks with their running maximum
+def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias_and_decoder(shift, f):
     gen = torch.Generator().manual_seed(11)
-    rows, d, f, k, d_out = 48, 7, 30, 6, 5
+    rows, d, k, d_out = 48, 7, 6, 5
     x, W = torch.randn(rows, d, generator=gen), torch.randn(f, d, generator=gen)
     b, dec = torch.randn(f, generator=gen) + shift, torch.randn(f, d_out, generator=gen)
     w_out, v_out = torch.randn(rows, k, generator=gen), torch.randn(rows, d_out, generator=gen)
