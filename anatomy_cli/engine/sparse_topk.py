@@ -99,10 +99,11 @@ def _pays(n: int, k: int) -> bool:
 def _pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                      k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(x weightᵀ + bias [rows, n], its first level of maxima [rows, n/4] or None)``: the matmul as 4 ``addmm``
-    into the 4 column quarters of one output (the same products, the same values), each quarter folded into
+    into the 4 column quarters of one output (the same products; at the benchmark's size the values equal one
+    ``linear``'s bit for bit), each quarter folded into
     the running maximum while it is in cache: column c of the maxima is the max of columns ``c + j·n/4``,
     :func:`largest`'s first level, which a pass over the whole ``[rows, n]`` output after one matmul read back
-    from memory (0.4–0.5 ms of CPU at the benchmark's size, loaded, against ~0.1 ms for the 3 maxima here).
+    from memory (0.43–0.53 ms of CPU in the benchmark's step, loaded, against 0.15 in cache; docs/performance.md).
     None (and one ``linear``) where that level does not pay (:func:`_pays`)."""
     n = weight.shape[0]
     if not _pays(n, k):
@@ -121,7 +122,9 @@ def _keys(values: torch.Tensor) -> torch.Tensor:
     """int32 keys in the order of the float32 ``values`` (NaN the largest, as ``topk`` has it; -0.0 just below
     0.0, which are equal values): the float's bits with the magnitude bits of negatives flipped. torch's CPU
     ``topk`` on int32 takes ~0.65 of its time on float32 (no NaN-aware comparison): 0.54 against 0.85 ms for
-    ``[256, 288]``, k 32."""
+    ``[256, 288]``, k 32. Other dtypes than float32: the values themselves."""
+    if values.dtype != torch.float32:
+        return values
     bits = torch.nan_to_num(values, nan=float("inf"), posinf=float("inf"), neginf=float("-inf")).view(torch.int32)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
