@@ -61,6 +61,40 @@ SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_diff_real.py
                  "test_api_tour.py"]  # the Python API tour on SmolLM2: ~15 s quiet (lens, drift, dla)
 
 
+# typer's CliRunner builds the app's whole click command tree on every invoke (typer.main.get_command: ~300
+# commands and groups, 50-70 ms of CPU a call, measured 2026-12-07), and the suite invokes the app in-process
+# thousands of times. The app's tree is built once per app state (its registered commands, groups and callback) and
+# invoked again, as `anatomy serve` does for every request it answers (Server.run; the group's own set-up in main()
+# is idempotent for that reason). Any other Typer app is built on each invoke, as typer does.
+def _build_app_once(build):
+    import sys
+    import weakref
+
+    built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get_command(typer_app):
+        main = sys.modules.get("anatomy_cli.cli.main")
+        if main is None or typer_app is not getattr(main, "app", None):
+            return build(typer_app)
+        state = (tuple(map(id, typer_app.registered_commands)), tuple(map(id, typer_app.registered_groups)),
+                 id(typer_app.registered_callback))
+        if typer_app not in built or built[typer_app][0] != state:
+            built[typer_app] = (state, build(typer_app))
+        return built[typer_app][1]
+
+    return get_command
+
+
+def _cli_runner_builds_the_app_once() -> None:
+    import typer.testing
+
+    if hasattr(typer.testing, "_get_command"):  # typer's name for it (0.9-0.29); otherwise typer's own behaviour
+        typer.testing._get_command = _build_app_once(typer.testing._get_command)
+
+
+_cli_runner_builds_the_app_once()
+
+
 RAY_MODULES = "_ray.py"  # how the name of a module of tests on the session's Ray ends
 
 # Modules that use a slow session fixture go in one work unit with the first of them (the scheduler below), so that
