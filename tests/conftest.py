@@ -61,6 +61,40 @@ SLOWEST_FIRST = ["test_gguf_load.py", "test_doc_examples.py", "test_diff_real.py
                  "test_api_tour.py"]  # the Python API tour on SmolLM2: ~15 s quiet (lens, drift, dla)
 
 
+# typer's CliRunner builds the app's whole click command tree on every invoke (typer.main.get_command: ~300
+# commands and groups, 50-70 ms of CPU a call, measured 2026-12-07), and the suite invokes the app in-process
+# thousands of times. The app's tree is built once per app state (its registered commands, groups and callback) and
+# invoked again, as `anatomy serve` does for every request it answers (Server.run; the group's own set-up in main()
+# is idempotent for that reason). Any other Typer app is built on each invoke, as typer does.
+def _build_app_once(build):
+    import sys
+    import weakref
+
+    built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get_command(typer_app):
+        main = sys.modules.get("anatomy_cli.cli.main")
+        if main is None or typer_app is not getattr(main, "app", None):
+            return build(typer_app)
+        state = (tuple(map(id, typer_app.registered_commands)), tuple(map(id, typer_app.registered_groups)),
+                 id(typer_app.registered_callback))
+        if typer_app not in built or built[typer_app][0] != state:
+            built[typer_app] = (state, build(typer_app))
+        return built[typer_app][1]
+
+    return get_command
+
+
+def _cli_runner_builds_the_app_once() -> None:
+    import typer.testing
+
+    if hasattr(typer.testing, "_get_command"):  # typer's name for it (0.9-0.29); otherwise typer's own behaviour
+        typer.testing._get_command = _build_app_once(typer.testing._get_command)
+
+
+_cli_runner_builds_the_app_once()
+
+
 RAY_MODULES = "_ray.py"  # how the name of a module of tests on the session's Ray ends
 
 # Modules that use a slow session fixture go in one work unit with the first of them (the scheduler below), so that
@@ -534,12 +568,13 @@ def browser():
 
 
 # ---- the session's one Ray (the tests of `--ray`: tests/test_corpus_ray.py, test_features_ray.py, ...) ----
-# A local Ray started once, by a helper process that holds it until the session ends (its stdin closes), exactly
-# as a command's ``ray.init(address="local")`` starts one; each test's command joins it with --ray-address. Its
-# actors are the command's own (a new job each run, real processes): a test that kills one kills a real worker.
+# A local Ray started once, by a helper process that holds it until the last test on it ends (:func:`stop_ray`
+# closes its stdin), exactly as a command's ``ray.init(address="local")`` starts one; each test's command joins it
+# with --ray-address. Its actors are the command's own (a new job each run, real processes): a test that kills one
+# kills a real worker.
 # Starting Ray took 10-15 s a command; the Ray tests are one work unit, so only one xdist worker starts it.
 
-RAY_HEAD = """
+RAY_HEAD_CODE = """
 import sys, ray
 ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level="ERROR", num_cpus=2)
 print(ray.get_runtime_context().gcs_address, flush=True)
@@ -569,17 +604,55 @@ def ray_env() -> dict:
         "PYTHONPATH": path, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
+# The session's Ray ends with the last test on it, not with the session: the Ray tests run first, together
+# (pytest_collection_modifyitems, the scheduler), and an idle Ray (its GCS, raylet, agents and two idle workers) took
+# 2.3 CPU-s a minute (4% of a core, measured 2026-12-07) from every test the worker ran after them (~9 minutes).
+RAY_HEAD: dict = {}  # "stop": ends the session's Ray, while it runs; "stopped": True once it has
+
+
+def stop_ray() -> None:
+    """End the session's Ray now (nothing when none runs)."""
+    stop = RAY_HEAD.pop("stop", None)
+    if stop is not None:
+        RAY_HEAD["stopped"] = True
+        stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test on the session's Ray (the next is none or not on Ray), after its own fixtures' teardown."""
+    if on_ray(item.path.name) and (nextitem is None or not on_ray(nextitem.path.name)):
+        stop_ray()
+
+
+def pytest_runtest_setup(item):
+    if "ray_cluster" in item.fixturenames and RAY_HEAD.get("stopped"):
+        pytest.fail("the session's Ray was stopped after the tests on it: they must run together, first "
+                    "(tests/conftest.py orders them so)")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """The session's one local Ray (:class:`RayCluster`); skips where Ray is not installed."""
+    """The session's one local Ray (:class:`RayCluster`), stopped after the last test on it (:func:`stop_ray`);
+    skips where Ray is not installed."""
     import subprocess
     import sys
 
     pytest.importorskip("ray")
     env = ray_env()
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: nothing the helper writes can block it
-        head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], env=env, stdin=subprocess.PIPE,
+        head = subprocess.Popen([sys.executable, "-c", RAY_HEAD_CODE], env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=log, text=True)
+
+        def stop() -> None:
+            head.stdin.close()  # the helper's ray.shutdown() ends the Ray processes it started
+            try:
+                head.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                head.kill()
+                head.wait()
+
+        RAY_HEAD["stop"] = stop
         try:
             address = head.stdout.readline().strip()
             if not address:
@@ -587,9 +660,4 @@ def ray_cluster():
                 pytest.fail(f"the session's Ray did not start: {log.read()[-2000:]}")
             yield RayCluster(address=address, env=env)
         finally:
-            head.stdin.close()  # the helper's ray.shutdown() ends the Ray processes it started
-            try:
-                head.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                head.kill()
-                head.wait()
+            stop_ray()

@@ -1,5 +1,5 @@
-"""`anatomy fit-lens jacobian --ray` (issue 48): the prompts fitted on a local Ray with 2 workers, one of them
-killed mid-run, equal the in-process fit and the merge of two ``--shard`` fits; Ray never writes to stdout.
+"""`anatomy fit-lens jacobian --ray` (issue 48): the prompts fitted on a local Ray, its worker killed mid-run and
+restarted, equal the in-process fit and the merge of two ``--shard`` fits; Ray never writes to stdout.
 
 The command runs in a child process on the session's one Ray (conftest's ``ray_cluster``, joined with
 --ray-address), as tests/test_corpus_ray.py does for `corpus --ray`.
@@ -177,7 +177,8 @@ app(args=sys.argv[2:])
 
 def test_a_partial_checkpoint_resumed_on_a_local_ray_with_a_killed_worker_equals_the_fit_and_the_shard_merge(
         tiny_lm, tiny_model_dir, tmp_path, monkeypatch, ray_cluster):
-    """A real local Ray (2 workers, the one reaching prompt 3 killed mid-prompt) resuming a checkpoint that holds
+    """A real local Ray (its worker killed as it reaches prompt 3, mid-prompt, and restarted by Ray: one kill, one
+    retry; a second worker would only add a process importing torch, ~7 CPU-s) resuming a checkpoint that holds
     prompts 0 and 1 (an in-process fit interrupted at its third prompt): prompts 2 and 3 are fitted, the checkpoint
     then holds all four, Ray writes nothing to stdout, and the lens equals the uninterrupted in-process fit and the
     merge of two ``--shard`` fits. One Ray run for both properties (a Ray run costs ~20 s, most of it starting the
@@ -205,7 +206,7 @@ def test_a_partial_checkpoint_resumed_on_a_local_ray_with_a_killed_worker_equals
 
     marker = tmp_path / "crashed"
     res = subprocess.run([sys.executable, "-c", DRIVER, str(marker), *common, "--out", str(tmp_path / "ray.pt"),
-                          *ray_cluster.args(), "--checkpoint", str(ckpt)],
+                          *ray_cluster.args(workers=1), "--checkpoint", str(ckpt)],
                          env=ray_cluster.env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert marker.exists(), "no worker died: the test proves nothing"

@@ -572,7 +572,7 @@ def test_a_long_job_keeps_a_piped_client_waiting(server, long_llama):
     # cancelled the job. Now the server sends keep-alives (every timeout/4 s here) that the client does not
     # print: the client waits as long as the job runs, and gets its end (here a --cancel) as in-process.
     sock, _ = server
-    wait = 3.0
+    wait = 2.0  # keep-alives every 0.5 s; the client gives up after 4 missed ones (the test waits 3 timeouts: 6 s)
     env = {**ENV, protocol.ENV_SOCKET: str(sock), protocol.ENV_TIMEOUT: f"{wait:g}"}
     proc = subprocess.Popen([sys.executable, "-m", "anatomy_cli", *_long(long_llama)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
