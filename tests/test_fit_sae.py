@@ -448,13 +448,20 @@ def test_collect_writes_each_batch_in_place_equal_to_plain_hooks(tiny_lm):
     """``collect`` copies each batch's rows into one tensor per point (issue 62: no pieces joined after, half the
     peak): the rows equal what PyTorch hooks on transformers' own MLP read and write, window by window, each
     window's first position left out (issue 62: the attention sink is no row), with windows of two lengths (two
-    batches of 2, then a shorter one alone)."""
+    batches of 2, then a shorter one alone). Each forward stops once both points are read: the final norm never
+    runs."""
     from anatomy_cli.models import sites
 
     lm = tiny_lm("llama")
     wins = [[1, 5, 9, 22, 7], [3, 14, 30, 2, 8], [4, 4, 6, 10, 11], [12, 13], [9, 9, 9]]
     points = [sites.hook_name(1, sites.Site.mlp_in), sites.hook_name(0, sites.Site.mlp_out)]
-    x, y = sae_fit.collect(lm, wins, points, batch=2)
+    ran = []
+    head = lm.model.model.norm.register_forward_hook(lambda m, args, out: ran.append(1))
+    try:
+        x, y = sae_fit.collect(lm, wins, points, batch=2)
+    finally:
+        head.remove()
+    assert ran == []
     layers, seen = lm.model.model.layers, {}
     hooks = [layers[1].mlp.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0][0])),
              layers[0].mlp.register_forward_hook(lambda m, args, out: seen.__setitem__("y", out[0]))]
