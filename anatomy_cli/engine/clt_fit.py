@@ -357,6 +357,39 @@ def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int,
     return statistics.median(gaps[1:] or gaps)
 
 
+def probe_thresholds_seconds(d: int, d_sae: int, k: int, rows: int) -> float:
+    """The seconds :func:`thresholds` takes here now for one block over ``rows`` random rows (it grows with the
+    blocks and the rows); a JumpReLU CLT's thresholds are its own (no work). The caller's RNG is left alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        coder = CrossLayerCoder(1, d, d_sae, k)
+        xs = torch.randn(1, rows, d)
+        start = now()
+        thresholds(coder, xs)
+    return now() - start
+
+
+PROBE_BLOCKS = 2  # the coder :func:`probe_writing_seconds` writes and reads
+
+
+def probe_writing_seconds(d: int, d_sae: int, k: int, rows: int, folder: Path) -> float:
+    """The seconds a :data:`PROBE_BLOCKS`-block coder of this width takes here now to be written into ``folder``
+    (:func:`save`) and read on ``rows`` held-out rows (:func:`held_out`, and once more :func:`jumprelu_forward`:
+    the spliced forward's decoder sums are the same products); each grows with the coder's parameters
+    (:func:`parameter_count`). The caller's RNG is left alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        coder = CrossLayerCoder(PROBE_BLOCKS, d, d_sae, k)
+        xs = torch.randn(PROBE_BLOCKS, rows, d)
+        theta = torch.zeros(PROBE_BLOCKS, d_sae)
+        start = now()
+        save(coder, theta, folder, scan="probe", model_name="probe")
+        held_out(coder, xs, xs, theta)
+        with torch.no_grad():
+            jumprelu_forward(coder, xs, theta)
+    return now() - start
+
+
 def parameter_count(n_layers: int, d: int, d_sae: int) -> int:
     """Encoders, decoders (``F · d · L(L+1)/2``) and biases."""
     return n_layers * d_sae * d + d_sae * d * n_layers * (n_layers + 1) // 2 + n_layers * (d_sae + d)

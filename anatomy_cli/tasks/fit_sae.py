@@ -150,7 +150,8 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     tokens; a few training steps of a coder of this size, scaled by the steps of every block; the held-out
     check's three forwards per block, from the window's forward), memory (every collected point's activations
     at once, one SAE with Adam's state and a batch's latents at a time); ``--clt``: the CLT's training and check
-    (:func:`anatomy_cli.tasks._fit_clt.probe`)."""
+    (:func:`anatomy_cli.tasks._fit_clt.probe`), and its thresholds and files
+    (:func:`anatomy_cli.tasks._fit_clt.writing`)."""
     from anatomy_cli.engine import sae_fit
     _fit_clt = when_run("tasks._fit_clt")
 
@@ -162,18 +163,21 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     begun = timing.now()
     window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
     batch = min(opts.batch_size, train_rows)
-    if opts.clt:  # one coder of every block; its own held-out check
+    writing: tuple[timing.Phase, ...] = ()
+    if opts.clt:  # one coder of every block; its own held-out check, thresholds and files
         step, coders, checks, coder_bytes = _fit_clt.probe(lm, opts, plan, batch)
+        writing = _fit_clt.writing(lm, opts, plan)
     else:  # one coder per block; three forwards per block to check it; one SAE's Adam state and a batch's latents
         step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=batch, transcode=opts.transcoder,
                                           jumprelu=opts.jumprelu)
         coders, checks, coder_bytes = n, 3 * n, 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
     steps = opts.epochs * -(-train_rows // opts.batch_size)
     collecting, training, checking = PHASES
+    forwards = timing.scaled("held-out forwards", window, len(first[0]), checks * len(plan.windows[-1]))
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
                            timing.scaled(collecting, window, len(first[0]), tokens),
                            timing.scaled(training, step, 1, coders * steps),
-                           timing.scaled(checking, window, len(first[0]), checks * len(plan.windows[-1]))))
+                           timing.summed(checking, forwards, *writing)))
     activations = 4.0 * len(plan.points) * rows * d
     return {"tokens": float(tokens - len(plan.windows[-1])), "rows": float(train_rows), "blocks": float(n),
             "seconds": est.seconds, "estimate": est, "activation_bytes": activations,
