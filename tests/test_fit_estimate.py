@@ -72,7 +72,7 @@ def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, c
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.engine import sae_fit
 
-    collect, train, splice = sae_fit.collect, sae_fit.train, engine_sae.splice_run
+    collect, train, held_out_forward = sae_fit.collect, sae_fit.train, engine_sae.forward
 
     def slow_collect(lm, windows, points, **kw):
         clock.t += sum(map(len, windows))  # a forward: a second per token
@@ -85,13 +85,13 @@ def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, c
                 progress(i, n)
         return train(x, target, coder, progress=step, **kw)
 
-    def slow_splice(lm, ids, sae, **kw):
-        clock.t += 3 * len(ids)  # three forwards of the held-out window
-        return splice(lm, ids, sae, **kw)
+    def slow_forward(lm, ids, **kw):  # each forward of the held-out check (one clean, two per block spliced)
+        clock.t += ids.numel()
+        return held_out_forward(lm, ids, **kw)
 
     monkeypatch.setattr(sae_fit, "collect", slow_collect)
     monkeypatch.setattr(sae_fit, "train", slow_train)
-    monkeypatch.setattr(engine_sae, "splice_run", slow_splice)
+    monkeypatch.setattr(engine_sae, "forward", slow_forward)
     r = api.fit_sae(tiny_lm("gpt2"), _corpus(tmp_path), layer="0-1", out=tmp_path / "sae", ctx=16, max_tokens=160,
                     epochs=2, batch_size=32, d_sae=32, k=4, transcoder=transcoder)
     timings = r.data["timings"]
