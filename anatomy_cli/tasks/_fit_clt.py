@@ -10,11 +10,13 @@ tokens goes on from it (a resumed fit equals an uninterrupted one)."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.engine import estimate as timing
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import digest
 from anatomy_cli.models.resolve import recorded
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
     import torch
 
     from anatomy_cli.engine import LoadedModel
-    from anatomy_cli.engine.estimate import Phase
 
 
 THRESHOLDS = ("per feature, the JumpReLU threshold that fires on as many training rows as the TopK did (halfway "
@@ -56,15 +57,12 @@ def probe(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, batch: int) ->
 THRESHOLD_PROBE_ROWS = 1024  # the rows the thresholds' probe orders (the fit's: all its training rows)
 
 
-def writing(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> tuple[Phase, Phase]:
+def writing(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> tuple[timing.Phase, timing.Phase]:
     """The CLT's writing beside its held-out forwards (issue 62: a 30-block CLT's phase took 152 s where the
     forward alone was counted, 1.6 s): the thresholds (a probe of one block over up to
     :data:`THRESHOLD_PROBE_ROWS` rows, scaled by the blocks and the training rows) and the files with the
     held-out reconstructions (a probe of a 2-block coder written and read, scaled by the parameters)."""
-    import tempfile
-
     from anatomy_cli.engine import clt_fit
-    from anatomy_cli.engine import estimate as timing
     from anatomy_cli.engine import sae_fit
 
     d, n = lm.info.d_model, len(plan.blocks)
