@@ -7,11 +7,14 @@ training tokens (issue 62 item 2, the quality half). Not in the suite; its figur
 
 (1) The corpus is packed into ``--ctx`` windows as ``fit-sae`` packs it; the last ``--held`` windows are held out
 (``fit-sae`` holds out one: ``--held`` windows give a steadier figure). The MLP input and output of each block in
-``--layers`` (``fit-sae --transcoder``'s sites) are collected once over every window (``sae_fit.collect``) and
-saved to ``DIR/acts.pt``, which every trainer reads: the rows are the same floats for all of them.
+``--layers`` (``fit-sae --transcoder``'s sites) are collected once over every window by ``fit-sae``'s own
+``sae_fit.collect`` (its rows: each window's positions after the first, ``sae_fit.SKIPPED``; each forward stopped
+at the last block read) and saved to ``DIR/acts.pt``, which every trainer reads: the rows are the same floats for
+all of them (sparsify's side is handed them as they are). A file collected under another rule is collected again.
 
-(2) Per block and per ``--tokens`` (the first N training rows, in window order), transcoders with the same
-d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from seed 0):
+(2) Per block and per ``--tokens`` (the first N training tokens: the rows of the first N / ``--ctx`` training
+windows, as ``fit-sae --max-tokens`` trains on them), transcoders with the same d_sae, k, batch, epochs and row
+order (one ``torch.randperm`` per epoch from seed 0):
 
   - ``anatomy``: ``engine/sae_fit.py`` ``train`` on :class:`TopKCoder` at ``fit-sae --transcoder``'s learning rate
     (``default_lr(d_sae, scaled=True)``), as ``fit-sae`` trains without sparsify installed;
@@ -28,8 +31,9 @@ d_sae, k, batch, epochs and row order (one ``torch.randperm`` per epoch from see
 (3) Every written folder is read back as ``anatomy sae`` reads it (``models/sae/read.py``, ``engine/sae.py``
 ``Dictionary``): its FVE and mean L0 over all held-out rows pooled, and the means of the spliced CE and KL (nats)
 over the first ``--kl-windows`` held-out windows (``splice_run``, ``analyses/sae.py`` ``health``: three forwards a
-window). One line per (block, tokens, trainer), then a table; the training's CPU seconds (``time.process_time``, one
-thread) and the load average before and after.
+window), each window's first position left as the model computes it and out of the figures, as ``fit-sae``'s
+held-out check does. One line per (block, tokens, trainer), then a table; the training's CPU seconds
+(``time.process_time``, one thread) and the load average before and after.
 """
 
 from __future__ import annotations
@@ -104,13 +108,15 @@ def load_avg() -> str:
 
 
 def collect(args: argparse.Namespace, path: Path) -> None:
-    """The windows of ``args.corpus`` and every chosen block's MLP input and output over them, to ``path``."""
+    """The windows of ``args.corpus`` and every chosen block's MLP input and output over them (``fit-sae``'s rows:
+    ``sae_fit.collect``), to ``path``."""
     import torch
 
     import anatomy_cli as anatomy
     from anatomy_cli.corpus.sources import open_source
     from anatomy_cli.corpus.windows import token_stream
     from anatomy_cli.corpus.windows import windows
+    from anatomy_cli.engine import sae_fit
     from anatomy_cli.models import sites
 
     lm = anatomy.load(args.model)
@@ -121,60 +127,33 @@ def collect(args: argparse.Namespace, path: Path) -> None:
     wins = [w for w in wins if len(w) == args.ctx]  # whole windows only (the last may be short)
     points = [sites.hook_name(layer, s) for layer in args.layers for s in (sites.Site.mlp_in, sites.Site.mlp_out)]
     start = time.process_time()
-    acts = collect_until(lm, wins, points)
-    print(f"collected {len(wins)} windows of {args.ctx} ({len(wins) * args.ctx} tokens) at {len(points)} points: "
-          f"{time.process_time() - start:.0f} CPU s, load {load_avg()}", file=sys.stderr)
-    held_rows = args.held * args.ctx
-    torch.save({"windows": wins, "held": args.held, "train_rows": len(wins) * args.ctx - held_rows,
-                "x": {layer: acts[2 * i][:-held_rows].clone() for i, layer in enumerate(args.layers)},
-                "target": {layer: acts[2 * i + 1][:-held_rows].clone() for i, layer in enumerate(args.layers)},
-                "x_held": {layer: acts[2 * i][-held_rows:].clone() for i, layer in enumerate(args.layers)},
-                "target_held": {layer: acts[2 * i + 1][-held_rows:].clone() for i, layer in enumerate(args.layers)}},
+    acts = sae_fit.collect(lm, wins, points)
+    print(f"collected {len(wins)} windows of {args.ctx} ({len(wins) * args.ctx} tokens, {len(acts[0])} rows) at "
+          f"{len(points)} points: {time.process_time() - start:.0f} CPU s, load {load_avg()}", file=sys.stderr)
+    train_rows = sae_fit.rows(wins[:-args.held])
+    torch.save({"windows": wins, "held": args.held, "train_rows": train_rows, "skipped": sae_fit.SKIPPED,
+                "x": {layer: acts[2 * i][:train_rows].clone() for i, layer in enumerate(args.layers)},
+                "target": {layer: acts[2 * i + 1][:train_rows].clone() for i, layer in enumerate(args.layers)},
+                "x_held": {layer: acts[2 * i][train_rows:].clone() for i, layer in enumerate(args.layers)},
+                "target_held": {layer: acts[2 * i + 1][train_rows:].clone() for i, layer in enumerate(args.layers)}},
                path)
 
 
-def held_rows_of(lm, acts: dict, args: argparse.Namespace) -> None:
-    """``acts``' held-out rows where an older file lacks them: the held-out windows collected again."""
-    if "x_held" in acts:
-        return
-    from anatomy_cli.models import sites
+def collected_now(acts: dict) -> bool:
+    """``acts`` (a saved ``acts.pt``) holds the rows ``sae_fit.collect`` gives now (an older file kept position 0)."""
+    from anatomy_cli.engine import sae_fit
 
-    points = [sites.hook_name(layer, s) for layer in args.layers for s in (sites.Site.mlp_in, sites.Site.mlp_out)]
-    got = collect_until(lm, acts["windows"][-acts["held"]:], points)
-    acts["x_held"] = {layer: got[2 * i] for i, layer in enumerate(args.layers)}
-    acts["target_held"] = {layer: got[2 * i + 1] for i, layer in enumerate(args.layers)}
+    return acts.get("skipped") == sae_fit.SKIPPED and "x_held" in acts
 
 
-class _Done(Exception):
-    """Ends a forward once the last point is read (the later blocks and the head never run)."""
+def training_rows(acts: dict, tokens: str, ctx: int) -> tuple[int, int]:
+    """(the tokens, the rows) of the first ``tokens`` training tokens in whole windows (``all``: every training
+    window)."""
+    from anatomy_cli.engine import sae_fit
 
-
-def collect_until(lm, wins: list, points: list[str], batch: int = 8) -> list:
-    """``sae_fit.collect``'s tensors (one ``[rows, d]`` float32 per point, rows in window order), each forward
-    stopped at the last point (``engine/sae.py`` ``window_features`` stops the same way): half the forwards'
-    cost for blocks 3 and 15 of 30."""
-    import torch
-
-    from anatomy_cli.engine.forwarding import forward
-    from anatomy_cli.engine.sae import _hooks
-
-    rows: list[list] = [[] for _ in points]
-
-    def keep(i: int):
-        def fn(t):
-            rows[i].append(t.detach().reshape(-1, t.shape[-1]).float().cpu())
-            if i == len(points) - 1:
-                raise _Done
-        return fn
-
-    lm.model.eval()
-    with torch.inference_mode(), _hooks(lm, [(p, keep(i)) for i, p in enumerate(points)]):
-        for s in range(0, len(wins), batch):
-            try:
-                forward(lm, torch.tensor(wins[s:s + batch], dtype=torch.long, device=lm.device))
-            except _Done:
-                pass
-    return [torch.cat(r) for r in rows]
+    train_windows = acts["windows"][:-acts["held"]]
+    chosen = train_windows if tokens == "all" else train_windows[:int(tokens) // ctx]
+    return sum(map(len, chosen)), sae_fit.rows(chosen)
 
 
 def fit_anatomy(acts: dict, layer: int, n: int, args: argparse.Namespace, out: Path, *, jumprelu: bool) -> dict:
@@ -215,11 +194,13 @@ def fit_sparsify(acts_path: Path, layer: int, n: int, args: argparse.Namespace, 
 
 def held_out(lm, folder: Path, layer: int, acts: dict, kl_windows: int) -> dict:
     """The folder read as ``sae`` reads it: its FVE on every held-out row (pooled), and spliced into the first
-    ``kl_windows`` held-out windows (``splice_run``, three forwards each), the mean next-token CE and KL."""
+    ``kl_windows`` held-out windows (``splice_run``, three forwards each, positions from ``sae_fit.SKIPPED`` on), the
+    mean next-token CE and KL."""
     import torch
 
     from anatomy_cli.analyses import sae as analysis
     from anatomy_cli.engine import sae as engine_sae
+    from anatomy_cli.engine import sae_fit
     from anatomy_cli.models.sae import read
 
     d = engine_sae.Dictionary(read.read(folder), lm.device)
@@ -231,8 +212,9 @@ def held_out(lm, folder: Path, layer: int, acts: dict, kl_windows: int) -> dict:
     fve = 1 - float((t - r).pow(2).sum() / (t - t.mean(0)).pow(2).sum())
     wins = acts["windows"][-acts["held"]:][:kl_windows]
     ce = ce_clean = kl = 0.0
-    for w in wins:
-        h = analysis.health(engine_sae.splice_run(lm, list(w), d), w, None)
+    for w in wins:  # fit-sae's held-out check: the first positions as the model computes them, and no figure
+        splice = engine_sae.splice_run(lm, list(w), d, skip=sae_fit.SKIPPED)
+        h = analysis.health(splice, list(w)[sae_fit.SKIPPED:], None)
         ce, ce_clean, kl = ce + h.ce_spliced_nats, ce_clean + h.ce_clean_nats, kl + h.kl_spliced_nats
     n = max(1, len(wins))
     return {"fve": fve, "l0": l0, "ce_clean": ce_clean / n, "ce_spliced": ce / n, "kl": kl / n}
@@ -247,7 +229,9 @@ def main() -> None:
     p.add_argument("--held", type=int, default=16)
     p.add_argument("--kl-windows", type=int, default=8, help="held-out windows the spliced CE/KL is measured on")
     p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--tokens", default="7936", help="training rows per fit, comma-separated ('all': every one)")
+    p.add_argument("--tokens", default="7936",
+                   help="training tokens per fit (whole windows; their rows, each window's first position left out), "
+                        "comma-separated ('all': every one)")
     p.add_argument("--d-sae", type=int, default=1024)
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--batch", type=int, default=256)
@@ -266,22 +250,22 @@ def main() -> None:
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     acts_path = work / "acts.pt"
-    if not acts_path.exists():
+    if not acts_path.exists() or not collected_now(torch.load(acts_path, mmap=True)):
         collect(args, acts_path)
     acts = torch.load(acts_path, mmap=True)  # all of docs/: 2 GB
     import anatomy_cli as anatomy
 
     lm = anatomy.load(args.model)
-    held_rows_of(lm, acts, args)
     held = acts["windows"][-acts["held"]:]
     trainers = args.trainers.split(",")
     if not Path(args.sparsify_python).exists():
         print(f"no {args.sparsify_python}: sparsify skipped", file=sys.stderr)
         trainers = [t for t in trainers if not t.startswith("sparsify")]
-    print(f"train rows {acts['train_rows']}, held out {len(held)} windows of {args.ctx}; load {load_avg()}",
-          file=sys.stderr)
+    print(f"train rows {acts['train_rows']}, held out {len(held)} windows of {args.ctx} "
+          f"({len(acts['x_held'][args.layers[0]])} rows); load {load_avg()}", file=sys.stderr)
     rows = []
-    for n in [acts["train_rows"] if v == "all" else int(v) for v in args.tokens.split(",")]:
+    for tokens in args.tokens.split(","):
+        n_tokens, n = training_rows(acts, tokens, args.ctx)
         for layer in args.layers:
             for trainer in trainers:
                 out = work / f"{trainer}-{n}" / f"layers.{layer}.mlp"
@@ -289,16 +273,16 @@ def main() -> None:
                     fit = fit_anatomy(acts, layer, n, args, out, jumprelu=trainer == "anatomy-jumprelu")
                 else:
                     fit = fit_sparsify(acts_path, layer, n, args, trainer.partition("-")[2] or "signum", out)
-                row = {"layer": layer, "tokens": n, "trainer": trainer, **fit,
+                row = {"layer": layer, "tokens": n_tokens, "rows": n, "trainer": trainer, **fit,
                        **held_out(lm, out, layer, acts, args.kl_windows), "load": load_avg()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("| block | tokens | trainer | steps | fvu_last | dead | held-out L0 | held-out FVE | CE spliced (clean) | KL "
-          "| CPU s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| block | tokens | rows | trainer | steps | fvu_last | dead | held-out L0 | held-out FVE | CE spliced "
+          "(clean) | KL | CPU s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['layer']} | {r['tokens']:,} | {r['trainer']} | {r['steps']} | {r['fvu_last']:.3f} | "
-              f"{r['dead_fraction']:.0%} | {r['l0']:.1f} | {r['fve']:.3f} | "
+        print(f"| {r['layer']} | {r['tokens']:,} | {r['rows']:,} | {r['trainer']} | {r['steps']} | "
+              f"{r['fvu_last']:.3f} | {r['dead_fraction']:.0%} | {r['l0']:.1f} | {r['fve']:.3f} | "
               f"{r['ce_spliced']:.3f} ({r['ce_clean']:.3f}) | {r['kl']:.3f} | {r['cpu_seconds']:.1f} |")
 
 

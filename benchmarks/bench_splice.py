@@ -18,6 +18,10 @@ Per dictionary and window:
   - ``first m``: blocks ``0 .. m − 1`` spliced closed-loop (how the CE grows with the blocks spliced);
   - per block the FVE of the reconstruction on the clean inputs, and the mean L0 clean and closed-loop.
 
+Every splice leaves each window's first positions as the model computes them, and every figure (CE, KL, FVE, L0)
+is over the later positions: ``fit-sae``'s rule (``sae_fit.SKIPPED``: its rows and its held-out check), so these
+figures are the fit's kind.
+
 ``--fit-json``: the CLT fit's JSON (``fit-sae --clt -f json``); its held-out window's reported CE is compared with
 this script's closed-loop figure on the same window (the check that the fit's splice and the files agree).
 """
@@ -36,6 +40,8 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from anatomy_cli.engine.sae_fit import SKIPPED  # fit-sae's rule: each window's first positions kept
 
 
 def read_per_layer(folder: Path, n: int) -> list[dict[str, torch.Tensor | int]]:
@@ -88,8 +94,8 @@ class Splicer:
 def run(model, ids: torch.Tensor, splicer: Splicer | None, spliced: set[int], mode: str,
         clean_in: dict[int, torch.Tensor] | None = None):
     """(logits [n, vocab], MLP inputs {block: [n, d]}, MLP outputs {block: [n, d]}, L0 {block: mean}) of one
-    forward with ``spliced`` blocks' MLP outputs replaced (``mode`` closed: features from this forward's inputs;
-    open: from ``clean_in``)."""
+    forward with ``spliced`` blocks' MLP outputs replaced at positions ``SKIPPED..`` (``mode`` closed: features from
+    this forward's inputs; open: from ``clean_in``); the L0 over those positions."""
     ins: dict[int, torch.Tensor] = {}
     outs: dict[int, torch.Tensor] = {}
     acts: dict[int, torch.Tensor] = {}
@@ -100,13 +106,14 @@ def run(model, ids: torch.Tensor, splicer: Splicer | None, spliced: set[int], mo
             ins[layer] = x = args[0][0].float()
             if splicer is not None:  # every block's features: a CLT's output m reads blocks 0..m
                 acts[layer] = splicer.features(layer, x if mode == "closed" else clean_in[layer])
-                l0[layer] = float((acts[layer] != 0).sum(-1).float().mean())
+                l0[layer] = float((acts[layer][SKIPPED:] != 0).sum(-1).float().mean())
         return fn
 
     def post(layer):
         def fn(mod, args, out):
             if layer in spliced:
-                out = splicer.output(layer, acts)[None].to(out.dtype)
+                new = splicer.output(layer, acts)[None].to(out.dtype)
+                out = torch.cat([out[:, :SKIPPED], new[:, SKIPPED:]], 1)
             outs[layer] = out[0].float()
             return out
         return fn
@@ -123,16 +130,20 @@ def run(model, ids: torch.Tensor, splicer: Splicer | None, spliced: set[int], mo
 
 
 def ce(logits: torch.Tensor, ids: torch.Tensor) -> float:
-    logp = torch.log_softmax(logits[:-1].double(), -1)
-    return float(-logp.gather(1, ids[1:, None]).mean())
+    """The mean next-token CE of positions ``SKIPPED..n − 2``."""
+    logp = torch.log_softmax(logits[SKIPPED:-1].double(), -1)
+    return float(-logp.gather(1, ids[SKIPPED + 1:, None]).mean())
 
 
 def kl(p: torch.Tensor, q: torch.Tensor) -> float:
-    lp, lq = torch.log_softmax(p.double(), -1), torch.log_softmax(q.double(), -1)
+    """The mean KL(p ‖ q) of positions ``SKIPPED..``."""
+    lp, lq = torch.log_softmax(p[SKIPPED:].double(), -1), torch.log_softmax(q[SKIPPED:].double(), -1)
     return float((lp.exp() * (lp - lq)).sum(-1).mean())
 
 
 def fve(recon: torch.Tensor, target: torch.Tensor) -> float:
+    """The FVE of positions ``SKIPPED..``."""
+    recon, target = recon[SKIPPED:], target[SKIPPED:]
     err = (target - recon).pow(2).sum()
     return float(1 - err / (target - target.mean(0)).pow(2).sum())
 
@@ -149,7 +160,8 @@ def measure(model, ids: torch.Tensor, dicts: dict[str, Splicer], prefixes: list[
         add("ce clean", ce(clean, ids))
         acts = {layer: sp.features(layer, clean_in[layer]) for layer in range(n)}
         fves[name].append([fve(sp.output(m, acts), clean_out[m]) for m in range(n)])
-        add("L0 clean, mean of blocks", statistics.mean(float((a != 0).sum(-1).float().mean()) for a in acts.values()))
+        add("L0 clean, mean of blocks",
+            statistics.mean(float((a[SKIPPED:] != 0).sum(-1).float().mean()) for a in acts.values()))
         for mode in ("closed", "open"):
             logits, _, _, l0 = run(model, ids, sp, set(range(n)), mode, clean_in)
             add(f"ce {mode}", ce(logits, ids))

@@ -164,6 +164,25 @@ def pytest_xdist_make_scheduler(config, log):
     return OneRay(config, log)
 
 
+def random_clt(lm, d_sae: int, k: int, seed: int):
+    """(a cross-layer transcoder over every block of ``lm`` with random weights (N(0, 0.2²)), thresholds in [0,
+    0.1), the hook points of each block's MLP input and output): what a splice test runs on."""
+    import torch
+
+    from anatomy_cli.engine import clt_fit
+    from anatomy_cli.models import sites
+
+    n = lm.n_layers
+    torch.manual_seed(seed)
+    coder = clt_fit.CrossLayerCoder(n, lm.info.d_model, d_sae, k)
+    with torch.no_grad():
+        for param in coder.parameters():
+            param.copy_(torch.randn(param.shape) * 0.2)
+    theta = torch.rand(n, d_sae) * 0.1
+    return coder, theta, [(sites.hook_name(i, sites.Site.mlp_in), sites.hook_name(i, sites.Site.mlp_out))
+                          for i in range(n)]
+
+
 @pytest.fixture(scope="session")
 def tiktoken_cache(tmp_path_factory) -> Path:
     """An empty TIKTOKEN_CACHE_DIR for the session, set in the environment (keeps /tmp's cache out of tests)."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import random_clt
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks" / "run.py"
@@ -80,3 +81,36 @@ def test_write_section_replaces_only_results(tmp_path):
     assert "first" not in text and "second" in text and "## Offload\n\nkept" in text
     assert text.index("## Results") < text.index("## Offload")
     assert text.count("## Results") == 1
+
+
+def test_bench_splice_keeps_fit_sae_s_first_positions_and_equals_the_fit_s_splice(tiny_lm, tmp_path):
+    """benchmarks/bench_splice.py's closed-loop splice (plain hooks on transformers' MLPs, the weights read from the
+    written files) leaves each window's first position as the model computes it and measures the later ones, as
+    fit-sae's held-out check does (``sae_fit.SKIPPED``, issue 62): its logits equal ``clt_fit.spliced_logits``' at
+    that skip, its CE and KL the analyses' figures on them, and position 0's logits the clean forward's."""
+    import torch
+
+    from anatomy_cli.analyses.sae import next_token_ce
+    from anatomy_cli.analyses.sae import next_token_kl
+    from anatomy_cli.engine import clt_fit
+    from anatomy_cli.engine.sae_fit import SKIPPED
+
+    spec = importlib.util.spec_from_file_location("bench_splice", ROOT / "benchmarks" / "bench_splice.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    lm = tiny_lm("llama")
+    n = lm.n_layers
+    coder, theta, points = random_clt(lm, 16, 4, seed=3)
+    clt_fit.save(coder, theta, tmp_path / "clt", scan="test", model_name="tiny")
+    splicer = bench.Splicer("clt", bench.read_clt(tmp_path / "clt", n))
+    ids = [1, 5, 9, 22, 7, 3, 14, 30]
+    clean, spliced = clt_fit.spliced_logits(lm, ids, coder, theta, points, skip=SKIPPED)
+    clean_all, clean_in, _, _ = bench.run(lm.model, torch.tensor(ids), None, set(), "open")
+    logits, _, _, l0 = bench.run(lm.model, torch.tensor(ids), splicer, set(range(n)), "closed")
+    torch.testing.assert_close(logits[SKIPPED:], spliced, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits[:SKIPPED], clean_all[:SKIPPED], rtol=0, atol=0)  # position 0 untouched
+    assert not torch.allclose(logits[SKIPPED:], clean, atol=1e-2)  # the splice changed the rest
+    assert bench.ce(logits, torch.tensor(ids)) == pytest.approx(next_token_ce(spliced, ids[SKIPPED:]), rel=1e-4)
+    assert bench.kl(clean_all, logits) == pytest.approx(next_token_kl(clean, spliced), rel=1e-4)
+    feats = splicer.features(0, clean_in[0])  # block 0 reads the clean input in either mode
+    assert l0[0] == pytest.approx(float((feats[SKIPPED:] != 0).sum(-1).float().mean()))

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from conftest import random_clt
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
@@ -109,16 +110,29 @@ def test_the_folded_clt_equals_the_one_trained_at_unit_scale_by_hand():
 
 
 def test_thresholds_keep_each_features_topk_firing_count():
+    """The JumpReLU fires as often as the TopK did, and each threshold is, bit for bit, the rule's value from each
+    feature's pre-activations sorted by hand (halfway between its n-th and (n+1)-th largest; n = every row: its
+    smallest; n = 0: its largest), in chunks of rows or not (thresholds orders only the largest n + 1)."""
     torch.manual_seed(0)
     coder = clt_fit.CrossLayerCoder(2, 8, 16, 3)
+    with torch.no_grad():
+        coder.b_enc[1, 0] = 100.0  # fires on every row
     xs = torch.randn(2, 200, 8)
     theta = clt_fit.thresholds(coder, xs)
+    assert torch.equal(clt_fit.thresholds(coder, xs, chunk=64), theta)
     for layer in range(2):
         pre = coder.pre(layer, xs[layer])
         acts, idx = pre.topk(3, dim=-1)
         topk = torch.bincount(idx[acts > 0], minlength=16)
         jump = ((pre > theta[layer]) & (pre > 0)).sum(0)
-        assert torch.equal(jump, topk)  # continuous pre-activations: no ties
+        every = topk == 200  # θ its smallest pre-activation: `pre > θ` leaves that one row out
+        assert torch.equal(jump[~every], topk[~every])  # continuous pre-activations: no ties
+        assert torch.equal(jump[every], topk[every] - 1)
+        for f in range(16):
+            col, n = sorted(pre[:, f].tolist(), reverse=True), int(topk[f])
+            want = col[0] if n == 0 else (col[n - 1] + col[min(n, 199)]) / 2
+            assert float(theta[layer, f]) == float(torch.tensor(max(want, 0.0)))
+    assert int(torch.bincount(coder.pre(1, xs[1]).topk(3, dim=-1).indices[:, 0], minlength=16)[0]) == 200
 
 
 # ---- the fit end to end: resume, circuit-tracer ----
@@ -219,18 +233,11 @@ def test_spliced_logits_equal_a_forward_with_plain_hooks_on_transformers_mlps(ti
     the decoders of this and every earlier block; the CE and KL by hand from those logits."""
     from anatomy_cli.analyses.sae import next_token_ce
     from anatomy_cli.analyses.sae import next_token_kl
-    from anatomy_cli.models import sites
 
     lm = tiny_lm("llama")
-    n, d, f = lm.n_layers, lm.info.d_model, 16
-    torch.manual_seed(2)
-    coder = clt_fit.CrossLayerCoder(n, d, f, 4)
-    with torch.no_grad():
-        for param in coder.parameters():
-            param.copy_(torch.randn(param.shape) * 0.2)
-    theta = torch.rand(n, f) * 0.1
+    n = lm.n_layers
+    coder, theta, points = random_clt(lm, 16, 4, seed=2)
     ids = [1, 5, 9, 22, 7, 3, 14, 30]
-    points = [(sites.hook_name(i, sites.Site.mlp_in), sites.hook_name(i, sites.Site.mlp_out)) for i in range(n)]
     clean, spliced = clt_fit.spliced_logits(lm, ids, coder, theta, points)
     acts = {}
 

@@ -72,7 +72,7 @@ def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, c
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.engine import sae_fit
 
-    collect, train, splice = sae_fit.collect, sae_fit.train, engine_sae.splice_run
+    collect, train, held_out_forward = sae_fit.collect, sae_fit.train, engine_sae.forward
 
     def slow_collect(lm, windows, points, **kw):
         clock.t += sum(map(len, windows))  # a forward: a second per token
@@ -85,13 +85,13 @@ def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, c
                 progress(i, n)
         return train(x, target, coder, progress=step, **kw)
 
-    def slow_splice(lm, ids, sae, **kw):
-        clock.t += 3 * len(ids)  # three forwards of the held-out window
-        return splice(lm, ids, sae, **kw)
+    def slow_forward(lm, ids, **kw):  # each forward of the held-out check (one clean, two per block spliced)
+        clock.t += ids.numel()
+        return held_out_forward(lm, ids, **kw)
 
     monkeypatch.setattr(sae_fit, "collect", slow_collect)
     monkeypatch.setattr(sae_fit, "train", slow_train)
-    monkeypatch.setattr(engine_sae, "splice_run", slow_splice)
+    monkeypatch.setattr(engine_sae, "forward", slow_forward)
     r = api.fit_sae(tiny_lm("gpt2"), _corpus(tmp_path), layer="0-1", out=tmp_path / "sae", ctx=16, max_tokens=160,
                     epochs=2, batch_size=32, d_sae=32, k=4, transcoder=transcoder)
     timings = r.data["timings"]
@@ -99,6 +99,45 @@ def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, c
                                                        "writing and the held-out check", "loading the weights"}
     _phases_match(timings)
     assert r.data["cost"]["seconds"] == pytest.approx(timings["estimated_seconds"])
+
+
+def test_fit_sae_clt_estimates_its_thresholds_and_files(tiny_lm, tmp_path, monkeypatch, clock):
+    """Issue 62: a 30-block CLT's writing phase took 152 s where the cost line counted its held-out forward alone
+    (1.6 s). Here each part of the phase costs a known number of fake seconds (a second per token of each
+    forward, per block and training row of the thresholds, per thousand parameters written, per ten thousand
+    parameters and held-out rows read back): the phase's estimate is that hand count, and what the run took."""
+    from anatomy_cli.engine import clt_fit
+    from anatomy_cli.engine import sae_fit
+
+    collect, step, chosen = sae_fit.collect, clt_fit.step, clt_fit.thresholds
+    save, held_out, spliced = clt_fit.save, clt_fit.held_out, clt_fit.spliced_logits
+
+    def params(coder):
+        return clt_fit.parameter_count(coder.n_layers, coder.d, coder.d_sae)
+
+    def charged(real, cost):
+        def fn(*args, **kw):
+            clock.t += cost(*args)
+            return real(*args, **kw)
+        return fn
+
+    monkeypatch.setattr(sae_fit, "collect", charged(collect, lambda lm, windows, points: sum(map(len, windows))))
+    monkeypatch.setattr(clt_fit, "step", charged(step, lambda *a: 1.0))
+    monkeypatch.setattr(clt_fit, "thresholds", charged(chosen, lambda coder, xs: xs.shape[0] * xs.shape[1]))
+    monkeypatch.setattr(clt_fit, "save", charged(save, lambda coder, theta, folder: params(coder) / 1e3))
+    monkeypatch.setattr(clt_fit, "held_out", charged(held_out, lambda coder, xs, t, theta: params(coder)
+                                                     * xs.shape[1] / 1e4))
+    monkeypatch.setattr(clt_fit, "spliced_logits", charged(spliced, lambda lm, ids, *a: 2 * len(ids)))
+    lm = tiny_lm("llama")
+    r = api.fit_sae(lm, _corpus(tmp_path), layer="all", transcoder=True, clt=True, out=tmp_path / "clt", ctx=16,
+                    max_tokens=64, epochs=1, batch_size=32, d_sae=16, k=4)
+    timings = r.data["timings"]
+    _phases_match(timings)
+    n, d, held = lm.n_layers, lm.info.d_model, r.data["held_out_tokens"]
+    rows = r.data["cost"]["rows"]
+    hand = 2 * held + n * rows + clt_fit.parameter_count(n, d, 16) * (1 / 1e3 + (held - 1) / 1e4)
+    phase = next(p for p in timings["phases"] if p["phase"] == "writing and the held-out check")
+    assert phase["estimated_seconds"] == pytest.approx(hand, rel=1e-9)
 
 
 def test_fit_lens_tuned_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, clock, slow_check):

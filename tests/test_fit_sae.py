@@ -253,25 +253,36 @@ def _files(folder):
 
 
 @pytest.mark.parametrize("transcoder", [False, True])
-def test_two_blocks_in_one_pass_write_the_files_of_two_single_block_runs(tiny_model_dir, corpus, tmp_path,
+def test_two_blocks_in_one_pass_write_the_files_of_two_single_block_runs(tiny_model_dir, tiny_lm, corpus, tmp_path,
                                                                           monkeypatch, cached_load, transcoder):
     """`--layer 0,1`: the corpus is forwarded once for both blocks (as many forwards as a one-block run), and each
     block's files are byte for byte those of a run of that block alone with the same seed: the hooks only read,
-    so the activations are the same floats, and each block's coder and shuffle start from --seed."""
+    so the activations are the same floats, and each block's coder and shuffle start from --seed. The held-out
+    check runs the window's clean forward once for both blocks (then two spliced forwards per block), and its
+    figures equal, float for float, those of a splice that runs its own clean forward (as before issue 62)."""
+    from anatomy_cli.engine import sae as engine_sae
+    from anatomy_cli.models.spec import ModelSpec
+    from anatomy_cli.tasks import fit_sae as task
+    from anatomy_cli.tasks.session import open_model
+
     model = tiny_model_dir("gpt2")
     more = ["--max-tokens", "320", "--epochs", "2", *(["--transcoder"] if transcoder else [])]
-    forwards = []
-    real = sae_fit.forward
+    forwards, checks = [], []
+    real, check = sae_fit.forward, engine_sae.forward
     monkeypatch.setattr(sae_fit, "forward", lambda lm, ids: forwards.append(ids.shape) or real(lm, ids))
+    monkeypatch.setattr(engine_sae, "forward", lambda lm, ids: checks.append(ids.shape) or check(lm, ids))
     both = fit(model, corpus, tmp_path / "both", *more, layer="0,1")
     assert both.exit_code == 0, both.output
     n_both = len(forwards)
+    assert len(checks) == 1 + 2 * 2
     singles = {}
     for layer in (0, 1):
         forwards.clear()
+        checks.clear()
         one = fit(model, corpus, tmp_path / f"one{layer}", *more, layer=str(layer))
         assert one.exit_code == 0, one.output
         assert len(forwards) == n_both > 0  # one pass over the corpus, whatever the number of blocks
+        assert len(checks) == 3
         singles[layer] = json.loads(one.stdout)["blocks"][0]
         singles.update(_files(tmp_path / f"one{layer}"))
     written = _files(tmp_path / "both")
@@ -285,6 +296,15 @@ def test_two_blocks_in_one_pass_write_the_files_of_two_single_block_runs(tiny_mo
         measured = ("seconds", "folder")  # the wall time; the folder: the same name under another --out
         assert {k: v for k, v in r.items() if k not in measured} == {
             k: v for k, v in singles[r["layer"]].items() if k not in measured}
+    opts = task.FitSaeOptions(corpus=(str(corpus),), layer="0,1", transcoder=transcoder, out=tmp_path / "plan",
+                              ctx=32, max_tokens=320)
+    held_ids = list(task.check(open_model(ModelSpec(str(model))), opts).windows[-1])
+    assert len(held_ids) == json.loads(both.stdout)["held_out_tokens"]
+    lm = tiny_lm("gpt2")
+    for r in rows:  # the splice with its own clean forward, as before: the same figures, float for float
+        sae = read(Path(r["folder"]))
+        alone = engine_sae.splice_run(lm, held_ids, engine_sae.Dictionary(sae), skip=sae_fit.SKIPPED)
+        assert analysis.health(alone, held_ids[sae_fit.SKIPPED:], sae.stated_l0).to_dict() == r["health"]
     assert "the activations of 4 hook points in one pass" in both.stderr if transcoder else \
         "the activations of 2 hook points in one pass" in both.stderr
 
@@ -469,13 +489,20 @@ def test_collect_writes_each_batch_in_place_equal_to_plain_hooks(tiny_lm):
     """``collect`` copies each batch's rows into one tensor per point (issue 62: no pieces joined after, half the
     peak): the rows equal what PyTorch hooks on transformers' own MLP read and write, window by window, each
     window's first position left out (issue 62: the attention sink is no row), with windows of two lengths (two
-    batches of 2, then a shorter one alone)."""
+    batches of 2, then a shorter one alone). Each forward stops once both points are read: the final norm never
+    runs."""
     from anatomy_cli.models import sites
 
     lm = tiny_lm("llama")
     wins = [[1, 5, 9, 22, 7], [3, 14, 30, 2, 8], [4, 4, 6, 10, 11], [12, 13], [9, 9, 9]]
     points = [sites.hook_name(1, sites.Site.mlp_in), sites.hook_name(0, sites.Site.mlp_out)]
-    x, y = sae_fit.collect(lm, wins, points, batch=2)
+    ran = []
+    head = lm.model.model.norm.register_forward_hook(lambda m, args, out: ran.append(1))
+    try:
+        x, y = sae_fit.collect(lm, wins, points, batch=2)
+    finally:
+        head.remove()
+    assert ran == []
     layers, seen = lm.model.model.layers, {}
     hooks = [layers[1].mlp.register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0][0])),
              layers[0].mlp.register_forward_hook(lambda m, args, out: seen.__setitem__("y", out[0]))]

@@ -85,6 +85,11 @@ def scaled(name: str, probe_seconds: float, probe_units: float, units: float) ->
     return Phase(name, probe_seconds * units / max(probe_units, 1e-12))
 
 
+def summed(name: str, *parts: Phase) -> Phase:
+    """A phase of several kinds of work, each probed and scaled on its own (:func:`scaled`): their sum."""
+    return Phase(name, sum(p.seconds for p in parts))
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A fit's phases, in the order they run; :attr:`seconds` is their sum."""

@@ -21,7 +21,9 @@ input ``x`` (a gain of 0 included; :func:`site_norms`, engine/norm_gain.py), and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from collections.abc import Iterator
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -173,30 +175,56 @@ def _reading(lm: LoadedModel, point: str, norm: NormGain | None) -> str | Where:
     return point if norm is None else (mlp_norm_module(lm, names.layer_of(point)), "input")
 
 
-def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary, *, skip: int = 0) -> SpliceRun:
-    """Three forwards of one prompt (``ids``) with ``sae`` at its sites; see :class:`SpliceRun`. ``skip``: the
-    first positions keep the model's own activation in both splices and are left out of every returned tensor
-    (fit-sae's held-out check: ``engine.sae_fit.SKIPPED``)."""
-    f = sae.file
-    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
-    seen: dict[str, torch.Tensor] = {}
+@dataclass(frozen=True)
+class CleanRun:
+    """One prompt's unmodified forward, for the splices of several dictionaries into it (fit-sae's held-out check
+    of every block: one clean forward, not one per block): ``ids``, the logits ``[pos, vocab]`` (float32) and
+    the vectors read at each of its readings (a hook point, or a module's side: :func:`_reading`),
+    ``[pos, width]``."""
 
-    def keep(point: str) -> HookFn:
+    ids: tuple[int, ...]
+    logits: torch.Tensor
+    seen: dict[str | Where, torch.Tensor]
+
+
+def _logits_with(lm: LoadedModel, ids: Sequence[int], pairs: list[tuple[str | Where, HookFn]]) -> torch.Tensor:
+    """The float32 logits ``[pos, vocab]`` of one forward of ``ids`` with the hooks ``pairs``."""
+    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)
+    with torch.inference_mode(), _hooks(lm, pairs):
+        hidden = forward(lm, input_ids)
+        return head_logits(lm, hidden[0]).float()
+
+
+def clean_run(lm: LoadedModel, ids: Sequence[int], readings: Iterable[str | Where]) -> CleanRun:
+    """One unmodified forward of ``ids`` reading every one of ``readings`` (hook points, or ``(module, side)``)."""
+    seen: dict[str | Where, torch.Tensor] = {}
+
+    def keep(reading: str | Where) -> HookFn:
         def fn(t: torch.Tensor) -> None:
-            seen[point] = t.detach()[0].clone()
+            seen[reading] = t.detach()[0].clone()
         return fn
 
-    def logits_with(pairs: list[tuple[str | Where, HookFn]]) -> torch.Tensor:
-        with torch.inference_mode(), _hooks(lm, pairs):
-            hidden = forward(lm, input_ids)
-            return head_logits(lm, hidden[0]).float()
+    lm.model.eval()
+    logits = _logits_with(lm, ids, [(r, keep(r)) for r in dict.fromkeys(readings)])
+    return CleanRun(tuple(ids), logits, seen)
 
+
+def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary, *, skip: int = 0,
+               clean: CleanRun | None = None) -> SpliceRun:
+    """Three forwards of one prompt (``ids``) with ``sae`` at its sites; see :class:`SpliceRun`. ``skip``: the
+    first positions keep the model's own activation in both splices and are left out of every returned tensor
+    (fit-sae's held-out check: ``engine.sae_fit.SKIPPED``). ``clean``: the unmodified forward already run
+    (:func:`clean_run` of these ``ids``, reading at least the SAE's two sites: then two forwards here, the same
+    figures); where it lacks one, the forward is run here."""
+    f = sae.file
     lm.model.eval()
     norm_in, norm_out = site_norms(lm, f)
-    logits = logits_with([(_reading(lm, f.site, norm_in), keep("in")), (_reading(lm, f.site_out, norm_out),
-                                                                          keep("out"))])
-    x = (seen["in"] if norm_in is None else norm_in.of(seen["in"])).to(sae.dtype)
-    target = seen["out"] if norm_out is None else norm_out.of(seen["out"])
+    reads = (_reading(lm, f.site, norm_in), _reading(lm, f.site_out, norm_out))
+    if clean is None or clean.ids != tuple(ids) or any(r not in clean.seen for r in reads):
+        clean = clean_run(lm, ids, reads)
+    logits, seen_in, seen_out = clean.logits, clean.seen[reads[0]], clean.seen[reads[1]]
+    x = (seen_in if norm_in is None else norm_in.of(seen_in)).to(sae.dtype)
+    target = seen_out if norm_out is None else norm_out.of(seen_out)
     with torch.inference_mode():
         features = sae.encode(x)
         recon = sae.decode(features, x)
@@ -209,8 +237,8 @@ def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary, *, skip: int = 
             return new + (t - new) if with_error else new
         return fn
 
-    spliced = logits_with([(f.site_out, replace(False))])
-    with_error = logits_with([(f.site_out, replace(True))])
+    spliced = _logits_with(lm, ids, [(f.site_out, replace(False))])
+    with_error = _logits_with(lm, ids, [(f.site_out, replace(True))])
     return SpliceRun(*(v[skip:].float() for v in (x, target, features, recon, logits, spliced, with_error)))
 
 
@@ -280,5 +308,5 @@ def logit_effects(lm: LoadedModel, rows: torch.Tensor) -> torch.Tensor:
     return effects - effects.mean(dim=-1, keepdim=True)
 
 
-__all__ = ["Dictionary", "SpliceRun", "decoder_lens", "feature_vector", "logit_effects", "site_norms", "splice_run",
-           "window_features"]
+__all__ = ["CleanRun", "Dictionary", "SpliceRun", "clean_run", "decoder_lens", "feature_vector", "logit_effects",
+           "site_norms", "splice_run", "window_features"]

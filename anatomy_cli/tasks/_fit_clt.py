@@ -10,10 +10,13 @@ tokens goes on from it (a resumed fit equals an uninterrupted one)."""
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+from anatomy_cli.engine import estimate as timing
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import digest
 from anatomy_cli.models.resolve import recorded
@@ -40,15 +43,38 @@ LEARNT = "per feature, the JumpReLU threshold as trained (the straight-through e
 
 
 def probe(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, batch: int) -> tuple[float, int, int, float]:
-    """The CLT's part of fit-sae's estimate (``tasks.fit_sae.estimate``): the seconds of one training step (a
-    probe of a few steps of a coder of this size), one coder trained, a held-out check of one window's rows (both
-    readings, small next to the rest: the window's forward as its probe), and the bytes of the coder's
-    parameters with their gradients and Adam's two moments (16 bytes each)."""
+    """The CLT's training part of fit-sae's estimate (``tasks.fit_sae.estimate``): the seconds of one training
+    step (a probe of a few steps of a coder of this size), one coder trained, the held-out check's forwards of the
+    held-out window (two: clean and spliced), and the bytes of the coder's parameters with their gradients and
+    Adam's two moments (16 bytes each)."""
     from anatomy_cli.engine import clt_fit
 
     d, n = lm.info.d_model, len(plan.blocks)
     step = clt_fit.probe_step_seconds(n, d, plan.d_sae, opts.k, batch=batch, jumprelu=opts.jumprelu)
-    return step, 1, 1, 16.0 * clt_fit.parameter_count(n, d, plan.d_sae)
+    return step, 1, 2, 16.0 * clt_fit.parameter_count(n, d, plan.d_sae)
+
+
+THRESHOLD_PROBE_ROWS = 1024  # the rows the thresholds' probe orders (the fit's: all its training rows)
+
+
+def writing(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> tuple[timing.Phase, timing.Phase]:
+    """The CLT's writing beside its held-out forwards (issue 62: a 30-block CLT's phase took 152 s where the
+    forward alone was counted, 1.6 s): the thresholds (a probe of one block over up to
+    :data:`THRESHOLD_PROBE_ROWS` rows, scaled by the blocks and the training rows) and the files with the
+    held-out reconstructions (a probe of a 2-block coder written and read, scaled by the parameters)."""
+    from anatomy_cli.engine import clt_fit
+    from anatomy_cli.engine import sae_fit
+
+    d, n = lm.info.d_model, len(plan.blocks)
+    rows = sae_fit.rows(plan.windows[:-1])
+    probed = min(rows, THRESHOLD_PROBE_ROWS)
+    chosen = 0.0 if opts.jumprelu is not None else clt_fit.probe_thresholds_seconds(d, plan.d_sae, opts.k, probed)
+    with tempfile.TemporaryDirectory(prefix="anatomy-clt-probe.") as tmp:
+        files = clt_fit.probe_writing_seconds(d, plan.d_sae, opts.k, max(sae_fit.rows(plan.windows[-1:]), 1),
+                                              Path(tmp) / "clt")
+    return (timing.scaled("thresholds", chosen, probed, n * rows),
+            timing.scaled("files", files, clt_fit.parameter_count(clt_fit.PROBE_BLOCKS, d, plan.d_sae),
+                          clt_fit.parameter_count(n, d, plan.d_sae)))
 
 
 def stacked(acts: dict[str, torch.Tensor], plan: FitSaePlan) -> tuple[torch.Tensor, torch.Tensor]:

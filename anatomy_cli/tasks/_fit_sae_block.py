@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.estimate import Timings
+    from anatomy_cli.engine.sae import CleanRun
 
 DEAD_HIGH = 0.5  # a dead fraction over this is warned
 
@@ -54,10 +55,19 @@ class BlockFit:
         return {**asdict(self), "warnings": list(self.warnings)}
 
 
+def clean_run(lm: LoadedModel, blocks: Sequence[BlockPlan], held_out: Sequence[int]) -> CleanRun:
+    """The held-out window's unmodified forward, reading every block's sites, once for all their splices (the
+    per-block splice ran it again for each block: issue 62)."""
+    from anatomy_cli.engine import sae as engine_sae
+
+    return engine_sae.clean_run(lm, held_out, [p for b in blocks for p in b.points])
+
+
 def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.Tensor,
               windows: Sequence[Sequence[int]], *, label: str, transcoder: bool, d_sae: int, k: int, epochs: int,
               batch_size: int, lr: float, seed: int, timings: Timings, phases: tuple[str, str],
-              jumprelu: dict[str, float] | None = None, model_name: str = "") -> tuple[BlockFit, str]:
+              jumprelu: dict[str, float] | None = None, model_name: str = "",
+              clean: CleanRun | None = None) -> tuple[BlockFit, str]:
     """``block``'s fit from its input ``x`` and ``target`` (``[rows, d]``, the rows of every window of
     ``windows``, the last one held out); the seed rule is the run's: the coder is made and the rows shuffled from
     ``seed`` whatever the other blocks, so a block's files equal those of a run of that block alone. Returns the
@@ -68,7 +78,8 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     SAELens' format, else a TopK one in sparsify's; either config's ``model_name`` is ``model_name``
     (:func:`anatomy_cli.models.resolve.recorded`: what ``features`` opens when no ``--model`` is given), its
     ``context_size`` the windows' length (``--ctx``: what ``features`` reads when no ``--ctx`` is given), and
-    either names its hook point (``hook_name``: a renamed folder keeps it)."""
+    either names its hook point (``hook_name``: a renamed folder keeps it). ``clean``: the held-out window's
+    unmodified forward, run once for every block (:func:`clean_run`)."""
     import torch
 
     from anatomy_cli.analyses import sae as analysis
@@ -94,7 +105,8 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
         sae_file = read.read(block.folder)
         held_out = list(windows[-1])
         splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device),
-                                       skip=sae_fit.SKIPPED)  # the positions the rows leave out: as the model has them
+                                       skip=sae_fit.SKIPPED,  # the positions the rows leave out: as the model has them
+                                       clean=clean)
     health = analysis.health(splice, held_out[sae_fit.SKIPPED:], sae_file.stated_l0)
     dead = 1.0 - float(trained["fired"].float().mean())
     warnings = analysis.warnings(health, n_tokens=len(held_out), context_size=None, sae_bos=None, prompt_bos=None,

@@ -34,6 +34,7 @@ from anatomy_cli.models.resolve import recorded
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_sae_block import BlockFit
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
+from anatomy_cli.tasks._fit_sae_block import clean_run
 from anatomy_cli.tasks._fit_sae_block import fit_block
 from anatomy_cli.tasks._fit_sae_options import CTX
 from anatomy_cli.tasks._fit_sae_options import Activation as Activation
@@ -148,9 +149,11 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     """The expected cost: tokens, blocks, the time of every phase (:mod:`anatomy_cli.engine.estimate`: the load
     as measured; the others from probes of their own code now: one window's collecting forward, scaled by the
     tokens; a few training steps of a coder of this size, scaled by the steps of every block; the held-out
-    check's three forwards per block, from the window's forward), memory (every collected point's activations
-    at once, one SAE with Adam's state and a batch's latents at a time); ``--clt``: the CLT's training and check
-    (:func:`anatomy_cli.tasks._fit_clt.probe`)."""
+    check's forwards, one clean for all blocks and two spliced per block, from the window's forward), memory
+    (every collected point's activations at once, one SAE with Adam's state and a batch's latents at a time);
+    ``--clt``: the CLT's training and check
+    (:func:`anatomy_cli.tasks._fit_clt.probe`), and its thresholds and files
+    (:func:`anatomy_cli.tasks._fit_clt.writing`)."""
     from anatomy_cli.engine import sae_fit
     _fit_clt = when_run("tasks._fit_clt")
 
@@ -162,18 +165,22 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
     begun = timing.now()
     window = timing.timed(lambda: sae_fit.collect(lm, first, plan.points))
     batch = min(opts.batch_size, train_rows)
-    if opts.clt:  # one coder of every block; its own held-out check
+    writing: tuple[timing.Phase, ...] = ()
+    if opts.clt:  # one coder of every block; its own held-out check, thresholds and files
         step, coders, checks, coder_bytes = _fit_clt.probe(lm, opts, plan, batch)
-    else:  # one coder per block; three forwards per block to check it; one SAE's Adam state and a batch's latents
+        writing = _fit_clt.writing(lm, opts, plan)
+    else:  # one coder per block; to check them, one clean forward and two spliced per block; one SAE's Adam state
+        # and a batch's latents
         step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=batch, transcode=opts.transcoder,
                                           jumprelu=opts.jumprelu)
-        coders, checks, coder_bytes = n, 3 * n, 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
+        coders, checks, coder_bytes = n, 1 + 2 * n, 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
     steps = opts.epochs * -(-train_rows // opts.batch_size)
     collecting, training, checking = PHASES
+    forwards = timing.scaled("held-out forwards", window, len(first[0]), checks * len(plan.windows[-1]))
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),
                            timing.scaled(collecting, window, len(first[0]), tokens),
                            timing.scaled(training, step, 1, coders * steps),
-                           timing.scaled(checking, window, len(first[0]), checks * len(plan.windows[-1]))))
+                           timing.summed(checking, forwards, *writing)))
     activations = 4.0 * len(plan.points) * rows * d
     return {"tokens": float(tokens - len(plan.windows[-1])), "rows": float(train_rows), "blocks": float(n),
             "seconds": est.seconds, "estimate": est, "activation_bytes": activations,
@@ -238,6 +245,8 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
 
     lr = opts.lr or sae_fit.default_lr(plan.d_sae, scaled=opts.transcoder)
     fits, trainer = [], ""
+    with timings.phase(PHASES[2]):  # the held-out window's clean forward, once for every block's splice
+        clean = clean_run(lm, plan.blocks, plan.windows[-1])
     for i, block in enumerate(plan.blocks):
         x, target = acts[block.points[0]], acts[block.points[-1]]
         for p in block.points:  # no later block reads them: freed as the run goes
@@ -246,7 +255,7 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
         fit, trainer = fit_block(lm, block, x, target, plan.windows, label=label, transcoder=opts.transcoder,
                                  d_sae=plan.d_sae, k=opts.k, epochs=opts.epochs, batch_size=opts.batch_size, lr=lr,
                                  seed=opts.seed, timings=timings, phases=PHASES[1:], jumprelu=opts.jumprelu,
-                                 model_name=recorded(lm.name))
+                                 model_name=recorded(lm.name), clean=clean)
         fits.append(fit)
         del x, target
     return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}
