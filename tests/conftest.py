@@ -268,16 +268,64 @@ def empty_hf_cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
+def _directory_state(spec) -> tuple | None:
+    """What a light open of ``spec`` reads, as stat facts: its resolved directory and each file's (name, size,
+    mtime_ns, ctime_ns, inode); None when ``spec`` is not a local directory (a GGUF file, a preset, a Hub id).
+    ``check_path`` runs first, as the open's own first step, so a missing path still raises its error."""
+    from anatomy_cli.models.resolve import check_path
+
+    source = check_path(spec.model)
+    if source is None or source.kind != "dir":
+        return None
+    root = Path(source.ref).resolve()
+    files = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.is_file():
+                st = entry.stat()
+                files.append((entry.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return str(root), tuple(sorted(files))
+
+
+_LIGHT_OPENS: dict = {}  # (spec, _directory_state(spec)) -> the OpenedModel DIRECT.open gave for it
+
+
+def open_once(spec):
+    """``DIRECT.open(spec)``, read once per process for a local directory whose files have not changed since.
+
+    Parsing GPT-2's tokenizer.json (``tokenizers.Tokenizer.from_file``, in models/light.py) costs ~120 ms of CPU,
+    most of an in-process invoke on a tiny model. Only light opens (a directory's config.json and
+    tokenizer.json, no transformers) are kept, keyed on the spec and the stat of every file in the directory:
+    a test that rewrites, corrupts or removes a file gets a fresh open (and its error); GGUF files, presets,
+    Hub ids and exact opens go to the files each time. The OpenedModel is frozen; its tokenizer is shared
+    (nothing in anatomy_cli mutates one: BackendTokenizer's ``no_truncation``/``no_padding`` are idempotent).
+    A command's checks of its arguments against the opened model run on every invoke.
+    """
+    from anatomy_cli.engine.loader import DIRECT
+
+    state = _directory_state(spec)
+    if state is None:
+        return DIRECT.open(spec)
+    key = (spec, state)
+    if key not in _LIGHT_OPENS:
+        opened = DIRECT.open(spec)
+        if not opened.light:
+            return opened
+        if len(_LIGHT_OPENS) >= 32:  # many tmp copies of a model: keep memory bounded
+            _LIGHT_OPENS.clear()
+        _LIGHT_OPENS[key] = opened
+    return _LIGHT_OPENS[key]
+
+
 class CachingLoader:
     """A loader (engine.loader.Loader) that loads each ModelSpec's weights once per session, for fast CLI tests.
-    Opening still reads the files each time, so the commands' checks run as they do for users."""
+    Opening goes through :func:`open_once` (a local directory's unchanged files are parsed once per process);
+    the commands' checks run on every invoke, as they do for users."""
 
     loaded: dict = {}
 
     def open(self, spec):
-        from anatomy_cli.engine.loader import DIRECT
-
-        return DIRECT.open(spec)
+        return open_once(spec)
 
     def load_weights(self, opened):
         from anatomy_cli.engine.loader import DIRECT

@@ -50,6 +50,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import open_once
 from test_gguf import write_tiny_gguf
 from typer.testing import CliRunner
 
@@ -273,15 +274,15 @@ ITEMS = {"items": [{"prompt": "The capital of the country where the Eiffel Tower
 
 
 class _WeightsOnce:
-    """A loader that reads each model's weights once for this module, while opening (files, config, tokenizer) and
-    the commands' checks run each time, as for users: conftest's CachingLoader with a cache of its own, so that no
-    other module's use of the shared models can reach this record."""
+    """A loader that reads each model's weights once for this module, while the commands' checks run each time, as
+    for users (opening: conftest's open_once, a directory's unchanged files parsed once): conftest's CachingLoader
+    with a weights cache of its own, so that no other module's use of the shared models can reach this record."""
 
     def __init__(self):
         self.loaded = {}
 
     def open(self, spec):
-        return DIRECT.open(spec)
+        return open_once(spec)
 
     def load_weights(self, opened):
         if opened.spec not in self.loaded:
