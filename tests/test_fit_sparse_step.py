@@ -165,3 +165,31 @@ def test_the_blocked_encoder_matmul_equals_one_linear_and_its_maxima_feed_larges
     ascending = torch.tensor([float("-inf"), -3e38, -1.5, -1e-45, -0.0, 0.0, 1e-45, 1.5, 3e38, float("inf")])
     keys = sparse_topk._keys(torch.cat([ascending, torch.tensor([float("nan")])]))
     assert bool((keys[:10].diff() > 0).all()) and int(keys[10]) == int(keys[9])  # NaN as +inf: above the rest
+
+
+def test_the_sparse_jumprelu_decode_gives_the_dense_values_and_gradients():
+    """A JumpReLU CLT's decode (issue 62: the dense ``[rows, F] x [F, (L − l)·d]`` product made the 30-block step
+    2.5 h at load 7): every feature in the kernel's window carries the threshold's gradient, active or not."""
+    from anatomy_cli.engine import jumprelu as ste
+
+    gen = torch.Generator().manual_seed(12)
+    rows, f, d_out, width = 40, 30, 9, 0.4
+    z0, theta0 = torch.randn(rows, f, generator=gen), torch.rand(f, generator=gen) + 0.5
+    dec0, weight = torch.randn(f, d_out, generator=gen), torch.randn(rows, d_out, generator=gen)
+    ours = [t.clone().requires_grad_() for t in (z0, theta0, dec0)]
+    ref = [t.clone().requires_grad_() for t in (z0, theta0, dec0)]
+    acts, idx = ste.jumprelu_sparse(ours[0], ours[1], width)
+    got = sparse_topk.sparse_decode(acts, idx, ours[2])
+    u = (ref[0] - ref[1]) / width  # by hand: the value z·H(z − θ), z's gradient H(z − θ), θ's −(θ/ε)·K(u)
+    window = ((u > -0.5) & (u < 0.5)).float().detach()
+    active = (ref[0] > ref[1]).float().detach()
+    feats = ref[0] * active - (ref[1] * window - (ref[1] * window).detach()) * (ref[1] / width).detach()
+    want = feats @ ref[2]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(idx, idx.sort(-1).values)
+    assert 0 < int(window.sum()) and int(((u <= -0.5).sum(-1)).min()) > 0  # both kinds of feature present
+    (got * weight).sum().backward()
+    (want * weight).sum().backward()
+    for a, r in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-5)  # θ's: sums of 40 rows, in another order
+    torch.testing.assert_close(ste.jumprelu(z0, theta0, width) @ dec0, got.detach(), rtol=1e-5, atol=1e-6)

@@ -61,6 +61,7 @@ from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
 from anatomy_cli.engine.sae_fit import optimiser
 from anatomy_cli.engine.sae_fit import rms
+from anatomy_cli.engine.sparse_topk import sparse_decode
 from anatomy_cli.engine.sparse_topk import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
 from anatomy_cli.models.sites import Point
@@ -121,10 +122,10 @@ class CrossLayerCoder(torch.nn.Module):
             else:
                 z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
                 theta, width = self.log_threshold[layer].exp(), float(self.width[layer])
-                feats = ste.jumprelu(z, theta, width)
-                dec = feats @ flat
+                acts, idx = ste.jumprelu_sparse(z, theta, width)
+                dec = sparse_decode(acts, idx, flat)  # no dense [rows, F] x [F, (L − l)·d] product
                 if fired is not None:
-                    fired[layer] |= (feats.detach() != 0).any(0)
+                    fired[layer, idx[acts.detach() != 0]] = True
                 penalty = penalty + ste.l0_penalty(ste.l0(z, theta, width), self.k)
             out = out.index_add(0, torch.arange(layer, n), dec.view(rows, n - layer, self.d).transpose(0, 1))
         return out, penalty
@@ -348,6 +349,8 @@ def probe_step_seconds(n_layers: int, d: int, d_sae: int, k: int, *, batch: int,
         torch.manual_seed(0)
         coder = CrossLayerCoder(n_layers, d, d_sae, k, jumprelu=jumprelu)
         xs = torch.randn(n_layers, batch, d)
+        if jumprelu is not None:  # thresholds where k fire per row, as the fit places them: the sparse decode's size
+            init_from_data(coder, xs, xs, torch.ones(n_layers), torch.ones(n_layers))
         opt = adam(coder.parameters(), 1e-4)
         gaps = []
         for _ in range(steps):

@@ -93,6 +93,21 @@ def jumprelu(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Te
     return out
 
 
+def jumprelu_sparse(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(acts, idx)``, each ``[rows, m]``, idx ascending in each row: :func:`jumprelu` of ``z [rows, F]`` at the
+    ``m`` features of each row that can carry a value or a gradient, those with ``z > θ − ε/2`` (active, or in the
+    kernel's window), padded with other features (their value and gradients 0), ``m`` the most any row has. With
+    ``engine.sparse_topk.sparse_decode`` it is ``jumprelu(z, θ, ε) @ decoder``, values and gradients, without the
+    dense product (a JumpReLU CLT decodes to every later block: engine/clt_fit.py)."""
+    gap = z.detach() - theta.detach()
+    near = gap / bandwidth > -0.5  # the kernel's own test (:func:`_kernel`), or above it
+    m = max(1, int(near.sum(-1).max()))
+    key = torch.where(near, gap, float("-inf"))  # the near features first
+    idx = key.topk(m, dim=-1, sorted=False).indices.sort(dim=-1).values
+    acts = jumprelu(z.gather(-1, idx).reshape(1, -1), theta[idx].reshape(-1), bandwidth)  # θ per entry
+    return acts.view(idx.shape), idx
+
+
 def l0(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
     """The mean over rows of the number of features with ``z > θ``, with the straight-through gradient for ``θ``."""
     out: torch.Tensor = _Step.apply(z, theta, bandwidth)  # type: ignore[no-untyped-call]

@@ -157,6 +157,33 @@ def largest(pre: torch.Tensor, k: int, first: torch.Tensor | None = None) -> tup
     return candidates.gather(1, chosen), cols
 
 
+class _SparseDecode(torch.autograd.Function):
+    """:func:`sparse_decode`: an ``embedding_bag`` forward, the TopK's sparse backward for the values and the
+    decoder."""
+
+    @staticmethod
+    def forward(ctx: AutogradCtx, acts: torch.Tensor, idx: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(acts, idx, decoder)
+        return torch.nn.functional.embedding_bag(idx, decoder, per_sample_weights=acts, mode="sum")
+
+    @staticmethod
+    def backward(ctx: AutogradCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, torch.Tensor | None]:
+        acts, idx, decoder = ctx.saved_tensors
+        by_latent = _by_latent(idx, decoder.shape[0])
+        grad_acts = _sampled(by_latent, decoder, grad).view(idx.shape) if ctx.needs_input_grad[0] else None
+        grad_dec = _rows_product(by_latent, acts, grad) if ctx.needs_input_grad[2] else None
+        return grad_acts, None, grad_dec
+
+
+def sparse_decode(acts: torch.Tensor, idx: torch.Tensor, decoder: torch.Tensor) -> torch.Tensor:
+    """``[rows, d_out]``: ``Σ_j acts[:, j] decoder[idx[:, j]]`` (``acts``, ``idx``: ``[rows, m]``, each row's
+    latents in ascending order), what ``dense @ decoder`` gives for the ``[rows, d_sae]`` matrix holding ``acts``
+    at ``idx`` and 0 elsewhere, values and gradients (tested), at ``rows·m`` of its ``rows·d_sae`` products:
+    a JumpReLU CLT's decoders (engine/clt_fit.py)."""
+    out: torch.Tensor = _SparseDecode.apply(acts, idx, decoder)  # type: ignore[no-untyped-call]
+    return out
+
+
 def sparse_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, decoder: torch.Tensor,
                 k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(decoded [rows, d_out], top_acts [rows, k], top_indices [rows, k])``: the TopK of ``relu(x weightᵀ +
