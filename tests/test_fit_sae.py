@@ -97,6 +97,12 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     assert health["fve"] == pytest.approx(fve_from_1, abs=1e-5) and health["skipped_positions"] == 1
     assert abs(fve_all - fve_from_1) > 1e-3 and len(health["l0"]) == len(ids_of(lm, "The cat sat on the mat")) - 1
     assert "the health leaves out the prompt's first position, as the fit did" in shown.stderr
+    said = json.loads(shown.stdout)  # the per-token tables keep every position
+    assert sorted({r["position"] for r in said["top_features"]}) == list(range(len(said["tokens"])))
+    table = runner.invoke(app, ["sae", "The cat sat on the mat", "--sae", str(folder), "--model", str(model),
+                                "--format", "tsv"]).stdout.split("\n\n")
+    l0_rows = next(t for t in table if t.startswith("position\ttoken\tl0")).splitlines()[1:]
+    assert [r.split("\t")[0] for r in l0_rows] == [str(i) for i in range(len(said["tokens"]))]
     # the fit report beside it holds the held-out health fit-sae printed; features warns by fit-sae's rule
     report = json.loads((folder / "anatomy-fit.json").read_text())
     assert report["health"] == data["blocks"][0]["health"] and report["held_out_tokens"] == data["held_out_tokens"]
