@@ -148,6 +148,7 @@ def test_resumed_fit_equals_an_uninterrupted_one(tiny_model_dir, corpus, tmp_pat
     block = read_dictionary(tmp_path / "whole", hook="1", values=False)
     assert block.model_name == str(model.resolve())
     assert block.context_size == 32  # the fit's --ctx, in config.yaml as the per-block configs record it
+    assert block.skipped_positions == 1  # each window's first position, left out of the rows (issue 68)
     real_step, calls = clt_fit.step, []
 
     def interrupted(*args):

@@ -379,6 +379,15 @@ def test_the_fits_end_to_end_write_what_sae_and_circuit_read(tiny_model_dir, cor
     if not more:
         cfg = json.loads((out / "layers.0.mlp" / "cfg.json").read_text())
         assert cfg["architecture"] == "jumprelu" and cfg["hook_name_out"] == "blocks.0.hook_mlp_out"
+    # each writer records the positions the fit's rows left out (sae then measures its health without them)
+    import yaml  # type: ignore[import-untyped]
+
+    from anatomy_cli.models.ct_block import read_dictionary
+    from anatomy_cli.models.sae.read import read
+
+    recorded = yaml.safe_load((out / "config.yaml").read_text()) if more else cfg
+    block = read_dictionary(out, hook="0", values=False) if more else read(out / "layers.0.mlp")
+    assert recorded["skipped_positions"] == block.skipped_positions == sae_fit.SKIPPED == 1
     traced = runner.invoke(app, ["circuit", "The cat sat by the door", "--model", str(model), "--transcoders",
                                  str(out), "--format", "json"])
     assert traced.exit_code == 0, traced.output

@@ -89,6 +89,20 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
                                 "--format", "json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.stdout)["sae"]["transcoder"] is transcoder
+    # the fit records the positions its rows left out, and sae measures its health as the fit did (issue 68): FVE
+    # over positions >= 1 by plain HF hooks and the dictionary's encode/decode, not over every position
+    assert json.loads((folder / "cfg.json").read_text())["skipped_positions"] == sae.skipped_positions == 1
+    health = json.loads(shown.stdout)["health"]
+    fve_from_1, fve_all = _hand_fve(lm, sae, "The cat sat on the mat", transcoder)
+    assert health["fve"] == pytest.approx(fve_from_1, abs=1e-5) and health["skipped_positions"] == 1
+    assert abs(fve_all - fve_from_1) > 1e-3 and len(health["l0"]) == len(ids_of(lm, "The cat sat on the mat")) - 1
+    assert "the health leaves out the prompt's first position, as the fit did" in shown.stderr
+    said = json.loads(shown.stdout)  # the per-token tables keep every position
+    assert sorted({r["position"] for r in said["top_features"]}) == list(range(len(said["tokens"])))
+    table = runner.invoke(app, ["sae", "The cat sat on the mat", "--sae", str(folder), "--model", str(model),
+                                "--format", "tsv"]).stdout.split("\n\n")
+    l0_rows = next(t for t in table if t.startswith("position\ttoken\tl0")).splitlines()[1:]
+    assert [r.split("\t")[0] for r in l0_rows] == [str(i) for i in range(len(said["tokens"]))]
     # the fit report beside it holds the held-out health fit-sae printed; features warns by fit-sae's rule
     report = json.loads((folder / "anatomy-fit.json").read_text())
     assert report["health"] == data["blocks"][0]["health"] and report["held_out_tokens"] == data["held_out_tokens"]
@@ -119,6 +133,36 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
         before, after = json.loads(feats.stdout), json.loads(moved_feats.stdout)
         assert after["dictionary"]["hook"] == before["dictionary"]["hook"] == "layers.1"
         assert after["dictionary"]["site"] == before["dictionary"]["site"] and after["features"] == before["features"]
+
+
+def ids_of(lm, text):
+    return lm.tokenizer.hf(text)["input_ids"]
+
+
+def _hand_fve(lm, sae, text, transcoder):
+    """FVE of ``sae`` on ``text`` from positions 1 on and over every position: block 1's MLP input and output
+    (a transcoder) or its residual output (the block's output: the last block's hidden_states has ln_f applied)
+    by plain hooks, through encode/decode."""
+    from anatomy_cli.engine.sae import Dictionary
+
+    seen = {}
+    block = lm.model.transformer.h[1]
+    handles = [block.mlp.register_forward_hook(lambda m, a, out: seen.update(x=a[0][0], y=out[0])),
+               block.register_forward_hook(lambda m, a, out: seen.update(resid=(out[0] if isinstance(out, tuple) else out)[0]))]
+    with torch.no_grad():
+        lm.model(torch.tensor([ids_of(lm, text)]))
+    for h in handles:
+        h.remove()
+    x, y = (seen["x"], seen["y"]) if transcoder else (seen["resid"], seen["resid"])
+    d = Dictionary(sae)
+    with torch.no_grad():
+        recon = d.decode(d.encode(x.float()), x.float()).double()
+
+    def fve(start):
+        t, r = y.double()[start:], recon[start:]
+        return float(1 - (t - r).pow(2).sum() / (t - t.mean(0)).pow(2).sum())
+
+    return fve(1), fve(0)
 
 
 def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path):

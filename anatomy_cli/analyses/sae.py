@@ -45,9 +45,14 @@ class Health:
     kl_spliced_nats: float
     kl_with_error_nats: float
     max_logit_diff_with_error: float
+    skipped_positions: int = 0  # the prompt's first positions left out of every figure (the fit left them out)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "l0": list(self.l0)}
+        """The figures; ``skipped_positions`` only where some were left out."""
+        out = {**asdict(self), "l0": list(self.l0)}
+        if not self.skipped_positions:
+            del out["skipped_positions"]
+        return out
 
 
 def next_token_ce(logits: torch.Tensor, ids: Sequence[int]) -> float | None:
@@ -66,8 +71,9 @@ def next_token_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((logp.exp() * (logp - logq)).sum(-1).mean().clamp_min(0.0))
 
 
-def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None) -> Health:
-    """The health figures of ``run`` (a SpliceRun) on the prompt ``ids`` (see the module docstring)."""
+def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None, *, skipped: int = 0) -> Health:
+    """The health figures of ``run`` (a SpliceRun) on the prompt ``ids`` (see the module docstring): ``ids`` the
+    run's positions' tokens, ``skipped`` the prompt's first positions the run left out (recorded)."""
     target, recon = run.target.double(), run.recon.double()
     err = target - recon
     l0 = (run.features > 0).sum(-1)
@@ -82,7 +88,7 @@ def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None) -> Healt
         ce_with_error_nats=next_token_ce(run.logits_with_error, ids),
         kl_spliced_nats=next_token_kl(run.logits, run.logits_spliced),
         kl_with_error_nats=next_token_kl(run.logits, run.logits_with_error),
-        max_logit_diff_with_error=float((run.logits - run.logits_with_error).abs().max()))
+        max_logit_diff_with_error=float((run.logits - run.logits_with_error).abs().max()), skipped_positions=skipped)
 
 
 FVE_LOW = 0.5  # below: warned (under 0: the SAE is worse than the mean activation)

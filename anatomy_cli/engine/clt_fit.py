@@ -399,12 +399,13 @@ def parameter_count(n_layers: int, d: int, d_sae: int) -> int:
 
 
 def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str, model_name: str,
-         context_size: int | None = None) -> None:
+         context_size: int | None = None, skipped_positions: int = 0) -> None:
     """circuit-tracer's ``load_clt`` folder (``CrossLayerTranscoder.to_safetensors`` with a JumpReLU):
     ``W_enc_{l}.safetensors`` (``W_enc_l``, ``b_enc_l``, ``b_dec_l``, ``threshold_l``), ``W_dec_{l}.safetensors``
     (``W_dec_l [F, L − l, d]``) and ``config.yaml`` (``model_kind: cross_layer_transcoder``, the hooks, ``scan``,
     ``model_name``, and ``context_size``, the windows' length it trained on where given: SAELens' key, which
-    circuit-tracer does not read and the per-layer fits' configs carry). Every file written beside itself and
+    circuit-tracer does not read and the per-layer fits' configs carry, and ``skipped_positions`` where given, each
+    window's first positions the rows left out: ``sae_fit.SKIPPED``). Every file written beside itself and
     renamed."""
     import yaml  # type: ignore[import-untyped]  # transformers' dependency
     from safetensors.torch import save_file
@@ -427,5 +428,7 @@ def save(coder: CrossLayerCoder, theta: torch.Tensor, folder: Path, *, scan: str
                                  "feature_input_hook": INPUT_HOOK, "feature_output_hook": OUTPUT_HOOK, "scan": scan}
     if context_size:
         config["context_size"] = int(context_size)
+    if skipped_positions:
+        config["skipped_positions"] = int(skipped_positions)
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     as_user_file(folder / "config.yaml")

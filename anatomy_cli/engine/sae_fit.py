@@ -384,15 +384,17 @@ def probe_step_seconds(d_in: int, d_sae: int, k: int, *, batch: int, transcode: 
 
 
 def save_sparsify(coder: Any, folder: Path, *, model_name: str = "", context_size: int | None = None,
-                  hook_name: str = "") -> None:
+                  hook_name: str = "", skipped_positions: int = 0) -> None:
     """``folder/cfg.json`` and ``folder/sae.safetensors`` as sparsify's ``save_to_disk`` writes them (sparsify's
     own coder: its ``save_to_disk``), the config with ``model_name``, ``context_size`` (the windows' length it
-    trained on) and ``hook_name`` (sparsify's hook point, which sparsify keeps in the folder's name only, lost when
-    the folder is renamed) added where given (keys sparsify's ``load_from_disk`` drops: ``from_dict(...,
-    drop_extra_fields=True)``; anatomy's reader takes them)."""
+    trained on), ``hook_name`` (sparsify's hook point, which sparsify keeps in the folder's name only, lost when
+    the folder is renamed) and ``skipped_positions`` (each window's first positions the rows left out:
+    :data:`SKIPPED`; ``sae`` measures its health without them) added where given (keys sparsify's
+    ``load_from_disk`` drops: ``from_dict(..., drop_extra_fields=True)``; anatomy's reader takes them)."""
     extra = {**({"model_name": model_name} if model_name else {}),
              **({"context_size": int(context_size)} if context_size else {}),
-             **({"hook_name": hook_name} if hook_name else {})}
+             **({"hook_name": hook_name} if hook_name else {}),
+             **({"skipped_positions": int(skipped_positions)} if skipped_positions else {})}
     if isinstance(coder, JumpReLUCoder):
         raise TypeError("a JumpReLU coder is written by save_saelens")
     if not isinstance(coder, TopKCoder):
@@ -414,10 +416,10 @@ def save_sparsify(coder: Any, folder: Path, *, model_name: str = "", context_siz
 
 
 def save_saelens(coder: JumpReLUCoder, folder: Path, *, hook: str, hook_out: str, model_name: str,
-                 context_size: int | None = None) -> None:
+                 context_size: int | None = None, skipped_positions: int = 0) -> None:
     """A JumpReLU coder in SAELens' format: ``folder/cfg.json`` (``architecture: jumprelu``, ``hook_name``, a
     transcoder's ``hook_name_out``, ``apply_b_dec_to_input`` for an SAE, ``context_size`` the windows' length it
-    trained on where given) and ``folder/sae_weights.safetensors``
+    trained on where given, ``skipped_positions`` as :func:`save_sparsify`'s) and ``folder/sae_weights.safetensors``
     (``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec``, ``b_dec``, ``threshold``)."""
     folder.mkdir(parents=True, exist_ok=True)
     d_sae, d_in = coder.encoder.weight.shape
@@ -426,6 +428,8 @@ def save_saelens(coder: JumpReLUCoder, folder: Path, *, hook: str, hook_out: str
                            "normalize_activations": "none", "hook_name": hook, "model_name": model_name}
     if context_size:
         cfg["context_size"] = int(context_size)
+    if skipped_positions:
+        cfg["skipped_positions"] = int(skipped_positions)
     if coder.transcode:
         cfg.update(hook_name_out=hook_out, d_out=int(coder.W_dec.shape[1]))
     tensors = {"W_enc": coder.encoder.weight.T, "b_enc": coder.encoder.bias, "W_dec": coder.W_dec,

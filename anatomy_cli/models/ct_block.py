@@ -77,4 +77,4 @@ def read_block(folder: Path, hook: str | None, kind: str, values: bool = True) -
                    site=hook_name(layer, Site.mlp_in), site_out=out, subtract_b_dec=False,
                    normalize_activations="none", prepend_bos=None, context_size=ts.context_size, dtype="float32",
                    neuronpedia_id=None, model_name=ts.model_name, stated_l0=None if k is None else float(k),
-                   centred=False)
+                   centred=False, skipped_positions=ts.skipped_positions)

@@ -77,6 +77,7 @@ class TranscoderSet:
     before_gain: bool = False
     model_name: str | None = None  # the config's (fit-sae --clt writes it: models/resolve.py ``recorded``)
     context_size: int | None = None  # the config's: the windows' length it was fitted on (fit-sae --clt writes it)
+    skipped_positions: int = 0  # the config's: each window's first positions the fit left out (fit-sae --clt)
 
     @property
     def n_layers(self) -> int:
@@ -136,10 +137,14 @@ def _config(root: Path) -> dict[str, Any]:
 
 def _recorded(cfg: dict[str, Any]) -> dict[str, Any]:
     """What the config records of the fit: ``model_name`` (circuit-tracer's key; None where it names none) and
-    ``context_size`` (SAELens' key, which circuit-tracer does not read: fit-sae --clt's windows; None where absent)."""
+    ``context_size`` (SAELens' key, which circuit-tracer does not read: fit-sae --clt's windows; None where absent),
+    ``skipped_positions`` (each window's first positions the fit left out; 0 where absent)."""
+    from anatomy_cli.models.sae.read import skipped_positions
+
     name, ctx = cfg.get("model_name"), cfg.get("context_size")
     return {"model_name": str(name) if name else None,
-            "context_size": ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None}
+            "context_size": ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None,
+            "skipped_positions": skipped_positions(cfg.get("skipped_positions"))}
 
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:

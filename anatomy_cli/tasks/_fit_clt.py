@@ -118,7 +118,8 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
     with timings.phase(phases[1]):
         theta = clt_fit.thresholds(coder, xs[:, :n_train])
         clt_fit.save(coder, theta, opts.out, scan=f"anatomy-clt-{opts.out.name}",
-                     model_name=recorded(lm.name), context_size=len(plan.windows[0]))
+                     model_name=recorded(lm.name), context_size=len(plan.windows[0]),
+                     skipped_positions=sae_fit.SKIPPED)
         held = clt_fit.held_out(coder, xs[:, n_train:], targets[:, n_train:], theta)
         spliced = splice_figures(lm, plan, coder, theta)
     curve = trained["fvu"]

@@ -98,10 +98,12 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
     with timings.phase(phases[1]):
         if jumprelu is None:
             sae_fit.save_sparsify(coder, block.folder, model_name=model_name, context_size=len(windows[0]),
-                                  hook_name=block.folder.name)  # sparsify's hook point: the folder's name
+                                  hook_name=block.folder.name,  # sparsify's hook point: the folder's name
+                                  skipped_positions=sae_fit.SKIPPED)
         else:
             sae_fit.save_saelens(coder, block.folder, hook=block.points[0], hook_out=block.points[1],
-                                 model_name=model_name, context_size=len(windows[0]))
+                                 model_name=model_name, context_size=len(windows[0]),
+                                 skipped_positions=sae_fit.SKIPPED)
         sae_file = read.read(block.folder)
         held_out = list(windows[-1])
         splice = engine_sae.splice_run(lm, held_out, engine_sae.Dictionary(sae_file, lm.device),

@@ -96,6 +96,10 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: SaeOptions, plan: SaePlan
     sae_file = plan.sae_file
     check_names(lm, [p for p in (sae_file.site, sae_file.site_out) if not sites.is_point(p, sites.Point.mlp_in)])
     dictionary = engine_sae.Dictionary(sae_file, lm.device)
+    skip = max((health_skip(sae_file, len(enc)) for enc in encoded), default=0)
+    if skip:
+        where = "position" if skip == 1 else f"{skip} positions"
+        notes.info(f"the health leaves out the prompt's first {where}, as the fit did (its skipped_positions)")
     out = []
     for enc in encoded:
         with notes.status("running the prompt with the SAE"):
@@ -115,7 +119,9 @@ def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dicti
 
     wanted = opts.wanted
     run = engine_sae.splice_run(lm, list(enc.ids), dictionary)
-    health = analysis.health(run, enc.ids, sae_file.stated_l0)
+    skip = health_skip(sae_file, len(enc))
+    measured = engine_sae.splice_run(lm, list(enc.ids), dictionary, skip=skip) if skip else run
+    health = analysis.health(measured, enc.ids[skip:], sae_file.stated_l0, skipped=skip)
     warnings = analysis.warnings(health, n_tokens=len(enc), context_size=sae_file.context_size,
                                  sae_bos=sae_file.prepend_bos, prompt_bos=enc.bos, centred=sae_file.centred,
                                  centred_now=analysis.centring(run.target))
@@ -139,6 +145,14 @@ def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dicti
                             summary=tuple(summary), lens_rows=tuple(lens_rows), followed=tuple(wanted),
                             labels=_shown(labels, top_rows, wanted) if labelled else None, top=opts.top,
                             label_source=labels.source)
+
+
+def health_skip(sae_file: SAEFile, n_tokens: int) -> int:
+    """The prompt's first positions the health leaves out: those the fit left out of its rows (fit-sae records
+    ``skipped_positions``: the first position's attention-sink activation), where the prompt has more than one
+    position after them; 0 for every other dictionary."""
+    skip = sae_file.skipped_positions
+    return skip if skip and n_tokens > skip + 1 else 0
 
 
 def _shown(labels: FeatureLabels, top_rows: list[dict[str, Any]], wanted: list[int]) -> dict[int, str]:

@@ -82,6 +82,7 @@ class SAEFile:
     stated_l0: float | None
     centred: bool
     rescale_by_decoder_norm: bool = False
+    skipped_positions: int = 0  # each window's first positions the fit left out of its rows (fit-sae writes it)
 
     @property
     def d_in(self) -> int:
@@ -265,7 +266,14 @@ def _saelens(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
                   neuronpedia_id=get("neuronpedia_id"), model_name=get("model_name"),
                   stated_l0=_stated_l0(k, meta), centred=centred,
                   W_enc=_tensor(tensors, "W_enc", path), b_enc=_tensor(tensors, "b_enc", path),
-                  rescale_by_decoder_norm=bool(get("rescale_acts_by_decoder_norm", False)))
+                  rescale_by_decoder_norm=bool(get("rescale_acts_by_decoder_norm", False)),
+                  skipped_positions=skipped_positions(get("skipped_positions")))
+
+
+def skipped_positions(value: object) -> int:
+    """A config's ``skipped_positions`` (each window's first positions fit-sae's rows left out); 0 where absent or
+    not a positive integer (every other dictionary)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _stated_l0(k: object, meta: Mapping[str, object]) -> float | None:
@@ -294,7 +302,8 @@ def _sparsify(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
                   dtype="float32", neuronpedia_id=None,
                   model_name=str(cfg["model_name"]) if cfg.get("model_name") else None, stated_l0=float(k),
                   centred=False, W_enc=_tensor(tensors, "encoder.weight", path).T,
-                  b_enc=_tensor(tensors, "encoder.bias", path), sparsify_transcoder=transcode)
+                  b_enc=_tensor(tensors, "encoder.bias", path), sparsify_transcoder=transcode,
+                  skipped_positions=skipped_positions(cfg.get("skipped_positions")))
 
 
 def _gemma_scope(path: Path, hook: str | None, transcoder: bool = False, values: bool = True) -> SAEFile:

@@ -36,7 +36,8 @@ SUMMARY = (Column("feature", "feature", "id"), Column("max_activation", "max", "
 LENS = (Column("feature", "feature", "id"), Column("side", "side"), Column("rank", "rank", "int"),
         Column("token", "token"), Column("token_id", "id", "id"), Column("logit", "logit", "float", 3))
 _UNITS = {"l0_mean": "features", "stated_l0": "features", "fve": "fraction", "mse": "activation²",
-          "error_ratio": "‖x−x̂‖/‖x‖", "norm_ratio": "‖x̂‖/‖x‖", "max_logit_diff_with_error": "logit"}
+          "error_ratio": "‖x−x̂‖/‖x‖", "norm_ratio": "‖x̂‖/‖x‖", "max_logit_diff_with_error": "logit",
+          "skipped_positions": "positions"}
 ROWS = "top_features"
 _CE = ("ce_clean_nats", "ce_spliced_nats", "ce_with_error_nats")
 
@@ -79,8 +80,9 @@ def report(lm: LoadedModel, enc: Encoded, reading: Reading, sae_file: SAEFile) -
     stats = [{"statistic": key, "value": value, "unit": _unit(key)}
              for key, value in health_dict.items() if key != "l0"]
     sections = [Section(HEALTH, stats, title="health on this prompt"),
-                Section(TOKENS, [{"position": i, "token": p, "l0": v}
-                                 for i, (p, v) in enumerate(zip(pieces, health.l0))], title="L0 per token"),
+                Section(TOKENS, [{"position": i, "token": p, "l0": int(v)}  # every position, as the features
+                                 for i, (p, v) in enumerate(zip(pieces, (reading.activations > 0).sum(-1)))],
+                        title="L0 per token"),
                 Section(TOP if labelled else TOP[:-1], top_rows, title=f"top {reading.top} features per token")]
     if reading.followed:
         has_url = sae_file.neuronpedia_id is not None
