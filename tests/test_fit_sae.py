@@ -228,12 +228,13 @@ def test_a_ctx_past_the_context_is_refused_before_the_weights_load(tiny_model_di
 
     model = tiny_model_dir("gpt2")
     n_ctx = json.loads((model / "config.json").read_text())["n_positions"]
+    fit_sae = api.fit_sae  # imported before the patch: a module imported under it would keep the patched name
     monkeypatch.setattr(session, "load_weights", lambda *a, **k: pytest.fail("weights loaded"))
     result = fit(model, corpus, tmp_path / "o", "--ctx", str(n_ctx + 1), "--max-tokens", "640")
     assert result.exit_code == 2, result.output
     assert f"error: --ctx {n_ctx + 1} is more than {model}'s context of {n_ctx} tokens" in result.output
     with pytest.raises(UsageError, match=f"^ctx= {n_ctx + 1} is more than .*'s context of {n_ctx} tokens$"):
-        api.fit_sae(str(model), corpus, layer=1, out=tmp_path / "o", ctx=n_ctx + 1, max_tokens=640)
+        fit_sae(str(model), corpus, layer=1, out=tmp_path / "o", ctx=n_ctx + 1, max_tokens=640)
 
 
 def test_the_default_ctx_is_the_context_of_a_model_under_256(tiny_model_dir, corpus, tmp_path):
@@ -251,7 +252,7 @@ def test_the_default_ctx_is_the_context_of_a_model_under_256(tiny_model_dir, cor
 
 
 def _health(**changes):
-    base = dict(l0=(8, 8), l0_mean=8.0, stated_l0=8.0, fve=0.9, mse=1.0, error_ratio=0.3, norm_ratio=1.0,
+    base = dict(l0=(8,) * analysis.FVE_MIN_POSITIONS, l0_mean=8.0, stated_l0=8.0, fve=0.9, mse=1.0, error_ratio=0.3, norm_ratio=1.0,
                 ce_clean_nats=3.0, ce_spliced_nats=3.1, ce_with_error_nats=3.0, kl_spliced_nats=0.1,
                 kl_with_error_nats=0.0, max_logit_diff_with_error=0.0)
     return analysis.Health(**{**base, **changes})
@@ -270,6 +271,10 @@ def test_a_spliced_kl_of_6_8_nats_and_a_low_fve_are_warned():
     fve = _warnings(_health(fve=0.3))
     assert len(fve) == 1 and "FVE 0.300 < 0.5" in fve[0]
     assert len(_warnings(_health(fve=-0.2))) == 1  # under 0: the one, stronger, warning
+    # over fewer positions (a 3-token prompt): a low FVE is not judged, only said to say little
+    few = _warnings(_health(fve=-0.46, l0=(8, 8, 8)))
+    assert len(few) == 1 and "over 3 positions says little" in few[0] and "does not fit" not in few[0]
+    assert _warnings(_health(fve=0.9, l0=(8, 8))) == []
 
 
 def test_the_sae_benchmark_defaults_to_this_python_not_a_path_on_one_machine():

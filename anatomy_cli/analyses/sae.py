@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.units import counted
+
 if TYPE_CHECKING:
     from anatomy_cli.analyses.next_token import Describe
     from anatomy_cli.engine.sae import SpliceRun
@@ -93,6 +95,7 @@ def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None, *, skipp
 
 FVE_LOW = 0.5  # below: warned (under 0: the SAE is worse than the mean activation)
 KL_HIGH_NATS = 1.0  # spliced KL(p_clean || p_spliced) above this: warned
+FVE_MIN_POSITIONS = 8  # fewer measured positions: the FVE is not judged (a mean over 2-7 points is no baseline)
 
 
 def too_weak(fve: float | None) -> bool:
@@ -107,7 +110,8 @@ def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: boo
     """What the figures say about the fit, measured on ``text`` (`sae`: the prompt; `fit-sae`: its held-out
     window): a prompt past ``context_size``, another BOS rule, a reconstruction
     far from the activation's scale, an L0 far from the stated one, an FVE under :data:`FVE_LOW` (under 0: worse
-    than the mean), a spliced KL over :data:`KL_HIGH_NATS`, and residuals that the SAE expects centred
+    than the mean; over fewer than :data:`FVE_MIN_POSITIONS` positions, only that it says little), a spliced KL
+    over :data:`KL_HIGH_NATS`, and residuals that the SAE expects centred
     (``centred_now``: the mean over positions of ``|mean_d x| / rms(x)``)."""
     out = []
     if context_size is not None and n_tokens > context_size:
@@ -120,7 +124,10 @@ def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: boo
                    f"is far from the SAE's training scale")
     if h.stated_l0 and not h.stated_l0 / 4 <= h.l0_mean <= h.stated_l0 * 4:
         out.append(f"mean L0 {h.l0_mean:.1f} is far from the {h.stated_l0:g} the SAE states")
-    if h.fve is not None and h.fve < 0:
+    if h.fve is not None and h.fve < FVE_LOW and len(h.l0) < FVE_MIN_POSITIONS:
+        out.append(f"FVE {h.fve:.3f} over {counted(len(h.l0), 'position')} says little about the fit (its variance "
+                   f"is around a {len(h.l0)}-position mean): judge it on {FVE_MIN_POSITIONS} positions or more")
+    elif h.fve is not None and h.fve < 0:
         out.append(f"FVE {h.fve:.3f} < 0: the reconstruction is worse than the {text}'s mean activation; "
                    f"the SAE does not fit this model or site")
     elif h.fve is not None and h.fve < FVE_LOW:
