@@ -31,11 +31,11 @@ def corpus(tmp_path):
     return path
 
 
-def fit(model_dir, corpus, out, *more):
+def fit(model_dir, corpus, out, *more, lr: str | None = "0.003"):
+    rate = ["--lr", lr] if lr else []
     return runner.invoke(app, ["fit-sae", str(corpus), "--model", str(model_dir), "--layer", "all", "--transcoder",
                                "--clt", "--out", str(out), "--ctx", "32", "--max-tokens", "384", "--d-sae", "32",
-                               "--k", "4", "--epochs", "2", "--batch-size", "64", "--lr", "0.003", "--format", "json",
-                               *more])
+                               "--k", "4", "--epochs", "2", "--batch-size", "64", *rate, "--format", "json", *more])
 
 
 # ---- the loss and one step against plain torch ----
@@ -286,9 +286,15 @@ def test_spliced_logits_equal_a_forward_with_plain_hooks_on_transformers_mlps(ti
     assert next_token_kl(clean, spliced) == pytest.approx(kl, rel=1e-4)
 
 
-def test_the_clt_fit_reports_the_spliced_ce_and_kl(tiny_model_dir, corpus, tmp_path):
-    result = fit(tiny_model_dir("llama"), corpus, tmp_path / "clt")
+def test_the_clt_fit_reports_the_spliced_ce_and_kl(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    rates = []
+    real_train = clt_fit.train
+    monkeypatch.setattr(clt_fit, "train", lambda *a, lr, **kw: rates.append(lr) or real_train(*a, lr=lr, **kw))
+    result = fit(tiny_model_dir("llama"), corpus, tmp_path / "clt", lr=None)
     assert result.exit_code == 0, result.output
+    # without --lr a CLT trains at sparsify's rate for its 32 features, not the per-layer transcoders' four times
+    # it (at 4x a 30-block SmolLM2 CLT diverged over 492 steps: docs/commands/sae.md)
+    assert rates == [pytest.approx(2e-4 / (32 / 2**14) ** 0.5)] == [json.loads(result.stdout)["lr"]]
     rows = json.loads(result.stdout)["blocks"]
     figures = {(r["health"]["ce_clean_nats"], r["health"]["ce_spliced_nats"], r["health"]["kl_spliced_nats"])
                for r in rows}

@@ -282,12 +282,14 @@ def optimiser(coder: Any, lr: float) -> torch.optim.Adam:
     return adam([{"params": [p for p in coder.parameters() if p is not theta]}, {"params": [theta]}], lr)
 
 
-def default_lr(d_sae: int, *, scaled: bool = False) -> float:
+def default_lr(d_sae: int, *, scaled: bool = False, cross_layer: bool = False) -> float:
     """sparsify's default learning rate for ``d_sae`` latents (Adam's, ``2e-4 / sqrt(d_sae / 2**14)``); ``scaled``
-    (a transcoder, trained at unit scale: :func:`unit_scales`) four times it: on SmolLM2's blocks 3 and 15
+    (a per-layer transcoder, trained at unit scale: :func:`unit_scales`) four times it: on SmolLM2's blocks 3 and 15
     (1,024 latents, k 16) the held-out FVE went 0.30/0.31 → 0.35/0.36 on 7,936 tokens and 0.41/0.45 → 0.43/0.47 on
-    32,000 (docs/commands/sae.md)."""
-    return 2e-4 / math.sqrt(d_sae / 2**14) * (4 if scaled else 1)
+    32,000 (docs/commands/sae.md). ``cross_layer`` (a CLT, ``engine/clt_fit.py``, unit scale too) sparsify's rate
+    itself: at four times it a 30-block TopK CLT on SmolLM2 (31,936 tokens, k 25, 492 steps) diverged (summed FVU
+    1.010 → 1.303), at this rate it trains (1.010 → 0.226, held-out FVE mean 0.627; docs/commands/sae.md)."""
+    return 2e-4 / math.sqrt(d_sae / 2**14) * (4 if scaled and not cross_layer else 1)
 
 
 def unit_scales(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:

@@ -104,7 +104,7 @@ def fit_clt(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict[s
 
     xs, targets = stacked(acts, plan)
     n_train = sae_fit.rows(plan.windows[:-1])
-    lr = opts.lr or sae_fit.default_lr(plan.d_sae, scaled=True)  # at unit scale (clt_fit)
+    lr = opts.lr or sae_fit.default_lr(plan.d_sae, scaled=True, cross_layer=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(opts.seed)
         coder = clt_fit.CrossLayerCoder(len(plan.blocks), xs.shape[-1], plan.d_sae, opts.k, jumprelu=opts.jumprelu)

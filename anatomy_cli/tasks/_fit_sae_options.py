@@ -73,7 +73,7 @@ class FitSaeOptions(Declared):
     batch_size: int = option(256, "--batch-size", min=1, metavar="N", help="Rows per step.")
     lr: float | None = option(None, "--lr", metavar="X", show_default=False,
                               help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14); 4x that "
-                                   "for a transcoder, TopK or JumpReLU, per block or cross-layer).")
+                                   "for a per-layer transcoder, TopK or JumpReLU; 1x for --clt).")
     seed: int = option(0, "--seed", metavar="N", help="Initialization and shuffling.")
     overwrite: bool = option(False, "--overwrite", help="Write into a folder that is not empty.")
     checkpoint: Path | None = option(None, "--checkpoint", metavar="FILE", show_default=False,
