@@ -508,7 +508,7 @@ def test_the_model_comes_from_the_dictionary_s_metadata_when_left_out(setup, tmp
     result = invoke(*args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["model"] == str(model)
-    assert f"the model: {model} (as the dictionary's metadata names it; --model overrides)" in result.stderr
+    assert f"the model: {model} (as the dictionary's metadata names it; --model, or model= in Python, overrides)" in result.stderr
     given = invoke(*args, "--model", model)  # given: no line, the same model
     assert json.loads(given.stdout)["features"] == json.loads(result.stdout)["features"]
     assert "the dictionary's metadata" not in given.stderr

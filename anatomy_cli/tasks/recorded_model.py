@@ -24,9 +24,9 @@ def named_model(name: str | None) -> str | None:
         resolve(name, need="config")
     except AnatomyError:
         notes.info(f"the dictionary names the model {name!r}, which does not resolve here: the default model "
-                   f"instead (give --model)")
+                   f"instead (give --model, or model= in Python)")
         return None
-    notes.info(f"the model: {name} (as the dictionary's metadata names it; --model overrides)")
+    notes.info(f"the model: {name} (as the dictionary's metadata names it; --model, or model= in Python, overrides)")
     return name
 
 
