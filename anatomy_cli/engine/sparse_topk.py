@@ -108,12 +108,12 @@ def _pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                      k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(x weightᵀ + bias, its first level of maxima [rows, n/4] or None)``: the matmul as 4 ``addmm``, one per
     column quarter, each into its own contiguous block of a blocked ``[4, rows, n/4]`` output (column ``j·n/4 + c``
-    in ``[j, :, c]``; the same products, at the benchmark's size bit for bit one ``linear``'s; an ``addmm`` into a
-    quarter's strided columns of one ``[rows, n]`` computes into a temporary and copies: 4 copies of 1.2 MB a step,
-    0.5–1 ms), each quarter folded into the running maximum while it is in cache: column c of the maxima is the
-    max of columns ``c + j·n/4``, :func:`largest`'s first level, which a pass over the whole ``[rows, n]`` output
-    after one matmul read back from memory (0.43–0.53 ms of CPU in the benchmark's step, loaded, against 0.15 in
-    cache; docs/performance.md). A ``[rows, n]`` ``linear`` and None where that level does not pay (:func:`_pays`)."""
+    in ``[j, :, c]``; the same products, at the benchmark's size bit for bit one ``linear``'s; 16.8 ms against
+    17.1 for ``addmm`` into each quarter's strided columns of one ``[rows, n]``, alone, one thread, loaded), the
+    quarters folded into their maximum as they are made: column c of the maxima is the max of columns ``c +
+    j·n/4``, :func:`largest`'s first level, which a pass over the whole ``[rows, n]`` output after one matmul read
+    back from memory (0.43–0.53 ms of CPU in the benchmark's step, loaded, against 0.15 in cache;
+    docs/performance.md). A ``[rows, n]`` ``linear`` and None where that level does not pay (:func:`_pays`)."""
     n = weight.shape[0]
     if not _pays(n, k):
         return torch.nn.functional.linear(x, weight, bias), None
@@ -127,15 +127,17 @@ def _pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return pre, first
 
 
-def _at(pre: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``pre``'s values at columns ``cols [rows, m]``: ``pre`` ``[rows, n]``, or blocked ``[L, rows, n/L]`` (column
-    ``j·n/L + c`` in ``[j, :, c]``: :func:`_pre_activations`)."""
-    if pre.dim() == 2:
-        return pre.gather(1, cols)
-    _, rows, width = pre.shape
-    starts = torch.arange(0, rows * width, width, device=cols.device)[:, None]  # each row's start in a block
-    at = (cols // width) * (rows * width) + cols % width + starts
-    return pre.reshape(-1).take(at)
+def _under(below: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the ``[rows, 4k]`` columns of level ``below`` under ``cols [rows, k]`` of the level above it, column ``c +
+    j·n/4`` at ``j·k + i`` for ``c = cols[:, i]``, and their values). ``below``: ``[rows, n]``, or blocked ``[4,
+    rows, n/4]`` (column ``j·n/4 + c`` in ``[j, :, c]``: :func:`_pre_activations`), read through a gather on its
+    ``[rows, 4, n/4]`` view (0.08 ms at the benchmark's size against 0.43 for ``take`` at flat offsets)."""
+    rows, k = cols.shape
+    span = below.shape[2] if below.dim() == 3 else below.shape[1] // _LEVEL
+    under = (cols.unsqueeze(1) + torch.arange(0, _LEVEL * span, span, device=cols.device)[:, None]).view(rows, -1)
+    if below.dim() == 2:
+        return under, below.gather(1, under)
+    return under, below.permute(1, 0, 2).gather(2, cols.unsqueeze(1).expand(rows, _LEVEL, k)).view(rows, -1)
 
 
 def _keys(values: torch.Tensor) -> torch.Tensor:
@@ -168,12 +170,8 @@ def largest(pre: torch.Tensor, k: int, first: torch.Tensor | None = None) -> tup
         top = pre.topk(k, dim=-1, sorted=False)
         return top.values, top.indices
     cols = chosen = _keys(levels.pop()).topk(k, dim=-1, sorted=False).indices
-    step = torch.arange(_LEVEL, device=pre.device)
     while levels:
-        below = levels.pop()
-        span = below.shape[2] if below.dim() == 3 else below.shape[1] // _LEVEL
-        cols = (cols.unsqueeze(-1) + step * span).view(rows, -1)  # [rows, 4k]
-        candidates = _at(below, cols)
+        cols, candidates = _under(levels.pop(), cols)  # [rows, 4k]
         chosen = _keys(candidates).topk(k, dim=-1, sorted=False).indices
         cols = cols.gather(1, chosen)
     return candidates.gather(1, chosen), cols
