@@ -109,8 +109,8 @@ def _pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     """``(x weightᵀ + bias, its first level of maxima [rows, n/4] or None)``: the matmul as 4 ``addmm``, one per
     column quarter, each into its own contiguous block of a blocked ``[4, rows, n/4]`` output (column ``j·n/4 + c``
     in ``[j, :, c]``; the same products, at the benchmark's size bit for bit one ``linear``'s; 16.8 ms against
-    17.1 for ``addmm`` into each quarter's strided columns of one ``[rows, n]``, alone, one thread, loaded), the
-    quarters folded into their maximum as they are made: column c of the maxima is the max of columns ``c +
+    17.1 for ``addmm`` into each quarter's strided columns of one ``[rows, n]``, alone, one thread, loaded), each
+    quarter folded into the running maximum as it is made: column c of the maxima is the max of columns ``c +
     j·n/4``, :func:`largest`'s first level, which a pass over the whole ``[rows, n]`` output after one matmul read
     back from memory (0.43–0.53 ms of CPU in the benchmark's step, loaded, against 0.15 in cache;
     docs/performance.md). A ``[rows, n]`` ``linear`` and None where that level does not pay (:func:`_pays`)."""
@@ -119,11 +119,10 @@ def _pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
         return torch.nn.functional.linear(x, weight, bias), None
     width = n // _LEVEL
     pre = x.new_empty(_LEVEL, x.shape[0], width)
+    first = None
     for j in range(_LEVEL):
-        torch.addmm(bias[j * width:(j + 1) * width], x, weight[j * width:(j + 1) * width].T, out=pre[j])
-    first = torch.maximum(pre[0], pre[1])
-    for j in range(2, _LEVEL):
-        torch.maximum(first, pre[j], out=first)
+        block = torch.addmm(bias[j * width:(j + 1) * width], x, weight[j * width:(j + 1) * width].T, out=pre[j])
+        first = block.clone() if first is None else torch.maximum(first, block, out=first)
     return pre, first
 
 
