@@ -79,7 +79,7 @@ def test_sparse_topk_gives_the_dense_topk_values_and_gradients_for_x_weight_bias
     ((dense.gather(1, idx) * w_out).sum() + ((dense @ ref[3]) * v_out).sum()).backward()
     for a, r in zip(ours, ref, strict=True):
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-5, atol=1e-6)
-    assert torch.equal(idx, idx.sort(-1).values)  # each row's latents in order (a valid CSR row)
+    assert bool((idx.sort(-1).values.diff(dim=-1) > 0).all())  # k distinct latents a row, in no set order
 
 
 @pytest.mark.skipif(heap._glibc() is None, reason="glibc's mallopt only")
@@ -156,10 +156,11 @@ def test_the_blocked_encoder_matmul_equals_one_linear_and_its_maxima_feed_larges
     first level); the int32 keys its topk reads order as the floats do (NaN the largest, as topk)."""
     gen = torch.Generator().manual_seed(12)
     x, W, b = torch.randn(32, 24, generator=gen), torch.randn(256, 24, generator=gen), torch.randn(256, generator=gen)
-    pre, first = sparse_topk._pre_activations(x, W, b, 4)
+    blocked, first = sparse_topk._pre_activations(x, W, b, 4)
+    pre = blocked.permute(1, 0, 2).reshape(32, 256)  # column quarter j in blocked[j]
     torch.testing.assert_close(pre, x @ W.T + b)
     assert torch.equal(first, pre.reshape(32, 4, 64).amax(1))
-    values, indices = sparse_topk.largest(pre, 4, first)
+    values, indices = sparse_topk.largest(blocked, 4, first)
     assert torch.equal(values.sort(-1, descending=True).values, pre.topk(4, dim=-1).values)
     assert torch.equal(pre.gather(1, indices), values)
     ascending = torch.tensor([float("-inf"), -3e38, -1.5, -1e-45, -0.0, 0.0, 1e-45, 1.5, 3e38, float("inf")])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy
 import torch
 
 from anatomy_cli.engine.jumprelu import AutogradCtx
@@ -19,9 +20,8 @@ class _SparseTopK(torch.autograd.Function):
     def forward(ctx: AutogradCtx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 decoder: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pre, first = _pre_activations(x, weight, bias, k)
-        values, chosen = largest(pre, k, first)
-        idx, order = chosen.sort(dim=-1)  # each row's latents in order
-        acts = values.gather(-1, order).clamp_min_(0)  # the ReLU on the k values only
+        acts, idx = largest(pre, k, first)  # each row's latents in no set order (the backward sorts them by latent)
+        acts.clamp_min_(0)  # the ReLU on the k values only
         decoded = torch.nn.functional.embedding_bag(idx, decoder, per_sample_weights=acts, mode="sum")
         ctx.save_for_backward(x, weight, decoder, idx, acts)
         ctx.mark_non_differentiable(idx)
@@ -58,10 +58,18 @@ def _by_latent(idx: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, t
     in order), the permutation of the flattened ``[rows, k]`` values into that order, rows)."""
     rows, k = idx.shape
     flat = idx.reshape(-1)
-    perm = flat.argsort(stable=True)  # stable: each latent's rows ascending
+    perm = _stable_order(flat, n)  # stable: each latent's rows ascending
     crow = flat.new_zeros(n + 1)
     torch.cumsum(torch.bincount(flat, minlength=n), 0, out=crow[1:])
     return crow, perm // k, perm, rows
+
+
+def _stable_order(flat: torch.Tensor, n: int) -> torch.Tensor:
+    """``flat.argsort(stable=True)`` for latent ids below ``n``: on the CPU with ``n`` ≤ 2¹⁵ numpy's radix sort of
+    the ids as int16 (0.07 ms for the benchmark's 8,192 ids against torch's 0.40, one thread; the same order)."""
+    if flat.device.type != "cpu" or n > 2**15:
+        return flat.argsort(stable=True)
+    return torch.from_numpy(numpy.argsort(flat.to(torch.int16).numpy(), kind="stable")).to(flat.dtype)
 
 
 def _sampled(by_latent: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], decoder: torch.Tensor,
@@ -83,8 +91,8 @@ def _rows_product(by_latent: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int
     with a bag per latent, 0.8 ms against 1.1 alone, did not change the step's time)."""
     crow, col, perm, rows = by_latent
     out = dense.new_empty(len(crow) - 1, dense.shape[1])
-    return torch.addmm(out, _csr(crow, col, values.reshape(-1)[perm], (len(crow) - 1, rows)), dense, beta=0,
-                       out=out)
+    pattern = _csr(crow, col, values.reshape(-1).index_select(0, perm), (len(crow) - 1, rows))
+    return torch.addmm(out, pattern, dense, beta=0, out=out)
 
 
 _LEVEL = 4  # each level of largest's maxima: the max of 4 columns of the level below
@@ -98,24 +106,37 @@ def _pays(n: int, k: int) -> bool:
 
 def _pre_activations(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                      k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(x weightᵀ + bias [rows, n], its first level of maxima [rows, n/4] or None)``: the matmul as 4 ``addmm``
-    into the 4 column quarters of one output (the same products; at the benchmark's size the values equal one
-    ``linear``'s bit for bit), each quarter folded into
-    the running maximum while it is in cache: column c of the maxima is the max of columns ``c + j·n/4``,
-    :func:`largest`'s first level, which a pass over the whole ``[rows, n]`` output after one matmul read back
-    from memory (0.43–0.53 ms of CPU in the benchmark's step, loaded, against 0.15 in cache; docs/performance.md).
-    None (and one ``linear``) where that level does not pay (:func:`_pays`)."""
+    """``(x weightᵀ + bias, its first level of maxima [rows, n/4] or None)``: the matmul as 4 ``addmm``, one per
+    column quarter, each into its own contiguous block of a blocked ``[4, rows, n/4]`` output (column ``j·n/4 + c``
+    in ``[j, :, c]``; the same products, at the benchmark's size bit for bit one ``linear``'s; 16.8 ms against
+    17.1 for ``addmm`` into each quarter's strided columns of one ``[rows, n]``, alone, one thread, loaded), each
+    quarter folded into the running maximum as it is made: column c of the maxima is the max of columns ``c +
+    j·n/4``, :func:`largest`'s first level, which a pass over the whole ``[rows, n]`` output after one matmul read
+    back from memory (0.43–0.53 ms of CPU in the benchmark's step, loaded, against 0.15 in cache;
+    docs/performance.md). A ``[rows, n]`` ``linear`` and None where that level does not pay (:func:`_pays`)."""
     n = weight.shape[0]
     if not _pays(n, k):
         return torch.nn.functional.linear(x, weight, bias), None
     width = n // _LEVEL
-    pre = x.new_empty(x.shape[0], n)
+    pre = x.new_empty(_LEVEL, x.shape[0], width)
     first = None
     for j in range(_LEVEL):
-        part = slice(j * width, (j + 1) * width)
-        block = torch.addmm(bias[part], x, weight[part].T, out=pre[:, part])
+        block = torch.addmm(bias[j * width:(j + 1) * width], x, weight[j * width:(j + 1) * width].T, out=pre[j])
         first = block.clone() if first is None else torch.maximum(first, block, out=first)
     return pre, first
+
+
+def _under(below: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the ``[rows, 4k]`` columns of level ``below`` under ``cols [rows, k]`` of the level above it, column ``c +
+    j·n/4`` at ``j·k + i`` for ``c = cols[:, i]``, and their values). ``below``: ``[rows, n]``, or blocked ``[4,
+    rows, n/4]`` (column ``j·n/4 + c`` in ``[j, :, c]``: :func:`_pre_activations`), read through a gather on its
+    ``[rows, 4, n/4]`` view (0.08 ms at the benchmark's size against 0.43 for ``take`` at flat offsets)."""
+    rows, k = cols.shape
+    span = below.shape[2] if below.dim() == 3 else below.shape[1] // _LEVEL
+    under = (cols.unsqueeze(1) + torch.arange(0, _LEVEL * span, span, device=cols.device)[:, None]).view(rows, -1)
+    if below.dim() == 2:
+        return under, below.gather(1, under)
+    return under, below.permute(1, 0, 2).gather(2, cols.unsqueeze(1).expand(rows, _LEVEL, k)).view(rows, -1)
 
 
 def _keys(values: torch.Tensor) -> torch.Tensor:
@@ -138,8 +159,9 @@ def largest(pre: torch.Tensor, k: int, first: torch.Tensor | None = None) -> tup
     coarsest level, and descends: the k largest of a level lie in the 4 columns under each of the k largest
     maxima above it (an element under none of them has k larger ones above it, one under each), so each level's
     ``topk`` reads 4k candidates a row, as int32 keys (:func:`_keys`): ~2.3 ms. Where ``n`` does not divide by 4
-    or k is too large for a level to pay (``n/4 < 4k``), it is ``topk`` itself."""
-    rows, levels = pre.shape[0], [pre] if first is None else [pre, first]
+    or k is too large for a level to pay (``n/4 < 4k``), it is ``topk`` itself. ``pre`` may be blocked ``[4, rows,
+    n/4]`` where ``first`` is given (:func:`_pre_activations`)."""
+    rows, levels = pre.shape[-2], [pre] if first is None else [pre, first]
     while _pays(levels[-1].shape[1], k) and len(levels) < 3:
         below = levels[-1]
         levels.append(below.reshape(rows, _LEVEL, below.shape[1] // _LEVEL).amax(1))  # column c: max of c + j·n/4
@@ -147,11 +169,8 @@ def largest(pre: torch.Tensor, k: int, first: torch.Tensor | None = None) -> tup
         top = pre.topk(k, dim=-1, sorted=False)
         return top.values, top.indices
     cols = chosen = _keys(levels.pop()).topk(k, dim=-1, sorted=False).indices
-    step = torch.arange(_LEVEL, device=pre.device)
     while levels:
-        below = levels.pop()
-        cols = (cols.unsqueeze(-1) + step * (below.shape[1] // _LEVEL)).view(rows, -1)  # [rows, 4k]
-        candidates = below.gather(1, cols)
+        cols, candidates = _under(levels.pop(), cols)  # [rows, 4k]
         chosen = _keys(candidates).topk(k, dim=-1, sorted=False).indices
         cols = cols.gather(1, chosen)
     return candidates.gather(1, chosen), cols
