@@ -80,7 +80,7 @@ class FeaturesOptions(Declared):
     show: int = option(SHOWN, "--show", min=0, metavar="N",
                        help="Rows of the table (and of tsv): the N most frequent features, with a line counting the "
                        "rest (0: every feature). --format json and --out's files always hold every feature.")
-    estimate: bool = option(False, "--estimate", help="Print the expected cost and stop (no weights load).")
+    estimate: bool = shared.estimate("Print the expected cost and stop (no weights load).")
     run: ShardRun = shared.shard_run()
 
     def __post_init__(self) -> None:

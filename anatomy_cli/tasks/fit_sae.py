@@ -88,6 +88,24 @@ class SaeFit:
         return d
 
 
+@dataclass(frozen=True)
+class SaeEstimate:
+    """``--estimate``: the cost a run of this plan prints first, nothing trained or written: its line (``line``)
+    and its record (``cost``, as :attr:`SaeFit.cost`: tokens, rows, blocks, seconds, bytes and every phase)."""
+
+    out: str
+    line: str
+    cost: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"estimate": True, **asdict(self)}
+
+
+def cost_record(cost: SaeCost) -> dict[str, Any]:
+    """:func:`estimate`'s figures as the JSON holds them: the quantities, then the total and each phase."""
+    return {**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()}
+
+
 def recipe(k: int, jumprelu: dict[str, float] | None) -> tuple[str, str]:
     """(the coder's kind, its sparsity setting) as the cost line and the report name them: ``("TopK", "k 32")``,
     ``("JumpReLU", "target L0 32, L0 coefficient 1")``."""
@@ -204,20 +222,24 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
                                                      f"one {what} with Adam's state at a time") + ")")
 
 
-def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
+def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit | SaeEstimate:
     """Collect every block's activations in one pass, then per block: train, write, read back and splice into
     the held-out window (``clt``: one cross-layer transcoder over every block instead, tasks/_fit_clt.py); on a
-    busy machine with one thread (:func:`anatomy_cli.tasks.session.busy_threads`), the probes too."""
+    busy machine with one thread (:func:`anatomy_cli.tasks.session.busy_threads`), the probes too.
+    ``opts.estimate``: the cost alone (:class:`SaeEstimate`), from the probes a run makes first."""
     with busy_threads(COMMAND):
         return fit(lm, opts, plan)
 
 
-def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
-    """:func:`run`'s work: the estimate, the collecting pass, the fits."""
+def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit | SaeEstimate:
+    """:func:`run`'s work: the estimate (``opts.estimate``: only that), the collecting pass, the fits."""
     from anatomy_cli.engine import sae_fit
 
     cost = estimate(lm, opts, plan)
-    notes.info(cost_line(opts, plan, cost))
+    line = cost_line(opts, plan, cost)
+    if opts.estimate:
+        return SaeEstimate(out=str(opts.out), line=line, cost=cost_record(cost))
+    notes.info(line)
     timings = cost["estimate"].timings()
     start = time.perf_counter()
     with timings.phase(PHASES[0]), notes.status("fit-sae: collecting activations") as line:
@@ -234,7 +256,7 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
     return SaeFit(out=str(opts.out), transcoder=opts.transcoder, d_sae=plan.d_sae, k=opts.k,
                   tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
                   collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
-                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
+                  cost=cost_record(cost),
                   timings=timings.to_dict(), jumprelu=opts.jumprelu, **made)
 
 
