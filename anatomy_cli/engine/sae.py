@@ -175,6 +175,15 @@ def _reading(lm: LoadedModel, point: str, norm: NormGain | None) -> str | Where:
     return point if norm is None else (mlp_norm_module(lm, names.layer_of(point)), "input")
 
 
+def readings(lm: LoadedModel, sae: SAEFile, norms: tuple[NormGain | None, NormGain | None] | None = None
+             ) -> tuple[str | Where, str | Where]:
+    """Where a splice of ``sae`` reads its input and its target in the unmodified forward (:func:`_reading` of its
+    two sites; ``norms``: :func:`site_norms`, found here when not given): what a :class:`CleanRun` shared by
+    several splices of one prompt must read."""
+    norm_in, norm_out = site_norms(lm, sae) if norms is None else norms
+    return _reading(lm, sae.site, norm_in), _reading(lm, sae.site_out, norm_out)
+
+
 @dataclass(frozen=True)
 class CleanRun:
     """One prompt's unmodified forward, for the splices of several dictionaries into it (fit-sae's held-out check
@@ -219,7 +228,7 @@ def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary, *, skip: int = 
     f = sae.file
     lm.model.eval()
     norm_in, norm_out = site_norms(lm, f)
-    reads = (_reading(lm, f.site, norm_in), _reading(lm, f.site_out, norm_out))
+    reads = readings(lm, f, (norm_in, norm_out))
     if clean is None or clean.ids != tuple(ids) or any(r not in clean.seen for r in reads):
         clean = clean_run(lm, ids, reads)
     logits, seen_in, seen_out = clean.logits, clean.seen[reads[0]], clean.seen[reads[1]]
@@ -309,4 +318,4 @@ def logit_effects(lm: LoadedModel, rows: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["CleanRun", "Dictionary", "SpliceRun", "clean_run", "decoder_lens", "feature_vector", "logit_effects",
-           "site_norms", "splice_run", "window_features"]
+           "readings", "site_norms", "splice_run", "window_features"]
