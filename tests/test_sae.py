@@ -326,3 +326,29 @@ def test_a_fit_sae_dictionary_s_health_runs_the_unmodified_forward_once(tiny_lm,
     assert n == 5 and len(forwards) == 5 + 6  # the two independent runs: three forwards each
     assert r.result.health == analysis.health(measured, ids[1:], sae_file.stated_l0, skipped=1)
     assert torch.equal(r.result.activations, whole.features.float().cpu())
+
+
+@pytest.mark.parametrize(("given", "taken"), [("64", 64), ("0", None), ("-3", None), ("true", None),
+                                              ('"64"', None), ("64.0", None), ("null", None)])
+def test_a_config_s_context_size_is_read_by_one_rule(tmp_path, given, taken):
+    """A positive whole number, else none, for every reader (models.sae.read.context_size): sparsify's cfg.json
+    (which took `true` as a context of 1 and 0 as one of 0), SAELens' (which took any value, a string too) and a
+    circuit-tracer config.yaml (whose rule was already this one). A context of 1 or 0 would warn on every prompt."""
+    from anatomy_cli.models import transcoders
+
+    value = json.loads(given)
+    sparsify = tmp_path / "layers.1"
+    shutil.copytree(FIXTURES / "sparsify" / "layers.1", sparsify)
+    cfg = json.loads((sparsify / "cfg.json").read_text())
+    (sparsify / "cfg.json").write_text(json.dumps({**cfg, "context_size": value}))
+    saelens = _copy(tmp_path)
+    cfg = json.loads((saelens / "cfg.json").read_text())
+    (saelens / "cfg.json").write_text(json.dumps({**cfg, "metadata": {**cfg["metadata"], "context_size": value}}))
+    ct = tmp_path / "ct"
+    ct.mkdir()
+    save_file({"W_enc": np.zeros((4, 3), np.float32), "W_dec": np.zeros((4, 3), np.float32),
+               "b_enc": np.zeros(4, np.float32), "b_dec": np.zeros(3, np.float32)}, str(ct / "layer_0.safetensors"))
+    (ct / "config.yaml").write_text("model_kind: transcoder_set\nfeature_input_hook: mlp.hook_in\n"
+                                    f"feature_output_hook: mlp.hook_out\ncontext_size: {given}\n"
+                                    "transcoders:\n  - layer_0.safetensors\n")
+    assert read(sparsify).context_size == read(saelens).context_size == transcoders.describe(ct).context_size == taken
