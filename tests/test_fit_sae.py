@@ -522,16 +522,21 @@ def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():
     opts = SimpleNamespace(transcoder=True, clt=False)  # what fit_notes reads of the options
     collected = notes.Collected()
     with notes.using_notes(collected):
-        fit_notes(opts, fits)
-    weak = [f.layer for f in fits if analysis.too_weak(f.health["fve"])]
+        fit_notes(opts, fits, 8)
+    weak = [f.layer for f in fits if analysis.too_weak(f.health["fve"], 8)]
     assert weak == [0, 2] and len(collected.warnings) == 1
     line = collected.warnings[0]
     assert "2 of 4 transcoders too weak to read (held-out FVE under 0.5: blocks 0,2)" in line
     assert "4 warnings on blocks 0,2-3" in line and "anatomy-fit.json" in line
     one = notes.Collected()
     with notes.using_notes(one):
-        fit_notes(opts, fits[:1])
+        fit_notes(opts, fits[:1], 8)
     assert one.warnings[:2] == ["block 0: FVE low", "block 0: KL high"] and "1 of 1 transcoders" in one.warnings[2]
+    short = notes.Collected()  # a held-out window of 7 positions: its FVEs say little, none is judged too weak
+    with notes.using_notes(short):
+        fit_notes(opts, fits, analysis.FVE_MIN_POSITIONS - 1)
+    assert [analysis.too_weak(f.health["fve"], analysis.FVE_MIN_POSITIONS - 1) for f in fits] == [False] * 4
+    assert len(short.warnings) == 1 and "too weak" not in short.warnings[0] and "4 warnings" in short.warnings[0]
 
 
 def test_collect_writes_each_batch_in_place_equal_to_plain_hooks(tiny_lm):

@@ -85,23 +85,29 @@ def test_fit_lens_checks_the_written_lens_on_held_out_text(tiny_lm, tmp_path):
 
 
 def test_circuit_says_when_its_transcoders_are_too_weak(tiny_model_dir, tiny_lm, tmp_path):
+    """On 8 positions or more (the prompt's 1..: FVE_MIN_POSITIONS, the rule sae's warnings apply); a shorter
+    prompt's FVE says little and is not judged (it was: circuit called 4 positions' FVE too weak)."""
     from test_circuit import random_transcoders
     from test_circuit import write_transcoder_set
 
     from anatomy_cli.analyses import circuit as algo
+    from anatomy_cli.analyses.sae import FVE_MIN_POSITIONS
     from anatomy_cli.analyses.sae import too_weak
 
     lm = tiny_lm("llama")
     tcs = random_transcoders(lm)
-    ids = torch.tensor(lm.tokenizer.hf("The capital of France is")["input_ids"])
-    fve = algo.setup(lm, ids, tcs).fve
-    weak = [layer for layer, f in enumerate(fve) if too_weak(f)]
-    assert weak  # random transcoders explain nothing
     tdir = write_transcoder_set(tmp_path / "tc", lm, tcs)
-    res = CliRunner().invoke(app, ["circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
-                                   "--transcoders", str(tdir), "--max-feature-nodes", "8", "-f", "json"])
-    assert res.exit_code == 0, res.output
-    assert f"the transcoders are too weak to read at {len(weak)} of {lm.n_layers} blocks" in res.stderr
+    for prompt in (PROMPT, "The capital of France is"):  # FVE at positions 1..: 8 positions, then 4 (not judged)
+        ids = torch.tensor(lm.tokenizer.hf(prompt)["input_ids"])
+        fve = algo.setup(lm, ids, tcs).fve
+        assert all(f < 0.5 for f in fve)  # random transcoders explain nothing
+        weak = [layer for layer, f in enumerate(fve) if too_weak(f, len(ids) - 1)]
+        assert weak == (list(range(lm.n_layers)) if len(ids) - 1 >= FVE_MIN_POSITIONS else [])
+        res = CliRunner().invoke(app, ["circuit", prompt, "--model", str(tiny_model_dir("llama")),
+                                       "--transcoders", str(tdir), "--max-feature-nodes", "8", "-f", "json"])
+        assert res.exit_code == 0, res.output
+        said = f"the transcoders are too weak to read at {len(weak)} of {lm.n_layers} blocks"
+        assert (said in res.stderr) is bool(weak) and ("too weak" in res.stderr) is bool(weak), res.stderr
 
 
 def test_fve_is_the_mlp_outputs_by_hand(tiny_lm):

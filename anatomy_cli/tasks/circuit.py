@@ -224,7 +224,7 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
     if len(ids) < 2:
         raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
     s = algo.setup(lm, ids, transcoders)
-    _weak_note(s.fve)
+    _weak_note(s.fve, len(ids) - 1)  # measured at positions 1..
     targets, probs = _targets(opts, plan, s.logits)
     adjacency, selected, s = algo.attribute(lm, ids, transcoders, targets, probs, batch_size=opts.batch_size,
                                             max_feature_nodes=opts.max_feature_nodes,
@@ -293,14 +293,14 @@ def numbered(path: str, index: int | None) -> str:
     return str(p.with_name(f"{p.stem}-{index}{p.suffix}"))
 
 
-def _weak_note(fve: tuple[float | None, ...]) -> None:
+def _weak_note(fve: tuple[float | None, ...], positions: int) -> None:
     """One line when transcoders are too weak to read on this prompt (:func:`anatomy_cli.analyses.sae.too_weak`:
-    the rule fit-sae applies on its held-out window): their features explain little, the graph is mostly error
-    nodes."""
+    the rule fit-sae applies on its held-out window; ``positions``: those the FVE was measured on, a prompt of
+    fewer than 8 is not judged): their features explain little, the graph is mostly error nodes."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
 
-    weak = [layer for layer, f in enumerate(fve) if too_weak(f)]
+    weak = [layer for layer, f in enumerate(fve) if too_weak(f, positions)]
     if weak:
         notes.warn(f"the transcoders are too weak to read at {len(weak)} of {len(fve)} blocks on this prompt (FVE "
                    f"under {FVE_LOW} of the MLP output: {block_spans(weak)}): the graph is mostly error nodes; fit "

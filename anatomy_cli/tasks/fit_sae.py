@@ -252,7 +252,7 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit | SaeE
         made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
     else:
         made = per_layer(lm, opts, plan, acts, timings)
-    fit_notes(opts, made["blocks"])
+    fit_notes(opts, made["blocks"], sae_fit.rows(plan.windows[-1:]))
     return SaeFit(out=str(opts.out), transcoder=opts.transcoder, d_sae=plan.d_sae, k=opts.k,
                   tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
                   collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
@@ -283,9 +283,10 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
     return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}
 
 
-def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
+def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> None:
     """The fits' warnings: one block's each on a line (``block L: ...``); of several blocks one line in all, naming
-    the blocks too weak to read on the held-out window (:func:`anatomy_cli.analyses.sae.too_weak`) and those with
+    the blocks too weak to read on the held-out window's ``positions`` (:func:`anatomy_cli.analyses.sae.too_weak`:
+    none under 8) and those with
     other warnings, whose text stays in the JSON's ``blocks[].warnings`` and each block's fit report (a fit of 30
     blocks said ~60 lines). Then what it takes to fit a useful one."""
     from anatomy_cli.analyses.sae import FVE_LOW
@@ -294,7 +295,7 @@ def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
     if len(fits) == 1:
         for w in fits[0].warnings:
             notes.warn(f"block {fits[0].layer}: {w}")
-    weak = [f.layer for f in fits if too_weak(f.health.get("fve"))]
+    weak = [f.layer for f in fits if too_weak(f.health.get("fve"), positions)]
     warned = [f.layer for f in fits if f.warnings]
     what = "transcoder" if opts.transcoder else "SAE"
     parts = []
