@@ -103,11 +103,31 @@ def test_circuit_says_when_its_transcoders_are_too_weak(tiny_model_dir, tiny_lm,
         assert all(f < 0.5 for f in fve)  # random transcoders explain nothing
         weak = [layer for layer, f in enumerate(fve) if too_weak(f, len(ids) - 1)]
         assert weak == (list(range(lm.n_layers)) if len(ids) - 1 >= FVE_MIN_POSITIONS else [])
+        graph = tmp_path / f"graph-{len(ids)}.json"
         res = CliRunner().invoke(app, ["circuit", prompt, "--model", str(tiny_model_dir("llama")),
-                                       "--transcoders", str(tdir), "--max-feature-nodes", "8", "-f", "json"])
+                                       "--transcoders", str(tdir), "--max-feature-nodes", "8", "-f", "json",
+                                       "--json", str(graph)])
         assert res.exit_code == 0, res.output
         said = f"the transcoders are too weak to read at {len(weak)} of {lm.n_layers} blocks"
         assert (said in res.stderr) is bool(weak) and ("too weak" in res.stderr) is bool(weak), res.stderr
+        # the result's JSON says its warnings too, always a list (empty: none); the Neuronpedia graph JSON
+        # (--json, circuit-tracer's own keys) does not
+        warned = [line.removeprefix("warning: ") for line in res.stderr.splitlines() if line.startswith("warning: ")]
+        assert json.loads(res.stdout)["warnings"] == warned and len(warned) == bool(weak)
+        assert sorted(json.loads(graph.read_text())) == ["links", "metadata", "nodes", "qParams"]
+    # a prompt over the context, kept by --truncate left: the encoding's warning comes first, then the graph's
+    long = " ".join([PROMPT] * 10)
+    n = len(lm.tokenizer.hf(long)["input_ids"])
+    assert n > lm.info.n_ctx
+    model = str(tiny_model_dir("llama"))
+    res = CliRunner().invoke(app, ["circuit", long, "--model", model, "--transcoders",
+                                   str(tdir), "--max-feature-nodes", "8", "--truncate", "left", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    warned = json.loads(res.stdout)["warnings"]
+    assert [w.split(":")[0] for w in warned] == [f"prompt is {n} tokens; {model} takes at most {lm.info.n_ctx}",
+                                                 f"the transcoders are too weak to read at {lm.n_layers} of "
+                                                 f"{lm.n_layers} blocks on this prompt (FVE under 0.5 of the MLP output"]
+    assert all(f"warning: {w}" in res.stderr.splitlines() for w in warned), res.stderr
 
 
 def test_fve_is_the_mlp_outputs_by_hand(tiny_lm):

@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -125,11 +127,12 @@ def estimate(info: ModelInfo, encoded: list[Encoded], opts: CircuitOptions, plan
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, *,
-        batch: bool | None = None) -> list[CircuitResult] | list[CircuitEstimate]:
+        batch: bool | None = None, warned: Sequence[str] = ()) -> list[CircuitResult] | list[CircuitEstimate]:
     """The graphs (``opts.estimate``: the estimates, on the loaded model's device). ``batch``: the prompts are a
     batch (the CLI: read from stdin; default: more than one), so ``--out`` and ``--json`` write one file per prompt,
-    ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does. On one thread on a busy machine
-    (:func:`~anatomy_cli.tasks.session.busy_threads`)."""
+    ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does. Each result's ``warnings``: ``warned`` (what opening
+    the model and encoding the prompts warned of: the CLI's) then those said while its graph was computed (stderr
+    has them too). On one thread on a busy machine (:func:`~anatomy_cli.tasks.session.busy_threads`)."""
     if opts.estimate:
         return estimate(lm.info, encoded, opts, plan, str(lm.device))
     from anatomy_cli.engine.replacement import open_transcoders
@@ -141,8 +144,9 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: Cir
     numbered = len(encoded) > 1 if batch is None else batch
     with busy_threads(COMMAND):
         for i, enc in enumerate(encoded, start=1):
-            with notes.status(f"attributing {len(enc)} tokens"):
-                out.append(one(lm, enc, transcoders, opts, plan, i if numbered else None))
+            with notes.status(f"attributing {len(enc)} tokens"), notes.recorded() as said:
+                res = one(lm, enc, transcoders, opts, plan, i if numbered else None)
+            out.append(replace(res, warnings=(*warned, *said)))
     return out
 
 
@@ -177,6 +181,7 @@ class CircuitResult:
     completeness_score: float
     checks: tuple[EdgeCheck, ...] = ()
     attention: Attention | None = None  # --heads
+    warnings: tuple[str, ...] = ()  # what the run warned of on stderr (:func:`run`): the JSON's ``warnings``
 
     def to_dict(self) -> dict[str, Any]:
         g = self.graph
@@ -187,7 +192,7 @@ class CircuitResult:
             "targets": [{"token": t, "id": i, "prob": float(p)} for (t, i), p in
                         zip(g.logit_targets, g.logit_probabilities.tolist())],
             "replacement_score": self.replacement_score, "completeness_score": self.completeness_score,
-            "paths": [p.to_dict() for p in self.paths]}
+            "paths": [p.to_dict() for p in self.paths], "warnings": list(self.warnings)}
         if "feature_labels" in self.json["metadata"]:  # the labels' sources, top tokens, dashboards (label_metadata)
             out["feature_labels"] = self.json["metadata"]["feature_labels"]
         if self.checks:
@@ -224,7 +229,9 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
     if len(ids) < 2:
         raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
     s = algo.setup(lm, ids, transcoders)
-    _weak_note(s.fve, len(ids) - 1)  # measured at positions 1..
+    weak = weak_line(s.fve, len(ids) - 1)  # FVE at positions 1..
+    if weak is not None:
+        notes.warn(weak)
     targets, probs = _targets(opts, plan, s.logits)
     adjacency, selected, s = algo.attribute(lm, ids, transcoders, targets, probs, batch_size=opts.batch_size,
                                             max_feature_nodes=opts.max_feature_nodes,
@@ -293,18 +300,19 @@ def numbered(path: str, index: int | None) -> str:
     return str(p.with_name(f"{p.stem}-{index}{p.suffix}"))
 
 
-def _weak_note(fve: tuple[float | None, ...], positions: int) -> None:
-    """One line when transcoders are too weak to read on this prompt (:func:`anatomy_cli.analyses.sae.too_weak`:
+def weak_line(fve: tuple[float | None, ...], positions: int) -> str | None:
+    """The warning when transcoders are too weak to read on this prompt (:func:`anatomy_cli.analyses.sae.too_weak`:
     the rule fit-sae applies on its held-out window; ``positions``: those the FVE was measured on, a prompt of
-    fewer than 8 is not judged): their features explain little, the graph is mostly error nodes."""
+    fewer than 8 is not judged): their features explain little, the graph is mostly error nodes. None: none is."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
 
     weak = [layer for layer, f in enumerate(fve) if too_weak(f, positions)]
-    if weak:
-        notes.warn(f"the transcoders are too weak to read at {len(weak)} of {len(fve)} blocks on this prompt (FVE "
-                   f"under {FVE_LOW} of the MLP output: {block_spans(weak)}): the graph is mostly error nodes; fit "
-                   "them on more text (docs/commands/sae.md#what-a-useful-fit-takes)")
+    if not weak:
+        return None
+    return (f"the transcoders are too weak to read at {len(weak)} of {len(fve)} blocks on this prompt (FVE under "
+            f"{FVE_LOW} of the MLP output: {block_spans(weak)}): the graph is mostly error nodes; fit them on more "
+            "text (docs/commands/sae.md#what-a-useful-fit-takes)")
 
 
 def _cfg(lm: LoadedModel) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import circuit as task
+from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.recorded_model import for_transcoders
 from anatomy_cli.text.options import PromptOptions
 
@@ -73,12 +74,15 @@ def circuit_command(
         raise UsageError("--estimate computes no graph: it draws no --plot (drop one of the two)")
     task.before_open(opts)
     spec = for_transcoders(spec, model_given(spec), opts.transcoders)  # no --model: the recorded one
-    opened, encoded = open_prompts(prompt, spec, prompts)
-    plan = task.check(opened, opts)
-    if opts.estimate:
-        estimates = task.estimate(opened.info, encoded, opts, plan, spec.device)
-        emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt, from_stdin=prompt == "-")
-        return
-    lm = load_weights(opened)
-    results: Sequence[CircuitResult | CircuitEstimate] = task.run(lm, encoded, opts, plan, batch=prompt == "-")
+    with notes.recorded() as warned:  # the JSON's `warnings` start with these (stderr has them as they come)
+        opened, encoded = open_prompts(prompt, spec, prompts)
+        plan = task.check(opened, opts)
+        if opts.estimate:
+            estimates = task.estimate(opened.info, encoded, opts, plan, spec.device)
+            emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt,
+                         from_stdin=prompt == "-")
+            return
+        lm = load_weights(opened)
+    results: Sequence[CircuitResult | CircuitEstimate] = task.run(lm, encoded, opts, plan, batch=prompt == "-",
+                                                                  warned=warned)
     draw_and_emit("circuit", view, lm, encoded, results, plot, fmt, prompt)
