@@ -107,13 +107,19 @@ def _slow_sae_fit(monkeypatch, clock):
 @pytest.mark.parametrize("transcoder", [False, True])
 def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, clock, transcoder):
     _slow_sae_fit(monkeypatch, clock)
-    r = api.fit_sae(tiny_lm("gpt2"), _corpus(tmp_path), layer="0-1", out=tmp_path / "sae", ctx=16, max_tokens=160,
-                    epochs=2, batch_size=32, d_sae=32, k=4, transcoder=transcoder)
+    lm = tiny_lm("gpt2")
+    r = api.fit_sae(lm, _corpus(tmp_path), layer="0-1", out=tmp_path / "sae", ctx=16, max_tokens=160,
+                    epochs=1, batch_size=256, d_sae=32, k=4, transcoder=transcoder)
     timings = r.data["timings"]
     assert {p["phase"] for p in timings["phases"]} >= {"collecting activations", "training",
                                                        "writing and the held-out check", "loading the weights"}
     _phases_match(timings)
     assert r.data["cost"]["seconds"] == pytest.approx(timings["estimated_seconds"])
+    # one batch of every row (9 windows of 15 rows): one step, said in the singular (a trial read "1 steps")
+    from anatomy_cli.output.views import fit_sae as view
+
+    assert r.data["blocks"][0]["steps"] == -(-r.data["cost"]["rows"] // 256) == 1
+    assert "x 1 epoch (1 step per block," in view.report(lm, r.result).heading[1]
 
 
 @pytest.mark.parametrize("more", [(), ("--transcoder", "--clt")])

@@ -111,9 +111,7 @@ class FitSaeOptions(Declared):
             raise UsageError(f"--bandwidth {self.bandwidth} is not above 0 (the kernel's width)")
         if self.lr is not None and not 0 < self.lr < 1:
             raise UsageError(f"--lr {self.lr} is outside (0, 1)")
-        self.check_clt()
-        if self.ctx is not None:
-            self.check_budget(self.ctx)
+        self.check_clt()  # --max-tokens against --ctx: in check, once --ctx is known to fit the model (check_budget)
 
     def check_budget(self, ctx: int) -> None:
         """UsageError when ``max_tokens`` holds under two windows of ``ctx`` tokens (one is held out)."""

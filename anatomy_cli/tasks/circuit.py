@@ -46,6 +46,7 @@ from anatomy_cli.tasks._circuit_options import CircuitOptions
 from anatomy_cli.tasks.session import busy_threads
 from anatomy_cli.text import targets
 from anatomy_cli.text.display import visible
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     import torch
@@ -144,7 +145,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: Cir
     numbered = len(encoded) > 1 if batch is None else batch
     with busy_threads(COMMAND):
         for i, enc in enumerate(encoded, start=1):
-            with notes.status(f"attributing {len(enc)} tokens"), notes.recorded() as said:
+            with notes.status(f"attributing {counted(len(enc), 'token')}"), notes.recorded() as said:
                 res = one(lm, enc, transcoders, opts, plan, i if numbered else None)
             out.append(replace(res, warnings=(*warned, *said)))
     return out
@@ -282,7 +283,7 @@ def _attention(fp: FrozenPrompt, graph: CircuitGraph, pr: PruneResult, nodes: di
     sources = sorted(i for i in nodes if i < graph.adjacency_matrix.shape[0] - graph.n_logits)
     notes.info(heads_cost(fp.lm.info, graph.n_pos, len(links), len({t for t, _ in links}),
                           len({s for _, s in links}), len(sources), batch, fp.lm.device.type).line())
-    with notes.status(f"splitting {len(links)} edges by head"):
+    with notes.status(f"splitting {counted(len(links), 'edge')} by head"):
         att = ch.attention(fp, links, n, sources, batch)
     for link, sp in zip(data["links"], att.splits):
         link["heads"] = ch.link_heads(sp)

@@ -139,8 +139,8 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
                          bos=bos, max_tokens=opts.max_tokens))
     if len(wins) < 2:
         tokens = sum(map(len, wins))
-        raise UsageError(f"the corpus gives {tokens} tokens, under two --ctx {ctx} windows (one is held out): "
-                         "give more text or a smaller --ctx")
+        raise UsageError(f"the corpus gives {counted(tokens, 'token')}, under two --ctx {ctx} windows (one is "
+                         "held out): give more text or a smaller --ctx")
     d_sae = opts.d_sae or 8 * info.d_model
     if opts.k > d_sae:
         raise UsageError(f"--k {opts.k} is above d_sae {d_sae}")
@@ -215,9 +215,9 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
             f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx}; {int(cost['rows']):,} rows, each window's "
             f"first position left out) x {counted(opts.epochs, 'epoch')}, the next "
-            f"{len(plan.windows[-1])} tokens held out: "
+            f"{counted(len(plan.windows[-1]), 'token')} held out: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
-            f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
+            f"of {counted(len(plan.points), 'hook point')} in one pass, "
             f"{human_bytes(cost['activation_bytes'])}; " + ("the coder with Adam's state" if opts.clt else
                                                      f"one {what} with Adam's state at a time") + ")")
 
@@ -236,10 +236,10 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit | SaeE
     from anatomy_cli.engine import sae_fit
 
     cost = estimate(lm, opts, plan)
-    line = cost_line(opts, plan, cost)
+    said = cost_line(opts, plan, cost)
     if opts.estimate:
-        return SaeEstimate(out=str(opts.out), line=line, cost=cost_record(cost))
-    notes.info(line)
+        return SaeEstimate(out=str(opts.out), line=said, cost=cost_record(cost))
+    notes.info(said)
     timings = cost["estimate"].timings()
     start = time.perf_counter()
     with timings.phase(PHASES[0]), notes.status("fit-sae: collecting activations") as line:

@@ -50,12 +50,14 @@ def report(lm: LoadedModel, result: SaeFit | SaeEstimate) -> Report:
     kind, sparsity = recipe(result.k, result.jumprelu)
     heading = [f"fit-sae · {model_label(lm)} · {kind} {what} {where}",
                f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, {sparsity}; {result.tokens:,} tokens "
-               f"x {counted(result.epochs, 'epoch')} ({first.steps} steps per block, lr {result.lr:.2g}, trainer "
-               f"{result.trainer}) in {result.seconds:.1f} s ({result.collect_seconds:.1f} s collecting, one pass)"]
-    notes = [f"health on the held-out window ({result.held_out_tokens} tokens): read it on any prompt with "
+               f"x {counted(result.epochs, 'epoch')} ({counted(first.steps, 'step')} per block, lr {result.lr:.2g}, "
+               f"trainer {result.trainer}) in {result.seconds:.1f} s ({result.collect_seconds:.1f} s collecting, one "
+               "pass)"]
+    held = counted(result.held_out_tokens, "token")
+    notes = [f"health on the held-out window ({held}): read it on any prompt with "
              f"anatomy sae PROMPT --sae {first.folder}"]
     if result.clt is not None:
-        notes = [f"held-out window ({result.held_out_tokens} tokens): held_out_fve and held_out_l0_mean as written "
+        notes = [f"held-out window ({held}): held_out_fve and held_out_l0_mean as written "
                  f"(JumpReLU thresholds: {result.clt['thresholds']}); fve_topk in the JSON as trained; the loss is "
                  f"the sum of the blocks' FVU (fvu_first, fvu_last: its mean per block)"]
     if result.transcoder and [b.layer for b in result.blocks] == list(range(lm.info.n_layers)):
