@@ -139,15 +139,13 @@ class SpliceRun:
 
 
 def _module_point(lm: LoadedModel, point: str) -> tuple[torch.nn.Module, Side]:
-    """``(module, side)`` of a hook point, or of the MLP's input (``blocks.N.mlp.hook_in``: the input of the
-    block's feed-forward module, engine/replacement.py ``mlp_module``)."""
-    if not sites.is_point(point, sites.Point.mlp_in):
-        module, side = lm.points[point]
-        return module, "input" if side == "input" else "output"
-    if lm.adapter.mlp_out.flat:  # OPT: its MLP sees [batch * pos, d]
-        raise UsageError(f"{lm.name}'s MLP input is not a hook point anatomy can read ({lm.adapter.name})")
-    return mlp_module(lm, names.layer_of(point)), "input"  # circuit's transcoder input too (not hook_mlp_out's
-    # module: Gemma 2/3's is the norm after the MLP)
+    """``(module, side)`` of a hook point; the MLP's input (``blocks.N.mlp.hook_in``, the input of the block's
+    feed-forward module: engine/hooks.py ``mlp_of``, circuit's transcoder input too) is one wherever the family's
+    MLP input can be read, else refused (engine/replacement.py ``mlp_module`` says why)."""
+    if point not in lm.points and sites.is_point(point, sites.Point.mlp_in):
+        return mlp_module(lm, names.layer_of(point)), "input"  # raises: OPT's MLP sees [batch * pos, d]
+    module, side = lm.points[point]
+    return module, "input" if side == "input" else "output"
 
 
 Where = tuple[torch.nn.Module, Side]
