@@ -128,6 +128,11 @@ def test_circuit_says_when_its_transcoders_are_too_weak(tiny_model_dir, tiny_lm,
                                                  f"the transcoders are too weak to read at {lm.n_layers} of "
                                                  f"{lm.n_layers} blocks on this prompt (FVE under 0.5 of the MLP output"]
     assert all(f"warning: {w}" in res.stderr.splitlines() for w in warned), res.stderr
+    # --estimate computes no graph: its JSON has the encoding's warning alone
+    res = CliRunner().invoke(app, ["circuit", long, "--model", model, "--transcoders", str(tdir), "--truncate", "left",
+                                   "--estimate", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["warnings"] == warned[:1] and f"warning: {warned[0]}" in res.stderr.splitlines()
 
 
 def test_fve_is_the_mlp_outputs_by_hand(tiny_lm):

@@ -116,15 +116,16 @@ def _no_labels() -> BlockLabels:
     return BlockLabels()
 
 
-def estimate(info: ModelInfo, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str
-             ) -> list[CircuitEstimate]:
+def estimate(info: ModelInfo, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str,
+             warned: Sequence[str] = ()) -> list[CircuitEstimate]:
     """``--estimate``: per prompt the graph's size, memory and time from the model's shape (``info``: config or
     header), the transcoders' headers and the token count; no weight is read. ``device``: ``--device``
-    (``auto`` resolved as loading resolves it)."""
+    (``auto`` resolved as loading resolves it); ``warned``: each estimate's ``warnings`` (:func:`run`'s)."""
     from anatomy_cli.engine.loading import resolve_device
 
     kind = resolve_device(device).type
-    return [_estimate.estimate(info, plan.transcoders, len(enc), opts, kind) for enc in encoded]
+    return [replace(_estimate.estimate(info, plan.transcoders, len(enc), opts, kind), warnings=tuple(warned))
+            for enc in encoded]
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, *,
@@ -135,7 +136,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: Cir
     the model and encoding the prompts warned of: the CLI's) then those said while its graph was computed (stderr
     has them too). On one thread on a busy machine (:func:`~anatomy_cli.tasks.session.busy_threads`)."""
     if opts.estimate:
-        return estimate(lm.info, encoded, opts, plan, str(lm.device))
+        return estimate(lm.info, encoded, opts, plan, str(lm.device), warned)
     from anatomy_cli.engine.replacement import open_transcoders
 
     out = []

@@ -80,7 +80,7 @@ def circuit_command(
         opened, encoded = open_texts(texts, spec, prompts)
         plan = task.check(opened, opts)
         if opts.estimate:
-            estimates = task.estimate(opened.info, encoded, opts, plan, spec.device)
+            estimates = task.estimate(opened.info, encoded, opts, plan, spec.device, warned)
             emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt,
                          from_stdin=prompt == "-")
             return
