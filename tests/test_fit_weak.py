@@ -128,6 +128,15 @@ def test_circuit_says_when_its_transcoders_are_too_weak(tiny_model_dir, tiny_lm,
                                                  f"the transcoders are too weak to read at {lm.n_layers} of "
                                                  f"{lm.n_layers} blocks on this prompt (FVE under 0.5 of the MLP output"]
     assert all(f"warning: {w}" in res.stderr.splitlines() for w in warned), res.stderr
+    # the Python API's Result carries the same warnings as the notes it said them to
+    from anatomy_cli.tasks import notes
+    from anatomy_cli.text.options import PromptOptions
+
+    said = notes.Collected()
+    with notes.using_notes(said):
+        r = api.circuit(lm, long, transcoders=str(tdir), max_feature_nodes=8, prompts=PromptOptions(truncate="left"))
+    assert r.data["warnings"] == said.warnings and [w.split(";")[0] for w in said.warnings] == \
+        [f"prompt is {n} tokens", warned[1].split(";")[0]]
     # --estimate computes no graph: its JSON has the encoding's warning alone
     res = CliRunner().invoke(app, ["circuit", long, "--model", model, "--transcoders", str(tdir), "--truncate", "left",
                                    "--estimate", "-f", "json"])
