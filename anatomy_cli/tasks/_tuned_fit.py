@@ -136,7 +136,7 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
         notes.info(f"the corpus has {used:,} tokens, fewer than --tokens {opts.tokens:,}: training on all of them")
     steps = min(opts.steps, n)
     if steps < opts.steps:
-        notes.info(f"{counted(n, 'window')} of up to {plan.ctx} tokens: {counted(steps, 'step')}, not {opts.steps:,} "
+        notes.info(f"{counted(n, 'window')} of up to {plan.ctx:,} tokens: {counted(steps, 'step')}, not {opts.steps:,} "
                    "(one window per step at least)")
     flops, memory, est = _announce(lm, wins, steps, plan.ctx, reading)
     timings = est.timings()

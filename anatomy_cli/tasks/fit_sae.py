@@ -213,7 +213,7 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx}; {int(cost['rows']):,} rows, each window's "
+            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx:,}; {int(cost['rows']):,} rows, each window's "
             f"first position left out) x {counted(opts.epochs, 'epoch')}, the next "
             f"{counted(len(plan.windows[-1]), 'token')} held out: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "

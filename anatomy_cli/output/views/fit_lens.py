@@ -52,7 +52,7 @@ def tuned_report(lm: LoadedModel, result: TunedFit) -> Report:
     data = {**records.model_record(lm), "kind": "tuned", **result.to_dict()}
     heading = [f"fit-lens tuned · {model_label(lm)} · {lm.n_layers} layers",
                f"wrote {result.out}: {counted(result.windows, 'window')} ({result.tokens:,} "
-               f"tokens of {result.corpus}, up to {result.ctx} each), {counted(result.steps, 'step')}, "
+               f"tokens of {result.corpus}, up to {result.ctx:,} each), {counted(result.steps, 'step')}, "
                f"SGD lr {result.lr:g} (Nesterov 0.9, weight decay 1e-3)"]
     notes = ["translator i reads residual row i (embed, then block i-1's output: transformers' hidden_states[i]); "
              "KL(final ‖ lens) in nats per token, the first step's windows through the zero lens (the logit lens), "
