@@ -133,8 +133,9 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: Cir
     """The graphs (``opts.estimate``: the estimates, on the loaded model's device). ``batch``: the prompts are a
     batch (the CLI: read from stdin; default: more than one), so ``--out`` and ``--json`` write one file per prompt,
     ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does. Each result's ``warnings``: ``warned`` (what opening
-    the model and encoding the prompts warned of: the CLI's) then those said while its graph was computed (stderr
-    has them too). On one thread on a busy machine (:func:`~anatomy_cli.tasks.session.busy_threads`)."""
+    the model and encoding the prompts warned of, as the CLI and the API driver record them) then those said while
+    its graph was computed (stderr has them too). On one thread on a busy machine
+    (:func:`~anatomy_cli.tasks.session.busy_threads`)."""
     if opts.estimate:
         return estimate(lm.info, encoded, opts, plan, str(lm.device), warned)
     from anatomy_cli.engine.replacement import open_transcoders
