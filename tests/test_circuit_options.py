@@ -174,7 +174,7 @@ def test_estimate_refuses_outputs(setting, monkeypatch, tmp_path, flag):
     def refuse(*_a, **_k):
         raise AssertionError("model opened")
 
-    monkeypatch.setattr(command, "open_prompts", refuse)
+    monkeypatch.setattr(command, "open_texts", refuse)
     monkeypatch.setattr(command, "load_weights", refuse)
     model, _, tdir, _ = setting
     path = tmp_path / ("graph.html" if flag == "--plot" else "graph.out")

@@ -186,7 +186,7 @@ def test_estimate_refuses_check_and_labels(tiny_model_dir, tiny_lm, tmp_path, mo
     def refuse(*_a, **_k):
         raise AssertionError("model opened")
 
-    monkeypatch.setattr(command, "open_prompts", refuse)
+    monkeypatch.setattr(command, "open_texts", refuse)
     lm = tiny_lm("llama")
     tdir = write_transcoder_set(tmp_path / "tc", lm, random_transcoders(lm))
     labels = tmp_path / "labels.json"

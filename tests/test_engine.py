@@ -80,14 +80,42 @@ def test_hook_z_is_the_output_projection_input(tiny_lm, arch):
         torch.testing.assert_close(sum(heads) + bias, out, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("arch, mlp", [("gpt2", "mlp"), ("gemma2", "mlp"), ("bert", "intermediate")])
+def test_mlp_hook_in_is_the_mlp_modules_input_on_dense_models(tiny_lm, arch, mlp):
+    """``blocks.N.mlp.hook_in`` is registered in every block (it was in MoE blocks only, while sae and circuit read
+    it): what anatomy.capture holds equals a forward pre-hook written here on the block's MLP module (Gemma 2: not
+    its hook_mlp_out module, the norm after the MLP; BERT: its intermediate)."""
+    import anatomy_cli as api
+
+    lm = tiny_lm(arch)
+    ids = torch.tensor([lm.tokenizer.hf("The quick brown fox jumps")["input_ids"]])
+    blocks = lm.model.base_model.get_submodule(lm.adapter.blocks)
+    seen = {}
+    handles = [blocks[b].get_submodule(mlp).register_forward_pre_hook(
+        lambda _m, args, b=b: seen.__setitem__(b, args[0].detach().clone())) for b in range(lm.n_layers)]
+    try:
+        with api.capture(lm, [*(f"blocks.{b}.mlp.hook_in" for b in range(lm.n_layers)), "blocks.1.hook_resid_mid"]
+                         ) as got, torch.no_grad():
+            lm.model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    assert sorted(seen) == list(range(lm.n_layers))
+    for b in range(lm.n_layers):
+        assert got[f"blocks.{b}.mlp.hook_in"].shape == (1, ids.shape[1], lm.d_model)
+        assert_close(got[f"blocks.{b}.mlp.hook_in"], seen[b], atol=0, rtol=0)
+    # pre-norm blocks: the MLP reads its norm's output, not the residual (BERT's post-norm block: the same tensor)
+    assert bool((got["blocks.1.mlp.hook_in"] - got["blocks.1.hook_resid_mid"]).abs().max() > 1e-3) is (arch != "bert")
+
+
 def test_hook_names(tiny_lm):
     names = engine.hook_names(tiny_lm("gpt2"))
     assert names[:3] == ["hook_embed", "hook_pos_embed", "blocks.0.hook_resid_pre"]
     assert names[-2:] == ["ln_final.hook_normalized", "logits"]
-    assert len([n for n in names if not sites.is_internal(n)]) == 2 + 6 * 2 + 2
-    assert names[3:14] == sites.names([0], "ln1_scale") + sites.names([0], "attn_q") + sites.names([0], "attn_k") \
+    assert len([n for n in names if not sites.is_internal(n)]) == 2 + 7 * 2 + 2  # mlp.hook_in in every block
+    assert names[3:15] == sites.names([0], "ln1_scale") + sites.names([0], "attn_q") + sites.names([0], "attn_k") \
         + [sites.name(0, p) for p in ("attn_v", "attn_scores", "attn_pattern", "attn_z", "attn_out", "resid_mid",
-                                      "ln2_scale", "mlp_pre")]
+                                      "ln2_scale", "mlp_in", "mlp_pre")]
     llama = engine.hook_names(tiny_lm("llama"))
     assert "hook_pos_embed" not in llama and "blocks.1.hook_resid_mid" in llama
     neox = engine.hook_names(tiny_lm("gpt_neox"))

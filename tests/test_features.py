@@ -736,7 +736,7 @@ def test_the_page_of_a_weak_dictionary_says_so_as_stderr_does(setup, tmp_path):
 
     model, sae, corpus, _ = setup
     copy = Path(shutil.copytree(sae, tmp_path / "sae"))
-    (copy / "anatomy-fit.json").write_text(json.dumps({"health": {"fve": 0.125}}))
+    (copy / "anatomy-fit.json").write_text(json.dumps({"health": {"fve": 0.125, "l0": [4] * 8}}))  # 8 positions
     page = tmp_path / "page.html"
     result = invoke("features", copy, "--corpus", corpus, "--model", model, "--device", "cpu", "--ctx", 16,
                     "--max-tokens", 32, "--features", "0-3", "--format", "json", "--plot", page)

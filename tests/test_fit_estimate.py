@@ -67,15 +67,19 @@ def _corpus(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("transcoder", [False, True])
-def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, clock, transcoder):
+def _slow_sae_fit(monkeypatch, clock):
+    """fit-sae's work costs fake seconds: a second per token of a collecting forward and of each held-out forward
+    (one clean, two per block spliced), per training step (a cross-layer one too); returns the windows each collecting pass read."""
+    from anatomy_cli.engine import clt_fit
     from anatomy_cli.engine import sae as engine_sae
     from anatomy_cli.engine import sae_fit
 
-    collect, train, held_out_forward = sae_fit.collect, sae_fit.train, engine_sae.forward
+    collect, train, held_out_forward, clt_step = sae_fit.collect, sae_fit.train, engine_sae.forward, clt_fit.step
+    passes = []
 
     def slow_collect(lm, windows, points, **kw):
         clock.t += sum(map(len, windows))  # a forward: a second per token
+        passes.append(len(windows))
         return collect(lm, windows, points, **kw)
 
     def slow_train(x, target, coder, *, progress=None, **kw):
@@ -91,14 +95,66 @@ def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, c
 
     monkeypatch.setattr(sae_fit, "collect", slow_collect)
     monkeypatch.setattr(sae_fit, "train", slow_train)
+    def slow_clt_step(*args, **kw):  # a cross-layer training step: a second too
+        clock.t += 1.0
+        return clt_step(*args, **kw)
+
     monkeypatch.setattr(engine_sae, "forward", slow_forward)
-    r = api.fit_sae(tiny_lm("gpt2"), _corpus(tmp_path), layer="0-1", out=tmp_path / "sae", ctx=16, max_tokens=160,
-                    epochs=2, batch_size=32, d_sae=32, k=4, transcoder=transcoder)
+    monkeypatch.setattr(clt_fit, "step", slow_clt_step)
+    return passes
+
+
+@pytest.mark.parametrize("transcoder", [False, True])
+def test_fit_sae_estimates_every_phase_it_runs(tiny_lm, tmp_path, monkeypatch, clock, transcoder):
+    _slow_sae_fit(monkeypatch, clock)
+    lm = tiny_lm("gpt2")
+    r = api.fit_sae(lm, _corpus(tmp_path), layer="0-1", out=tmp_path / "sae", ctx=16, max_tokens=160,
+                    epochs=1, batch_size=256, d_sae=32, k=4, transcoder=transcoder)
     timings = r.data["timings"]
     assert {p["phase"] for p in timings["phases"]} >= {"collecting activations", "training",
                                                        "writing and the held-out check", "loading the weights"}
     _phases_match(timings)
     assert r.data["cost"]["seconds"] == pytest.approx(timings["estimated_seconds"])
+    # one batch of every row (9 windows of 15 rows): one step, said in the singular (a trial read "1 steps")
+    from anatomy_cli.output.views import fit_sae as view
+
+    assert r.data["blocks"][0]["steps"] == -(-r.data["cost"]["rows"] // 256) == 1
+    assert "x 1 epoch (1 step per block," in view.report(lm, r.result).heading[1]
+
+
+@pytest.mark.parametrize("more", [(), ("--transcoder", "--clt")])
+def test_fit_sae_estimate_is_the_cost_a_run_prints_first_and_writes_nothing(tiny_model_dir, tmp_path, monkeypatch,
+                                                                            clock, more):
+    """Issue 62: `fit-sae --estimate` prints the cost as its result (stdout, exit 0) and stops: its figures are
+    those the run of the same command line prints first (the fake clock makes both runs' probes read alike), its
+    one collecting forward is the probe's (one window), and --out is not made."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from anatomy_cli.cli.main import app
+
+    passes = _slow_sae_fit(monkeypatch, clock)
+    out = tmp_path / "sae"
+    argv = ["fit-sae", str(_corpus(tmp_path)), "--model", str(tiny_model_dir("llama")), "--out", str(out),
+            "--layer", "all" if "--clt" in more else "0-1", "--ctx", "16", "--max-tokens", "64", "--epochs", "1",
+            "--batch-size", "32", "--d-sae", "16", "--k", "4", "--format", "json", *more]
+    runner = CliRunner()
+    said = runner.invoke(app, [*argv, "--estimate"])
+    assert said.exit_code == 0, said.output
+    assert not out.exists() and passes == [1]
+    estimate = json.loads(said.stdout)
+    assert "fit-sae: a TopK" not in said.stderr  # the cost is the result, not a line on stderr too
+    run = runner.invoke(app, argv)
+    assert run.exit_code == 0, run.output
+    fitted = json.loads(run.stdout)
+    assert estimate["estimate"] is True and estimate["out"] == fitted["out"] == str(out)
+    assert estimate["cost"] == fitted["cost"] and estimate["phases"] == fitted["cost"]["phases"]
+    assert estimate["line"] in run.stderr.splitlines()
+    assert estimate["cost"]["tokens"] == fitted["tokens"] and estimate["cost"]["blocks"] == len(fitted["blocks"])
+    training = [next(p["seconds"] for p in phases if p["phase"] == "training")
+                for phases in (estimate["phases"], fitted["timings"]["phases"])]
+    assert training[0] == pytest.approx(training[1]) and training[0] > 0
 
 
 def test_fit_sae_clt_estimates_its_thresholds_and_files(tiny_lm, tmp_path, monkeypatch, clock):

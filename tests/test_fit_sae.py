@@ -189,7 +189,6 @@ def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path)
     (["--layer", "1", "--out", "OUT"], "does not exist"),
     (["--layer", "1"], "Missing option '--out'"),
     (["--layer", "1", "--out", "OUT", "--k", "9", "--d-sae", "8"], "--d-sae 8 is below --k 9"),
-    (["--layer", "1", "--out", "OUT", "--max-tokens", "100", "--ctx", "64"], "under two --ctx 64 windows"),
     (["--layer", "1", "--out", "FULL"], "is not empty"),
     (["--layer", "0,all", "--out", "OUT"], "'all' stands alone"),
     (["--layer", "0", "--layer", "x", "--out", "OUT"], "--layer '0,x': give block numbers"),
@@ -215,6 +214,12 @@ def test_too_small_a_corpus_is_refused_before_the_weights_load(tiny_model_dir, t
     result = runner.invoke(app, ["fit-sae", str(tmp_path / "c.txt"), "--model", str(tiny_model_dir("gpt2")),
                                  "--layer", "1", "--out", str(tmp_path / "o"), "--ctx", "8", "--max-tokens", "64"])
     assert result.exit_code == 2 and "under two --ctx 8 windows" in result.output, result.output
+    # --max-tokens under two windows: refused once --ctx is known to fit the model (a --ctx past its context is
+    # that, not a budget: tests/test_trial_counts.py), still before the corpus is read or the weights load
+    result = runner.invoke(app, ["fit-sae", str(tmp_path / "c.txt"), "--model", str(tiny_model_dir("gpt2")),
+                                 "--layer", "1", "--out", str(tmp_path / "o"), "--max-tokens", "100", "--ctx", "64"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == ["error: --max-tokens 100 is under two --ctx 64 windows (one is held out)"]
     result = runner.invoke(app, ["fit-sae", str(tmp_path / "c.txt"), "--model", str(tiny_model_dir("gpt2")),
                                  "--layer", "7", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "--layer" in result.output, result.output
@@ -522,16 +527,21 @@ def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():
     opts = SimpleNamespace(transcoder=True, clt=False)  # what fit_notes reads of the options
     collected = notes.Collected()
     with notes.using_notes(collected):
-        fit_notes(opts, fits)
-    weak = [f.layer for f in fits if analysis.too_weak(f.health["fve"])]
+        fit_notes(opts, fits, 8)
+    weak = [f.layer for f in fits if analysis.too_weak(f.health["fve"], 8)]
     assert weak == [0, 2] and len(collected.warnings) == 1
     line = collected.warnings[0]
     assert "2 of 4 transcoders too weak to read (held-out FVE under 0.5: blocks 0,2)" in line
     assert "4 warnings on blocks 0,2-3" in line and "anatomy-fit.json" in line
     one = notes.Collected()
     with notes.using_notes(one):
-        fit_notes(opts, fits[:1])
+        fit_notes(opts, fits[:1], 8)
     assert one.warnings[:2] == ["block 0: FVE low", "block 0: KL high"] and "1 of 1 transcoders" in one.warnings[2]
+    short = notes.Collected()  # a held-out window of 7 positions: its FVEs say little, none is judged too weak
+    with notes.using_notes(short):
+        fit_notes(opts, fits, analysis.FVE_MIN_POSITIONS - 1)
+    assert [analysis.too_weak(f.health["fve"], analysis.FVE_MIN_POSITIONS - 1) for f in fits] == [False] * 4
+    assert len(short.warnings) == 1 and "too weak" not in short.warnings[0] and "4 warnings" in short.warnings[0]
 
 
 def test_collect_writes_each_batch_in_place_equal_to_plain_hooks(tiny_lm):
@@ -619,6 +629,6 @@ def test_one_epoch_is_said_in_the_singular(tiny_model_dir, corpus, tmp_path):
     result = fit(tiny_model_dir("gpt2"), corpus, tmp_path / "sae", "--epochs", "1", "--format", "table")
     assert result.exit_code == 0, result.output
     said = " ".join(result.stdout.split())
-    steps = int(re.search(r"x 1 epoch \((\d+) steps per block", said).group(1))
+    steps = int(re.search(r"x 1 epoch \((\d+) steps? per block", said).group(1))
     rows = int(re.search(r"wrote .*?; ([\d,]+) tokens x", said).group(1).replace(",", ""))
     assert "epochs" not in said and steps == -(-rows // 64), said

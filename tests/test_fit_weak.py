@@ -85,23 +85,63 @@ def test_fit_lens_checks_the_written_lens_on_held_out_text(tiny_lm, tmp_path):
 
 
 def test_circuit_says_when_its_transcoders_are_too_weak(tiny_model_dir, tiny_lm, tmp_path):
+    """On 8 positions or more (the prompt's 1..: FVE_MIN_POSITIONS, the rule sae's warnings apply); a shorter
+    prompt's FVE says little and is not judged (it was: circuit called 4 positions' FVE too weak)."""
     from test_circuit import random_transcoders
     from test_circuit import write_transcoder_set
 
     from anatomy_cli.analyses import circuit as algo
+    from anatomy_cli.analyses.sae import FVE_MIN_POSITIONS
     from anatomy_cli.analyses.sae import too_weak
 
     lm = tiny_lm("llama")
     tcs = random_transcoders(lm)
-    ids = torch.tensor(lm.tokenizer.hf("The capital of France is")["input_ids"])
-    fve = algo.setup(lm, ids, tcs).fve
-    weak = [layer for layer, f in enumerate(fve) if too_weak(f)]
-    assert weak  # random transcoders explain nothing
     tdir = write_transcoder_set(tmp_path / "tc", lm, tcs)
-    res = CliRunner().invoke(app, ["circuit", "The capital of France is", "--model", str(tiny_model_dir("llama")),
-                                   "--transcoders", str(tdir), "--max-feature-nodes", "8", "-f", "json"])
+    for prompt in (PROMPT, "The capital of France is"):  # FVE at positions 1..: 8 positions, then 4 (not judged)
+        ids = torch.tensor(lm.tokenizer.hf(prompt)["input_ids"])
+        fve = algo.setup(lm, ids, tcs).fve
+        assert all(f < 0.5 for f in fve)  # random transcoders explain nothing
+        weak = [layer for layer, f in enumerate(fve) if too_weak(f, len(ids) - 1)]
+        assert weak == (list(range(lm.n_layers)) if len(ids) - 1 >= FVE_MIN_POSITIONS else [])
+        graph = tmp_path / f"graph-{len(ids)}.json"
+        res = CliRunner().invoke(app, ["circuit", prompt, "--model", str(tiny_model_dir("llama")),
+                                       "--transcoders", str(tdir), "--max-feature-nodes", "8", "-f", "json",
+                                       "--json", str(graph)])
+        assert res.exit_code == 0, res.output
+        said = f"the transcoders are too weak to read at {len(weak)} of {lm.n_layers} blocks"
+        assert (said in res.stderr) is bool(weak) and ("too weak" in res.stderr) is bool(weak), res.stderr
+        # the result's JSON says its warnings too, always a list (empty: none); the Neuronpedia graph JSON
+        # (--json, circuit-tracer's own keys) does not
+        warned = [line.removeprefix("warning: ") for line in res.stderr.splitlines() if line.startswith("warning: ")]
+        assert json.loads(res.stdout)["warnings"] == warned and len(warned) == bool(weak)
+        assert sorted(json.loads(graph.read_text())) == ["links", "metadata", "nodes", "qParams"]
+    # a prompt over the context, kept by --truncate left: the encoding's warning comes first, then the graph's
+    long = " ".join([PROMPT] * 10)
+    n = len(lm.tokenizer.hf(long)["input_ids"])
+    assert n > lm.info.n_ctx
+    model = str(tiny_model_dir("llama"))
+    res = CliRunner().invoke(app, ["circuit", long, "--model", model, "--transcoders",
+                                   str(tdir), "--max-feature-nodes", "8", "--truncate", "left", "-f", "json"])
     assert res.exit_code == 0, res.output
-    assert f"the transcoders are too weak to read at {len(weak)} of {lm.n_layers} blocks" in res.stderr
+    warned = json.loads(res.stdout)["warnings"]
+    assert [w.split(":")[0] for w in warned] == [f"prompt is {n} tokens; {model} takes at most {lm.info.n_ctx}",
+                                                 f"the transcoders are too weak to read at {lm.n_layers} of "
+                                                 f"{lm.n_layers} blocks on this prompt (FVE under 0.5 of the MLP output"]
+    assert all(f"warning: {w}" in res.stderr.splitlines() for w in warned), res.stderr
+    # the Python API's Result carries the same warnings as the notes it said them to
+    from anatomy_cli.tasks import notes
+    from anatomy_cli.text.options import PromptOptions
+
+    said = notes.Collected()
+    with notes.using_notes(said):
+        r = api.circuit(lm, long, transcoders=str(tdir), max_feature_nodes=8, prompts=PromptOptions(truncate="left"))
+    assert r.data["warnings"] == said.warnings and [w.split(";")[0] for w in said.warnings] == \
+        [f"prompt is {n} tokens", warned[1].split(";")[0]]
+    # --estimate computes no graph: its JSON has the encoding's warning alone
+    res = CliRunner().invoke(app, ["circuit", long, "--model", model, "--transcoders", str(tdir), "--truncate", "left",
+                                   "--estimate", "-f", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["warnings"] == warned[:1] and f"warning: {warned[0]}" in res.stderr.splitlines()
 
 
 def test_fve_is_the_mlp_outputs_by_hand(tiny_lm):

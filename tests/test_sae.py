@@ -296,3 +296,59 @@ def test_warnings_for_a_prompt_past_context_and_another_bos_rule(tiny_model_dir,
     assert result.exit_code == 0, result.output
     assert "trained on contexts of 4" in result.stderr and "prepend_bos true" in result.stderr
     assert result.stdout.startswith("statistic\tvalue\tunit\n")
+
+
+def test_a_fit_sae_dictionary_s_health_runs_the_unmodified_forward_once(tiny_lm, tmp_path):
+    """A dictionary recording skipped_positions (as fit-sae writes it) is spliced twice, over every position (the
+    features) and with its first position kept (the health): one unmodified forward serves both, 5 forwards where
+    6 ran, and every figure is the one two independent splice runs give (each with its own unmodified forward)."""
+    import anatomy_cli as api
+    from anatomy_cli.analyses import sae as analysis
+    from anatomy_cli.engine import sae as engine_sae
+
+    folder = tmp_path / "layers.1"
+    shutil.copytree(FIXTURES / "sparsify" / "layers.1", folder)
+    cfg = json.loads((folder / "cfg.json").read_text())
+    (folder / "cfg.json").write_text(json.dumps({**cfg, "skipped_positions": 1}))
+    lm = tiny_lm("gpt2")
+    forwards = []
+    handle = lm.model.get_input_embeddings().register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        r = api.sae(lm, PROMPT, sae=folder)
+        n = len(forwards)
+        sae_file = read(folder)
+        ids = r.data["token_ids"]
+        d = Dictionary(sae_file)
+        whole = engine_sae.splice_run(lm, ids, d)
+        measured = engine_sae.splice_run(lm, ids, d, skip=1)
+    finally:
+        handle.remove()
+    assert n == 5 and len(forwards) == 5 + 6  # the two independent runs: three forwards each
+    assert r.result.health == analysis.health(measured, ids[1:], sae_file.stated_l0, skipped=1)
+    assert torch.equal(r.result.activations, whole.features.float().cpu())
+
+
+@pytest.mark.parametrize(("given", "taken"), [("64", 64), ("0", None), ("-3", None), ("true", None),
+                                              ('"64"', None), ("64.0", None), ("null", None)])
+def test_a_config_s_context_size_is_read_by_one_rule(tmp_path, given, taken):
+    """A positive whole number, else none, for every reader (models.sae.read.context_size): sparsify's cfg.json
+    (which took `true` as a context of 1 and 0 as one of 0), SAELens' (which took any value, a string too) and a
+    circuit-tracer config.yaml (whose rule was already this one). A context of 1 or 0 would warn on every prompt."""
+    from anatomy_cli.models import transcoders
+
+    value = json.loads(given)
+    sparsify = tmp_path / "layers.1"
+    shutil.copytree(FIXTURES / "sparsify" / "layers.1", sparsify)
+    cfg = json.loads((sparsify / "cfg.json").read_text())
+    (sparsify / "cfg.json").write_text(json.dumps({**cfg, "context_size": value}))
+    saelens = _copy(tmp_path)
+    cfg = json.loads((saelens / "cfg.json").read_text())
+    (saelens / "cfg.json").write_text(json.dumps({**cfg, "metadata": {**cfg["metadata"], "context_size": value}}))
+    ct = tmp_path / "ct"
+    ct.mkdir()
+    save_file({"W_enc": np.zeros((4, 3), np.float32), "W_dec": np.zeros((4, 3), np.float32),
+               "b_enc": np.zeros(4, np.float32), "b_dec": np.zeros(3, np.float32)}, str(ct / "layer_0.safetensors"))
+    (ct / "config.yaml").write_text("model_kind: transcoder_set\nfeature_input_hook: mlp.hook_in\n"
+                                    f"feature_output_hook: mlp.hook_out\ncontext_size: {given}\n"
+                                    "transcoders:\n  - layer_0.safetensors\n")
+    assert read(sparsify).context_size == read(saelens).context_size == transcoders.describe(ct).context_size == taken

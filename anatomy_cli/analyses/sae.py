@@ -98,11 +98,13 @@ KL_HIGH_NATS = 1.0  # spliced KL(p_clean || p_spliced) above this: warned
 FVE_MIN_POSITIONS = 8  # fewer measured positions: the FVE is not judged (a mean over 2-7 points is no baseline)
 
 
-def too_weak(fve: float | None) -> bool:
+def too_weak(fve: float | None, positions: int) -> bool:
     """A dictionary too weak to read: its reconstruction explains under :data:`FVE_LOW` of the activation's
-    variance (None: not measured, e.g. a one-token text, is not judged). What `fit-sae` (on its held-out window)
-    and `circuit` (on its prompt, per transcoder) say."""
-    return fve is not None and fve < FVE_LOW
+    variance over ``positions`` positions, at least :data:`FVE_MIN_POSITIONS` of them (None: not measured, e.g. a
+    one-token text, and an FVE over fewer positions, which says little, are not judged). What `sae`'s warnings,
+    `fit-sae` (on its held-out window), `features` (its fit report's) and `circuit` (on its prompt, per
+    transcoder) say."""
+    return fve is not None and positions >= FVE_MIN_POSITIONS and fve < FVE_LOW
 
 
 def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: bool | None, prompt_bos: bool | None,
@@ -124,15 +126,15 @@ def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: boo
                    f"is far from the SAE's training scale")
     if h.stated_l0 and not h.stated_l0 / 4 <= h.l0_mean <= h.stated_l0 * 4:
         out.append(f"mean L0 {h.l0_mean:.1f} is far from the {h.stated_l0:g} the SAE states")
-    if h.fve is not None and h.fve < FVE_LOW and len(h.l0) < FVE_MIN_POSITIONS:
-        out.append(f"FVE {h.fve:.3f} over {counted(len(h.l0), 'position')} says little about the fit (its variance "
+    fve = h.fve
+    if fve is not None and too_weak(fve, len(h.l0)):
+        out.append(f"FVE {fve:.3f} < 0: the reconstruction is worse than the {text}'s mean activation; the SAE does "
+                   f"not fit this model or site" if fve < 0 else f"FVE {fve:.3f} < {FVE_LOW}: the reconstruction "
+                   f"explains less than half of the activation's variance on this {text}; the SAE fits this model "
+                   f"or site poorly")
+    elif fve is not None and fve < FVE_LOW:  # not judged: too few positions
+        out.append(f"FVE {fve:.3f} over {counted(len(h.l0), 'position')} says little about the fit (its variance "
                    f"is around a {len(h.l0)}-position mean): judge it on {FVE_MIN_POSITIONS} positions or more")
-    elif h.fve is not None and h.fve < 0:
-        out.append(f"FVE {h.fve:.3f} < 0: the reconstruction is worse than the {text}'s mean activation; "
-                   f"the SAE does not fit this model or site")
-    elif h.fve is not None and h.fve < FVE_LOW:
-        out.append(f"FVE {h.fve:.3f} < {FVE_LOW}: the reconstruction explains less than half of the activation's "
-                   f"variance on this {text}; the SAE fits this model or site poorly")
     if h.kl_spliced_nats > KL_HIGH_NATS:
         out.append(f"KL {h.kl_spliced_nats:.2f} nats > {KL_HIGH_NATS:g} with the reconstruction spliced in: the "
                    f"model's next-token predictions change a lot; the SAE does not fit this model or site")

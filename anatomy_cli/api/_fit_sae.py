@@ -18,9 +18,12 @@ def fit_sae(model: Model, corpus: str | Path | list[str | Path], opts: fit_sae_t
     """`anatomy fit-sae CORPUS... --layer L --out DIR`: train a TopK SAE at the output of each block of ``layer``
     (``6``, ``"0-3"``, ``[2, 6]``, ``"all"``; or, with ``transcoder``, an MLP transcoder) on ``corpus`` (paths, as
     ``anatomy corpus`` reads them), the activations collected in one pass, and write each to ``out/layers.L``
-    (``out/layers.L.mlp``) in sparsify's format. ``result``: SaeFit; rows: ``blocks`` (one per block)."""
+    (``out/layers.L.mlp``) in sparsify's format. ``result``: SaeFit; rows: ``blocks`` (one per block).
+    ``estimate=True``: the cost alone (the weights load for its probes), nothing trained or written; ``result``:
+    SaeEstimate; rows: ``phases``."""
     first = opened(model)
     plan = fit_sae_task.check(first, opts)  # every refusal before the weights load
     lm = weights(first)
     result = fit_sae_task.run(lm, opts, plan)
-    return Result(fit_sae_task.COMMAND, result, view.report(lm, result).data, view.ROWS)
+    rows = view.ESTIMATE_ROWS if isinstance(result, fit_sae_task.SaeEstimate) else view.ROWS
+    return Result(fit_sae_task.COMMAND, result, view.report(lm, result).data, rows)

@@ -20,6 +20,7 @@ from anatomy_cli.api._results import Result
 from anatomy_cli.declare.inputs import Inputs
 from anatomy_cli.output.views import driven as views
 from anatomy_cli.tasks import driven
+from anatomy_cli.tasks import notes
 from anatomy_cli.text.options import PromptOptions
 
 One = Result | list[Result]
@@ -45,13 +46,15 @@ def run_prompts(task: ModuleType, view: ModuleType, model: Model, given: dict[st
     takes = driven.takes(task)
     arguments, single = read(takes, given)
     opts, texts = driven.texts(task, opts, arguments)
-    first = opened(model)
-    encoded = encode(first, texts, prompts, what=takes.what, truncate_hint=takes.truncate) if texts else []
-    plan = driven.check(task, first, opts, encoded)
-    lm = weights(first)
+    with notes.recorded() as warned:  # the task's run may carry them (driven.run)
+        first = opened(model)
+        encoded = encode(first, texts, prompts, what=takes.what, truncate_hint=takes.truncate) if texts else []
+        plan = driven.check(task, first, opts, encoded)
+        lm = weights(first)
     how = views.Shown(opts, plan)
     out = []
-    for enc, result in driven.units(task, encoded, task.run(lm, encoded, opts, plan, **views.run_kwargs(view, how))):
+    results = driven.run(task, lm, encoded, opts, plan, warned, **views.run_kwargs(view, how))
+    for enc, result in driven.units(task, encoded, results):
         args, kwargs = views.figure(view, lm, enc, result, how)
         data = views.report(view, lm, enc, result, how).data
         out.append(Result(task.COMMAND, driven.carried(task, result), data, view.ROWS, args, kwargs))

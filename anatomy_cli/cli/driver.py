@@ -38,6 +38,7 @@ from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import resolve_format
 from anatomy_cli.output.views import driven as views
 from anatomy_cli.tasks import driven
+from anatomy_cli.tasks import notes
 from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
 
@@ -74,12 +75,14 @@ def register(rec: Command) -> None:
         view = when_run(f"output.views.{rec.view}")
         stdin = any(a.prompts and given[a.name] == "-" for a in takes.arguments)
         opts, texts = driven.texts(task, opts, read(takes, given))
-        opened, encoded = (open_texts(texts, spec, prompts, what=takes.what, truncate_hint=takes.truncate) if texts
-                           else (open_model(spec), []))
-        plan = driven.check(task, opened, opts, encoded)
-        lm = load_weights(opened)
+        with notes.recorded() as warned:  # the task's run may carry them (driven.run)
+            opened, encoded = (open_texts(texts, spec, prompts, what=takes.what, truncate_hint=takes.truncate)
+                               if texts else (open_model(spec), []))
+            plan = driven.check(task, opened, opts, encoded)
+            lm = load_weights(opened)
         how = views.Shown(opts, plan, resolve_format(out.fmt), out.plot)
-        units = driven.units(task, encoded, task.run(lm, encoded, opts, plan, **views.run_kwargs(view, how)))
+        results = driven.run(task, lm, encoded, opts, plan, warned, **views.run_kwargs(view, how))
+        units = driven.units(task, encoded, results)
         steps = [lambda: draw_each(rec.name, out.plot, "-" if stdin else None,
                                    (views.figure(view, lm, enc, r, how) for enc, r in units)),
                  lambda: emit_prompts([views.report(view, lm, enc, r, how) for enc, r in units], how.fmt,

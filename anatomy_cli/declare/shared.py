@@ -50,6 +50,12 @@ def batch_size(default: int = 8, help: str = "Prompts per forward pass when read
     return option(default, "--batch-size", min=1, late=True, help=help)
 
 
+def estimate(help: str) -> bool:
+    """``--estimate`` (circuit, features, fit-sae): the expected cost is the result, and the command stops there;
+    ``help`` says what the cost counts and what the command still loads to tell it."""
+    return option(False, "--estimate", help=help)
+
+
 # --- decl-a
 LENS_METAVAR = "logit|tuned:DIR|jacobian:FILE"
 

@@ -91,8 +91,10 @@ def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
             P.attn_out: (block.get_submodule(adapter.attn_out.module), adapter.attn_out.side)}
         if has_mid and adapter.resid_mid is not None:  # has_mid: the adapter names a resid_mid
             inside[P.resid_mid] = (block.get_submodule(adapter.resid_mid.module), adapter.resid_mid.side)
+        mlp = mlp_of(block, adapter)
+        if mlp is not None:
+            inside[P.mlp_in] = (mlp, "input")
         if moe is not None and layer in moe.sparse_blocks:
-            inside[P.mlp_in] = (block.get_submodule(adapter.mlp_out.module), "input")
             for point, path in _moe.module_paths(moe).items():
                 inside[point] = (block.get_submodule(path), "output")
         inside[P.mlp_out] = (block.get_submodule(adapter.mlp_out.module), adapter.mlp_out.side)
@@ -105,6 +107,15 @@ def build_points(model: PreTrainedModel, adapter: Adapter, has_mid: bool,
     if has_unembed:
         points[W.logits.value] = (model.get_submodule(adapter.unembed), "output")
     return points
+
+
+def mlp_of(block: torch.nn.Module, adapter: Adapter) -> torch.nn.Module | None:
+    """The feed-forward module of ``block`` (the adapter's first ``mlp`` part: an MoE block's whole MoE module),
+    whose input is ``blocks.N.mlp.hook_in`` [batch, pos, d_model] (after the MLP's norm; a transcoder's input);
+    None where the family's MLP sees ``[batch * pos, d]`` (OPT: ``mlp_out.flat``) or has no module."""
+    if adapter.mlp_out.flat or not adapter.mlp:
+        return None
+    return optional_module(block, adapter.mlp[0])
 
 
 _NO_TAP = Tap("")

@@ -35,12 +35,14 @@ from typing import Union
 import torch
 
 from anatomy_cli.engine.hooks import attach_modules
+from anatomy_cli.engine.hooks import mlp_of
 from anatomy_cli.engine.model import LoadedModel
 from anatomy_cli.engine.norm_gain import centred as _centred
 from anatomy_cli.engine.norm_gain import eps as _eps
 from anatomy_cli.engine.norm_gain import mlp_norm_module
 from anatomy_cli.engine.norm_gain import normalized as _normalized
 from anatomy_cli.engine.norm_gain import probe as _probe
+from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.models import transcoders as tc_files
 
@@ -379,9 +381,11 @@ def frozen(lm: LoadedModel, freezer: Freezer | None = None) -> Iterator[Freezer]
 
 
 def mlp_module(lm: LoadedModel, layer: int) -> torch.nn.Module:
-    """The feed-forward module of block ``layer`` (its input is the transcoder's input, ``mlp.hook_in``)."""
-    block = lm.model.base_model.get_submodule(lm.adapter.blocks)[layer]
-    module: torch.nn.Module = block.get_submodule(lm.adapter.mlp[0])
+    """The feed-forward module of block ``layer`` (its input is the transcoder's input, ``mlp.hook_in``:
+    engine/hooks.py ``mlp_of``, the one rule). UsageError where the family's MLP input is not a hook point."""
+    module = mlp_of(lm.model.base_model.get_submodule(lm.adapter.blocks)[layer], lm.adapter)
+    if module is None:  # OPT: its MLP sees [batch * pos, d]
+        raise UsageError(f"{lm.name}'s MLP input is not a hook point anatomy can read ({lm.adapter.name})")
     return module
 
 

@@ -139,15 +139,13 @@ class SpliceRun:
 
 
 def _module_point(lm: LoadedModel, point: str) -> tuple[torch.nn.Module, Side]:
-    """``(module, side)`` of a hook point, or of the MLP's input (``blocks.N.mlp.hook_in``: the input of the
-    block's feed-forward module, engine/replacement.py ``mlp_module``)."""
-    if not sites.is_point(point, sites.Point.mlp_in):
-        module, side = lm.points[point]
-        return module, "input" if side == "input" else "output"
-    if lm.adapter.mlp_out.flat:  # OPT: its MLP sees [batch * pos, d]
-        raise UsageError(f"{lm.name}'s MLP input is not a hook point anatomy can read ({lm.adapter.name})")
-    return mlp_module(lm, names.layer_of(point)), "input"  # circuit's transcoder input too (not hook_mlp_out's
-    # module: Gemma 2/3's is the norm after the MLP)
+    """``(module, side)`` of a hook point; the MLP's input (``blocks.N.mlp.hook_in``, the input of the block's
+    feed-forward module: engine/hooks.py ``mlp_of``, circuit's transcoder input too) is one wherever the family's
+    MLP input can be read, else refused (engine/replacement.py ``mlp_module`` says why)."""
+    if point not in lm.points and sites.is_point(point, sites.Point.mlp_in):
+        return mlp_module(lm, names.layer_of(point)), "input"  # raises: OPT's MLP sees [batch * pos, d]
+    module, side = lm.points[point]
+    return module, "input" if side == "input" else "output"
 
 
 Where = tuple[torch.nn.Module, Side]
@@ -173,6 +171,15 @@ def site_norms(lm: LoadedModel, sae: SAEFile) -> tuple[NormGain | None, NormGain
 def _reading(lm: LoadedModel, point: str, norm: NormGain | None) -> str | Where:
     """Where the SAE's vector at ``point`` is read: the point, or (``norm``) the pre-MLP norm's input."""
     return point if norm is None else (mlp_norm_module(lm, names.layer_of(point)), "input")
+
+
+def readings(lm: LoadedModel, sae: SAEFile, norms: tuple[NormGain | None, NormGain | None] | None = None
+             ) -> tuple[str | Where, str | Where]:
+    """Where a splice of ``sae`` reads its input and its target in the unmodified forward (:func:`_reading` of its
+    two sites; ``norms``: :func:`site_norms`, found here when not given): what a :class:`CleanRun` shared by
+    several splices of one prompt must read."""
+    norm_in, norm_out = site_norms(lm, sae) if norms is None else norms
+    return _reading(lm, sae.site, norm_in), _reading(lm, sae.site_out, norm_out)
 
 
 @dataclass(frozen=True)
@@ -219,7 +226,7 @@ def splice_run(lm: LoadedModel, ids: list[int], sae: Dictionary, *, skip: int = 
     f = sae.file
     lm.model.eval()
     norm_in, norm_out = site_norms(lm, f)
-    reads = (_reading(lm, f.site, norm_in), _reading(lm, f.site_out, norm_out))
+    reads = readings(lm, f, (norm_in, norm_out))
     if clean is None or clean.ids != tuple(ids) or any(r not in clean.seen for r in reads):
         clean = clean_run(lm, ids, reads)
     logits, seen_in, seen_out = clean.logits, clean.seen[reads[0]], clean.seen[reads[1]]
@@ -309,4 +316,4 @@ def logit_effects(lm: LoadedModel, rows: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["CleanRun", "Dictionary", "SpliceRun", "clean_run", "decoder_lens", "feature_vector", "logit_effects",
-           "site_norms", "splice_run", "window_features"]
+           "readings", "site_norms", "splice_run", "window_features"]

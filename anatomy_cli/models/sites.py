@@ -31,9 +31,9 @@ ALL = "all"
 
 class Point(str, Enum):
     """A hook point inside block ``l``, by its key; the value is TransformerLens' name inside ``blocks.{l}.``.
-    All but ``ln2_normalized`` are registered by the engine (MoE blocks' ``mlp_in`` and router points only there;
-    ``resid_mid`` only in sequential blocks; the shared expert's only where the family has one; the
-    :data:`INTERNALS` where the family's modules expose them, engine/internals.py)."""
+    All but ``ln2_normalized`` are registered by the engine (``mlp_in`` where the MLP input is readable, not
+    OPT's; the router points in MoE blocks only; ``resid_mid`` only in sequential blocks; the shared expert's only
+    where the family has one; the :data:`INTERNALS` where the family's modules expose them, engine/internals.py)."""
 
     resid_pre = "hook_resid_pre"            # the block's input (block 0's: the embedding)
     ln1_scale = "ln1.hook_scale"            # the pre-attention norm's divisor sqrt(mean(x²) + eps) [batch, pos, 1]
@@ -48,7 +48,7 @@ class Point(str, Enum):
     attn_out = "hook_attn_out"              # what the attention adds to the residual stream
     resid_mid = "hook_resid_mid"            # after the attention, before the MLP (sequential blocks)
     ln2_scale = "ln2.hook_scale"            # the pre-MLP norm's divisor [batch, pos, 1]
-    mlp_in = "mlp.hook_in"                  # the MLP's input (registered in MoE blocks; a transcoder's input)
+    mlp_in = "mlp.hook_in"                  # the MLP module's input (a transcoder's input; engine/hooks.py mlp_of)
     router_logits = "mlp.hook_router_logits"        # MoE: the gate's output [batch, pos, n_experts]
     expert_indices = "mlp.hook_expert_indices"      # MoE: the chosen experts [batch, pos, k]
     expert_weights = "mlp.hook_expert_weights"      # MoE: their weights [batch, pos, k]

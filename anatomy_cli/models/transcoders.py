@@ -139,11 +139,11 @@ def _recorded(cfg: dict[str, Any]) -> dict[str, Any]:
     """What the config records of the fit: ``model_name`` (circuit-tracer's key; None where it names none) and
     ``context_size`` (SAELens' key, which circuit-tracer does not read: fit-sae --clt's windows; None where absent),
     ``skipped_positions`` (each window's first positions the fit left out; 0 where absent)."""
+    from anatomy_cli.models.sae.read import context_size
     from anatomy_cli.models.sae.read import skipped_positions
 
-    name, ctx = cfg.get("model_name"), cfg.get("context_size")
-    return {"model_name": str(name) if name else None,
-            "context_size": ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else None,
+    name = cfg.get("model_name")
+    return {"model_name": str(name) if name else None, "context_size": context_size(cfg.get("context_size")),
             "skipped_positions": skipped_positions(cfg.get("skipped_positions"))}
 
 

@@ -78,11 +78,11 @@ class CircuitEstimate:
     heads_passes: int = 0  # --heads: its batched replays (0: no --heads)
     heads_flops: float = 0.0
     heads_seconds_expected: float = 0.0
+    warnings: tuple[str, ...] = ()  # what opening the model and encoding the prompt warned of (the run's too)
 
     def to_dict(self) -> dict[str, Any]:
-        if self.heads_passes:
-            return dict(self.__dict__)
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("heads_")}
+        out = {k: v for k, v in self.__dict__.items() if self.heads_passes or not k.startswith("heads_")}
+        return {**out, "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)

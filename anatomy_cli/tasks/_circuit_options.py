@@ -74,8 +74,8 @@ class CircuitOptions(Declared):
         None, "--offload", metavar="cpu|disk", show_default=False,
         help="Keep the transcoders off the device (cpu) or on disk (disk: read a block's when it is used); a "
         "cross-layer transcoder's encoders so, its decoders read row by row either way.")
-    estimate: bool = option(False, "--estimate", help="Print the graph's size, memory and expected time, before any "
-                            "weight loads; compute nothing.")
+    estimate: bool = shared.estimate("Print the graph's size, memory and expected time, before any weight loads; "
+                                     "compute nothing.")
     ids: str = option(
         "current", "--ids", metavar="current|ct-0.5",
         help="Node ids of --json and the table: current (circuit-tracer's since its fix of issue #78: error nodes "

@@ -25,6 +25,7 @@ from anatomy_cli.tasks.recorded_model import chosen
 from anatomy_cli.tasks.session import describe
 from anatomy_cli.tasks.session import load_weights
 from anatomy_cli.tasks.session import open_model
+from anatomy_cli.units import counted
 from anatomy_cli.units import human_seconds
 
 
@@ -93,7 +94,7 @@ def cost_line(c: dict[str, Any]) -> str:
     tokens = f"about {c['tokens']:,} tokens (the corpus' bytes / 4)" if c["tokens_estimated"] else \
         f"{c['tokens']:,} tokens"
     shards = c["resumed_shards"]
-    left = (f", {c['resumed_tokens']:,} of them already in --out ({shards:,} shard{'s' if shards > 1 else ''}): "
+    left = (f", {c['resumed_tokens']:,} of them already in --out ({counted(shards, 'shard')}): "
             "what is left" if shards else "")
     return (f"features: {c['features']:,} features over {tokens}{left}: about {c['flops']:.2g} FLOP, roughly "
             f"{human_seconds(c['seconds'])} on {c['device']} (the pass, its forward through blocks 0-"

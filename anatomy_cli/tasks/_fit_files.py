@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from anatomy_cli.engine.checkpoint import Checkpoint
 from anatomy_cli.engine.checkpoint import JacobianProgress
 from anatomy_cli.tasks import notes
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.engine.estimate import EstimateRecord
@@ -41,5 +42,5 @@ def jacobian_progress(checkpoint: Checkpoint | None, blocks: tuple[int, ...], d_
     """``fit-lens jacobian``'s running sums, zero or resumed from ``checkpoint`` (a line says so)."""
     progress = JacobianProgress.start(checkpoint, blocks, d_model)
     if checkpoint is not None and progress.resumed:
-        notes.info(f"resuming from {checkpoint.path}: {len(progress.done)} of {n_prompts} prompts done")
+        notes.info(f"resuming from {checkpoint.path}: {len(progress.done):,} of {counted(n_prompts, 'prompt')} done")
     return progress

@@ -37,7 +37,8 @@ class FitSaeOptions(Declared):
     ``bandwidth`` (of the median starting threshold), the sparsity term's weight ``l0_coeff``, the target L0
     ``k``; per block written in SAELens' jumprelu format); ``max_tokens``,
     ``ctx``: the budget and the window (None: min(CTX, the model's context)); ``epochs``, ``batch_size``, ``lr``
-    (default sparsify's); ``seed``; ``overwrite``."""
+    (default sparsify's); ``seed``; ``overwrite``; ``estimate``: the result is the cost (:class:`SaeEstimate`
+    in tasks/fit_sae.py), nothing trained or written."""
 
     corpus: tuple[str, ...]  # CORPUS... (an input, no option: a path or a list of them, kept as texts)
     layer: int | str | tuple[int | str, ...] | list[int] = option(
@@ -76,6 +77,9 @@ class FitSaeOptions(Declared):
                                    "for a per-layer transcoder, TopK or JumpReLU; 1x for --clt).")
     seed: int = option(0, "--seed", metavar="N", help="Initialization and shuffling.")
     overwrite: bool = option(False, "--overwrite", help="Write into a folder that is not empty.")
+    estimate: bool = shared.estimate("Print the expected cost (tokens, each phase's time, memory) and stop: the "
+                                     "weights load for the probes that time the phases; nothing is trained or "
+                                     "written (--out is checked, not made).")
     checkpoint: Path | None = option(None, "--checkpoint", metavar="FILE", show_default=False,
                                      help="--clt: save the training's state here (coder, Adam, step) and resume from "
                                      "it when it exists (same settings and tokens only).")
@@ -107,9 +111,7 @@ class FitSaeOptions(Declared):
             raise UsageError(f"--bandwidth {self.bandwidth} is not above 0 (the kernel's width)")
         if self.lr is not None and not 0 < self.lr < 1:
             raise UsageError(f"--lr {self.lr} is outside (0, 1)")
-        self.check_clt()
-        if self.ctx is not None:
-            self.check_budget(self.ctx)
+        self.check_clt()  # --max-tokens against --ctx: in check, once --ctx is known to fit the model (check_budget)
 
     def check_budget(self, ctx: int) -> None:
         """UsageError when ``max_tokens`` holds under two windows of ``ctx`` tokens (one is held out)."""

@@ -30,6 +30,7 @@ from anatomy_cli.tasks._fit_files import FitCosts
 from anatomy_cli.tasks._fit_files import jacobian_progress
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions
 from anatomy_cli.tasks._fit_lens_options import FitLensPlan
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     import torch
@@ -97,7 +98,7 @@ def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions,
         else:
             sums, done, skipped = _fit_here(lm, ids, opts, plan)
     if skipped:
-        notes.warn(f"{skipped} prompt{'' if skipped == 1 else 's'} skipped: fewer than skip_first + 2 = "
+        notes.warn(f"{counted(skipped, 'prompt')} skipped: fewer than skip_first + 2 = "
                    f"{opts.skip_first + 2} tokens")
     d_model = lm.info.d_model
     state = jacobian_fit.lens_state(sums, done, d_model, getattr(torch, DTYPES[opts.dtype]))
@@ -202,9 +203,9 @@ def _announce(lm: Any, usable: list[list[int]], opts: FitLensOptions,
         checking = timing.Phase(PHASES[1], _lens_check.probe_seconds(lm, rows))
         where = lm.device.type
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun), fitting, checking))
-    notes.info(f"fit-lens jacobian: {len(usable)} prompt{'' if len(usable) == 1 else 's'}, "
+    notes.info(f"fit-lens jacobian: {counted(len(usable), 'prompt')}, "
                f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
-               f"{_blocks(plan.source_layers)} -> {plan.target_layer}, {passes} backward passes per prompt: about "
+               f"{_blocks(plan.source_layers)} -> {plan.target_layer}, {passes:,} backward passes per prompt: about "
                f"{flops:.2g} FLOP; {est.describe()} on {where}")
     return flops, est
 

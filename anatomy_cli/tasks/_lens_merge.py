@@ -13,6 +13,7 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
+from anatomy_cli.units import counted
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def refuse_overlaps(files: list[Path], states: list[dict[str, Any]]) -> None:
             if HASHES in a and HASHES in b:
                 shared = len(set(a[HASHES]) & set(b[HASHES]))
                 if shared:
-                    raise UsageError(f"fit-lens merge: {f} and {g} share {shared} prompt{'s' if shared > 1 else ''} "
+                    raise UsageError(f"fit-lens merge: {f} and {g} share {counted(shared, 'prompt')} "
                                      "(their prompt hashes): merged, each would count twice")
             elif int(a["n_prompts"]) == int(b["n_prompts"]) and sorted(a["J"]) == sorted(b["J"]) and all(
                     torch.equal(a["J"][k], b["J"][k]) for k in a["J"]):

@@ -39,6 +39,7 @@ from anatomy_cli.tasks._fit_files import FitCosts
 from anatomy_cli.tasks._fit_lens_options import TUNED_CTX
 from anatomy_cli.tasks._fit_lens_options import FitLensOptions
 from anatomy_cli.tasks._lens_check import fit_check
+from anatomy_cli.units import counted
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def run(lm: LoadedModel, opts: FitLensOptions, plan: TunedPlan) -> TunedFit:
         notes.info(f"the corpus has {used:,} tokens, fewer than --tokens {opts.tokens:,}: training on all of them")
     steps = min(opts.steps, n)
     if steps < opts.steps:
-        notes.info(f"{n} window{'' if n == 1 else 's'} of up to {plan.ctx} tokens: {steps} steps, not {opts.steps} "
+        notes.info(f"{counted(n, 'window')} of up to {plan.ctx:,} tokens: {counted(steps, 'step')}, not {opts.steps:,} "
                    "(one window per step at least)")
     flops, memory, est = _announce(lm, wins, steps, plan.ctx, reading)
     timings = est.timings()
@@ -179,7 +180,7 @@ def _train(lm: LoadedModel, lens: torch.nn.ModuleList, optim: tuple[torch.optim.
     ckpt = None if opts.checkpoint is None else Checkpoint(opts.checkpoint, settings, opts.checkpoint_every)
     resumed = None if ckpt is None else ckpt.load()
     if resumed is not None:
-        notes.info(f"resuming from {opts.checkpoint}: {int(resumed['step'])} of {steps} steps done")
+        notes.info(f"resuming from {opts.checkpoint}: {int(resumed['step']):,} of {counted(steps, 'step')} done")
     with notes.status("fit-lens tuned") as line:
         return tuned_fit.train(lm, lens, optim, wins, order, steps, checkpoint=ckpt, resumed=resumed,
                                report=line.update)
@@ -208,7 +209,7 @@ def _announce(lm: LoadedModel, wins: list[tuple[int, ...]], steps: int, ctx: int
     training = timing.Phase(PHASES[1], window * used / len(ids) + step * steps)
     est = timing.Estimate((timing.load_phase(lm), reading, timing.probes_phase(begun), training,
                            timing.Phase(PHASES[2], checking)))
-    notes.info(f"fit-lens tuned: {n} window{'' if n == 1 else 's'}, {used:,} tokens, {steps} step"
-               f"{'' if steps == 1 else 's'}, {lm.n_layers} translators: about {flops:.2g} FLOP; {est.describe()} "
+    notes.info(f"fit-lens tuned: {counted(n, 'window')}, {used:,} tokens, {counted(steps, 'step')}, "
+               f"{lm.n_layers} translators: about {flops:.2g} FLOP; {est.describe()} "
                f"on {lm.device.type}; memory about {human_bytes(memory)} (a rough estimate)")
     return flops, memory, est

@@ -19,6 +19,7 @@ from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.tasks.session import warn_cost
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -219,7 +220,7 @@ def _with_check(lm: LoadedModel, token_ids: Sequence[int], metric: Metric, resul
 def _unconverged(result: TokenAttribution) -> str:
     c = result.completeness
     assert c is not None
-    tries = ", ".join(f"{n} steps {e:.3g}" for n, e in c.tries)
+    tries = ", ".join(f"{counted(n, 'step')} {e:.3g}" for n, e in c.tries)
     return (f"integrated gradients did not converge: relative error {c.relative_error:.3g} > --max-rel-error "
             f"{c.max_rel_error:g} (sum of attributions {c.sum_attributions:.4f} vs f(x) - f(baseline) "
             f"{c.difference:.4f}; tried {tries}); raise --max-steps, try another --baseline, or pass "

@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -44,6 +46,7 @@ from anatomy_cli.tasks._circuit_options import CircuitOptions
 from anatomy_cli.tasks.session import busy_threads
 from anatomy_cli.text import targets
 from anatomy_cli.text.display import visible
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     import torch
@@ -113,25 +116,28 @@ def _no_labels() -> BlockLabels:
     return BlockLabels()
 
 
-def estimate(info: ModelInfo, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str
-             ) -> list[CircuitEstimate]:
+def estimate(info: ModelInfo, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, device: str,
+             warned: Sequence[str] = ()) -> list[CircuitEstimate]:
     """``--estimate``: per prompt the graph's size, memory and time from the model's shape (``info``: config or
     header), the transcoders' headers and the token count; no weight is read. ``device``: ``--device``
-    (``auto`` resolved as loading resolves it)."""
+    (``auto`` resolved as loading resolves it); ``warned``: each estimate's ``warnings`` (:func:`run`'s)."""
     from anatomy_cli.engine.loading import resolve_device
 
     kind = resolve_device(device).type
-    return [_estimate.estimate(info, plan.transcoders, len(enc), opts, kind) for enc in encoded]
+    return [replace(_estimate.estimate(info, plan.transcoders, len(enc), opts, kind), warnings=tuple(warned))
+            for enc in encoded]
 
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: CircuitPlan, *,
-        batch: bool | None = None) -> list[CircuitResult] | list[CircuitEstimate]:
+        batch: bool | None = None, warned: Sequence[str] = ()) -> list[CircuitResult] | list[CircuitEstimate]:
     """The graphs (``opts.estimate``: the estimates, on the loaded model's device). ``batch``: the prompts are a
     batch (the CLI: read from stdin; default: more than one), so ``--out`` and ``--json`` write one file per prompt,
-    ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does. On one thread on a busy machine
+    ``FILE-1.json``, ``FILE-2.json``, ... as ``--plot`` does. Each result's ``warnings``: ``warned`` (what opening
+    the model and encoding the prompts warned of, as the CLI and the API driver record them) then those said while
+    its graph was computed (stderr has them too). On one thread on a busy machine
     (:func:`~anatomy_cli.tasks.session.busy_threads`)."""
     if opts.estimate:
-        return estimate(lm.info, encoded, opts, plan, str(lm.device))
+        return estimate(lm.info, encoded, opts, plan, str(lm.device), warned)
     from anatomy_cli.engine.replacement import open_transcoders
 
     out = []
@@ -141,8 +147,9 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: CircuitOptions, plan: Cir
     numbered = len(encoded) > 1 if batch is None else batch
     with busy_threads(COMMAND):
         for i, enc in enumerate(encoded, start=1):
-            with notes.status(f"attributing {len(enc)} tokens"):
-                out.append(one(lm, enc, transcoders, opts, plan, i if numbered else None))
+            with notes.status(f"attributing {counted(len(enc), 'token')}"), notes.recorded() as said:
+                res = one(lm, enc, transcoders, opts, plan, i if numbered else None)
+            out.append(replace(res, warnings=(*warned, *said)))
     return out
 
 
@@ -177,6 +184,7 @@ class CircuitResult:
     completeness_score: float
     checks: tuple[EdgeCheck, ...] = ()
     attention: Attention | None = None  # --heads
+    warnings: tuple[str, ...] = ()  # what the run warned of on stderr (:func:`run`): the JSON's ``warnings``
 
     def to_dict(self) -> dict[str, Any]:
         g = self.graph
@@ -187,7 +195,7 @@ class CircuitResult:
             "targets": [{"token": t, "id": i, "prob": float(p)} for (t, i), p in
                         zip(g.logit_targets, g.logit_probabilities.tolist())],
             "replacement_score": self.replacement_score, "completeness_score": self.completeness_score,
-            "paths": [p.to_dict() for p in self.paths]}
+            "paths": [p.to_dict() for p in self.paths], "warnings": list(self.warnings)}
         if "feature_labels" in self.json["metadata"]:  # the labels' sources, top tokens, dashboards (label_metadata)
             out["feature_labels"] = self.json["metadata"]["feature_labels"]
         if self.checks:
@@ -224,7 +232,9 @@ def one(lm: LoadedModel, enc: Encoded, transcoders: Transcoders, opts: CircuitOp
     if len(ids) < 2:
         raise UsageError("circuit needs a prompt of at least 2 tokens (position 0 carries no features)")
     s = algo.setup(lm, ids, transcoders)
-    _weak_note(s.fve)
+    weak = weak_line(s.fve, len(ids) - 1)  # FVE at positions 1..
+    if weak is not None:
+        notes.warn(weak)
     targets, probs = _targets(opts, plan, s.logits)
     adjacency, selected, s = algo.attribute(lm, ids, transcoders, targets, probs, batch_size=opts.batch_size,
                                             max_feature_nodes=opts.max_feature_nodes,
@@ -275,7 +285,7 @@ def _attention(fp: FrozenPrompt, graph: CircuitGraph, pr: PruneResult, nodes: di
     sources = sorted(i for i in nodes if i < graph.adjacency_matrix.shape[0] - graph.n_logits)
     notes.info(heads_cost(fp.lm.info, graph.n_pos, len(links), len({t for t, _ in links}),
                           len({s for _, s in links}), len(sources), batch, fp.lm.device.type).line())
-    with notes.status(f"splitting {len(links)} edges by head"):
+    with notes.status(f"splitting {counted(len(links), 'edge')} by head"):
         att = ch.attention(fp, links, n, sources, batch)
     for link, sp in zip(data["links"], att.splits):
         link["heads"] = ch.link_heads(sp)
@@ -293,18 +303,19 @@ def numbered(path: str, index: int | None) -> str:
     return str(p.with_name(f"{p.stem}-{index}{p.suffix}"))
 
 
-def _weak_note(fve: tuple[float | None, ...]) -> None:
-    """One line when transcoders are too weak to read on this prompt (:func:`anatomy_cli.analyses.sae.too_weak`:
-    the rule fit-sae applies on its held-out window): their features explain little, the graph is mostly error
-    nodes."""
+def weak_line(fve: tuple[float | None, ...], positions: int) -> str | None:
+    """The warning when transcoders are too weak to read on this prompt (:func:`anatomy_cli.analyses.sae.too_weak`:
+    the rule fit-sae applies on its held-out window; ``positions``: those the FVE was measured on, a prompt of
+    fewer than 8 is not judged): their features explain little, the graph is mostly error nodes. None: none is."""
     from anatomy_cli.analyses.sae import FVE_LOW
     from anatomy_cli.analyses.sae import too_weak
 
-    weak = [layer for layer, f in enumerate(fve) if too_weak(f)]
-    if weak:
-        notes.warn(f"the transcoders are too weak to read at {len(weak)} of {len(fve)} blocks on this prompt (FVE "
-                   f"under {FVE_LOW} of the MLP output: {block_spans(weak)}): the graph is mostly error nodes; fit "
-                   "them on more text (docs/commands/sae.md#what-a-useful-fit-takes)")
+    weak = [layer for layer, f in enumerate(fve) if too_weak(f, positions)]
+    if not weak:
+        return None
+    return (f"the transcoders are too weak to read at {len(weak)} of {len(fve)} blocks on this prompt (FVE under "
+            f"{FVE_LOW} of the MLP output: {block_spans(weak)}): the graph is mostly error nodes; fit them on more "
+            "text (docs/commands/sae.md#what-a-useful-fit-takes)")
 
 
 def _cfg(lm: LoadedModel) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._attribution import TokenPair
 from anatomy_cli.text.positions import check_position
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.dla import Attribution
@@ -136,7 +137,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: DlaOptions, plan: DlaPlan
     pos = -1 if opts.position is None else opts.position
     target, foil = plan.ids["target"], plan.ids["foil"]
     assert target is not None
-    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+    with notes.status(f"running {counted(len(encoded), 'prompt')}"):
         caches = engine.run(lm, encoded, decompose.names(lm, by_head=by_head, by_expert=by_expert),
                             positions=[[pos]] * len(encoded), batch_size=opts.batch_size)
     unembedding = decompose.unembedding_direction(lm, target, foil)

@@ -7,6 +7,8 @@ CLI or API function of its own. The task module declares, once:
   ``API_HELP``: the API function's docstring (``help(anatomy.<function>)``);
 * ``check(opened, opts[, encoded]) -> plan``: every refusal before the weights load (``encoded``, the prompts,
   for a check with three parameters); ``run(lm, encoded, opts, plan)``: one result per prompt;
+* optionally a ``warned`` parameter of ``run``: the warnings said while the model opened and the texts were
+  encoded (circuit's JSON ``warnings``);
 * optionally ``carried(result)``: the object the API's ``Result`` carries where the task's result wraps it (dla's
   ``shown``); without it, the result itself;
 * optionally ``TAKES``: its arguments and texts (:class:`~anatomy_cli.declare.inputs.Inputs`; without it
@@ -31,6 +33,8 @@ from anatomy_cli.declare.inputs import PROMPTS
 from anatomy_cli.declare.inputs import Inputs
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from anatomy_cli.declare.commands import Command
     from anatomy_cli.engine import Encoded
     from anatomy_cli.tasks.protocol import Opened
@@ -49,6 +53,15 @@ def reads_prompts(task: ModuleType) -> bool:
 def check(task: ModuleType, opened: Opened, opts: object, encoded: list[Encoded]) -> object:
     """``task.check``, with the encoded prompts where it reads them: the plan, or the refusal."""
     return task.check(opened, opts, encoded) if reads_prompts(task) else task.check(opened, opts)
+
+
+def run(task: ModuleType, lm: Any, encoded: list[Encoded], opts: object, plan: object, warned: Sequence[str],
+        **kwargs: object) -> Any:
+    """``task.run``, given ``warned`` (what opening the model and encoding the texts warned of) where it takes a
+    ``warned`` parameter (circuit: its JSON's ``warnings`` start with them)."""
+    if "warned" in inspect.signature(task.run).parameters:
+        kwargs["warned"] = tuple(warned)
+    return task.run(lm, encoded, opts, plan, **kwargs)
 
 
 def carried(task: ModuleType, result: object) -> object:

@@ -80,7 +80,7 @@ class FeaturesOptions(Declared):
     show: int = option(SHOWN, "--show", min=0, metavar="N",
                        help="Rows of the table (and of tsv): the N most frequent features, with a line counting the "
                        "rest (0: every feature). --format json and --out's files always hold every feature.")
-    estimate: bool = option(False, "--estimate", help="Print the expected cost and stop (no weights load).")
+    estimate: bool = shared.estimate("Print the expected cost and stop (no weights load).")
     run: ShardRun = shared.shard_run()
 
     def __post_init__(self) -> None:
@@ -154,7 +154,8 @@ def check(opened: Any, opts: FeaturesOptions, sae_file: SAEFile) -> FeaturesPlan
 
 def weak_note(dictionary: Path) -> dict[str, Any] | None:
     """One warning when the fit report beside ``dictionary`` (models/sae/fit_report.py, written by fit-sae) gives
-    a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule).
+    a held-out FVE too weak to read (:func:`anatomy_cli.analyses.sae.too_weak`, fit-sae's and circuit's rule: on
+    8 positions or more).
     Returns what the JSON says of it (``fit_report``): ``path``, ``held_out_fve``, ``too_weak``, ``warning`` (the
     line, None when not weak); None where there is no report (the dictionary is not judged), or one that cannot be
     read: optional metadata (docs/commands/features.md#a-weak-dictionary), so a warning, not an error."""
@@ -168,13 +169,14 @@ def weak_note(dictionary: Path) -> dict[str, Any] | None:
         return None
     if found is None:
         return None
-    weak = too_weak(found[0])
-    warning = (f"the dictionary is too weak to read: its fit report ({found[1]}) gives a held-out FVE of "
-               f"{found[0]:.3f}, under {FVE_LOW}: its features explain little of the activation; fit it on more "
+    fve, positions, path = found
+    weak = too_weak(fve, positions)
+    warning = (f"the dictionary is too weak to read: its fit report ({path}) gives a held-out FVE of "
+               f"{fve:.3f}, under {FVE_LOW}: its features explain little of the activation; fit it on more "
                "tokens (docs/commands/sae.md#what-a-useful-fit-takes)") if weak else None
     if warning is not None:
         notes.warn(warning)
-    return {"path": str(found[1]), "held_out_fve": found[0], "too_weak": weak, "warning": warning}
+    return {"path": str(path), "held_out_fve": fve, "too_weak": weak, "warning": warning}
 
 
 def settings_of(opts: FeaturesOptions, plan: FeaturesPlan) -> Any:

@@ -88,6 +88,24 @@ class SaeFit:
         return d
 
 
+@dataclass(frozen=True)
+class SaeEstimate:
+    """``--estimate``: the cost a run of this plan prints first, nothing trained or written: its line (``line``)
+    and its record (``cost``, as :attr:`SaeFit.cost`: tokens, rows, blocks, seconds, bytes and every phase)."""
+
+    out: str
+    line: str
+    cost: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"estimate": True, **asdict(self)}
+
+
+def cost_record(cost: SaeCost) -> dict[str, Any]:
+    """:func:`estimate`'s figures as the JSON holds them: the quantities, then the total and each phase."""
+    return {**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()}
+
+
 def recipe(k: int, jumprelu: dict[str, float] | None) -> tuple[str, str]:
     """(the coder's kind, its sparsity setting) as the cost line and the report name them: ``("TopK", "k 32")``,
     ``("JumpReLU", "target L0 32, L0 coefficient 1")``."""
@@ -121,8 +139,8 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
                          bos=bos, max_tokens=opts.max_tokens))
     if len(wins) < 2:
         tokens = sum(map(len, wins))
-        raise UsageError(f"the corpus gives {tokens} tokens, under two --ctx {ctx} windows (one is held out): "
-                         "give more text or a smaller --ctx")
+        raise UsageError(f"the corpus gives {counted(tokens, 'token')}, under two --ctx {ctx} windows (one is "
+                         "held out): give more text or a smaller --ctx")
     d_sae = opts.d_sae or 8 * info.d_model
     if opts.k > d_sae:
         raise UsageError(f"--k {opts.k} is above d_sae {d_sae}")
@@ -195,29 +213,33 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx}; {int(cost['rows']):,} rows, each window's "
+            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx:,}; {int(cost['rows']):,} rows, each window's "
             f"first position left out) x {counted(opts.epochs, 'epoch')}, the next "
-            f"{len(plan.windows[-1])} tokens held out: "
+            f"{counted(len(plan.windows[-1]), 'token')} held out: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
-            f"of {len(plan.points)} hook point{'s' if len(plan.points) > 1 else ''} in one pass, "
+            f"of {counted(len(plan.points), 'hook point')} in one pass, "
             f"{human_bytes(cost['activation_bytes'])}; " + ("the coder with Adam's state" if opts.clt else
                                                      f"one {what} with Adam's state at a time") + ")")
 
 
-def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
+def run(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit | SaeEstimate:
     """Collect every block's activations in one pass, then per block: train, write, read back and splice into
     the held-out window (``clt``: one cross-layer transcoder over every block instead, tasks/_fit_clt.py); on a
-    busy machine with one thread (:func:`anatomy_cli.tasks.session.busy_threads`), the probes too."""
+    busy machine with one thread (:func:`anatomy_cli.tasks.session.busy_threads`), the probes too.
+    ``opts.estimate``: the cost alone (:class:`SaeEstimate`), from the probes a run makes first."""
     with busy_threads(COMMAND):
         return fit(lm, opts, plan)
 
 
-def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
-    """:func:`run`'s work: the estimate, the collecting pass, the fits."""
+def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit | SaeEstimate:
+    """:func:`run`'s work: the estimate (``opts.estimate``: only that), the collecting pass, the fits."""
     from anatomy_cli.engine import sae_fit
 
     cost = estimate(lm, opts, plan)
-    notes.info(cost_line(opts, plan, cost))
+    said = cost_line(opts, plan, cost)
+    if opts.estimate:
+        return SaeEstimate(out=str(opts.out), line=said, cost=cost_record(cost))
+    notes.info(said)
     timings = cost["estimate"].timings()
     start = time.perf_counter()
     with timings.phase(PHASES[0]), notes.status("fit-sae: collecting activations") as line:
@@ -230,11 +252,11 @@ def fit(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeFit:
         made = fit_clt(lm, opts, plan, acts, timings=timings, phases=PHASES[1:], start=start)
     else:
         made = per_layer(lm, opts, plan, acts, timings)
-    fit_notes(opts, made["blocks"])
+    fit_notes(opts, made["blocks"], sae_fit.rows(plan.windows[-1:]))
     return SaeFit(out=str(opts.out), transcoder=opts.transcoder, d_sae=plan.d_sae, k=opts.k,
                   tokens=sum(map(len, plan.windows[:-1])), held_out_tokens=len(plan.windows[-1]), epochs=opts.epochs,
                   collect_seconds=collect_seconds, seconds=time.perf_counter() - start,
-                  cost={**{k: v for k, v in cost.items() if k != "estimate"}, **cost["estimate"].to_dict()},
+                  cost=cost_record(cost),
                   timings=timings.to_dict(), jumprelu=opts.jumprelu, **made)
 
 
@@ -261,9 +283,10 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
     return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}
 
 
-def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
+def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> None:
     """The fits' warnings: one block's each on a line (``block L: ...``); of several blocks one line in all, naming
-    the blocks too weak to read on the held-out window (:func:`anatomy_cli.analyses.sae.too_weak`) and those with
+    the blocks too weak to read on the held-out window's ``positions`` (:func:`anatomy_cli.analyses.sae.too_weak`:
+    none under 8) and those with
     other warnings, whose text stays in the JSON's ``blocks[].warnings`` and each block's fit report (a fit of 30
     blocks said ~60 lines). Then what it takes to fit a useful one."""
     from anatomy_cli.analyses.sae import FVE_LOW
@@ -272,7 +295,7 @@ def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit]) -> None:
     if len(fits) == 1:
         for w in fits[0].warnings:
             notes.warn(f"block {fits[0].layer}: {w}")
-    weak = [f.layer for f in fits if too_weak(f.health.get("fve"))]
+    weak = [f.layer for f in fits if too_weak(f.health.get("fve"), positions)]
     warned = [f.layer for f in fits if f.warnings]
     what = "transcoder" if opts.transcoder else "SAE"
     parts = []

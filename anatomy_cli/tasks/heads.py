@@ -23,6 +23,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import cost
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.session import warn_cost
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -120,7 +121,7 @@ def check(opened: Opened, opts: HeadsOptions, encoded: Sequence[Encoded] = ()) -
 
 def run(lm: LoadedModel, encoded: list[Encoded], opts: HeadsOptions, plan: None = None) -> list[Scored]:
     """Every head's scores per prompt (the random sequence's own when there is none), sorted by ``opts.sort``."""
-    warn_cost(f"heads on {len(encoded) + 1} prompts", lm,
+    warn_cost(f"heads on {counted(len(encoded) + 1, 'prompt')}", lm,
               sum(cost.forward_flops(lm.info, n) for n in [*(len(e) for e in encoded), 2 * opts.seq_len]))
     with notes.status("heads") as line:
         return _score(lm, encoded, opts, line.counter("heads", "prompt layers"))

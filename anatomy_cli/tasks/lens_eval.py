@@ -32,6 +32,7 @@ from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.tasks.session import warn_cost
 from anatomy_cli.text.targets import single_token_forms
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     import torch
@@ -204,9 +205,10 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: LensEvalOptions, plan: Le
     for fitted in plan.fitted:
         if fitted is not None:
             check_unembed_hash(lm, fitted)
-    warn_cost(f"lens-eval on {len(encoded):,} prompts", lm, sum(cost.forward_flops(lm.info, len(e)) for e in encoded))
+    warn_cost(f"lens-eval on {counted(len(encoded), 'prompt')}", lm,
+              sum(cost.forward_flops(lm.info, len(e)) for e in encoded))
     positions = [readout(enc, opts.name) for enc in encoded]
-    with notes.status(f"running {lm.name} on {len(encoded)} prompts"):
+    with notes.status(f"running {lm.name} on {counted(len(encoded), 'prompt')}"):
         caches = engine.run(lm, encoded, engine.residual_names(lm), positions=[[p] for p in positions],
                             batch_size=opts.batch_size)
     scored = [i for i in opts.items if i.intermediates]

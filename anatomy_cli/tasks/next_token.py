@@ -20,6 +20,7 @@ from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._checks import TargetFields
 from anatomy_cli.tasks.session import describe
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.next_token import NextTokens
@@ -78,7 +79,7 @@ def check(opened: Opened, opts: NextOptions) -> NextPlan:
 def run(lm: LoadedModel, encoded: list[Encoded], opts: NextOptions, plan: NextPlan) -> list[NextTokens]:
     from anatomy_cli.analyses import next_token as analysis
 
-    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+    with notes.status(f"running {counted(len(encoded), 'prompt')}"):
         caches = engine.run(lm, encoded, ["logits"], positions=[[-1]] * len(encoded), batch_size=opts.batch_size)
     name_token = describe(lm)
     return [analysis.next_tokens(cache.logits[0], opts.k, name_token, target_id=plan.target_id) for cache in caches]

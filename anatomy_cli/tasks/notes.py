@@ -100,6 +100,33 @@ def info(message: str) -> None:
     current().info(message)
 
 
+@dataclass
+class _Recording:
+    """Notes that go where ``inner`` sends them, the warnings kept in ``kept`` too."""
+
+    inner: Notes
+    kept: list[str]
+
+    def warn(self, message: str) -> None:
+        self.kept.append(message)
+        self.inner.warn(message)
+
+    def info(self, message: str) -> None:
+        self.inner.info(message)
+
+    def status(self, message: str) -> AbstractContextManager[Progress]:
+        return self.inner.status(message)
+
+
+@contextmanager
+def recorded() -> Iterator[list[str]]:
+    """Inside the block the warnings go where they went (stderr for the CLI) and are kept, in order, in the list
+    yielded: a result that carries what its run warned of (circuit's JSON ``warnings``)."""
+    kept: list[str] = []
+    with using_notes(_Recording(current(), kept)):
+        yield kept
+
+
 class Cancelled(AnatomyError):
     """The run was cancelled from outside (its message says by what); exit 130, as an interrupted run."""
 

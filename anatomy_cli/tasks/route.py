@@ -18,6 +18,7 @@ from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.route import RouteRow
@@ -124,7 +125,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: RouteOptions, plan: Route
     moe = lm.info.moe
     assert moe is not None  # check() refused a dense model
     names = [sites.name(b, p) for b in plan.blocks for p in sites.ROUTER_POINTS]
-    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+    with notes.status(f"running {counted(len(encoded), 'prompt')}"):
         caches = engine.run(lm, encoded, names, batch_size=opts.batch_size)
     out = []
     for enc, cache in zip(encoded, caches):

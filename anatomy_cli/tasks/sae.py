@@ -118,9 +118,12 @@ def read_one(lm: LoadedModel, enc: Encoded, sae_file: SAEFile, dictionary: Dicti
     from anatomy_cli.engine import sae as engine_sae
 
     wanted = opts.wanted
-    run = engine_sae.splice_run(lm, list(enc.ids), dictionary)
+    ids = list(enc.ids)
     skip = health_skip(sae_file, len(enc))
-    measured = engine_sae.splice_run(lm, list(enc.ids), dictionary, skip=skip) if skip else run
+    # the unmodified forward once, for both splices where the health leaves positions out (was 6 forwards, now 5)
+    clean = engine_sae.clean_run(lm, ids, engine_sae.readings(lm, sae_file)) if skip else None
+    run = engine_sae.splice_run(lm, ids, dictionary, clean=clean)
+    measured = engine_sae.splice_run(lm, ids, dictionary, skip=skip, clean=clean) if skip else run
     health = analysis.health(measured, enc.ids[skip:], sae_file.stated_l0, skipped=skip)
     warnings = analysis.warnings(health, n_tokens=len(enc), context_size=sae_file.context_size,
                                  sae_bos=sae_file.prepend_bos, prompt_bos=enc.bos, centred=sae_file.centred,

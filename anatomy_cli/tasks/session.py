@@ -36,6 +36,7 @@ from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.length import check_length
 from anatomy_cli.text.options import PromptOptions
 from anatomy_cli.text.tokenization import starts_with_bos
+from anatomy_cli.units import counted
 from anatomy_cli.units import human_bytes
 
 if TYPE_CHECKING:
@@ -98,8 +99,8 @@ def encode(opened: OpenedModel | LoadedModel, texts: list[str], prompts: PromptO
         if prompts.bos and starts_with_bos(enc, tokenizer.bos_id):
             notes.warn(f"{which} already starts with the BOS token {enc.pieces[0]}: --bos adds no second one")
         if enc.dropped:
-            notes.warn(f"{which} is {len(enc) + enc.dropped} tokens; {opened.name} takes at most "
-                       f"{opened.info.n_ctx}: kept the last {len(enc)} (--truncate left)")
+            notes.warn(f"{which} is {counted(len(enc) + enc.dropped, 'token')}; {opened.name} takes at most "
+                       f"{opened.info.n_ctx:,}: kept the last {len(enc):,} (--truncate left)")
     if prompts.bos and encoded and encoded[0].bos is False:
         notes.warn(f"{opened.name}'s tokenizer has no BOS token: --bos adds nothing")
     return encoded
@@ -220,7 +221,7 @@ def prompt_line(enc: Encoded, width: int = 60) -> str:
     """``prompt 'Thank you very' · 3 tokens · bos: false (model default)`` for a heading; a long prompt is
     cut in the middle. The BOS part is left out for encoders (their tokenizer adds its own specials)."""
     text = enc.text if len(enc.text) <= width else enc.text[:width // 2 - 1] + " … " + enc.text[-(width // 2 - 2):]
-    line = f"prompt {text!r} · {len(enc)} token{'' if len(enc) == 1 else 's'}"
+    line = f"prompt {text!r} · {counted(len(enc), 'token')}"
     return line if enc.bos is None else f"{line} · {bos_text(enc)}"
 
 

@@ -22,6 +22,7 @@ from anatomy_cli.models import sites
 from anatomy_cli.models.capabilities import Need
 from anatomy_cli.models.capabilities import require
 from anatomy_cli.tasks import notes
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.steering import LayerDirection
@@ -142,7 +143,7 @@ def check(opened: Opened, opts: SteerOptions) -> SteerPlan:
 def run(lm: LoadedModel, encoded: list[Encoded], opts: SteerOptions, plan: SteerPlan) -> Steering:
     """Make the vector from ``encoded`` (the positive prompts, then the negative ones) and write the files."""
     pos, neg = opts.sides
-    with notes.status(f"running {len(encoded)} prompts"):
+    with notes.status(f"running {counted(len(encoded), 'prompt')}"):
         vector, dirs = make(lm, encoded[:len(pos)], encoded[len(pos):], plan.layers, opts.site, opts.reduce,
                             opts.method, opts.batch_size, list(pos), list(neg))
     saved = save_all(lm, vector, opts, plan.gguf_model)

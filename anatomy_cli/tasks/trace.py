@@ -25,6 +25,7 @@ from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.tasks.session import describe
 from anatomy_cli.text.positions import check_position
 from anatomy_cli.text.records import token_record
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.trace import Trace
@@ -119,7 +120,7 @@ def run(lm: LoadedModel, encoded: list[Encoded], opts: TraceOptions, plan: Trace
     names = engine.residual_names(lm) + engine.layer_names(lm, "attn_out") + engine.layer_names(lm, "mlp_out")
     if lm.has_unembed:
         names.append("logits")
-    with notes.status(f"running {len(encoded)} prompt{'' if len(encoded) == 1 else 's'}"):
+    with notes.status(f"running {counted(len(encoded), 'prompt')}"):
         caches = engine.run(lm, encoded, names, positions=positions, batch_size=opts.batch_size)
     name_token = describe(lm)
     target_id = plan.target_id

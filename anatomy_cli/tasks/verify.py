@@ -18,6 +18,7 @@ from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import AnatomyError
 from anatomy_cli.errors import UsageError
 from anatomy_cli.tasks import notes
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.verify.checks import Verification
@@ -119,4 +120,4 @@ def failure(result: Verification) -> str | None:
     failed = result.failed
     names = "; ".join(f"{section}: {c.label}" for section, c in failed[:12])
     more = f" and {len(failed) - 12} more" if len(failed) > 12 else ""
-    return f"{len(failed)} check{'s' if len(failed) != 1 else ''} failed: {names}{more}"
+    return f"{counted(len(failed), 'check')} failed: {names}{more}"

@@ -7,6 +7,7 @@ from typing import Protocol
 from anatomy_cli.errors import PromptTooLong
 from anatomy_cli.errors import UsageError
 from anatomy_cli.text.tokenization import Encoded
+from anatomy_cli.units import counted
 
 
 class HasContext(Protocol):
@@ -39,6 +40,6 @@ def check_length(lm: HasContext, encoded: list[Encoded], *, truncate: str | None
             out.append(enc.keep_last(limit))
         else:
             which = f"{what} {i + 1}" if len(encoded) > 1 else what
-            hint = f" (--truncate left keeps the last {limit})" if truncate_hint else ""
-            raise PromptTooLong(f"{which} is {len(enc)} tokens; {lm.name} takes at most {limit}{hint}")
+            hint = f" (--truncate left keeps the last {limit:,})" if truncate_hint else ""
+            raise PromptTooLong(f"{which} is {counted(len(enc), 'token')}; {lm.name} takes at most {limit:,}{hint}")
     return out

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from collections.abc import Sized
 
 from anatomy_cli.errors import UsageError
+from anatomy_cli.units import counted
 
 
 def check_position(position: int | None, encoded: Sequence[Sized], option: str = "--position") -> None:
@@ -21,5 +22,5 @@ def check_position(position: int | None, encoded: Sequence[Sized], option: str =
         n = len(enc)
         if not -n <= position < n:
             which = f"prompt {i}" if len(encoded) > 1 else "the prompt"
-            raise UsageError(f"{option} {position} is out of range: {which} has {n} token{'' if n == 1 else 's'} "
+            raise UsageError(f"{option} {position} is out of range: {which} has {counted(n, 'token')} "
                              f"(use 0..{n - 1}, or -{n}..-1 from the end)")

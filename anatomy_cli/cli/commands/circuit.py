@@ -12,7 +12,6 @@ from anatomy_cli.cli.commands._common import draw_and_emit
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import model_given
-from anatomy_cli.cli.commands._common import open_prompts
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import FormatOpt
 from anatomy_cli.cli.options import html_plot
@@ -22,7 +21,10 @@ from anatomy_cli.declare.commands import when_run
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import circuit as task
+from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.recorded_model import for_transcoders
+from anatomy_cli.tasks.session import open_texts
+from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
 
 if TYPE_CHECKING:
@@ -71,14 +73,18 @@ def circuit_command(
 
     if plot is not None and opts.estimate:
         raise UsageError("--estimate computes no graph: it draws no --plot (drop one of the two)")
+    texts = read_prompts(prompt)  # an empty PROMPT: a usage error before the transcoders or the model are read
     task.before_open(opts)
     spec = for_transcoders(spec, model_given(spec), opts.transcoders)  # no --model: the recorded one
-    opened, encoded = open_prompts(prompt, spec, prompts)
-    plan = task.check(opened, opts)
-    if opts.estimate:
-        estimates = task.estimate(opened.info, encoded, opts, plan, spec.device)
-        emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt, from_stdin=prompt == "-")
-        return
-    lm = load_weights(opened)
-    results: Sequence[CircuitResult | CircuitEstimate] = task.run(lm, encoded, opts, plan, batch=prompt == "-")
+    with notes.recorded() as warned:  # the JSON's `warnings` start with these (stderr has them as they come)
+        opened, encoded = open_texts(texts, spec, prompts)
+        plan = task.check(opened, opts)
+        if opts.estimate:
+            estimates = task.estimate(opened.info, encoded, opts, plan, spec.device, warned)
+            emit_prompts([view.report(opened, enc, e) for enc, e in zip(encoded, estimates)], fmt,
+                         from_stdin=prompt == "-")
+            return
+        lm = load_weights(opened)
+    results: Sequence[CircuitResult | CircuitEstimate] = task.run(lm, encoded, opts, plan, batch=prompt == "-",
+                                                                  warned=warned)
     draw_and_emit("circuit", view, lm, encoded, results, plot, fmt, prompt)

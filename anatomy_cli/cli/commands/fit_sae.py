@@ -38,7 +38,8 @@ def fit_sae_command(
     per block from the same --seed (a block's files are those a run of that block alone writes), with
     sparsify's own SparseCoder when eai-sparsify is installed (pip install -e '.[train]'). The expected cost
     (tokens; every phase's time, timed on this machine now: the load, collecting, training, the held-out check;
-    memory: the activations of every block at once) is printed first. Each written SAE is read back and spliced
+    memory: the activations of every block at once) is printed first; --estimate prints it as the result and
+    stops (the weights load for the probes; nothing is trained or written). Each written SAE is read back and spliced
     into a held-out window: its health is its row of the report (and its anatomy-fit.json); one block's
     warnings each on a line, several blocks' in one line naming the blocks too weak to read and those
     warned. See docs/commands/sae.md.
@@ -49,6 +50,7 @@ def fit_sae_command(
         anatomy fit-sae docs/ --model smollm2 --layer 15 --out ./my-sae --max-tokens 20000
         anatomy fit-sae corpus.jsonl --model gpt2 --layer 6 --transcoder --out ./tc --d-sae 6144 --k 64
         anatomy fit-sae docs/ --model smollm2 --layer all --transcoder --out ./tc --d-sae 1024 --k 16
+        anatomy fit-sae docs/ --model smollm2 --layer all --transcoder --out ./tc --d-sae 1024 --k 16 --estimate
     """
     view = when_run("output.views.fit_sae")
 

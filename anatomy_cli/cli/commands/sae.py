@@ -7,7 +7,6 @@ from anatomy_cli.cli.commands._common import draw_each
 from anatomy_cli.cli.commands._common import emit_prompts
 from anatomy_cli.cli.commands._common import load_weights
 from anatomy_cli.cli.commands._common import model_given
-from anatomy_cli.cli.commands._common import open_prompts
 from anatomy_cli.cli.declared import command
 from anatomy_cli.cli.options import Output
 from anatomy_cli.cli.options import model_options
@@ -17,6 +16,8 @@ from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import sae as task
 from anatomy_cli.tasks.recorded_model import for_dictionary
+from anatomy_cli.tasks.session import open_texts
+from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
 
 
@@ -51,8 +52,9 @@ def sae_command(
     plot, fmt = out.plot, out.fmt
     view = when_run("output.views.sae")
 
+    texts = read_prompts(prompt)  # an empty PROMPT: a usage error before the dictionary or the model are read
     spec = for_dictionary(spec, model_given(spec), opts.sae, opts.hook)  # no --model: the recorded one
-    opened, encoded = open_prompts(prompt, spec, prompts)
+    opened, encoded = open_texts(texts, spec, prompts)
     plan = task.check(opened, opts)
     lm = load_weights(opened)
     readings = task.run(lm, encoded, opts, plan)

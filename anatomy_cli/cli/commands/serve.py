@@ -27,6 +27,7 @@ from anatomy_cli.serve import client
 from anatomy_cli.serve import protocol
 from anatomy_cli.tasks import serve as task
 from anatomy_cli.tasks.notes import cancellable
+from anatomy_cli.units import counted
 
 JOB_COLUMNS = (Column("id", "id", "id"), Column("state", "state"), Column("since", "since"),
                Column("for_s", "for (s)", "float", 1), Column("command", "command"))
@@ -164,7 +165,7 @@ def _status_report(answer: protocol.Status) -> Report:
 
 def _cancel_report(answer: protocol.Cancelled) -> Report:
     jobs, missing = answer.get("cancelled", []), answer.get("not_found", [])
-    heading = [f"cancelled {len(jobs)} job{'' if len(jobs) == 1 else 's'}" + (
+    heading = [f"cancelled {counted(len(jobs), 'job')}" + (
         " (a running one stops at its next step)" if any(j["state"] == "running" for j in jobs) else "")]
     notes = [f"no job {i} (it finished, or never was: see serve --status)" for i in missing]
     return Report(data=answer, sections=[Section(JOB_COLUMNS, jobs, title="cancelled")], heading=heading,

@@ -19,6 +19,7 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import tokens as task
 from anatomy_cli.text.inputs import read_text_arg
+from anatomy_cli.units import counted
 
 _COLUMNS = (
     Column("index", "#", "int"),
@@ -69,12 +70,8 @@ def tokens(
     else:
         result = analysis.tokenize_tiktoken(source, opts.encoding or "gpt2", allow_special=allow_special)
     data = result.to_dict()
-    summary = (f"{_count(data['n_tokens'], 'token')}, {_count(data['n_characters'], 'character')}, "
-               f"{_count(data['n_bytes'], 'byte')} ({result.tokenizer})")
+    summary = (f"{counted(data['n_tokens'], 'token')}, {counted(data['n_characters'], 'character')}, "
+               f"{counted(data['n_bytes'], 'byte')} ({result.tokenizer})")
     if result.bos is not None:
         summary += f"; bos: {'true' if result.bos else 'false'} ({result.bos_source})"
     emit(Report(data=data, sections=[Section(columns=_COLUMNS, rows=data["tokens"])], notes=[summary]), fmt)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")

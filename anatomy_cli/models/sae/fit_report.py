@@ -18,10 +18,11 @@ def write(folder: str | Path, record: dict[str, object]) -> Path:
     return path
 
 
-def held_out_fve(dictionary: str | Path) -> tuple[float, Path] | None:
-    """``(the held-out FVE, the report's path)`` of the fit report beside ``dictionary`` (its folder, or the
-    folder holding its file); None where there is none, or it gives no FVE. ValueError (naming the file) where
-    one is there but cannot be read (not UTF-8 JSON, or no file)."""
+def held_out_fve(dictionary: str | Path) -> tuple[float, int, Path] | None:
+    """``(the held-out FVE, the positions it was measured on, the report's path)`` of the fit report beside
+    ``dictionary`` (its folder, or the folder holding its file): the positions are its health's per-position L0s;
+    None where there is none, or it gives no FVE or no L0s. ValueError (naming the file) where one is there but
+    cannot be read (not UTF-8 JSON, or no file)."""
     where = Path(dictionary)
     path = (where if where.is_dir() else where.parent) / FIT_REPORT
     try:
@@ -32,7 +33,7 @@ def held_out_fve(dictionary: str | Path) -> tuple[float, Path] | None:
         reason = "not JSON" if isinstance(e, ValueError) else type(e).__name__
         raise ValueError(f"{path} cannot be read ({reason})") from e
     try:
-        fve = report["health"]["fve"]
+        fve, l0 = report["health"]["fve"], report["health"]["l0"]
     except (KeyError, TypeError):
         return None
-    return (float(fve), path) if isinstance(fve, (int, float)) else None
+    return (float(fve), len(l0), path) if isinstance(fve, (int, float)) and isinstance(l0, list) else None

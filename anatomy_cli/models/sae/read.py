@@ -262,7 +262,7 @@ def _saelens(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
     return _build(folder, "saelens", arch, tensors, path, threshold=threshold, k=k, hook_in=str(hook_in),
                   hook_out=str(hook_out), subtract=bool(get("apply_b_dec_to_input", False)),
                   normalize=str(get("normalize_activations") or "none"), prepend_bos=get("prepend_bos"),
-                  context_size=get("context_size"), dtype=str(get("dtype", "float32")),
+                  context_size=context_size(get("context_size")), dtype=str(get("dtype", "float32")),
                   neuronpedia_id=get("neuronpedia_id"), model_name=get("model_name"),
                   stated_l0=_stated_l0(k, meta), centred=centred,
                   W_enc=_tensor(tensors, "W_enc", path), b_enc=_tensor(tensors, "b_enc", path),
@@ -270,10 +270,22 @@ def _saelens(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
                   skipped_positions=skipped_positions(get("skipped_positions")))
 
 
+def _positive(value: object) -> int | None:
+    """A config's count as the readers take it: a positive integer (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def skipped_positions(value: object) -> int:
     """A config's ``skipped_positions`` (each window's first positions fit-sae's rows left out); 0 where absent or
     not a positive integer (every other dictionary)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return _positive(value) or 0
+
+
+def context_size(value: object) -> int | None:
+    """A config's ``context_size`` (SAELens' key: the windows' length it was trained on; fit-sae writes it for
+    sparsify's and circuit-tracer's configs too); None where absent or not a positive integer (``0``, ``true``,
+    ``"64"``, ``64.0``), for every reader: a warning past it and ``features``' default window read it."""
+    return _positive(value)
 
 
 def _stated_l0(k: object, meta: Mapping[str, object]) -> float | None:
@@ -298,7 +310,7 @@ def _sparsify(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
     hook_name = hook or (str(cfg["hook_name"]) if cfg.get("hook_name") else folder.name)  # fit-sae records it
     return _build(folder, "sparsify", "topk", tensors, path, threshold=None, k=k, hook_in=hook_name,
                   hook_out=hook_name, subtract=not transcode, normalize="none", prepend_bos=None,
-                  context_size=cfg["context_size"] if isinstance(cfg.get("context_size"), int) else None,
+                  context_size=context_size(cfg.get("context_size")),
                   dtype="float32", neuronpedia_id=None,
                   model_name=str(cfg["model_name"]) if cfg.get("model_name") else None, stated_l0=float(k),
                   centred=False, W_enc=_tensor(tensors, "encoder.weight", path).T,

@@ -16,6 +16,7 @@ from anatomy_cli.output.plots._base import caption
 from anatomy_cli.output.plots._base import new_figure
 from anatomy_cli.output.plots._base import symmetric_limit
 from anatomy_cli.output.plots._text import token_label
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -67,7 +68,8 @@ def figure(result: TokenAttribution, what: str, cap: Caption) -> Figure:
                  label=f"attribution to {what}")
     notes = [f"f = {what} at the last position = {result.value:.4f}"]
     if result.completeness is not None and result.completeness.relative_error is not None:
-        notes.append(f"completeness: relative error {result.completeness.relative_error:.1e} at {result.steps} steps")
+        notes.append(f"completeness: relative error {result.completeness.relative_error:.1e} at "
+                     f"{counted(result.steps or 0, 'step')}")
     ax.set_title(f"which tokens drove {what}", fontsize=10)
     caption(fig, cap, notes)
     return fig

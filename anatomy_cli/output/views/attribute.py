@@ -16,6 +16,7 @@ from anatomy_cli.output.views.ablate import token_record
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.attribute import Agreement
@@ -55,7 +56,7 @@ def method_line(result: TokenAttribution) -> str:
     if result.method == "integrated-gradients":
         where = "" if result.layer is None or result.site is None else f" at {sites.name(result.layer, result.site)}"
         first = ", first position kept" if result.kept_first else ""
-        return f"integrated gradients{where}, {result.steps} steps, baseline {result.baseline}{first}"
+        return f"integrated gradients{where}, {counted(result.steps or 0, 'step')}, baseline {result.baseline}{first}"
     if result.method == "occlusion":
         return f"occlusion ({'token dropped' if result.baseline == 'drop' else f'replaced by {result.baseline}'})"
     return result.method

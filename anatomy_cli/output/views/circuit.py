@@ -15,6 +15,7 @@ from anatomy_cli.tasks.records import spec_record
 from anatomy_cli.tasks.session import model_label
 from anatomy_cli.tasks.session import prompt_line
 from anatomy_cli.tasks.session import prompt_record
+from anatomy_cli.units import counted
 from anatomy_cli.units import human_bytes
 from anatomy_cli.units import human_seconds
 
@@ -55,8 +56,8 @@ def report(lm: Any, enc: Encoded, result: CircuitResult | CircuitEstimate) -> Re
             for r in data["paths"]]
     first = data["targets"][0]
     heading = [f"circuit · {model_label(lm)}", prompt_line(enc),
-               f"{data['n_selected_features']} of {data['n_active_features']} active features · "
-               f"{data['n_kept_nodes']} nodes, {data['n_kept_edges']} edges kept"]
+               f"{data['n_selected_features']:,} of {counted(data['n_active_features'], 'active feature')} · "
+               f"{counted(data['n_kept_nodes'], 'node')}, {counted(data['n_kept_edges'], 'edge')} kept"]
     notes = [f"target {first['token']!r} (p={first['prob']:.3f}) of {len(data['targets'])} logit nodes; "
              f"replacement score {data['replacement_score']:.3f}, completeness {data['completeness_score']:.3f}",
              "weight: the direct effect on the target logit (demeaned) in the frozen replacement model"]
@@ -75,7 +76,7 @@ def report(lm: Any, enc: Encoded, result: CircuitResult | CircuitEstimate) -> Re
         notes += heads_notes(data.get("qk", []))
     if "check" in data:
         c = data["check"]
-        notes.append(f"--check: {c['n_edges']} edges re-measured by intervention, largest difference "
+        notes.append(f"--check: {counted(c['n_edges'], 'edge')} re-measured by intervention, largest difference "
                      f"{c['max_abs_error']:.2e} (relative {c['max_relative_error']:.2e})")
     return Report(data=data, sections=[Section(columns, rows, title="strongest paths to the target")],
                   heading=heading, notes=notes)

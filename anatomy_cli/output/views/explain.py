@@ -14,6 +14,7 @@ from anatomy_cli.output import plots
 from anatomy_cli.output.render import Column
 from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -102,10 +103,10 @@ def report(run: ExplainRun) -> Report:
         notes.append(f"{len(run.skipped)} features not explained (dead, or no context)")
     looped = sum(1 for r in run.records if r.get("loop"))
     if looped:
-        notes.append(f"{looped} explanation{'s' if looped > 1 else ''} cut where {'they' if looped > 1 else 'it'} "
+        notes.append(f"{counted(looped, 'explanation')} cut where {'they' if looped > 1 else 'it'} "
                      f"repeated a phrase {LOOP_TIMES}+ times (the explainer looped; the records' 'loop' says what)")
     if left_out:
-        notes.append(f"{left_out} score{'s' if left_out > 1 else ''} left blank and out of the means: the scorer's "
+        notes.append(f"{counted(left_out, 'score')} left blank and out of the means: the scorer's "
                      f"answers did not parse (nothing answered; the export keeps delphi's 0)")
     notes.append(f"wrote {run.file}")
     return Report(data=data, sections=[Section(COLUMNS, table, title="per feature"),

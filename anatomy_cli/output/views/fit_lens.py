@@ -12,6 +12,7 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks._tuned_fit import TunedFit
 from anatomy_cli.tasks.session import model_label
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import LoadedModel
@@ -36,9 +37,9 @@ def report(lm: LoadedModel | OpenedModel, result: JacobianFit | TunedFit) -> Rep
         record, label = records.model_record(lm), model_label(lm)
     data = {**record, "kind": "jacobian", **result.to_dict()}
     heading = [f"fit-lens jacobian · {label} · {lm.info.n_layers} layers",
-               f"wrote {result.out}: {result.n_prompts} prompt{'' if result.n_prompts == 1 else 's'} "
-               f"({result.tokens:,} tokens, {result.skipped} skipped), {len(result.source_layers)} block"
-               f"{'' if len(result.source_layers) == 1 else 's'} -> block {result.target_layer}, "
+               f"wrote {result.out}: {counted(result.n_prompts, 'prompt')} "
+               f"({result.tokens:,} tokens, {result.skipped:,} skipped), "
+               f"{counted(len(result.source_layers), 'block')} -> block {result.target_layer}, "
                f"{result.dtype}, dim_batch {result.dim_batch}"]
     notes = [f"J_N maps block N's output to block {result.target_layer}'s (raw, before the final norm), averaged "
              f"over positions {result.skip_first}..n-2 and the prompts (jlens' estimator); read it with "
@@ -50,9 +51,9 @@ def report(lm: LoadedModel | OpenedModel, result: JacobianFit | TunedFit) -> Rep
 def tuned_report(lm: LoadedModel, result: TunedFit) -> Report:
     data = {**records.model_record(lm), "kind": "tuned", **result.to_dict()}
     heading = [f"fit-lens tuned · {model_label(lm)} · {lm.n_layers} layers",
-               f"wrote {result.out}: {result.windows} window{'' if result.windows == 1 else 's'} ({result.tokens:,} "
-               f"tokens of {result.corpus}, up to {result.ctx} each), {result.steps} step"
-               f"{'' if result.steps == 1 else 's'}, SGD lr {result.lr:g} (Nesterov 0.9, weight decay 1e-3)"]
+               f"wrote {result.out}: {counted(result.windows, 'window')} ({result.tokens:,} "
+               f"tokens of {result.corpus}, up to {result.ctx:,} each), {counted(result.steps, 'step')}, "
+               f"SGD lr {result.lr:g} (Nesterov 0.9, weight decay 1e-3)"]
     notes = ["translator i reads residual row i (embed, then block i-1's output: transformers' hidden_states[i]); "
              "KL(final ‖ lens) in nats per token, the first step's windows through the zero lens (the logit lens), "
              f"the last step's before its update; read it with anatomy lens PROMPT --lens tuned:{result.out}"]
@@ -64,5 +65,6 @@ def merge_report(result: MergedLens) -> Report:
     data = {"kind": "merge", **result.to_dict()}
     columns = (Column("file", "file"), Column("n_prompts", "prompts", "int"))
     heading = [f"fit-lens merge · {len(result.inputs)} fits · d_model {result.d_model}",
-               f"wrote {result.out}: {sum(result.counts)} prompts, the n_prompts-weighted mean, {result.dtype}"]
+               f"wrote {result.out}: {counted(sum(result.counts), 'prompt')}, the n_prompts-weighted mean, "
+               f"{result.dtype}"]
     return Report(data=data, sections=[Section(columns, data["inputs"], title="merged fits")], heading=heading)

@@ -11,6 +11,7 @@ from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks.session import describe
 from anatomy_cli.tasks.session import model_label
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.lens_eval import LensEval
@@ -36,14 +37,14 @@ def report(lm: LoadedModel, result: LensEval) -> Report:
               **{f"block_{label}": b for label, b in zip(result.labels, w.blocks)}}
              for n, item in enumerate(result.items, start=1) for w in item.words]
     heading = [f"lens-eval · {model_label(lm)} · {lm.n_layers} layers",
-               f"{result.name}: {len(result.items)} item{'' if len(result.items) == 1 else 's'}, "
+               f"{result.name}: {counted(len(result.items), 'item')}, "
                f"{result.n_words} intermediates" + (f", {result.skipped} items without intermediates (not scored)"
                                                      if result.skipped else "")]
     missing = len(result.no_form)
     notes = ["rank: 1-based (1 + the number of larger logits; jlens' rank + 1), the best over the lens' blocks and "
              "the word's single-token forms; pass@k: the mean over items of the fraction of intermediates with "
              "rank <= k (jlens' pass@k); a word with no single-token form is a miss"
-             + (f" ({missing} word{'' if missing == 1 else 's'} here)" if missing else "")]
+             + (f" ({counted(missing, 'word')} here)" if missing else "")]
     return Report(data=data, sections=[Section(summary_columns, summary, title="pass@k per lens"),
                                        Section(word_columns, words, title="best rank per intermediate")],
                   heading=heading, notes=notes)

@@ -11,6 +11,7 @@ from anatomy_cli.output.render import Report
 from anatomy_cli.output.render import Section
 from anatomy_cli.tasks import records
 from anatomy_cli.tasks.session import model_label
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from anatomy_cli.analyses.verify.checks import Check
@@ -89,7 +90,7 @@ def report(lm: LoadedModel, result: Verification, encoded: list[Encoded], plan: 
     counts = result.counts()
     heading = [f"verify · {model_label(lm)} · {records.dtype_name(lm)} on {lm.device}",
                f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
-               f"on {len(encoded)} prompt{'s' if len(encoded) != 1 else ''}"]
+               f"on {counted(len(encoded), 'prompt')}"]
     notes = ["untrained weights (--init random): known answers are skipped"] if lm.untrained else []
     if summary:
         notes.append("one line per section: its row nearest its limit; --detail for every row")
