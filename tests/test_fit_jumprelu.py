@@ -353,6 +353,54 @@ def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one():
     assert not torch.equal(resumed.log_threshold, state["coder"]["log_threshold"])  # the thresholds learnt
 
 
+
+def test_an_idle_features_threshold_is_placed_again_and_its_momentum_zeroed():
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(40, 4, generator=gen) + 1.0
+    log_theta = torch.log(torch.tensor([0.5, 100.0, 100.0, 0.7]))  # features 1 and 2 above every row
+    idle = torch.tensor([0, ste.REPLACE_EVERY, ste.REPLACE_EVERY - 1, 3])  # 2 not idle long enough yet
+    momentum = torch.ones(4)
+    assert ste.replace_idle(log_theta, z, idle, 2.0, momentum) == 1
+    column = np.sort(z[:, 1].double().numpy())  # 2 of 4 features per row: each on ⌈40 · 2 / 4⌉ = 20 rows
+    want = np.log(np.float32([0.5, column[19], 100.0, 0.7]))  # 20 values lie above the 20th smallest
+    np.testing.assert_allclose(log_theta.numpy(), want, rtol=1e-6)
+    assert idle.tolist() == [0, 0, ste.REPLACE_EVERY - 1, 3] and momentum.tolist() == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_a_clt_threshold_pushed_above_every_pre_activation_comes_back(monkeypatch):
+    """Issue 62's runaway: at 30 blocks the thresholds of 78-92% of blocks 1-11's features passed every
+    pre-activation, where neither term's gradient reaches them (the kernel is 0 there), and stayed dead. Here one
+    threshold is pushed to 1,000 after the first step: without re-placement it is still there at the end and the
+    feature never fires; with it, the threshold is placed again at the step its idle count reaches
+    ``REPLACE_EVERY`` (step 26), on that step's batch (hand computation), and the feature fires again."""
+    xs, ys = clt_rows()
+
+    def fit(every: int) -> tuple[clt_fit.CrossLayerCoder, dict[int, float]]:
+        monkeypatch.setattr(ste, "REPLACE_EVERY", every)
+        coder, seen = a_jumprelu_clt(), {}
+
+        def push(done: int, steps: int) -> None:
+            if done == 1:
+                coder.log_threshold.data[0, 5] = math.log(1000.0)
+            if done == 26:  # epoch 6 (4 steps an epoch), its second batch of 64 rows, at unit scale
+                idx = torch.randperm(256, generator=torch.Generator().manual_seed(6))[64:128]
+                x = xs[0, idx].double().numpy() / rms(xs[0])
+                z = x @ coder.W_enc[0].detach().double().numpy()[5] + float(coder.b_enc[0, 5])
+                seen[-26] = max(float(np.sort(z)[64 - 12 - 1]), ste.INIT_THRESHOLD)  # 3 of 16: 12 of 64 rows above
+            seen[done] = float(coder.log_threshold[0, 5].detach().exp())
+        clt_fit.train(xs, ys, coder, epochs=8, batch=64, lr=1e-2, progress=push)
+        return coder, seen
+
+    def fires(coder: clt_fit.CrossLayerCoder) -> int:
+        with torch.no_grad():
+            return int((coder.thresholded(0, xs[0], coder.log_threshold[0].exp()) != 0)[:, 5].sum())
+
+    stuck, seen = fit(10**9)
+    assert seen[32] > 100 and fires(stuck) == 0
+    back, seen = fit(25)
+    assert seen[25] > 100 and seen[26] == pytest.approx(seen[-26], rel=1e-5)
+    assert fires(back) > 0
+
 @pytest.fixture
 def corpus(tmp_path):
     words = ("cat", "dog", "bird", "fox", "owl", "cow", "hen", "elk")

@@ -38,6 +38,7 @@ import torch
 INIT_THRESHOLD = 1e-3  # SAELens' jumprelu_init_threshold: here the least start
 INIT_ROWS = 4096  # the first rows whose pre-activations place the starting thresholds
 MAX_PACE = 0.25  # log θ's learning rate at most (Adam's step: a threshold moves by at most about 28% a step)
+REPLACE_EVERY = 25  # steps: a feature that fired on none of the last this many batches has its threshold placed again
 
 
 def _kernel(z: torch.Tensor, theta: torch.Tensor, bandwidth: float) -> torch.Tensor:
@@ -150,3 +151,23 @@ def initial_log_threshold(z: torch.Tensor, l0: float) -> torch.Tensor:
     above = min(rows - 1, max(1, math.ceil(rows * l0 / features)))
     theta = z.kthvalue(rows - above, dim=0).values  # ``above`` rows lie strictly above it (ties aside)
     return theta.clamp_min(INIT_THRESHOLD).log()
+
+
+@torch.no_grad()
+def replace_idle(log_theta: torch.Tensor, z: torch.Tensor, idle: torch.Tensor, l0: float,
+                 momentum: torch.Tensor | None) -> int:
+    """Place again the thresholds of the features idle for :data:`REPLACE_EVERY` steps or more (``idle [F]``: the
+    steps since each last fired), as at the start: where each fires on ``l0 / F`` of the rows of ``z [rows, F]``
+    (the batch's pre-activations; :func:`initial_log_threshold`). A threshold pushed above every pre-activation
+    of its feature gets no gradient back (both terms reach ``θ`` through the kernel alone) and Adam's momentum
+    carries it further up: issue 62's 30-block CLT lost 78–92% of blocks 1–11's features so. Their ``idle`` is
+    reset, and their Adam momentum (``momentum``, ``log θ``'s ``exp_avg``, or None before the first step)
+    zeroed, so that the placed threshold moves by its own gradient only. Returns how many were placed."""
+    dead = idle >= REPLACE_EVERY
+    count = int(dead.sum())
+    if count:
+        log_theta[dead] = initial_log_threshold(z, l0)[dead]
+        idle[dead] = 0
+        if momentum is not None:
+            momentum[dead] = 0
+    return count
