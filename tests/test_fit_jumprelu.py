@@ -321,15 +321,23 @@ def test_a_jumprelu_clts_thresholds_start_from_each_blocks_scaled_rows():
             assert all(48 <= int(n) <= 49 for n in fired), (layer, fired)  # 49: the row at the threshold
 
 
-def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one():
+def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one(monkeypatch):
     """The checkpoint (through torch.save, as --checkpoint writes it) keeps the unit scales, the thresholds, their
-    kernel widths and their own learning rate: the fit resumed at step 4 of 8 ends bit for bit where the
-    uninterrupted one does."""
+    kernel widths, their own learning rate and each feature's idle count: the fit resumed at step 4 of 8 ends bit
+    for bit where the uninterrupted one does. One threshold is pushed above every row after step 1, so that its
+    feature is idle across the checkpoint and placed again after it (step 6, ``REPLACE_EVERY`` 5)."""
     import io
 
+    monkeypatch.setattr(ste, "REPLACE_EVERY", 5)
     xs, ys = clt_rows()
+
+    def push(coder: clt_fit.CrossLayerCoder, done: int) -> None:
+        if done == 1:
+            coder.log_threshold.data[0, 5] = math.log(1000.0)
+
     whole = a_jumprelu_clt()
-    clt_fit.train(xs, ys, whole, epochs=2, batch=64, lr=1e-2)
+    clt_fit.train(xs, ys, whole, epochs=2, batch=64, lr=1e-2, progress=lambda done, steps: push(whole, done))
+    assert float(whole.log_threshold[0, 5].detach().exp()) < 100  # placed again
     saved: list[bytes] = []
 
     def keep(state: dict) -> None:
@@ -337,21 +345,23 @@ def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one():
         torch.save(state, buf)
         saved.append(buf.getvalue())
 
+    cut = a_jumprelu_clt()
+
     def stop(done: int, steps: int) -> None:
+        push(cut, done)
         if done == 5:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        clt_fit.train(xs, ys, a_jumprelu_clt(), epochs=2, batch=64, lr=1e-2, every=2, keep=keep, progress=stop)
+        clt_fit.train(xs, ys, cut, epochs=2, batch=64, lr=1e-2, every=2, keep=keep, progress=stop)
     state = torch.load(io.BytesIO(saved[-1]))
-    assert len(state["curve"]) == 4
+    assert len(state["curve"]) == 4 and int(state["coder"]["idle"][0, 5]) == 3
     torch.testing.assert_close(state["scales"][0], torch.tensor([rms(xs[0]), rms(xs[1])], dtype=torch.float32))
     resumed = a_jumprelu_clt(seed=1)  # other starting weights: the checkpoint's replace them
     clt_fit.train(xs, ys, resumed, epochs=2, batch=64, lr=1e-2, state=state)
     theirs = dict(whole.state_dict())
     assert all(torch.equal(q, theirs[name]) for name, q in resumed.state_dict().items())
     assert not torch.equal(resumed.log_threshold, state["coder"]["log_threshold"])  # the thresholds learnt
-
 
 
 def test_an_idle_features_threshold_is_placed_again_and_its_momentum_zeroed():
@@ -385,7 +395,7 @@ def test_a_clt_threshold_pushed_above_every_pre_activation_comes_back(monkeypatc
             if done == 26:  # epoch 6 (4 steps an epoch), its second batch of 64 rows, at unit scale
                 idx = torch.randperm(256, generator=torch.Generator().manual_seed(6))[64:128]
                 x = xs[0, idx].double().numpy() / rms(xs[0])
-                z = x @ coder.W_enc[0].detach().double().numpy()[5] + float(coder.b_enc[0, 5])
+                z = x @ coder.W_enc[0].detach().double().numpy()[5] + float(coder.b_enc[0, 5].detach())
                 seen[-26] = max(float(np.sort(z)[64 - 12 - 1]), ste.INIT_THRESHOLD)  # 3 of 16: 12 of 64 rows above
             seen[done] = float(coder.log_threshold[0, 5].detach().exp())
         clt_fit.train(xs, ys, coder, epochs=8, batch=64, lr=1e-2, progress=push)
@@ -400,6 +410,7 @@ def test_a_clt_threshold_pushed_above_every_pre_activation_comes_back(monkeypatc
     back, seen = fit(25)
     assert seen[25] > 100 and seen[26] == pytest.approx(seen[-26], rel=1e-5)
     assert fires(back) > 0
+
 
 @pytest.fixture
 def corpus(tmp_path):

@@ -27,8 +27,9 @@ other features do. The fit reports both readings on the held-out window.
 
 ``jumprelu`` (``--activation jumprelu``): every block's features are JumpReLUs ``pre · (pre > θ_l)`` with
 thresholds trained by the straight-through estimator (engine/jumprelu.py, ``log θ`` at its own pace), the loss
-adds ``l0_coeff`` times the sum over blocks of ``(L0_l / k − 1)²`` (each block's mean L0 held near k), and the
-thresholds written are the trained ones.
+adds ``l0_coeff`` times the sum over blocks of ``(L0_l / k − 1)²`` (each block's mean L0 held near k), a
+feature idle for ``jumprelu.REPLACE_EVERY`` steps has its threshold placed again from the batch
+(:meth:`CrossLayerCoder.replace_idle`), and the thresholds written are the trained ones.
 
 The spliced CE/KL (:func:`spliced_logits`): every block's MLP output replaced by the written CLT's reconstruction
 at once, the features read from the spliced forward's own MLP inputs (closed loop, as the replacement model runs).
