@@ -321,15 +321,23 @@ def test_a_jumprelu_clts_thresholds_start_from_each_blocks_scaled_rows():
             assert all(48 <= int(n) <= 49 for n in fired), (layer, fired)  # 49: the row at the threshold
 
 
-def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one():
+def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one(monkeypatch):
     """The checkpoint (through torch.save, as --checkpoint writes it) keeps the unit scales, the thresholds, their
-    kernel widths and their own learning rate: the fit resumed at step 4 of 8 ends bit for bit where the
-    uninterrupted one does."""
+    kernel widths, their own learning rate and each feature's idle count: the fit resumed at step 4 of 8 ends bit
+    for bit where the uninterrupted one does. One threshold is pushed above every row after step 1, so that its
+    feature is idle across the checkpoint and placed again after it (step 6, ``REPLACE_EVERY`` 5)."""
     import io
 
+    monkeypatch.setattr(ste, "REPLACE_EVERY", 5)
     xs, ys = clt_rows()
+
+    def push(coder: clt_fit.CrossLayerCoder, done: int) -> None:
+        if done == 1:
+            coder.log_threshold.data[0, 5] = math.log(1000.0)
+
     whole = a_jumprelu_clt()
-    clt_fit.train(xs, ys, whole, epochs=2, batch=64, lr=1e-2)
+    clt_fit.train(xs, ys, whole, epochs=2, batch=64, lr=1e-2, progress=lambda done, steps: push(whole, done))
+    assert float(whole.log_threshold[0, 5].detach().exp()) < 100  # placed again
     saved: list[bytes] = []
 
     def keep(state: dict) -> None:
@@ -337,20 +345,71 @@ def test_a_resumed_jumprelu_clt_fit_equals_an_uninterrupted_one():
         torch.save(state, buf)
         saved.append(buf.getvalue())
 
+    cut = a_jumprelu_clt()
+
     def stop(done: int, steps: int) -> None:
+        push(cut, done)
         if done == 5:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        clt_fit.train(xs, ys, a_jumprelu_clt(), epochs=2, batch=64, lr=1e-2, every=2, keep=keep, progress=stop)
+        clt_fit.train(xs, ys, cut, epochs=2, batch=64, lr=1e-2, every=2, keep=keep, progress=stop)
     state = torch.load(io.BytesIO(saved[-1]))
-    assert len(state["curve"]) == 4
+    assert len(state["curve"]) == 4 and int(state["coder"]["idle"][0, 5]) == 3
     torch.testing.assert_close(state["scales"][0], torch.tensor([rms(xs[0]), rms(xs[1])], dtype=torch.float32))
     resumed = a_jumprelu_clt(seed=1)  # other starting weights: the checkpoint's replace them
     clt_fit.train(xs, ys, resumed, epochs=2, batch=64, lr=1e-2, state=state)
     theirs = dict(whole.state_dict())
     assert all(torch.equal(q, theirs[name]) for name, q in resumed.state_dict().items())
     assert not torch.equal(resumed.log_threshold, state["coder"]["log_threshold"])  # the thresholds learnt
+
+
+def test_an_idle_features_threshold_is_placed_again_and_its_momentum_zeroed():
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(40, 4, generator=gen) + 1.0
+    log_theta = torch.log(torch.tensor([0.5, 100.0, 100.0, 0.7]))  # features 1 and 2 above every row
+    idle = torch.tensor([0, ste.REPLACE_EVERY, ste.REPLACE_EVERY - 1, 3])  # 2 not idle long enough yet
+    momentum = torch.ones(4)
+    assert ste.replace_idle(log_theta, z, idle, 2.0, momentum) == 1
+    column = np.sort(z[:, 1].double().numpy())  # 2 of 4 features per row: each on ⌈40 · 2 / 4⌉ = 20 rows
+    want = np.log(np.float32([0.5, column[19], 100.0, 0.7]))  # 20 values lie above the 20th smallest
+    np.testing.assert_allclose(log_theta.numpy(), want, rtol=1e-6)
+    assert idle.tolist() == [0, 0, ste.REPLACE_EVERY - 1, 3] and momentum.tolist() == [1.0, 0.0, 1.0, 1.0]
+
+
+def test_a_clt_threshold_pushed_above_every_pre_activation_comes_back(monkeypatch):
+    """Issue 62's runaway: at 30 blocks the thresholds of 78-92% of blocks 1-11's features passed every
+    pre-activation, where neither term's gradient reaches them (the kernel is 0 there), and stayed dead. Here one
+    threshold is pushed to 1,000 after the first step: without re-placement it is still there at the end and the
+    feature never fires; with it, the threshold is placed again at the step its idle count reaches
+    ``REPLACE_EVERY`` (step 26), on that step's batch (hand computation), and the feature fires again."""
+    xs, ys = clt_rows()
+
+    def fit(every: int) -> tuple[clt_fit.CrossLayerCoder, dict[int, float]]:
+        monkeypatch.setattr(ste, "REPLACE_EVERY", every)
+        coder, seen = a_jumprelu_clt(), {}
+
+        def push(done: int, steps: int) -> None:
+            if done == 1:
+                coder.log_threshold.data[0, 5] = math.log(1000.0)
+            if done == 26:  # epoch 6 (4 steps an epoch), its second batch of 64 rows, at unit scale
+                idx = torch.randperm(256, generator=torch.Generator().manual_seed(6))[64:128]
+                x = xs[0, idx].double().numpy() / rms(xs[0])
+                z = x @ coder.W_enc[0].detach().double().numpy()[5] + float(coder.b_enc[0, 5].detach())
+                seen[-26] = max(float(np.sort(z)[64 - 12 - 1]), ste.INIT_THRESHOLD)  # 3 of 16: 12 of 64 rows above
+            seen[done] = float(coder.log_threshold[0, 5].detach().exp())
+        clt_fit.train(xs, ys, coder, epochs=8, batch=64, lr=1e-2, progress=push)
+        return coder, seen
+
+    def fires(coder: clt_fit.CrossLayerCoder) -> int:
+        with torch.no_grad():
+            return int((coder.thresholded(0, xs[0], coder.log_threshold[0].exp()) != 0)[:, 5].sum())
+
+    stuck, seen = fit(10**9)
+    assert seen[32] > 100 and fires(stuck) == 0
+    back, seen = fit(25)
+    assert seen[25] > 100 and seen[26] == pytest.approx(seen[-26], rel=1e-5)
+    assert fires(back) > 0
 
 
 @pytest.fixture

@@ -27,8 +27,9 @@ other features do. The fit reports both readings on the held-out window.
 
 ``jumprelu`` (``--activation jumprelu``): every block's features are JumpReLUs ``pre · (pre > θ_l)`` with
 thresholds trained by the straight-through estimator (engine/jumprelu.py, ``log θ`` at its own pace), the loss
-adds ``l0_coeff`` times the sum over blocks of ``(L0_l / k − 1)²`` (each block's mean L0 held near k), and the
-thresholds written are the trained ones.
+adds ``l0_coeff`` times the sum over blocks of ``(L0_l / k − 1)²`` (each block's mean L0 held near k), a
+feature idle for ``jumprelu.REPLACE_EVERY`` steps has its threshold placed again from the batch
+(:meth:`CrossLayerCoder.replace_idle`), and the thresholds written are the trained ones.
 
 The spliced CE/KL (:func:`spliced_logits`): every block's MLP output replaced by the written CLT's reconstruction
 at once, the features read from the spliced forward's own MLP inputs (closed loop, as the replacement model runs).
@@ -91,6 +92,23 @@ class CrossLayerCoder(torch.nn.Module):
             self.log_threshold = ste.log_threshold(n_layers, d_sae)
             self.width: torch.Tensor  # per block the kernel's width (``bandwidth · median θ_l`` once placed)
             self.register_buffer("width", torch.full((n_layers,), float(jumprelu["bandwidth"])))
+            self.idle: torch.Tensor  # per block and feature the steps since it last fired (:meth:`replace_idle`)
+            self.register_buffer("idle", torch.zeros(n_layers, d_sae, dtype=torch.long))
+
+    @torch.no_grad()
+    def replace_idle(self, xs: torch.Tensor, fired: torch.Tensor, opt: torch.optim.Optimizer) -> int:
+        """A JumpReLU CLT after a step on the rows ``xs [L, rows, d]`` (``fired [L, F]``: the features active in
+        it): count each feature's idle steps, and place again the thresholds of those idle for
+        ``jumprelu.REPLACE_EVERY`` steps from these rows' pre-activations (:func:`anatomy_cli.engine.jumprelu.
+        replace_idle`). Returns how many were placed."""
+        self.idle.add_(1).masked_fill_(fired, 0)
+        momentum = opt.state.get(self.log_threshold, {}).get("exp_avg")
+        placed = 0
+        for layer in torch.nonzero(self.idle.amax(1) >= ste.REPLACE_EVERY)[:, 0].tolist():
+            z = torch.nn.functional.linear(xs[layer], self.W_enc[layer], self.b_enc[layer])
+            placed += ste.replace_idle(self.log_threshold.data[layer], z, self.idle[layer], self.k,
+                                       None if momentum is None else momentum[layer])
+        return placed
 
     def pre(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Block ``layer``'s pre-activations, ReLU applied: ``[rows, F]``."""
@@ -200,7 +218,7 @@ def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, l
     """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on; ``units``: a
     CLT trains at unit scale since issue 62 (a JumpReLU CLT since its item 1's follow-up: ``raw`` before), so an
     older checkpoint is refused)."""
-    jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu)}
+    jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu), "replace_every": ste.REPLACE_EVERY}
     return {"kind": "clt", "units": "rms", "n_layers": coder.n_layers,
             "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
             "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump}
@@ -240,7 +258,11 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
             order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
             idx = order[start * batch:(start + 1) * batch]
             xb, tb = xs[:, idx].div_(sx[:, None, None]), targets[:, idx].div_(sy[:, None, None])
-            curve.append(step(coder, opt, xb, tb, fired))
+            now = torch.zeros_like(fired)
+            curve.append(step(coder, opt, xb, tb, now))
+            fired |= now
+            if coder.jumprelu is not None:
+                coder.replace_idle(xb, now, opt)
             if keep is not None and (len(curve) % every == 0 or len(curve) == steps):
                 keep({"coder": coder.state_dict(), "opt": opt.state_dict(), "curve": list(curve), "fired": fired,
                       "scales": (sx, sy)})
