@@ -89,8 +89,11 @@ def test_the_folded_clt_equals_the_one_trained_at_unit_scale_by_hand():
         for param in coder.parameters():
             param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
     sx, sy = clt_fit.unit_scales(coder, xs, targets)
-    torch.testing.assert_close(sx, (xs ** 2).mean((1, 2)).sqrt())
-    torch.testing.assert_close(sy, (targets ** 2).mean((1, 2)).sqrt())
+    def typical(t):  # per block: the lower median over the rows of each row's RMS
+        per_row = (t ** 2).mean(2).sqrt().sort(dim=1).values
+        return per_row[:, (t.shape[1] - 1) // 2]
+    torch.testing.assert_close(sx, typical(xs))
+    torch.testing.assert_close(sy, typical(targets))
     p = {"W_enc": [w.detach().clone() for w in coder.W_enc], "b_enc": coder.b_enc.detach().clone(),
          "W_dec": [w.detach().clone() for w in coder.W_dec], "b_dec": coder.b_dec.detach().clone()}
     pres, ys = [], [p["b_dec"][m].expand(40, d) for m in range(n)]  # the trained coder on x / s_x, by hand

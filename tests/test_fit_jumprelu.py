@@ -220,11 +220,13 @@ def test_the_written_clt_keeps_its_learnt_thresholds(tmp_path):
         torch.testing.assert_close(tc.encode(x[layer]), z * (z > theta[layer]))
 
 
-# ---- unit scale (issue 62): trained on x / rms(x) and target / rms(target), folded back ----
+# ---- unit scale (issue 62): trained on x / s(x) and target / s(target), folded back; s the typical row's RMS ----
 
 def rms(t: torch.Tensor) -> float:
+    """The lower median over the rows of each row's root mean square (``sae_fit.typical_rms``), in numpy."""
     a = t.double().numpy()
-    return float(np.sqrt((a * a).mean()))
+    per_row = np.sort(np.sqrt((a * a).mean(-1)))
+    return float(per_row[(len(per_row) - 1) // 2])
 
 
 def test_a_jumprelu_transcoder_folded_from_unit_scale_encodes_the_raw_input_as_trained(tmp_path):

@@ -13,7 +13,7 @@ unit norm: a transcoder's). Dead features: as the per-layer fit, those that neve
 
 A CLT (TopK or JumpReLU) trains at unit scale, as the per-layer transcoders do (``sae_fit.unit_scales``), per
 block: encoder l reads ``x_l / s_x[l]`` and the reconstructions of block m are fitted to ``y_m / s_y[m]`` (``s`` the
-RMS of the block's training rows, :func:`unit_scales`); :func:`fold_scales` puts the units back at the end
+typical RMS of the block's training rows, :func:`unit_scales`); :func:`fold_scales` puts the units back at the end
 (``W_enc_l / s_x[l]``, ``W_dec_l[:, m − l] · s_y[m]``, ``b_dec_m · s_y[m]``; ``b_enc`` and so the pre-activations,
 the TopK, the thresholds chosen after and a JumpReLU CLT's trained thresholds, unchanged).
 
@@ -61,7 +61,7 @@ from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
 from anatomy_cli.engine.sae_fit import fvu
 from anatomy_cli.engine.sae_fit import optimiser
-from anatomy_cli.engine.sae_fit import rms
+from anatomy_cli.engine.sae_fit import typical_rms
 from anatomy_cli.engine.sparse_topk import sparse_decode
 from anatomy_cli.engine.sparse_topk import sparse_topk
 from anatomy_cli.models.sites import CT_MLP_OUT
@@ -165,11 +165,12 @@ def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
 
 
 def unit_scales(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(s_x, s_y)``, each ``[L]``: per block the RMS of its MLP inputs and of its outputs (``xs``, ``targets``:
+    """``(s_x, s_y)``, each ``[L]``: per block the typical row's RMS (``sae_fit.typical_rms``) of its MLP inputs and
+    of its outputs (``xs``, ``targets``:
     ``[L, rows, d]``), what a CLT's inputs and targets are divided by while it trains (the per-layer fit's reason:
     ``sae_fit.unit_scales``)."""
-    return (torch.stack([rms(xs[layer]) for layer in range(coder.n_layers)]),
-            torch.stack([rms(targets[m]) for m in range(coder.n_layers)]))
+    return (torch.stack([typical_rms(xs[layer]) for layer in range(coder.n_layers)]),
+            torch.stack([typical_rms(targets[m]) for m in range(coder.n_layers)]))
 
 
 @torch.no_grad()
@@ -216,10 +217,11 @@ def step(coder: CrossLayerCoder, opt: torch.optim.Optimizer, xs: torch.Tensor, t
 def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, lr: float, seed: int,
                 data: str) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on; ``units``: a
-    CLT trains at unit scale since issue 62 (a JumpReLU CLT since its item 1's follow-up: ``raw`` before), so an
-    older checkpoint is refused)."""
+    CLT trains at unit scale since issue 62 (a JumpReLU CLT since its item 1's follow-up: ``raw`` before), in the
+    typical row's RMS since block 11's massive rows (``rms``, every entry's, before), so an older checkpoint is
+    refused)."""
     jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu), "replace_every": ste.REPLACE_EVERY}
-    return {"kind": "clt", "units": "rms", "n_layers": coder.n_layers,
+    return {"kind": "clt", "units": "typical_rms", "n_layers": coder.n_layers,
             "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
             "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump}
 
