@@ -213,8 +213,8 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx:,}; {int(cost['rows']):,} rows, each window's "
-            f"first position left out) x {counted(opts.epochs, 'epoch')}, the next "
+            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx:,}; {counted(int(cost['rows']), 'row')}, "
+            f"each window's first position left out) x {counted(opts.epochs, 'epoch')}, the next "
             f"{counted(len(plan.windows[-1]), 'token')} held out: "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {counted(len(plan.points), 'hook point')} in one pass, "
@@ -305,7 +305,7 @@ def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> 
                      "docs/commands/sae.md#what-a-useful-fit-takes)")
     if len(fits) > 1 and warned:
         where = "the JSON's blocks[].warnings" + ("" if opts.clt else " and each block's anatomy-fit.json")
-        parts.append(f"{sum(len(f.warnings) for f in fits)} warnings on {sites.block_spans(warned)} (the held-out "
-                     f"window's health: FVE, KL, scale, dead latents): {where} say them")
+        parts.append(f"{counted(sum(len(f.warnings) for f in fits), 'warning')} on {sites.block_spans(warned)} (the "
+                     f"held-out window's health: FVE, KL, scale, dead latents): {where} say them")
     if parts:
         notes.warn("; ".join(parts))
