@@ -305,7 +305,9 @@ def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> 
                      "docs/commands/sae.md#what-a-useful-fit-takes)")
     if len(fits) > 1 and warned:
         where = "the JSON's blocks[].warnings" + ("" if opts.clt else " and each block's anatomy-fit.json")
-        parts.append(f"{counted(sum(len(f.warnings) for f in fits), 'warning')} on {sites.block_spans(warned)} (the "
-                     f"held-out window's health: FVE, KL, scale, dead latents): {where} say them")
+        about = ("features that never fired in the last epoch" if opts.clt else  # a CLT's block rows warn of these
+                 "the held-out window's health: FVE, KL, scale, dead latents")
+        parts.append(f"{counted(sum(len(f.warnings) for f in fits), 'warning')} on {sites.block_spans(warned)} "
+                     f"({about}): {where} say them")
     if parts:
         notes.warn("; ".join(parts))
