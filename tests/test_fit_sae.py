@@ -456,6 +456,12 @@ def test_a_busy_machine_fits_with_one_thread_and_gets_its_threads_back(monkeypat
         torch.set_num_threads(before)
 
 
+def typical_rms(rows: torch.Tensor) -> float:
+    """By hand: the lower median over the rows of each row's root mean square (``sae_fit.typical_rms``)."""
+    per_row = sorted(float(r.pow(2).mean()) ** 0.5 for r in rows)
+    return per_row[(len(per_row) - 1) // 2]
+
+
 def test_a_transcoder_trained_at_unit_scale_is_written_in_the_activations_units():
     """fit-sae trains a TopK transcoder on x / s(x) and target / s(target) (s the typical row's RMS) and folds the
     scales into the weights: the folded coder on the raw input gives the scaled coder's output times s(target), by
@@ -466,10 +472,7 @@ def test_a_transcoder_trained_at_unit_scale_is_written_in_the_activations_units(
     coder = sae_fit.TopKCoder(8, 16, 3, transcode=True)
     coder.W_dec.data = torch.randn(16, 8)  # a trained decoder (it starts at zero)
     sx, sy = sae_fit.unit_scales(coder, x, t)
-    def typical(a):  # the lower median over the rows of each row's RMS
-        per_row = sorted(float(v) for v in (a ** 2).mean(1).sqrt())
-        return per_row[(len(per_row) - 1) // 2]
-    assert sx == pytest.approx(typical(x)) and sy == pytest.approx(typical(t))
+    assert sx == pytest.approx(typical_rms(x)) and sy == pytest.approx(typical_rms(t))
     w, b, w_dec, b_dec = (p.detach().clone() for p in (coder.encoder.weight, coder.encoder.bias, coder.W_dec,
                                                        coder.b_dec))
     pre = torch.relu(x / sx @ w.T + b)
@@ -483,8 +486,8 @@ def test_a_transcoder_trained_at_unit_scale_is_written_in_the_activations_units(
 
 def test_a_few_massive_rows_do_not_set_a_transcoders_unit():
     """SmolLM2's block 11: twenty attention-sink rows of 31,500 (MLP outputs of norm up to 29,000 against a median
-    of 30) held 99.6% of the variance, so the RMS of every entry made the other rows 20 times smaller at unit scale
-    and 67% of the features died. The unit is the typical row's RMS: two rows 10,000 times larger move it by one
+    of 30) held 99.6% of the variance, so the RMS of every entry made the other targets 18 times smaller at unit
+    scale and 67% of the features died. The unit is the typical row's RMS: two rows 10,000 times larger move it by one
     row's rank, where the RMS of every entry grows about 1,400-fold."""
     gen = torch.Generator().manual_seed(3)
     t = torch.randn(100, 16, generator=gen)
@@ -492,8 +495,7 @@ def test_a_few_massive_rows_do_not_set_a_transcoders_unit():
     coder = sae_fit.TopKCoder(16, 32, 4, transcode=True)
     plain, _ = sae_fit.unit_scales(coder, t, t)
     with_sinks, _ = sae_fit.unit_scales(coder, massive, massive)
-    per_row = sorted(float(v) for v in (massive ** 2).mean(1).sqrt())
-    assert with_sinks == pytest.approx(per_row[(len(per_row) - 1) // 2])
+    assert with_sinks == pytest.approx(typical_rms(massive))
     assert with_sinks == pytest.approx(plain, rel=0.05)
     assert float((massive ** 2).mean().sqrt()) > 100 * with_sinks
 
@@ -638,10 +640,7 @@ def test_a_huge_first_position_sets_no_unit_scale(tiny_lm):
     assert float(plain[0][1][0].abs().max()) > 100 * float(plain[0][1][1:].abs().max())  # the huge one is there
     rows_x = torch.cat([a[1:] for a, _ in plain])
     rows_y = torch.cat([b[1:] for _, b in plain])
-    def typical(rows):  # the lower median over the rows of each row's RMS
-        per_row = sorted(float(r.pow(2).mean()) ** 0.5 for r in rows)
-        return per_row[(len(per_row) - 1) // 2]
-    want = (typical(rows_x), typical(rows_y))
+    want = (typical_rms(rows_x), typical_rms(rows_y))
     coder = sae_fit.TopKCoder(x.shape[1], 16, 2, transcode=True)
     assert sae_fit.unit_scales(coder, x, y) == pytest.approx(want, rel=1e-5)
 

@@ -166,9 +166,8 @@ def losses(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor,
 
 def unit_scales(coder: CrossLayerCoder, xs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s_x, s_y)``, each ``[L]``: per block the typical row's RMS (``sae_fit.typical_rms``) of its MLP inputs and
-    of its outputs (``xs``, ``targets``:
-    ``[L, rows, d]``), what a CLT's inputs and targets are divided by while it trains (the per-layer fit's reason:
-    ``sae_fit.unit_scales``)."""
+    of its outputs (``xs``, ``targets``: ``[L, rows, d]``), what a CLT's inputs and targets are divided by while it
+    trains (the per-layer fit's reason: ``sae_fit.unit_scales``)."""
     return (torch.stack([typical_rms(xs[layer]) for layer in range(coder.n_layers)]),
             torch.stack([typical_rms(targets[m]) for m in range(coder.n_layers)]))
 

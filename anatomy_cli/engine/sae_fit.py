@@ -293,13 +293,12 @@ def default_lr(d_sae: int, *, scaled: bool = False, cross_layer: bool = False) -
 
 
 def unit_scales(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[float, float]:
-    """The numbers a transcoder's input and target are divided by while it trains (the typical row's root mean
-    square per coordinate, :func:`typical_rms`, so both train at unit scale; TopK or JumpReLU), ``(1, 1)`` for an
-    SAE. Why: a transcoder's
-    decoder starts at zero and Adam moves each weight by about the learning rate per step, so how far it gets
-    depends on the activations' units; SmolLM2's MLP inputs have an RMS of 0.10-0.15 and its outputs 0.8-1.5,
-    and at sparsify's learning rate 124 steps left block 15's held-out FVE at 0.23 where scaled it reaches 0.31
-    (0.37 against 0.45 on 32,000 tokens; docs/commands/sae.md). :func:`fold_scales` puts the units back."""
+    """The numbers a transcoder's input and target are divided by while it trains (the typical row's root mean square
+    per coordinate, :func:`typical_rms`, so both train at unit scale; TopK or JumpReLU), ``(1, 1)`` for an SAE. Why: a
+    transcoder's decoder starts at zero and Adam moves each weight by about the learning rate per step, so how far it
+    gets depends on the activations' units; SmolLM2's MLP inputs have an RMS of 0.10-0.15 and its outputs 0.8-1.5, and
+    at sparsify's learning rate 124 steps left block 15's held-out FVE at 0.23 where scaled it reaches 0.31 (0.37
+    against 0.45 on 32,000 tokens; docs/commands/sae.md). :func:`fold_scales` puts the units back."""
     if not _transcodes(coder):
         return 1.0, 1.0
     return float(typical_rms(x)), float(typical_rms(target))
@@ -307,12 +306,12 @@ def unit_scales(coder: Any, x: torch.Tensor, target: torch.Tensor) -> tuple[floa
 
 def typical_rms(t: torch.Tensor) -> torch.Tensor:
     """The median (torch's: the lower middle one of an even count) over the rows of ``t`` (``[rows, d]``) of each
-    row's root mean square (at least 1e-12): the unit
-    a transcoder trains in (:func:`unit_scales`, ``engine/clt_fit.py``'s per block). The median, not the RMS of
-    every entry: a few massive rows (SmolLM2's attention sink, which also forms after a window's first position:
-    at block 11 twenty rows of 31,500 with MLP outputs of norm up to 29,000 against a median of 30, 99.6% of the
-    variance) set the whole RMS, shrank every other target 18-fold at unit scale, and at 4x the rate 67% of the
-    features died (held-out FVE 0.23; at this unit 0.44, 7% dead, sparsify 0.39; docs/commands/sae.md)."""
+    row's root mean square (at least 1e-12): the unit a transcoder trains in (:func:`unit_scales`,
+    ``engine/clt_fit.py``'s per block). The median, not the RMS of every entry: a few massive rows (SmolLM2's
+    attention sink, which also forms after a window's first position: at block 11 twenty rows of 31,500 with MLP
+    outputs of norm up to 29,000 against a median of 30, 99.6% of the variance) set the whole RMS, shrank every other
+    target 18-fold at unit scale, and at 4x the rate 67% of the features died (held-out FVE 0.23; at this unit 0.44,
+    7% dead, sparsify 0.39; docs/commands/sae.md)."""
     typical: torch.Tensor = t.norm(dim=-1).median() / t.shape[-1] ** 0.5
     return typical.clamp_min(1e-12)
 
