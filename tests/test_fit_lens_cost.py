@@ -58,7 +58,7 @@ def test_the_estimate_is_the_flops_torch_counts_in_a_fit(tiny_lm, arch, gated, d
 
 
 def test_the_estimate_of_a_smollm2_shaped_fit_is_its_count_by_hand():
-    """The doc's SmolLM2 fit (16 prompts of 64 tokens, blocks 0..28 -> 29, dim_batch 32) from SmolLM2's shape
+    """The doc's SmolLM2 fit (16 prompts of 64 tokens, blocks 0-28 -> 29, dim_batch 32) from SmolLM2's shape
     (d 576, 9 heads of 64, 3 KV heads, a gated MLP of 1536, 30 blocks): 1.33e14 FLOP, where the estimate before
     issue 48 item 3 (the LM head in every copy's forward, 12 d² per block, the source block in the backward)
     said 1.5e14."""
@@ -82,3 +82,5 @@ def test_the_cost_line_is_timed_now(tiny_model_dir, tmp_path):
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "backward passes per prompt" in ln)
     assert "FLOP; roughly" in line and "timed on this machine now" in line, line
+    # the tiny model's 2 blocks: block 0 fitted to the last one, 1; the word by sites.block_spans (one block: singular)
+    assert " tokens, block 0 -> 1, " in line, line

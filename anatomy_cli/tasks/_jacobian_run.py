@@ -23,6 +23,7 @@ from anatomy_cli.engine.estimate import now
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import cost
 from anatomy_cli.models.lens_choice import LensChoice
+from anatomy_cli.models.sites import block_spans
 from anatomy_cli.tasks import notes
 from anatomy_cli.tasks._fit_files import DTYPES
 from anatomy_cli.tasks._fit_files import HASHES
@@ -203,10 +204,9 @@ def _announce(lm: Any, usable: list[list[int]], opts: FitLensOptions,
         checking = timing.Phase(PHASES[1], _lens_check.probe_seconds(lm, rows))
         where = lm.device.type
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun), fitting, checking))
-    notes.info(f"fit-lens jacobian: {counted(len(usable), 'prompt')}, "
-               f"{sum(map(len, usable)):,} tokens, block{'s' if len(plan.source_layers) > 1 else ''} "
-               f"{_blocks(plan.source_layers)} -> {plan.target_layer}, {passes:,} backward passes per prompt: about "
-               f"{flops:.2g} FLOP; {est.describe()} on {where}")
+    notes.info(f"fit-lens jacobian: {counted(len(usable), 'prompt')}, {sum(map(len, usable)):,} tokens, "
+               f"{block_spans(plan.source_layers)} -> {plan.target_layer}, {passes:,} backward passes per prompt: "
+               f"about {flops:.2g} FLOP; {est.describe()} on {where}")
     return flops, est
 
 
@@ -248,10 +248,3 @@ def probe_prompt(lm: LoadedModel, ids: list[int], opts: FitLensOptions, plan: Fi
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     per_pass = sorted(gaps)[len(gaps) // 2] if gaps else stamps[0] - start
     return max(stamps[0] - start - per_pass, 0.0), per_pass
-
-
-def _blocks(blocks: tuple[int, ...]) -> str:
-    if len(blocks) == 1:
-        return str(blocks[0])
-    return f"{blocks[0]}..{blocks[-1]}" if blocks == tuple(range(blocks[0], blocks[-1] + 1)) else ",".join(
-        map(str, blocks))
