@@ -305,8 +305,7 @@ def test_gemma_scope_refusals_and_variants(tiny_model_dir, tiny_lm, tmp_path, mo
     monkeypatch.setattr(command, "load_weights", lambda *_a, **_k: (_ for _ in ()).throw(AssertionError("loaded")))
     _one_line_refusal(run(gs), "block 0 has 2 transcoders (layer_0/width_16/average_l0_5, "
                       "layer_0/width_16/average_l0_9); point --transcoders at a folder holding one per block")
-    _one_line_refusal(run(missing), "transcoders for block 1 only, none for block 0 (one folder per block, every "
-                      "block 0..L-1)")
+    _one_line_refusal(run(missing), "has 2 blocks (0-1): none for block 0 (one folder per block, every block 0..L-1)")
     _one_line_refusal(run(short), "--transcoders has transcoders for block 0, but")
     assert "has 2 blocks (0-1): none for block 1" in run(short).stderr
     _one_line_refusal(run(res), "an SAE at blocks.0.hook_resid_post, not a transcoder")
@@ -318,6 +317,44 @@ def test_gemma_scope_refusals_and_variants(tiny_model_dir, tiny_lm, tmp_path, mo
     assert run(one, "--out", str(out[1])).exit_code == 0
     a, b = (torch.load(p, weights_only=False, pickle_module=_stub_pickle()) for p in out)
     assert torch.equal(a["adjacency_matrix"], b["adjacency_matrix"]) and len(a["active_features"]) > 20
+
+
+def test_a_folder_per_block_missing_blocks_above_and_below_names_every_one(tiny_model_dir, tiny_lm, tmp_path,
+                                                                           monkeypatch):
+    """A folder of per-block transcoders holding blocks 0 and 2 of a 4-block model (the tiny llama's config with 4
+    blocks: the refusal comes before any weight loads, so its 2 blocks of weights are never read): one line naming
+    every block missing of 0..3, the one between those present (1) and the one above the highest (3), as
+    range(4) less {0, 2} gives them; before, the folder's own check named block 1 only. A fifth block (4) the model
+    lacks is named too."""
+    import anatomy_cli.cli.commands.circuit as command
+    from anatomy_cli.models.sites import block_spans
+
+    lm = tiny_lm("llama")
+    model = tmp_path / "four"
+    shutil.copytree(tiny_model_dir("llama"), model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["num_hidden_layers"] = 4
+    cfg.pop("layer_types", None)
+    (model / "config.json").write_text(json.dumps(cfg))
+    tcs = random_transcoders(lm)
+    for tc in tcs:
+        tc.threshold = torch.full((16,), 0.05)
+    gaps = write_gemma_scope(tmp_path / "g", tcs)
+    (gaps / "layer_1").rename(gaps / "layer_2")  # blocks 0 and 2
+    more = write_gemma_scope(tmp_path / "m", tcs + tcs[:1], l0=5)
+    (more / "layer_1").rename(more / "layer_4")  # blocks 0, 2 and 4 (layer_2 is the third transcoder)
+    monkeypatch.setattr(command, "load_weights", lambda *_a, **_k: (_ for _ in ()).throw(AssertionError("loaded")))
+
+    def run(folder):
+        return invoke("circuit", "The capital of France is", "--model", str(model), "--device", "cpu",
+                      "--transcoders", str(folder))
+
+    missing = sorted(set(range(4)) - {0, 2})
+    assert block_spans(missing) == "blocks 1,3"
+    _one_line_refusal(run(gaps), f"--transcoders has transcoders for blocks 0,2, but four has 4 blocks (0-3): none "
+                      f"for {block_spans(missing)} (one folder per block, every block 0..L-1)")
+    _one_line_refusal(run(more), "--transcoders has transcoders for blocks 0,2,4, but four has 4 blocks (0-3): none "
+                      "for blocks 1,3; the model has no block 4")
 
 
 def test_gemma_scope_estimate_reads_headers_only(tiny_model_dir, tiny_lm, tmp_path, monkeypatch):

@@ -25,7 +25,6 @@ from anatomy_cli.models.sae.read import GEMMA_SCOPE
 from anatomy_cli.models.sae.read import SAEFile
 from anatomy_cli.models.sae.read import read
 from anatomy_cli.models.sites import Site
-from anatomy_cli.models.sites import block_spans
 from anatomy_cli.models.sites import hook_name
 
 
@@ -53,9 +52,11 @@ def _check(f: SAEFile) -> int:
 
 
 def describe(root: Path) -> dict[str, Any]:
-    """The fields of a TranscoderSet for ``root``'s transcoder folders: one per block 0..L-1, equal shapes;
-    ``k``: the largest TopK ``k`` when every block is TopK (sparsify), else None (each block's own ``k`` is what
-    ``load_layer`` gives the run; this one bounds the estimate); ``model_name``: block 0's (fit-sae's)."""
+    """The fields of a TranscoderSet for ``root``'s transcoder folders: at most one per block, equal shapes;
+    ``present``: their blocks, in order (a block missing is refused by ``transcoders.check_fits``, which knows the
+    model's blocks 0..L-1 and names every one missing); ``k``: the largest TopK ``k`` when every block is TopK
+    (sparsify), else None (each block's own ``k`` is what ``load_layer`` gives the run; this one bounds the
+    estimate); ``model_name``: the first block's (fit-sae's)."""
     found: dict[int, list[SAEFile]] = {}
     for d in folders(root):
         f = read(d, transcoder=True, values=False)
@@ -65,12 +66,8 @@ def describe(root: Path) -> dict[str, Any]:
             raise UsageError(f"--transcoders {root}: block {layer} has {len(fs)} transcoders "
                              f"({', '.join(_shown(root, f.path) for f in fs)}); point --transcoders at a folder "
                              f"holding one per block (links to the chosen ones will do)")
-    by_layer = {layer: fs[0] for layer, fs in found.items()}
-    missing = sorted(set(range(max(by_layer) + 1)) - set(by_layer))
-    if missing:
-        raise UsageError(f"--transcoders {root}: transcoders for {block_spans(by_layer)} only, none for "
-                         f"{block_spans(missing)} (one folder per block, every block 0..L-1)")
-    first = by_layer[0]
+    by_layer = {layer: found[layer][0] for layer in sorted(found)}  # a block missing: check_fits, with the model's
+    first = next(iter(by_layer.values()))
     for f in by_layer.values():
         if (f.d_in, f.d_sae) != (first.d_in, first.d_sae):
             raise UsageError(f"{f.path}: {f.d_sae} features of width {f.d_in}, unlike the other blocks' "
@@ -82,7 +79,7 @@ def describe(root: Path) -> dict[str, Any]:
                          f"norm's gain) and others the MLP's input; one set reads one of the two")
     ks = [f.k for f in by_layer.values()]
     k = None if None in ks else max(k for k in ks if k is not None)  # TopK in every block: the largest k
-    return {"paths": tuple(by_layer[layer].path for layer in range(len(by_layer))), "d_model": first.d_in,
+    return {"paths": tuple(f.path for f in by_layer.values()), "present": tuple(by_layer), "d_model": first.d_in,
             "d_transcoder": first.d_sae, "sae_format": first.format, "skip_bytes": skip, "k": k,
             "layer_bytes": 4 * (2 * first.d_sae * first.d_in + 2 * first.d_sae + first.d_in) + skip,
             "thresholds": any(f.threshold is not None for f in by_layer.values()), "before_gain": gains == {True},

@@ -78,10 +78,17 @@ class TranscoderSet:
     model_name: str | None = None  # the config's (fit-sae --clt writes it: models/resolve.py ``recorded``)
     context_size: int | None = None  # the config's: the windows' length it was fitted on (fit-sae --clt writes it)
     skipped_positions: int = 0  # the config's: each window's first positions the fit left out (fit-sae --clt)
+    present: tuple[int, ...] = ()  # the blocks of ``paths``, where a folder per block says (empty: 0..len - 1)
 
     @property
     def n_layers(self) -> int:
         return len(self.paths)
+
+    @property
+    def blocks(self) -> tuple[int, ...]:
+        """The blocks the set has a transcoder for, in the order of ``paths`` (:func:`check_fits` refuses a set
+        whose blocks are not the model's 0..L-1: until then a folder per block may lack some)."""
+        return self.present or tuple(range(len(self.paths)))
 
     @property
     def topk(self) -> int | None:
@@ -256,11 +263,17 @@ def _describe_clt(root: Path, cfg: dict[str, Any]) -> TranscoderSet:
 
 
 def check_fits(ts: TranscoderSet, n_layers: int, d_model: int, label: str) -> None:
-    if ts.n_layers != n_layers:
-        what = (f"none for {block_spans(range(ts.n_layers, n_layers))}" if ts.n_layers < n_layers else
-                f"the model has no {block_spans(range(n_layers, ts.n_layers))}")
-        raise UsageError(f"--transcoders has transcoders for {block_spans(range(ts.n_layers))}, but {label} "
-                         f"has {n_layers} blocks (0-{n_layers - 1}): {what}")
+    """UsageError unless ``ts`` fits the model ``label`` (``n_layers`` blocks of width ``d_model``): one transcoder
+    for every block 0..L-1 (the refusal names every block missing, below and above those present, and those the
+    model lacks), the width, the MLP's input and output."""
+    missing = [b for b in range(n_layers) if b not in ts.blocks]
+    extra = [b for b in ts.blocks if b >= n_layers]
+    if missing or extra:
+        what = "; ".join([f"none for {block_spans(missing)}"] * bool(missing) +
+                         [f"the model has no {block_spans(extra)}"] * bool(extra))
+        each = " (one folder per block, every block 0..L-1)" if ts.sae_format is not None and missing else ""
+        raise UsageError(f"--transcoders has transcoders for {block_spans(ts.blocks)}, but {label} "
+                         f"has {n_layers} blocks (0-{n_layers - 1}): {what}{each}")
     if ts.d_model != d_model:
         raise UsageError(f"the transcoders are {ts.d_model} wide, but {label}'s residual stream is {d_model}: "
                          f"they were trained on another model")

@@ -81,7 +81,8 @@ class CircuitPlan:
 
 def before_open(opts: CircuitOptions) -> None:
     """The transcoders' folder read (config and headers) before the model opens: one that holds none is refused
-    at once, not after the open's seconds (:func:`check` reads it again, with the model)."""
+    at once, not after the open's seconds (:func:`check` reads it again, with the model, and refuses a block missing:
+    only the model's config says which blocks 0..L-1 a folder per block must hold)."""
     tc_files.describe(opts.transcoders)
 
 
