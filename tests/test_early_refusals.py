@@ -77,6 +77,10 @@ def answers(files) -> dict[str, tuple[int, str]]:
     commands = {"features nope": ["features", f["nope"], *on_corpus],
                 "features truncated": ["features", f["sae"], *on_corpus],
                 "circuit empty": ["circuit", "hello", "--model", f["model"], "--transcoders", f["empty"]],
+                "sae nope": ["sae", "hello", "--sae", f["nope"], "--model", f["model"]],
+                "sae truncated": ["sae", "hello", "--sae", f["sae"], "--model", f["model"]],
+                "fit-sae ctx": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", "3", "--out", f["out"],
+                                "--ctx", "100000"],
                 **{f"fit-sae {k}": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", layer, "--out", f["out"]]
                    for k, (layer, _) in LAYERS.items()},
                 "model dir": ["next", "hi", "--model", "./no-such-model"],
@@ -95,20 +99,43 @@ def test_features_refuses_a_truncated_dictionary_before_the_model_opens(answers,
     assert "truncated" in err
 
 
+def test_sae_refuses_a_missing_or_truncated_dictionary_before_the_model_opens(answers, files):
+    """`sae` reads its dictionary whole before the open (tasks/sae.py ``before_open``), as `features` does: no SAE
+    at the path is a usage error (2), a truncated file a runtime error (1), one line each, torch not imported."""
+    assert answers["sae nope"] == (2, f"error: no SAE at {files['nope']}: no such file or folder\n")
+    code, err = answers["sae truncated"]
+    assert code == 1 and err.startswith(f"error: {files['sae'] / 'sae.safetensors'}") and err.count("\n") == 1, err
+    assert "truncated" in err
+
+
+def test_fit_sae_refuses_a_ctx_past_the_context_before_the_model_opens(answers, files):
+    """--ctx 100000 on SmolLM2: the context the GGUF header states (models/light.py ``gguf_header``), before torch
+    is imported, with the refusal the opened model gives (models/info.py ``check_ctx``); the number is the one
+    the opened model's ModelInfo (transformers' config of the file) has."""
+    from anatomy_cli.models.spec import ModelSpec
+    from anatomy_cli.tasks.session import open_model
+
+    n_ctx = open_model(ModelSpec(model=str(files["model"]))).info.n_ctx
+    assert n_ctx == 8192  # SmolLM2-135M's config.json's max_position_embeddings
+    assert answers["fit-sae ctx"] == (2, f"error: --ctx 100000 is more than {files['model']}'s context of {n_ctx} "
+                                         "tokens\n")
+
+
 def test_circuit_refuses_a_folder_without_transcoders_before_the_model_opens(answers, files):
     code, err = answers["circuit empty"]
     assert code == 2 and err.startswith(f"error: --transcoders {files['empty']}: no config.yaml there"), err
 
 
 def test_fit_sae_refuses_a_layer_past_the_last_before_the_model_opens(answers, files):
-    """The block count from the GGUF header (models/light.py ``block_count``), before torch is imported."""
+    """The block count from the GGUF header (models/light.py ``gguf_header``), before torch is imported."""
     from anatomy_cli.models import light
 
     for k, (_, bad) in LAYERS.items():
         assert answers[f"fit-sae {k}"] == (2, f"error: --layer {bad} is out of range: this model has blocks "
                                               f"0..{N_BLOCKS - 1} (negative counts from the last)\n")
-    assert light.block_count(str(files["model"])) == N_BLOCKS
-    assert light.block_count("gpt2") is None  # a preset: known once opened
+    header = light.gguf_header(str(files["model"]))
+    assert header is not None and header.block_count == N_BLOCKS
+    assert light.gguf_header("gpt2") is None  # a preset: known once opened
 
 
 def test_a_model_path_that_does_not_exist_is_a_usage_error(answers):

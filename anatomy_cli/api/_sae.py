@@ -14,7 +14,7 @@ from anatomy_cli.api._model import weights
 from anatomy_cli.api._results import Result
 from anatomy_cli.output.views import sae as view
 from anatomy_cli.tasks import sae as sae_task
-from anatomy_cli.tasks.recorded_model import for_dictionary
+from anatomy_cli.tasks.recorded_model import chosen
 from anatomy_cli.text.options import PromptOptions
 
 One = Result | list[Result]
@@ -29,8 +29,9 @@ def sae(model: Model | None, prompt: str | list[str], opts: sae_task.SaeOptions,
     (``lens_top`` tokens at each end), ``labels`` joined from Neuronpedia's explanations export. ``result``:
     Reading (``activations``: [pos, d_sae]); rows: ``top_features``. ``model=None``: the model the SAE's metadata
     names (``model_name``, as fit-sae writes it) where it resolves, else the default model."""
-    first = opened(for_dictionary(left_out(), False, opts.sae, opts.hook) if model is None else model)
-    plan = sae_task.check(first, opts)
+    sae_file = sae_task.before_open(opts)  # no SAE at the path: refused before a model named by name opens
+    first = opened(chosen(left_out(), False, lambda: sae_file.model_name) if model is None else model)
+    plan = sae_task.check(first, opts, sae_file)
     texts, single = texts_of(prompt)
     encoded = encode(first, texts, prompts)
     lm = weights(first)

@@ -81,6 +81,14 @@ class GGUFHeader:
         n = self.field("block_count")
         return n if isinstance(n, int) and n > 0 else None
 
+    @property
+    def context_length(self) -> int | None:
+        """The context the header states (``{architecture}.context_length``, which transformers' GGUF reader makes
+        the config's ``max_position_embeddings``: ``ModelInfo.n_ctx``); None where it states no positive whole
+        number."""
+        n = self.field("context_length")
+        return n if isinstance(n, int) and n > 0 else None
+
     def field(self, suffix: str, default: object = None) -> Any:
         """``{architecture}.{suffix}``, e.g. ``field("block_count")``."""
         return self.fields.get(f"{self.architecture}.{suffix}", default)

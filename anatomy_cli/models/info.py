@@ -103,6 +103,14 @@ def text_config(config: Config) -> Config:
     return text
 
 
+def check_ctx(ctx: int, n_ctx: int | None, name: str) -> None:
+    """UsageError for a ``--ctx`` past the model's context ``n_ctx`` (None: no limit known; ``name``: the model as
+    the user named it): :meth:`ModelInfo.window`'s refusal, also said from a GGUF header's context before the model
+    opens (tasks/session.py ``check_early``)."""
+    if n_ctx and ctx > n_ctx:
+        raise UsageError(f"--ctx {ctx} is more than {name}'s context of {n_ctx} tokens")
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """A model's shape and conventions.
@@ -161,8 +169,7 @@ class ModelInfo:
         UsageError for a ``ctx`` past the model's context (``name``: the model as the user named it)."""
         if ctx is None:
             return min(default, self.n_ctx) if self.n_ctx else default
-        if self.n_ctx and ctx > self.n_ctx:
-            raise UsageError(f"--ctx {ctx} is more than {name}'s context of {self.n_ctx} tokens")
+        check_ctx(ctx, self.n_ctx, name)
         return ctx
 
     @property

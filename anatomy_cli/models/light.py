@@ -29,6 +29,8 @@ from anatomy_cli.models.resolve import in_cache
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from anatomy_cli.models.headers import GGUFHeader
+
 # Tokenizer classes whose transformers tokenizer is the tokenizer.json it was saved with, unchanged
 # (checked by tests/test_preflight.py); others (Llama's, Gemma's) may rebuild parts of it.
 TOKENIZER_CLASSES = frozenset({"GPT2Tokenizer", "GPT2TokenizerFast", "TokenizersBackend", "PreTrainedTokenizerFast",
@@ -71,16 +73,15 @@ def read(spec: str, init: str = "pretrained") -> tuple[JsonConfig, Tokenizer, di
     return JsonConfig(config), backend, special
 
 
-def block_count(spec: str) -> int | None:
-    """The block count a GGUF file's header states (``{architecture}.block_count``), read without torch, for a
-    check of block numbers before the slow open; None for every other source (a directory's light open is quick;
-    a Hub id or a preset is known once opened): ``GGUFHeader.block_count``. Raises what :func:`check_path` and
-    ``read_gguf`` raise (a missing path, a corrupt header)."""
-
+def gguf_header(spec: str) -> GGUFHeader | None:
+    """The header of the GGUF file behind ``spec``, read without torch, for checks before the slow open (the block
+    count, ``GGUFHeader.block_count``: an upper bound; the context, ``GGUFHeader.context_length``); None for every
+    other source (a directory's light open is quick; a Hub id or a preset is known once opened). Raises what
+    :func:`check_path` and ``read_gguf`` raise (a missing path, a corrupt header)."""
     source = check_path(spec)
     if source is None or source.kind != "gguf":
         return None
-    return read_gguf(source.ref).block_count
+    return read_gguf(source.ref)
 
 
 def _gpt2_preset(spec: str) -> tuple[JsonConfig, Tokenizer, dict[str, object]] | None:

@@ -1,6 +1,7 @@
 """The model a dictionary's metadata names (``model_name``, as fit-sae records it: models/resolve.py ``recorded``):
 what ``features``, ``sae`` and ``circuit`` open when no model is given. The one place of that rule: the CLI, the
-Python API and ``anatomy serve`` (which runs the CLI) all ask :func:`for_dictionary` / :func:`for_transcoders`."""
+Python API and ``anatomy serve`` (which runs the CLI) all ask :func:`chosen` (``sae`` and ``features`` with the
+dictionary they have read) or :func:`for_transcoders`."""
 
 from __future__ import annotations
 
@@ -39,13 +40,6 @@ def chosen(spec: ModelSpec, given: bool, recorded: Callable[[], str | None]) -> 
         return spec
     model = named_model(recorded())
     return spec if model is None else spec.replace(model=model)
-
-
-def for_dictionary(spec: ModelSpec, given: bool, sae: str | Path, hook: str | None) -> ModelSpec:
-    """:func:`chosen` for the dictionary at ``sae`` (``hook``: one block of a circuit-tracer set)."""
-    from anatomy_cli.models.ct_block import read_dictionary
-
-    return chosen(spec, given, lambda: read_dictionary(Path(sae), hook=hook, values=False).model_name)
 
 
 def for_transcoders(spec: ModelSpec, given: bool, transcoders: str | Path) -> ModelSpec:

@@ -1,8 +1,8 @@
 """`sae`: does a sparse autoencoder (or transcoder) fit this model, and which features fire (the task).
 
-:class:`SaeOptions` holds the SAE's path and what to list; :func:`check` reads the SAE (and the labels), refuses
-a feature out of range and an SAE of another model before any weight loads; :func:`run` gives one
-:class:`~anatomy_cli.analyses.sae.Reading` per prompt.
+:class:`SaeOptions` holds the SAE's path and what to list; :func:`before_open` reads the SAE before the model opens;
+:func:`check` reads the labels, refuses a feature out of range and an SAE of another model before any weight loads;
+:func:`run` gives one :class:`~anatomy_cli.analyses.sae.Reading` per prompt.
 """
 
 from __future__ import annotations
@@ -74,12 +74,20 @@ class SaePlan:
     labels: FeatureLabels
 
 
-def check(opened: Opened, opts: SaeOptions) -> SaePlan:
-    """Read the SAE and its labels; UsageError for a feature out of range or an SAE that does not fit the model
-    ``opened`` (an OpenedModel or a LoadedModel) describes, and what the readers raise."""
+def before_open(opts: SaeOptions) -> SAEFile:
+    """The SAE read (its files whole, as :func:`check` takes it) before the model opens: a path that holds none or a
+    file that cannot be read is refused at once, not after the open's seconds (it imports torch); its
+    ``model_name`` is the model opened when none is given (tasks/recorded_model.py ``chosen``)."""
     from anatomy_cli.models.sae import read
 
-    sae_file = read.read(Path(opts.sae), hook=opts.hook)
+    return read.read(Path(opts.sae), hook=opts.hook)
+
+
+def check(opened: Opened, opts: SaeOptions, sae_file: SAEFile | None = None) -> SaePlan:
+    """The SAE (``sae_file``, :func:`before_open`'s; else read here) and its labels; UsageError for a feature out of
+    range or an SAE that does not fit the model ``opened`` (an OpenedModel or a LoadedModel) describes, and what the
+    readers raise."""
+    sae_file = before_open(opts) if sae_file is None else sae_file
     bad = [f for f in opts.wanted if f >= sae_file.d_sae]
     if bad:
         raise UsageError(f"--feature {bad[0]} is out of range: the SAE has {sae_file.d_sae} features")

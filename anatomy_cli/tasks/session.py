@@ -27,6 +27,7 @@ from anatomy_cli.engine.threads import machine_threads
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import bigmodel
 from anatomy_cli.models import cost
+from anatomy_cli.models.info import check_ctx
 from anatomy_cli.models.sites import parse_blocks
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import notes
@@ -63,15 +64,21 @@ def open_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOp
     return open_texts(read_prompts(prompt), spec, prompts)
 
 
-def check_blocks_early(spec: ModelSpec, text: str, option: str, **parse: Any) -> None:
-    """``option``'s blocks (``text``, :func:`anatomy_cli.models.sites.parse_blocks` with ``parse``) against the
-    block count a GGUF file's header states, before the model opens (the open imports torch: seconds): a block out
-    of range is refused at once, with the message the task's own check gives once the model is open."""
+def check_early(spec: ModelSpec, blocks: tuple[str, str] | None = None, ctx: int | None = None, **parse: Any) -> None:
+    """What a GGUF file's header states, checked before the model opens (the open imports torch: seconds), with the
+    messages the task's own checks give once it is open: ``blocks`` (an option's text and flag,
+    :func:`anatomy_cli.models.sites.parse_blocks` with ``parse``) against its block count, a block out of range
+    refused; ``ctx`` (``--ctx``) against its context (``models.info.check_ctx``). Other sources: nothing here (a
+    directory's light open is quick; a Hub id or a preset is known once opened)."""
     light = when_run("models.light")
 
-    n = light.block_count(spec.model)
-    if n is not None:
-        parse_blocks(text, n, option, **parse)
+    header = light.gguf_header(spec.model)
+    if header is None:
+        return
+    if blocks is not None and header.block_count is not None:
+        parse_blocks(blocks[0], header.block_count, blocks[1], **parse)
+    if ctx is not None:
+        check_ctx(ctx, header.context_length, spec.model)
 
 
 def open_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,

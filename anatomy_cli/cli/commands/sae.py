@@ -15,7 +15,7 @@ from anatomy_cli.cli.options import prompt_options
 from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks import sae as task
-from anatomy_cli.tasks.recorded_model import for_dictionary
+from anatomy_cli.tasks.recorded_model import chosen
 from anatomy_cli.tasks.session import open_texts
 from anatomy_cli.text.inputs import read_prompts
 from anatomy_cli.text.options import PromptOptions
@@ -53,9 +53,10 @@ def sae_command(
     view = when_run("output.views.sae")
 
     texts = read_prompts(prompt)  # an empty PROMPT: a usage error before the dictionary or the model are read
-    spec = for_dictionary(spec, model_given(spec), opts.sae, opts.hook)  # no --model: the recorded one
+    sae_file = task.before_open(opts)  # no SAE at the path: refused before the model opens
+    spec = chosen(spec, model_given(spec), lambda: sae_file.model_name)  # no --model: the recorded one
     opened, encoded = open_texts(texts, spec, prompts)
-    plan = task.check(opened, opts)
+    plan = task.check(opened, opts, sae_file)
     lm = load_weights(opened)
     readings = task.run(lm, encoded, opts, plan)
     draw_each("sae", plot, prompt, (view.figure(lm, enc, r, plan.sae_file) for enc, r in zip(encoded, readings)))
