@@ -225,6 +225,41 @@ def test_too_small_a_corpus_is_refused_before_the_weights_load(tiny_model_dir, t
     assert result.exit_code == 2 and "--layer" in result.output, result.output
 
 
+def test_a_fit_of_fewer_than_8_training_rows_is_refused_before_the_weights_load(tiny_model_dir, tmp_path,
+                                                                                monkeypatch):
+    """The training windows' rows (each window's ctx tokens less its first position) under 8, the positions an FVU
+    needs to be judged (analyses/sae.py FVE_MIN_POSITIONS): refused in one line before any weight loads, the rows
+    counted as windows x (ctx - 1) of a corpus longer than --max-tokens (its last window held out): --ctx 8
+    --max-tokens 16 gives 1 x 7 = 7 rows (refused; before, a fit of 1 row ran with warnings only); --ctx 5
+    --max-tokens 15 gives 2 x 4 = 8, which fits (the JSON's cost.rows)."""
+    from anatomy_cli.tasks import session
+
+    model = tiny_model_dir("llama")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat. " * 8)  # more tokens than any budget here
+    load = session.load_weights
+
+    def args(ctx, budget):
+        return ["fit-sae", str(corpus), "--model", str(model), "--layer", "1", "--out", str(tmp_path / f"o{ctx}"),
+                "--ctx", str(ctx), "--max-tokens", str(budget), "--d-sae", "16", "--k", "2", "--epochs", "1",
+                "--format", "json"]
+
+    monkeypatch.setattr(session, "load_weights", lambda *a, **k: pytest.fail("weights loaded"))
+    for ctx, budget in ((8, 16), (2, 4)):
+        n = (budget // ctx - 1) * (ctx - 1)
+        result = runner.invoke(app, args(ctx, budget))
+        assert result.exit_code == 2, result.output
+        assert result.stderr.splitlines() == [
+            f"error: the corpus gives {n} training row{'s' * (n != 1)} (1 window of {ctx} tokens, each window's first "
+            "position left out), under the 8 a fit needs: its loss is each batch's FVU, the error over the rows' "
+            "variance around their own mean, which fewer rows do not measure (nor is an FVE judged on fewer): give "
+            "more text, or a larger --ctx or --max-tokens"]
+    monkeypatch.setattr(session, "load_weights", load)
+    result = runner.invoke(app, args(5, 15))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["cost"]["rows"] == (15 // 5 - 1) * (5 - 1) == 8
+
+
 def test_a_ctx_past_the_context_is_refused_before_the_weights_load(tiny_model_dir, corpus, tmp_path, monkeypatch):
     """The model's context read from its config.json (transformers' own): one over it is a usage error naming
     --ctx (the API: ctx=), before any weight loads."""

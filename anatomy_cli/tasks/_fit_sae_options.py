@@ -4,6 +4,7 @@ the cross-layer fit it imports (tasks/_fit_clt.py) reads them by their own type.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -17,6 +18,7 @@ from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
+from anatomy_cli.units import counted
 
 CTX = 256  # --ctx's default: min(CTX, the model's context)
 
@@ -150,3 +152,25 @@ class FitSaePlan:
     def points(self) -> list[str]:
         """Every hook point collected, once each, in block order."""
         return list(dict.fromkeys(p for b in self.blocks for p in b.points))
+
+
+def check_windows(wins: Sequence[Sequence[int]], ctx: int) -> None:
+    """UsageError when the corpus's ``ctx``-token windows ``wins`` are under two (the last is held out), or when the
+    training windows give fewer rows than :data:`anatomy_cli.analyses.sae.FVE_MIN_POSITIONS` (8): the loss is each
+    batch's FVU, the error over the rows' variance around their own mean, which one row does not have (the loss is
+    then the error over 1e-30) and a few do not measure, the bound under which an FVE is not judged (the held-out
+    window's, `sae`'s)."""
+    from anatomy_cli.analyses.sae import FVE_MIN_POSITIONS
+    from anatomy_cli.engine.sae_fit import rows
+
+    if len(wins) < 2:
+        tokens = sum(map(len, wins))
+        raise UsageError(f"the corpus gives {counted(tokens, 'token')}, under two --ctx {ctx} windows (one is "
+                         "held out): give more text or a smaller --ctx")
+    n = rows(wins[:-1])
+    if n < FVE_MIN_POSITIONS:
+        raise UsageError(f"the corpus gives {counted(n, 'training row')} ({counted(len(wins) - 1, 'window')} of "
+                         f"{len(wins[0]):,} tokens, each window's first position left out), under the "
+                         f"{FVE_MIN_POSITIONS} a fit needs: its loss is each batch's FVU, the error over the rows' "
+                         f"variance around their own mean, which fewer rows do not measure (nor is an FVE judged "
+                         f"on fewer): give more text, or a larger --ctx or --max-tokens")

@@ -40,6 +40,7 @@ from anatomy_cli.tasks._fit_sae_options import CTX
 from anatomy_cli.tasks._fit_sae_options import Activation as Activation
 from anatomy_cli.tasks._fit_sae_options import FitSaeOptions as FitSaeOptions
 from anatomy_cli.tasks._fit_sae_options import FitSaePlan as FitSaePlan
+from anatomy_cli.tasks._fit_sae_options import check_windows
 from anatomy_cli.tasks.session import busy_threads
 from anatomy_cli.units import counted
 from anatomy_cli.units import human_bytes
@@ -115,8 +116,8 @@ def recipe(k: int, jumprelu: dict[str, float] | None) -> tuple[str, str]:
 
 
 def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
-    """The blocks against the model, the corpus tokenized into windows (refused when under two), and the cost,
-    printed: all before the weights load."""
+    """The blocks against the model, the corpus tokenized into windows (refused when under two, or when they give
+    under 8 training rows: ``check_windows``), and the cost, printed: all before the weights load."""
     require(opened.info, Need.decoder, command=COMMAND)
     info = opened.info
     layers = sorted(int(b) for b in sites.parse_blocks(str(opts.layer), info.n_layers, "--layer", every=True))
@@ -137,10 +138,7 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
 
     wins = tuple(windows(token_stream(pieces(), hf, eos=hf.eos_token_id), ctx=ctx,
                          bos=bos, max_tokens=opts.max_tokens))
-    if len(wins) < 2:
-        tokens = sum(map(len, wins))
-        raise UsageError(f"the corpus gives {counted(tokens, 'token')}, under two --ctx {ctx} windows (one is "
-                         "held out): give more text or a smaller --ctx")
+    check_windows(wins, ctx)
     d_sae = opts.d_sae or 8 * info.d_model
     if opts.k > d_sae:
         raise UsageError(f"--k {opts.k} is above d_sae {d_sae}")
