@@ -304,3 +304,42 @@ def test_the_clt_fit_reports_the_spliced_ce_and_kl(tiny_model_dir, corpus, tmp_p
     assert len(figures) == 1  # every block spliced at once: one set of figures
     clean, spliced, kl = figures.pop()
     assert clean > 0 and spliced > 0 and kl >= 0
+
+
+def _by_hand(fve: float, dead: float, what: str) -> list[str]:
+    """fit-sae's warning rule for a block's held-out FVE (over 31 positions here, at least 8: judged) and dead
+    fraction, written out: under 0.5 (under 0: worse than the mean), over half dead."""
+    out = []
+    if fve < 0:
+        out.append(f"FVE {fve:.3f} < 0: the reconstruction is worse than the held-out window's mean activation; the "
+                   "SAE does not fit this model or site")
+    elif fve < 0.5:
+        out.append(f"FVE {fve:.3f} < 0.5: the reconstruction explains less than half of the activation's variance on "
+                   "this held-out window; the SAE fits this model or site poorly")
+    if dead > 0.5:
+        out.append(f"{dead:.0%} of the {what} never fired in the last epoch (over 50%): train on more tokens, or give "
+                   "a smaller --d-sae")
+    return out
+
+
+def test_a_clt_blocks_warnings_follow_the_per_layer_fits_rule(tiny_model_dir, corpus, tmp_path):
+    """A short CLT fit (2 epochs at 0.003) leaves both blocks weak: each row warns of its held-out FVE under 0.5 as
+    a per-layer fit's row does (before, a CLT's rows warned of dead features only), its text the per-layer fit's
+    for the same figure, and the summary says what the rows warn of. The per-layer transcoders of the same corpus:
+    the same rule on their FVEs (their rows also carry their own splice's scale and KL warnings)."""
+    result = fit(tiny_model_dir("llama"), corpus, tmp_path / "clt")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["blocks"]
+    weak = [r["layer"] for r in rows if r["health"]["fve"] < 0.5]
+    assert weak == [0, 1], [r["health"]["fve"] for r in rows]  # the case the trial met: every block weak
+    for r in rows:
+        assert r["warnings"] == _by_hand(r["health"]["fve"], r["dead_fraction"], "features"), r
+    assert "2 warnings on blocks 0-1 (the held-out window's FVE, dead features)" in result.stderr, result.stderr
+    per_layer = runner.invoke(app, ["fit-sae", str(corpus), "--model", str(tiny_model_dir("llama")), "--layer", "all",
+                                    "--transcoder", "--out", str(tmp_path / "pl"), "--ctx", "32", "--max-tokens",
+                                    "384", "--d-sae", "32", "--k", "4", "--epochs", "2", "--batch-size", "64", "--lr",
+                                    "0.003", "--format", "json"])
+    assert per_layer.exit_code == 0, per_layer.output
+    for r in json.loads(per_layer.stdout)["blocks"]:
+        fve_and_dead = [w for w in r["warnings"] if w.startswith("FVE ") or "never fired" in w]
+        assert fve_and_dead == _by_hand(r["health"]["fve"], r["dead_fraction"], "latents"), r

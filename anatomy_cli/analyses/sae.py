@@ -107,6 +107,21 @@ def too_weak(fve: float | None, positions: int) -> bool:
     return fve is not None and positions >= FVE_MIN_POSITIONS and fve < FVE_LOW
 
 
+def fve_warnings(fve: float | None, positions: int, text: str = "prompt") -> list[str]:
+    """What an FVE measured over ``positions`` positions of ``text`` says (:func:`warnings`' rule, also a
+    cross-layer transcoder's block rows' in fit-sae): under :data:`FVE_LOW` (:func:`too_weak`; under 0: worse than
+    the mean), or, over fewer than :data:`FVE_MIN_POSITIONS` positions, only that it says little; none else."""
+    if fve is not None and too_weak(fve, positions):
+        return [f"FVE {fve:.3f} < 0: the reconstruction is worse than the {text}'s mean activation; the SAE does "
+                f"not fit this model or site" if fve < 0 else f"FVE {fve:.3f} < {FVE_LOW}: the reconstruction "
+                f"explains less than half of the activation's variance on this {text}; the SAE fits this model "
+                f"or site poorly"]
+    if fve is not None and fve < FVE_LOW:  # not judged: too few positions
+        return [f"FVE {fve:.3f} over {counted(positions, 'position')} says little about the fit (its variance "
+                f"is around a {positions}-position mean): judge it on {FVE_MIN_POSITIONS} positions or more"]
+    return []
+
+
 def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: bool | None, prompt_bos: bool | None,
              centred: bool, centred_now: float, text: str = "prompt") -> list[str]:
     """What the figures say about the fit, measured on ``text`` (`sae`: the prompt; `fit-sae`: its held-out
@@ -126,15 +141,7 @@ def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: boo
                    f"is far from the SAE's training scale")
     if h.stated_l0 and not h.stated_l0 / 4 <= h.l0_mean <= h.stated_l0 * 4:
         out.append(f"mean L0 {h.l0_mean:.1f} is far from the {h.stated_l0:g} the SAE states")
-    fve = h.fve
-    if fve is not None and too_weak(fve, len(h.l0)):
-        out.append(f"FVE {fve:.3f} < 0: the reconstruction is worse than the {text}'s mean activation; the SAE does "
-                   f"not fit this model or site" if fve < 0 else f"FVE {fve:.3f} < {FVE_LOW}: the reconstruction "
-                   f"explains less than half of the activation's variance on this {text}; the SAE fits this model "
-                   f"or site poorly")
-    elif fve is not None and fve < FVE_LOW:  # not judged: too few positions
-        out.append(f"FVE {fve:.3f} over {counted(len(h.l0), 'position')} says little about the fit (its variance "
-                   f"is around a {len(h.l0)}-position mean): judge it on {FVE_MIN_POSITIONS} positions or more")
+    out += fve_warnings(h.fve, len(h.l0), text)
     if h.kl_spliced_nats > KL_HIGH_NATS:
         out.append(f"KL {h.kl_spliced_nats:.2f} nats > {KL_HIGH_NATS:g} with the reconstruction spliced in: the "
                    f"model's next-token predictions change a lot; the SAE does not fit this model or site")

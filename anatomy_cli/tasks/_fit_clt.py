@@ -23,8 +23,8 @@ from anatomy_cli.models.resolve import recorded
 from anatomy_cli.models.sites import Site
 from anatomy_cli.models.sites import hook_name
 from anatomy_cli.tasks import notes
-from anatomy_cli.tasks._fit_sae_block import DEAD_HIGH
 from anatomy_cli.tasks._fit_sae_block import BlockFit
+from anatomy_cli.tasks._fit_sae_block import block_warnings
 from anatomy_cli.tasks._fit_sae_options import FitSaeOptions
 from anatomy_cli.tasks._fit_sae_options import FitSaePlan
 
@@ -169,19 +169,19 @@ def block_fits(opts: FitSaeOptions, plan: FitSaePlan, trained: dict[str, Any], h
                d: int, *, seconds: float, spliced: dict[str, float | None]) -> tuple[BlockFit, ...]:
     """One row per block: the summed loss's curve over the blocks (its mean per block, the same in every row), the
     block's dead fraction, its held-out FVE as written (thresholds) and as trained (TopK), and the written L0;
-    the spliced CE/KL (``spliced``: every block spliced at once, the same in every row); its warnings (the run says
-    them: ``fit_sae.fit_notes``)."""
+    the spliced CE/KL (``spliced``: every block spliced at once, the same in every row); its warnings, by the per-layer
+    fit's rule (``_fit_sae_block.block_warnings``: its held-out FVE, its features that never fired; the spliced KL is
+    every block's, so no block's own), which the run says (``fit_sae.fit_notes``)."""
+    from anatomy_cli.engine import sae_fit
 
     fired, curve, n = trained["fired"], trained["fvu"], len(plan.blocks)
+    positions = sae_fit.rows(plan.windows[-1:])  # the held-out rows every block's FVE is over
     out = []
     for i, block in enumerate(plan.blocks):
         dead = 1.0 - float(fired[i].float().mean())
-        warnings = []
-        if dead > DEAD_HIGH:
-            warnings.append(f"{dead:.0%} of the features never fired in the last epoch (over {DEAD_HIGH:.0%}): "
-                            "train on more tokens, or give a smaller --d-sae")
         health = {"l0_mean": held[i]["l0_mean"], "fve": 1.0 - held[i]["fvu"], "fve_topk": 1.0 - held[i]["fvu_topk"],
                   "error_ratio": None, "norm_ratio": None, **spliced}
+        warnings = block_warnings(dead, "features", fve=health["fve"], positions=positions)
         out.append(BlockFit(layer=block.layer, folder=str(opts.out), site=hook_name(block.layer, Site.mlp_in),
                             site_out=hook_name(block.layer, Site.mlp_out), d_in=d, d_sae=plan.d_sae,
                             steps=trained["steps"], fvu_first=curve[0] / n,

@@ -17,6 +17,7 @@ from anatomy_cli.tasks import notes
 if TYPE_CHECKING:
     import torch
 
+    from anatomy_cli.analyses.sae import Health
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine.estimate import Timings
     from anatomy_cli.engine.sae import CleanRun
@@ -53,6 +54,25 @@ class BlockFit:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "warnings": list(self.warnings)}
+
+
+def block_warnings(dead: float, what: str, *, health: Health | None = None, fve: float | None = None,
+                   positions: int = 0) -> list[str]:
+    """A fitted block's warnings on the held-out window: the one rule of fit-sae's rows, per layer and ``--clt``.
+    Its health's (analyses/sae.py ``warnings``: a per-layer block's own splice, so its scale, L0 and KL, and its FVE),
+    or, without a ``health`` (a cross-layer transcoder's block, whose spliced CE and KL are every block's at once), its
+    ``fve`` over ``positions`` alone (``fve_warnings``, the same FVE rule); then ``dead``, the fraction of its ``what``
+    (latents, features) that never fired in the last epoch, over :data:`DEAD_HIGH`."""
+    from anatomy_cli.analyses import sae as analysis
+
+    text = "held-out window"
+    out = (analysis.fve_warnings(fve, positions, text) if health is None else
+           analysis.warnings(health, n_tokens=len(health.l0), context_size=None, sae_bos=None, prompt_bos=None,
+                             centred=False, centred_now=0.0, text=text))
+    if dead > DEAD_HIGH:
+        out.append(f"{dead:.0%} of the {what} never fired in the last epoch (over {DEAD_HIGH:.0%}): train on more "
+                   "tokens, or give a smaller --d-sae")
+    return out
 
 
 def clean_run(lm: LoadedModel, blocks: Sequence[BlockPlan], held_out: Sequence[int]) -> CleanRun:
@@ -111,11 +131,7 @@ def fit_block(lm: LoadedModel, block: BlockPlan, x: torch.Tensor, target: torch.
                                        clean=clean)
     health = analysis.health(splice, held_out[sae_fit.SKIPPED:], sae_file.stated_l0)
     dead = 1.0 - float(trained["fired"].float().mean())
-    warnings = analysis.warnings(health, n_tokens=len(held_out), context_size=None, sae_bos=None, prompt_bos=None,
-                                 centred=False, centred_now=0.0, text="held-out window")
-    if dead > DEAD_HIGH:
-        warnings.append(f"{dead:.0%} of the latents never fired in the last epoch (over {DEAD_HIGH:.0%}): "
-                        "train on more tokens, or give a smaller --d-sae")
+    warnings = block_warnings(dead, "latents", health=health)
     curve = trained["fvu"]
     fit = BlockFit(layer=block.layer, folder=str(block.folder), site=sae_file.site, site_out=sae_file.site_out,
                    d_in=sae_file.d_in, d_sae=sae_file.d_sae, steps=trained["steps"], fvu_first=curve[0],
