@@ -54,8 +54,8 @@ def _sae(tmp_path, fixture, **hooks):
     return folder, {k: torch.from_numpy(v) for k, v in load_file(str(folder / "sae_weights.safetensors")).items()}
 
 
-def _run(folder, model, d_sae=64):
-    args = ["sae", PROMPT, "--sae", str(folder), "--model", str(model), "--format", "json"]
+def _run(folder, model, *more, d_sae=64):
+    args = ["sae", PROMPT, "--sae", str(folder), "--model", str(model), "--format", "json", *more]
     for f in range(d_sae):
         args += ["--feature", str(f)]
     result = runner.invoke(app, args)
@@ -255,3 +255,39 @@ def test_the_real_gemma_3_with_gains_of_0_reads_n_from_the_norms_input(gemma3_lm
     with rep.frozen(lm), torch.no_grad():
         fw = rep.forward(lm, torch.tensor(ids), PerLayer([tc] * lm.n_layers, before_gain=True), 1)
     torch.testing.assert_close(fw.mlp_in[layer][0], n, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_a_sparsify_transcoder_read_at_ln2_hook_normalized_with_hook(tiny_model_dir, tmp_path, arch):
+    """sparsify's transcoder (``layers.0.mlp``, TopK k 8, a skip) given ``--hook blocks.1.ln2.hook_normalized``, as
+    sae.md's ``--hook`` promises: it reads block 1's ``n = x / RMS(x)`` of the pre-MLP norm's input and writes its
+    ``hook_mlp_out`` (before, the reader put --hook on both ends and refused it on every model, Gemma 3 too); its
+    features are sparsify's ``TopK_8(relu(n W_encᵀ + b_enc))`` by hand, on norms with gains of 0 in some channels;
+    ``--hook blocks.1.mlp.hook_in`` reads the MLP's input after the gain, which differs."""
+    model, hf = _random_gains(tiny_model_dir, tmp_path, arch, zero=True)
+    sae = tmp_path / "tc"
+    shutil.copytree(FIXTURES / "sparsify" / "layers.0.mlp", sae)
+    w = {k: torch.from_numpy(v) for k, v in load_file(str(sae / "sae.safetensors")).items()}
+    data, acts = _run(sae, model, "--hook", f"blocks.{LAYER}.ln2.hook_normalized")
+    assert (data["sae"]["site"], data["sae"]["site_out"]) == (f"blocks.{LAYER}.mlp.hook_in",
+                                                              f"blocks.{LAYER}.hook_mlp_out")
+    seen = _seen(hf, arch, data["token_ids"])
+    norm = hf.base_model.get_submodule("layers")[LAYER].get_submodule(NORM[arch])
+    n = _normalized(seen["x"], norm, arch)
+
+    def topk(x):
+        pre = torch.relu(x @ w["encoder.weight"].T + w["encoder.bias"])
+        top = pre.topk(8, dim=-1)
+        return torch.zeros_like(pre).scatter(-1, top.indices, top.values)
+
+    f = topk(n)
+    assert int((f > 0).sum()) > 0
+    torch.testing.assert_close(acts, f, rtol=1e-4, atol=1e-5)
+    _, acts_after = _run(sae, model, "--hook", f"blocks.{LAYER}.mlp.hook_in")
+    y = norm(seen["x"][None])[0].detach()  # the MLP's input, after the gain (0 in channels ZERO)
+    torch.testing.assert_close(acts_after, topk(y), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(acts_after, f, atol=1e-3)
+    refused = runner.invoke(app, ["sae", PROMPT, "--sae", str(sae), "--model", str(model), "--hook",
+                                  f"blocks.{LAYER}.hook_resid_post"])  # not the MLP's input: no transcoder there
+    assert refused.exit_code == 2 and "anatomy reads transcoders of an MLP only" in refused.stderr, refused.output
+

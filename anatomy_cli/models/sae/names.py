@@ -54,6 +54,17 @@ def hook_point(name: str, *, transcoder_input: bool = False) -> str:
                      f"{spelled([*WRITE_SITES, Site.head], ', ')}, and an MLP's input (--hook NAME overrides)")
 
 
+def transcoder_hooks(name: str) -> tuple[str, str]:
+    """(input hook, output hook) of a transcoder whose files (sparsify's) or ``--hook`` name one hook point: a
+    TransformerLens name of block N's MLP input (``blocks.N.ln2.hook_normalized``, ``blocks.N.mlp.hook_in``,
+    ``blocks.N.hook_mlp_in``) reads there and writes block N's ``hook_mlp_out``, as sparsify's ``layers.N.mlp``
+    (the MLP module: its input and its output) does; any other name is both ends, as given."""
+    m = _TL_OTHER.match(name)
+    if m and m.group(2) in (*_TL_MLP_IN, Point.mlp_in.value):
+        return name, hook_name(int(m.group(1)), Site.mlp_out)
+    return name, name
+
+
 def before_gain(name: str) -> bool:
     """``name`` is TransformerLens' ``ln2.hook_normalized`` (``blocks.N.`` or a config's template before it): the
     pre-MLP norm's normalised vector *before* its gain and bias (``x / RMS(x)``, LayerNorm's ``(x - mean) / σ``;

@@ -308,8 +308,9 @@ def _sparsify(folder: Path, hook: str | None, values: bool = True) -> SAEFile:
                          f"(anatomy reads sparsify's topk)")
     transcode = bool(cfg.get("transcode", False))
     hook_name = hook or (str(cfg["hook_name"]) if cfg.get("hook_name") else folder.name)  # fit-sae records it
-    return _build(folder, "sparsify", "topk", tensors, path, threshold=None, k=k, hook_in=hook_name,
-                  hook_out=hook_name, subtract=not transcode, normalize="none", prepend_bos=None,
+    hook_in, hook_out = names.transcoder_hooks(hook_name) if transcode else (hook_name, hook_name)
+    return _build(folder, "sparsify", "topk", tensors, path, threshold=None, k=k, hook_in=hook_in,
+                  hook_out=hook_out, subtract=not transcode, normalize="none", prepend_bos=None,
                   context_size=context_size(cfg.get("context_size")),
                   dtype="float32", neuronpedia_id=None,
                   model_name=str(cfg["model_name"]) if cfg.get("model_name") else None, stated_l0=float(k),
@@ -340,8 +341,8 @@ def _build(folder: Path, fmt: str, arch: str, tensors: dict[str, Array], path: P
     site = names.hook_point(hook_in, transcoder_input=transcoder)
     site_out = names.hook_point(hook_out) if transcoder else site
     if sparsify_transcoder and site == site_out:
-        raise UsageError(f"{folder}: a transcoder at '{hook_in}': anatomy reads transcoders of an MLP "
-                         f"(layers.N.mlp) only")
+        raise UsageError(f"{folder}: a transcoder at '{hook_in}': anatomy reads transcoders of an MLP only, from its "
+                         f"input (layers.N.mlp, blocks.N.mlp.hook_in or blocks.N.ln2.hook_normalized) to its output")
     if rest["normalize"] not in NORMALIZATIONS:
         raise UsageError(f"{folder}: unknown normalize_activations '{rest['normalize']}' "
                          f"(anatomy reads {', '.join(NORMALIZATIONS)})")
