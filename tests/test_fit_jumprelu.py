@@ -147,7 +147,7 @@ def test_the_l0_stays_near_the_target_k(monkeypatch):
     l0s = held_out_l0s(x, y, k)
     assert 0.5 * k < l0s[0] < 1.5 * k
     assert all(k / 1.5 < v < 1.5 * k for v in l0s[14:]), l0s
-    monkeypatch.setattr(ste, "pace", lambda opt, x_in, log_theta: 1.0)
+    monkeypatch.setattr(ste, "pace", lambda opt, x_in, log_theta, bandwidth: 1.0)
     assert held_out_l0s(x, y, k)[-1] > 3 * k
 
 
@@ -171,11 +171,41 @@ def test_the_pace_and_the_kernel_width_follow_the_placed_thresholds():
     log_theta = torch.log(torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0]))
     opt = sae_fit.adam([{"params": [torch.nn.Parameter(torch.zeros(3))]}, {"params": [torch.nn.Parameter(log_theta)]}],
                        0.01)
-    rate = ste.pace(opt, x, log_theta)
+    rate = ste.pace(opt, x, log_theta, 0.5)
     assert rate == pytest.approx(float(x.abs().sum(1).mean()) / 2.0, rel=1e-6)  # mean ‖x‖₁ / median θ
     assert opt.param_groups[1]["lr"] == pytest.approx(0.01 * rate) and opt.param_groups[0]["lr"] == 0.01
     assert ste.kernel_width(0.05, log_theta) == pytest.approx(0.1, rel=1e-6)
-    assert ste.pace(opt, x, log_theta - 10) == pytest.approx(ste.MAX_PACE / 0.01)  # tiny thresholds: capped
+    # tiny thresholds: capped where log θ's rate is the bandwidth, a step of one kernel width at the median θ
+    assert ste.pace(opt, x, log_theta - 10, 0.05) == pytest.approx(0.05 / 0.01)
+    assert opt.param_groups[1]["lr"] == pytest.approx(0.05)
+
+
+def test_no_step_moves_a_threshold_past_its_kernels_width():
+    """Issue 62: the estimator's gradient for θ comes from the rows inside its window only; a step of several
+    widths carried thresholds past every row that gave it (the pace's old cap, 0.25: five widths), and their
+    features died. Every Adam step of a real fit moves each θ by at most about one kernel width relative to it
+    (exp(±bandwidth) as a ratio, Adam's bias-corrected step being at most about its rate), the first step exactly
+    by its rate where the feature's gradient is not 0."""
+    x, y = dense_transcoder_rows()
+    torch.manual_seed(0)
+    width = 0.02  # here ``lr · mean ‖x‖₁ / median θ₀`` is 0.044: the cap binds
+    coder = sae_fit.make_coder(32, 256, 8, transcode=True, jumprelu={"bandwidth": width, "l0_coeff": 1.0})
+    moves: list[torch.Tensor] = []
+    before = [None]
+    orig_step = torch.optim.Adam.step
+
+    def step(self, *a, **k):
+        before[0] = coder.log_threshold.detach().clone()
+        out = orig_step(self, *a, **k)
+        moves.append((coder.log_threshold.detach() - before[0]).abs())
+        return out
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.Adam, "step", step)
+        sae_fit.train(x[:1024], y[:1024], coder, epochs=2, batch=256, lr=sae_fit.default_lr(256))
+    assert len(moves) == 8
+    first = moves[0][moves[0] > 0]
+    assert len(first) > 100 and torch.allclose(first, torch.full_like(first, width), rtol=1e-3)
+    assert max(float(m.max()) for m in moves) < width * 1.6
 
 
 def test_the_written_per_layer_file_encodes_as_the_trained_coder(tmp_path):
@@ -452,3 +482,20 @@ def test_the_fits_end_to_end_write_what_sae_and_circuit_read(tiny_model_dir, cor
     traced = runner.invoke(app, ["circuit", "The cat sat by the door", "--model", str(model), "--transcoders",
                                  str(out), "--format", "json"])
     assert traced.exit_code == 0, traced.output
+
+
+def test_a_jumprelu_clt_checkpoint_from_before_the_pace_cap_is_refused(tmp_path):
+    """Adam's state keeps log θ's learning rate, set once at the start (``jumprelu.pace``): a checkpoint written
+    when its cap was 0.25 would go on at that rate. Its settings lack ``pace_cap``, so the resume is refused in one
+    line naming it."""
+    from anatomy_cli.engine.checkpoint import Checkpoint
+    from anatomy_cli.errors import UsageError
+
+    settings = clt_fit.settings_of(a_jumprelu_clt(), rows=128, epochs=2, batch=64, lr=1e-2, seed=0, data="d")
+    assert settings["pace_cap"] == "bandwidth"
+    before = {k: v for k, v in settings.items() if k != "pace_cap"}
+    path = tmp_path / "clt.ckpt"
+    Checkpoint(path, before, command="fit-sae").save({"curve": [1.0]})
+    with pytest.raises(UsageError, match=r"other settings \(pace_cap\)"):
+        Checkpoint(path, settings, command="fit-sae").load()
+    assert Checkpoint(path, before, command="fit-sae").load()["curve"] == [1.0]

@@ -218,8 +218,10 @@ def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, l
     """What a checkpoint must agree on to be resumed (``data``: a digest of the token ids fitted on; ``units``: a
     CLT trains at unit scale since issue 62 (a JumpReLU CLT since its item 1's follow-up: ``raw`` before), in the
     typical row's RMS since block 11's massive rows (``rms``, every entry's, before), so an older checkpoint is
-    refused)."""
-    jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu), "replace_every": ste.REPLACE_EVERY}
+    refused; a JumpReLU CLT's ``pace_cap``: its thresholds' rate at most the bandwidth since the runaway's fix, 0.25
+    before, kept in Adam's state, so a checkpoint of before is refused too)."""
+    jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu), "replace_every": ste.REPLACE_EVERY,
+                                              "pace_cap": "bandwidth"}
     return {"kind": "clt", "units": "typical_rms", "n_layers": coder.n_layers,
             "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
             "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump}
@@ -250,7 +252,8 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
         sx, sy = unit_scales(coder, xs, targets)
         init_from_data(coder, xs, targets, sx, sy)
         if coder.jumprelu is not None:  # the thresholds' pace, one for every block (engine/jumprelu.py)
-            ste.pace(opt, xs[:, :ste.INIT_ROWS] / sx[:, None, None], coder.log_threshold)
+            ste.pace(opt, xs[:, :ste.INIT_ROWS] / sx[:, None, None], coder.log_threshold,
+                     coder.jumprelu["bandwidth"])
     with kept_pages():  # the step's freed memory serves the next step (engine/heap.py)
         for done in range(len(curve), steps):
             epoch, start = divmod(done, per_epoch)

@@ -25,13 +25,21 @@ The pace (:func:`pace`): Adam moves every encoder weight by about the learning r
 against a median starting threshold of 0.13), while ``log θ`` moves by about ``lr`` (0.04% of θ per step). At one
 learning rate the encoder outran the thresholds and the L0 rose from k (32) to 563 in 32 steps. ``log θ`` therefore
 learns at ``lr · mean ‖x‖₁ / median θ₀`` (its own Adam group), a threshold as fast as the pre-activations it is
-compared to.
+compared to; **at most ``bandwidth``** (the kernel's width as a fraction of the median threshold), so that one
+Adam step moves a threshold by about one kernel width at most.
 
-The idle (:func:`replace_idle`, the CLT's fit): a threshold pushed above every pre-activation of its feature plus
-half the kernel's width gets no gradient back (both terms reach ``θ`` through the kernel alone), and Adam's momentum
-carries it further up; at the pace's cap a step moves ``θ`` by up to 28%, five kernel widths. Issue 62's 30-block
-CLT lost 78–92% of blocks 1–11's features so, their L0 at 1.4 against a target of 16. A feature that fired on none
-of the last :data:`REPLACE_EVERY` batches has its threshold placed again from the batch, as at the start.
+Why the cap is the kernel's width: the estimator's gradient for ``θ`` comes only from the rows inside its window
+(``|z − θ| < ε/2``), and Adam moves ``log θ`` by about its learning rate whatever the gradient's size. A step of
+several widths carries a threshold past every row that gave it the gradient; above every pre-activation of its
+feature plus ``ε/2`` it gets no gradient back, from the reconstruction or the L0 term, and Adam's momentum carries
+it further: the feature dies. Until issue 62's follow-up the cap was 0.25 (a step of up to 28%, five kernel widths
+at unit scale): a per-layer JumpReLU transcoder on SmolLM2 (7,812 rows, 1,024 latents, target L0 16) ended with
+50% (block 3) and 75% (block 15) of its latents dead, a 12-block CLT with 27% of its features firing on none of
+2,016 training rows; at the kernel's width 1.8% and 5.8% (docs/commands/sae.md).
+
+The idle (:func:`replace_idle`, the CLT's fit): a feature that fired on none of the last :data:`REPLACE_EVERY`
+batches all the same has its threshold placed again from the batch, as at the start. Issue 62's 30-block CLT, at
+the old cap, had lost 78–92% of blocks 1–11's features, their L0 at 1.4 against a target of 16.
 """
 
 from __future__ import annotations
@@ -43,7 +51,6 @@ import torch
 
 INIT_THRESHOLD = 1e-3  # SAELens' jumprelu_init_threshold: here the least start
 INIT_ROWS = 4096  # the first rows whose pre-activations place the starting thresholds
-MAX_PACE = 0.25  # log θ's learning rate at most (Adam's step: a threshold moves by at most about 28% a step)
 REPLACE_EVERY = 25  # steps: a feature that fired on none of the last this many batches has its threshold placed again
 
 
@@ -133,13 +140,14 @@ def kernel_width(bandwidth: float, log_theta: torch.Tensor) -> float:
     return bandwidth * float(log_theta.detach().exp().median())
 
 
-def pace(opt: torch.optim.Optimizer, x_in: torch.Tensor, log_theta: torch.Tensor) -> float:
+def pace(opt: torch.optim.Optimizer, x_in: torch.Tensor, log_theta: torch.Tensor, bandwidth: float) -> float:
     """Set the learning rate of ``opt``'s last parameter group (``log θ``, alone in it) to the first group's times
     ``mean ‖x_in‖₁ / median θ`` (``x_in [..., d]``: the rows the encoder reads; ``log_theta``: the placed
     thresholds), so that a threshold moves per step about as far as a pre-activation can (module docstring); at
-    most :data:`MAX_PACE`. Returns the factor used."""
+    most ``bandwidth`` (the kernel's width over the median threshold, :func:`kernel_width`): a step moves a
+    threshold by about one kernel width at most. Returns the factor used."""
     lr = float(opt.param_groups[0]["lr"])
-    rate = min(float(x_in.abs().sum(-1).mean() / log_theta.detach().exp().median()), MAX_PACE / lr)
+    rate = min(float(x_in.abs().sum(-1).mean() / log_theta.detach().exp().median()), bandwidth / lr)
     opt.param_groups[-1]["lr"] = lr * rate
     return rate
 

@@ -217,7 +217,7 @@ class JumpReLUCoder(TopKCoder):
         (engine/jumprelu.py)."""
         self.log_threshold.data = ste.initial_log_threshold(self.pre(x), self.target_l0)
         self.width.fill_(ste.kernel_width(self.bandwidth, self.log_threshold))
-        ste.pace(opt, self.encoder_input(x), self.log_threshold)
+        ste.pace(opt, self.encoder_input(x), self.log_threshold, self.bandwidth)
 
 
 def make_coder(d_in: int, d_sae: int, k: int, *, transcode: bool, use_sparsify: bool | None = None,
