@@ -61,12 +61,13 @@ def files(smollm2_gguf, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("refusals")
     (root / "a.txt").write_text("The cat sat on the mat. It was a sunny day and the dog ran around the garden.\n")
     sae = _sparsify_sae(root / "layers.3")  # sparsify names the folder by its hook point
+    whole_sae = _sparsify_sae(root / "whole" / "layers.3")  # one left whole: features reads it, then --ctx
     whole = (sae / "sae.safetensors").read_bytes()
     assert read(sae, values=False).d_sae == 64  # whole, its header reads
     (sae / "sae.safetensors").write_bytes(whole[: len(whole) // 2])  # cut in the middle of the tensors
     (root / "empty").mkdir()
     (root / "broken.gguf").write_bytes(b"NOTGGUF" * 10)
-    return {"corpus": root / "a.txt", "sae": sae, "empty": root / "empty", "broken": root / "broken.gguf",
+    return {"corpus": root / "a.txt", "sae": sae, "whole_sae": whole_sae, "empty": root / "empty", "broken": root / "broken.gguf",
             "nope": root / "nope", "out": root / "out", "model": smollm2_gguf}
 
 
@@ -81,6 +82,10 @@ def answers(files) -> dict[str, tuple[int, str]]:
                 "sae truncated": ["sae", "hello", "--sae", f["sae"], "--model", f["model"]],
                 "fit-sae ctx": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", "3", "--out", f["out"],
                                 "--ctx", "100000"],
+                "features ctx": ["features", f["whole_sae"], *on_corpus, "--ctx", "100000"],
+                "corpus ctx": ["corpus", f["corpus"], "--model", f["model"], "--ctx", "100000"],
+                "fit-lens tuned ctx": ["fit-lens", "tuned", "--model", f["model"], "--corpus", f["corpus"],
+                                       "--tokens", "1000", "--out", f["out"], "--ctx", "100000"],
                 **{f"fit-sae {k}": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", layer, "--out", f["out"]]
                    for k, (layer, _) in LAYERS.items()},
                 "model dir": ["next", "hi", "--model", "./no-such-model"],
@@ -108,17 +113,44 @@ def test_sae_refuses_a_missing_or_truncated_dictionary_before_the_model_opens(an
     assert "truncated" in err
 
 
-def test_fit_sae_refuses_a_ctx_past_the_context_before_the_model_opens(answers, files):
-    """--ctx 100000 on SmolLM2: the context the GGUF header states (models/light.py ``gguf_header``), before torch
-    is imported, with the refusal the opened model gives (models/info.py ``check_ctx``); the number is the one
-    the opened model's ModelInfo (transformers' config of the file) has."""
+@pytest.fixture(scope="module")
+def n_ctx(files) -> int:
+    """The context of SmolLM2's GGUF as the opened model's ModelInfo has it (transformers' config of the file)."""
     from anatomy_cli.models.spec import ModelSpec
     from anatomy_cli.tasks.session import open_model
 
-    n_ctx = open_model(ModelSpec(model=str(files["model"]))).info.n_ctx
+    return open_model(ModelSpec(model=str(files["model"]))).info.n_ctx
+
+
+@pytest.mark.parametrize("command", ["fit-sae", "features", "corpus", "fit-lens tuned"])
+def test_a_ctx_past_the_context_is_refused_before_the_model_opens(answers, files, n_ctx, command):
+    """--ctx 100000 on SmolLM2, in every command with --ctx that opens a model: the context the GGUF header states
+    (models/light.py ``gguf_header``, tasks/session.py ``check_early``), before torch is imported, with the refusal
+    the opened model gives (models/info.py ``check_ctx``); the number is the one the opened model's ModelInfo
+    has."""
     assert n_ctx == 8192  # SmolLM2-135M's config.json's max_position_embeddings
-    assert answers["fit-sae ctx"] == (2, f"error: --ctx 100000 is more than {files['model']}'s context of {n_ctx} "
-                                         "tokens\n")
+    assert answers[f"{command} ctx"] == (2, f"error: --ctx 100000 is more than {files['model']}'s context of "
+                                            f"{n_ctx} tokens\n")
+
+
+def test_the_apis_fit_sae_refuses_a_ctx_past_the_context_before_the_model_opens(files, n_ctx):
+    """``fit_sae(path, corpus, ctx=100000)`` with the model named by its path: refused as the command refuses it,
+    in the API's words (``ctx=``), in a fresh interpreter that has not imported torch when it answers."""
+    code = ("import json, sys; import anatomy_cli as anatomy; from anatomy_cli.errors import UsageError\n"
+            "try:\n"
+            f"    anatomy.fit_sae({str(files['model'])!r}, {str(files['corpus'])!r}, layer=3, "
+            f"out={str(files['out'])!r}, ctx=100000)\n"
+            "except UsageError as e:\n"
+            "    print(json.dumps([str(e), 'torch' in sys.modules]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    message, torch_imported = json.loads(proc.stdout.splitlines()[-1])
+    assert not torch_imported
+    from anatomy_cli.declare.fields import api_words
+    from anatomy_cli.tasks.fit_sae import FitSaeOptions
+
+    said = f"--ctx 100000 is more than {files['model']}'s context of {n_ctx} tokens"  # the command's words
+    assert message == api_words(said, (FitSaeOptions,))  # in the API's (``ctx= 100000``, as every API refusal)
 
 
 def test_circuit_refuses_a_folder_without_transcoders_before_the_model_opens(answers, files):

@@ -359,3 +359,16 @@ def test_published_totals(make_config, total):
     result = breakdown(make_config())
     assert result.total == total == sum(r.parameters for r in result.rows)
     assert result.unrecognised == () and result.family != "generic"
+
+
+def test_the_breakdowns_counts_are_worded_as_every_count_is():
+    """One helper for a count and its noun (units.counted: params' notes had their own, the same but for the
+    thousands separator that every other count shows): 1 tensor is, 1,234 tensors are, and 1,230 more than the 4 names shown."""
+    from anatomy_cli.analyses.params.breakdown import rule_notes
+
+    names = [f"extra.{i}.weight" for i in range(1234)]
+    assert rule_notes(names[:1], False, "llama") == [
+        "1 tensor matched no rule and is counted in LayerNorm + other: extra.0.weight."]
+    note = rule_notes(names, False, "llama", table="llama")[0]
+    assert note == ("1,234 tensors matched no rule of the 'llama' table and are counted in LayerNorm + other: "
+                    "extra.0.weight, extra.1.weight, extra.2.weight, extra.3.weight and 1,230 more.")

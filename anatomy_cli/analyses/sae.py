@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.engine.sae_fit import MIN_BATCH_ROWS
 from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None, *, skipp
 
 FVE_LOW = 0.5  # below: warned (under 0: the SAE is worse than the mean activation)
 KL_HIGH_NATS = 1.0  # spliced KL(p_clean || p_spliced) above this: warned
-FVE_MIN_POSITIONS = 8  # fewer measured positions: the FVE is not judged (a mean over 2-7 points is no baseline)
+FVE_MIN_POSITIONS = MIN_BATCH_ROWS  # 8; fewer measured positions: the FVE is not judged (a mean over 2-7 points is
+# no baseline), the bound fit-sae's training batches keep too (engine/sae_fit.py)
 
 
 def too_weak(fve: float | None, positions: int) -> bool:

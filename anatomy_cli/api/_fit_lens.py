@@ -48,7 +48,7 @@ def fit_lens(model: Model, kind: str, prompt: str | list[str] | None = None,
     TunedFit; rows: ``translators`` (the KL to the final distribution at the first and the last step)."""
     texts = tuple(texts_of(prompt)[0]) if prompt is not None else ()
     opts = dataclasses.replace(opts, kind=kind, prompt=texts, out=Path(out))
-    first = _opened(model) if opts.ray else opened(model)
+    first = _opened(model) if opts.ray else opened(model, lambda spec: task.before_open(spec, opts))
     encoded = encode(first, list(opts.prompt), prompts) if opts.prompt else []
     plan = task.check(first, opts, encoded)  # every refusal before the weights load
     lm = first if opts.ray else weights(first)  # on Ray the workers load the weights

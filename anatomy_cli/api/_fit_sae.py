@@ -21,7 +21,7 @@ def fit_sae(model: Model, corpus: str | Path | list[str | Path], opts: fit_sae_t
     (``out/layers.L.mlp``) in sparsify's format. ``result``: SaeFit; rows: ``blocks`` (one per block).
     ``estimate=True``: the cost alone (the weights load for its probes), nothing trained or written; ``result``:
     SaeEstimate; rows: ``phases``."""
-    first = opened(model)
+    first = opened(model, lambda spec: fit_sae_task.before_open(spec, opts))  # --ctx past a GGUF's context: refused
     plan = fit_sae_task.check(first, opts)  # every refusal before the weights load
     lm = weights(first)
     result = fit_sae_task.run(lm, opts, plan)

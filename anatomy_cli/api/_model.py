@@ -3,6 +3,7 @@ encoded by the commands' own pipeline (:mod:`anatomy_cli.tasks.session`). No tor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import Union
@@ -62,13 +63,17 @@ def loaded(model: Model) -> LoadedModel:
     return weights(opened(model))
 
 
-def opened(model: Model) -> OpenedModel | LoadedModel:
+def opened(model: Model, before: Callable[[ModelSpec], None] | None = None) -> OpenedModel | LoadedModel:
     """The first phase, as a command's: ``model`` itself when it is loaded, else its config, tokenizer and
     ModelInfo (an OpenedModel, no weights) through the current loader: what a task's ``check`` reads, so that an
-    API call refuses bad input before the weights load, as the command does. :func:`weights` then loads them."""
+    API call refuses bad input before the weights load, as the command does. :func:`weights` then loads them.
+    ``before``: called with the spec before it opens (a task's ``before_open``: what a GGUF file's header refuses,
+    without the open's seconds, as the command refuses it)."""
     if isinstance(model, (ModelSpec, str)):
-
-        return current_loader().open(as_spec(model))
+        spec = as_spec(model)
+        if before is not None:
+            before(spec)
+        return current_loader().open(spec)
     return model
 
 

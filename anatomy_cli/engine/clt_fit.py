@@ -41,7 +41,6 @@ every ``every`` steps and after the last, and goes on from one; since each epoch
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -59,6 +58,7 @@ from anatomy_cli.engine.forwarding import head_logits
 from anatomy_cli.engine.heap import kept_pages
 from anatomy_cli.engine.sae import _hooks
 from anatomy_cli.engine.sae_fit import adam
+from anatomy_cli.engine.sae_fit import epoch_batches
 from anatomy_cli.engine.sae_fit import fvu
 from anatomy_cli.engine.sae_fit import optimiser
 from anatomy_cli.engine.sae_fit import typical_rms
@@ -219,12 +219,16 @@ def settings_of(coder: CrossLayerCoder, *, rows: int, epochs: int, batch: int, l
     CLT trains at unit scale since issue 62 (a JumpReLU CLT since its item 1's follow-up: ``raw`` before), in the
     typical row's RMS since block 11's massive rows (``rms``, every entry's, before), so an older checkpoint is
     refused; a JumpReLU CLT's ``pace_cap``: its thresholds' rate at most the bandwidth since the runaway's fix, 0.25
-    before, kept in Adam's state, so a checkpoint of before is refused too)."""
+    before, kept in Adam's state, so a checkpoint of before is refused too; ``tail``: a remainder under 8 rows folded
+    into the batch before, since misc71, where there is one, so a checkpoint of such a fit from before, whose epochs
+    had one step more, is refused; any other, resumed as it was)."""
     jump = {} if coder.jumprelu is None else {"jumprelu": dict(coder.jumprelu), "replace_every": ste.REPLACE_EVERY,
                                               "pace_cap": "bandwidth"}
+    tail = {"tail": "folded"} if len(epoch_batches(rows, batch)) < -(-rows // batch) else {}
     return {"kind": "clt", "units": "typical_rms", "n_layers": coder.n_layers,
             "d": coder.d, "d_sae": coder.d_sae, "k": coder.k,
-            "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump}
+            "rows": rows, "epochs": epochs, "batch": batch, "lr": lr, "seed": seed, "data": data, **jump,
+            **tail}
 
 
 def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, epochs: int, batch: int, lr: float,
@@ -232,14 +236,16 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
           keep: Callable[[dict[str, Any]], None] | None = None,
           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Adam on the summed FVU over shuffled batches of the rows of ``xs`` / ``targets`` (``[L, rows, d]``),
-    ``epochs`` times, at unit scale (:func:`unit_scales`, folded back at the end: :func:`fold_scales`); epoch e's
+    ``epochs`` times (each epoch's batches: ``sae_fit.epoch_batches``, a remainder under 8 rows folded into the
+    batch before), at unit scale (:func:`unit_scales`, folded back at the end: :func:`fold_scales`); epoch e's
     order is ``randperm`` from ``seed + e``. ``state``: a checkpoint to go on from (what ``keep`` was given: the
     coder's and Adam's state dicts in the trained units, the curve, the fired flags, the scales); ``keep`` is
     called with the checkpoint every ``every`` steps and after the last. Returns ``{"steps", "fvu" (the summed loss per
     step), "fired" ([L, F] bool: fired in the last epoch)}``."""
     rows = xs.shape[1]
     opt = optimiser(coder, lr)
-    per_epoch = math.ceil(rows / batch)
+    bounds = epoch_batches(rows, batch)
+    per_epoch = len(bounds)
     steps = epochs * per_epoch
     curve: list[float] = []
     fired = torch.zeros(coder.n_layers, coder.d_sae, dtype=torch.bool)
@@ -256,11 +262,11 @@ def train(xs: torch.Tensor, targets: torch.Tensor, coder: CrossLayerCoder, *, ep
                      coder.jumprelu["bandwidth"])
     with kept_pages():  # the step's freed memory serves the next step (engine/heap.py)
         for done in range(len(curve), steps):
-            epoch, start = divmod(done, per_epoch)
-            if start == 0 and epoch == epochs - 1:
+            epoch, i = divmod(done, per_epoch)
+            if i == 0 and epoch == epochs - 1:
                 fired.zero_()
             order = torch.randperm(rows, generator=torch.Generator().manual_seed(seed + epoch))
-            idx = order[start * batch:(start + 1) * batch]
+            idx = order[slice(*bounds[i])]
             xb, tb = xs[:, idx].div_(sx[:, None, None]), targets[:, idx].div_(sy[:, None, None])
             now = torch.zeros_like(fired)
             curve.append(step(coder, opt, xb, tb, now))

@@ -71,6 +71,26 @@ def rows(windows: Sequence[Sequence[int]]) -> int:
     return sum(max(len(w) - SKIPPED, 0) for w in windows)
 
 
+MIN_BATCH_ROWS = 8
+"""The fewest rows a training batch has (and an FVE is judged on: ``analyses.sae.FVE_MIN_POSITIONS`` is this
+number): the loss is the batch's FVU, its error over the rows' variance around their own mean, which one row does
+not have (the loss is then the error over 1e-30) and a few do not measure."""
+
+
+def epoch_batches(rows: int, batch: int) -> list[tuple[int, int]]:
+    """Each epoch's batches as ``(start, stop)`` into its shuffled order of ``rows`` rows: ``batch`` rows each, the
+    remainder last, but a remainder under :data:`MIN_BATCH_ROWS` (and under ``batch``) joins the batch before it
+    (``batch + remainder`` rows). Why folded and not dropped (PyTorch's ``drop_last``): its rows still train every
+    epoch (a dropped tail leaves up to 7 rows out of each epoch, and of the last epoch's fired count), and the step
+    is no different from its neighbours but for a few more rows; a tail of 1 row, as a batch of its own, had an
+    FVU of its error over 1e-30 (a loss of 1e30, whose gradient corrupted Adam's moments for the steps after). A
+    remainder of 0 or of at least 8 rows: the batches as before."""
+    starts = list(range(0, rows, batch))
+    if len(starts) > 1 and rows - starts[-1] < min(MIN_BATCH_ROWS, batch):
+        starts.pop()
+    return list(zip(starts, [*starts[1:], rows]))
+
+
 class _Collected(Exception):
     """Ends a forward of :func:`collect` once every point is read."""
 
@@ -331,10 +351,11 @@ def fold_scales(coder: Any, sx: float, sy: float) -> None:
 def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, batch: int, lr: float,
           seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Adam on :func:`objective` (the FVU; a JumpReLU coder's adds its L0 penalty) over shuffled batches of the
-    rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times; a transcoder on both scaled to unit RMS
-    (:func:`unit_scales`; a JumpReLU's thresholds placed from the scaled rows), folded back into its weights at the
-    end. Returns ``{"steps", "fvu" (per step),
-    "fired" (a bool per latent: fired at least once in the last epoch)}``."""
+    rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times (each epoch's batches: :func:`epoch_batches`,
+    a remainder under :data:`MIN_BATCH_ROWS` rows folded into the batch before); a transcoder on both scaled to unit
+    RMS (:func:`unit_scales`; a JumpReLU's thresholds placed from the scaled rows), folded back into its weights at
+    the end. Returns ``{"steps", "fvu" (per step), "fired" (a bool per latent: fired at least once in the last
+    epoch)}``."""
     g = torch.Generator().manual_seed(seed)
     opt = optimiser(coder, lr)
     transcode = _transcodes(coder)
@@ -346,7 +367,8 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
         coder.b_dec.data = target.mean(0) / sy
         if isinstance(coder, JumpReLUCoder):
             coder.place(x[:ste.INIT_ROWS] / sx, opt)
-    steps = epochs * math.ceil(len(x) / batch)
+    bounds = epoch_batches(len(x), batch)
+    steps = epochs * len(bounds)
     curve: list[float] = []
     fired = torch.zeros(coder.W_dec.shape[0], dtype=torch.bool)
     with kept_pages():  # the step's freed memory serves the next step (no fresh pages: engine/heap.py)
@@ -354,8 +376,8 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
             if epoch == epochs - 1:
                 fired.zero_()
             order = torch.randperm(len(x), generator=g)
-            for start in range(0, len(x), batch):
-                idx = order[start:start + batch]
+            for start, stop in bounds:
+                idx = order[start:stop]
                 xb, yb = x.index_select(0, idx), target.index_select(0, idx)  # index_select: 1/3 of x[idx]'s time
                 if sx != 1.0 or sy != 1.0:
                     xb, yb = xb.div_(sx), yb.div_(sy)

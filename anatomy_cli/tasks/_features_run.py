@@ -22,6 +22,7 @@ from anatomy_cli.tasks.features import FeaturesPlan
 from anatomy_cli.tasks.features import check
 from anatomy_cli.tasks.features import settings_of
 from anatomy_cli.tasks.recorded_model import chosen
+from anatomy_cli.tasks.session import check_early
 from anatomy_cli.tasks.session import describe
 from anatomy_cli.tasks.session import load_weights
 from anatomy_cli.tasks.session import open_model
@@ -138,6 +139,7 @@ def measure(spec: ModelSpec, opts: FeaturesOptions, *, given: bool = True) -> Fe
         # the dictionary, read once (its shapes only for --estimate): a missing or truncated one is refused too
         sae_file = read(Path(opts.sae), hook=opts.hook, values=not opts.estimate)
         spec = chosen(spec, given, lambda: sae_file.model_name)
+        check_early(spec, ctx=opts.ctx)  # --ctx past a GGUF's context: refused from its header, before the open
         opened = open_model(spec)
         plan = check(opened, opts, sae_file)
         done = (0, 0) if opts.overwrite else resumed(opts.out, settings_of(opts, plan).to_dict())

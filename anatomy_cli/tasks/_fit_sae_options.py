@@ -16,8 +16,10 @@ from anatomy_cli.declare.fields import Declared
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
+from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
+from anatomy_cli.tasks.session import check_early
 from anatomy_cli.units import counted
 
 CTX = 256  # --ctx's default: min(CTX, the model's context)
@@ -175,3 +177,10 @@ def check_windows(wins: Sequence[Sequence[int]], ctx: int) -> None:
                          f"{FVE_MIN_POSITIONS} a fit needs: its loss is each batch's FVU, the error over the rows' "
                          f"variance around their own mean, which fewer rows do not measure (nor is an FVE judged "
                          f"on fewer): give more text, or a larger --ctx or --max-tokens")
+
+
+def before_open(spec: ModelSpec, opts: FitSaeOptions) -> None:
+    """fit-sae's refusals from a GGUF file's header, before the model opens (the open imports torch: seconds):
+    ``--layer`` past the file's blocks, ``--ctx`` past its context (:func:`anatomy_cli.tasks.session.check_early`),
+    with the words :func:`check` gives once it is open. The CLI and the API (a model given by name or spec)."""
+    check_early(spec, (str(opts.layer), "--layer"), opts.ctx, every=True)

@@ -30,6 +30,7 @@ from anatomy_cli.tasks import notes
 from anatomy_cli.tasks.lens import check_unembed_hash
 from anatomy_cli.tasks.lens import fitted_lens
 from anatomy_cli.tasks.notes import status
+from anatomy_cli.tasks.session import check_early
 from anatomy_cli.tasks.session import load_weights
 from anatomy_cli.tasks.session import open_model
 
@@ -206,6 +207,7 @@ def _load(spec: ModelSpec, opts: CorpusOptions) -> tuple[LoadedModel | None, Ope
     the weights). ``tokenizer``: transformers' own (the windows are planned with its batch encoding)."""
     if opts.run.ray:
         ray_module()  # not installed: the one-line error before anything loads
+    check_early(spec, ctx=opts.ctx)  # --ctx past a GGUF's context: refused from its header, before the open
     opened = open_model(spec)
     plan = check(opened, opts)
     if not opts.run.ray:

@@ -30,9 +30,11 @@ from anatomy_cli.tasks._jacobian_run import fitted_prompts
 from anatomy_cli.tasks._lens_merge import MergedLens as MergedLens
 from anatomy_cli.tasks._lens_merge import merge as merge
 from anatomy_cli.tasks.session import busy_threads
+from anatomy_cli.tasks.session import check_early
 
 if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
+    from anatomy_cli.models.spec import ModelSpec
     from anatomy_cli.tasks._tuned_fit import TunedFit
     from anatomy_cli.tasks._tuned_fit import TunedPlan
     from anatomy_cli.tasks.protocol import Opened
@@ -40,6 +42,13 @@ if TYPE_CHECKING:
 COMMAND = "fit-lens"
 # KIND (positional), the CLI's --prompts FILE (the API's prompt), --out (required: the CLI's and the API's own)
 INPUTS = {"kind": None, "prompt": "prompts", "out": "out"}
+
+
+def before_open(spec: ModelSpec, opts: FitLensOptions) -> None:
+    """``tuned``'s ``--ctx`` past a GGUF file's context, refused from its header before the model opens (the open
+    imports torch: seconds; :func:`anatomy_cli.tasks.session.check_early`), with the words the opened model's check
+    gives. The CLI and the API (a model given by name or spec)."""
+    check_early(spec, ctx=opts.ctx)
 
 
 def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = None) -> FitLensPlan | TunedPlan:

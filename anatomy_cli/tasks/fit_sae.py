@@ -40,6 +40,7 @@ from anatomy_cli.tasks._fit_sae_options import CTX
 from anatomy_cli.tasks._fit_sae_options import Activation as Activation
 from anatomy_cli.tasks._fit_sae_options import FitSaeOptions as FitSaeOptions
 from anatomy_cli.tasks._fit_sae_options import FitSaePlan as FitSaePlan
+from anatomy_cli.tasks._fit_sae_options import before_open as before_open
 from anatomy_cli.tasks._fit_sae_options import check_windows
 from anatomy_cli.tasks.session import busy_threads
 from anatomy_cli.units import counted
@@ -190,7 +191,7 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
         step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=batch, transcode=opts.transcoder,
                                           jumprelu=opts.jumprelu)
         coders, checks, coder_bytes = n, 1 + 2 * n, 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
-    steps = opts.epochs * -(-train_rows // opts.batch_size)
+    steps = opts.epochs * len(sae_fit.epoch_batches(train_rows, opts.batch_size))
     collecting, training, checking = PHASES
     forwards = timing.scaled("held-out forwards", window, len(first[0]), checks * len(plan.windows[-1]))
     est = timing.Estimate((timing.load_phase(lm), timing.probes_phase(begun),

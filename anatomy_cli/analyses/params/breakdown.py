@@ -43,6 +43,7 @@ from anatomy_cli.analyses.params.rules import family_for  # noqa: F401 (re-expor
 from anatomy_cli.analyses.params.rules import memory_bytes  # noqa: F401 (re-exported: the breakdown's vocabulary)
 from anatomy_cli.models.bigmodel import compress_names  # noqa: F401 (parse_max_memory: re-exported)
 from anatomy_cli.models.bigmodel import parse_max_memory  # noqa: F401 (parse_max_memory: re-exported)
+from anatomy_cli.units import counted
 
 # ---------------------------------------------------------------------------
 # The breakdown: rows, per-layer rows, the result
@@ -210,16 +211,12 @@ def rule_notes(unrecognised: list[str], generic: bool, model_type: str, table: s
     if unrecognised:
         n = len(unrecognised)
         against = f" of the '{table}' table" if table else ""
-        notes.append(f"{_plural(n, 'tensor')} matched no rule{against} and {'is' if n == 1 else 'are'} counted in "
+        notes.append(f"{counted(n, 'tensor')} matched no rule{against} and {'is' if n == 1 else 'are'} counted in "
                      f"LayerNorm + other: {_short_list(unrecognised)}.")
     if generic:
         notes.append(f"model_type '{model_type}' has no rule table: the total is exact, the split into rows is "
                      "best effort.")
     return notes
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _fmt(n: int) -> str:
@@ -228,7 +225,7 @@ def _fmt(n: int) -> str:
 
 def _short_list(names: list[str], limit: int = 4) -> str:
     shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return shown + (f" and {len(names) - limit:,} more" if len(names) > limit else "")
 
 
 def _in_layer(t: _Tensor) -> bool:

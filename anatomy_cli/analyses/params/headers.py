@@ -43,7 +43,6 @@ from anatomy_cli.analyses.params.breakdown import Row
 from anatomy_cli.analyses.params.breakdown import _in_layer
 from anatomy_cli.analyses.params.breakdown import _layer_rows
 from anatomy_cli.analyses.params.breakdown import _outside_rows
-from anatomy_cli.analyses.params.breakdown import _plural
 from anatomy_cli.analyses.params.breakdown import _Tensor
 from anatomy_cli.analyses.params.breakdown import classify
 from anatomy_cli.analyses.params.breakdown import family_for
@@ -54,6 +53,7 @@ from anatomy_cli.models.headers import TensorInfo
 from anatomy_cli.models.headers import read_gguf
 from anatomy_cli.models.headers import read_safetensors
 from anatomy_cli.models.headers import safetensors_files
+from anatomy_cli.units import counted
 from anatomy_cli.units import human_bytes
 
 _GGUF_RULES = (
@@ -143,7 +143,7 @@ def from_safetensors(spec: str, directory: str, *, dtype: str | None = None,
     archs = raw.get("architectures") or [""]
     n_layers = int(raw.get("num_hidden_layers") or raw.get("n_layer") or raw.get("num_layers") or 0) or \
         len({t.layer for t in kept if t.layer})
-    notes = [(f"Read from the safetensors headers ({_plural(len(files), 'file')}): no tensor data read; every "
+    notes = [(f"Read from the safetensors headers ({counted(len(files), 'file')}): no tensor data read; every "
               "unique parameter tensor once, buffers never.")]
     return _result(spec, "directory", directory, model_type, str(archs[0]), family.name, n_layers, kept, disk,
                    tied, dtype, per_layer, notes, read_from="safetensors_header", family_rules=family)
@@ -193,7 +193,7 @@ def _result(spec, source, location, model_type, architecture, family_name, n_lay
         label = LABELS[category]
         n_block = len({t.layer for t in members if t.layer is not None}) or None
         if category in BLOCK_CATEGORIES and n_block:
-            label = f"{label} ({_plural(n_block, 'layer')})"
+            label = f"{label} ({counted(n_block, 'layer')})"
         rows.append(Row(category, label, n, n / total if total else 0.0,
                         n_block if category in BLOCK_CATEGORIES else None, None, mem(n),
                         **storage([disk[t.name] for t in members])))

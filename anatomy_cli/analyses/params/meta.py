@@ -42,7 +42,6 @@ from anatomy_cli.analyses.params.breakdown import Row
 from anatomy_cli.analyses.params.breakdown import _fmt
 from anatomy_cli.analyses.params.breakdown import _layer_rows
 from anatomy_cli.analyses.params.breakdown import _outside_rows
-from anatomy_cli.analyses.params.breakdown import _plural
 from anatomy_cli.analyses.params.breakdown import _short_list
 from anatomy_cli.analyses.params.breakdown import _Tensor
 from anatomy_cli.analyses.params.breakdown import classify
@@ -56,6 +55,7 @@ from anatomy_cli.analyses.params.placement import config_dtype
 from anatomy_cli.analyses.params.placement import plan_placement
 from anatomy_cli.analyses.params.shipped import dtype_note
 from anatomy_cli.errors import UsageError
+from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -232,9 +232,9 @@ def _category_rows(sums: dict[str, int], layers_of: dict[str, set[str]], moe: Mo
         label = LABELS[category]
         n_layers = len(layers_of[category]) or None
         if category in BLOCK_CATEGORIES and n_layers:
-            detail = _plural(n_layers, "layer")
+            detail = counted(n_layers, "layer")
             if category == FFN and moe is not None:
-                detail = _plural(n_layers, "dense layer")
+                detail = counted(n_layers, "dense layer")
             if category == ROUTED and moe is not None and moe.top_k is not None:
                 detail += f", top-{moe.top_k} of {moe.n_experts}"
             label = f"{label} ({detail})"
@@ -276,10 +276,10 @@ def _notes(resolved, family, total, non_embedding, excluded, tied, unrecognised,
             notes.append("Mixture of experts: the config does not say how many experts a token uses, "
                          "so no active count.")
         else:
-            dense = f"; {_plural(moe.dense_layers, 'dense FFN layer')}" if moe.dense_layers else ""
+            dense = f"; {counted(moe.dense_layers, 'dense FFN layer')}" if moe.dense_layers else ""
             notes.append(f"Active = parameters used for one token: everything except the routed experts the "
                          f"router does not pick (top-{moe.top_k} of {moe.n_experts} in each of "
-                         f"{_plural(moe.moe_layers, 'MoE layer')}{dense}). Active {_fmt(moe.active)} of "
+                         f"{counted(moe.moe_layers, 'MoE layer')}{dense}). Active {_fmt(moe.active)} of "
                          f"{_fmt(total)}.")
     if dtype:
 

@@ -16,7 +16,6 @@ from anatomy_cli.declare.commands import when_run
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.output.render import emit
 from anatomy_cli.tasks import fit_sae as task
-from anatomy_cli.tasks.session import check_early
 
 
 @command("fit-sae", task.FitSaeOptions, inputs=("corpus",))
@@ -54,7 +53,7 @@ def fit_sae_command(
     """
     view = when_run("output.views.fit_sae")
 
-    check_early(spec, (str(opts.layer), "--layer"), opts.ctx, every=True)  # --layer 99, --ctx 100000: before the open
+    task.before_open(spec, opts)  # --layer 99, --ctx 100000: refused from a GGUF's header, before the open
     opened = open_model(spec)
     plan = task.check(opened, opts)
     lm = load_weights(opened)
