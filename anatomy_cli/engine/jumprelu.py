@@ -35,7 +35,7 @@ feature plus ``ε/2`` it gets no gradient back, from the reconstruction or the L
 it further: the feature dies. Until issue 62's follow-up the cap was 0.25 (a step of up to 28%, five kernel widths
 at unit scale): a per-layer JumpReLU transcoder on SmolLM2 (7,812 rows, 1,024 latents, target L0 16) ended with
 50% (block 3) and 75% (block 15) of its latents dead, a 12-block CLT with 27% of its features firing on none of
-2,016 training rows; at the kernel's width 1.8% and 5.8% (docs/commands/sae.md).
+2,016 training rows; at the kernel's width 1.8% and 5.8% dead, and 11% (docs/commands/sae.md).
 
 The idle (:func:`replace_idle`, the CLT's fit): a feature that fired on none of the last :data:`REPLACE_EVERY`
 batches all the same has its threshold placed again from the batch, as at the start. Issue 62's 30-block CLT, at
