@@ -334,7 +334,7 @@ def test_a_clt_blocks_warnings_follow_the_per_layer_fits_rule(tiny_model_dir, co
     assert weak == [0, 1], [r["health"]["fve"] for r in rows]  # the case the trial met: every block weak
     for r in rows:
         assert r["warnings"] == _by_hand(r["health"]["fve"], r["dead_fraction"], "features"), r
-    assert "2 warnings on blocks 0-1 (the held-out window's FVE, dead features)" in result.stderr, result.stderr
+    assert "2 warnings on blocks 0-1 (the held-out window's health)" in result.stderr, result.stderr
     per_layer = runner.invoke(app, ["fit-sae", str(corpus), "--model", str(tiny_model_dir("llama")), "--layer", "all",
                                     "--transcoder", "--out", str(tmp_path / "pl"), "--ctx", "32", "--max-tokens",
                                     "384", "--d-sae", "32", "--k", "4", "--epochs", "2", "--batch-size", "64", "--lr",

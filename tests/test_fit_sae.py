@@ -689,3 +689,22 @@ def test_one_epoch_is_said_in_the_singular(tiny_model_dir, corpus, tmp_path):
     steps = int(re.search(r"x 1 epoch \((\d+) steps? per block", said).group(1))
     rows = int(re.search(r"wrote .*?; ([\d,]+) tokens x", said).group(1).replace(",", ""))
     assert "epochs" not in said and steps == -(-rows // 64), said
+
+
+def test_a_batch_under_8_rows_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+    """A new user's --batch-size 1 trained on a loss of 4e32 (every batch one row: no variance around its own mean)
+    and exited 0: --batch-size's least is the 8 rows a batch's FVU needs (declare.shared.MIN_ROWS, the tail rule's
+    and the judged FVE's bound), refused as a usage error before any weight loads; 8 passes that check."""
+    from anatomy_cli.declare.shared import MIN_ROWS
+    from anatomy_cli.engine.sae_fit import MIN_BATCH_ROWS
+    from anatomy_cli.tasks import session
+
+    assert MIN_ROWS == MIN_BATCH_ROWS == 8
+    monkeypatch.setattr(session, "load_weights", lambda *a, **k: pytest.fail("weights loaded"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat. " * 8)
+    for batch in (1, 7):
+        result = runner.invoke(app, ["fit-sae", str(corpus), "--model", str(tiny_model_dir("llama")), "--layer", "1",
+                                     "--out", str(tmp_path / "o"), "--batch-size", str(batch)])
+        assert result.exit_code == 2 and "--batch-size" in result.stderr and "at least 8" in result.stderr, \
+            result.output

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from anatomy_cli.declare import shared
 from anatomy_cli.engine import jumprelu as ste  # the straight-through JumpReLU (a parameter is named jumprelu)
 from anatomy_cli.engine.checkpoint import atomic_write
 from anatomy_cli.engine.estimate import now
@@ -71,7 +72,7 @@ def rows(windows: Sequence[Sequence[int]]) -> int:
     return sum(max(len(w) - SKIPPED, 0) for w in windows)
 
 
-MIN_BATCH_ROWS = 8
+MIN_BATCH_ROWS = shared.MIN_ROWS
 """The fewest rows a training batch has (and an FVE is judged on: ``analyses.sae.FVE_MIN_POSITIONS`` is this
 number): the loss is the batch's FVU, its error over the rows' variance around their own mean, which one row does
 not have (the loss is then the error over 1e-30) and a few do not measure."""

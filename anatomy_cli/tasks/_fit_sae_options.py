@@ -76,7 +76,8 @@ class FitSaeOptions(Declared):
                              help="Tokens read from the corpus (the last window is held out).")
     ctx: int | None = shared.ctx(CTX)
     epochs: int = option(8, "--epochs", min=1, metavar="N", help="Passes over the tokens.")
-    batch_size: int = option(256, "--batch-size", min=1, metavar="N", help="Rows per step.")
+    batch_size: int = option(256, "--batch-size", min=shared.MIN_ROWS, metavar="N",
+                             help="Rows per step (at least 8: each step's loss is its rows' FVU).")
     lr: float | None = option(None, "--lr", metavar="X", show_default=False,
                               help="Adam's learning rate (default sparsify's, 2e-4/sqrt(d_sae/2^14); 4x that "
                                    "for a per-layer transcoder, TopK or JumpReLU; 1x for --clt).")

@@ -304,9 +304,7 @@ def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> 
                      "docs/commands/sae.md#what-a-useful-fit-takes)")
     if len(fits) > 1 and warned:
         where = "the JSON's blocks[].warnings" + ("" if opts.clt else " and each block's anatomy-fit.json")
-        about = ("the held-out window's FVE, dead features" if opts.clt else  # a CLT block has no splice of its own
-                 "the held-out window's health: FVE, KL, scale, dead latents")  # (_fit_sae_block.block_warnings)
         parts.append(f"{counted(sum(len(f.warnings) for f in fits), 'warning')} on {sites.block_spans(warned)} "
-                     f"({about}): {where} say them")
+                     f"(the held-out window's health): {where} say them")  # _fit_sae_block.block_warnings
     if parts:
         notes.warn("; ".join(parts))
