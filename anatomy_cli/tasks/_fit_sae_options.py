@@ -67,8 +67,8 @@ class FitSaeOptions(Declared):
                                     "written in SAELens' jumprelu format, --clt with its thresholds).")
     bandwidth: float = option(0.05, "--bandwidth", metavar="X",
                               help="jumprelu: the straight-through estimator's kernel width, as a fraction of the "
-                              "median starting threshold; also how far one step may move a threshold (its "
-                              "fraction).")
+                              "median starting threshold; one step moves a threshold by at most about that "
+                              "fraction.")
     l0_coeff: float = option(1.0, "--l0-coeff", metavar="X", min=0.0,
                              help="jumprelu: the weight of the sparsity term (mean L0 / k - 1)^2 beside the FVU "
                              "(per block).")
