@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from anatomy_cli.analyses import sae as analysis
 from anatomy_cli.cli.main import app
+from anatomy_cli.declare.shared import MIN_ROWS
 from anatomy_cli.engine import sae_fit
 from anatomy_cli.engine.threads import machine_threads
 from anatomy_cli.errors import UsageError
@@ -58,13 +59,16 @@ def test_trained_sae_reconstructs_better_than_its_init_and_loads_in_sae(tiny_mod
     folder = out / ("layers.1.mlp" if transcoder else "layers.1")
     assert data["out"] == str(out) and [(b["layer"], b["folder"]) for b in data["blocks"]] == [(1, str(folder))]
     assert "fit-sae: a TopK" in result.stderr and "timed on this machine now" in result.stderr  # the cost first
-    # the held-out window is the corpus' last, however short: the cost line says how long (a new user read "one more
-    # held out" as a whole window where it was the 16 tokens left over)
-    assert data["tokens"] % 32 == 0 and data["held_out_tokens"] <= 32
-    windows = data["tokens"] // 32  # each window's first position is no row: 31 rows a window
-    assert data["cost"]["rows"] == windows * 31
-    said = f"{data['tokens']:,} tokens ({windows} windows of 32; {windows * 31:,} rows, each window's first " \
-        f"position left out) x 30 epochs, the next {data['held_out_tokens']} tokens held out:"
+    # the held-out window is the last full one (a short remainder held out left its FVE unjudged); the remainder
+    # trains, and the cost line says how long it is
+    assert data["held_out_tokens"] == 32 and data["tokens"] == 640 - 32
+    windows, short = divmod(data["tokens"], 32)  # each window's first position is no row: 31 rows a window
+    assert short == 0 or short >= 2
+    assert data["cost"]["rows"] == windows * 31 + max(short - 1, 0)
+    said = f"{data['tokens']:,} tokens ({windows + (short > 0)} windows of 32" + (f", the last of {short}" if short
+                                                                                  else "") + \
+        f"; {int(data['cost']['rows']):,} rows, each window's first position left out) x 30 epochs, 32 tokens held out " \
+        "(the last full window):"
     assert said in " ".join(result.stderr.split()), result.stderr
     sae = read(folder)
     assert (sae.format, sae.k, sae.d_sae, sae.transcoder) == ("sparsify", 4, 64, transcoder)
@@ -194,6 +198,9 @@ def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path)
     (["--layer", "0", "--layer", "x", "--out", "OUT"], "--layer '0,x': give block numbers"),
     # the syntax error names every form the option takes (a new user's `--layer -` was told "commas" only)
     (["--layer", "-", "--out", "OUT"], "e.g. 0,6,11, a range 2-5, -1 (the last) or all"),
+    # JumpReLU-only settings on a TopK fit were ignored without a word (a new user's trial)
+    (["--layer", "1", "--out", "OUT", "--bandwidth", "0.1"], "--bandwidth set a JumpReLU's thresholds"),
+    (["--layer", "1", "--out", "OUT", "--l0-coeff", "2", "--bandwidth", "0.1"], "--bandwidth and --l0-coeff set"),
 ])
 def test_bad_input_is_one_line_before_the_model_opens(tmp_path, args, message):
     """--model nowhere would fail to open: each message comes first, from the options alone."""
@@ -204,6 +211,29 @@ def test_bad_input_is_one_line_before_the_model_opens(tmp_path, args, message):
     result = runner.invoke(app, ["fit-sae", missing, "--model", "nowhere", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_the_memory_estimate_counts_the_batch_the_fit_takes_not_the_flag(tiny_model_dir, corpus, tmp_path):
+    """--batch-size past the training rows: a batch is all the rows (``min(batch, rows)``), and so is the estimate's
+    batch of latents (it followed the flag: --batch-size 10^6 estimated 512 MB of latents for 589 rows)."""
+    model = tiny_model_dir("gpt2")
+    said = []
+    for batch in ("589", "1000000"):
+        result = fit(model, corpus, tmp_path / "o", "--estimate", "--batch-size", batch)
+        assert result.exit_code == 0, result.output
+        said.append(json.loads(result.stdout))
+    assert said[0]["cost"]["rows"] == 589
+    assert said[0]["cost"]["memory_bytes"] == said[1]["cost"]["memory_bytes"]
+
+
+def test_jumprelu_settings_pass_with_jumprelu_and_their_defaults_with_topk(tmp_path):
+    from anatomy_cli.tasks import fit_sae as task
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("x")
+    for more in ({"activation": "jumprelu", "bandwidth": 0.1, "l0_coeff": 2.0}, {"bandwidth": 0.05, "l0_coeff": 1.0}):
+        opts = task.FitSaeOptions(corpus=(str(corpus),), layer=1, out=tmp_path / "o", **more)
+        assert (opts.bandwidth, opts.l0_coeff) == (more["bandwidth"], more["l0_coeff"])
 
 
 def test_too_small_a_corpus_is_refused_before_the_weights_load(tiny_model_dir, tmp_path, monkeypatch):
@@ -228,7 +258,7 @@ def test_too_small_a_corpus_is_refused_before_the_weights_load(tiny_model_dir, t
 def test_a_fit_of_fewer_than_8_training_rows_is_refused_before_the_weights_load(tiny_model_dir, tmp_path,
                                                                                 monkeypatch):
     """The training windows' rows (each window's ctx tokens less its first position) under 8, the positions an FVU
-    needs to be judged (analyses/sae.py FVE_MIN_POSITIONS): refused in one line before any weight loads, the rows
+    needs to be judged (analyses/sae.py MIN_ROWS): refused in one line before any weight loads, the rows
     counted as windows x (ctx - 1) of a corpus longer than --max-tokens (its last window held out): --ctx 8
     --max-tokens 16 gives 1 x 7 = 7 rows (refused; before, a fit of 1 row ran with warnings only); --ctx 5
     --max-tokens 15 gives 2 x 4 = 8, which fits (the JSON's cost.rows)."""
@@ -291,8 +321,32 @@ def test_the_default_ctx_is_the_context_of_a_model_under_256(tiny_model_dir, cor
     assert plan.ctx == n_ctx and max(map(len, plan.windows)) == n_ctx and len(plan.windows[0]) == n_ctx
 
 
+def test_a_short_remainder_trains_and_the_last_full_window_is_held_out(tiny_model_dir, corpus, tmp_path):
+    """--max-tokens 2000 --ctx 64 held out the 16 tokens left over (at 1,992: 7 positions, every FVE unjudged
+    without a word): the remainder now trains and the full window before it is held out; the cost line says so."""
+    from anatomy_cli.corpus.sources import open_source
+    from anatomy_cli.corpus.windows import token_stream
+    from anatomy_cli.corpus.windows import windows
+    from anatomy_cli.models.spec import ModelSpec
+    from anatomy_cli.tasks import fit_sae as task
+    from anatomy_cli.tasks.session import open_model
+
+    opened = open_model(ModelSpec(str(tiny_model_dir("gpt2"))))
+    hf = opened.tokenizer.hf
+    plain = list(windows(token_stream(open_source(str(corpus)).pieces(), hf, eos=hf.eos_token_id), ctx=32,
+                         max_tokens=32 * 20 + 9))
+    assert [len(w) for w in plain[-2:]] == [32, 9]
+    opts = task.FitSaeOptions(corpus=(str(corpus),), layer=1, out=tmp_path / "o", ctx=32, max_tokens=32 * 20 + 9)
+    plan = task.check(opened, opts)
+    assert plan.windows == (*plain[:-2], plain[-1], plain[-2])
+    cost = {"tokens": 32 * 19 + 9, "rows": 19 * 31 + 8, "memory_bytes": 1.0, "activation_bytes": 1.0,
+            "estimate": SimpleNamespace(describe=lambda: "now")}
+    line = " ".join(task.cost_line(opts, plan, cost).split())  # type: ignore[arg-type]
+    assert "(20 windows of 32, the last of 9; 597 rows" in line and "32 tokens held out (the last full window)" in line
+
+
 def _health(**changes):
-    base = dict(l0=(8,) * analysis.FVE_MIN_POSITIONS, l0_mean=8.0, stated_l0=8.0, fve=0.9, mse=1.0, error_ratio=0.3, norm_ratio=1.0,
+    base = dict(l0=(8,) * MIN_ROWS, l0_mean=8.0, stated_l0=8.0, fve=0.9, mse=1.0, error_ratio=0.3, norm_ratio=1.0,
                 ce_clean_nats=3.0, ce_spliced_nats=3.1, ce_with_error_nats=3.0, kl_spliced_nats=0.1,
                 kl_with_error_nats=0.0, max_logit_diff_with_error=0.0)
     return analysis.Health(**{**base, **changes})
@@ -574,6 +628,7 @@ def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():
     """`fit-sae --layer all` printed two or three lines per block (~60 on SmolLM2); now one line names the blocks
     too weak to read and the blocks with other warnings, whose text the JSON and each anatomy-fit.json keep."""
     from anatomy_cli.tasks._fit_sae_block import BlockFit
+    from anatomy_cli.tasks.fit_sae import clt_splice_note
     from anatomy_cli.tasks.fit_sae import fit_notes
 
     def block(layer, fve, *warnings):
@@ -594,10 +649,22 @@ def test_several_blocks_warnings_are_one_line_and_one_block_s_each_its_own():
     with notes.using_notes(one):
         fit_notes(opts, fits[:1], 8)
     assert one.warnings[:2] == ["block 0: FVE low", "block 0: KL high"] and "1 of 1 transcoders" in one.warnings[2]
+    clt = notes.Collected()  # a CLT's splice is every block's at once: one word for the whole, not per block
+    splice = {"ce_clean_nats": 3.18, "ce_spliced_nats": 11.9, "kl_spliced_nats": 9.8}
+    with notes.using_notes(clt):
+        fit_notes(SimpleNamespace(transcoder=True, clt=True), [block(b, 0.9) for b in range(3)], 8)
+    assert clt.warnings == []  # no figures (their health lacks them): nothing said
+    for f, kl in ((block(0, 0.9), 9.8), (block(0, 0.9), 0.7)):
+        f.health.update(splice, kl_spliced_nats=kl)
+        said = notes.Collected()
+        with notes.using_notes(said):
+            fit_notes(SimpleNamespace(transcoder=True, clt=True), [f, f], 8)
+        assert bool(said.warnings) is (kl > analysis.KL_HIGH_NATS)
+    assert "KL 9.80 nats (over 1; CE 3.18 -> 11.90)" in clt_splice_note(splice)[0]
     short = notes.Collected()  # a held-out window of 7 positions: its FVEs say little, none is judged too weak
     with notes.using_notes(short):
-        fit_notes(opts, fits, analysis.FVE_MIN_POSITIONS - 1)
-    assert [analysis.too_weak(f.health["fve"], analysis.FVE_MIN_POSITIONS - 1) for f in fits] == [False] * 4
+        fit_notes(opts, fits, MIN_ROWS - 1)
+    assert [analysis.too_weak(f.health["fve"], MIN_ROWS - 1) for f in fits] == [False] * 4
     assert len(short.warnings) == 1 and "too weak" not in short.warnings[0] and "4 warnings" in short.warnings[0]
 
 
@@ -695,11 +762,8 @@ def test_a_batch_under_8_rows_is_refused(tiny_model_dir, tmp_path, monkeypatch):
     """A new user's --batch-size 1 trained on a loss of 4e32 (every batch one row: no variance around its own mean)
     and exited 0: --batch-size's least is the 8 rows a batch's FVU needs (declare.shared.MIN_ROWS, the tail rule's
     and the judged FVE's bound), refused as a usage error before any weight loads; 8 passes that check."""
-    from anatomy_cli.declare.shared import MIN_ROWS
-    from anatomy_cli.engine.sae_fit import MIN_BATCH_ROWS
     from anatomy_cli.tasks import session
 
-    assert MIN_ROWS == MIN_BATCH_ROWS == 8
     monkeypatch.setattr(session, "load_weights", lambda *a, **k: pytest.fail("weights loaded"))
     corpus = tmp_path / "c.txt"
     corpus.write_text("The cat sat on the mat. " * 8)

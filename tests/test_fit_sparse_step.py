@@ -109,7 +109,9 @@ def test_kept_pages_lets_a_training_step_reuse_the_last_steps_memory():
         assert faults(4) < 1200
     assert heap._depth == [0]
     faults(1)  # after it: the free pages were handed back; taken again once
-    assert faults(4) < 1200  # and kept, the thresholds left where glibc's own sliding ones end
+    # and kept, the thresholds left where glibc's own sliding ones end: 42-285 faults here, 1,225 once in CI (other
+    # allocations move glibc's sliding thresholds); a trim threshold reset low pages every step afresh (~10,000)
+    assert faults(4) < 2500
 
 
 def test_train_counts_the_latents_its_own_forward_chose_and_the_clt_step_too():

@@ -1,4 +1,4 @@
-"""fit-sae's training batches (misc71 item 1): an epoch's remainder of under 8 rows (``sae_fit.MIN_BATCH_ROWS``)
+"""fit-sae's training batches (misc71 item 1): an epoch's remainder of under 8 rows (``declare.shared.MIN_ROWS``)
 joins the batch before it. As a batch of its own, 1 row had no variance around its own mean and an FVU of its
 error over 1e-30, and the 1e30 loss's gradient corrupted Adam's moments. A per-layer coder's steps against a
 hand-written loop over the folded batches, a cross-layer coder's batches and its resume, and the rule's batches for
@@ -11,7 +11,6 @@ import copy
 import pytest
 import torch
 
-from anatomy_cli.analyses.sae import FVE_MIN_POSITIONS
 from anatomy_cli.engine import clt_fit
 from anatomy_cli.engine import sae_fit
 
@@ -27,7 +26,6 @@ from anatomy_cli.engine import sae_fit
 ])
 def test_a_remainder_under_8_rows_joins_the_batch_before(rows, batch, want):
     assert sae_fit.epoch_batches(rows, batch) == want
-    assert sae_fit.MIN_BATCH_ROWS == FVE_MIN_POSITIONS == 8  # one bound: a batch's FVU and a judged FVE
 
 
 def _hand_fit(x: torch.Tensor, coder: sae_fit.TopKCoder, *, epochs: int, lr: float) -> list[float]:

@@ -85,14 +85,14 @@ def test_fit_lens_checks_the_written_lens_on_held_out_text(tiny_lm, tmp_path):
 
 
 def test_circuit_says_when_its_transcoders_are_too_weak(tiny_model_dir, tiny_lm, tmp_path):
-    """On 8 positions or more (the prompt's 1..: FVE_MIN_POSITIONS, the rule sae's warnings apply); a shorter
+    """On 8 positions or more (the prompt's 1..: MIN_ROWS, the rule sae's warnings apply); a shorter
     prompt's FVE says little and is not judged (it was: circuit called 4 positions' FVE too weak)."""
     from test_circuit import random_transcoders
     from test_circuit import write_transcoder_set
 
     from anatomy_cli.analyses import circuit as algo
-    from anatomy_cli.analyses.sae import FVE_MIN_POSITIONS
     from anatomy_cli.analyses.sae import too_weak
+    from anatomy_cli.declare.shared import MIN_ROWS
 
     lm = tiny_lm("llama")
     tcs = random_transcoders(lm)
@@ -102,7 +102,7 @@ def test_circuit_says_when_its_transcoders_are_too_weak(tiny_model_dir, tiny_lm,
         fve = algo.setup(lm, ids, tcs).fve
         assert all(f < 0.5 for f in fve)  # random transcoders explain nothing
         weak = [layer for layer, f in enumerate(fve) if too_weak(f, len(ids) - 1)]
-        assert weak == (list(range(lm.n_layers)) if len(ids) - 1 >= FVE_MIN_POSITIONS else [])
+        assert weak == (list(range(lm.n_layers)) if len(ids) - 1 >= MIN_ROWS else [])
         graph = tmp_path / f"graph-{len(ids)}.json"
         res = CliRunner().invoke(app, ["circuit", prompt, "--model", str(tiny_model_dir("llama")),
                                        "--transcoders", str(tdir), "--max-feature-nodes", "8", "-f", "json",

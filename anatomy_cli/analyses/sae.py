@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from anatomy_cli.engine.sae_fit import MIN_BATCH_ROWS
+from anatomy_cli.declare.shared import MIN_ROWS
 from anatomy_cli.units import counted
 
 if TYPE_CHECKING:
@@ -96,23 +96,23 @@ def health(run: SpliceRun, ids: Sequence[int], stated_l0: float | None, *, skipp
 
 FVE_LOW = 0.5  # below: warned (under 0: the SAE is worse than the mean activation)
 KL_HIGH_NATS = 1.0  # spliced KL(p_clean || p_spliced) above this: warned
-FVE_MIN_POSITIONS = MIN_BATCH_ROWS  # 8; fewer measured positions: the FVE is not judged (a mean over 2-7 points is
-# no baseline), the bound fit-sae's training batches keep too (engine/sae_fit.py)
+# fewer measured positions than MIN_ROWS (8): the FVE is not judged (a mean over 2-7 points is no baseline), the
+# bound fit-sae's training batches keep too (declare/shared.py)
 
 
 def too_weak(fve: float | None, positions: int) -> bool:
     """A dictionary too weak to read: its reconstruction explains under :data:`FVE_LOW` of the activation's
-    variance over ``positions`` positions, at least :data:`FVE_MIN_POSITIONS` of them (None: not measured, e.g. a
+    variance over ``positions`` positions, at least :data:`MIN_ROWS` of them (None: not measured, e.g. a
     one-token text, and an FVE over fewer positions, which says little, are not judged). What `sae`'s warnings,
     `fit-sae` (on its held-out window), `features` (its fit report's) and `circuit` (on its prompt, per
     transcoder) say."""
-    return fve is not None and positions >= FVE_MIN_POSITIONS and fve < FVE_LOW
+    return fve is not None and positions >= MIN_ROWS and fve < FVE_LOW
 
 
 def fve_warnings(fve: float | None, positions: int, text: str = "prompt") -> list[str]:
     """What an FVE measured over ``positions`` positions of ``text`` says (:func:`warnings`' rule, also a
     cross-layer transcoder's block rows' in fit-sae): under :data:`FVE_LOW` (:func:`too_weak`; under 0: worse than
-    the mean), or, over fewer than :data:`FVE_MIN_POSITIONS` positions, only that it says little; none else."""
+    the mean), or, over fewer than :data:`MIN_ROWS` positions, only that it says little; none else."""
     if fve is not None and too_weak(fve, positions):
         return [f"FVE {fve:.3f} < 0: the reconstruction is worse than the {text}'s mean activation; the SAE does "
                 f"not fit this model or site" if fve < 0 else f"FVE {fve:.3f} < {FVE_LOW}: the reconstruction "
@@ -120,7 +120,7 @@ def fve_warnings(fve: float | None, positions: int, text: str = "prompt") -> lis
                 f"or site poorly"]
     if fve is not None and fve < FVE_LOW:  # not judged: too few positions
         return [f"FVE {fve:.3f} over {counted(positions, 'position')} says little about the fit (its variance "
-                f"is around a {positions}-position mean): judge it on {FVE_MIN_POSITIONS} positions or more"]
+                f"is around a {positions}-position mean): judge it on {MIN_ROWS} positions or more"]
     return []
 
 
@@ -129,7 +129,7 @@ def warnings(h: Health, *, n_tokens: int, context_size: int | None, sae_bos: boo
     """What the figures say about the fit, measured on ``text`` (`sae`: the prompt; `fit-sae`: its held-out
     window): a prompt past ``context_size``, another BOS rule, a reconstruction
     far from the activation's scale, an L0 far from the stated one, an FVE under :data:`FVE_LOW` (under 0: worse
-    than the mean; over fewer than :data:`FVE_MIN_POSITIONS` positions, only that it says little), a spliced KL
+    than the mean; over fewer than :data:`MIN_ROWS` positions, only that it says little), a spliced KL
     over :data:`KL_HIGH_NATS`, and residuals that the SAE expects centred
     (``centred_now``: the mean over positions of ``|mean_d x| / rms(x)``)."""
     out = []

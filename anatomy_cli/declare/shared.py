@@ -17,8 +17,8 @@ from anatomy_cli.declare.fields import option
 _L = TypeVar("_L", tuple[str, ...], None)
 
 MIN_ROWS = 8
-"""The fewest rows a fit's batch has and an FVE is judged on (``engine.sae_fit.MIN_BATCH_ROWS``,
-``analyses.sae.FVE_MIN_POSITIONS``, ``fit-sae --batch-size``'s least): a batch's loss is its FVU, its error over
+"""The fewest rows a fit's batch has and an FVE is judged on (``engine.sae_fit.epoch_batches``'s
+tail rule, ``analyses.sae.too_weak``, ``fit-sae --batch-size``'s least): a batch's loss is its FVU, its error over
 the rows' variance around their own mean, which one row does not have and a handful do not measure."""
 
 

@@ -72,22 +72,16 @@ def rows(windows: Sequence[Sequence[int]]) -> int:
     return sum(max(len(w) - SKIPPED, 0) for w in windows)
 
 
-MIN_BATCH_ROWS = shared.MIN_ROWS
-"""The fewest rows a training batch has (and an FVE is judged on: ``analyses.sae.FVE_MIN_POSITIONS`` is this
-number): the loss is the batch's FVU, its error over the rows' variance around their own mean, which one row does
-not have (the loss is then the error over 1e-30) and a few do not measure."""
-
-
 def epoch_batches(rows: int, batch: int) -> list[tuple[int, int]]:
     """Each epoch's batches as ``(start, stop)`` into its shuffled order of ``rows`` rows: ``batch`` rows each, the
-    remainder last, but a remainder under :data:`MIN_BATCH_ROWS` (and under ``batch``) joins the batch before it
+    remainder last, but a remainder under :data:`shared.MIN_ROWS` (and under ``batch``) joins the batch before it
     (``batch + remainder`` rows). Why folded and not dropped (PyTorch's ``drop_last``): its rows still train every
     epoch (a dropped tail leaves up to 7 rows out of each epoch, and of the last epoch's fired count), and the step
     is no different from its neighbours but for a few more rows; a tail of 1 row, as a batch of its own, had an
     FVU of its error over 1e-30 (a loss of 1e30, whose gradient corrupted Adam's moments for the steps after). A
     remainder of 0 or of at least 8 rows: the batches as before."""
     starts = list(range(0, rows, batch))
-    if len(starts) > 1 and rows - starts[-1] < min(MIN_BATCH_ROWS, batch):
+    if len(starts) > 1 and rows - starts[-1] < min(shared.MIN_ROWS, batch):
         starts.pop()
     return list(zip(starts, [*starts[1:], rows]))
 
@@ -353,7 +347,7 @@ def train(x: torch.Tensor, target: torch.Tensor, coder: Any, *, epochs: int, bat
           seed: int = 0, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Adam on :func:`objective` (the FVU; a JumpReLU coder's adds its L0 penalty) over shuffled batches of the
     rows of ``x`` (``[rows, d_in]``) and ``target``, ``epochs`` times (each epoch's batches: :func:`epoch_batches`,
-    a remainder under :data:`MIN_BATCH_ROWS` rows folded into the batch before); a transcoder on both scaled to unit
+    a remainder under :data:`shared.MIN_ROWS` rows folded into the batch before); a transcoder on both scaled to unit
     RMS (:func:`unit_scales`; a JumpReLU's thresholds placed from the scaled rows), folded back into its weights at
     the end. Returns ``{"steps", "fvu" (per step), "fired" (a bool per latent: fired at least once in the last
     epoch)}``."""

@@ -13,6 +13,7 @@ from typing import Any
 from anatomy_cli.corpus.sources import open_source
 from anatomy_cli.declare import shared
 from anatomy_cli.declare.fields import Declared
+from anatomy_cli.declare.fields import flag
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
@@ -73,7 +74,7 @@ class FitSaeOptions(Declared):
                              help="jumprelu: the weight of the sparsity term (mean L0 / k - 1)^2 beside the FVU "
                              "(per block).")
     max_tokens: int = option(20000, "--max-tokens", min=4, metavar="N",
-                             help="Tokens read from the corpus (the last window is held out).")
+                             help="Tokens read from the corpus (the last full window is held out).")
     ctx: int | None = shared.ctx(CTX)
     epochs: int = option(8, "--epochs", min=1, metavar="N", help="Passes over the tokens.")
     batch_size: int = option(256, "--batch-size", min=shared.MIN_ROWS, metavar="N",
@@ -115,6 +116,7 @@ class FitSaeOptions(Declared):
             raise UsageError(f"--d-sae {self.d_sae} is below --k {self.k}: give at least k latents")
         if not self.bandwidth > 0:
             raise UsageError(f"--bandwidth {self.bandwidth} is not above 0 (the kernel's width)")
+        self.check_jumprelu_only()
         if self.lr is not None and not 0 < self.lr < 1:
             raise UsageError(f"--lr {self.lr} is outside (0, 1)")
         self.check_clt()  # --max-tokens against --ctx: in check, once --ctx is known to fit the model (check_budget)
@@ -130,6 +132,18 @@ class FitSaeOptions(Declared):
         if self.activation is not Activation.jumprelu:
             return None
         return {"bandwidth": self.bandwidth, "l0_coeff": self.l0_coeff}
+
+    def check_jumprelu_only(self) -> None:
+        """UsageError when a JumpReLU-only setting (``--bandwidth``, ``--l0-coeff``) is moved from its default
+        without ``--activation jumprelu``: a TopK fit has no thresholds and no L0 term, and ignored it silently."""
+        if self.activation is Activation.jumprelu:
+            return
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        moved = [flag(type(self), name) for name in ("bandwidth", "l0_coeff")
+                 if getattr(self, name) != defaults[name]]
+        if moved:
+            raise UsageError(f"{' and '.join(moved)} set a JumpReLU's thresholds and L0 term: give --activation "
+                             f"jumprelu too (a TopK fit has neither)")
 
     def check_clt(self) -> None:
         """--clt needs --transcoder and --layer all; --checkpoint needs --clt (and another path than --out)."""
@@ -158,13 +172,22 @@ class FitSaePlan:
         return list(dict.fromkeys(p for b in self.blocks for p in b.points))
 
 
+def full_window_last(wins: Sequence[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The windows in fit order, the held-out one last: a full window. A shorter last window (the remainder at the
+    corpus's or ``--max-tokens``' end) trains and the full window before it is held out, so that the held-out
+    check reads ``ctx - 1`` positions: held out, ``--max-tokens 2000 --ctx 64``'s remainder was 16 tokens, and at
+    1,992 its 7 positions left every FVE unjudged. With two windows the full one trains (the fit's rows first)."""
+    if len(wins) > 2 and len(wins[-1]) < len(wins[-2]):
+        return (*wins[:-2], wins[-1], wins[-2])
+    return tuple(wins)
+
+
 def check_windows(wins: Sequence[Sequence[int]], ctx: int) -> None:
     """UsageError when the corpus's ``ctx``-token windows ``wins`` are under two (the last is held out), or when the
-    training windows give fewer rows than :data:`anatomy_cli.analyses.sae.FVE_MIN_POSITIONS` (8): the loss is each
+    training windows give fewer rows than :data:`anatomy_cli.declare.shared.MIN_ROWS` (8): the loss is each
     batch's FVU, the error over the rows' variance around their own mean, which one row does not have (the loss is
     then the error over 1e-30) and a few do not measure, the bound under which an FVE is not judged (the held-out
     window's, `sae`'s)."""
-    from anatomy_cli.analyses.sae import FVE_MIN_POSITIONS
     from anatomy_cli.engine.sae_fit import rows
 
     if len(wins) < 2:
@@ -172,10 +195,10 @@ def check_windows(wins: Sequence[Sequence[int]], ctx: int) -> None:
         raise UsageError(f"the corpus gives {counted(tokens, 'token')}, under two --ctx {ctx} windows (one is "
                          "held out): give more text or a smaller --ctx")
     n = rows(wins[:-1])
-    if n < FVE_MIN_POSITIONS:
+    if n < shared.MIN_ROWS:
         raise UsageError(f"the corpus gives {counted(n, 'training row')} ({counted(len(wins) - 1, 'window')} of "
                          f"{len(wins[0]):,} tokens, each window's first position left out), under the "
-                         f"{FVE_MIN_POSITIONS} a fit needs: its loss is each batch's FVU, the error over the rows' "
+                         f"{shared.MIN_ROWS} a fit needs: its loss is each batch's FVU, the error over the rows' "
                          f"variance around their own mean, which fewer rows do not measure (nor is an FVE judged "
                          f"on fewer): give more text, or a larger --ctx or --max-tokens")
 

@@ -2,11 +2,12 @@
 them in sparsify's format (the task).
 
 The corpus is packed into ``ctx``-token windows as ``anatomy corpus`` packs it (:mod:`anatomy_cli.corpus.windows`),
-up to ``max_tokens``; the last window is held out. The activations come from anatomy's hooks (any model anatomy
-opens, GGUF files too), every chosen block's in one pass over the corpus; the trainer is
-:mod:`anatomy_cli.engine.sae_fit` (sparsify's ``SparseCoder`` where eai-sparsify is installed), one SAE per block,
-each from ``seed`` (so a block's SAE is the one a run of that block alone writes). Each written SAE is read back
-as ``anatomy sae`` reads it and spliced into the held-out window: its health figures and warnings are its row.
+up to ``max_tokens``; the last full window is held out (a shorter remainder trains: ``full_window_last``). The
+activations come from anatomy's hooks (any model anatomy opens, GGUF files too), every chosen block's in one pass
+over the corpus; the trainer is :mod:`anatomy_cli.engine.sae_fit` (sparsify's ``SparseCoder`` where eai-sparsify
+is installed), one SAE per block, each from ``seed`` (so a block's SAE is the one a run of that block alone
+writes). Each written SAE is read back as ``anatomy sae`` reads it and spliced into the held-out window: its
+health figures and warnings are its row.
 ``clt`` (with ``transcoder`` and ``layer="all"``): one cross-layer transcoder over every block from the same pass,
 in circuit-tracer's ``cross_layer_transcoder`` layout (tasks/_fit_clt.py, engine/clt_fit.py).
 """
@@ -42,6 +43,7 @@ from anatomy_cli.tasks._fit_sae_options import FitSaeOptions as FitSaeOptions
 from anatomy_cli.tasks._fit_sae_options import FitSaePlan as FitSaePlan
 from anatomy_cli.tasks._fit_sae_options import before_open as before_open
 from anatomy_cli.tasks._fit_sae_options import check_windows
+from anatomy_cli.tasks._fit_sae_options import full_window_last
 from anatomy_cli.tasks.session import busy_threads
 from anatomy_cli.units import counted
 from anatomy_cli.units import human_bytes
@@ -137,8 +139,8 @@ def check(opened: Opened, opts: FitSaeOptions) -> FitSaePlan:
         for source in opts.corpus:
             yield from open_source(source).pieces()
 
-    wins = tuple(windows(token_stream(pieces(), hf, eos=hf.eos_token_id), ctx=ctx,
-                         bos=bos, max_tokens=opts.max_tokens))
+    wins = full_window_last(tuple(windows(token_stream(pieces(), hf, eos=hf.eos_token_id), ctx=ctx,
+                                          bos=bos, max_tokens=opts.max_tokens)))
     check_windows(wins, ctx)
     d_sae = opts.d_sae or 8 * info.d_model
     if opts.k > d_sae:
@@ -190,7 +192,7 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
         # and a batch's latents
         step = sae_fit.probe_step_seconds(d, plan.d_sae, opts.k, batch=batch, transcode=opts.transcoder,
                                           jumprelu=opts.jumprelu)
-        coders, checks, coder_bytes = n, 1 + 2 * n, 4.0 * (4 * 2 * d * plan.d_sae + opts.batch_size * plan.d_sae * 2)
+        coders, checks, coder_bytes = n, 1 + 2 * n, 4.0 * (4 * 2 * d * plan.d_sae + batch * plan.d_sae * 2)
     steps = opts.epochs * len(sae_fit.epoch_batches(train_rows, opts.batch_size))
     collecting, training, checking = PHASES
     forwards = timing.scaled("held-out forwards", window, len(first[0]), checks * len(plan.windows[-1]))
@@ -204,6 +206,12 @@ def estimate(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan) -> SaeCost:
             "memory_bytes": activations + coder_bytes}
 
 
+def _remainder(plan: FitSaePlan) -> str:
+    """The cost line's word on a training window shorter than the rest (the corpus's remainder, which trains)."""
+    short = [len(w) for w in plan.windows[:-1] if len(w) < len(plan.windows[-1])]
+    return f", the last of {short[0]:,}" if short else ""
+
+
 def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
     what = "transcoder" if opts.transcoder else "SAE"
     n = len(plan.blocks)
@@ -212,9 +220,10 @@ def cost_line(opts: FitSaeOptions, plan: FitSaePlan, cost: SaeCost) -> str:
         what, where = "cross-layer transcoder", f"{sites.block_spans(b.layer for b in plan.blocks)} ({n} blocks)"
     kind, sparsity = recipe(opts.k, opts.jumprelu)
     return (f"fit-sae: a {kind} {what} at {where}, d_sae {plan.d_sae}, {sparsity}: {int(cost['tokens']):,} tokens "
-            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx:,}; {counted(int(cost['rows']), 'row')}, "
-            f"each window's first position left out) x {counted(opts.epochs, 'epoch')}, the next "
-            f"{counted(len(plan.windows[-1]), 'token')} held out: "
+            f"({counted(len(plan.windows) - 1, 'window')} of {plan.ctx:,}{_remainder(plan)}; "
+            f"{counted(int(cost['rows']), 'row')}, each window's first position left out) x "
+            f"{counted(opts.epochs, 'epoch')}, {counted(len(plan.windows[-1]), 'token')} held out (the last full "
+            "window): "
             f"{cost['estimate'].describe()}; memory about {human_bytes(cost['memory_bytes'])} (the activations "
             f"of {counted(len(plan.points), 'hook point')} in one pass, "
             f"{human_bytes(cost['activation_bytes'])}; " + ("the coder with Adam's state" if opts.clt else
@@ -282,6 +291,20 @@ def per_layer(lm: LoadedModel, opts: FitSaeOptions, plan: FitSaePlan, acts: dict
     return {"trainer": trainer, "lr": lr, "blocks": tuple(fits)}
 
 
+def clt_splice_note(health: dict[str, Any]) -> list[str]:
+    """A cross-layer transcoder's one word on its splice into every block at once (the same figures in every
+    block's row, so no block's rule can blame one): the held-out window's spliced KL over ``KL_HIGH_NATS``, which
+    the per-layer fit warns of per block and a ``--clt`` fit said nothing of (9.8 nats on a tiny fit)."""
+    from anatomy_cli.analyses.sae import KL_HIGH_NATS
+
+    kl = health.get("kl_spliced_nats")
+    if kl is None or not kl > KL_HIGH_NATS:
+        return []
+    return [f"spliced into every block at once, the CLT moves the held-out window's next token by KL {kl:.2f} nats "
+            f"(over {KL_HIGH_NATS:g}; CE {health['ce_clean_nats']:.2f} -> {health['ce_spliced_nats']:.2f}): "
+            "circuit's graphs through it leave that much to error nodes; train on more tokens"]
+
+
 def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> None:
     """The fits' warnings: one block's each on a line (``block L: ...``); of several blocks one line in all, naming
     the blocks too weak to read on the held-out window's ``positions`` (:func:`anatomy_cli.analyses.sae.too_weak`:
@@ -302,6 +325,8 @@ def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> 
         parts.append(f"{len(weak)} of {len(fits)} {what}s too weak to read (held-out FVE under {FVE_LOW}: "
                      f"{sites.block_spans(weak)}): train on more tokens (--max-tokens; "
                      "docs/commands/sae.md#what-a-useful-fit-takes)")
+    if opts.clt and fits:
+        parts += clt_splice_note(fits[0].health)
     if len(fits) > 1 and warned:
         where = "the JSON's blocks[].warnings" + ("" if opts.clt else " and each block's anatomy-fit.json")
         parts.append(f"{counted(sum(len(f.warnings) for f in fits), 'warning')} on {sites.block_spans(warned)} "
