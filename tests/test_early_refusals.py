@@ -86,6 +86,14 @@ def answers(files) -> dict[str, tuple[int, str]]:
                 "corpus ctx": ["corpus", f["corpus"], "--model", f["model"], "--ctx", "100000"],
                 "fit-lens tuned ctx": ["fit-lens", "tuned", "--model", f["model"], "--corpus", f["corpus"],
                                        "--tokens", "1000", "--out", f["out"], "--ctx", "100000"],
+                "fit-sae budget": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", "3", "--out", f["out"],
+                                   "--max-tokens", "100", "--ctx", "64"],
+                "fit-sae budget default": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", "3", "--out",
+                                           f["out"], "--max-tokens", "300"],
+                "fit-lens target": ["fit-lens", "jacobian", "--model", f["model"], "--prompts", f["corpus"],
+                                    "--out", f["out"], "--target-layer", "99"],
+                "fit-lens sources": ["fit-lens", "jacobian", "--model", f["model"], "--prompts", f["corpus"],
+                                     "--out", f["out"], "--target-layer", "-2", "--source-layers", "3,28"],
                 **{f"fit-sae {k}": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", layer, "--out", f["out"]]
                    for k, (layer, _) in LAYERS.items()},
                 "model dir": ["next", "hi", "--model", "./no-such-model"],
@@ -168,6 +176,19 @@ def test_fit_sae_refuses_a_layer_past_the_last_before_the_model_opens(answers, f
     header = light.gguf_header(str(files["model"]))
     assert header is not None and header.block_count == N_BLOCKS
     assert light.gguf_header("gpt2") is None  # a preset: known once opened
+
+
+def test_a_budget_under_two_windows_and_jacobian_blocks_are_refused_before_the_model_opens(answers, n_ctx):
+    """A new user's trial: --max-tokens under two windows was refused after the open (9.2 s); so were fit-lens
+    jacobian's blocks. Now from the options and the GGUF header's context and block count (the default window:
+    min(256, the context))."""
+    assert answers["fit-sae budget"] == (2, "error: --max-tokens 100 is under two --ctx 64 windows (one is held out)\n")
+    assert answers["fit-sae budget default"] == (
+        2, f"error: --max-tokens 300 is under two --ctx {min(256, n_ctx)} windows (one is held out)\n")
+    assert answers["fit-lens target"] == (2, f"error: --target-layer 99 is out of range: this model has blocks "
+                                             f"0..{N_BLOCKS - 1} (negative counts from the last)\n")
+    assert answers["fit-lens sources"] == (2, f"error: --source-layers 28: every source block must be below the "
+                                              f"target block {N_BLOCKS - 2}\n")
 
 
 def test_a_model_path_that_does_not_exist_is_a_usage_error(answers):

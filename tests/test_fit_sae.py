@@ -199,7 +199,7 @@ def test_written_files_load_in_sparsify_itself(tiny_model_dir, corpus, tmp_path)
     # the syntax error names every form the option takes (a new user's `--layer -` was told "commas" only)
     (["--layer", "-", "--out", "OUT"], "e.g. 0,6,11, a range 2-5, -1 (the last) or all"),
     # JumpReLU-only settings on a TopK fit were ignored without a word (a new user's trial)
-    (["--layer", "1", "--out", "OUT", "--bandwidth", "0.1"], "--bandwidth set a JumpReLU's thresholds"),
+    (["--layer", "1", "--out", "OUT", "--bandwidth", "0.1"], "--bandwidth sets a JumpReLU's thresholds"),
     (["--layer", "1", "--out", "OUT", "--l0-coeff", "2", "--bandwidth", "0.1"], "--bandwidth and --l0-coeff set"),
 ])
 def test_bad_input_is_one_line_before_the_model_opens(tmp_path, args, message):

@@ -103,6 +103,12 @@ def text_config(config: Config) -> Config:
     return text
 
 
+def default_window(default: int, n_ctx: int | None) -> int:
+    """A windowed command's tokens per window without ``--ctx``: ``default`` cut to the model's context ``n_ctx``
+    (``default`` where no limit is known)."""
+    return min(default, n_ctx) if n_ctx else default
+
+
 def check_ctx(ctx: int, n_ctx: int | None, name: str) -> None:
     """UsageError for a ``--ctx`` past the model's context ``n_ctx`` (None: no limit known; ``name``: the model as
     the user named it): :meth:`ModelInfo.window`'s refusal, also said from a GGUF header's context before the model
@@ -168,7 +174,7 @@ class ModelInfo:
         tuned): ``ctx`` as given, else ``default`` cut to :attr:`n_ctx` (``default`` where no limit is known).
         UsageError for a ``ctx`` past the model's context (``name``: the model as the user named it)."""
         if ctx is None:
-            return min(default, self.n_ctx) if self.n_ctx else default
+            return default_window(default, self.n_ctx)
         check_ctx(ctx, self.n_ctx, name)
         return ctx
 

@@ -17,6 +17,7 @@ from anatomy_cli.declare.fields import flag
 from anatomy_cli.declare.fields import option
 from anatomy_cli.errors import UsageError
 from anatomy_cli.models import sites
+from anatomy_cli.models.info import default_window
 from anatomy_cli.models.spec import ModelSpec
 from anatomy_cli.tasks._checks import out_path
 from anatomy_cli.tasks._fit_sae_block import BlockPlan
@@ -142,8 +143,8 @@ class FitSaeOptions(Declared):
         moved = [flag(type(self), name) for name in ("bandwidth", "l0_coeff")
                  if getattr(self, name) != defaults[name]]
         if moved:
-            raise UsageError(f"{' and '.join(moved)} set a JumpReLU's thresholds and L0 term: give --activation "
-                             f"jumprelu too (a TopK fit has neither)")
+            raise UsageError(f"{' and '.join(moved)} {'set' if len(moved) > 1 else 'sets'} a JumpReLU's thresholds "
+                             f"and L0 term: give --activation jumprelu too (a TopK fit has neither)")
 
     def check_clt(self) -> None:
         """--clt needs --transcoder and --layer all; --checkpoint needs --clt (and another path than --out)."""
@@ -206,5 +207,9 @@ def check_windows(wins: Sequence[Sequence[int]], ctx: int) -> None:
 def before_open(spec: ModelSpec, opts: FitSaeOptions) -> None:
     """fit-sae's refusals from a GGUF file's header, before the model opens (the open imports torch: seconds):
     ``--layer`` past the file's blocks, ``--ctx`` past its context (:func:`anatomy_cli.tasks.session.check_early`),
-    with the words :func:`check` gives once it is open. The CLI and the API (a model given by name or spec)."""
-    check_early(spec, (str(opts.layer), "--layer"), opts.ctx, every=True)
+    with the words :func:`check` gives once it is open; ``--max-tokens`` under two windows of ``--ctx`` (or of the
+    default the header's context gives). The CLI and the API (a model given by name or spec)."""
+    header = check_early(spec, (str(opts.layer), "--layer"), opts.ctx, every=True)
+    context = header.context_length if header is not None else None
+    if opts.ctx is not None or context:
+        opts.check_budget(opts.ctx or default_window(CTX, context))

@@ -47,8 +47,11 @@ INPUTS = {"kind": None, "prompt": "prompts", "out": "out"}
 def before_open(spec: ModelSpec, opts: FitLensOptions) -> None:
     """``tuned``'s ``--ctx`` past a GGUF file's context, refused from its header before the model opens (the open
     imports torch: seconds; :func:`anatomy_cli.tasks.session.check_early`), with the words the opened model's check
-    gives. The CLI and the API (a model given by name or spec)."""
-    check_early(spec, ctx=opts.ctx)
+    gives; a Jacobian fit's ``--target-layer`` and ``--source-layers`` against its block count
+    (:func:`jacobian_blocks`). The CLI and the API (a model given by name or spec)."""
+    header = check_early(spec, ctx=opts.ctx)
+    if opts.kind != "tuned" and header is not None and header.block_count is not None:
+        jacobian_blocks(opts, header.block_count)
 
 
 def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = None) -> FitLensPlan | TunedPlan:
@@ -64,23 +67,28 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
     require(opened.info, Need.decoder, command=f"{COMMAND} {opts.kind}")
     if opts.ray:
         ray_module()  # not installed: the one-line error before any weight loads
-    n = opened.info.n_layers
+    sources, target = jacobian_blocks(opts, opened.info.n_layers)
+    if encoded is not None:
+
+        fitted_prompts(encoded, opts)
+    return FitLensPlan(sources, target)
+
+
+def jacobian_blocks(opts: FitLensOptions, n: int) -> tuple[tuple[int, ...], int]:
+    """A Jacobian fit's source blocks and target block on a model of ``n`` blocks; UsageError for a block out of
+    range, a target of 0, or a source at or above the target."""
     target = n - 1 if opts.target_layer is None else opts.target_layer
     target = sites.check_block(target + n if target < 0 else target, n, "--target-layer")
     if target == 0:
         raise UsageError("--target-layer 0 leaves no block below it to fit")
     if opts.source_layers is None:
-        sources = tuple(range(target))
-    else:
-        sources = tuple(sorted({sites.check_block(b, n, "--source-layers") for b in opts.source_layers}))
-        above = [b for b in sources if b >= target]
-        if above:
-            raise UsageError(f"--source-layers {','.join(map(str, above))}: every source block must be below the "
-                             f"target block {target}")
-    if encoded is not None:
-
-        fitted_prompts(encoded, opts)
-    return FitLensPlan(sources, target)
+        return tuple(range(target)), target
+    sources = tuple(sorted({sites.check_block(b, n, "--source-layers") for b in opts.source_layers}))
+    above = [b for b in sources if b >= target]
+    if above:
+        raise UsageError(f"--source-layers {','.join(map(str, above))}: every source block must be below the "
+                         f"target block {target}")
+    return sources, target
 
 
 def run(lm: Any, encoded: list[Encoded], opts: FitLensOptions, plan: FitLensPlan | TunedPlan) -> JacobianFit | TunedFit:

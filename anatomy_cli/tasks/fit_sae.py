@@ -300,9 +300,9 @@ def clt_splice_note(health: dict[str, Any]) -> list[str]:
     kl = health.get("kl_spliced_nats")
     if kl is None or not kl > KL_HIGH_NATS:
         return []
-    return [f"spliced into every block at once, the CLT moves the held-out window's next token by KL {kl:.2f} nats "
-            f"(over {KL_HIGH_NATS:g}; CE {health['ce_clean_nats']:.2f} -> {health['ce_spliced_nats']:.2f}): "
-            "circuit's graphs through it leave that much to error nodes; train on more tokens"]
+    return [f"spliced into every block at once, the CLT moves the held-out window's next-token distribution by "
+            f"KL {kl:.2f} nats (over {KL_HIGH_NATS:g}; CE {health['ce_clean_nats']:.2f} -> "
+            f"{health['ce_spliced_nats']:.2f}): circuit's graphs through it leave much to error nodes"]
 
 
 def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> None:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from anatomy_cli.engine import Encoded
     from anatomy_cli.engine import LoadedModel
     from anatomy_cli.engine import OpenedModel
+    from anatomy_cli.models.headers import GGUFHeader
 
 
 def open_model(spec: ModelSpec) -> OpenedModel:
@@ -64,21 +65,24 @@ def open_prompts(prompt: str, spec: ModelSpec, prompts: PromptOptions = PromptOp
     return open_texts(read_prompts(prompt), spec, prompts)
 
 
-def check_early(spec: ModelSpec, blocks: tuple[str, str] | None = None, ctx: int | None = None, **parse: Any) -> None:
+def check_early(spec: ModelSpec, blocks: tuple[str, str] | None = None, ctx: int | None = None,
+                **parse: Any) -> GGUFHeader | None:
     """What a GGUF file's header states, checked before the model opens (the open imports torch: seconds), with the
     messages the task's own checks give once it is open: ``blocks`` (an option's text and flag,
     :func:`anatomy_cli.models.sites.parse_blocks` with ``parse``) against its block count, a block out of range
     refused; ``ctx`` (``--ctx``) against its context (``models.info.check_ctx``). Other sources: nothing here (a
-    directory's light open is quick; a Hub id or a preset is known once opened)."""
+    directory's light open is quick; a Hub id or a preset is known once opened). Returns the header, for the task's own
+    checks of what it states (None: no GGUF file)."""
     light = when_run("models.light")
 
     header = light.gguf_header(spec.model)
     if header is None:
-        return
+        return None
     if blocks is not None and header.block_count is not None:
         parse_blocks(blocks[0], header.block_count, blocks[1], **parse)
     if ctx is not None:
         check_ctx(ctx, header.context_length, spec.model)
+    return header
 
 
 def open_texts(texts: list[str], spec: ModelSpec, prompts: PromptOptions = PromptOptions(), *,

@@ -84,8 +84,8 @@ def fit_lens_command(
         raise UsageError("fit-lens tuned reads --corpus PATH, not prompts: drop --prompts")
     texts = () if prompts_file is None else tuple(read_prompts_file(prompts_file))
     opts = dataclasses.replace(opts, kind=kind, prompt=texts, out=out)  # fails before anything opens
+    task.before_open(spec, opts)  # --ctx past a GGUF's context, a Jacobian fit's blocks: refused before the open
     if kind == "tuned":
-        task.before_open(spec, opts)  # --ctx past a GGUF's context: refused before the open
         opened = open_model(spec)
         plan = task.check(opened, opts)
         lm = load_weights(opened)
