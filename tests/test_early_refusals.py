@@ -92,6 +92,8 @@ def answers(files) -> dict[str, tuple[int, str]]:
                                            f["out"], "--max-tokens", "300"],
                 "fit-lens target": ["fit-lens", "jacobian", "--model", f["model"], "--prompts", f["corpus"],
                                     "--out", f["out"], "--target-layer", "99"],
+                "fit-lens negative": ["fit-lens", "jacobian", "--model", f["model"], "--prompts", f["corpus"],
+                                      "--out", f["out"], "--target-layer", "-99"],
                 "fit-lens sources": ["fit-lens", "jacobian", "--model", f["model"], "--prompts", f["corpus"],
                                      "--out", f["out"], "--target-layer", "-2", "--source-layers", "3,28"],
                 **{f"fit-sae {k}": ["fit-sae", f["corpus"], "--model", f["model"], "--layer", layer, "--out", f["out"]]
@@ -187,6 +189,8 @@ def test_a_budget_under_two_windows_and_jacobian_blocks_are_refused_before_the_m
         2, f"error: --max-tokens 300 is under two --ctx {min(256, n_ctx)} windows (one is held out)\n")
     assert answers["fit-lens target"] == (2, f"error: --target-layer 99 is out of range: this model has blocks "
                                              f"0..{N_BLOCKS - 1} (negative counts from the last)\n")
+    assert answers["fit-lens negative"] == (2, f"error: --target-layer -99 is out of range: this model has blocks "
+                                               f"0..{N_BLOCKS - 1} (negative counts from the last)\n")  # it said -69
     assert answers["fit-lens sources"] == (2, f"error: --source-layers 28: every source block must be below the "
                                               f"target block {N_BLOCKS - 2}\n")
 

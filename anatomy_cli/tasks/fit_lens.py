@@ -77,8 +77,7 @@ def check(opened: Opened, opts: FitLensOptions, encoded: list[Encoded] | None = 
 def jacobian_blocks(opts: FitLensOptions, n: int) -> tuple[tuple[int, ...], int]:
     """A Jacobian fit's source blocks and target block on a model of ``n`` blocks; UsageError for a block out of
     range, a target of 0, or a source at or above the target."""
-    target = n - 1 if opts.target_layer is None else opts.target_layer
-    target = sites.check_block(target + n if target < 0 else target, n, "--target-layer")
+    target = n - 1 if opts.target_layer is None else sites.check_block(opts.target_layer, n, "--target-layer")
     if target == 0:
         raise UsageError("--target-layer 0 leaves no block below it to fit")
     if opts.source_layers is None:

@@ -319,10 +319,11 @@ def fit_notes(opts: FitSaeOptions, fits: Sequence[BlockFit], positions: int) -> 
             notes.warn(f"block {fits[0].layer}: {w}")
     weak = [f.layer for f in fits if too_weak(f.health.get("fve"), positions)]
     warned = [f.layer for f in fits if f.warnings]
-    what = "transcoder" if opts.transcoder else "SAE"
+    what = "block" if opts.clt else "transcoder" if opts.transcoder else "SAE"
     parts = []
     if weak:
-        parts.append(f"{len(weak)} of {len(fits)} {what}s too weak to read (held-out FVE under {FVE_LOW}: "
+        parts.append(f"{len(weak)} of {len(fits)} {what}s{' of the CLT' if opts.clt else ''} too weak to read "
+                     f"(held-out FVE under {FVE_LOW}: "
                      f"{sites.block_spans(weak)}): train on more tokens (--max-tokens; "
                      "docs/commands/sae.md#what-a-useful-fit-takes)")
     if opts.clt and fits:

@@ -28,9 +28,10 @@ def fit_sae_command(
     spec: ModelSpec = ModelSpec(),
     fmt: FormatOpt = None,
 ) -> None:
-    """Train a TopK sparse autoencoder (or, with --transcoder, an MLP transcoder) for each --layer block of this
-    model on CORPUS and write them in EleutherAI sparsify's format, which anatomy sae, generate --steer-feature,
-    circuit --transcoders (a transcoder for every block) and sparsify read.
+    """Train a TopK or JumpReLU sparse autoencoder (or, with --transcoder, an MLP transcoder; with --clt, one
+    cross-layer transcoder) for each --layer block of this model on CORPUS and write them in EleutherAI
+    sparsify's format, which anatomy sae, generate --steer-feature, circuit --transcoders (a transcoder for
+    every block) and sparsify read.
 
     Activations come from anatomy's hooks (any model anatomy opens, GGUF files too), every block's in one pass
     over the corpus; the training is sparsify's recipe (TopK, FVU loss, Adam, unit-norm decoder rows), one SAE

@@ -50,7 +50,8 @@ def report(lm: LoadedModel, result: SaeFit | SaeEstimate) -> Report:
     kind, sparsity = recipe(result.k, result.jumprelu)
     heading = [f"fit-sae · {model_label(lm)} · {kind} {what} {where}",
                f"wrote {result.out}: d_in {first.d_in}, d_sae {result.d_sae}, {sparsity}; {result.tokens:,} tokens "
-               f"x {counted(result.epochs, 'epoch')} ({counted(first.steps, 'step')} per block, lr {result.lr:.2g}, "
+               f"x {counted(result.epochs, 'epoch')} ({counted(first.steps, 'step')}"
+               f"{' of every block at once' if result.clt is not None else ' per block'}, lr {result.lr:.2g}, "
                f"trainer {result.trainer}) in {result.seconds:.1f} s ({result.collect_seconds:.1f} s collecting, one "
                "pass)"]
     held = counted(result.held_out_tokens, "token")
