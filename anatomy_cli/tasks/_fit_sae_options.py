@@ -207,9 +207,8 @@ def check_windows(wins: Sequence[Sequence[int]], ctx: int) -> None:
 def before_open(spec: ModelSpec, opts: FitSaeOptions) -> None:
     """fit-sae's refusals from a GGUF file's header, before the model opens (the open imports torch: seconds):
     ``--layer`` past the file's blocks, ``--ctx`` past its context (:func:`anatomy_cli.tasks.session.check_early`),
-    with the words :func:`check` gives once it is open; ``--max-tokens`` under two windows of ``--ctx`` (or of the
-    default the header's context gives). The CLI and the API (a model given by name or spec)."""
+    with the words :func:`check` gives once it is open; then ``--max-tokens`` under two windows of ``--ctx`` (or of
+    the default the header's context gives). The CLI and the API (a model given by name or spec)."""
     header = check_early(spec, (str(opts.layer), "--layer"), opts.ctx, every=True)
-    context = header.context_length if header is not None else None
-    if opts.ctx is not None or context:
-        opts.check_budget(opts.ctx or default_window(CTX, context))
+    if header is not None and header.context_length:  # --ctx checked against the context first: the reason
+        opts.check_budget(opts.ctx or default_window(CTX, header.context_length))
